@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
+#
+#   ./build.sh          build build/dllm-generate and build/dllm-test
+#   ./build.sh run      build, then run the main job: decode a prompt with the embedded default model
+#   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
+#                       the last line is "N passed, N failed, N skipped" over both runs
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC="$CUDA_HOME/bin/nvcc"
+CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-function)
+LIBS=(-cudart static -lnvrtc -lcublasLt)
+DEFAULT_MODEL=tests/data/tiny-llada
+
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+[ -x "$NVCC" ] || die "nvcc not found at $NVCC (set CUDA_HOME)"
+
+build() {
+    mkdir -p build
+    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-generate examples/dllm-generate.c dllm_cuda.cu "${LIBS[@]}" &
+    local gen=$!
+    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
+    local tst=$!
+    wait $gen || die "building build/dllm-generate failed"
+    wait $tst || die "building build/dllm-test failed"
+    # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
+    if readelf -d build/dllm-generate build/dllm-test | grep -q 'NEEDED.*libcuda\.so'; then
+        die "a binary links libcuda directly; it would not start without a GPU driver"
+    fi
+}
+
+# The CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer. dllm_cuda.cu holds no device code
+# (kernels are NVRTC strings), so the host compiler builds it directly with the sanitizers.
+build_sanitized() {
+    local c_flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+    gcc -std=c99 -pedantic -Wall -Wextra -Werror "${c_flags[@]}" -c tests/header_c99.c -o build/header_c99.asan.o
+    g++ -std=c++17 -x c++ "${c_flags[@]}" -I"$CUDA_HOME/include" tests/dllm_test.cu -x none build/header_c99.asan.o \
+        -L"$CUDA_HOME/lib64" -lcudart_static -lnvrtc -lcublasLt -ldl -lpthread -lrt -o build/dllm-test-asan
+}
+
+summary_counts() {  # prints "passed failed skipped" from a log's last line
+    tail -n 1 "$1" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p'
+}
+
+run_tests() {
+    build
+    build_sanitized &
+    local asan=$!
+    local rc=0
+    build/dllm-test | tee build/test.log || rc=1
+    wait $asan || die "building the sanitizer tests failed"
+    echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+    ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
+        build/dllm-test-asan | tee build/test-asan.log || rc=1
+    local a b
+    a=$(summary_counts build/test.log)
+    b=$(summary_counts build/test-asan.log)
+    # A run that died before its summary line counts as one failure.
+    [ -n "$a" ] || { a="0 1 0"; rc=1; }
+    [ -n "$b" ] || { b="0 1 0"; rc=1; }
+    set -- $a $b
+    echo "$(($1 + $4)) passed, $(($2 + $5)) failed, $(($3 + $6)) skipped"
+    exit $rc
+}
+
+run_main_job() {
+    build
+    # The embedded default: the tiny random LLaDA fixture (tokens are ids until the tokenizer lands).
+    build/dllm-generate -m "$DEFAULT_MODEL" --ids "42 7 19 88 3 61 5 120 33 9 71" -n 32 --steps 32 --block 8 --print-ids --progress
+}
+
+case "${1:-build}" in
+    build) build ;;
+    run) run_main_job ;;
+    test) run_tests ;;
+    *) die "unknown command '$1' (build | run | test)" ;;
+esac

@@ -1,0 +1,237 @@
+/* dllm.h - diffusion LLM inference (LLaDA, Dream) in one header and one CUDA file.
+ *
+ * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
+ * semi-autoregressive (SAR) block schedule of LLaDA's reference `generate.py`. The public API is this
+ * header; the implementation is dllm_cuda.cu (kernels are strings JIT-compiled with NVRTC at first use,
+ * GEMMs go through cuBLASLt). A CPU fp32 reference backend computes the same function on any machine.
+ *
+ * Build your program (one command; CUDA Toolkit only):
+ *     nvcc -O2 -std=c++17 -o app app.c dllm_cuda.cu -cudart static -lnvrtc -lcublasLt
+ *
+ * Usage:
+ *     dllm_model *model = NULL;
+ *     if (dllm_model_load("path/to/hf_dir", dllm_model_default_params(), &model) != DLLM_OK) {
+ *         fprintf(stderr, "%s\n", dllm_last_error()); return 1;
+ *     }
+ *     dllm_ctx *ctx = NULL;
+ *     dllm_ctx_params cp = dllm_ctx_default_params();      // backend AUTO: GPU if usable, else CPU
+ *     if (dllm_ctx_create(model, cp, &ctx) != DLLM_OK) { ... dllm_last_error() ... }
+ *     dllm_gen_params gp = dllm_gen_default_params();      // gen 128, steps 128, block 32, greedy
+ *     int32_t out[128]; int n_out = 0; dllm_gen_stats st;
+ *     dllm_status s = dllm_generate(ctx, prompt_ids, n_prompt, gp, out, 128, &n_out, &st);
+ *     if (s != DLLM_OK) fprintf(stderr, "%s: %s\n", dllm_status_str(s), dllm_ctx_last_error(ctx));
+ *     dllm_ctx_free(ctx); dllm_model_free(model);
+ *
+ * Errors: every fallible call returns a dllm_status (negative = error). The detail (file, tensor name,
+ * expected and found shape, NVRTC log excerpt) is in dllm_last_error() for the calling thread and, for
+ * calls that take a context, also in dllm_ctx_last_error(ctx).
+ *
+ * Ownership and threads: a dllm_model is immutable after loading and may be shared by several contexts
+ * (it must outlive them). A dllm_ctx owns its buffers and must be used by one thread at a time.
+ * Strings returned by the library stay valid until the next failing call on the same thread/context.
+ */
+#ifndef DLLM_H
+#define DLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && defined(DLLM_SHARED)
+#  define DLLM_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#  define DLLM_API __attribute__((visibility("default")))
+#else
+#  define DLLM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLLM_VERSION_MAJOR 0
+#define DLLM_VERSION_MINOR 1
+#define DLLM_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------------------
+ * Status codes and logging
+ * ------------------------------------------------------------------------------------------------- */
+typedef enum dllm_status {
+    DLLM_OK = 0,
+    DLLM_ERR_INVALID_ARGUMENT = -1, /* NULL pointer, option out of range, bad option combination      */
+    DLLM_ERR_IO = -2,               /* file missing, unreadable, or not mappable                      */
+    DLLM_ERR_FORMAT = -3,           /* malformed file: JSON, safetensors header, offsets, truncation  */
+    DLLM_ERR_SHAPE = -4,            /* a tensor is missing or has the wrong shape or dtype            */
+    DLLM_ERR_UNSUPPORTED = -5,      /* well-formed but unsupported config value or feature            */
+    DLLM_ERR_OUT_OF_MEMORY = -6,    /* host or device allocation failed                               */
+    DLLM_ERR_NO_DEVICE = -7,        /* GPU backend requested but no usable GPU or driver              */
+    DLLM_ERR_CUDA = -8,             /* a CUDA runtime or cuBLASLt call failed                         */
+    DLLM_ERR_JIT = -9,              /* NVRTC could not compile a kernel (log excerpt in the message)  */
+    DLLM_ERR_CANCELLED = -10,       /* the step callback asked to stop                                */
+    DLLM_ERR_BUFFER_TOO_SMALL = -11,/* an output buffer cannot hold the result                        */
+    DLLM_ERR_INTERNAL = -12         /* a bug in dllm: please report it with the message              */
+} dllm_status;
+
+/* Short constant name of a status, e.g. "DLLM_ERR_SHAPE". Never NULL. */
+DLLM_API const char *dllm_status_str(dllm_status status);
+
+/* Detail of the last failing call made by this thread ("" if none). */
+DLLM_API const char *dllm_last_error(void);
+
+typedef enum dllm_log_level {
+    DLLM_LOG_ERROR = 0,
+    DLLM_LOG_WARN = 1,
+    DLLM_LOG_INFO = 2,
+    DLLM_LOG_DEBUG = 3
+} dllm_log_level;
+
+/* Receives one message (no trailing newline). */
+typedef void (*dllm_log_fn)(dllm_log_level level, const char *text, void *user_data);
+
+/* Route library messages at or below max_level to fn (NULL restores the default: stderr, WARN).
+ * Process-wide; set it before loading models. */
+DLLM_API void dllm_log_set(dllm_log_fn fn, void *user_data, dllm_log_level max_level);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Models
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct dllm_model dllm_model;
+
+typedef enum dllm_family {
+    DLLM_FAMILY_LLADA = 0, /* LLaDA-8B Base/Instruct/1.5: OLMo tensor names, MHA, no logit shift      */
+    DLLM_FAMILY_DREAM = 1  /* Dream-7B (Qwen2 layout): GQA, q/k/v bias, logit shift                  */
+} dllm_family;
+
+typedef struct dllm_model_params {
+    int use_mmap;      /* map safetensors files instead of reading them (default 1)                  */
+} dllm_model_params;
+
+typedef struct dllm_model_info {
+    dllm_family family;
+    int n_vocab;       /* logit columns (LLaDA: embedding_size, padding rows included)              */
+    int n_embd;        /* hidden size                                                               */
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_ff;          /* MLP hidden size                                                           */
+    int max_seq_len;   /* longest canvas (prompt + generation) the model supports                   */
+    int shift_logits;  /* 1 if position i is predicted by the logits at i-1 (Dream)                 */
+    int32_t mask_id;   /* the diffusion [MASK] token                                                */
+    int32_t eos_id;    /* end of text, -1 if unknown                                                */
+    int32_t eot_id;    /* end of turn (LLaDA <|eot_id|>), -1 if unknown                             */
+    int32_t bos_id;    /* -1 if unknown                                                             */
+    int64_t n_params;
+} dllm_model_info;
+
+DLLM_API dllm_model_params dllm_model_default_params(void);
+
+/* Load config.json and model.safetensors (or model.safetensors.index.json with its shards) from dir.
+ * Every tensor is checked against the config (names, shapes, BF16/F16/F32 dtype). */
+DLLM_API dllm_status dllm_model_load(const char *dir, dllm_model_params params, dllm_model **out_model);
+
+DLLM_API void dllm_model_free(dllm_model *model);
+
+DLLM_API dllm_status dllm_model_get_info(const dllm_model *model, dllm_model_info *out_info);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Contexts
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct dllm_ctx dllm_ctx;
+
+typedef enum dllm_backend {
+    DLLM_BACKEND_AUTO = 0, /* the GPU backend when a usable GPU is present, else the CPU reference     */
+    DLLM_BACKEND_CPU = 1,  /* fp32 reference: clear code, slow, runs anywhere                          */
+    DLLM_BACKEND_GPU = 2   /* CUDA: NVRTC kernels + cuBLASLt                                           */
+} dllm_backend;
+
+typedef struct dllm_ctx_params {
+    dllm_backend backend;  /* default AUTO                                                           */
+    int device;            /* CUDA device ordinal (default 0)                                        */
+    int max_tokens;        /* longest canvas this context serves; 0 = the model's max_seq_len       */
+    int n_threads;         /* CPU backend threads; 0 = all hardware threads                          */
+} dllm_ctx_params;
+
+DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
+
+DLLM_API dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx **out_ctx);
+
+DLLM_API void dllm_ctx_free(dllm_ctx *ctx);
+
+/* Detail of the last failing call on this context ("" if none). */
+DLLM_API const char *dllm_ctx_last_error(const dllm_ctx *ctx);
+
+/* The backend the context actually runs on (never AUTO). */
+DLLM_API dllm_backend dllm_ctx_get_backend(const dllm_ctx *ctx);
+
+/* Logits of one full bidirectional forward over ids[0..n_ids), for positions [row_begin, row_end).
+ * out receives (row_end - row_begin) * n_vocab floats, row-major. For models with shift_logits the row
+ * of position i holds the prediction for position i (the shift is already applied). */
+DLLM_API dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, int row_begin, int row_end,
+                                 float *out, size_t out_count);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Generation: LLaDA semi-autoregressive block decoding (generate.py semantics)
+ * ------------------------------------------------------------------------------------------------- */
+typedef enum dllm_remasking {
+    DLLM_REMASK_LOW_CONFIDENCE = 0, /* commit the positions whose prediction has the highest p(x0)   */
+    DLLM_REMASK_RANDOM = 1          /* commit random positions (seeded)                              */
+} dllm_remasking;
+
+/* What happened in one denoising step; passed to the step callback. */
+typedef struct dllm_step_info {
+    int block;                    /* current block, 0-based                                        */
+    int n_blocks;
+    int step;                     /* step within the block, 0-based                                */
+    int steps_per_block;
+    int global_step;              /* steps done so far in this generation, this one included       */
+    int total_steps;
+    int n_committed;              /* positions unmasked by this step                              */
+    const int32_t *committed_pos; /* their canvas positions, ascending                             */
+    const int32_t *canvas;        /* the whole canvas after the step: prompt ++ generation         */
+    int canvas_len;
+    int prompt_len;
+    int n_masked;                 /* masks left in the generated part                              */
+} dllm_step_info;
+
+/* Called after every step. Return 0 to continue, nonzero to cancel (dllm_generate then returns
+ * DLLM_ERR_CANCELLED with the canvas so far in its output). */
+typedef int (*dllm_step_fn)(const dllm_step_info *info, void *user_data);
+
+typedef struct dllm_gen_params {
+    int gen_length;             /* masked positions appended to the prompt (default 128)           */
+    int steps;                  /* denoising steps over the whole generation (default 128)         */
+    int block_length;           /* SAR block; gen_length % block_length == 0 and steps % n_blocks == 0 */
+    float temperature;          /* 0 = argmax; > 0 = Gumbel-max sampling of softmax(logits / T)    */
+    float cfg_scale;            /* classifier-free guidance; 0 = off                               */
+    dllm_remasking remasking;
+    uint64_t seed;              /* drives every random draw (counter-based: reproducible)          */
+    int logits_eos_inf;         /* EOS logit := -inf before choosing tokens                        */
+    int confidence_eos_eot_inf; /* positions predicting EOS or EoT are committed last (see README) */
+    int stop_at_eos;            /* output ends before the first EOS/EoT (default 1)                */
+    int32_t mask_id;            /* -1 = the model's                                                */
+    int32_t eos_id;             /* -1 = the model's                                                */
+    int32_t eot_id;             /* -1 = the model's                                                */
+    dllm_step_fn on_step;       /* optional streaming/progress callback                            */
+    void *on_step_data;
+} dllm_gen_params;
+
+typedef struct dllm_gen_stats {
+    int n_prompt;
+    int n_generated;            /* ids written to the output (after truncation at EOS/EoT)         */
+    int steps;                  /* denoising steps run                                            */
+    int forwards;               /* model forwards run (CFG counts two per step)                   */
+    double wall_ms;
+} dllm_gen_stats;
+
+DLLM_API dllm_gen_params dllm_gen_default_params(void);
+
+/* Decode one prompt. out receives the generated ids (prompt excluded), at most out_capacity; n_out and
+ * stats may be NULL. A batch API will take several prompts; this call is the batch-of-one case. */
+DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
+                                   int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLLM_H */

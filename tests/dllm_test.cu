@@ -1,0 +1,50 @@
+/* dllm's test executable: white-box tests of dllm_cuda.cu (included here, so private functions are
+ * reachable) plus black-box tests of the public API and the CLI. One line per test, then the summary
+ * line "N passed, N failed, N skipped". GPU tests report "skipped (no GPU)" on machines without one.
+ *
+ *   build/dllm-test [--filter SUBSTRING] [--list]      (run from the repository root)
+ */
+#include "../dllm_cuda.cu"
+
+#include <sys/wait.h>
+
+#include "test_framework.h"
+#include "test_helpers.h"
+
+#include "test_loader.inl"
+#include "test_model.inl"
+#include "test_decode.inl"
+#include "test_api.inl"
+
+int main(int argc, char **argv) {
+    const char *filter = nullptr;
+    bool list = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--list")) list = true;
+        else { fprintf(stderr, "usage: %s [--filter SUBSTRING] [--list]\n", argv[0]); return 2; }
+    }
+    int passed = 0, failed = 0, skipped = 0;
+    for (const dllm_test_case &tc : dllm_test_registry()) {
+        std::string full = std::string(tc.group) + "." + tc.name;
+        if (filter && full.find(filter) == std::string::npos) continue;
+        if (list) { printf("%s\n", full.c_str()); continue; }
+        dllm_test_state st;
+        double t0 = dllm__now_ms();
+        tc.fn(st);
+        double ms = dllm__now_ms() - t0;
+        if (st.skipped && st.failures == 0) {
+            skipped++;
+            printf("skip  %-55s %s\n", full.c_str(), st.skip_reason.c_str());
+        } else if (st.failures) {
+            failed++;
+            printf("FAIL  %-55s (%d check%s failed, %.0f ms)\n", full.c_str(), st.failures, st.failures == 1 ? "" : "s", ms);
+        } else {
+            passed++;
+            printf("ok    %-55s %.0f ms\n", full.c_str(), ms);
+        }
+        fflush(stdout);
+    }
+    if (!list) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,132 @@
+/* Shared helpers for the tests: fixture paths, temporary directories, hand-made safetensors files. */
+#ifndef DLLM_TEST_HELPERS_H
+#define DLLM_TEST_HELPERS_H
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string>
+#include <vector>
+
+static std::string test_data_dir() {
+    const char *e = getenv("DLLM_TEST_DATA");
+    return e && *e ? e : "tests/data";
+}
+
+static std::string test_data(const char *rel) { return test_data_dir() + "/" + rel; }
+
+static bool test_write_file(const std::string &path, const std::string &bytes) {
+    FILE *f = fopen(path.c_str(), "wb");
+    if (!f) return false;
+    bool ok = fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    return fclose(f) == 0 && ok;
+}
+
+static std::string test_read_file(const std::string &path) {
+    std::string s;
+    dllm__read_text(path, s);
+    return s;
+}
+
+/* A fresh directory under $TMPDIR, removed with its files when it goes out of scope. */
+struct test_tmpdir {
+    std::string path;
+    test_tmpdir() {
+        const char *t = getenv("TMPDIR");
+        std::string tmpl = std::string(t && *t ? t : "/tmp") + "/dllm-test-XXXXXX";
+        std::vector<char> buf(tmpl.begin(), tmpl.end());
+        buf.push_back(0);
+        path = mkdtemp(buf.data()) ? buf.data() : "";
+    }
+    ~test_tmpdir() {
+        if (path.empty()) return;
+        if (DIR *d = opendir(path.c_str())) {
+            while (struct dirent *e = readdir(d))
+                if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink((path + "/" + e->d_name).c_str());
+            closedir(d);
+        }
+        rmdir(path.c_str());
+    }
+    std::string file(const char *name) const { return path + "/" + name; }
+};
+
+/* Builds a safetensors file: tensors are laid out in the order added; header padded to 8 bytes unless
+ * told otherwise. Tests edit header_json() before bytes() to make broken files. */
+struct test_st_builder {
+    struct entry { std::string name, dtype; std::vector<int64_t> shape; std::string data; };
+    std::vector<entry> entries;
+    std::string metadata = "{\"format\":\"pt\"}";
+
+    void add(const std::string &name, const std::string &dtype, std::vector<int64_t> shape, std::string data) {
+        entries.push_back({name, dtype, std::move(shape), std::move(data)});
+    }
+    void add_f32(const std::string &name, std::vector<int64_t> shape, const std::vector<float> &v) {
+        add(name, "F32", std::move(shape), std::string((const char *)v.data(), v.size() * 4));
+    }
+    std::string header_json() const {
+        std::string h = "{";
+        if (!metadata.empty()) h += "\"__metadata__\":" + metadata;
+        size_t off = 0;
+        for (const entry &e : entries) {
+            if (h.size() > 1) h += ",";
+            h += "\"" + e.name + "\":{\"dtype\":\"" + e.dtype + "\",\"shape\":[";
+            for (size_t i = 0; i < e.shape.size(); i++) h += (i ? "," : "") + std::to_string(e.shape[i]);
+            h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + e.data.size()) + "]}";
+            off += e.data.size();
+        }
+        return h + "}";
+    }
+    std::string data() const {
+        std::string d;
+        for (const entry &e : entries) d += e.data;
+        return d;
+    }
+    static std::string assemble(std::string header, const std::string &data, bool pad = true) {
+        if (pad) while ((8 + header.size()) % 8) header += ' ';
+        std::string out(8, '\0');
+        uint64_t n = header.size();
+        for (int i = 0; i < 8; i++) out[(size_t)i] = (char)((n >> (8 * i)) & 0xFF);
+        return out + header + data;
+    }
+    std::string bytes(bool pad = true) const { return assemble(header_json(), data(), pad); }
+};
+
+static std::string test_bf16_bytes(const std::vector<float> &v) {
+    std::string s;
+    for (float f : v) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        uint16_t b = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        s.append((const char *)&b, 2);
+    }
+    return s;
+}
+
+/* Copies a fixture model directory into a temp dir so a test can break one file of it. */
+static void test_copy_model(const std::string &from, const test_tmpdir &to) {
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json",
+                           "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    for (const char *f : files) {
+        std::string src = from + "/" + f;
+        if (dllm__file_exists(src)) test_write_file(to.file(f), test_read_file(src));
+    }
+}
+
+static dllm_model *test_load(const std::string &dir) {
+    dllm_model *m = nullptr;
+    if (dllm_model_load(dir.c_str(), dllm_model_default_params(), &m) != DLLM_OK) {
+        fprintf(stdout, "    cannot load %s: %s\n", dir.c_str(), dllm_last_error());
+        return nullptr;
+    }
+    return m;
+}
+
+static dllm_ctx *test_ctx(dllm_model *m, dllm_backend backend = DLLM_BACKEND_CPU, int threads = 2) {
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = backend;
+    p.n_threads = threads;
+    dllm_ctx *c = nullptr;
+    if (dllm_ctx_create(m, p, &c) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
+    return c;
+}
+
+#endif
