@@ -134,6 +134,58 @@ DLLM_API void dllm_model_free(dllm_model *model);
 DLLM_API dllm_status dllm_model_get_info(const dllm_model *model, dllm_model_info *out_info);
 
 /* ---------------------------------------------------------------------------------------------------
+ * Tokenizers: Hugging Face byte-level BPE (tokenizer.json, or vocab.json + merges.txt) and chat templates
+ * A tokenizer is immutable after loading except for an internal encode cache guarded by a lock, so one
+ * tokenizer may be shared by several threads.
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct dllm_tokenizer dllm_tokenizer;
+
+/* Loads tokenizer.json from dir, or else vocab.json + merges.txt with the added tokens of
+ * tokenizer_config.json / added_tokens.json. An unknown pre-tokenizer pattern is an error. */
+DLLM_API dllm_status dllm_tokenizer_load(const char *dir, dllm_tokenizer **out_tok);
+
+DLLM_API void dllm_tokenizer_free(dllm_tokenizer *tok);
+
+/* One more than the largest id the tokenizer can produce. */
+DLLM_API int dllm_tokenizer_n_vocab(const dllm_tokenizer *tok);
+
+/* The id of a token given by its exact string (e.g. "<|mdm_mask|>"), or -1. */
+DLLM_API int32_t dllm_tokenizer_token_id(const dllm_tokenizer *tok, const char *token);
+
+/* DLLM_OK if every id the tokenizer can produce is inside the model's vocabulary; an error otherwise. */
+DLLM_API dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_model *model);
+
+/* UTF-8 text (text_len bytes, need not be NUL-terminated) to ids; no BOS/EOS is added. parse_special = 1
+ * recognises special-token text as Hugging Face does by default; 0 treats it as plain text (untrusted
+ * input). If capacity is too small: DLLM_ERR_BUFFER_TOO_SMALL and *n_ids = the count needed. */
+DLLM_API dllm_status dllm_tokenize(const dllm_tokenizer *tok, const char *text, size_t text_len, int parse_special,
+                                   int32_t *ids, int capacity, int *n_ids);
+
+/* Ids to UTF-8 (NUL-terminated; invalid byte sequences become U+FFFD). skip_special = 1 omits special
+ * tokens. If capacity is too small: DLLM_ERR_BUFFER_TOO_SMALL and *text_len = the bytes needed. */
+DLLM_API dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *ids, int n_ids, int skip_special,
+                                     char *text, size_t capacity, size_t *text_len);
+
+typedef enum dllm_chat_template {
+    DLLM_CHAT_NONE = 0,   /* no template known for this tokenizer                                  */
+    DLLM_CHAT_LLADA = 1,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>, BOS first turn */
+    DLLM_CHAT_CHATML = 2  /* Qwen2.5 <|im_start|>role\n...<|im_end|>\n, default system prompt           */
+} dllm_chat_template;
+
+typedef struct dllm_chat_message {
+    const char *role;     /* "system", "user" or "assistant" */
+    const char *content;
+} dllm_chat_message;
+
+/* The chat template the tokenizer's files ask for. */
+DLLM_API dllm_chat_template dllm_tokenizer_chat_template(const dllm_tokenizer *tok);
+
+/* Renders a conversation exactly as the model's Jinja template does, followed by the assistant header
+ * when add_assistant = 1. Output NUL-terminated; BUFFER_TOO_SMALL with *text_len = the bytes needed. */
+DLLM_API dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message *msgs, int n_msgs, int add_assistant,
+                                      char *text, size_t capacity, size_t *text_len);
+
+/* ---------------------------------------------------------------------------------------------------
  * Contexts
  * ------------------------------------------------------------------------------------------------- */
 typedef struct dllm_ctx dllm_ctx;
