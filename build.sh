@@ -5,6 +5,9 @@
 #   ./build.sh run      build, then run the main job: decode a prompt with the embedded default model
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
 #                       the last line is "N passed, N failed, N skipped" over both runs
+#   ./build.sh gpu      on a GPU machine, in one go: build, every test (GPU tests included), a
+#                       compute-sanitizer memcheck run, the PyTorch anchors from .carry/anchors, the
+#                       benchmark, a fixture reproducibility check; a short table last. Logs go to $OUT.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2).
 set -euo pipefail
@@ -26,8 +29,11 @@ build() {
     local gen=$!
     "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
     local tst=$!
+    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-bench tools/dllm_bench.cu "${LIBS[@]}" &
+    local bench=$!
     wait $gen || die "building build/dllm-generate failed"
     wait $tst || die "building build/dllm-test failed"
+    wait $bench || die "building build/dllm-bench failed"
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
     if readelf -d build/dllm-generate build/dllm-test | grep -q 'NEEDED.*libcuda\.so'; then
         die "a binary links libcuda directly; it would not start without a GPU driver"
@@ -74,9 +80,58 @@ run_main_job() {
     build/dllm-generate -m "$DEFAULT_MODEL" --ids "42 7 19 88 3 61 5 120 33 9 71" -n 32 --steps 32 --block 8 --print-ids --progress
 }
 
+# Everything the GPU machine should do in one call (device time is scarce): see the header.
+run_gpu() {
+    local out=${OUT:-build/gpu-out}
+    mkdir -p "$out"
+    # DLLM_REUSE_BUILD=1: use binaries carried from a build machine when they start here
+    if [ "${DLLM_REUSE_BUILD:-0}" = 1 ] && build/dllm-test --list >/dev/null 2>&1 && [ -x build/dllm-bench ]; then
+        echo "== reusing the carried build"
+    else
+        build
+    fi
+    export DLLM_CACHE_DIR="$out/jit-cache"
+    echo "== tests (GPU)"
+    timeout 300 build/dllm-test 2>&1 | tee "$out/test.log" || true
+    echo "== compute-sanitizer memcheck (small run)"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 build/dllm-test --filter gpu.graphs_equal \
+            > "$out/memcheck.log" 2>&1
+        echo "memcheck exit status $?" >> "$out/memcheck.log"
+        tail -n 5 "$out/memcheck.log"
+    else
+        echo "compute-sanitizer not found" | tee "$out/memcheck.log"
+    fi
+    local anchors=""
+    if [ -f .carry/anchors/torch_reference.py ] && [ "${DLLM_SKIP_ANCHORS:-0}" != 1 ]; then
+        echo "== PyTorch anchors"
+        (cd "$out" && OUT="$PWD" PYTHONUNBUFFERED=1 timeout 300 python3 "$OLDPWD/.carry/anchors/torch_reference.py") > "$out/anchor.log" 2>&1 || echo "torch anchor failed"
+        PYTHONUNBUFFERED=1 timeout 200 python3 .carry/anchors/torch_reference_graphs.py > "$out/anchor_graphs.log" 2>&1 || echo "torch graphs anchor failed"
+        anchors="--anchors $out/anchor_torch.json --anchor-graphs $out/anchor_graphs.log"
+    fi
+    echo "== benchmark"
+    # shellcheck disable=SC2086
+    timeout 300 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
+    echo "== fixtures reproduce with this machine's PyTorch"
+    if python3 tools/make_fixtures.py "$out/fixtures" > "$out/fixtures.log" 2>&1; then
+        if diff -rq tests/data/tiny-llada "$out/fixtures/tiny-llada" && diff -rq tests/data/tiny-dream "$out/fixtures/tiny-dream"; then
+            echo "fixtures: identical" | tee -a "$out/fixtures.log"
+        else
+            echo "fixtures: DIFFER" | tee -a "$out/fixtures.log"
+        fi
+    fi
+    echo "== summary"
+    tail -n 1 "$out/test.log"
+    grep -E "^(ok|FAIL|skip) +gpu\." "$out/test.log" || true
+    tail -n 1 "$out/memcheck.log"
+    tail -n 1 "$out/fixtures.log" 2>/dev/null || true
+    sed -n '/^| workload/,$p' "$out/bench.log"
+}
+
 case "${1:-build}" in
     build) build ;;
     run) run_main_job ;;
     test) run_tests ;;
-    *) die "unknown command '$1' (build | run | test)" ;;
+    gpu) run_gpu ;;
+    *) die "unknown command '$1' (build | run | test | gpu)" ;;
 esac

@@ -129,6 +129,10 @@ DLLM_API dllm_model_params dllm_model_default_params(void);
  * Every tensor is checked against the config (names, shapes, BF16/F16/F32 dtype). */
 DLLM_API dllm_status dllm_model_load(const char *dir, dllm_model_params params, dllm_model **out_model);
 
+/* A model with the shape of a config.json (a file, or a directory holding one) and random weights that
+ * the GPU backend generates on the device: for benchmarks at real sizes without a checkpoint. */
+DLLM_API dllm_status dllm_model_load_random(const char *config_path, uint64_t seed, dllm_model **out_model);
+
 DLLM_API void dllm_model_free(dllm_model *model);
 
 DLLM_API dllm_status dllm_model_get_info(const dllm_model *model, dllm_model_info *out_info);

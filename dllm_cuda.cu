@@ -3,7 +3,9 @@
  * What it does: loads Hugging Face checkpoints of LLaDA and Dream models (config.json + safetensors,
  * single file or sharded) with strict validation, runs their bidirectional transformer forward, and
  * decodes with LLaDA's semi-autoregressive block schedule. The CPU backend is an fp32 reference written
- * for clarity; it is the twin every GPU kernel is tested against.
+ * for clarity; it is the twin every GPU kernel is tested against. The GPU backend JIT-compiles its
+ * kernels with NVRTC for the GPU it finds, runs GEMMs through cuBLASLt and replays each denoising step
+ * as a CUDA graph with the canvas, the step counter and the sampler state on the device.
  *
  * The clever part, in one place: every random draw (Gumbel noise, random remasking) comes from a
  * counter-based Philox generator keyed by (seed) and counted by (vocab index, position, step, stream),
@@ -21,14 +23,21 @@
  *   8. CPU fp32 reference forward
  *   9. Token choice: argmax / Gumbel-max, confidence, top-k selection
  *  10. Backends (CPU reference)
- *  11. SAR decoding
- *  12. Public API
+ *  11. GPU: errors, device memory
+ *  12. GPU kernel sources (NVRTC strings): row-wise ops, sampler, FlashAttention
+ *  13. GPU: NVRTC JIT and the architecture table
+ *  14. GPU: cuBLASLt GEMMs
+ *  15. GPU backend: weights, forward, sampler, step graphs
+ *  16. SAR decoding
+ *  17. Public API
  *
  * Build: see README.md (one nvcc command). Private names are static or prefixed dllm__.
  */
 #include "dllm.h"
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <nvrtc.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -872,6 +881,8 @@ struct dllm_model {
     std::vector<float> final_norm;
     std::vector<dllm__layer_weights> layers;
     int64_t n_params = 0;
+    bool random_weights = false;  // dllm_model_load_random: weights are generated on the GPU
+    uint64_t random_seed = 0;
 };
 
 /* Element i of a float tensor (BF16/F16/F32), read bytewise: mapped data need not be aligned. */
@@ -1385,25 +1396,39 @@ static std::vector<int> dllm__select_topk(const std::vector<int32_t> &cand_pos, 
 
 /* The state of one generation, shared by the schedule and the backend. */
 struct dllm__decode {
-    std::vector<int32_t> canvas;     // prompt ++ generation
+    std::vector<int32_t> canvas;     // prompt ++ generation (on the GPU: current after finish() or a host step)
     std::vector<uint8_t> is_prompt;  // the reference's prompt_index (prompt positions that are not MASK)
     int n_prompt = 0;
-    int block_end = 0;               // candidates are masked positions before this
+    int block_begin = 0, block_end = 0;  // current block; candidates are masked positions before block_end
+    int steps_per_block = 0;
+    int step_in_block = 0;           // advanced by the schedule after each step
     int global_step = 0;             // counts steps across blocks; keys the RNG
+    int n_block_masks = 0;           // masks in the block at its first step (CPU backend)
+    int cand_lo = 0;                 // no candidate before this position (GPU backend)
     int32_t mask_id = 0;
     float cfg_scale = 0;
     dllm__sampling sampling;
     int forwards = 0;
 };
 
+/* What a backend does; the SAR schedule (section 16) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
     /* Logits for positions [r0, r1) of one forward over ids[0..n) (shift already applied). */
     virtual dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) = 0;
-    /* One denoising step: choose x0 and confidence at every candidate, commit the best k. Writes the
-     * committed positions (ascending) to committed. */
-    virtual dllm_status step(dllm__decode &st, int k, std::vector<int32_t> &committed) = 0;
+    /* A generation starts: st.canvas holds prompt ++ masks. */
+    virtual dllm_status begin(dllm__decode &) { return DLLM_OK; }
+    /* A block starts: st.block_begin/block_end/steps_per_block are set. */
+    virtual dllm_status begin_block(dllm__decode &st) = 0;
+    /* One denoising step: x0 and confidence at every candidate, commit the best k = n/s (+1 for the first
+     * n%s steps). With want_host, st.canvas and committed (ascending positions) are current on return. */
+    virtual dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) = 0;
+    /* The generation ends: st.canvas must be current. */
+    virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
 };
+
+/* k_i of the LLaDA schedule: n masks over s steps, the remainder to the earliest steps. */
+static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
@@ -1422,8 +1447,15 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
-    dllm_status step(dllm__decode &st, int k, std::vector<int32_t> &committed) override {
+    dllm_status begin_block(dllm__decode &st) override {
+        st.n_block_masks = 0;
+        for (int p = st.block_begin; p < st.block_end; p++) st.n_block_masks += st.canvas[(size_t)p] == st.mask_id;
+        return DLLM_OK;
+    }
+
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool) override {
         const int V = m_.cfg.n_vocab, n = (int)st.canvas.size();
+        const int k = dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block);
         std::vector<int32_t> cand;
         for (int p = 0; p < st.block_end; p++)
             if (st.canvas[(size_t)p] == st.mask_id) cand.push_back(p);
@@ -1465,7 +1497,1450 @@ class dllm__cpu_backend : public dllm__backend_impl {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// 11. SAR decoding (LLaDA generate.py)
+// 11. GPU: errors, device memory
+// ---------------------------------------------------------------------------------------------------
+
+static dllm_status dllm__cuda_fail(cudaError_t e, const char *what) {
+    cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+    dllm_status s = e == cudaErrorMemoryAllocation ? DLLM_ERR_OUT_OF_MEMORY : DLLM_ERR_CUDA;
+    return dllm__fail(s, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+#define DLLM__CUDA(expr)                                         \
+    do {                                                         \
+        cudaError_t dllm__e_ = (expr);                           \
+        if (dllm__e_ != cudaSuccess) return dllm__cuda_fail(dllm__e_, #expr); \
+    } while (0)
+
+static dllm_status dllm__cublas_fail(cublasStatus_t s, const char *what) {
+    return dllm__fail(s == CUBLAS_STATUS_ALLOC_FAILED ? DLLM_ERR_OUT_OF_MEMORY : DLLM_ERR_CUDA, "%s: cuBLASLt status %d", what, (int)s);
+}
+
+#define DLLM__CUBLAS(expr)                                       \
+    do {                                                         \
+        cublasStatus_t dllm__s_ = (expr);                        \
+        if (dllm__s_ != CUBLAS_STATUS_SUCCESS) return dllm__cublas_fail(dllm__s_, #expr); \
+    } while (0)
+
+/* An owned device allocation; bytes are tracked so benchmarks can report dllm's own footprint. */
+static std::atomic<int64_t> dllm__device_bytes{0}, dllm__device_peak{0};
+
+struct dllm__dbuf {
+    void *ptr = nullptr;
+    size_t bytes = 0;
+
+    dllm__dbuf() {}
+    dllm__dbuf(const dllm__dbuf &) = delete;
+    dllm__dbuf &operator=(const dllm__dbuf &) = delete;
+    dllm__dbuf(dllm__dbuf &&o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+    ~dllm__dbuf() { release(); }
+    void release() {
+        if (ptr) {
+            cudaFree(ptr);
+            dllm__device_bytes -= (int64_t)bytes;
+        }
+        ptr = nullptr;
+        bytes = 0;
+    }
+    /* Makes the buffer at least n bytes (contents are not kept when it grows). */
+    dllm_status fit(size_t n, const char *what) {
+        if (n <= bytes) return DLLM_OK;
+        release();
+        cudaError_t e = cudaMalloc(&ptr, n);
+        if (e != cudaSuccess) {
+            ptr = nullptr;
+            cudaGetLastError();
+            return dllm__fail(DLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of GPU memory for %s: %s", n / 1048576.0, what, cudaGetErrorString(e));
+        }
+        bytes = n;
+        int64_t now = dllm__device_bytes += (int64_t)n;
+        for (int64_t peak = dllm__device_peak; now > peak && !dllm__device_peak.compare_exchange_weak(peak, now);) {}
+        return DLLM_OK;
+    }
+    template <class T> T *as() const { return (T *)ptr; }
+};
+
+
+// ---------------------------------------------------------------------------------------------------
+// 12. GPU kernel sources (compiled by NVRTC at first use)
+//     Strings, not __global__ functions: dllm_cuda.cu holds no device code, so it builds anywhere and a
+//     kernel is compiled only for the GPU it runs on. No headers: bf16 is handled as raw 16-bit values
+//     with PTX conversions, so the JIT needs nothing but libnvrtc at run time.
+//     Each kernel names its CPU twin; tests/test_gpu.inl compares every pair on fresh random inputs.
+// ---------------------------------------------------------------------------------------------------
+
+/* Shared by every module: fixed-width types, bf16 conversions, Philox (twin: dllm__philox). */
+static const char *dllm__src_common = R"DLLM(
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define DLLM_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    bf16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+/* Two floats into one register: lo in the low half (the lower column of an mma fragment). */
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void philox(u64 seed, u32 c0, u32 c1, u32 c2, u32 c3, u32 out[4]) {
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c1 = lo1; c3 = lo0; c0 = n0; c2 = n2;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+/* Twin of dllm__uniform: 53 bits, offset by half a unit, strictly inside (0, 1). */
+__device__ __forceinline__ double uniform01(u64 seed, u32 index, u32 position, u32 step, u32 stream) {
+    u32 o[4];
+    philox(seed, index, position, step, stream, o);
+    u64 bits = (((u64)o[0] << 32) | o[1]) >> 11;
+    return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
+struct dllm_step_state {
+    int block_begin, block_end;   // current block [begin, end)
+    int steps_per_block;
+    int step_in_block;            // advanced by select_commit
+    int global_step;              // keys the RNG; advanced by select_commit
+    int n_block_masks;            // masks in the block at its first step
+    int n_committed;              // positions committed by the last step
+};
+)DLLM";
+
+/* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
+static const char *dllm__src_rowwise = R"DLLM(
+/* Twin: dllm__tensor_row on the embedding table. h[b*n + i] = embed[ids[b*n + i]] in fp32. */
+extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t *table, int d, float *h) {
+    int row = blockIdx.x;
+    if (row >= n_rows) return;
+    const bf16_t *src = table + (u64)ids[row] * d;
+    float *dst = h + (u64)row * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = bf16_to_f32(src[i]);
+}
+
+/* Twin: dllm__cpu_rmsnorm after h += delta. For each batch b and row i < n_rows: the source row
+ * s = b * seq_len + row0 + i gets h[s] += delta[s] (if delta), then y[b * n_rows + i] = bf16(norm(h[s]) * w).
+ * One CTA per row; the sum of squares is reduced in a fixed order, so a row's bits never depend on
+ * which other rows are computed (LaCache relies on this). */
+extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const float *w, float eps, bf16_t *y,
+                                       int d, int n_rows, int row0, int seq_len) {
+    int i = blockIdx.x, b = blockIdx.y;
+    u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
+    float *hr = h + src * d;
+    const bf16_t *dr = delta ? delta + src * d : 0;
+    float ss = 0.f;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) {
+        float v = hr[k];
+        if (dr) { v += bf16_to_f32(dr[k]); hr[k] = v; }
+        ss += v * v;
+    }
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    float r = rsqrtf(part[0] / (float)d + eps);
+    bf16_t *yr = y + dst * d;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) yr[k] = f32_to_bf16((hr[k] * r) * w[k]);
+}
+
+/* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
+ * adds the fp32 bias, rotates q and k heads by the position (row % seq_len) + pos0 with the same
+ * cos/sin tables as the CPU. One thread per (row, head, pair). */
+extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, int n_head, int n_kv, int head_dim,
+                                    const float *bias, const float *cos_t, const float *sin_t) {
+    int half = head_dim >> 1, heads = n_head + 2 * n_kv;
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (u64)n_rows * heads * half) return;
+    int j = (int)(idx % half), hd = (int)((idx / half) % heads), row = (int)(idx / ((u64)half * heads));
+    bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
+    const float *bh = bias ? bias + hd * head_dim : 0;
+    float x1 = bf16_to_f32(x[j]) + (bh ? bh[j] : 0.f), x2 = bf16_to_f32(x[j + half]) + (bh ? bh[j + half] : 0.f);
+    if (hd < n_head + n_kv) {
+        int pos = row % seq_len + pos0;
+        float c = cos_t[(u64)pos * half + j], s = sin_t[(u64)pos * half + j];
+        float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+        x1 = r1;
+        x2 = r2;
+    }
+    x[j] = f32_to_bf16(x1);
+    x[j + half] = f32_to_bf16(x2);
+}
+
+/* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. */
+extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (u64)n_rows * f) return;
+    u64 row = idx / f, col = idx % f;
+    float g = bf16_to_f32(gu[row * 2 * f + col]), u = bf16_to_f32(gu[row * 2 * f + f + col]);
+    out[idx] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
+}
+
+/* The CFG unconditional canvas: prompt positions become MASK (twin: dllm__cpu_backend::apply_cfg). */
+extern "C" __global__ void make_uncond(const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = is_prompt[i] ? mask_id : canvas[i];
+}
+
+/* Starts a block: bounds, schedule length, masks in the block (the n of k_i = n/s + (i < n%s)). */
+extern "C" __global__ void block_begin(dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id) {
+    __shared__ int count;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    int mine = 0;
+    for (int p = begin + threadIdx.x; p < end; p += blockDim.x) mine += canvas[p] == mask_id;
+    atomicAdd(&count, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        st->block_begin = begin;
+        st->block_end = end;
+        st->steps_per_block = steps_per_block;
+        st->step_in_block = 0;
+        st->n_block_masks = count;
+    }
+}
+
+/* Random weights for benchmarks (no file): uniform in [-scale, scale], or the constant `scale` when
+ * constant != 0 (norm weights). A cheap integer hash: speed matters for 16 GB, quality does not. */
+extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float scale, int constant) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 z = (i + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+        z ^= z >> 31;
+        z *= 0x94D049BB133111EBull;
+        z ^= z >> 29;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        w[i] = f32_to_bf16(constant ? scale : (2.f * u - 1.f) * scale);
+    }
+}
+)DLLM";
+
+/* Token choice on the device. Twins: dllm__choose (per row) and dllm__select_topk (per step). */
+static const char *dllm__src_sampler = R"DLLM(
+struct conf_partial {
+    double best_score;  // argmax criterion: the logit (T = 0) or the Gumbel score (T > 0)
+    double sum_exp;     // sum of exp(l - max_logit) over the slice
+    float max_logit;
+    float best_logit;
+    int best_idx;
+    int pad;
+};
+
+struct sampler_args {
+    const float *cond;        // [rows][vocab] logits
+    const float *uncond;      // CFG: unconditional logits with the same layout, or null
+    float cfg_weight;         // s + 1: logits = U + (s + 1)(C - U)
+    int vocab, slice, n_slices, n_rows;
+    int pos0;                 // canvas position of row 0
+    int lrow0, shift0;        // logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift)
+    int raw_rows;             // logits rows per batch entry in the buffer
+    double temperature;
+    u64 seed;
+    int eos_inf, eos_id, eot_id, defer_eos_eot, random_remask;
+};
+
+__device__ __forceinline__ int logits_row(const sampler_args &a, int row) { return (a.shift0 ? max(row - 1, 0) : row) + a.lrow0; }
+
+/* Twin: the CPU's CFG combination and logits_eos_inf. lr is a logits row (see logits_row). */
+__device__ __forceinline__ float sampler_logit(const sampler_args &a, int lr, int v) {
+    if (a.eos_inf && v == a.eos_id) return -DLLM_INF;
+    float c = a.cond[(u64)lr * a.vocab + v];
+    if (!a.uncond) return c;
+    float u = a.uncond[(u64)lr * a.vocab + v];
+    return u + a.cfg_weight * (c - u);
+}
+
+__device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
+
+/* Pass 1: one CTA per (slice, row): max logit, best token, sum of exp relative to the slice max. */
+extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_state *st, conf_partial *out) {
+    int slice = blockIdx.x, row = blockIdx.y, lr = logits_row(a, row);
+    int v0 = slice * a.slice, v1 = min(a.vocab, v0 + a.slice);
+    u32 step = (u32)st->global_step, pos = (u32)(a.pos0 + row);
+    float mx = -DLLM_INF;
+    double best = -1.0 / 0.0;
+    int best_i = 0x7fffffff;
+    for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+        float l = sampler_logit(a, lr, v);
+        mx = fmaxf(mx, l);
+        double score = l;
+        if (a.temperature > 0) score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
+        if (better(score, v, best, best_i)) { best = score; best_i = v; }
+    }
+    __shared__ float s_mx[32];
+    __shared__ double s_best[32];
+    __shared__ int s_bi[32];
+    __shared__ double s_sum[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        double ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (better(ob, oi, best, best_i)) { best = ob; best_i = oi; }
+    }
+    if (lane == 0) { s_mx[warp] = mx; s_best[warp] = best; s_bi[warp] = best_i; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++) {
+            mx = fmaxf(mx, s_mx[w]);
+            if (better(s_best[w], s_bi[w], best, best_i)) { best = s_best[w]; best_i = s_bi[w]; }
+        }
+        s_mx[0] = mx;
+        s_bi[0] = best_i;
+        s_best[0] = best;
+    }
+    __syncthreads();
+    mx = s_mx[0];
+    double sum = 0;
+    if (mx > -DLLM_INF)
+        for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) sum += exp((double)sampler_logit(a, lr, v) - (double)mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s_sum[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++) sum += s_sum[w];
+        conf_partial p;
+        p.best_score = s_best[0];
+        p.best_idx = s_bi[0];
+        p.best_logit = s_bi[0] < a.vocab ? sampler_logit(a, lr, s_bi[0]) : -DLLM_INF;
+        p.max_logit = mx;
+        p.sum_exp = sum;
+        p.pad = 0;
+        out[(u64)row * a.n_slices + slice] = p;
+    }
+}
+
+/* Pass 2: one thread per row merges the slices in order: x0, confidence (float64), deferral flag. */
+extern "C" __global__ void conf_combine_kernel(sampler_args a, const dllm_step_state *st, const conf_partial *parts,
+                                               int *x0, double *conf, unsigned char *deferred) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= a.n_rows) return;
+    const conf_partial *p = parts + (u64)row * a.n_slices;
+    float mx = -DLLM_INF;
+    double best = -1.0 / 0.0;
+    int bi = 0x7fffffff;
+    float bl = -DLLM_INF;
+    for (int s = 0; s < a.n_slices; s++) {
+        mx = fmaxf(mx, p[s].max_logit);
+        if (better(p[s].best_score, p[s].best_idx, best, bi)) { best = p[s].best_score; bi = p[s].best_idx; bl = p[s].best_logit; }
+    }
+    double z = 0;
+    for (int s = 0; s < a.n_slices; s++)
+        if (p[s].max_logit > -DLLM_INF) z += p[s].sum_exp * exp((double)p[s].max_logit - (double)mx);
+    double c;
+    if (a.random_remask) c = uniform01(a.seed, 0u, (u32)(a.pos0 + row), (u32)st->global_step, 2u);
+    else c = exp((double)bl - (double)mx) / z;
+    if (c != c) c = -1.0 / 0.0;
+    if (bi >= a.vocab) bi = 0;
+    x0[row] = bi;
+    conf[row] = c;
+    deferred[row] = a.defer_eos_eot && (bi == a.eos_id || bi == a.eot_id);
+}
+
+/* Commits the step's k best candidates (masked positions in [cand_lo, block_end)): non-deferred first,
+ * then higher confidence, then lower position; k = n/s (+1 for the first n%s steps). One CTA; each
+ * candidate's rank is counted directly, which is deterministic and cheap for block-sized sets. */
+extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0,
+                                         const double *conf, const unsigned char *deferred, int mask_id, int *committed) {
+    extern __shared__ unsigned char is_cand[];
+    int lo = cand_lo, hi = st->block_end, n = hi - lo;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) is_cand[i] = canvas[lo + i] == mask_id;
+    __syncthreads();
+    int s = st->steps_per_block, i_step = st->step_in_block, nm = st->n_block_masks;
+    int k = nm / s + (i_step < nm % s ? 1 : 0);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        if (!is_cand[i]) continue;
+        int r = lo + i - row0;
+        unsigned char di = deferred[r];
+        double ci = conf[r];
+        int rank = 0;
+        for (int j = 0; j < n && rank < k; j++) {
+            if (!is_cand[j] || j == i) continue;
+            int rj = lo + j - row0;
+            unsigned char dj = deferred[rj];
+            double cj = conf[rj];
+            bool b = dj != di ? !dj : (cj != ci ? cj > ci : j < i);
+            rank += b;
+        }
+        if (rank >= k) is_cand[i] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int c = 0;
+        for (int i = 0; i < n; i++)
+            if (is_cand[i]) {
+                canvas[lo + i] = x0[lo + i - row0];
+                committed[c++] = lo + i;
+            }
+        st->n_committed = c;
+        st->step_in_block++;
+        st->global_step++;
+    }
+}
+)DLLM";
+
+/* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
+ * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
+ * Compile-time: HD (head dim), BR (query rows per CTA, 16 per warp), BC (keys per tile).
+ * KV tiles are visited in the order [0, late_lo) ++ [late_hi, T) ++ [late_lo, late_hi): the tiles that
+ * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
+ * so a cached online-softmax state is exactly the prefix of the uncached computation. */
+static const char *dllm__src_attention = R"DLLM(
+__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct attn_args {
+    const bf16_t *q, *k, *v;     // row r of batch b, head h at q + (b*seq + r)*q_stride + h*HD
+    bf16_t *o;                   // same addressing with o_stride
+    const unsigned char *key_valid;  // [batch][seq] or null
+    int seq, q_stride, kv_stride, o_stride, group;  // group = n_head / n_kv
+    const dllm_step_state *st;   // current block: its KV tiles are visited last; null or empty: plain order
+    float scale_log2;            // log2(e) / sqrt(HD)
+};
+
+__device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
+    int head = lo, mid = n_tiles - hi;
+    return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
+}
+
+template <int HD, int BR, int BC>
+__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int rows, int n_valid) {
+    constexpr int CHUNKS = HD / 8, LD = HD + 8, THREADS = BR * 2;
+    for (int c = threadIdx.x; c < rows * CHUNKS; c += THREADS) {
+        int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        bool ok = row0 + r < n_valid;
+        cp_async16(dst + r * LD + col, src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
+    }
+}
+
+template <int HD, int BR, int BC>
+__global__ void __launch_bounds__(BR * 2) flash_attn(attn_args a) {
+    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    const bf16_t *Q = a.q + (u64)b * a.seq * a.q_stride + h * HD;
+    const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
+    const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
+    const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
+    int late_lo = 0, late_hi = 0;
+    if (a.st && a.st->block_end > a.st->block_begin) {
+        late_lo = a.st->block_begin / BC;
+        late_hi = min(n_tiles, (a.st->block_end + BC - 1) / BC);
+    }
+
+    load_tile<HD, BR, BC>(sQ, Q, a.q_stride, q0, BR, a.seq);
+    cp_async_commit();
+    int tile = kv_tile_at(0, n_tiles, late_lo, late_hi);
+    load_tile<HD, BR, BC>(sK, K, a.kv_stride, tile * BC, BC, a.seq);
+    load_tile<HD, BR, BC>(sV, V, a.kv_stride, tile * BC, BC, a.seq);
+    cp_async_commit();
+    cp_async_wait_1();
+    __syncthreads();
+
+    u32 qf[KS][4];
+    for (int kk = 0; kk < KS; kk++) ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+
+    float o[DT][4];
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = -DLLM_INF, m1 = -DLLM_INF, l0 = 0.f, l1 = 0.f;
+
+    for (int i = 0; i < n_tiles; i++) {
+        const int stage = i & 1;
+        if (i + 1 < n_tiles) {
+            int next = kv_tile_at(i + 1, n_tiles, late_lo, late_hi);
+            load_tile<HD, BR, BC>(sK + (stage ^ 1) * BC * LD, K, a.kv_stride, next * BC, BC, a.seq);
+            load_tile<HD, BR, BC>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
+        }
+        cp_async_commit();
+        cp_async_wait_1();
+        __syncthreads();
+        const bf16_t *k_s = sK + stage * BC * LD, *v_s = sV + stage * BC * LD;
+        const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
+
+        float s[NT][4];
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int kk = 0; kk < KS; kk++)
+            for (int j = 0; j < NT; j += 2) {
+                u32 kb[4];
+                ldmatrix_x4(kb, k_s + (j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(s[j], qf[kk], kb[0], kb[1]);
+                mma_bf16(s[j + 1], qf[kk], kb[2], kb[3]);
+            }
+
+        float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
+        for (int j = 0; j < NT; j++)
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1);
+                bool ok = key < a.seq && (!valid || valid[key]);
+                s[j][e] = ok ? s[j][e] * a.scale_log2 : -DLLM_INF;
+            }
+        for (int j = 0; j < NT; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
+        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= corr0;
+        l1 *= corr1;
+        for (int d = 0; d < DT; d++) {
+            o[d][0] *= corr0; o[d][1] *= corr0;
+            o[d][2] *= corr1; o[d][3] *= corr1;
+        }
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = exp2f(s[j][0] - base0);
+            s[j][1] = exp2f(s[j][1] - base0);
+            s[j][2] = exp2f(s[j][2] - base1);
+            s[j][3] = exp2f(s[j][3] - base1);
+            l0 += s[j][0] + s[j][1];
+            l1 += s[j][2] + s[j][3];
+        }
+        for (int kk = 0; kk < BC / 16; kk++) {
+            u32 pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                         pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            for (int d = 0; d < DT; d += 2) {
+                u32 vb[4];
+                ldmatrix_x4_trans(vb, v_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8);
+                mma_bf16(o[d], pa, vb[0], vb[1]);
+                mma_bf16(o[d + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    bf16_t *O = a.o + (u64)b * a.seq * a.o_stride + h * HD;
+    for (int d = 0; d < DT; d++) {
+        int col = d * 8 + 2 * t;
+        if (r0 < a.seq) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[d][0] * inv0, o[d][1] * inv0);
+        if (r1 < a.seq) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[d][2] * inv1, o[d][3] * inv1);
+    }
+}
+)DLLM";
+
+// ---------------------------------------------------------------------------------------------------
+// 13. GPU: NVRTC JIT and the architecture table
+//     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
+//     dim, tiles), compiled for the exact GPU, cached in process and on disk under a key that hashes the
+//     source, the options, the NVRTC version and the architecture. Environment:
+//       DLLM_CACHE_DIR     disk cache folder (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables
+//       DLLM_JIT_VERBOSE=1 print each compile, its time, registers and the chosen tile configs
+//       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
+//       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
+//       DLLM_FA_BR, DLLM_FA_BC    override the attention tile (rows per CTA, keys per tile)
+// ---------------------------------------------------------------------------------------------------
+
+/* Tile choices per compute capability. Attention: FA2's 128 x 64 where shared memory allows it
+ * (sm_80, sm_90); 64 x 64 on sm_86/89 (99 KB of shared memory per block). Newer GPUs run the same
+ * mma.sync code compiled for their own architecture. */
+struct dllm__arch {
+    int cc;               // compute capability major*10 + minor
+    const char *target;   // NVRTC --gpu-architecture
+    int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
+};
+
+static const dllm__arch dllm__arch_table[] = {
+    {80, "sm_80", 128, 64},
+    {86, "sm_86", 64, 64},
+    {87, "sm_87", 64, 64},
+    {89, "sm_89", 64, 64},
+    {90, "sm_90a", 128, 64},
+};
+
+static int dllm__env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+/* The table row for a compute capability; GPUs newer than the table use the last row's tiles and
+ * their own sm_XY target (NVRTC compiles mma.sync for every architecture it knows). */
+static dllm__arch dllm__arch_for(int cc) {
+    dllm__arch a = dllm__arch_table[sizeof dllm__arch_table / sizeof dllm__arch_table[0] - 1];
+    for (const dllm__arch &row : dllm__arch_table)
+        if (row.cc == cc) a = row;
+    if (a.cc != cc) {
+        static thread_local char target[16];
+        snprintf(target, sizeof target, "sm_%d", cc);
+        a.target = target;
+        a.cc = cc;
+    }
+    a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
+    a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
+    return a;
+}
+
+static uint64_t dllm__fnv1a(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = (const uint8_t *)data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static std::string dllm__cache_dir() {
+    const char *e = getenv("DLLM_CACHE_DIR");
+    if (e && *e) return strcmp(e, "off") == 0 ? std::string() : std::string(e);
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) return std::string(xdg) + "/dllm";
+    return home && *home ? std::string(home) + "/.cache/dllm" : std::string();
+}
+
+static void dllm__mkdirs(const std::string &dir) {
+    for (size_t i = 1; i <= dir.size(); i++)
+        if (i == dir.size() || dir[i] == '/') mkdir(dir.substr(0, i).c_str(), 0755);
+}
+
+/* Writes a file atomically: a unique temporary name in the same folder, then rename(). */
+static void dllm__write_atomic(const std::string &path, const std::vector<char> &bytes) {
+    std::string tmp = dllm__format("%s.tmp.%d.%llx", path.c_str(), (int)getpid(), (unsigned long long)(uintptr_t)&bytes);
+    FILE *f = fopen(tmp.c_str(), "wb");
+    if (!f) return;
+    bool ok = fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+static bool dllm__read_binary(const std::string &path, std::vector<char> &out) {
+    FILE *f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    out.clear();
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
+    fclose(f);
+    return !out.empty();
+}
+
+/* A compiled module: its cubin and the kernels looked up in it. */
+struct dllm__module {
+    cudaLibrary_t lib = nullptr;
+    std::unordered_map<std::string, cudaKernel_t> kernels;  // by the name asked for
+    ~dllm__module() {
+        if (lib) cudaLibraryUnload(lib);
+    }
+};
+
+struct dllm__jit_request {
+    std::string name;                     // module name: spells its compile-time parameters
+    std::string source;
+    std::vector<std::string> kernels;     // entry points, "k" or template instantiations "k<1,2>"
+    std::string target;                   // sm_XY[a]
+};
+
+/* The NVRTC log, trimmed to what a user needs: the first lines with "error" and their context. */
+static std::string dllm__log_excerpt(const std::string &log) {
+    size_t at = log.find("error");
+    size_t begin = at == std::string::npos ? 0 : log.rfind('\n', at);
+    begin = begin == std::string::npos ? 0 : begin + 1;
+    return log.substr(begin, 1200);
+}
+
+static int dllm__nvrtc_version() {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    return major * 100 + minor;
+}
+
+/* Parses "N bytes spill stores" lines of the ptxas report; any nonzero count is a spill. */
+static bool dllm__log_has_spills(const std::string &log) {
+    for (size_t at = log.find(" bytes spill stores"); at != std::string::npos; at = log.find(" bytes spill stores", at + 1)) {
+        size_t b = log.rfind(',', at);
+        b = b == std::string::npos ? 0 : b + 1;
+        if (atoi(log.c_str() + b) > 0) return true;
+    }
+    return false;
+}
+
+/* Compiles a module to a cubin (no loading: usable without a GPU, e.g. in CI). */
+static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin, std::vector<std::string> &lowered,
+                                       std::string &log) {
+    nvrtcProgram prog;
+    if (nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+        return dllm__fail(DLLM_ERR_JIT, "NVRTC could not create program %s", rq.name.c_str());
+    for (const std::string &k : rq.kernels) nvrtcAddNameExpression(prog, k.c_str());
+    std::string arch = "--gpu-architecture=" + rq.target;
+    const char *opts[] = {arch.c_str(), "-std=c++17", "--ptxas-options=--verbose", "-lineinfo"};
+    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(prog, &log_size);
+    log.assign(log_size, '\0');
+    if (log_size) nvrtcGetProgramLog(prog, &log[0]);
+    if (r != NVRTC_SUCCESS) {
+        nvrtcDestroyProgram(&prog);
+        return dllm__fail(DLLM_ERR_JIT, "NVRTC failed to compile %s for %s: %s\n%s", rq.name.c_str(), rq.target.c_str(),
+                          nvrtcGetErrorString(r), dllm__log_excerpt(log).c_str());
+    }
+    size_t n = 0;
+    nvrtcGetCUBINSize(prog, &n);
+    cubin.resize(n);
+    if (n) nvrtcGetCUBIN(prog, cubin.data());
+    lowered.clear();
+    for (const std::string &k : rq.kernels) {
+        const char *low = nullptr;
+        nvrtcGetLoweredName(prog, k.c_str(), &low);
+        lowered.push_back(low ? low : k);
+    }
+    if (const char *dump = getenv("DLLM_JIT_DUMP")) {
+        size_t ptx_n = 0;
+        nvrtcGetPTXSize(prog, &ptx_n);
+        std::vector<char> ptx(ptx_n);
+        if (ptx_n) nvrtcGetPTX(prog, ptx.data());
+        dllm__mkdirs(dump);
+        dllm__write_atomic(std::string(dump) + "/" + rq.name + ".ptx", ptx);
+        dllm__write_atomic(std::string(dump) + "/" + rq.name + ".cubin", cubin);
+    }
+    nvrtcDestroyProgram(&prog);
+    if (n == 0) return dllm__fail(DLLM_ERR_JIT, "NVRTC produced no cubin for %s (%s)", rq.name.c_str(), rq.target.c_str());
+    if (dllm__env_int("DLLM_JIT_FAIL_ON_SPILL", 0) && dllm__log_has_spills(log))
+        return dllm__fail(DLLM_ERR_JIT, "%s spills registers on %s (DLLM_JIT_FAIL_ON_SPILL is set):\n%s", rq.name.c_str(), rq.target.c_str(),
+                          log.substr(0, 1500).c_str());
+    return DLLM_OK;
+}
+
+/* In-process cache of loaded modules, keyed like the disk cache. Guarded: contexts may JIT in parallel. */
+static std::mutex dllm__jit_mutex;
+static std::unordered_map<uint64_t, std::shared_ptr<dllm__module>> dllm__jit_modules;
+
+static uint64_t dllm__jit_key(const dllm__jit_request &rq) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int v = dllm__nvrtc_version();
+    h = dllm__fnv1a(h, rq.name.data(), rq.name.size());
+    h = dllm__fnv1a(h, rq.source.data(), rq.source.size());
+    h = dllm__fnv1a(h, rq.target.data(), rq.target.size());
+    h = dllm__fnv1a(h, &v, sizeof v);
+    for (const std::string &k : rq.kernels) h = dllm__fnv1a(h, k.data(), k.size() + 1);
+    return h;
+}
+
+/* The disk cache stores the cubin followed by the lowered names, one per line after a 0 byte. */
+static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, std::vector<char> &blob, std::vector<std::string> &lowered) {
+    std::string dir = dllm__cache_dir(), path = dir.empty() ? "" : dllm__format("%s/%s-%016llx.bin", dir.c_str(), rq.name.c_str(), (unsigned long long)key);
+    if (!path.empty() && dllm__read_binary(path, blob)) {
+        size_t sep = blob.size();
+        while (sep > 0 && blob[sep - 1] != 0) sep--;
+        std::string names(blob.begin() + (long)sep, blob.end());
+        lowered.clear();
+        for (size_t b = 0, e; b < names.size(); b = e + 1) {
+            e = names.find('\n', b);
+            if (e == std::string::npos) e = names.size();
+            if (e > b) lowered.push_back(names.substr(b, e - b));
+        }
+        if (sep > 0 && lowered.size() == rq.kernels.size()) {
+            blob.resize(sep - 1);
+            return DLLM_OK;
+        }
+    }
+    double t0 = dllm__now_ms();
+    std::string log;
+    DLLM__TRY(dllm__nvrtc_compile(rq, blob, lowered, log));
+    if (dllm__env_int("DLLM_JIT_VERBOSE", 0))
+        dllm__log(DLLM_LOG_INFO, "JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0, log.c_str());
+    if (!path.empty()) {
+        std::vector<char> file(blob);
+        file.push_back(0);
+        for (const std::string &l : lowered) file.insert(file.end(), l.begin(), l.end()), file.push_back('\n');
+        dllm__mkdirs(dir);
+        dllm__write_atomic(path, file);
+    }
+    return DLLM_OK;
+}
+
+static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<dllm__module> &out) {
+    uint64_t key = dllm__jit_key(rq);
+    {
+        std::lock_guard<std::mutex> lk(dllm__jit_mutex);
+        auto it = dllm__jit_modules.find(key);
+        if (it != dllm__jit_modules.end()) { out = it->second; return DLLM_OK; }
+    }
+    std::vector<char> cubin;
+    std::vector<std::string> lowered;
+    DLLM__TRY(dllm__jit_build(rq, key, cubin, lowered));
+    std::shared_ptr<dllm__module> m(new dllm__module);
+    DLLM__CUDA(cudaLibraryLoadData(&m->lib, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+    for (size_t i = 0; i < rq.kernels.size(); i++) {
+        cudaKernel_t k;
+        DLLM__CUDA(cudaLibraryGetKernel(&k, m->lib, lowered[i].c_str()));
+        m->kernels[rq.kernels[i]] = k;
+    }
+    std::lock_guard<std::mutex> lk(dllm__jit_mutex);
+    out = dllm__jit_modules.emplace(key, m).first->second;
+    return DLLM_OK;
+}
+
+/* The modules dllm compiles for one GPU and one head dimension. */
+static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
+    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise,
+            {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16"}, arch.target};
+}
+
+static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
+    return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
+}
+
+static std::string dllm__attn_kernel_name(int hd, int br, int bc) { return dllm__format("flash_attn<%d,%d,%d>", hd, br, bc); }
+
+static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
+    return {dllm__format("dllm_attn_hd%d_br%d_bc%d", head_dim, arch.fa_br, arch.fa_bc), std::string(dllm__src_common) + dllm__src_attention,
+            {dllm__attn_kernel_name(head_dim, arch.fa_br, arch.fa_bc)}, arch.target};
+}
+
+static size_t dllm__attn_smem(int hd, int br, int bc) { return (size_t)(br + 4 * bc) * (hd + 8) * 2; }
+
+/* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
+static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
+    cudaError_t e = cudaLaunchKernel((const void *)k, grid, block, args, smem, stream);
+    if (e != cudaSuccess) return dllm__cuda_fail(e, name);
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 14. GPU: cuBLASLt GEMMs
+//     Row-major Y[M x N] = X[M x K] . W[N x K]^T is cuBLAS's column-major Y^T = W^T(op T) . X^T: m = N,
+//     n = M, k = K, A = W with TRANSA = T, B = X. BF16 in, FP32 accumulate, BF16 or FP32 out. The
+//     algorithm is chosen once per (M, N, K, out type) and cached.
+// ---------------------------------------------------------------------------------------------------
+
+struct dllm__gemm_plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    ~dllm__gemm_plan() {
+        if (desc) cublasLtMatmulDescDestroy(desc);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (c) cublasLtMatrixLayoutDestroy(c);
+    }
+};
+
+struct dllm__gemm {
+    cublasLtHandle_t handle = nullptr;
+    dllm__dbuf workspace;
+    std::unordered_map<std::string, std::unique_ptr<dllm__gemm_plan>> plans;
+    static const size_t workspace_bytes = 32u << 20;  // Hopper kernels want up to 32 MiB
+
+    ~dllm__gemm() {
+        plans.clear();
+        if (handle) cublasLtDestroy(handle);
+    }
+    dllm_status init() {
+        DLLM__CUBLAS(cublasLtCreate(&handle));
+        return workspace.fit(workspace_bytes, "the cuBLASLt workspace");
+    }
+    dllm_status plan(int M, int N, int K, cudaDataType_t out_type, dllm__gemm_plan *&out) {
+        std::string key = dllm__format("%d,%d,%d,%d", M, N, K, (int)out_type);
+        auto it = plans.find(key);
+        if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
+        std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        DLLM__CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->c, out_type, N, M, N));
+        cublasLtMatmulPreference_t pref;
+        DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = workspace_bytes;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+            return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
+        p->algo = res.algo;
+        out = p.get();
+        plans[key] = std::move(p);
+        return DLLM_OK;
+    }
+    /* Y[M x N] = X[M x K] . W[N x K]^T. */
+    dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
+        dllm__gemm_plan *p;
+        DLLM__TRY(plan(M, N, K, out_type, p));
+        const float alpha = 1.0f, beta = 0.0f;
+        DLLM__CUBLAS(cublasLtMatmul(handle, p->desc, &alpha, W, p->a, X, p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace.ptr,
+                                    workspace_bytes, stream));
+        return DLLM_OK;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// 15. GPU backend: weights, forward, sampler, step graphs
+//     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE
+//     tables stay fp32. The residual stream is fp32. One denoising step (forward, LM head, confidence,
+//     top-k commit) is captured once as a CUDA graph and replayed: the step counter, the block bounds and
+//     the canvas live on the device, so the host issues one launch per step and never copies logits.
+// ---------------------------------------------------------------------------------------------------
+
+static inline uint16_t dllm__f32_to_bf16(float f) {  // round to nearest even; twin of the PTX cvt.rn
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+struct dllm__gpu_layer {
+    dllm__dbuf w_qkv, w_o, w_gu, w_down;      // bf16 [out, in]
+    dllm__dbuf attn_norm, ffn_norm, b_qkv;    // fp32
+};
+
+
+
+static const int dllm__lm_chunk_rows = 256;   // LM head rows per GEMM: bounds the logits buffer
+
+class dllm__gpu_backend : public dllm__backend_impl {
+  public:
+    static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
+        std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
+        DLLM__TRY(g->init(p.device));
+        out = std::move(g);
+        return DLLM_OK;
+    }
+    ~dllm__gpu_backend() override {
+        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        if (stream_) cudaStreamDestroy(stream_);
+        if (host_pinned_) cudaFreeHost(host_pinned_);
+    }
+
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override;
+    dllm_status begin(dllm__decode &st) override;
+    dllm_status begin_block(dllm__decode &st) override;
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override;
+    dllm_status finish(dllm__decode &st) override;
+
+    const dllm__arch &arch() const { return arch_; }
+    cudaStream_t stream() const { return stream_; }
+    /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). */
+    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1);
+    /* LM head for output rows [raw0 + c0, raw0 + c0 + rows) of every batch entry into logits [batch][rows][V]. */
+    dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
+    dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows)
+     * runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    template <class F>
+    dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
+        DLLM__TRY(forward(1, n, canvas_.as<int>(), raw0, raw1));
+        for (int c0 = 0; c0 < raw1 - raw0; c0 += dllm__lm_chunk_rows) {
+            int rows = std::min(dllm__lm_chunk_rows, raw1 - raw0 - c0);
+            DLLM__TRY(lm_head(1, raw1 - raw0, c0, rows));
+            DLLM__TRY(on_chunk(c0, rows));
+        }
+        return DLLM_OK;
+    }
+
+  private:
+    dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
+    dllm_status init(int device);
+    dllm_status upload_weights();
+    dllm_status random_weights();
+    dllm_status fit_buffers(int batch, int seq, int lm_rows);
+    dllm_status load_kernels();
+    dllm_status run_step(const dllm__decode &st);
+    dllm_status capture_step(const dllm__decode &st);
+    dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    dllm_status attention(int batch, int seq, const void *qkv, void *out);
+    std::string graph_key(const dllm__decode &st) const;
+
+    const dllm_model &m_;
+    int max_tokens_;
+    int device_ = 0;
+    dllm__arch arch_ = {};
+    cudaStream_t stream_ = nullptr;
+    dllm__gemm gemm_;
+    std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
+    cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_, k_attn_;
+
+    // weights
+    dllm__dbuf embed_, head_, final_norm_, rope_cos_, rope_sin_;
+    std::vector<dllm__gpu_layer> layers_;
+    bool tied_ = false;
+
+    // activations, grown to the largest (batch, seq) seen
+    dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
+    dllm__dbuf canvas_, is_prompt_, state_, committed_;
+    void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
+    size_t host_pinned_bytes_ = 0;
+
+    // the captured step
+    cudaGraphExec_t graph_exec_ = nullptr;
+    std::string graph_key_, warmed_key_;
+    int buffer_generation_ = 0;
+};
+
+/* Host mirrors of the device argument structs (same members, same order, so the same layout). */
+struct dllm__sampler_args {
+    const void *cond, *uncond;
+    float cfg_weight;
+    int vocab, slice, n_slices, n_rows, pos0, lrow0, shift0, raw_rows;
+    double temperature;
+    uint64_t seed;
+    int eos_inf, eos_id, eot_id, defer_eos_eot, random_remask;
+};
+
+struct dllm__attn_args {
+    const void *q, *k, *v;
+    void *o;
+    const unsigned char *key_valid;
+    int seq, q_stride, kv_stride, o_stride, group;
+    const void *state;
+    float scale_log2;
+};
+
+static const size_t dllm__conf_partial_bytes = 32;  // sizeof(conf_partial) on the device
+
+static const int dllm__vocab_slice = 8192;    // vocabulary entries per sampler CTA
+
+dllm_status dllm__gpu_backend::init(int device) {
+    const dllm__config &c = m_.cfg;
+    if (c.scale_logits) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
+    if (c.head_dim != 64 && c.head_dim != 128)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions 64 and 128, this model has %d", c.head_dim);
+    if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8", c.n_embd, c.n_ff, c.n_vocab);
+    device_ = device;
+    DLLM__CUDA(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    DLLM__CUDA(cudaGetDeviceProperties(&prop, device));
+    arch_ = dllm__arch_for(prop.major * 10 + prop.minor);
+    if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
+    DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DLLM__TRY(gemm_.init());
+    DLLM__TRY(load_kernels());
+    DLLM__TRY(m_.random_weights ? random_weights() : upload_weights());
+    std::vector<float> cos_t, sin_t;
+    dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
+    DLLM__TRY(rope_cos_.fit(cos_t.size() * 4, "RoPE tables"));
+    DLLM__TRY(rope_sin_.fit(sin_t.size() * 4, "RoPE tables"));
+    DLLM__CUDA(cudaMemcpy(rope_cos_.ptr, cos_t.data(), cos_t.size() * 4, cudaMemcpyHostToDevice));
+    DLLM__CUDA(cudaMemcpy(rope_sin_.ptr, sin_t.data(), sin_t.size() * 4, cudaMemcpyHostToDevice));
+    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d", prop.name, arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc);
+    return DLLM_OK;
+}
+
+/* The three modules compile in parallel: cold JIT time is the slowest one, not the sum. */
+dllm_status dllm__gpu_backend::load_kernels() {
+    dllm__jit_request rq[3] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim)};
+    std::shared_ptr<dllm__module> *dst[3] = {&rowwise_, &sampler_, &attn_};
+    dllm_status st[3];
+    std::string err[3];
+    std::vector<std::thread> workers;
+    for (int i = 0; i < 3; i++)
+        workers.emplace_back([&, i] {
+            cudaSetDevice(device_);
+            st[i] = dllm__jit_load(rq[i], *dst[i]);
+            if (st[i] != DLLM_OK) err[i] = dllm__tls_error;
+        });
+    for (std::thread &t : workers) t.join();
+    for (int i = 0; i < 3; i++)
+        if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
+    auto &R = rowwise_->kernels, &S = sampler_->kernels;
+    k_embed_ = R["embed_gather"]; k_norm_ = R["add_rmsnorm"]; k_rope_ = R["rope_qkv"]; k_swiglu_ = R["swiglu"];
+    k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
+    k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
+    k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)];
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dllm__attn_smem(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)));
+    return DLLM_OK;
+}
+
+/* Copies rows of host tensors (any float dtype) into one bf16 device matrix, in order. */
+static dllm_status dllm__upload_rows(dllm__dbuf &dst, std::initializer_list<const dllm__tensor *> parts, const char *what) {
+    size_t n = 0;
+    for (const dllm__tensor *t : parts) n += (size_t)t->numel;
+    DLLM__TRY(dst.fit(n * 2, what));
+    std::vector<uint16_t> host(n);
+    size_t at = 0;
+    for (const dllm__tensor *t : parts) {
+        if (t->dtype == DLLM__BF16) memcpy(host.data() + at, t->data, t->nbytes);
+        else for (int64_t i = 0; i < t->numel; i++) host[at + (size_t)i] = dllm__f32_to_bf16(dllm__tensor_at(*t, i));
+        at += (size_t)t->numel;
+    }
+    DLLM__CUDA(cudaMemcpy(dst.ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
+    return DLLM_OK;
+}
+
+static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
+    if (v.empty()) return DLLM_OK;
+    DLLM__TRY(dst.fit(v.size() * 4, what));
+    DLLM__CUDA(cudaMemcpy(dst.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::upload_weights() {
+    layers_.resize(m_.layers.size());
+    for (size_t l = 0; l < m_.layers.size(); l++) {
+        const dllm__layer_weights &L = m_.layers[l];
+        dllm__gpu_layer &G = layers_[l];
+        DLLM__TRY(dllm__upload_rows(G.w_qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(dllm__upload_rows(G.w_o, {L.wo}, "attention weights"));
+        DLLM__TRY(dllm__upload_rows(G.w_gu, {L.gate, L.up}, "MLP weights"));
+        DLLM__TRY(dllm__upload_rows(G.w_down, {L.down}, "MLP weights"));
+        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
+        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
+        if (!L.bq.empty()) {
+            std::vector<float> b(L.bq);
+            b.insert(b.end(), L.bk.begin(), L.bk.end());
+            b.insert(b.end(), L.bv.begin(), L.bv.end());
+            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+        }
+    }
+    DLLM__TRY(dllm__upload_rows(embed_, {m_.embed}, "the embedding table"));
+    tied_ = m_.head == m_.embed;
+    if (!tied_) DLLM__TRY(dllm__upload_rows(head_, {m_.head}, "the LM head"));
+    return dllm__upload_f32(final_norm_, m_.final_norm, "norm weights");
+}
+
+/* Benchmark weights generated on the device (no file, no host copy): uniform with the torch
+ * reference's scale (std 0.02), norms 1. */
+dllm_status dllm__gpu_backend::random_weights() {
+    const dllm__config &c = m_.cfg;
+    const size_t d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim, q = (size_t)c.n_head * c.head_dim;
+    uint64_t seed = m_.random_seed;
+    auto fill = [&](dllm__dbuf &b, size_t n, float scale, int constant, const char *what, bool bf16) -> dllm_status {
+        DLLM__TRY(b.fit(n * (bf16 ? 2 : 4), what));
+        if (!bf16) {
+            std::vector<float> v(n, scale);
+            DLLM__CUDA(cudaMemcpy(b.ptr, v.data(), n * 4, cudaMemcpyHostToDevice));
+            return DLLM_OK;
+        }
+        uint64_t nn = n, s = seed++;
+        void *args[] = {&b.ptr, &nn, &s, &scale, &constant};
+        return dllm__launch(k_fill_, dim3(1024), dim3(256), 0, stream_, args, "fill_random_bf16");
+    };
+    const float w = 0.0346f;  // uniform(-a, a) with std 0.02
+    layers_.resize((size_t)c.n_layer);
+    for (dllm__gpu_layer &G : layers_) {
+        DLLM__TRY(fill(G.w_qkv, qkv * d, w, 0, "attention weights", true));
+        DLLM__TRY(fill(G.w_o, d * q, w, 0, "attention weights", true));
+        DLLM__TRY(fill(G.w_gu, 2 * (size_t)c.n_ff * d, w, 0, "MLP weights", true));
+        DLLM__TRY(fill(G.w_down, d * c.n_ff, w, 0, "MLP weights", true));
+        DLLM__TRY(fill(G.attn_norm, d, 1.0f, 1, "norm weights", false));
+        DLLM__TRY(fill(G.ffn_norm, d, 1.0f, 1, "norm weights", false));
+        if (c.qkv_bias) DLLM__TRY(fill(G.b_qkv, qkv, 0.0f, 1, "attention biases", false));
+    }
+    DLLM__TRY(fill(embed_, (size_t)c.n_vocab * d, w, 0, "the embedding table", true));
+    tied_ = c.tied_embeddings;
+    if (!tied_) DLLM__TRY(fill(head_, (size_t)c.n_vocab * d, w, 0, "the LM head", true));
+    DLLM__TRY(fill(final_norm_, d, 1.0f, 1, "norm weights", false));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows) {
+    const dllm__config &c = m_.cfg;
+    const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
+    const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
+    // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
+    const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
+                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr};
+    DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
+    DLLM__TRY(a_.fit(M * d * 2, "activations"));
+    DLLM__TRY(delta_.fit(M * d * 2, "activations"));
+    DLLM__TRY(qkv_.fit(M * qkv * 2, "Q/K/V"));
+    DLLM__TRY(att_.fit(M * q * 2, "attention output"));
+    DLLM__TRY(gu_.fit(M * 2 * ff * 2, "MLP activations"));
+    DLLM__TRY(f_.fit(M * ff * 2, "MLP activations"));
+    DLLM__TRY(y_.fit(M * d * 2, "final norm output"));
+    DLLM__TRY(logits_.fit(rows * c.n_vocab * 4, "logits"));
+    DLLM__TRY(partials_.fit((size_t)lm_rows * slices * dllm__conf_partial_bytes, "sampler partials"));
+    DLLM__TRY(x0_.fit((size_t)seq * 4, "sampler output"));
+    DLLM__TRY(conf_.fit((size_t)seq * 8, "sampler output"));
+    DLLM__TRY(deferred_.fit((size_t)seq, "sampler output"));
+    DLLM__TRY(canvas_.fit(M * 4, "the canvas"));
+    DLLM__TRY(is_prompt_.fit((size_t)seq, "the canvas"));
+    DLLM__TRY(state_.fit(64, "the step state"));
+    DLLM__TRY(committed_.fit((size_t)seq * 4, "the step state"));
+    size_t pinned = (size_t)seq * 8 + 64;
+    if (pinned > host_pinned_bytes_) {
+        if (host_pinned_) cudaFreeHost(host_pinned_);
+        host_pinned_ = nullptr;
+        DLLM__CUDA(cudaMallocHost(&host_pinned_, pinned));
+        host_pinned_bytes_ = pinned;
+    }
+    const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
+                           x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr};
+    if (memcmp(before, after, sizeof before) != 0) buffer_generation_++;
+    return DLLM_OK;
+}
+
+/* Attention over the fused projection rows; the KV tiles that overlap the current block (read from the
+ * device step state) are visited last. */
+dllm_status dllm__gpu_backend::attention(int batch, int seq, const void *qkv, void *out) {
+    const dllm__config &c = m_.cfg;
+    const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
+    dllm__attn_args args = {qkv, (const char *)qkv + (size_t)c.n_head * hd * 2, (const char *)qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
+                            out, nullptr, seq, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, state_.ptr,
+                            1.4426950408889634f / sqrtf((float)hd)};
+    void *argv[] = {&args};
+    dim3 grid((unsigned)((seq + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
+    return dllm__launch(k_attn_, grid, dim3((unsigned)arch_.fa_br * 2), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
+}
+
+dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1) {
+    const dllm__config &c = m_.cfg;
+    const int M = batch * seq, d = c.n_embd, hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd, ff = c.n_ff;
+    int pos0 = 0, n_kv = c.n_head_kv, n_head = c.n_head;
+    float eps = c.norm_eps;
+    const void *no_delta = nullptr;
+    const dim3 norm_block(256);
+    {
+        void *args[] = {&ids_dev, (void *)&M, &embed_.ptr, (void *)&d, &h_.ptr};
+        DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
+    }
+    int row0 = 0;
+    {
+        void *args[] = {&h_.ptr, &no_delta, &layers_[0].attn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
+        DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
+    }
+    for (size_t l = 0; l < layers_.size(); l++) {
+        dllm__gpu_layer &L = layers_[l];
+        DLLM__TRY(gemm_.run(a_.ptr, L.w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
+        {
+            const void *bias = L.b_qkv.ptr;
+            unsigned threads = (unsigned)((size_t)M * (c.n_head + 2 * c.n_head_kv) * (hd / 2));
+            void *args[] = {&qkv_.ptr, (void *)&M, &seq, &pos0, &n_head, &n_kv, (void *)&hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
+            DLLM__TRY(dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv"));
+        }
+        DLLM__TRY(attention(batch, seq, qkv_.ptr, att_.ptr));
+        DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, n_head * hd, CUDA_R_16BF, stream_));
+        {
+            void *args[] = {&h_.ptr, &delta_.ptr, &L.ffn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
+            DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
+        }
+        DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
+        {
+            unsigned n = (unsigned)((size_t)M * ff);
+            void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
+            DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
+        }
+        DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
+        bool last = l + 1 == layers_.size();
+        int rows = last ? raw1 - raw0 : seq, r0 = last ? raw0 : 0;
+        void *norm_w = last ? final_norm_.ptr : layers_[l + 1].attn_norm.ptr, *out = last ? y_.ptr : a_.ptr;
+        void *args[] = {&h_.ptr, &delta_.ptr, &norm_w, &eps, &out, (void *)&d, &rows, &r0, &seq};
+        DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)rows, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
+    }
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
+    const dllm__config &c = m_.cfg;
+    const void *W = tied_ ? embed_.ptr : head_.ptr;
+    for (int b = 0; b < batch; b++) {
+        const char *y = (const char *)y_.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
+        char *out = (char *)logits_.ptr + (size_t)b * rows * c.n_vocab * 4;
+        DLLM__TRY(gemm_.run(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
+    }
+    return DLLM_OK;
+}
+
+
+dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int raw_rows) {
+    DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
+    DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemsetAsync(state_.ptr, 0, 64, stream_));  // no block: attention visits tiles in plain order
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
+    const dllm__config &c = m_.cfg;
+    const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
+    DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
+    std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);
+    DLLM__TRY(forward_logits(n, raw0, raw1, [&](int c0, int rows) -> dllm_status {
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, logits_.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        return DLLM_OK;
+    }));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int p = r0; p < r1; p++)
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab, sizeof(float) * c.n_vocab);
+    return DLLM_OK;
+}
+
+/* First position that can be a candidate: a [MASK] inside the prompt competes too (reference semantics). */
+static int dllm__first_candidate(const dllm__decode &st) {
+    for (int p = 0; p < st.n_prompt; p++)
+        if (st.canvas[(size_t)p] == st.mask_id) return p;
+    return st.n_prompt;
+}
+
+dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
+    const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
+    DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows)));
+    DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, st.canvas.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(is_prompt_.ptr, st.is_prompt.data(), (size_t)n, cudaMemcpyHostToDevice, stream_));
+    int init[16] = {0};
+    init[4] = st.global_step;  // dllm_step_state.global_step
+    DLLM__CUDA(cudaMemcpyAsync(state_.ptr, init, sizeof init, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
+    st.cand_lo = dllm__first_candidate(st);
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
+    int begin = st.block_begin, end = st.block_end, s = st.steps_per_block, mask = st.mask_id;
+    void *args[] = {&state_.ptr, &canvas_.ptr, &begin, &end, &s, &mask};
+    return dllm__launch(k_block_, dim3(1), dim3(256), 0, stream_, args, "block_begin");
+}
+
+/* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows
+ * per batch entry). x0/conf/deferred are indexed by position - cand_lo. */
+dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
+    const dllm__config &c = m_.cfg;
+    const int slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, rows = s1 - s0, off = s0 - st.cand_lo;
+    const dllm__sampling &s = st.sampling;
+    dllm__sampler_args a = {logits_.ptr, batch == 2 ? (const char *)logits_.ptr + (size_t)raw_rows * c.n_vocab * 4 : nullptr,
+                            st.cfg_scale + 1.0f, c.n_vocab, dllm__vocab_slice, slices, rows, s0,
+                            dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), c.shift_logits && s0 == 0, raw_rows, s.temperature, s.seed,
+                            s.eos_logit_inf, s.eos_id, s.eot_id, s.defer_eos_eot, s.remasking == DLLM_REMASK_RANDOM};
+    void *pargs[] = {&a, &state_.ptr, &partials_.ptr};
+    DLLM__TRY(dllm__launch(k_partial_, dim3((unsigned)slices, (unsigned)rows), dim3(256), 0, stream_, pargs, "conf_partial_kernel"));
+    int *x0 = x0_.as<int>() + off;
+    double *conf = conf_.as<double>() + off;
+    unsigned char *def = deferred_.as<unsigned char>() + off;
+    void *cargs[] = {&a, &state_.ptr, &partials_.ptr, &x0, &conf, &def};
+    return dllm__launch(k_combine_, dim3((unsigned)(rows + 127) / 128), dim3(128), 0, stream_, cargs, "conf_combine_kernel");
+}
+
+/* One denoising step on the device: forward (both CFG halves), LM head over every row as the reference
+ * does (LaCache truncates it), the sampler over the candidate rows [cand_lo, n), then the top-k commit.
+ * Everything it reads is on the device, so it can be captured once and replayed. */
+dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
+    const dllm__config &c = m_.cfg;
+    const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1, mask = st.mask_id;
+    if (batch == 2) {
+        int *un = canvas_.as<int>() + n;
+        void *args[] = {&canvas_.ptr, &is_prompt_.ptr, (void *)&n, (void *)&mask, &un};
+        DLLM__TRY(dllm__launch(k_uncond_, dim3((unsigned)(n + 255) / 256), dim3(256), 0, stream_, args, "make_uncond"));
+    }
+    const int lm_lo = 0, lm_hi = n, raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
+    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1));
+    for (int cp0 = lm_lo; cp0 < lm_hi; cp0 += dllm__lm_chunk_rows) {
+        const int cp1 = std::min(lm_hi, cp0 + dllm__lm_chunk_rows);
+        const int craw0 = dllm__logit_row(c, cp0), craw1 = dllm__logit_row(c, cp1 - 1) + 1;
+        DLLM__TRY(lm_head(batch, raw1 - raw0, craw0 - raw0, craw1 - craw0));
+        const int s0 = std::max(cp0, st.cand_lo);
+        if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
+    }
+    int lo = st.cand_lo;
+    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr};
+    return dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo), stream_, args, "select_commit");
+}
+
+/* Everything a captured step graph baked in: a different key means a new capture. */
+std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
+    const dllm__sampling &s = st.sampling;
+    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(), st.cand_lo,
+                        s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf, s.defer_eos_eot,
+                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, buffer_generation_);
+}
+
+/* Captures run_step as a graph (replacing the previous one). */
+dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
+    cudaGraph_t graph = nullptr;
+    DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    dllm_status s = run_step(st);
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (s != DLLM_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        return s;
+    }
+    if (e != cudaSuccess) return dllm__cuda_fail(e, "capturing the step graph");
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+    e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) return dllm__cuda_fail(e, "instantiating the step graph");
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) {
+    std::string key = graph_key(st);
+    if (dllm__env_int("DLLM_NO_GRAPHS", 0) || key != warmed_key_) {
+        // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their
+        // one-time work outside any capture. The graph is captured from the next step on.
+        DLLM__TRY(run_step(st));
+        warmed_key_ = key;
+    } else {
+        if (!graph_exec_ || key != graph_key_) {
+            DLLM__TRY(capture_step(st));
+            graph_key_ = key;
+        }
+        DLLM__CUDA(cudaGraphLaunch(graph_exec_, stream_));
+    }
+    st.forwards += st.cfg_scale > 0 ? 2 : 1;
+    committed.clear();
+    if (!want_host) return DLLM_OK;
+    const int n = (int)st.canvas.size();
+    int *host = (int *)host_pinned_;
+    DLLM__CUDA(cudaMemcpyAsync(host, canvas_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(host + n, committed_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(host + 2 * n, state_.ptr, 64, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    memcpy(st.canvas.data(), host, (size_t)n * 4);
+    int n_committed = host[2 * n + 6];  // dllm_step_state.n_committed
+    committed.assign(host + n, host + n + n_committed);
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
+    DLLM__CUDA(cudaMemcpyAsync(st.canvas.data(), canvas_.ptr, st.canvas.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 16. SAR decoding (LLaDA generate.py)
 //     x = prompt ++ [MASK] * G; for each block, n masks get s steps, k_i = n / s (+1 for the first n % s
 //     steps); each step commits the top k_i candidates (masked positions before the block end).
 // ---------------------------------------------------------------------------------------------------
@@ -1478,8 +2953,6 @@ struct dllm_ctx {
     std::string last_error;
     std::unique_ptr<dllm__backend_impl> impl;
 };
-
-static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
 
 struct dllm__gen_plan {
     int n_blocks = 0, steps_per_block = 0;
@@ -1567,16 +3040,19 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__decode st;
     dllm__init_decode(prompt, n_prompt, p, plan, st);
     std::vector<int32_t> committed;
-    dllm_status status = DLLM_OK;
     int steps_done = 0;
     const int total = plan.n_blocks * plan.steps_per_block;
+    st.steps_per_block = plan.steps_per_block;
+    dllm_status status = ctx.impl->begin(st);
     for (int b = 0; b < plan.n_blocks && status == DLLM_OK; b++) {
-        int begin = n_prompt + b * p.block_length;
-        st.block_end = begin + p.block_length;
-        int n_masked = dllm__count_masks(st, begin, st.block_end);
+        st.block_begin = n_prompt + b * p.block_length;
+        st.block_end = st.block_begin + p.block_length;
+        st.step_in_block = 0;
+        status = ctx.impl->begin_block(st);
         for (int i = 0; i < plan.steps_per_block && status == DLLM_OK; i++) {
-            status = ctx.impl->step(st, dllm__transfer_count(n_masked, plan.steps_per_block, i), committed);
+            status = ctx.impl->step(st, committed, p.on_step != nullptr);
             if (status != DLLM_OK) break;
+            st.step_in_block++;
             st.global_step++;
             steps_done++;
             if (p.on_step) {
@@ -1587,6 +3063,10 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
                     status = dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d of %d", steps_done, total);
             }
         }
+    }
+    if (status == DLLM_OK || status == DLLM_ERR_CANCELLED) {
+        dllm_status fin = ctx.impl->finish(st);
+        if (status == DLLM_OK) status = fin;
     }
     int n = status == DLLM_OK ? dllm__emit_output(st, plan, p.stop_at_eos != 0, out) : dllm__emit_output(st, plan, false, out);
     if (n_out) *n_out = n;
@@ -1619,10 +3099,15 @@ static bool dllm__gpu_usable(int device, std::string &why) {
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     std::string why;
-    if (ctx.params.backend == DLLM_BACKEND_GPU) {
-        if (!dllm__gpu_usable(ctx.params.device, why)) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend is not available in this build yet; use the CPU backend");
+    bool gpu = dllm__gpu_usable(ctx.params.device, why);
+    if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
+        ctx.backend = DLLM_BACKEND_GPU;
+        return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
+    if (ctx.model->random_weights)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
+                          gpu ? "CPU backend requested" : why.c_str());
     ctx.backend = DLLM_BACKEND_CPU;
     ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
@@ -1630,7 +3115,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 12. Public API
+// 17. Public API
 //     Every entry point converts C++ exceptions (allocation failure) into a status and records the
 //     error detail for dllm_last_error() and, where there is a context, dllm_ctx_last_error().
 // ---------------------------------------------------------------------------------------------------
@@ -1695,6 +3180,29 @@ dllm_status dllm_model_load(const char *dir, dllm_model_params params, dllm_mode
         DLLM__TRY(dllm__load_model(dir, params, m));
         dllm__log(DLLM_LOG_INFO, "loaded %s: %s, %d layers, d=%d, %lld parameters", dir,
                   m->cfg.family == DLLM_FAMILY_LLADA ? "LLaDA" : "Dream", m->cfg.n_layer, m->cfg.n_embd, (long long)m->n_params);
+        *out_model = m.release();
+        return DLLM_OK;
+    });
+}
+
+dllm_status dllm_model_load_random(const char *config_path, uint64_t seed, dllm_model **out_model) {
+    return dllm__guard(nullptr, [&]() -> dllm_status {
+        if (!out_model) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_load_random: out_model is NULL");
+        *out_model = nullptr;
+        if (!config_path) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_load_random: config_path is NULL");
+        std::unique_ptr<dllm_model> m(new dllm_model);
+        std::string path = config_path;
+        if (!dllm__file_exists(path)) path = dllm__join_path(path, "config.json");
+        dllm__json cfg;
+        DLLM__TRY(dllm__json_load(path, cfg));
+        DLLM__TRY(dllm__config_parse(cfg, path, m->cfg));
+        for (const dllm__wspec &s : dllm__expected_weights(m->cfg)) {
+            int64_t n = 1;
+            for (int64_t d : s.shape) n *= d;
+            m->n_params += n;
+        }
+        m->random_weights = true;
+        m->random_seed = seed;
         *out_model = m.release();
         return DLLM_OK;
     });

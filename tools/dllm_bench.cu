@@ -1,0 +1,237 @@
+/* dllm-bench: speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file),
+ * beside the PyTorch reference run in the same device call.
+ *
+ *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
+ *
+ * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3), cold and warm JIT time,
+ * single forwards at N = 256..2048 (time, TFLOP/s, fraction of the compute floor), the workloads W1
+ * (prompt 768, gen 256, block 32, 256 steps) and W1-64 (64 steps), peak GPU memory, and the ratios to
+ * tools/torch anchors (shared/anchors/torch_reference.py and torch_reference_graphs.py) when given.
+ * White-box: includes dllm_cuda.cu to time internal stages. Built by ./build.sh; run by ./build.sh gpu.
+ */
+#include "../dllm_cuda.cu"
+
+#include <map>
+
+struct bench_result {
+    std::map<std::string, double> v;  // name -> value, printed and written as JSON
+    void set(const std::string &k, double x) {
+        v[k] = x;
+        printf("%-40s %12.3f\n", k.c_str(), x);
+        fflush(stdout);
+    }
+};
+
+#define BENCH_CHECK(expr)                                                                 \
+    do {                                                                                  \
+        dllm_status s_ = (expr);                                                          \
+        if (s_ != DLLM_OK) {                                                              \
+            fprintf(stderr, "dllm-bench: %s: %s\n", dllm_status_str(s_), dllm_last_error()); \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+/* Median of reps timings (ms) of fn on the stream, after warm-up runs. */
+template <class F>
+static double bench_ms(cudaStream_t s, int warm, int reps, F &&fn) {
+    for (int i = 0; i < warm; i++) fn();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(a, s);
+        fn();
+        cudaEventRecord(b, s);
+        cudaEventSynchronize(b);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        t.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+static void bench_ceilings(bench_result &r, cudaStream_t s) {
+    const size_t n = (size_t)1 << 30;
+    dllm__dbuf a, b;
+    BENCH_CHECK(a.fit(n, "copy"));
+    BENCH_CHECK(b.fit(n, "copy"));
+    cudaMemsetAsync(a.ptr, 1, n, s);
+    double ms = bench_ms(s, 3, 10, [&] { cudaMemcpyAsync(b.ptr, a.ptr, n, cudaMemcpyDeviceToDevice, s); });
+    r.set("copy_TBps", 2.0 * n / ms / 1e9);
+    a.release();
+    b.release();
+    const int M = 8192;
+    dllm__dbuf x, w, y;
+    BENCH_CHECK(x.fit((size_t)M * M * 2, "gemm"));
+    BENCH_CHECK(w.fit((size_t)M * M * 2, "gemm"));
+    BENCH_CHECK(y.fit((size_t)M * M * 2, "gemm"));
+    std::shared_ptr<dllm__module> rowwise;
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(dllm__arch_for(prop.major * 10 + prop.minor)), rowwise));
+    for (dllm__dbuf *buf : {&x, &w}) {  // random data: zeros run faster than real data
+        uint64_t cnt = (uint64_t)M * M, seed = (uint64_t)(uintptr_t)buf;
+        float scale = 1.0f;
+        int constant = 0;
+        void *args[] = {&buf->ptr, &cnt, &seed, &scale, &constant};
+        BENCH_CHECK(dllm__launch(rowwise->kernels["fill_random_bf16"], dim3(1024), dim3(256), 0, s, args, "fill"));
+    }
+    dllm__gemm g;
+    BENCH_CHECK(g.init());
+    ms = bench_ms(s, 3, 10, [&] { g.run(x.ptr, w.ptr, y.ptr, M, M, M, CUDA_R_16BF, s); });
+    r.set("bf16_gemm_8192_TFLOPs", 2.0 * M * M * M / ms / 1e9);
+}
+
+/* FLOPs of one LLaDA forward over n tokens with the LM head on lm_rows rows. */
+static double bench_flops(const dllm__config &c, double n, double lm_rows) {
+    const double d = c.n_embd, q = (double)c.n_head * c.head_dim, kv = (double)c.n_head_kv * c.head_dim, ff = c.n_ff;
+    double per_token = c.n_layer * (d * (q + 2 * kv) + q * d + 2 * d * ff + ff * d);
+    double attn = c.n_layer * 4.0 * n * n * q;
+    return 2.0 * n * per_token + 2.0 * lm_rows * d * c.n_vocab + attn;
+}
+
+static std::map<std::string, double> bench_read_anchors(const char *json_path, const char *graphs_log) {
+    std::map<std::string, double> a;
+    if (json_path) {
+        dllm__json j;
+        if (dllm__json_load(json_path, j) == DLLM_OK)
+            for (size_t i = 0; i < j.keys.size(); i++)
+                if (j.items[i].kind == dllm__json::NUM) a[j.keys[i]] = j.items[i].number;
+    }
+    if (graphs_log) {
+        std::string text;
+        if (dllm__read_text(graphs_log, text) == DLLM_OK)
+            for (size_t b = 0, e; b < text.size(); b = e + 1) {
+                e = text.find('\n', b);
+                if (e == std::string::npos) e = text.size();
+                std::string line = text.substr(b, e - b);
+                size_t sp = line.find(' ');
+                if (sp != std::string::npos && line.compare(0, 6, "graph_") == 0) a[line.substr(0, sp)] = atof(line.c_str() + sp + 1);
+            }
+    }
+    return a;
+}
+
+int main(int argc, char **argv) {
+    const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--anchors")) anchors = argv[i + 1];
+        else if (!strcmp(argv[i], "--anchor-graphs")) graphs = argv[i + 1];
+        else if (!strcmp(argv[i], "--json")) json_out = argv[i + 1];
+        else if (!strcmp(argv[i], "--config")) config = argv[i + 1];
+    }
+    bench_result r;
+    cudaStream_t s0;
+    cudaStreamCreate(&s0);
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { fprintf(stderr, "dllm-bench: no GPU\n"); return 1; }
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    bench_ceilings(r, s0);
+
+    // JIT: cold (empty disk cache), then warm (disk cache only)
+    std::string cache = dllm__format("/tmp/dllm-bench-cache-%d", (int)getpid());
+    setenv("DLLM_CACHE_DIR", cache.c_str(), 1);
+    dllm__arch arch = dllm__arch_for(prop.major * 10 + prop.minor);
+    auto load_all = [&] {
+        std::shared_ptr<dllm__module> a, b, c;
+        BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
+        BENCH_CHECK(dllm__jit_load(dllm__module_sampler(arch), b));
+        BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, 128), c));
+    };
+    {
+        std::lock_guard<std::mutex> lk(dllm__jit_mutex);
+        dllm__jit_modules.clear();
+    }
+    double t0 = dllm__now_ms();
+    load_all();
+    r.set("jit_cold_serial_s", (dllm__now_ms() - t0) / 1000);
+    {
+        std::lock_guard<std::mutex> lk(dllm__jit_mutex);
+        dllm__jit_modules.clear();
+    }
+    t0 = dllm__now_ms();
+    load_all();
+    r.set("jit_warm_disk_s", (dllm__now_ms() - t0) / 1000);
+
+    dllm_model *model = nullptr;
+    BENCH_CHECK(dllm_model_load_random(config, 1, &model));
+    size_t free0, total;
+    cudaMemGetInfo(&free0, &total);
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    cp.max_tokens = 2048;
+    dllm_ctx *ctx = nullptr;
+    t0 = dllm__now_ms();
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    r.set("ctx_create_s", (dllm__now_ms() - t0) / 1000);
+    r.set("weights_GB", dllm__device_bytes / 1e9);
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const dllm__config &c = model->cfg;
+    const double gemm_rate = r.v["bf16_gemm_8192_TFLOPs"];
+
+    for (int n : {256, 512, 1024, 2048}) {
+        std::vector<int32_t> ids((size_t)n);
+        for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
+        BENCH_CHECK(gpu->prepare_forward(ids.data(), n, n));
+        auto nothing = [](int, int) { return DLLM_OK; };
+        double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, 0, n, nothing)); });
+        double flops = bench_flops(c, n, n), floor_ms = flops / (gemm_rate * 1e9);
+        r.set(dllm__format("fwd_full_N%d_ms", n), ms);
+        r.set(dllm__format("fwd_full_N%d_TFLOPs", n), flops / ms / 1e9);
+        r.set(dllm__format("fwd_full_N%d_floor_fraction", n), floor_ms / ms);
+    }
+
+    int64_t base_peak = dllm__device_bytes;
+    dllm__device_peak = dllm__device_bytes.load();
+    for (int steps : {256, 64}) {
+        const int np = 768, gen = 256;
+        std::vector<int32_t> prompt(np), out(gen);
+        for (int i = 0; i < np; i++) prompt[(size_t)i] = (i * 104729) % 100000;
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = gen;
+        gp.steps = steps;
+        gp.block_length = 32;
+        gp.stop_at_eos = 0;
+        dllm_gen_stats st;
+        BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out.data(), gen, nullptr, &st));  // warm: graph capture, plans
+        BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
+        std::string w = steps == 256 ? "W1" : "W1-64";
+        r.set(w + "_s", st.wall_ms / 1000);
+        r.set(w + "_ms_per_step", st.wall_ms / st.steps);
+        r.set(w + "_tokens_per_s", gen / (st.wall_ms / 1000));
+        double floor_s = st.steps * bench_flops(c, np + gen, np + gen) / (gemm_rate * 1e12);
+        r.set(w + "_floor_fraction", floor_s / (st.wall_ms / 1000));
+    }
+    r.set("W1_peak_extra_GB", (dllm__device_peak - base_peak + (int64_t)dllm__gemm::workspace_bytes) / 1e9);
+    size_t free1;
+    cudaMemGetInfo(&free1, &total);
+    r.set("W1_device_used_over_weights_GB", ((double)free0 - (double)free1) / 1e9 - (double)base_peak / 1e9 + 0.0);
+
+    std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
+    printf("\n| workload | dllm | torch eager | ratio | torch graphs | ratio |\n|---|---|---|---|---|---|\n");
+    auto row = [&](const char *name, double ours, const char *eager_key, const char *graph_key) {
+        double e = a.count(eager_key) ? a[eager_key] : NAN, g = graph_key && a.count(graph_key) ? a[graph_key] : NAN;
+        printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", name, ours, e, ours / e, g, ours / g);
+        if (e == e) r.v[std::string(name) + "_ratio_eager"] = ours / e;
+        if (g == g) r.v[std::string(name) + "_ratio_graphs"] = ours / g;
+    };
+    row("fwd N=512 ms", r.v["fwd_full_N512_ms"], "fwd_full_N512_ms", "graph_fwd_full_N512_ms");
+    row("fwd N=1024 ms", r.v["fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
+    row("fwd N=2048 ms", r.v["fwd_full_N2048_ms"], "fwd_full_N2048_ms", nullptr);
+    row("W1 s", r.v["W1_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+    row("W1-64 s", r.v["W1-64_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+    if (json_out) {
+        std::string j = "{\n";
+        for (auto &kv : r.v) j += dllm__format("  \"%s\": %.6g,\n", kv.first.c_str(), kv.second);
+        j += dllm__format("  \"device\": \"%s\"\n}\n", prop.name);
+        FILE *f = fopen(json_out, "w");
+        if (f) { fputs(j.c_str(), f); fclose(f); }
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(model);
+    return 0;
+}
