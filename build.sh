@@ -90,7 +90,7 @@ run_gpu() {
     else
         build
     fi
-    export DLLM_CACHE_DIR="$out/jit-cache"
+    export DLLM_CACHE_DIR=/tmp/dllm-jit-cache
     echo "== tests (GPU)"
     timeout 300 build/dllm-test 2>&1 | tee "$out/test.log" || true
     echo "== compute-sanitizer memcheck (small run)"
@@ -113,8 +113,8 @@ run_gpu() {
     # shellcheck disable=SC2086
     timeout 300 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
     echo "== fixtures reproduce with this machine's PyTorch"
-    if python3 tools/make_fixtures.py "$out/fixtures" > "$out/fixtures.log" 2>&1; then
-        if diff -rq tests/data/tiny-llada "$out/fixtures/tiny-llada" && diff -rq tests/data/tiny-dream "$out/fixtures/tiny-dream"; then
+    if python3 tools/make_fixtures.py /tmp/dllm-fixtures > "$out/fixtures.log" 2>&1; then
+        if diff -rq tests/data/tiny-llada /tmp/dllm-fixtures/tiny-llada && diff -rq tests/data/tiny-dream /tmp/dllm-fixtures/tiny-dream; then
             echo "fixtures: identical" | tee -a "$out/fixtures.log"
         else
             echo "fixtures: DIFFER" | tee -a "$out/fixtures.log"
