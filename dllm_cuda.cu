@@ -1621,13 +1621,36 @@ struct dllm_step_state {
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
-/* Twin: dllm__tensor_row on the embedding table. h[b*n + i] = embed[ids[b*n + i]] in fp32. */
+/* 8 bf16 <-> 8 floats: the 16-byte accesses of the row-wise kernels (sizes are multiples of 8). */
+__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+}
+__device__ __forceinline__ void load8(const float *p, float f[8]) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+__device__ __forceinline__ void store8(float *p, const float f[8]) {
+    *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+    *(float4 *)(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+/* Twin: dllm__tensor_row on the embedding table. h[row] = embed[ids[row]] in fp32. */
 extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t *table, int d, float *h) {
     int row = blockIdx.x;
     if (row >= n_rows) return;
     const bf16_t *src = table + (u64)ids[row] * d;
-    float *dst = h + (u64)row * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = bf16_to_f32(src[i]);
+    float *dst = h + (u64)row * d, f[8];
+    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
+        unpack8(*(const uint4 *)(src + k), f);
+        store8(dst + k, f);
+    }
 }
 
 /* Twin: dllm__cpu_rmsnorm after h += delta. For each batch b and row i < n_rows: the source row
@@ -1638,13 +1661,17 @@ extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const floa
                                        int d, int n_rows, int row0, int seq_len) {
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
-    float *hr = h + src * d;
+    float *hr = h + src * d, f[8], g[8];
     const bf16_t *dr = delta ? delta + src * d : 0;
     float ss = 0.f;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) {
-        float v = hr[k];
-        if (dr) { v += bf16_to_f32(dr[k]); hr[k] = v; }
-        ss += v * v;
+    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
+        load8(hr + k, f);
+        if (dr) {
+            unpack8(*(const uint4 *)(dr + k), g);
+            for (int e = 0; e < 8; e++) f[e] += g[e];
+            store8(hr + k, f);
+        }
+        for (int e = 0; e < 8; e++) ss += f[e] * f[e];
     }
     __shared__ float part[32];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -1658,39 +1685,55 @@ extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const floa
     __syncthreads();
     float r = rsqrtf(part[0] / (float)d + eps);
     bf16_t *yr = y + dst * d;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) yr[k] = f32_to_bf16((hr[k] * r) * w[k]);
+    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
+        load8(hr + k, f);
+        load8(w + k, g);
+        for (int e = 0; e < 8; e++) f[e] = (f[e] * r) * g[e];
+        *(uint4 *)(yr + k) = pack8(f);
+    }
 }
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
  * adds the fp32 bias, rotates q and k heads by the position (row % seq_len) + pos0 with the same
- * cos/sin tables as the CPU. One thread per (row, head, pair). */
+ * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
 extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, int n_head, int n_kv, int head_dim,
                                     const float *bias, const float *cos_t, const float *sin_t) {
-    int half = head_dim >> 1, heads = n_head + 2 * n_kv;
+    int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv;
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)n_rows * heads * half) return;
-    int j = (int)(idx % half), hd = (int)((idx / half) % heads), row = (int)(idx / ((u64)half * heads));
+    if (idx >= (u64)n_rows * heads * quads) return;
+    int j = (int)(idx % quads) * 4, hd = (int)((idx / quads) % heads), row = (int)(idx / ((u64)quads * heads));
     bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
-    const float *bh = bias ? bias + hd * head_dim : 0;
-    float x1 = bf16_to_f32(x[j]) + (bh ? bh[j] : 0.f), x2 = bf16_to_f32(x[j + half]) + (bh ? bh[j + half] : 0.f);
-    if (hd < n_head + n_kv) {
-        int pos = row % seq_len + pos0;
-        float c = cos_t[(u64)pos * half + j], s = sin_t[(u64)pos * half + j];
-        float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
-        x1 = r1;
-        x2 = r2;
+    uint2 lo = *(const uint2 *)(x + j), hi = *(const uint2 *)(x + j + half);
+    float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16), __uint_as_float(lo.y & 0xffff0000u)};
+    float x2[4] = {__uint_as_float(hi.x << 16), __uint_as_float(hi.x & 0xffff0000u), __uint_as_float(hi.y << 16), __uint_as_float(hi.y & 0xffff0000u)};
+    if (bias) {
+        const float *bh = bias + hd * head_dim;
+        for (int e = 0; e < 4; e++) { x1[e] += bh[j + e]; x2[e] += bh[j + half + e]; }
     }
-    x[j] = f32_to_bf16(x1);
-    x[j + half] = f32_to_bf16(x2);
+    if (hd < n_head + n_kv) {
+        u64 t = (u64)(row % seq_len + pos0) * half + j;
+        float4 c = *(const float4 *)(cos_t + t), s = *(const float4 *)(sin_t + t);
+        float cv[4] = {c.x, c.y, c.z, c.w}, sv[4] = {s.x, s.y, s.z, s.w};
+        for (int e = 0; e < 4; e++) {
+            float r1 = x1[e] * cv[e] - x2[e] * sv[e], r2 = x2[e] * cv[e] + x1[e] * sv[e];
+            x1[e] = r1;
+            x2[e] = r2;
+        }
+    }
+    *(uint2 *)(x + j) = make_uint2(pack_bf16x2(x1[0], x1[1]), pack_bf16x2(x1[2], x1[3]));
+    *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
 }
 
-/* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. */
+/* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. 8 per thread. */
 extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
-    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 idx = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (idx >= (u64)n_rows * f) return;
     u64 row = idx / f, col = idx % f;
-    float g = bf16_to_f32(gu[row * 2 * f + col]), u = bf16_to_f32(gu[row * 2 * f + f + col]);
-    out[idx] = f32_to_bf16(g / (1.f + __expf(-g)) * u);
+    float g[8], u[8];
+    unpack8(*(const uint4 *)(gu + row * 2 * f + col), g);
+    unpack8(*(const uint4 *)(gu + row * 2 * f + f + col), u);
+    for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+    *(uint4 *)(out + idx) = pack8(g);
 }
 
 /* The CFG unconditional canvas: prompt positions become MASK (twin: dllm__cpu_backend::apply_cfg). */
@@ -2373,7 +2416,10 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtCreate(&handle));
         return workspace.fit(workspace_bytes, "the cuBLASLt workspace");
     }
-    dllm_status plan(int M, int N, int K, cudaDataType_t out_type, dllm__gemm_plan *&out) {
+    /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
+     * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
+    dllm_status plan(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream,
+                     dllm__gemm_plan *&out) {
         std::string key = dllm__format("%d,%d,%d,%d", M, N, K, (int)out_type);
         auto it = plans.find(key);
         if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
@@ -2389,21 +2435,49 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res;
+        cublasLtMatmulHeuristicResult_t res[8];
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 8, res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
-        p->algo = res.algo;
+        p->algo = res[0].algo;
+        if (found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, X, W, Y, stream));
         out = p.get();
         plans[key] = std::move(p);
+        return DLLM_OK;
+    }
+    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const void *X, const void *W, void *Y,
+                        cudaStream_t stream) {
+        cudaEvent_t t0, t1;
+        DLLM__CUDA(cudaEventCreate(&t0));
+        DLLM__CUDA(cudaEventCreate(&t1));
+        float best = INFINITY;
+        const float alpha = 1.0f, beta = 0.0f;
+        for (int i = 0; i < found; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            float total = 0;
+            bool ok = true;
+            for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
+                cudaEventRecord(t0, stream);
+                ok = cublasLtMatmul(handle, p.desc, &alpha, W, p.a, X, p.b, &beta, Y, p.c, Y, p.c, &res[i].algo, workspace.ptr,
+                                    workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+                cudaEventRecord(t1, stream);
+                float ms = 0;
+                ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+                if (rep) total += ms;
+            }
+            if (ok && total < best) { best = total; p.algo = res[i].algo; }
+        }
+        cudaEventDestroy(t0);
+        cudaEventDestroy(t1);
+        cudaGetLastError();
         return DLLM_OK;
     }
     /* Y[M x N] = X[M x K] . W[N x K]^T. */
     dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         dllm__gemm_plan *p;
-        DLLM__TRY(plan(M, N, K, out_type, p));
+        DLLM__TRY(plan(X, W, Y, M, N, K, out_type, stream, p));
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__CUBLAS(cublasLtMatmul(handle, p->desc, &alpha, W, p->a, X, p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace.ptr,
                                     workspace_bytes, stream));
@@ -2433,6 +2507,32 @@ struct dllm__gpu_layer {
 
 
 
+/* Optional per-stage timing of the forward (benchmarks): an event after each stage, named. */
+struct dllm__stage_timer {
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    ~dllm__stage_timer() {
+        for (auto &m : marks) cudaEventDestroy(m.second);
+    }
+    void mark(const char *name, cudaStream_t s) {
+        cudaEvent_t e;
+        if (cudaEventCreate(&e) != cudaSuccess) return;
+        cudaEventRecord(e, s);
+        marks.push_back({name, e});
+    }
+    /* Milliseconds per stage name, summed over repeats (call after synchronising). */
+    std::vector<std::pair<std::string, double>> totals() const {
+        std::vector<std::pair<std::string, double>> out;
+        for (size_t i = 1; i < marks.size(); i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second);
+            auto it = std::find_if(out.begin(), out.end(), [&](const std::pair<std::string, double> &p) { return p.first == marks[i].first; });
+            if (it == out.end()) out.push_back({marks[i].first, ms});
+            else it->second += ms;
+        }
+        return out;
+    }
+};
+
 static const int dllm__lm_chunk_rows = 256;   // LM head rows per GEMM: bounds the logits buffer
 
 class dllm__gpu_backend : public dllm__backend_impl {
@@ -2457,6 +2557,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     const dllm__arch &arch() const { return arch_; }
     cudaStream_t stream() const { return stream_; }
+    void set_timer(dllm__stage_timer *t) { timer_ = t; }
     /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). */
     dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1);
     /* LM head for output rows [raw0 + c0, raw0 + c0 + rows) of every batch entry into logits [batch][rows][V]. */
@@ -2471,6 +2572,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         for (int c0 = 0; c0 < raw1 - raw0; c0 += dllm__lm_chunk_rows) {
             int rows = std::min(dllm__lm_chunk_rows, raw1 - raw0 - c0);
             DLLM__TRY(lm_head(1, raw1 - raw0, c0, rows));
+            mark("lm head");
             DLLM__TRY(on_chunk(c0, rows));
         }
         return DLLM_OK;
@@ -2512,6 +2614,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the captured step
     cudaGraphExec_t graph_exec_ = nullptr;
     std::string graph_key_, warmed_key_;
+    dllm__stage_timer *timer_ = nullptr;
+    void mark(const char *stage) {
+        if (timer_) timer_->mark(stage, stream_);
+    }
     int buffer_generation_ = 0;
 };
 
@@ -2731,7 +2837,8 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
     int pos0 = 0, n_kv = c.n_head_kv, n_head = c.n_head;
     float eps = c.norm_eps;
     const void *no_delta = nullptr;
-    const dim3 norm_block(256);
+    const dim3 norm_block((unsigned)std::min(1024, std::max(32, (d / 8 + 31) / 32 * 32)));  // one 16-byte chunk per thread
+    mark("start");
     {
         void *args[] = {&ids_dev, (void *)&M, &embed_.ptr, (void *)&d, &h_.ptr};
         DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
@@ -2741,33 +2848,43 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         void *args[] = {&h_.ptr, &no_delta, &layers_[0].attn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
         DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
     }
+    mark("embed+norm");
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
         DLLM__TRY(gemm_.run(a_.ptr, L.w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
+        mark("gemm qkv");
         {
             const void *bias = L.b_qkv.ptr;
-            unsigned threads = (unsigned)((size_t)M * (c.n_head + 2 * c.n_head_kv) * (hd / 2));
+            unsigned threads = (unsigned)((size_t)M * (c.n_head + 2 * c.n_head_kv) * (hd / 8));
             void *args[] = {&qkv_.ptr, (void *)&M, &seq, &pos0, &n_head, &n_kv, (void *)&hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
             DLLM__TRY(dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv"));
         }
+        mark("rope");
         DLLM__TRY(attention(batch, seq, qkv_.ptr, att_.ptr));
+        mark("attention");
         DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, n_head * hd, CUDA_R_16BF, stream_));
+        mark("gemm o");
         {
             void *args[] = {&h_.ptr, &delta_.ptr, &L.ffn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
             DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
         }
+        mark("add+norm");
         DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
+        mark("gemm gate+up");
         {
-            unsigned n = (unsigned)((size_t)M * ff);
+            unsigned n = (unsigned)((size_t)M * ff / 8);
             void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
             DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
         }
+        mark("swiglu");
         DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
+        mark("gemm down");
         bool last = l + 1 == layers_.size();
         int rows = last ? raw1 - raw0 : seq, r0 = last ? raw0 : 0;
         void *norm_w = last ? final_norm_.ptr : layers_[l + 1].attn_norm.ptr, *out = last ? y_.ptr : a_.ptr;
         void *args[] = {&h_.ptr, &delta_.ptr, &norm_w, &eps, &out, (void *)&d, &rows, &r0, &seq};
         DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)rows, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
+        mark("add+norm");
     }
     return DLLM_OK;
 }
@@ -2869,12 +2986,16 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         const int cp1 = std::min(lm_hi, cp0 + dllm__lm_chunk_rows);
         const int craw0 = dllm__logit_row(c, cp0), craw1 = dllm__logit_row(c, cp1 - 1) + 1;
         DLLM__TRY(lm_head(batch, raw1 - raw0, craw0 - raw0, craw1 - craw0));
+        mark("lm head");
         const int s0 = std::max(cp0, st.cand_lo);
         if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
+        mark("sampler");
     }
     int lo = st.cand_lo;
     void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr};
-    return dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo), stream_, args, "select_commit");
+    DLLM__TRY(dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo), stream_, args, "select_commit"));
+    mark("select");
+    return DLLM_OK;
 }
 
 /* Everything a captured step graph baked in: a different key means a new capture. */

@@ -6,8 +6,10 @@ This is an independent PyTorch implementation of the reference semantics (models
 decoding.md 1); it shares nothing with dllm_cuda.cu except the Philox4x32-10 counter-based RNG that
 both use for Gumbel noise and random remasking, so the traces must match the C library exactly.
 
-Run (on the GPU machine, torch 2.11; any torch >= 1.13 with numpy gives the same files):
-    python3 tools/make_fixtures.py tests/data
+Run (on the GPU machine, torch 2.11; torch 1.13 gives the same weights and traces, and logits equal to
+float64 rounding):
+    python3 tools/make_fixtures.py tests/data            # write the fixtures
+    python3 tools/make_fixtures.py --check tests/data    # regenerate in a temp dir and compare
 Writes tests/data/tiny-llada/ and tests/data/tiny-dream/ (each a model directory plus
 golden_logits.safetensors and golden_traces.json).
 """
@@ -406,7 +408,55 @@ def make_dream(root):
     golden_traces(m, d, "tiny-dream", cases, 142, 138, 139)
 
 
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        dt = {"F32": np.float32, "I32": np.int32}[e["dtype"]]
+        out[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=dt).reshape(e["shape"])
+    return out
+
+
+def rel_diff(a, b):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.max(np.abs(a - b))) / max(1e-30, float(np.max(np.abs(b))))
+
+
+def check(root):
+    """Regenerates the fixtures and compares: identical files, except golden logits, which must agree to
+    float64 rounding (BLAS summation order differs between torch versions)."""
+    import filecmp
+    import tempfile
+    fresh = tempfile.mkdtemp()
+    make_llada(fresh)
+    make_dream(fresh)
+    ok = True
+    for model in ("tiny-llada", "tiny-dream"):
+        for name in sorted(os.listdir(os.path.join(fresh, model))):
+            a, b = os.path.join(root, model, name), os.path.join(fresh, model, name)
+            if name == "golden_logits.safetensors":
+                ta, tb = read_safetensors(a), read_safetensors(b)
+                err = max(rel_diff(ta[k], tb[k]) for k in tb)
+                same = ta.keys() == tb.keys() and err < 1e-6
+                print(f"{model}/{name}: max relative difference {err:.2e}")
+            else:
+                same = filecmp.cmp(a, b, shallow=False)
+            ok &= same
+            if not same:
+                print(f"{model}/{name}: DIFFERS")
+    print("fixtures reproduce" if ok else "fixtures DIFFER", "with torch", torch.__version__)
+    return ok
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--check":
+        sys.exit(0 if check(sys.argv[2] if len(sys.argv) > 2 else "tests/data") else 1)
     root = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     make_llada(root)
     make_dream(root)
