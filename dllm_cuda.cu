@@ -1698,10 +1698,11 @@ extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const floa
  * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
 extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, int n_head, int n_kv, int head_dim,
                                     const float *bias, const float *cos_t, const float *sin_t) {
-    int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv;
+    // Without a bias the V heads are left alone: the pass touches q and k only.
+    int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)n_rows * heads * quads) return;
-    int j = (int)(idx % quads) * 4, hd = (int)((idx / quads) % heads), row = (int)(idx / ((u64)quads * heads));
+    if (idx >= (u64)n_rows * active * quads) return;
+    int j = (int)(idx % quads) * 4, hd = (int)((idx / quads) % active), row = (int)(idx / ((u64)quads * active));
     bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
     uint2 lo = *(const uint2 *)(x + j), hi = *(const uint2 *)(x + j + half);
     float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16), __uint_as_float(lo.y & 0xffff0000u)};
@@ -1940,7 +1941,7 @@ extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int c
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
- * Compile-time: HD (head dim), BR (query rows per CTA, 16 per warp), BC (keys per tile).
+ * Compile-time: HD (head dim), BR (query rows per CTA), BC (keys per tile), MT (m16 tiles per warp).
  * KV tiles are visited in the order [0, late_lo) ++ [late_hi, T) ++ [late_lo, late_hi): the tiles that
  * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
  * so a cached online-softmax state is exactly the prefix of the uncached computation. */
@@ -1981,9 +1982,9 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
 }
 
-template <int HD, int BR, int BC>
+template <int HD, int THREADS>
 __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int rows, int n_valid) {
-    constexpr int CHUNKS = HD / 8, LD = HD + 8, THREADS = BR * 2;
+    constexpr int CHUNKS = HD / 8, LD = HD + 8;
     for (int c = threadIdx.x; c < rows * CHUNKS; c += THREADS) {
         int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         bool ok = row0 + r < n_valid;
@@ -1991,9 +1992,12 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
     }
 }
 
-template <int HD, int BR, int BC>
-__global__ void __launch_bounds__(BR * 2) flash_attn(attn_args a) {
-    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8;
+/* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
+ * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
+ * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. */
+template <int HD, int BR, int BC, int MT>
+__global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
+    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8, THREADS = BR * 2 / MT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
@@ -2009,28 +2013,30 @@ __global__ void __launch_bounds__(BR * 2) flash_attn(attn_args a) {
         late_hi = min(n_tiles, (a.st->block_end + BC - 1) / BC);
     }
 
-    load_tile<HD, BR, BC>(sQ, Q, a.q_stride, q0, BR, a.seq);
+    load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.seq);
     cp_async_commit();
     int tile = kv_tile_at(0, n_tiles, late_lo, late_hi);
-    load_tile<HD, BR, BC>(sK, K, a.kv_stride, tile * BC, BC, a.seq);
-    load_tile<HD, BR, BC>(sV, V, a.kv_stride, tile * BC, BC, a.seq);
+    load_tile<HD, THREADS>(sK, K, a.kv_stride, tile * BC, BC, a.seq);
+    load_tile<HD, THREADS>(sV, V, a.kv_stride, tile * BC, BC, a.seq);
     cp_async_commit();
-    cp_async_wait_1();
-    __syncthreads();
 
-    u32 qf[KS][4];
-    for (int kk = 0; kk < KS; kk++) ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
-
-    float o[DT][4];
-    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float m0 = -DLLM_INF, m1 = -DLLM_INF, l0 = 0.f, l1 = 0.f;
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        #pragma unroll
+        for (int d = 0; d < DT; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
+        m[mt][0] = m[mt][1] = -DLLM_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    const bf16_t *q_warp = sQ + (warp * 16 * MT + (lane & 15)) * LD + (lane >> 4) * 8;
 
     for (int i = 0; i < n_tiles; i++) {
         const int stage = i & 1;
         if (i + 1 < n_tiles) {
             int next = kv_tile_at(i + 1, n_tiles, late_lo, late_hi);
-            load_tile<HD, BR, BC>(sK + (stage ^ 1) * BC * LD, K, a.kv_stride, next * BC, BC, a.seq);
-            load_tile<HD, BR, BC>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
+            load_tile<HD, THREADS>(sK + (stage ^ 1) * BC * LD, K, a.kv_stride, next * BC, BC, a.seq);
+            load_tile<HD, THREADS>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
         }
         cp_async_commit();
         cp_async_wait_1();
@@ -2038,74 +2044,112 @@ __global__ void __launch_bounds__(BR * 2) flash_attn(attn_args a) {
         const bf16_t *k_s = sK + stage * BC * LD, *v_s = sV + stage * BC * LD;
         const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
 
-        float s[NT][4];
-        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        for (int kk = 0; kk < KS; kk++)
+        float s[MT][NT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            #pragma unroll
+            for (int j = 0; j < NT; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            u32 qf[MT][4];
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qf[mt], q_warp + mt * 16 * LD + kk * 16);
+            #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 u32 kb[4];
                 ldmatrix_x4(kb, k_s + (j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(s[j], qf[kk], kb[0], kb[1]);
-                mma_bf16(s[j + 1], qf[kk], kb[2], kb[3]);
+                #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][j], qf[mt], kb[0], kb[1]);
+                    mma_bf16(s[mt][j + 1], qf[mt], kb[2], kb[3]);
+                }
             }
+        }
 
-        float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
-        for (int j = 0; j < NT; j++)
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + j * 8 + 2 * t + (e & 1);
-                bool ok = key < a.seq && (!valid || valid[key]);
-                s[j][e] = ok ? s[j][e] * a.scale_log2 : -DLLM_INF;
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
+            #pragma unroll
+            for (int j = 0; j < NT; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * t + (e & 1);
+                    bool ok = key < a.seq && (!valid || valid[key]);
+                    s[mt][j][e] = ok ? s[mt][j][e] * a.scale_log2 : -DLLM_INF;
+                }
+            #pragma unroll
+            for (int j = 0; j < NT; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
             }
-        for (int j = 0; j < NT; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            #pragma unroll
+            for (int x = 1; x <= 2; x <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+            }
+            const float n0 = fmaxf(m[mt][0], mx0), n1 = fmaxf(m[mt][1], mx1);
+            const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
+            const float corr0 = exp2f(m[mt][0] - base0), corr1 = exp2f(m[mt][1] - base1);
+            m[mt][0] = n0;
+            m[mt][1] = n1;
+            l[mt][0] *= corr0;
+            l[mt][1] *= corr1;
+            #pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
+                o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
+            }
+            #pragma unroll
+            for (int j = 0; j < NT; j++) {
+                s[mt][j][0] = exp2f(s[mt][j][0] - base0);
+                s[mt][j][1] = exp2f(s[mt][j][1] - base0);
+                s[mt][j][2] = exp2f(s[mt][j][2] - base1);
+                s[mt][j][3] = exp2f(s[mt][j][3] - base1);
+                l[mt][0] += s[mt][j][0] + s[mt][j][1];
+                l[mt][1] += s[mt][j][2] + s[mt][j][3];
+            }
         }
-        for (int x = 1; x <= 2; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
-        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
-        m0 = n0;
-        m1 = n1;
-        l0 *= corr0;
-        l1 *= corr1;
-        for (int d = 0; d < DT; d++) {
-            o[d][0] *= corr0; o[d][1] *= corr0;
-            o[d][2] *= corr1; o[d][3] *= corr1;
-        }
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = exp2f(s[j][0] - base0);
-            s[j][1] = exp2f(s[j][1] - base0);
-            s[j][2] = exp2f(s[j][2] - base1);
-            s[j][3] = exp2f(s[j][3] - base1);
-            l0 += s[j][0] + s[j][1];
-            l1 += s[j][2] + s[j][3];
-        }
+        #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
-            u32 pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                         pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 pa[MT][4];
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+            #pragma unroll
             for (int d = 0; d < DT; d += 2) {
                 u32 vb[4];
                 ldmatrix_x4_trans(vb, v_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8);
-                mma_bf16(o[d], pa, vb[0], vb[1]);
-                mma_bf16(o[d + 1], pa, vb[2], vb[3]);
+                #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(o[mt][d], pa[mt], vb[0], vb[1]);
+                    mma_bf16(o[mt][d + 1], pa[mt], vb[2], vb[3]);
+                }
             }
         }
         __syncthreads();
     }
 
-    for (int x = 1; x <= 2; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
     bf16_t *O = a.o + (u64)b * a.seq * a.o_stride + h * HD;
-    for (int d = 0; d < DT; d++) {
-        int col = d * 8 + 2 * t;
-        if (r0 < a.seq) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[d][0] * inv0, o[d][1] * inv0);
-        if (r1 < a.seq) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[d][2] * inv1, o[d][3] * inv1);
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        #pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+        }
+        const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+        const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+        #pragma unroll
+        for (int d = 0; d < DT; d++) {
+            int col = d * 8 + 2 * t;
+            if (r0 < a.seq) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
+            if (r1 < a.seq) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
+        }
     }
 }
 )DLLM";
@@ -2119,24 +2163,27 @@ __global__ void __launch_bounds__(BR * 2) flash_attn(attn_args a) {
 //       DLLM_JIT_VERBOSE=1 print each compile, its time, registers and the chosen tile configs
 //       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
-//       DLLM_FA_BR, DLLM_FA_BC    override the attention tile (rows per CTA, keys per tile)
+//       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT  override the attention tile (rows per CTA, keys per tile,
+//                          m16 tiles per warp)
 // ---------------------------------------------------------------------------------------------------
 
-/* Tile choices per compute capability. Attention: FA2's 128 x 64 where shared memory allows it
- * (sm_80, sm_90); 64 x 64 on sm_86/89 (99 KB of shared memory per block). Newer GPUs run the same
- * mma.sync code compiled for their own architecture. */
+/* Tile choices per compute capability. Attention: 128 query rows per CTA in 4 warps of 2 m16 tiles
+ * (FA2's layout) and 32 keys per tile where shared memory and registers allow it (sm_80, sm_90: 253
+ * registers, no spill at head dim 128, two CTAs per SM); 64 rows in 4 single-tile warps on sm_86/89
+ * (100 KB of shared memory per SM). Newer GPUs run the same mma.sync code for their own architecture. */
 struct dllm__arch {
     int cc;               // compute capability major*10 + minor
     const char *target;   // NVRTC --gpu-architecture
     int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
+    int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 64},
-    {86, "sm_86", 64, 64},
-    {87, "sm_87", 64, 64},
-    {89, "sm_89", 64, 64},
-    {90, "sm_90a", 128, 64},
+    {80, "sm_80", 128, 32, 2},
+    {86, "sm_86", 64, 32, 1},
+    {87, "sm_87", 64, 32, 1},
+    {89, "sm_89", 64, 32, 1},
+    {90, "sm_90a", 128, 32, 2},
 };
 
 static int dllm__env_int(const char *name, int dflt) {
@@ -2158,6 +2205,7 @@ static dllm__arch dllm__arch_for(int cc) {
     }
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
+    a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
     return a;
 }
 
@@ -2231,15 +2279,18 @@ static int dllm__nvrtc_version() {
     return major * 100 + minor;
 }
 
-/* Parses "N bytes spill stores" lines of the ptxas report; any nonzero count is a spill. */
-static bool dllm__log_has_spills(const std::string &log) {
-    for (size_t at = log.find(" bytes spill stores"); at != std::string::npos; at = log.find(" bytes spill stores", at + 1)) {
-        size_t b = log.rfind(',', at);
+/* Parses "N bytes <what>" entries of the ptxas report ("spill stores", "stack frame"); true if any N > 0. */
+static bool dllm__log_reports(const std::string &log, const char *what) {
+    std::string key = std::string(" bytes ") + what;
+    for (size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+        size_t b = log.find_last_of(",.\n", at);
         b = b == std::string::npos ? 0 : b + 1;
         if (atoi(log.c_str() + b) > 0) return true;
     }
     return false;
 }
+
+static bool dllm__log_has_spills(const std::string &log) { return dllm__log_reports(log, "spill stores"); }
 
 /* Compiles a module to a cubin (no loading: usable without a GPU, e.g. in CI). */
 static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin, std::vector<std::string> &lowered,
@@ -2367,11 +2418,13 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
     return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
 }
 
-static std::string dllm__attn_kernel_name(int hd, int br, int bc) { return dllm__format("flash_attn<%d,%d,%d>", hd, br, bc); }
+static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn<%d,%d,%d,%d>", hd, a.fa_br, a.fa_bc, a.fa_mt); }
+
+static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_mt; }
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
-    return {dllm__format("dllm_attn_hd%d_br%d_bc%d", head_dim, arch.fa_br, arch.fa_bc), std::string(dllm__src_common) + dllm__src_attention,
-            {dllm__attn_kernel_name(head_dim, arch.fa_br, arch.fa_bc)}, arch.target};
+    return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt),
+            std::string(dllm__src_common) + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch)}, arch.target};
 }
 
 static size_t dllm__attn_smem(int hd, int br, int bc) { return (size_t)(br + 4 * bc) * (hd + 8) * 2; }
@@ -2435,9 +2488,9 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res[8];
+        cublasLtMatmulHeuristicResult_t res[16];
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 8, res, &found);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 16, res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
@@ -2691,7 +2744,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_embed_ = R["embed_gather"]; k_norm_ = R["add_rmsnorm"]; k_rope_ = R["rope_qkv"]; k_swiglu_ = R["swiglu"];
     k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
-    k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)];
+    k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)dllm__attn_smem(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)));
     return DLLM_OK;
@@ -2828,7 +2881,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, const void *qkv, vo
                             1.4426950408889634f / sqrtf((float)hd)};
     void *argv[] = {&args};
     dim3 grid((unsigned)((seq + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
-    return dllm__launch(k_attn_, grid, dim3((unsigned)arch_.fa_br * 2), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
+    return dllm__launch(k_attn_, grid, dim3((unsigned)dllm__attn_threads(arch_)), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
 }
 
 dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1) {
@@ -2855,7 +2908,7 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         mark("gemm qkv");
         {
             const void *bias = L.b_qkv.ptr;
-            unsigned threads = (unsigned)((size_t)M * (c.n_head + 2 * c.n_head_kv) * (hd / 8));
+            unsigned threads = (unsigned)((size_t)M * (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (hd / 8));
             void *args[] = {&qkv_.ptr, (void *)&M, &seq, &pos0, &n_head, &n_kv, (void *)&hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
             DLLM__TRY(dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv"));
         }

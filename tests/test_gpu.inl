@@ -19,6 +19,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             worst_ms = std::max(worst_ms, dllm__now_ms() - t0);
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            if (rq.name.find("attn") != std::string::npos)  // register arrays must stay in registers
+                CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
         }
     }
@@ -59,13 +61,16 @@ TEST(jit, disk_cache_round_trip) {
 }
 
 TEST(jit, arch_table_and_overrides) {
-    CHECK(strcmp(dllm__arch_for(90).target, "sm_90a") == 0 && dllm__arch_for(90).fa_br == 128);
+    CHECK(strcmp(dllm__arch_for(90).target, "sm_90a") == 0 && dllm__arch_for(90).fa_br == 128 && dllm__arch_for(90).fa_mt == 2);
     CHECK(strcmp(dllm__arch_for(89).target, "sm_89") == 0 && dllm__arch_for(89).fa_br == 64);
     CHECK(strcmp(dllm__arch_for(120).target, "sm_120") == 0);  // newer GPUs: portable mma.sync path
     setenv("DLLM_FA_BR", "64", 1);
     CHECK(dllm__arch_for(90).fa_br == 64);
     unsetenv("DLLM_FA_BR");
-    for (const dllm__arch &a : dllm__arch_table) CHECK(dllm__attn_smem(128, a.fa_br, a.fa_bc) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
+    for (const dllm__arch &a : dllm__arch_table) {
+        CHECK(dllm__attn_smem(128, a.fa_br, a.fa_bc) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
+        CHECK(a.fa_br % (16 * a.fa_mt) == 0 && a.fa_bc % 16 == 0);
+    }
 }
 
 // ---- GPU kernels vs their CPU twins -----------------------------------------------------------------
@@ -267,7 +272,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     std::shared_ptr<dllm__module> mod;
     CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
     if (!mod) return;
-    cudaKernel_t k = mod->kernels[dllm__attn_kernel_name(hd, g.arch.fa_br, g.arch.fa_bc)];
+    cudaKernel_t k = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
     size_t smem = dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc);
     cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     std::vector<float> qkv((size_t)B * seq * stride);
@@ -285,7 +290,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
                          seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd)};
     void *argv[] = {&a};
     dim3 grid((unsigned)((seq + g.arch.fa_br - 1) / g.arch.fa_br), (unsigned)H, (unsigned)B);
-    CHECK_STATUS(dllm__launch(k, grid, dim3((unsigned)g.arch.fa_br * 2), smem, 0, argv, "flash_attn"), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__launch(k, grid, dim3((unsigned)dllm__attn_threads(g.arch)), smem, 0, argv, "flash_attn"), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * seq * H * hd)), want(got.size());
     std::vector<float> xf = test_f32_vec(qkvb);
