@@ -233,6 +233,14 @@ typedef enum dllm_remasking {
     DLLM_REMASK_RANDOM = 1          /* commit random positions (seeded)                              */
 } dllm_remasking;
 
+/* LaCache (GPU backend): exact reuse of work that does not change inside a block. Every mode gives the
+ * same tokens and the same logits, bit for bit; the CPU reference computes that same function. */
+typedef enum dllm_lacache {
+    DLLM_LACACHE_OFF = 0,      /* recompute everything every step, LM head on every row (the reference)  */
+    DLLM_LACACHE_TRUNCATE = 1, /* final norm, LM head and sampler on the block's rows only             */
+    DLLM_LACACHE_ON = 2        /* + EmbedCache, RoPECache and FACache in layer 0 (default)              */
+} dllm_lacache;
+
 /* What happened in one denoising step; passed to the step callback. */
 typedef struct dllm_step_info {
     int block;                    /* current block, 0-based                                        */
@@ -264,6 +272,7 @@ typedef struct dllm_gen_params {
     int logits_eos_inf;         /* EOS logit := -inf before choosing tokens                        */
     int confidence_eos_eot_inf; /* positions predicting EOS or EoT are committed last (see README) */
     int stop_at_eos;            /* output ends before the first EOS/EoT (default 1)                */
+    dllm_lacache lacache;       /* default DLLM_LACACHE_ON                                         */
     int32_t mask_id;            /* -1 = the model's                                                */
     int32_t eos_id;             /* -1 = the model's                                                */
     int32_t eot_id;             /* -1 = the model's                                                */

@@ -55,6 +55,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -1405,6 +1406,7 @@ struct dllm__decode {
     int global_step = 0;             // counts steps across blocks; keys the RNG
     int n_block_masks = 0;           // masks in the block at its first step (CPU backend)
     int cand_lo = 0;                 // no candidate before this position (GPU backend)
+    int lacache = 0;                 // dllm_lacache (GPU backend; the CPU computes the same function)
     int32_t mask_id = 0;
     float cfg_scale = 0;
     dllm__sampling sampling;
@@ -1653,24 +1655,25 @@ extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t
     }
 }
 
-/* Twin: dllm__cpu_rmsnorm after h += delta. For each batch b and row i < n_rows: the source row
- * s = b * seq_len + row0 + i gets h[s] += delta[s] (if delta), then y[b * n_rows + i] = bf16(norm(h[s]) * w).
- * One CTA per row; the sum of squares is reduced in a fixed order, so a row's bits never depend on
- * which other rows are computed (LaCache relies on this). */
-extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const float *w, float eps, bf16_t *y,
+/* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
+ * row s = b * seq_len + row0 + i: v = h_in[s] (+ delta[s]); h_out[s] = v (if h_out); then
+ * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row; the sum of squares is reduced in a fixed order,
+ * so a row's bits never depend on which other rows are computed (LaCache relies on this). */
+extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
                                        int d, int n_rows, int row0, int seq_len) {
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
-    float *hr = h + src * d, f[8], g[8];
+    const float *hr = (h_out ? h_out : h_in) + src * d;  // where v is after the first pass
+    float f[8], g[8];
     const bf16_t *dr = delta ? delta + src * d : 0;
     float ss = 0.f;
     for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
-        load8(hr + k, f);
+        load8(h_in + src * d + k, f);
         if (dr) {
             unpack8(*(const uint4 *)(dr + k), g);
             for (int e = 0; e < 8; e++) f[e] += g[e];
-            store8(hr + k, f);
         }
+        if (h_out) store8(h_out + src * d + k, f);
         for (int e = 0; e < 8; e++) ss += f[e] * f[e];
     }
     __shared__ float part[32];
@@ -1686,7 +1689,7 @@ extern "C" __global__ void add_rmsnorm(float *h, const bf16_t *delta, const floa
     float r = rsqrtf(part[0] / (float)d + eps);
     bf16_t *yr = y + dst * d;
     for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
-        load8(hr + k, f);
+        load8(hr + k, f);  // h_out holds v; without h_out, v = h_in (no delta is added then)
         load8(w + k, g);
         for (int e = 0; e < 8; e++) f[e] = (f[e] * r) * g[e];
         *(uint4 *)(yr + k) = pack8(f);
@@ -1975,6 +1978,8 @@ struct attn_args {
     int seq, q_stride, kv_stride, o_stride, group;  // group = n_head / n_kv
     const dllm_step_state *st;   // current block: its KV tiles are visited last; null or empty: plain order
     float scale_log2;            // log2(e) / sqrt(HD)
+    int fa_mode;                 // FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it
+    float *fa_state;             // [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2)
 };
 
 __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
@@ -1989,6 +1994,32 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
         int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         bool ok = row0 + r < n_valid;
         cp_async16(dst + r * LD + col, src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
+    }
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+/* Saves (SAVE) or restores the online-softmax registers of one thread: m, l (per-thread partial sums) and
+ * the unnormalised O, field by field so that consecutive threads touch consecutive words. */
+template <int MT, int DT, int THREADS, bool SAVE>
+__device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
+    // Computed here, not kept live across the KV loop: registers are the budget at head dim 128.
+    float *state = a.fa_state + ((u64)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (MT * (4 + DT * 4) * THREADS) + threadIdx.x;
+    int f = 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (SAVE) { state[(f++) * THREADS] = m[mt][r]; state[(f++) * THREADS] = l[mt][r]; }
+            else { m[mt][r] = state[(f++) * THREADS]; l[mt][r] = state[(f++) * THREADS]; }
+        }
+#pragma unroll
+        for (int d = 0; d < DT; d++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (SAVE) state[(f++) * THREADS] = o[mt][d][e];
+                else o[mt][d][e] = state[(f++) * THREADS];
+            }
     }
 }
 
@@ -2031,7 +2062,28 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     }
     const bf16_t *q_warp = sQ + (warp * 16 * MT + (lane & 15)) * LD + (lane >> 4) * 8;
 
-    for (int i = 0; i < n_tiles; i++) {
+    // FACache (LaCache, Algorithm 1): a query tile outside the block keeps, across the block's steps, its
+    // state over the KV tiles outside the block. Saved and restored register for register, so resuming
+    // continues exactly the computation the plain order performs.
+    const int n_early = n_tiles - (late_hi - late_lo);
+    const bool q_in_block = late_hi > late_lo && q0 < a.st->block_end && q0 + BR > a.st->block_begin;
+    const bool cached = a.fa_mode != 0 && !q_in_block;
+    int i_begin = 0;
+    if (cached && a.fa_mode == 2) {
+        fa_state_io<MT, DT, THREADS, false>(a, o, m, l);
+        i_begin = n_early;
+    }
+    if (cached && a.fa_mode == 1 && n_early == 0) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
+    if (i_begin > 0) {  // the prefetched tile 0 is not needed: fetch the first late tile instead
+        cp_async_wait_all();
+        __syncthreads();
+        int first = kv_tile_at(i_begin, n_tiles, late_lo, late_hi);
+        load_tile<HD, THREADS>(sK + (i_begin & 1) * BC * LD, K, a.kv_stride, first * BC, BC, a.seq);
+        load_tile<HD, THREADS>(sV + (i_begin & 1) * BC * LD, V, a.kv_stride, first * BC, BC, a.seq);
+        cp_async_commit();
+    }
+
+    for (int i = i_begin; i < n_tiles; i++) {
         const int stage = i & 1;
         if (i + 1 < n_tiles) {
             int next = kv_tile_at(i + 1, n_tiles, late_lo, late_hi);
@@ -2130,6 +2182,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
                 }
             }
         }
+        if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
@@ -2167,10 +2220,11 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 //                          m16 tiles per warp)
 // ---------------------------------------------------------------------------------------------------
 
-/* Tile choices per compute capability. Attention: 128 query rows per CTA in 4 warps of 2 m16 tiles
- * (FA2's layout) and 32 keys per tile where shared memory and registers allow it (sm_80, sm_90: 253
- * registers, no spill at head dim 128, two CTAs per SM); 64 rows in 4 single-tile warps on sm_86/89
- * (100 KB of shared memory per SM). Newer GPUs run the same mma.sync code for their own architecture. */
+/* Tile choices per compute capability. Attention, sm_90: 128 query rows per CTA in 4 warps of 2 m16
+ * tiles (FA2's layout) and 32 keys per tile: 245 registers at head dim 128, no spill, two CTAs per SM
+ * (measured on an H200). sm_80: ptxas spills that layout, so 8 warps of one m16 tile (128 registers).
+ * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). The tests require every
+ * configuration to compile without a stack frame. Newer GPUs run the same code for their own target. */
 struct dllm__arch {
     int cc;               // compute capability major*10 + minor
     const char *target;   // NVRTC --gpu-architecture
@@ -2179,7 +2233,7 @@ struct dllm__arch {
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 2},
+    {80, "sm_80", 128, 32, 1},
     {86, "sm_86", 64, 32, 1},
     {87, "sm_87", 64, 32, 1},
     {89, "sm_89", 64, 32, 1},
@@ -2443,6 +2497,19 @@ static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t sm
 //     algorithm is chosen once per (M, N, K, out type) and cached.
 // ---------------------------------------------------------------------------------------------------
 
+/* Split-K algorithms are dropped: their partial-sum reduction makes a row's bits depend on the
+ * problem split (and, for in-place reduction, on timing). Every dllm GEMM is deterministic. */
+static int dllm__drop_split_k(cublasLtMatmulHeuristicResult_t *res, int found) {
+    int kept = 0;
+    for (int i = 0; i < found; i++) {
+        int splits = 1;
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && splits <= 1) res[kept++] = res[i];
+    }
+    return kept;
+}
+
 struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -2471,19 +2538,23 @@ struct dllm__gemm {
     }
     /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
      * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
+    dllm_status describe(dllm__gemm_plan &p, int M, int N, int K, cudaDataType_t out_type) {
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        DLLM__CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_type, N, M, N));
+        return DLLM_OK;
+    }
     dllm_status plan(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream,
-                     dllm__gemm_plan *&out) {
-        std::string key = dllm__format("%d,%d,%d,%d", M, N, K, (int)out_type);
+                     dllm__gemm_plan *&out, bool tune) {
+        std::string key = dllm__format("%s%d,%d,%d,%d", tune ? "" : "h:", M, N, K, (int)out_type);
         auto it = plans.find(key);
         if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
         std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        DLLM__CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p->c, out_type, N, M, N));
+        DLLM__TRY(describe(*p, M, N, K, out_type));
         cublasLtMatmulPreference_t pref;
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
@@ -2494,8 +2565,10 @@ struct dllm__gemm {
         cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
+        found = dllm__drop_split_k(res, found);
+        if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K algorithms for M=%d N=%d K=%d", M, N, K);
         p->algo = res[0].algo;
-        if (found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, X, W, Y, stream));
+        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, X, W, Y, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
@@ -2527,12 +2600,35 @@ struct dllm__gemm {
         cudaGetLastError();
         return DLLM_OK;
     }
+    /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
+     * (split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
+     * LaCache computes some rows alone that the plain path computes among all (lacache.md 2). */
+    dllm_status run_pinned(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
+        const int pin_m = 256;
+        std::string key = dllm__format("pin:%d,%d,%d,%d", M, N, K, (int)out_type);
+        auto it = plans.find(key);
+        if (it == plans.end()) {
+            dllm__gemm_plan *ref;
+            DLLM__TRY(plan(nullptr, nullptr, nullptr, pin_m, N, K, out_type, stream, ref, false));
+            std::unique_ptr<dllm__gemm_plan> pinned(new dllm__gemm_plan);
+            DLLM__TRY(describe(*pinned, M, N, K, out_type));
+            pinned->algo = ref->algo;
+            cublasLtMatmulHeuristicResult_t check;
+            if (cublasLtMatmulAlgoCheck(handle, pinned->desc, pinned->a, pinned->b, pinned->c, pinned->c, &pinned->algo, &check) != CUBLAS_STATUS_SUCCESS)
+                return dllm__fail(DLLM_ERR_CUDA, "the pinned GEMM algorithm (chosen at M=%d) does not run at M=%d N=%d K=%d", pin_m, M, N, K);
+            it = plans.emplace(key, std::move(pinned)).first;
+        }
+        return launch(*it->second, X, W, Y, stream);
+    }
     /* Y[M x N] = X[M x K] . W[N x K]^T. */
     dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         dllm__gemm_plan *p;
-        DLLM__TRY(plan(X, W, Y, M, N, K, out_type, stream, p));
+        DLLM__TRY(plan(X, W, Y, M, N, K, out_type, stream, p, true));
+        return launch(*p, X, W, Y, stream);
+    }
+    dllm_status launch(const dllm__gemm_plan &p, const void *X, const void *W, void *Y, cudaStream_t stream) {
         const float alpha = 1.0f, beta = 0.0f;
-        DLLM__CUBLAS(cublasLtMatmul(handle, p->desc, &alpha, W, p->a, X, p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace.ptr,
+        DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, W, p.a, X, p.b, &beta, Y, p.c, Y, p.c, &p.algo, workspace.ptr,
                                     workspace_bytes, stream));
         return DLLM_OK;
     }
@@ -2588,6 +2684,9 @@ struct dllm__stage_timer {
 
 static const int dllm__lm_chunk_rows = 256;   // LM head rows per GEMM: bounds the logits buffer
 
+/* How layer 0 runs (see dllm__gpu_backend::layer0_attention). */
+enum dllm__layer0 { DLLM__L0_PLAIN, DLLM__L0_FILL, DLLM__L0_REUSE };
+
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
     static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
@@ -2611,8 +2710,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const dllm__arch &arch() const { return arch_; }
     cudaStream_t stream() const { return stream_; }
     void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    /* Tests: record the logits the sampler sees at each (global step, block position), cond then uncond
+     * rows (eager steps only: set DLLM_NO_GRAPHS). */
+    void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
     /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). */
-    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1);
+    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode = DLLM__L0_PLAIN, int b0 = 0, int b1 = 0);
     /* LM head for output rows [raw0 + c0, raw0 + c0 + rows) of every batch entry into logits [batch][rows][V]. */
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
@@ -2636,12 +2738,15 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status init(int device);
     dllm_status upload_weights();
     dllm_status random_weights();
-    dllm_status fit_buffers(int batch, int seq, int lm_rows);
+    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false);
     dllm_status load_kernels();
     dllm_status run_step(const dllm__decode &st);
     dllm_status capture_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status attention(int batch, int seq, const void *qkv, void *out);
+    dllm_status attention(int batch, int seq, const void *qkv, void *out, int fa_mode);
+    dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
+    dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
+    dllm_status layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1);
     std::string graph_key(const dllm__decode &st) const;
 
     const dllm_model &m_;
@@ -2661,6 +2766,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // activations, grown to the largest (batch, seq) seen
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
+    dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
 
@@ -2668,6 +2774,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     cudaGraphExec_t graph_exec_ = nullptr;
     std::string graph_key_, warmed_key_;
     dllm__stage_timer *timer_ = nullptr;
+    std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
+    dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     void mark(const char *stage) {
         if (timer_) timer_->mark(stage, stream_);
     }
@@ -2691,6 +2799,8 @@ struct dllm__attn_args {
     int seq, q_stride, kv_stride, o_stride, group;
     const void *state;
     float scale_log2;
+    int fa_mode;
+    float *fa_state;
 };
 
 static const size_t dllm__conf_partial_bytes = 32;  // sizeof(conf_partial) on the device
@@ -2833,14 +2943,15 @@ dllm_status dllm__gpu_backend::random_weights() {
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows) {
+dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache) {
     const dllm__config &c = m_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
     // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
     const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
-                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr};
+                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
+                            h0_.ptr, qkv0_.ptr, fa_state_.ptr};
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
     DLLM__TRY(a_.fit(M * d * 2, "activations"));
     DLLM__TRY(delta_.fit(M * d * 2, "activations"));
@@ -2858,6 +2969,12 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows) {
     DLLM__TRY(is_prompt_.fit((size_t)seq, "the canvas"));
     DLLM__TRY(state_.fit(64, "the step state"));
     DLLM__TRY(committed_.fit((size_t)seq * 4, "the step state"));
+    if (lacache) {
+        const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
+        DLLM__TRY(h0_.fit(M * d * 4, "the LaCache embeddings"));
+        DLLM__TRY(qkv0_.fit(M * qkv * 2, "the LaCache Q/K/V"));
+        DLLM__TRY(fa_state_.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
+    }
     size_t pinned = (size_t)seq * 8 + 64;
     if (pinned > host_pinned_bytes_) {
         if (host_pinned_) cudaFreeHost(host_pinned_);
@@ -2866,61 +2983,114 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows) {
         host_pinned_bytes_ = pinned;
     }
     const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
-                           x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr};
+                           x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
+                           h0_.ptr, qkv0_.ptr, fa_state_.ptr};
     if (memcmp(before, after, sizeof before) != 0) buffer_generation_++;
     return DLLM_OK;
 }
 
 /* Attention over the fused projection rows; the KV tiles that overlap the current block (read from the
  * device step state) are visited last. */
-dllm_status dllm__gpu_backend::attention(int batch, int seq, const void *qkv, void *out) {
+dllm_status dllm__gpu_backend::attention(int batch, int seq, const void *qkv, void *out, int fa_mode) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     dllm__attn_args args = {qkv, (const char *)qkv + (size_t)c.n_head * hd * 2, (const char *)qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
                             out, nullptr, seq, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, state_.ptr,
-                            1.4426950408889634f / sqrtf((float)hd)};
+                            1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>()};
     void *argv[] = {&args};
     dim3 grid((unsigned)((seq + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
     return dllm__launch(k_attn_, grid, dim3((unsigned)dllm__attn_threads(arch_)), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
 }
 
-dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1) {
+/* Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the kernel). */
+dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq,
+                                        int row0, int n_rows) {
+    const dllm__config &c = m_.cfg;
+    int d = c.n_embd;
+    float eps = c.norm_eps;
+    void *args[] = {&h_in, &h_out, &delta, &w, &eps, &y, &d, &n_rows, &row0, &seq};
+    const unsigned threads = (unsigned)std::min(1024, std::max(32, (d / 8 + 31) / 32 * 32));  // one 16-byte chunk each
+    return dllm__launch(k_norm_, dim3((unsigned)n_rows, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm");
+}
+
+/* Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len). */
+dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
+    const dllm__config &c = m_.cfg;
+    int n_head = c.n_head, n_kv = c.n_head_kv, hd = c.head_dim;
+    unsigned threads = (unsigned)((size_t)n_rows * (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8));
+    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
+    return dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv");
+}
+
+/* Layer 0 up to its attention output (att_), in one of three ways (LaCache's EmbedCache, RoPECache and
+ * FACache, lacache.md 1):
+ *   PLAIN: every row, in the shared buffers;
+ *   FILL (a block's first step): every row, keeping embeddings (h0_), rotated Q/K/V (qkv0_) and the
+ *         attention state of the query tiles outside the block (fa_state_);
+ *   REUSE (the block's later steps): embed, norm, project and rotate the block's rows only, and resume the
+ *         attention of the outside query tiles from their saved state.
+ * The QKV GEMM is row-independent (run_pinned), so the rows REUSE computes alone carry the same bits as
+ * when PLAIN computes them among all rows. */
+dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1) {
+    const dllm__config &c = m_.cfg;
+    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, M = batch * seq;
+    const dllm__gpu_layer &L = layers_[0];
+    float *h = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();
+    void *qkv_buf = mode == DLLM__L0_PLAIN ? qkv_.ptr : qkv0_.ptr;
+    if (mode != DLLM__L0_REUSE) {
+        int M_ = M;
+        void *args[] = {&ids, &M_, &embed_.ptr, (void *)&d, &h};
+        DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
+        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+        mark("embed+norm");
+        DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv_buf, M, qkv, d, CUDA_R_16BF, stream_));
+        mark("gemm qkv");
+        DLLM__TRY(rope(qkv_buf, L.b_qkv.ptr, M, seq, 0));
+        mark("rope");
+    } else {
+        const int blk = b1 - b0;
+        for (int b = 0; b < batch; b++) {
+            const int *ids_b = ids + (size_t)b * seq + b0;
+            float *h_b = h + ((size_t)b * seq + b0) * d;
+            int blk_ = blk;
+            void *args[] = {&ids_b, &blk_, &embed_.ptr, (void *)&d, &h_b};
+            DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)blk), dim3(256), 0, stream_, args, "embed_gather"));
+        }
+        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, b0, blk));
+        mark("embed+norm");
+        for (int b = 0; b < batch; b++) {
+            char *out = (char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2;
+            DLLM__TRY(gemm_.run_pinned((const char *)a_.ptr + (size_t)b * blk * d * 2, L.w_qkv.ptr, out, blk, qkv, d, CUDA_R_16BF, stream_));
+        }
+        mark("gemm qkv");
+        for (int b = 0; b < batch; b++)
+            DLLM__TRY(rope((char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
+        mark("rope");
+    }
+    DLLM__TRY(attention(batch, seq, qkv_buf, att_.ptr, mode == DLLM__L0_PLAIN ? 0 : mode == DLLM__L0_FILL ? 1 : 2));
+    mark("attention");
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1) {
     const dllm__config &c = m_.cfg;
     const int M = batch * seq, d = c.n_embd, hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd, ff = c.n_ff;
-    int pos0 = 0, n_kv = c.n_head_kv, n_head = c.n_head;
-    float eps = c.norm_eps;
-    const void *no_delta = nullptr;
-    const dim3 norm_block((unsigned)std::min(1024, std::max(32, (d / 8 + 31) / 32 * 32)));  // one 16-byte chunk per thread
     mark("start");
-    {
-        void *args[] = {&ids_dev, (void *)&M, &embed_.ptr, (void *)&d, &h_.ptr};
-        DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
-    }
-    int row0 = 0;
-    {
-        void *args[] = {&h_.ptr, &no_delta, &layers_[0].attn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
-        DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
-    }
-    mark("embed+norm");
+    DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
+    const float *h_in = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();  // layer 0's residual input
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
-        DLLM__TRY(gemm_.run(a_.ptr, L.w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
-        mark("gemm qkv");
-        {
-            const void *bias = L.b_qkv.ptr;
-            unsigned threads = (unsigned)((size_t)M * (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (hd / 8));
-            void *args[] = {&qkv_.ptr, (void *)&M, &seq, &pos0, &n_head, &n_kv, (void *)&hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
-            DLLM__TRY(dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv"));
+        if (l > 0) {
+            DLLM__TRY(gemm_.run(a_.ptr, L.w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
+            mark("gemm qkv");
+            DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, M, seq, 0));
+            mark("rope");
+            DLLM__TRY(attention(batch, seq, qkv_.ptr, att_.ptr, 0));
+            mark("attention");
         }
-        mark("rope");
-        DLLM__TRY(attention(batch, seq, qkv_.ptr, att_.ptr));
-        mark("attention");
-        DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, n_head * hd, CUDA_R_16BF, stream_));
+        DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, c.n_head * hd, CUDA_R_16BF, stream_));
         mark("gemm o");
-        {
-            void *args[] = {&h_.ptr, &delta_.ptr, &L.ffn_norm.ptr, &eps, &a_.ptr, (void *)&d, &seq, &row0, &seq};
-            DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)seq, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
-        }
+        DLLM__TRY(add_norm(l == 0 ? h_in : h_.as<float>(), h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, seq, 0, seq));
         mark("add+norm");
         DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
         mark("gemm gate+up");
@@ -2932,11 +3102,10 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         mark("swiglu");
         DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
         mark("gemm down");
-        bool last = l + 1 == layers_.size();
-        int rows = last ? raw1 - raw0 : seq, r0 = last ? raw0 : 0;
-        void *norm_w = last ? final_norm_.ptr : layers_[l + 1].attn_norm.ptr, *out = last ? y_.ptr : a_.ptr;
-        void *args[] = {&h_.ptr, &delta_.ptr, &norm_w, &eps, &out, (void *)&d, &rows, &r0, &seq};
-        DLLM__TRY(dllm__launch(k_norm_, dim3((unsigned)rows, (unsigned)batch), norm_block, 0, stream_, args, "add_rmsnorm"));
+        const bool last = l + 1 == layers_.size();
+        // The last layer's residual is only needed for the output rows (LaCache truncates them).
+        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, seq, raw0, raw1 - raw0));
+        else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -2948,7 +3117,7 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
     for (int b = 0; b < batch; b++) {
         const char *y = (const char *)y_.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
         char *out = (char *)logits_.ptr + (size_t)b * rows * c.n_vocab * 4;
-        DLLM__TRY(gemm_.run(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
+        DLLM__TRY(gemm_.run_pinned(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));  // truncation-safe
     }
     return DLLM_OK;
 }
@@ -2986,7 +3155,7 @@ static int dllm__first_candidate(const dllm__decode &st) {
 
 dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
     const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
-    DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows)));
+    DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows), st.lacache == DLLM_LACACHE_ON));
     DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, st.canvas.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(is_prompt_.ptr, st.is_prompt.data(), (size_t)n, cudaMemcpyHostToDevice, stream_));
     int init[16] = {0};
@@ -3022,8 +3191,8 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
     return dllm__launch(k_combine_, dim3((unsigned)(rows + 127) / 128), dim3(128), 0, stream_, cargs, "conf_combine_kernel");
 }
 
-/* One denoising step on the device: forward (both CFG halves), LM head over every row as the reference
- * does (LaCache truncates it), the sampler over the candidate rows [cand_lo, n), then the top-k commit.
+/* One denoising step on the device: forward (both CFG halves), LM head (every row as the reference does,
+ * or the candidate rows with LaCache), the sampler over the candidate rows, then the top-k commit.
  * Everything it reads is on the device, so it can be captured once and replayed. */
 dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
     const dllm__config &c = m_.cfg;
@@ -3033,8 +3202,13 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         void *args[] = {&canvas_.ptr, &is_prompt_.ptr, (void *)&n, (void *)&mask, &un};
         DLLM__TRY(dllm__launch(k_uncond_, dim3((unsigned)(n + 255) / 256), dim3(256), 0, stream_, args, "make_uncond"));
     }
-    const int lm_lo = 0, lm_hi = n, raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
-    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1));
+    // Output truncation: only rows that can hold a candidate reach the final norm, the LM head and the
+    // sampler (the block, plus the prompt's masks if it has any). The plain path computes every row.
+    const bool truncate = st.lacache != DLLM_LACACHE_OFF;
+    const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : 0, lm_hi = truncate ? st.block_end : n;
+    const int raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
+    const dllm__layer0 mode = st.lacache != DLLM_LACACHE_ON ? DLLM__L0_PLAIN : st.step_in_block == 0 ? DLLM__L0_FILL : DLLM__L0_REUSE;
+    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1, mode, st.block_begin, st.block_end));
     for (int cp0 = lm_lo; cp0 < lm_hi; cp0 += dllm__lm_chunk_rows) {
         const int cp1 = std::min(lm_hi, cp0 + dllm__lm_chunk_rows);
         const int craw0 = dllm__logit_row(c, cp0), craw1 = dllm__logit_row(c, cp1 - 1) + 1;
@@ -3043,6 +3217,7 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         const int s0 = std::max(cp0, st.cand_lo);
         if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
         mark("sampler");
+        if (debug_rows_ && s0 < cp1) DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
     int lo = st.cand_lo;
     void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr};
@@ -3051,15 +3226,31 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
     return DLLM_OK;
 }
 
+dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
+    const dllm__config &c = m_.cfg;
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int p = s0; p < s1; p++) {
+        std::vector<float> &row = (*debug_rows_)[{st.global_step, p}];
+        row.resize((size_t)batch * c.n_vocab);
+        for (int b = 0; b < batch; b++) {
+            size_t lr = (size_t)b * raw_rows + (size_t)(dllm__logit_row(c, p) - dllm__logit_row(c, cp0));
+            DLLM__CUDA(cudaMemcpy(row.data() + (size_t)b * c.n_vocab, (const float *)logits_.ptr + lr * c.n_vocab, (size_t)c.n_vocab * 4,
+                                  cudaMemcpyDeviceToHost));
+        }
+    }
+    return DLLM_OK;
+}
+
 /* Everything a captured step graph baked in: a different key means a new capture. */
 std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
     const dllm__sampling &s = st.sampling;
-    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(), st.cand_lo,
+    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(), st.cand_lo,
                         s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf, s.defer_eos_eot,
-                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, buffer_generation_);
+                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, buffer_generation_);
 }
 
-/* Captures run_step as a graph (replacing the previous one). */
+/* Captures run_step as a graph. A new block changes only kernel arguments, so the executable graph is
+ * updated in place when it can be (cheaper than instantiating again). */
 dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -3070,6 +3261,12 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
         return s;
     }
     if (e != cudaSuccess) return dllm__cuda_fail(e, "capturing the step graph");
+    cudaGraphExecUpdateResultInfo info;
+    if (graph_exec_ && cudaGraphExecUpdate(graph_exec_, graph, &info) == cudaSuccess) {
+        cudaGraphDestroy(graph);
+        return DLLM_OK;
+    }
+    cudaGetLastError();
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     graph_exec_ = nullptr;
     e = cudaGraphInstantiate(&graph_exec_, graph, 0);
@@ -3079,12 +3276,14 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
 }
 
 dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) {
-    std::string key = graph_key(st);
-    if (dllm__env_int("DLLM_NO_GRAPHS", 0) || key != warmed_key_) {
-        // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their
-        // one-time work outside any capture. The graph is captured from the next step on.
+    // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their
+    // one-time work outside any capture. So does LaCache's FILL step, which runs once per block. The
+    // graph is captured from the next step on; with LaCache it bakes in the block, so each block has its own.
+    const bool fill = st.lacache == DLLM_LACACHE_ON && st.step_in_block == 0;
+    const std::string shape = graph_key(st), key = shape + (st.lacache != DLLM_LACACHE_OFF ? dllm__format(" @%d", st.block_begin) : "");
+    if (dllm__env_int("DLLM_NO_GRAPHS", 0) || fill || shape != warmed_key_) {
         DLLM__TRY(run_step(st));
-        warmed_key_ = key;
+        if (!fill) warmed_key_ = shape;
     } else {
         if (!graph_exec_ || key != graph_key_) {
             DLLM__TRY(capture_step(st));
@@ -3155,6 +3354,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
     if (!(p.temperature >= 0) || !(p.temperature < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
     if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+    int lacache = dllm__enum_int(p.lacache);
+    if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     int remasking = dllm__enum_int(p.remasking);
     if (remasking != DLLM_REMASK_LOW_CONFIDENCE && remasking != DLLM_REMASK_RANDOM)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "remasking must be DLLM_REMASK_LOW_CONFIDENCE or DLLM_REMASK_RANDOM, got %d", remasking);
@@ -3187,6 +3389,7 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.sampling.defer_eos_eot = p.confidence_eos_eot_inf != 0;
     st.sampling.eos_id = plan.eos_id;
     st.sampling.eot_id = plan.eot_id;
+    st.lacache = p.lacache;
 }
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
@@ -3470,6 +3673,7 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.remasking = DLLM_REMASK_LOW_CONFIDENCE;
     p.seed = 0;
     p.stop_at_eos = 1;
+    p.lacache = DLLM_LACACHE_ON;
     p.mask_id = -1;
     p.eos_id = -1;
     p.eot_id = -1;

@@ -287,7 +287,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     if (block) { st[0] = block[0]; st[1] = block[1]; }
     test_put(dst, std::vector<int>(st, st + 16));
     dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, dv.as<unsigned char>(),
-                         seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd)};
+                         seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr};
     void *argv[] = {&a};
     dim3 grid((unsigned)((seq + g.arch.fa_br - 1) / g.arch.fa_br), (unsigned)H, (unsigned)B);
     CHECK_STATUS(dllm__launch(k, grid, dim3((unsigned)dllm__attn_threads(g.arch)), smem, 0, argv, "flash_attn"), DLLM_OK, nullptr);
@@ -551,5 +551,146 @@ TEST(gpu, random_weight_model_runs_on_gpu_only) {
         CHECK_STATUS(dllm_generate(ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_OK, nullptr);
         dllm_ctx_free(ctx);
     }
+    dllm_model_free(m);
+}
+
+// ---- LaCache: bit-exactness ------------------------------------------------------------------------
+
+/* FACache at the kernel: save the state with one block, change the block's Q/K/V rows, resume; the
+ * output must equal a plain run on the changed inputs bit for bit (and the saving run, the plain one). */
+static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, int b0, int b1) {
+    const int B = 2, heads = H + 2 * KV, stride = heads * hd;
+    std::shared_ptr<dllm__module> mod;
+    CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
+    if (!mod) return;
+    cudaKernel_t k = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
+    size_t smem = dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc);
+    cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    std::vector<float> qkv((size_t)B * seq * stride);
+    for (float &v : qkv) v = r.normal();
+    std::vector<uint16_t> before = test_bf16_vec(qkv), after = before;
+    for (int b = 0; b < B; b++)
+        for (int p = b0; p < b1; p++)
+            for (int c = 0; c < stride; c++) after[((size_t)b * seq + p) * stride + c] = dllm__f32_to_bf16(r.normal());
+    const int q_tiles = (seq + g.arch.fa_br - 1) / g.arch.fa_br, threads = dllm__attn_threads(g.arch);
+    const size_t out_n = (size_t)B * seq * H * hd, state_n = (size_t)B * H * q_tiles * g.arch.fa_mt * (4 + hd / 2) * threads;
+    dllm__dbuf dq, dout, dst, dstate;
+    int st[16] = {b0, b1};
+    test_put(dst, std::vector<int>(st, st + 16));
+    test_poison(dstate, state_n * 4);
+    auto run = [&](const std::vector<uint16_t> &in, int mode) {
+        test_put(dq, in);
+        test_poison(dout, out_n * 2);
+        dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, nullptr,
+                             seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>()};
+        void *argv[] = {&a};
+        dim3 grid((unsigned)q_tiles, (unsigned)H, (unsigned)B);
+        dllm__launch(k, grid, dim3((unsigned)threads), smem, 0, argv, "flash_attn");
+        return test_get<uint16_t>(dout, out_n);
+    };
+    std::vector<uint16_t> plain_before = run(before, 0), saved = run(before, 1), plain_after = run(after, 0), resumed = run(after, 2);
+    CHECK_MSG(saved == plain_before, "hd=%d seq=%d block [%d,%d): the saving run differs from the plain one", hd, seq, b0, b1);
+    size_t diff = 0;
+    for (size_t i = 0; i < out_n; i++) diff += resumed[i] != plain_after[i];
+    printf("    FACache hd=%d seq=%d H=%d KV=%d block [%d,%d): %zu of %zu outputs differ from the plain run\n", hd, seq, H, KV, b0, b1, diff, out_n);
+    CHECK(diff == 0);
+}
+
+TEST(gpu, facache_resume_is_bit_exact) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("facache");
+    test_facache_case(T_, g, r, 128, 300, 4, 2, 205, 237);  // block straddles a query tile and key tiles
+    test_facache_case(T_, g, r, 64, 97, 3, 1, 89, 97);      // block at the end, short last tiles
+    test_facache_case(T_, g, r, 128, 1000, 2, 2, 936, 968);
+    test_facache_case(T_, g, r, 64, 256, 2, 2, 0, 64);      // block at the start
+}
+
+/* Runs one generation with the sampler's logits recorded; graphs off so that every step is observable. */
+static void test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params p, test_trace_recorder &rec,
+                              std::map<std::pair<int, int>, std::vector<float>> &rows) {
+    setenv("DLLM_NO_GRAPHS", "1", 1);
+    ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(&rows);
+    p.on_step = test_record_step;
+    p.on_step_data = &rec;
+    std::vector<int32_t> out((size_t)p.gen_length);
+    dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), p.gen_length, nullptr, nullptr);
+    ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(nullptr);
+    unsetenv("DLLM_NO_GRAPHS");
+}
+
+/* LaCache off, truncation only, on: identical canvases at every step and identical logits (max |delta| = 0)
+ * at every block position of every step. Also with graphs (canvases). */
+static void test_lacache_exact(dllm_test_state &T_, dllm_ctx *ctx, int vocab, int np, int gen, int block, int steps, float cfg) {
+    std::vector<int32_t> prompt((size_t)np);
+    for (int i = 0; i < np; i++) prompt[(size_t)i] = (int32_t)((i * 7919 + 13) % std::min(vocab, 100000));
+    dllm_gen_params p = dllm_gen_default_params();
+    p.gen_length = gen; p.steps = steps; p.block_length = block; p.cfg_scale = cfg; p.stop_at_eos = 0;
+    test_trace_recorder rec[3];
+    std::map<std::pair<int, int>, std::vector<float>> rows[3];
+    const dllm_lacache modes[3] = {DLLM_LACACHE_OFF, DLLM_LACACHE_TRUNCATE, DLLM_LACACHE_ON};
+    for (int m = 0; m < 3; m++) {
+        p.lacache = modes[m];
+        test_gen_recorded(ctx, prompt, p, rec[m], rows[m]);
+    }
+    double max_delta = 0;
+    size_t compared = 0;
+    for (int m = 1; m < 3; m++) {
+        CHECK_MSG(rec[m].canvases == rec[0].canvases && !rec[0].canvases.empty(), "N=%d block %d: mode %d tokens differ", np + gen, block, m);
+        CHECK_MSG(rows[m].size() == rows[0].size() && !rows[0].empty(), "N=%d: %zu vs %zu recorded rows", np + gen, rows[m].size(), rows[0].size());
+        for (auto &kv : rows[m]) {
+            auto it = rows[0].find(kv.first);
+            if (it == rows[0].end() || it->second.size() != kv.second.size()) { max_delta = INFINITY; continue; }
+            for (size_t i = 0; i < kv.second.size(); i++) max_delta = std::max(max_delta, (double)fabsf(kv.second[i] - it->second[i]));
+            compared++;
+        }
+    }
+    // and through captured graphs
+    std::vector<int32_t> a((size_t)gen), b((size_t)gen);
+    p.lacache = DLLM_LACACHE_OFF;
+    dllm_generate(ctx, prompt.data(), np, p, a.data(), gen, nullptr, nullptr);
+    p.lacache = DLLM_LACACHE_ON;
+    dllm_generate(ctx, prompt.data(), np, p, b.data(), gen, nullptr, nullptr);
+    std::vector<int32_t> want(rec[0].canvases.empty() ? std::vector<int32_t>() : rec[0].canvases.back());
+    bool graphs_same = a == b && !want.empty() && std::equal(a.begin(), a.end(), want.begin() + np);
+    printf("    N=%d (prompt %d) block %d steps %d cfg %.1f: %zu logit rows compared, max |delta| = %g, graphs %s\n", np + gen, np, block,
+           steps, cfg, compared, max_delta, graphs_same ? "identical" : "DIFFER");
+    CHECK_MSG(max_delta == 0, "N=%d block %d: LaCache logits differ by %g", np + gen, block, max_delta);
+    CHECK(graphs_same);
+}
+
+TEST(gpu, lacache_is_bit_exact_on_fixtures) {
+    NEED_GPU();
+    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
+        dllm_model *m = test_load(test_data(fx));
+        dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+        if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); continue; }
+        printf("    %s\n", fx);
+        test_lacache_exact(T_, ctx, 128, 37, 64, 8, 16, 0);
+        test_lacache_exact(T_, ctx, 128, 5, 96, 32, 6, 0);
+        test_lacache_exact(T_, ctx, 128, 61, 128, 64, 4, 1.5f);
+        dllm_ctx_free(ctx);
+        dllm_model_free(m);
+    }
+}
+
+TEST(gpu, lacache_is_bit_exact_on_llada_8b_shape) {
+    NEED_GPU();
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    cp.max_tokens = 2048;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    if (ctx) {
+        test_lacache_exact(T_, ctx, 100000, 81, 16, 8, 4, 0);      // N = 97
+        test_lacache_exact(T_, ctx, 100000, 232, 24, 8, 6, 0);     // N = 256
+        test_lacache_exact(T_, ctx, 100000, 936, 64, 32, 4, 0);    // N = 1000
+        test_lacache_exact(T_, ctx, 100000, 1920, 128, 64, 4, 0);  // N = 2048, prompt a multiple of 128: block tile-aligned
+        test_lacache_exact(T_, ctx, 100000, 2000, 48, 8, 6, 0);    // N = 2048, blocks straddle tiles
+    }
+    dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
