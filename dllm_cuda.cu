@@ -2710,6 +2710,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const dllm__arch &arch() const { return arch_; }
     cudaStream_t stream() const { return stream_; }
     void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    /* Benchmarks: one eager step with every stage timed. */
+    dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t) {
+        timer_ = &t;
+        dllm_status s = run_step(st);
+        timer_ = nullptr;
+        return s;
+    }
     /* Tests: record the logits the sampler sees at each (global step, block position), cond then uncond
      * rows (eager steps only: set DLLM_NO_GRAPHS). */
     void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
@@ -3042,11 +3049,11 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
         void *args[] = {&ids, &M_, &embed_.ptr, (void *)&d, &h};
         DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
-        mark("embed+norm");
+        mark("L0 embed+norm");
         DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv_buf, M, qkv, d, CUDA_R_16BF, stream_));
-        mark("gemm qkv");
+        mark("L0 gemm qkv");
         DLLM__TRY(rope(qkv_buf, L.b_qkv.ptr, M, seq, 0));
-        mark("rope");
+        mark("L0 rope");
     } else {
         const int blk = b1 - b0;
         for (int b = 0; b < batch; b++) {
@@ -3057,18 +3064,18 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
             DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)blk), dim3(256), 0, stream_, args, "embed_gather"));
         }
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, b0, blk));
-        mark("embed+norm");
+        mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
             char *out = (char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2;
             DLLM__TRY(gemm_.run_pinned((const char *)a_.ptr + (size_t)b * blk * d * 2, L.w_qkv.ptr, out, blk, qkv, d, CUDA_R_16BF, stream_));
         }
-        mark("gemm qkv");
+        mark("L0 gemm qkv");
         for (int b = 0; b < batch; b++)
             DLLM__TRY(rope((char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
-        mark("rope");
+        mark("L0 rope");
     }
     DLLM__TRY(attention(batch, seq, qkv_buf, att_.ptr, mode == DLLM__L0_PLAIN ? 0 : mode == DLLM__L0_FILL ? 1 : 2));
-    mark("attention");
+    mark("L0 attention");
     return DLLM_OK;
 }
 

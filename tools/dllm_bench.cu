@@ -116,6 +116,61 @@ static std::map<std::string, double> bench_read_anchors(const char *json_path, c
     return a;
 }
 
+/* Where LaCache's time goes, at W1's geometry (prompt 768, block 32 at the generation's start): one
+ * step profiled per mode, stage by stage, beside the saving predicted from FLOPs and bytes. */
+static void bench_lacache_components(bench_result &r, dllm__gpu_backend *gpu, const dllm__config &c, int np, int gen, int block,
+                                     double gemm_rate, double copy_tbps) {
+    std::map<std::string, double> t[3];
+    for (int mode = 0; mode < 3; mode++) {
+        dllm__decode st;
+        st.canvas.assign((size_t)np + gen, c.mask_id);
+        for (int i = 0; i < np; i++) st.canvas[(size_t)i] = (i * 104729) % 100000;
+        st.is_prompt.assign(st.canvas.size(), 0);
+        std::fill(st.is_prompt.begin(), st.is_prompt.begin() + np, 1);
+        st.n_prompt = np;
+        st.mask_id = c.mask_id;
+        st.lacache = mode;
+        st.steps_per_block = block;
+        st.block_begin = np;
+        st.block_end = np + block;
+        BENCH_CHECK(gpu->begin(st));
+        BENCH_CHECK(gpu->begin_block(st));
+        if (mode == DLLM_LACACHE_ON) {  // the FILL step, then a REUSE step is what repeats
+            dllm__stage_timer fill;
+            BENCH_CHECK(gpu->profile_step(st, fill));
+            st.step_in_block = 1;
+        }
+        dllm__stage_timer timer;
+        for (int rep = 0; rep < 3; rep++) BENCH_CHECK(gpu->profile_step(st, timer));
+        cudaStreamSynchronize(gpu->stream());
+        for (auto &kv : timer.totals()) t[mode][kv.first] = kv.second / 3;
+    }
+    auto saved = [&](int from, int to, std::initializer_list<const char *> stages) {
+        double s = 0;
+        for (const char *k : stages) s += t[from][k] - t[to][k];
+        return s;
+    };
+    const double n = np + gen, u = n - block, d = c.n_embd, qkv = (double)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    const double bw = copy_tbps * 1e9, rate = gemm_rate * 1e9;  // bytes/ms, FLOP/ms
+    const double br = 128, u_tiles = floor(np / br) / ceil(n / br), kv_u = floor(np / 32.0) / ceil(n / 32.0);
+    struct { const char *name; double measured, predicted; } rows[] = {
+        {"EmbedCache (embedding + layer-0 norm)", saved(1, 2, {"L0 embed+norm"}), u * d * (2 + 4 + 4 + 2) / bw},
+        {"RoPECache (layer-0 QKV GEMM + RoPE)", saved(1, 2, {"L0 gemm qkv", "L0 rope"}), 2 * u * d * qkv / rate + u * qkv * 2 * 2 * 2.0 / 3 / bw},
+        {"FACache (layer-0 attention tiles)", saved(1, 2, {"L0 attention"}), t[1]["L0 attention"] * u_tiles * kv_u},
+        {"truncation (final norm, LM head, sampler)", saved(0, 1, {"add+norm", "lm head", "sampler"}),
+         2 * u * d * c.n_vocab / rate + (u * d * 4 * 2 + u * d * 2) / bw + u * c.n_vocab * 4.0 * 3 / bw},
+    };
+    printf("\n| LaCache component (one step, W1 geometry) | measured saving ms | predicted ms |\n|---|---|---|\n");
+    for (auto &row : rows) {
+        printf("| %s | %.3f | %.3f |\n", row.name, row.measured, row.predicted);
+        r.v[std::string("saving ") + row.name] = row.measured;
+    }
+    double step[3] = {0, 0, 0};
+    for (int m = 0; m < 3; m++)
+        for (auto &kv : t[m]) step[m] += kv.second;
+    printf("| step total: off / truncate / lacache | %.3f / %.3f / %.3f | |\n\n", step[0], step[1], step[2]);
+}
+
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -176,31 +231,40 @@ int main(int argc, char **argv) {
     // Generations first, on fresh buffers: dllm's own peak memory for W1 is what they allocate.
     const int64_t weights_bytes = dllm__device_bytes;
     dllm__device_peak = weights_bytes;
-    for (int steps : {256, 64}) {
-        const int np = 768, gen = 256;
-        std::vector<int32_t> prompt(np), out(gen);
-        for (int i = 0; i < np; i++) prompt[(size_t)i] = (i * 104729) % 100000;
+    const int np = 768, gen = 256, block = 32;
+    std::vector<int32_t> prompt(np), out(gen);
+    for (int i = 0; i < np; i++) prompt[(size_t)i] = (i * 104729) % 100000;
+    auto generate = [&](int steps, dllm_lacache mode) {
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = gen;
         gp.steps = steps;
-        gp.block_length = 32;
+        gp.block_length = block;
         gp.stop_at_eos = 0;
+        gp.lacache = mode;
         dllm_gen_stats st;
-        BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out.data(), gen, nullptr, &st));  // warm: graph capture, GEMM tuning
         BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
-        std::string w = steps == 256 ? "W1" : "W1-64";
-        r.set(w + "_s", st.wall_ms / 1000);
-        r.set(w + "_ms_per_step", st.wall_ms / st.steps);
-        r.set(w + "_tokens_per_s", gen / (st.wall_ms / 1000));
-        double floor_s = st.steps * bench_flops(c, np + gen, np + gen) / (gemm_rate * 1e12);
-        r.set(w + "_floor_fraction", floor_s / (st.wall_ms / 1000));
-        if (steps == 256) {
-            size_t free1;
-            cudaMemGetInfo(&free1, &total);
-            r.set("W1_peak_over_weights_GB", (double)(dllm__device_peak - weights_bytes) / 1e9);
-            r.set("W1_device_used_over_weights_GB", ((double)free0 - (double)free1 - (double)weights_bytes) / 1e9);
+        return st;
+    };
+    generate(64, DLLM_LACACHE_ON);  // warm-up: GEMM tuning, module loading
+    const char *mode_name[3] = {"off", "truncate", "lacache"};
+    for (int steps : {256, 64})
+        for (int mode = 0; mode < 3; mode++) {
+            dllm_gen_stats st = generate(steps, (dllm_lacache)mode);
+            std::string w = dllm__format("%s_%s", steps == 256 ? "W1" : "W1-64", mode_name[mode]);
+            r.set(w + "_s", st.wall_ms / 1000);
+            r.set(w + "_ms_per_step", st.wall_ms / st.steps);
+            if (mode == 0) {
+                double floor_s = st.steps * bench_flops(c, np + gen, np + gen) / (gemm_rate * 1e12);
+                r.set(w + "_floor_fraction", floor_s / (st.wall_ms / 1000));
+            }
+            if (steps == 256 && mode == 0) {
+                size_t free1;
+                cudaMemGetInfo(&free1, &total);
+                r.set("W1_peak_over_weights_GB", (double)(dllm__device_peak - weights_bytes) / 1e9);
+                r.set("W1_device_used_over_weights_GB", ((double)free0 - (double)free1 - (double)weights_bytes) / 1e9);
+            }
         }
-    }
+    bench_lacache_components(r, gpu, c, np, gen, block, gemm_rate, r.v["copy_TBps"]);
 
     for (int n : {256, 512, 1024, 2048}) {
         std::vector<int32_t> ids((size_t)n);
@@ -233,8 +297,11 @@ int main(int argc, char **argv) {
     row("fwd N=512 ms", r.v["fwd_full_N512_ms"], "fwd_full_N512_ms", "graph_fwd_full_N512_ms");
     row("fwd N=1024 ms", r.v["fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
     row("fwd N=2048 ms", r.v["fwd_full_N2048_ms"], "fwd_full_N2048_ms", nullptr);
-    row("W1 s", r.v["W1_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
-    row("W1-64 s", r.v["W1-64_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+    row("W1 s (plain)", r.v["W1_off_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+    row("W1 s (truncation)", r.v["W1_truncate_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+    row("W1 s (LaCache)", r.v["W1_lacache_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+    row("W1-64 s (plain)", r.v["W1-64_off_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+    row("W1-64 s (LaCache)", r.v["W1-64_lacache_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
     if (json_out) {
         std::string j = "{\n";
         for (auto &kv : r.v) j += dllm__format("  \"%s\": %.6g,\n", kv.first.c_str(), kv.second);
