@@ -125,13 +125,18 @@ TEST(tokenizer, pretokenizer_scanners_follow_the_regexes) {
 
 // ---- BPE on a hand-made tokenizer.json ----------------------------------------------------------------
 
+static std::string test_json_string(const std::string &s) {
+    std::string e = "\"";
+    for (char c : s) e += c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : std::string(1, c);
+    return e + "\"";
+}
+
 /* A tokenizer.json over the single-byte symbols of "abc " (Ġ is the space) with a few merges. */
 static std::string test_hand_tokenizer(const std::string &merges, bool ignore_merges, const std::string &extra_vocab = "",
                                        const std::string &added = "[]", const char *regex = nullptr) {
-    std::string re = regex ? regex : dllm__pretok_patterns[DLLM__PRETOK_QWEN2].regex, re_json;
-    for (char c : re) re_json += c == '\\' ? "\\\\" : std::string(1, c);
+    std::string re = test_json_string(regex ? regex : dllm__pretok_patterns[DLLM__PRETOK_QWEN2].regex);
     return "{\"version\":\"1.0\",\"added_tokens\":" + added + ",\"normalizer\":null,"
-           "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"" + re_json + "\"},"
+           "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" + re + "},"
            "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]},"
            "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"ignore_merges\":" +
            (ignore_merges ? "true" : "false") + ",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"\xC4\xA0\":3,\"ab\":4,\"bc\":5,\"aa\":6,\"abc\":7,\"aaa\":8" +
@@ -364,4 +369,113 @@ TEST(tokenizer, a_vocabulary_larger_than_the_embedding_is_refused) {
     CHECK(m && t);
     dllm_tokenizer_free(t);
     dllm_model_free(m);
+}
+
+// ---- The command-line tools ---------------------------------------------------------------------------
+
+static int test_tokenize_cli(const std::string &args, const std::string &input, std::string &out, std::string &err) {
+    test_tmpdir dir;
+    test_write_file(dir.file("in"), input);
+    std::string cmd = "build/dllm-tokenize " + args + " <" + dir.file("in") + " >" + dir.file("out") + " 2>" + dir.file("err");
+    int rc = system(cmd.c_str());
+    out = test_read_file(dir.file("out"));
+    err = test_read_file(dir.file("err"));
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(cli, tokenize_prints_one_line_of_ids_per_input_line) {
+    if (!dllm__file_exists("build/dllm-tokenize")) SKIP("build/dllm-tokenize not built");
+    dllm_tokenizer *t = test_tokenizer(test_data("tokenizer/qwen2.5"));
+    if (!t) { CHECK(t != nullptr); return; }
+    std::vector<std::string> lines = {"Hello world", " Hello world\r", "", "<|im_start|>user caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD 12345", "\tlast"};
+    std::string input, want, out, err;
+    for (size_t i = 0; i < lines.size(); i++) {
+        input += lines[i] + (i + 1 < lines.size() ? "\n" : "");  // the last line has no newline
+        want += test_ids_str(test_encode(t, lines[i])) + "\n";
+    }
+    int rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5"), input, out, err);
+    CHECK_MSG(rc == 0 && out == want, "exit %d, stdout:\n%s\nwant:\n%s\nstderr: %s", rc, out.c_str(), want.c_str(), err.c_str());
+    rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --decode", out, want = out, err);
+    CHECK_MSG(rc == 0 && want == input + "\n", "decode exit %d: \"%s\"", rc, want.c_str());
+    rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --no-parse-special", "<|im_end|>", out, err);
+    CHECK(rc == 0 && out == test_ids_str(test_encode(t, "<|im_end|>", 0)) + "\n");
+    CHECK(test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5"), "", out, err) == 0 && out.empty());
+    CHECK(test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --decode", "9707 999999\n", out, err) == 1 && err.find("999999") != std::string::npos);
+    CHECK(test_tokenize_cli("-m /nonexistent", "x", out, err) == 1 && std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK(test_tokenize_cli("--help", "", out, err) == 0 && out.find("--decode") != std::string::npos);
+    dllm_tokenizer_free(t);
+}
+
+/* tiny-llada plus a byte-level tokenizer whose ids cover its 136 embedding rows: the 128 ASCII bytes,
+ * then LLaDA's special tokens, with LLaDA's chat template. */
+static void test_tiny_llada_with_tokenizer(const test_tmpdir &dir) {
+    test_copy_model(test_data("tiny-llada"), dir);
+    uint32_t chars[256];
+    dllm__byte_chars(chars);
+    std::string vocab, added;
+    for (int b = 0; b < 128; b++) {
+        std::string ch;
+        dllm__utf8_put(ch, chars[b]);
+        vocab += (b ? "," : "") + test_json_string(ch) + ":" + std::to_string(b);
+    }
+    const char *specials[] = {"<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>",
+                              "<|reserved_token_0|>", "<|reserved_token_1|>"};
+    for (int i = 0; i < 8; i++)
+        added += (i ? ",{\"id\":" : "{\"id\":") + std::to_string(128 + i) + ",\"content\":\"" + specials[i] + "\",\"special\":true,\"normalized\":false}";
+    test_write_file(dir.file("tokenizer.json"),
+                    "{\"added_tokens\":[" + added + "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                    "{\"type\":\"Split\",\"pattern\":{\"Regex\":" + test_json_string(dllm__pretok_patterns[DLLM__PRETOK_LING].regex) +
+                    "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+                    "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{" + vocab + "},\"merges\":[]}}");
+    dllm__json llada;
+    dllm__json_load(test_data("tokenizer/ling/tokenizer_config.json"), llada);
+    test_write_file(dir.file("tokenizer_config.json"),
+                    "{\"bos_token\":\"<|startoftext|>\",\"chat_template\":" + test_json_string(llada.find("chat_template")->str) + "}");
+}
+
+TEST(cli, generate_streams_the_answer_of_a_text_prompt) {
+    if (!dllm__file_exists("build/dllm-generate")) SKIP("build/dllm-generate not built");
+    test_tmpdir dir;
+    test_quiet_log quiet;
+    test_tiny_llada_with_tokenizer(dir);
+    dllm_tokenizer *t = test_tokenizer(dir.path);
+    dllm_model *m = test_load(dir.path);
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    if (!t || !ctx) { CHECK(t && ctx); dllm_tokenizer_free(t); dllm_model_free(m); return; }
+    CHECK(dllm_tokenizer_chat_template(t) == DLLM_CHAT_LLADA);
+    CHECK_STATUS(dllm_tokenizer_check_model(t, m), DLLM_OK, nullptr);
+    // The library's answer to the same prompt: chat template, tokens, generation, text.
+    dllm_chat_message msg = {"user", "Hi there"};
+    char rendered[256];
+    size_t len = 0;
+    CHECK_STATUS(dllm_chat_render(t, &msg, 1, 1, rendered, sizeof rendered, &len), DLLM_OK, nullptr);
+    std::vector<int32_t> prompt = test_encode(t, rendered), out(16);
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gp.steps = 16;
+    gp.block_length = 8;
+    int n_out = 0;
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), 16, &n_out, nullptr), DLLM_OK, nullptr);
+    out.resize((size_t)n_out);
+    std::string want_ids = "ids:";
+    for (int32_t id : out) want_ids += " " + std::to_string(id);
+    std::string cmd = "-m " + dir.path + " -p \"Hi there\" -n 16 --steps 16 --block 8 --backend cpu --print-ids", stdout_text, err;
+    int rc = test_cli(cmd, stdout_text, err);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, err.c_str());
+    CHECK_MSG(stdout_text == test_decode(t, out, 1) + "\n" + want_ids + "\n", "stdout \"%s\"", stdout_text.c_str());
+    CHECK(err.find("generated") != std::string::npos && err.find("tokens/s") != std::string::npos);
+    rc = test_cli(cmd + " --visual", stdout_text, err);
+    CHECK_MSG(rc == 0 && stdout_text.find("step 1/16") != std::string::npos && stdout_text.find("________") != std::string::npos, "visual: %s", stdout_text.c_str());
+    // Errors: a prompt longer than the context, a model without a tokenizer, --visual without text.
+    // (The tiny tokenizer lacks the non-ASCII bytes, which the library warns about first.)
+    std::string out_text;
+    rc = test_cli("-m " + dir.path + " -p \"" + std::string(300, 'x') + "\" -n 16 --steps 16 --block 8", out_text, err);
+    err = err.substr(err.find("dllm-generate: "));
+    CHECK_MSG(rc == 1 && err.find("context of 256") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1, "long prompt: %d %s", rc, err.c_str());
+    rc = test_cli("-m " + test_data("tiny-llada") + " -p \"Hi\" -n 16 --steps 16 --block 8", out_text, err);
+    CHECK_MSG(rc == 1 && err.find("no tokenizer") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1, "no tokenizer: %d %s", rc, err.c_str());
+    rc = test_cli("-m " + dir.path + " --ids \"1 2\" --visual", out_text, err);
+    CHECK(rc == 1 && std::count(err.begin(), err.end(), '\n') == 1);
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+    dllm_tokenizer_free(t);
 }
