@@ -3,7 +3,8 @@
  * What it does: loads Hugging Face checkpoints of LLaDA and Dream models (config.json + safetensors,
  * single file or sharded) with strict validation, runs their bidirectional transformer forward, and
  * decodes with LLaDA's semi-autoregressive block schedule. The CPU backend is an fp32 reference written
- * for clarity; it is the twin every GPU kernel is tested against.
+ * for clarity; it is the twin every GPU kernel is tested against. Text goes in and out through the
+ * model's Hugging Face byte-level BPE tokenizer and chat template, reimplemented id for id (section 6).
  *
  * The clever part, in one place: every random draw (Gumbel noise, random remasking) comes from a
  * counter-based Philox generator keyed by (seed) and counted by (vocab index, position, step, stream),

@@ -179,8 +179,9 @@ def hf_qwen_by_hand():
     with open(os.path.join(QWEN_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
         dec = json.load(f)["added_tokens_decoder"]
     for i, t in sorted((int(i), t) for i, t in dec.items()):
-        tok.add_tokens([AddedToken(t["content"], special=t["special"], normalized=t["normalized"], lstrip=t["lstrip"], rstrip=t["rstrip"],
-                                   single_word=t["single_word"])])
+        added = AddedToken(t["content"], special=t["special"], normalized=t["normalized"], lstrip=t["lstrip"], rstrip=t["rstrip"],
+                           single_word=t["single_word"])
+        (tok.add_special_tokens if t["special"] else tok.add_tokens)([added])
         assert tok.token_to_id(t["content"]) == i, (t["content"], i)
     return tok
 
@@ -365,6 +366,9 @@ def main():
             text = raw.decode("utf-8", errors="replace")
             assert by_hand.encode(text, add_special_tokens=False).ids == q_enc(text, True), name
             assert q_auto(text, add_special_tokens=False)["input_ids"] == q_enc(text, True), name
+            by_hand.encode_special_tokens = True
+            assert by_hand.encode(text, add_special_tokens=False).ids == q_enc(text, False), name
+            by_hand.encode_special_tokens = False
         source = "tokenizers %s, transformers %s" % (tokenizers.__version__, transformers.__version__)
     if provisional:
         write_json(os.path.join(LING_DIR, "tokenizer.json"), ling_json, compact=True)
