@@ -1750,7 +1750,7 @@ static size_t dllm__pretok_next(dllm__pretok_kind kind, const std::vector<uint32
     auto space = [&](size_t k) { return k < n && dllm__is_space(c[k]); };
     auto other = [&](size_t k) { return k < n && !dllm__is_letter(c[k]) && !dllm__is_number(c[k]) && !dllm__is_space(c[k]); };
     auto newline = [&](size_t k) { return k < n && (c[k] == '\r' || c[k] == '\n'); };
-    auto run = [&](size_t k, const std::function<bool(size_t)> &in) { while (in(k)) k++; return k; };
+    auto run = [&](size_t k, const auto &in) { while (in(k)) k++; return k; };
 
     if (c[i] == '\'') {  // 's|'t|'re|'ve|'m|'ll|'d, case-insensitive except in GPT-2's pattern
         size_t len = dllm__contraction(c, i + 1, !gpt2);
