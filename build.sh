@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
 #
-#   ./build.sh          build build/dllm-generate and build/dllm-test
+#   ./build.sh          build build/dllm-generate, build/dllm-tokenize and build/dllm-test
 #   ./build.sh run      build, then run the main job: decode a prompt with the embedded default model
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
 #                       the last line is "N passed, N failed, N skipped" over both runs
@@ -25,17 +25,22 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 
 build() {
     mkdir -p build
-    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-generate examples/dllm-generate.c dllm_cuda.cu "${LIBS[@]}" &
-    local gen=$!
+    # The library is compiled once; the C99 examples link against its object.
+    "$NVCC" "${CXXFLAGS[@]}" -c -o build/dllm_cuda.o dllm_cuda.cu &
+    local lib=$!
     "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
     local tst=$!
     "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-bench tools/dllm_bench.cu "${LIBS[@]}" &
     local bench=$!
-    wait $gen || die "building build/dllm-generate failed"
+    wait $lib || die "building dllm_cuda.cu failed"
+    local tool
+    for tool in dllm-generate dllm-tokenize; do
+        "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
+    done
     wait $tst || die "building build/dllm-test failed"
     wait $bench || die "building build/dllm-bench failed"
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
-    if readelf -d build/dllm-generate build/dllm-test | grep -q 'NEEDED.*libcuda\.so'; then
+    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test | grep -q 'NEEDED.*libcuda\.so'; then
         die "a binary links libcuda directly; it would not start without a GPU driver"
     fi
 }

@@ -153,7 +153,8 @@ DLLM_API void dllm_tokenizer_free(dllm_tokenizer *tok);
 /* One more than the largest id the tokenizer can produce. */
 DLLM_API int dllm_tokenizer_n_vocab(const dllm_tokenizer *tok);
 
-/* The id of a token given by its exact string (e.g. "<|mdm_mask|>"), or -1. */
+/* The id of a token given by its exact string (e.g. "<|mdm_mask|>"; vocabulary entries are spelled in
+ * the byte-level alphabet, " the" as "\xC4\xA0the"), or -1. */
 DLLM_API int32_t dllm_tokenizer_token_id(const dllm_tokenizer *tok, const char *token);
 
 /* DLLM_OK if every id the tokenizer can produce is inside the model's vocabulary; an error otherwise. */
@@ -161,12 +162,14 @@ DLLM_API dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const
 
 /* UTF-8 text (text_len bytes, need not be NUL-terminated) to ids; no BOS/EOS is added. parse_special = 1
  * recognises special-token text as Hugging Face does by default; 0 treats it as plain text (untrusted
- * input). If capacity is too small: DLLM_ERR_BUFFER_TOO_SMALL and *n_ids = the count needed. */
+ * input). Ill-formed UTF-8 is first replaced by U+FFFD as Python's errors="replace" does. ids may be NULL
+ * when capacity is 0. If capacity is too small: DLLM_ERR_BUFFER_TOO_SMALL and *n_ids = the count needed. */
 DLLM_API dllm_status dllm_tokenize(const dllm_tokenizer *tok, const char *text, size_t text_len, int parse_special,
                                    int32_t *ids, int capacity, int *n_ids);
 
 /* Ids to UTF-8 (NUL-terminated; invalid byte sequences become U+FFFD). skip_special = 1 omits special
- * tokens. If capacity is too small: DLLM_ERR_BUFFER_TOO_SMALL and *text_len = the bytes needed. */
+ * tokens. *text_len = the bytes of the result, NUL included; if capacity is smaller (text may then be
+ * NULL): DLLM_ERR_BUFFER_TOO_SMALL. An id the tokenizer does not have is DLLM_ERR_INVALID_ARGUMENT. */
 DLLM_API dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *ids, int n_ids, int skip_special,
                                      char *text, size_t capacity, size_t *text_len);
 
@@ -184,8 +187,10 @@ typedef struct dllm_chat_message {
 /* The chat template the tokenizer's files ask for. */
 DLLM_API dllm_chat_template dllm_tokenizer_chat_template(const dllm_tokenizer *tok);
 
-/* Renders a conversation exactly as the model's Jinja template does, followed by the assistant header
- * when add_assistant = 1. Output NUL-terminated; BUFFER_TOO_SMALL with *text_len = the bytes needed. */
+/* Renders a conversation exactly as transformers' apply_chat_template does with the model's Jinja template,
+ * add_assistant being its add_generation_prompt (LLaDA's template appends the assistant header always).
+ * Roles are "system", "user" and "assistant". Output NUL-terminated; BUFFER_TOO_SMALL with *text_len =
+ * the bytes needed, NUL included. */
 DLLM_API dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message *msgs, int n_msgs, int add_assistant,
                                       char *text, size_t capacity, size_t *text_len);
 

@@ -1,9 +1,13 @@
 /* dllm-generate: decode a prompt with a diffusion LLM through the public dllm API.
  *
+ *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 128 --steps 128 --block 32
  *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --steps 32 --block 8 --print-ids
  *
- * Exit status 0 on success; on bad usage or a bad model, 1 with a one-line message on stderr.
- * Written in C99 against dllm.h only: it doubles as an example of the API.
+ * A text prompt (-p) goes through the model's chat template (unless --raw) and tokenizer; the answer is
+ * streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas is redrawn after
+ * every step with the masks shown. A stats line ends the run on stderr. Exit status 0 on success; on
+ * bad usage or a bad model, 1 with a one-line message on stderr. Written in C99 against dllm.h only: it
+ * doubles as an example of the API.
  */
 #include "../dllm.h"
 
@@ -16,22 +20,29 @@
 typedef struct {
     const char *model_dir;
     const char *ids_text;
+    const char *prompt;
     dllm_gen_params gen;
     dllm_ctx_params ctx;
     int print_ids;
     int verbose;
     int progress;
+    int raw;
+    int visual;
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dllm-generate -m DIR --ids \"I J K\" [options]\n"
+            "usage: dllm-generate -m DIR (-p \"text\" | --ids \"I J K\") [options]\n"
             "\n"
             "Decodes a prompt with LLaDA's semi-autoregressive block schedule (generate.py semantics).\n"
             "\n"
-            "  -m, --model DIR        Hugging Face model directory (config.json + safetensors)\n"
-            "  --ids \"I J K\"          prompt as token ids, separated by spaces\n"
-            "  -n, --gen-length N     tokens to generate (default 128)\n"
+            "  -m, --model DIR        Hugging Face model directory (config.json + safetensors + tokenizer files)\n"
+            "  -p, --prompt TEXT      prompt as text: the model's chat template is applied, the answer streamed\n"
+            "  --raw                  with -p: tokenize the text as given, without the chat template\n"
+            "  --visual               with -p: redraw the whole canvas after every step, masks shown as '_';\n"
+            "                         alias --diffusion-visual\n"
+            "  --ids \"I J K\"          prompt as token ids, separated by spaces (no tokenizer needed)\n"
+            "  -n, --gen-length N     tokens to generate (default 128); alias --n-predict\n"
             "  --steps N              denoising steps in total (default: gen length); alias --diffusion-steps\n"
             "  --block N              block length (default 32); alias --diffusion-block-length\n"
             "  --temp T               temperature, 0 = greedy (default 0)\n"
@@ -43,7 +54,7 @@ static void usage(FILE *f) {
             "  --no-stop-at-eos       print the whole generation, EOS/EoT included\n"
             "  --backend B            auto (default), cpu or gpu\n"
             "  --threads N            CPU backend threads (default: all)\n"
-            "  --print-ids            print the generated ids on one line starting with \"ids:\"\n"
+            "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
             "  --progress             show a progress line on stderr\n"
             "  -v, --verbose          library log messages at info level\n"
             "  -h, --help             this text\n");
@@ -116,10 +127,13 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--logits-eos-inf")) { o->gen.logits_eos_inf = 1; takes_value = 0; }
         else if (!strcmp(a, "--eos-eot-last")) { o->gen.confidence_eos_eot_inf = 1; takes_value = 0; }
         else if (!strcmp(a, "--no-stop-at-eos")) { o->gen.stop_at_eos = 0; takes_value = 0; }
+        else if (!strcmp(a, "--raw")) { o->raw = 1; takes_value = 0; }
+        else if (!strcmp(a, "--visual") || !strcmp(a, "--diffusion-visual")) { o->visual = 1; takes_value = 0; }
         else if (!v) return fail("option %s needs a value (see --help)", a);
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--ids")) o->ids_text = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--gen-length")) { if (!parse_int(v, 1, 1 << 20, &o->gen.gen_length)) return fail("bad gen length \"%s\"", v); }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--gen-length") || !strcmp(a, "--n-predict")) { if (!parse_int(v, 1, 1 << 20, &o->gen.gen_length)) return fail("bad gen length \"%s\"", v); }
         else if (!strcmp(a, "--steps") || !strcmp(a, "--diffusion-steps")) { if (!parse_int(v, 1, 1 << 24, &o->gen.steps)) return fail("bad step count \"%s\"", v); steps_given = 1; }
         else if (!strcmp(a, "--block") || !strcmp(a, "--diffusion-block-length")) { if (!parse_int(v, 1, 1 << 20, &o->gen.block_length)) return fail("bad block length \"%s\"", v); }
         else if (!strcmp(a, "--temp")) { if (!parse_float(v, &o->gen.temperature) || o->gen.temperature < 0) return fail("bad temperature \"%s\"", v); }
@@ -140,15 +154,89 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (!steps_given) o->gen.steps = o->gen.gen_length;
     if (!o->model_dir) return fail("%s", "no model: pass -m DIR (see --help)");
-    if (!o->ids_text) return fail("%s", "no prompt: pass --ids \"I J K\" (see --help)");
+    if (!o->ids_text == !o->prompt) return fail("%s", "pass exactly one prompt: -p \"text\" or --ids \"I J K\" (see --help)");
+    if ((o->raw || o->visual) && !o->prompt) return fail("%s", "--raw and --visual go with a text prompt (-p)");
     return 0;
 }
 
+/* What the step callback needs to show the answer as it forms. */
+typedef struct {
+    const options *o;
+    const dllm_tokenizer *tok;  /* NULL for --ids prompts: nothing to show */
+    int32_t mask_id, eos_id, eot_id;
+    int tty;                    /* stdout is a terminal: --visual redraws in place */
+    size_t printed;             /* bytes of the answer already written to stdout */
+    char *text;
+    size_t text_cap;
+} stream;
+
+/* Detokenizes ids[0..n) into s->text (skipping special tokens); returns its length or -1. */
+static long detok(stream *s, const int32_t *ids, int n) {
+    size_t need = 0;
+    dllm_status st = dllm_detokenize(s->tok, ids, n, 1, s->text, s->text_cap, &need);
+    if (st == DLLM_ERR_BUFFER_TOO_SMALL) {
+        char *grown = (char *)realloc(s->text, need);
+        if (!grown) return -1;
+        s->text = grown;
+        s->text_cap = need;
+        st = dllm_detokenize(s->tok, ids, n, 1, s->text, s->text_cap, &need);
+    }
+    return st == DLLM_OK ? (long)need - 1 : -1;
+}
+
+/* Writes the answer text beyond what is already on stdout; returns 0, or -1 if the ids do not decode
+ * (an id the tokenizer lacks). A trailing U+FFFD may be half of a character whose other bytes are not
+ * committed yet, so it waits for the next step unless this is the end. */
+static int print_new_text(stream *s, const int32_t *ids, int n, int final) {
+    long len = detok(s, ids, n);
+    if (len < 0) return -1;
+    while (!final && len >= 3 && !memcmp(s->text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
+    if (len > (long)s->printed) {
+        fwrite(s->text + s->printed, 1, (size_t)len - s->printed, stdout);
+        fflush(stdout);
+        s->printed = (size_t)len;
+    }
+    return 0;
+}
+
+/* The generated ids that are settled: up to the first mask (and, with stop_at_eos, the first EOS/EoT). */
+static int committed_prefix(const stream *s, const dllm_step_info *info) {
+    int n = 0;
+    const int32_t *gen = info->canvas + info->prompt_len;
+    while (info->prompt_len + n < info->canvas_len && gen[n] != s->mask_id) {
+        if (s->o->gen.stop_at_eos && (gen[n] == s->eos_id || gen[n] == s->eot_id)) break;
+        n++;
+    }
+    return n;
+}
+
+/* --visual: the generated canvas with each mask as '_', runs of tokens decoded together so that
+ * characters split across tokens come out whole. */
+static void draw_canvas(stream *s, const dllm_step_info *info) {
+    const int32_t *gen = info->canvas + info->prompt_len;
+    int n = info->canvas_len - info->prompt_len, i = 0;
+    if (s->tty) printf("\033[H\033[2J");
+    printf("step %d/%d, %d masks left\n", info->global_step, info->total_steps, info->n_masked);
+    while (i < n) {
+        int run = i;
+        while (run < n && gen[run] != s->mask_id) run++;
+        if (run > i && detok(s, gen + i, run - i) >= 0) fputs(s->text, stdout);
+        for (i = run; i < n && gen[i] == s->mask_id; i++) putchar('_');
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
 static int on_step(const dllm_step_info *info, void *user_data) {
-    (void)user_data;
-    fprintf(stderr, "\rstep %d/%d  block %d/%d  masks left %d ", info->global_step, info->total_steps, info->block + 1,
-            info->n_blocks, info->n_masked);
-    if (info->global_step == info->total_steps) fprintf(stderr, "\n");
+    stream *s = (stream *)user_data;
+    if (s->o->progress) {
+        fprintf(stderr, "\rstep %d/%d  block %d/%d  masks left %d ", info->global_step, info->total_steps, info->block + 1,
+                info->n_blocks, info->n_masked);
+        if (info->global_step == info->total_steps) fprintf(stderr, "\n");
+    }
+    if (!s->tok) return 0;
+    if (s->o->visual) draw_canvas(s, info);
+    else print_new_text(s, info->canvas + info->prompt_len, committed_prefix(s, info), 0);
     return 0;
 }
 
@@ -158,27 +246,94 @@ static void log_to_stderr(dllm_log_level level, const char *text, void *user_dat
     fprintf(stderr, "dllm: %s\n", text);
 }
 
+/* Tokenizes -p TEXT, through the chat template unless --raw, into a malloc'ed array; returns the count
+ * or -1 after printing an error. */
+static int text_prompt(const options *o, const dllm_tokenizer *tok, int32_t **out) {
+    dllm_chat_message msg;
+    size_t len = strlen(o->prompt);
+    char *rendered = NULL;
+    int n = 0;
+    dllm_status s;
+    if (!o->raw) {
+        if (dllm_tokenizer_chat_template(tok) == DLLM_CHAT_NONE) {
+            fail("%s: no known chat template for this model; pass --raw to use the prompt as given", o->model_dir);
+            return -1;
+        }
+        msg.role = "user";
+        msg.content = o->prompt;
+        dllm_chat_render(tok, &msg, 1, 1, NULL, 0, &len);
+        rendered = (char *)malloc(len);
+        if (!rendered) {
+            fail("%s", "out of memory");
+            return -1;
+        }
+        if (dllm_chat_render(tok, &msg, 1, 1, rendered, len, &len) != DLLM_OK) {
+            free(rendered);
+            fail("%s", dllm_last_error());
+            return -1;
+        }
+        len--;
+    }
+    dllm_tokenize(tok, rendered ? rendered : o->prompt, len, 1, NULL, 0, &n);
+    *out = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    s = *out ? dllm_tokenize(tok, rendered ? rendered : o->prompt, len, 1, *out, n, &n) : DLLM_ERR_OUT_OF_MEMORY;
+    free(rendered);
+    if (s != DLLM_OK) {
+        fail("%s", *out ? dllm_last_error() : "out of memory");
+        return -1;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     options o;
     dllm_model *model = NULL;
     dllm_ctx *ctx = NULL;
+    dllm_tokenizer *tok = NULL;
+    dllm_model_info info;
     int32_t *prompt = NULL, *out = NULL;
-    int n_prompt, n_out = 0, rc = 1, i;
+    int n_prompt = 0, n_out = 0, rc = 1, i;
     dllm_gen_stats stats;
     dllm_status s;
+    stream st;
 
     memset(&o, 0, sizeof o);
+    memset(&st, 0, sizeof st);
     rc = parse_args(argc, argv, &o);
     if (rc) return rc == 2 ? 0 : 1;
     rc = 1;
     if (o.verbose) dllm_log_set(log_to_stderr, NULL, DLLM_LOG_INFO);
-    n_prompt = parse_ids(o.ids_text, &prompt);
-    if (n_prompt < 0) return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
-    if (o.progress) o.gen.on_step = on_step;
-
+    if (o.ids_text) {
+        n_prompt = parse_ids(o.ids_text, &prompt);
+        if (n_prompt < 0) return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
+    }
     if (dllm_model_load(o.model_dir, dllm_model_default_params(), &model) != DLLM_OK) {
         fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
         goto done;
+    }
+    dllm_model_get_info(model, &info);
+    if (o.prompt) {
+        if (dllm_tokenizer_load(o.model_dir, &tok) != DLLM_OK || dllm_tokenizer_check_model(tok, model) != DLLM_OK) {
+            fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
+            goto done;
+        }
+        n_prompt = text_prompt(&o, tok, &prompt);
+        if (n_prompt < 0) goto done;
+        if (n_prompt + o.gen.gen_length > info.max_seq_len) {
+            fprintf(stderr, "dllm-generate: the prompt is %d tokens; with %d to generate that exceeds the model's context of %d\n", n_prompt,
+                    o.gen.gen_length, info.max_seq_len);
+            goto done;
+        }
+    }
+    st.o = &o;
+    st.tok = tok;
+    st.mask_id = o.gen.mask_id >= 0 ? o.gen.mask_id : info.mask_id;
+    st.eos_id = o.gen.eos_id >= 0 ? o.gen.eos_id : info.eos_id;
+    st.eot_id = o.gen.eot_id >= 0 ? o.gen.eot_id : info.eot_id;
+    st.tty = isatty(STDOUT_FILENO);
+    if (o.progress || tok) {
+        o.gen.on_step = on_step;
+        o.gen.on_step_data = &st;
     }
     if (dllm_ctx_create(model, o.ctx, &ctx) != DLLM_OK) {
         fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
@@ -188,8 +343,18 @@ int main(int argc, char **argv) {
     if (!out) { fprintf(stderr, "dllm-generate: out of memory\n"); goto done; }
     s = dllm_generate(ctx, prompt, n_prompt, o.gen, out, o.gen.gen_length, &n_out, &stats);
     if (s != DLLM_OK) {
+        if (st.printed) printf("\n");
         fprintf(stderr, "dllm-generate: %s\n", dllm_ctx_last_error(ctx));
         goto done;
+    }
+    if (tok) {  /* the rest of the answer; --visual has drawn the canvas, so the answer is printed whole */
+        if (o.visual) st.printed = 0;
+        if (print_new_text(&st, out, n_out, 1) != 0) {
+            printf("\n");
+            fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
+            goto done;
+        }
+        printf("\n");
     }
     if (o.print_ids) {
         printf("ids:");
@@ -202,9 +367,11 @@ int main(int argc, char **argv) {
             dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU");
     rc = 0;
 done:
+    free(st.text);
     free(out);
     free(prompt);
     dllm_ctx_free(ctx);
+    dllm_tokenizer_free(tok);
     dllm_model_free(model);
     return rc;
 }
