@@ -87,7 +87,8 @@ run_main_job() {
 
 # Everything the GPU machine should do in one call (device time is scarce): see the header.
 run_gpu() {
-    local out=${OUT:-build/gpu-out}
+    local out=/tmp/dllm-gpu-out
+    rm -rf "$out"
     mkdir -p "$out"
     # DLLM_REUSE_BUILD=1: use binaries carried from a build machine when they start here
     if [ "${DLLM_REUSE_BUILD:-0}" = 1 ] && build/dllm-test --list >/dev/null 2>&1 && [ -x build/dllm-bench ]; then
@@ -97,7 +98,7 @@ run_gpu() {
     fi
     export DLLM_CACHE_DIR=/tmp/dllm-jit-cache
     echo "== tests (GPU)"
-    timeout 300 build/dllm-test 2>&1 | tee "$out/test.log" || true
+    timeout 400 build/dllm-test 2>&1 | tee "$out/test.log" || true
     echo "== compute-sanitizer memcheck (small run)"
     if command -v compute-sanitizer >/dev/null; then
         timeout 300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 build/dllm-test --filter gpu.graphs_equal \
@@ -116,15 +117,20 @@ run_gpu() {
     fi
     echo "== benchmark"
     # shellcheck disable=SC2086
-    timeout 300 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
+    timeout 400 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
     echo "== fixtures reproduce with this machine's PyTorch"
     python3 tools/make_fixtures.py --check tests/data > "$out/fixtures.log" 2>&1 || true
     cat "$out/fixtures.log"
+    if [ -n "${OUT:-}" ]; then  # the device returns at most 8 files: the main logs, and everything in one archive
+        cp "$out/test.log" "$out/bench.log" "$out/bench.json" "$OUT/" 2>/dev/null || true
+        tar czf "$OUT/gpu-logs.tgz" -C "$out" .
+    fi
     echo "== summary"
     tail -n 1 "$out/test.log"
-    grep -E "^(ok|FAIL|skip) +gpu\." "$out/test.log" || true
+    grep -E "^(FAIL|skip) " "$out/test.log" || true
     tail -n 1 "$out/memcheck.log"
     tail -n 1 "$out/fixtures.log" 2>/dev/null || true
+    sed -n '/^| LaCache component/,/^$/p' "$out/bench.log"
     sed -n '/^| workload/,$p' "$out/bench.log"
 }
 

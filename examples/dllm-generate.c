@@ -47,6 +47,8 @@ static void usage(FILE *f) {
             "  --block N              block length (default 32); alias --diffusion-block-length\n"
             "  --temp T               temperature, 0 = greedy (default 0)\n"
             "  --remask MODE          low_confidence (default) or random\n"
+            "  --lacache MODE         GPU exact caching: on (default), truncate (LM head on the block only) or off;\n"
+            "                         every mode gives the same tokens\n"
             "  --cfg S                classifier-free guidance scale, 0 = off (default 0)\n"
             "  --seed N               seed of every random draw (default 0)\n"
             "  --logits-eos-inf       forbid the EOS token\n"
@@ -144,6 +146,11 @@ static int parse_args(int argc, char **argv, options *o) {
             if (!strcmp(v, "low_confidence")) o->gen.remasking = DLLM_REMASK_LOW_CONFIDENCE;
             else if (!strcmp(v, "random")) o->gen.remasking = DLLM_REMASK_RANDOM;
             else return fail("--remask must be low_confidence or random, not \"%s\"", v);
+        } else if (!strcmp(a, "--lacache")) {
+            if (!strcmp(v, "on")) o->gen.lacache = DLLM_LACACHE_ON;
+            else if (!strcmp(v, "truncate")) o->gen.lacache = DLLM_LACACHE_TRUNCATE;
+            else if (!strcmp(v, "off")) o->gen.lacache = DLLM_LACACHE_OFF;
+            else return fail("--lacache must be on, truncate or off, not \"%s\"", v);
         } else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "auto")) o->ctx.backend = DLLM_BACKEND_AUTO;
             else if (!strcmp(v, "cpu")) o->ctx.backend = DLLM_BACKEND_CPU;
