@@ -172,7 +172,7 @@ TEST(gpu, embed_and_add_rmsnorm_match_cpu) {
     for (int i = 0; i < n; i++)
         for (int k = 0; k < d; k++) exact &= h[(size_t)i * d + k] == dllm__bf16_to_f32(table_b[(size_t)ids[i] * d + k]);
     CHECK_MSG(exact, "embedding gather is not exact");
-    void *a2[] = {&dh.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};
+    void *a2[] = {&dh.ptr, &dh.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};  // residual in place
     CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(256), 0, 0, a2, "add_rmsnorm"), DLLM_OK, nullptr);
     std::vector<float> h2 = test_get<float>(dh, (size_t)n * d), y = test_f32_vec(test_get<uint16_t>(dy, (size_t)B * rows * d));
     std::vector<float> want_h = h, want_y((size_t)B * rows * d);
