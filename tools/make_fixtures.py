@@ -20,8 +20,6 @@ import sys
 import numpy as np
 import torch
 
-torch.set_default_dtype(torch.float64)
-
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
 # ----------------------------------------------------------------------------------------------------
@@ -221,10 +219,9 @@ class Model:
     def logits(self, ids):
         """[T, V] float64; with Dream's shift applied (row i predicts position i)."""
         W, T = self.W, len(ids)
-        ids_t = torch.tensor(ids, dtype=torch.long)
         emb = W["model.transformer.wte.weight" if self.family == "llada" else "model.embed_tokens.weight"]
-        h = emb[ids_t]
-        cos, sin = rope_tables(self.theta, self.hd, T)
+        h = emb[torch.tensor(ids, dtype=torch.long, device=emb.device)]  # on the weights' device (CPU or GPU)
+        cos, sin = (t.to(emb.device) for t in rope_tables(self.theta, self.hd, T))
         for l in range(self.L):
             n = self.names(l)
             a = rms(h, W[n["an"]], self.eps)
@@ -279,14 +276,14 @@ def generate(model, prompt, steps, gen_length, block_length, temperature=0.0, cf
             N, V = logits.shape
             if temperature > 0:
                 u = uniform(seed, np.arange(V)[None, :], np.arange(N)[:, None], gstep, STREAM_GUMBEL)
-                noised = torch.exp(logits) / torch.from_numpy(-np.log(u)) ** temperature
+                noised = torch.exp(logits) / torch.from_numpy(-np.log(u)).to(logits.device) ** temperature
                 x0 = torch.argmax(noised, -1)
             else:
                 x0 = torch.argmax(logits, -1)
             if remasking == "low_confidence":
                 conf = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
             else:
-                conf = torch.from_numpy(uniform(seed, 0, np.arange(N), gstep, STREAM_REMASK))
+                conf = torch.from_numpy(uniform(seed, 0, np.arange(N), gstep, STREAM_REMASK)).to(logits.device)
             cand = [p for p in range(s1) if x[p] == mask_id]
 
             def key(p):
@@ -407,6 +404,7 @@ def make_dream(root):
 
 
 if __name__ == "__main__":
+    torch.set_default_dtype(torch.float64)  # here, not at import: tools/train_tiny.py imports this module
     root = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     make_llada(root)
     make_dream(root)
