@@ -63,7 +63,8 @@ NLL_WINDOW, NLL_WINDOWS = 128, 64
 # The masked-token NLL protocol. dllm-eval (C) implements the same; the model cards quote this text.
 NLL_PROTOCOL = (
     "Masked-token NLL, dllm protocol 1. (1) Read tests/data/heldout.txt as one UTF-8 string and tokenize it with "
-    "the model's tokenizer: special-token text is not parsed, no BOS/EOS is added. (2) Cut the id stream into "
+    "the model's tokenizer: special-token text is not parsed (the file holds no added-token text, so this cannot "
+    "matter), no BOS/EOS is added. (2) Cut the id stream into "
     "consecutive windows of 128 ids from id 0, drop the last partial window, keep the first 64 windows "
     "(w = 0..63). (3) For mask ratio r_k in (0.15, 0.5, 0.9), k = 0, 1, 2: position i (0..127) of window w is "
     "masked iff uniform(seed=1234, index=i, position=w, step=k, stream=3) < r_k, where uniform is dllm's "
@@ -89,9 +90,7 @@ ADD_TEST_N, ADD_TEST_SEED = 500, 7
 SAMPLE_PROMPTS = ("The best way to predict the future is",
                   "Q: How many programmers does it take to change a light bulb?\nA:")
 
-N_EVALS = 10  # validation passes during a training run
-CALIBRATE_FROM, CALIBRATE_TO = 10, 30  # steps timed to fit the step count to the wall-clock budget
-LOG_EVERY = 100
+CALIBRATE_FROM, CALIBRATE_SHARE = 10, 0.05  # time steps 10.. for 5% of the budget to fit the step count to it
 
 
 @dataclasses.dataclass
@@ -113,13 +112,15 @@ class Recipe:
     minutes: float
     seed: int
     steps: int = 0     # 0: as many steps as fit in `minutes`
+    log_every: int = 100
+    n_evals: int = 10  # validation passes during the run; the best one's weights are exported
 
 
 ADD_SEQ_LEN = 2 * ADD_DIGITS + 2 + ADD_ANSWER_LEN
 RECIPES = [
     Recipe("tiny-llada", "llada", "text", 256, 8, 4, 4, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 3.0, 11),
-    Recipe("tiny-dream", "dream", "text", 256, 6, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.5, 12),
-    Recipe("tiny-add", "llada", "add", 128, 4, 2, 2, 384, ADD_SEQ_LEN, 2048, 2e-3, 100, 0.01, 0.0, 2.0, 13),
+    Recipe("tiny-dream", "dream", "text", 256, 6, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.0, 12),
+    Recipe("tiny-add", "llada", "add", 128, 4, 2, 2, 384, ADD_SEQ_LEN, 1024, 2e-3, 100, 0.01, 0.0, 2.0, 13),
 ]
 
 
@@ -128,7 +129,7 @@ def smoke_recipe(r):
     text = r.task == "text"
     return dataclasses.replace(r, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1 if r.family == "dream" else 2,
                                mlp_hidden=256, seq_len=128 if text else r.seq_len, batch=4 if text else 64,
-                               lr=3e-3, warmup=20, minutes=0.2)
+                               lr=3e-3, warmup=20, minutes=0.2, log_every=5, n_evals=2)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,7 +257,10 @@ class ByteBPE:
         if use_hf:
             from tokenizers import Tokenizer
             self.hf = Tokenizer.from_str(json.dumps(self.tokenizer_json()))
-            self.hf.encode_special_tokens = True  # the protocol: special-token text is plain text
+            # The protocol treats special-token text as plain text (check_tokenizer also makes sure the
+            # corpus holds none, so an older `tokenizers` without this switch gives the same ids).
+            with contextlib.suppress(AttributeError):
+                self.hf.encode_special_tokens = True
         elif merges:
             raise ValueError("encoding with merges needs the `tokenizers` package")
 
@@ -315,7 +319,8 @@ class ByteBPE:
     def save(self, folder):
         """LLaDA's layout (tokenizer.json) for the Ling kind, Dream's (vocab.json + merges.txt) for Qwen2."""
         if self.kind is LING:
-            write_json(os.path.join(folder, "tokenizer.json"), self.tokenizer_json())
+            with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+                json.dump(self.tokenizer_json(), f, ensure_ascii=False, indent=2)  # as `tokenizers` saves it
             config = ling_tokenizer_config(self)
             extra = {"additional_special_tokens": config["additional_special_tokens"],
                      "bos_token": self.kind.bos, "cls_token": "[CLS]", "eos_token": self.kind.eos,
@@ -535,7 +540,8 @@ def hf_tensors(model, family, cfg):
     want = {name: tuple(shape) for name, shape, _ in specs}
     got = {name: tuple(t.shape) for name, t in out.items()}
     if got != want:
-        raise SystemExit(f"train_tiny: tensor layout differs from the reference: {sorted(set(got.items()) ^ set(want.items()))[:4]}")
+        differences = sorted(set(got.items()) ^ set(want.items()))[:4]
+        raise SystemExit(f"train_tiny: tensor layout differs from the reference: {differences}")
     return out, specs
 
 
@@ -553,7 +559,7 @@ def check_against_reference(r, cfg, device):
         got = model(ids[None].to(device))[0].double().cpu()
     want = Model(r.family, cfg, weights).logits(ids.tolist())
     rel = float((got - want).abs().max() / want.abs().max())
-    if not rel < 1e-3:
+    if not rel < 1e-2:  # a layout bug gives ~1; float32 kernels (TF32 at worst) stay far below
         raise SystemExit(f"train_tiny: {r.name}: training forward differs from the reference (relative {rel:.2e})")
     return rel
 
@@ -683,8 +689,9 @@ class AdditionValidation:
 # ----------------------------------------------------------------------------------------------------
 class Schedule:
     """Linear warm-up, then cosine decay to 10% of the peak over a step count fitted to the wall-clock budget:
-    steps CALIBRATE_FROM..CALIBRATE_TO are timed and the rest of the budget is turned into steps. The learning
-    rate is then a plain function of the step, so --steps N reruns the same schedule."""
+    the steps from CALIBRATE_FROM on are timed for CALIBRATE_SHARE of the budget, and the rest of the budget is
+    turned into steps at that rate. The learning rate is then a plain function of the step, so --steps N
+    reruns the same schedule."""
 
     def __init__(self, r, device):
         self.r, self.device = r, device
@@ -710,15 +717,19 @@ class Schedule:
         if done == CALIBRATE_FROM:
             self.sync()
             self.t_from = time.time()
-        elif done == CALIBRATE_TO:
+        elif done > CALIBRATE_FROM + 10 and time.time() - self.t_from >= CALIBRATE_SHARE * 60 * self.r.minutes:
             self.sync()
-            rate = (CALIBRATE_TO - CALIBRATE_FROM) / (time.time() - self.t_from)
-            self.total = CALIBRATE_TO + max(1, int(rate * (self.deadline - time.time())))
+            rate = (done - CALIBRATE_FROM) / (time.time() - self.t_from)
+            self.total = done + max(1, int(rate * (self.deadline - time.time())))
+
+    def pause(self, seconds):
+        """Validation passes do not count against the training budget."""
+        self.deadline += seconds
 
     def finished(self, done):
         if self.r.steps:
             return done >= self.total
-        overdue = time.time() > self.deadline + 6 * self.r.minutes  # 10% over: the measured rate was optimistic
+        overdue = time.time() > self.deadline + 3 * self.r.minutes  # 5% over: the measured rate was optimistic
         return overdue or (self.total is not None and done >= self.total)
 
 
@@ -729,7 +740,7 @@ def train(model, r, next_batch, validate, mask_id, device, log):
                             lr=r.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if device.type == "cuda" else {}))
     gen = torch.Generator(device=device).manual_seed(r.seed)
     schedule, start = Schedule(r, device), time.time()
-    eval_every = 60 * r.minutes / N_EVALS
+    eval_every = 60 * r.minutes / r.n_evals
     next_eval, step, running = None, 0, torch.zeros((), device=device)
     curve, history, best = [], [], {"metric": math.inf}
     model.train()
@@ -746,20 +757,23 @@ def train(model, r, next_batch, validate, mask_id, device, log):
         running += loss.detach()
         step += 1
         schedule.after_step(step)
-        if step % LOG_EVERY == 0:
-            curve.append([step, round(running.item() / LOG_EVERY, 4)])
+        if step % r.log_every == 0:
+            curve.append([step, round(running.item() / r.log_every, 4)])
             running.zero_()
-            log(f"step {step}/{schedule.total or '?'}  loss {curve[-1][1]:.4f}  lr {schedule.lr(step):.2e}  {time.time() - start:.0f} s")
+            log(f"step {step}/{schedule.total or '?'}  loss {curve[-1][1]:.4f}  lr {schedule.lr(step):.2e}  "
+                f"{time.time() - start:.0f} s")
         if schedule.total is not None and next_eval is None:
             next_eval = time.time() + eval_every
         if next_eval is not None and (time.time() >= next_eval or schedule.finished(step)):
-            next_eval = time.time() + eval_every
+            paused = time.time()
             best = validation_pass(model, validate, step, device, history, best, log)
+            schedule.pause(time.time() - paused)
+            next_eval = time.time() + eval_every
     if not history or history[-1]["step"] != step:
         best = validation_pass(model, validate, step, device, history, best, log)
     model.load_state_dict(best["state"])
     wall = time.time() - start
-    last = curve[-1][1] if curve else round(running.item() / max(1, step % LOG_EVERY), 4)
+    last = curve[-1][1] if curve else round(running.item() / max(1, step % r.log_every), 4)
     return {"steps": step, "wall_time_s": round(wall, 1), "steps_per_s": round(step / wall, 2),
             "final_train_loss": last, "loss_curve": curve, "validation": history,
             "chosen_step": best["step"], "chosen_validation": best["detail"]}
@@ -867,6 +881,7 @@ def text_samples(ref, tok):
 def transformers_check(model_dir, tok, text):
     """Where transformers is installed: its AutoTokenizer reads the exported files to the same ids, and renders
     the chat template (a fixture for dllm's chat renderer)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the device has no network: never wait on one
     try:
         import transformers
         hf = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -907,8 +922,9 @@ def card_markdown(c):
     lines += ["", "## Tokenizer", "", f"{c['tokenizer']['summary']}", "", "## Training", "",
               f"- Objective: {t['objective']}",
               f"- Hyper-parameters: {json.dumps(t['hyperparameters'])}",
-              f"- Seed {t['seed']}; {t['steps']} steps in {t['wall_time_s']} s ({t['steps_per_s']} steps/s) on {c['environment']['device']}.",
-              f"- Final training loss (mean of the last {LOG_EVERY} steps): {t['final_train_loss']}.",
+              f"- Seed {t['seed']}; {t['steps']} steps in {t['wall_time_s']} s ({t['steps_per_s']} steps/s) "
+              f"on {c['environment']['device']}.",
+              f"- Final training loss (mean of the last {t['hyperparameters']['log_every']} steps): {t['final_train_loss']}.",
               f"- Exported weights: step {t['chosen_step']} (best validation pass: {t['chosen_validation']}).",
               f"- Environment: {json.dumps(c['environment'])}", "", "## Evaluation", "",
               "Computed on the exported BF16 weights, upcast exactly, with the float64 reference forward of "
@@ -931,6 +947,7 @@ def card_markdown(c):
 
 def environment(device):
     env = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+           "cuda": torch.version.cuda,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"}
     try:
         import tokenizers
@@ -975,6 +992,7 @@ def run_recipe(r, tok, data, args, device):
     evaluation = {"reference_device": str(device), "reference_check_max_rel_logit_diff": reference_check}
     if r.task == "text":
         evaluation["masked_nll"] = masked_nll(ref, data["heldout_ids"][tok.kind.name], mask_id)
+        evaluation["masked_nll"]["heldout_ids_file"] = f"tests/data/heldout.{tok.kind.name}.ids"
         evaluation["samples"] = text_samples(ref, tok)
         log(f"held-out masked NLL {dict(zip(NLL_RATIOS, evaluation['masked_nll']['nll']))}")
     else:
@@ -994,9 +1012,10 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
     if r.task == "text":
         summary = (f"A tiny {'LLaDA' if r.family == 'llada' else 'Dream'}-layout masked-diffusion language model "
                    "trained from scratch on the quotes of Debian's fortunes package, for testing dllm.")
-        d = {"source": FORTUNES_SOURCE, "file_names": corpus["files"], "bytes": corpus["bytes"], "sha256": corpus["sha256"], "split_rule": SPLIT_RULE, "quotes": data["quote_counts"],
+        d = {"source": FORTUNES_SOURCE, "file_names": corpus["files"], "bytes": corpus["bytes"], "sha256": corpus["sha256"],
+             "split_rule": SPLIT_RULE, "quotes": data["quote_counts"],
              "tokens": data["token_counts"][tok.kind.name],
-             "packing": ("training quotes in a seeded shuffled order (random.Random(seed)), each followed by "
+             "packing": ("training quotes in a seeded shuffled order (random.Random(0)), each followed by "
                          "<|endoftext|>, concatenated; every batch takes rows of "
                          f"{r.seq_len} tokens at uniform random offsets; 1% of batches cut to a random length.")}
         objective = ("LLaDA masked-diffusion pre-training: t ~ U(0,1) per row, p = (1-1e-3) t + 1e-3, every token "
@@ -1016,7 +1035,7 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
                  schedule=f"linear warm-up {r.warmup} steps, cosine to 10% at the last step",
                  precision="bf16 autocast, fp32 master weights" if device.type == "cuda" else "fp32",
                  init="normal(0, 0.02), residual output projections / sqrt(2 n_layers)",
-                 checkpoint_choice=f"best of {N_EVALS}+1 validation passes")
+                 checkpoint_choice="the best validation pass")
     return {
         "name": r.name, "family": r.family, "summary": summary, "parameters": n_params,
         "architecture": {"d_model": r.d_model, "n_layers": r.n_layers, "n_heads": r.n_heads, "n_kv_heads": r.n_kv_heads,
@@ -1099,7 +1118,8 @@ def prepare_data(args, command):
         data["token_counts"][kind.name] = {"train": len(stream), "validation": len(validation), "heldout": len(heldout_ids)}
         # The held-out ids are also a golden tokenizer fixture for dllm's C tokenizer.
         write_text(os.path.join(args.data_out, f"heldout.{kind.name}.ids"), " ".join(map(str, heldout_ids)) + "\n")
-        print(f"[tokenizer {kind.name}] {tok.n_vocab} ids; tokens {data['token_counts'][kind.name]}; {time.time() - t0:.1f} s", flush=True)
+        print(f"[tokenizer {kind.name}] {tok.n_vocab} ids; tokens {data['token_counts'][kind.name]}; "
+              f"{time.time() - t0:.1f} s", flush=True)
     return data
 
 
