@@ -13,16 +13,20 @@ model card (README.md + model_card.json): data, hyper-parameters, seeds, wall ti
 numbers computed on the exported BF16 weights with the float64 reference forward of tools/make_fixtures.py,
 so that dllm's C CPU reference can reproduce them. The masked-token NLL protocol is NLL_PROTOCOL below.
 
-Device run (one H200, torch >= 2.1 with `tokenizers`; about 8.5 minutes in all; carry .carry/fortunes, the
-text files of Debian's `fortunes` package). Everything the repository needs lands under $OUT/repo, then is
-packed into 15 MiB parts because the device returns at most 8 files of 16 MiB:
+Device run (one H200, torch >= 2.1 with `tokenizers`; carry .carry/fortunes, the text files of Debian's
+`fortunes` package). Training takes 3.0 + 2.0 + 2.0 minutes (--minutes), tokenizers, export and evaluation
+under a minute more. Everything the repository needs lands under $OUT/repo, then is packed into 15 MiB parts
+because the device returns at most 8 files of 16 MiB (about 33 MB of checkpoints: 3 parts and the log):
     set -o pipefail; python3 tools/train_tiny.py --out $OUT/repo/models --data-out $OUT/repo/tests/data \
       2>&1 | tee $OUT/train_tiny.log && tar -C $OUT/repo -cf - . | split -b 15m -d - $OUT/tiny-models.tar. \
       && rm -rf $OUT/repo
 Unpack into a checkout:  cat tiny-models.tar.* | tar -xf - -C /path/to/dllm   (models/ and tests/data/)
+One model again, e.g. a longer tiny-add (the data and tokenizers come out identical; only the chosen
+model's budget counts):  ... train_tiny.py --only tiny-add --minutes 0 0 3 --out ... --data-out ...
 
 Local smoke run (CPU, torch >= 1.13, numpy; no `tokenizers`: byte-level vocabularies without merges, tiny
-dimensions, 12 s per model; about a minute; also runs build/dllm-generate on the results if it is built):
+dimensions, 12 s of training per model, about a minute in all; then build/dllm-generate, if built, must load
+and decode every exported model):
     python3 tools/train_tiny.py --smoke                       # writes build/smoke/{models,tests/data}
 """
 import argparse
