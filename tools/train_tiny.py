@@ -21,8 +21,9 @@ because the device returns at most 8 files of 16 MiB (about 33 MB of checkpoints
       2>&1 | tee $OUT/train_tiny.log && tar -C $OUT/repo -cf - . | split -b 15m -d - $OUT/tiny-models.tar. \
       && rm -rf $OUT/repo
 Unpack into a checkout:  cat tiny-models.tar.* | tar -xf - -C /path/to/dllm   (models/ and tests/data/)
-One model again, e.g. a longer tiny-add (the data and tokenizers come out identical; only the chosen
-model's budget counts):  ... train_tiny.py --only tiny-add --minutes 0 0 3 --out ... --data-out ...
+One model again, e.g. a longer tiny-add (heldout.txt and add_test.txt come out identical; the tokenizers are
+trained again and each model directory carries its own; only the chosen model's budget counts):
+    ... train_tiny.py --only tiny-add --minutes 0 0 3 --out ... --data-out ...
 
 Local smoke run (CPU, torch >= 1.13, numpy; no `tokenizers`: byte-level vocabularies without merges, tiny
 dimensions, 12 s of training per model, about a minute in all; then build/dllm-generate, if built, must load
@@ -995,8 +996,12 @@ def run_recipe(r, tok, data, args, device):
     ref = Model(r.family, cfg, {name: w.to(device) for name, w in weights.items()})
     evaluation = {"reference_device": str(device), "reference_check_max_rel_logit_diff": reference_check}
     if r.task == "text":
-        evaluation["masked_nll"] = masked_nll(ref, data["heldout_ids"][tok.kind.name], mask_id)
-        evaluation["masked_nll"]["heldout_ids_file"] = f"tests/data/heldout.{tok.kind.name}.ids"
+        heldout_ids = data["heldout_ids"][tok.kind.name]
+        evaluation["masked_nll"] = masked_nll(ref, heldout_ids, mask_id)
+        # The ids are also a golden fixture for dllm's C tokenizer, beside the model they belong to.
+        ids_file = f"heldout.{r.name}.ids"
+        write_text(os.path.join(args.data_out, ids_file), " ".join(map(str, heldout_ids)) + "\n")
+        evaluation["masked_nll"]["heldout_ids_file"] = "tests/data/" + ids_file
         evaluation["samples"] = text_samples(ref, tok)
         log(f"held-out masked NLL {dict(zip(NLL_RATIOS, evaluation['masked_nll']['nll']))}")
     else:
@@ -1120,8 +1125,6 @@ def prepare_data(args, command):
         data["train_stream"][kind.name], data["validation_ids"][kind.name] = stream, validation
         data["heldout_ids"][kind.name] = heldout_ids
         data["token_counts"][kind.name] = {"train": len(stream), "validation": len(validation), "heldout": len(heldout_ids)}
-        # The held-out ids are also a golden tokenizer fixture for dllm's C tokenizer.
-        write_text(os.path.join(args.data_out, f"heldout.{kind.name}.ids"), " ".join(map(str, heldout_ids)) + "\n")
         print(f"[tokenizer {kind.name}] {tok.n_vocab} ids; tokens {data['token_counts'][kind.name]}; "
               f"{time.time() - t0:.1f} s", flush=True)
     return data
