@@ -179,9 +179,10 @@ def fortune_file_text(quotes):
 
 
 def addition_problems(n, seed):
-    rng = np.random.default_rng(seed)
-    lo, hi = 10 ** (ADD_DIGITS - 1), 10 ** ADD_DIGITS
-    return [(int(a), int(b)) for a, b in rng.integers(lo, hi, size=(n, 2))]
+    """Python's Mersenne Twister: the same problems on every machine (numpy's Generator may change streams)."""
+    rng = random.Random(seed)
+    lo, hi = 10 ** (ADD_DIGITS - 1), 10 ** ADD_DIGITS - 1
+    return [(rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(n)]
 
 
 def write_text(path, text):
@@ -1036,7 +1037,7 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
         d = {"source": "synthetic",
              "task": (f"a, b uniform in [10000, 99999]; prompt 'a+b=' ({2 * ADD_DIGITS + 2} tokens), answer the digits of "
                       f"a+b padded with <|endoftext|> to {ADD_ANSWER_LEN} tokens; the {ADD_TEST_N} problems of "
-                      f"tests/data/add_test.txt (numpy default_rng({ADD_TEST_SEED})) are excluded from training.")}
+                      f"tests/data/add_test.txt (random.Random({ADD_TEST_SEED})) are excluded from training.")}
         objective = ("LLaDA SFT: the prompt is never masked; answer tokens (EOS padding included) masked with "
                      "p = (1-1e-3) t + 1e-3, t ~ U(0,1) per row; loss = sum of masked CE / p / (B * answer length)")
     hyper = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("name", "family", "task", "seed")}
@@ -1081,6 +1082,7 @@ def parse_args():
     p.add_argument("--add-eval", type=int, help="addition problems to evaluate (default 500, smoke 40)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--smoke", action="store_true", help="CPU pipeline check: tiny dims, byte vocabularies, 12 s per model")
+    p.add_argument("--test-data-only", action="store_true", help="write heldout.txt and add_test.txt, then stop")
     args = p.parse_args()
     args.out = args.out or ("build/smoke/models" if args.smoke else "models")
     args.data_out = args.data_out or ("build/smoke/tests/data" if args.smoke else "tests/data")
@@ -1101,14 +1103,20 @@ def recipes_for(args):
     return chosen
 
 
-def prepare_data(args, command):
-    """Corpus, split, test files, tokenizers and every token stream the runs need."""
+def write_test_data(args):
+    """heldout.txt and add_test.txt: functions of the corpus and fixed seeds only, the same on every machine."""
     quotes, corpus = read_quotes(args.fortunes)
     parts = split_quotes(quotes)
     heldout_text = fortune_file_text(parts["heldout"])
     problems = addition_problems(ADD_TEST_N, ADD_TEST_SEED)
     write_text(os.path.join(args.data_out, "heldout.txt"), heldout_text)
     write_text(os.path.join(args.data_out, "add_test.txt"), "".join(f"{a}+{b}={a + b}\n" for a, b in problems))
+    return corpus, parts, heldout_text, problems
+
+
+def prepare_data(args, command):
+    """Corpus, split, test files, tokenizers and every token stream the runs need."""
+    corpus, parts, heldout_text, problems = write_test_data(args)
     data = {"corpus": corpus, "problems": problems, "heldout_text": heldout_text, "command": command,
             "quote_counts": {k: len(v) for k, v in parts.items()}, "tokenizers": {},
             "train_stream": {}, "validation_ids": {}, "heldout_ids": {}, "token_counts": {}}
@@ -1155,6 +1163,9 @@ def main():
     torch.manual_seed(0)
     want_cuda = args.device == "cuda" or (args.device == "auto" and not args.smoke and torch.cuda.is_available())
     device = torch.device("cuda" if want_cuda else "cpu")
+    if args.test_data_only:
+        write_test_data(args)
+        return
     print(f"train_tiny: torch {torch.__version__} on {device}; out {args.out}, data {args.data_out}", flush=True)
     data = prepare_data(args, command)
     results = []
