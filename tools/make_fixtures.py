@@ -219,9 +219,10 @@ class Model:
     def logits(self, ids):
         """[T, V] float64; with Dream's shift applied (row i predicts position i)."""
         W, T = self.W, len(ids)
+        ids_t = torch.tensor(ids, dtype=torch.long)
         emb = W["model.transformer.wte.weight" if self.family == "llada" else "model.embed_tokens.weight"]
-        h = emb[torch.tensor(ids, dtype=torch.long, device=emb.device)]  # on the weights' device (CPU or GPU)
-        cos, sin = (t.to(emb.device) for t in rope_tables(self.theta, self.hd, T))
+        h = emb[ids_t]
+        cos, sin = rope_tables(self.theta, self.hd, T)
         for l in range(self.L):
             n = self.names(l)
             a = rms(h, W[n["an"]], self.eps)
@@ -276,14 +277,14 @@ def generate(model, prompt, steps, gen_length, block_length, temperature=0.0, cf
             N, V = logits.shape
             if temperature > 0:
                 u = uniform(seed, np.arange(V)[None, :], np.arange(N)[:, None], gstep, STREAM_GUMBEL)
-                noised = torch.exp(logits) / torch.from_numpy(-np.log(u)).to(logits.device) ** temperature
+                noised = torch.exp(logits) / torch.from_numpy(-np.log(u)) ** temperature
                 x0 = torch.argmax(noised, -1)
             else:
                 x0 = torch.argmax(logits, -1)
             if remasking == "low_confidence":
                 conf = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
             else:
-                conf = torch.from_numpy(uniform(seed, 0, np.arange(N), gstep, STREAM_REMASK)).to(logits.device)
+                conf = torch.from_numpy(uniform(seed, 0, np.arange(N), gstep, STREAM_REMASK))
             cand = [p for p in range(s1) if x[p] == mask_id]
 
             def key(p):

@@ -841,8 +841,7 @@ def masked_nll(ref, ids, mask_id):
         for w in range(NLL_WINDOWS):
             pos = np.nonzero(masked[w])[0]
             logp = torch.log_softmax(ref.logits(np.where(masked[w], mask_id, windows[w]).tolist()), -1)
-            rows, targets = (torch.from_numpy(a).to(logp.device) for a in (pos, windows[w][pos]))
-            total -= float(logp[rows, targets].sum())
+            total -= float(logp[torch.from_numpy(pos), torch.from_numpy(windows[w][pos])].sum())
             count += len(pos)
         nll.append(total / count)
         counts.append(count)
@@ -992,10 +991,9 @@ def run_recipe(r, tok, data, args, device):
     out_dir = os.path.join(args.out, r.name)
     export(model, r, cfg, tok, out_dir)
     t0 = time.time()
-    # The reference forward runs in float64 on the training device (a GPU does it in seconds).
-    weights = read_bf16_safetensors(os.path.join(out_dir, "model.safetensors"))
-    ref = Model(r.family, cfg, {name: w.to(device) for name, w in weights.items()})
-    evaluation = {"reference_device": str(device), "reference_check_max_rel_logit_diff": reference_check}
+    # make_fixtures' reference forward: float64 on the CPU, as dllm's C reference runs (in float32).
+    ref = Model(r.family, cfg, read_bf16_safetensors(os.path.join(out_dir, "model.safetensors")))
+    evaluation = {"reference_check_max_rel_logit_diff": reference_check}
     if r.task == "text":
         heldout_ids = data["heldout_ids"][tok.kind.name]
         evaluation["masked_nll"] = masked_nll(ref, heldout_ids, mask_id)
