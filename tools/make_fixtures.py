@@ -22,8 +22,6 @@ import sys
 import numpy as np
 import torch
 
-torch.set_default_dtype(torch.float64)
-
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
 # ----------------------------------------------------------------------------------------------------
@@ -455,6 +453,7 @@ def check(root):
 
 
 if __name__ == "__main__":
+    torch.set_default_dtype(torch.float64)  # here, not at import: tools/train_tiny.py imports this module
     if len(sys.argv) > 1 and sys.argv[1] == "--check":
         sys.exit(0 if check(sys.argv[2] if len(sys.argv) > 2 else "tests/data") else 1)
     root = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
