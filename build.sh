@@ -2,7 +2,8 @@
 # build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
 #
 #   ./build.sh          build build/dllm-generate, build/dllm-tokenize and build/dllm-test
-#   ./build.sh run      build, then run the main job: decode a prompt with the embedded default model
+#   ./build.sh run [PROMPT]  build, then run the main job: the embedded default model (models/tiny-llada)
+#                       answers a text prompt, streamed
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
 #                       the last line is "N passed, N failed, N skipped" over both runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, every test (GPU tests included), a
@@ -17,7 +18,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA_HOME/bin/nvcc"
 CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-function)
 LIBS=(-cudart static -lnvrtc -lcublasLt)
-DEFAULT_MODEL=tests/data/tiny-llada
+DEFAULT_MODEL=models/tiny-llada
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -34,7 +35,7 @@ build() {
     local bench=$!
     wait $lib || die "building dllm_cuda.cu failed"
     local tool
-    for tool in dllm-generate dllm-tokenize; do
+    for tool in dllm-generate dllm-tokenize dllm-eval; do
         "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
     done
     wait $tst || die "building build/dllm-test failed"
@@ -81,8 +82,9 @@ run_tests() {
 
 run_main_job() {
     build
-    # The embedded default: the tiny random LLaDA fixture (tokens are ids until the tokenizer lands).
-    build/dllm-generate -m "$DEFAULT_MODEL" --ids "42 7 19 88 3 61 5 120 33 9 71" -n 32 --steps 32 --block 8 --print-ids --progress
+    # The embedded default: tiny-llada (trained by tools/train_tiny.py, in models/), a text prompt through its
+    # chat template, streamed as it decodes; on the GPU when there is one, else on the CPU reference.
+    build/dllm-generate -m "$DEFAULT_MODEL" -p "${1:-Tell me something wise about computers.}" -n 64 --steps 64 --block 16
 }
 
 # Everything the GPU machine should do in one call (device time is scarce): see the header.
@@ -118,6 +120,17 @@ run_gpu() {
     echo "== benchmark"
     # shellcheck disable=SC2086
     timeout 400 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
+    echo "== tiny trained models on the GPU (NLL, exact match, agreement between decoding modes)"
+    {
+        for m in tiny-llada tiny-dream; do
+            echo "-- $m NLL, GPU BF16 (the card holds the float64 reference)"; build/dllm-eval -m models/$m --nll tests/data/heldout.txt --backend gpu
+            echo "-- $m agreement, GPU LaCache on vs GPU off"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend gpu --lacache on --ref-lacache off
+            echo "-- $m agreement, GPU truncate vs GPU off"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend gpu --lacache truncate --ref-lacache off
+            echo "-- $m agreement, GPU LaCache vs CPU fp32 reference"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend cpu
+        done
+        echo "-- tiny-add exact match, GPU LaCache"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu
+    } > "$out/eval.log" 2>&1 || echo "tiny-model evaluation failed"
+    grep -E "^--|^(nll_0|agree_token|agree_sequence|exact_match)" "$out/eval.log"
     echo "== fixtures reproduce with this machine's PyTorch"
     python3 tools/make_fixtures.py --check tests/data > "$out/fixtures.log" 2>&1 || true
     cat "$out/fixtures.log"
@@ -136,7 +149,7 @@ run_gpu() {
 
 case "${1:-build}" in
     build) build ;;
-    run) run_main_job ;;
+    run) shift; run_main_job "$@" ;;
     test) run_tests ;;
     gpu) run_gpu ;;
     *) die "unknown command '$1' (build | run | test | gpu)" ;;

@@ -300,6 +300,15 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
 DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
                                    int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);
 
+/* ---------------------------------------------------------------------------------------------------
+ * Reproducible randomness
+ * ------------------------------------------------------------------------------------------------- */
+
+/* dllm's counter-based draw (Philox4x32-10): a uniform double strictly inside (0, 1) that is a pure
+ * function of its arguments. Decoding uses streams 1 (Gumbel noise) and 2 (random remasking); stream 3
+ * keys the masks of dllm-eval's masked-token NLL; streams >= 16 are free for applications. */
+DLLM_API double dllm_rng_uniform(uint64_t seed, uint32_t index, uint32_t position, uint32_t step, uint32_t stream);
+
 #ifdef __cplusplus
 }
 #endif

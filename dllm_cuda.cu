@@ -2446,7 +2446,8 @@ static dllm_status dllm__copy_out(const char *fn, const std::string &text, char 
 
 enum dllm__rng_stream : uint32_t {
     DLLM__RNG_GUMBEL = 1,  // token noise for temperature > 0, counter (vocab index, position, step)
-    DLLM__RNG_REMASK = 2   // 'random' remasking confidence, counter (0, position, step)
+    DLLM__RNG_REMASK = 2,  // 'random' remasking confidence, counter (0, position, step)
+    DLLM__RNG_NLL = 3      // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
 };
 
 static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4]) {
@@ -4934,6 +4935,10 @@ const char *dllm_status_str(dllm_status s) {
 }
 
 const char *dllm_last_error(void) { return dllm__tls_error.c_str(); }
+
+double dllm_rng_uniform(uint64_t seed, uint32_t index, uint32_t position, uint32_t step, uint32_t stream) {
+    return dllm__uniform(seed, index, position, step, stream);
+}
 
 void dllm_log_set(dllm_log_fn fn, void *user_data, dllm_log_level max_level) {
     dllm__log_fn = fn ? fn : dllm__default_log;

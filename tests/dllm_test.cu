@@ -16,6 +16,7 @@
 #include "test_decode.inl"
 #include "test_api.inl"
 #include "test_tokenizer.inl"
+#include "test_models.inl"
 #include "test_gpu.inl"
 
 int main(int argc, char **argv) {

@@ -1,0 +1,276 @@
+/* dllm-eval: quality numbers for a model and a decoding configuration, through the public API only.
+ *
+ *   build/dllm-eval -m models/tiny-llada --nll tests/data/heldout.txt
+ *   build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt
+ *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --lacache on --ref-lacache off
+ *
+ * --nll FILE    masked-token NLL at mask ratios 0.15 / 0.5 / 0.9, dllm protocol 1 (tools/train_tiny.py,
+ *               NLL_PROTOCOL): the file tokenized as one string, 64 windows of 128 ids, position i of window
+ *               w masked iff dllm_rng_uniform(1234, i, w, k, 3) < r_k, one forward per window, float64.
+ * --add FILE    exact match on lines "a+b=sum": prompt "a+b=", gen = steps = block = 8, greedy.
+ * --agree FILE  one raw text prompt per line, decoded twice: with the configuration under test and with the
+ *               reference (--ref-*); prints per-token and per-sequence agreement of the generated ids.
+ * Each result is also printed as a "key value" line for scripts. Exit 0 on success, 1 with one line on
+ * stderr for bad usage or a bad model.
+ */
+#include "../dllm.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *model_dir, *nll_file, *add_file, *agree_file;
+    int limit, windows, n, steps, block;
+    dllm_backend backend, ref_backend;
+    dllm_lacache lacache, ref_lacache;
+} options;
+
+static int fail(const char *what, const char *detail) {
+    fprintf(stderr, "dllm-eval: %s%s\n", what, detail ? detail : "");
+    return 1;
+}
+
+static void usage(void) {
+    printf("usage: dllm-eval -m DIR [--nll FILE] [--add FILE] [--agree FILE] [options]\n"
+           "  -m, --model DIR         model directory (config, safetensors, tokenizer)\n"
+           "  --nll FILE              masked-token NLL at ratios 0.15/0.5/0.9 (dllm protocol 1)\n"
+           "  --windows N             NLL windows of 128 ids (default 64, the protocol's)\n"
+           "  --add FILE              exact match on 'a+b=sum' lines\n"
+           "  --limit N               use the first N problems / prompts only\n"
+           "  --agree FILE            generation agreement against the reference configuration\n"
+           "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
+           "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
+           "  --lacache M, --ref-lacache M   on (default), truncate or off\n");
+}
+
+static int parse_backend(const char *s, dllm_backend *b) {
+    if (!strcmp(s, "auto")) *b = DLLM_BACKEND_AUTO;
+    else if (!strcmp(s, "cpu")) *b = DLLM_BACKEND_CPU;
+    else if (!strcmp(s, "gpu")) *b = DLLM_BACKEND_GPU;
+    else return 0;
+    return 1;
+}
+
+static int parse_lacache(const char *s, dllm_lacache *m) {
+    if (!strcmp(s, "on")) *m = DLLM_LACACHE_ON;
+    else if (!strcmp(s, "truncate")) *m = DLLM_LACACHE_TRUNCATE;
+    else if (!strcmp(s, "off")) *m = DLLM_LACACHE_OFF;
+    else return 0;
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    int i;
+    memset(o, 0, sizeof *o);
+    o->windows = 64; o->n = 32; o->steps = 32; o->block = 8;
+    o->backend = o->ref_backend = DLLM_BACKEND_AUTO;
+    o->lacache = DLLM_LACACHE_ON;
+    o->ref_lacache = DLLM_LACACHE_OFF;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
+        if (!v) return fail("missing value after ", a);
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
+        else if (!strcmp(a, "--nll")) o->nll_file = v;
+        else if (!strcmp(a, "--add")) o->add_file = v;
+        else if (!strcmp(a, "--agree")) o->agree_file = v;
+        else if (!strcmp(a, "--limit")) o->limit = atoi(v);
+        else if (!strcmp(a, "--windows")) o->windows = atoi(v);
+        else if (!strcmp(a, "-n")) o->n = atoi(v);
+        else if (!strcmp(a, "--steps")) o->steps = atoi(v);
+        else if (!strcmp(a, "--block")) o->block = atoi(v);
+        else if (!strcmp(a, "--backend")) { if (!parse_backend(v, &o->backend)) return fail("bad --backend ", v); }
+        else if (!strcmp(a, "--ref-backend")) { if (!parse_backend(v, &o->ref_backend)) return fail("bad --ref-backend ", v); }
+        else if (!strcmp(a, "--lacache")) { if (!parse_lacache(v, &o->lacache)) return fail("bad --lacache ", v); }
+        else if (!strcmp(a, "--ref-lacache")) { if (!parse_lacache(v, &o->ref_lacache)) return fail("bad --ref-lacache ", v); }
+        else return fail("unknown option ", a);
+    }
+    if (!o->model_dir) return fail("no model: pass -m DIR (see --help)", NULL);
+    if (!o->nll_file && !o->add_file && !o->agree_file) return fail("nothing to do: pass --nll, --add or --agree", NULL);
+    if (o->windows <= 0 || o->n <= 0 || o->steps <= 0 || o->block <= 0 || o->limit < 0) return fail("counts must be positive", NULL);
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long size;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (char *)malloc((size_t)size + 1))) {
+        *len = fread(buf, 1, (size_t)size, f);
+        buf[*len] = 0;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Tokenizes text into a malloc'ed array (parse_special off: evaluation text is data, not markup). */
+static int32_t *tokenize(const dllm_tokenizer *tok, const char *text, size_t len, int *n) {
+    int32_t *ids;
+    *n = 0;
+    dllm_tokenize(tok, text, len, 0, NULL, 0, n);  /* reports the size needed */
+    ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
+    if (ids && dllm_tokenize(tok, text, len, 0, ids, *n, n) != DLLM_OK) { free(ids); ids = NULL; }
+    return ids;
+}
+
+typedef struct {
+    dllm_model *model;
+    dllm_tokenizer *tok;
+    dllm_model_info info;
+} loaded;
+
+static dllm_ctx *make_ctx(const loaded *L, dllm_backend backend) {
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    dllm_ctx *ctx = NULL;
+    cp.backend = backend;
+    if (dllm_ctx_create(L->model, cp, &ctx) != DLLM_OK) fprintf(stderr, "dllm-eval: %s\n", dllm_last_error());
+    return ctx;
+}
+
+/* Masked-token NLL, dllm protocol 1. */
+static int eval_nll(const loaded *L, const options *o) {
+    static const double ratios[3] = {0.15, 0.5, 0.9};
+    const int W = 128, V = L->info.n_vocab;
+    size_t len = 0;
+    char *text = read_file(o->nll_file, &len);
+    int n = 0, k, w, i, rc = 1, windows;
+    int32_t *ids = text ? tokenize(L->tok, text, len, &n) : NULL, masked[128];
+    float *logits = (float *)malloc(sizeof(float) * (size_t)W * V);
+    dllm_ctx *ctx = make_ctx(L, o->backend);
+    if (!text || !ids || !logits || !ctx) { fail("cannot evaluate NLL on ", o->nll_file); goto done; }
+    windows = n / W < o->windows ? n / W : o->windows;
+    printf("nll_tokens %d\nnll_windows %d\n", n, windows);
+    for (k = 0; k < 3; k++) {
+        double sum = 0;
+        long count = 0;
+        for (w = 0; w < windows; w++) {
+            const int32_t *win = ids + (size_t)w * W;
+            for (i = 0; i < W; i++)
+                masked[i] = dllm_rng_uniform(1234, (uint32_t)i, (uint32_t)w, (uint32_t)k, 3) < ratios[k] ? L->info.mask_id : win[i];
+            if (dllm_logits(ctx, masked, W, 0, W, logits, (size_t)W * V) != DLLM_OK) { fail("", dllm_ctx_last_error(ctx)); goto done; }
+            for (i = 0; i < W; i++) {
+                const float *row = logits + (size_t)i * V;
+                double mx = row[0], z = 0;
+                int v;
+                if (masked[i] != L->info.mask_id || win[i] == L->info.mask_id) continue;
+                for (v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+                for (v = 0; v < V; v++) z += exp((double)row[v] - mx);
+                sum += log(z) + mx - row[win[i]];
+                count++;
+            }
+        }
+        printf("nll_%.2f %.6f\nnll_%.2f_masked %ld\n", ratios[k], count ? sum / count : 0.0, ratios[k], count);
+    }
+    rc = 0;
+done:
+    dllm_ctx_free(ctx);
+    free(logits);
+    free(ids);
+    free(text);
+    return rc;
+}
+
+/* Decodes one prompt; out gets gen ids (the whole canvas after the prompt, EOS included). */
+static dllm_status decode(dllm_ctx *ctx, const int32_t *prompt, int np, int gen, int steps, int block, dllm_lacache lc, int32_t *out, int *n_out) {
+    dllm_gen_params p = dllm_gen_default_params();
+    p.gen_length = gen;
+    p.steps = steps;
+    p.block_length = block;
+    p.lacache = lc;
+    p.stop_at_eos = 0;
+    return dllm_generate(ctx, prompt, np, p, out, gen, n_out, NULL);
+}
+
+/* Exact match on "a+b=sum" lines: the answer is the decode of the ids before the first EOS/EoT. */
+static int eval_add(const loaded *L, const options *o) {
+    size_t len = 0;
+    char *text = read_file(o->add_file, &len), *line, *save = NULL;
+    dllm_ctx *ctx = make_ctx(L, o->backend);
+    int total = 0, correct = 0;
+    if (!text || !ctx) { free(text); dllm_ctx_free(ctx); return fail("cannot evaluate ", o->add_file); }
+    for (line = strtok_r(text, "\n", &save); line && (!o->limit || total < o->limit); line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        int np = 0, n_out = 0, i, n_ans = 0;
+        int32_t out[8], *prompt;
+        char answer[64];
+        size_t alen = 0;
+        if (!eq) continue;
+        prompt = tokenize(L->tok, line, (size_t)(eq - line + 1), &np);
+        if (!prompt || decode(ctx, prompt, np, 8, 8, 8, o->lacache, out, &n_out) != DLLM_OK) { free(prompt); free(text); dllm_ctx_free(ctx); return fail("", dllm_last_error()); }
+        for (i = 0; i < n_out && out[i] != L->info.eos_id && out[i] != L->info.eot_id; i++) n_ans++;
+        answer[0] = 0;
+        dllm_detokenize(L->tok, out, n_ans, 1, answer, sizeof answer, &alen);
+        correct += strcmp(answer, eq + 1) == 0;
+        total++;
+        free(prompt);
+    }
+    printf("add_problems %d\nadd_correct %d\nexact_match %.4f\n", total, correct, total ? (double)correct / total : 0.0);
+    free(text);
+    dllm_ctx_free(ctx);
+    return 0;
+}
+
+/* Per-token and per-sequence agreement of the generated ids between two configurations. */
+static int eval_agree(const loaded *L, const options *o) {
+    size_t len = 0;
+    char *text = read_file(o->agree_file, &len), *line, *save = NULL;
+    dllm_ctx *a = make_ctx(L, o->backend), *b = o->backend == o->ref_backend ? a : make_ctx(L, o->ref_backend);
+    int32_t *ga = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n), *gb = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n);
+    long tokens = 0, same_tokens = 0;
+    int seqs = 0, same_seqs = 0, rc = 1;
+    if (!text || !a || !b || !ga || !gb) { fail("cannot evaluate agreement on ", o->agree_file); goto done; }
+    for (line = strtok_r(text, "\n", &save); line && (!o->limit || seqs < o->limit); line = strtok_r(NULL, "\n", &save)) {
+        int np = 0, na = 0, nb = 0, i, same = 1;
+        int32_t *prompt = tokenize(L->tok, line, strlen(line), &np);
+        if (!prompt || decode(a, prompt, np, o->n, o->steps, o->block, o->lacache, ga, &na) != DLLM_OK ||
+            decode(b, prompt, np, o->n, o->steps, o->block, o->ref_lacache, gb, &nb) != DLLM_OK) {
+            free(prompt);
+            fail("", dllm_last_error());
+            goto done;
+        }
+        for (i = 0; i < na && i < nb; i++) {
+            same_tokens += ga[i] == gb[i];
+            same &= ga[i] == gb[i];
+        }
+        tokens += na;
+        same_seqs += same && na == nb;
+        seqs++;
+        free(prompt);
+    }
+    printf("agree_sequences %d\nagree_token %.4f\nagree_sequence %.4f\n", seqs, tokens ? (double)same_tokens / tokens : 0.0,
+           seqs ? (double)same_seqs / seqs : 0.0);
+    rc = 0;
+done:
+    if (b != a) dllm_ctx_free(b);
+    dllm_ctx_free(a);
+    free(ga);
+    free(gb);
+    free(text);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    loaded L;
+    int rc = 0;
+    if (parse_args(argc, argv, &o)) return 1;
+    memset(&L, 0, sizeof L);
+    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &L.model) != DLLM_OK) return fail("", dllm_last_error());
+    if (dllm_tokenizer_load(o.model_dir, &L.tok) != DLLM_OK || dllm_tokenizer_check_model(L.tok, L.model) != DLLM_OK) {
+        rc = fail("", dllm_last_error());
+        goto done;
+    }
+    dllm_model_get_info(L.model, &L.info);
+    if (o.nll_file) rc |= eval_nll(&L, &o);
+    if (!rc && o.add_file) rc |= eval_add(&L, &o);
+    if (!rc && o.agree_file) rc |= eval_agree(&L, &o);
+done:
+    dllm_tokenizer_free(L.tok);
+    dllm_model_free(L.model);
+    return rc;
+}

@@ -1,0 +1,77 @@
+/* Tests: the tiny trained models (models/, written by tools/train_tiny.py on the GPU machine) through the
+ * CPU reference: the task model's exact match and the text models' masked-token NLL from their cards. */
+
+static int test_eval(const std::string &args, std::map<std::string, double> &out) {
+    test_tmpdir dir;
+    std::string cmd = "build/dllm-eval " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
+    int rc = system(cmd.c_str());
+    std::string text = test_read_file(dir.file("out"));
+    for (size_t b = 0, e; b < text.size(); b = e + 1) {
+        e = text.find('\n', b);
+        if (e == std::string::npos) e = text.size();
+        std::string line = text.substr(b, e - b);
+        size_t sp = line.find(' ');
+        if (sp != std::string::npos) out[line.substr(0, sp)] = atof(line.c_str() + sp + 1);
+    }
+    if (rc) printf("    %s: %s\n", cmd.c_str(), test_read_file(dir.file("err")).c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(models, tiny_add_exact_match_at_least_99_percent) {
+    if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
+    std::map<std::string, double> r;
+    CHECK(test_eval("-m models/tiny-add --add tests/data/add_test.txt --limit 200 --backend cpu", r) == 0);
+    printf("    tiny-add: %g of %g problems exact\n", r["add_correct"], r["add_problems"]);
+    CHECK(r["add_problems"] == 200 && r["exact_match"] >= 0.99);
+}
+
+/* The card's NLL was computed in PyTorch (float64 forward of the exported BF16 weights, HF tokenizer). */
+static void test_nll_matches_card(dllm_test_state &T_, const char *model) {
+    if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
+    dllm__json card;
+    CHECK_STATUS(dllm__json_load(std::string("models/") + model + "/model_card.json", card), DLLM_OK, nullptr);
+    const dllm__json *nll = card.find("evaluation") ? card.find("evaluation")->find("masked_nll") : nullptr;
+    const dllm__json *want = nll ? nll->find("nll") : nullptr, *counts = nll ? nll->find("n_masked") : nullptr;
+    CHECK(want && counts && want->items.size() == 3);
+    if (!want || !counts) return;
+    std::map<std::string, double> r;
+    CHECK(test_eval(std::string("-m models/") + model + " --nll tests/data/heldout.txt --backend cpu", r) == 0);
+    const char *keys[3] = {"nll_0.15", "nll_0.50", "nll_0.90"};
+    for (int k = 0; k < 3; k++) {
+        double got = r[keys[k]], card_v = want->items[(size_t)k].number;
+        printf("    %s %s: %.6f (card %.6f), %g masked (card %g)\n", model, keys[k], got, card_v, r[std::string(keys[k]) + "_masked"],
+               counts->items[(size_t)k].number);
+        CHECK_MSG(fabs(got - card_v) <= 0.01 * card_v, "%s %s: %.6f vs card %.6f", model, keys[k], got, card_v);
+        CHECK(r[std::string(keys[k]) + "_masked"] == counts->items[(size_t)k].number);
+    }
+}
+
+TEST(models, tiny_llada_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-llada"); }
+
+TEST(models, tiny_dream_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-dream"); }
+
+/* The whole held-out text through the C tokenizer gives the ids Hugging Face gave in training. */
+TEST(models, heldout_tokenization_matches_hugging_face) {
+    std::string text = test_read_file("tests/data/heldout.txt");
+    for (const char *model : {"tiny-llada", "tiny-dream"}) {
+        dllm_tokenizer *tok = nullptr;
+        CHECK_STATUS(dllm_tokenizer_load((std::string("models/") + model).c_str(), &tok), DLLM_OK, nullptr);
+        if (!tok) continue;
+        int n = 0;
+        dllm_tokenize(tok, text.data(), text.size(), 0, nullptr, 0, &n);
+        std::vector<int32_t> ids((size_t)n);
+        CHECK_STATUS(dllm_tokenize(tok, text.data(), text.size(), 0, ids.data(), n, &n), DLLM_OK, nullptr);
+        std::vector<int32_t> want;
+        std::string w = test_read_file(std::string("tests/data/heldout.") + model + ".ids");
+        for (const char *p = w.c_str(); *p;) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) break;
+            want.push_back((int32_t)v);
+            p = end;
+        }
+        printf("    %s: %zu ids, Hugging Face %zu\n", model, ids.size(), want.size());
+        CHECK_MSG(ids == want, "%s tokenization differs from Hugging Face's", model);
+        dllm_tokenizer_free(tok);
+    }
+}
