@@ -708,6 +708,17 @@ static dllm_status dllm__llada_kv_heads(const dllm__cfg_reader &r, dllm__config 
     return DLLM_OK;
 }
 
+/* Keys both families spell the same way. */
+static dllm_status dllm__config_shared(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(r.number("rope_theta", 1.0, 1e12, c.rope_theta));
+    DLLM__TRY(r.number("rms_norm_eps", 0.0, 1.0, c.norm_eps));
+    DLLM__TRY(r.token("mask_token_id", c.mask_id));
+    DLLM__TRY(r.token("eos_token_id", c.eos_id));
+    DLLM__TRY(r.token("pad_token_id", c.pad_id));
+    DLLM__TRY(r.token("bos_token_id", c.bos_id));
+    return DLLM_OK;
+}
+
 static dllm_status dllm__config_llada(const dllm__cfg_reader &r, dllm__config &c) {
     static const char *block_types[] = {"llama"}, *acts[] = {"silu"}, *norms[] = {"rms", "gemma_rms"};
     std::string s;
@@ -740,12 +751,7 @@ static dllm_status dllm__config_llada(const dllm__cfg_reader &r, dllm__config &c
     DLLM__TRY(r.integer("mlp_ratio", 1, 64, ratio, false, 4));
     DLLM__TRY(r.integer("mlp_hidden_size", 1, 1 << 20, c.n_ff, false, ratio * c.n_embd));
     DLLM__TRY(dllm__llada_kv_heads(r, c));
-    DLLM__TRY(r.number("rope_theta", 1.0, 1e12, c.rope_theta));
-    DLLM__TRY(r.number("rms_norm_eps", 0.0, 1.0, c.norm_eps));
-    DLLM__TRY(r.token("mask_token_id", c.mask_id));
-    DLLM__TRY(r.token("eos_token_id", c.eos_id));
-    DLLM__TRY(r.token("pad_token_id", c.pad_id));
-    DLLM__TRY(r.token("bos_token_id", c.bos_id));
+    DLLM__TRY(dllm__config_shared(r, c));
     if (c.n_embd % c.n_head) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: d_model %d is not a multiple of n_heads %d", r.path.c_str(), c.n_embd, c.n_head);
     c.head_dim = c.n_embd / c.n_head;
     return DLLM_OK;
@@ -765,12 +771,7 @@ static dllm_status dllm__config_dream(const dllm__cfg_reader &r, dllm__config &c
     DLLM__TRY(r.integer("intermediate_size", 1, 1 << 20, c.n_ff));
     DLLM__TRY(r.integer("vocab_size", 1, dllm__max_vocab, c.vocab_size));
     DLLM__TRY(r.integer("max_position_embeddings", 1, dllm__max_ctx, c.max_seq_len));
-    DLLM__TRY(r.number("rope_theta", 1.0, 1e12, c.rope_theta));
-    DLLM__TRY(r.number("rms_norm_eps", 0.0, 1.0, c.norm_eps));
-    DLLM__TRY(r.token("mask_token_id", c.mask_id));
-    DLLM__TRY(r.token("eos_token_id", c.eos_id));
-    DLLM__TRY(r.token("pad_token_id", c.pad_id));
-    DLLM__TRY(r.token("bos_token_id", c.bos_id));
+    DLLM__TRY(dllm__config_shared(r, c));
     if (c.n_embd % c.n_head) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: hidden_size %d is not a multiple of num_attention_heads %d", r.path.c_str(), c.n_embd, c.n_head);
     c.head_dim = c.n_embd / c.n_head;
     int head_dim = c.head_dim;
