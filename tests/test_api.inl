@@ -24,6 +24,8 @@ TEST(api, null_arguments_are_errors) {
     CHECK_STATUS(dllm_model_load("x", dllm_model_default_params(), nullptr), DLLM_ERR_INVALID_ARGUMENT, "out_model");
     dllm_ctx *ctx = nullptr;
     CHECK_STATUS(dllm_ctx_create(nullptr, dllm_ctx_default_params(), &ctx), DLLM_ERR_INVALID_ARGUMENT, "model is NULL");
+    CHECK_STATUS(dllm_model_load_random(nullptr, 1, &m), DLLM_ERR_INVALID_ARGUMENT, "config_path is NULL");
+    CHECK_STATUS(dllm_model_load_random("x", 1, nullptr), DLLM_ERR_INVALID_ARGUMENT, "out_model is NULL");
     CHECK_STATUS(dllm_model_get_info(nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, nullptr);
     int32_t ids[2] = {1, 2}, out[4];
     float lg[1];
@@ -80,6 +82,8 @@ TEST(api, bad_generation_params) {
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "cfg_scale");
     p = base; p.remasking = (dllm_remasking)3;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "remasking");
+    p = base; p.lacache = (dllm_lacache)7;
+    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "lacache");
     p = base; p.steps = 0;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "must be positive");
     p = base; p.mask_id = 500;
