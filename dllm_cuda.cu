@@ -2823,6 +2823,12 @@ struct dllm__backend_impl {
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
 };
 
+static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
+    int n = 0;
+    for (int p = begin; p < end; p++) n += st.canvas[(size_t)p] == st.mask_id;
+    return n;
+}
+
 /* k_i of the LLaDA schedule: n masks over s steps, the remainder to the earliest steps. */
 static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
 
@@ -2844,8 +2850,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     }
 
     dllm_status begin_block(dllm__decode &st) override {
-        st.n_block_masks = 0;
-        for (int p = st.block_begin; p < st.block_end; p++) st.n_block_masks += st.canvas[(size_t)p] == st.mask_id;
+        st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
         return DLLM_OK;
     }
 
@@ -4147,6 +4152,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status attention(int batch, int seq, const void *qkv, void *out, int fa_mode);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
+    dllm_status embed(const int *ids, int n_rows, float *h);
     dllm_status layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1);
     std::string graph_key(const dllm__decode &st) const;
 
@@ -4208,6 +4214,13 @@ static const size_t dllm__conf_partial_bytes = 32;  // sizeof(conf_partial) on t
 
 static const int dllm__vocab_slice = 8192;    // vocabulary entries per sampler CTA
 
+static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
+    if (v.empty()) return DLLM_OK;
+    DLLM__TRY(dst.fit(v.size() * 4, what));
+    DLLM__CUDA(cudaMemcpy(dst.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return DLLM_OK;
+}
+
 dllm_status dllm__gpu_backend::init(int device) {
     const dllm__config &c = m_.cfg;
     if (c.scale_logits) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
@@ -4227,10 +4240,8 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__TRY(m_.random_weights ? random_weights() : upload_weights());
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
-    DLLM__TRY(rope_cos_.fit(cos_t.size() * 4, "RoPE tables"));
-    DLLM__TRY(rope_sin_.fit(sin_t.size() * 4, "RoPE tables"));
-    DLLM__CUDA(cudaMemcpy(rope_cos_.ptr, cos_t.data(), cos_t.size() * 4, cudaMemcpyHostToDevice));
-    DLLM__CUDA(cudaMemcpy(rope_sin_.ptr, sin_t.data(), sin_t.size() * 4, cudaMemcpyHostToDevice));
+    DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
+    DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d", prop.name, arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc);
     return DLLM_OK;
 }
@@ -4277,12 +4288,6 @@ static dllm_status dllm__upload_rows(dllm__dbuf &dst, std::initializer_list<cons
     return DLLM_OK;
 }
 
-static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
-    if (v.empty()) return DLLM_OK;
-    DLLM__TRY(dst.fit(v.size() * 4, what));
-    DLLM__CUDA(cudaMemcpy(dst.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return DLLM_OK;
-}
 
 dllm_status dllm__gpu_backend::upload_weights() {
     layers_.resize(m_.layers.size());
@@ -4315,12 +4320,8 @@ dllm_status dllm__gpu_backend::random_weights() {
     const size_t d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim, q = (size_t)c.n_head * c.head_dim;
     uint64_t seed = m_.random_seed;
     auto fill = [&](dllm__dbuf &b, size_t n, float scale, int constant, const char *what, bool bf16) -> dllm_status {
-        DLLM__TRY(b.fit(n * (bf16 ? 2 : 4), what));
-        if (!bf16) {
-            std::vector<float> v(n, scale);
-            DLLM__CUDA(cudaMemcpy(b.ptr, v.data(), n * 4, cudaMemcpyHostToDevice));
-            return DLLM_OK;
-        }
+        if (!bf16) return dllm__upload_f32(b, std::vector<float>(n, scale), what);
+        DLLM__TRY(b.fit(n * 2, what));
         uint64_t nn = n, s = seed++;
         void *args[] = {&b.ptr, &nn, &s, &scale, &constant};
         return dllm__launch(k_fill_, dim3(1024), dim3(256), 0, stream_, args, "fill_random_bf16");
@@ -4414,6 +4415,13 @@ dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const v
     return dllm__launch(k_norm_, dim3((unsigned)n_rows, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm");
 }
 
+/* h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
+dllm_status dllm__gpu_backend::embed(const int *ids, int n_rows, float *h) {
+    int d = m_.cfg.n_embd;
+    void *args[] = {&ids, &n_rows, &embed_.ptr, &d, &h};
+    return dllm__launch(k_embed_, dim3((unsigned)n_rows), dim3(256), 0, stream_, args, "embed_gather");
+}
+
 /* Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len). */
 dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = m_.cfg;
@@ -4439,9 +4447,7 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
     float *h = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();
     void *qkv_buf = mode == DLLM__L0_PLAIN ? qkv_.ptr : qkv0_.ptr;
     if (mode != DLLM__L0_REUSE) {
-        int M_ = M;
-        void *args[] = {&ids, &M_, &embed_.ptr, (void *)&d, &h};
-        DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)M), dim3(256), 0, stream_, args, "embed_gather"));
+        DLLM__TRY(embed(ids, M, h));
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
         mark("L0 embed+norm");
         DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv_buf, M, qkv, d, CUDA_R_16BF, stream_));
@@ -4450,13 +4456,7 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
         mark("L0 rope");
     } else {
         const int blk = b1 - b0;
-        for (int b = 0; b < batch; b++) {
-            const int *ids_b = ids + (size_t)b * seq + b0;
-            float *h_b = h + ((size_t)b * seq + b0) * d;
-            int blk_ = blk;
-            void *args[] = {&ids_b, &blk_, &embed_.ptr, (void *)&d, &h_b};
-            DLLM__TRY(dllm__launch(k_embed_, dim3((unsigned)blk), dim3(256), 0, stream_, args, "embed_gather"));
-        }
+        for (int b = 0; b < batch; b++) DLLM__TRY(embed(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, b0, blk));
         mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
@@ -4793,11 +4793,6 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.lacache = p.lacache;
 }
 
-static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
-    int n = 0;
-    for (int p = begin; p < end; p++) n += st.canvas[(size_t)p] == st.mask_id;
-    return n;
-}
 
 /* Copies the generated part to out; with stop_at_eos it ends before the first EOS/EoT. */
 static int dllm__emit_output(const dllm__decode &st, const dllm__gen_plan &plan, bool stop_at_eos, int32_t *out) {

@@ -93,9 +93,7 @@ struct test_st_builder {
 static std::string test_bf16_bytes(const std::vector<float> &v) {
     std::string s;
     for (float f : v) {
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        uint16_t b = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        uint16_t b = dllm__f32_to_bf16(f);
         s.append((const char *)&b, 2);
     }
     return s;
