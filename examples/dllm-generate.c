@@ -368,6 +368,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < n_out; i++) printf(" %d", out[i]);
         printf("\n");
     }
+    fflush(stdout);  /* the answer before the stats line, also when both go to one pipe */
     fprintf(stderr, "generated %d tokens (prompt %d) in %d steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend\n",
             stats.n_generated, stats.n_prompt, stats.steps, stats.forwards, stats.wall_ms,
             stats.wall_ms > 0 ? 1000.0 * stats.n_generated / stats.wall_ms : 0.0,
