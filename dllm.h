@@ -239,21 +239,49 @@ typedef enum dllm_remasking {
 } dllm_remasking;
 
 /* LaCache (GPU backend): exact reuse of work that does not change inside a block. Every mode gives the
- * same tokens and the same logits, bit for bit; the CPU reference computes that same function. */
+ * same tokens and the same logits, bit for bit; the CPU reference computes that same function. With a
+ * K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: ON then acts as
+ * TRUNCATE (LM head and sampler on the block's rows). */
 typedef enum dllm_lacache {
     DLLM_LACACHE_OFF = 0,      /* recompute everything every step, LM head on every row (the reference)  */
     DLLM_LACACHE_TRUNCATE = 1, /* final norm, LM head and sampler on the block's rows only             */
     DLLM_LACACHE_ON = 2        /* + EmbedCache, RoPECache and FACache in layer 0 (default)              */
 } dllm_lacache;
 
+/* How many candidates a step commits (decoding.md 1-2). */
+typedef enum dllm_unmask {
+    DLLM_UNMASK_SCHEDULE = 0,  /* LLaDA: n/s per step, steps fixed (n masks of a block over s steps)     */
+    DLLM_UNMASK_THRESHOLD = 1, /* Fast-dLLM: the best candidate and every one with confidence >= threshold;
+                                  a block repeats steps until it has no mask (steps is ignored)        */
+    DLLM_UNMASK_FACTOR = 2     /* Fast-dLLM: the longest confidence-sorted prefix with c_n >= 1 - factor/(n+1),
+                                  at least one; steps is ignored                                        */
+} dllm_unmask;
+
+/* Fast-dLLM's K/V caches. APPROXIMATE: K/V of positions outside the forwarded rows are reused stale within
+ * a block, so tokens can differ from the uncached path (measured as agreement, not equality). Each block's
+ * first step is a full forward that refreshes the whole cache. */
+typedef enum dllm_kv_cache {
+    DLLM_KV_CACHE_NONE = 0,   /* every step forwards the whole canvas (exact)                              */
+    DLLM_KV_CACHE_PREFIX = 1, /* later steps forward the block and everything after it over cached prefix K/V */
+    DLLM_KV_CACHE_DUAL = 2    /* later steps forward the block only over cached prefix and suffix K/V      */
+} dllm_kv_cache;
+
+/* DPad suffix dropout (decoding.md 3): each block attends to a random subset of the masked suffix, drawn once
+ * per block from the seed; kept positions keep their RoPE positions. Changes the output (by design). */
+typedef enum dllm_dpad {
+    DLLM_DPAD_OFF = 0,
+    DLLM_DPAD_GAUSSIAN = 1,   /* keep suffix distance d < window with probability scale * phi(k * d / (window - 1)) */
+    DLLM_DPAD_UNIFORM = 2     /* keep dpad_n positions drawn uniformly from the window                           */
+} dllm_dpad;
+
 /* What happened in one denoising step; passed to the step callback. */
 typedef struct dllm_step_info {
     int block;                    /* current block, 0-based                                        */
     int n_blocks;
     int step;                     /* step within the block, 0-based                                */
-    int steps_per_block;
+    int steps_per_block;          /* 0 under threshold/factor decoding (data-dependent)            */
     int global_step;              /* steps done so far in this generation, this one included       */
-    int total_steps;
+    int total_steps;              /* upper bound under threshold/factor decoding (one per token)   */
     int n_committed;              /* positions unmasked by this step                              */
     const int32_t *committed_pos; /* their canvas positions, ascending                             */
     const int32_t *canvas;        /* the whole canvas after the step: prompt ++ generation         */
@@ -278,6 +306,16 @@ typedef struct dllm_gen_params {
     int confidence_eos_eot_inf; /* positions predicting EOS or EoT are committed last (see README) */
     int stop_at_eos;            /* output ends before the first EOS/EoT (default 1)                */
     dllm_lacache lacache;       /* default DLLM_LACACHE_ON                                         */
+    dllm_unmask unmask;         /* default DLLM_UNMASK_SCHEDULE                                    */
+    double threshold;           /* DLLM_UNMASK_THRESHOLD's tau in (0, 1] (default 0.9)             */
+    double factor;              /* DLLM_UNMASK_FACTOR's f > 0 (default 1.0)                        */
+    dllm_kv_cache kv_cache;     /* default DLLM_KV_CACHE_NONE; PREFIX/DUAL are approximate          */
+    dllm_dpad dpad;             /* default DLLM_DPAD_OFF                                           */
+    int dpad_window;            /* suffix positions considered (default 256)                      */
+    float dpad_k;               /* Gaussian sharpness (default 4)                                  */
+    float dpad_scale;           /* Gaussian scale a (default 2)                                    */
+    int dpad_n;                 /* DLLM_DPAD_UNIFORM: positions kept per block (default 64)        */
+    int early_stop;             /* after a block containing EOS/EoT: fill the rest with it and stop */
     int32_t mask_id;            /* -1 = the model's                                                */
     int32_t eos_id;             /* -1 = the model's                                                */
     int32_t eot_id;             /* -1 = the model's                                                */
@@ -289,7 +327,7 @@ typedef struct dllm_gen_stats {
     int n_prompt;
     int n_generated;            /* ids written to the output (after truncation at EOS/EoT)         */
     int steps;                  /* denoising steps run                                            */
-    int forwards;               /* model forwards run (CFG counts two per step)                   */
+    int forwards;               /* model forwards run, NFE (CFG counts two per step)               */
     double wall_ms;
 } dllm_gen_stats;
 
@@ -306,7 +344,8 @@ DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_p
 
 /* dllm's counter-based draw (Philox4x32-10): a uniform double strictly inside (0, 1) that is a pure
  * function of its arguments. Decoding uses streams 1 (Gumbel noise) and 2 (random remasking); stream 3
- * keys the masks of dllm-eval's masked-token NLL; streams >= 16 are free for applications. */
+ * keys the masks of dllm-eval's masked-token NLL; stream 4 DPad's kept suffix; streams >= 16 are free for
+ * applications. */
 DLLM_API double dllm_rng_uniform(uint64_t seed, uint32_t index, uint32_t position, uint32_t step, uint32_t stream);
 
 #ifdef __cplusplus

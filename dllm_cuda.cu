@@ -2448,7 +2448,8 @@ static dllm_status dllm__copy_out(const char *fn, const std::string &text, char 
 enum dllm__rng_stream : uint32_t {
     DLLM__RNG_GUMBEL = 1,  // token noise for temperature > 0, counter (vocab index, position, step)
     DLLM__RNG_REMASK = 2,  // 'random' remasking confidence, counter (0, position, step)
-    DLLM__RNG_NLL = 3      // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
+    DLLM__RNG_NLL = 3,     // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
+    DLLM__RNG_DPAD = 4     // DPad's kept suffix, counter (suffix distance, position, block)
 };
 
 static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4]) {
@@ -2621,26 +2622,27 @@ static void dllm__cpu_rope(float *x, int T, int n_heads, int head_dim, const int
         }
 }
 
-/* Bidirectional softmax(q k^T / sqrt(hd)) v per head; key_valid (nullable) masks padded keys. */
-static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k, const float *v, int T, int n_head, int n_kv,
+/* Bidirectional softmax(q k^T / sqrt(hd)) v per head: Tq query rows over Tk keys; key_valid (nullable)
+ * masks padded keys. */
+static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head, int n_kv,
                                 int hd, const uint8_t *key_valid, float *out) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
         int kvh = h / group;
-        std::vector<double> p((size_t)T);
+        std::vector<double> p((size_t)Tk);
         std::vector<double> acc((size_t)hd);
-        for (int i = 0; i < T; i++) {
+        for (int i = 0; i < Tq; i++) {
             const float *qi = q + ((size_t)i * n_head + h) * hd;
             double m = -INFINITY;
-            for (int j = 0; j < T; j++) {
+            for (int j = 0; j < Tk; j++) {
                 if (key_valid && !key_valid[j]) { p[(size_t)j] = -INFINITY; continue; }
                 p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
                 m = std::max(m, p[(size_t)j]);
             }
             double l = 0;
             std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j = 0; m > -INFINITY && j < T; j++) {
+            for (int j = 0; m > -INFINITY && j < Tk; j++) {
                 if (p[(size_t)j] == -INFINITY) continue;
                 double e = exp(p[(size_t)j] - m);
                 l += e;
@@ -2669,18 +2671,41 @@ struct dllm__cpu_buffers {
     }
 };
 
-/* One transformer layer over all T rows of b.h, in place. */
-static void dllm__cpu_layer(const dllm_model &m, const dllm__layer_weights &L, dllm__pool &pool, dllm__cpu_buffers &b, int T,
+/* Keys and values of every layer for every canvas row: Fast-dLLM's prefix/dual cache on the CPU. */
+struct dllm__cpu_kv {
+    int n = 0;                        // canvas rows
+    std::vector<float> k, v;          // [layer][n][n_head_kv * head_dim]
+};
+
+/* Which rows a forward computes and which keys they see (plain: every row, fresh keys). */
+struct dllm__cpu_rows {
+    int q0 = 0, q1 = 0;               // query rows [q0, q1) of the canvas
+    dllm__cpu_kv *kv = nullptr;       // null: keys are the rows themselves; else rows [q0, q1) are written
+                                      // into the cache and attention reads all kv->n cached rows
+    const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
+};
+
+/* One transformer layer over the T = q1 - q0 rows of b.h, in place. */
+static void dllm__cpu_layer(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, const dllm__cpu_rows &rows,
                             const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
-    const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int T = rows.q1 - rows.q0, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
     dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, L.bq.empty() ? nullptr : L.bq.data(), qd, b.q.data());
     dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, L.bk.empty() ? nullptr : L.bk.data(), kvd, b.k.data());
     dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, L.bv.empty() ? nullptr : L.bv.data(), kvd, b.v.data());
     dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
     dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
-    dllm__cpu_attention(pool, b.q.data(), b.k.data(), b.v.data(), T, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
+    const float *keys = b.k.data(), *values = b.v.data();
+    int n_keys = T;
+    if (rows.kv) {
+        float *kc = rows.kv->k.data() + layer * rows.kv->n * kvd, *vc = rows.kv->v.data() + layer * rows.kv->n * kvd;
+        memcpy(kc + (size_t)rows.q0 * kvd, b.k.data(), sizeof(float) * T * kvd);
+        memcpy(vc + (size_t)rows.q0 * kvd, b.v.data(), sizeof(float) * T * kvd);
+        keys = kc, values = vc, n_keys = rows.kv->n;
+    }
+    dllm__cpu_attention(pool, b.q.data(), keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
     dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.ffn_norm.data(), c.norm_eps, b.a.data());
@@ -2691,18 +2716,22 @@ static void dllm__cpu_layer(const dllm_model &m, const dllm__layer_weights &L, d
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
-/* Forward over ids[0..T) (positions 0..T-1); writes the unshifted output rows [r0, r1) to logits. */
-static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int T,
+/* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
+ * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits. */
+static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n, dllm__cpu_rows rows,
                               const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd;
+    if (rows.q1 == 0) rows.q0 = 0, rows.q1 = n;
+    const int T = rows.q1 - rows.q0;
     b.fit(c, T);
     for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[t], d, b.h.data() + (size_t)t * d);
+        int row = rows.q0 + t;
+        b.pos[(size_t)t] = rows.positions ? rows.positions[row] : row;
+        dllm__tensor_row(*m.embed, ids[row], d, b.h.data() + (size_t)t * d);
     }
-    for (const dllm__layer_weights &L : m.layers) dllm__cpu_layer(m, L, pool, b, T, key_valid, cos_t, sin_t);
-    dllm__cpu_rmsnorm(b.h.data() + (size_t)r0 * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
+    for (size_t l = 0; l < m.layers.size(); l++) dllm__cpu_layer(m, l, pool, b, rows, key_valid, cos_t, sin_t);
+    dllm__cpu_rmsnorm(b.h.data() + (size_t)(r0 - rows.q0) * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
     dllm__cpu_linear(pool, b.a.data(), r1 - r0, d, *m.head, nullptr, c.n_vocab, logits);
     if (c.scale_logits) {
         const float s = 1.0f / sqrtf((float)d);
@@ -2766,9 +2795,28 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
     return ch;
 }
 
-/* The k best candidates: non-deferred before deferred, then higher confidence, then lower position.
- * Returns their indices into cand, in ascending position order. */
-static std::vector<int> dllm__select_topk(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch, int k) {
+/* How many candidates a step commits (decoding.md 1-2). Twin: select_commit on the device. */
+struct dllm__unmask_rule {
+    dllm_unmask kind = DLLM_UNMASK_SCHEDULE;
+    double threshold = 0.9, factor = 1.0;
+};
+
+/* Does the candidate of 0-based rank r (best first) pass? A step commits the ranks before the first that
+ * fails. Threshold: Fast-dLLM's `conf >= tau` with the best always in. Factor: the n-th best (n = r + 1)
+ * needs c_n >= 1 - f / (n + 1); the first always passes. Fast-dLLM's factor code commits one more when the
+ * last candidate fails (an off-by-one); dllm stops at the first failure, the rule as published. A deferred
+ * candidate (EOS/EoT under confidence_eos_eot_inf) only ever enters as the best. */
+static bool dllm__passes(const dllm__unmask_rule &u, int r, const dllm__choice &c, int k) {
+    switch (u.kind) {
+    case DLLM_UNMASK_THRESHOLD: return r == 0 || (!c.deferred && c.conf >= u.threshold);
+    case DLLM_UNMASK_FACTOR: return r == 0 || (!c.deferred && c.conf >= 1.0 - u.factor / (r + 2));
+    default: return r < k;
+    }
+}
+
+/* The candidates a step commits, as indices into cand in ascending position order. Rank: non-deferred
+ * before deferred, then higher confidence, then lower position; k is the schedule's count. */
+static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch, const dllm__unmask_rule &u, int k) {
     std::vector<int> order(cand_pos.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = (int)i;
     auto better = [&](int a, int b) {
@@ -2776,9 +2824,10 @@ static std::vector<int> dllm__select_topk(const std::vector<int32_t> &cand_pos, 
         if (ch[(size_t)a].conf != ch[(size_t)b].conf) return ch[(size_t)a].conf > ch[(size_t)b].conf;
         return cand_pos[(size_t)a] < cand_pos[(size_t)b];
     };
-    k = std::min(k, (int)order.size());
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
-    order.resize((size_t)k);
+    std::sort(order.begin(), order.end(), better);
+    size_t n = 0;
+    while (n < order.size() && dllm__passes(u, (int)n, ch[(size_t)order[n]], k)) n++;
+    order.resize(n);
     std::sort(order.begin(), order.end());
     return order;
 }
@@ -2799,8 +2848,12 @@ struct dllm__decode {
     int step_in_block = 0;           // advanced by the schedule after each step
     int global_step = 0;             // counts steps across blocks; keys the RNG
     int n_block_masks = 0;           // masks in the block at its first step (CPU backend)
+    int n_block_left = 0;            // masks left in the block after a step (set by threshold/factor steps)
     int cand_lo = 0;                 // no candidate before this position (GPU backend)
     int lacache = 0;                 // dllm_lacache (GPU backend; the CPU computes the same function)
+    dllm__unmask_rule unmask;
+    dllm_kv_cache kv_cache = DLLM_KV_CACHE_NONE;
+    std::vector<int32_t> positions;  // RoPE position of each canvas row (DPad's compacted canvas); empty: the index
     int32_t mask_id = 0;
     float cfg_scale = 0;
     dllm__sampling sampling;
@@ -2832,6 +2885,17 @@ static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
 /* k_i of the LLaDA schedule: n masks over s steps, the remainder to the earliest steps. */
 static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
 
+/* The canvas rows a step forwards: every row, or with a K/V cache after the block's first step the block
+ * (dual) or the block and everything after it (prefix). A model with shifted logits also needs the row
+ * before the block: it predicts the block's first position. */
+static void dllm__step_rows(const dllm__decode &st, int shift, int &q0, int &q1) {
+    const int n = (int)st.canvas.size();
+    q0 = 0, q1 = n;
+    if (st.kv_cache == DLLM_KV_CACHE_NONE || st.step_in_block == 0) return;
+    q0 = std::max(0, st.block_begin - shift);
+    q1 = st.kv_cache == DLLM_KV_CACHE_DUAL ? st.block_end : n;
+}
+
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens) : m_(m), pool_(n_threads) {
@@ -2839,13 +2903,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     }
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
-        const dllm__config &c = m_.cfg;
-        int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
-        raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
-        dllm__cpu_forward(m_, pool_, buf_, ids, n, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data());
-        for (int p = r0; p < r1; p++)
-            memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
-                   sizeof(float) * c.n_vocab);
+        forward(ids, n, dllm__cpu_rows(), r0, r1, out);
         return DLLM_OK;
     }
 
@@ -2855,8 +2913,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
     }
 
     dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool) override {
-        const int V = m_.cfg.n_vocab, n = (int)st.canvas.size();
-        const int k = dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block);
+        const int V = m_.cfg.n_vocab;
+        const int k = st.unmask.kind == DLLM_UNMASK_SCHEDULE ? dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block) : 0;
         std::vector<int32_t> cand;
         for (int p = 0; p < st.block_end; p++)
             if (st.canvas[(size_t)p] == st.mask_id) cand.push_back(p);
@@ -2864,36 +2922,65 @@ class dllm__cpu_backend : public dllm__backend_impl {
         // The reference runs the forward even when the step commits nothing; so do we (NFE semantics).
         int r0 = cand.empty() ? st.block_end - 1 : cand.front(), r1 = st.block_end;
         cond_.resize((size_t)(r1 - r0) * V);
-        DLLM__TRY(logits(st.canvas.data(), n, r0, r1, cond_.data()));
+        forward(st.canvas.data(), (int)st.canvas.size(), rows_for(st, kv_[0]), r0, r1, cond_.data());
         st.forwards++;
-        if (st.cfg_scale > 0) DLLM__TRY(apply_cfg(st, r0, r1));
+        if (st.cfg_scale > 0) apply_cfg(st, r0, r1);
         std::vector<dllm__choice> ch;
         for (int32_t p : cand) ch.push_back(dllm__choose(cond_.data() + (size_t)(p - r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
-        for (int i : dllm__select_topk(cand, ch, k)) {
+        for (int i : dllm__select(cand, ch, st.unmask, k)) {
             st.canvas[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
             committed.push_back(cand[(size_t)i]);
         }
+        st.n_block_left = dllm__count_masks(st, st.block_begin, st.block_end);
         return DLLM_OK;
     }
 
   private:
+    /* Logits of canvas positions [r0, r1) (shift applied) from a forward over the given rows. */
+    void forward(const int32_t *ids, int n, const dllm__cpu_rows &rows, int r0, int r1, float *out) {
+        const dllm__config &c = m_.cfg;
+        int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
+        raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
+        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data());
+        for (int p = r0; p < r1; p++)
+            memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
+                   sizeof(float) * c.n_vocab);
+    }
+
+    /* This step's rows and keys (see dllm__step_rows); the K/V cache is sized at the block's first step. */
+    dllm__cpu_rows rows_for(const dllm__decode &st, dllm__cpu_kv &kv) {
+        const dllm__config &c = m_.cfg;
+        dllm__cpu_rows rows;
+        dllm__step_rows(st, c.shift_logits, rows.q0, rows.q1);
+        rows.positions = st.positions.empty() ? nullptr : st.positions.data();
+        if (st.kv_cache == DLLM_KV_CACHE_NONE) return rows;
+        if (st.step_in_block == 0) {
+            kv.n = (int)st.canvas.size();
+            size_t elems = (size_t)c.n_layer * kv.n * c.n_head_kv * c.head_dim;
+            kv.k.assign(elems, 0.0f);
+            kv.v.assign(elems, 0.0f);
+        }
+        rows.kv = &kv;
+        return rows;
+    }
+
     /* logits = U + (s + 1) (C - U) with U from the canvas whose prompt positions are masked. */
-    dllm_status apply_cfg(dllm__decode &st, int r0, int r1) {
+    void apply_cfg(dllm__decode &st, int r0, int r1) {
         const int V = m_.cfg.n_vocab;
         std::vector<int32_t> un = st.canvas;
         for (size_t p = 0; p < un.size(); p++)
             if (st.is_prompt[p]) un[p] = st.mask_id;
         uncond_.resize((size_t)(r1 - r0) * V);
-        DLLM__TRY(logits(un.data(), (int)un.size(), r0, r1, uncond_.data()));
+        forward(un.data(), (int)un.size(), rows_for(st, kv_[1]), r0, r1, uncond_.data());
         st.forwards++;
         const float w = st.cfg_scale + 1.0f;
         for (size_t i = 0; i < uncond_.size(); i++) cond_[i] = uncond_[i] + w * (cond_[i] - uncond_[i]);
-        return DLLM_OK;
     }
 
     const dllm_model &m_;
     dllm__pool pool_;
     dllm__cpu_buffers buf_;
+    dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
 };
 
@@ -3017,6 +3104,7 @@ struct dllm_step_state {
     int global_step;              // keys the RNG; advanced by select_commit
     int n_block_masks;            // masks in the block at its first step
     int n_committed;              // positions committed by the last step
+    int n_block_left;             // masks left in the block after the last step
 };
 )DLLM";
 
@@ -3096,9 +3184,9 @@ extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf
 }
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
- * adds the fp32 bias, rotates q and k heads by the position (row % seq_len) + pos0 with the same
+ * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
  * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
-extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, int n_head, int n_kv, int head_dim,
+extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,
                                     const float *bias, const float *cos_t, const float *sin_t) {
     // Without a bias the V heads are left alone: the pass touches q and k only.
     int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
@@ -3114,7 +3202,8 @@ extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int po
         for (int e = 0; e < 4; e++) { x1[e] += bh[j + e]; x2[e] += bh[j + half + e]; }
     }
     if (hd < n_head + n_kv) {
-        u64 t = (u64)(row % seq_len + pos0) * half + j;
+        int at = row % seq_len + pos0;
+        u64 t = (u64)(positions ? positions[at] : at) * half + j;
         float4 c = *(const float4 *)(cos_t + t), s = *(const float4 *)(sin_t + t);
         float cv[4] = {c.x, c.y, c.z, c.w}, sv[4] = {s.x, s.y, s.z, s.w};
         for (int e = 0; e < 4; e++) {
@@ -3299,42 +3388,54 @@ extern "C" __global__ void conf_combine_kernel(sampler_args a, const dllm_step_s
     deferred[row] = a.defer_eos_eot && (bi == a.eos_id || bi == a.eot_id);
 }
 
-/* Commits the step's k best candidates (masked positions in [cand_lo, block_end)): non-deferred first,
- * then higher confidence, then lower position; k = n/s (+1 for the first n%s steps). One CTA; each
- * candidate's rank is counted directly, which is deterministic and cheap for block-sized sets. */
-extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0,
-                                         const double *conf, const unsigned char *deferred, int mask_id, int *committed) {
-    extern __shared__ unsigned char is_cand[];
+/* Commits the step's candidates (masked positions in [cand_lo, block_end)) by rank: non-deferred first,
+ * then higher confidence, then lower position. How many: the ranks before the first that fails the rule
+ * (rule 0 schedule: rank < k with k = n/s, +1 for the first n%s steps; 1 threshold; 2 factor; twin:
+ * dllm__passes). One CTA; each candidate's rank is counted directly, which is deterministic and cheap for
+ * block-sized sets. Also counts the masks left in the block (threshold decoding loops on it). */
+extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf,
+                                         const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor) {
+    extern __shared__ int rank_of[];  // [n] rank of each candidate (n: not a candidate), then [n] pass flags by rank
     int lo = cand_lo, hi = st->block_end, n = hi - lo;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) is_cand[i] = canvas[lo + i] == mask_id;
+    unsigned char *pass = (unsigned char *)(rank_of + n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        rank_of[i] = canvas[lo + i] == mask_id ? 0 : n;
+        pass[i] = 0;
+    }
     __syncthreads();
     int s = st->steps_per_block, i_step = st->step_in_block, nm = st->n_block_masks;
-    int k = nm / s + (i_step < nm % s ? 1 : 0);
+    int k = rule == 0 ? nm / s + (i_step < nm % s ? 1 : 0) : n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        if (!is_cand[i]) continue;
+        if (rank_of[i] == n) continue;
         int r = lo + i - row0;
         unsigned char di = deferred[r];
         double ci = conf[r];
         int rank = 0;
         for (int j = 0; j < n && rank < k; j++) {
-            if (!is_cand[j] || j == i) continue;
+            if (rank_of[j] == n || j == i) continue;
             int rj = lo + j - row0;
             unsigned char dj = deferred[rj];
             double cj = conf[rj];
-            bool b = dj != di ? !dj : (cj != ci ? cj > ci : j < i);
-            rank += b;
+            rank += dj != di ? !dj : (cj != ci ? cj > ci : j < i);
         }
-        if (rank >= k) is_cand[i] = 0;
+        if (rank < k) pass[rank] = rule == 0 || rank == 0 || (!di && ci >= (rule == 1 ? threshold : 1.0 - factor / (rank + 2))) ? 1 : 2;
+        rank_of[i] = rank;  // only this thread reads or writes slot i from here on
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int c = 0;
-        for (int i = 0; i < n; i++)
-            if (is_cand[i]) {
-                canvas[lo + i] = x0[lo + i - row0];
-                committed[c++] = lo + i;
+        int take = 0, c = 0, left = 0;
+        while (take < n && pass[take] == 1) take++;
+        for (int i = 0; i < n; i++) {
+            int p = lo + i;
+            if (rank_of[i] < take) {
+                canvas[p] = x0[p - row0];
+                committed[c++] = p;
+            } else if (p >= st->block_begin && canvas[p] == mask_id) {
+                left++;
             }
+        }
         st->n_committed = c;
+        st->n_block_left = left;
         st->step_in_block++;
         st->global_step++;
     }
@@ -3371,10 +3472,12 @@ __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32
 }
 
 struct attn_args {
-    const bf16_t *q, *k, *v;     // row r of batch b, head h at q + (b*seq + r)*q_stride + h*HD
-    bf16_t *o;                   // same addressing with o_stride
+    const bf16_t *q, *k, *v;     // query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD;
+    bf16_t *o;                   //   key row at k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*
     const unsigned char *key_valid;  // [batch][seq] or null
-    int seq, q_stride, kv_stride, o_stride, group;  // group = n_head / n_kv
+    int seq, q_rows;             // keys and query rows per batch entry (a K/V cache step: q_rows < seq)
+    int q_stride, kv_stride, o_stride, group;  // group = n_head / n_kv
+    u64 q_bstride, o_bstride;
     const dllm_step_state *st;   // current block: its KV tiles are visited last; null or empty: plain order
     float scale_log2;            // log2(e) / sqrt(HD)
     int fa_mode;                 // FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it
@@ -3433,7 +3536,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
-    const bf16_t *Q = a.q + (u64)b * a.seq * a.q_stride + h * HD;
+    const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
@@ -3443,7 +3546,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         late_hi = min(n_tiles, (a.st->block_end + BC - 1) / BC);
     }
 
-    load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.seq);
+    load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.q_rows);
     cp_async_commit();
     int tile = kv_tile_at(0, n_tiles, late_lo, late_hi);
     load_tile<HD, THREADS>(sK, K, a.kv_stride, tile * BC, BC, a.seq);
@@ -3585,7 +3688,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         __syncthreads();
     }
 
-    bf16_t *O = a.o + (u64)b * a.seq * a.o_stride + h * HD;
+    bf16_t *O = a.o + b * a.o_bstride + h * HD;
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         float l0 = l[mt][0], l1 = l[mt][1];
@@ -3599,8 +3702,8 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         #pragma unroll
         for (int d = 0; d < DT; d++) {
             int col = d * 8 + 2 * t;
-            if (r0 < a.seq) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
-            if (r1 < a.seq) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
+            if (r0 < a.q_rows) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
+            if (r1 < a.q_rows) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
         }
     }
 }
@@ -4119,8 +4222,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* Tests: record the logits the sampler sees at each (global step, block position), cond then uncond
      * rows (eager steps only: set DLLM_NO_GRAPHS). */
     void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
-    /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). */
-    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode = DLLM__L0_PLAIN, int b0 = 0, int b1 = 0);
+    /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). With a
+     * K/V cache (kv_on_) it computes the rows [q0, q1) only, over the cached keys of every row. */
+    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode = DLLM__L0_PLAIN, int b0 = 0, int b1 = 0,
+                        int q0 = 0, int q1 = 0);
     /* LM head for output rows [raw0 + c0, raw0 + c0 + rows) of every batch entry into logits [batch][rows][V]. */
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
@@ -4144,14 +4249,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status init(int device);
     dllm_status upload_weights();
     dllm_status random_weights();
-    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false);
+    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     dllm_status load_kernels();
     dllm_status run_step(const dllm__decode &st);
     dllm_status capture_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status attention(int batch, int seq, const void *qkv, void *out, int fa_mode);
+    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode);
+    dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
+    dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
     dllm_status embed(const int *ids, int n_rows, float *h);
     dllm_status layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1);
     std::string graph_key(const dllm__decode &st) const;
@@ -4174,6 +4281,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
     dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
+    std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
+    bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
+    dllm__dbuf positions_;             // DPad: RoPE position of each canvas row
+    bool positions_on_ = false;
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
 
@@ -4203,7 +4314,9 @@ struct dllm__attn_args {
     const void *q, *k, *v;
     void *o;
     const unsigned char *key_valid;
-    int seq, q_stride, kv_stride, o_stride, group;
+    int seq, q_rows;
+    int q_stride, kv_stride, o_stride, group;
+    uint64_t q_bstride, o_bstride;
     const void *state;
     float scale_log2;
     int fa_mode;
@@ -4267,6 +4380,9 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
+    int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
+    DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)dllm__attn_smem(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)));
     return DLLM_OK;
@@ -4345,7 +4461,7 @@ dllm_status dllm__gpu_backend::random_weights() {
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache) {
+dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
     const dllm__config &c = m_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
@@ -4353,7 +4469,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
     const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                             x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                            h0_.ptr, qkv0_.ptr, fa_state_.ptr};
+                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr};
+    std::vector<const void *> kv_before;
+    for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
     DLLM__TRY(a_.fit(M * d * 2, "activations"));
     DLLM__TRY(delta_.fit(M * d * 2, "activations"));
@@ -4371,6 +4489,11 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(is_prompt_.fit((size_t)seq, "the canvas"));
     DLLM__TRY(state_.fit(64, "the step state"));
     DLLM__TRY(committed_.fit((size_t)seq * 4, "the step state"));
+    DLLM__TRY(positions_.fit((size_t)seq * 4, "the RoPE positions"));
+    if (kv_cache) {
+        kv_.resize(layers_.size());
+        for (dllm__dbuf &b : kv_) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
+    }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
         DLLM__TRY(h0_.fit(M * d * 4, "the LaCache embeddings"));
@@ -4386,22 +4509,58 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     }
     const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                           h0_.ptr, qkv0_.ptr, fa_state_.ptr};
-    if (memcmp(before, after, sizeof before) != 0) buffer_generation_++;
+                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr};
+    std::vector<const void *> kv_after;
+    for (const dllm__dbuf &b : kv_) kv_after.push_back(b.ptr);
+    if (memcmp(before, after, sizeof before) != 0 || kv_before != kv_after) buffer_generation_++;
     return DLLM_OK;
 }
 
-/* Attention over the fused projection rows; the KV tiles that overlap the current block (read from the
- * device step state) are visited last. */
-dllm_status dllm__gpu_backend::attention(int batch, int seq, const void *qkv, void *out, int fa_mode) {
+/* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over
+ * the seq key rows of keys_qkv; the KV tiles that overlap the current block (read from the device step
+ * state) are visited last. */
+dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
-    dllm__attn_args args = {qkv, (const char *)qkv + (size_t)c.n_head * hd * 2, (const char *)qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
-                            out, nullptr, seq, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, state_.ptr,
-                            1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>()};
+    dllm__attn_args args = {q, (const char *)keys_qkv + (size_t)c.n_head * hd * 2, (const char *)keys_qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
+                            out, nullptr, seq, q_rows, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, q_bstride,
+                            (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>()};
     void *argv[] = {&args};
-    dim3 grid((unsigned)((seq + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
+    dim3 grid((unsigned)((q_rows + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
     return dllm__launch(k_attn_, grid, dim3((unsigned)dllm__attn_threads(arch_)), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
+}
+
+/* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
+ * fused QKV GEMM, bias + RoPE, attention into att_. Without a K/V cache the rows are the whole canvas;
+ * with one their Q/K/V overwrite their slots in the layer's cache and attention reads every cached key.
+ * Layer 0's GEMM is row-independent (run_pinned) so LaCache's block-only rows match these bits. */
+dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows) {
+    const dllm__config &c = m_.cfg;
+    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    const dllm__gpu_layer &L = layers_[layer];
+    auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
+        if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
+    };
+    auto gemm = [&](const void *x, void *y, int m) {
+        return layer == 0 ? gemm_.run_pinned(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_) : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
+    };
+    if (!kv_on_) {
+        DLLM__TRY(gemm(a_.ptr, qkv_.ptr, batch * rows));
+        stage("gemm qkv");
+        DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
+        stage("rope");
+        DLLM__TRY(attention(batch, rows, rows, qkv_.ptr, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0));
+        stage("attention");
+        return DLLM_OK;
+    }
+    char *cache = (char *)kv_[layer].ptr, *first = cache + (size_t)q0 * qkv * 2;
+    for (int b = 0; b < batch; b++) DLLM__TRY(gemm((const char *)a_.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows));
+    stage("gemm qkv");
+    for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
+    stage("rope");
+    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0));
+    stage("attention");
+    return DLLM_OK;
 }
 
 /* Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the kernel). */
@@ -4427,32 +4586,37 @@ dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int
     const dllm__config &c = m_.cfg;
     int n_head = c.n_head, n_kv = c.n_head_kv, hd = c.head_dim;
     unsigned threads = (unsigned)((size_t)n_rows * (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8));
-    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
+    const void *positions = positions_on_ ? positions_.ptr : nullptr;
+    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &positions, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
     return dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv");
 }
 
-/* Layer 0 up to its attention output (att_), in one of three ways (LaCache's EmbedCache, RoPECache and
- * FACache, lacache.md 1):
- *   PLAIN: every row, in the shared buffers;
+/* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
+dllm_status dllm__gpu_backend::embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
+    if (rows == seq) return embed(ids, batch * seq, h);
+    for (int b = 0; b < batch; b++) DLLM__TRY(embed(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
+    return DLLM_OK;
+}
+
+/* Layer 0 up to its attention output (att_) with LaCache's EmbedCache, RoPECache and FACache (lacache.md 1):
  *   FILL (a block's first step): every row, keeping embeddings (h0_), rotated Q/K/V (qkv0_) and the
  *         attention state of the query tiles outside the block (fa_state_);
  *   REUSE (the block's later steps): embed, norm, project and rotate the block's rows only, and resume the
  *         attention of the outside query tiles from their saved state.
  * The QKV GEMM is row-independent (run_pinned), so the rows REUSE computes alone carry the same bits as
- * when PLAIN computes them among all rows. */
+ * when the plain path (self_attention) computes them among all rows. */
 dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1) {
     const dllm__config &c = m_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, M = batch * seq;
     const dllm__gpu_layer &L = layers_[0];
-    float *h = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();
-    void *qkv_buf = mode == DLLM__L0_PLAIN ? qkv_.ptr : qkv0_.ptr;
-    if (mode != DLLM__L0_REUSE) {
+    float *h = h0_.as<float>();
+    if (mode == DLLM__L0_FILL) {
         DLLM__TRY(embed(ids, M, h));
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
         mark("L0 embed+norm");
-        DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv_buf, M, qkv, d, CUDA_R_16BF, stream_));
+        DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv0_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
         mark("L0 gemm qkv");
-        DLLM__TRY(rope(qkv_buf, L.b_qkv.ptr, M, seq, 0));
+        DLLM__TRY(rope(qkv0_.ptr, L.b_qkv.ptr, M, seq, 0));
         mark("L0 rope");
     } else {
         const int blk = b1 - b0;
@@ -4468,30 +4632,30 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
             DLLM__TRY(rope((char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
         mark("L0 rope");
     }
-    DLLM__TRY(attention(batch, seq, qkv_buf, att_.ptr, mode == DLLM__L0_PLAIN ? 0 : mode == DLLM__L0_FILL ? 1 : 2));
+    DLLM__TRY(attention(batch, seq, seq, qkv0_.ptr, (size_t)seq * qkv, qkv0_.ptr, att_.ptr, mode == DLLM__L0_FILL ? 1 : 2));
     mark("L0 attention");
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1) {
+dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1, int q0, int q1) {
     const dllm__config &c = m_.cfg;
-    const int M = batch * seq, d = c.n_embd, hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd, ff = c.n_ff;
+    if (q1 == 0) q0 = 0, q1 = seq;
+    const int rows = q1 - q0, M = batch * rows, d = c.n_embd, hd = c.head_dim, ff = c.n_ff;
     mark("start");
-    DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
+    if (mode == DLLM__L0_PLAIN) {
+        DLLM__TRY(embed_rows(ids_dev, batch, seq, q0, rows, h_.as<float>()));
+        DLLM__TRY(add_norm(h_.as<float>(), nullptr, nullptr, layers_[0].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
+        mark("L0 embed+norm");
+    } else {
+        DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
+    }
     const float *h_in = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();  // layer 0's residual input
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
-        if (l > 0) {
-            DLLM__TRY(gemm_.run(a_.ptr, L.w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
-            mark("gemm qkv");
-            DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, M, seq, 0));
-            mark("rope");
-            DLLM__TRY(attention(batch, seq, qkv_.ptr, att_.ptr, 0));
-            mark("attention");
-        }
+        if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows));
         DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, c.n_head * hd, CUDA_R_16BF, stream_));
         mark("gemm o");
-        DLLM__TRY(add_norm(l == 0 ? h_in : h_.as<float>(), h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+        DLLM__TRY(add_norm(l == 0 ? h_in : h_.as<float>(), h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, rows, 0, rows));
         mark("add+norm");
         DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
         mark("gemm gate+up");
@@ -4505,8 +4669,8 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         mark("gemm down");
         const bool last = l + 1 == layers_.size();
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, seq, raw0, raw1 - raw0));
-        else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, rows, raw0 - q0, raw1 - raw0));
+        else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -4525,6 +4689,7 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
 
 
 dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int raw_rows) {
+    kv_on_ = positions_on_ = false;
     DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
     DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemsetAsync(state_.ptr, 0, 64, stream_));  // no block: attention visits tiles in plain order
@@ -4556,7 +4721,10 @@ static int dllm__first_candidate(const dllm__decode &st) {
 
 dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
     const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
-    DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows), st.lacache == DLLM_LACACHE_ON));
+    kv_on_ = st.kv_cache != DLLM_KV_CACHE_NONE;
+    DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows), st.lacache == DLLM_LACACHE_ON && !kv_on_, kv_on_));
+    positions_on_ = !st.positions.empty();
+    if (positions_on_) DLLM__CUDA(cudaMemcpyAsync(positions_.ptr, st.positions.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, st.canvas.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(is_prompt_.ptr, st.is_prompt.data(), (size_t)n, cudaMemcpyHostToDevice, stream_));
     int init[16] = {0};
@@ -4593,7 +4761,8 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
 }
 
 /* One denoising step on the device: forward (both CFG halves), LM head (every row as the reference does,
- * or the candidate rows with LaCache), the sampler over the candidate rows, then the top-k commit.
+ * or the candidate rows with LaCache), the sampler over the candidate rows, then the commit. With a K/V
+ * cache, steps after the block's first forward only the rows dllm__step_rows names.
  * Everything it reads is on the device, so it can be captured once and replayed. */
 dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
     const dllm__config &c = m_.cfg;
@@ -4603,13 +4772,17 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         void *args[] = {&canvas_.ptr, &is_prompt_.ptr, (void *)&n, (void *)&mask, &un};
         DLLM__TRY(dllm__launch(k_uncond_, dim3((unsigned)(n + 255) / 256), dim3(256), 0, stream_, args, "make_uncond"));
     }
+    int q0, q1;
+    dllm__step_rows(st, c.shift_logits, q0, q1);
     // Output truncation: only rows that can hold a candidate reach the final norm, the LM head and the
     // sampler (the block, plus the prompt's masks if it has any). The plain path computes every row.
     const bool truncate = st.lacache != DLLM_LACACHE_OFF;
-    const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : 0, lm_hi = truncate ? st.block_end : n;
+    const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : q0 == 0 ? 0 : st.block_begin;
+    const int lm_hi = truncate ? st.block_end : q1;
     const int raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
-    const dllm__layer0 mode = st.lacache != DLLM_LACACHE_ON ? DLLM__L0_PLAIN : st.step_in_block == 0 ? DLLM__L0_FILL : DLLM__L0_REUSE;
-    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1, mode, st.block_begin, st.block_end));
+    const bool layer0_cache = st.lacache == DLLM_LACACHE_ON && st.kv_cache == DLLM_KV_CACHE_NONE;
+    const dllm__layer0 mode = !layer0_cache ? DLLM__L0_PLAIN : st.step_in_block == 0 ? DLLM__L0_FILL : DLLM__L0_REUSE;
+    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1, mode, st.block_begin, st.block_end, q0, q1));
     for (int cp0 = lm_lo; cp0 < lm_hi; cp0 += dllm__lm_chunk_rows) {
         const int cp1 = std::min(lm_hi, cp0 + dllm__lm_chunk_rows);
         const int craw0 = dllm__logit_row(c, cp0), craw1 = dllm__logit_row(c, cp1 - 1) + 1;
@@ -4620,9 +4793,10 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         mark("sampler");
         if (debug_rows_ && s0 < cp1) DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
-    int lo = st.cand_lo;
-    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr};
-    DLLM__TRY(dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo), stream_, args, "select_commit"));
+    int lo = st.cand_lo, rule = (int)st.unmask.kind;
+    double threshold = st.unmask.threshold, factor = st.unmask.factor;
+    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr, &rule, &threshold, &factor};
+    DLLM__TRY(dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo) * 5, stream_, args, "select_commit"));
     mark("select");
     return DLLM_OK;
 }
@@ -4645,9 +4819,10 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 /* Everything a captured step graph baked in: a different key means a new capture. */
 std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
     const dllm__sampling &s = st.sampling;
-    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(), st.cand_lo,
-                        s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf, s.defer_eos_eot,
-                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, buffer_generation_);
+    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d %d %.17g %.17g %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(),
+                        st.cand_lo, s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf, s.defer_eos_eot,
+                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, (int)st.unmask.kind, st.unmask.threshold,
+                        st.unmask.factor, (int)st.kv_cache, (int)positions_on_, buffer_generation_);
 }
 
 /* Captures run_step as a graph. A new block changes only kernel arguments, so the executable graph is
@@ -4678,10 +4853,14 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
 
 dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) {
     // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their
-    // one-time work outside any capture. So does LaCache's FILL step, which runs once per block. The
-    // graph is captured from the next step on; with LaCache it bakes in the block, so each block has its own.
-    const bool fill = st.lacache == DLLM_LACACHE_ON && st.step_in_block == 0;
-    const std::string shape = graph_key(st), key = shape + (st.lacache != DLLM_LACACHE_OFF ? dllm__format(" @%d", st.block_begin) : "");
+    // one-time work outside any capture. So does a block's first step when it fills a cache (LaCache's
+    // FILL, the K/V cache's full forward): it runs once per block. Graphs that bake in the block (LaCache,
+    // K/V caches) are captured per block; the prefix cache's row count changes with the block, so its
+    // GEMM shapes are warmed per block too.
+    const bool fill = (st.lacache == DLLM_LACACHE_ON || st.kv_cache != DLLM_KV_CACHE_NONE) && st.step_in_block == 0;
+    const std::string at_block = dllm__format(" @%d", st.block_begin);
+    const std::string shape = graph_key(st) + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
+    const std::string key = shape + (st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE ? at_block : "");
     if (dllm__env_int("DLLM_NO_GRAPHS", 0) || fill || shape != warmed_key_) {
         DLLM__TRY(run_step(st));
         if (!fill) warmed_key_ = shape;
@@ -4694,13 +4873,18 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     }
     st.forwards += st.cfg_scale > 0 ? 2 : 1;
     committed.clear();
-    if (!want_host) return DLLM_OK;
+    const bool rule_needs_count = st.unmask.kind != DLLM_UNMASK_SCHEDULE;
+    if (!want_host && !rule_needs_count) return DLLM_OK;
     const int n = (int)st.canvas.size();
     int *host = (int *)host_pinned_;
-    DLLM__CUDA(cudaMemcpyAsync(host, canvas_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(host + n, committed_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+    if (want_host) {
+        DLLM__CUDA(cudaMemcpyAsync(host, canvas_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(host + n, committed_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+    }
     DLLM__CUDA(cudaMemcpyAsync(host + 2 * n, state_.ptr, 64, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
+    st.n_block_left = host[2 * n + 7];  // dllm_step_state.n_block_left
+    if (!want_host) return DLLM_OK;
     memcpy(st.canvas.data(), host, (size_t)n * 4);
     int n_committed = host[2 * n + 6];  // dllm_step_state.n_committed
     committed.assign(host + n, host + n + n_committed);
@@ -4729,7 +4913,7 @@ struct dllm_ctx {
 };
 
 struct dllm__gen_plan {
-    int n_blocks = 0, steps_per_block = 0;
+    int n_blocks = 0, steps_per_block = 0;  // steps_per_block 0: threshold/factor (data-dependent)
     int32_t mask_id = 0, eos_id = -1, eot_id = -1;
 };
 
@@ -4738,18 +4922,47 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
     return DLLM_OK;
 }
 
+static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
+
+/* The schedule options beyond LLaDA's (Fast-dLLM, DPad): ranges and combinations. */
+static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_t *prompt, int n_prompt, int32_t mask_id) {
+    int unmask = dllm__enum_int(p.unmask), kv = dllm__enum_int(p.kv_cache), dpad = dllm__enum_int(p.dpad);
+    if (unmask < DLLM_UNMASK_SCHEDULE || unmask > DLLM_UNMASK_FACTOR)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD or _FACTOR, got %d", unmask);
+    if (unmask == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+    if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
+    if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d", kv);
+    if (kv != DLLM_KV_CACHE_NONE)
+        for (int i = 0; i < n_prompt; i++)
+            if (prompt[i] == mask_id)
+                return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
+                                  "so masks outside it cannot be decoded (use kv_cache NONE)", i);
+    if (dpad < DLLM_DPAD_OFF || dpad > DLLM_DPAD_UNIFORM)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dpad must be DLLM_DPAD_OFF, _GAUSSIAN or _UNIFORM, got %d", dpad);
+    if (dpad == DLLM_DPAD_GAUSSIAN && (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
+                          p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
+    if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window, p.dpad_n);
+    return DLLM_OK;
+}
+
 static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
                                          int32_t *out, int out_capacity, dllm__gen_plan &plan) {
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
-    if (p.gen_length <= 0 || p.block_length <= 0 || p.steps <= 0)
+    const bool scheduled = p.unmask == DLLM_UNMASK_SCHEDULE;
+    if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length, p.block_length, p.steps);
     if (p.gen_length % p.block_length)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length, p.block_length);
     plan.n_blocks = p.gen_length / p.block_length;
-    if (p.steps % plan.n_blocks)
+    if (scheduled && p.steps % plan.n_blocks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps, plan.n_blocks);
-    plan.steps_per_block = p.steps / plan.n_blocks;
+    plan.steps_per_block = scheduled ? p.steps / plan.n_blocks : 0;
     if ((int64_t)n_prompt + p.gen_length > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
                           p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
@@ -4772,7 +4985,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;
     plan.eot_id = p.eot_id >= 0 ? p.eot_id : c.eot_id;
-    return DLLM_OK;
+    if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+    return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 
 static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_gen_params &p, const dllm__gen_plan &plan, dllm__decode &st) {
@@ -4791,63 +5006,158 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.sampling.eos_id = plan.eos_id;
     st.sampling.eot_id = plan.eot_id;
     st.lacache = p.lacache;
+    st.unmask.kind = p.unmask;
+    st.unmask.threshold = p.threshold;
+    st.unmask.factor = p.factor;
+    st.kv_cache = p.kv_cache;
+    st.steps_per_block = plan.steps_per_block;
 }
 
+/* DPad (decoding.md 3): the suffix positions a block keeps, ascending. Gaussian: distance d in [0, W) from
+ * the block end is kept with probability a * phi(k d / (W - 1)); uniform: the n positions of the window
+ * with the smallest draws. Draws come from stream DLLM__RNG_DPAD keyed by (d, position, block): the same
+ * seed keeps the same positions on every backend. */
+static std::vector<int32_t> dllm__dpad_keep(const dllm_gen_params &p, int block_end, int canvas_end, int block) {
+    const int window = std::min(p.dpad_window, canvas_end - block_end);
+    std::vector<std::pair<double, int32_t>> draws;
+    for (int d = 0; d < window; d++)
+        draws.push_back({dllm__uniform(p.seed, (uint32_t)d, (uint32_t)(block_end + d), (uint32_t)block, DLLM__RNG_DPAD), block_end + d});
+    std::vector<int32_t> keep;
+    if (p.dpad == DLLM_DPAD_GAUSSIAN) {
+        for (int d = 0; d < window; d++) {
+            double x = (double)p.dpad_k * d / (p.dpad_window - 1);
+            if (draws[(size_t)d].first < (double)p.dpad_scale * exp(-0.5 * x * x) / sqrt(2 * M_PI)) keep.push_back(draws[(size_t)d].second);
+        }
+    } else {
+        std::sort(draws.begin(), draws.end());
+        for (int i = 0; i < std::min(p.dpad_n, window); i++) keep.push_back(draws[(size_t)i].second);
+        std::sort(keep.begin(), keep.end());
+    }
+    return keep;
+}
+
+/* Under DPad a block runs on a compacted canvas: the whole canvas up to the block end, then the kept
+ * suffix masks, each row with its original RoPE position. */
+static void dllm__dpad_view(const std::vector<int32_t> &full, int block_end, const std::vector<int32_t> &keep, int32_t mask_id, dllm__decode &st) {
+    st.canvas.assign(full.begin(), full.begin() + block_end);
+    st.canvas.resize((size_t)block_end + keep.size(), mask_id);
+    st.positions.resize(st.canvas.size());
+    for (int i = 0; i < block_end; i++) st.positions[(size_t)i] = i;
+    for (size_t i = 0; i < keep.size(); i++) st.positions[(size_t)block_end + i] = keep[i];
+    st.is_prompt.resize(st.canvas.size(), 0);
+}
 
 /* Copies the generated part to out; with stop_at_eos it ends before the first EOS/EoT. */
-static int dllm__emit_output(const dllm__decode &st, const dllm__gen_plan &plan, bool stop_at_eos, int32_t *out) {
+static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, const dllm__gen_plan &plan, bool stop_at_eos, int32_t *out) {
     int n = 0;
-    for (size_t p = (size_t)st.n_prompt; p < st.canvas.size(); p++) {
-        int32_t t = st.canvas[p];
+    for (size_t p = (size_t)n_prompt; p < canvas.size(); p++) {
+        int32_t t = canvas[p];
         if (stop_at_eos && (t == plan.eos_id || t == plan.eot_id) && t >= 0) break;
         out[n++] = t;
     }
     return n;
 }
 
+/* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
+ * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
+struct dllm__generation {
+    dllm_ctx &ctx;
+    const dllm_gen_params &p;
+    const dllm__gen_plan &plan;
+    dllm__decode st;
+    std::vector<int32_t> full;  // prompt ++ generation (current after each block, or each step with a callback)
+    int steps_done = 0;
+
+    int total_steps() const { return plan.steps_per_block ? plan.n_blocks * plan.steps_per_block : p.gen_length; }
+
+    dllm_status run() {
+        full = st.canvas;
+        dllm_status s = DLLM_OK;
+        if (p.dpad == DLLM_DPAD_OFF) s = ctx.impl->begin(st);
+        for (int b = 0; b < plan.n_blocks && s == DLLM_OK; b++) {
+            s = run_block(b);
+            if (s == DLLM_OK && p.early_stop && stop_early(b)) break;
+        }
+        if (s == DLLM_OK || s == DLLM_ERR_CANCELLED) {
+            dllm_status fin = sync_canvas();
+            if (s == DLLM_OK) s = fin;
+        }
+        return s;
+    }
+
+    dllm_status run_block(int b) {
+        const int begin = st.n_prompt + b * p.block_length, end = begin + p.block_length;
+        if (p.dpad != DLLM_DPAD_OFF) {
+            dllm__dpad_view(full, end, dllm__dpad_keep(p, end, (int)full.size(), b), plan.mask_id, st);
+            DLLM__TRY(ctx.impl->begin(st));
+        }
+        st.block_begin = begin, st.block_end = end, st.step_in_block = 0;
+        DLLM__TRY(ctx.impl->begin_block(st));
+        std::vector<int32_t> committed;
+        // Threshold/factor commit at least one candidate per step, so a block ends within its masks' count
+        // of steps (plus the prompt's masks); the bound only guards against a bug.
+        const int max_steps = plan.steps_per_block ? plan.steps_per_block : end + 1;
+        for (int i = 0; i < max_steps; i++) {
+            DLLM__TRY(ctx.impl->step(st, committed, p.on_step != nullptr));
+            st.step_in_block++;
+            st.global_step++;
+            steps_done++;
+            if (p.on_step) DLLM__TRY(report(b, i, committed));
+            if (!plan.steps_per_block && st.n_block_left == 0) break;
+            if (!plan.steps_per_block && i + 1 == max_steps) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", b, max_steps);
+        }
+        // The next DPad view is cut from the full canvas, so the block's tokens must be in it.
+        return p.dpad != DLLM_DPAD_OFF ? sync_canvas() : DLLM_OK;
+    }
+
+    /* Brings the backend's canvas to the host and into the full canvas. */
+    dllm_status sync_canvas() {
+        DLLM__TRY(ctx.impl->finish(st));
+        std::copy(st.canvas.begin(), st.canvas.begin() + std::min(st.canvas.size(), (size_t)st.block_end), full.begin());
+        return DLLM_OK;
+    }
+
+    /* Early termination (DPad): once a finished block holds EOS/EoT, the rest becomes that token. */
+    bool stop_early(int b) {
+        if (sync_canvas() != DLLM_OK) return false;
+        const int begin = st.n_prompt + b * p.block_length, end = begin + p.block_length;
+        for (int q = begin; q < end; q++) {
+            int32_t t = full[(size_t)q];
+            if (t >= 0 && (t == plan.eos_id || t == plan.eot_id)) {
+                std::fill(full.begin() + end, full.end(), plan.eos_id >= 0 ? plan.eos_id : plan.eot_id);
+                return true;
+            }
+        }
+        return false;
+    }
+
+    dllm_status report(int b, int i, const std::vector<int32_t> &committed) {
+        std::copy(st.canvas.begin(), st.canvas.begin() + st.block_end, full.begin());
+        int masks = 0;
+        for (size_t q = (size_t)st.n_prompt; q < full.size(); q++) masks += full[q] == plan.mask_id;
+        dllm_step_info info = {b, plan.n_blocks, i, plan.steps_per_block, steps_done, total_steps(), (int)committed.size(),
+                               committed.data(), full.data(), (int)full.size(), st.n_prompt, masks};
+        if (p.on_step(&info, p.on_step_data) != 0)
+            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps_done);
+        return DLLM_OK;
+    }
+};
+
 static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
                                        int out_capacity, int *n_out, dllm_gen_stats *stats) {
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();
-    dllm__decode st;
-    dllm__init_decode(prompt, n_prompt, p, plan, st);
-    std::vector<int32_t> committed;
-    int steps_done = 0;
-    const int total = plan.n_blocks * plan.steps_per_block;
-    st.steps_per_block = plan.steps_per_block;
-    dllm_status status = ctx.impl->begin(st);
-    for (int b = 0; b < plan.n_blocks && status == DLLM_OK; b++) {
-        st.block_begin = n_prompt + b * p.block_length;
-        st.block_end = st.block_begin + p.block_length;
-        st.step_in_block = 0;
-        status = ctx.impl->begin_block(st);
-        for (int i = 0; i < plan.steps_per_block && status == DLLM_OK; i++) {
-            status = ctx.impl->step(st, committed, p.on_step != nullptr);
-            if (status != DLLM_OK) break;
-            st.step_in_block++;
-            st.global_step++;
-            steps_done++;
-            if (p.on_step) {
-                dllm_step_info info = {b, plan.n_blocks, i, plan.steps_per_block, steps_done, total, (int)committed.size(),
-                                       committed.data(), st.canvas.data(), (int)st.canvas.size(), n_prompt,
-                                       dllm__count_masks(st, n_prompt, (int)st.canvas.size())};
-                if (p.on_step(&info, p.on_step_data) != 0)
-                    status = dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d of %d", steps_done, total);
-            }
-        }
-    }
-    if (status == DLLM_OK || status == DLLM_ERR_CANCELLED) {
-        dllm_status fin = ctx.impl->finish(st);
-        if (status == DLLM_OK) status = fin;
-    }
-    int n = status == DLLM_OK ? dllm__emit_output(st, plan, p.stop_at_eos != 0, out) : dllm__emit_output(st, plan, false, out);
+    dllm__generation g{ctx, p, plan, dllm__decode(), {}, 0};
+    dllm__init_decode(prompt, n_prompt, p, plan, g.st);
+    dllm_status status = g.run();
+    int n = dllm__emit_output(g.full, n_prompt, plan, status == DLLM_OK && p.stop_at_eos != 0, out);
     if (n_out) *n_out = n;
     if (stats) {
         stats->n_prompt = n_prompt;
         stats->n_generated = n;
-        stats->steps = steps_done;
-        stats->forwards = st.forwards;
+        stats->steps = g.steps_done;
+        stats->forwards = g.st.forwards;
         stats->wall_ms = dllm__now_ms() - t0;
     }
     return status;
@@ -5077,6 +5387,15 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.mask_id = -1;
     p.eos_id = -1;
     p.eot_id = -1;
+    p.unmask = DLLM_UNMASK_SCHEDULE;
+    p.threshold = 0.9;
+    p.factor = 1.0;
+    p.kv_cache = DLLM_KV_CACHE_NONE;
+    p.dpad = DLLM_DPAD_OFF;
+    p.dpad_window = 256;
+    p.dpad_k = 4.0f;
+    p.dpad_scale = 2.0f;
+    p.dpad_n = 64;
     return p;
 }
 

@@ -44,16 +44,51 @@ TEST(schedule, remainder_goes_to_earliest_steps) {
         }
 }
 
+static std::vector<int> test_select_k(const std::vector<int32_t> &pos, const std::vector<dllm__choice> &ch, int k) {
+    return dllm__select(pos, ch, dllm__unmask_rule(), k);
+}
+
 TEST(select, ties_go_to_lower_positions_and_deferred_last) {
     std::vector<int32_t> pos = {3, 5, 7, 9, 11};
     std::vector<dllm__choice> ch = {{1, 0.5, false}, {1, 0.9, true}, {1, 0.5, false}, {1, 0.7, false}, {1, -INFINITY, false}};
-    std::vector<int> sel = dllm__select_topk(pos, ch, 2);
+    std::vector<int> sel = test_select_k(pos, ch, 2);
     CHECK(sel.size() == 2 && sel[0] == 0 && sel[1] == 3);  // 0.7 at 9, then the tie 0.5 goes to position 3
-    sel = dllm__select_topk(pos, ch, 5);
+    sel = test_select_k(pos, ch, 5);
     CHECK(sel.size() == 5);
-    sel = dllm__select_topk(pos, ch, 4);  // the deferred one (0.9) loses even to -inf
+    sel = test_select_k(pos, ch, 4);  // the deferred one (0.9) loses even to -inf
     CHECK(sel.size() == 4 && std::find(sel.begin(), sel.end(), 1) == sel.end());
-    CHECK(dllm__select_topk(pos, ch, 0).empty());
+    CHECK(test_select_k(pos, ch, 0).empty());
+}
+
+/* Fast-dLLM's threshold rule: the best always, then every candidate with conf >= tau (tau itself included). */
+TEST(select, threshold_commits_the_best_and_everything_above_tau) {
+    std::vector<int32_t> pos = {10, 11, 12, 13, 14, 15};
+    std::vector<dllm__choice> ch = {{1, 0.30, false}, {2, 0.91, false}, {3, 0.90, false}, {4, 0.95, true}, {5, 0.2, false}, {6, 0.89, false}};
+    dllm__unmask_rule u;
+    u.kind = DLLM_UNMASK_THRESHOLD, u.threshold = 0.9;
+    std::vector<int> sel = dllm__select(pos, ch, u, 0);
+    CHECK(sel == std::vector<int>({1, 2}));  // the deferred 0.95 does not pass; 0.89 is below tau
+    u.threshold = 0.99;
+    CHECK(dllm__select(pos, ch, u, 0) == std::vector<int>({1}));  // nothing passes: the best alone
+    std::vector<dllm__choice> all_deferred = {{1, 0.99, true}, {2, 0.98, true}};
+    CHECK(dllm__select({4, 5}, all_deferred, u, 0) == std::vector<int>({0}));  // a deferred one still enters as the best
+    CHECK(dllm__select({}, {}, u, 0).empty());
+}
+
+/* The factor rule: the n-th best needs c_n >= 1 - f/(n+1), and commitment stops at the first failure, also
+ * when the failure is the last candidate (where Fast-dLLM's code commits one more). */
+TEST(select, factor_commits_the_longest_passing_prefix) {
+    dllm__unmask_rule u;
+    u.kind = DLLM_UNMASK_FACTOR, u.factor = 1.0;  // thresholds: n=2: 0.667, n=3: 0.75, n=4: 0.8
+    std::vector<int32_t> pos = {0, 1, 2, 3};
+    std::vector<dllm__choice> ch = {{1, 0.70, false}, {1, 0.99, false}, {1, 0.76, false}, {1, 0.79, false}};
+    // sorted: 0.99 (n=1, in), 0.79 (n=2 >= 0.667), 0.76 (n=3 >= 0.75), 0.70 (n=4 < 0.8: stop)
+    CHECK(dllm__select(pos, ch, u, 0) == std::vector<int>({1, 2, 3}));
+    ch[3].conf = 0.70;  // 0.99, then the tie 0.70 at position 0 (n=2 passes), 0.70 at 3 fails n=3
+    ch[2].conf = 0.60;
+    CHECK(dllm__select(pos, ch, u, 0) == std::vector<int>({0, 1}));
+    std::vector<dllm__choice> low = {{1, 0.5, false}, {1, 0.1, false}, {1, 0.2, false}, {1, 0.3, false}};
+    CHECK(dllm__select(pos, low, u, 0) == std::vector<int>({0}));  // the best always enters, 0.3 < 0.667 stops
 }
 
 TEST(choose, greedy_gumbel_and_confidence) {

@@ -201,14 +201,19 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     std::vector<uint16_t> xb = test_bf16_vec(x);
     dllm__dbuf dx, db, dc, ds;
     test_put(dx, xb); test_put(db, bias); test_put(dc, cos_t); test_put(ds, sin_t);
+    // DPad's compacted canvas: row i of a sequence has the RoPE position table[i + pos0], not i + pos0
+    std::vector<int> table(seq + pos0);
+    for (int i = 0; i < seq + pos0; i++) table[i] = (i * 7 + 3) % 64;
+    dllm__dbuf dpos;
+    test_put(dpos, table);
     int rows_ = rows, seq_ = seq, p0 = pos0, h_ = H, kv_ = KV, hd_ = hd;
-    void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr};
+    void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &dpos.ptr, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr};
     unsigned threads = (unsigned)(rows * heads * hd / 8);
     CHECK_STATUS(dllm__launch(g.k("rope_qkv"), dim3((threads + 255) / 256), dim3(256), 0, 0, a, "rope"), DLLM_OK, nullptr);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dx, x.size()));
     std::vector<float> want = test_f32_vec(xb);
     std::vector<int32_t> pos(rows);
-    for (int i = 0; i < rows; i++) pos[i] = i % seq + pos0;
+    for (int i = 0; i < rows; i++) pos[i] = table[i % seq + pos0];
     for (int i = 0; i < rows; i++)
         for (int c = 0; c < heads * hd; c++) want[(size_t)i * heads * hd + c] += bias[c];
     for (int i = 0; i < rows; i++) dllm__cpu_rope(&want[(size_t)i * heads * hd], 1, H + KV, hd, &pos[i], cos_t.data(), sin_t.data());
@@ -267,7 +272,10 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
 
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and
  * the block-last tile order (which only reorders the sum). */
-static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, const int *block) {
+/* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row. */
+static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, const int *block, int q0 = 0,
+                                int q_rows = 0) {
+    if (q_rows == 0) q_rows = seq;
     const int B = 2, heads = H + 2 * KV, stride = heads * hd;
     std::shared_ptr<dllm__module> mod;
     CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
@@ -282,17 +290,18 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     for (int i = 0; i < seq / 5; i++) valid[(size_t)seq + r.below(seq)] = 0;  // padding in the second sequence
     dllm__dbuf dq, dv, dout, dst;
     test_put(dq, qkvb); test_put(dv, valid);
-    test_poison(dout, (size_t)B * seq * H * hd * 2);
+    test_poison(dout, (size_t)B * q_rows * H * hd * 2);
     int st[16] = {0};
     if (block) { st[0] = block[0]; st[1] = block[1]; }
     test_put(dst, std::vector<int>(st, st + 16));
-    dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, dv.as<unsigned char>(),
-                         seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr};
+    dllm__attn_args a = {(char *)dq.ptr + (size_t)q0 * stride * 2, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2,
+                         dout.ptr, dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride,
+                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr};
     void *argv[] = {&a};
-    dim3 grid((unsigned)((seq + g.arch.fa_br - 1) / g.arch.fa_br), (unsigned)H, (unsigned)B);
+    dim3 grid((unsigned)((q_rows + g.arch.fa_br - 1) / g.arch.fa_br), (unsigned)H, (unsigned)B);
     CHECK_STATUS(dllm__launch(k, grid, dim3((unsigned)dllm__attn_threads(g.arch)), smem, 0, argv, "flash_attn"), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * seq * H * hd)), want(got.size());
+    std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd)), want(got.size());
     std::vector<float> xf = test_f32_vec(qkvb);
     dllm__pool pool(1);
     for (int b = 0; b < B; b++) {
@@ -303,10 +312,12 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
             std::copy(row + H * hd, row + (H + KV) * hd, &kk[(size_t)i * KV * hd]);
             std::copy(row + (H + KV) * hd, row + heads * hd, &vv[(size_t)i * KV * hd]);
         }
-        dllm__cpu_attention(pool, q.data(), kk.data(), vv.data(), seq, H, KV, hd, &valid[(size_t)b * seq], &want[(size_t)b * seq * H * hd]);
+        dllm__cpu_attention(pool, q.data() + (size_t)q0 * H * hd, kk.data(), vv.data(), q_rows, seq, H, KV, hd, &valid[(size_t)b * seq],
+                            &want[(size_t)b * q_rows * H * hd]);
     }
     double err = test_max_rel(got, want);
-    printf("    attention hd=%d seq=%d H=%d KV=%d%s: max relative error %.2e\n", hd, seq, H, KV, block ? " (block tiles last)" : "", err);
+    printf("    attention hd=%d seq=%d H=%d KV=%d queries [%d,%d)%s: max relative error %.2e\n", hd, seq, H, KV, q0, q0 + q_rows,
+           block ? " (block tiles last)" : "", err);
     CHECK_MSG(err < 2e-2, "attention hd=%d seq=%d error %.3e", hd, seq, err);
 }
 
@@ -320,9 +331,11 @@ TEST(gpu, flash_attention_matches_cpu) {
     test_attention_case(T_, g, r, 128, 77, 2, 2, nullptr);
     test_attention_case(T_, g, r, 128, 300, 4, 1, block);
     test_attention_case(T_, g, r, 64, 1, 3, 3, nullptr);
+    test_attention_case(T_, g, r, 128, 300, 4, 2, block, 70, 31);   // dual cache: the block's rows over every key
+    test_attention_case(T_, g, r, 64, 203, 2, 1, nullptr, 95, 108);  // prefix cache: the block and the suffix
 }
 
-/* The sampler kernels against dllm__choose and dllm__select_topk on the same float logits, with a small
+/* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
  * vocabulary slice so that the cross-CTA combine is exercised. */
 static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, double temp, bool random, float cfg, bool eos_opts, int shift0) {
     const int V = 1000, rows = 9, slice = 128, slices = (V + slice - 1) / slice, pos0 = 40, k_steps = 3;
@@ -371,16 +384,24 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
         if (canvas[pos0 + i] == 999) { cand.push_back(pos0 + i); ch.push_back({x0[i], conf[i], def[i] != 0}); }
     }
     CHECK_MSG(same == rows, "T=%g random=%d cfg=%g eos=%d shift=%d: %d of %d rows agree", temp, random, cfg, eos_opts, shift0, same, rows);
-    // select_commit vs dllm__select_topk on the GPU's own proposals
-    int lo = pos0, mask = 999;
-    void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, &mask, &dcomm.ptr};
-    CHECK_STATUS(dllm__launch(g.k("select_commit"), dim3(1), dim3(1024), rows, 0, sa, "select"), DLLM_OK, nullptr);
-    std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
-    int k = dllm__transfer_count(n_masks, k_steps, 1);
-    std::vector<int> want = canvas;
-    for (int i : dllm__select_topk(cand, ch, k)) want[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
-    CHECK_MSG(canvas_gpu == want, "select_commit differs from dllm__select_topk (k=%d)", k);
-    CHECK(st_gpu[3] == 2 && st_gpu[4] == 18 && st_gpu[6] == std::min(k, (int)cand.size()));
+    // select_commit vs dllm__select on the GPU's own proposals, under each unmasking rule
+    const int k = dllm__transfer_count(n_masks, k_steps, 1);
+    for (int rule = DLLM_UNMASK_SCHEDULE; rule <= DLLM_UNMASK_FACTOR; rule++) {
+        test_put(dcanvas, canvas);
+        test_put(dstate, std::vector<int>(st, st + 16));
+        test_poison(dcomm, rows * 4);
+        int lo = pos0, mask = 999;
+        double threshold = 0.35, factor = 1.5;
+        void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, &mask, &dcomm.ptr, &rule, &threshold, &factor};
+        CHECK_STATUS(dllm__launch(g.k("select_commit"), dim3(1), dim3(1024), rows * 5, 0, sa, "select"), DLLM_OK, nullptr);
+        std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
+        dllm__unmask_rule u;
+        u.kind = (dllm_unmask)rule, u.threshold = threshold, u.factor = factor;
+        std::vector<int> want = canvas, sel = dllm__select(cand, ch, u, k);
+        for (int i : sel) want[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
+        CHECK_MSG(canvas_gpu == want, "select_commit differs from dllm__select (rule %d, k=%d, %zu committed on the CPU)", rule, k, sel.size());
+        CHECK(st_gpu[3] == 2 && st_gpu[4] == 18 && st_gpu[6] == (int)sel.size() && st_gpu[7] == n_masks - (int)sel.size());
+    }
 }
 
 TEST(gpu, sampler_matches_cpu_choose_and_select) {
@@ -582,7 +603,8 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
         test_put(dq, in);
         test_poison(dout, out_n * 2);
         dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, nullptr,
-                             seq, stride, stride, H * hd, H / KV, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>()};
+                             seq, seq, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.ptr,
+                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>()};
         void *argv[] = {&a};
         dim3 grid((unsigned)q_tiles, (unsigned)H, (unsigned)B);
         dllm__launch(k, grid, dim3((unsigned)threads), smem, 0, argv, "flash_attn");
