@@ -50,6 +50,22 @@ static void usage(FILE *f) {
             "  --lacache MODE         GPU exact caching: on (default), truncate (LM head on the block only) or off;\n"
             "                         every mode gives the same tokens\n"
             "  --cfg S                classifier-free guidance scale, 0 = off (default 0)\n"
+            "\n"
+            "Fast-dLLM and DPad (compose with each other and with --lacache):\n"
+            "  --threshold TAU        parallel decoding: each step commits the best candidate and every one with\n"
+            "                         confidence >= TAU; a block steps until it is full (--steps is ignored)\n"
+            "  --factor F             parallel decoding, factor rule: the n-th best needs conf >= 1 - F/(n+1)\n"
+            "  --cache MODE           none (default, exact), prefix or dual: Fast-dLLM's K/V caches, APPROXIMATE\n"
+            "                         (K/V outside the forwarded rows are reused stale within a block)\n"
+            "  --dpad-window W        DPad suffix dropout: each block sees a random subset of the next W masks\n"
+            "                         (changes the output by design)\n"
+            "  --dpad-k K             DPad Gaussian sharpness (default 4)\n"
+            "  --dpad-scale A         DPad Gaussian scale (default 2)\n"
+            "  --dpad-uniform N       DPad: keep N positions drawn uniformly from the window instead\n"
+            "  --early-stop           after a block with EOS/EoT, fill the rest with it and stop\n"
+            "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
+            "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 --early-stop for DPad)\n"
+            "\n"
             "  --seed N               seed of every random draw (default 0)\n"
             "  --logits-eos-inf       forbid the EOS token\n"
             "  --eos-eot-last         commit EOS/EoT predictions last (confidence_eos_eot_inf)\n"
@@ -131,6 +147,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--no-stop-at-eos")) { o->gen.stop_at_eos = 0; takes_value = 0; }
         else if (!strcmp(a, "--raw")) { o->raw = 1; takes_value = 0; }
         else if (!strcmp(a, "--visual") || !strcmp(a, "--diffusion-visual")) { o->visual = 1; takes_value = 0; }
+        else if (!strcmp(a, "--early-stop")) { o->gen.early_stop = 1; takes_value = 0; }
         else if (!v) return fail("option %s needs a value (see --help)", a);
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--ids")) o->ids_text = v;
@@ -141,6 +158,18 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--temp")) { if (!parse_float(v, &o->gen.temperature) || o->gen.temperature < 0) return fail("bad temperature \"%s\"", v); }
         else if (!strcmp(a, "--cfg")) { if (!parse_float(v, &o->gen.cfg_scale) || o->gen.cfg_scale < 0) return fail("bad cfg scale \"%s\"", v); }
         else if (!strcmp(a, "--seed")) { char *end = NULL; errno = 0; o->gen.seed = strtoull(v, &end, 0); if (errno || !end || *end || end == v) return fail("bad seed \"%s\"", v); }
+        else if (!strcmp(a, "--threshold")) { float t; if (!parse_float(v, &t) || !(t > 0 && t <= 1)) return fail("--threshold must be in (0, 1], not \"%s\"", v); o->gen.unmask = DLLM_UNMASK_THRESHOLD; o->gen.threshold = t; }
+        else if (!strcmp(a, "--factor")) { float f; if (!parse_float(v, &f) || !(f > 0)) return fail("--factor must be > 0, not \"%s\"", v); o->gen.unmask = DLLM_UNMASK_FACTOR; o->gen.factor = f; }
+        else if (!strcmp(a, "--dpad-window")) { if (!parse_int(v, 2, 1 << 20, &o->gen.dpad_window)) return fail("bad DPad window \"%s\" (at least 2)", v); if (o->gen.dpad == DLLM_DPAD_OFF) o->gen.dpad = DLLM_DPAD_GAUSSIAN; }
+        else if (!strcmp(a, "--dpad-k")) { if (!parse_float(v, &o->gen.dpad_k) || !(o->gen.dpad_k >= 0)) return fail("bad DPad k \"%s\"", v); }
+        else if (!strcmp(a, "--dpad-scale")) { if (!parse_float(v, &o->gen.dpad_scale) || !(o->gen.dpad_scale >= 0)) return fail("bad DPad scale \"%s\"", v); }
+        else if (!strcmp(a, "--dpad-uniform")) { if (!parse_int(v, 0, 1 << 20, &o->gen.dpad_n)) return fail("bad DPad count \"%s\"", v); o->gen.dpad = DLLM_DPAD_UNIFORM; }
+        else if (!strcmp(a, "--cache")) {
+            if (!strcmp(v, "none")) o->gen.kv_cache = DLLM_KV_CACHE_NONE;
+            else if (!strcmp(v, "prefix")) o->gen.kv_cache = DLLM_KV_CACHE_PREFIX;
+            else if (!strcmp(v, "dual")) o->gen.kv_cache = DLLM_KV_CACHE_DUAL;
+            else return fail("--cache must be none, prefix or dual, not \"%s\"", v);
+        }
         else if (!strcmp(a, "--threads")) { if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("bad thread count \"%s\"", v); }
         else if (!strcmp(a, "--remask")) {
             if (!strcmp(v, "low_confidence")) o->gen.remasking = DLLM_REMASK_LOW_CONFIDENCE;

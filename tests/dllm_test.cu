@@ -14,6 +14,7 @@
 #include "test_loader.inl"
 #include "test_model.inl"
 #include "test_decode.inl"
+#include "test_schedulers.inl"
 #include "test_api.inl"
 #include "test_tokenizer.inl"
 #include "test_models.inl"
