@@ -147,8 +147,11 @@ run_gpu() {
     grep -E "^(FAIL|skip) " "$out/test.log" || true
     tail -n 1 "$out/memcheck.log"
     tail -n 1 "$out/fixtures.log" 2>/dev/null || true
-    sed -n '/^| LaCache component/,/^$/p' "$out/bench.log"
-    sed -n '/^| workload/,$p' "$out/bench.log"
+    if [ -f "$out/bench.log" ]; then
+        sed -n '/^| LaCache component/,/^$/p' "$out/bench.log"
+        sed -n '/^| scheduler/,/^$/p' "$out/bench.log"
+        sed -n '/^| workload/,$p' "$out/bench.log"
+    fi
 }
 
 case "${1:-build}" in

@@ -3999,15 +3999,20 @@ static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t sm
 //     algorithm is chosen once per (M, N, K, out type) and cached.
 // ---------------------------------------------------------------------------------------------------
 
-/* Split-K algorithms are dropped: their partial-sum reduction makes a row's bits depend on the
- * problem split (and, for in-place reduction, on timing). Every dllm GEMM is deterministic. */
+/* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
+ * on timing. Split-K with an out-of-place reduction (a fixed split, summed by a separate pass) is kept: it is
+ * deterministic for a given shape and algorithm, and at a few rows over a deep K (a dual-cache block step)
+ * it is often all cuBLASLt offers. Every dllm GEMM is deterministic. */
 static int dllm__drop_split_k(cublasLtMatmulHeuristicResult_t *res, int found) {
     int kept = 0;
     for (int i = 0; i < found; i++) {
         int splits = 1;
+        uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
         size_t written = 0;
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
-        if (res[i].state == CUBLAS_STATUS_SUCCESS && splits <= 1) res[kept++] = res[i];
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &written);
+        bool ordered = splits <= 1 || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE || scheme == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && ordered) res[kept++] = res[i];
     }
     return kept;
 }
@@ -4061,14 +4066,14 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res[16];
+        cublasLtMatmulHeuristicResult_t res[32];
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 16, res, &found);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
         found = dllm__drop_split_k(res, found);
-        if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K algorithms for M=%d N=%d K=%d", M, N, K);
+        if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", M, N, K);
         p->algo = res[0].algo;
         if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, X, W, Y, stream));
         out = p.get();
@@ -4103,7 +4108,7 @@ struct dllm__gemm {
         return DLLM_OK;
     }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
-     * (split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
+     * (unordered split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
      * LaCache computes some rows alone that the plain path computes among all (lacache.md 2). */
     dllm_status run_pinned(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         const int pin_m = 256;
@@ -4954,7 +4959,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                                          int32_t *out, int out_capacity, dllm__gen_plan &plan) {
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
-    const bool scheduled = p.unmask == DLLM_UNMASK_SCHEDULE;
+    const bool scheduled = dllm__enum_int(p.unmask) == DLLM_UNMASK_SCHEDULE;  // read as int: the value is not validated yet
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length, p.block_length, p.steps);
     if (p.gen_length % p.block_length)

@@ -171,6 +171,25 @@ static void bench_lacache_components(bench_result &r, dllm__gpu_backend *gpu, co
     printf("| step total: off / truncate / lacache | %.3f / %.3f / %.3f | |\n\n", step[0], step[1], step[2]);
 }
 
+/* One dual-cache block step (Fast-dLLM): 32 query rows over n cached keys, replayed as the decoding loop
+ * replays it (a CUDA graph per block). The block's first step fills the cache and is not timed. */
+static double bench_dual_block_step(dllm__gpu_backend *gpu, const dllm__config &c, int n, int block) {
+    dllm__decode st;
+    const int np = n - block;
+    st.canvas.assign((size_t)n, c.mask_id);
+    for (int i = 0; i < np; i++) st.canvas[(size_t)i] = (i * 104729) % 100000;
+    st.is_prompt.assign(st.canvas.size(), 0);
+    std::fill(st.is_prompt.begin(), st.is_prompt.begin() + np, 1);
+    st.n_prompt = np, st.mask_id = c.mask_id, st.lacache = DLLM_LACACHE_ON, st.kv_cache = DLLM_KV_CACHE_DUAL;
+    st.steps_per_block = block, st.block_begin = np, st.block_end = n;
+    BENCH_CHECK(gpu->begin(st));
+    BENCH_CHECK(gpu->begin_block(st));
+    std::vector<int32_t> committed;
+    BENCH_CHECK(gpu->step(st, committed, false));  // the full forward that fills the cache
+    st.step_in_block = 1;  // every later step has this shape: the first runs eagerly, then the graph replays
+    return bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->step(st, committed, false)); });
+}
+
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -266,6 +285,39 @@ int main(int argc, char **argv) {
         }
     bench_lacache_components(r, gpu, c, np, gen, block, gemm_rate, r.v["copy_TBps"]);
 
+    // Schedulers (issue 8). Random weights are never confident, so threshold decoding commits one token per
+    // step here (NFE = gen): its rows show the per-step cost; 64 steps stands in for ~4 tokens per step.
+    struct sched_run { const char *name; int gen, steps; dllm_kv_cache kv; dllm_unmask unmask; dllm_dpad dpad; };
+    const sched_run sched[] = {
+        {"W1 dual", 256, 256, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_SCHEDULE, DLLM_DPAD_OFF},
+        {"W1 prefix", 256, 256, DLLM_KV_CACHE_PREFIX, DLLM_UNMASK_SCHEDULE, DLLM_DPAD_OFF},
+        {"W1 threshold", 256, 256, DLLM_KV_CACHE_NONE, DLLM_UNMASK_THRESHOLD, DLLM_DPAD_OFF},
+        {"W1 threshold+dual", 256, 256, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_THRESHOLD, DLLM_DPAD_OFF},
+        {"W1 DPad", 256, 256, DLLM_KV_CACHE_NONE, DLLM_UNMASK_SCHEDULE, DLLM_DPAD_GAUSSIAN},
+        {"W1 threshold+dual+DPad", 256, 256, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_THRESHOLD, DLLM_DPAD_GAUSSIAN},
+        {"W1-64 dual", 256, 64, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_SCHEDULE, DLLM_DPAD_OFF},
+        {"gen512 dual", 512, 512, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_SCHEDULE, DLLM_DPAD_OFF},
+        {"gen512 threshold+dual+DPad", 512, 512, DLLM_KV_CACHE_DUAL, DLLM_UNMASK_THRESHOLD, DLLM_DPAD_GAUSSIAN},
+    };
+    std::vector<int32_t> out512(512);
+    printf("\n| scheduler (LaCache on, random LLaDA-8B weights) | steps | NFE | s | generated tokens/s |\n|---|---|---|---|---|\n");
+    for (const sched_run &sr : sched) {
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = sr.gen, gp.steps = sr.steps, gp.block_length = block, gp.stop_at_eos = 0;
+        gp.kv_cache = sr.kv, gp.unmask = sr.unmask, gp.dpad = sr.dpad;  // DPad: the paper's W=256 k=4 a=2 (defaults)
+        dllm_gen_stats st;
+        BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out512.data(), 512, nullptr, &st));
+        printf("| %s | %d | %d | %.3f | %.1f |\n", sr.name, st.steps, st.forwards, st.wall_ms / 1000, 1000.0 * sr.gen / st.wall_ms);
+        r.v[std::string(sr.name) + "_s"] = st.wall_ms / 1000;
+        r.v[std::string(sr.name) + "_nfe"] = st.forwards;
+    }
+    {
+        double ms = bench_dual_block_step(gpu, c, 1024, 32), floor_ms = (double)weights_bytes / (r.v["copy_TBps"] * 1e9);
+        r.set("dual_block32_N1024_step_ms", ms);
+        r.set("dual_block32_N1024_weight_read_floor_ms", floor_ms);
+        r.set("dual_block32_N1024_over_floor", ms / floor_ms);
+    }
+
     for (int n : {256, 512, 1024, 2048}) {
         std::vector<int32_t> ids((size_t)n);
         for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
@@ -302,6 +354,10 @@ int main(int argc, char **argv) {
     row("W1 s (LaCache)", r.v["W1_lacache_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
     row("W1-64 s (plain)", r.v["W1-64_off_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
     row("W1-64 s (LaCache)", r.v["W1-64_lacache_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+    row("dual block step ms (32 over 1024)", r.v["dual_block32_N1024_step_ms"], "fwd_dual_block32_N1024_ms", "graph_fwd_dual_block32_N1024_ms");
+    row("W1 s (dual cache)", r.v["W1 dual_s"], "gen_p768_g256_b32_s256_dual_s", nullptr);
+    row("W1 s (prefix cache)", r.v["W1 prefix_s"], "gen_p768_g256_b32_s256_prefix_s", nullptr);
+    row("W1-64 s (dual cache)", r.v["W1-64 dual_s"], "gen_p768_g256_b32_s64_dual_s", nullptr);
     if (json_out) {
         std::string j = "{\n";
         for (auto &kv : r.v) j += dllm__format("  \"%s\": %.6g,\n", kv.first.c_str(), kv.second);
