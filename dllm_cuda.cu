@@ -2689,8 +2689,9 @@ struct dllm__cpu_buffers {
  * dllm's codes are canonical: one zero (0x00, the sign of a zero is dropped) and one NaN (0x7f), so the
  * bits never depend on how a piece of hardware signs them. A quantised group holds q = e4m3(x / s) with
  * s = amax / 448 (IEEE division on both sides, so twin and kernel agree bit for bit); a group whose amax
- * is 0 gets s = 1. amax ignores NaN; a group holding Inf gets s = Inf, so its Inf become NaN and its
- * finite values 0: non-finite input never turns into finite output. */
+ * is 0 gets s = 1. amax ignores NaN (a NaN element stays NaN); a group holding Inf gets s = Inf, its codes
+ * are NaN (the Inf) and 0, and every value of it dequantises to NaN (0 * Inf): non-finite input never turns
+ * into finite output. */
 static const int dllm__fp8_group = 128;  // activation groups 1x128, weight blocks 128x128
 
 static uint8_t dllm__f32_to_e4m3(float x) {

@@ -103,6 +103,7 @@ TEST(fp8, group_quantiser_scales_padding_and_nonfinite_policy) {
     CHECK(s[2] == 3 * 0.37f / 448.0f && s[3] == 3 * 0.37f * 1000.0f / 448.0f);
     CHECK(q[(size_t)2 * k + 5] == 0x7f && s[4] == 128.0f / 448.0f && q[(size_t)2 * k + 127] == 0x7e);  // NaN ignored by amax
     CHECK(s[6] == 2.0f / 448.0f && s[7] == INFINITY && q[(size_t)3 * k + 150] == 0x7f && q[(size_t)3 * k + 151] == 0);
+    CHECK(dllm__e4m3_scale(0.0f) == 1.0f && dllm__e4m3_scale(1e-44f) == 1.0f && dllm__e4m3_scale(1e-39f) == 1e-39f / 448.0f);
     // dequantised error: at most half a step, 2^-4 relative in the normal range
     double worst = 0;
     for (int i = 0; i < k; i++) {
@@ -497,7 +498,8 @@ static std::vector<float> test_fp8_inputs(test_rng &r, int rows, int k) {
         x[(size_t)1 * k + c] = edge[c % (sizeof edge / sizeof edge[0])];       // amax 448: scale 1, raw conversion
         x[(size_t)2 * k + c] = c == 3 ? NAN : r.normal();                      // a NaN
         x[(size_t)3 * k + c] = c == 130 ? -INFINITY : r.normal();              // an Inf in the second group
-        x[(size_t)4 * k + c] = r.normal() * 1e-39f;                            // fp32 subnormals: amax / 448 underflows
+        x[(size_t)4 * k + c] = r.normal() * 1e-39f;                            // fp32 subnormals: a subnormal scale
+        x[(size_t)5 * k + c] = r.normal() * 1e-44f;                            // amax / 448 underflows to 0: scale 1
     }
     return x;
 }
@@ -520,7 +522,7 @@ static void test_quantizer_module(dllm_test_state &T_, cudaKernel_t k_quant, con
         // fixed scale 1: the raw conversion of every value, above 448 and non-finite ones included
         std::vector<float> raw = x;
         const float extra[] = {449.0f, 464.0f, 500.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN, -NAN, 3e38f, 0x1.000002p-10f};
-        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) raw[(size_t)6 * k + i] = extra[i];
+        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) raw[(size_t)7 * k + i] = extra[i];
         test_quantize_rows(k_quant, raw.data(), true, rows, k, 1.0f, q, s, ld);
         size_t raw_bad = 0;
         for (int i = 0; i < rows; i++)
