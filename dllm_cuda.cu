@@ -4885,7 +4885,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
             const void *was = buf.first->ptr;
             DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
             // the padding rows start as zeros: defined inputs for the GEMM rows nobody reads
-            if (buf.first->ptr != was) DLLM__CUDA(cudaMemset(buf.first->ptr, 0, buf.first->bytes));
+            if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
         }
     }
     size_t pinned = (size_t)seq * 8 + 64;
