@@ -131,8 +131,12 @@ run_gpu() {
             echo "-- $m agreement, GPU LaCache on vs GPU off"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend gpu --lacache on --ref-lacache off
             echo "-- $m agreement, GPU truncate vs GPU off"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend gpu --lacache truncate --ref-lacache off
             echo "-- $m agreement, GPU LaCache vs CPU fp32 reference"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend cpu
+            echo "-- $m NLL, GPU FP8"; build/dllm-eval -m models/$m --nll tests/data/heldout.txt --backend gpu --precision fp8
+            echo "-- $m agreement, GPU FP8 vs GPU BF16"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend gpu --precision fp8 --ref-precision bf16 --ref-lacache on
+            echo "-- $m agreement, GPU FP8 vs CPU FP8 reference"; build/dllm-eval -m models/$m --agree tests/data/prompts.txt --backend gpu --ref-backend cpu --precision fp8 --ref-precision fp8 --ref-lacache on
         done
         echo "-- tiny-add exact match, GPU LaCache"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu
+        echo "-- tiny-add exact match, GPU LaCache FP8"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu --precision fp8
     } > "$out/eval.log" 2>&1 || echo "tiny-model evaluation failed"
     grep -E "^--|^(nll_0|agree_token|agree_sequence|exact_match)" "$out/eval.log"
     echo "== fixtures reproduce with this machine's PyTorch"

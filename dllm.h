@@ -205,11 +205,22 @@ typedef enum dllm_backend {
     DLLM_BACKEND_GPU = 2   /* CUDA: NVRTC kernels + cuBLASLt                                           */
 } dllm_backend;
 
+/* Arithmetic of the linear layers (LaCache's precision-adaptive FP8). FP8 quantises weights once at
+ * context creation to E4M3 with one scale per 128x128 block, and each GEMM input per 1x128 group; layer 0
+ * always stays exact. Both backends compute the same function (the CPU on the dequantised values). GPUs
+ * without dllm's FP8 GEMM (everything but sm_90) run BF16 and log a warning. Accuracy: BENCHMARKS.md. */
+typedef enum dllm_precision {
+    DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU (default)              */
+    DLLM_PRECISION_FP8_FFN = 1,  /* the paper: FFN linears (gate|up, down) of layers >= 1 in FP8     */
+    DLLM_PRECISION_FP8_ALL = 2   /* also the attention projections (Q|K|V, O) of layers >= 1        */
+} dllm_precision;
+
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
     int device;            /* CUDA device ordinal (default 0)                                        */
     int max_tokens;        /* longest canvas this context serves; 0 = the model's max_seq_len       */
     int n_threads;         /* CPU backend threads; 0 = all hardware threads                          */
+    dllm_precision precision; /* default DLLM_PRECISION_BF16                                        */
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);

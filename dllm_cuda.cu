@@ -23,13 +23,13 @@
  *   6. Tokenizer (byte-level BPE) and chat templates
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
- *   9. CPU fp32 reference forward
+ *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins
  *  10. Token choice: argmax / Gumbel-max, confidence, top-k selection
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
- *  13. GPU kernel sources (NVRTC strings): row-wise ops, sampler, FlashAttention
+ *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers, sampler, FlashAttention
  *  14. GPU: NVRTC JIT and the architecture table
- *  15. GPU: cuBLASLt GEMMs
+ *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8)
  *  16. GPU backend: weights, forward, sampler, step graphs
  *  17. SAR decoding
  *  18. Public API
@@ -157,6 +157,13 @@ static inline float dllm__bf16_to_f32(uint16_t bits) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+static inline uint16_t dllm__f32_to_bf16(float f) {  // round to nearest even; twin of the PTX cvt.rn
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
 static inline float dllm__f16_to_f32(uint16_t h) {
@@ -2566,18 +2573,24 @@ static inline float dllm__dot(const float *a, const float *b, int n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* y[T][N] = x[T][K] . W[N][K]^T (+ bias[N]). W may be BF16, F16 or F32. */
-static void dllm__cpu_linear(dllm__pool &pool, const float *x, int T, int K, const dllm__tensor &W, const float *bias, int N, float *y) {
+/* y[T][N] = x[T][K] . W[N][K]^T (+ bias[N]), with row n of W decoded by weight_row(n, dst) into fp32. */
+template <class RowFn>
+static void dllm__cpu_linear_rows(dllm__pool &pool, const float *x, int T, int K, const RowFn &weight_row, const float *bias, int N, float *y) {
     const int rows_per_task = 16;
     pool.run((N + rows_per_task - 1) / rows_per_task, [&](int task) {
         std::vector<float> w((size_t)K);
         int n_end = std::min(N, (task + 1) * rows_per_task);
         for (int n = task * rows_per_task; n < n_end; n++) {
-            dllm__tensor_row(W, n, K, w.data());
+            weight_row(n, w.data());
             float b = bias ? bias[n] : 0.0f;
             for (int t = 0; t < T; t++) y[(size_t)t * N + n] = dllm__dot(x + (size_t)t * K, w.data(), K) + b;
         }
     });
+}
+
+/* y[T][N] = x[T][K] . W[N][K]^T (+ bias[N]). W may be BF16, F16 or F32. */
+static void dllm__cpu_linear(dllm__pool &pool, const float *x, int T, int K, const dllm__tensor &W, const float *bias, int N, float *y) {
+    dllm__cpu_linear_rows(pool, x, T, K, [&](int n, float *dst) { dllm__tensor_row(W, n, K, dst); }, bias, N, y);
 }
 
 /* y = x * rsqrt(mean(x^2) + eps) * w, row by row. */
@@ -2685,16 +2698,185 @@ struct dllm__cpu_rows {
     const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
 };
 
-/* One transformer layer over the T = q1 - q0 rows of b.h, in place. */
-static void dllm__cpu_layer(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, const dllm__cpu_rows &rows,
-                            const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+/* ---- FP8 E4M3: the quantiser and the CPU half of dllm_precision (LaCache 3.4) ----------------------
+ * These are the twins of the GPU kernels in dllm__src_fp8. E4M3 has 1 sign, 4 exponent (bias 7) and 3
+ * mantissa bits: normals (1 + m/8) * 2^(e-7) up to 448, subnormals m * 2^-9, no infinity, NaN = S.1111.111.
+ * Conversion rounds to nearest even and saturates to +-448 (Inf too), as PTX cvt.rn.satfinite does.
+ * dllm's codes are canonical: one zero (0x00, the sign of a zero is dropped) and one NaN (0x7f), so the
+ * bits never depend on how a piece of hardware signs them. A quantised group holds q = e4m3(x / s) with
+ * s = amax / 448 (IEEE division on both sides, so twin and kernel agree bit for bit); a group whose amax
+ * is 0 gets s = 1. amax ignores NaN (a NaN element stays NaN); a group holding Inf gets s = Inf, its codes
+ * are NaN (the Inf) and 0, and every value of it dequantises to NaN (0 * Inf): non-finite input never turns
+ * into finite output. */
+static const int dllm__fp8_group = 128;  // activation groups 1x128, weight blocks 128x128
+
+static uint8_t dllm__f32_to_e4m3(float x) {
+    if (x != x) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    int mag;
+    if (a < 0x1p-6f) {
+        mag = (int)nearbyintf(a * 512.0f);  // subnormal grid 2^-9; 8 rounds up into the smallest normal (code 8)
+    } else if (a >= 448.0f) {
+        mag = 0x7e;  // saturate
+    } else {
+        int e;
+        float m = frexpf(a, &e);  // a = m * 2^e, m in [0.5, 1): exponent field e + 6, mantissa 16m - 8;
+        mag = (e + 6) * 8 + (int)nearbyintf(m * 16.0f) - 8;  // a mantissa that rounds to 8 carries into the exponent
+    }
+    return mag ? (uint8_t)(sign | mag) : 0;
+}
+
+static float dllm__e4m3_to_f32(uint8_t c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    return c & 0x80 ? -v : v;
+}
+
+/* All 256 codes decoded once: the CPU forward decodes every FP8 weight row it multiplies. */
+static const float *dllm__e4m3_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(256);
+        for (int c = 0; c < 256; c++) t[(size_t)c] = dllm__e4m3_to_f32((uint8_t)c);
+        return t;
+    }();
+    return table.data();
+}
+
+/* The scale of a group or block from its largest magnitude. */
+static float dllm__e4m3_scale(float amax) {
+    float s = amax / 448.0f;
+    return s > 0 ? s : 1.0f;  // all zeros (or amax so small that s underflows): 1, never a division by 0
+}
+
+static float dllm__amax(const float *x, int n, float acc = 0.0f) {
+    for (int i = 0; i < n; i++) acc = fmaxf(acc, fabsf(x[i]));  // fmaxf drops NaN, as the kernels' fmaxf does
+    return acc;
+}
+
+/* Rows x[rows][k] in groups of 128 along k (the last one may be shorter): codes q[rows][k] and scales
+ * s[rows][ceil(k / 128)] (the GPU writes the same numbers padded and token-contiguous). */
+static void dllm__quantize_groups(const float *x, int rows, int k, uint8_t *q, float *s) {
+    const int groups = (k + dllm__fp8_group - 1) / dllm__fp8_group;
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            const int k0 = g * dllm__fp8_group, n = std::min(dllm__fp8_group, k - k0);
+            const float *xg = x + (size_t)r * k + k0;
+            const float sc = dllm__e4m3_scale(dllm__amax(xg, n));
+            for (int i = 0; i < n; i++) q[(size_t)r * k + k0 + i] = dllm__f32_to_e4m3(xg[i] / sc);
+            s[(size_t)r * groups + g] = sc;
+        }
+}
+
+/* x := dequantise(quantise(x)) in 1x128 groups: the value a GEMM input has under FP8. */
+static void dllm__fake_quantize_groups(float *x, int rows, int k) {
+    const int groups = (k + dllm__fp8_group - 1) / dllm__fp8_group;
+    std::vector<uint8_t> q((size_t)k);
+    std::vector<float> s((size_t)groups);
+    const float *decode = dllm__e4m3_table();
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (size_t)r * k;
+        dllm__quantize_groups(xr, 1, k, q.data(), s.data());
+        for (int i = 0; i < k; i++) xr[i] = decode[q[(size_t)i]] * s[(size_t)(i / dllm__fp8_group)];
+    }
+}
+
+/* A weight matrix [rows][cols] in E4M3 with one fp32 scale per 128x128 block (scale[rb][cb], partial blocks
+ * at the edges). */
+struct dllm__fp8_matrix {
+    int rows = 0, cols = 0;
+    std::vector<uint8_t> q;
+    std::vector<float> scale;
+    bool empty() const { return rows == 0; }
+    int col_blocks() const { return (cols + dllm__fp8_group - 1) / dllm__fp8_group; }
+    void row(int r, float *dst) const {
+        const float *s = scale.data() + (size_t)(r / dllm__fp8_group) * col_blocks(), *decode = dllm__e4m3_table();
+        for (int c = 0; c < cols; c++) dst[c] = decode[q[(size_t)r * cols + c]] * s[c / dllm__fp8_group];
+    }
+};
+
+/* Twin of the kernel quantize_weight_blocks. */
+static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols) {
+    dllm__fp8_matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.q.resize((size_t)rows * cols);
+    const int rb_n = (rows + dllm__fp8_group - 1) / dllm__fp8_group, cb_n = m.col_blocks();
+    m.scale.resize((size_t)rb_n * cb_n);
+    for (int rb = 0; rb < rb_n; rb++)
+        for (int cb = 0; cb < cb_n; cb++) {
+            const int r0 = rb * dllm__fp8_group, r1 = std::min(rows, r0 + dllm__fp8_group);
+            const int c0 = cb * dllm__fp8_group, n = std::min(dllm__fp8_group, cols - c0);
+            float amax = 0;
+            for (int r = r0; r < r1; r++) amax = dllm__amax(w + (size_t)r * cols + c0, n, amax);
+            const float s = dllm__e4m3_scale(amax);
+            for (int r = r0; r < r1; r++)
+                for (int c = c0; c < c0 + n; c++) m.q[(size_t)r * cols + c] = dllm__f32_to_e4m3(w[(size_t)r * cols + c] / s);
+            m.scale[(size_t)rb * cb_n + cb] = s;
+        }
+    return m;
+}
+
+/* Stacks tensors by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds,
+ * so both backends quantise the same numbers), and quantises the result in 128x128 blocks. */
+static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm__tensor *> parts) {
+    const int cols = (int)parts.begin()[0]->shape[1];
+    std::vector<float> w;
+    size_t n = 0;
+    for (const dllm__tensor *t : parts) n += (size_t)t->numel;
+    w.reserve(n);
+    for (const dllm__tensor *t : parts)
+        for (int64_t i = 0; i < t->numel; i++) w.push_back(dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i))));
+    return dllm__quantize_blocks(w.data(), (int)(w.size() / (size_t)cols), cols);
+}
+
+/* The FP8 weights of one layer (an empty matrix: that linear runs exact). */
+struct dllm__fp8_layer {
+    dllm__fp8_matrix qkv, o, gu, down;
+};
+
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. */
+static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision) {
+    std::vector<dllm__fp8_layer> out(precision == DLLM_PRECISION_BF16 ? 0 : m.layers.size());
+    for (size_t l = 1; l < out.size(); l++) {
+        const dllm__layer_weights &L = m.layers[l];
+        out[l].gu = dllm__quantize_stacked({L.gate, L.up});
+        out[l].down = dllm__quantize_stacked({L.down});
+        if (precision == DLLM_PRECISION_FP8_ALL) {
+            out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
+            out[l].o = dllm__quantize_stacked({L.wo});
+        }
+    }
+    return out;
+}
+
+/* y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on an FP8 weight; x is quantised in place first. */
+static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const dllm__fp8_matrix &W, int row0, const float *bias, int N,
+                                 float *y) {
+    dllm__fake_quantize_groups(x, T, K);
+    dllm__cpu_linear_rows(pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
+}
+
+/* Attention half of a layer over the T = rows.q1 - rows.q0 rows of b.h: h += O(attention(RoPE(QKV(norm(h))))).
+ * With a K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached
+ * row. q: the layer's FP8 weights or null. */
+static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                                      const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[layer];
     const int T = rows.q1 - rows.q0, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
+    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, L.bq.empty() ? nullptr : L.bq.data(), qd, b.q.data());
-    dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, L.bk.empty() ? nullptr : L.bk.data(), kvd, b.k.data());
-    dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, L.bv.empty() ? nullptr : L.bv.data(), kvd, b.v.data());
+    if (q && !q->qkv.empty()) {
+        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->qkv, 0, bq, qd, b.q.data());
+        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
+        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
+    } else {
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, bv, kvd, b.v.data());
+    }
     dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
     dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
     const float *keys = b.k.data(), *values = b.v.data();
@@ -2706,20 +2888,43 @@ static void dllm__cpu_layer(const dllm_model &m, size_t layer, dllm__pool &pool,
         keys = kc, values = vc, n_keys = rows.kv->n;
     }
     dllm__cpu_attention(pool, b.q.data(), keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
-    dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
+    if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
+    else dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.ffn_norm.data(), c.norm_eps, b.a.data());
-    dllm__cpu_linear(pool, b.a.data(), T, d, *L.gate, nullptr, c.n_ff, b.gate.data());
-    dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, c.n_ff, b.up.data());
-    for (size_t i = 0; i < (size_t)T * c.n_ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
-    dllm__cpu_linear(pool, b.gate.data(), T, c.n_ff, *L.down, nullptr, d, b.tmp.data());
+}
+
+/* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
+static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+    const int d = m.cfg.n_embd, ff = m.cfg.n_ff;
+    const bool fp8 = q && !q->gu.empty();
+    if (fp8) {
+        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->gu, 0, nullptr, ff, b.gate.data());
+        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
+    } else {
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.gate, nullptr, ff, b.gate.data());
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, ff, b.up.data());
+    }
+    for (size_t i = 0; i < (size_t)T * ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
+    if (fp8) dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
+    else dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
+}
+
+/* One transformer layer over the rows of b.h, in place. */
+static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                            const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+    const int d = m.cfg.n_embd, T = rows.q1 - rows.q0;
+    dllm__cpu_attention_block(m, layer, q, pool, b, rows, key_valid, cos_t, sin_t);
+    dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
+    dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
 /* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
- * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits. */
+ * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits.
+ * fp8: per-layer FP8 weights (dllm__cpu_fp8_weights), empty for the exact reference. */
 static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n, dllm__cpu_rows rows,
-                              const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits) {
+                              const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits,
+                              const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>()) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd;
     if (rows.q1 == 0) rows.q0 = 0, rows.q1 = n;
@@ -2730,7 +2935,8 @@ static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
         b.pos[(size_t)t] = rows.positions ? rows.positions[row] : row;
         dllm__tensor_row(*m.embed, ids[row], d, b.h.data() + (size_t)t * d);
     }
-    for (size_t l = 0; l < m.layers.size(); l++) dllm__cpu_layer(m, l, pool, b, rows, key_valid, cos_t, sin_t);
+    for (size_t l = 0; l < m.layers.size(); l++)
+        dllm__cpu_layer(m, l, l < fp8.size() ? &fp8[l] : nullptr, pool, b, rows, key_valid, cos_t, sin_t);
     dllm__cpu_rmsnorm(b.h.data() + (size_t)(r0 - rows.q0) * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
     dllm__cpu_linear(pool, b.a.data(), r1 - r0, d, *m.head, nullptr, c.n_vocab, logits);
     if (c.scale_logits) {
@@ -2898,7 +3104,8 @@ static void dllm__step_rows(const dllm__decode &st, int shift, int &q0, int &q1)
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
-    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens) : m_(m), pool_(n_threads) {
+    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision)
+        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
         dllm__rope_tables(m.cfg.rope_theta, m.cfg.head_dim, max_tokens, cos_, sin_);
     }
 
@@ -2941,7 +3148,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         const dllm__config &c = m_.cfg;
         int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
-        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data());
+        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(), fp8_);
         for (int p = r0; p < r1; p++)
             memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                    sizeof(float) * c.n_vocab);
@@ -2979,6 +3186,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     const dllm_model &m_;
     dllm__pool pool_;
+    std::vector<dllm__fp8_layer> fp8_;  // FP8 precision: E4M3 weights, kept as codes + scales (1 byte a weight, as on the GPU)
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
@@ -3142,15 +3350,10 @@ extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t
     }
 }
 
-/* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
- * row s = b * seq_len + row0 + i: v = h_in[s] (+ delta[s]); h_out[s] = v (if h_out); then
- * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row; the sum of squares is reduced in a fixed order,
- * so a row's bits never depend on which other rows are computed (LaCache relies on this). */
-extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
-                                       int d, int n_rows, int row0, int seq_len) {
-    int i = blockIdx.x, b = blockIdx.y;
-    u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
-    const float *hr = (h_out ? h_out : h_in) + src * d;  // where v is after the first pass
+/* The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]),
+ * h_out[src] = v (if h_out); returns rsqrt(mean(v^2) + eps). The sum of squares is reduced in a fixed
+ * order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
+__device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d, float eps) {
     float f[8], g[8];
     const bf16_t *dr = delta ? delta + src * d : 0;
     float ss = 0.f;
@@ -3173,7 +3376,18 @@ extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf
         if (threadIdx.x == 0) part[0] = t;
     }
     __syncthreads();
-    float r = rsqrtf(part[0] / (float)d + eps);
+    return rsqrtf(part[0] / (float)d + eps);
+}
+
+/* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
+ * row s = b * seq_len + row0 + i: v = h_in[s] (+ delta[s]); h_out[s] = v (if h_out); then
+ * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row. */
+extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
+                                       int d, int n_rows, int row0, int seq_len) {
+    int i = blockIdx.x, b = blockIdx.y;
+    u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
+    const float *hr = (h_out ? h_out : h_in) + src * d;  // where v is after the first pass
+    float r = residual_rms(h_in, h_out, delta, src, d, eps), f[8], g[8];
     bf16_t *yr = y + dst * d;
     for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
         load8(hr + k, f);  // h_out holds v; without h_out, v = h_in (no delta is added then)
@@ -3216,15 +3430,22 @@ extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int po
     *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
 }
 
+/* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
+ * FP8 path quantises exactly the values the BF16 path computes. */
+__device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, float g[8]) {
+    float u[8];
+    unpack8(*(const uint4 *)(gu_row + col), g);
+    unpack8(*(const uint4 *)(gu_row + f + col), u);
+    for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+}
+
 /* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. 8 per thread. */
 extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
     u64 idx = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (idx >= (u64)n_rows * f) return;
     u64 row = idx / f, col = idx % f;
-    float g[8], u[8];
-    unpack8(*(const uint4 *)(gu + row * 2 * f + col), g);
-    unpack8(*(const uint4 *)(gu + row * 2 * f + f + col), u);
-    for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+    float g[8];
+    silu_mul8(gu + row * 2 * f, f, (int)col, g);
     *(uint4 *)(out + idx) = pack8(g);
 }
 
@@ -3262,6 +3483,164 @@ extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float sc
         z ^= z >> 29;
         float u = (float)(z >> 40) * (1.0f / 16777216.0f);
         w[i] = f32_to_bf16(constant ? scale : (2.f * u - 1.f) * scale);
+    }
+}
+)DLLM";
+
+/* FP8 E4M3 quantisation (LaCache 3.4), compiled into the row-wise module. Activations: groups of 1x128
+ * along K, codes e4m3(x / s) with s = amax / 448 (1 for an all-zero group), rows padded with zero codes to
+ * k_pad = 128 * ceil(k / 128), scales token-contiguous: scale[g * scale_ld + row] (cuBLASLt's VEC128
+ * layout for the B operand). Weights: 128x128 blocks (BLK128x128 for the A operand). Each kernel names its
+ * twin (section 9); the fused kernels quantise exactly the bf16 values the BF16 path would produce. */
+static const char *dllm__src_fp8 = R"DLLM(
+__device__ __forceinline__ float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+/* Twin: dllm__f32_to_e4m3's canonical codes: one zero (0x00), one NaN (0x7f), whatever sign the hardware gave. */
+__device__ __forceinline__ u32 e4m3_canonical(u32 c) {
+    u32 m = c & 0x7fu;
+    return m == 0u ? 0u : (m == 0x7fu ? 0x7fu : c);
+}
+
+#if __CUDA_ARCH__ >= 890 && !defined(DLLM_E4M3_SOFTWARE)
+/* Two codes, lo in the low byte: round to nearest even, saturate to +-448 (Inf too). */
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return e4m3_canonical(r & 0xffu) | e4m3_canonical((u32)r >> 8) << 8;
+}
+#else
+/* GPUs before sm_89 have no FP8 conversion (and never run the FP8 GEMM): the twin's arithmetic. Also used
+ * on newer GPUs when DLLM_E4M3_SOFTWARE is defined, so that the tests check it against the twin. */
+__device__ __forceinline__ u32 e4m3_soft(float x) {
+    if (x != x) return 0x7fu;
+    float a = fabsf(x);
+    int mag;
+    if (a < 0x1p-6f) {
+        mag = (int)rintf(a * 512.f);
+    } else if (a >= 448.f) {
+        mag = 0x7e;
+    } else {
+        int e;
+        float m = frexpf(a, &e);
+        mag = (e + 6) * 8 + (int)rintf(m * 16.f) - 8;
+    }
+    return mag ? ((__float_as_uint(x) >> 24) & 0x80u) | (u32)mag : 0u;
+}
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) { return e4m3_soft(lo) | e4m3_soft(hi) << 8; }
+#endif
+
+/* Eight codes of f / s (IEEE division, as the twin divides), first value in the lowest byte. */
+__device__ __forceinline__ uint2 e4m3x8(const float f[8], float s) {
+    u32 c[4];
+    for (int e = 0; e < 4; e++) c[e] = e4m3x2(f[2 * e] / s, f[2 * e + 1] / s);
+    return make_uint2(c[0] | c[1] << 16, c[2] | c[3] << 16);
+}
+
+/* Twin: dllm__e4m3_scale. */
+__device__ __forceinline__ float e4m3_scale(float amax) {
+    float s = amax / 448.f;
+    return s > 0.f ? s : 1.f;
+}
+
+/* One 1x128 group held by 16 consecutive lanes, 8 values each; every lane of the warp must call it. Returns
+ * the group's scale (fixed_scale instead when > 0) and this lane's codes. fmaxf drops NaN, as the twin's. */
+__device__ __forceinline__ float quantize_group8(const float f[8], float fixed_scale, uint2 *codes) {
+    float amax = 0.f;
+    for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[e]));
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float s = fixed_scale > 0.f ? fixed_scale : e4m3_scale(amax);
+    *codes = e4m3x8(f, s);
+    return s;
+}
+
+/* Stores chunk c (8 codes) of a quantised row of n_chunks chunks and, from the group's first chunk, its scale.
+ * Chunk c sits in lane c % 32, so the 16 chunks of a group are the 16 lanes that reduced its amax together. */
+__device__ __forceinline__ void store_chunk8(unsigned char *q_row, float *scale, int scale_ld, u64 row, int c, int n_chunks, uint2 codes,
+                                             float s) {
+    if (c >= n_chunks) return;
+    *(uint2 *)(q_row + (u64)c * 8) = codes;
+    if ((c & 15) == 0) scale[(u64)(c >> 4) * scale_ld + row] = s;
+}
+
+__device__ __forceinline__ int e4m3_chunks(int k) { return ((k + 127) >> 7) << 4; }  // 8-code chunks in a padded row
+
+/* Twin: dllm__quantize_groups. Rows of x (bf16, or fp32 when x_f32) [rows x k] into q [rows x k_pad] and their
+ * scales. fixed_scale > 0 replaces every group's scale (one scale for the tensor; the tests use 1 to convert
+ * raw values). Grid (ceil(k_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
+extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, unsigned char *q, float *scale, int scale_ld, float fixed_scale) {
+    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (c * 8 < k) {
+        if (x_f32) load8((const float *)x + (u64)row * k + c * 8, f);
+        else unpack8(*(const uint4 *)((const bf16_t *)x + (u64)row * k + c * 8), f);
+    }
+    uint2 codes;
+    float s = quantize_group8(f, fixed_scale, &codes);
+    store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
+}
+
+/* Twin: add_rmsnorm (same rows, same arguments) followed by dllm__quantize_groups of its bf16 output: output row
+ * b * n_rows + i goes to q [.. x d_pad] and its scales. One CTA per row, blockDim a multiple of 32. */
+extern "C" __global__ void add_rmsnorm_e4m3(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps,
+                                            unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len) {
+    int i = blockIdx.x, b = blockIdx.y;
+    u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
+    const float *hr = (h_out ? h_out : h_in) + src * d;
+    const float r = residual_rms(h_in, h_out, delta, src, d, eps);
+    const int n_chunks = e4m3_chunks(d);
+    for (int c0 = 0; c0 < n_chunks; c0 += blockDim.x) {  // the same trip count in every lane: all reach the shuffles
+        int c = c0 + threadIdx.x;
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, g[8];
+        if (c * 8 < d) {
+            load8(hr + c * 8, f);
+            load8(w + c * 8, g);
+            for (int e = 0; e < 8; e++) f[e] = bf16_round((f[e] * r) * g[e]);
+        }
+        uint2 codes;
+        float s = quantize_group8(f, 0.f, &codes);
+        store_chunk8(q + dst * n_chunks * 8, scale, scale_ld, dst, c, n_chunks, codes, s);
+    }
+}
+
+/* Twin: swiglu followed by dllm__quantize_groups of its bf16 output. gu rows are [gate (f) | up (f)].
+ * Grid (ceil(f_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
+extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, unsigned char *q, float *scale, int scale_ld) {
+    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (c * 8 < f) {
+        silu_mul8(gu + (u64)row * 2 * f, f, c * 8, v);
+        for (int e = 0; e < 8; e++) v[e] = bf16_round(v[e]);
+    }
+    uint2 codes;
+    float s = quantize_group8(v, 0.f, &codes);
+    store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
+}
+
+/* Twin: dllm__quantize_blocks. One CTA of 256 threads per 128x128 block (kb, nb) of W [n x k] (bf16, row-major):
+ * codes into q [n x k_pad] (padding columns 0), the scale into scale[nb * scale_ld + kb]. Each thread owns
+ * half a row of the block (64 values). */
+extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k, unsigned char *q, float *scale, int scale_ld) {
+    const int kb = blockIdx.x, nb = blockIdx.y, k_pad = e4m3_chunks(k) * 8;
+    const int row = nb * 128 + (threadIdx.x >> 1), col0 = kb * 128 + (threadIdx.x & 1) * 64;
+    float f[8], amax = 0.f;
+    for (int c = col0; row < n && c < col0 + 64 && c < k; c += 8) {
+        unpack8(*(const uint4 *)(w + (u64)row * k + c), f);
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[e]));
+    }
+    __shared__ float part[8];
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, part[i]);
+    const float s = e4m3_scale(amax);
+    if (threadIdx.x == 0) scale[(u64)nb * scale_ld + kb] = s;
+    for (int c = col0; row < n && c < col0 + 64; c += 8) {
+        uint2 codes = make_uint2(0u, 0u);
+        if (c < k) {
+            unpack8(*(const uint4 *)(w + (u64)row * k + c), f);
+            codes = e4m3x8(f, s);
+        }
+        *(uint2 *)(q + (u64)row * k_pad + c) = codes;
     }
 }
 )DLLM";
@@ -3722,24 +4101,33 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 //                          m16 tiles per warp)
 // ---------------------------------------------------------------------------------------------------
 
+/* How a GPU runs the FP8 GEMMs of dllm_precision. Only Hopper has cuBLASLt's block-scaled FP8 (1x128
+ * activations x 128x128 weights); sm_89 would need dllm's own mma.sync E4M3 kernel, not built yet. */
+enum dllm__fp8_gemm {
+    DLLM__FP8_NONE = 0,        // FP8 requested: run BF16 and say so in one warning
+    DLLM__FP8_CUBLASLT_BLOCK = 1
+};
+
 /* Tile choices per compute capability. Attention, sm_90: 128 query rows per CTA in 4 warps of 2 m16
  * tiles (FA2's layout) and 32 keys per tile: 245 registers at head dim 128, no spill, two CTAs per SM
  * (measured on an H200). sm_80: ptxas spills that layout, so 8 warps of one m16 tile (128 registers).
  * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). The tests require every
- * configuration to compile without a stack frame. Newer GPUs run the same code for their own target. */
+ * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
+ * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16. */
 struct dllm__arch {
     int cc;               // compute capability major*10 + minor
     const char *target;   // NVRTC --gpu-architecture
     int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
     int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
+    dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1},
-    {86, "sm_86", 64, 32, 1},
-    {87, "sm_87", 64, 32, 1},
-    {89, "sm_89", 64, 32, 1},
-    {90, "sm_90a", 128, 32, 2},
+    {80, "sm_80", 128, 32, 1, DLLM__FP8_NONE},
+    {86, "sm_86", 64, 32, 1, DLLM__FP8_NONE},
+    {87, "sm_87", 64, 32, 1, DLLM__FP8_NONE},
+    {89, "sm_89", 64, 32, 1, DLLM__FP8_NONE},
+    {90, "sm_90a", 128, 32, 2, DLLM__FP8_CUBLASLT_BLOCK},
 };
 
 static int dllm__env_int(const char *name, int dflt) {
@@ -3758,6 +4146,7 @@ static dllm__arch dllm__arch_for(int cc) {
         snprintf(target, sizeof target, "sm_%d", cc);
         a.target = target;
         a.cc = cc;
+        a.fp8 = DLLM__FP8_NONE;
     }
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
@@ -3966,8 +4355,10 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
 
 /* The modules dllm compiles for one GPU and one head dimension. */
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
-    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise,
-            {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16"}, arch.target};
+    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise + dllm__src_fp8,
+            {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16", "quantize_rows_e4m3",
+             "add_rmsnorm_e4m3", "swiglu_e4m3", "quantize_weight_blocks"},
+            arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
@@ -3995,8 +4386,9 @@ static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t sm
 // ---------------------------------------------------------------------------------------------------
 // 15. GPU: cuBLASLt GEMMs
 //     Row-major Y[M x N] = X[M x K] . W[N x K]^T is cuBLAS's column-major Y^T = W^T(op T) . X^T: m = N,
-//     n = M, k = K, A = W with TRANSA = T, B = X. BF16 in, FP32 accumulate, BF16 or FP32 out. The
-//     algorithm is chosen once per (M, N, K, out type) and cached.
+//     n = M, k = K, A = W with TRANSA = T, B = X. BF16 in, FP32 accumulate, BF16 or FP32 out; or E4M3
+//     in with block scales (dllm_precision), BF16 out. The algorithm is chosen once per (kind, M, N, K,
+//     out type) and cached.
 // ---------------------------------------------------------------------------------------------------
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
@@ -4029,6 +4421,20 @@ struct dllm__gemm_plan {
     }
 };
 
+/* The operands of one GEMM Y[M x N] = X[M x K] . W[N x K]^T. BF16: X and W bf16. FP8 (block-scaled, when
+ * x_scale is set): X and W E4M3 with fp32 scales, X per 1x128 group at x_scale[kb * M + m] (VEC128),
+ * W per 128x128 block at w_scale[nb * ceil4(K / 128) + kb] (BLK128x128); K a multiple of 128 and M of 16
+ * (the quantisers pad), so that the scale tensors' leading dimensions are what cuBLASLt expects. */
+struct dllm__gemm_op {
+    const void *X, *W;
+    void *Y;
+    int M, N, K;
+    cudaDataType_t out_type;
+    const float *x_scale, *w_scale;
+    bool fp8() const { return x_scale != nullptr; }
+    const char *kind() const { return fp8() ? "FP8 block-scaled (E4M3, 1x128 x 128x128)" : "BF16"; }
+};
+
 struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
     dllm__dbuf workspace;
@@ -4043,25 +4449,42 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtCreate(&handle));
         return workspace.fit(workspace_bytes, "the cuBLASLt workspace");
     }
-    /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
-     * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
-    dllm_status describe(dllm__gemm_plan &p, int M, int N, int K, cudaDataType_t out_type) {
+    /* Descriptors for one shape. FP8: weights BLK128x128 (the A operand), activations VEC128 (B), BF16 out;
+     * fast accumulation off, so partial sums are promoted to FP32 (DeepSeek-V3's recipe). */
+    dllm_status describe(dllm__gemm_plan &p, const dllm__gemm_op &op) {
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        const cudaDataType_t in = op.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
         DLLM__CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_type, N, M, N));
+        if (op.fp8()) {
+            int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            int8_t fast_accum = 0;
+            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+            DLLM__TRY(bind_scales(p, op));  // the heuristic wants to see scale pointers
+        }
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.a, in, op.K, op.N, op.K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.b, in, op.K, op.M, op.K));
+        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.c, op.out_type, op.N, op.M, op.N));
         return DLLM_OK;
     }
-    dllm_status plan(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream,
-                     dllm__gemm_plan *&out, bool tune) {
-        std::string key = dllm__format("%s%d,%d,%d,%d", tune ? "" : "h:", M, N, K, (int)out_type);
+    /* A plan serves every layer of its shape: the scale pointers are set before each launch. */
+    dllm_status bind_scales(dllm__gemm_plan &p, const dllm__gemm_op &op) {
+        if (!op.fp8()) return DLLM_OK;
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.w_scale, sizeof op.w_scale));
+        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.x_scale, sizeof op.x_scale));
+        return DLLM_OK;
+    }
+    /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
+     * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
+    dllm_status plan(const dllm__gemm_op &op, cudaStream_t stream, dllm__gemm_plan *&out, bool tune) {
+        std::string key = dllm__format("%s%s%d,%d,%d,%d", tune ? "" : "h:", op.fp8() ? "f8:" : "", op.M, op.N, op.K, (int)op.out_type);
         auto it = plans.find(key);
         if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
         std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
-        DLLM__TRY(describe(*p, M, N, K, out_type));
+        DLLM__TRY(describe(*p, op));
         cublasLtMatmulPreference_t pref;
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
@@ -4071,17 +4494,16 @@ struct dllm__gemm {
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
-            return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no BF16 GEMM algorithm for M=%d N=%d K=%d (status %d)", M, N, K, (int)s);
+            return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no %s GEMM algorithm for M=%d N=%d K=%d (status %d)", op.kind(), op.M, op.N, op.K, (int)s);
         found = dllm__drop_split_k(res, found);
-        if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", M, N, K);
+        if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
-        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, X, W, Y, stream));
+        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
     }
-    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const void *X, const void *W, void *Y,
-                        cudaStream_t stream) {
+    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;
         DLLM__CUDA(cudaEventCreate(&t0));
         DLLM__CUDA(cudaEventCreate(&t1));
@@ -4093,7 +4515,7 @@ struct dllm__gemm {
             bool ok = true;
             for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
                 cudaEventRecord(t0, stream);
-                ok = cublasLtMatmul(handle, p.desc, &alpha, W, p.a, X, p.b, &beta, Y, p.c, Y, p.c, &res[i].algo, workspace.ptr,
+                ok = cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
                                     workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
                 cudaEventRecord(t1, stream);
                 float ms = 0;
@@ -4109,33 +4531,44 @@ struct dllm__gemm {
     }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
      * (unordered split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
-     * LaCache computes some rows alone that the plain path computes among all (lacache.md 2). */
+     * LaCache computes some rows alone that the plain path computes among all (lacache.md 2). BF16 only:
+     * the rows it serves (layer 0, LM head) never run in FP8. */
     dllm_status run_pinned(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         const int pin_m = 256;
         std::string key = dllm__format("pin:%d,%d,%d,%d", M, N, K, (int)out_type);
         auto it = plans.find(key);
         if (it == plans.end()) {
             dllm__gemm_plan *ref;
-            DLLM__TRY(plan(nullptr, nullptr, nullptr, pin_m, N, K, out_type, stream, ref, false));
+            DLLM__TRY(plan({nullptr, nullptr, nullptr, pin_m, N, K, out_type, nullptr, nullptr}, stream, ref, false));
             std::unique_ptr<dllm__gemm_plan> pinned(new dllm__gemm_plan);
-            DLLM__TRY(describe(*pinned, M, N, K, out_type));
+            DLLM__TRY(describe(*pinned, {X, W, Y, M, N, K, out_type, nullptr, nullptr}));
             pinned->algo = ref->algo;
             cublasLtMatmulHeuristicResult_t check;
             if (cublasLtMatmulAlgoCheck(handle, pinned->desc, pinned->a, pinned->b, pinned->c, pinned->c, &pinned->algo, &check) != CUBLAS_STATUS_SUCCESS)
                 return dllm__fail(DLLM_ERR_CUDA, "the pinned GEMM algorithm (chosen at M=%d) does not run at M=%d N=%d K=%d", pin_m, M, N, K);
             it = plans.emplace(key, std::move(pinned)).first;
         }
-        return launch(*it->second, X, W, Y, stream);
+        return launch(*it->second, {X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
-    /* Y[M x N] = X[M x K] . W[N x K]^T. */
+    /* Y[M x N] = X[M x K] . W[N x K]^T, BF16. */
     dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
-        dllm__gemm_plan *p;
-        DLLM__TRY(plan(X, W, Y, M, N, K, out_type, stream, p, true));
-        return launch(*p, X, W, Y, stream);
+        return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
-    dllm_status launch(const dllm__gemm_plan &p, const void *X, const void *W, void *Y, cudaStream_t stream) {
+    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out. */
+    dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N, int K, cudaStream_t stream) {
+        if (M % 16 || K % dllm__fp8_group)
+            return dllm__fail(DLLM_ERR_INTERNAL, "FP8 GEMM with M=%d K=%d: M must be a multiple of 16 and K of 128 (pad them)", M, K);
+        return run(dllm__gemm_op{X, W, Y, M, N, K, CUDA_R_16BF, x_scale, w_scale}, stream);
+    }
+    dllm_status run(const dllm__gemm_op &op, cudaStream_t stream) {
+        dllm__gemm_plan *p;
+        DLLM__TRY(plan(op, stream, p, true));
+        return launch(*p, op, stream);
+    }
+    dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
         const float alpha = 1.0f, beta = 0.0f;
-        DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, W, p.a, X, p.b, &beta, Y, p.c, Y, p.c, &p.algo, workspace.ptr,
+        DLLM__TRY(bind_scales(p, op));
+        DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
                                     workspace_bytes, stream));
         return DLLM_OK;
     }
@@ -4149,17 +4582,19 @@ struct dllm__gemm {
 //     the canvas live on the device, so the host issues one launch per step and never copies logits.
 // ---------------------------------------------------------------------------------------------------
 
-static inline uint16_t dllm__f32_to_bf16(float f) {  // round to nearest even; twin of the PTX cvt.rn
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
+/* An E4M3 weight [n x k_pad] (k padded to whole 128-blocks with zero codes) and its 128x128 block scales
+ * in cuBLASLt's BLK128x128 layout, scale[nb * ceil4(k_pad / 128) + kb]. */
+struct dllm__gpu_fp8 {
+    dllm__dbuf q, scale;
+};
 
 struct dllm__gpu_layer {
     dllm__dbuf w_qkv, w_o, w_gu, w_down;      // bf16 [out, in]
     dllm__dbuf attn_norm, ffn_norm, b_qkv;    // fp32
+    dllm__gpu_fp8 f8_qkv, f8_o, f8_gu, f8_down;  // FP8 precision, layers >= 1; the bf16 copy is then released
 };
+
+static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 
 
@@ -4198,6 +4633,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
   public:
     static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
+        g->precision_ = p.precision;
         DLLM__TRY(g->init(p.device));
         out = std::move(g);
         return DLLM_OK;
@@ -4216,6 +4652,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     const dllm__arch &arch() const { return arch_; }
     cudaStream_t stream() const { return stream_; }
+    /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
+    bool fp8_ffn_active() const { return fp8_ffn_; }
+    bool fp8_attn_active() const { return fp8_attn_; }
     void set_timer(dllm__stage_timer *t) { timer_ = t; }
     /* Benchmarks: one eager step with every stage timed. */
     dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t) {
@@ -4262,6 +4701,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode);
     dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
+    // FP8 (dllm_precision): layers >= 1 quantise GEMM inputs into act8_ in the kernels that produce them
+    dllm_status choose_precision(const char *gpu_name);
+    dllm_status quantize_weights();
+    dllm_status quantize_weight(dllm__dbuf &w, int n, int k, dllm__gpu_fp8 &out);
+    bool fp8_ffn(size_t l) const { return fp8_ffn_ && l > 0; }
+    bool fp8_attn(size_t l) const { return fp8_attn_ && l > 0; }
+    int act8_rows(int M) const { return dllm__round_up(M, 16); }
+    dllm_status add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
+    dllm_status quantize_rows(const void *x, int M, int K);
+    dllm_status gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K);
+    dllm_status project_qkv(size_t l, int M);
+    dllm_status project_o(size_t l, int M);
+    dllm_status ffn(size_t l, int batch, int seq, const float *h_res);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
     dllm_status embed(const int *ids, int n_rows, float *h);
@@ -4276,6 +4728,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gemm gemm_;
     std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
     cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_, k_attn_;
+    cudaKernel_t k_quant8_, k_norm8_, k_swiglu8_, k_wquant8_;
+    dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
+    bool fp8_ffn_ = false, fp8_attn_ = false;          // in effect
 
     // weights
     dllm__dbuf embed_, head_, final_norm_, rope_cos_, rope_sin_;
@@ -4290,6 +4745,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
     dllm__dbuf positions_;             // DPad: RoPE position of each canvas row
     bool positions_on_ = false;
+    dllm__dbuf act8_, act8_scale_;     // FP8: one GEMM input [M_pad x K_pad] E4M3 and its scales [K_pad / 128][M_pad]
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
 
@@ -4356,11 +4812,14 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__TRY(gemm_.init());
     DLLM__TRY(load_kernels());
     DLLM__TRY(m_.random_weights ? random_weights() : upload_weights());
+    DLLM__TRY(choose_precision(prop.name));
+    if (fp8_ffn_ || fp8_attn_) DLLM__TRY(quantize_weights());
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
-    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d", prop.name, arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc);
+    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d, %s", prop.name, arch_.cc, prop.multiProcessorCount, arch_.fa_br,
+              arch_.fa_bc, fp8_attn_ ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn_ ? "FP8 FFN in layers >= 1" : "BF16");
     return DLLM_OK;
 }
 
@@ -4383,6 +4842,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     auto &R = rowwise_->kernels, &S = sampler_->kernels;
     k_embed_ = R["embed_gather"]; k_norm_ = R["add_rmsnorm"]; k_rope_ = R["rope_qkv"]; k_swiglu_ = R["swiglu"];
     k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
+    k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
@@ -4466,23 +4926,67 @@ dllm_status dllm__gpu_backend::random_weights() {
     return DLLM_OK;
 }
 
+/* FP8 runs where the architecture table has an FP8 GEMM; elsewhere BF16, said once. */
+dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name) {
+    if (precision_ == DLLM_PRECISION_BF16) return DLLM_OK;
+    if (arch_.fp8 == DLLM__FP8_NONE) {
+        dllm__log(DLLM_LOG_WARN, "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; block-scaled cuBLASLt FP8 is sm_90 only, "
+                  "the sm_89 mma.sync kernel is not built): running BF16", gpu_name, arch_.cc);
+        return DLLM_OK;
+    }
+    fp8_ffn_ = true;
+    fp8_attn_ = precision_ == DLLM_PRECISION_FP8_ALL;
+    return DLLM_OK;
+}
+
+/* W [n x k] bf16 -> E4M3 [n x k_pad] with 128x128 block scales, on the device (checkpoint and random weights
+ * alike); the bf16 copy is released. */
+dllm_status dllm__gpu_backend::quantize_weight(dllm__dbuf &w, int n, int k, dllm__gpu_fp8 &out) {
+    const int kb = dllm__round_up(k, 128) / 128, nb = (n + 127) / 128, ld = dllm__round_up(kb, 4);
+    DLLM__TRY(out.q.fit((size_t)n * kb * 128, "FP8 weights"));
+    DLLM__TRY(out.scale.fit((size_t)nb * ld * 4, "FP8 weight scales"));
+    DLLM__CUDA(cudaMemsetAsync(out.scale.ptr, 0, out.scale.bytes, stream_));  // the ld padding is never read, but defined
+    void *args[] = {&w.ptr, &n, &k, &out.q.ptr, &out.scale.ptr, (void *)&ld};
+    DLLM__TRY(dllm__launch(k_wquant8_, dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, stream_, args, "quantize_weight_blocks"));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    w.release();
+    return DLLM_OK;
+}
+
+/* Layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
+dllm_status dllm__gpu_backend::quantize_weights() {
+    const dllm__config &c = m_.cfg;
+    const int d = c.n_embd, ff = c.n_ff, q = c.n_head * c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    for (size_t l = 1; l < layers_.size(); l++) {
+        dllm__gpu_layer &G = layers_[l];
+        DLLM__TRY(quantize_weight(G.w_gu, 2 * ff, d, G.f8_gu));
+        DLLM__TRY(quantize_weight(G.w_down, d, ff, G.f8_down));
+        if (!fp8_attn_) continue;
+        DLLM__TRY(quantize_weight(G.w_qkv, qkv, d, G.f8_qkv));
+        DLLM__TRY(quantize_weight(G.w_o, d, q, G.f8_o));
+    }
+    return DLLM_OK;
+}
+
 dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
     const dllm__config &c = m_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
+    const bool fp8 = fp8_ffn_ || fp8_attn_;
+    const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
     // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
     const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                             x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr};
+                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr};
     std::vector<const void *> kv_before;
     for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
     DLLM__TRY(a_.fit(M * d * 2, "activations"));
-    DLLM__TRY(delta_.fit(M * d * 2, "activations"));
-    DLLM__TRY(qkv_.fit(M * qkv * 2, "Q/K/V"));
+    DLLM__TRY(delta_.fit(Mo * d * 2, "activations"));
+    DLLM__TRY(qkv_.fit(Mo * qkv * 2, "Q/K/V"));
     DLLM__TRY(att_.fit(M * q * 2, "attention output"));
-    DLLM__TRY(gu_.fit(M * 2 * ff * 2, "MLP activations"));
+    DLLM__TRY(gu_.fit(Mo * 2 * ff * 2, "MLP activations"));
     DLLM__TRY(f_.fit(M * ff * 2, "MLP activations"));
     DLLM__TRY(y_.fit(M * d * 2, "final norm output"));
     DLLM__TRY(logits_.fit(rows * c.n_vocab * 4, "logits"));
@@ -4505,6 +5009,15 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(qkv0_.fit(M * qkv * 2, "the LaCache Q/K/V"));
         DLLM__TRY(fa_state_.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
     }
+    if (fp8) {
+        const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
+        for (auto buf : {std::make_pair(&act8_, Mo * k_pad), std::make_pair(&act8_scale_, Mo * (k_pad / 128) * 4)}) {
+            const void *was = buf.first->ptr;
+            DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
+            // the padding rows start as zeros: defined inputs for the GEMM rows nobody reads
+            if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
+        }
+    }
     size_t pinned = (size_t)seq * 8 + 64;
     if (pinned > host_pinned_bytes_) {
         if (host_pinned_) cudaFreeHost(host_pinned_);
@@ -4514,7 +5027,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     }
     const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr};
+                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr};
     std::vector<const void *> kv_after;
     for (const dllm__dbuf &b : kv_) kv_after.push_back(b.ptr);
     if (memcmp(before, after, sizeof before) != 0 || kv_before != kv_after) buffer_generation_++;
@@ -4550,7 +5063,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
         return layer == 0 ? gemm_.run_pinned(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_) : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
     };
     if (!kv_on_) {
-        DLLM__TRY(gemm(a_.ptr, qkv_.ptr, batch * rows));
+        DLLM__TRY(layer == 0 ? gemm(a_.ptr, qkv_.ptr, batch * rows) : project_qkv(layer, batch * rows));
         stage("gemm qkv");
         DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
@@ -4559,7 +5072,14 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
         return DLLM_OK;
     }
     char *cache = (char *)kv_[layer].ptr, *first = cache + (size_t)q0 * qkv * 2;
-    for (int b = 0; b < batch; b++) DLLM__TRY(gemm((const char *)a_.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows));
+    if (fp8_attn(layer)) {  // an FP8 GEMM writes whole 16-row tiles: project into scratch, then copy the rows in
+        DLLM__TRY(project_qkv(layer, batch * rows));
+        for (int b = 0; b < batch; b++)
+            DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2, (const char *)qkv_.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
+                                       cudaMemcpyDeviceToDevice, stream_));
+    } else {
+        for (int b = 0; b < batch; b++) DLLM__TRY(gemm((const char *)a_.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows));
+    }
     stage("gemm qkv");
     for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
     stage("rope");
@@ -4643,9 +5163,8 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
 }
 
 dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1, int q0, int q1) {
-    const dllm__config &c = m_.cfg;
     if (q1 == 0) q0 = 0, q1 = seq;
-    const int rows = q1 - q0, M = batch * rows, d = c.n_embd, hd = c.head_dim, ff = c.n_ff;
+    const int rows = q1 - q0, M = batch * rows;
     mark("start");
     if (mode == DLLM__L0_PLAIN) {
         DLLM__TRY(embed_rows(ids_dev, batch, seq, q0, rows, h_.as<float>()));
@@ -4658,27 +5177,94 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
         if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows));
-        DLLM__TRY(gemm_.run(att_.ptr, L.w_o.ptr, delta_.ptr, M, d, c.n_head * hd, CUDA_R_16BF, stream_));
+        DLLM__TRY(project_o(l, M));
         mark("gemm o");
-        DLLM__TRY(add_norm(l == 0 ? h_in : h_.as<float>(), h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, rows, 0, rows));
-        mark("add+norm");
-        DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
-        mark("gemm gate+up");
-        {
-            unsigned n = (unsigned)((size_t)M * ff / 8);
-            void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
-            DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
-        }
-        mark("swiglu");
-        DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
-        mark("gemm down");
+        DLLM__TRY(ffn(l, batch, rows, l == 0 ? h_in : h_.as<float>()));
         const bool last = l + 1 == layers_.size();
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
         if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, rows, raw0 - q0, raw1 - raw0));
+        else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, batch, rows));
         else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
+}
+
+/* Q|K|V of layer l >= 1 into qkv_: from a_ (BF16), or under FP8 from act8_, which the previous layer's last
+ * add+norm wrote. */
+dllm_status dllm__gpu_backend::project_qkv(size_t l, int M) {
+    const dllm__config &c = m_.cfg;
+    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    if (fp8_attn(l)) return gemm_e4m3(layers_[l].f8_qkv, qkv_.ptr, M, qkv, d);
+    return gemm_.run(a_.ptr, layers_[l].w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_);
+}
+
+/* The attention output projection of layer l into delta_ (under FP8 the attention output is quantised first). */
+dllm_status dllm__gpu_backend::project_o(size_t l, int M) {
+    const dllm__config &c = m_.cfg;
+    const int d = c.n_embd, q = c.n_head * c.head_dim;
+    if (!fp8_attn(l)) return gemm_.run(att_.ptr, layers_[l].w_o.ptr, delta_.ptr, M, d, q, CUDA_R_16BF, stream_);
+    DLLM__TRY(quantize_rows(att_.ptr, M, q));
+    return gemm_e4m3(layers_[l].f8_o, delta_.ptr, M, d, q);
+}
+
+/* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into delta_).
+ * h_res: the residual stream before the attention output is added. Under FP8 (layers >= 1) the two GEMM
+ * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
+dllm_status dllm__gpu_backend::ffn(size_t l, int batch, int seq, const float *h_res) {
+    const dllm__config &c = m_.cfg;
+    const dllm__gpu_layer &L = layers_[l];
+    const int M = batch * seq, d = c.n_embd, ff = c.n_ff;
+    if (fp8_ffn(l)) {
+        DLLM__TRY(add_norm_e4m3(h_res, h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, batch, seq));
+        mark("add+norm");
+        DLLM__TRY(gemm_e4m3(L.f8_gu, gu_.ptr, M, 2 * ff, d));
+        mark("gemm gate+up");
+        int ld = act8_rows(M);
+        void *args[] = {&gu_.ptr, (void *)&ff, &act8_.ptr, &act8_scale_.ptr, &ld};
+        DLLM__TRY(dllm__launch(k_swiglu8_, dim3((unsigned)(dllm__round_up(ff, 128) / 8 + 127) / 128, (unsigned)M), dim3(128), 0, stream_, args,
+                               "swiglu_e4m3"));
+        mark("swiglu");
+        DLLM__TRY(gemm_e4m3(L.f8_down, delta_.ptr, M, d, ff));
+        mark("gemm down");
+        return DLLM_OK;
+    }
+    DLLM__TRY(add_norm(h_res, h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+    mark("add+norm");
+    DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
+    mark("gemm gate+up");
+    unsigned n = (unsigned)((size_t)M * ff / 8);
+    void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
+    DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
+    mark("swiglu");
+    DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
+    mark("gemm down");
+    return DLLM_OK;
+}
+
+/* add_norm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act8_ instead of y. */
+dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
+    const dllm__config &c = m_.cfg;
+    int d = c.n_embd, ld = act8_rows(batch * seq), row0 = 0;
+    float eps = c.norm_eps;
+    void *args[] = {&h_in, &h_out, &delta, &w, &eps, &act8_.ptr, &act8_scale_.ptr, &ld, &d, &seq, &row0, &seq};
+    const unsigned threads = (unsigned)std::min(1024, dllm__round_up(dllm__round_up(d, 128) / 8, 32));
+    return dllm__launch(k_norm8_, dim3((unsigned)seq, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm_e4m3");
+}
+
+/* act8_ = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
+dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
+    int x_f32 = 0, ld = act8_rows(M);
+    float fixed_scale = 0;
+    void *args[] = {&x, &x_f32, &K, &act8_.ptr, &act8_scale_.ptr, &ld, &fixed_scale};
+    return dllm__launch(k_quant8_, dim3((unsigned)(dllm__round_up(K, 128) / 8 + 127) / 128, (unsigned)M), dim3(128), 0, stream_, args,
+                        "quantize_rows_e4m3");
+}
+
+/* y [M x N] (bf16) = act8_ . W^T over the padded rows and columns (the padding holds zeros or stale rows whose
+ * outputs land in y's padding rows, which nothing reads). */
+dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K) {
+    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, act8_rows(M), N, dllm__round_up(K, 128), stream_);
 }
 
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
@@ -5197,7 +5783,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
                           gpu ? "CPU backend requested" : why.c_str());
     ctx.backend = DLLM_BACKEND_CPU;
-    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens));
+    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -5329,6 +5915,7 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.device = 0;
     p.max_tokens = 0;
     p.n_threads = 0;
+    p.precision = DLLM_PRECISION_BF16;
     return p;
 }
 
@@ -5344,6 +5931,9 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)", params.max_tokens, model->cfg.max_seq_len);
         if (params.n_threads < 0 || params.n_threads > 1024)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]", params.n_threads);
+        int precision = dllm__enum_int(params.precision);
+        if (precision < DLLM_PRECISION_BF16 || precision > DLLM_PRECISION_FP8_ALL)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: precision %d must be DLLM_PRECISION_BF16, _FP8_FFN or _FP8_ALL", precision);
         std::unique_ptr<dllm_ctx> ctx(new dllm_ctx);
         ctx->model = model;
         ctx->params = params;

@@ -3,6 +3,7 @@
  *   build/dllm-eval -m models/tiny-llada --nll tests/data/heldout.txt
  *   build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt
  *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --lacache on --ref-lacache off
+ *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --precision fp8 --ref-precision bf16
  *
  * --nll FILE    masked-token NLL at mask ratios 0.15 / 0.5 / 0.9, dllm protocol 1 (tools/train_tiny.py,
  *               NLL_PROTOCOL): the file tokenized as one string, 64 windows of 128 ids, position i of window
@@ -10,6 +11,7 @@
  * --add FILE    exact match on lines "a+b=sum": prompt "a+b=", gen = steps = block = 8, greedy.
  * --agree FILE  one raw text prompt per line, decoded twice: with the configuration under test and with the
  *               reference (--ref-*); prints per-token and per-sequence agreement of the generated ids.
+ * --precision bf16|fp8|fp8-all sets dllm_ctx_params.precision for every mode (--ref-precision: the reference's).
  * Each result is also printed as a "key value" line for scripts. Exit 0 on success, 1 with one line on
  * stderr for bad usage or a bad model.
  */
@@ -26,6 +28,7 @@ typedef struct {
     int limit, windows, n, steps, block;
     dllm_backend backend, ref_backend;
     dllm_lacache lacache, ref_lacache;
+    dllm_precision precision, ref_precision;
 } options;
 
 static int fail(const char *what, const char *detail) {
@@ -43,7 +46,8 @@ static void usage(void) {
            "  --agree FILE            generation agreement against the reference configuration\n"
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
            "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
-           "  --lacache M, --ref-lacache M   on (default), truncate or off\n");
+           "  --lacache M, --ref-lacache M   on (default), truncate or off\n"
+           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1) or fp8-all\n");
 }
 
 static int parse_backend(const char *s, dllm_backend *b) {
@@ -62,6 +66,14 @@ static int parse_lacache(const char *s, dllm_lacache *m) {
     return 1;
 }
 
+static int parse_precision(const char *s, dllm_precision *p) {
+    if (!strcmp(s, "bf16")) *p = DLLM_PRECISION_BF16;
+    else if (!strcmp(s, "fp8")) *p = DLLM_PRECISION_FP8_FFN;
+    else if (!strcmp(s, "fp8-all")) *p = DLLM_PRECISION_FP8_ALL;
+    else return 0;
+    return 1;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     int i;
     memset(o, 0, sizeof *o);
@@ -69,6 +81,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->backend = o->ref_backend = DLLM_BACKEND_AUTO;
     o->lacache = DLLM_LACACHE_ON;
     o->ref_lacache = DLLM_LACACHE_OFF;
+    o->precision = o->ref_precision = DLLM_PRECISION_BF16;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
@@ -87,6 +100,8 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--ref-backend")) { if (!parse_backend(v, &o->ref_backend)) return fail("bad --ref-backend ", v); }
         else if (!strcmp(a, "--lacache")) { if (!parse_lacache(v, &o->lacache)) return fail("bad --lacache ", v); }
         else if (!strcmp(a, "--ref-lacache")) { if (!parse_lacache(v, &o->ref_lacache)) return fail("bad --ref-lacache ", v); }
+        else if (!strcmp(a, "--precision")) { if (!parse_precision(v, &o->precision)) return fail("bad --precision ", v); }
+        else if (!strcmp(a, "--ref-precision")) { if (!parse_precision(v, &o->ref_precision)) return fail("bad --ref-precision ", v); }
         else return fail("unknown option ", a);
     }
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)", NULL);
@@ -124,10 +139,11 @@ typedef struct {
     dllm_model_info info;
 } loaded;
 
-static dllm_ctx *make_ctx(const loaded *L, dllm_backend backend) {
+static dllm_ctx *make_ctx(const loaded *L, dllm_backend backend, dllm_precision precision) {
     dllm_ctx_params cp = dllm_ctx_default_params();
     dllm_ctx *ctx = NULL;
     cp.backend = backend;
+    cp.precision = precision;
     if (dllm_ctx_create(L->model, cp, &ctx) != DLLM_OK) fprintf(stderr, "dllm-eval: %s\n", dllm_last_error());
     return ctx;
 }
@@ -141,7 +157,7 @@ static int eval_nll(const loaded *L, const options *o) {
     int n = 0, k, w, i, rc = 1, windows;
     int32_t *ids = text ? tokenize(L->tok, text, len, &n) : NULL, masked[128];
     float *logits = (float *)malloc(sizeof(float) * (size_t)W * V);
-    dllm_ctx *ctx = make_ctx(L, o->backend);
+    dllm_ctx *ctx = make_ctx(L, o->backend, o->precision);
     if (!text || !ids || !logits || !ctx) { fail("cannot evaluate NLL on ", o->nll_file); goto done; }
     windows = n / W < o->windows ? n / W : o->windows;
     printf("nll_tokens %d\nnll_windows %d\n", n, windows);
@@ -190,7 +206,7 @@ static dllm_status decode(dllm_ctx *ctx, const int32_t *prompt, int np, int gen,
 static int eval_add(const loaded *L, const options *o) {
     size_t len = 0;
     char *text = read_file(o->add_file, &len), *line, *save = NULL;
-    dllm_ctx *ctx = make_ctx(L, o->backend);
+    dllm_ctx *ctx = make_ctx(L, o->backend, o->precision);
     int total = 0, correct = 0;
     if (!text || !ctx) { free(text); dllm_ctx_free(ctx); return fail("cannot evaluate ", o->add_file); }
     for (line = strtok_r(text, "\n", &save); line && (!o->limit || total < o->limit); line = strtok_r(NULL, "\n", &save)) {
@@ -219,7 +235,8 @@ static int eval_add(const loaded *L, const options *o) {
 static int eval_agree(const loaded *L, const options *o) {
     size_t len = 0;
     char *text = read_file(o->agree_file, &len), *line, *save = NULL;
-    dllm_ctx *a = make_ctx(L, o->backend), *b = o->backend == o->ref_backend ? a : make_ctx(L, o->ref_backend);
+    const int same_ctx = o->backend == o->ref_backend && o->precision == o->ref_precision;
+    dllm_ctx *a = make_ctx(L, o->backend, o->precision), *b = same_ctx ? a : make_ctx(L, o->ref_backend, o->ref_precision);
     int32_t *ga = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n), *gb = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n);
     long tokens = 0, same_tokens = 0;
     int seqs = 0, same_seqs = 0, rc = 1;

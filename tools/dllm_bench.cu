@@ -3,10 +3,11 @@
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *
- * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3), cold and warm JIT time,
- * single forwards at N = 256..2048 (time, TFLOP/s, fraction of the compute floor), the workloads W1
- * (prompt 768, gen 256, block 32, 256 steps) and W1-64 (64 steps), peak GPU memory, and the ratios to
- * tools/torch anchors (shared/anchors/torch_reference.py and torch_reference_graphs.py) when given.
+ * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
+ * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024), cold and warm JIT time, single forwards
+ * at N = 256..2048 (time, TFLOP/s, fraction of the compute floor), the workloads W1 (prompt 768, gen 256,
+ * block 32, 256 steps) and W1-64 (64 steps) in BF16 and in FP8 (dllm_precision), peak GPU memory, and the
+ * ratios to tools/torch anchors (shared/anchors/torch_reference.py and torch_reference_graphs.py) when given.
  * White-box: includes dllm_cuda.cu to time internal stages. Built by ./build.sh; run by ./build.sh gpu.
  */
 #include "../dllm_cuda.cu"
@@ -54,6 +55,54 @@ static double bench_ms(cudaStream_t s, int warm, int reps, F &&fn) {
     return t[t.size() / 2];
 }
 
+/* Random bf16 values: zeros run faster than real data. */
+static void bench_fill(std::shared_ptr<dllm__module> &rowwise, dllm__dbuf &buf, uint64_t n, cudaStream_t s) {
+    uint64_t seed = (uint64_t)(uintptr_t)buf.ptr;
+    float scale = 1.0f;
+    int constant = 0;
+    void *args[] = {&buf.ptr, &n, &seed, &scale, &constant};
+    BENCH_CHECK(dllm__launch(rowwise->kernels["fill_random_bf16"], dim3(1024), dim3(256), 0, s, args, "fill"));
+}
+
+/* One GEMM shape's operands, random, in BF16 and (for FP8) quantised with dllm's own kernels. */
+struct bench_gemm_shape {
+    int M, N, K;
+    dllm__dbuf x, w, y, x8, xs, w8, ws;
+};
+
+static void bench_prepare(std::shared_ptr<dllm__module> &rowwise, bench_gemm_shape &g, bool fp8, cudaStream_t s) {
+    BENCH_CHECK(g.x.fit((size_t)g.M * g.K * 2, "gemm"));
+    BENCH_CHECK(g.w.fit((size_t)g.N * g.K * 2, "gemm"));
+    BENCH_CHECK(g.y.fit((size_t)g.M * g.N * 2, "gemm"));
+    bench_fill(rowwise, g.x, (uint64_t)g.M * g.K, s);
+    bench_fill(rowwise, g.w, (uint64_t)g.N * g.K, s);
+    if (!fp8) return;
+    const int kb = g.K / 128, ld_w = dllm__round_up(kb, 4), nb = (g.N + 127) / 128;  // M and K: multiples of 128 here
+    BENCH_CHECK(g.x8.fit((size_t)g.M * g.K, "gemm"));
+    BENCH_CHECK(g.xs.fit((size_t)kb * g.M * 4, "gemm"));
+    BENCH_CHECK(g.w8.fit((size_t)g.N * g.K, "gemm"));
+    BENCH_CHECK(g.ws.fit((size_t)nb * ld_w * 4, "gemm"));
+    int x_f32 = 0, ld = g.M;
+    float fixed = 0;
+    void *xa[] = {&g.x.ptr, &x_f32, &g.K, &g.x8.ptr, &g.xs.ptr, &ld, &fixed};
+    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_rows_e4m3"], dim3((unsigned)(g.K / 8 + 127) / 128, (unsigned)g.M), dim3(128), 0, s, xa, "quantize"));
+    int ldw = ld_w;
+    void *wa[] = {&g.w.ptr, &g.N, &g.K, &g.w8.ptr, &g.ws.ptr, &ldw};
+    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_weight_blocks"], dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, s, wa, "quantize"));
+}
+
+/* TFLOP/s of cuBLASLt on one shape (the algorithm dllm would pick: autotuned, no split-K). */
+static double bench_gemm_rate(dllm__gemm &gemm, std::shared_ptr<dllm__module> &rowwise, int M, int N, int K, bool fp8, cudaStream_t s) {
+    bench_gemm_shape g;
+    g.M = M; g.N = N; g.K = K;
+    bench_prepare(rowwise, g, fp8, s);
+    double ms = bench_ms(s, 3, 10, [&] {
+        if (fp8) BENCH_CHECK(gemm.run_fp8(g.x8.ptr, g.xs.as<float>(), g.w8.ptr, g.ws.as<float>(), g.y.ptr, M, N, K, s));
+        else BENCH_CHECK(gemm.run(g.x.ptr, g.w.ptr, g.y.ptr, M, N, K, CUDA_R_16BF, s));
+    });
+    return 2.0 * M * N * K / ms / 1e9;
+}
+
 static void bench_ceilings(bench_result &r, cudaStream_t s) {
     const size_t n = (size_t)1 << 30;
     dllm__dbuf a, b;
@@ -64,26 +113,24 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
     r.set("copy_TBps", 2.0 * n / ms / 1e9);
     a.release();
     b.release();
-    const int M = 8192;
-    dllm__dbuf x, w, y;
-    BENCH_CHECK(x.fit((size_t)M * M * 2, "gemm"));
-    BENCH_CHECK(w.fit((size_t)M * M * 2, "gemm"));
-    BENCH_CHECK(y.fit((size_t)M * M * 2, "gemm"));
     std::shared_ptr<dllm__module> rowwise;
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(dllm__arch_for(prop.major * 10 + prop.minor)), rowwise));
-    for (dllm__dbuf *buf : {&x, &w}) {  // random data: zeros run faster than real data
-        uint64_t cnt = (uint64_t)M * M, seed = (uint64_t)(uintptr_t)buf;
-        float scale = 1.0f;
-        int constant = 0;
-        void *args[] = {&buf->ptr, &cnt, &seed, &scale, &constant};
-        BENCH_CHECK(dllm__launch(rowwise->kernels["fill_random_bf16"], dim3(1024), dim3(256), 0, s, args, "fill"));
-    }
+    const dllm__arch arch = dllm__arch_for(prop.major * 10 + prop.minor);
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     dllm__gemm g;
     BENCH_CHECK(g.init());
-    ms = bench_ms(s, 3, 10, [&] { g.run(x.ptr, w.ptr, y.ptr, M, M, M, CUDA_R_16BF, s); });
-    r.set("bf16_gemm_8192_TFLOPs", 2.0 * M * M * M / ms / 1e9);
+    r.set("bf16_gemm_8192_TFLOPs", bench_gemm_rate(g, rowwise, 8192, 8192, 8192, false, s));
+    if (arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) {
+        printf("(no block-scaled FP8 GEMM on sm_%d: FP8 rates not measured)\n", arch.cc);
+        return;
+    }
+    r.set("fp8_gemm_8192_TFLOPs", bench_gemm_rate(g, rowwise, 8192, 8192, 8192, true, s));
+    // the LLaDA FFN GEMMs at M = 1024 tokens: gate|up (N = 2 x 12288, K = 4096) and down (N = 4096, K = 12288)
+    r.set("bf16_gemm_ffn_gate_up_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 2 * 12288, 4096, false, s));
+    r.set("fp8_gemm_ffn_gate_up_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 2 * 12288, 4096, true, s));
+    r.set("bf16_gemm_ffn_down_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 4096, 12288, false, s));
+    r.set("fp8_gemm_ffn_down_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 4096, 12288, true, s));
 }
 
 /* FLOPs of one LLaDA forward over n tokens with the LM head on lm_rows rows. */
@@ -92,6 +139,25 @@ static double bench_flops(const dllm__config &c, double n, double lm_rows) {
     double per_token = c.n_layer * (d * (q + 2 * kv) + q * d + 2 * d * ff + ff * d);
     double attn = c.n_layer * 4.0 * n * n * q;
     return 2.0 * n * per_token + 2.0 * lm_rows * d * c.n_vocab + attn;
+}
+
+/* Median time of one plain forward over n tokens with the LM head on every row; leaves it prepared. */
+static double bench_forward_ms(dllm__gpu_backend *gpu, int n) {
+    std::vector<int32_t> ids((size_t)n);
+    for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
+    BENCH_CHECK(gpu->prepare_forward(ids.data(), n, n));
+    auto nothing = [](int, int) { return DLLM_OK; };
+    return bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, 0, n, nothing)); });
+}
+
+/* Per-stage totals of the forward bench_forward_ms(gpu, n) prepared, as "<prefix><stage> ms". */
+static void bench_stages(bench_result &r, dllm__gpu_backend *gpu, int n, const std::string &prefix) {
+    dllm__stage_timer timer;
+    gpu->set_timer(&timer);
+    BENCH_CHECK(gpu->forward_logits(n, 0, n, [](int, int) { return DLLM_OK; }));
+    cudaStreamSynchronize(gpu->stream());
+    gpu->set_timer(nullptr);
+    for (auto &stage : timer.totals()) r.set(prefix + stage.first + " ms", stage.second);
 }
 
 static std::map<std::string, double> bench_read_anchors(const char *json_path, const char *graphs_log) {
@@ -253,7 +319,7 @@ int main(int argc, char **argv) {
     const int np = 768, gen = 256, block = 32;
     std::vector<int32_t> prompt(np), out(gen);
     for (int i = 0; i < np; i++) prompt[(size_t)i] = (i * 104729) % 100000;
-    auto generate = [&](int steps, dllm_lacache mode) {
+    auto generate_on = [&](dllm_ctx *on, int steps, dllm_lacache mode) {
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = gen;
         gp.steps = steps;
@@ -261,9 +327,10 @@ int main(int argc, char **argv) {
         gp.stop_at_eos = 0;
         gp.lacache = mode;
         dllm_gen_stats st;
-        BENCH_CHECK(dllm_generate(ctx, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
+        BENCH_CHECK(dllm_generate(on, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
         return st;
     };
+    auto generate = [&](int steps, dllm_lacache mode) { return generate_on(ctx, steps, mode); };
     generate(64, DLLM_LACACHE_ON);  // warm-up: GEMM tuning, module loading
     const char *mode_name[3] = {"off", "truncate", "lacache"};
     for (int steps : {256, 64})
@@ -319,22 +386,45 @@ int main(int argc, char **argv) {
     }
 
     for (int n : {256, 512, 1024, 2048}) {
-        std::vector<int32_t> ids((size_t)n);
-        for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
-        BENCH_CHECK(gpu->prepare_forward(ids.data(), n, n));
-        auto nothing = [](int, int) { return DLLM_OK; };
-        double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, 0, n, nothing)); });
+        double ms = bench_forward_ms(gpu, n);
         double flops = bench_flops(c, n, n), floor_ms = flops / (gemm_rate * 1e9);
         r.set(dllm__format("fwd_full_N%d_ms", n), ms);
         r.set(dllm__format("fwd_full_N%d_TFLOPs", n), flops / ms / 1e9);
         r.set(dllm__format("fwd_full_N%d_floor_fraction", n), floor_ms / ms);
-        if (n == 1024) {  // where the time goes: per-stage totals over the 32 layers
-            dllm__stage_timer timer;
-            gpu->set_timer(&timer);
-            BENCH_CHECK(gpu->forward_logits(n, 0, n, nothing));
-            cudaStreamSynchronize(gpu->stream());
-            gpu->set_timer(nullptr);
-            for (auto &stage : timer.totals()) r.set("N1024 stage " + stage.first + " ms", stage.second);
+        if (n == 1024) bench_stages(r, gpu, n, "N1024 stage ");  // where the time goes: per-stage totals over the 32 layers
+    }
+
+    // FP8 (dllm_precision): contexts on the same random weights, quantised on the device at creation
+    if (arch.fp8 == DLLM__FP8_CUBLASLT_BLOCK) {
+        dllm_ctx_free(ctx);  // the BF16 context's 16 GB are not needed any more
+        ctx = nullptr;
+        for (dllm_precision prec : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
+            const char *pn = prec == DLLM_PRECISION_FP8_FFN ? "fp8" : "fp8all";
+            cp.precision = prec;
+            dllm_ctx *ctx8 = nullptr;
+            int64_t before = dllm__device_bytes;
+            t0 = dllm__now_ms();
+            BENCH_CHECK(dllm_ctx_create(model, cp, &ctx8));
+            r.set(dllm__format("%s_ctx_create_s", pn), (dllm__now_ms() - t0) / 1000);
+            r.set(dllm__format("%s_weights_GB", pn), (dllm__device_bytes - before) / 1e9);
+            generate_on(ctx8, 64, DLLM_LACACHE_ON);  // warm-up
+            for (int steps : {256, 64})
+                for (int mode : {0, 2}) {
+                    if (prec == DLLM_PRECISION_FP8_ALL && mode == 0) continue;
+                    dllm_gen_stats st = generate_on(ctx8, steps, (dllm_lacache)mode);
+                    r.set(dllm__format("%s_%s_%s_s", steps == 256 ? "W1" : "W1-64", pn, mode_name[mode]), st.wall_ms / 1000);
+                }
+            if (prec == DLLM_PRECISION_FP8_FFN) {  // the composition: FP8 + LaCache + dual cache
+                dllm_gen_params gp = dllm_gen_default_params();
+                gp.gen_length = gen, gp.steps = gen, gp.block_length = block, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+                dllm_gen_stats st;
+                BENCH_CHECK(dllm_generate(ctx8, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
+                r.set("W1_fp8_dual_s", st.wall_ms / 1000);
+            }
+            dllm__gpu_backend *g8 = (dllm__gpu_backend *)ctx8->impl.get();
+            r.set(dllm__format("%s_fwd_full_N1024_ms", pn), bench_forward_ms(g8, 1024));
+            if (prec == DLLM_PRECISION_FP8_FFN) bench_stages(r, g8, 1024, "fp8 N1024 stage ");
+            dllm_ctx_free(ctx8);
         }
     }
 
@@ -358,6 +448,19 @@ int main(int argc, char **argv) {
     row("W1 s (dual cache)", r.v["W1 dual_s"], "gen_p768_g256_b32_s256_dual_s", nullptr);
     row("W1 s (prefix cache)", r.v["W1 prefix_s"], "gen_p768_g256_b32_s256_prefix_s", nullptr);
     row("W1-64 s (dual cache)", r.v["W1-64 dual_s"], "gen_p768_g256_b32_s64_dual_s", nullptr);
+    if (r.v.count("W1_fp8_lacache_s")) {  // issue 5's target: W1 with LaCache + FP8 at most 0.45x the eager reference
+        row("fwd N=1024 ms (FP8)", r.v["fp8_fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
+        row("W1 s (FP8, plain)", r.v["W1_fp8_off_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+        row("W1 s (FP8, LaCache)", r.v["W1_fp8_lacache_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+        row("W1 s (FP8 all, LaCache)", r.v["W1_fp8all_lacache_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
+        row("W1-64 s (FP8, plain)", r.v["W1-64_fp8_off_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+        row("W1-64 s (FP8, LaCache)", r.v["W1-64_fp8_lacache_s"], "gen_p768_g256_b32_s64_vanilla_s", nullptr);
+        row("W1 s (FP8, LaCache, dual cache)", r.v["W1_fp8_dual_s"], "gen_p768_g256_b32_s256_dual_s", nullptr);
+        printf("\n| GEMM (M = 1024 unless said) | BF16 TFLOP/s | FP8 block-scaled TFLOP/s |\n|---|---|---|\n");
+        printf("| 8192^3 (ceiling, same run) | %.0f | %.0f |\n", r.v["bf16_gemm_8192_TFLOPs"], r.v["fp8_gemm_8192_TFLOPs"]);
+        printf("| LLaDA gate+up (N 24576, K 4096) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_gate_up_M1024_TFLOPs"], r.v["fp8_gemm_ffn_gate_up_M1024_TFLOPs"]);
+        printf("| LLaDA down (N 4096, K 12288) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_down_M1024_TFLOPs"], r.v["fp8_gemm_ffn_down_M1024_TFLOPs"]);
+    }
     if (json_out) {
         std::string j = "{\n";
         for (auto &kv : r.v) j += dllm__format("  \"%s\": %.6g,\n", kv.first.c_str(), kv.second);
