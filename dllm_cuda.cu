@@ -3836,13 +3836,14 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const void *p) {
+// Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic pointers.
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void *p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -3861,6 +3862,8 @@ struct attn_args {
     float scale_log2;            // log2(e) / sqrt(HD)
     int fa_mode;                 // FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it
     float *fa_state;             // [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2)
+    int kv_splits;               // CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split
+    float *partial;              // kv_splits > 1: per-split states for attn_combine (see store_partial)
 };
 
 __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
@@ -3904,32 +3907,177 @@ __device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][D
     }
 }
 
+/* The KV tiles [i_begin, i_end) of the visiting order this CTA streams: all of them, those after the
+ * cached early tiles (FACache resume), or one contiguous share of them (split-KV). */
+__device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_tiles, int n_early, bool resume, int &i_begin, int &i_end) {
+    i_begin = resume ? n_early : 0;
+    i_end = n_tiles;
+    if (a.kv_splits > 1) {
+        const int per = (n_tiles + a.kv_splits - 1) / a.kv_splits;
+        i_begin = min(n_tiles, split * per);
+        i_end = min(n_tiles, i_begin + per);
+    }
+}
+
+/* Split-KV: a CTA's unnormalised output, running max and normaliser per query row, for attn_combine.
+ * Layout: [batch][head][split][q_rows][HD + 2] floats (O, then m, then l). */
+template <int HD, int MT, int DT>
+__device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, int split, int q0, int warp, int g, int t,
+                                              float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
+    float *P = a.partial + (((u64)b * gridDim.y + h) * a.kv_splits + split) * a.q_rows * (HD + 2);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int row = q0 + (warp * MT + mt) * 16 + g + 8 * r;
+            if (row >= a.q_rows) continue;
+            float *p = P + (u64)row * (HD + 2);
+#pragma unroll
+            for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[mt][d][2 * r], o[mt][d][2 * r + 1]);
+            if (t == 0) p[HD] = m[mt][r], p[HD + 1] = lr;
+        }
+}
+
+/* One warp, one KV tile of BC keys: S = Q K^T, the online-softmax update, O += P V. Keys past the
+ * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test. */
+template <int HD, int BC, int MT>
+__device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int lane, int t,
+                                           float (&o)[MT][HD / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
+    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8;  // LD in elements; addresses advance 2 bytes each
+    float s[MT][NT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        #pragma unroll
+        for (int j = 0; j < NT; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    #pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        u32 qf[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qf[mt], q_warp + (mt * 16 * LD + kk * 16) * 2);
+        #pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            u32 kb[4];
+            ldmatrix_x4(kb, k_s + ((j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(s[mt][j], qf[mt], kb[0], kb[1]);
+                mma_bf16(s[mt][j + 1], qf[mt], kb[2], kb[3]);
+            }
+        }
+    }
+    if (a.key_valid || k0 + BC > a.seq) {
+        const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            #pragma unroll
+            for (int j = 0; j < NT; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * t + (e & 1);
+                    if (key >= a.seq || (valid && !valid[key])) s[mt][j][e] = -DLLM_INF;
+                }
+    }
+    const float scale = a.scale_log2;
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
+        #pragma unroll
+        for (int j = 0; j < NT; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
+        }
+        #pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float n0 = fmaxf(m[mt][0], mx0 * scale), n1 = fmaxf(m[mt][1], mx1 * scale);
+        const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
+        const float corr0 = exp2f(m[mt][0] - base0), corr1 = exp2f(m[mt][1] - base1);
+        m[mt][0] = n0;
+        m[mt][1] = n1;
+        l[mt][0] *= corr0;
+        l[mt][1] *= corr1;
+        #pragma unroll
+        for (int d = 0; d < DT; d++) {
+            o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
+            o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
+        }
+        #pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[mt][j][0] = exp2f(fmaf(s[mt][j][0], scale, -base0));
+            s[mt][j][1] = exp2f(fmaf(s[mt][j][1], scale, -base0));
+            s[mt][j][2] = exp2f(fmaf(s[mt][j][2], scale, -base1));
+            s[mt][j][3] = exp2f(fmaf(s[mt][j][3], scale, -base1));
+            l[mt][0] += s[mt][j][0] + s[mt][j][1];
+            l[mt][1] += s[mt][j][2] + s[mt][j][3];
+        }
+    }
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) {
+        u32 pa[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+        #pragma unroll
+        for (int d = 0; d < DT; d += 2) {
+            u32 vb[4];
+            ldmatrix_x4_trans(vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(o[mt][d], pa[mt], vb[0], vb[1]);
+                mma_bf16(o[mt][d + 1], pa[mt], vb[2], vb[3]);
+            }
+        }
+    }
+}
+
 /* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
- * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. */
+ * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers.
+ * Scores stay unscaled until the exponent, where one FFMA applies scale and running max together; the
+ * running max m is kept in the scaled (log2) domain. */
 template <int HD, int BR, int BC, int MT>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
-    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8, THREADS = BR * 2 / MT;
+    // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
+    // (fewer barriers per key) is computed in 32-key slices, in key order.
+    constexpr int LD = HD + 8, DT = HD / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z / a.kv_splits, split = blockIdx.z % a.kv_splits, kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
-    const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
     int late_lo = 0, late_hi = 0;
     if (a.st && a.st->block_end > a.st->block_begin) {
         late_lo = a.st->block_begin / BC;
         late_hi = min(n_tiles, (a.st->block_end + BC - 1) / BC);
     }
+    // FACache (LaCache, Algorithm 1): a query tile outside the block keeps, across the block's steps, its
+    // state over the KV tiles outside the block. Saved and restored register for register, so resuming
+    // continues exactly the computation the plain order performs.
+    const int n_early = n_tiles - (late_hi - late_lo);
+    const bool q_in_block = late_hi > late_lo && q0 < a.st->block_end && q0 + BR > a.st->block_begin;
+    const bool cached = a.fa_mode != 0 && !q_in_block;
+    int i_begin, i_end;
+    kv_range(a, split, n_tiles, n_early, cached && a.fa_mode == 2, i_begin, i_end);
 
     load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.q_rows);
     cp_async_commit();
-    int tile = kv_tile_at(0, n_tiles, late_lo, late_hi);
-    load_tile<HD, THREADS>(sK, K, a.kv_stride, tile * BC, BC, a.seq);
-    load_tile<HD, THREADS>(sV, V, a.kv_stride, tile * BC, BC, a.seq);
+    if (i_begin < i_end) {
+        const int first = kv_tile_at(i_begin, n_tiles, late_lo, late_hi);
+        load_tile<HD, THREADS>(sK + (i_begin & 1) * BC * LD, K, a.kv_stride, first * BC, BC, a.seq);
+        load_tile<HD, THREADS>(sV + (i_begin & 1) * BC * LD, V, a.kv_stride, first * BC, BC, a.seq);
+    }
     cp_async_commit();
 
     float o[MT][DT][4];
@@ -3941,32 +4089,15 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         m[mt][0] = m[mt][1] = -DLLM_INF;
         l[mt][0] = l[mt][1] = 0.f;
     }
-    const bf16_t *q_warp = sQ + (warp * 16 * MT + (lane & 15)) * LD + (lane >> 4) * 8;
-
-    // FACache (LaCache, Algorithm 1): a query tile outside the block keeps, across the block's steps, its
-    // state over the KV tiles outside the block. Saved and restored register for register, so resuming
-    // continues exactly the computation the plain order performs.
-    const int n_early = n_tiles - (late_hi - late_lo);
-    const bool q_in_block = late_hi > late_lo && q0 < a.st->block_end && q0 + BR > a.st->block_begin;
-    const bool cached = a.fa_mode != 0 && !q_in_block;
-    int i_begin = 0;
-    if (cached && a.fa_mode == 2) {
-        fa_state_io<MT, DT, THREADS, false>(a, o, m, l);
-        i_begin = n_early;
-    }
+    if (cached && a.fa_mode == 2) fa_state_io<MT, DT, THREADS, false>(a, o, m, l);
     if (cached && a.fa_mode == 1 && n_early == 0) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
-    if (i_begin > 0) {  // the prefetched tile 0 is not needed: fetch the first late tile instead
-        cp_async_wait_all();
-        __syncthreads();
-        int first = kv_tile_at(i_begin, n_tiles, late_lo, late_hi);
-        load_tile<HD, THREADS>(sK + (i_begin & 1) * BC * LD, K, a.kv_stride, first * BC, BC, a.seq);
-        load_tile<HD, THREADS>(sV + (i_begin & 1) * BC * LD, V, a.kv_stride, first * BC, BC, a.seq);
-        cp_async_commit();
-    }
+    const u32 q_warp = smem_u32(sQ + (warp * 16 * MT + (lane & 15)) * LD + (lane >> 4) * 8);
+    // A warp whose rows are all past the last query (a short K/V-cache step) only helps load tiles.
+    const bool live = q0 + warp * 16 * MT < a.q_rows;
 
-    for (int i = i_begin; i < n_tiles; i++) {
+    for (int i = i_begin; i < i_end; i++) {
         const int stage = i & 1;
-        if (i + 1 < n_tiles) {
+        if (i + 1 < i_end) {
             int next = kv_tile_at(i + 1, n_tiles, late_lo, late_hi);
             load_tile<HD, THREADS>(sK + (stage ^ 1) * BC * LD, K, a.kv_stride, next * BC, BC, a.seq);
             load_tile<HD, THREADS>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
@@ -3974,99 +4105,20 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         cp_async_commit();
         cp_async_wait_1();
         __syncthreads();
-        const bf16_t *k_s = sK + stage * BC * LD, *v_s = sV + stage * BC * LD;
+        const u32 k_s = smem_u32(sK + stage * BC * LD), v_s = smem_u32(sV + stage * BC * LD);
         const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
-
-        float s[MT][NT][4];
-        #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            #pragma unroll
-            for (int j = 0; j < NT; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
-        #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            u32 qf[MT][4];
-            #pragma unroll
-            for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qf[mt], q_warp + mt * 16 * LD + kk * 16);
-            #pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                u32 kb[4];
-                ldmatrix_x4(kb, k_s + (j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][j], qf[mt], kb[0], kb[1]);
-                    mma_bf16(s[mt][j + 1], qf[mt], kb[2], kb[3]);
-                }
-            }
-        }
-
-        #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
-            #pragma unroll
-            for (int j = 0; j < NT; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + j * 8 + 2 * t + (e & 1);
-                    bool ok = key < a.seq && (!valid || valid[key]);
-                    s[mt][j][e] = ok ? s[mt][j][e] * a.scale_log2 : -DLLM_INF;
-                }
-            #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
-            }
-            #pragma unroll
-            for (int x = 1; x <= 2; x <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-            }
-            const float n0 = fmaxf(m[mt][0], mx0), n1 = fmaxf(m[mt][1], mx1);
-            const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
-            const float corr0 = exp2f(m[mt][0] - base0), corr1 = exp2f(m[mt][1] - base1);
-            m[mt][0] = n0;
-            m[mt][1] = n1;
-            l[mt][0] *= corr0;
-            l[mt][1] *= corr1;
-            #pragma unroll
-            for (int d = 0; d < DT; d++) {
-                o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
-                o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
-            }
-            #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                s[mt][j][0] = exp2f(s[mt][j][0] - base0);
-                s[mt][j][1] = exp2f(s[mt][j][1] - base0);
-                s[mt][j][2] = exp2f(s[mt][j][2] - base1);
-                s[mt][j][3] = exp2f(s[mt][j][3] - base1);
-                l[mt][0] += s[mt][j][0] + s[mt][j][1];
-                l[mt][1] += s[mt][j][2] + s[mt][j][3];
-            }
-        }
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            u32 pa[MT][4];
-            #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-            #pragma unroll
-            for (int d = 0; d < DT; d += 2) {
-                u32 vb[4];
-                ldmatrix_x4_trans(vb, v_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8);
-                #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(o[mt][d], pa[mt], vb[0], vb[1]);
-                    mma_bf16(o[mt][d + 1], pa[mt], vb[2], vb[3]);
-                }
-            }
-        }
+        if (live)
+            #pragma unroll 1
+            for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
+                flash_tile<HD, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
+    if (a.kv_splits > 1) {
+        store_partial<HD, MT, DT>(a, b, h, split, q0, warp, g, t, o, m, l);
+        return;
+    }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -4085,6 +4137,26 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
             if (r1 < a.q_rows) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
         }
     }
+}
+
+/* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
+ * result does not depend on scheduling). One thread per output column. */
+template <int HD>
+__global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+    const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+    const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
+    const u64 split_stride = (u64)a.q_rows * (HD + 2);
+    float mx = -DLLM_INF;
+    for (int s = 0; s < a.kv_splits; s++) mx = fmaxf(mx, P[s * split_stride + HD]);
+    float acc = 0.f, l = 0.f;
+    for (int s = 0; s < a.kv_splits; s++) {
+        const float ms = P[s * split_stride + HD];
+        if (ms == -DLLM_INF) continue;  // a share with no visible key
+        const float w = exp2f(ms - mx);
+        acc += w * P[s * split_stride + d];
+        l += w * P[s * split_stride + HD + 1];
+    }
+    a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
 
@@ -4369,12 +4441,33 @@ static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) { return 
 
 static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_mt; }
 
+static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
+
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
     return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt),
-            std::string(dllm__src_common) + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch)}, arch.target};
+            std::string(dllm__src_common) + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
+            arch.target};
 }
 
 static size_t dllm__attn_smem(int hd, int br, int bc) { return (size_t)(br + 4 * bc) * (hd + 8) * 2; }
+
+/* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
+ * tile per head, 32 CTAs on a 132-SM GPU, each streaming every key alone. Splitting the KV tiles gives
+ * about two CTAs per SM, each with at least two tiles. Only ever asked for where every path that must
+ * agree bit for bit takes the same split (the split changes the order of the softmax sums). */
+static int dllm__attn_kv_splits(const dllm__arch &a, int q_rows, int seq, int heads_x_batch, int n_sms) {
+    const int ctas = (q_rows + a.fa_br - 1) / a.fa_br * heads_x_batch, tiles = (seq + a.fa_bc - 1) / a.fa_bc;
+    if (ctas >= n_sms) return 1;
+    return std::max(1, std::min(tiles / 2, 2 * n_sms / ctas));
+}
+
+/* Bytes of split-KV partial state any dllm__attn_kv_splits choice on n_sms SMs can need. */
+static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) { return (size_t)2 * n_sms * a.fa_br * (hd + 2) * 4; }
+
+/* The attention kernels of one module: flash_attn and, for split-KV, the combine. */
+struct dllm__attn_kernels {
+    cudaKernel_t attn = nullptr, combine = nullptr;
+};
 
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
 static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
@@ -4698,7 +4791,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status run_step(const dllm__decode &st);
     dllm_status capture_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode);
+    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
+                          bool may_split = false);
     dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     // FP8 (dllm_precision): layers >= 1 quantise GEMM inputs into act8_ in the kernels that produce them
@@ -4722,12 +4816,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     const dllm_model &m_;
     int max_tokens_;
-    int device_ = 0;
+    int device_ = 0, n_sms_ = 1;
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
     dllm__gemm gemm_;
     std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
-    cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_, k_attn_;
+    cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_;
+    dllm__attn_kernels k_attn_;
     cudaKernel_t k_quant8_, k_norm8_, k_swiglu8_, k_wquant8_;
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     bool fp8_ffn_ = false, fp8_attn_ = false;          // in effect
@@ -4741,6 +4836,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
     dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
+    dllm__dbuf attn_partial_;          // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
     bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
     dllm__dbuf positions_;             // DPad: RoPE position of each canvas row
@@ -4782,7 +4878,20 @@ struct dllm__attn_args {
     float scale_log2;
     int fa_mode;
     float *fa_state;
+    int kv_splits;
+    float *partial;
 };
+
+/* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of
+ * the per-split states in a.partial. */
+static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_args &a,
+                                     cudaStream_t s) {
+    void *argv[] = {&a};
+    dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+    DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch.fa_br, arch.fa_bc), s, argv, "flash_attn"));
+    if (a.kv_splits == 1) return DLLM_OK;
+    return dllm__launch(k.combine, dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd), 0, s, argv, "attn_combine");
+}
 
 static const size_t dllm__conf_partial_bytes = 32;  // sizeof(conf_partial) on the device
 
@@ -4807,6 +4916,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     cudaDeviceProp prop;
     DLLM__CUDA(cudaGetDeviceProperties(&prop, device));
     arch_ = dllm__arch_for(prop.major * 10 + prop.minor);
+    n_sms_ = prop.multiProcessorCount;
     if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemm_.init());
@@ -4844,11 +4954,12 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
     k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
-    k_attn_ = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
+    k_attn_.attn = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
+    k_attn_.combine = attn_->kernels[dllm__attn_combine_name(m_.cfg.head_dim)];
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_.attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)dllm__attn_smem(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)));
     return DLLM_OK;
 }
@@ -4978,7 +5089,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
     const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                             x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr};
+                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr};
     std::vector<const void *> kv_before;
     for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
@@ -5002,6 +5113,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (kv_cache) {
         kv_.resize(layers_.size());
         for (dllm__dbuf &b : kv_) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
+        DLLM__TRY(attn_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
@@ -5027,7 +5139,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     }
     const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr};
+                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr};
     std::vector<const void *> kv_after;
     for (const dllm__dbuf &b : kv_) kv_after.push_back(b.ptr);
     if (memcmp(before, after, sizeof before) != 0 || kv_before != kv_after) buffer_generation_++;
@@ -5037,15 +5149,16 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over
  * the seq key rows of keys_qkv; the KV tiles that overlap the current block (read from the device step
  * state) are visited last. */
-dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode) {
+dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
+                                         bool may_split) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
+    const int splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
     dllm__attn_args args = {q, (const char *)keys_qkv + (size_t)c.n_head * hd * 2, (const char *)keys_qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
                             out, nullptr, seq, q_rows, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, q_bstride,
-                            (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>()};
-    void *argv[] = {&args};
-    dim3 grid((unsigned)((q_rows + arch_.fa_br - 1) / arch_.fa_br), (unsigned)c.n_head, (unsigned)batch);
-    return dllm__launch(k_attn_, grid, dim3((unsigned)dllm__attn_threads(arch_)), dllm__attn_smem(hd, arch_.fa_br, arch_.fa_bc), stream_, argv, "flash_attn");
+                            (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>(),
+                            splits, attn_partial_.as<float>()};
+    return dllm__attn_launch(k_attn_, arch_, hd, c.n_head, batch, args, stream_);
 }
 
 /* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
@@ -5083,7 +5196,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
     stage("gemm qkv");
     for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
     stage("rope");
-    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0));
+    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0, true));
     stage("attention");
     return DLLM_OK;
 }

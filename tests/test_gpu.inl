@@ -273,33 +273,42 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and
  * the block-last tile order (which only reorders the sum). */
 /* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row. */
-static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, const int *block, int q0 = 0,
-                                int q_rows = 0) {
-    if (q_rows == 0) q_rows = seq;
-    const int B = 2, heads = H + 2 * KV, stride = heads * hd;
+/* The attention kernels of head dim hd, loaded and ready to launch. */
+static dllm__attn_kernels test_attn_kernels(dllm_test_state &T_, test_gpu &g, int hd) {
     std::shared_ptr<dllm__module> mod;
     CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
-    if (!mod) return;
-    cudaKernel_t k = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
-    size_t smem = dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc);
-    cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dllm__attn_kernels k;
+    if (!mod) return k;
+    k.attn = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
+    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
+    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc));
+    return k;
+}
+
+/* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row;
+ * splits > 1 runs split-KV with that many shares (more shares than tiles leaves some empty). */
+static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, const int *block, int q0 = 0,
+                                int q_rows = 0, int splits = 1) {
+    if (q_rows == 0) q_rows = seq;
+    const int B = 2, heads = H + 2 * KV, stride = heads * hd;
+    dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
+    if (!k.attn) return;
     std::vector<float> qkv((size_t)B * seq * stride);
     for (float &v : qkv) v = r.normal();
     std::vector<uint16_t> qkvb = test_bf16_vec(qkv);
     std::vector<unsigned char> valid((size_t)B * seq, 1);
     for (int i = 0; i < seq / 5; i++) valid[(size_t)seq + r.below(seq)] = 0;  // padding in the second sequence
-    dllm__dbuf dq, dv, dout, dst;
+    dllm__dbuf dq, dv, dout, dst, dpart;
     test_put(dq, qkvb); test_put(dv, valid);
     test_poison(dout, (size_t)B * q_rows * H * hd * 2);
+    test_poison(dpart, (size_t)splits * B * H * q_rows * (hd + 2) * 4);
     int st[16] = {0};
     if (block) { st[0] = block[0]; st[1] = block[1]; }
     test_put(dst, std::vector<int>(st, st + 16));
     dllm__attn_args a = {(char *)dq.ptr + (size_t)q0 * stride * 2, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2,
                          dout.ptr, dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride,
-                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr};
-    void *argv[] = {&a};
-    dim3 grid((unsigned)((q_rows + g.arch.fa_br - 1) / g.arch.fa_br), (unsigned)H, (unsigned)B);
-    CHECK_STATUS(dllm__launch(k, grid, dim3((unsigned)dllm__attn_threads(g.arch)), smem, 0, argv, "flash_attn"), DLLM_OK, nullptr);
+                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>()};
+    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd)), want(got.size());
     std::vector<float> xf = test_f32_vec(qkvb);
@@ -316,8 +325,8 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
                             &want[(size_t)b * q_rows * H * hd]);
     }
     double err = test_max_rel(got, want);
-    printf("    attention hd=%d seq=%d H=%d KV=%d queries [%d,%d)%s: max relative error %.2e\n", hd, seq, H, KV, q0, q0 + q_rows,
-           block ? " (block tiles last)" : "", err);
+    printf("    attention hd=%d seq=%d H=%d KV=%d queries [%d,%d)%s, %d KV share(s): max relative error %.2e\n", hd, seq, H, KV, q0, q0 + q_rows,
+           block ? " (block tiles last)" : "", splits, err);
     CHECK_MSG(err < 2e-2, "attention hd=%d seq=%d error %.3e", hd, seq, err);
 }
 
@@ -333,6 +342,19 @@ TEST(gpu, flash_attention_matches_cpu) {
     test_attention_case(T_, g, r, 64, 1, 3, 3, nullptr);
     test_attention_case(T_, g, r, 128, 300, 4, 2, block, 70, 31);   // dual cache: the block's rows over every key
     test_attention_case(T_, g, r, 64, 203, 2, 1, nullptr, 95, 108);  // prefix cache: the block and the suffix
+    test_attention_case(T_, g, r, 128, 300, 4, 2, block, 70, 31, 3);   // split-KV: 10 tiles in shares of 4, 4, 2
+    test_attention_case(T_, g, r, 64, 203, 2, 1, nullptr, 95, 108, 5);
+    test_attention_case(T_, g, r, 128, 40, 3, 1, nullptr, 9, 17, 4);    // more shares than tiles: empty shares
+}
+
+/* The split the backend chooses: one share for grids that fill the GPU, at least two tiles per share. */
+TEST(jit, attention_kv_splits_fill_the_gpu) {
+    const dllm__arch a = dllm__arch_for(90);
+    CHECK(dllm__attn_kv_splits(a, 1024, 1024, 32, 132) == 1);            // a full forward: one share
+    const int dual = dllm__attn_kv_splits(a, 32, 1024, 32, 132);        // a dual-cache block step of LLaDA-8B
+    CHECK(dual > 1 && 32 * dual <= 2 * 132 && (1024 / a.fa_bc) / dual >= 2);
+    CHECK(dllm__attn_kv_splits(a, 32, 40, 32, 132) == 1);               // two tiles: nothing to share
+    CHECK((size_t)dual * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(a, 128, 132));
 }
 
 /* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
@@ -581,12 +603,8 @@ TEST(gpu, random_weight_model_runs_on_gpu_only) {
  * output must equal a plain run on the changed inputs bit for bit (and the saving run, the plain one). */
 static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, int b0, int b1) {
     const int B = 2, heads = H + 2 * KV, stride = heads * hd;
-    std::shared_ptr<dllm__module> mod;
-    CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
-    if (!mod) return;
-    cudaKernel_t k = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
-    size_t smem = dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc);
-    cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
+    if (!k.attn) return;
     std::vector<float> qkv((size_t)B * seq * stride);
     for (float &v : qkv) v = r.normal();
     std::vector<uint16_t> before = test_bf16_vec(qkv), after = before;
@@ -604,10 +622,8 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
         test_poison(dout, out_n * 2);
         dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, nullptr,
                              seq, seq, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.ptr,
-                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>()};
-        void *argv[] = {&a};
-        dim3 grid((unsigned)q_tiles, (unsigned)H, (unsigned)B);
-        dllm__launch(k, grid, dim3((unsigned)threads), smem, 0, argv, "flash_attn");
+                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr};
+        dllm__attn_launch(k, g.arch, hd, H, B, a, 0);
         return test_get<uint16_t>(dout, out_n);
     };
     std::vector<uint16_t> plain_before = run(before, 0), saved = run(before, 1), plain_after = run(after, 0), resumed = run(after, 2);

@@ -2,6 +2,7 @@
  * beside the PyTorch reference run in the same device call.
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
+ *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
  * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024), cold and warm JIT time, single forwards
@@ -239,7 +240,7 @@ static void bench_lacache_components(bench_result &r, dllm__gpu_backend *gpu, co
 
 /* One dual-cache block step (Fast-dLLM): 32 query rows over n cached keys, replayed as the decoding loop
  * replays it (a CUDA graph per block). The block's first step fills the cache and is not timed. */
-static double bench_dual_block_step(dllm__gpu_backend *gpu, const dllm__config &c, int n, int block) {
+static double bench_dual_block_step(bench_result &r, dllm__gpu_backend *gpu, const dllm__config &c, int n, int block) {
     dllm__decode st;
     const int np = n - block;
     st.canvas.assign((size_t)n, c.mask_id);
@@ -253,11 +254,49 @@ static double bench_dual_block_step(dllm__gpu_backend *gpu, const dllm__config &
     std::vector<int32_t> committed;
     BENCH_CHECK(gpu->step(st, committed, false));  // the full forward that fills the cache
     st.step_in_block = 1;  // every later step has this shape: the first runs eagerly, then the graph replays
-    return bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->step(st, committed, false)); });
+    const double ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->step(st, committed, false)); });
+    dllm__stage_timer timer;  // where the step's time goes (eager, so launch gaps show in the first stage after each)
+    BENCH_CHECK(gpu->profile_step(st, timer));
+    cudaStreamSynchronize(gpu->stream());
+    for (auto &stage : timer.totals()) r.set("dual step stage " + stage.first + " ms", stage.second);
+    return ms;
+}
+
+/* The attention kernel alone at the LLaDA-8B shape (32 heads, head dim 128, random Q/K/V): a full forward's
+ * 1024 x 1024, and a dual-cache block step's 32 queries over 1024 keys with the split-KV the backend picks.
+ * The tile comes from the architecture table or DLLM_FA_BR / DLLM_FA_BC / DLLM_FA_MT. */
+static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, cudaStream_t s) {
+    const int H = 32, hd = 128, n = 1024, stride = 3 * H * hd;
+    std::shared_ptr<dllm__module> mod, rowwise;
+    BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, hd), mod));
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    dllm__attn_kernels k;
+    k.attn = mod->kernels[dllm__attn_kernel_name(hd, arch)];
+    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
+    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch.fa_br, arch.fa_bc));
+    dllm__dbuf qkv, out, partial;
+    BENCH_CHECK(qkv.fit((size_t)n * stride * 2, "attention"));
+    BENCH_CHECK(out.fit((size_t)n * H * hd * 2, "attention"));
+    BENCH_CHECK(partial.fit(dllm__attn_partial_bound(arch, hd, n_sms), "attention"));
+    bench_fill(rowwise, qkv, (uint64_t)n * stride, s);
+    const std::string tile = dllm__format("attention %dx%d mt%d ", arch.fa_br, arch.fa_bc, arch.fa_mt);
+    for (int q_rows : {n, 32}) {
+        const int splits = q_rows == n ? 1 : dllm__attn_kv_splits(arch, q_rows, n, H, n_sms);
+        const char *q = (const char *)qkv.ptr + (size_t)(n - q_rows) * stride * 2;
+        dllm__attn_args a = {q, (char *)qkv.ptr + (size_t)H * hd * 2, (char *)qkv.ptr + (size_t)2 * H * hd * 2, out.ptr, nullptr, n, q_rows,
+                             stride, stride, H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr,
+                             1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, partial.as<float>()};
+        double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
+        r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
+        if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
+    }
 }
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
+    bool attention_only = false;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--attention-only")) attention_only = true;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--anchors")) anchors = argv[i + 1];
         else if (!strcmp(argv[i], "--anchor-graphs")) graphs = argv[i + 1];
@@ -270,6 +309,8 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { fprintf(stderr, "dllm-bench: no GPU\n"); return 1; }
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    bench_attention(r, dllm__arch_for(prop.major * 10 + prop.minor), prop.multiProcessorCount, s0);
+    if (attention_only) return 0;
     bench_ceilings(r, s0);
 
     // JIT: cold (empty disk cache), then warm (disk cache only)
@@ -379,7 +420,7 @@ int main(int argc, char **argv) {
         r.v[std::string(sr.name) + "_nfe"] = st.forwards;
     }
     {
-        double ms = bench_dual_block_step(gpu, c, 1024, 32), floor_ms = (double)weights_bytes / (r.v["copy_TBps"] * 1e9);
+        double ms = bench_dual_block_step(r, gpu, c, 1024, 32), floor_ms = (double)weights_bytes / (r.v["copy_TBps"] * 1e9);
         r.set("dual_block32_N1024_step_ms", ms);
         r.set("dual_block32_N1024_weight_read_floor_ms", floor_ms);
         r.set("dual_block32_N1024_over_floor", ms / floor_ms);
