@@ -2,6 +2,7 @@
  *
  *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 128 --steps 128 --block 32
  *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --steps 32 --block 8 --print-ids
+ *   build/dllm-generate -m LLaDA-8B-Instruct -p "..." -n 256 --block 32 --threshold 0.9 --cache dual --precision fp8
  *
  * A text prompt (-p) goes through the model's chat template (unless --raw) and tokenizer; the answer is
  * streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas is redrawn after
@@ -71,6 +72,10 @@ static void usage(FILE *f) {
             "  --eos-eot-last         commit EOS/EoT predictions last (confidence_eos_eot_inf)\n"
             "  --no-stop-at-eos       print the whole generation, EOS/EoT included\n"
             "  --backend B            auto (default), cpu or gpu\n"
+            "  --precision P          bf16 (default), fp8 or fp8-all. fp8: the FFN linears of layers >= 1 in FP8 E4M3\n"
+            "                         (LaCache's scheme; block-scaled cuBLASLt GEMMs on sm_90, other GPUs run BF16\n"
+            "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
+            "                         the paper). The CPU backend computes the same function\n"
             "  --threads N            CPU backend threads (default: all)\n"
             "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
             "  --progress             show a progress line on stderr\n"
@@ -180,6 +185,11 @@ static int parse_args(int argc, char **argv, options *o) {
             else if (!strcmp(v, "truncate")) o->gen.lacache = DLLM_LACACHE_TRUNCATE;
             else if (!strcmp(v, "off")) o->gen.lacache = DLLM_LACACHE_OFF;
             else return fail("--lacache must be on, truncate or off, not \"%s\"", v);
+        } else if (!strcmp(a, "--precision")) {
+            if (!strcmp(v, "bf16")) o->ctx.precision = DLLM_PRECISION_BF16;
+            else if (!strcmp(v, "fp8")) o->ctx.precision = DLLM_PRECISION_FP8_FFN;
+            else if (!strcmp(v, "fp8-all")) o->ctx.precision = DLLM_PRECISION_FP8_ALL;
+            else return fail("--precision must be bf16, fp8 or fp8-all, not \"%s\"", v);
         } else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "auto")) o->ctx.backend = DLLM_BACKEND_AUTO;
             else if (!strcmp(v, "cpu")) o->ctx.backend = DLLM_BACKEND_CPU;
