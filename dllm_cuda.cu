@@ -4815,6 +4815,8 @@ struct dllm__gemm {
         float ms = time_runs(stream, t0, t1, [&] { return launch_skinny(op, splits, stream) == DLLM_OK; });
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
+        dllm__log(DLLM_LOG_DEBUG, "GEMM M=%d N=%d K=%d: skinny (%d shares) %.1f us, cuBLASLt %.1f us: %s", op.M, op.N, op.K, splits, ms * 1000 / 3,
+                  best * 1000 / 3, ms < best ? "skinny" : "cuBLASLt");
         if (ms < best) best = ms, p.skinny_splits = splits;
         return DLLM_OK;
     }
