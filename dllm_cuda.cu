@@ -3821,129 +3821,13 @@ extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int c
 }
 )DLLM";
 
-/* Skinny GEMM for the few rows of a K/V-cache block step: Y[M x N] = X[M x K] . W[N x K]^T with M <= 32, BF16 in,
- * FP32 accumulation, BF16 or FP32 out. At 32 rows the product is a stream of the weights: each CTA owns 128
- * weight rows and a share of K and streams them once through a STAGES-deep cp.async pipeline, every warp
- * multiplying its 32 rows with both m16 tiles of X. Shares of K (split-K, enough CTAs to fill the GPU) write
- * FP32 partials; the last CTA of a column block to finish adds them in share order, so the result is
- * deterministic and a row's bits never depend on the other rows. Twin: the CPU reference GEMM. */
-static const char *dllm__src_gemm = R"DLLM(
-struct skinny_args {
-    const bf16_t *x, *w;    // X [M][K], W [N][K], row-major
-    void *y;                // Y [M][N], bf16 or (out_f32) float
-    int M, N, K, out_f32;
-    int splits, k_share;    // K shares (gridDim.y) of k_share elements (a multiple of 64)
-    float *partial;         // splits > 1: [split][32][N] FP32
-    int *arrivals;          // splits > 1: one counter per column block, zero between launches
-};
-
-__device__ __forceinline__ void skinny_load(const skinny_args &a, bf16_t *sX, bf16_t *sW, int n0, int k0, int k_end) {
-    constexpr int BN = 128, BK = 64, LDS = BK + 8, CH = BK / 8;
-    for (int c = threadIdx.x; c < 32 * CH; c += 128) {
-        const int r = c / CH, col = (c % CH) * 8;
-        const bool ok = r < a.M && k0 + col < k_end;
-        cp_async16(sX + r * LDS + col, a.x + (ok ? (u64)r * a.K + k0 + col : 0), ok);
-    }
-    for (int c = threadIdx.x; c < BN * CH; c += 128) {
-        const int r = c / CH, col = (c % CH) * 8;
-        const bool ok = n0 + r < a.N && k0 + col < k_end;
-        cp_async16(sW + r * LDS + col, a.w + (ok ? (u64)(n0 + r) * a.K + k0 + col : 0), ok);
-    }
-}
-
-/* Writes the accumulators of this warp's 32 x 32 block: to Y, or as this share's FP32 partial. */
-__device__ __forceinline__ void skinny_store(const skinny_args &a, float (&acc)[2][4][4], int n0, int split, int g, int t, int warp) {
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = mt * 16 + g + 8 * h, col = n0 + warp * 32 + j * 8 + 2 * t;
-                const float v0 = acc[mt][j][2 * h], v1 = acc[mt][j][2 * h + 1];
-                if (row >= a.M || col >= a.N) continue;
-                if (a.splits > 1) *(float2 *)(a.partial + ((u64)split * 32 + row) * a.N + col) = make_float2(v0, v1);
-                else if (a.out_f32) *(float2 *)((float *)a.y + (u64)row * a.N + col) = make_float2(v0, v1);
-                else *(u32 *)((bf16_t *)a.y + (u64)row * a.N + col) = pack_bf16x2(v0, v1);
-            }
-}
-
-/* Split-K fixup: the last CTA of column block n0 to arrive sums the shares' partials in share order. */
-__device__ __forceinline__ void skinny_fixup(const skinny_args &a, int n0) {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&a.arrivals[blockIdx.x], 1) == a.splits - 1;
-        if (last) a.arrivals[blockIdx.x] = 0;  // ready for the next launch (stream-ordered)
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int e = threadIdx.x; e < 32 * 64; e += 128) {  // pairs of columns
-        const int row = e / 64, col = n0 + (e % 64) * 2;
-        if (row >= a.M || col >= a.N) continue;
-        float2 s = make_float2(0.f, 0.f);
-        for (int k = 0; k < a.splits; k++) {
-            const float2 v = __ldcg((const float2 *)(a.partial + ((u64)k * 32 + row) * a.N + col));
-            s.x += v.x;
-            s.y += v.y;
-        }
-        if (a.out_f32) *(float2 *)((float *)a.y + (u64)row * a.N + col) = s;
-        else *(u32 *)((bf16_t *)a.y + (u64)row * a.N + col) = pack_bf16x2(s.x, s.y);
-    }
-}
-
-template <int STAGES>
-__global__ void __launch_bounds__(128) skinny_gemm(skinny_args a) {
-    constexpr int BN = 128, BK = 64, LDS = BK + 8, TILE = (32 + BN) * LDS;
-    extern __shared__ __align__(16) unsigned char smem[];
-    bf16_t *tiles = (bf16_t *)smem;  // per stage: X [32][LDS] then W [BN][LDS]
-    const int n0 = blockIdx.x * BN, split = blockIdx.y, k_begin = split * a.k_share, k_end = min(a.K, k_begin + a.k_share);
-    const int n_k = max(0, (k_end - k_begin + BK - 1) / BK);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_k) skinny_load(a, tiles + s * TILE, tiles + s * TILE + 32 * LDS, n0, k_begin + s * BK, k_end);
-        cp_async_commit();
-    }
-    float acc[2][4][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-    for (int kt = 0; kt < n_k; kt++) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // stage kt landed for every thread, and stage kt - 1 is free to refill
-        const int next = kt + STAGES - 1;
-        if (next < n_k) skinny_load(a, tiles + (next % STAGES) * TILE, tiles + (next % STAGES) * TILE + 32 * LDS, n0, k_begin + next * BK, k_end);
-        cp_async_commit();
-        const u32 xs = smem_u32(tiles + (kt % STAGES) * TILE), ws = xs + (32 + warp * 32) * LDS * 2;
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            u32 af[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldmatrix_x4(af[mt], xs + ((mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) {
-                u32 bf[4];
-                ldmatrix_x4(bf, ws + ((j * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma_bf16(acc[mt][j], af[mt], bf[0], bf[1]);
-                    mma_bf16(acc[mt][j + 1], af[mt], bf[2], bf[3]);
-                }
-            }
-        }
-    }
-    skinny_store(a, acc, n0, split, g, t, warp);
-    if (a.splits > 1) skinny_fixup(a, n0);
-}
-)DLLM";
-
-/* Tensor-core building blocks (sm_80+): cp.async copies, ldmatrix, mma.sync m16n8k16 BF16 -> FP32. Shared by
- * the attention and the skinny GEMM. */
-static const char *dllm__src_mma = R"DLLM(
+/* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
+ * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
+ * Compile-time: HD (head dim), BR (query rows per CTA), BC (keys per tile), MT (m16 tiles per warp).
+ * KV tiles are visited in the order [0, late_lo) ++ [late_hi, T) ++ [late_lo, late_hi): the tiles that
+ * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
+ * so a cached online-softmax state is exactly the prefix of the uncached computation. */
+static const char *dllm__src_attention = R"DLLM(
 __device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
@@ -3951,8 +3835,6 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic pointers.
 __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
@@ -3969,15 +3851,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-)DLLM";
-
-/* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
- * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
- * Compile-time: HD (head dim), BR (query rows per CTA), BC (keys per tile), MT (m16 tiles per warp).
- * KV tiles are visited in the order [0, late_lo) ++ [late_hi, T) ++ [late_lo, late_hi): the tiles that
- * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
- * so a cached online-softmax state is exactly the prefix of the uncached computation. */
-static const char *dllm__src_attention = R"DLLM(
 struct attn_args {
     const bf16_t *q, *k, *v;     // query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD;
     bf16_t *o;                   //   key row at k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*
@@ -4552,16 +4425,11 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     return DLLM_OK;
 }
 
-/* The skinny GEMM: its pipeline depth, rows and shared memory (per stage: 32 X rows and 128 W rows of 64 + 8 bf16). */
-static const int dllm__skinny_stages = 4, dllm__skinny_max_m = 32, dllm__skinny_bn = 128, dllm__skinny_bk = 64;
-static const char *const dllm__skinny_kernel_name = "skinny_gemm<4>";
-static const size_t dllm__skinny_smem = (size_t)dllm__skinny_stages * (32 + 128) * (64 + 8) * 2;
-
 /* The modules dllm compiles for one GPU and one head dimension. */
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
-    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise + dllm__src_fp8 + dllm__src_mma + dllm__src_gemm,
+    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise + dllm__src_fp8,
             {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16", "quantize_rows_e4m3",
-             "add_rmsnorm_e4m3", "swiglu_e4m3", "quantize_weight_blocks", dllm__skinny_kernel_name},
+             "add_rmsnorm_e4m3", "swiglu_e4m3", "quantize_weight_blocks"},
             arch.target};
 }
 
@@ -4577,7 +4445,7 @@ static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_c
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
     return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt),
-            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
+            std::string(dllm__src_common) + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
             arch.target};
 }
 
@@ -4638,7 +4506,6 @@ struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
-    int skinny_splits = 0;  // > 0: dllm's skinny GEMM (faster than cuBLASLt at this shape) with this many K shares
     ~dllm__gemm_plan() {
         if (desc) cublasLtMatmulDescDestroy(desc);
         if (a) cublasLtMatrixLayoutDestroy(a);
@@ -4660,27 +4527,6 @@ struct dllm__gemm_op {
     bool fp8() const { return x_scale != nullptr; }
     const char *kind() const { return fp8() ? "FP8 block-scaled (E4M3, 1x128 x 128x128)" : "BF16"; }
 };
-
-/* Host mirror of skinny_args (section 13). */
-struct dllm__skinny_args {
-    const void *x, *w;
-    void *y;
-    int M, N, K, out_f32;
-    int splits, k_share;
-    float *partial;
-    int *arrivals;
-};
-
-/* K shares of the skinny GEMM: about two CTAs per SM, each streaming at least four 64-deep K tiles. */
-static int dllm__skinny_splits(int N, int K, int n_sms) {
-    const int blocks = (N + dllm__skinny_bn - 1) / dllm__skinny_bn, k_tiles = (K + dllm__skinny_bk - 1) / dllm__skinny_bk;
-    const int splits = std::max(1, std::min(k_tiles / 4, 2 * n_sms / blocks));
-    const int share = (k_tiles + splits - 1) / splits;
-    return (k_tiles + share - 1) / share;  // no empty share
-}
-
-/* Bytes of FP32 partials any dllm__skinny_splits choice needs: splits * 32 * N with splits <= 2 * n_sms / blocks. */
-static size_t dllm__skinny_partial_bound(int n_sms) { return (size_t)2 * n_sms * dllm__skinny_bn * dllm__skinny_max_m * 4; }
 
 struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
@@ -4745,96 +4591,36 @@ struct dllm__gemm {
         found = dllm__drop_split_k(res, found);
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
-        const bool autotune = tune && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1);
-        float best = INFINITY;
-        if (autotune && found > 1) DLLM__TRY(fastest(*p, res, found, op, stream, best));
-        if (autotune && skinny_fits(op)) DLLM__TRY(try_skinny(*p, op, stream, best));
+        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
     }
-    /* Milliseconds of three runs of launch() after one warm-up; INFINITY if a run fails. */
-    template <class F>
-    static float time_runs(cudaStream_t stream, cudaEvent_t t0, cudaEvent_t t1, F &&launch) {
-        float total = 0;
-        for (int rep = 0; rep < 4; rep++) {  // the first run warms up and is not counted
-            cudaEventRecord(t0, stream);
-            bool ok = launch();
-            cudaEventRecord(t1, stream);
-            float ms = 0;
-            if (!ok || cudaEventSynchronize(t1) != cudaSuccess || cudaEventElapsedTime(&ms, t0, t1) != cudaSuccess) return INFINITY;
-            if (rep) total += ms;
-        }
-        return total;
-    }
-    /* Keeps the fastest candidate in p.algo and its time in best. */
-    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream,
-                        float &best) {
+    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;
         DLLM__CUDA(cudaEventCreate(&t0));
         DLLM__CUDA(cudaEventCreate(&t1));
+        float best = INFINITY;
         const float alpha = 1.0f, beta = 0.0f;
         for (int i = 0; i < found; i++) {
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            float ms = time_runs(stream, t0, t1, [&] {
-                return cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
-                                      workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
-            });
-            if (ms < best) { best = ms; p.algo = res[i].algo; }
+            float total = 0;
+            bool ok = true;
+            for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
+                cudaEventRecord(t0, stream);
+                ok = cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
+                                    workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+                cudaEventRecord(t1, stream);
+                float ms = 0;
+                ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+                if (rep) total += ms;
+            }
+            if (ok && total < best) { best = total; p.algo = res[i].algo; }
         }
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
         cudaGetLastError();
         return DLLM_OK;
-    }
-
-    // ---- dllm's skinny GEMM (section 13), the alternative for M <= 32 ----
-    cudaKernel_t skinny = nullptr;
-    int n_sms = 1;
-    dllm__dbuf skinny_partial, skinny_arrivals;
-    /* Offers the skinny GEMM kernel to the autotuner (the backend calls this once its module is loaded). */
-    dllm_status enable_skinny(cudaKernel_t k, int sms) {
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__skinny_smem));
-        DLLM__TRY(skinny_partial.fit(dllm__skinny_partial_bound(sms), "the skinny GEMM partials"));
-        skinny = k;
-        n_sms = sms;
-        return DLLM_OK;
-    }
-    bool skinny_fits(const dllm__gemm_op &op) const {
-        return skinny && !op.fp8() && op.M <= dllm__skinny_max_m && (op.out_type == CUDA_R_16BF || op.out_type == CUDA_R_32F);
-    }
-    /* Times the skinny GEMM against the best cuBLASLt time and keeps it if faster. */
-    dllm_status try_skinny(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream, float &best) {
-        const int blocks = (op.N + dllm__skinny_bn - 1) / dllm__skinny_bn;
-        DLLM__TRY(skinny_arrivals.fit((size_t)blocks * 4, "the skinny GEMM counters"));
-        DLLM__CUDA(cudaMemsetAsync(skinny_arrivals.ptr, 0, skinny_arrivals.bytes, stream));
-        cudaEvent_t t0, t1;
-        DLLM__CUDA(cudaEventCreate(&t0));
-        DLLM__CUDA(cudaEventCreate(&t1));
-        const int splits = dllm__skinny_splits(op.N, op.K, n_sms);
-        float ms = time_runs(stream, t0, t1, [&] { return launch_skinny(op, splits, stream) == DLLM_OK; });
-        cudaEventDestroy(t0);
-        cudaEventDestroy(t1);
-        dllm__log(DLLM_LOG_DEBUG, "GEMM M=%d N=%d K=%d: skinny (%d shares) %.1f us, cuBLASLt %.1f us: %s", op.M, op.N, op.K, splits, ms * 1000 / 3,
-                  best * 1000 / 3, ms < best ? "skinny" : "cuBLASLt");
-        if (ms < best) best = ms, p.skinny_splits = splits;
-        return DLLM_OK;
-    }
-    dllm_status launch_skinny(const dllm__gemm_op &op, int splits, cudaStream_t stream) {
-        const int k_tiles = (op.K + dllm__skinny_bk - 1) / dllm__skinny_bk, share = (k_tiles + splits - 1) / splits * dllm__skinny_bk;
-        int out_f32 = op.out_type == CUDA_R_32F;
-        dllm__skinny_args args = {op.X, op.W, op.Y, op.M, op.N, op.K, out_f32, splits, share, skinny_partial.as<float>(), skinny_arrivals.as<int>()};
-        void *argv[] = {&args};
-        dim3 grid((unsigned)((op.N + dllm__skinny_bn - 1) / dllm__skinny_bn), (unsigned)splits);
-        return dllm__launch(skinny, grid, dim3(128), dllm__skinny_smem, stream, argv, "skinny_gemm");
-    }
-    /* Tests: the skinny GEMM on its own (the counters sized for N). */
-    dllm_status run_skinny(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, int splits, cudaStream_t stream) {
-        const dllm__gemm_op op{X, W, Y, M, N, K, out_type, nullptr, nullptr};
-        if (!skinny_fits(op)) return dllm__fail(DLLM_ERR_INTERNAL, "the skinny GEMM does not take M=%d (at most %d) or this type", M, dllm__skinny_max_m);
-        DLLM__TRY(skinny_arrivals.fit((size_t)(N + dllm__skinny_bn - 1) / dllm__skinny_bn * 4, "the skinny GEMM counters"));
-        DLLM__CUDA(cudaMemsetAsync(skinny_arrivals.ptr, 0, skinny_arrivals.bytes, stream));
-        return launch_skinny(op, splits, stream);
     }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
      * (unordered split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
@@ -4873,7 +4659,6 @@ struct dllm__gemm {
         return launch(*p, op, stream);
     }
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
-        if (p.skinny_splits) return launch_skinny(op, p.skinny_splits, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
         DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
@@ -5171,7 +4956,6 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     k_attn_.attn = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
     k_attn_.combine = attn_->kernels[dllm__attn_combine_name(m_.cfg.head_dim)];
-    DLLM__TRY(gemm_.enable_skinny(R[dllm__skinny_kernel_name], n_sms_));
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));

@@ -270,67 +270,6 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
     CHECK(e16 < 8e-3 && e32 < 1e-5);
 }
 
-/* dllm's skinny GEMM (K/V-cache block steps) on awkward shapes: M up to 32 rows, N past a 128-column block,
- * K not a multiple of the 64-deep tile, one and several K shares (empty tails included), BF16 and FP32 out.
- * A row's bits must not depend on M, and a repeated launch must give the same bits (the split-K fixup
- * adds shares in a fixed order and leaves its counters at zero). */
-static void test_skinny_case(dllm_test_state &T_, dllm__gemm &gemm, test_rng &r, int M, int N, int K, int splits) {
-    std::vector<float> x((size_t)M * K), w((size_t)N * K);
-    for (float &v : x) v = r.normal();
-    for (float &v : w) v = r.normal();
-    std::vector<uint16_t> xb = test_bf16_vec(x), wb = test_bf16_vec(w);
-    dllm__dbuf dx, dw, dy, dy32, dfew;
-    test_put(dx, xb); test_put(dw, wb);
-    test_poison(dy, (size_t)M * N * 2);
-    test_poison(dy32, (size_t)M * N * 4);
-    test_poison(dfew, (size_t)N * 4);
-    CHECK_STATUS(gemm.run_skinny(dx.ptr, dw.ptr, dy.ptr, M, N, K, CUDA_R_16BF, splits, 0), DLLM_OK, nullptr);
-    CHECK_STATUS(gemm.run_skinny(dx.ptr, dw.ptr, dy32.ptr, M, N, K, CUDA_R_32F, splits, 0), DLLM_OK, nullptr);
-    std::vector<float> first32 = test_get<float>(dy32, (size_t)M * N);
-    CHECK_STATUS(gemm.run_skinny(dx.ptr, dw.ptr, dy32.ptr, M, N, K, CUDA_R_32F, splits, 0), DLLM_OK, nullptr);
-    CHECK_STATUS(gemm.run_skinny(dx.ptr, dw.ptr, dfew.ptr, 1, N, K, CUDA_R_32F, splits, 0), DLLM_OK, nullptr);  // row 0 alone
-    std::vector<float> again32 = test_get<float>(dy32, (size_t)M * N), alone = test_get<float>(dfew, (size_t)N);
-    std::vector<float> want((size_t)M * N), xf = test_f32_vec(xb), wf = test_f32_vec(wb);
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (double)xf[(size_t)i * K + k] * wf[(size_t)j * K + k];
-            want[(size_t)i * N + j] = (float)s;
-        }
-    double e16 = test_max_rel(test_f32_vec(test_get<uint16_t>(dy, (size_t)M * N)), want), e32 = test_max_rel(first32, want);
-    const bool same_again = memcmp(first32.data(), again32.data(), first32.size() * 4) == 0;
-    const bool row_alone = memcmp(first32.data(), alone.data(), (size_t)N * 4) == 0;
-    printf("    skinny M=%d N=%d K=%d, %d share(s): bf16 out %.2e, fp32 out %.2e, repeat %s, row 0 alone %s\n", M, N, K, splits, e16, e32,
-           same_again ? "identical" : "DIFFERS", row_alone ? "identical" : "DIFFERS");
-    CHECK(e16 < 8e-3 && e32 < 1e-5 && same_again && row_alone);
-}
-
-TEST(gpu, skinny_gemm_matches_cpu) {
-    NEED_GPU();
-    test_gpu g;
-    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
-    dllm__gemm gemm;
-    CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
-    CHECK_STATUS(gemm.enable_skinny(g.k(dllm__skinny_kernel_name), prop.multiProcessorCount), DLLM_OK, nullptr);
-    test_rng r("skinny");
-    test_skinny_case(T_, gemm, r, 32, 264, 1000, 1);
-    test_skinny_case(T_, gemm, r, 17, 200, 1000, 3);   // 16 K tiles in shares of 6, 6, 4
-    test_skinny_case(T_, gemm, r, 1, 136, 72, 2);      // the second share is a part tile
-    test_skinny_case(T_, gemm, r, 29, 1032, 4104, 8);
-    CHECK_STATUS(gemm.run_skinny(nullptr, nullptr, nullptr, 33, 128, 64, CUDA_R_16BF, 1, 0), DLLM_ERR_INTERNAL, "at most 32");
-}
-
-/* The shares the autotuner offers: about two CTAs per SM, at least four K tiles each, none empty. */
-TEST(jit, skinny_gemm_splits_fill_the_gpu) {
-    CHECK(dllm__skinny_splits(24576, 4096, 132) == 1);   // LLaDA-8B gate|up: 192 column blocks fill the GPU
-    const int down = dllm__skinny_splits(4096, 12288, 132), o = dllm__skinny_splits(4096, 4096, 132);
-    CHECK(down == 8 && o == 8);                             // 32 column blocks x 8 shares
-    CHECK(dllm__skinny_splits(4096, 200, 132) == 1);        // 4 K tiles: nothing to share
-    for (int s : {down, o}) CHECK((size_t)s * 32 * 4096 * 4 <= dllm__skinny_partial_bound(132));
-}
-
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and
  * the block-last tile order (which only reorders the sum). */
 /* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row. */

@@ -304,7 +304,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--config")) config = argv[i + 1];
     }
     bench_result r;
-    dllm_log_set(nullptr, nullptr, getenv("DLLM_BENCH_DEBUG") ? DLLM_LOG_DEBUG : DLLM_LOG_WARN);  // DEBUG: the autotuner's choices
     cudaStream_t s0;
     cudaStreamCreate(&s0);
     cudaDeviceProp prop;
