@@ -3941,6 +3941,14 @@ __device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, 
         }
 }
 
+/* 2^x on the special-function unit, subnormal results flushed to zero: exp2f's subnormal handling costs
+ * extra instructions per score, and a probability below 2^-126 of the row's largest adds nothing. */
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* One warp, one KV tile of BC keys: S = Q K^T, the online-softmax update, O += P V. Keys past the
  * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test. */
 template <int HD, int BC, int MT>
@@ -3996,22 +4004,26 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
         }
         const float n0 = fmaxf(m[mt][0], mx0 * scale), n1 = fmaxf(m[mt][1], mx1 * scale);
         const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
-        const float corr0 = exp2f(m[mt][0] - base0), corr1 = exp2f(m[mt][1] - base1);
+        const float corr0 = exp2_ftz(m[mt][0] - base0), corr1 = exp2_ftz(m[mt][1] - base1);
         m[mt][0] = n0;
         m[mt][1] = n1;
         l[mt][0] *= corr0;
         l[mt][1] *= corr1;
-        #pragma unroll
-        for (int d = 0; d < DT; d++) {
-            o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
-            o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
+        // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
+        // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
+        if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
+            #pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
+                o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
+            }
         }
         #pragma unroll
         for (int j = 0; j < NT; j++) {
-            s[mt][j][0] = exp2f(fmaf(s[mt][j][0], scale, -base0));
-            s[mt][j][1] = exp2f(fmaf(s[mt][j][1], scale, -base0));
-            s[mt][j][2] = exp2f(fmaf(s[mt][j][2], scale, -base1));
-            s[mt][j][3] = exp2f(fmaf(s[mt][j][3], scale, -base1));
+            s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale, -base0));
+            s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale, -base0));
+            s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale, -base1));
+            s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale, -base1));
             l[mt][0] += s[mt][j][0] + s[mt][j][1];
             l[mt][1] += s[mt][j][2] + s[mt][j][3];
         }
@@ -4152,7 +4164,7 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     for (int s = 0; s < a.kv_splits; s++) {
         const float ms = P[s * split_stride + HD];
         if (ms == -DLLM_INF) continue;  // a share with no visible key
-        const float w = exp2f(ms - mx);
+        const float w = exp2_ftz(ms - mx);
         acc += w * P[s * split_stride + d];
         l += w * P[s * split_stride + HD + 1];
     }
@@ -4582,12 +4594,16 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res[32];
+        cublasLtMatmulHeuristicResult_t res[3 * 32];
         int found = 0;
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
-        cublasLtMatmulPreferenceDestroy(pref);
-        if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+        if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+            cublasLtMatmulPreferenceDestroy(pref);
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no %s GEMM algorithm for M=%d N=%d K=%d (status %d)", op.kind(), op.M, op.N, op.K, (int)s);
+        }
+        if (tune && !op.fp8() && op.M <= 256)
+            for (int scale : {2, 4}) found = borrow_candidates(*p, op, scale, pref, res, found, 3 * 32);
+        cublasLtMatmulPreferenceDestroy(pref);
         found = dllm__drop_split_k(res, found);
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
@@ -4595,6 +4611,30 @@ struct dllm__gemm {
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
+    }
+    /* Few rows (a K/V-cache block step): the heuristic ranks tiles made for compute-bound shapes. Its picks for
+     * scale x M rows that also run at M (and are new) join the candidates the autotuner times. */
+    int borrow_candidates(dllm__gemm_plan &p, const dllm__gemm_op &op, int scale, cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t *res,
+                          int found, int cap) {
+        dllm__gemm_plan wide;
+        dllm__gemm_op w = op;
+        w.M = op.M * scale;
+        if (describe(wide, w) != DLLM_OK) return found;
+        cublasLtMatmulHeuristicResult_t more[32];
+        int n = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(handle, wide.desc, wide.a, wide.b, wide.c, wide.c, pref, 32, more, &n) != CUBLAS_STATUS_SUCCESS) return found;
+        for (int i = 0; i < n && found < cap; i++) {
+            bool seen = false;
+            for (int j = 0; j < found && !seen; j++) seen = memcmp(&res[j].algo, &more[i].algo, sizeof more[i].algo) == 0;
+            cublasLtMatmulHeuristicResult_t check;
+            if (seen || cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &more[i].algo, &check) != CUBLAS_STATUS_SUCCESS ||
+                check.workspaceSize > workspace_bytes)
+                continue;
+            check.algo = more[i].algo;
+            check.state = CUBLAS_STATUS_SUCCESS;
+            res[found++] = check;
+        }
+        return found;
     }
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;

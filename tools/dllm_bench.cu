@@ -3,6 +3,7 @@
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
+ *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
  * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024), cold and warm JIT time, single forwards
@@ -294,9 +295,11 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    bool attention_only = false;
-    for (int i = 1; i < argc; i++)
+    bool attention_only = false, quick = false;
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
+        if (!strcmp(argv[i], "--quick")) quick = true;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--anchors")) anchors = argv[i + 1];
         else if (!strcmp(argv[i], "--anchor-graphs")) graphs = argv[i + 1];
@@ -311,6 +314,22 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bench_attention(r, dllm__arch_for(prop.major * 10 + prop.minor), prop.multiProcessorCount, s0);
     if (attention_only) return 0;
+    if (quick) {  // the two step shapes that matter most, with their stage profiles
+        dllm_model *model = nullptr;
+        BENCH_CHECK(dllm_model_load_random(config, 1, &model));
+        dllm_ctx_params cp = dllm_ctx_default_params();
+        cp.backend = DLLM_BACKEND_GPU;
+        cp.max_tokens = 2048;
+        dllm_ctx *ctx = nullptr;
+        BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+        dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+        r.set("dual_block32_N1024_step_ms", bench_dual_block_step(r, gpu, model->cfg, 1024, 32));
+        r.set("fwd_full_N1024_ms", bench_forward_ms(gpu, 1024));
+        bench_stages(r, gpu, 1024, "N1024 stage ");
+        dllm_ctx_free(ctx);
+        dllm_model_free(model);
+        return 0;
+    }
     bench_ceilings(r, s0);
 
     // JIT: cold (empty disk cache), then warm (disk cache only)
