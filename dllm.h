@@ -242,11 +242,24 @@ DLLM_API dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, i
                                  float *out, size_t out_count);
 
 /* ---------------------------------------------------------------------------------------------------
- * Generation: LLaDA semi-autoregressive block decoding (generate.py semantics)
+ * Generation: semi-autoregressive block decoding (LLaDA's generate.py, Fast-dLLM, DPad, Dream's samplers)
  * ------------------------------------------------------------------------------------------------- */
+/* Which candidates a step commits first: the ranking key (the "confidence") of each masked position. p is
+ * the softmax of its logits: LLaDA's softmax(l) for LOW_CONFIDENCE under the SCHEDULE, THRESHOLD and FACTOR
+ * rules (generate.py, Fast-dLLM); Dream's softmax(l / temperature) (at temperature > 0) for MARGIN and
+ * ENTROPY always and for LOW_CONFIDENCE under DLLM_UNMASK_TIMESTEPS, where it is Dream's maskgit_plus.
+ * The keys live on different scales: p(x0) and the margin in [0, 1], the negative entropy in [-log V, 0]
+ * nats, so a threshold means something different for each (decoding.md 4). */
 typedef enum dllm_remasking {
-    DLLM_REMASK_LOW_CONFIDENCE = 0, /* commit the positions whose prediction has the highest p(x0)   */
-    DLLM_REMASK_RANDOM = 1          /* commit random positions (seeded)                              */
+    DLLM_REMASK_LOW_CONFIDENCE = 0, /* the highest p(x0) first (Dream's maskgit_plus)                */
+    DLLM_REMASK_RANDOM = 1,         /* random positions (seeded)                                     */
+    DLLM_REMASK_MARGIN = 2,         /* Dream's topk_margin: the largest p(top1) - p(top2) first      */
+    DLLM_REMASK_ENTROPY = 3,        /* Dream's entropy: the highest sum p log p (least entropy) first;
+                                       computed as sum p log p, without Dream's +1e-10 inside the log
+                                       (a difference below V * 1e-10)                                */
+    DLLM_REMASK_ORIGIN = 4          /* Dream's origin: each mask transfers independently with
+                                       probability 1 - t[i+1]/t[i]; needs DLLM_UNMASK_TIMESTEPS; ranks
+                                       nothing, so no confidence_eos_eot_inf and no alg_temp         */
 } dllm_remasking;
 
 /* LaCache (GPU backend): exact reuse of work that does not change inside a block. Every mode gives the
@@ -264,8 +277,11 @@ typedef enum dllm_unmask {
     DLLM_UNMASK_SCHEDULE = 0,  /* LLaDA: n/s per step, steps fixed (n masks of a block over s steps)     */
     DLLM_UNMASK_THRESHOLD = 1, /* Fast-dLLM: the best candidate and every one with confidence >= threshold;
                                   a block repeats steps until it has no mask (steps is ignored)        */
-    DLLM_UNMASK_FACTOR = 2     /* Fast-dLLM: the longest confidence-sorted prefix with c_n >= 1 - factor/(n+1),
+    DLLM_UNMASK_FACTOR = 2,    /* Fast-dLLM: the longest confidence-sorted prefix with c_n >= 1 - factor/(n+1),
                                   at least one; steps is ignored                                        */
+    DLLM_UNMASK_TIMESTEPS = 3  /* Dream: with t = linspace(1, eps, s + 1), step i of a block commits
+                                  floor(n (1 - t[i+1]/t[i])) of the n candidates left (0 is possible),
+                                  all of them at the last step; steps fixed as for SCHEDULE             */
 } dllm_unmask;
 
 /* Fast-dLLM's K/V caches. APPROXIMATE: K/V of positions outside the forwarded rows are reused stale within
@@ -318,8 +334,14 @@ typedef struct dllm_gen_params {
     int stop_at_eos;            /* output ends before the first EOS/EoT (default 1)                */
     dllm_lacache lacache;       /* default DLLM_LACACHE_ON                                         */
     dllm_unmask unmask;         /* default DLLM_UNMASK_SCHEDULE                                    */
-    double threshold;           /* DLLM_UNMASK_THRESHOLD's tau in (0, 1] (default 0.9)             */
+    double threshold;           /* DLLM_UNMASK_THRESHOLD's tau in (0, 1] (default 0.9); <= 0 with
+                                   DLLM_REMASK_ENTROPY (a bound on minus the entropy, in nats)      */
     double factor;              /* DLLM_UNMASK_FACTOR's f > 0 (default 1.0)                        */
+    double eps;                 /* DLLM_UNMASK_TIMESTEPS's last timestep, in (0, 1) (default 1e-3)  */
+    double alg_temp;            /* > 0: a counted step (SCHEDULE, TIMESTEPS) samples its k positions
+                                   without replacement from softmax(confidence / alg_temp) instead
+                                   of taking the top k (Dream's alg_temp; default 0); the other
+                                   rules and DLLM_REMASK_ORIGIN reject it                            */
     dllm_kv_cache kv_cache;     /* default DLLM_KV_CACHE_NONE; PREFIX/DUAL are approximate          */
     dllm_dpad dpad;             /* default DLLM_DPAD_OFF                                           */
     int dpad_window;            /* suffix positions considered (default 256)                      */
@@ -355,8 +377,8 @@ DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_p
 
 /* dllm's counter-based draw (Philox4x32-10): a uniform double strictly inside (0, 1) that is a pure
  * function of its arguments. Decoding uses streams 1 (Gumbel noise) and 2 (random remasking); stream 3
- * keys the masks of dllm-eval's masked-token NLL; stream 4 DPad's kept suffix; streams >= 16 are free for
- * applications. */
+ * keys the masks of dllm-eval's masked-token NLL; stream 4 DPad's kept suffix; stream 5 DLLM_REMASK_ORIGIN's
+ * transfers; stream 6 alg_temp's Gumbel noise; streams >= 16 are free for applications. */
 DLLM_API double dllm_rng_uniform(uint64_t seed, uint32_t index, uint32_t position, uint32_t step, uint32_t stream);
 
 #ifdef __cplusplus

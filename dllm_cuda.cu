@@ -9,10 +9,10 @@
  * Text goes in and out through the model's Hugging Face byte-level BPE tokenizer and chat template,
  * reimplemented id for id (section 6).
  *
- * The clever part, in one place: every random draw (Gumbel noise, random remasking) comes from a
- * counter-based Philox generator keyed by (seed) and counted by (vocab index, position, step, stream),
- * so a run is reproducible on any backend, in any order of evaluation, and a PyTorch script
- * (tools/make_fixtures.py) reproduces the exact token traces.
+ * The clever part, in one place: every random draw (Gumbel noise, random remasking, Dream's origin
+ * transfers and alg_temp noise) comes from a counter-based Philox generator keyed by (seed) and counted by
+ * (vocab index, position, step, stream), so a run is reproducible on any backend, in any order of
+ * evaluation, and a PyTorch script (tools/make_fixtures.py) reproduces the exact token traces.
  *
  * Table of contents (sections are in data-flow order):
  *   1. Utilities: errors, logging, numbers, files
@@ -24,7 +24,7 @@
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins
- *  10. Token choice: argmax / Gumbel-max, confidence, top-k selection
+ *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
  *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers, sampler, FlashAttention
@@ -44,6 +44,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -2456,7 +2457,9 @@ enum dllm__rng_stream : uint32_t {
     DLLM__RNG_GUMBEL = 1,  // token noise for temperature > 0, counter (vocab index, position, step)
     DLLM__RNG_REMASK = 2,  // 'random' remasking confidence, counter (0, position, step)
     DLLM__RNG_NLL = 3,     // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
-    DLLM__RNG_DPAD = 4     // DPad's kept suffix, counter (suffix distance, position, block)
+    DLLM__RNG_DPAD = 4,    // DPad's kept suffix, counter (suffix distance, position, block)
+    DLLM__RNG_ORIGIN = 5,  // Dream's 'origin' transfer draw, counter (0, position, step)
+    DLLM__RNG_ALG_TEMP = 6 // alg_temp's Gumbel noise on the confidence, counter (0, position, step)
 };
 
 static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4]) {
@@ -2949,7 +2952,7 @@ static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
 static inline int dllm__logit_row(const dllm__config &c, int pos) { return c.shift_logits && pos > 0 ? pos - 1 : pos; }
 
 // ---------------------------------------------------------------------------------------------------
-// 10. Token choice: argmax / Gumbel-max, confidence, top-k selection
+// 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
 //    the lower canvas position, so the result never depends on evaluation order.
 // ---------------------------------------------------------------------------------------------------
@@ -2957,6 +2960,8 @@ static inline int dllm__logit_row(const dllm__config &c, int pos) { return c.shi
 struct dllm__sampling {
     double temperature = 0;
     dllm_remasking remasking = DLLM_REMASK_LOW_CONFIDENCE;
+    bool tempered_conf = false;    // the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l)
+    double alg_temp = 0;           // > 0: rank by conf / alg_temp + Gumbel noise (Dream's alg_temp)
     uint64_t seed = 0;
     bool eos_logit_inf = false;    // logits_eos_inf
     bool defer_eos_eot = false;    // confidence_eos_eot_inf
@@ -2965,20 +2970,40 @@ struct dllm__sampling {
 
 struct dllm__choice {
     int32_t token;
-    double conf;
+    double conf;    // the ranking key: the confidence, or with alg_temp its Gumbel-perturbed conf / alg_temp
     bool deferred;  // predicts EOS/EoT under confidence_eos_eot_inf: ranked after every other candidate
 };
 
-/* x0 and its confidence for one canvas position from its logits row (generate.py semantics):
- * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T));
- * conf = softmax(l)[x0] ('low_confidence', no temperature) or u ('random'). */
+/* The ranking key of a row from its softmax statistics: z = sum e^x and zx = sum e^x x over the vocabulary,
+ * x = (l - max logit) * inv_t, and the x of x0 and of the second largest logit. Twin: row_confidence. */
+static double dllm__confidence(const dllm__sampling &s, double z, double zx, double x_best, double x_second, uint32_t pos, uint32_t step) {
+    double c;
+    switch (s.remasking) {
+    case DLLM_REMASK_RANDOM: c = dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_REMASK); break;
+    case DLLM_REMASK_ORIGIN: c = -dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_ORIGIN); break;
+    case DLLM_REMASK_MARGIN: c = -expm1(x_second) / z; break;  // (e^0 - e^x_second) / z: top1 - top2
+    case DLLM_REMASK_ENTROPY: c = zx / z - log(z); break;      // sum q log q with log q = x - log z
+    default: c = exp(x_best) / z;
+    }
+    if (c != c) c = -INFINITY;  // NaN logits never win a slot
+    // Gumbel-top-k: the k largest conf / alg_temp + G are a sample without replacement from softmax(conf / alg_temp).
+    if (s.alg_temp > 0) c = c / s.alg_temp - log(-log(dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_ALG_TEMP)));
+    return c;
+}
+
+/* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
+ * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T)).
+ * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
+ * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
+ * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
 static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__sampling &s, uint32_t pos, uint32_t step) {
     auto logit = [&](int v) { return s.eos_logit_inf && v == s.eos_id ? -INFINITY : logits[v]; };
     int best = 0;
     double best_score = -INFINITY;
-    float max_logit = -INFINITY;
+    float max_logit = -INFINITY, second_logit = -INFINITY;  // a tie for the largest counts twice
     for (int v = 0; v < n_vocab; v++) {
         float l = logit(v);
+        second_logit = std::max(second_logit, l > max_logit ? max_logit : l);  // a NaN never enters, as on the GPU
         if (l > max_logit) max_logit = l;
         double score = l;
         if (s.temperature > 0) {
@@ -2987,42 +3012,59 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
         }
         if (score > best_score) { best_score = score; best = v; }
     }
+    const double inv_t = s.tempered_conf && s.temperature > 0 ? 1.0 / s.temperature : 1.0;
+    double z = 0, zx = 0;
+    for (int v = 0; v < n_vocab; v++) {
+        double x = ((double)logit(v) - max_logit) * inv_t, e = exp(x);
+        z += e;
+        if (e > 0) zx += e * x;  // e = 0 at x = -inf: the term is 0, not NaN
+    }
     dllm__choice ch;
     ch.token = best;
-    if (s.remasking == DLLM_REMASK_RANDOM) {
-        ch.conf = dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_REMASK);
-    } else {
-        double z = 0;
-        for (int v = 0; v < n_vocab; v++) z += exp((double)logit(v) - max_logit);
-        ch.conf = exp((double)logit(best) - max_logit) / z;
-    }
-    if (ch.conf != ch.conf) ch.conf = -INFINITY;  // NaN logits never win a slot
+    ch.conf = dllm__confidence(s, z, zx, ((double)logit(best) - max_logit) * inv_t, ((double)second_logit - max_logit) * inv_t, pos, step);
     ch.deferred = s.defer_eos_eot && (best == s.eos_id || best == s.eot_id);
     return ch;
 }
 
-/* How many candidates a step commits (decoding.md 1-2). Twin: select_commit on the device. */
+/* How many candidates a step commits (decoding.md 1, 2, 4). Twin: select_commit on the device. */
 struct dllm__unmask_rule {
     dllm_unmask kind = DLLM_UNMASK_SCHEDULE;
-    double threshold = 0.9, factor = 1.0;
+    double threshold = 0.9, factor = 1.0, eps = 1e-3;
+    bool origin = false;  // DLLM_REMASK_ORIGIN (TIMESTEPS only): each candidate transfers with the step's probability
 };
+
+/* Dream's timesteps t = linspace(1, eps, s + 1): step i moves the fraction 1 - t[i+1]/t[i] of the masks left,
+ * all of them at the last step. In float64 (Dream: float32, so a count can differ where n times this fraction
+ * is within float32 rounding of an integer). Twin: timestep_fraction; no product feeds a sum here, so the GPU
+ * cannot fuse an FMA that would round differently. */
+static double dllm__timestep_fraction(int i, int s, double eps) {
+    if (i >= s - 1) return 1.0;
+    double t = 1.0 - (1.0 - eps) * i / s, u = 1.0 - (1.0 - eps) * (i + 1) / s;
+    return 1.0 - u / t;
+}
+
+/* Dream's count for n candidates left at step i of s: floor(n (1 - t[i+1]/t[i])), possibly 0; n at the last step. */
+static int dllm__timestep_count(int n, int s, int i, double eps) { return (int)floor(n * dllm__timestep_fraction(i, s, eps)); }
 
 /* Does the candidate of 0-based rank r (best first) pass? A step commits the ranks before the first that
  * fails. Threshold: Fast-dLLM's `conf >= tau` with the best always in. Factor: the n-th best (n = r + 1)
  * needs c_n >= 1 - f / (n + 1); the first always passes. Fast-dLLM's factor code commits one more when the
  * last candidate fails (an off-by-one); dllm stops at the first failure, the rule as published. A deferred
- * candidate (EOS/EoT under confidence_eos_eot_inf) only ever enters as the best. */
-static bool dllm__passes(const dllm__unmask_rule &u, int r, const dllm__choice &c, int k) {
+ * candidate (EOS/EoT under confidence_eos_eot_inf) only ever enters as the best. Origin: the draw u = -conf
+ * is below the transfer probability. The counted rules: the first k. */
+static bool dllm__passes(const dllm__unmask_rule &u, int r, const dllm__choice &c, int k, double p_transfer) {
     switch (u.kind) {
     case DLLM_UNMASK_THRESHOLD: return r == 0 || (!c.deferred && c.conf >= u.threshold);
     case DLLM_UNMASK_FACTOR: return r == 0 || (!c.deferred && c.conf >= 1.0 - u.factor / (r + 2));
-    default: return r < k;
+    default: return u.origin ? -c.conf < p_transfer : r < k;
     }
 }
 
 /* The candidates a step commits, as indices into cand in ascending position order. Rank: non-deferred
- * before deferred, then higher confidence, then lower position; k is the schedule's count. */
-static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch, const dllm__unmask_rule &u, int k) {
+ * before deferred, then higher confidence, then lower position; k is a counted rule's count, p_transfer
+ * ORIGIN's probability. */
+static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch, const dllm__unmask_rule &u, int k,
+                                     double p_transfer = 0) {
     std::vector<int> order(cand_pos.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = (int)i;
     auto better = [&](int a, int b) {
@@ -3032,7 +3074,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
     };
     std::sort(order.begin(), order.end(), better);
     size_t n = 0;
-    while (n < order.size() && dllm__passes(u, (int)n, ch[(size_t)order[n]], k)) n++;
+    while (n < order.size() && dllm__passes(u, (int)n, ch[(size_t)order[n]], k, p_transfer)) n++;
     order.resize(n);
     std::sort(order.begin(), order.end());
     return order;
@@ -3075,8 +3117,8 @@ struct dllm__backend_impl {
     virtual dllm_status begin(dllm__decode &) { return DLLM_OK; }
     /* A block starts: st.block_begin/block_end/steps_per_block are set. */
     virtual dllm_status begin_block(dllm__decode &st) = 0;
-    /* One denoising step: x0 and confidence at every candidate, commit the best k = n/s (+1 for the first
-     * n%s steps). With want_host, st.canvas and committed (ascending positions) are current on return. */
+    /* One denoising step: x0 and confidence at every candidate, commit what the unmasking rule lets through
+     * (dllm__select). With want_host, st.canvas and committed (ascending positions) are current on return. */
     virtual dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) = 0;
     /* The generation ends: st.canvas must be current. */
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
@@ -3090,6 +3132,15 @@ static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
 
 /* k_i of the LLaDA schedule: n masks over s steps, the remainder to the earliest steps. */
 static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
+
+/* The count of a counted step: LLaDA's over the block's masks at its start, Dream's over the n_cand candidates
+ * left (the block's masks and any [MASK] of the prompt, as Dream counts every mask of its canvas, so that the
+ * block's last step commits them all). */
+static int dllm__step_count(const dllm__decode &st, int n_cand) {
+    if (st.unmask.kind == DLLM_UNMASK_SCHEDULE) return dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block);
+    if (st.unmask.kind == DLLM_UNMASK_TIMESTEPS) return dllm__timestep_count(n_cand, st.steps_per_block, st.step_in_block, st.unmask.eps);
+    return 0;
+}
 
 /* The canvas rows a step forwards: every row, or with a K/V cache after the block's first step the block
  * (dual) or the block and everything after it (prefix). A model with shifted logits also needs the row
@@ -3121,10 +3172,11 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool) override {
         const int V = m_.cfg.n_vocab;
-        const int k = st.unmask.kind == DLLM_UNMASK_SCHEDULE ? dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block) : 0;
         std::vector<int32_t> cand;
         for (int p = 0; p < st.block_end; p++)
             if (st.canvas[(size_t)p] == st.mask_id) cand.push_back(p);
+        const int k = dllm__step_count(st, (int)cand.size());
+        const double p_transfer = dllm__timestep_fraction(st.step_in_block, st.steps_per_block, st.unmask.eps);
         committed.clear();
         // The reference runs the forward even when the step commits nothing; so do we (NFE semantics).
         int r0 = cand.empty() ? st.block_end - 1 : cand.front(), r1 = st.block_end;
@@ -3134,7 +3186,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         if (st.cfg_scale > 0) apply_cfg(st, r0, r1);
         std::vector<dllm__choice> ch;
         for (int32_t p : cand) ch.push_back(dllm__choose(cond_.data() + (size_t)(p - r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
-        for (int i : dllm__select(cand, ch, st.unmask, k)) {
+        for (int i : dllm__select(cand, ch, st.unmask, k, p_transfer)) {
             st.canvas[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
             committed.push_back(cand[(size_t)i]);
         }
@@ -3645,15 +3697,18 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
 }
 )DLLM";
 
-/* Token choice on the device. Twins: dllm__choose (per row) and dllm__select_topk (per step). */
+/* Token choice on the device. Twins: dllm__choose and dllm__confidence (per row), dllm__select (per step). */
 static const char *dllm__src_sampler = R"DLLM(
+enum { REMASK_LOW_CONFIDENCE, REMASK_RANDOM, REMASK_MARGIN, REMASK_ENTROPY, REMASK_ORIGIN };  // dllm_remasking
+
 struct conf_partial {
     double best_score;  // argmax criterion: the logit (T = 0) or the Gumbel score (T > 0)
-    double sum_exp;     // sum of exp(l - max_logit) over the slice
+    double sum_exp;     // sum of e^x over the slice, x = (l - max_logit) * inv_t
+    double sum_exp_x;   // ENTROPY: sum of e^x x over the slice
     float max_logit;
+    float second_logit; // MARGIN: the second largest logit of the slice (a tie for the largest counts twice)
     float best_logit;
     int best_idx;
-    int pad;
 };
 
 struct sampler_args {
@@ -3666,7 +3721,10 @@ struct sampler_args {
     int raw_rows;             // logits rows per batch entry in the buffer
     double temperature;
     u64 seed;
-    int eos_inf, eos_id, eot_id, defer_eos_eot, random_remask;
+    int eos_inf, eos_id, eot_id, defer_eos_eot;
+    int remasking;            // dllm_remasking: which confidence
+    int conf_tempered;        // the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l)
+    double alg_temp;          // > 0: the ranking key is conf / alg_temp + Gumbel noise
 };
 
 __device__ __forceinline__ int logits_row(const sampler_args &a, int row) { return (a.shift0 ? max(row - 1, 0) : row) + a.lrow0; }
@@ -3682,37 +3740,51 @@ __device__ __forceinline__ float sampler_logit(const sampler_args &a, int lr, in
 
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
 
-/* Pass 1: one CTA per (slice, row): max logit, best token, sum of exp relative to the slice max. */
-extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_state *st, conf_partial *out) {
+__device__ __forceinline__ double conf_inv_temp(const sampler_args &a) { return a.conf_tempered && a.temperature > 0 ? 1.0 / a.temperature : 1.0; }
+
+/* (m1, m2) := the two largest of the multiset {m1, m2, o1, o2}, given m1 >= m2 and o1 >= o2. */
+__device__ __forceinline__ void top2_merge(float &m1, float &m2, float o1, float o2) {
+    m2 = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+    m1 = fmaxf(m1, o1);
+}
+
+/* Pass 1 for one (slice, row): max logit, best token, sum of e^x relative to the slice max; TOP2 adds the second
+ * largest logit (MARGIN), ENT the sum of e^x x (ENTROPY). Compile-time, so the default path runs its old loop. */
+template <bool TOP2, bool ENT>
+__device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const dllm_step_state *st, conf_partial *out) {
     int slice = blockIdx.x, row = blockIdx.y, lr = logits_row(a, row);
     int v0 = slice * a.slice, v1 = min(a.vocab, v0 + a.slice);
     u32 step = (u32)st->global_step, pos = (u32)(a.pos0 + row);
-    float mx = -DLLM_INF;
+    float mx = -DLLM_INF, second = -DLLM_INF;
     double best = -1.0 / 0.0;
     int best_i = 0x7fffffff;
     for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
         float l = sampler_logit(a, lr, v);
+        if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
         if (a.temperature > 0) score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
         if (better(score, v, best, best_i)) { best = score; best_i = v; }
     }
-    __shared__ float s_mx[32];
+    __shared__ float s_mx[32], s_second[32];
     __shared__ double s_best[32];
     __shared__ int s_bi[32];
-    __shared__ double s_sum[32];
+    __shared__ double s_sum[32], s_sum_x[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float omx = __shfl_xor_sync(0xffffffffu, mx, o);
+        if (TOP2) top2_merge(mx, second, omx, __shfl_xor_sync(0xffffffffu, second, o));
+        else mx = fmaxf(mx, omx);
         double ob = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
         if (better(ob, oi, best, best_i)) { best = ob; best_i = oi; }
     }
-    if (lane == 0) { s_mx[warp] = mx; s_best[warp] = best; s_bi[warp] = best_i; }
+    if (lane == 0) { s_mx[warp] = mx; s_second[warp] = second; s_best[warp] = best; s_bi[warp] = best_i; }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < nw; w++) {
-            mx = fmaxf(mx, s_mx[w]);
+            if (TOP2) top2_merge(mx, second, s_mx[w], s_second[w]);
+            else mx = fmaxf(mx, s_mx[w]);
             if (better(s_best[w], s_bi[w], best, best_i)) { best = s_best[w]; best_i = s_bi[w]; }
         }
         s_mx[0] = mx;
@@ -3721,74 +3793,135 @@ extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_s
     }
     __syncthreads();
     mx = s_mx[0];
-    double sum = 0;
+    const double inv_t = conf_inv_temp(a);
+    double sum = 0, sum_x = 0;
     if (mx > -DLLM_INF)
-        for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) sum += exp((double)sampler_logit(a, lr, v) - (double)mx);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) s_sum[warp] = sum;
+        for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+            double x = ((double)sampler_logit(a, lr, v) - (double)mx) * inv_t, e = exp(x);
+            sum += e;
+            if (ENT) sum_x += e > 0 ? e * x : 0.0;  // e = 0 at x = -inf: the term is 0, not NaN
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (ENT) sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
+    }
+    if (lane == 0) { s_sum[warp] = sum; s_sum_x[warp] = sum_x; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < nw; w++) sum += s_sum[w];
+        for (int w = 1; w < nw; w++) {
+            sum += s_sum[w];
+            if (ENT) sum_x += s_sum_x[w];
+        }
         conf_partial p;
         p.best_score = s_best[0];
         p.best_idx = s_bi[0];
         p.best_logit = s_bi[0] < a.vocab ? sampler_logit(a, lr, s_bi[0]) : -DLLM_INF;
         p.max_logit = mx;
+        p.second_logit = second;  // thread 0 merged every warp's pair above
         p.sum_exp = sum;
-        p.pad = 0;
+        p.sum_exp_x = sum_x;
         out[(u64)row * a.n_slices + slice] = p;
     }
 }
 
-/* Pass 2: one thread per row merges the slices in order: x0, confidence (float64), deferral flag. */
+/* Pass 1: one CTA per (slice, row); the confidence decides, once per CTA, which statistics the slice needs. */
+extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_state *st, conf_partial *out) {
+    if (a.remasking == REMASK_MARGIN) conf_partial_slice<true, false>(a, st, out);
+    else if (a.remasking == REMASK_ENTROPY) conf_partial_slice<false, true>(a, st, out);
+    else conf_partial_slice<false, false>(a, st, out);
+}
+
+/* The ranking key from a row's softmax statistics (z, zx, and the x of x0 and of the second largest logit).
+ * Twin: dllm__confidence. */
+__device__ __forceinline__ double row_confidence(const sampler_args &a, double z, double zx, double x_best, double x_second, u32 pos, u32 step) {
+    double c;
+    if (a.remasking == REMASK_RANDOM) c = uniform01(a.seed, 0u, pos, step, 2u);
+    else if (a.remasking == REMASK_ORIGIN) c = -uniform01(a.seed, 0u, pos, step, 5u);
+    else if (a.remasking == REMASK_MARGIN) c = -expm1(x_second) / z;
+    else if (a.remasking == REMASK_ENTROPY) c = zx / z - log(z);
+    else c = exp(x_best) / z;
+    if (c != c) c = -1.0 / 0.0;
+    if (a.alg_temp > 0) c = c / a.alg_temp - log(-log(uniform01(a.seed, 0u, pos, step, 6u)));
+    return c;
+}
+
+/* Pass 2: one thread per row merges the slices in order: x0, ranking key (float64), deferral flag. A slice's sums
+ * move from its max m_s to the row's m with d_s = (m_s - m) inv_t: Z = sum_s e^d_s Z_s, and for ENTROPY
+ * sum e^x x = sum_s e^d_s (S_s + d_s Z_s), since x = x_s + d_s. */
 extern "C" __global__ void conf_combine_kernel(sampler_args a, const dllm_step_state *st, const conf_partial *parts,
                                                int *x0, double *conf, unsigned char *deferred) {
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= a.n_rows) return;
     const conf_partial *p = parts + (u64)row * a.n_slices;
-    float mx = -DLLM_INF;
+    float mx = -DLLM_INF, second = -DLLM_INF;
     double best = -1.0 / 0.0;
     int bi = 0x7fffffff;
     float bl = -DLLM_INF;
     for (int s = 0; s < a.n_slices; s++) {
-        mx = fmaxf(mx, p[s].max_logit);
+        top2_merge(mx, second, p[s].max_logit, p[s].second_logit);
         if (better(p[s].best_score, p[s].best_idx, best, bi)) { best = p[s].best_score; bi = p[s].best_idx; bl = p[s].best_logit; }
     }
-    double z = 0;
+    const double inv_t = conf_inv_temp(a);
+    double z = 0, zx = 0;
     for (int s = 0; s < a.n_slices; s++)
-        if (p[s].max_logit > -DLLM_INF) z += p[s].sum_exp * exp((double)p[s].max_logit - (double)mx);
-    double c;
-    if (a.random_remask) c = uniform01(a.seed, 0u, (u32)(a.pos0 + row), (u32)st->global_step, 2u);
-    else c = exp((double)bl - (double)mx) / z;
-    if (c != c) c = -1.0 / 0.0;
+        if (p[s].max_logit > -DLLM_INF) {
+            double d = ((double)p[s].max_logit - (double)mx) * inv_t, w = exp(d);
+            z += p[s].sum_exp * w;
+            zx += w * (p[s].sum_exp_x + d * p[s].sum_exp);
+        }
+    double c = row_confidence(a, z, zx, ((double)bl - (double)mx) * inv_t, ((double)second - (double)mx) * inv_t, (u32)(a.pos0 + row),
+                              (u32)st->global_step);
     if (bi >= a.vocab) bi = 0;
     x0[row] = bi;
     conf[row] = c;
     deferred[row] = a.defer_eos_eot && (bi == a.eos_id || bi == a.eot_id);
 }
 
+/* Twin: dllm__timestep_fraction, the same operations in the same order. */
+__device__ __forceinline__ double timestep_fraction(int i, int s, double eps) {
+    if (i >= s - 1) return 1.0;
+    double t = 1.0 - (1.0 - eps) * i / s, u = 1.0 - (1.0 - eps) * (i + 1) / s;
+    return 1.0 - u / t;
+}
+
 /* Commits the step's candidates (masked positions in [cand_lo, block_end)) by rank: non-deferred first,
- * then higher confidence, then lower position. How many: the ranks before the first that fails the rule
- * (rule 0 schedule: rank < k with k = n/s, +1 for the first n%s steps; 1 threshold; 2 factor; twin:
- * dllm__passes). One CTA; each candidate's rank is counted directly, which is deterministic and cheap for
- * block-sized sets. Also counts the masks left in the block (threshold decoding loops on it). */
+ * then higher key, then lower position. How many: the ranks before the first that fails the rule (rule 0
+ * schedule: rank < k with k = n/s, +1 for the first n%s steps; 1 threshold; 2 factor; 3 Dream's timesteps:
+ * rank < floor(candidates left * fraction); twin: dllm__passes). Rule 4, ORIGIN, needs no ranking: a candidate
+ * commits when its draw (minus its key) is below the step's fraction. One CTA; each candidate's rank is counted
+ * directly, which is deterministic and cheap for block-sized sets. Also counts the masks left in the block
+ * (threshold decoding loops on it). */
 extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf,
-                                         const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor) {
+                                         const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor,
+                                         double eps) {
+    // No static shared memory: the host grants the dynamic part the whole opt-in limit.
     extern __shared__ int rank_of[];  // [n] rank of each candidate (n: not a candidate), then [n] pass flags by rank
-    int lo = cand_lo, hi = st->block_end, n = hi - lo;
+    int lo = cand_lo, hi = st->block_end, n = hi - lo, n_cand = 0;
     unsigned char *pass = (unsigned char *)(rank_of + n);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        rank_of[i] = canvas[lo + i] == mask_id ? 0 : n;
-        pass[i] = 0;
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // the same trip count in every thread: all reach the barrier
+        int i = i0 + threadIdx.x;
+        bool masked = i < n && canvas[lo + i] == mask_id;
+        if (i < n) {
+            rank_of[i] = masked ? 0 : n;
+            pass[i] = 0;
+        }
+        n_cand += __syncthreads_count(masked);
     }
     __syncthreads();
     int s = st->steps_per_block, i_step = st->step_in_block, nm = st->n_block_masks;
-    int k = rule == 0 ? nm / s + (i_step < nm % s ? 1 : 0) : n;
+    const double frac = timestep_fraction(i_step, s, eps);
+    const bool counted = rule == 0 || rule == 3;
+    int k = rule == 0 ? nm / s + (i_step < nm % s ? 1 : 0) : rule == 3 ? (int)floor(n_cand * frac) : n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         if (rank_of[i] == n) continue;
         int r = lo + i - row0;
         unsigned char di = deferred[r];
         double ci = conf[r];
+        if (rule == 4) {  // every transferring candidate is rank 0 and rank 0 passes, so all of them commit
+            if (-ci < frac) pass[0] = 1;
+            else rank_of[i] = n;
+            continue;
+        }
         int rank = 0;
         for (int j = 0; j < n && rank < k; j++) {
             if (rank_of[j] == n || j == i) continue;
@@ -3797,7 +3930,7 @@ extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int c
             double cj = conf[rj];
             rank += dj != di ? !dj : (cj != ci ? cj > ci : j < i);
         }
-        if (rank < k) pass[rank] = rule == 0 || rank == 0 || (!di && ci >= (rule == 1 ? threshold : 1.0 - factor / (rank + 2))) ? 1 : 2;
+        if (rank < k) pass[rank] = counted || rank == 0 || (!di && ci >= (rule == 1 ? threshold : 1.0 - factor / (rank + 2))) ? 1 : 2;
         rank_of[i] = rank;  // only this thread reads or writes slot i from here on
     }
     __syncthreads();
@@ -4904,7 +5037,8 @@ struct dllm__sampler_args {
     int vocab, slice, n_slices, n_rows, pos0, lrow0, shift0, raw_rows;
     double temperature;
     uint64_t seed;
-    int eos_inf, eos_id, eot_id, defer_eos_eot, random_remask;
+    int eos_inf, eos_id, eot_id, defer_eos_eot, remasking, conf_tempered;
+    double alg_temp;
 };
 
 struct dllm__attn_args {
@@ -4933,7 +5067,7 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
     return dllm__launch(k.combine, dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd), 0, s, argv, "attn_combine");
 }
 
-static const size_t dllm__conf_partial_bytes = 32;  // sizeof(conf_partial) on the device
+static const size_t dllm__conf_partial_bytes = 40;  // sizeof(conf_partial) on the device
 
 static const int dllm__vocab_slice = 8192;    // vocabulary entries per sampler CTA
 
@@ -5494,7 +5628,7 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
     dllm__sampler_args a = {logits_.ptr, batch == 2 ? (const char *)logits_.ptr + (size_t)raw_rows * c.n_vocab * 4 : nullptr,
                             st.cfg_scale + 1.0f, c.n_vocab, dllm__vocab_slice, slices, rows, s0,
                             dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), c.shift_logits && s0 == 0, raw_rows, s.temperature, s.seed,
-                            s.eos_logit_inf, s.eos_id, s.eot_id, s.defer_eos_eot, s.remasking == DLLM_REMASK_RANDOM};
+                            s.eos_logit_inf, s.eos_id, s.eot_id, s.defer_eos_eot, (int)s.remasking, s.tempered_conf, s.alg_temp};
     void *pargs[] = {&a, &state_.ptr, &partials_.ptr};
     DLLM__TRY(dllm__launch(k_partial_, dim3((unsigned)slices, (unsigned)rows), dim3(256), 0, stream_, pargs, "conf_partial_kernel"));
     int *x0 = x0_.as<int>() + off;
@@ -5537,9 +5671,9 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         mark("sampler");
         if (debug_rows_ && s0 < cp1) DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
-    int lo = st.cand_lo, rule = (int)st.unmask.kind;
-    double threshold = st.unmask.threshold, factor = st.unmask.factor;
-    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr, &rule, &threshold, &factor};
+    int lo = st.cand_lo, rule = st.unmask.origin ? 4 : (int)st.unmask.kind;  // select_commit's rule 4: ORIGIN
+    double threshold = st.unmask.threshold, factor = st.unmask.factor, eps = st.unmask.eps;
+    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr, &rule, &threshold, &factor, &eps};
     DLLM__TRY(dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo) * 5, stream_, args, "select_commit"));
     mark("select");
     return DLLM_OK;
@@ -5563,10 +5697,10 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 /* Everything a captured step graph baked in: a different key means a new capture. */
 std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
     const dllm__sampling &s = st.sampling;
-    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d %d %.17g %.17g %d %d", st.cfg_scale > 0 ? 2 : 1, (int)st.canvas.size(),
-                        st.cand_lo, s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf, s.defer_eos_eot,
-                        (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, (int)st.unmask.kind, st.unmask.threshold,
-                        st.unmask.factor, (int)st.kv_cache, (int)positions_on_, buffer_generation_);
+    return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d %d %.17g %.17g %.17g %.17g %d %d", st.cfg_scale > 0 ? 2 : 1,
+                        (int)st.canvas.size(), st.cand_lo, s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf,
+                        s.defer_eos_eot, (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, (int)st.unmask.kind, st.unmask.threshold,
+                        st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, buffer_generation_);
 }
 
 /* Captures run_step as a graph. A new block changes only kernel arguments, so the executable graph is
@@ -5617,7 +5751,7 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     }
     st.forwards += st.cfg_scale > 0 ? 2 : 1;
     committed.clear();
-    const bool rule_needs_count = st.unmask.kind != DLLM_UNMASK_SCHEDULE;
+    const bool rule_needs_count = st.steps_per_block == 0;  // threshold/factor: the block loops until no mask is left
     if (!want_host && !rule_needs_count) return DLLM_OK;
     const int n = (int)st.canvas.size();
     int *host = (int *)host_pinned_;
@@ -5668,13 +5802,41 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
 
-/* The schedule options beyond LLaDA's (Fast-dLLM, DPad): ranges and combinations. */
+/* Dream's sampler options (decoding.md 4): ranges, and the combinations that mean something. The remasking
+ * and unmask values are already validated. */
+static dllm_status dllm__check_dream(const dllm_gen_params &p) {
+    const int unmask = dllm__enum_int(p.unmask), remasking = dllm__enum_int(p.remasking);
+    const bool counted = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;
+    if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
+    if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
+    if (remasking == DLLM_REMASK_ORIGIN && unmask != DLLM_UNMASK_TIMESTEPS)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
+                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)", unmask);
+    if (remasking == DLLM_REMASK_ORIGIN && p.confidence_eos_eot_inf)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
+    if (p.alg_temp > 0 && (!counted || remasking == DLLM_REMASK_ORIGIN))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
+                          "threshold/factor rules and DLLM_REMASK_ORIGIN have no k to sample");
+    return DLLM_OK;
+}
+
+/* DLLM_UNMASK_THRESHOLD's tau: a probability, or with ENTROPY a bound on sum p log p <= 0 (minus the entropy). */
+static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
+    if (dllm__enum_int(p.remasking) != DLLM_REMASK_ENTROPY) {
+        if (!(p.threshold > 0 && p.threshold <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+    } else if (!(p.threshold <= 0 && p.threshold >= -DBL_MAX)) {
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
+                          "threshold must be finite and <= 0 (e.g. -0.5), got %g", p.threshold);
+    }
+    return DLLM_OK;
+}
+
+/* The schedule options beyond LLaDA's (Fast-dLLM, DPad, Dream): ranges and combinations. */
 static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_t *prompt, int n_prompt, int32_t mask_id) {
     int unmask = dllm__enum_int(p.unmask), kv = dllm__enum_int(p.kv_cache), dpad = dllm__enum_int(p.dpad);
-    if (unmask < DLLM_UNMASK_SCHEDULE || unmask > DLLM_UNMASK_FACTOR)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD or _FACTOR, got %d", unmask);
-    if (unmask == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+    if (unmask < DLLM_UNMASK_SCHEDULE || unmask > DLLM_UNMASK_TIMESTEPS)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
+    if (unmask == DLLM_UNMASK_THRESHOLD) DLLM__TRY(dllm__check_threshold(p));
     if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
     if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
@@ -5691,14 +5853,15 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                           p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
     if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window, p.dpad_n);
-    return DLLM_OK;
+    return dllm__check_dream(p);
 }
 
 static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
                                          int32_t *out, int out_capacity, dllm__gen_plan &plan) {
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
-    const bool scheduled = dllm__enum_int(p.unmask) == DLLM_UNMASK_SCHEDULE;  // read as int: the value is not validated yet
+    const int unmask = dllm__enum_int(p.unmask);  // read as int: the value is not validated yet
+    const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length, p.block_length, p.steps);
     if (p.gen_length % p.block_length)
@@ -5716,8 +5879,8 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     int remasking = dllm__enum_int(p.remasking);
-    if (remasking != DLLM_REMASK_LOW_CONFIDENCE && remasking != DLLM_REMASK_RANDOM)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "remasking must be DLLM_REMASK_LOW_CONFIDENCE or DLLM_REMASK_RANDOM, got %d", remasking);
+    if (remasking < DLLM_REMASK_LOW_CONFIDENCE || remasking > DLLM_REMASK_ORIGIN)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d", remasking);
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL, "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length, out ? out_capacity : 0);
     DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
@@ -5744,6 +5907,11 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     for (int i = 0; i < n_prompt; i++) st.is_prompt[(size_t)i] = prompt[i] != plan.mask_id;
     st.sampling.temperature = p.temperature;
     st.sampling.remasking = p.remasking;
+    // Dream's confidences use its tempered softmax; LOW_CONFIDENCE keeps LLaDA's untempered one unless it runs
+    // as Dream's maskgit_plus, under the timestep schedule.
+    st.sampling.tempered_conf = p.remasking == DLLM_REMASK_MARGIN || p.remasking == DLLM_REMASK_ENTROPY ||
+                                (p.remasking == DLLM_REMASK_LOW_CONFIDENCE && p.unmask == DLLM_UNMASK_TIMESTEPS);
+    st.sampling.alg_temp = p.alg_temp;
     st.sampling.seed = p.seed;
     st.sampling.eos_logit_inf = p.logits_eos_inf != 0 && plan.eos_id >= 0;
     st.sampling.defer_eos_eot = p.confidence_eos_eot_inf != 0;
@@ -5753,6 +5921,8 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.unmask.kind = p.unmask;
     st.unmask.threshold = p.threshold;
     st.unmask.factor = p.factor;
+    st.unmask.eps = p.eps;
+    st.unmask.origin = p.remasking == DLLM_REMASK_ORIGIN;
     st.kv_cache = p.kv_cache;
     st.steps_per_block = plan.steps_per_block;
 }
@@ -6138,6 +6308,8 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.unmask = DLLM_UNMASK_SCHEDULE;
     p.threshold = 0.9;
     p.factor = 1.0;
+    p.eps = 1e-3;
+    p.alg_temp = 0.0;
     p.kv_cache = DLLM_KV_CACHE_NONE;
     p.dpad = DLLM_DPAD_OFF;
     p.dpad_window = 256;

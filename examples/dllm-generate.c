@@ -35,7 +35,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dllm-generate -m DIR (-p \"text\" | --ids \"I J K\") [options]\n"
             "\n"
-            "Decodes a prompt with LLaDA's semi-autoregressive block schedule (generate.py semantics).\n"
+            "Decodes a prompt with LLaDA's semi-autoregressive block schedule (generate.py semantics), Fast-dLLM's\n"
+            "parallel decoding, DPad or Dream's samplers.\n"
             "\n"
             "  -m, --model DIR        Hugging Face model directory (config.json + safetensors + tokenizer files)\n"
             "  -p, --prompt TEXT      prompt as text: the model's chat template is applied, the answer streamed\n"
@@ -47,14 +48,18 @@ static void usage(FILE *f) {
             "  --steps N              denoising steps in total (default: gen length); alias --diffusion-steps\n"
             "  --block N              block length (default 32); alias --diffusion-block-length\n"
             "  --temp T               temperature, 0 = greedy (default 0)\n"
-            "  --remask MODE          low_confidence (default) or random\n"
+            "  --alg MODE             which masks a step commits first: low_confidence (default, highest p(x0); alias\n"
+            "                         maskgit_plus), topk_margin (p(top1) - p(top2)), entropy (sum p log p), random, or\n"
+            "                         origin (see --timesteps); alias --remask. topk_margin and entropy take p from\n"
+            "                         softmax(logits / temp) as Dream does, low_confidence only with --timesteps\n"
             "  --lacache MODE         GPU exact caching: on (default), truncate (LM head on the block only) or off;\n"
             "                         every mode gives the same tokens\n"
             "  --cfg S                classifier-free guidance scale, 0 = off (default 0)\n"
             "\n"
             "Fast-dLLM and DPad (compose with each other and with --lacache):\n"
             "  --threshold TAU        parallel decoding: each step commits the best candidate and every one with\n"
-            "                         confidence >= TAU; a block steps until it is full (--steps is ignored)\n"
+            "                         confidence >= TAU; a block steps until it is full (--steps is ignored);\n"
+            "                         TAU in (0, 1], or <= 0 with --alg entropy (minus the entropy, in nats)\n"
             "  --factor F             parallel decoding, factor rule: the n-th best needs conf >= 1 - F/(n+1)\n"
             "  --cache MODE           none (default, exact), prefix or dual: Fast-dLLM's K/V caches, APPROXIMATE\n"
             "                         (K/V outside the forwarded rows are reused stale within a block)\n"
@@ -66,6 +71,18 @@ static void usage(FILE *f) {
             "  --early-stop           after a block with EOS/EoT, fill the rest with it and stop\n"
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
             "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 --early-stop for DPad)\n"
+            "\n"
+            "Dream's samplers (generation_utils.py; any model, composing with blocks and caches):\n"
+            "  --timesteps            Dream's count: with t = linspace(1, eps, steps per block + 1), step i of a block\n"
+            "                         commits floor(n (1 - t[i+1]/t[i])) of its n masks left (0 happens), all of them\n"
+            "                         at the last step. --alg origin implies it: each mask transfers independently\n"
+            "                         with probability 1 - t[i+1]/t[i]\n"
+            "  --eps E                the last timestep, in (0, 1) (default 1e-3)\n"
+            "  --alg-temp T           > 0: a step samples its positions from softmax(confidence / T) without\n"
+            "                         replacement instead of taking the top ones (default 0)\n"
+            "  Dream's README settings (alg entropy, 512 steps, temperature 0.2, the whole answer as one block):\n"
+            "                         -n 512 --steps 512 --block 512 --temp 0.2 --alg entropy --timesteps\n"
+            "                         (its top_p 0.95 is not supported: dllm samples from the full softmax)\n"
             "\n"
             "  --seed N               seed of every random draw (default 0)\n"
             "  --logits-eos-inf       forbid the EOS token\n"
@@ -97,6 +114,26 @@ static int parse_int(const char *s, long lo, long hi, int *out) {
     if (errno || !end || *end || end == s || v < lo || v > hi) return 0;
     *out = (int)v;
     return 1;
+}
+
+static int parse_double(const char *s, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !end || *end || end == s) return 0;
+    *out = v;
+    return 1;
+}
+
+/* --alg / --remask: dllm's names and Dream's; returns 0 for an unknown name. */
+static int parse_alg(const char *s, dllm_remasking *out) {
+    static const struct { const char *name; dllm_remasking value; } algs[] = {
+        {"low_confidence", DLLM_REMASK_LOW_CONFIDENCE}, {"maskgit_plus", DLLM_REMASK_LOW_CONFIDENCE}, {"topk_margin", DLLM_REMASK_MARGIN},
+        {"entropy", DLLM_REMASK_ENTROPY}, {"origin", DLLM_REMASK_ORIGIN}, {"random", DLLM_REMASK_RANDOM}};
+    size_t i;
+    for (i = 0; i < sizeof algs / sizeof algs[0]; i++)
+        if (!strcmp(s, algs[i].name)) { *out = algs[i].value; return 1; }
+    return 0;
 }
 
 static int parse_float(const char *s, float *out) {
@@ -153,6 +190,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--raw")) { o->raw = 1; takes_value = 0; }
         else if (!strcmp(a, "--visual") || !strcmp(a, "--diffusion-visual")) { o->visual = 1; takes_value = 0; }
         else if (!strcmp(a, "--early-stop")) { o->gen.early_stop = 1; takes_value = 0; }
+        else if (!strcmp(a, "--timesteps")) { o->gen.unmask = DLLM_UNMASK_TIMESTEPS; takes_value = 0; }
         else if (!v) return fail("option %s needs a value (see --help)", a);
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--ids")) o->ids_text = v;
@@ -163,7 +201,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--temp")) { if (!parse_float(v, &o->gen.temperature) || o->gen.temperature < 0) return fail("bad temperature \"%s\"", v); }
         else if (!strcmp(a, "--cfg")) { if (!parse_float(v, &o->gen.cfg_scale) || o->gen.cfg_scale < 0) return fail("bad cfg scale \"%s\"", v); }
         else if (!strcmp(a, "--seed")) { char *end = NULL; errno = 0; o->gen.seed = strtoull(v, &end, 0); if (errno || !end || *end || end == v) return fail("bad seed \"%s\"", v); }
-        else if (!strcmp(a, "--threshold")) { float t; if (!parse_float(v, &t) || !(t > 0 && t <= 1)) return fail("--threshold must be in (0, 1], not \"%s\"", v); o->gen.unmask = DLLM_UNMASK_THRESHOLD; o->gen.threshold = t; }
+        else if (!strcmp(a, "--threshold")) { if (!parse_double(v, &o->gen.threshold)) return fail("bad threshold \"%s\"", v); o->gen.unmask = DLLM_UNMASK_THRESHOLD; }
+        else if (!strcmp(a, "--eps")) { if (!parse_double(v, &o->gen.eps) || !(o->gen.eps > 0 && o->gen.eps < 1)) return fail("--eps must be in (0, 1), not \"%s\"", v); }
+        else if (!strcmp(a, "--alg-temp")) { if (!parse_double(v, &o->gen.alg_temp) || !(o->gen.alg_temp >= 0)) return fail("bad --alg-temp \"%s\"", v); }
         else if (!strcmp(a, "--factor")) { float f; if (!parse_float(v, &f) || !(f > 0)) return fail("--factor must be > 0, not \"%s\"", v); o->gen.unmask = DLLM_UNMASK_FACTOR; o->gen.factor = f; }
         else if (!strcmp(a, "--dpad-window")) { if (!parse_int(v, 2, 1 << 20, &o->gen.dpad_window)) return fail("bad DPad window \"%s\" (at least 2)", v); if (o->gen.dpad == DLLM_DPAD_OFF) o->gen.dpad = DLLM_DPAD_GAUSSIAN; }
         else if (!strcmp(a, "--dpad-k")) { if (!parse_float(v, &o->gen.dpad_k) || !(o->gen.dpad_k >= 0)) return fail("bad DPad k \"%s\"", v); }
@@ -176,10 +216,8 @@ static int parse_args(int argc, char **argv, options *o) {
             else return fail("--cache must be none, prefix or dual, not \"%s\"", v);
         }
         else if (!strcmp(a, "--threads")) { if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("bad thread count \"%s\"", v); }
-        else if (!strcmp(a, "--remask")) {
-            if (!strcmp(v, "low_confidence")) o->gen.remasking = DLLM_REMASK_LOW_CONFIDENCE;
-            else if (!strcmp(v, "random")) o->gen.remasking = DLLM_REMASK_RANDOM;
-            else return fail("--remask must be low_confidence or random, not \"%s\"", v);
+        else if (!strcmp(a, "--alg") || !strcmp(a, "--remask")) {
+            if (!parse_alg(v, &o->gen.remasking)) return fail("--alg must be low_confidence, maskgit_plus, topk_margin, entropy, origin or random, not \"%s\"", v);
         } else if (!strcmp(a, "--lacache")) {
             if (!strcmp(v, "on")) o->gen.lacache = DLLM_LACACHE_ON;
             else if (!strcmp(v, "truncate")) o->gen.lacache = DLLM_LACACHE_TRUNCATE;
@@ -199,6 +237,8 @@ static int parse_args(int argc, char **argv, options *o) {
         if (takes_value) i++;
     }
     if (!steps_given) o->gen.steps = o->gen.gen_length;
+    /* origin has no other count; an explicit --threshold/--factor stays, for the library to refuse with its reason */
+    if (o->gen.remasking == DLLM_REMASK_ORIGIN && o->gen.unmask == DLLM_UNMASK_SCHEDULE) o->gen.unmask = DLLM_UNMASK_TIMESTEPS;
     if (!o->model_dir) return fail("%s", "no model: pass -m DIR (see --help)");
     if (!o->ids_text == !o->prompt) return fail("%s", "pass exactly one prompt: -p \"text\" or --ids \"I J K\" (see --help)");
     if ((o->raw || o->visual) && !o->prompt) return fail("%s", "--raw and --visual go with a text prompt (-p)");

@@ -19,6 +19,7 @@
 #include "test_tokenizer.inl"
 #include "test_models.inl"
 #include "test_gpu.inl"
+#include "test_dream_samplers.inl"
 #include "test_fp8.inl"
 
 int main(int argc, char **argv) {

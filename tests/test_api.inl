@@ -80,7 +80,7 @@ TEST(api, bad_generation_params) {
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "temperature");
     p = base; p.cfg_scale = -0.5f;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "cfg_scale");
-    p = base; p.remasking = (dllm_remasking)3;
+    p = base; p.remasking = (dllm_remasking)9;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "remasking");
     p = base; p.lacache = (dllm_lacache)7;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "lacache");

@@ -380,7 +380,7 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
     test_put(dcanvas, canvas);
     test_poison(dcomm, rows * 4);
     dllm__sampler_args a = {dc.ptr, cfg > 0 ? du.ptr : nullptr, cfg + 1, V, slice, slices, rows, pos0, 0, shift0, rows + 1, temp, 12345,
-                            eos_opts, eos, eot, eos_opts, random};
+                            eos_opts, eos, eot, eos_opts, random, 0, 0.0};
     void *pa[] = {&a, &dstate.ptr, &dp.ptr};
     CHECK_STATUS(dllm__launch(g.k("conf_partial_kernel"), dim3(slices, rows), dim3(256), 0, 0, pa, "partial"), DLLM_OK, nullptr);
     void *ca[] = {&a, &dstate.ptr, &dp.ptr, &dx.ptr, &dconf.ptr, &ddef.ptr};
@@ -413,8 +413,8 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
         test_put(dstate, std::vector<int>(st, st + 16));
         test_poison(dcomm, rows * 4);
         int lo = pos0, mask = 999;
-        double threshold = 0.35, factor = 1.5;
-        void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, &mask, &dcomm.ptr, &rule, &threshold, &factor};
+        double threshold = 0.35, factor = 1.5, eps = 1e-3;
+        void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, &mask, &dcomm.ptr, &rule, &threshold, &factor, &eps};
         CHECK_STATUS(dllm__launch(g.k("select_commit"), dim3(1), dim3(1024), rows * 5, 0, sa, "select"), DLLM_OK, nullptr);
         std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
         dllm__unmask_rule u;
@@ -493,8 +493,10 @@ static void test_step_logits(dllm_ctx *ctx, const dllm_model *m, const std::vect
     for (size_t i = 0; i < out.size(); i++) out[i] = u[i] + (cfg + 1) * (out[i] - u[i]);
 }
 
+/* conf_of, when given, ranks positions (Dream's samplers); the default is LLaDA's max softmax probability. */
 static bool test_divergence_is_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm_model *m, const std::vector<int32_t> &canvas, float cfg,
-                                        size_t n_prompt, const std::vector<int32_t> &a, const std::vector<int32_t> &b, const char *what) {
+                                        size_t n_prompt, const std::vector<int32_t> &a, const std::vector<int32_t> &b, const char *what,
+                                        const dllm__sampling *conf_of = nullptr) {
     const int N = (int)canvas.size(), V = m->cfg.n_vocab, mask = m->cfg.mask_id;
     std::vector<float> lc((size_t)N * V), lg((size_t)N * V);
     test_step_logits(cpu, m, canvas, cfg, n_prompt, lc);
@@ -518,8 +520,9 @@ static bool test_divergence_is_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm
     }
     for (int pa : only_a)
         for (int pb : only_b) {
-            double ca = test_softmax_max(&lc[(size_t)pa * V], V), cb = test_softmax_max(&lc[(size_t)pb * V], V);
-            double gap = fabs(ca - cb) / std::max(ca, cb), bound = 2 * std::max(noise(pa), noise(pb));
+            auto conf = [&](int p) { return conf_of ? dllm__choose(&lc[(size_t)p * V], V, *conf_of, (uint32_t)p, 0).conf : test_softmax_max(&lc[(size_t)p * V], V); };
+            double ca = conf(pa), cb = conf(pb);
+            double gap = fabs(ca - cb) / std::max(fabs(ca), fabs(cb)), bound = 2 * std::max(noise(pa), noise(pb));
             printf("    %s positions %d (CPU) / %d (GPU): confidence %.5f vs %.5f, relative gap %.4f, noise bound %.4f\n", what, pa, pb, ca, cb, gap, bound);
             ok &= gap <= bound;
         }
