@@ -4727,16 +4727,12 @@ struct dllm__gemm {
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res[3 * 32];
+        cublasLtMatmulHeuristicResult_t res[32];
         int found = 0;
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
-        if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-            cublasLtMatmulPreferenceDestroy(pref);
-            return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no %s GEMM algorithm for M=%d N=%d K=%d (status %d)", op.kind(), op.M, op.N, op.K, (int)s);
-        }
-        if (tune && !op.fp8() && op.M <= 256)
-            for (int scale : {2, 4}) found = borrow_candidates(*p, op, scale, pref, res, found, 3 * 32);
         cublasLtMatmulPreferenceDestroy(pref);
+        if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+            return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no %s GEMM algorithm for M=%d N=%d K=%d (status %d)", op.kind(), op.M, op.N, op.K, (int)s);
         found = dllm__drop_split_k(res, found);
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
@@ -4744,30 +4740,6 @@ struct dllm__gemm {
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
-    }
-    /* Few rows (a K/V-cache block step): the heuristic ranks tiles made for compute-bound shapes. Its picks for
-     * scale x M rows that also run at M (and are new) join the candidates the autotuner times. */
-    int borrow_candidates(dllm__gemm_plan &p, const dllm__gemm_op &op, int scale, cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t *res,
-                          int found, int cap) {
-        dllm__gemm_plan wide;
-        dllm__gemm_op w = op;
-        w.M = op.M * scale;
-        if (describe(wide, w) != DLLM_OK) return found;
-        cublasLtMatmulHeuristicResult_t more[32];
-        int n = 0;
-        if (cublasLtMatmulAlgoGetHeuristic(handle, wide.desc, wide.a, wide.b, wide.c, wide.c, pref, 32, more, &n) != CUBLAS_STATUS_SUCCESS) return found;
-        for (int i = 0; i < n && found < cap; i++) {
-            bool seen = false;
-            for (int j = 0; j < found && !seen; j++) seen = memcmp(&res[j].algo, &more[i].algo, sizeof more[i].algo) == 0;
-            cublasLtMatmulHeuristicResult_t check;
-            if (seen || cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &more[i].algo, &check) != CUBLAS_STATUS_SUCCESS ||
-                check.workspaceSize > workspace_bytes)
-                continue;
-            check.algo = more[i].algo;
-            check.state = CUBLAS_STATUS_SUCCESS;
-            res[found++] = check;
-        }
-        return found;
     }
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;
