@@ -4,13 +4,19 @@
  *   build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt
  *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --lacache on --ref-lacache off
  *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --precision fp8 --ref-precision bf16
+ *   build/dllm-eval -m models/tiny-llada --agree tests/data/prompts.txt --cache dual --threshold 0.9
  *
  * --nll FILE    masked-token NLL at mask ratios 0.15 / 0.5 / 0.9, dllm protocol 1 (tools/train_tiny.py,
  *               NLL_PROTOCOL): the file tokenized as one string, 64 windows of 128 ids, position i of window
  *               w masked iff dllm_rng_uniform(1234, i, w, k, 3) < r_k, one forward per window, float64.
  * --add FILE    exact match on lines "a+b=sum": prompt "a+b=", gen = steps = block = 8, greedy.
  * --agree FILE  one raw text prompt per line, decoded twice: with the configuration under test and with the
- *               reference (--ref-*); prints per-token and per-sequence agreement of the generated ids.
+ *               reference (--ref-*); prints per-token and per-sequence agreement of the generated ids, the
+ *               forwards (NFE) each took and the pseudo-log-likelihood of each one's output: the mean over
+ *               generated tokens of -log p(token) with that token alone masked, one forward a token (a
+ *               quality measure of a masked model's own; lower is more likely). The scheduler options
+ *               (--cache, --threshold, --factor, --dpad, --alg, --timesteps) apply to the configuration under
+ *               test only: the reference is LLaDA's vanilla decoding.
  * --precision bf16|fp8|fp8-all sets dllm_ctx_params.precision for every mode (--ref-precision: the reference's).
  * Each result is also printed as a "key value" line for scripts. Exit 0 on success, 1 with one line on
  * stderr for bad usage or a bad model.
@@ -29,6 +35,7 @@ typedef struct {
     dllm_backend backend, ref_backend;
     dllm_lacache lacache, ref_lacache;
     dllm_precision precision, ref_precision;
+    dllm_gen_params sched;  /* the scheduler fields of the configuration under test */
 } options;
 
 static int fail(const char *what, const char *detail) {
@@ -47,7 +54,13 @@ static void usage(void) {
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
            "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
            "  --lacache M, --ref-lacache M   on (default), truncate or off\n"
-           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1) or fp8-all\n");
+           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1) or fp8-all\n"
+           "  scheduler under test (--agree; the reference decodes vanilla):\n"
+           "  --cache none|prefix|dual  Fast-dLLM K/V cache (approximate)\n"
+           "  --threshold T, --factor F  Fast-dLLM parallel decoding\n"
+           "  --dpad W                DPad Gaussian suffix dropout over a window of W (k 4, scale 2)\n"
+           "  --alg A                 low_confidence (default), topk_margin, entropy, origin or random\n"
+           "  --timesteps             Dream's per-step count (eps 1e-3); --alg origin needs it\n");
 }
 
 static int parse_backend(const char *s, dllm_backend *b) {
@@ -74,6 +87,34 @@ static int parse_precision(const char *s, dllm_precision *p) {
     return 1;
 }
 
+/* The scheduler options of the configuration under test; 0 if a is not one or v is bad (the library checks
+ * ranges and combinations when it decodes). */
+static int parse_sched(const char *a, const char *v, dllm_gen_params *g) {
+    char *end = NULL;
+    if (!strcmp(a, "--cache")) {
+        if (!strcmp(v, "none")) g->kv_cache = DLLM_KV_CACHE_NONE;
+        else if (!strcmp(v, "prefix")) g->kv_cache = DLLM_KV_CACHE_PREFIX;
+        else if (!strcmp(v, "dual")) g->kv_cache = DLLM_KV_CACHE_DUAL;
+        else return 0;
+    } else if (!strcmp(a, "--threshold")) {
+        g->unmask = DLLM_UNMASK_THRESHOLD, g->threshold = strtod(v, &end);
+    } else if (!strcmp(a, "--factor")) {
+        g->unmask = DLLM_UNMASK_FACTOR, g->factor = strtod(v, &end);
+    } else if (!strcmp(a, "--dpad")) {
+        g->dpad = DLLM_DPAD_GAUSSIAN, g->dpad_window = (int)strtol(v, &end, 10);
+    } else if (!strcmp(a, "--alg")) {
+        if (!strcmp(v, "low_confidence") || !strcmp(v, "maskgit_plus")) g->remasking = DLLM_REMASK_LOW_CONFIDENCE;
+        else if (!strcmp(v, "topk_margin")) g->remasking = DLLM_REMASK_MARGIN;
+        else if (!strcmp(v, "entropy")) g->remasking = DLLM_REMASK_ENTROPY;
+        else if (!strcmp(v, "origin")) g->remasking = DLLM_REMASK_ORIGIN;
+        else if (!strcmp(v, "random")) g->remasking = DLLM_REMASK_RANDOM;
+        else return 0;
+    } else {
+        return 0;
+    }
+    return !end || (*end == 0 && end != v);
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     int i;
     memset(o, 0, sizeof *o);
@@ -82,9 +123,11 @@ static int parse_args(int argc, char **argv, options *o) {
     o->lacache = DLLM_LACACHE_ON;
     o->ref_lacache = DLLM_LACACHE_OFF;
     o->precision = o->ref_precision = DLLM_PRECISION_BF16;
+    o->sched = dllm_gen_default_params();
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
+        if (!strcmp(a, "--timesteps")) { o->sched.unmask = DLLM_UNMASK_TIMESTEPS; continue; }
         if (!v) return fail("missing value after ", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
@@ -102,7 +145,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--ref-lacache")) { if (!parse_lacache(v, &o->ref_lacache)) return fail("bad --ref-lacache ", v); }
         else if (!strcmp(a, "--precision")) { if (!parse_precision(v, &o->precision)) return fail("bad --precision ", v); }
         else if (!strcmp(a, "--ref-precision")) { if (!parse_precision(v, &o->ref_precision)) return fail("bad --ref-precision ", v); }
-        else return fail("unknown option ", a);
+        else if (!parse_sched(a, v, &o->sched)) return fail("unknown option or bad value: ", a);
     }
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)", NULL);
     if (!o->nll_file && !o->add_file && !o->agree_file) return fail("nothing to do: pass --nll, --add or --agree", NULL);
@@ -191,15 +234,52 @@ done:
     return rc;
 }
 
-/* Decodes one prompt; out gets gen ids (the whole canvas after the prompt, EOS included). */
-static dllm_status decode(dllm_ctx *ctx, const int32_t *prompt, int np, int gen, int steps, int block, dllm_lacache lc, int32_t *out, int *n_out) {
-    dllm_gen_params p = dllm_gen_default_params();
+/* Decodes one prompt with the scheduler of p (the rest set here); out gets gen ids (the whole canvas after
+ * the prompt, EOS included); forwards (if not NULL) adds the NFE. */
+static dllm_status decode_with(dllm_ctx *ctx, dllm_gen_params p, const int32_t *prompt, int np, int gen, int steps, int block, dllm_lacache lc,
+                               int32_t *out, int *n_out, long *forwards) {
+    dllm_gen_stats st;
+    dllm_status s;
     p.gen_length = gen;
     p.steps = steps;
     p.block_length = block;
     p.lacache = lc;
     p.stop_at_eos = 0;
-    return dllm_generate(ctx, prompt, np, p, out, gen, n_out, NULL);
+    p.early_stop = 0;
+    s = dllm_generate(ctx, prompt, np, p, out, gen, n_out, &st);
+    if (s == DLLM_OK && forwards) *forwards += st.forwards;
+    return s;
+}
+
+static dllm_status decode(dllm_ctx *ctx, const int32_t *prompt, int np, int gen, int steps, int block, dllm_lacache lc, int32_t *out, int *n_out) {
+    return decode_with(ctx, dllm_gen_default_params(), prompt, np, gen, steps, block, lc, out, n_out, NULL);
+}
+
+/* Pseudo-log-likelihood of the n generated ids after the prompt: sum over them of -log p(id) from one forward
+ * of prompt ++ gen with that position alone masked. Adds to *sum and *count; 0 on success. */
+static int pseudo_nll(dllm_ctx *ctx, const loaded *L, const int32_t *prompt, int np, const int32_t *gen, int n, double *sum, long *count) {
+    const int T = np + n, V = L->info.n_vocab;
+    int32_t *canvas = (int32_t *)malloc(sizeof(int32_t) * (size_t)T);
+    float *row = (float *)malloc(sizeof(float) * (size_t)V);
+    int i, v, rc = 1;
+    if (!canvas || !row) goto done;
+    memcpy(canvas, prompt, sizeof(int32_t) * (size_t)np);
+    memcpy(canvas + np, gen, sizeof(int32_t) * (size_t)n);
+    for (i = np; i < T; i++) {
+        double mx, z = 0;
+        canvas[i] = L->info.mask_id;
+        if (dllm_logits(ctx, canvas, T, i, i + 1, row, (size_t)V) != DLLM_OK) goto done;
+        canvas[i] = gen[i - np];
+        for (mx = row[0], v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        for (v = 0; v < V; v++) z += exp((double)row[v] - mx);
+        *sum += log(z) + mx - row[canvas[i]];
+        (*count)++;
+    }
+    rc = 0;
+done:
+    free(canvas);
+    free(row);
+    return rc;
 }
 
 /* Exact match on "a+b=sum" lines: the answer is the decode of the ids before the first EOS/EoT. */
@@ -238,14 +318,16 @@ static int eval_agree(const loaded *L, const options *o) {
     const int same_ctx = o->backend == o->ref_backend && o->precision == o->ref_precision;
     dllm_ctx *a = make_ctx(L, o->backend, o->precision), *b = same_ctx ? a : make_ctx(L, o->ref_backend, o->ref_precision);
     int32_t *ga = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n), *gb = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n);
-    long tokens = 0, same_tokens = 0;
+    long tokens = 0, same_tokens = 0, nfe_a = 0, nfe_b = 0, pll_na = 0, pll_nb = 0;
+    double pll_a = 0, pll_b = 0;
     int seqs = 0, same_seqs = 0, rc = 1;
     if (!text || !a || !b || !ga || !gb) { fail("cannot evaluate agreement on ", o->agree_file); goto done; }
     for (line = strtok_r(text, "\n", &save); line && (!o->limit || seqs < o->limit); line = strtok_r(NULL, "\n", &save)) {
         int np = 0, na = 0, nb = 0, i, same = 1;
         int32_t *prompt = tokenize(L->tok, line, strlen(line), &np);
-        if (!prompt || decode(a, prompt, np, o->n, o->steps, o->block, o->lacache, ga, &na) != DLLM_OK ||
-            decode(b, prompt, np, o->n, o->steps, o->block, o->ref_lacache, gb, &nb) != DLLM_OK) {
+        if (!prompt || decode_with(a, o->sched, prompt, np, o->n, o->steps, o->block, o->lacache, ga, &na, &nfe_a) != DLLM_OK ||
+            decode_with(b, dllm_gen_default_params(), prompt, np, o->n, o->steps, o->block, o->ref_lacache, gb, &nb, &nfe_b) != DLLM_OK ||
+            pseudo_nll(b, L, prompt, np, ga, na, &pll_a, &pll_na) || pseudo_nll(b, L, prompt, np, gb, nb, &pll_b, &pll_nb)) {
             free(prompt);
             fail("", dllm_last_error());
             goto done;
@@ -261,6 +343,7 @@ static int eval_agree(const loaded *L, const options *o) {
     }
     printf("agree_sequences %d\nagree_token %.4f\nagree_sequence %.4f\n", seqs, tokens ? (double)same_tokens / tokens : 0.0,
            seqs ? (double)same_seqs / seqs : 0.0);
+    printf("nfe %ld\nref_nfe %ld\npll %.4f\nref_pll %.4f\n", nfe_a, nfe_b, pll_na ? pll_a / pll_na : 0.0, pll_nb ? pll_b / pll_nb : 0.0);
     rc = 0;
 done:
     if (b != a) dllm_ctx_free(b);
