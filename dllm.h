@@ -264,8 +264,8 @@ typedef enum dllm_remasking {
 
 /* LaCache (GPU backend): exact reuse of work that does not change inside a block. Every mode gives the
  * same tokens and the same logits, bit for bit; the CPU reference computes that same function. With a
- * K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: ON then acts as
- * TRUNCATE (LM head and sampler on the block's rows). */
+ * K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: every mode then
+ * acts as TRUNCATE (LM head and sampler on the block's rows). */
 typedef enum dllm_lacache {
     DLLM_LACACHE_OFF = 0,      /* recompute everything every step, LM head on every row (the reference)  */
     DLLM_LACACHE_TRUNCATE = 1, /* final norm, LM head and sampler on the block's rows only             */

@@ -5532,7 +5532,10 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
     for (int b = 0; b < batch; b++) {
         const char *y = (const char *)y_.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
         char *out = (char *)logits_.ptr + (size_t)b * rows * c.n_vocab * 4;
-        DLLM__TRY(gemm_.run_pinned(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));  // truncation-safe
+        // Without a K/V cache LaCache's truncated rows must match the plain path's bits: one pinned algorithm
+        // for every row count. With one, every mode computes the same rows (run_step), so the fastest is safe.
+        if (kv_on_) DLLM__TRY(gemm_.run(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
+        else DLLM__TRY(gemm_.run_pinned(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
     }
     return DLLM_OK;
 }
@@ -5625,8 +5628,10 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
     int q0, q1;
     dllm__step_rows(st, c.shift_logits, q0, q1);
     // Output truncation: only rows that can hold a candidate reach the final norm, the LM head and the
-    // sampler (the block, plus the prompt's masks if it has any). The plain path computes every row.
-    const bool truncate = st.lacache != DLLM_LACACHE_OFF;
+    // sampler (the block, plus the prompt's masks if it has any). The plain path computes every row, except
+    // under a K/V cache, whose forwards skip rows anyway: there every mode truncates, so the LM head has the
+    // same rows in every mode and may take the GEMM tuned for them (lm_head).
+    const bool truncate = st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE;
     const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : q0 == 0 ? 0 : st.block_begin;
     const int lm_hi = truncate ? st.block_end : q1;
     const int raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
