@@ -75,3 +75,20 @@ TEST(models, heldout_tokenization_matches_hugging_face) {
         dllm_tokenizer_free(tok);
     }
 }
+
+/* dllm-eval --agree with a scheduler under test: vanilla against vanilla agrees fully with equal NFE and
+ * pseudo-log-likelihood; a dual cache runs, counts its forwards and prints its own PLL; a bad value is a
+ * clear error. */
+TEST(models, eval_agreement_reports_scheduler_nfe_and_pll) {
+    if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
+    const std::string base = "-m models/tiny-llada --agree tests/data/prompts.txt --limit 2 -n 8 --steps 8 --block 4 --backend cpu";
+    std::map<std::string, double> same, dual;
+    CHECK(test_eval(base, same) == 0);
+    CHECK(same["agree_token"] == 1.0 && same["nfe"] == 16 && same["ref_nfe"] == 16 && same["pll"] == same["ref_pll"] && same["pll"] > 0);
+    CHECK(test_eval(base + " --cache dual --threshold 0.5", dual) == 0);
+    printf("    dual + threshold 0.5: token agreement %.3f, NFE %g / %g, PLL %.4f / %.4f\n", dual["agree_token"], dual["nfe"], dual["ref_nfe"],
+           dual["pll"], dual["ref_pll"]);
+    CHECK(dual["agree_sequences"] == 2 && dual["nfe"] >= 4 && dual["nfe"] <= 16 && dual["pll"] > 0 && dual["ref_pll"] == same["ref_pll"]);
+    std::map<std::string, double> bad;
+    CHECK(test_eval(base + " --cache triple", bad) == 1);
+}
