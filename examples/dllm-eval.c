@@ -191,6 +191,15 @@ static dllm_ctx *make_ctx(const loaded *L, dllm_backend backend, dllm_precision 
     return ctx;
 }
 
+/* -log softmax(row)[id] over V logits, in float64. */
+static double token_nll(const float *row, int V, int32_t id) {
+    double mx = row[0], z = 0;
+    int v;
+    for (v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    for (v = 0; v < V; v++) z += exp((double)row[v] - mx);
+    return log(z) + mx - row[id];
+}
+
 /* Masked-token NLL, dllm protocol 1. */
 static int eval_nll(const loaded *L, const options *o) {
     static const double ratios[3] = {0.15, 0.5, 0.9};
@@ -213,13 +222,8 @@ static int eval_nll(const loaded *L, const options *o) {
                 masked[i] = dllm_rng_uniform(1234, (uint32_t)i, (uint32_t)w, (uint32_t)k, 3) < ratios[k] ? L->info.mask_id : win[i];
             if (dllm_logits(ctx, masked, W, 0, W, logits, (size_t)W * V) != DLLM_OK) { fail("", dllm_ctx_last_error(ctx)); goto done; }
             for (i = 0; i < W; i++) {
-                const float *row = logits + (size_t)i * V;
-                double mx = row[0], z = 0;
-                int v;
                 if (masked[i] != L->info.mask_id || win[i] == L->info.mask_id) continue;
-                for (v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-                for (v = 0; v < V; v++) z += exp((double)row[v] - mx);
-                sum += log(z) + mx - row[win[i]];
+                sum += token_nll(logits + (size_t)i * V, V, win[i]);
                 count++;
             }
         }
@@ -261,18 +265,15 @@ static int pseudo_nll(dllm_ctx *ctx, const loaded *L, const int32_t *prompt, int
     const int T = np + n, V = L->info.n_vocab;
     int32_t *canvas = (int32_t *)malloc(sizeof(int32_t) * (size_t)T);
     float *row = (float *)malloc(sizeof(float) * (size_t)V);
-    int i, v, rc = 1;
+    int i, rc = 1;
     if (!canvas || !row) goto done;
     memcpy(canvas, prompt, sizeof(int32_t) * (size_t)np);
     memcpy(canvas + np, gen, sizeof(int32_t) * (size_t)n);
     for (i = np; i < T; i++) {
-        double mx, z = 0;
         canvas[i] = L->info.mask_id;
         if (dllm_logits(ctx, canvas, T, i, i + 1, row, (size_t)V) != DLLM_OK) goto done;
         canvas[i] = gen[i - np];
-        for (mx = row[0], v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-        for (v = 0; v < V; v++) z += exp((double)row[v] - mx);
-        *sum += log(z) + mx - row[canvas[i]];
+        *sum += token_nll(row, V, canvas[i]);
         (*count)++;
     }
     rc = 0;

@@ -293,6 +293,14 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
     }
 }
 
+/* The GPU context every benchmark of the LLaDA-8B shape uses (canvases up to 2048 tokens). */
+static dllm_ctx_params bench_gpu_params() {
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    cp.max_tokens = 2048;
+    return cp;
+}
+
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     bool attention_only = false, quick = false;
@@ -317,11 +325,8 @@ int main(int argc, char **argv) {
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
-        dllm_ctx_params cp = dllm_ctx_default_params();
-        cp.backend = DLLM_BACKEND_GPU;
-        cp.max_tokens = 2048;
         dllm_ctx *ctx = nullptr;
-        BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+        BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
         dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
         r.set("dual_block32_N1024_step_ms", bench_dual_block_step(r, gpu, model->cfg, 1024, 32));
         r.set("fwd_full_N1024_ms", bench_forward_ms(gpu, 1024));
@@ -361,9 +366,7 @@ int main(int argc, char **argv) {
     BENCH_CHECK(dllm_model_load_random(config, 1, &model));
     size_t free0, total;
     cudaMemGetInfo(&free0, &total);
-    dllm_ctx_params cp = dllm_ctx_default_params();
-    cp.backend = DLLM_BACKEND_GPU;
-    cp.max_tokens = 2048;
+    dllm_ctx_params cp = bench_gpu_params();
     dllm_ctx *ctx = nullptr;
     t0 = dllm__now_ms();
     BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
