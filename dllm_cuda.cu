@@ -3356,6 +3356,18 @@ __device__ __forceinline__ double uniform01(u64 seed, u32 index, u32 position, u
     return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+/* Programmatic dependent launch (sm_90+, see dllm__launch): this grid may start while the previous one in
+ * the stream is still finishing. Every kernel calls this first: it waits until the previous grid has
+ * completed and its writes are visible, then lets the next grid start launching, so that the launch of
+ * each kernel overlaps the tail of the one before instead of following it. A no-op without the launch
+ * attribute and before sm_90. */
+__device__ __forceinline__ void pdl_enter() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
 struct dllm_step_state {
     int block_begin, block_end;   // current block [begin, end)
@@ -3392,6 +3404,7 @@ __device__ __forceinline__ void store8(float *p, const float f[8]) {
 
 /* Twin: dllm__tensor_row on the embedding table. h[row] = embed[ids[row]] in fp32. */
 extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t *table, int d, float *h) {
+    pdl_enter();
     int row = blockIdx.x;
     if (row >= n_rows) return;
     const bf16_t *src = table + (u64)ids[row] * d;
@@ -3436,6 +3449,7 @@ __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, c
  * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row. */
 extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
                                        int d, int n_rows, int row0, int seq_len) {
+    pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
     const float *hr = (h_out ? h_out : h_in) + src * d;  // where v is after the first pass
@@ -3454,6 +3468,7 @@ extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf
  * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
 extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,
                                     const float *bias, const float *cos_t, const float *sin_t) {
+    pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
     int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3493,6 +3508,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
 
 /* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. 8 per thread. */
 extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
+    pdl_enter();
     u64 idx = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (idx >= (u64)n_rows * f) return;
     u64 row = idx / f, col = idx % f;
@@ -3503,12 +3519,14 @@ extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int
 
 /* The CFG unconditional canvas: prompt positions become MASK (twin: dllm__cpu_backend::apply_cfg). */
 extern "C" __global__ void make_uncond(const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out) {
+    pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = is_prompt[i] ? mask_id : canvas[i];
 }
 
 /* Starts a block: bounds, schedule length, masks in the block (the n of k_i = n/s + (i < n%s)). */
 extern "C" __global__ void block_begin(dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id) {
+    pdl_enter();
     __shared__ int count;
     if (threadIdx.x == 0) count = 0;
     __syncthreads();
@@ -3528,6 +3546,7 @@ extern "C" __global__ void block_begin(dllm_step_state *st, const int *canvas, i
 /* Random weights for benchmarks (no file): uniform in [-scale, scale], or the constant `scale` when
  * constant != 0 (norm weights). A cheap integer hash: speed matters for 16 GB, quality does not. */
 extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float scale, int constant) {
+    pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         u64 z = (i + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
         z ^= z >> 31;
@@ -3620,6 +3639,7 @@ __device__ __forceinline__ int e4m3_chunks(int k) { return ((k + 127) >> 7) << 4
  * scales. fixed_scale > 0 replaces every group's scale (one scale for the tensor; the tests use 1 to convert
  * raw values). Grid (ceil(k_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
 extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, unsigned char *q, float *scale, int scale_ld, float fixed_scale) {
+    pdl_enter();
     const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
     float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (c * 8 < k) {
@@ -3635,6 +3655,7 @@ extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, u
  * b * n_rows + i goes to q [.. x d_pad] and its scales. One CTA per row, blockDim a multiple of 32. */
 extern "C" __global__ void add_rmsnorm_e4m3(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps,
                                             unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len) {
+    pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
     const float *hr = (h_out ? h_out : h_in) + src * d;
@@ -3657,6 +3678,7 @@ extern "C" __global__ void add_rmsnorm_e4m3(const float *h_in, float *h_out, con
 /* Twin: swiglu followed by dllm__quantize_groups of its bf16 output. gu rows are [gate (f) | up (f)].
  * Grid (ceil(f_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
 extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, unsigned char *q, float *scale, int scale_ld) {
+    pdl_enter();
     const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (c * 8 < f) {
@@ -3672,6 +3694,7 @@ extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, unsigned char *q
  * codes into q [n x k_pad] (padding columns 0), the scale into scale[nb * scale_ld + kb]. Each thread owns
  * half a row of the block (64 values). */
 extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k, unsigned char *q, float *scale, int scale_ld) {
+    pdl_enter();
     const int kb = blockIdx.x, nb = blockIdx.y, k_pad = e4m3_chunks(k) * 8;
     const int row = nb * 128 + (threadIdx.x >> 1), col0 = kb * 128 + (threadIdx.x & 1) * 64;
     float f[8], amax = 0.f;
@@ -3826,6 +3849,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
 
 /* Pass 1: one CTA per (slice, row); the confidence decides, once per CTA, which statistics the slice needs. */
 extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_state *st, conf_partial *out) {
+    pdl_enter();
     if (a.remasking == REMASK_MARGIN) conf_partial_slice<true, false>(a, st, out);
     else if (a.remasking == REMASK_ENTROPY) conf_partial_slice<false, true>(a, st, out);
     else conf_partial_slice<false, false>(a, st, out);
@@ -3850,6 +3874,7 @@ __device__ __forceinline__ double row_confidence(const sampler_args &a, double z
  * sum e^x x = sum_s e^d_s (S_s + d_s Z_s), since x = x_s + d_s. */
 extern "C" __global__ void conf_combine_kernel(sampler_args a, const dllm_step_state *st, const conf_partial *parts,
                                                int *x0, double *conf, unsigned char *deferred) {
+    pdl_enter();
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= a.n_rows) return;
     const conf_partial *p = parts + (u64)row * a.n_slices;
@@ -3894,6 +3919,7 @@ __device__ __forceinline__ double timestep_fraction(int i, int s, double eps) {
 extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf,
                                          const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor,
                                          double eps) {
+    pdl_enter();
     // No static shared memory: the host grants the dynamic part the whole opt-in limit.
     extern __shared__ int rank_of[];  // [n] rank of each candidate (n: not a candidate), then [n] pass flags by rank
     int lo = cand_lo, hi = st->block_end, n = hi - lo, n_cand = 0;
@@ -4191,6 +4217,7 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * running max m is kept in the scaled (log2) domain. */
 template <int HD, int BR, int BC, int MT>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
+    pdl_enter();
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
     constexpr int LD = HD + 8, DT = HD / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
@@ -4288,6 +4315,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
  * result does not depend on scheduling). One thread per output column. */
 template <int HD>
 __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+    pdl_enter();
     const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
     const u64 split_stride = (u64)a.q_rows * (HD + 2);
@@ -4315,7 +4343,7 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 //       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
 //       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT  override the attention tile (rows per CTA, keys per tile,
-//                          m16 tiles per warp)
+//                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM)
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision. Only Hopper has cuBLASLt's block-scaled FP8 (1x128
@@ -4336,15 +4364,16 @@ struct dllm__arch {
     const char *target;   // NVRTC --gpu-architecture
     int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
     int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
+    int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, DLLM__FP8_NONE},
-    {86, "sm_86", 64, 32, 1, DLLM__FP8_NONE},
-    {87, "sm_87", 64, 32, 1, DLLM__FP8_NONE},
-    {89, "sm_89", 64, 32, 1, DLLM__FP8_NONE},
-    {90, "sm_90a", 128, 32, 2, DLLM__FP8_CUBLASLT_BLOCK},
+    {80, "sm_80", 128, 32, 1, 2, DLLM__FP8_NONE},
+    {86, "sm_86", 64, 32, 1, 2, DLLM__FP8_NONE},
+    {87, "sm_87", 64, 32, 1, 2, DLLM__FP8_NONE},
+    {89, "sm_89", 64, 32, 1, 2, DLLM__FP8_NONE},
+    {90, "sm_90a", 128, 32, 2, 2, DLLM__FP8_CUBLASLT_BLOCK},
 };
 
 static int dllm__env_int(const char *name, int dflt) {
@@ -4368,6 +4397,7 @@ static dllm__arch dllm__arch_for(int cc) {
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
+    a.fa_kv_ctas_per_sm = std::max(1, dllm__env_int("DLLM_FA_KV_CTAS", a.fa_kv_ctas_per_sm));
     return a;
 }
 
@@ -4603,20 +4633,49 @@ static size_t dllm__attn_smem(int hd, int br, int bc) { return (size_t)(br + 4 *
 static int dllm__attn_kv_splits(const dllm__arch &a, int q_rows, int seq, int heads_x_batch, int n_sms) {
     const int ctas = (q_rows + a.fa_br - 1) / a.fa_br * heads_x_batch, tiles = (seq + a.fa_bc - 1) / a.fa_bc;
     if (ctas >= n_sms) return 1;
-    return std::max(1, std::min(tiles / 2, 2 * n_sms / ctas));
+    return std::max(1, std::min(tiles / 2, a.fa_kv_ctas_per_sm * n_sms / ctas));
 }
 
 /* Bytes of split-KV partial state any dllm__attn_kv_splits choice on n_sms SMs can need. */
-static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) { return (size_t)2 * n_sms * a.fa_br * (hd + 2) * 4; }
+static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
+    return (size_t)a.fa_kv_ctas_per_sm * n_sms * a.fa_br * (hd + 2) * 4;
+}
 
 /* The attention kernels of one module: flash_attn and, for split-KV, the combine. */
 struct dllm__attn_kernels {
     cudaKernel_t attn = nullptr, combine = nullptr;
 };
 
+/* Whether kernels on the current device launch with programmatic dependent launch: sm_90 and newer, unless
+ * DLLM_PDL=0. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
+ * previous kernel to drain (see pdl_enter, which every kernel calls first). */
+static bool dllm__pdl_on() {
+    static std::atomic<int> cached[16];  // per device: 0 unknown, 1 off, 2 on
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return false;
+    int v = cached[dev].load();
+    if (v == 0) {
+        int major = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        v = major >= 9 && dllm__env_int("DLLM_PDL", 1) ? 2 : 1;
+        cached[dev].store(v);
+    }
+    return v == 2;
+}
+
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
 static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
-    cudaError_t e = cudaLaunchKernel((const void *)k, grid, block, args, smem, stream);
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = dllm__pdl_on() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
@@ -4646,6 +4705,9 @@ static int dllm__drop_split_k(cublasLtMatmulHeuristicResult_t *res, int found) {
     }
     return kept;
 }
+
+static const int dllm__gemm_candidates = 128;  // the heuristic's 32 and their split-K copies
+static const int dllm__split_k_max_m = 64;     // rows up to which split-K copies are timed too
 
 struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -4726,8 +4788,10 @@ struct dllm__gemm {
         cublasLtMatmulPreference_t pref;
         DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
+        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;  // no in-place split-K
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t res[32];
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes);
+        cublasLtMatmulHeuristicResult_t res[dllm__gemm_candidates];
         int found = 0;
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
@@ -4736,16 +4800,54 @@ struct dllm__gemm {
         found = dllm__drop_split_k(res, found);
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
+        if (tune && op.M <= dllm__split_k_max_m) found = add_split_k(*p, res, found);
         if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
     }
+    /* Appends split-K copies (2..8 shares, reduced out of place, so deterministic) of the heuristic's unsplit
+     * picks. At a block step's 32 rows an N = 4096 product is 32 output tiles for 132 SMs; the heuristic
+     * rarely offers the split that fills the GPU. Returns the new count; the timing decides. */
+    int add_split_k(const dllm__gemm_plan &p, cublasLtMatmulHeuristicResult_t *res, int found) {
+        const int unsplit = found;
+        for (int i = 0; i < unsplit; i++) {
+            int32_t can = 0, splits = 1;
+            size_t written = 0;
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can, sizeof can, &written);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+            if (!can || splits > 1) continue;
+            for (int32_t k : {2, 3, 4, 6, 8}) {
+                if (found == dllm__gemm_candidates) return found;
+                cublasLtMatmulHeuristicResult_t r = res[i];
+                uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+                cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k);
+                cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme);
+                if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &r.algo, &r) == CUBLAS_STATUS_SUCCESS &&
+                    r.workspaceSize <= workspace_bytes)
+                    res[found++] = r;
+            }
+        }
+        return found;
+    }
+    /* One line per tuned shape under DLLM_GEMM_VERBOSE=1: what won, against the heuristic's first pick. */
+    void report(const dllm__gemm_plan &p, const dllm__gemm_op &op, int found, float first_us, float best_us) {
+        int32_t id = 0, tile = 0, stages = 0, splits = 1;
+        uint32_t scheme = 0;
+        size_t w = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
+        dllm__log(DLLM_LOG_INFO, "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                  op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
+    }
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;
         DLLM__CUDA(cudaEventCreate(&t0));
         DLLM__CUDA(cudaEventCreate(&t1));
-        float best = INFINITY;
+        float best = INFINITY, first = INFINITY;
         const float alpha = 1.0f, beta = 0.0f;
         for (int i = 0; i < found; i++) {
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -4760,11 +4862,13 @@ struct dllm__gemm {
                 ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
                 if (rep) total += ms;
             }
+            if (ok && i == 0) first = total;
             if (ok && total < best) { best = total; p.algo = res[i].algo; }
         }
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
         cudaGetLastError();
+        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000 / 3, best * 1000 / 3);
         return DLLM_OK;
     }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m

@@ -4,6 +4,7 @@
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled
+ *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
  * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024), cold and warm JIT time, single forwards
@@ -13,6 +14,8 @@
  * White-box: includes dllm_cuda.cu to time internal stages. Built by ./build.sh; run by ./build.sh gpu.
  */
 #include "../dllm_cuda.cu"
+
+#include <cuda_profiler_api.h>
 
 #include <map>
 
@@ -256,6 +259,11 @@ static double bench_dual_block_step(bench_result &r, dllm__gpu_backend *gpu, con
     BENCH_CHECK(gpu->step(st, committed, false));  // the full forward that fills the cache
     st.step_in_block = 1;  // every later step has this shape: the first runs eagerly, then the graph replays
     const double ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->step(st, committed, false)); });
+    // One replay between profiler marks: `ncu --profile-from-start off` then times each kernel of the graph.
+    cudaProfilerStart();
+    BENCH_CHECK(gpu->step(st, committed, false));
+    cudaStreamSynchronize(gpu->stream());
+    cudaProfilerStop();
     dllm__stage_timer timer;  // where the step's time goes (eager, so launch gaps show in the first stage after each)
     BENCH_CHECK(gpu->profile_step(st, timer));
     cudaStreamSynchronize(gpu->stream());
