@@ -138,6 +138,108 @@ TEST(fp8, block_quantiser_partial_blocks) {
     CHECK(worst <= 1.0 / 16);
 }
 
+// ---- dllm's FP8 GEMM (fp8_gemm): its twin on the CPU -------------------------------------------------
+
+/* E4M3 operands in the GPU layouts (struct dllm__gemm_op): codes x [m_pad x k] and w [n x k], scales x_scale[kb * m_pad + m]
+ * and w_scale[nb * ceil4(k / 128) + kb] (the ceil4 padding is NaN: read, it would show). Codes of normal values, never
+ * zero or NaN; scales spread over 2^-12..2^5, so that a scale taken from the wrong row, group or block shows. */
+struct test_f8_operands {
+    int m_pad = 0, n = 0, k = 0;
+    std::vector<uint8_t> x, w;
+    std::vector<float> xs, ws;
+};
+
+static uint8_t test_f8_code(test_rng &r) {
+    const uint8_t c = dllm__f32_to_e4m3(64.0f * r.normal());
+    return (c & 0x7f) ? c : (uint8_t)(0x01 | r.below(2) << 7);
+}
+
+static float test_f8_scale(test_rng &r) { return ldexpf(1.0f + r.uniform(), r.below(17) - 12); }
+
+static test_f8_operands test_f8_random(test_rng &r, int m_pad, int n, int k) {
+    test_f8_operands o;
+    o.m_pad = m_pad, o.n = n, o.k = k;
+    const int groups = k / 128, w_ld = dllm__round_up(groups, 4);
+    o.x.resize((size_t)m_pad * k);
+    o.w.resize((size_t)n * k);
+    for (uint8_t &c : o.x) c = test_f8_code(r);
+    for (uint8_t &c : o.w) c = test_f8_code(r);
+    o.xs.resize((size_t)groups * m_pad);
+    for (float &s : o.xs) s = test_f8_scale(r);
+    o.ws.assign((size_t)(n + 127) / 128 * w_ld, NAN);
+    for (size_t nb = 0; nb < o.ws.size() / w_ld; nb++)
+        for (int g = 0; g < groups; g++) o.ws[nb * w_ld + g] = test_f8_scale(r);
+    return o;
+}
+
+/* The twin over every one of the m_pad rows, as floats. */
+static std::vector<float> test_f8_twin(const test_f8_operands &o, int rows) {
+    std::vector<uint16_t> y((size_t)rows * o.n, 0xffff);  // poisoned: bf16 NaN
+    dllm__fp8_gemm_twin(o.x.data(), o.xs.data(), o.m_pad, rows, o.w.data(), o.ws.data(), o.n, o.k, y.data());
+    return test_f32_vec(y);
+}
+
+/* y = X . W^T in float64 over rows [0, rows), and per output the sum of its products' magnitudes, which scales the
+ * rounding error of any fp32 summation of them. */
+static void test_f8_float64(const test_f8_operands &o, int rows, std::vector<double> &y, std::vector<double> &mag) {
+    const int groups = o.k / 128, w_ld = dllm__round_up(groups, 4);
+    const float *decode = dllm__e4m3_table();
+    y.assign((size_t)rows * o.n, 0.0);
+    mag.assign(y.size(), 0.0);
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < o.n; j++)
+            for (int g = 0; g < groups; g++) {
+                const double s = (double)o.xs[(size_t)g * o.m_pad + m] * o.ws[(size_t)(j / 128) * w_ld + g];
+                double sum = 0, abs_sum = 0;
+                for (int c = g * 128; c < (g + 1) * 128; c++) {
+                    const double p = (double)decode[o.x[(size_t)m * o.k + c]] * decode[o.w[(size_t)j * o.k + c]];
+                    sum += p;
+                    abs_sum += fabs(p);
+                }
+                y[(size_t)m * o.n + j] += s * sum;
+                mag[(size_t)m * o.n + j] += fabs(s) * abs_sum;
+            }
+}
+
+/* Elements outside |got - want| <= rel |want| + abs mag (a NaN is outside); prints the worst in units of that bound
+ * and the largest error relative to the largest output. */
+static size_t test_f8_outside(const std::vector<float> &got, const std::vector<double> &want, const std::vector<double> &mag, double rel, double abs,
+                              const char *what) {
+    size_t bad = 0;
+    double worst = 0, err_max = 0, want_max = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double e = fabs((double)got[i] - want[i]), bound = rel * fabs(want[i]) + abs * mag[i];
+        if (!(e <= bound)) bad++;
+        worst = e == e ? std::max(worst, e / bound) : INFINITY;
+        err_max = std::max(err_max, e);
+        want_max = std::max(want_max, fabs(want[i]));
+    }
+    printf("    %s: worst error %.3f of the bound (%.1e |ref| + %.1e sum|products|), max error / max |ref| %.2e, %zu of %zu outside\n", what, worst, rel,
+           abs, err_max / want_max, bad, want.size());
+    return bad;
+}
+
+/* The twin computes the product of the operands it is given: against float64 the only errors are the fp32 sums
+ * (a 128-term sum and the promotions: under 2^-16 of the products' magnitudes) and the bf16 rounding of the result
+ * (2^-8 relative). */
+TEST(fp8, mma_gemm_twin_matches_float64) {
+    test_rng r("fp8 gemm twin");
+    const int shapes[][3] = {{17, 200, 128}, {17, 4104, 384}, {33, 200, 384}, {33, 4104, 128}};
+    for (const auto &sh : shapes) {
+        const int M = sh[0], N = sh[1], K = sh[2];
+        test_f8_operands o = test_f8_random(r, dllm__round_up(M, 16), N, K);
+        std::vector<float> y = test_f8_twin(o, M);
+        std::vector<double> want, mag;
+        test_f8_float64(o, M, want, mag);
+        std::string what = dllm__format("twin M=%d (m_pad %d) N=%d K=%d", M, o.m_pad, N, K);
+        CHECK(test_f8_outside(y, want, mag, 0x1p-8, 0x1p-16, what.c_str()) == 0);
+        // the comparison can fail: one output 3% off is caught
+        size_t i = (size_t)(std::max_element(want.begin(), want.end()) - want.begin());
+        y[i] *= 1.03f;
+        CHECK(test_f8_outside(y, want, mag, 0x1p-8, 0x1p-16, "the same with one output 3% off") == 1);
+    }
+}
+
 // ---- precision on the CPU: API, forward, accuracy figures -------------------------------------------
 
 static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_precision precision) {
@@ -166,8 +268,39 @@ TEST(fp8, precision_is_validated) {
 }
 
 TEST(fp8, arch_table_fp8_modes) {
-    CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK);
-    for (int cc : {80, 86, 87, 89, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
+    CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK && dllm__arch_for(89).fp8 == DLLM__FP8_MMA);
+    for (int cc : {80, 86, 87, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
+    // DLLM_FP8_GEMM: each value where the GPU can run it; elsewhere, or misspelt, an error that names it
+    struct { const char *value; int cc; dllm_status want; dllm__fp8_gemm mode; const char *msg; } cases[] = {
+        {nullptr, 89, DLLM_OK, DLLM__FP8_MMA, nullptr},           {nullptr, 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {nullptr, 80, DLLM_OK, DLLM__FP8_NONE, nullptr},          {"", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 90, DLLM_OK, DLLM__FP8_MMA, nullptr},             {"mma", 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {"mma", 120, DLLM_OK, DLLM__FP8_MMA, nullptr},            {"cublaslt", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 86, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "8.9"}, {"cublaslt", 89, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "sm_90 only"},
+        {"MMA", 90, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "DLLM_FP8_GEMM=MMA: expected mma or cublaslt"},
+        {"cutlass", 89, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "expected mma or cublaslt"},
+    };
+    for (auto &c : cases) {
+        if (c.value) setenv("DLLM_FP8_GEMM", c.value, 1);
+        else unsetenv("DLLM_FP8_GEMM");
+        dllm__fp8_gemm mode = DLLM__FP8_NONE;
+        CHECK_STATUS(dllm__fp8_gemm_for(dllm__arch_for(c.cc), mode), c.want, c.msg);
+        if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_FP8_GEMM=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
+    }
+    unsetenv("DLLM_FP8_GEMM");
+    // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight block,
+    // copies divide evenly among the threads, and the ring fits the shared memory per block (99 KB on sm_89, 227 on sm_90)
+    for (int cc : {89, 90}) {
+        const dllm__arch a = dllm__arch_for(cc);
+        for (const dllm__fp8_tile &t : {a.fp8_wide, a.fp8_narrow}) {
+            const int threads = t.bm / t.wm * (t.bn / t.wn) * 32;
+            CHECK_MSG(t.bm % t.wm == 0 && t.bn % t.wn == 0 && t.wm % 16 == 0 && t.wn % 16 == 0 && 128 % t.bn == 0, "sm_%d tile %s", cc,
+                      dllm__fp8_gemm_kernel_name(t).c_str());
+            CHECK(t.bm * 8 % threads == 0 && t.bn * 8 % threads == 0 && t.stages >= 2);
+            CHECK(dllm__fp8_gemm_smem(t) <= (cc == 90 ? 227u : 99u) * 1024);
+        }
+        CHECK(a.fp8_narrow.bm <= dllm__fp8_narrow_rows);
+    }
 }
 
 /* The E4M3 conversion of the software path (GPUs before sm_89) compiles for a Hopper target too, so that the
@@ -185,6 +318,33 @@ TEST(jit, e4m3_software_path_compiles_for_sm_90a) {
     std::string log;
     CHECK_STATUS(dllm__nvrtc_compile(test_rowwise_software_e4m3(dllm__arch_for(90)), cubin, lowered, log), DLLM_OK, nullptr);
     CHECK(!dllm__log_has_spills(log));
+}
+
+/* ptxas's "Used N registers" lines of a compile log, one per kernel, joined. */
+static std::string test_register_report(const std::string &log) {
+    std::string out;
+    for (size_t at = log.find("Used "); at != std::string::npos; at = log.find("Used ", at + 1)) {
+        size_t end = log.find('\n', at);
+        out += "      " + log.substr(at, end == std::string::npos ? std::string::npos : end - at) + "\n";
+    }
+    return out;
+}
+
+/* fp8_gemm, both tiles, for the architectures whose table row runs it (sm_89) or can (sm_90a, DLLM_FP8_GEMM=mma):
+ * compiles with neither spills nor a stack frame (its accumulators must stay in registers). */
+TEST(jit, fp8_mma_gemm_compiles_without_spills) {
+    for (int cc : {89, 90}) {
+        const dllm__arch a = dllm__arch_for(cc);
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log;
+        CHECK_STATUS(dllm__nvrtc_compile(dllm__module_fp8_gemm(a), cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "fp8_gemm spills or has a stack frame on %s:\n%s", a.target,
+                  log.c_str());
+        CHECK(lowered.size() == 2 && cubin.size() > 1000);
+        printf("    %s (%s, %s):\n%s", a.target, dllm__fp8_gemm_kernel_name(a.fp8_wide).c_str(), dllm__fp8_gemm_kernel_name(a.fp8_narrow).c_str(),
+               test_register_report(log).c_str());
+    }
 }
 
 TEST(fp8, cpu_weights_quantised_for_layers_1_and_up) {
