@@ -3756,7 +3756,7 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
  * Promotion (DeepSeek-V3, DeepGEMM): each 128-wide K group, one k-tile, is accumulated by mma.sync m16n8k32 into a
  * fresh fp32 fragment, then added into the fp32 total times (x scale of the row) * (w scale of the block), so the
  * tensor cores' reduced-precision accumulation never spans more than 128 products. Every (m, n) runs the same k-steps
- * and promotions whatever the tile and M are, so a row's bits never depend on which other rows are computed.
+ * and promotions whatever the tile and M are: the tile chosen for M never changes a row's bits (the tests check it).
  * CTA tile BM x BN x 128, warps of WM x WN (MT x NT mma tiles), a STAGES-deep cp.async ring; BN divides 128, so a
  * CTA's columns share one weight block and one w scale per k-tile. Shared-memory rows are the 128 codes of a k-tile
  * with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r & 7)): the 8 rows an ldmatrix phase
