@@ -207,8 +207,9 @@ typedef enum dllm_backend {
 
 /* Arithmetic of the linear layers (LaCache's precision-adaptive FP8). FP8 quantises weights once at
  * context creation to E4M3 with one scale per 128x128 block, and each GEMM input per 1x128 group; layer 0
- * always stays exact. Both backends compute the same function (the CPU on the dequantised values). GPUs
- * without dllm's FP8 GEMM (everything but sm_90) run BF16 and log a warning. Accuracy: BENCHMARKS.md. */
+ * always stays exact. Both backends compute the same function (the CPU on the dequantised values). FP8 GEMMs
+ * run on sm_90 (cuBLASLt) and sm_89 (dllm's own kernel); other GPUs run BF16 and log a warning.
+ * Accuracy: BENCHMARKS.md. */
 typedef enum dllm_precision {
     DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU (default)              */
     DLLM_PRECISION_FP8_FFN = 1,  /* the paper: FFN linears (gate|up, down) of layers >= 1 in FP8     */

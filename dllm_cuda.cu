@@ -27,9 +27,9 @@
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
- *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers, sampler, FlashAttention
+ *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers and GEMM, sampler, FlashAttention
  *  14. GPU: NVRTC JIT and the architecture table
- *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8)
+ *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8), dllm's own FP8 mma.sync GEMM
  *  16. GPU backend: weights, forward, sampler, step graphs
  *  17. SAR decoding
  *  18. Public API
@@ -2821,6 +2821,33 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     return m;
 }
 
+/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k] with
+ * scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a multiple
+ * of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups in order
+ * as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32 (each product is exact: an E4M3
+ * value has 4 significant bits). Only the order of G's sum differs from the tensor cores'. The tests' reference: the
+ * CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the library itself never calls it. */
+[[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows, const uint8_t *wq,
+                                                 const float *w_scale, int n, int k, uint16_t *y) {
+    const int groups = k / dllm__fp8_group, w_ld = (groups + 3) / 4 * 4;
+    const float *decode = dllm__e4m3_table();
+    std::vector<float> xd((size_t)k), wd((size_t)n * k);
+    for (size_t i = 0; i < wd.size(); i++) wd[i] = decode[wq[i]];
+    for (int m = 0; m < rows; m++) {
+        for (int c = 0; c < k; c++) xd[(size_t)c] = decode[xq[(size_t)m * k + c]];
+        for (int j = 0; j < n; j++) {
+            const float *wr = wd.data() + (size_t)j * k;
+            float total = 0;
+            for (int g = 0; g < groups; g++) {
+                float G = 0;
+                for (int c = g * dllm__fp8_group; c < (g + 1) * dllm__fp8_group; c++) G += xd[(size_t)c] * wr[c];
+                total = fmaf(G, x_scale[(size_t)g * m_pad + m] * w_scale[(size_t)(j / dllm__fp8_group) * w_ld + g], total);
+            }
+            y[(size_t)m * n + j] = dllm__f32_to_bf16(total);
+        }
+    }
+}
+
 /* Stacks tensors by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds,
  * so both backends quantise the same numbers), and quantises the result in 128x128 blocks. */
 static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm__tensor *> parts) {
@@ -3738,6 +3765,163 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
 }
 )DLLM";
 
+/* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
+ * it with DLLM_FP8_GEMM=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
+ * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
+ * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
+ * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
+ * of 128; any N.
+ * Promotion (DeepSeek-V3, DeepGEMM): each 128-wide K group, one k-tile, is accumulated by mma.sync m16n8k32 into a
+ * fresh fp32 fragment, then added into the fp32 total times (x scale of the row) * (w scale of the block), so the
+ * tensor cores' reduced-precision accumulation never spans more than 128 products. Every (m, n) runs the same k-steps
+ * and promotions whatever the tile and M are: the tile chosen for M never changes a row's bits (the tests check it).
+ * CTA tile BM x BN x 128, warps of WM x WN (MT x NT mma tiles), a STAGES-deep cp.async ring; BN divides 128, so a
+ * CTA's columns share one weight block and one w scale per k-tile. Shared-memory rows are the 128 codes of a k-tile
+ * with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r & 7)): the 8 rows an ldmatrix phase
+ * reads hit 8 different bank groups without padding. Byte for byte, the E4M3 fragments of m16n8k32 are those of
+ * the bf16 m16n8k16 (A: rows g and g + 8, bytes 4t..4t+3 and 16 + 4t..; B: column g, the same bytes; PTX ISA
+ * 9.7.14.5), so ldmatrix .b16 loads them unchanged. Tiles: dllm__arch::fp8_wide / fp8_narrow. These helpers repeat
+ * the attention module's: the two modules compile apart. */
+static const char *dllm__src_fp8_gemm = R"DLLM(
+__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(u32 smem, const void *gmem, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma_e4m3(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled k-tile. */
+__device__ __forceinline__ u32 f8_swizzle(int row, int chunk) { return (u32)(row * 128 + ((chunk ^ (row & 7)) << 4)); }
+
+/* Codes [k0, k0 + 128) of ROWS rows from row0 into a swizzled k-tile; rows at or past n_rows are zero-filled. */
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void f8_load_tile(u32 dst, const unsigned char *src, int ld, int row0, int n_rows, int k0) {
+    static_assert(ROWS * 8 % THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / THREADS; i++) {
+        const int c = i * THREADS + threadIdx.x, r = c >> 3, chunk = c & 7;
+        const bool ok = row0 + r < n_rows;
+        cp_async16(dst + f8_swizzle(r, chunk), src + (u64)(ok ? row0 + r : 0) * ld + k0 + chunk * 16, ok);
+    }
+}
+
+/* Stores a row's two neighbouring outputs (n even); a u32 store needs an even N for 4-byte alignment. */
+__device__ __forceinline__ void f8_store2(bf16_t *y_row, int n, int N, float v0, float v1) {
+    if (!(N & 1) && n + 1 < N) {
+        *(u32 *)(y_row + n) = pack_bf16x2(v0, v1);
+    } else {
+        if (n < N) y_row[n] = f32_to_bf16(v0);
+        if (n + 1 < N) y_row[n + 1] = f32_to_bf16(v1);
+    }
+}
+
+/* Grid (ceil(M / BM), ceil(N / BN)): neighbouring CTAs share a weight tile, which is read from DRAM about once. */
+template <int BM, int BN, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
+fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, const float *w_scale, bf16_t *Y, int M, int N, int K) {
+    constexpr int THREADS = (BM / WM) * (BN / WN) * 32, MT = WM / 16, NT = WN / 8, STAGE_BYTES = (BM + BN) * 128;
+    static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && NT % 2 == 0 && 128 % BN == 0, "fp8_gemm tile");
+    pdl_enter();
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, wm = warp / (BN / WN) * WM, wn = warp % (BN / WN) * WN;
+    const int k_tiles = K >> 7;
+    const float *ws = w_scale + (u64)(n0 >> 7) * ((k_tiles + 3) & ~3);
+    const u32 base = smem_u32(smem);
+
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < k_tiles) {
+            f8_load_tile<BM, THREADS>(base + s * STAGE_BYTES, X, K, m0, M, s * 128);
+            f8_load_tile<BN, THREADS>(base + s * STAGE_BYTES + BM * 128, W, K, n0, N, s * 128);
+        }
+        cp_async_commit();
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    // ldmatrix row addresses (see m16n8k16): A rows wm + (lane & 15), chunk + (lane >> 4); B rows wn + (lane & 7) +
+    // (lane >> 4) * 8, chunk + ((lane >> 3) & 1). Tile rows are multiples of 8 apart, so a row's swizzle is lane & 7.
+    const u32 a_row = (u32)(wm + (lane & 15)) * 128, b_row = (u32)(BM + wn + (lane & 7) + (lane >> 4) * 8) * 128;
+    const int a_half = lane >> 4, b_half = (lane >> 3) & 1, sw = lane & 7;
+
+    for (int kt = 0; kt < k_tiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // k-tile kt has landed everywhere, and every warp is done with the stage it replaces
+        const int next = kt + STAGES - 1;
+        if (next < k_tiles) {
+            const u32 dst = base + (next % STAGES) * STAGE_BYTES;
+            f8_load_tile<BM, THREADS>(dst, X, K, m0, M, next * 128);
+            f8_load_tile<BN, THREADS>(dst + BM * 128, W, K, n0, N, next * 128);
+        }
+        cp_async_commit();
+        // the scales are loaded first: their latency hides behind the k-tile's mma
+        float sx[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int m = m0 + wm + mt * 16 + g + 8 * r;
+                sx[mt][r] = m < M ? x_scale[(u64)kt * M + m] : 0.f;
+            }
+        const float s_w = ws[kt];
+        const u32 stage = base + (kt % STAGES) * STAGE_BYTES;
+        float part[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {  // 4 x k32 = the 128-wide group
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                if (m0 + wm + mt * 16 < M) ldmatrix_x4(a[mt], stage + a_row + mt * 16 * 128 + (((2 * ks + a_half) ^ sw) << 4));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                u32 b[4];
+                ldmatrix_x4(b, stage + b_row + nt * 8 * 128 + (((2 * ks + b_half) ^ sw) << 4));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    if (m0 + wm + mt * 16 < M) {  // m16 tiles wholly past the padded rows (small M) do no work
+                        mma_e4m3(part[mt][nt], a[mt], b[0], b[1]);
+                        mma_e4m3(part[mt][nt + 1], a[mt], b[2], b[3]);
+                    }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mt][nt][e] = fmaf(part[mt][nt][e], sx[mt][e >> 1] * s_w, acc[mt][nt][e]);
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int m = m0 + wm + mt * 16 + g + 8 * r;
+            if (m >= M) continue;
+            bf16_t *y_row = Y + (u64)m * N;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) f8_store2(y_row, n0 + wn + nt * 8 + 2 * t, N, acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+        }
+}
+)DLLM";
+
 /* Token choice on the device. Twins: dllm__choose and dllm__confidence (per row), dllm__select (per step). */
 static const char *dllm__src_sampler = R"DLLM(
 enum { REMASK_LOW_CONFIDENCE, REMASK_RANDOM, REMASK_MARGIN, REMASK_ENTROPY, REMASK_ORIGIN };  // dllm_remasking
@@ -4362,13 +4546,23 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
 //       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT  override the attention tile (rows per CTA, keys per tile,
 //                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM)
+//       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
+//                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
 // ---------------------------------------------------------------------------------------------------
 
-/* How a GPU runs the FP8 GEMMs of dllm_precision. Only Hopper has cuBLASLt's block-scaled FP8 (1x128
- * activations x 128x128 weights); sm_89 would need dllm's own mma.sync E4M3 kernel, not built yet. */
+/* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
+ * has them in cuBLASLt; Ada (sm_89) has FP8 tensor cores but no block-scaled cuBLASLt mode, so it runs dllm's own
+ * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_FP8_GEMM=mma). */
 enum dllm__fp8_gemm {
     DLLM__FP8_NONE = 0,        // FP8 requested: run BF16 and say so in one warning
-    DLLM__FP8_CUBLASLT_BLOCK = 1
+    DLLM__FP8_CUBLASLT_BLOCK = 1,
+    DLLM__FP8_MMA = 2          // fp8_gemm, tiles fp8_wide / fp8_narrow
+};
+
+/* A tile of fp8_gemm: BM x BN outputs per CTA in warps of WM x WN, a ring of `stages` 128-wide k-tiles of
+ * (BM + BN) * 128 bytes each. */
+struct dllm__fp8_tile {
+    int bm, bn, wm, wn, stages;
 };
 
 /* Tile choices per compute capability. Attention, sm_90: 128 query rows per CTA in 4 warps of 2 m16
@@ -4376,7 +4570,11 @@ enum dllm__fp8_gemm {
  * (measured on an H200). sm_80: ptxas spills that layout, so 8 warps of one m16 tile (128 registers).
  * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
- * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16. */
+ * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
+ * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
+ * two fp32 accumulator sets (total and the fresh 128-K group) take 128 registers a thread, so one CTA per SM; 3 stages
+ * fill sm_89's 96 KB of shared memory, 4 on sm_90. Up to 64 rows (block steps), where the GEMM streams the weights,
+ * 32 x 64 in 4 warps of 32 x 16: twice the CTAs over N, and more k-tiles in flight per CTA. */
 struct dllm__arch {
     int cc;               // compute capability major*10 + minor
     const char *target;   // NVRTC --gpu-architecture
@@ -4384,15 +4582,18 @@ struct dllm__arch {
     int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
     int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
+    dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, DLLM__FP8_NONE},
-    {86, "sm_86", 64, 32, 1, 2, DLLM__FP8_NONE},
-    {87, "sm_87", 64, 32, 1, 2, DLLM__FP8_NONE},
-    {89, "sm_89", 64, 32, 1, 2, DLLM__FP8_NONE},
-    {90, "sm_90a", 128, 32, 2, 2, DLLM__FP8_CUBLASLT_BLOCK},
+    {80, "sm_80", 128, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
+    {86, "sm_86", 64, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
+    {87, "sm_87", 64, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
+    {89, "sm_89", 64, 32, 1, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
+    {90, "sm_90a", 128, 32, 2, 2, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
 };
+
+static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
 
 static int dllm__env_int(const char *name, int dflt) {
     const char *v = getenv(name);
@@ -4626,6 +4827,39 @@ static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
             arch.target};
 }
 
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
+ * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
+static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
+    out = a.fp8;
+    const char *v = getenv("DLLM_FP8_GEMM");
+    if (!v || !*v) return DLLM_OK;
+    if (strcmp(v, "mma") == 0) {
+        if (a.cc < 89)
+            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d", a.cc);
+        out = DLLM__FP8_MMA;
+    } else if (strcmp(v, "cublaslt") == 0) {
+        if (a.cc != 90)
+            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d", a.cc);
+        out = DLLM__FP8_CUBLASLT_BLOCK;
+    } else {
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_FP8_GEMM=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
+    }
+    return DLLM_OK;
+}
+
+static std::string dllm__fp8_gemm_kernel_name(const dllm__fp8_tile &t) {
+    return dllm__format("fp8_gemm<%d,%d,%d,%d,%d>", t.bm, t.bn, t.wm, t.wn, t.stages);
+}
+
+static size_t dllm__fp8_gemm_smem(const dllm__fp8_tile &t) { return (size_t)t.stages * (t.bm + t.bn) * 128; }
+
+/* Both tiles of fp8_gemm; compiled only where the FP8 GEMM is DLLM__FP8_MMA. */
+static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
+    const dllm__fp8_tile &w = arch.fp8_wide, &n = arch.fp8_narrow;
+    return {dllm__format("dllm_fp8_gemm_%dx%dw%dx%ds%d_%dx%dw%dx%ds%d", w.bm, w.bn, w.wm, w.wn, w.stages, n.bm, n.bn, n.wm, n.wn, n.stages),
+            std::string(dllm__src_common) + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
+}
+
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
     return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
 }
@@ -4699,11 +4933,11 @@ static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t sm
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 15. GPU: cuBLASLt GEMMs
+// 15. GPU: cuBLASLt GEMMs, and dllm's own FP8 GEMM
 //     Row-major Y[M x N] = X[M x K] . W[N x K]^T is cuBLAS's column-major Y^T = W^T(op T) . X^T: m = N,
 //     n = M, k = K, A = W with TRANSA = T, B = X. BF16 in, FP32 accumulate, BF16 or FP32 out; or E4M3
 //     in with block scales (dllm_precision), BF16 out. The algorithm is chosen once per (kind, M, N, K,
-//     out type) and cached.
+//     out type) and cached. Where cuBLASLt has no block-scaled FP8 (sm_89), fp8_gemm takes the same operands.
 // ---------------------------------------------------------------------------------------------------
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
@@ -4934,6 +5168,46 @@ struct dllm__gemm {
     }
 };
 
+/* dllm's own FP8 GEMM (dllm__src_fp8_gemm), loaded for one device: both tiles, with the stages they were built with. */
+struct dllm__fp8_mma {
+    std::shared_ptr<dllm__module> module;
+    cudaKernel_t wide = nullptr, narrow = nullptr;
+    dllm__fp8_tile wide_tile = {}, narrow_tile = {};
+};
+
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_FP8_GEMM=mma),
+ * with fewer stages where its shared memory per block is smaller. */
+static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
+    int dev = 0, optin = 0;
+    DLLM__CUDA(cudaGetDevice(&dev));
+    DLLM__CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    for (dllm__fp8_tile *t : {&a.fp8_wide, &a.fp8_narrow})
+        while (t->stages > 2 && dllm__fp8_gemm_smem(*t) > (size_t)optin) t->stages--;
+    DLLM__TRY(dllm__jit_load(dllm__module_fp8_gemm(a), out.module));
+    out.wide_tile = a.fp8_wide;
+    out.narrow_tile = a.fp8_narrow;
+    out.wide = out.module->kernels[dllm__fp8_gemm_kernel_name(a.fp8_wide)];
+    out.narrow = out.module->kernels[dllm__fp8_gemm_kernel_name(a.fp8_narrow)];
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.wide, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_wide)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.narrow, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_narrow)));
+    return DLLM_OK;
+}
+
+/* Y [M x N] (bf16) = X . W^T with fp8_gemm, on the operands and under the contract of dllm__gemm::run_fp8: M and K
+ * padded (multiples of 16 and 128), every one of the M rows written. */
+static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M,
+                                     int N, int K, cudaStream_t stream) {
+    if (M % 16 || K % dllm__fp8_group)
+        return dllm__fail(DLLM_ERR_INTERNAL, "FP8 GEMM with M=%d K=%d: M must be a multiple of 16 and K of 128 (pad them)", M, K);
+    if (M == 0 || N == 0) return DLLM_OK;
+    const bool narrow = M <= dllm__fp8_narrow_rows;
+    const dllm__fp8_tile &t = narrow ? k.narrow_tile : k.wide_tile;
+    void *args[] = {(void *)&X, (void *)&x_scale, (void *)&W, (void *)&w_scale, &Y, &M, &N, &K};
+    dim3 grid((unsigned)((M + t.bm - 1) / t.bm), (unsigned)((N + t.bn - 1) / t.bn));
+    return dllm__launch(narrow ? k.narrow : k.wide, grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t), stream, args,
+                        "fp8_gemm");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 16. GPU backend: weights, forward, sampler, step graphs
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE
@@ -5015,6 +5289,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
     bool fp8_ffn_active() const { return fp8_ffn_; }
     bool fp8_attn_active() const { return fp8_attn_; }
+    /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
+    dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
     void set_timer(dllm__stage_timer *t) { timer_ = t; }
     /* Benchmarks: one eager step with every stage timed. */
     dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t) {
@@ -5093,6 +5369,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     cudaKernel_t k_quant8_, k_norm8_, k_swiglu8_, k_wquant8_;
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     bool fp8_ffn_ = false, fp8_attn_ = false;          // in effect
+    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;         // in effect
+    dllm__fp8_mma fp8_mma_;                            // loaded when fp8_gemm_ is DLLM__FP8_MMA
 
     // weights
     dllm__dbuf embed_, head_, final_norm_, rope_cos_, rope_sin_;
@@ -5305,14 +5583,20 @@ dllm_status dllm__gpu_backend::random_weights() {
     return DLLM_OK;
 }
 
-/* FP8 runs where the architecture table has an FP8 GEMM; elsewhere BF16, said once. */
+/* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
+ * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name) {
     if (precision_ == DLLM_PRECISION_BF16) return DLLM_OK;
-    if (arch_.fp8 == DLLM__FP8_NONE) {
-        dllm__log(DLLM_LOG_WARN, "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; block-scaled cuBLASLt FP8 is sm_90 only, "
-                  "the sm_89 mma.sync kernel is not built): running BF16", gpu_name, arch_.cc);
+    dllm__fp8_gemm mode;
+    DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
+    if (mode == DLLM__FP8_NONE) {
+        dllm__log(DLLM_LOG_WARN, "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+                  "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16", gpu_name, arch_.cc);
         return DLLM_OK;
     }
+    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
+    dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s", mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
+    fp8_gemm_ = mode;
     fp8_ffn_ = true;
     fp8_attn_ = precision_ == DLLM_PRECISION_FP8_ALL;
     return DLLM_OK;
@@ -5649,9 +5933,12 @@ dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
 }
 
 /* y [M x N] (bf16) = act8_ . W^T over the padded rows and columns (the padding holds zeros or stale rows whose
- * outputs land in y's padding rows, which nothing reads). */
+ * outputs land in y's padding rows, which nothing reads), by cuBLASLt or dllm's kernel: same operands, same contract. */
 dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K) {
-    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, act8_rows(M), N, dllm__round_up(K, 128), stream_);
+    const int m_pad = act8_rows(M), k_pad = dllm__round_up(K, 128);
+    if (fp8_gemm_ == DLLM__FP8_MMA)
+        return dllm__fp8_mma_run(fp8_mma_, act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
+    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
 }
 
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {

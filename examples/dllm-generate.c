@@ -90,7 +90,7 @@ static void usage(FILE *f) {
             "  --no-stop-at-eos       print the whole generation, EOS/EoT included\n"
             "  --backend B            auto (default), cpu or gpu\n"
             "  --precision P          bf16 (default), fp8 or fp8-all. fp8: the FFN linears of layers >= 1 in FP8 E4M3\n"
-            "                         (LaCache's scheme; block-scaled cuBLASLt GEMMs on sm_90, other GPUs run BF16\n"
+            "                         (LaCache's scheme; block-scaled GEMMs on sm_90 and sm_89, other GPUs run BF16\n"
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
             "                         the paper). The CPU backend computes the same function\n"
             "  --threads N            CPU backend threads (default: all)\n"

@@ -138,6 +138,108 @@ TEST(fp8, block_quantiser_partial_blocks) {
     CHECK(worst <= 1.0 / 16);
 }
 
+// ---- dllm's FP8 GEMM (fp8_gemm): its twin on the CPU -------------------------------------------------
+
+/* E4M3 operands in the GPU layouts (struct dllm__gemm_op): codes x [m_pad x k] and w [n x k], scales x_scale[kb * m_pad + m]
+ * and w_scale[nb * ceil4(k / 128) + kb] (the ceil4 padding is NaN: read, it would show). Codes of normal values, never
+ * zero or NaN; scales spread over 2^-12..2^5, so that a scale taken from the wrong row, group or block shows. */
+struct test_f8_operands {
+    int m_pad = 0, n = 0, k = 0;
+    std::vector<uint8_t> x, w;
+    std::vector<float> xs, ws;
+};
+
+static uint8_t test_f8_code(test_rng &r) {
+    const uint8_t c = dllm__f32_to_e4m3(64.0f * r.normal());
+    return (c & 0x7f) ? c : (uint8_t)(0x01 | r.below(2) << 7);
+}
+
+static float test_f8_scale(test_rng &r) { return ldexpf(1.0f + r.uniform(), r.below(17) - 12); }
+
+static test_f8_operands test_f8_random(test_rng &r, int m_pad, int n, int k) {
+    test_f8_operands o;
+    o.m_pad = m_pad, o.n = n, o.k = k;
+    const int groups = k / 128, w_ld = dllm__round_up(groups, 4);
+    o.x.resize((size_t)m_pad * k);
+    o.w.resize((size_t)n * k);
+    for (uint8_t &c : o.x) c = test_f8_code(r);
+    for (uint8_t &c : o.w) c = test_f8_code(r);
+    o.xs.resize((size_t)groups * m_pad);
+    for (float &s : o.xs) s = test_f8_scale(r);
+    o.ws.assign((size_t)(n + 127) / 128 * w_ld, NAN);
+    for (size_t nb = 0; nb < o.ws.size() / w_ld; nb++)
+        for (int g = 0; g < groups; g++) o.ws[nb * w_ld + g] = test_f8_scale(r);
+    return o;
+}
+
+/* The twin over every one of the m_pad rows, as floats. */
+static std::vector<float> test_f8_twin(const test_f8_operands &o, int rows) {
+    std::vector<uint16_t> y((size_t)rows * o.n, 0xffff);  // poisoned: bf16 NaN
+    dllm__fp8_gemm_twin(o.x.data(), o.xs.data(), o.m_pad, rows, o.w.data(), o.ws.data(), o.n, o.k, y.data());
+    return test_f32_vec(y);
+}
+
+/* y = X . W^T in float64 over rows [0, rows), and per output the sum of its products' magnitudes, which scales the
+ * rounding error of any fp32 summation of them. */
+static void test_f8_float64(const test_f8_operands &o, int rows, std::vector<double> &y, std::vector<double> &mag) {
+    const int groups = o.k / 128, w_ld = dllm__round_up(groups, 4);
+    const float *decode = dllm__e4m3_table();
+    y.assign((size_t)rows * o.n, 0.0);
+    mag.assign(y.size(), 0.0);
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < o.n; j++)
+            for (int g = 0; g < groups; g++) {
+                const double s = (double)o.xs[(size_t)g * o.m_pad + m] * o.ws[(size_t)(j / 128) * w_ld + g];
+                double sum = 0, abs_sum = 0;
+                for (int c = g * 128; c < (g + 1) * 128; c++) {
+                    const double p = (double)decode[o.x[(size_t)m * o.k + c]] * decode[o.w[(size_t)j * o.k + c]];
+                    sum += p;
+                    abs_sum += fabs(p);
+                }
+                y[(size_t)m * o.n + j] += s * sum;
+                mag[(size_t)m * o.n + j] += fabs(s) * abs_sum;
+            }
+}
+
+/* Elements outside |got - want| <= rel |want| + abs mag (a NaN is outside); prints the worst in units of that bound
+ * and the largest error relative to the largest output. */
+static size_t test_f8_outside(const std::vector<float> &got, const std::vector<double> &want, const std::vector<double> &mag, double rel, double abs,
+                              const char *what) {
+    size_t bad = 0;
+    double worst = 0, err_max = 0, want_max = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double e = fabs((double)got[i] - want[i]), bound = rel * fabs(want[i]) + abs * mag[i];
+        if (!(e <= bound)) bad++;
+        worst = e == e ? std::max(worst, e / bound) : INFINITY;
+        err_max = std::max(err_max, e);
+        want_max = std::max(want_max, fabs(want[i]));
+    }
+    printf("    %s: worst error %.3f of the bound (%.1e |ref| + %.1e sum|products|), max error / max |ref| %.2e, %zu of %zu outside\n", what, worst, rel,
+           abs, err_max / want_max, bad, want.size());
+    return bad;
+}
+
+/* The twin computes the product of the operands it is given: against float64 the only errors are the fp32 sums
+ * (a 128-term sum and the promotions: under 2^-16 of the products' magnitudes) and the bf16 rounding of the result
+ * (2^-8 relative). */
+TEST(fp8, mma_gemm_twin_matches_float64) {
+    test_rng r("fp8 gemm twin");
+    const int shapes[][3] = {{17, 200, 128}, {17, 4104, 384}, {33, 200, 384}, {33, 4104, 128}};
+    for (const auto &sh : shapes) {
+        const int M = sh[0], N = sh[1], K = sh[2];
+        test_f8_operands o = test_f8_random(r, dllm__round_up(M, 16), N, K);
+        std::vector<float> y = test_f8_twin(o, M);
+        std::vector<double> want, mag;
+        test_f8_float64(o, M, want, mag);
+        std::string what = dllm__format("twin M=%d (m_pad %d) N=%d K=%d", M, o.m_pad, N, K);
+        CHECK(test_f8_outside(y, want, mag, 0x1p-8, 0x1p-16, what.c_str()) == 0);
+        // the comparison can fail: one output 3% off is caught
+        size_t i = (size_t)(std::max_element(want.begin(), want.end()) - want.begin());
+        y[i] *= 1.03f;
+        CHECK(test_f8_outside(y, want, mag, 0x1p-8, 0x1p-16, "the same with one output 3% off") == 1);
+    }
+}
+
 // ---- precision on the CPU: API, forward, accuracy figures -------------------------------------------
 
 static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_precision precision) {
@@ -166,8 +268,39 @@ TEST(fp8, precision_is_validated) {
 }
 
 TEST(fp8, arch_table_fp8_modes) {
-    CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK);
-    for (int cc : {80, 86, 87, 89, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
+    CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK && dllm__arch_for(89).fp8 == DLLM__FP8_MMA);
+    for (int cc : {80, 86, 87, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
+    // DLLM_FP8_GEMM: each value where the GPU can run it; elsewhere, or misspelt, an error that names it
+    struct { const char *value; int cc; dllm_status want; dllm__fp8_gemm mode; const char *msg; } cases[] = {
+        {nullptr, 89, DLLM_OK, DLLM__FP8_MMA, nullptr},           {nullptr, 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {nullptr, 80, DLLM_OK, DLLM__FP8_NONE, nullptr},          {"", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 90, DLLM_OK, DLLM__FP8_MMA, nullptr},             {"mma", 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {"mma", 120, DLLM_OK, DLLM__FP8_MMA, nullptr},            {"cublaslt", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 86, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "8.9"}, {"cublaslt", 89, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "sm_90 only"},
+        {"MMA", 90, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "DLLM_FP8_GEMM=MMA: expected mma or cublaslt"},
+        {"cutlass", 89, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "expected mma or cublaslt"},
+    };
+    for (auto &c : cases) {
+        if (c.value) setenv("DLLM_FP8_GEMM", c.value, 1);
+        else unsetenv("DLLM_FP8_GEMM");
+        dllm__fp8_gemm mode = DLLM__FP8_NONE;
+        CHECK_STATUS(dllm__fp8_gemm_for(dllm__arch_for(c.cc), mode), c.want, c.msg);
+        if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_FP8_GEMM=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
+    }
+    unsetenv("DLLM_FP8_GEMM");
+    // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight block,
+    // copies divide evenly among the threads, and the ring fits the shared memory per block (99 KB on sm_89, 227 on sm_90)
+    for (int cc : {89, 90}) {
+        const dllm__arch a = dllm__arch_for(cc);
+        for (const dllm__fp8_tile &t : {a.fp8_wide, a.fp8_narrow}) {
+            const int threads = t.bm / t.wm * (t.bn / t.wn) * 32;
+            CHECK_MSG(t.bm % t.wm == 0 && t.bn % t.wn == 0 && t.wm % 16 == 0 && t.wn % 16 == 0 && 128 % t.bn == 0, "sm_%d tile %s", cc,
+                      dllm__fp8_gemm_kernel_name(t).c_str());
+            CHECK(t.bm * 8 % threads == 0 && t.bn * 8 % threads == 0 && t.stages >= 2);
+            CHECK(dllm__fp8_gemm_smem(t) <= (cc == 90 ? 227u : 99u) * 1024);
+        }
+        CHECK(a.fp8_narrow.bm <= dllm__fp8_narrow_rows);
+    }
 }
 
 /* The E4M3 conversion of the software path (GPUs before sm_89) compiles for a Hopper target too, so that the
@@ -185,6 +318,33 @@ TEST(jit, e4m3_software_path_compiles_for_sm_90a) {
     std::string log;
     CHECK_STATUS(dllm__nvrtc_compile(test_rowwise_software_e4m3(dllm__arch_for(90)), cubin, lowered, log), DLLM_OK, nullptr);
     CHECK(!dllm__log_has_spills(log));
+}
+
+/* ptxas's "Used N registers" lines of a compile log, one per kernel, joined. */
+static std::string test_register_report(const std::string &log) {
+    std::string out;
+    for (size_t at = log.find("Used "); at != std::string::npos; at = log.find("Used ", at + 1)) {
+        size_t end = log.find('\n', at);
+        out += "      " + log.substr(at, end == std::string::npos ? std::string::npos : end - at) + "\n";
+    }
+    return out;
+}
+
+/* fp8_gemm, both tiles, for the architectures whose table row runs it (sm_89) or can (sm_90a, DLLM_FP8_GEMM=mma):
+ * compiles with neither spills nor a stack frame (its accumulators must stay in registers). */
+TEST(jit, fp8_mma_gemm_compiles_without_spills) {
+    for (int cc : {89, 90}) {
+        const dllm__arch a = dllm__arch_for(cc);
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log;
+        CHECK_STATUS(dllm__nvrtc_compile(dllm__module_fp8_gemm(a), cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "fp8_gemm spills or has a stack frame on %s:\n%s", a.target,
+                  log.c_str());
+        CHECK(lowered.size() == 2 && cubin.size() > 1000);
+        printf("    %s (%s, %s):\n%s", a.target, dllm__fp8_gemm_kernel_name(a.fp8_wide).c_str(), dllm__fp8_gemm_kernel_name(a.fp8_narrow).c_str(),
+               test_register_report(log).c_str());
+    }
 }
 
 TEST(fp8, cpu_weights_quantised_for_layers_1_and_up) {
@@ -724,6 +884,205 @@ TEST(gpu_fp8, block_scaled_gemm_matches_cpu) {
     test_fp8_gemm_case(T_, g, r, 97, 256, 1024);
     test_fp8_gemm_case(T_, g, r, 97, 400, 200);   // N not a multiple of 128, K padded (the fixtures' shapes)
     test_fp8_gemm_case(T_, g, r, 40, 1024, 12288);
+}
+
+// ---- GPU: dllm's FP8 GEMM (fp8_gemm) -----------------------------------------------------------------
+
+/* fp8_gemm over every one of o's m_pad rows into a poisoned output, as floats. */
+static std::vector<float> test_f8_run_mma(dllm_test_state &T_, const dllm__fp8_mma &k, const test_f8_operands &o) {
+    dllm__dbuf dx, dxs, dw, dws, dy;
+    test_put(dx, o.x);
+    test_put(dxs, o.xs);
+    test_put(dw, o.w);
+    test_put(dws, o.ws);
+    test_poison(dy, (size_t)o.m_pad * o.n * 2);
+    CHECK_STATUS(dllm__fp8_mma_run(k, dx.ptr, dxs.as<float>(), dw.ptr, dws.as<float>(), dy.ptr, o.m_pad, o.n, o.k, 0), DLLM_OK, nullptr);
+    return test_f32_vec(test_get<uint16_t>(dy, (size_t)o.m_pad * o.n));
+}
+
+/* The kernel against its twin, every padded row included (the kernel writes them all, as cuBLASLt does). Both round
+ * to bf16 (2^-8 relative each, so one bf16 step apart at most: 2^-7); their group sums differ in order and in the
+ * tensor cores' accumulation, which falls short of fp32 (DeepSeek-V3 reports about 14 bits on Hopper: hence the
+ * promotion every 128). 2^-9 of the products' magnitudes allows 14-bit truncation of every product with room to
+ * spare and is still a few % of a typical output: a scale of the wrong row, group or block (they span 2^17), a lost
+ * k-step or a misplaced fragment fails by far. The worst error is printed in units of the bound, and the error
+ * against float64 beside it. */
+static void test_mma_twin_case(dllm_test_state &T_, const dllm__fp8_mma &k, test_rng &r, int M, int N, int K) {
+    test_f8_operands o = test_f8_random(r, dllm__round_up(M, 16), N, K);
+    std::vector<float> y = test_f8_run_mma(T_, k, o), twin = test_f8_twin(o, o.m_pad);
+    std::vector<double> want, mag, twin64(twin.begin(), twin.end());
+    test_f8_float64(o, o.m_pad, want, mag);
+    const bool narrow = o.m_pad <= dllm__fp8_narrow_rows;
+    std::string what = dllm__format("fp8_gemm M=%d (m_pad %d, %s tile) N=%d K=%d vs twin", M, o.m_pad, narrow ? "narrow" : "wide", N, K);
+    CHECK_MSG(test_f8_outside(y, twin64, mag, 0x1p-7, 0x1p-9, what.c_str()) == 0, "%s", what.c_str());
+    test_f8_outside(y, want, mag, 0x1p-7, 0x1p-9, "  the same vs float64");
+}
+
+TEST(gpu_fp8, mma_gemm_matches_twin) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (g.arch.cc < 89) SKIP("skipped (no FP8 tensor cores: fp8_gemm needs sm_89 or newer)");
+    dllm__fp8_mma k;
+    CHECK_STATUS(dllm__fp8_mma_load(g.arch, k), DLLM_OK, nullptr);
+    if (!k.wide || !k.narrow) return;
+    test_rng r("fp8_gemm vs twin");
+    test_mma_twin_case(T_, k, r, 17, 200, 128);    // narrow: a dead m16 tile, a partial N tile
+    test_mma_twin_case(T_, k, r, 33, 4104, 384);   // narrow: a partial M tile, N = 4096 + 8
+    test_mma_twin_case(T_, k, r, 64, 72, 1024);    // the last narrow row count, a deep K
+    test_mma_twin_case(T_, k, r, 70, 201, 256);    // wide, odd N (scalar stores)
+    test_mma_twin_case(T_, k, r, 1000, 328, 512);  // wide, partial tiles both ways
+
+    // A row's bits do not depend on M or on the tile: rows 0..15 computed alone (narrow) equal the same rows among 80 (wide).
+    test_f8_operands all = test_f8_random(r, 80, 136, 384), first = all;
+    first.m_pad = 16;
+    first.x.resize((size_t)16 * all.k);
+    first.xs.clear();
+    for (int kb = 0; kb < all.k / 128; kb++) first.xs.insert(first.xs.end(), all.xs.begin() + (long)kb * 80, all.xs.begin() + (long)kb * 80 + 16);
+    std::vector<float> a = test_f8_run_mma(T_, k, all), b = test_f8_run_mma(T_, k, first);
+    CHECK_MSG(memcmp(a.data(), b.data(), b.size() * 4) == 0, "rows 0..15 differ between M = 16 (narrow tile) and M = 80 (wide tile)");
+}
+
+/* The two FP8 GEMMs of sm_90 on the same operands at LLaDA-8B's FFN shapes, quantised by dllm's own kernels from
+ * random bf16 (padding rows zero, as in the forward): the same sums of the same exact products in another order, each
+ * rounded to bf16, so they differ by a bf16 step where their fp32 sums straddle a rounding boundary: at most 2^-7 of
+ * the largest output (bound 1e-2; cuBLASLt alone is within 3.6e-3 of float64 at K = 12288 on an H200), in few outputs
+ * (NMSE bound 1e-5; a step in every output would make 1.5e-5 or more). */
+static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dllm__fp8_mma &k, dllm__gemm &gemm, int M, int N, int K) {
+    const int m_pad = dllm__round_up(M, 16), kb = K / 128, w_ld = dllm__round_up(kb, 4), nb = (N + 127) / 128;
+    dllm__dbuf x, w, xq, xs, wq, ws, y_lt, y_mma;
+    auto fill = [&](dllm__dbuf &b, uint64_t n, uint64_t seed, float scale) {
+        b.fit(n * 2, "test");
+        int constant = 0;
+        void *args[] = {&b.ptr, &n, &seed, &scale, &constant};
+        CHECK_STATUS(dllm__launch(g.k("fill_random_bf16"), dim3(1024), dim3(256), 0, 0, args, "fill"), DLLM_OK, nullptr);
+    };
+    fill(x, (uint64_t)M * K, 11, 1.0f);
+    fill(w, (uint64_t)N * K, 12, 0.0346f);
+    xq.fit((size_t)m_pad * K, "test");
+    xs.fit((size_t)kb * m_pad * 4, "test");
+    ws.fit((size_t)nb * w_ld * 4, "test");
+    wq.fit((size_t)N * K, "test");
+    cudaMemset(xq.ptr, 0, xq.bytes);
+    cudaMemset(xs.ptr, 0, xs.bytes);
+    cudaMemset(ws.ptr, 0, ws.bytes);
+    int x_f32 = 0, kk = K, nn = N, ld = m_pad, ldw = w_ld;
+    float fixed = 0;
+    void *qa[] = {&x.ptr, &x_f32, &kk, &xq.ptr, &xs.ptr, &ld, &fixed};
+    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dim3((unsigned)(K / 8 + 127) / 128, (unsigned)M), dim3(128), 0, 0, qa, "quantize"), DLLM_OK, nullptr);
+    void *wa[] = {&w.ptr, &nn, &kk, &wq.ptr, &ws.ptr, &ldw};
+    CHECK_STATUS(dllm__launch(g.k("quantize_weight_blocks"), dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, 0, wa, "quantize"), DLLM_OK, nullptr);
+    test_poison(y_lt, (size_t)m_pad * N * 2);
+    test_poison(y_mma, (size_t)m_pad * N * 2);
+    CHECK_STATUS(gemm.run_fp8(xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_lt.ptr, m_pad, N, K, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__fp8_mma_run(k, xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_mma.ptr, m_pad, N, K, 0), DLLM_OK, nullptr);
+    std::vector<float> a = test_f32_vec(test_get<uint16_t>(y_mma, (size_t)m_pad * N)), b = test_f32_vec(test_get<uint16_t>(y_lt, (size_t)m_pad * N));
+    const double err = test_max_rel(a, b), nmse = test_nmse(a.data(), b.data(), b.size());
+    printf("    M=%d (m_pad %d) N=%d K=%d: fp8_gemm vs cuBLASLt block-scaled: max error / max |ref| %.2e, NMSE %.2e\n", M, m_pad, N, K, err, nmse);
+    CHECK_MSG(err < 1e-2 && nmse < 1e-5, "M=%d N=%d K=%d: fp8_gemm and cuBLASLt differ (%.3e, NMSE %.3e)", M, N, K, err, nmse);
+}
+
+TEST(gpu_fp8, mma_gemm_matches_cublaslt_at_llada_ffn_shapes) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (g.arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) SKIP("skipped (cuBLASLt's block-scaled FP8 is sm_90 only)");
+    dllm__fp8_mma k;
+    CHECK_STATUS(dllm__fp8_mma_load(g.arch, k), DLLM_OK, nullptr);
+    dllm__gemm gemm;
+    CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
+    if (!k.wide || !k.narrow) return;
+    test_mma_vs_cublaslt_case(T_, g, k, gemm, 32, 2 * 12288, 4096);   // a block step's gate|up (narrow tile)
+    test_mma_vs_cublaslt_case(T_, g, k, gemm, 32, 4096, 12288);       // its down
+    test_mma_vs_cublaslt_case(T_, g, k, gemm, 1000, 2 * 12288, 4096); // a forward of 1000 tokens (wide tile)
+    test_mma_vs_cublaslt_case(T_, g, k, gemm, 1000, 4096, 12288);
+}
+
+/* DLLM_FP8_GEMM is read when an FP8 context is created: a misspelt value, or one this GPU cannot run, fails the
+ * creation with a message naming it; a BF16 context never reads it. */
+TEST(gpu_fp8, fp8_gemm_env_is_validated) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    if (!m) { CHECK(m != nullptr); return; }
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = DLLM_BACKEND_GPU;
+    dllm_ctx *ctx = nullptr;
+    setenv("DLLM_FP8_GEMM", "wgmma", 1);
+    p.precision = DLLM_PRECISION_FP8_FFN;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_FP8_GEMM=wgmma");
+    CHECK(ctx == nullptr);
+    p.precision = DLLM_PRECISION_BF16;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
+    dllm_ctx_free(ctx);
+    ctx = nullptr;
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    setenv("DLLM_FP8_GEMM", g.arch.cc == 90 ? "mma" : "cublaslt", 1);  // runs on sm_90; cuBLASLt's mode nowhere else
+    p.precision = DLLM_PRECISION_FP8_FFN;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), g.arch.cc == 90 ? DLLM_OK : DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=cublaslt");
+    if (ctx) CHECK(((dllm__gpu_backend *)ctx->impl.get())->fp8_gemm() == DLLM__FP8_MMA);
+    unsetenv("DLLM_FP8_GEMM");
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
+/* The FP8 forward with fp8_gemm (DLLM_FP8_GEMM=mma) against the one with cuBLASLt on sm_90, on the fixtures and the
+ * tiny trained models, FP8 FFN and FP8 all: the logits are much nearer each other than either is to BF16 (NMSE), and
+ * temperature-0 decoding of the fixtures' golden cases gives the same tokens at every step, a divergence accepted
+ * only at a near-tie within the measured noise between the two (test_decode_compare); LaCache stays bit-exact. */
+static void test_mma_forward_case(dllm_test_state &T_, const char *dir, const char *fixture, dllm_precision precision) {
+    dllm_model *m = test_load(dir);
+    dllm_ctx *lt = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr, *bf16 = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
+    setenv("DLLM_FP8_GEMM", "mma", 1);
+    dllm_ctx *mma = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
+    unsetenv("DLLM_FP8_GEMM");
+    CHECK(lt && bf16 && mma);
+    if (lt && bf16 && mma) {
+        CHECK(((dllm__gpu_backend *)mma->impl.get())->fp8_gemm() == DLLM__FP8_MMA && ((dllm__gpu_backend *)lt->impl.get())->fp8_gemm() == DLLM__FP8_CUBLASLT_BLOCK);
+        std::vector<std::vector<int32_t>> inputs;
+        for (const test_golden_input &gi : test_golden_inputs(dir)) inputs.push_back(gi.ids);
+        if (inputs.empty()) inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
+        std::vector<float> all_mma, all_lt, all_bf16;
+        int same_argmax = 0, rows = 0;
+        for (const std::vector<int32_t> &ids : inputs) {
+            const int T = (int)ids.size(), V = m->cfg.n_vocab;
+            std::vector<float> a((size_t)T * V, NAN), b(a.size(), NAN), c(a.size(), NAN);
+            CHECK_STATUS(dllm_logits(mma, ids.data(), T, 0, T, a.data(), a.size()), DLLM_OK, nullptr);
+            CHECK_STATUS(dllm_logits(lt, ids.data(), T, 0, T, b.data(), b.size()), DLLM_OK, nullptr);
+            CHECK_STATUS(dllm_logits(bf16, ids.data(), T, 0, T, c.data(), c.size()), DLLM_OK, nullptr);
+            for (int i = 0; i < T; i++, rows++)
+                same_argmax += std::max_element(a.begin() + (long)i * V, a.begin() + (long)(i + 1) * V) - a.begin() ==
+                               std::max_element(b.begin() + (long)i * V, b.begin() + (long)(i + 1) * V) - b.begin();
+            all_mma.insert(all_mma.end(), a.begin(), a.end());
+            all_lt.insert(all_lt.end(), b.begin(), b.end());
+            all_bf16.insert(all_bf16.end(), c.begin(), c.end());
+        }
+        const double to_lt = test_nmse(all_mma.data(), all_lt.data(), all_lt.size()), lt_to_bf16 = test_nmse(all_lt.data(), all_bf16.data(), all_lt.size());
+        printf("    %s %s: logits NMSE mma vs cuBLASLt FP8 %.2e (cuBLASLt FP8 vs BF16 %.2e), max error / max |ref| %.2e, argmax agrees on %d/%d rows\n", dir,
+               precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", to_lt, lt_to_bf16, test_max_rel(all_mma, all_lt), same_argmax, rows);
+        CHECK_MSG(to_lt < lt_to_bf16 / 10, "%s: the mma FP8 logits are not much nearer the cuBLASLt FP8 ones than BF16 is", dir);
+        if (fixture) {
+            test_decode_compare(T_, fixture, m, lt, mma);
+            test_lacache_exact(T_, mma, 128, 37, 64, 8, 16, 0);
+        }
+    }
+    dllm_ctx_free(lt);
+    dllm_ctx_free(bf16);
+    dllm_ctx_free(mma);
+    dllm_model_free(m);
+}
+
+TEST(gpu_fp8, mma_forward_matches_cublaslt_forward) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (g.arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) SKIP("skipped (cuBLASLt's block-scaled FP8, the reference, is sm_90 only)");
+    printf("    (in near-tie reports below, \"CPU\" is the cuBLASLt FP8 context and \"GPU\" the mma one)\n");
+    for (dllm_precision precision : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
+        test_mma_forward_case(T_, "tests/data/tiny-llada", "tiny-llada", precision);
+        test_mma_forward_case(T_, "tests/data/tiny-dream", "tiny-dream", precision);
+        test_mma_forward_case(T_, "models/tiny-llada", nullptr, precision);
+    }
 }
 
 // ---- GPU: the FP8 forward, LaCache ------------------------------------------------------------------

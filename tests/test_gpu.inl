@@ -530,9 +530,9 @@ static bool test_divergence_is_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm
     return ok && only_a.size() == only_b.size();
 }
 
-static int test_decode_compare(dllm_test_state &T_, const char *fx) {
-    dllm_model *m = test_load(test_data(fx));
-    dllm_ctx *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr, *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+/* The golden cases of fixture fx decoded at temperature 0 on two contexts, cpu the reference (any pair: the FP8 tests
+ * compare two GPU contexts); returns the cases identical at every step. */
+static int test_decode_compare(dllm_test_state &T_, const char *fx, const dllm_model *m, dllm_ctx *cpu, dllm_ctx *gpu) {
     int unexplained = 0, identical = 0, cases = 0;
     dllm__json root;
     dllm__json_load(test_data(fx) + "/golden_traces.json", root);
@@ -561,6 +561,13 @@ static int test_decode_compare(dllm_test_state &T_, const char *fx) {
     }
     printf("    %s: %d of %d temperature-0 cases identical at every step\n", fx, identical, cases);
     CHECK_MSG(unexplained == 0, "%s: %d cases diverge beyond a near-tie", fx, unexplained);
+    return identical;
+}
+
+static int test_decode_compare(dllm_test_state &T_, const char *fx) {
+    dllm_model *m = test_load(test_data(fx));
+    dllm_ctx *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr, *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+    const int identical = test_decode_compare(T_, fx, m, cpu, gpu);
     dllm_ctx_free(cpu);
     dllm_ctx_free(gpu);
     dllm_model_free(m);

@@ -5,9 +5,11 @@
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
+ *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
- * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024), cold and warm JIT time, single forwards
+ * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024; where FP8 runs on dllm's fp8_gemm, its rate at
+ * those shapes for M = 1024 and 32, beside cuBLASLt's on sm_90), cold and warm JIT time, single forwards
  * at N = 256..2048 (time, TFLOP/s, fraction of the compute floor), the workloads W1 (prompt 768, gen 256,
  * block 32, 256 steps) and W1-64 (64 steps) in BF16 and in FP8 (dllm_precision), peak GPU memory, and the
  * ratios to tools/torch anchors (shared/anchors/torch_reference.py and torch_reference_graphs.py) when given.
@@ -108,6 +110,32 @@ static double bench_gemm_rate(dllm__gemm &gemm, std::shared_ptr<dllm__module> &r
     return 2.0 * M * N * K / ms / 1e9;
 }
 
+/* TFLOP/s of dllm's own FP8 GEMM (fp8_gemm) on one shape, on the operands cuBLASLt's FP8 rate is measured on. */
+static double bench_mma_rate(const dllm__fp8_mma &k, std::shared_ptr<dllm__module> &rowwise, int M, int N, int K, cudaStream_t s) {
+    bench_gemm_shape g;
+    g.M = M; g.N = N; g.K = K;
+    bench_prepare(rowwise, g, true, s);
+    double ms = bench_ms(s, 3, 10, [&] { BENCH_CHECK(dllm__fp8_mma_run(k, g.x8.ptr, g.xs.as<float>(), g.w8.ptr, g.ws.as<float>(), g.y.ptr, M, N, K, s)); });
+    return 2.0 * M * N * K / ms / 1e9;
+}
+
+/* fp8_gemm where FP8 runs on it (sm_89, or sm_90 under DLLM_FP8_GEMM=mma) at the LLaDA FFN shapes, for 1024 tokens and
+ * for a 32-row block step; on sm_90 cuBLASLt's block-scaled rate at 32 rows beside it (1024: bench_ceilings). */
+static void bench_mma_gemm(bench_result &r, dllm__gemm &gemm, std::shared_ptr<dllm__module> &rowwise, const dllm__arch &arch, cudaStream_t s) {
+    dllm__fp8_gemm mode;
+    BENCH_CHECK(dllm__fp8_gemm_for(arch, mode));
+    if (mode != DLLM__FP8_MMA) return;
+    dllm__fp8_mma k;
+    BENCH_CHECK(dllm__fp8_mma_load(arch, k));
+    for (int M : {1024, 32}) {
+        r.set(dllm__format("fp8_mma_gemm_ffn_gate_up_M%d_TFLOPs", M), bench_mma_rate(k, rowwise, M, 2 * 12288, 4096, s));
+        r.set(dllm__format("fp8_mma_gemm_ffn_down_M%d_TFLOPs", M), bench_mma_rate(k, rowwise, M, 4096, 12288, s));
+    }
+    if (arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) return;
+    r.set("fp8_gemm_ffn_gate_up_M32_TFLOPs", bench_gemm_rate(gemm, rowwise, 32, 2 * 12288, 4096, true, s));
+    r.set("fp8_gemm_ffn_down_M32_TFLOPs", bench_gemm_rate(gemm, rowwise, 32, 4096, 12288, true, s));
+}
+
 static void bench_ceilings(bench_result &r, cudaStream_t s) {
     const size_t n = (size_t)1 << 30;
     dllm__dbuf a, b;
@@ -126,8 +154,9 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
     dllm__gemm g;
     BENCH_CHECK(g.init());
     r.set("bf16_gemm_8192_TFLOPs", bench_gemm_rate(g, rowwise, 8192, 8192, 8192, false, s));
+    bench_mma_gemm(r, g, rowwise, arch, s);
     if (arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) {
-        printf("(no block-scaled FP8 GEMM on sm_%d: FP8 rates not measured)\n", arch.cc);
+        printf("(no block-scaled cuBLASLt FP8 on sm_%d: its rates not measured)\n", arch.cc);
         return;
     }
     r.set("fp8_gemm_8192_TFLOPs", bench_gemm_rate(g, rowwise, 8192, 8192, 8192, true, s));
@@ -466,7 +495,7 @@ int main(int argc, char **argv) {
     }
 
     // FP8 (dllm_precision): contexts on the same random weights, quantised on the device at creation
-    if (arch.fp8 == DLLM__FP8_CUBLASLT_BLOCK) {
+    if (arch.fp8 != DLLM__FP8_NONE) {
         dllm_ctx_free(ctx);  // the BF16 context's 16 GB are not needed any more
         ctx = nullptr;
         for (dllm_precision prec : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
@@ -531,6 +560,13 @@ int main(int argc, char **argv) {
         printf("| 8192^3 (ceiling, same run) | %.0f | %.0f |\n", r.v["bf16_gemm_8192_TFLOPs"], r.v["fp8_gemm_8192_TFLOPs"]);
         printf("| LLaDA gate+up (N 24576, K 4096) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_gate_up_M1024_TFLOPs"], r.v["fp8_gemm_ffn_gate_up_M1024_TFLOPs"]);
         printf("| LLaDA down (N 4096, K 12288) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_down_M1024_TFLOPs"], r.v["fp8_gemm_ffn_down_M1024_TFLOPs"]);
+    }
+    if (r.v.count("fp8_mma_gemm_ffn_down_M32_TFLOPs")) {  // DLLM_FP8_GEMM=mma on sm_90, or sm_89
+        printf("\n| FP8 GEMM TFLOP/s | dllm fp8_gemm (mma.sync) | cuBLASLt block-scaled |\n|---|---|---|\n");
+        for (const char *shape : {"gate_up_M1024", "down_M1024", "gate_up_M32", "down_M32"}) {
+            const std::string mma = dllm__format("fp8_mma_gemm_ffn_%s_TFLOPs", shape), lt = dllm__format("fp8_gemm_ffn_%s_TFLOPs", shape);
+            printf("| LLaDA %s | %.0f | %s |\n", shape, r.v[mma], r.v.count(lt) ? dllm__format("%.0f", r.v[lt]).c_str() : "-");
+        }
     }
     if (json_out) {
         std::string j = "{\n";
