@@ -3765,6 +3765,24 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
 }
 )DLLM";
 
+/* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
+ * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
+ * pointers. */
+static const char *dllm__src_mma = R"DLLM(
+__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(u32 smem, const void *gmem, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+)DLLM";
+
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_FP8_GEMM=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
  * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
@@ -3780,21 +3798,8 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
  * with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r & 7)): the 8 rows an ldmatrix phase
  * reads hit 8 different bank groups without padding. Byte for byte, the E4M3 fragments of m16n8k32 are those of
  * the bf16 m16n8k16 (A: rows g and g + 8, bytes 4t..4t+3 and 16 + 4t..; B: column g, the same bytes; PTX ISA
- * 9.7.14.5), so ldmatrix .b16 loads them unchanged. Tiles: dllm__arch::fp8_wide / fp8_narrow. These helpers repeat
- * the attention module's: the two modules compile apart. */
+ * 9.7.14.5), so ldmatrix .b16 loads them unchanged. Tiles: dllm__arch::fp8_wide / fp8_narrow. */
 static const char *dllm__src_fp8_gemm = R"DLLM(
-__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(u32 smem, const void *gmem, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 __device__ __forceinline__ void mma_e4m3(float c[4], const u32 a[4], u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -4189,19 +4194,6 @@ extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int c
  * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
  * so a cached online-softmax state is exactly the prefix of the uncached computation. */
 static const char *dllm__src_attention = R"DLLM(
-__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-
-// Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic pointers.
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -4238,11 +4230,9 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
     for (int c = threadIdx.x; c < rows * CHUNKS; c += THREADS) {
         int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         bool ok = row0 + r < n_valid;
-        cp_async16(dst + r * LD + col, src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
+        cp_async16(smem_u32(dst + r * LD + col), src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
     }
 }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 /* Saves (SAVE) or restores the online-softmax registers of one thread: m, l (per-thread partial sums) and
  * the unnormalised O, field by field so that consecutive threads touch consecutive words. */
@@ -4477,7 +4467,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
             load_tile<HD, THREADS>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
         }
         cp_async_commit();
-        cp_async_wait_1();
+        cp_async_wait<1>();
         __syncthreads();
         const u32 k_s = smem_u32(sK + stage * BC * LD), v_s = smem_u32(sV + stage * BC * LD);
         const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
@@ -4857,7 +4847,7 @@ static size_t dllm__fp8_gemm_smem(const dllm__fp8_tile &t) { return (size_t)t.st
 static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
     const dllm__fp8_tile &w = arch.fp8_wide, &n = arch.fp8_narrow;
     return {dllm__format("dllm_fp8_gemm_%dx%dw%dx%ds%d_%dx%dw%dx%ds%d", w.bm, w.bn, w.wm, w.wn, w.stages, n.bm, n.bn, n.wm, n.wn, n.stages),
-            std::string(dllm__src_common) + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
+            std::string(dllm__src_common) + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
@@ -4872,7 +4862,7 @@ static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_c
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
     return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt),
-            std::string(dllm__src_common) + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
+            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
             arch.target};
 }
 
