@@ -3395,23 +3395,6 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-/* Asks L2 to fetch [p, p + bytes) (16-byte aligned) in the background: a short kernel names the weights of the
- * GEMM that comes after it and the next short kernels, so that HBM streams them while those kernels leave
- * it idle. Bulk prefetches of 16 KB, spread over the CTAs first; fire and forget (the grid does not wait
- * for them). sm_90 and newer; a no-op before. */
-__device__ __forceinline__ void prefetch_l2(const void *p, u64 bytes) {
-#if __CUDA_ARCH__ >= 900
-    const u64 piece = 16384, n = (bytes / 16 * 16 + piece - 1) / piece;
-    const u64 ctas = (u64)gridDim.x * gridDim.y * gridDim.z, cta = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const u32 tid = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
-    for (u64 i = (u64)tid * ctas + cta; p && i < n; i += ctas * blockDim.x * blockDim.y * blockDim.z) {
-        const u64 off = i * piece;
-        const u32 size = (u32)min(piece, bytes / 16 * 16 - off);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + off), "r"(size) : "memory");
-    }
-#endif
-}
-
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
 struct dllm_step_state {
     int block_begin, block_end;   // current block [begin, end)
@@ -3509,11 +3492,10 @@ extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
  * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
- * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). prefetch: see prefetch_l2 (may be null). */
+ * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
 extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,
-                                    const float *bias, const float *cos_t, const float *sin_t, const void *prefetch, u64 prefetch_bytes) {
+                                    const float *bias, const float *cos_t, const float *sin_t) {
     pdl_enter();
-    prefetch_l2(prefetch, prefetch_bytes);
     // Without a bias the V heads are left alone: the pass touches q and k only.
     int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5341,7 +5323,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status project_qkv(size_t l, int M);
     dllm_status project_o(size_t l, int M);
     dllm_status ffn(size_t l, int batch, int seq, const float *h_res);
-    dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0, const void *prefetch = nullptr, uint64_t prefetch_bytes = 0);
+    dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
     dllm_status embed(const int *ids, int n_rows, float *h);
     dllm_status layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1);
@@ -5736,12 +5718,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
         for (int b = 0; b < batch; b++) DLLM__TRY(gemm((const char *)a_.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows));
     }
     stage("gemm qkv");
-    // A K/V-cache step's O projection streams 32 MB of weights for a few rows, with too few output tiles to
-    // keep HBM busy; attention leaves HBM mostly idle. So the first RoPE launch has L2 fetch them meanwhile.
-    const dllm__dbuf &w_o = fp8_attn(layer) ? L.f8_o.q : L.w_o;
-    const bool prefetch = dllm__env_int("DLLM_L2_PREFETCH", 1) != 0;
-    for (int b = 0; b < batch; b++)
-        DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0, prefetch && b == 0 ? w_o.ptr : nullptr, w_o.bytes));
+    for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
     stage("rope");
     DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0, true));
     stage("attention");
@@ -5766,14 +5743,13 @@ dllm_status dllm__gpu_backend::embed(const int *ids, int n_rows, float *h) {
     return dllm__launch(k_embed_, dim3((unsigned)n_rows), dim3(256), 0, stream_, args, "embed_gather");
 }
 
-/* Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len); the kernel also starts
- * the L2 prefetch of [prefetch, prefetch + prefetch_bytes) (see prefetch_l2). */
-dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0, const void *prefetch, uint64_t prefetch_bytes) {
+/* Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len). */
+dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = m_.cfg;
     int n_head = c.n_head, n_kv = c.n_head_kv, hd = c.head_dim;
     unsigned threads = (unsigned)((size_t)n_rows * (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8));
     const void *positions = positions_on_ ? positions_.ptr : nullptr;
-    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &positions, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr, &prefetch, &prefetch_bytes};
+    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &positions, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
     return dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv");
 }
 

@@ -207,8 +207,7 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     dllm__dbuf dpos;
     test_put(dpos, table);
     int rows_ = rows, seq_ = seq, p0 = pos0, h_ = H, kv_ = KV, hd_ = hd;
-    uint64_t prefetch_bytes = db.bytes;  // an L2 prefetch of a live buffer: a hint that must change nothing
-    void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &dpos.ptr, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr, &db.ptr, &prefetch_bytes};
+    void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &dpos.ptr, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr};
     unsigned threads = (unsigned)(rows * heads * hd / 8);
     CHECK_STATUS(dllm__launch(g.k("rope_qkv"), dim3((threads + 255) / 256), dim3(256), 0, 0, a, "rope"), DLLM_OK, nullptr);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dx, x.size()));
