@@ -132,6 +132,17 @@ static void dllm__log(dllm_log_level level, const char *fmt, ...) {
     dllm__log_fn(level, s.c_str(), dllm__log_data);
 }
 
+/* What a DLLM_*_VERBOSE switch asks for: shown at INFO level even when the log level (WARN by default) would
+ * hide INFO; a user who sets the switch wants the lines. */
+static void dllm__log_verbose(const char *fmt, ...) {
+    if (!dllm__log_fn) return;
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = dllm__vformat(fmt, ap);
+    va_end(ap);
+    dllm__log_fn(DLLM_LOG_INFO, s.c_str(), dllm__log_data);
+}
+
 static std::string dllm__shape_str(const std::vector<int64_t> &shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); i++) s += dllm__format(i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -4758,7 +4769,7 @@ static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, st
     std::string log;
     DLLM__TRY(dllm__nvrtc_compile(rq, blob, lowered, log));
     if (dllm__env_int("DLLM_JIT_VERBOSE", 0))
-        dllm__log(DLLM_LOG_INFO, "JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0, log.c_str());
+        dllm__log_verbose("JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0, log.c_str());
     if (!path.empty()) {
         std::vector<char> file(blob);
         file.push_back(0);
@@ -5064,7 +5075,7 @@ struct dllm__gemm {
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
-        dllm__log(DLLM_LOG_INFO, "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+        dllm__log_verbose("GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
                   op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
@@ -5688,7 +5699,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 /* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
  * fused QKV GEMM, bias + RoPE, attention into att_. Without a K/V cache the rows are the whole canvas;
  * with one their Q/K/V overwrite their slots in the layer's cache and attention reads every cached key.
- * Layer 0's GEMM is row-independent (run_pinned) so LaCache's block-only rows match these bits. */
+ * Without a cache layer 0's GEMM is row-independent (run_pinned) so LaCache's block-only rows match these bits. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows) {
     const dllm__config &c = m_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
@@ -5696,8 +5707,9 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
         if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
-    auto gemm = [&](const void *x, void *y, int m) {
-        return layer == 0 ? gemm_.run_pinned(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_) : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
+    auto gemm = [&](const void *x, void *y, int m) {  // under a K/V cache LaCache leaves layer 0 alone: every mode computes the same rows
+        return layer == 0 && !kv_on_ ? gemm_.run_pinned(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_)
+                                     : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
     };
     if (!kv_on_) {
         DLLM__TRY(layer == 0 ? gemm(a_.ptr, qkv_.ptr, batch * rows) : project_qkv(layer, batch * rows));

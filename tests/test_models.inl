@@ -81,7 +81,7 @@ TEST(models, heldout_tokenization_matches_hugging_face) {
  * clear error. */
 TEST(models, eval_agreement_reports_scheduler_nfe_and_pll) {
     if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
-    const std::string base = "-m models/tiny-llada --agree tests/data/prompts.txt --limit 2 -n 8 --steps 8 --block 4 --backend cpu";
+    const std::string base = "-m models/tiny-llada --agree tests/data/prompts.txt --limit 2 -n 8 --steps 8 --block 4 --backend cpu --ref-backend cpu";
     std::map<std::string, double> same, dual;
     CHECK(test_eval(base, same) == 0);
     CHECK(same["agree_token"] == 1.0 && same["nfe"] == 16 && same["ref_nfe"] == 16 && same["pll"] == same["ref_pll"] && same["pll"] > 0);
