@@ -355,6 +355,14 @@ TEST(jit, attention_kv_splits_fill_the_gpu) {
     CHECK(dual > 1 && 32 * dual <= 2 * 132 && (1024 / a.fa_bc) / dual >= 2);
     CHECK(dllm__attn_kv_splits(a, 32, 40, 32, 132) == 1);               // two tiles: nothing to share
     CHECK((size_t)dual * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(a, 128, 132));
+    // DLLM_FA_KV_CTAS moves the target; the partial-state buffer bound follows it, and nonsense is clamped to 1.
+    setenv("DLLM_FA_KV_CTAS", "4", 1);
+    const dllm__arch four = dllm__arch_for(90);
+    const int more = dllm__attn_kv_splits(four, 32, 1024, 32, 132);
+    CHECK(four.fa_kv_ctas_per_sm == 4 && more > dual && (size_t)more * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(four, 128, 132));
+    setenv("DLLM_FA_KV_CTAS", "-3", 1);
+    CHECK(dllm__arch_for(90).fa_kv_ctas_per_sm == 1);
+    unsetenv("DLLM_FA_KV_CTAS");
 }
 
 /* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
