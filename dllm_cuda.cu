@@ -123,24 +123,27 @@ static dllm_log_fn dllm__log_fn = dllm__default_log;
 static void *dllm__log_data = nullptr;
 static dllm_log_level dllm__log_max = DLLM_LOG_WARN;
 
+static void dllm__vlog(dllm_log_level level, const char *fmt, va_list ap) {
+    if (!dllm__log_fn) return;
+    std::string s = dllm__vformat(fmt, ap);
+    dllm__log_fn(level, s.c_str(), dllm__log_data);
+}
+
 static void dllm__log(dllm_log_level level, const char *fmt, ...) {
-    if (level > dllm__log_max || !dllm__log_fn) return;
+    if (level > dllm__log_max) return;
     va_list ap;
     va_start(ap, fmt);
-    std::string s = dllm__vformat(fmt, ap);
+    dllm__vlog(level, fmt, ap);
     va_end(ap);
-    dllm__log_fn(level, s.c_str(), dllm__log_data);
 }
 
 /* What a DLLM_*_VERBOSE switch asks for: shown at INFO level even when the log level (WARN by default) would
  * hide INFO; a user who sets the switch wants the lines. */
 static void dllm__log_verbose(const char *fmt, ...) {
-    if (!dllm__log_fn) return;
     va_list ap;
     va_start(ap, fmt);
-    std::string s = dllm__vformat(fmt, ap);
+    dllm__vlog(DLLM_LOG_INFO, fmt, ap);
     va_end(ap);
-    dllm__log_fn(DLLM_LOG_INFO, s.c_str(), dllm__log_data);
 }
 
 static std::string dllm__shape_str(const std::vector<int64_t> &shape) {
@@ -4941,6 +4944,13 @@ static int dllm__drop_split_k(cublasLtMatmulHeuristicResult_t *res, int found) {
     return kept;
 }
 
+/* The padding every FP8 GEMM (cuBLASLt's or fp8_gemm) expects of its operands: the quantisers provide it. */
+static dllm_status dllm__check_fp8_shape(int M, int K) {
+    if (M % 16 || K % dllm__fp8_group)
+        return dllm__fail(DLLM_ERR_INTERNAL, "FP8 GEMM with M=%d K=%d: M must be a multiple of 16 and K of 128 (pad them)", M, K);
+    return DLLM_OK;
+}
+
 static const int dllm__gemm_candidates = 128;  // the heuristic's 32 and their split-K copies
 static const int dllm__split_k_max_m = 64;     // rows up to which split-K copies are timed too
 
@@ -5133,8 +5143,7 @@ struct dllm__gemm {
     }
     /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out. */
     dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N, int K, cudaStream_t stream) {
-        if (M % 16 || K % dllm__fp8_group)
-            return dllm__fail(DLLM_ERR_INTERNAL, "FP8 GEMM with M=%d K=%d: M must be a multiple of 16 and K of 128 (pad them)", M, K);
+        DLLM__TRY(dllm__check_fp8_shape(M, K));
         return run(dllm__gemm_op{X, W, Y, M, N, K, CUDA_R_16BF, x_scale, w_scale}, stream);
     }
     dllm_status run(const dllm__gemm_op &op, cudaStream_t stream) {
@@ -5180,8 +5189,7 @@ static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
  * padded (multiples of 16 and 128), every one of the M rows written. */
 static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M,
                                      int N, int K, cudaStream_t stream) {
-    if (M % 16 || K % dllm__fp8_group)
-        return dllm__fail(DLLM_ERR_INTERNAL, "FP8 GEMM with M=%d K=%d: M must be a multiple of 16 and K of 128 (pad them)", M, K);
+    DLLM__TRY(dllm__check_fp8_shape(M, K));
     if (M == 0 || N == 0) return DLLM_OK;
     const bool narrow = M <= dllm__fp8_narrow_rows;
     const dllm__fp8_tile &t = narrow ? k.narrow_tile : k.wide_tile;
@@ -5333,6 +5341,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K);
     dllm_status project_qkv(size_t l, int M);
     dllm_status project_o(size_t l, int M);
+    dllm_status gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type);
     dllm_status ffn(size_t l, int batch, int seq, const float *h_res);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
@@ -5699,7 +5708,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 /* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
  * fused QKV GEMM, bias + RoPE, attention into att_. Without a K/V cache the rows are the whole canvas;
  * with one their Q/K/V overwrite their slots in the layer's cache and attention reads every cached key.
- * Without a cache layer 0's GEMM is row-independent (run_pinned) so LaCache's block-only rows match these bits. */
+ * Layer 0's GEMM goes through gemm_lacache_rows: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows) {
     const dllm__config &c = m_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
@@ -5707,9 +5716,8 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
         if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
-    auto gemm = [&](const void *x, void *y, int m) {  // under a K/V cache LaCache leaves layer 0 alone: every mode computes the same rows
-        return layer == 0 && !kv_on_ ? gemm_.run_pinned(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_)
-                                     : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
+    auto gemm = [&](const void *x, void *y, int m) {
+        return layer == 0 ? gemm_lacache_rows(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF) : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
     };
     if (!kv_on_) {
         DLLM__TRY(layer == 0 ? gemm(a_.ptr, qkv_.ptr, batch * rows) : project_qkv(layer, batch * rows));
@@ -5777,7 +5785,7 @@ dllm_status dllm__gpu_backend::embed_rows(const int *ids, int batch, int seq, in
  *         attention state of the query tiles outside the block (fa_state_);
  *   REUSE (the block's later steps): embed, norm, project and rotate the block's rows only, and resume the
  *         attention of the outside query tiles from their saved state.
- * The QKV GEMM is row-independent (run_pinned), so the rows REUSE computes alone carry the same bits as
+ * The QKV GEMM is row-independent (gemm_lacache_rows: no K/V cache here), so the rows REUSE computes alone carry the same bits as
  * when the plain path (self_attention) computes them among all rows. */
 dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1) {
     const dllm__config &c = m_.cfg;
@@ -5788,7 +5796,7 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
         DLLM__TRY(embed(ids, M, h));
         DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
         mark("L0 embed+norm");
-        DLLM__TRY(gemm_.run_pinned(a_.ptr, L.w_qkv.ptr, qkv0_.ptr, M, qkv, d, CUDA_R_16BF, stream_));
+        DLLM__TRY(gemm_lacache_rows(a_.ptr, L.w_qkv.ptr, qkv0_.ptr, M, qkv, d, CUDA_R_16BF));
         mark("L0 gemm qkv");
         DLLM__TRY(rope(qkv0_.ptr, L.b_qkv.ptr, M, seq, 0));
         mark("L0 rope");
@@ -5799,7 +5807,7 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
         mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
             char *out = (char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2;
-            DLLM__TRY(gemm_.run_pinned((const char *)a_.ptr + (size_t)b * blk * d * 2, L.w_qkv.ptr, out, blk, qkv, d, CUDA_R_16BF, stream_));
+            DLLM__TRY(gemm_lacache_rows((const char *)a_.ptr + (size_t)b * blk * d * 2, L.w_qkv.ptr, out, blk, qkv, d, CUDA_R_16BF));
         }
         mark("L0 gemm qkv");
         for (int b = 0; b < batch; b++)
@@ -5846,6 +5854,13 @@ dllm_status dllm__gpu_backend::project_qkv(size_t l, int M) {
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
     if (fp8_attn(l)) return gemm_e4m3(layers_[l].f8_qkv, qkv_.ptr, M, qkv, d);
     return gemm_.run(a_.ptr, layers_[l].w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_);
+}
+
+/* A GEMM over rows LaCache computes apart from the plain path (layer 0's Q/K/V, the LM head). Without a K/V cache
+ * those rows must carry the plain path's bits whatever their count: one pinned algorithm (run_pinned). Under a
+ * cache every LaCache mode computes the same rows (run_step, self_attention), so the tuned algorithm is safe. */
+dllm_status dllm__gpu_backend::gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type) {
+    return kv_on_ ? gemm_.run(X, W, Y, M, N, K, out_type, stream_) : gemm_.run_pinned(X, W, Y, M, N, K, out_type, stream_);
 }
 
 /* The attention output projection of layer l into delta_ (under FP8 the attention output is quantised first). */
@@ -5925,10 +5940,7 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
     for (int b = 0; b < batch; b++) {
         const char *y = (const char *)y_.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
         char *out = (char *)logits_.ptr + (size_t)b * rows * c.n_vocab * 4;
-        // Without a K/V cache LaCache's truncated rows must match the plain path's bits: one pinned algorithm
-        // for every row count. With one, every mode computes the same rows (run_step), so the fastest is safe.
-        if (kv_on_) DLLM__TRY(gemm_.run(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
-        else DLLM__TRY(gemm_.run_pinned(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F, stream_));
+        DLLM__TRY(gemm_lacache_rows(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F));
     }
     return DLLM_OK;
 }
