@@ -3397,31 +3397,16 @@ __device__ __forceinline__ double uniform01(u64 seed, u32 index, u32 position, u
     return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/* A float another CTA wrote, read through L2: this SM's L1 may hold a stale copy of the line. */
-__device__ __forceinline__ float ld_cg(const float *p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
 /* Programmatic dependent launch (sm_90+, see dllm__launch): this grid may start while the previous one in
  * the stream is still finishing. Every kernel calls this first: it waits until the previous grid has
  * completed and its writes are visible, then lets the next grid start launching, so that the launch of
  * each kernel overlaps the tail of the one before instead of following it. A no-op without the launch
  * attribute and before sm_90. */
-__device__ __forceinline__ void pdl_wait() {
+__device__ __forceinline__ void pdl_enter() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_release() {
-#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-__device__ __forceinline__ void pdl_enter() {
-    pdl_wait();
-    pdl_release();
 }
 
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
@@ -3792,21 +3777,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Stores a row's two neighbouring outputs (n even); a u32 store needs an even N for 4-byte alignment. */
-__device__ __forceinline__ void store_bf16x2(bf16_t *y_row, int n, int N, float v0, float v1) {
-    if (!(N & 1) && n + 1 < N) {
-        *(u32 *)(y_row + n) = pack_bf16x2(v0, v1);
-    } else {
-        if (n < N) y_row[n] = f32_to_bf16(v0);
-        if (n + 1 < N) y_row[n + 1] = f32_to_bf16(v1);
-    }
-}
 )DLLM";
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
@@ -3844,6 +3814,16 @@ __device__ __forceinline__ void f8_load_tile(u32 dst, const unsigned char *src, 
         const int c = i * THREADS + threadIdx.x, r = c >> 3, chunk = c & 7;
         const bool ok = row0 + r < n_rows;
         cp_async16(dst + f8_swizzle(r, chunk), src + (u64)(ok ? row0 + r : 0) * ld + k0 + chunk * 16, ok);
+    }
+}
+
+/* Stores a row's two neighbouring outputs (n even); a u32 store needs an even N for 4-byte alignment. */
+__device__ __forceinline__ void f8_store2(bf16_t *y_row, int n, int N, float v0, float v1) {
+    if (!(N & 1) && n + 1 < N) {
+        *(u32 *)(y_row + n) = pack_bf16x2(v0, v1);
+    } else {
+        if (n < N) y_row[n] = f32_to_bf16(v0);
+        if (n + 1 < N) y_row[n + 1] = f32_to_bf16(v1);
     }
 }
 
@@ -3938,187 +3918,8 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
             if (m >= M) continue;
             bf16_t *y_row = Y + (u64)m * N;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) store_bf16x2(y_row, n0 + wn + nt * 8 + 2 * t, N, acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+            for (int nt = 0; nt < NT; nt++) f8_store2(y_row, n0 + wn + nt * 8 + 2 * t, N, acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
         }
-}
-)DLLM";
-
-/* dllm's skinny BF16 GEMM (DLLM__GEMM_SKINNY), for the few rows of a K/V-cache block step (M <= 64), where a GEMM is
- * a stream of weights: Y [M x N] (bf16, or fp32 with y_f32) = X [M x K] . W [N x K]^T, both operands bf16 and K-major,
- * fp32 accumulation. Twin: dllm__cpu_linear (the GPU sums in another order, so tests compare with a tolerance).
- * cuBLASLt's algorithms at 32 rows read an LLaDA layer's weights at 2.2-3.5 TB/s: each CTA fills its pipeline, streams
- * one tile and drains, and the tiles fit the 132 SMs in uneven waves. This kernel is persistent and stream-K
- * (Osama et al. 2023): the grid is one or two CTAs per SM, the work is the list of (column tile, 128..512-byte k-step)
- * pairs in tile-major order, and each CTA takes one contiguous share of that list, so every SM streams the same number
- * of weight bytes without a gap between tiles; its cp.async ring runs on across tile boundaries. The weights of the
- * first k-steps are requested before griddepcontrol.wait: they do not depend on the previous kernel, so with
- * programmatic dependent launch their latency hides behind that kernel's tail.
- * A tile whose k-steps two or more CTAs share is a split tile: each CTA writes its fp32 partial sums to a slot of
- * `partial`, and the last to arrive (a counter per tile) adds the slots up in CTA order and writes the output, so the
- * result is the same whatever the arrival order: the kernel is deterministic for a given shape and grid. The last CTA
- * resets the counter, so a captured graph can replay. Partial slots: a CTA has at most two split tiles, the tile its
- * share starts inside (slot 2b) and the tile its share ends inside (slot 2b + 1).
- * CTA: 4 warps over BN columns (BN / 4 each) and all TOK rows (TOK / 16 m16 tiles, rows past M zero-filled). Shared
- * rows are the BK k-values of a k-step with their 16-byte chunks XOR-swizzled by row, as in fp8_gemm. */
-static const char *dllm__src_skinny = R"DLLM(
-struct skinny_args {
-    const bf16_t *X, *W;  // [M x K], [N x K]: rows K elements apart, 16-byte aligned (K % 8 == 0)
-    void *Y;              // [M x N], bf16 or (y_f32) fp32
-    float *partial;       // [2 * gridDim.x][TOK * BN] split-tile partial sums
-    int *arrivals;        // [ceil(N / BN)] zero between launches
-    int M, N, K, y_f32;
-};
-
-/* Byte offset of 16-byte chunk `chunk` of row `row` in a k-step of ROW_BYTES a row. */
-template <int ROW_BYTES>
-__device__ __forceinline__ u32 sk_swizzle(int row, int chunk) { return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4)); }
-
-/* ROWS rows from row0 of a K-major matrix, k-values [k0, k0 + BK), into a swizzled k-step; rows at or past n_rows and
- * k-values at or past K read as zero. */
-template <int ROWS, int BK>
-__device__ __forceinline__ void sk_load(u32 dst, const bf16_t *src, int row0, int n_rows, int k0, int K) {
-    constexpr int CHUNKS = BK / 8;
-    static_assert(ROWS * CHUNKS % 128 == 0, "every thread copies the same number of chunks");
-#pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / 128; i++) {
-        const int c = i * 128 + threadIdx.x, r = c / CHUNKS, chunk = c % CHUNKS, k = k0 + chunk * 8;
-        const bool ok = row0 + r < n_rows && k < K;
-        cp_async16(dst + sk_swizzle<BK * 2>(r, chunk), src + (ok ? (u64)(row0 + r) * K + k : 0), ok);
-    }
-}
-
-/* The CTA whose share of the work list holds item x: shares are [b * I / G, (b + 1) * I / G). */
-__device__ __forceinline__ int sk_owner(long long x, long long I, int G) { return (int)(((x + 1) * G - 1) / I); }
-
-/* Adds one k-step of the swizzled operands at x_s (TOK rows) and w_s (BN rows) into acc. */
-template <int TOK, int BN, int BK>
-__device__ __forceinline__ void sk_kstep(float (&acc)[TOK / 16][BN / 32][4], u32 x_s, u32 w_s, int wn, int lane, int M) {
-    constexpr int MT = TOK / 16, NT = BN / 32, RB = BK * 2;
-    const u32 a_row = (u32)(lane & 15) * RB, b_row = (u32)(wn + (lane & 7) + (lane >> 4) * 8) * RB;
-    const int a_half = lane >> 4, b_half = (lane >> 3) & 1, sw = lane & 7;
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ks++) {
-        u32 a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            if (mt * 16 < M) ldmatrix_x4(a[mt], x_s + a_row + mt * 16 * RB + (((2 * ks + a_half) ^ sw) << 4));
-#pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-            u32 b[4];
-            ldmatrix_x4(b, w_s + b_row + nt * 8 * RB + (((2 * ks + b_half) ^ sw) << 4));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                if (mt * 16 < M) {  // m16 tiles wholly past M do no work
-                    mma_bf16(acc[mt][nt], a[mt], b[0], b[1]);
-                    mma_bf16(acc[mt][nt + 1], a[mt], b[2], b[3]);
-                }
-        }
-    }
-}
-
-/* Output element pairs of the fragment: (row, column) of acc[mt][nt][2h], the next column in [2h + 1]. */
-#define SK_FOR_PAIRS(...)                                                   \
-    _Pragma("unroll") for (int mt = 0; mt < TOK / 16; mt++)                 \
-    _Pragma("unroll") for (int nt = 0; nt < BN / 32; nt++)                  \
-    _Pragma("unroll") for (int h = 0; h < 2; h++) {                         \
-        const int row = mt * 16 + g + 8 * h, col = wn + nt * 8 + 2 * t;    \
-        __VA_ARGS__                                                         \
-    }
-
-template <int TOK, int BN>
-__device__ __forceinline__ void sk_zero(float (&acc)[TOK / 16][BN / 32][4]) {
-#pragma unroll
-    for (int mt = 0; mt < TOK / 16; mt++)
-#pragma unroll
-        for (int nt = 0; nt < BN / 32; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-}
-
-template <int TOK, int BN>
-__device__ __forceinline__ void sk_store(const skinny_args &a, const float (&acc)[TOK / 16][BN / 32][4], int n0, int wn, int g, int t) {
-    SK_FOR_PAIRS(
-        const int n = n0 + col;
-        if (row < a.M && n < a.N) {
-            const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
-            if (!a.y_f32) {
-                store_bf16x2((bf16_t *)a.Y + (u64)row * a.N, n, a.N, v0, v1);
-            } else {
-                float *y = (float *)a.Y + (u64)row * a.N + n;
-                if (!(a.N & 1) && n + 1 < a.N) *(float2 *)y = make_float2(v0, v1);
-                else { y[0] = v0; if (n + 1 < a.N) y[1] = v1; }
-            }
-        })
-}
-
-/* A split tile's share: this CTA's partial sums go to its slot; the last CTA of the tile to arrive sums every slot in
- * CTA order (through L2: other SMs wrote them) and stores the tile. */
-template <int TOK, int BN>
-__device__ __forceinline__ void sk_split_tile(const skinny_args &a, float (&acc)[TOK / 16][BN / 32][4], int tile, long long I, int C, int wn, int g,
-                                              int t, int *last_flag) {
-    const int G = gridDim.x, first = sk_owner((long long)tile * C, I, G), n_parts = sk_owner((long long)tile * C + C - 1, I, G) - first + 1;
-    const int slot = (int)blockIdx.x == first ? 2 * blockIdx.x + 1 : 2 * blockIdx.x;
-    float *mine = a.partial + (u64)slot * TOK * BN;
-    SK_FOR_PAIRS(*(float2 *)(mine + row * BN + col) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);)
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) *last_flag = atomicAdd(a.arrivals + tile, 1) == n_parts - 1;
-    __syncthreads();
-    if (!*last_flag) return;
-    __threadfence();
-    sk_zero<TOK, BN>(acc);
-    for (int p = 0; p < n_parts; p++) {
-        const float *part = a.partial + (u64)(p == 0 ? 2 * first + 1 : 2 * (first + p)) * TOK * BN;
-        SK_FOR_PAIRS(
-            acc[mt][nt][2 * h] += ld_cg(part + row * BN + col);
-            acc[mt][nt][2 * h + 1] += ld_cg(part + row * BN + col + 1);)
-    }
-    sk_store<TOK, BN>(a, acc, tile * BN, wn, g, t);
-    if (threadIdx.x == 0) a.arrivals[tile] = 0;
-}
-
-template <int TOK, int BN, int BK, int STAGES>
-__global__ void __launch_bounds__(128) skinny_gemm(skinny_args a) {
-    static_assert(TOK % 16 == 0 && BN % 64 == 0 && BK % 64 == 0, "skinny_gemm tile");
-    constexpr int X_BYTES = TOK * BK * 2, STAGE_BYTES = (TOK + BN) * BK * 2;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int last_flag;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wn = (threadIdx.x >> 5) * (BN / 4);
-    const int C = (a.K + BK - 1) / BK, G = gridDim.x;
-    const long long I = (long long)((a.N + BN - 1) / BN) * C, it0 = blockIdx.x * I / G, it1 = (blockIdx.x + 1) * I / G;
-    const u32 base = smem_u32(smem);
-    auto load_w = [&](long long it, int s) { sk_load<BN, BK>(base + s * STAGE_BYTES + X_BYTES, a.W, (int)(it / C) * BN, a.N, (int)(it % C) * BK, a.K); };
-    auto load_x = [&](long long it, int s) { sk_load<TOK, BK>(base + s * STAGE_BYTES, a.X, 0, a.M, (int)(it % C) * BK, a.K); };
-
-    for (int s = 0; s < STAGES - 1; s++)  // weights first: they do not depend on the previous kernel
-        if (it0 + s < it1) load_w(it0 + s, s);
-    pdl_wait();
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (it0 + s < it1) load_x(it0 + s, s);
-        cp_async_commit();
-    }
-    pdl_release();
-
-    float acc[TOK / 16][BN / 32][4];
-    sk_zero<TOK, BN>(acc);
-    int k_first = (int)(it0 % C);  // the current tile's first k-step in this CTA's share
-    for (long long it = it0; it < it1; it++) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // k-step `it` has landed everywhere, and every warp is done with the stage it replaces
-        const long long next = it + STAGES - 1;
-        if (next < it1) {
-            load_w(next, (int)((next - it0) % STAGES));
-            load_x(next, (int)((next - it0) % STAGES));
-        }
-        cp_async_commit();
-        const u32 stage = base + (u32)((it - it0) % STAGES) * STAGE_BYTES;
-        sk_kstep<TOK, BN, BK>(acc, stage, stage + X_BYTES, wn, lane, a.M);
-        const int kc = (int)(it % C), tile = (int)(it / C);
-        if (kc == C - 1 || it == it1 - 1) {
-            if (k_first == 0 && kc == C - 1) sk_store<TOK, BN>(a, acc, tile * BN, wn, g, t);
-            else sk_split_tile<TOK, BN>(a, acc, tile, I, C, wn, g, t, &last_flag);
-            sk_zero<TOK, BN>(acc);
-            k_first = 0;
-        }
-    }
 }
 )DLLM";
 
@@ -4393,6 +4194,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 struct attn_args {
     const bf16_t *q, *k, *v;     // query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD;
@@ -4406,8 +4212,7 @@ struct attn_args {
     int fa_mode;                 // FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it
     float *fa_state;             // [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2)
     int kv_splits;               // CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split
-    float *partial;              // kv_splits > 1: per-split states (see store_partial)
-    int *arrivals;               // kv_splits > 1: [batch][head][query tile] finished shares, zero between launches
+    float *partial;              // kv_splits > 1: per-split states for attn_combine (see store_partial)
 };
 
 __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
@@ -4423,6 +4228,14 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
         bool ok = row0 + r < n_valid;
         cp_async16(smem_u32(dst + r * LD + col), src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
     }
+}
+
+/* The i-th K and V tiles of the visiting order (key tile `tile`) into ring slot i % NS. */
+template <int HD, int BC, int NS, int THREADS>
+__device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K, const bf16_t *V, const attn_args &a, int i, int tile) {
+    constexpr int LD = HD + 8;
+    load_tile<HD, THREADS>(sK + ((unsigned)i % NS) * BC * LD, K, a.kv_stride, tile * BC, BC, a.seq);
+    load_tile<HD, THREADS>(sV + ((unsigned)i % NS) * BC * LD, V, a.kv_stride, tile * BC, BC, a.seq);
 }
 
 /* Saves (SAVE) or restores the online-softmax registers of one thread: m, l (per-thread partial sums) and
@@ -4461,7 +4274,7 @@ __device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_ti
     }
 }
 
-/* Split-KV: a CTA's unnormalised output, running max and normaliser per query row, for combine_if_last.
+/* Split-KV: a CTA's unnormalised output, running max and normaliser per query row, for attn_combine.
  * Layout: [batch][head][split][q_rows][HD + 2] floats (O, then m, then l). */
 template <int HD, int MT, int DT>
 __device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, int split, int q0, int warp, int g, int t,
@@ -4593,54 +4406,19 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* Split-KV: the last of a (query tile, head)'s kv_splits CTAs to finish merges their partial states, in split order
- * (fixed, so the result does not depend on which CTA finishes last), and resets the tile's arrival counter for the
- * next launch. Done inside flash_attn rather than by a second kernel: at a block step that kernel's launch cost more
- * than its work. */
-template <int HD, int BR, int THREADS>
-__device__ __forceinline__ void combine_if_last(const attn_args &a, int b, int h, int q0) {
-    __shared__ int last;
-    int *count = a.arrivals + ((u64)b * gridDim.y + h) * gridDim.x + blockIdx.x;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(count, 1) == a.kv_splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2);
-    const u64 split_stride = (u64)a.q_rows * (HD + 2);
-    const int rows = min(BR, a.q_rows - q0);
-    for (int i = threadIdx.x; i < rows * HD; i += THREADS) {
-        const int row = q0 + i / HD, d = i % HD;
-        const float *p = P + (u64)row * (HD + 2);
-        float mx = -DLLM_INF;
-        for (int s = 0; s < a.kv_splits; s++) mx = fmaxf(mx, ld_cg(p + s * split_stride + HD));
-        float acc = 0.f, l = 0.f;
-        for (int s = 0; s < a.kv_splits; s++) {
-            const float ms = ld_cg(p + s * split_stride + HD);
-            if (ms == -DLLM_INF) continue;  // a share with no visible key
-            const float w = exp2_ftz(ms - mx);
-            acc += w * ld_cg(p + s * split_stride + d);
-            l += w * ld_cg(p + s * split_stride + HD + 1);
-        }
-        a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
-    }
-    if (threadIdx.x == 0) *count = 0;
-}
-
 /* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers.
  * Scores stay unscaled until the exponent, where one FFMA applies scale and running max together; the
  * running max m is kept in the scaled (log2) domain. */
-template <int HD, int BR, int BC, int MT>
+template <int HD, int BR, int BC, int MT, int NS>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
     constexpr int LD = HD + 8, DT = HD / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
+    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z / a.kv_splits, split = blockIdx.z % a.kv_splits, kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
@@ -4663,12 +4441,11 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 
     load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.q_rows);
     cp_async_commit();
-    if (i_begin < i_end) {
-        const int first = kv_tile_at(i_begin, n_tiles, late_lo, late_hi);
-        load_tile<HD, THREADS>(sK + (i_begin & 1) * BC * LD, K, a.kv_stride, first * BC, BC, a.seq);
-        load_tile<HD, THREADS>(sV + (i_begin & 1) * BC * LD, V, a.kv_stride, first * BC, BC, a.seq);
+    #pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+        if (i_begin + s < i_end) load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i_begin + s, kv_tile_at(i_begin + s, n_tiles, late_lo, late_hi));
+        cp_async_commit();
     }
-    cp_async_commit();
 
     float o[MT][DT][4];
     float m[MT][2], l[MT][2];
@@ -4686,14 +4463,11 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     const bool live = q0 + warp * 16 * MT < a.q_rows;
 
     for (int i = i_begin; i < i_end; i++) {
-        const int stage = i & 1;
-        if (i + 1 < i_end) {
-            int next = kv_tile_at(i + 1, n_tiles, late_lo, late_hi);
-            load_tile<HD, THREADS>(sK + (stage ^ 1) * BC * LD, K, a.kv_stride, next * BC, BC, a.seq);
-            load_tile<HD, THREADS>(sV + (stage ^ 1) * BC * LD, V, a.kv_stride, next * BC, BC, a.seq);
-        }
+        const int stage = (int)((unsigned)i % NS);
+        if (i + NS - 1 < i_end)  // into the slot of tile i - 1, which every warp is done with
+            load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i + NS - 1, kv_tile_at(i + NS - 1, n_tiles, late_lo, late_hi));
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<NS - 1>();
         __syncthreads();
         const u32 k_s = smem_u32(sK + stage * BC * LD), v_s = smem_u32(sV + stage * BC * LD);
         const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
@@ -4707,7 +4481,6 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 
     if (a.kv_splits > 1) {
         store_partial<HD, MT, DT>(a, b, h, split, q0, warp, g, t, o, m, l);
-        combine_if_last<HD, BR, THREADS>(a, b, h, q0);
         return;
     }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -4730,6 +4503,26 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     }
 }
 
+/* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
+ * result does not depend on scheduling). One thread per output column. */
+template <int HD>
+__global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+    pdl_enter();
+    const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+    const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
+    const u64 split_stride = (u64)a.q_rows * (HD + 2);
+    float mx = -DLLM_INF;
+    for (int s = 0; s < a.kv_splits; s++) mx = fmaxf(mx, P[s * split_stride + HD]);
+    float acc = 0.f, l = 0.f;
+    for (int s = 0; s < a.kv_splits; s++) {
+        const float ms = P[s * split_stride + HD];
+        if (ms == -DLLM_INF) continue;  // a share with no visible key
+        const float w = exp2_ftz(ms - mx);
+        acc += w * P[s * split_stride + d];
+        l += w * P[s * split_stride + HD + 1];
+    }
+    a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
+}
 )DLLM";
 
 // ---------------------------------------------------------------------------------------------------
@@ -4741,7 +4534,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 //       DLLM_JIT_VERBOSE=1 print each compile, its time, registers and the chosen tile configs
 //       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
-//       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT  override the attention tile (rows per CTA, keys per tile,
+//       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  override the attention tile (rows per CTA, keys per tile,
 //                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM)
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
@@ -4765,7 +4558,9 @@ struct dllm__fp8_tile {
 /* Tile choices per compute capability. Attention, sm_90: 128 query rows per CTA in 4 warps of 2 m16
  * tiles (FA2's layout) and 32 keys per tile: 245 registers at head dim 128, no spill, two CTAs per SM
  * (measured on an H200). sm_80: ptxas spills that layout, so 8 warps of one m16 tile (128 registers).
- * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). The tests require every
+ * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). K/V ring: sm_90 keeps 4 tiles (3 in
+ * flight: a block step's split-KV CTA streams only a few tiles, so it is latency-bound), 104 KB, still two CTAs per SM
+ * (registers limit it to two anyway); others double-buffer. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
@@ -4777,17 +4572,18 @@ struct dllm__arch {
     const char *target;   // NVRTC --gpu-architecture
     int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
     int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
+    int fa_stages;        // K/V tiles in the ring: stages - 1 are in flight while one is computed
     int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
-    {86, "sm_86", 64, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
-    {87, "sm_87", 64, 32, 1, 2, DLLM__FP8_NONE, {}, {}},
-    {89, "sm_89", 64, 32, 1, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
-    {90, "sm_90a", 128, 32, 2, 2, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
+    {80, "sm_80", 128, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
+    {86, "sm_86", 64, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
+    {87, "sm_87", 64, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
+    {89, "sm_89", 64, 32, 1, 2, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
+    {90, "sm_90a", 128, 32, 2, 4, 2, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -4813,6 +4609,7 @@ static dllm__arch dllm__arch_for(int cc) {
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
+    a.fa_stages = std::max(2, dllm__env_int("DLLM_FA_STAGES", a.fa_stages));
     a.fa_kv_ctas_per_sm = std::max(1, dllm__env_int("DLLM_FA_KV_CTAS", a.fa_kv_ctas_per_sm));
     return a;
 }
@@ -5061,17 +4858,22 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
     return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
 }
 
-static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn<%d,%d,%d,%d>", hd, a.fa_br, a.fa_bc, a.fa_mt); }
+static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) {
+    return dllm__format("flash_attn<%d,%d,%d,%d,%d>", hd, a.fa_br, a.fa_bc, a.fa_mt, a.fa_stages);
+}
 
 static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_mt; }
 
+static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
+
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
-    return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt),
-            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch)},
+    return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
+            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
             arch.target};
 }
 
-static size_t dllm__attn_smem(int hd, int br, int bc) { return (size_t)(br + 4 * bc) * (hd + 8) * 2; }
+/* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows padded by 8 (bank spread). */
+static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * (hd + 8) * 2; }
 
 /* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
  * tile per head, 32 CTAs on a 132-SM GPU, each streaming every key alone. Splitting the KV tiles gives
@@ -5083,23 +4885,14 @@ static int dllm__attn_kv_splits(const dllm__arch &a, int q_rows, int seq, int he
     return std::max(1, std::min(tiles / 2, a.fa_kv_ctas_per_sm * n_sms / ctas));
 }
 
-/* Split-KV's arrival counters, zeroed: one per (batch, head, query tile), and dllm__attn_kv_splits splits only fewer
- * than n_sms of those. */
-static dllm_status dllm__attn_arrivals(dllm__dbuf &counters, int n_sms) {
-    if (counters.ptr) return DLLM_OK;  // the kernel leaves them zero
-    DLLM__TRY(counters.fit((size_t)n_sms * 4, "split-KV attention counters"));
-    DLLM__CUDA(cudaMemset(counters.ptr, 0, counters.bytes));
-    return DLLM_OK;
-}
-
 /* Bytes of split-KV partial state any dllm__attn_kv_splits choice on n_sms SMs can need. */
 static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
     return (size_t)a.fa_kv_ctas_per_sm * n_sms * a.fa_br * (hd + 2) * 4;
 }
 
-/* The attention kernel of one module (split-KV shares are merged inside it). */
+/* The attention kernels of one module: flash_attn and, for split-KV, the combine. */
 struct dllm__attn_kernels {
-    cudaKernel_t attn = nullptr;
+    cudaKernel_t attn = nullptr, combine = nullptr;
 };
 
 /* Whether kernels on the current device launch with programmatic dependent launch: sm_90 and newer, unless
@@ -5144,102 +4937,6 @@ static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t sm
 //     out type) and cached. Where cuBLASLt has no block-scaled FP8 (sm_89), fp8_gemm takes the same operands.
 // ---------------------------------------------------------------------------------------------------
 
-/* dllm's skinny BF16 GEMM (dllm__src_skinny) for up to dllm__skinny_max_rows rows: the configurations the autotuner
- * times beside cuBLASLt's algorithms. Per row count (TOK, the rows rounded up to 16, 32 or 64): BN columns per CTA,
- * BK k-values per k-step (a weight row piece of 2 BK bytes: longer pieces keep DRAM pages open) and a ring deep enough
- * to keep about 100 KB of weights in flight per SM, clipped to the GPU's shared memory. */
-struct dllm__skinny_tile {
-    int tok, bn, bk, stages;
-};
-
-static const int dllm__skinny_max_rows = 64;
-static const int dllm__skinny_max_tiles = 1 << 16;  // column tiles (arrival counters): N up to 4M columns
-static const dllm__skinny_tile dllm__skinny_shapes[] = {{0, 128, 64, 8}, {0, 128, 128, 4}, {0, 64, 128, 6}, {0, 64, 256, 4}};
-
-static size_t dllm__skinny_smem(const dllm__skinny_tile &t) { return (size_t)t.stages * (t.tok + t.bn) * t.bk * 2; }
-
-static std::string dllm__skinny_kernel_name(const dllm__skinny_tile &t) {
-    return dllm__format("skinny_gemm<%d,%d,%d,%d>", t.tok, t.bn, t.bk, t.stages);
-}
-
-/* Every configuration for a GPU whose blocks may use smem_optin bytes of shared memory: each shape at 16, 32 and 64
- * rows, its ring clipped to fit; shapes that cannot hold three k-steps are left out. */
-static std::vector<dllm__skinny_tile> dllm__skinny_tiles_for(int smem_optin) {
-    std::vector<dllm__skinny_tile> out;
-    for (int tok : {16, 32, 64})
-        for (dllm__skinny_tile t : dllm__skinny_shapes) {
-            t.tok = tok;
-            while (t.stages > 3 && dllm__skinny_smem(t) > (size_t)smem_optin) t.stages--;
-            if (dllm__skinny_smem(t) <= (size_t)smem_optin) out.push_back(t);
-        }
-    return out;
-}
-
-static dllm__jit_request dllm__module_skinny(const dllm__arch &arch, int smem_optin) {
-    dllm__jit_request rq = {dllm__format("dllm_skinny_smem%d", smem_optin), std::string(dllm__src_common) + dllm__src_mma + dllm__src_skinny, {},
-                            arch.target};
-    for (const dllm__skinny_tile &t : dllm__skinny_tiles_for(smem_optin)) rq.kernels.push_back(dllm__skinny_kernel_name(t));
-    return rq;
-}
-
-/* skinny_gemm loaded for one device, with its split-tile scratch (partial sums for the largest grid, arrival counters). */
-struct dllm__skinny {
-    std::shared_ptr<dllm__module> module;
-    std::vector<dllm__skinny_tile> tiles;
-    std::vector<cudaKernel_t> kernels;
-    int n_sms = 0;
-    dllm__dbuf partial, arrivals;
-    bool loaded() const { return module != nullptr; }
-};
-
-static dllm_status dllm__skinny_load(dllm__skinny &k) {
-    int dev = 0, cc_major = 0, cc_minor = 0, optin = 0;
-    DLLM__CUDA(cudaGetDevice(&dev));
-    DLLM__CUDA(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-    DLLM__CUDA(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
-    DLLM__CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    DLLM__CUDA(cudaDeviceGetAttribute(&k.n_sms, cudaDevAttrMultiProcessorCount, dev));
-    DLLM__TRY(dllm__jit_load(dllm__module_skinny(dllm__arch_for(cc_major * 10 + cc_minor), optin), k.module));
-    k.tiles = dllm__skinny_tiles_for(optin);
-    k.kernels.clear();
-    for (const dllm__skinny_tile &t : k.tiles) {
-        cudaKernel_t f = k.module->kernels[dllm__skinny_kernel_name(t)];
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__skinny_smem(t)));
-        k.kernels.push_back(f);
-    }
-    DLLM__TRY(k.partial.fit((size_t)2 * k.n_sms * dllm__skinny_max_rows * 128 * 4, "skinny GEMM partial sums"));
-    DLLM__TRY(k.arrivals.fit((size_t)dllm__skinny_max_tiles * 4, "skinny GEMM arrival counters"));
-    DLLM__CUDA(cudaMemset(k.arrivals.ptr, 0, k.arrivals.bytes));
-    return DLLM_OK;
-}
-
-/* Whether skinny_gemm can compute Y [M x N] = X . W^T: M up to 64, K a multiple of 8 and the operands aligned for its
- * 16-byte loads and paired stores. */
-static bool dllm__skinny_fits(const void *X, const void *W, const void *Y, int M, int N, int K, bool y_f32) {
-    return M >= 1 && M <= dllm__skinny_max_rows && N >= 1 && K >= 8 && K % 8 == 0 && (N + 63) / 64 <= dllm__skinny_max_tiles &&
-           (uintptr_t)X % 16 == 0 && (uintptr_t)W % 16 == 0 && (uintptr_t)Y % (y_f32 ? 8 : 4) == 0;
-}
-
-/* skinny_gemm with configuration `tile` (an index of k.tiles, whose tok must cover M), one CTA per SM (fewer when the
- * shape has fewer work items than the GPU has SMs). */
-static dllm_status dllm__skinny_run(dllm__skinny &k, int tile, const void *X, const void *W, void *Y, int M, int N, int K,
-                                    bool y_f32, cudaStream_t stream) {
-    const dllm__skinny_tile &t = k.tiles[(size_t)tile];
-    if (!dllm__skinny_fits(X, W, Y, M, N, K, y_f32) || M > t.tok)
-        return dllm__fail(DLLM_ERR_INTERNAL, "skinny GEMM asked for M=%d N=%d K=%d on %s", M, N, K, dllm__skinny_kernel_name(t).c_str());
-    // No CTA without work: the kernel counts a split tile's parts from the shares, which must all be non-empty.
-    const int64_t items = (int64_t)((N + t.bn - 1) / t.bn) * ((K + t.bk - 1) / t.bk);
-    const unsigned grid = (unsigned)std::min<int64_t>(k.n_sms, items);
-    struct {
-        const void *X, *W;
-        void *Y;
-        void *partial, *arrivals;
-        int M, N, K, y_f32;
-    } args = {X, W, Y, k.partial.ptr, k.arrivals.ptr, M, N, K, y_f32 ? 1 : 0};
-    void *argv[] = {&args};
-    return dllm__launch(k.kernels[(size_t)tile], dim3(grid), dim3(128), dllm__skinny_smem(t), stream, argv, "skinny_gemm");
-}
-
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
  * on timing. Split-K with an out-of-place reduction (a fixed split, summed by a separate pass) is kept: it is
  * deterministic for a given shape and algorithm, and at a few rows over a deep K (a dual-cache block step)
@@ -5272,7 +4969,6 @@ struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
-    int skinny = -1;  // >= 0: the shape runs dllm's skinny_gemm with this configuration (dllm__skinny::tiles) instead
     ~dllm__gemm_plan() {
         if (desc) cublasLtMatmulDescDestroy(desc);
         if (a) cublasLtMatrixLayoutDestroy(a);
@@ -5299,7 +4995,6 @@ struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
     dllm__dbuf workspace;
     std::unordered_map<std::string, std::unique_ptr<dllm__gemm_plan>> plans;
-    dllm__skinny skinny;  // loaded at the first tuned shape it can run (DLLM_GEMM_SKINNY=0: never)
     static const size_t workspace_bytes = 32u << 20;  // Hopper kernels want up to 32 MiB
 
     ~dllm__gemm() {
@@ -5362,7 +5057,7 @@ struct dllm__gemm {
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
         if (tune && op.M <= dllm__split_k_max_m) found = add_split_k(*p, res, found);
-        if (tune && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(choose(*p, res, found, op, stream));
+        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
@@ -5393,82 +5088,43 @@ struct dllm__gemm {
     }
     /* One line per tuned shape under DLLM_GEMM_VERBOSE=1: what won, against the heuristic's first pick. */
     void report(const dllm__gemm_plan &p, const dllm__gemm_op &op, int found, float first_us, float best_us) {
-        std::string what;
-        if (p.skinny >= 0) {
-            what = "dllm " + dllm__skinny_kernel_name(skinny.tiles[(size_t)p.skinny]);
-        } else {
-            int32_t id = 0, tile = 0, stages = 0, splits = 1;
-            uint32_t scheme = 0;
-            size_t w = 0;
-            cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-            cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-            cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-            cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
-            cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
-            what = dllm__format("cuBLASLt algo %d tile %d stages %d split-K %d (scheme %u)", id, tile, stages, splits, scheme);
-        }
-        dllm__log_verbose("GEMM %s M=%d N=%d K=%d: %s, %.1f us; cuBLASLt heuristic's first %.1f us; %d cuBLASLt candidates timed", op.kind(), op.M,
-                          op.N, op.K, what.c_str(), best_us, first_us, found);
+        int32_t id = 0, tile = 0, stages = 0, splits = 1;
+        uint32_t scheme = 0;
+        size_t w = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
+        dllm__log_verbose("GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                  op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
-    /* Microseconds of one run of launch_fn (which returns whether its launch succeeded): the mean of 3 back-to-back runs
-     * after a warm-up; INFINITY if any fails. */
-    template <class F>
-    static float time_us(cudaStream_t stream, F &&launch_fn) {
+    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         cudaEvent_t t0, t1;
-        if (cudaEventCreate(&t0) != cudaSuccess) return INFINITY;
-        if (cudaEventCreate(&t1) != cudaSuccess) { cudaEventDestroy(t0); return INFINITY; }
-        bool ok = launch_fn();
-        ok = ok && cudaEventRecord(t0, stream) == cudaSuccess;
-        for (int rep = 0; rep < 3 && ok; rep++) ok = launch_fn();
-        ok = ok && cudaEventRecord(t1, stream) == cudaSuccess;
-        float ms = 0;
-        ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+        DLLM__CUDA(cudaEventCreate(&t0));
+        DLLM__CUDA(cudaEventCreate(&t1));
+        float best = INFINITY, first = INFINITY;
+        const float alpha = 1.0f, beta = 0.0f;
+        for (int i = 0; i < found; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            float total = 0;
+            bool ok = true;
+            for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
+                cudaEventRecord(t0, stream);
+                ok = cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
+                                    workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+                cudaEventRecord(t1, stream);
+                float ms = 0;
+                ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+                if (rep) total += ms;
+            }
+            if (ok && i == 0) first = total;
+            if (ok && total < best) { best = total; p.algo = res[i].algo; }
+        }
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
         cudaGetLastError();
-        return ok ? ms * 1000 / 3 : INFINITY;
-    }
-    /* Whether skinny_gemm competes for a shape: BF16 operands it can run (dllm__skinny_fits), unless DLLM_GEMM_SKINNY=0;
-     * =2 makes it win wherever it fits (A/B measurements). Returns 0, 1 or 2. */
-    static int skinny_mode(const dllm__gemm_op &op) {
-        const bool y_f32 = op.out_type == CUDA_R_32F;
-        if (op.fp8() || (op.out_type != CUDA_R_16BF && !y_f32) || !dllm__skinny_fits(op.X, op.W, op.Y, op.M, op.N, op.K, y_f32)) return 0;
-        return std::max(0, std::min(2, dllm__env_int("DLLM_GEMM_SKINNY", 1)));
-    }
-    /* Times every candidate on the real operands (cuBLASLt's algorithms, then skinny_gemm's configurations for the
-     * shape's row count) and keeps the fastest. The GPU is busy for a while first, so that clocks have ramped up
-     * before the first candidate is timed, and each candidate's time is the better of two passes over the list. */
-    dllm_status choose(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
-        struct candidate {
-            int algo, skinny;
-            float us;
-        };
-        std::vector<candidate> cands;
-        for (int i = 0; i < found; i++)
-            if (res[i].state == CUBLAS_STATUS_SUCCESS) cands.push_back({i, -1, INFINITY});
-        const int mode = skinny_mode(op);
-        if (mode && !skinny.loaded()) DLLM__TRY(dllm__skinny_load(skinny));
-        for (size_t i = 0; mode && i < skinny.tiles.size(); i++) {
-            const int tok = skinny.tiles[i].tok;
-            if (tok >= op.M && (tok == 16 || tok / 2 < op.M)) cands.push_back({-1, (int)i, INFINITY});  // the smallest row count covering M
-        }
-        if (cands.empty()) return DLLM_OK;
-        const float alpha = 1.0f, beta = 0.0f;
-        const bool y_f32 = op.out_type == CUDA_R_32F;
-        auto run = [&](const candidate &c) {
-            if (c.skinny >= 0) return dllm__skinny_run(skinny, c.skinny, op.X, op.W, op.Y, op.M, op.N, op.K, y_f32, stream) == DLLM_OK;
-            return cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[c.algo].algo, workspace.ptr,
-                                  workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
-        };
-        for (int i = 0; i < 8; i++) time_us(stream, [&] { return run(cands[0]); });
-        for (int pass = 0; pass < 2; pass++)
-            for (candidate &c : cands) c.us = std::min(c.us, time_us(stream, [&] { return run(c); }));
-        const candidate *best = nullptr;
-        for (const candidate &c : cands)
-            if ((mode < 2 || c.skinny >= 0) && (!best || c.us < best->us)) best = &c;
-        if (best->skinny >= 0) p.skinny = best->skinny;
-        else p.algo = res[best->algo].algo;
-        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, cands[0].us, best->us);
+        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000 / 3, best * 1000 / 3);
         return DLLM_OK;
     }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
@@ -5507,7 +5163,6 @@ struct dllm__gemm {
         return launch(*p, op, stream);
     }
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
-        if (p.skinny >= 0) return dllm__skinny_run(skinny, p.skinny, op.X, op.W, op.Y, op.M, op.N, op.K, op.out_type == CUDA_R_32F, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
         DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
@@ -5729,7 +5384,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
     dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
-    dllm__dbuf attn_partial_, attn_arrivals_;  // split-KV attention states and counters (K/V-cache steps)
+    dllm__dbuf attn_partial_;          // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
     bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
     dllm__dbuf positions_;             // DPad: RoPE position of each canvas row
@@ -5774,16 +5429,17 @@ struct dllm__attn_args {
     float *fa_state;
     int kv_splits;
     float *partial;
-    int *arrivals;  // kv_splits > 1: one counter per (batch, head, query tile), zero between launches (dllm__attn_arrivals)
 };
 
-/* Attention for batch x heads over a.q_rows query rows; with a.kv_splits > 1 the shares' states go through a.partial
- * and the last share of each (query tile, head) merges them. */
+/* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of
+ * the per-split states in a.partial. */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_args &a,
                                      cudaStream_t s) {
     void *argv[] = {&a};
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
-    return dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch.fa_br, arch.fa_bc), s, argv, "flash_attn");
+    DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));
+    if (a.kv_splits == 1) return DLLM_OK;
+    return dllm__launch(k.combine, dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd), 0, s, argv, "attn_combine");
 }
 
 static const size_t dllm__conf_partial_bytes = 40;  // sizeof(conf_partial) on the device
@@ -5848,11 +5504,12 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     k_attn_.attn = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
+    k_attn_.combine = attn_->kernels[dllm__attn_combine_name(m_.cfg.head_dim)];
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_.attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dllm__attn_smem(m_.cfg.head_dim, arch_.fa_br, arch_.fa_bc)));
+                                    (int)dllm__attn_smem(m_.cfg.head_dim, arch_)));
     return DLLM_OK;
 }
 
@@ -6012,7 +5669,6 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         kv_.resize(layers_.size());
         for (dllm__dbuf &b : kv_) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
         DLLM__TRY(attn_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
-        DLLM__TRY(dllm__attn_arrivals(attn_arrivals_, n_sms_));
     }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
@@ -6056,7 +5712,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     dllm__attn_args args = {q, (const char *)keys_qkv + (size_t)c.n_head * hd * 2, (const char *)keys_qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
                             out, nullptr, seq, q_rows, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, q_bstride,
                             (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>(),
-                            splits, attn_partial_.as<float>(), attn_arrivals_.as<int>()};
+                            splits, attn_partial_.as<float>()};
     return dllm__attn_launch(k_attn_, arch_, hd, c.n_head, batch, args, stream_);
 }
 

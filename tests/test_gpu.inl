@@ -9,9 +9,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
     double worst_ms = 0;
     for (const dllm__arch &row : dllm__arch_table) {
         dllm__arch a = dllm__arch_for(row.cc);
-        const int smem_optin = a.cc == 90 ? 227 << 10 : a.cc == 80 ? 163 << 10 : 99 << 10;  // the largest block of each generation
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
-                                              dllm__module_attention(a, 128), dllm__module_skinny(a, smem_optin)};
+                                              dllm__module_attention(a, 128)};
         for (const dllm__jit_request &rq : rqs) {
             std::vector<char> cubin;
             std::vector<std::string> lowered;
@@ -20,7 +19,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             worst_ms = std::max(worst_ms, dllm__now_ms() - t0);
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            if (rq.name.find("attn") != std::string::npos || rq.name.find("skinny") != std::string::npos)  // register arrays stay in registers
+            if (rq.name.find("attn") != std::string::npos)  // register arrays must stay in registers
                 CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
         }
@@ -68,8 +67,12 @@ TEST(jit, arch_table_and_overrides) {
     setenv("DLLM_FA_BR", "64", 1);
     CHECK(dllm__arch_for(90).fa_br == 64);
     unsetenv("DLLM_FA_BR");
+    CHECK(dllm__arch_for(90).fa_stages == 4 && dllm__arch_for(80).fa_stages == 2);
+    setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
+    CHECK(dllm__arch_for(90).fa_stages == 2 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,2>");
+    unsetenv("DLLM_FA_STAGES");
     for (const dllm__arch &a : dllm__arch_table) {
-        CHECK(dllm__attn_smem(128, a.fa_br, a.fa_bc) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
+        CHECK(dllm__attn_smem(128, a) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
         CHECK(a.fa_br % (16 * a.fa_mt) == 0 && a.fa_bc % 16 == 0);
     }
 }
@@ -271,95 +274,6 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
     CHECK(e16 < 8e-3 && e32 < 1e-5);
 }
 
-/* skinny_gemm (the block steps' GEMM) against a float64 product, every configuration, on shapes whose stream-K shares
- * split tiles two ways and many ways (N = 72: two column tiles over deep K spread across dozens of CTAs), with odd M
- * and N and K that is no multiple of the k-step. The row after the last must stay poisoned; runs repeat bit for bit,
- * which also shows that the arrival counters are reset for the next launch. */
-struct test_skinny_shape {
-    int M, N, K;
-    bool f32;
-};
-
-static void test_skinny_case(dllm_test_state &T_, dllm__skinny &k, test_rng &r, const test_skinny_shape &sh) {
-    const int M = sh.M, N = sh.N, K = sh.K;
-    std::vector<float> x((size_t)M * K), w((size_t)N * K);
-    for (float &v : x) v = r.normal();
-    for (float &v : w) v = r.normal();
-    std::vector<uint16_t> xb = test_bf16_vec(x), wb = test_bf16_vec(w);
-    std::vector<float> xf = test_f32_vec(xb), wf = test_f32_vec(wb), want((size_t)M * N);
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double acc = 0;
-            for (int q = 0; q < K; q++) acc += (double)xf[(size_t)i * K + q] * wf[(size_t)j * K + q];
-            want[(size_t)i * N + j] = (float)acc;
-        }
-    dllm__dbuf dx, dw, dy;
-    test_put(dx, xb);
-    test_put(dw, wb);
-    const size_t elem = sh.f32 ? 4 : 2, out_bytes = (size_t)(M + 1) * N * elem;
-    for (size_t i = 0; i < k.tiles.size(); i++) {
-        const dllm__skinny_tile &t = k.tiles[i];
-        if (t.tok < M || (t.tok > 16 && t.tok / 2 >= M)) continue;
-        std::vector<uint8_t> first;
-        for (int rep = 0; rep < 3; rep++) {
-            test_poison(dy, out_bytes);
-            CHECK_STATUS(dllm__skinny_run(k, (int)i, dx.ptr, dw.ptr, dy.ptr, M, N, K, sh.f32, 0), DLLM_OK, nullptr);
-            std::vector<uint8_t> bytes = test_get<uint8_t>(dy, out_bytes);
-            if (rep == 0) first = bytes;
-            CHECK_MSG(bytes == first, "%s M=%d N=%d K=%d: run %d differs from run 0", dllm__skinny_kernel_name(t).c_str(), M, N, K, rep);
-        }
-        bool tail_kept = true;
-        for (size_t b = (size_t)M * N * elem; b < out_bytes; b++) tail_kept &= first[b] == 0xFF;
-        std::vector<float> got((size_t)M * N);
-        for (size_t e = 0; e < got.size(); e++) {
-            if (sh.f32) memcpy(&got[e], &first[e * 4], 4);
-            else got[e] = dllm__bf16_to_f32((uint16_t)(first[e * 2] | first[e * 2 + 1] << 8));
-        }
-        const double err = test_max_rel(got, want);
-        printf("    %s M=%d N=%d K=%d %s out: max error / max |ref| %.2e\n", dllm__skinny_kernel_name(t).c_str(), M, N, K, sh.f32 ? "fp32" : "bf16", err);
-        CHECK_MSG(err < (sh.f32 ? 1e-5 : 8e-3) && tail_kept, "%s M=%d N=%d K=%d: error %.3e, row M %s", dllm__skinny_kernel_name(t).c_str(), M, N, K,
-                  err, tail_kept ? "untouched" : "written");
-    }
-}
-
-TEST(gpu, skinny_gemm_matches_cpu) {
-    NEED_GPU();
-    dllm__skinny k;
-    CHECK_STATUS(dllm__skinny_load(k), DLLM_OK, nullptr);
-    test_rng r("skinny_gemm");
-    const test_skinny_shape shapes[] = {{5, 72, 4104, false}, {16, 1000, 1032, true}, {17, 130, 2056, false},
-                                        {32, 1000, 1032, false}, {33, 72, 4104, true}, {64, 777, 520, false}};
-    for (const test_skinny_shape &sh : shapes) test_skinny_case(T_, k, r, sh);
-}
-
-/* The tuner's choice at a block step's shape is used by later runs, whether it is skinny_gemm or cuBLASLt's. */
-TEST(gpu, gemm_tuner_considers_skinny) {
-    NEED_GPU();
-    test_rng r("gemm tuner");
-    const int M = 32, N = 4096, K = 4096;
-    std::vector<float> x((size_t)M * K), w((size_t)N * K);
-    for (float &v : x) v = r.normal();
-    for (float &v : w) v = r.normal();
-    dllm__dbuf dx, dw, dy, dz;
-    test_put(dx, test_bf16_vec(x));
-    test_put(dw, test_bf16_vec(w));
-    test_poison(dy, (size_t)M * N * 2);
-    test_poison(dz, (size_t)M * N * 2);
-    setenv("DLLM_GEMM_VERBOSE", "1", 1);
-    dllm__gemm gemm, plain;
-    CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
-    CHECK_STATUS(gemm.run(dx.ptr, dw.ptr, dy.ptr, M, N, K, CUDA_R_16BF, 0), DLLM_OK, nullptr);
-    setenv("DLLM_GEMM_SKINNY", "0", 1);
-    CHECK_STATUS(plain.init(), DLLM_OK, nullptr);
-    CHECK_STATUS(plain.run(dx.ptr, dw.ptr, dz.ptr, M, N, K, CUDA_R_16BF, 0), DLLM_OK, nullptr);
-    unsetenv("DLLM_GEMM_SKINNY");
-    unsetenv("DLLM_GEMM_VERBOSE");
-    CHECK(gemm.skinny.loaded() && !plain.skinny.loaded());
-    const double err = test_max_rel(test_f32_vec(test_get<uint16_t>(dy, (size_t)M * N)), test_f32_vec(test_get<uint16_t>(dz, (size_t)M * N)));
-    printf("    tuned with skinny_gemm vs cuBLASLt only: max difference / max |y| %.2e\n", err);
-    CHECK(err < 8e-3);
-}
-
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and
  * the block-last tile order (which only reorders the sum). */
 /* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row. */
@@ -370,7 +284,8 @@ static dllm__attn_kernels test_attn_kernels(dllm_test_state &T_, test_gpu &g, in
     dllm__attn_kernels k;
     if (!mod) return k;
     k.attn = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
-    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, g.arch.fa_br, g.arch.fa_bc));
+    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
+    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, g.arch));
     return k;
 }
 
@@ -387,23 +302,18 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     std::vector<uint16_t> qkvb = test_bf16_vec(qkv);
     std::vector<unsigned char> valid((size_t)B * seq, 1);
     for (int i = 0; i < seq / 5; i++) valid[(size_t)seq + r.below(seq)] = 0;  // padding in the second sequence
-    dllm__dbuf dq, dv, dout, dst, dpart, darr;
+    dllm__dbuf dq, dv, dout, dst, dpart;
     test_put(dq, qkvb); test_put(dv, valid);
     test_poison(dout, (size_t)B * q_rows * H * hd * 2);
     test_poison(dpart, (size_t)splits * B * H * q_rows * (hd + 2) * 4);
-    const int q_tiles = (q_rows + g.arch.fa_br - 1) / g.arch.fa_br;
-    test_put(darr, std::vector<int>((size_t)B * H * q_tiles, 0));
     int st[16] = {0};
     if (block) { st[0] = block[0]; st[1] = block[1]; }
     test_put(dst, std::vector<int>(st, st + 16));
     dllm__attn_args a = {(char *)dq.ptr + (size_t)q0 * stride * 2, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2,
                          dout.ptr, dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride,
-                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>(),
-                         darr.as<int>()};
+                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>()};
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    const std::vector<int> counters = test_get<int>(darr, (size_t)B * H * q_tiles);
-    CHECK_MSG(std::all_of(counters.begin(), counters.end(), [](int v) { return v == 0; }), "split-KV arrival counters not reset");
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd)), want(got.size());
     std::vector<float> xf = test_f32_vec(qkvb);
     dllm__pool pool(1);
@@ -424,11 +334,24 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     CHECK_MSG(err < 2e-2, "attention hd=%d seq=%d error %.3e", hd, seq, err);
 }
 
+/* The cases below on the table's K/V ring and on rings of 2 and 3 slots (3: a slot index that wraps unevenly). */
+static void test_attention_cases(dllm_test_state &T_, test_gpu &g, test_rng &r);
+
 TEST(gpu, flash_attention_matches_cpu) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("attention");
+    const dllm__arch table = g.arch;
+    for (int stages : {table.fa_stages, 2, 3}) {
+        g.arch.fa_stages = stages;
+        printf("    K/V ring of %d tiles\n", stages);
+        test_attention_cases(T_, g, r);
+    }
+    g.arch = table;
+}
+
+static void test_attention_cases(dllm_test_state &T_, test_gpu &g, test_rng &r) {
     int block[2] = {70, 101};
     test_attention_case(T_, g, r, 64, 77, 4, 2, nullptr);
     test_attention_case(T_, g, r, 128, 77, 2, 2, nullptr);
@@ -748,7 +671,7 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
         test_poison(dout, out_n * 2);
         dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, nullptr,
                              seq, seq, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.ptr,
-                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr, nullptr};
+                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr};
         dllm__attn_launch(k, g.arch, hd, H, B, a, 0);
         return test_get<uint16_t>(dout, out_n);
     };

@@ -3,7 +3,6 @@
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
- *   build/dllm-bench --gemm-only           a block step's GEMMs (32 rows): cuBLASLt's best beside each skinny_gemm tile
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
@@ -63,17 +62,6 @@ static double bench_ms(cudaStream_t s, int warm, int reps, F &&fn) {
     return t[t.size() / 2];
 }
 
-/* Microseconds of one run of fn, for kernels too short to time one by one (launch latency would dominate): the median
- * over 7 rounds of 10 back-to-back runs, after a warm-up. */
-template <class F>
-static double bench_us_batched(cudaStream_t s, F &&fn) {
-    for (int i = 0; i < 10; i++) fn();
-    std::vector<double> per_round;
-    for (int round = 0; round < 7; round++) per_round.push_back(bench_ms(s, 0, 1, [&] { for (int i = 0; i < 10; i++) fn(); }) * 100);
-    std::sort(per_round.begin(), per_round.end());
-    return per_round[per_round.size() / 2];
-}
-
 /* Random bf16 values: zeros run faster than real data. */
 static void bench_fill(std::shared_ptr<dllm__module> &rowwise, dllm__dbuf &buf, uint64_t n, cudaStream_t s) {
     uint64_t seed = (uint64_t)(uintptr_t)buf.ptr;
@@ -81,20 +69,6 @@ static void bench_fill(std::shared_ptr<dllm__module> &rowwise, dllm__dbuf &buf, 
     int constant = 0;
     void *args[] = {&buf.ptr, &n, &seed, &scale, &constant};
     BENCH_CHECK(dllm__launch(rowwise->kernels["fill_random_bf16"], dim3(1024), dim3(256), 0, s, args, "fill"));
-}
-
-/* n outputs of a GEMM (bf16 or fp32) as floats, on the host. */
-static std::vector<float> bench_read_floats(const dllm__dbuf &y, size_t n, bool f32) {
-    std::vector<float> out(n);
-    cudaDeviceSynchronize();
-    if (f32) {
-        cudaMemcpy(out.data(), y.ptr, n * 4, cudaMemcpyDeviceToHost);
-    } else {
-        std::vector<uint16_t> h(n);
-        cudaMemcpy(h.data(), y.ptr, n * 2, cudaMemcpyDeviceToHost);
-        for (size_t i = 0; i < n; i++) out[i] = dllm__bf16_to_f32(h[i]);
-    }
-    return out;
 }
 
 /* One GEMM shape's operands, random, in BF16 and (for FP8) quantised with dllm's own kernels. */
@@ -336,12 +310,12 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     dllm__attn_kernels k;
     k.attn = mod->kernels[dllm__attn_kernel_name(hd, arch)];
-    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch.fa_br, arch.fa_bc));
-    dllm__dbuf qkv, out, partial, arrivals;
+    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
+    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch));
+    dllm__dbuf qkv, out, partial;
     BENCH_CHECK(qkv.fit((size_t)n * stride * 2, "attention"));
     BENCH_CHECK(out.fit((size_t)n * H * hd * 2, "attention"));
     BENCH_CHECK(partial.fit(dllm__attn_partial_bound(arch, hd, n_sms), "attention"));
-    BENCH_CHECK(dllm__attn_arrivals(arrivals, n_sms));
     bench_fill(rowwise, qkv, (uint64_t)n * stride, s);
     const std::string tile = dllm__format("attention %dx%d mt%d ", arch.fa_br, arch.fa_bc, arch.fa_mt);
     for (int q_rows : {n, 32}) {
@@ -349,54 +323,11 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const char *q = (const char *)qkv.ptr + (size_t)(n - q_rows) * stride * 2;
         dllm__attn_args a = {q, (char *)qkv.ptr + (size_t)H * hd * 2, (char *)qkv.ptr + (size_t)2 * H * hd * 2, out.ptr, nullptr, n, q_rows,
                              stride, stride, H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr,
-                             1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, partial.as<float>(), arrivals.as<int>()};
+                             1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, partial.as<float>()};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
     }
-}
-
-/* A block step's GEMMs (32 rows, the LLaDA-8B shapes: Q|K|V, O, gate|up, down, the LM head with fp32 logits): cuBLASLt's
- * tuned best beside every skinny_gemm configuration, in microseconds and weight TB/s, with the largest difference
- * between the two outputs relative to the largest |y| as a sanity check. */
-static void bench_skinny(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
-    std::shared_ptr<dllm__module> rowwise;
-    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
-    dllm__skinny k;
-    BENCH_CHECK(dllm__skinny_load(k));
-    setenv("DLLM_GEMM_SKINNY", "0", 1);
-    dllm__gemm cublas;
-    BENCH_CHECK(cublas.init());
-    const struct { const char *name; int N, K; bool f32; } shapes[] = {
-        {"qkv", 12288, 4096, false}, {"o", 4096, 4096, false}, {"gate_up", 24576, 4096, false}, {"down", 4096, 12288, false}, {"lm_head", 126464, 4096, true}};
-    const int M = 32;
-    for (const auto &sh : shapes) {
-        bench_gemm_shape g;
-        g.M = M; g.N = sh.N; g.K = sh.K;
-        bench_prepare(rowwise, g, false, s);
-        dllm__dbuf y2;
-        const size_t out_bytes = (size_t)M * sh.N * (sh.f32 ? 4 : 2);
-        BENCH_CHECK(g.y.fit(out_bytes, "gemm"));
-        BENCH_CHECK(y2.fit(out_bytes, "gemm"));
-        const cudaDataType_t out = sh.f32 ? CUDA_R_32F : CUDA_R_16BF;
-        const double bytes = (double)sh.N * sh.K * 2;
-        double ms = bench_us_batched(s, [&] { BENCH_CHECK(cublas.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, out, s)); }) / 1000;
-        r.set(dllm__format("gemm M32 %s cublaslt us", sh.name), ms * 1000);
-        r.set(dllm__format("gemm M32 %s cublaslt TBps", sh.name), bytes / ms / 1e9);
-        std::vector<float> ref = bench_read_floats(g.y, (size_t)M * sh.N, sh.f32);
-        for (size_t i = 0; i < k.tiles.size(); i++) {
-            if (k.tiles[i].tok != 32) continue;
-            ms = bench_us_batched(s, [&] { BENCH_CHECK(dllm__skinny_run(k, (int)i, g.x.ptr, g.w.ptr, y2.ptr, M, sh.N, sh.K, sh.f32, s)); }) / 1000;
-            std::vector<float> got = bench_read_floats(y2, (size_t)M * sh.N, sh.f32);
-            double num = 0, den = 0;
-            for (size_t e = 0; e < got.size(); e++) num = std::max(num, (double)fabsf(got[e] - ref[e])), den = std::max(den, (double)fabsf(ref[e]));
-            const std::string name = dllm__format("gemm M32 %s %s", sh.name, dllm__skinny_kernel_name(k.tiles[i]).c_str());
-            r.set(name + " us", ms * 1000);
-            r.set(name + " TBps", bytes / ms / 1e9);
-            r.set(name + " rel diff", num == num && den > 0 ? num / den : INFINITY);
-        }
-    }
-    unsetenv("DLLM_GEMM_SKINNY");
 }
 
 /* The GPU context every benchmark of the LLaDA-8B shape uses (canvases up to 2048 tokens). */
@@ -409,10 +340,9 @@ static dllm_ctx_params bench_gpu_params() {
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    bool attention_only = false, quick = false, gemm_only = false;
+    bool attention_only = false, quick = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
-        if (!strcmp(argv[i], "--gemm-only")) gemm_only = true;
         if (!strcmp(argv[i], "--quick")) quick = true;
     }
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -427,10 +357,6 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { fprintf(stderr, "dllm-bench: no GPU\n"); return 1; }
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    if (gemm_only) {
-        bench_skinny(r, dllm__arch_for(prop.major * 10 + prop.minor), s0);
-        return 0;
-    }
     bench_attention(r, dllm__arch_for(prop.major * 10 + prop.minor), prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     if (quick) {  // the two step shapes that matter most, with their stage profiles
@@ -452,12 +378,11 @@ int main(int argc, char **argv) {
     std::string cache = dllm__format("/tmp/dllm-bench-cache-%d", (int)getpid());
     setenv("DLLM_CACHE_DIR", cache.c_str(), 1);
     dllm__arch arch = dllm__arch_for(prop.major * 10 + prop.minor);
-    auto load_all = [&] {  // what a K/V-cache generation compiles: the skinny GEMM too
-        std::shared_ptr<dllm__module> a, b, c, d;
+    auto load_all = [&] {
+        std::shared_ptr<dllm__module> a, b, c;
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
         BENCH_CHECK(dllm__jit_load(dllm__module_sampler(arch), b));
         BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, 128), c));
-        BENCH_CHECK(dllm__jit_load(dllm__module_skinny(arch, (int)prop.sharedMemPerBlockOptin), d));
     };
     {
         std::lock_guard<std::mutex> lk(dllm__jit_mutex);
