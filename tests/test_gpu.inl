@@ -67,9 +67,11 @@ TEST(jit, arch_table_and_overrides) {
     setenv("DLLM_FA_BR", "64", 1);
     CHECK(dllm__arch_for(90).fa_br == 64);
     unsetenv("DLLM_FA_BR");
-    CHECK(dllm__arch_for(90).fa_stages == 4 && dllm__arch_for(80).fa_stages == 2);
-    setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
     CHECK(dllm__arch_for(90).fa_stages == 2 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,2>");
+    setenv("DLLM_FA_STAGES", "3", 1);
+    CHECK(dllm__arch_for(90).fa_stages == 3 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,3>");
+    setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
+    CHECK(dllm__arch_for(90).fa_stages == 2);
     unsetenv("DLLM_FA_STAGES");
     for (const dllm__arch &a : dllm__arch_table) {
         CHECK(dllm__attn_smem(128, a) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
@@ -334,7 +336,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     CHECK_MSG(err < 2e-2, "attention hd=%d seq=%d error %.3e", hd, seq, err);
 }
 
-/* The cases below on the table's K/V ring and on rings of 2 and 3 slots (3: a slot index that wraps unevenly). */
+/* The cases below on the table's K/V ring and on rings of 3 and 4 slots (3: a slot index that wraps unevenly). */
 static void test_attention_cases(dllm_test_state &T_, test_gpu &g, test_rng &r);
 
 TEST(gpu, flash_attention_matches_cpu) {
@@ -343,7 +345,7 @@ TEST(gpu, flash_attention_matches_cpu) {
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("attention");
     const dllm__arch table = g.arch;
-    for (int stages : {table.fa_stages, 2, 3}) {
+    for (int stages : {table.fa_stages, 3, 4}) {
         g.arch.fa_stages = stages;
         printf("    K/V ring of %d tiles\n", stages);
         test_attention_cases(T_, g, r);
