@@ -820,6 +820,21 @@ TEST(gpu_fp8, weight_quantiser_matches_twin) {
     test_weight_quant_case(T_, g, r, 256, 1024);
 }
 
+/* The M bf16 rows [M x K] at x_dev (on the device) quantised by quantize_rows_e4m3 into the padded operand an FP8 GEMM
+ * takes: codes [round_up(M, 16) x round_up(K, 128)] and scales [kb][round_up(M, 16)], the padding zero. */
+static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x_dev, int M, int K, dllm__dbuf &dq, dllm__dbuf &ds) {
+    const int Mp = dllm__round_up(M, 16), k_pad = dllm__round_up(K, 128), kb = k_pad / 128;
+    dq.fit((size_t)Mp * k_pad, "test");
+    ds.fit((size_t)kb * Mp * 4, "test");
+    cudaMemset(dq.ptr, 0, (size_t)Mp * k_pad);
+    cudaMemset(ds.ptr, 0, (size_t)kb * Mp * 4);
+    int x_f32 = 0, kk = K, ld = Mp;
+    float fixed = 0;
+    void *args[] = {(void *)&x_dev, &x_f32, &kk, &dq.ptr, &ds.ptr, &ld, &fixed};
+    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dim3((unsigned)(k_pad / 8 + 127) / 128, (unsigned)M), dim3(128), 0, 0, args, "quantize"),
+                 DLLM_OK, nullptr);
+}
+
 /* The block-scaled FP8 GEMM against the CPU product (float64) of the same dequantised operands. Both sum exact
  * products of E4M3 values times the same scales; they differ by FP32 accumulation order and the BF16 output
  * rounding (2^-9 relative): the BF16 GEMM test's 8e-3 bound applies. Also printed: the error against the
@@ -836,15 +851,7 @@ static void test_fp8_gemm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, in
     // activations through the kernel, padded to Mp rows of zeros
     dllm__dbuf dx, dq, ds, dwq, dws, dy;
     test_put(dx, xb);
-    dq.fit((size_t)Mp * k_pad, "test");
-    ds.fit((size_t)kb * Mp * 4, "test");
-    cudaMemset(dq.ptr, 0, (size_t)Mp * k_pad);
-    cudaMemset(ds.ptr, 0, (size_t)kb * Mp * 4);
-    int x_f32 = 0, kk = K, ld = Mp;
-    float fixed = 0;
-    void *args[] = {&dx.ptr, &x_f32, &kk, &dq.ptr, &ds.ptr, &ld, &fixed};
-    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dim3((unsigned)(k_pad / 8 + 127) / 128, (unsigned)M), dim3(128), 0, 0, args, "quantize"),
-                 DLLM_OK, nullptr);
+    test_quantize_padded(T_, g, dx.ptr, M, K, dq, ds);
     test_put(dwq, wq);
     test_put(dws, ws);
     test_poison(dy, (size_t)Mp * N * 2);
@@ -959,17 +966,11 @@ static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dl
     };
     fill(x, (uint64_t)M * K, 11, 1.0f);
     fill(w, (uint64_t)N * K, 12, 0.0346f);
-    xq.fit((size_t)m_pad * K, "test");
-    xs.fit((size_t)kb * m_pad * 4, "test");
+    test_quantize_padded(T_, g, x.ptr, M, K, xq, xs);
     ws.fit((size_t)nb * w_ld * 4, "test");
     wq.fit((size_t)N * K, "test");
-    cudaMemset(xq.ptr, 0, xq.bytes);
-    cudaMemset(xs.ptr, 0, xs.bytes);
     cudaMemset(ws.ptr, 0, ws.bytes);
-    int x_f32 = 0, kk = K, nn = N, ld = m_pad, ldw = w_ld;
-    float fixed = 0;
-    void *qa[] = {&x.ptr, &x_f32, &kk, &xq.ptr, &xs.ptr, &ld, &fixed};
-    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dim3((unsigned)(K / 8 + 127) / 128, (unsigned)M), dim3(128), 0, 0, qa, "quantize"), DLLM_OK, nullptr);
+    int kk = K, nn = N, ldw = w_ld;
     void *wa[] = {&w.ptr, &nn, &kk, &wq.ptr, &ws.ptr, &ldw};
     CHECK_STATUS(dllm__launch(g.k("quantize_weight_blocks"), dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, 0, wa, "quantize"), DLLM_OK, nullptr);
     test_poison(y_lt, (size_t)m_pad * N * 2);
