@@ -28,6 +28,7 @@
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
  *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers and GEMM, sampler, FlashAttention
+ *      (mma.sync everywhere; wgmma on sm_90a for the plain forward of layers >= 1)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8), dllm's own FP8 mma.sync GEMM
  *  16. GPU backend: weights, forward, sampler, step graphs
@@ -4525,6 +4526,195 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 }
 )DLLM";
 
+/* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for the plain forward of
+ * layers >= 1, where it is a third of the non-GEMM time at a 1024-token canvas. Same semantics as
+ * flash_attn (key-padding mask, GQA, keys past seq masked) and the same online softmax, in plain key order
+ * and without FACache or split-KV, which stay with flash_attn (layer 0 and K/V-cache steps always run
+ * flash_attn, so LaCache's exactness does not depend on this kernel). Twin: dllm__cpu_attention.
+ * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle
+ * wgmma reads: rows of 64 elements (128 bytes; a 128-wide head is two such column blocks), 16-byte chunk c of
+ * row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes. S = Q K^T reads both operands from shared memory
+ * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
+ * with mma.sync) and V as a transposed (MN-major) operand. Every descriptor uses 1024 bytes for both strides:
+ * the only stride an m64n64k16 operand here needs is the 8-row group's, and whichever field the hardware
+ * reads it from holds it. */
+static const char *dllm__src_attention_wgmma = R"DLLM(
+#define WG_ACC32(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+/* Shared-memory matrix descriptor: start address, both strides 1024 bytes, 128-byte swizzle. */
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit_and_wait() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/* cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, shared) . B (64 x 16, shared, K-major)^T */
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+/* d (64 x 64, fp32) += A (64 x 16, registers) . B (16 x 64, shared, MN-major: transposed) */
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_ACC32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+/* rows x HD elements from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros) into
+ * the swizzled layout: column block c64 of all rows, then the next. */
+template <int HD, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int stride, int row0, int n_valid) {
+    constexpr int CHUNKS = HD / 8;
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, chunk = c % CHUNKS, block = chunk >> 3;
+        const bool ok = row0 + r < n_valid;
+        cp_async16(dst + block * ROWS * 128 + r * 128 + (((chunk & 7) ^ (r & 7)) << 4), src + (u64)(ok ? row0 + r : 0) * stride + chunk * 8, ok);
+    }
+}
+
+/* Scores of one warpgroup's 64 rows against a tile of BC keys: s[n64 block][fragment], fragment 4j + e of a
+ * thread holds row g + 8 (e >> 1) of its warp's 16, key 8j + 2t + (e & 1) of the block. */
+template <int HD, int BC>
+__device__ __forceinline__ void wg_scores(float (&s)[BC / 64][32], u32 q_wg, u32 k_s) {
+    wg_fence();
+    #pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const u32 q_at = q_wg + (kk >> 2) * 128 * 128 + (kk & 3) * 32, k_at = k_s + (kk >> 2) * BC * 128 + (kk & 3) * 32;
+        #pragma unroll
+        for (int n = 0; n < BC / 64; n++) wgmma_ss_n64(s[n], wg_desc(q_at), wg_desc(k_at + n * 64 * 128), kk > 0);
+    }
+    wg_commit_and_wait();
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+template <int HD, int BC, int PP>
+__global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
+    constexpr int BR = 128, THREADS = 256, NS = 2, NB = BC / 64, DB = HD / 64;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + NS * BC * HD * 2;  // 1024-byte swizzle atoms
+    pdl_enter();
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
+    const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
+    const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
+    load_tile_sw128<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
+    load_tile_sw128<HD, BC, THREADS>(sK, K, a.kv_stride, 0, a.seq);
+    load_tile_sw128<HD, BC, THREADS>(sV, V, a.kv_stride, 0, a.seq);
+    cp_async_commit();
+
+    float o[DB][32], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int d = 0; d < DB; d++)
+        #pragma unroll
+        for (int e = 0; e < 32; e++) o[d][e] = 0.f;
+    const u32 q_wg = sQ + wg * 64 * 128;
+    const bool live = q0 + wg * 64 < a.q_rows;  // uniform over the warpgroup, as wgmma requires
+    const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
+    const float scale = a.scale_log2;
+
+    for (int i = 0; i < n_tiles; i++) {
+        if (i + 1 < n_tiles) {  // into the other slot, which every warp finished with at the end of tile i - 1
+            const u32 off = ((i + 1) & 1) * BC * HD * 2;
+            load_tile_sw128<HD, BC, THREADS>(sK + off, K, a.kv_stride, (i + 1) * BC, a.seq);
+            load_tile_sw128<HD, BC, THREADS>(sV + off, V, a.kv_stride, (i + 1) * BC, a.seq);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        const u32 k_s = sK + (i & 1) * BC * HD * 2, v_s = sV + (i & 1) * BC * HD * 2;
+        const int k0 = i * BC;
+        float s[NB][32];
+        if (PP && wg == 1) named_bar_sync(1, 256);  // ping-pong: warpgroup 1's scores run while warpgroup 0 does its softmax
+        if (live) wg_scores<HD, BC>(s, q_wg, k_s);
+        if (PP && wg == 0) named_bar_arrive(1, 256);
+        if (live) {
+            if (valid || k0 + BC > a.seq) {
+                #pragma unroll
+                for (int n = 0; n < NB; n++)
+                    #pragma unroll
+                    for (int e = 0; e < 32; e++) {
+                        const int key = k0 + n * 64 + (e >> 2) * 8 + 2 * t + (e & 1);
+                        if (key >= a.seq || (valid && !valid[key])) s[n][e] = -DLLM_INF;
+                    }
+            }
+            float mx[2] = {-DLLM_INF, -DLLM_INF};
+            #pragma unroll
+            for (int n = 0; n < NB; n++)
+                #pragma unroll
+                for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[n][e]);
+            float base[2], corr[2];
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float nm = fmaxf(m[r], mx[r] * scale);
+                base[r] = nm == -DLLM_INF ? 0.f : nm;
+                corr[r] = exp2_ftz(m[r] - base[r]);
+                m[r] = nm;
+                l[r] *= corr[r];
+            }
+            if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // exactly 1 once the max settles: no rescale
+                #pragma unroll
+                for (int d = 0; d < DB; d++)
+                    #pragma unroll
+                    for (int e = 0; e < 32; e++) o[d][e] *= corr[(e >> 1) & 1];
+            }
+            u32 p[BC / 16][4];
+            #pragma unroll
+            for (int n = 0; n < NB; n++)
+                #pragma unroll
+                for (int e = 0; e < 32; e += 2) {
+                    const int r = (e >> 1) & 1;
+                    const float x0 = exp2_ftz(fmaf(s[n][e], scale, -base[r])), x1 = exp2_ftz(fmaf(s[n][e + 1], scale, -base[r]));
+                    l[r] += x0 + x1;
+                    // keys 16 kk .. 16 kk + 15 of the tile: fragment registers (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
+                    const int j = n * 8 + (e >> 2), kk = j >> 1;
+                    p[kk][(j & 1) * 2 + r] = pack_bf16x2(x0, x1);
+                }
+            wg_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++)
+                #pragma unroll
+                for (int d = 0; d < DB; d++) wgmma_rs_n64(o[d], p[kk], wg_desc(v_s + d * BC * 128 + kk * 16 * 128));
+            wg_commit_and_wait();
+        }
+        __syncthreads();
+    }
+
+    bf16_t *O = a.o + b * a.o_bstride + h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const float inv = lr > 0.f ? 1.f / lr : 0.f;
+        const int row = q0 + wg * 64 + warp * 16 + g + 8 * r;
+        if (row >= a.q_rows) continue;
+        #pragma unroll
+        for (int d = 0; d < DB; d++)
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                *(u32 *)(O + (u64)row * a.o_stride + d * 64 + j * 8 + 2 * t) = pack_bf16x2(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
+    }
+}
+)DLLM";
+
 // ---------------------------------------------------------------------------------------------------
 // 14. GPU: NVRTC JIT and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
@@ -4535,7 +4725,8 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 //       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
 //       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  override the attention tile (rows per CTA, keys per tile,
-//                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM)
+//                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
+//                          DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off)
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
 // ---------------------------------------------------------------------------------------------------
@@ -4560,7 +4751,8 @@ struct dllm__fp8_tile {
  * (measured on an H200). sm_80: ptxas spills that layout, so 8 warps of one m16 tile (128 registers).
  * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). K/V tiles are double-buffered
  * everywhere: on an H200 a ring of 4 (3 tiles in flight) left the dual-cache block step unchanged (4.98 against
- * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. The tests require every
+ * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. sm_90a also runs flash_attn_wg (wgmma, 128 query
+ * rows in two warpgroups, fa_wg_bc keys per tile) where no other path must match flash_attn's bits. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
@@ -4574,16 +4766,17 @@ struct dllm__arch {
     int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
     int fa_stages;        // K/V tiles in the ring: stages - 1 are in flight while one is computed
     int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
+    int fa_wg_bc;         // keys per tile of flash_attn_wg (wgmma, sm_90a only; 0: not used)
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
-    {86, "sm_86", 64, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
-    {87, "sm_87", 64, 32, 1, 2, 2, DLLM__FP8_NONE, {}, {}},
-    {89, "sm_89", 64, 32, 1, 2, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
-    {90, "sm_90a", 128, 32, 2, 2, 2, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
+    {80, "sm_80", 128, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
+    {86, "sm_86", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
+    {87, "sm_87", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
+    {89, "sm_89", 64, 32, 1, 2, 2, 0, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
+    {90, "sm_90a", 128, 32, 2, 2, 2, 0, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -4605,12 +4798,16 @@ static dllm__arch dllm__arch_for(int cc) {
         a.target = target;
         a.cc = cc;
         a.fp8 = DLLM__FP8_NONE;
+        a.fa_wg_bc = 0;  // wgmma is sm_90a's alone
     }
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
     a.fa_stages = std::max(2, dllm__env_int("DLLM_FA_STAGES", a.fa_stages));
     a.fa_kv_ctas_per_sm = std::max(1, dllm__env_int("DLLM_FA_KV_CTAS", a.fa_kv_ctas_per_sm));
+    const int wg_bc = dllm__env_int("DLLM_FA_WG_BC", a.fa_wg_bc);
+    if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128)) a.fa_wg_bc = wg_bc;
+    else if (wg_bc != a.fa_wg_bc) dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
     return a;
 }
 
@@ -4866,14 +5063,25 @@ static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_m
 
 static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
 
+static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, dllm__env_int("DLLM_FA_WG_PP", 0)); }
+
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
-    return {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
-            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention, {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
-            arch.target};
+    dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages, arch.fa_wg_bc),
+                            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention,
+                            {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)}, arch.target};
+    if (arch.fa_wg_bc) {
+        rq.source += dllm__src_attention_wgmma;
+        rq.kernels.push_back(dllm__attn_wide_name(head_dim, arch));
+    }
+    return rq;
 }
 
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows padded by 8 (bank spread). */
 static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * (hd + 8) * 2; }
+
+/* Shared memory of flash_attn_wg: 128 query rows and two K and V tiles, unpadded (swizzled), plus the slack
+ * that aligns them to 1024 bytes. */
+static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) { return (size_t)(128 + 4 * a.fa_wg_bc) * hd * 2 + 1024; }
 
 /* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
  * tile per head, 32 CTAs on a 132-SM GPU, each streaming every key alone. Splitting the KV tiles gives
@@ -4890,10 +5098,21 @@ static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
     return (size_t)a.fa_kv_ctas_per_sm * n_sms * a.fa_br * (hd + 2) * 4;
 }
 
-/* The attention kernels of one module: flash_attn and, for split-KV, the combine. */
+/* The attention kernels of one module: flash_attn, for split-KV the combine, and on sm_90a flash_attn_wg. */
 struct dllm__attn_kernels {
-    cudaKernel_t attn = nullptr, combine = nullptr;
+    cudaKernel_t attn = nullptr, combine = nullptr, wide = nullptr;
 };
+
+/* The kernels of a loaded attention module, with the shared memory they need granted. */
+static dllm_status dllm__attn_kernels_of(dllm__module &mod, const dllm__arch &arch, int hd, dllm__attn_kernels &k) {
+    k.attn = mod.kernels[dllm__attn_kernel_name(hd, arch)];
+    k.combine = mod.kernels[dllm__attn_combine_name(hd)];
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch)));
+    if (!arch.fa_wg_bc) return DLLM_OK;
+    k.wide = mod.kernels[dllm__attn_wide_name(hd, arch)];
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.wide, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_wide_smem(hd, arch)));
+    return DLLM_OK;
+}
 
 /* Whether kernels on the current device launch with programmatic dependent launch: sm_90 and newer, unless
  * DLLM_PDL=0. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
@@ -5337,7 +5556,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status capture_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
-                          bool may_split = false);
+                          bool may_split = false, bool wide = false);
     dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     // FP8 (dllm_precision): layers >= 1 quantise GEMM inputs into act8_ in the kernels that produce them
@@ -5432,10 +5651,16 @@ struct dllm__attn_args {
 };
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of
- * the per-split states in a.partial. */
+ * the per-split states in a.partial. With `wide`, a plain forward (no FACache, no split-KV) runs
+ * flash_attn_wg where the GPU has it; callers ask for it only where no other path must match flash_attn's
+ * bits (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_args &a,
-                                     cudaStream_t s) {
+                                     cudaStream_t s, bool wide = false) {
     void *argv[] = {&a};
+    if (wide && k.wide && a.fa_mode == 0 && a.kv_splits == 1) {
+        dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
+        return dllm__launch(k.wide, grid, dim3(256), dllm__attn_wide_smem(hd, arch), s, argv, "flash_attn_wg");
+    }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
     DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));
     if (a.kv_splits == 1) return DLLM_OK;
@@ -5477,8 +5702,8 @@ dllm_status dllm__gpu_backend::init(int device) {
     dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
-    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d, %s", prop.name, arch_.cc, prop.multiProcessorCount, arch_.fa_br,
-              arch_.fa_bc, fp8_attn_ ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn_ ? "FP8 FFN in layers >= 1" : "BF16");
+    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
+              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc, fp8_attn_ ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn_ ? "FP8 FFN in layers >= 1" : "BF16");
     return DLLM_OK;
 }
 
@@ -5503,13 +5728,10 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
     k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
-    k_attn_.attn = attn_->kernels[dllm__attn_kernel_name(m_.cfg.head_dim, arch_)];
-    k_attn_.combine = attn_->kernels[dllm__attn_combine_name(m_.cfg.head_dim)];
+    DLLM__TRY(dllm__attn_kernels_of(*attn_, arch_, m_.cfg.head_dim, k_attn_));
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_attn_.attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dllm__attn_smem(m_.cfg.head_dim, arch_)));
     return DLLM_OK;
 }
 
@@ -5705,7 +5927,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
  * the seq key rows of keys_qkv; the KV tiles that overlap the current block (read from the device step
  * state) are visited last. */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
-                                         bool may_split) {
+                                         bool may_split, bool wide) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     const int splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
@@ -5713,7 +5935,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
                             out, nullptr, seq, q_rows, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, q_bstride,
                             (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>(),
                             splits, attn_partial_.as<float>()};
-    return dllm__attn_launch(k_attn_, arch_, hd, c.n_head, batch, args, stream_);
+    return dllm__attn_launch(k_attn_, arch_, hd, c.n_head, batch, args, stream_, wide);
 }
 
 /* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
@@ -5735,7 +5957,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
         stage("gemm qkv");
         DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
-        DLLM__TRY(attention(batch, rows, rows, qkv_.ptr, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0));
+        DLLM__TRY(attention(batch, rows, rows, qkv_.ptr, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0, false, layer > 0));
         stage("attention");
         return DLLM_OK;
     }
@@ -5751,7 +5973,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
     stage("gemm qkv");
     for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
     stage("rope");
-    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0, true));
+    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0, true, layer > 0));
     stage("attention");
     return DLLM_OK;
 }

@@ -11,6 +11,13 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128)};
+        for (int bc : {64, 128}) {  // the wgmma attention's tiles
+            dllm__arch wide = a;
+            wide.fa_wg_bc = bc;
+            if (a.cc != 90 || a.fa_wg_bc == bc) continue;
+            rqs.push_back(dllm__module_attention(wide, 64));
+            rqs.push_back(dllm__module_attention(wide, 128));
+        }
         for (const dllm__jit_request &rq : rqs) {
             std::vector<char> cubin;
             std::vector<std::string> lowered;
@@ -73,7 +80,19 @@ TEST(jit, arch_table_and_overrides) {
     setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
     CHECK(dllm__arch_for(90).fa_stages == 2);
     unsetenv("DLLM_FA_STAGES");
+    // The wgmma attention: sm_90a only; the override takes 0, 64 or 128 and nothing else.
+    CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
+    setenv("DLLM_FA_WG_BC", "128", 1);
+    CHECK(dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 3 && dllm__module_attention(dllm__arch_for(89), 128).kernels.size() == 2);
+    setenv("DLLM_FA_WG_BC", "64", 1);
+    CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64,0>");
+    setenv("DLLM_FA_WG_BC", "96", 1);
+    CHECK(dllm__arch_for(90).fa_wg_bc == 0);
+    setenv("DLLM_FA_WG_BC", "0", 1);
+    CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
+    unsetenv("DLLM_FA_WG_BC");
     for (const dllm__arch &a : dllm__arch_table) {
+        CHECK(dllm__attn_wide_smem(128, a) <= 227 * 1024);
         CHECK(dllm__attn_smem(128, a) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
         CHECK(a.fa_br % (16 * a.fa_mt) == 0 && a.fa_bc % 16 == 0);
     }
@@ -284,21 +303,19 @@ static dllm__attn_kernels test_attn_kernels(dllm_test_state &T_, test_gpu &g, in
     std::shared_ptr<dllm__module> mod;
     CHECK_STATUS(dllm__jit_load(dllm__module_attention(g.arch, hd), mod), DLLM_OK, nullptr);
     dllm__attn_kernels k;
-    if (!mod) return k;
-    k.attn = mod->kernels[dllm__attn_kernel_name(hd, g.arch)];
-    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
-    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, g.arch));
+    if (mod) CHECK_STATUS(dllm__attn_kernels_of(*mod, g.arch, hd, k), DLLM_OK, nullptr);
     return k;
 }
 
 /* Queries are the rows [q0, q0 + q_rows) of each sequence (a K/V-cache step when q_rows < seq), keys every row;
- * splits > 1 runs split-KV with that many shares (more shares than tiles leaves some empty). */
+ * splits > 1 runs split-KV with that many shares (more shares than tiles leaves some empty); wide runs
+ * flash_attn_wg (the caller makes sure the table has it), twice: it must repeat its bits. */
 static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, const int *block, int q0 = 0,
-                                int q_rows = 0, int splits = 1) {
+                                int q_rows = 0, int splits = 1, bool wide = false) {
     if (q_rows == 0) q_rows = seq;
     const int B = 2, heads = H + 2 * KV, stride = heads * hd;
     dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
-    if (!k.attn) return;
+    if (!k.attn || (wide && !k.wide)) return;
     std::vector<float> qkv((size_t)B * seq * stride);
     for (float &v : qkv) v = r.normal();
     std::vector<uint16_t> qkvb = test_bf16_vec(qkv);
@@ -314,9 +331,15 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     dllm__attn_args a = {(char *)dq.ptr + (size_t)q0 * stride * 2, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2,
                          dout.ptr, dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride,
                          (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>()};
-    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd)), want(got.size());
+    const std::vector<uint16_t> first = test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd);
+    if (wide) {
+        test_poison(dout, (size_t)B * q_rows * H * hd * 2);
+        CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
+        CHECK_MSG(test_get<uint16_t>(dout, first.size()) == first, "flash_attn_wg hd=%d seq=%d: a second run gave other bits", hd, seq);
+    }
+    std::vector<float> got = test_f32_vec(first), want(got.size());
     std::vector<float> xf = test_f32_vec(qkvb);
     dllm__pool pool(1);
     for (int b = 0; b < B; b++) {
@@ -331,8 +354,8 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
                             &want[(size_t)b * q_rows * H * hd]);
     }
     double err = test_max_rel(got, want);
-    printf("    attention hd=%d seq=%d H=%d KV=%d queries [%d,%d)%s, %d KV share(s): max relative error %.2e\n", hd, seq, H, KV, q0, q0 + q_rows,
-           block ? " (block tiles last)" : "", splits, err);
+    printf("    attention%s hd=%d seq=%d H=%d KV=%d queries [%d,%d)%s, %d KV share(s): max relative error %.2e\n", wide ? " (wgmma)" : "", hd, seq, H,
+           KV, q0, q0 + q_rows, block ? " (block tiles last)" : "", splits, err);
     CHECK_MSG(err < 2e-2, "attention hd=%d seq=%d error %.3e", hd, seq, err);
 }
 
@@ -364,6 +387,29 @@ static void test_attention_cases(dllm_test_state &T_, test_gpu &g, test_rng &r) 
     test_attention_case(T_, g, r, 128, 300, 4, 2, block, 70, 31, 3);   // split-KV: 10 tiles in shares of 4, 4, 2
     test_attention_case(T_, g, r, 64, 203, 2, 1, nullptr, 95, 108, 5);
     test_attention_case(T_, g, r, 128, 40, 3, 1, nullptr, 9, 17, 4);    // more shares than tiles: empty shares
+}
+
+/* flash_attn_wg (sm_90a) at both key tiles: partial query tiles (a warpgroup with no live row), partial and
+ * padded key tiles, GQA, one key, several query tiles. */
+TEST(gpu, flash_attention_wgmma_matches_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (g.arch.cc != 90) SKIP("skipped (the wgmma attention is sm_90a's)");
+    test_rng r("attention_wgmma");
+    const dllm__arch table = g.arch;
+    for (int bc : {64, 128}) {
+        g.arch.fa_wg_bc = bc;
+        printf("    key tile %d\n", bc);
+        test_attention_case(T_, g, r, 128, 77, 2, 2, nullptr, 0, 0, 1, true);
+        test_attention_case(T_, g, r, 64, 77, 4, 2, nullptr, 0, 0, 1, true);
+        test_attention_case(T_, g, r, 128, 300, 4, 1, nullptr, 0, 0, 1, true);
+        test_attention_case(T_, g, r, 64, 1, 3, 3, nullptr, 0, 0, 1, true);
+        test_attention_case(T_, g, r, 128, 150, 2, 2, nullptr, 0, 0, 1, true);      // second query tile: rows 128-149, one live warpgroup
+        test_attention_case(T_, g, r, 128, 203, 2, 1, nullptr, 95, 108, 1, true);  // prefix cache: the block and the suffix
+        test_attention_case(T_, g, r, 128, 1000, 2, 2, nullptr, 0, 0, 1, true);
+    }
+    g.arch = table;
 }
 
 /* The split the backend chooses: one share for grids that fill the GPU, at least two tiles per share. */

@@ -309,9 +309,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
     BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, hd), mod));
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     dllm__attn_kernels k;
-    k.attn = mod->kernels[dllm__attn_kernel_name(hd, arch)];
-    k.combine = mod->kernels[dllm__attn_combine_name(hd)];
-    cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch));
+    BENCH_CHECK(dllm__attn_kernels_of(*mod, arch, hd, k));
     dllm__dbuf qkv, out, partial;
     BENCH_CHECK(qkv.fit((size_t)n * stride * 2, "attention"));
     BENCH_CHECK(out.fit((size_t)n * H * hd * 2, "attention"));
@@ -327,6 +325,12 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
+        if (q_rows == n && k.wide) {  // what layers >= 1 of a plain forward run (10 back to back: launch gaps amortised)
+            ms = bench_ms(s, 3, 20, [&] { for (int i = 0; i < 10; i++) BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s, true)); }) / 10;
+            const std::string wide = dllm__format("attention wgmma 128x%d ", arch.fa_wg_bc);
+            r.set(wide + "1024 over 1024 us", ms * 1000);
+            r.set(wide + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
+        }
     }
 }
 
