@@ -4551,9 +4551,12 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit_and_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+/* Ties registers an asynchronous wgmma writes to this point of the program: without it the compiler, which
+ * sees the result as produced by the issuing asm, may read the registers before wg_commit_and_wait. */
+template <int N>
+__device__ __forceinline__ void wg_fence_operands(float (&d)[N]) {
+    #pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 /* cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -4583,8 +4586,8 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int 
     }
 }
 
-/* Scores of one warpgroup's 64 rows against a tile of BC keys: s[n64 block][fragment], fragment 4j + e of a
- * thread holds row g + 8 (e >> 1) of its warp's 16, key 8j + 2t + (e & 1) of the block. */
+/* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for): s[n64 block][fragment],
+ * fragment 4j + e of a thread holds row g + 8 (e >> 1) of its warp's 16, key 8j + 2t + (e & 1) of the block. */
 template <int HD, int BC>
 __device__ __forceinline__ void wg_scores(float (&s)[BC / 64][32], u32 q_wg, u32 k_s) {
     wg_fence();
@@ -4594,17 +4597,106 @@ __device__ __forceinline__ void wg_scores(float (&s)[BC / 64][32], u32 q_wg, u32
         #pragma unroll
         for (int n = 0; n < BC / 64; n++) wgmma_ss_n64(s[n], wg_desc(q_at), wg_desc(k_at + n * 64 * 128), kk > 0);
     }
-    wg_commit_and_wait();
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+/* Waits until at most N wgmma groups are in flight; the registers of d are final from here on. */
+template <int N, int M, int R>
+__device__ __forceinline__ void wg_wait_for(float (&d)[M][R]) {
+    wg_wait<N>();
+    #pragma unroll
+    for (int i = 0; i < M; i++) wg_fence_operands(d[i]);
 }
 
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-template <int HD, int BC, int PP>
+/* Keys past seq or padded out get -inf. Fragment 4j + e of block n is key 64n + 8j + 2t + (e & 1). */
+template <int NB>
+__device__ __forceinline__ void wg_mask(float (&s)[NB][32], const attn_args &a, const unsigned char *valid, int k0, int t) {
+    #pragma unroll
+    for (int n = 0; n < NB; n++)
+        #pragma unroll
+        for (int e = 0; e < 32; e++) {
+            const int key = k0 + n * 64 + (e >> 2) * 8 + 2 * t + (e & 1);
+            if (key >= a.seq || (valid && !valid[key])) s[n][e] = -DLLM_INF;
+        }
+}
+
+/* flash_tile's online-softmax update on a warpgroup's scores: the running max m (scaled, log2 domain) and the
+ * per-thread partial normaliser l of rows g and g + 8; the scores become their unnormalised probabilities.
+ * Returns, in corr, the factor the output accumulated so far must be scaled by. */
+template <int NB>
+__device__ __forceinline__ void wg_softmax(float (&s)[NB][32], float (&m)[2], float (&l)[2], float scale, float (&corr)[2]) {
+    float mx[2] = {-DLLM_INF, -DLLM_INF}, base[2];
+    #pragma unroll
+    for (int n = 0; n < NB; n++)
+        #pragma unroll
+        for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[n][e]);
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float nm = fmaxf(m[r], mx[r] * scale);
+        base[r] = nm == -DLLM_INF ? 0.f : nm;
+        corr[r] = exp2_ftz(m[r] - base[r]);
+        m[r] = nm;
+        l[r] *= corr[r];
+    }
+    #pragma unroll
+    for (int n = 0; n < NB; n++)
+        #pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int r = (e >> 1) & 1;
+            s[n][e] = exp2_ftz(fmaf(s[n][e], scale, -base[r]));
+            s[n][e + 1] = exp2_ftz(fmaf(s[n][e + 1], scale, -base[r]));
+            l[r] += s[n][e] + s[n][e + 1];
+        }
+}
+
+/* O *= corr per row; skipped (no bit changes) when no row's max moved, as most tiles once the max settles. */
+template <int DB>
+__device__ __forceinline__ void wg_rescale(float (&o)[DB][32], const float (&corr)[2]) {
+    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
+    #pragma unroll
+    for (int d = 0; d < DB; d++)
+        #pragma unroll
+        for (int e = 0; e < 32; e++) o[d][e] *= corr[(e >> 1) & 1];
+}
+
+/* The probabilities as bf16 A fragments, 16 keys each: registers (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
+template <int NB>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[NB][32], u32 (&p)[NB * 4][4]) {
+    #pragma unroll
+    for (int n = 0; n < NB; n++)
+        #pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int j = n * 8 + (e >> 2);
+            p[j >> 1][(j & 1) * 2 + ((e >> 1) & 1)] = pack_bf16x2(s[n][e], s[n][e + 1]);
+        }
+}
+
+/* Issues O += P V for a tile of BC keys (not waited for). */
+template <int DB, int BC>
+__device__ __forceinline__ void wg_pv(float (&o)[DB][32], const u32 (&p)[BC / 16][4], u32 v_s) {
+    wg_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+        #pragma unroll
+        for (int d = 0; d < DB; d++) wgmma_rs_n64(o[d], p[kk], wg_desc(v_s + d * BC * 128 + kk * 16 * 128));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* Ping-pong: warpgroup 1 starts a tile's scores once warpgroup 0's are done, so that one's softmax overlaps the
+ * other's GEMMs (a named barrier; on an H200 58 against 60 us at 1024 x 1024 in lockstep, where a ring of three
+ * tiles with tile i's softmax overlapping tile i - 1's PV, FA3's intra-warpgroup overlap, measured 59 us). */
+template <int HD, int BC>
 __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
-    constexpr int BR = 128, THREADS = 256, NS = 2, NB = BC / 64, DB = HD / 64;
+    constexpr int BR = 128, THREADS = 256, NB = BC / 64, DB = HD / 64, TILE = BC * HD * 2;
     extern __shared__ __align__(16) unsigned char smem[];
-    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + NS * BC * HD * 2;  // 1024-byte swizzle atoms
+    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + 2 * TILE;  // 1024-byte swizzle atoms
     pdl_enter();
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -4612,12 +4704,15 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
+    auto load_kv_tile = [&](int i) {  // into slot i % 2
+        load_tile_sw128<HD, BC, THREADS>(sK + (i & 1) * TILE, K, a.kv_stride, i * BC, a.seq);
+        load_tile_sw128<HD, BC, THREADS>(sV + (i & 1) * TILE, V, a.kv_stride, i * BC, a.seq);
+    };
     load_tile_sw128<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
-    load_tile_sw128<HD, BC, THREADS>(sK, K, a.kv_stride, 0, a.seq);
-    load_tile_sw128<HD, BC, THREADS>(sV, V, a.kv_stride, 0, a.seq);
+    load_kv_tile(0);
     cp_async_commit();
 
-    float o[DB][32], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
+    float o[DB][32], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f}, corr[2];
     #pragma unroll
     for (int d = 0; d < DB; d++)
         #pragma unroll
@@ -4628,71 +4723,28 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     const float scale = a.scale_log2;
 
     for (int i = 0; i < n_tiles; i++) {
-        if (i + 1 < n_tiles) {  // into the other slot, which every warp finished with at the end of tile i - 1
-            const u32 off = ((i + 1) & 1) * BC * HD * 2;
-            load_tile_sw128<HD, BC, THREADS>(sK + off, K, a.kv_stride, (i + 1) * BC, a.seq);
-            load_tile_sw128<HD, BC, THREADS>(sV + off, V, a.kv_stride, (i + 1) * BC, a.seq);
-        }
+        if (i + 1 < n_tiles) load_kv_tile(i + 1);  // into the slot every warp finished with at the end of tile i - 1
         cp_async_commit();
         cp_async_wait<1>();
         fence_proxy_async();
         __syncthreads();
-        const u32 k_s = sK + (i & 1) * BC * HD * 2, v_s = sV + (i & 1) * BC * HD * 2;
+        const u32 k_s = sK + (i & 1) * TILE, v_s = sV + (i & 1) * TILE;
         const int k0 = i * BC;
         float s[NB][32];
-        if (PP && wg == 1) named_bar_sync(1, 256);  // ping-pong: warpgroup 1's scores run while warpgroup 0 does its softmax
-        if (live) wg_scores<HD, BC>(s, q_wg, k_s);
-        if (PP && wg == 0) named_bar_arrive(1, 256);
+        u32 p[BC / 16][4];
+        if (wg == 1) named_bar_sync(1, 256);
         if (live) {
-            if (valid || k0 + BC > a.seq) {
-                #pragma unroll
-                for (int n = 0; n < NB; n++)
-                    #pragma unroll
-                    for (int e = 0; e < 32; e++) {
-                        const int key = k0 + n * 64 + (e >> 2) * 8 + 2 * t + (e & 1);
-                        if (key >= a.seq || (valid && !valid[key])) s[n][e] = -DLLM_INF;
-                    }
-            }
-            float mx[2] = {-DLLM_INF, -DLLM_INF};
-            #pragma unroll
-            for (int n = 0; n < NB; n++)
-                #pragma unroll
-                for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[n][e]);
-            float base[2], corr[2];
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float nm = fmaxf(m[r], mx[r] * scale);
-                base[r] = nm == -DLLM_INF ? 0.f : nm;
-                corr[r] = exp2_ftz(m[r] - base[r]);
-                m[r] = nm;
-                l[r] *= corr[r];
-            }
-            if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // exactly 1 once the max settles: no rescale
-                #pragma unroll
-                for (int d = 0; d < DB; d++)
-                    #pragma unroll
-                    for (int e = 0; e < 32; e++) o[d][e] *= corr[(e >> 1) & 1];
-            }
-            u32 p[BC / 16][4];
-            #pragma unroll
-            for (int n = 0; n < NB; n++)
-                #pragma unroll
-                for (int e = 0; e < 32; e += 2) {
-                    const int r = (e >> 1) & 1;
-                    const float x0 = exp2_ftz(fmaf(s[n][e], scale, -base[r])), x1 = exp2_ftz(fmaf(s[n][e + 1], scale, -base[r]));
-                    l[r] += x0 + x1;
-                    // keys 16 kk .. 16 kk + 15 of the tile: fragment registers (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-                    const int j = n * 8 + (e >> 2), kk = j >> 1;
-                    p[kk][(j & 1) * 2 + r] = pack_bf16x2(x0, x1);
-                }
-            wg_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++)
-                #pragma unroll
-                for (int d = 0; d < DB; d++) wgmma_rs_n64(o[d], p[kk], wg_desc(v_s + d * BC * 128 + kk * 16 * 128));
-            wg_commit_and_wait();
+            wg_scores<HD, BC>(s, q_wg, k_s);
+            wg_wait_for<0>(s);
+        }
+        if (wg == 0) named_bar_arrive(1, 256);
+        if (live) {
+            if (valid || k0 + BC > a.seq) wg_mask<NB>(s, a, valid, k0, t);
+            wg_softmax<NB>(s, m, l, scale, corr);
+            wg_rescale<DB>(o, corr);
+            wg_pack_p<NB>(s, p);
+            wg_pv<DB, BC>(o, p, v_s);
+            wg_wait_for<0>(o);
         }
         __syncthreads();
     }
@@ -4776,7 +4828,7 @@ static const dllm__arch dllm__arch_table[] = {
     {86, "sm_86", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
     {87, "sm_87", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
     {89, "sm_89", 64, 32, 1, 2, 2, 0, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
-    {90, "sm_90a", 128, 32, 2, 2, 2, 0, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
+    {90, "sm_90a", 128, 32, 2, 2, 2, 128, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -5063,7 +5115,7 @@ static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_m
 
 static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
 
-static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, dllm__env_int("DLLM_FA_WG_PP", 0)); }
+static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d>", hd, a.fa_wg_bc); }
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
     dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages, arch.fa_wg_bc),

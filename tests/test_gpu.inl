@@ -81,13 +81,12 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(dllm__arch_for(90).fa_stages == 2);
     unsetenv("DLLM_FA_STAGES");
     // The wgmma attention: sm_90a only; the override takes 0, 64 or 128 and nothing else.
-    CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
-    setenv("DLLM_FA_WG_BC", "128", 1);
+    CHECK(dllm__arch_for(90).fa_wg_bc == 128 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
     CHECK(dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 3 && dllm__module_attention(dllm__arch_for(89), 128).kernels.size() == 2);
     setenv("DLLM_FA_WG_BC", "64", 1);
-    CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64,0>");
+    CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64>");
     setenv("DLLM_FA_WG_BC", "96", 1);
-    CHECK(dllm__arch_for(90).fa_wg_bc == 0);
+    CHECK(dllm__arch_for(90).fa_wg_bc == 128);
     setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     unsetenv("DLLM_FA_WG_BC");
