@@ -1096,10 +1096,11 @@ TEST(gpu_fp8, mma_forward_matches_cublaslt_forward) {
  * carry BF16 noise), so a code near a rounding boundary can land one step apart: the max error is bounded
  * loosely (8e-2, the CPU FP8-vs-exact error on the fixtures is up to 7e-2), and the test that the GPU computes
  * the FP8 function is relative: over all inputs, the GPU's logits are nearer (NMSE) the CPU FP8 reference
- * than the exact CPU reference. That can only tell the two apart where FP8 moves the logits well beyond the
- * GPU's BF16 noise (GPU BF16 against CPU exact): on the trained tiny model with FP8 everywhere both are about
- * 2e-4 and the order of the two distances flips with any change of rounding (it did with the wgmma attention),
- * so there the distances are reported, not compared. */
+ * than the exact CPU reference. That tells the two apart only where FP8 moves the logits far more than the E4M3
+ * codes the BF16 noise flips (one flip moves a value by 1/16 to 1/8): on the fixtures FP8 moves them by 2.5-5e-3
+ * NMSE and the GPU lands 1.5-2x nearer its twin; on the trained tiny models by 2-4e-4 only, as much as the
+ * flips, and the order of the two distances changed with the wgmma attention's rounding (models/tiny-llada,
+ * FP8 all: 2.48e-4 against 2.38e-4 on the H200). There the distances are reported, not compared. */
 static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_precision precision) {
     dllm_model *m = test_load(dir);
     dllm_ctx *cpu8 = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, precision) : nullptr, *cpu = m ? test_ctx(m) : nullptr,
@@ -1131,9 +1132,9 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
         }
         double to_fp8 = test_nmse(all8.data(), all_cpu8.data(), all8.size()), to_exact = test_nmse(all8.data(), all_cpu.data(), all8.size());
         const double fp8_effect = test_nmse(all_cpu8.data(), all_cpu.data(), all8.size()), bf16_noise = test_nmse(all16.data(), all_cpu.data(), all8.size());
-        printf("    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e (FP8 moves the CPU's logits by %.2e, the GPU's BF16 noise %.2e)\n", dir,
-               to_fp8, to_exact, fp8_effect, bf16_noise);
-        if (g->fp8_ffn_active() && fp8_effect > 2 * bf16_noise) CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one", dir);
+        printf("    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e (FP8 moves the CPU's logits by %.2e%s, the GPU's BF16 noise %.2e)\n", dir,
+               to_fp8, to_exact, fp8_effect, fp8_effect > 1e-3 ? "" : ": too little to compare", bf16_noise);
+        if (g->fp8_ffn_active() && fp8_effect > 1e-3) CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one", dir);
     }
     dllm_ctx_free(cpu8);
     dllm_ctx_free(cpu);
