@@ -4305,6 +4305,72 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+/* The scores of one m16 row pair in the mma accumulator layout, s[j][e]: row g + 8 (e >> 1), key k0 + 8j + 2t + (e & 1)
+ * (a wgmma accumulator has the same layout, 16 rows per warp). The helpers below are the online softmax both
+ * attention kernels share. Keys past seq or padded out (valid: null or this sequence's flags) get -inf. */
+template <int NT>
+__device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char *valid, int seq, int k0, int t) {
+    #pragma unroll
+    for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + j * 8 + 2 * t + (e & 1);
+            if (key >= seq || (valid && !valid[key])) s[j][e] = -DLLM_INF;
+        }
+}
+
+/* The online-softmax update of rows g and g + 8 over one tile of scores: the running max m (scaled, log2 domain),
+ * the per-thread partial normaliser l, the unnormalised output o rescaled to the new max; the scores become their
+ * unnormalised probabilities. Scores stay unscaled until the exponent, where one FFMA applies scale and max. */
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4], float scale) {
+    float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
+    #pragma unroll
+    for (int j = 0; j < NT; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    }
+    #pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    const float n0 = fmaxf(m[0], mx0 * scale), n1 = fmaxf(m[1], mx1 * scale);
+    const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
+    const float corr0 = exp2_ftz(m[0] - base0), corr1 = exp2_ftz(m[1] - base1);
+    m[0] = n0;
+    m[1] = n1;
+    l[0] *= corr0;
+    l[1] *= corr1;
+    // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
+    // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
+    if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
+        #pragma unroll
+        for (int d = 0; d < DT; d++) {
+            o[d][0] *= corr0; o[d][1] *= corr0;
+            o[d][2] *= corr1; o[d][3] *= corr1;
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < NT; j++) {
+        s[j][0] = exp2_ftz(fmaf(s[j][0], scale, -base0));
+        s[j][1] = exp2_ftz(fmaf(s[j][1], scale, -base0));
+        s[j][2] = exp2_ftz(fmaf(s[j][2], scale, -base1));
+        s[j][3] = exp2_ftz(fmaf(s[j][3], scale, -base1));
+        l[0] += s[j][0] + s[j][1];
+        l[1] += s[j][2] + s[j][3];
+    }
+}
+
+/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
+template <int NT>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
+    pa[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 /* One warp, one KV tile of BC keys: S = Q K^T, the online-softmax update, O += P V. Keys past the
  * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test. */
 template <int HD, int BC, int MT>
@@ -4335,65 +4401,15 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     if (a.key_valid || k0 + BC > a.seq) {
         const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
         #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            #pragma unroll
-            for (int j = 0; j < NT; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + j * 8 + 2 * t + (e & 1);
-                    if (key >= a.seq || (valid && !valid[key])) s[mt][j][e] = -DLLM_INF;
-                }
+        for (int mt = 0; mt < MT; mt++) mask_keys<NT>(s[mt], valid, a.seq, k0, t);
     }
-    const float scale = a.scale_log2;
     #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
-        #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
-        }
-        #pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
-        const float n0 = fmaxf(m[mt][0], mx0 * scale), n1 = fmaxf(m[mt][1], mx1 * scale);
-        const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
-        const float corr0 = exp2_ftz(m[mt][0] - base0), corr1 = exp2_ftz(m[mt][1] - base1);
-        m[mt][0] = n0;
-        m[mt][1] = n1;
-        l[mt][0] *= corr0;
-        l[mt][1] *= corr1;
-        // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
-        // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
-        if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
-            #pragma unroll
-            for (int d = 0; d < DT; d++) {
-                o[mt][d][0] *= corr0; o[mt][d][1] *= corr0;
-                o[mt][d][2] *= corr1; o[mt][d][3] *= corr1;
-            }
-        }
-        #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale, -base0));
-            s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale, -base0));
-            s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale, -base1));
-            s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale, -base1));
-            l[mt][0] += s[mt][j][0] + s[mt][j][1];
-            l[mt][1] += s[mt][j][2] + s[mt][j][3];
-        }
-    }
+    for (int mt = 0; mt < MT; mt++) online_softmax<NT, DT>(s[mt], m[mt], l[mt], o[mt], a.scale_log2);
     #pragma unroll
     for (int kk = 0; kk < BC / 16; kk++) {
         u32 pa[MT][4];
         #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < MT; mt++) pack_p<NT>(s[mt], kk, pa[mt]);
         #pragma unroll
         for (int d = 0; d < DT; d += 2) {
             u32 vb[4];
@@ -4409,9 +4425,8 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
 
 /* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
- * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers.
- * Scores stay unscaled until the exponent, where one FFMA applies scale and running max together; the
- * running max m is kept in the scaled (log2) domain. */
+ * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
+ * softmax is online_softmax's, shared with flash_attn_wg. */
 template <int HD, int BR, int BC, int MT, int NS>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
@@ -4538,10 +4553,10 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
  * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
  * V operand also names the distance of its two 64-column blocks. */
 static const char *dllm__src_attention_wgmma = R"DLLM(
-#define WG_ACC32(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WG_ACC_N64(d) WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
+#define WG_ACC_N128(d) WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13), \
+    WG_ACC8(d, 14), WG_ACC8(d, 15)
 #define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
@@ -4555,41 +4570,34 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 block_stride = 1024) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(block_stride >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-/* Ties registers an asynchronous wgmma writes to this point of the program: without it the compiler, which
- * sees the result as produced by the issuing asm, may read the registers before the wait. */
-template <int N>
-__device__ __forceinline__ void wg_fence_operands(float (&d)[N]) {
-    #pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 /* cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* d (64 x 64, fp32) = (accumulate ? d : 0) + A (64 x 16, shared) . B (64 x 16, shared, K-major)^T */
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+/* Accumulators are the mma layout's n8 chunks, d[j][e] (see mask_keys), N / 8 of them for a 64 x N product.
+ * d = (accumulate ? d : 0) + A (64 x 16, shared) . B (N x 16, shared, K-major)^T. N = 128 where a product is 128
+ * wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an H200. */
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC_N64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC_N128(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-/* d (64 x 64, fp32) += A (64 x 16, registers) . B (16 x 64, shared, MN-major: transposed) */
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 desc_b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WG_ACC32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-/* The same at N = 128, the two 64-column halves of d in d0 and d1 (the fragment layout continues across them).
- * Used wherever a product is 128 wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an
- * H200. */
-__device__ __forceinline__ void wgmma_ss_n128(float (&d0)[32], float (&d1)[32], u64 desc_a, u64 desc_b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_ACC32(d0), WG_ACC32(d1) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_rs_n128(float (&d0)[32], float (&d1)[32], const u32 (&a)[4], u64 desc_b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WG_ACC32(d0), WG_ACC32(d1) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+/* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
 /* rows x HD elements from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros) into
@@ -4604,124 +4612,46 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int 
     }
 }
 
-/* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for): s[n64 block][fragment],
- * fragment 4j + e of a thread holds row g + 8 (e >> 1) of its warp's 16, key 8j + 2t + (e & 1) of the block. */
+/* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for). */
 template <int HD, int BC>
-__device__ __forceinline__ void wg_scores(float (&s)[BC / 64][32], u32 q_wg, u32 k_s) {
+__device__ __forceinline__ void wg_scores(float (&s)[BC / 8][4], u32 q_wg, u32 k_s) {
     wg_fence();
     #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const u32 q_at = q_wg + (kk >> 2) * 128 * 128 + (kk & 3) * 32, k_at = k_s + (kk >> 2) * BC * 128 + (kk & 3) * 32;
-        if constexpr (BC == 128) {
-            wgmma_ss_n128(s[0], s[1], wg_desc(q_at), wg_desc(k_at), kk > 0);
-        } else {
-            #pragma unroll
-            for (int n = 0; n < BC / 64; n++) wgmma_ss_n64(s[n], wg_desc(q_at), wg_desc(k_at + n * 64 * 128), kk > 0);
-        }
-    }
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss<BC>(s, wg_desc(q_wg + (kk >> 2) * 128 * 128 + (kk & 3) * 32), wg_desc(k_s + (kk >> 2) * BC * 128 + (kk & 3) * 32), kk > 0);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-/* Waits until at most N wgmma groups are in flight; the registers of d are final from here on. */
-template <int N, int M, int R>
-__device__ __forceinline__ void wg_wait_for(float (&d)[M][R]) {
-    wg_wait<N>();
+/* Issues O += P V for a tile of BC keys (not waited for). A 64-wide head is one column block: its descriptor keeps
+ * the default block distance, which the hardware does not read then. */
+template <int HD, int BC>
+__device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC / 16][4], u32 v_s) {
+    wg_fence();
     #pragma unroll
-    for (int i = 0; i < M; i++) wg_fence_operands(d[i]);
+    for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(o, p[kk], wg_desc(v_s + kk * 16 * 128, HD > 64 ? BC * 128 : 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* Waits for the warpgroup's wgmma, then ties the registers it wrote to this point of the program: without that the
+ * compiler, which sees them as written by the issuing asm, may read them before the wait. */
+template <int N>
+__device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    #pragma unroll
+    for (int j = 0; j < N; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-
-/* Keys past seq or padded out get -inf. Fragment 4j + e of block n is key 64n + 8j + 2t + (e & 1). */
-template <int NB>
-__device__ __forceinline__ void wg_mask(float (&s)[NB][32], const attn_args &a, const unsigned char *valid, int k0, int t) {
-    #pragma unroll
-    for (int n = 0; n < NB; n++)
-        #pragma unroll
-        for (int e = 0; e < 32; e++) {
-            const int key = k0 + n * 64 + (e >> 2) * 8 + 2 * t + (e & 1);
-            if (key >= a.seq || (valid && !valid[key])) s[n][e] = -DLLM_INF;
-        }
-}
-
-/* flash_tile's online-softmax update on a warpgroup's scores: the running max m (scaled, log2 domain) and the
- * per-thread partial normaliser l of rows g and g + 8; the scores become their unnormalised probabilities.
- * Returns, in corr, the factor the output accumulated so far must be scaled by. */
-template <int NB>
-__device__ __forceinline__ void wg_softmax(float (&s)[NB][32], float (&m)[2], float (&l)[2], float scale, float (&corr)[2]) {
-    float mx[2] = {-DLLM_INF, -DLLM_INF}, base[2];
-    #pragma unroll
-    for (int n = 0; n < NB; n++)
-        #pragma unroll
-        for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[n][e]);
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float nm = fmaxf(m[r], mx[r] * scale);
-        base[r] = nm == -DLLM_INF ? 0.f : nm;
-        corr[r] = exp2_ftz(m[r] - base[r]);
-        m[r] = nm;
-        l[r] *= corr[r];
-    }
-    #pragma unroll
-    for (int n = 0; n < NB; n++)
-        #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-            const int r = (e >> 1) & 1;
-            s[n][e] = exp2_ftz(fmaf(s[n][e], scale, -base[r]));
-            s[n][e + 1] = exp2_ftz(fmaf(s[n][e + 1], scale, -base[r]));
-            l[r] += s[n][e] + s[n][e + 1];
-        }
-}
-
-/* O *= corr per row; skipped (no bit changes) when no row's max moved, as most tiles once the max settles. */
-template <int DB>
-__device__ __forceinline__ void wg_rescale(float (&o)[DB][32], const float (&corr)[2]) {
-    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
-    #pragma unroll
-    for (int d = 0; d < DB; d++)
-        #pragma unroll
-        for (int e = 0; e < 32; e++) o[d][e] *= corr[(e >> 1) & 1];
-}
-
-/* The probabilities as bf16 A fragments, 16 keys each: registers (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
-template <int NB>
-__device__ __forceinline__ void wg_pack_p(const float (&s)[NB][32], u32 (&p)[NB * 4][4]) {
-    #pragma unroll
-    for (int n = 0; n < NB; n++)
-        #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-            const int j = n * 8 + (e >> 2);
-            p[j >> 1][(j & 1) * 2 + ((e >> 1) & 1)] = pack_bf16x2(s[n][e], s[n][e + 1]);
-        }
-}
-
-/* Issues O += P V for a tile of BC keys (not waited for). */
-template <int DB, int BC>
-__device__ __forceinline__ void wg_pv(float (&o)[DB][32], const u32 (&p)[BC / 16][4], u32 v_s) {
-    wg_fence();
-    #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) {
-        if constexpr (DB == 2) {
-            wgmma_rs_n128(o[0], o[1], p[kk], wg_desc(v_s + kk * 16 * 128, BC * 128));
-        } else {
-            #pragma unroll
-            for (int d = 0; d < DB; d++) wgmma_rs_n64(o[d], p[kk], wg_desc(v_s + d * BC * 128 + kk * 16 * 128));
-        }
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
 
 /* Ping-pong: warpgroup 1 starts a tile's scores once warpgroup 0's are done, so that one's softmax overlaps the
  * other's GEMMs (a named barrier; on an H200 58 against 60 us at 1024 x 1024 in lockstep, where a ring of three
  * tiles with tile i's softmax overlapping tile i - 1's PV, FA3's intra-warpgroup overlap, measured 59 us). */
 template <int HD, int BC>
 __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
-    constexpr int BR = 128, THREADS = 256, NB = BC / 64, DB = HD / 64, TILE = BC * HD * 2;
+    constexpr int BR = 128, THREADS = 256, TILE = BC * HD * 2;
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + 2 * TILE;  // 1024-byte swizzle atoms
     pdl_enter();
@@ -4739,11 +4669,9 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     load_kv_tile(0);
     cp_async_commit();
 
-    float o[DB][32], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f}, corr[2];
+    float o[HD / 8][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
     #pragma unroll
-    for (int d = 0; d < DB; d++)
-        #pragma unroll
-        for (int e = 0; e < 32; e++) o[d][e] = 0.f;
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const u32 q_wg = sQ + wg * 64 * 128;
     const bool live = q0 + wg * 64 < a.q_rows;  // uniform over the warpgroup, as wgmma requires
     const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
@@ -4757,21 +4685,21 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
         __syncthreads();
         const u32 k_s = sK + (i & 1) * TILE, v_s = sV + (i & 1) * TILE;
         const int k0 = i * BC;
-        float s[NB][32];
+        float s[BC / 8][4];
         u32 p[BC / 16][4];
         if (wg == 1) named_bar_sync(1, 256);
         if (live) {
             wg_scores<HD, BC>(s, q_wg, k_s);
-            wg_wait_for<0>(s);
+            wg_wait_for(s);
         }
         if (wg == 0) named_bar_arrive(1, 256);
         if (live) {
-            if (valid || k0 + BC > a.seq) wg_mask<NB>(s, a, valid, k0, t);
-            wg_softmax<NB>(s, m, l, scale, corr);
-            wg_rescale<DB>(o, corr);
-            wg_pack_p<NB>(s, p);
-            wg_pv<DB, BC>(o, p, v_s);
-            wg_wait_for<0>(o);
+            if (valid || k0 + BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, k0, t);
+            online_softmax<BC / 8, HD / 8>(s, m, l, o, scale);
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
+            wg_pv<HD, BC>(o, p, v_s);
+            wg_wait_for(o);
         }
         __syncthreads();
     }
@@ -4786,10 +4714,7 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
         const int row = q0 + wg * 64 + warp * 16 + g + 8 * r;
         if (row >= a.q_rows) continue;
         #pragma unroll
-        for (int d = 0; d < DB; d++)
-            #pragma unroll
-            for (int j = 0; j < 8; j++)
-                *(u32 *)(O + (u64)row * a.o_stride + d * 64 + j * 8 + 2 * t) = pack_bf16x2(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
+        for (int d = 0; d < HD / 8; d++) *(u32 *)(O + (u64)row * a.o_stride + d * 8 + 2 * t) = pack_bf16x2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
 }
 )DLLM";
