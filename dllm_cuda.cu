@@ -5350,26 +5350,48 @@ struct dllm__gemm {
         if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000 / 3, best * 1000 / 3);
         return DLLM_OK;
     }
-    /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m
-     * (unordered split-K excluded, no timing), so the bits of a row never depend on how many rows are computed.
-     * LaCache computes some rows alone that the plain path computes among all (lacache.md 2). BF16 only:
-     * the rows it serves (layer 0, LM head) never run in FP8. */
-    dllm_status run_pinned(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
-        const int pin_m = 256;
-        std::string key = dllm__format("pin:%d,%d,%d,%d", M, N, K, (int)out_type);
+    /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m (unordered
+     * split-K excluded, no timing), and no launch computes more than pin_m rows, the sizes it was chosen for (at
+     * 1024-2048 rows in one launch the first trial of the last layer's pinned GEMMs failed). So the bits of a row
+     * never depend on how many rows are computed. LaCache computes some rows alone that the plain path computes
+     * among all (lacache.md 2): layer 0's Q/K/V, the last layer after its attention, the LM head. BF16 rows beyond
+     * pin_m are done in chunks here; FP8 operands (the last layer's FFN) come in chunks, since their scales'
+     * leading dimension is the row count. */
+    static const int pin_m = 256;
+    dllm_status run_pinned(const dllm__gemm_op &op, cudaStream_t stream) {
+        if (op.M > pin_m && op.fp8()) return dllm__fail(DLLM_ERR_INTERNAL, "a pinned FP8 GEMM of %d rows (at most %d)", op.M, pin_m);
+        const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
+        for (int m0 = 0; m0 < op.M; m0 += pin_m) {
+            dllm__gemm_op part = op;
+            part.M = std::min(pin_m, op.M - m0);
+            part.X = (const char *)op.X + (size_t)m0 * op.K * 2;
+            part.Y = (char *)op.Y + (size_t)m0 * op.N * out_bytes;
+            dllm__gemm_plan *p;
+            DLLM__TRY(pinned_plan(part, stream, p));
+            DLLM__TRY(launch(*p, part, stream));
+        }
+        return DLLM_OK;
+    }
+    /* The plan of run_pinned for op's shape: the algorithm chosen at pin_m rows, checked at op.M. */
+    dllm_status pinned_plan(const dllm__gemm_op &op, cudaStream_t stream, dllm__gemm_plan *&out) {
+        std::string key = dllm__format("pin:%s%d,%d,%d,%d", op.fp8() ? "f8:" : "", op.M, op.N, op.K, (int)op.out_type);
         auto it = plans.find(key);
         if (it == plans.end()) {
+            dllm__gemm_op ref_op = op;
+            ref_op.M = pin_m;
             dllm__gemm_plan *ref;
-            DLLM__TRY(plan({nullptr, nullptr, nullptr, pin_m, N, K, out_type, nullptr, nullptr}, stream, ref, false));
+            DLLM__TRY(plan(ref_op, stream, ref, false));
             std::unique_ptr<dllm__gemm_plan> pinned(new dllm__gemm_plan);
-            DLLM__TRY(describe(*pinned, {X, W, Y, M, N, K, out_type, nullptr, nullptr}));
+            DLLM__TRY(describe(*pinned, op));
             pinned->algo = ref->algo;
             cublasLtMatmulHeuristicResult_t check;
             if (cublasLtMatmulAlgoCheck(handle, pinned->desc, pinned->a, pinned->b, pinned->c, pinned->c, &pinned->algo, &check) != CUBLAS_STATUS_SUCCESS)
-                return dllm__fail(DLLM_ERR_CUDA, "the pinned GEMM algorithm (chosen at M=%d) does not run at M=%d N=%d K=%d", pin_m, M, N, K);
+                return dllm__fail(DLLM_ERR_CUDA, "the pinned %s GEMM algorithm (chosen at M=%d) does not run at M=%d N=%d K=%d", op.kind(), pin_m, op.M, op.N,
+                                  op.K);
             it = plans.emplace(key, std::move(pinned)).first;
         }
-        return launch(*it->second, {X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
+        out = it->second.get();
+        return DLLM_OK;
     }
     /* Y[M x N] = X[M x K] . W[N x K]^T, BF16. */
     dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
@@ -5420,12 +5442,13 @@ static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
 }
 
 /* Y [M x N] (bf16) = X . W^T with fp8_gemm, on the operands and under the contract of dllm__gemm::run_fp8: M and K
- * padded (multiples of 16 and 128), every one of the M rows written. */
+ * padded (multiples of 16 and 128), every one of the M rows written. one_tile: the wide tile whatever M, so that a
+ * row's bits do not depend on how many rows are computed (the counterpart of dllm__gemm::run_pinned). */
 static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M,
-                                     int N, int K, cudaStream_t stream) {
+                                     int N, int K, cudaStream_t stream, bool one_tile = false) {
     DLLM__TRY(dllm__check_fp8_shape(M, K));
     if (M == 0 || N == 0) return DLLM_OK;
-    const bool narrow = M <= dllm__fp8_narrow_rows;
+    const bool narrow = !one_tile && M <= dllm__fp8_narrow_rows;
     const dllm__fp8_tile &t = narrow ? k.narrow_tile : k.wide_tile;
     void *args[] = {(void *)&X, (void *)&x_scale, (void *)&W, (void *)&w_scale, &Y, &M, &N, &K};
     dim3 grid((unsigned)((M + t.bm - 1) / t.bm), (unsigned)((N + t.bn - 1) / t.bn));
@@ -5527,6 +5550,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* Tests: record the logits the sampler sees at each (global step, block position), cond then uncond
      * rows (eager steps only: set DLLM_NO_GRAPHS). */
     void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
+    /* Tests: the rows per batch entry the last forward's last layer computed after its attention (forward). */
+    int last_layer_rows() const { return last_layer_rows_; }
     /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). With a
      * K/V cache (kv_on_) it computes the rows [q0, q1) only, over the cached keys of every row. */
     dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode = DLLM__L0_PLAIN, int b0 = 0, int b1 = 0,
@@ -5561,7 +5586,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
                           bool may_split = false, bool wide = false);
-    dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows);
+    dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows, int o0, int orows);
     dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     // FP8 (dllm_precision): layers >= 1 quantise GEMM inputs into act8_ in the kernels that produce them
     dllm_status choose_precision(const char *gpu_name);
@@ -5572,11 +5597,15 @@ class dllm__gpu_backend : public dllm__backend_impl {
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
     dllm_status add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
     dllm_status quantize_rows(const void *x, int M, int K);
-    dllm_status gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K);
+    dllm_status gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K, bool lacache_rows = false);
     dllm_status project_qkv(size_t l, int M);
-    dllm_status project_o(size_t l, int M);
+    dllm_status project_o(size_t l, int M, int r0);
     dllm_status gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type);
-    dllm_status ffn(size_t l, int batch, int seq, const float *h_res);
+    /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute
+     * those alone (forward), and its GEMMs then go through gemm_lacache_rows. */
+    bool last_cut(size_t l) const { return l > 0 && l + 1 == layers_.size(); }
+    dllm_status linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K);
+    dllm_status ffn(size_t l, int M, const float *h_res, int r0);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
     dllm_status embed(const int *ids, int n_rows, float *h);
@@ -5607,6 +5636,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
     dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
+    dllm__dbuf h_cut_;                 // the residual of the output rows, gathered for the last layer (forward)
     dllm__dbuf attn_partial_;          // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
     bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
@@ -5626,6 +5656,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         if (timer_) timer_->mark(stage, stream_);
     }
     int buffer_generation_ = 0;
+    int last_layer_rows_ = 0;
 };
 
 /* Host mirrors of the device argument structs (same members, same order, so the same layout). */
@@ -5870,7 +5901,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
     const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                             x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr};
+                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr, h_cut_.ptr};
     std::vector<const void *> kv_before;
     for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
@@ -5881,6 +5912,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(gu_.fit(Mo * 2 * ff * 2, "MLP activations"));
     DLLM__TRY(f_.fit(M * ff * 2, "MLP activations"));
     DLLM__TRY(y_.fit(M * d * 2, "final norm output"));
+    DLLM__TRY(h_cut_.fit(rows * d * 4, "the residual stream"));
     DLLM__TRY(logits_.fit(rows * c.n_vocab * 4, "logits"));
     DLLM__TRY(partials_.fit((size_t)lm_rows * slices * dllm__conf_partial_bytes, "sampler partials"));
     DLLM__TRY(x0_.fit((size_t)seq * 4, "sampler output"));
@@ -5920,7 +5952,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     }
     const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr};
+                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr, h_cut_.ptr};
     std::vector<const void *> kv_after;
     for (const dllm__dbuf &b : kv_) kv_after.push_back(b.ptr);
     if (memcmp(before, after, sizeof before) != 0 || kv_before != kv_after) buffer_generation_++;
@@ -5943,10 +5975,12 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 }
 
 /* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
- * fused QKV GEMM, bias + RoPE, attention into att_. Without a K/V cache the rows are the whole canvas;
- * with one their Q/K/V overwrite their slots in the layer's cache and attention reads every cached key.
- * Layer 0's GEMM goes through gemm_lacache_rows: LaCache may compute its rows apart. */
-dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows) {
+ * fused QKV GEMM, bias + RoPE, attention into att_ for the queries of rows [o0, o0 + orows) of those (the last
+ * layer may need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V
+ * overwrite their slots in the layer's cache and attention reads every cached key. A query row's attention
+ * does not depend on which other rows are queried. Layer 0's GEMM goes through gemm_lacache_rows: LaCache may
+ * compute its rows apart. */
+dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows, int o0, int orows) {
     const dllm__config &c = m_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const dllm__gpu_layer &L = layers_[layer];
@@ -5961,7 +5995,8 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
         stage("gemm qkv");
         DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
-        DLLM__TRY(attention(batch, rows, rows, qkv_.ptr, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0, false, layer > 0));
+        DLLM__TRY(attention(batch, rows, orows, (const char *)qkv_.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0, false,
+                            layer > 0));
         stage("attention");
         return DLLM_OK;
     }
@@ -5977,7 +6012,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, 
     stage("gemm qkv");
     for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
     stage("rope");
-    DLLM__TRY(attention(batch, seq, rows, first, (size_t)seq * qkv, cache, att_.ptr, 0, true, layer > 0));
+    DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, att_.ptr, 0, true, layer > 0));
     stage("attention");
     return DLLM_OK;
 }
@@ -6058,7 +6093,7 @@ dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *i
 
 dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1, int q0, int q1) {
     if (q1 == 0) q0 = 0, q1 = seq;
-    const int rows = q1 - q0, M = batch * rows;
+    const int rows = q1 - q0;
     mark("start");
     if (mode == DLLM__L0_PLAIN) {
         DLLM__TRY(embed_rows(ids_dev, batch, seq, q0, rows, h_.as<float>()));
@@ -6068,15 +6103,33 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
     }
     const float *h_in = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();  // layer 0's residual input
+    const int d = m_.cfg.n_embd, out_rows = raw1 - raw0;
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
-        if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows));
-        DLLM__TRY(project_o(l, M));
-        mark("gemm o");
-        DLLM__TRY(ffn(l, batch, rows, l == 0 ? h_in : h_.as<float>()));
+        // Output truncation reaches into the last layer: after its attention only the output rows [raw0, raw1)
+        // matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs row-independent.
+        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * d * 4 <= h_cut_.bytes;
+        const int o0 = cut ? raw0 - q0 : 0, orows = cut ? out_rows : rows;
+        last_layer_rows_ = orows;
+        if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows, o0, orows));
+        const float *h_res = l == 0 ? h_in : h_.as<float>();
+        if (cut) {  // their residual rows, gathered (the FFN's add+norm then writes h_'s first rows)
+            DLLM__CUDA(cudaMemcpy2DAsync(h_cut_.ptr, (size_t)orows * d * 4, h_res + (size_t)o0 * d, (size_t)rows * d * 4, (size_t)orows * d * 4,
+                                         (size_t)batch, cudaMemcpyDeviceToDevice, stream_));
+            h_res = h_cut_.as<float>();
+        }
+        // Rows LaCache computes apart go through pinned GEMMs, at most pin_m rows a launch (dllm__gemm::run_pinned);
+        // the FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here.
+        const int m_all = batch * orows, chunk = last_cut(l) && !kv_on_ ? dllm__gemm::pin_m : m_all;
+        for (int r0 = 0; r0 < m_all; r0 += chunk) {
+            const int m = std::min(chunk, m_all - r0);
+            DLLM__TRY(project_o(l, m, r0));
+            mark("gemm o");
+            DLLM__TRY(ffn(l, m, h_res, r0));
+        }
         const bool last = l + 1 == layers_.size();
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, rows, raw0 - q0, raw1 - raw0));
+        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, orows, cut ? 0 : raw0 - q0, out_rows));
         else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, batch, rows));
         else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
         mark("add+norm");
@@ -6093,52 +6146,66 @@ dllm_status dllm__gpu_backend::project_qkv(size_t l, int M) {
     return gemm_.run(a_.ptr, layers_[l].w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_);
 }
 
-/* A GEMM over rows LaCache computes apart from the plain path (layer 0's Q/K/V, the LM head). Without a K/V cache
+/* A GEMM over rows LaCache computes apart from the plain path (layer 0's Q/K/V, the last layer after its attention,
+ * the LM head). Without a K/V cache
  * those rows must carry the plain path's bits whatever their count: one pinned algorithm (run_pinned). Under a
  * cache every LaCache mode computes the same rows (run_step, self_attention), so the tuned algorithm is safe. */
 dllm_status dllm__gpu_backend::gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type) {
-    return kv_on_ ? gemm_.run(X, W, Y, M, N, K, out_type, stream_) : gemm_.run_pinned(X, W, Y, M, N, K, out_type, stream_);
+    return kv_on_ ? gemm_.run(X, W, Y, M, N, K, out_type, stream_) : gemm_.run_pinned({X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream_);
 }
 
-/* The attention output projection of layer l into delta_ (under FP8 the attention output is quantised first). */
-dllm_status dllm__gpu_backend::project_o(size_t l, int M) {
+/* A BF16 linear of layer l >= 1 after its attention: the last layer's rows may be computed apart (last_cut). */
+dllm_status dllm__gpu_backend::linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K) {
+    if (last_cut(l)) return gemm_lacache_rows(X, W, Y, M, N, K, CUDA_R_16BF);
+    return gemm_.run(X, W, Y, M, N, K, CUDA_R_16BF, stream_);
+}
+
+/* The attention output projection of layer l for rows [r0, r0 + M) of att_ into those of delta_ (under FP8 the
+ * attention output is quantised first). */
+dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
     const dllm__config &c = m_.cfg;
     const int d = c.n_embd, q = c.n_head * c.head_dim;
-    if (!fp8_attn(l)) return gemm_.run(att_.ptr, layers_[l].w_o.ptr, delta_.ptr, M, d, q, CUDA_R_16BF, stream_);
-    DLLM__TRY(quantize_rows(att_.ptr, M, q));
-    return gemm_e4m3(layers_[l].f8_o, delta_.ptr, M, d, q);
+    const char *x = (const char *)att_.ptr + (size_t)r0 * q * 2;
+    char *y = (char *)delta_.ptr + (size_t)r0 * d * 2;
+    if (!fp8_attn(l)) return linear(l, x, layers_[l].w_o.ptr, y, M, d, q);
+    DLLM__TRY(quantize_rows(x, M, q));
+    return gemm_e4m3(layers_[l].f8_o, y, M, d, q, last_cut(l));
 }
 
-/* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into delta_).
- * h_res: the residual stream before the attention output is added. Under FP8 (layers >= 1) the two GEMM
- * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
-dllm_status dllm__gpu_backend::ffn(size_t l, int batch, int seq, const float *h_res) {
+/* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into delta_) for
+ * the rows [r0, r0 + M) of the batch's rows laid end to end. h_res: the residual stream before the attention
+ * output (delta_) is added; the sum goes to h_. Under FP8 (layers >= 1) the two GEMM inputs are quantised by the
+ * kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
+dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_res, int r0) {
     const dllm__config &c = m_.cfg;
     const dllm__gpu_layer &L = layers_[l];
-    const int M = batch * seq, d = c.n_embd, ff = c.n_ff;
+    const int d = c.n_embd, ff = c.n_ff;
+    const float *h_in = h_res + (size_t)r0 * d;
+    float *h_out = h_.as<float>() + (size_t)r0 * d;
+    char *delta = (char *)delta_.ptr + (size_t)r0 * d * 2;
     if (fp8_ffn(l)) {
-        DLLM__TRY(add_norm_e4m3(h_res, h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, batch, seq));
+        DLLM__TRY(add_norm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
         mark("add+norm");
-        DLLM__TRY(gemm_e4m3(L.f8_gu, gu_.ptr, M, 2 * ff, d));
+        DLLM__TRY(gemm_e4m3(L.f8_gu, gu_.ptr, M, 2 * ff, d, last_cut(l)));
         mark("gemm gate+up");
         int ld = act8_rows(M);
         void *args[] = {&gu_.ptr, (void *)&ff, &act8_.ptr, &act8_scale_.ptr, &ld};
         DLLM__TRY(dllm__launch(k_swiglu8_, dim3((unsigned)(dllm__round_up(ff, 128) / 8 + 127) / 128, (unsigned)M), dim3(128), 0, stream_, args,
                                "swiglu_e4m3"));
         mark("swiglu");
-        DLLM__TRY(gemm_e4m3(L.f8_down, delta_.ptr, M, d, ff));
+        DLLM__TRY(gemm_e4m3(L.f8_down, delta, M, d, ff, last_cut(l)));
         mark("gemm down");
         return DLLM_OK;
     }
-    DLLM__TRY(add_norm(h_res, h_.as<float>(), delta_.ptr, L.ffn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+    DLLM__TRY(add_norm(h_in, h_out, delta, L.ffn_norm.ptr, a_.ptr, 1, M, 0, M));
     mark("add+norm");
-    DLLM__TRY(gemm_.run(a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d, CUDA_R_16BF, stream_));
+    DLLM__TRY(linear(l, a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d));
     mark("gemm gate+up");
     unsigned n = (unsigned)((size_t)M * ff / 8);
     void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
     DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
     mark("swiglu");
-    DLLM__TRY(gemm_.run(f_.ptr, L.w_down.ptr, delta_.ptr, M, d, ff, CUDA_R_16BF, stream_));
+    DLLM__TRY(linear(l, f_.ptr, L.w_down.ptr, delta, M, d, ff));
     mark("gemm down");
     return DLLM_OK;
 }
@@ -6163,12 +6230,16 @@ dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
 }
 
 /* y [M x N] (bf16) = act8_ . W^T over the padded rows and columns (the padding holds zeros or stale rows whose
- * outputs land in y's padding rows, which nothing reads), by cuBLASLt or dllm's kernel: same operands, same contract. */
-dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K) {
+ * outputs land in y's padding rows, which nothing reads), by cuBLASLt or dllm's kernel: same operands, same contract.
+ * lacache_rows: rows LaCache may compute apart (see gemm_lacache_rows), so the GEMM must be row-independent. */
+dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K, bool lacache_rows) {
     const int m_pad = act8_rows(M), k_pad = dllm__round_up(K, 128);
+    const bool pinned = lacache_rows && !kv_on_;
     if (fp8_gemm_ == DLLM__FP8_MMA)
-        return dllm__fp8_mma_run(fp8_mma_, act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
-    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
+        return dllm__fp8_mma_run(fp8_mma_, act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_, pinned);
+    if (!pinned) return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
+    DLLM__TRY(dllm__check_fp8_shape(m_pad, k_pad));
+    return gemm_.run_pinned({act8_.ptr, W.q.ptr, y, m_pad, N, k_pad, CUDA_R_16BF, act8_scale_.as<float>(), W.scale.as<float>()}, stream_);
 }
 
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {

@@ -742,16 +742,17 @@ TEST(gpu, facache_resume_is_bit_exact) {
 }
 
 /* Runs one generation with the sampler's logits recorded; graphs off so that every step is observable. */
-static void test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params p, test_trace_recorder &rec,
+static dllm_status test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params p, test_trace_recorder &rec,
                               std::map<std::pair<int, int>, std::vector<float>> &rows) {
     setenv("DLLM_NO_GRAPHS", "1", 1);
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(&rows);
     p.on_step = test_record_step;
     p.on_step_data = &rec;
     std::vector<int32_t> out((size_t)p.gen_length);
-    dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), p.gen_length, nullptr, nullptr);
+    dllm_status s = dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), p.gen_length, nullptr, nullptr);
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(nullptr);
     unsetenv("DLLM_NO_GRAPHS");
+    return s;
 }
 
 /* LaCache off, truncation only, on: identical canvases at every step and identical logits (max |delta| = 0)
@@ -764,10 +765,21 @@ static void test_lacache_exact(dllm_test_state &T_, dllm_ctx *ctx, int vocab, in
     test_trace_recorder rec[3];
     std::map<std::pair<int, int>, std::vector<float>> rows[3];
     const dllm_lacache modes[3] = {DLLM_LACACHE_OFF, DLLM_LACACHE_TRUNCATE, DLLM_LACACHE_ON};
+    int last_rows[3];
     for (int m = 0; m < 3; m++) {
         p.lacache = modes[m];
-        test_gen_recorded(ctx, prompt, p, rec[m], rows[m]);
+        CHECK_STATUS(test_gen_recorded(ctx, prompt, p, rec[m], rows[m]), DLLM_OK, nullptr);
+        last_rows[m] = ((dllm__gpu_backend *)ctx->impl.get())->last_layer_rows();
     }
+    // Truncation reaches into the last layer: after its attention it computes the output rows only (at the last
+    // step the last block, and any [MASK] of the prompt on), while the plain path computes every row that has
+    // logits (Dream's shift: all but the last), at most dllm__lm_chunk_rows of them apart.
+    const dllm__config &mc = ctx->model->cfg;
+    const int n = np + gen, first_mask = (int)(std::find(prompt.begin(), prompt.end(), mc.mask_id) - prompt.begin());
+    auto last_layer = [&](int out_rows) { return out_rows < n && out_rows <= dllm__lm_chunk_rows ? out_rows : n; };
+    const int want_off = last_layer(mc.shift_logits ? n - 1 : n), want_cut = last_layer(first_mask < np ? n - first_mask : block);
+    CHECK_MSG(last_rows[0] == want_off && last_rows[1] == want_cut && last_rows[2] == want_cut, "N=%d: the last layer computed %d / %d / %d rows, want %d / %d",
+              n, last_rows[0], last_rows[1], last_rows[2], want_off, want_cut);
     double max_delta = 0;
     size_t compared = 0;
     for (int m = 1; m < 3; m++) {
@@ -785,9 +797,9 @@ static void test_lacache_exact(dllm_test_state &T_, dllm_ctx *ctx, int vocab, in
     // and through captured graphs
     std::vector<int32_t> a((size_t)gen), b((size_t)gen);
     p.lacache = DLLM_LACACHE_OFF;
-    dllm_generate(ctx, prompt.data(), np, p, a.data(), gen, nullptr, nullptr);
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), np, p, a.data(), gen, nullptr, nullptr), DLLM_OK, nullptr);
     p.lacache = DLLM_LACACHE_ON;
-    dllm_generate(ctx, prompt.data(), np, p, b.data(), gen, nullptr, nullptr);
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), np, p, b.data(), gen, nullptr, nullptr), DLLM_OK, nullptr);
     std::vector<int32_t> want(rec[0].canvases.empty() ? std::vector<int32_t>() : rec[0].canvases.back());
     bool graphs_same = a == b && !want.empty() && std::equal(a.begin(), a.end(), want.begin() + np);
     printf("    N=%d (prompt %d) block %d steps %d cfg %.1f: %zu logit rows compared, max |delta| = %g, graphs %s\n", np + gen, np, block,
