@@ -5605,7 +5605,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * those alone (forward), and its GEMMs then go through gemm_lacache_rows. */
     bool last_cut(size_t l) const { return l > 0 && l + 1 == layers_.size(); }
     dllm_status linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K);
-    dllm_status ffn(size_t l, int M, const float *h_res, int r0);
+    dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
+    dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
     dllm_status embed(const int *ids, int n_rows, float *h);
@@ -5636,7 +5637,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
     dllm__dbuf canvas_, is_prompt_, state_, committed_;
     dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
-    dllm__dbuf h_cut_;                 // the residual of the output rows, gathered for the last layer (forward)
+    dllm__dbuf h_cut_;                 // the last layer's residual stream when it computes the output rows alone (forward)
     dllm__dbuf attn_partial_;          // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
     bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
@@ -6103,33 +6104,20 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
     }
     const float *h_in = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();  // layer 0's residual input
-    const int d = m_.cfg.n_embd, out_rows = raw1 - raw0;
+    const int out_rows = raw1 - raw0;
     for (size_t l = 0; l < layers_.size(); l++) {
         dllm__gpu_layer &L = layers_[l];
         // Output truncation reaches into the last layer: after its attention only the output rows [raw0, raw1)
         // matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs row-independent.
-        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * d * 4 <= h_cut_.bytes;
+        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= h_cut_.bytes;
         const int o0 = cut ? raw0 - q0 : 0, orows = cut ? out_rows : rows;
         last_layer_rows_ = orows;
         if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows, o0, orows));
-        const float *h_res = l == 0 ? h_in : h_.as<float>();
-        if (cut) {  // their residual rows, gathered (the FFN's add+norm then writes h_'s first rows)
-            DLLM__CUDA(cudaMemcpy2DAsync(h_cut_.ptr, (size_t)orows * d * 4, h_res + (size_t)o0 * d, (size_t)rows * d * 4, (size_t)orows * d * 4,
-                                         (size_t)batch, cudaMemcpyDeviceToDevice, stream_));
-            h_res = h_cut_.as<float>();
-        }
-        // Rows LaCache computes apart go through pinned GEMMs, at most pin_m rows a launch (dllm__gemm::run_pinned);
-        // the FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here.
-        const int m_all = batch * orows, chunk = last_cut(l) && !kv_on_ ? dllm__gemm::pin_m : m_all;
-        for (int r0 = 0; r0 < m_all; r0 += chunk) {
-            const int m = std::min(chunk, m_all - r0);
-            DLLM__TRY(project_o(l, m, r0));
-            mark("gemm o");
-            DLLM__TRY(ffn(l, m, h_res, r0));
-        }
+        float *h_out = cut ? h_cut_.as<float>() : h_.as<float>();  // the cut rows' residual stream goes on in h_cut_
+        DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h_.as<float>(), h_out));
         const bool last = l + 1 == layers_.size();
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, final_norm_.ptr, y_.ptr, batch, orows, cut ? 0 : raw0 - q0, out_rows));
+        if (last) DLLM__TRY(add_norm(h_out, h_out, delta_.ptr, final_norm_.ptr, y_.ptr, batch, orows, cut ? 0 : raw0 - q0, out_rows));
         else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, batch, rows));
         else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
         mark("add+norm");
@@ -6160,6 +6148,26 @@ dllm_status dllm__gpu_backend::linear(size_t l, const void *X, const void *W, vo
     return gemm_.run(X, W, Y, M, N, K, CUDA_R_16BF, stream_);
 }
 
+/* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows
+ * [o0, o0 + orows) of each batch entry's `rows`: residual rows read from h_res (laid out [batch][rows]) and written
+ * to h_out ([batch][orows]; in place when all rows are computed), att_ and delta_ compact [batch][orows]. Rows
+ * LaCache computes apart (the last layer without a K/V cache) take pinned GEMMs in chunks of at most pin_m rows
+ * (dllm__gemm::run_pinned); the FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
+dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out) {
+    const int d = m_.cfg.n_embd;
+    const bool whole = orows == rows;  // then one run over the batch's rows end to end
+    const int segments = whole ? 1 : batch, seg_rows = whole ? batch * rows : orows;
+    const int chunk = last_cut(l) && !kv_on_ ? dllm__gemm::pin_m : seg_rows;
+    for (int b = 0; b < segments; b++)
+        for (int c0 = 0; c0 < seg_rows; c0 += chunk) {
+            const int m = std::min(chunk, seg_rows - c0), r0 = b * seg_rows + c0;
+            DLLM__TRY(project_o(l, m, r0));
+            mark("gemm o");
+            DLLM__TRY(ffn(l, m, h_res + ((size_t)b * rows + o0 + c0) * d, h_out + (size_t)r0 * d, r0));
+        }
+    return DLLM_OK;
+}
+
 /* The attention output projection of layer l for rows [r0, r0 + M) of att_ into those of delta_ (under FP8 the
  * attention output is quantised first). */
 dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
@@ -6173,15 +6181,14 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
 }
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into delta_) for
- * the rows [r0, r0 + M) of the batch's rows laid end to end. h_res: the residual stream before the attention
- * output (delta_) is added; the sum goes to h_. Under FP8 (layers >= 1) the two GEMM inputs are quantised by the
- * kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
-dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_res, int r0) {
+ * the rows [r0, r0 + M) of delta_ (the attention output projection in, the FFN output out). h_in: their M
+ * residual rows before the attention output is added; the sum goes to h_out (which may be h_in). Under FP8
+ * (layers >= 1) the two GEMM inputs are quantised by the kernels that produce them: add+norm+quantise and
+ * SwiGLU+quantise. */
+dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
     const dllm__config &c = m_.cfg;
     const dllm__gpu_layer &L = layers_[l];
     const int d = c.n_embd, ff = c.n_ff;
-    const float *h_in = h_res + (size_t)r0 * d;
-    float *h_out = h_.as<float>() + (size_t)r0 * d;
     char *delta = (char *)delta_.ptr + (size_t)r0 * d * 2;
     if (fp8_ffn(l)) {
         DLLM__TRY(add_norm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
