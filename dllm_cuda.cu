@@ -5907,7 +5907,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
     DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
     DLLM__TRY(a_.fit(M * d * 2, "activations"));
-    DLLM__TRY(delta_.fit(Mo * d * 2, "activations"));
+    // An FP8 GEMM writes whole 16-row tiles, and in a cut last layer (forward) a batch entry's rows may start at any
+    // row: its padding may run 15 rows past the last real row.
+    DLLM__TRY(delta_.fit((fp8 ? Mo + 16 : M) * d * 2, "activations"));
     DLLM__TRY(qkv_.fit(Mo * qkv * 2, "Q/K/V"));
     DLLM__TRY(att_.fit(M * q * 2, "attention output"));
     DLLM__TRY(gu_.fit(Mo * 2 * ff * 2, "MLP activations"));
