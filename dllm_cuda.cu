@@ -5357,7 +5357,7 @@ struct dllm__gemm {
      * among all (lacache.md 2): layer 0's Q/K/V, the last layer after its attention, the LM head. BF16 rows beyond
      * pin_m are done in chunks here; FP8 operands (the last layer's FFN) come in chunks, since their scales'
      * leading dimension is the row count. */
-    static const int pin_m = 256;
+    static constexpr int pin_m = 256;  // constexpr: inline, so std::min may take it by reference
     dllm_status run_pinned(const dllm__gemm_op &op, cudaStream_t stream) {
         if (op.M > pin_m && op.fp8()) return dllm__fail(DLLM_ERR_INTERNAL, "a pinned FP8 GEMM of %d rows (at most %d)", op.M, pin_m);
         const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
