@@ -5582,7 +5582,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     dllm_status load_kernels();
     dllm_status run_step(const dllm__decode &st);
-    dllm_status capture_step(const dllm__decode &st);
+    dllm_status capture_step(const dllm__decode &st, bool may_update);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
                           bool may_split = false, bool wide = false);
@@ -5649,7 +5649,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     // the captured step
     cudaGraphExec_t graph_exec_ = nullptr;
-    std::string graph_key_, warmed_key_;
+    std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
     dllm__stage_timer *timer_ = nullptr;
     std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
@@ -6402,9 +6402,10 @@ std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
                         st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, buffer_generation_);
 }
 
-/* Captures run_step as a graph. A new block changes only kernel arguments, so the executable graph is
- * updated in place when it can be (cheaper than instantiating again). */
-dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
+/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments,
+ * so the executable graph is updated in place when it can be (cheaper than instantiating again); another
+ * configuration has other kernels, so no update is tried. */
+dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_update) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     dllm_status s = run_step(st);
@@ -6414,12 +6415,14 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st) {
         return s;
     }
     if (e != cudaSuccess) return dllm__cuda_fail(e, "capturing the step graph");
-    cudaGraphExecUpdateResultInfo info;
-    if (graph_exec_ && cudaGraphExecUpdate(graph_exec_, graph, &info) == cudaSuccess) {
-        cudaGraphDestroy(graph);
-        return DLLM_OK;
+    if (graph_exec_ && may_update) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(graph_exec_, graph, &info) == cudaSuccess) {
+            cudaGraphDestroy(graph);
+            return DLLM_OK;
+        }
+        cudaGetLastError();  // refused (the captured kernels differ): instantiate instead
     }
-    cudaGetLastError();
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     graph_exec_ = nullptr;
     e = cudaGraphInstantiate(&graph_exec_, graph, 0);
@@ -6443,8 +6446,10 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
         if (!fill) warmed_key_ = shape;
     } else {
         if (!graph_exec_ || key != graph_key_) {
-            DLLM__TRY(capture_step(st));
+            const std::string config = graph_key(st);
+            DLLM__TRY(capture_step(st, config == graph_config_));
             graph_key_ = key;
+            graph_config_ = config;
         }
         DLLM__CUDA(cudaGraphLaunch(graph_exec_, stream_));
     }
