@@ -5397,10 +5397,12 @@ struct dllm__gemm {
     dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
-    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out. */
-    dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N, int K, cudaStream_t stream) {
+    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's algorithm. */
+    dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N, int K, cudaStream_t stream,
+                        bool pinned = false) {
         DLLM__TRY(dllm__check_fp8_shape(M, K));
-        return run(dllm__gemm_op{X, W, Y, M, N, K, CUDA_R_16BF, x_scale, w_scale}, stream);
+        const dllm__gemm_op op{X, W, Y, M, N, K, CUDA_R_16BF, x_scale, w_scale};
+        return pinned ? run_pinned(op, stream) : run(op, stream);
     }
     dllm_status run(const dllm__gemm_op &op, cudaStream_t stream) {
         dllm__gemm_plan *p;
@@ -6137,14 +6139,14 @@ dllm_status dllm__gpu_backend::project_qkv(size_t l, int M) {
 }
 
 /* A GEMM over rows LaCache computes apart from the plain path (layer 0's Q/K/V, the last layer after its attention,
- * the LM head). Without a K/V cache
- * those rows must carry the plain path's bits whatever their count: one pinned algorithm (run_pinned). Under a
- * cache every LaCache mode computes the same rows (run_step, self_attention), so the tuned algorithm is safe. */
+ * the LM head). Without a K/V cache those rows must carry the plain path's bits whatever their count: one pinned
+ * algorithm (run_pinned). Under a cache every LaCache mode computes the same rows (run_step, self_attention), so the
+ * tuned algorithm is safe. */
 dllm_status dllm__gpu_backend::gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type) {
     return kv_on_ ? gemm_.run(X, W, Y, M, N, K, out_type, stream_) : gemm_.run_pinned({X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream_);
 }
 
-/* A BF16 linear of layer l >= 1 after its attention: the last layer's rows may be computed apart (last_cut). */
+/* A BF16 linear of layer l after its attention (O, gate|up, down): the last layer's rows may be computed apart (last_cut). */
 dllm_status dllm__gpu_backend::linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K) {
     if (last_cut(l)) return gemm_lacache_rows(X, W, Y, M, N, K, CUDA_R_16BF);
     return gemm_.run(X, W, Y, M, N, K, CUDA_R_16BF, stream_);
@@ -6246,9 +6248,7 @@ dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M,
     const bool pinned = lacache_rows && !kv_on_;
     if (fp8_gemm_ == DLLM__FP8_MMA)
         return dllm__fp8_mma_run(fp8_mma_, act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_, pinned);
-    if (!pinned) return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_);
-    DLLM__TRY(dllm__check_fp8_shape(m_pad, k_pad));
-    return gemm_.run_pinned({act8_.ptr, W.q.ptr, y, m_pad, N, k_pad, CUDA_R_16BF, act8_scale_.as<float>(), W.scale.as<float>()}, stream_);
+    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_, pinned);
 }
 
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
@@ -6439,14 +6439,13 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     // GEMM shapes are warmed per block too.
     const bool fill = (st.lacache == DLLM_LACACHE_ON || st.kv_cache != DLLM_KV_CACHE_NONE) && st.step_in_block == 0;
     const std::string at_block = dllm__format(" @%d", st.block_begin);
-    const std::string shape = graph_key(st) + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
+    const std::string config = graph_key(st), shape = config + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
     const std::string key = shape + (st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE ? at_block : "");
     if (dllm__env_int("DLLM_NO_GRAPHS", 0) || fill || shape != warmed_key_) {
         DLLM__TRY(run_step(st));
         if (!fill) warmed_key_ = shape;
     } else {
         if (!graph_exec_ || key != graph_key_) {
-            const std::string config = graph_key(st);
             DLLM__TRY(capture_step(st, config == graph_config_));
             graph_key_ = key;
             graph_config_ = config;

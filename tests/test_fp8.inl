@@ -1151,7 +1151,8 @@ TEST(gpu_fp8, forward_matches_cpu_fp8_reference) {
     }
 }
 
-/* LaCache off / truncate / on under FP8: the same bits (layers >= 1 always run every row with the same M). */
+/* LaCache off / truncate / on under FP8: the same bits (layers 1 to L-2 run every row with the same M; the last
+ * layer, which may run the output rows alone, takes pinned FP8 GEMMs in chunks). */
 TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_tiny_models) {
     NEED_GPU();
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
