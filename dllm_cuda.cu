@@ -3507,36 +3507,39 @@ extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
  * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
- * cos/sin tables as the CPU. One thread per (row, head, 4 pairs). */
+ * cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows, so
+ * that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
 extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,
                                     const float *bias, const float *cos_t, const float *sin_t) {
     pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
-    int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
-    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)n_rows * active * quads) return;
-    int j = (int)(idx % quads) * 4, hd = (int)((idx / quads) % active), row = (int)(idx / ((u64)quads * active));
-    bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
-    uint2 lo = *(const uint2 *)(x + j), hi = *(const uint2 *)(x + j + half);
-    float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16), __uint_as_float(lo.y & 0xffff0000u)};
-    float x2[4] = {__uint_as_float(hi.x << 16), __uint_as_float(hi.x & 0xffff0000u), __uint_as_float(hi.y << 16), __uint_as_float(hi.y & 0xffff0000u)};
-    if (bias) {
-        const float *bh = bias + hd * head_dim;
-        for (int e = 0; e < 4; e++) { x1[e] += bh[j + e]; x2[e] += bh[j + half + e]; }
-    }
-    if (hd < n_head + n_kv) {
-        int at = row % seq_len + pos0;
-        u64 t = (u64)(positions ? positions[at] : at) * half + j;
-        float4 c = *(const float4 *)(cos_t + t), s = *(const float4 *)(sin_t + t);
-        float cv[4] = {c.x, c.y, c.z, c.w}, sv[4] = {s.x, s.y, s.z, s.w};
-        for (int e = 0; e < 4; e++) {
-            float r1 = x1[e] * cv[e] - x2[e] * sv[e], r2 = x2[e] * cv[e] + x1[e] * sv[e];
-            x1[e] = r1;
-            x2[e] = r2;
+    const int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= active * quads) return;
+    const int j = idx % quads * 4, hd = idx / quads;
+    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {
+        bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
+        uint2 lo = *(const uint2 *)(x + j), hi = *(const uint2 *)(x + j + half);
+        float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16), __uint_as_float(lo.y & 0xffff0000u)};
+        float x2[4] = {__uint_as_float(hi.x << 16), __uint_as_float(hi.x & 0xffff0000u), __uint_as_float(hi.y << 16), __uint_as_float(hi.y & 0xffff0000u)};
+        if (bias) {
+            const float *bh = bias + hd * head_dim;
+            for (int e = 0; e < 4; e++) { x1[e] += bh[j + e]; x2[e] += bh[j + half + e]; }
         }
+        if (hd < n_head + n_kv) {
+            const int at = row % seq_len + pos0;
+            const u64 t = (u64)(positions ? positions[at] : at) * half + j;
+            float4 c = *(const float4 *)(cos_t + t), s = *(const float4 *)(sin_t + t);
+            float cv[4] = {c.x, c.y, c.z, c.w}, sv[4] = {s.x, s.y, s.z, s.w};
+            for (int e = 0; e < 4; e++) {
+                float r1 = x1[e] * cv[e] - x2[e] * sv[e], r2 = x2[e] * cv[e] + x1[e] * sv[e];
+                x1[e] = r1;
+                x2[e] = r2;
+            }
+        }
+        *(uint2 *)(x + j) = make_uint2(pack_bf16x2(x1[0], x1[1]), pack_bf16x2(x1[2], x1[3]));
+        *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
     }
-    *(uint2 *)(x + j) = make_uint2(pack_bf16x2(x1[0], x1[1]), pack_bf16x2(x1[2], x1[3]));
-    *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
 }
 
 /* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
@@ -3548,15 +3551,17 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 
-/* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. 8 per thread. */
+/* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. Grid dllm__rows_grid: x over
+ * 8-column chunks of a row, y over rows (no division per thread, as in rope_qkv). */
 extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
     pdl_enter();
-    u64 idx = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (idx >= (u64)n_rows * f) return;
-    u64 row = idx / f, col = idx % f;
-    float g[8];
-    silu_mul8(gu + row * 2 * f, f, (int)col, g);
-    *(uint4 *)(out + idx) = pack8(g);
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (col >= f) return;
+    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {
+        float g[8];
+        silu_mul8(gu + (u64)row * 2 * f, f, col, g);
+        *(uint4 *)(out + (u64)row * f + col) = pack8(g);
+    }
 }
 
 /* The CFG unconditional canvas: prompt positions become MASK (twin: dllm__cpu_backend::apply_cfg). */
@@ -5135,6 +5140,12 @@ static bool dllm__pdl_on() {
     return v == 2;
 }
 
+/* The grid of a row-wise kernel that gives each row `per_row` threads in blocks of `threads` (x) and walks the rows
+ * in y (a kernel loops over rows past the grid's 65535 limit). */
+static dim3 dllm__rows_grid(int n_rows, int per_row, int threads) {
+    return dim3((unsigned)((per_row + threads - 1) / threads), (unsigned)std::max(1, std::min(n_rows, 65535)));
+}
+
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
 static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
     cudaLaunchAttribute pdl;
@@ -6044,10 +6055,10 @@ dllm_status dllm__gpu_backend::embed(const int *ids, int n_rows, float *h) {
 dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = m_.cfg;
     int n_head = c.n_head, n_kv = c.n_head_kv, hd = c.head_dim;
-    unsigned threads = (unsigned)((size_t)n_rows * (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8));
+    const int per_row = (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8);
     const void *positions = positions_on_ ? positions_.ptr : nullptr;
     void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &positions, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
-    return dllm__launch(k_rope_, dim3((threads + 255) / 256), dim3(256), 0, stream_, args, "rope_qkv");
+    return dllm__launch(k_rope_, dllm__rows_grid(n_rows, per_row, 256), dim3(256), 0, stream_, args, "rope_qkv");
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
@@ -6212,9 +6223,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     mark("add+norm");
     DLLM__TRY(linear(l, a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d));
     mark("gemm gate+up");
-    unsigned n = (unsigned)((size_t)M * ff / 8);
     void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
-    DLLM__TRY(dllm__launch(k_swiglu_, dim3((n + 255) / 256), dim3(256), 0, stream_, args, "swiglu"));
+    DLLM__TRY(dllm__launch(k_swiglu_, dllm__rows_grid(M, ff / 8, 256), dim3(256), 0, stream_, args, "swiglu"));
     mark("swiglu");
     DLLM__TRY(linear(l, f_.ptr, L.w_down.ptr, delta, M, d, ff));
     mark("gemm down");

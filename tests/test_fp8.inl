@@ -760,7 +760,7 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
         test_poison(ds, (size_t)(f_pad / 128) * ld * 4);
         int n_ = n, f_ = f, ld_ = ld;
         void *a1[] = {&dg.ptr, &dout.ptr, &n_, &f_};
-        CHECK_STATUS(dllm__launch(g.k("swiglu"), dim3((n * f / 8 + 255) / 256), dim3(256), 0, 0, a1, "swiglu"), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__launch(g.k("swiglu"), dllm__rows_grid(n, f / 8, 256), dim3(256), 0, 0, a1, "swiglu"), DLLM_OK, nullptr);
         void *a2[] = {&dg.ptr, &f_, &dq.ptr, &ds.ptr, &ld_};
         CHECK_STATUS(dllm__launch(g.k("swiglu_e4m3"), dim3((unsigned)(f_pad / 8 + 127) / 128, (unsigned)n), dim3(128), 0, 0, a2, "swiglu_e4m3"),
                      DLLM_OK, nullptr);

@@ -232,8 +232,7 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     test_put(dpos, table);
     int rows_ = rows, seq_ = seq, p0 = pos0, h_ = H, kv_ = KV, hd_ = hd;
     void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &dpos.ptr, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr};
-    unsigned threads = (unsigned)(rows * heads * hd / 8);
-    CHECK_STATUS(dllm__launch(g.k("rope_qkv"), dim3((threads + 255) / 256), dim3(256), 0, 0, a, "rope"), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__launch(g.k("rope_qkv"), dllm__rows_grid(rows, heads * hd / 8, 32), dim3(32), 0, 0, a, "rope"), DLLM_OK, nullptr);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dx, x.size()));
     std::vector<float> want = test_f32_vec(xb);
     std::vector<int32_t> pos(rows);
@@ -254,7 +253,7 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     test_poison(dout, (size_t)n * f * 2);
     int n_ = n, f_ = f;
     void *a2[] = {&dg.ptr, &dout.ptr, &n_, &f_};
-    CHECK_STATUS(dllm__launch(g.k("swiglu"), dim3((n * f / 8 + 255) / 256), dim3(256), 0, 0, a2, "swiglu"), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__launch(g.k("swiglu"), dllm__rows_grid(n, f / 8, 8), dim3(8), 0, 0, a2, "swiglu"), DLLM_OK, nullptr);
     std::vector<float> sg = test_f32_vec(test_get<uint16_t>(dout, (size_t)n * f)), sw((size_t)n * f);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < f; c++) {
