@@ -4226,13 +4226,20 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
 }
 
-template <int HD, int THREADS>
-__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int rows, int n_valid) {
-    constexpr int CHUNKS = HD / 8, LD = HD + 8;
-    for (int c = threadIdx.x; c < rows * CHUNKS; c += THREADS) {
-        int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-        bool ok = row0 + r < n_valid;
-        cp_async16(smem_u32(dst + r * LD + col), src + (u64)(ok ? row0 + r : 0) * stride + col, ok);
+/* ROWS x HD elements from global rows row0.. into rows HD + 8 apart (rows at or past n_valid read as zeros). A
+ * thread keeps one chunk column and steps STEP rows a pass, as in load_tile_sw128. */
+template <int HD, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
+    constexpr int CHUNKS = HD / 8, LD = HD + 8, STEP = THREADS / CHUNKS, PASSES = (ROWS + STEP - 1) / STEP;
+    static_assert(THREADS % CHUNKS == 0, "whole rows a pass");
+    const int chunk = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
+    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
+    #pragma unroll
+    for (int p = 0; p < PASSES; p++) {
+        if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
+        const bool ok = row0 + r0 + p * STEP < n_valid;
+        cp_async16(d0 + p * STEP * LD * 2, ok ? s0 + (u64)p * STEP * stride : src, ok);
     }
 }
 
@@ -4240,8 +4247,8 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
 template <int HD, int BC, int NS, int THREADS>
 __device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K, const bf16_t *V, const attn_args &a, int i, int tile) {
     constexpr int LD = HD + 8;
-    load_tile<HD, THREADS>(sK + ((unsigned)i % NS) * BC * LD, K, a.kv_stride, tile * BC, BC, a.seq);
-    load_tile<HD, THREADS>(sV + ((unsigned)i % NS) * BC * LD, V, a.kv_stride, tile * BC, BC, a.seq);
+    load_tile<HD, BC, THREADS>(sK + ((unsigned)i % NS) * BC * LD, K, a.kv_stride, tile * BC, a.seq);
+    load_tile<HD, BC, THREADS>(sV + ((unsigned)i % NS) * BC * LD, V, a.kv_stride, tile * BC, a.seq);
 }
 
 /* Saves (SAVE) or restores the online-softmax registers of one thread: m, l (per-thread partial sums) and
@@ -4460,7 +4467,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     int i_begin, i_end;
     kv_range(a, split, n_tiles, n_early, cached && a.fa_mode == 2, i_begin, i_end);
 
-    load_tile<HD, THREADS>(sQ, Q, a.q_stride, q0, BR, a.q_rows);
+    load_tile<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
     cp_async_commit();
     #pragma unroll
     for (int s = 0; s < NS - 1; s++) {
@@ -4609,11 +4616,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4]
  * the swizzled layout: column block c64 of all rows, then the next. */
 template <int HD, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    constexpr int CHUNKS = HD / 8;
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
-        const int r = c / CHUNKS, chunk = c % CHUNKS, block = chunk >> 3;
-        const bool ok = row0 + r < n_valid;
-        cp_async16(dst + block * ROWS * 128 + r * 128 + (((chunk & 7) ^ (r & 7)) << 4), src + (u64)(ok ? row0 + r : 0) * stride + chunk * 8, ok);
+    // A thread keeps one chunk column, stepping STEP rows a pass: with STEP a multiple of the swizzle's 8 rows its
+    // swizzled offset is fixed, so a pass costs an add, a compare and the copy (the generic loop took ~30
+    // instructions a copy, a third of the kernel's).
+    constexpr int CHUNKS = HD / 8, STEP = THREADS / CHUNKS, PASSES = ROWS / STEP;
+    static_assert(THREADS % CHUNKS == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "whole passes over whole swizzle atoms");
+    const int chunk = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const u32 d0 = dst + (chunk >> 3) * ROWS * 128 + r0 * 128 + (((chunk & 7) ^ (r0 & 7)) << 4);
+    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
+    #pragma unroll
+    for (int p = 0; p < PASSES; p++) {
+        const bool ok = row0 + r0 + p * STEP < n_valid;
+        cp_async16(d0 + p * STEP * 128, ok ? s0 + (u64)p * STEP * stride : src, ok);
     }
 }
 
@@ -4652,13 +4666,14 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("ba
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 /* Ping-pong: warpgroup 1 starts a tile's scores once warpgroup 0's are done, so that one's softmax overlaps the
- * other's GEMMs (a named barrier; on an H200 58 against 60 us at 1024 x 1024 in lockstep, where a ring of three
- * tiles with tile i's softmax overlapping tile i - 1's PV, FA3's intra-warpgroup overlap, measured 59 us). */
-template <int HD, int BC>
+ * other's GEMMs (a named barrier; on an H200 58 against 60 us at 1024 x 1024 in lockstep, where tile i's softmax
+ * overlapping tile i - 1's PV, FA3's intra-warpgroup overlap, measured 59 us). K/V tiles come through a ring of NS
+ * slots with one CTA barrier a tile: at 1024 x 1024, 48.3 us with 3 slots, 49.1 with 2 (H200, 2026-12-03). */
+template <int HD, int BC, int NS>
 __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     constexpr int BR = 128, THREADS = 256, TILE = BC * HD * 2;
     extern __shared__ __align__(16) unsigned char smem[];
-    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + 2 * TILE;  // 1024-byte swizzle atoms
+    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + NS * TILE;  // 1024-byte swizzle atoms
     pdl_enter();
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -4666,13 +4681,20 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
-    auto load_kv_tile = [&](int i) {  // into slot i % 2
-        load_tile_sw128<HD, BC, THREADS>(sK + (i & 1) * TILE, K, a.kv_stride, i * BC, a.seq);
-        load_tile_sw128<HD, BC, THREADS>(sV + (i & 1) * TILE, V, a.kv_stride, i * BC, a.seq);
+    auto load_kv_tile = [&](int i) {  // into slot i % NS
+        load_tile_sw128<HD, BC, THREADS>(sK + (i % NS) * TILE, K, a.kv_stride, i * BC, a.seq);
+        load_tile_sw128<HD, BC, THREADS>(sV + (i % NS) * TILE, V, a.kv_stride, i * BC, a.seq);
     };
+    // Groups per thread: Q with tile 0, then tiles 1 .. NS - 2, then one per tile, so that waiting for all but the
+    // newest NS - 2 leaves tile i resident at tile i.
     load_tile_sw128<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
     load_kv_tile(0);
     cp_async_commit();
+    #pragma unroll
+    for (int s = 1; s < NS - 1; s++) {
+        if (s < n_tiles) load_kv_tile(s);
+        cp_async_commit();
+    }
 
     float o[HD / 8][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
     #pragma unroll
@@ -4683,12 +4705,12 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     const float scale = a.scale_log2;
 
     for (int i = 0; i < n_tiles; i++) {
-        if (i + 1 < n_tiles) load_kv_tile(i + 1);  // into the slot every warp finished with at the end of tile i - 1
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<NS - 2>();
         fence_proxy_async();
-        __syncthreads();
-        const u32 k_s = sK + (i & 1) * TILE, v_s = sV + (i & 1) * TILE;
+        __syncthreads();  // tile i is in, and every warp is done with tile i - 1, whose slot the next load refills
+        if (i + NS - 1 < n_tiles) load_kv_tile(i + NS - 1);
+        cp_async_commit();
+        const u32 k_s = sK + (i % NS) * TILE, v_s = sV + (i % NS) * TILE;
         const int k0 = i * BC;
         float s[BC / 8][4];
         u32 p[BC / 16][4];
@@ -4706,7 +4728,6 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
             wg_pv<HD, BC>(o, p, v_s);
             wg_wait_for(o);
         }
-        __syncthreads();
     }
 
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -4735,7 +4756,8 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
 //       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
 //       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  override the attention tile (rows per CTA, keys per tile,
 //                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
-//                          DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off)
+//                          DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
+//                          DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
 // ---------------------------------------------------------------------------------------------------
@@ -4761,7 +4783,8 @@ struct dllm__fp8_tile {
  * sm_86/89: 64 rows in 4 single-tile warps (100 KB of shared memory per SM). K/V tiles are double-buffered
  * everywhere: on an H200 a ring of 4 (3 tiles in flight) left the dual-cache block step unchanged (4.98 against
  * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. sm_90a also runs flash_attn_wg (wgmma, 128 query
- * rows in two warpgroups, fa_wg_bc keys per tile) where no other path must match flash_attn's bits. The tests require every
+ * rows in two warpgroups, fa_wg_bc keys per tile, a ring of fa_wg_stages K/V tiles: 3 fill 225 of the 227 KB a CTA
+ * may have) where no other path must match flash_attn's bits. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
@@ -4776,16 +4799,17 @@ struct dllm__arch {
     int fa_stages;        // K/V tiles in the ring: stages - 1 are in flight while one is computed
     int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
     int fa_wg_bc;         // keys per tile of flash_attn_wg (wgmma, sm_90a only; 0: not used)
+    int fa_wg_stages;     // K/V tiles in flash_attn_wg's ring
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
-    {86, "sm_86", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
-    {87, "sm_87", 64, 32, 1, 2, 2, 0, DLLM__FP8_NONE, {}, {}},
-    {89, "sm_89", 64, 32, 1, 2, 2, 0, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
-    {90, "sm_90a", 128, 32, 2, 2, 2, 128, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
+    {80, "sm_80", 128, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
+    {86, "sm_86", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
+    {87, "sm_87", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
+    {89, "sm_89", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
+    {90, "sm_90a", 128, 32, 2, 2, 2, 128, 3, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -4814,6 +4838,7 @@ static dllm__arch dllm__arch_for(int cc) {
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
     a.fa_stages = std::max(2, dllm__env_int("DLLM_FA_STAGES", a.fa_stages));
     a.fa_kv_ctas_per_sm = std::max(1, dllm__env_int("DLLM_FA_KV_CTAS", a.fa_kv_ctas_per_sm));
+    a.fa_wg_stages = std::min(3, std::max(2, dllm__env_int("DLLM_FA_WG_STAGES", a.fa_wg_stages)));
     const int wg_bc = dllm__env_int("DLLM_FA_WG_BC", a.fa_wg_bc);
     if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128)) a.fa_wg_bc = wg_bc;
     else if (wg_bc != a.fa_wg_bc) dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
@@ -5072,10 +5097,11 @@ static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_m
 
 static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
 
-static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d>", hd, a.fa_wg_bc); }
+static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages); }
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
-    dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages, arch.fa_wg_bc),
+    dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d_ws%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages,
+                                         arch.fa_wg_bc, arch.fa_wg_stages),
                             std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention,
                             {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)}, arch.target};
     if (arch.fa_wg_bc) {
@@ -5090,7 +5116,7 @@ static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.f
 
 /* Shared memory of flash_attn_wg: 128 query rows and two K and V tiles, unpadded (swizzled), plus the slack
  * that aligns them to 1024 bytes. */
-static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) { return (size_t)(128 + 4 * a.fa_wg_bc) * hd * 2 + 1024; }
+static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) { return (size_t)(128 + 2 * a.fa_wg_stages * a.fa_wg_bc) * hd * 2 + 1024; }
 
 /* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
  * tile per head, 32 CTAs on a 132-SM GPU, each streaming every key alone. Splitting the KV tiles gives

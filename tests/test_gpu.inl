@@ -11,13 +11,15 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128)};
-        for (int bc : {64, 128}) {  // the wgmma attention's tiles
-            dllm__arch wide = a;
-            wide.fa_wg_bc = bc;
-            if (a.cc != 90 || a.fa_wg_bc == bc) continue;
-            rqs.push_back(dllm__module_attention(wide, 64));
-            rqs.push_back(dllm__module_attention(wide, 128));
-        }
+        for (int bc : {64, 128})  // the wgmma attention's tiles and rings
+            for (int stages : {2, 3}) {
+                dllm__arch wide = a;
+                wide.fa_wg_bc = bc;
+                wide.fa_wg_stages = stages;
+                if (a.cc != 90 || (a.fa_wg_bc == bc && a.fa_wg_stages == stages)) continue;
+                rqs.push_back(dllm__module_attention(wide, 64));
+                rqs.push_back(dllm__module_attention(wide, 128));
+            }
         for (const dllm__jit_request &rq : rqs) {
             std::vector<char> cubin;
             std::vector<std::string> lowered;
@@ -84,14 +86,16 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(dllm__arch_for(90).fa_wg_bc == 128 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
     CHECK(dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 3 && dllm__module_attention(dllm__arch_for(89), 128).kernels.size() == 2);
     setenv("DLLM_FA_WG_BC", "64", 1);
-    CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64>");
+    CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64,3>");
     setenv("DLLM_FA_WG_BC", "96", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 128);
     setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     unsetenv("DLLM_FA_WG_BC");
     for (const dllm__arch &a : dllm__arch_table) {
-        CHECK(dllm__attn_wide_smem(128, a) <= 227 * 1024);
+        dllm__arch three = a;
+        three.fa_wg_stages = 3;
+        CHECK(dllm__attn_wide_smem(128, a) <= 227 * 1024 && dllm__attn_wide_smem(128, three) <= 227 * 1024);
         CHECK(dllm__attn_smem(128, a) <= (a.cc == 80 || a.cc == 90 ? 163 * 1024 : 99 * 1024));
         CHECK(a.fa_br % (16 * a.fa_mt) == 0 && a.fa_bc % 16 == 0);
     }
@@ -396,17 +400,19 @@ TEST(gpu, flash_attention_wgmma_matches_cpu) {
     if (g.arch.cc != 90) SKIP("skipped (the wgmma attention is sm_90a's)");
     test_rng r("attention_wgmma");
     const dllm__arch table = g.arch;
-    for (int bc : {64, 128}) {
-        g.arch.fa_wg_bc = bc;
-        printf("    key tile %d\n", bc);
-        test_attention_case(T_, g, r, 128, 77, 2, 2, nullptr, 0, 0, 1, true);
-        test_attention_case(T_, g, r, 64, 77, 4, 2, nullptr, 0, 0, 1, true);
-        test_attention_case(T_, g, r, 128, 300, 4, 1, nullptr, 0, 0, 1, true);
-        test_attention_case(T_, g, r, 64, 1, 3, 3, nullptr, 0, 0, 1, true);
-        test_attention_case(T_, g, r, 128, 150, 2, 2, nullptr, 0, 0, 1, true);      // second query tile: rows 128-149, one live warpgroup
-        test_attention_case(T_, g, r, 128, 203, 2, 1, nullptr, 95, 108, 1, true);  // prefix cache: the block and the suffix
-        test_attention_case(T_, g, r, 128, 1000, 2, 2, nullptr, 0, 0, 1, true);
-    }
+    for (int bc : {64, 128})
+        for (int stages : {2, 3}) {
+            g.arch.fa_wg_bc = bc;
+            g.arch.fa_wg_stages = stages;
+            printf("    key tile %d, ring of %d\n", bc, stages);
+            test_attention_case(T_, g, r, 128, 77, 2, 2, nullptr, 0, 0, 1, true);
+            test_attention_case(T_, g, r, 64, 77, 4, 2, nullptr, 0, 0, 1, true);
+            test_attention_case(T_, g, r, 128, 300, 4, 1, nullptr, 0, 0, 1, true);
+            test_attention_case(T_, g, r, 64, 1, 3, 3, nullptr, 0, 0, 1, true);
+            test_attention_case(T_, g, r, 128, 150, 2, 2, nullptr, 0, 0, 1, true);      // second query tile: rows 128-149, one live warpgroup
+            test_attention_case(T_, g, r, 128, 203, 2, 1, nullptr, 95, 108, 1, true);  // prefix cache: the block and the suffix
+            test_attention_case(T_, g, r, 128, 1000, 2, 2, nullptr, 0, 0, 1, true);    // 8 tiles: every ring slot reused
+        }
     g.arch = table;
 }
 
