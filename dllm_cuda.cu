@@ -4617,8 +4617,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4]
 template <int HD, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int stride, int row0, int n_valid) {
     // A thread keeps one chunk column, stepping STEP rows a pass: with STEP a multiple of the swizzle's 8 rows its
-    // swizzled offset is fixed, so a pass costs an add, a compare and the copy (the generic loop took ~30
-    // instructions a copy, a third of the kernel's).
+    // swizzled offset is fixed, so a pass costs a few integer instructions and the copy (a generic loop over chunk
+    // indices took ~30 a copy: flash_attn_wg executed 30% fewer instructions without it).
     constexpr int CHUNKS = HD / 8, STEP = THREADS / CHUNKS, PASSES = ROWS / STEP;
     static_assert(THREADS % CHUNKS == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "whole passes over whole swizzle atoms");
     const int chunk = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
