@@ -4226,21 +4226,32 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
 }
 
-/* ROWS x HD elements from global rows row0.. into rows HD + 8 apart (rows at or past n_valid read as zeros). A
- * thread keeps one chunk column and steps STEP rows a pass, as in load_tile_sw128. */
+/* The copies of a ROWS x HD tile from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros),
+ * shared by THREADS threads: a thread keeps the 16-byte chunk column tile_chunk() and steps STEP rows a pass from row
+ * tile_row0(), so its shared address d0 (the caller's layout) moves by pass_bytes a pass. With the pass count known at
+ * compile time a copy costs a few integer instructions (a generic loop over chunk indices took ~30 a copy:
+ * flash_attn_wg executed 30% fewer instructions without it). */
+template <int HD> __device__ __forceinline__ int tile_chunk() { return threadIdx.x % (HD / 8); }
+template <int HD> __device__ __forceinline__ int tile_row0() { return threadIdx.x / (HD / 8); }
 template <int HD, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    constexpr int CHUNKS = HD / 8, LD = HD + 8, STEP = THREADS / CHUNKS, PASSES = (ROWS + STEP - 1) / STEP;
-    static_assert(THREADS % CHUNKS == 0, "whole rows a pass");
-    const int chunk = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
-    const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
-    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
+__device__ __forceinline__ void copy_tile_rows(u32 d0, u32 pass_bytes, const bf16_t *src, int stride, int row0, int n_valid) {
+    constexpr int STEP = THREADS / (HD / 8), PASSES = (ROWS + STEP - 1) / STEP;
+    static_assert(THREADS % (HD / 8) == 0, "whole rows a pass");
+    const int r0 = tile_row0<HD>();
+    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + tile_chunk<HD>() * 8;
     #pragma unroll
     for (int p = 0; p < PASSES; p++) {
         if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
         const bool ok = row0 + r0 + p * STEP < n_valid;
-        cp_async16(d0 + p * STEP * LD * 2, ok ? s0 + (u64)p * STEP * stride : src, ok);
+        cp_async16(d0 + p * pass_bytes, ok ? s0 + (u64)p * STEP * stride : src, ok);
     }
+}
+
+/* A ROWS x HD tile (see copy_tile_rows) into rows HD + 8 apart. */
+template <int HD, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
+    constexpr int LD = HD + 8, STEP = THREADS / (HD / 8);
+    copy_tile_rows<HD, ROWS, THREADS>(smem_u32(dst + tile_row0<HD>() * LD + tile_chunk<HD>() * 8), STEP * LD * 2, src, stride, row0, n_valid);
 }
 
 /* The i-th K and V tiles of the visiting order (key tile `tile`) into ring slot i % NS. */
@@ -4616,19 +4627,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4]
  * the swizzled layout: column block c64 of all rows, then the next. */
 template <int HD, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    // A thread keeps one chunk column, stepping STEP rows a pass: with STEP a multiple of the swizzle's 8 rows its
-    // swizzled offset is fixed, so a pass costs a few integer instructions and the copy (a generic loop over chunk
-    // indices took ~30 a copy: flash_attn_wg executed 30% fewer instructions without it).
-    constexpr int CHUNKS = HD / 8, STEP = THREADS / CHUNKS, PASSES = ROWS / STEP;
-    static_assert(THREADS % CHUNKS == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "whole passes over whole swizzle atoms");
-    const int chunk = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
-    const u32 d0 = dst + (chunk >> 3) * ROWS * 128 + r0 * 128 + (((chunk & 7) ^ (r0 & 7)) << 4);
-    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
-    #pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        const bool ok = row0 + r0 + p * STEP < n_valid;
-        cp_async16(d0 + p * STEP * 128, ok ? s0 + (u64)p * STEP * stride : src, ok);
-    }
+    // copy_tile_rows' passes step STEP rows, a multiple of the swizzle's 8: a thread's swizzled offset is fixed.
+    constexpr int STEP = THREADS / (HD / 8);
+    static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "whole passes over whole swizzle atoms");
+    const int chunk = tile_chunk<HD>(), r0 = tile_row0<HD>();
+    copy_tile_rows<HD, ROWS, THREADS>(dst + (chunk >> 3) * ROWS * 128 + r0 * 128 + (((chunk & 7) ^ (r0 & 7)) << 4), STEP * 128, src, stride, row0,
+                                      n_valid);
 }
 
 /* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for). */
@@ -5114,8 +5118,8 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows padded by 8 (bank spread). */
 static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * (hd + 8) * 2; }
 
-/* Shared memory of flash_attn_wg: 128 query rows and two K and V tiles, unpadded (swizzled), plus the slack
- * that aligns them to 1024 bytes. */
+/* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), plus
+ * the slack that aligns them to 1024 bytes. */
 static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) { return (size_t)(128 + 2 * a.fa_wg_stages * a.fa_wg_bc) * hd * 2 + 1024; }
 
 /* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
@@ -6152,11 +6156,11 @@ dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, i
         // matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs row-independent.
         const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= h_cut_.bytes;
         const int o0 = cut ? raw0 - q0 : 0, orows = cut ? out_rows : rows;
-        last_layer_rows_ = orows;
         if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows, o0, orows));
         float *h_out = cut ? h_cut_.as<float>() : h_.as<float>();  // the cut rows' residual stream goes on in h_cut_
         DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h_.as<float>(), h_out));
         const bool last = l + 1 == layers_.size();
+        if (last) last_layer_rows_ = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
         if (last) DLLM__TRY(add_norm(h_out, h_out, delta_.ptr, final_norm_.ptr, y_.ptr, batch, orows, cut ? 0 : raw0 - q0, out_rows));
         else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, batch, rows));
