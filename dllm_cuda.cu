@@ -40,6 +40,8 @@
 #include "dllm.h"
 
 #include <cublasLt.h>
+#include <cuda.h>          // CUtensorMap and its enums only: the encoder comes from the driver at run time
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
@@ -3457,21 +3459,37 @@ extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t
     }
 }
 
-/* The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]),
- * h_out[src] = v (if h_out); returns rsqrt(mean(v^2) + eps). The sum of squares is reduced in a fixed
- * order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
-__device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d, float eps) {
-    float f[8], g[8];
-    const bf16_t *dr = delta ? delta + src * d : 0;
-    float ss = 0.f;
-    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
-        load8(h_in + src * d + k, f);
-        if (dr) {
-            unpack8(*(const uint4 *)(dr + k), g);
-            for (int e = 0; e < 8; e++) f[e] += g[e];
+/* Row-wise norms keep a row in registers between the sum of squares and the scaling: chunk slot j of a thread is
+ * the 16-byte chunk threadIdx.x + j * blockDim.x, one slot up to 8192 values a row (1024 threads), at most NORM_SLOTS
+ * (from the host's dllm__norm_slots). Re-reading the row after the reduction instead took 16.3 against 15.5 us at
+ * LLaDA-8B's 1024 x 4096 on an H200; giving a thread 2 or 4 chunks of a shorter CTA, 19.0-19.6 us. */
+/* The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]) into the
+ * thread's slots (zeros past d), h_out[src] = v (if h_out); returns rsqrt(mean(v^2) + eps). The sum of squares is
+ * reduced in a fixed order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
+__device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d, float eps,
+                                              float (&v)[NORM_SLOTS][8]) {
+    uint4 dv[NORM_SLOTS];
+    #pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        for (int e = 0; e < 8; e++) v[j][e] = 0.f;
+        if (k < d) {
+            load8(h_in + src * d + k, v[j]);
+            if (delta) dv[j] = *(const uint4 *)(delta + src * d + k);
         }
-        if (h_out) store8(h_out + src * d + k, f);
-        for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+    }
+    float ss = 0.f;
+    #pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= d) continue;
+        if (delta) {
+            float g[8];
+            unpack8(dv[j], g);
+            for (int e = 0; e < 8; e++) v[j][e] += g[e];
+        }
+        if (h_out) store8(h_out + src * d + k, v[j]);
+        for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
     }
     __shared__ float part[32];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -3489,19 +3507,21 @@ __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, c
 /* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
  * row s = b * seq_len + row0 + i: v = h_in[s] (+ delta[s]); h_out[s] = v (if h_out); then
  * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row. */
-extern "C" __global__ void add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
+extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
                                        int d, int n_rows, int row0, int seq_len) {
     pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
-    const float *hr = (h_out ? h_out : h_in) + src * d;  // where v is after the first pass
-    float r = residual_rms(h_in, h_out, delta, src, d, eps), f[8], g[8];
+    float v[NORM_SLOTS][8], g[8];
+    const float r = residual_rms(h_in, h_out, delta, src, d, eps, v);
     bf16_t *yr = y + dst * d;
-    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
-        load8(hr + k, f);  // h_out holds v; without h_out, v = h_in (no delta is added then)
+    #pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= d) continue;
         load8(w + k, g);
-        for (int e = 0; e < 8; e++) f[e] = (f[e] * r) * g[e];
-        *(uint4 *)(yr + k) = pack8(f);
+        for (int e = 0; e < 8; e++) v[j][e] = (v[j][e] * r) * g[e];
+        *(uint4 *)(yr + k) = pack8(v[j]);
     }
 }
 
@@ -3699,25 +3719,26 @@ extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, u
 }
 
 /* Twin: add_rmsnorm (same rows, same arguments) followed by dllm__quantize_groups of its bf16 output: output row
- * b * n_rows + i goes to q [.. x d_pad] and its scales. One CTA per row, blockDim a multiple of 32. */
-extern "C" __global__ void add_rmsnorm_e4m3(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps,
+ * b * n_rows + i goes to q [.. x d_pad] and its scales. One CTA per row, blockDim a multiple of 32 with
+ * blockDim * NORM_SLOTS >= d_pad / 8: chunk c sits in lane c % 32 (store_chunk8). */
+extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_e4m3(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps,
                                             unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len) {
     pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
-    const float *hr = (h_out ? h_out : h_in) + src * d;
-    const float r = residual_rms(h_in, h_out, delta, src, d, eps);
+    float v[NORM_SLOTS][8], g[8];
+    const float r = residual_rms(h_in, h_out, delta, src, d, eps, v);
     const int n_chunks = e4m3_chunks(d);
-    for (int c0 = 0; c0 < n_chunks; c0 += blockDim.x) {  // the same trip count in every lane: all reach the shuffles
-        int c = c0 + threadIdx.x;
-        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, g[8];
+    #pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        if (j * (int)blockDim.x >= n_chunks) break;  // uniform over the CTA: every lane reaches the shuffles
+        const int c = threadIdx.x + j * blockDim.x;
         if (c * 8 < d) {
-            load8(hr + c * 8, f);
             load8(w + c * 8, g);
-            for (int e = 0; e < 8; e++) f[e] = bf16_round((f[e] * r) * g[e]);
+            for (int e = 0; e < 8; e++) v[j][e] = bf16_round((v[j][e] * r) * g[e]);
         }
         uint2 codes;
-        float s = quantize_group8(f, 0.f, &codes);
+        float s = quantize_group8(v[j], 0.f, &codes);
         store_chunk8(q + dst * n_chunks * 8, scale, scale_ld, dst, c, n_chunks, codes, s);
     }
 }
@@ -4229,8 +4250,7 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
 /* The copies of a ROWS x HD tile from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros),
  * shared by THREADS threads: a thread keeps the 16-byte chunk column tile_chunk() and steps STEP rows a pass from row
  * tile_row0(), so its shared address d0 (the caller's layout) moves by pass_bytes a pass. With the pass count known at
- * compile time a copy costs a few integer instructions (a generic loop over chunk indices took ~30 a copy:
- * flash_attn_wg executed 30% fewer instructions without it). */
+ * compile time a copy costs a few integer instructions (a generic loop over chunk indices took ~30 a copy). */
 template <int HD> __device__ __forceinline__ int tile_chunk() { return threadIdx.x % (HD / 8); }
 template <int HD> __device__ __forceinline__ int tile_row0() { return threadIdx.x / (HD / 8); }
 template <int HD, int ROWS, int THREADS>
@@ -4570,7 +4590,7 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
  * and without FACache or split-KV, which stay with flash_attn (layer 0 and K/V-cache steps always run
  * flash_attn, so LaCache's exactness does not depend on this kernel). Twin: dllm__cpu_attention.
  * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle
- * wgmma reads: rows of 64 elements (128 bytes; a 128-wide head is two such column blocks), 16-byte chunk c of
+ * wgmma reads, as TMA writes it (CU_TENSOR_MAP_SWIZZLE_128B): rows of 64 elements (128 bytes; a 128-wide head is two such column blocks), 16-byte chunk c of
  * row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes. S = Q K^T reads both operands from shared memory
  * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
  * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
@@ -4593,8 +4613,6 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 block_stride = 1024) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(block_stride >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-/* cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy. */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* Accumulators are the mma layout's n8 chunks, d[j][e] (see mask_keys), N / 8 of them for a 64 x N product.
  * d = (accumulate ? d : 0) + A (64 x 16, shared) . B (N x 16, shared, K-major)^T. N = 128 where a product is 128
@@ -4623,16 +4641,36 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4]
                      : WG_ACC_N128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-/* rows x HD elements from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros) into
- * the swizzled layout: column block c64 of all rows, then the next. */
-template <int HD, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile_sw128(u32 dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    // copy_tile_rows' passes step STEP rows, a multiple of the swizzle's 8: a thread's swizzled offset is fixed.
-    constexpr int STEP = THREADS / (HD / 8);
-    static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "whole passes over whole swizzle atoms");
-    const int chunk = tile_chunk<HD>(), r0 = tile_row0<HD>();
-    copy_tile_rows<HD, ROWS, THREADS>(dst + (chunk >> 3) * ROWS * 128 + r0 * 128 + (((chunk & 7) ^ (r0 & 7)) << 4), STEP * 128, src, stride, row0,
-                                      n_valid);
+/* A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) as a kernel parameter, and the three
+ * flash_attn_wg reads through: Q, K and V as [batch][rows][row width] bf16, boxes of 64 columns (128 bytes) x rows in
+ * the 128-byte swizzle, rows past the tensor read as zeros. */
+struct __align__(64) tensor_map { u64 opaque[16]; };
+struct attn_tensor_maps { tensor_map q, k, v; };
+
+/* mbarriers (shared memory, 8 bytes each): the TMA copies complete a transaction count on one, consumers arrive on
+ * another when they are done with a slot. Waits spin on the phase parity. */
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+
+/* One TMA box of map at (column x, row y, batch z) into shared memory at dst, completing on bar. */
+__device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, int y, int z, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+
+/* A ROWS x HD tile at rows y.. of head column col0 into the swizzled layout: column block c64 of all rows, then the
+ * next (one box each). */
+template <int HD, int ROWS>
+__device__ __forceinline__ void tma_tile(u32 dst, const tensor_map &map, int col0, int y, int z, u32 bar) {
+    #pragma unroll
+    for (int c = 0; c < HD / 64; c++) tma_load(dst + c * ROWS * 128, map, col0 + c * 64, y, z, bar);
 }
 
 /* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for). */
@@ -4669,37 +4707,59 @@ __device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-/* Ping-pong: warpgroup 1 starts a tile's scores once warpgroup 0's are done, so that one's softmax overlaps the
- * other's GEMMs (a named barrier; on an H200 58 against 60 us at 1024 x 1024 in lockstep, where tile i's softmax
- * overlapping tile i - 1's PV, FA3's intra-warpgroup overlap, measured 59 us). K/V tiles come through a ring of NS
- * slots with one CTA barrier a tile: at 1024 x 1024, 48.3 us with 3 slots, 49.1 with 2 (H200, 2026-12-03). */
+/* The producer warp's one thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
+ * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
+ * scores may start before V is in. */
 template <int HD, int BC, int NS>
-__global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
-    constexpr int BR = 128, THREADS = 256, TILE = BC * HD * 2;
+__device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full, u32 v_full, u32 empty,
+                                           int q0, int h, int kvh, int b, int n_tiles) {
+    constexpr int TILE = BC * HD * 2;
+    mbar_expect_tx(q_full, 128 * HD * 2);
+    tma_tile<HD, 128>(sQ, tm.q, h * HD, q0, b, q_full);
+    for (int i = 0; i < n_tiles; i++) {
+        const int slot = i % NS;
+        if (i >= NS) mbar_wait(empty + slot * 8, (i / NS + 1) & 1);
+        mbar_expect_tx(k_full + slot * 8, TILE);
+        tma_tile<HD, BC>(sK + slot * TILE, tm.k, kvh * HD, i * BC, b, k_full + slot * 8);
+        mbar_expect_tx(v_full + slot * 8, TILE);
+        tma_tile<HD, BC>(sV + slot * TILE, tm.v, kvh * HD, i * BC, b, v_full + slot * 8);
+    }
+}
+
+/* FA3's layout: a producer warpgroup streams Q, K and V by TMA into a ring of NS slots (mbarriers, no CTA barrier in
+ * the loop), and two consumer warpgroups of 64 query rows take turns on the tensor cores: each issues a tile's scores
+ * when the other's are done (named barriers 1 and 2, strictly alternating), so one's softmax overlaps the other's
+ * GEMMs. Every consumer warp releases a slot after its P V is done, live or not (a warpgroup past q_rows still keeps
+ * the barrier protocol). The producer is a whole warpgroup because registers are rebalanced per warpgroup
+ * (setmaxnreg): each of the SM's four register banks holds one warp of every warpgroup, 3 x 168 registers a thread
+ * as launched; the producer gives its share to the consumers (24 + 2 x 240 <= 512), whose scores, probabilities and
+ * output need about 200. */
+template <int HD, int BC, int NS>
+__global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __grid_constant__ attn_tensor_maps tm) {
+    constexpr int BR = 128, TILE = BC * HD * 2;
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + NS * TILE;  // 1024-byte swizzle atoms
+    const u32 q_full = sV + NS * TILE, k_full = q_full + 8, v_full = k_full + NS * 8, empty = v_full + NS * 8;
     pdl_enter();
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
-    const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
-    const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
-    const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
-    auto load_kv_tile = [&](int i) {  // into slot i % NS
-        load_tile_sw128<HD, BC, THREADS>(sK + (i % NS) * TILE, K, a.kv_stride, i * BC, a.seq);
-        load_tile_sw128<HD, BC, THREADS>(sV + (i % NS) * TILE, V, a.kv_stride, i * BC, a.seq);
-    };
-    // Groups per thread: Q with tile 0, then tiles 1 .. NS - 2, then one per tile, so that waiting for all but the
-    // newest NS - 2 leaves tile i resident at tile i.
-    load_tile_sw128<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
-    load_kv_tile(0);
-    cp_async_commit();
-    #pragma unroll
-    for (int s = 1; s < NS - 1; s++) {
-        if (s < n_tiles) load_kv_tile(s);
-        cp_async_commit();
+    if (threadIdx.x == 256) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < NS; s++) {
+            mbar_init(k_full + s * 8, 1);
+            mbar_init(v_full + s * 8, 1);
+            mbar_init(empty + s * 8, 8);  // lane 0 of each consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 256) wg_produce<HD, BC, NS>(tm, sQ, sK, sV, q_full, k_full, v_full, empty, q0, h, kvh, b, n_tiles);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float o[HD / 8][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
     #pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
@@ -4707,31 +4767,37 @@ __global__ void __launch_bounds__(256, 1) flash_attn_wg(attn_args a) {
     const bool live = q0 + wg * 64 < a.q_rows;  // uniform over the warpgroup, as wgmma requires
     const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
     const float scale = a.scale_log2;
+    if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn (barrier 1 + wg: warpgroup wg's turn)
+    mbar_wait(q_full, 0);
 
     for (int i = 0; i < n_tiles; i++) {
-        cp_async_wait<NS - 2>();
-        fence_proxy_async();
-        __syncthreads();  // tile i is in, and every warp is done with tile i - 1, whose slot the next load refills
-        if (i + NS - 1 < n_tiles) load_kv_tile(i + NS - 1);
-        cp_async_commit();
-        const u32 k_s = sK + (i % NS) * TILE, v_s = sV + (i % NS) * TILE;
+        const int slot = i % NS;
+        const u32 parity = (i / NS) & 1, k_s = sK + slot * TILE, v_s = sV + slot * TILE;
         const int k0 = i * BC;
         float s[BC / 8][4];
         u32 p[BC / 16][4];
-        if (wg == 1) named_bar_sync(1, 256);
+        mbar_wait(k_full + slot * 8, parity);
+        if (wg == 0) named_bar_sync(1, 256);  // this warpgroup's turn
+        else named_bar_sync(2, 256);
         if (live) {
             wg_scores<HD, BC>(s, q_wg, k_s);
             wg_wait_for(s);
         }
-        if (wg == 0) named_bar_arrive(1, 256);
+        if (wg == 0) named_bar_arrive(2, 256);  // the other's turn
+        else if (i + 1 < n_tiles) named_bar_arrive(1, 256);  // (warpgroup 1's last has no taker)
         if (live) {
             if (valid || k0 + BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, k0, t);
             online_softmax<BC / 8, HD / 8>(s, m, l, o, scale);
             #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
+        }
+        mbar_wait(v_full + slot * 8, parity);
+        if (live) {
             wg_pv<HD, BC>(o, p, v_s);
             wg_wait_for(o);
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + slot * 8);
     }
 
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -5049,8 +5115,14 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
 }
 
 /* The modules dllm compiles for one GPU and one head dimension. */
+/* The most 16-byte chunks of a row a thread of a row-wise norm keeps in registers (NORM_SLOTS in the kernels), and
+ * the threads a norm over a row of `chunks` such chunks takes: one a chunk, up to 1024 (n_embd <= 2 * 8192). */
+static const int dllm__norm_slots = 2;
+static unsigned dllm__norm_threads(int chunks) { return (unsigned)std::min(1024, std::max(32, (chunks + 31) / 32 * 32)); }
+
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
-    return {"dllm_rowwise", std::string(dllm__src_common) + dllm__src_rowwise + dllm__src_fp8,
+    const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
+    return {"dllm_rowwise", std::string(dllm__src_common) + slots + dllm__src_rowwise + dllm__src_fp8,
             {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16", "quantize_rows_e4m3",
              "add_rmsnorm_e4m3", "swiglu_e4m3", "quantize_weight_blocks"},
             arch.target};
@@ -5118,9 +5190,11 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows padded by 8 (bank spread). */
 static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * (hd + 8) * 2; }
 
-/* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), plus
- * the slack that aligns them to 1024 bytes. */
-static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) { return (size_t)(128 + 2 * a.fa_wg_stages * a.fa_wg_bc) * hd * 2 + 1024; }
+/* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), the
+ * slack that aligns them to 1024 bytes, and the mbarriers (Q, and K, V, empty per slot). */
+static size_t dllm__attn_wide_smem(int hd, const dllm__arch &a) {
+    return (size_t)(128 + 2 * a.fa_wg_stages * a.fa_wg_bc) * hd * 2 + 1024 + 8 * (1 + 3 * a.fa_wg_stages);
+}
 
 /* Split-KV (flash-decoding) for the short query sets of K/V-cache steps: 32 block rows make one query
  * tile per head, 32 CTAs on a 132-SM GPU, each streaming every key alone. Splitting the KV tiles gives
@@ -5729,6 +5803,44 @@ struct dllm__attn_args {
     float *partial;
 };
 
+/* cuTensorMapEncodeTiled, fetched from the driver once through the runtime (dllm never links libcuda); null where
+ * the driver lacks it. */
+static PFN_cuTensorMapEncodeTiled_v12000 dllm__tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return fn;
+}
+
+/* A TMA map over bf16 rows [batch][rows][width], row_stride and batch_stride elements apart, read in boxes of 64
+ * columns x box_rows rows in the 128-byte swizzle, zeros past the rows (flash_attn_wg's tensor_map). */
+static bool dllm__tensor_map(CUtensorMap &map, const void *base, int width, int rows, int batch, uint64_t row_stride, uint64_t batch_stride,
+                             int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = dllm__tensor_map_encoder();
+    if (!encode) return false;
+    if (batch == 1) batch_stride = (uint64_t)rows * row_stride;  // unused, but must be a valid stride
+    cuuint64_t dims[3] = {(cuuint64_t)width, (cuuint64_t)rows, (cuuint64_t)batch}, strides[2] = {row_stride * 2, batch_stride * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, steps[3] = {1, 1, 1};
+    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
+struct dllm__attn_tensor_maps {
+    CUtensorMap q, k, v;
+};
+static bool dllm__attn_maps(const dllm__attn_args &a, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_tensor_maps &tm) {
+    const int kv_width = heads / a.group * hd;
+    return dllm__tensor_map(tm.q, a.q, heads * hd, a.q_rows, batch, (uint64_t)a.q_stride, a.q_bstride, 128) &&
+           dllm__tensor_map(tm.k, a.k, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc) &&
+           dllm__tensor_map(tm.v, a.v, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc);
+}
+
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of
  * the per-split states in a.partial. With `wide`, a plain forward (no FACache, no split-KV) runs
  * flash_attn_wg where the GPU has it; callers ask for it only where no other path must match flash_attn's
@@ -5737,8 +5849,14 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
                                      cudaStream_t s, bool wide = false) {
     void *argv[] = {&a};
     if (wide && k.wide && a.fa_mode == 0 && a.kv_splits == 1) {
-        dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
-        return dllm__launch(k.wide, grid, dim3(256), dllm__attn_wide_smem(hd, arch), s, argv, "flash_attn_wg");
+        dllm__attn_tensor_maps tm;
+        if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
+            void *wide_argv[] = {&a, &tm};
+            dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
+            return dllm__launch(k.wide, grid, dim3(384), dllm__attn_wide_smem(hd, arch), s, wide_argv, "flash_attn_wg");
+        }
+        static std::atomic<bool> warned(false);
+        if (!warned.exchange(true)) dllm__log(DLLM_LOG_WARN, "this driver cannot encode TMA tensor maps: attention runs flash_attn (mma.sync)");
     }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
     DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));
@@ -5764,6 +5882,8 @@ dllm_status dllm__gpu_backend::init(int device) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions 64 and 128, this model has %d", c.head_dim);
     if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8", c.n_embd, c.n_ff, c.n_vocab);
+    if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d", 1024 * dllm__norm_slots * 8, c.n_embd);
     device_ = device;
     DLLM__CUDA(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -6070,7 +6190,7 @@ dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const v
     int d = c.n_embd;
     float eps = c.norm_eps;
     void *args[] = {&h_in, &h_out, &delta, &w, &eps, &y, &d, &n_rows, &row0, &seq};
-    const unsigned threads = (unsigned)std::min(1024, std::max(32, (d / 8 + 31) / 32 * 32));  // one 16-byte chunk each
+    const unsigned threads = dllm__norm_threads(d / 8);
     return dllm__launch(k_norm_, dim3((unsigned)n_rows, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm");
 }
 
@@ -6267,7 +6387,7 @@ dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, co
     int d = c.n_embd, ld = act8_rows(batch * seq), row0 = 0;
     float eps = c.norm_eps;
     void *args[] = {&h_in, &h_out, &delta, &w, &eps, &act8_.ptr, &act8_scale_.ptr, &ld, &d, &seq, &row0, &seq};
-    const unsigned threads = (unsigned)std::min(1024, dllm__round_up(dllm__round_up(d, 128) / 8, 32));
+    const unsigned threads = dllm__norm_threads(dllm__round_up(d, 128) / 8);
     return dllm__launch(k_norm8_, dim3((unsigned)seq, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm_e4m3");
 }
 

@@ -722,7 +722,7 @@ static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     test_poison(ds, (size_t)(k_pad / 128) * ld * 4);
     float eps = 1e-5f;
     int dd_ = d, rows_ = rows, r0 = row0, s = seq;
-    const unsigned threads = (unsigned)std::min(1024, dllm__round_up(k_pad / 8, 32));
+    const unsigned threads = dllm__norm_threads(k_pad / 8);  // as dllm__gpu_backend::add_norm_e4m3 sizes it
     void *a1[] = {&dh1.ptr, &dh1.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};
     CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(threads), 0, 0, a1, "add_rmsnorm"), DLLM_OK, nullptr);
     void *a2[] = {&dh2.ptr, &dh2.ptr, &dd.ptr, &dw.ptr, &eps, &dq.ptr, &ds.ptr, (void *)&ld, &dd_, &rows_, &r0, &s};
@@ -742,6 +742,7 @@ TEST(gpu_fp8, add_rmsnorm_e4m3_matches_twin) {
     test_rng r("add_rmsnorm_e4m3");
     test_norm_e4m3_case(T_, g, r, 200, 2, 61, 5, 50);  // a partial group, row offsets, two sequences
     test_norm_e4m3_case(T_, g, r, 4096, 1, 97, 0, 97);
+    test_norm_e4m3_case(T_, g, r, 9000, 2, 9, 2, 7);  // over 1024 chunks: a second register slot, partly used
 }
 
 TEST(gpu_fp8, swiglu_e4m3_matches_twin) {

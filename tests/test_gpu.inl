@@ -174,12 +174,10 @@ static double test_max_rel(const std::vector<float> &a, const std::vector<float>
     return den > 0 ? num / den : num;
 }
 
-TEST(gpu, embed_and_add_rmsnorm_match_cpu) {
-    NEED_GPU();
-    test_gpu g;
-    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    test_rng r("embed/rmsnorm");
-    const int V = 37, d = 200, B = 2, seq = 13, rows = 5, row0 = 4;
+/* The embedding gather, then add_rmsnorm in place on rows [row0, row0 + rows) of two sequences, launched as
+ * dllm__gpu_backend::add_norm launches it. */
+static void test_embed_norm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int d) {
+    const int V = 37, B = 2, seq = 13, rows = 5, row0 = 4;
     std::vector<float> table((size_t)V * d), w(d), delta_f((size_t)B * seq * d);
     for (float &x : table) x = r.normal();
     for (float &x : w) x = 1 + 0.3f * r.normal();
@@ -199,9 +197,9 @@ TEST(gpu, embed_and_add_rmsnorm_match_cpu) {
     bool exact = true;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < d; k++) exact &= h[(size_t)i * d + k] == dllm__bf16_to_f32(table_b[(size_t)ids[i] * d + k]);
-    CHECK_MSG(exact, "embedding gather is not exact");
+    CHECK_MSG(exact, "d=%d: embedding gather is not exact", d);
     void *a2[] = {&dh.ptr, &dh.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};  // residual in place
-    CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(256), 0, 0, a2, "add_rmsnorm"), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(dllm__norm_threads(d / 8)), 0, 0, a2, "add_rmsnorm"), DLLM_OK, nullptr);
     std::vector<float> h2 = test_get<float>(dh, (size_t)n * d), y = test_f32_vec(test_get<uint16_t>(dy, (size_t)B * rows * d));
     std::vector<float> want_h = h, want_y((size_t)B * rows * d);
     for (int b = 0; b < B; b++)
@@ -210,18 +208,23 @@ TEST(gpu, embed_and_add_rmsnorm_match_cpu) {
             for (int k = 0; k < d; k++) want_h[src * d + k] += dllm__bf16_to_f32(delta_b[src * d + k]);
             dllm__cpu_rmsnorm(&want_h[src * d], 1, d, w.data(), eps, &want_y[((size_t)b * rows + i) * d]);
         }
-    CHECK_MSG(h2 == want_h, "residual add differs");
+    CHECK_MSG(h2 == want_h, "d=%d: residual add differs", d);
     double err = test_max_rel(y, want_y);
-    printf("    rmsnorm max relative error %.2e\n", err);
+    printf("    rmsnorm d=%d max relative error %.2e\n", d, err);
     CHECK(err < 8e-3);
 }
 
-TEST(gpu, rope_and_swiglu_match_cpu) {
+TEST(gpu, embed_and_add_rmsnorm_match_cpu) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    test_rng r("rope/swiglu");
-    const int H = 3, KV = 1, hd = 64, seq = 11, B = 2, rows = B * seq, heads = H + 2 * KV, pos0 = 5;
+    test_rng r("embed/rmsnorm");
+    for (int d : {200, 9000}) test_embed_norm_case(T_, g, r, d);  // 9000: over 1024 chunks, a second register slot partly used
+}
+
+/* rope_qkv with a bias (Dream's) and DPad's position table. */
+static void test_rope_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd) {
+    const int H = 3, KV = 1, seq = 11, B = 3, rows = B * seq, heads = H + 2 * KV, pos0 = 5;
     std::vector<float> x((size_t)rows * heads * hd), bias((size_t)heads * hd), cos_t, sin_t;
     for (float &v : x) v = r.normal();
     for (float &v : bias) v = 0.5f * r.normal();
@@ -245,8 +248,16 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
         for (int c = 0; c < heads * hd; c++) want[(size_t)i * heads * hd + c] += bias[c];
     for (int i = 0; i < rows; i++) dllm__cpu_rope(&want[(size_t)i * heads * hd], 1, H + KV, hd, &pos[i], cos_t.data(), sin_t.data());
     double err = test_max_rel(got, want);
-    printf("    rope max relative error %.2e\n", err);
+    printf("    rope head dim %d max relative error %.2e\n", hd, err);
     CHECK(err < 8e-3);
+}
+
+TEST(gpu, rope_and_swiglu_match_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("rope/swiglu");
+    for (int hd : {64, 128}) test_rope_case(T_, g, r, hd);
 
     const int f = 120, n = 7;
     std::vector<float> gu((size_t)n * 2 * f);
@@ -264,7 +275,7 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
             float gv = dllm__bf16_to_f32(gub[(size_t)i * 2 * f + c]), uv = dllm__bf16_to_f32(gub[(size_t)i * 2 * f + f + c]);
             sw[(size_t)i * f + c] = dllm__silu(gv) * uv;
         }
-    err = test_max_rel(sg, sw);
+    double err = test_max_rel(sg, sw);
     printf("    swiglu max relative error %.2e\n", err);
     CHECK(err < 8e-3);
 }

@@ -3,6 +3,7 @@
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
+ *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
  *                                          and LaCache's per-component savings at W1's geometry
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
@@ -346,6 +347,63 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
     }
 }
 
+/* The memory-bound row-wise kernels alone at the LLaDA-8B shape, launched as the backend launches them, 10 back to
+ * back over 4 sets of buffers (more than L2 holds at 1024 rows, as a forward streams them): residual add + RMSNorm
+ * (d 4096, in place), RoPE on Q and K (32 + 32 heads of 128), SwiGLU (f 12288). TB/s = bytes moved / time. */
+static void bench_rowwise(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    const int d = 4096, H = 32, hd = 128, qkv = 3 * H * hd, f = 12288, sets = 4;
+    std::shared_ptr<dllm__module> mod;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), mod));
+    std::vector<float> cos_t, sin_t;
+    dllm__rope_tables(1e6f, hd, 1024, cos_t, sin_t);
+    dllm__dbuf cs, sn, w, h[sets], delta[sets], y[sets], x[sets], gu[sets], out[sets];
+    BENCH_CHECK(cs.fit(cos_t.size() * 4, "rowwise"));
+    BENCH_CHECK(sn.fit(sin_t.size() * 4, "rowwise"));
+    cudaMemcpy(cs.ptr, cos_t.data(), cos_t.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(sn.ptr, sin_t.data(), sin_t.size() * 4, cudaMemcpyHostToDevice);
+    BENCH_CHECK(w.fit((size_t)d * 4, "rowwise"));
+    bench_fill(mod, w, (uint64_t)d * 2, s);
+    const int n_max = 1024;
+    for (int i = 0; i < sets; i++) {
+        BENCH_CHECK(h[i].fit((size_t)n_max * d * 4, "rowwise"));
+        BENCH_CHECK(delta[i].fit((size_t)n_max * d * 2, "rowwise"));
+        BENCH_CHECK(y[i].fit((size_t)n_max * d * 2, "rowwise"));
+        BENCH_CHECK(x[i].fit((size_t)n_max * qkv * 2, "rowwise"));
+        BENCH_CHECK(gu[i].fit((size_t)n_max * 2 * f * 2, "rowwise"));
+        BENCH_CHECK(out[i].fit((size_t)n_max * f * 2, "rowwise"));
+        bench_fill(mod, h[i], (uint64_t)n_max * d * 2, s);
+        bench_fill(mod, delta[i], (uint64_t)n_max * d, s);
+        bench_fill(mod, x[i], (uint64_t)n_max * qkv, s);
+        bench_fill(mod, gu[i], (uint64_t)n_max * 2 * f, s);
+    }
+    for (int n : {n_max, 32}) {
+        auto time10 = [&](auto &&launch) {  // us per launch
+            return 1000 * bench_ms(s, 2, 10, [&] { for (int i = 0; i < 10; i++) launch(i % sets); }) / 10;
+        };
+        int d_ = d, n_ = n, row0 = 0, seq = n, pos0 = 0, nh = H, nkv = H, hd_ = hd, f_ = f;
+        float eps = 1e-5f;
+        const void *no_bias = nullptr, *no_positions = nullptr;
+        double us = time10([&](int i) {
+            void *a[] = {&h[i].ptr, &h[i].ptr, &delta[i].ptr, &w.ptr, &eps, &y[i].ptr, &d_, &n_, &row0, &seq};
+            BENCH_CHECK(dllm__launch(mod->kernels["add_rmsnorm"], dim3(n, 1), dim3(dllm__norm_threads(d / 8)), 0, s, a, "add_rmsnorm"));
+        });
+        r.set(dllm__format("add+rmsnorm %d rows us", n), us);
+        r.set(dllm__format("add+rmsnorm %d rows TB/s", n), (double)n * d * (4 + 2 + 4 + 2) / us / 1e6);
+        us = time10([&](int i) {
+            void *a[] = {&x[i].ptr, &n_, &seq, &pos0, &no_positions, &nh, &nkv, &hd_, &no_bias, &cs.ptr, &sn.ptr};
+            BENCH_CHECK(dllm__launch(mod->kernels["rope_qkv"], dllm__rows_grid(n, 2 * H * hd / 8, 256), dim3(256), 0, s, a, "rope_qkv"));
+        });
+        r.set(dllm__format("rope %d rows us", n), us);
+        r.set(dllm__format("rope %d rows TB/s", n), (double)n * 2 * H * hd * 2 * 2 / us / 1e6);
+        us = time10([&](int i) {
+            void *a[] = {&gu[i].ptr, &out[i].ptr, &n_, &f_};
+            BENCH_CHECK(dllm__launch(mod->kernels["swiglu"], dllm__rows_grid(n, f / 8, 256), dim3(256), 0, s, a, "swiglu"));
+        });
+        r.set(dllm__format("swiglu %d rows us", n), us);
+        r.set(dllm__format("swiglu %d rows TB/s", n), (double)n * 3 * f * 2 / us / 1e6);
+    }
+}
+
 /* The GPU context every benchmark of the LLaDA-8B shape uses (canvases up to 2048 tokens). */
 static dllm_ctx_params bench_gpu_params() {
     dllm_ctx_params cp = dllm_ctx_default_params();
@@ -356,9 +414,10 @@ static dllm_ctx_params bench_gpu_params() {
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    bool attention_only = false, quick = false;
+    bool attention_only = false, rowwise_only = false, quick = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
+        if (!strcmp(argv[i], "--rowwise-only")) rowwise_only = true;
         if (!strcmp(argv[i], "--quick")) quick = true;
     }
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -373,8 +432,13 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { fprintf(stderr, "dllm-bench: no GPU\n"); return 1; }
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    if (rowwise_only) {
+        bench_rowwise(r, dllm__arch_for(prop.major * 10 + prop.minor), s0);
+        return 0;
+    }
     bench_attention(r, dllm__arch_for(prop.major * 10 + prop.minor), prop.multiProcessorCount, s0);
     if (attention_only) return 0;
+    bench_rowwise(r, dllm__arch_for(prop.major * 10 + prop.minor), s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
