@@ -4362,11 +4362,13 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
-/* The online-softmax update of rows g and g + 8 over one tile of scores: the running max m (scaled, log2 domain),
- * the per-thread partial normaliser l, the unnormalised output o rescaled to the new max; the scores become their
- * unnormalised probabilities. Scores stay unscaled until the exponent, where one FFMA applies scale and max. */
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4], float scale) {
+/* The online-softmax update of rows g and g + 8 over one tile of scores, in two halves. softmax_scores: the running
+ * max m (scaled, log2 domain), the per-thread partial normaliser l and the correction corr that rescales what was
+ * accumulated under the old max; the scores become their unnormalised probabilities. Scores stay unscaled until the
+ * exponent, where one FFMA applies scale and max. rescale_o: the unnormalised output o times corr. flash_attn_wg runs
+ * the two apart (o is in flight in a wgmma between them); the order of operations on o is the same either way. */
+template <int NT>
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&corr)[2], float scale) {
     float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
     #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -4380,20 +4382,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
     }
     const float n0 = fmaxf(m[0], mx0 * scale), n1 = fmaxf(m[1], mx1 * scale);
     const float base0 = n0 == -DLLM_INF ? 0.f : n0, base1 = n1 == -DLLM_INF ? 0.f : n1;
-    const float corr0 = exp2_ftz(m[0] - base0), corr1 = exp2_ftz(m[1] - base1);
+    corr[0] = exp2_ftz(m[0] - base0);
+    corr[1] = exp2_ftz(m[1] - base1);
     m[0] = n0;
     m[1] = n1;
-    l[0] *= corr0;
-    l[1] *= corr1;
-    // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
-    // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
-    if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
-        #pragma unroll
-        for (int d = 0; d < DT; d++) {
-            o[d][0] *= corr0; o[d][1] *= corr0;
-            o[d][2] *= corr1; o[d][3] *= corr1;
-        }
-    }
+    l[0] *= corr[0];
+    l[1] *= corr[1];
     #pragma unroll
     for (int j = 0; j < NT; j++) {
         s[j][0] = exp2_ftz(fmaf(s[j][0], scale, -base0));
@@ -4403,6 +4397,26 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
         l[0] += s[j][0] + s[j][1];
         l[1] += s[j][2] + s[j][3];
     }
+}
+
+template <int DT>
+__device__ __forceinline__ void rescale_o(float (&o)[DT][4], const float (&corr)[2]) {
+    // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
+    // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+        #pragma unroll
+        for (int d = 0; d < DT; d++) {
+            o[d][0] *= corr[0]; o[d][1] *= corr[0];
+            o[d][2] *= corr[1]; o[d][3] *= corr[1];
+        }
+    }
+}
+
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4], float scale) {
+    float corr[2];
+    softmax_scores<NT>(s, m, l, corr, scale);
+    rescale_o<DT>(o, corr);
 }
 
 /* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
@@ -4469,7 +4483,7 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
 /* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's, shared with flash_attn_wg. */
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. */
 template <int HD, int BR, int BC, int MT, int NS>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
@@ -4693,11 +4707,12 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-/* Waits for the warpgroup's wgmma, then ties the registers it wrote to this point of the program: without that the
- * compiler, which sees them as written by the issuing asm, may read them before the wait. */
-template <int N>
+/* Waits until at most PENDING of the warpgroup's committed wgmma groups are in flight (they complete in order), then
+ * ties the registers the awaited one wrote to this point of the program: without that the compiler, which sees them
+ * as written by the issuing asm, may read them before the wait. */
+template <int PENDING, int N>
 __device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
     #pragma unroll
     for (int j = 0; j < N; j++)
         #pragma unroll
@@ -4764,41 +4779,54 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     #pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const u32 q_wg = sQ + wg * 64 * 128;
-    const bool live = q0 + wg * 64 < a.q_rows;  // uniform over the warpgroup, as wgmma requires
     const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
     const float scale = a.scale_log2;
-    if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn (barrier 1 + wg: warpgroup wg's turn)
+    // Barrier 1 + wg is warpgroup wg's turn; warpgroup 1's last arrival would have no taker.
+    auto my_turn = [&] { if (wg == 0) named_bar_sync(1, 256); else named_bar_sync(2, 256); };
+    auto their_turn = [&](int i) { if (wg == 0) named_bar_arrive(2, 256); else if (i + 1 < n_tiles) named_bar_arrive(1, 256); };
+    auto softmax_of = [&](float (&s)[BC / 8][4], int i, float (&corr)[2]) {
+        if (valid || (i + 1) * BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, i * BC, t);
+        softmax_scores<BC / 8>(s, m, l, corr, scale);
+    };
+    if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn
     mbar_wait(q_full, 0);
 
-    for (int i = 0; i < n_tiles; i++) {
-        const int slot = i % NS;
-        const u32 parity = (i / NS) & 1, k_s = sK + slot * TILE, v_s = sV + slot * TILE;
-        const int k0 = i * BC;
-        float s[BC / 8][4];
-        u32 p[BC / 16][4];
-        mbar_wait(k_full + slot * 8, parity);
-        if (wg == 0) named_bar_sync(1, 256);  // this warpgroup's turn
-        else named_bar_sync(2, 256);
-        if (live) {
-            wg_scores<HD, BC>(s, q_wg, k_s);
-            wg_wait_for(s);
-        }
-        if (wg == 0) named_bar_arrive(2, 256);  // the other's turn
-        else if (i + 1 < n_tiles) named_bar_arrive(1, 256);  // (warpgroup 1's last has no taker)
-        if (live) {
-            if (valid || k0 + BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, k0, t);
-            online_softmax<BC / 8, HD / 8>(s, m, l, o, scale);
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
-        }
-        mbar_wait(v_full + slot * 8, parity);
-        if (live) {
-            wg_pv<HD, BC>(o, p, v_s);
-            wg_wait_for(o);
-        }
+    // FA3's intra-warpgroup overlap: tile i's scores are issued together with tile i - 1's P V, and tile i's softmax
+    // runs while that P V is on the tensor cores; O is rescaled for tile i - 1 just before its P V, as in order. A
+    // warpgroup whose rows are all past q_rows computes on TMA's zero rows and stores nothing: no wgmma sits in a
+    // branch (ptxas serialises wgmma whose registers it cannot follow through divergent paths).
+    float s[BC / 8][4], corr[2];
+    u32 p[BC / 16][4];
+    mbar_wait(k_full, 0);
+    my_turn();
+    wg_scores<HD, BC>(s, q_wg, sK);
+    their_turn(0);
+    wg_wait_for<0>(s);
+    softmax_of(s, 0, corr);
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
+    for (int i = 1; i < n_tiles; i++) {
+        const int slot = i % NS, prev = (i - 1) % NS;
+        mbar_wait(k_full + slot * 8, (i / NS) & 1);
+        my_turn();
+        wg_scores<HD, BC>(s, q_wg, sK + slot * TILE);
+        mbar_wait(v_full + prev * 8, ((i - 1) / NS) & 1);
+        rescale_o<HD / 8>(o, corr);
+        wg_pv<HD, BC>(o, p, sV + prev * TILE);
+        their_turn(i);
+        wg_wait_for<1>(s);
+        softmax_of(s, i, corr);
+        wg_wait_for<0>(o);
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty + slot * 8);
+        if (lane == 0) mbar_arrive(empty + prev * 8);
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
     }
+    const int last = (n_tiles - 1) % NS;
+    mbar_wait(v_full + last * 8, ((n_tiles - 1) / NS) & 1);
+    rescale_o<HD / 8>(o, corr);
+    wg_pv<HD, BC>(o, p, sV + last * TILE);
+    wg_wait_for<0>(o);
 
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
     #pragma unroll
