@@ -3702,20 +3702,23 @@ __device__ __forceinline__ void store_chunk8(unsigned char *q_row, float *scale,
 
 __device__ __forceinline__ int e4m3_chunks(int k) { return ((k + 127) >> 7) << 4; }  // 8-code chunks in a padded row
 
-/* Twin: dllm__quantize_groups. Rows of x (bf16, or fp32 when x_f32) [rows x k] into q [rows x k_pad] and their
+/* Twin: dllm__quantize_groups. Rows of x (bf16, or fp32 when x_f32) [n_rows x k] into q [n_rows x k_pad] and their
  * scales. fixed_scale > 0 replaces every group's scale (one scale for the tensor; the tests use 1 to convert
- * raw values). Grid (ceil(k_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
-extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, unsigned char *q, float *scale, int scale_ld, float fixed_scale) {
+ * raw values). Grid dllm__e4m3_rows_grid: x over 8-code chunks (blockDim a multiple of 32), y over rows. */
+extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, int n_rows, unsigned char *q, float *scale, int scale_ld,
+                                              float fixed_scale) {
     pdl_enter();
-    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
-    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (c * 8 < k) {
-        if (x_f32) load8((const float *)x + (u64)row * k + c * 8, f);
-        else unpack8(*(const uint4 *)((const bf16_t *)x + (u64)row * k + c * 8), f);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
+    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (c * 8 < k) {
+            if (x_f32) load8((const float *)x + (u64)row * k + c * 8, f);
+            else unpack8(*(const uint4 *)((const bf16_t *)x + (u64)row * k + c * 8), f);
+        }
+        uint2 codes;
+        float s = quantize_group8(f, fixed_scale, &codes);
+        store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
     }
-    uint2 codes;
-    float s = quantize_group8(f, fixed_scale, &codes);
-    store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
 }
 
 /* Twin: add_rmsnorm (same rows, same arguments) followed by dllm__quantize_groups of its bf16 output: output row
@@ -3743,19 +3746,21 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_e4m3(const float 
     }
 }
 
-/* Twin: swiglu followed by dllm__quantize_groups of its bf16 output. gu rows are [gate (f) | up (f)].
- * Grid (ceil(f_pad / 8 / blockDim), rows), blockDim a multiple of 32. */
-extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, unsigned char *q, float *scale, int scale_ld) {
+/* Twin: swiglu followed by dllm__quantize_groups of its bf16 output. gu rows are [gate (f) | up (f)], n_rows of
+ * them. Grid dllm__e4m3_rows_grid over f: x over 8-code chunks (blockDim a multiple of 32), y over rows. */
+extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, int n_rows, unsigned char *q, float *scale, int scale_ld) {
     pdl_enter();
-    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (c * 8 < f) {
-        silu_mul8(gu + (u64)row * 2 * f, f, c * 8, v);
-        for (int e = 0; e < 8; e++) v[e] = bf16_round(v[e]);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
+    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (c * 8 < f) {
+            silu_mul8(gu + (u64)row * 2 * f, f, c * 8, v);
+            for (int e = 0; e < 8; e++) v[e] = bf16_round(v[e]);
+        }
+        uint2 codes;
+        float s = quantize_group8(v, 0.f, &codes);
+        store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
     }
-    uint2 codes;
-    float s = quantize_group8(v, 0.f, &codes);
-    store_chunk8(q + (u64)row * n_chunks * 8, scale, scale_ld, row, c, n_chunks, codes, s);
 }
 
 /* Twin: dllm__quantize_blocks. One CTA of 256 threads per 128x128 block (kb, nb) of W [n x k] (bf16, row-major):
@@ -4247,31 +4252,23 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
 }
 
-/* The copies of a ROWS x HD tile from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros),
- * shared by THREADS threads: a thread keeps the 16-byte chunk column tile_chunk() and steps STEP rows a pass from row
- * tile_row0(), so its shared address d0 (the caller's layout) moves by pass_bytes a pass. With the pass count known at
- * compile time a copy costs a few integer instructions (a generic loop over chunk indices took ~30 a copy). */
-template <int HD> __device__ __forceinline__ int tile_chunk() { return threadIdx.x % (HD / 8); }
-template <int HD> __device__ __forceinline__ int tile_row0() { return threadIdx.x / (HD / 8); }
+/* A ROWS x HD tile from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros) into shared
+ * rows HD + 8 apart, copied by THREADS threads: a thread keeps one 16-byte chunk column and steps STEP rows a pass.
+ * With the pass count known at compile time a copy costs a few integer instructions (a generic loop over chunk
+ * indices took ~30 a copy). */
 template <int HD, int ROWS, int THREADS>
-__device__ __forceinline__ void copy_tile_rows(u32 d0, u32 pass_bytes, const bf16_t *src, int stride, int row0, int n_valid) {
-    constexpr int STEP = THREADS / (HD / 8), PASSES = (ROWS + STEP - 1) / STEP;
+__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
+    constexpr int LD = HD + 8, STEP = THREADS / (HD / 8), PASSES = (ROWS + STEP - 1) / STEP;
     static_assert(THREADS % (HD / 8) == 0, "whole rows a pass");
-    const int r0 = tile_row0<HD>();
-    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + tile_chunk<HD>() * 8;
+    const int chunk = threadIdx.x % (HD / 8), r0 = threadIdx.x / (HD / 8);
+    const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
+    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
     #pragma unroll
     for (int p = 0; p < PASSES; p++) {
         if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
         const bool ok = row0 + r0 + p * STEP < n_valid;
-        cp_async16(d0 + p * pass_bytes, ok ? s0 + (u64)p * STEP * stride : src, ok);
+        cp_async16(d0 + p * STEP * LD * 2, ok ? s0 + (u64)p * STEP * stride : src, ok);
     }
-}
-
-/* A ROWS x HD tile (see copy_tile_rows) into rows HD + 8 apart. */
-template <int HD, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    constexpr int LD = HD + 8, STEP = THREADS / (HD / 8);
-    copy_tile_rows<HD, ROWS, THREADS>(smem_u32(dst + tile_row0<HD>() * LD + tile_chunk<HD>() * 8), STEP * LD * 2, src, stride, row0, n_valid);
 }
 
 /* The i-th K and V tiles of the visiting order (key tile `tile`) into ring slot i % NS. */
@@ -5277,6 +5274,10 @@ static bool dllm__pdl_on() {
 static dim3 dllm__rows_grid(int n_rows, int per_row, int threads) {
     return dim3((unsigned)((per_row + threads - 1) / threads), (unsigned)std::max(1, std::min(n_rows, 65535)));
 }
+
+/* The grid of quantize_rows_e4m3 and swiglu_e4m3 over n_rows rows of k values, in CTAs of 128 threads (one 8-code
+ * chunk each). */
+static dim3 dllm__e4m3_rows_grid(int n_rows, int k) { return dllm__rows_grid(n_rows, (k + 127) / 128 * 16, 128); }
 
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
 static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
@@ -6389,9 +6390,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         DLLM__TRY(gemm_e4m3(L.f8_gu, gu_.ptr, M, 2 * ff, d, last_cut(l)));
         mark("gemm gate+up");
         int ld = act8_rows(M);
-        void *args[] = {&gu_.ptr, (void *)&ff, &act8_.ptr, &act8_scale_.ptr, &ld};
-        DLLM__TRY(dllm__launch(k_swiglu8_, dim3((unsigned)(dllm__round_up(ff, 128) / 8 + 127) / 128, (unsigned)M), dim3(128), 0, stream_, args,
-                               "swiglu_e4m3"));
+        void *args[] = {&gu_.ptr, (void *)&ff, (void *)&M, &act8_.ptr, &act8_scale_.ptr, &ld};
+        DLLM__TRY(dllm__launch(k_swiglu8_, dllm__e4m3_rows_grid(M, ff), dim3(128), 0, stream_, args, "swiglu_e4m3"));
         mark("swiglu");
         DLLM__TRY(gemm_e4m3(L.f8_down, delta, M, d, ff, last_cut(l)));
         mark("gemm down");
@@ -6423,9 +6423,8 @@ dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, co
 dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
     int x_f32 = 0, ld = act8_rows(M);
     float fixed_scale = 0;
-    void *args[] = {&x, &x_f32, &K, &act8_.ptr, &act8_scale_.ptr, &ld, &fixed_scale};
-    return dllm__launch(k_quant8_, dim3((unsigned)(dllm__round_up(K, 128) / 8 + 127) / 128, (unsigned)M), dim3(128), 0, stream_, args,
-                        "quantize_rows_e4m3");
+    void *args[] = {&x, &x_f32, &K, &M, &act8_.ptr, &act8_scale_.ptr, &ld, &fixed_scale};
+    return dllm__launch(k_quant8_, dllm__e4m3_rows_grid(M, K), dim3(128), 0, stream_, args, "quantize_rows_e4m3");
 }
 
 /* y [M x N] (bf16) = act8_ . W^T over the padded rows and columns (the padding holds zeros or stale rows whose

@@ -640,9 +640,9 @@ static void test_quantize_rows(cudaKernel_t k_quant, const void *x_host, bool f3
     cudaMemcpy(dx.ptr, x_host, in_bytes, cudaMemcpyHostToDevice);
     test_poison(dq, (size_t)rows * k_pad);
     test_poison(ds, (size_t)(k_pad / 128) * ld * 4);
-    int x_f32 = f32, kk = k;
-    void *args[] = {&dx.ptr, &x_f32, &kk, &dq.ptr, &ds.ptr, &ld, &fixed_scale};
-    dllm__launch(k_quant, dim3((unsigned)(k_pad / 8 + 127) / 128, (unsigned)rows), dim3(128), 0, 0, args, "quantize_rows_e4m3");
+    int x_f32 = f32, kk = k, n_rows = rows;
+    void *args[] = {&dx.ptr, &x_f32, &kk, &n_rows, &dq.ptr, &ds.ptr, &ld, &fixed_scale};
+    dllm__launch(k_quant, dllm__e4m3_rows_grid(rows, k), dim3(128), 0, 0, args, "quantize_rows_e4m3");
     q = test_get<uint8_t>(dq, (size_t)rows * k_pad);
     s = test_get<float>(ds, (size_t)(k_pad / 128) * ld);
 }
@@ -705,6 +705,17 @@ TEST(gpu_fp8, quantizer_matches_twin_bit_for_bit) {
     std::shared_ptr<dllm__module> soft;
     CHECK_STATUS(dllm__jit_load(test_rowwise_software_e4m3(g.arch), soft), DLLM_OK, nullptr);
     if (soft) test_quantizer_module(T_, soft->kernels["quantize_rows_e4m3"], "software conversion");
+    // More rows than a grid's y dimension holds (65535): the kernel walks them.
+    test_rng r("quantizer, many rows");
+    const int rows = 65600, k = 136;
+    std::vector<float> x = test_fp8_inputs(r, rows, k);
+    std::vector<uint8_t> q;
+    std::vector<float> s;
+    int ld = 0;
+    test_quantize_rows(g.k("quantize_rows_e4m3"), x.data(), true, rows, k, 0, q, s, ld);
+    const size_t bad = test_act8_diff(test_twin_groups(x, rows, k, ld), q, s, rows, k, ld, "many rows");
+    printf("    %d rows of %d: %zu codes or scales differ from the twin\n", rows, k, bad);
+    CHECK(bad == 0);
 }
 
 /* add_rmsnorm_e4m3 = add_rmsnorm, then the twin on its bf16 output: codes, scales and residual bit for bit. */
@@ -750,8 +761,9 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("swiglu_e4m3");
-    for (int f : {200, 640, 12288}) {
-        const int n = 97, ld = dllm__round_up(n, 16), f_pad = dllm__round_up(f, 128);
+    const int cases[][2] = {{200, 97}, {640, 97}, {12288, 97}, {136, 65600}};  // {f, rows}: the last walks more rows than a grid's y holds
+    for (const auto &fc : cases) {
+        const int f = fc[0], n = fc[1], ld = dllm__round_up(n, 16), f_pad = dllm__round_up(f, 128);
         std::vector<float> gu((size_t)n * 2 * f);
         for (float &v : gu) v = 2 * r.normal();
         dllm__dbuf dg, dout, dq, ds;
@@ -762,9 +774,8 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
         int n_ = n, f_ = f, ld_ = ld;
         void *a1[] = {&dg.ptr, &dout.ptr, &n_, &f_};
         CHECK_STATUS(dllm__launch(g.k("swiglu"), dllm__rows_grid(n, f / 8, 256), dim3(256), 0, 0, a1, "swiglu"), DLLM_OK, nullptr);
-        void *a2[] = {&dg.ptr, &f_, &dq.ptr, &ds.ptr, &ld_};
-        CHECK_STATUS(dllm__launch(g.k("swiglu_e4m3"), dim3((unsigned)(f_pad / 8 + 127) / 128, (unsigned)n), dim3(128), 0, 0, a2, "swiglu_e4m3"),
-                     DLLM_OK, nullptr);
+        void *a2[] = {&dg.ptr, &f_, &n_, &dq.ptr, &ds.ptr, &ld_};
+        CHECK_STATUS(dllm__launch(g.k("swiglu_e4m3"), dllm__e4m3_rows_grid(n, f), dim3(128), 0, 0, a2, "swiglu_e4m3"), DLLM_OK, nullptr);
         std::vector<float> y = test_f32_vec(test_get<uint16_t>(dout, (size_t)n * f));
         size_t bad = test_act8_diff(test_twin_groups(y, n, f, ld), test_get<uint8_t>(dq, (size_t)n * f_pad), test_get<float>(ds, (size_t)(f_pad / 128) * ld),
                                     n, f, ld, "swiglu_e4m3");
@@ -829,11 +840,10 @@ static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x
     ds.fit((size_t)kb * Mp * 4, "test");
     cudaMemset(dq.ptr, 0, (size_t)Mp * k_pad);
     cudaMemset(ds.ptr, 0, (size_t)kb * Mp * 4);
-    int x_f32 = 0, kk = K, ld = Mp;
+    int x_f32 = 0, kk = K, ld = Mp, n_rows = M;
     float fixed = 0;
-    void *args[] = {(void *)&x_dev, &x_f32, &kk, &dq.ptr, &ds.ptr, &ld, &fixed};
-    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dim3((unsigned)(k_pad / 8 + 127) / 128, (unsigned)M), dim3(128), 0, 0, args, "quantize"),
-                 DLLM_OK, nullptr);
+    void *args[] = {(void *)&x_dev, &x_f32, &kk, &n_rows, &dq.ptr, &ds.ptr, &ld, &fixed};
+    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dllm__e4m3_rows_grid(M, K), dim3(128), 0, 0, args, "quantize"), DLLM_OK, nullptr);
 }
 
 /* The block-scaled FP8 GEMM against the CPU product (float64) of the same dequantised operands. Both sum exact

@@ -94,8 +94,8 @@ static void bench_prepare(std::shared_ptr<dllm__module> &rowwise, bench_gemm_sha
     BENCH_CHECK(g.ws.fit((size_t)nb * ld_w * 4, "gemm"));
     int x_f32 = 0, ld = g.M;
     float fixed = 0;
-    void *xa[] = {&g.x.ptr, &x_f32, &g.K, &g.x8.ptr, &g.xs.ptr, &ld, &fixed};
-    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_rows_e4m3"], dim3((unsigned)(g.K / 8 + 127) / 128, (unsigned)g.M), dim3(128), 0, s, xa, "quantize"));
+    void *xa[] = {&g.x.ptr, &x_f32, &g.K, &g.M, &g.x8.ptr, &g.xs.ptr, &ld, &fixed};
+    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_rows_e4m3"], dllm__e4m3_rows_grid(g.M, g.K), dim3(128), 0, s, xa, "quantize"));
     int ldw = ld_w;
     void *wa[] = {&g.w.ptr, &g.N, &g.K, &g.w8.ptr, &g.ws.ptr, &ldw};
     BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_weight_blocks"], dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, s, wa, "quantize"));
