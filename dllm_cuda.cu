@@ -5885,7 +5885,7 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
             return dllm__launch(k.wide, grid, dim3(384), dllm__attn_wide_smem(hd, arch), s, wide_argv, "flash_attn_wg");
         }
         static std::atomic<bool> warned(false);
-        if (!warned.exchange(true)) dllm__log(DLLM_LOG_WARN, "this driver cannot encode TMA tensor maps: attention runs flash_attn (mma.sync)");
+        if (!warned.exchange(true)) dllm__log(DLLM_LOG_WARN, "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it refuses): attention runs flash_attn (mma.sync)");
     }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
     DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));
