@@ -3462,8 +3462,9 @@ extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t
 /* Row-wise norms keep a row in registers between the sum of squares and the scaling: chunk slot j of a thread is
  * the 16-byte chunk threadIdx.x + j * blockDim.x, one slot up to 8192 values a row (1024 threads), at most NORM_SLOTS
  * (from the host's dllm__norm_slots). Re-reading the row after the reduction instead took 16.3 against 15.5 us at
- * LLaDA-8B's 1024 x 4096 on an H200; giving a thread 2 or 4 chunks of a shorter CTA, 19.0-19.6 us. */
-/* The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]) into the
+ * LLaDA-8B's 1024 x 4096 on an H200; giving a thread 2 or 4 chunks of a shorter CTA, 19.0-19.6 us.
+ *
+ * The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]) into the
  * thread's slots (zeros past d), h_out[src] = v (if h_out); returns rsqrt(mean(v^2) + eps). The sum of squares is
  * reduced in a fixed order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
 __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d, float eps,
@@ -4595,14 +4596,14 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 }
 )DLLM";
 
-/* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for the plain forward of
- * layers >= 1, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics as
- * flash_attn (key-padding mask, GQA, keys past seq masked) and the same online softmax, in plain key order
- * and without FACache or split-KV, which stay with flash_attn (layer 0 and K/V-cache steps always run
- * flash_attn, so LaCache's exactness does not depend on this kernel). Twin: dllm__cpu_attention.
- * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle
- * wgmma reads, as TMA writes it (CU_TENSOR_MAP_SWIZZLE_128B): rows of 64 elements (128 bytes; a 128-wide head is two such column blocks), 16-byte chunk c of
- * row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes. S = Q K^T reads both operands from shared memory
+/* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
+ * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
+ * as flash_attn (key-padding mask, GQA, keys past seq masked) and the same online softmax, in plain key order and
+ * without FACache or split-KV, which stay with flash_attn (layer 0 always runs flash_attn, so LaCache's exactness
+ * does not depend on this kernel). Twin: dllm__cpu_attention.
+ * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle wgmma
+ * reads, as TMA writes it (CU_TENSOR_MAP_SWIZZLE_128B): rows of 64 elements (128 bytes; a 128-wide head is two such
+ * column blocks), 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes. S = Q K^T reads both operands from shared memory
  * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
  * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
  * V operand also names the distance of its two 64-column blocks. */
@@ -4719,7 +4720,7 @@ __device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-/* The producer warp's one thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
+/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
  * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
  * scores may start before V is in. */
 template <int HD, int BC, int NS>
@@ -4741,8 +4742,8 @@ __device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u
 /* FA3's layout: a producer warpgroup streams Q, K and V by TMA into a ring of NS slots (mbarriers, no CTA barrier in
  * the loop), and two consumer warpgroups of 64 query rows take turns on the tensor cores: each issues a tile's scores
  * when the other's are done (named barriers 1 and 2, strictly alternating), so one's softmax overlaps the other's
- * GEMMs. Every consumer warp releases a slot after its P V is done, live or not (a warpgroup past q_rows still keeps
- * the barrier protocol). The producer is a whole warpgroup because registers are rebalanced per warpgroup
+ * GEMMs. Every consumer warp releases a slot after its P V is done (a warpgroup whose rows are all past q_rows too:
+ * it keeps the barrier protocol). The producer is a whole warpgroup because registers are rebalanced per warpgroup
  * (setmaxnreg): each of the SM's four register banks holds one warp of every warpgroup, 3 x 168 registers a thread
  * as launched; the producer gives its share to the consumers (24 + 2 x 240 <= 512), whose scores, probabilities and
  * output need about 200. */
@@ -5139,12 +5140,12 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     return DLLM_OK;
 }
 
-/* The modules dllm compiles for one GPU and one head dimension. */
 /* The most 16-byte chunks of a row a thread of a row-wise norm keeps in registers (NORM_SLOTS in the kernels), and
  * the threads a norm over a row of `chunks` such chunks takes: one a chunk, up to 1024 (n_embd <= 2 * 8192). */
 static const int dllm__norm_slots = 2;
 static unsigned dllm__norm_threads(int chunks) { return (unsigned)std::min(1024, std::max(32, (chunks + 31) / 32 * 32)); }
 
+/* The modules dllm compiles for one GPU and one head dimension. */
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
     const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
     return {"dllm_rowwise", std::string(dllm__src_common) + slots + dllm__src_rowwise + dllm__src_fp8,
@@ -5885,7 +5886,9 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
             return dllm__launch(k.wide, grid, dim3(384), dllm__attn_wide_smem(hd, arch), s, wide_argv, "flash_attn_wg");
         }
         static std::atomic<bool> warned(false);
-        if (!warned.exchange(true)) dllm__log(DLLM_LOG_WARN, "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it refuses): attention runs flash_attn (mma.sync)");
+        if (!warned.exchange(true))
+            dllm__log(DLLM_LOG_WARN, "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it "
+                                     "refuses): attention runs flash_attn (mma.sync)");
     }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
     DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));

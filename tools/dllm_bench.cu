@@ -432,13 +432,14 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { fprintf(stderr, "dllm-bench: no GPU\n"); return 1; }
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    const dllm__arch arch = dllm__arch_for(prop.major * 10 + prop.minor);
     if (rowwise_only) {
-        bench_rowwise(r, dllm__arch_for(prop.major * 10 + prop.minor), s0);
+        bench_rowwise(r, arch, s0);
         return 0;
     }
-    bench_attention(r, dllm__arch_for(prop.major * 10 + prop.minor), prop.multiProcessorCount, s0);
+    bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
-    bench_rowwise(r, dllm__arch_for(prop.major * 10 + prop.minor), s0);
+    bench_rowwise(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
@@ -458,7 +459,6 @@ int main(int argc, char **argv) {
     // JIT: cold (empty disk cache), then warm (disk cache only)
     std::string cache = dllm__format("/tmp/dllm-bench-cache-%d", (int)getpid());
     setenv("DLLM_CACHE_DIR", cache.c_str(), 1);
-    dllm__arch arch = dllm__arch_for(prop.major * 10 + prop.minor);
     auto load_all = [&] {
         std::shared_ptr<dllm__module> a, b, c;
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
