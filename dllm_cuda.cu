@@ -28,9 +28,10 @@
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
  *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers and GEMM, sampler, FlashAttention
- *      (mma.sync everywhere; wgmma on sm_90a for the plain forward of layers >= 1)
+ *      (mma.sync everywhere; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
  *  14. GPU: NVRTC JIT and the architecture table
- *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8), dllm's own FP8 mma.sync GEMM
+ *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
+ *      FP8 mma.sync)
  *  16. GPU backend: weights, forward, sampler, step graphs
  *  17. SAR decoding
  *  18. Public API
@@ -4596,28 +4597,32 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
 }
 )DLLM";
 
-/* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
- * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
- * as flash_attn (key-padding mask, GQA, keys past seq masked) and the same online softmax, in plain key order and
- * without FACache or split-KV, which stay with flash_attn (layer 0 always runs flash_attn, so LaCache's exactness
- * does not depend on this kernel). Twin: dllm__cpu_attention.
- * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle wgmma
- * reads, as TMA writes it (CU_TENSOR_MAP_SWIZZLE_128B): rows of 64 elements (128 bytes; a 128-wide head is two such
- * column blocks), 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024 bytes. S = Q K^T reads both operands from shared memory
- * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
- * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
- * V operand also names the distance of its two 64-column blocks. */
-static const char *dllm__src_attention_wgmma = R"DLLM(
+/* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
+ * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
+ * it (CU_TENSOR_MAP_SWIZZLE_128B) and wgmma reads it: rows of 64 bf16 (128 bytes), 16-byte chunk c of row r at chunk
+ * c ^ (r % 8), 8-row atoms of 1024 bytes. */
+static const char *dllm__src_hopper = R"DLLM(
 #define WG_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define WG_ACC_N64(d) WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
 #define WG_ACC_N128(d) WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13), \
     WG_ACC8(d, 14), WG_ACC8(d, 15)
+#define WG_ACC_N256(d) WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), \
+    WG_ACC8(d, 21), WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27), WG_ACC8(d, 28), WG_ACC8(d, 29), \
+    WG_ACC8(d, 30), WG_ACC8(d, 31)
 #define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 /* Shared-memory matrix descriptor, 128-byte swizzle: start address, the stride of 8-row groups (1024 bytes) and,
  * for an MN-major operand wider than 64, the distance of its 64-column blocks (K-major operands ignore it). */
@@ -4628,36 +4633,27 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 
 /* Accumulators are the mma layout's n8 chunks, d[j][e] (see mask_keys), N / 8 of them for a 64 x N product.
  * d = (accumulate ? d : 0) + A (64 x 16, shared) . B (N x 16, shared, K-major)^T. N = 128 where a product is 128
- * wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an H200. */
+ * wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an H200; 256 for gemm_wg's tile. */
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
     if constexpr (N == 64)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
                      : WG_ACC_N64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else
+    else if constexpr (N == 128)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                      : WG_ACC_N128(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-/* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
-    if constexpr (N == 64)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                     : WG_ACC_N64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
     else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                     : WG_ACC_N128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128 ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC_N256(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-/* A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) as a kernel parameter, and the three
- * flash_attn_wg reads through: Q, K and V as [batch][rows][row width] bf16, boxes of 64 columns (128 bytes) x rows in
- * the 128-byte swizzle, rows past the tensor read as zeros. */
+/* A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) as a kernel parameter: a
+ * [batch][rows][row width] bf16 tensor read in boxes of 64 columns (128 bytes) x rows in the 128-byte swizzle, rows
+ * and columns past the tensor read as zeros (dllm__tensor_map). */
 struct __align__(64) tensor_map { u64 opaque[16]; };
-struct attn_tensor_maps { tensor_map q, k, v; };
 
 /* mbarriers (shared memory, 8 bytes each): the TMA copies complete a transaction count on one, consumers arrive on
  * another when they are done with a slot. Waits spin on the phase parity. */
@@ -4676,6 +4672,48 @@ __device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, 
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(dst), "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
 }
+
+/* Waits until at most PENDING of the warpgroup's committed wgmma groups are in flight (they complete in order), then
+ * ties the registers the awaited one wrote to this point of the program: without that the compiler, which sees them
+ * as written by the issuing asm, may read them before the wait. */
+template <int PENDING, int N>
+__device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+    #pragma unroll
+    for (int j = 0; j < N; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+)DLLM";
+
+/* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
+ * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
+ * as flash_attn (key-padding mask, GQA, keys past seq masked) and the same online softmax, in plain key order and
+ * without FACache or split-KV, which stay with flash_attn (layer 0 always runs flash_attn, so LaCache's exactness
+ * does not depend on this kernel). Twin: dllm__cpu_attention.
+ * Two warpgroups of 64 query rows share each K/V tile. Tiles sit in shared memory in the 128-byte swizzle
+ * (dllm__src_hopper); a 128-wide head is two 64-column blocks. S = Q K^T reads both operands from shared memory
+ * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
+ * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
+ * V operand also names the distance of its two 64-column blocks. */
+static const char *dllm__src_attention_wgmma = R"DLLM(
+/* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+struct attn_tensor_maps { tensor_map q, k, v; };
 
 /* A ROWS x HD tile at rows y.. of head column col0 into the swizzled layout: column block c64 of all rows, then the
  * next (one box each). */
@@ -4704,21 +4742,6 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
     for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(o, p[kk], wg_desc(v_s + kk * 16 * 128, HD > 64 ? BC * 128 : 1024));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-
-/* Waits until at most PENDING of the warpgroup's committed wgmma groups are in flight (they complete in order), then
- * ties the registers the awaited one wrote to this point of the program: without that the compiler, which sees them
- * as written by the issuing asm, may read them before the wait. */
-template <int PENDING, int N>
-__device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-    #pragma unroll
-    for (int j = 0; j < N; j++)
-        #pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
-}
-
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 /* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
  * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
@@ -4841,6 +4864,187 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
 }
 )DLLM";
 
+/* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
+ * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
+ * rows are independent of m by construction (below). Twin: the float64 product (tests).
+ * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x 256; CTAs come in
+ * clusters of two that take vertically adjacent tiles (m-tiles 2i and 2i + 1 of one column tile) and walk the tile
+ * pairs, m fastest, so that the clusters in flight also share weight tiles through L2. In each CTA a producer
+ * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one 128-row half of
+ * the weight tile, multicast into both CTAs of the cluster. A stage is refilled once the consumers of both CTAs have
+ * released it (16 arrivals on its empty mbarrier). The two consumer warpgroups (64 rows each, m64n256k16,
+ * accumulators in registers) hand a finished tile to TMA through shared memory and go on with the next, whose
+ * stages the producer has been filling meanwhile. The weights of the first stages are requested before
+ * griddepcontrol.wait: they do not depend on the previous kernel.
+ * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
+ * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). */
+static const char *dllm__src_gemm_wg = R"DLLM(
+struct gemm_wg_args {
+    int m, n, k;
+};
+struct gemm_tensor_maps { tensor_map x, w, y; };  // x, w: boxes of 64 columns x 128 rows; y: 64 x 64
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* Arrives on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster. The default (CTA-scope)
+ * release: the arrival only says that this warp's wgmma reads of the slot are done. With a cluster-scope release the
+ * kernel ran 1.6x slower on an H200. */
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+                 ::"r"(bar), "r"(rank) : "memory");
+}
+/* tma_load into the same offset of every CTA of the cluster (both here), completing on each one's barrier. */
+__device__ __forceinline__ void tma_load_both(u32 dst, const tensor_map &map, int x, int y, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+                 ::"r"(dst), "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3) : "memory");
+}
+/* TMA store of a 64-column box from shared memory (128-byte swizzle) at (column x, row y); rows past the tensor are
+ * not written. Completion is tracked per thread, in bulk groups. */
+__device__ __forceinline__ void tma_store(const tensor_map &map, u32 src, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(src)
+                 : "memory");
+}
+
+/* The j-th k-step job of this CTA: its tile (the cluster's every (gridDim.x / 2)-th tile pair, this CTA's half of
+ * it) and k-step. Where the m-tiles are odd the last pair's second tile repeats the first: the two CTAs then store
+ * the same bits to the same rows. */
+struct gemm_job {
+    int m0, c0, ks;
+};
+__device__ __forceinline__ gemm_job gemm_job_of(int j, int m_tiles, int k_steps) {
+    const int m_pairs = (m_tiles + 1) / 2, pair = (blockIdx.x >> 1) + (j / k_steps) * (gridDim.x >> 1);
+    return {min((pair % m_pairs) * 2 + (int)(blockIdx.x & 1), m_tiles - 1) * 128, (pair / m_pairs) * 256, j % k_steps};
+}
+
+/* The producer's one working thread. The weight boxes of the first NS jobs go out before griddepcontrol.wait, X's
+ * after it; later jobs wait until the consumers of both CTAs have released their slot (empty). Weight half `rank`
+ * is this CTA's to load for both. */
+template <int NS>
+__device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
+    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + 256 * 64 * 2;
+    const int rank = blockIdx.x & 1;
+    auto load_w = [&](int j) {
+        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
+        const u32 slot = j % NS;
+        tma_load_both(s0 + slot * STAGE + A_BYTES + rank * 128 * 128, tm.w, q.ks * 64, q.c0 + rank * 128, full + slot * 8);
+    };
+    auto load_x = [&](int j) {
+        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
+        tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8);
+    };
+    const int first = min(NS, jobs);
+    for (int j = 0; j < first; j++) {
+        mbar_expect_tx(full + j * 8, STAGE);
+        load_w(j);
+    }
+    pdl_enter();
+    for (int j = 0; j < first; j++) load_x(j);
+    for (int j = NS; j < jobs; j++) {
+        const int slot = j % NS;
+        mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
+        mbar_expect_tx(full + slot * 8, STAGE);
+        load_w(j);
+        load_x(j);
+    }
+}
+
+/* A consumer warpgroup's 64 x 256 accumulators (its rows m0 + 64 wg.., columns from c0) to Y, through its 16 KB staging
+ * buffer (two 64 x 64 boxes in the 128-byte swizzle, which spreads each warp's stores over all banks) in two passes of
+ * 128 columns, each sent by TMA while the warpgroup goes on; a pass first waits until the previous one's store has
+ * read the buffer. Storing from registers straight to global memory left the kernel 13-33% slower than cuBLASLt. */
+__device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[32][4], int m0, int c0, int wg, u32 stage) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const bool issuer = (threadIdx.x & 127) == 0;
+    #pragma unroll
+    for (int pass = 0; pass < 2; pass++) {
+        if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        named_bar_sync(1 + wg, 128);
+        #pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = warp * 16 + g + 8 * r, j = pass * 16 + jj;
+                const u32 at = stage + (jj >> 3) * 8192 + row * 128 + (((jj & 7) ^ (row & 7)) << 4) + 4 * t;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(acc[j][2 * r], acc[j][2 * r + 1])) : "memory");
+            }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores above, visible to TMA
+        named_bar_sync(1 + wg, 128);
+        if (issuer) {
+            tma_store(tm.y, stage, c0 + pass * 128, m0 + wg * 64);
+            tma_store(tm.y, stage + 8192, c0 + pass * 128 + 64, m0 + wg * 64);
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+    }
+}
+
+/* The consumer warpgroups: one k-step a turn, its four k16 products issued, then the previous step's awaited and its
+ * slot released in both CTAs; the tile's last step awaited before the store. */
+template <int NS>
+__device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0, u32 staging, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
+    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + 256 * 64 * 2;
+    const int wg = threadIdx.x >> 7;
+    auto release = [&](int j) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) {
+            mbar_arrive(empty + (j % NS) * 8);
+            mbar_arrive_cluster(empty + (j % NS) * 8, (blockIdx.x & 1) ^ 1);
+        }
+    };
+    float acc[32][4];
+    for (int j = 0; j < jobs;) {
+        for (int ks = 0; ks < k_steps; ks++, j++) {
+            const u32 slot = j % NS, sa = s0 + slot * STAGE;
+            mbar_wait(full + slot * 8, (j / NS) & 1);
+            wg_fence();
+            #pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgmma_ss<256>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32), ks > 0 || kk > 0);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (ks > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                release(j - 1);
+            }
+        }
+        wg_wait_for<0>(acc);
+        release(j - 1);
+        const gemm_job tile = gemm_job_of(j - 1, m_tiles, k_steps);
+        gemm_store(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
+    }
+    if ((threadIdx.x & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores are done
+}
+
+template <int NS>
+__global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_constant__ gemm_tensor_maps tm) {
+    constexpr u32 STAGE = (128 + 256) * 64 * 2;
+    extern __shared__ __align__(16) unsigned char smem[];
+    // The ring, the consumers' staging buffers (16 KB each), the mbarriers; 1024-byte swizzle atoms.
+    const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, staging = s0 + NS * STAGE, full = staging + 2 * 16384, empty = full + NS * 8;
+    const int m_tiles = (a.m + 127) / 128, pairs = (m_tiles + 1) / 2 * (a.n / 256), k_steps = (a.k + 63) / 64;
+    const int clusters = gridDim.x >> 1, cluster = blockIdx.x >> 1;
+    const int jobs = cluster < pairs ? (pairs - cluster + clusters - 1) / clusters * k_steps : 0;
+    if (threadIdx.x == 256) {
+        for (int s = 0; s < NS; s++) {
+            mbar_init(full + s * 8, 1);
+            mbar_init(empty + s * 8, 16);  // lane 0 of each consumer warp of both CTAs
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_sync();  // both CTAs' barriers exist before either multicasts or arrives
+    // Each side meets the cluster barrier again before leaving: no CTA exits while its peer may still arrive on its
+    // barriers. ptxas compiles each side for its register count: the producer needs more than the attention's 24.
+    if (threadIdx.x >= 256) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x == 256) gemm_produce<NS>(tm, s0, full, empty, jobs, m_tiles, k_steps);
+        __syncwarp();
+        cluster_sync();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    gemm_consume<NS>(tm, s0, staging, full, empty, jobs, m_tiles, k_steps);
+    cluster_sync();
+}
+)DLLM";
+
 // ---------------------------------------------------------------------------------------------------
 // 14. GPU: NVRTC JIT and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
@@ -4856,6 +5060,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
 //                          DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
+//       DLLM_GEMM_WG=0     BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
@@ -4880,7 +5085,8 @@ struct dllm__fp8_tile {
  * everywhere: on an H200 a ring of 4 (3 tiles in flight) left the dual-cache block step unchanged (4.98 against
  * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. sm_90a also runs flash_attn_wg (wgmma, 128 query
  * rows in two warpgroups, fa_wg_bc keys per tile, a ring of fa_wg_stages K/V tiles: 3 fill 225 of the 227 KB a CTA
- * may have) where no other path must match flash_attn's bits. The tests require every
+ * may have) where no other path must match flash_attn's bits. sm_90a's BF16 GEMMs time gemm_wg (128 x 256 tiles, a ring
+ * of 4 k-steps: 192 KB) against cuBLASLt per shape. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
@@ -4898,14 +5104,15 @@ struct dllm__arch {
     int fa_wg_stages;     // K/V tiles in flash_attn_wg's ring
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
+    int gemm_wg_stages;   // gemm_wg's ring of 64-wide k-steps (sm_90a; 0: not used), timed against cuBLASLt per shape
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
-    {86, "sm_86", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
-    {87, "sm_87", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}},
-    {89, "sm_89", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}},
-    {90, "sm_90a", 128, 32, 2, 2, 2, 128, 3, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}},
+    {80, "sm_80", 128, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {86, "sm_86", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {87, "sm_87", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {89, "sm_89", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}, 0},
+    {90, "sm_90a", 128, 32, 2, 2, 2, 128, 3, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}, 4},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -4928,7 +5135,9 @@ static dllm__arch dllm__arch_for(int cc) {
         a.cc = cc;
         a.fp8 = DLLM__FP8_NONE;
         a.fa_wg_bc = 0;  // wgmma is sm_90a's alone
+        a.gemm_wg_stages = 0;
     }
+    if (!dllm__env_int("DLLM_GEMM_WG", 1)) a.gemm_wg_stages = 0;
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
@@ -5187,6 +5396,18 @@ static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
             std::string(dllm__src_common) + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
 }
 
+static std::string dllm__gemm_wg_name(const dllm__arch &a) { return dllm__format("gemm_wg<%d>", a.gemm_wg_stages); }
+
+/* Shared memory of gemm_wg: the ring, the consumers' staging buffers, the slack that aligns them to 1024 bytes, and the
+ * full and empty mbarriers. */
+static size_t dllm__gemm_wg_smem(const dllm__arch &a) { return (size_t)a.gemm_wg_stages * (128 + 256) * 128 + 2 * 16384 + 1024 + 16 * a.gemm_wg_stages; }
+
+/* gemm_wg's module (sm_90a, where the table has it). */
+static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch) {
+    return {dllm__format("dllm_gemm_wg_s%d", arch.gemm_wg_stages), std::string(dllm__src_common) + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
+            {dllm__gemm_wg_name(arch)}, arch.target};
+}
+
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
     return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
 }
@@ -5207,7 +5428,7 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
                             std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention,
                             {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)}, arch.target};
     if (arch.fa_wg_bc) {
-        rq.source += dllm__src_attention_wgmma;
+        rq.source += std::string(dllm__src_hopper) + dllm__src_attention_wgmma;
         rq.kernels.push_back(dllm__attn_wide_name(head_dim, arch));
     }
     return rq;
@@ -5280,30 +5501,123 @@ static dim3 dllm__rows_grid(int n_rows, int per_row, int threads) {
  * chunk each). */
 static dim3 dllm__e4m3_rows_grid(int n_rows, int k) { return dllm__rows_grid(n_rows, (k + 127) / 128 * 16, 128); }
 
-/* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. */
-static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name) {
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
+/* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. cluster: CTAs per
+ * cluster along x (the grid's x a multiple of it). */
+static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name,
+                                unsigned cluster = 1) {
+    cudaLaunchAttribute attrs[2];
+    unsigned n = 0;
+    if (cluster > 1) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster;
+        attrs[n].val.clusterDim.y = attrs[n].val.clusterDim.z = 1;
+        n++;
+    }
+    if (dllm__pdl_on()) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = dllm__pdl_on() ? 1 : 0;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 15. GPU: cuBLASLt GEMMs, and dllm's own FP8 GEMM
+// 15. GPU: cuBLASLt GEMMs, and dllm's own (gemm_wg: a BF16 candidate; fp8_gemm)
 //     Row-major Y[M x N] = X[M x K] . W[N x K]^T is cuBLAS's column-major Y^T = W^T(op T) . X^T: m = N,
 //     n = M, k = K, A = W with TRANSA = T, B = X. BF16 in, FP32 accumulate, BF16 or FP32 out; or E4M3
 //     in with block scales (dllm_precision), BF16 out. The algorithm is chosen once per (kind, M, N, K,
-//     out type) and cached. Where cuBLASLt has no block-scaled FP8 (sm_89), fp8_gemm takes the same operands.
+//     out type) and cached; on sm_90a gemm_wg (TMA and wgmma, through the tensor maps below, which the wgmma
+//     attention reads through too) is one more candidate of each BF16 shape. Where cuBLASLt has no block-scaled FP8
+//     (sm_89), fp8_gemm takes the same operands.
 // ---------------------------------------------------------------------------------------------------
+
+/* cuTensorMapEncodeTiled, fetched from the driver once through the runtime (dllm never links libcuda); null where
+ * the driver lacks it. */
+static PFN_cuTensorMapEncodeTiled_v12000 dllm__tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return fn;
+}
+
+/* A TMA map over bf16 rows [batch][rows][width], row_stride and batch_stride elements apart, read in boxes of 64
+ * columns x box_rows rows in the 128-byte swizzle, zeros past the rows and columns (tensor_map in dllm__src_hopper). */
+static bool dllm__tensor_map(CUtensorMap &map, const void *base, int width, int rows, int batch, uint64_t row_stride, uint64_t batch_stride,
+                             int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = dllm__tensor_map_encoder();
+    if (!encode) return false;
+    if (batch == 1) batch_stride = (uint64_t)rows * row_stride;  // unused, but must be a valid stride
+    cuuint64_t dims[3] = {(cuuint64_t)width, (cuuint64_t)rows, (cuuint64_t)batch}, strides[2] = {row_stride * 2, batch_stride * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, steps[3] = {1, 1, 1};
+    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* dllm's Hopper GEMM (dllm__src_gemm_wg), loaded for one device. */
+struct dllm__gemm_wg {
+    std::shared_ptr<dllm__module> module;
+    cudaKernel_t kernel = nullptr;
+    size_t smem = 0;
+    int clusters = 0;  // clusters of two CTAs the GPU holds at once
+    /* Whether it runs Y [M x N] = X . W^T: whole 256-wide column tiles, 16-byte rows and bases for TMA. */
+    bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
+        return kernel && N > 0 && N % 256 == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
+    }
+};
+
+/* Loads gemm_wg for the current device where the table has it and the driver encodes tensor maps; leaves k empty
+ * otherwise. */
+static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
+    if (!a.gemm_wg_stages || !dllm__tensor_map_encoder()) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a), k.module));
+    cudaKernel_t kernel = k.module->kernels[dllm__gemm_wg_name(a)];
+    k.smem = dllm__gemm_wg_smem(a);
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem));
+    cudaLaunchAttribute pair;
+    pair.id = cudaLaunchAttributeClusterDimension;
+    pair.val.clusterDim.x = 2;
+    pair.val.clusterDim.y = pair.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(2);
+    cfg.blockDim = dim3(384);
+    cfg.dynamicSmemBytes = k.smem;
+    cfg.attrs = &pair;
+    cfg.numAttrs = 1;
+    DLLM__CUDA(cudaOccupancyMaxActiveClusters(&k.clusters, (const void *)kernel, &cfg));
+    if (k.clusters < 1) return dllm__fail(DLLM_ERR_CUDA, "gemm_wg: the GPU holds no cluster of two of its CTAs");
+    k.kernel = kernel;
+    return DLLM_OK;
+}
+
+/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T on gemm_wg: as many clusters of two as the GPU holds at once, each walking
+ * its tile pairs. */
+static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
+    if (!k.fits(X, W, Y, N, K)) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg cannot run M=%d N=%d K=%d", M, N, K);
+    if (M == 0) return DLLM_OK;
+    struct { CUtensorMap x, w, y; } maps;
+    if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, 128) || !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, 128) ||
+        !dllm__tensor_map(maps.y, Y, N, M, 1, (uint64_t)N, 0, 64))
+        return dllm__fail(DLLM_ERR_CUDA, "the driver refused a TMA tensor map for gemm_wg (M=%d N=%d K=%d)", M, N, K);
+    struct { int m, n, k; } args = {M, N, K};
+    const int pairs = (M + 255) / 256 * (N / 256);
+    void *argv[] = {&args, &maps};
+    return dllm__launch(k.kernel, dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, stream, argv, "gemm_wg", 2);
+}
+
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
  * on timing. Split-K with an out-of-place reduction (a fixed split, summed by a separate pass) is kept: it is
@@ -5337,6 +5651,7 @@ struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
+    bool own = false;  // gemm_wg runs this shape instead of cuBLASLt's algo
     ~dllm__gemm_plan() {
         if (desc) cublasLtMatmulDescDestroy(desc);
         if (a) cublasLtMatrixLayoutDestroy(a);
@@ -5362,6 +5677,7 @@ struct dllm__gemm_op {
 struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
     dllm__dbuf workspace;
+    const dllm__gemm_wg *own = nullptr;  // dllm's Hopper GEMM, a candidate of every tuned BF16 shape it fits
     std::unordered_map<std::string, std::unique_ptr<dllm__gemm_plan>> plans;
     static const size_t workspace_bytes = 32u << 20;  // Hopper kernels want up to 32 MiB
 
@@ -5425,7 +5741,7 @@ struct dllm__gemm {
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
         if (tune && op.M <= dllm__split_k_max_m) found = add_split_k(*p, res, found);
-        if (tune && found > 1 && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
+        if (tune && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
@@ -5464,37 +5780,57 @@ struct dllm__gemm {
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
-        dllm__log_verbose("GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
-                  op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
+        if (p.own)
+            dllm__log_verbose("GEMM %s M=%d N=%d K=%d: gemm_wg, %.1f us; heuristic's first %.1f us; %d cuBLASLt candidates timed", op.kind(), op.M, op.N, op.K,
+                              best_us, first_us, found);
+        else
+            dllm__log_verbose("GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                              op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
-    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
+    /* Mean time (ms) of three runs of `launch` on the stream after a warm-up run; infinite if one fails. */
+    template <class F>
+    static float time_runs(F &&launch, cudaStream_t stream) {
         cudaEvent_t t0, t1;
-        DLLM__CUDA(cudaEventCreate(&t0));
-        DLLM__CUDA(cudaEventCreate(&t1));
-        float best = INFINITY, first = INFINITY;
-        const float alpha = 1.0f, beta = 0.0f;
-        for (int i = 0; i < found; i++) {
-            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            float total = 0;
-            bool ok = true;
-            for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
-                cudaEventRecord(t0, stream);
-                ok = cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
-                                    workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
-                cudaEventRecord(t1, stream);
-                float ms = 0;
-                ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
-                if (rep) total += ms;
-            }
-            if (ok && i == 0) first = total;
-            if (ok && total < best) { best = total; p.algo = res[i].algo; }
+        if (cudaEventCreate(&t0) != cudaSuccess) return INFINITY;
+        if (cudaEventCreate(&t1) != cudaSuccess) { cudaEventDestroy(t0); return INFINITY; }
+        float total = 0;
+        bool ok = true;
+        for (int rep = 0; rep < 4 && ok; rep++) {  // the first run warms up and is not counted
+            cudaEventRecord(t0, stream);
+            ok = launch();
+            cudaEventRecord(t1, stream);
+            float ms = 0;
+            ok = ok && cudaEventSynchronize(t1) == cudaSuccess && cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess;
+            if (rep) total += ms;
         }
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
         cudaGetLastError();
-        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000 / 3, best * 1000 / 3);
+        dllm__tls_error.clear();
+        return ok ? total / 3 : INFINITY;
+    }
+    /* Times the candidates on the real operands and keeps the fastest: cuBLASLt's, then gemm_wg where it fits. */
+    dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
+        float best = INFINITY, first = INFINITY;
+        const float alpha = 1.0f, beta = 0.0f;
+        for (int i = 0; i < found; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            const float ms = time_runs([&] {
+                return cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr, workspace_bytes,
+                                      stream) == CUBLAS_STATUS_SUCCESS;
+            }, stream);
+            if (i == 0) first = ms;
+            if (ms < best) { best = ms; p.algo = res[i].algo; }
+        }
+        if (own_fits(op)) {
+            const float ms = time_runs([&] { return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
+            if (ms < best) { best = ms; p.own = true; }
+        }
+        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000, best * 1000);
         return DLLM_OK;
     }
+    /* Whether gemm_wg can run op: BF16 in and out, on a GPU that has it. */
+    bool own_fits(const dllm__gemm_op &op) const { return own && !op.fp8() && op.out_type == CUDA_R_16BF && own->fits(op.X, op.W, op.Y, op.N, op.K); }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m (unordered
      * split-K excluded, no timing), and no launch computes more than pin_m rows, the sizes it was chosen for (at
      * 1024-2048 rows in one launch the first trial of the last layer's pinned GEMMs failed). So the bits of a row
@@ -5555,6 +5891,7 @@ struct dllm__gemm {
         return launch(*p, op, stream);
     }
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
+        if (p.own) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
         DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
@@ -5766,6 +6103,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
     dllm__gemm gemm_;
+    dllm__gemm_wg gemm_wg_;  // dllm's Hopper GEMM, a candidate of gemm_
     std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
     cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_;
     dllm__attn_kernels k_attn_;
@@ -5832,33 +6170,6 @@ struct dllm__attn_args {
     int kv_splits;
     float *partial;
 };
-
-/* cuTensorMapEncodeTiled, fetched from the driver once through the runtime (dllm never links libcuda); null where
- * the driver lacks it. */
-static PFN_cuTensorMapEncodeTiled_v12000 dllm__tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            p = nullptr;
-        return (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }();
-    return fn;
-}
-
-/* A TMA map over bf16 rows [batch][rows][width], row_stride and batch_stride elements apart, read in boxes of 64
- * columns x box_rows rows in the 128-byte swizzle, zeros past the rows (flash_attn_wg's tensor_map). */
-static bool dllm__tensor_map(CUtensorMap &map, const void *base, int width, int rows, int batch, uint64_t row_stride, uint64_t batch_stride,
-                             int box_rows) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = dllm__tensor_map_encoder();
-    if (!encode) return false;
-    if (batch == 1) batch_stride = (uint64_t)rows * row_stride;  // unused, but must be a valid stride
-    cuuint64_t dims[3] = {(cuuint64_t)width, (cuuint64_t)rows, (cuuint64_t)batch}, strides[2] = {row_stride * 2, batch_stride * 2};
-    cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, steps[3] = {1, 1, 1};
-    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 /* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
 struct dllm__attn_tensor_maps {
@@ -5960,6 +6271,8 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     DLLM__TRY(dllm__attn_kernels_of(*attn_, arch_, m_.cfg.head_dim, k_attn_));
+    DLLM__TRY(dllm__gemm_wg_load(arch_, gemm_wg_));
+    if (gemm_wg_.kernel) gemm_.own = &gemm_wg_;
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));

@@ -4,6 +4,7 @@
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
+ *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
  *                                          and LaCache's per-component savings at W1's geometry
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
@@ -168,6 +169,36 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
     r.set("fp8_gemm_ffn_gate_up_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 2 * 12288, 4096, true, s));
     r.set("bf16_gemm_ffn_down_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 4096, 12288, false, s));
     r.set("fp8_gemm_ffn_down_M1024_TFLOPs", bench_gemm_rate(g, rowwise, 1024, 4096, 12288, true, s));
+}
+
+/* gemm_wg (sm_90a) against cuBLASLt's tuned best at the LLaDA-8B shapes of a 1024-token step (10 launches back to
+ * back a timing, the same operands). */
+static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    dllm__gemm_wg k;
+    BENCH_CHECK(dllm__gemm_wg_load(arch, k));
+    if (!k.kernel) {
+        printf("(no gemm_wg on sm_%d)\n", arch.cc);
+        return;
+    }
+    std::shared_ptr<dllm__module> rowwise;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    dllm__gemm lt;  // cuBLASLt alone: no gemm_wg candidate
+    BENCH_CHECK(lt.init());
+    auto time10 = [&](auto &&launch) { return 1000 * bench_ms(s, 2, 7, [&] { for (int i = 0; i < 10; i++) launch(); }) / 10; };
+    const int M = 1024;
+    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    for (const auto &sh : shapes) {
+        bench_gemm_shape g;
+        g.M = M; g.N = sh.N; g.K = sh.K;
+        bench_prepare(rowwise, g, false, s);
+        const double lt_us = time10([&] { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
+        const double us = time10([&] { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+        const std::string name = dllm__format("gemm %s M%d ", sh.name, M);
+        r.set(name + "cuBLASLt us", lt_us);
+        r.set(name + "gemm_wg us", us);
+        r.set(name + "gemm_wg TFLOPs", 2.0 * M * sh.N * sh.K / us / 1e6);
+        r.set(name + "gemm_wg vs cuBLASLt", us / lt_us);
+    }
 }
 
 /* FLOPs of one LLaDA forward over n tokens with the LM head on lm_rows rows. */
@@ -414,9 +445,10 @@ static dllm_ctx_params bench_gpu_params() {
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    bool attention_only = false, rowwise_only = false, quick = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
+        if (!strcmp(argv[i], "--gemm-only")) gemm_only = true;
         if (!strcmp(argv[i], "--rowwise-only")) rowwise_only = true;
         if (!strcmp(argv[i], "--quick")) quick = true;
     }
@@ -437,9 +469,14 @@ int main(int argc, char **argv) {
         bench_rowwise(r, arch, s0);
         return 0;
     }
+    if (gemm_only) {
+        bench_gemm_wg(r, arch, s0);
+        return 0;
+    }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
+    bench_gemm_wg(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
