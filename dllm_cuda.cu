@@ -6250,14 +6250,18 @@ dllm_status dllm__gpu_backend::init(int device) {
     return DLLM_OK;
 }
 
-/* The three modules compile in parallel: cold JIT time is the slowest one, not the sum. */
+/* The modules compile in parallel: cold JIT time is the slowest one, not the sum. gemm_wg's (sm_90a) compiles beside
+ * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
+ * with a warning. */
 dllm_status dllm__gpu_backend::load_kernels() {
-    dllm__jit_request rq[3] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim)};
-    std::shared_ptr<dllm__module> *dst[3] = {&rowwise_, &sampler_, &attn_};
-    dllm_status st[3];
-    std::string err[3];
+    dllm__jit_request rq[4] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim),
+                               dllm__module_gemm_wg(arch_)};
+    std::shared_ptr<dllm__module> gemm_module, *dst[4] = {&rowwise_, &sampler_, &attn_, &gemm_module};
+    const int n = arch_.gemm_wg_stages ? 4 : 3;
+    dllm_status st[4];
+    std::string err[4];
     std::vector<std::thread> workers;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n; i++)
         workers.emplace_back([&, i] {
             cudaSetDevice(device_);
             st[i] = dllm__jit_load(rq[i], *dst[i]);
@@ -6272,7 +6276,10 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     DLLM__TRY(dllm__attn_kernels_of(*attn_, arch_, m_.cfg.head_dim, k_attn_));
-    DLLM__TRY(dllm__gemm_wg_load(arch_, gemm_wg_));
+    if (dllm__gemm_wg_load(arch_, gemm_wg_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
+        gemm_wg_ = dllm__gemm_wg();
+    }
     if (gemm_wg_.kernel) gemm_.own = &gemm_wg_;
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));

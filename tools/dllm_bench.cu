@@ -501,6 +501,7 @@ int main(int argc, char **argv) {
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
         BENCH_CHECK(dllm__jit_load(dllm__module_sampler(arch), b));
         BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, 128), c));
+        if (arch.gemm_wg_stages) BENCH_CHECK(dllm__jit_load(dllm__module_gemm_wg(arch), c));
     };
     {
         std::lock_guard<std::mutex> lk(dllm__jit_mutex);
