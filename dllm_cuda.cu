@@ -5087,7 +5087,7 @@ struct dllm__fp8_tile {
  * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. sm_90a also runs flash_attn_wg (wgmma, 128 query
  * rows in two warpgroups, fa_wg_bc keys per tile, a ring of fa_wg_stages K/V tiles: 3 fill 225 of the 227 KB a CTA
  * may have) where no other path must match flash_attn's bits. sm_90a's BF16 GEMMs time gemm_wg (128 x 256 tiles, a ring
- * of 4 k-steps: 192 KB) against cuBLASLt per shape. The tests require every
+ * of 4 k-steps: 192 KB, and 32 KB of epilogue staging) against cuBLASLt per shape. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
