@@ -5892,7 +5892,8 @@ struct dllm__gemm {
         return launch(*p, op, stream);
     }
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
-        if (p.own) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
+        // A plan that chose gemm_wg keeps cuBLASLt's best algorithm too, for operands gemm_wg cannot take.
+        if (p.own && own_fits(op)) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
         DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
