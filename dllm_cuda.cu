@@ -5502,18 +5502,22 @@ static dim3 dllm__rows_grid(int n_rows, int per_row, int threads) {
  * chunk each). */
 static dim3 dllm__e4m3_rows_grid(int n_rows, int k) { return dllm__rows_grid(n_rows, (k + 127) / 128 * 16, 128); }
 
+/* The launch attribute that groups a grid's CTAs in clusters of `ctas` along x. */
+static cudaLaunchAttribute dllm__cluster_attr(unsigned ctas) {
+    cudaLaunchAttribute a;
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = ctas;
+    a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    return a;
+}
+
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. cluster: CTAs per
  * cluster along x (the grid's x a multiple of it). */
 static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name,
                                 unsigned cluster = 1) {
     cudaLaunchAttribute attrs[2];
     unsigned n = 0;
-    if (cluster > 1) {
-        attrs[n].id = cudaLaunchAttributeClusterDimension;
-        attrs[n].val.clusterDim.x = cluster;
-        attrs[n].val.clusterDim.y = attrs[n].val.clusterDim.z = 1;
-        n++;
-    }
+    if (cluster > 1) attrs[n++] = dllm__cluster_attr(cluster);
     if (dllm__pdl_on()) {
         attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attrs[n].val.programmaticStreamSerializationAllowed = 1;
@@ -5588,10 +5592,7 @@ static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
     cudaKernel_t kernel = k.module->kernels[dllm__gemm_wg_name(a)];
     k.smem = dllm__gemm_wg_smem(a);
     DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem));
-    cudaLaunchAttribute pair;
-    pair.id = cudaLaunchAttributeClusterDimension;
-    pair.val.clusterDim.x = 2;
-    pair.val.clusterDim.y = pair.val.clusterDim.z = 1;
+    cudaLaunchAttribute pair = dllm__cluster_attr(2);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(384);
@@ -5618,7 +5619,6 @@ static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, cons
     void *argv[] = {&args, &maps};
     return dllm__launch(k.kernel, dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, stream, argv, "gemm_wg", 2);
 }
-
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
  * on timing. Split-K with an out-of-place reduction (a fixed split, summed by a separate pass) is kept: it is

@@ -287,6 +287,19 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     CHECK(err < 8e-3);
 }
 
+/* The CPU twin of every BF16 GEMM: Y [M x N] = X [M x K] . W [N x K]^T on the bf16 operands, summed in float64. */
+static std::vector<float> test_product_f64(const std::vector<uint16_t> &xb, const std::vector<uint16_t> &wb, int M, int N, int K) {
+    const std::vector<float> xf = test_f32_vec(xb), wf = test_f32_vec(wb);
+    std::vector<float> y((size_t)M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (double)xf[(size_t)i * K + k] * wf[(size_t)j * K + k];
+            y[(size_t)i * N + j] = (float)s;
+        }
+    return y;
+}
+
 TEST(gpu, cublaslt_gemm_matches_cpu) {
     NEED_GPU();
     test_rng r("gemm");
@@ -303,13 +316,7 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
     CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
     CHECK_STATUS(gemm.run(dx.ptr, dw.ptr, dy.ptr, M, N, K, CUDA_R_16BF, 0), DLLM_OK, nullptr);
     CHECK_STATUS(gemm.run(dx.ptr, dw.ptr, dy32.ptr, M, N, K, CUDA_R_32F, 0), DLLM_OK, nullptr);
-    std::vector<float> want((size_t)M * N), xf = test_f32_vec(xb), wf = test_f32_vec(wb);
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (double)xf[(size_t)i * K + k] * wf[(size_t)j * K + k];
-            want[(size_t)i * N + j] = (float)s;
-        }
+    const std::vector<float> want = test_product_f64(xb, wb, M, N, K);
     double e16 = test_max_rel(test_f32_vec(test_get<uint16_t>(dy, (size_t)M * N)), want), e32 = test_max_rel(test_get<float>(dy32, (size_t)M * N), want);
     printf("    bf16 out %.2e, fp32 out %.2e\n", e16, e32);
     CHECK(e16 < 8e-3 && e32 < 1e-5);
@@ -336,13 +343,7 @@ static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_
     CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dw.ptr, dy2.ptr, M, N, K, 0), DLLM_OK, nullptr);
     CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dw.ptr, dy_few.ptr, few, N, K, 0), DLLM_OK, nullptr);
     std::vector<uint16_t> got = test_get<uint16_t>(dy, out + guard), again = test_get<uint16_t>(dy2, out), alone = test_get<uint16_t>(dy_few, (size_t)few * N);
-    std::vector<float> xf = test_f32_vec(xb), wf = test_f32_vec(wb), want(out);
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0;
-            for (int c = 0; c < K; c++) s += (double)xf[(size_t)i * K + c] * wf[(size_t)j * K + c];
-            want[(size_t)i * N + j] = (float)s;
-        }
+    const std::vector<float> want = test_product_f64(xb, wb, M, N, K);
     const double err = test_max_rel(test_f32_vec(std::vector<uint16_t>(got.begin(), got.begin() + (long)out)), want);
     bool guard_kept = true, repeats = memcmp(got.data(), again.data(), out * 2) == 0, independent = memcmp(got.data(), alone.data(), (size_t)few * N * 2) == 0;
     for (size_t i = out; i < out + guard; i++) guard_kept = guard_kept && got[i] == 0xFFFF;

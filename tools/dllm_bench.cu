@@ -66,6 +66,12 @@ static double bench_ms(cudaStream_t s, int warm, int reps, F &&fn) {
     return t[t.size() / 2];
 }
 
+/* Microseconds per launch of launch(i), i = 0..9 launched back to back (launch gaps amortised), median of reps such runs. */
+template <class F>
+static double bench_us_each(cudaStream_t s, int reps, F &&launch) {
+    return 1000 * bench_ms(s, 2, reps, [&] { for (int i = 0; i < 10; i++) launch(i); }) / 10;
+}
+
 /* Random bf16 values: zeros run faster than real data. */
 static void bench_fill(std::shared_ptr<dllm__module> &rowwise, dllm__dbuf &buf, uint64_t n, cudaStream_t s) {
     uint64_t seed = (uint64_t)(uintptr_t)buf.ptr;
@@ -184,15 +190,14 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     dllm__gemm lt;  // cuBLASLt alone: no gemm_wg candidate
     BENCH_CHECK(lt.init());
-    auto time10 = [&](auto &&launch) { return 1000 * bench_ms(s, 2, 7, [&] { for (int i = 0; i < 10; i++) launch(); }) / 10; };
     const int M = 1024;
     struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
     for (const auto &sh : shapes) {
         bench_gemm_shape g;
         g.M = M; g.N = sh.N; g.K = sh.K;
         bench_prepare(rowwise, g, false, s);
-        const double lt_us = time10([&] { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
-        const double us = time10([&] { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+        const double lt_us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
+        const double us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
         const std::string name = dllm__format("gemm %s M%d ", sh.name, M);
         r.set(name + "cuBLASLt us", lt_us);
         r.set(name + "gemm_wg us", us);
@@ -408,9 +413,7 @@ static void bench_rowwise(bench_result &r, const dllm__arch &arch, cudaStream_t 
         bench_fill(mod, gu[i], (uint64_t)n_max * 2 * f, s);
     }
     for (int n : {n_max, 32}) {
-        auto time10 = [&](auto &&launch) {  // us per launch
-            return 1000 * bench_ms(s, 2, 10, [&] { for (int i = 0; i < 10; i++) launch(i % sets); }) / 10;
-        };
+        auto time10 = [&](auto &&launch) { return bench_us_each(s, 10, [&](int i) { launch(i % sets); }); };  // over the buffer sets
         int d_ = d, n_ = n, row0 = 0, seq = n, pos0 = 0, nh = H, nkv = H, hd_ = hd, f_ = f;
         float eps = 1e-5f;
         const void *no_bias = nullptr, *no_positions = nullptr;
