@@ -5095,7 +5095,7 @@ __device__ __forceinline__ void few_produce(const gemm_few_maps &tm, u32 s0, u32
     auto load_x = [&](int u, int j) { tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, (u % k_steps) * 64, 0, 0, full + (j % NS) * 8); };
     const int first = min(NS, u1 - u0);
     for (int j = 0; j < first; j++) load_w(u0 + j, j);
-    pdl_enter();
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the next grid is let in at the end (gemm_few)
     for (int j = 0; j < first; j++) load_x(u0 + j, j);
     for (int j = NS; j < u1 - u0; j++) {
         mbar_wait(empty + (j % NS) * 8, (j / NS + 1) & 1);
@@ -5131,14 +5131,18 @@ __device__ __forceinline__ void few_piece(const gemm_few_args &a, const float (&
     for (int h = 0; h < 2; h++)
         #pragma unroll
         for (int jj = 0; jj < NX / 8; jj++) mine[(h * (NX / 8) + jj) * 128 + threadIdx.x] = make_float4(acc[h][jj][0], acc[h][jj][1], acc[h][jj][2], acc[h][jj][3]);
-    __threadfence();
     named_bar_sync(1, 128);
     const int c_first = unit_owner(tile * k_steps, units), pieces = unit_owner((tile + 1) * k_steps - 1, units) - c_first + 1;
-    if (threadIdx.x == 0) *broadcast = atomicAdd(a.arrivals + tile, 1);
+    if (threadIdx.x == 0) {  // the release is cumulative: it publishes the warpgroup's writes that the barrier ordered before it
+        int old;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(a.arrivals + tile) : "memory");
+        *broadcast = old;
+    }
     named_bar_sync(1, 128);
     if (*broadcast != pieces - 1) return;
     __threadfence();
     float sum[2][NX / 8][4];  // not acc: ptxas serialises the wgmma of a kernel that writes their accumulators itself
+    #pragma unroll 4
     for (int p = 0; p < pieces; p++) {
         const int c = c_first + p, slot = c * 2 + (first_unit(c, units) < tile * k_steps);  // a CTA that began before the tile ends in it
         const float4 *part = (const float4 *)(a.partial + (size_t)slot * SLOT);
@@ -5212,6 +5216,9 @@ __global__ void __launch_bounds__(160, 1) gemm_few(gemm_few_args a, const __grid
         return;
     }
     few_consume<NX, NS>(a, s0, full, empty, u0, u1, units, k_steps, broadcast);
+    // Only now may the next grid start: its CTAs, resident early, would wait beside this one's warps on every SM for
+    // the whole product.
+    if (threadIdx.x == 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 )DLLM";
 
@@ -5231,7 +5238,8 @@ __global__ void __launch_bounds__(160, 1) gemm_few(gemm_few_args a, const __grid
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
 //       DLLM_GEMM_WG=0     BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
-//       DLLM_GEMM_FEW=0    GEMMs of up to 64 rows without gemm_few
+//       DLLM_GEMM_FEW=0    GEMMs of up to 64 rows without gemm_few; =2 with gemm_few wherever it fits, untimed (to
+//                          measure it inside a step); DLLM_GEMM_FEW_STAGES its ring (2-9)
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
@@ -5312,6 +5320,7 @@ static dllm__arch dllm__arch_for(int cc) {
         a.gemm_wg_stages = a.gemm_few_stages = 0;
     }
     if (!dllm__env_int("DLLM_GEMM_WG", 1)) a.gemm_wg_stages = 0;
+    if (a.gemm_few_stages) a.gemm_few_stages = std::min(9, std::max(2, dllm__env_int("DLLM_GEMM_FEW_STAGES", a.gemm_few_stages)));
     if (!dllm__env_int("DLLM_GEMM_FEW", 1)) a.gemm_few_stages = 0;
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
@@ -6068,6 +6077,7 @@ struct dllm__gemm {
             const float ms = time_runs([&] { return run_own(runner, op, stream) == DLLM_OK; }, stream);
             if (ms < best) { best = ms; p.runner = runner; }
         }
+        if (dllm__env_int("DLLM_GEMM_FEW", 1) == 2 && own_fits(dllm__gemm_plan::GEMM_FEW, op)) p.runner = dllm__gemm_plan::GEMM_FEW;
         if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000, best * 1000);
         return DLLM_OK;
     }
