@@ -4603,16 +4603,12 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
  * c ^ (r % 8), 8-row atoms of 1024 bytes. */
 static const char *dllm__src_hopper = R"DLLM(
 #define WG_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define WG_ACC_N16(d) WG_ACC8(d, 0), WG_ACC8(d, 1)
-#define WG_ACC_N32(d) WG_ACC_N16(d), WG_ACC8(d, 2), WG_ACC8(d, 3)
-#define WG_ACC_N64(d) WG_ACC_N32(d), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
+#define WG_ACC_N64(d) WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
 #define WG_ACC_N128(d) WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13), \
     WG_ACC8(d, 14), WG_ACC8(d, 15)
 #define WG_ACC_N256(d) WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), \
     WG_ACC8(d, 21), WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27), WG_ACC8(d, 28), WG_ACC8(d, 29), \
     WG_ACC8(d, 30), WG_ACC8(d, 31)
-#define WG_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
-#define WG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
@@ -4637,19 +4633,10 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 
 /* Accumulators are the mma layout's n8 chunks, d[j][e] (see mask_keys), N / 8 of them for a 64 x N product.
  * d = (accumulate ? d : 0) + A (64 x 16, shared) . B (N x 16, shared, K-major)^T. N = 128 where a product is 128
- * wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an H200; 256 for gemm_wg's tile;
- * 16 and 32 for gemm_few's few rows. */
+ * wide: one instruction instead of two, 56.6 against 58.1 us at 1024 x 1024 on an H200; 256 for gemm_wg's tile. */
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
-    if constexpr (N == 16)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_REGS8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"
-                     : WG_ACC_N16(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else if constexpr (N == 32)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_REGS16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
-                     : WG_ACC_N32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else if constexpr (N == 64)
+    if constexpr (N == 64)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
                      : WG_ACC_N64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
@@ -5059,169 +5046,6 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
 }
 )DLLM";
 
-/* dllm's BF16 GEMM for a few rows on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T for m <= NX (NX = 16, 32 or
- * 64), the products of a K/V-cache block step (32 rows), which stream the weights once and are bound by HBM. A candidate
- * that dllm__gemm times against cuBLASLt per shape. Twin: the float64 product (tests).
- * Swap-AB: the weights are wgmma's A operand (64-row halves of 128-row tiles) and X's rows its N, so that m = 32 is
- * one m64n32k16 product per half and k16 instead of a 128-row tile mostly of padding. Work is split stream-K: the
- * (tile, 64-wide k-step) units are numbered tile by tile and each of the grid's CTAs (one per SM) takes an equal
- * contiguous range, so every SM streams the same number of weight bytes whatever n is; a CTA's range holds at most
- * two pieces of tiles that other CTAs share. One producer warp streams the weight box (16 KB) and X's box of each unit
- * by TMA into a ring of NS stages; the weights of the first NS units are requested before griddepcontrol.wait (they
- * do not depend on the previous kernel). One consumer warpgroup accumulates in registers.
- * A shared tile's pieces go to a workspace as fp32 and the last of them to arrive (a counter per tile) adds them in
- * the order of k, so the sum and its bits do not depend on which CTA finishes first: a run repeats its bits. */
-static const char *dllm__src_gemm_few = R"DLLM(
-struct gemm_few_args {
-    int m, n, k;
-    bf16_t *y;
-    float *partial;  // [gridDim.x][2][128 * NX] fp32: each CTA's first and last piece of a shared tile
-    int *arrivals;   // [n / 128] pieces arrived per tile: zero between launches (the last one resets it)
-};
-struct gemm_few_maps { tensor_map x, w; };  // x: boxes of 64 columns x NX rows; w: 64 x 128
-
-/* The stream-K split: CTA c takes the units [first_unit(c), first_unit(c + 1)); unit_owner(u) is the CTA that
- * holds unit u (the grid has at most as many CTAs as units, so no range is empty). */
-__device__ __forceinline__ int first_unit(int c, int units) { return (int)((long long)c * units / gridDim.x); }
-__device__ __forceinline__ int unit_owner(int u, int units) { return (int)(((long long)(u + 1) * gridDim.x - 1) / units); }
-
-template <int NX, int NS>
-__device__ __forceinline__ void few_produce(const gemm_few_maps &tm, u32 s0, u32 full, u32 empty, int u0, int u1, int k_steps) {
-    constexpr u32 W_BYTES = 128 * 64 * 2, STAGE = W_BYTES + NX * 64 * 2;
-    auto load_w = [&](int u, int j) {
-        mbar_expect_tx(full + (j % NS) * 8, STAGE);
-        tma_load(s0 + (j % NS) * STAGE, tm.w, (u % k_steps) * 64, (u / k_steps) * 128, 0, full + (j % NS) * 8);
-    };
-    auto load_x = [&](int u, int j) { tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, (u % k_steps) * 64, 0, 0, full + (j % NS) * 8); };
-    const int first = min(NS, u1 - u0);
-    for (int j = 0; j < first; j++) load_w(u0 + j, j);
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // the next grid is let in at the end (gemm_few)
-    for (int j = 0; j < first; j++) load_x(u0 + j, j);
-    for (int j = NS; j < u1 - u0; j++) {
-        mbar_wait(empty + (j % NS) * 8, (j / NS + 1) & 1);
-        load_w(u0 + j, j);
-        load_x(u0 + j, j);
-    }
-}
-
-/* Y's elements of one tile from the consumer's accumulators: half h, chunk jj, element e is weight row (output column)
- * tile * 128 + 64 h + 16 warp + g + 8 (e / 2) and X row 8 jj + 2 t + e % 2. */
-template <int NX>
-__device__ __forceinline__ void few_store(const gemm_few_args &a, const float (&acc)[2][NX / 8][4], int tile) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int h = 0; h < 2; h++)
-        #pragma unroll
-        for (int jj = 0; jj < NX / 8; jj++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = tile * 128 + h * 64 + warp * 16 + g + 8 * (e >> 1), row = jj * 8 + 2 * t + (e & 1);
-                if (row < a.m && col < a.n) a.y[(u64)row * a.n + col] = f32_to_bf16(acc[h][jj][e]);
-            }
-}
-
-/* A piece of a shared tile: written to this CTA's slot (`last`: its range's last piece, else its first), counted; the
- * last piece to arrive adds all of them, in the order of their k-steps, and stores the tile. */
-template <int NX>
-__device__ __forceinline__ void few_piece(const gemm_few_args &a, const float (&acc)[2][NX / 8][4], int tile, bool last, int units, int k_steps,
-                                          int *broadcast) {
-    constexpr int SLOT = 128 * NX;
-    float4 *mine = (float4 *)(a.partial + (size_t)(blockIdx.x * 2 + last) * SLOT);
-    #pragma unroll
-    for (int h = 0; h < 2; h++)
-        #pragma unroll
-        for (int jj = 0; jj < NX / 8; jj++) mine[(h * (NX / 8) + jj) * 128 + threadIdx.x] = make_float4(acc[h][jj][0], acc[h][jj][1], acc[h][jj][2], acc[h][jj][3]);
-    named_bar_sync(1, 128);
-    const int c_first = unit_owner(tile * k_steps, units), pieces = unit_owner((tile + 1) * k_steps - 1, units) - c_first + 1;
-    if (threadIdx.x == 0) {  // the release is cumulative: it publishes the warpgroup's writes that the barrier ordered before it
-        int old;
-        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(a.arrivals + tile) : "memory");
-        *broadcast = old;
-    }
-    named_bar_sync(1, 128);
-    if (*broadcast != pieces - 1) return;
-    __threadfence();
-    float sum[2][NX / 8][4];  // not acc: ptxas serialises the wgmma of a kernel that writes their accumulators itself
-    #pragma unroll 4
-    for (int p = 0; p < pieces; p++) {
-        const int c = c_first + p, slot = c * 2 + (first_unit(c, units) < tile * k_steps);  // a CTA that began before the tile ends in it
-        const float4 *part = (const float4 *)(a.partial + (size_t)slot * SLOT);
-        #pragma unroll
-        for (int h = 0; h < 2; h++)
-            #pragma unroll
-            for (int jj = 0; jj < NX / 8; jj++) {
-                const float4 v = __ldcg(part + (h * (NX / 8) + jj) * 128 + threadIdx.x);
-                sum[h][jj][0] = p ? sum[h][jj][0] + v.x : v.x;
-                sum[h][jj][1] = p ? sum[h][jj][1] + v.y : v.y;
-                sum[h][jj][2] = p ? sum[h][jj][2] + v.z : v.z;
-                sum[h][jj][3] = p ? sum[h][jj][3] + v.w : v.w;
-            }
-    }
-    few_store<NX>(a, sum, tile);
-    if (threadIdx.x == 0) a.arrivals[tile] = 0;
-}
-
-/* The consumer warpgroup: each unit's four k16 steps on both halves, then the previous unit's products awaited and its
- * slot released; at the end of each tile's stretch the tile is stored (whole) or handed to few_piece. */
-template <int NX, int NS>
-__device__ __forceinline__ void few_consume(const gemm_few_args &a, u32 s0, u32 full, u32 empty, int u0, int u1, int units, int k_steps,
-                                            int *broadcast) {
-    constexpr u32 W_BYTES = 128 * 64 * 2, STAGE = W_BYTES + NX * 64 * 2;
-    float acc[2][NX / 8][4];
-    for (int u = u0, j = 0; u < u1;) {
-        const int tile = u / k_steps, start = u, end = min(u1, (tile + 1) * k_steps);
-        for (; u < end; u++, j++) {
-            const u32 sa = s0 + (j % NS) * STAGE;
-            mbar_wait(full + (j % NS) * 8, (j / NS) & 1);
-            wg_fence();
-            #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                #pragma unroll
-                for (int h = 0; h < 2; h++) wgmma_ss<NX>(acc[h], wg_desc(sa + h * 64 * 128 + kk * 32), wg_desc(sa + W_BYTES + kk * 32), u > start || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (u > start) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if ((threadIdx.x & 31) == 0) mbar_arrive(empty + ((j - 1) % NS) * 8);
-            }
-        }
-        wg_wait_for<0>(acc[0]);
-        wg_wait_for<0>(acc[1]);
-        if ((threadIdx.x & 31) == 0) mbar_arrive(empty + ((j - 1) % NS) * 8);
-        if (start == tile * k_steps && end == (tile + 1) * k_steps)
-            few_store<NX>(a, acc, tile);
-        else
-            few_piece<NX>(a, acc, tile, start > u0, units, k_steps, broadcast);
-    }
-}
-
-template <int NX, int NS>
-__global__ void __launch_bounds__(160, 1) gemm_few(gemm_few_args a, const __grid_constant__ gemm_few_maps tm) {
-    constexpr u32 STAGE = (128 + NX) * 64 * 2;
-    extern __shared__ __align__(16) unsigned char smem[];
-    // The ring (1024-byte swizzle atoms), the full and empty mbarriers, the arrival count few_piece broadcasts.
-    const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, full = s0 + NS * STAGE, empty = full + NS * 8;
-    int *broadcast = (int *)(smem + (empty + NS * 8 - smem_u32(smem)));
-    const int k_steps = (a.k + 63) / 64, units = (a.n + 127) / 128 * k_steps;
-    const int u0 = first_unit(blockIdx.x, units), u1 = first_unit(blockIdx.x + 1, units);
-    if (threadIdx.x == 128) {
-        for (int s = 0; s < NS; s++) {
-            mbar_init(full + s * 8, 1);
-            mbar_init(empty + s * 8, 4);  // lane 0 of each consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (threadIdx.x >= 128) {
-        if (threadIdx.x == 128) few_produce<NX, NS>(tm, s0, full, empty, u0, u1, k_steps);
-        return;
-    }
-    few_consume<NX, NS>(a, s0, full, empty, u0, u1, units, k_steps, broadcast);
-    // Only now may the next grid start: its CTAs, resident early, would wait beside this one's warps on every SM for
-    // the whole product.
-    if (threadIdx.x == 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-)DLLM";
-
 // ---------------------------------------------------------------------------------------------------
 // 14. GPU: NVRTC JIT and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
@@ -5238,8 +5062,6 @@ __global__ void __launch_bounds__(160, 1) gemm_few(gemm_few_args a, const __grid
 //       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
 //                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
 //       DLLM_GEMM_WG=0     BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
-//       DLLM_GEMM_FEW=0    GEMMs of up to 64 rows without gemm_few; =2 with gemm_few wherever it fits, untimed (to
-//                          measure it inside a step); DLLM_GEMM_FEW_STAGES its ring (2-9)
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
@@ -5265,8 +5087,7 @@ struct dllm__fp8_tile {
  * 4.97-4.99 ms) and its 32-query attention 0.3 us slower. sm_90a also runs flash_attn_wg (wgmma, 128 query
  * rows in two warpgroups, fa_wg_bc keys per tile, a ring of fa_wg_stages K/V tiles: 3 fill 225 of the 227 KB a CTA
  * may have) where no other path must match flash_attn's bits. sm_90a's BF16 GEMMs time gemm_wg (128 x 256 tiles, a ring
- * of 4 k-steps: 192 KB, and 32 KB of epilogue staging) against cuBLASLt per shape, and up to 64 rows gemm_few too (a
- * ring of 8 k-steps of 16 KB of weights each: 128 KB in flight per SM, twice what HBM's latency needs at its rate). The tests require every
+ * of 4 k-steps: 192 KB, and 32 KB of epilogue staging) against cuBLASLt per shape. The tests require every
  * configuration to compile without a stack frame. Newer GPUs run the same code for their own target,
  * FP8 excepted: Blackwell's block-scaled cuBLASLt modes differ (MXFP8), so they run BF16.
  * FP8 GEMM tiles (fp8_gemm; set, not yet tuned on the device): above 64 rows 128 x 128 in 8 warps of 64 x 32, whose
@@ -5285,16 +5106,14 @@ struct dllm__arch {
     dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
     int gemm_wg_stages;   // gemm_wg's ring of 64-wide k-steps (sm_90a; 0: not used), timed against cuBLASLt per shape
-    int gemm_few_stages;  // gemm_few's ring of 64-wide k-steps (sm_90a; 0: not used), timed against cuBLASLt up to 64 rows
-    bool own_gemm() const { return gemm_wg_stages || gemm_few_stages; }
 };
 
 static const dllm__arch dllm__arch_table[] = {
-    {80, "sm_80", 128, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0, 0},
-    {86, "sm_86", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0, 0},
-    {87, "sm_87", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0, 0},
-    {89, "sm_89", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}, 0, 0},
-    {90, "sm_90a", 128, 32, 2, 2, 2, 128, 3, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}, 4, 8},
+    {80, "sm_80", 128, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {86, "sm_86", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {87, "sm_87", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_NONE, {}, {}, 0},
+    {89, "sm_89", 64, 32, 1, 2, 2, 0, 2, DLLM__FP8_MMA, {128, 128, 64, 32, 3}, {32, 64, 32, 16, 4}, 0},
+    {90, "sm_90a", 128, 32, 2, 2, 2, 128, 3, DLLM__FP8_CUBLASLT_BLOCK, {128, 128, 64, 32, 4}, {32, 64, 32, 16, 6}, 4},
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
@@ -5317,11 +5136,9 @@ static dllm__arch dllm__arch_for(int cc) {
         a.cc = cc;
         a.fp8 = DLLM__FP8_NONE;
         a.fa_wg_bc = 0;  // wgmma is sm_90a's alone
-        a.gemm_wg_stages = a.gemm_few_stages = 0;
+        a.gemm_wg_stages = 0;
     }
     if (!dllm__env_int("DLLM_GEMM_WG", 1)) a.gemm_wg_stages = 0;
-    if (a.gemm_few_stages) a.gemm_few_stages = std::min(9, std::max(2, dllm__env_int("DLLM_GEMM_FEW_STAGES", a.gemm_few_stages)));
-    if (!dllm__env_int("DLLM_GEMM_FEW", 1)) a.gemm_few_stages = 0;
     a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
     a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
     a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
@@ -5582,26 +5399,14 @@ static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
 
 static std::string dllm__gemm_wg_name(const dllm__arch &a) { return dllm__format("gemm_wg<%d>", a.gemm_wg_stages); }
 
-/* gemm_few's widths (X rows a product covers); dllm__gemm_few_width picks the narrowest that holds m rows. */
-static const int dllm__gemm_few_widths[3] = {16, 32, 64};
-static int dllm__gemm_few_width(int m) { return m <= 16 ? 0 : m <= 32 ? 1 : 2; }
-static std::string dllm__gemm_few_name(const dllm__arch &a, int nx) { return dllm__format("gemm_few<%d,%d>", nx, a.gemm_few_stages); }
-
-/* Shared memory of gemm_few: the ring, its alignment slack, the mbarriers and the broadcast arrival count. */
-static size_t dllm__gemm_few_smem(const dllm__arch &a, int nx) { return (size_t)a.gemm_few_stages * (128 + nx) * 128 + 1024 + 16 * a.gemm_few_stages + 16; }
-
 /* Shared memory of gemm_wg: the ring, the consumers' staging buffers, the slack that aligns them to 1024 bytes, and the
  * full and empty mbarriers. */
 static size_t dllm__gemm_wg_smem(const dllm__arch &a) { return (size_t)a.gemm_wg_stages * (128 + 256) * 128 + 2 * 16384 + 1024 + 16 * a.gemm_wg_stages; }
 
-/* The module of gemm_wg and gemm_few (sm_90a, where the table has them). */
+/* gemm_wg's module (sm_90a, where the table has it). */
 static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch) {
-    dllm__jit_request rq = {dllm__format("dllm_gemm_wg_s%d_f%d", arch.gemm_wg_stages, arch.gemm_few_stages),
-                            std::string(dllm__src_common) + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg + dllm__src_gemm_few, {}, arch.target};
-    if (arch.gemm_wg_stages) rq.kernels.push_back(dllm__gemm_wg_name(arch));
-    if (arch.gemm_few_stages)
-        for (int nx : dllm__gemm_few_widths) rq.kernels.push_back(dllm__gemm_few_name(arch, nx));
-    return rq;
+    return {dllm__format("dllm_gemm_wg_s%d", arch.gemm_wg_stages), std::string(dllm__src_common) + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
+            {dllm__gemm_wg_name(arch)}, arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
@@ -5767,35 +5572,23 @@ static bool dllm__tensor_map(CUtensorMap &map, const void *base, int width, int 
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* dllm's Hopper GEMMs (dllm__src_gemm_wg, dllm__src_gemm_few), loaded for one device; either may be absent. */
+/* dllm's Hopper GEMM (dllm__src_gemm_wg), loaded for one device. */
 struct dllm__gemm_wg {
     std::shared_ptr<dllm__module> module;
-    cudaKernel_t kernel = nullptr;  // gemm_wg
+    cudaKernel_t kernel = nullptr;
     size_t smem = 0;
     int clusters = 0;  // clusters of two CTAs the GPU holds at once
-    cudaKernel_t few[3] = {};  // gemm_few, per width (dllm__gemm_few_widths)
-    size_t few_smem[3] = {};
-    int sms = 0;  // gemm_few's grid at most: one CTA per SM
-    dllm__dbuf partial, arrivals;  // gemm_few's shared-tile pieces and counters
-    static const int few_max_tiles = 4096;  // arrival counters: N up to 128 x this
-    /* Whether gemm_wg runs Y [M x N] = X . W^T: whole 256-wide column tiles, 16-byte rows and bases for TMA. */
+    /* Whether it runs Y [M x N] = X . W^T: whole 256-wide column tiles, 16-byte rows and bases for TMA. */
     bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
         return kernel && N > 0 && N % 256 == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
     }
-    /* Whether gemm_few does: at most 64 rows, 16-byte rows and bases for TMA. */
-    bool fits_few(const void *X, const void *W, int M, int N, int K) const {
-        return few[0] && M >= 0 && M <= 64 && N > 0 && N <= 128 * few_max_tiles && K > 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W) % 16 == 0;
-    }
-    void clear() {
-        module.reset();
-        kernel = nullptr;
-        for (cudaKernel_t &k : few) k = nullptr;
-        partial.release();
-        arrivals.release();
-    }
 };
 
-static dllm_status dllm__gemm_wg_load_wide(const dllm__arch &a, dllm__gemm_wg &k) {
+/* Loads gemm_wg for the current device where the table has it and the driver encodes tensor maps; leaves k empty
+ * otherwise. */
+static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
+    if (!a.gemm_wg_stages || !dllm__tensor_map_encoder()) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a), k.module));
     cudaKernel_t kernel = k.module->kernels[dllm__gemm_wg_name(a)];
     k.smem = dllm__gemm_wg_smem(a);
     DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem));
@@ -5812,32 +5605,6 @@ static dllm_status dllm__gemm_wg_load_wide(const dllm__arch &a, dllm__gemm_wg &k
     return DLLM_OK;
 }
 
-static dllm_status dllm__gemm_wg_load_few(const dllm__arch &a, dllm__gemm_wg &k) {
-    int dev = 0;
-    DLLM__CUDA(cudaGetDevice(&dev));
-    DLLM__CUDA(cudaDeviceGetAttribute(&k.sms, cudaDevAttrMultiProcessorCount, dev));
-    DLLM__TRY(k.partial.fit((size_t)k.sms * 2 * 128 * 64 * 4, "gemm_few's partial tiles"));
-    DLLM__TRY(k.arrivals.fit((size_t)dllm__gemm_wg::few_max_tiles * 4, "gemm_few's tile counters"));
-    DLLM__CUDA(cudaMemset(k.arrivals.ptr, 0, k.arrivals.bytes));
-    for (int i = 0; i < 3; i++) {
-        k.few_smem[i] = dllm__gemm_few_smem(a, dllm__gemm_few_widths[i]);
-        cudaKernel_t kernel = k.module->kernels[dllm__gemm_few_name(a, dllm__gemm_few_widths[i])];
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.few_smem[i]));
-        k.few[i] = kernel;
-    }
-    return DLLM_OK;
-}
-
-/* Loads gemm_wg and gemm_few for the current device where the table has them and the driver encodes tensor maps;
- * leaves k empty otherwise. */
-static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
-    if (!a.own_gemm() || !dllm__tensor_map_encoder()) return DLLM_OK;
-    DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a), k.module));
-    if (a.gemm_wg_stages) DLLM__TRY(dllm__gemm_wg_load_wide(a, k));
-    if (a.gemm_few_stages) DLLM__TRY(dllm__gemm_wg_load_few(a, k));
-    return DLLM_OK;
-}
-
 /* Y [M x N] (bf16) = X [M x K] . W [N x K]^T on gemm_wg: as many clusters of two as the GPU holds at once, each walking
  * its tile pairs. */
 static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
@@ -5851,21 +5618,6 @@ static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, cons
     const int pairs = (M + 255) / 256 * (N / 256);
     void *argv[] = {&args, &maps};
     return dllm__launch(k.kernel, dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, stream, argv, "gemm_wg", 2);
-}
-
-/* The same on gemm_few (M <= 64): one CTA per SM, or one per (128-column tile, 64-wide k-step) unit where there are
- * fewer. */
-static dllm_status dllm__gemm_few_run(const dllm__gemm_wg &k, const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
-    if (!k.fits_few(X, W, M, N, K)) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_few cannot run M=%d N=%d K=%d", M, N, K);
-    if (M == 0) return DLLM_OK;
-    const int w = dllm__gemm_few_width(M), nx = dllm__gemm_few_widths[w];
-    struct { CUtensorMap x, w; } maps;
-    if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, nx) || !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, 128))
-        return dllm__fail(DLLM_ERR_CUDA, "the driver refused a TMA tensor map for gemm_few (M=%d N=%d K=%d)", M, N, K);
-    struct { int m, n, k; void *y, *partial, *arrivals; } args = {M, N, K, Y, k.partial.ptr, k.arrivals.ptr};
-    const long long units = (long long)(N + 127) / 128 * ((K + 63) / 64);
-    void *argv[] = {&args, &maps};
-    return dllm__launch(k.few[w], dim3((unsigned)std::min<long long>(units, k.sms)), dim3(160), k.few_smem[w], stream, argv, "gemm_few");
 }
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
@@ -5900,7 +5652,7 @@ struct dllm__gemm_plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
-    enum { CUBLASLT, GEMM_WG, GEMM_FEW } runner = CUBLASLT;  // who runs this shape: cuBLASLt's algo or one of dllm's
+    bool own = false;  // gemm_wg runs this shape instead of cuBLASLt's algo
     ~dllm__gemm_plan() {
         if (desc) cublasLtMatmulDescDestroy(desc);
         if (a) cublasLtMatrixLayoutDestroy(a);
@@ -5926,7 +5678,7 @@ struct dllm__gemm_op {
 struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
     dllm__dbuf workspace;
-    const dllm__gemm_wg *own = nullptr;  // dllm's Hopper GEMMs, candidates of every tuned BF16 shape they fit
+    const dllm__gemm_wg *own = nullptr;  // dllm's Hopper GEMM, a candidate of every tuned BF16 shape it fits
     std::unordered_map<std::string, std::unique_ptr<dllm__gemm_plan>> plans;
     static const size_t workspace_bytes = 32u << 20;  // Hopper kernels want up to 32 MiB
 
@@ -6029,9 +5781,9 @@ struct dllm__gemm {
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
-        if (p.runner != dllm__gemm_plan::CUBLASLT)
-            dllm__log_verbose("GEMM %s M=%d N=%d K=%d: %s, %.1f us; heuristic's first %.1f us; %d cuBLASLt candidates timed", op.kind(), op.M, op.N, op.K,
-                              p.runner == dllm__gemm_plan::GEMM_WG ? "gemm_wg" : "gemm_few", best_us, first_us, found);
+        if (p.own)
+            dllm__log_verbose("GEMM %s M=%d N=%d K=%d: gemm_wg, %.1f us; heuristic's first %.1f us; %d cuBLASLt candidates timed", op.kind(), op.M, op.N, op.K,
+                              best_us, first_us, found);
         else
             dllm__log_verbose("GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
                               op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
@@ -6058,8 +5810,7 @@ struct dllm__gemm {
         dllm__tls_error.clear();
         return ok ? total / 3 : INFINITY;
     }
-    /* Times the candidates on the real operands and keeps the fastest: cuBLASLt's, then gemm_wg and gemm_few where they
-     * fit. */
+    /* Times the candidates on the real operands and keeps the fastest: cuBLASLt's, then gemm_wg where it fits. */
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         float best = INFINITY, first = INFINITY;
         const float alpha = 1.0f, beta = 0.0f;
@@ -6072,24 +5823,15 @@ struct dllm__gemm {
             if (i == 0) first = ms;
             if (ms < best) { best = ms; p.algo = res[i].algo; }
         }
-        for (auto runner : {dllm__gemm_plan::GEMM_WG, dllm__gemm_plan::GEMM_FEW}) {
-            if (!own_fits(runner, op)) continue;
-            const float ms = time_runs([&] { return run_own(runner, op, stream) == DLLM_OK; }, stream);
-            if (ms < best) { best = ms; p.runner = runner; }
+        if (own_fits(op)) {
+            const float ms = time_runs([&] { return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
+            if (ms < best) { best = ms; p.own = true; }
         }
-        if (dllm__env_int("DLLM_GEMM_FEW", 1) == 2 && own_fits(dllm__gemm_plan::GEMM_FEW, op)) p.runner = dllm__gemm_plan::GEMM_FEW;
         if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000, best * 1000);
         return DLLM_OK;
     }
-    /* Whether one of dllm's GEMMs can run op: BF16 in and out, on a GPU that has it. */
-    bool own_fits(int runner, const dllm__gemm_op &op) const {
-        if (!own || op.fp8() || op.out_type != CUDA_R_16BF) return false;
-        return runner == dllm__gemm_plan::GEMM_WG ? own->fits(op.X, op.W, op.Y, op.N, op.K) : own->fits_few(op.X, op.W, op.M, op.N, op.K);
-    }
-    dllm_status run_own(int runner, const dllm__gemm_op &op, cudaStream_t stream) const {
-        return runner == dllm__gemm_plan::GEMM_WG ? dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream)
-                                                  : dllm__gemm_few_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
-    }
+    /* Whether gemm_wg can run op: BF16 in and out, on a GPU that has it. */
+    bool own_fits(const dllm__gemm_op &op) const { return own && !op.fp8() && op.out_type == CUDA_R_16BF && own->fits(op.X, op.W, op.Y, op.N, op.K); }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m (unordered
      * split-K excluded, no timing), and no launch computes more than pin_m rows, the sizes it was chosen for (at
      * 1024-2048 rows in one launch the first trial of the last layer's pinned GEMMs failed). So the bits of a row
@@ -6150,8 +5892,8 @@ struct dllm__gemm {
         return launch(*p, op, stream);
     }
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
-        // A plan that chose one of dllm's GEMMs keeps cuBLASLt's best algorithm too, for operands that one cannot take.
-        if (p.runner != dllm__gemm_plan::CUBLASLT && own_fits(p.runner, op)) return run_own(p.runner, op, stream);
+        // A plan that chose gemm_wg keeps cuBLASLt's best algorithm too, for operands gemm_wg cannot take.
+        if (p.own && own_fits(op)) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
         DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
@@ -6363,7 +6105,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
     dllm__gemm gemm_;
-    dllm__gemm_wg gemm_wg_;  // dllm's Hopper GEMMs, candidates of gemm_
+    dllm__gemm_wg gemm_wg_;  // dllm's Hopper GEMM, a candidate of gemm_
     std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
     cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_;
     dllm__attn_kernels k_attn_;
@@ -6516,7 +6258,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     dllm__jit_request rq[4] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim),
                                dllm__module_gemm_wg(arch_)};
     std::shared_ptr<dllm__module> gemm_module, *dst[4] = {&rowwise_, &sampler_, &attn_, &gemm_module};
-    const int n = arch_.own_gemm() ? 4 : 3;
+    const int n = arch_.gemm_wg_stages ? 4 : 3;
     dllm_status st[4];
     std::string err[4];
     std::vector<std::thread> workers;
@@ -6536,10 +6278,10 @@ dllm_status dllm__gpu_backend::load_kernels() {
     k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
     DLLM__TRY(dllm__attn_kernels_of(*attn_, arch_, m_.cfg.head_dim, k_attn_));
     if (dllm__gemm_wg_load(arch_, gemm_wg_) != DLLM_OK) {
-        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMMs are not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
-        gemm_wg_.clear();
+        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
+        gemm_wg_ = dllm__gemm_wg();
     }
-    if (gemm_wg_.kernel || gemm_wg_.few[0]) gemm_.own = &gemm_wg_;
+    if (gemm_wg_.kernel) gemm_.own = &gemm_wg_;
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));

@@ -11,7 +11,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128)};
-        if (a.own_gemm()) rqs.push_back(dllm__module_gemm_wg(a));
+        if (a.gemm_wg_stages) rqs.push_back(dllm__module_gemm_wg(a));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
             for (int stages : {2, 3}) {
                 dllm__arch wide = a;
@@ -29,7 +29,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             worst_ms = std::max(worst_ms, dllm__now_ms() - t0);
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            if (rq.name.find("attn") != std::string::npos || rq.name.find("gemm") != std::string::npos)  // register arrays must stay in registers
+            if (rq.name.find("attn") != std::string::npos || rq.name.find("gemm_wg") != std::string::npos)  // register arrays must stay in registers
                 CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
         }
@@ -93,21 +93,12 @@ TEST(jit, arch_table_and_overrides) {
     setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     unsetenv("DLLM_FA_WG_BC");
-    // gemm_wg and gemm_few: sm_90a only, each off under its switch, their rings within a CTA's 227 KB.
+    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
-    CHECK(dllm__arch_for(90).gemm_few_stages == 8 && dllm__arch_for(89).gemm_few_stages == 0 && dllm__arch_for(120).gemm_few_stages == 0);
     CHECK(dllm__gemm_wg_smem(dllm__arch_for(90)) <= 227 * 1024);
-    for (int nx : dllm__gemm_few_widths) CHECK(dllm__gemm_few_smem(dllm__arch_for(90), nx) <= 227 * 1024);
-    CHECK(dllm__module_gemm_wg(dllm__arch_for(90)).kernels.size() == 4);
     setenv("DLLM_GEMM_WG", "0", 1);
-    CHECK(dllm__arch_for(90).gemm_wg_stages == 0 && dllm__module_gemm_wg(dllm__arch_for(90)).kernels.size() == 3);
+    CHECK(dllm__arch_for(90).gemm_wg_stages == 0);
     unsetenv("DLLM_GEMM_WG");
-    setenv("DLLM_GEMM_FEW", "0", 1);
-    CHECK(dllm__arch_for(90).gemm_few_stages == 0 && dllm__arch_for(90).own_gemm());
-    unsetenv("DLLM_GEMM_FEW");
-    // gemm_few's width: the narrowest of 16, 32, 64 that holds the rows.
-    CHECK(dllm__gemm_few_width(1) == 0 && dllm__gemm_few_width(16) == 0 && dllm__gemm_few_width(17) == 1 && dllm__gemm_few_width(32) == 1 &&
-          dllm__gemm_few_width(33) == 2 && dllm__gemm_few_width(64) == 2);
     for (const dllm__arch &a : dllm__arch_table) {
         dllm__arch three = a;
         three.fa_wg_stages = 3;
@@ -331,13 +322,11 @@ TEST(gpu, cublaslt_gemm_matches_cpu) {
     CHECK(e16 < 8e-3 && e32 < 1e-5);
 }
 
-/* One of dllm's Hopper GEMMs (gemm_wg, gemm_few) against the float64 product of the same bf16 operands at an awkward
- * shape; outputs poisoned, with a poisoned row past the end that must stay so. Then the properties the backend relies
- * on: a run repeats its bits (gemm_few: its shared tiles' counters are reset for the next launch), and for gemm_wg the
- * first rows computed alone carry the bits they have among all (row-independence, which LaCache's pinned rows need;
- * gemm_few runs only tuned shapes). */
-template <class Run>
-static void test_own_gemm_case(dllm_test_state &T_, Run &&run, bool row_independent, test_rng &r, int M, int N, int K) {
+/* gemm_wg (sm_90a) against the float64 product of the same bf16 operands at awkward shapes (rows past a tile, an odd
+ * number of m-tiles, K not a multiple of 64, one row, more tile pairs than clusters); outputs poisoned, with a
+ * poisoned row past the end that must stay so. Then the properties the backend relies on: a run repeats its bits,
+ * and the first rows computed alone carry the bits they have among all (row-independence). */
+static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_rng &r, int M, int N, int K) {
     std::vector<float> x((size_t)M * K), w((size_t)N * K);
     for (float &v : x) v = r.normal();
     for (float &v : w) v = r.normal() * 0.1f;
@@ -350,14 +339,13 @@ static void test_own_gemm_case(dllm_test_state &T_, Run &&run, bool row_independ
     test_poison(dy2, out * 2);
     const int few = std::min(M, 37);
     test_poison(dy_few, (size_t)few * N * 2);
-    CHECK_STATUS(run(dx.ptr, dw.ptr, dy.ptr, M, N, K), DLLM_OK, nullptr);
-    CHECK_STATUS(run(dx.ptr, dw.ptr, dy2.ptr, M, N, K), DLLM_OK, nullptr);
-    if (row_independent) CHECK_STATUS(run(dx.ptr, dw.ptr, dy_few.ptr, few, N, K), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dw.ptr, dy.ptr, M, N, K, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dw.ptr, dy2.ptr, M, N, K, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dw.ptr, dy_few.ptr, few, N, K, 0), DLLM_OK, nullptr);
     std::vector<uint16_t> got = test_get<uint16_t>(dy, out + guard), again = test_get<uint16_t>(dy2, out), alone = test_get<uint16_t>(dy_few, (size_t)few * N);
     const std::vector<float> want = test_product_f64(xb, wb, M, N, K);
     const double err = test_max_rel(test_f32_vec(std::vector<uint16_t>(got.begin(), got.begin() + (long)out)), want);
-    bool guard_kept = true, repeats = memcmp(got.data(), again.data(), out * 2) == 0;
-    bool independent = !row_independent || memcmp(got.data(), alone.data(), (size_t)few * N * 2) == 0;
+    bool guard_kept = true, repeats = memcmp(got.data(), again.data(), out * 2) == 0, independent = memcmp(got.data(), alone.data(), (size_t)few * N * 2) == 0;
     for (size_t i = out; i < out + guard; i++) guard_kept = guard_kept && got[i] == 0xFFFF;
     printf("    M=%d N=%d K=%d: max relative error %.2e%s%s%s\n", M, N, K, err, guard_kept ? "" : ", WROTE PAST THE END", repeats ? "" : ", NOT REPEATABLE",
            independent ? "" : ", ROWS DEPEND ON M");
@@ -372,12 +360,11 @@ TEST(gpu, gemm_wg_matches_cpu) {
     CHECK_STATUS(dllm__gemm_wg_load(g.arch, k), DLLM_OK, nullptr);
     if (!k.kernel) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
     test_rng r("gemm_wg");
-    auto run = [&](const void *X, const void *W, void *Y, int M, int N, int K) { return dllm__gemm_wg_run(k, X, W, Y, M, N, K, 0); };
-    test_own_gemm_case(T_, run, true, r, 333, 512, 200);       // 3 m-tiles: the last pair's second tile repeats the first
-    test_own_gemm_case(T_, run, true, r, 1, 256, 8);
-    test_own_gemm_case(T_, run, true, r, 130, 768, 136);
-    test_own_gemm_case(T_, run, true, r, 600, 256, 4096);      // 64 k-steps: the ring wraps many times
-    test_own_gemm_case(T_, run, true, r, 1100, 67 * 256, 72);  // 5 x 67 tile pairs for at most 66 clusters: clusters walk several
+    test_gemm_wg_case(T_, k, r, 333, 512, 200);       // 3 m-tiles: the last pair's second tile repeats the first
+    test_gemm_wg_case(T_, k, r, 1, 256, 8);
+    test_gemm_wg_case(T_, k, r, 130, 768, 136);
+    test_gemm_wg_case(T_, k, r, 600, 256, 4096);      // 64 k-steps: the ring wraps many times
+    test_gemm_wg_case(T_, k, r, 1100, 67 * 256, 72);  // 5 x 67 tile pairs for at most 66 clusters: clusters walk several
     // Shapes it cannot run are refused, not computed wrong.
     dllm__dbuf dx, dy;
     test_poison(dx, 1 << 16);
@@ -385,29 +372,6 @@ TEST(gpu, gemm_wg_matches_cpu) {
     CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 384, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
     CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
     CHECK_STATUS(dllm__gemm_wg_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
-}
-
-TEST(gpu, gemm_few_matches_cpu) {
-    NEED_GPU();
-    test_gpu g;
-    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    dllm__gemm_wg k;
-    CHECK_STATUS(dllm__gemm_wg_load(g.arch, k), DLLM_OK, nullptr);
-    if (!k.few[0]) SKIP("skipped (gemm_few is sm_90a's, with a driver that encodes TMA tensor maps)");
-    test_rng r("gemm_few");
-    auto run = [&](const void *X, const void *W, void *Y, int M, int N, int K) { return dllm__gemm_few_run(k, X, W, Y, M, N, K, 0); };
-    test_own_gemm_case(T_, run, false, r, 32, 4096, 4096);  // a block step's O: 2048 units for the SMs, tiles in pieces
-    test_own_gemm_case(T_, run, false, r, 1, 200, 72);      // a partial column tile and k-step, a CTA a unit
-    test_own_gemm_case(T_, run, false, r, 17, 1000, 1000);  // width 32, 17 rows
-    test_own_gemm_case(T_, run, false, r, 5, 12288, 136);   // width 16
-    test_own_gemm_case(T_, run, false, r, 64, 384, 12288);  // width 64; 192 k-steps a tile: dozens of pieces each
-    test_own_gemm_case(T_, run, false, r, 33, 640, 520);
-    dllm__dbuf dx, dy;
-    test_poison(dx, 1 << 16);
-    test_poison(dy, 1 << 16);
-    CHECK_STATUS(dllm__gemm_few_run(k, dx.ptr, dx.ptr, dy.ptr, 65, 128, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
-    CHECK_STATUS(dllm__gemm_few_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
-    CHECK_STATUS(dllm__gemm_few_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
 }
 
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and

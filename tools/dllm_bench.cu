@@ -4,8 +4,7 @@
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
- *   build/dllm-bench --gemm-only           dllm's Hopper GEMMs against cuBLASLt at the LLaDA-8B shapes of a W1 step
- *                                          (gemm_wg, 1024 rows) and of a dual-cache block step (gemm_few, 32 rows)
+ *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
  *                                          and LaCache's per-component savings at W1's geometry
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
@@ -204,42 +203,6 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
         r.set(name + "gemm_wg us", us);
         r.set(name + "gemm_wg TFLOPs", 2.0 * M * sh.N * sh.K / us / 1e6);
         r.set(name + "gemm_wg vs cuBLASLt", us / lt_us);
-    }
-}
-
-/* gemm_few (sm_90a) against cuBLASLt's tuned best (split-K copies included) at the LLaDA-8B shapes of a dual-cache block
- * step (32 rows), in TB/s of weights streamed. The launches go round enough copies of the weights (over 160 MB) that
- * each reads them from HBM, as a step does; the tuner timed its candidates on one copy. */
-static void bench_gemm_few(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
-    dllm__gemm_wg k;
-    BENCH_CHECK(dllm__gemm_wg_load(arch, k));
-    if (!k.few[0]) {
-        printf("(no gemm_few on sm_%d)\n", arch.cc);
-        return;
-    }
-    std::shared_ptr<dllm__module> rowwise;
-    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
-    dllm__gemm lt;  // cuBLASLt alone
-    BENCH_CHECK(lt.init());
-    const int M = 32;
-    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
-    for (const auto &sh : shapes) {
-        const double w_bytes = 2.0 * sh.N * sh.K;
-        const int sets = std::max(2, (int)ceil(160e6 / w_bytes));
-        std::vector<bench_gemm_shape> g((size_t)sets);
-        for (bench_gemm_shape &one : g) {
-            one.M = M; one.N = sh.N; one.K = sh.K;
-            bench_prepare(rowwise, one, false, s);
-        }
-        auto set_of = [&](int i) -> bench_gemm_shape & { return g[(size_t)(i % sets)]; };
-        const double lt_us = bench_us_each(s, 7, [&](int i) { BENCH_CHECK(lt.run(set_of(i).x.ptr, set_of(i).w.ptr, set_of(i).y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
-        const double us = bench_us_each(s, 7, [&](int i) { BENCH_CHECK(dllm__gemm_few_run(k, set_of(i).x.ptr, set_of(i).w.ptr, set_of(i).y.ptr, M, sh.N, sh.K, s)); });
-        const std::string name = dllm__format("gemm %s M%d ", sh.name, M);
-        r.set(name + "cuBLASLt us", lt_us);
-        r.set(name + "cuBLASLt TB/s", w_bytes / lt_us / 1e6);
-        r.set(name + "gemm_few us", us);
-        r.set(name + "gemm_few TB/s", w_bytes / us / 1e6);
-        r.set(name + "gemm_few vs cuBLASLt", us / lt_us);
     }
 }
 
@@ -511,14 +474,12 @@ int main(int argc, char **argv) {
     }
     if (gemm_only) {
         bench_gemm_wg(r, arch, s0);
-        bench_gemm_few(r, arch, s0);
         return 0;
     }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
     bench_gemm_wg(r, arch, s0);
-    bench_gemm_few(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
@@ -543,7 +504,7 @@ int main(int argc, char **argv) {
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
         BENCH_CHECK(dllm__jit_load(dllm__module_sampler(arch), b));
         BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, 128), c));
-        if (arch.own_gemm()) BENCH_CHECK(dllm__jit_load(dllm__module_gemm_wg(arch), c));
+        if (arch.gemm_wg_stages) BENCH_CHECK(dllm__jit_load(dllm__module_gemm_wg(arch), c));
     };
     {
         std::lock_guard<std::mutex> lk(dllm__jit_mutex);
