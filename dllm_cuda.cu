@@ -4924,28 +4924,25 @@ template <int NS>
 __device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
     constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + 256 * 64 * 2;
     const int rank = blockIdx.x & 1;
-    auto load_w = [&](int j) {
-        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
+    auto load_w = [&](int j, const gemm_job &q) {
         const u32 slot = j % NS;
         tma_load_both(s0 + slot * STAGE + A_BYTES + rank * 128 * 128, tm.w, q.ks * 64, q.c0 + rank * 128, full + slot * 8);
     };
-    auto load_x = [&](int j) {
-        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
-        tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8);
-    };
+    auto load_x = [&](int j, const gemm_job &q) { tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8); };
     const int first = min(NS, jobs);
     for (int j = 0; j < first; j++) {
         mbar_expect_tx(full + j * 8, STAGE);
-        load_w(j);
+        load_w(j, gemm_job_of(j, m_tiles, k_steps));
     }
     pdl_enter();
-    for (int j = 0; j < first; j++) load_x(j);
+    for (int j = 0; j < first; j++) load_x(j, gemm_job_of(j, m_tiles, k_steps));
     for (int j = NS; j < jobs; j++) {
         const int slot = j % NS;
+        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
         mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
         mbar_expect_tx(full + slot * 8, STAGE);
-        load_w(j);
-        load_x(j);
+        load_w(j, q);
+        load_x(j, q);
     }
 }
 

@@ -375,10 +375,10 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
         if (q_rows == n && k.wide) {  // what layers >= 1 of a plain forward run (10 back to back: launch gaps amortised)
-            ms = bench_ms(s, 3, 20, [&] { for (int i = 0; i < 10; i++) BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s, true)); }) / 10;
+            const double us = bench_us_each(s, 20, [&](int) { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s, true)); });
             const std::string wide = dllm__format("attention wgmma 128x%d ", arch.fa_wg_bc);
-            r.set(wide + "1024 over 1024 us", ms * 1000);
-            r.set(wide + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
+            r.set(wide + "1024 over 1024 us", us);
+            r.set(wide + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / us / 1e6);
         }
     }
 }
