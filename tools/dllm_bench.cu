@@ -2,6 +2,7 @@
  * beside the PyTorch reference run in the same device call.
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
+ *   build/dllm-bench --help                the options; an unknown one is an error (exit 2), not a full run
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
@@ -469,20 +470,45 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
+static const char *bench_usage =
+    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only] [--anchors anchor_torch.json]\n"
+    "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
+    "\n"
+    "Speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file needed); the\n"
+    "ratios to the PyTorch reference when its results are given. Modes (the default runs everything):\n"
+    "  --quick            the dual-cache block step and the N=1024 forward, profiled, and LaCache's components\n"
+    "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
+    "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
+    "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n";
+
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false;
+    struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
+                                                      {"--quick", &quick}};
+    struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
+                                                                 {"--config", &config}};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--attention-only")) attention_only = true;
-        if (!strcmp(argv[i], "--gemm-only")) gemm_only = true;
-        if (!strcmp(argv[i], "--rowwise-only")) rowwise_only = true;
-        if (!strcmp(argv[i], "--quick")) quick = true;
-    }
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--anchors")) anchors = argv[i + 1];
-        else if (!strcmp(argv[i], "--anchor-graphs")) graphs = argv[i + 1];
-        else if (!strcmp(argv[i], "--json")) json_out = argv[i + 1];
-        else if (!strcmp(argv[i], "--config")) config = argv[i + 1];
+        bool known = false;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(bench_usage, stdout);
+            return 0;
+        }
+        for (auto &m : modes)
+            if (!strcmp(argv[i], m.flag)) *m.on = known = true;
+        for (auto &v : values)
+            if (!strcmp(argv[i], v.flag)) {
+                if (i + 1 == argc) {
+                    fprintf(stderr, "dllm-bench: %s needs a value\n%s", v.flag, bench_usage);
+                    return 2;
+                }
+                *v.value = argv[++i];
+                known = true;
+            }
+        if (!known) {
+            fprintf(stderr, "dllm-bench: unknown argument '%s'\n%s", argv[i], bench_usage);
+            return 2;
+        }
     }
     bench_result r;
     cudaStream_t s0;
