@@ -74,13 +74,18 @@ static double bench_us_each(cudaStream_t s, int reps, F &&launch) {
     return 1000 * bench_ms(s, 2, reps, [&] { for (int i = 0; i < 10; i++) launch(i); }) / 10;
 }
 
-/* Microseconds per launch of launch() in the state a long run reaches: launched alone for 0.4 s first (on an H200 a
- * sustained BF16 GEMM meets the 700 W power cap and the SM clock falls by about a fifth), then 200 launches timed.
- * The GPU idles 0.5 s before, so that what ran before does not decide the clock. */
-template <class F>
-static double bench_us_sustained(cudaStream_t s, F &&launch) {
+/* Lets the GPU idle for 0.5 s, so that the clock a timing starts at does not depend on what ran before it (a sustained
+ * BF16 GEMM on an H200 meets the 700 W power cap and the SM clock falls by about a fifth). */
+static void bench_idle(cudaStream_t s) {
     cudaStreamSynchronize(s);
     usleep(500000);
+}
+
+/* Microseconds per launch of launch() in the state a long run reaches: after bench_idle, launched alone for 0.4 s,
+ * then 200 launches timed. */
+template <class F>
+static double bench_us_sustained(cudaStream_t s, F &&launch) {
+    bench_idle(s);
     const double t0 = dllm__now_ms();
     while (dllm__now_ms() - t0 < 400) {
         for (int i = 0; i < 20; i++) launch();
@@ -195,8 +200,9 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
 }
 
 /* gemm_wg (sm_90a) against cuBLASLt's tuned best at the LLaDA-8B shapes of a 1024-token step (10 launches back to
- * back a timing, the same operands), and both sustained (bench_us_sustained), as a forward runs them. */
-static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+ * back a timing, the same operands); with `sustained` (--gemm-only) both also as a power-capped forward runs them
+ * (bench_us_sustained, about 10 s in all). */
+static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t s, bool sustained) {
     dllm__gemm_wg k;
     BENCH_CHECK(dllm__gemm_wg_load(arch, k));
     if (!k.kernel) {
@@ -213,17 +219,18 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
         bench_gemm_shape g;
         g.M = M; g.N = sh.N; g.K = sh.K;
         bench_prepare(rowwise, g, false, s);
-        cudaStreamSynchronize(s);
-        usleep(500000);  // bursts at full clock: idle after the previous shape's sustained runs
-        const double lt_us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
-        const double us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+        auto run_lt = [&] { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); };
+        auto run_wg = [&] { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); };
+        if (sustained) bench_idle(s);  // the bursts at full clock, not where the previous shape's sustained runs left it
+        const double lt_us = bench_us_each(s, 7, [&](int) { run_lt(); });
+        const double us = bench_us_each(s, 7, [&](int) { run_wg(); });
         const std::string name = dllm__format("gemm %s M%d ", sh.name, M);
         r.set(name + "cuBLASLt us", lt_us);
         r.set(name + "gemm_wg us", us);
         r.set(name + "gemm_wg TFLOPs", 2.0 * M * sh.N * sh.K / us / 1e6);
         r.set(name + "gemm_wg vs cuBLASLt", us / lt_us);
-        const double lt_held = bench_us_sustained(s, [&] { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
-        const double held = bench_us_sustained(s, [&] { BENCH_CHECK(dllm__gemm_wg_run(k, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+        if (!sustained) continue;
+        const double lt_held = bench_us_sustained(s, run_lt), held = bench_us_sustained(s, run_wg);
         r.set(name + "cuBLASLt sustained us", lt_held);
         r.set(name + "gemm_wg sustained us", held);
         r.set(name + "cuBLASLt sustained TFLOPs", 2.0 * M * sh.N * sh.K / lt_held / 1e6);
@@ -522,13 +529,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (gemm_only) {
-        bench_gemm_wg(r, arch, s0);
+        bench_gemm_wg(r, arch, s0, true);
         return 0;
     }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
-    bench_gemm_wg(r, arch, s0);
+    bench_gemm_wg(r, arch, s0, false);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
