@@ -3612,17 +3612,24 @@ extern "C" __global__ void block_begin(dllm_step_state *st, const int *canvas, i
     }
 }
 
-/* Random weights for benchmarks (no file): uniform in [-scale, scale], or the constant `scale` when
- * constant != 0 (norm weights). A cheap integer hash: speed matters for 16 GB, quality does not. */
+/* Random weights for benchmarks (no file): normal with standard deviation `scale`, as the PyTorch reference draws
+ * them (torch.randn * std), so that both time the same values (a power-capped GEMM's speed could depend on them; on
+ * an H200 uniform weights of the same std timed the same), or the constant `scale` when constant != 0 (norm
+ * weights). Box-Muller on a cheap integer hash: speed matters for 16 GB, quality does not. */
+__device__ __forceinline__ u64 fill_hash(u64 z) {
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    z *= 0x94D049BB133111EBull;
+    return z ^ (z >> 29);
+}
+
 extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float scale, int constant) {
     pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u64 z = (i + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
-        z ^= z >> 31;
-        z *= 0x94D049BB133111EBull;
-        z ^= z >> 29;
-        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-        w[i] = f32_to_bf16(constant ? scale : (2.f * u - 1.f) * scale);
+        const u64 z = fill_hash(i + seed * 0x9E3779B97F4A7C15ull);
+        const float u1 = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f), u2 = (float)(z & 0xFFFFFFu) * (1.0f / 16777216.0f);
+        const float normal = sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
+        w[i] = f32_to_bf16(constant ? scale : normal * scale);
     }
 }
 )DLLM";
@@ -6339,13 +6346,14 @@ dllm_status dllm__gpu_backend::random_weights() {
         void *args[] = {&b.ptr, &nn, &s, &scale, &constant};
         return dllm__launch(k_fill_, dim3(1024), dim3(256), 0, stream_, args, "fill_random_bf16");
     };
-    const float w = 0.0346f;  // uniform(-a, a) with std 0.02
+    // The PyTorch reference's initialisation: std 0.02, the residual branches' output projections 0.02 / sqrt(2 L).
+    const float w = 0.02f, w_out = w / sqrtf(2.f * (float)c.n_layer);
     layers_.resize((size_t)c.n_layer);
     for (dllm__gpu_layer &G : layers_) {
         DLLM__TRY(fill(G.w_qkv, qkv * d, w, 0, "attention weights", true));
-        DLLM__TRY(fill(G.w_o, d * q, w, 0, "attention weights", true));
+        DLLM__TRY(fill(G.w_o, d * q, w_out, 0, "attention weights", true));
         DLLM__TRY(fill(G.w_gu, 2 * (size_t)c.n_ff * d, w, 0, "MLP weights", true));
-        DLLM__TRY(fill(G.w_down, d * c.n_ff, w, 0, "MLP weights", true));
+        DLLM__TRY(fill(G.w_down, d * c.n_ff, w_out, 0, "MLP weights", true));
         DLLM__TRY(fill(G.attn_norm, d, 1.0f, 1, "norm weights", false));
         DLLM__TRY(fill(G.ffn_norm, d, 1.0f, 1, "norm weights", false));
         if (c.qkv_bias) DLLM__TRY(fill(G.b_qkv, qkv, 0.0f, 1, "attention biases", false));

@@ -976,7 +976,7 @@ static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dl
         CHECK_STATUS(dllm__launch(g.k("fill_random_bf16"), dim3(1024), dim3(256), 0, 0, args, "fill"), DLLM_OK, nullptr);
     };
     fill(x, (uint64_t)M * K, 11, 1.0f);
-    fill(w, (uint64_t)N * K, 12, 0.0346f);
+    fill(w, (uint64_t)N * K, 12, 0.02f);
     test_quantize_padded(T_, g, x.ptr, M, K, xq, xs);
     ws.fit((size_t)nb * w_ld * 4, "test");
     wq.fit((size_t)N * K, "test");

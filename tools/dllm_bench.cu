@@ -341,6 +341,7 @@ static void bench_lacache_components(bench_result &r, dllm__gpu_backend *gpu, co
     for (int m = 0; m < 3; m++)
         for (auto &kv : t[m]) step[m] += kv.second;
     printf("| step total: off / truncate / lacache | %.3f / %.3f / %.3f | |\n\n", step[0], step[1], step[2]);
+    for (auto &kv : t[0]) r.set("W1 plain step stage " + kv.first + " ms", kv.second);
 }
 
 /* One untimed generation with gp's shapes (canvas, K/V cache, DPad view) but four steps a block, so that the timed
