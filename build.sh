@@ -19,7 +19,7 @@ cd "$(dirname "$0")"
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA_HOME/bin/nvcc"
 CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-function)
-LIBS=(-cudart static -lnvrtc -lcublasLt)
+LIBS=(-cudart static -ldl)  # NVRTC and cuBLASLt are loaded at run time (dlopen)
 DEFAULT_MODEL=models/tiny-llada
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -43,8 +43,8 @@ build() {
     wait $tst || die "building build/dllm-test failed"
     wait $bench || die "building build/dllm-bench failed"
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
-    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test | grep -q 'NEEDED.*libcuda\.so'; then
-        die "a binary links libcuda directly; it would not start without a GPU driver"
+    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
+        die "a binary links libcuda, libnvrtc or libcublasLt directly; it would not start without the CUDA Toolkit and a GPU driver"
     fi
 }
 
@@ -54,7 +54,7 @@ build_sanitized() {
     local c_flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
     gcc -std=c99 -pedantic -Wall -Wextra -Werror "${c_flags[@]}" -c tests/header_c99.c -o build/header_c99.asan.o
     g++ -std=c++17 -x c++ "${c_flags[@]}" -I"$CUDA_HOME/include" tests/dllm_test.cu -x none build/header_c99.asan.o \
-        -L"$CUDA_HOME/lib64" -lcudart_static -lnvrtc -lcublasLt -ldl -lpthread -lrt -o build/dllm-test-asan
+        -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lpthread -lrt -o build/dllm-test-asan
 }
 
 summary_counts() {  # prints "passed failed skipped" from a log's last line

@@ -6,7 +6,7 @@
  * GEMMs go through cuBLASLt). A CPU fp32 reference backend computes the same function on any machine.
  *
  * Build your program (one command; CUDA Toolkit only):
- *     nvcc -O2 -std=c++17 -o app app.c dllm_cuda.cu -cudart static -lnvrtc -lcublasLt
+ *     nvcc -O2 -std=c++17 -o app app.c dllm_cuda.cu -cudart static -ldl
  *
  * Usage:
  *     dllm_model *model = NULL;

@@ -46,6 +46,8 @@
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
+#include <dlfcn.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -3290,8 +3292,91 @@ class dllm__cpu_backend : public dllm__backend_impl {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// 12. GPU: errors, device memory
+// 12. GPU: the CUDA libraries loaded at run time, errors, device memory
+//     [dlopen] NVRTC and cuBLASLt are reached through one table of function pointers filled by dlopen when
+//     the first GPU context (or JIT compile) needs them: the binaries start in milliseconds on machines
+//     without the CUDA Toolkit, and the CPU backend needs nothing from it. The CUDA runtime is linked
+//     statically and finds the driver itself.
 // ---------------------------------------------------------------------------------------------------
+
+/* The NVRTC and cuBLASLt entry points dllm calls, each named once: the table's member of the same name holds
+ * it (decltype of the header's declaration, which is never called directly, so nothing links the library). */
+#define DLLM__NVRTC_FUNCS(X)                                                                                        \
+    X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcAddNameExpression) \
+    X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)   \
+    X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetLoweredName)
+#define DLLM__CUBLASLT_FUNCS(X)                                                                                     \
+    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoCapGetAttribute)                     \
+    X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)     \
+    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                     \
+    X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)         \
+    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+
+struct dllm__cuda_libs {
+#define DLLM__LIB_POINTER(name) decltype(&::name) name = nullptr;
+    DLLM__NVRTC_FUNCS(DLLM__LIB_POINTER)
+    DLLM__CUBLASLT_FUNCS(DLLM__LIB_POINTER)
+#undef DLLM__LIB_POINTER
+};
+static dllm__cuda_libs dllm__lib;
+
+/* dlopen's search (LD_LIBRARY_PATH, the loader cache), then the toolkit's usual homes. The soname's major
+ * version is the one of the headers dllm was built with: another major has another ABI. */
+static void *dllm__dlopen_first(const char *stem, int major, std::string &tried) {
+    std::vector<std::string> names = {dllm__format("%s.so.%d", stem, major)};
+    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    for (const char *home : homes)
+        if (home && *home) names.push_back(dllm__format("%s/lib64/%s.so.%d", home, stem, major));
+    for (const std::string &n : names) {
+        if (void *h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+        tried += (tried.empty() ? "" : ", ") + n;
+    }
+    return nullptr;
+}
+
+/* Loads one library and resolves its entry points once per process; later calls return the first outcome. */
+static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std::string &error, const char *stem, int major, const char *package,
+                                  const std::function<bool(void *, std::string &)> &resolve) {
+    std::call_once(once, [&] {
+        std::string tried, missing;
+        void *h = dllm__dlopen_first(stem, major, tried);
+        if (!h) {
+            result = DLLM_ERR_NO_DEVICE;
+            error = dllm__format("cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
+                                 "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library", stem, major, tried.c_str(), package);
+        } else if (!resolve(h, missing)) {
+            result = DLLM_ERR_NO_DEVICE;
+            error = dllm__format("%s.so.%d lacks %s: install the CUDA %d.x Toolkit's %s", stem, major, missing.c_str(), major, package);
+        } else {
+            result = DLLM_OK;
+        }
+    });
+    return result == DLLM_OK ? DLLM_OK : dllm__fail(result, "%s", error.c_str());
+}
+
+#define DLLM__LIB_RESOLVE(name)                                                     \
+    if (!(dllm__lib.name = (decltype(dllm__lib.name))dlsym(h, #name))) { missing = #name; return false; }
+
+static dllm_status dllm__load_nvrtc() {
+    static std::once_flag once;
+    static dllm_status result = DLLM_OK;
+    static std::string error;
+    return dllm__load_lib(once, result, error, "libnvrtc", CUDA_VERSION / 1000, "NVRTC (libnvrtc)", [](void *h, std::string &missing) {
+        DLLM__NVRTC_FUNCS(DLLM__LIB_RESOLVE)
+        return true;
+    });
+}
+
+static dllm_status dllm__load_cublaslt() {
+    static std::once_flag once;
+    static dllm_status result = DLLM_OK;
+    static std::string error;
+    return dllm__load_lib(once, result, error, "libcublasLt", CUBLAS_VER_MAJOR, "cuBLAS (libcublasLt)", [](void *h, std::string &missing) {
+        DLLM__CUBLASLT_FUNCS(DLLM__LIB_RESOLVE)
+        return true;
+    });
+}
+#undef DLLM__LIB_RESOLVE
 
 static dllm_status dllm__cuda_fail(cudaError_t e, const char *what) {
     cudaGetLastError();  // clear a sticky-free error so the next call starts clean
@@ -5221,7 +5306,8 @@ static std::string dllm__log_excerpt(const std::string &log) {
 
 static int dllm__nvrtc_version() {
     int major = 0, minor = 0;
-    nvrtcVersion(&major, &minor);
+    if (dllm__load_nvrtc() != DLLM_OK) return 0;  // the compile that follows reports the missing library
+    dllm__lib.nvrtcVersion(&major, &minor);
     return major * 100 + minor;
 }
 
@@ -5241,42 +5327,43 @@ static bool dllm__log_has_spills(const std::string &log) { return dllm__log_repo
 /* Compiles a module to a cubin (no loading: usable without a GPU, e.g. in CI). */
 static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin, std::vector<std::string> &lowered,
                                        std::string &log) {
+    DLLM__TRY(dllm__load_nvrtc());
     nvrtcProgram prog;
-    if (nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    if (dllm__lib.nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
         return dllm__fail(DLLM_ERR_JIT, "NVRTC could not create program %s", rq.name.c_str());
-    for (const std::string &k : rq.kernels) nvrtcAddNameExpression(prog, k.c_str());
+    for (const std::string &k : rq.kernels) dllm__lib.nvrtcAddNameExpression(prog, k.c_str());
     std::string arch = "--gpu-architecture=" + rq.target;
     const char *opts[] = {arch.c_str(), "-std=c++17", "--ptxas-options=--verbose", "-lineinfo"};
-    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    nvrtcResult r = dllm__lib.nvrtcCompileProgram(prog, 4, opts);
     size_t log_size = 0;
-    nvrtcGetProgramLogSize(prog, &log_size);
+    dllm__lib.nvrtcGetProgramLogSize(prog, &log_size);
     log.assign(log_size, '\0');
-    if (log_size) nvrtcGetProgramLog(prog, &log[0]);
+    if (log_size) dllm__lib.nvrtcGetProgramLog(prog, &log[0]);
     if (r != NVRTC_SUCCESS) {
-        nvrtcDestroyProgram(&prog);
+        dllm__lib.nvrtcDestroyProgram(&prog);
         return dllm__fail(DLLM_ERR_JIT, "NVRTC failed to compile %s for %s: %s\n%s", rq.name.c_str(), rq.target.c_str(),
-                          nvrtcGetErrorString(r), dllm__log_excerpt(log).c_str());
+                          dllm__lib.nvrtcGetErrorString(r), dllm__log_excerpt(log).c_str());
     }
     size_t n = 0;
-    nvrtcGetCUBINSize(prog, &n);
+    dllm__lib.nvrtcGetCUBINSize(prog, &n);
     cubin.resize(n);
-    if (n) nvrtcGetCUBIN(prog, cubin.data());
+    if (n) dllm__lib.nvrtcGetCUBIN(prog, cubin.data());
     lowered.clear();
     for (const std::string &k : rq.kernels) {
         const char *low = nullptr;
-        nvrtcGetLoweredName(prog, k.c_str(), &low);
+        dllm__lib.nvrtcGetLoweredName(prog, k.c_str(), &low);
         lowered.push_back(low ? low : k);
     }
     if (const char *dump = getenv("DLLM_JIT_DUMP")) {
         size_t ptx_n = 0;
-        nvrtcGetPTXSize(prog, &ptx_n);
+        dllm__lib.nvrtcGetPTXSize(prog, &ptx_n);
         std::vector<char> ptx(ptx_n);
-        if (ptx_n) nvrtcGetPTX(prog, ptx.data());
+        if (ptx_n) dllm__lib.nvrtcGetPTX(prog, ptx.data());
         dllm__mkdirs(dump);
         dllm__write_atomic(std::string(dump) + "/" + rq.name + ".ptx", ptx);
         dllm__write_atomic(std::string(dump) + "/" + rq.name + ".cubin", cubin);
     }
-    nvrtcDestroyProgram(&prog);
+    dllm__lib.nvrtcDestroyProgram(&prog);
     if (n == 0) return dllm__fail(DLLM_ERR_JIT, "NVRTC produced no cubin for %s (%s)", rq.name.c_str(), rq.target.c_str());
     if (dllm__env_int("DLLM_JIT_FAIL_ON_SPILL", 0) && dllm__log_has_spills(log))
         return dllm__fail(DLLM_ERR_JIT, "%s spills registers on %s (DLLM_JIT_FAIL_ON_SPILL is set):\n%s", rq.name.c_str(), rq.target.c_str(),
@@ -5634,8 +5721,8 @@ static int dllm__drop_split_k(cublasLtMatmulHeuristicResult_t *res, int found) {
         int splits = 1;
         uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
         size_t written = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
-        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &written);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &written);
         bool ordered = splits <= 1 || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE || scheme == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
         if (res[i].state == CUBLAS_STATUS_SUCCESS && ordered) res[kept++] = res[i];
     }
@@ -5658,10 +5745,10 @@ struct dllm__gemm_plan {
     cublasLtMatmulAlgo_t algo;
     bool own = false;  // gemm_wg runs this shape instead of cuBLASLt's algo
     ~dllm__gemm_plan() {
-        if (desc) cublasLtMatmulDescDestroy(desc);
-        if (a) cublasLtMatrixLayoutDestroy(a);
-        if (b) cublasLtMatrixLayoutDestroy(b);
-        if (c) cublasLtMatrixLayoutDestroy(c);
+        if (desc) dllm__lib.cublasLtMatmulDescDestroy(desc);
+        if (a) dllm__lib.cublasLtMatrixLayoutDestroy(a);
+        if (b) dllm__lib.cublasLtMatrixLayoutDestroy(b);
+        if (c) dllm__lib.cublasLtMatrixLayoutDestroy(c);
     }
 };
 
@@ -5688,10 +5775,11 @@ struct dllm__gemm {
 
     ~dllm__gemm() {
         plans.clear();
-        if (handle) cublasLtDestroy(handle);
+        if (handle) dllm__lib.cublasLtDestroy(handle);
     }
     dllm_status init() {
-        DLLM__CUBLAS(cublasLtCreate(&handle));
+        DLLM__TRY(dllm__load_cublaslt());
+        DLLM__CUBLAS(dllm__lib.cublasLtCreate(&handle));
         return workspace.fit(workspace_bytes, "the cuBLASLt workspace");
     }
     /* Descriptors for one shape. FP8: weights BLK128x128 (the A operand), activations VEC128 (B), BF16 out;
@@ -5699,27 +5787,27 @@ struct dllm__gemm {
     dllm_status describe(dllm__gemm_plan &p, const dllm__gemm_op &op) {
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         const cudaDataType_t in = op.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-        DLLM__CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         if (op.fp8()) {
             int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
             int8_t fast_accum = 0;
-            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
-            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
-            DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+            DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+            DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+            DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
             DLLM__TRY(bind_scales(p, op));  // the heuristic wants to see scale pointers
         }
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.a, in, op.K, op.N, op.K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.b, in, op.K, op.M, op.K));
-        DLLM__CUBLAS(cublasLtMatrixLayoutCreate(&p.c, op.out_type, op.N, op.M, op.N));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatrixLayoutCreate(&p.a, in, op.K, op.N, op.K));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatrixLayoutCreate(&p.b, in, op.K, op.M, op.K));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatrixLayoutCreate(&p.c, op.out_type, op.N, op.M, op.N));
         return DLLM_OK;
     }
     /* A plan serves every layer of its shape: the scale pointers are set before each launch. */
     dllm_status bind_scales(dllm__gemm_plan &p, const dllm__gemm_op &op) {
         if (!op.fp8()) return DLLM_OK;
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.w_scale, sizeof op.w_scale));
-        DLLM__CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.x_scale, sizeof op.x_scale));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.w_scale, sizeof op.w_scale));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.x_scale, sizeof op.x_scale));
         return DLLM_OK;
     }
     /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
@@ -5731,15 +5819,15 @@ struct dllm__gemm {
         std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
         DLLM__TRY(describe(*p, op));
         cublasLtMatmulPreference_t pref;
-        DLLM__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
         uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;  // no in-place split-K
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes);
+        dllm__lib.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        dllm__lib.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes);
         cublasLtMatmulHeuristicResult_t res[dllm__gemm_candidates];
         int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
-        cublasLtMatmulPreferenceDestroy(pref);
+        cublasStatus_t s = dllm__lib.cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 32, res, &found);
+        dllm__lib.cublasLtMatmulPreferenceDestroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS || found == 0)
             return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt has no %s GEMM algorithm for M=%d N=%d K=%d (status %d)", op.kind(), op.M, op.N, op.K, (int)s);
         found = dllm__drop_split_k(res, found);
@@ -5759,16 +5847,16 @@ struct dllm__gemm {
         for (int i = 0; i < unsplit; i++) {
             int32_t can = 0, splits = 1;
             size_t written = 0;
-            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can, sizeof can, &written);
-            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+            dllm__lib.cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can, sizeof can, &written);
+            dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
             if (!can || splits > 1) continue;
             for (int32_t k : {2, 3, 4, 6, 8}) {
                 if (found == dllm__gemm_candidates) return found;
                 cublasLtMatmulHeuristicResult_t r = res[i];
                 uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-                cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k);
-                cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme);
-                if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &r.algo, &r) == CUBLAS_STATUS_SUCCESS &&
+                dllm__lib.cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k);
+                dllm__lib.cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme);
+                if (dllm__lib.cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &r.algo, &r) == CUBLAS_STATUS_SUCCESS &&
                     r.workspaceSize <= workspace_bytes)
                     res[found++] = r;
             }
@@ -5780,11 +5868,11 @@ struct dllm__gemm {
         int32_t id = 0, tile = 0, stages = 0, splits = 1;
         uint32_t scheme = 0;
         size_t w = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
-        cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &w);
+        dllm__lib.cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
         if (p.own)
             dllm__log_verbose("GEMM %s M=%d N=%d K=%d: gemm_wg, %.1f us; heuristic's first %.1f us; %d cuBLASLt candidates timed", op.kind(), op.M, op.N, op.K,
                               best_us, first_us, found);
@@ -5821,7 +5909,7 @@ struct dllm__gemm {
         for (int i = 0; i < found; i++) {
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
             const float ms = time_runs([&] {
-                return cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr, workspace_bytes,
+                return dllm__lib.cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr, workspace_bytes,
                                       stream) == CUBLAS_STATUS_SUCCESS;
             }, stream);
             if (i == 0) first = ms;
@@ -5871,7 +5959,7 @@ struct dllm__gemm {
             DLLM__TRY(describe(*pinned, op));
             pinned->algo = ref->algo;
             cublasLtMatmulHeuristicResult_t check;
-            if (cublasLtMatmulAlgoCheck(handle, pinned->desc, pinned->a, pinned->b, pinned->c, pinned->c, &pinned->algo, &check) != CUBLAS_STATUS_SUCCESS)
+            if (dllm__lib.cublasLtMatmulAlgoCheck(handle, pinned->desc, pinned->a, pinned->b, pinned->c, pinned->c, &pinned->algo, &check) != CUBLAS_STATUS_SUCCESS)
                 return dllm__fail(DLLM_ERR_CUDA, "the pinned %s GEMM algorithm (chosen at M=%d) does not run at M=%d N=%d K=%d", op.kind(), pin_m, op.M, op.N,
                                   op.K);
             it = plans.emplace(key, std::move(pinned)).first;
@@ -5900,7 +5988,7 @@ struct dllm__gemm {
         if (p.own && own_fits(op)) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
         const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
-        DLLM__CUBLAS(cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
                                     workspace_bytes, stream));
         return DLLM_OK;
     }
@@ -7301,6 +7389,12 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 static bool dllm__gpu_usable(int device, std::string &why) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
+        why = e == cudaErrorNoDevice ? std::string("no NVIDIA GPU found")
+                                     : dllm__format("no NVIDIA driver found, or one older than CUDA %d.%d needs", CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);
+        cudaGetLastError();
+        return false;
+    }
     if (e != cudaSuccess) {
         why = dllm__format("no usable CUDA driver/device (%s)", cudaGetErrorString(e));
         cudaGetLastError();
@@ -7308,6 +7402,11 @@ static bool dllm__gpu_usable(int device, std::string &why) {
     }
     if (device < 0 || device >= n) {
         why = dllm__format("CUDA device %d requested but %d device(s) present", device, n);
+        return false;
+    }
+    // A GPU without the libraries is no GPU for dllm: AUTO then runs the CPU backend, GPU says why.
+    if (dllm__load_nvrtc() != DLLM_OK || dllm__load_cublaslt() != DLLM_OK) {
+        why = dllm__tls_error;
         return false;
     }
     return true;
