@@ -73,6 +73,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -905,6 +906,7 @@ struct dllm__layer_weights {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv;  // small vectors, kept in fp32
 };
 
+struct dllm__gpu_weights;
 struct dllm_model {
     dllm__config cfg;
     std::string dir;
@@ -916,6 +918,9 @@ struct dllm_model {
     int64_t n_params = 0;
     bool random_weights = false;  // dllm_model_load_random: weights are generated on the GPU
     uint64_t random_seed = 0;
+    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format, shared by the rest
+    mutable std::mutex gpu_weights_mutex;
+    mutable std::vector<std::weak_ptr<dllm__gpu_weights>> gpu_weights;
 };
 
 /* Element i of a float tensor (BF16/F16/F32), read bytewise: mapped data need not be aligned. */
@@ -3411,6 +3416,14 @@ struct dllm__dbuf {
     dllm__dbuf(const dllm__dbuf &) = delete;
     dllm__dbuf &operator=(const dllm__dbuf &) = delete;
     dllm__dbuf(dllm__dbuf &&o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+    dllm__dbuf &operator=(dllm__dbuf &&o) noexcept {
+        if (this != &o) {
+            release();
+            ptr = o.ptr, bytes = o.bytes;
+            o.ptr = nullptr, o.bytes = 0;
+        }
+        return *this;
+    }
     ~dllm__dbuf() { release(); }
     void release() {
         if (ptr) {
@@ -3445,10 +3458,136 @@ struct dllm__dbuf {
 //     kernel is compiled only for the GPU it runs on. No headers: bf16 is handled as raw 16-bit values
 //     with PTX conversions, so the JIT needs nothing but libnvrtc at run time.
 //     Each kernel names its CPU twin; tests/test_gpu.inl compares every pair on fresh random inputs.
+//     [host/kernel contract] What host and kernels share (structs, enums, constants, each kernel's parameter
+//     list) is written once below as X-macros: the host compiles them, and the kernel source receives the
+//     same text stringified (dllm__src_contract). [kernel table] Each extern "C" kernel is one table row
+//     (name, attributes, parameters): the row declares the kernel in the source (KERNEL_<name>), lists it for
+//     NVRTC, types its host handle (dllm__kernel) and checks every launch's arguments against it.
+//     [#line] Each source string starts with a #line directive: NVRTC errors, -lineinfo and Nsight name
+//     lines of dllm_cuda.cu.
 // ---------------------------------------------------------------------------------------------------
 
+#define DLLM__STR(...) #__VA_ARGS__
+#define DLLM__XSTR(...) DLLM__STR(__VA_ARGS__)
+/* Put before a kernel source's raw string literal, on the same line: the source's next line is this one. */
+#define DLLM__SOURCE_LINE "#line " DLLM__XSTR(__LINE__) " \"dllm_cuda.cu\"\n"
+
+/* The kernels' fixed-width types, the same names on the host (the contract's structs use them on both sides). */
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+/* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
+#define DLLM__STEP_STATE_FIELDS(X)                                                                                    \
+    X(int, block_begin) X(int, block_end) /* current block [begin, end) */                                            \
+    X(int, steps_per_block)                                                                                           \
+    X(int, step_in_block)   /* advanced by select_commit */                                                           \
+    X(int, global_step)     /* keys the RNG; advanced by select_commit */                                             \
+    X(int, n_block_masks)   /* masks in the block at its first step */                                               \
+    X(int, n_committed)     /* positions committed by the last step */                                               \
+    X(int, n_block_left)    /* masks left in the block after the last step */
+
+/* One sampler CTA's statistics of its vocabulary slice for one row (conf_partial_kernel -> conf_combine_kernel). */
+#define DLLM__CONF_PARTIAL_FIELDS(X)                                                                                  \
+    X(double, best_score)   /* argmax criterion: the logit (T = 0) or the Gumbel score (T > 0) */                     \
+    X(double, sum_exp)      /* sum of e^x over the slice, x = (l - max_logit) * inv_t */                              \
+    X(double, sum_exp_x)    /* ENTROPY: sum of e^x x over the slice */                                                \
+    X(float, max_logit)                                                                                               \
+    X(float, second_logit)  /* MARGIN: the second largest logit of the slice (a tie for the largest counts twice) */  \
+    X(float, best_logit)                                                                                              \
+    X(int, best_idx)
+
+/* The sampler's arguments (one step's token choice over rows of logits). */
+#define DLLM__SAMPLER_ARGS_FIELDS(X)                                                                                  \
+    X(const float *, cond)  /* [rows][vocab] logits */                                                                \
+    X(const float *, uncond) /* CFG: unconditional logits with the same layout, or null */                            \
+    X(float, cfg_weight)    /* s + 1: logits = U + (s + 1)(C - U) */                                                  \
+    X(int, vocab) X(int, slice) X(int, n_slices) X(int, n_rows)                                                       \
+    X(int, pos0)            /* canvas position of row 0 */                                                            \
+    X(int, lrow0) X(int, shift0) /* logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift) */      \
+    X(int, raw_rows)        /* logits rows per batch entry in the buffer */                                           \
+    X(double, temperature)                                                                                            \
+    X(u64, seed)                                                                                                      \
+    X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)                                               \
+    X(int, remasking)       /* dllm_remasking: which confidence */                                                    \
+    X(int, conf_tempered)   /* the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l) */          \
+    X(double, alg_temp)     /* > 0: the ranking key is conf / alg_temp + Gumbel noise */
+
+/* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
+ * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
+#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                     \
+    X(const bf16_t *, q) X(const bf16_t *, k) X(const bf16_t *, v) X(bf16_t *, o)                                     \
+    X(const unsigned char *, key_valid) /* [batch][seq] or null */                                                    \
+    X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */             \
+    X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
+    X(u64, q_bstride) X(u64, o_bstride)                                                                               \
+    X(const dllm_step_state *, st) /* current block: its KV tiles are visited last; null or empty: plain order */     \
+    X(float, scale_log2)    /* log2(e) / sqrt(HD) */                                                                  \
+    X(int, fa_mode)         /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */          \
+    X(float *, fa_state)    /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */          \
+    X(int, kv_splits)       /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
+    X(float *, partial)     /* kv_splits > 1: per-split states for attn_combine (see store_partial) */
+
+#define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
+
+#define DLLM__FIELD(type, name) type name;
+struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };
+struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };
+struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };
+struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };
+struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
+// Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
+static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
+static_assert(sizeof(sampler_args) == 104 && sizeof(attn_args) == 120, "contract layout");
+
+/* The contract as kernel source: the shared enums and constants, then the structs above. */
+static std::string dllm__src_contract() {
+    return dllm__format("enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
+                        DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY, DLLM_REMASK_ORIGIN) +
+           DLLM__XSTR(struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };) "\n"
+           DLLM__XSTR(struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };) "\n"
+           DLLM__XSTR(struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };) "\n"
+           DLLM__XSTR(struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };) "\n"
+           DLLM__XSTR(struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };) "\n";
+}
+
+/* A kernel table row X(name, attributes, (parameters)) becomes, in the kernel source, the macro KERNEL_<name> that
+ * opens the kernel's definition, and on the host the signature type dllm__sig_<name> its handle is typed by. */
+#define DLLM__KERNEL_DECLARE(name, attrs, params) "#define KERNEL_" #name " extern \"C\" __global__ void " #attrs " " #name " " #params "\n"
+#define DLLM__KERNEL_SIGNATURE(name, attrs, params) typedef void dllm__sig_##name params;
+#define DLLM__KERNEL_NAME(name, attrs, params) #name,
+
+/* A launch configuration: grid, block, dynamic shared memory, CTAs per cluster along x. */
+struct dllm__grid {
+    dim3 grid, block;
+    size_t smem = 0;
+    unsigned cluster = 1;
+    dllm__grid(dim3 g, dim3 b, size_t sm = 0, unsigned cl = 1) : grid(g), block(b), smem(sm), cluster(cl) {}
+};
+
+static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args, const char *name);
+
+/* A loaded kernel, typed by its signature: launch() takes exactly its parameters, each converted to the
+ * parameter's type (a void * buffer to the kernel's pointer type, an int to a u64), so a launch cannot pass the
+ * wrong number of arguments or an argument of the wrong size. Templates (the attention and GEMM kernels) get their
+ * handle by name at run time, the rest from the table. */
+template <class Sig> struct dllm__kernel;
+template <class... P> struct dllm__kernel<void(P...)> {
+    cudaKernel_t fn = nullptr;
+    const char *name = "";
+    template <class... A> dllm_status launch(const dllm__grid &g, cudaStream_t s, A &&...a) const {
+        static_assert(sizeof...(A) == sizeof...(P), "a kernel launch takes exactly the kernel's parameters");
+        std::tuple<typename std::decay<P>::type...> values(static_cast<typename std::decay<P>::type>(a)...);
+        return launch_tuple(g, s, values, std::index_sequence_for<P...>{});
+    }
+    template <class T, size_t... I> dllm_status launch_tuple(const dllm__grid &g, cudaStream_t s, T &values, std::index_sequence<I...>) const {
+        void *argv[sizeof...(P) + 1] = {(void *)&std::get<I>(values)...};
+        return dllm__launch_raw(fn, g, s, argv, name);
+    }
+};
+
 /* Shared by every module: fixed-width types, bf16 conversions, Philox (twin: dllm__philox). */
-static const char *dllm__src_common = R"DLLM(
+static const char *dllm__src_common = DLLM__SOURCE_LINE R"DLLM(
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -3498,20 +3637,21 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-/* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
-struct dllm_step_state {
-    int block_begin, block_end;   // current block [begin, end)
-    int steps_per_block;
-    int step_in_block;            // advanced by select_commit
-    int global_step;              // keys the RNG; advanced by select_commit
-    int n_block_masks;            // masks in the block at its first step
-    int n_committed;              // positions committed by the last step
-    int n_block_left;             // masks left in the block after the last step
-};
 )DLLM";
 
+/* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
+#define DLLM__ROWWISE_KERNELS(X) \
+    X(embed_gather, , (const int *ids, int n_rows, const bf16_t *table, int d, float *h)) \
+    X(add_rmsnorm, __launch_bounds__(1024), (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y, int d, int n_rows, int row0, int seq_len)) \
+    X(rope_qkv, , (bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim, const float *bias, const float *cos_t, const float *sin_t)) \
+    X(swiglu, , (const bf16_t *gu, bf16_t *out, int n_rows, int f)) \
+    X(make_uncond, , (const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out)) \
+    X(block_begin, , (dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id)) \
+    X(fill_random_bf16, , (bf16_t *w, u64 n, u64 seed, float scale, int constant))
+DLLM__ROWWISE_KERNELS(DLLM__KERNEL_SIGNATURE)
+
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
-static const char *dllm__src_rowwise = R"DLLM(
+static const char *dllm__src_rowwise = DLLM__SOURCE_LINE R"DLLM(
 /* 8 bf16 <-> 8 floats: the 16-byte accesses of the row-wise kernels (sizes are multiples of 8). */
 __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
     u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -3533,7 +3673,7 @@ __device__ __forceinline__ void store8(float *p, const float f[8]) {
 }
 
 /* Twin: dllm__tensor_row on the embedding table. h[row] = embed[ids[row]] in fp32. */
-extern "C" __global__ void embed_gather(const int *ids, int n_rows, const bf16_t *table, int d, float *h) {
+KERNEL_embed_gather {
     pdl_enter();
     int row = blockIdx.x;
     if (row >= n_rows) return;
@@ -3594,8 +3734,7 @@ __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, c
 /* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
  * row s = b * seq_len + row0 + i: v = h_in[s] (+ delta[s]); h_out[s] = v (if h_out); then
  * y[b * n_rows + i] = bf16(norm(v) * w). One CTA per row. */
-extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y,
-                                       int d, int n_rows, int row0, int seq_len) {
+KERNEL_add_rmsnorm {
     pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
@@ -3616,8 +3755,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const float *h_in
  * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
  * cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows, so
  * that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
-extern "C" __global__ void rope_qkv(bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,
-                                    const float *bias, const float *cos_t, const float *sin_t) {
+KERNEL_rope_qkv {
     pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
     const int half = head_dim >> 1, quads = half >> 2, heads = n_head + 2 * n_kv, active = bias ? heads : n_head + n_kv;
@@ -3660,7 +3798,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
 
 /* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. Grid dllm__rows_grid: x over
  * 8-column chunks of a row, y over rows (no division per thread, as in rope_qkv). */
-extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int f) {
+KERNEL_swiglu {
     pdl_enter();
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (col >= f) return;
@@ -3672,14 +3810,14 @@ extern "C" __global__ void swiglu(const bf16_t *gu, bf16_t *out, int n_rows, int
 }
 
 /* The CFG unconditional canvas: prompt positions become MASK (twin: dllm__cpu_backend::apply_cfg). */
-extern "C" __global__ void make_uncond(const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out) {
+KERNEL_make_uncond {
     pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = is_prompt[i] ? mask_id : canvas[i];
 }
 
 /* Starts a block: bounds, schedule length, masks in the block (the n of k_i = n/s + (i < n%s)). */
-extern "C" __global__ void block_begin(dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id) {
+KERNEL_block_begin {
     pdl_enter();
     __shared__ int count;
     if (threadIdx.x == 0) count = 0;
@@ -3708,7 +3846,7 @@ __device__ __forceinline__ u64 fill_hash(u64 z) {
     return z ^ (z >> 29);
 }
 
-extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float scale, int constant) {
+KERNEL_fill_random_bf16 {
     pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 z = fill_hash(i + seed * 0x9E3779B97F4A7C15ull);
@@ -3719,12 +3857,20 @@ extern "C" __global__ void fill_random_bf16(bf16_t *w, u64 n, u64 seed, float sc
 }
 )DLLM";
 
+/* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
+#define DLLM__FP8_QUANT_KERNELS(X) \
+    X(quantize_rows_e4m3, , (const void *x, int x_f32, int k, int n_rows, unsigned char *q, float *scale, int scale_ld, float fixed_scale)) \
+    X(add_rmsnorm_e4m3, __launch_bounds__(1024), (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len)) \
+    X(swiglu_e4m3, , (const bf16_t *gu, int f, int n_rows, unsigned char *q, float *scale, int scale_ld)) \
+    X(quantize_weight_blocks, , (const bf16_t *w, int n, int k, unsigned char *q, float *scale, int scale_ld))
+DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_SIGNATURE)
+
 /* FP8 E4M3 quantisation (LaCache 3.4), compiled into the row-wise module. Activations: groups of 1x128
  * along K, codes e4m3(x / s) with s = amax / 448 (1 for an all-zero group), rows padded with zero codes to
  * k_pad = 128 * ceil(k / 128), scales token-contiguous: scale[g * scale_ld + row] (cuBLASLt's VEC128
  * layout for the B operand). Weights: 128x128 blocks (BLK128x128 for the A operand). Each kernel names its
  * twin (section 9); the fused kernels quantise exactly the bf16 values the BF16 path would produce. */
-static const char *dllm__src_fp8 = R"DLLM(
+static const char *dllm__src_fp8 = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 /* Twin: dllm__f32_to_e4m3's canonical codes: one zero (0x00), one NaN (0x7f), whatever sign the hardware gave. */
@@ -3799,8 +3945,7 @@ __device__ __forceinline__ int e4m3_chunks(int k) { return ((k + 127) >> 7) << 4
 /* Twin: dllm__quantize_groups. Rows of x (bf16, or fp32 when x_f32) [n_rows x k] into q [n_rows x k_pad] and their
  * scales. fixed_scale > 0 replaces every group's scale (one scale for the tensor; the tests use 1 to convert
  * raw values). Grid dllm__e4m3_rows_grid: x over 8-code chunks (blockDim a multiple of 32), y over rows. */
-extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, int n_rows, unsigned char *q, float *scale, int scale_ld,
-                                              float fixed_scale) {
+KERNEL_quantize_rows_e4m3 {
     pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
     for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
@@ -3818,8 +3963,7 @@ extern "C" __global__ void quantize_rows_e4m3(const void *x, int x_f32, int k, i
 /* Twin: add_rmsnorm (same rows, same arguments) followed by dllm__quantize_groups of its bf16 output: output row
  * b * n_rows + i goes to q [.. x d_pad] and its scales. One CTA per row, blockDim a multiple of 32 with
  * blockDim * NORM_SLOTS >= d_pad / 8: chunk c sits in lane c % 32 (store_chunk8). */
-extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_e4m3(const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps,
-                                            unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len) {
+KERNEL_add_rmsnorm_e4m3 {
     pdl_enter();
     int i = blockIdx.x, b = blockIdx.y;
     u64 src = (u64)b * seq_len + row0 + i, dst = (u64)b * n_rows + i;
@@ -3842,7 +3986,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm_e4m3(const float 
 
 /* Twin: swiglu followed by dllm__quantize_groups of its bf16 output. gu rows are [gate (f) | up (f)], n_rows of
  * them. Grid dllm__e4m3_rows_grid over f: x over 8-code chunks (blockDim a multiple of 32), y over rows. */
-extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, int n_rows, unsigned char *q, float *scale, int scale_ld) {
+KERNEL_swiglu_e4m3 {
     pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
     for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
@@ -3860,7 +4004,7 @@ extern "C" __global__ void swiglu_e4m3(const bf16_t *gu, int f, int n_rows, unsi
 /* Twin: dllm__quantize_blocks. One CTA of 256 threads per 128x128 block (kb, nb) of W [n x k] (bf16, row-major):
  * codes into q [n x k_pad] (padding columns 0), the scale into scale[nb * scale_ld + kb]. Each thread owns
  * half a row of the block (64 values). */
-extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k, unsigned char *q, float *scale, int scale_ld) {
+KERNEL_quantize_weight_blocks {
     pdl_enter();
     const int kb = blockIdx.x, nb = blockIdx.y, k_pad = e4m3_chunks(k) * 8;
     const int row = nb * 128 + (threadIdx.x >> 1), col0 = kb * 128 + (threadIdx.x & 1) * 64;
@@ -3890,7 +4034,7 @@ extern "C" __global__ void quantize_weight_blocks(const bf16_t *w, int n, int k,
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
  * pointers. */
-static const char *dllm__src_mma = R"DLLM(
+static const char *dllm__src_mma = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cp_async16(u32 smem, const void *gmem, bool pred) {
@@ -3921,7 +4065,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
  * reads hit 8 different bank groups without padding. Byte for byte, the E4M3 fragments of m16n8k32 are those of
  * the bf16 m16n8k16 (A: rows g and g + 8, bytes 4t..4t+3 and 16 + 4t..; B: column g, the same bytes; PTX ISA
  * 9.7.14.5), so ldmatrix .b16 loads them unchanged. Tiles: dllm__arch::fp8_wide / fp8_narrow. */
-static const char *dllm__src_fp8_gemm = R"DLLM(
+static const char *dllm__src_fp8_gemm = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ void mma_e4m3(float c[4], const u32 a[4], u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -4049,36 +4193,15 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
 }
 )DLLM";
 
+/* [kernel table] the sampler module: X(name, attributes, (parameters)). */
+#define DLLM__SAMPLER_KERNELS(X) \
+    X(conf_partial_kernel, , (sampler_args a, const dllm_step_state *st, conf_partial *out)) \
+    X(conf_combine_kernel, , (sampler_args a, const dllm_step_state *st, const conf_partial *parts, int *x0, double *conf, unsigned char *deferred)) \
+    X(select_commit, , (int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf, const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor, double eps))
+DLLM__SAMPLER_KERNELS(DLLM__KERNEL_SIGNATURE)
+
 /* Token choice on the device. Twins: dllm__choose and dllm__confidence (per row), dllm__select (per step). */
-static const char *dllm__src_sampler = R"DLLM(
-enum { REMASK_LOW_CONFIDENCE, REMASK_RANDOM, REMASK_MARGIN, REMASK_ENTROPY, REMASK_ORIGIN };  // dllm_remasking
-
-struct conf_partial {
-    double best_score;  // argmax criterion: the logit (T = 0) or the Gumbel score (T > 0)
-    double sum_exp;     // sum of e^x over the slice, x = (l - max_logit) * inv_t
-    double sum_exp_x;   // ENTROPY: sum of e^x x over the slice
-    float max_logit;
-    float second_logit; // MARGIN: the second largest logit of the slice (a tie for the largest counts twice)
-    float best_logit;
-    int best_idx;
-};
-
-struct sampler_args {
-    const float *cond;        // [rows][vocab] logits
-    const float *uncond;      // CFG: unconditional logits with the same layout, or null
-    float cfg_weight;         // s + 1: logits = U + (s + 1)(C - U)
-    int vocab, slice, n_slices, n_rows;
-    int pos0;                 // canvas position of row 0
-    int lrow0, shift0;        // logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift)
-    int raw_rows;             // logits rows per batch entry in the buffer
-    double temperature;
-    u64 seed;
-    int eos_inf, eos_id, eot_id, defer_eos_eot;
-    int remasking;            // dllm_remasking: which confidence
-    int conf_tempered;        // the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l)
-    double alg_temp;          // > 0: the ranking key is conf / alg_temp + Gumbel noise
-};
-
+static const char *dllm__src_sampler = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ int logits_row(const sampler_args &a, int row) { return (a.shift0 ? max(row - 1, 0) : row) + a.lrow0; }
 
 /* Twin: the CPU's CFG combination and logits_eos_inf. lr is a logits row (see logits_row). */
@@ -4177,7 +4300,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
 }
 
 /* Pass 1: one CTA per (slice, row); the confidence decides, once per CTA, which statistics the slice needs. */
-extern "C" __global__ void conf_partial_kernel(sampler_args a, const dllm_step_state *st, conf_partial *out) {
+KERNEL_conf_partial_kernel {
     pdl_enter();
     if (a.remasking == REMASK_MARGIN) conf_partial_slice<true, false>(a, st, out);
     else if (a.remasking == REMASK_ENTROPY) conf_partial_slice<false, true>(a, st, out);
@@ -4201,8 +4324,7 @@ __device__ __forceinline__ double row_confidence(const sampler_args &a, double z
 /* Pass 2: one thread per row merges the slices in order: x0, ranking key (float64), deferral flag. A slice's sums
  * move from its max m_s to the row's m with d_s = (m_s - m) inv_t: Z = sum_s e^d_s Z_s, and for ENTROPY
  * sum e^x x = sum_s e^d_s (S_s + d_s Z_s), since x = x_s + d_s. */
-extern "C" __global__ void conf_combine_kernel(sampler_args a, const dllm_step_state *st, const conf_partial *parts,
-                                               int *x0, double *conf, unsigned char *deferred) {
+KERNEL_conf_combine_kernel {
     pdl_enter();
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= a.n_rows) return;
@@ -4245,9 +4367,7 @@ __device__ __forceinline__ double timestep_fraction(int i, int s, double eps) {
  * commits when its draw (minus its key) is below the step's fraction. One CTA; each candidate's rank is counted
  * directly, which is deterministic and cheap for block-sized sets. Also counts the masks left in the block
  * (threshold decoding loops on it). */
-extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf,
-                                         const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor,
-                                         double eps) {
+KERNEL_select_commit {
     pdl_enter();
     // No static shared memory: the host grants the dynamic part the whole opt-in limit.
     extern __shared__ int rank_of[];  // [n] rank of each candidate (n: not a candidate), then [n] pass flags by rank
@@ -4315,7 +4435,7 @@ extern "C" __global__ void select_commit(int *canvas, dllm_step_state *st, int c
  * KV tiles are visited in the order [0, late_lo) ++ [late_hi, T) ++ [late_lo, late_hi): the tiles that
  * overlap the current block come last. The plain forward and LaCache's FACache use this same order,
  * so a cached online-softmax state is exactly the prefix of the uncached computation. */
-static const char *dllm__src_attention = R"DLLM(
+static const char *dllm__src_attention = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -4326,20 +4446,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-struct attn_args {
-    const bf16_t *q, *k, *v;     // query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD;
-    bf16_t *o;                   //   key row at k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*
-    const unsigned char *key_valid;  // [batch][seq] or null
-    int seq, q_rows;             // keys and query rows per batch entry (a K/V cache step: q_rows < seq)
-    int q_stride, kv_stride, o_stride, group;  // group = n_head / n_kv
-    u64 q_bstride, o_bstride;
-    const dllm_step_state *st;   // current block: its KV tiles are visited last; null or empty: plain order
-    float scale_log2;            // log2(e) / sqrt(HD)
-    int fa_mode;                 // FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it
-    float *fa_state;             // [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2)
-    int kv_splits;               // CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split
-    float *partial;              // kv_splits > 1: per-split states for attn_combine (see store_partial)
-};
 
 __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     int head = lo, mid = n_tiles - hi;
@@ -4693,7 +4799,7 @@ __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
  * it (CU_TENSOR_MAP_SWIZZLE_128B) and wgmma reads it: rows of 64 bf16 (128 bytes), 16-byte chunk c of row r at chunk
  * c ^ (r % 8), 8-row atoms of 1024 bytes. */
-static const char *dllm__src_hopper = R"DLLM(
+static const char *dllm__src_hopper = DLLM__SOURCE_LINE R"DLLM(
 #define WG_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define WG_ACC_N64(d) WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
 #define WG_ACC_N128(d) WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13), \
@@ -4791,7 +4897,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("
  * (K-major); O += P V takes P from registers (the scores' accumulator layout is the A-fragment layout, as
  * with mma.sync) and V as a transposed (MN-major) operand. Descriptors: 8-row groups 1024 bytes apart; a 128-wide
  * V operand also names the distance of its two 64-column blocks. */
-static const char *dllm__src_attention_wgmma = R"DLLM(
+static const char *dllm__src_attention_wgmma = DLLM__SOURCE_LINE R"DLLM(
 /* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
@@ -4970,10 +5076,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * griddepcontrol.wait: they do not depend on the previous kernel.
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
  * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). */
-static const char *dllm__src_gemm_wg = R"DLLM(
-struct gemm_wg_args {
-    int m, n, k;
-};
+static const char *dllm__src_gemm_wg = DLLM__SOURCE_LINE R"DLLM(
 struct gemm_tensor_maps { tensor_map x, w, y; };  // x, w: boxes of 64 columns x 128 rows; y: 64 x 64
 
 __device__ __forceinline__ void cluster_sync() {
@@ -5207,10 +5310,60 @@ static const dllm__arch dllm__arch_table[] = {
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
 
-static int dllm__env_int(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
+/* [environment] Every DLLM_* switch, read once (at first use) into one struct; tests that change one call
+ * dllm__env_reload(). The switches (all optional; also listed in README.md):
+ *   DLLM_CACHE_DIR=DIR       the JIT disk cache (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables it
+ *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
+ *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
+ *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
+ *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile (query rows per CTA, keys per tile, m16
+ *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
+ *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
+ *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
+ *   DLLM_GEMM_WG=0           BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
+ *   DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM instead of the architecture table's
+ *   DLLM_GEMM_AUTOTUNE=0     take cuBLASLt's heuristic pick without timing candidates
+ *   DLLM_GEMM_VERBOSE=1      one line per tuned GEMM shape: what won, against the heuristic's first pick
+ *   DLLM_GEMM_ROWS=independent  every BF16 GEMM row-independent (dllm__rows), to measure what it costs
+ *   DLLM_PDL=0               no programmatic dependent launch
+ *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs */
+struct dllm__env_switches {
+    std::string cache_dir, jit_dump, fp8_gemm;
+    bool jit_verbose = false, jit_fail_on_spill = false;
+    int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
+    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
+};
+
+static dllm__env_switches dllm__env_read() {
+    auto str = [](const char *name) { const char *v = getenv(name); return std::string(v ? v : ""); };
+    auto num = [](const char *name, int dflt) { const char *v = getenv(name); return v && *v ? atoi(v) : dflt; };
+    dllm__env_switches e;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    e.cache_dir = str("DLLM_CACHE_DIR");
+    if (e.cache_dir == "off") e.cache_dir.clear();
+    else if (e.cache_dir.empty()) e.cache_dir = xdg && *xdg ? std::string(xdg) + "/dllm" : home && *home ? std::string(home) + "/.cache/dllm" : "";
+    e.jit_dump = str("DLLM_JIT_DUMP");
+    e.fp8_gemm = str("DLLM_FP8_GEMM");
+    e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
+    e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
+    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0), e.fa_stages = num("DLLM_FA_STAGES", 0);
+    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1), e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
+    e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
+    e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
+    e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;
+    e.gemm_rows_independent = str("DLLM_GEMM_ROWS") == "independent";
+    e.pdl = num("DLLM_PDL", 1) != 0;
+    e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
+    return e;
 }
+
+static dllm__env_switches &dllm__env_storage() {
+    static dllm__env_switches e = dllm__env_read();
+    return e;
+}
+static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
+/* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
+[[maybe_unused]] static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
 
 /* The table row for a compute capability; GPUs newer than the table use the last row's tiles and
  * their own sm_XY target (NVRTC compiles mma.sync for every architecture it knows). */
@@ -5227,14 +5380,15 @@ static dllm__arch dllm__arch_for(int cc) {
         a.fa_wg_bc = 0;  // wgmma is sm_90a's alone
         a.gemm_wg_stages = 0;
     }
-    if (!dllm__env_int("DLLM_GEMM_WG", 1)) a.gemm_wg_stages = 0;
-    a.fa_br = dllm__env_int("DLLM_FA_BR", a.fa_br);
-    a.fa_bc = dllm__env_int("DLLM_FA_BC", a.fa_bc);
-    a.fa_mt = dllm__env_int("DLLM_FA_MT", a.fa_mt);
-    a.fa_stages = std::max(2, dllm__env_int("DLLM_FA_STAGES", a.fa_stages));
-    a.fa_kv_ctas_per_sm = std::max(1, dllm__env_int("DLLM_FA_KV_CTAS", a.fa_kv_ctas_per_sm));
-    a.fa_wg_stages = std::min(3, std::max(2, dllm__env_int("DLLM_FA_WG_STAGES", a.fa_wg_stages)));
-    const int wg_bc = dllm__env_int("DLLM_FA_WG_BC", a.fa_wg_bc);
+    const dllm__env_switches &env = dllm__env();
+    if (!env.gemm_wg) a.gemm_wg_stages = 0;
+    if (env.fa_br) a.fa_br = env.fa_br;
+    if (env.fa_bc) a.fa_bc = env.fa_bc;
+    if (env.fa_mt) a.fa_mt = env.fa_mt;
+    a.fa_stages = std::max(2, env.fa_stages ? env.fa_stages : a.fa_stages);
+    a.fa_kv_ctas_per_sm = std::max(1, env.fa_kv_ctas ? env.fa_kv_ctas : a.fa_kv_ctas_per_sm);
+    a.fa_wg_stages = std::min(3, std::max(2, env.fa_wg_stages ? env.fa_wg_stages : a.fa_wg_stages));
+    const int wg_bc = env.fa_wg_bc >= 0 ? env.fa_wg_bc : a.fa_wg_bc;
     if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128)) a.fa_wg_bc = wg_bc;
     else if (wg_bc != a.fa_wg_bc) dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
     return a;
@@ -5246,13 +5400,7 @@ static uint64_t dllm__fnv1a(uint64_t h, const void *data, size_t n) {
     return h;
 }
 
-static std::string dllm__cache_dir() {
-    const char *e = getenv("DLLM_CACHE_DIR");
-    if (e && *e) return strcmp(e, "off") == 0 ? std::string() : std::string(e);
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg) return std::string(xdg) + "/dllm";
-    return home && *home ? std::string(home) + "/.cache/dllm" : std::string();
-}
+static std::string dllm__cache_dir() { return dllm__env().cache_dir; }
 
 static void dllm__mkdirs(const std::string &dir) {
     for (size_t i = 1; i <= dir.size(); i++)
@@ -5354,7 +5502,8 @@ static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<
         dllm__lib.nvrtcGetLoweredName(prog, k.c_str(), &low);
         lowered.push_back(low ? low : k);
     }
-    if (const char *dump = getenv("DLLM_JIT_DUMP")) {
+    if (!dllm__env().jit_dump.empty()) {
+        const char *dump = dllm__env().jit_dump.c_str();
         size_t ptx_n = 0;
         dllm__lib.nvrtcGetPTXSize(prog, &ptx_n);
         std::vector<char> ptx(ptx_n);
@@ -5365,7 +5514,7 @@ static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<
     }
     dllm__lib.nvrtcDestroyProgram(&prog);
     if (n == 0) return dllm__fail(DLLM_ERR_JIT, "NVRTC produced no cubin for %s (%s)", rq.name.c_str(), rq.target.c_str());
-    if (dllm__env_int("DLLM_JIT_FAIL_ON_SPILL", 0) && dllm__log_has_spills(log))
+    if (dllm__env().jit_fail_on_spill && dllm__log_has_spills(log))
         return dllm__fail(DLLM_ERR_JIT, "%s spills registers on %s (DLLM_JIT_FAIL_ON_SPILL is set):\n%s", rq.name.c_str(), rq.target.c_str(),
                           log.substr(0, 1500).c_str());
     return DLLM_OK;
@@ -5407,7 +5556,7 @@ static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, st
     double t0 = dllm__now_ms();
     std::string log;
     DLLM__TRY(dllm__nvrtc_compile(rq, blob, lowered, log));
-    if (dllm__env_int("DLLM_JIT_VERBOSE", 0))
+    if (dllm__env().jit_verbose)
         dllm__log_verbose("JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0, log.c_str());
     if (!path.empty()) {
         std::vector<char> file(blob);
@@ -5447,20 +5596,23 @@ static const int dllm__norm_slots = 2;
 static unsigned dllm__norm_threads(int chunks) { return (unsigned)std::min(1024, std::max(32, (chunks + 31) / 32 * 32)); }
 
 /* The modules dllm compiles for one GPU and one head dimension. */
+/* Every module starts with the common helpers and the host/kernel contract. */
+static std::string dllm__src_prelude() { return std::string(dllm__src_common) + dllm__src_contract(); }
+
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
     const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
-    return {"dllm_rowwise", std::string(dllm__src_common) + slots + dllm__src_rowwise + dllm__src_fp8,
-            {"embed_gather", "add_rmsnorm", "rope_qkv", "swiglu", "make_uncond", "block_begin", "fill_random_bf16", "quantize_rows_e4m3",
-             "add_rmsnorm_e4m3", "swiglu_e4m3", "quantize_weight_blocks"},
-            arch.target};
+    return {"dllm_rowwise",
+            dllm__src_prelude() + DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots + dllm__src_rowwise +
+                dllm__src_fp8,
+            {DLLM__ROWWISE_KERNELS(DLLM__KERNEL_NAME) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
 /* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
  * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
-    const char *v = getenv("DLLM_FP8_GEMM");
-    if (!v || !*v) return DLLM_OK;
+    const char *v = dllm__env().fp8_gemm.c_str();
+    if (!*v) return DLLM_OK;
     if (strcmp(v, "mma") == 0) {
         if (a.cc < 89)
             return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d", a.cc);
@@ -5485,7 +5637,7 @@ static size_t dllm__fp8_gemm_smem(const dllm__fp8_tile &t) { return (size_t)t.st
 static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
     const dllm__fp8_tile &w = arch.fp8_wide, &n = arch.fp8_narrow;
     return {dllm__format("dllm_fp8_gemm_%dx%dw%dx%ds%d_%dx%dw%dx%ds%d", w.bm, w.bn, w.wm, w.wn, w.stages, n.bm, n.bn, n.wm, n.wn, n.stages),
-            std::string(dllm__src_common) + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
+            dllm__src_prelude() + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
 }
 
 static std::string dllm__gemm_wg_name(const dllm__arch &a) { return dllm__format("gemm_wg<%d>", a.gemm_wg_stages); }
@@ -5496,12 +5648,13 @@ static size_t dllm__gemm_wg_smem(const dllm__arch &a) { return (size_t)a.gemm_wg
 
 /* gemm_wg's module (sm_90a, where the table has it). */
 static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch) {
-    return {dllm__format("dllm_gemm_wg_s%d", arch.gemm_wg_stages), std::string(dllm__src_common) + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
+    return {dllm__format("dllm_gemm_wg_s%d", arch.gemm_wg_stages), dllm__src_prelude() + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
             {dllm__gemm_wg_name(arch)}, arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
-    return {"dllm_sampler", std::string(dllm__src_common) + dllm__src_sampler, {"conf_partial_kernel", "conf_combine_kernel", "select_commit"}, arch.target};
+    return {"dllm_sampler", dllm__src_prelude() + DLLM__SAMPLER_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_sampler,
+            {DLLM__SAMPLER_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
 static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) {
@@ -5517,7 +5670,7 @@ static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dl
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
     dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d_ws%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages,
                                          arch.fa_wg_bc, arch.fa_wg_stages),
-                            std::string(dllm__src_common) + dllm__src_mma + dllm__src_attention,
+                            dllm__src_prelude() + dllm__src_mma + dllm__src_attention,
                             {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)}, arch.target};
     if (arch.fa_wg_bc) {
         rq.source += std::string(dllm__src_hopper) + dllm__src_attention_wgmma;
@@ -5551,18 +5704,20 @@ static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
 }
 
 /* The attention kernels of one module: flash_attn, for split-KV the combine, and on sm_90a flash_attn_wg. */
+struct dllm__attn_tensor_maps;
 struct dllm__attn_kernels {
-    cudaKernel_t attn = nullptr, combine = nullptr, wide = nullptr;
+    dllm__kernel<void(attn_args)> attn, combine;
+    dllm__kernel<void(attn_args, dllm__attn_tensor_maps)> wide;
 };
 
 /* The kernels of a loaded attention module, with the shared memory they need granted. */
 static dllm_status dllm__attn_kernels_of(dllm__module &mod, const dllm__arch &arch, int hd, dllm__attn_kernels &k) {
-    k.attn = mod.kernels[dllm__attn_kernel_name(hd, arch)];
-    k.combine = mod.kernels[dllm__attn_combine_name(hd)];
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch)));
+    k.attn.fn = mod.kernels.at(dllm__attn_kernel_name(hd, arch)), k.attn.name = "flash_attn";
+    k.combine.fn = mod.kernels.at(dllm__attn_combine_name(hd)), k.combine.name = "attn_combine";
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.attn.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch)));
     if (!arch.fa_wg_bc) return DLLM_OK;
-    k.wide = mod.kernels[dllm__attn_wide_name(hd, arch)];
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.wide, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_wide_smem(hd, arch)));
+    k.wide.fn = mod.kernels.at(dllm__attn_wide_name(hd, arch)), k.wide.name = "flash_attn_wg";
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.wide.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_wide_smem(hd, arch)));
     return DLLM_OK;
 }
 
@@ -5577,7 +5732,7 @@ static bool dllm__pdl_on() {
     if (v == 0) {
         int major = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        v = major >= 9 && dllm__env_int("DLLM_PDL", 1) ? 2 : 1;
+        v = major >= 9 && dllm__env().pdl ? 2 : 1;
         cached[dev].store(v);
     }
     return v == 2;
@@ -5602,22 +5757,21 @@ static cudaLaunchAttribute dllm__cluster_attr(unsigned ctas) {
     return a;
 }
 
-/* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel. cluster: CTAs per
- * cluster along x (the grid's x a multiple of it). */
-static dllm_status dllm__launch(cudaKernel_t k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void **args, const char *name,
-                                unsigned cluster = 1) {
+/* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel (dllm__kernel::launch
+ * builds them from typed arguments). */
+static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args, const char *name) {
     cudaLaunchAttribute attrs[2];
     unsigned n = 0;
-    if (cluster > 1) attrs[n++] = dllm__cluster_attr(cluster);
+    if (g.cluster > 1) attrs[n++] = dllm__cluster_attr(g.cluster);
     if (dllm__pdl_on()) {
         attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attrs[n].val.programmaticStreamSerializationAllowed = 1;
         n++;
     }
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.gridDim = g.grid;
+    cfg.blockDim = g.block;
+    cfg.dynamicSmemBytes = g.smem;
     cfg.stream = stream;
     cfg.attrs = attrs;
     cfg.numAttrs = n;
@@ -5663,15 +5817,20 @@ static bool dllm__tensor_map(CUtensorMap &map, const void *base, int width, int 
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* gemm_wg's X, W and Y maps (gemm_tensor_maps on the device). */
+struct dllm__gemm_tensor_maps {
+    CUtensorMap x, w, y;
+};
+
 /* dllm's Hopper GEMM (dllm__src_gemm_wg), loaded for one device. */
 struct dllm__gemm_wg {
     std::shared_ptr<dllm__module> module;
-    cudaKernel_t kernel = nullptr;
+    dllm__kernel<void(gemm_wg_args, dllm__gemm_tensor_maps)> kernel;
     size_t smem = 0;
     int clusters = 0;  // clusters of two CTAs the GPU holds at once
     /* Whether it runs Y [M x N] = X . W^T: whole 256-wide column tiles, 16-byte rows and bases for TMA. */
     bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
-        return kernel && N > 0 && N % 256 == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
+        return kernel.fn && N > 0 && N % 256 == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
     }
 };
 
@@ -5680,7 +5839,7 @@ struct dllm__gemm_wg {
 static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
     if (!a.gemm_wg_stages || !dllm__tensor_map_encoder()) return DLLM_OK;
     DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a), k.module));
-    cudaKernel_t kernel = k.module->kernels[dllm__gemm_wg_name(a)];
+    cudaKernel_t kernel = k.module->kernels.at(dllm__gemm_wg_name(a));
     k.smem = dllm__gemm_wg_smem(a);
     DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem));
     cudaLaunchAttribute pair = dllm__cluster_attr(2);
@@ -5692,7 +5851,7 @@ static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
     cfg.numAttrs = 1;
     DLLM__CUDA(cudaOccupancyMaxActiveClusters(&k.clusters, (const void *)kernel, &cfg));
     if (k.clusters < 1) return dllm__fail(DLLM_ERR_CUDA, "gemm_wg: the GPU holds no cluster of two of its CTAs");
-    k.kernel = kernel;
+    k.kernel.fn = kernel, k.kernel.name = "gemm_wg";
     return DLLM_OK;
 }
 
@@ -5701,14 +5860,13 @@ static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
 static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
     if (!k.fits(X, W, Y, N, K)) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg cannot run M=%d N=%d K=%d", M, N, K);
     if (M == 0) return DLLM_OK;
-    struct { CUtensorMap x, w, y; } maps;
+    dllm__gemm_tensor_maps maps;
     if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, 128) || !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, 128) ||
         !dllm__tensor_map(maps.y, Y, N, M, 1, (uint64_t)N, 0, 64))
         return dllm__fail(DLLM_ERR_CUDA, "the driver refused a TMA tensor map for gemm_wg (M=%d N=%d K=%d)", M, N, K);
-    struct { int m, n, k; } args = {M, N, K};
+    const gemm_wg_args args = {M, N, K};
     const int pairs = (M + 255) / 256 * (N / 256);
-    void *argv[] = {&args, &maps};
-    return dllm__launch(k.kernel, dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, stream, argv, "gemm_wg", 2);
+    return k.kernel.launch({dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, 2}, stream, args, maps);
 }
 
 /* Split-K algorithms whose partial sums are reduced in place are dropped: their reduction order can depend
@@ -5834,7 +5992,7 @@ struct dllm__gemm {
         if (found == 0) return dllm__fail(DLLM_ERR_CUDA, "cuBLASLt offers only split-K %s algorithms with an in-place (unordered) reduction for M=%d N=%d K=%d", op.kind(), op.M, op.N, op.K);
         p->algo = res[0].algo;
         if (tune && op.M <= dllm__split_k_max_m) found = add_split_k(*p, res, found);
-        if (tune && dllm__env_int("DLLM_GEMM_AUTOTUNE", 1)) DLLM__TRY(fastest(*p, res, found, op, stream));
+        if (tune && dllm__env().gemm_autotune) DLLM__TRY(fastest(*p, res, found, op, stream));
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
@@ -5919,7 +6077,7 @@ struct dllm__gemm {
             const float ms = time_runs([&] { return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
             if (ms < best) { best = ms; p.own = true; }
         }
-        if (dllm__env_int("DLLM_GEMM_VERBOSE", 0)) report(p, op, found, first * 1000, best * 1000);
+        if (dllm__env().gemm_verbose) report(p, op, found, first * 1000, best * 1000);
         return DLLM_OK;
     }
     /* Whether gemm_wg can run op: BF16 in and out, on a GPU that has it. */
@@ -5995,9 +6153,11 @@ struct dllm__gemm {
 };
 
 /* dllm's own FP8 GEMM (dllm__src_fp8_gemm), loaded for one device: both tiles, with the stages they were built with. */
+typedef void dllm__sig_fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, const float *w_scale, bf16_t *Y, int M, int N,
+                                 int K);
 struct dllm__fp8_mma {
     std::shared_ptr<dllm__module> module;
-    cudaKernel_t wide = nullptr, narrow = nullptr;
+    dllm__kernel<dllm__sig_fp8_gemm> wide, narrow;
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
@@ -6012,10 +6172,10 @@ static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     DLLM__TRY(dllm__jit_load(dllm__module_fp8_gemm(a), out.module));
     out.wide_tile = a.fp8_wide;
     out.narrow_tile = a.fp8_narrow;
-    out.wide = out.module->kernels[dllm__fp8_gemm_kernel_name(a.fp8_wide)];
-    out.narrow = out.module->kernels[dllm__fp8_gemm_kernel_name(a.fp8_narrow)];
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.wide, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_wide)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.narrow, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_narrow)));
+    out.wide.fn = out.module->kernels.at(dllm__fp8_gemm_kernel_name(a.fp8_wide)), out.wide.name = "fp8_gemm";
+    out.narrow.fn = out.module->kernels.at(dllm__fp8_gemm_kernel_name(a.fp8_narrow)), out.narrow.name = "fp8_gemm";
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.wide.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_wide)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)out.narrow.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__fp8_gemm_smem(a.fp8_narrow)));
     return DLLM_OK;
 }
 
@@ -6028,66 +6188,355 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
     if (M == 0 || N == 0) return DLLM_OK;
     const bool narrow = !one_tile && M <= dllm__fp8_narrow_rows;
     const dllm__fp8_tile &t = narrow ? k.narrow_tile : k.wide_tile;
-    void *args[] = {(void *)&X, (void *)&x_scale, (void *)&W, (void *)&w_scale, &Y, &M, &N, &K};
     dim3 grid((unsigned)((M + t.bm - 1) / t.bm), (unsigned)((N + t.bn - 1) / t.bn));
-    return dllm__launch(narrow ? k.narrow : k.wide, grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t), stream, args,
-                        "fp8_gemm");
+    return (narrow ? k.narrow : k.wide).launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale, W,
+                                               w_scale, Y, M, N, K);
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 16. GPU backend: weights, forward, sampler, step graphs
-//     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE
-//     tables stay fp32. The residual stream is fp32. One denoising step (forward, LM head, confidence,
-//     top-k commit) is captured once as a CUDA graph and replayed: the step counter, the block bounds and
-//     the canvas live on the device, so the host issues one launch per step and never copies logits.
+// 16. GPU backend: weight formats, shared weights, activations, forward plan, forward, sampler, step graphs
+//     16.1 [weight formats] how a linear's weight is stored, and the one GEMM entry point that takes any of them
+//     16.2 [shared weights] the device weights belong to the model: one copy per (device, weight formats), shared
+//          by every context on it, freed with the last one
+//     16.3 [activations] a context's buffers, named and shaped; [forward plan] which rows each stage computes
+//     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
+//          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
+//          [step graphs]
+//     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
+//     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
+//     fp32. The residual stream is fp32. One denoising step (forward, LM head, confidence, top-k commit) is
+//     captured once as a CUDA graph and replayed: the step counter, the block bounds and the canvas live on the
+//     device, so the host issues one launch per step and never copies logits.
 // ---------------------------------------------------------------------------------------------------
-
-/* An E4M3 weight [n x k_pad] (k padded to whole 128-blocks with zero codes) and its 128x128 block scales
- * in cuBLASLt's BLK128x128 layout, scale[nb * ceil4(k_pad / 128) + kb]. */
-struct dllm__gpu_fp8 {
-    dllm__dbuf q, scale;
-};
-
-struct dllm__gpu_layer {
-    dllm__dbuf w_qkv, w_o, w_gu, w_down;      // bf16 [out, in]
-    dllm__dbuf attn_norm, ffn_norm, b_qkv;    // fp32
-    dllm__gpu_fp8 f8_qkv, f8_o, f8_gu, f8_down;  // FP8 precision, layers >= 1; the bf16 copy is then released
-};
 
 static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+/* 16.1 [weight formats] How a linear layer's weight W [n x k] (y = x W^T) is stored on the device, and which activation
+ * operand its GEMMs take. Adding a format is a row here, its quantiser in dllm__gpu_weights_quantize, its case in
+ * dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
+enum dllm__wformat {
+    DLLM__W_BF16 = 0,        // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
+    DLLM__W_E4M3_BLOCK = 1,  // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
+                             // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
+};
+enum dllm__aformat {
+    DLLM__A_BF16 = 0,        // bf16 rows [M x k]
+    DLLM__A_E4M3_1X128 = 1,  // E4M3 rows [M_pad x k_pad] (M_pad = 16 * ceil(M / 16)), an fp32 scale per 1x128 group at
+                             // scale[kb * M_pad + m] (VEC128): written by the producers (add_rmsnorm_e4m3, swiglu_e4m3)
+};
+struct dllm__wformat_desc {
+    const char *name;
+    double bits_per_weight;  // in device memory, scales included (n and k multiples of 128)
+    dllm__aformat act;       // the activation its GEMMs take
+};
+static const dllm__wformat_desc dllm__wformats[] = {
+    {"BF16", 16.0, DLLM__A_BF16},
+    {"E4M3 with 128x128 block scales", 8.0 + 32.0 / (128 * 128), DLLM__A_E4M3_1X128},
+};
 
+/* A weight as a GEMM reads it (the tied LM head is a view of the embedding table). */
+struct dllm__weight_view {
+    dllm__wformat format;
+    int n, k;
+    const void *data;    // the codes, in the format's layout
+    const float *scale;  // the format's scales, or null
+};
 
-/* Optional per-stage timing of the forward (benchmarks): an event after each stage, named. */
-struct dllm__stage_timer {
-    std::vector<std::pair<std::string, cudaEvent_t>> marks;
-    ~dllm__stage_timer() {
-        for (auto &m : marks) cudaEventDestroy(m.second);
-    }
-    void mark(const char *name, cudaStream_t s) {
-        cudaEvent_t e;
-        if (cudaEventCreate(&e) != cudaSuccess) return;
-        cudaEventRecord(e, s);
-        marks.push_back({name, e});
-    }
-    /* Milliseconds per stage name, summed over repeats (call after synchronising). */
-    std::vector<std::pair<std::string, double>> totals() const {
-        std::vector<std::pair<std::string, double>> out;
-        for (size_t i = 1; i < marks.size(); i++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second);
-            auto it = std::find_if(out.begin(), out.end(), [&](const std::pair<std::string, double> &p) { return p.first == marks[i].first; });
-            if (it == out.end()) out.push_back({marks[i].first, ms});
-            else it->second += ms;
-        }
-        return out;
+/* One linear layer's weight, owned. */
+struct dllm__linear {
+    dllm__wformat format = DLLM__W_BF16;
+    int n = 0, k = 0;
+    dllm__dbuf data, scale;
+    dllm__weight_view view() const { return {format, n, k, data.ptr, scale.as<float>()}; }
+};
+
+/* What a GEMM's rows must satisfy. TUNED may take the fastest algorithm for its row count. INDEPENDENT gives every row
+ * the bits it has in any other launch of the same shape: one algorithm per (format, N, K), launches of at most
+ * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
+ * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
+ * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs. */
+enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT };
+
+// ---------------------------------------------------------------------------------------------------
+// 16.2 [shared weights]
+// ---------------------------------------------------------------------------------------------------
+
+struct dllm__gpu_layer {
+    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down
+    dllm__dbuf attn_norm, ffn_norm, b_qkv;  // fp32
+};
+
+/* The device weights of one model on one device in one set of weight formats. Immutable once built, so any number of
+ * contexts on any threads read them at once; each context holds a reference and the last one frees them. */
+struct dllm__gpu_weights {
+    int device = 0;
+    bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
+    std::vector<dllm__gpu_layer> layers;
+    dllm__dbuf embed;                        // bf16 [vocab x d]: the embedding table
+    dllm__linear head;                       // the LM head; empty when tied to the embedding table
+    dllm__dbuf final_norm;                   // fp32 [d]
+    size_t bytes = 0;                        // device memory they take
+    dllm__weight_view lm_head(const dllm__config &c) const {
+        return head.data.ptr ? head.view() : dllm__weight_view{DLLM__W_BF16, c.n_vocab, c.n_embd, embed.ptr, nullptr};
     }
 };
 
-static const int dllm__lm_chunk_rows = 256;   // LM head rows per GEMM: bounds the logits buffer
+/* The row-wise module's kernels (the table's rows), typed. */
+struct dllm__rowwise_kernels {
+#define DLLM__KERNEL_MEMBER(name, attrs, params) dllm__kernel<dllm__sig_##name> name;
+    DLLM__ROWWISE_KERNELS(DLLM__KERNEL_MEMBER)
+    DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_MEMBER)
+};
+struct dllm__sampler_kernels {
+    DLLM__SAMPLER_KERNELS(DLLM__KERNEL_MEMBER)
+#undef DLLM__KERNEL_MEMBER
+};
 
-/* How layer 0 runs (see dllm__gpu_backend::layer0_attention). */
+/* Fills a typed kernel set from a loaded module, by the table's names. */
+#define DLLM__KERNEL_BIND(kname, attrs, params) set.kname.fn = mod.kernels.at(#kname), set.kname.name = #kname;
+static void dllm__bind(dllm__rowwise_kernels &set, dllm__module &mod) {
+    DLLM__ROWWISE_KERNELS(DLLM__KERNEL_BIND)
+    DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_BIND)
+}
+static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SAMPLER_KERNELS(DLLM__KERNEL_BIND) }
+#undef DLLM__KERNEL_BIND
+
+static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
+    if (v.empty()) return DLLM_OK;
+    DLLM__TRY(dst.fit(v.size() * 4, what));
+    DLLM__CUDA(cudaMemcpy(dst.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return DLLM_OK;
+}
+
+/* Copies rows of host tensors (any float dtype) into one bf16 device weight [sum of rows x k], in order. */
+static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<const dllm__tensor *> parts, const char *what) {
+    size_t n = 0;
+    for (const dllm__tensor *t : parts) n += (size_t)t->numel;
+    DLLM__TRY(dst.data.fit(n * 2, what));
+    std::vector<uint16_t> host(n);
+    size_t at = 0;
+    for (const dllm__tensor *t : parts) {
+        if (t->dtype == DLLM__BF16) memcpy(host.data() + at, t->data, t->nbytes);
+        else for (int64_t i = 0; i < t->numel; i++) host[at + (size_t)i] = dllm__f32_to_bf16(dllm__tensor_at(*t, i));
+        at += (size_t)t->numel;
+    }
+    DLLM__CUDA(cudaMemcpy(dst.data.ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
+    dst.format = DLLM__W_BF16;
+    dst.k = (int)parts.begin()[0]->shape[1];
+    dst.n = (int)(n / (size_t)dst.k);
+    return DLLM_OK;
+}
+
+/* The checkpoint's weights, as BF16 with the projections fused. */
+static dllm_status dllm__gpu_weights_upload(const dllm_model &m, dllm__gpu_weights &w) {
+    w.layers.resize(m.layers.size());
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        const dllm__layer_weights &L = m.layers[l];
+        dllm__gpu_layer &G = w.layers[l];
+        DLLM__TRY(dllm__upload_rows(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(dllm__upload_rows(G.o, {L.wo}, "attention weights"));
+        DLLM__TRY(dllm__upload_rows(G.gu, {L.gate, L.up}, "MLP weights"));
+        DLLM__TRY(dllm__upload_rows(G.down, {L.down}, "MLP weights"));
+        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
+        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
+        if (!L.bq.empty()) {
+            std::vector<float> b(L.bq);
+            b.insert(b.end(), L.bk.begin(), L.bk.end());
+            b.insert(b.end(), L.bv.begin(), L.bv.end());
+            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+        }
+    }
+    dllm__linear embed;
+    DLLM__TRY(dllm__upload_rows(embed, {m.embed}, "the embedding table"));
+    w.embed = std::move(embed.data);
+    if (m.head != m.embed) DLLM__TRY(dllm__upload_rows(w.head, {m.head}, "the LM head"));
+    return dllm__upload_f32(w.final_norm, m.final_norm, "norm weights");
+}
+
+/* Benchmark weights generated on the device (no file, no host copy) as the PyTorch reference draws them: normal with
+ * std 0.02, the residual branches' output projections 0.02 / sqrt(2 L); norms 1. */
+static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream, dllm__gpu_weights &w) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, q = c.n_head * c.head_dim;
+    uint64_t seed = m.random_seed;
+    auto fill_bf16 = [&](dllm__dbuf &b, size_t n, float std_dev, const char *what) -> dllm_status {
+        DLLM__TRY(b.fit(n * 2, what));
+        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
+    };
+    auto fill_linear = [&](dllm__linear &W, int n, int kk, float std_dev, const char *what) {
+        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
+        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
+    };
+    auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) { return dllm__upload_f32(b, std::vector<float>(n, value), what); };
+    const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
+    w.layers.resize((size_t)c.n_layer);
+    for (dllm__gpu_layer &G : w.layers) {
+        DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
+        DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
+        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+        DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
+        DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
+        if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    }
+    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * d, std_in, "the embedding table"));
+    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, d, std_in, "the LM head"));
+    DLLM__TRY(ones(w.final_norm, (size_t)d, 1.0f, "norm weights"));
+    DLLM__CUDA(cudaStreamSynchronize(stream));
+    return DLLM_OK;
+}
+
+/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin: dllm__quantize_blocks. */
+static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
+    dllm__dbuf codes, scale;
+    DLLM__TRY(codes.fit((size_t)W.n * kb * 128, "FP8 weights"));
+    DLLM__TRY(scale.fit((size_t)nb * ld * 4, "FP8 weight scales"));
+    DLLM__CUDA(cudaMemsetAsync(scale.ptr, 0, scale.bytes, stream));  // the ld padding is never read, but defined
+    DLLM__TRY(k.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, stream, W.data.ptr, W.n, W.k, codes.ptr, scale.ptr, ld));
+    DLLM__CUDA(cudaStreamSynchronize(stream));
+    W.data = std::move(codes);
+    W.scale = std::move(scale);
+    W.format = DLLM__W_E4M3_BLOCK;
+    return DLLM_OK;
+}
+
+/* The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
+static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    for (size_t l = 1; l < w.layers.size(); l++) {
+        dllm__gpu_layer &G = w.layers[l];
+        if (w.fp8_ffn) {
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.gu, k, stream));
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.down, k, stream));
+        }
+        if (w.fp8_attn) {
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+        }
+    }
+    return DLLM_OK;
+}
+
+static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k, dllm__gpu_weights &w) {
+    cudaStream_t stream = nullptr;
+    DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const int64_t before = dllm__device_bytes;
+    dllm_status s = m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, w);
+    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream);
+    cudaStreamDestroy(stream);
+    w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
+    return s;
+}
+
+/* The model's weights on the current device in the given formats: the copy another context already made, or a new one
+ * that the model then shares. The model's lock is held while a copy is built, so two contexts created at once on one
+ * model build it once. */
+static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn, const dllm__rowwise_kernels &k,
+                                         std::shared_ptr<dllm__gpu_weights> &out) {
+    std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
+    auto &cache = m.gpu_weights;
+    cache.erase(std::remove_if(cache.begin(), cache.end(), [](const std::weak_ptr<dllm__gpu_weights> &w) { return w.expired(); }), cache.end());
+    for (const std::weak_ptr<dllm__gpu_weights> &held : cache)
+        if (std::shared_ptr<dllm__gpu_weights> w = held.lock())
+            if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn) {
+                out = w;
+                return DLLM_OK;
+            }
+    std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
+    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn;
+    DLLM__TRY(dllm__gpu_weights_build(m, k, *w));
+    dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device, w->bytes / 1e9,
+              dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
+              dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
+    cache.push_back(w);
+    out = std::move(w);
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 16.3 [activations] [forward plan]
+// ---------------------------------------------------------------------------------------------------
+
+/* A context's activation buffers. Shapes: M = rows forwarded (sequences x rows), M_pad = 16 ceil(M / 16) (an FP8 GEMM
+ * writes whole 16-row tiles), d = n_embd, qkv = (n_head + 2 n_kv) head_dim, q = n_head head_dim, ff = n_ff, L = rows
+ * of one LM head chunk (at most dllm__lm_chunk_rows) per sequence, S = canvas rows of one sequence. Grown, never
+ * shrunk, to the largest forward seen; a buffer that moves bumps `generation` (captured graphs point into it). */
+struct dllm__activations {
+    dllm__dbuf h;            // fp32 [M][d]: the residual stream
+    dllm__dbuf a;            // bf16 [M][d]: a norm's output, the next GEMM's input
+    dllm__dbuf qkv;          // bf16 [M_pad][qkv]: fused projection rows, biased and rotated in place
+    dllm__dbuf att;          // bf16 [M][q]: attention output
+    dllm__dbuf delta;        // bf16 [M_pad + 16][d]: a branch's output (O projection, then down), added into h
+    dllm__dbuf gu;           // bf16 [M_pad][2 ff]: gate|up rows
+    dllm__dbuf f;            // bf16 [M][ff]: SwiGLU output
+    dllm__dbuf y;            // bf16 [sequences x L][d]: the final norm's output
+    dllm__dbuf h_cut;        // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    dllm__dbuf logits;       // fp32 [sequences][L][vocab]: one LM head chunk
+    dllm__dbuf partials;     // conf_partial [L][vocab / dllm__vocab_slice]
+    dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
+    dllm__dbuf canvas;       // int [sequences][S] (CFG: conditional, then unconditional)
+    dllm__dbuf is_prompt;    // uint8 [S]
+    dllm__dbuf state;        // dllm_step_state
+    dllm__dbuf committed;    // int [S]: the positions the last step committed
+    dllm__dbuf positions;    // int [S]: [DPad] the RoPE position of each canvas row
+    dllm__dbuf h0;           // fp32 [M][d]: [EmbedCache] layer 0's embeddings
+    dllm__dbuf qkv0;         // bf16 [M][qkv]: [RoPECache] layer 0's rotated Q/K/V
+    dllm__dbuf fa_state;     // [FACache] layer 0's online-softmax state per query tile outside the block
+    dllm__dbuf attn_partial; // split-KV attention states (K/V-cache steps)
+    std::vector<dllm__dbuf> kv;      // [dual cache] [prefix cache] per layer the fused rotated Q/K/V rows [sequences][S]
+    dllm__dbuf act8, act8_scale;     // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
+    int generation = 0;
+    /* Every buffer's address, to tell whether growing moved one. */
+    std::vector<const void *> addresses() const {
+        std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
+                                       conf.ptr, deferred.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
+                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr};
+        for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
+        return p;
+    }
+};
+
+static const int dllm__lm_chunk_rows = 256;  // LM head rows per GEMM: bounds the logits buffer
+static const int dllm__vocab_slice = 8192;   // vocabulary entries per sampler CTA
+
+/* How layer 0 runs: plainly, or with LaCache's caches filled (a block's first step) or reused (its later steps). */
 enum dllm__layer0 { DLLM__L0_PLAIN, DLLM__L0_FILL, DLLM__L0_REUSE };
+
+/* [forward plan] Which rows one forward computes, per sequence. Rows are canvas positions; output rows are raw logit
+ * rows (a model with shifted logits predicts position p from row p - 1). Computed once per step (plan_step) or
+ * forward (prepare_forward), passed by reference to every stage. */
+struct dllm__seq_rows {
+    int seq = 0;                 // canvas rows (the keys every query attends to)
+    int q0 = 0, q1 = 0;          // rows forwarded: every row, or under a K/V cache after a block's first step the block
+                                 // (dual) or the block and what follows (prefix)
+    int head0 = 0, head1 = 0;    // [truncation] canvas positions whose predictions the LM head computes
+    int out0 = 0, out1 = 0;      // the raw rows that predict them: they reach the final norm and the LM head
+    int block0 = 0, block1 = 0;  // the current block: LaCache's reuse, and the attention's tile order
+    int rows() const { return q1 - q0; }
+    int out_rows() const { return out1 - out0; }
+};
+struct dllm__forward_plan {
+    std::vector<dllm__seq_rows> seqs;     // CFG's unconditional canvas is a second sequence
+    dllm__layer0 layer0 = DLLM__L0_PLAIN;  // LaCache's layer-0 mode
+    int batch() const { return (int)seqs.size(); }
+    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them from
+     * the first and run all sequences at once. */
+    const dllm__seq_rows &rows() const { return seqs[0]; }
+    bool uniform() const {
+        for (const dllm__seq_rows &r : seqs)
+            if (r.seq != seqs[0].seq || r.q0 != seqs[0].q0 || r.q1 != seqs[0].q1 || r.head0 != seqs[0].head0 || r.head1 != seqs[0].head1 ||
+                r.out0 != seqs[0].out0 || r.out1 != seqs[0].out1 ||
+                r.block0 != seqs[0].block0 || r.block1 != seqs[0].block1)
+                return false;
+        return !seqs.empty();
+    }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// 16.4 The backend
+// ---------------------------------------------------------------------------------------------------
+
+struct dllm__stage_timer;
 
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
@@ -6113,36 +6562,23 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const dllm__arch &arch() const { return arch_; }
     cudaStream_t stream() const { return stream_; }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
-    bool fp8_ffn_active() const { return fp8_ffn_; }
-    bool fp8_attn_active() const { return fp8_attn_; }
+    bool fp8_ffn_active() const { return W_->fp8_ffn; }
+    bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
     dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
-    void set_timer(dllm__stage_timer *t) { timer_ = t; }
-    /* Benchmarks: one eager step with every stage timed. */
-    dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t) {
-        timer_ = &t;
-        dllm_status s = run_step(st);
-        timer_ = nullptr;
-        return s;
-    }
-    /* Tests: record the logits the sampler sees at each (global step, block position), cond then uncond
-     * rows (eager steps only: set DLLM_NO_GRAPHS). */
-    void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
-    /* Tests: the rows per batch entry the last forward's last layer computed after its attention (forward). */
-    int last_layer_rows() const { return last_layer_rows_; }
-    /* One forward over batch x seq tokens of ids_dev; final norm on the output rows [raw0, raw1). With a
-     * K/V cache (kv_on_) it computes the rows [q0, q1) only, over the cached keys of every row. */
-    dllm_status forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode = DLLM__L0_PLAIN, int b0 = 0, int b1 = 0,
-                        int q0 = 0, int q1 = 0);
-    /* LM head for output rows [raw0 + c0, raw0 + c0 + rows) of every batch entry into logits [batch][rows][V]. */
-    dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    /* The shared device weights this context reads. */
+    const dllm__gpu_weights &weights() const { return *W_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
-    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows)
-     * runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
+     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
     template <class F>
     dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
-        DLLM__TRY(forward(1, n, canvas_.as<int>(), raw0, raw1));
+        dllm__forward_plan plan;
+        dllm__seq_rows r;
+        r.seq = n, r.q0 = 0, r.q1 = n, r.out0 = raw0, r.out1 = raw1;
+        plan.seqs.assign(1, r);
+        DLLM__TRY(forward(plan, act_.canvas.as<int>()));
         for (int c0 = 0; c0 < raw1 - raw0; c0 += dllm__lm_chunk_rows) {
             int rows = std::min(dllm__lm_chunk_rows, raw1 - raw0 - c0);
             DLLM__TRY(lm_head(1, raw1 - raw0, c0, rows));
@@ -6151,144 +6587,110 @@ class dllm__gpu_backend : public dllm__backend_impl {
         }
         return DLLM_OK;
     }
+    // [debug hooks] (16.5)
+    void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
+    void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
+    int last_layer_rows() const { return last_layer_rows_; }
 
   private:
     dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
     dllm_status init(int device);
-    dllm_status upload_weights();
-    dllm_status random_weights();
-    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     dllm_status load_kernels();
-    dllm_status run_step(const dllm__decode &st);
-    dllm_status capture_step(const dllm__decode &st, bool may_update);
-    dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
-                          bool may_split = false, bool wide = false);
-    dllm_status self_attention(size_t layer, int batch, int seq, int q0, int rows, int o0, int orows);
-    dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
-    // FP8 (dllm_precision): layers >= 1 quantise GEMM inputs into act8_ in the kernels that produce them
-    dllm_status choose_precision(const char *gpu_name);
-    dllm_status quantize_weights();
-    dllm_status quantize_weight(dllm__dbuf &w, int n, int k, dllm__gpu_fp8 &out);
-    bool fp8_ffn(size_t l) const { return fp8_ffn_ && l > 0; }
-    bool fp8_attn(size_t l) const { return fp8_attn_ && l > 0; }
+    dllm_status choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn);
+    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
+    // the forward and its stages (16.4.1)
+    dllm_status forward(const dllm__forward_plan &plan, const int *ids_dev);
+    dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out = CUDA_R_16BF);
+    dllm__rows lacache_rows() const { return kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
+    dllm__rows layer_rows(size_t l) const { return last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
+    /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
+     * alone (forward), and its GEMMs are then row-independent. */
+    bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
+    bool fp8_ffn(size_t l) const { return W_->fp8_ffn && l > 0; }
+    bool fp8_attn(size_t l) const { return W_->fp8_attn && l > 0; }
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
+    dllm_status embed(const int *ids, int n_rows, float *h);
+    dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
+    dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     dllm_status add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
     dllm_status quantize_rows(const void *x, int M, int K);
-    dllm_status gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K, bool lacache_rows = false);
-    dllm_status project_qkv(size_t l, int M);
-    dllm_status project_o(size_t l, int M, int r0);
-    dllm_status gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type);
-    /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute
-     * those alone (forward), and its GEMMs then go through gemm_lacache_rows. */
-    bool last_cut(size_t l) const { return l > 0 && l + 1 == layers_.size(); }
-    dllm_status linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K);
-    dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
-    dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
-    dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
-    dllm_status embed(const int *ids, int n_rows, float *h);
-    dllm_status layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1);
+    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
+                          bool may_split = false, bool wide = false);
+    dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
+    dllm_status self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows);
+    dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
+    dllm_status project_o(size_t l, int M, int r0);
+    dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    // the step (16.4.2)
+    dllm__forward_plan plan_step(const dllm__decode &st) const;
+    dllm_status run_step(const dllm__decode &st);
+    dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    dllm_status capture_step(const dllm__decode &st, bool may_update);
     std::string graph_key(const dllm__decode &st) const;
+    dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    void mark(const char *stage);
 
     const dllm_model &m_;
     int max_tokens_;
     int device_ = 0, n_sms_ = 1;
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
+    std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
+    dllm__dbuf rope_cos_, rope_sin_;               // fp32 [max_tokens][head_dim / 2]
+
+    // kernels and GEMMs
+    std::shared_ptr<dllm__module> rowwise_module_, sampler_module_, attn_module_;
+    dllm__rowwise_kernels K_;
+    dllm__sampler_kernels S_;
+    dllm__attn_kernels A_;
     dllm__gemm gemm_;
-    dllm__gemm_wg gemm_wg_;  // dllm's Hopper GEMM, a candidate of gemm_
-    std::shared_ptr<dllm__module> rowwise_, sampler_, attn_;
-    cudaKernel_t k_embed_, k_norm_, k_rope_, k_swiglu_, k_uncond_, k_block_, k_fill_, k_partial_, k_combine_, k_select_;
-    dllm__attn_kernels k_attn_;
-    cudaKernel_t k_quant8_, k_norm8_, k_swiglu8_, k_wquant8_;
+    dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
-    bool fp8_ffn_ = false, fp8_attn_ = false;          // in effect
-    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;         // in effect
-    dllm__fp8_mma fp8_mma_;                            // loaded when fp8_gemm_ is DLLM__FP8_MMA
+    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
+    dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
 
-    // weights
-    dllm__dbuf embed_, head_, final_norm_, rope_cos_, rope_sin_;
-    std::vector<dllm__gpu_layer> layers_;
-    bool tied_ = false;
-
-    // activations, grown to the largest (batch, seq) seen
-    dllm__dbuf h_, a_, qkv_, att_, delta_, gu_, f_, y_, logits_, partials_, x0_, conf_, deferred_;
-    dllm__dbuf canvas_, is_prompt_, state_, committed_;
-    dllm__dbuf h0_, qkv0_, fa_state_;  // LaCache: layer 0's embeddings, rotated Q/K/V and attention state
-    dllm__dbuf h_cut_;                 // the last layer's residual stream when it computes the output rows alone (forward)
-    dllm__dbuf attn_partial_;          // split-KV attention states (K/V-cache steps)
-    std::vector<dllm__dbuf> kv_;       // Fast-dLLM's K/V cache: per layer the fused rotated Q/K/V rows [batch][seq]
-    bool kv_on_ = false;               // forwards read and write kv_ (a generation with a K/V cache)
-    dllm__dbuf positions_;             // DPad: RoPE position of each canvas row
-    bool positions_on_ = false;
-    dllm__dbuf act8_, act8_scale_;     // FP8: one GEMM input [M_pad x K_pad] E4M3 and its scales [K_pad / 128][M_pad]
+    // activations and the generation's state
+    dllm__activations act_;
+    bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
+    bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
 
-    // the captured step
+    // [step graphs] the captured step
     cudaGraphExec_t graph_exec_ = nullptr;
     std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
+
+    // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
     std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
-    dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    void mark(const char *stage) {
-        if (timer_) timer_->mark(stage, stream_);
-    }
-    int buffer_generation_ = 0;
     int last_layer_rows_ = 0;
-};
-
-/* Host mirrors of the device argument structs (same members, same order, so the same layout). */
-struct dllm__sampler_args {
-    const void *cond, *uncond;
-    float cfg_weight;
-    int vocab, slice, n_slices, n_rows, pos0, lrow0, shift0, raw_rows;
-    double temperature;
-    uint64_t seed;
-    int eos_inf, eos_id, eot_id, defer_eos_eot, remasking, conf_tempered;
-    double alg_temp;
-};
-
-struct dllm__attn_args {
-    const void *q, *k, *v;
-    void *o;
-    const unsigned char *key_valid;
-    int seq, q_rows;
-    int q_stride, kv_stride, o_stride, group;
-    uint64_t q_bstride, o_bstride;
-    const void *state;
-    float scale_log2;
-    int fa_mode;
-    float *fa_state;
-    int kv_splits;
-    float *partial;
 };
 
 /* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
 struct dllm__attn_tensor_maps {
     CUtensorMap q, k, v;
 };
-static bool dllm__attn_maps(const dllm__attn_args &a, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_tensor_maps &tm) {
+static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_tensor_maps &tm) {
     const int kv_width = heads / a.group * hd;
     return dllm__tensor_map(tm.q, a.q, heads * hd, a.q_rows, batch, (uint64_t)a.q_stride, a.q_bstride, 128) &&
            dllm__tensor_map(tm.k, a.k, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc) &&
            dllm__tensor_map(tm.v, a.v, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc);
 }
 
-/* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of
- * the per-split states in a.partial. With `wide`, a plain forward (no FACache, no split-KV) runs
- * flash_attn_wg where the GPU has it; callers ask for it only where no other path must match flash_attn's
- * bits (layers >= 1: LaCache's exactness rests on layer 0). */
-static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_args &a,
+/* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV) runs flash_attn_wg where the GPU has it;
+ * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
+ * layer 0). */
+static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, const attn_args &a,
                                      cudaStream_t s, bool wide = false) {
-    void *argv[] = {&a};
-    if (wide && k.wide && a.fa_mode == 0 && a.kv_splits == 1) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
-            void *wide_argv[] = {&a, &tm};
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
-            return dllm__launch(k.wide, grid, dim3(384), dllm__attn_wide_smem(hd, arch), s, wide_argv, "flash_attn_wg");
+            return k.wide.launch({grid, dim3(384), dllm__attn_wide_smem(hd, arch)}, s, a, tm);
         }
         static std::atomic<bool> warned(false);
         if (!warned.exchange(true))
@@ -6296,20 +6698,9 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
                                      "refuses): attention runs flash_attn (mma.sync)");
     }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
-    DLLM__TRY(dllm__launch(k.attn, grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch), s, argv, "flash_attn"));
+    DLLM__TRY(k.attn.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
     if (a.kv_splits == 1) return DLLM_OK;
-    return dllm__launch(k.combine, dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd), 0, s, argv, "attn_combine");
-}
-
-static const size_t dllm__conf_partial_bytes = 40;  // sizeof(conf_partial) on the device
-
-static const int dllm__vocab_slice = 8192;    // vocabulary entries per sampler CTA
-
-static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
-    if (v.empty()) return DLLM_OK;
-    DLLM__TRY(dst.fit(v.size() * 4, what));
-    DLLM__CUDA(cudaMemcpy(dst.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return DLLM_OK;
+    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
@@ -6331,15 +6722,17 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemm_.init());
     DLLM__TRY(load_kernels());
-    DLLM__TRY(m_.random_weights ? random_weights() : upload_weights());
-    DLLM__TRY(choose_precision(prop.name));
-    if (fp8_ffn_ || fp8_attn_) DLLM__TRY(quantize_weights());
+    bool fp8_ffn = false, fp8_attn = false;
+    DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
+    std::shared_ptr<dllm__gpu_weights> w;
+    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, K_, w));
+    W_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
-              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc, fp8_attn_ ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn_ ? "FP8 FFN in layers >= 1" : "BF16");
+              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc, fp8_attn ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn ? "FP8 FFN in layers >= 1" : "BF16");
     return DLLM_OK;
 }
 
@@ -6349,7 +6742,7 @@ dllm_status dllm__gpu_backend::init(int device) {
 dllm_status dllm__gpu_backend::load_kernels() {
     dllm__jit_request rq[4] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim),
                                dllm__module_gemm_wg(arch_)};
-    std::shared_ptr<dllm__module> gemm_module, *dst[4] = {&rowwise_, &sampler_, &attn_, &gemm_module};
+    std::shared_ptr<dllm__module> gemm_module, *dst[4] = {&rowwise_module_, &sampler_module_, &attn_module_, &gemm_module};
     const int n = arch_.gemm_wg_stages ? 4 : 3;
     dllm_status st[4];
     std::string err[4];
@@ -6363,100 +6756,23 @@ dllm_status dllm__gpu_backend::load_kernels() {
     for (std::thread &t : workers) t.join();
     for (int i = 0; i < 3; i++)
         if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
-    auto &R = rowwise_->kernels, &S = sampler_->kernels;
-    k_embed_ = R["embed_gather"]; k_norm_ = R["add_rmsnorm"]; k_rope_ = R["rope_qkv"]; k_swiglu_ = R["swiglu"];
-    k_uncond_ = R["make_uncond"]; k_block_ = R["block_begin"]; k_fill_ = R["fill_random_bf16"];
-    k_quant8_ = R["quantize_rows_e4m3"]; k_norm8_ = R["add_rmsnorm_e4m3"]; k_swiglu8_ = R["swiglu_e4m3"]; k_wquant8_ = R["quantize_weight_blocks"];
-    k_partial_ = S["conf_partial_kernel"]; k_combine_ = S["conf_combine_kernel"]; k_select_ = S["select_commit"];
-    DLLM__TRY(dllm__attn_kernels_of(*attn_, arch_, m_.cfg.head_dim, k_attn_));
+    dllm__bind(K_, *rowwise_module_);
+    dllm__bind(S_, *sampler_module_);
+    DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
     if (dllm__gemm_wg_load(arch_, gemm_wg_) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
         gemm_wg_ = dllm__gemm_wg();
     }
-    if (gemm_wg_.kernel) gemm_.own = &gemm_wg_;
+    if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k_select_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    return DLLM_OK;
-}
-
-/* Copies rows of host tensors (any float dtype) into one bf16 device matrix, in order. */
-static dllm_status dllm__upload_rows(dllm__dbuf &dst, std::initializer_list<const dllm__tensor *> parts, const char *what) {
-    size_t n = 0;
-    for (const dllm__tensor *t : parts) n += (size_t)t->numel;
-    DLLM__TRY(dst.fit(n * 2, what));
-    std::vector<uint16_t> host(n);
-    size_t at = 0;
-    for (const dllm__tensor *t : parts) {
-        if (t->dtype == DLLM__BF16) memcpy(host.data() + at, t->data, t->nbytes);
-        else for (int64_t i = 0; i < t->numel; i++) host[at + (size_t)i] = dllm__f32_to_bf16(dllm__tensor_at(*t, i));
-        at += (size_t)t->numel;
-    }
-    DLLM__CUDA(cudaMemcpy(dst.ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
-    return DLLM_OK;
-}
-
-
-dllm_status dllm__gpu_backend::upload_weights() {
-    layers_.resize(m_.layers.size());
-    for (size_t l = 0; l < m_.layers.size(); l++) {
-        const dllm__layer_weights &L = m_.layers[l];
-        dllm__gpu_layer &G = layers_[l];
-        DLLM__TRY(dllm__upload_rows(G.w_qkv, {L.wq, L.wk, L.wv}, "attention weights"));
-        DLLM__TRY(dllm__upload_rows(G.w_o, {L.wo}, "attention weights"));
-        DLLM__TRY(dllm__upload_rows(G.w_gu, {L.gate, L.up}, "MLP weights"));
-        DLLM__TRY(dllm__upload_rows(G.w_down, {L.down}, "MLP weights"));
-        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
-        if (!L.bq.empty()) {
-            std::vector<float> b(L.bq);
-            b.insert(b.end(), L.bk.begin(), L.bk.end());
-            b.insert(b.end(), L.bv.begin(), L.bv.end());
-            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
-        }
-    }
-    DLLM__TRY(dllm__upload_rows(embed_, {m_.embed}, "the embedding table"));
-    tied_ = m_.head == m_.embed;
-    if (!tied_) DLLM__TRY(dllm__upload_rows(head_, {m_.head}, "the LM head"));
-    return dllm__upload_f32(final_norm_, m_.final_norm, "norm weights");
-}
-
-/* Benchmark weights generated on the device (no file, no host copy): uniform with the torch
- * reference's scale (std 0.02), norms 1. */
-dllm_status dllm__gpu_backend::random_weights() {
-    const dllm__config &c = m_.cfg;
-    const size_t d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim, q = (size_t)c.n_head * c.head_dim;
-    uint64_t seed = m_.random_seed;
-    auto fill = [&](dllm__dbuf &b, size_t n, float scale, int constant, const char *what, bool bf16) -> dllm_status {
-        if (!bf16) return dllm__upload_f32(b, std::vector<float>(n, scale), what);
-        DLLM__TRY(b.fit(n * 2, what));
-        uint64_t nn = n, s = seed++;
-        void *args[] = {&b.ptr, &nn, &s, &scale, &constant};
-        return dllm__launch(k_fill_, dim3(1024), dim3(256), 0, stream_, args, "fill_random_bf16");
-    };
-    // The PyTorch reference's initialisation: std 0.02, the residual branches' output projections 0.02 / sqrt(2 L).
-    const float w = 0.02f, w_out = w / sqrtf(2.f * (float)c.n_layer);
-    layers_.resize((size_t)c.n_layer);
-    for (dllm__gpu_layer &G : layers_) {
-        DLLM__TRY(fill(G.w_qkv, qkv * d, w, 0, "attention weights", true));
-        DLLM__TRY(fill(G.w_o, d * q, w_out, 0, "attention weights", true));
-        DLLM__TRY(fill(G.w_gu, 2 * (size_t)c.n_ff * d, w, 0, "MLP weights", true));
-        DLLM__TRY(fill(G.w_down, d * c.n_ff, w_out, 0, "MLP weights", true));
-        DLLM__TRY(fill(G.attn_norm, d, 1.0f, 1, "norm weights", false));
-        DLLM__TRY(fill(G.ffn_norm, d, 1.0f, 1, "norm weights", false));
-        if (c.qkv_bias) DLLM__TRY(fill(G.b_qkv, qkv, 0.0f, 1, "attention biases", false));
-    }
-    DLLM__TRY(fill(embed_, (size_t)c.n_vocab * d, w, 0, "the embedding table", true));
-    tied_ = c.tied_embeddings;
-    if (!tied_) DLLM__TRY(fill(head_, (size_t)c.n_vocab * d, w, 0, "the LM head", true));
-    DLLM__TRY(fill(final_norm_, d, 1.0f, 1, "norm weights", false));
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
     return DLLM_OK;
 }
 
 /* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
-dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name) {
+dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
     if (precision_ == DLLM_PRECISION_BF16) return DLLM_OK;
     dllm__fp8_gemm mode;
     DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
@@ -6468,37 +6784,8 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name) {
     if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
     dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s", mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
     fp8_gemm_ = mode;
-    fp8_ffn_ = true;
-    fp8_attn_ = precision_ == DLLM_PRECISION_FP8_ALL;
-    return DLLM_OK;
-}
-
-/* W [n x k] bf16 -> E4M3 [n x k_pad] with 128x128 block scales, on the device (checkpoint and random weights
- * alike); the bf16 copy is released. */
-dllm_status dllm__gpu_backend::quantize_weight(dllm__dbuf &w, int n, int k, dllm__gpu_fp8 &out) {
-    const int kb = dllm__round_up(k, 128) / 128, nb = (n + 127) / 128, ld = dllm__round_up(kb, 4);
-    DLLM__TRY(out.q.fit((size_t)n * kb * 128, "FP8 weights"));
-    DLLM__TRY(out.scale.fit((size_t)nb * ld * 4, "FP8 weight scales"));
-    DLLM__CUDA(cudaMemsetAsync(out.scale.ptr, 0, out.scale.bytes, stream_));  // the ld padding is never read, but defined
-    void *args[] = {&w.ptr, &n, &k, &out.q.ptr, &out.scale.ptr, (void *)&ld};
-    DLLM__TRY(dllm__launch(k_wquant8_, dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, stream_, args, "quantize_weight_blocks"));
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    w.release();
-    return DLLM_OK;
-}
-
-/* Layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
-dllm_status dllm__gpu_backend::quantize_weights() {
-    const dllm__config &c = m_.cfg;
-    const int d = c.n_embd, ff = c.n_ff, q = c.n_head * c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    for (size_t l = 1; l < layers_.size(); l++) {
-        dllm__gpu_layer &G = layers_[l];
-        DLLM__TRY(quantize_weight(G.w_gu, 2 * ff, d, G.f8_gu));
-        DLLM__TRY(quantize_weight(G.w_down, d, ff, G.f8_down));
-        if (!fp8_attn_) continue;
-        DLLM__TRY(quantize_weight(G.w_qkv, qkv, d, G.f8_qkv));
-        DLLM__TRY(quantize_weight(G.w_o, d, q, G.f8_o));
-    }
+    fp8_ffn = true;
+    fp8_attn = precision_ == DLLM_PRECISION_FP8_ALL;
     return DLLM_OK;
 }
 
@@ -6507,155 +6794,176 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
-    const bool fp8 = fp8_ffn_ || fp8_attn_;
+    const bool fp8 = W_->fp8_ffn || W_->fp8_attn;
     const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
-    // Growing a buffer moves it: a captured graph pointing into the old one must be re-captured.
-    const void *before[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
-                            x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                            h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr, h_cut_.ptr};
-    std::vector<const void *> kv_before;
-    for (const dllm__dbuf &b : kv_) kv_before.push_back(b.ptr);
-    DLLM__TRY(h_.fit(M * d * 4, "the residual stream"));
-    DLLM__TRY(a_.fit(M * d * 2, "activations"));
+    dllm__activations &A = act_;
+    const std::vector<const void *> before = A.addresses();
+    DLLM__TRY(A.h.fit(M * d * 4, "the residual stream"));
+    DLLM__TRY(A.a.fit(M * d * 2, "activations"));
     // An FP8 GEMM writes whole 16-row tiles, and in a cut last layer (forward) a batch entry's rows may start at any
     // row: its padding may run 15 rows past the last real row.
-    DLLM__TRY(delta_.fit((fp8 ? Mo + 16 : M) * d * 2, "activations"));
-    DLLM__TRY(qkv_.fit(Mo * qkv * 2, "Q/K/V"));
-    DLLM__TRY(att_.fit(M * q * 2, "attention output"));
-    DLLM__TRY(gu_.fit(Mo * 2 * ff * 2, "MLP activations"));
-    DLLM__TRY(f_.fit(M * ff * 2, "MLP activations"));
-    DLLM__TRY(y_.fit(M * d * 2, "final norm output"));
-    DLLM__TRY(h_cut_.fit(rows * d * 4, "the residual stream"));
-    DLLM__TRY(logits_.fit(rows * c.n_vocab * 4, "logits"));
-    DLLM__TRY(partials_.fit((size_t)lm_rows * slices * dllm__conf_partial_bytes, "sampler partials"));
-    DLLM__TRY(x0_.fit((size_t)seq * 4, "sampler output"));
-    DLLM__TRY(conf_.fit((size_t)seq * 8, "sampler output"));
-    DLLM__TRY(deferred_.fit((size_t)seq, "sampler output"));
-    DLLM__TRY(canvas_.fit(M * 4, "the canvas"));
-    DLLM__TRY(is_prompt_.fit((size_t)seq, "the canvas"));
-    DLLM__TRY(state_.fit(64, "the step state"));
-    DLLM__TRY(committed_.fit((size_t)seq * 4, "the step state"));
-    DLLM__TRY(positions_.fit((size_t)seq * 4, "the RoPE positions"));
+    DLLM__TRY(A.delta.fit((fp8 ? Mo + 16 : M) * d * 2, "activations"));
+    DLLM__TRY(A.qkv.fit(Mo * qkv * 2, "Q/K/V"));
+    DLLM__TRY(A.att.fit(M * q * 2, "attention output"));
+    DLLM__TRY(A.gu.fit(Mo * 2 * ff * 2, "MLP activations"));
+    DLLM__TRY(A.f.fit(M * ff * 2, "MLP activations"));
+    DLLM__TRY(A.y.fit(M * d * 2, "final norm output"));
+    DLLM__TRY(A.h_cut.fit(rows * d * 4, "the residual stream"));
+    DLLM__TRY(A.logits.fit(rows * c.n_vocab * 4, "logits"));
+    DLLM__TRY(A.partials.fit((size_t)lm_rows * slices * sizeof(conf_partial), "sampler partials"));
+    DLLM__TRY(A.x0.fit((size_t)seq * 4, "sampler output"));
+    DLLM__TRY(A.conf.fit((size_t)seq * 8, "sampler output"));
+    DLLM__TRY(A.deferred.fit((size_t)seq, "sampler output"));
+    DLLM__TRY(A.canvas.fit(M * 4, "the canvas"));
+    DLLM__TRY(A.is_prompt.fit((size_t)seq, "the canvas"));
+    DLLM__TRY(A.state.fit(sizeof(dllm_step_state), "the step state"));
+    DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
+    DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
     if (kv_cache) {
-        kv_.resize(layers_.size());
-        for (dllm__dbuf &b : kv_) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
-        DLLM__TRY(attn_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+        A.kv.resize(W_->layers.size());
+        for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
+        DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
-        DLLM__TRY(h0_.fit(M * d * 4, "the LaCache embeddings"));
-        DLLM__TRY(qkv0_.fit(M * qkv * 2, "the LaCache Q/K/V"));
-        DLLM__TRY(fa_state_.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
+        DLLM__TRY(A.h0.fit(M * d * 4, "the LaCache embeddings"));
+        DLLM__TRY(A.qkv0.fit(M * qkv * 2, "the LaCache Q/K/V"));
+        DLLM__TRY(A.fa_state.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
     }
     if (fp8) {
         const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
-        for (auto buf : {std::make_pair(&act8_, Mo * k_pad), std::make_pair(&act8_scale_, Mo * (k_pad / 128) * 4)}) {
+        for (auto buf : {std::make_pair(&A.act8, Mo * k_pad), std::make_pair(&A.act8_scale, Mo * (k_pad / 128) * 4)}) {
             const void *was = buf.first->ptr;
             DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
             // the padding rows start as zeros: defined inputs for the GEMM rows nobody reads
             if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
         }
     }
-    size_t pinned = (size_t)seq * 8 + 64;
+    size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
     if (pinned > host_pinned_bytes_) {
         if (host_pinned_) cudaFreeHost(host_pinned_);
         host_pinned_ = nullptr;
         DLLM__CUDA(cudaMallocHost(&host_pinned_, pinned));
         host_pinned_bytes_ = pinned;
     }
-    const void *after[] = {h_.ptr, a_.ptr, delta_.ptr, qkv_.ptr, att_.ptr, gu_.ptr, f_.ptr, y_.ptr, logits_.ptr, partials_.ptr,
-                           x0_.ptr, conf_.ptr, deferred_.ptr, canvas_.ptr, is_prompt_.ptr, state_.ptr, committed_.ptr,
-                           h0_.ptr, qkv0_.ptr, fa_state_.ptr, positions_.ptr, act8_.ptr, act8_scale_.ptr, attn_partial_.ptr, h_cut_.ptr};
-    std::vector<const void *> kv_after;
-    for (const dllm__dbuf &b : kv_) kv_after.push_back(b.ptr);
-    if (memcmp(before, after, sizeof before) != 0 || kv_before != kv_after) buffer_generation_++;
+    if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
 
-/* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over
- * the seq key rows of keys_qkv; the KV tiles that overlap the current block (read from the device step
- * state) are visited last. */
+// ---- 16.4.1 The forward and its stages ------------------------------------------------------------
+
+/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
+ * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
+ * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
+ * whether the algorithm may depend on M (dllm__rows). */
+dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
+    const bool all_independent = dllm__env().gemm_rows_independent;
+    switch (W.format) {
+        case DLLM__W_BF16: {
+            const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
+            return rows == DLLM__ROWS_INDEPENDENT || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+        }
+        case DLLM__W_E4M3_BLOCK: {
+            if (x) DLLM__TRY(quantize_rows(x, M, W.k));
+            const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
+            const bool pinned = rows == DLLM__ROWS_INDEPENDENT;
+            if (fp8_gemm_ == DLLM__FP8_MMA)
+                return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
+            return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
+        }
+    }
+    return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
+}
+
+/* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
+ * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
                                          bool may_split, bool wide) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
-    const int splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
-    dllm__attn_args args = {q, (const char *)keys_qkv + (size_t)c.n_head * hd * 2, (const char *)keys_qkv + (size_t)(c.n_head + c.n_head_kv) * hd * 2,
-                            out, nullptr, seq, q_rows, stride, stride, c.n_head * hd, c.n_head / c.n_head_kv, q_bstride,
-                            (uint64_t)q_rows * c.n_head * hd, state_.ptr, 1.4426950408889634f / sqrtf((float)hd), fa_mode, fa_state_.as<float>(),
-                            splits, attn_partial_.as<float>()};
-    return dllm__attn_launch(k_attn_, arch_, hd, c.n_head, batch, args, stream_, wide);
+    attn_args a = {};
+    a.q = (const bf16_t *)q;
+    a.k = (const bf16_t *)keys_qkv + (size_t)c.n_head * hd;
+    a.v = (const bf16_t *)keys_qkv + (size_t)(c.n_head + c.n_head_kv) * hd;
+    a.o = (bf16_t *)out;
+    a.seq = seq, a.q_rows = q_rows;
+    a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.q_bstride = q_bstride, a.o_bstride = (u64)q_rows * c.n_head * hd;
+    a.st = act_.state.as<dllm_step_state>();
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
+    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
+    a.partial = act_.attn_partial.as<float>();
+    return dllm__attn_launch(A_, arch_, hd, c.n_head, batch, a, stream_, wide);
 }
 
-/* Self-attention of layer `layer` for the rows held in a_ (rows per batch entry, canvas rows [q0, q0 + rows)):
- * fused QKV GEMM, bias + RoPE, attention into att_ for the queries of rows [o0, o0 + orows) of those (the last
- * layer may need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V
- * overwrite their slots in the layer's cache and attention reads every cached key. A query row's attention
- * does not depend on which other rows are queried. Layer 0's GEMM goes through gemm_lacache_rows: LaCache may
- * compute its rows apart. */
-dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, int seq, int q0, int rows, int o0, int orows) {
+/* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
+ * QKV GEMM, bias + RoPE, attention into act_.att for the queries of rows [o0, o0 + orows) of those (the last layer may
+ * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots in
+ * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
+ * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
+dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
     const dllm__config &c = m_.cfg;
-    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    const dllm__gpu_layer &L = layers_[layer];
+    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
+    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : DLLM__ROWS_TUNED;
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
         if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
-    auto gemm = [&](const void *x, void *y, int m) {
-        return layer == 0 ? gemm_lacache_rows(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF) : gemm_.run(x, L.w_qkv.ptr, y, m, qkv, d, CUDA_R_16BF, stream_);
-    };
     if (!kv_on_) {
-        DLLM__TRY(layer == 0 ? gemm(a_.ptr, qkv_.ptr, batch * rows) : project_qkv(layer, batch * rows));
+        DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows, gemm_rows));
         stage("gemm qkv");
-        DLLM__TRY(rope(qkv_.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
+        DLLM__TRY(rope(act_.qkv.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
-        DLLM__TRY(attention(batch, rows, orows, (const char *)qkv_.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv, qkv_.ptr, att_.ptr, 0, false,
+        DLLM__TRY(attention(batch, rows, orows, (const char *)act_.qkv.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv, act_.qkv.ptr, act_.att.ptr, 0, false,
                             layer > 0));
         stage("attention");
         return DLLM_OK;
     }
-    char *cache = (char *)kv_[layer].ptr, *first = cache + (size_t)q0 * qkv * 2;
+    char *cache = (char *)act_.kv[layer].ptr, *first = cache + (size_t)r.q0 * qkv * 2;
     if (fp8_attn(layer)) {  // an FP8 GEMM writes whole 16-row tiles: project into scratch, then copy the rows in
-        DLLM__TRY(project_qkv(layer, batch * rows));
+        DLLM__TRY(gemm(L.qkv.view(), nullptr, act_.qkv.ptr, batch * rows, gemm_rows));
         for (int b = 0; b < batch; b++)
-            DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2, (const char *)qkv_.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
+            DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2, (const char *)act_.qkv.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
                                        cudaMemcpyDeviceToDevice, stream_));
     } else {
-        for (int b = 0; b < batch; b++) DLLM__TRY(gemm((const char *)a_.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows));
+        for (int b = 0; b < batch; b++)
+            DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows, gemm_rows));
     }
     stage("gemm qkv");
-    for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, q0));
+    for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
     stage("rope");
-    DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, att_.ptr, 0, true, layer > 0));
+    DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0, true, layer > 0));
     stage("attention");
     return DLLM_OK;
 }
 
-/* Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the kernel). */
-dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq,
-                                        int row0, int n_rows) {
+/* [FP8 fused norm+quantise] Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the
+ * kernel add_rmsnorm). */
+dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0,
+                                        int n_rows) {
     const dllm__config &c = m_.cfg;
-    int d = c.n_embd;
-    float eps = c.norm_eps;
-    void *args[] = {&h_in, &h_out, &delta, &w, &eps, &y, &d, &n_rows, &row0, &seq};
-    const unsigned threads = dllm__norm_threads(d / 8);
-    return dllm__launch(k_norm_, dim3((unsigned)n_rows, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm");
+    const unsigned threads = dllm__norm_threads(c.n_embd / 8);
+    return K_.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta, w, c.norm_eps, y, c.n_embd,
+                                 n_rows, row0, seq);
 }
 
-/* h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
+/* add_norm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
+dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
+    const dllm__config &c = m_.cfg;
+    const unsigned threads = dllm__norm_threads(dllm__round_up(c.n_embd, 128) / 8);
+    return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta, w, c.norm_eps, act_.act8.ptr,
+                                      act_.act8_scale.ptr, act8_rows(batch * seq), c.n_embd, seq, 0, seq);
+}
+
+/* act_.act8 = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
+dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
+    return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M), 0.0f);
+}
+
+/* [EmbedCache] h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
 dllm_status dllm__gpu_backend::embed(const int *ids, int n_rows, float *h) {
-    int d = m_.cfg.n_embd;
-    void *args[] = {&ids, &n_rows, &embed_.ptr, &d, &h};
-    return dllm__launch(k_embed_, dim3((unsigned)n_rows), dim3(256), 0, stream_, args, "embed_gather");
-}
-
-/* Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len). */
-dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
-    const dllm__config &c = m_.cfg;
-    int n_head = c.n_head, n_kv = c.n_head_kv, hd = c.head_dim;
-    const int per_row = (n_head + (bias ? 2 : 1) * n_kv) * (hd / 8);
-    const void *positions = positions_on_ ? positions_.ptr : nullptr;
-    void *args[] = {&qkv, &n_rows, &seq_len, &pos0, &positions, &n_head, &n_kv, &hd, &bias, &rope_cos_.ptr, &rope_sin_.ptr};
-    return dllm__launch(k_rope_, dllm__rows_grid(n_rows, per_row, 256), dim3(256), 0, stream_, args, "rope_qkv");
+    return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr, m_.cfg.n_embd, h);
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
@@ -6665,111 +6973,100 @@ dllm_status dllm__gpu_backend::embed_rows(const int *ids, int batch, int seq, in
     return DLLM_OK;
 }
 
-/* Layer 0 up to its attention output (att_) with LaCache's EmbedCache, RoPECache and FACache (lacache.md 1):
- *   FILL (a block's first step): every row, keeping embeddings (h0_), rotated Q/K/V (qkv0_) and the
- *         attention state of the query tiles outside the block (fa_state_);
- *   REUSE (the block's later steps): embed, norm, project and rotate the block's rows only, and resume the
- *         attention of the outside query tiles from their saved state.
- * The QKV GEMM is row-independent (gemm_lacache_rows: no K/V cache here), so the rows REUSE computes alone carry the same bits as
- * when the plain path (self_attention) computes them among all rows. */
-dllm_status dllm__gpu_backend::layer0_attention(int batch, int seq, const int *ids, dllm__layer0 mode, int b0, int b1) {
+/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
+dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = m_.cfg;
-    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, M = batch * seq;
-    const dllm__gpu_layer &L = layers_[0];
-    float *h = h0_.as<float>();
-    if (mode == DLLM__L0_FILL) {
+    const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
+    const void *positions = positions_on_ ? act_.positions.ptr : nullptr;
+    return K_.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows, seq_len, pos0, positions, c.n_head, c.n_head_kv,
+                              c.head_dim, bias, rope_cos_.ptr, rope_sin_.ptr);
+}
+
+/* Layer 0 up to its attention output (act_.att) with LaCache's [EmbedCache], [RoPECache] and [FACache] (lacache.md 1):
+ *   FILL (a block's first step): every row, keeping embeddings (h0), rotated Q/K/V (qkv0) and the attention state of
+ *         the query tiles outside the block (fa_state);
+ *   REUSE (the block's later steps): embed, norm, project and rotate the block's rows only, and resume the attention of
+ *         the outside query tiles from their saved state.
+ * The QKV GEMM is row-independent (no K/V cache here), so the rows REUSE computes alone carry the same bits as when the
+ * plain path (self_attention) computes them among all rows. */
+dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, const int *ids) {
+    const dllm__config &c = m_.cfg;
+    const dllm__seq_rows &r = plan.rows();
+    const int batch = plan.batch(), seq = r.seq, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, d = c.n_embd, M = batch * seq;
+    const dllm__gpu_layer &L = W_->layers[0];
+    float *h = act_.h0.as<float>();
+    if (plan.layer0 == DLLM__L0_FILL) {
         DLLM__TRY(embed(ids, M, h));
-        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, 0, seq));
+        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, 0, seq));
         mark("L0 embed+norm");
-        DLLM__TRY(gemm_lacache_rows(a_.ptr, L.w_qkv.ptr, qkv0_.ptr, M, qkv, d, CUDA_R_16BF));
+        DLLM__TRY(gemm(L.qkv.view(), act_.a.ptr, act_.qkv0.ptr, M, lacache_rows()));
         mark("L0 gemm qkv");
-        DLLM__TRY(rope(qkv0_.ptr, L.b_qkv.ptr, M, seq, 0));
+        DLLM__TRY(rope(act_.qkv0.ptr, L.b_qkv.ptr, M, seq, 0));
         mark("L0 rope");
     } else {
-        const int blk = b1 - b0;
+        const int b0 = r.block0, blk = r.block1 - r.block0;
         for (int b = 0; b < batch; b++) DLLM__TRY(embed(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
-        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, a_.ptr, batch, seq, b0, blk));
+        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, b0, blk));
         mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
-            char *out = (char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2;
-            DLLM__TRY(gemm_lacache_rows((const char *)a_.ptr + (size_t)b * blk * d * 2, L.w_qkv.ptr, out, blk, qkv, d, CUDA_R_16BF));
+            char *out = (char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2;
+            DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * blk * d * 2, out, blk, lacache_rows()));
         }
         mark("L0 gemm qkv");
-        for (int b = 0; b < batch; b++)
-            DLLM__TRY(rope((char *)qkv0_.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
+        for (int b = 0; b < batch; b++) DLLM__TRY(rope((char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
         mark("L0 rope");
     }
-    DLLM__TRY(attention(batch, seq, seq, qkv0_.ptr, (size_t)seq * qkv, qkv0_.ptr, att_.ptr, mode == DLLM__L0_FILL ? 1 : 2));
+    DLLM__TRY(attention(batch, seq, seq, act_.qkv0.ptr, (size_t)seq * qkv, act_.qkv0.ptr, act_.att.ptr, plan.layer0 == DLLM__L0_FILL ? 1 : 2));
     mark("L0 attention");
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::forward(int batch, int seq, const int *ids_dev, int raw0, int raw1, dllm__layer0 mode, int b0, int b1, int q0, int q1) {
-    if (q1 == 0) q0 = 0, q1 = seq;
-    const int rows = q1 - q0;
+/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
+dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
+    if (!plan.uniform()) return dllm__fail(DLLM_ERR_INTERNAL, "a forward over sequences with different rows (batching is not built yet)");
+    const dllm__seq_rows &r = plan.rows();
+    const int batch = plan.batch(), rows = r.rows(), out_rows = r.out_rows();
+    float *h = act_.h.as<float>();
     mark("start");
-    if (mode == DLLM__L0_PLAIN) {
-        DLLM__TRY(embed_rows(ids_dev, batch, seq, q0, rows, h_.as<float>()));
-        DLLM__TRY(add_norm(h_.as<float>(), nullptr, nullptr, layers_[0].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
+    if (plan.layer0 == DLLM__L0_PLAIN) {
+        DLLM__TRY(embed_rows(ids_dev, batch, r.seq, r.q0, rows, h));
+        DLLM__TRY(add_norm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("L0 embed+norm");
     } else {
-        DLLM__TRY(layer0_attention(batch, seq, ids_dev, mode, b0, b1));
+        DLLM__TRY(layer0_attention(plan, ids_dev));
     }
-    const float *h_in = mode == DLLM__L0_PLAIN ? h_.as<float>() : h0_.as<float>();  // layer 0's residual input
-    const int out_rows = raw1 - raw0;
-    for (size_t l = 0; l < layers_.size(); l++) {
-        dllm__gpu_layer &L = layers_[l];
-        // Output truncation reaches into the last layer: after its attention only the output rows [raw0, raw1)
-        // matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs row-independent.
-        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= h_cut_.bytes;
-        const int o0 = cut ? raw0 - q0 : 0, orows = cut ? out_rows : rows;
-        if (l > 0 || mode == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, seq, q0, rows, o0, orows));
-        float *h_out = cut ? h_cut_.as<float>() : h_.as<float>();  // the cut rows' residual stream goes on in h_cut_
-        DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h_.as<float>(), h_out));
-        const bool last = l + 1 == layers_.size();
+    const float *h_in = plan.layer0 == DLLM__L0_PLAIN ? h : act_.h0.as<float>();  // layer 0's residual input
+    const size_t n_layers = W_->layers.size();
+    for (size_t l = 0; l < n_layers; l++) {
+        // [truncation] Output truncation reaches into the last layer: after its attention only the output rows
+        // [out0, out1) matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs
+        // row-independent.
+        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= act_.h_cut.bytes;
+        const int o0 = cut ? r.out0 - r.q0 : 0, orows = cut ? out_rows : rows;
+        if (l > 0 || plan.layer0 == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, r, o0, orows));
+        float *h_out = cut ? act_.h_cut.as<float>() : h;  // the cut rows' residual stream goes on in h_cut
+        DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h, h_out));
+        const bool last = l + 1 == n_layers;
         if (last) last_layer_rows_ = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_norm(h_out, h_out, delta_.ptr, final_norm_.ptr, y_.ptr, batch, orows, cut ? 0 : raw0 - q0, out_rows));
-        else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, batch, rows));
-        else DLLM__TRY(add_norm(h_.as<float>(), h_.as<float>(), delta_.ptr, layers_[l + 1].attn_norm.ptr, a_.ptr, batch, rows, 0, rows));
+        if (last) DLLM__TRY(add_norm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows, cut ? 0 : r.out0 - r.q0, out_rows));
+        else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+        else DLLM__TRY(add_norm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
 }
 
-/* Q|K|V of layer l >= 1 into qkv_: from a_ (BF16), or under FP8 from act8_, which the previous layer's last
- * add+norm wrote. */
-dllm_status dllm__gpu_backend::project_qkv(size_t l, int M) {
-    const dllm__config &c = m_.cfg;
-    const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    if (fp8_attn(l)) return gemm_e4m3(layers_[l].f8_qkv, qkv_.ptr, M, qkv, d);
-    return gemm_.run(a_.ptr, layers_[l].w_qkv.ptr, qkv_.ptr, M, qkv, d, CUDA_R_16BF, stream_);
-}
-
-/* A GEMM over rows LaCache computes apart from the plain path (layer 0's Q/K/V, the last layer after its attention,
- * the LM head). Without a K/V cache those rows must carry the plain path's bits whatever their count: one pinned
- * algorithm (run_pinned). Under a cache every LaCache mode computes the same rows (run_step, self_attention), so the
- * tuned algorithm is safe. */
-dllm_status dllm__gpu_backend::gemm_lacache_rows(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type) {
-    return kv_on_ ? gemm_.run(X, W, Y, M, N, K, out_type, stream_) : gemm_.run_pinned({X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream_);
-}
-
-/* A BF16 linear of layer l after its attention (O, gate|up, down): the last layer's rows may be computed apart (last_cut). */
-dllm_status dllm__gpu_backend::linear(size_t l, const void *X, const void *W, void *Y, int M, int N, int K) {
-    if (last_cut(l)) return gemm_lacache_rows(X, W, Y, M, N, K, CUDA_R_16BF);
-    return gemm_.run(X, W, Y, M, N, K, CUDA_R_16BF, stream_);
-}
-
-/* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows
- * [o0, o0 + orows) of each batch entry's `rows`: residual rows read from h_res (laid out [batch][rows]) and written
- * to h_out ([batch][orows]; in place when all rows are computed), att_ and delta_ compact [batch][orows]. Rows
- * LaCache computes apart (the last layer without a K/V cache) take pinned GEMMs in chunks of at most pin_m rows
- * (dllm__gemm::run_pinned); the FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
+/* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows [o0, o0 + orows)
+ * of each batch entry's `rows`: residual rows read from h_res (laid out [batch][rows]) and written to h_out
+ * ([batch][orows]; in place when all rows are computed), act_.att and act_.delta compact [batch][orows]. Rows LaCache
+ * computes apart (the last layer without a K/V cache) take row-independent GEMMs in chunks of at most pin_m rows; the
+ * FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
 dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out) {
     const int d = m_.cfg.n_embd;
     const bool whole = orows == rows;  // then one run over the batch's rows end to end
     const int segments = whole ? 1 : batch, seg_rows = whole ? batch * rows : orows;
-    const int chunk = last_cut(l) && !kv_on_ ? dllm__gemm::pin_m : seg_rows;
+    const int chunk = layer_rows(l) == DLLM__ROWS_INDEPENDENT ? dllm__gemm::pin_m : seg_rows;
     for (int b = 0; b < segments; b++)
         for (int c0 = 0; c0 < seg_rows; c0 += chunk) {
             const int m = std::min(chunk, seg_rows - c0), r0 = b * seg_rows + c0;
@@ -6780,99 +7077,64 @@ dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int
     return DLLM_OK;
 }
 
-/* The attention output projection of layer l for rows [r0, r0 + M) of att_ into those of delta_ (under FP8 the
- * attention output is quantised first). */
+/* The attention output projection of layer l for rows [r0, r0 + M) of act_.att into those of act_.delta (under FP8 the
+ * GEMM entry point quantises the attention output first). */
 dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
     const dllm__config &c = m_.cfg;
-    const int d = c.n_embd, q = c.n_head * c.head_dim;
-    const char *x = (const char *)att_.ptr + (size_t)r0 * q * 2;
-    char *y = (char *)delta_.ptr + (size_t)r0 * d * 2;
-    if (!fp8_attn(l)) return linear(l, x, layers_[l].w_o.ptr, y, M, d, q);
-    DLLM__TRY(quantize_rows(x, M, q));
-    return gemm_e4m3(layers_[l].f8_o, y, M, d, q, last_cut(l));
+    const char *x = (const char *)act_.att.ptr + (size_t)r0 * c.n_head * c.head_dim * 2;
+    char *y = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
+    return gemm(W_->layers[l].o.view(), x, y, M, layer_rows(l));
 }
 
-/* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into delta_) for
- * the rows [r0, r0 + M) of delta_ (the attention output projection in, the FFN output out). h_in: their M
- * residual rows before the attention output is added; the sum goes to h_out (which may be h_in). Under FP8
- * (layers >= 1) the two GEMM inputs are quantised by the kernels that produce them: add+norm+quantise and
- * SwiGLU+quantise. */
+/* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
+ * rows [r0, r0 + M) of act_.delta (the attention output projection in, the FFN output out). h_in: their M residual rows
+ * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
+ * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
     const dllm__config &c = m_.cfg;
-    const dllm__gpu_layer &L = layers_[l];
-    const int d = c.n_embd, ff = c.n_ff;
-    char *delta = (char *)delta_.ptr + (size_t)r0 * d * 2;
+    const dllm__gpu_layer &L = W_->layers[l];
+    const int ff = c.n_ff;
+    char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
+    const dllm__rows rows = layer_rows(l);
     if (fp8_ffn(l)) {
         DLLM__TRY(add_norm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
         mark("add+norm");
-        DLLM__TRY(gemm_e4m3(L.f8_gu, gu_.ptr, M, 2 * ff, d, last_cut(l)));
+        DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
         mark("gemm gate+up");
-        int ld = act8_rows(M);
-        void *args[] = {&gu_.ptr, (void *)&ff, (void *)&M, &act8_.ptr, &act8_scale_.ptr, &ld};
-        DLLM__TRY(dllm__launch(k_swiglu8_, dllm__e4m3_rows_grid(M, ff), dim3(128), 0, stream_, args, "swiglu_e4m3"));
+        DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M, act_.act8.ptr, act_.act8_scale.ptr,
+                                        act8_rows(M)));
         mark("swiglu");
-        DLLM__TRY(gemm_e4m3(L.f8_down, delta, M, d, ff, last_cut(l)));
+        DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
         mark("gemm down");
         return DLLM_OK;
     }
-    DLLM__TRY(add_norm(h_in, h_out, delta, L.ffn_norm.ptr, a_.ptr, 1, M, 0, M));
+    DLLM__TRY(add_norm(h_in, h_out, delta, L.ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
     mark("add+norm");
-    DLLM__TRY(linear(l, a_.ptr, L.w_gu.ptr, gu_.ptr, M, 2 * ff, d));
+    DLLM__TRY(gemm(L.gu.view(), act_.a.ptr, act_.gu.ptr, M, rows));
     mark("gemm gate+up");
-    void *args[] = {&gu_.ptr, &f_.ptr, (void *)&M, (void *)&ff};
-    DLLM__TRY(dllm__launch(k_swiglu_, dllm__rows_grid(M, ff / 8, 256), dim3(256), 0, stream_, args, "swiglu"));
+    DLLM__TRY(K_.swiglu.launch({dllm__rows_grid(M, ff / 8, 256), dim3(256)}, stream_, act_.gu.ptr, act_.f.ptr, M, ff));
     mark("swiglu");
-    DLLM__TRY(linear(l, f_.ptr, L.w_down.ptr, delta, M, d, ff));
+    DLLM__TRY(gemm(L.down.view(), act_.f.ptr, delta, M, rows));
     mark("gemm down");
     return DLLM_OK;
 }
 
-/* add_norm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act8_ instead of y. */
-dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
-    const dllm__config &c = m_.cfg;
-    int d = c.n_embd, ld = act8_rows(batch * seq), row0 = 0;
-    float eps = c.norm_eps;
-    void *args[] = {&h_in, &h_out, &delta, &w, &eps, &act8_.ptr, &act8_scale_.ptr, &ld, &d, &seq, &row0, &seq};
-    const unsigned threads = dllm__norm_threads(dllm__round_up(d, 128) / 8);
-    return dllm__launch(k_norm8_, dim3((unsigned)seq, (unsigned)batch), dim3(threads), 0, stream_, args, "add_rmsnorm_e4m3");
-}
-
-/* act8_ = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
-dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
-    int x_f32 = 0, ld = act8_rows(M);
-    float fixed_scale = 0;
-    void *args[] = {&x, &x_f32, &K, &M, &act8_.ptr, &act8_scale_.ptr, &ld, &fixed_scale};
-    return dllm__launch(k_quant8_, dllm__e4m3_rows_grid(M, K), dim3(128), 0, stream_, args, "quantize_rows_e4m3");
-}
-
-/* y [M x N] (bf16) = act8_ . W^T over the padded rows and columns (the padding holds zeros or stale rows whose
- * outputs land in y's padding rows, which nothing reads), by cuBLASLt or dllm's kernel: same operands, same contract.
- * lacache_rows: rows LaCache may compute apart (see gemm_lacache_rows), so the GEMM must be row-independent. */
-dllm_status dllm__gpu_backend::gemm_e4m3(const dllm__gpu_fp8 &W, void *y, int M, int N, int K, bool lacache_rows) {
-    const int m_pad = act8_rows(M), k_pad = dllm__round_up(K, 128);
-    const bool pinned = lacache_rows && !kv_on_;
-    if (fp8_gemm_ == DLLM__FP8_MMA)
-        return dllm__fp8_mma_run(fp8_mma_, act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_, pinned);
-    return gemm_.run_fp8(act8_.ptr, act8_scale_.as<float>(), W.q.ptr, W.scale.as<float>(), y, m_pad, N, k_pad, stream_, pinned);
-}
-
+/* LM head for output rows [c0, c0 + rows) of the raw_rows of each batch entry into act_.logits [batch][rows][V]. */
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
     const dllm__config &c = m_.cfg;
-    const void *W = tied_ ? embed_.ptr : head_.ptr;
     for (int b = 0; b < batch; b++) {
-        const char *y = (const char *)y_.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
-        char *out = (char *)logits_.ptr + (size_t)b * rows * c.n_vocab * 4;
-        DLLM__TRY(gemm_lacache_rows(y, W, out, rows, c.n_vocab, c.n_embd, CUDA_R_32F));
+        const char *y = (const char *)act_.y.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
+        char *out = (char *)act_.logits.ptr + (size_t)b * rows * c.n_vocab * 4;
+        DLLM__TRY(gemm(W_->lm_head(c), y, out, rows, lacache_rows(), CUDA_R_32F));
     }
     return DLLM_OK;
 }
 
-
 dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int raw_rows) {
     kv_on_ = positions_on_ = false;
     DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
-    DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemsetAsync(state_.ptr, 0, 64, stream_));  // no block: attention visits tiles in plain order
+    DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemsetAsync(act_.state.ptr, 0, sizeof(dllm_step_state), stream_));  // no block: attention visits tiles in plain order
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
@@ -6883,7 +7145,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
     std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);
     DLLM__TRY(forward_logits(n, raw0, raw1, [&](int c0, int rows) -> dllm_status {
-        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, logits_.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
         return DLLM_OK;
     }));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
@@ -6891,6 +7153,8 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
         memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab, sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
+
+// ---- 16.4.2 The denoising step --------------------------------------------------------------------
 
 /* First position that can be a candidate: a [MASK] inside the prompt competes too (reference semantics). */
 static int dllm__first_candidate(const dllm__decode &st) {
@@ -6904,112 +7168,107 @@ dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
     kv_on_ = st.kv_cache != DLLM_KV_CACHE_NONE;
     DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows), st.lacache == DLLM_LACACHE_ON && !kv_on_, kv_on_));
     positions_on_ = !st.positions.empty();
-    if (positions_on_) DLLM__CUDA(cudaMemcpyAsync(positions_.ptr, st.positions.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(canvas_.ptr, st.canvas.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(is_prompt_.ptr, st.is_prompt.data(), (size_t)n, cudaMemcpyHostToDevice, stream_));
-    int init[16] = {0};
-    init[4] = st.global_step;  // dllm_step_state.global_step
-    DLLM__CUDA(cudaMemcpyAsync(state_.ptr, init, sizeof init, cudaMemcpyHostToDevice, stream_));
+    if (positions_on_) DLLM__CUDA(cudaMemcpyAsync(act_.positions.ptr, st.positions.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, st.canvas.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(act_.is_prompt.ptr, st.is_prompt.data(), (size_t)n, cudaMemcpyHostToDevice, stream_));
+    dllm_step_state init = {};
+    init.global_step = st.global_step;
+    DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &init, sizeof init, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     st.cand_lo = dllm__first_candidate(st);
     return DLLM_OK;
 }
 
 dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
-    int begin = st.block_begin, end = st.block_end, s = st.steps_per_block, mask = st.mask_id;
-    void *args[] = {&state_.ptr, &canvas_.ptr, &begin, &end, &s, &mask};
-    return dllm__launch(k_block_, dim3(1), dim3(256), 0, stream_, args, "block_begin");
+    return K_.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr, st.block_begin, st.block_end, st.steps_per_block,
+                                 st.mask_id);
 }
 
-/* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows
- * per batch entry). x0/conf/deferred are indexed by position - cand_lo. */
+/* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
+ * x0/conf/deferred are indexed by position - cand_lo. */
 dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
     const dllm__config &c = m_.cfg;
     const int slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, rows = s1 - s0, off = s0 - st.cand_lo;
     const dllm__sampling &s = st.sampling;
-    dllm__sampler_args a = {logits_.ptr, batch == 2 ? (const char *)logits_.ptr + (size_t)raw_rows * c.n_vocab * 4 : nullptr,
-                            st.cfg_scale + 1.0f, c.n_vocab, dllm__vocab_slice, slices, rows, s0,
-                            dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), c.shift_logits && s0 == 0, raw_rows, s.temperature, s.seed,
-                            s.eos_logit_inf, s.eos_id, s.eot_id, s.defer_eos_eot, (int)s.remasking, s.tempered_conf, s.alg_temp};
-    void *pargs[] = {&a, &state_.ptr, &partials_.ptr};
-    DLLM__TRY(dllm__launch(k_partial_, dim3((unsigned)slices, (unsigned)rows), dim3(256), 0, stream_, pargs, "conf_partial_kernel"));
-    int *x0 = x0_.as<int>() + off;
-    double *conf = conf_.as<double>() + off;
-    unsigned char *def = deferred_.as<unsigned char>() + off;
-    void *cargs[] = {&a, &state_.ptr, &partials_.ptr, &x0, &conf, &def};
-    return dllm__launch(k_combine_, dim3((unsigned)(rows + 127) / 128), dim3(128), 0, stream_, cargs, "conf_combine_kernel");
+    sampler_args a = {};
+    a.cond = act_.logits.as<float>();
+    a.uncond = batch == 2 ? act_.logits.as<float>() + (size_t)raw_rows * c.n_vocab : nullptr;
+    a.cfg_weight = st.cfg_scale + 1.0f;
+    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = slices, a.n_rows = rows, a.pos0 = s0;
+    a.lrow0 = dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), a.shift0 = c.shift_logits && s0 == 0, a.raw_rows = raw_rows;
+    a.temperature = s.temperature, a.seed = s.seed;
+    a.eos_inf = s.eos_logit_inf, a.eos_id = s.eos_id, a.eot_id = s.eot_id, a.defer_eos_eot = s.defer_eos_eot;
+    a.remasking = (int)s.remasking, a.conf_tempered = s.tempered_conf, a.alg_temp = s.alg_temp;
+    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)slices, (unsigned)rows), dim3(256)}, stream_, a, act_.state.ptr, act_.partials.ptr));
+    return S_.conf_combine_kernel.launch({dim3((unsigned)(rows + 127) / 128), dim3(128)}, stream_, a, act_.state.ptr, act_.partials.ptr,
+                                         act_.x0.as<int>() + off, act_.conf.as<double>() + off, act_.deferred.as<unsigned char>() + off);
 }
 
-/* One denoising step on the device: forward (both CFG halves), LM head (every row as the reference does,
- * or the candidate rows with LaCache), the sampler over the candidate rows, then the commit. With a K/V
- * cache, steps after the block's first forward only the rows dllm__step_rows names.
- * Everything it reads is on the device, so it can be captured once and replayed. */
+/* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
+ * can hold a candidate reach the final norm, the LM head and the sampler (the block, plus the prompt's masks if it has
+ * any). The plain path computes every row, except under a K/V cache, whose forwards skip rows anyway: there every mode
+ * truncates, so the LM head has the same rows in every mode and may take the GEMM tuned for them (lm_head). */
+dllm__forward_plan dllm__gpu_backend::plan_step(const dllm__decode &st) const {
+    const dllm__config &c = m_.cfg;
+    dllm__seq_rows r;
+    r.seq = (int)st.canvas.size();
+    dllm__step_rows(st, c.shift_logits, r.q0, r.q1);
+    const bool truncate = st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE;
+    const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : r.q0 == 0 ? 0 : st.block_begin;
+    const int lm_hi = truncate ? st.block_end : r.q1;
+    r.head0 = lm_lo, r.head1 = lm_hi;
+    r.out0 = dllm__logit_row(c, lm_lo), r.out1 = dllm__logit_row(c, lm_hi - 1) + 1;
+    r.block0 = st.block_begin, r.block1 = st.block_end;
+    dllm__forward_plan plan;
+    plan.seqs.assign(st.cfg_scale > 0 ? 2 : 1, r);
+    const bool layer0_cache = st.lacache == DLLM_LACACHE_ON && st.kv_cache == DLLM_KV_CACHE_NONE;
+    plan.layer0 = !layer0_cache ? DLLM__L0_PLAIN : st.step_in_block == 0 ? DLLM__L0_FILL : DLLM__L0_REUSE;
+    return plan;
+}
+
+/* One denoising step on the device: forward (both CFG halves), LM head (every row as the reference does, or the
+ * candidate rows with LaCache), the sampler over the candidate rows, then the commit. With a K/V cache, steps after the
+ * block's first forward only the rows dllm__step_rows names. Everything it reads is on the device, so it can be
+ * captured once and replayed. */
 dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
     const dllm__config &c = m_.cfg;
-    const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1, mask = st.mask_id;
-    if (batch == 2) {
-        int *un = canvas_.as<int>() + n;
-        void *args[] = {&canvas_.ptr, &is_prompt_.ptr, (void *)&n, (void *)&mask, &un};
-        DLLM__TRY(dllm__launch(k_uncond_, dim3((unsigned)(n + 255) / 256), dim3(256), 0, stream_, args, "make_uncond"));
-    }
-    int q0, q1;
-    dllm__step_rows(st, c.shift_logits, q0, q1);
-    // Output truncation: only rows that can hold a candidate reach the final norm, the LM head and the
-    // sampler (the block, plus the prompt's masks if it has any). The plain path computes every row, except
-    // under a K/V cache, whose forwards skip rows anyway: there every mode truncates, so the LM head has the
-    // same rows in every mode and may take the GEMM tuned for them (lm_head).
-    const bool truncate = st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE;
-    const int lm_lo = truncate ? (st.cand_lo < st.n_prompt ? st.cand_lo : st.block_begin) : q0 == 0 ? 0 : st.block_begin;
-    const int lm_hi = truncate ? st.block_end : q1;
-    const int raw0 = dllm__logit_row(c, lm_lo), raw1 = dllm__logit_row(c, lm_hi - 1) + 1;
-    const bool layer0_cache = st.lacache == DLLM_LACACHE_ON && st.kv_cache == DLLM_KV_CACHE_NONE;
-    const dllm__layer0 mode = !layer0_cache ? DLLM__L0_PLAIN : st.step_in_block == 0 ? DLLM__L0_FILL : DLLM__L0_REUSE;
-    DLLM__TRY(forward(batch, n, canvas_.as<int>(), raw0, raw1, mode, st.block_begin, st.block_end, q0, q1));
-    for (int cp0 = lm_lo; cp0 < lm_hi; cp0 += dllm__lm_chunk_rows) {
-        const int cp1 = std::min(lm_hi, cp0 + dllm__lm_chunk_rows);
+    const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
+    if (batch == 2)
+        DLLM__TRY(K_.make_uncond.launch({dim3((unsigned)(n + 255) / 256), dim3(256)}, stream_, act_.canvas.ptr, act_.is_prompt.ptr, n, st.mask_id,
+                                        act_.canvas.as<int>() + n));
+    const dllm__forward_plan plan = plan_step(st);
+    const dllm__seq_rows &r = plan.rows();
+    DLLM__TRY(forward(plan, act_.canvas.as<int>()));
+    for (int cp0 = r.head0; cp0 < r.head1; cp0 += dllm__lm_chunk_rows) {
+        const int cp1 = std::min(r.head1, cp0 + dllm__lm_chunk_rows);
         const int craw0 = dllm__logit_row(c, cp0), craw1 = dllm__logit_row(c, cp1 - 1) + 1;
-        DLLM__TRY(lm_head(batch, raw1 - raw0, craw0 - raw0, craw1 - craw0));
+        DLLM__TRY(lm_head(batch, r.out_rows(), craw0 - r.out0, craw1 - craw0));
         mark("lm head");
         const int s0 = std::max(cp0, st.cand_lo);
         if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
         mark("sampler");
         if (debug_rows_ && s0 < cp1) DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
-    int lo = st.cand_lo, rule = st.unmask.origin ? 4 : (int)st.unmask.kind;  // select_commit's rule 4: ORIGIN
-    double threshold = st.unmask.threshold, factor = st.unmask.factor, eps = st.unmask.eps;
-    void *args[] = {&canvas_.ptr, &state_.ptr, &lo, &lo, &x0_.ptr, &conf_.ptr, &deferred_.ptr, (void *)&mask, &committed_.ptr, &rule, &threshold, &factor, &eps};
-    DLLM__TRY(dllm__launch(k_select_, dim3(1), dim3(1024), (size_t)(n - lo) * 5, stream_, args, "select_commit"));
+    const int rule = st.unmask.origin ? 4 : (int)st.unmask.kind;  // select_commit's rule 4: ORIGIN
+    DLLM__TRY(S_.select_commit.launch({dim3(1), dim3(1024), (size_t)(n - st.cand_lo) * 5}, stream_, act_.canvas.ptr, act_.state.ptr, st.cand_lo,
+                                      st.cand_lo, act_.x0.ptr, act_.conf.ptr, act_.deferred.ptr, st.mask_id, act_.committed.ptr, rule,
+                                      st.unmask.threshold, st.unmask.factor, st.unmask.eps));
     mark("select");
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
-    const dllm__config &c = m_.cfg;
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    for (int p = s0; p < s1; p++) {
-        std::vector<float> &row = (*debug_rows_)[{st.global_step, p}];
-        row.resize((size_t)batch * c.n_vocab);
-        for (int b = 0; b < batch; b++) {
-            size_t lr = (size_t)b * raw_rows + (size_t)(dllm__logit_row(c, p) - dllm__logit_row(c, cp0));
-            DLLM__CUDA(cudaMemcpy(row.data() + (size_t)b * c.n_vocab, (const float *)logits_.ptr + lr * c.n_vocab, (size_t)c.n_vocab * 4,
-                                  cudaMemcpyDeviceToHost));
-        }
-    }
-    return DLLM_OK;
-}
-
-/* Everything a captured step graph baked in: a different key means a new capture. */
+/* [step graphs] Everything a captured step graph baked in: a different key means a new capture. */
 std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
     const dllm__sampling &s = st.sampling;
     return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d %d %.17g %.17g %.17g %.17g %d %d", st.cfg_scale > 0 ? 2 : 1,
                         (int)st.canvas.size(), st.cand_lo, s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf,
                         s.defer_eos_eot, (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, (int)st.unmask.kind, st.unmask.threshold,
-                        st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, buffer_generation_);
+                        st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, act_.generation);
 }
 
-/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments,
- * so the executable graph is updated in place when it can be (cheaper than instantiating again); another
- * configuration has other kernels, so no update is tried. */
+/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so the
+ * executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
+ * other kernels, so no update is tried. */
 dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_update) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -7037,16 +7296,15 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_upd
 }
 
 dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) {
-    // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their
-    // one-time work outside any capture. So does a block's first step when it fills a cache (LaCache's
-    // FILL, the K/V cache's full forward): it runs once per block. Graphs that bake in the block (LaCache,
-    // K/V caches) are captured per block; the prefix cache's row count changes with the block, so its
-    // GEMM shapes are warmed per block too.
+    // The first step of a new configuration runs eagerly: cuBLASLt and lazy module loading do their one-time work
+    // outside any capture. So does a block's first step when it fills a cache (LaCache's FILL, the K/V cache's full
+    // forward): it runs once per block. Graphs that bake in the block (LaCache, K/V caches) are captured per block;
+    // the prefix cache's row count changes with the block, so its GEMM shapes are warmed per block too.
     const bool fill = (st.lacache == DLLM_LACACHE_ON || st.kv_cache != DLLM_KV_CACHE_NONE) && st.step_in_block == 0;
     const std::string at_block = dllm__format(" @%d", st.block_begin);
     const std::string config = graph_key(st), shape = config + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
     const std::string key = shape + (st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE ? at_block : "");
-    if (dllm__env_int("DLLM_NO_GRAPHS", 0) || fill || shape != warmed_key_) {
+    if (dllm__env().no_graphs || fill || shape != warmed_key_) {
         DLLM__TRY(run_step(st));
         if (!fill) warmed_key_ = shape;
     } else {
@@ -7064,22 +7322,81 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     const int n = (int)st.canvas.size();
     int *host = (int *)host_pinned_;
     if (want_host) {
-        DLLM__CUDA(cudaMemcpyAsync(host, canvas_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(host + n, committed_.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(host, act_.canvas.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(host + n, act_.committed.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
     }
-    DLLM__CUDA(cudaMemcpyAsync(host + 2 * n, state_.ptr, 64, cudaMemcpyDeviceToHost, stream_));
+    dllm_step_state *state = (dllm_step_state *)(host + 2 * n);
+    DLLM__CUDA(cudaMemcpyAsync(state, act_.state.ptr, sizeof *state, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
-    st.n_block_left = host[2 * n + 7];  // dllm_step_state.n_block_left
+    st.n_block_left = state->n_block_left;
     if (!want_host) return DLLM_OK;
     memcpy(st.canvas.data(), host, (size_t)n * 4);
-    int n_committed = host[2 * n + 6];  // dllm_step_state.n_committed
-    committed.assign(host + n, host + n + n_committed);
+    committed.assign(host + n, host + n + state->n_committed);
     return DLLM_OK;
 }
 
 dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
-    DLLM__CUDA(cudaMemcpyAsync(st.canvas.data(), canvas_.ptr, st.canvas.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(st.canvas.data(), act_.canvas.ptr, st.canvas.size() * 4, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 16.5 [debug hooks]: for tests and benchmarks only
+// ---------------------------------------------------------------------------------------------------
+
+/* Per-stage timing of the forward (benchmarks): an event after each stage, named. */
+struct dllm__stage_timer {
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    ~dllm__stage_timer() {
+        for (auto &m : marks) cudaEventDestroy(m.second);
+    }
+    void mark(const char *name, cudaStream_t s) {
+        cudaEvent_t e;
+        if (cudaEventCreate(&e) != cudaSuccess) return;
+        cudaEventRecord(e, s);
+        marks.push_back({name, e});
+    }
+    /* Milliseconds per stage name, summed over repeats (call after synchronising). */
+    std::vector<std::pair<std::string, double>> totals() const {
+        std::vector<std::pair<std::string, double>> out;
+        for (size_t i = 1; i < marks.size(); i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second);
+            auto it = std::find_if(out.begin(), out.end(), [&](const std::pair<std::string, double> &p) { return p.first == marks[i].first; });
+            if (it == out.end()) out.push_back({marks[i].first, ms});
+            else it->second += ms;
+        }
+        return out;
+    }
+};
+
+void dllm__gpu_backend::mark(const char *stage) {
+    if (timer_) timer_->mark(stage, stream_);
+}
+
+/* Benchmarks: one eager step with every stage timed. */
+dllm_status dllm__gpu_backend::profile_step(const dllm__decode &st, dllm__stage_timer &t) {
+    timer_ = &t;
+    dllm_status s = run_step(st);
+    timer_ = nullptr;
+    return s;
+}
+
+/* Tests (set_debug_rows): the logits the sampler sees at each (global step, block position), cond then uncond rows
+ * (eager steps only: set DLLM_NO_GRAPHS). */
+dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
+    const dllm__config &c = m_.cfg;
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int p = s0; p < s1; p++) {
+        std::vector<float> &row = (*debug_rows_)[{st.global_step, p}];
+        row.resize((size_t)batch * c.n_vocab);
+        for (int b = 0; b < batch; b++) {
+            size_t lr = (size_t)b * raw_rows + (size_t)(dllm__logit_row(c, p) - dllm__logit_row(c, cp0));
+            DLLM__CUDA(cudaMemcpy(row.data() + (size_t)b * c.n_vocab, act_.logits.as<float>() + lr * c.n_vocab, (size_t)c.n_vocab * 4,
+                                  cudaMemcpyDeviceToHost));
+        }
+    }
     return DLLM_OK;
 }
 

@@ -379,7 +379,7 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
     s.tempered_conf = alg != DLLM_REMASK_LOW_CONFIDENCE || r.below(2);
     dllm__dbuf dc, dp, dx, dconf, ddef, dstate, dcanvas, dcomm;
     test_put(dc, cond);
-    test_poison(dp, (size_t)rows * slices * dllm__conf_partial_bytes);
+    test_poison(dp, (size_t)rows * slices * sizeof(conf_partial));
     test_poison(dx, rows * 4); test_poison(dconf, rows * 8); test_poison(ddef, rows);
     std::vector<int> canvas(pos0 + rows, 5);
     int n_masks = 0;
@@ -387,11 +387,9 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         if (r.below(4)) { canvas[pos0 + i] = mask; n_masks++; }
     int st[16] = {0, pos0 + rows, s_steps, i_step, global, n_masks, 0, 0};
     test_put(dstate, std::vector<int>(st, st + 16));
-    dllm__sampler_args a = {dc.ptr, nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp};
-    void *pa[] = {&a, &dstate.ptr, &dp.ptr};
-    CHECK_STATUS(dllm__launch(g.k("conf_partial_kernel"), dim3(slices, rows), dim3(256), 0, 0, pa, "partial"), DLLM_OK, nullptr);
-    void *ca[] = {&a, &dstate.ptr, &dp.ptr, &dx.ptr, &dconf.ptr, &ddef.ptr};
-    CHECK_STATUS(dllm__launch(g.k("conf_combine_kernel"), dim3(1), dim3(128), 0, 0, ca, "combine"), DLLM_OK, nullptr);
+    sampler_args a = {dc.as<float>(), nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp};
+    CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK, nullptr);
+    CHECK_STATUS(g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr), DLLM_OK, nullptr);
     std::vector<int> x0 = test_get<int>(dx, rows);
     std::vector<double> conf = test_get<double>(dconf, rows);
     std::vector<dllm__choice> ch;
@@ -415,8 +413,9 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         test_poison(dcomm, rows * 4);
         int lo = pos0, dev_rule = u.origin ? 4 : rule;
         double threshold = alg == DLLM_REMASK_ENTROPY ? -1.0 : 0.35, factor = 1.5;
-        void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, (void *)&mask, &dcomm.ptr, &dev_rule, &threshold, &factor, &u.eps};
-        CHECK_STATUS(dllm__launch(g.k("select_commit"), dim3(1), dim3(1024), rows * 5, 0, sa, "select"), DLLM_OK, nullptr);
+        CHECK_STATUS(g.sm.select_commit.launch({dim3(1), dim3(1024), (size_t)rows * 5}, 0, dcanvas.ptr, dstate.ptr, lo, lo, dx.ptr, dconf.ptr, ddef.ptr,
+                                               mask, dcomm.ptr, dev_rule, threshold, factor, u.eps),
+                     DLLM_OK, nullptr);
         std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
         u.kind = (dllm_unmask)rule, u.threshold = threshold, u.factor = factor;
         dllm__decode d;

@@ -281,13 +281,13 @@ TEST(fp8, arch_table_fp8_modes) {
         {"cutlass", 89, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "expected mma or cublaslt"},
     };
     for (auto &c : cases) {
-        if (c.value) setenv("DLLM_FP8_GEMM", c.value, 1);
-        else unsetenv("DLLM_FP8_GEMM");
+        if (c.value) test_setenv("DLLM_FP8_GEMM", c.value, 1);
+        else test_unsetenv("DLLM_FP8_GEMM");
         dllm__fp8_gemm mode = DLLM__FP8_NONE;
         CHECK_STATUS(dllm__fp8_gemm_for(dllm__arch_for(c.cc), mode), c.want, c.msg);
         if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_FP8_GEMM=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
     }
-    unsetenv("DLLM_FP8_GEMM");
+    test_unsetenv("DLLM_FP8_GEMM");
     // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight block,
     // copies divide evenly among the threads, and the ring fits the shared memory per block (99 KB on sm_89, 227 on sm_90)
     for (int cc : {89, 90}) {
@@ -630,7 +630,7 @@ static size_t test_act8_diff(const test_act8 &want, const std::vector<uint8_t> &
 }
 
 /* Runs quantize_rows_e4m3 on fp32 or bf16 rows; returns codes and scales (outputs poisoned first). */
-static void test_quantize_rows(cudaKernel_t k_quant, const void *x_host, bool f32, int rows, int k, float fixed_scale,
+static void test_quantize_rows(const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant, const void *x_host, bool f32, int rows, int k, float fixed_scale,
                                std::vector<uint8_t> &q, std::vector<float> &s, int &ld) {
     const int k_pad = dllm__round_up(k, 128);
     ld = dllm__round_up(rows, 16);
@@ -640,9 +640,7 @@ static void test_quantize_rows(cudaKernel_t k_quant, const void *x_host, bool f3
     cudaMemcpy(dx.ptr, x_host, in_bytes, cudaMemcpyHostToDevice);
     test_poison(dq, (size_t)rows * k_pad);
     test_poison(ds, (size_t)(k_pad / 128) * ld * 4);
-    int x_f32 = f32, kk = k, n_rows = rows;
-    void *args[] = {&dx.ptr, &x_f32, &kk, &n_rows, &dq.ptr, &ds.ptr, &ld, &fixed_scale};
-    dllm__launch(k_quant, dllm__e4m3_rows_grid(rows, k), dim3(128), 0, 0, args, "quantize_rows_e4m3");
+    k_quant.launch({dllm__e4m3_rows_grid(rows, k), dim3(128)}, 0, dx.ptr, f32 ? 1 : 0, k, rows, dq.ptr, ds.ptr, ld, fixed_scale);
     q = test_get<uint8_t>(dq, (size_t)rows * k_pad);
     s = test_get<float>(ds, (size_t)(k_pad / 128) * ld);
 }
@@ -666,7 +664,7 @@ static std::vector<float> test_fp8_inputs(test_rng &r, int rows, int k) {
     return x;
 }
 
-static void test_quantizer_module(dllm_test_state &T_, cudaKernel_t k_quant, const char *label) {
+static void test_quantizer_module(dllm_test_state &T_, const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant, const char *label) {
     test_rng r(label);
     for (int k : {200, 1024}) {
         const int rows = 97;
@@ -701,10 +699,10 @@ TEST(gpu_fp8, quantizer_matches_twin_bit_for_bit) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    test_quantizer_module(T_, g.k("quantize_rows_e4m3"), g.arch.cc >= 89 ? "hardware cvt" : "software conversion");
+    test_quantizer_module(T_, g.rw.quantize_rows_e4m3, g.arch.cc >= 89 ? "hardware cvt" : "software conversion");
     std::shared_ptr<dllm__module> soft;
     CHECK_STATUS(dllm__jit_load(test_rowwise_software_e4m3(g.arch), soft), DLLM_OK, nullptr);
-    if (soft) test_quantizer_module(T_, soft->kernels["quantize_rows_e4m3"], "software conversion");
+    if (soft) test_quantizer_module(T_, dllm__kernel<dllm__sig_quantize_rows_e4m3>{soft->kernels.at("quantize_rows_e4m3"), "quantize_rows_e4m3"}, "software conversion");
     // More rows than a grid's y dimension holds (65535): the kernel walks them.
     test_rng r("quantizer, many rows");
     const int rows = 65600, k = 136;
@@ -712,7 +710,7 @@ TEST(gpu_fp8, quantizer_matches_twin_bit_for_bit) {
     std::vector<uint8_t> q;
     std::vector<float> s;
     int ld = 0;
-    test_quantize_rows(g.k("quantize_rows_e4m3"), x.data(), true, rows, k, 0, q, s, ld);
+    test_quantize_rows(g.rw.quantize_rows_e4m3, x.data(), true, rows, k, 0, q, s, ld);
     const size_t bad = test_act8_diff(test_twin_groups(x, rows, k, ld), q, s, rows, k, ld, "many rows");
     printf("    %d rows of %d: %zu codes or scales differ from the twin\n", rows, k, bad);
     CHECK(bad == 0);
@@ -734,10 +732,11 @@ static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     float eps = 1e-5f;
     int dd_ = d, rows_ = rows, r0 = row0, s = seq;
     const unsigned threads = dllm__norm_threads(k_pad / 8);  // as dllm__gpu_backend::add_norm_e4m3 sizes it
-    void *a1[] = {&dh1.ptr, &dh1.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};
-    CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(threads), 0, 0, a1, "add_rmsnorm"), DLLM_OK, nullptr);
-    void *a2[] = {&dh2.ptr, &dh2.ptr, &dd.ptr, &dw.ptr, &eps, &dq.ptr, &ds.ptr, (void *)&ld, &dd_, &rows_, &r0, &s};
-    CHECK_STATUS(dllm__launch(g.k("add_rmsnorm_e4m3"), dim3(rows, B), dim3(threads), 0, 0, a2, "add_rmsnorm_e4m3"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.add_rmsnorm.launch({dim3(rows, B), dim3(threads)}, 0, dh1.ptr, dh1.ptr, dd.ptr, dw.ptr, eps, dy.ptr, dd_, rows_, r0, s), DLLM_OK,
+                 nullptr);
+    CHECK_STATUS(g.rw.add_rmsnorm_e4m3.launch({dim3(rows, B), dim3(threads)}, 0, dh2.ptr, dh2.ptr, dd.ptr, dw.ptr, eps, dq.ptr, ds.ptr, ld, dd_, rows_, r0,
+                                              s),
+                 DLLM_OK, nullptr);
     std::vector<float> y = test_f32_vec(test_get<uint16_t>(dy, (size_t)M * d));
     CHECK_MSG(test_get<float>(dh1, h.size()) == test_get<float>(dh2, h.size()), "d=%d: the residual streams differ", d);
     size_t bad = test_act8_diff(test_twin_groups(y, M, d, ld), test_get<uint8_t>(dq, (size_t)M * k_pad), test_get<float>(ds, (size_t)(k_pad / 128) * ld),
@@ -772,10 +771,8 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
         test_poison(dq, (size_t)n * f_pad);
         test_poison(ds, (size_t)(f_pad / 128) * ld * 4);
         int n_ = n, f_ = f, ld_ = ld;
-        void *a1[] = {&dg.ptr, &dout.ptr, &n_, &f_};
-        CHECK_STATUS(dllm__launch(g.k("swiglu"), dllm__rows_grid(n, f / 8, 256), dim3(256), 0, 0, a1, "swiglu"), DLLM_OK, nullptr);
-        void *a2[] = {&dg.ptr, &f_, &n_, &dq.ptr, &ds.ptr, &ld_};
-        CHECK_STATUS(dllm__launch(g.k("swiglu_e4m3"), dllm__e4m3_rows_grid(n, f), dim3(128), 0, 0, a2, "swiglu_e4m3"), DLLM_OK, nullptr);
+        CHECK_STATUS(g.rw.swiglu.launch({dllm__rows_grid(n, f / 8, 256), dim3(256)}, 0, dg.ptr, dout.ptr, n_, f_), DLLM_OK, nullptr);
+        CHECK_STATUS(g.rw.swiglu_e4m3.launch({dllm__e4m3_rows_grid(n, f), dim3(128)}, 0, dg.ptr, f_, n_, dq.ptr, ds.ptr, ld_), DLLM_OK, nullptr);
         std::vector<float> y = test_f32_vec(test_get<uint16_t>(dout, (size_t)n * f));
         size_t bad = test_act8_diff(test_twin_groups(y, n, f, ld), test_get<uint8_t>(dq, (size_t)n * f_pad), test_get<float>(ds, (size_t)(f_pad / 128) * ld),
                                     n, f, ld, "swiglu_e4m3");
@@ -803,8 +800,7 @@ static void test_weight_quant_case(dllm_test_state &T_, test_gpu &g, test_rng &r
     test_poison(dq, (size_t)n * k_pad);
     test_poison(ds, (size_t)nb * ld * 4);
     int n_ = n, k_ = k, ld_ = ld;
-    void *args[] = {&dw.ptr, &n_, &k_, &dq.ptr, &ds.ptr, &ld_};
-    CHECK_STATUS(dllm__launch(g.k("quantize_weight_blocks"), dim3(kb, nb), dim3(256), 0, 0, args, "quantize_weight_blocks"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3(kb, nb), dim3(256)}, 0, dw.ptr, n_, k_, dq.ptr, ds.ptr, ld_), DLLM_OK, nullptr);
     std::vector<uint8_t> q = test_get<uint8_t>(dq, (size_t)n * k_pad);
     std::vector<float> s = test_get<float>(ds, (size_t)nb * ld);
     dllm__fp8_matrix want = dllm__quantize_blocks(test_f32_vec(wb).data(), n, k);
@@ -840,10 +836,7 @@ static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x
     ds.fit((size_t)kb * Mp * 4, "test");
     cudaMemset(dq.ptr, 0, (size_t)Mp * k_pad);
     cudaMemset(ds.ptr, 0, (size_t)kb * Mp * 4);
-    int x_f32 = 0, kk = K, ld = Mp, n_rows = M;
-    float fixed = 0;
-    void *args[] = {(void *)&x_dev, &x_f32, &kk, &n_rows, &dq.ptr, &ds.ptr, &ld, &fixed};
-    CHECK_STATUS(dllm__launch(g.k("quantize_rows_e4m3"), dllm__e4m3_rows_grid(M, K), dim3(128), 0, 0, args, "quantize"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, 0, x_dev, 0, K, M, dq.ptr, ds.ptr, Mp, 0.0f), DLLM_OK, nullptr);
 }
 
 /* The block-scaled FP8 GEMM against the CPU product (float64) of the same dequantised operands. Both sum exact
@@ -943,7 +936,7 @@ TEST(gpu_fp8, mma_gemm_matches_twin) {
     if (g.arch.cc < 89) SKIP("skipped (no FP8 tensor cores: fp8_gemm needs sm_89 or newer)");
     dllm__fp8_mma k;
     CHECK_STATUS(dllm__fp8_mma_load(g.arch, k), DLLM_OK, nullptr);
-    if (!k.wide || !k.narrow) return;
+    if (!k.wide.fn || !k.narrow.fn) return;
     test_rng r("fp8_gemm vs twin");
     test_mma_twin_case(T_, k, r, 17, 200, 128);    // narrow: a dead m16 tile, a partial N tile
     test_mma_twin_case(T_, k, r, 33, 4104, 384);   // narrow: a partial M tile, N = 4096 + 8
@@ -971,9 +964,7 @@ static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dl
     dllm__dbuf x, w, xq, xs, wq, ws, y_lt, y_mma;
     auto fill = [&](dllm__dbuf &b, uint64_t n, uint64_t seed, float scale) {
         b.fit(n * 2, "test");
-        int constant = 0;
-        void *args[] = {&b.ptr, &n, &seed, &scale, &constant};
-        CHECK_STATUS(dllm__launch(g.k("fill_random_bf16"), dim3(1024), dim3(256), 0, 0, args, "fill"), DLLM_OK, nullptr);
+        CHECK_STATUS(g.rw.fill_random_bf16.launch({dim3(1024), dim3(256)}, 0, b.ptr, n, seed, scale, 0), DLLM_OK, nullptr);
     };
     fill(x, (uint64_t)M * K, 11, 1.0f);
     fill(w, (uint64_t)N * K, 12, 0.02f);
@@ -981,9 +972,7 @@ static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dl
     ws.fit((size_t)nb * w_ld * 4, "test");
     wq.fit((size_t)N * K, "test");
     cudaMemset(ws.ptr, 0, ws.bytes);
-    int kk = K, nn = N, ldw = w_ld;
-    void *wa[] = {&w.ptr, &nn, &kk, &wq.ptr, &ws.ptr, &ldw};
-    CHECK_STATUS(dllm__launch(g.k("quantize_weight_blocks"), dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, 0, wa, "quantize"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, 0, w.ptr, N, K, wq.ptr, ws.ptr, w_ld), DLLM_OK, nullptr);
     test_poison(y_lt, (size_t)m_pad * N * 2);
     test_poison(y_mma, (size_t)m_pad * N * 2);
     CHECK_STATUS(gemm.run_fp8(xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_lt.ptr, m_pad, N, K, 0), DLLM_OK, nullptr);
@@ -1003,7 +992,7 @@ TEST(gpu_fp8, mma_gemm_matches_cublaslt_at_llada_ffn_shapes) {
     CHECK_STATUS(dllm__fp8_mma_load(g.arch, k), DLLM_OK, nullptr);
     dllm__gemm gemm;
     CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
-    if (!k.wide || !k.narrow) return;
+    if (!k.wide.fn || !k.narrow.fn) return;
     test_mma_vs_cublaslt_case(T_, g, k, gemm, 32, 2 * 12288, 4096);   // a block step's gate|up (narrow tile)
     test_mma_vs_cublaslt_case(T_, g, k, gemm, 32, 4096, 12288);       // its down
     test_mma_vs_cublaslt_case(T_, g, k, gemm, 1000, 2 * 12288, 4096); // a forward of 1000 tokens (wide tile)
@@ -1019,7 +1008,7 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_GPU;
     dllm_ctx *ctx = nullptr;
-    setenv("DLLM_FP8_GEMM", "wgmma", 1);
+    test_setenv("DLLM_FP8_GEMM", "wgmma", 1);
     p.precision = DLLM_PRECISION_FP8_FFN;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_FP8_GEMM=wgmma");
     CHECK(ctx == nullptr);
@@ -1029,11 +1018,11 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     ctx = nullptr;
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    setenv("DLLM_FP8_GEMM", g.arch.cc == 90 ? "mma" : "cublaslt", 1);  // runs on sm_90; cuBLASLt's mode nowhere else
+    test_setenv("DLLM_FP8_GEMM", g.arch.cc == 90 ? "mma" : "cublaslt", 1);  // runs on sm_90; cuBLASLt's mode nowhere else
     p.precision = DLLM_PRECISION_FP8_FFN;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), g.arch.cc == 90 ? DLLM_OK : DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=cublaslt");
     if (ctx) CHECK(((dllm__gpu_backend *)ctx->impl.get())->fp8_gemm() == DLLM__FP8_MMA);
-    unsetenv("DLLM_FP8_GEMM");
+    test_unsetenv("DLLM_FP8_GEMM");
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -1045,9 +1034,9 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
 static void test_mma_forward_case(dllm_test_state &T_, const char *dir, const char *fixture, dllm_precision precision) {
     dllm_model *m = test_load(dir);
     dllm_ctx *lt = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr, *bf16 = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
-    setenv("DLLM_FP8_GEMM", "mma", 1);
+    test_setenv("DLLM_FP8_GEMM", "mma", 1);
     dllm_ctx *mma = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
-    unsetenv("DLLM_FP8_GEMM");
+    test_unsetenv("DLLM_FP8_GEMM");
     CHECK(lt && bf16 && mma);
     if (lt && bf16 && mma) {
         CHECK(((dllm__gpu_backend *)mma->impl.get())->fp8_gemm() == DLLM__FP8_MMA && ((dllm__gpu_backend *)lt->impl.get())->fp8_gemm() == DLLM__FP8_CUBLASLT_BLOCK);

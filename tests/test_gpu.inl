@@ -48,7 +48,7 @@ TEST(jit, compile_errors_reach_the_user_with_the_log) {
 
 TEST(jit, disk_cache_round_trip) {
     test_tmpdir dir;
-    setenv("DLLM_CACHE_DIR", dir.path.c_str(), 1);
+    test_setenv("DLLM_CACHE_DIR", dir.path.c_str(), 1);
     dllm__jit_request rq = dllm__module_rowwise(dllm__arch_for(90));
     uint64_t key = dllm__jit_key(rq);
     std::vector<char> a, b;
@@ -67,38 +67,38 @@ TEST(jit, disk_cache_round_trip) {
     test_write_file(path, "garbage");
     CHECK_STATUS(dllm__jit_build(rq, key, b, lb), DLLM_OK, nullptr);
     CHECK(a == b);
-    unsetenv("DLLM_CACHE_DIR");
+    test_unsetenv("DLLM_CACHE_DIR");
 }
 
 TEST(jit, arch_table_and_overrides) {
     CHECK(strcmp(dllm__arch_for(90).target, "sm_90a") == 0 && dllm__arch_for(90).fa_br == 128 && dllm__arch_for(90).fa_mt == 2);
     CHECK(strcmp(dllm__arch_for(89).target, "sm_89") == 0 && dllm__arch_for(89).fa_br == 64);
     CHECK(strcmp(dllm__arch_for(120).target, "sm_120") == 0);  // newer GPUs: portable mma.sync path
-    setenv("DLLM_FA_BR", "64", 1);
+    test_setenv("DLLM_FA_BR", "64", 1);
     CHECK(dllm__arch_for(90).fa_br == 64);
-    unsetenv("DLLM_FA_BR");
+    test_unsetenv("DLLM_FA_BR");
     CHECK(dllm__arch_for(90).fa_stages == 2 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,2>");
-    setenv("DLLM_FA_STAGES", "3", 1);
+    test_setenv("DLLM_FA_STAGES", "3", 1);
     CHECK(dllm__arch_for(90).fa_stages == 3 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,3>");
-    setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
+    test_setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
     CHECK(dllm__arch_for(90).fa_stages == 2);
-    unsetenv("DLLM_FA_STAGES");
+    test_unsetenv("DLLM_FA_STAGES");
     // The wgmma attention: sm_90a only; the override takes 0, 64 or 128 and nothing else.
     CHECK(dllm__arch_for(90).fa_wg_bc == 128 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
     CHECK(dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 3 && dllm__module_attention(dllm__arch_for(89), 128).kernels.size() == 2);
-    setenv("DLLM_FA_WG_BC", "64", 1);
+    test_setenv("DLLM_FA_WG_BC", "64", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64,3>");
-    setenv("DLLM_FA_WG_BC", "96", 1);
+    test_setenv("DLLM_FA_WG_BC", "96", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 128);
-    setenv("DLLM_FA_WG_BC", "0", 1);
+    test_setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
-    unsetenv("DLLM_FA_WG_BC");
+    test_unsetenv("DLLM_FA_WG_BC");
     // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
     CHECK(dllm__gemm_wg_smem(dllm__arch_for(90)) <= 227 * 1024);
-    setenv("DLLM_GEMM_WG", "0", 1);
+    test_setenv("DLLM_GEMM_WG", "0", 1);
     CHECK(dllm__arch_for(90).gemm_wg_stages == 0);
-    unsetenv("DLLM_GEMM_WG");
+    test_unsetenv("DLLM_GEMM_WG");
     for (const dllm__arch &a : dllm__arch_table) {
         dllm__arch three = a;
         three.fa_wg_stages = 3;
@@ -141,9 +141,16 @@ struct test_gpu {
         DLLM__CUDA(cudaGetDeviceProperties(&p, 0));
         arch = dllm__arch_for(p.major * 10 + p.minor);
         DLLM__TRY(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
-        return dllm__jit_load(dllm__module_sampler(arch), sampler);
+        DLLM__TRY(dllm__jit_load(dllm__module_sampler(arch), sampler));
+        return bind();
     }
-    cudaKernel_t k(const char *name) { return rowwise->kernels.count(name) ? rowwise->kernels[name] : sampler->kernels[name]; }
+    dllm__rowwise_kernels rw;  // typed by the kernel table
+    dllm__sampler_kernels sm;
+    dllm_status bind() {
+        dllm__bind(rw, *rowwise);
+        dllm__bind(sm, *sampler);
+        return DLLM_OK;
+    }
 };
 
 template <class T> static void test_put(dllm__dbuf &b, const std::vector<T> &v) {
@@ -198,15 +205,15 @@ static void test_embed_norm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, 
     test_poison(dy, (size_t)B * rows * d * 2);
     int n = B * seq, dd_ = d, rows_ = rows, r0 = row0, s = seq;
     float eps = 1e-5f;
-    void *a1[] = {&di.ptr, &n, &dt.ptr, &dd_, &dh.ptr};
-    CHECK_STATUS(dllm__launch(g.k("embed_gather"), dim3(n), dim3(128), 0, 0, a1, "embed"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.embed_gather.launch({dim3(n), dim3(128)}, 0, di.ptr, n, dt.ptr, dd_, dh.ptr), DLLM_OK, nullptr);
     std::vector<float> h = test_get<float>(dh, (size_t)n * d);
     bool exact = true;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < d; k++) exact &= h[(size_t)i * d + k] == dllm__bf16_to_f32(table_b[(size_t)ids[i] * d + k]);
     CHECK_MSG(exact, "d=%d: embedding gather is not exact", d);
-    void *a2[] = {&dh.ptr, &dh.ptr, &dd.ptr, &dw.ptr, &eps, &dy.ptr, &dd_, &rows_, &r0, &s};  // residual in place
-    CHECK_STATUS(dllm__launch(g.k("add_rmsnorm"), dim3(rows, B), dim3(dllm__norm_threads(d / 8)), 0, 0, a2, "add_rmsnorm"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.add_rmsnorm.launch({dim3(rows, B), dim3(dllm__norm_threads(d / 8))}, 0, dh.ptr, dh.ptr, dd.ptr, dw.ptr, eps, dy.ptr, dd_, rows_, r0,
+                                         s),  // residual in place
+                 DLLM_OK, nullptr);
     std::vector<float> h2 = test_get<float>(dh, (size_t)n * d), y = test_f32_vec(test_get<uint16_t>(dy, (size_t)B * rows * d));
     std::vector<float> want_h = h, want_y((size_t)B * rows * d);
     for (int b = 0; b < B; b++)
@@ -245,8 +252,9 @@ static void test_rope_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd
     dllm__dbuf dpos;
     test_put(dpos, table);
     int rows_ = rows, seq_ = seq, p0 = pos0, h_ = H, kv_ = KV, hd_ = hd;
-    void *a[] = {&dx.ptr, &rows_, &seq_, &p0, &dpos.ptr, &h_, &kv_, &hd_, &db.ptr, &dc.ptr, &ds.ptr};
-    CHECK_STATUS(dllm__launch(g.k("rope_qkv"), dllm__rows_grid(rows, heads * hd / 8, 32), dim3(32), 0, 0, a, "rope"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.rope_qkv.launch({dllm__rows_grid(rows, heads * hd / 8, 32), dim3(32)}, 0, dx.ptr, rows_, seq_, p0, dpos.ptr, h_, kv_, hd_, db.ptr,
+                                      dc.ptr, ds.ptr),
+                 DLLM_OK, nullptr);
     std::vector<float> got = test_f32_vec(test_get<uint16_t>(dx, x.size()));
     std::vector<float> want = test_f32_vec(xb);
     std::vector<int32_t> pos(rows);
@@ -274,8 +282,7 @@ TEST(gpu, rope_and_swiglu_match_cpu) {
     test_put(dg, gub);
     test_poison(dout, (size_t)n * f * 2);
     int n_ = n, f_ = f;
-    void *a2[] = {&dg.ptr, &dout.ptr, &n_, &f_};
-    CHECK_STATUS(dllm__launch(g.k("swiglu"), dllm__rows_grid(n, f / 8, 8), dim3(8), 0, 0, a2, "swiglu"), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.swiglu.launch({dllm__rows_grid(n, f / 8, 8), dim3(8)}, 0, dg.ptr, dout.ptr, n_, f_), DLLM_OK, nullptr);
     std::vector<float> sg = test_f32_vec(test_get<uint16_t>(dout, (size_t)n * f)), sw((size_t)n * f);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < f; c++) {
@@ -358,7 +365,7 @@ TEST(gpu, gemm_wg_matches_cpu) {
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     dllm__gemm_wg k;
     CHECK_STATUS(dllm__gemm_wg_load(g.arch, k), DLLM_OK, nullptr);
-    if (!k.kernel) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
+    if (!k.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
     test_rng r("gemm_wg");
     test_gemm_wg_case(T_, k, r, 333, 512, 200);       // 3 m-tiles: the last pair's second tile repeats the first
     test_gemm_wg_case(T_, k, r, 1, 256, 8);
@@ -394,7 +401,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     if (q_rows == 0) q_rows = seq;
     const int B = 2, heads = H + 2 * KV, stride = heads * hd;
     dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
-    if (!k.attn || (wide && !k.wide)) return;
+    if (!k.attn.fn || (wide && !k.wide.fn)) return;
     std::vector<float> qkv((size_t)B * seq * stride);
     for (float &v : qkv) v = r.normal();
     std::vector<uint16_t> qkvb = test_bf16_vec(qkv);
@@ -407,9 +414,9 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     int st[16] = {0};
     if (block) { st[0] = block[0]; st[1] = block[1]; }
     test_put(dst, std::vector<int>(st, st + 16));
-    dllm__attn_args a = {(char *)dq.ptr + (size_t)q0 * stride * 2, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2,
-                         dout.ptr, dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride,
-                         (uint64_t)q_rows * H * hd, dst.ptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>()};
+    attn_args a = {dq.as<bf16_t>() + (size_t)q0 * stride, dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(),
+                   dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)q_rows * H * hd,
+                   dst.as<dllm_step_state>(), 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>()};
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> first = test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd);
@@ -502,13 +509,13 @@ TEST(jit, attention_kv_splits_fill_the_gpu) {
     CHECK(dllm__attn_kv_splits(a, 32, 40, 32, 132) == 1);               // two tiles: nothing to share
     CHECK((size_t)dual * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(a, 128, 132));
     // DLLM_FA_KV_CTAS moves the target; the partial-state buffer bound follows it, and nonsense is clamped to 1.
-    setenv("DLLM_FA_KV_CTAS", "4", 1);
+    test_setenv("DLLM_FA_KV_CTAS", "4", 1);
     const dllm__arch four = dllm__arch_for(90);
     const int more = dllm__attn_kv_splits(four, 32, 1024, 32, 132);
     CHECK(four.fa_kv_ctas_per_sm == 4 && more > dual && (size_t)more * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(four, 128, 132));
-    setenv("DLLM_FA_KV_CTAS", "-3", 1);
+    test_setenv("DLLM_FA_KV_CTAS", "-3", 1);
     CHECK(dllm__arch_for(90).fa_kv_ctas_per_sm == 1);
-    unsetenv("DLLM_FA_KV_CTAS");
+    test_unsetenv("DLLM_FA_KV_CTAS");
 }
 
 /* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
@@ -522,7 +529,7 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
     for (int i = 0; i <= rows; i++) cond[(size_t)i * V + eos] += 6;  // EOS often wins: exercises the options
     dllm__dbuf dc, du, dp, dx, dconf, ddef, dstate, dcanvas, dcomm;
     test_put(dc, cond); test_put(du, uncond);
-    test_poison(dp, (size_t)rows * slices * dllm__conf_partial_bytes);
+    test_poison(dp, (size_t)rows * slices * sizeof(conf_partial));
     test_poison(dx, rows * 4); test_poison(dconf, rows * 8); test_poison(ddef, rows);
     int st[16] = {0, pos0 + rows, k_steps, 1, 17, 0, 0};
     std::vector<int> canvas(pos0 + rows, 5);
@@ -533,12 +540,10 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
     test_put(dstate, std::vector<int>(st, st + 16));
     test_put(dcanvas, canvas);
     test_poison(dcomm, rows * 4);
-    dllm__sampler_args a = {dc.ptr, cfg > 0 ? du.ptr : nullptr, cfg + 1, V, slice, slices, rows, pos0, 0, shift0, rows + 1, temp, 12345,
-                            eos_opts, eos, eot, eos_opts, random, 0, 0.0};
-    void *pa[] = {&a, &dstate.ptr, &dp.ptr};
-    CHECK_STATUS(dllm__launch(g.k("conf_partial_kernel"), dim3(slices, rows), dim3(256), 0, 0, pa, "partial"), DLLM_OK, nullptr);
-    void *ca[] = {&a, &dstate.ptr, &dp.ptr, &dx.ptr, &dconf.ptr, &ddef.ptr};
-    CHECK_STATUS(dllm__launch(g.k("conf_combine_kernel"), dim3(1), dim3(128), 0, 0, ca, "combine"), DLLM_OK, nullptr);
+    sampler_args a = {dc.as<float>(), cfg > 0 ? du.as<float>() : nullptr, cfg + 1, V, slice, slices, rows, pos0, 0, shift0, rows + 1, temp, 12345,
+                      eos_opts, eos, eot, eos_opts, random, 0, 0.0};
+    CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK, nullptr);
+    CHECK_STATUS(g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr), DLLM_OK, nullptr);
     std::vector<int> x0 = test_get<int>(dx, rows);
     std::vector<double> conf = test_get<double>(dconf, rows);
     std::vector<unsigned char> def = test_get<unsigned char>(ddef, rows);
@@ -568,8 +573,9 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
         test_poison(dcomm, rows * 4);
         int lo = pos0, mask = 999;
         double threshold = 0.35, factor = 1.5, eps = 1e-3;
-        void *sa[] = {&dcanvas.ptr, &dstate.ptr, &lo, &lo, &dx.ptr, &dconf.ptr, &ddef.ptr, &mask, &dcomm.ptr, &rule, &threshold, &factor, &eps};
-        CHECK_STATUS(dllm__launch(g.k("select_commit"), dim3(1), dim3(1024), rows * 5, 0, sa, "select"), DLLM_OK, nullptr);
+        CHECK_STATUS(g.sm.select_commit.launch({dim3(1), dim3(1024), (size_t)rows * 5}, 0, dcanvas.ptr, dstate.ptr, lo, lo, dx.ptr, dconf.ptr, ddef.ptr,
+                                               mask, dcomm.ptr, rule, threshold, factor, eps),
+                     DLLM_OK, nullptr);
         std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
         dllm__unmask_rule u;
         u.kind = (dllm_unmask)rule, u.threshold = threshold, u.factor = factor;
@@ -745,9 +751,9 @@ TEST(gpu, graphs_equal_eager_and_runs_repeat) {
     std::vector<int32_t> a(24), b(24), c(24);
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, a.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, b.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
-    setenv("DLLM_NO_GRAPHS", "1", 1);
+    test_setenv("DLLM_NO_GRAPHS", "1", 1);
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, c.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
-    unsetenv("DLLM_NO_GRAPHS");
+    test_unsetenv("DLLM_NO_GRAPHS");
     CHECK(a == b && a == c);
     dllm_ctx_free(gpu);
     dllm_model_free(m);
@@ -782,7 +788,7 @@ TEST(gpu, random_weight_model_runs_on_gpu_only) {
 static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, int b0, int b1) {
     const int B = 2, heads = H + 2 * KV, stride = heads * hd;
     dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
-    if (!k.attn) return;
+    if (!k.attn.fn) return;
     std::vector<float> qkv((size_t)B * seq * stride);
     for (float &v : qkv) v = r.normal();
     std::vector<uint16_t> before = test_bf16_vec(qkv), after = before;
@@ -798,9 +804,9 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
     auto run = [&](const std::vector<uint16_t> &in, int mode) {
         test_put(dq, in);
         test_poison(dout, out_n * 2);
-        dllm__attn_args a = {dq.ptr, (char *)dq.ptr + (size_t)H * hd * 2, (char *)dq.ptr + (size_t)(H + KV) * hd * 2, dout.ptr, nullptr,
-                             seq, seq, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.ptr,
-                             1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr};
+        attn_args a = {dq.as<bf16_t>(), dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(), nullptr, seq, seq,
+                       stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.as<dllm_step_state>(),
+                       1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr};
         dllm__attn_launch(k, g.arch, hd, H, B, a, 0);
         return test_get<uint16_t>(dout, out_n);
     };
@@ -826,14 +832,14 @@ TEST(gpu, facache_resume_is_bit_exact) {
 /* Runs one generation with the sampler's logits recorded; graphs off so that every step is observable. */
 static dllm_status test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params p, test_trace_recorder &rec,
                               std::map<std::pair<int, int>, std::vector<float>> &rows) {
-    setenv("DLLM_NO_GRAPHS", "1", 1);
+    test_setenv("DLLM_NO_GRAPHS", "1", 1);
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(&rows);
     p.on_step = test_record_step;
     p.on_step_data = &rec;
     std::vector<int32_t> out((size_t)p.gen_length);
     dllm_status s = dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), p.gen_length, nullptr, nullptr);
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(nullptr);
-    unsetenv("DLLM_NO_GRAPHS");
+    test_unsetenv("DLLM_NO_GRAPHS");
     return s;
 }
 

@@ -14,6 +14,16 @@ static std::string test_data_dir() {
 
 static std::string test_data(const char *rel) { return test_data_dir() + "/" + rel; }
 
+/* A DLLM_* switch changed for a test: dllm reads the switches once, so they are read again. */
+static void test_setenv(const char *name, const char *value, int overwrite) {
+    setenv(name, value, overwrite);
+    dllm__env_reload();
+}
+static void test_unsetenv(const char *name) {
+    unsetenv(name);
+    dllm__env_reload();
+}
+
 static bool test_write_file(const std::string &path, const std::string &bytes) {
     FILE *f = fopen(path.c_str(), "wb");
     if (!f) return false;

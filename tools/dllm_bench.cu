@@ -94,13 +94,16 @@ static double bench_us_sustained(cudaStream_t s, F &&launch) {
     return 1000 * bench_ms(s, 0, 1, [&] { for (int i = 0; i < 200; i++) launch(); }) / 200;
 }
 
+/* The row-wise module's kernels, typed by the kernel table. */
+static dllm__rowwise_kernels bench_rowwise_kernels(std::shared_ptr<dllm__module> &rowwise) {
+    dllm__rowwise_kernels k;
+    dllm__bind(k, *rowwise);
+    return k;
+}
+
 /* Random bf16 values: zeros run faster than real data. */
 static void bench_fill(std::shared_ptr<dllm__module> &rowwise, dllm__dbuf &buf, uint64_t n, cudaStream_t s) {
-    uint64_t seed = (uint64_t)(uintptr_t)buf.ptr;
-    float scale = 1.0f;
-    int constant = 0;
-    void *args[] = {&buf.ptr, &n, &seed, &scale, &constant};
-    BENCH_CHECK(dllm__launch(rowwise->kernels["fill_random_bf16"], dim3(1024), dim3(256), 0, s, args, "fill"));
+    BENCH_CHECK(bench_rowwise_kernels(rowwise).fill_random_bf16.launch({dim3(1024), dim3(256)}, s, buf.ptr, n, (uint64_t)(uintptr_t)buf.ptr, 1.0f, 0));
 }
 
 /* One GEMM shape's operands, random, in BF16 and (for FP8) quantised with dllm's own kernels. */
@@ -121,13 +124,9 @@ static void bench_prepare(std::shared_ptr<dllm__module> &rowwise, bench_gemm_sha
     BENCH_CHECK(g.xs.fit((size_t)kb * g.M * 4, "gemm"));
     BENCH_CHECK(g.w8.fit((size_t)g.N * g.K, "gemm"));
     BENCH_CHECK(g.ws.fit((size_t)nb * ld_w * 4, "gemm"));
-    int x_f32 = 0, ld = g.M;
-    float fixed = 0;
-    void *xa[] = {&g.x.ptr, &x_f32, &g.K, &g.M, &g.x8.ptr, &g.xs.ptr, &ld, &fixed};
-    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_rows_e4m3"], dllm__e4m3_rows_grid(g.M, g.K), dim3(128), 0, s, xa, "quantize"));
-    int ldw = ld_w;
-    void *wa[] = {&g.w.ptr, &g.N, &g.K, &g.w8.ptr, &g.ws.ptr, &ldw};
-    BENCH_CHECK(dllm__launch(rowwise->kernels["quantize_weight_blocks"], dim3((unsigned)kb, (unsigned)nb), dim3(256), 0, s, wa, "quantize"));
+    const dllm__rowwise_kernels k = bench_rowwise_kernels(rowwise);
+    BENCH_CHECK(k.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(g.M, g.K), dim3(128)}, s, g.x.ptr, 0, g.K, g.M, g.x8.ptr, g.xs.ptr, g.M, 0.0f));
+    BENCH_CHECK(k.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, s, g.w.ptr, g.N, g.K, g.w8.ptr, g.ws.ptr, ld_w));
 }
 
 /* TFLOP/s of cuBLASLt on one shape (the algorithm dllm would pick: autotuned, no split-K). */
@@ -205,7 +204,7 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
 static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t s, bool sustained) {
     dllm__gemm_wg k;
     BENCH_CHECK(dllm__gemm_wg_load(arch, k));
-    if (!k.kernel) {
+    if (!k.kernel.fn) {
         printf("(no gemm_wg on sm_%d)\n", arch.cc);
         return;
     }
@@ -399,14 +398,14 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
     const std::string tile = dllm__format("attention %dx%d mt%d ", arch.fa_br, arch.fa_bc, arch.fa_mt);
     for (int q_rows : {n, 32}) {
         const int splits = q_rows == n ? 1 : dllm__attn_kv_splits(arch, q_rows, n, H, n_sms);
-        const char *q = (const char *)qkv.ptr + (size_t)(n - q_rows) * stride * 2;
-        dllm__attn_args a = {q, (char *)qkv.ptr + (size_t)H * hd * 2, (char *)qkv.ptr + (size_t)2 * H * hd * 2, out.ptr, nullptr, n, q_rows,
-                             stride, stride, H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr,
-                             1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, partial.as<float>()};
+        const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
+        attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
+                       H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
+                       partial.as<float>()};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
-        if (q_rows == n && k.wide) {  // what layers >= 1 of a plain forward run (10 back to back: launch gaps amortised)
+        if (q_rows == n && k.wide.fn) {  // what layers >= 1 of a plain forward run (10 back to back: launch gaps amortised)
             const double us = bench_us_each(s, 20, [&](int) { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s, true)); });
             const std::string wide = dllm__format("attention wgmma 128x%d ", arch.fa_wg_bc);
             r.set(wide + "1024 over 1024 us", us);
@@ -446,24 +445,22 @@ static void bench_rowwise(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
     for (int n : {n_max, 32}) {
         auto time10 = [&](auto &&launch) { return bench_us_each(s, 10, [&](int i) { launch(i % sets); }); };  // over the buffer sets
-        int d_ = d, n_ = n, row0 = 0, seq = n, pos0 = 0, nh = H, nkv = H, hd_ = hd, f_ = f;
-        float eps = 1e-5f;
-        const void *no_bias = nullptr, *no_positions = nullptr;
+        const dllm__rowwise_kernels k = bench_rowwise_kernels(mod);
+        const float eps = 1e-5f;
         double us = time10([&](int i) {
-            void *a[] = {&h[i].ptr, &h[i].ptr, &delta[i].ptr, &w.ptr, &eps, &y[i].ptr, &d_, &n_, &row0, &seq};
-            BENCH_CHECK(dllm__launch(mod->kernels["add_rmsnorm"], dim3(n, 1), dim3(dllm__norm_threads(d / 8)), 0, s, a, "add_rmsnorm"));
+            BENCH_CHECK(k.add_rmsnorm.launch({dim3(n, 1), dim3(dllm__norm_threads(d / 8))}, s, h[i].ptr, h[i].ptr, delta[i].ptr, w.ptr, eps, y[i].ptr, d, n,
+                                             0, n));
         });
         r.set(dllm__format("add+rmsnorm %d rows us", n), us);
         r.set(dllm__format("add+rmsnorm %d rows TB/s", n), (double)n * d * (4 + 2 + 4 + 2) / us / 1e6);
         us = time10([&](int i) {
-            void *a[] = {&x[i].ptr, &n_, &seq, &pos0, &no_positions, &nh, &nkv, &hd_, &no_bias, &cs.ptr, &sn.ptr};
-            BENCH_CHECK(dllm__launch(mod->kernels["rope_qkv"], dllm__rows_grid(n, 2 * H * hd / 8, 256), dim3(256), 0, s, a, "rope_qkv"));
+            BENCH_CHECK(k.rope_qkv.launch({dllm__rows_grid(n, 2 * H * hd / 8, 256), dim3(256)}, s, x[i].ptr, n, n, 0, nullptr, H, H, hd, nullptr, cs.ptr,
+                                          sn.ptr));
         });
         r.set(dllm__format("rope %d rows us", n), us);
         r.set(dllm__format("rope %d rows TB/s", n), (double)n * 2 * H * hd * 2 * 2 / us / 1e6);
         us = time10([&](int i) {
-            void *a[] = {&gu[i].ptr, &out[i].ptr, &n_, &f_};
-            BENCH_CHECK(dllm__launch(mod->kernels["swiglu"], dllm__rows_grid(n, f / 8, 256), dim3(256), 0, s, a, "swiglu"));
+            BENCH_CHECK(k.swiglu.launch({dllm__rows_grid(n, f / 8, 256), dim3(256)}, s, gu[i].ptr, out[i].ptr, n, f));
         });
         r.set(dllm__format("swiglu %d rows us", n), us);
         r.set(dllm__format("swiglu %d rows TB/s", n), (double)n * 3 * f * 2 / us / 1e6);
@@ -556,6 +553,7 @@ int main(int argc, char **argv) {
     // JIT: cold (empty disk cache), then warm (disk cache only)
     std::string cache = dllm__format("/tmp/dllm-bench-cache-%d", (int)getpid());
     setenv("DLLM_CACHE_DIR", cache.c_str(), 1);
+    dllm__env_reload();
     auto load_all = [&] {
         std::shared_ptr<dllm__module> a, b, c;
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
