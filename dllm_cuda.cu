@@ -3575,6 +3575,7 @@ template <class Sig> struct dllm__kernel;
 template <class... P> struct dllm__kernel<void(P...)> {
     cudaKernel_t fn = nullptr;
     const char *name = "";
+    static std::vector<size_t> param_sizes() { return {sizeof(typename std::decay<P>::type)...}; }
     template <class... A> dllm_status launch(const dllm__grid &g, cudaStream_t s, A &&...a) const {
         static_assert(sizeof...(A) == sizeof...(P), "a kernel launch takes exactly the kernel's parameters");
         std::tuple<typename std::decay<P>::type...> values(static_cast<typename std::decay<P>::type>(a)...);
@@ -5474,7 +5475,7 @@ static bool dllm__log_has_spills(const std::string &log) { return dllm__log_repo
 
 /* Compiles a module to a cubin (no loading: usable without a GPU, e.g. in CI). */
 static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin, std::vector<std::string> &lowered,
-                                       std::string &log) {
+                                       std::string &log, std::string *ptx_out = nullptr) {
     DLLM__TRY(dllm__load_nvrtc());
     nvrtcProgram prog;
     if (dllm__lib.nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
@@ -5501,6 +5502,12 @@ static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<
         const char *low = nullptr;
         dllm__lib.nvrtcGetLoweredName(prog, k.c_str(), &low);
         lowered.push_back(low ? low : k);
+    }
+    if (ptx_out) {  // tests read the kernels' parameter lists from it
+        size_t ptx_n = 0;
+        dllm__lib.nvrtcGetPTXSize(prog, &ptx_n);
+        ptx_out->assign(ptx_n, '\0');
+        if (ptx_n) dllm__lib.nvrtcGetPTX(prog, &(*ptx_out)[0]);
     }
     if (!dllm__env().jit_dump.empty()) {
         const char *dump = dllm__env().jit_dump.c_str();

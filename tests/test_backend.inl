@@ -1,0 +1,153 @@
+/* Tests: the GPU backend's structure (issue 22): the kernel table against the compiled kernels, device weights
+ * shared by the contexts of one model, contexts on several threads. */
+
+// ---- the kernel table (CPU only: NVRTC compiles without a GPU) ----------------------------------------
+
+/* The byte sizes of an entry point's parameters as the PTX declares them: ".param .u64 name", ".param .align 8 .b8
+ * name[104]". Empty if the entry is not there. */
+static std::vector<size_t> test_ptx_param_sizes(const std::string &ptx, const char *entry) {
+    std::vector<size_t> sizes;
+    const std::string head = std::string(".entry ") + entry + "(";
+    size_t at = ptx.find(head);
+    if (at == std::string::npos) return sizes;
+    const size_t end = ptx.find(')', at);
+    for (size_t p = ptx.find(".param", at); p < end; p = ptx.find(".param", p + 1)) {
+        const std::string decl = ptx.substr(p, ptx.find_first_of(",)", p) - p);
+        size_t bracket = decl.find('[');
+        if (bracket != std::string::npos) sizes.push_back((size_t)atoi(decl.c_str() + bracket + 1));
+        else if (decl.find("64 ") != std::string::npos) sizes.push_back(8);
+        else if (decl.find("32 ") != std::string::npos) sizes.push_back(4);
+        else if (decl.find("16 ") != std::string::npos) sizes.push_back(2);
+        else sizes.push_back(1);
+    }
+    return sizes;
+}
+
+/* Every extern "C" kernel of the table takes, as compiled, exactly the parameters its host handle passes: the same count
+ * and byte sizes (the host/kernel contract cannot drift apart). */
+TEST(backend, kernel_table_matches_the_compiled_kernels) {
+    const dllm__arch a = dllm__arch_for(90);
+    int checked = 0;
+    for (const dllm__jit_request &rq : {dllm__module_rowwise(a), dllm__module_sampler(a)}) {
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log, ptx;
+        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log, &ptx), DLLM_OK, nullptr);
+        auto check = [&](const char *name, const std::vector<size_t> &host) {
+            const std::vector<size_t> dev = test_ptx_param_sizes(ptx, name);
+            CHECK_MSG(dev == host, "%s: the kernel takes %zu parameters, its handle passes %zu (or their sizes differ)", name, dev.size(), host.size());
+            checked++;
+        };
+#define TEST_KERNEL_SIZES(kname, attrs, params) check(#kname, dllm__kernel<dllm__sig_##kname>::param_sizes());
+        if (rq.name == "dllm_rowwise") { DLLM__ROWWISE_KERNELS(TEST_KERNEL_SIZES) DLLM__FP8_QUANT_KERNELS(TEST_KERNEL_SIZES) }
+        else { DLLM__SAMPLER_KERNELS(TEST_KERNEL_SIZES) }
+#undef TEST_KERNEL_SIZES
+    }
+    printf("    %d kernels checked against their PTX entry points\n", checked);
+    CHECK(checked == 14);
+}
+
+/* The #line prefix: a compile error names a line of dllm_cuda.cu, not of the joined source string. */
+TEST(backend, kernel_errors_name_lines_of_dllm_cuda_cu) {
+    const int line = __LINE__ + 1;
+    static const char *broken = DLLM__SOURCE_LINE R"DLLM(
+extern "C" __global__ void k(int *x) { x[0] = undefined_name; }
+)DLLM";
+    dllm__jit_request rq = {"broken_line", dllm__src_prelude() + broken, {"k"}, "sm_80"};
+    std::vector<char> cubin;
+    std::vector<std::string> lowered;
+    std::string log;
+    CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_ERR_JIT, "undefined_name");
+    const std::string want = dllm__format("dllm_cuda.cu(%d)", line + 1);
+    CHECK_MSG(log.find(want) != std::string::npos, "the log does not name %s:\n%s", want.c_str(), log.c_str());
+}
+
+/* The shared structs' layout is what the kernels index (fields the host reads back by member). */
+TEST(backend, contract_structs_have_the_kernels_layout) {
+    CHECK(offsetof(dllm_step_state, global_step) == 16 && offsetof(dllm_step_state, n_committed) == 24 && offsetof(dllm_step_state, n_block_left) == 28);
+    CHECK(offsetof(conf_partial, best_idx) == 36 && offsetof(sampler_args, temperature) == 56 && offsetof(attn_args, st) == 80);
+    const std::string src = dllm__src_contract();
+    CHECK(src.find("struct sampler_args {") != std::string::npos && src.find("REMASK_ORIGIN = 4") != std::string::npos);
+}
+
+// ---- contexts over one model ------------------------------------------------------------------------
+
+/* Each of n_threads threads decodes its own prompt on its own context over one model; the tokens equal a decode of the
+ * same prompt alone on one context. */
+static void test_threads_decode_alone(dllm_test_state &T_, dllm_backend backend) {
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const int n_threads = 3, gen = 16;
+    std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65}, {35, 89, 79, 32, 38, 46, 26}, {43, 38, 32}};
+    dllm_gen_params p = dllm_gen_default_params();
+    p.gen_length = gen, p.steps = gen, p.block_length = 8, p.stop_at_eos = 0, p.temperature = 0.7f, p.seed = 5;
+    std::vector<std::vector<int32_t>> alone(n_threads, std::vector<int32_t>(gen)), together = alone;
+    dllm_ctx *one = test_ctx(m, backend);
+    for (int i = 0; one && i < n_threads; i++)
+        CHECK_STATUS(dllm_generate(one, prompts[i].data(), (int)prompts[i].size(), p, alone[i].data(), gen, nullptr, nullptr), DLLM_OK, nullptr);
+    dllm_ctx_free(one);
+    std::vector<dllm_ctx *> ctx(n_threads);
+    for (dllm_ctx *&c : ctx) c = test_ctx(m, backend);
+    std::vector<dllm_status> st(n_threads, DLLM_ERR_INTERNAL);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n_threads; i++)
+        threads.emplace_back([&, i] {
+            if (ctx[i]) st[i] = dllm_generate(ctx[i], prompts[i].data(), (int)prompts[i].size(), p, together[i].data(), gen, nullptr, nullptr);
+        });
+    for (std::thread &t : threads) t.join();
+    for (int i = 0; i < n_threads; i++) {
+        CHECK(st[i] == DLLM_OK);
+        CHECK_MSG(together[i] == alone[i], "thread %d decoded other tokens than a context alone", i);
+        dllm_ctx_free(ctx[i]);
+    }
+    dllm_model_free(m);
+}
+
+TEST(backend, cpu_contexts_on_threads_decode_as_alone) { test_threads_decode_alone(T_, DLLM_BACKEND_CPU); }
+
+TEST(gpu, contexts_on_threads_decode_as_alone) {
+    NEED_GPU();
+    test_threads_decode_alone(T_, DLLM_BACKEND_GPU);
+}
+
+/* A second context on a model adds its activations and caches only: the weights are the first one's. Measured as the
+ * device memory a context takes after a short decode (cudaMemGetInfo), at the LLaDA-8B shape. */
+TEST(gpu, contexts_share_the_model_weights) {
+    NEED_GPU();
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 7, &m), DLLM_OK, nullptr);
+    if (!m) return;
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    cp.max_tokens = 1024;
+    auto free_bytes = [] {
+        size_t free_b = 0, total = 0;
+        cudaDeviceSynchronize();
+        cudaMemGetInfo(&free_b, &total);
+        return (double)free_b;
+    };
+    std::vector<int32_t> prompt(480, 11), out(64);
+    dllm_gen_params p = dllm_gen_default_params();
+    p.gen_length = 64, p.steps = 8, p.block_length = 32, p.stop_at_eos = 0, p.kv_cache = DLLM_KV_CACHE_DUAL;
+    const double before = free_bytes();
+    dllm_ctx *a = nullptr, *b = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &a), DLLM_OK, nullptr);
+    if (a) CHECK_STATUS(dllm_generate(a, prompt.data(), 480, p, out.data(), 64, nullptr, nullptr), DLLM_OK, nullptr);
+    const double after_a = free_bytes();
+    CHECK_STATUS(dllm_ctx_create(m, cp, &b), DLLM_OK, nullptr);
+    std::vector<int32_t> out_b(64);
+    if (b) CHECK_STATUS(dllm_generate(b, prompt.data(), 480, p, out_b.data(), 64, nullptr, nullptr), DLLM_OK, nullptr);
+    const double after_b = free_bytes();
+    printf("    LLaDA-8B shape: the first context takes %.2f GB, the second %.2f GB more\n", (before - after_a) / 1e9, (after_a - after_b) / 1e9);
+    CHECK(before - after_a > 15e9 && after_a - after_b < 1.5e9);
+    CHECK(out == out_b);
+    if (a && b) CHECK(&((dllm__gpu_backend *)a->impl.get())->weights() == &((dllm__gpu_backend *)b->impl.get())->weights());
+    dllm_ctx_free(a);
+    const double after_free_a = free_bytes();
+    dllm_ctx_free(b);
+    const double after_free_b = free_bytes();
+    printf("    freeing the first gives back %.2f GB, the last %.2f GB (the weights with it)\n", (after_free_a - after_b) / 1e9,
+           (after_free_b - after_free_a) / 1e9);
+    CHECK(after_free_b - after_free_a > 15e9);
+    dllm_model_free(m);
+}
