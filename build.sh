@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA_HOME/bin/nvcc"
-CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-function)
+CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra)
 LIBS=(-cudart static -ldl)  # NVRTC and cuBLASLt are loaded at run time (dlopen)
 DEFAULT_MODEL=models/tiny-llada
 

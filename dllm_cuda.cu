@@ -77,6 +77,18 @@
 #include <utility>
 #include <vector>
 
+// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The three
+// public handles (dllm_model, dllm_tokenizer, dllm_ctx) are declared in dllm.h, so they live at global scope, between
+// the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is #included
+// (the tests do), which is what is intended.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wsubobject-linkage"
+#endif
+// nvcc's front end turns the anonymous namespace into a uniquely named one (for device code), whose inline functions
+// would stay global symbols: hidden visibility keeps them out of a shared library's exports too.
+#pragma GCC visibility push(hidden)
+namespace {
+
 // ---------------------------------------------------------------------------------------------------
 // 1. Utilities: errors, logging, numbers, files
 // ---------------------------------------------------------------------------------------------------
@@ -907,6 +919,7 @@ struct dllm__layer_weights {
 };
 
 struct dllm__gpu_weights;
+}  // namespace
 struct dllm_model {
     dllm__config cfg;
     std::string dir;
@@ -922,6 +935,7 @@ struct dllm_model {
     mutable std::mutex gpu_weights_mutex;
     mutable std::vector<std::weak_ptr<dllm__gpu_weights>> gpu_weights;
 };
+namespace {
 
 /* Element i of a float tensor (BF16/F16/F32), read bytewise: mapped data need not be aligned. */
 static inline float dllm__tensor_at(const dllm__tensor &t, int64_t i) {
@@ -1885,6 +1899,7 @@ struct dllm__trie {
 
 enum { DLLM__BPE_CACHE_MAX = 1 << 16, DLLM__BPE_CACHE_PIECE = 256 };
 
+}  // namespace
 struct dllm_tokenizer {
     std::string dir;
     std::unordered_map<std::string, int32_t> vocab;               // BPE vocabulary (byte-mapped strings)
@@ -1905,6 +1920,7 @@ struct dllm_tokenizer {
     mutable std::mutex cache_mutex;
     mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // pre-token bytes -> ids
 };
+namespace {
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes map to
  * U+0100.. in increasing order, so every byte is a visible character in vocab strings. */
@@ -2530,7 +2546,6 @@ class dllm__pool {
         wake_.notify_all();
         for (std::thread &t : workers_) t.join();
     }
-    int size() const { return (int)workers_.size() + 1; }
 
     /* Runs fn(0..n_tasks-1) across the pool; returns when all are done. Every worker reports back
      * before this returns, so no worker can still be reading this call's state in the next call. */
@@ -5363,8 +5378,19 @@ static dllm__env_switches &dllm__env_storage() {
     return e;
 }
 static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
+/* What only the tests and benchmarks call: marked, and the warning that the library never references it (nvcc's front
+ * end gives it for the members of classes with internal linkage, [[maybe_unused]] or not) turned off around it. */
+#define DLLM__TEST_HOOK [[maybe_unused]]
+#if defined(__NVCC__)
+#define DLLM__TEST_HOOKS_BEGIN _Pragma("nv_diag_suppress 177")
+#define DLLM__TEST_HOOKS_END _Pragma("nv_diag_default 177")
+#else
+#define DLLM__TEST_HOOKS_BEGIN
+#define DLLM__TEST_HOOKS_END
+#endif
+
 /* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
-[[maybe_unused]] static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
+DLLM__TEST_HOOK static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
 
 /* The table row for a compute capability; GPUs newer than the table use the last row's tiles and
  * their own sm_XY target (NVRTC compiles mma.sync for every architecture it knows). */
@@ -5931,6 +5957,16 @@ struct dllm__gemm_op {
     const char *kind() const { return fp8() ? "FP8 block-scaled (E4M3, 1x128 x 128x128)" : "BF16"; }
 };
 
+/* The algorithm each GEMM shape runs, chosen once per process and device: every context then computes a shape with the
+ * same algorithm, so two contexts (and later the sequences of a batch) give the same bits, and only the first context
+ * pays the tuning. Descriptors stay per context (FP8 plans take their scale pointers at each launch). */
+struct dllm__gemm_choice {
+    cublasLtMatmulAlgo_t algo;
+    bool own;
+};
+static std::mutex dllm__gemm_choices_mutex;
+static std::map<std::pair<int, std::string>, dllm__gemm_choice> dllm__gemm_choices;  // (device, plan key)
+
 struct dllm__gemm {
     cublasLtHandle_t handle = nullptr;
     dllm__dbuf workspace;
@@ -5978,11 +6014,21 @@ struct dllm__gemm {
     /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
      * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
     dllm_status plan(const dllm__gemm_op &op, cudaStream_t stream, dllm__gemm_plan *&out, bool tune) {
-        std::string key = dllm__format("%s%s%d,%d,%d,%d", tune ? "" : "h:", op.fp8() ? "f8:" : "", op.M, op.N, op.K, (int)op.out_type);
+        std::string key = dllm__format("%s%s%s%d,%d,%d,%d", tune ? "" : "h:", own ? "wg:" : "", op.fp8() ? "f8:" : "", op.M, op.N, op.K, (int)op.out_type);
         auto it = plans.find(key);
         if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
         std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
         DLLM__TRY(describe(*p, op));
+        int device = 0;
+        DLLM__CUDA(cudaGetDevice(&device));
+        std::lock_guard<std::mutex> lock(dllm__gemm_choices_mutex);  // held while tuning: a shape is timed once
+        auto chosen = dllm__gemm_choices.find({device, key});
+        if (chosen != dllm__gemm_choices.end()) {
+            p->algo = chosen->second.algo, p->own = chosen->second.own;
+            out = p.get();
+            plans[key] = std::move(p);
+            return DLLM_OK;
+        }
         cublasLtMatmulPreference_t pref;
         DLLM__CUBLAS(dllm__lib.cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = workspace_bytes;
@@ -6000,6 +6046,7 @@ struct dllm__gemm {
         p->algo = res[0].algo;
         if (tune && op.M <= dllm__split_k_max_m) found = add_split_k(*p, res, found);
         if (tune && dllm__env().gemm_autotune) DLLM__TRY(fastest(*p, res, found, op, stream));
+        dllm__gemm_choices[{device, key}] = {p->algo, p->own};
         out = p.get();
         plans[key] = std::move(p);
         return DLLM_OK;
@@ -6132,10 +6179,12 @@ struct dllm__gemm {
         out = it->second.get();
         return DLLM_OK;
     }
-    /* Y[M x N] = X[M x K] . W[N x K]^T, BF16. */
-    dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
+    /* Y[M x N] = X[M x K] . W[N x K]^T, BF16 (tests and benchmarks). */
+    DLLM__TEST_HOOKS_BEGIN
+    DLLM__TEST_HOOK dllm_status run(const void *X, const void *W, void *Y, int M, int N, int K, cudaDataType_t out_type, cudaStream_t stream) {
         return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
+    DLLM__TEST_HOOKS_END
     /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's algorithm. */
     dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N, int K, cudaStream_t stream,
                         bool pinned = false) {
@@ -6566,15 +6615,17 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override;
     dllm_status finish(dllm__decode &st) override;
 
-    const dllm__arch &arch() const { return arch_; }
-    cudaStream_t stream() const { return stream_; }
+    // [debug hooks] what tests and benchmarks read (16.5)
+    DLLM__TEST_HOOKS_BEGIN
+    DLLM__TEST_HOOK const dllm__arch &arch() const { return arch_; }
+    DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
-    bool fp8_ffn_active() const { return W_->fp8_ffn; }
-    bool fp8_attn_active() const { return W_->fp8_attn; }
+    DLLM__TEST_HOOK bool fp8_ffn_active() const { return W_->fp8_ffn; }
+    DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
-    dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
+    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
     /* The shared device weights this context reads. */
-    const dllm__gpu_weights &weights() const { return *W_; }
+    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *W_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
     /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
@@ -6594,11 +6645,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
         }
         return DLLM_OK;
     }
-    // [debug hooks] (16.5)
-    void set_timer(dllm__stage_timer *t) { timer_ = t; }
-    dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
-    void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
-    int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
+    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
+    DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOKS_END
 
   private:
     dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
@@ -7351,6 +7402,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
 // ---------------------------------------------------------------------------------------------------
 // 16.5 [debug hooks]: for tests and benchmarks only
 // ---------------------------------------------------------------------------------------------------
+DLLM__TEST_HOOKS_BEGIN
 
 /* Per-stage timing of the forward (benchmarks): an event after each stage, named. */
 struct dllm__stage_timer {
@@ -7365,7 +7417,7 @@ struct dllm__stage_timer {
         marks.push_back({name, e});
     }
     /* Milliseconds per stage name, summed over repeats (call after synchronising). */
-    std::vector<std::pair<std::string, double>> totals() const {
+    DLLM__TEST_HOOK std::vector<std::pair<std::string, double>> totals() const {
         std::vector<std::pair<std::string, double>> out;
         for (size_t i = 1; i < marks.size(); i++) {
             float ms = 0;
@@ -7407,12 +7459,15 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
     return DLLM_OK;
 }
 
+DLLM__TEST_HOOKS_END
+
 // ---------------------------------------------------------------------------------------------------
 // 17. SAR decoding (LLaDA generate.py)
 //     x = prompt ++ [MASK] * G; for each block, n masks get s steps, k_i = n / s (+1 for the first n % s
 //     steps); each step commits the top k_i candidates (masked positions before the block end).
 // ---------------------------------------------------------------------------------------------------
 
+}  // namespace
 struct dllm_ctx {
     dllm_model *model = nullptr;
     dllm_ctx_params params;
@@ -7421,6 +7476,7 @@ struct dllm_ctx {
     std::string last_error;
     std::unique_ptr<dllm__backend_impl> impl;
 };
+namespace {
 
 struct dllm__gen_plan {
     int n_blocks = 0, steps_per_block = 0;  // steps_per_block 0: threshold/factor (data-dependent)
@@ -7775,6 +7831,9 @@ static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     if (st != DLLM_OK && ctx) ctx->last_error = dllm__tls_error;
     return st;
 }
+
+}  // namespace
+#pragma GCC visibility pop
 
 extern "C" {
 
