@@ -592,6 +592,69 @@ TEST(gpu, sampler_matches_cpu_choose_and_select) {
     test_sampler_case(T_, g, r, 0.0, false, 0.5f, true, 1);
 }
 
+// ---- head dims other than 64 and 128 (issue 22, item 6) ---------------------------------------------
+
+/* The attention module of every head dim shape class (not a multiple of 16: 24, 40, 72; chunks that do not divide
+ * the threads: 40, 72, 96, 160; above 128: 160, 256) on every architecture of the table, with the tiles the backend
+ * picks for it: compiles, no spills, no stack frame, no flash_attn_wg, shared memory within the opt-in limit.
+ * Head dims 64 and 128 keep the table's tiles (compiled by jit.compiles_every_kernel_for_every_arch). */
+TEST(jit, attention_compiles_for_every_head_dim) {
+    for (int hd = 0; hd <= 264; hd += 4) CHECK_MSG(dllm__attn_supports(hd) == (hd >= 8 && hd <= 256 && hd % 8 == 0), "hd=%d", hd);
+    for (const dllm__arch &row : dllm__arch_table) {
+        const dllm__arch table = dllm__arch_for(row.cc);
+        for (int hd : {64, 128}) {
+            const dllm__arch t = dllm__attn_tiles(table, hd);
+            CHECK(dllm__attn_kernel_name(hd, t) == dllm__attn_kernel_name(hd, table) && t.fa_wg_bc == table.fa_wg_bc);
+        }
+        for (int hd = 8; hd <= 256; hd += 8) {
+            const dllm__arch t = dllm__attn_tiles(table, hd);
+            CHECK_MSG(dllm__attn_smem(hd, t) <= (row.cc == 80 || row.cc == 90 ? 163 * 1024 : 99 * 1024), "hd=%d on %s: %zu bytes", hd, t.target,
+                      dllm__attn_smem(hd, t));
+            CHECK(t.fa_br % (16 * t.fa_mt) == 0 && t.fa_bc % 16 == 0);
+        }
+        for (int hd : {24, 40, 72, 96, 160, 256}) {
+            const dllm__arch t = dllm__attn_tiles(table, hd);
+            dllm__jit_request rq = dllm__module_attention(t, hd);
+            CHECK_MSG(t.fa_wg_bc == 0 && rq.kernels.size() == 2, "hd=%d on %s selects flash_attn_wg", hd, t.target);
+            std::vector<char> cubin;
+            std::vector<std::string> lowered;
+            std::string log;
+            CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+            CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), t.target, log.c_str());
+            CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), t.target, log.c_str());
+            CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
+        }
+    }
+}
+
+static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int seq, int H, int KV, int b0, int b1);
+
+/* flash_attn at head dims 24, 96 and 256 (not a multiple of 16; chunks that do not divide the threads; above 128) on
+ * the tiles the backend picks for them, against dllm__cpu_attention: awkward lengths, GQA, a key-padding mask (second
+ * sequence), a K/V-cache step, split-KV with an uneven and an empty share; then FACache save and resume. */
+TEST(gpu, flash_attention_other_head_dims_match_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("attention_head_dims");
+    const dllm__arch table = g.arch;
+    int block[2] = {70, 101};
+    for (int hd : {24, 96, 256}) {
+        g.arch = dllm__attn_tiles(table, hd);
+        printf("    hd=%d: %s\n", hd, dllm__attn_kernel_name(hd, g.arch).c_str());
+        test_attention_case(T_, g, r, hd, 77, 4, 2, nullptr);
+        test_attention_case(T_, g, r, hd, 1, 3, 3, nullptr);
+        test_attention_case(T_, g, r, hd, 300, 6, 2, block);
+        test_attention_case(T_, g, r, hd, 300, 4, 2, block, 70, 31);     // dual cache: the block's rows over every key
+        test_attention_case(T_, g, r, hd, 203, 2, 1, nullptr, 95, 108, 5);  // split-KV, the last share short
+        test_attention_case(T_, g, r, hd, 40, 3, 1, nullptr, 9, 17, 4);     // more shares than tiles: empty shares
+        test_facache_case(T_, g, r, hd, 300, 4, 2, 205, 237);
+        test_facache_case(T_, g, r, hd, 97, 3, 1, 89, 97);
+    }
+    for (int hd : {24, 96, 256}) test_rope_case(T_, g, r, hd);  // rope_qkv works on quads of pairs: any multiple of 8
+    g.arch = table;
+}
+
 // ---- the GPU backend end to end on the fixtures -----------------------------------------------------
 
 TEST(gpu, forward_matches_cpu_reference) {
