@@ -1132,3 +1132,26 @@ TEST(gpu, other_head_dims_decode_as_on_cpu) {
         dllm_model_free(m);
     }
 }
+
+/* A head dim the GPU backend cannot run (36: not a multiple of 8) is a status naming what it supports. */
+TEST(gpu, unsupported_head_dim_is_a_clear_error) {
+    NEED_GPU();
+    std::string cfg = test_read_file(test_data("tiny-llada-hd24/config.json"));
+    const size_t at = cfg.find("\"n_heads\": 4");
+    CHECK(at != std::string::npos);
+    if (at == std::string::npos) return;
+    cfg.replace(at, 12, "\"n_heads\": 2");
+    cfg.replace(cfg.find("\"d_model\": 96"), 13, "\"d_model\": 72");  // 2 heads of 36
+    test_tmpdir dir;
+    CHECK(test_write_file(dir.file("config.json"), cfg));
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(dir.file("config.json").c_str(), 1, &m), DLLM_OK, nullptr);
+    if (!m) return;
+    CHECK(m->cfg.head_dim == 36);
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "multiples of 8 from 8 to 256, this model has 36");
+    CHECK(ctx == nullptr);
+    dllm_model_free(m);
+}
