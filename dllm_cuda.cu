@@ -4289,7 +4289,7 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
     } else {
         constexpr int CHUNKS = ROWS * CH, PASSES = (CHUNKS + THREADS - 1) / THREADS;
         const u32 d0 = smem_u32(dst);
-        #pragma unroll
+        #pragma unroll 1  // unrolled, the addresses of every pass stay live: spills at head dims 232 and 240
         for (int p = 0; p < PASSES; p++) {
             const int i = threadIdx.x + p * THREADS, r = i / CH, chunk = i % CH;
             if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
