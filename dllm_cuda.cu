@@ -4468,37 +4468,58 @@ __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     return i < head ? i : (i < head + mid ? i - head + hi : i - head - mid + lo);
 }
 
+/* flash_attn computes on head dimensions rounded up to a multiple of 16 (the k16 of an mma, and the pairs of 8-column
+ * groups ldmatrix x4 loads): the extra columns of the Q, K and V tiles are zeros, so they add nothing to a score or
+ * to an output column, and are never stored. 64 and 128 are their own padding (the same code as without it). */
+__device__ constexpr int hd_pad(int hd) { return (hd + 15) / 16 * 16; }
+
 /* A ROWS x HD tile from global rows row0.. (stride elements apart; rows at or past n_valid read as zeros) into shared
- * rows HD + 8 apart, copied by THREADS threads: a thread keeps one 16-byte chunk column and steps STEP rows a pass.
- * With the pass count known at compile time a copy costs a few integer instructions (a generic loop over chunk
- * indices took ~30 a copy). */
+ * rows hd_pad(HD) + 8 apart, the padding columns zero-filled too, copied by THREADS threads. Where a row's chunks
+ * divide THREADS, a thread keeps one 16-byte chunk column and steps STEP rows a pass: with the pass count known at
+ * compile time a copy costs a few integer instructions (a generic loop over chunk indices took ~30 a copy). Other
+ * head dims (40, 72, 96, ...) take that generic loop, chunk indices divided by a compile-time constant. */
 template <int HD, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int stride, int row0, int n_valid) {
-    constexpr int LD = HD + 8, STEP = THREADS / (HD / 8), PASSES = (ROWS + STEP - 1) / STEP;
-    static_assert(THREADS % (HD / 8) == 0, "whole rows a pass");
-    const int chunk = threadIdx.x % (HD / 8), r0 = threadIdx.x / (HD / 8);
-    const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
-    const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
-    #pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
-        const bool ok = row0 + r0 + p * STEP < n_valid;
-        cp_async16(d0 + p * STEP * LD * 2, ok ? s0 + (u64)p * STEP * stride : src, ok);
+    constexpr int HDP = hd_pad(HD), LD = HDP + 8, CH = HDP / 8;
+    if constexpr (THREADS % CH == 0) {
+        constexpr int STEP = THREADS / CH, PASSES = (ROWS + STEP - 1) / STEP;
+        const int chunk = threadIdx.x % CH, r0 = threadIdx.x / CH;
+        const bool real = HDP == HD || chunk < HD / 8;
+        const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
+        const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
+        #pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
+            const bool ok = real && row0 + r0 + p * STEP < n_valid;
+            cp_async16(d0 + p * STEP * LD * 2, ok ? s0 + (u64)p * STEP * stride : src, ok);
+        }
+    } else {
+        constexpr int CHUNKS = ROWS * CH, PASSES = (CHUNKS + THREADS - 1) / THREADS;
+        const u32 d0 = smem_u32(dst);
+        #pragma unroll 1  // unrolled, the addresses of every pass stay live: spills at head dims 232 and 240
+        for (int p = 0; p < PASSES; p++) {
+            const int i = threadIdx.x + p * THREADS, r = i / CH, chunk = i % CH;
+            if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
+            const bool ok = chunk < HD / 8 && row0 + r < n_valid;
+            cp_async16(d0 + (r * LD + chunk * 8) * 2, ok ? src + (u64)(row0 + r) * stride + chunk * 8 : src, ok);
+        }
     }
 }
 
 /* The i-th K and V tiles of the visiting order (key tile `tile`) into ring slot i % NS. */
 template <int HD, int BC, int NS, int THREADS>
 __device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K, const bf16_t *V, const attn_args &a, int i, int tile) {
-    constexpr int LD = HD + 8;
+    constexpr int LD = hd_pad(HD) + 8;
     load_tile<HD, BC, THREADS>(sK + ((unsigned)i % NS) * BC * LD, K, a.kv_stride, tile * BC, a.seq);
     load_tile<HD, BC, THREADS>(sV + ((unsigned)i % NS) * BC * LD, V, a.kv_stride, tile * BC, a.seq);
 }
 
 /* Saves (SAVE) or restores the online-softmax registers of one thread: m, l (per-thread partial sums) and
- * the unnormalised O, field by field so that consecutive threads touch consecutive words. */
-template <int MT, int DT, int THREADS, bool SAVE>
-__device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
+ * the unnormalised O, field by field so that consecutive threads touch consecutive words. Only O's HD real
+ * columns (DT = HD / 8 of the hd_pad(HD) / 8 groups): the padding columns stay zero. */
+template <int HD, int MT, int THREADS, bool SAVE>
+__device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][hd_pad(HD) / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
+    constexpr int DT = HD / 8;
     // Computed here, not kept live across the KV loop: registers are the budget at head dim 128.
     float *state = a.fa_state + ((u64)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (MT * (4 + DT * 4) * THREADS) + threadIdx.x;
     int f = 0;
@@ -4532,7 +4553,7 @@ __device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_ti
 }
 
 /* Split-KV: a CTA's unnormalised output, running max and normaliser per query row, for attn_combine.
- * Layout: [batch][head][split][q_rows][HD + 2] floats (O, then m, then l). */
+ * Layout: [batch][head][split][q_rows][HD + 2] floats (O's HD real columns, then m, then l). */
 template <int HD, int MT, int DT>
 __device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, int split, int q0, int warp, int g, int t,
                                               float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
@@ -4548,7 +4569,7 @@ __device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, 
             if (row >= a.q_rows) continue;
             float *p = P + (u64)row * (HD + 2);
 #pragma unroll
-            for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[mt][d][2 * r], o[mt][d][2 * r + 1]);
+            for (int d = 0; d < HD / 8; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[mt][d][2 * r], o[mt][d][2 * r + 1]);
             if (t == 0) p[HD] = m[mt][r], p[HD + 1] = lr;
         }
 }
@@ -4642,7 +4663,8 @@ __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa
 }
 
 /* One warp, one KV tile of BC keys: S = Q K^T, the online-softmax update, O += P V. Keys past the
- * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test. */
+ * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test.
+ * HD here is the padded head dimension (a multiple of 16) the shared tiles are laid out for. */
 template <int HD, int BC, int MT>
 __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int lane, int t,
                                            float (&o)[MT][HD / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
@@ -4693,7 +4715,8 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
+/* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
+ * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
  * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. */
@@ -4702,7 +4725,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
-    constexpr int LD = HD + 8, DT = HD / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
+    constexpr int HDP = hd_pad(HD), LD = HDP + 8, DT = HDP / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z / a.kv_splits, split = blockIdx.z % a.kv_splits, kvh = h / a.group;
@@ -4742,8 +4765,8 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         m[mt][0] = m[mt][1] = -DLLM_INF;
         l[mt][0] = l[mt][1] = 0.f;
     }
-    if (cached && a.fa_mode == 2) fa_state_io<MT, DT, THREADS, false>(a, o, m, l);
-    if (cached && a.fa_mode == 1 && n_early == 0) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
+    if (cached && a.fa_mode == 2) fa_state_io<HD, MT, THREADS, false>(a, o, m, l);
+    if (cached && a.fa_mode == 1 && n_early == 0) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
     const u32 q_warp = smem_u32(sQ + (warp * 16 * MT + (lane & 15)) * LD + (lane >> 4) * 8);
     // A warp whose rows are all past the last query (a short K/V-cache step) only helps load tiles.
     const bool live = q0 + warp * 16 * MT < a.q_rows;
@@ -4760,8 +4783,8 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         if (live)
             #pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
-                flash_tile<HD, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, lane, t, o, m, l);
-        if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<MT, DT, THREADS, true>(a, o, m, l);
+                flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, lane, t, o, m, l);
+        if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
@@ -4781,7 +4804,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
         const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
         #pragma unroll
-        for (int d = 0; d < DT; d++) {
+        for (int d = 0; d < HD / 8; d++) {  // the real columns
             int col = d * 8 + 2 * t;
             if (r0 < a.q_rows) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
             if (r1 < a.q_rows) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
@@ -5690,6 +5713,26 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
             {DLLM__SAMPLER_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
+/* The table's attention tiles are those of head dims 64 and 128; this is the arch a model of head dim hd runs
+ * (dllm__gpu_backend::init keeps it as its arch_). Any multiple of 8 up to 128 runs the table's tiles on
+ * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
+ * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
+ * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
+ * sm_89's opt-in limit; the DLLM_FA_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
+    if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
+    if (hd > 128) {
+        a.fa_mt = 1;
+        a.fa_br = std::min(a.fa_br, 64);
+        a.fa_bc = 32;
+        a.fa_stages = 2;
+    }
+    return a;
+}
+
+/* flash_attn's head dims: multiples of 8 (rope_qkv's quads of pairs, 16-byte copies) up to 256. */
+static bool dllm__attn_supports(int hd) { return hd >= 8 && hd <= 256 && hd % 8 == 0; }
+
 static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) {
     return dllm__format("flash_attn<%d,%d,%d,%d,%d>", hd, a.fa_br, a.fa_bc, a.fa_mt, a.fa_stages);
 }
@@ -5712,8 +5755,9 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
     return rq;
 }
 
-/* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows padded by 8 (bank spread). */
-static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * (hd + 8) * 2; }
+/* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows of round_up(hd, 16) columns (hd_pad)
+ * padded by 8 (bank spread). */
+static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2; }
 
 /* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), the
  * slack that aligns them to 1024 bytes, and the mbarriers (Q, and K, V, empty per slot). */
@@ -6764,8 +6808,9 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 dllm_status dllm__gpu_backend::init(int device) {
     const dllm__config &c = m_.cfg;
     if (c.scale_logits) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
-    if (c.head_dim != 64 && c.head_dim != 128)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions 64 and 128, this model has %d", c.head_dim);
+    if (!dllm__attn_supports(c.head_dim))
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
+                                                "use the CPU backend", c.head_dim);
     if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8", c.n_embd, c.n_ff, c.n_vocab);
     if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
@@ -6774,7 +6819,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__CUDA(cudaSetDevice(device));
     cudaDeviceProp prop;
     DLLM__CUDA(cudaGetDeviceProperties(&prop, device));
-    arch_ = dllm__arch_for(prop.major * 10 + prop.minor);
+    arch_ = dllm__attn_tiles(dllm__arch_for(prop.major * 10 + prop.minor), c.head_dim);
     n_sms_ = prop.multiProcessorCount;
     if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Two tiny random checkpoints whose head dimensions are neither 64 nor 128, in the exact Hugging Face layouts:
+LLaDA with head_dim 24 (d_model 96, 4 heads, 2 key/value heads) and Dream / Qwen2 with head_dim 96 (hidden_size 192,
+2 heads, 1 key/value head), two layers each, vocabularies of 152. Each directory also gets golden_logits.safetensors:
+float64 logits of a few inputs from an independent numpy forward (the same reference semantics as
+tools/make_fixtures.py, which needs PyTorch; this script needs numpy only), so the CPU backend is checked against a
+reference at these head dims and the GPU backend against the CPU one (tests/test_gpu.inl).
+
+Run:
+    python3 tools/make_headdim_fixtures.py tests/data            # writes tiny-llada-hd24/ and tiny-dream-hd96/
+    python3 tools/make_headdim_fixtures.py --check tests/data    # regenerates in a temp dir and compares bytes
+"""
+import filecmp
+import json
+import math
+import os
+import struct
+import sys
+import tempfile
+
+import numpy as np
+
+
+def bf16(a):
+    """float -> (bfloat16 bits, round to nearest even; the float64 values they hold)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def write_safetensors(path, tensors):
+    """tensors: list of (name, dtype, shape, raw bytes). Header padded with spaces to 8 bytes."""
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, dtype, shape, raw in sorted(tensors, key=lambda t: t[0]):
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def tokenizer_config(tokens):
+    return {"add_bos_token": False, "add_eos_token": False,
+            "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                              "single_word": False, "special": True} for i, c in tokens}}
+
+
+LLADA_CFG = {
+    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
+    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
+    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+                 "AutoModel": "modeling_llada.LLaDAModelLM"},
+    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 96,
+    "embedding_dropout": 0.0, "embedding_size": 152, "eos_token_id": 144, "flash_attention": False,
+    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
+    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
+    "layer_norm_with_affine": True, "mask_token_id": 146, "max_sequence_length": 256, "mlp_hidden_size": 136,
+    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 4, "n_kv_heads": 2,
+    "n_layers": 2, "pad_token_id": 144, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
+    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 147, "weight_tying": False,
+}
+
+DREAM_CFG = {
+    "architectures": ["DreamModel"], "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "bos_token_id": 150, "eos_token_id": 148, "hidden_act": "silu", "hidden_size": 192, "initializer_range": 0.02,
+    "intermediate_size": 56, "mask_token_id": 151, "max_position_embeddings": 256, "max_window_layers": 2,
+    "model_type": "Dream", "num_attention_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 1,
+    "pad_token_id": 148, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 152,
+}
+
+
+def layer_names(family, l):
+    """The projections of layer l under their HF names (Dream's q/k/v biases under bq/bk/bv)."""
+    if family == "llada":
+        p = f"model.transformer.blocks.{l}."
+        return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
+                    o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
+                    dn=p + "ff_out.weight")
+    p = f"model.layers.{l}."
+    return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
+                v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight", fn=p + "post_attention_layernorm.weight",
+                g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight", dn=p + "mlp.down_proj.weight",
+                bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
+
+
+class Shape:
+    def __init__(self, family, c):
+        llada = family == "llada"
+        self.family = family
+        self.d = c["d_model"] if llada else c["hidden_size"]
+        self.H = c["n_heads"] if llada else c["num_attention_heads"]
+        self.KV = c["n_kv_heads"] if llada else c["num_key_value_heads"]
+        self.L = c["n_layers"] if llada else c["num_hidden_layers"]
+        self.ff = c["mlp_hidden_size"] if llada else c["intermediate_size"]
+        self.V = c["embedding_size"] if llada else c["vocab_size"]
+        self.eps, self.theta = c["rms_norm_eps"], c["rope_theta"]
+        self.hd = self.d // self.H
+        self.embed = "model.transformer.wte.weight" if llada else "model.embed_tokens.weight"
+        self.final_norm = "model.transformer.ln_f.weight" if llada else "model.norm.weight"
+        self.head = "model.transformer.ff_out.weight" if llada else "lm_head.weight"
+
+
+def specs(s):
+    """(name, shape, role) of every tensor."""
+    d, kv = s.d, s.KV * s.hd
+    out = [(s.embed, (s.V, d), "embed")]
+    for l in range(s.L):
+        n = layer_names(s.family, l)
+        out += [(n["an"], (d,), "norm"), (n["q"], (d, d), "lin"), (n["k"], (kv, d), "lin"), (n["v"], (kv, d), "lin"),
+                (n["o"], (d, d), "lin"), (n["fn"], (d,), "norm"), (n["g"], (s.ff, d), "lin"), (n["u"], (s.ff, d), "lin"),
+                (n["dn"], (d, s.ff), "lin")]
+        if "bq" in n:
+            out += [(n["bq"], (d,), "bias"), (n["bk"], (kv,), "bias"), (n["bv"], (kv,), "bias")]
+    return out + [(s.final_norm, (d,), "norm"), (s.head, (s.V, d), "head")]
+
+
+def random_weights(s, seed):
+    """BF16 tensors scaled as tools/make_fixtures.py scales them (logits spread over several units, so that
+    confidences rarely tie); returns {name: (raw bytes, float64 values)}."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape, role in specs(s):
+        a = rng.standard_normal(shape)
+        if role == "norm":
+            a = 1.0 + 0.2 * a
+        elif role == "bias":
+            a = 0.3 * a
+        elif role == "head":
+            a = 3.0 * a / math.sqrt(shape[1])
+        elif role == "lin":
+            a = 1.2 * a / math.sqrt(shape[1])
+        bits, val = bf16(a)
+        out[name] = (bits.tobytes(), val.reshape(shape))
+    return out
+
+
+def rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def rope(x, theta, hd):
+    """x [T, heads, hd]; the angles in float32 as HF computes them, the rotation in float64."""
+    inv = np.float32(1.0) / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
+    ang = np.arange(x.shape[0], dtype=np.float32)[:, None] * inv[None, :]
+    c, sn = np.cos(ang).astype(np.float64)[:, None, :], np.sin(ang).astype(np.float64)[:, None, :]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1)
+
+
+def logits(s, W, ids):
+    """[T, V] float64, bidirectional attention; Dream's shift applied (row i predicts position i)."""
+    T, hd = len(ids), s.hd
+    h = W[s.embed][np.asarray(ids)]
+    for l in range(s.L):
+        n = layer_names(s.family, l)
+        a = rms(h, W[n["an"]], s.eps)
+        q, k, v = a @ W[n["q"]].T, a @ W[n["k"]].T, a @ W[n["v"]].T
+        if "bq" in n:
+            q, k, v = q + W[n["bq"]], k + W[n["bk"]], v + W[n["bv"]]
+        q = rope(q.reshape(T, s.H, hd), s.theta, hd)
+        k = np.repeat(rope(k.reshape(T, s.KV, hd), s.theta, hd), s.H // s.KV, axis=1)
+        v = np.repeat(v.reshape(T, s.KV, hd), s.H // s.KV, axis=1)
+        sc = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        h = h + np.einsum("hts,shd->thd", p, v).reshape(T, s.d) @ W[n["o"]].T
+        b = rms(h, W[n["fn"]], s.eps)
+        g = b @ W[n["g"]].T
+        h = h + (g / (1.0 + np.exp(-g)) * (b @ W[n["u"]].T)) @ W[n["dn"]].T
+    out = rms(h, W[s.final_norm], s.eps) @ W[s.head].T
+    return np.concatenate([out[:1], out[:-1]], 0) if s.family == "dream" else out
+
+
+def make(root, name, family, cfg, seed, special, extra_files):
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    s = Shape(family, cfg)
+    w = random_weights(s, seed)
+    shapes = {n: shape for n, shape, _ in specs(s)}
+    write_safetensors(os.path.join(d, "model.safetensors"), [(n, "BF16", shapes[n], raw) for n, (raw, _) in w.items()])
+    write_json(os.path.join(d, "config.json"), cfg)
+    write_json(os.path.join(d, "tokenizer_config.json"), tokenizer_config(special))
+    for fname, obj in extra_files.items():
+        write_json(os.path.join(d, fname), obj)
+    W = {n: val for n, (_, val) in w.items()}
+    rng = np.random.default_rng(seed + 1)
+    vocab = cfg["vocab_size"]
+    inputs = [rng.integers(0, vocab, 23).tolist(), [cfg["mask_token_id"]], rng.integers(0, vocab, 70).tolist()]
+    tensors = []
+    for i, ids in enumerate(inputs):
+        lg = logits(s, W, ids).astype(np.float32)
+        tensors.append((f"ids_{i}", "I32", (len(ids),), np.asarray(ids, dtype=np.int32).tobytes()))
+        tensors.append((f"logits_{i}", "F32", lg.shape, lg.tobytes()))
+    write_safetensors(os.path.join(d, "golden_logits.safetensors"), tensors)
+
+
+def make_all(root):
+    make(root, "tiny-llada-hd24", "llada", LLADA_CFG, 2424, [(144, "<|endoftext|>"), (145, "<|eot_id|>"), (146, "<|mdm_mask|>")],
+         {"generation_config.json": {"bos_token_id": 143, "eos_token_id": 144}})
+    make(root, "tiny-dream-hd96", "dream", DREAM_CFG, 9696, [(148, "<|endoftext|>"), (149, "<|im_end|>"), (151, "<|mask|>")], {})
+
+
+def main():
+    args = sys.argv[1:]
+    if args[:1] == ["--check"] and len(args) == 2:
+        with tempfile.TemporaryDirectory() as tmp:
+            make_all(tmp)
+            bad = [os.path.join(n, f) for n in ("tiny-llada-hd24", "tiny-dream-hd96") for f in os.listdir(os.path.join(tmp, n))
+                   if not filecmp.cmp(os.path.join(tmp, n, f), os.path.join(args[1], n, f), shallow=False)]
+        print("fixtures reproduce" if not bad else "differ: " + ", ".join(bad))
+        sys.exit(1 if bad else 0)
+    if len(args) != 1:
+        sys.exit(__doc__)
+    make_all(args[0])
+
+
+if __name__ == "__main__":
+    main()
