@@ -27,8 +27,13 @@
  * calls that take a context, also in dllm_ctx_last_error(ctx).
  *
  * Ownership and threads: a dllm_model is immutable after loading and may be shared by several contexts
- * (it must outlive them). A dllm_ctx owns its buffers and must be used by one thread at a time.
- * Strings returned by the library stay valid until the next failing call on the same thread/context.
+ * (it must outlive them). Contexts on one model share its weights: on the GPU, the first context on a device
+ * (and precision) copies them there once, later ones reuse that copy and add only their own activations and
+ * caches, and the copy is freed with the last context that uses it. Several threads may each drive their own
+ * context over one model at the same time (contexts may be created and freed concurrently too); a dllm_ctx
+ * owns its buffers and must be used by one thread at a time. Every context on a device computes a GEMM shape
+ * with the same algorithm (tuned once per process), so two contexts give the same bits. Strings returned by
+ * the library stay valid until the next failing call on the same thread/context.
  */
 #ifndef DLLM_H
 #define DLLM_H

@@ -14,7 +14,7 @@
  * (vocab index, position, step, stream), so a run is reproducible on any backend, in any order of
  * evaluation, and a PyTorch script (tools/make_fixtures.py) reproduces the exact token traces.
  *
- * Table of contents (sections are in data-flow order):
+ * Table of contents (sections are in data-flow order; grep a [tag] to find a feature):
  *   1. Utilities: errors, logging, numbers, files
  *   2. JSON parser
  *   3. safetensors reader
@@ -26,17 +26,20 @@
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
- *  12. GPU: errors, device memory
- *  13. GPU kernel sources (NVRTC strings): row-wise ops, FP8 quantisers and GEMM, sampler, FlashAttention
- *      (mma.sync everywhere; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
- *  14. GPU: NVRTC JIT and the architecture table
+ *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
+ *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
+ *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
+ *      split-KV; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
+ *  14. GPU: NVRTC JIT, [environment] switches and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
- *      FP8 mma.sync)
- *  16. GPU backend: weights, forward, sampler, step graphs
+ *      FP8 mma.sync); one algorithm per shape and device for every context
+ *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
+ *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
+ *      [prefix cache], [DPad]; the sampler; [step graphs]; [debug hooks]
  *  17. SAR decoding
  *  18. Public API
  *
- * Build: see README.md (one nvcc command). Private names are static or prefixed dllm__.
+ * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
  */
 #include "dllm.h"
 
@@ -5278,21 +5281,11 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
 )DLLM";
 
 // ---------------------------------------------------------------------------------------------------
-// 14. GPU: NVRTC JIT and the architecture table
+// 14. GPU: NVRTC JIT, [environment] switches and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
 //     dim, tiles), compiled for the exact GPU, cached in process and on disk under a key that hashes the
-//     source, the options, the NVRTC version and the architecture. Environment:
-//       DLLM_CACHE_DIR     disk cache folder (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables
-//       DLLM_JIT_VERBOSE=1 print each compile, its time, registers and the chosen tile configs
-//       DLLM_JIT_DUMP=DIR  write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
-//       DLLM_JIT_FAIL_ON_SPILL=1  a kernel that spills registers is a DLLM_ERR_JIT error
-//       DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  override the attention tile (rows per CTA, keys per tile,
-//                          m16 tiles per warp); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
-//                          DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
-//                          DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
-//       DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM (dllm_precision) instead of the table's: dllm's mma.sync
-//                          kernel (sm_89 and newer) or cuBLASLt's block-scaled mode (sm_90)
-//       DLLM_GEMM_WG=0     BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
+//     source, the options, the NVRTC version and the architecture. The DLLM_* switches that steer it (cache,
+//     dumps, tiles, GEMM choices) are listed at dllm__env_switches.
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
@@ -5355,7 +5348,7 @@ static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile u
  *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
  *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
  *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
- *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile (query rows per CTA, keys per tile, m16
+ *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile up to head dim 128 (query rows per CTA, keys per tile, m16
  *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
  *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
  *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
