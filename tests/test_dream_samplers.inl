@@ -387,7 +387,7 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         if (r.below(4)) { canvas[pos0 + i] = mask; n_masks++; }
     int st[16] = {0, pos0 + rows, s_steps, i_step, global, n_masks, 0, 0};
     test_put(dstate, std::vector<int>(st, st + 16));
-    dllm__sampler_args a = {dc.ptr, nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp};
+    dllm__sampler_args a = {dc.ptr, nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp, 0, 1, 0, nullptr};
     void *pa[] = {&a, &dstate.ptr, &dp.ptr};
     CHECK_STATUS(dllm__launch(g.k("conf_partial_kernel"), dim3(slices, rows), dim3(256), 0, 0, pa, "partial"), DLLM_OK, nullptr);
     void *ca[] = {&a, &dstate.ptr, &dp.ptr, &dx.ptr, &dconf.ptr, &ddef.ptr};
