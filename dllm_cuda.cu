@@ -866,7 +866,7 @@ static dllm_status dllm__find_bos(const std::string &dir, dllm__config &c) {
 /* Where the path is not a directory at all, say so: "no config.json in this directory" misleads. */
 static dllm_status dllm__check_model_dir(const char *dir) {
     struct stat st;
-    if (stat(dir, &st) != 0) return dllm__fail(DLLM_ERR_IO, "%s: %s (the model directory, -m)", dir, strerror(errno));
+    if (stat(dir, &st) != 0) return dllm__fail(DLLM_ERR_IO, "%s: %s (the model directory)", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return dllm__fail(DLLM_ERR_IO, "%s: not a directory; pass the model's directory (config.json, safetensors)", dir);
     return DLLM_OK;
 }

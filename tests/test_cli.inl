@@ -133,3 +133,271 @@ TEST(decode, filters_keeping_one_token_sample_nothing) {
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
+
+// ---- the CLI contract (issue 27) --------------------------------------------------------------------
+
+/* Runs `build/PROGRAM ARGS` from the repository root with stdin from `input`; returns the exit status. */
+static int test_run_cli(const char *program, const std::string &args, const std::string &input, std::string &out, std::string &err) {
+    test_tmpdir dir;
+    test_write_file(dir.file("in"), input);
+    std::string cmd = std::string("build/") + program + " " + args + " <" + dir.file("in") + " >" + dir.file("out") + " 2>" + dir.file("err");
+    int rc = system(cmd.c_str());
+    out = test_read_file(dir.file("out"));
+    err = test_read_file(dir.file("err"));
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static bool test_cli_built() {
+    return dllm__file_exists("build/dllm-generate") && dllm__file_exists("build/dllm-eval") && dllm__file_exists("build/dllm-tokenize");
+}
+
+static bool test_one_line(const std::string &err) { return std::count(err.begin(), err.end(), '\n') == 1; }
+
+/* The JSON object dllm-generate --json prints (the last line of stdout). */
+static bool test_gen_json(const std::string &out, dllm__json &root) {
+    size_t start = out.rfind('\n', out.size() >= 2 ? out.size() - 2 : 0);
+    std::string line = out.substr(start == std::string::npos ? 0 : start + 1);
+    return dllm__json_parse(line.data(), line.size(), "dllm-generate --json", root) == DLLM_OK && root.kind == dllm__json::OBJ;
+}
+
+static const char *test_llada = "-m models/tiny-llada --backend cpu ";
+
+TEST(cli, unknown_options_are_named_in_every_position) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    const char *cases[][2] = {{"dllm-generate", "-m models/tiny-llada -p hi --bogus"}, {"dllm-generate", "--bogus -m models/tiny-llada -p hi"},
+                              {"dllm-eval", "-m models/tiny-llada --nll tests/data/heldout.txt --bogus"}, {"dllm-tokenize", "-m models/tiny-llada --bogus"}};
+    for (auto &c : cases) {
+        std::string out, err;
+        int rc = test_run_cli(c[0], c[1], "", out, err);
+        CHECK_MSG(rc == 1 && test_one_line(err) && err.find("unknown option --bogus") != std::string::npos, "%s %s: exit %d, stderr %s", c[0], c[1], rc,
+                  err.c_str());
+    }
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi -n", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("-n needs a value") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi stray", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("unexpected argument \"stray\"") != std::string::npos, "exit %d: %s", rc, err.c_str());
+}
+
+TEST(cli, version_flag_prints_the_library_version) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    for (const char *program : {"dllm-generate", "dllm-eval", "dllm-tokenize"}) {
+        std::string out, err;
+        int rc = test_run_cli(program, "--version", "", out, err);
+        CHECK_MSG(rc == 0 && out.find(std::string("dllm ") + dllm_version()) != std::string::npos && out.find(program) == 0, "%s: exit %d, %s", program, rc,
+                  out.c_str());
+    }
+}
+
+TEST(cli, conflicting_options_exit_1_naming_both) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    const char *cases[][3] = {{"-p a -p b", "-p", "twice"}, {"-p a --prompt b", "-p", "--prompt"}, {"-p a --factor 1 --threshold 0.9", "--threshold", "--factor"},
+                              {"-p a --timesteps --threshold 0.9", "--threshold", "--timesteps"}, {"-p a -f README.md", "-p", "-f"},
+                              {"-p a --ids 1", "-p", "--ids"}, {"-p a --early-stop --no-early-stop", "--early-stop", "--no-early-stop"},
+                              {"-p a --raw --system s", "--raw", "--system"}, {"-p a --visual --json", "--visual", "--json"},
+                              {"-p a --seed 1 --seed 2", "--seed", "twice"}};
+    for (auto &c : cases) {
+        std::string out, err;
+        int rc = test_run_cli("dllm-generate", std::string(test_llada) + c[0], "", out, err);
+        CHECK_MSG(rc == 1 && test_one_line(err) && err.find(c[1]) != std::string::npos && err.find(c[2]) != std::string::npos, "`%s`: exit %d, stderr %s", c[0],
+                  rc, err.c_str());
+    }
+}
+
+TEST(cli, errors_name_the_flag_to_change) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    const char *cases[][2] = {{"-p hi -n 16 --block 5", "--block"}, {"-p hi -n 16 --block 8 --steps 3", "--steps 4"},
+                              {"-p hi --alg origin --threshold 0.9", "drop --threshold"}, {"-p hi --alg origin --factor 2", "drop --factor"},
+                              {"-p 'x <|mdm_mask|> y' -n 16 --cache dual", "drop --cache"}, {"-p hi --threshold 2", "--threshold must be in (0, 1]"},
+                              {"-p hi --alg-temp 0.5 --threshold 0.9", "drop --alg-temp"}, {"-p hi --top-p 0", "--top-p"}, {"-p hi --min-p 2", "--min-p"},
+                              {"-p hi --top-k -3", "--top-k"}, {"-p hi --seed -5", "--seed"}, {"-f /nonexistent-prompt", "-f /nonexistent-prompt: No such file"},
+                              {"-p hi -n 250", "lower -n"}};
+    for (auto &c : cases) {
+        std::string out, err;
+        int rc = test_run_cli("dllm-generate", std::string(test_llada) + c[0], "", out, err);
+        CHECK_MSG(rc == 1 && test_one_line(err) && err.find(c[1]) != std::string::npos, "`%s`: exit %d, stderr %s", c[0], rc, err.c_str());
+    }
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", "-m /nonexistent-model -p hi", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("/nonexistent-model: No such file or directory") != std::string::npos, "exit %d: %s", rc, err.c_str());
+}
+
+/* -n alone works: block and steps follow it; early stop (on by default) saves forwards without changing the
+ * answer; --no-early-stop decodes every block. */
+TEST(cli, defaults_follow_n_and_early_stop_changes_nothing_shown) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err, out2, err2;
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 16 --json", "", out, err);
+    dllm__json a, b;
+    CHECK_MSG(rc == 0 && test_gen_json(out, a), "exit %d: %s", rc, err.c_str());
+    if (rc) return;
+    CHECK(a.find("stats")->find("steps")->integer <= 16);
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 64 --json", "", out, err);
+    int rc2 = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 64 --json --no-early-stop", "", out2, err2);
+    CHECK_MSG(rc == 0 && rc2 == 0 && test_gen_json(out, a) && test_gen_json(out2, b), "exit %d %d: %s %s", rc, rc2, err.c_str(), err2.c_str());
+    if (rc || rc2) return;
+    long fa = a.find("stats")->find("forwards")->integer, fb = b.find("stats")->find("forwards")->integer;
+    CHECK_MSG(fb == 64 && fa < fb, "forwards with early stop %ld, without %ld (the prompt's answer ends in the first block)", fa, fb);
+    CHECK(a.find("text")->str == b.find("text")->str && !a.find("text")->str.empty());
+}
+
+TEST(cli, sampling_draws_a_fresh_seed_and_prints_it) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    auto seed_of = [](const std::string &err) {
+        size_t at = err.find(", seed ");
+        return at == std::string::npos ? std::string("?") : err.substr(at + 7, err.find_first_not_of("0123456789", at + 7) - at - 7);
+    };
+    std::string out1, err1, out2, err2, out3, err3;
+    const std::string args = std::string(test_llada) + "-p 'Tell me a story' -n 32 --temp 1.5";
+    CHECK(test_run_cli("dllm-generate", args, "", out1, err1) == 0);
+    CHECK(test_run_cli("dllm-generate", args + " --seed -1", "", out2, err2) == 0);
+    CHECK_MSG(seed_of(err1) != "?" && seed_of(err1) != seed_of(err2), "seeds %s and %s", seed_of(err1).c_str(), seed_of(err2).c_str());
+    CHECK(test_run_cli("dllm-generate", args + " --seed " + seed_of(err1), "", out3, err3) == 0);
+    CHECK_MSG(out3 == out1 && seed_of(err3) == seed_of(err1), "the printed seed does not repeat the run:\n%s\n%s", out1.c_str(), out3.c_str());
+    CHECK(test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 16", "", out1, err1) == 0 && seed_of(err1) == "0");  // greedy: nothing drawn
+}
+
+TEST(cli, ids_prompt_prints_text_when_the_model_has_a_tokenizer) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "--ids '316 998' -n 32 --steps 32 --block 8", "", out, err);
+    CHECK_MSG(rc == 0 && out.size() > 2 && out.find("ids:") == std::string::npos, "exit %d, stdout \"%s\"", rc, out.c_str());
+    rc = test_run_cli("dllm-generate", "-m tests/data/tiny-llada --backend cpu --ids '5 17' -n 8", "", out, err);  // no tokenizer: ids
+    CHECK_MSG(rc == 0 && out.rfind("ids:", 0) == 0, "exit %d, stdout \"%s\"", rc, out.c_str());
+}
+
+TEST(cli, prompt_from_file_and_stdin_equals_the_argument) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    test_tmpdir dir;
+    test_write_file(dir.file("prompt"), "Tell me a story\n");  // one trailing newline is dropped, as llama.cpp does
+    std::string out1, out2, out3, err;
+    const std::string base = std::string(test_llada) + "-n 16 ";
+    CHECK(test_run_cli("dllm-generate", base + "-p 'Tell me a story'", "", out1, err) == 0);
+    CHECK(test_run_cli("dllm-generate", base + "-f " + dir.file("prompt"), "", out2, err) == 0);
+    CHECK(test_run_cli("dllm-generate", base + "-p -", "Tell me a story\n", out3, err) == 0);
+    CHECK_MSG(!out1.empty() && out1 == out2 && out1 == out3, "-p:\n%s\n-f:\n%s\n-p -:\n%s", out1.c_str(), out2.c_str(), out3.c_str());
+}
+
+TEST(cli, json_holds_text_ids_and_stats) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p 'Tell me a story' -n 32 --json", "", out, err);
+    dllm__json j;
+    CHECK_MSG(rc == 0 && test_gen_json(out, j) && std::count(out.begin(), out.end(), '\n') == 1, "exit %d, stdout %s", rc, out.c_str());
+    if (rc) return;
+    const dllm__json *ids = j.find("ids"), *text = j.find("text"), *stats = j.find("stats");
+    CHECK(ids && text && stats && stats->find("forwards") && stats->find("seed") && stats->find("n_generated"));
+    if (!ids || !text) return;
+    dllm_tokenizer *tok = nullptr;
+    CHECK_STATUS(dllm_tokenizer_load("models/tiny-llada", &tok), DLLM_OK, nullptr);
+    std::vector<int32_t> v;
+    for (const dllm__json &x : ids->items) v.push_back((int32_t)x.integer);
+    char buf[4096];
+    size_t len = 0;
+    CHECK_STATUS(dllm_detokenize(tok, v.data(), (int)v.size(), 1, buf, sizeof buf, &len), DLLM_OK, nullptr);
+    CHECK_MSG(text->str == buf, "text \"%s\", its ids decode to \"%s\"", text->str.c_str(), buf);
+    dllm_tokenizer_free(tok);
+}
+
+TEST(cli, stop_string_ends_the_answer_and_the_decoding) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err, full, err2;
+    const std::string base = std::string(test_llada) + "-p 'Tell me a story' -n 32 --json";
+    CHECK(test_run_cli("dllm-generate", base, "", full, err2) == 0);
+    dllm__json a, b;
+    if (!test_gen_json(full, a)) { CHECK(false); return; }
+    const std::string whole = a.find("text")->str;
+    size_t nl = whole.find('\n');  // stop at the answer's first newline: the text before it remains
+    if (nl == std::string::npos || nl == 0) SKIP("the tiny model's answer has no inner newline");
+    int rc = test_run_cli("dllm-generate", base + " --stop '\n'", "", out, err);
+    CHECK_MSG(rc == 0 && test_gen_json(out, b), "exit %d: %s", rc, err.c_str());
+    if (rc) return;
+    CHECK_MSG(b.find("text")->str == whole.substr(0, nl), "text \"%s\", want \"%s\"", b.find("text")->str.c_str(), whole.substr(0, nl).c_str());
+    CHECK(b.find("stats")->find("forwards")->integer < a.find("stats")->find("forwards")->integer);
+    CHECK(err.find("ended at a stop string") != std::string::npos);
+    // streamed (not --json): the same text, and nothing of the stop string on stdout
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p 'Tell me a story' -n 32 --stop '\n'", "", out, err);
+    CHECK_MSG(rc == 0 && out == whole.substr(0, nl) + "\n", "exit %d, stdout \"%s\"", rc, out.c_str());
+}
+
+TEST(cli, interactive_chat_answers_each_line) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-i --system 'Be brief.' -n 16 --json", "Hello\n\nTell me more\n", out, err);
+    CHECK_MSG(rc == 0 && std::count(out.begin(), out.end(), '\n') == 2 && std::count(err.begin(), err.end(), '\n') == 2, "exit %d\n%s\n%s", rc, out.c_str(),
+              err.c_str());
+    size_t second = out.find('\n') + 1;
+    dllm__json t1, t2;
+    CHECK(dllm__json_parse(out.data(), second - 1, "turn 1", t1) == DLLM_OK && dllm__json_parse(out.data() + second, out.size() - second, "turn 2", t2) == DLLM_OK);
+    // the second turn's prompt holds the first exchange: it is longer than the first turn's
+    if (t1.find("stats") && t2.find("stats")) CHECK(t2.find("stats")->find("n_prompt")->integer > t1.find("stats")->find("n_prompt")->integer + 5);
+}
+
+TEST(cli, no_parse_special_keeps_typed_special_tokens_as_text) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err, out2, err2;
+    // typed as text, the mask token is plain characters, so the K/V cache may decode the prompt
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p 'x <|mdm_mask|> y' -n 16 --cache dual --no-parse-special --json", "", out, err);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, err.c_str());
+    // without special tokens in the text, --no-parse-special changes nothing (the template's tokens stay special)
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p 'Tell me a story' -n 16 --json --system sys", "", out, err);
+    int rc2 = test_run_cli("dllm-generate", std::string(test_llada) + "-p 'Tell me a story' -n 16 --json --system sys --no-parse-special", "", out2, err2);
+    dllm__json a, b;
+    CHECK(rc == 0 && rc2 == 0 && test_gen_json(out, a) && test_gen_json(out2, b));
+    if (a.find("stats") && b.find("stats")) {
+        CHECK(a.find("stats")->find("n_prompt")->integer == b.find("stats")->find("n_prompt")->integer);
+        CHECK(a.find("text")->str == b.find("text")->str);
+    }
+}
+
+TEST(cli, top_k_one_samples_the_same_answer_every_time) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out1, out2, err;
+    const std::string args = std::string(test_llada) + "-p 'Tell me a story' -n 16 --temp 3 --top-k 1";
+    CHECK(test_run_cli("dllm-generate", args, "", out1, err) == 0);
+    CHECK(test_run_cli("dllm-generate", args, "", out2, err) == 0);  // a fresh seed each run
+    CHECK_MSG(!out1.empty() && out1 == out2, "%s\n%s", out1.c_str(), out2.c_str());
+}
+
+TEST(cli, progress_without_a_terminal_is_one_line_a_block) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err, plain, err2;
+    CHECK(test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 32 --block 8 --no-early-stop --progress", "", out, err) == 0);
+    CHECK(test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 32 --block 8 --no-early-stop", "", plain, err2) == 0);
+    CHECK_MSG(out == plain && err.find('\r') == std::string::npos && std::count(err.begin(), err.end(), '\n') == 5, "stderr:\n%s", err.c_str());
+}
+
+TEST(cli, eval_reports_reasons_and_line_numbers) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string out, err;
+    int rc = test_run_cli("dllm-eval", "-m models/tiny-llada --nll /nonexistent-file", "", out, err);
+    CHECK_MSG(rc == 1 && test_one_line(err) && err.find("--nll /nonexistent-file: No such file or directory") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    test_tmpdir dir;
+    test_write_file(dir.file("add"), "1+2=3\n\n12+30=42\nnot a problem\n");
+    rc = test_run_cli("dllm-eval", "-m models/tiny-add --backend cpu --add " + dir.file("add"), "", out, err);
+    CHECK_MSG(rc == 1 && test_one_line(err) && err.find(dir.file("add") + ":4: expected a line \"a+b=sum\"") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-eval", "-m models/tiny-add --backend cpu --add tests/data/add_test.txt --limit 3", "", out, err);
+    CHECK_MSG(rc == 0 && out.find("add_problems 3\n") != std::string::npos && err.empty(), "exit %d: %s %s", rc, out.c_str(), err.c_str());
+}
+
+TEST(cli, tokenize_decode_keeps_one_line_per_input_line) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string ids, err, text;
+    const std::string input = "first\\line\nsecond\n";
+    CHECK(test_run_cli("dllm-tokenize", "-m models/tiny-llada", input, ids, err) == 0);
+    // a newline inside the text of one line of ids: "a\nb"
+    CHECK(test_run_cli("dllm-tokenize", "-m models/tiny-llada", "a\n", text, err) == 0);
+    std::string nl_ids, a_ids = text.substr(0, text.size() - 1);
+    CHECK(test_run_cli("dllm-tokenize", "-m models/tiny-llada --decode", ids + a_ids + " 198 " + a_ids + "\n", text, err) == 0);
+    CHECK_MSG(text == "first\\\\line\nsecond\na\\na\n", "decoded:\n%s", text.c_str());
+    CHECK(std::count(text.begin(), text.end(), '\n') == 3);
+    CHECK(test_run_cli("dllm-tokenize", "-m models/tiny-llada --decode --raw-newlines", a_ids + " 198 " + a_ids + "\n", text, err) == 0 && text == "a\na\n");
+}
+
+TEST(cli, new_user_commands_succeed_or_name_the_flag) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    test_tmpdir dir;
+    int rc = system(("sh tests/cli_newuser.sh >" + dir.file("log") + " 2>&1").c_str());
+    std::string log = test_read_file(dir.file("log"));
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "tests/cli_newuser.sh:\n%s", log.c_str());
+}
