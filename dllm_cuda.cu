@@ -3103,13 +3103,14 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
 static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__sampling &s, uint32_t pos, uint32_t step) {
     auto raw_logit = [&](int v) { return s.eos_logit_inf && v == s.eos_id ? -INFINITY : logits[v]; };
     float cutoff = -INFINITY;
-    if (s.filters()) {
+    const bool filtered = s.filters();
+    if (filtered) {
         std::vector<float> row((size_t)n_vocab);
         for (int v = 0; v < n_vocab; v++) row[(size_t)v] = raw_logit(v);
         cutoff = dllm__row_cutoff(row, s);
     }
     // A filtered token (NaN included) is -inf to everything below; with no filter the row is untouched.
-    auto logit = [&](int v) { float l = raw_logit(v); return s.filters() && !(l >= cutoff) ? -INFINITY : l; };
+    auto logit = [&](int v) { float l = raw_logit(v); return filtered && !(l >= cutoff) ? -INFINITY : l; };
     int best = 0;
     double best_score = -INFINITY;
     float max_logit = -INFINITY, second_logit = -INFINITY;  // a tie for the largest counts twice

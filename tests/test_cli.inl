@@ -401,3 +401,41 @@ TEST(cli, new_user_commands_succeed_or_name_the_flag) {
     std::string log = test_read_file(dir.file("log"));
     CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "tests/cli_newuser.sh:\n%s", log.c_str());
 }
+
+/* On a terminal (a pseudo-terminal from util-linux `script`), the progress line is redrawn in place, then
+ * erased, and the answer follows whole: nothing overwrites it. */
+TEST(cli, progress_on_a_terminal_leaves_the_answer_whole) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    if (system("command -v script >/dev/null 2>&1") != 0) SKIP("no `script` to make a terminal");
+    const std::string args = std::string(test_llada) + "-p hi -n 32 --block 8 --no-early-stop";
+    std::string plain, err;
+    CHECK(test_run_cli("dllm-generate", args, "", plain, err) == 0);
+    test_tmpdir dir;
+    std::string cmd = "script -qec \"build/dllm-generate " + args + " --progress\" /dev/null >" + dir.file("tty") + " 2>&1 </dev/null";
+    int rc = system(cmd.c_str());
+    std::string tty = test_read_file(dir.file("tty"));
+    size_t last_clear = tty.rfind("\r\033[K");
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && last_clear != std::string::npos && tty.find("step 32/32") != std::string::npos, "exit %d: %s", rc,
+              tty.c_str());
+    if (last_clear == std::string::npos) return;
+    std::string after = tty.substr(last_clear + 4), answer;
+    for (size_t i = 0; i + 1 < plain.size(); i++) answer += plain[i] == '\n' ? std::string("\r\n") : std::string(1, plain[i]);  // a terminal's newlines
+    CHECK_MSG(after.compare(0, answer.size() + 2, answer + "\r\n") == 0 && after.find("generated ") == answer.size() + 2, "after the progress: \"%s\", answer \"%s\"",
+              after.c_str(), answer.c_str());
+}
+
+/* build/libdllm.so exports the dllm_ names only, and a C program built with its pkg-config flags runs. */
+TEST(cli, shared_library_exports_dllm_names_and_links_from_c) {
+    if (!dllm__file_exists("build/libdllm.so") || !dllm__file_exists("build/dllm.pc")) SKIP("build/libdllm.so not built");
+    test_tmpdir dir;
+    int rc = system(("nm -D --defined-only build/libdllm.so | awk '{print $3}' | grep -v '^dllm_' >" + dir.file("foreign")).c_str());
+    std::string foreign = test_read_file(dir.file("foreign"));
+    CHECK_MSG(WIFEXITED(rc) && foreign.empty(), "exported beyond dllm_: %.300s", foreign.c_str());
+    if (system("command -v gcc >/dev/null 2>&1 && command -v pkg-config >/dev/null 2>&1") != 0) SKIP("no gcc or pkg-config to link a C program");
+    test_write_file(dir.file("app.c"), "#include <dllm.h>\n#include <stdio.h>\nint main(void) { printf(\"%s\\n\", dllm_version()); return 0; }\n");
+    std::string cmd = "PKG_CONFIG_PATH=build gcc -std=c99 -o " + dir.file("app") + " " + dir.file("app.c") + " $(PKG_CONFIG_PATH=build pkg-config --cflags --libs dllm) && "
+                      "LD_LIBRARY_PATH=build " + dir.file("app") + " >" + dir.file("out") + " 2>&1";
+    rc = system(cmd.c_str());
+    std::string out = test_read_file(dir.file("out"));
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && out == std::string(dllm_version()) + "\n", "exit %d: %s", rc, out.c_str());
+}
