@@ -42,7 +42,7 @@ typedef struct {
 static const option_def option_defs[] = {
     {OPT_HELP, 0, {"-h", "--help"}}, {OPT_VERSION, 0, {"--version"}}, {OPT_MODEL, 1, {"-m", "--model"}},
     {OPT_PROMPT, 1, {"-p", "--prompt"}}, {OPT_FILE, 1, {"-f", "--file"}}, {OPT_IDS, 1, {"--ids"}},
-    {OPT_INTERACTIVE, 0, {"-i", "--interactive"}}, {OPT_SYSTEM, 1, {"--system", "-sys"}}, {OPT_RAW, 0, {"--raw"}},
+    {OPT_INTERACTIVE, 0, {"-i", "--interactive"}}, {OPT_SYSTEM, 1, {"--system", "-sys", "--system-prompt"}}, {OPT_RAW, 0, {"--raw"}},
     {OPT_NO_PARSE_SPECIAL, 0, {"--no-parse-special"}}, {OPT_VISUAL, 0, {"--visual", "--diffusion-visual"}}, {OPT_JSON, 0, {"--json"}},
     {OPT_PRINT_IDS, 0, {"--print-ids"}}, {OPT_PROGRESS, 0, {"--progress"}}, {OPT_VERBOSE, 0, {"-v", "--verbose"}},
     {OPT_N, 1, {"-n", "--gen-length", "--n-predict"}}, {OPT_STEPS, 1, {"--steps", "--diffusion-steps"}},
@@ -84,7 +84,7 @@ static void usage(FILE *f) {
             "                         model directory has a tokenizer, as ids otherwise\n"
             "  -i, --interactive      chat: each line on stdin is a user turn, answered with the conversation so far\n"
             "                         (-p/-f, if given, is the first turn); ends at end of input\n"
-            "  --system TEXT          a system message first (with the chat template)\n"
+            "  --system TEXT          a system message first (with the chat template); alias -sys, --system-prompt\n"
             "  --raw                  tokenize the text as given, without the chat template\n"
             "  --no-parse-special     the prompt's text is plain text: \"<|eot_id|>\" typed in it is not the special token\n"
             "  --visual               redraw the whole canvas after every step, masks shown as '_'; alias --diffusion-visual\n"
@@ -884,6 +884,7 @@ int main(int argc, char **argv) {
     id_list ids = {NULL, 0, 0};
     char *answer = NULL;
     int rc;
+    dllm_status st;
 
     memset(&o, 0, sizeof o);
     memset(&S, 0, sizeof S);
@@ -907,7 +908,10 @@ int main(int argc, char **argv) {
         S.tok = NULL;
         if (o.n_stops) { fail("--stop needs the model's tokenizer, and %s has none that loads", o.model_dir); goto done; }
     }
-    if (dllm_ctx_create(S.model, o.ctx, &S.ctx) != DLLM_OK) { fail("%s", dllm_last_error()); goto done; }
+    if ((st = dllm_ctx_create(S.model, o.ctx, &S.ctx)) != DLLM_OK) {
+        fail("%s%s", dllm_last_error(), st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)" : "");
+        goto done;
+    }
     if (o.system && !conv_add(&conv, "system", o.system)) { fail("out of memory"); goto done; }
     if (o.prompt && !conv_add(&conv, "user", o.prompt)) { fail("out of memory"); goto done; }
     if (o.interactive) rc = chat(&o, &S, &conv);

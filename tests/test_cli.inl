@@ -220,6 +220,11 @@ TEST(cli, errors_name_the_flag_to_change) {
     std::string out, err;
     int rc = test_run_cli("dllm-generate", "-m /nonexistent-model -p hi", "", out, err);
     CHECK_MSG(rc == 1 && err.find("/nonexistent-model: No such file or directory") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    std::string why;
+    if (!dllm__gpu_usable(0, why)) {  // without a GPU, --backend gpu says how to run anyway
+        rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi --backend gpu", "", out, err);
+        CHECK_MSG(rc == 1 && test_one_line(err) && err.find("drop --backend gpu") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    }
 }
 
 /* -n alone works: block and steps follow it; early stop (on by default) saves forwards without changing the
