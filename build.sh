@@ -171,7 +171,7 @@ run_gpu() {
     if [ "${DLLM_REUSE_BUILD:-0}" = 1 ] && build/dllm-test --list >/dev/null 2>&1 && [ -x build/dllm-bench ]; then
         echo "== reusing the carried build"
     else
-        build
+        DLLM_REBUILD=1 build  # carried files' timestamps say nothing about which sources built them
     fi
     export DLLM_CACHE_DIR=/tmp/dllm-jit-cache
     echo "== tests (GPU)"
