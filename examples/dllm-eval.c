@@ -190,7 +190,11 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)", NULL);
     if (!o->nll_file && !o->add_file && !o->agree_file) return fail("nothing to do: pass --nll, --add or --agree", NULL);
-    if (o->n % o->block) { fprintf(stderr, "dllm-eval: -n %d is not a multiple of --block %d\n", o->n, o->block); return 1; }
+    if (o->n % o->block) { fprintf(stderr, "dllm-eval: -n %d is not a multiple of --block %d: pick a --block that divides it\n", o->n, o->block); return 1; }
+    if (o->steps % (o->n / o->block)) {
+        fprintf(stderr, "dllm-eval: --steps %d is not a multiple of the %d blocks (-n / --block)\n", o->steps, o->n / o->block);
+        return 1;
+    }
     return 0;
 }
 

@@ -381,6 +381,8 @@ TEST(cli, eval_reports_reasons_and_line_numbers) {
     test_write_file(dir.file("add"), "1+2=3\n\n12+30=42\nnot a problem\n");
     rc = test_run_cli("dllm-eval", "-m models/tiny-add --backend cpu --add " + dir.file("add"), "", out, err);
     CHECK_MSG(rc == 1 && test_one_line(err) && err.find(dir.file("add") + ":4: expected a line \"a+b=sum\"") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-eval", "-m models/tiny-llada --agree tests/data/prompts.txt --steps 3", "", out, err);
+    CHECK_MSG(rc == 1 && test_one_line(err) && err.find("--steps 3") != std::string::npos, "exit %d: %s", rc, err.c_str());
     rc = test_run_cli("dllm-eval", "-m models/tiny-add --backend cpu --add tests/data/add_test.txt --limit 3", "", out, err);
     CHECK_MSG(rc == 0 && out.find("add_problems 3\n") != std::string::npos && err.empty(), "exit %d: %s %s", rc, out.c_str(), err.c_str());
 }
