@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
 #
-#   ./build.sh          build build/dllm-generate, build/dllm-tokenize and build/dllm-test
-#   ./build.sh run [PROMPT]  build, then run the main job: the embedded default model (models/tiny-llada)
-#                       answers a text prompt, streamed
+#   ./build.sh          build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-test, dllm-bench and the shared
+#                       library build/libdllm.so with its pkg-config file build/dllm.pc; only what is older than
+#                       its sources (or build.sh) is rebuilt, so a second run on an unchanged tree does nothing
+#   ./build.sh run [PROMPT]  build what changed, then run the main job: the embedded default model
+#                       (models/tiny-llada) answers a text prompt, streamed
+#   ./build.sh install PREFIX   build the library, then copy dllm.h, libdllm.so and dllm.pc under
+#                       PREFIX/include, PREFIX/lib and PREFIX/lib/pkgconfig
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
 #                       the last line is "N passed, N failed, N skipped" over both runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, every test (GPU tests included), a
@@ -12,45 +16,115 @@
 #                       DLLM_SKIP_ANCHORS=1 / DLLM_SKIP_BENCH=1 leave those out; DLLM_REUSE_BUILD=1 runs
 #                       binaries carried from a build machine.
 #
-# Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2).
+# Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2), DLLM_REBUILD=1 (rebuild
+# everything regardless of timestamps).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA_HOME/bin/nvcc"
 CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra)
-LIBS=(-cudart static -ldl)  # NVRTC and cuBLASLt are loaded at run time (dlopen)
+# Every link of dllm's code takes these (the one place to change how NVRTC, cuBLASLt and cudart are linked): NVRTC and
+# cuBLASLt are loaded at run time (dlopen), cudart is static.
+LIBS=(-cudart static -ldl)
 DEFAULT_MODEL=models/tiny-llada
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 
 [ -x "$NVCC" ] || die "nvcc not found at $NVCC (set CUDA_HOME)"
 
-build() {
+# stale TARGET SOURCE...: true when TARGET is missing or older than a source (build.sh counts as a source of
+# everything: a flag change rebuilds). DLLM_REBUILD=1 makes everything stale.
+stale() {
+    local target=$1 src
+    shift
+    [ "${DLLM_REBUILD:-0}" = 1 ] && return 0
+    [ -e "$target" ] || return 0
+    for src in "$@" build.sh; do
+        [ "$src" -nt "$target" ] && return 0
+    done
+    return 1
+}
+
+# The library object is compiled once, position-independent with hidden visibility, so that it serves both the
+# CLI programs and build/libdllm.so (whose version script exports the dllm_ names only).
+build_lib() {
+    if stale build/dllm_cuda.o dllm_cuda.cu dllm.h; then
+        "$NVCC" "${CXXFLAGS[@]}" -Xcompiler -fPIC,-fvisibility=hidden -c -o build/dllm_cuda.o dllm_cuda.cu || die "building dllm_cuda.cu failed"
+    fi
+    if stale build/libdllm.so build/dllm_cuda.o; then
+        printf '{ global: dllm_*; local: *; };\n' > build/dllm.map
+        "$NVCC" -shared -o build/libdllm.so build/dllm_cuda.o "${LIBS[@]}" -Xlinker --version-script=build/dllm.map ||
+            die "linking build/libdllm.so failed"
+    fi
+    if stale build/dllm.pc dllm.h; then
+        local version
+        version=$(sed -n 's/^#define DLLM_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' dllm.h | paste -sd. -)
+        # In build/ the file points at the source tree; ./build.sh install rewrites the paths.
+        {
+            echo "prefix=$PWD"
+            echo 'includedir=${prefix}'
+            echo 'libdir=${prefix}/build'
+            echo
+            echo 'Name: dllm'
+            echo 'Description: diffusion LLM inference (LLaDA, Dream) on NVIDIA GPUs, with a CPU reference backend'
+            echo "Version: $version"
+            echo 'Cflags: -I${includedir}'
+            echo 'Libs: -L${libdir} -ldllm'
+        } > build/dllm.pc
+    fi
+}
+
+# The library and the CLI programs (examples/), which link its object.
+build_programs() {
     mkdir -p build
-    # The library is compiled once; the C99 examples link against its object.
-    "$NVCC" "${CXXFLAGS[@]}" -c -o build/dllm_cuda.o dllm_cuda.cu &
-    local lib=$!
-    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
-    local tst=$!
-    "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-bench tools/dllm_bench.cu "${LIBS[@]}" &
-    local bench=$!
-    wait $lib || die "building dllm_cuda.cu failed"
+    build_lib
     local tool
     for tool in dllm-generate dllm-tokenize dllm-eval; do
-        "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
+        if stale "build/$tool" "examples/$tool.c" build/dllm_cuda.o; then
+            "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
+        fi
     done
-    wait $tst || die "building build/dllm-test failed"
-    wait $bench || die "building build/dllm-bench failed"
+}
+
+build() {
+    mkdir -p build
+    local pids=() names=()
+    if stale build/dllm-test dllm_cuda.cu dllm.h tests/*; then
+        "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
+        pids+=($!) names+=(build/dllm-test)
+    fi
+    if stale build/dllm-bench dllm_cuda.cu dllm.h tools/dllm_bench.cu; then
+        "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-bench tools/dllm_bench.cu "${LIBS[@]}" &
+        pids+=($!) names+=(build/dllm-bench)
+    fi
+    build_programs
+    local i
+    for i in "${!pids[@]}"; do  # a failed build leaves no binary behind, so the next run retries it
+        wait "${pids[$i]}" || { rm -f "${names[$i]}"; die "building ${names[$i]} failed"; }
+    done
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
-    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
+    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test build/libdllm.so | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
         die "a binary links libcuda, libnvrtc or libcublasLt directly; it would not start without the CUDA Toolkit and a GPU driver"
     fi
+}
+
+install_lib() {
+    local prefix=${1:-}
+    [ -n "$prefix" ] || die "usage: ./build.sh install PREFIX"
+    build_lib
+    mkdir -p "$prefix/include" "$prefix/lib/pkgconfig"
+    cp dllm.h "$prefix/include/"
+    cp build/libdllm.so "$prefix/lib/"
+    sed -e "s|^prefix=.*|prefix=$prefix|" -e 's|^includedir=.*|includedir=${prefix}/include|' -e 's|^libdir=.*|libdir=${prefix}/lib|' \
+        build/dllm.pc > "$prefix/lib/pkgconfig/dllm.pc"
+    echo "installed dllm.h, libdllm.so and dllm.pc under $prefix"
 }
 
 # The CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer. dllm_cuda.cu holds no device code
 # (kernels are NVRTC strings), so the host compiler builds it directly with the sanitizers.
 build_sanitized() {
+    stale build/dllm-test-asan dllm_cuda.cu dllm.h tests/* || return 0
     local c_flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
     gcc -std=c99 -pedantic -Wall -Wextra -Werror "${c_flags[@]}" -c tests/header_c99.c -o build/header_c99.asan.o
     g++ -std=c++17 -x c++ "${c_flags[@]}" -I"$CUDA_HOME/include" tests/dllm_test.cu -x none build/header_c99.asan.o \
@@ -83,7 +157,7 @@ run_tests() {
 }
 
 run_main_job() {
-    build
+    build_programs  # what the answer needs: the tests and the benchmark are not built here
     # The embedded default: tiny-llada (trained by tools/train_tiny.py, in models/), a text prompt through its
     # chat template, streamed as it decodes; on the GPU when there is one, else on the CPU reference.
     build/dllm-generate -m "$DEFAULT_MODEL" -p "${1:-Tell me something wise about computers.}" -n 64 --steps 64 --block 16
@@ -98,7 +172,7 @@ run_gpu() {
     if [ "${DLLM_REUSE_BUILD:-0}" = 1 ] && build/dllm-test --list >/dev/null 2>&1 && [ -x build/dllm-bench ]; then
         echo "== reusing the carried build"
     else
-        build
+        DLLM_REBUILD=1 build  # carried files' timestamps say nothing about which sources built them
     fi
     export DLLM_CACHE_DIR=/tmp/dllm-jit-cache
     echo "== tests (GPU)"
@@ -162,7 +236,8 @@ run_gpu() {
 case "${1:-build}" in
     build) build ;;
     run) shift; run_main_job "$@" ;;
+    install) shift; mkdir -p build; install_lib "$@" ;;
     test) run_tests ;;
     gpu) run_gpu ;;
-    *) die "unknown command '$1' (build | run | test | gpu)" ;;
+    *) die "unknown command '$1' (build | run | install PREFIX | test | gpu)" ;;
 esac

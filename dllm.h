@@ -57,6 +57,9 @@ extern "C" {
 #define DLLM_VERSION_MINOR 1
 #define DLLM_VERSION_PATCH 0
 
+/* The library's version, "MAJOR.MINOR.PATCH" from the macros above as the library was compiled. */
+DLLM_API const char *dllm_version(void);
+
 /* ---------------------------------------------------------------------------------------------------
  * Status codes and logging
  * ------------------------------------------------------------------------------------------------- */
@@ -360,6 +363,17 @@ typedef struct dllm_gen_params {
     int32_t eot_id;             /* -1 = the model's                                                */
     dllm_step_fn on_step;       /* optional streaming/progress callback                            */
     void *on_step_data;
+    /* Sampler filters (llama.cpp / Hugging Face habits). Each keeps a set of vocabulary entries of a row; a
+     * token outside the intersection of the three sets gets logit -inf before anything else looks at the row,
+     * so the token choice (argmax or Gumbel-max) and the confidence (its softmax) both see the filtered row.
+     * Each set is computed on the unfiltered row (after CFG and logits_eos_inf), so the order does not matter;
+     * ties are kept. Probabilities here are softmax(l / temperature) at temperature > 0, else softmax(l).
+     * All three off (the defaults) is bit-for-bit the unfiltered sampler.                               */
+    int top_k;                  /* > 0: keep tokens whose logit is >= the k-th largest (0 = off)    */
+    float top_p;                /* in (0, 1): keep the smallest set of most probable tokens whose mass
+                                   is >= top_p, and every token tied with the least probable of them
+                                   (1 = off)                                                        */
+    float min_p;                /* in (0, 1]: keep tokens with p >= min_p * p(most probable) (0 = off) */
 } dllm_gen_params;
 
 typedef struct dllm_gen_stats {
@@ -372,7 +386,9 @@ typedef struct dllm_gen_stats {
 
 DLLM_API dllm_gen_params dllm_gen_default_params(void);
 
-/* Decode one prompt. out receives the generated ids (prompt excluded), at most out_capacity; n_out and
+/* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
+ * generation is at most that long, and with stop_at_eos often shorter); a smaller out_capacity is
+ * DLLM_ERR_BUFFER_TOO_SMALL before any decoding, with nothing written and *n_out = gen_length. n_out and
  * stats may be NULL. A batch API will take several prompts; this call is the batch-of-one case. */
 DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
                                    int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);

@@ -870,6 +870,25 @@ static dllm_status dllm__find_eot(const std::string &dir, dllm__config &c) {
     return DLLM_OK;
 }
 
+/* config.json need not name BOS (LLaDA's does not); generation_config.json usually does. */
+static dllm_status dllm__find_bos(const std::string &dir, dllm__config &c) {
+    std::string path = dllm__join_path(dir, "generation_config.json");
+    if (c.bos_id >= 0 || !dllm__file_exists(path)) return DLLM_OK;
+    dllm__json root;
+    DLLM__TRY(dllm__json_load(path, root));
+    DLLM__TRY((dllm__cfg_reader{root, path}.token("bos_token_id", c.bos_id)));
+    if (c.bos_id >= c.n_vocab) return dllm__fail(DLLM_ERR_FORMAT, "%s: bos_token_id %d is outside the vocabulary (%d)", path.c_str(), c.bos_id, c.n_vocab);
+    return DLLM_OK;
+}
+
+/* Where the path is not a directory at all, say so: "no config.json in this directory" misleads. */
+static dllm_status dllm__check_model_dir(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return dllm__fail(DLLM_ERR_IO, "%s: %s (the model directory)", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return dllm__fail(DLLM_ERR_IO, "%s: not a directory; pass the model's directory (config.json, safetensors)", dir);
+    return DLLM_OK;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 5. Weights: expected tensors, binding, loading
 // ---------------------------------------------------------------------------------------------------
@@ -1080,11 +1099,13 @@ static dllm_status dllm__load_model(const char *dir, const dllm_model_params &pa
     std::unique_ptr<dllm_model> m(new dllm_model);
     m->dir = dir;
     std::string cfg_path = dllm__join_path(m->dir, "config.json");
+    DLLM__TRY(dllm__check_model_dir(dir));
     if (!dllm__file_exists(cfg_path)) return dllm__fail(DLLM_ERR_IO, "%s: no config.json in this directory", dir);
     dllm__json cfg_json;
     DLLM__TRY(dllm__json_load(cfg_path, cfg_json));
     DLLM__TRY(dllm__config_parse(cfg_json, cfg_path, m->cfg));
     DLLM__TRY(dllm__find_eot(m->dir, m->cfg));
+    DLLM__TRY(dllm__find_bos(m->dir, m->cfg));
     std::string single = dllm__join_path(m->dir, "model.safetensors"), index = single + ".index.json";
     if (dllm__file_exists(index)) {
         DLLM__TRY(dllm__load_sharded(*m, index, params.use_mmap != 0));
@@ -3036,6 +3057,9 @@ struct dllm__sampling {
     bool eos_logit_inf = false;    // logits_eos_inf
     bool defer_eos_eot = false;    // confidence_eos_eot_inf
     int32_t eos_id = -1, eot_id = -1;
+    int top_k = 0;                 // the filters of dllm_gen_params (dllm.h): 0, 1, 0 = off
+    double top_p = 1, min_p = 0;
+    bool filters() const { return top_k > 0 || (top_p > 0 && top_p < 1) || min_p > 0; }
 };
 
 struct dllm__choice {
@@ -3061,13 +3085,57 @@ static double dllm__confidence(const dllm__sampling &s, double z, double zx, dou
     return c;
 }
 
+/* The sampler filters as one cutoff logit: a token is kept iff its logit is >= the cutoff (-inf keeps every
+ * non-NaN logit), the largest of the three cutoffs below, each a logit of the row. With x = (l - max) * inv_t,
+ * inv_t = 1/T at T > 0 else 1, and p = e^x / Z: top-k's is the k-th largest logit; top-p's the largest
+ * logit t whose mass sum_{l >= t} e^x reaches top_p * Z; min-p's the smallest logit with e^x >= min_p.
+ * NaN logits count nowhere. Twin: row_cutoff_kernel, which finds the same logits by bisection (the top-p
+ * mass is summed in another order there: a cut within float64 rounding of top_p * Z may differ). */
+static float dllm__row_cutoff(const std::vector<float> &row, const dllm__sampling &s) {
+    std::vector<float> v;
+    v.reserve(row.size());
+    for (float l : row)
+        if (l == l) v.push_back(l);
+    float cut = -INFINITY;
+    if (v.empty()) return cut;
+    std::sort(v.begin(), v.end(), std::greater<float>());
+    if (s.top_k > 0 && (size_t)s.top_k <= v.size()) cut = std::max(cut, v[(size_t)s.top_k - 1]);
+    if (v[0] == -INFINITY) return cut;
+    const double inv_t = s.temperature > 0 ? 1.0 / s.temperature : 1.0, mx = v[0];
+    auto weight = [&](float l) { return exp(((double)l - mx) * inv_t); };
+    if (s.top_p > 0 && s.top_p < 1) {
+        double z = 0, mass = 0;
+        for (float l : v) z += weight(l);
+        for (size_t i = 0; i < v.size(); i++) {
+            mass += weight(v[i]);
+            if ((i + 1 == v.size() || v[i + 1] != v[i]) && mass >= s.top_p * z) { cut = std::max(cut, v[i]); break; }  // ties: the whole group
+        }
+    }
+    if (s.min_p > 0) {
+        float smallest = v[0];
+        for (float l : v)
+            if (weight(l) >= s.min_p) smallest = l;
+        cut = std::max(cut, smallest);
+    }
+    return cut;
+}
+
 /* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
  * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T)).
  * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
  * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
  * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
 static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__sampling &s, uint32_t pos, uint32_t step) {
-    auto logit = [&](int v) { return s.eos_logit_inf && v == s.eos_id ? -INFINITY : logits[v]; };
+    auto raw_logit = [&](int v) { return s.eos_logit_inf && v == s.eos_id ? -INFINITY : logits[v]; };
+    float cutoff = -INFINITY;
+    const bool filtered = s.filters();
+    if (filtered) {
+        std::vector<float> row((size_t)n_vocab);
+        for (int v = 0; v < n_vocab; v++) row[(size_t)v] = raw_logit(v);
+        cutoff = dllm__row_cutoff(row, s);
+    }
+    // A filtered token (NaN included) is -inf to everything below; with no filter the row is untouched.
+    auto logit = [&](int v) { float l = raw_logit(v); return filtered && !(l >= cutoff) ? -INFINITY : l; };
     int best = 0;
     double best_score = -INFINITY;
     float max_logit = -INFINITY, second_logit = -INFINITY;  // a tie for the largest counts twice
@@ -3529,7 +3597,9 @@ typedef unsigned long long u64;
     X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)                                               \
     X(int, remasking)       /* dllm_remasking: which confidence */                                                    \
     X(int, conf_tempered)   /* the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l) */          \
-    X(double, alg_temp)     /* > 0: the ranking key is conf / alg_temp + Gumbel noise */
+    X(double, alg_temp)     /* > 0: the ranking key is conf / alg_temp + Gumbel noise */                              \
+    X(int, top_k) X(float, top_p) X(float, min_p) /* the sampler filters (dllm_gen_params), applied through cutoff */ \
+    X(const float *, cutoff) /* [n_rows] row_cutoff_kernel's output: a logit below it is -inf; null = no filter */
 
 /* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
@@ -3556,7 +3626,7 @@ struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };
 struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 104 && sizeof(attn_args) == 120, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -4216,7 +4286,8 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
 #define DLLM__SAMPLER_KERNELS(X) \
     X(conf_partial_kernel, , (sampler_args a, const dllm_step_state *st, conf_partial *out)) \
     X(conf_combine_kernel, , (sampler_args a, const dllm_step_state *st, const conf_partial *parts, int *x0, double *conf, unsigned char *deferred)) \
-    X(select_commit, , (int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf, const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor, double eps))
+    X(select_commit, , (int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf, const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor, double eps)) \
+    X(row_cutoff_kernel, , (sampler_args a, float *cutoff))
 DLLM__SAMPLER_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* Token choice on the device. Twins: dllm__choose and dllm__confidence (per row), dllm__select (per step). */
@@ -4230,6 +4301,12 @@ __device__ __forceinline__ float sampler_logit(const sampler_args &a, int lr, in
     if (!a.uncond) return c;
     float u = a.uncond[(u64)lr * a.vocab + v];
     return u + a.cfg_weight * (c - u);
+}
+
+/* sampler_logit after the filters of sampler row `row`. Twin: the logit lambda of dllm__choose. */
+__device__ __forceinline__ float kept_logit(const sampler_args &a, int row, int lr, int v) {
+    float l = sampler_logit(a, lr, v);
+    return a.cutoff && !(l >= a.cutoff[row]) ? -DLLM_INF : l;
 }
 
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
@@ -4253,7 +4330,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
     double best = -1.0 / 0.0;
     int best_i = 0x7fffffff;
     for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-        float l = sampler_logit(a, lr, v);
+        float l = kept_logit(a, row, lr, v);
         if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
@@ -4291,7 +4368,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
     double sum = 0, sum_x = 0;
     if (mx > -DLLM_INF)
         for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-            double x = ((double)sampler_logit(a, lr, v) - (double)mx) * inv_t, e = exp(x);
+            double x = ((double)kept_logit(a, row, lr, v) - (double)mx) * inv_t, e = exp(x);
             sum += e;
             if (ENT) sum_x += e > 0 ? e * x : 0.0;  // e = 0 at x = -inf: the term is 0, not NaN
         }
@@ -4309,7 +4386,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         conf_partial p;
         p.best_score = s_best[0];
         p.best_idx = s_bi[0];
-        p.best_logit = s_bi[0] < a.vocab ? sampler_logit(a, lr, s_bi[0]) : -DLLM_INF;
+        p.best_logit = s_bi[0] < a.vocab ? kept_logit(a, row, lr, s_bi[0]) : -DLLM_INF;
         p.max_logit = mx;
         p.second_logit = second;  // thread 0 merged every warp's pair above
         p.sum_exp = sum;
@@ -4324,6 +4401,82 @@ KERNEL_conf_partial_kernel {
     if (a.remasking == REMASK_MARGIN) conf_partial_slice<true, false>(a, st, out);
     else if (a.remasking == REMASK_ENTROPY) conf_partial_slice<false, true>(a, st, out);
     else conf_partial_slice<false, false>(a, st, out);
+}
+
+/* Block-wide reductions for row_cutoff_kernel: every thread gets the same value, summed in the same order,
+ * so the bisection below takes the same branch in every thread (and on every run). */
+__device__ double cut_block_sum(double v) {
+    __shared__ double s_part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();  // the previous call's readers are done with s_part
+    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s_part[w];
+    return t;
+}
+__device__ float cut_block_max(float v) {
+    __shared__ float s_part[32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) v = fmaxf(v, s_part[w]);
+    return v;
+}
+
+/* Floats in the order of unsigned integers (-inf lowest, +inf highest), and back. */
+__device__ __forceinline__ unsigned cut_key(float f) { unsigned u = __float_as_uint(f); return (u & 0x80000000u) ? ~u : (u | 0x80000000u); }
+__device__ __forceinline__ float cut_key_float(unsigned k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+
+/* Over the row's non-NaN logits l >= the float of key k: their count (mass = false) or sum of e^x
+ * (mass = true), x = (l - mx) inv_t. */
+__device__ double cut_measure(const sampler_args &a, int lr, unsigned k, bool mass, float mx, double inv_t) {
+    double acc = 0;
+    for (int v = threadIdx.x; v < a.vocab; v += blockDim.x) {
+        float l = sampler_logit(a, lr, v);
+        if (l == l && cut_key(l) >= k) acc += mass ? exp(((double)l - (double)mx) * inv_t) : 1.0;
+    }
+    return cut_block_sum(acc);
+}
+
+/* The largest key k whose measure is >= target (32 halvings of the key range): the key of a logit of the
+ * row, since the measure only changes at those. Needs measure(0) >= target. */
+__device__ unsigned cut_bisect(const sampler_args &a, int lr, bool mass, double target, float mx, double inv_t) {
+    unsigned long long lo = 0, hi = 1ull << 32;  // measure(lo) >= target; hi is past every key
+    while (hi - lo > 1) {
+        unsigned long long mid = (lo + hi) / 2;
+        if (cut_measure(a, lr, (unsigned)mid, mass, mx, inv_t) >= target) lo = mid;
+        else hi = mid;
+    }
+    return (unsigned)lo;
+}
+
+/* The filters' cutoff logit of each sampler row (one CTA per row): a logit is kept iff it is >= the cutoff.
+ * The largest of top-k's k-th largest logit, top-p's largest logit whose mass of logits >= it reaches
+ * top_p * Z, min-p's smallest logit with e^x >= min_p. Twin: dllm__row_cutoff. */
+KERNEL_row_cutoff_kernel {
+    pdl_enter();
+    const int row = blockIdx.x, lr = logits_row(a, row);
+    float mx = -DLLM_INF;
+    for (int v = threadIdx.x; v < a.vocab; v += blockDim.x) mx = fmaxf(mx, sampler_logit(a, lr, v));  // fmaxf drops NaN
+    mx = cut_block_max(mx);
+    float cut = -DLLM_INF;
+    const double inv_t = a.temperature > 0 ? 1.0 / a.temperature : 1.0;
+    if (a.top_k > 0 && cut_measure(a, lr, 0u, false, mx, inv_t) >= a.top_k) cut = fmaxf(cut, cut_key_float(cut_bisect(a, lr, false, a.top_k, mx, inv_t)));
+    if (mx > -DLLM_INF && a.top_p > 0 && a.top_p < 1) {
+        double z = cut_measure(a, lr, 0u, true, mx, inv_t);
+        cut = fmaxf(cut, cut_key_float(cut_bisect(a, lr, true, (double)a.top_p * z, mx, inv_t)));
+    }
+    if (mx > -DLLM_INF && a.min_p > 0) {
+        float smallest = mx;
+        for (int v = threadIdx.x; v < a.vocab; v += blockDim.x) {
+            float l = sampler_logit(a, lr, v);
+            if (l == l && exp(((double)l - (double)mx) * inv_t) >= (double)a.min_p) smallest = fminf(smallest, l);
+        }
+        cut = fmaxf(cut, -cut_block_max(-smallest));
+    }
+    if (threadIdx.x == 0) cutoff[row] = cut;
 }
 
 /* The ranking key from a row's softmax statistics (z, zx, and the x of x0 and of the second largest logit).
@@ -6567,6 +6720,7 @@ struct dllm__activations {
     dllm__dbuf logits;       // fp32 [sequences][L][vocab]: one LM head chunk
     dllm__dbuf partials;     // conf_partial [L][vocab / dllm__vocab_slice]
     dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
+    dllm__dbuf cutoff;       // fp32 [S]: the sampler filters' cutoff logit per candidate row (top-k / top-p / min-p)
     dllm__dbuf canvas;       // int [sequences][S] (CFG: conditional, then unconditional)
     dllm__dbuf is_prompt;    // uint8 [S]
     dllm__dbuf state;        // dllm_step_state
@@ -6582,7 +6736,7 @@ struct dllm__activations {
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
         std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
-                                       conf.ptr, deferred.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
+                                       conf.ptr, deferred.ptr, cutoff.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
                                        qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
@@ -6910,6 +7064,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.x0.fit((size_t)seq * 4, "sampler output"));
     DLLM__TRY(A.conf.fit((size_t)seq * 8, "sampler output"));
     DLLM__TRY(A.deferred.fit((size_t)seq, "sampler output"));
+    DLLM__TRY(A.cutoff.fit((size_t)seq * 4, "sampler filters"));
     DLLM__TRY(A.canvas.fit(M * 4, "the canvas"));
     DLLM__TRY(A.is_prompt.fit((size_t)seq, "the canvas"));
     DLLM__TRY(A.state.fit(sizeof(dllm_step_state), "the step state"));
@@ -7295,6 +7450,11 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
     a.temperature = s.temperature, a.seed = s.seed;
     a.eos_inf = s.eos_logit_inf, a.eos_id = s.eos_id, a.eot_id = s.eot_id, a.defer_eos_eot = s.defer_eos_eot;
     a.remasking = (int)s.remasking, a.conf_tempered = s.tempered_conf, a.alg_temp = s.alg_temp;
+    a.top_k = s.top_k, a.top_p = (float)s.top_p, a.min_p = (float)s.min_p, a.cutoff = nullptr;
+    if (s.filters()) {  // off, the sampler runs exactly as before: no launch, no per-logit test
+        a.cutoff = act_.cutoff.as<float>();
+        DLLM__TRY(S_.row_cutoff_kernel.launch({dim3((unsigned)rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
+    }
     DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)slices, (unsigned)rows), dim3(256)}, stream_, a, act_.state.ptr, act_.partials.ptr));
     return S_.conf_combine_kernel.launch({dim3((unsigned)(rows + 127) / 128), dim3(128)}, stream_, a, act_.state.ptr, act_.partials.ptr,
                                          act_.x0.as<int>() + off, act_.conf.as<double>() + off, act_.deferred.as<unsigned char>() + off);
@@ -7359,7 +7519,8 @@ std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
     return dllm__format("%d %d %d %.17g %.9g %llu %d %d %d %d %d %d %d %d %d %.17g %.17g %.17g %.17g %d %d", st.cfg_scale > 0 ? 2 : 1,
                         (int)st.canvas.size(), st.cand_lo, s.temperature, (double)st.cfg_scale, (unsigned long long)s.seed, s.eos_logit_inf,
                         s.defer_eos_eot, (int)s.remasking, s.eos_id, s.eot_id, st.mask_id, st.lacache, (int)st.unmask.kind, st.unmask.threshold,
-                        st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, act_.generation);
+                        st.unmask.factor, st.unmask.eps, s.alg_temp, (int)st.kv_cache, (int)positions_on_, act_.generation) +
+           dllm__format(" %d %.17g %.17g", s.top_k, s.top_p, s.min_p);  // the sampler filters (a graph without them has no cutoff launch)
 }
 
 /* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so the
@@ -7557,6 +7718,14 @@ static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
     return DLLM_OK;
 }
 
+/* The sampler filters: each off or inside its range (dllm.h). */
+static dllm_status dllm__check_filters(const dllm_gen_params &p) {
+    if (p.top_k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p.top_k);
+    if (!(p.top_p > 0 && p.top_p <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
+    if (!(p.min_p >= 0 && p.min_p <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
+    return DLLM_OK;
+}
+
 /* The schedule options beyond LLaDA's (Fast-dLLM, DPad, Dream): ranges and combinations. */
 static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_t *prompt, int n_prompt, int32_t mask_id) {
     int unmask = dllm__enum_int(p.unmask), kv = dllm__enum_int(p.kv_cache), dpad = dllm__enum_int(p.dpad);
@@ -7601,6 +7770,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
     if (!(p.temperature >= 0) || !(p.temperature < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
     if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+    DLLM__TRY(dllm__check_filters(p));
     int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
@@ -7643,6 +7813,9 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.sampling.defer_eos_eot = p.confidence_eos_eot_inf != 0;
     st.sampling.eos_id = plan.eos_id;
     st.sampling.eot_id = plan.eot_id;
+    st.sampling.top_k = p.top_k;
+    st.sampling.top_p = p.top_p;
+    st.sampling.min_p = p.min_p;
     st.lacache = p.lacache;
     st.unmask.kind = p.unmask;
     st.unmask.threshold = p.threshold;
@@ -8056,6 +8229,9 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.dpad_k = 4.0f;
     p.dpad_scale = 2.0f;
     p.dpad_n = 64;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
     return p;
 }
 
@@ -8064,9 +8240,13 @@ dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dl
     if (n_out) *n_out = 0;
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate: ctx is NULL");
-        return dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
+        dllm_status s = dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out) *n_out = params.gen_length;  // the size needed, as dllm_tokenize reports it
+        return s;
     });
 }
+
+const char *dllm_version(void) { return DLLM__XSTR(DLLM_VERSION_MAJOR) "." DLLM__XSTR(DLLM_VERSION_MINOR) "." DLLM__XSTR(DLLM_VERSION_PATCH); }
 
 dllm_status dllm_tokenizer_load(const char *dir, dllm_tokenizer **out_tok) {
     return dllm__guard(nullptr, [&]() -> dllm_status {

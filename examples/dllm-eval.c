@@ -18,6 +18,8 @@
  *               (--cache, --threshold, --factor, --dpad, --alg, --timesteps) apply to the configuration under
  *               test only: the reference is LLaDA's vanilla decoding.
  * --precision bf16|fp8|fp8-all sets dllm_ctx_params.precision for every mode (--ref-precision: the reference's).
+ * --add FILE must hold "a+b=sum" lines (empty lines are skipped); another line is an error with its number.
+ * While it runs, a terminal on stderr shows the progress.
  * Each result is also printed as a "key value" line for scripts. Exit 0 on success, 1 with one line on
  * stderr for bad usage or a bad model.
  */
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *model_dir, *nll_file, *add_file, *agree_file;
@@ -60,7 +63,9 @@ static void usage(void) {
            "  --threshold T, --factor F  Fast-dLLM parallel decoding\n"
            "  --dpad W                DPad Gaussian suffix dropout over a window of W (k 4, scale 2)\n"
            "  --alg A                 low_confidence (default), topk_margin, entropy, origin or random\n"
-           "  --timesteps             Dream's per-step count (eps 1e-3); --alg origin needs it\n");
+           "  --timesteps             Dream's per-step count (eps 1e-3); --alg origin needs it\n"
+           "  --version               print the version\n"
+           "Progress goes to stderr when it is a terminal.\n");
 }
 
 static int parse_backend(const char *s, dllm_backend *b) {
@@ -115,6 +120,34 @@ static int parse_sched(const char *a, const char *v, dllm_gen_params *g) {
     return !end || (*end == 0 && end != v);
 }
 
+/* Options that take no value; every other known option takes one. */
+static int is_flag(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version") || !strcmp(a, "--timesteps"); }
+
+static int is_value_option(const char *a) {
+    static const char *const names[] = {"-m", "--model", "--nll", "--add", "--agree", "--limit", "--windows", "-n", "--steps", "--block",
+                                        "--backend", "--ref-backend", "--lacache", "--ref-lacache", "--precision", "--ref-precision",
+                                        "--cache", "--threshold", "--factor", "--dpad", "--alg"};
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i])) return 1;
+    return 0;
+}
+
+/* A count option's value: an integer in [lo, 1 << 24]; 0 after printing an error naming the option. */
+static int parse_count(const char *a, const char *v, int lo, int *out) {
+    char *end = NULL;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > (1 << 24)) {
+        fprintf(stderr, "dllm-eval: %s must be an integer >= %d, not \"%s\"\n", a, lo, v);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+/* Returns 0 to go on, 1 after printing an error, 2 after printing help or the version. */
 static int parse_args(int argc, char **argv, options *o) {
     int i;
     memset(o, 0, sizeof *o);
@@ -125,43 +158,78 @@ static int parse_args(int argc, char **argv, options *o) {
     o->precision = o->ref_precision = DLLM_PRECISION_BF16;
     o->sched = dllm_gen_default_params();
     for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
+        const char *a = argv[i], *v;
+        if (!is_flag(a) && !is_value_option(a)) {
+            fprintf(stderr, a[0] == '-' && a[1] ? "dllm-eval: unknown option %s (see --help)\n" : "dllm-eval: unexpected argument \"%s\" (see --help)\n", a);
+            return 1;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 2; }
+        if (!strcmp(a, "--version")) { printf("dllm-eval (dllm %s)\n", dllm_version()); return 2; }
         if (!strcmp(a, "--timesteps")) { o->sched.unmask = DLLM_UNMASK_TIMESTEPS; continue; }
-        if (!v) return fail("missing value after ", a);
-        i++;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "dllm-eval: option %s needs a value (see --help)\n", a);
+            return 1;
+        }
+        v = argv[++i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--nll")) o->nll_file = v;
         else if (!strcmp(a, "--add")) o->add_file = v;
         else if (!strcmp(a, "--agree")) o->agree_file = v;
-        else if (!strcmp(a, "--limit")) o->limit = atoi(v);
-        else if (!strcmp(a, "--windows")) o->windows = atoi(v);
-        else if (!strcmp(a, "-n")) o->n = atoi(v);
-        else if (!strcmp(a, "--steps")) o->steps = atoi(v);
-        else if (!strcmp(a, "--block")) o->block = atoi(v);
+        else if (!strcmp(a, "--limit")) { if (!parse_count(a, v, 0, &o->limit)) return 1; }
+        else if (!strcmp(a, "--windows")) { if (!parse_count(a, v, 1, &o->windows)) return 1; }
+        else if (!strcmp(a, "-n")) { if (!parse_count(a, v, 1, &o->n)) return 1; }
+        else if (!strcmp(a, "--steps")) { if (!parse_count(a, v, 1, &o->steps)) return 1; }
+        else if (!strcmp(a, "--block")) { if (!parse_count(a, v, 1, &o->block)) return 1; }
         else if (!strcmp(a, "--backend")) { if (!parse_backend(v, &o->backend)) return fail("bad --backend ", v); }
         else if (!strcmp(a, "--ref-backend")) { if (!parse_backend(v, &o->ref_backend)) return fail("bad --ref-backend ", v); }
         else if (!strcmp(a, "--lacache")) { if (!parse_lacache(v, &o->lacache)) return fail("bad --lacache ", v); }
         else if (!strcmp(a, "--ref-lacache")) { if (!parse_lacache(v, &o->ref_lacache)) return fail("bad --ref-lacache ", v); }
         else if (!strcmp(a, "--precision")) { if (!parse_precision(v, &o->precision)) return fail("bad --precision ", v); }
         else if (!strcmp(a, "--ref-precision")) { if (!parse_precision(v, &o->ref_precision)) return fail("bad --ref-precision ", v); }
-        else if (!parse_sched(a, v, &o->sched)) return fail("unknown option or bad value: ", a);
+        else if (!parse_sched(a, v, &o->sched)) { fprintf(stderr, "dllm-eval: bad value for %s: \"%s\"\n", a, v); return 1; }
     }
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)", NULL);
     if (!o->nll_file && !o->add_file && !o->agree_file) return fail("nothing to do: pass --nll, --add or --agree", NULL);
-    if (o->windows <= 0 || o->n <= 0 || o->steps <= 0 || o->block <= 0 || o->limit < 0) return fail("counts must be positive", NULL);
+    if (o->n % o->block) { fprintf(stderr, "dllm-eval: -n %d is not a multiple of --block %d: pick a --block that divides it\n", o->n, o->block); return 1; }
+    if (o->steps % (o->n / o->block)) {
+        fprintf(stderr, "dllm-eval: --steps %d is not a multiple of the %d blocks (-n / --block)\n", o->steps, o->n / o->block);
+        return 1;
+    }
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len) {
+/* Long evaluations report how far they are on stderr, when it is a terminal (a log gets the results only). */
+static void progress(const char *what, long done, long total) {
+    static int tty = -1;
+    if (tty < 0) tty = isatty(STDERR_FILENO);
+    if (!tty) return;
+    if (done < total) fprintf(stderr, "\r%s %ld/%ld\033[K", what, done, total);
+    else fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+}
+
+/* The number of '\n'-separated lines of text (a last line without '\n' counts). */
+static long count_lines(const char *text, size_t len) {
+    long n = 0;
+    size_t i;
+    for (i = 0; i < len; i++) n += text[i] == '\n';
+    return n + (len && text[len - 1] != '\n');
+}
+
+/* The whole file, NUL-terminated; NULL after printing why not (naming the option that gave the path). */
+static char *read_file(const char *option, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     char *buf = NULL;
     long size;
-    if (!f) return NULL;
+    if (!f) {
+        fprintf(stderr, "dllm-eval: %s %s: %s\n", option, path, strerror(errno));
+        return NULL;
+    }
     if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (char *)malloc((size_t)size + 1))) {
         *len = fread(buf, 1, (size_t)size, f);
         buf[*len] = 0;
     }
+    if (!buf) fprintf(stderr, "dllm-eval: %s %s: cannot read it\n", option, path);
     fclose(f);
     return buf;
 }
@@ -205,19 +273,22 @@ static int eval_nll(const loaded *L, const options *o) {
     static const double ratios[3] = {0.15, 0.5, 0.9};
     const int W = 128, V = L->info.n_vocab;
     size_t len = 0;
-    char *text = read_file(o->nll_file, &len);
+    char *text = read_file("--nll", o->nll_file, &len);
     int n = 0, k, w, i, rc = 1, windows;
     int32_t *ids = text ? tokenize(L->tok, text, len, &n) : NULL, masked[128];
-    float *logits = (float *)malloc(sizeof(float) * (size_t)W * V);
-    dllm_ctx *ctx = make_ctx(L, o->backend, o->precision);
-    if (!text || !ids || !logits || !ctx) { fail("cannot evaluate NLL on ", o->nll_file); goto done; }
+    float *logits = text ? (float *)malloc(sizeof(float) * (size_t)W * V) : NULL;
+    dllm_ctx *ctx = text ? make_ctx(L, o->backend, o->precision) : NULL;
+    if (!text || !ctx) goto done;  /* the reason is printed */
+    if (!ids || !logits) { fail("out of memory evaluating NLL on ", o->nll_file); goto done; }
     windows = n / W < o->windows ? n / W : o->windows;
+    if (windows == 0) { fprintf(stderr, "dllm-eval: --nll %s: %d tokens, fewer than one window of %d\n", o->nll_file, n, W); goto done; }
     printf("nll_tokens %d\nnll_windows %d\n", n, windows);
     for (k = 0; k < 3; k++) {
         double sum = 0;
         long count = 0;
         for (w = 0; w < windows; w++) {
             const int32_t *win = ids + (size_t)w * W;
+            progress("NLL windows", (long)k * windows + w, 3L * windows);
             for (i = 0; i < W; i++)
                 masked[i] = dllm_rng_uniform(1234, (uint32_t)i, (uint32_t)w, (uint32_t)k, 3) < ratios[k] ? L->info.mask_id : win[i];
             if (dllm_logits(ctx, masked, W, 0, W, logits, (size_t)W * V) != DLLM_OK) { fail("", dllm_ctx_last_error(ctx)); goto done; }
@@ -227,6 +298,7 @@ static int eval_nll(const loaded *L, const options *o) {
                 count++;
             }
         }
+        if (k == 2) progress("NLL windows", 3, 3);
         printf("nll_%.2f %.6f\nnll_%.2f_masked %ld\n", ratios[k], count ? sum / count : 0.0, ratios[k], count);
     }
     rc = 0;
@@ -283,49 +355,95 @@ done:
     return rc;
 }
 
-/* Exact match on "a+b=sum" lines: the answer is the decode of the ids before the first EOS/EoT. */
+/* Is line[0..len) "a+b=sum" in decimal digits? Sets *eq to the '='. */
+static int is_add_problem(const char *line, size_t len, size_t *eq) {
+    size_t i = 0, start;
+    int part;
+    for (part = 0; part < 3; part++) {
+        start = i;
+        while (i < len && line[i] >= '0' && line[i] <= '9') i++;
+        if (i == start) return 0;
+        if (part == 0 && (i == len || line[i++] != '+')) return 0;
+        if (part == 1) {
+            if (i == len || line[i] != '=') return 0;
+            *eq = i++;
+        }
+    }
+    return i == len;
+}
+
+/* Exact match on "a+b=sum" lines (empty lines skipped): the answer is the decode of the ids before the first
+ * EOS/EoT. A line of another shape is an error naming it. */
 static int eval_add(const loaded *L, const options *o) {
-    size_t len = 0;
-    char *text = read_file(o->add_file, &len), *line, *save = NULL;
-    dllm_ctx *ctx = make_ctx(L, o->backend, o->precision);
-    int total = 0, correct = 0;
-    if (!text || !ctx) { free(text); dllm_ctx_free(ctx); return fail("cannot evaluate ", o->add_file); }
-    for (line = strtok_r(text, "\n", &save); line && (!o->limit || total < o->limit); line = strtok_r(NULL, "\n", &save)) {
-        char *eq = strchr(line, '=');
+    const int gen = 8;
+    size_t len = 0, pos = 0;
+    char *text = read_file("--add", o->add_file, &len);
+    dllm_ctx *ctx = text ? make_ctx(L, o->backend, o->precision) : NULL;
+    int total = 0, correct = 0, line_no = 0, rc = 1;
+    long lines = text ? count_lines(text, len) : 0;
+    if (!text || !ctx) goto done;
+    while (pos < len && (!o->limit || total < o->limit)) {
+        char *line = text + pos, *nl = (char *)memchr(line, '\n', len - pos);
+        size_t line_len = nl ? (size_t)(nl - line) : len - pos, eq = 0;
         int np = 0, n_out = 0, i, n_ans = 0;
         int32_t out[8], *prompt;
         char answer[64];
         size_t alen = 0;
-        if (!eq) continue;
-        prompt = tokenize(L->tok, line, (size_t)(eq - line + 1), &np);
-        if (!prompt || decode(ctx, prompt, np, 8, 8, 8, o->lacache, out, &n_out) != DLLM_OK) { free(prompt); free(text); dllm_ctx_free(ctx); return fail("", dllm_last_error()); }
+        pos += line_len + 1;
+        line_no++;
+        if (line_len && line[line_len - 1] == '\r') line_len--;
+        if (!line_len) continue;
+        if (!is_add_problem(line, line_len, &eq)) {
+            fprintf(stderr, "dllm-eval: --add %s:%d: expected a line \"a+b=sum\" in decimal digits, got \"%.*s\"\n", o->add_file, line_no,
+                    line_len > 40 ? 40 : (int)line_len, line);
+            goto done;
+        }
+        progress("--add problems", line_no, lines);
+        prompt = tokenize(L->tok, line, eq + 1, &np);
+        if (prompt && np + gen > L->info.max_seq_len) {
+            fprintf(stderr, "dllm-eval: --add %s:%d: the problem is %d tokens; with the %d answer tokens that exceeds the model's context of %d\n",
+                    o->add_file, line_no, np, gen, L->info.max_seq_len);
+            free(prompt);
+            goto done;
+        }
+        if (!prompt || decode(ctx, prompt, np, gen, gen, gen, o->lacache, out, &n_out) != DLLM_OK) {
+            free(prompt);
+            fail("", dllm_last_error());
+            goto done;
+        }
         for (i = 0; i < n_out && out[i] != L->info.eos_id && out[i] != L->info.eot_id; i++) n_ans++;
         answer[0] = 0;
         dllm_detokenize(L->tok, out, n_ans, 1, answer, sizeof answer, &alen);
-        correct += strcmp(answer, eq + 1) == 0;
+        correct += strlen(answer) == line_len - eq - 1 && !memcmp(answer, line + eq + 1, line_len - eq - 1);
         total++;
         free(prompt);
     }
+    progress("--add problems", lines, lines);
     printf("add_problems %d\nadd_correct %d\nexact_match %.4f\n", total, correct, total ? (double)correct / total : 0.0);
+    rc = 0;
+done:
     free(text);
     dllm_ctx_free(ctx);
-    return 0;
+    return rc;
 }
 
 /* Per-token and per-sequence agreement of the generated ids between two configurations. */
 static int eval_agree(const loaded *L, const options *o) {
     size_t len = 0;
-    char *text = read_file(o->agree_file, &len), *line, *save = NULL;
+    char *text = read_file("--agree", o->agree_file, &len), *line, *save = NULL;
+    long lines = text ? count_lines(text, len) : 0;
     const int same_ctx = o->backend == o->ref_backend && o->precision == o->ref_precision;
     dllm_ctx *a = make_ctx(L, o->backend, o->precision), *b = same_ctx ? a : make_ctx(L, o->ref_backend, o->ref_precision);
     int32_t *ga = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n), *gb = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n);
     long tokens = 0, same_tokens = 0, nfe_a = 0, nfe_b = 0, pll_na = 0, pll_nb = 0;
     double pll_a = 0, pll_b = 0;
     int seqs = 0, same_seqs = 0, rc = 1;
-    if (!text || !a || !b || !ga || !gb) { fail("cannot evaluate agreement on ", o->agree_file); goto done; }
+    if (!text) goto done;  /* the reason is printed */
+    if (!a || !b || !ga || !gb) { fail("cannot evaluate agreement on ", o->agree_file); goto done; }
     for (line = strtok_r(text, "\n", &save); line && (!o->limit || seqs < o->limit); line = strtok_r(NULL, "\n", &save)) {
         int np = 0, na = 0, nb = 0, i, same = 1;
         int32_t *prompt = tokenize(L->tok, line, strlen(line), &np);
+        progress("--agree prompts", seqs, o->limit && o->limit < lines ? o->limit : lines);
         if (!prompt || decode_with(a, o->sched, prompt, np, o->n, o->steps, o->block, o->lacache, ga, &na, &nfe_a) != DLLM_OK ||
             decode_with(b, dllm_gen_default_params(), prompt, np, o->n, o->steps, o->block, o->ref_lacache, gb, &nb, &nfe_b) != DLLM_OK ||
             pseudo_nll(b, L, prompt, np, ga, na, &pll_a, &pll_na) || pseudo_nll(b, L, prompt, np, gb, nb, &pll_b, &pll_nb)) {
@@ -342,6 +460,7 @@ static int eval_agree(const loaded *L, const options *o) {
         seqs++;
         free(prompt);
     }
+    progress("--agree prompts", 1, 1);
     printf("agree_sequences %d\nagree_token %.4f\nagree_sequence %.4f\n", seqs, tokens ? (double)same_tokens / tokens : 0.0,
            seqs ? (double)same_seqs / seqs : 0.0);
     printf("nfe %ld\nref_nfe %ld\npll %.4f\nref_pll %.4f\n", nfe_a, nfe_b, pll_na ? pll_a / pll_na : 0.0, pll_nb ? pll_b / pll_nb : 0.0);
@@ -358,10 +477,13 @@ done:
 int main(int argc, char **argv) {
     options o;
     loaded L;
-    int rc = 0;
-    if (parse_args(argc, argv, &o)) return 1;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc == 2 ? 0 : 1;
     memset(&L, 0, sizeof L);
-    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &L.model) != DLLM_OK) return fail("", dllm_last_error());
+    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &L.model) != DLLM_OK) {
+        fprintf(stderr, "dllm-eval: %s (-m)\n", dllm_last_error());
+        return 1;
+    }
     if (dllm_tokenizer_load(o.model_dir, &L.tok) != DLLM_OK || dllm_tokenizer_check_model(L.tok, L.model) != DLLM_OK) {
         rc = fail("", dllm_last_error());
         goto done;

@@ -1,53 +1,108 @@
 /* dllm-generate: decode a prompt with a diffusion LLM through the public dllm API.
  *
- *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 128 --steps 128 --block 32
- *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --steps 32 --block 8 --print-ids
- *   build/dllm-generate -m LLaDA-8B-Instruct -p "..." -n 256 --block 32 --threshold 0.9 --cache dual --precision fp8
+ *   build/dllm-generate -m models/tiny-llada -p "Tell me a story about a dog."
+ *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 256 --threshold 0.9 --cache dual
+ *   build/dllm-generate -m LLaDA-8B-Instruct -i --system "You are terse."          (multi-turn chat)
+ *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --json
  *
- * A text prompt (-p) goes through the model's chat template (unless --raw) and tokenizer; the answer is
- * streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas is redrawn after
- * every step with the masks shown. A stats line ends the run on stderr. Exit status 0 on success; on
- * bad usage or a bad model, 1 with a one-line message on stderr. Written in C99 against dllm.h only: it
- * doubles as an example of the API.
+ * A text prompt (-p TEXT, -p - for stdin, -f FILE) goes through the model's chat template (unless --raw) and
+ * tokenizer; the answer is streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas
+ * is redrawn after every step with the masks shown; --json prints one object (text, ids, stats) instead. A
+ * stats line ends the run on stderr. Defaults a new user expects: --block and --steps follow -n, early stop is
+ * on (blocks after one holding EOS cannot change the answer), sampling (--temp > 0) draws a fresh seed that the
+ * stats line prints. Exit status 0 on success, 1 with one line on stderr naming the flag to change. Written in
+ * C99 against dllm.h only: it doubles as an example of the API.
  */
 #include "../dllm.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#define MAX_STOPS 16
+
+/* Every option; a value option may be given once (--stop is repeatable). */
+enum {
+    OPT_HELP, OPT_VERSION, OPT_MODEL, OPT_PROMPT, OPT_FILE, OPT_IDS, OPT_INTERACTIVE, OPT_SYSTEM, OPT_RAW, OPT_NO_PARSE_SPECIAL,
+    OPT_VISUAL, OPT_JSON, OPT_PRINT_IDS, OPT_PROGRESS, OPT_VERBOSE, OPT_N, OPT_STEPS, OPT_BLOCK, OPT_TEMP, OPT_TOP_K, OPT_TOP_P,
+    OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
+    OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
+    OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_COUNT
+};
+
 typedef struct {
-    const char *model_dir;
-    const char *ids_text;
-    const char *prompt;
+    int id, takes_value;
+    const char *names[3];
+} option_def;
+
+static const option_def option_defs[] = {
+    {OPT_HELP, 0, {"-h", "--help"}}, {OPT_VERSION, 0, {"--version"}}, {OPT_MODEL, 1, {"-m", "--model"}},
+    {OPT_PROMPT, 1, {"-p", "--prompt"}}, {OPT_FILE, 1, {"-f", "--file"}}, {OPT_IDS, 1, {"--ids"}},
+    {OPT_INTERACTIVE, 0, {"-i", "--interactive"}}, {OPT_SYSTEM, 1, {"--system", "-sys", "--system-prompt"}}, {OPT_RAW, 0, {"--raw"}},
+    {OPT_NO_PARSE_SPECIAL, 0, {"--no-parse-special"}}, {OPT_VISUAL, 0, {"--visual", "--diffusion-visual"}}, {OPT_JSON, 0, {"--json"}},
+    {OPT_PRINT_IDS, 0, {"--print-ids"}}, {OPT_PROGRESS, 0, {"--progress"}}, {OPT_VERBOSE, 0, {"-v", "--verbose"}},
+    {OPT_N, 1, {"-n", "--gen-length", "--n-predict"}}, {OPT_STEPS, 1, {"--steps", "--diffusion-steps"}},
+    {OPT_BLOCK, 1, {"--block", "--diffusion-block-length"}}, {OPT_TEMP, 1, {"--temp", "--temperature"}}, {OPT_TOP_K, 1, {"--top-k"}},
+    {OPT_TOP_P, 1, {"--top-p"}}, {OPT_MIN_P, 1, {"--min-p"}}, {OPT_STOP, 1, {"--stop"}}, {OPT_SEED, 1, {"-s", "--seed"}},
+    {OPT_ALG, 1, {"--alg", "--remask"}}, {OPT_LACACHE, 1, {"--lacache"}}, {OPT_CFG, 1, {"--cfg"}}, {OPT_THRESHOLD, 1, {"--threshold"}},
+    {OPT_FACTOR, 1, {"--factor"}}, {OPT_CACHE, 1, {"--cache"}}, {OPT_DPAD_WINDOW, 1, {"--dpad-window"}}, {OPT_DPAD_K, 1, {"--dpad-k"}},
+    {OPT_DPAD_SCALE, 1, {"--dpad-scale"}}, {OPT_DPAD_UNIFORM, 1, {"--dpad-uniform"}}, {OPT_EARLY_STOP, 0, {"--early-stop"}},
+    {OPT_NO_EARLY_STOP, 0, {"--no-early-stop"}}, {OPT_TIMESTEPS, 0, {"--timesteps"}}, {OPT_EPS, 1, {"--eps"}},
+    {OPT_ALG_TEMP, 1, {"--alg-temp"}}, {OPT_LOGITS_EOS_INF, 0, {"--logits-eos-inf"}}, {OPT_EOS_EOT_LAST, 0, {"--eos-eot-last"}},
+    {OPT_NO_STOP_AT_EOS, 0, {"--no-stop-at-eos"}}, {OPT_BACKEND, 1, {"--backend"}}, {OPT_PRECISION, 1, {"--precision"}},
+    {OPT_THREADS, 1, {"--threads", "-t"}},
+};
+
+typedef struct {
+    const char *model_dir, *ids_text, *prompt_arg, *prompt_file, *system;
+    char *prompt;               /* the text prompt, from -p, -p - (stdin) or -f; malloc'ed */
+    const char *stops[MAX_STOPS];
+    int n_stops;
     dllm_gen_params gen;
     dllm_ctx_params ctx;
-    int print_ids;
-    int verbose;
-    int progress;
-    int raw;
-    int visual;
+    const char *given[OPT_COUNT]; /* the spelling each option was given as, NULL if not given */
+    int print_ids, verbose, progress, raw, visual, json, interactive, parse_special;
+    int random_seed;            /* the seed was drawn, not given */
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dllm-generate -m DIR (-p \"text\" | --ids \"I J K\") [options]\n"
+            "usage: dllm-generate -m DIR (-p TEXT | -p - | -f FILE | --ids \"I J K\" | -i) [options]\n"
             "\n"
             "Decodes a prompt with LLaDA's semi-autoregressive block schedule (generate.py semantics), Fast-dLLM's\n"
             "parallel decoding, DPad or Dream's samplers.\n"
             "\n"
             "  -m, --model DIR        Hugging Face model directory (config.json + safetensors + tokenizer files)\n"
-            "  -p, --prompt TEXT      prompt as text: the model's chat template is applied, the answer streamed\n"
-            "  --raw                  with -p: tokenize the text as given, without the chat template\n"
-            "  --visual               with -p: redraw the whole canvas after every step, masks shown as '_';\n"
-            "                         alias --diffusion-visual\n"
-            "  --ids \"I J K\"          prompt as token ids, separated by spaces (no tokenizer needed)\n"
+            "  -p, --prompt TEXT      prompt as text: the model's chat template is applied, the answer streamed;\n"
+            "                         -p - reads the prompt from stdin (one trailing newline dropped)\n"
+            "  -f, --file FILE        the whole file is the prompt (as llama.cpp reads it; one trailing newline dropped)\n"
+            "  --ids \"I J K\"          prompt as token ids, separated by spaces; the answer is printed as text when the\n"
+            "                         model directory has a tokenizer, as ids otherwise\n"
+            "  -i, --interactive      chat: each line on stdin is a user turn, answered with the conversation so far\n"
+            "                         (-p/-f, if given, is the first turn); ends at end of input\n"
+            "  --system TEXT          a system message first (with the chat template); alias -sys, --system-prompt\n"
+            "  --raw                  tokenize the text as given, without the chat template\n"
+            "  --no-parse-special     the prompt's text is plain text: \"<|eot_id|>\" typed in it is not the special token\n"
+            "  --visual               redraw the whole canvas after every step, masks shown as '_'; alias --diffusion-visual\n"
+            "  --json                 print one JSON object on stdout instead of text: {\"text\", \"ids\", \"stats\"} (one line\n"
+            "                         per turn with -i)\n"
+            "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
+            "\n"
             "  -n, --gen-length N     tokens to generate (default 128); alias --n-predict\n"
-            "  --steps N              denoising steps in total (default: gen length); alias --diffusion-steps\n"
-            "  --block N              block length (default 32); alias --diffusion-block-length\n"
-            "  --temp T               temperature, 0 = greedy (default 0)\n"
+            "  --block N              block length (default: the largest divisor of -n up to 32); alias --diffusion-block-length\n"
+            "  --steps N              denoising steps in total (default: -n, one token a step); alias --diffusion-steps\n"
+            "  --temp T               temperature, 0 = greedy (default 0); > 0 draws a fresh seed unless --seed is given\n"
+            "  --top-k K              sample among the K most likely tokens (0 = off); ties at the K-th are kept\n"
+            "  --top-p P              ... among the most likely tokens whose probability mass reaches P (1 = off)\n"
+            "  --min-p P              ... among tokens with p >= P * p(most likely) (0 = off). The three filters apply to\n"
+            "                         softmax(logits / temp) and intersect; the confidence sees the filtered row (as Dream)\n"
+            "  --stop STR             end the answer before STR and stop decoding (repeatable)\n"
+            "  -s, --seed N           seed of every random draw; -1 = a fresh one (the default when anything is random);\n"
+            "                         the stats line prints it so that a run can be repeated\n"
             "  --alg MODE             which masks a step commits first: low_confidence (default, highest p(x0); alias\n"
             "                         maskgit_plus), topk_margin (p(top1) - p(top2)), entropy (sum p log p), random, or\n"
             "                         origin (see --timesteps); alias --remask. topk_margin and entropy take p from\n"
@@ -55,6 +110,8 @@ static void usage(FILE *f) {
             "  --lacache MODE         GPU exact caching: on (default), truncate (LM head on the block only) or off;\n"
             "                         every mode gives the same tokens\n"
             "  --cfg S                classifier-free guidance scale, 0 = off (default 0)\n"
+            "  --no-early-stop        decode every block even after one holding EOS/EoT (the library's default); early\n"
+            "                         stop cannot change the answer, only the ids after it (see --no-stop-at-eos)\n"
             "\n"
             "Fast-dLLM and DPad (compose with each other and with --lacache):\n"
             "  --threshold TAU        parallel decoding: each step commits the best candidate and every one with\n"
@@ -68,9 +125,9 @@ static void usage(FILE *f) {
             "  --dpad-k K             DPad Gaussian sharpness (default 4)\n"
             "  --dpad-scale A         DPad Gaussian scale (default 2)\n"
             "  --dpad-uniform N       DPad: keep N positions drawn uniformly from the window instead\n"
-            "  --early-stop           after a block with EOS/EoT, fill the rest with it and stop\n"
+            "  --early-stop           after a block with EOS/EoT, fill the rest with it and stop (the default here)\n"
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
-            "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 --early-stop for DPad)\n"
+            "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 for DPad)\n"
             "\n"
             "Dream's samplers (generation_utils.py; any model, composing with blocks and caches):\n"
             "  --timesteps            Dream's count: with t = linspace(1, eps, steps per block + 1), step i of a block\n"
@@ -80,37 +137,43 @@ static void usage(FILE *f) {
             "  --eps E                the last timestep, in (0, 1) (default 1e-3)\n"
             "  --alg-temp T           > 0: a step samples its positions from softmax(confidence / T) without\n"
             "                         replacement instead of taking the top ones (default 0)\n"
-            "  Dream's README settings (alg entropy, 512 steps, temperature 0.2, the whole answer as one block):\n"
-            "                         -n 512 --steps 512 --block 512 --temp 0.2 --alg entropy --timesteps\n"
-            "                         (its top_p 0.95 is not supported: dllm samples from the full softmax)\n"
+            "  Dream's README settings (alg entropy, 512 steps, temperature 0.2, top_p 0.95, the answer as one block):\n"
+            "                         -n 512 --block 512 --temp 0.2 --top-p 0.95 --alg entropy --timesteps\n"
             "\n"
-            "  --seed N               seed of every random draw (default 0)\n"
             "  --logits-eos-inf       forbid the EOS token\n"
             "  --eos-eot-last         commit EOS/EoT predictions last (confidence_eos_eot_inf)\n"
-            "  --no-stop-at-eos       print the whole generation, EOS/EoT included\n"
+            "  --no-stop-at-eos       print the whole generation, EOS/EoT included (early stop is then off unless asked for)\n"
             "  --backend B            auto (default), cpu or gpu\n"
             "  --precision P          bf16 (default), fp8 or fp8-all. fp8: the FFN linears of layers >= 1 in FP8 E4M3\n"
             "                         (LaCache's scheme; block-scaled GEMMs on sm_90 and sm_89, other GPUs run BF16\n"
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
             "                         the paper). The CPU backend computes the same function\n"
-            "  --threads N            CPU backend threads (default: all)\n"
-            "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
-            "  --progress             show a progress line on stderr\n"
+            "  -t, --threads N        CPU backend threads (default: all)\n"
+            "  --progress             show the progress on stderr (on a terminal the answer is then printed at the end)\n"
             "  -v, --verbose          library log messages at info level\n"
+            "  --version              print the version\n"
             "  -h, --help             this text\n");
 }
 
-static int fail(const char *fmt, const char *arg) {
+/* One line on stderr, "dllm-generate: " first; returns 1 (the exit status of every failure). */
+#if defined(__GNUC__)
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#endif
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "dllm-generate: ");
-    fprintf(stderr, fmt, arg);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+    va_end(ap);
     return 1;
 }
 
 static int parse_int(const char *s, long lo, long hi, int *out) {
     char *end = NULL;
+    long v;
     errno = 0;
-    long v = strtol(s, &end, 10);
+    v = strtol(s, &end, 10);
     if (errno || !end || *end || end == s || v < lo || v > hi) return 0;
     *out = (int)v;
     return 1;
@@ -118,10 +181,18 @@ static int parse_int(const char *s, long lo, long hi, int *out) {
 
 static int parse_double(const char *s, double *out) {
     char *end = NULL;
+    double v;
     errno = 0;
-    double v = strtod(s, &end);
-    if (errno || !end || *end || end == s) return 0;
+    v = strtod(s, &end);
+    if (errno || !end || *end || end == s || v != v) return 0;
     *out = v;
+    return 1;
+}
+
+static int parse_float(const char *s, float *out) {
+    double v;
+    if (!parse_double(s, &v)) return 0;
+    *out = (float)v;
     return 1;
 }
 
@@ -136,13 +207,12 @@ static int parse_alg(const char *s, dllm_remasking *out) {
     return 0;
 }
 
-static int parse_float(const char *s, float *out) {
-    char *end = NULL;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || !end || *end || end == s) return 0;
-    *out = v;
-    return 1;
+/* Picks value i of names[] for s; 0 if s is none of them. */
+static int parse_choice(const char *s, const char *const *names, int n, int *out) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) { *out = i; return 1; }
+    return 0;
 }
 
 /* Parses "I J K" into a malloc'ed array; returns the count or -1. */
@@ -171,87 +241,231 @@ static int parse_ids(const char *text, int32_t **out) {
     return n;
 }
 
-/* Returns 0 on success, 1 after printing an error, 2 after printing help. */
-static int parse_args(int argc, char **argv, options *o) {
-    int steps_given = 0, i;
-    o->gen = dllm_gen_default_params();
-    o->ctx = dllm_ctx_default_params();
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes_value = 1;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 2; }
-        else if (!strcmp(a, "--print-ids")) { o->print_ids = 1; takes_value = 0; }
-        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { o->verbose = 1; takes_value = 0; }
-        else if (!strcmp(a, "--progress")) { o->progress = 1; takes_value = 0; }
-        else if (!strcmp(a, "--logits-eos-inf")) { o->gen.logits_eos_inf = 1; takes_value = 0; }
-        else if (!strcmp(a, "--eos-eot-last")) { o->gen.confidence_eos_eot_inf = 1; takes_value = 0; }
-        else if (!strcmp(a, "--no-stop-at-eos")) { o->gen.stop_at_eos = 0; takes_value = 0; }
-        else if (!strcmp(a, "--raw")) { o->raw = 1; takes_value = 0; }
-        else if (!strcmp(a, "--visual") || !strcmp(a, "--diffusion-visual")) { o->visual = 1; takes_value = 0; }
-        else if (!strcmp(a, "--early-stop")) { o->gen.early_stop = 1; takes_value = 0; }
-        else if (!strcmp(a, "--timesteps")) { o->gen.unmask = DLLM_UNMASK_TIMESTEPS; takes_value = 0; }
-        else if (!v) return fail("option %s needs a value (see --help)", a);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
-        else if (!strcmp(a, "--ids")) o->ids_text = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--gen-length") || !strcmp(a, "--n-predict")) { if (!parse_int(v, 1, 1 << 20, &o->gen.gen_length)) return fail("bad gen length \"%s\"", v); }
-        else if (!strcmp(a, "--steps") || !strcmp(a, "--diffusion-steps")) { if (!parse_int(v, 1, 1 << 24, &o->gen.steps)) return fail("bad step count \"%s\"", v); steps_given = 1; }
-        else if (!strcmp(a, "--block") || !strcmp(a, "--diffusion-block-length")) { if (!parse_int(v, 1, 1 << 20, &o->gen.block_length)) return fail("bad block length \"%s\"", v); }
-        else if (!strcmp(a, "--temp")) { if (!parse_float(v, &o->gen.temperature) || o->gen.temperature < 0) return fail("bad temperature \"%s\"", v); }
-        else if (!strcmp(a, "--cfg")) { if (!parse_float(v, &o->gen.cfg_scale) || o->gen.cfg_scale < 0) return fail("bad cfg scale \"%s\"", v); }
-        else if (!strcmp(a, "--seed")) { char *end = NULL; errno = 0; o->gen.seed = strtoull(v, &end, 0); if (errno || !end || *end || end == v) return fail("bad seed \"%s\"", v); }
-        else if (!strcmp(a, "--threshold")) { if (!parse_double(v, &o->gen.threshold)) return fail("bad threshold \"%s\"", v); o->gen.unmask = DLLM_UNMASK_THRESHOLD; }
-        else if (!strcmp(a, "--eps")) { if (!parse_double(v, &o->gen.eps) || !(o->gen.eps > 0 && o->gen.eps < 1)) return fail("--eps must be in (0, 1), not \"%s\"", v); }
-        else if (!strcmp(a, "--alg-temp")) { if (!parse_double(v, &o->gen.alg_temp) || !(o->gen.alg_temp >= 0)) return fail("bad --alg-temp \"%s\"", v); }
-        else if (!strcmp(a, "--factor")) { float f; if (!parse_float(v, &f) || !(f > 0)) return fail("--factor must be > 0, not \"%s\"", v); o->gen.unmask = DLLM_UNMASK_FACTOR; o->gen.factor = f; }
-        else if (!strcmp(a, "--dpad-window")) { if (!parse_int(v, 2, 1 << 20, &o->gen.dpad_window)) return fail("bad DPad window \"%s\" (at least 2)", v); if (o->gen.dpad == DLLM_DPAD_OFF) o->gen.dpad = DLLM_DPAD_GAUSSIAN; }
-        else if (!strcmp(a, "--dpad-k")) { if (!parse_float(v, &o->gen.dpad_k) || !(o->gen.dpad_k >= 0)) return fail("bad DPad k \"%s\"", v); }
-        else if (!strcmp(a, "--dpad-scale")) { if (!parse_float(v, &o->gen.dpad_scale) || !(o->gen.dpad_scale >= 0)) return fail("bad DPad scale \"%s\"", v); }
-        else if (!strcmp(a, "--dpad-uniform")) { if (!parse_int(v, 0, 1 << 20, &o->gen.dpad_n)) return fail("bad DPad count \"%s\"", v); o->gen.dpad = DLLM_DPAD_UNIFORM; }
-        else if (!strcmp(a, "--cache")) {
-            if (!strcmp(v, "none")) o->gen.kv_cache = DLLM_KV_CACHE_NONE;
-            else if (!strcmp(v, "prefix")) o->gen.kv_cache = DLLM_KV_CACHE_PREFIX;
-            else if (!strcmp(v, "dual")) o->gen.kv_cache = DLLM_KV_CACHE_DUAL;
-            else return fail("--cache must be none, prefix or dual, not \"%s\"", v);
+/* All of f in a malloc'ed NUL-terminated buffer, one trailing newline dropped (llama.cpp's -f); NULL on failure. */
+static char *read_all(FILE *f) {
+    size_t cap = 1 << 12, n = 0, got;
+    char *buf = (char *)malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap) {
+            char *grown = (char *)realloc(buf, cap *= 2);
+            if (!grown) { free(buf); return NULL; }
+            buf = grown;
         }
-        else if (!strcmp(a, "--threads")) { if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("bad thread count \"%s\"", v); }
-        else if (!strcmp(a, "--alg") || !strcmp(a, "--remask")) {
-            if (!parse_alg(v, &o->gen.remasking)) return fail("--alg must be low_confidence, maskgit_plus, topk_margin, entropy, origin or random, not \"%s\"", v);
-        } else if (!strcmp(a, "--lacache")) {
-            if (!strcmp(v, "on")) o->gen.lacache = DLLM_LACACHE_ON;
-            else if (!strcmp(v, "truncate")) o->gen.lacache = DLLM_LACACHE_TRUNCATE;
-            else if (!strcmp(v, "off")) o->gen.lacache = DLLM_LACACHE_OFF;
-            else return fail("--lacache must be on, truncate or off, not \"%s\"", v);
-        } else if (!strcmp(a, "--precision")) {
-            if (!strcmp(v, "bf16")) o->ctx.precision = DLLM_PRECISION_BF16;
-            else if (!strcmp(v, "fp8")) o->ctx.precision = DLLM_PRECISION_FP8_FFN;
-            else if (!strcmp(v, "fp8-all")) o->ctx.precision = DLLM_PRECISION_FP8_ALL;
-            else return fail("--precision must be bf16, fp8 or fp8-all, not \"%s\"", v);
-        } else if (!strcmp(a, "--backend")) {
-            if (!strcmp(v, "auto")) o->ctx.backend = DLLM_BACKEND_AUTO;
-            else if (!strcmp(v, "cpu")) o->ctx.backend = DLLM_BACKEND_CPU;
-            else if (!strcmp(v, "gpu")) o->ctx.backend = DLLM_BACKEND_GPU;
-            else return fail("--backend must be auto, cpu or gpu, not \"%s\"", v);
-        } else return fail("unknown option %s (see --help)", a);
-        if (takes_value) i++;
     }
-    if (!steps_given) o->gen.steps = o->gen.gen_length;
-    /* origin has no other count; an explicit --threshold/--factor stays, for the library to refuse with its reason */
-    if (o->gen.remasking == DLLM_REMASK_ORIGIN && o->gen.unmask == DLLM_UNMASK_SCHEDULE) o->gen.unmask = DLLM_UNMASK_TIMESTEPS;
-    if (!o->model_dir) return fail("%s", "no model: pass -m DIR (see --help)");
-    if (!o->ids_text == !o->prompt) return fail("%s", "pass exactly one prompt: -p \"text\" or --ids \"I J K\" (see --help)");
-    if ((o->raw || o->visual) && !o->prompt) return fail("%s", "--raw and --visual go with a text prompt (-p)");
+    if (buf && ferror(f)) { free(buf); return NULL; }
+    if (buf) {
+        if (n && buf[n - 1] == '\n') n--;
+        buf[n] = 0;
+    }
+    return buf;
+}
+
+static const option_def *find_option(const char *a) {
+    size_t i;
+    int k;
+    for (i = 0; i < sizeof option_defs / sizeof option_defs[0]; i++)
+        for (k = 0; k < 3 && option_defs[i].names[k]; k++)
+            if (!strcmp(a, option_defs[i].names[k])) return &option_defs[i];
+    return NULL;
+}
+
+/* A seed nobody chose: from the OS, else the clock. 32 bits, so that it is easy to type back. */
+static uint64_t fresh_seed(void) {
+    uint32_t s = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
+    if (f) fclose(f);
+    return s;
+}
+
+/* Applies one option; returns 0, or 1 after printing an error that names the flag. */
+static int apply_option(options *o, int id, const char *a, const char *v) {
+    static const char *const caches[] = {"none", "prefix", "dual"}, *const lacaches[] = {"off", "truncate", "on"},
+                             *const precisions[] = {"bf16", "fp8", "fp8-all"}, *const backends[] = {"auto", "cpu", "gpu"};
+    dllm_gen_params *g = &o->gen;
+    int k = 0;
+    switch (id) {
+    case OPT_MODEL: o->model_dir = v; break;
+    case OPT_PROMPT: o->prompt_arg = v; break;
+    case OPT_FILE: o->prompt_file = v; break;
+    case OPT_IDS: o->ids_text = v; break;
+    case OPT_INTERACTIVE: o->interactive = 1; break;
+    case OPT_SYSTEM: o->system = v; break;
+    case OPT_RAW: o->raw = 1; break;
+    case OPT_NO_PARSE_SPECIAL: o->parse_special = 0; break;
+    case OPT_VISUAL: o->visual = 1; break;
+    case OPT_JSON: o->json = 1; break;
+    case OPT_PRINT_IDS: o->print_ids = 1; break;
+    case OPT_PROGRESS: o->progress = 1; break;
+    case OPT_VERBOSE: o->verbose = 1; break;
+    case OPT_N: if (!parse_int(v, 1, 1 << 20, &g->gen_length)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
+    case OPT_STEPS: if (!parse_int(v, 1, 1 << 24, &g->steps)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
+    case OPT_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
+    case OPT_TEMP: if (!parse_float(v, &g->temperature) || !(g->temperature >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
+    case OPT_TOP_K: if (!parse_int(v, 0, 1 << 30, &g->top_k)) return fail("%s must be a count >= 0 (0 = off), not \"%s\"", a, v); break;
+    case OPT_TOP_P: if (!parse_float(v, &g->top_p) || !(g->top_p > 0 && g->top_p <= 1)) return fail("%s must be in (0, 1] (1 = off), not \"%s\"", a, v); break;
+    case OPT_MIN_P: if (!parse_float(v, &g->min_p) || !(g->min_p >= 0 && g->min_p <= 1)) return fail("%s must be in [0, 1] (0 = off), not \"%s\"", a, v); break;
+    case OPT_STOP:
+        if (!*v) return fail("%s needs a non-empty string", a);
+        if (o->n_stops == MAX_STOPS) return fail("at most %d %s strings", MAX_STOPS, a);
+        o->stops[o->n_stops++] = v;
+        break;
+    case OPT_SEED:
+        if (!strcmp(v, "-1")) { o->random_seed = 1; break; }
+        {
+            char *end = NULL;
+            errno = 0;
+            g->seed = strtoull(v, &end, 0);
+            if (errno || !end || *end || end == v || v[0] == '-') return fail("%s must be a non-negative integer or -1 (random), not \"%s\"", a, v);
+            o->random_seed = 0;
+        }
+        break;
+    case OPT_ALG:
+        if (!parse_alg(v, &g->remasking)) return fail("%s must be low_confidence, maskgit_plus, topk_margin, entropy, origin or random, not \"%s\"", a, v);
+        break;
+    case OPT_LACACHE: if (!parse_choice(v, lacaches, 3, &k)) return fail("%s must be on, truncate or off, not \"%s\"", a, v); g->lacache = (dllm_lacache)k; break;
+    case OPT_CFG: if (!parse_float(v, &g->cfg_scale) || !(g->cfg_scale >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
+    case OPT_THRESHOLD: if (!parse_double(v, &g->threshold)) return fail("%s must be a number, not \"%s\"", a, v); g->unmask = DLLM_UNMASK_THRESHOLD; break;
+    case OPT_FACTOR: if (!parse_double(v, &g->factor) || !(g->factor > 0)) return fail("%s must be > 0, not \"%s\"", a, v); g->unmask = DLLM_UNMASK_FACTOR; break;
+    case OPT_CACHE: if (!parse_choice(v, caches, 3, &k)) return fail("%s must be none, prefix or dual, not \"%s\"", a, v); g->kv_cache = (dllm_kv_cache)k; break;
+    case OPT_DPAD_WINDOW:
+        if (!parse_int(v, 2, 1 << 20, &g->dpad_window)) return fail("%s must be at least 2, not \"%s\"", a, v);
+        if (g->dpad == DLLM_DPAD_OFF) g->dpad = DLLM_DPAD_GAUSSIAN;
+        break;
+    case OPT_DPAD_K: if (!parse_float(v, &g->dpad_k) || !(g->dpad_k >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
+    case OPT_DPAD_SCALE: if (!parse_float(v, &g->dpad_scale) || !(g->dpad_scale >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
+    case OPT_DPAD_UNIFORM: if (!parse_int(v, 0, 1 << 20, &g->dpad_n)) return fail("%s must be a count >= 0, not \"%s\"", a, v); g->dpad = DLLM_DPAD_UNIFORM; break;
+    case OPT_EARLY_STOP: g->early_stop = 1; break;
+    case OPT_NO_EARLY_STOP: g->early_stop = 0; break;
+    case OPT_TIMESTEPS: g->unmask = DLLM_UNMASK_TIMESTEPS; break;
+    case OPT_EPS: if (!parse_double(v, &g->eps) || !(g->eps > 0 && g->eps < 1)) return fail("%s must be in (0, 1), not \"%s\"", a, v); break;
+    case OPT_ALG_TEMP: if (!parse_double(v, &g->alg_temp) || !(g->alg_temp >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
+    case OPT_LOGITS_EOS_INF: g->logits_eos_inf = 1; break;
+    case OPT_EOS_EOT_LAST: g->confidence_eos_eot_inf = 1; break;
+    case OPT_NO_STOP_AT_EOS: g->stop_at_eos = 0; break;
+    case OPT_BACKEND: if (!parse_choice(v, backends, 3, &k)) return fail("%s must be auto, cpu or gpu, not \"%s\"", a, v); o->ctx.backend = (dllm_backend)k; break;
+    case OPT_PRECISION:
+        if (!parse_choice(v, precisions, 3, &k)) return fail("%s must be bf16, fp8 or fp8-all, not \"%s\"", a, v);
+        o->ctx.precision = (dllm_precision)k;
+        break;
+    case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;
+    }
     return 0;
 }
+
+/* Pairs of options that contradict each other: the second would silently override the first. */
+static int check_conflicts(const options *o) {
+    static const int pairs[][2] = {
+        {OPT_PROMPT, OPT_FILE}, {OPT_PROMPT, OPT_IDS}, {OPT_FILE, OPT_IDS}, {OPT_INTERACTIVE, OPT_IDS},
+        {OPT_THRESHOLD, OPT_FACTOR}, {OPT_THRESHOLD, OPT_TIMESTEPS}, {OPT_FACTOR, OPT_TIMESTEPS},
+        {OPT_EARLY_STOP, OPT_NO_EARLY_STOP}, {OPT_RAW, OPT_SYSTEM}, {OPT_RAW, OPT_INTERACTIVE}, {OPT_VISUAL, OPT_JSON},
+        {OPT_VISUAL, OPT_INTERACTIVE}, {OPT_DPAD_UNIFORM, OPT_DPAD_K}, {OPT_DPAD_UNIFORM, OPT_DPAD_SCALE}};
+    size_t i;
+    for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+        if (o->given[pairs[i][0]] && o->given[pairs[i][1]])
+            return fail("%s and %s conflict: pass one of them", o->given[pairs[i][0]], o->given[pairs[i][1]]);
+    return 0;
+}
+
+/* Combinations the library would refuse, checked here so that the message names the flags. */
+static int check_schedule(const options *o) {
+    const dllm_gen_params *g = &o->gen;
+    const int counted = g->unmask == DLLM_UNMASK_SCHEDULE || g->unmask == DLLM_UNMASK_TIMESTEPS;
+    const char *rule = o->given[OPT_THRESHOLD] ? o->given[OPT_THRESHOLD] : o->given[OPT_FACTOR];
+    int n_blocks, b;
+    if (g->gen_length % g->block_length) {
+        for (b = g->block_length; g->gen_length % b; b--) {}
+        return fail("-n %d is not a multiple of --block %d: pick a --block that divides it (e.g. %d)", g->gen_length, g->block_length, b);
+    }
+    n_blocks = g->gen_length / g->block_length;
+    if (counted && g->steps % n_blocks)
+        return fail("--steps %d is not a multiple of the %d blocks (-n %d / --block %d): pass --steps %d", g->steps, n_blocks, g->gen_length,
+                    g->block_length, (g->steps / n_blocks + 1) * n_blocks);
+    if (g->remasking == DLLM_REMASK_ORIGIN && rule)
+        return fail("--alg origin commits by Dream's timestep schedule, which %s replaces: drop %s or pick another --alg", rule, rule);
+    if (g->remasking == DLLM_REMASK_ORIGIN && g->confidence_eos_eot_inf) return fail("--alg origin ranks nothing, so --eos-eot-last cannot apply: drop it");
+    if (g->alg_temp > 0 && (rule || g->remasking == DLLM_REMASK_ORIGIN))
+        return fail("--alg-temp samples the positions of a counted step; %s has none: drop --alg-temp", rule ? rule : "--alg origin");
+    if (g->unmask == DLLM_UNMASK_THRESHOLD && g->remasking != DLLM_REMASK_ENTROPY && !(g->threshold > 0 && g->threshold <= 1))
+        return fail("--threshold must be in (0, 1] (or <= 0 with --alg entropy), not %g", g->threshold);
+    if (g->unmask == DLLM_UNMASK_THRESHOLD && g->remasking == DLLM_REMASK_ENTROPY && !(g->threshold <= 0))
+        return fail("with --alg entropy the confidence is minus the entropy (<= 0): --threshold must be <= 0 (e.g. -0.5), not %g", g->threshold);
+    return 0;
+}
+
+/* Returns 0 to go on, 1 after printing an error, 2 after printing help or the version. */
+static int parse_args(int argc, char **argv, options *o) {
+    int i, rc, b;
+    o->gen = dllm_gen_default_params();
+    o->ctx = dllm_ctx_default_params();
+    o->parse_special = 1;
+    o->random_seed = 1;
+    o->gen.early_stop = -1;  /* not chosen yet */
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        const option_def *d = find_option(a);
+        if (!d) return a[0] == '-' && a[1] ? fail("unknown option %s (see --help)", a) : fail("unexpected argument \"%s\" (see --help)", a);
+        if (d->id == OPT_HELP) { usage(stdout); return 2; }
+        if (d->id == OPT_VERSION) { printf("dllm-generate (dllm %s)\n", dllm_version()); return 2; }
+        if (d->takes_value) {
+            if (i + 1 >= argc) return fail("option %s needs a value (see --help)", a);
+            v = argv[++i];
+        }
+        if (o->given[d->id] && d->id != OPT_STOP)
+            return strcmp(o->given[d->id], a) ? fail("%s and %s are the same option, given twice: pass it once", o->given[d->id], a)
+                                              : fail("%s is given twice: pass it once", a);
+        o->given[d->id] = a;
+        if ((rc = apply_option(o, d->id, a, v))) return rc;
+    }
+    if ((rc = check_conflicts(o))) return rc;
+    if (!o->model_dir) return fail("no model: pass -m DIR (see --help)");
+    if (!o->ids_text && !o->prompt_arg && !o->prompt_file && !o->interactive) return fail("no prompt: pass -p \"text\", -f FILE, --ids \"I J K\" or -i");
+    if ((o->raw || o->visual || o->system || !o->parse_special) && o->ids_text)
+        return fail("%s goes with a text prompt (-p, -f or -i), not --ids", o->raw ? "--raw" : o->visual ? "--visual" : o->system ? "--system" : "--no-parse-special");
+    /* The defaults a new user expects: a block that divides -n, a step a token, early stop where it changes nothing. */
+    if (!o->given[OPT_BLOCK]) {
+        for (b = o->gen.gen_length < 32 ? o->gen.gen_length : 32; o->gen.gen_length % b; b--) {}
+        o->gen.block_length = b;
+    }
+    if (!o->given[OPT_STEPS]) o->gen.steps = o->gen.gen_length;
+    if (o->gen.early_stop < 0) o->gen.early_stop = o->gen.stop_at_eos;
+    /* origin has no other count */
+    if (o->gen.remasking == DLLM_REMASK_ORIGIN && o->gen.unmask == DLLM_UNMASK_SCHEDULE) o->gen.unmask = DLLM_UNMASK_TIMESTEPS;
+    if ((rc = check_schedule(o))) return rc;
+    /* A fresh seed only where something is drawn; otherwise the seed changes nothing and stays 0. */
+    if (o->random_seed && (o->gen.temperature > 0 || o->gen.remasking == DLLM_REMASK_RANDOM || o->gen.remasking == DLLM_REMASK_ORIGIN ||
+                           o->gen.alg_temp > 0 || o->gen.dpad != DLLM_DPAD_OFF))
+        o->gen.seed = fresh_seed();
+    if (o->prompt_arg && !strcmp(o->prompt_arg, "-")) {
+        if (!(o->prompt = read_all(stdin))) return fail("-p -: cannot read the prompt from stdin");
+    } else if (o->prompt_arg) {
+        if (!(o->prompt = (char *)malloc(strlen(o->prompt_arg) + 1))) return fail("out of memory");
+        strcpy(o->prompt, o->prompt_arg);
+    } else if (o->prompt_file) {
+        FILE *f = fopen(o->prompt_file, "rb");
+        if (!f) return fail("-f %s: %s", o->prompt_file, strerror(errno));
+        o->prompt = read_all(f);
+        fclose(f);
+        if (!o->prompt) return fail("-f %s: cannot read it", o->prompt_file);
+    }
+    return 0;
+}
+
+/* ---- text out: streaming, stop strings, progress ------------------------------------------------- */
 
 /* What the step callback needs to show the answer as it forms. */
 typedef struct {
     const options *o;
-    const dllm_tokenizer *tok;  /* NULL for --ids prompts: nothing to show */
+    const dllm_tokenizer *tok;  /* NULL without a tokenizer: ids only */
     int32_t mask_id, eos_id, eot_id;
     int tty;                    /* stdout is a terminal: --visual redraws in place */
+    int live;                   /* the answer is streamed to stdout as it forms */
+    int progress_line;          /* --progress redraws one line on a terminal */
+    int last_block;             /* --progress without a terminal: the block last reported */
     size_t printed;             /* bytes of the answer already written to stdout */
+    int stop_ids;               /* >= 0: a stop string ends the text of the first stop_ids ids */
+    long stop_at;               /* its offset in that text */
     char *text;
     size_t text_cap;
 } stream;
@@ -270,13 +484,44 @@ static long detok(stream *s, const int32_t *ids, int n) {
     return st == DLLM_OK ? (long)need - 1 : -1;
 }
 
-/* Writes the answer text beyond what is already on stdout; returns 0, or -1 if the ids do not decode
- * (an id the tokenizer lacks). A trailing U+FFFD may be half of a character whose other bytes are not
- * committed yet, so it waits for the next step unless this is the end. */
+/* The offset of the first stop string in text[0..len), or -1. */
+static long find_stop(const options *o, const char *text, long len) {
+    long best = -1;
+    int i;
+    for (i = 0; i < o->n_stops; i++) {
+        size_t sl = strlen(o->stops[i]);
+        long p;
+        for (p = 0; p + (long)sl <= len && (best < 0 || p < best); p++)
+            if (!memcmp(text + p, o->stops[i], sl)) { best = p; break; }
+    }
+    return best;
+}
+
+/* How much of text[0..len) may be shown: before a stop string, and while decoding goes on, not a tail that
+ * could be the start of one (it may still turn into it). */
+static long shown_length(const options *o, const char *text, long len, int final) {
+    long stop = find_stop(o, text, len), keep = len;
+    int i;
+    if (stop >= 0) return stop;
+    if (final) return len;
+    for (i = 0; i < o->n_stops; i++) {
+        long sl = (long)strlen(o->stops[i]), k;
+        for (k = sl - 1 < len ? sl - 1 : len; k > 0; k--)
+            if (!memcmp(text + len - k, o->stops[i], (size_t)k)) {
+                if (len - k < keep) keep = len - k;
+                break;
+            }
+    }
+    return keep;
+}
+
+/* Writes the answer text beyond what is already on stdout; returns 0, or -1 if the ids do not decode. A trailing
+ * U+FFFD may be half of a character whose other bytes are not committed yet, so it waits unless this is the end. */
 static int print_new_text(stream *s, const int32_t *ids, int n, int final) {
     long len = detok(s, ids, n);
     if (len < 0) return -1;
     while (!final && len >= 3 && !memcmp(s->text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
+    len = shown_length(s->o, s->text, len, final);
     if (len > (long)s->printed) {
         fwrite(s->text + s->printed, 1, (size_t)len - s->printed, stdout);
         fflush(stdout);
@@ -286,14 +531,27 @@ static int print_new_text(stream *s, const int32_t *ids, int n, int final) {
 }
 
 /* The generated ids that are settled: up to the first mask (and, with stop_at_eos, the first EOS/EoT). */
-static int committed_prefix(const stream *s, const dllm_step_info *info) {
+static int settled_prefix(const stream *s, const int32_t *gen, int n_gen) {
     int n = 0;
-    const int32_t *gen = info->canvas + info->prompt_len;
-    while (info->prompt_len + n < info->canvas_len && gen[n] != s->mask_id) {
+    while (n < n_gen && gen[n] != s->mask_id) {
         if (s->o->gen.stop_at_eos && (gen[n] == s->eos_id || gen[n] == s->eot_id)) break;
         n++;
     }
     return n;
+}
+
+/* If the text of gen[0..n) holds a stop string: records the fewest ids whose text holds it; returns 1. */
+static int reached_stop(stream *s, const int32_t *gen, int n) {
+    long len = detok(s, gen, n), at;
+    int m;
+    if (len < 0 || (at = find_stop(s->o, s->text, len)) < 0) return 0;
+    for (m = 1; m < n; m++) {
+        long l = detok(s, gen, m);
+        if (l >= 0 && find_stop(s->o, s->text, l) >= 0) break;
+    }
+    s->stop_ids = m;
+    s->stop_at = at;
+    return 1;
 }
 
 /* --visual: the generated canvas with each mask as '_', runs of tokens decoded together so that
@@ -313,16 +571,29 @@ static void draw_canvas(stream *s, const dllm_step_info *info) {
     fflush(stdout);
 }
 
+static void show_progress(stream *s, const dllm_step_info *info) {
+    if (s->progress_line) {
+        fprintf(stderr, "\rstep %d/%d  block %d/%d  masks left %d\033[K", info->global_step, info->total_steps, info->block + 1, info->n_blocks,
+                info->n_masked);
+    } else if (info->block != s->last_block) {  /* a log, not a terminal: one line a block */
+        fprintf(stderr, "block %d/%d from step %d of at most %d\n", info->block + 1, info->n_blocks, info->global_step, info->total_steps);
+        s->last_block = info->block;
+    }
+}
+
 static int on_step(const dllm_step_info *info, void *user_data) {
     stream *s = (stream *)user_data;
-    if (s->o->progress) {
-        fprintf(stderr, "\rstep %d/%d  block %d/%d  masks left %d ", info->global_step, info->total_steps, info->block + 1,
-                info->n_blocks, info->n_masked);
-        if (info->global_step == info->total_steps) fprintf(stderr, "\n");
-    }
+    const int32_t *gen = info->canvas + info->prompt_len;
+    int n;
+    if (s->o->progress) show_progress(s, info);
     if (!s->tok) return 0;
     if (s->o->visual) draw_canvas(s, info);
-    else print_new_text(s, info->canvas + info->prompt_len, committed_prefix(s, info), 0);
+    n = settled_prefix(s, gen, info->canvas_len - info->prompt_len);
+    if (s->o->n_stops && reached_stop(s, gen, n)) {
+        if (s->live) print_new_text(s, gen, s->stop_ids, 1);
+        return 1;  /* cancel: nothing after the stop string is wanted */
+    }
+    if (s->live) print_new_text(s, gen, n, 0);
     return 0;
 }
 
@@ -332,133 +603,327 @@ static void log_to_stderr(dllm_log_level level, const char *text, void *user_dat
     fprintf(stderr, "dllm: %s\n", text);
 }
 
-/* Tokenizes -p TEXT, through the chat template unless --raw, into a malloc'ed array; returns the count
- * or -1 after printing an error. */
-static int text_prompt(const options *o, const dllm_tokenizer *tok, int32_t **out) {
-    dllm_chat_message msg;
-    size_t len = strlen(o->prompt);
-    char *rendered = NULL;
-    int n = 0;
-    dllm_status s;
-    if (!o->raw) {
-        if (dllm_tokenizer_chat_template(tok) == DLLM_CHAT_NONE) {
-            fail("%s: no known chat template for this model; pass --raw to use the prompt as given", o->model_dir);
-            return -1;
-        }
-        msg.role = "user";
-        msg.content = o->prompt;
-        dllm_chat_render(tok, &msg, 1, 1, NULL, 0, &len);
-        rendered = (char *)malloc(len);
-        if (!rendered) {
-            fail("%s", "out of memory");
-            return -1;
-        }
-        if (dllm_chat_render(tok, &msg, 1, 1, rendered, len, &len) != DLLM_OK) {
-            free(rendered);
-            fail("%s", dllm_last_error());
-            return -1;
-        }
-        len--;
+static void json_string(FILE *f, const char *s, size_t n) {
+    size_t i;
+    fputc('"', f);
+    for (i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
     }
-    dllm_tokenize(tok, rendered ? rendered : o->prompt, len, 1, NULL, 0, &n);
-    *out = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
-    s = *out ? dllm_tokenize(tok, rendered ? rendered : o->prompt, len, 1, *out, n, &n) : DLLM_ERR_OUT_OF_MEMORY;
-    free(rendered);
-    if (s != DLLM_OK) {
-        fail("%s", *out ? dllm_last_error() : "out of memory");
-        return -1;
-    }
-    return n;
+    fputc('"', f);
 }
 
-int main(int argc, char **argv) {
-    options o;
-    dllm_model *model = NULL;
-    dllm_ctx *ctx = NULL;
-    dllm_tokenizer *tok = NULL;
-    dllm_model_info info;
-    int32_t *prompt = NULL, *out = NULL;
-    int n_prompt = 0, n_out = 0, rc = 1, i;
-    dllm_gen_stats stats;
-    dllm_status s;
-    stream st;
+/* ---- prompts ------------------------------------------------------------------------------------- */
 
-    memset(&o, 0, sizeof o);
+typedef struct {
+    dllm_chat_message *msgs;
+    int n, cap;
+} conversation;
+
+static int conv_add(conversation *c, const char *role, const char *content) {
+    char *copy = (char *)malloc(strlen(content) + 1);
+    if (!copy) return 0;
+    strcpy(copy, content);
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        dllm_chat_message *grown = (dllm_chat_message *)realloc(c->msgs, sizeof *grown * (size_t)cap);
+        if (!grown) { free(copy); return 0; }
+        c->msgs = grown;
+        c->cap = cap;
+    }
+    c->msgs[c->n].role = role;
+    c->msgs[c->n].content = copy;
+    c->n++;
+    return 1;
+}
+
+static void conv_free(conversation *c) {
+    int i;
+    for (i = 0; i < c->n; i++) free((void *)c->msgs[i].content);
+    free(c->msgs);
+}
+
+typedef struct {
+    int32_t *ids;
+    int n, cap;
+} id_list;
+
+/* Appends the tokens of text[0..len) to l; 0 after printing an error. */
+static int tokenize_into(const dllm_tokenizer *tok, const char *text, size_t len, int parse_special, id_list *l) {
+    int n = 0;
+    dllm_tokenize(tok, text, len, parse_special, NULL, 0, &n);
+    if (l->n + n > l->cap) {
+        int cap = l->n + n + 64;
+        int32_t *grown = (int32_t *)realloc(l->ids, sizeof(int32_t) * (size_t)cap);
+        if (!grown) return !fail("out of memory");
+        l->ids = grown;
+        l->cap = cap;
+    }
+    if (dllm_tokenize(tok, text, len, parse_special, l->ids + l->n, l->cap - l->n, &n) != DLLM_OK) return !fail("%s", dllm_last_error());
+    l->n += n;
+    return 1;
+}
+
+/* Renders c (assistant turn opened); *out is malloc'ed. 0 after printing an error. */
+static int render(const dllm_tokenizer *tok, const dllm_chat_message *msgs, int n, char **out, size_t *len) {
+    dllm_chat_render(tok, msgs, n, 1, NULL, 0, len);
+    if (!(*out = (char *)malloc(*len ? *len : 1))) return !fail("out of memory");
+    if (dllm_chat_render(tok, msgs, n, 1, *out, *len, len) != DLLM_OK) { free(*out); return !fail("%s", dllm_last_error()); }
+    (*len)--;
+    return 1;
+}
+
+/* The conversation's tokens with each message's text taken as plain text (--no-parse-special) while the
+ * template's own special tokens stay special: rendered once with a sentinel for every message to find the
+ * template's pieces, and once per message with its own text, to find that text as the template writes it
+ * (LLaDA's trims it). */
+static int tokenize_plain_messages(const dllm_tokenizer *tok, const conversation *c, id_list *l) {
+    dllm_chat_message *sent = (dllm_chat_message *)malloc(sizeof *sent * (size_t)(c->n ? c->n : 1));
+    char (*marks)[32] = (char (*)[32])malloc(32 * (size_t)(c->n ? c->n : 1));
+    char *all = NULL, *one = NULL;
+    size_t all_len = 0, one_len = 0, at = 0;
+    int i, ok = sent && marks;
+    for (i = 0; ok && i < c->n; i++) {
+        snprintf(marks[i], sizeof marks[i], "\x01\x02msg%d\x02\x01", i);
+        sent[i].role = c->msgs[i].role;
+        sent[i].content = marks[i];
+    }
+    ok = ok && render(tok, sent, c->n, &all, &all_len);
+    for (i = 0; ok && i < c->n; i++) {
+        const char *mark = strstr(all + at, marks[i]);
+        size_t pos, mlen = strlen(marks[i]), text_len;
+        if (!mark) { ok = !fail("--no-parse-special: the chat template does not write message %d verbatim", i); break; }
+        pos = (size_t)(mark - all);
+        ok = tokenize_into(tok, all + at, pos - at, 1, l);
+        sent[i].content = c->msgs[i].content;
+        ok = ok && render(tok, sent, c->n, &one, &one_len);
+        text_len = one_len + mlen - all_len;  /* only message i differs between the two renderings */
+        ok = ok && tokenize_into(tok, one + pos, text_len, 0, l);
+        free(one);
+        one = NULL;
+        sent[i].content = marks[i];
+        at = pos + mlen;
+    }
+    ok = ok && tokenize_into(tok, all + at, all_len - at, 1, l);
+    free(all);
+    free(marks);
+    free(sent);
+    return ok;
+}
+
+/* The prompt ids of a text conversation (or, with --raw, of the text alone). 0 after printing an error. */
+static int text_prompt(const options *o, const dllm_tokenizer *tok, const conversation *c, id_list *l) {
+    char *rendered = NULL;
+    size_t len = 0;
+    int ok;
+    l->n = 0;
+    if (o->raw) return tokenize_into(tok, c->msgs[c->n - 1].content, strlen(c->msgs[c->n - 1].content), o->parse_special, l);
+    if (dllm_tokenizer_chat_template(tok) == DLLM_CHAT_NONE)
+        return !fail("%s: no known chat template for this model; pass --raw to use the prompt as given", o->model_dir);
+    if (!o->parse_special) return tokenize_plain_messages(tok, c, l);
+    if (!render(tok, c->msgs, c->n, &rendered, &len)) return 0;
+    ok = tokenize_into(tok, rendered, len, 1, l);
+    free(rendered);
+    return ok;
+}
+
+/* ---- one generation ------------------------------------------------------------------------------ */
+
+typedef struct {
+    dllm_model *model;
+    dllm_ctx *ctx;
+    dllm_tokenizer *tok;
+    dllm_model_info info;
+} session;
+
+/* Prompt checks that need the tokens, in the user's words. */
+static int check_prompt(const options *o, const session *S, const int32_t *prompt, int n_prompt) {
+    int32_t mask = o->gen.mask_id >= 0 ? o->gen.mask_id : S->info.mask_id;
+    int i;
+    if (n_prompt + o->gen.gen_length > S->info.max_seq_len)
+        return fail("the prompt is %d tokens; with -n %d that exceeds the model's context of %d: lower -n or shorten the prompt", n_prompt,
+                    o->gen.gen_length, S->info.max_seq_len);
+    if (o->gen.kv_cache != DLLM_KV_CACHE_NONE)
+        for (i = 0; i < n_prompt; i++)
+            if (prompt[i] == mask)
+                return fail("the prompt holds the mask token (id %d) at %d, which %s cannot decode (it recomputes the block only): "
+                            "drop %s, or pass --no-parse-special to keep its text plain", mask, i, o->given[OPT_CACHE], o->given[OPT_CACHE]);
+    return 0;
+}
+
+/* Decodes one prompt and prints the answer (streamed, or whole, or as JSON) and the stats line. The answer's
+ * text is left in *answer (malloc'ed, may be NULL without a tokenizer). Returns 0 or 1. */
+static int generate(const options *o, session *S, const int32_t *prompt, int n_prompt, char **answer) {
+    stream st;
+    int32_t *out = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->gen.gen_length);
+    int n_out = 0, n_ids, rc = 1, i;
+    long text_len = 0;
+    dllm_gen_stats stats;
+    dllm_gen_params gp = o->gen;
+    dllm_status s;
+    *answer = NULL;
     memset(&st, 0, sizeof st);
-    rc = parse_args(argc, argv, &o);
-    if (rc) return rc == 2 ? 0 : 1;
-    rc = 1;
-    if (o.verbose) dllm_log_set(log_to_stderr, NULL, DLLM_LOG_INFO);
-    if (o.ids_text) {
-        n_prompt = parse_ids(o.ids_text, &prompt);
-        if (n_prompt < 0) return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
-    }
-    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &model) != DLLM_OK) {
-        fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
-        goto done;
-    }
-    dllm_model_get_info(model, &info);
-    if (o.prompt) {
-        if (dllm_tokenizer_load(o.model_dir, &tok) != DLLM_OK || dllm_tokenizer_check_model(tok, model) != DLLM_OK) {
-            fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
-            goto done;
-        }
-        n_prompt = text_prompt(&o, tok, &prompt);
-        if (n_prompt < 0) goto done;
-        if (n_prompt + o.gen.gen_length > info.max_seq_len) {
-            fprintf(stderr, "dllm-generate: the prompt is %d tokens; with %d to generate that exceeds the model's context of %d\n", n_prompt,
-                    o.gen.gen_length, info.max_seq_len);
-            goto done;
-        }
-    }
-    st.o = &o;
-    st.tok = tok;
-    st.mask_id = o.gen.mask_id >= 0 ? o.gen.mask_id : info.mask_id;
-    st.eos_id = o.gen.eos_id >= 0 ? o.gen.eos_id : info.eos_id;
-    st.eot_id = o.gen.eot_id >= 0 ? o.gen.eot_id : info.eot_id;
+    if (!out) return fail("out of memory");
+    if (check_prompt(o, S, prompt, n_prompt)) goto done;
+    st.o = o;
+    st.tok = S->tok;
+    st.mask_id = gp.mask_id >= 0 ? gp.mask_id : S->info.mask_id;
+    st.eos_id = gp.eos_id >= 0 ? gp.eos_id : S->info.eos_id;
+    st.eot_id = gp.eot_id >= 0 ? gp.eot_id : S->info.eot_id;
     st.tty = isatty(STDOUT_FILENO);
-    if (o.progress || tok) {
-        o.gen.on_step = on_step;
-        o.gen.on_step_data = &st;
+    st.progress_line = o->progress && isatty(STDERR_FILENO);
+    /* a progress line and a streamed answer on one terminal would overwrite each other: the answer waits */
+    st.live = S->tok && !o->visual && !o->json && !(st.progress_line && st.tty);
+    st.last_block = -1;
+    st.stop_ids = -1;
+    if (gp.early_stop && st.eos_id < 0 && st.eot_id < 0) {
+        if (o->given[OPT_EARLY_STOP]) { fail("--early-stop needs an EOS or EoT token and the model names none"); goto done; }
+        gp.early_stop = 0;  /* only the default asked for it */
     }
-    if (dllm_ctx_create(model, o.ctx, &ctx) != DLLM_OK) {
-        fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
-        goto done;
+    if (o->progress || S->tok) {
+        gp.on_step = on_step;
+        gp.on_step_data = &st;
     }
-    out = (int32_t *)malloc(sizeof(int32_t) * (size_t)o.gen.gen_length);
-    if (!out) { fprintf(stderr, "dllm-generate: out of memory\n"); goto done; }
-    s = dllm_generate(ctx, prompt, n_prompt, o.gen, out, o.gen.gen_length, &n_out, &stats);
-    if (s != DLLM_OK) {
+    s = dllm_generate(S->ctx, prompt, n_prompt, gp, out, gp.gen_length, &n_out, &stats);
+    if (st.progress_line) fprintf(stderr, "\r\033[K");
+    if (s != DLLM_OK && !(s == DLLM_ERR_CANCELLED && st.stop_ids >= 0)) {
         if (st.printed) printf("\n");
-        fprintf(stderr, "dllm-generate: %s\n", dllm_ctx_last_error(ctx));
+        fail("%s", dllm_ctx_last_error(S->ctx));
         goto done;
     }
-    if (tok) {  /* the rest of the answer; --visual has drawn the canvas, so the answer is printed whole */
-        if (o.visual) st.printed = 0;
-        if (print_new_text(&st, out, n_out, 1) != 0) {
-            printf("\n");
-            fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
-            goto done;
+    n_ids = st.stop_ids >= 0 ? st.stop_ids : n_out;
+    if (S->tok) {
+        if (o->visual || !st.live) st.printed = 0;  /* the answer is printed whole */
+        if ((text_len = detok(&st, out, n_ids)) < 0) { fail("%s", dllm_last_error()); goto done; }
+        text_len = shown_length(o, st.text, text_len, 1);
+        if ((*answer = (char *)malloc((size_t)text_len + 1))) {
+            memcpy(*answer, st.text, (size_t)text_len);
+            (*answer)[text_len] = 0;
         }
-        printf("\n");
+        if (!o->json) {
+            print_new_text(&st, out, n_ids, 1);
+            printf("\n");
+        }
     }
-    if (o.print_ids) {
+    if (o->json) {
+        printf("{\"text\": ");
+        json_string(stdout, *answer ? *answer : "", *answer ? (size_t)text_len : 0);
+        printf(", \"ids\": [");
+        for (i = 0; i < n_ids; i++) printf(i ? ", %d" : "%d", out[i]);
+        printf("], \"stats\": {\"n_prompt\": %d, \"n_generated\": %d, \"steps\": %d, \"forwards\": %d, \"wall_ms\": %.1f, \"seed\": %llu, "
+               "\"backend\": \"%s\", \"stopped_at\": %s}}\n",
+               stats.n_prompt, n_ids, stats.steps, stats.forwards, stats.wall_ms, (unsigned long long)gp.seed,
+               dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "gpu" : "cpu", st.stop_ids >= 0 ? "\"stop string\"" : "null");
+    } else if (o->print_ids || !S->tok) {
         printf("ids:");
-        for (i = 0; i < n_out; i++) printf(" %d", out[i]);
+        for (i = 0; i < n_ids; i++) printf(" %d", out[i]);
         printf("\n");
     }
     fflush(stdout);  /* the answer before the stats line, also when both go to one pipe */
-    fprintf(stderr, "generated %d tokens (prompt %d) in %d steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend\n",
-            stats.n_generated, stats.n_prompt, stats.steps, stats.forwards, stats.wall_ms,
-            stats.wall_ms > 0 ? 1000.0 * stats.n_generated / stats.wall_ms : 0.0,
-            dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU");
+    fprintf(stderr, "generated %d tokens (prompt %d) in %d steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend, seed %llu%s\n", n_ids,
+            stats.n_prompt, stats.steps, stats.forwards, stats.wall_ms, stats.wall_ms > 0 ? 1000.0 * n_ids / stats.wall_ms : 0.0,
+            dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed,
+            st.stop_ids >= 0 ? ", ended at a stop string" : "");
     rc = 0;
 done:
     free(st.text);
     free(out);
-    free(prompt);
-    dllm_ctx_free(ctx);
-    dllm_tokenizer_free(tok);
-    dllm_model_free(model);
+    return rc;
+}
+
+/* One line of stdin (newline dropped) into a malloc'ed string; NULL at end of input. */
+static char *read_line(void) {
+    size_t cap = 256, n = 0;
+    char *line = (char *)malloc(cap);
+    int c;
+    while (line && (c = getchar()) != EOF && c != '\n') {
+        if (n + 1 == cap) {
+            char *grown = (char *)realloc(line, cap *= 2);
+            if (!grown) { free(line); return NULL; }
+            line = grown;
+        }
+        line[n++] = (char)c;
+    }
+    if (line && c == EOF && n == 0) { free(line); return NULL; }
+    if (line) line[n] = 0;
+    return line;
+}
+
+/* -i: each line on stdin is a user turn; the answer joins the conversation. */
+static int chat(const options *o, session *S, conversation *c) {
+    id_list ids = {NULL, 0, 0};
+    int rc = 0, prompt_tty = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+    for (;;) {
+        char *line, *answer = NULL;
+        if (c->n == 0 || !strcmp(c->msgs[c->n - 1].role, "assistant") || !strcmp(c->msgs[c->n - 1].role, "system")) {
+            if (prompt_tty) fprintf(stderr, "> ");
+            if (!(line = read_line())) break;
+            if (!*line) { free(line); continue; }
+            rc = !conv_add(c, "user", line) && fail("out of memory");
+            free(line);
+            if (rc) break;
+        }
+        if (!text_prompt(o, S->tok, c, &ids) || generate(o, S, ids.ids, ids.n, &answer)) { rc = 1; break; }
+        rc = !conv_add(c, "assistant", answer ? answer : "") && fail("out of memory");
+        free(answer);
+        if (rc) break;
+    }
+    free(ids.ids);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    session S;
+    conversation conv = {NULL, 0, 0};
+    id_list ids = {NULL, 0, 0};
+    char *answer = NULL;
+    int rc;
+    dllm_status st;
+
+    memset(&o, 0, sizeof o);
+    memset(&S, 0, sizeof S);
+    rc = parse_args(argc, argv, &o);
+    if (rc) {
+        free(o.prompt);
+        return rc == 2 ? 0 : 1;
+    }
+    rc = 1;
+    if (o.verbose) dllm_log_set(log_to_stderr, NULL, DLLM_LOG_INFO);
+    if (o.ids_text && (ids.n = parse_ids(o.ids_text, &ids.ids)) < 0) {
+        free(o.prompt);
+        return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
+    }
+    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &S.model) != DLLM_OK) { fail("%s (-m)", dllm_last_error()); goto done; }
+    dllm_model_get_info(S.model, &S.info);
+    /* A text prompt needs the tokenizer; an --ids prompt uses it to print the answer when there is one. */
+    if (dllm_tokenizer_load(o.model_dir, &S.tok) != DLLM_OK || dllm_tokenizer_check_model(S.tok, S.model) != DLLM_OK) {
+        if (!o.ids_text) { fail("%s", dllm_last_error()); goto done; }
+        dllm_tokenizer_free(S.tok);
+        S.tok = NULL;
+        if (o.n_stops) { fail("--stop needs the model's tokenizer, and %s has none that loads", o.model_dir); goto done; }
+    }
+    if ((st = dllm_ctx_create(S.model, o.ctx, &S.ctx)) != DLLM_OK) {
+        fail("%s%s", dllm_last_error(), st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)" : "");
+        goto done;
+    }
+    if (o.system && !conv_add(&conv, "system", o.system)) { fail("out of memory"); goto done; }
+    if (o.prompt && !conv_add(&conv, "user", o.prompt)) { fail("out of memory"); goto done; }
+    if (o.interactive) rc = chat(&o, &S, &conv);
+    else if (o.ids_text) rc = generate(&o, &S, ids.ids, ids.n, &answer);
+    else rc = !text_prompt(&o, S.tok, &conv, &ids) || generate(&o, &S, ids.ids, ids.n, &answer);
+done:
+    free(answer);
+    free(ids.ids);
+    free(o.prompt);
+    conv_free(&conv);
+    dllm_ctx_free(S.ctx);
+    dllm_tokenizer_free(S.tok);
+    dllm_model_free(S.model);
     return rc;
 }

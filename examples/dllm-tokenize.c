@@ -6,7 +6,9 @@
  * The contract other tools rely on: stdin is split on '\n' only (a '\r' stays in its line); each input
  * line gives one output line, the ids separated by single spaces (an empty line for empty input), with
  * special-token text recognised as Hugging Face does by default and no BOS/EOS added. --decode reverses
- * it: each line of ids gives one line of text. Exit status 0 on success, 1 with a one-line message.
+ * it: each line of ids gives one line of text, with a backslash, newline and carriage return in the text
+ * written as \\, \n and \r, so that the output has as many lines as the input (--raw-newlines writes
+ * them as they are). Exit status 0 on success, 1 with a one-line message.
  * Written in C99 against dllm.h only.
  */
 #include "../dllm.h"
@@ -22,9 +24,12 @@ static void usage(FILE *f) {
             "Reads UTF-8 text on stdin and prints, for each line, its token ids separated by spaces.\n"
             "\n"
             "  -m, --model DIR        directory with tokenizer.json, or vocab.json + merges.txt + tokenizer_config.json\n"
-            "  --decode               the reverse: each line of ids becomes one line of text\n"
+            "  --decode               the reverse: each line of ids becomes one line of text, with \\, newline and\n"
+            "                         carriage return written as \\\\, \\n and \\r (one output line per input line)\n"
+            "  --raw-newlines         with --decode, write the text's newlines and backslashes as they are\n"
             "  --no-parse-special     encode special-token text (e.g. <|im_end|>) as plain text\n"
             "  --skip-special         with --decode, leave special tokens out of the text\n"
+            "  --version              print the version\n"
             "  -h, --help             this text\n");
 }
 
@@ -66,7 +71,19 @@ static int encode_line(const dllm_tokenizer *tok, const char *line, size_t len, 
     return 0;
 }
 
-static int decode_line(const dllm_tokenizer *tok, const char *line, size_t len, int skip_special, int32_t **ids, int *cap, char **text,
+/* text[0..len) with '\\', '\n' and '\r' escaped (escape = 1) or as it is. */
+static void write_text(const char *text, size_t len, int escape) {
+    size_t i;
+    if (!escape) { fwrite(text, 1, len, stdout); return; }
+    for (i = 0; i < len; i++) {
+        if (text[i] == '\\') fputs("\\\\", stdout);
+        else if (text[i] == '\n') fputs("\\n", stdout);
+        else if (text[i] == '\r') fputs("\\r", stdout);
+        else putchar(text[i]);
+    }
+}
+
+static int decode_line(const dllm_tokenizer *tok, const char *line, size_t len, int skip_special, int escape, int32_t **ids, int *cap, char **text,
                        size_t *text_cap) {
     int n = 0;
     size_t need = 0;
@@ -96,14 +113,14 @@ static int decode_line(const dllm_tokenizer *tok, const char *line, size_t len, 
         s = dllm_detokenize(tok, *ids, n, skip_special, *text, *text_cap, &need);
     }
     if (s != DLLM_OK) return fail("", dllm_last_error());
-    fwrite(*text, 1, need - 1, stdout);
+    write_text(*text, need - 1, escape);
     printf("\n");
     return 0;
 }
 
 int main(int argc, char **argv) {
     const char *dir = NULL;
-    int decode = 0, parse_special = 1, skip_special = 0, cap = 0, rc = 0, i;
+    int decode = 0, parse_special = 1, skip_special = 0, escape = 1, cap = 0, rc = 0, i;
     dllm_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     char *input, *text = NULL;
@@ -114,8 +131,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--no-parse-special")) parse_special = 0;
         else if (!strcmp(argv[i], "--skip-special")) skip_special = 1;
-        else if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) dir = argv[++i];
-        else return fail("unknown option or missing value: ", argv[i]);
+        else if (!strcmp(argv[i], "--raw-newlines")) escape = 0;
+        else if (!strcmp(argv[i], "--version")) { printf("dllm-tokenize (dllm %s)\n", dllm_version()); return 0; }
+        else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
+            if (i + 1 == argc) return fail("option -m needs a value (see --help)", "");
+            if (dir) return fail("-m is given twice: pass it once", "");
+            dir = argv[++i];
+        } else {
+            fprintf(stderr, argv[i][0] == '-' ? "dllm-tokenize: unknown option %s (see --help)\n" : "dllm-tokenize: unexpected argument \"%s\" (see --help)\n",
+                    argv[i]);
+            return 1;
+        }
     }
     if (!dir) return fail("no tokenizer: pass -m DIR (see --help)", "");
     if (dllm_tokenizer_load(dir, &tok) != DLLM_OK) return fail("", dllm_last_error());
@@ -124,7 +150,7 @@ int main(int argc, char **argv) {
     while (pos < len && rc == 0) {
         const char *nl = (const char *)memchr(input + pos, '\n', len - pos);
         size_t line_len = nl ? (size_t)(nl - (input + pos)) : len - pos;
-        rc = decode ? decode_line(tok, input + pos, line_len, skip_special, &ids, &cap, &text, &text_cap)
+        rc = decode ? decode_line(tok, input + pos, line_len, skip_special, escape, &ids, &cap, &text, &text_cap)
                     : encode_line(tok, input + pos, line_len, parse_special, &ids, &cap);
         pos += line_len + 1;
     }

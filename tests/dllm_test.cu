@@ -22,6 +22,7 @@
 #include "test_dream_samplers.inl"
 #include "test_fp8.inl"
 #include "test_backend.inl"
+#include "test_cli.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;

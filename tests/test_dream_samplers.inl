@@ -387,7 +387,8 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         if (r.below(4)) { canvas[pos0 + i] = mask; n_masks++; }
     int st[16] = {0, pos0 + rows, s_steps, i_step, global, n_masks, 0, 0};
     test_put(dstate, std::vector<int>(st, st + 16));
-    sampler_args a = {dc.as<float>(), nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp};
+    sampler_args a = {dc.as<float>(), nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp,
+                      0, 1, 0, nullptr};
     CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK, nullptr);
     CHECK_STATUS(g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr), DLLM_OK, nullptr);
     std::vector<int> x0 = test_get<int>(dx, rows);

@@ -520,7 +520,13 @@ TEST(jit, attention_kv_splits_fill_the_gpu) {
 
 /* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
  * vocabulary slice so that the cross-CTA combine is exercised. */
-static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, double temp, bool random, float cfg, bool eos_opts, int shift0) {
+struct test_filters {
+    int top_k = 0;
+    float top_p = 1, min_p = 0;
+};
+
+static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, double temp, bool random, float cfg, bool eos_opts, int shift0,
+                              test_filters f = test_filters()) {
     const int V = 1000, rows = 9, slice = 128, slices = (V + slice - 1) / slice, pos0 = 40, k_steps = 3;
     std::vector<float> cond((size_t)(rows + 1) * V), uncond(cond.size());
     for (float &v : cond) v = 3 * r.normal();
@@ -541,23 +547,44 @@ static void test_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, dou
     test_put(dcanvas, canvas);
     test_poison(dcomm, rows * 4);
     sampler_args a = {dc.as<float>(), cfg > 0 ? du.as<float>() : nullptr, cfg + 1, V, slice, slices, rows, pos0, 0, shift0, rows + 1, temp, 12345,
-                      eos_opts, eos, eot, eos_opts, random, 0, 0.0};
+                      eos_opts, eos, eot, eos_opts, random, 0, 0.0, f.top_k, f.top_p, f.min_p, nullptr};
+    dllm__dbuf dcut;
+    dllm__sampling s;
+    s.temperature = temp; s.remasking = random ? DLLM_REMASK_RANDOM : DLLM_REMASK_LOW_CONFIDENCE; s.seed = 12345;
+    s.eos_logit_inf = eos_opts; s.defer_eos_eot = eos_opts; s.eos_id = eos; s.eot_id = eot;
+    s.top_k = f.top_k, s.top_p = f.top_p, s.min_p = f.min_p;
+    auto cpu_row = [&](int i) {  // the logits the CPU sampler sees for sampler row i
+        int lr = shift0 ? std::max(i - 1, 0) : i;
+        std::vector<float> l(cond.begin() + (long)lr * V, cond.begin() + (long)(lr + 1) * V);
+        if (cfg > 0)
+            for (int v = 0; v < V; v++) l[v] = uncond[(size_t)lr * V + v] + (cfg + 1) * (l[v] - uncond[(size_t)lr * V + v]);
+        return l;
+    };
+    if (s.filters()) {
+        test_poison(dcut, rows * 4);
+        a.cutoff = dcut.as<float>();
+        CHECK_STATUS(g.sm.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, 0, a, dcut.ptr), DLLM_OK, nullptr);
+        std::vector<float> cut = test_get<float>(dcut, rows);
+        for (int i = 0; i < rows; i++) {
+            std::vector<float> l = cpu_row(i);
+            if (eos_opts) l[eos] = -INFINITY;
+            float want = dllm__row_cutoff(l, s);
+            int kept = 0;
+            for (float x : l) kept += x >= want;
+            CHECK_MSG(cut[i] == want, "row %d: GPU cutoff %.9g, CPU %.9g (%d kept; top_k %d top_p %g min_p %g T %g)", i, cut[i], want, kept,
+                      f.top_k, f.top_p, f.min_p, temp);
+        }
+    }
     CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK, nullptr);
     CHECK_STATUS(g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr), DLLM_OK, nullptr);
     std::vector<int> x0 = test_get<int>(dx, rows);
     std::vector<double> conf = test_get<double>(dconf, rows);
     std::vector<unsigned char> def = test_get<unsigned char>(ddef, rows);
-    dllm__sampling s;
-    s.temperature = temp; s.remasking = random ? DLLM_REMASK_RANDOM : DLLM_REMASK_LOW_CONFIDENCE; s.seed = 12345;
-    s.eos_logit_inf = eos_opts; s.defer_eos_eot = eos_opts; s.eos_id = eos; s.eot_id = eot;
     std::vector<dllm__choice> ch;
     std::vector<int32_t> cand;
     int same = 0;
     for (int i = 0; i < rows; i++) {
-        int lr = shift0 ? std::max(i - 1, 0) : i;
-        std::vector<float> l(cond.begin() + (long)lr * V, cond.begin() + (long)(lr + 1) * V);
-        if (cfg > 0)
-            for (int v = 0; v < V; v++) l[v] = uncond[(size_t)lr * V + v] + (cfg + 1) * (l[v] - uncond[(size_t)lr * V + v]);
+        std::vector<float> l = cpu_row(i);
         dllm__choice c = dllm__choose(l.data(), V, s, (uint32_t)(pos0 + i), 17);
         bool ok = c.token == x0[i] && fabs(c.conf - conf[i]) <= 1e-5 * fabs(c.conf) && c.deferred == (def[i] != 0);
         if (!ok) printf("    row %d: cpu (%d, %.17g, %d) gpu (%d, %.17g, %d)\n", i, c.token, c.conf, c.deferred, x0[i], conf[i], def[i]);
@@ -661,6 +688,27 @@ TEST(gpu, flash_attention_other_head_dims_match_cpu) {
     }
     for (int hd : {24, 96, 256}) test_rope_case(T_, g, r, hd);  // rope_qkv works on quads of pairs: any multiple of 8
     g.arch = table;
+}
+
+TEST(gpu, sampler_filters_match_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("sampler filters");
+    test_filters f;
+    f.top_k = 37;
+    test_sampler_case(T_, g, r, 0.8, false, 0, false, 0, f);
+    test_sampler_case(T_, g, r, 0.0, false, 1.5f, true, 1, f);
+    f = test_filters();
+    f.top_p = 0.83f;
+    test_sampler_case(T_, g, r, 1.3, false, 0, true, 0, f);
+    test_sampler_case(T_, g, r, 0.0, true, 0, false, 1, f);
+    f = test_filters();
+    f.min_p = 0.05f;
+    test_sampler_case(T_, g, r, 0.7, false, 0.5f, false, 0, f);
+    f.top_k = 200, f.top_p = 0.9f;
+    test_sampler_case(T_, g, r, 1.0, false, 0, true, 0, f);
+    test_sampler_case(T_, g, r, 0.0, false, 0, false, 0, f);
 }
 
 // ---- the GPU backend end to end on the fixtures -----------------------------------------------------
