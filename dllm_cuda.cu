@@ -6859,12 +6859,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool fp8_ffn(size_t l) const { return W_->fp8_ffn && l > 0; }
     bool fp8_attn(size_t l) const { return W_->fp8_attn && l > 0; }
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
-    dllm_status embed(const int *ids, int n_rows, float *h);
-    dllm_status embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
-    dllm_status add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
-    dllm_status add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
-    dllm_status quantize_rows(const void *x, int M, int K);
-    dllm_status rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
+    dllm_status embed_gather(const int *ids, int n_rows, float *h);
+    dllm_status embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
+    dllm_status add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
+    dllm_status add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
+    dllm_status quantize_rows_e4m3(const void *x, int M, int K);
+    dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
                           bool may_split = false, bool wide = false);
     dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
@@ -7115,7 +7115,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             return rows == DLLM__ROWS_INDEPENDENT || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
-            if (x) DLLM__TRY(quantize_rows(x, M, W.k));
+            if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
             const bool pinned = rows == DLLM__ROWS_INDEPENDENT;
             if (fp8_gemm_ == DLLM__FP8_MMA)
@@ -7164,7 +7164,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
     if (!kv_on_) {
         DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows, gemm_rows));
         stage("gemm qkv");
-        DLLM__TRY(rope(act_.qkv.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
+        DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
         DLLM__TRY(attention(batch, rows, orows, (const char *)act_.qkv.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv, act_.qkv.ptr, act_.att.ptr, 0, false,
                             layer > 0));
@@ -7182,7 +7182,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
             DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows, gemm_rows));
     }
     stage("gemm qkv");
-    for (int b = 0; b < batch; b++) DLLM__TRY(rope(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
+    for (int b = 0; b < batch; b++) DLLM__TRY(rope_qkv(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
     stage("rope");
     DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0, true, layer > 0));
     stage("attention");
@@ -7191,7 +7191,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
 
 /* [FP8 fused norm+quantise] Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the
  * kernel add_rmsnorm). */
-dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0,
+dllm_status dllm__gpu_backend::add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0,
                                         int n_rows) {
     const dllm__config &c = m_.cfg;
     const unsigned threads = dllm__norm_threads(c.n_embd / 8);
@@ -7199,8 +7199,8 @@ dllm_status dllm__gpu_backend::add_norm(const float *h_in, float *h_out, const v
                                  n_rows, row0, seq);
 }
 
-/* add_norm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
-dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
+/* add_rmsnorm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
+dllm_status dllm__gpu_backend::add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
     const dllm__config &c = m_.cfg;
     const unsigned threads = dllm__norm_threads(dllm__round_up(c.n_embd, 128) / 8);
     return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta, w, c.norm_eps, act_.act8.ptr,
@@ -7208,24 +7208,24 @@ dllm_status dllm__gpu_backend::add_norm_e4m3(const float *h_in, float *h_out, co
 }
 
 /* act_.act8 = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
-dllm_status dllm__gpu_backend::quantize_rows(const void *x, int M, int K) {
+dllm_status dllm__gpu_backend::quantize_rows_e4m3(const void *x, int M, int K) {
     return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M), 0.0f);
 }
 
 /* [EmbedCache] h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
-dllm_status dllm__gpu_backend::embed(const int *ids, int n_rows, float *h) {
+dllm_status dllm__gpu_backend::embed_gather(const int *ids, int n_rows, float *h) {
     return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr, m_.cfg.n_embd, h);
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
-dllm_status dllm__gpu_backend::embed_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
-    if (rows == seq) return embed(ids, batch * seq, h);
-    for (int b = 0; b < batch; b++) DLLM__TRY(embed(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
+dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
+    if (rows == seq) return embed_gather(ids, batch * seq, h);
+    for (int b = 0; b < batch; b++) DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
     return DLLM_OK;
 }
 
 /* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
-dllm_status dllm__gpu_backend::rope(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
+dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = m_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
     const void *positions = positions_on_ ? act_.positions.ptr : nullptr;
@@ -7247,24 +7247,24 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
     const dllm__gpu_layer &L = W_->layers[0];
     float *h = act_.h0.as<float>();
     if (plan.layer0 == DLLM__L0_FILL) {
-        DLLM__TRY(embed(ids, M, h));
-        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, 0, seq));
+        DLLM__TRY(embed_gather(ids, M, h));
+        DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, 0, seq));
         mark("L0 embed+norm");
         DLLM__TRY(gemm(L.qkv.view(), act_.a.ptr, act_.qkv0.ptr, M, lacache_rows()));
         mark("L0 gemm qkv");
-        DLLM__TRY(rope(act_.qkv0.ptr, L.b_qkv.ptr, M, seq, 0));
+        DLLM__TRY(rope_qkv(act_.qkv0.ptr, L.b_qkv.ptr, M, seq, 0));
         mark("L0 rope");
     } else {
         const int b0 = r.block0, blk = r.block1 - r.block0;
-        for (int b = 0; b < batch; b++) DLLM__TRY(embed(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
-        DLLM__TRY(add_norm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, b0, blk));
+        for (int b = 0; b < batch; b++) DLLM__TRY(embed_gather(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
+        DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, b0, blk));
         mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
             char *out = (char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2;
             DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * blk * d * 2, out, blk, lacache_rows()));
         }
         mark("L0 gemm qkv");
-        for (int b = 0; b < batch; b++) DLLM__TRY(rope((char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
+        for (int b = 0; b < batch; b++) DLLM__TRY(rope_qkv((char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
         mark("L0 rope");
     }
     DLLM__TRY(attention(batch, seq, seq, act_.qkv0.ptr, (size_t)seq * qkv, act_.qkv0.ptr, act_.att.ptr, plan.layer0 == DLLM__L0_FILL ? 1 : 2));
@@ -7280,8 +7280,8 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
     float *h = act_.h.as<float>();
     mark("start");
     if (plan.layer0 == DLLM__L0_PLAIN) {
-        DLLM__TRY(embed_rows(ids_dev, batch, r.seq, r.q0, rows, h));
-        DLLM__TRY(add_norm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+        DLLM__TRY(embed_gather_rows(ids_dev, batch, r.seq, r.q0, rows, h));
+        DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("L0 embed+norm");
     } else {
         DLLM__TRY(layer0_attention(plan, ids_dev));
@@ -7300,9 +7300,9 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         const bool last = l + 1 == n_layers;
         if (last) last_layer_rows_ = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_norm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows, cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1)) DLLM__TRY(add_norm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else DLLM__TRY(add_norm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+        if (last) DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows, cut ? 0 : r.out0 - r.q0, out_rows));
+        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -7348,7 +7348,7 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
     const dllm__rows rows = layer_rows(l);
     if (fp8_ffn(l)) {
-        DLLM__TRY(add_norm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
+        DLLM__TRY(add_rmsnorm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
         mark("add+norm");
         DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
         mark("gemm gate+up");
@@ -7359,7 +7359,7 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         mark("gemm down");
         return DLLM_OK;
     }
-    DLLM__TRY(add_norm(h_in, h_out, delta, L.ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
+    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, L.ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
     mark("add+norm");
     DLLM__TRY(gemm(L.gu.view(), act_.a.ptr, act_.gu.ptr, M, rows));
     mark("gemm gate+up");

@@ -731,7 +731,7 @@ static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     test_poison(ds, (size_t)(k_pad / 128) * ld * 4);
     float eps = 1e-5f;
     int dd_ = d, rows_ = rows, r0 = row0, s = seq;
-    const unsigned threads = dllm__norm_threads(k_pad / 8);  // as dllm__gpu_backend::add_norm_e4m3 sizes it
+    const unsigned threads = dllm__norm_threads(k_pad / 8);  // as dllm__gpu_backend::add_rmsnorm_e4m3 sizes it
     CHECK_STATUS(g.rw.add_rmsnorm.launch({dim3(rows, B), dim3(threads)}, 0, dh1.ptr, dh1.ptr, dd.ptr, dw.ptr, eps, dy.ptr, dd_, rows_, r0, s), DLLM_OK,
                  nullptr);
     CHECK_STATUS(g.rw.add_rmsnorm_e4m3.launch({dim3(rows, B), dim3(threads)}, 0, dh2.ptr, dh2.ptr, dd.ptr, dw.ptr, eps, dq.ptr, ds.ptr, ld, dd_, rows_, r0,

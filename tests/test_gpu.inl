@@ -189,7 +189,7 @@ static double test_max_rel(const std::vector<float> &a, const std::vector<float>
 }
 
 /* The embedding gather, then add_rmsnorm in place on rows [row0, row0 + rows) of two sequences, launched as
- * dllm__gpu_backend::add_norm launches it. */
+ * dllm__gpu_backend::add_rmsnorm launches it. */
 static void test_embed_norm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int d) {
     const int V = 37, B = 2, seq = 13, rows = 5, row0 = 4;
     std::vector<float> table((size_t)V * d), w(d), delta_f((size_t)B * seq * d);
