@@ -55,6 +55,7 @@
 #include <fcntl.h>
 #include <float.h>
 #include <math.h>
+#include <cmath>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3493,6 +3494,9 @@ static dllm_status dllm__cublas_fail(cublasStatus_t s, const char *what) {
 
 /* An owned device allocation; bytes are tracked so benchmarks can report dllm's own footprint. */
 static std::atomic<int64_t> dllm__device_bytes{0}, dllm__device_peak{0};
+/* Tests: when > 0, the device allocation that brings it to 0 fails as an out-of-memory would (each fit that allocates
+ * counts one down), so that every allocation site's error path can be taken in turn. */
+static std::atomic<int> dllm__device_alloc_countdown{0};
 
 struct dllm__dbuf {
     void *ptr = nullptr;
@@ -3523,7 +3527,8 @@ struct dllm__dbuf {
     dllm_status fit(size_t n, const char *what) {
         if (n <= bytes) return DLLM_OK;
         release();
-        cudaError_t e = cudaMalloc(&ptr, n);
+        const bool injected = dllm__device_alloc_countdown > 0 && --dllm__device_alloc_countdown == 0;
+        cudaError_t e = injected ? cudaErrorMemoryAllocation : cudaMalloc(&ptr, n);
         if (e != cudaSuccess) {
             ptr = nullptr;
             cudaGetLastError();
@@ -3736,7 +3741,8 @@ __device__ __forceinline__ void pdl_enter() {
     X(swiglu, , (const bf16_t *gu, bf16_t *out, int n_rows, int f)) \
     X(make_uncond, , (const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out)) \
     X(block_begin, , (dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id)) \
-    X(fill_random_bf16, , (bf16_t *w, u64 n, u64 seed, float scale, int constant))
+    X(fill_random_bf16, , (bf16_t *w, u64 n, u64 seed, float scale, int constant)) \
+    X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first))
 DLLM__ROWWISE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
@@ -3943,6 +3949,14 @@ KERNEL_fill_random_bf16 {
         const float normal = sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
         w[i] = f32_to_bf16(constant ? scale : normal * scale);
     }
+}
+
+/* The index of the first NaN or infinity among n bf16 values into *first (which starts at n or above: atomicMin). The
+ * check of a checkpoint's weights once they are on the device (twin: dllm__first_nonfinite_bf16). */
+KERNEL_find_nonfinite_bf16 {
+    pdl_enter();
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
 
@@ -6573,29 +6587,79 @@ static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<co
     return DLLM_OK;
 }
 
-/* The checkpoint's weights, as BF16 with the projections fused. */
-static dllm_status dllm__gpu_weights_upload(const dllm_model &m, dllm__gpu_weights &w) {
+/* The index of the first NaN or infinity among n bf16 values, or n (twin of find_nonfinite_bf16). */
+DLLM__TEST_HOOKS_BEGIN
+DLLM__TEST_HOOK static uint64_t dllm__first_nonfinite_bf16(const uint16_t *w, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if ((w[i] & 0x7f80u) == 0x7f80u) return i;
+    return n;
+}
+DLLM__TEST_HOOKS_END
+
+/* [non-finite weights] The first NaN or infinity of the bf16 weight uploaded from `parts` (a cheap device pass: a
+ * damaged checkpoint is an error that names the tensor, never a model that silently decodes garbage). Twin:
+ * dllm__first_nonfinite_bf16. */
+static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const dllm__rowwise_kernels &k,
+                                      cudaStream_t stream, dllm__dbuf &scratch) {
+    const u64 n = (u64)W.n * (u64)W.k;
+    u64 first = n;
+    DLLM__TRY(scratch.fit(sizeof first, "the weight check"));
+    DLLM__CUDA(cudaMemcpyAsync(scratch.ptr, &first, sizeof first, cudaMemcpyHostToDevice, stream));
+    DLLM__TRY(k.find_nonfinite_bf16.launch({dim3(1024), dim3(256)}, stream, W.data.ptr, n, scratch.ptr));
+    DLLM__CUDA(cudaMemcpyAsync(&first, scratch.ptr, sizeof first, cudaMemcpyDeviceToHost, stream));
+    DLLM__CUDA(cudaStreamSynchronize(stream));
+    for (const dllm__tensor *t : parts) {
+        if (first < (u64)t->numel) {
+            const int64_t cols = t->shape.size() > 1 ? t->shape[1] : 1;
+            return dllm__fail(DLLM_ERR_FORMAT, "tensor %s in %s holds a non-finite value (NaN or infinity) at [%lld, %lld]: the checkpoint is damaged",
+                              t->name.c_str(), t->file ? t->file->c_str() : "?", (long long)(first / (u64)cols), (long long)(first % (u64)cols));
+        }
+        first -= std::min(first, (u64)t->numel);
+    }
+    return DLLM_OK;
+}
+
+/* The same for the fp32 vectors (norm gains, biases), on the host: they are small. */
+static dllm_status dllm__check_finite(const std::vector<float> &v, const char *what, size_t layer) {
+    for (size_t i = 0; i < v.size(); i++)
+        if (!std::isfinite(v[i]))
+            return dllm__fail(DLLM_ERR_FORMAT, "the %s of layer %zu holds a non-finite value (NaN or infinity) at [%zu]: the checkpoint is damaged", what,
+                              layer, i);
+    return DLLM_OK;
+}
+
+/* The checkpoint's weights, as BF16 with the projections fused, each checked for non-finite values. */
+static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream, dllm__gpu_weights &w) {
+    dllm__dbuf scratch;
+    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const char *what) -> dllm_status {
+        DLLM__TRY(dllm__upload_rows(W, parts, what));
+        return dllm__check_finite(W, parts, k, stream, scratch);
+    };
     w.layers.resize(m.layers.size());
     for (size_t l = 0; l < m.layers.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
         dllm__gpu_layer &G = w.layers[l];
-        DLLM__TRY(dllm__upload_rows(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
-        DLLM__TRY(dllm__upload_rows(G.o, {L.wo}, "attention weights"));
-        DLLM__TRY(dllm__upload_rows(G.gu, {L.gate, L.up}, "MLP weights"));
-        DLLM__TRY(dllm__upload_rows(G.down, {L.down}, "MLP weights"));
+        DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
+        DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+        DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
+        DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
+        DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
         DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
         DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
         if (!L.bq.empty()) {
             std::vector<float> b(L.bq);
             b.insert(b.end(), L.bk.begin(), L.bk.end());
             b.insert(b.end(), L.bv.begin(), L.bv.end());
+            DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
             DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
         }
     }
     dllm__linear embed;
-    DLLM__TRY(dllm__upload_rows(embed, {m.embed}, "the embedding table"));
+    DLLM__TRY(upload(embed, {m.embed}, "the embedding table"));
     w.embed = std::move(embed.data);
-    if (m.head != m.embed) DLLM__TRY(dllm__upload_rows(w.head, {m.head}, "the LM head"));
+    if (m.head != m.embed) DLLM__TRY(upload(w.head, {m.head}, "the LM head"));
+    DLLM__TRY(dllm__check_finite(m.final_norm, "final norm", m.layers.size()));
     return dllm__upload_f32(w.final_norm, m.final_norm, "norm weights");
 }
 
@@ -6667,7 +6731,7 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
-    dllm_status s = m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, w);
+    dllm_status s = m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
     if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream);
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
