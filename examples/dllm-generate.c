@@ -3,6 +3,7 @@
  *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 128 --steps 128 --block 32
  *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --steps 32 --block 8 --print-ids
  *   build/dllm-generate -m LLaDA-8B-Instruct -p "..." -n 256 --block 32 --threshold 0.9 --cache dual --precision fp8
+ *   build/dllm-generate -m Fast_dLLM_v2_7B -p "Why is the sky blue?" -n 256 --threshold 0.9 --block-cache
  *
  * A text prompt (-p) goes through the model's chat template (unless --raw) and tokenizer; the answer is
  * streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas is redrawn after
@@ -29,6 +30,7 @@ typedef struct {
     int progress;
     int raw;
     int visual;
+    int block_given;  /* --block given: else a block-diffusion model's own block */
 } options;
 
 static void usage(FILE *f) {
@@ -83,6 +85,16 @@ static void usage(FILE *f) {
             "  Dream's README settings (alg entropy, 512 steps, temperature 0.2, the whole answer as one block):\n"
             "                         -n 512 --steps 512 --block 512 --temp 0.2 --alg entropy --timesteps\n"
             "                         (its top_p 0.95 is not supported: dllm samples from the full softmax)\n"
+            "\n"
+            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, CPU backend; the official generate):\n"
+            "  --block N              the block (default: the model's, 32); -n must be a multiple of it\n"
+            "  --sub-block N          sub-block decoded left to right, dividing the block (default 8)\n"
+            "  --block-cache          Fast-dLLM v2's sub-block cache (approximate by design, as the official one)\n"
+            "  --threshold TAU        commit every mask with p > TAU plus the best (default: one token a step);\n"
+            "                         the HF README uses 0.9\n"
+            "  --mask-id ID           the mask token, overriding the model's (for checkpoints without a tokenizer)\n"
+            "  --stop-id ID           the stop token, overriding the model's (<|im_end|> for Fast-dLLM v2)\n"
+            "  Fast-dLLM v2 README settings: -n 512 --threshold 0.9 (add --block-cache for the hierarchical cache)\n"
             "\n"
             "  --seed N               seed of every random draw (default 0)\n"
             "  --logits-eos-inf       forbid the EOS token\n"
@@ -191,13 +203,17 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--visual") || !strcmp(a, "--diffusion-visual")) { o->visual = 1; takes_value = 0; }
         else if (!strcmp(a, "--early-stop")) { o->gen.early_stop = 1; takes_value = 0; }
         else if (!strcmp(a, "--timesteps")) { o->gen.unmask = DLLM_UNMASK_TIMESTEPS; takes_value = 0; }
+        else if (!strcmp(a, "--block-cache")) { o->gen.block_cache = 1; takes_value = 0; }
         else if (!v) return fail("option %s needs a value (see --help)", a);
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--ids")) o->ids_text = v;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--gen-length") || !strcmp(a, "--n-predict")) { if (!parse_int(v, 1, 1 << 20, &o->gen.gen_length)) return fail("bad gen length \"%s\"", v); }
         else if (!strcmp(a, "--steps") || !strcmp(a, "--diffusion-steps")) { if (!parse_int(v, 1, 1 << 24, &o->gen.steps)) return fail("bad step count \"%s\"", v); steps_given = 1; }
-        else if (!strcmp(a, "--block") || !strcmp(a, "--diffusion-block-length")) { if (!parse_int(v, 1, 1 << 20, &o->gen.block_length)) return fail("bad block length \"%s\"", v); }
+        else if (!strcmp(a, "--block") || !strcmp(a, "--diffusion-block-length")) { if (!parse_int(v, 1, 1 << 20, &o->gen.block_length)) return fail("bad block length \"%s\"", v); o->block_given = 1; }
+        else if (!strcmp(a, "--sub-block")) { if (!parse_int(v, 1, 1 << 20, &o->gen.sub_block_length)) return fail("bad sub-block length \"%s\"", v); }
+        else if (!strcmp(a, "--mask-id")) { if (!parse_int(v, 0, INT32_MAX, &o->gen.mask_id)) return fail("bad --mask-id \"%s\"", v); }
+        else if (!strcmp(a, "--stop-id")) { if (!parse_int(v, 0, INT32_MAX, &o->gen.stop_id)) return fail("bad --stop-id \"%s\"", v); }
         else if (!strcmp(a, "--temp")) { if (!parse_float(v, &o->gen.temperature) || o->gen.temperature < 0) return fail("bad temperature \"%s\"", v); }
         else if (!strcmp(a, "--cfg")) { if (!parse_float(v, &o->gen.cfg_scale) || o->gen.cfg_scale < 0) return fail("bad cfg scale \"%s\"", v); }
         else if (!strcmp(a, "--seed")) { char *end = NULL; errno = 0; o->gen.seed = strtoull(v, &end, 0); if (errno || !end || *end || end == v) return fail("bad seed \"%s\"", v); }
@@ -398,6 +414,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     dllm_model_get_info(model, &info);
+    if (info.block_size > 0 && !o.block_given) o.gen.block_length = info.block_size;  /* block diffusion: the model's block */
     if (o.prompt) {
         if (dllm_tokenizer_load(o.model_dir, &tok) != DLLM_OK || dllm_tokenizer_check_model(tok, model) != DLLM_OK) {
             fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
@@ -416,6 +433,7 @@ int main(int argc, char **argv) {
     st.mask_id = o.gen.mask_id >= 0 ? o.gen.mask_id : info.mask_id;
     st.eos_id = o.gen.eos_id >= 0 ? o.gen.eos_id : info.eos_id;
     st.eot_id = o.gen.eot_id >= 0 ? o.gen.eot_id : info.eot_id;
+    if (o.gen.stop_id >= 0) st.eot_id = o.gen.stop_id;  /* block diffusion's stop, for the streamed text */
     st.tty = isatty(STDOUT_FILENO);
     if (o.progress || tok) {
         o.gen.on_step = on_step;
@@ -425,9 +443,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dllm-generate: %s\n", dllm_last_error());
         goto done;
     }
-    out = (int32_t *)malloc(sizeof(int32_t) * (size_t)o.gen.gen_length);
+    /* + 1: block diffusion's output can end with the last block's AR seed */
+    out = (int32_t *)malloc(sizeof(int32_t) * ((size_t)o.gen.gen_length + 1));
     if (!out) { fprintf(stderr, "dllm-generate: out of memory\n"); goto done; }
-    s = dllm_generate(ctx, prompt, n_prompt, o.gen, out, o.gen.gen_length, &n_out, &stats);
+    s = dllm_generate(ctx, prompt, n_prompt, o.gen, out, o.gen.gen_length + 1, &n_out, &stats);
     if (s != DLLM_OK) {
         if (st.printed) printf("\n");
         fprintf(stderr, "dllm-generate: %s\n", dllm_ctx_last_error(ctx));

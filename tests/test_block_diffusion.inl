@@ -363,3 +363,44 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
+
+// ---- CLI -----------------------------------------------------------------------------------------------------
+
+static const dllm__json *test_bd_case(const dllm__json &root, const char *name) {
+    for (const dllm__json &c : root.find("cases")->items)
+        if (c.find("name")->str == name) return &c;
+    return nullptr;
+}
+
+/* dllm-generate takes the block from the model and prints the library's (the reference's) ids; --sub-block,
+ * --block-cache, --threshold, --mask-id and --stop-id reach the library. */
+TEST(block_diffusion, cli_options_and_model_defaults) {
+    if (!dllm__file_exists("build/dllm-generate")) SKIP("build/dllm-generate not built");
+    dllm__json root;
+    CHECK_STATUS(dllm__json_load(test_data("tiny-fast-dllm-v2/golden_traces.json"), root), DLLM_OK, nullptr);
+    struct { const char *name, *args; } runs[] = {
+        {"L40_tau0.3_bc", "-n 64 --threshold 0.3 --block-cache --mask-id 155"},            // block 32 from the model
+        {"B8_L11_tau0.25", "-n 24 --block 8 --sub-block 4 --threshold 0.25 --stop-id 152"},  // stops
+    };
+    for (auto &r : runs) {
+        const dllm__json *c = test_bd_case(root, r.name);
+        CHECK(c != nullptr);
+        if (!c) continue;
+        std::string ids, out, err, want = "ids:";
+        for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
+        for (int32_t t : test_json_ids(c->find("output"))) want += " " + std::to_string(t);
+        int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"" + ids + "\" " + r.args + " --no-stop-at-eos --print-ids", out, err);
+        CHECK_MSG(rc == 0 && out == want + "\n", "%s: exit %d, stdout \"%s\", want \"%s\" (%s)", r.name, rc, out.c_str(), want.c_str(), err.c_str());
+    }
+    // --stop-id: the first generated token of a case as the stop token ends the output before it, at once.
+    const dllm__json *c = test_bd_case(root, "L40_tau1");
+    if (!c) { CHECK(c != nullptr); return; }
+    std::string ids, out, err;
+    for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
+    std::string stop = std::to_string(c->find("output")->items[0].integer);
+    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
+    CHECK_MSG(rc == 0 && out == "ids:\n", "exit %d, stdout \"%s\" (%s)", rc, out.c_str(), err.c_str());
+    CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" --sub-block x", out, err) == 1);
+    CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" -n 64 --sub-block 5", out, err) == 1 && err.find("divide") != std::string::npos);
+    CHECK(test_cli("--help", out, err) == 0 && out.find("--block-cache") != std::string::npos);
+}
