@@ -1,4 +1,5 @@
-/* dllm.h - diffusion LLM inference (LLaDA, Dream) in one header and one CUDA file.
+/* dllm.h - diffusion LLM inference (LLaDA, Dream; Fast-dLLM v2 and Nemotron block diffusion on the CPU) in one
+ * header and one CUDA file.
  *
  * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
  * semi-autoregressive (SAR) block schedule of LLaDA's reference `generate.py`. The public API is this

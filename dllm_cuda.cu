@@ -18,12 +18,12 @@
  *   1. Utilities: errors, logging, numbers, files
  *   2. JSON parser
  *   3. safetensors reader
- *   4. Model config (LLaDA, Dream)
+ *   4. Model config (LLaDA, Dream, Fast-dLLM v2, Nemotron-Labs-Diffusion) [block diffusion] [YaRN]
  *   5. Weights: expected tensors, binding, loading
  *   6. Tokenizer (byte-level BPE) and chat templates
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
- *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins
+ *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: errors, device memory
@@ -33,7 +33,7 @@
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync)
  *  16. GPU backend: weights, forward, sampler, step graphs
- *  17. SAR decoding
+ *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, CPU backend)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are static or prefixed dllm__.
