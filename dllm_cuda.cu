@@ -3602,6 +3602,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
     }
 
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_kv_.block_rows)
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_kv_.block_rows);
         const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_kv_.block_rows : call.T;
         if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
