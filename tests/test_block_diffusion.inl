@@ -246,9 +246,28 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
     dllm_model *m = test_load(test_data(fixture));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     if (!ctx || !cases) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    // Cases with "shift": false run on a copy whose config.json sets the switch "shift_logits": false.
+    test_tmpdir noshift_dir;
+    dllm_model *noshift_model = nullptr;
+    dllm_ctx *noshift_ctx = nullptr;
     int exact = 0;
     for (const dllm__json &cs : cases->items) {
         const std::string name = cs.find("name")->str;
+        dllm_ctx *run_ctx = ctx;
+        const dllm__json *shift = cs.find("shift");
+        if (shift && !shift->boolean) {
+            if (!noshift_ctx) {
+                std::string cfg = test_read_file(test_data(fixture) + "/config.json");
+                cfg.insert(cfg.rfind('}'), ", \"shift_logits\": false");
+                test_write_file(noshift_dir.file("config.json"), cfg);
+                test_write_file(noshift_dir.file("model.safetensors"), test_read_file(test_data(fixture) + "/model.safetensors"));
+                noshift_model = test_load(noshift_dir.path);
+                noshift_ctx = noshift_model ? test_ctx(noshift_model) : nullptr;
+                CHECK(noshift_model && !noshift_model->cfg.shift_logits && noshift_ctx);
+                if (!noshift_ctx) continue;
+            }
+            run_ctx = noshift_ctx;
+        }
         std::vector<int32_t> prompt = test_json_ids(cs.find("prompt")), want = test_json_ids(cs.find("output"));
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = (int)cs.find("gen_length")->integer;
@@ -263,7 +282,7 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
         std::vector<int32_t> out((size_t)gp.gen_length + 1, -7);
         int n_out = 0;
         dllm_gen_stats stats;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, &stats), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(run_ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, &stats), DLLM_OK, nullptr);
         out.resize((size_t)std::max(0, n_out));
         const dllm__json *steps = cs.find("steps");
         bool steps_same = steps && steps->items.size() == rec.steps.size();
@@ -281,6 +300,8 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
                   steps_same ? "equal" : "differ");
     }
     printf("    %s: %d of %zu traces identical\n", fixture, exact, cases->items.size());
+    dllm_ctx_free(noshift_ctx);
+    dllm_model_free(noshift_model);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }

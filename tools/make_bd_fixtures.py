@@ -400,6 +400,8 @@ def golden_traces(model, out_dir, name, cases, mask_id, stop_id, **gen_kwargs):
         kw = dict(gen_kwargs)
         if "block_size" in c:
             kw["block_size"] = c["block_size"]
+        if "shift" in c:  # the model's config switch (Nemotron: "shift_logits")
+            kw["shift_on"] = c["shift"]
         o, steps, forwards, mg = generate(model, c["prompt"], c["gen_length"], mask_id, stop_id, threshold, c["sub_block"],
                                           use_block_cache=c.get("block_cache", False), **kw)
         margin = min(mg.argmax, mg.threshold, mg.best)
@@ -472,6 +474,10 @@ def make_nemotron(root):
     for L in (5, 8, 13, 33):
         cases.append(dict(name=f"L{L}_tau0.3", prompt=prompt[:L], gen_length=32, block_size=8, sub_block=4, threshold=0.3))
         cases.append(dict(name=f"L{L}_tau1_bc", prompt=prompt[:L], gen_length=32, block_size=8, sub_block=4, block_cache=True))
+    for L in (8, 13):  # config.json "shift_logits": false: position i scored by row i
+        cases.append(dict(name=f"L{L}_tau0.3_noshift", prompt=prompt[:L], gen_length=32, block_size=8, sub_block=4, threshold=0.3, shift=False))
+        cases.append(dict(name=f"L{L}_tau1_bc_noshift", prompt=prompt[:L], gen_length=32, block_size=8, sub_block=4, block_cache=True,
+                          shift=False))
     # dllm's reading of Nemotron's "causal context": prefill and commit forwards token-causal (mask granularity 1)
     golden_traces(m, d, "tiny-nemotron-diffusion", cases, c["mask_token_id"], c["eos_token_id"], prefill_mask=1, step_mask=c["block_size"])
 
