@@ -391,7 +391,8 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  *     official code, the first block is B masks forwarded without the prompt);
  *   - per block, sub-blocks left to right, each repeated until it has no mask: forward the block against
  *     the committed cache, shifted logits, commit the masked positions with p(x0) > tau plus the best one;
- *     tau = threshold under DLLM_UNMASK_THRESHOLD, else 1 (the official default: one token a step);
+ *     tau = threshold under DLLM_UNMASK_THRESHOLD, else 1 (the official default: one token a step); steps
+ *     is ignored (a block steps until it has no mask);
  *   - the finished block is forwarded once more to append its K/V; the argmax of its last logit row is
  *     the next block's first token (the AR seed); the generation stops once the stop token is committed
  *     with no mask before it (or is an AR seed).
