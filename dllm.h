@@ -1,4 +1,5 @@
-/* dllm.h - diffusion LLM inference (LLaDA, Dream) in one header and one CUDA file.
+/* dllm.h - diffusion LLM inference (LLaDA, Dream; Fast-dLLM v2 and Nemotron block diffusion on the CPU) in one
+ * header and one CUDA file.
  *
  * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
  * semi-autoregressive (SAR) block schedule of LLaDA's reference `generate.py`. The public API is this
@@ -106,7 +107,12 @@ typedef struct dllm_model dllm_model;
 
 typedef enum dllm_family {
     DLLM_FAMILY_LLADA = 0, /* LLaDA-8B Base/Instruct/1.5: OLMo tensor names, MHA, no logit shift      */
-    DLLM_FAMILY_DREAM = 1  /* Dream-7B (Qwen2 layout): GQA, q/k/v bias, logit shift                  */
+    DLLM_FAMILY_DREAM = 1, /* Dream-7B (Qwen2 layout): GQA, q/k/v bias, logit shift                  */
+    DLLM_FAMILY_FAST_DLLM_V2 = 2, /* Fast-dLLM v2 (model_type Fast_dLLM_Qwen): Qwen2 layout, block
+                                     diffusion (block-causal, a K/V cache of committed blocks), logit
+                                     shift; mask and stop ids from the tokenizer files              */
+    DLLM_FAMILY_NEMOTRON_DIFFUSION = 3 /* Nemotron-Labs-Diffusion (nemotron_labs_diffusion): encoder.*
+                                     names, GQA, YaRN RoPE, Llama-4 query scaling, block diffusion   */
 } dllm_family;
 
 typedef struct dllm_model_params {
@@ -129,6 +135,10 @@ typedef struct dllm_model_info {
     int32_t eot_id;    /* end of turn (LLaDA <|eot_id|>), -1 if unknown                             */
     int32_t bos_id;    /* -1 if unknown                                                             */
     int64_t n_params;
+    int block_size;    /* block diffusion families: the model's block (config bd_size / block_size);
+                          0 for LLaDA and Dream                                                     */
+    int32_t stop_id;   /* block diffusion: the token that ends a generation (Fast-dLLM v2 <|im_end|>,
+                          Nemotron eos_token_id); -1 otherwise                                       */
 } dllm_model_info;
 
 DLLM_API dllm_model_params dllm_model_default_params(void);
@@ -361,6 +371,11 @@ typedef struct dllm_gen_params {
     int32_t mask_id;            /* -1 = the model's                                                */
     int32_t eos_id;             /* -1 = the model's                                                */
     int32_t eot_id;             /* -1 = the model's                                                */
+    int sub_block_length;       /* block diffusion: sub-block S, decoded left to right; divides
+                                   block_length (0 = the official default, 8)                       */
+    int block_cache;            /* block diffusion: Fast-dLLM v2's sub-block ("block") cache, 0/1;
+                                   APPROXIMATE by design (stale K/V of the block's other rows)      */
+    int32_t stop_id;            /* block diffusion: stop token, -1 = the model's (info.stop_id)     */
     dllm_step_fn on_step;       /* optional streaming/progress callback                            */
     void *on_step_data;
     /* Sampler filters (llama.cpp / Hugging Face habits). Each keeps a set of vocabulary entries of a row; a
@@ -385,6 +400,33 @@ typedef struct dllm_gen_stats {
 } dllm_gen_stats;
 
 DLLM_API dllm_gen_params dllm_gen_default_params(void);
+
+/* Block diffusion (DLLM_FAMILY_FAST_DLLM_V2, DLLM_FAMILY_NEMOTRON_DIFFUSION). The model's family selects
+ * it; dllm_generate then decodes exactly as Fast-dLLM v2's official `generate` (block-diffusion.md):
+ *   - block_length is the block B (default 32, the official default; gen_length a multiple of it; the
+ *     official code floors gen_length / B instead), sub_block_length S (default 8) must divide it;
+ *   - a prompt longer than B has its whole blocks prefilled once, block-causally, into a K/V cache of
+ *     committed blocks; a prompt of L <= B tokens is part of the first block (L == B: the quirk of the
+ *     official code, the first block is B masks forwarded without the prompt);
+ *   - per block, sub-blocks left to right, each repeated until it has no mask: forward the block against
+ *     the committed cache, shifted logits, commit the masked positions with p(x0) > tau plus the best one;
+ *     tau = threshold under DLLM_UNMASK_THRESHOLD, else 1 (the official default: one token a step); steps
+ *     is ignored (a block steps until it has no mask);
+ *   - the finished block is forwarded once more to append its K/V; the argmax of its last logit row is
+ *     the next block's first token (the AR seed); the generation stops once the stop token is committed
+ *     with no mask before it (or is an AR seed).
+ * Output: the official `generate` output after the prompt, up to n_blocks * B + 1 - (n_prompt mod B)
+ * ids (gen_length + 1 when n_prompt is a multiple of B, because it ends with the last AR seed), so
+ * out_capacity must be at least that; with stop_at_eos it ends before the first stop token, without
+ * it just after it (as the official code truncates). Differences from the official code, all chosen:
+ * fp32 forward and float64 softmax (the official runs bf16: there conf > 0.9 compares in bf16, see
+ * block-diffusion.md), greedy only (temperature 0; the official top_p only acts at temperature > 0),
+ * the prompt may not contain the mask id, and a step never predicts the mask id itself (the official
+ * loop would never end if it did; a trained model gives it ~0 probability). Ties between equal
+ * confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly). Options that do not apply to block diffusion (cfg, DPad,
+ * kv_cache, Dream's samplers, EOS options) are rejected with DLLM_ERR_UNSUPPORTED, and so is a GPU
+ * context: block diffusion is not yet on the GPU backend. dllm_logits on these models is the model's
+ * plain forward without a cache: block-causal at the model's block, positions from 0, shift applied. */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
  * generation is at most that long, and with stop_at_eos often shorter); a smaller out_capacity is

@@ -18,12 +18,12 @@
  *   1. Utilities: errors, logging, numbers, files
  *   2. JSON parser
  *   3. safetensors reader
- *   4. Model config (LLaDA, Dream)
+ *   4. Model config (LLaDA, Dream, Fast-dLLM v2, Nemotron-Labs-Diffusion) [block diffusion] [YaRN]
  *   5. Weights: expected tensors, binding, loading
  *   6. Tokenizer (byte-level BPE) and chat templates
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
- *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins
+ *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
@@ -36,7 +36,7 @@
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad]; the sampler; [step graphs]; [debug hooks]
- *  17. SAR decoding
+ *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, CPU backend)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
@@ -662,7 +662,35 @@ struct dllm__config {
     bool scale_logits = false;  // LLaDA scale_logits: logits / sqrt(d_model)
     bool shift_logits = false;  // Dream: position i is predicted by the logits at i - 1
     int32_t mask_id = -1, eos_id = -1, eot_id = -1, bos_id = -1, pad_id = -1;
+    // Block diffusion (Fast-dLLM v2, Nemotron): see dllm__is_block_diffusion and section 17.
+    int bd_size = 0;                  // the model's block (bd_size / block_size)
+    int bd_mask_block = 0;            // block-causal granularity of a forward that names none: Fast-dLLM v2's
+                                      // forward defaults its block_size argument to 32 (not bd_size)
+    bool bd_causal_context = false;   // prefill and commit forwards token-causal (Nemotron's reported "causal
+                                      // context") instead of block-causal
+    int32_t stop_id = -1;             // the token that ends a block-diffusion generation
+    // YaRN RoPE (rope_parameters.rope_type "yarn"), transformers' _compute_yarn_parameters
+    bool yarn = false;
+    double yarn_factor = 1, yarn_beta_fast = 32, yarn_beta_slow = 1, yarn_attention_factor = 1;
+    int yarn_orig_max = 0;
+    // Llama-4 query scaling (Ministral-3): q *= 1 + beta * log(1 + floor(pos / llama4_orig_max)) after RoPE
+    float llama4_beta = 0;
+    int llama4_orig_max = 0;
 };
+
+static const char *dllm__family_name(dllm_family f) {
+    switch (f) {
+    case DLLM_FAMILY_LLADA: return "LLaDA";
+    case DLLM_FAMILY_DREAM: return "Dream";
+    case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
+    case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+    }
+    return "?";
+}
+
+static bool dllm__is_block_diffusion(const dllm__config &c) {
+    return c.family == DLLM_FAMILY_FAST_DLLM_V2 || c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION;
+}
 
 /* Typed access to config.json values with errors that name the file and the key. */
 struct dllm__cfg_reader {
@@ -827,6 +855,95 @@ static dllm_status dllm__config_dream(const dllm__cfg_reader &r, dllm__config &c
     return DLLM_OK;
 }
 
+/* Fast-dLLM v2 (model_type Fast_dLLM_Qwen): the Qwen2 config plus bd_size (block-diffusion.md). The mask and
+ * stop ids are not in config.json: dllm__find_block_tokens reads them from the tokenizer files. */
+static dllm_status dllm__config_fast_dllm_v2(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(dllm__config_dream(r, c));
+    DLLM__TRY(r.integer("bd_size", 1, 4096, c.bd_size, false, 32));
+    c.bd_mask_block = 32;  // the default block_size argument of the official forward
+    c.stop_id = c.eos_id;  // <|im_end|> in the real config; the tokenizer's <|im_end|> wins when present
+    return DLLM_OK;
+}
+
+/* Nemotron-Labs-Diffusion rope_parameters (transformers 5): "default" or "yarn" with the keys of
+ * transformers' _compute_yarn_parameters, plus Ministral-3's llama_4_scaling_beta. */
+static dllm_status dllm__config_rope_parameters(const dllm__cfg_reader &top, dllm__config &c) {
+    const dllm__json *rp = top.root.find("rope_parameters");
+    if (!rp || rp->is_null()) return top.number("rope_theta", 1.0, 1e12, c.rope_theta);
+    std::string path = top.path + ": rope_parameters";
+    if (rp->kind != dllm__json::OBJ) return top.bad("rope_parameters", "an object");
+    dllm__cfg_reader r{*rp, path};
+    static const char *types[] = {"default", "yarn"};
+    std::string type;
+    DLLM__TRY(r.one_of("rope_type", types, 2, "default", type));
+    DLLM__TRY(r.number("rope_theta", 1.0, 1e12, c.rope_theta));
+    DLLM__TRY(r.require_bool("truncate", true, true));
+    const dllm__json *beta = rp->find("llama_4_scaling_beta");
+    if (beta && !beta->is_null()) {
+        DLLM__TRY(r.number("llama_4_scaling_beta", 0.0, 100.0, c.llama4_beta));
+        DLLM__TRY(r.integer("original_max_position_embeddings", 1, dllm__max_ctx * 64, c.llama4_orig_max));
+    }
+    if (type != "yarn") return DLLM_OK;
+    float factor = 1, fast = 32, slow = 1, mscale = 0, mscale_all = 0, attn = 0;
+    DLLM__TRY(r.number("factor", 1.0, 1e6, factor));
+    DLLM__TRY(r.integer("original_max_position_embeddings", 1, dllm__max_ctx * 64, c.yarn_orig_max));
+    auto optional = [&](const char *key, float &v) -> dllm_status {
+        const dllm__json *x = rp->find(key);
+        return x && !x->is_null() ? r.number(key, 0.0, 1e6, v) : DLLM_OK;
+    };
+    DLLM__TRY(optional("beta_fast", fast));
+    DLLM__TRY(optional("beta_slow", slow));
+    DLLM__TRY(optional("mscale", mscale));
+    DLLM__TRY(optional("mscale_all_dim", mscale_all));
+    DLLM__TRY(optional("attention_factor", attn));
+    c.yarn = true;
+    c.yarn_factor = factor;
+    c.yarn_beta_fast = fast > 0 ? fast : 32;  // transformers: `get("beta_fast") or 32`
+    c.yarn_beta_slow = slow > 0 ? slow : 1;
+    auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; };
+    if (attn > 0) c.yarn_attention_factor = attn;
+    else if (mscale > 0 && mscale_all > 0) c.yarn_attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all);
+    else c.yarn_attention_factor = get_mscale(factor, 1.0);
+    return DLLM_OK;
+}
+
+/* Nemotron-Labs-Diffusion (models.md 4): Ministral-3 shape, encoder.* names, YaRN, Llama-4 query scaling.
+ * Whether its logits are shifted is not public: config key "shift_logits" (dllm's own) decides, default
+ * shifted, as in the other AR-initialised diffusion models (Dream, Fast-dLLM v2) and as its joint AR loss
+ * suggests; check it against modeling_nemotron_labs_diffusion.py when a checkpoint is at hand. */
+static dllm_status dllm__config_nemotron(const dllm__cfg_reader &r, dllm__config &c) {
+    static const char *acts[] = {"silu"};
+    std::string s;
+    DLLM__TRY(r.one_of("hidden_act", acts, 1, "silu", s));
+    DLLM__TRY(r.require_bool("attention_bias", false, false));
+    DLLM__TRY(r.require_bool("mlp_bias", false, false));
+    DLLM__TRY(r.must_be_null("sliding_window"));
+    DLLM__TRY(r.must_be_null("rope_scaling"));
+    DLLM__TRY(r.boolean("tie_word_embeddings", false, c.tied_embeddings));
+    DLLM__TRY(r.integer("hidden_size", 1, dllm__max_dim, c.n_embd));
+    DLLM__TRY(r.integer("num_attention_heads", 1, 1024, c.n_head));
+    DLLM__TRY(r.integer("num_hidden_layers", 1, 1024, c.n_layer));
+    DLLM__TRY(r.integer("num_key_value_heads", 1, c.n_head, c.n_head_kv, false, c.n_head));
+    DLLM__TRY(r.integer("head_dim", 2, 1024, c.head_dim, false, c.n_embd / c.n_head));
+    DLLM__TRY(r.integer("intermediate_size", 1, 1 << 20, c.n_ff));
+    DLLM__TRY(r.integer("vocab_size", 1, dllm__max_vocab, c.vocab_size));
+    DLLM__TRY(r.integer("max_position_embeddings", 1, dllm__max_ctx * 64, c.max_seq_len));
+    c.max_seq_len = std::min(c.max_seq_len, dllm__max_ctx);
+    DLLM__TRY(r.integer("block_size", 1, 4096, c.bd_size, false, 32));
+    DLLM__TRY(r.number("rms_norm_eps", 0.0, 1.0, c.norm_eps));
+    DLLM__TRY(r.token("mask_token_id", c.mask_id));
+    DLLM__TRY(r.token("eos_token_id", c.eos_id));
+    DLLM__TRY(r.token("pad_token_id", c.pad_id));
+    DLLM__TRY(r.token("bos_token_id", c.bos_id));
+    DLLM__TRY(dllm__config_rope_parameters(r, c));
+    DLLM__TRY(r.boolean("shift_logits", true, c.shift_logits));
+    c.n_vocab = c.vocab_size;
+    c.bd_mask_block = c.bd_size;
+    c.bd_causal_context = true;
+    c.stop_id = c.eos_id;
+    return DLLM_OK;
+}
+
 /* Parses a config.json text (path is for messages). */
 static dllm_status dllm__config_parse(const dllm__json &root, const std::string &path, dllm__config &c) {
     if (root.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: not a JSON object", path.c_str());
@@ -840,13 +957,22 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     } else if (mt->str == "Dream" || mt->str == "dream") {
         c.family = DLLM_FAMILY_DREAM;
         DLLM__TRY(dllm__config_dream(r, c));
+    } else if (mt->str == "Fast_dLLM_Qwen") {
+        c.family = DLLM_FAMILY_FAST_DLLM_V2;
+        DLLM__TRY(dllm__config_fast_dllm_v2(r, c));
+    } else if (mt->str == "nemotron_labs_diffusion") {
+        c.family = DLLM_FAMILY_NEMOTRON_DIFFUSION;
+        DLLM__TRY(dllm__config_nemotron(r, c));
     } else {
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llada, Dream)", path.c_str(), mt->str.c_str());
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llada, Dream, Fast_dLLM_Qwen, "
+                          "nemotron_labs_diffusion)", path.c_str(), mt->str.c_str());
     }
     if (c.n_head % c.n_head_kv)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: %d attention heads are not a multiple of %d key/value heads", path.c_str(), c.n_head, c.n_head_kv);
     if (c.head_dim % 2) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one", path.c_str(), c.head_dim);
-    if (c.mask_id < 0) return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id", path.c_str());
+    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens checks it there.
+    if (c.mask_id < 0 && c.family != DLLM_FAMILY_FAST_DLLM_V2)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id", path.c_str());
     if (c.mask_id >= c.n_vocab) return dllm__fail(DLLM_ERR_FORMAT, "%s: mask_token_id %d is outside the vocabulary (%d)", path.c_str(), c.mask_id, c.n_vocab);
     return DLLM_OK;
 }
@@ -890,6 +1016,52 @@ static dllm_status dllm__check_model_dir(const char *dir) {
     return DLLM_OK;
 }
 
+/* The id of an added token spelled `content`: added_tokens.json ({"token": id}), else tokenizer_config.json's
+ * added_tokens_decoder ({"id": {"content": ...}}); -1 if neither names it. */
+static dllm_status dllm__find_added_token(const std::string &dir, const char *content, int32_t &id) {
+    id = -1;
+    std::string added = dllm__join_path(dir, "added_tokens.json");
+    if (dllm__file_exists(added)) {
+        dllm__json root;
+        DLLM__TRY(dllm__json_load(added, root));
+        const dllm__json *v = root.find(content);
+        if (v && v->kind == dllm__json::NUM && v->is_integer && v->integer >= 0 && v->integer <= INT32_MAX) {
+            id = (int32_t)v->integer;
+            return DLLM_OK;
+        }
+    }
+    std::string cfg = dllm__join_path(dir, "tokenizer_config.json");
+    if (!dllm__file_exists(cfg)) return DLLM_OK;
+    dllm__json root;
+    DLLM__TRY(dllm__json_load(cfg, root));
+    const dllm__json *dec = root.find("added_tokens_decoder");
+    if (!dec || dec->kind != dllm__json::OBJ) return DLLM_OK;
+    for (size_t i = 0; i < dec->keys.size(); i++) {
+        const dllm__json *c = dec->items[i].find("content");
+        char *endp = nullptr;
+        long v = strtol(dec->keys[i].c_str(), &endp, 10);
+        if (c && c->kind == dllm__json::STR && c->str == content && endp && *endp == 0 && v >= 0 && v <= INT32_MAX) id = (int32_t)v;
+    }
+    return DLLM_OK;
+}
+
+/* Fast-dLLM v2's mask (|<MASK>|) and stop (<|im_end|>) ids live in its tokenizer files, not in config.json
+ * (block-diffusion.md). A model without them is an error naming what to add. */
+static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config &c) {
+    if (c.family != DLLM_FAMILY_FAST_DLLM_V2) return DLLM_OK;
+    int32_t mask = -1, stop = -1;
+    DLLM__TRY(dllm__find_added_token(dir, "|<MASK>|", mask));
+    DLLM__TRY(dllm__find_added_token(dir, "<|im_end|>", stop));
+    if (mask >= 0 && c.mask_id < 0) c.mask_id = mask;
+    if (stop >= 0) c.stop_id = stop;
+    if (c.mask_id < 0)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
+                          "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json", dir.c_str());
+    if (c.mask_id >= c.n_vocab || c.stop_id >= c.n_vocab)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(), c.mask_id, c.stop_id, c.n_vocab);
+    return DLLM_OK;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 5. Weights: expected tensors, binding, loading
 // ---------------------------------------------------------------------------------------------------
@@ -910,10 +1082,11 @@ struct dllm__wspec {
 static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
     const int64_t d = c.n_embd, q = (int64_t)c.n_head * c.head_dim, kv = (int64_t)c.n_head_kv * c.head_dim, ff = c.n_ff;
     const bool llada = c.family == DLLM_FAMILY_LLADA;
+    const std::string qwen = c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "encoder." : "model.";  // Nemotron: encoder.*
     std::vector<dllm__wspec> w;
-    w.push_back({llada ? "model.transformer.wte.weight" : "model.embed_tokens.weight", {c.n_vocab, d}, -1, DLLM__W_EMBED});
+    w.push_back({llada ? "model.transformer.wte.weight" : qwen + "embed_tokens.weight", {c.n_vocab, d}, -1, DLLM__W_EMBED});
     for (int l = 0; l < c.n_layer; l++) {
-        std::string p = llada ? dllm__format("model.transformer.blocks.%d.", l) : dllm__format("model.layers.%d.", l);
+        std::string p = llada ? dllm__format("model.transformer.blocks.%d.", l) : qwen + dllm__format("layers.%d.", l);
         std::string attn = llada ? p : p + "self_attn.", mlp = llada ? p : p + "mlp.";
         w.push_back({p + (llada ? "attn_norm.weight" : "input_layernorm.weight"), {d}, l, DLLM__W_ATTN_NORM});
         w.push_back({attn + "q_proj.weight", {q, d}, l, DLLM__W_Q});
@@ -930,8 +1103,9 @@ static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
         w.push_back({mlp + "up_proj.weight", {ff, d}, l, DLLM__W_UP});
         w.push_back({mlp + (llada ? "ff_out.weight" : "down_proj.weight"), {d, ff}, l, DLLM__W_DOWN});
     }
-    w.push_back({llada ? "model.transformer.ln_f.weight" : "model.norm.weight", {d}, -1, DLLM__W_FINAL_NORM});
-    if (!c.tied_embeddings) w.push_back({llada ? "model.transformer.ff_out.weight" : "lm_head.weight", {c.n_vocab, d}, -1, DLLM__W_HEAD});
+    w.push_back({llada ? "model.transformer.ln_f.weight" : qwen + "norm.weight", {d}, -1, DLLM__W_FINAL_NORM});
+    const char *head = llada ? "model.transformer.ff_out.weight" : c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "diffusion_head.weight" : "lm_head.weight";
+    if (!c.tied_embeddings) w.push_back({head, {c.n_vocab, d}, -1, DLLM__W_HEAD});
     return w;
 }
 
@@ -1011,6 +1185,14 @@ static void dllm__bind_tensor(dllm_model &m, const dllm__wspec &spec, const dllm
     }
 }
 
+/* A tensor by its expected name; Nemotron's head may also be stored as lm_head.weight (models.md 4.3). */
+static const dllm__tensor *dllm__find_weight(const dllm_model &m, const dllm__wspec &spec, std::string &found_name) {
+    found_name = spec.name;
+    auto it = m.by_name.find(spec.name);
+    if (it == m.by_name.end() && spec.name == "diffusion_head.weight") it = m.by_name.find(found_name = "lm_head.weight");
+    return it == m.by_name.end() ? nullptr : it->second;
+}
+
 /* gemma_rms norms compute x * (1 + w): folding the 1 into the weights keeps one norm everywhere. */
 static void dllm__fold_gemma_norms(dllm_model &m) {
     auto fold = [](std::vector<float> &w) { for (float &x : w) x += 1.0f; };
@@ -1025,11 +1207,11 @@ static dllm_status dllm__bind_weights(dllm_model &m) {
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     std::unordered_set<std::string> used;
     for (const dllm__wspec &spec : specs) {
-        auto it = m.by_name.find(spec.name);
-        const dllm__tensor *t = it == m.by_name.end() ? nullptr : it->second;
+        std::string name;
+        const dllm__tensor *t = dllm__find_weight(m, spec, name);
         DLLM__TRY(dllm__check_tensor(spec, t));
         dllm__bind_tensor(m, spec, t);
-        used.insert(spec.name);
+        used.insert(name);
         m.n_params += t->numel;
     }
     if (c.tied_embeddings) m.head = m.embed;
@@ -1107,6 +1289,7 @@ static dllm_status dllm__load_model(const char *dir, const dllm_model_params &pa
     DLLM__TRY(dllm__config_parse(cfg_json, cfg_path, m->cfg));
     DLLM__TRY(dllm__find_eot(m->dir, m->cfg));
     DLLM__TRY(dllm__find_bos(m->dir, m->cfg));
+    DLLM__TRY(dllm__find_block_tokens(m->dir, m->cfg));
     std::string single = dllm__join_path(m->dir, "model.safetensors"), index = single + ".index.json";
     if (dllm__file_exists(index)) {
         DLLM__TRY(dllm__load_sharded(*m, index, params.use_mmap != 0));
@@ -3043,6 +3226,200 @@ static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
 /* The output row that predicts position pos: Dream shifts by one (position 0 keeps row 0). */
 static inline int dllm__logit_row(const dllm__config &c, int pos) { return c.shift_logits && pos > 0 ? pos - 1 : pos; }
 
+/* ---- Block diffusion (Fast-dLLM v2, Nemotron): RoPE variants, block-causal attention over a K/V cache -----
+ * block-diffusion.md: every forward attends to the committed cache ++ its own fresh K/V, with RoPE position
+ * (committed length) + offset and the eval mask "query q sees key k iff q / Bm >= k / Bm" over sequence
+ * indices; only commit forwards (the prefill, a finished block) append their K/V. The sub-block ("block")
+ * cache path forwards S rows whose fresh K/V overwrite their slots of the block's cached K/V, unmasked. */
+
+/* RoPE inverse frequencies in float32, as transformers computes them: theta^(-2j/d), or YaRN
+ * (_compute_yarn_parameters: ramp between interpolated and extrapolated frequencies over the dimensions
+ * whose rotation count at original_max_position_embeddings lies between beta_slow and beta_fast). */
+static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
+    const int dim = c.head_dim, half = dim / 2;
+    std::vector<float> inv((size_t)half);
+    if (!c.yarn) {
+        for (int j = 0; j < half; j++) inv[(size_t)j] = 1.0f / powf(c.rope_theta, (float)(2 * j) / (float)dim);
+        return inv;
+    }
+    const double base = c.rope_theta;
+    auto correction_dim = [&](double rotations) { return dim * log(c.yarn_orig_max / (rotations * 2 * M_PI)) / (2 * log(base)); };
+    double low = std::max(floor(correction_dim(c.yarn_beta_fast)), 0.0), high = std::min(ceil(correction_dim(c.yarn_beta_slow)), (double)(dim - 1));
+    if (low == high) high += 0.001;  // transformers: prevent a division by zero
+    for (int j = 0; j < half; j++) {
+        float pos_freq = powf((float)base, (float)(2 * j) / (float)dim);
+        float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / ((float)c.yarn_factor * pos_freq);
+        float ramp = std::min(std::max(((float)j - (float)low) / (float)(high - low), 0.0f), 1.0f);
+        float extrapolation_factor = 1.0f - ramp;
+        inv[(size_t)j] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+    }
+    return inv;
+}
+
+/* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
+ * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
+static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
+    const int half = c.head_dim / 2;
+    const std::vector<float> inv = dllm__rope_inv_freq(c);
+    const float factor = (float)c.yarn_attention_factor;
+    cos_t.resize((size_t)n_pos * half);
+    sin_t.resize((size_t)n_pos * half);
+    for (int p = 0; p < n_pos; p++)
+        for (int j = 0; j < half; j++) {
+            float angle = (float)p * inv[(size_t)j];
+            cos_t[(size_t)p * half + j] = cosf(angle) * factor;
+            sin_t[(size_t)p * half + j] = sinf(angle) * factor;
+        }
+}
+
+/* Llama-4 query scaling (Ministral-3, Nemotron): after RoPE, q *= 1 + beta log(1 + floor(pos / orig_max));
+ * 1 below orig_max. float32, as in transformers. */
+static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const int32_t *pos) {
+    if (c.llama4_beta == 0) return;
+    const int width = c.n_head * c.head_dim;
+    for (int t = 0; t < T; t++) {
+        float s = 1.0f + c.llama4_beta * logf(1.0f + floorf((float)pos[t] / (float)c.llama4_orig_max));
+        for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
+    }
+}
+
+/* Block-causal softmax(q k^T / sqrt(hd)) v: query i, at sequence index q_index0 + i, sees key j iff
+ * mask_block == 0 (no mask) or (q_index0 + i) / mask_block >= j / mask_block. Same arithmetic as
+ * dllm__cpu_attention. */
+static void dllm__cpu_attention_block_causal(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head,
+                                             int n_kv, int hd, int q_index0, int mask_block, float *out) {
+    const int group = n_head / n_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    pool.run(n_head, [&](int h) {
+        int kvh = h / group;
+        std::vector<double> p((size_t)Tk), acc((size_t)hd);
+        for (int i = 0; i < Tq; i++) {
+            const float *qi = q + ((size_t)i * n_head + h) * hd;
+            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;  // keys [0, n_visible)
+            double m = -INFINITY, l = 0;
+            for (int j = 0; j < n_visible; j++) {
+                p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
+                m = std::max(m, p[(size_t)j]);
+            }
+            std::fill(acc.begin(), acc.end(), 0.0);
+            for (int j = 0; j < n_visible; j++) {
+                double e = exp(p[(size_t)j] - m);
+                l += e;
+                const float *vj = v + ((size_t)j * n_kv + kvh) * hd;
+                for (int c = 0; c < hd; c++) acc[(size_t)c] += e * vj[c];
+            }
+            float *oi = out + ((size_t)i * n_head + h) * hd;
+            for (int c = 0; c < hd; c++) oi[c] = l > 0 ? (float)(acc[(size_t)c] / l) : 0.0f;
+        }
+    });
+}
+
+/* Keys and values of block diffusion on the CPU, per layer: the committed rows [0, n), then scratch rows
+ * where a forward puts the rows it attends to beyond the cache (its fresh K/V, or the block cache). */
+struct dllm__bd_kv {
+    int n = 0, cap = 0;                   // committed rows; rows per layer
+    std::vector<float> k, v;              // [layer][cap][n_head_kv * head_dim]
+    int block_rows = 0;                   // rows of the block cache (0: none)
+    std::vector<float> block_k, block_v;  // Fast-dLLM v2's block cache, [layer][block_rows][kvd]
+
+    void reset(const dllm__config &c, int rows) {
+        n = 0, cap = rows, block_rows = 0;
+        k.assign((size_t)c.n_layer * rows * c.n_head_kv * c.head_dim, 0.0f);
+        v.assign(k.size(), 0.0f);
+    }
+};
+
+/* What one forward of the block-diffusion schedule does with its rows' K/V. */
+enum dllm__bd_kind {
+    DLLM__BD_STEP,        // attend to cache ++ fresh, discard (a diffusion step without the block cache)
+    DLLM__BD_COMMIT,      // attend to cache ++ fresh, append fresh to the cache (prefill, a finished block)
+    DLLM__BD_BLOCK_FULL,  // attend to cache ++ fresh, keep fresh as the block cache (block-cache refresh)
+    DLLM__BD_SUB_BLOCK    // write fresh into the block cache at `offset`, attend to cache ++ block cache, no mask
+};
+
+struct dllm__bd_call {
+    dllm__bd_kind kind = DLLM__BD_STEP;
+    const int32_t *ids = nullptr;
+    int T = 0;            // rows forwarded
+    int offset = 0;       // SUB_BLOCK: the rows' offset in the block (RoPE position n + offset + i)
+    int mask_block = 0;   // block-causal granularity Bm (0: no mask)
+    int r0 = 0, r1 = 0;   // the raw (unshifted) output rows wanted, within [0, T)
+};
+
+/* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. */
+static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b,
+                                   dllm__bd_kv &kv, const dllm__bd_call &call, const float *cos_t, const float *sin_t) {
+    const dllm__config &c = m.cfg;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int T = call.T, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
+    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
+    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
+    if (q8 && !q8->qkv.empty()) {
+        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q8->qkv, 0, bq, qd, b.q.data());
+        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q8->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
+        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q8->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
+    } else {
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
+        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, bv, kvd, b.v.data());
+    }
+    dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
+    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
+    dllm__cpu_llama4_scale(c, b.q.data(), T, b.pos.data());
+    float *kc = kv.k.data() + layer * kv.cap * kvd, *vc = kv.v.data() + layer * kv.cap * kvd;
+    const size_t row_bytes = sizeof(float) * kvd;
+    int n_keys = kv.n + T;
+    if (call.kind == DLLM__BD_SUB_BLOCK) {
+        float *bkc = kv.block_k.data() + layer * kv.block_rows * kvd, *bvc = kv.block_v.data() + layer * kv.block_rows * kvd;
+        memcpy(bkc + (size_t)call.offset * kvd, b.k.data(), row_bytes * T);  // the overwrite persists (block-diffusion.md)
+        memcpy(bvc + (size_t)call.offset * kvd, b.v.data(), row_bytes * T);
+        memcpy(kc + (size_t)kv.n * kvd, bkc, row_bytes * kv.block_rows);
+        memcpy(vc + (size_t)kv.n * kvd, bvc, row_bytes * kv.block_rows);
+        n_keys = kv.n + kv.block_rows;
+    } else {
+        memcpy(kc + (size_t)kv.n * kvd, b.k.data(), row_bytes * T);
+        memcpy(vc + (size_t)kv.n * kvd, b.v.data(), row_bytes * T);
+        if (call.kind == DLLM__BD_BLOCK_FULL) {
+            memcpy(kv.block_k.data() + layer * T * kvd, b.k.data(), row_bytes * T);
+            memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
+        }
+    }
+    dllm__cpu_attention_block_causal(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, kv.n + call.offset, call.mask_block,
+                                     b.att.data());
+    if (q8 && !q8->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q8->o, 0, nullptr, d, b.tmp.data());
+    else dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
+    for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+}
+
+/* One forward of the block-diffusion schedule over call.T rows; writes the raw logits of rows [r0, r1).
+ * The caller sizes kv (kv.n + rows <= kv.cap). */
+static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv, const dllm__bd_call &call,
+                                 const float *cos_t, const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, T = call.T, kvd = c.n_head_kv * c.head_dim;
+    b.fit(c, T);
+    for (int t = 0; t < T; t++) {
+        b.pos[(size_t)t] = kv.n + call.offset + t;
+        dllm__tensor_row(*m.embed, call.ids[t], d, b.h.data() + (size_t)t * d);
+    }
+    if (call.kind == DLLM__BD_BLOCK_FULL) {
+        kv.block_rows = T;
+        kv.block_k.assign((size_t)c.n_layer * T * kvd, 0.0f);
+        kv.block_v.assign(kv.block_k.size(), 0.0f);
+    }
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        const dllm__fp8_layer *q8 = l < fp8.size() ? &fp8[l] : nullptr;
+        dllm__cpu_bd_attention(m, l, q8, pool, b, kv, call, cos_t, sin_t);
+        dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[l].ffn_norm.data(), c.norm_eps, b.a.data());
+        dllm__cpu_ffn(m, m.layers[l], q8, pool, b, T);
+        for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+    }
+    if (call.kind == DLLM__BD_COMMIT) kv.n += T;
+    dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_linear(pool, b.a.data(), call.r1 - call.r0, d, *m.head, nullptr, c.n_vocab, logits);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
@@ -3247,6 +3624,10 @@ struct dllm__decode {
     int forwards = 0;
 };
 
+static dllm_status dllm__bd_unsupported() {
+    return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)");
+}
+
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -3261,6 +3642,10 @@ struct dllm__backend_impl {
     virtual dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) = 0;
     /* The generation ends: st.canvas must be current. */
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
+    /* Block diffusion (section 17): a generation starts with an empty committed K/V cache of `rows` rows. */
+    virtual dllm_status bd_begin(int rows) { (void)rows; return dllm__bd_unsupported(); }
+    /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
+    virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) { (void)call; (void)logits; return dllm__bd_unsupported(); }
 };
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
@@ -3296,11 +3681,28 @@ class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision)
         : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
-        dllm__rope_tables(m.cfg.rope_theta, m.cfg.head_dim, max_tokens, cos_, sin_);
+        dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
     }
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
+        if (dllm__is_block_diffusion(m_.cfg)) return bd_logits(ids, n, r0, r1, out);
         forward(ids, n, dllm__cpu_rows(), r0, r1, out);
+        return DLLM_OK;
+    }
+
+    dllm_status bd_begin(int rows) override {
+        bd_kv_.reset(m_.cfg, rows);
+        return DLLM_OK;
+    }
+
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_kv_.block_rows)
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_kv_.block_rows);
+        const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_kv_.block_rows : call.T;
+        if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
+                              call.T, bd_kv_.n, bd_kv_.cap);
+        dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_);
         return DLLM_OK;
     }
 
@@ -3345,6 +3747,22 @@ class dllm__cpu_backend : public dllm__backend_impl {
                    sizeof(float) * c.n_vocab);
     }
 
+    /* dllm_logits on a block-diffusion model: its plain forward without a cache, block-causal at the
+     * granularity its forward uses when none is named, positions from 0, shift applied. */
+    dllm_status bd_logits(const int32_t *ids, int n, int r0, int r1, float *out) {
+        const dllm__config &c = m_.cfg;
+        dllm__bd_kv kv;
+        kv.reset(c, n);
+        dllm__bd_call call;
+        call.ids = ids, call.T = n, call.mask_block = c.bd_mask_block;
+        call.r0 = dllm__logit_row(c, r0), call.r1 = dllm__logit_row(c, r1 - 1) + 1;
+        raw_.resize((size_t)(call.r1 - call.r0) * c.n_vocab);
+        dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), raw_.data(), fp8_);
+        for (int p = r0; p < r1; p++)
+            memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab, sizeof(float) * c.n_vocab);
+        return DLLM_OK;
+    }
+
     /* This step's rows and keys (see dllm__step_rows); the K/V cache is sized at the block's first step. */
     dllm__cpu_rows rows_for(const dllm__decode &st, dllm__cpu_kv &kv) {
         const dllm__config &c = m_.cfg;
@@ -3380,6 +3798,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::vector<dllm__fp8_layer> fp8_;  // FP8 precision: E4M3 weights, kept as codes + scales (1 byte a weight, as on the GPU)
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
+    dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
 };
 
@@ -8020,8 +8439,248 @@ struct dllm__generation {
     }
 };
 
+// ---- Block diffusion: Fast-dLLM v2's generate (block-diffusion.md) --------------------------------------
+// x = prompt; if L > B the prompt's whole blocks are prefilled into the committed K/V cache. Per block: pad x
+// with masks to the next multiple of B; the block is x's last B tokens; sub-blocks of S left to right, each
+// stepped until it has no mask; the finished block is forwarded once more to append its K/V, and the argmax of
+// its last logit row is appended as the next block's first token. Line-by-line twin: tools/make_bd_fixtures.py.
+
+/* Validated options of one block-diffusion generation. */
+struct dllm__bd_plan {
+    int B = 0, S = 0, n_blocks = 0, max_out = 0;
+    double tau = 1.0;          // commit p(x0) > tau, plus the best candidate
+    int32_t mask_id = -1, stop_id = -1;
+    bool block_cache = false;
+    int prefill_mask = 0;      // granularity of the prefill and commit forwards: B, or 1 (token-causal)
+    int step_mask = 0;         // granularity of the diffusion-step forwards: the model forward's default
+};
+
+/* Options that mean nothing to block diffusion are errors that say so, never silently ignored. */
+static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
+    struct { bool set; const char *what; } unsupported[] = {
+        {!(p.temperature == 0), "temperature > 0 (dllm decodes block diffusion greedily, the official default)"},
+        {!(p.cfg_scale == 0), "cfg_scale"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {dllm__enum_int(p.unmask) != DLLM_UNMASK_SCHEDULE && dllm__enum_int(p.unmask) != DLLM_UNMASK_THRESHOLD,
+         "unmask other than DLLM_UNMASK_SCHEDULE (one token a step) or DLLM_UNMASK_THRESHOLD"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
+        {!(p.alg_temp == 0), "alg_temp"},
+        {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
+        {p.logits_eos_inf != 0, "logits_eos_inf"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+    };
+    for (auto &u : unsupported)
+        if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
+    if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+    if (p.block_cache != 0 && p.block_cache != 1) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+    return DLLM_OK;
+}
+
+static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
+                                              int out_capacity, dllm__bd_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
+    DLLM__TRY(dllm__check_bd_options(p));
+    plan.B = p.block_length;
+    plan.S = p.sub_block_length ? p.sub_block_length : 8;
+    if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)", p.gen_length, plan.B);
+    if (plan.S <= 0 || plan.B % plan.S)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S, p.sub_block_length ? "" : " (the default)", plan.B);
+    plan.n_blocks = p.gen_length / plan.B;
+    plan.max_out = plan.n_blocks * plan.B + 1 - n_prompt % plan.B;
+    if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt, p.gen_length,
+                          ctx.max_tokens);
+    if (!out || out_capacity < plan.max_out)
+        return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
+                          "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
+                          "the output buffer holds %d", plan.max_out, out ? out_capacity : 0);
+    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("stop_id", p.stop_id, c.n_vocab));
+    plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
+    plan.stop_id = p.stop_id >= 0 ? p.stop_id : c.stop_id;
+    if (plan.mask_id < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
+    for (int i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i, prompt[i], c.n_vocab);
+        if (prompt[i] == plan.mask_id)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i, plan.mask_id);
+    }
+    plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
+    plan.block_cache = p.block_cache != 0;
+    plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
+    plan.step_mask = c.bd_mask_block;
+    return DLLM_OK;
+}
+
+/* The state of one block-diffusion generation; x is the official code's input_ids / x_t. */
+struct dllm__bd_generation {
+    dllm_ctx &ctx;
+    const dllm_gen_params &p;
+    const dllm__bd_plan &plan;
+    int n_prompt = 0;
+    std::vector<int32_t> x;
+    std::vector<float> logits;
+    int steps = 0, forwards = 0;
+
+    bool is_mask(size_t i) const { return x[i] == plan.mask_id; }
+
+    /* The first stop token at or after `from`, or -1. */
+    int first_stop(int from) const {
+        for (size_t i = (size_t)from; plan.stop_id >= 0 && i < x.size(); i++)
+            if (x[i] == plan.stop_id) return (int)i;
+        return -1;
+    }
+
+    /* The official stop rule: a stop token at or after `from` with no mask between `from` and it. */
+    bool stopped(int from) const {
+        int s = first_stop(from);
+        if (s < 0) return false;
+        for (int i = from; i < s; i++)
+            if (is_mask((size_t)i)) return false;
+        return true;
+    }
+
+    int masks_in(int begin, int end) const {
+        int n = 0;
+        for (int i = begin; i < end; i++) n += is_mask((size_t)i);
+        return n;
+    }
+
+    dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
+        dllm__bd_call call;
+        call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
+        logits.resize((size_t)(r1 - r0) * ctx.model->cfg.n_vocab);
+        forwards++;
+        return ctx.impl->bd_forward(call, logits.data());
+    }
+
+    /* argmax of a raw logit row, the first index on ties (torch's argmax). */
+    int32_t argmax(int row) const {
+        const int V = ctx.model->cfg.n_vocab;
+        const float *l = logits.data() + (size_t)row * V;
+        return (int32_t)(std::max_element(l, l + V) - l);
+    }
+
+    /* The raw output row (relative to logits) that scores row q of a forward starting at r0: the shift maps
+     * q to q - 1 and row 0 to itself (block-diffusion.md). */
+    int scoring_row(int q, int r0) const { return (ctx.model->cfg.shift_logits && q > 0 ? q - 1 : q) - r0; }
+
+    /* One diffusion step on sub-block [s0, s0 + S) of the block starting at bs. */
+    dllm_status step(int blk, int step_in_block, int bs, int s0, bool &block_cache_valid) {
+        const int B = plan.B, S = plan.S, shift = ctx.model->cfg.shift_logits ? 1 : 0;
+        int first = s0, r0;  // `first`: the forward's first row, as a block offset
+        if (plan.block_cache && block_cache_valid && !is_mask((size_t)(bs + s0))) {
+            r0 = 0;
+            DLLM__TRY(forward(DLLM__BD_SUB_BLOCK, bs + s0, S, s0, 0, 0, S));
+        } else {
+            first = 0, r0 = std::max(0, s0 - shift);
+            DLLM__TRY(forward(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1)));
+            block_cache_valid = plan.block_cache;
+        }
+        steps++;
+        // dllm's one deliberate change: the mask token is never predicted. Committing it would leave the position
+        // masked and the official loop would never end (a trained model gives it ~0 mass).
+        dllm__sampling greedy;
+        greedy.eos_logit_inf = true, greedy.eos_id = plan.mask_id;
+        std::vector<int32_t> cand, committed;
+        std::vector<dllm__choice> ch;
+        int best = -1;
+        for (int i = 0; i < S; i++) {
+            const int pos = bs + s0 + i;
+            if (!is_mask((size_t)pos)) continue;
+            const int row = scoring_row(s0 + i - first, r0);
+            cand.push_back(pos);
+            ch.push_back(dllm__choose(logits.data() + (size_t)row * ctx.model->cfg.n_vocab, ctx.model->cfg.n_vocab, greedy, (uint32_t)pos, 0));
+            if (best < 0 || ch.back().conf > ch[(size_t)best].conf) best = (int)ch.size() - 1;  // first on ties
+        }
+        for (size_t k = 0; k < cand.size(); k++)
+            if ((int)k == best || ch[k].conf > plan.tau) {
+                x[(size_t)cand[k]] = ch[k].token;
+                committed.push_back(cand[k]);
+            }
+        return report(blk, step_in_block, committed);
+    }
+
+    dllm_status report(int blk, int step_in_block, const std::vector<int32_t> &committed) {
+        if (!p.on_step) return DLLM_OK;
+        dllm_step_info info = {blk, plan.n_blocks, step_in_block, 0, steps, plan.n_blocks * plan.B, (int)committed.size(), committed.data(), x.data(),
+                               (int)x.size(), n_prompt, masks_in(n_prompt, (int)x.size())};
+        if (p.on_step(&info, p.on_step_data) != 0) return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
+        return DLLM_OK;
+    }
+
+    /* The block's loop: sub-blocks until no mask is left, then the commit forward and the AR seed. */
+    dllm_status run_block(int blk, int pl) {
+        const int B = plan.B, bs = (int)x.size() - B;
+        bool block_cache_valid = false;
+        int step_in_block = 0;
+        while (!stopped(pl)) {
+            if (masks_in(bs, bs + B) == 0) {
+                DLLM__TRY(forward(DLLM__BD_COMMIT, bs, B, 0, plan.prefill_mask, B - 1, B));
+                x.push_back(argmax(0));
+                return DLLM_OK;
+            }
+            for (int s0 = 0; s0 < B && !stopped(pl); s0 += plan.S)
+                while (masks_in(bs + s0, bs + s0 + plan.S) > 0 && !stopped(pl)) {
+                    if (step_in_block == B) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", blk, B);
+                    DLLM__TRY(step(blk, step_in_block++, bs, s0, block_cache_valid));  // each step commits at least one mask
+                }
+        }
+        return DLLM_OK;
+    }
+
+    dllm_status run(const int32_t *prompt) {
+        const int B = plan.B, L = n_prompt;
+        x.assign(prompt, prompt + L);
+        DLLM__TRY(ctx.impl->bd_begin(L / B * B + plan.n_blocks * B + B));
+        if (L > B) {  // strictly longer than a block: prefill its whole blocks (a prompt of exactly B is never forwarded)
+            const int P = L / B * B;
+            DLLM__TRY(forward(DLLM__BD_COMMIT, 0, P, 0, plan.prefill_mask, P - 1, P));
+            if (L % B == 0) x.push_back(argmax(0));
+        }
+        for (int blk = 0; blk < plan.n_blocks; blk++) {
+            if (first_stop(L) >= 0) break;  // also catches an AR seed equal to the stop token
+            const int pl = (int)x.size();
+            x.resize((size_t)(pl + B - pl % B), plan.mask_id);
+            DLLM__TRY(run_block(blk, pl));
+        }
+        return DLLM_OK;
+    }
+
+    /* The generated ids, truncated at the first stop token (kept without stop_at_eos, as the official output). */
+    int emit(bool stop_at_eos, int32_t *out) const {
+        int s = first_stop(n_prompt), end = s < 0 ? (int)x.size() : stop_at_eos ? s : s + 1;
+        for (int i = n_prompt; i < end; i++) out[i - n_prompt] = x[(size_t)i];
+        return end - n_prompt;
+    }
+};
+
+static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
+                                          int out_capacity, int *n_out, dllm_gen_stats *stats) {
+    dllm__bd_plan plan;
+    DLLM__TRY(dllm__plan_block_diffusion(ctx, prompt, n_prompt, p, out, out_capacity, plan));
+    double t0 = dllm__now_ms();
+    dllm__bd_generation g{ctx, p, plan, n_prompt, {}, {}, 0, 0};
+    dllm_status status = g.run(prompt);
+    int n = g.emit(status == DLLM_OK && p.stop_at_eos != 0, out);
+    if (n_out) *n_out = n;
+    if (stats) {
+        stats->n_prompt = n_prompt;
+        stats->n_generated = n;
+        stats->steps = g.steps;
+        stats->forwards = g.forwards;
+        stats->wall_ms = dllm__now_ms() - t0;
+    }
+    return status;
+}
+
 static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
                                        int out_capacity, int *n_out, dllm_gen_stats *stats) {
+    if (dllm__is_block_diffusion(ctx.model->cfg)) return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();
@@ -8070,7 +8729,12 @@ static bool dllm__gpu_usable(int device, std::string &why) {
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     std::string why;
-    bool gpu = dllm__gpu_usable(ctx.params.device, why);
+    const bool block_diffusion = dllm__is_block_diffusion(ctx.model->cfg);
+    if (block_diffusion && ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: block diffusion is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)",
+                          dllm__family_name(ctx.model->cfg.family));
+    bool gpu = !block_diffusion && dllm__gpu_usable(ctx.params.device, why);  // AUTO picks the CPU for block diffusion
+    if (block_diffusion) why = "block diffusion runs on the CPU backend";
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
         ctx.backend = DLLM_BACKEND_GPU;
@@ -8157,7 +8821,7 @@ dllm_status dllm_model_load(const char *dir, dllm_model_params params, dllm_mode
         std::unique_ptr<dllm_model> m;
         DLLM__TRY(dllm__load_model(dir, params, m));
         dllm__log(DLLM_LOG_INFO, "loaded %s: %s, %d layers, d=%d, %lld parameters", dir,
-                  m->cfg.family == DLLM_FAMILY_LLADA ? "LLaDA" : "Dream", m->cfg.n_layer, m->cfg.n_embd, (long long)m->n_params);
+                  dllm__family_name(m->cfg.family), m->cfg.n_layer, m->cfg.n_embd, (long long)m->n_params);
         *out_model = m.release();
         return DLLM_OK;
     });
@@ -8174,6 +8838,7 @@ dllm_status dllm_model_load_random(const char *config_path, uint64_t seed, dllm_
         dllm__json cfg;
         DLLM__TRY(dllm__json_load(path, cfg));
         DLLM__TRY(dllm__config_parse(cfg, path, m->cfg));
+        DLLM__TRY(dllm__find_block_tokens(path.substr(0, path.find_last_of('/') + 1) + ".", m->cfg));
         for (const dllm__wspec &s : dllm__expected_weights(m->cfg)) {
             int64_t n = 1;
             for (int64_t d : s.shape) n *= d;
@@ -8206,6 +8871,8 @@ dllm_status dllm_model_get_info(const dllm_model *m, dllm_model_info *out) {
     out->eot_id = c.eot_id;
     out->bos_id = c.bos_id;
     out->n_params = m->n_params;
+    out->block_size = dllm__is_block_diffusion(c) ? c.bd_size : 0;
+    out->stop_id = dllm__is_block_diffusion(c) ? c.stop_id : -1;
     return DLLM_OK;
 }
 
@@ -8296,6 +8963,9 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.top_k = 0;
     p.top_p = 1.0f;
     p.min_p = 0.0f;
+    p.sub_block_length = 0;
+    p.block_cache = 0;
+    p.stop_id = -1;
     return p;
 }
 

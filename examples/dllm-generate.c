@@ -31,7 +31,8 @@ enum {
     OPT_VISUAL, OPT_JSON, OPT_PRINT_IDS, OPT_PROGRESS, OPT_VERBOSE, OPT_N, OPT_STEPS, OPT_BLOCK, OPT_TEMP, OPT_TOP_K, OPT_TOP_P,
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
-    OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_COUNT
+    OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
+    OPT_COUNT
 };
 
 typedef struct {
@@ -54,7 +55,8 @@ static const option_def option_defs[] = {
     {OPT_NO_EARLY_STOP, 0, {"--no-early-stop"}}, {OPT_TIMESTEPS, 0, {"--timesteps"}}, {OPT_EPS, 1, {"--eps"}},
     {OPT_ALG_TEMP, 1, {"--alg-temp"}}, {OPT_LOGITS_EOS_INF, 0, {"--logits-eos-inf"}}, {OPT_EOS_EOT_LAST, 0, {"--eos-eot-last"}},
     {OPT_NO_STOP_AT_EOS, 0, {"--no-stop-at-eos"}}, {OPT_BACKEND, 1, {"--backend"}}, {OPT_PRECISION, 1, {"--precision"}},
-    {OPT_THREADS, 1, {"--threads", "-t"}},
+    {OPT_THREADS, 1, {"--threads", "-t"}}, {OPT_SUB_BLOCK, 1, {"--sub-block"}}, {OPT_BLOCK_CACHE, 0, {"--block-cache"}},
+    {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}},
 };
 
 typedef struct {
@@ -128,6 +130,16 @@ static void usage(FILE *f) {
             "  --early-stop           after a block with EOS/EoT, fill the rest with it and stop (the default here)\n"
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
             "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 for DPad)\n"
+            "\n"
+            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, CPU backend; the official generate):\n"
+            "  --block N              the block (default: the model's, 32); -n must be a multiple of it\n"
+            "  --sub-block N          sub-block decoded left to right, dividing the block (default 8)\n"
+            "  --block-cache          Fast-dLLM v2's sub-block cache (approximate by design, as the official one)\n"
+            "  --threshold TAU        commit every mask with p > TAU plus the best (default: one token a step);\n"
+            "                         the HF README uses 0.9\n"
+            "  --mask-id ID           the mask token, overriding the model's (for checkpoints without a tokenizer)\n"
+            "  --stop-id ID           the stop token, overriding the model's (<|im_end|> for Fast-dLLM v2)\n"
+            "  Fast-dLLM v2 README settings: -n 512 --threshold 0.9 (add --block-cache for the hierarchical cache)\n"
             "\n"
             "Dream's samplers (generation_utils.py; any model, composing with blocks and caches):\n"
             "  --timesteps            Dream's count: with t = linspace(1, eps, steps per block + 1), step i of a block\n"
@@ -350,6 +362,10 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
         o->ctx.precision = (dllm_precision)k;
         break;
     case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;
+    case OPT_SUB_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->sub_block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
+    case OPT_BLOCK_CACHE: g->block_cache = 1; break;
+    case OPT_MASK_ID: if (!parse_int(v, 0, INT32_MAX, &g->mask_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
+    case OPT_STOP_ID: if (!parse_int(v, 0, INT32_MAX, &g->stop_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     }
     return 0;
 }
@@ -760,7 +776,7 @@ static int check_prompt(const options *o, const session *S, const int32_t *promp
  * text is left in *answer (malloc'ed, may be NULL without a tokenizer). Returns 0 or 1. */
 static int generate(const options *o, session *S, const int32_t *prompt, int n_prompt, char **answer) {
     stream st;
-    int32_t *out = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->gen.gen_length);
+    int32_t *out = (int32_t *)malloc(sizeof(int32_t) * ((size_t)o->gen.gen_length + 1));  /* + 1: block diffusion may end with an AR seed */
     int n_out = 0, n_ids, rc = 1, i;
     long text_len = 0;
     dllm_gen_stats stats;
@@ -775,6 +791,11 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
     st.mask_id = gp.mask_id >= 0 ? gp.mask_id : S->info.mask_id;
     st.eos_id = gp.eos_id >= 0 ? gp.eos_id : S->info.eos_id;
     st.eot_id = gp.eot_id >= 0 ? gp.eot_id : S->info.eot_id;
+    if (S->info.block_size > 0) {  /* block diffusion: the model's block and stop token; it stops by itself */
+        if (!o->given[OPT_BLOCK]) gp.block_length = S->info.block_size;
+        if (gp.stop_id >= 0) st.eot_id = gp.stop_id;
+        if (!o->given[OPT_EARLY_STOP]) gp.early_stop = 0;
+    }
     st.tty = isatty(STDOUT_FILENO);
     st.progress_line = o->progress && isatty(STDERR_FILENO);
     /* a progress line and a streamed answer on one terminal would overwrite each other: the answer waits */
@@ -789,7 +810,7 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
         gp.on_step = on_step;
         gp.on_step_data = &st;
     }
-    s = dllm_generate(S->ctx, prompt, n_prompt, gp, out, gp.gen_length, &n_out, &stats);
+    s = dllm_generate(S->ctx, prompt, n_prompt, gp, out, gp.gen_length + 1, &n_out, &stats);
     if (st.progress_line) fprintf(stderr, "\r\033[K");
     if (s != DLLM_OK && !(s == DLLM_ERR_CANCELLED && st.stop_ids >= 0)) {
         if (st.printed) printf("\n");

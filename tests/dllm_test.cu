@@ -23,6 +23,7 @@
 #include "test_fp8.inl"
 #include "test_backend.inl"
 #include "test_cli.inl"
+#include "test_block_diffusion.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;

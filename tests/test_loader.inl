@@ -244,11 +244,6 @@ TEST(config, rejects_unsupported_values) {
     CHECK_STATUS(test_config("[1]", c), DLLM_ERR_FORMAT, "not a JSON object");
 }
 
-TEST(config, fast_dllm_v2_is_a_clear_error) {
-    dllm__config c;
-    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")), c), DLLM_ERR_UNSUPPORTED, "Fast_dLLM_Qwen");
-}
-
 TEST(config, supported_variants) {
     dllm__config c;
     CHECK_STATUS(test_config(test_llada_config_with("layer_norm_type", "\"gemma_rms\""), c), DLLM_OK, nullptr);
