@@ -92,7 +92,8 @@ static void usage(FILE *f) {
             "  --precision P          bf16 (default), fp8 or fp8-all. fp8: the FFN linears of layers >= 1 in FP8 E4M3\n"
             "                         (LaCache's scheme; block-scaled GEMMs on sm_90 and sm_89, other GPUs run BF16\n"
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
-            "                         the paper). The CPU backend computes the same function\n"
+            "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
+            "                         soloq-c, rtn-w4a4 (and -w4a16 forms): SoloQ 4-bit, CPU backend only for now\n"
             "  --threads N            CPU backend threads (default: all)\n"
             "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
             "  --progress             show a progress line on stderr\n"
@@ -227,7 +228,13 @@ static int parse_args(int argc, char **argv, options *o) {
             if (!strcmp(v, "bf16")) o->ctx.precision = DLLM_PRECISION_BF16;
             else if (!strcmp(v, "fp8")) o->ctx.precision = DLLM_PRECISION_FP8_FFN;
             else if (!strcmp(v, "fp8-all")) o->ctx.precision = DLLM_PRECISION_FP8_ALL;
-            else return fail("--precision must be bf16, fp8 or fp8-all, not \"%s\"", v);
+            else {
+                static const char *const soloq[] = {"soloq-n", "soloq-i", "soloq-c", "rtn-w4a4", "soloq-n-w4a16", "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"};
+                int i = 0;
+                while (i < 8 && strcmp(v, soloq[i])) i++;
+                if (i == 8) return fail("--precision must be bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form, not \"%s\"", v);
+                o->ctx.precision = (dllm_precision)(DLLM_PRECISION_SOLOQ_N + i);
+            }
         } else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "auto")) o->ctx.backend = DLLM_BACKEND_AUTO;
             else if (!strcmp(v, "cpu")) o->ctx.backend = DLLM_BACKEND_CPU;

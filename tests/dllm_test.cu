@@ -21,6 +21,7 @@
 #include "test_gpu.inl"
 #include "test_dream_samplers.inl"
 #include "test_fp8.inl"
+#include "test_soloq.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;
