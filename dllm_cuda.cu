@@ -3403,68 +3403,87 @@ static float dllm__q4_value(dllm__q4_format f, const uint8_t *packed, const uint
     }
 }
 
+/* The encoders of one nonzero row x[n]: 4-bit codes into c4 (E8P: its packed codes), each element's C into value, and
+ * the format's own row scale returned. sigma = the row's RMS. */
+static float dllm__encode_nvfp4(const float *x, int n, uint8_t *c4, uint8_t *block_scales, float *value) {
+    const float s_enc = dllm__nvfp4_s_enc(dllm__amax(x, n));
+    dllm__nvfp4_encode(x, n, s_enc, c4, block_scales, value);
+    return 1.0f / s_enc;
+}
+
+static float dllm__encode_rtn(const float *x, int n, uint8_t *c4, float *value) {
+    const float scale = dllm__amax(x, n) / 7.0f;
+    for (int i = 0; i < n; i++) {
+        const float q = fminf(fmaxf(rintf(x[i] / scale), -7.0f), 7.0f);  // NaN clamps to -7: the row scale is NaN then
+        c4[i] = (uint8_t)((int)q & 15);
+        value[i] = q;
+    }
+    return scale;
+}
+
+static float dllm__encode_int4(const float *x, int n, float sigma, uint8_t *c4, float *value) {
+    const float step = sigma * dllm__int4_step;
+    for (int i = 0; i < n; i++) {
+        const float q = fminf(fmaxf(floorf(x[i] / step), -8.0f), 7.0f);
+        c4[i] = (uint8_t)((int)q & 15);
+        value[i] = 2.0f * q + 1.0f;
+    }
+    return step / 2.0f;
+}
+
+static float dllm__encode_lloyd(const float *x, int n, float sigma, uint8_t *c4, float *value) {
+    for (int i = 0; i < n; i++) {
+        const float z = x[i] / sigma, az = fabsf(z);
+        int level = 0;
+        while (level < 7 && az >= dllm__lloyd4_thresholds[level]) level++;
+        c4[i] = (uint8_t)((z < 0 ? 8 : 0) | level);
+        value[i] = (float)(z < 0 ? -dllm__lloyd4_int[level] : dllm__lloyd4_int[level]);
+    }
+    return sigma / dllm__lloyd4_kappa;
+}
+
+/* E8P-RVQ4: stage 1 on v1 = 1.03 z, stage 2 on the residual (v1 - e1) x 3.45; two codes per 8 into packed. */
+static float dllm__encode_e8p(const float *x, int n, float sigma, uint8_t *packed, float *value) {
+    for (int g = 0; g < n; g += 8) {
+        float v1[8], v2[8];
+        int e1[8], e2[8];
+        for (int i = 0; i < 8; i++) v1[i] = (x[g + i] / sigma) * dllm__e8p_scale;
+        const uint16_t c1 = dllm__e8p_encode(v1);
+        dllm__e8p_decode4(c1, e1);
+        for (int i = 0; i < 8; i++) v2[i] = (v1[i] - 0.25f * (float)e1[i]) * dllm__e8p_resid;
+        const uint16_t c2 = dllm__e8p_encode(v2);
+        dllm__e8p_decode4(c2, e2);
+        uint8_t *p = packed + (size_t)g / 2;
+        p[0] = (uint8_t)c1, p[1] = (uint8_t)(c1 >> 8), p[2] = (uint8_t)c2, p[3] = (uint8_t)(c2 >> 8);
+        for (int i = 0; i < 8; i++) value[g + i] = (float)dllm__e8p_int(e1[i], e2[i]);
+    }
+    return sigma / (dllm__e8p_scale * dllm__e8p_kappa);
+}
+
 /* Quantises row x[n] in format f. Writes the packed codes (row_bytes), NVFP4's block scales, and returns the row
  * scale; value[n] receives each element's C (the value is C * row scale). With bias_correction the row scale is
  * SoloQ's ||x||^2 / <C, x> (spec 5: the projection of the quantised row on x is exact), otherwise the format's own
- * scale. A zero row gets scale 0; a row holding Inf or NaN gets a NaN scale (non-finite input never turns into
- * finite output); if <C, x> <= 0 the format's own scale stays. */
+ * scale. A zero row gets codes 0 and scale 0; a row holding Inf or NaN gets a NaN scale (non-finite input never
+ * turns into finite output); if <C, x> <= 0 the format's own scale stays. */
 static float dllm__q4_quantize_row(dllm__q4_format f, const float *x, int n, bool bias_correction, uint8_t *packed, uint8_t *block_scales, float *value) {
-    const float ss = dllm__soloq_dot(x, x, n);
+    const float ss = dllm__soloq_dot(x, x, n), sigma = sqrtf(ss / (float)n);
     std::vector<uint8_t> c4((size_t)n, 0);
     float scale = 0;
-    if (ss == 0) {  // codes 0 (their C need not be 0: INT4's is 1) and scale 0
+    if (ss == 0) {
         if (f == DLLM__Q4_NVFP4) memset(block_scales, 0, (size_t)(n + 15) / 16);
         if (f == DLLM__Q4_E8P) memset(packed, 0, (size_t)n / 2);
-    } else if (f == DLLM__Q4_NVFP4) {
-        const float s_enc = dllm__nvfp4_s_enc(dllm__amax(x, n));
-        dllm__nvfp4_encode(x, n, s_enc, c4.data(), block_scales, value);
-        scale = 1.0f / s_enc;
-    } else if (f == DLLM__Q4_RTN) {
-        scale = dllm__amax(x, n) / 7.0f;
-        for (int i = 0; i < n; i++) {
-            const float q = fminf(fmaxf(rintf(x[i] / scale), -7.0f), 7.0f);
-            c4[(size_t)i] = (uint8_t)((int)q & 15);
-            value[i] = q;
-        }
     } else {
-        const float sigma = sqrtf(ss / (float)n);
-        if (f == DLLM__Q4_INT4) {
-            const float step = sigma * dllm__int4_step;
-            for (int i = 0; i < n; i++) {
-                const float q = fminf(fmaxf(floorf(x[i] / step), -8.0f), 7.0f);
-                c4[(size_t)i] = (uint8_t)((int)q & 15);
-                value[i] = 2.0f * q + 1.0f;
-            }
-            scale = step / 2.0f;
-        } else if (f == DLLM__Q4_LLOYD) {
-            for (int i = 0; i < n; i++) {
-                const float z = x[i] / sigma, az = fabsf(z);
-                int level = 0;
-                while (level < 7 && az >= dllm__lloyd4_thresholds[level]) level++;
-                c4[(size_t)i] = (uint8_t)((z < 0 ? 8 : 0) | level);
-                value[i] = (float)(z < 0 ? -dllm__lloyd4_int[level] : dllm__lloyd4_int[level]);
-            }
-            scale = sigma / dllm__lloyd4_kappa;
-        } else {  // E8P-RVQ4: stage 1 on 1.03 z, stage 2 on the residual x 3.45
-            for (int g = 0; g < n; g += 8) {
-                float v1[8], v2[8];
-                int e1[8], e2[8];
-                for (int i = 0; i < 8; i++) v1[i] = (x[g + i] / sigma) * dllm__e8p_scale;
-                const uint16_t c1 = dllm__e8p_encode(v1);
-                dllm__e8p_decode4(c1, e1);
-                for (int i = 0; i < 8; i++) v2[i] = (v1[i] - 0.25f * (float)e1[i]) * dllm__e8p_resid;
-                const uint16_t c2 = dllm__e8p_encode(v2);
-                dllm__e8p_decode4(c2, e2);
-                uint8_t *p = packed + (size_t)g / 2;
-                p[0] = (uint8_t)c1, p[1] = (uint8_t)(c1 >> 8), p[2] = (uint8_t)c2, p[3] = (uint8_t)(c2 >> 8);
-                for (int i = 0; i < 8; i++) value[g + i] = (float)dllm__e8p_int(e1[i], e2[i]);
-            }
-            scale = sigma / (dllm__e8p_scale * dllm__e8p_kappa);
+        switch (f) {
+            case DLLM__Q4_NVFP4: scale = dllm__encode_nvfp4(x, n, c4.data(), block_scales, value); break;
+            case DLLM__Q4_RTN: scale = dllm__encode_rtn(x, n, c4.data(), value); break;
+            case DLLM__Q4_INT4: scale = dllm__encode_int4(x, n, sigma, c4.data(), value); break;
+            case DLLM__Q4_LLOYD: scale = dllm__encode_lloyd(x, n, sigma, c4.data(), value); break;
+            case DLLM__Q4_E8P: scale = dllm__encode_e8p(x, n, sigma, packed, value); break;
         }
     }
     if (f != DLLM__Q4_E8P)
         for (int i = 0; i < n; i += 2) packed[i / 2] = (uint8_t)(c4[(size_t)i] | c4[(size_t)i + 1] << 4);
-    if (ss == 0)
+    if (ss == 0)  // codes 0 decode to a nonzero C in some formats (INT4: 1); scale 0 makes the row 0
         for (int i = 0; i < n; i++) value[i] = dllm__q4_value(f, packed, block_scales, i);
     if (!(ss <= FLT_MAX)) return NAN;
     if (bias_correction && ss > 0) {
