@@ -227,11 +227,31 @@ typedef enum dllm_backend {
  * context creation to E4M3 with one scale per 128x128 block, and each GEMM input per 1x128 group; layer 0
  * always stays exact. Both backends compute the same function (the CPU on the dequantised values). FP8 GEMMs
  * run on sm_90 (cuBLASLt) and sm_89 (dllm's own kernel); other GPUs run BF16 and log a warning.
- * Accuracy: BENCHMARKS.md. */
+ *
+ * SoloQ (calibration-free W4A4, arXiv 2610.07121): every attention and MLP linear of every layer gets 4-bit
+ * weights, quantised once at context creation in the basis of a seeded K-RPBH rotation (weights stored as
+ * 4-bit codes + FP32 row scales, NVFP4 also an E4M3 scale per 16: 4-4.5 bits a weight), and 4-bit
+ * activations, each token rotated and quantised on its own (per-token scales: batching and LaCache stay
+ * exact). The scale-only bias correction ||z||^2 / <q(z), z> is folded into every row and token scale.
+ * Embeddings and the LM head stay BF16 (dllm_ctx_params.quantize_lm_head quantises the head too). The -W4A16
+ * variants leave activations unquantised. CPU backend only for now: a GPU context is DLLM_ERR_UNSUPPORTED and
+ * AUTO picks the CPU. Ablation switches (environment, read at context creation): DLLM_SOLOQ_ROTATION = krpbh
+ * (default) | rpbh | mixer | hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN
+ * baseline ignores both. Accuracy: BENCHMARKS.md. */
 typedef enum dllm_precision {
     DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU (default)              */
     DLLM_PRECISION_FP8_FFN = 1,  /* the paper: FFN linears (gate|up, down) of layers >= 1 in FP8     */
-    DLLM_PRECISION_FP8_ALL = 2   /* also the attention projections (Q|K|V, O) of layers >= 1        */
+    DLLM_PRECISION_FP8_ALL = 2,  /* also the attention projections (Q|K|V, O) of layers >= 1        */
+    DLLM_PRECISION_SOLOQ_N = 3,  /* SoloQ-N: NVFP4 weights and activations (E2M1, E4M3 per 16, FP32
+                                    per row / token)                                                 */
+    DLLM_PRECISION_SOLOQ_I = 4,  /* SoloQ-I: uniform INT4 (mid-rise, step 0.3352 RMS), FP32 scales    */
+    DLLM_PRECISION_SOLOQ_C = 5,  /* SoloQ-C: E8P-RVQ 4-bit weight codebook, Lloyd-Max 4-bit activations */
+    DLLM_PRECISION_RTN_W4A4 = 6, /* baseline: symmetric INT4, round to nearest, per-row weight and
+                                    per-token activation absmax scales, no rotation                  */
+    DLLM_PRECISION_SOLOQ_N_W4A16 = 7, /* the same four with BF16 activations (weight-only)           */
+    DLLM_PRECISION_SOLOQ_I_W4A16 = 8,
+    DLLM_PRECISION_SOLOQ_C_W4A16 = 9,
+    DLLM_PRECISION_RTN_W4A16 = 10
 } dllm_precision;
 
 typedef struct dllm_ctx_params {
@@ -240,6 +260,7 @@ typedef struct dllm_ctx_params {
     int max_tokens;        /* longest canvas this context serves; 0 = the model's max_seq_len       */
     int n_threads;         /* CPU backend threads; 0 = all hardware threads                          */
     dllm_precision precision; /* default DLLM_PRECISION_BF16                                        */
+    int quantize_lm_head;  /* SoloQ precisions: 1 quantises the LM head too (default 0: BF16, the paper's) */
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
@@ -442,7 +463,8 @@ DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_p
 /* dllm's counter-based draw (Philox4x32-10): a uniform double strictly inside (0, 1) that is a pure
  * function of its arguments. Decoding uses streams 1 (Gumbel noise) and 2 (random remasking); stream 3
  * keys the masks of dllm-eval's masked-token NLL; stream 4 DPad's kept suffix; stream 5 DLLM_REMASK_ORIGIN's
- * transfers; stream 6 alg_temp's Gumbel noise; streams >= 16 are free for applications. */
+ * transfers; stream 6 alg_temp's Gumbel noise; stream 7 SoloQ's rotations; streams >= 16 are free for
+ * applications. */
 DLLM_API double dllm_rng_uniform(uint64_t seed, uint32_t index, uint32_t position, uint32_t step, uint32_t stream);
 
 #ifdef __cplusplus

@@ -24,6 +24,9 @@
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
+ *   9b. SoloQ numerics (CPU reference): [K-RPBH] rotation (RPBH, Hadamard, dense Haar options), [NVFP4],
+ *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
+ *       [bias correction]; the SoloQ precisions of the CPU forward
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
@@ -2708,7 +2711,8 @@ enum dllm__rng_stream : uint32_t {
     DLLM__RNG_NLL = 3,     // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
     DLLM__RNG_DPAD = 4,    // DPad's kept suffix, counter (suffix distance, position, block)
     DLLM__RNG_ORIGIN = 5,  // Dream's 'origin' transfer draw, counter (0, position, step)
-    DLLM__RNG_ALG_TEMP = 6 // alg_temp's Gumbel noise on the confidence, counter (0, position, step)
+    DLLM__RNG_ALG_TEMP = 6, // alg_temp's Gumbel noise on the confidence, counter (0, position, step)
+    DLLM__RNG_SOLOQ = 7     // SoloQ's rotations (section 9b), counter (element, site, component)
 };
 
 static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4]) {
@@ -3109,14 +3113,22 @@ static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm_
     return dllm__quantize_blocks(w.data(), (int)(w.size() / (size_t)cols), cols);
 }
 
-/* The FP8 weights of one layer (an empty matrix: that linear runs exact). */
+/* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. */
+enum dllm__soloq_site { DLLM__SOLOQ_QKV, DLLM__SOLOQ_O, DLLM__SOLOQ_GU, DLLM__SOLOQ_DOWN, DLLM__SOLOQ_HEAD, DLLM__SOLOQ_SITES };
+struct dllm__soloq_layer;
+static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q, int site, int row0,
+                                   const float *bias, int N, float *y);
+
+/* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). */
 struct dllm__fp8_layer {
     dllm__fp8_matrix qkv, o, gu, down;
+    std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
 /* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. */
 static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision) {
-    std::vector<dllm__fp8_layer> out(precision == DLLM_PRECISION_BF16 ? 0 : m.layers.size());
+    const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
+    std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
         out[l].gu = dllm__quantize_stacked({L.gate, L.up});
@@ -3146,7 +3158,11 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
     const int T = rows.q1 - rows.q0, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
     const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    if (q && !q->qkv.empty()) {
+    if (q && q->soloq) {
+        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_QKV, 0, bq, qd, b.q.data());
+        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd, bk, kvd, b.k.data());
+        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd + kvd, bv, kvd, b.v.data());
+    } else if (q && !q->qkv.empty()) {
         dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->qkv, 0, bq, qd, b.q.data());
         dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
         dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
@@ -3166,7 +3182,8 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
         keys = kc, values = vc, n_keys = rows.kv->n;
     }
     dllm__cpu_attention(pool, b.q.data(), keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
-    if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
+    if (q && q->soloq) dllm__cpu_linear_soloq(pool, b.att.data(), true, T, *q->soloq, DLLM__SOLOQ_O, 0, nullptr, d, b.tmp.data());
+    else if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
     else dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
@@ -3174,8 +3191,11 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
 /* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
 static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd, ff = m.cfg.n_ff;
-    const bool fp8 = q && !q->gu.empty();
-    if (fp8) {
+    const bool fp8 = q && !q->gu.empty(), soloq = q && q->soloq;
+    if (soloq) {
+        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_GU, 0, nullptr, ff, b.gate.data());
+        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_GU, ff, nullptr, ff, b.up.data());
+    } else if (fp8) {
         dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->gu, 0, nullptr, ff, b.gate.data());
         dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
     } else {
@@ -3183,7 +3203,8 @@ static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, con
         dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, ff, b.up.data());
     }
     for (size_t i = 0; i < (size_t)T * ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
-    if (fp8) dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
+    if (soloq) dllm__cpu_linear_soloq(pool, b.gate.data(), true, T, *q->soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, b.tmp.data());
+    else if (fp8) dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
     else dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
 }
 
@@ -3199,10 +3220,11 @@ static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_l
 
 /* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
  * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits.
- * fp8: per-layer FP8 weights (dllm__cpu_fp8_weights), empty for the exact reference. */
+ * fp8: per-layer quantised weights (dllm__cpu_fp8_weights, dllm__cpu_soloq_weights), empty for the exact reference;
+ * head: SoloQ's quantised LM head or null (BF16). */
 static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n, dllm__cpu_rows rows,
                               const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits,
-                              const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>()) {
+                              const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>(), const dllm__soloq_layer *head = nullptr) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd;
     if (rows.q1 == 0) rows.q0 = 0, rows.q1 = n;
@@ -3216,7 +3238,8 @@ static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
     for (size_t l = 0; l < m.layers.size(); l++)
         dllm__cpu_layer(m, l, l < fp8.size() ? &fp8[l] : nullptr, pool, b, rows, key_valid, cos_t, sin_t);
     dllm__cpu_rmsnorm(b.h.data() + (size_t)(r0 - rows.q0) * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
-    dllm__cpu_linear(pool, b.a.data(), r1 - r0, d, *m.head, nullptr, c.n_vocab, logits);
+    if (head) dllm__cpu_linear_soloq(pool, b.a.data(), true, r1 - r0, *head, DLLM__SOLOQ_HEAD, 0, nullptr, c.n_vocab, logits);
+    else dllm__cpu_linear(pool, b.a.data(), r1 - r0, d, *m.head, nullptr, c.n_vocab, logits);
     if (c.scale_logits) {
         const float s = 1.0f / sqrtf((float)d);
         for (size_t i = 0; i < (size_t)(r1 - r0) * c.n_vocab; i++) logits[i] *= s;
@@ -3418,6 +3441,695 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
     if (call.kind == DLLM__BD_COMMIT) kv.n += T;
     dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
     dllm__cpu_linear(pool, b.a.data(), call.r1 - call.r0, d, *m.head, nullptr, c.n_vocab, logits);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 9b. SoloQ numerics (CPU reference): [K-RPBH] rotation, [NVFP4] / INT4 / E8P codebook / Lloyd-Max
+//     quantisers, scale-only [bias correction]; the precisions [SoloQ-N] [SoloQ-I] [SoloQ-C] and the
+//     [RTN-W4A4] baseline (spec soloq.md 2-6; the paper: arXiv 2610.07121)
+//
+//     SoloQ maps each linear's input x and each weight row w into one rotated basis, x' = R x and
+//     w' = R w (so <w', x'> = <w, x>), where the coordinates are close to N(0, 1) after dividing by the
+//     row's RMS, and quantises them there with fixed, calibration-free 4-bit grids. Activations are
+//     quantised per token and weights per row: a row's codes and scale never depend on another row, so
+//     batching and LaCache stay exact.
+//
+//     Every quantised row is stored as 4-bit codes plus one FP32 row scale (NVFP4 adds an E4M3 scale per
+//     16): a code decodes to an exact fp32 "integer value" C (an odd integer, a Lloyd-Max INT8 level, an
+//     E8P-RVQ INT8 value, or e2m1 * block scale) and the row's value is C * row_scale. A GEMM on two such
+//     rows is row_scale_x * row_scale_w * sum C_x C_w: INT32-exact on 8-bit tensor cores for INT4, Lloyd
+//     and E8P, exact products in BF16 for NVFP4 (spec 9.2 paths A and B). The GPU twin must reproduce the
+//     codes and scales bit for bit, so every float operation here has one defined order and rounding:
+//     row sums by dllm__soloq_dot's warp order, IEEE division and sqrt, no FMA contraction except the
+//     explicit fmaf calls.
+//
+//     Packing (one layout, used by every quantise / dequantise function below), per row:
+//       4-bit formats: two codes a byte, element 2i in the low nibble (PTX cvt.e2m1x2 order);
+//         NVFP4  E2M1: bit 3 sign, bits 0-2 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6}; canonical zero 0;
+//                plus one UE4M3 (dllm__f32_to_e4m3) per 16 elements in block_scales (the last block of a
+//                row shorter when cols % 16);
+//         INT4   mid-rise: two's complement q in [-8, 7], value C = 2q + 1 (odd, +-15 at most);
+//         LLOYD  bit 3 sign, bits 0-2 level index: C = +-{6, 18, 30, 43, 58, 74, 95, 126} (46 x levels);
+//         RTN    two's complement q in [-7, 7], value C = q;
+//       E8P_RVQ: per 8 elements two little-endian uint16 E8P codes (stage 1, stage 2): 4 bytes;
+//         C = W_int[e1][e2] = round(35.8 (e1 + e2 / 3.45)), |C| <= 127.
+//     Rows are cols % 8 == 0 wide. Bits per weight: 4 + 32 / cols (row scale), NVFP4 4.5 + 32 / cols.
+//
+//     Rotations are generated on the host from a 64-bit seed with dllm's Philox (stream
+//     DLLM__RNG_SOLOQ) and applied as a fast transform, never as a dense d x d matrix (except the dense
+//     Haar option, for the ablation, d <= 1024).
+// ---------------------------------------------------------------------------------------------------
+
+/* The one summation order of SoloQ's row reductions: 32 strided fp32 partial sums (lane l takes i = l, l + 32, ...,
+ * one fmaf each), then a warp's butterfly (partial l plus l + 16, then + 8, + 4, + 2, + 1). A GPU warp reproduces it
+ * bit for bit with fmaf and __shfl_xor_sync. */
+static float dllm__soloq_dot(const float *a, const float *b, int n) {
+    float p[32] = {0};
+    for (int i = 0; i < n; i++) p[i & 31] = fmaf(a[i], b[i], p[i & 31]);
+    for (int off = 16; off > 0; off >>= 1)
+        for (int l = 0; l < off; l++) p[l] += p[l + off];
+    return p[0];
+}
+
+// ---- [K-RPBH] rotations ------------------------------------------------------------------------------
+
+enum dllm__rot_kind {
+    DLLM__ROT_NONE = 0,      // identity (RTN)
+    DLLM__ROT_HADAMARD = 1,  // plain block Walsh-Hadamard H_b / sqrt(b), b the largest power of two dividing d
+    DLLM__ROT_RPBH = 2,      // (I_k x H_b) D P: permutation, signs, block Hadamard ("permutation only")
+    DLLM__ROT_MIXER = 3,     // (Q_k x H_b) D: signs, block Hadamard, Haar mixer, no permutation ("mixer only")
+    DLLM__ROT_KRPBH = 4,     // (Q_k x H_b) D P: SoloQ's rotation
+    DLLM__ROT_HAAR = 5       // a dense Haar-random d x d rotation (d <= 1024)
+};
+
+static const char *const dllm__rot_names[] = {"none", "hadamard", "rpbh", "mixer", "krpbh", "haar"};
+static const int dllm__haar_max_d = 1024;
+
+/* R on d = k * b, applied to a row x as y = R x: gather y_i = s_i x[perm[i]], an FWHT on each of the k blocks of b
+ * contiguous coordinates scaled by 1/sqrt(b), then Z = Q_k Y on the k x b view (block j is row j). */
+struct dllm__rotation {
+    dllm__rot_kind kind = DLLM__ROT_NONE;
+    int d = 0, b = 1, k = 1;
+    std::vector<int32_t> perm;       // empty: no permutation
+    std::vector<uint8_t> sign_bits;  // bit i % 8 of byte i / 8 set: D_ii = -1; empty: no signs
+    std::vector<float> mixer;        // Q_k [k][k] row-major (dense Haar: [d][d]); empty: no mixer
+};
+
+/* K-RPBH's block size for a dimension d (spec 2.2, an [I] choice): the largest power of two that divides d and is
+ * at most 1024 and at most d / 4, so that the mixer sees k >= 4 blocks wherever d allows. 4096 -> 1024 (k 4),
+ * 12288 -> 1024 (12), 3584 -> 512 (7), 18944 -> 512 (37), 14336 -> 1024 (14), 256 -> 64 (4), 640 -> 128 (5). */
+static int dllm__krpbh_block(int d) {
+    int b = 1;
+    while (d % (2 * b) == 0 && 2 * b <= 1024 && 2 * b <= d / 4) b *= 2;
+    return b;
+}
+
+static int dllm__pow2_factor(int d) { return d & -d; }
+
+/* A standard normal draw from two Philox uniforms (Box-Muller in double). */
+static double dllm__soloq_normal(uint64_t seed, uint32_t index, uint32_t site) {
+    const double u1 = dllm__uniform(seed, 2 * index, site, 2, DLLM__RNG_SOLOQ), u2 = dllm__uniform(seed, 2 * index + 1, site, 2, DLLM__RNG_SOLOQ);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* A Haar-random n x n orthogonal matrix (row-major, rounded to fp32): Gram-Schmidt, twice, on the columns of a
+ * Gaussian matrix, in double. Gram-Schmidt makes every R_jj positive, which is the sign fix that makes QR Haar
+ * (QuaRot's random_orthogonal_matrix). */
+static std::vector<float> dllm__haar_matrix(int n, uint64_t seed, uint32_t site) {
+    std::vector<double> a((size_t)n * n);  // column j at a[j * n ...]
+    for (size_t i = 0; i < a.size(); i++) a[i] = dllm__soloq_normal(seed, (uint32_t)i, site);
+    for (int j = 0; j < n; j++) {
+        double *cj = &a[(size_t)j * n];
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < j; i++) {
+                const double *ci = &a[(size_t)i * n];
+                double dot = 0;
+                for (int r = 0; r < n; r++) dot += ci[r] * cj[r];
+                for (int r = 0; r < n; r++) cj[r] -= dot * ci[r];
+            }
+        double norm = 0;
+        for (int r = 0; r < n; r++) norm += cj[r] * cj[r];
+        norm = sqrt(norm);
+        for (int r = 0; r < n; r++) cj[r] /= norm;
+    }
+    std::vector<float> q((size_t)n * n);
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < n; c++) q[(size_t)r * n + c] = (float)a[(size_t)c * n + r];
+    return q;
+}
+
+/* The rotation of one site: a pure function of (kind, d, seed, site). site numbers the (layer, linear input) pairs,
+ * so every site draws its own P, D and Q. Philox counters: (index, site, component, DLLM__RNG_SOLOQ) with component
+ * 0 the permutation, 1 the signs, 2 the Gaussians of Q. b = 0 picks the default block size. */
+static dllm__rotation dllm__make_rotation(dllm__rot_kind kind, int d, uint64_t seed, uint32_t site, int b = 0) {
+    dllm__rotation r;
+    r.kind = kind;
+    r.d = d;
+    if (kind == DLLM__ROT_NONE) return r;
+    if (kind == DLLM__ROT_HAAR) {
+        r.b = 1, r.k = d;
+        r.mixer = dllm__haar_matrix(d, seed, site);
+        return r;
+    }
+    r.b = b ? b : kind == DLLM__ROT_HADAMARD ? dllm__pow2_factor(d) : dllm__krpbh_block(d);
+    r.k = d / r.b;
+    if (kind == DLLM__ROT_HADAMARD) return r;
+    if (kind != DLLM__ROT_MIXER) {  // Fisher-Yates
+        r.perm.resize((size_t)d);
+        for (int i = 0; i < d; i++) r.perm[(size_t)i] = i;
+        for (int i = d - 1; i > 0; i--) std::swap(r.perm[(size_t)i], r.perm[(size_t)(dllm__uniform(seed, (uint32_t)i, site, 0, DLLM__RNG_SOLOQ) * (i + 1))]);
+    }
+    r.sign_bits.assign((size_t)(d + 7) / 8, 0);
+    for (int i = 0; i < d; i++)
+        if (dllm__uniform(seed, (uint32_t)i, site, 1, DLLM__RNG_SOLOQ) < 0.5) r.sign_bits[(size_t)i / 8] |= (uint8_t)(1u << (i % 8));
+    if (kind != DLLM__ROT_RPBH && r.k > 1) r.mixer = dllm__haar_matrix(r.k, seed, site);
+    return r;
+}
+
+static inline float dllm__rot_sign(const dllm__rotation &r, int i) {
+    return !r.sign_bits.empty() && (r.sign_bits[(size_t)i / 8] >> (i % 8) & 1) ? -1.0f : 1.0f;
+}
+
+/* In-place FWHT of each block of b coordinates of v (length k * b), then * 1/sqrt(b) rounded to fp32 once. The
+ * butterflies are one add or subtract each, so any order of a stage gives the same bits. */
+static void dllm__fwht_blocks(float *v, int k, int b) {
+    const float norm = (float)(1.0 / sqrt((double)b));
+    for (int j = 0; j < k; j++) {
+        float *x = v + (size_t)j * b;
+        for (int h = 1; h < b; h *= 2)
+            for (int i = 0; i < b; i += 2 * h)
+                for (int c = i; c < i + h; c++) {
+                    const float p = x[c], q = x[c + h];
+                    x[c] = p + q;
+                    x[c + h] = p - q;
+                }
+        if (b > 1)
+            for (int c = 0; c < b; c++) x[c] *= norm;
+    }
+}
+
+/* out[j * b + c] = sum_i M[j][i] in[i * b + c] (transpose: M[i][j]), accumulated by fmaf over i ascending. */
+static void dllm__mix_blocks(const float *m, bool transpose, const float *in, int k, int b, float *out) {
+    for (int j = 0; j < k; j++)
+        for (int c = 0; c < b; c++) {
+            float acc = 0;
+            for (int i = 0; i < k; i++) acc = fmaf(transpose ? m[(size_t)i * k + j] : m[(size_t)j * k + i], in[(size_t)i * b + c], acc);
+            out[(size_t)j * b + c] = acc;
+        }
+}
+
+/* y = R x for one row (x and y distinct, length r.d). */
+static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
+    if (r.kind == DLLM__ROT_NONE) {
+        memcpy(y, x, sizeof(float) * r.d);
+        return;
+    }
+    std::vector<float> t((size_t)r.d);
+    for (int i = 0; i < r.d; i++) t[(size_t)i] = dllm__rot_sign(r, i) * x[r.perm.empty() ? i : r.perm[(size_t)i]];
+    dllm__fwht_blocks(t.data(), r.k, r.b);
+    if (r.mixer.empty()) memcpy(y, t.data(), sizeof(float) * r.d);
+    else dllm__mix_blocks(r.mixer.data(), false, t.data(), r.k, r.b, y);
+}
+
+/* x = R^T y for one row (the inverse: R is orthogonal). The forward never needs it (weights are rotated by R as
+ * rows: W R^T has rows R w_n); the tests and tools use it to undo a rotation. */
+[[maybe_unused]] static void dllm__rotate_inverse(const dllm__rotation &r, const float *y, float *x) {
+    if (r.kind == DLLM__ROT_NONE) {
+        memcpy(x, y, sizeof(float) * r.d);
+        return;
+    }
+    std::vector<float> t((size_t)r.d);
+    if (r.mixer.empty()) memcpy(t.data(), y, sizeof(float) * r.d);
+    else dllm__mix_blocks(r.mixer.data(), true, y, r.k, r.b, t.data());
+    dllm__fwht_blocks(t.data(), r.k, r.b);
+    for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
+}
+
+// ---- 4-bit quantisers: [NVFP4], INT4 mid-rise ([SoloQ-I]), Lloyd-Max and E8P-RVQ ([SoloQ-C]), [RTN-W4A4] ----
+
+enum dllm__q4_format {
+    DLLM__Q4_NVFP4 = 0,  // spec 6: E2M1 x UE4M3 per 16 x FP32 per row (S_enc from the row's amax)
+    DLLM__Q4_INT4 = 1,   // spec 4.4: mid-rise, step 0.3352 sigma, sigma the row's RMS
+    DLLM__Q4_LLOYD = 2,  // spec 4.2: Lloyd-Max 4-bit levels for N(0, 1), INT8 levels / 46
+    DLLM__Q4_E8P = 3,    // spec 4.3: E8P-RVQ 4-bit (QuIP#), scale 1.03, residual 3.45, INT8 values / 35.8
+    DLLM__Q4_RTN = 4     // symmetric INT4 [-7, 7], step amax / 7
+};
+
+static const char *const dllm__q4_names[] = {"NVFP4", "INT4", "Lloyd-Max", "E8P-RVQ4", "RTN INT4"};
+
+/* Rows [rows][cols] quantised in one format (the packing: this section's header). */
+struct dllm__q4_rows {
+    dllm__q4_format format = DLLM__Q4_INT4;
+    int rows = 0, cols = 0;
+    std::vector<uint8_t> codes;         // [rows][row_bytes()]
+    std::vector<uint8_t> block_scales;  // NVFP4: [rows][blocks()] UE4M3
+    std::vector<float> row_scale;       // [rows]: the value of an element is C * row_scale
+    size_t row_bytes() const { return (size_t)cols / 2; }  // 4 bits an element in every format (E8P: 32 bits per 8)
+    int blocks() const { return (cols + 15) / 16; }         // NVFP4 blocks a row, the last one shorter if cols % 16
+};
+
+static const float dllm__int4_step = 0.3352f;  // Gaussian-MSE-optimal 16-level mid-rise step, in sigma units
+static const float dllm__lloyd4_thresholds[7] = {0.258222f, 0.522404f, 0.799550f, 1.099286f, 1.437139f, 1.843532f, 2.400803f};
+// The Lloyd-Max levels themselves: encoding uses their midpoints (the thresholds), decoding the INT8 levels.
+[[maybe_unused]] static const float dllm__lloyd4_levels[8] = {0.128395f, 0.388048f, 0.656759f, 0.942340f, 1.256231f, 1.618046f, 2.069017f, 2.732590f};
+static const int dllm__lloyd4_int[8] = {6, 18, 30, 43, 58, 74, 95, 126};
+static const float dllm__lloyd4_kappa = 46.0f;
+static const float dllm__e8p_scale = 1.03f, dllm__e8p_resid = 3.45f, dllm__e8p_kappa = 35.8f;
+
+/* The magnitude code of an E2M1 value, rounding |v| to nearest even with satfinite (spec 6.2 step 4). */
+static uint8_t dllm__f32_to_e2m1(float v) {
+    const float a = fabsf(v);
+    const int m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
+    return m ? (uint8_t)((signbit(v) ? 8 : 0) | m) : 0;
+}
+
+static float dllm__e2m1_to_f32(uint8_t c) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return c & 8 ? -mag[c & 7] : mag[c & 7];
+}
+
+/* NVFP4 of n elements with the encode scale s_enc (spec 6.2 steps 2-4): e2m1 codes into c4[n], UE4M3 block scales
+ * into bs[ceil(n / 16)] (the last block may be shorter), and each element's value before S_dec, e2m1 * s_b, into
+ * value[n]. */
+static void dllm__nvfp4_encode(const float *x, int n, float s_enc, uint8_t *c4, uint8_t *bs, float *value) {
+    const float *e4m3 = dllm__e4m3_table();
+    for (int b0 = 0; b0 < n; b0 += 16) {
+        const int b1 = std::min(n, b0 + 16);
+        const uint8_t sb = dllm__f32_to_e4m3((dllm__amax(x + b0, b1 - b0) / 6.0f) * s_enc);
+        const float scale = e4m3[sb], enc = sb ? s_enc / scale : 0.0f;
+        bs[b0 / 16] = sb;
+        for (int i = b0; i < b1; i++) {
+            c4[i] = sb ? dllm__f32_to_e2m1(x[i] * enc) : 0;
+            value[i] = dllm__e2m1_to_f32(c4[i]) * scale;
+        }
+    }
+}
+
+/* The global encode scale of an amax (spec 6.2 step 1): 2688 / amax, 1 when amax is 0 or the quotient is 0. */
+static float dllm__nvfp4_s_enc(float amax) {
+    const float s = fminf(2688.0f / amax, FLT_MAX);
+    return amax > 0 && s > 0 ? s : 1.0f;
+}
+
+// ---- the E8P lattice codebook (QuIP#'s E8P, spec 4.3) -----------------------------------------------------
+
+/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of norm^2 <= 10, in
+ * lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings (five 3/2 and three
+ * 1/2; listed by the positions of the 1/2s, the deduplicated list of latticee8_padded12_rvq4bit.py). The order is
+ * dllm's own: no QuIP# file is ever read. */
+static const uint8_t *dllm__e8p_abs(int index) {
+    static const std::vector<uint8_t> table = [] {
+        std::vector<uint8_t> t;
+        for (int code = 0; code < 6561; code++) {
+            uint8_t a[8];
+            int rest = code, norm4 = 0;  // 4 * norm^2 = sum (2 a_i)^2
+            for (int i = 7; i >= 0; i--, rest /= 3) a[i] = (uint8_t)(1 + 2 * (rest % 3));
+            for (uint8_t h : a) norm4 += h * h;
+            if (norm4 <= 40) t.insert(t.end(), a, a + 8);
+        }
+        static const char *const pads[29] = {"123", "023", "013", "012", "367", "357", "347", "356", "346", "345", "267", "257", "247", "256", "246",
+                                             "245", "167", "157", "147", "156", "146", "045", "067", "057", "047", "056", "046", "014", "237"};
+        for (const char *p : pads) {
+            uint8_t a[8] = {3, 3, 3, 3, 3, 3, 3, 3};
+            for (const char *c = p; *c; c++) a[*c - '0'] = 1;
+            t.insert(t.end(), a, a + 8);
+        }
+        return t;
+    }();
+    return table.data() + (size_t)index * 8;
+}
+
+/* Decodes an E8P code to 4 x its 8 coordinates (odd integers in [-11, 11]). Bits 15..8: abs index; 7..1: the signs
+ * of coordinates 1..7 (1 = negative); 0: the shift (1 = +1/4). The sign of coordinate 0 makes the count of negative
+ * signs congruent to sum |a| (mod 2), so that sum(s a) is even. */
+static void dllm__e8p_decode4(uint16_t code, int out4[8]) {
+    const uint8_t *a = dllm__e8p_abs(code >> 8);
+    int neg = 0, sum_half = 0;
+    for (int i = 0; i < 8; i++) sum_half += a[i];
+    for (int i = 1; i < 8; i++) neg += code >> i & 1;
+    const bool neg0 = ((sum_half / 2 - neg) & 1) != 0;
+    const int shift = code & 1 ? 1 : -1;
+    for (int i = 0; i < 8; i++) {
+        const bool negative = i == 0 ? neg0 : (code >> i & 1) != 0;
+        out4[i] = 2 * (negative ? -a[i] : a[i]) + shift;
+    }
+}
+
+/* The nearest E8P codeword to x[8] (spec 4.3's exact search, QuIP#'s fast_quantize_part): for each shift (-1/4
+ * first) and abs pattern a (index order), cost = sum (|y_i| - a_i)^2 + [parity violated] min_i 4 |y_i| a_i with
+ * y = x - shift, each product and sum rounded separately in fp32 in coordinate order; the first strict minimum wins.
+ * Signs are sign(y) (0 counts as +), with the cheapest coordinate flipped when the parity is violated. */
+static uint16_t dllm__e8p_encode(const float x[8]) {
+    float best = INFINITY;
+    uint16_t best_code = 0;
+    for (int s = 0; s < 2; s++) {
+        const float shift = s ? 0.25f : -0.25f;
+        float y[8], ay[8];
+        int neg_y = 0;
+        for (int i = 0; i < 8; i++) {
+            y[i] = x[i] - shift;
+            ay[i] = fabsf(y[i]);
+            neg_y += y[i] < 0;
+        }
+        for (int p = 0; p < 256; p++) {
+            const uint8_t *h = dllm__e8p_abs(p);
+            float cost = 0, flip_cost = INFINITY;
+            int sum_half = 0, flip = 0;
+            for (int i = 0; i < 8; i++) {
+                const float a = 0.5f * h[i], e = ay[i] - a;
+                cost = cost + e * e;
+                const float fc = 4.0f * ay[i] * a;
+                if (fc < flip_cost) flip_cost = fc, flip = i;
+                sum_half += h[i];
+            }
+            const bool violated = ((neg_y - sum_half / 2) & 1) != 0;
+            if (violated) cost = cost + flip_cost;
+            if (cost < best) {
+                best = cost;
+                uint16_t code = (uint16_t)(p << 8 | s);
+                for (int i = 1; i < 8; i++) code |= (uint16_t)(((y[i] < 0) != (violated && flip == i)) << i);
+                best_code = code;
+            }
+        }
+    }
+    return best_code;
+}
+
+/* W_int[e1][e2] = round(35.8 (e1 + e2 / 3.45)) for the 12 x 12 pairs of odd quarter values (index (4v + 11) / 2). */
+static int dllm__e8p_int(int e1_4, int e2_4) {
+    static const std::vector<int8_t> table = [] {
+        std::vector<int8_t> t(144);
+        for (int i = 0; i < 12; i++)
+            for (int j = 0; j < 12; j++) t[(size_t)i * 12 + j] = (int8_t)lrint(35.8 * ((2 * i - 11) / 4.0 + (2 * j - 11) / 4.0 / 3.45));
+        return t;
+    }();
+    return table[(size_t)((e1_4 + 11) / 2) * 12 + (e2_4 + 11) / 2];
+}
+
+// ---- one row, every format -------------------------------------------------------------------------------
+
+/* C of element i of a packed row (the inverse of the packing; NVFP4 reads its block scale). */
+static float dllm__q4_value(dllm__q4_format f, const uint8_t *packed, const uint8_t *block_scales, int i) {
+    if (f == DLLM__Q4_E8P) {
+        const uint8_t *p = packed + (size_t)(i / 8) * 4;
+        int e1[8], e2[8];
+        dllm__e8p_decode4((uint16_t)(p[0] | p[1] << 8), e1);
+        dllm__e8p_decode4((uint16_t)(p[2] | p[3] << 8), e2);
+        return (float)dllm__e8p_int(e1[i % 8], e2[i % 8]);
+    }
+    const uint8_t c = packed[i / 2] >> (4 * (i & 1)) & 15;
+    const int signed4 = c & 8 ? (int)c - 16 : (int)c;
+    switch (f) {
+        case DLLM__Q4_NVFP4: return dllm__e2m1_to_f32(c) * dllm__e4m3_table()[block_scales[i / 16]];
+        case DLLM__Q4_INT4: return (float)(2 * signed4 + 1);
+        case DLLM__Q4_LLOYD: return (float)(c & 8 ? -dllm__lloyd4_int[c & 7] : dllm__lloyd4_int[c & 7]);
+        default: return (float)signed4;
+    }
+}
+
+/* The encoders of one nonzero row x[n]: 4-bit codes into c4 (E8P: its packed codes), each element's C into value, and
+ * the format's own row scale returned. sigma = the row's RMS. */
+static float dllm__encode_nvfp4(const float *x, int n, uint8_t *c4, uint8_t *block_scales, float *value) {
+    const float s_enc = dllm__nvfp4_s_enc(dllm__amax(x, n));
+    dllm__nvfp4_encode(x, n, s_enc, c4, block_scales, value);
+    return 1.0f / s_enc;
+}
+
+static float dllm__encode_rtn(const float *x, int n, uint8_t *c4, float *value) {
+    const float scale = dllm__amax(x, n) / 7.0f;
+    for (int i = 0; i < n; i++) {
+        const float q = fminf(fmaxf(rintf(x[i] / scale), -7.0f), 7.0f);  // NaN clamps to -7: the row scale is NaN then
+        c4[i] = (uint8_t)((int)q & 15);
+        value[i] = q;
+    }
+    return scale;
+}
+
+static float dllm__encode_int4(const float *x, int n, float sigma, uint8_t *c4, float *value) {
+    const float step = sigma * dllm__int4_step;
+    for (int i = 0; i < n; i++) {
+        const float q = fminf(fmaxf(floorf(x[i] / step), -8.0f), 7.0f);
+        c4[i] = (uint8_t)((int)q & 15);
+        value[i] = 2.0f * q + 1.0f;
+    }
+    return step / 2.0f;
+}
+
+static float dllm__encode_lloyd(const float *x, int n, float sigma, uint8_t *c4, float *value) {
+    for (int i = 0; i < n; i++) {
+        const float z = x[i] / sigma, az = fabsf(z);
+        int level = 0;
+        while (level < 7 && az >= dllm__lloyd4_thresholds[level]) level++;
+        c4[i] = (uint8_t)((z < 0 ? 8 : 0) | level);
+        value[i] = (float)(z < 0 ? -dllm__lloyd4_int[level] : dllm__lloyd4_int[level]);
+    }
+    return sigma / dllm__lloyd4_kappa;
+}
+
+/* E8P-RVQ4: stage 1 on v1 = 1.03 z, stage 2 on the residual (v1 - e1) x 3.45; two codes per 8 into packed. */
+static float dllm__encode_e8p(const float *x, int n, float sigma, uint8_t *packed, float *value) {
+    for (int g = 0; g < n; g += 8) {
+        float v1[8], v2[8];
+        int e1[8], e2[8];
+        for (int i = 0; i < 8; i++) v1[i] = (x[g + i] / sigma) * dllm__e8p_scale;
+        const uint16_t c1 = dllm__e8p_encode(v1);
+        dllm__e8p_decode4(c1, e1);
+        for (int i = 0; i < 8; i++) v2[i] = (v1[i] - 0.25f * (float)e1[i]) * dllm__e8p_resid;
+        const uint16_t c2 = dllm__e8p_encode(v2);
+        dllm__e8p_decode4(c2, e2);
+        uint8_t *p = packed + (size_t)g / 2;
+        p[0] = (uint8_t)c1, p[1] = (uint8_t)(c1 >> 8), p[2] = (uint8_t)c2, p[3] = (uint8_t)(c2 >> 8);
+        for (int i = 0; i < 8; i++) value[g + i] = (float)dllm__e8p_int(e1[i], e2[i]);
+    }
+    return sigma / (dllm__e8p_scale * dllm__e8p_kappa);
+}
+
+/* Quantises row x[n] in format f. Writes the packed codes (row_bytes), NVFP4's block scales, and returns the row
+ * scale; value[n] receives each element's C (the value is C * row scale). With bias_correction the row scale is
+ * SoloQ's ||x||^2 / <C, x> (spec 5: the projection of the quantised row on x is exact), otherwise the format's own
+ * scale. A zero row gets codes 0 and scale 0; a row holding Inf or NaN gets a NaN scale (non-finite input never
+ * turns into finite output); if <C, x> <= 0 the format's own scale stays. */
+static float dllm__q4_quantize_row(dllm__q4_format f, const float *x, int n, bool bias_correction, uint8_t *packed, uint8_t *block_scales, float *value) {
+    const float ss = dllm__soloq_dot(x, x, n), sigma = sqrtf(ss / (float)n);
+    std::vector<uint8_t> c4((size_t)n, 0);
+    float scale = 0;
+    if (ss == 0) {
+        if (f == DLLM__Q4_NVFP4) memset(block_scales, 0, (size_t)(n + 15) / 16);
+        if (f == DLLM__Q4_E8P) memset(packed, 0, (size_t)n / 2);
+    } else {
+        switch (f) {
+            case DLLM__Q4_NVFP4: scale = dllm__encode_nvfp4(x, n, c4.data(), block_scales, value); break;
+            case DLLM__Q4_RTN: scale = dllm__encode_rtn(x, n, c4.data(), value); break;
+            case DLLM__Q4_INT4: scale = dllm__encode_int4(x, n, sigma, c4.data(), value); break;
+            case DLLM__Q4_LLOYD: scale = dllm__encode_lloyd(x, n, sigma, c4.data(), value); break;
+            case DLLM__Q4_E8P: scale = dllm__encode_e8p(x, n, sigma, packed, value); break;
+        }
+    }
+    if (f != DLLM__Q4_E8P)
+        for (int i = 0; i < n; i += 2) packed[i / 2] = (uint8_t)(c4[(size_t)i] | c4[(size_t)i + 1] << 4);
+    if (ss == 0)  // codes 0 decode to a nonzero C in some formats (INT4: 1); scale 0 makes the row 0
+        for (int i = 0; i < n; i++) value[i] = dllm__q4_value(f, packed, block_scales, i);
+    if (!(ss <= FLT_MAX)) return NAN;
+    if (bias_correction && ss > 0) {
+        const float proj = dllm__soloq_dot(value, x, n);
+        if (proj > 0) scale = ss / proj;
+    }
+    return scale;
+}
+
+/* Dequantised row r of q: C * row scale. */
+static void dllm__q4_row(const dllm__q4_rows &q, int r, float *dst) {
+    const uint8_t *packed = q.codes.data() + (size_t)r * q.row_bytes();
+    const uint8_t *bs = q.format == DLLM__Q4_NVFP4 ? q.block_scales.data() + (size_t)r * q.blocks() : nullptr;
+    if (q.format == DLLM__Q4_E8P) {  // decode each group once
+        for (int g = 0; g < q.cols; g += 8) {
+            int e1[8], e2[8];
+            const uint8_t *p = packed + (size_t)g / 2;
+            dllm__e8p_decode4((uint16_t)(p[0] | p[1] << 8), e1);
+            dllm__e8p_decode4((uint16_t)(p[2] | p[3] << 8), e2);
+            for (int i = 0; i < 8; i++) dst[g + i] = (float)dllm__e8p_int(e1[i], e2[i]) * q.row_scale[(size_t)r];
+        }
+        return;
+    }
+    for (int i = 0; i < q.cols; i++) dst[i] = dllm__q4_value(q.format, packed, bs, i) * q.row_scale[(size_t)r];
+}
+
+/* Quantises rows x[rows][cols], each row on its own (per token / per row): the pool splits rows, and a row's codes
+ * and scale depend on that row only. cols % 8 == 0 (E8P's groups, whole bytes). */
+static dllm__q4_rows dllm__q4_quantize(dllm__pool *pool, dllm__q4_format f, const float *x, int rows, int cols, bool bias_correction) {
+    dllm__q4_rows q;
+    q.format = f, q.rows = rows, q.cols = cols;
+    q.codes.resize((size_t)rows * q.row_bytes());
+    if (f == DLLM__Q4_NVFP4) q.block_scales.resize((size_t)rows * q.blocks());
+    q.row_scale.resize((size_t)rows);
+    auto one = [&](int r) {
+        std::vector<float> value((size_t)cols);
+        q.row_scale[(size_t)r] = dllm__q4_quantize_row(f, x + (size_t)r * cols, cols, bias_correction, q.codes.data() + (size_t)r * q.row_bytes(),
+                                                       f == DLLM__Q4_NVFP4 ? q.block_scales.data() + (size_t)r * q.blocks() : nullptr, value.data());
+    };
+    if (pool) pool->run(rows, one);
+    else for (int r = 0; r < rows; r++) one(r);
+    return q;
+}
+
+/* x := dequantise(quantise(x)) row by row: the value a GEMM input has under a 4-bit format. */
+static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int cols, bool bias_correction) {
+    std::vector<float> value((size_t)cols);
+    std::vector<uint8_t> packed((size_t)cols / 2), bs((size_t)(cols + 15) / 16);
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (size_t)r * cols;
+        const float scale = dllm__q4_quantize_row(f, xr, cols, bias_correction, packed.data(), bs.data(), value.data());
+        for (int i = 0; i < cols; i++) xr[i] = value[(size_t)i] * scale;
+    }
+}
+
+// ---- SoloQ precisions on the CPU: options, quantised weights, the linear hook -------------------------------
+
+/* How a precision quantises (dllm.h's dllm_precision; the ablation switches DLLM_SOLOQ_ROTATION and
+ * DLLM_SOLOQ_BIAS_CORRECTION). */
+struct dllm__soloq_options {
+    bool enabled = false;
+    dllm__q4_format weights = DLLM__Q4_NVFP4, acts = DLLM__Q4_NVFP4;
+    bool quantize_acts = true;     // false: -w4a16 (activations rotated, not quantised)
+    dllm__rot_kind rotation = DLLM__ROT_KRPBH;
+    bool bias_correction = true;
+    bool quantize_head = false;
+    uint64_t seed = 0x50104b52504248ull;  // "SoloKRPBH"-ish: the rotations' Philox key
+};
+
+static bool dllm__precision_is_soloq(int p) { return p >= DLLM_PRECISION_SOLOQ_N && p <= DLLM_PRECISION_RTN_W4A16; }
+
+static const char *dllm__precision_name(int p) {
+    static const char *const names[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4",
+                                        "soloq-n-w4a16", "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"};
+    return p >= 0 && p <= DLLM_PRECISION_RTN_W4A16 ? names[p] : "(unknown)";
+}
+
+static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dllm__soloq_options &o) {
+    o = dllm__soloq_options();
+    if (!dllm__precision_is_soloq(precision)) return DLLM_OK;
+    o.enabled = true;
+    o.quantize_head = quantize_head != 0;
+    const int base = precision >= DLLM_PRECISION_SOLOQ_N_W4A16 ? precision - 4 : precision;
+    o.quantize_acts = precision < DLLM_PRECISION_SOLOQ_N_W4A16;
+    static const dllm__q4_format w[] = {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_E8P, DLLM__Q4_RTN},
+                                 a[] = {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_RTN};
+    o.weights = w[base - DLLM_PRECISION_SOLOQ_N];
+    o.acts = a[base - DLLM_PRECISION_SOLOQ_N];
+    if (base == DLLM_PRECISION_RTN_W4A4) {  // the baseline is fixed: no rotation, no correction
+        o.rotation = DLLM__ROT_NONE;
+        o.bias_correction = false;
+        return DLLM_OK;
+    }
+    if (const char *e = getenv("DLLM_SOLOQ_ROTATION")) {
+        int k = -1;
+        for (int i = 0; i < 6; i++)
+            if (!strcmp(e, dllm__rot_names[i])) k = i;
+        if (k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
+        o.rotation = (dllm__rot_kind)k;
+    }
+    if (const char *e = getenv("DLLM_SOLOQ_BIAS_CORRECTION")) {
+        if (strcmp(e, "0") && strcmp(e, "1")) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
+        o.bias_correction = e[0] == '1';
+    }
+    return DLLM_OK;
+}
+
+/* One quantised linear: the rows of W R^T (each weight row rotated by its input site's R) in 4 bits. */
+struct dllm__soloq_linear {
+    dllm__q4_rows w;
+    std::shared_ptr<const dllm__rotation> rot;
+};
+
+/* The quantised linears of one layer by site (Q|K|V and gate|up stacked by rows, as the GPU fuses them), or the LM
+ * head alone at DLLM__SOLOQ_HEAD; and how activations are treated. */
+struct dllm__soloq_layer {
+    dllm__soloq_linear lin[DLLM__SOLOQ_SITES];
+    dllm__soloq_options opt;
+};
+
+/* Rotation sites are numbered layer * 8 + site (the head: layer n_layer), keying each site's own P, D, Q. */
+static uint32_t dllm__soloq_site_id(size_t layer, int site) { return (uint32_t)(layer * 8 + (size_t)site); }
+
+/* Stacks tensors by rows in their BF16 values (what the GPU holds), rotates every row by rot and quantises it. */
+static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool, std::initializer_list<const dllm__tensor *> parts,
+                                                      std::shared_ptr<const dllm__rotation> rot, const dllm__soloq_options &o) {
+    const int cols = (int)parts.begin()[0]->shape[1];
+    int rows = 0;
+    for (const dllm__tensor *t : parts) rows += (int)t->shape[0];
+    std::vector<float> w((size_t)rows * cols);
+    size_t at = 0;
+    for (const dllm__tensor *t : parts)
+        for (int64_t i = 0; i < t->numel; i++) w[at++] = dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i)));
+    pool.run(rows, [&](int r) {
+        std::vector<float> tmp((size_t)cols);
+        dllm__rotate(*rot, w.data() + (size_t)r * cols, tmp.data());
+        memcpy(w.data() + (size_t)r * cols, tmp.data(), sizeof(float) * cols);
+    });
+    dllm__soloq_linear lin;
+    lin.w = dllm__q4_quantize(&pool, o.weights, w.data(), rows, cols, o.bias_correction);
+    lin.rot = rot;
+    return lin;
+}
+
+/* Every dimension SoloQ quantises along must hold whole E8P groups of 8 (and be small enough for a dense Haar). */
+static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__soloq_options &o) {
+    const int dims[] = {c.n_embd, c.n_head * c.head_dim, c.n_ff};
+    for (int d : dims) {
+        if (d % 8) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ precisions need every linear's input width to be a multiple of 8; this model has %d", d);
+        if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
+            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_SOLOQ_ROTATION=haar builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                              dllm__haar_max_d, d);
+    }
+    return DLLM_OK;
+}
+
+/* Storage of SoloQ weights in bytes (codes + block scales + row scales), as the GPU will hold them. */
+static size_t dllm__soloq_bytes(const dllm__soloq_layer &q) {
+    size_t n = 0;
+    for (const dllm__soloq_linear &l : q.lin) n += l.w.codes.size() + l.w.block_scales.size() + 4 * l.w.row_scale.size();
+    return n;
+}
+
+/* Weights of every layer (and the head if asked) quantised once at context creation; layer l's entry points at
+ * its SoloQ linears. *head: the quantised LM head or null. */
+static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool, const dllm__soloq_options &o,
+                                                             std::shared_ptr<const dllm__soloq_layer> &head) {
+    const dllm__config &c = m.cfg;
+    auto rotation = [&](size_t layer, int site, int d) {
+        return std::make_shared<const dllm__rotation>(dllm__make_rotation(o.rotation, d, o.seed, dllm__soloq_site_id(layer, site)));
+    };
+    std::vector<dllm__fp8_layer> out(m.layers.size());
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        const dllm__layer_weights &L = m.layers[l];
+        std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
+        q->opt = o;
+        q->lin[DLLM__SOLOQ_QKV] = dllm__soloq_quantize_linear(pool, {L.wq, L.wk, L.wv}, rotation(l, DLLM__SOLOQ_QKV, c.n_embd), o);
+        q->lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(pool, {L.wo}, rotation(l, DLLM__SOLOQ_O, c.n_head * c.head_dim), o);
+        q->lin[DLLM__SOLOQ_GU] = dllm__soloq_quantize_linear(pool, {L.gate, L.up}, rotation(l, DLLM__SOLOQ_GU, c.n_embd), o);
+        q->lin[DLLM__SOLOQ_DOWN] = dllm__soloq_quantize_linear(pool, {L.down}, rotation(l, DLLM__SOLOQ_DOWN, c.n_ff), o);
+        out[l].soloq = q;
+    }
+    head.reset();
+    if (o.quantize_head) {
+        std::shared_ptr<dllm__soloq_layer> h = std::make_shared<dllm__soloq_layer>();
+        h->opt = o;
+        h->lin[DLLM__SOLOQ_HEAD] = dllm__soloq_quantize_linear(pool, {m.head}, rotation(m.layers.size(), DLLM__SOLOQ_HEAD, c.n_embd), o);
+        head = h;
+    }
+    size_t bytes = head ? dllm__soloq_bytes(*head) : 0, weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
+    for (const dllm__fp8_layer &l : out) {
+        bytes += dllm__soloq_bytes(*l.soloq);
+        for (const dllm__soloq_linear &lin : l.soloq->lin) weights += (size_t)lin.w.rows * lin.w.cols;
+    }
+    dllm__log(DLLM_LOG_INFO, "SoloQ: %s weights, %s activations, rotation %s, bias correction %s, LM head %s: %.1f MB, %.3f bits a weight",
+              dllm__q4_names[o.weights], o.quantize_acts ? dllm__q4_names[o.acts] : "unquantised", dllm__rot_names[o.rotation],
+              o.bias_correction ? "on" : "off", o.quantize_head ? "quantised" : "BF16", bytes / 1e6, 8.0 * bytes / std::max<size_t>(weights, 1));
+    return out;
+}
+
+/* The input of a SoloQ linear, in place: each row rotated by the site's R, then (W4A4) quantised and dequantised
+ * per token. */
+static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_layer &q, int site, float *x, int T) {
+    const dllm__soloq_linear &lin = q.lin[site];
+    const int K = lin.w.cols;
+    pool.run(T, [&](int t) {
+        float *xr = x + (size_t)t * K;
+        std::vector<float> tmp((size_t)K);
+        dllm__rotate(*lin.rot, xr, tmp.data());
+        if (q.opt.quantize_acts) dllm__q4_fake_quantize(q.opt.acts, tmp.data(), 1, K, q.opt.bias_correction);
+        memcpy(xr, tmp.data(), sizeof(float) * K);
+    });
+}
+
+/* The hook of the CPU forward (declared in section 9): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on site's
+ * quantised weight; with prepare_x, x is first rotated and quantised in place (the later calls on the same input,
+ * K and V after Q, up after gate, pass false). */
+static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q, int site, int row0,
+                                   const float *bias, int N, float *y) {
+    const dllm__soloq_linear &lin = q.lin[site];
+    if (prepare_x) dllm__soloq_prepare_input(pool, q, site, x, T);
+    dllm__cpu_linear_rows(pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -3679,9 +4391,10 @@ static void dllm__step_rows(const dllm__decode &st, int shift, int &q0, int &q1)
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
-    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision)
+    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq)
         : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
+        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
     }
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
@@ -3741,7 +4454,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         const dllm__config &c = m_.cfg;
         int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
-        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(), fp8_);
+        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(), fp8_, head_.get());
         for (int p = r0; p < r1; p++)
             memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                    sizeof(float) * c.n_vocab);
@@ -3795,7 +4508,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     const dllm_model &m_;
     dllm__pool pool_;
-    std::vector<dllm__fp8_layer> fp8_;  // FP8 precision: E4M3 weights, kept as codes + scales (1 byte a weight, as on the GPU)
+    std::vector<dllm__fp8_layer> fp8_;  // FP8 / SoloQ precisions: weights kept as codes + scales (1 byte or 4-4.5 bits a weight, as on the GPU)
+    std::shared_ptr<const dllm__soloq_layer> head_;  // SoloQ with quantize_lm_head
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
@@ -8728,6 +9442,12 @@ static bool dllm__gpu_usable(int device, std::string &why) {
 
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    dllm__soloq_options soloq;
+    DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
+    const char *precision = dllm__precision_name(ctx.params.precision);
+    if (soloq.enabled && ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "precision %s is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)", precision);
+    if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     const bool block_diffusion = dllm__is_block_diffusion(ctx.model->cfg);
     if (block_diffusion && ctx.params.backend == DLLM_BACKEND_GPU)
@@ -8736,7 +9456,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     bool gpu = !block_diffusion && dllm__gpu_usable(ctx.params.device, why);  // AUTO picks the CPU for block diffusion
     if (block_diffusion) why = "block diffusion runs on the CPU backend";
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
+    if (gpu && soloq.enabled) dllm__log(DLLM_LOG_INFO, "precision %s is not yet on the GPU backend: the CPU reference backend runs it", precision);
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !soloq.enabled) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
@@ -8744,7 +9465,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
                           gpu ? "CPU backend requested" : why.c_str());
     ctx.backend = DLLM_BACKEND_CPU;
-    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision));
+    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -8883,6 +9604,7 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.max_tokens = 0;
     p.n_threads = 0;
     p.precision = DLLM_PRECISION_BF16;
+    p.quantize_lm_head = 0;
     return p;
 }
 
@@ -8899,8 +9621,10 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
         if (params.n_threads < 0 || params.n_threads > 1024)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]", params.n_threads);
         int precision = dllm__enum_int(params.precision);
-        if (precision < DLLM_PRECISION_BF16 || precision > DLLM_PRECISION_FP8_ALL)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: precision %d must be DLLM_PRECISION_BF16, _FP8_FFN or _FP8_ALL", precision);
+        if (precision < DLLM_PRECISION_BF16 || precision > DLLM_PRECISION_RTN_W4A16)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: precision %d must be a dllm_precision, DLLM_PRECISION_BF16 (0) to _RTN_W4A16 (10)", precision);
+        if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1", params.quantize_lm_head);
         std::unique_ptr<dllm_ctx> ctx(new dllm_ctx);
         ctx->model = model;
         ctx->params = params;

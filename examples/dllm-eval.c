@@ -17,7 +17,8 @@
  *               quality measure of a masked model's own; lower is more likely). The scheduler options
  *               (--cache, --threshold, --factor, --dpad, --alg, --timesteps) apply to the configuration under
  *               test only: the reference is LLaDA's vanilla decoding.
- * --precision bf16|fp8|fp8-all sets dllm_ctx_params.precision for every mode (--ref-precision: the reference's).
+ * --precision bf16|fp8|fp8-all|soloq-n|soloq-i|soloq-c|rtn-w4a4 (or a -w4a16 form) sets dllm_ctx_params.precision
+ * for every mode (--ref-precision: the reference's).
  * --add FILE must hold "a+b=sum" lines (empty lines are skipped); another line is an error with its number.
  * While it runs, a terminal on stderr shows the progress.
  * Each result is also printed as a "key value" line for scripts. Exit 0 on success, 1 with one line on
@@ -57,7 +58,8 @@ static void usage(void) {
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
            "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
            "  --lacache M, --ref-lacache M   on (default), truncate or off\n"
-           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1) or fp8-all\n"
+           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1), fp8-all, or SoloQ W4A4\n"
+           "                          (CPU backend): soloq-n, soloq-i, soloq-c, rtn-w4a4, and each -w4a16 (weight-only)\n"
            "  scheduler under test (--agree; the reference decodes vanilla):\n"
            "  --cache none|prefix|dual  Fast-dLLM K/V cache (approximate)\n"
            "  --threshold T, --factor F  Fast-dLLM parallel decoding\n"
@@ -85,11 +87,12 @@ static int parse_lacache(const char *s, dllm_lacache *m) {
 }
 
 static int parse_precision(const char *s, dllm_precision *p) {
-    if (!strcmp(s, "bf16")) *p = DLLM_PRECISION_BF16;
-    else if (!strcmp(s, "fp8")) *p = DLLM_PRECISION_FP8_FFN;
-    else if (!strcmp(s, "fp8-all")) *p = DLLM_PRECISION_FP8_ALL;
-    else return 0;
-    return 1;
+    static const char *const names[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4",
+                                        "soloq-n-w4a16", "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"}; /* dllm_precision order */
+    int i;
+    for (i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(s, names[i])) { *p = (dllm_precision)i; return 1; }
+    return 0;
 }
 
 /* The scheduler options of the configuration under test; 0 if a is not one or v is bad (the library checks

@@ -159,7 +159,8 @@ static void usage(FILE *f) {
             "  --precision P          bf16 (default), fp8 or fp8-all. fp8: the FFN linears of layers >= 1 in FP8 E4M3\n"
             "                         (LaCache's scheme; block-scaled GEMMs on sm_90 and sm_89, other GPUs run BF16\n"
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
-            "                         the paper). The CPU backend computes the same function\n"
+            "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
+            "                         soloq-c, rtn-w4a4 (and -w4a16 forms): SoloQ 4-bit, CPU backend only for now\n"
             "  -t, --threads N        CPU backend threads (default: all)\n"
             "  --progress             show the progress on stderr (on a terminal the answer is then printed at the end)\n"
             "  -v, --verbose          library log messages at info level\n"
@@ -294,7 +295,9 @@ static uint64_t fresh_seed(void) {
 /* Applies one option; returns 0, or 1 after printing an error that names the flag. */
 static int apply_option(options *o, int id, const char *a, const char *v) {
     static const char *const caches[] = {"none", "prefix", "dual"}, *const lacaches[] = {"off", "truncate", "on"},
-                             *const precisions[] = {"bf16", "fp8", "fp8-all"}, *const backends[] = {"auto", "cpu", "gpu"};
+                             *const precisions[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4", "soloq-n-w4a16",
+                                                     "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"},  /* dllm_precision order */
+                             *const backends[] = {"auto", "cpu", "gpu"};
     dllm_gen_params *g = &o->gen;
     int k = 0;
     switch (id) {
@@ -358,7 +361,8 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_NO_STOP_AT_EOS: g->stop_at_eos = 0; break;
     case OPT_BACKEND: if (!parse_choice(v, backends, 3, &k)) return fail("%s must be auto, cpu or gpu, not \"%s\"", a, v); o->ctx.backend = (dllm_backend)k; break;
     case OPT_PRECISION:
-        if (!parse_choice(v, precisions, 3, &k)) return fail("%s must be bf16, fp8 or fp8-all, not \"%s\"", a, v);
+        if (!parse_choice(v, precisions, 11, &k))
+            return fail("%s must be bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form, not \"%s\"", a, v);
         o->ctx.precision = (dllm_precision)k;
         break;
     case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;

@@ -24,6 +24,7 @@
 #include "test_backend.inl"
 #include "test_cli.inl"
 #include "test_block_diffusion.inl"
+#include "test_soloq.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;

@@ -258,9 +258,9 @@ TEST(fp8, precision_is_validated) {
     CHECK(dllm_ctx_default_params().precision == DLLM_PRECISION_BF16);
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_CPU;
-    p.precision = (dllm_precision)3;
+    p.precision = (dllm_precision)11;
     dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 3");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 11");
     p.precision = (dllm_precision)-1;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_PRECISION_BF16");
     CHECK(ctx == nullptr);
