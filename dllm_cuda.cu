@@ -5447,7 +5447,9 @@ __device__ __forceinline__ float sampler_logit(const sampler_args &a, int lr, in
     float c = a.cond[(u64)lr * a.vocab + v];
     if (!a.uncond) return c;
     float u = a.uncond[(u64)lr * a.vocab + v];
-    return u + a.cfg_weight * (c - u);
+    // Rounded op by op, never fused into an FMA: the CPU's combination (apply_cfg) rounds each step, and the filters'
+    // cutoffs (row_cutoff_kernel) compare these values exactly.
+    return __fadd_rn(u, __fmul_rn(a.cfg_weight, __fsub_rn(c, u)));
 }
 
 /* sampler_logit after the filters of sampler row `row`. Twin: the logit lambda of dllm__choose. */

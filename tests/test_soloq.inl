@@ -333,6 +333,8 @@ TEST(soloq, packing_round_trip_row_independence_and_bias_correction) {
                 CHECK(q.codes.size() == (size_t)rows * cols / 2 && q.row_scale.size() == (size_t)rows);
                 std::vector<float> deq((size_t)cols, NAN), value((size_t)cols, NAN);
                 std::vector<uint8_t> packed((size_t)cols / 2), bs((size_t)(cols + 15) / 16);
+                double proj_sum = 0, ss_sum = 0;  // Lloyd's shrink (alpha ~ 1.01 on Gaussian rows), over the ordinary rows:
+                                                  // a single row of 640 can go either way
                 for (int r = 0; r < rows; r++) {
                     const float *xr = &x[(size_t)r * cols];
                     const float scale = dllm__q4_quantize_row(f, xr, cols, bc, packed.data(), bs.data(), value.data());
@@ -348,8 +350,9 @@ TEST(soloq, packing_round_trip_row_independence_and_bias_correction) {
                     CHECK_MSG(mismatches == 0, "%s cols %d row %d: %d values differ from the quantiser's", dllm__q4_names[f], cols, r, mismatches);
                     if (r == 3) CHECK(scale == 0);
                     else if (bc) CHECK_MSG(fabs(proj - ss) <= 1e-5 * ss, "%s cols %d: <x^, x> %.7g vs |x|^2 %.7g", dllm__q4_names[f], cols, proj, ss);
-                    else if (f == DLLM__Q4_LLOYD && cols == 640) CHECK(proj < ss);  // the shrink the correction removes
+                    else if (f == DLLM__Q4_LLOYD && cols == 640 && r != 5) proj_sum += proj, ss_sum += ss;
                 }
+                if (ss_sum > 0) CHECK_MSG(proj_sum < ss_sum, "Lloyd cols 640: <x^, x> %.7g vs |x|^2 %.7g over the ordinary rows", proj_sum, ss_sum);
                 // row 2 alone, and among other rows: the same bytes
                 std::vector<float> other = test_normals(rng, (size_t)3 * cols);
                 memcpy(&other[(size_t)cols], &x[(size_t)2 * cols], sizeof(float) * cols);
