@@ -204,11 +204,25 @@ run_fuzz() {
     return $rc
 }
 
+# The concurrency tests (and the tokenizer shared by threads) under ThreadSanitizer, on the CPU backend.
+run_tsan() {
+    command -v clang++ >/dev/null || die "clang++ not found (apt-get install clang)"
+    mkdir -p build
+    clang -std=c99 -c -o build/header_c99.tsan.o tests/header_c99.c
+    clang++ -std=c++17 -x c++ -O1 -g -fsanitize=thread -Wall -Wextra -Wno-unused-function -I"$CUDA_HOME/include" tests/dllm_test.cu \
+        -x none build/header_c99.tsan.o "${HOST_LIBS[@]}" -o build/dllm-test-tsan || die "building build/dllm-test-tsan failed"
+    local rc=0
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/dllm-test-tsan --filter concurrency. | tee build/test-tsan.log || rc=1
+    TSAN_OPTIONS="halt_on_error=1" build/dllm-test-tsan --filter tokenizer.shared_by_threads | tee -a build/test-tsan.log || rc=1
+    return $rc
+}
+
 case "${1:-build}" in
     build) build ;;
     run) shift; run_main_job "$@" ;;
     test) run_tests ;;
     gpu) run_gpu ;;
     fuzz) shift; run_fuzz "$@" ;;
-    *) die "unknown command '$1' (build | run | test | gpu | fuzz)" ;;
+    tsan) run_tsan ;;
+    *) die "unknown command '$1' (build | run | test | gpu | fuzz | tsan)" ;;
 esac

@@ -2513,16 +2513,14 @@ static double dllm__uniform(uint64_t seed, uint32_t index, uint32_t position, ui
 class dllm__pool {
   public:
     explicit dllm__pool(int n_threads) {
-        for (int i = 1; i < n_threads; i++) workers_.emplace_back([this] { worker(); });
-    }
-    ~dllm__pool() {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            quit_ = true;
+        try {
+            for (int i = 1; i < n_threads; i++) workers_.emplace_back([this] { worker(); });
+        } catch (...) {  // starting a thread ran out of memory: the started ones must end (a joinable std::thread aborts)
+            stop();
+            throw;
         }
-        wake_.notify_all();
-        for (std::thread &t : workers_) t.join();
     }
+    ~dllm__pool() { stop(); }
     int size() const { return (int)workers_.size() + 1; }
 
     /* Runs fn(0..n_tasks-1) across the pool; returns when all are done. Every worker reports back
@@ -2548,6 +2546,14 @@ class dllm__pool {
     }
 
   private:
+    void stop() {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            quit_ = true;
+        }
+        wake_.notify_all();
+        for (std::thread &t : workers_) t.join();
+    }
     void drain() {
         for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
     }
@@ -3196,6 +3202,41 @@ static void dllm__step_rows(const dllm__decode &st, int shift, int &q0, int &q1)
     if (st.kv_cache == DLLM_KV_CACHE_NONE || st.step_in_block == 0) return;
     q0 = std::max(0, st.block_begin - shift);
     q1 = st.kv_cache == DLLM_KV_CACHE_DUAL ? st.block_end : n;
+}
+
+/* The first non-finite element of a BF16/F16/F32 tensor in [begin, end), or -1: the exponent bits all set. */
+static int64_t dllm__first_nonfinite(const dllm__tensor &t, int64_t begin, int64_t end) {
+    const size_t size = t.dtype == DLLM__F32 ? 4 : 2;
+    const uint32_t exponent = t.dtype == DLLM__F32 ? 0x7F800000u : t.dtype == DLLM__BF16 ? 0x7F80u : 0x7C00u;
+    for (int64_t i = begin; i < end; i++) {
+        uint32_t bits = 0;
+        memcpy(&bits, t.data + size * (size_t)i, size);  // little-endian host: the low bytes
+        if ((bits & exponent) == exponent) return i;
+    }
+    return -1;
+}
+
+/* A NaN or infinity in a checkpoint's weights would silently turn every logit into NaN: the CPU backend
+ * refuses such a model, naming the first bad element. One pass over the weights, in chunks across threads. */
+static dllm_status dllm__check_finite_weights(const dllm_model &m, int n_threads) {
+    struct chunk { const dllm__tensor *t; int64_t begin, end; };
+    const int64_t chunk_elems = (int64_t)1 << 22;
+    std::vector<chunk> chunks;
+    for (const dllm__wspec &spec : dllm__expected_weights(m.cfg)) {
+        auto it = m.by_name.find(spec.name);
+        if (it == m.by_name.end()) continue;
+        for (int64_t b = 0; b < it->second->numel; b += chunk_elems) chunks.push_back({it->second, b, std::min(it->second->numel, b + chunk_elems)});
+    }
+    std::vector<int64_t> hit(chunks.size(), -1);
+    dllm__pool pool(std::max(1, std::min(n_threads, (int)chunks.size())));
+    pool.run((int)chunks.size(), [&](int i) { hit[(size_t)i] = dllm__first_nonfinite(*chunks[(size_t)i].t, chunks[(size_t)i].begin, chunks[(size_t)i].end); });
+    for (size_t i = 0; i < chunks.size(); i++) {
+        if (hit[i] < 0) continue;
+        const dllm__tensor &t = *chunks[i].t;
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s %s holds %g at flat index %lld: the checkpoint is damaged (non-finite weights)",
+                          t.file->c_str(), t.name.c_str(), dllm__shape_str(t.shape).c_str(), dllm__tensor_at(t, hit[i]), (long long)hit[i]);
+    }
+    return DLLM_OK;
 }
 
 class dllm__cpu_backend : public dllm__backend_impl {
@@ -7325,6 +7366,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.model->random_weights)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
                           gpu ? "CPU backend requested" : why.c_str());
+    DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
     ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);

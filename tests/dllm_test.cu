@@ -21,6 +21,9 @@
 #include "test_gpu.inl"
 #include "test_dream_samplers.inl"
 #include "test_fp8.inl"
+#include "test_alloc_failure.inl"
+#include "test_concurrency.inl"
+#include "test_robustness.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;
