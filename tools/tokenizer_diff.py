@@ -206,6 +206,7 @@ def run_vocab(name, count, seed, batch, lines):
                     diffs += 1
                     log.write(json.dumps({"hex": t.hex(), "parse_special": s, "dllm": a, "hf": b}) + "\n")
             done += len(texts)
+            log.flush()
             print("%s: %d inputs, %d differences (%.0f s)" % (name, done, diffs, time.time() - t0), flush=True)
     return done, diffs
 
