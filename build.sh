@@ -193,8 +193,8 @@ run_fuzz() {
             grep -E "ERROR|FUZZ_CHECK|SUMMARY|Test unit written" "build/fuzz/$h.log" | head -n 8 >&2 || true
             continue
         fi
-        grep -E "^stat::number_of_executed_units|^stat::new_units_added" "build/fuzz/$h.log" | tr '\n' ' '
-        grep -oE "cov: [0-9]+ ft: [0-9]+" "build/fuzz/$h.log" | tail -n 1
+        { grep -E "^stat::number_of_executed_units|^stat::new_units_added" "build/fuzz/$h.log" | tr '\n' ' '; } || true
+        { grep -oE "cov: [0-9]+ ft: [0-9]+" "build/fuzz/$h.log" | tail -n 1; } || true
         if [ "${DLLM_FUZZ_MERGE:-1}" = 1 ]; then
             build/fuzz/$h -merge=1 -max_len=16384 -timeout=20 -rss_limit_mb=4096 "$corpus" "$work" > "build/fuzz/$h.merge.log" 2>&1 ||
                 echo "build.sh: merging into $corpus failed (build/fuzz/$h.merge.log)" >&2

@@ -35,7 +35,7 @@ static void *test_alloc(size_t n) {
     return malloc(n ? n : 1);
 }
 
-#if TEST_ALLOC_INJECTION
+#if TEST_ALLOC_INJECTION && !defined(__CUDA_ARCH__)  // host code only: nvcc would compile a replacement for the device too
 void *operator new(size_t n) {
     void *p = test_alloc(n);
     if (!p) throw std::bad_alloc();
