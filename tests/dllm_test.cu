@@ -24,6 +24,7 @@
 #include "test_alloc_failure.inl"
 #include "test_concurrency.inl"
 #include "test_robustness.inl"
+#include "test_fuzz_findings.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;
