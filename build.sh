@@ -15,6 +15,10 @@
 #                       benchmark, a fixture reproducibility check; a short table last. Logs go to $OUT.
 #                       DLLM_SKIP_ANCHORS=1 / DLLM_SKIP_BENCH=1 leave those out; DLLM_REUSE_BUILD=1 runs
 #                       binaries carried from a build machine.
+#   ./build.sh fuzz [SECONDS]  build the libFuzzer harnesses (tests/fuzz/, clang) and run each for SECONDS
+#                       (default 10) on its corpus; non-zero on any crash. Inputs with new coverage are
+#                       merged into tests/fuzz/corpus/ (DLLM_FUZZ_MERGE=0 leaves the corpora alone).
+#   ./build.sh tsan     the concurrency tests under ThreadSanitizer (clang)
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2), DLLM_REBUILD=1 (rebuild
 # everything regardless of timestamps).
@@ -27,6 +31,8 @@ CXXFLAGS=(-O2 -std=c++17 -Xcompiler -Wall,-Wextra)
 # Every link of dllm's code takes these (the one place to change how NVRTC, cuBLASLt and cudart are linked): NVRTC and
 # cuBLASLt are loaded at run time (dlopen), cudart is static.
 LIBS=(-cudart static -ldl)
+# The CUDA libraries as a host compiler (g++, clang++) links them: the sanitizer and fuzzing builds.
+HOST_LIBS=(-L"$CUDA_HOME/lib64" -lcudart_static -ldl -lpthread -lrt)
 DEFAULT_MODEL=models/tiny-llada
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -128,7 +134,7 @@ build_sanitized() {
     local c_flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
     gcc -std=c99 -pedantic -Wall -Wextra -Werror "${c_flags[@]}" -c tests/header_c99.c -o build/header_c99.asan.o
     g++ -std=c++17 -x c++ "${c_flags[@]}" -I"$CUDA_HOME/include" tests/dllm_test.cu -x none build/header_c99.asan.o \
-        -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lpthread -lrt -o build/dllm-test-asan
+        "${HOST_LIBS[@]}" -o build/dllm-test-asan
 }
 
 summary_counts() {  # prints "passed failed skipped" from a log's last line
@@ -233,11 +239,65 @@ run_gpu() {
     fi
 }
 
+FUZZ_HARNESSES=(json safetensors st_index config tokenizer_json tokenizer_files encode decode chat)
+
+# One binary holds every harness (dllm_cuda.cu compiles once); build/fuzz/<harness> links pick one.
+build_fuzz() {
+    command -v clang++ >/dev/null || die "clang++ not found (apt-get install clang libclang-rt-14-dev)"
+    mkdir -p build/fuzz
+    clang++ -std=c++17 -x c++ -O1 -g -Wall -Wextra -Wno-unused-function -fsanitize=fuzzer,address,undefined \
+        -fno-sanitize-recover=all -I"$CUDA_HOME/include" tests/fuzz/fuzz.cc "${HOST_LIBS[@]}" -o build/fuzz/dllm-fuzz ||
+        die "building the fuzz harnesses failed (the libFuzzer runtime: apt-get install libclang-rt-14-dev)"
+    local h
+    for h in "${FUZZ_HARNESSES[@]}"; do ln -sf dllm-fuzz "build/fuzz/$h"; done
+}
+
+run_fuzz() {
+    local seconds=${1:-10} h rc=0
+    build_fuzz
+    for h in "${FUZZ_HARNESSES[@]}"; do
+        local corpus=tests/fuzz/corpus/$h work=build/fuzz/corpus/$h
+        mkdir -p "$work" build/fuzz/artifacts
+        echo "== fuzz $h (${seconds} s)"
+        # New inputs go to the build directory; the committed corpus is read only until the merge below.
+        if ! build/fuzz/$h -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 \
+            -dict=tests/fuzz/json.dict -artifact_prefix="build/fuzz/artifacts/$h-" "$work" "$corpus" > "build/fuzz/$h.log" 2>&1; then
+            rc=1
+            echo "build.sh: fuzz $h FAILED; the input is in build/fuzz/artifacts/, the log in build/fuzz/$h.log" >&2
+            grep -E "ERROR|FUZZ_CHECK|SUMMARY|Test unit written" "build/fuzz/$h.log" | head -n 8 >&2 || true
+            continue
+        fi
+        { grep -E "^stat::number_of_executed_units|^stat::new_units_added" "build/fuzz/$h.log" | tr '\n' ' '; } || true
+        { grep -oE "cov: [0-9]+ ft: [0-9]+" "build/fuzz/$h.log" | tail -n 1; } || true
+        if [ "${DLLM_FUZZ_MERGE:-1}" = 1 ]; then
+            build/fuzz/$h -merge=1 -max_len=16384 -timeout=20 -rss_limit_mb=4096 "$corpus" "$work" > "build/fuzz/$h.merge.log" 2>&1 ||
+                echo "build.sh: merging into $corpus failed (build/fuzz/$h.merge.log)" >&2
+        fi
+    done
+    [ $rc = 0 ] && echo "fuzz: every harness ran ${seconds} s without a crash"
+    return $rc
+}
+
+# The concurrency tests (and the tokenizer shared by threads) under ThreadSanitizer, on the CPU backend.
+run_tsan() {
+    command -v clang++ >/dev/null || die "clang++ not found (apt-get install clang)"
+    mkdir -p build
+    clang -std=c99 -c -o build/header_c99.tsan.o tests/header_c99.c
+    clang++ -std=c++17 -x c++ -O1 -g -fsanitize=thread -Wall -Wextra -Wno-unused-function -I"$CUDA_HOME/include" tests/dllm_test.cu \
+        -x none build/header_c99.tsan.o "${HOST_LIBS[@]}" -o build/dllm-test-tsan || die "building build/dllm-test-tsan failed"
+    local rc=0
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/dllm-test-tsan --filter concurrency. | tee build/test-tsan.log || rc=1
+    TSAN_OPTIONS="halt_on_error=1" build/dllm-test-tsan --filter tokenizer.shared_by_threads | tee -a build/test-tsan.log || rc=1
+    return $rc
+}
+
 case "${1:-build}" in
     build) build ;;
     run) shift; run_main_job "$@" ;;
     install) shift; mkdir -p build; install_lib "$@" ;;
     test) run_tests ;;
     gpu) run_gpu ;;
-    *) die "unknown command '$1' (build | run | install PREFIX | test | gpu)" ;;
+    fuzz) shift; run_fuzz "$@" ;;
+    tsan) run_tsan ;;
+    *) die "unknown command '$1' (build | run | install PREFIX | test | gpu | fuzz | tsan)" ;;
 esac

@@ -25,6 +25,10 @@
 #include "test_cli.inl"
 #include "test_block_diffusion.inl"
 #include "test_soloq.inl"
+#include "test_alloc_failure.inl"
+#include "test_concurrency.inl"
+#include "test_robustness.inl"
+#include "test_fuzz_findings.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;
