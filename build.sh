@@ -259,8 +259,9 @@ run_fuzz() {
         local corpus=tests/fuzz/corpus/$h work=build/fuzz/corpus/$h
         mkdir -p "$work" build/fuzz/artifacts
         echo "== fuzz $h (${seconds} s)"
-        # New inputs go to the build directory; the committed corpus is read only until the merge below.
-        if ! build/fuzz/$h -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 \
+        # New inputs go to the build directory; the committed corpus is read only until the merge below. DLLM_FUZZ_SEED
+        # fixes libFuzzer's mutation sequence (CI's smoke: the same inputs every run, as far as its time allows).
+        if ! build/fuzz/$h ${DLLM_FUZZ_SEED:+-seed=$DLLM_FUZZ_SEED} -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 \
             -dict=tests/fuzz/json.dict -artifact_prefix="build/fuzz/artifacts/$h-" "$work" "$corpus" > "build/fuzz/$h.log" 2>&1; then
             rc=1
             echo "build.sh: fuzz $h FAILED; the input is in build/fuzz/artifacts/, the log in build/fuzz/$h.log" >&2
