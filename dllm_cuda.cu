@@ -15,7 +15,7 @@
  * evaluation, and a PyTorch script (tools/make_fixtures.py) reproduces the exact token traces.
  *
  * Table of contents (sections are in data-flow order; grep a [tag] to find a feature):
- *   1. Utilities: errors, logging, numbers, files
+ *   1. Utilities: errors, logging, numbers, files, the [environment] switches
  *   2. JSON parser
  *   3. safetensors reader
  *   4. Model config (LLaDA, Dream, Fast-dLLM v2, Nemotron-Labs-Diffusion) [block diffusion] [YaRN]
@@ -33,7 +33,7 @@
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
  *      split-KV; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
- *  14. GPU: NVRTC JIT, [environment] switches and the architecture table
+ *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync); one algorithm per shape and device for every context
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
@@ -293,6 +293,76 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
     out.assign((const char *)f->data, f->size);
     return DLLM_OK;
 }
+
+/* [environment] Every DLLM_* switch, read once (at first use) into one struct; tests that change one call
+ * dllm__env_reload(). The switches (all optional; also listed in README.md):
+ *   DLLM_CACHE_DIR=DIR       the JIT disk cache (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables it
+ *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
+ *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
+ *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
+ *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile up to head dim 128 (query rows per CTA, keys per tile, m16
+ *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
+ *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
+ *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
+ *   DLLM_GEMM_WG=0           BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
+ *   DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM instead of the architecture table's
+ *   DLLM_GEMM_AUTOTUNE=0     take cuBLASLt's heuristic pick without timing candidates
+ *   DLLM_GEMM_VERBOSE=1      one line per tuned GEMM shape: what won, against the heuristic's first pick
+ *   DLLM_GEMM_ROWS=independent  every BF16 GEMM row-independent (dllm__rows), to measure what it costs
+ *   DLLM_PDL=0               no programmatic dependent launch
+ *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs
+ *   DLLM_SOLOQ_ROTATION=none|hadamard|rpbh|mixer|krpbh|haar  the SoloQ precisions' rotation (the ablation; default krpbh)
+ *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1) */
+struct dllm__env_switches {
+    std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
+    bool jit_verbose = false, jit_fail_on_spill = false;
+    int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
+    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
+};
+
+static dllm__env_switches dllm__env_read() {
+    auto str = [](const char *name) { const char *v = getenv(name); return std::string(v ? v : ""); };
+    auto num = [](const char *name, int dflt) { const char *v = getenv(name); return v && *v ? atoi(v) : dflt; };
+    dllm__env_switches e;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    e.cache_dir = str("DLLM_CACHE_DIR");
+    if (e.cache_dir == "off") e.cache_dir.clear();
+    else if (e.cache_dir.empty()) e.cache_dir = xdg && *xdg ? std::string(xdg) + "/dllm" : home && *home ? std::string(home) + "/.cache/dllm" : "";
+    e.jit_dump = str("DLLM_JIT_DUMP");
+    e.fp8_gemm = str("DLLM_FP8_GEMM");
+    e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
+    e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
+    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0), e.fa_stages = num("DLLM_FA_STAGES", 0);
+    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1), e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
+    e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
+    e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
+    e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;
+    e.gemm_rows_independent = str("DLLM_GEMM_ROWS") == "independent";
+    e.pdl = num("DLLM_PDL", 1) != 0;
+    e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
+    e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
+    e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
+    return e;
+}
+
+static dllm__env_switches &dllm__env_storage() {
+    static dllm__env_switches e = dllm__env_read();
+    return e;
+}
+static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
+/* What only the tests and benchmarks call: marked, and the warning that the library never references it (nvcc's front
+ * end gives it for the members of classes with internal linkage, [[maybe_unused]] or not) turned off around it. */
+#define DLLM__TEST_HOOK [[maybe_unused]]
+#if defined(__NVCC__)
+#define DLLM__TEST_HOOKS_BEGIN _Pragma("nv_diag_suppress 177")
+#define DLLM__TEST_HOOKS_END _Pragma("nv_diag_default 177")
+#else
+#define DLLM__TEST_HOOKS_BEGIN
+#define DLLM__TEST_HOOKS_END
+#endif
+
+/* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
+DLLM__TEST_HOOK static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
 
 // ---------------------------------------------------------------------------------------------------
 // 2. JSON parser
@@ -4013,14 +4083,16 @@ static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dll
         o.bias_correction = false;
         return DLLM_OK;
     }
-    if (const char *e = getenv("DLLM_SOLOQ_ROTATION")) {
+    if (!dllm__env().soloq_rotation.empty()) {
+        const char *e = dllm__env().soloq_rotation.c_str();
         int k = -1;
         for (int i = 0; i < 6; i++)
             if (!strcmp(e, dllm__rot_names[i])) k = i;
         if (k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
         o.rotation = (dllm__rot_kind)k;
     }
-    if (const char *e = getenv("DLLM_SOLOQ_BIAS_CORRECTION")) {
+    if (!dllm__env().soloq_bias_correction.empty()) {
+        const char *e = dllm__env().soloq_bias_correction.c_str();
         if (strcmp(e, "0") && strcmp(e, "1")) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
         o.bias_correction = e[0] == '1';
     }
@@ -6632,11 +6704,11 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
 )DLLM";
 
 // ---------------------------------------------------------------------------------------------------
-// 14. GPU: NVRTC JIT, [environment] switches and the architecture table
+// 14. GPU: NVRTC JIT and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
 //     dim, tiles), compiled for the exact GPU, cached in process and on disk under a key that hashes the
 //     source, the options, the NVRTC version and the architecture. The DLLM_* switches that steer it (cache,
-//     dumps, tiles, GEMM choices) are listed at dllm__env_switches.
+//     dumps, tiles, GEMM choices) are listed at dllm__env_switches (section 1).
 // ---------------------------------------------------------------------------------------------------
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
@@ -6693,71 +6765,6 @@ static const dllm__arch dllm__arch_table[] = {
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
 
-/* [environment] Every DLLM_* switch, read once (at first use) into one struct; tests that change one call
- * dllm__env_reload(). The switches (all optional; also listed in README.md):
- *   DLLM_CACHE_DIR=DIR       the JIT disk cache (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables it
- *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
- *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
- *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
- *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile up to head dim 128 (query rows per CTA, keys per tile, m16
- *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
- *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
- *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
- *   DLLM_GEMM_WG=0           BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
- *   DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM instead of the architecture table's
- *   DLLM_GEMM_AUTOTUNE=0     take cuBLASLt's heuristic pick without timing candidates
- *   DLLM_GEMM_VERBOSE=1      one line per tuned GEMM shape: what won, against the heuristic's first pick
- *   DLLM_GEMM_ROWS=independent  every BF16 GEMM row-independent (dllm__rows), to measure what it costs
- *   DLLM_PDL=0               no programmatic dependent launch
- *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs */
-struct dllm__env_switches {
-    std::string cache_dir, jit_dump, fp8_gemm;
-    bool jit_verbose = false, jit_fail_on_spill = false;
-    int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
-    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
-};
-
-static dllm__env_switches dllm__env_read() {
-    auto str = [](const char *name) { const char *v = getenv(name); return std::string(v ? v : ""); };
-    auto num = [](const char *name, int dflt) { const char *v = getenv(name); return v && *v ? atoi(v) : dflt; };
-    dllm__env_switches e;
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    e.cache_dir = str("DLLM_CACHE_DIR");
-    if (e.cache_dir == "off") e.cache_dir.clear();
-    else if (e.cache_dir.empty()) e.cache_dir = xdg && *xdg ? std::string(xdg) + "/dllm" : home && *home ? std::string(home) + "/.cache/dllm" : "";
-    e.jit_dump = str("DLLM_JIT_DUMP");
-    e.fp8_gemm = str("DLLM_FP8_GEMM");
-    e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
-    e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
-    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0), e.fa_stages = num("DLLM_FA_STAGES", 0);
-    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1), e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
-    e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
-    e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
-    e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;
-    e.gemm_rows_independent = str("DLLM_GEMM_ROWS") == "independent";
-    e.pdl = num("DLLM_PDL", 1) != 0;
-    e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
-    return e;
-}
-
-static dllm__env_switches &dllm__env_storage() {
-    static dllm__env_switches e = dllm__env_read();
-    return e;
-}
-static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
-/* What only the tests and benchmarks call: marked, and the warning that the library never references it (nvcc's front
- * end gives it for the members of classes with internal linkage, [[maybe_unused]] or not) turned off around it. */
-#define DLLM__TEST_HOOK [[maybe_unused]]
-#if defined(__NVCC__)
-#define DLLM__TEST_HOOKS_BEGIN _Pragma("nv_diag_suppress 177")
-#define DLLM__TEST_HOOKS_END _Pragma("nv_diag_default 177")
-#else
-#define DLLM__TEST_HOOKS_BEGIN
-#define DLLM__TEST_HOOKS_END
-#endif
-
-/* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
-DLLM__TEST_HOOK static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
 
 /* The table row for a compute capability; GPUs newer than the table use the last row's tiles and
  * their own sm_XY target (NVRTC compiles mma.sync for every architecture it knows). */

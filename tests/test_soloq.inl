@@ -435,12 +435,12 @@ TEST(soloq, precisions_are_validated_and_refused_on_the_gpu) {
     p.precision = (dllm_precision)11;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 11");
     p.precision = DLLM_PRECISION_SOLOQ_I;
-    setenv("DLLM_SOLOQ_ROTATION", "kprbh", 1);
+    test_setenv("DLLM_SOLOQ_ROTATION", "kprbh", 1);
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_ROTATION=kprbh: expected");
-    unsetenv("DLLM_SOLOQ_ROTATION");
-    setenv("DLLM_SOLOQ_BIAS_CORRECTION", "yes", 1);
+    test_unsetenv("DLLM_SOLOQ_ROTATION");
+    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "yes", 1);
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=yes");
-    unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
     CHECK(ctx == nullptr);
     // the options of each precision
     struct { dllm_precision p; dllm__q4_format w, a; bool acts; dllm__rot_kind rot; bool bc; } cases[] = {
@@ -458,14 +458,14 @@ TEST(soloq, precisions_are_validated_and_refused_on_the_gpu) {
         CHECK_MSG(o.enabled && o.weights == c.w && o.acts == c.a && o.quantize_acts == c.acts && o.rotation == c.rot && o.bias_correction == c.bc &&
                       o.quantize_head, "%s", dllm__precision_name(c.p));
     }
-    setenv("DLLM_SOLOQ_ROTATION", "rpbh", 1);
-    setenv("DLLM_SOLOQ_BIAS_CORRECTION", "0", 1);
+    test_setenv("DLLM_SOLOQ_ROTATION", "rpbh", 1);
+    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "0", 1);
     dllm__soloq_options o;
     CHECK(dllm__soloq_options_for(DLLM_PRECISION_SOLOQ_C, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_RPBH && !o.bias_correction && !o.quantize_head);
     CHECK(dllm__soloq_options_for(DLLM_PRECISION_RTN_W4A4, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_NONE);  // the baseline ignores them
     CHECK(dllm__soloq_options_for(DLLM_PRECISION_FP8_ALL, 0, o) == DLLM_OK && !o.enabled);
-    unsetenv("DLLM_SOLOQ_ROTATION");
-    unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    test_unsetenv("DLLM_SOLOQ_ROTATION");
+    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
     dllm_model_free(m);
 }
 
@@ -620,10 +620,10 @@ TEST(soloq, accuracy_layer_output_nmse) {
         }
         double rtn_worst = 0, krpbh_worst = 0;
         for (auto &cf : configs) {
-            if (cf.rotation) setenv("DLLM_SOLOQ_ROTATION", cf.rotation, 1), setenv("DLLM_SOLOQ_BIAS_CORRECTION", cf.bc, 1);
+            if (cf.rotation) test_setenv("DLLM_SOLOQ_ROTATION", cf.rotation, 1), test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", cf.bc, 1);
             dllm__soloq_options o;
             CHECK(dllm__soloq_options_for(cf.precision, 0, o) == DLLM_OK);
-            unsetenv("DLLM_SOLOQ_ROTATION"), unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+            test_unsetenv("DLLM_SOLOQ_ROTATION"), test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
             const std::vector<double> nmse = test_soloq_layer_nmse(*m, ids, o);
             const double worst = *std::max_element(nmse.begin(), nmse.end());
             printf("    %s %-8s %-8s bc %s: layer output NMSE %s(worst %.2e)\n", mi.name, dllm__precision_name(cf.precision), dllm__rot_names[o.rotation],
