@@ -3230,14 +3230,14 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
     dllm__cpu_linear_rows(pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
-/* Attention half of a layer over the T = rows.q1 - rows.q0 rows of b.h: h += O(attention(RoPE(QKV(norm(h))))).
- * With a K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached
- * row. q: the layer's FP8 weights or null. */
-static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                                      const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision (q: its FP8 or
+ * SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards (bidirectional, block
+ * diffusion) take it. */
+static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T,
+                          const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[layer];
-    const int T = rows.q1 - rows.q0, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
+    const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
     const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
     if (q && q->soloq) {
@@ -3255,6 +3255,25 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
     }
     dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
     dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
+}
+
+/* h += O(b.att) for the T rows, in the layer's precision. */
+static void dllm__cpu_out_proj(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+    const int d = m.cfg.n_embd, qd = m.cfg.n_head * m.cfg.head_dim;
+    if (q && q->soloq) dllm__cpu_linear_soloq(pool, b.att.data(), true, T, *q->soloq, DLLM__SOLOQ_O, 0, nullptr, d, b.tmp.data());
+    else if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
+    else dllm__cpu_linear(pool, b.att.data(), T, qd, *m.layers[layer].wo, nullptr, d, b.tmp.data());
+    for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+}
+
+/* Attention half of a layer over the T = rows.q1 - rows.q0 rows of b.h: h += O(attention(RoPE(QKV(norm(h))))).
+ * With a K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached
+ * row. q: the layer's quantised weights or null. */
+static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                                      const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+    const dllm__config &c = m.cfg;
+    const int T = rows.q1 - rows.q0, kvd = c.n_head_kv * c.head_dim;
+    dllm__cpu_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
     const float *keys = b.k.data(), *values = b.v.data();
     int n_keys = T;
     if (rows.kv) {
@@ -3264,10 +3283,7 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
         keys = kc, values = vc, n_keys = rows.kv->n;
     }
     dllm__cpu_attention(pool, b.q.data(), keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
-    if (q && q->soloq) dllm__cpu_linear_soloq(pool, b.att.data(), true, T, *q->soloq, DLLM__SOLOQ_O, 0, nullptr, d, b.tmp.data());
-    else if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
-    else dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
-    for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+    dllm__cpu_out_proj(m, layer, q, pool, b, T);
 }
 
 /* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
@@ -3290,14 +3306,25 @@ static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, con
     else dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
 }
 
-/* One transformer layer over the rows of b.h, in place. */
-static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                            const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
-    const int d = m.cfg.n_embd, T = rows.q1 - rows.q0;
-    dllm__cpu_attention_block(m, layer, q, pool, b, rows, key_valid, cos_t, sin_t);
+/* The MLP half of a layer over the T rows of b.h: h += FFN(norm(h)). Both forwards take it. */
+static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+    const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
     dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+}
+
+/* logits = LM head of the rows of b.a (already final-normed): BF16/fp32, or SoloQ with quantize_lm_head (head). */
+static void dllm__cpu_lm_head(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, int rows, const dllm__soloq_layer *head, float *logits) {
+    if (head) dllm__cpu_linear_soloq(pool, b.a.data(), true, rows, *head, DLLM__SOLOQ_HEAD, 0, nullptr, m.cfg.n_vocab, logits);
+    else dllm__cpu_linear(pool, b.a.data(), rows, m.cfg.n_embd, *m.head, nullptr, m.cfg.n_vocab, logits);
+}
+
+/* One transformer layer over the rows of b.h, in place. */
+static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                            const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+    dllm__cpu_attention_block(m, layer, q, pool, b, rows, key_valid, cos_t, sin_t);
+    dllm__cpu_ffn_block(m, layer, q, pool, b, rows.q1 - rows.q0);
 }
 
 /* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
@@ -3320,8 +3347,7 @@ static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
     for (size_t l = 0; l < m.layers.size(); l++)
         dllm__cpu_layer(m, l, l < fp8.size() ? &fp8[l] : nullptr, pool, b, rows, key_valid, cos_t, sin_t);
     dllm__cpu_rmsnorm(b.h.data() + (size_t)(r0 - rows.q0) * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
-    if (head) dllm__cpu_linear_soloq(pool, b.a.data(), true, r1 - r0, *head, DLLM__SOLOQ_HEAD, 0, nullptr, c.n_vocab, logits);
-    else dllm__cpu_linear(pool, b.a.data(), r1 - r0, d, *m.head, nullptr, c.n_vocab, logits);
+    dllm__cpu_lm_head(m, pool, b, r1 - r0, head, logits);
     if (c.scale_logits) {
         const float s = 1.0f / sqrtf((float)d);
         for (size_t i = 0; i < (size_t)(r1 - r0) * c.n_vocab; i++) logits[i] *= s;
@@ -3456,21 +3482,8 @@ struct dllm__bd_call {
 static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b,
                                    dllm__bd_kv &kv, const dllm__bd_call &call, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
-    const dllm__layer_weights &L = m.layers[layer];
-    const int T = call.T, d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    if (q8 && !q8->qkv.empty()) {
-        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q8->qkv, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q8->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
-        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q8->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
-    } else {
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, bv, kvd, b.v.data());
-    }
-    dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
-    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
+    const int T = call.T, kvd = c.n_head_kv * c.head_dim;
+    dllm__cpu_qkv(m, layer, q8, pool, b, T, cos_t, sin_t);
     dllm__cpu_llama4_scale(c, b.q.data(), T, b.pos.data());
     float *kc = kv.k.data() + layer * kv.cap * kvd, *vc = kv.v.data() + layer * kv.cap * kvd;
     const size_t row_bytes = sizeof(float) * kvd;
@@ -3492,15 +3505,14 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
     }
     dllm__cpu_attention_block_causal(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, kv.n + call.offset, call.mask_block,
                                      b.att.data());
-    if (q8 && !q8->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q8->o, 0, nullptr, d, b.tmp.data());
-    else dllm__cpu_linear(pool, b.att.data(), T, qd, *L.wo, nullptr, d, b.tmp.data());
-    for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+    dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
 /* One forward of the block-diffusion schedule over call.T rows; writes the raw logits of rows [r0, r1).
  * The caller sizes kv (kv.n + rows <= kv.cap). */
 static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv, const dllm__bd_call &call,
-                                 const float *cos_t, const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8) {
+                                 const float *cos_t, const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8,
+                                 const dllm__soloq_layer *head = nullptr) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, T = call.T, kvd = c.n_head_kv * c.head_dim;
     b.fit(c, T);
@@ -3516,13 +3528,11 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
     for (size_t l = 0; l < m.layers.size(); l++) {
         const dllm__fp8_layer *q8 = l < fp8.size() ? &fp8[l] : nullptr;
         dllm__cpu_bd_attention(m, l, q8, pool, b, kv, call, cos_t, sin_t);
-        dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[l].ffn_norm.data(), c.norm_eps, b.a.data());
-        dllm__cpu_ffn(m, m.layers[l], q8, pool, b, T);
-        for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
+        dllm__cpu_ffn_block(m, l, q8, pool, b, T);
     }
     if (call.kind == DLLM__BD_COMMIT) kv.n += T;
     dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
-    dllm__cpu_linear(pool, b.a.data(), call.r1 - call.r0, d, *m.head, nullptr, c.n_vocab, logits);
+    dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -4534,7 +4544,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
                               call.T, bd_kv_.n, bd_kv_.cap);
-        dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_);
+        dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
         return DLLM_OK;
     }
 
@@ -4589,7 +4599,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         call.ids = ids, call.T = n, call.mask_block = c.bd_mask_block;
         call.r0 = dllm__logit_row(c, r0), call.r1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(call.r1 - call.r0) * c.n_vocab);
-        dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), raw_.data(), fp8_);
+        dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), raw_.data(), fp8_, head_.get());
         for (int p = r0; p < r1; p++)
             memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab, sizeof(float) * c.n_vocab);
         return DLLM_OK;
