@@ -5214,7 +5214,7 @@ KERNEL_fill_random_bf16 {
 }
 
 /* The index of the first NaN or infinity among n bf16 values into *first (which starts at n or above: atomicMin). The
- * check of a checkpoint's weights once they are on the device (twin: dllm__first_nonfinite_bf16). */
+ * check of a checkpoint's weights once they are on the device (twin: dllm__first_nonfinite, the CPU backend's scan). */
 KERNEL_find_nonfinite_bf16 {
     pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
@@ -7788,18 +7788,9 @@ static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<co
     return DLLM_OK;
 }
 
-/* The index of the first NaN or infinity among n bf16 values, or n (twin of find_nonfinite_bf16). */
-DLLM__TEST_HOOKS_BEGIN
-DLLM__TEST_HOOK static uint64_t dllm__first_nonfinite_bf16(const uint16_t *w, uint64_t n) {
-    for (uint64_t i = 0; i < n; i++)
-        if ((w[i] & 0x7f80u) == 0x7f80u) return i;
-    return n;
-}
-DLLM__TEST_HOOKS_END
-
 /* [non-finite weights] The first NaN or infinity of the bf16 weight uploaded from `parts` (a cheap device pass: a
  * damaged checkpoint is an error that names the tensor, never a model that silently decodes garbage). Twin:
- * dllm__first_nonfinite_bf16. */
+ * dllm__first_nonfinite. */
 static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const dllm__rowwise_kernels &k,
                                       cudaStream_t stream, dllm__dbuf &scratch) {
     const u64 n = (u64)W.n * (u64)W.k;

@@ -171,7 +171,10 @@ TEST(gpu, nonfinite_weight_search_matches_twin) {
             test_put(dw, w);
             test_put(df, std::vector<uint64_t>{n});
             CHECK_STATUS(g.rw.find_nonfinite_bf16.launch({dim3(1024), dim3(256)}, 0, dw.ptr, n, df.ptr), DLLM_OK, nullptr);
-            CHECK(test_get<uint64_t>(df, 1)[0] == dllm__first_nonfinite_bf16(w.data(), n));
+            dllm__tensor host;  // the twin: the CPU backend's scan of a checkpoint tensor
+            host.dtype = DLLM__BF16, host.numel = (int64_t)n, host.data = (const uint8_t *)w.data();
+            const int64_t first = dllm__first_nonfinite(host, 0, (int64_t)n);
+            CHECK(test_get<uint64_t>(df, 1)[0] == (first < 0 ? n : (uint64_t)first));
         }
     }
 }
