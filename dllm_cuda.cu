@@ -4885,15 +4885,26 @@ typedef unsigned long long u64;
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
+/* soloq_quantize_rows's arguments: bf16 rows of x rotated by R = mixer . FWHT_b . signs . perm (a
+ * null array is the identity) and quantised in `format` (dllm__q4_format). */
+#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                    \
+    X(const void *, x) X(u64, x_stride)  /* row r at x + r * x_stride elements */                                     \
+    X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */      \
+    X(unsigned char *, codes) X(unsigned char *, block_scales) /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */ \
+    X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                          \
+    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) \
+    X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */
+
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };
 struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };
 struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };
 struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };
 struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
+struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120 && sizeof(soloq_args) == 104, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -4903,7 +4914,8 @@ static std::string dllm__src_contract() {
            DLLM__XSTR(struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };) "\n"
            DLLM__XSTR(struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };) "\n"
            DLLM__XSTR(struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };) "\n";
+           DLLM__XSTR(struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };) "\n"
+           DLLM__XSTR(struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };) "\n";
 }
 
 /* A kernel table row X(name, attributes, (parameters)) becomes, in the kernel source, the macro KERNEL_<name> that
@@ -5235,7 +5247,7 @@ DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_SIGNATURE)
  * k_pad = 128 * ceil(k / 128), scales token-contiguous: scale[g * scale_ld + row] (cuBLASLt's VEC128
  * layout for the B operand). Weights: 128x128 blocks (BLK128x128 for the A operand). Each kernel names its
  * twin (section 9); the fused kernels quantise exactly the bf16 values the BF16 path would produce. */
-static const char *dllm__src_fp8 = DLLM__SOURCE_LINE R"DLLM(
+static const char *dllm__src_e4m3 = DLLM__SOURCE_LINE R"DLLM(
 __device__ __forceinline__ float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 /* Twin: dllm__f32_to_e4m3's canonical codes: one zero (0x00), one NaN (0x7f), whatever sign the hardware gave. */
@@ -5284,7 +5296,10 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     float s = amax / 448.f;
     return s > 0.f ? s : 1.f;
 }
+)DLLM";
 
+/* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
+static const char *dllm__src_fp8 = DLLM__SOURCE_LINE R"DLLM(
 /* One 1x128 group held by 16 consecutive lanes, 8 values each; every lane of the warp must call it. Returns
  * the group's scale (fixed_scale instead when > 0) and this lane's codes. fmaxf drops NaN, as the twin's. */
 __device__ __forceinline__ float quantize_group8(const float f[8], float fixed_scale, uint2 *codes) {
@@ -5392,6 +5407,344 @@ KERNEL_quantize_weight_blocks {
             codes = e4m3x8(f, s);
         }
         *(uint2 *)(q + (u64)row * k_pad + c) = codes;
+    }
+}
+)DLLM";
+
+/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
+#define DLLM__SOLOQ_KERNELS(X) \
+    X(soloq_quantize_rows, __launch_bounds__(512), (soloq_args a)) \
+    X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
+    X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
+DLLM__SOLOQ_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+/* [SoloQ] on the device: the rotation and quantisers of section 9b, bit for bit (its header states the order of every
+ * float operation; here each one is an explicit _rn intrinsic or fmaf, so no contraction can change a bit), the
+ * dequantiser of stored weights into their BF16 integer values C, and the GEMM epilogue that applies the row scales.
+ * The format's constants come from dllm__src_soloq_tables, printed from the CPU's own tables. */
+static const char *dllm__src_soloq = DLLM__SOURCE_LINE R"DLLM(
+/* Twin: dllm__soloq_dot. Every lane of one warp calls it: lane l's fmaf chain over i = l, l + 32, ..., then the
+ * butterfly; an addition is commutative, so every lane ends with lane 0's bits, which are the twin's. */
+__device__ float soloq_dot(const float *a, const float *b, int n) {
+    float p = 0.f;
+    for (int i = threadIdx.x & 31; i < n; i += 32) p = fmaf(a[i], b[i], p);
+    for (int off = 16; off > 0; off >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, off));
+    return p;
+}
+
+/* Twin: dllm__e4m3_to_f32. */
+__device__ __forceinline__ float e4m3_value(u32 c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
+    const float v = e ? __fmul_rn((float)(8 + m), __int_as_float((e - 10 + 127) << 23)) : __fmul_rn((float)m, 0x1p-9f);
+    return c & 0x80u ? -v : v;
+}
+
+/* Twins: dllm__f32_to_e2m1 and dllm__e2m1_to_f32. */
+__device__ __forceinline__ u32 e2m1_code(float v) {
+    const float a = fabsf(v);
+    const u32 m = a <= 0.25f ? 0u : a < 0.75f ? 1u : a <= 1.25f ? 2u : a < 1.75f ? 3u : a <= 2.5f ? 4u : a < 3.5f ? 5u : a <= 5.0f ? 6u : 7u;
+    return m ? ((signbit(v) ? 8u : 0u) | m) : 0u;
+}
+__device__ __forceinline__ float e2m1_value(u32 c) {
+    const u32 m = c & 7u;
+    const float v = m < 4u ? 0.5f * (float)m : m == 7u ? 6.f : (float)(m - 2u);
+    return c & 8u ? -v : v;
+}
+
+/* Twin: dllm__e8p_decode4 (4 x the 8 coordinates of an E8P code). */
+__device__ __forceinline__ void e8p_decode4(u32 code, int out4[8]) {
+    const unsigned char *a = E8P_ABS + (code >> 8) * 8;
+    int neg = 0, sum_half = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) sum_half += a[i];
+#pragma unroll
+    for (int i = 1; i < 8; i++) neg += code >> i & 1;
+    const bool neg0 = ((sum_half / 2 - neg) & 1) != 0;
+    const int shift = code & 1 ? 1 : -1;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const bool negative = i == 0 ? neg0 : (code >> i & 1) != 0;
+        out4[i] = 2 * (negative ? -(int)a[i] : (int)a[i]) + shift;
+    }
+}
+
+/* Twin: dllm__e8p_int. */
+__device__ __forceinline__ int e8p_int(int e1_4, int e2_4) { return E8P_INT[((e1_4 + 11) / 2) * 12 + (e2_4 + 11) / 2]; }
+
+/* Twin: dllm__e8p_encode (the exact search; every thread of a warp walks the patterns in the same order, so the
+ * table reads are constant-cache broadcasts). */
+__device__ u32 e8p_encode(const float x[8]) {
+    float best = DLLM_INF;
+    u32 best_code = 0;
+    for (int s = 0; s < 2; s++) {
+        const float shift = s ? 0.25f : -0.25f;
+        float y[8], ay[8];
+        int neg_y = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[i] = __fsub_rn(x[i], shift);
+            ay[i] = fabsf(y[i]);
+            neg_y += y[i] < 0.f;
+        }
+        for (int p = 0; p < 256; p++) {
+            const unsigned char *h = E8P_ABS + p * 8;
+            float cost = 0.f, flip_cost = DLLM_INF;
+            int sum_half = 0, flip = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float a = 0.5f * (float)h[i], e = __fsub_rn(ay[i], a);
+                cost = __fadd_rn(cost, __fmul_rn(e, e));
+                const float fc = __fmul_rn(__fmul_rn(4.0f, ay[i]), a);
+                if (fc < flip_cost) flip_cost = fc, flip = i;
+                sum_half += h[i];
+            }
+            const bool violated = ((neg_y - sum_half / 2) & 1) != 0;
+            if (violated) cost = __fadd_rn(cost, flip_cost);
+            if (cost < best) {
+                best = cost;
+                u32 code = (u32)(p << 8 | s);
+#pragma unroll
+                for (int i = 1; i < 8; i++) code |= (u32)((y[i] < 0.f) != (violated && flip == i)) << i;
+                best_code = code;
+            }
+        }
+    }
+    return best_code;
+}
+
+/* C of element i of a packed row (twin: dllm__q4_value); bs: the row's NVFP4 block scales. */
+__device__ __forceinline__ float q4_value(int format, const unsigned char *packed, const unsigned char *bs, int i) {
+    if (format == Q4_E8P) {
+        const unsigned char *p = packed + (i / 8) * 4;
+        int e1[8], e2[8];
+        e8p_decode4(p[0] | p[1] << 8, e1);
+        e8p_decode4(p[2] | p[3] << 8, e2);
+        int v = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j == (i & 7)) v = e8p_int(e1[j], e2[j]);
+        return (float)v;
+    }
+    const u32 c = packed[i / 2] >> (4 * (i & 1)) & 15u;
+    const int signed4 = c & 8u ? (int)c - 16 : (int)c;
+    if (format == Q4_NVFP4) return __fmul_rn(e2m1_value(c), e4m3_value(bs[i / 16]));
+    if (format == Q4_INT4) return (float)(2 * signed4 + 1);
+    if (format == Q4_LLOYD) return (float)(c & 8u ? -LLOYD_INT[c & 7u] : LLOYD_INT[c & 7u]);
+    return (float)signed4;
+}
+
+/* The largest |v| over the block (fmaxf drops NaN, as dllm__amax's). */
+__device__ float block_amax(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float m = 0.f;
+    for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) m = fmaxf(m, red[w]);
+    return m;
+}
+
+/* y = R x for the row in A (twin: dllm__rotate): signs and permutation gathered in, block FWHTs, 1/sqrt(b), the mixer Q_k
+ * into B. Returns where the rotated row is. */
+__device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B) {
+    const int d = a.d, tid = threadIdx.x, nt = blockDim.x;
+    for (int i = tid; i < d; i += nt) {
+        const u64 src = (u64)row * a.x_stride + (u64)(a.perm ? a.perm[i] : i);
+        float v = bf16_to_f32(((const bf16_t *)a.x)[src]);
+        if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
+        A[i] = v;
+    }
+    __syncthreads();
+    const int b = a.rot_b;
+    if (b > 1) {
+        const int half = b / 2;
+        for (int h = 1; h < b; h *= 2) {
+            for (int p = tid; p < d / 2; p += nt) {
+                const int blk = p / half, q = p - blk * half, c = blk * b + (q / h) * 2 * h + q % h;
+                const float u = A[c], v = A[c + h];
+                A[c] = __fadd_rn(u, v);
+                A[c + h] = __fsub_rn(u, v);
+            }
+            __syncthreads();
+        }
+        for (int i = tid; i < d; i += nt) A[i] = __fmul_rn(A[i], a.rot_norm);
+        __syncthreads();
+    }
+    if (!a.mixer) return A;
+    const int k = a.rot_k;
+    for (int o = tid; o < d; o += nt) {
+        const int j = o / b, c = o - j * b;
+        float acc = 0.f;
+        for (int i = 0; i < k; i++) acc = fmaf(a.mixer[j * k + i], A[i * b + c], acc);
+        B[o] = acc;
+    }
+    __syncthreads();
+    return B;
+}
+
+/* Codes and C values of a nonzero row y (twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by
+ * pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+__device__ void soloq_encode(int format, const float *y, int d, float amax, float sigma, unsigned char *codes, unsigned char *bs, float *val) {
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if (format == Q4_NVFP4) {
+        const float s_enc = nvfp4_s_enc(amax);
+        for (int b0 = tid * 16; b0 < d; b0 += nt * 16) {
+            const int b1 = min(d, b0 + 16);
+            float m = 0.f;
+            for (int i = b0; i < b1; i++) m = fmaxf(m, fabsf(y[i]));
+            const u32 sb = e4m3x2(__fmul_rn(__fdiv_rn(m, 6.0f), s_enc), 0.f) & 0xffu;
+            const float scale = e4m3_value(sb), enc = sb ? __fdiv_rn(s_enc, scale) : 0.f;
+            if (bs) bs[b0 / 16] = (unsigned char)sb;
+            for (int i = b0; i < b1; i += 2) {
+                const u32 c0 = sb ? e2m1_code(__fmul_rn(y[i], enc)) : 0u, c1 = sb ? e2m1_code(__fmul_rn(y[i + 1], enc)) : 0u;
+                if (codes) codes[i / 2] = (unsigned char)(c0 | c1 << 4);
+                val[i] = __fmul_rn(e2m1_value(c0), scale);
+                val[i + 1] = __fmul_rn(e2m1_value(c1), scale);
+            }
+        }
+        return;
+    }
+    if (format == Q4_E8P) {
+        for (int g = tid * 8; g < d; g += nt * 8) {
+            float v1[8], v2[8];
+            int e1[8], e2[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v1[i] = __fmul_rn(__fdiv_rn(y[g + i], sigma), E8P_SCALE);
+            const u32 c1 = e8p_encode(v1);
+            e8p_decode4(c1, e1);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v2[i] = __fmul_rn(__fsub_rn(v1[i], __fmul_rn(0.25f, (float)e1[i])), E8P_RESID);
+            const u32 c2 = e8p_encode(v2);
+            e8p_decode4(c2, e2);
+            if (codes) *(u32 *)(codes + g / 2) = c1 | c2 << 16;
+#pragma unroll
+            for (int i = 0; i < 8; i++) val[g + i] = (float)e8p_int(e1[i], e2[i]);
+        }
+        return;
+    }
+    const float step = __fmul_rn(sigma, INT4_STEP), rtn_scale = __fdiv_rn(amax, 7.0f);
+    for (int i = tid * 2; i < d; i += nt * 2) {
+        u32 c[2];
+        for (int e = 0; e < 2; e++) {
+            const float x = y[i + e];
+            if (format == Q4_RTN) {
+                const float q = fminf(fmaxf(rintf(__fdiv_rn(x, rtn_scale)), -7.f), 7.f);
+                c[e] = (u32)(int)q & 15u;
+                val[i + e] = q;
+            } else if (format == Q4_INT4) {
+                const float q = fminf(fmaxf(floorf(__fdiv_rn(x, step)), -8.f), 7.f);
+                c[e] = (u32)(int)q & 15u;
+                val[i + e] = __fadd_rn(__fmul_rn(2.f, q), 1.f);
+            } else {
+                const float z = __fdiv_rn(x, sigma), az = fabsf(z);
+                int level = 0;
+                while (level < 7 && az >= LLOYD_T[level]) level++;
+                c[e] = (z < 0.f ? 8u : 0u) | (u32)level;
+                val[i + e] = (float)(z < 0.f ? -LLOYD_INT[level] : LLOYD_INT[level]);
+            }
+        }
+        if (codes) codes[i / 2] = (unsigned char)(c[0] | c[1] << 4);
+    }
+}
+
+/* The format's own row scale from the row's amax and RMS (the return values of the twins' encoders). */
+__device__ __forceinline__ float soloq_own_scale(int format, float amax, float sigma) {
+    if (format == Q4_NVFP4) return __fdiv_rn(1.0f, nvfp4_s_enc(amax));
+    if (format == Q4_RTN) return __fdiv_rn(amax, 7.0f);
+    if (format == Q4_INT4) return __fdiv_rn(__fmul_rn(sigma, INT4_STEP), 2.0f);
+    if (format == Q4_LLOYD) return __fdiv_rn(sigma, LLOYD_KAPPA);
+    return __fdiv_rn(sigma, E8P_ENC_SCALE);
+}
+
+/* One row per CTA: x rotated by R and, with a.quantize, quantised in a.format (twin: dllm__rotate, then
+ * dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the row scale, and the
+ * C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the rotated row itself
+ * goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. Shared memory: two fp32 rows. */
+KERNEL_soloq_quantize_rows {
+    pdl_enter();
+    extern __shared__ float soloq_row[];
+    __shared__ float red[32], sh_dot;
+    const int row = blockIdx.x, d = a.d, tid = threadIdx.x, nt = blockDim.x;
+    float *A = soloq_row, *B = soloq_row + d;
+    float *y = soloq_rotate(a, row, A, B), *val = y == A ? B : A;
+    bf16_t *values = a.values ? a.values + (u64)row * d : 0;
+    if (!a.quantize) {
+        for (int i = tid; i < d; i += nt) values[i] = f32_to_bf16(y[i]);
+        if (a.row_scale && tid == 0) a.row_scale[row] = 1.f;
+        return;
+    }
+    float m = 0.f;
+    for (int i = tid; i < d; i += nt) m = fmaxf(m, fabsf(y[i]));
+    const float amax = block_amax(m, red);
+    if (tid < 32) {
+        const float ss = soloq_dot(y, y, d);
+        if (tid == 0) sh_dot = ss;
+    }
+    __syncthreads();
+    const float ss = sh_dot, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
+    unsigned char *codes = a.codes ? a.codes + (u64)row * (d / 2) : 0;
+    unsigned char *bs = a.block_scales ? a.block_scales + (u64)row * ((d + 15) / 16) : 0;
+    float scale = 0.f;
+    if (ss == 0.f) {  // codes 0 (some decode to a nonzero C, INT4's 1) and scale 0
+        if (codes)
+            for (int i = tid; i < d / 2; i += nt) codes[i] = 0;
+        if (bs)
+            for (int i = tid; i < (d + 15) / 16; i += nt) bs[i] = 0;
+        const unsigned char zeros[4] = {0, 0, 0, 0};
+        for (int i = tid; i < d; i += nt) val[i] = q4_value(a.format, zeros, zeros, i & 7);
+    } else {
+        soloq_encode(a.format, y, d, amax, sigma, codes, bs, val);
+        scale = soloq_own_scale(a.format, amax, sigma);
+    }
+    __syncthreads();
+    if (!(ss <= 3.402823466e38f)) {
+        scale = __int_as_float(0x7fc00000);
+    } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
+        if (tid < 32) {
+            const float proj = soloq_dot(val, y, d);
+            if (tid == 0) sh_dot = proj;
+        }
+        __syncthreads();
+        if (sh_dot > 0.f) scale = __fdiv_rn(ss, sh_dot);
+    }
+    if (tid == 0 && a.row_scale) a.row_scale[row] = scale;
+    if (values)
+        for (int i = tid; i < d; i += nt) values[i] = f32_to_bf16(val[i]);
+}
+
+/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
+KERNEL_soloq_dequantize_rows {
+    pdl_enter();
+    const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (row >= rows || g >= cols) return;
+    const unsigned char *packed = codes + (u64)row * (cols / 2), *bs = block_scales ? block_scales + (u64)row * ((cols + 15) / 16) : 0;
+    float f[8];
+    if (format == Q4_E8P) {
+        int e1[8], e2[8];
+        const unsigned char *p = packed + g / 2;
+        e8p_decode4(p[0] | p[1] << 8, e1);
+        e8p_decode4(p[2] | p[3] << 8, e2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = (float)e8p_int(e1[i], e2[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = q4_value(format, packed, bs, g + i);
+    }
+    *(uint4 *)(out + (u64)row * cols + g) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+}
+
+/* The GEMM epilogue of two quantised operands (twin: dllm__soloq_scale_rows): y[i][j] = (acc[i][j] s_x[i]) s_w[j],
+ * s_x null for unquantised activations; y bf16 or fp32 with row stride ldy. */
+KERNEL_soloq_scale_rows {
+    pdl_enter();
+    const int i = blockIdx.y;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+        float v = acc[(u64)i * n + j];
+        if (s_x) v = __fmul_rn(v, s_x[i]);
+        v = __fmul_rn(v, s_w[j]);
+        if (y_f32) ((float *)y)[(u64)i * ldy + j] = v;
+        else ((bf16_t *)y)[(u64)i * ldy + j] = f32_to_bf16(v);
     }
 }
 )DLLM";
@@ -7020,8 +7373,37 @@ static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
     const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
     return {"dllm_rowwise",
             dllm__src_prelude() + DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots + dllm__src_rowwise +
-                dllm__src_fp8,
+                dllm__src_e4m3 + dllm__src_fp8,
             {DLLM__ROWWISE_KERNELS(DLLM__KERNEL_NAME) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
+/* [SoloQ] The formats' constants as kernel source, printed from the CPU's tables (section 9b) so that both sides hold
+ * the same numbers: the format numbers, the INT4 step, the Lloyd-Max thresholds and INT8 levels, the E8P constants and
+ * its 256 abs patterns and 12 x 12 W_int table (constant memory: the encoder walks them in lockstep). */
+static std::string dllm__src_soloq_tables() {
+    std::string s = dllm__format("enum { Q4_NVFP4 = %d, Q4_INT4 = %d, Q4_LLOYD = %d, Q4_E8P = %d, Q4_RTN = %d };\n", DLLM__Q4_NVFP4, DLLM__Q4_INT4,
+                                 DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN);
+    s += dllm__format("#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
+                      dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
+    s += "__constant__ float LLOYD_T[7] = {";
+    for (float t : dllm__lloyd4_thresholds) s += dllm__format("%af, ", t);
+    s += "};\n__constant__ int LLOYD_INT[8] = {";
+    for (int v : dllm__lloyd4_int) s += dllm__format("%d, ", v);
+    s += "};\n__constant__ unsigned char E8P_ABS[2048] = {";
+    for (int i = 0; i < 2048; i++) s += dllm__format("%d,", dllm__e8p_abs(i / 8)[i % 8]);
+    s += "};\n__constant__ signed char E8P_INT[144] = {";
+    for (int i = 0; i < 144; i++) s += dllm__format("%d,", dllm__e8p_int(2 * (i / 12) - 11, 2 * (i % 12) - 11));
+    s += "};\n";
+    // twin: dllm__nvfp4_s_enc
+    s += "__device__ __forceinline__ float nvfp4_s_enc(float amax) {\n"
+         "    const float s = fminf(__fdiv_rn(2688.0f, amax), 3.402823466e38f);\n"
+         "    return amax > 0.f && s > 0.f ? s : 1.0f;\n}\n";
+    return s;
+}
+
+static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
+    return {"dllm_soloq", dllm__src_prelude() + DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_soloq_tables() + dllm__src_e4m3 + dllm__src_soloq,
+            {DLLM__SOLOQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
 /* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
@@ -7679,11 +8061,16 @@ enum dllm__wformat {
     DLLM__W_BF16 = 0,        // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
     DLLM__W_E4M3_BLOCK = 1,  // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                              // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
+    DLLM__W_Q4 = 2,          // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
+                             // scales [n][ceil(k / 16)]), an fp32 row scale each: dequantised to their BF16 values C, then
+                             // cuBLASLt with an fp32 epilogue applying the row and token scales
 };
 enum dllm__aformat {
     DLLM__A_BF16 = 0,        // bf16 rows [M x k]
     DLLM__A_E4M3_1X128 = 1,  // E4M3 rows [M_pad x k_pad] (M_pad = 16 * ceil(M / 16)), an fp32 scale per 1x128 group at
                              // scale[kb * M_pad + m] (VEC128): written by the producers (add_rmsnorm_e4m3, swiglu_e4m3)
+    DLLM__A_Q4 = 2,          // [SoloQ] bf16 rows [M x k] rotated by the weight's R and quantised per token: their C values and
+                             // an fp32 scale per row (-w4a16: the rotated rows, no scale); the GEMM entry point makes them
 };
 struct dllm__wformat_desc {
     const char *name;
@@ -7693,6 +8080,20 @@ struct dllm__wformat_desc {
 static const dllm__wformat_desc dllm__wformats[] = {
     {"BF16", 16.0, DLLM__A_BF16},
     {"E4M3 with 128x128 block scales", 8.0 + 32.0 / (128 * 128), DLLM__A_E4M3_1X128},
+    {"SoloQ 4-bit rows", 4.0, DLLM__A_Q4},  // + 32 / k for the row scale, + 0.5 for NVFP4's block scales
+};
+
+/* [SoloQ] What a DLLM__W_Q4 weight's GEMM needs beside its codes and row scales: the format, the rotation of its input
+ * (on the device: dllm__rotation's arrays), and how its activations are quantised. */
+struct dllm__rotation_dev {
+    dllm__dbuf perm, signs, mixer;  // empty: identity
+    int b = 1, k = 1;
+    float norm = 1.0f;  // 1 / sqrt(b) rounded to fp32, as dllm__fwht_blocks
+};
+struct dllm__q4_site {
+    dllm__q4_format format = DLLM__Q4_INT4;
+    dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3
+    std::shared_ptr<const dllm__rotation_dev> rot;
 };
 
 /* A weight as a GEMM reads it (the tied LM head is a view of the embedding table). */
@@ -7701,6 +8102,7 @@ struct dllm__weight_view {
     int n, k;
     const void *data;    // the codes, in the format's layout
     const float *scale;  // the format's scales, or null
+    const dllm__q4_site *q4 = nullptr;  // DLLM__W_Q4 only
 };
 
 /* One linear layer's weight, owned. */
@@ -7708,7 +8110,8 @@ struct dllm__linear {
     dllm__wformat format = DLLM__W_BF16;
     int n = 0, k = 0;
     dllm__dbuf data, scale;
-    dllm__weight_view view() const { return {format, n, k, data.ptr, scale.as<float>()}; }
+    std::unique_ptr<dllm__q4_site> q4;  // DLLM__W_Q4 only
+    dllm__weight_view view() const { return {format, n, k, data.ptr, scale.as<float>(), q4.get()}; }
 };
 
 /* What a GEMM's rows must satisfy. TUNED may take the fastest algorithm for its row count. INDEPENDENT gives every row
@@ -7732,6 +8135,7 @@ struct dllm__gpu_layer {
 struct dllm__gpu_weights {
     int device = 0;
     bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
+    dllm__soloq_options soloq;               // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
     std::vector<dllm__gpu_layer> layers;
     dllm__dbuf embed;                        // bf16 [vocab x d]: the embedding table
     dllm__linear head;                       // the LM head; empty when tied to the embedding table
@@ -7750,7 +8154,11 @@ struct dllm__rowwise_kernels {
 };
 struct dllm__sampler_kernels {
     DLLM__SAMPLER_KERNELS(DLLM__KERNEL_MEMBER)
+};
+struct dllm__soloq_kernels {
+    DLLM__SOLOQ_KERNELS(DLLM__KERNEL_MEMBER)
 #undef DLLM__KERNEL_MEMBER
+    int max_d = 0;  // the widest row soloq_quantize_rows takes here (two fp32 rows of shared memory)
 };
 
 /* Fills a typed kernel set from a loaded module, by the table's names. */
@@ -7760,6 +8168,14 @@ static void dllm__bind(dllm__rowwise_kernels &set, dllm__module &mod) {
     DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_BIND)
 }
 static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SAMPLER_KERNELS(DLLM__KERNEL_BIND) }
+/* SoloQ's kernels, and the widest row soloq_quantize_rows takes with `smem_optin` bytes of shared memory a block. */
+static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin) {
+    DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
+    const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    set.max_d = dynamic / 8;
+    return DLLM_OK;
+}
 #undef DLLM__KERNEL_BIND
 
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
@@ -7903,6 +8319,79 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
     return DLLM_OK;
 }
 
+/* [SoloQ] A rotation's arrays on the device. */
+static dllm_status dllm__rotation_upload(const dllm__rotation &r, dllm__rotation_dev &out) {
+    out.b = r.b, out.k = r.k;
+    out.norm = r.b > 1 ? (float)(1.0 / sqrt((double)r.b)) : 1.0f;
+    auto put = [](dllm__dbuf &dst, const void *src, size_t bytes) -> dllm_status {
+        if (!bytes) return DLLM_OK;
+        DLLM__TRY(dst.fit(bytes, "SoloQ rotations"));
+        DLLM__CUDA(cudaMemcpy(dst.ptr, src, bytes, cudaMemcpyHostToDevice));
+        return DLLM_OK;
+    };
+    DLLM__TRY(put(out.perm, r.perm.data(), r.perm.size() * 4));
+    DLLM__TRY(put(out.signs, r.sign_bits.data(), r.sign_bits.size()));
+    return put(out.mixer, r.mixer.data(), r.mixer.size() * 4);
+}
+
+/* [SoloQ] soloq_quantize_rows over `rows` rows of x (d wide, x_stride apart): rotated by rot and, with quantize, quantised
+ * in format f into whichever of codes, block_scales, row_scale and values are given. */
+static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
+                                             bool bias_correction, const void *x, u64 x_stride, int rows, int d, void *codes,
+                                             void *block_scales, void *row_scale, void *values, cudaStream_t stream) {
+    if (d > k.max_d) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d elements, this model needs %d", k.max_d, d);
+    soloq_args a = {};
+    a.x = x, a.x_stride = x_stride, a.rows = rows, a.d = d;
+    a.perm = rot.perm.as<int>(), a.signs = (const unsigned char *)rot.signs.ptr, a.mixer = rot.mixer.as<float>();
+    a.rot_b = rot.b, a.rot_k = rot.k, a.rot_norm = rot.norm;
+    a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales, a.row_scale = (float *)row_scale, a.values = (bf16_t *)values;
+    a.format = (int)f, a.quantize = quantize, a.bias_correction = bias_correction;
+    return k.soloq_quantize_rows.launch({dim3((unsigned)rows), dim3(d >= 2048 ? 512 : 256), (size_t)d * 8}, stream, a);
+}
+
+/* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
+ * bf16 copy is released. */
+static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site, const dllm__soloq_kernels &k,
+                                            cudaStream_t stream) {
+    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
+    DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+    std::unique_ptr<dllm__q4_site> q(new dllm__q4_site);
+    q->format = o.weights;
+    q->rot = rot;
+    dllm__dbuf codes, scale;
+    DLLM__TRY(codes.fit((size_t)W.n * W.k / 2, "SoloQ weights"));
+    DLLM__TRY(scale.fit((size_t)W.n * 4, "SoloQ weights"));
+    if (o.weights == DLLM__Q4_NVFP4) DLLM__TRY(q->block_scales.fit((size_t)W.n * ((W.k + 15) / 16), "SoloQ weights"));
+    DLLM__TRY(dllm__soloq_quantize_rows(k, *rot, o.weights, true, o.bias_correction, W.data.ptr, (u64)W.k, W.n, W.k, codes.ptr,
+                                        q->block_scales.ptr, scale.ptr, nullptr, stream));
+    DLLM__CUDA(cudaStreamSynchronize(stream));
+    W.data = std::move(codes);
+    W.scale = std::move(scale);
+    W.format = DLLM__W_Q4;
+    W.q4 = std::move(q);
+    return DLLM_OK;
+}
+
+/* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
+ * if asked, the LM head (a tied one from a copy of the embedding table). */
+static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w, const dllm__soloq_kernels &k, cudaStream_t stream) {
+    for (size_t l = 0; l < w.layers.size(); l++) {
+        dllm__gpu_layer &G = w.layers[l];
+        DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+    }
+    if (!w.soloq.quantize_head) return DLLM_OK;
+    const dllm__config &c = m.cfg;
+    if (!w.head.data.ptr) {  // tied: the head gets its own (quantised) copy, the embedding gather keeps the table
+        w.head.format = DLLM__W_BF16, w.head.n = c.n_vocab, w.head.k = c.n_embd;
+        DLLM__TRY(w.head.data.fit((size_t)c.n_vocab * c.n_embd * 2, "the LM head"));
+        DLLM__CUDA(cudaMemcpyAsync(w.head.data.ptr, w.embed.ptr, w.head.data.bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    return dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream);
+}
+
 /* The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
 static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream) {
     for (size_t l = 1; l < w.layers.size(); l++) {
@@ -7919,12 +8408,17 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     return DLLM_OK;
 }
 
-static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k, dllm__gpu_weights &w) {
+static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k, const dllm__soloq_kernels *q, dllm__gpu_weights &w) {
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
+    const double t0 = dllm__now_ms();
     dllm_status s = m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
     if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream);
+    if (s == DLLM_OK && w.soloq.enabled) {
+        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, stream) : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
+        if (s == DLLM_OK) dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
+    }
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
     return s;
@@ -7933,20 +8427,27 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
 /* The model's weights on the current device in the given formats: the copy another context already made, or a new one
  * that the model then shares. The model's lock is held while a copy is built, so two contexts created at once on one
  * model build it once. */
-static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn, const dllm__rowwise_kernels &k,
-                                         std::shared_ptr<dllm__gpu_weights> &out) {
+/* Whether two SoloQ option sets quantise weights alike (the activation options do not touch the weights). */
+static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__soloq_options &b) {
+    if (!a.enabled || !b.enabled) return a.enabled == b.enabled;
+    return a.weights == b.weights && a.rotation == b.rotation && a.bias_correction == b.bias_correction && a.quantize_head == b.quantize_head &&
+           a.seed == b.seed;
+}
+
+static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn, const dllm__soloq_options &soloq,
+                                         const dllm__rowwise_kernels &k, const dllm__soloq_kernels *q, std::shared_ptr<dllm__gpu_weights> &out) {
     std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
     auto &cache = m.gpu_weights;
     cache.erase(std::remove_if(cache.begin(), cache.end(), [](const std::weak_ptr<dllm__gpu_weights> &w) { return w.expired(); }), cache.end());
     for (const std::weak_ptr<dllm__gpu_weights> &held : cache)
         if (std::shared_ptr<dllm__gpu_weights> w = held.lock())
-            if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn) {
+            if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn && dllm__same_soloq_weights(w->soloq, soloq)) {
                 out = w;
                 return DLLM_OK;
             }
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
-    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn;
-    DLLM__TRY(dllm__gpu_weights_build(m, k, *w));
+    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq;
+    DLLM__TRY(dllm__gpu_weights_build(m, k, q, *w));
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device, w->bytes / 1e9,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
@@ -7958,6 +8459,9 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
 // ---------------------------------------------------------------------------------------------------
 // 16.3 [activations] [forward plan]
 // ---------------------------------------------------------------------------------------------------
+
+/* [SoloQ] Weight rows a DLLM__W_Q4 GEMM dequantises at a time (a multiple of 64, about 32M elements: 64 MB of bf16). */
+static int dllm__q4_chunk_rows(int n, int k) { return std::min(n, std::max(64, (32 << 20) / k / 64 * 64)); }
 
 /* A context's activation buffers. Shapes: M = rows forwarded (sequences x rows), M_pad = 16 ceil(M / 16) (an FP8 GEMM
  * writes whole 16-row tiles), d = n_embd, qkv = (n_head + 2 n_kv) head_dim, q = n_head head_dim, ff = n_ff, L = rows
@@ -7988,12 +8492,14 @@ struct dllm__activations {
     dllm__dbuf attn_partial; // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv;      // [dual cache] [prefix cache] per layer the fused rotated Q/K/V rows [sequences][S]
     dllm__dbuf act8, act8_scale;     // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
+    dllm__dbuf q4a, q4a_scale;       // [SoloQ] one GEMM input: bf16 C values [M][k], fp32 token scales [M]
+    dllm__dbuf q4w, q4acc;           // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
         std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
                                        conf.ptr, deferred.ptr, cutoff.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
-                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr};
+                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr, q4a.ptr, q4a_scale.ptr, q4w.ptr, q4acc.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -8046,6 +8552,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
+        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
         DLLM__TRY(g->init(p.device));
         out = std::move(g);
         return DLLM_OK;
@@ -8107,6 +8614,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the forward and its stages (16.4.1)
     dllm_status forward(const dllm__forward_plan &plan, const int *ids_dev);
     dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out = CUDA_R_16BF);
+    dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     dllm__rows lacache_rows() const { return kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
     dllm__rows layer_rows(size_t l) const { return last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
@@ -8156,6 +8664,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
     dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
+    dllm__soloq_options soloq_;                    // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
+    std::shared_ptr<dllm__module> soloq_module_;   // loaded when soloq_.enabled
+    dllm__soloq_kernels Q_;
 
     // activations and the generation's state
     dllm__activations act_;
@@ -8231,14 +8742,18 @@ dllm_status dllm__gpu_backend::init(int device) {
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
-    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, K_, w));
+    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr, w));
     W_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
-              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc, fp8_attn ? "FP8 FFN and attention projections in layers >= 1" : fp8_ffn ? "FP8 FFN in layers >= 1" : "BF16");
+              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
+              soloq_.enabled ? dllm__precision_name(precision_)
+              : fp8_attn   ? "FP8 FFN and attention projections in layers >= 1"
+              : fp8_ffn    ? "FP8 FFN in layers >= 1"
+                           : "BF16");
     return DLLM_OK;
 }
 
@@ -8246,21 +8761,24 @@ dllm_status dllm__gpu_backend::init(int device) {
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
  * with a warning. */
 dllm_status dllm__gpu_backend::load_kernels() {
-    dllm__jit_request rq[4] = {dllm__module_rowwise(arch_), dllm__module_sampler(arch_), dllm__module_attention(arch_, m_.cfg.head_dim),
-                               dllm__module_gemm_wg(arch_)};
-    std::shared_ptr<dllm__module> gemm_module, *dst[4] = {&rowwise_module_, &sampler_module_, &attn_module_, &gemm_module};
-    const int n = arch_.gemm_wg_stages ? 4 : 3;
-    dllm_status st[4];
-    std::string err[4];
+    std::shared_ptr<dllm__module> gemm_module;
+    std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
+        {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
+        {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
+    if (soloq_.enabled) jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
+    const size_t required = jobs.size();  // gemm_wg's module is optional
+    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_), &gemm_module});
+    std::vector<dllm_status> st(jobs.size(), DLLM_OK);
+    std::vector<std::string> err(jobs.size());
     std::vector<std::thread> workers;
-    for (int i = 0; i < n; i++)
+    for (size_t i = 0; i < jobs.size(); i++)
         workers.emplace_back([&, i] {
             cudaSetDevice(device_);
-            st[i] = dllm__jit_load(rq[i], *dst[i]);
+            st[i] = dllm__jit_load(jobs[i].first, *jobs[i].second);
             if (st[i] != DLLM_OK) err[i] = dllm__tls_error;
         });
     for (std::thread &t : workers) t.join();
-    for (int i = 0; i < 3; i++)
+    for (size_t i = 0; i < required; i++)
         if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
     dllm__bind(K_, *rowwise_module_);
     dllm__bind(S_, *sampler_module_);
@@ -8273,13 +8791,14 @@ dllm_status dllm__gpu_backend::load_kernels() {
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    if (soloq_.enabled) DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin));
     return DLLM_OK;
 }
 
 /* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
-    if (precision_ == DLLM_PRECISION_BF16) return DLLM_OK;
+    if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
     dllm__fp8_gemm mode;
     DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
     if (mode == DLLM__FP8_NONE) {
@@ -8346,6 +8865,19 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
             if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
         }
     }
+    if (W_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
+        const size_t k_max = std::max(std::max(d, ff), q);
+        size_t chunk_elems = 0, chunk_rows = 0;
+        const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
+        for (const auto &nk : shapes) {
+            const size_t rows_at_once = (size_t)dllm__q4_chunk_rows((int)nk.first, (int)nk.second);
+            chunk_elems = std::max(chunk_elems, rows_at_once * nk.second), chunk_rows = std::max(chunk_rows, rows_at_once);
+        }
+        DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
+        DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
+        DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
+        DLLM__TRY(A.q4acc.fit(M * chunk_rows * 4, "SoloQ GEMM output"));
+    }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
     if (pinned > host_pinned_bytes_) {
         if (host_pinned_) cudaFreeHost(host_pinned_);
@@ -8378,8 +8910,35 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
                 return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
             return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
         }
+        case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows, out);
     }
     return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
+}
+
+/* [SoloQ] y = x W^T for a DLLM__W_Q4 weight, the straightforward way: x's rows rotated by the weight's R and quantised per
+ * token into act_.q4a (their C values, exact in bf16) and act_.q4a_scale; then per chunk of weight rows their C values
+ * dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and the epilogue (acc s_x) s_w into y. Every stage works
+ * row by row, so with `rows` INDEPENDENT (the GEMM pinned) a row's result never depends on the others. */
+dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
+    const dllm__q4_site &q = *W.q4;
+    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
+    DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
+                                        act_.q4a_scale.ptr, act_.q4a.ptr, stream_));
+    const int chunk = dllm__q4_chunk_rows(W.n, W.k), scale_bytes = (W.k + 15) / 16;
+    const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
+    for (int n0 = 0; n0 < W.n; n0 += chunk) {
+        const int nc = std::min(chunk, W.n - n0);
+        const unsigned char *codes = (const unsigned char *)W.data + (size_t)n0 * (W.k / 2);
+        const unsigned char *bs = q.block_scales.ptr ? (const unsigned char *)q.block_scales.ptr + (size_t)n0 * scale_bytes : nullptr;
+        DLLM__TRY(Q_.soloq_dequantize_rows.launch({dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream_, codes, bs, (int)q.format, nc,
+                                                  W.k, act_.q4w.ptr));
+        const dllm__gemm_op op{act_.q4a.ptr, act_.q4w.ptr, act_.q4acc.ptr, M, nc, W.k, CUDA_R_32F, nullptr, nullptr};
+        DLLM__TRY(pinned ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_));
+        DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_, act_.q4acc.ptr, M, nc,
+                                             quantize ? act_.q4a_scale.ptr : nullptr, W.scale + n0, (char *)y + (size_t)n0 * out_bytes,
+                                             out == CUDA_R_32F ? 1 : 0, (u64)W.n));
+    }
+    return DLLM_OK;
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
@@ -9503,9 +10062,6 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
-    const char *precision = dllm__precision_name(ctx.params.precision);
-    if (soloq.enabled && ctx.params.backend == DLLM_BACKEND_GPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "precision %s is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)", precision);
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     const bool block_diffusion = dllm__is_block_diffusion(ctx.model->cfg);
@@ -9515,8 +10071,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     bool gpu = !block_diffusion && dllm__gpu_usable(ctx.params.device, why);  // AUTO picks the CPU for block diffusion
     if (block_diffusion) why = "block diffusion runs on the CPU backend";
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-    if (gpu && soloq.enabled) dllm__log(DLLM_LOG_INFO, "precision %s is not yet on the GPU backend: the CPU reference backend runs it", precision);
-    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !soloq.enabled) {
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }

@@ -10,7 +10,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
     for (const dllm__arch &row : dllm__arch_table) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
-                                              dllm__module_attention(a, 128)};
+                                              dllm__module_attention(a, 128), dllm__module_soloq(a)};
         if (a.gemm_wg_stages) rqs.push_back(dllm__module_gemm_wg(a));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
             for (int stages : {2, 3}) {

@@ -414,18 +414,16 @@ TEST(soloq, rotated_linear_computes_w_x) {
 
 // ---- the precisions through the API -------------------------------------------------------------------------------
 
-TEST(soloq, precisions_are_validated_and_refused_on_the_gpu) {
+TEST(soloq, precisions_are_validated) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     if (!m) { CHECK(m != nullptr); return; }
     CHECK(dllm_ctx_default_params().quantize_lm_head == 0);
     dllm_ctx_params p = dllm_ctx_default_params();
     dllm_ctx *ctx = nullptr;
     p.precision = DLLM_PRECISION_SOLOQ_N;
-    p.backend = DLLM_BACKEND_GPU;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_UNSUPPORTED, "not yet on the GPU backend: use --backend cpu");
-    p.backend = DLLM_BACKEND_AUTO;  // AUTO takes the CPU for SoloQ, with or without a GPU
+    p.backend = DLLM_BACKEND_AUTO;  // AUTO takes the GPU where there is one, as for every precision
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
-    CHECK(ctx && dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);
+    CHECK(ctx && dllm_ctx_get_backend(ctx) == (test_have_gpu() ? DLLM_BACKEND_GPU : DLLM_BACKEND_CPU));
     dllm_ctx_free(ctx);
     ctx = nullptr;
     p.backend = DLLM_BACKEND_CPU;

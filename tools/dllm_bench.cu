@@ -709,6 +709,33 @@ int main(int argc, char **argv) {
         }
     }
 
+    // [SoloQ] the 4-bit precisions on the same random weights, quantised on the device at creation: time to quantise,
+    // device memory, the dual-cache block step, the N=1024 forward and W1 with the dual cache (issue 24 makes them fast;
+    // today the GEMMs dequantise their weight rows to BF16 first)
+    dllm_ctx_free(ctx);
+    ctx = nullptr;
+    for (dllm_precision prec : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C}) {
+        const char *pn = dllm__precision_name(prec);
+        cp.precision = prec;
+        dllm_ctx *cq = nullptr;
+        const int64_t before = dllm__device_bytes;
+        t0 = dllm__now_ms();
+        BENCH_CHECK(dllm_ctx_create(model, cp, &cq));
+        r.set(dllm__format("%s_ctx_create_s", pn), (dllm__now_ms() - t0) / 1000);
+        r.set(dllm__format("%s_weights_GB", pn), (dllm__device_bytes - before) / 1e9);
+        dllm__gpu_backend *gq = (dllm__gpu_backend *)cq->impl.get();
+        bench_result stages;
+        r.set(dllm__format("%s_dual_block32_N1024_step_ms", pn), bench_dual_block_step(stages, gq, c, 1024, 32));
+        r.set(dllm__format("%s_fwd_full_N1024_ms", pn), bench_forward_ms(gq, 1024));
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = gen, gp.steps = gen, gp.block_length = block, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+        bench_warm(cq, prompt, gp, out);
+        dllm_gen_stats st;
+        BENCH_CHECK(dllm_generate(cq, prompt.data(), np, gp, out.data(), gen, nullptr, &st));
+        r.set(dllm__format("W1_%s_dual_s", pn), st.wall_ms / 1000);
+        dllm_ctx_free(cq);
+    }
+
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
     printf("\n| workload | dllm | torch eager | ratio | torch graphs | ratio |\n|---|---|---|---|---|---|\n");
     auto row = [&](const char *name, double ours, const char *eager_key, const char *graph_key) {
@@ -742,6 +769,14 @@ int main(int argc, char **argv) {
         printf("| 8192^3 (ceiling, same run) | %.0f | %.0f |\n", r.v["bf16_gemm_8192_TFLOPs"], r.v["fp8_gemm_8192_TFLOPs"]);
         printf("| LLaDA gate+up (N 24576, K 4096) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_gate_up_M1024_TFLOPs"], r.v["fp8_gemm_ffn_gate_up_M1024_TFLOPs"]);
         printf("| LLaDA down (N 4096, K 12288) | %.0f | %.0f |\n", r.v["bf16_gemm_ffn_down_M1024_TFLOPs"], r.v["fp8_gemm_ffn_down_M1024_TFLOPs"]);
+    }
+    printf("\n| SoloQ (LLaDA-8B shape) | quantise s | weights GB | dual step ms | x BF16 | fwd N=1024 ms | x BF16 | W1 dual s |\n|---|---|---|---|---|---|---|---|\n");
+    for (const char *pn : {"soloq-n", "soloq-i", "soloq-c"}) {
+        const std::string k = pn;
+        if (!r.v.count(k + "_fwd_full_N1024_ms")) continue;
+        const double step = r.v[k + "_dual_block32_N1024_step_ms"], fwd = r.v[k + "_fwd_full_N1024_ms"];
+        printf("| %s | %.1f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f |\n", pn, r.v[k + "_ctx_create_s"], r.v[k + "_weights_GB"], step,
+               step / r.v["dual_block32_N1024_step_ms"], fwd, fwd / r.v["fwd_full_N1024_ms"], r.v["W1_" + k + "_dual_s"]);
     }
     if (r.v.count("fp8_mma_gemm_ffn_down_M32_TFLOPs")) {  // DLLM_FP8_GEMM=mma on sm_90, or sm_89
         printf("\n| FP8 GEMM TFLOP/s | dllm fp8_gemm (mma.sync) | cuBLASLt block-scaled |\n|---|---|---|\n");
