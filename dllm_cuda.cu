@@ -8460,8 +8460,8 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
 // 16.3 [activations] [forward plan]
 // ---------------------------------------------------------------------------------------------------
 
-/* [SoloQ] Weight rows a DLLM__W_Q4 GEMM dequantises at a time (a multiple of 64, about 32M elements: 64 MB of bf16). */
-static int dllm__q4_chunk_rows(int n, int k) { return std::min(n, std::max(64, (32 << 20) / k / 64 * 64)); }
+/* [SoloQ] Weight rows a DLLM__W_Q4 GEMM dequantises at a time (a multiple of 64, about 16M elements: 32 MB of bf16). */
+static int dllm__q4_chunk_rows(int n, int k) { return std::min(n, std::max(64, (16 << 20) / k / 64 * 64)); }
 
 /* A context's activation buffers. Shapes: M = rows forwarded (sequences x rows), M_pad = 16 ceil(M / 16) (an FP8 GEMM
  * writes whole 16-row tiles), d = n_embd, qkv = (n_head + 2 n_kv) head_dim, q = n_head head_dim, ff = n_ff, L = rows

