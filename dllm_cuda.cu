@@ -4892,8 +4892,11 @@ typedef unsigned long long u64;
     X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */      \
     X(unsigned char *, codes) X(unsigned char *, block_scales) /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */ \
     X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                          \
-    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) \
-    X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */
+    X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta) X(const float *, norm_w) /* producer 1's operands */ \
+    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)        \
+    X(int, producer)     /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
+    X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */                                                  \
+    X(float, eps)        /* producer 1's RMSNorm epsilon */
 
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };
@@ -4904,7 +4907,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120 && sizeof(soloq_args) == 104, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120 && sizeof(soloq_args) == 144, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -5019,8 +5022,9 @@ __device__ __forceinline__ void pdl_enter() {
     X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first))
 DLLM__ROWWISE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
-/* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
-static const char *dllm__src_rowwise = DLLM__SOURCE_LINE R"DLLM(
+/* What the row-wise module's kernels and SoloQ's fused producers share: 16-byte row accesses, the residual add + RMS
+ * of a row, SwiGLU's product. Needs NORM_SLOTS. */
+static const char *dllm__src_rows_common = DLLM__SOURCE_LINE R"DLLM(
 /* 8 bf16 <-> 8 floats: the 16-byte accesses of the row-wise kernels (sizes are multiples of 8). */
 __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
     u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -5039,19 +5043,6 @@ __device__ __forceinline__ void load8(const float *p, float f[8]) {
 __device__ __forceinline__ void store8(float *p, const float f[8]) {
     *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
     *(float4 *)(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
-}
-
-/* Twin: dllm__tensor_row on the embedding table. h[row] = embed[ids[row]] in fp32. */
-KERNEL_embed_gather {
-    pdl_enter();
-    int row = blockIdx.x;
-    if (row >= n_rows) return;
-    const bf16_t *src = table + (u64)ids[row] * d;
-    float *dst = h + (u64)row * d, f[8];
-    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
-        unpack8(*(const uint4 *)(src + k), f);
-        store8(dst + k, f);
-    }
 }
 
 /* Row-wise norms keep a row in registers between the sum of squares and the scaling: chunk slot j of a thread is
@@ -5098,6 +5089,32 @@ __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, c
     }
     __syncthreads();
     return rsqrtf(part[0] / (float)d + eps);
+}
+
+/* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
+ * FP8 path quantises exactly the values the BF16 path computes. */
+__device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, float g[8]) {
+    float u[8];
+    unpack8(*(const uint4 *)(gu_row + col), g);
+    unpack8(*(const uint4 *)(gu_row + f + col), u);
+    for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+}
+
+)DLLM";
+
+/* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
+static const char *dllm__src_rowwise = DLLM__SOURCE_LINE R"DLLM(
+/* Twin: dllm__tensor_row on the embedding table. h[row] = embed[ids[row]] in fp32. */
+KERNEL_embed_gather {
+    pdl_enter();
+    int row = blockIdx.x;
+    if (row >= n_rows) return;
+    const bf16_t *src = table + (u64)ids[row] * d;
+    float *dst = h + (u64)row * d, f[8];
+    for (int k = threadIdx.x * 8; k < d; k += blockDim.x * 8) {
+        unpack8(*(const uint4 *)(src + k), f);
+        store8(dst + k, f);
+    }
 }
 
 /* Twin: dllm__cpu_rmsnorm after the residual add. For each batch b and row i < n_rows, with the source
@@ -5154,15 +5171,6 @@ KERNEL_rope_qkv {
         *(uint2 *)(x + j) = make_uint2(pack_bf16x2(x1[0], x1[1]), pack_bf16x2(x1[2], x1[3]));
         *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
     }
-}
-
-/* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
- * FP8 path quantises exactly the values the BF16 path computes. */
-__device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, float g[8]) {
-    float u[8];
-    unpack8(*(const uint4 *)(gu_row + col), g);
-    unpack8(*(const uint4 *)(gu_row + f + col), u);
-    for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 
 /* Twin: the CPU's silu(gate) * up. gu rows are [gate (f) | up (f)]; out rows are f wide. Grid dllm__rows_grid: x over
@@ -5413,7 +5421,8 @@ KERNEL_quantize_weight_blocks {
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X) \
-    X(soloq_quantize_rows, __launch_bounds__(512), (soloq_args a)) \
+    X(soloq_quantize_rows, __launch_bounds__(512, 1), (soloq_args a)) \
+    X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
     X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
 DLLM__SOLOQ_KERNELS(DLLM__KERNEL_SIGNATURE)
@@ -5545,13 +5554,36 @@ __device__ float block_amax(float v, float *red) {
     return m;
 }
 
-/* y = R x for the row in A (twin: dllm__rotate): signs and permutation gathered in, block FWHTs, 1/sqrt(b), the mixer Q_k
- * into B. Returns where the rotated row is. */
+/* Element i of the row a GEMM would read before the rotation: the bf16 row of x, add_rmsnorm's output (already in
+ * `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
+__device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int i, const float *normed) {
+    if (a.producer == 1) return normed[i];
+    const bf16_t *x = (const bf16_t *)a.x + (u64)row * a.x_stride;
+    if (a.producer == 0) return bf16_to_f32(x[i]);
+    const float g = bf16_to_f32(x[i]), u = bf16_to_f32(x[a.d + i]);
+    return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
+}
+
+/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms; blockDim = dllm__norm_threads). */
+__device__ void soloq_norm_row(const soloq_args &a, int row, float *normed) {
+    float v[NORM_SLOTS][8], g[8];
+    const float r = residual_rms(a.h_in, a.h_out, a.delta, (u64)row, a.d, a.eps, v);
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= a.d) continue;
+        load8(a.norm_w + k, g);
+        for (int e = 0; e < 8; e++) normed[k + e] = bf16_to_f32(f32_to_bf16((v[j][e] * r) * g[e]));
+    }
+    __syncthreads();
+}
+
+/* y = R x for the source row (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
+ * mixer Q_k into B. B may hold the source row on entry (producer 1). Returns where the rotated row is. */
 __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B) {
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x;
     for (int i = tid; i < d; i += nt) {
-        const u64 src = (u64)row * a.x_stride + (u64)(a.perm ? a.perm[i] : i);
-        float v = bf16_to_f32(((const bf16_t *)a.x)[src]);
+        float v = soloq_source(a, row, a.perm ? a.perm[i] : i, B);
         if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
         A[i] = v;
     }
@@ -5585,6 +5617,7 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B)
 
 /* Codes and C values of a nonzero row y (twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by
  * pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+template <bool E8P>
 __device__ void soloq_encode(int format, const float *y, int d, float amax, float sigma, unsigned char *codes, unsigned char *bs, float *val) {
     const int tid = threadIdx.x, nt = blockDim.x;
     if (format == Q4_NVFP4) {
@@ -5605,7 +5638,7 @@ __device__ void soloq_encode(int format, const float *y, int d, float amax, floa
         }
         return;
     }
-    if (format == Q4_E8P) {
+    if (E8P && format == Q4_E8P) {
         for (int g = tid * 8; g < d; g += nt * 8) {
             float v1[8], v2[8];
             int e1[8], e2[8];
@@ -5657,16 +5690,14 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
     return __fdiv_rn(sigma, E8P_ENC_SCALE);
 }
 
-/* One row per CTA: x rotated by R and, with a.quantize, quantised in a.format (twin: dllm__rotate, then
+/* One row: its source rotated by R and, with a.quantize, quantised in a.format (twin: dllm__rotate, then
  * dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the row scale, and the
  * C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the rotated row itself
- * goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. Shared memory: two fp32 rows. */
-KERNEL_soloq_quantize_rows {
-    pdl_enter();
-    extern __shared__ float soloq_row[];
+ * goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of shared memory. */
+template <bool E8P>
+__device__ void soloq_row(const soloq_args &a, int row, float *A, float *B) {
     __shared__ float red[32], sh_dot;
-    const int row = blockIdx.x, d = a.d, tid = threadIdx.x, nt = blockDim.x;
-    float *A = soloq_row, *B = soloq_row + d;
+    const int d = a.d, tid = threadIdx.x, nt = blockDim.x;
     float *y = soloq_rotate(a, row, A, B), *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
     if (!a.quantize) {
@@ -5694,7 +5725,7 @@ KERNEL_soloq_quantize_rows {
         const unsigned char zeros[4] = {0, 0, 0, 0};
         for (int i = tid; i < d; i += nt) val[i] = q4_value(a.format, zeros, zeros, i & 7);
     } else {
-        soloq_encode(a.format, y, d, amax, sigma, codes, bs, val);
+        soloq_encode<E8P>(a.format, y, d, amax, sigma, codes, bs, val);
         scale = soloq_own_scale(a.format, amax, sigma);
     }
     __syncthreads();
@@ -5711,6 +5742,22 @@ KERNEL_soloq_quantize_rows {
     if (tid == 0 && a.row_scale) a.row_scale[row] = scale;
     if (values)
         for (int i = tid; i < d; i += nt) values[i] = f32_to_bf16(val[i]);
+}
+
+/* Rows of x (producer 0), one a CTA: the weights at load (every format) and a GEMM's bf16 input. */
+KERNEL_soloq_quantize_rows {
+    pdl_enter();
+    extern __shared__ float soloq_smem[];
+    soloq_row<true>(a, blockIdx.x, soloq_smem, soloq_smem + a.d);
+}
+
+/* [fused producers] A GEMM's input made and quantised in one pass (producer 1: add_rmsnorm, blockDim its norm threads;
+ * 2: SwiGLU): the activation formats only (no E8P). */
+KERNEL_soloq_produce_rows {
+    pdl_enter();
+    extern __shared__ float soloq_smem[];
+    if (a.producer == 1) soloq_norm_row(a, blockIdx.x, soloq_smem + a.d);
+    soloq_row<false>(a, blockIdx.x, soloq_smem, soloq_smem + a.d);
 }
 
 /* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
@@ -7372,7 +7419,7 @@ static std::string dllm__src_prelude() { return std::string(dllm__src_common) + 
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
     const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
     return {"dllm_rowwise",
-            dllm__src_prelude() + DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots + dllm__src_rowwise +
+            dllm__src_prelude() + DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots + dllm__src_rows_common + dllm__src_rowwise +
                 dllm__src_e4m3 + dllm__src_fp8,
             {DLLM__ROWWISE_KERNELS(DLLM__KERNEL_NAME) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
@@ -7402,7 +7449,8 @@ static std::string dllm__src_soloq_tables() {
 }
 
 static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
-    return {"dllm_soloq", dllm__src_prelude() + DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_soloq_tables() + dllm__src_e4m3 + dllm__src_soloq,
+    return {"dllm_soloq", dllm__src_prelude() + DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) +
+                              dllm__src_rows_common + dllm__src_soloq_tables() + dllm__src_e4m3 + dllm__src_soloq,
             {DLLM__SOLOQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
@@ -8173,6 +8221,7 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
     const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     set.max_d = dynamic / 8;
     return DLLM_OK;
 }
@@ -8334,19 +8383,35 @@ static dllm_status dllm__rotation_upload(const dllm__rotation &r, dllm__rotation
     return put(out.mixer, r.mixer.data(), r.mixer.size() * 4);
 }
 
-/* [SoloQ] soloq_quantize_rows over `rows` rows of x (d wide, x_stride apart): rotated by rot and, with quantize, quantised
- * in format f into whichever of codes, block_scales, row_scale and values are given. */
+/* [SoloQ] The arguments of soloq_quantize_rows / soloq_produce_rows for `rows` rows d wide, rotated by rot and, with
+ * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the caller's. */
+static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize, bool bias_correction, int rows, int d,
+                                   void *row_scale, void *values) {
+    soloq_args a = {};
+    a.rows = rows, a.d = d;
+    a.perm = rot.perm.as<int>(), a.signs = (const unsigned char *)rot.signs.ptr, a.mixer = rot.mixer.as<float>();
+    a.rot_b = rot.b, a.rot_k = rot.k, a.rot_norm = rot.norm;
+    a.row_scale = (float *)row_scale, a.values = (bf16_t *)values;
+    a.format = (int)f, a.quantize = quantize, a.bias_correction = bias_correction;
+    return a;
+}
+
+/* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
+static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, const soloq_args &a, unsigned threads, cudaStream_t stream) {
+    if (a.d > k.max_d) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d elements, this model needs %d", k.max_d, a.d);
+    const dllm__grid g(dim3((unsigned)a.rows), dim3(threads), (size_t)a.d * 8);
+    return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
+}
+
+/* [SoloQ] soloq_quantize_rows over `rows` bf16 rows of x (d wide, x_stride apart): rotated by rot and, with quantize,
+ * quantised in format f into whichever of codes, block_scales, row_scale and values are given. */
 static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
                                              bool bias_correction, const void *x, u64 x_stride, int rows, int d, void *codes,
                                              void *block_scales, void *row_scale, void *values, cudaStream_t stream) {
-    if (d > k.max_d) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d elements, this model needs %d", k.max_d, d);
-    soloq_args a = {};
-    a.x = x, a.x_stride = x_stride, a.rows = rows, a.d = d;
-    a.perm = rot.perm.as<int>(), a.signs = (const unsigned char *)rot.signs.ptr, a.mixer = rot.mixer.as<float>();
-    a.rot_b = rot.b, a.rot_k = rot.k, a.rot_norm = rot.norm;
-    a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales, a.row_scale = (float *)row_scale, a.values = (bf16_t *)values;
-    a.format = (int)f, a.quantize = quantize, a.bias_correction = bias_correction;
-    return k.soloq_quantize_rows.launch({dim3((unsigned)rows), dim3(d >= 2048 ? 512 : 256), (size_t)d * 8}, stream, a);
+    soloq_args a = dllm__soloq_args(rot, f, quantize, bias_correction, rows, d, row_scale, values);
+    a.x = x, a.x_stride = x_stride;
+    a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales;
+    return dllm__soloq_launch(k, a, d >= 2048 ? 512 : 256, stream);
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
@@ -8615,6 +8680,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status forward(const dllm__forward_plan &plan, const int *ids_dev);
     dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out = CUDA_R_16BF);
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
+    /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
+     * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
+    bool q4(size_t l) const { return W_->layers[l].gu.format == DLLM__W_Q4; }
+    bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w, int M);
+    dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
     dllm__rows lacache_rows() const { return kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
     dllm__rows layer_rows(size_t l) const { return last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
@@ -8916,14 +8987,15 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
 }
 
 /* [SoloQ] y = x W^T for a DLLM__W_Q4 weight, the straightforward way: x's rows rotated by the weight's R and quantised per
- * token into act_.q4a (their C values, exact in bf16) and act_.q4a_scale; then per chunk of weight rows their C values
+ * token into act_.q4a (their C values, exact in bf16) and act_.q4a_scale (x null: a fused producer did); then per chunk of weight rows their C values
  * dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and the epilogue (acc s_x) s_w into y. Every stage works
  * row by row, so with `rows` INDEPENDENT (the GEMM pinned) a row's result never depends on the others. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
     const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
-    DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
-                                        act_.q4a_scale.ptr, act_.q4a.ptr, stream_));
+    if (x)  // else a fused producer made act_.q4a
+        DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
+                                            act_.q4a_scale.ptr, act_.q4a.ptr, stream_));
     const int chunk = dllm__q4_chunk_rows(W.n, W.k), scale_bytes = (W.k + 15) / 16;
     const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
     for (int n0 = 0; n0 < W.n; n0 += chunk) {
@@ -8939,6 +9011,22 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
                                              out == CUDA_R_32F ? 1 : 0, (u64)W.n));
     }
     return DLLM_OK;
+}
+
+/* [SoloQ fused producers] add_rmsnorm of M contiguous rows (h_in (+ delta) -> h_out, normed by w) rotated and quantised
+ * for W's GEMM into act_.q4a: one kernel instead of a norm, a quantiser and the bf16 row between them. */
+dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w,
+                                                 int M) {
+    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
+    a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w, a.eps = m_.cfg.norm_eps;
+    return dllm__soloq_launch(Q_, a, dllm__norm_threads(W.k / 8), stream_);
+}
+
+/* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
+dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const void *gu, int M) {
+    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
+    a.producer = 2, a.x = gu, a.x_stride = (u64)2 * W.k;
+    return dllm__soloq_launch(Q_, a, 512, stream_);
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
@@ -8977,7 +9065,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
         if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
     if (!kv_on_) {
-        DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows, gemm_rows));
+        DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows, gemm_rows));
         stage("gemm qkv");
         DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
@@ -8987,7 +9075,8 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
         return DLLM_OK;
     }
     char *cache = (char *)act_.kv[layer].ptr, *first = cache + (size_t)r.q0 * qkv * 2;
-    if (fp8_attn(layer)) {  // an FP8 GEMM writes whole 16-row tiles: project into scratch, then copy the rows in
+    if (produced_attn_input(layer)) {  // the input is all batch entries' rows (an FP8 GEMM's whole 16-row tiles): project into
+                                       // scratch, then copy the rows in
         DLLM__TRY(gemm(L.qkv.view(), nullptr, act_.qkv.ptr, batch * rows, gemm_rows));
         for (int b = 0; b < batch; b++)
             DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2, (const char *)act_.qkv.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
@@ -9117,6 +9206,7 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
         if (last) DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows, cut ? 0 : r.out0 - r.q0, out_rows));
         else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+        else if (q4(l + 1)) DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch * rows));
         else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
@@ -9169,6 +9259,17 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         mark("gemm gate+up");
         DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M, act_.act8.ptr, act_.act8_scale.ptr,
                                         act8_rows(M)));
+        mark("swiglu");
+        DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
+        mark("gemm down");
+        return DLLM_OK;
+    }
+    if (q4(l)) {  // [SoloQ fused producers]: each GEMM input made, rotated and quantised by one kernel
+        DLLM__TRY(soloq_add_rmsnorm(L.gu.view(), h_in, h_out, delta, L.ffn_norm.ptr, M));
+        mark("add+norm");
+        DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
+        mark("gemm gate+up");
+        DLLM__TRY(soloq_swiglu(L.down.view(), act_.gu.ptr, M));
         mark("swiglu");
         DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
         mark("gemm down");

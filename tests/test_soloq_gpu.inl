@@ -111,6 +111,53 @@ TEST(gpu_soloq, quantize_rows_match_twin_bit_for_bit) {
     printf("    %d (width, rotation, format, correction) cases, %d with a mismatch\n", cases, failed);
 }
 
+/* [fused producers] add_rmsnorm + quantise and SwiGLU + quantise in one kernel give the bits of the two-kernel path (the
+ * norm or SwiGLU stored as bf16, then soloq_quantize_rows): GEMM inputs, token scales and the residual stream. */
+TEST(gpu_soloq, fused_producers_equal_the_two_kernel_path) {
+    NEED_GPU();
+    test_soloq_gpu t;
+    CHECK_STATUS(t.init(), DLLM_OK, nullptr);
+    test_rng rng("gpu_soloq.fused_producers");
+    const int M = 5;
+    for (int d : {264, 4096})
+        for (dllm__q4_format f : {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_RTN}) {
+            const dllm__rotation r = dllm__make_rotation(DLLM__ROT_KRPBH, d, rng.next(), 7);
+            dllm__rotation_dev rot;
+            CHECK(dllm__rotation_upload(r, rot) == DLLM_OK);
+            std::vector<float> h((size_t)M * d), delta((size_t)M * d), w((size_t)d), gu((size_t)M * 2 * d);
+            for (float &v : h) v = rng.normal();
+            for (float &v : delta) v = rng.normal();
+            for (float &v : w) v = 1 + 0.3f * rng.normal();
+            for (float &v : gu) v = 2 * rng.normal();
+            h[(size_t)rng.below(M * d)] *= 60;  // an outlier channel
+            dllm__dbuf dh, dd, dw, dgu, hA, hB, y, vA, vB, sA, sB;
+            test_put(dh, h), test_put(dd, test_bf16_vec(delta)), test_put(dw, w), test_put(dgu, test_bf16_vec(gu));
+            for (dllm__dbuf *b : {&hA, &hB}) test_poison(*b, (size_t)M * d * 4);
+            for (dllm__dbuf *b : {&y, &vA, &vB}) test_poison(*b, (size_t)M * d * 2);
+            for (dllm__dbuf *b : {&sA, &sB}) test_poison(*b, (size_t)M * 4);
+            const float eps = 1e-5f;
+            // norm: two kernels, then one
+            CHECK(t.g.rw.add_rmsnorm.launch({dim3(M, 1), dim3(dllm__norm_threads(d / 8))}, nullptr, dh.ptr, hA.ptr, dd.ptr, dw.ptr, eps, y.ptr, d, M, 0, M) ==
+                  DLLM_OK);
+            CHECK(dllm__soloq_quantize_rows(t.k, rot, f, true, true, y.ptr, (u64)d, M, d, nullptr, nullptr, sA.ptr, vA.ptr, nullptr) == DLLM_OK);
+            soloq_args a = dllm__soloq_args(rot, f, true, true, M, d, sB.ptr, vB.ptr);
+            a.producer = 1, a.h_in = dh.as<float>(), a.h_out = hB.as<float>(), a.delta = dd.as<bf16_t>(), a.norm_w = dw.as<float>(), a.eps = eps;
+            CHECK(dllm__soloq_launch(t.k, a, dllm__norm_threads(d / 8), nullptr) == DLLM_OK);
+            CHECK_MSG(test_get<uint16_t>(vA, (size_t)M * d) == test_get<uint16_t>(vB, (size_t)M * d) &&
+                          test_get<uint32_t>(sA, M) == test_get<uint32_t>(sB, M) && test_get<uint32_t>(hA, (size_t)M * d) == test_get<uint32_t>(hB, (size_t)M * d),
+                      "add_rmsnorm producer, d %d, %s", d, dllm__q4_names[f]);
+            // SwiGLU: two kernels, then one
+            test_poison(vA, (size_t)M * d * 2), test_poison(vB, (size_t)M * d * 2), test_poison(y, (size_t)M * d * 2);
+            CHECK(t.g.rw.swiglu.launch({dllm__rows_grid(M, d / 8, 256), dim3(256)}, nullptr, dgu.ptr, y.ptr, M, d) == DLLM_OK);
+            CHECK(dllm__soloq_quantize_rows(t.k, rot, f, true, true, y.ptr, (u64)d, M, d, nullptr, nullptr, sA.ptr, vA.ptr, nullptr) == DLLM_OK);
+            a = dllm__soloq_args(rot, f, true, true, M, d, sB.ptr, vB.ptr);
+            a.producer = 2, a.x = dgu.ptr, a.x_stride = (u64)2 * d;
+            CHECK(dllm__soloq_launch(t.k, a, 512, nullptr) == DLLM_OK);
+            CHECK_MSG(test_get<uint16_t>(vA, (size_t)M * d) == test_get<uint16_t>(vB, (size_t)M * d) && test_get<uint32_t>(sA, M) == test_get<uint32_t>(sB, M),
+                      "SwiGLU producer, d %d, %s", d, dllm__q4_names[f]);
+        }
+}
+
 /* Stored codes into C values: every format, random codes (E8P: any two 16-bit codes), random finite block scales. */
 TEST(gpu_soloq, dequantize_rows_match_twin) {
     NEED_GPU();
