@@ -167,9 +167,7 @@ TEST(q4_gemm, launcher_rejects_bad_arguments) {
     CHECK(dllm__q4_gemm_splits(132, 2 * 12288, 4096) == 1);
 }
 
-// ---- GPU: q4_gemm against its twin -----------------------------------------------------------------------
-
-/* One format's operands on the device and the twin's output for them. */
+/* One format's operands (kept on the host) and the twin's output for them. */
 struct test_q4_case {
     dllm__q4_format f;
     int M, N, K, lda, ldy, col0;
@@ -195,6 +193,142 @@ static test_q4_case test_q4_make(test_rng &r, dllm__q4_format f, int M, int N, i
         for (float &v : c.want) v = dllm__bf16_to_f32(dllm__f32_to_bf16(v));
     return c;
 }
+
+/* Outputs y [M][N] that differ from c's twin, and the worst error in units of the bound. INT4 and RTN (integer
+ * activations): equal values (+0 and -0 not told apart: an exact cancellation's zero), so bit for bit otherwise.
+ * NVFP4, Lloyd-Max and E8P: the same exact products summed in another order with fp32 accumulation, so
+ * |y - twin| <= 2^-16 of the products' magnitude sum |A C_w| s_x s_w (K <= 1200 here: about 2^-24 an addition with
+ * room to spare), plus a bf16 step (2^-7 relative) where the output is bf16 and the two fp32 sums straddle a rounding
+ * boundary. A wrong fragment, pair order, table or scale is off by far more. */
+static size_t test_q4_mismatches(const test_q4_case &c, const std::vector<float> &y, double &worst) {
+    const int M = c.M, N = c.N, K = c.K, blocks = (K + 15) / 16;
+    std::vector<float> wrow((size_t)K);
+    size_t bad = 0;
+    worst = 0;
+    for (int n = 0; n < N; n++) {
+        dllm__q4_row_values(c.f, c.w.codes.data() + (size_t)n * (K / 2), c.f == DLLM__Q4_NVFP4 ? c.w.block_scales.data() + (size_t)n * blocks : nullptr,
+                            K, wrow.data());
+        for (int m = 0; m < M; m++) {
+            const float got = y[(size_t)m * N + n], want = c.want[(size_t)m * N + n];
+            if (test_q4_exact_format(c.f)) {
+                bad += !(got == want && (got != 0 || want == 0));
+                continue;
+            }
+            double mag = 0;
+            for (int kk = 0; kk < K; kk++) mag += fabs((double)c.a[(size_t)m * c.lda + kk] * wrow[(size_t)kk]);
+            mag *= (c.with_sx ? c.s_x[(size_t)m] : 1.0) * fabs(c.w.row_scale[(size_t)n]);
+            const double err = fabs((double)got - want), bound = 0x1p-16 * mag + (c.f32 ? 0 : 0x1p-7 * fabs(want));
+            worst = std::max(worst, bound > 0 ? err / bound : err);
+            bad += !(err <= bound);
+        }
+    }
+    return bad;
+}
+
+/* q4_gemm's data movement emulated on the CPU, lane by lane, with mma.sync m16n8k16's fragment definitions (PTX ISA
+ * 9.7.14.5.8: A a0 = (row g, cols 2t, 2t+1), a1 = (g + 8, same), a2 = (g, 2t+8, 2t+9), a3 = (g + 8, same); B b0 = (rows
+ * 2t, 2t+1, col g), b1 = (2t+8, 2t+9, col g); C c0, c1 = (g, 2t, 2t+1), c2, c3 = (g + 8, same)). It repeats the kernel's
+ * index arithmetic (which word a lane loads, the staged pair order, which pairs make which fragment, where c lands,
+ * split-K's partials and their reduction), so that a slip in that reasoning shows here without a GPU; the values
+ * of words come from the decoders the other tests check. Returns y [M][N] fp32. */
+static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
+    const int M = c.M, N = c.N, K = c.K, blocks = (K + 15) / 16, kc = dllm__q4_kc, chunks = (K + kc - 1) / kc;
+    const int cps = dllm__q4_gemm_chunks_per_split(sm_count, N, K), splits = dllm__q4_gemm_splits(sm_count, N, K), m_tiles = (M + 7) / 8;
+    // C of element i of a word at (n, k): NVFP4's block scale taken by the kernel's index (k >> 4)
+    std::vector<float> cw((size_t)N * K);
+    for (int n = 0; n < N && c.f != DLLM__Q4_NVFP4; n++) dllm__q4_row_values(c.f, c.w.codes.data() + (size_t)n * (K / 2), nullptr, K, &cw[(size_t)n * K]);
+    auto word_value = [&](int n, int k, int i) {
+        if (c.f != DLLM__Q4_NVFP4) return cw[(size_t)n * K + k + i];
+        const uint8_t code = c.w.codes[(size_t)n * (K / 2) + (k + i) / 2] >> (4 * ((k + i) & 1)) & 15;
+        return dllm__e2m1_to_f32(code) * dllm__e4m3_table()[c.w.block_scales[(size_t)n * blocks + (k >> 4)]];
+    };
+    std::vector<float> partial((size_t)splits * M * N, NAN), y((size_t)M * N, NAN);
+    for (int bx = 0; bx < (N + dllm__q4_bn - 1) / dllm__q4_bn; bx++)
+        for (int split = 0; split < splits; split++)
+            for (int warp = 0; warp < dllm__q4_warps; warp++) {
+                const int c_begin = split * cps, c_end = std::min(chunks, c_begin + cps), k_end = std::min(K, c_end * kc);
+                // acc[lane][wt][mt][e]; pair registers as (lo, hi) floats
+                std::vector<float> acc((size_t)32 * dllm__q4_wt * 8 * 4, 0.0f);
+                for (int ch = c_begin; ch < c_end; ch++) {
+                    const int k0 = ch * kc;
+                    for (int j = 0; j < 4; j++)
+                        for (int mt = 0; mt < m_tiles; mt++)
+                            for (int wt = 0; wt < dllm__q4_wt; wt++)
+                                for (int step = 0; step < 2; step++) {
+                                    double A[16][16] = {}, B[16][8] = {};
+                                    for (int lane = 0; lane < 32; lane++) {
+                                        const int g = lane / 4, t = lane % 4, n0 = bx * dllm__q4_bn + warp * 16 * dllm__q4_wt + g;
+                                        const int k = k0 + 32 * j + 8 * t;
+                                        // pairs (e_i, e_i+4) of rows g (h 0) and g + 8 (h 1); zero past N or k_end
+                                        float p[2][4][2];
+                                        for (int h = 0; h < 2; h++)
+                                            for (int i = 0; i < 4; i++)
+                                                for (int half = 0; half < 2; half++) {
+                                                    const int n = n0 + 16 * wt + 8 * h;
+                                                    p[h][i][half] = n < N && k < k_end ? word_value(n, k, i + 4 * half) : 0.0f;
+                                                }
+                                        // the staged activations of row mt * 8 + g: pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7)
+                                        const int m = mt * 8 + g;
+                                        float b[4][2];
+                                        for (int i = 0; i < 4; i++)
+                                            for (int half = 0; half < 2; half++)
+                                                b[i][half] = m < M && k < k_end ? c.a[(size_t)m * c.lda + k + i + 4 * half] : 0.0f;
+                                        // step 0: a = (p0[0], p1[0], p0[1], p1[1]), b = (b[0], b[1]); step 1: pairs 2 and 3
+                                        const int q = 2 * step;
+                                        const float *a_reg[4] = {p[0][q], p[1][q], p[0][q + 1], p[1][q + 1]}, *b_reg[2] = {b[q], b[q + 1]};
+                                        for (int r = 0; r < 4; r++)
+                                            for (int half = 0; half < 2; half++) A[g + 8 * (r & 1)][2 * t + half + 8 * (r >> 1)] = a_reg[r][half];
+                                        for (int r = 0; r < 2; r++)
+                                            for (int half = 0; half < 2; half++) B[2 * t + half + 8 * r][g] = b_reg[r][half];
+                                    }
+                                    for (int lane = 0; lane < 32; lane++) {
+                                        const int g = lane / 4, t = lane % 4;
+                                        for (int e = 0; e < 4; e++) {
+                                            const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+                                            double d = 0;
+                                            for (int kk = 0; kk < 16; kk++) d += A[row][kk] * B[kk][col];
+                                            float &r = acc[(((size_t)lane * dllm__q4_wt + wt) * 8 + mt) * 4 + e];
+                                            r = (float)(r + d);
+                                        }
+                                    }
+                                }
+                }
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane / 4, t = lane % 4, n0 = bx * dllm__q4_bn + warp * 16 * dllm__q4_wt + g;
+                    for (int wt = 0; wt < dllm__q4_wt; wt++)
+                        for (int mt = 0; mt < m_tiles; mt++)
+                            for (int e = 0; e < 4; e++) {
+                                const int n = n0 + 16 * wt + 8 * (e >> 1), m = mt * 8 + 2 * t + (e & 1);
+                                if (m >= M || n >= N) continue;
+                                partial[((size_t)split * M + m) * N + n] = acc[(((size_t)lane * dllm__q4_wt + wt) * 8 + mt) * 4 + e];
+                            }
+                }
+            }
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float v = partial[(size_t)m * N + n];
+            for (int sp = 1; sp < splits; sp++) v += partial[((size_t)sp * M + m) * N + n];
+            y[(size_t)m * N + n] = (v * (c.with_sx ? c.s_x[(size_t)m] : 1.0f)) * c.w.row_scale[(size_t)n];
+        }
+    return y;
+}
+
+/* The emulation against the twin, judged as the kernel is (test_q4_mismatches). Shapes with split-K, partial tiles and K = 8 mod 16; a small SM count makes the
+ * no-split-K path reachable at a small N. */
+TEST(q4_gemm, kernel_data_movement_emulated_matches_twin) {
+    test_rng r("q4 emulation");
+    struct { int M, N, K, sms; } shapes[] = {{3, 200, 16 * 25, 132}, {17, 136, 8 * 41, 132}, {9, 264, 16 * 9, 2}, {64, 8, 16 * 11, 132}};
+    for (int fi = 0; fi <= DLLM__Q4_RTN; fi++)
+        for (const auto &sh : shapes) {
+            const dllm__q4_format f = (dllm__q4_format)fi;
+            const test_q4_case c = test_q4_make(r, f, sh.M, sh.N, sh.K, true);
+            double worst;
+            const size_t bad = test_q4_mismatches(c, test_q4_emulate(c, sh.sms), worst);
+            CHECK_MSG(bad == 0, "%s M=%d N=%d K=%d (%d SMs): %zu outputs differ", dllm__q4_names[f], sh.M, sh.N, sh.K, sh.sms, bad);
+        }
+}
+
+// ---- GPU: q4_gemm against its twin -----------------------------------------------------------------------
 
 /* Runs q4_gemm on rows [m0, m0 + M) of c (so that a row can be computed alone) into a poisoned output; returns the
  * [M][N] block it wrote, as floats, and checks that nothing outside it was written. */
@@ -226,35 +360,10 @@ static std::vector<float> test_q4_run(dllm_test_state &T_, const dllm__q4_gemm_k
     return out;
 }
 
-/* The kernel against its twin. INT4 and RTN (integer activations): equal values (+0 and -0 not told apart: an exact
- * cancellation's zero), bit for bit otherwise. NVFP4, Lloyd-Max and E8P: the same exact products summed in another
- * order with fp32 accumulation, so |y - twin| <= 2^-16 of the products' magnitude sum |A C_w| s_x s_w (K <= 1200 here:
- * about 2^-24 per addition with room to spare), plus a bf16 step (2^-7 relative) where the output is bf16 and the two
- * fp32 sums straddle a rounding boundary. A wrong fragment, pair order, table or scale is off by far more. */
 static void test_q4_case_run(dllm_test_state &T_, const dllm__q4_gemm_kernels &k, test_rng &r, dllm__q4_format f, int M, int N, int K, bool f32) {
     const test_q4_case c = test_q4_make(r, f, M, N, K, f32);
-    const std::vector<float> y = test_q4_run(T_, k, c, 0, M);
-    const int blocks = (K + 15) / 16;
-    std::vector<float> wrow((size_t)K);
-    size_t bad = 0;
-    double worst = 0;
-    for (int n = 0; n < N; n++) {
-        dllm__q4_row_values(f, c.w.codes.data() + (size_t)n * (K / 2), f == DLLM__Q4_NVFP4 ? c.w.block_scales.data() + (size_t)n * blocks : nullptr, K,
-                            wrow.data());
-        for (int m = 0; m < M; m++) {
-            const float got = y[(size_t)m * N + n], want = c.want[(size_t)m * N + n];
-            if (test_q4_exact_format(f)) {
-                bad += !(got == want && (got != 0 || want == 0));
-                continue;
-            }
-            double mag = 0;
-            for (int kk = 0; kk < K; kk++) mag += fabs((double)c.a[(size_t)m * c.lda + kk] * wrow[(size_t)kk]);
-            mag *= (c.with_sx ? c.s_x[(size_t)m] : 1.0) * fabs(c.w.row_scale[(size_t)n]);
-            const double err = fabs((double)got - want), bound = 0x1p-16 * mag + (f32 ? 0 : 0x1p-7 * fabs(want));
-            worst = std::max(worst, bound > 0 ? err / bound : err);
-            bad += !(err <= bound);
-        }
-    }
+    double worst;
+    const size_t bad = test_q4_mismatches(c, test_q4_run(T_, k, c, 0, M), worst);
     printf("    %-9s M=%2d N=%5d K=%4d %s%s: %s\n", dllm__q4_names[f], M, N, K, f32 ? "fp32" : "bf16", c.with_sx ? "" : " (no s_x)",
            test_q4_exact_format(f) ? (bad ? "NOT exact" : "exact") : dllm__format("worst error %.2f of the bound", worst).c_str());
     CHECK_MSG(bad == 0, "%s M=%d N=%d K=%d: %zu of %d outputs differ from the twin", dllm__q4_names[f], M, N, K, bad, M * N);
