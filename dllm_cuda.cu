@@ -4249,7 +4249,7 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
  * a row). Where every partial sum is an integer below 2^24 (INT4 and RTN weights times integer activations), any
  * order of summation gives these bits, so the GPU must match them exactly; elsewhere the order differs within fp32
  * rounding. */
-static void dllm__cpu_q4_gemm(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales, const float *row_scale, const float *A, int lda,
+[[maybe_unused]] static void dllm__cpu_q4_gemm(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales, const float *row_scale, const float *A, int lda,
                               const float *s_x, float *y, int ldy, int M, int N, int K) {
     std::vector<float> w((size_t)K);
     const int blocks = (K + 15) / 16;
@@ -5674,10 +5674,17 @@ struct q4_smem {
     unsigned short lut[16];            // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
 };
 
-__device__ __forceinline__ void q4_load_tables(q4_smem &s, int fmt) {
-    for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i], s.e4m3[i] = q4_e4m3_table[i];
-    for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
-    if (threadIdx.x < 16) s.lut[threadIdx.x] = fmt == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
+/* The tables a format reads, copied from global memory (coalesced; __constant__ would serialise the lanes' distinct
+ * addresses). */
+template <int FMT>
+__device__ __forceinline__ void q4_load_tables(q4_smem &s) {
+    if (FMT == Q4_E8P) {
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i];
+        for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
+    }
+    if (FMT == Q4_NVFP4)
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
+    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16) s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
 }
 
 /* An E8P code decoded to W_int row/column indices (4 v + 11) / 2 (dllm__e8p_decode4, dllm__e8p_int). Abs pattern
@@ -5810,7 +5817,7 @@ template <int FMT>
 __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
-    q4_load_tables(s, FMT);
+    q4_load_tables<FMT>(s);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m_tiles = (a.M + 7) >> 3, chunks = (a.K + Q4_KC - 1) / Q4_KC;
     const int c_begin = blockIdx.y * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split), k_end = min(a.K, c_end * Q4_KC);
@@ -7373,7 +7380,7 @@ static uint32_t dllm__q4_e8p_abs_entry(int index) {
 
 static std::string dllm__src_q4_tables() {
     auto list = [](const char *decl, int n, const std::function<uint32_t(int)> &at) {
-        std::string out = dllm__format("__constant__ %s = {", decl);
+        std::string out = dllm__format("__device__ const %s = {", decl);
         for (int i = 0; i < n; i++) out += dllm__format("%s0x%x", i ? (i % 16 ? "," : ",\n") : "", (unsigned)at(i));
         return out + "};\n";
     };
@@ -8003,7 +8010,7 @@ struct dllm__q4_gemm_kernels {
     int sm_count = 0;
 };
 
-static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
+[[maybe_unused]] static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
     DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
@@ -8039,8 +8046,9 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
  * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
  * (bf16 elements), codes 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
-static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
+ * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. Tests and the bench
+ * call it; the backend's SoloQ path does not yet (hence [[maybe_unused]] here, on the loader and on the twin). */
+[[maybe_unused]] static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
                                      const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, bool y_f32, int M, int N, int K,
                                      float *workspace, size_t workspace_floats, cudaStream_t stream) {
     if (M < 0 || M > dllm__q4_max_rows)
