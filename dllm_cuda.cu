@@ -8021,13 +8021,17 @@ struct dllm__q4_gemm_kernels {
     return DLLM_OK;
 }
 
-/* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes. One split where the weight rows
- * alone give every SM a CTA; otherwise about two CTAs an SM. A function of (N, K, SMs) only, never of M: a row's
- * partial sums, and so its bits, do not depend on how many rows a launch has. */
+/* CTAs of q4_gemm an SM holds at once (about 140 registers, 168 for NVFP4, and 38 KB of shared memory: 3 on sm_80 and
+ * sm_90), which split-K aims to fill in one wave: the kernel streams its weights with one chunk in flight per warp, so
+ * the bytes in flight, and the bandwidth, grow with the resident warps. */
+static const int dllm__q4_ctas_per_sm = 3;
+
+/* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
+ * full wave (gate|up 24576 x 4096 on 132 SMs: 2 splits, 384 CTAs; O 4096 x 4096: 11 splits, 352). A function of
+ * (N, K, SMs) only, never of M: a row's partial sums, and so its bits, do not depend on how many rows a launch has. */
 static int dllm__q4_gemm_chunks_per_split(int sm_count, int N, int K) {
     const int ctas = (N + dllm__q4_bn - 1) / dllm__q4_bn, chunks = (K + dllm__q4_kc - 1) / dllm__q4_kc;
-    if (ctas >= sm_count) return chunks;
-    const int splits = std::min(chunks, (2 * sm_count + ctas - 1) / ctas);
+    const int splits = std::max(1, std::min(chunks, (int)lrint((double)dllm__q4_ctas_per_sm * sm_count / ctas)));
     return (chunks + splits - 1) / splits;
 }
 

@@ -4,18 +4,24 @@
 // ---- CPU: the module compiles, the decoders' arithmetic, the twin, the launcher's checks ---------------------
 
 /* Every architecture of the table: the W4 GEMM module compiles with neither spills nor a stack frame (the
- * accumulators, weight words and their prefetch must stay in registers). */
+ * accumulators and weight words must stay in registers), and each kernel of its table takes, as compiled, the
+ * parameters its host handle passes (as backend.kernel_table_matches_the_compiled_kernels checks the other tables). */
 TEST(jit, q4_gemm_compiles_without_spills) {
     for (const dllm__arch &row : dllm__arch_table) {
         const dllm__arch a = dllm__arch_for(row.cc);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
+        std::string log, ptx;
         const dllm__jit_request rq = dllm__module_q4_gemm(a);
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log, &ptx), DLLM_OK, nullptr);
         CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "q4_gemm spills or has a stack frame on %s:\n%s", a.target,
                   log.c_str());
         CHECK(lowered.size() == 6 && cubin.size() > 1000);
+#define TEST_Q4_SIZES(kname, attrs, params)                                                                          \
+    CHECK_MSG(test_ptx_param_sizes(ptx, #kname) == dllm__kernel<dllm__sig_##kname>::param_sizes(), "%s on %s: parameters differ from its handle's", \
+              #kname, a.target);
+        DLLM__Q4_GEMM_KERNELS(TEST_Q4_SIZES)
+#undef TEST_Q4_SIZES
         printf("    %s:\n%s", a.target, test_register_report(log).c_str());
     }
 }
@@ -164,7 +170,8 @@ TEST(q4_gemm, launcher_rejects_bad_arguments) {
             const int cps = dllm__q4_gemm_chunks_per_split(132, N, K), splits = dllm__q4_gemm_splits(132, N, K), ctas = (N + 127) / 128;
             CHECK(ctas * splits >= 132 && (splits - 1) * cps < K / 128 && splits * cps >= K / 128);
         }
-    CHECK(dllm__q4_gemm_splits(132, 2 * 12288, 4096) == 1);
+    CHECK(dllm__q4_gemm_splits(132, 2 * 12288, 4096) == 2 && dllm__q4_gemm_splits(132, 4096, 4096) == 11);
+    CHECK(dllm__q4_gemm_splits(132, dllm__q4_bn * dllm__q4_ctas_per_sm * 132, 4096) == 1);  // a full wave without splitting
 }
 
 /* One format's operands (kept on the host) and the twin's output for them. */
@@ -317,7 +324,7 @@ static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
  * no-split-K path reachable at a small N. */
 TEST(q4_gemm, kernel_data_movement_emulated_matches_twin) {
     test_rng r("q4 emulation");
-    struct { int M, N, K, sms; } shapes[] = {{3, 200, 16 * 25, 132}, {17, 136, 8 * 41, 132}, {9, 264, 16 * 9, 2}, {64, 8, 16 * 11, 132}};
+    struct { int M, N, K, sms; } shapes[] = {{3, 200, 16 * 25, 132}, {17, 136, 8 * 41, 132}, {9, 264, 16 * 9, 1}, {64, 8, 16 * 11, 132}};
     for (int fi = 0; fi <= DLLM__Q4_RTN; fi++)
         for (const auto &sh : shapes) {
             const dllm__q4_format f = (dllm__q4_format)fi;
@@ -369,6 +376,9 @@ static void test_q4_case_run(dllm_test_state &T_, const dllm__q4_gemm_kernels &k
     CHECK_MSG(bad == 0, "%s M=%d N=%d K=%d: %zu of %d outputs differ from the twin", dllm__q4_names[f], M, N, K, bad, M * N);
 }
 
+/* A weight row count that fills the GPU without split-K. */
+static int test_q4_unsplit_n(const dllm__q4_gemm_kernels &k) { return dllm__q4_bn * dllm__q4_ctas_per_sm * k.sm_count; }
+
 static bool test_q4_load(dllm_test_state &T_, dllm__q4_gemm_kernels &k) {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return false;
@@ -388,7 +398,7 @@ TEST(gpu_q4, gemm_matches_twin_every_format_and_shape) {
         test_q4_case_run(T_, k, r, f, 17, 1000, 16 * 75, false); // a partial activation tile, 8 weight CTAs
         test_q4_case_run(T_, k, r, f, 64, 1000, 16 * 9, true);  // every activation tile
         test_q4_case_run(T_, k, r, f, 5, 1000, 8 * 25, false);  // K = 8 mod 16 (E8P's granularity; every format takes it)
-        test_q4_case_run(T_, k, r, f, 3, 128 * k.sm_count + 8, 16 * 7, false);  // no split-K: the epilogue in the GEMM itself
+        test_q4_case_run(T_, k, r, f, 3, test_q4_unsplit_n(k), 16 * 7, false);  // no split-K: the epilogue in the GEMM itself
     }
 }
 
@@ -401,7 +411,7 @@ TEST(gpu_q4, rows_do_not_depend_on_m_and_runs_repeat) {
     test_rng r("q4_gemm rows");
     for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
         const dllm__q4_format f = (dllm__q4_format)fi;
-        for (int N : {264, 128 * k.sm_count}) {  // with and without split-K
+        for (int N : {264, test_q4_unsplit_n(k)}) {  // with and without split-K
             const test_q4_case c = test_q4_make(r, f, 64, N, N > 1000 ? 16 * 9 : 16 * 41, true);  // K kept small where the twin is big
             const std::vector<float> all = test_q4_run(T_, k, c, 0, 64), again = test_q4_run(T_, k, c, 0, 64);
             CHECK_MSG(memcmp(all.data(), again.data(), all.size() * 4) == 0, "%s N=%d: two runs differ", dllm__q4_names[f], N);
