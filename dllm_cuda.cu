@@ -8046,14 +8046,14 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     return splits > 1 ? (size_t)splits * M * N : 0;
 }
 
-/* y[m * ldy + y_col0 + n] (bf16, or fp32 with y_f32) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
+/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
  * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
  * (bf16 elements), codes 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
  * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. Tests and the bench
  * call it; the backend's SoloQ path does not yet (hence [[maybe_unused]] here, on the loader and on the twin). */
 [[maybe_unused]] static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
-                                     const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, bool y_f32, int M, int N, int K,
+                                     const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M, int N, int K,
                                      float *workspace, size_t workspace_floats, cudaStream_t stream) {
     if (M < 0 || M > dllm__q4_max_rows)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: %d activation rows; it takes 0 to %d (split larger M into launches)", M, dllm__q4_max_rows);
@@ -8065,6 +8065,7 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     if (lda < K || lda % 8 || (uintptr_t)A % 16 || (uintptr_t)codes % 4)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes 4-byte "
                           "alignment", lda, K);
+    if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: the output is bf16 or fp32");
     if (y_col0 < 0 || ldy < y_col0 + N) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: ldy (%d) must be >= y_col0 (%d) + N (%d)", ldy, y_col0, N);
     const size_t need = dllm__q4_gemm_workspace_floats(k, M, N, K);
     if (need > workspace_floats || (need && !workspace))
@@ -8073,7 +8074,7 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     q4_gemm_args a = {};
     a.codes = (const unsigned char *)codes, a.block_scales = (const unsigned char *)block_scales, a.row_scale = row_scale;
     a.A = (const bf16_t *)A, a.s_x = s_x, a.y = y, a.partial = workspace;
-    a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = y_f32, a.M = M, a.N = N, a.K = K;
+    a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
     const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads));

@@ -149,7 +149,7 @@ TEST(q4_gemm, launcher_rejects_bad_arguments) {
     static uint8_t codes[64 * 32];
     static float scales[64], y[64 * 64], ws[16];
     auto run = [&](dllm__q4_format f, const void *a, int lda, int ldy, int M, int N, int K, float *w, size_t wn) {
-        return dllm__q4_gemm_run(k, f, codes, nullptr, scales, a, lda, nullptr, y, ldy, 0, true, M, N, K, w, wn, 0);
+        return dllm__q4_gemm_run(k, f, codes, nullptr, scales, a, lda, nullptr, y, ldy, 0, CUDA_R_32F, M, N, K, w, wn, 0);
     };
     CHECK_STATUS(run(DLLM__Q4_INT4, A, 64, 64, 65, 8, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "65 activation rows");
     CHECK_STATUS(run(DLLM__Q4_INT4, A, 64, 64, 4, 12, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "multiples of 8");
@@ -162,7 +162,9 @@ TEST(q4_gemm, launcher_rejects_bad_arguments) {
     // 8 x 64 on 132 SMs splits K: a workspace is required, and sized by M
     CHECK(dllm__q4_gemm_workspace_floats(k, 4, 8, 64) == 0);  // one chunk: nothing to split
     CHECK(dllm__q4_gemm_splits(132, 8, 4096) == 32 && dllm__q4_gemm_workspace_floats(k, 4, 8, 4096) == (size_t)32 * 4 * 8);
-    CHECK_STATUS(dllm__q4_gemm_run(k, DLLM__Q4_INT4, codes, nullptr, scales, A, 4096, nullptr, y, 8, 0, true, 4, 8, 4096, ws, 16, 0),
+    CHECK_STATUS(dllm__q4_gemm_run(k, DLLM__Q4_INT4, codes, nullptr, scales, A, 64, nullptr, y, 8, 0, CUDA_R_16F, 4, 8, 64, nullptr, 0, 0),
+                 DLLM_ERR_INVALID_ARGUMENT, "bf16 or fp32");
+    CHECK_STATUS(dllm__q4_gemm_run(k, DLLM__Q4_INT4, codes, nullptr, scales, A, 4096, nullptr, y, 8, 0, CUDA_R_32F, 4, 8, 4096, ws, 16, 0),
                  DLLM_ERR_INVALID_ARGUMENT, "workspace");
     // split-K never depends on M, and the LLaDA-8B shapes split as designed: a CTA an SM or more, every chunk used
     for (int N : {4096, 6144, 2 * 12288})
@@ -351,7 +353,7 @@ static std::vector<float> test_q4_run(dllm_test_state &T_, const dllm__q4_gemm_k
     if (ws) test_poison(dws, ws * 4);
     const uint16_t *a_rows = da.as<uint16_t>() + (size_t)m0 * c.lda;
     CHECK_STATUS(dllm__q4_gemm_run(k, c.f, dcodes.ptr, dbs.ptr, drs.as<float>(), a_rows, c.lda, c.with_sx ? dsx.as<float>() + m0 : nullptr, dy.ptr, c.ldy,
-                                   c.col0, c.f32, M, c.N, c.K, ws ? dws.as<float>() : nullptr, ws, 0),
+                                   c.col0, c.f32 ? CUDA_R_32F : CUDA_R_16BF, M, c.N, c.K, ws ? dws.as<float>() : nullptr, ws, 0),
                  DLLM_OK, nullptr);
     std::vector<float> all((size_t)y_elems), out((size_t)M * c.N);
     if (c.f32) all = test_get<float>(dy, y_elems);

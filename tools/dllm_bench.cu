@@ -281,7 +281,7 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
             for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
                 const dllm__q4_format f = (dllm__q4_format)fi;
                 const double us = bench_us_each(s, 7, [&](int) {
-                    BENCH_CHECK(dllm__q4_gemm_run(k, f, codes.ptr, block_scales.ptr, row_scale.as<float>(), g.x.ptr, sh.K, nullptr, g.y.ptr, sh.N, 0, false, M,
+                    BENCH_CHECK(dllm__q4_gemm_run(k, f, codes.ptr, block_scales.ptr, row_scale.as<float>(), g.x.ptr, sh.K, nullptr, g.y.ptr, sh.N, 0, CUDA_R_16BF, M,
                                                   sh.N, sh.K, workspace.as<float>(), ws, s));
                 });
                 const double bytes = (double)sh.N * sh.K / 2 + (f == DLLM__Q4_NVFP4 ? (double)sh.N * blocks : 0) + 4.0 * sh.N;
