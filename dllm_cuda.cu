@@ -4226,6 +4226,44 @@ static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, i
     dllm__cpu_linear_rows(pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
 
+// ---- [W4 GEMM] twin: y = (sum_k C_a C_w * s_x) * s_w on packed weight rows (GPU: q4_gemm, section 13) ---------------
+
+/* The C values of one packed row of K elements (no row scale): E8P decodes each group once. */
+static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const uint8_t *block_scales, int K, float *dst) {
+    if (f != DLLM__Q4_E8P) {
+        for (int i = 0; i < K; i++) dst[i] = dllm__q4_value(f, packed, block_scales, i);
+        return;
+    }
+    for (int g = 0; g < K; g += 8) {
+        int e1[8], e2[8];
+        const uint8_t *p = packed + (size_t)g / 2;
+        dllm__e8p_decode4((uint16_t)(p[0] | p[1] << 8), e1);
+        dllm__e8p_decode4((uint16_t)(p[2] | p[3] << 8), e2);
+        for (int i = 0; i < 8; i++) dst[g + i] = (float)dllm__e8p_int(e1[i], e2[i]);
+    }
+}
+
+/* Twin of the GPU kernel q4_gemm: y[m * ldy + n] = (acc * s_x[m]) * row_scale[n], acc = the fp32 sum over k ascending
+ * of A[m][k] * C_w[n][k] (A: bf16 values held as floats, rows lda apart; s_x null = 1), every product exact. Weights:
+ * N packed rows of K elements in format f (section 9b's layout: K / 2 bytes a row, NVFP4's ceil(K / 16) block scales
+ * a row). Where every partial sum is an integer below 2^24 (INT4 and RTN weights times integer activations), any
+ * order of summation gives these bits, so the GPU must match them exactly; elsewhere the order differs within fp32
+ * rounding. */
+[[maybe_unused]] static void dllm__cpu_q4_gemm(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales, const float *row_scale, const float *A, int lda,
+                              const float *s_x, float *y, int ldy, int M, int N, int K) {
+    std::vector<float> w((size_t)K);
+    const int blocks = (K + 15) / 16;
+    for (int n = 0; n < N; n++) {
+        dllm__q4_row_values(f, codes + (size_t)n * (K / 2), f == DLLM__Q4_NVFP4 ? block_scales + (size_t)n * blocks : nullptr, K, w.data());
+        for (int m = 0; m < M; m++) {
+            const float *a = A + (size_t)m * lda;
+            float acc = 0;
+            for (int k = 0; k < K; k++) acc = fmaf(a[k], w[(size_t)k], acc);
+            y[(size_t)m * ldy + n] = (acc * (s_x ? s_x[m] : 1.0f)) * row_scale[n];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
@@ -5958,6 +5996,278 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
 }
 )DLLM";
 
+/* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
+ * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
+ * [k_splits][M][N] (k_splits > 1 only). */
+#define DLLM__Q4_GEMM_ARGS_FIELDS(X)                                                                                  \
+    X(const unsigned char *, codes)        /* [N][K / 2] */                                                           \
+    X(const unsigned char *, block_scales) /* NVFP4: [N][ceil(K / 16)] UE4M3; otherwise unused */                    \
+    X(const float *, row_scale)            /* [N] */                                                                  \
+    X(const bf16_t *, A)                   /* [M][lda], 16-byte aligned, lda % 8 == 0 */                              \
+    X(const float *, s_x)                  /* [M] per-token scales, or null (1) */                                    \
+    X(void *, y)                           /* y[m * ldy + y_col0 + n], bf16 or fp32 (y_f32) */                        \
+    X(float *, partial)                                                                                               \
+    X(int, lda) X(int, ldy) X(int, y_col0) X(int, y_f32) X(int, M) X(int, N) X(int, K)                                \
+    X(int, k_splits) X(int, chunks_per_split) /* K in chunks of Q4_KC; split s takes chunks [s * cps, (s + 1) * cps) */
+struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };
+static_assert(sizeof(q4_gemm_args) == 96, "contract layout");
+
+/* q4_gemm's tile (kernel and host): 4 warps, each 2 m16 tiles of weight rows, so 128 weight rows a CTA; up to 8 n8
+ * tiles of activation rows (M <= 64); 128-wide k chunks; activations staged 256 k at a time, rows 288 bf16 apart in
+ * shared memory (576 bytes, 64 mod 128: the 16-byte reads of 8 lanes in 2 rows hit 32 different banks). */
+static const int dllm__q4_warps = 4, dllm__q4_wt = 2, dllm__q4_max_rows = 64, dllm__q4_kc = 128, dllm__q4_ks = 256, dllm__q4_as_ld = 288;
+static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm__q4_wt * dllm__q4_warps;
+
+/* [kernel table] the W4 GEMM module: one entry point per weight format (the dequantiser is a template parameter) and
+ * split-K's reduction. The 128 of __launch_bounds__ is dllm__q4_threads. */
+#define DLLM__Q4_GEMM_KERNELS(X) \
+    X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_lloyd, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_e8p, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_rtn, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_reduce, , (q4_gemm_args a))
+DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+/* [W4 GEMM] q4_gemm: a GEMM for few activation rows (block steps: M <= 64, memory-bound) on 4-bit weights read once
+ * from global memory in section 9b's canonical packed layout (no repack) and dequantised in registers to their exact
+ * BF16 C values; mma.sync m16n8k16 BF16 with fp32 accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
+ * Roles: the weights are the A operand (16 weight rows n an m16 tile), the activations the B operand (8 activation
+ * rows m an n8 tile), so the accumulator holds y^T: c0, c1 = (n = g, m = 2t, 2t + 1), c2, c3 = (n = g + 8, same m)
+ * (g = lane / 4, t = lane % 4; PTX ISA 9.7.14.5.8).
+ * The k order inside an mma is free as long as both operands use the same one; q4_gemm's makes every load whole:
+ * in a 128-wide chunk at k0, thread t owns the 8 elements k0 + 32 j + 8 t + [0, 8) (j = 0..3) of its rows, one
+ * 32-bit word of packed codes (8 nibbles, or one E8P group of two codes; an NVFP4 word lies in one 16-block). A word's
+ * elements e0..e7 dequantise into the bf16 pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) (what the lop3 trick gives
+ * without moving nibbles), and the mma k16 steps 2 j and 2 j + 1 take slots 2t, 2t+1, 2t+8, 2t+9 = (e0, e4, e1, e5)
+ * and (e2, e6, e3, e7). The activations are staged in shared memory already permuted that way (q4_stage), so one
+ * 16-byte read gives a thread both steps' B fragments.
+ * Dequantisers (exact): INT4 and RTN by bit tricks on the word (a nibble pattern placed in a bf16 mantissa, then one
+ * fma.bf16x2); NVFP4 and Lloyd-Max by a 16-entry bf16 table in shared memory (8 banks: conflict-free), NVFP4 then times
+ * its UE4M3 block scale as bf16 (e2m1 x e4m3 has at most 6 significant bits: the bf16 product is exact); E8P by the
+ * abs-pattern and W_int tables in shared memory (dllm__e8p_decode4 / dllm__e8p_int's numbers, generated into the
+ * source). Elements past K get zero activations, so whatever their codes decode to adds 0.
+ * Split-K: grid (ceil(N / 128), k_splits); the split count depends on N, K and the SM count, never on M, and split
+ * partials are summed in split order by q4_gemm_reduce, so a row's result is the same whatever M is and run to run.
+ * Epilogue: y = (acc * s_x[m]) * s_w[n] in fp32, one rounding to the output type. */
+static const char *dllm__src_q4_gemm = DLLM__SOURCE_LINE R"DLLM(
+enum { Q4_NVFP4 = 0, Q4_INT4 = 1, Q4_LLOYD = 2, Q4_E8P = 3, Q4_RTN = 4 };
+
+__device__ __forceinline__ void q4_mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 q4_fma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* A float's bf16 (exact for the constants below) in both halves. */
+__device__ __forceinline__ u32 q4_bf16x2(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
+
+struct q4_smem {
+    u32 a[Q4_MAX_ROWS][Q4_AS_LD / 2];  // an activation stage: bf16 pairs in q4_stage's order
+    u32 e8p_abs[256];                  // q4_e8p_abs_table
+    unsigned short e8p_wint[144];      // q4_e8p_wint_table
+    unsigned short e4m3[256];          // q4_e4m3_table
+    unsigned short lut[16];            // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
+};
+
+/* The tables a format reads, copied from global memory (coalesced; __constant__ would serialise the lanes' distinct
+ * addresses). */
+template <int FMT>
+__device__ __forceinline__ void q4_load_tables(q4_smem &s) {
+    if (FMT == Q4_E8P) {
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i];
+        for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
+    }
+    if (FMT == Q4_NVFP4)
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
+    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16) s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
+}
+
+/* An E8P code decoded to W_int row/column indices (4 v + 11) / 2 (dllm__e8p_decode4, dllm__e8p_int). Abs pattern
+ * entry: bits 2i, 2i+1 = u_i = (2|a_i| - 1) / 2 (2|a_i| in {1, 3, 5}), bit 16 = (sum 2|a_i|) / 2 odd. Coordinate 0's
+ * sign gives the negative count that bit's parity; 4 v = +-(4 u + 2) + (shift ? 1 : -1), so the index is
+ * 6 + shift + 2 u when positive and 4 + shift - 2 u when negative. */
+struct q4_e8p_code {
+    u32 pat, signs, shift;
+};
+__device__ __forceinline__ q4_e8p_code q4_e8p_open(u32 code, const q4_smem &s) {
+    const u32 pat = s.e8p_abs[code >> 8];
+    return {pat, (code & 0xFEu) | (((pat >> 16) ^ (u32)__popc(code & 0xFEu)) & 1), code & 1};
+}
+__device__ __forceinline__ u32 q4_e8p_index(const q4_e8p_code &c, int i) {
+    const u32 u = (c.pat >> (2 * i)) & 3;
+    return (c.signs >> i) & 1 ? 4 + c.shift - 2 * u : 6 + c.shift + 2 * u;
+}
+
+/* The 8 C values of one word of codes as the bf16 pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) (low half first).
+ * scale: the word's UE4M3 block scale (NVFP4). */
+template <int FMT>
+__device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
+    if (FMT == Q4_INT4) {
+        // elements i and i + 4 (bits 4i and 4i + 16) into mantissa fields v = 2 u + 1 under 256's exponent (bf16
+        // 0x4380 + v: 256 + 2 v), u = nibble ^ 8 = q + 8: (258 + 4 u) / 2 - 144 = 2 u - 15 = 2 q + 1
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 x = i == 0 ? w << 1 : w >> (4 * i - 1);
+            p[i] = q4_fma2((x & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f), q4_bf16x2(-144.0f));
+        }
+    } else if (FMT == Q4_RTN) {
+        // mantissa fields u = nibble ^ 8 = q + 8 under 128's exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = q4_fma2(((w >> (4 * i)) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f), q4_bf16x2(-136.0f));
+    } else if (FMT == Q4_E8P) {  // the word is one group: stage-1 code low, stage-2 code high
+        const q4_e8p_code c1 = q4_e8p_open(w & 0xFFFFu, s), c2 = q4_e8p_open(w >> 16, s);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = (u32)s.e8p_wint[q4_e8p_index(c1, i) * 12 + q4_e8p_index(c2, i)] |
+                   (u32)s.e8p_wint[q4_e8p_index(c1, i + 4) * 12 + q4_e8p_index(c2, i + 4)] << 16;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = (u32)s.lut[(w >> (4 * i)) & 15] | (u32)s.lut[(w >> (4 * i + 16)) & 15] << 16;
+        if (FMT == Q4_NVFP4) {
+            const u32 sc = (u32)s.e4m3[scale] * 0x10001u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) p[i] = q4_fma2(p[i], sc, 0x80008000u);  // + (-0): the product alone, exact
+        }
+    }
+}
+
+/* Activation rows [0, rows) x k [k0, k0 + Q4_KS) into the stage, zeros past k_end and in rows >= M; each 8 elements
+ * e0..e7 (16 bytes) stored as the pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7). */
+__device__ __forceinline__ void q4_stage(const q4_gemm_args &a, q4_smem &s, int rows, int k0, int k_end) {
+    constexpr int VECS = Q4_KS / 8;
+    for (int v = threadIdx.x; v < rows * VECS; v += Q4_THREADS) {
+        const int r = v / VECS, c = v % VECS, k = k0 + 8 * c;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (r < a.M && k < k_end) x = *(const uint4 *)(a.A + (u64)r * a.lda + k);
+        uint4 p;
+        p.x = __byte_perm(x.x, x.z, 0x5410);
+        p.y = __byte_perm(x.x, x.z, 0x7632);
+        p.z = __byte_perm(x.y, x.w, 0x5410);
+        p.w = __byte_perm(x.y, x.w, 0x7632);
+        *(uint4 *)&s.a[r][4 * c] = p;
+    }
+}
+
+/* The words of one chunk at k0 for this thread's rows n0 + 16 wt + 8 h (h = 0: row g, 1: row g + 8), word j at
+ * k0 + 32 j + 8 t; zero where the row is past N or k past k_end. NVFP4: word j's block scale in byte j of sc. */
+template <int FMT>
+__device__ __forceinline__ void q4_load_chunk(const q4_gemm_args &a, int n0, int t, int k0, int k_end, u32 w[Q4_WT][2][4], u32 sc[Q4_WT][2]) {
+    const int row_bytes = a.K >> 1, blocks = (a.K + 15) >> 4;
+#pragma unroll
+    for (int wt = 0; wt < Q4_WT; wt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int n = n0 + 16 * wt + 8 * h;
+            const bool row_ok = n < a.N;
+            const unsigned char *row = a.codes + (u64)(row_ok ? n : 0) * row_bytes;
+            sc[wt][h] = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int k = k0 + 32 * j + 8 * t;
+                const bool ok = row_ok && k < k_end;
+                w[wt][h][j] = ok ? __ldg((const u32 *)(row + (k >> 1))) : 0u;
+                if (FMT == Q4_NVFP4 && ok) sc[wt][h] |= (u32)__ldg(a.block_scales + (u64)n * blocks + (k >> 4)) << (8 * j);
+            }
+        }
+}
+
+/* One chunk (position cs in the stage) into the accumulators: per word column j, the two k16 steps of every weight
+ * tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic). */
+template <int FMT>
+__device__ __forceinline__ void q4_chunk(const q4_smem &s, int cs, int m_tiles, int g, int t, const u32 w[Q4_WT][2][4], const u32 sc[Q4_WT][2],
+                                         float acc[Q4_WT][Q4_MT][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 p[Q4_WT][2][4];
+#pragma unroll
+        for (int wt = 0; wt < Q4_WT; wt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) q4_dequant<FMT>(w[wt][h][j], (sc[wt][h] >> (8 * j)) & 255, s, p[wt][h]);
+#pragma unroll
+        for (int mt = 0; mt < Q4_MT; mt++)
+            if (mt < m_tiles) {
+                const uint4 b = *(const uint4 *)&s.a[mt * 8 + g][cs * (Q4_KC / 2) + 16 * j + 4 * t];
+#pragma unroll
+                for (int wt = 0; wt < Q4_WT; wt++) {
+                    q4_mma(acc[wt][mt], p[wt][0][0], p[wt][1][0], p[wt][0][1], p[wt][1][1], b.x, b.y);
+                    q4_mma(acc[wt][mt], p[wt][0][2], p[wt][1][2], p[wt][0][3], p[wt][1][3], b.z, b.w);
+                }
+            }
+    }
+}
+
+/* The epilogue of one output: (acc * s_x) * s_w in fp32, rounded once to the output type. */
+__device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, float acc) {
+    const float v = __fmul_rn(__fmul_rn(acc, a.s_x ? a.s_x[m] : 1.0f), a.row_scale[n]);
+    const u64 at = (u64)m * a.ldy + a.y_col0 + n;
+    if (a.y_f32) ((float *)a.y)[at] = v;
+    else ((bf16_t *)a.y)[at] = f32_to_bf16(v);
+}
+
+/* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads. A chunk's weight words are loaded before anything waits on
+ * them; other CTAs' warps (3 CTAs an SM at about 140 registers) hide the rest of their latency. (Loading one chunk
+ * ahead in registers takes 170 registers and spills on sm_90.) */
+template <int FMT>
+__device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
+    pdl_enter();
+    __shared__ __align__(16) q4_smem s;
+    q4_load_tables<FMT>(s);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m_tiles = (a.M + 7) >> 3, chunks = (a.K + Q4_KC - 1) / Q4_KC;
+    const int c_begin = blockIdx.y * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split), k_end = min(a.K, c_end * Q4_KC);
+    const int n0 = blockIdx.x * Q4_BN + warp * (16 * Q4_WT) + g;
+    float acc[Q4_WT][Q4_MT][4];
+#pragma unroll
+    for (int wt = 0; wt < Q4_WT; wt++)
+#pragma unroll
+        for (int mt = 0; mt < Q4_MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
+    for (int c = c_begin; c < c_end; c++) {
+        const int cs = (c - c_begin) % (Q4_KS / Q4_KC);
+        u32 w[Q4_WT][2][4], sc[Q4_WT][2];
+        q4_load_chunk<FMT>(a, n0, t, c * Q4_KC, k_end, w, sc);  // issued first: in flight during the stage's barriers
+        if (cs == 0) {
+            __syncthreads();  // every warp is done with the previous stage (and the tables are written)
+            q4_stage(a, s, m_tiles * 8, c * Q4_KC, k_end);
+            __syncthreads();
+        }
+        q4_chunk<FMT>(s, cs, m_tiles, g, t, w, sc, acc);
+    }
+#pragma unroll
+    for (int wt = 0; wt < Q4_WT; wt++)
+#pragma unroll
+        for (int mt = 0; mt < Q4_MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = n0 + 16 * wt + 8 * (e >> 1), m = mt * 8 + 2 * t + (e & 1);
+                if (mt >= m_tiles || m >= a.M || n >= a.N) continue;
+                if (a.k_splits > 1) a.partial[((u64)blockIdx.y * a.M + m) * a.N + n] = acc[wt][mt][e];
+                else q4_store(a, m, n, acc[wt][mt][e]);
+            }
+}
+
+KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4>(a); }
+KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4>(a); }
+KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD>(a); }
+KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P>(a); }
+KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN>(a); }
+
+/* Split-K's partials [k_splits][M][N] summed in split order (one thread an output), then the epilogue. */
+KERNEL_q4_gemm_reduce {
+    pdl_enter();
+    const u64 outputs = (u64)a.M * a.N, i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= outputs) return;
+    float acc = a.partial[i];
+    for (int s = 1; s < a.k_splits; s++) acc += a.partial[(u64)s * outputs + i];
+    q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
+}
+)DLLM";
+
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X) \
     X(conf_partial_kernel, , (sampler_args a, const dllm_step_state *st, conf_partial *out)) \
@@ -7487,6 +7797,42 @@ static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
             dllm__src_prelude() + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
 }
 
+/* [W4 GEMM] q4_gemm's lookup tables as kernel source, generated from section 9b's decoders so that the kernel and its
+ * twin decode the same numbers: the E8P abs patterns (packed as q4_e8p_open reads them), W_int, UE4M3 and the
+ * 16-entry tables of NVFP4's e2m1 and Lloyd-Max's levels, all as bf16 (exact: integers up to 127, e2m1 values,
+ * UE4M3 values). */
+static uint32_t dllm__q4_e8p_abs_entry(int index) {
+    const uint8_t *h = dllm__e8p_abs(index);
+    uint32_t entry = 0, sum_half = 0;
+    for (int i = 0; i < 8; i++) entry |= (uint32_t)((h[i] - 1) / 2) << (2 * i), sum_half += h[i];
+    return entry | ((sum_half / 2) & 1) << 16;
+}
+
+static std::string dllm__src_q4_tables() {
+    auto list = [](const char *decl, int n, const std::function<uint32_t(int)> &at) {
+        std::string out = dllm__format("__device__ const %s = {", decl);
+        for (int i = 0; i < n; i++) out += dllm__format("%s0x%x", i ? (i % 16 ? "," : ",\n") : "", (unsigned)at(i));
+        return out + "};\n";
+    };
+    return list("u32 q4_e8p_abs_table[256]", 256, dllm__q4_e8p_abs_entry) +
+           list("unsigned short q4_e8p_wint_table[144]", 144, [](int i) { return (uint32_t)dllm__f32_to_bf16((float)dllm__e8p_int(2 * (i / 12) - 11, 2 * (i % 12) - 11)); }) +
+           list("unsigned short q4_e4m3_table[256]", 256, [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e4m3_table()[c]); }) +
+           list("unsigned short q4_e2m1_table[16]", 16, [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e2m1_to_f32((uint8_t)c)); }) +
+           list("unsigned short q4_lloyd_table[16]", 16, [](int c) { return (uint32_t)dllm__f32_to_bf16((float)(c & 8 ? -dllm__lloyd4_int[c & 7] : dllm__lloyd4_int[c & 7])); });
+}
+
+/* The W4 GEMM module: every format's entry point and the split-K reduction, with its tile constants and tables. */
+static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
+    const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_MAX_ROWS %d\n#define Q4_KC %d\n"
+                                          "#define Q4_KS %d\n#define Q4_AS_LD %d\n#define Q4_BN %d\n",
+                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_max_rows, dllm__q4_kc, dllm__q4_ks,
+                                          dllm__q4_as_ld, dllm__q4_bn);
+    return {"dllm_q4_gemm",
+            dllm__src_prelude() + DLLM__XSTR(struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_DECLARE) +
+                tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
+            {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
 static std::string dllm__gemm_wg_name(const dllm__arch &a) { return dllm__format("gemm_wg<%d>", a.gemm_wg_stages); }
 
 /* Shared memory of gemm_wg: the ring, the consumers' staging buffers, the slack that aligns them to 1024 bytes, and the
@@ -8082,6 +8428,91 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
     dim3 grid((unsigned)((M + t.bm - 1) / t.bm), (unsigned)((N + t.bn - 1) / t.bn));
     return (narrow ? k.narrow : k.wide).launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale, W,
                                                w_scale, Y, M, N, K);
+}
+
+/* [W4 GEMM] q4_gemm loaded for one device: an entry point per format, the split-K reduction and the SM count that
+ * sizes split-K. */
+struct dllm__q4_gemm_kernels {
+    std::shared_ptr<dllm__module> module;
+#define DLLM__Q4_MEMBER(name, attrs, params) dllm__kernel<dllm__sig_##name> name;
+    DLLM__Q4_GEMM_KERNELS(DLLM__Q4_MEMBER)
+#undef DLLM__Q4_MEMBER
+    int sm_count = 0;
+};
+
+[[maybe_unused]] static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
+    int dev = 0;
+    DLLM__CUDA(cudaGetDevice(&dev));
+    DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    DLLM__TRY(dllm__jit_load(dllm__module_q4_gemm(a), out.module));
+#define DLLM__Q4_BIND(kname, attrs, params) out.kname.fn = out.module->kernels.at(#kname), out.kname.name = #kname;
+    DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
+#undef DLLM__Q4_BIND
+    return DLLM_OK;
+}
+
+/* CTAs of q4_gemm an SM holds at once (about 140 registers, 168 for NVFP4, and 38 KB of shared memory: 3 on sm_80 and
+ * sm_90), which split-K aims to fill in one wave: the kernel streams its weights with one chunk in flight per warp, so
+ * the bytes in flight, and the bandwidth, grow with the resident warps. */
+static const int dllm__q4_ctas_per_sm = 3;
+
+/* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
+ * full wave (gate|up 24576 x 4096 on 132 SMs: 2 splits, 384 CTAs; O 4096 x 4096: 11 splits, 352). A function of
+ * (N, K, SMs) only, never of M: a row's partial sums, and so its bits, do not depend on how many rows a launch has. */
+static int dllm__q4_gemm_chunks_per_split(int sm_count, int N, int K) {
+    const int ctas = (N + dllm__q4_bn - 1) / dllm__q4_bn, chunks = (K + dllm__q4_kc - 1) / dllm__q4_kc;
+    const int splits = std::max(1, std::min(chunks, (int)lrint((double)dllm__q4_ctas_per_sm * sm_count / ctas)));
+    return (chunks + splits - 1) / splits;
+}
+
+static int dllm__q4_gemm_splits(int sm_count, int N, int K) {
+    const int chunks = (K + dllm__q4_kc - 1) / dllm__q4_kc, cps = dllm__q4_gemm_chunks_per_split(sm_count, N, K);
+    return (chunks + cps - 1) / cps;
+}
+
+/* The fp32 workspace dllm__q4_gemm_run needs for M rows of an N x K weight (0 without split-K). */
+static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int M, int N, int K) {
+    const int splits = dllm__q4_gemm_splits(k.sm_count, N, K);
+    return splits > 1 ? (size_t)splits * M * N : 0;
+}
+
+/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
+ * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
+ * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
+ * (bf16 elements), codes 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
+ * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. Tests and the bench
+ * call it; the backend's SoloQ path does not yet (hence [[maybe_unused]] here, on the loader and on the twin). */
+[[maybe_unused]] static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
+                                     const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M, int N, int K,
+                                     float *workspace, size_t workspace_floats, cudaStream_t stream) {
+    if (M < 0 || M > dllm__q4_max_rows)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: %d activation rows; it takes 0 to %d (split larger M into launches)", M, dllm__q4_max_rows);
+    if (N < 0 || N % 8 || K <= 0 || K % 8)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: N = %d and K = %d must be multiples of 8 (K > 0)", N, K);
+    if ((int)f < DLLM__Q4_NVFP4 || (int)f > DLLM__Q4_RTN) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: unknown weight format %d", (int)f);
+    if (!codes || !row_scale || !A || !y || (f == DLLM__Q4_NVFP4 && !block_scales))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: codes, row scales, A and y are required (and block scales for NVFP4)");
+    if (lda < K || lda % 8 || (uintptr_t)A % 16 || (uintptr_t)codes % 4)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes 4-byte "
+                          "alignment", lda, K);
+    if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: the output is bf16 or fp32");
+    if (y_col0 < 0 || ldy < y_col0 + N) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: ldy (%d) must be >= y_col0 (%d) + N (%d)", ldy, y_col0, N);
+    const size_t need = dllm__q4_gemm_workspace_floats(k, M, N, K);
+    if (need > workspace_floats || (need && !workspace))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: split-K needs a workspace of %zu floats, %zu given", need, workspace_floats);
+    if (M == 0 || N == 0) return DLLM_OK;
+    q4_gemm_args a = {};
+    a.codes = (const unsigned char *)codes, a.block_scales = (const unsigned char *)block_scales, a.row_scale = row_scale;
+    a.A = (const bf16_t *)A, a.s_x = s_x, a.y = y, a.partial = workspace;
+    a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
+    a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
+    a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
+    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads));
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
+    DLLM__TRY(kernel[f]->launch(grid, stream, a));
+    if (a.k_splits == 1) return DLLM_OK;
+    const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
+    return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
  *                                          bursts and sustained (power-capped)
+ *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
+ *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
  *                                          and LaCache's per-component savings at W1's geometry
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
@@ -233,6 +235,62 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
         r.set(name + "cuBLASLt sustained us", lt_held);
         r.set(name + "gemm_wg sustained us", held);
         r.set(name + "cuBLASLt sustained TFLOPs", 2.0 * M * sh.N * sh.K / lt_held / 1e6);
+    }
+}
+
+/* [W4 GEMM] q4_gemm in every SoloQ weight format at the LLaDA-8B shapes of a block step (O 4096 x 4096, fused QKV
+ * 6144 x 4096, fused gate|up 24576 x 4096, down 4096 x 12288) for M = 1, 8, 32, 64 rows, beside cuBLASLt BF16 on the
+ * same shape (its tuned best, bf16 out): microseconds a launch (10 back to back, split-K's reduction included), the
+ * ratio to cuBLASLt, and TB/s on the packed bytes (codes, NVFP4's block scales, row scales). The weights are random
+ * bytes: every nibble and every E8P code is valid, so the dequantisers see realistic variety (NVFP4's block scales are
+ * kept finite). */
+static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    dllm__q4_gemm_kernels k;
+    BENCH_CHECK(dllm__q4_gemm_load(arch, k));
+    std::shared_ptr<dllm__module> rowwise;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    dllm__gemm lt;
+    BENCH_CHECK(lt.init());
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) {
+        std::vector<uint8_t> host(n);
+        for (uint8_t &b : host) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            b = (uint8_t)(lo + (int)((seed >> 24) % (uint64_t)span));
+        }
+        BENCH_CHECK(buf.fit(n, "q4 bench"));
+        cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
+    };
+    struct { const char *name; int N, K; } shapes[] = {{"o", 4096, 4096}, {"qkv", 6144, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    for (const auto &sh : shapes) {
+        bench_gemm_shape g;
+        g.M = dllm__q4_max_rows; g.N = sh.N; g.K = sh.K;
+        bench_prepare(rowwise, g, false, s);  // bf16 activations [64][K], bf16 weights for cuBLASLt, y [64][N]
+        const int blocks = (sh.K + 15) / 16;
+        dllm__dbuf codes, block_scales, row_scale, workspace;
+        random_bytes(codes, (size_t)sh.N * sh.K / 2, 0, 256);
+        random_bytes(block_scales, (size_t)sh.N * blocks, 0x20, 0x30);  // UE4M3 codes 0x20..0x4f: 2^-3 .. 7.5, finite
+        BENCH_CHECK(dllm__upload_f32(row_scale, std::vector<float>((size_t)sh.N, 1e-3f), "q4 bench"));
+        const size_t ws = dllm__q4_gemm_workspace_floats(k, dllm__q4_max_rows, sh.N, sh.K);
+        BENCH_CHECK(workspace.fit(std::max<size_t>(ws, 1) * 4, "q4 bench"));
+        printf("q4_gemm %s (N %d, K %d): %d split(s)\n", sh.name, sh.N, sh.K, dllm__q4_gemm_splits(k.sm_count, sh.N, sh.K));
+        for (int M : {1, 8, 32, 64}) {
+            const std::string at = dllm__format("q4 %s M%d ", sh.name, M);
+            const double lt_us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
+            r.set(at + "cuBLASLt BF16 us", lt_us);
+            for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
+                const dllm__q4_format f = (dllm__q4_format)fi;
+                const double us = bench_us_each(s, 7, [&](int) {
+                    BENCH_CHECK(dllm__q4_gemm_run(k, f, codes.ptr, block_scales.ptr, row_scale.as<float>(), g.x.ptr, sh.K, nullptr, g.y.ptr, sh.N, 0, CUDA_R_16BF, M,
+                                                  sh.N, sh.K, workspace.as<float>(), ws, s));
+                });
+                const double bytes = (double)sh.N * sh.K / 2 + (f == DLLM__Q4_NVFP4 ? (double)sh.N * blocks : 0) + 4.0 * sh.N;
+                const std::string name = at + dllm__q4_names[f];
+                r.set(name + " us", us);
+                r.set(name + " vs cuBLASLt", us / lt_us);
+                r.set(name + " TBps", bytes / us / 1e6);
+            }
+        }
     }
 }
 
@@ -476,7 +534,7 @@ static dllm_ctx_params bench_gpu_params() {
 }
 
 static const char *bench_usage =
-    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only] [--anchors anchor_torch.json]\n"
+    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only] [--anchors anchor_torch.json]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
     "\n"
     "Speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file needed); the\n"
@@ -484,13 +542,14 @@ static const char *bench_usage =
     "  --quick            the dual-cache block step and the N=1024 forward, profiled, and LaCache's components\n"
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
-    "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n";
+    "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n"
+    "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
-                                                      {"--quick", &quick}};
+                                                      {"--quick", &quick}, {"--q4-gemm-only", &q4_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
                                                                  {"--config", &config}};
     for (int i = 1; i < argc; i++) {
@@ -530,10 +589,15 @@ int main(int argc, char **argv) {
         bench_gemm_wg(r, arch, s0, true);
         return 0;
     }
+    if (q4_only) {
+        bench_q4_gemm(r, arch, s0);
+        return 0;
+    }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
     bench_gemm_wg(r, arch, s0, false);
+    if (!quick) bench_q4_gemm(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
