@@ -8440,15 +8440,20 @@ struct dllm__q4_gemm_kernels {
     int sm_count = 0;
 };
 
-[[maybe_unused]] static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
+/* The kernels of out.module (loaded), and the current device's SM count. */
+static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
     DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
-    DLLM__TRY(dllm__jit_load(dllm__module_q4_gemm(a), out.module));
 #define DLLM__Q4_BIND(kname, attrs, params) out.kname.fn = out.module->kernels.at(#kname), out.kname.name = #kname;
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
 #undef DLLM__Q4_BIND
     return DLLM_OK;
+}
+
+[[maybe_unused]] static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
+    DLLM__TRY(dllm__jit_load(dllm__module_q4_gemm(a), out.module));
+    return dllm__q4_gemm_bind(out);
 }
 
 /* CTAs of q4_gemm an SM holds at once (about 140 registers, 168 for NVFP4, and 38 KB of shared memory: 3 on sm_80 and
@@ -9169,6 +9174,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__soloq_options soloq_;                    // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> soloq_module_;   // loaded when soloq_.enabled
     dllm__soloq_kernels Q_;
+    dllm__q4_gemm_kernels q4_gemm_;                // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
 
     // activations and the generation's state
     dllm__activations act_;
@@ -9267,7 +9273,10 @@ dllm_status dllm__gpu_backend::load_kernels() {
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
         {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
-    if (soloq_.enabled) jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
+    if (soloq_.enabled) {
+        jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
+        jobs.push_back({dllm__module_q4_gemm(arch_), &q4_gemm_.module});
+    }
     const size_t required = jobs.size();  // gemm_wg's module is optional
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_), &gemm_module});
     std::vector<dllm_status> st(jobs.size(), DLLM_OK);
@@ -9293,7 +9302,10 @@ dllm_status dllm__gpu_backend::load_kernels() {
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    if (soloq_.enabled) DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin));
+    if (soloq_.enabled) {
+        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin));
+        DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
+    }
     return DLLM_OK;
 }
 
@@ -9378,7 +9390,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
-        DLLM__TRY(A.q4acc.fit(M * chunk_rows * 4, "SoloQ GEMM output"));
+        size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
+        for (const auto &nk : shapes) split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
+        DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
     if (pinned > host_pinned_bytes_) {
@@ -9417,18 +9431,32 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
 }
 
-/* [SoloQ] y = x W^T for a DLLM__W_Q4 weight, the straightforward way: x's rows rotated by the weight's R and quantised per
- * token into act_.q4a (their C values, exact in bf16) and act_.q4a_scale (x null: a fused producer did); then per chunk of weight rows their C values
- * dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and the epilogue (acc s_x) s_w into y. Every stage works
- * row by row, so with `rows` INDEPENDENT (the GEMM pinned) a row's result never depends on the others. */
+/* [SoloQ] y = x W^T for a DLLM__W_Q4 weight: x's rows rotated by the weight's R and quantised per token into act_.q4a
+ * (their C values, exact in bf16) and act_.q4a_scale (x null: a fused producer did); then
+ *   - at most dllm__q4_max_rows rows, or rows that must stay INDEPENDENT (in launches of that many): [W4 GEMM] q4_gemm,
+ *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
+ *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
+ *     the epilogue (acc s_x) s_w into y.
+ * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
     const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
     if (x)  // else a fused producer made act_.q4a
         DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
                                             act_.q4a_scale.ptr, act_.q4a.ptr, stream_));
-    const int chunk = dllm__q4_chunk_rows(W.n, W.k), scale_bytes = (W.k + 15) / 16;
+    const int scale_bytes = (W.k + 15) / 16;
     const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
+    const float *s_x = quantize ? act_.q4a_scale.as<float>() : nullptr;
+    if (M <= dllm__q4_max_rows || pinned) {
+        for (int m0 = 0; m0 < M; m0 += dllm__q4_max_rows) {
+            const int mc = std::min(dllm__q4_max_rows, M - m0);
+            DLLM__TRY(dllm__q4_gemm_run(q4_gemm_, q.format, W.data, q.block_scales.ptr, W.scale, (const bf16_t *)act_.q4a.ptr + (size_t)m0 * W.k, W.k,
+                                        s_x ? s_x + m0 : nullptr, (char *)y + (size_t)m0 * W.n * out_bytes, W.n, 0, out, mc, W.n, W.k, act_.q4acc.as<float>(),
+                                        act_.q4acc.bytes / 4, stream_));
+        }
+        return DLLM_OK;
+    }
+    const int chunk = dllm__q4_chunk_rows(W.n, W.k);
     for (int n0 = 0; n0 < W.n; n0 += chunk) {
         const int nc = std::min(chunk, W.n - n0);
         const unsigned char *codes = (const unsigned char *)W.data + (size_t)n0 * (W.k / 2);
@@ -9438,7 +9466,7 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
         const dllm__gemm_op op{act_.q4a.ptr, act_.q4w.ptr, act_.q4acc.ptr, M, nc, W.k, CUDA_R_32F, nullptr, nullptr};
         DLLM__TRY(pinned ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_));
         DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_, act_.q4acc.ptr, M, nc,
-                                             quantize ? act_.q4a_scale.ptr : nullptr, W.scale + n0, (char *)y + (size_t)n0 * out_bytes,
+                                             s_x, W.scale + n0, (char *)y + (size_t)n0 * out_bytes,
                                              out == CUDA_R_32F ? 1 : 0, (u64)W.n));
     }
     return DLLM_OK;
