@@ -25,6 +25,7 @@
 #include "test_cli.inl"
 #include "test_block_diffusion.inl"
 #include "test_soloq.inl"
+#include "test_quantize.inl"
 #include "test_alloc_failure.inl"
 #include "test_concurrency.inl"
 #include "test_robustness.inl"
