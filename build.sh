@@ -240,7 +240,7 @@ run_gpu() {
     fi
 }
 
-FUZZ_HARNESSES=(json safetensors st_index config tokenizer_json tokenizer_files encode decode chat)
+FUZZ_HARNESSES=(json safetensors st_index config tokenizer_json tokenizer_files encode decode chat quantized)
 
 # One binary holds every harness (dllm_cuda.cu compiles once); build/fuzz/<harness> links pick one.
 build_fuzz() {

@@ -243,7 +243,8 @@ typedef enum dllm_backend {
  * variants leave activations unquantised. CPU backend only for now: a GPU context is DLLM_ERR_UNSUPPORTED and
  * AUTO picks the CPU. Ablation switches (environment, read at context creation): DLLM_SOLOQ_ROTATION = krpbh
  * (default) | rpbh | mixer | hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN
- * baseline ignores both. Accuracy: BENCHMARKS.md. */
+ * baseline ignores both. dllm_model_quantize (dllm-quantize) quantises once and writes the result as a model
+ * directory; a context on it loads the stored weights. Accuracy: BENCHMARKS.md. */
 typedef enum dllm_precision {
     DLLM_PRECISION_AUTO = -1,    /* the default: what a quantised checkpoint holds (dllm_model_info.
                                     precision), else BF16                                            */
@@ -282,7 +283,7 @@ DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
  * safetensors (U8, F32 and the source's BF16/F16/F32 only) with, per layer l and linear site s in qkv (Q|K|V
  * stacked by rows), o, gate_up (gate|up), down (and lm_head.soloq.* for a quantised head):
  *   model.layers.{l}.soloq.{s}.codes        U8  [rows][cols / 2]    two 4-bit codes a byte, low nibble first
- *   model.layers.{l}.soloq.{s}.block_scales U8  [rows][ceil(cols / 16)]  UE4M3 per 16 (NVFP4; [rows][0] else)
+ *   model.layers.{l}.soloq.{s}.block_scales U8  [rows][ceil(cols / 16)]  UE4M3 per 16 (NVFP4 only)
  *   model.layers.{l}.soloq.{s}.row_scale    F32 [rows]              the value of an element is C * row_scale
  * in the basis of the site's seeded rotation (README.md: the format), and every other tensor (embeddings,
  * norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,

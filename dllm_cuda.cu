@@ -4642,8 +4642,9 @@ static dllm_status dllm__write_all(FILE *f, const void *p, size_t n, const std::
 static dllm_status dllm__write_shard(const std::string &path, const std::vector<const dllm__qtensor *> &ts,
                                      const std::vector<std::pair<std::string, std::string>> &meta, dllm__qsource &src) {
     const std::string tmp = path + ".tmp", header = dllm__st_header(ts, meta);
-    FILE *f = fopen(tmp.c_str(), "wb");
-    if (!f) return dllm__fail(DLLM_ERR_IO, "cannot create %s: %s", tmp.c_str(), strerror(errno));
+    std::unique_ptr<FILE, int (*)(FILE *)> file(fopen(tmp.c_str(), "wb"), fclose);  // closed if quantising throws
+    if (!file) return dllm__fail(DLLM_ERR_IO, "cannot create %s: %s", tmp.c_str(), strerror(errno));
+    FILE *f = file.get();
     uint8_t len[8];
     for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)header.size() >> (8 * i));
     dllm_status s = dllm__write_all(f, len, 8, tmp);
@@ -4657,7 +4658,7 @@ static dllm_status dllm__write_shard(const std::string &path, const std::vector<
         }
         s = dllm__write_all(f, data, t.nbytes, tmp);
     }
-    if (fclose(f) != 0 && s == DLLM_OK) s = dllm__fail(DLLM_ERR_IO, "writing %s: %s", tmp.c_str(), strerror(errno));
+    if (fclose(file.release()) != 0 && s == DLLM_OK) s = dllm__fail(DLLM_ERR_IO, "writing %s: %s", tmp.c_str(), strerror(errno));
     if (s == DLLM_OK && rename(tmp.c_str(), path.c_str()) != 0) s = dllm__fail(DLLM_ERR_IO, "renaming %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
     if (s != DLLM_OK) unlink(tmp.c_str());
     return s;
