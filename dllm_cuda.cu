@@ -4498,14 +4498,12 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
         s->head = h;
     }
     // A stored tensor the metadata does not account for (another layer, a head not recorded) means the file lies.
+    std::unordered_set<std::string> known;
+    for (int l = s->head ? -1 : 0; l < m.cfg.n_layer; l++)
+        for (int site = l < 0 ? DLLM__SOLOQ_HEAD : 0; site < (l < 0 ? DLLM__SOLOQ_SITES : DLLM__SOLOQ_HEAD); site++)
+            for (const char *part : dllm__soloq_parts) known.insert(dllm__soloq_prefix(l, site) + part);
     for (const auto &kv : m.by_name) {
-        if (!dllm__soloq_tensor_name(kv.first)) continue;
-        bool known = false;
-        for (int l = -1; l < m.cfg.n_layer && !known; l++)
-            for (int site = l < 0 ? DLLM__SOLOQ_HEAD : 0; site < (l < 0 ? DLLM__SOLOQ_SITES : DLLM__SOLOQ_HEAD) && !known; site++)
-                for (const char *part : dllm__soloq_parts)
-                    if (kv.first == dllm__soloq_prefix(l, site) + part && (l >= 0 || s->head)) known = true;
-        if (!known)
+        if (dllm__soloq_tensor_name(kv.first) && !known.count(kv.first))
             return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s is not part of the quantised checkpoint its metadata describes (%d layers, LM head %s)",
                               kv.second->file->c_str(), kv.first.c_str(), m.cfg.n_layer, s->head ? "quantised" : "BF16");
     }
