@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
 #
-#   ./build.sh          build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-test, dllm-bench and the shared
+#   ./build.sh          build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-quantize, dllm-test, dllm-bench and the shared
 #                       library build/libdllm.so with its pkg-config file build/dllm.pc; only what is older than
 #                       its sources (or build.sh) is rebuilt, so a second run on an unchanged tree does nothing
 #   ./build.sh run [PROMPT]  build what changed, then run the main job: the embedded default model
 #                       (models/tiny-llada) answers a text prompt, streamed
-#   ./build.sh install PREFIX   build the library, then copy dllm.h, libdllm.so and dllm.pc under
-#                       PREFIX/include, PREFIX/lib and PREFIX/lib/pkgconfig
+#   ./build.sh install PREFIX   build the library and the CLI programs, then copy dllm.h, libdllm.so, dllm.pc and
+#                       dllm-generate, -tokenize, -eval, -quantize under PREFIX/include, lib, lib/pkgconfig and bin
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
 #                       the last line is "N passed, N failed, N skipped" over both runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, every test (GPU tests included), a
@@ -86,7 +86,7 @@ build_programs() {
     mkdir -p build
     build_lib
     local tool
-    for tool in dllm-generate dllm-tokenize dllm-eval; do
+    for tool in dllm-generate dllm-tokenize dllm-eval dllm-quantize; do
         if stale "build/$tool" "examples/$tool.c" build/dllm_cuda.o; then
             "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
         fi
@@ -110,7 +110,7 @@ build() {
         wait "${pids[$i]}" || { rm -f "${names[$i]}"; die "building ${names[$i]} failed"; }
     done
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
-    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-test build/libdllm.so | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
+    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-quantize build/dllm-test build/libdllm.so | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
         die "a binary links libcuda, libnvrtc or libcublasLt directly; it would not start without the CUDA Toolkit and a GPU driver"
     fi
 }
@@ -118,13 +118,14 @@ build() {
 install_lib() {
     local prefix=${1:-}
     [ -n "$prefix" ] || die "usage: ./build.sh install PREFIX"
-    build_lib
-    mkdir -p "$prefix/include" "$prefix/lib/pkgconfig"
+    build_programs
+    mkdir -p "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/bin"
     cp dllm.h "$prefix/include/"
     cp build/libdllm.so "$prefix/lib/"
+    cp build/dllm-generate build/dllm-tokenize build/dllm-eval build/dllm-quantize "$prefix/bin/"
     sed -e "s|^prefix=.*|prefix=$prefix|" -e 's|^includedir=.*|includedir=${prefix}/include|' -e 's|^libdir=.*|libdir=${prefix}/lib|' \
         build/dllm.pc > "$prefix/lib/pkgconfig/dllm.pc"
-    echo "installed dllm.h, libdllm.so and dllm.pc under $prefix"
+    echo "installed dllm.h, libdllm.so, dllm.pc and the CLI programs (bin/) under $prefix"
 }
 
 # The CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer. dllm_cuda.cu holds no device code
@@ -239,7 +240,7 @@ run_gpu() {
     fi
 }
 
-FUZZ_HARNESSES=(json safetensors st_index config tokenizer_json tokenizer_files encode decode chat)
+FUZZ_HARNESSES=(json safetensors st_index config tokenizer_json tokenizer_files encode decode chat quantized)
 
 # One binary holds every harness (dllm_cuda.cu compiles once); build/fuzz/<harness> links pick one.
 build_fuzz() {

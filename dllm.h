@@ -139,12 +139,18 @@ typedef struct dllm_model_info {
                           0 for LLaDA and Dream                                                     */
     int32_t stop_id;   /* block diffusion: the token that ends a generation (Fast-dLLM v2 <|im_end|>,
                           Nemotron eos_token_id); -1 otherwise                                       */
+    int precision;     /* a dllm_precision: what a quantised checkpoint (dllm_model_quantize) holds, the
+                          one precision family a context on it may use (DLLM_PRECISION_AUTO picks it);
+                          DLLM_PRECISION_BF16 for an ordinary checkpoint                             */
+    int quantized_lm_head; /* a quantised checkpoint holds a 4-bit LM head (quantize_lm_head)       */
 } dllm_model_info;
 
 DLLM_API dllm_model_params dllm_model_default_params(void);
 
 /* Load config.json and model.safetensors (or model.safetensors.index.json with its shards) from dir.
- * Every tensor is checked against the config (names, shapes, BF16/F16/F32 dtype). */
+ * Every tensor is checked against the config (names, shapes, BF16/F16/F32 dtype). A directory written by
+ * dllm_model_quantize (its safetensors metadata says so) loads its stored 4-bit weights instead of the
+ * linears' BF16 ones, every code and scale checked against the config. */
 DLLM_API dllm_status dllm_model_load(const char *dir, dllm_model_params params, dllm_model **out_model);
 
 /* A model with the shape of a config.json (a file, or a directory holding one) and random weights that
@@ -237,8 +243,11 @@ typedef enum dllm_backend {
  * variants leave activations unquantised. CPU backend only for now: a GPU context is DLLM_ERR_UNSUPPORTED and
  * AUTO picks the CPU. Ablation switches (environment, read at context creation): DLLM_SOLOQ_ROTATION = krpbh
  * (default) | rpbh | mixer | hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN
- * baseline ignores both. Accuracy: BENCHMARKS.md. */
+ * baseline ignores both. dllm_model_quantize (dllm-quantize) quantises once and writes the result as a model
+ * directory; a context on it loads the stored weights. Accuracy: BENCHMARKS.md. */
 typedef enum dllm_precision {
+    DLLM_PRECISION_AUTO = -1,    /* the default: what a quantised checkpoint holds (dllm_model_info.
+                                    precision), else BF16                                            */
     DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU (default)              */
     DLLM_PRECISION_FP8_FFN = 1,  /* the paper: FFN linears (gate|up, down) of layers >= 1 in FP8     */
     DLLM_PRECISION_FP8_ALL = 2,  /* also the attention projections (Q|K|V, O) of layers >= 1        */
@@ -259,11 +268,48 @@ typedef struct dllm_ctx_params {
     int device;            /* CUDA device ordinal (default 0)                                        */
     int max_tokens;        /* longest canvas this context serves; 0 = the model's max_seq_len       */
     int n_threads;         /* CPU backend threads; 0 = all hardware threads                          */
-    dllm_precision precision; /* default DLLM_PRECISION_BF16                                        */
+    dllm_precision precision; /* default DLLM_PRECISION_AUTO                                        */
     int quantize_lm_head;  /* SoloQ precisions: 1 quantises the LM head too (default 0: BF16, the paper's) */
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Quantising once (dllm-quantize): a SoloQ precision's 4-bit weights written as a model directory
+ * Quantising an 8B model's linears takes minutes on the CPU; a context on the written directory loads the
+ * stored codes and scales instead, bit-identical to quantising at context creation. The directory holds
+ * config.json and the tokenizer files copied from the source, and model.safetensors (or shards
+ * model-0000k-of-0000n.safetensors of at most max_shard_bytes with model.safetensors.index.json): standard
+ * safetensors (U8, F32 and the source's BF16/F16/F32 only) with, per layer l and linear site s in qkv (Q|K|V
+ * stacked by rows), o, gate_up (gate|up), down (and lm_head.soloq.* for a quantised head):
+ *   model.layers.{l}.soloq.{s}.codes        U8  [rows][cols / 2]    two 4-bit codes a byte, low nibble first
+ *   model.layers.{l}.soloq.{s}.block_scales U8  [rows][ceil(cols / 16)]  UE4M3 per 16 (NVFP4 only)
+ *   model.layers.{l}.soloq.{s}.row_scale    F32 [rows]              the value of an element is C * row_scale
+ * in the basis of the site's seeded rotation (README.md: the format), and every other tensor (embeddings,
+ * norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
+ * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
+ * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
+typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
+
+typedef struct dllm_quantize_params {
+    dllm_precision precision;  /* a SoloQ precision: SOLOQ_N/I/C or RTN_W4A4 (or a -W4A16 form, recorded as
+                                  asked; a context may use either form of the same weight format)       */
+    int quantize_lm_head;      /* 1: the LM head in 4 bits too (default 0)                                */
+    int n_threads;             /* 0 = all hardware threads                                                */
+    int overwrite;             /* 1: write into an existing non-empty out_dir, replacing dllm's files      */
+    size_t max_shard_bytes;    /* a safetensors file holds at most this (default 4 GiB; a larger tensor
+                                  gets a file of its own)                                                 */
+    dllm_quantize_progress_fn progress; /* called after each quantised layer (done of total); may be NULL */
+    void *progress_user_data;
+} dllm_quantize_params;
+
+DLLM_API dllm_quantize_params dllm_quantize_default_params(void);
+
+/* Quantise model's linears to params->precision and write the directory out_dir (created if missing;
+ * an existing non-empty one is DLLM_ERR_INVALID_ARGUMENT unless overwrite). The model must have been
+ * loaded from an unquantised checkpoint (its directory is where config.json and the tokenizer files are
+ * copied from). The DLLM_SOLOQ_ROTATION / DLLM_SOLOQ_BIAS_CORRECTION switches apply and are recorded. */
+DLLM_API dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, const dllm_quantize_params *params);
 
 DLLM_API dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx **out_ctx);
 

@@ -58,7 +58,8 @@ static void usage(void) {
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
            "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
            "  --lacache M, --ref-lacache M   on (default), truncate or off\n"
-           "  --precision P, --ref-precision P   bf16 (default), fp8 (FFN of layers >= 1), fp8-all, or SoloQ W4A4\n"
+           "  --precision P, --ref-precision P   bf16 (default; a dllm-quantize directory: its own), fp8 (FFN of\n"
+           "                          layers >= 1), fp8-all, or SoloQ W4A4\n"
            "                          (CPU backend): soloq-n, soloq-i, soloq-c, rtn-w4a4, and each -w4a16 (weight-only)\n"
            "  scheduler under test (--agree; the reference decodes vanilla):\n"
            "  --cache none|prefix|dual  Fast-dLLM K/V cache (approximate)\n"
@@ -158,7 +159,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->backend = o->ref_backend = DLLM_BACKEND_AUTO;
     o->lacache = DLLM_LACACHE_ON;
     o->ref_lacache = DLLM_LACACHE_OFF;
-    o->precision = o->ref_precision = DLLM_PRECISION_BF16;
+    o->precision = o->ref_precision = DLLM_PRECISION_AUTO;  /* bf16, or what a dllm-quantize directory holds */
     o->sched = dllm_gen_default_params();
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

@@ -446,3 +446,40 @@ TEST(cli, shared_library_exports_dllm_names_and_links_from_c) {
     std::string out = test_read_file(dir.file("out"));
     CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && out == std::string(dllm_version()) + "\n", "exit %d: %s", rc, out.c_str());
 }
+
+/* dllm-quantize writes a directory that dllm-generate loads with its stored precision as the default, and answers
+ * exactly as quantising at load does; its errors name the flag to change. */
+TEST(cli, quantize_once_then_generate_the_same_answer) {
+    if (!test_cli_built() || !dllm__file_exists("build/dllm-quantize")) SKIP("the CLI programs are not built");
+    test_tmpdir dir;
+    const std::string out = dir.path + "/q";
+    std::string so, se, ao, ae, bo, be;
+    int rc = test_run_cli("dllm-quantize", "-m models/tiny-llada -o " + out + " --precision soloq-i --threads 2", "", so, se);
+    CHECK_MSG(rc == 0 && se.find("layer 1/") != std::string::npos && se.find("wrote " + out) != std::string::npos, "exit %d: %s", rc, se.c_str());
+    if (rc) return;
+    int rc_a = test_run_cli("dllm-generate", "-m " + out + " --backend cpu -p hi -n 16 --json", "", ao, ae);
+    int rc_b = test_run_cli("dllm-generate", std::string(test_llada) + "--precision soloq-i -p hi -n 16 --json", "", bo, be);
+    dllm__json a, b;
+    CHECK_MSG(rc_a == 0 && rc_b == 0 && test_gen_json(ao, a) && test_gen_json(bo, b), "exit %d %d: %s %s", rc_a, rc_b, ae.c_str(), be.c_str());
+    if (rc_a || rc_b) return;
+    CHECK(a.find("ids") && b.find("ids") && a.find("text")->str == b.find("text")->str);
+    CHECK(a.find("ids")->items.size() == b.find("ids")->items.size());
+    for (size_t i = 0; i < a.find("ids")->items.size() && i < b.find("ids")->items.size(); i++) CHECK(a.find("ids")->items[i].integer == b.find("ids")->items[i].integer);
+    rc = test_run_cli("dllm-generate", "-m " + out + " --backend cpu --precision soloq-n -p hi -n 16", "", ao, ae);
+    CHECK_MSG(rc == 1 && test_one_line(ae) && ae.find("--precision soloq-n cannot run them; use --precision soloq-i") != std::string::npos, "exit %d: %s", rc, ae.c_str());
+    const char *cases[][2] = {{"-m models/tiny-llada -o OUT --precision soloq-i", "--force"}, {"-m models/tiny-llada -o OUT", "--precision is required"},
+                              {"-m models/tiny-llada -o OUT --precision fp8", "--precision must be"}, {"-m models/tiny-llada --precision soloq-i", "-o OUT_DIR"},
+                              {"-m /nonexistent-model -o OUT2 --precision soloq-i", "/nonexistent-model: No such file"}, {"-m models/tiny-llada -o OUT --threads x --precision soloq-i", "--threads"}};
+    for (auto &c : cases) {
+        std::string args = c[0];
+        for (size_t at; (at = args.find("OUT")) != std::string::npos;) args.replace(at, 3, out);
+        rc = test_run_cli("dllm-quantize", args, "", so, se);
+        CHECK_MSG(rc == 1 && test_one_line(se) && se.find(c[1]) != std::string::npos, "`%s`: exit %d, stderr %s", c[0], rc, se.c_str());
+    }
+    rc = test_run_cli("dllm-quantize", "--help", "", so, se);
+    CHECK(rc == 0 && so.find("--quantize-lm-head") != std::string::npos && so.find("--force") != std::string::npos);
+    rc = test_run_cli("dllm-quantize", "-m models/tiny-llada -o " + out + " --precision soloq-i --force --quiet", "", so, se);
+    CHECK_MSG(rc == 0 && se.empty(), "exit %d: %s", rc, se.c_str());
+    for (const char *f : {"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"}) unlink((out + "/" + f).c_str());
+    rmdir(out.c_str());
+}

@@ -255,14 +255,14 @@ static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_pr
 TEST(fp8, precision_is_validated) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     if (!m) { CHECK(m != nullptr); return; }
-    CHECK(dllm_ctx_default_params().precision == DLLM_PRECISION_BF16);
+    CHECK(dllm_ctx_default_params().precision == DLLM_PRECISION_AUTO);  // BF16 on an unquantised checkpoint
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_CPU;
     p.precision = (dllm_precision)11;
     dllm_ctx *ctx = nullptr;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 11");
-    p.precision = (dllm_precision)-1;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_PRECISION_BF16");
+    p.precision = (dllm_precision)-2;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_PRECISION_AUTO (-1)");
     CHECK(ctx == nullptr);
     dllm_model_free(m);
 }

@@ -113,7 +113,7 @@ TEST(robustness, context_and_logits_with_bad_sizes) {
         p.backend = DLLM_BACKEND_CPU;
         memcpy(&p.precision, &v, sizeof v);
         s = dllm_ctx_create(m, p, &ctx);
-        CHECK_MSG((v >= DLLM_PRECISION_BF16 && v <= DLLM_PRECISION_RTN_W4A16) == (s == DLLM_OK), "precision %d: %s", v, dllm_status_str(s));
+        CHECK_MSG((v >= DLLM_PRECISION_AUTO && v <= DLLM_PRECISION_RTN_W4A16) == (s == DLLM_OK), "precision %d: %s", v, dllm_status_str(s));
         dllm_ctx_free(ctx);
     }
     CHECK_STATUS(dllm_ctx_create(m, dllm_ctx_default_params(), nullptr), DLLM_ERR_INVALID_ARGUMENT, nullptr);

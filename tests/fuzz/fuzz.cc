@@ -105,6 +105,7 @@ static dllm_tokenizer *fuzz_load_tokenizer(const std::string &dir) {
 #include "encode.inl"
 #include "decode.inl"
 #include "chat.inl"
+#include "quantized.inl"
 
 static const struct {
     const char *name;
@@ -120,6 +121,7 @@ static const struct {
     {"encode", fuzz_encode_init, fuzz_encode},
     {"decode", fuzz_decode_init, fuzz_decode},
     {"chat", fuzz_chat_init, fuzz_chat},
+    {"quantized", fuzz_quantized_init, fuzz_quantized},
 };
 
 static int (*fuzz_run)(const uint8_t *, size_t) = nullptr;
