@@ -543,15 +543,17 @@ static const char *bench_usage =
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n"
-    "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n";
+    "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
+    "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
+    const char *precision = "bf16";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
-                                                                 {"--config", &config}};
+                                                                 {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -602,7 +604,14 @@ int main(int argc, char **argv) {
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
         dllm_ctx *ctx = nullptr;
-        BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
+        dllm_ctx_params cp = bench_gpu_params();
+        for (int p = DLLM_PRECISION_BF16; p <= DLLM_PRECISION_RTN_W4A16; p++)
+            if (!strcmp(precision, dllm__precision_name(p))) cp.precision = (dllm_precision)p;
+        if (strcmp(precision, dllm__precision_name(cp.precision))) {
+            fprintf(stderr, "dllm-bench: unknown precision '%s'\n%s", precision, bench_usage);
+            return 2;
+        }
+        BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
         dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
         r.set("dual_block32_N1024_step_ms", bench_dual_block_step(r, gpu, model->cfg, 1024, 32));
         r.set("fwd_full_N1024_ms", bench_forward_ms(gpu, 1024));
