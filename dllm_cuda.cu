@@ -5980,7 +5980,7 @@ KERNEL_quantize_weight_blocks {
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X) \
-    X(soloq_quantize_rows, __launch_bounds__(512, 1), (soloq_args a)) \
+    X(soloq_quantize_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
     X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
@@ -5995,6 +5995,7 @@ static const char *dllm__src_soloq = DLLM__SOURCE_LINE R"DLLM(
  * butterfly; an addition is commutative, so every lane ends with lane 0's bits, which are the twin's. */
 __device__ float soloq_dot(const float *a, const float *b, int n) {
     float p = 0.f;
+#pragma unroll 8  // the loads run ahead of the fmaf chain
     for (int i = threadIdx.x & 31; i < n; i += 32) p = fmaf(a[i], b[i], p);
     for (int off = 16; off > 0; off >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, off));
     return p;
@@ -9399,7 +9400,7 @@ static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const
     soloq_args a = dllm__soloq_args(rot, f, quantize, bias_correction, rows, d, row_scale, values);
     a.x = x, a.x_stride = x_stride;
     a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales;
-    return dllm__soloq_launch(k, a, d >= 2048 ? 512 : 256, stream);
+    return dllm__soloq_launch(k, a, d >= 4096 ? 1024 : d >= 2048 ? 512 : 256, stream);
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
@@ -10038,7 +10039,7 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
 dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const void *gu, int M) {
     soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
     a.producer = 2, a.x = gu, a.x_stride = (u64)2 * W.k;
-    return dllm__soloq_launch(Q_, a, 512, stream_);
+    return dllm__soloq_launch(Q_, a, 1024, stream_);
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
