@@ -6539,6 +6539,11 @@ static_assert(sizeof(q4_gemm_args) == 96, "contract layout");
  * shared memory (576 bytes, 64 mod 128: the 16-byte reads of 8 lanes in 2 rows hit 32 different banks). */
 static const int dllm__q4_warps = 4, dllm__q4_wt = 2, dllm__q4_max_rows = 64, dllm__q4_kc = 128, dllm__q4_ks = 256, dllm__q4_as_ld = 288;
 static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm__q4_wt * dllm__q4_warps;
+/* q4_gemm's weight ring (dynamic shared memory): stages of chunks in flight, 4-byte slots a thread per stage: a code
+ * word per (weight tile, row half, word column), and for NVFP4 three words of block scales per (tile, row half). */
+static const int dllm__q4_stages = 4;
+static int dllm__q4_ring_slots(dllm__q4_format f) { return 4 * 2 * dllm__q4_wt + (f == DLLM__Q4_NVFP4 ? 3 * 2 * dllm__q4_wt : 0); }
+static size_t dllm__q4_ring_bytes(dllm__q4_format f) { return (size_t)dllm__q4_stages * dllm__q4_ring_slots(f) * dllm__q4_threads * 4; }
 
 /* [kernel table] the W4 GEMM module: one entry point per weight format (the dequantiser is a template parameter) and
  * split-K's reduction. The 128 of __launch_bounds__ is dllm__q4_threads. */
@@ -6552,8 +6557,9 @@ static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm
 DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [W4 GEMM] q4_gemm: a GEMM for few activation rows (block steps: M <= 64, memory-bound) on 4-bit weights read once
- * from global memory in section 9b's canonical packed layout (no repack) and dequantised in registers to their exact
- * BF16 C values; mma.sync m16n8k16 BF16 with fp32 accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
+ * from global memory in section 9b's canonical packed layout (no repack), streamed through a per-thread cp.async ring
+ * (Q4_STAGES chunks deep) and dequantised in registers to their exact BF16 C values; mma.sync m16n8k16 BF16 with fp32
+ * accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
  * Roles: the weights are the A operand (16 weight rows n an m16 tile), the activations the B operand (8 activation
  * rows m an n8 tile), so the accumulator holds y^T: c0, c1 = (n = g, m = 2t, 2t + 1), c2, c3 = (n = g + 8, same m)
  * (g = lane / 4, t = lane % 4; PTX ISA 9.7.14.5.8).
@@ -6676,11 +6682,39 @@ __device__ __forceinline__ void q4_stage(const q4_gemm_args &a, q4_smem &s, int 
     }
 }
 
-/* The words of one chunk at k0 for this thread's rows n0 + 16 wt + 8 h (h = 0: row g, 1: row g + 8), word j at
- * k0 + 32 j + 8 t; zero where the row is past N or k past k_end. NVFP4: word j's block scale in byte j of sc. */
+/* The weight ring: Q4_STAGES chunks of this thread's words in flight (cp.async, no registers held), each thread its
+ * own slots: [stage][slot][thread] (consecutive threads, consecutive banks), which only that thread writes and reads:
+ * its own cp.async.wait_group makes a chunk visible to it, and the CTA barrier at each chunk's start orders its reads
+ * of a slot before the copies that refill it (PTX leaves cp.async unordered with other memory operations otherwise).
+ * Slots of a chunk: Q4_RING_SLOTS code words (wt, h, j), then for NVFP4 three 4-byte words of block scales per row
+ * (wt, h). */
+__device__ __forceinline__ void q4_cp_async4(u32 smem, const void *gmem, u32 bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void q4_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* The "memory" clobber keeps the ring's reads after the wait. */
+template <int N> __device__ __forceinline__ void q4_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int FMT> __device__ constexpr int q4_ring_slots() { return FMT == Q4_NVFP4 ? Q4_RING_SLOTS_NVFP4 : Q4_RING_SLOTS; }
+static_assert(Q4_RING_SLOTS == 4 * 2 * Q4_WT && Q4_RING_SLOTS_NVFP4 == Q4_RING_SLOTS + 3 * 2 * Q4_WT, "the host's dllm__q4_ring_slots");
+
+/* Byte offset of this thread's slot in stage `stage` of the ring. */
+template <int FMT> __device__ __forceinline__ u32 q4_slot(int stage, int slot) {
+    return (u32)(((stage * q4_ring_slots<FMT>() + slot) * Q4_THREADS + threadIdx.x) * 4);
+}
+
+/* The NVFP4 block-scale bytes of one row and chunk: word j's block is b0 + 2 j, b0 = n * blocks + k0 / 16 + t / 2 (an
+ * index into the [N][blocks] array), so the 4 bytes lie in the 12 from the 4-aligned b0 & ~3; each 4-byte copy reads
+ * only the bytes before the array's end (src-size), so nothing past it is touched. */
+__device__ __forceinline__ u64 q4_scale_base(const q4_gemm_args &a, int n, int k0, int t) {
+    return (u64)n * ((a.K + 15) >> 4) + (k0 >> 4) + (t >> 1);
+}
+
+/* Issues the copies of one chunk at k0 into ring stage `stage`: this thread's rows n0 + 16 wt + 8 h (h = 0: row g,
+ * 1: row g + 8), word j at k0 + 32 j + 8 t; nothing is read (zeros land) where the row is past N or k past k_end. */
 template <int FMT>
-__device__ __forceinline__ void q4_load_chunk(const q4_gemm_args &a, int n0, int t, int k0, int k_end, u32 w[Q4_WT][2][4], u32 sc[Q4_WT][2]) {
-    const int row_bytes = a.K >> 1, blocks = (a.K + 15) >> 4;
+__device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 ring, int stage, int n0, int t, int k0, int k_end) {
+    const int row_bytes = a.K >> 1;
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
@@ -6688,13 +6722,40 @@ __device__ __forceinline__ void q4_load_chunk(const q4_gemm_args &a, int n0, int
             const int n = n0 + 16 * wt + 8 * h;
             const bool row_ok = n < a.N;
             const unsigned char *row = a.codes + (u64)(row_ok ? n : 0) * row_bytes;
-            sc[wt][h] = 0;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int k = k0 + 32 * j + 8 * t;
                 const bool ok = row_ok && k < k_end;
-                w[wt][h][j] = ok ? __ldg((const u32 *)(row + (k >> 1))) : 0u;
-                if (FMT == Q4_NVFP4 && ok) sc[wt][h] |= (u32)__ldg(a.block_scales + (u64)n * blocks + (k >> 4)) << (8 * j);
+                q4_cp_async4(ring + q4_slot<FMT>(stage, (wt * 2 + h) * 4 + j), ok ? row + (k >> 1) : a.codes, ok ? 4 : 0);
+            }
+            if (FMT == Q4_NVFP4) {
+                const u64 total = (u64)a.N * ((a.K + 15) >> 4), base = row_ok ? q4_scale_base(a, n, k0, t) & ~(u64)3 : total;
+#pragma unroll
+                for (int i = 0; i < 3; i++) {
+                    const u64 at = base + 4 * i, bytes = at < total ? min(total - at, (u64)4) : 0;
+                    q4_cp_async4(ring + q4_slot<FMT>(stage, Q4_RING_SLOTS + (wt * 2 + h) * 3 + i), bytes ? a.block_scales + at : a.block_scales, (u32)bytes);
+                }
+            }
+        }
+}
+
+/* This thread's words of ring stage `stage` (landed: see the wait in q4_gemm_body); NVFP4: word j's block scale in
+ * byte j of sc, picked out of the 12 copied bytes at offset b0 & 3, then b0 & 3 + 2, + 4, + 6. */
+template <int FMT>
+__device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsigned char *ring, int stage, int n0, int t, int k0, u32 w[Q4_WT][2][4],
+                                              u32 sc[Q4_WT][2]) {
+#pragma unroll
+    for (int wt = 0; wt < Q4_WT; wt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[wt][h][j] = *(const u32 *)(ring + q4_slot<FMT>(stage, (wt * 2 + h) * 4 + j));
+            sc[wt][h] = 0;
+            if (FMT == Q4_NVFP4) {
+                const u32 *win = (const u32 *)(ring + q4_slot<FMT>(stage, Q4_RING_SLOTS + (wt * 2 + h) * 3));
+                const u32 w0 = win[0], w1 = win[Q4_THREADS], w2 = win[2 * Q4_THREADS];  // the next slots, Q4_THREADS words apart
+                const u32 shift = 8 * (u32)(q4_scale_base(a, n0 + 16 * wt + 8 * h, k0, t) & 3);
+                sc[wt][h] = __byte_perm(__funnelshift_r(w0, w1, shift), __funnelshift_r(w1, w2, shift), 0x6420);
             }
         }
 }
@@ -6732,32 +6793,42 @@ __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, fl
     else ((bf16_t *)a.y)[at] = f32_to_bf16(v);
 }
 
-/* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads. A chunk's weight words are loaded before anything waits on
- * them; other CTAs' warps (3 CTAs an SM at about 140 registers) hide the rest of their latency. (Loading one chunk
- * ahead in registers takes 170 registers and spills on sm_90.) */
+/* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the weight ring (dllm__q4_ring_bytes).
+ * The ring keeps Q4_STAGES - 1 chunks of weights in flight per thread while one is computed; the activation stage is
+ * loaded synchronously (from L2: every CTA reads the same rows) once per two chunks, while they fly. */
 template <int FMT>
 __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
+    extern __shared__ __align__(16) unsigned char q4_ring[];
     q4_load_tables<FMT>(s);
+    const u32 ring = (u32)__cvta_generic_to_shared(q4_ring);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m_tiles = (a.M + 7) >> 3, chunks = (a.K + Q4_KC - 1) / Q4_KC;
     const int c_begin = blockIdx.y * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split), k_end = min(a.K, c_end * Q4_KC);
-    const int n0 = blockIdx.x * Q4_BN + warp * (16 * Q4_WT) + g;
+    const int n0 = blockIdx.x * Q4_BN + warp * (16 * Q4_WT) + g, n_chunks = c_end - c_begin;
     float acc[Q4_WT][Q4_MT][4];
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
         for (int mt = 0; mt < Q4_MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
-    for (int c = c_begin; c < c_end; c++) {
-        const int cs = (c - c_begin) % (Q4_KS / Q4_KC);
+#pragma unroll
+    for (int i = 0; i < Q4_STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
+        if (i < n_chunks) q4_issue_chunk<FMT>(a, ring, i, n0, t, (c_begin + i) * Q4_KC, k_end);
+        q4_cp_async_commit();
+    }
+    for (int i = 0; i < n_chunks; i++) {
+        const int c = c_begin + i, cs = i % (Q4_KS / Q4_KC);
+        // every thread is done with chunk i - 1's ring slot and, at a stage's start, with the previous activation stage
+        // (and the tables are written): the barrier orders those reads before the writes below
+        __syncthreads();
+        if (i + Q4_STAGES - 1 < n_chunks) q4_issue_chunk<FMT>(a, ring, (i + Q4_STAGES - 1) % Q4_STAGES, n0, t, (c + Q4_STAGES - 1) * Q4_KC, k_end);
+        q4_cp_async_commit();
+        if (cs == 0) q4_stage(a, s, m_tiles * 8, c * Q4_KC, k_end);
+        q4_cp_async_wait<Q4_STAGES - 1>();  // this thread's copies of chunk i (and of every older one) have landed
+        if (cs == 0) __syncthreads();       // the activation stage is written
         u32 w[Q4_WT][2][4], sc[Q4_WT][2];
-        q4_load_chunk<FMT>(a, n0, t, c * Q4_KC, k_end, w, sc);  // issued first: in flight during the stage's barriers
-        if (cs == 0) {
-            __syncthreads();  // every warp is done with the previous stage (and the tables are written)
-            q4_stage(a, s, m_tiles * 8, c * Q4_KC, k_end);
-            __syncthreads();
-        }
+        q4_read_chunk<FMT>(a, q4_ring, i % Q4_STAGES, n0, t, c * Q4_KC, w, sc);
         q4_chunk<FMT>(s, cs, m_tiles, g, t, w, sc, acc);
     }
 #pragma unroll
@@ -8346,9 +8417,11 @@ static std::string dllm__src_q4_tables() {
 /* The W4 GEMM module: every format's entry point and the split-K reduction, with its tile constants and tables. */
 static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
     const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_MAX_ROWS %d\n#define Q4_KC %d\n"
-                                          "#define Q4_KS %d\n#define Q4_AS_LD %d\n#define Q4_BN %d\n",
+                                          "#define Q4_KS %d\n#define Q4_AS_LD %d\n#define Q4_BN %d\n#define Q4_STAGES %d\n#define Q4_RING_SLOTS %d\n"
+                                          "#define Q4_RING_SLOTS_NVFP4 %d\n",
                                           dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_max_rows, dllm__q4_kc, dllm__q4_ks,
-                                          dllm__q4_as_ld, dllm__q4_bn);
+                                          dllm__q4_as_ld, dllm__q4_bn, dllm__q4_stages, dllm__q4_ring_slots(DLLM__Q4_INT4),
+                                          dllm__q4_ring_slots(DLLM__Q4_NVFP4));
     return {"dllm_q4_gemm",
             dllm__src_prelude() + DLLM__XSTR(struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_DECLARE) +
                 tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
@@ -8962,7 +9035,12 @@ struct dllm__q4_gemm_kernels {
     int sm_count = 0;
 };
 
-/* The kernels of out.module (loaded), and the current device's SM count. */
+static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f) {
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
+    return *kernel[f];
+}
+
+/* The kernels of out.module (loaded), their shared-memory limits, and the current device's SM count. */
 static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
@@ -8970,17 +9048,21 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
 #define DLLM__Q4_BIND(kname, attrs, params) out.kname.fn = out.module->kernels.at(#kname), out.kname.name = #kname;
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
 #undef DLLM__Q4_BIND
+    for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN; f++)
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)dllm__q4_ring_bytes((dllm__q4_format)f)));
     return DLLM_OK;
 }
 
+/* q4_gemm alone (the tests and the bench; the backend compiles its module beside the others and binds it). */
 [[maybe_unused]] static dllm_status dllm__q4_gemm_load(const dllm__arch &a, dllm__q4_gemm_kernels &out) {
     DLLM__TRY(dllm__jit_load(dllm__module_q4_gemm(a), out.module));
     return dllm__q4_gemm_bind(out);
 }
 
-/* CTAs of q4_gemm an SM holds at once (about 140 registers, 168 for NVFP4, and 38 KB of shared memory: 3 on sm_80 and
- * sm_90), which split-K aims to fill in one wave: the kernel streams its weights with one chunk in flight per warp, so
- * the bytes in flight, and the bandwidth, grow with the resident warps. */
+/* CTAs of q4_gemm an H200 SM holds at once (about 135 registers and 70 KB of shared memory: 3; NVFP4, 178 registers and
+ * 94 KB: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow with the resident
+ * warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -9006,10 +9088,9 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
 /* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
  * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
- * (bf16 elements), codes 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. Tests and the bench
- * call it; the backend's SoloQ path does not yet (hence [[maybe_unused]] here, on the loader and on the twin). */
-[[maybe_unused]] static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
+ * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
+ * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
+static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
                                      const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M, int N, int K,
                                      float *workspace, size_t workspace_floats, cudaStream_t stream) {
     if (M < 0 || M > dllm__q4_max_rows)
@@ -9019,9 +9100,9 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     if ((int)f < DLLM__Q4_NVFP4 || (int)f > DLLM__Q4_RTN) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: unknown weight format %d", (int)f);
     if (!codes || !row_scale || !A || !y || (f == DLLM__Q4_NVFP4 && !block_scales))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: codes, row scales, A and y are required (and block scales for NVFP4)");
-    if (lda < K || lda % 8 || (uintptr_t)A % 16 || (uintptr_t)codes % 4)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes 4-byte "
-                          "alignment", lda, K);
+    if (lda < K || lda % 8 || (uintptr_t)A % 16 || (uintptr_t)codes % 4 || (uintptr_t)block_scales % 4)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes and block "
+                          "scales 4-byte alignment", lda, K);
     if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: the output is bf16 or fp32");
     if (y_col0 < 0 || ldy < y_col0 + N) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: ldy (%d) must be >= y_col0 (%d) + N (%d)", ldy, y_col0, N);
     const size_t need = dllm__q4_gemm_workspace_floats(k, M, N, K);
@@ -9034,9 +9115,8 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
-    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads));
-    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
-    DLLM__TRY(kernel[f]->launch(grid, stream, a));
+    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f));
+    DLLM__TRY(dllm__q4_gemm_kernel(k, f).launch(grid, stream, a));
     if (a.k_splits == 1) return DLLM_OK;
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);

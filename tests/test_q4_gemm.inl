@@ -157,6 +157,8 @@ TEST(q4_gemm, launcher_rejects_bad_arguments) {
     CHECK_STATUS(run(DLLM__Q4_NVFP4, A, 64, 64, 4, 8, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "block scales");
     CHECK_STATUS(run(DLLM__Q4_INT4, A, 60, 64, 4, 8, 56, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "lda");
     CHECK_STATUS(run(DLLM__Q4_INT4, A + 1, 64, 64, 4, 8, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "16-byte");
+    CHECK_STATUS(dllm__q4_gemm_run(k, DLLM__Q4_NVFP4, codes, codes + 1, scales, A, 64, nullptr, y, 8, 0, CUDA_R_32F, 4, 8, 64, nullptr, 0, 0),
+                 DLLM_ERR_INVALID_ARGUMENT, "block scales 4-byte");
     CHECK_STATUS(run(DLLM__Q4_INT4, A, 64, 7, 4, 8, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "ldy");
     CHECK_STATUS(run((dllm__q4_format)7, A, 64, 64, 4, 8, 64, nullptr, 0), DLLM_ERR_INVALID_ARGUMENT, "format 7");
     // 8 x 64 on 132 SMs splits K: a workspace is required, and sized by M
@@ -237,19 +239,34 @@ static size_t test_q4_mismatches(const test_q4_case &c, const std::vector<float>
 /* q4_gemm's data movement emulated on the CPU, lane by lane, with mma.sync m16n8k16's fragment definitions (PTX ISA
  * 9.7.14.5.8: A a0 = (row g, cols 2t, 2t+1), a1 = (g + 8, same), a2 = (g, 2t+8, 2t+9), a3 = (g + 8, same); B b0 = (rows
  * 2t, 2t+1, col g), b1 = (2t+8, 2t+9, col g); C c0, c1 = (g, 2t, 2t+1), c2, c3 = (g + 8, same)). It repeats the kernel's
- * index arithmetic (which word a lane loads, the staged pair order, which pairs make which fragment, where c lands,
- * split-K's partials and their reduction), so that a slip in that reasoning shows here without a GPU; the values
+ * index arithmetic (which word a lane loads, where NVFP4's block scales are found, the staged pair order, which pairs
+ * make which fragment, where c lands, split-K's partials and their reduction), so that a slip in that reasoning shows here without a GPU; the values
  * of words come from the decoders the other tests check. Returns y [M][N] fp32. */
 static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
     const int M = c.M, N = c.N, K = c.K, blocks = (K + 15) / 16, kc = dllm__q4_kc, chunks = (K + kc - 1) / kc;
     const int cps = dllm__q4_gemm_chunks_per_split(sm_count, N, K), splits = dllm__q4_gemm_splits(sm_count, N, K), m_tiles = (M + 7) / 8;
-    // C of element i of a word at (n, k): NVFP4's block scale taken by the kernel's index (k >> 4)
+    // NVFP4: the block scale of word j as q4_issue_chunk / q4_read_chunk find it: three 4-byte copies from the 4-aligned
+    // index below b0 (zeros past the array's end), then __funnelshift_r and __byte_perm(.., 0x6420), written out here
+    auto nvfp4_scale = [&](int n, int k0, int t, int j) {
+        const uint64_t total = (uint64_t)N * blocks, b0 = (uint64_t)n * blocks + k0 / 16 + t / 2, base = b0 & ~(uint64_t)3;
+        uint32_t win[3] = {0, 0, 0};
+        for (int i = 0; i < 3; i++)
+            for (int b = 0; b < 4; b++)
+                if (base + 4 * i + b < total) win[i] |= (uint32_t)c.w.block_scales[base + 4 * i + b] << (8 * b);
+        const uint32_t shift = 8 * (uint32_t)(b0 & 3);
+        auto funnel = [&](uint32_t lo, uint32_t hi) { return (uint32_t)((((uint64_t)hi << 32) | lo) >> shift); };
+        const uint32_t x = funnel(win[0], win[1]), y = funnel(win[1], win[2]);
+        const uint32_t picked = (x & 0xFF) | (x >> 16 & 0xFF) << 8 | (y & 0xFF) << 16 | (y >> 16 & 0xFF) << 24;  // selector 0x6420
+        return dllm__e4m3_table()[picked >> (8 * j) & 0xFF];
+    };
+    // C of element i of word j of lane t at (n, k0)
     std::vector<float> cw((size_t)N * K);
     for (int n = 0; n < N && c.f != DLLM__Q4_NVFP4; n++) dllm__q4_row_values(c.f, c.w.codes.data() + (size_t)n * (K / 2), nullptr, K, &cw[(size_t)n * K]);
-    auto word_value = [&](int n, int k, int i) {
+    auto word_value = [&](int n, int k0, int t, int j, int i) {
+        const int k = k0 + 32 * j + 8 * t;
         if (c.f != DLLM__Q4_NVFP4) return cw[(size_t)n * K + k + i];
         const uint8_t code = c.w.codes[(size_t)n * (K / 2) + (k + i) / 2] >> (4 * ((k + i) & 1)) & 15;
-        return dllm__e2m1_to_f32(code) * dllm__e4m3_table()[c.w.block_scales[(size_t)n * blocks + (k >> 4)]];
+        return dllm__e2m1_to_f32(code) * nvfp4_scale(n, k0, t, j);
     };
     std::vector<float> partial((size_t)splits * M * N, NAN), y((size_t)M * N, NAN);
     for (int bx = 0; bx < (N + dllm__q4_bn - 1) / dllm__q4_bn; bx++)
@@ -274,7 +291,7 @@ static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
                                             for (int i = 0; i < 4; i++)
                                                 for (int half = 0; half < 2; half++) {
                                                     const int n = n0 + 16 * wt + 8 * h;
-                                                    p[h][i][half] = n < N && k < k_end ? word_value(n, k, i + 4 * half) : 0.0f;
+                                                    p[h][i][half] = n < N && k < k_end ? word_value(n, k0, t, j, i + 4 * half) : 0.0f;
                                                 }
                                         // the staged activations of row mt * 8 + g: pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7)
                                         const int m = mt * 8 + g;

@@ -292,6 +292,19 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
             }
         }
     }
+    printf("\n| q4_gemm, us (ratio to cuBLASLt BF16; TB/s on packed bytes) | cuBLASLt BF16 us |");
+    for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) printf(" %s |", dllm__q4_names[fi]);
+    printf("\n|---|---|---|---|---|---|---|\n");
+    for (const auto &sh : shapes)
+        for (int M : {1, 8, 32, 64}) {
+            const std::string at = dllm__format("q4 %s M%d ", sh.name, M);
+            printf("| %s (N %d, K %d) M = %d | %.1f |", sh.name, sh.N, sh.K, M, r.v[at + "cuBLASLt BF16 us"]);
+            for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
+                const std::string name = at + dllm__q4_names[fi];
+                printf(" %.1f (%.2fx; %.2f) |", r.v[name + " us"], r.v[name + " vs cuBLASLt"], r.v[name + " TBps"]);
+            }
+            printf("\n");
+        }
 }
 
 /* FLOPs of one LLaDA forward over n tokens with the LM head on lm_rows rows. */
