@@ -401,7 +401,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
         attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
                        H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
-                       partial.as<float>()};
+                       partial.as<float>(), 0, 0};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
@@ -475,13 +475,68 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
+/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
+ * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
+ * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
+ * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache). Against the weight-read
+ * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured. */
+static void bench_block_diffusion(bench_result &r) {
+    std::string dir = dllm__format("/tmp/dllm-bench-bd-%d", (int)getpid()), text;
+    mkdir(dir.c_str(), 0700);
+    const char *files[2][2] = {{"tests/data/real-configs/fast-dllm-v2-7b.config.json", "config.json"},
+                               {"tests/data/real-configs/fast-dllm-v2-7b.added_tokens.json", "added_tokens.json"}};
+    for (auto &f : files) {
+        BENCH_CHECK(dllm__read_text(f[0], text));
+        FILE *out = fopen((dir + "/" + f[1]).c_str(), "wb");
+        if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) { fprintf(stderr, "dllm-bench: cannot write %s\n", dir.c_str()); exit(1); }
+    }
+    dllm_model *model = nullptr;
+    BENCH_CHECK(dllm_model_load_random(dir.c_str(), 1, &model));
+    for (auto &f : files) unlink((dir + "/" + f[1]).c_str());
+    rmdir(dir.c_str());
+    const int64_t before = dllm__device_bytes;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
+    const double weights_gb = (dllm__device_bytes - before) / 1e9;
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const dllm__config &c = model->cfg;
+    const int n = 1024, B = 32, S = 8;
+    std::vector<int32_t> ids((size_t)(n + B));
+    for (int i = 0; i < n + B; i++) ids[(size_t)i] = i < n + 1 ? (i * 104729) % 150000 : c.mask_id;  // the block: the AR seed, then masks
+    std::vector<float> logits((size_t)n * c.n_vocab);
+    auto call = [&](dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
+        dllm__bd_call k;
+        k.kind = kind, k.ids = ids.data() + start, k.T = T, k.offset = offset, k.mask_block = mask_block, k.r0 = r0, k.r1 = r1;
+        return k;
+    };
+    BENCH_CHECK(gpu->bd_begin(n + 2 * B));
+    const dllm__bd_call prefill = call(DLLM__BD_COMMIT, 0, n, 0, B, n - 1, n);
+    const double prefill_ms = bench_ms(gpu->stream(), 0, 1, [&] { BENCH_CHECK(gpu->bd_forward(prefill, logits.data())); });
+    const dllm__bd_call step = call(DLLM__BD_STEP, n, B, 0, B, S - 1, 2 * S - 1), full = call(DLLM__BD_BLOCK_FULL, n, B, 0, B, S - 1, 2 * S - 1),
+                        sub = call(DLLM__BD_SUB_BLOCK, n + S, S, S, 0, 0, S);
+    const double step_ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
+    BENCH_CHECK(gpu->bd_forward(full, logits.data()));
+    const double sub_ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
+    r.set("bd_prefill_N1024_first_ms", prefill_ms);  // once, cold: GEMM tuning included
+    r.set("bd_block32_N1024_step_ms", step_ms);
+    r.set("bd_subblock8_N1024_step_ms", sub_ms);
+    if (r.v.count("copy_TBps")) {
+        const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
+        r.set("bd_block32_N1024_weight_read_floor_ms", floor_ms);
+        r.set("bd_block32_N1024_over_floor", step_ms / floor_ms);
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(model);
+}
+
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only] [--anchors anchor_torch.json]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
     "\n"
-    "Speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file needed); the\n"
+    "Speed of dllm on random weights of the real LLaDA-8B (and Fast-dLLM v2 7B) shapes, generated on the GPU (no file needed); the\n"
     "ratios to the PyTorch reference when its results are given. Modes (the default runs everything):\n"
-    "  --quick            the dual-cache block step and the N=1024 forward, profiled, and LaCache's components\n"
+    "  --quick            the dual-cache block step and the N=1024 forward, profiled, LaCache's components, and the\n"
+    "                     block-diffusion block step at the Fast-dLLM v2 7B shape\n"
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n";
@@ -546,6 +601,7 @@ int main(int argc, char **argv) {
         bench_lacache_components(r, gpu, model->cfg, 768, 256, 32, NAN, NAN);  // no ceilings measured: no predictions
         dllm_ctx_free(ctx);
         dllm_model_free(model);
+        bench_block_diffusion(r);
         return 0;
     }
     bench_ceilings(r, s0);
@@ -708,6 +764,8 @@ int main(int argc, char **argv) {
             dllm_ctx_free(ctx8);
         }
     }
+
+    bench_block_diffusion(r);
 
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
     printf("\n| workload | dllm | torch eager | ratio | torch graphs | ratio |\n|---|---|---|---|---|---|\n");
