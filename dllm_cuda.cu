@@ -32,14 +32,15 @@
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
- *      split-KV; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
+ *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync); one algorithm per shape and device for every context
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
- *      [prefix cache], [DPad]; the sampler; [step graphs]; [debug hooks]
- *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, CPU backend)
+ *      [prefix cache], [DPad]; the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
+ *      cache, block cache, [Llama-4 query scaling]); [debug hooks]
+ *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
@@ -5143,7 +5144,7 @@ KERNEL_rope_qkv {
     }
 }
 
-/* Twin: dllm__cpu_llama4_scale. Llama-4 query scaling (Nemotron) after RoPE, in place on the first `width` (the query
+/* Twin: dllm__cpu_llama4_scale. [Llama-4 query scaling] (Nemotron) after RoPE, in place on the first `width` (the query
  * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta log(1 + floor(pos / orig_max)).
  * Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
 KERNEL_llama4_scale_q {
@@ -6048,7 +6049,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
-/* Block diffusion's block-causal mask (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
+/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
  * before the end of its block of mask_block indices. Twin: dllm__cpu_attention_block_causal's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
@@ -7700,6 +7701,7 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
 //          [step graphs]
+//          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
 //     fp32. The residual stream is fp32. One denoising step (forward, LM head, confidence, top-k commit) is
@@ -8906,7 +8908,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     return DLLM_OK;
 }
 
-// ---- 16.4.3 Block diffusion (Fast-dLLM v2, Nemotron) ----------------------------------------------------
+// ---- 16.4.3 [block diffusion] (Fast-dLLM v2, Nemotron) --------------------------------------------------
 // The GPU twin of dllm__cpu_bd_forward (section 9; block-diffusion.md): one forward of the block-diffusion schedule
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on

@@ -431,7 +431,7 @@ TEST(block_diffusion, cli_options_and_model_defaults) {
     std::string ids, out, err;
     for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
     std::string stop = std::to_string(c->find("output")->items[0].integer);
-    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
+    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
     CHECK_MSG(rc == 0 && out == "ids:\n", "exit %d, stdout \"%s\" (%s)", rc, out.c_str(), err.c_str());
     CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" --sub-block x", out, err) == 1);
     CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" -n 64 --sub-block 5", out, err) == 1 && err.find("divide") != std::string::npos);

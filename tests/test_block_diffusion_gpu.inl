@@ -106,7 +106,8 @@ TEST(gpu, llama4_query_scaling_matches_cpu) {
 
 /* A random tiny Nemotron-Labs-Diffusion checkpoint the GPU backend takes (vocabulary a multiple of 8, unlike the
  * fixture's 131): YaRN with an attention factor != 1, Llama-4 query scaling from position 32, block 8, the
- * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.08) from `seed`, norms 1 + N(0, 0.1). */
+ * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.12) from `seed` (logits far from flat), norms
+ * 1 + N(0, 0.1). */
 static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, bool shift_logits) {
     std::string cfg = test_read_file(test_data("tiny-nemotron-diffusion/config.json"));
     cfg.replace(cfg.find("\"vocab_size\": 131"), 17, "\"vocab_size\": 136");
@@ -122,7 +123,7 @@ static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, b
         for (int64_t d : s.shape) n *= d;
         const bool norm = s.kind == DLLM__W_ATTN_NORM || s.kind == DLLM__W_FFN_NORM || s.kind == DLLM__W_FINAL_NORM;
         std::vector<float> v((size_t)n);
-        for (float &x : v) x = norm ? 1 + 0.1f * normal(rng) : 0.08f * normal(rng);
+        for (float &x : v) x = norm ? 1 + 0.1f * normal(rng) : 0.12f * normal(rng);
         st.add(s.name, "BF16", s.shape, test_bf16_bytes(v));
     }
     test_write_file(dir.file("model.safetensors"), st.bytes());
@@ -259,7 +260,9 @@ static int test_bd_trace_step(const dllm_step_info *info, void *user) {
 /* A GPU step that differs from the CPU's is accepted only at a near-tie, decided on the plain block-causal logits of
  * the canvas before the step (dllm_logits, shift applied) with the BF16 noise of a row = max |GPU - CPU| there: two
  * tokens at one position whose CPU logits are within twice the noise, or a position one backend commits and the
- * other not whose confidence is within twice the noise of the threshold or of the other backend's choice. */
+ * other not whose confidence is within twice the noise (relatively) of the threshold or of the other backend's choice.
+ * An approximation of the step's own logits (the block cache's stale rows, a block shorter than the mask's): good
+ * enough to tell a near-tie from a wrong forward, whose noise and gaps are far larger. */
 static bool test_bd_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm_model *m, const std::vector<int32_t> &before, const std::vector<int32_t> &a,
                              const std::vector<int32_t> &b, double tau, int32_t mask, const char *what) {
     if (a.size() != b.size() || before.size() != a.size()) return false;
@@ -284,13 +287,17 @@ static bool test_bd_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm_model *m, 
             only.push_back(p);
         }
     }
+    // Confidences are compared relatively: a logit moved by e moves a probability by a factor of about exp(e).
     for (int p : only) {
         const double conf = test_softmax_max(&lc[(size_t)p * V], V), bound = 2 * noise(p);
-        double gap = fabs(conf - tau);
+        double gap = fabs(conf - tau) / std::max(conf, tau);
         for (int o : only)
-            if (o != p && (a[(size_t)o] == mask) != (a[(size_t)p] == mask)) gap = std::min(gap, fabs(conf - test_softmax_max(&lc[(size_t)o * V], V)));
-        printf("    %s position %d committed by the %s only: confidence %.5f, gap %.5f, noise bound %.4f\n", what, p, a[(size_t)p] != mask ? "CPU" : "GPU",
-               conf, gap, bound);
+            if (o != p && (a[(size_t)o] == mask) != (a[(size_t)p] == mask)) {
+                const double other = test_softmax_max(&lc[(size_t)o * V], V);
+                gap = std::min(gap, fabs(conf - other) / std::max(conf, other));
+            }
+        printf("    %s position %d committed by the %s only: confidence %.5f, relative gap %.5f, noise bound %.4f\n", what, p,
+               a[(size_t)p] != mask ? "CPU" : "GPU", conf, gap, bound);
         ok &= gap <= bound;
     }
     return ok;
