@@ -106,8 +106,8 @@ TEST(gpu, llama4_query_scaling_matches_cpu) {
 
 /* A random tiny Nemotron-Labs-Diffusion checkpoint the GPU backend takes (vocabulary a multiple of 8, unlike the
  * fixture's 131): YaRN with an attention factor != 1, Llama-4 query scaling from position 32, block 8, the
- * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.12) from `seed` (logits far from flat), norms
- * 1 + N(0, 0.1). */
+ * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.12) from `seed`, the head's N(0, 0.5) (logits
+ * far from flat: fewer near-ties), norms 1 + N(0, 0.1). */
 static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, bool shift_logits) {
     std::string cfg = test_read_file(test_data("tiny-nemotron-diffusion/config.json"));
     cfg.replace(cfg.find("\"vocab_size\": 131"), 17, "\"vocab_size\": 136");
@@ -123,7 +123,8 @@ static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, b
         for (int64_t d : s.shape) n *= d;
         const bool norm = s.kind == DLLM__W_ATTN_NORM || s.kind == DLLM__W_FFN_NORM || s.kind == DLLM__W_FINAL_NORM;
         std::vector<float> v((size_t)n);
-        for (float &x : v) x = norm ? 1 + 0.1f * normal(rng) : 0.12f * normal(rng);
+        const float std_dev = s.kind == DLLM__W_HEAD ? 0.5f : 0.12f;
+        for (float &x : v) x = norm ? 1 + 0.1f * normal(rng) : std_dev * normal(rng);
         st.add(s.name, "BF16", s.shape, test_bf16_bytes(v));
     }
     test_write_file(dir.file("model.safetensors"), st.bytes());
@@ -246,58 +247,125 @@ TEST(block_diffusion, cache_full_is_a_clear_error) {
 
 // ---- decoding -----------------------------------------------------------------------------------------------------
 
-/* Canvas and commits after every step of a block-diffusion generation. */
+/* A backend that forwards to another and keeps what each block-diffusion forward returned: its first id, rows and raw
+ * logits. The decoding test reads a diverging step's own logits from it. */
+struct test_bd_record {
+    const int32_t *ids;
+    int r0, r1;
+    std::vector<float> logits;
+};
+struct test_bd_recording : dllm__backend_impl {
+    dllm__backend_impl &inner;
+    int n_vocab;
+    std::vector<test_bd_record> records;
+    test_bd_recording(dllm__backend_impl &b, int V) : inner(b), n_vocab(V) {}
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner.logits(ids, n, r0, r1, out); }
+    dllm_status begin_block(dllm__decode &st) override { return inner.begin_block(st); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return inner.step(st, committed, want_host); }
+    dllm_status bd_begin(int rows) override { return inner.bd_begin(rows); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        DLLM__TRY(inner.bd_forward(call, logits));
+        records.push_back({call.ids, call.r0, call.r1, std::vector<float>(logits, logits + (size_t)(call.r1 - call.r0) * n_vocab)});
+        return DLLM_OK;
+    }
+};
+
+/* After every step of a block-diffusion generation: the canvas, the commits, and the forward the step ran (the last
+ * one recorded) with the canvas position of its row 0. */
 struct test_bd_trace {
+    test_bd_recording *live = nullptr;  // during the generation
+    std::vector<test_bd_record> records;
     std::vector<std::vector<int32_t>> canvases, committed;
+    std::vector<size_t> forward;
+    std::vector<int> start;
 };
 static int test_bd_trace_step(const dllm_step_info *info, void *user) {
     test_bd_trace *t = (test_bd_trace *)user;
     t->canvases.emplace_back(info->canvas, info->canvas + info->canvas_len);
     t->committed.emplace_back(info->committed_pos, info->committed_pos + info->n_committed);
+    t->forward.push_back(t->live->records.size() - 1);
+    t->start.push_back((int)(t->live->records.back().ids - info->canvas));  // a step changes the canvas its forward read
     return 0;
 }
 
-/* A GPU step that differs from the CPU's is accepted only at a near-tie, decided on the plain block-causal logits of
- * the canvas before the step (dllm_logits, shift applied) with the BF16 noise of a row = max |GPU - CPU| there: two
- * tokens at one position whose CPU logits are within twice the noise, or a position one backend commits and the
- * other not whose confidence is within twice the noise (relatively) of the threshold or of the other backend's choice.
- * An approximation of the step's own logits (the block cache's stale rows, a block shorter than the mask's): good
- * enough to tell a near-tie from a wrong forward, whose noise and gaps are far larger. */
-static bool test_bd_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm_model *m, const std::vector<int32_t> &before, const std::vector<int32_t> &a,
-                             const std::vector<int32_t> &b, double tau, int32_t mask, const char *what) {
-    if (a.size() != b.size() || before.size() != a.size()) return false;
-    const int N = (int)before.size(), V = m->cfg.n_vocab;
-    std::vector<float> lc((size_t)N * V), lg((size_t)N * V);
-    if (dllm_logits(cpu, before.data(), N, 0, N, lc.data(), lc.size()) != DLLM_OK || dllm_logits(gpu, before.data(), N, 0, N, lg.data(), lg.size()) != DLLM_OK)
+/* dllm_generate on ctx with its backend wrapped in a recorder for the generation. */
+static dllm_status test_bd_generate_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params gp, test_bd_trace &t) {
+    std::unique_ptr<dllm__backend_impl> backend = std::move(ctx->impl);
+    test_bd_recording *rec = new test_bd_recording(*backend, ctx->model->cfg.n_vocab);
+    ctx->impl.reset(rec);
+    t.live = rec;
+    gp.on_step = test_bd_trace_step, gp.on_step_data = &t;
+    std::vector<int32_t> out((size_t)gp.gen_length + 1);
+    const dllm_status st = dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
+    t.records = std::move(rec->records);
+    t.live = nullptr;
+    ctx->impl = std::move(backend);  // frees the recorder
+    return st;
+}
+
+/* A GPU step that differs from the CPU's (the steps before it equal, so both ran the same forward on the same canvas)
+ * is accepted only at a near-tie of that forward's logits, with the BF16 noise of a row = max |GPU - CPU| there: two
+ * tokens at one position whose CPU logits are within twice the noise, or a position one backend commits and the other
+ * not whose confidence is within twice the noise (relatively: a logit moved by e moves a probability by a factor of
+ * about exp(e)) of the threshold or of a position the other backend committed instead; or a block's first token (the
+ * AR seed, from the commit forward before the step) whose two choices are that close on that forward's logit row. */
+static bool test_bd_near_tie(const test_bd_trace &ta, const test_bd_trace &tb, size_t s, const dllm_model *m, double tau, const char *what) {
+    const test_bd_record &ra = ta.records[ta.forward[s]], &rb = tb.records[tb.forward[s]];
+    const std::vector<int32_t> &a = ta.canvases[s], &b = tb.canvases[s];
+    if (ta.start[s] != tb.start[s] || ra.r0 != rb.r0 || ra.r1 != rb.r1 || a.size() != b.size()) {
+        printf("    %s the two backends ran different forwards\n", what);
         return false;
-    auto noise = [&](int p) {
+    }
+    const int V = m->cfg.n_vocab, mask = m->cfg.mask_id;
+    dllm__sampling greedy;  // the decoding loop's confidence: the mask id never predicted
+    greedy.eos_logit_inf = true, greedy.eos_id = mask;
+    auto row = [&](int p) {  // the raw row that scores position p (block-diffusion.md: row 0 scores itself)
+        const int q = p - ta.start[s];
+        return (m->cfg.shift_logits && q > 0 ? q - 1 : q) - ra.r0;
+    };
+    auto noise = [&](int r) {
         double e = 0;
-        for (int v = 0; v < V; v++) e = std::max(e, (double)fabsf(lc[(size_t)p * V + v] - lg[(size_t)p * V + v]));
+        for (int v = 0; v < V; v++) e = std::max(e, (double)fabsf(ra.logits[(size_t)r * V + v] - rb.logits[(size_t)r * V + v]));
         return e;
+    };
+    auto conf = [&](int p) { return dllm__choose(&ra.logits[(size_t)row(p) * V], V, greedy, (uint32_t)p, 0).conf; };
+    auto committed_at_s = [&](int p) {
+        return std::count(ta.committed[s].begin(), ta.committed[s].end(), p) + std::count(tb.committed[s].begin(), tb.committed[s].end(), p) > 0;
     };
     std::vector<int> only;
     bool ok = true;
-    for (int p = 0; p < N; p++) {
+    for (int p = 0; p < (int)a.size(); p++) {
         if (a[(size_t)p] == b[(size_t)p]) continue;
+        if (!committed_at_s(p)) {  // the block's first token: the AR seed, argmax of the commit forward before this step
+            if (ta.forward[s] == 0 || tb.forward[s] == 0) return false;
+            const test_bd_record &ca = ta.records[ta.forward[s] - 1], &cb = tb.records[tb.forward[s] - 1];
+            double noise_seed = 0;
+            for (int v = 0; v < V; v++) noise_seed = std::max(noise_seed, (double)fabsf(ca.logits[(size_t)v] - cb.logits[(size_t)v]));
+            const double gap = fabs(ca.logits[(size_t)a[(size_t)p]] - ca.logits[(size_t)b[(size_t)p]]);
+            printf("    %s AR seed at %d: CPU %d vs GPU %d, logit gap %.4f, noise bound %.4f\n", what, p, a[(size_t)p], b[(size_t)p], gap, 2 * noise_seed);
+            ok &= gap <= 2 * noise_seed;
+            continue;
+        }
+        if (row(p) < 0 || row(p) >= ra.r1 - ra.r0) {
+            printf("    %s position %d differs outside the step's rows\n", what, p);
+            return false;
+        }
         if (a[(size_t)p] != mask && b[(size_t)p] != mask) {
-            const double gap = fabs(lc[(size_t)p * V + a[(size_t)p]] - lc[(size_t)p * V + b[(size_t)p]]), bound = 2 * noise(p);
+            const float *l = &ra.logits[(size_t)row(p) * V];
+            const double gap = fabs(l[a[(size_t)p]] - l[b[(size_t)p]]), bound = 2 * noise(row(p));
             printf("    %s position %d: token CPU %d vs GPU %d, logit gap %.4f, noise bound %.4f\n", what, p, a[(size_t)p], b[(size_t)p], gap, bound);
             ok &= gap <= bound;
         } else {
             only.push_back(p);
         }
     }
-    // Confidences are compared relatively: a logit moved by e moves a probability by a factor of about exp(e).
     for (int p : only) {
-        const double conf = test_softmax_max(&lc[(size_t)p * V], V), bound = 2 * noise(p);
-        double gap = fabs(conf - tau) / std::max(conf, tau);
+        const double c = conf(p), bound = 2 * noise(row(p));
+        double gap = fabs(c - tau) / std::max(c, tau);
         for (int o : only)
-            if (o != p && (a[(size_t)o] == mask) != (a[(size_t)p] == mask)) {
-                const double other = test_softmax_max(&lc[(size_t)o * V], V);
-                gap = std::min(gap, fabs(conf - other) / std::max(conf, other));
-            }
+            if ((a[(size_t)o] == mask) != (a[(size_t)p] == mask)) gap = std::min(gap, fabs(c - conf(o)) / std::max(c, conf(o)));
         printf("    %s position %d committed by the %s only: confidence %.5f, relative gap %.5f, noise bound %.4f\n", what, p,
-               a[(size_t)p] != mask ? "CPU" : "GPU", conf, gap, bound);
+               a[(size_t)p] != mask ? "CPU" : "GPU", c, gap, bound);
         ok &= gap <= bound;
     }
     return ok;
@@ -305,7 +373,8 @@ static bool test_bd_near_tie(dllm_ctx *cpu, dllm_ctx *gpu, const dllm_model *m, 
 
 /* The cases of a trace fixture (threshold, block cache, shift off, prompts around the block) decoded on both backends
  * of `models` (with shifted logits; without, for the cases marked "shift": false): the GPU's steps equal the CPU's
- * (which equal the reference's on the fixture's own model: block_diffusion.*_traces_match_reference), near-ties aside. */
+ * (which equal the reference's on the fixture's own model: block_diffusion.*_traces_match_reference), near-ties aside;
+ * so do the outputs of the cases identical at every step. */
 static void test_bd_gpu_traces(dllm_test_state &T_, const char *fx, dllm_model *const (&models)[2], const char *name) {
     dllm__json root;
     CHECK_STATUS(dllm__json_load(test_data(fx) + "/golden_traces.json", root), DLLM_OK, nullptr);
@@ -332,23 +401,20 @@ static void test_bd_gpu_traces(dllm_test_state &T_, const char *fx, dllm_model *
         const dllm__json *tau = cs.find("threshold");
         if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
         gp.stop_at_eos = 0;
-        gp.on_step = test_bd_trace_step;
         test_bd_trace ta, tb;
-        std::vector<int32_t> out((size_t)gp.gen_length + 1);
-        gp.on_step_data = &ta;
-        CHECK_STATUS(dllm_generate(cpu[which], prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr), DLLM_OK, nullptr);
-        gp.on_step_data = &tb;
-        CHECK_STATUS(dllm_generate(gpu[which], prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_generate_recorded(cpu[which], prompt, gp, ta), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_generate_recorded(gpu[which], prompt, gp, tb), DLLM_OK, nullptr);
         n_cases++;
         size_t s = 0;
         while (s < ta.canvases.size() && s < tb.canvases.size() && ta.canvases[s] == tb.canvases[s]) s++;
         if (s == ta.canvases.size() && ta.canvases.size() == tb.canvases.size()) { identical++; continue; }
-        if (s >= ta.canvases.size() || s >= tb.canvases.size()) { unexplained++; continue; }
-        std::vector<int32_t> before = ta.canvases[s];  // the CPU's canvas before step s: its commits of step s masked again
-        for (int32_t p : ta.committed[s]) before[(size_t)p] = m->cfg.mask_id;
         const std::string what = dllm__format("%s/%s step %zu:", name, cs.find("name")->str.c_str(), s);
-        unexplained += !test_bd_near_tie(cpu[which], gpu[which], m, before, ta.canvases[s], tb.canvases[s],
-                                         gp.unmask == DLLM_UNMASK_THRESHOLD ? gp.threshold : 1.0, m->cfg.mask_id, what.c_str());
+        if (s >= ta.canvases.size() || s >= tb.canvases.size()) {
+            printf("    %s one backend stopped (%zu CPU steps, %zu GPU steps)\n", what.c_str(), ta.canvases.size(), tb.canvases.size());
+            unexplained++;
+            continue;
+        }
+        unexplained += !test_bd_near_tie(ta, tb, s, m, gp.unmask == DLLM_UNMASK_THRESHOLD ? gp.threshold : 1.0, what.c_str());
     }
     printf("    %s: %d of %d cases identical at every step on the GPU\n", name, identical, n_cases);
     CHECK(n_cases >= 8);
