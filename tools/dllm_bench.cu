@@ -1,14 +1,15 @@
 /* dllm-bench: speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file),
  * beside the PyTorch reference run in the same device call.
  *
- *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
+ *   build/dllm-bench [--anchors anchor_torch.json] [--anchors-v2 anchor_v2.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --help                the options; an unknown one is an error (exit 2), not a full run
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
  *                                          bursts and sustained (power-capped)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
- *                                          and LaCache's per-component savings at W1's geometry
+ *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
+ *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
@@ -478,8 +479,9 @@ static dllm_ctx_params bench_gpu_params() {
 /* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
  * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
  * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
- * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache). Against the weight-read
- * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured. */
+ * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
+ * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
+ * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
 static void bench_block_diffusion(bench_result &r) {
     std::string dir = dllm__format("/tmp/dllm-bench-bd-%d", (int)getpid()), text;
     mkdir(dir.c_str(), 0700);
@@ -520,6 +522,17 @@ static void bench_block_diffusion(bench_result &r) {
     r.set("bd_prefill_N1024_first_ms", prefill_ms);  // once, cold: GEMM tuning included
     r.set("bd_block32_N1024_step_ms", step_ms);
     r.set("bd_subblock8_N1024_step_ms", sub_ms);
+    // End to end as the anchor runs it: prompt 512, gen 256, threshold 0.9 (random weights: one token a step, 257 forwards).
+    std::vector<int32_t> prompt(ids.begin(), ids.begin() + 512), out(257);
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.block_length = B, gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9, gp.stop_at_eos = 0;
+    gp.gen_length = B;  // warm-up: one block
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr));
+    gp.gen_length = 256;
+    dllm_gen_stats st;
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
+    r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
+    r.set("bd_gen_p512_g256_forwards", st.forwards);
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
         r.set("bd_block32_N1024_weight_read_floor_ms", floor_ms);
@@ -531,6 +544,7 @@ static void bench_block_diffusion(bench_result &r) {
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only] [--anchors anchor_torch.json]\n"
+    "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
     "\n"
     "Speed of dllm on random weights of the real LLaDA-8B (and Fast-dLLM v2 7B) shapes, generated on the GPU (no file needed); the\n"
@@ -542,11 +556,12 @@ static const char *bench_usage =
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n";
 
 int main(int argc, char **argv) {
-    const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
+    const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
+               *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}};
-    struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
+    struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
                                                                  {"--config", &config}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
@@ -768,6 +783,7 @@ int main(int argc, char **argv) {
     bench_block_diffusion(r);
 
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
+    for (auto &kv : bench_read_anchors(anchors_v2, nullptr)) a.emplace(kv);  // torch_reference_v2.py's (block diffusion)
     printf("\n| workload | dllm | torch eager | ratio | torch graphs | ratio |\n|---|---|---|---|---|---|\n");
     auto row = [&](const char *name, double ours, const char *eager_key, const char *graph_key) {
         double e = a.count(eager_key) ? a[eager_key] : NAN, g = graph_key && a.count(graph_key) ? a[graph_key] : NAN;
@@ -787,6 +803,8 @@ int main(int argc, char **argv) {
     row("W1 s (dual cache)", r.v["W1 dual_s"], "gen_p768_g256_b32_s256_dual_s", nullptr);
     row("W1 s (prefix cache)", r.v["W1 prefix_s"], "gen_p768_g256_b32_s256_prefix_s", nullptr);
     row("W1-64 s (dual cache)", r.v["W1-64 dual_s"], "gen_p768_g256_b32_s64_dual_s", nullptr);
+    row("block-diffusion step ms (32 over 1024, 7B)", r.v["bd_block32_N1024_step_ms"], "v2_block_step_N1024_eager_ms", "v2_block_step_N1024_graph_ms");
+    row("block-diffusion gen s (p512 g256, 7B)", r.v["bd_gen_p512_g256_s"], "v2_gen_p512_g256_b1_s", nullptr);
     if (r.v.count("W1_fp8_lacache_s")) {  // issue 5's target: W1 with LaCache + FP8 at most 0.45x the eager reference
         row("fwd N=1024 ms (FP8)", r.v["fp8_fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
         row("W1 s (FP8, plain)", r.v["W1_fp8_off_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
