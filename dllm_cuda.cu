@@ -8947,7 +8947,9 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
     DLLM__TRY(bd_check(call));
     const dllm__config &c = m_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
-    kv_on_ = positions_on_ = false;  // neither the plain K/V cache nor DPad positions: this path's own cache and RoPE rows
+    // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
+    // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
+    kv_on_ = true, positions_on_ = false;
     DLLM__TRY(fit_buffers(1, T, std::min(out_rows, dllm__lm_chunk_rows)));
     if (call.kind == DLLM__BD_BLOCK_FULL) {
         DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));

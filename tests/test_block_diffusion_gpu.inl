@@ -155,20 +155,21 @@ static dllm_status test_bd_run(dllm__backend_impl &b, const dllm_model &m, int r
 
 /* Every kind of forward on the CPU and the GPU backend, logits compared forward by forward: a prompt longer than a
  * block (prefill, a block without and with the block cache, two sub-blocks, the commit, the next block's first
- * step) and one shorter than a block (no prefill: the first block holds the prompt's tail); then dllm_logits. */
+ * step), one shorter than a block (no prefill: the first block holds the prompt's tail), and a long prefill; then
+ * dllm_logits. */
 static void test_bd_forward_compare(dllm_test_state &T_, const char *name, dllm_model *m, int B, int S) {
     dllm_ctx *cpu = test_ctx(m, DLLM_BACKEND_CPU), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (!cpu || !gpu) { dllm_ctx_free(cpu); dllm_ctx_free(gpu); return; }
     const dllm__config &c = m->cfg;
     const int V = c.n_vocab, prefill = c.bd_causal_context ? 1 : B, step = c.bd_mask_block;
-    std::vector<int32_t> ids((size_t)5 * B);
+    std::vector<int32_t> ids((size_t)7 * B);
     for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 37 + 11) % (size_t)V);
     for (int i = 2 * B + 3; i < 3 * B; i += 2) ids[(size_t)i] = c.mask_id;  // a block being decoded: masks among tokens
     std::vector<int32_t> sub(ids.begin() + 2 * B + S, ids.begin() + 2 * B + 2 * S);  // a sub-block with new tokens
     for (int32_t &t : sub) t = (t + 5) % V;
-    ids.insert(ids.end(), sub.begin(), sub.end());  // at 5B
-    const int sub_at = 5 * B;
+    ids.insert(ids.end(), sub.begin(), sub.end());  // at 7B
+    const int sub_at = 7 * B;
     struct script { const char *what; int rows; std::vector<test_bd_fwd> f; };
     const script scripts[] = {
         {"prompt longer than a block", 4 * B,
@@ -186,6 +187,12 @@ static void test_bd_forward_compare(dllm_test_state &T_, const char *name, dllm_
           {DLLM__BD_COMMIT, 2 * B, B, 0, prefill, 0, B},
           {DLLM__BD_BLOCK_FULL, 3 * B, B, 0, step, 0, B},
           {DLLM__BD_SUB_BLOCK, 3 * B + B - S, S, B - S, 0, 1, S}}},
+        {"a long prefill (Nemotron: positions past its Llama-4 scaling's 32)", 7 * B,
+         {{DLLM__BD_COMMIT, 0, 5 * B, 0, prefill, 0, 5 * B},
+          {DLLM__BD_STEP, 5 * B, B, 0, step, 0, B},
+          {DLLM__BD_COMMIT, 5 * B, B, 0, prefill, B - 1, B},
+          {DLLM__BD_BLOCK_FULL, 6 * B, B, 0, step, 2, B},
+          {DLLM__BD_SUB_BLOCK, sub_at, S, S, 0, 0, S}}},
     };
     for (const script &s : scripts) {
         std::vector<float> want, got;
