@@ -6221,6 +6221,9 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     const bool cached = a.fa_mode != 0 && !q_in_block;
     int i_begin, i_end;
     kv_range(a, split, n_tiles, n_early, cached && a.fa_mode == 2, i_begin, i_end);
+    // [block-causal mask] In the plain order the key tiles past the query tile's last visible key hold no visible key:
+    // not visited (a fully masked tile changes no register of the online softmax, so this changes no bit).
+    if (a.mask_block && late_hi == late_lo) i_end = max(i_begin, min(i_end, (visible_keys(a, min(q0 + BR, a.q_rows) - 1) + BC - 1) / BC));
 
     load_tile<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
     cp_async_commit();
