@@ -49,9 +49,10 @@ TEST(gpu, block_causal_attention_matches_cpu) {
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("block_causal_attention");
-    // A fresh forward from position 0 (the prompt's prefill: block-causal at 32, token-causal), a block over a cache
-    // (the fresh rows after 45 and 300 committed ones), a sub-block's unmasked rows over cache ++ block cache, a
-    // block-causal granularity that does not divide the cache, and split-KV with more shares than visible tiles.
+    // A fresh forward from position 0 (the prompt's prefill: block-causal at 32, token-causal: key tiles past a query
+    // tile's last visible key are skipped), a block over a cache (the fresh rows after 45 and 300 committed ones), a
+    // sub-block's unmasked rows over cache ++ block cache, a block-causal granularity that does not divide the cache,
+    // and split-KV (more shares than tiles; shares wholly past the visible keys).
     test_bd_attention_case(T_, g, r, 64, 4, 2, 77, 77, 0, 32, 1);
     test_bd_attention_case(T_, g, r, 128, 4, 1, 150, 150, 0, 1, 1);
     test_bd_attention_case(T_, g, r, 24, 4, 2, 32, 45 + 32, 45, 32, 1);
@@ -59,6 +60,7 @@ TEST(gpu, block_causal_attention_matches_cpu) {
     test_bd_attention_case(T_, g, r, 128, 4, 2, 8, 300 + 32, 316, 0, 4);
     test_bd_attention_case(T_, g, r, 64, 6, 3, 37, 130 + 37, 130, 12, 2);
     test_bd_attention_case(T_, g, r, 16, 6, 2, 1, 9, 8, 8, 5);
+    test_bd_attention_case(T_, g, r, 64, 2, 1, 200, 200, 0, 1, 3);  // token-causal over skipped tiles, in shares
 }
 
 /* llama4_scale_q against dllm__cpu_llama4_scale on the bf16 query heads of fused rows whose positions cross several
