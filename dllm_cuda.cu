@@ -8938,8 +8938,9 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
         return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_block_rows_);
     const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T;
     if (bd_n_ + scratch > bd_cap_)
-        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
-                          call.T, bd_n_, bd_cap_);
+        return dllm__fail(DLLM_ERR_INTERNAL,
+                          "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)", call.T,
+                          bd_n_, bd_cap_);
     if (bd_n_ + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
                           bd_n_ + call.offset + call.T, max_tokens_);
@@ -8995,7 +8996,9 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     mark("rope");
     char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, *after = cache + (size_t)bd_n_ * row_bytes;
     const char *fresh = (const char *)act_.qkv.ptr + (size_t)c.n_head * hd * 2;  // the K|V part of each projection row
-    auto put_fresh = [&](char *dst) { return cudaMemcpy2DAsync(dst, row_bytes, fresh, (size_t)qkv * 2, row_bytes, (size_t)T, cudaMemcpyDeviceToDevice, stream_); };
+    auto put_fresh = [&](char *dst) {
+        return cudaMemcpy2DAsync(dst, row_bytes, fresh, (size_t)qkv * 2, row_bytes, (size_t)T, cudaMemcpyDeviceToDevice, stream_);
+    };
     int n_keys = bd_n_ + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
         char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;

@@ -140,8 +140,8 @@ struct test_bd_fwd {
 };
 
 /* The script on one backend: bd_begin(rows), then every forward's raw logits, appended. */
-static dllm_status test_bd_run(dllm__backend_impl &b, const dllm_model &m, int rows, const std::vector<int32_t> &ids, const std::vector<test_bd_fwd> &script,
-                               std::vector<float> &out) {
+static dllm_status test_bd_run(dllm__backend_impl &b, const dllm_model &m, int rows, const std::vector<int32_t> &ids,
+                               const std::vector<test_bd_fwd> &script, std::vector<float> &out) {
     DLLM__TRY(b.bd_begin(rows));
     out.clear();
     for (const test_bd_fwd &f : script) {
@@ -206,7 +206,8 @@ static void test_bd_forward_compare(dllm_test_state &T_, const char *name, dllm_
             std::vector<float> a(want.begin() + (long)at, want.begin() + (long)(at + n)), b(got.begin() + (long)at, got.begin() + (long)(at + n));
             at += n;
             const double err = test_max_rel(b, a);
-            printf("    %s, %s, forward %zu (kind %d, %d rows): GPU vs CPU logits max relative error %.2e\n", name, s.what, i, (int)s.f[i].kind, s.f[i].T, err);
+            printf("    %s, %s, forward %zu (kind %d, %d rows): GPU vs CPU logits max relative error %.2e\n", name, s.what, i, (int)s.f[i].kind,
+                   s.f[i].T, err);
             CHECK_MSG(err < 3e-2, "%s, %s, forward %zu: error %.3e", name, s.what, i, err);
         }
         CHECK(got.size() == want.size());
@@ -240,7 +241,8 @@ TEST(block_diffusion, cache_full_is_a_clear_error) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
     const std::vector<int32_t> ids(64, 7);
-    const std::vector<test_bd_fwd> fill = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}}, over = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}, {DLLM__BD_STEP, 32, 8, 0, 32, 0, 8}};
+    const std::vector<test_bd_fwd> fill = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}},
+                                   over = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}, {DLLM__BD_STEP, 32, 8, 0, 32, 0, 8}};
     for (dllm_backend be : {DLLM_BACKEND_CPU, DLLM_BACKEND_GPU}) {
         if (be == DLLM_BACKEND_GPU && !test_have_gpu()) continue;
         dllm_ctx *ctx = test_ctx(m, be);
@@ -455,7 +457,8 @@ TEST(gpu, block_diffusion_fp8_matches_cpu_fp8) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
-    dllm_ctx *cpu8 = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_ALL), *gpu8 = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL);
+    dllm_ctx *cpu8 = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_ALL);
+    dllm_ctx *gpu8 = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL);
     CHECK(cpu8 && gpu8);
     if (cpu8 && gpu8) {
         dllm__gpu_backend *g = (dllm__gpu_backend *)gpu8->impl.get();

@@ -490,7 +490,10 @@ static void bench_block_diffusion(bench_result &r) {
     for (auto &f : files) {
         BENCH_CHECK(dllm__read_text(f[0], text));
         FILE *out = fopen((dir + "/" + f[1]).c_str(), "wb");
-        if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) { fprintf(stderr, "dllm-bench: cannot write %s\n", dir.c_str()); exit(1); }
+        if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) {
+            fprintf(stderr, "dllm-bench: cannot write %s\n", dir.c_str());
+            exit(1);
+        }
     }
     dllm_model *model = nullptr;
     BENCH_CHECK(dllm_model_load_random(dir.c_str(), 1, &model));
