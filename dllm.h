@@ -1,4 +1,4 @@
-/* dllm.h - diffusion LLM inference (LLaDA, Dream; Fast-dLLM v2 and Nemotron block diffusion on the CPU) in one
+/* dllm.h - diffusion LLM inference (LLaDA, Dream; Fast-dLLM v2 and Nemotron block diffusion) in one
  * header and one CUDA file.
  *
  * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
@@ -491,8 +491,8 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * the prompt may not contain the mask id, and a step never predicts the mask id itself (the official
  * loop would never end if it did; a trained model gives it ~0 probability). Ties between equal
  * confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly). Options that do not apply to block diffusion (cfg, DPad,
- * kv_cache, Dream's samplers, EOS options) are rejected with DLLM_ERR_UNSUPPORTED, and so is a GPU
- * context: block diffusion is not yet on the GPU backend. dllm_logits on these models is the model's
+ * kv_cache, Dream's samplers, EOS options) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run
+ * it (the GPU's forward in BF16, so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's
  * plain forward without a cache: block-causal at the model's block, positions from 0, shift applied. */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the

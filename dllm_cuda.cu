@@ -32,14 +32,15 @@
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
- *      split-KV; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
+ *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync); one algorithm per shape and device for every context
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
- *      [prefix cache], [DPad]; the sampler; [step graphs]; [debug hooks]
- *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, CPU backend)
+ *      [prefix cache], [DPad]; the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
+ *      cache, block cache, [Llama-4 query scaling]); [debug hooks]
+ *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
@@ -4989,10 +4990,6 @@ struct dllm__decode {
     int forwards = 0;
 };
 
-static dllm_status dllm__bd_unsupported() {
-    return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)");
-}
-
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -5008,9 +5005,9 @@ struct dllm__backend_impl {
     /* The generation ends: st.canvas must be current. */
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
     /* Block diffusion (section 17): a generation starts with an empty committed K/V cache of `rows` rows. */
-    virtual dllm_status bd_begin(int rows) { (void)rows; return dllm__bd_unsupported(); }
+    virtual dllm_status bd_begin(int rows) = 0;
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
-    virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) { (void)call; (void)logits; return dllm__bd_unsupported(); }
+    virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
 };
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
@@ -5440,7 +5437,9 @@ typedef unsigned long long u64;
     X(int, fa_mode)         /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */          \
     X(float *, fa_state)    /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */          \
     X(int, kv_splits)       /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
-    X(float *, partial)     /* kv_splits > 1: per-split states for attn_combine (see store_partial) */
+    X(float *, partial)     /* kv_splits > 1: per-split states for attn_combine (see store_partial) */          \
+    X(int, mask_block)      /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */ \
+    X(int, q_index0)        /* the sequence index of query row 0 for that mask (key j's index is j) */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -5466,7 +5465,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 120 && sizeof(soloq_args) == 144, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 144, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -5578,7 +5577,8 @@ __device__ __forceinline__ void pdl_enter() {
     X(make_uncond, , (const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out)) \
     X(block_begin, , (dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id)) \
     X(fill_random_bf16, , (bf16_t *w, u64 n, u64 seed, float scale, int constant)) \
-    X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first))
+    X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first)) \
+    X(llama4_scale_q, , (bf16_t *qkv, int n_rows, int stride, int width, int pos0, float beta, int orig_max))
 DLLM__ROWWISE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* What the row-wise module's kernels and SoloQ's fused producers share: 16-byte row accesses, the residual add + RMS
@@ -5729,6 +5729,23 @@ KERNEL_rope_qkv {
         }
         *(uint2 *)(x + j) = make_uint2(pack_bf16x2(x1[0], x1[1]), pack_bf16x2(x1[2], x1[3]));
         *(uint2 *)(x + j + half) = make_uint2(pack_bf16x2(x2[0], x2[1]), pack_bf16x2(x2[2], x2[3]));
+    }
+}
+
+/* Twin: dllm__cpu_llama4_scale. [Llama-4 query scaling] (Nemotron) after RoPE, in place on the first `width` (the query
+ * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta log(1 + floor(pos / orig_max)).
+ * Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
+KERNEL_llama4_scale_q {
+    pdl_enter();
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (col >= width) return;
+    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {
+        const float s = 1.0f + beta * logf(1.0f + floorf((float)(pos0 + row) / (float)orig_max));
+        bf16_t *x = qkv + (u64)row * stride + col;
+        float f[8];
+        unpack8(*(const uint4 *)x, f);
+        for (int e = 0; e < 8; e++) f[e] *= s;
+        *(uint4 *)x = pack8(f);
     }
 }
 
@@ -7335,6 +7352,23 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
+/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
+ * before the end of its block of mask_block indices. Twin: dllm__cpu_attention_block_causal's n_visible. */
+__device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
+    return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
+}
+/* mask_keys with a key limit per row of the m16 pair (rows g and g + 8): keys at or past end0 / end1 get -inf. */
+template <int NT>
+__device__ __forceinline__ void mask_keys_rows(float (&s)[NT][4], const unsigned char *valid, int end0, int end1, int k0, int t) {
+    #pragma unroll
+    for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + j * 8 + 2 * t + (e & 1);
+            if (key >= (e >> 1 ? end1 : end0) || (valid && !valid[key])) s[j][e] = -DLLM_INF;
+        }
+}
+
 /* The online-softmax update of rows g and g + 8 over one tile of scores, in two halves. softmax_scores: the running
  * max m (scaled, log2 domain), the per-thread partial normaliser l and the correction corr that rescales what was
  * accumulated under the old max; the scores become their unnormalised probabilities. Scores stay unscaled until the
@@ -7403,9 +7437,10 @@ __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa
 
 /* One warp, one KV tile of BC keys: S = Q K^T, the online-softmax update, O += P V. Keys past the
  * sequence or padded out are masked; full tiles without a padding mask (nearly all) skip that test.
- * HD here is the padded head dimension (a multiple of 16) the shared tiles are laid out for. */
+ * HD here is the padded head dimension (a multiple of 16) the shared tiles are laid out for; row0 is the warp's first
+ * query row (the block-causal mask's rows). */
 template <int HD, int BC, int MT>
-__device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int lane, int t,
+__device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int row0, int lane, int t,
                                            float (&o)[MT][HD / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
     constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8;  // LD in elements; addresses advance 2 bytes each
     float s[MT][NT][4];
@@ -7429,10 +7464,13 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
             }
         }
     }
-    if (a.key_valid || k0 + BC > a.seq) {
+    if (a.key_valid || k0 + BC > a.seq || a.mask_block) {
         const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
         #pragma unroll
-        for (int mt = 0; mt < MT; mt++) mask_keys<NT>(s[mt], valid, a.seq, k0, t);
+        for (int mt = 0; mt < MT; mt++) {
+            const int row = row0 + mt * 16 + (lane >> 2);
+            mask_keys_rows<NT>(s[mt], valid, a.mask_block ? visible_keys(a, row) : a.seq, a.mask_block ? visible_keys(a, row + 8) : a.seq, k0, t);
+        }
     }
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) online_softmax<NT, DT>(s[mt], m[mt], l[mt], o[mt], a.scale_log2);
@@ -7486,6 +7524,9 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     const bool cached = a.fa_mode != 0 && !q_in_block;
     int i_begin, i_end;
     kv_range(a, split, n_tiles, n_early, cached && a.fa_mode == 2, i_begin, i_end);
+    // [block-causal mask] In the plain order the key tiles past the query tile's last visible key hold no visible key:
+    // not visited (a fully masked tile changes no register of the online softmax, so this changes no bit).
+    if (a.mask_block && late_hi == late_lo) i_end = max(i_begin, min(i_end, (visible_keys(a, min(q0 + BR, a.q_rows) - 1) + BC - 1) / BC));
 
     load_tile<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
     cp_async_commit();
@@ -7522,7 +7563,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         if (live)
             #pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
-                flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, lane, t, o, m, l);
+                flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, q0 + warp * 16 * MT, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
@@ -9131,6 +9172,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
 //          [step graphs]
+//          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
 //     fp32. The residual stream is fp32. One denoising step (forward, LM head, confidence, top-k commit) is
@@ -9703,6 +9745,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status begin_block(dllm__decode &st) override;
     dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override;
     dllm_status finish(dllm__decode &st) override;
+    // block diffusion (16.4.3)
+    dllm_status bd_begin(int rows) override;
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
@@ -9786,6 +9831,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::string graph_key(const dllm__decode &st) const;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     void mark(const char *stage);
+    // block diffusion (16.4.3)
+    dllm_status bd_logits(const int32_t *ids, int n, int r0, int r1, float *out);
+    dllm_status bd_check(const dllm__bd_call &call) const;
+    dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
+    dllm_status bd_head(const dllm__bd_call &call, float *logits);
 
     const dllm_model &m_;
     int max_tokens_;
@@ -9821,6 +9871,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     cudaGraphExec_t graph_exec_ = nullptr;
     std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
 
+    // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
+    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim]; the block cache likewise
+    // [layer][bd_block_rows_][...]
+    dllm__dbuf bd_cache_, bd_block_, bd_partial_;
+    int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
+
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
     std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
@@ -9839,12 +9895,12 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV) runs flash_attn_wg where the GPU has it;
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
  * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
  * layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, const attn_args &a,
                                      cudaStream_t s, bool wide = false) {
-    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
@@ -9887,7 +9943,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr, w));
     W_ = std::move(w);
     std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, max_tokens_, cos_t, sin_t);
+    dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
@@ -10401,6 +10457,7 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
 
 dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
     const dllm__config &c = m_.cfg;
+    if (dllm__is_block_diffusion(c)) return bd_logits(ids, n, r0, r1, out);
     const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
     std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);
@@ -10604,6 +10661,150 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
 dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaMemcpyAsync(st.canvas.data(), act_.canvas.ptr, st.canvas.size() * 4, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+// ---- 16.4.3 [block diffusion] (Fast-dLLM v2, Nemotron) --------------------------------------------------
+// The GPU twin of dllm__cpu_bd_forward (section 9; block-diffusion.md): one forward of the block-diffusion schedule
+// over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
+// so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
+// the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. The raw
+// logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
+
+/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk). */
+dllm_status dllm__gpu_backend::bd_begin(int rows) {
+    const dllm__config &c = m_.cfg;
+    const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
+    DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
+    return DLLM_OK;
+}
+
+/* The limits of one forward, as the CPU backend checks them: its rows fit the cache after the committed ones, its
+ * RoPE positions the context's tables, a sub-block the block cache. */
+dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
+    if (call.T <= 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
+        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows asks for output rows [%d, %d)", call.T, call.r0, call.r1);
+    if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_block_rows_)
+        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_block_rows_);
+    const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T;
+    if (bd_n_ + scratch > bd_cap_)
+        return dllm__fail(DLLM_ERR_INTERNAL,
+                          "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)", call.T,
+                          bd_n_, bd_cap_);
+    if (bd_n_ + call.offset + call.T > max_tokens_)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
+                          bd_n_ + call.offset + call.T, max_tokens_);
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logits) {
+    DLLM__TRY(bd_check(call));
+    const dllm__config &c = m_.cfg;
+    const int T = call.T, out_rows = call.r1 - call.r0;
+    // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
+    // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
+    kv_on_ = true, positions_on_ = false;
+    DLLM__TRY(fit_buffers(1, T, std::min(out_rows, dllm__lm_chunk_rows)));
+    if (call.kind == DLLM__BD_BLOCK_FULL) {
+        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));
+        bd_block_rows_ = T;
+    }
+    DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
+    float *h = act_.h.as<float>();
+    mark("start");
+    DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    mark("L0 embed+norm");
+    const size_t n_layers = W_->layers.size();
+    for (size_t l = 0; l < n_layers; l++) {
+        DLLM__TRY(bd_attention(l, call));
+        DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
+        if (l + 1 == n_layers) DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
+        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        mark("add+norm");
+    }
+    if (call.kind == DLLM__BD_COMMIT) bd_n_ += T;
+    return bd_head(call, logits);
+}
+
+/* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
+ * bias + RoPE at positions bd_n_ + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
+ * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
+ * dllm__cpu_bd_attention. */
+dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
+    const dllm__config &c = m_.cfg;
+    const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, pos0 = bd_n_ + call.offset;
+    const size_t row_bytes = (size_t)kvd * 4;
+    const dllm__gpu_layer &L = W_->layers[layer];
+    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_TUNED));
+    mark("gemm qkv");
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
+    if (c.llama4_beta != 0)
+        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)}, stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,
+                                           c.llama4_beta, c.llama4_orig_max));
+    mark("rope");
+    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, *after = cache + (size_t)bd_n_ * row_bytes;
+    const char *fresh = (const char *)act_.qkv.ptr + (size_t)c.n_head * hd * 2;  // the K|V part of each projection row
+    auto put_fresh = [&](char *dst) {
+        return cudaMemcpy2DAsync(dst, row_bytes, fresh, (size_t)qkv * 2, row_bytes, (size_t)T, cudaMemcpyDeviceToDevice, stream_);
+    };
+    int n_keys = bd_n_ + T;
+    if (call.kind == DLLM__BD_SUB_BLOCK) {
+        char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;
+        DLLM__CUDA(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
+        DLLM__CUDA(cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+        n_keys = bd_n_ + bd_block_rows_;
+    } else {
+        DLLM__CUDA(put_fresh(after));
+        if (call.kind == DLLM__BD_BLOCK_FULL) DLLM__CUDA(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
+    }
+    mark("kv cache");
+    attn_args a = {};
+    a.q = act_.qkv.as<bf16_t>();
+    a.k = (const bf16_t *)cache;
+    a.v = (const bf16_t *)cache + kvd;
+    a.o = act_.att.as<bf16_t>();
+    a.seq = n_keys, a.q_rows = T;
+    a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * c.n_head * hd;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
+    a.partial = bd_partial_.as<float>();
+    a.mask_block = call.mask_block, a.q_index0 = pos0;
+    DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
+    mark("attention");
+    return DLLM_OK;
+}
+
+/* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
+dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits) {
+    const int V = m_.cfg.n_vocab, out_rows = call.r1 - call.r0;
+    for (int c0 = 0; c0 < out_rows; c0 += dllm__lm_chunk_rows) {
+        const int rows = std::min(dllm__lm_chunk_rows, out_rows - c0);
+        DLLM__TRY(lm_head(1, out_rows, c0, rows));
+        mark("lm head");
+        DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)c0 * V, act_.logits.ptr, (size_t)rows * V * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+/* dllm_logits on a block-diffusion model (twin: dllm__cpu_backend::bd_logits): one forward without a committed cache,
+ * block-causal at the granularity the model's forward uses when none is named, positions from 0, shift applied. */
+dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int r1, float *out) {
+    const dllm__config &c = m_.cfg;
+    DLLM__TRY(bd_begin(n));
+    dllm__bd_call call;
+    call.ids = ids, call.T = n, call.mask_block = c.bd_mask_block;
+    call.r0 = dllm__logit_row(c, r0), call.r1 = dllm__logit_row(c, r1 - 1) + 1;
+    std::vector<float> raw((size_t)(call.r1 - call.r0) * c.n_vocab);
+    DLLM__TRY(bd_forward(call, raw.data()));
+    for (int p = r0; p < r1; p++)
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab, sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
 
@@ -11258,12 +11459,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
-    const bool block_diffusion = dllm__is_block_diffusion(ctx.model->cfg);
-    if (block_diffusion && ctx.params.backend == DLLM_BACKEND_GPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: block diffusion is not yet on the GPU backend: use --backend cpu (DLLM_BACKEND_CPU)",
-                          dllm__family_name(ctx.model->cfg.family));
-    bool gpu = !block_diffusion && dllm__gpu_usable(ctx.params.device, why);  // AUTO picks the CPU for block diffusion
-    if (block_diffusion) why = "block diffusion runs on the CPU backend";
+    bool gpu = dllm__gpu_usable(ctx.params.device, why);
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
         ctx.backend = DLLM_BACKEND_GPU;

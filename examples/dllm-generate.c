@@ -131,7 +131,7 @@ static void usage(FILE *f) {
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
             "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 for DPad)\n"
             "\n"
-            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, CPU backend; the official generate):\n"
+            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, either backend; the official generate):\n"
             "  --block N              the block (default: the model's, 32); -n must be a multiple of it\n"
             "  --sub-block N          sub-block decoded left to right, dividing the block (default 8)\n"
             "  --block-cache          Fast-dLLM v2's sub-block cache (approximate by design, as the official one)\n"

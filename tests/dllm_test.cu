@@ -8,6 +8,8 @@
 
 #include <sys/wait.h>
 
+#include <random>
+
 #include "test_framework.h"
 #include "test_helpers.h"
 
@@ -24,6 +26,7 @@
 #include "test_backend.inl"
 #include "test_cli.inl"
 #include "test_block_diffusion.inl"
+#include "test_block_diffusion_gpu.inl"
 #include "test_soloq.inl"
 #include "test_soloq_gpu.inl"
 #include "test_q4_gemm.inl"

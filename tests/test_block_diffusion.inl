@@ -337,18 +337,29 @@ TEST(block_diffusion, stop_at_eos_drops_the_stop_token) {
 
 // ---- API: backend choice and validation ------------------------------------------------------------------
 
-TEST(block_diffusion, gpu_context_is_refused_and_auto_picks_the_cpu) {
+/* Block diffusion runs on either backend: a GPU context where there is a GPU (a clear "no device" error elsewhere), and
+ * AUTO picks the GPU when it is usable, the CPU otherwise. */
+TEST(block_diffusion, backend_choice_takes_the_gpu_when_usable) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
+    std::string why;
+    const bool gpu = dllm__gpu_usable(0, why);
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_GPU;
     dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_UNSUPPORTED, "block diffusion is not yet on the GPU backend: use --backend cpu");
-    CHECK(ctx == nullptr);
+    if (gpu) {
+        CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
+        CHECK(ctx && dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU);
+    } else {
+        CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_NO_DEVICE, "GPU backend requested");
+        CHECK(ctx == nullptr);
+    }
+    dllm_ctx_free(ctx);
+    ctx = nullptr;
     p.backend = DLLM_BACKEND_AUTO;
     p.n_threads = 2;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
-    CHECK(ctx && dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);
+    CHECK(ctx && dllm_ctx_get_backend(ctx) == (gpu ? DLLM_BACKEND_GPU : DLLM_BACKEND_CPU));
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -410,7 +421,8 @@ TEST(block_diffusion, cli_options_and_model_defaults) {
         std::string ids, out, err, want = "ids:";
         for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
         for (int32_t t : test_json_ids(c->find("output"))) want += " " + std::to_string(t);
-        int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"" + ids + "\" " + r.args + " --no-stop-at-eos --print-ids", out, err);
+        // The CPU backend: its ids are the reference's (the GPU's equal them up to near-ties: gpu.block_diffusion_decoding_matches_cpu)
+        int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" " + r.args + " --no-stop-at-eos --print-ids", out, err);
         CHECK_MSG(rc == 0 && out == want + "\n", "%s: exit %d, stdout \"%s\", want \"%s\" (%s)", r.name, rc, out.c_str(), want.c_str(), err.c_str());
     }
     // --stop-id: the first generated token of a case as the stop token ends the output before it, at once.
@@ -419,7 +431,7 @@ TEST(block_diffusion, cli_options_and_model_defaults) {
     std::string ids, out, err;
     for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
     std::string stop = std::to_string(c->find("output")->items[0].integer);
-    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
+    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
     CHECK_MSG(rc == 0 && out == "ids:\n", "exit %d, stdout \"%s\" (%s)", rc, out.c_str(), err.c_str());
     CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" --sub-block x", out, err) == 1);
     CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" -n 64 --sub-block 5", out, err) == 1 && err.find("divide") != std::string::npos);

@@ -1,7 +1,7 @@
 /* dllm-bench: speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file),
  * beside the PyTorch reference run in the same device call.
  *
- *   build/dllm-bench [--anchors anchor_torch.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
+ *   build/dllm-bench [--anchors anchor_torch.json] [--anchors-v2 anchor_v2.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --help                the options; an unknown one is an error (exit 2), not a full run
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
@@ -10,7 +10,8 @@
  *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
- *                                          and LaCache's per-component savings at W1's geometry
+ *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
+ *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
@@ -472,7 +473,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
         attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
                        H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
-                       partial.as<float>()};
+                       partial.as<float>(), 0, 0};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
@@ -546,13 +547,84 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
+/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
+ * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
+ * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
+ * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
+ * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
+ * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
+static void bench_block_diffusion(bench_result &r) {
+    std::string dir = dllm__format("/tmp/dllm-bench-bd-%d", (int)getpid()), text;
+    mkdir(dir.c_str(), 0700);
+    const char *files[2][2] = {{"tests/data/real-configs/fast-dllm-v2-7b.config.json", "config.json"},
+                               {"tests/data/real-configs/fast-dllm-v2-7b.added_tokens.json", "added_tokens.json"}};
+    for (auto &f : files) {
+        BENCH_CHECK(dllm__read_text(f[0], text));
+        FILE *out = fopen((dir + "/" + f[1]).c_str(), "wb");
+        if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) {
+            fprintf(stderr, "dllm-bench: cannot write %s\n", dir.c_str());
+            exit(1);
+        }
+    }
+    dllm_model *model = nullptr;
+    BENCH_CHECK(dllm_model_load_random(dir.c_str(), 1, &model));
+    for (auto &f : files) unlink((dir + "/" + f[1]).c_str());
+    rmdir(dir.c_str());
+    const int64_t before = dllm__device_bytes;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
+    const double weights_gb = (dllm__device_bytes - before) / 1e9;
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const dllm__config &c = model->cfg;
+    const int n = 1024, B = 32, S = 8;
+    std::vector<int32_t> ids((size_t)(n + B));
+    for (int i = 0; i < n + B; i++) ids[(size_t)i] = i < n + 1 ? (i * 104729) % 150000 : c.mask_id;  // the block: the AR seed, then masks
+    std::vector<float> logits((size_t)n * c.n_vocab);
+    auto call = [&](dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
+        dllm__bd_call k;
+        k.kind = kind, k.ids = ids.data() + start, k.T = T, k.offset = offset, k.mask_block = mask_block, k.r0 = r0, k.r1 = r1;
+        return k;
+    };
+    BENCH_CHECK(gpu->bd_begin(n + 2 * B));
+    const dllm__bd_call prefill = call(DLLM__BD_COMMIT, 0, n, 0, B, n - 1, n);
+    const double prefill_ms = bench_ms(gpu->stream(), 0, 1, [&] { BENCH_CHECK(gpu->bd_forward(prefill, logits.data())); });
+    const dllm__bd_call step = call(DLLM__BD_STEP, n, B, 0, B, S - 1, 2 * S - 1), full = call(DLLM__BD_BLOCK_FULL, n, B, 0, B, S - 1, 2 * S - 1),
+                        sub = call(DLLM__BD_SUB_BLOCK, n + S, S, S, 0, 0, S);
+    const double step_ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
+    BENCH_CHECK(gpu->bd_forward(full, logits.data()));
+    const double sub_ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
+    r.set("bd_prefill_N1024_first_ms", prefill_ms);  // once, cold: GEMM tuning included
+    r.set("bd_block32_N1024_step_ms", step_ms);
+    r.set("bd_subblock8_N1024_step_ms", sub_ms);
+    // End to end as the anchor runs it: prompt 512, gen 256, threshold 0.9 (random weights: one token a step, 257 forwards).
+    std::vector<int32_t> prompt(ids.begin(), ids.begin() + 512), out(257);
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.block_length = B, gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9, gp.stop_at_eos = 0;
+    gp.gen_length = B;  // warm-up: one block
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr));
+    gp.gen_length = 256;
+    dllm_gen_stats st;
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
+    r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
+    r.set("bd_gen_p512_g256_forwards", st.forwards);
+    if (r.v.count("copy_TBps")) {
+        const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
+        r.set("bd_block32_N1024_weight_read_floor_ms", floor_ms);
+        r.set("bd_block32_N1024_over_floor", step_ms / floor_ms);
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(model);
+}
+
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only] [--anchors anchor_torch.json]\n"
+    "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
     "\n"
-    "Speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file needed); the\n"
+    "Speed of dllm on random weights of the real LLaDA-8B (and Fast-dLLM v2 7B) shapes, generated on the GPU (no file needed); the\n"
     "ratios to the PyTorch reference when its results are given. Modes (the default runs everything):\n"
-    "  --quick            the dual-cache block step and the N=1024 forward, profiled, and LaCache's components\n"
+    "  --quick            the dual-cache block step and the N=1024 forward, profiled, LaCache's components, and the\n"
+    "                     block-diffusion block step at the Fast-dLLM v2 7B shape\n"
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n"
@@ -560,13 +632,14 @@ static const char *bench_usage =
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
-    const char *anchors = nullptr, *graphs = nullptr, *json_out = nullptr, *config = "tests/data/real-configs/llada-8b-instruct.config.json";
+    const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
+               *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}};
-    struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchor-graphs", &graphs}, {"--json", &json_out},
-                                                                 {"--config", &config}, {"--precision", &precision}};
+    struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
+                                                                 {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -632,6 +705,7 @@ int main(int argc, char **argv) {
         bench_lacache_components(r, gpu, model->cfg, 768, 256, 32, NAN, NAN);  // no ceilings measured: no predictions
         dllm_ctx_free(ctx);
         dllm_model_free(model);
+        bench_block_diffusion(r);
         return 0;
     }
     bench_ceilings(r, s0);
@@ -821,8 +895,10 @@ int main(int argc, char **argv) {
         r.set(dllm__format("W1_%s_dual_s", pn), st.wall_ms / 1000);
         dllm_ctx_free(cq);
     }
+    bench_block_diffusion(r);
 
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
+    for (auto &kv : bench_read_anchors(anchors_v2, nullptr)) a.emplace(kv);  // torch_reference_v2.py's (block diffusion)
     printf("\n| workload | dllm | torch eager | ratio | torch graphs | ratio |\n|---|---|---|---|---|---|\n");
     auto row = [&](const char *name, double ours, const char *eager_key, const char *graph_key) {
         double e = a.count(eager_key) ? a[eager_key] : NAN, g = graph_key && a.count(graph_key) ? a[graph_key] : NAN;
@@ -842,6 +918,8 @@ int main(int argc, char **argv) {
     row("W1 s (dual cache)", r.v["W1 dual_s"], "gen_p768_g256_b32_s256_dual_s", nullptr);
     row("W1 s (prefix cache)", r.v["W1 prefix_s"], "gen_p768_g256_b32_s256_prefix_s", nullptr);
     row("W1-64 s (dual cache)", r.v["W1-64 dual_s"], "gen_p768_g256_b32_s64_dual_s", nullptr);
+    row("block-diffusion step ms (32 over 1024, 7B)", r.v["bd_block32_N1024_step_ms"], "v2_block_step_N1024_eager_ms", "v2_block_step_N1024_graph_ms");
+    row("block-diffusion gen s (p512 g256, 7B)", r.v["bd_gen_p512_g256_s"], "v2_gen_p512_g256_b1_s", nullptr);
     if (r.v.count("W1_fp8_lacache_s")) {  // issue 5's target: W1 with LaCache + FP8 at most 0.45x the eager reference
         row("fwd N=1024 ms (FP8)", r.v["fp8_fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
         row("W1 s (FP8, plain)", r.v["W1_fp8_off_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);

@@ -1,0 +1,479 @@
+/* Tests: block diffusion on the GPU backend (dllm__gpu_backend's bd_begin / bd_forward, section 16.4.3) against the
+ * CPU reference: the block-causal attention and the Llama-4 query scaling kernels against their CPU twins on random
+ * inputs, every kind of forward (dllm__bd_kind) on the tiny Fast-dLLM v2 fixture and a random tiny Nemotron
+ * checkpoint, decoding traces, the cache-full error and the backend choice. */
+
+// ---- kernels vs their CPU twins ------------------------------------------------------------------------------
+
+/* flash_attn under the block-causal mask (attn_args.mask_block / q_index0) on the block-diffusion cache layout: T
+ * queries (fused projection rows) over n_keys K|V rows (kv_stride 2 n_kv hd), the queries at sequence indices
+ * q_index0 + i; against dllm__cpu_attention_block_causal. */
+static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int H, int KV, int T, int n_keys, int q_index0, int mask_block,
+                                   int splits) {
+    const int qkv = (H + 2 * KV) * hd, kvd = KV * hd;
+    dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
+    if (!k.attn.fn) return;
+    std::vector<float> qf((size_t)T * qkv), kvf((size_t)n_keys * 2 * kvd);
+    for (float &v : qf) v = r.normal();
+    for (float &v : kvf) v = r.normal();
+    const std::vector<uint16_t> qb = test_bf16_vec(qf), kvb = test_bf16_vec(kvf);
+    dllm__dbuf dq, dkv, dout, dpart;
+    test_put(dq, qb);
+    test_put(dkv, kvb);
+    test_poison(dout, (size_t)T * H * hd * 2);
+    test_poison(dpart, (size_t)splits * H * T * (hd + 2) * 4);
+    attn_args a = {};
+    a.q = dq.as<bf16_t>(), a.k = dkv.as<bf16_t>(), a.v = dkv.as<bf16_t>() + kvd, a.o = dout.as<bf16_t>();
+    a.seq = n_keys, a.q_rows = T, a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = H * hd, a.group = H / KV;
+    a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * H * hd, a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = splits, a.partial = dpart.as<float>(), a.mask_block = mask_block, a.q_index0 = q_index0;
+    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0), DLLM_OK, nullptr);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)T * H * hd)), x = test_f32_vec(qb), kv = test_f32_vec(kvb);
+    std::vector<float> q((size_t)T * H * hd), kk((size_t)n_keys * kvd), vv((size_t)n_keys * kvd), want((size_t)T * H * hd);
+    for (int i = 0; i < T; i++) std::copy(&x[(size_t)i * qkv], &x[(size_t)i * qkv] + H * hd, &q[(size_t)i * H * hd]);
+    for (int j = 0; j < n_keys; j++) {
+        std::copy(&kv[(size_t)j * 2 * kvd], &kv[(size_t)j * 2 * kvd] + kvd, &kk[(size_t)j * kvd]);
+        std::copy(&kv[(size_t)j * 2 * kvd] + kvd, &kv[(size_t)j * 2 * kvd] + 2 * kvd, &vv[(size_t)j * kvd]);
+    }
+    dllm__pool pool(1);
+    dllm__cpu_attention_block_causal(pool, q.data(), kk.data(), vv.data(), T, n_keys, H, KV, hd, q_index0, mask_block, want.data());
+    const double err = test_max_rel(got, want);
+    printf("    block-causal attention hd=%d H=%d KV=%d: %d queries from %d over %d keys, mask block %d, %d share(s): max relative error %.2e\n", hd, H,
+           KV, T, q_index0, n_keys, mask_block, splits, err);
+    CHECK_MSG(err < 2e-2, "block-causal attention hd=%d T=%d keys=%d Bm=%d: error %.3e", hd, T, n_keys, mask_block, err);
+}
+
+TEST(gpu, block_causal_attention_matches_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("block_causal_attention");
+    // A fresh forward from position 0 (the prompt's prefill: block-causal at 32, token-causal: key tiles past a query
+    // tile's last visible key are skipped), a block over a cache (the fresh rows after 45 and 300 committed ones), a
+    // sub-block's unmasked rows over cache ++ block cache, a block-causal granularity that does not divide the cache,
+    // and split-KV (more shares than tiles; shares wholly past the visible keys).
+    test_bd_attention_case(T_, g, r, 64, 4, 2, 77, 77, 0, 32, 1);
+    test_bd_attention_case(T_, g, r, 128, 4, 1, 150, 150, 0, 1, 1);
+    test_bd_attention_case(T_, g, r, 24, 4, 2, 32, 45 + 32, 45, 32, 1);
+    test_bd_attention_case(T_, g, r, 128, 7, 1, 32, 300 + 32, 300, 32, 3);
+    test_bd_attention_case(T_, g, r, 128, 4, 2, 8, 300 + 32, 316, 0, 4);
+    test_bd_attention_case(T_, g, r, 64, 6, 3, 37, 130 + 37, 130, 12, 2);
+    test_bd_attention_case(T_, g, r, 16, 6, 2, 1, 9, 8, 8, 5);
+    test_bd_attention_case(T_, g, r, 64, 2, 1, 200, 200, 0, 1, 3);  // token-causal over skipped tiles, in shares
+}
+
+/* llama4_scale_q against dllm__cpu_llama4_scale on the bf16 query heads of fused rows whose positions cross several
+ * multiples of orig_max; the K and V heads stay untouched. */
+TEST(gpu, llama4_query_scaling_matches_cpu) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("llama4_scale_q");
+    dllm__config c;
+    c.n_head = 5, c.head_dim = 24, c.llama4_beta = 0.1f + r.uniform(), c.llama4_orig_max = 7;
+    const int rows = 41, pos0 = 3, width = c.n_head * c.head_dim, stride = width + 2 * 2 * c.head_dim;
+    std::vector<float> x((size_t)rows * stride);
+    for (float &v : x) v = r.normal();
+    const std::vector<uint16_t> xb = test_bf16_vec(x);
+    dllm__dbuf d;
+    test_put(d, xb);
+    CHECK_STATUS(g.rw.llama4_scale_q.launch({dllm__rows_grid(rows, width / 8, 256), dim3(256)}, 0, d.ptr, rows, stride, width, pos0, c.llama4_beta,
+                                            c.llama4_orig_max),
+                 DLLM_OK, nullptr);
+    const std::vector<float> got = test_f32_vec(test_get<uint16_t>(d, xb.size()));
+    std::vector<float> in = test_f32_vec(xb), q((size_t)rows * width);
+    std::vector<int32_t> pos((size_t)rows);
+    for (int i = 0; i < rows; i++) {
+        pos[(size_t)i] = pos0 + i;
+        std::copy(&in[(size_t)i * stride], &in[(size_t)i * stride] + width, &q[(size_t)i * width]);
+    }
+    dllm__cpu_llama4_scale(c, q.data(), rows, pos.data());
+    double worst = 0;
+    bool rest_same = true;
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < width; j++) {
+            const float want = q[(size_t)i * width + j], have = got[(size_t)i * stride + j];
+            worst = std::max(worst, (double)fabsf(have - want) / std::max(1e-3f, fabsf(want)));
+        }
+        for (int j = width; j < stride; j++) rest_same &= got[(size_t)i * stride + j] == in[(size_t)i * stride + j];
+    }
+    printf("    llama4_scale_q: beta %.3f, positions %d..%d over orig_max %d: max relative error %.2e\n", c.llama4_beta, pos0, pos0 + rows - 1,
+           c.llama4_orig_max, worst);
+    CHECK_MSG(worst <= 1.0 / 128, "Llama-4 query scaling error %.3e (bf16 rounding is 2^-8)", worst);
+    CHECK(rest_same);
+}
+
+// ---- the forward ------------------------------------------------------------------------------------------------
+
+/* A random tiny Nemotron-Labs-Diffusion checkpoint the GPU backend takes (vocabulary a multiple of 8, unlike the
+ * fixture's 131): YaRN with an attention factor != 1, Llama-4 query scaling from position 32, block 8, the
+ * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.12) from `seed`, the head's N(0, 0.5) (logits
+ * far from flat: fewer near-ties), norms 1 + N(0, 0.1). */
+static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, bool shift_logits) {
+    std::string cfg = test_read_file(test_data("tiny-nemotron-diffusion/config.json"));
+    cfg.replace(cfg.find("\"vocab_size\": 131"), 17, "\"vocab_size\": 136");
+    if (!shift_logits) cfg.insert(cfg.rfind('}'), ", \"shift_logits\": false");
+    test_write_file(dir.file("config.json"), cfg);
+    dllm__config c;
+    if (test_config(cfg, c) != DLLM_OK) return nullptr;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    test_st_builder st;
+    for (const dllm__wspec &s : dllm__expected_weights(c)) {
+        int64_t n = 1;
+        for (int64_t d : s.shape) n *= d;
+        const bool norm = s.kind == DLLM__W_ATTN_NORM || s.kind == DLLM__W_FFN_NORM || s.kind == DLLM__W_FINAL_NORM;
+        std::vector<float> v((size_t)n);
+        const float std_dev = s.kind == DLLM__W_HEAD ? 0.5f : 0.12f;
+        for (float &x : v) x = norm ? 1 + 0.1f * normal(rng) : std_dev * normal(rng);
+        st.add(s.name, "BF16", s.shape, test_bf16_bytes(v));
+    }
+    test_write_file(dir.file("model.safetensors"), st.bytes());
+    return test_load(dir.path);
+}
+
+/* One scripted forward of the schedule on a backend. */
+struct test_bd_fwd {
+    dllm__bd_kind kind;
+    int start, T, offset, mask_block, r0, r1;  // ids [start, start + T) of the script's sequence
+};
+
+/* The script on one backend: bd_begin(rows), then every forward's raw logits, appended. */
+static dllm_status test_bd_run(dllm__backend_impl &b, const dllm_model &m, int rows, const std::vector<int32_t> &ids,
+                               const std::vector<test_bd_fwd> &script, std::vector<float> &out) {
+    DLLM__TRY(b.bd_begin(rows));
+    out.clear();
+    for (const test_bd_fwd &f : script) {
+        dllm__bd_call call;
+        call.kind = f.kind, call.ids = ids.data() + f.start, call.T = f.T, call.offset = f.offset, call.mask_block = f.mask_block;
+        call.r0 = f.r0, call.r1 = f.r1;
+        std::vector<float> l((size_t)(f.r1 - f.r0) * m.cfg.n_vocab, NAN);
+        DLLM__TRY(b.bd_forward(call, l.data()));
+        out.insert(out.end(), l.begin(), l.end());
+    }
+    return DLLM_OK;
+}
+
+/* Every kind of forward on the CPU and the GPU backend, logits compared forward by forward: a prompt longer than a
+ * block (prefill, a block without and with the block cache, two sub-blocks, the commit, the next block's first
+ * step), one shorter than a block (no prefill: the first block holds the prompt's tail), and a long prefill; then
+ * dllm_logits. */
+static void test_bd_forward_compare(dllm_test_state &T_, const char *name, dllm_model *m, int B, int S) {
+    dllm_ctx *cpu = test_ctx(m, DLLM_BACKEND_CPU), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
+    if (!cpu || !gpu) { dllm_ctx_free(cpu); dllm_ctx_free(gpu); return; }
+    const dllm__config &c = m->cfg;
+    const int V = c.n_vocab, prefill = c.bd_causal_context ? 1 : B, step = c.bd_mask_block;
+    std::vector<int32_t> ids((size_t)7 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 37 + 11) % (size_t)V);
+    for (int i = 2 * B + 3; i < 3 * B; i += 2) ids[(size_t)i] = c.mask_id;  // a block being decoded: masks among tokens
+    std::vector<int32_t> sub(ids.begin() + 2 * B + S, ids.begin() + 2 * B + 2 * S);  // a sub-block with new tokens
+    for (int32_t &t : sub) t = (t + 5) % V;
+    ids.insert(ids.end(), sub.begin(), sub.end());  // at 7B
+    const int sub_at = 7 * B;
+    struct script { const char *what; int rows; std::vector<test_bd_fwd> f; };
+    const script scripts[] = {
+        {"prompt longer than a block", 4 * B,
+         {{DLLM__BD_COMMIT, 0, 2 * B, 0, prefill, 0, 2 * B},
+          {DLLM__BD_STEP, 2 * B, B, 0, step, 0, B},
+          {DLLM__BD_BLOCK_FULL, 2 * B, B, 0, step, S - 1, 2 * S},
+          {DLLM__BD_SUB_BLOCK, sub_at, S, S, 0, 0, S},
+          {DLLM__BD_SUB_BLOCK, 2 * B, S, 0, 0, 0, S},
+          {DLLM__BD_COMMIT, 2 * B, B, 0, prefill, B - 1, B},
+          {DLLM__BD_STEP, 3 * B, B, 0, step, 3, B}}},
+        {"prompt shorter than a block", 3 * B,
+         {{DLLM__BD_STEP, 2 * B, B, 0, step, 0, B},
+          {DLLM__BD_BLOCK_FULL, 2 * B, B, 0, step, 0, B},
+          {DLLM__BD_SUB_BLOCK, sub_at, S, S, 0, 0, S},
+          {DLLM__BD_COMMIT, 2 * B, B, 0, prefill, 0, B},
+          {DLLM__BD_BLOCK_FULL, 3 * B, B, 0, step, 0, B},
+          {DLLM__BD_SUB_BLOCK, 3 * B + B - S, S, B - S, 0, 1, S}}},
+        {"a long prefill (Nemotron: positions past its Llama-4 scaling's 32)", 7 * B,
+         {{DLLM__BD_COMMIT, 0, 5 * B, 0, prefill, 0, 5 * B},
+          {DLLM__BD_STEP, 5 * B, B, 0, step, 0, B},
+          {DLLM__BD_COMMIT, 5 * B, B, 0, prefill, B - 1, B},
+          {DLLM__BD_BLOCK_FULL, 6 * B, B, 0, step, 2, B},
+          {DLLM__BD_SUB_BLOCK, sub_at, S, S, 0, 0, S}}},
+    };
+    for (const script &s : scripts) {
+        std::vector<float> want, got;
+        CHECK_STATUS(test_bd_run(*cpu->impl, *m, s.rows, ids, s.f, want), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_run(*gpu->impl, *m, s.rows, ids, s.f, got), DLLM_OK, nullptr);
+        size_t at = 0;
+        for (size_t i = 0; i < s.f.size() && got.size() == want.size(); i++) {
+            const size_t n = (size_t)(s.f[i].r1 - s.f[i].r0) * V;
+            std::vector<float> a(want.begin() + (long)at, want.begin() + (long)(at + n)), b(got.begin() + (long)at, got.begin() + (long)(at + n));
+            at += n;
+            const double err = test_max_rel(b, a);
+            printf("    %s, %s, forward %zu (kind %d, %d rows): GPU vs CPU logits max relative error %.2e\n", name, s.what, i, (int)s.f[i].kind,
+                   s.f[i].T, err);
+            CHECK_MSG(err < 3e-2, "%s, %s, forward %zu: error %.3e", name, s.what, i, err);
+        }
+        CHECK(got.size() == want.size());
+    }
+    const int n = 2 * B + 5;
+    std::vector<float> a((size_t)(n - 1) * V, NAN), b(a.size(), NAN);
+    CHECK_STATUS(dllm_logits(cpu, ids.data(), n, 1, n, a.data(), a.size()), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_logits(gpu, ids.data(), n, 1, n, b.data(), b.size()), DLLM_OK, nullptr);
+    const double err = test_max_rel(b, a);
+    printf("    %s, dllm_logits over %d ids: max relative error %.2e\n", name, n, err);
+    CHECK_MSG(err < 3e-2, "%s dllm_logits: error %.3e", name, err);
+    dllm_ctx_free(cpu);
+    dllm_ctx_free(gpu);
+}
+
+TEST(gpu, block_diffusion_forward_matches_cpu) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    CHECK(m != nullptr);
+    if (m) test_bd_forward_compare(T_, "tiny-fast-dllm-v2", m, 32, 8);
+    dllm_model_free(m);
+    test_tmpdir dir;
+    m = test_random_nemotron(dir, 0x5eed, true);
+    CHECK(m != nullptr && m->cfg.yarn && m->cfg.llama4_beta > 0 && m->cfg.bd_causal_context);
+    if (m) test_bd_forward_compare(T_, "random tiny Nemotron", m, m->cfg.bd_size, 4);
+    dllm_model_free(m);
+}
+
+/* The committed cache's limit on both backends: a forward past the rows bd_begin sized is an error naming them. */
+TEST(block_diffusion, cache_full_is_a_clear_error) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const std::vector<int32_t> ids(64, 7);
+    const std::vector<test_bd_fwd> fill = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}},
+                                   over = {{DLLM__BD_COMMIT, 0, 32, 0, 32, 31, 32}, {DLLM__BD_STEP, 32, 8, 0, 32, 0, 8}};
+    for (dllm_backend be : {DLLM_BACKEND_CPU, DLLM_BACKEND_GPU}) {
+        if (be == DLLM_BACKEND_GPU && !test_have_gpu()) continue;
+        dllm_ctx *ctx = test_ctx(m, be);
+        CHECK(ctx != nullptr);
+        if (!ctx) continue;
+        std::vector<float> out;
+        CHECK_STATUS(test_bd_run(*ctx->impl, *m, 32, ids, fill, out), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_run(*ctx->impl, *m, 32, ids, over, out), DLLM_ERR_INTERNAL, "past 32 committed ones overflows the K/V cache (32 rows");
+        dllm_ctx_free(ctx);
+    }
+    dllm_model_free(m);
+}
+
+// ---- decoding -----------------------------------------------------------------------------------------------------
+
+/* A backend that forwards to another and keeps what each block-diffusion forward returned: its first id, rows and raw
+ * logits. The decoding test reads a diverging step's own logits from it. */
+struct test_bd_record {
+    const int32_t *ids;
+    int r0, r1;
+    std::vector<float> logits;
+};
+struct test_bd_recording : dllm__backend_impl {
+    dllm__backend_impl &inner;
+    int n_vocab;
+    std::vector<test_bd_record> records;
+    test_bd_recording(dllm__backend_impl &b, int V) : inner(b), n_vocab(V) {}
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner.logits(ids, n, r0, r1, out); }
+    dllm_status begin_block(dllm__decode &st) override { return inner.begin_block(st); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return inner.step(st, committed, want_host); }
+    dllm_status bd_begin(int rows) override { return inner.bd_begin(rows); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        DLLM__TRY(inner.bd_forward(call, logits));
+        records.push_back({call.ids, call.r0, call.r1, std::vector<float>(logits, logits + (size_t)(call.r1 - call.r0) * n_vocab)});
+        return DLLM_OK;
+    }
+};
+
+/* After every step of a block-diffusion generation: the canvas, the commits, and the forward the step ran (the last
+ * one recorded) with the canvas position of its row 0. */
+struct test_bd_trace {
+    test_bd_recording *live = nullptr;  // during the generation
+    std::vector<test_bd_record> records;
+    std::vector<std::vector<int32_t>> canvases, committed;
+    std::vector<size_t> forward;
+    std::vector<int> start;
+};
+static int test_bd_trace_step(const dllm_step_info *info, void *user) {
+    test_bd_trace *t = (test_bd_trace *)user;
+    t->canvases.emplace_back(info->canvas, info->canvas + info->canvas_len);
+    t->committed.emplace_back(info->committed_pos, info->committed_pos + info->n_committed);
+    t->forward.push_back(t->live->records.size() - 1);
+    t->start.push_back((int)(t->live->records.back().ids - info->canvas));  // a step changes the canvas its forward read
+    return 0;
+}
+
+/* dllm_generate on ctx with its backend wrapped in a recorder for the generation. */
+static dllm_status test_bd_generate_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params gp, test_bd_trace &t) {
+    std::unique_ptr<dllm__backend_impl> backend = std::move(ctx->impl);
+    test_bd_recording *rec = new test_bd_recording(*backend, ctx->model->cfg.n_vocab);
+    ctx->impl.reset(rec);
+    t.live = rec;
+    gp.on_step = test_bd_trace_step, gp.on_step_data = &t;
+    std::vector<int32_t> out((size_t)gp.gen_length + 1);
+    const dllm_status st = dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
+    t.records = std::move(rec->records);
+    t.live = nullptr;
+    ctx->impl = std::move(backend);  // frees the recorder
+    return st;
+}
+
+/* A GPU step that differs from the CPU's (the steps before it equal, so both ran the same forward on the same canvas)
+ * is accepted only at a near-tie of that forward's logits, with the BF16 noise of a row = max |GPU - CPU| there: two
+ * tokens at one position whose CPU logits are within twice the noise, or a position one backend commits and the other
+ * not whose confidence is within twice the noise (relatively: a logit moved by e moves a probability by a factor of
+ * about exp(e)) of the threshold or of a position the other backend committed instead; or a block's first token (the
+ * AR seed, from the commit forward before the step) whose two choices are that close on that forward's logit row. */
+static bool test_bd_near_tie(const test_bd_trace &ta, const test_bd_trace &tb, size_t s, const dllm_model *m, double tau, const char *what) {
+    const test_bd_record &ra = ta.records[ta.forward[s]], &rb = tb.records[tb.forward[s]];
+    const std::vector<int32_t> &a = ta.canvases[s], &b = tb.canvases[s];
+    if (ta.start[s] != tb.start[s] || ra.r0 != rb.r0 || ra.r1 != rb.r1 || a.size() != b.size()) {
+        printf("    %s the two backends ran different forwards\n", what);
+        return false;
+    }
+    const int V = m->cfg.n_vocab, mask = m->cfg.mask_id;
+    dllm__sampling greedy;  // the decoding loop's confidence: the mask id never predicted
+    greedy.eos_logit_inf = true, greedy.eos_id = mask;
+    auto row = [&](int p) {  // the raw row that scores position p (block-diffusion.md: row 0 scores itself)
+        const int q = p - ta.start[s];
+        return (m->cfg.shift_logits && q > 0 ? q - 1 : q) - ra.r0;
+    };
+    auto noise = [&](int r) {
+        double e = 0;
+        for (int v = 0; v < V; v++) e = std::max(e, (double)fabsf(ra.logits[(size_t)r * V + v] - rb.logits[(size_t)r * V + v]));
+        return e;
+    };
+    auto conf = [&](int p) { return dllm__choose(&ra.logits[(size_t)row(p) * V], V, greedy, (uint32_t)p, 0).conf; };
+    auto committed_at_s = [&](int p) {
+        return std::count(ta.committed[s].begin(), ta.committed[s].end(), p) + std::count(tb.committed[s].begin(), tb.committed[s].end(), p) > 0;
+    };
+    std::vector<int> only;
+    bool ok = true;
+    for (int p = 0; p < (int)a.size(); p++) {
+        if (a[(size_t)p] == b[(size_t)p]) continue;
+        if (!committed_at_s(p)) {  // the block's first token: the AR seed, argmax of the commit forward before this step
+            if (ta.forward[s] == 0 || tb.forward[s] == 0) return false;
+            const test_bd_record &ca = ta.records[ta.forward[s] - 1], &cb = tb.records[tb.forward[s] - 1];
+            double noise_seed = 0;
+            for (int v = 0; v < V; v++) noise_seed = std::max(noise_seed, (double)fabsf(ca.logits[(size_t)v] - cb.logits[(size_t)v]));
+            const double gap = fabs(ca.logits[(size_t)a[(size_t)p]] - ca.logits[(size_t)b[(size_t)p]]);
+            printf("    %s AR seed at %d: CPU %d vs GPU %d, logit gap %.4f, noise bound %.4f\n", what, p, a[(size_t)p], b[(size_t)p], gap, 2 * noise_seed);
+            ok &= gap <= 2 * noise_seed;
+            continue;
+        }
+        if (row(p) < 0 || row(p) >= ra.r1 - ra.r0) {
+            printf("    %s position %d differs outside the step's rows\n", what, p);
+            return false;
+        }
+        if (a[(size_t)p] != mask && b[(size_t)p] != mask) {
+            const float *l = &ra.logits[(size_t)row(p) * V];
+            const double gap = fabs(l[a[(size_t)p]] - l[b[(size_t)p]]), bound = 2 * noise(row(p));
+            printf("    %s position %d: token CPU %d vs GPU %d, logit gap %.4f, noise bound %.4f\n", what, p, a[(size_t)p], b[(size_t)p], gap, bound);
+            ok &= gap <= bound;
+        } else {
+            only.push_back(p);
+        }
+    }
+    for (int p : only) {
+        const double c = conf(p), bound = 2 * noise(row(p));
+        double gap = fabs(c - tau) / std::max(c, tau);
+        for (int o : only)
+            if ((a[(size_t)o] == mask) != (a[(size_t)p] == mask)) gap = std::min(gap, fabs(c - conf(o)) / std::max(c, conf(o)));
+        printf("    %s position %d committed by the %s only: confidence %.5f, relative gap %.5f, noise bound %.4f\n", what, p,
+               a[(size_t)p] != mask ? "CPU" : "GPU", c, gap, bound);
+        ok &= gap <= bound;
+    }
+    return ok;
+}
+
+/* The cases of a trace fixture (threshold, block cache, shift off, prompts around the block) decoded on both backends
+ * of `models` (with shifted logits; without, for the cases marked "shift": false): the GPU's steps equal the CPU's
+ * (which equal the reference's on the fixture's own model: block_diffusion.*_traces_match_reference), near-ties aside;
+ * so do the outputs of the cases identical at every step. */
+static void test_bd_gpu_traces(dllm_test_state &T_, const char *fx, dllm_model *const (&models)[2], const char *name) {
+    dllm__json root;
+    CHECK_STATUS(dllm__json_load(test_data(fx) + "/golden_traces.json", root), DLLM_OK, nullptr);
+    const dllm__json *cases = root.find("cases");
+    dllm_ctx *cpu[2] = {}, *gpu[2] = {};
+    for (int i = 0; i < 2; i++)
+        if (models[i]) {
+            cpu[i] = test_ctx(models[i], DLLM_BACKEND_CPU), gpu[i] = test_ctx(models[i], DLLM_BACKEND_GPU);
+            CHECK(cpu[i] && gpu[i] && dllm_ctx_get_backend(gpu[i]) == DLLM_BACKEND_GPU);
+        }
+    int identical = 0, n_cases = 0, unexplained = 0;
+    for (size_t ci = 0; cases && ci < cases->items.size(); ci++) {
+        const dllm__json &cs = cases->items[ci];
+        const dllm__json *shift = cs.find("shift");
+        const int which = shift && !shift->boolean ? 1 : 0;
+        if (!cpu[which] || !gpu[which]) continue;
+        const dllm_model *m = models[which];
+        std::vector<int32_t> prompt = test_json_ids(cs.find("prompt"));
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = (int)cs.find("gen_length")->integer;
+        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
+        gp.sub_block_length = (int)cs.find("sub_block")->integer;
+        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
+        const dllm__json *tau = cs.find("threshold");
+        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
+        gp.stop_at_eos = 0;
+        test_bd_trace ta, tb;
+        CHECK_STATUS(test_bd_generate_recorded(cpu[which], prompt, gp, ta), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_generate_recorded(gpu[which], prompt, gp, tb), DLLM_OK, nullptr);
+        n_cases++;
+        size_t s = 0;
+        while (s < ta.canvases.size() && s < tb.canvases.size() && ta.canvases[s] == tb.canvases[s]) s++;
+        if (s == ta.canvases.size() && ta.canvases.size() == tb.canvases.size()) { identical++; continue; }
+        const std::string what = dllm__format("%s/%s step %zu:", name, cs.find("name")->str.c_str(), s);
+        if (s >= ta.canvases.size() || s >= tb.canvases.size()) {
+            printf("    %s one backend stopped (%zu CPU steps, %zu GPU steps)\n", what.c_str(), ta.canvases.size(), tb.canvases.size());
+            unexplained++;
+            continue;
+        }
+        unexplained += !test_bd_near_tie(ta, tb, s, m, gp.unmask == DLLM_UNMASK_THRESHOLD ? gp.threshold : 1.0, what.c_str());
+    }
+    printf("    %s: %d of %d cases identical at every step on the GPU\n", name, identical, n_cases);
+    CHECK(n_cases >= 8);
+    CHECK_MSG(unexplained == 0, "%s: %d cases diverge beyond a near-tie", name, unexplained);
+    for (int i = 0; i < 2; i++) {
+        dllm_ctx_free(cpu[i]);
+        dllm_ctx_free(gpu[i]);
+    }
+}
+
+TEST(gpu, block_diffusion_decoding_matches_cpu) {
+    NEED_GPU();
+    dllm_model *fast[2] = {test_load(test_data("tiny-fast-dllm-v2")), nullptr};
+    CHECK(fast[0] != nullptr);
+    test_bd_gpu_traces(T_, "tiny-fast-dllm-v2", fast, "tiny-fast-dllm-v2");
+    dllm_model_free(fast[0]);
+    // The Nemotron fixture's cases (its vocabulary of 131 is not for the GPU) on the random tiny Nemotron, shifted and not.
+    test_tmpdir shifted, unshifted;
+    dllm_model *nemotron[2] = {test_random_nemotron(shifted, 0x5eed, true), test_random_nemotron(unshifted, 0x5eed, false)};
+    CHECK(nemotron[0] && nemotron[1] && !nemotron[1]->cfg.shift_logits);
+    if (nemotron[0] && nemotron[1]) test_bd_gpu_traces(T_, "tiny-nemotron-diffusion", nemotron, "random tiny Nemotron");
+    dllm_model_free(nemotron[0]);
+    dllm_model_free(nemotron[1]);
+}
+
+/* FP8 weights (layers >= 1) reach block diffusion through the GEMM entry point: the GPU's FP8 block-diffusion logits
+ * against the CPU's FP8 reference, within the bound of the plain forward's FP8 test (fp8.*: 8e-2). */
+TEST(gpu, block_diffusion_fp8_matches_cpu_fp8) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    dllm_ctx *cpu8 = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_ALL);
+    dllm_ctx *gpu8 = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL);
+    CHECK(cpu8 && gpu8);
+    if (cpu8 && gpu8) {
+        dllm__gpu_backend *g = (dllm__gpu_backend *)gpu8->impl.get();
+        CHECK(g->fp8_attn_active() == (g->arch().fp8 != DLLM__FP8_NONE));
+        std::vector<int32_t> ids(70);
+        for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 29 + 3) % 150);
+        const int V = m->cfg.n_vocab, n = (int)ids.size();
+        std::vector<float> a((size_t)n * V, NAN), b(a.size(), NAN);
+        CHECK_STATUS(dllm_logits(cpu8, ids.data(), n, 0, n, a.data(), a.size()), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_logits(gpu8, ids.data(), n, 0, n, b.data(), b.size()), DLLM_OK, nullptr);
+        const double err = test_max_rel(b, a);
+        printf("    FP8 (all) block-diffusion logits, GPU vs CPU: max relative error %.2e\n", err);
+        CHECK_MSG(err < 8e-2, "FP8 block-diffusion forward error %.3e", err);
+    }
+    dllm_ctx_free(cpu8);
+    dllm_ctx_free(gpu8);
+    dllm_model_free(m);
+}
