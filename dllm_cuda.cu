@@ -6165,12 +6165,12 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B)
         A[i] = v;
     }
     __syncthreads();
-    const int b = a.rot_b;
+    const int b = a.rot_b, log_b = __ffs(b) - 1;  // b is a power of two: shifts and masks, no integer division
     if (b > 1) {
-        const int half = b / 2;
-        for (int h = 1; h < b; h *= 2) {
-            for (int p = tid; p < d / 2; p += nt) {
-                const int blk = p / half, q = p - blk * half, c = blk * b + (q / h) * 2 * h + q % h;
+        for (int log_h = 0; log_h < log_b; log_h++) {
+            const int h = 1 << log_h;
+            for (int p = tid; p < d / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
+                const int q = p & (b / 2 - 1), c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1));
                 const float u = A[c], v = A[c + h];
                 A[c] = __fadd_rn(u, v);
                 A[c + h] = __fsub_rn(u, v);
@@ -6183,7 +6183,7 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B)
     if (!a.mixer) return A;
     const int k = a.rot_k;
     for (int o = tid; o < d; o += nt) {
-        const int j = o / b, c = o - j * b;
+        const int j = o >> log_b, c = o & (b - 1);
         float acc = 0.f;
         for (int i = 0; i < k; i++) acc = fmaf(a.mixer[j * k + i], A[i * b + c], acc);
         B[o] = acc;
