@@ -199,7 +199,9 @@ run_gpu() {
         echo "== PyTorch anchors"
         (cd "$out" && OUT="$PWD" PYTHONUNBUFFERED=1 timeout 300 python3 "$OLDPWD/.carry/anchors/torch_reference.py") > "$out/anchor.log" 2>&1 || echo "torch anchor failed"
         PYTHONUNBUFFERED=1 timeout 200 python3 .carry/anchors/torch_reference_graphs.py > "$out/anchor_graphs.log" 2>&1 || echo "torch graphs anchor failed"
-        anchors="--anchors $out/anchor_torch.json --anchor-graphs $out/anchor_graphs.log"
+        (cd "$out" && OUT="$PWD" PYTHONUNBUFFERED=1 timeout 120 python3 "$OLDPWD/.carry/anchors/torch_reference_v2.py") > "$out/anchor_v2.log" 2>&1 ||
+            echo "torch Fast-dLLM v2 anchor failed"
+        anchors="--anchors $out/anchor_torch.json --anchor-graphs $out/anchor_graphs.log --anchors-v2 $out/anchor_v2.json"
     fi
     if [ "${DLLM_SKIP_BENCH:-0}" != 1 ]; then
         echo "== benchmark"
@@ -219,6 +221,10 @@ run_gpu() {
         done
         echo "-- tiny-add exact match, GPU LaCache"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu
         echo "-- tiny-add exact match, GPU LaCache FP8"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu --precision fp8
+        for p in soloq-n soloq-i soloq-c rtn-w4a4; do
+            echo "-- tiny-llada NLL, GPU $p"; build/dllm-eval -m models/tiny-llada --nll tests/data/heldout.txt --backend gpu --precision $p
+            echo "-- tiny-add exact match, GPU LaCache $p"; build/dllm-eval -m models/tiny-add --add tests/data/add_test.txt --backend gpu --precision $p
+        done
     } > "$out/eval.log" 2>&1 || echo "tiny-model evaluation failed"
     grep -E "^--|^(nll_0|agree_token|agree_sequence|exact_match)" "$out/eval.log" || true
     echo "== fixtures reproduce with this machine's PyTorch"

@@ -26,19 +26,23 @@
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
  *   9b. SoloQ numerics (CPU reference): [K-RPBH] rotation (RPBH, Hadamard, dense Haar options), [NVFP4],
  *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
- *       [bias correction]; the SoloQ precisions of the CPU forward
+ *       [bias correction]; the SoloQ precisions of the CPU forward; [quantised checkpoints] (dllm_model_quantize);
+ *       the [W4 GEMM]'s twin
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
- *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
+ *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
+ *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
+ *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync); one algorithm per shape and device for every context
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
- *      [prefix cache], [DPad]; the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
+ *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
+ *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling]); [debug hooks]
  *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
@@ -10168,7 +10172,9 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
                                                  int M) {
     soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w, a.eps = m_.cfg.norm_eps;
-    return dllm__soloq_launch(Q_, a, dllm__norm_threads(W.k / 8), stream_);
+    // 1024 threads: residual_rms gives the bits it gives at dllm__norm_threads (the extra threads hold no chunk and add
+    // zeros), and the rotation and quantiser that follow have twice the threads
+    return dllm__soloq_launch(Q_, a, 1024, stream_);
 }
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
