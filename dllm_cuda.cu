@@ -3591,15 +3591,26 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
 //     Haar option, for the ablation, d <= 1024).
 // ---------------------------------------------------------------------------------------------------
 
-/* The one summation order of SoloQ's row reductions: 32 strided fp32 partial sums (lane l takes i = l, l + 32, ...,
- * one fmaf each), then a warp's butterfly (partial l plus l + 16, then + 8, + 4, + 2, + 1). A GPU warp reproduces it
- * bit for bit with fmaf and __shfl_xor_sync. */
-static float dllm__soloq_dot(const float *a, const float *b, int n) {
+/* The one summation order of SoloQ's row reductions. A segment: 32 strided fp32 partial sums (lane l takes i = l,
+ * l + 32, ..., one fmaf each), then a warp's butterfly (partial l plus l + 16, then + 8, + 4, + 2, + 1). A row longer
+ * than dllm__soloq_segment and a multiple of it is summed segment by segment, the segment sums added in order (so that
+ * the GPU may split a row over a cluster of CTAs, each reducing its own segments); any other row is one segment. A GPU
+ * warp reproduces a segment bit for bit with fmaf and __shfl_xor_sync. */
+static const int dllm__soloq_segment = 1024;
+
+static float dllm__soloq_dot_segment(const float *a, const float *b, int n) {
     float p[32] = {0};
     for (int i = 0; i < n; i++) p[i & 31] = fmaf(a[i], b[i], p[i & 31]);
     for (int off = 16; off > 0; off >>= 1)
         for (int l = 0; l < off; l++) p[l] += p[l + off];
     return p[0];
+}
+
+static float dllm__soloq_dot(const float *a, const float *b, int n) {
+    if (n <= dllm__soloq_segment || n % dllm__soloq_segment) return dllm__soloq_dot_segment(a, b, n);
+    float sum = 0;
+    for (int s = 0; s < n; s += dllm__soloq_segment) sum += dllm__soloq_dot_segment(a + s, b + s, dllm__soloq_segment);
+    return sum;
 }
 
 // ---- [K-RPBH] rotations ------------------------------------------------------------------------------
@@ -5457,6 +5468,7 @@ typedef unsigned long long u64;
     X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta) X(const float *, norm_w) /* producer 1's operands */ \
     X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)        \
     X(int, producer)     /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
+    X(int, cluster)      /* CTAs a row (dllm__soloq_split): a cluster along x */                                      \
     X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */                                                  \
     X(float, eps)        /* producer 1's RMSNorm epsilon */
 
@@ -5469,7 +5481,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 144, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 152, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -6145,10 +6157,10 @@ __device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int 
     return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
 }
 
-/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms; blockDim = dllm__norm_threads). */
-__device__ void soloq_norm_row(const soloq_args &a, int row, float *normed) {
+/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms), writing h_out when asked. */
+__device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float *normed) {
     float v[NORM_SLOTS][8], g[8];
-    const float r = residual_rms(a.h_in, a.h_out, a.delta, (u64)row, a.d, a.eps, v);
+    const float r = residual_rms(a.h_in, write_h ? a.h_out : 0, a.delta, (u64)row, a.d, a.eps, v);
 #pragma unroll
     for (int j = 0; j < NORM_SLOTS; j++) {
         const int k = (threadIdx.x + j * blockDim.x) * 8;
@@ -6159,11 +6171,40 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, float *normed) {
     __syncthreads();
 }
 
-/* y = R x for the source row (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
- * mixer Q_k into B. B may hold the source row on entry (producer 1). Returns where the rotated row is. */
-__device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B) {
-    const int d = a.d, tid = threadIdx.x, nt = blockDim.x;
-    for (int i = tid; i < d; i += nt) {
+/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r owns
+ * the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
+ * mixer reads the other slices, and the reductions combine per-CTA partials, through distributed shared memory. */
+struct soloq_slice {
+    int C, r, i0, n;  // CTAs a row, this one's rank, its slice
+};
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void soloq_sync(const soloq_slice &s) {
+    if (s.C == 1) {
+        __syncthreads();
+        return;
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* *p in CTA `rank` of the cluster (p: this CTA's address of the same shared variable). */
+__device__ __forceinline__ float soloq_remote(const float *p, int rank) {
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+#else
+__device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(); }
+__device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
+#endif
+
+/* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
+ * mixer Q_k into B (reading every slice of A). B may hold the whole source row on entry (producer 1). Returns where the
+ * rotated slice is (A or B, at the slice's own indices). */
+__device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *A, float *B) {
+    const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
+    for (int i = s.i0 + tid; i < i1; i += nt) {
         float v = soloq_source(a, row, a.perm ? a.perm[i] : i, B);
         if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
         A[i] = v;
@@ -6173,7 +6214,7 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B)
     if (b > 1) {
         for (int log_h = 0; log_h < log_b; log_h++) {
             const int h = 1 << log_h;
-            for (int p = tid; p < d / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
+            for (int p = s.i0 / 2 + tid; p < i1 / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
                 const int q = p & (b / 2 - 1), c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1));
                 const float u = A[c], v = A[c + h];
                 A[c] = __fadd_rn(u, v);
@@ -6181,30 +6222,69 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, float *A, float *B)
             }
             __syncthreads();
         }
-        for (int i = tid; i < d; i += nt) A[i] = __fmul_rn(A[i], a.rot_norm);
-        __syncthreads();
+        for (int i = s.i0 + tid; i < i1; i += nt) A[i] = __fmul_rn(A[i], a.rot_norm);
     }
-    if (!a.mixer) return A;
-    const int k = a.rot_k;
-    for (int o = tid; o < d; o += nt) {
+    if (!a.mixer) {
+        __syncthreads();
+        return A;
+    }
+    soloq_sync(s);  // every slice transformed before any is mixed
+    const int k = a.rot_k, blocks_per_cta = s.n >> log_b;
+    for (int o = s.i0 + tid; o < i1; o += nt) {
         const int j = o >> log_b, c = o & (b - 1);
         float acc = 0.f;
-        for (int i = 0; i < k; i++) acc = fmaf(a.mixer[j * k + i], A[i * b + c], acc);
+        for (int i = 0; i < k; i++) {
+            const int owner = i / blocks_per_cta;
+            const float t = owner == s.r ? A[i * b + c] : soloq_remote(&A[i * b + c], owner);
+            acc = fmaf(a.mixer[j * k + i], t, acc);
+        }
         B[o] = acc;
     }
-    __syncthreads();
+    soloq_sync(s);  // every slice mixed before A is written again
     return B;
 }
 
-/* Codes and C values of a nonzero row y (twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by
- * pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n): its segments' sums (warp 0), then all
+ * of them added in order from every CTA's `seg` (a cluster-shared array of at most 32 sums). Every thread of every CTA
+ * returns the same bits. Ends with a barrier across the cluster. */
+__device__ float soloq_row_dot(const float *x, const float *y, int d, const soloq_slice &s, float *seg) {
+    const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
+    const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
+    if (threadIdx.x < 32)
+        for (int j = 0; j < mine; j++) {
+            const float p = soloq_dot(x + s.i0 + j * len, y + s.i0 + j * len, len);
+            if (threadIdx.x == 0) seg[j] = p;
+        }
+    soloq_sync(s);
+    float sum = 0.f;
+    for (int j = 0; j < d / len; j++) sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
+    if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
+    soloq_sync(s);  // every CTA has read every partial before any is overwritten
+    return sum;
+}
+
+/* The largest |v| over every CTA of the row (fmaxf drops NaN, as dllm__amax's): block_amax, then the CTAs' maxima. */
+__device__ float soloq_row_amax(float v, const soloq_slice &s, float *red, float *shared_max) {
+    const float m = block_amax(v, red);
+    if (s.C == 1) return m;
+    if (threadIdx.x == 0) *shared_max = m;
+    soloq_sync(s);
+    float all = 0.f;
+    for (int r = 0; r < s.C; r++) all = fmaxf(all, r == s.r ? *shared_max : soloq_remote(shared_max, r));
+    soloq_sync(s);
+    return all;
+}
+
+/* Codes and C values of this CTA's slice of a nonzero row y (twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
+ * the work split by pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
 template <bool E8P>
-__device__ void soloq_encode(int format, const float *y, int d, float amax, float sigma, unsigned char *codes, unsigned char *bs, float *val) {
-    const int tid = threadIdx.x, nt = blockDim.x;
+__device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma, unsigned char *codes, unsigned char *bs,
+                             float *val) {
+    const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     if (format == Q4_NVFP4) {
         const float s_enc = nvfp4_s_enc(amax);
-        for (int b0 = tid * 16; b0 < d; b0 += nt * 16) {
-            const int b1 = min(d, b0 + 16);
+        for (int b0 = s.i0 + tid * 16; b0 < i1; b0 += nt * 16) {
+            const int b1 = min(i1, b0 + 16);
             float m = 0.f;
             for (int i = b0; i < b1; i++) m = fmaxf(m, fabsf(y[i]));
             const u32 sb = e4m3x2(__fmul_rn(__fdiv_rn(m, 6.0f), s_enc), 0.f) & 0xffu;
@@ -6220,7 +6300,7 @@ __device__ void soloq_encode(int format, const float *y, int d, float amax, floa
         return;
     }
     if (E8P && format == Q4_E8P) {
-        for (int g = tid * 8; g < d; g += nt * 8) {
+        for (int g = s.i0 + tid * 8; g < i1; g += nt * 8) {
             float v1[8], v2[8];
             int e1[8], e2[8];
 #pragma unroll
@@ -6238,7 +6318,7 @@ __device__ void soloq_encode(int format, const float *y, int d, float amax, floa
         return;
     }
     const float step = __fmul_rn(sigma, INT4_STEP), rtn_scale = __fdiv_rn(amax, 7.0f);
-    for (int i = tid * 2; i < d; i += nt * 2) {
+    for (int i = s.i0 + tid * 2; i < i1; i += nt * 2) {
         u32 c[2];
         for (int e = 0; e < 2; e++) {
             const float x = y[i + e];
@@ -6271,65 +6351,64 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
     return __fdiv_rn(sigma, E8P_ENC_SCALE);
 }
 
-/* One row: its source rotated by R and, with a.quantize, quantised in a.format (twin: dllm__rotate, then
- * dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the row scale, and the
- * C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the rotated row itself
- * goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of shared memory. */
+/* One row (this CTA's slice of it): its source rotated by R and, with a.quantize, quantised in a.format (twin:
+ * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the
+ * row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the
+ * rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of
+ * shared memory. */
 template <bool E8P>
-__device__ void soloq_row(const soloq_args &a, int row, float *A, float *B) {
-    __shared__ float red[32], sh_dot;
-    const int d = a.d, tid = threadIdx.x, nt = blockDim.x;
-    float *y = soloq_rotate(a, row, A, B), *val = y == A ? B : A;
+__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *A, float *B) {
+    __shared__ float red[32], seg[32], shared_max;
+    const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
+    float *y = soloq_rotate(a, row, s, A, B), *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
     if (!a.quantize) {
-        for (int i = tid; i < d; i += nt) values[i] = f32_to_bf16(y[i]);
-        if (a.row_scale && tid == 0) a.row_scale[row] = 1.f;
+        for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(y[i]);
+        if (a.row_scale && tid == 0 && s.r == 0) a.row_scale[row] = 1.f;
         return;
     }
     float m = 0.f;
-    for (int i = tid; i < d; i += nt) m = fmaxf(m, fabsf(y[i]));
-    const float amax = block_amax(m, red);
-    if (tid < 32) {
-        const float ss = soloq_dot(y, y, d);
-        if (tid == 0) sh_dot = ss;
-    }
-    __syncthreads();
-    const float ss = sh_dot, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
+    for (int i = s.i0 + tid; i < i1; i += nt) m = fmaxf(m, fabsf(y[i]));
+    const float amax = soloq_row_amax(m, s, red, &shared_max);
+    const float ss = soloq_row_dot(y, y, d, s, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
     unsigned char *codes = a.codes ? a.codes + (u64)row * (d / 2) : 0;
     unsigned char *bs = a.block_scales ? a.block_scales + (u64)row * ((d + 15) / 16) : 0;
     float scale = 0.f;
     if (ss == 0.f) {  // codes 0 (some decode to a nonzero C, INT4's 1) and scale 0
         if (codes)
-            for (int i = tid; i < d / 2; i += nt) codes[i] = 0;
+            for (int i = s.i0 / 2 + tid; i < i1 / 2; i += nt) codes[i] = 0;
         if (bs)
-            for (int i = tid; i < (d + 15) / 16; i += nt) bs[i] = 0;
+            for (int i = s.i0 / 16 + tid; i < (i1 + 15) / 16; i += nt) bs[i] = 0;
         const unsigned char zeros[4] = {0, 0, 0, 0};
-        for (int i = tid; i < d; i += nt) val[i] = q4_value(a.format, zeros, zeros, i & 7);
+        for (int i = s.i0 + tid; i < i1; i += nt) val[i] = q4_value(a.format, zeros, zeros, i & 7);
     } else {
-        soloq_encode<E8P>(a.format, y, d, amax, sigma, codes, bs, val);
+        soloq_encode<E8P>(a.format, y, s, amax, sigma, codes, bs, val);
         scale = soloq_own_scale(a.format, amax, sigma);
     }
     __syncthreads();
     if (!(ss <= 3.402823466e38f)) {
         scale = __int_as_float(0x7fc00000);
     } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
-        if (tid < 32) {
-            const float proj = soloq_dot(val, y, d);
-            if (tid == 0) sh_dot = proj;
-        }
-        __syncthreads();
-        if (sh_dot > 0.f) scale = __fdiv_rn(ss, sh_dot);
+        const float proj = soloq_row_dot(val, y, d, s, seg);
+        if (proj > 0.f) scale = __fdiv_rn(ss, proj);
     }
-    if (tid == 0 && a.row_scale) a.row_scale[row] = scale;
+    if (tid == 0 && s.r == 0 && a.row_scale) a.row_scale[row] = scale;
     if (values)
-        for (int i = tid; i < d; i += nt) values[i] = f32_to_bf16(val[i]);
+        for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(val[i]);
 }
 
-/* Rows of x (producer 0), one a CTA: the weights at load (every format) and a GEMM's bf16 input. */
+/* A row's CTAs: gridDim.x = rows x C along x, clusters of C (a.cluster). */
+__device__ __forceinline__ soloq_slice soloq_slice_of(const soloq_args &a) {
+    soloq_slice s;
+    s.C = a.cluster, s.r = blockIdx.x % a.cluster, s.n = a.d / a.cluster, s.i0 = s.r * s.n;
+    return s;
+}
+
+/* Rows of x (producer 0): the weights at load (every format) and a GEMM's bf16 input. */
 KERNEL_soloq_quantize_rows {
     pdl_enter();
     extern __shared__ float soloq_smem[];
-    soloq_row<true>(a, blockIdx.x, soloq_smem, soloq_smem + a.d);
+    soloq_row<true>(a, blockIdx.x / a.cluster, soloq_slice_of(a), soloq_smem, soloq_smem + a.d);
 }
 
 /* [fused producers] A GEMM's input made and quantised in one pass (producer 1: add_rmsnorm, blockDim its norm threads;
@@ -6337,8 +6416,9 @@ KERNEL_soloq_quantize_rows {
 KERNEL_soloq_produce_rows {
     pdl_enter();
     extern __shared__ float soloq_smem[];
-    if (a.producer == 1) soloq_norm_row(a, blockIdx.x, soloq_smem + a.d);
-    soloq_row<false>(a, blockIdx.x, soloq_smem, soloq_smem + a.d);
+    const soloq_slice s = soloq_slice_of(a);
+    if (a.producer == 1) soloq_norm_row(a, blockIdx.x / a.cluster, s.r == 0, soloq_smem + a.d);  // every CTA normalises the whole row
+    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d);
 }
 
 /* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
@@ -8378,6 +8458,7 @@ static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
 static std::string dllm__src_soloq_tables() {
     std::string s = dllm__format("enum { Q4_NVFP4 = %d, Q4_INT4 = %d, Q4_LLOYD = %d, Q4_E8P = %d, Q4_RTN = %d };\n", DLLM__Q4_NVFP4, DLLM__Q4_INT4,
                                  DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN);
+    s += dllm__format("#define SOLOQ_SEGMENT %d\n", dllm__soloq_segment);
     s += dllm__format("#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
                       dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
@@ -9290,7 +9371,8 @@ struct dllm__sampler_kernels {
 struct dllm__soloq_kernels {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_MEMBER)
 #undef DLLM__KERNEL_MEMBER
-    int max_d = 0;  // the widest row soloq_quantize_rows takes here (two fp32 rows of shared memory)
+    int max_d = 0;          // the widest row soloq_quantize_rows takes here (two fp32 rows of shared memory)
+    bool clusters = false;  // sm_90+: a row may be split over a cluster of CTAs (dllm__soloq_split)
 };
 
 /* Fills a typed kernel set from a loaded module, by the table's names. */
@@ -9301,12 +9383,13 @@ static void dllm__bind(dllm__rowwise_kernels &set, dllm__module &mod) {
 }
 static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SAMPLER_KERNELS(DLLM__KERNEL_BIND) }
 /* SoloQ's kernels, and the widest row soloq_quantize_rows takes with `smem_optin` bytes of shared memory a block. */
-static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin) {
+static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin, int cc) {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
     const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     set.max_d = dynamic / 8;
+    set.clusters = cc >= 90;
     return DLLM_OK;
 }
 #undef DLLM__KERNEL_BIND
@@ -9507,14 +9590,25 @@ static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_forma
     a.perm = rot.perm.as<int>(), a.signs = (const unsigned char *)rot.signs.ptr, a.mixer = rot.mixer.as<float>();
     a.rot_b = rot.b, a.rot_k = rot.k, a.rot_norm = rot.norm;
     a.row_scale = (float *)row_scale, a.values = (bf16_t *)values;
-    a.format = (int)f, a.quantize = quantize, a.bias_correction = bias_correction;
+    a.format = (int)f, a.quantize = quantize, a.bias_correction = bias_correction, a.cluster = 1;
     return a;
 }
 
+/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into slices
+ * of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block step
+ * then fills the GPU instead of 32 of its SMs. */
+static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
+    if (!k.clusters || d <= dllm__soloq_segment || d % dllm__soloq_segment) return 1;
+    for (int C = 8; C > 1; C--)
+        if ((d / dllm__soloq_segment) % C == 0 && (d / C) % b == 0) return C;
+    return 1;
+}
+
 /* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
-static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, const soloq_args &a, unsigned threads, cudaStream_t stream) {
+static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads, cudaStream_t stream) {
     if (a.d > k.max_d) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d elements, this model needs %d", k.max_d, a.d);
-    const dllm__grid g(dim3((unsigned)a.rows), dim3(threads), (size_t)a.d * 8);
+    a.cluster = dllm__soloq_split(k, a.d, a.rot_b);
+    const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(threads), (size_t)a.d * 8, (unsigned)a.cluster);
     return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
 }
 
@@ -9997,7 +10091,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
     if (soloq_.enabled) {
-        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin));
+        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
         DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
     }
     return DLLM_OK;
