@@ -6566,14 +6566,20 @@ static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
 }
 static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stages * dllm__q4_stage_bytes(f, M); }
 
-/* [kernel table] the W4 GEMM module: one entry point per weight format (the dequantiser is a template parameter) and
- * split-K's reduction. The 128 of __launch_bounds__ is dllm__q4_threads. */
+/* [kernel table] the W4 GEMM module: two entry points per weight format (the dequantiser is a template parameter), for
+ * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction. The 128 of
+ * __launch_bounds__ is dllm__q4_threads. */
 #define DLLM__Q4_GEMM_KERNELS(X) \
     X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_lloyd, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_e8p, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_rtn, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_nvfp4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_int4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_e8p_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_rtn_m32, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_reduce, , (q4_gemm_args a))
 DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -6786,10 +6792,11 @@ __device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsig
 __device__ __forceinline__ u32 q4_word(const uint4 &w, int j) { return j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w; }
 
 /* One chunk (its stage's activation rows at acts) into the accumulators: per word j, the two k16 steps of every
- * weight tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic). */
-template <int FMT>
+ * weight tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic, and
+ * neither does MT, the tiles an instance holds). */
+template <int FMT, int MT>
 __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *acts, int m_tiles, int g, int t, const uint4 w[Q4_WT][2],
-                                         const u32 sc[Q4_WT][2], float acc[Q4_WT][Q4_MT][4]) {
+                                         const u32 sc[Q4_WT][2], float acc[Q4_WT][MT][4]) {
     const int p = g & 1;
     const unsigned char *acts_even = acts + g * (Q4_KC * 2) + 16 * (t ^ p) + 64 * p, *acts_odd = acts_even - 128 * p;
 #pragma unroll
@@ -6803,7 +6810,7 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
         // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
         const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
             if (mt < m_tiles) {
                 const uint4 b = *(const uint4 *)(b_at + mt * 8 * (Q4_KC * 2));
 #pragma unroll
@@ -6824,8 +6831,9 @@ __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, fl
 }
 
 /* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the ring (dllm__q4_ring_bytes(M)).
- * Q4_STAGES - 1 chunks (weights and activations) are in flight while one is computed; one barrier a chunk. */
-template <int FMT>
+ * Q4_STAGES - 1 chunks (weights and activations) are in flight while one is computed; one barrier a chunk. MT: the
+ * activation tiles the instance holds (M <= 8 MT). */
+template <int FMT, int MT>
 __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
@@ -6838,11 +6846,11 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     const int n0 = blockIdx.x * Q4_BN + warp * (16 * Q4_WT) + g, n_chunks = c_end - c_begin;
     const u32 stage_bytes = q4_stage_bytes<FMT>(m_tiles), act_offset = Q4_CODE_BYTES + q4_scale_bytes<FMT>();
     const bool vec16 = (a.K & 31) == 0 && ((u64)a.codes & 15) == 0;
-    float acc[Q4_WT][Q4_MT][4];
+    float acc[Q4_WT][MT][4];
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
 #pragma unroll
     for (int i = 0; i < Q4_STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
         if (i < n_chunks) q4_issue_chunk<FMT>(a, ring + i * stage_bytes, m_tiles, n0, t, (c_begin + i) * Q4_KC, k_end, vec16);
@@ -6861,12 +6869,12 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
         uint4 w[Q4_WT][2];
         u32 sc[Q4_WT][2];
         q4_read_chunk<FMT>(a, stage, n0, t, c * Q4_KC, w, sc);
-        q4_chunk<FMT>(s, stage + act_offset, m_tiles, g, t, w, sc, acc);
+        q4_chunk<FMT, MT>(s, stage + act_offset, m_tiles, g, t, w, sc, acc);
     }
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int n = n0 + 16 * wt + 8 * (e >> 1), m = mt * 8 + 2 * t + (e & 1);
@@ -6876,11 +6884,16 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
             }
 }
 
-KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4>(a); }
-KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4>(a); }
-KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD>(a); }
-KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P>(a); }
-KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN>(a); }
+KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4, Q4_MT>(a); }
+KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4, Q4_MT>(a); }
+KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD, Q4_MT>(a); }
+KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P, Q4_MT>(a); }
+KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN, Q4_MT>(a); }
+KERNEL_q4_gemm_nvfp4_m32 { q4_gemm_body<Q4_NVFP4, Q4_MT / 2>(a); }
+KERNEL_q4_gemm_int4_m32 { q4_gemm_body<Q4_INT4, Q4_MT / 2>(a); }
+KERNEL_q4_gemm_lloyd_m32 { q4_gemm_body<Q4_LLOYD, Q4_MT / 2>(a); }
+KERNEL_q4_gemm_e8p_m32 { q4_gemm_body<Q4_E8P, Q4_MT / 2>(a); }
+KERNEL_q4_gemm_rtn_m32 { q4_gemm_body<Q4_RTN, Q4_MT / 2>(a); }
 
 /* Split-K's partials [k_splits][M][N] summed in split order (one thread an output), then the epilogue. */
 KERNEL_q4_gemm_reduce {
@@ -9088,9 +9101,13 @@ struct dllm__q4_gemm_kernels {
     int sm_count = 0;
 };
 
-static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f) {
+/* The entry point of format f for M rows: the _m32 instance where M <= dllm__q4_m32_rows. */
+static const int dllm__q4_m32_rows = dllm__q4_max_rows / 2;
+static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f, int M) {
     const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
-    return *kernel[f];
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_nvfp4_m32, &k.q4_gemm_int4_m32, &k.q4_gemm_lloyd_m32, &k.q4_gemm_e8p_m32,
+                                                         &k.q4_gemm_rtn_m32};
+    return *(M <= dllm__q4_m32_rows ? m32 : kernel)[f];
 }
 
 /* The kernels of out.module (loaded), their shared-memory limits, and the current device's SM count. */
@@ -9102,8 +9119,9 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
 #undef DLLM__Q4_BIND
     for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN; f++)
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)dllm__q4_ring_bytes((dllm__q4_format)f, dllm__q4_max_rows)));
+        for (int M : {dllm__q4_m32_rows, dllm__q4_max_rows})
+            DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)dllm__q4_ring_bytes((dllm__q4_format)f, M)));
     return DLLM_OK;
 }
 
@@ -9113,9 +9131,9 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     return dllm__q4_gemm_bind(out);
 }
 
-/* CTAs of q4_gemm an H200 SM holds at once (about 135 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4,
- * 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow with the
- * resident warps. */
+/* CTAs of q4_gemm an H200 SM holds at once (about 140 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4
+ * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow
+ * with the resident warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -9169,7 +9187,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
     const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, M));
-    DLLM__TRY(dllm__q4_gemm_kernel(k, f).launch(grid, stream, a));
+    DLLM__TRY(dllm__q4_gemm_kernel(k, f, M).launch(grid, stream, a));
     if (a.k_splits == 1) return DLLM_OK;
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
