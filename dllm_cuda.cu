@@ -6555,16 +6555,19 @@ static_assert(sizeof(q4_gemm_args) == 96, "contract layout");
  * tiles of activation rows (M <= 64); 128-wide k chunks. */
 static const int dllm__q4_warps = 4, dllm__q4_wt = 2, dllm__q4_max_rows = 64, dllm__q4_kc = 128;
 static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm__q4_wt * dllm__q4_warps;
-/* q4_gemm's ring (dynamic shared memory): Q4_STAGES chunks, each a stage of: the weight codes, 16 bytes a thread per
- * (weight tile, row half), [slot][thread]; NVFP4's block scales, two 4-byte words a thread per (tile, row half); the
- * chunk's activation rows (8 per live n8 tile), 256 bytes each. Two chunks fly while one is computed: 16 KB a CTA of
- * weights, 48 KB an SM at 3 CTAs, several times what the H200's bandwidth-latency product asks of an SM. */
-static const int dllm__q4_stages = 3;
+/* q4_gemm's ring (dynamic shared memory): stages of a chunk each: the weight codes, 16 bytes a thread per (weight
+ * tile, row half), [slot][thread]; NVFP4's block scales, two 4-byte words a thread per (tile, row half); the chunk's
+ * activation rows (8 per live n8 tile), 256 bytes each. stages - 1 chunks fly while one is computed: 8 KB of weights
+ * a chunk and CTA, so 72 KB an SM at 3 CTAs of 4 stages, 48 KB at 3 stages (the H200's bandwidth-latency product is
+ * about 36 KB an SM at a microsecond). 4 stages where 3 CTAs an SM still fit (M <= 32 but NVFP4), 3 otherwise; the
+ * kernel instance of (f, M) is compiled with the same count (Q4_STAGES, Q4_STAGES_M32). */
+static const int dllm__q4_stages = 3, dllm__q4_stages_m32 = 4, dllm__q4_m32_rows = dllm__q4_max_rows / 2;
+static int dllm__q4_stage_count(dllm__q4_format f, int M) { return M <= dllm__q4_m32_rows && f != DLLM__Q4_NVFP4 ? dllm__q4_stages_m32 : dllm__q4_stages; }
 static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
     const int tiles = 2 * dllm__q4_wt, m_tiles = (M + 7) / 8;
     return (size_t)tiles * dllm__q4_threads * (16 + (f == DLLM__Q4_NVFP4 ? 8 : 0)) + (size_t)m_tiles * 8 * dllm__q4_kc * 2;
 }
-static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stages * dllm__q4_stage_bytes(f, M); }
+static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stage_count(f, M) * dllm__q4_stage_bytes(f, M); }
 
 /* [kernel table] the W4 GEMM module: two entry points per weight format (the dequantiser is a template parameter), for
  * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction. The 128 of
@@ -6585,7 +6588,7 @@ DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [W4 GEMM] q4_gemm: a GEMM for few activation rows (block steps: M <= 64, memory-bound) on 4-bit weights read once
  * from global memory in section 9b's canonical packed layout (no repack), streamed with their chunk's activation rows
- * through a cp.async ring (Q4_STAGES chunks deep) and dequantised in registers to their exact BF16 C values; mma.sync
+ * through a cp.async ring (3 or 4 chunks deep) and dequantised in registers to their exact BF16 C values; mma.sync
  * m16n8k16 BF16 with fp32 accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
  * Roles: the weights are the A operand (16 weight rows n an m16 tile), the activations the B operand (8 activation
  * rows m an n8 tile), so the accumulator holds y^T: c0, c1 = (n = g, m = 2t, 2t + 1), c2, c3 = (n = g + 8, same m)
@@ -6694,7 +6697,7 @@ __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u
     }
 }
 
-/* The ring: Q4_STAGES stages of Q4_STAGE bytes (dllm__q4_stage_bytes: codes [wt * 2 + h][thread] 16 bytes, NVFP4's
+/* The ring: STAGES stages of q4_stage_bytes (dllm__q4_stage_bytes: codes [wt * 2 + h][thread] 16 bytes, NVFP4's
  * block-scale words [(wt * 2 + h) * 2 + i][thread], then the activation rows, 256 bytes each). Every thread copies
  * its own weight slots and a share of the activation rows with cp.async (nothing held in registers); its
  * cp.async.wait_group makes its copies visible to itself, and the CTA barrier at each chunk's start makes every
@@ -6831,9 +6834,9 @@ __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, fl
 }
 
 /* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the ring (dllm__q4_ring_bytes(M)).
- * Q4_STAGES - 1 chunks (weights and activations) are in flight while one is computed; one barrier a chunk. MT: the
- * activation tiles the instance holds (M <= 8 MT). */
-template <int FMT, int MT>
+ * STAGES - 1 chunks (weights and activations) are in flight while one is computed; one barrier a chunk. MT: the
+ * activation tiles the instance holds (M <= 8 MT); STAGES: the host's dllm__q4_stage_count for them. */
+template <int FMT, int MT, int STAGES>
 __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
@@ -6852,20 +6855,20 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < Q4_STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
+    for (int i = 0; i < STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
         if (i < n_chunks) q4_issue_chunk<FMT>(a, ring + i * stage_bytes, m_tiles, n0, t, (c_begin + i) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
     }
     for (int i = 0; i < n_chunks; i++) {
         const int c = c_begin + i;
-        q4_cp_async_wait<Q4_STAGES - 2>();  // this thread's copies of chunk i (and of every older one) have landed
+        q4_cp_async_wait<STAGES - 2>();  // this thread's copies of chunk i (and of every older one) have landed
         // every thread's copies of chunk i have landed, and every thread is done with chunk i - 1's stage (and the
         // tables are written): the barrier orders those before the reads and the refill below
         __syncthreads();
-        if (i + Q4_STAGES - 1 < n_chunks)
-            q4_issue_chunk<FMT>(a, ring + ((i + Q4_STAGES - 1) % Q4_STAGES) * stage_bytes, m_tiles, n0, t, (c + Q4_STAGES - 1) * Q4_KC, k_end, vec16);
+        if (i + STAGES - 1 < n_chunks)
+            q4_issue_chunk<FMT>(a, ring + ((i + STAGES - 1) % STAGES) * stage_bytes, m_tiles, n0, t, (c + STAGES - 1) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
-        const unsigned char *stage = q4_ring + (i % Q4_STAGES) * stage_bytes;
+        const unsigned char *stage = q4_ring + (i % STAGES) * stage_bytes;
         uint4 w[Q4_WT][2];
         u32 sc[Q4_WT][2];
         q4_read_chunk<FMT>(a, stage, n0, t, c * Q4_KC, w, sc);
@@ -6884,16 +6887,16 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
             }
 }
 
-KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4, Q4_MT>(a); }
-KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4, Q4_MT>(a); }
-KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD, Q4_MT>(a); }
-KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P, Q4_MT>(a); }
-KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN, Q4_MT>(a); }
-KERNEL_q4_gemm_nvfp4_m32 { q4_gemm_body<Q4_NVFP4, Q4_MT / 2>(a); }
-KERNEL_q4_gemm_int4_m32 { q4_gemm_body<Q4_INT4, Q4_MT / 2>(a); }
-KERNEL_q4_gemm_lloyd_m32 { q4_gemm_body<Q4_LLOYD, Q4_MT / 2>(a); }
-KERNEL_q4_gemm_e8p_m32 { q4_gemm_body<Q4_E8P, Q4_MT / 2>(a); }
-KERNEL_q4_gemm_rtn_m32 { q4_gemm_body<Q4_RTN, Q4_MT / 2>(a); }
+KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_nvfp4_m32 { q4_gemm_body<Q4_NVFP4, Q4_MT / 2, Q4_STAGES>(a); }
+KERNEL_q4_gemm_int4_m32 { q4_gemm_body<Q4_INT4, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_lloyd_m32 { q4_gemm_body<Q4_LLOYD, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_e8p_m32 { q4_gemm_body<Q4_E8P, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_rtn_m32 { q4_gemm_body<Q4_RTN, Q4_MT / 2, Q4_STAGES_M32>(a); }
 
 /* Split-K's partials [k_splits][M][N] summed in split order (one thread an output), then the epilogue. */
 KERNEL_q4_gemm_reduce {
@@ -8486,8 +8489,9 @@ static std::string dllm__src_q4_tables() {
 /* The W4 GEMM module: every format's entry point and the split-K reduction, with its tile constants and tables. */
 static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
     const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_KC %d\n#define Q4_BN %d\n"
-                                          "#define Q4_STAGES %d\n",
-                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_kc, dllm__q4_bn, dllm__q4_stages);
+                                          "#define Q4_STAGES %d\n#define Q4_STAGES_M32 %d\n",
+                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_kc, dllm__q4_bn, dllm__q4_stages,
+                                          dllm__q4_stages_m32);
     return {"dllm_q4_gemm",
             dllm__src_prelude() + DLLM__XSTR(struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_DECLARE) +
                 tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
@@ -9102,7 +9106,6 @@ struct dllm__q4_gemm_kernels {
 };
 
 /* The entry point of format f for M rows: the _m32 instance where M <= dllm__q4_m32_rows. */
-static const int dllm__q4_m32_rows = dllm__q4_max_rows / 2;
 static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f, int M) {
     const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
     const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_nvfp4_m32, &k.q4_gemm_int4_m32, &k.q4_gemm_lloyd_m32, &k.q4_gemm_e8p_m32,
