@@ -6709,6 +6709,12 @@ __device__ __forceinline__ void q4_cp_async4(u32 smem, const void *gmem, u32 byt
 __device__ __forceinline__ void q4_cp_async16(u32 smem, const void *gmem, u32 bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
 }
+/* The same for weight codes, with an L2 prefetch of the whole 128-byte line: a row's 64 bytes of a chunk are half a
+ * line (rows start 128-byte aligned where K % 256 == 0), so DRAM serves whole lines and the next chunk's half is
+ * already on its way when its copy is issued. */
+__device__ __forceinline__ void q4_cp_async16_line(u32 smem, const void *gmem, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void q4_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* The "memory" clobber keeps the ring's reads after the wait. */
 template <int N> __device__ __forceinline__ void q4_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -6748,7 +6754,7 @@ __device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage,
             const u32 dst = stage + ((wt * 2 + h) * Q4_THREADS + threadIdx.x) * 16;
             if (vec16) {
                 const bool ok = row_ok && k < k_end;
-                q4_cp_async16(dst, ok ? row + (k >> 1) : a.codes, ok ? 16 : 0);
+                q4_cp_async16_line(dst, ok ? row + (k >> 1) : a.codes, ok ? 16 : 0);
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
