@@ -6638,46 +6638,60 @@ struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };
 static_assert(sizeof(q4_gemm_args) == 96, "contract layout");
 
 /* q4_gemm's tile (kernel and host): 4 warps, each 2 m16 tiles of weight rows, so 128 weight rows a CTA; up to 8 n8
- * tiles of activation rows (M <= 64); 128-wide k chunks; activations staged 256 k at a time, rows 288 bf16 apart in
- * shared memory (576 bytes, 64 mod 128: the 16-byte reads of 8 lanes in 2 rows hit 32 different banks). */
-static const int dllm__q4_warps = 4, dllm__q4_wt = 2, dllm__q4_max_rows = 64, dllm__q4_kc = 128, dllm__q4_ks = 256, dllm__q4_as_ld = 288;
+ * tiles of activation rows (M <= 64); 128-wide k chunks. */
+static const int dllm__q4_warps = 4, dllm__q4_wt = 2, dllm__q4_max_rows = 64, dllm__q4_kc = 128;
 static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm__q4_wt * dllm__q4_warps;
-/* q4_gemm's weight ring (dynamic shared memory): stages of chunks in flight, 4-byte slots a thread per stage: a code
- * word per (weight tile, row half, word column), and for NVFP4 three words of block scales per (tile, row half). */
-static const int dllm__q4_stages = 4;
-static int dllm__q4_ring_slots(dllm__q4_format f) { return 4 * 2 * dllm__q4_wt + (f == DLLM__Q4_NVFP4 ? 3 * 2 * dllm__q4_wt : 0); }
-static size_t dllm__q4_ring_bytes(dllm__q4_format f) { return (size_t)dllm__q4_stages * dllm__q4_ring_slots(f) * dllm__q4_threads * 4; }
+/* q4_gemm's ring (dynamic shared memory): stages of a chunk each: the weight codes, 16 bytes a thread per (weight
+ * tile, row half), [slot][thread]; NVFP4's block scales, two 4-byte words a thread per (tile, row half); the chunk's
+ * activation rows (8 per live n8 tile), 256 bytes each. stages - 1 chunks fly while one is computed: 8 KB of weights
+ * a chunk and CTA, so 72 KB an SM at 3 CTAs of 4 stages, 48 KB at 3 stages (the H200's bandwidth-latency product is
+ * about 36 KB an SM at a microsecond). 4 stages where 3 CTAs an SM still fit (M <= 32 but NVFP4), 3 otherwise; the
+ * kernel instance of (f, M) is compiled with the same count (Q4_STAGES, Q4_STAGES_M32). */
+static const int dllm__q4_stages = 3, dllm__q4_stages_m32 = 4, dllm__q4_m32_rows = dllm__q4_max_rows / 2;
+static int dllm__q4_stage_count(dllm__q4_format f, int M) { return M <= dllm__q4_m32_rows && f != DLLM__Q4_NVFP4 ? dllm__q4_stages_m32 : dllm__q4_stages; }
+static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
+    const int tiles = 2 * dllm__q4_wt, m_tiles = (M + 7) / 8;
+    return (size_t)tiles * dllm__q4_threads * (16 + (f == DLLM__Q4_NVFP4 ? 8 : 0)) + (size_t)m_tiles * 8 * dllm__q4_kc * 2;
+}
+static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stage_count(f, M) * dllm__q4_stage_bytes(f, M); }
 
-/* [kernel table] the W4 GEMM module: one entry point per weight format (the dequantiser is a template parameter) and
- * split-K's reduction. The 128 of __launch_bounds__ is dllm__q4_threads. */
+/* [kernel table] the W4 GEMM module: two entry points per weight format (the dequantiser is a template parameter), for
+ * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction. The 128 of
+ * __launch_bounds__ is dllm__q4_threads. */
 #define DLLM__Q4_GEMM_KERNELS(X) \
     X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_lloyd, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_e8p, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_rtn, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_nvfp4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_int4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_e8p_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+    X(q4_gemm_rtn_m32, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_reduce, , (q4_gemm_args a))
 DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [W4 GEMM] q4_gemm: a GEMM for few activation rows (block steps: M <= 64, memory-bound) on 4-bit weights read once
- * from global memory in section 9b's canonical packed layout (no repack), streamed through a per-thread cp.async ring
- * (Q4_STAGES chunks deep) and dequantised in registers to their exact BF16 C values; mma.sync m16n8k16 BF16 with fp32
- * accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
+ * from global memory in section 9b's canonical packed layout (no repack), streamed with their chunk's activation rows
+ * through a cp.async ring (3 or 4 chunks deep) and dequantised in registers to their exact BF16 C values; mma.sync
+ * m16n8k16 BF16 with fp32 accumulation (sm_80+). Twin: dllm__cpu_q4_gemm.
  * Roles: the weights are the A operand (16 weight rows n an m16 tile), the activations the B operand (8 activation
  * rows m an n8 tile), so the accumulator holds y^T: c0, c1 = (n = g, m = 2t, 2t + 1), c2, c3 = (n = g + 8, same m)
  * (g = lane / 4, t = lane % 4; PTX ISA 9.7.14.5.8).
  * The k order inside an mma is free as long as both operands use the same one; q4_gemm's makes every load whole:
- * in a 128-wide chunk at k0, thread t owns the 8 elements k0 + 32 j + 8 t + [0, 8) (j = 0..3) of its rows, one
- * 32-bit word of packed codes (8 nibbles, or one E8P group of two codes; an NVFP4 word lies in one 16-block). A word's
- * elements e0..e7 dequantise into the bf16 pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) (what the lop3 trick gives
- * without moving nibbles), and the mma k16 steps 2 j and 2 j + 1 take slots 2t, 2t+1, 2t+8, 2t+9 = (e0, e4, e1, e5)
- * and (e2, e6, e3, e7). The activations are staged in shared memory already permuted that way (q4_stage), so one
- * 16-byte read gives a thread both steps' B fragments.
- * Dequantisers (exact): INT4 and RTN by bit tricks on the word (a nibble pattern placed in a bf16 mantissa, then one
- * fma.bf16x2); NVFP4 and Lloyd-Max by a 16-entry bf16 table in shared memory (8 banks: conflict-free), NVFP4 then times
- * its UE4M3 block scale as bf16 (e2m1 x e4m3 has at most 6 significant bits: the bf16 product is exact); E8P by the
- * abs-pattern and W_int tables in shared memory (dllm__e8p_decode4 / dllm__e8p_int's numbers, generated into the
- * source). Elements past K get zero activations, so whatever their codes decode to adds 0.
+ * in a 128-wide chunk at k0, thread t owns the 32 elements k0 + 32 t + [0, 32) of its rows, 16 bytes of packed codes
+ * (one 16-byte copy where K % 32 == 0, four 4-byte ones otherwise), words j = 0..3 at k0 + 32 t + 8 j (8 nibbles, or
+ * one E8P group of two codes; an NVFP4 word lies in one 16-block). A word's elements e0..e7 dequantise into the bf16
+ * pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7), memory's order, and the mma k16 steps 2 j and 2 j + 1 take slots
+ * 2t, 2t+1, 2t+8, 2t+9 = (e0, e1, e2, e3) and (e4, e5, e6, e7); so the activations are copied to shared memory as
+ * they are (cp.async, no registers), and one 16-byte read of 8 consecutive k gives a thread both steps' B fragments.
+ * Dequantisers (exact): INT4 and RTN by bit tricks on the word (a byte's two nibbles moved into the two bf16 halves
+ * by one prmt, placed in the mantissas by one lop3, then one fma.bf16x2); NVFP4 and Lloyd-Max by a 16-entry bf16
+ * table in shared memory (8 banks: conflict-free), NVFP4 then times its UE4M3 block scale as bf16 (e2m1 x e4m3 has at
+ * most 6 significant bits: the bf16 product is exact); E8P by the abs-pattern and W_int tables in shared memory
+ * (dllm__e8p_decode4 / dllm__e8p_int's numbers, generated into the source). Elements past K (or past the split) get
+ * zero activations and zero codes, so whatever those decode to adds 0.
  * Split-K: grid (ceil(N / 128), k_splits); the split count depends on N, K and the SM count, never on M, and split
  * partials are summed in split order by q4_gemm_reduce, so a row's result is the same whatever M is and run to run.
  * Epilogue: y = (acc * s_x[m]) * s_w[n] in fp32, one rounding to the output type. */
@@ -6698,7 +6712,6 @@ __device__ __forceinline__ u32 q4_fma2(u32 a, u32 b, u32 c) {
 __device__ __forceinline__ u32 q4_bf16x2(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
 
 struct q4_smem {
-    u32 a[Q4_MAX_ROWS][Q4_AS_LD / 2];  // an activation stage: bf16 pairs in q4_stage's order
     u32 e8p_abs[256];                  // q4_e8p_abs_table
     unsigned short e8p_wint[144];      // q4_e8p_wint_table
     unsigned short e4m3[256];          // q4_e4m3_table
@@ -6734,32 +6747,34 @@ __device__ __forceinline__ u32 q4_e8p_index(const q4_e8p_code &c, int i) {
     return (c.signs >> i) & 1 ? 4 + c.shift - 2 * u : 6 + c.shift + 2 * u;
 }
 
-/* The 8 C values of one word of codes as the bf16 pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) (low half first).
- * scale: the word's UE4M3 block scale (NVFP4). */
+/* The 8 C values of one word of codes as the bf16 pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7) (low half first): byte
+ * i's two nibbles. scale: the word's UE4M3 block scale (NVFP4). */
 template <int FMT>
 __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
     if (FMT == Q4_INT4) {
-        // elements i and i + 4 (bits 4i and 4i + 16) into mantissa fields v = 2 u + 1 under 256's exponent (bf16
-        // 0x4380 + v: 256 + 2 v), u = nibble ^ 8 = q + 8: (258 + 4 u) / 2 - 144 = 2 u - 15 = 2 q + 1
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const u32 x = i == 0 ? w << 1 : w >> (4 * i - 1);
-            p[i] = q4_fma2((x & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f), q4_bf16x2(-144.0f));
-        }
-    } else if (FMT == Q4_RTN) {
-        // mantissa fields u = nibble ^ 8 = q + 8 under 128's exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
+        // byte i of w << 1 holds element 2i at bits 1..4, byte i of w >> 3 element 2i + 1: prmt puts them in bytes 0
+        // and 2, then mantissa fields v = 2 u + 1 under 256's exponent (bf16 0x4380 + v: 256 + 2 v), u = nibble ^ 8
+        // = q + 8: (258 + 4 u) / 2 - 144 = 2 u - 15 = 2 q + 1
+        const u32 lo = w << 1, hi = w >> 3;
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            p[i] = q4_fma2(((w >> (4 * i)) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f), q4_bf16x2(-136.0f));
+            p[i] = q4_fma2((__byte_perm(lo, hi, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f), q4_bf16x2(-144.0f));
+    } else if (FMT == Q4_RTN) {
+        // elements 2i, 2i + 1 at bits 0..3 of byte i of w, w >> 4; mantissa fields u = nibble ^ 8 = q + 8 under 128's
+        // exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
+        const u32 hi = w >> 4;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = q4_fma2((__byte_perm(w, hi, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f), q4_bf16x2(-136.0f));
     } else if (FMT == Q4_E8P) {  // the word is one group: stage-1 code low, stage-2 code high
         const q4_e8p_code c1 = q4_e8p_open(w & 0xFFFFu, s), c2 = q4_e8p_open(w >> 16, s);
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            p[i] = (u32)s.e8p_wint[q4_e8p_index(c1, i) * 12 + q4_e8p_index(c2, i)] |
-                   (u32)s.e8p_wint[q4_e8p_index(c1, i + 4) * 12 + q4_e8p_index(c2, i + 4)] << 16;
+            p[i] = (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i) * 12 + q4_e8p_index(c2, 2 * i)] |
+                   (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i + 1) * 12 + q4_e8p_index(c2, 2 * i + 1)] << 16;
     } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) p[i] = (u32)s.lut[(w >> (4 * i)) & 15] | (u32)s.lut[(w >> (4 * i + 16)) & 15] << 16;
+        for (int i = 0; i < 4; i++) p[i] = (u32)s.lut[(w >> (8 * i)) & 15] | (u32)s.lut[(w >> (8 * i + 4)) & 15] << 16;
         if (FMT == Q4_NVFP4) {
             const u32 sc = (u32)s.e4m3[scale] * 0x10001u;
 #pragma unroll
@@ -6768,56 +6783,53 @@ __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u
     }
 }
 
-/* Activation rows [0, rows) x k [k0, k0 + Q4_KS) into the stage, zeros past k_end and in rows >= M; each 8 elements
- * e0..e7 (16 bytes) stored as the pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7). */
-__device__ __forceinline__ void q4_stage(const q4_gemm_args &a, q4_smem &s, int rows, int k0, int k_end) {
-    constexpr int VECS = Q4_KS / 8;
-    for (int v = threadIdx.x; v < rows * VECS; v += Q4_THREADS) {
-        const int r = v / VECS, c = v % VECS, k = k0 + 8 * c;
-        uint4 x = make_uint4(0, 0, 0, 0);
-        if (r < a.M && k < k_end) x = *(const uint4 *)(a.A + (u64)r * a.lda + k);
-        uint4 p;
-        p.x = __byte_perm(x.x, x.z, 0x5410);
-        p.y = __byte_perm(x.x, x.z, 0x7632);
-        p.z = __byte_perm(x.y, x.w, 0x5410);
-        p.w = __byte_perm(x.y, x.w, 0x7632);
-        *(uint4 *)&s.a[r][4 * c] = p;
-    }
-}
-
-/* The weight ring: Q4_STAGES chunks of this thread's words in flight (cp.async, no registers held), each thread its
- * own slots: [stage][slot][thread] (consecutive threads, consecutive banks), which only that thread writes and reads:
- * its own cp.async.wait_group makes a chunk visible to it, and the CTA barrier at each chunk's start orders its reads
- * of a slot before the copies that refill it (PTX leaves cp.async unordered with other memory operations otherwise).
- * Slots of a chunk: Q4_RING_SLOTS code words (wt, h, j), then for NVFP4 three 4-byte words of block scales per row
- * (wt, h). */
+/* The ring: STAGES stages of q4_stage_bytes (dllm__q4_stage_bytes: codes [wt * 2 + h][thread] 16 bytes, NVFP4's
+ * block-scale words [(wt * 2 + h) * 2 + i][thread], then the activation rows, 256 bytes each). Every thread copies
+ * its own weight slots and a share of the activation rows with cp.async (nothing held in registers); its
+ * cp.async.wait_group makes its copies visible to itself, and the CTA barrier at each chunk's start makes every
+ * thread's visible to all and orders their reads of the stage being refilled before its new copies (PTX leaves
+ * cp.async unordered with other memory operations otherwise). */
 __device__ __forceinline__ void q4_cp_async4(u32 smem, const void *gmem, u32 bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void q4_cp_async16(u32 smem, const void *gmem, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
+}
+/* The same for weight codes, with an L2 prefetch of the whole 128-byte line: a row's 64 bytes of a chunk are half a
+ * line (rows start 128-byte aligned where K % 256 == 0), so DRAM serves whole lines and the next chunk's half is
+ * already on its way when its copy is issued. */
+__device__ __forceinline__ void q4_cp_async16_line(u32 smem, const void *gmem, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void q4_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* The "memory" clobber keeps the ring's reads after the wait. */
 template <int N> __device__ __forceinline__ void q4_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-template <int FMT> __device__ constexpr int q4_ring_slots() { return FMT == Q4_NVFP4 ? Q4_RING_SLOTS_NVFP4 : Q4_RING_SLOTS; }
-static_assert(Q4_RING_SLOTS == 4 * 2 * Q4_WT && Q4_RING_SLOTS_NVFP4 == Q4_RING_SLOTS + 3 * 2 * Q4_WT, "the host's dllm__q4_ring_slots");
+template <int FMT> __device__ constexpr int q4_scale_bytes() { return FMT == Q4_NVFP4 ? 2 * Q4_WT * 2 * Q4_THREADS * 4 : 0; }
+constexpr int Q4_CODE_BYTES = 2 * Q4_WT * Q4_THREADS * 16;
+/* A stage's bytes for m_tiles activation tiles (the host's dllm__q4_stage_bytes). */
+template <int FMT> __device__ __forceinline__ u32 q4_stage_bytes(int m_tiles) { return (u32)(Q4_CODE_BYTES + q4_scale_bytes<FMT>() + m_tiles * 8 * Q4_KC * 2); }
 
-/* Byte offset of this thread's slot in stage `stage` of the ring. */
-template <int FMT> __device__ __forceinline__ u32 q4_slot(int stage, int slot) {
-    return (u32)(((stage * q4_ring_slots<FMT>() + slot) * Q4_THREADS + threadIdx.x) * 4);
-}
+/* Activation row r's 16-byte slot for k group q (k0 + 8 q, q = 4 t + j as q4_chunk reads it) is 4 j + t, xor 5 in odd
+ * rows: a quarter warp's 8 reads (rows g, g + 1; t = 0..3) land in the 8 distinct 16-byte bank groups (slot mod 8: even
+ * rows 4 (j & 1) + t, odd ones 4 (~j & 1) + (t ^ 1)). An involution of q for a given r (the transpose fixes 5), so it
+ * is also the group a slot holds. */
+__device__ __forceinline__ int q4_act_slot(int q, int r) { return ((q & 3) << 2 | q >> 2) ^ 5 * (r & 1); }
 
-/* The NVFP4 block-scale bytes of one row and chunk: word j's block is b0 + 2 j, b0 = n * blocks + k0 / 16 + t / 2 (an
- * index into the [N][blocks] array), so the 4 bytes lie in the 12 from the 4-aligned b0 & ~3; each 4-byte copy reads
- * only the bytes before the array's end (src-size), so nothing past it is touched. */
+/* The NVFP4 block-scale bytes of one row and chunk: words 0, 1 of thread t lie in block b0 = n * blocks + k0 / 16 + 2 t
+ * (an index into the [N][blocks] array), words 2, 3 in b0 + 1; both bytes lie in the 8 from the 4-aligned b0 & ~3;
+ * each 4-byte copy reads only the bytes before the array's end (src-size), so nothing past it is touched. */
 __device__ __forceinline__ u64 q4_scale_base(const q4_gemm_args &a, int n, int k0, int t) {
-    return (u64)n * ((a.K + 15) >> 4) + (k0 >> 4) + (t >> 1);
+    return (u64)n * ((a.K + 15) >> 4) + (k0 >> 4) + 2 * t;
 }
 
-/* Issues the copies of one chunk at k0 into ring stage `stage`: this thread's rows n0 + 16 wt + 8 h (h = 0: row g,
- * 1: row g + 8), word j at k0 + 32 j + 8 t; nothing is read (zeros land) where the row is past N or k past k_end. */
+/* Issues the copies of one chunk at k0 into the stage at byte `stage` of the ring: this thread's rows n0 + 16 wt + 8 h
+ * (h = 0: row g, 1: row g + 8), k0 + 32 t + [0, 32); its share of the activation rows [0, 8 m_tiles). Nothing is read
+ * (zeros land) where a row is past N or M, or k past k_end. vec16: K % 32 == 0 and the codes 16-byte aligned, so a
+ * thread's 16 bytes of a row are one aligned copy (k_end, a multiple of 32 then, never cuts them). */
 template <int FMT>
-__device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 ring, int stage, int n0, int t, int k0, int k_end) {
-    const int row_bytes = a.K >> 1;
+__device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage, int m_tiles, int n0, int t, int k0, int k_end, bool vec16) {
+    const int row_bytes = a.K >> 1, k = k0 + 32 * t;
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
@@ -6825,60 +6837,77 @@ __device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 ring, 
             const int n = n0 + 16 * wt + 8 * h;
             const bool row_ok = n < a.N;
             const unsigned char *row = a.codes + (u64)(row_ok ? n : 0) * row_bytes;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int k = k0 + 32 * j + 8 * t;
+            const u32 dst = stage + ((wt * 2 + h) * Q4_THREADS + threadIdx.x) * 16;
+            if (vec16) {
                 const bool ok = row_ok && k < k_end;
-                q4_cp_async4(ring + q4_slot<FMT>(stage, (wt * 2 + h) * 4 + j), ok ? row + (k >> 1) : a.codes, ok ? 4 : 0);
+                q4_cp_async16_line(dst, ok ? row + (k >> 1) : a.codes, ok ? 16 : 0);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const bool ok = row_ok && k + 8 * j < k_end;
+                    q4_cp_async4(dst + 4 * j, ok ? row + ((k + 8 * j) >> 1) : a.codes, ok ? 4 : 0);
+                }
             }
             if (FMT == Q4_NVFP4) {
                 const u64 total = (u64)a.N * ((a.K + 15) >> 4), base = row_ok ? q4_scale_base(a, n, k0, t) & ~(u64)3 : total;
 #pragma unroll
-                for (int i = 0; i < 3; i++) {
+                for (int i = 0; i < 2; i++) {
                     const u64 at = base + 4 * i, bytes = at < total ? min(total - at, (u64)4) : 0;
-                    q4_cp_async4(ring + q4_slot<FMT>(stage, Q4_RING_SLOTS + (wt * 2 + h) * 3 + i), bytes ? a.block_scales + at : a.block_scales, (u32)bytes);
+                    q4_cp_async4(stage + Q4_CODE_BYTES + (((wt * 2 + h) * 2 + i) * Q4_THREADS + threadIdx.x) * 4, bytes ? a.block_scales + at : a.block_scales,
+                                 (u32)bytes);
                 }
             }
         }
+    const u32 acts = stage + Q4_CODE_BYTES + q4_scale_bytes<FMT>();
+    for (int v = threadIdx.x; v < m_tiles * 8 * 16; v += Q4_THREADS) {  // consecutive threads, consecutive slots
+        const int r = v >> 4, q = q4_act_slot(v & 15, r), kq = k0 + 8 * q;
+        const bool ok = r < a.M && kq < k_end;
+        q4_cp_async16(acts + v * 16, ok ? a.A + (u64)r * a.lda + kq : a.A, ok ? 16 : 0);
+    }
 }
 
-/* This thread's words of ring stage `stage` (landed: see the wait in q4_gemm_body); NVFP4: word j's block scale in
- * byte j of sc, picked out of the 12 copied bytes at offset b0 & 3, then b0 & 3 + 2, + 4, + 6. */
+/* This thread's words of the stage at `stage` (landed: see the wait in q4_gemm_body); NVFP4: words 0, 1's block scale
+ * in byte 0 of sc, words 2, 3's in byte 1, picked out of the 8 copied bytes at offset b0 & 3. */
 template <int FMT>
-__device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsigned char *ring, int stage, int n0, int t, int k0, u32 w[Q4_WT][2][4],
-                                              u32 sc[Q4_WT][2]) {
+__device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsigned char *stage, int n0, int t, int k0, uint4 w[Q4_WT][2], u32 sc[Q4_WT][2]) {
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) w[wt][h][j] = *(const u32 *)(ring + q4_slot<FMT>(stage, (wt * 2 + h) * 4 + j));
+            w[wt][h] = *(const uint4 *)(stage + ((wt * 2 + h) * Q4_THREADS + threadIdx.x) * 16);
             sc[wt][h] = 0;
             if (FMT == Q4_NVFP4) {
-                const u32 *win = (const u32 *)(ring + q4_slot<FMT>(stage, Q4_RING_SLOTS + (wt * 2 + h) * 3));
-                const u32 w0 = win[0], w1 = win[Q4_THREADS], w2 = win[2 * Q4_THREADS];  // the next slots, Q4_THREADS words apart
+                const u32 *win = (const u32 *)(stage + Q4_CODE_BYTES + ((wt * 2 + h) * 2 * Q4_THREADS + threadIdx.x) * 4);
                 const u32 shift = 8 * (u32)(q4_scale_base(a, n0 + 16 * wt + 8 * h, k0, t) & 3);
-                sc[wt][h] = __byte_perm(__funnelshift_r(w0, w1, shift), __funnelshift_r(w1, w2, shift), 0x6420);
+                sc[wt][h] = __funnelshift_r(win[0], win[Q4_THREADS], shift);  // the next slot, Q4_THREADS words on
             }
         }
 }
 
-/* One chunk (position cs in the stage) into the accumulators: per word column j, the two k16 steps of every weight
- * tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic). */
-template <int FMT>
-__device__ __forceinline__ void q4_chunk(const q4_smem &s, int cs, int m_tiles, int g, int t, const u32 w[Q4_WT][2][4], const u32 sc[Q4_WT][2],
-                                         float acc[Q4_WT][Q4_MT][4]) {
+__device__ __forceinline__ u32 q4_word(const uint4 &w, int j) { return j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w; }
+
+/* One chunk (its stage's activation rows at acts) into the accumulators: per word j, the two k16 steps of every
+ * weight tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic, and
+ * neither does MT, the tiles an instance holds). */
+template <int FMT, int MT>
+__device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *acts, int m_tiles, int g, int t, const uint4 w[Q4_WT][2],
+                                         const u32 sc[Q4_WT][2], float acc[Q4_WT][MT][4]) {
+    const int p = g & 1;
+    const unsigned char *acts_even = acts + g * (Q4_KC * 2) + 16 * (t ^ p) + 64 * p, *acts_odd = acts_even - 128 * p;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         u32 p[Q4_WT][2][4];
 #pragma unroll
         for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) q4_dequant<FMT>(w[wt][h][j], (sc[wt][h] >> (8 * j)) & 255, s, p[wt][h]);
+            for (int h = 0; h < 2; h++) q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
+        // row r = 8 mt + g's slot q4_act_slot(4 t + j, r) = 4 (j ^ p) + (t ^ p), p = g & 1, and 4 (j ^ p) = 4 j + 4 p
+        // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
+        const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
             if (mt < m_tiles) {
-                const uint4 b = *(const uint4 *)&s.a[mt * 8 + g][cs * (Q4_KC / 2) + 16 * j + 4 * t];
+                const uint4 b = *(const uint4 *)(b_at + mt * 8 * (Q4_KC * 2));
 #pragma unroll
                 for (int wt = 0; wt < Q4_WT; wt++) {
                     q4_mma(acc[wt][mt], p[wt][0][0], p[wt][1][0], p[wt][0][1], p[wt][1][1], b.x, b.y);
@@ -6896,10 +6925,10 @@ __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, fl
     else ((bf16_t *)a.y)[at] = f32_to_bf16(v);
 }
 
-/* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the weight ring (dllm__q4_ring_bytes).
- * The ring keeps Q4_STAGES - 1 chunks of weights in flight per thread while one is computed; the activation stage is
- * loaded synchronously (from L2: every CTA reads the same rows) once per two chunks, while they fly. */
-template <int FMT>
+/* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the ring (dllm__q4_ring_bytes(M)).
+ * STAGES - 1 chunks (weights and activations) are in flight while one is computed; one barrier a chunk. MT: the
+ * activation tiles the instance holds (M <= 8 MT); STAGES: the host's dllm__q4_stage_count for them. */
+template <int FMT, int MT, int STAGES>
 __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
@@ -6910,34 +6939,37 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     const int m_tiles = (a.M + 7) >> 3, chunks = (a.K + Q4_KC - 1) / Q4_KC;
     const int c_begin = blockIdx.y * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split), k_end = min(a.K, c_end * Q4_KC);
     const int n0 = blockIdx.x * Q4_BN + warp * (16 * Q4_WT) + g, n_chunks = c_end - c_begin;
-    float acc[Q4_WT][Q4_MT][4];
+    const u32 stage_bytes = q4_stage_bytes<FMT>(m_tiles), act_offset = Q4_CODE_BYTES + q4_scale_bytes<FMT>();
+    const bool vec16 = (a.K & 31) == 0 && ((u64)a.codes & 15) == 0;
+    float acc[Q4_WT][MT][4];
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < Q4_STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
-        if (i < n_chunks) q4_issue_chunk<FMT>(a, ring, i, n0, t, (c_begin + i) * Q4_KC, k_end);
+    for (int i = 0; i < STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
+        if (i < n_chunks) q4_issue_chunk<FMT>(a, ring + i * stage_bytes, m_tiles, n0, t, (c_begin + i) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
     }
     for (int i = 0; i < n_chunks; i++) {
-        const int c = c_begin + i, cs = i % (Q4_KS / Q4_KC);
-        // every thread is done with chunk i - 1's ring slot and, at a stage's start, with the previous activation stage
-        // (and the tables are written): the barrier orders those reads before the writes below
+        const int c = c_begin + i;
+        q4_cp_async_wait<STAGES - 2>();  // this thread's copies of chunk i (and of every older one) have landed
+        // every thread's copies of chunk i have landed, and every thread is done with chunk i - 1's stage (and the
+        // tables are written): the barrier orders those before the reads and the refill below
         __syncthreads();
-        if (i + Q4_STAGES - 1 < n_chunks) q4_issue_chunk<FMT>(a, ring, (i + Q4_STAGES - 1) % Q4_STAGES, n0, t, (c + Q4_STAGES - 1) * Q4_KC, k_end);
+        if (i + STAGES - 1 < n_chunks)
+            q4_issue_chunk<FMT>(a, ring + ((i + STAGES - 1) % STAGES) * stage_bytes, m_tiles, n0, t, (c + STAGES - 1) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
-        if (cs == 0) q4_stage(a, s, m_tiles * 8, c * Q4_KC, k_end);
-        q4_cp_async_wait<Q4_STAGES - 1>();  // this thread's copies of chunk i (and of every older one) have landed
-        if (cs == 0) __syncthreads();       // the activation stage is written
-        u32 w[Q4_WT][2][4], sc[Q4_WT][2];
-        q4_read_chunk<FMT>(a, q4_ring, i % Q4_STAGES, n0, t, c * Q4_KC, w, sc);
-        q4_chunk<FMT>(s, cs, m_tiles, g, t, w, sc, acc);
+        const unsigned char *stage = q4_ring + (i % STAGES) * stage_bytes;
+        uint4 w[Q4_WT][2];
+        u32 sc[Q4_WT][2];
+        q4_read_chunk<FMT>(a, stage, n0, t, c * Q4_KC, w, sc);
+        q4_chunk<FMT, MT>(s, stage + act_offset, m_tiles, g, t, w, sc, acc);
     }
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-        for (int mt = 0; mt < Q4_MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int n = n0 + 16 * wt + 8 * (e >> 1), m = mt * 8 + 2 * t + (e & 1);
@@ -6947,11 +6979,16 @@ __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
             }
 }
 
-KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4>(a); }
-KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4>(a); }
-KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD>(a); }
-KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P>(a); }
-KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN>(a); }
+KERNEL_q4_gemm_nvfp4 { q4_gemm_body<Q4_NVFP4, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_int4 { q4_gemm_body<Q4_INT4, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_lloyd { q4_gemm_body<Q4_LLOYD, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_e8p { q4_gemm_body<Q4_E8P, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_rtn { q4_gemm_body<Q4_RTN, Q4_MT, Q4_STAGES>(a); }
+KERNEL_q4_gemm_nvfp4_m32 { q4_gemm_body<Q4_NVFP4, Q4_MT / 2, Q4_STAGES>(a); }
+KERNEL_q4_gemm_int4_m32 { q4_gemm_body<Q4_INT4, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_lloyd_m32 { q4_gemm_body<Q4_LLOYD, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_e8p_m32 { q4_gemm_body<Q4_E8P, Q4_MT / 2, Q4_STAGES_M32>(a); }
+KERNEL_q4_gemm_rtn_m32 { q4_gemm_body<Q4_RTN, Q4_MT / 2, Q4_STAGES_M32>(a); }
 
 /* Split-K's partials [k_splits][M][N] summed in split order (one thread an output), then the epilogue. */
 KERNEL_q4_gemm_reduce {
@@ -8544,12 +8581,10 @@ static std::string dllm__src_q4_tables() {
 
 /* The W4 GEMM module: every format's entry point and the split-K reduction, with its tile constants and tables. */
 static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
-    const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_MAX_ROWS %d\n#define Q4_KC %d\n"
-                                          "#define Q4_KS %d\n#define Q4_AS_LD %d\n#define Q4_BN %d\n#define Q4_STAGES %d\n#define Q4_RING_SLOTS %d\n"
-                                          "#define Q4_RING_SLOTS_NVFP4 %d\n",
-                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_max_rows, dllm__q4_kc, dllm__q4_ks,
-                                          dllm__q4_as_ld, dllm__q4_bn, dllm__q4_stages, dllm__q4_ring_slots(DLLM__Q4_INT4),
-                                          dllm__q4_ring_slots(DLLM__Q4_NVFP4));
+    const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_KC %d\n#define Q4_BN %d\n"
+                                          "#define Q4_STAGES %d\n#define Q4_STAGES_M32 %d\n",
+                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_kc, dllm__q4_bn, dllm__q4_stages,
+                                          dllm__q4_stages_m32);
     return {"dllm_q4_gemm",
             dllm__src_prelude() + DLLM__XSTR(struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_DECLARE) +
                 tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
@@ -9163,9 +9198,12 @@ struct dllm__q4_gemm_kernels {
     int sm_count = 0;
 };
 
-static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f) {
+/* The entry point of format f for M rows: the _m32 instance where M <= dllm__q4_m32_rows. */
+static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f, int M) {
     const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
-    return *kernel[f];
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_nvfp4_m32, &k.q4_gemm_int4_m32, &k.q4_gemm_lloyd_m32, &k.q4_gemm_e8p_m32,
+                                                         &k.q4_gemm_rtn_m32};
+    return *(M <= dllm__q4_m32_rows ? m32 : kernel)[f];
 }
 
 /* The kernels of out.module (loaded), their shared-memory limits, and the current device's SM count. */
@@ -9177,8 +9215,9 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
 #undef DLLM__Q4_BIND
     for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN; f++)
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)dllm__q4_ring_bytes((dllm__q4_format)f)));
+        for (int M : {dllm__q4_m32_rows, dllm__q4_max_rows})
+            DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)dllm__q4_ring_bytes((dllm__q4_format)f, M)));
     return DLLM_OK;
 }
 
@@ -9188,9 +9227,9 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     return dllm__q4_gemm_bind(out);
 }
 
-/* CTAs of q4_gemm an H200 SM holds at once (about 135 registers and 70 KB of shared memory: 3; NVFP4, 178 registers and
- * 94 KB: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow with the resident
- * warps. */
+/* CTAs of q4_gemm an H200 SM holds at once (about 140 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4
+ * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow
+ * with the resident warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -9243,8 +9282,8 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
-    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f));
-    DLLM__TRY(dllm__q4_gemm_kernel(k, f).launch(grid, stream, a));
+    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, M));
+    DLLM__TRY(dllm__q4_gemm_kernel(k, f, M).launch(grid, stream, a));
     if (a.k_splits == 1) return DLLM_OK;
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);

@@ -16,7 +16,7 @@ TEST(jit, q4_gemm_compiles_without_spills) {
         CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log, &ptx), DLLM_OK, nullptr);
         CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "q4_gemm spills or has a stack frame on %s:\n%s", a.target,
                   log.c_str());
-        CHECK(lowered.size() == 6 && cubin.size() > 1000);
+        CHECK(lowered.size() == 11 && cubin.size() > 1000);
 #define TEST_Q4_SIZES(kname, attrs, params)                                                                          \
     CHECK_MSG(test_ptx_param_sizes(ptx, #kname) == dllm__kernel<dllm__sig_##kname>::param_sizes(), "%s on %s: parameters differ from its handle's", \
               #kname, a.target);
@@ -43,24 +43,31 @@ TEST(q4_gemm, e8p_table_indices_match_the_decoder) {
     CHECK_MSG(wrong == 0, "%zu coordinates decode differently", wrong);
 }
 
-/* The INT4 and RTN bit tricks (q4_dequant), on every nibble in both halves of a word and at every position: the bf16
+/* PTX prmt (__byte_perm): byte k of the result is byte selector nibble k of the 8 bytes {b, a} (a bytes 0..3). */
+static uint32_t test_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    const uint64_t bytes = (uint64_t)b << 32 | a;
+    uint32_t r = 0;
+    for (int k = 0; k < 4; k++) r |= (uint32_t)(bytes >> (8 * (sel >> (4 * k) & 7)) & 0xFF) << (8 * k);
+    return r;
+}
+
+/* The INT4 and RTN bit tricks (q4_dequant), on every nibble pair of a byte and at every byte of a word: the bf16
  * pattern built from the word, times the constant plus the constant (exact in double: small integers), is the C value
- * dllm__q4_value decodes. */
+ * dllm__q4_value decodes, element 2i in the low half, 2i + 1 in the high half. */
 TEST(q4_gemm, int_bit_tricks_decode_every_nibble) {
     auto bf16 = [](uint32_t bits) { return (double)dllm__bf16_to_f32((uint16_t)bits); };
     size_t wrong = 0;
     for (int f : {DLLM__Q4_INT4, DLLM__Q4_RTN})
         for (int lo = 0; lo < 16; lo++)
             for (int hi = 0; hi < 16; hi++)
-                for (int i = 0; i < 4; i++) {  // element i at bits 4i, element i + 4 at bits 4i + 16
-                    const uint32_t w = (uint32_t)lo << (4 * i) | (uint32_t)hi << (4 * i + 16);
+                for (int i = 0; i < 4; i++) {  // element 2i at bits 8i, element 2i + 1 at bits 8i + 4, other bytes noise
+                    const uint32_t w = ((uint32_t)lo << (8 * i) | (uint32_t)hi << (8 * i + 4)) | (0x9E3779B9u & ~(0xFFu << (8 * i)));
                     uint32_t r;
                     double mul, add;
                     if (f == DLLM__Q4_INT4) {
-                        const uint32_t x = i == 0 ? w << 1 : w >> (4 * i - 1);
-                        r = (x & 0x001E001Eu) ^ 0x43914391u, mul = 0.5, add = -144;
+                        r = (test_prmt(w << 1, w >> 3, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, mul = 0.5, add = -144;
                     } else {
-                        r = ((w >> (4 * i)) & 0x000F000Fu) ^ 0x43084308u, mul = 1, add = -136;
+                        r = (test_prmt(w, w >> 4, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, mul = 1, add = -136;
                     }
                     const uint8_t packed[1] = {(uint8_t)(lo | hi << 4)};
                     wrong += bf16(r & 0xFFFF) * mul + add != dllm__q4_value((dllm__q4_format)f, packed, nullptr, 0);
@@ -239,31 +246,31 @@ static size_t test_q4_mismatches(const test_q4_case &c, const std::vector<float>
 /* q4_gemm's data movement emulated on the CPU, lane by lane, with mma.sync m16n8k16's fragment definitions (PTX ISA
  * 9.7.14.5.8: A a0 = (row g, cols 2t, 2t+1), a1 = (g + 8, same), a2 = (g, 2t+8, 2t+9), a3 = (g + 8, same); B b0 = (rows
  * 2t, 2t+1, col g), b1 = (2t+8, 2t+9, col g); C c0, c1 = (g, 2t, 2t+1), c2, c3 = (g + 8, same)). It repeats the kernel's
- * index arithmetic (which word a lane loads, where NVFP4's block scales are found, the staged pair order, which pairs
- * make which fragment, where c lands, split-K's partials and their reduction), so that a slip in that reasoning shows here without a GPU; the values
- * of words come from the decoders the other tests check. Returns y [M][N] fp32. */
+ * index arithmetic (which words a lane loads, where NVFP4's block scales are found, which activation slot a thread
+ * copies a k group to and which one a lane reads, which pairs make which fragment, where c lands, split-K's partials
+ * and their reduction), so that a slip in that reasoning shows here without a GPU; the values of words come from the
+ * decoders the other tests check. Returns y [M][N] fp32. */
+static int test_q4_act_slot(int q, int r) { return ((q & 3) << 2 | q >> 2) ^ 5 * (r & 1); }  // q4_act_slot
+
 static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
     const int M = c.M, N = c.N, K = c.K, blocks = (K + 15) / 16, kc = dllm__q4_kc, chunks = (K + kc - 1) / kc;
     const int cps = dllm__q4_gemm_chunks_per_split(sm_count, N, K), splits = dllm__q4_gemm_splits(sm_count, N, K), m_tiles = (M + 7) / 8;
-    // NVFP4: the block scale of word j as q4_issue_chunk / q4_read_chunk find it: three 4-byte copies from the 4-aligned
-    // index below b0 (zeros past the array's end), then __funnelshift_r and __byte_perm(.., 0x6420), written out here
+    // NVFP4: the block scale of word j as q4_issue_chunk / q4_read_chunk find it: two 4-byte copies from the 4-aligned
+    // index below b0 (zeros past the array's end), then __funnelshift_r, byte j / 2, written out here
     auto nvfp4_scale = [&](int n, int k0, int t, int j) {
-        const uint64_t total = (uint64_t)N * blocks, b0 = (uint64_t)n * blocks + k0 / 16 + t / 2, base = b0 & ~(uint64_t)3;
-        uint32_t win[3] = {0, 0, 0};
-        for (int i = 0; i < 3; i++)
+        const uint64_t total = (uint64_t)N * blocks, b0 = (uint64_t)n * blocks + k0 / 16 + 2 * t, base = b0 & ~(uint64_t)3;
+        uint32_t win[2] = {0, 0};
+        for (int i = 0; i < 2; i++)
             for (int b = 0; b < 4; b++)
                 if (base + 4 * i + b < total) win[i] |= (uint32_t)c.w.block_scales[base + 4 * i + b] << (8 * b);
-        const uint32_t shift = 8 * (uint32_t)(b0 & 3);
-        auto funnel = [&](uint32_t lo, uint32_t hi) { return (uint32_t)((((uint64_t)hi << 32) | lo) >> shift); };
-        const uint32_t x = funnel(win[0], win[1]), y = funnel(win[1], win[2]);
-        const uint32_t picked = (x & 0xFF) | (x >> 16 & 0xFF) << 8 | (y & 0xFF) << 16 | (y >> 16 & 0xFF) << 24;  // selector 0x6420
-        return dllm__e4m3_table()[picked >> (8 * j) & 0xFF];
+        const uint32_t picked = (uint32_t)((((uint64_t)win[1] << 32) | win[0]) >> (8 * (b0 & 3)));
+        return dllm__e4m3_table()[picked >> (8 * (j / 2)) & 0xFF];
     };
     // C of element i of word j of lane t at (n, k0)
     std::vector<float> cw((size_t)N * K);
     for (int n = 0; n < N && c.f != DLLM__Q4_NVFP4; n++) dllm__q4_row_values(c.f, c.w.codes.data() + (size_t)n * (K / 2), nullptr, K, &cw[(size_t)n * K]);
     auto word_value = [&](int n, int k0, int t, int j, int i) {
-        const int k = k0 + 32 * j + 8 * t;
+        const int k = k0 + 32 * t + 8 * j;
         if (c.f != DLLM__Q4_NVFP4) return cw[(size_t)n * K + k + i];
         const uint8_t code = c.w.codes[(size_t)n * (K / 2) + (k + i) / 2] >> (4 * ((k + i) & 1)) & 15;
         return dllm__e2m1_to_f32(code) * nvfp4_scale(n, k0, t, j);
@@ -277,6 +284,13 @@ static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
                 std::vector<float> acc((size_t)32 * dllm__q4_wt * 8 * 4, 0.0f);
                 for (int ch = c_begin; ch < c_end; ch++) {
                     const int k0 = ch * kc;
+                    // the chunk's activation stage as the threads' copies fill it: slot v of row r holds k group
+                    // q4_act_slot(v, r), zeros past M or k_end
+                    std::vector<float> stage((size_t)m_tiles * 8 * 16 * 8);
+                    for (int v = 0; v < m_tiles * 8 * 16; v++) {
+                        const int r = v / 16, kq = k0 + 8 * test_q4_act_slot(v % 16, r);
+                        for (int e = 0; e < 8; e++) stage[(size_t)v * 8 + e] = r < M && kq < k_end ? c.a[(size_t)r * c.lda + kq + e] : 0.0f;
+                    }
                     for (int j = 0; j < 4; j++)
                         for (int mt = 0; mt < m_tiles; mt++)
                             for (int wt = 0; wt < dllm__q4_wt; wt++)
@@ -284,21 +298,21 @@ static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
                                     double A[16][16] = {}, B[16][8] = {};
                                     for (int lane = 0; lane < 32; lane++) {
                                         const int g = lane / 4, t = lane % 4, n0 = bx * dllm__q4_bn + warp * 16 * dllm__q4_wt + g;
-                                        const int k = k0 + 32 * j + 8 * t;
-                                        // pairs (e_i, e_i+4) of rows g (h 0) and g + 8 (h 1); zero past N or k_end
+                                        const int k = k0 + 32 * t + 8 * j;
+                                        // pairs (e_2i, e_2i+1) of rows g (h 0) and g + 8 (h 1); zero past N or k_end
                                         float p[2][4][2];
                                         for (int h = 0; h < 2; h++)
                                             for (int i = 0; i < 4; i++)
                                                 for (int half = 0; half < 2; half++) {
                                                     const int n = n0 + 16 * wt + 8 * h;
-                                                    p[h][i][half] = n < N && k < k_end ? word_value(n, k0, t, j, i + 4 * half) : 0.0f;
+                                                    p[h][i][half] = n < N && k < k_end ? word_value(n, k0, t, j, 2 * i + half) : 0.0f;
                                                 }
-                                        // the staged activations of row mt * 8 + g: pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7)
+                                        // the 16 bytes lane reads from row mt * 8 + g's slot for k group 4 t + j: pairs (e0, e1) .. (e6, e7)
                                         const int m = mt * 8 + g;
+                                        const float *x = &stage[((size_t)m * 16 + test_q4_act_slot(4 * t + j, m)) * 8];
                                         float b[4][2];
                                         for (int i = 0; i < 4; i++)
-                                            for (int half = 0; half < 2; half++)
-                                                b[i][half] = m < M && k < k_end ? c.a[(size_t)m * c.lda + k + i + 4 * half] : 0.0f;
+                                            for (int half = 0; half < 2; half++) b[i][half] = x[2 * i + half];
                                         // step 0: a = (p0[0], p1[0], p0[1], p1[1]), b = (b[0], b[1]); step 1: pairs 2 and 3
                                         const int q = 2 * step;
                                         const float *a_reg[4] = {p[0][q], p[1][q], p[0][q + 1], p[1][q + 1]}, *b_reg[2] = {b[q], b[q + 1]};
@@ -339,11 +353,12 @@ static std::vector<float> test_q4_emulate(const test_q4_case &c, int sm_count) {
     return y;
 }
 
-/* The emulation against the twin, judged as the kernel is (test_q4_mismatches). Shapes with split-K, partial tiles and K = 8 mod 16; a small SM count makes the
- * no-split-K path reachable at a small N. */
+/* The emulation against the twin, judged as the kernel is (test_q4_mismatches). Shapes with split-K, partial tiles, K = 8 mod 16 and K = 0 mod 32
+ * (16-byte weight copies: the same words land); a small SM count makes the no-split-K path reachable at a small N. */
 TEST(q4_gemm, kernel_data_movement_emulated_matches_twin) {
     test_rng r("q4 emulation");
-    struct { int M, N, K, sms; } shapes[] = {{3, 200, 16 * 25, 132}, {17, 136, 8 * 41, 132}, {9, 264, 16 * 9, 1}, {64, 8, 16 * 11, 132}};
+    struct { int M, N, K, sms; } shapes[] = {{3, 200, 16 * 25, 132}, {17, 136, 8 * 41, 132}, {9, 264, 16 * 9, 1}, {64, 8, 16 * 11, 132},
+                                             {32, 136, 32 * 13, 132}};
     for (int fi = 0; fi <= DLLM__Q4_RTN; fi++)
         for (const auto &sh : shapes) {
             const dllm__q4_format f = (dllm__q4_format)fi;
@@ -352,6 +367,28 @@ TEST(q4_gemm, kernel_data_movement_emulated_matches_twin) {
             const size_t bad = test_q4_mismatches(c, test_q4_emulate(c, sh.sms), worst);
             CHECK_MSG(bad == 0, "%s M=%d N=%d K=%d (%d SMs): %zu outputs differ", dllm__q4_names[f], sh.M, sh.N, sh.K, sh.sms, bad);
         }
+}
+
+/* The activation stage's slots (q4_act_slot): a permutation of a row's 16 k groups that is its own inverse (the copy
+ * of slot v fetches group slot(v), the read of group q takes slot(q)), q4_chunk's two-base form of the read address is
+ * the same slot, and a quarter warp's 8 16-byte reads (lanes 8 i .. 8 i + 7) hit 8 distinct 16-byte bank groups. */
+TEST(q4_gemm, activation_slots_invert_and_reads_are_conflict_free) {
+    size_t wrong = 0;
+    for (int r = 0; r < 16; r++)
+        for (int q = 0; q < 16; q++) wrong += test_q4_act_slot(test_q4_act_slot(q, r), r) != q;
+    for (int mt = 0; mt < 8; mt++)
+        for (int j = 0; j < 4; j++)
+            for (int quarter = 0; quarter < 4; quarter++) {
+                unsigned banks = 0;
+                for (int lane = 8 * quarter; lane < 8 * quarter + 8; lane++) {
+                    const int g = lane / 4, t = lane % 4, p = g & 1, r = mt * 8 + g, at = r * 256 + 16 * test_q4_act_slot(4 * t + j, r);
+                    const int even = g * 256 + 16 * (t ^ p) + 64 * p, base = j & 1 ? even - 128 * p : even;  // q4_chunk's
+                    wrong += base + 64 * j + mt * 8 * 256 != at;
+                    banks |= 1u << (at / 16 % 8);
+                }
+                wrong += banks != 0xFF;
+            }
+    CHECK_MSG(wrong == 0, "%zu slot checks failed", wrong);
 }
 
 // ---- GPU: q4_gemm against its twin -----------------------------------------------------------------------
@@ -417,6 +454,7 @@ TEST(gpu_q4, gemm_matches_twin_every_format_and_shape) {
         test_q4_case_run(T_, k, r, f, 17, 1000, 16 * 75, false); // a partial activation tile, 8 weight CTAs
         test_q4_case_run(T_, k, r, f, 64, 1000, 16 * 9, true);  // every activation tile
         test_q4_case_run(T_, k, r, f, 5, 1000, 8 * 25, false);  // K = 8 mod 16 (E8P's granularity; every format takes it)
+        test_q4_case_run(T_, k, r, f, 32, 520, 32 * 37, true);  // K % 32 == 0: 16-byte weight copies, a partial last chunk
         test_q4_case_run(T_, k, r, f, 3, test_q4_unsplit_n(k), 16 * 7, false);  // no split-K: the epilogue in the GEMM itself
     }
 }
