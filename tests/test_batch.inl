@@ -114,16 +114,21 @@ static dllm_status test_batch_first_failure(const std::vector<test_batch_case *>
     return DLLM_OK;
 }
 
-/* Random batches of 2-5 items on one model, each in two orders, against the items alone. */
-static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed) {
+/* Random batches of 2-5 items on one model, each in two orders, against the items alone. Quantised precisions
+ * quantise each row (token) on its own, so they batch exactly too. */
+static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, int rounds = 5,
+                                      dllm_precision precision = DLLM_PRECISION_BF16) {
     dllm_model *m = test_load(test_data(model_dir));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = precision;
+    dllm_ctx *ctx = nullptr;
+    if (m && dllm_ctx_create(m, cp, &ctx) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     std::mt19937 rng(seed);
     dllm__debug_step_logits = test_batch_logits_hook;
-    for (int round = 0; round < 5; round++) {
+    for (int round = 0; round < rounds; round++) {
         std::vector<test_batch_case> cases((size_t)(2 + rng() % 4));
         int n_ok = 0;
         for (test_batch_case &c : cases) {
@@ -163,6 +168,11 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
 TEST(batch, llada_items_equal_alone_bit_for_bit) { test_batch_random_batches(T_, "tiny-llada", false, 26); }
 
 TEST(batch, dream_items_equal_alone_bit_for_bit) { test_batch_random_batches(T_, "tiny-dream", true, 2026); }
+
+TEST(batch, fp8_and_soloq_items_equal_alone_bit_for_bit) {
+    test_batch_random_batches(T_, "tiny-llada", false, 8, 2, DLLM_PRECISION_FP8_ALL);
+    test_batch_random_batches(T_, "tiny-dream", true, 9, 2, DLLM_PRECISION_SOLOQ_N);
+}
 
 /* The CPU forward of several canvases against each alone, on the forward itself: different lengths, row
  * ranges and positions, the logits compared bit for bit. */
