@@ -523,12 +523,12 @@ typedef struct dllm_batch_result {
 /* Decode n_items prompts together. Every item gets exactly what dllm_generate would give it alone: the same
  * tokens, from bit-identical logits, whatever the batch's other items, their lengths and their order.
  *
- * Batched (CPU backend): items without a K/V cache or DPad on LLaDA and Dream models (the plain schedule, LLaDA's
- * low-confidence / random remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, the sampler filters)
- * decode in lock step, one forward over the rows of every active sequence per step (attention per sequence,
- * each at its own positions); a sequence that is done leaves the batch. Decoded one after another, as
- * dllm_generate would (an INFO log says so): items with kv_cache or DPad, block-diffusion models, and every item
- * on the GPU backend (for now).
+ * Batched (CPU backend): items without a K/V cache on LLaDA and Dream models (the plain schedule, LLaDA's
+ * low-confidence / random remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler
+ * filters) decode in lock step, one forward over the rows of every active sequence per step (attention per
+ * sequence, each at its own positions); a sequence that is done leaves the batch. Decoded one after another, as
+ * dllm_generate would (an INFO log says so): items with a kv_cache, block-diffusion models, and every item on
+ * the GPU backend (for now).
  *
  * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
  * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.

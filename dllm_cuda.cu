@@ -11303,7 +11303,6 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 static const char *dllm__batch_excluded(const dllm_ctx &ctx, const dllm_gen_params &p) {
     if (dllm__is_block_diffusion(ctx.model->cfg)) return "block diffusion";
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE) return "a K/V cache";
-    if (dllm__enum_int(p.dpad) != DLLM_DPAD_OFF) return "DPad";
     return nullptr;
 }
 

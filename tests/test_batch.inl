@@ -58,6 +58,10 @@ static dllm_gen_params test_batch_random_params(std::mt19937 &rng, bool dream) {
     p.remasking = remasks[pick(dream ? 4 : 2)];
     if (p.remasking == DLLM_REMASK_ENTROPY) p.threshold = -0.5 - pick(3);
     if (pick(4) == 0) p.top_k = 1 + pick(20);
+    if (pick(4) == 0) {  // DPad: each sequence a compacted canvas of its own, rows at their original positions
+        p.dpad = pick(2) ? DLLM_DPAD_UNIFORM : DLLM_DPAD_GAUSSIAN;
+        p.dpad_window = 2 + pick(12), p.dpad_n = pick(6);
+    }
     return p;
 }
 
@@ -128,6 +132,7 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
     dllm_model_get_info(m, &info);
     std::mt19937 rng(seed);
     dllm__debug_step_logits = test_batch_logits_hook;
+    int n_cfg = 0, n_dpad = 0, n_sampled = 0, n_rule = 0;  // what the random batches covered
     for (int round = 0; round < rounds; round++) {
         std::vector<test_batch_case> cases((size_t)(2 + rng() % 4));
         int n_ok = 0;
@@ -137,6 +142,8 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
             // Not always OK: a threshold/factor block of a tiny random model can hit the step bound (INTERNAL, also
             // in dllm_generate before batching existed); the batch must then fail that item alike.
             n_ok += c.status_alone == DLLM_OK;
+            n_cfg += c.params.cfg_scale > 0, n_dpad += c.params.dpad != DLLM_DPAD_OFF, n_sampled += c.params.temperature > 0;
+            n_rule += c.params.unmask == DLLM_UNMASK_THRESHOLD || c.params.unmask == DLLM_UNMASK_FACTOR;
         }
         CHECK_MSG(n_ok >= 1, "round %d: no item decoded alone", round);
         std::vector<test_batch_case *> order;
@@ -161,6 +168,8 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
         }
     }
     dllm__debug_step_logits = nullptr;
+    CHECK_MSG(rounds < 5 || (n_cfg && n_dpad && n_sampled && n_rule), "%s: the batches held %d CFG, %d DPad, %d sampled, %d threshold/factor items",
+              model_dir, n_cfg, n_dpad, n_sampled, n_rule);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -281,9 +290,9 @@ static void test_batch_log(dllm_log_level level, const char *text, void *user) {
     if (level == DLLM_LOG_INFO && strstr(text, "dllm_generate_batch")) *(std::string *)user += text;
 }
 
-/* Modes the batched forward does not take (here a K/V cache, DPad) decode one after another, say so, and
- * still give each item its own result. */
-TEST(batch, unbatched_modes_decode_one_after_another) {
+/* Items with a K/V cache decode one after another, say so, and still give each item its own result; a DPad item
+ * beside them stays in the batched forward. */
+TEST(batch, kv_cache_items_decode_one_after_another) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
@@ -305,9 +314,9 @@ TEST(batch, unbatched_modes_decode_one_after_another) {
     CHECK_STATUS(test_batch_run(ctx, order, results, &bs), DLLM_OK, nullptr);
     dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
     for (size_t i = 0; i < cases.size(); i++) test_batch_check_case(T_, cases[i], results[i], i == 1 ? "K/V cache item" : i == 3 ? "DPad item" : "batched item");
-    CHECK_MSG(strstr(log.c_str(), "2 of 4 items decode one after another") && strstr(log.c_str(), "K/V cache"), "log: %s", log.c_str());
-    const int batched = std::max(results[0].stats.steps, results[2].stats.steps);
-    CHECK_MSG(bs.forwards == batched + results[1].stats.forwards + results[3].stats.forwards, "batch forwards %d", bs.forwards);
+    CHECK_MSG(strstr(log.c_str(), "1 of 4 items decode one after another") && strstr(log.c_str(), "K/V cache"), "log: %s", log.c_str());
+    const int batched = std::max(std::max(results[0].stats.steps, results[2].stats.steps), results[3].stats.steps);
+    CHECK_MSG(bs.forwards == batched + results[1].stats.forwards, "batch forwards %d", bs.forwards);
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
     dllm_model_free(m);
