@@ -498,9 +498,51 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
  * generation is at most that long, and with stop_at_eos often shorter); a smaller out_capacity is
  * DLLM_ERR_BUFFER_TOO_SMALL before any decoding, with nothing written and *n_out = gen_length. n_out and
- * stats may be NULL. A batch API will take several prompts; this call is the batch-of-one case. */
+ * stats may be NULL. dllm_generate_batch decodes several prompts together. */
 DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
                                    int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);
+
+/* One prompt of a batch: what dllm_generate takes, with its own parameters (length, block, steps or threshold,
+ * seed, temperature, remasking, CFG, stop rules, step callback and its user data). */
+typedef struct dllm_batch_item {
+    const int32_t *prompt;
+    int n_prompt;
+    dllm_gen_params params;
+    int32_t *out;               /* the generated ids; the same rule as dllm_generate's out          */
+    int out_capacity;
+} dllm_batch_item;
+
+/* What became of one item: dllm_generate's status, *n_out and stats, and the status's detail. */
+typedef struct dllm_batch_result {
+    dllm_status status;
+    int n_out;                  /* BUFFER_TOO_SMALL: the capacity needed, as dllm_generate reports it */
+    dllm_gen_stats stats;       /* steps and forwards as if the item had decoded alone              */
+    char error[256];            /* "" when status is DLLM_OK, else the message (truncated)          */
+} dllm_batch_result;
+
+/* Decode n_items prompts together. Every item gets exactly what dllm_generate would give it alone: the same
+ * tokens, from bit-identical logits, whatever the batch's other items, their lengths and their order.
+ *
+ * Batched (CPU backend): items without a K/V cache on LLaDA and Dream models (the plain schedule, LLaDA's
+ * low-confidence / random remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler
+ * filters) decode in lock step, one forward over the rows of every active sequence per step (attention per
+ * sequence, each at its own positions); a sequence that is done leaves the batch. Decoded one after another, as
+ * dllm_generate would (an INFO log says so): items with a kv_cache, block-diffusion models, and every item on
+ * the GPU backend (for now).
+ *
+ * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
+ * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.
+ * A global failure (out of memory, a failing forward, a CUDA error) ends every item not finished yet with that
+ * status. Returns DLLM_OK if every item succeeded, else the first failing item's status (in item order), whose
+ * message dllm_last_error() and dllm_ctx_last_error() hold; results[i] says which items failed and why.
+ * n_items = 0 does nothing and returns DLLM_OK (items and results may then be NULL).
+ *
+ * batch_stats (may be NULL): n_prompt and n_generated summed over the items; steps and forwards count the
+ * batched steps, each one forward whatever the number of sequences in it (CFG's unconditional canvas rides in
+ * the same forward), i.e. the largest steps count of the batched items, plus the forwards of the items decoded
+ * one after another; wall_ms for the whole call. */
+DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
+                                         dllm_gen_stats *batch_stats);
 
 /* ---------------------------------------------------------------------------------------------------
  * Reproducible randomness

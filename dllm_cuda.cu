@@ -3285,24 +3285,50 @@ static void dllm__cpu_out_proj(const dllm_model &m, size_t layer, const dllm__fp
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
-/* Attention half of a layer over the T = rows.q1 - rows.q0 rows of b.h: h += O(attention(RoPE(QKV(norm(h))))).
- * With a K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached
- * row. q: the layer's quantised weights or null. */
+/* One sequence of a CPU forward (the CPU's twin of section 16.3's dllm__seq_rows): its canvas, the rows it
+ * computes and the keys they see, and the output rows it wants. A forward concatenates the computed rows of its
+ * sequences; row0 is where this one's begin. */
+struct dllm__cpu_seq {
+    const int32_t *ids = nullptr;
+    int n = 0;                        // canvas rows
+    dllm__cpu_rows rows;              // rows.q1 == 0: every row
+    const uint8_t *key_valid = nullptr;
+    int r0 = 0, r1 = 0;               // unshifted output rows, inside the computed ones
+    int row0 = 0;                     // first row in the concatenation (set by dllm__cpu_forward_seqs)
+};
+
+/* Attention of one sequence over its own keys: its rows [row0, row0 + T) of b.q, b.k, b.v into b.att. With a
+ * K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached row. */
+static void dllm__cpu_attend(const dllm__config &c, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, const dllm__cpu_seq &s) {
+    const int T = s.rows.q1 - s.rows.q0, kvd = c.n_head_kv * c.head_dim, qd = c.n_head * c.head_dim;
+    const float *keys = b.k.data() + (size_t)s.row0 * kvd, *values = b.v.data() + (size_t)s.row0 * kvd;
+    int n_keys = T;
+    if (s.rows.kv) {
+        float *kc = s.rows.kv->k.data() + layer * s.rows.kv->n * kvd, *vc = s.rows.kv->v.data() + layer * s.rows.kv->n * kvd;
+        memcpy(kc + (size_t)s.rows.q0 * kvd, keys, sizeof(float) * T * kvd);
+        memcpy(vc + (size_t)s.rows.q0 * kvd, values, sizeof(float) * T * kvd);
+        keys = kc, values = vc, n_keys = s.rows.kv->n;
+    }
+    dllm__cpu_attention(pool, b.q.data() + (size_t)s.row0 * qd, keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, s.key_valid,
+                        b.att.data() + (size_t)s.row0 * qd);
+}
+
+/* Attention half of a layer over the T concatenated rows of b.h: h += O(attention(RoPE(QKV(norm(h))))). The
+ * projections take every row at once (each row alone, so batching changes no bit); attention stays inside each
+ * sequence. q: the layer's quantised weights or null. */
+static void dllm__cpu_attention_seqs(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                                     const std::vector<dllm__cpu_seq> &seqs, int T, const float *cos_t, const float *sin_t) {
+    dllm__cpu_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
+    for (const dllm__cpu_seq &s : seqs) dllm__cpu_attend(m.cfg, layer, pool, b, s);
+    dllm__cpu_out_proj(m, layer, q, pool, b, T);
+}
+
+/* The attention half for one sequence's rows [rows.q0, rows.q1). */
 static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
                                       const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
-    const dllm__config &c = m.cfg;
-    const int T = rows.q1 - rows.q0, kvd = c.n_head_kv * c.head_dim;
-    dllm__cpu_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
-    const float *keys = b.k.data(), *values = b.v.data();
-    int n_keys = T;
-    if (rows.kv) {
-        float *kc = rows.kv->k.data() + layer * rows.kv->n * kvd, *vc = rows.kv->v.data() + layer * rows.kv->n * kvd;
-        memcpy(kc + (size_t)rows.q0 * kvd, b.k.data(), sizeof(float) * T * kvd);
-        memcpy(vc + (size_t)rows.q0 * kvd, b.v.data(), sizeof(float) * T * kvd);
-        keys = kc, values = vc, n_keys = rows.kv->n;
-    }
-    dllm__cpu_attention(pool, b.q.data(), keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, key_valid, b.att.data());
-    dllm__cpu_out_proj(m, layer, q, pool, b, T);
+    std::vector<dllm__cpu_seq> one(1);
+    one[0].rows = rows, one[0].key_valid = key_valid;
+    dllm__cpu_attention_seqs(m, layer, q, pool, b, one, rows.q1 - rows.q0, cos_t, sin_t);
 }
 
 /* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
@@ -3339,38 +3365,61 @@ static void dllm__cpu_lm_head(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
     else dllm__cpu_linear(pool, b.a.data(), rows, m.cfg.n_embd, *m.head, nullptr, m.cfg.n_vocab, logits);
 }
 
-/* One transformer layer over the rows of b.h, in place. */
-static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                            const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+/* One transformer layer over one sequence's rows of b.h, in place (the tests step through a forward with it). */
+[[maybe_unused]] static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
+                                             const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
     dllm__cpu_attention_block(m, layer, q, pool, b, rows, key_valid, cos_t, sin_t);
     dllm__cpu_ffn_block(m, layer, q, pool, b, rows.q1 - rows.q0);
 }
 
-/* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
- * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits.
+/* Forward of several canvases at once: their computed rows concatenated (dllm__cpu_seq), every linear, norm and
+ * MLP over all rows in one pass, RoPE at each row's own position, attention per sequence over its own keys; then
+ * each sequence's unshifted output rows [r0, r1), one sequence after another, to logits. Every row's arithmetic
+ * is the same whatever its neighbours, so a sequence's logits are bit-identical to its forward alone.
  * fp8: per-layer quantised weights (dllm__cpu_fp8_weights, dllm__cpu_soloq_weights), empty for the exact reference;
  * head: SoloQ's quantised LM head or null (BF16). */
+static void dllm__cpu_forward_seqs(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, std::vector<dllm__cpu_seq> &seqs, const float *cos_t,
+                                   const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8, const dllm__soloq_layer *head) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd;
+    int T = 0;
+    for (dllm__cpu_seq &s : seqs) {
+        if (s.rows.q1 == 0) s.rows.q0 = 0, s.rows.q1 = s.n;
+        s.row0 = T;
+        T += s.rows.q1 - s.rows.q0;
+    }
+    b.fit(c, T);
+    for (const dllm__cpu_seq &s : seqs)
+        for (int row = s.rows.q0; row < s.rows.q1; row++) {
+            const size_t t = (size_t)(s.row0 + row - s.rows.q0);
+            b.pos[t] = s.rows.positions ? s.rows.positions[row] : row;
+            dllm__tensor_row(*m.embed, s.ids[row], d, b.h.data() + t * d);
+        }
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        const dllm__fp8_layer *q = l < fp8.size() ? &fp8[l] : nullptr;
+        dllm__cpu_attention_seqs(m, l, q, pool, b, seqs, T, cos_t, sin_t);
+        dllm__cpu_ffn_block(m, l, q, pool, b, T);
+    }
+    int out_rows = 0;  // the output rows, gathered into b.a for one LM head over all of them
+    for (const dllm__cpu_seq &s : seqs) {
+        dllm__cpu_rmsnorm(b.h.data() + (size_t)(s.row0 + s.r0 - s.rows.q0) * d, s.r1 - s.r0, d, m.final_norm.data(), c.norm_eps, b.a.data() + (size_t)out_rows * d);
+        out_rows += s.r1 - s.r0;
+    }
+    dllm__cpu_lm_head(m, pool, b, out_rows, head, logits);
+    if (c.scale_logits) {
+        const float s = 1.0f / sqrtf((float)d);
+        for (size_t i = 0; i < (size_t)out_rows * c.n_vocab; i++) logits[i] *= s;
+    }
+}
+
+/* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
+ * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits: a batch of one. */
 static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n, dllm__cpu_rows rows,
                               const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits,
                               const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>(), const dllm__soloq_layer *head = nullptr) {
-    const dllm__config &c = m.cfg;
-    const int d = c.n_embd;
-    if (rows.q1 == 0) rows.q0 = 0, rows.q1 = n;
-    const int T = rows.q1 - rows.q0;
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        int row = rows.q0 + t;
-        b.pos[(size_t)t] = rows.positions ? rows.positions[row] : row;
-        dllm__tensor_row(*m.embed, ids[row], d, b.h.data() + (size_t)t * d);
-    }
-    for (size_t l = 0; l < m.layers.size(); l++)
-        dllm__cpu_layer(m, l, l < fp8.size() ? &fp8[l] : nullptr, pool, b, rows, key_valid, cos_t, sin_t);
-    dllm__cpu_rmsnorm(b.h.data() + (size_t)(r0 - rows.q0) * d, r1 - r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
-    dllm__cpu_lm_head(m, pool, b, r1 - r0, head, logits);
-    if (c.scale_logits) {
-        const float s = 1.0f / sqrtf((float)d);
-        for (size_t i = 0; i < (size_t)(r1 - r0) * c.n_vocab; i++) logits[i] *= s;
-    }
+    std::vector<dllm__cpu_seq> one(1);
+    one[0].ids = ids, one[0].n = n, one[0].rows = rows, one[0].key_valid = key_valid, one[0].r0 = r0, one[0].r1 = r1;
+    dllm__cpu_forward_seqs(m, pool, b, one, cos_t, sin_t, logits, fp8, head);
 }
 
 /* The output row that predicts position pos: Dream shifts by one (position 0 keeps row 0). */
@@ -5003,6 +5052,15 @@ struct dllm__decode {
     float cfg_scale = 0;
     dllm__sampling sampling;
     int forwards = 0;
+    void *debug_tag = nullptr;       // the generation's on_step_data: names the sequence to dllm__debug_step_logits
+};
+
+/* One canvas of a batched forward (dllm__backend_impl::forward_batch) and the logit rows it wants. */
+struct dllm__batch_seq {
+    const int32_t *ids = nullptr;
+    int n = 0;
+    const int32_t *positions = nullptr;  // RoPE position of each row; null: the row index
+    int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
 };
 
 /* What a backend does; the SAR schedule (section 17) drives it. */
@@ -5023,6 +5081,14 @@ struct dllm__backend_impl {
     virtual dllm_status bd_begin(int rows) = 0;
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
+    /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
+     * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
+     * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
+     * after another through step(). */
+    virtual dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
+        (void)plan, (void)out;
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
+    }
 };
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
@@ -5089,6 +5155,61 @@ static dllm_status dllm__check_finite_weights(const dllm_model &m, int n_threads
     return DLLM_OK;
 }
 
+/* The CPU reference's denoising step of one sequence, split around its forward so that the solo step
+ * (dllm__cpu_backend::step) and the batched one (dllm__batch_decode) share every line but the forward. */
+struct dllm__step_work {
+    std::vector<int32_t> cand;  // the candidates: masked positions before the block end, ascending
+    int k = 0;                  // a counted rule's count
+    double p_transfer = 0;      // DLLM_REMASK_ORIGIN's transfer probability
+    int r0 = 0, r1 = 0;         // the logit rows the step reads (shift applied)
+};
+
+static void dllm__step_begin(const dllm__decode &st, dllm__step_work &w) {
+    w.cand.clear();
+    for (int p = 0; p < st.block_end; p++)
+        if (st.canvas[(size_t)p] == st.mask_id) w.cand.push_back(p);
+    w.k = dllm__step_count(st, (int)w.cand.size());
+    w.p_transfer = dllm__timestep_fraction(st.step_in_block, st.steps_per_block, st.unmask.eps);
+    // The reference runs the forward even when the step commits nothing; so do we (NFE semantics).
+    w.r0 = w.cand.empty() ? st.block_end - 1 : w.cand.front(), w.r1 = st.block_end;
+}
+
+/* CFG's unconditional canvas: the prompt's positions masked. */
+static void dllm__uncond_canvas(const dllm__decode &st, std::vector<int32_t> &un) {
+    un = st.canvas;
+    for (size_t p = 0; p < un.size(); p++)
+        if (st.is_prompt[p]) un[p] = st.mask_id;
+}
+
+/* Tests only: sees the logits (CFG applied) every CPU step chooses from, rows [r0, r1) of the step's canvas. */
+static void (*dllm__debug_step_logits)(void *debug_tag, const float *logits, int rows, int n_vocab) = nullptr;
+
+/* After the step's forwards: CFG's logits = U + (s + 1) (C - U) (uncond null without CFG), then x0 and the
+ * confidence at every candidate, and the commits the unmasking rule lets through. */
+static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *cond, const float *uncond, int V, std::vector<int32_t> &committed) {
+    const size_t n = (size_t)(w.r1 - w.r0) * V;
+    st.forwards += uncond ? 2 : 1;
+    if (uncond) {
+        const float scale = st.cfg_scale + 1.0f;
+        for (size_t i = 0; i < n; i++) cond[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+    }
+    if (dllm__debug_step_logits) dllm__debug_step_logits(st.debug_tag, cond, w.r1 - w.r0, V);
+    std::vector<dllm__choice> ch;
+    for (int32_t p : w.cand) ch.push_back(dllm__choose(cond + (size_t)(p - w.r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
+    committed.clear();
+    for (int i : dllm__select(w.cand, ch, st.unmask, w.k, w.p_transfer)) {
+        st.canvas[(size_t)w.cand[(size_t)i]] = ch[(size_t)i].token;
+        committed.push_back(w.cand[(size_t)i]);
+    }
+    st.n_block_left = dllm__count_masks(st, st.block_begin, st.block_end);
+}
+
+/* Rows [r0, r1) of logits (shift applied) from the unshifted output rows raw[raw0 ..). */
+static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0, int r0, int r1, float *out) {
+    for (int p = r0; p < r1; p++)
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab, sizeof(float) * c.n_vocab);
+}
+
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq)
@@ -5126,25 +5247,38 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool) override {
         const int V = m_.cfg.n_vocab;
-        std::vector<int32_t> cand;
-        for (int p = 0; p < st.block_end; p++)
-            if (st.canvas[(size_t)p] == st.mask_id) cand.push_back(p);
-        const int k = dllm__step_count(st, (int)cand.size());
-        const double p_transfer = dllm__timestep_fraction(st.step_in_block, st.steps_per_block, st.unmask.eps);
-        committed.clear();
-        // The reference runs the forward even when the step commits nothing; so do we (NFE semantics).
-        int r0 = cand.empty() ? st.block_end - 1 : cand.front(), r1 = st.block_end;
-        cond_.resize((size_t)(r1 - r0) * V);
-        forward(st.canvas.data(), (int)st.canvas.size(), rows_for(st, kv_[0]), r0, r1, cond_.data());
-        st.forwards++;
-        if (st.cfg_scale > 0) apply_cfg(st, r0, r1);
-        std::vector<dllm__choice> ch;
-        for (int32_t p : cand) ch.push_back(dllm__choose(cond_.data() + (size_t)(p - r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
-        for (int i : dllm__select(cand, ch, st.unmask, k, p_transfer)) {
-            st.canvas[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
-            committed.push_back(cand[(size_t)i]);
+        dllm__step_begin(st, work_);
+        const size_t n = (size_t)(work_.r1 - work_.r0) * V;
+        cond_.resize(n);
+        forward(st.canvas.data(), (int)st.canvas.size(), rows_for(st, kv_[0]), work_.r0, work_.r1, cond_.data());
+        if (st.cfg_scale > 0) {
+            std::vector<int32_t> un;
+            dllm__uncond_canvas(st, un);
+            uncond_.resize(n);
+            forward(un.data(), (int)un.size(), rows_for(st, kv_[1]), work_.r0, work_.r1, uncond_.data());
         }
-        st.n_block_left = dllm__count_masks(st, st.block_begin, st.block_end);
+        dllm__step_end(st, work_, cond_.data(), st.cfg_scale > 0 ? uncond_.data() : nullptr, V, committed);
+        return DLLM_OK;
+    }
+
+    /* Every canvas's rows in one dllm__cpu_forward_seqs: bit-identical to each alone. */
+    dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override {
+        const dllm__config &c = m_.cfg;
+        std::vector<dllm__cpu_seq> seqs(plan.size());
+        size_t raw_rows = 0;
+        for (size_t i = 0; i < plan.size(); i++) {
+            seqs[i].ids = plan[i].ids, seqs[i].n = plan[i].n, seqs[i].rows.positions = plan[i].positions;
+            seqs[i].r0 = dllm__logit_row(c, plan[i].r0), seqs[i].r1 = dllm__logit_row(c, plan[i].r1 - 1) + 1;
+            raw_rows += (size_t)(seqs[i].r1 - seqs[i].r0);
+        }
+        raw_.resize(raw_rows * c.n_vocab);
+        if (!plan.empty()) dllm__cpu_forward_seqs(m_, pool_, buf_, seqs, cos_.data(), sin_.data(), raw_.data(), fp8_, head_.get());
+        const float *raw = raw_.data();
+        for (size_t i = 0; i < plan.size(); i++) {
+            dllm__unshift_rows(c, raw, seqs[i].r0, plan[i].r0, plan[i].r1, out);
+            raw += (size_t)(seqs[i].r1 - seqs[i].r0) * c.n_vocab;
+            out += (size_t)(plan[i].r1 - plan[i].r0) * c.n_vocab;
+        }
         return DLLM_OK;
     }
 
@@ -5155,9 +5289,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
         dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(), fp8_, head_.get());
-        for (int p = r0; p < r1; p++)
-            memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
-                   sizeof(float) * c.n_vocab);
+        dllm__unshift_rows(c, raw_.data(), raw0, r0, r1, out);
     }
 
     /* dllm_logits on a block-diffusion model: its plain forward without a cache, block-causal at the
@@ -5171,8 +5303,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         call.r0 = dllm__logit_row(c, r0), call.r1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(call.r1 - call.r0) * c.n_vocab);
         dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), raw_.data(), fp8_, head_.get());
-        for (int p = r0; p < r1; p++)
-            memcpy(out + (size_t)(p - r0) * c.n_vocab, raw_.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab, sizeof(float) * c.n_vocab);
+        dllm__unshift_rows(c, raw_.data(), call.r0, r0, r1, out);
         return DLLM_OK;
     }
 
@@ -5193,19 +5324,6 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return rows;
     }
 
-    /* logits = U + (s + 1) (C - U) with U from the canvas whose prompt positions are masked. */
-    void apply_cfg(dllm__decode &st, int r0, int r1) {
-        const int V = m_.cfg.n_vocab;
-        std::vector<int32_t> un = st.canvas;
-        for (size_t p = 0; p < un.size(); p++)
-            if (st.is_prompt[p]) un[p] = st.mask_id;
-        uncond_.resize((size_t)(r1 - r0) * V);
-        forward(un.data(), (int)un.size(), rows_for(st, kv_[1]), r0, r1, uncond_.data());
-        st.forwards++;
-        const float w = st.cfg_scale + 1.0f;
-        for (size_t i = 0; i < uncond_.size(); i++) cond_[i] = uncond_[i] + w * (cond_[i] - uncond_[i]);
-    }
-
     const dllm_model &m_;
     dllm__pool pool_;
     std::vector<dllm__fp8_layer> fp8_;  // FP8 / SoloQ precisions: weights kept as codes + scales (1 byte or 4-4.5 bits a weight, as on the GPU)
@@ -5214,6 +5332,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
+    dllm__step_work work_;
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -11183,6 +11302,7 @@ static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_ge
     st.unmask.origin = p.remasking == DLLM_REMASK_ORIGIN;
     st.kv_cache = p.kv_cache;
     st.steps_per_block = plan.steps_per_block;
+    st.debug_tag = p.on_step_data;
 }
 
 /* DPad (decoding.md 3): the suffix positions a block keeps, ascending. Gaussian: distance d in [0, W) from
@@ -11240,46 +11360,70 @@ struct dllm__generation {
     std::vector<int32_t> full;  // prompt ++ generation (current after each block, or each step with a callback)
     int steps_done = 0;
 
+    int block = 0, step_in_loop = 0;  // the block being decoded and the steps it has run
+    bool done = false;                // every block decoded (or early_stop)
+
     int total_steps() const { return plan.steps_per_block ? plan.n_blocks * plan.steps_per_block : p.gen_length; }
 
+    /* Threshold/factor commit at least one candidate per step, so a block ends within its masks' count of steps
+     * (plus the prompt's masks); the bound only guards against a bug. */
+    int max_steps() const { return plan.steps_per_block ? plan.steps_per_block : st.block_end + 1; }
+
+    /* The decoding loop, one step at a time: dllm_generate's, while dllm__batch_decode steps several
+     * generations through start / end_step / finish with one batched forward per step. */
     dllm_status run() {
-        full = st.canvas;
-        dllm_status s = DLLM_OK;
-        if (p.dpad == DLLM_DPAD_OFF) s = ctx.impl->begin(st);
-        for (int b = 0; b < plan.n_blocks && s == DLLM_OK; b++) {
-            s = run_block(b);
-            if (s == DLLM_OK && p.early_stop && stop_early(b)) break;
+        dllm_status s = start();
+        std::vector<int32_t> committed;
+        while (s == DLLM_OK && !done) {
+            s = ctx.impl->step(st, committed, p.on_step != nullptr);
+            if (s == DLLM_OK) s = end_step(committed);
         }
-        if (s == DLLM_OK || s == DLLM_ERR_CANCELLED) {
-            dllm_status fin = sync_canvas();
-            if (s == DLLM_OK) s = fin;
-        }
-        return s;
+        return finish(s);
     }
 
-    dllm_status run_block(int b) {
+    dllm_status start() {
+        full = st.canvas;
+        if (p.dpad == DLLM_DPAD_OFF) DLLM__TRY(ctx.impl->begin(st));
+        return open_block(0);
+    }
+
+    dllm_status open_block(int b) {
         const int begin = st.n_prompt + b * p.block_length, end = begin + p.block_length;
+        block = b, step_in_loop = 0;
         if (p.dpad != DLLM_DPAD_OFF) {
             dllm__dpad_view(full, end, dllm__dpad_keep(p, end, (int)full.size(), b), plan.mask_id, st);
             DLLM__TRY(ctx.impl->begin(st));
         }
         st.block_begin = begin, st.block_end = end, st.step_in_block = 0;
-        DLLM__TRY(ctx.impl->begin_block(st));
-        std::vector<int32_t> committed;
-        // Threshold/factor commit at least one candidate per step, so a block ends within its masks' count
-        // of steps (plus the prompt's masks); the bound only guards against a bug.
-        const int max_steps = plan.steps_per_block ? plan.steps_per_block : end + 1;
-        for (int i = 0; i < max_steps; i++) {
-            DLLM__TRY(ctx.impl->step(st, committed, p.on_step != nullptr));
-            st.step_in_block++;
-            st.global_step++;
-            steps_done++;
-            if (p.on_step) DLLM__TRY(report(b, i, committed));
-            if (!plan.steps_per_block && st.n_block_left == 0) break;
-            if (!plan.steps_per_block && i + 1 == max_steps) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", b, max_steps);
+        return ctx.impl->begin_block(st);
+    }
+
+    /* After a step: the counters, the callback, and the next block once this one is done. */
+    dllm_status end_step(const std::vector<int32_t> &committed) {
+        st.step_in_block++;
+        st.global_step++;
+        steps_done++;
+        if (p.on_step) DLLM__TRY(report(block, step_in_loop, committed));
+        const int limit = max_steps();
+        step_in_loop++;
+        if (plan.steps_per_block ? step_in_loop < limit : st.n_block_left > 0) {
+            if (!plan.steps_per_block && step_in_loop == limit) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", block, limit);
+            return DLLM_OK;
         }
         // The next DPad view is cut from the full canvas, so the block's tokens must be in it.
-        return p.dpad != DLLM_DPAD_OFF ? sync_canvas() : DLLM_OK;
+        if (p.dpad != DLLM_DPAD_OFF) DLLM__TRY(sync_canvas());
+        done = block + 1 == plan.n_blocks || (p.early_stop && stop_early(block));
+        return done ? DLLM_OK : open_block(block + 1);
+    }
+
+    /* The generation ends (s: how): the canvas comes to the host, also after a cancellation. */
+    dllm_status finish(dllm_status s) {
+        done = true;
+        if (s == DLLM_OK || s == DLLM_ERR_CANCELLED) {
+            dllm_status fin = sync_canvas();
+            if (s == DLLM_OK) s = fin;
+        }
+        return s;
     }
 
     /* Brings the backend's canvas to the host and into the full canvas. */
@@ -11554,6 +11698,19 @@ static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, 
     return status;
 }
 
+/* A finished generation's output (cut at EOS/EoT only when it finished) and stats. */
+static void dllm__generation_result(const dllm__generation &g, dllm_status status, int32_t *out, int *n_out, dllm_gen_stats *stats, double t0) {
+    int n = dllm__emit_output(g.full, g.st.n_prompt, g.plan, status == DLLM_OK && g.p.stop_at_eos != 0, out);
+    if (n_out) *n_out = n;
+    if (stats) {
+        stats->n_prompt = g.st.n_prompt;
+        stats->n_generated = n;
+        stats->steps = g.steps_done;
+        stats->forwards = g.st.forwards;
+        stats->wall_ms = dllm__now_ms() - t0;
+    }
+}
+
 static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
                                        int out_capacity, int *n_out, dllm_gen_stats *stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg)) return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
@@ -11563,16 +11720,150 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation g{ctx, p, plan, dllm__decode(), {}, 0};
     dllm__init_decode(prompt, n_prompt, p, plan, g.st);
     dllm_status status = g.run();
-    int n = dllm__emit_output(g.full, n_prompt, plan, status == DLLM_OK && p.stop_at_eos != 0, out);
-    if (n_out) *n_out = n;
-    if (stats) {
-        stats->n_prompt = n_prompt;
-        stats->n_generated = n;
-        stats->steps = g.steps_done;
-        stats->forwards = g.st.forwards;
-        stats->wall_ms = dllm__now_ms() - t0;
-    }
+    dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
+}
+
+// ---- Batched decoding (dllm_generate_batch; decoding.md 6) ---------------------------------------------
+// Every batched item is a dllm__generation of its own, stepped in lock step: each step plans every active
+// sequence's rows (dllm__step_begin), runs ONE forward over all of them (CFG's unconditional canvas is one more
+// sequence of it), then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly
+// as the solo step does. A sequence that finishes, fails or is cancelled leaves the batch at once.
+
+/* Why an item cannot join a batched forward (it then decodes alone), or null. */
+static const char *dllm__batch_excluded(const dllm_ctx &ctx, const dllm_gen_params &p) {
+    if (dllm__is_block_diffusion(ctx.model->cfg)) return "block diffusion";
+    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE) return "a K/V cache";
+    return nullptr;
+}
+
+/* One item of a batched decode, while it runs. */
+struct dllm__batch_member {
+    const dllm_batch_item *item = nullptr;
+    dllm_batch_result *result = nullptr;
+    dllm__gen_plan plan;
+    std::unique_ptr<dllm__generation> g;
+    dllm__step_work work;
+    std::vector<int32_t> uncond, committed;
+    double t0 = 0;
+};
+
+/* An item's outcome; its error message is kept with it, since later items overwrite the thread's. */
+static void dllm__batch_set_status(dllm_batch_result &r, dllm_status s) {
+    r.status = s;
+    snprintf(r.error, sizeof r.error, "%s", s == DLLM_OK ? "" : dllm__tls_error.c_str());
+}
+
+static void dllm__batch_retire(dllm__batch_member &m, dllm_status s) {
+    s = m.g->finish(s);
+    dllm__generation_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0);
+    dllm__batch_set_status(*m.result, s);
+}
+
+/* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward, then each
+ * member's choice and commits. A failing forward is every member's failure: the step of none can go on. */
+static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active, std::vector<float> &logits) {
+    const int V = ctx.model->cfg.n_vocab;
+    std::vector<dllm__batch_seq> plan;
+    size_t rows = 0;
+    for (dllm__batch_member *m : active) {
+        dllm__decode &st = m->g->st;
+        dllm__step_begin(st, m->work);
+        const int n_canvas = st.cfg_scale > 0 ? 2 : 1;
+        if (n_canvas == 2) dllm__uncond_canvas(st, m->uncond);
+        for (int c = 0; c < n_canvas; c++) {
+            dllm__batch_seq s;
+            s.ids = c ? m->uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
+            s.positions = st.positions.empty() ? nullptr : st.positions.data();
+            s.r0 = m->work.r0, s.r1 = m->work.r1;
+            plan.push_back(s);
+            rows += (size_t)(s.r1 - s.r0);
+        }
+    }
+    logits.resize(rows * V);
+    DLLM__TRY(ctx.impl->forward_batch(plan, logits.data()));
+    float *cond = logits.data();
+    std::vector<dllm__batch_member *> still;
+    for (dllm__batch_member *m : active) {
+        dllm__decode &st = m->g->st;
+        const size_t n = (size_t)(m->work.r1 - m->work.r0) * V;
+        float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
+        dllm__step_end(st, m->work, cond, uncond, V, m->committed);
+        cond += uncond ? 2 * n : n;
+        dllm_status s = m->g->end_step(m->committed);
+        if (s != DLLM_OK || m->g->done) dllm__batch_retire(*m, s);
+        else still.push_back(m);
+    }
+    active.swap(still);
+    return DLLM_OK;
+}
+
+/* Decodes members together until every one is done; stats->steps and ->forwards count batched steps. */
+static dllm_status dllm__batch_decode(dllm_ctx &ctx, std::vector<dllm__batch_member> &members, dllm_gen_stats &stats) {
+    std::vector<dllm__batch_member *> active;
+    for (dllm__batch_member &m : members) {
+        dllm_status s = m.g->start();
+        if (s == DLLM_OK) active.push_back(&m);
+        else dllm__batch_retire(m, s);
+    }
+    std::vector<float> logits;
+    while (!active.empty()) {
+        dllm_status s = dllm__batch_step(ctx, active, logits);
+        if (s != DLLM_OK) {
+            for (dllm__batch_member *m : active) dllm__batch_retire(*m, s);
+            return s;
+        }
+        stats.steps++, stats.forwards++;
+    }
+    return DLLM_OK;
+}
+
+/* Checks an item as dllm_generate would and prepares its generation; false (with its status set) if it is bad. */
+static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__batch_member &m) {
+    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
+    dllm_status s = dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
+    if (s != DLLM_OK) {
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;  // the size needed, as dllm_generate reports it
+        dllm__batch_set_status(r, s);
+        return false;
+    }
+    m.g.reset(new dllm__generation{ctx, it.params, m.plan, dllm__decode(), {}, 0});
+    dllm__init_decode(it.prompt, it.n_prompt, it.params, m.plan, m.g->st);
+    return true;
+}
+
+/* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
+static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
+                                             dllm_gen_stats &stats) {
+    const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
+    std::vector<dllm__batch_member> members;
+    members.reserve((size_t)n_items);
+    std::vector<int> alone;
+    const char *why = batches ? nullptr : "the backend has no batched forward yet";
+    for (int i = 0; i < n_items; i++) {
+        const char *excluded = batches ? dllm__batch_excluded(ctx, items[i].params) : why;
+        if (excluded) {
+            if (alone.empty()) why = excluded;
+            alone.push_back(i);
+            continue;
+        }
+        members.emplace_back();
+        if (!dllm__batch_admit(ctx, items[i], results[i], members.back())) members.pop_back();
+    }
+    if (!alone.empty())
+        dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
+                  alone.size(), n_items, alone[0], why);
+    DLLM__TRY(dllm__batch_decode(ctx, members, stats));
+    for (int i : alone) {
+        dllm_batch_result &r = results[i];
+        const dllm_batch_item &it = items[i];
+        dllm_status s = dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;
+        dllm__batch_set_status(r, s);
+        if (s == DLLM_ERR_OUT_OF_MEMORY) return s;  // global: the items after it would fail the same way
+        stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
+    }
+    return DLLM_OK;
 }
 
 /* Is a CUDA device usable? Never fails hard: a machine without a driver just answers no. */
@@ -11892,6 +12183,36 @@ dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dl
         if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out) *n_out = params.gen_length;  // the size needed, as dllm_tokenize reports it
         return s;
     });
+}
+
+dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results, dllm_gen_stats *batch_stats) {
+    const dllm_status pending = (dllm_status)1;  // not a status: an item the call has not finished
+    if (batch_stats) memset(batch_stats, 0, sizeof *batch_stats);
+    if (results && n_items > 0)
+        for (int i = 0; i < n_items; i++) memset(&results[i], 0, sizeof results[i]), results[i].status = pending;
+    const double t0 = dllm__now_ms();
+    dllm_gen_stats stats;
+    memset(&stats, 0, sizeof stats);
+    dllm_status global = dllm__guard(ctx, [&]() -> dllm_status {
+        if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate_batch: ctx is NULL");
+        if (n_items < 0 || (n_items > 0 && (!items || !results)))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0", n_items);
+        return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
+    });
+    dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
+    std::string message = dllm__tls_error;
+    for (int i = 0; results && i < n_items; i++) {
+        if (results[i].status == pending) dllm__batch_set_status(results[i], global != DLLM_OK ? global : DLLM_ERR_INTERNAL);
+        if (first == DLLM_OK && results[i].status != DLLM_OK) first = results[i].status, message = results[i].error;
+        stats.n_prompt += results[i].stats.n_prompt, stats.n_generated += results[i].stats.n_generated;
+    }
+    stats.wall_ms = dllm__now_ms() - t0;
+    if (batch_stats) *batch_stats = stats;
+    if (first != DLLM_OK) {
+        dllm__tls_error = message;
+        if (ctx) ctx->last_error = message;
+    }
+    return first;
 }
 
 const char *dllm_version(void) { return DLLM__XSTR(DLLM_VERSION_MAJOR) "." DLLM__XSTR(DLLM_VERSION_MINOR) "." DLLM__XSTR(DLLM_VERSION_PATCH); }

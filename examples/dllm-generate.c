@@ -4,6 +4,7 @@
  *   build/dllm-generate -m LLaDA-8B-Instruct -p "Why is the sky blue?" -n 256 --threshold 0.9 --cache dual
  *   build/dllm-generate -m LLaDA-8B-Instruct -i --system "You are terse."          (multi-turn chat)
  *   build/dllm-generate -m tests/data/tiny-llada --ids "5 17 42" -n 32 --json
+ *   build/dllm-generate -m models/tiny-llada --prompts questions.txt --batch 8 --print-ids   (one prompt a line)
  *
  * A text prompt (-p TEXT, -p - for stdin, -f FILE) goes through the model's chat template (unless --raw) and
  * tokenizer; the answer is streamed to stdout as its prefix gets committed, or, with --visual, the whole canvas
@@ -32,7 +33,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_COUNT
 };
 
 typedef struct {
@@ -56,11 +57,11 @@ static const option_def option_defs[] = {
     {OPT_ALG_TEMP, 1, {"--alg-temp"}}, {OPT_LOGITS_EOS_INF, 0, {"--logits-eos-inf"}}, {OPT_EOS_EOT_LAST, 0, {"--eos-eot-last"}},
     {OPT_NO_STOP_AT_EOS, 0, {"--no-stop-at-eos"}}, {OPT_BACKEND, 1, {"--backend"}}, {OPT_PRECISION, 1, {"--precision"}},
     {OPT_THREADS, 1, {"--threads", "-t"}}, {OPT_SUB_BLOCK, 1, {"--sub-block"}}, {OPT_BLOCK_CACHE, 0, {"--block-cache"}},
-    {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}},
+    {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}}, {OPT_PROMPTS, 1, {"--prompts"}}, {OPT_BATCH, 1, {"--batch"}},
 };
 
 typedef struct {
-    const char *model_dir, *ids_text, *prompt_arg, *prompt_file, *system;
+    const char *model_dir, *ids_text, *prompt_arg, *prompt_file, *system, *prompts_file;
     char *prompt;               /* the text prompt, from -p, -p - (stdin) or -f; malloc'ed */
     const char *stops[MAX_STOPS];
     int n_stops;
@@ -69,11 +70,12 @@ typedef struct {
     const char *given[OPT_COUNT]; /* the spelling each option was given as, NULL if not given */
     int print_ids, verbose, progress, raw, visual, json, interactive, parse_special;
     int random_seed;            /* the seed was drawn, not given */
+    int batch;                  /* --prompts: how many prompts decode together */
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dllm-generate -m DIR (-p TEXT | -p - | -f FILE | --ids \"I J K\" | -i) [options]\n"
+            "usage: dllm-generate -m DIR (-p TEXT | -p - | -f FILE | --ids \"I J K\" | -i | --prompts FILE) [options]\n"
             "\n"
             "Decodes a prompt with LLaDA's semi-autoregressive block schedule (generate.py semantics), Fast-dLLM's\n"
             "parallel decoding, DPad or Dream's samplers.\n"
@@ -93,6 +95,11 @@ static void usage(FILE *f) {
             "  --json                 print one JSON object on stdout instead of text: {\"text\", \"ids\", \"stats\"} (one line\n"
             "                         per turn with -i)\n"
             "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
+            "  --prompts FILE         many prompts, one a line (empty lines skipped), each through the chat template as\n"
+            "                         -p; decoded in batches (dllm_generate_batch), each exactly as if alone. Prints the\n"
+            "                         final answers only, in input order: \"[N] answer\" (N from 0), then its \"ids:\" line\n"
+            "                         with --print-ids; one stats line per batch on stderr\n"
+            "  --batch N              --prompts: how many prompts decode together (default 8)\n"
             "\n"
             "  -n, --gen-length N     tokens to generate (default 128); alias --n-predict\n"
             "  --block N              block length (default: the largest divisor of -n up to 32); alias --diffusion-block-length\n"
@@ -371,6 +378,8 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_BLOCK_CACHE: g->block_cache = 1; break;
     case OPT_MASK_ID: if (!parse_int(v, 0, INT32_MAX, &g->mask_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_STOP_ID: if (!parse_int(v, 0, INT32_MAX, &g->stop_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
+    case OPT_PROMPTS: o->prompts_file = v; break;
+    case OPT_BATCH: if (!parse_int(v, 1, 1 << 16, &o->batch)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
     }
     return 0;
 }
@@ -381,7 +390,10 @@ static int check_conflicts(const options *o) {
         {OPT_PROMPT, OPT_FILE}, {OPT_PROMPT, OPT_IDS}, {OPT_FILE, OPT_IDS}, {OPT_INTERACTIVE, OPT_IDS},
         {OPT_THRESHOLD, OPT_FACTOR}, {OPT_THRESHOLD, OPT_TIMESTEPS}, {OPT_FACTOR, OPT_TIMESTEPS},
         {OPT_EARLY_STOP, OPT_NO_EARLY_STOP}, {OPT_RAW, OPT_SYSTEM}, {OPT_RAW, OPT_INTERACTIVE}, {OPT_VISUAL, OPT_JSON},
-        {OPT_VISUAL, OPT_INTERACTIVE}, {OPT_DPAD_UNIFORM, OPT_DPAD_K}, {OPT_DPAD_UNIFORM, OPT_DPAD_SCALE}};
+        {OPT_VISUAL, OPT_INTERACTIVE}, {OPT_DPAD_UNIFORM, OPT_DPAD_K}, {OPT_DPAD_UNIFORM, OPT_DPAD_SCALE},
+        /* --prompts prints final answers only: nothing streams, stops or redraws */
+        {OPT_PROMPTS, OPT_PROMPT}, {OPT_PROMPTS, OPT_FILE}, {OPT_PROMPTS, OPT_IDS}, {OPT_PROMPTS, OPT_INTERACTIVE}, {OPT_PROMPTS, OPT_VISUAL},
+        {OPT_PROMPTS, OPT_JSON}, {OPT_PROMPTS, OPT_STOP}, {OPT_PROMPTS, OPT_PROGRESS}};
     size_t i;
     for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         if (o->given[pairs[i][0]] && o->given[pairs[i][1]])
@@ -423,6 +435,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->parse_special = 1;
     o->random_seed = 1;
     o->gen.early_stop = -1;  /* not chosen yet */
+    o->batch = 8;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         const option_def *d = find_option(a);
@@ -441,7 +454,9 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if ((rc = check_conflicts(o))) return rc;
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)");
-    if (!o->ids_text && !o->prompt_arg && !o->prompt_file && !o->interactive) return fail("no prompt: pass -p \"text\", -f FILE, --ids \"I J K\" or -i");
+    if (!o->ids_text && !o->prompt_arg && !o->prompt_file && !o->interactive && !o->prompts_file)
+        return fail("no prompt: pass -p \"text\", -f FILE, --ids \"I J K\", -i or --prompts FILE");
+    if (o->given[OPT_BATCH] && !o->prompts_file) return fail("%s sets how many --prompts decode together: pass --prompts FILE", o->given[OPT_BATCH]);
     if ((o->raw || o->visual || o->system || !o->parse_special) && o->ids_text)
         return fail("%s goes with a text prompt (-p, -f or -i), not --ids", o->raw ? "--raw" : o->visual ? "--visual" : o->system ? "--system" : "--no-parse-special");
     /* The defaults a new user expects: a block that divides -n, a step a token, early stop where it changes nothing. */
@@ -777,6 +792,21 @@ static int check_prompt(const options *o, const session *S, const int32_t *promp
     return 0;
 }
 
+/* The parameters of a run: the options', with block diffusion's defaults; 0, or 1 after printing an error. */
+static int run_params(const options *o, const session *S, dllm_gen_params *gp) {
+    *gp = o->gen;
+    if (S->info.block_size > 0) {  /* block diffusion: the model's block and stop token; it stops by itself */
+        if (!o->given[OPT_BLOCK]) gp->block_length = S->info.block_size;
+        if (!o->given[OPT_EARLY_STOP]) gp->early_stop = 0;
+    }
+    if (gp->early_stop && (gp->eos_id >= 0 ? gp->eos_id : S->info.eos_id) < 0 && (gp->eot_id >= 0 ? gp->eot_id : S->info.eot_id) < 0 &&
+        !(S->info.block_size > 0 && gp->stop_id >= 0)) {
+        if (o->given[OPT_EARLY_STOP]) return fail("--early-stop needs an EOS or EoT token and the model names none");
+        gp->early_stop = 0;  /* only the default asked for it */
+    }
+    return 0;
+}
+
 /* Decodes one prompt and prints the answer (streamed, or whole, or as JSON) and the stats line. The answer's
  * text is left in *answer (malloc'ed, may be NULL without a tokenizer). Returns 0 or 1. */
 static int generate(const options *o, session *S, const int32_t *prompt, int n_prompt, char **answer) {
@@ -785,32 +815,24 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
     int n_out = 0, n_ids, rc = 1, i;
     long text_len = 0;
     dllm_gen_stats stats;
-    dllm_gen_params gp = o->gen;
+    dllm_gen_params gp;
     dllm_status s;
     *answer = NULL;
     memset(&st, 0, sizeof st);
     if (!out) return fail("out of memory");
-    if (check_prompt(o, S, prompt, n_prompt)) goto done;
+    if (check_prompt(o, S, prompt, n_prompt) || run_params(o, S, &gp)) goto done;
     st.o = o;
     st.tok = S->tok;
     st.mask_id = gp.mask_id >= 0 ? gp.mask_id : S->info.mask_id;
     st.eos_id = gp.eos_id >= 0 ? gp.eos_id : S->info.eos_id;
     st.eot_id = gp.eot_id >= 0 ? gp.eot_id : S->info.eot_id;
-    if (S->info.block_size > 0) {  /* block diffusion: the model's block and stop token; it stops by itself */
-        if (!o->given[OPT_BLOCK]) gp.block_length = S->info.block_size;
-        if (gp.stop_id >= 0) st.eot_id = gp.stop_id;
-        if (!o->given[OPT_EARLY_STOP]) gp.early_stop = 0;
-    }
+    if (S->info.block_size > 0 && gp.stop_id >= 0) st.eot_id = gp.stop_id;
     st.tty = isatty(STDOUT_FILENO);
     st.progress_line = o->progress && isatty(STDERR_FILENO);
     /* a progress line and a streamed answer on one terminal would overwrite each other: the answer waits */
     st.live = S->tok && !o->visual && !o->json && !(st.progress_line && st.tty);
     st.last_block = -1;
     st.stop_ids = -1;
-    if (gp.early_stop && st.eos_id < 0 && st.eot_id < 0) {
-        if (o->given[OPT_EARLY_STOP]) { fail("--early-stop needs an EOS or EoT token and the model names none"); goto done; }
-        gp.early_stop = 0;  /* only the default asked for it */
-    }
     if (o->progress || S->tok) {
         gp.on_step = on_step;
         gp.on_step_data = &st;
@@ -859,6 +881,94 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
 done:
     free(st.text);
     free(out);
+    return rc;
+}
+
+/* ---- --prompts: many prompts, decoded in batches --------------------------------------------------- */
+
+/* The prompt ids of one line of --prompts, with --system first: what -p TEXT would decode. */
+static int line_prompt(const options *o, const dllm_tokenizer *tok, const char *line, id_list *l) {
+    conversation c = {NULL, 0, 0};
+    int ok = (!o->system || conv_add(&c, "system", o->system)) && conv_add(&c, "user", line);
+    ok = ok ? text_prompt(o, tok, &c, l) : !fail("out of memory");
+    conv_free(&c);
+    return ok;
+}
+
+/* Prints one item's final answer ("[N] text") and, with --print-ids, its ids line. */
+static void print_answer(const options *o, const session *S, int index, const int32_t *out, int n_out) {
+    stream st;
+    long len;
+    int i;
+    memset(&st, 0, sizeof st);
+    st.o = o;
+    st.tok = S->tok;
+    len = detok(&st, out, n_out);
+    printf("[%d] %.*s\n", index, len < 0 ? 0 : (int)shown_length(o, st.text, len, 1), st.text ? st.text : "");
+    if (o->print_ids) {
+        printf("ids:");
+        for (i = 0; i < n_out; i++) printf(" %d", out[i]);
+        printf("\n");
+    }
+    free(st.text);
+}
+
+/* Decodes prompts [first, first + n) of lines together and prints their answers in order; 0, or 1 if any failed. */
+static int generate_batch(const options *o, session *S, char **lines, int first, int n) {
+    const int cap = o->gen.gen_length + 1;  /* + 1: block diffusion may end with an AR seed */
+    dllm_batch_item *items = (dllm_batch_item *)calloc((size_t)n, sizeof *items);
+    dllm_batch_result *results = (dllm_batch_result *)calloc((size_t)n, sizeof *results);
+    int32_t *outs = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap * (size_t)n);
+    dllm_gen_params gp;
+    dllm_gen_stats bs;
+    int i, rc = 1;
+    if (!items || !results || !outs) { fail("out of memory"); goto done; }
+    if (run_params(o, S, &gp)) goto done;
+    for (i = 0; i < n; i++) {
+        id_list ids = {NULL, 0, 0};
+        if (!line_prompt(o, S->tok, lines[first + i], &ids) || check_prompt(o, S, ids.ids, ids.n)) { free(ids.ids); goto done; }
+        items[i].prompt = ids.ids, items[i].n_prompt = ids.n, items[i].params = gp;
+        items[i].out = outs + (size_t)i * cap, items[i].out_capacity = cap;
+    }
+    dllm_generate_batch(S->ctx, items, n, results, &bs);
+    rc = 0;
+    for (i = 0; i < n; i++) {
+        if (results[i].status == DLLM_OK) print_answer(o, S, first + i, items[i].out, results[i].n_out);
+        else rc = fail("prompt %d: %s", first + i, results[i].error);
+    }
+    fflush(stdout);  /* the answers before the stats line, also when both go to one pipe */
+    fprintf(stderr, "batch of %d prompts (%d-%d): generated %d tokens in %d batched steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend, seed %llu\n",
+            n, first, first + n - 1, bs.n_generated, bs.steps, bs.forwards, bs.wall_ms, bs.wall_ms > 0 ? 1000.0 * bs.n_generated / bs.wall_ms : 0.0,
+            dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed);
+done:
+    for (i = 0; items && i < n; i++) free((void *)items[i].prompt);
+    free(items);
+    free(results);
+    free(outs);
+    return rc;
+}
+
+/* --prompts FILE: every non-empty line a prompt, --batch of them at a time. */
+static int generate_prompts(const options *o, session *S) {
+    FILE *f = fopen(o->prompts_file, "rb");
+    char *text, *line, **lines = NULL;
+    int n = 0, cap = 0, first, rc = 0;
+    if (!f) return fail("--prompts %s: %s", o->prompts_file, strerror(errno));
+    text = read_all(f);
+    fclose(f);
+    if (!text) return fail("--prompts %s: cannot read it", o->prompts_file);
+    for (line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
+        if (n == cap) {
+            char **grown = (char **)realloc(lines, sizeof *lines * (size_t)(cap = cap ? 2 * cap : 64));
+            if (!grown) { free(lines); free(text); return fail("out of memory"); }
+            lines = grown;
+        }
+        lines[n++] = line;
+    }
+    if (!n) rc = fail("--prompts %s holds no prompt (one a line)", o->prompts_file);
+    for (first = 0; first < n; first += o->batch) rc |= generate_batch(o, S, lines, first, n - first < o->batch ? n - first : o->batch);
+    free(lines);
+    free(text);
     return rc;
 }
 
@@ -940,7 +1050,8 @@ int main(int argc, char **argv) {
     }
     if (o.system && !conv_add(&conv, "system", o.system)) { fail("out of memory"); goto done; }
     if (o.prompt && !conv_add(&conv, "user", o.prompt)) { fail("out of memory"); goto done; }
-    if (o.interactive) rc = chat(&o, &S, &conv);
+    if (o.prompts_file) rc = generate_prompts(&o, &S);
+    else if (o.interactive) rc = chat(&o, &S, &conv);
     else if (o.ids_text) rc = generate(&o, &S, ids.ids, ids.n, &answer);
     else rc = !text_prompt(&o, S.tok, &conv, &ids) || generate(&o, &S, ids.ids, ids.n, &answer);
 done:

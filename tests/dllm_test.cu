@@ -35,6 +35,7 @@
 #include "test_concurrency.inl"
 #include "test_robustness.inl"
 #include "test_fuzz_findings.inl"
+#include "test_batch.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;

@@ -483,3 +483,48 @@ TEST(cli, quantize_once_then_generate_the_same_answer) {
     for (const char *f : {"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"}) unlink((out + "/" + f).c_str());
     rmdir(out.c_str());
 }
+
+/* The ids lines of a dllm-generate stdout, in order. */
+static std::vector<std::string> test_ids_lines(const std::string &out) {
+    std::vector<std::string> lines;
+    size_t at = 0;
+    while ((at = out.find("ids:", at)) != std::string::npos) {
+        size_t end = out.find('\n', at);
+        lines.push_back(out.substr(at, end - at));
+        at = end;
+    }
+    return lines;
+}
+
+/* --prompts FILE --batch N: every prompt's ids line, in input order, is the one -p gives that prompt alone,
+ * whatever N; a bad --batch and --prompts with a streaming option exit 1 naming the flags. */
+TEST(cli, prompts_file_decodes_each_line_as_p_would) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    const char *prompts[] = {"Tell me a story.", "hi", "What is two plus two? Answer briefly, please.", "Why is the sky blue?", "ok"};
+    const std::string opts = std::string(test_llada) + "-n 16 --block 8 --steps 8 --threshold 0.5 --cfg 0.5 --print-ids ";
+    test_tmpdir dir;
+    std::string file, out, err;
+    std::vector<std::string> alone;
+    for (const char *p : prompts) {
+        file += std::string(p) + "\n\n";  // empty lines are skipped
+        int rc = test_run_cli("dllm-generate", opts + "-p \"" + p + "\"", "", out, err);
+        std::vector<std::string> ids = test_ids_lines(out);
+        CHECK_MSG(rc == 0 && ids.size() == 1, "-p %s: exit %d, %s", p, rc, err.c_str());
+        alone.push_back(ids.empty() ? "" : ids[0]);
+    }
+    test_write_file(dir.file("prompts"), file);
+    for (const char *batch : {"2", "8"}) {
+        int rc = test_run_cli("dllm-generate", opts + "--prompts " + dir.file("prompts") + " --batch " + batch, "", out, err);
+        CHECK_MSG(rc == 0 && test_ids_lines(out) == alone, "--batch %s: exit %d, stdout %s, stderr %s", batch, rc, out.c_str(), err.c_str());
+        CHECK_MSG(out.find("[0] ") == 0 && out.find("[4] ") != std::string::npos, "--batch %s: answers not numbered: %s", batch, out.c_str());
+        CHECK_MSG(err.find("batched steps") != std::string::npos, "--batch %s: no stats line: %s", batch, err.c_str());
+    }
+    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi --batch 2", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("--batch") != std::string::npos && err.find("--prompts") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("prompts") + " --json", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("--prompts and --json conflict") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("prompts") + " --batch 0", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("--batch must be a positive count") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("missing"), "", out, err);
+    CHECK_MSG(rc == 1 && test_one_line(err) && err.find("--prompts") != std::string::npos, "exit %d: %s", rc, err.c_str());
+}
