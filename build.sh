@@ -14,7 +14,9 @@
 #                       compute-sanitizer memcheck run, the PyTorch anchors from .carry/anchors, the
 #                       benchmark, a fixture reproducibility check; a short table last. Logs go to $OUT.
 #                       DLLM_SKIP_ANCHORS=1 / DLLM_SKIP_BENCH=1 leave those out; DLLM_REUSE_BUILD=1 runs
-#                       binaries carried from a build machine.
+#                       binaries carried from a build machine. The whole run now takes longer than one 600 s
+#                       device call: run it as two (DLLM_SKIP_ANCHORS=1 DLLM_SKIP_BENCH=1, then DLLM_REUSE_BUILD=1
+#                       with the tests filtered out by DLLM_SKIP_TESTS=1).
 #   ./build.sh fuzz [SECONDS]  build the libFuzzer harnesses (tests/fuzz/, clang) and run each for SECONDS
 #                       (default 10) on its corpus; non-zero on any crash. Inputs with new coverage are
 #                       merged into tests/fuzz/corpus/ (DLLM_FUZZ_MERGE=0 leaves the corpora alone).
@@ -182,8 +184,10 @@ run_gpu() {
         DLLM_REBUILD=1 build  # carried files' timestamps say nothing about which sources built them
     fi
     export DLLM_CACHE_DIR=/tmp/dllm-jit-cache
-    echo "== tests (GPU)"
-    timeout 400 build/dllm-test 2>&1 | tee "$out/test.log" || true
+    if [ "${DLLM_SKIP_TESTS:-0}" != 1 ]; then
+        echo "== tests (GPU)"
+        timeout 540 build/dllm-test 2>&1 | tee "$out/test.log" || true
+    fi
     echo "== compute-sanitizer memcheck (small run)"
     if command -v compute-sanitizer >/dev/null; then
         local memcheck=0  # a failure is reported in the summary; the rest of the run goes on
