@@ -44,7 +44,7 @@
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling]); [debug hooks]
- *  17. SAR decoding; block diffusion (Fast-dLLM v2's generate, either backend)
+ *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
