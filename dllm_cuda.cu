@@ -1058,8 +1058,10 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     return DLLM_OK;
 }
 
-/* Finds the end-of-turn token (LLaDA <|eot_id|>, Qwen <|im_end|>) in tokenizer_config.json, if any. */
-static dllm_status dllm__find_eot(const std::string &dir, dllm__config &c) {
+/* tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}) of directory dir, if it has one: calls
+ * on_token(content, id) for every entry whose key is a non-negative integer id and whose content is a string. */
+template <class F>
+static dllm_status dllm__scan_added_tokens_decoder(const std::string &dir, F &&on_token) {
     std::string path = dllm__join_path(dir, "tokenizer_config.json");
     if (!dllm__file_exists(path)) return DLLM_OK;
     dllm__json root;
@@ -1068,14 +1070,18 @@ static dllm_status dllm__find_eot(const std::string &dir, dllm__config &c) {
     if (!dec || dec->kind != dllm__json::OBJ) return DLLM_OK;
     for (size_t i = 0; i < dec->keys.size(); i++) {
         const dllm__json *content = dec->items[i].find("content");
-        if (!content || content->kind != dllm__json::STR) continue;
-        if (content->str == "<|eot_id|>" || content->str == "<|im_end|>") {
-            char *endp = nullptr;
-            long id = strtol(dec->keys[i].c_str(), &endp, 10);
-            if (endp && *endp == 0 && id >= 0 && id < c.n_vocab) c.eot_id = (int32_t)id;
-        }
+        char *endp = nullptr;
+        long id = strtol(dec->keys[i].c_str(), &endp, 10);
+        if (content && content->kind == dllm__json::STR && endp && *endp == 0 && id >= 0 && id <= INT32_MAX) on_token(content->str, (int32_t)id);
     }
     return DLLM_OK;
+}
+
+/* Finds the end-of-turn token (LLaDA <|eot_id|>, Qwen <|im_end|>) in tokenizer_config.json, if any. */
+static dllm_status dllm__find_eot(const std::string &dir, dllm__config &c) {
+    return dllm__scan_added_tokens_decoder(dir, [&](const std::string &content, int32_t id) {
+        if ((content == "<|eot_id|>" || content == "<|im_end|>") && id < c.n_vocab) c.eot_id = id;
+    });
 }
 
 /* config.json need not name BOS (LLaDA's does not); generation_config.json usually does. */
@@ -1111,19 +1117,9 @@ static dllm_status dllm__find_added_token(const std::string &dir, const char *co
             return DLLM_OK;
         }
     }
-    std::string cfg = dllm__join_path(dir, "tokenizer_config.json");
-    if (!dllm__file_exists(cfg)) return DLLM_OK;
-    dllm__json root;
-    DLLM__TRY(dllm__json_load(cfg, root));
-    const dllm__json *dec = root.find("added_tokens_decoder");
-    if (!dec || dec->kind != dllm__json::OBJ) return DLLM_OK;
-    for (size_t i = 0; i < dec->keys.size(); i++) {
-        const dllm__json *c = dec->items[i].find("content");
-        char *endp = nullptr;
-        long v = strtol(dec->keys[i].c_str(), &endp, 10);
-        if (c && c->kind == dllm__json::STR && c->str == content && endp && *endp == 0 && v >= 0 && v <= INT32_MAX) id = (int32_t)v;
-    }
-    return DLLM_OK;
+    return dllm__scan_added_tokens_decoder(dir, [&](const std::string &name, int32_t v) {
+        if (name == content) id = v;
+    });
 }
 
 /* Fast-dLLM v2's mask (|<MASK>|) and stop (<|im_end|>) ids live in its tokenizer files, not in config.json
