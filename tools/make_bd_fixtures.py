@@ -18,13 +18,13 @@ Writes tests/data/tiny-fast-dllm-v2/ and tests/data/tiny-nemotron-diffusion/ (ea
 golden_logits.safetensors and golden_traces.json) and tests/data/yarn_nemotron_8b.json.
 """
 import copy
-import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
+
+from fixture_files import bf16, write_json, write_safetensors
 
 MARGIN = 2e-5  # smallest accepted gap (in logits or probability) behind any decision of a trace
 TIE = 1e-12    # confidences closer than this are equal in exact arithmetic (rounding noise)
@@ -32,35 +32,6 @@ TIE = 1e-12    # confidences closer than this are equal in exact arithmetic (rou
 # ----------------------------------------------------------------------------------------------------
 # Files: safetensors, BF16
 # ----------------------------------------------------------------------------------------------------
-
-
-def bf16(a):
-    """float32 -> (bfloat16 bits, round to nearest even; the float64 values they hold)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def write_safetensors(path, tensors):
-    """tensors: list of (name, dtype, shape, raw bytes); header padded with spaces to 8 bytes."""
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, dtype, shape, raw in sorted(tensors, key=lambda t: t[0]):
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
-
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import sys
 import numpy as np
 import torch
 
+from fixture_files import tokenizer_config, write_json, write_safetensors
+
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
 # ----------------------------------------------------------------------------------------------------
@@ -70,22 +72,6 @@ def encode(a, dtype):
         return h.tobytes(), h.astype(np.float64)
     f = np.asarray(a, dtype=np.float32)
     return f.tobytes(), f.astype(np.float64)
-
-
-def write_safetensors(path, tensors):
-    """tensors: list of (name, dtype, shape, raw bytes). Header padded with spaces to 8 bytes."""
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, dtype, shape, raw in sorted(tensors, key=lambda t: t[0]):
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 LLADA_CFG = {
@@ -312,18 +298,6 @@ def truncate(gen, eos_id, eot_id):
 # ----------------------------------------------------------------------------------------------------
 # Writing the fixture directories
 # ----------------------------------------------------------------------------------------------------
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-
-
-def tokenizer_config(tokens):
-    return {"add_bos_token": False, "add_eos_token": False,
-            "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
-                                              "single_word": False, "special": True} for i, c in tokens}}
-
-
 def golden_logits(model, out_dir, inputs):
     tensors = []
     for i, ids in enumerate(inputs):
