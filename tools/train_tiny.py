@@ -52,8 +52,9 @@ import torch.nn.functional as F
 
 TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS_DIR)
+from fixture_files import write_json, write_safetensors  # noqa: E402
 from make_fixtures import (DREAM_CFG, LLADA_CFG, Model, bf16_round, dream_specs, generate, llada_specs,  # noqa: E402
-                           make_weights, rope, rope_tables, truncate, uniform, write_json, write_safetensors)
+                           make_weights, rope, rope_tables, truncate, uniform)
 
 # ----------------------------------------------------------------------------------------------------
 # Protocols and fixed choices
