@@ -50,6 +50,9 @@ TEST(models, tiny_llada_nll_matches_model_card) { test_nll_matches_card(T_, "tin
 
 TEST(models, tiny_dream_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-dream"); }
 
+/* Block-causal at 32 with the shift: the card's float64 reference of the official forward, on dllm's CPU backend. */
+TEST(models, tiny_fast_dllm_v2_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-fast-dllm-v2"); }
+
 /* The whole held-out text through the C tokenizer gives the ids Hugging Face gave in training. */
 TEST(models, heldout_tokenization_matches_hugging_face) {
     std::string text = test_read_file("tests/data/heldout.txt");
