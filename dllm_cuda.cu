@@ -318,12 +318,15 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_PDL=0               no programmatic dependent launch
  *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs
  *   DLLM_SOLOQ_ROTATION=none|hadamard|rpbh|mixer|krpbh|haar  the SoloQ precisions' rotation (the ablation; default krpbh)
- *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1) */
+ *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1)
+ *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
+ *                            producer, 2 all (dllm__soloq_launch measures them) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
+    int soloq_split = -1;  // -1: dllm__soloq_launch's default
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -348,6 +351,7 @@ static dllm__env_switches dllm__env_read() {
     e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
     e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
+    e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
     return e;
 }
 
@@ -6306,7 +6310,7 @@ __device__ __forceinline__ float soloq_remote(const float *p, int rank) {
     u32 remote;
     float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
     return v;
 }
 #else
@@ -6315,10 +6319,13 @@ __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; 
 #endif
 
 /* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
- * mixer Q_k into B (reading every CTA's A). A and B hold the slice (element i at i - i0); `normed`, producer 1's whole
- * source row. Returns where the rotated slice is (A or B). */
-__device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *A, float *B, const float *normed) {
+ * mixer Q_k into B. F is the row buffer (d floats) and A = F + i0 this CTA's slice of it; before mixing, a split row's
+ * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
+ * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
+ * Returns where the rotated slice is (A or B). */
+__device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
+    float *A = F + s.i0;
     for (int i = s.i0 + tid; i < i1; i += nt) {
         float v = soloq_source(a, row, a.perm ? a.perm[i] : i, normed);
         if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
@@ -6344,32 +6351,37 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         return A;
     }
     soloq_sync(s);  // every slice transformed before any is mixed
-    const int k = a.rot_k, blocks_per_cta = s.n >> log_b;
+    if (s.C > 1) {
+        for (int owner = 0; owner < s.C; owner++) {
+            if (owner == s.r) continue;
+            float *slice = F + owner * s.n;
+#pragma unroll 4
+            for (int i = tid; i < s.n; i += nt) slice[i] = soloq_remote(&slice[i], owner);
+        }
+        __syncthreads();
+    }
+    const int k = a.rot_k;
     for (int o = s.i0 + tid; o < i1; o += nt) {
         const int j = o >> log_b, c = o & (b - 1);
+        const float *q = a.mixer + j * k, *col = F + c;
         float acc = 0.f;
-        for (int i = 0; i < k; i++) {
-            const int owner = i / blocks_per_cta, at = i * b + c - owner * s.n;  // in the owner's A
-            const float t = owner == s.r ? A[at] : soloq_remote(&A[at], owner);
-            acc = fmaf(a.mixer[j * k + i], t, acc);
-        }
+        for (int i = 0; i < k; i++) acc = fmaf(q[i], col[i * b], acc);
         B[o - s.i0] = acc;
     }
-    soloq_sync(s);  // every slice mixed before A is written again
+    soloq_sync(s);  // every CTA has copied every slice, and this one mixed, before A is written again
     return B;
 }
 
-/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments' sums (warp 0), then all
+/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments' sums (one warp each), then all
  * of them added in order from every CTA's `seg` (a cluster-shared array of at most 32 sums). Every thread of every CTA
  * returns the same bits. Ends with a barrier across the cluster. */
 __device__ float soloq_row_dot(const float *x, const float *y, int d, const soloq_slice &s, float *seg) {
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
     const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
-    if (threadIdx.x < 32)
-        for (int j = 0; j < mine; j++) {
-            const float p = soloq_dot(x + j * len, y + j * len, len);
-            if (threadIdx.x == 0) seg[j] = p;
-        }
+    for (int j = threadIdx.x >> 5; j < mine; j += blockDim.x >> 5) {  // a segment a warp
+        const float p = soloq_dot(x + j * len, y + j * len, len);
+        if ((threadIdx.x & 31) == 0) seg[j] = p;
+    }
     soloq_sync(s);
     float sum = 0.f;
     for (int j = 0; j < d / len; j++) sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
@@ -6472,10 +6484,10 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
  * rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of
  * shared memory. */
 template <bool E8P>
-__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *A, float *B, const float *normed) {
+__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     __shared__ float red[32], seg[32], shared_max;
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
-    float *y = soloq_rotate(a, row, s, A, B, normed), *val = y == A ? B : A;
+    float *y = soloq_rotate(a, row, s, F, B, normed), *A = F + s.i0, *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
     if (!a.quantize) {
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(y[i - s.i0]);
@@ -6524,7 +6536,7 @@ KERNEL_soloq_quantize_rows {
     pdl_enter();
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
-    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + s.n, 0);
+    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d, 0);
 }
 
 /* [fused producers] A GEMM's input made and quantised in one pass (producer 1: add_rmsnorm, blockDim its norm threads;
@@ -6533,9 +6545,9 @@ KERNEL_soloq_produce_rows {
     pdl_enter();
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
-    float *normed = soloq_smem + 2 * s.n;  // producer 1: every CTA normalises the whole row
+    float *B = soloq_smem + a.d, *normed = B + s.n;  // the row buffer, a slice; producer 1: every CTA normalises the whole row
     if (a.producer == 1) soloq_norm_row(a, blockIdx.x / a.cluster, s.r == 0, normed);
-    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + s.n, normed);
+    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed);
 }
 
 /* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
@@ -9764,10 +9776,12 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
 static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads, cudaStream_t stream) {
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
-    // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.33 to 1.10 ms a step.
-    a.cluster = a.producer == 1 || a.rows > 64 ? 1 : dllm__soloq_split(k, a.d, a.rot_b);
-    const int n = a.d / a.cluster;  // each CTA's slice: shared memory for two slices, and producer 1's whole normalised row
-    const size_t smem = (size_t)(2 * n + (a.producer == 1 ? a.d : 0)) * 4;
+    // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while
+    // splitting the norm producer too (DLLM_SOLOQ_SPLIT=2) took its 64 launches from 1.28 to 2.11 ms a step.
+    const int split = dllm__env().soloq_split >= 0 ? dllm__env().soloq_split : 1;
+    a.cluster = split == 0 || (split == 1 && a.producer == 1) || a.rows > 64 ? 1 : dllm__soloq_split(k, a.d, a.rot_b);
+    const int n = a.d / a.cluster;  // shared memory: the row buffer (d), a slice, producer 1's normalised row
+    const size_t smem = (size_t)(a.d + n + (a.producer == 1 ? a.d : 0)) * 4;
     if (smem > (size_t)k.max_smem)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d KB of shared memory, a row of %d elements needs %zu",
                           k.max_smem / 1024, a.d, smem / 1024);
