@@ -8946,7 +8946,8 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
 //     in with block scales (dllm_precision), BF16 out. The algorithm is chosen once per (kind, M, N, K,
 //     out type) and cached; on sm_90a gemm_wg (TMA and wgmma, through the tensor maps below, which the wgmma
 //     attention reads through too) is one more candidate of each BF16 shape. Where cuBLASLt has no block-scaled FP8
-//     (sm_89), fp8_gemm takes the same operands.
+//     (sm_89), fp8_gemm takes the same operands. [INT8 GEMM] (run_i8): int8 in, int32 out, exact sums, for SoloQ's
+//     integer C values (gemm_q4, section 16).
 // ---------------------------------------------------------------------------------------------------
 
 /* cuTensorMapEncodeTiled, fetched from the driver once through the runtime (dllm never links libcuda); null where
@@ -10027,6 +10028,15 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
 /* [SoloQ] Weight rows a DLLM__W_Q4 GEMM dequantises at a time (a multiple of 64, about 16M elements: 32 MB of bf16). */
 static int dllm__q4_chunk_rows(int n, int k) { return std::min(n, std::max(64, (16 << 20) / k / 64 * 64)); }
 
+/* [INT8 GEMM] The weight rows of an N x K weight the INT8 path unpacks at a time: as many chunks as the BF16 path's
+ * (dllm__q4_chunk_rows) but of equal size, a multiple of 4 and at most the BF16 path's (so act_.q4w and act_.q4acc hold
+ * them): down's 4096 rows of K = 12288 go as 4 x 1024 instead of 3 x 1344 + 64, whose last GEMM would be a sliver. N a
+ * multiple of 4. */
+static int dllm__q4_int8_chunk_rows(int n, int k) {
+    const int most = dllm__q4_chunk_rows(n, k), pieces = (n + most - 1) / most;
+    return dllm__round_up((n + pieces - 1) / pieces, 4);
+}
+
 /* A context's activation buffers. Shapes: M = rows forwarded (sequences x rows), M_pad = 16 ceil(M / 16) (an FP8 GEMM
  * writes whole 16-row tiles), d = n_embd, qkv = (n_head + 2 n_kv) head_dim, q = n_head head_dim, ff = n_ff, L = rows
  * of one LM head chunk (at most dllm__lm_chunk_rows) per sequence, S = canvas rows of one sequence. Grown, never
@@ -10582,12 +10592,11 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     return DLLM_OK;
 }
 
-/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales, in the BF16 path's chunks of
- * weight rows (int8 rows fill half of act_.q4w). */
+/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
     q4_int8_launches_++;
     return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(), y, W.n, out, M, W.n, W.k,
-                                  dllm__q4_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
+                                  dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
 /* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read

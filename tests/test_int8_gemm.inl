@@ -101,6 +101,39 @@ TEST(int8_gemm, exactness_rule_is_the_fp32_bound) {
     CHECK_MSG(y == (float)exact && acc != y, "int32 %.1f, fp32 %.1f, exact %d", y, acc, exact);
 }
 
+/* The INT8 path's chunks of weight rows: as many as the BF16 path's, equal, multiples of 4, never more rows than the
+ * BF16 path's (the buffers are sized for those), covering the weight. LLaDA-8B's and Dream-7B's shapes and awkward ones. */
+TEST(int8_gemm, chunks_are_even_and_fit_the_bf16_buffers) {
+    const int shapes[][2] = {{4096, 4096}, {12288, 4096}, {24576, 4096}, {4096, 12288}, {126464, 4096}, {3584, 18944}, {37888, 3584}, {12, 200}, {1000, 592}};
+    for (const auto &nk : shapes) {
+        const int n = nk[0], k = nk[1], most = dllm__q4_chunk_rows(n, k), chunk = dllm__q4_int8_chunk_rows(n, k);
+        CHECK_MSG(chunk % 4 == 0 && chunk <= most && (n + chunk - 1) / chunk == (n + most - 1) / most && n - (n + chunk - 1) / chunk * chunk > -chunk,
+                  "N %d K %d: chunk %d (BF16 path %d)", n, k, chunk, most);
+    }
+    CHECK(dllm__q4_int8_chunk_rows(4096, 12288) == 1024);
+}
+
+/* The INT8 path refuses, before touching the GPU, what it cannot compute: NVFP4 weights, K not a multiple of 8, N or the
+ * chunk not of 4, a short ldy, a null operand; cuBLASLt's INT8 GEMM likewise N or K not a multiple of 4. */
+TEST(int8_gemm, launcher_rejects_bad_arguments) {
+    dllm__soloq_kernels q;
+    dllm__gemm lt;
+    char b[64];
+    float f[8];
+    int acc[8];
+    auto run = [&](dllm__q4_format fmt, int ldy, int M, int N, int K, int chunk, const void *codes) {
+        return dllm__q4_int8_gemm_run(q, lt, fmt, codes, f, b, f, f, ldy, CUDA_R_16BF, M, N, K, chunk, b, acc, nullptr);
+    };
+    CHECK_STATUS(run(DLLM__Q4_NVFP4, 8, 1, 8, 8, 8, b), DLLM_ERR_INVALID_ARGUMENT, "integers");
+    CHECK_STATUS(run(DLLM__Q4_INT4, 8, 1, 8, 12, 8, b), DLLM_ERR_INVALID_ARGUMENT, "multiple of 8");
+    CHECK_STATUS(run(DLLM__Q4_INT4, 8, 1, 6, 8, 8, b), DLLM_ERR_INVALID_ARGUMENT, "multiples of 4");
+    CHECK_STATUS(run(DLLM__Q4_E8P, 8, 1, 8, 8, 6, b), DLLM_ERR_INVALID_ARGUMENT, "multiples of 4");
+    CHECK_STATUS(run(DLLM__Q4_LLOYD, 4, 1, 8, 8, 8, b), DLLM_ERR_INVALID_ARGUMENT, "ldy");
+    CHECK_STATUS(run(DLLM__Q4_RTN, 8, 1, 8, 8, 8, nullptr), DLLM_ERR_INVALID_ARGUMENT, "null");
+    CHECK_STATUS(lt.run_i8(b, b, acc, 3, 6, 8, nullptr), DLLM_ERR_INVALID_ARGUMENT, "multiples of 4");
+    CHECK_STATUS(lt.run_i8(b, b, acc, 3, 8, 6, nullptr), DLLM_ERR_INVALID_ARGUMENT, "multiples of 4");
+}
+
 /* Every architecture of the table: the SoloQ module (its producers now with the int8 output, the unpacker and the int32
  * epilogue) compiles without spills, and each kernel takes, as compiled, the parameters its host handle passes. */
 TEST(jit, soloq_module_with_int8_kernels_matches_its_table) {
@@ -196,9 +229,6 @@ TEST(gpu_int8, path_matches_twin_bit_for_bit) {
             CHECK_MSG(bad == 0, "%s x %s M=%d N=%d K=%d: %d outputs differ from the twin", dllm__q4_names[pair[0]], dllm__q4_names[pair[1]], s.M, s.N, s.K,
                       bad);
         }
-    CHECK_STATUS(dllm__q4_int8_gemm_run(t.k, lt, DLLM__Q4_NVFP4, nullptr, nullptr, nullptr, nullptr, nullptr, 8, CUDA_R_16BF, 1, 8, 8, 8, nullptr, nullptr,
-                                        nullptr),
-                 DLLM_ERR_INVALID_ARGUMENT, "integers");
 }
 
 /* The quantiser and both fused producers write, beside the bf16 C values, the same integers as int8 when asked

@@ -345,13 +345,13 @@ static void bench_int8_gemm(bench_result &r, const dllm__arch &arch, cudaStream_
             bench_gemm_shape g;
             g.M = M; g.N = sh.N; g.K = sh.K;
             bench_prepare(rowwise, g, fp8, s);
-            const int chunk = dllm__q4_chunk_rows(sh.N, sh.K);
+            const int chunk = dllm__q4_int8_chunk_rows(sh.N, sh.K), bf16_chunk = dllm__q4_chunk_rows(sh.N, sh.K);
             dllm__dbuf x8, w8, acc, codes, s_w, s_x, w_chunk;
             random_bytes(x8, (size_t)M * sh.K, 256 - 15, 31);  // int8 in [-15, 15], SoloQ-I's odd C values' range
             random_bytes(w8, (size_t)sh.N * sh.K, 256 - 15, 31);
             random_bytes(codes, (size_t)sh.N * sh.K / 2, 0, 256);
             BENCH_CHECK(acc.fit((size_t)M * sh.N * 4, "int8 bench"));
-            BENCH_CHECK(w_chunk.fit((size_t)chunk * sh.K * 2, "int8 bench"));
+            BENCH_CHECK(w_chunk.fit((size_t)bf16_chunk * sh.K * 2, "int8 bench"));
             BENCH_CHECK(dllm__upload_f32(s_w, std::vector<float>((size_t)sh.N, 1e-3f), "int8 bench"));
             BENCH_CHECK(dllm__upload_f32(s_x, std::vector<float>((size_t)M, 1e-2f), "int8 bench"));
             const double flop = 2.0 * M * sh.N * sh.K;
@@ -371,8 +371,8 @@ static void bench_int8_gemm(bench_result &r, const dllm__arch &arch, cudaStream_
                                                        sh.N, sh.K, chunk, w_chunk.ptr, acc.as<int>(), s));
                 }));
             row("BF16 path", bench_us_each(s, 5, [&](int) {  // gemm_q4's path for more than 64 rows before the INT8 one
-                    for (int n0 = 0; n0 < sh.N; n0 += chunk) {
-                        const int nc = std::min(chunk, sh.N - n0);
+                    for (int n0 = 0; n0 < sh.N; n0 += bf16_chunk) {
+                        const int nc = std::min(bf16_chunk, sh.N - n0);
                         BENCH_CHECK(Q.soloq_dequantize_rows.launch({dim3((unsigned)(sh.K / 8 + 127) / 128, (unsigned)nc), dim3(128)}, s,
                                                                    codes.as<unsigned char>() + (size_t)n0 * (sh.K / 2), nullptr, (int)DLLM__Q4_INT4, nc, sh.K,
                                                                    w_chunk.as<bf16_t>()));
