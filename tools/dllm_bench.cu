@@ -973,7 +973,8 @@ int main(int argc, char **argv) {
 
     // [SoloQ] the 4-bit precisions on the same random weights, quantised on the device at creation: time to quantise,
     // device memory, the dual-cache block step, the N=1024 forward and W1 with the dual cache (issue 24 makes them fast:
-    // q4_gemm serves GEMMs of at most 64 rows, larger ones still dequantise their weight rows to BF16 first)
+    // q4_gemm serves GEMMs of at most 64 rows; larger ones run the INT8 GEMM in SoloQ-I / SoloQ-C and still dequantise
+    // their weight rows to BF16 first in SoloQ-N)
     dllm_ctx_free(ctx);
     ctx = nullptr;
     for (dllm_precision prec : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C}) {
