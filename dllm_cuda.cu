@@ -4383,6 +4383,43 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
     }
 }
 
+// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path) -----
+
+/* The largest |C| a format's codes decode to, for the formats whose C values are integers (spec 9.2 path A: INT8
+ * tensor cores); 0 for NVFP4, whose C values are not. */
+static int dllm__q4_int_max(dllm__q4_format f) {
+    switch (f) {
+        case DLLM__Q4_INT4: return 15;  // 2q + 1, q in [-8, 7]
+        case DLLM__Q4_LLOYD: return dllm__lloyd4_int[7];
+        case DLLM__Q4_E8P: return 127;
+        case DLLM__Q4_RTN: return 8;  // the quantiser writes [-7, 7], but a stored nibble may hold -8
+        default: return 0;
+    }
+}
+
+/* Whether every partial sum of K products of an activation C (format fa) and a weight C (fw) stays below 2^24 in
+ * magnitude: then an fp32 accumulation in any order is exact, so q4_gemm, the BF16 path and the INT8 GEMM give the same
+ * bits (SoloQ-I at LLaDA-8B's widest K, 14336: 15 * 15 * 14336 = 3.2e6). SoloQ-C's 126 * 127 per product passes only
+ * for K <= 1048. */
+static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format fw, int K) {
+    const int64_t product = (int64_t)dllm__q4_int_max(fa) * dllm__q4_int_max(fw);
+    return product > 0 && product * K < ((int64_t)1 << 24);
+}
+
+/* Twin of gemm_q4's INT8 path (the cuBLASLt INT8 GEMM and soloq_scale_rows_i32): y[m * ldy + n] = ((float)acc * s_x[m])
+ * * s_w[n], acc the exact int32 sum over k of X[m][k] * W[n][k] (int8 C values, rows ldx and K apart). |acc| is at
+ * most 127 * 127 * K, so K up to 2^31 / 127^2 = 133144 cannot overflow. */
+[[maybe_unused]] static void dllm__cpu_i8_gemm(const int8_t *X, int ldx, const int8_t *W, const float *s_x, const float *s_w, float *y, int ldy, int M, int N,
+                                               int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const int8_t *x = X + (size_t)m * ldx, *w = W + (size_t)n * K;
+            int32_t acc = 0;
+            for (int k = 0; k < K; k++) acc += (int32_t)x[k] * w[k];
+            y[(size_t)m * ldy + n] = ((float)acc * s_x[m]) * s_w[n];
+        }
+}
+
 // ---- [quantised checkpoints]: SoloQ weights quantised once (dllm_model_quantize) and loaded ---------------------
 //     The format (dllm.h's dllm_model_quantize, README.md): standard safetensors, per layer and site the packed codes
 //     (U8 [rows][cols / 2]), NVFP4's block scales (U8 [rows][ceil(cols / 16)], NVFP4 only) and the row scales (F32
@@ -5589,7 +5626,8 @@ typedef unsigned long long u64;
     X(int, producer)     /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
     X(int, cluster)      /* CTAs a row (dllm__soloq_split): a cluster along x */                                      \
     X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */                                                  \
-    X(float, eps)        /* producer 1's RMSNorm epsilon */
+    X(float, eps)        /* producer 1's RMSNorm epsilon */                                                           \
+    X(signed char *, values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
 
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };
@@ -5600,7 +5638,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 152, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -6135,7 +6173,9 @@ KERNEL_quantize_weight_blocks {
     X(soloq_quantize_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
-    X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
+    X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy)) \
+    X(soloq_unpack_rows_i8, , (const unsigned char *codes, int format, int rows, int cols, signed char *out)) \
+    X(soloq_scale_rows_i32, , (const int *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
 DLLM__SOLOQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [SoloQ] on the device: the rotation and quantisers of section 9b, bit for bit (its header states the order of every
@@ -6522,6 +6562,8 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
     if (tid == 0 && s.r == 0 && a.row_scale) a.row_scale[row] = scale;
     if (values)
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(val[i - s.i0]);
+    if (a.values_i8)  // [INT8 GEMM] the same integers, for gemm_q4's INT8 path
+        for (int i = s.i0 + tid; i < i1; i += nt) a.values_i8[(u64)row * d + i] = (signed char)(int)val[i - s.i0];
 }
 
 /* A row's CTAs: gridDim.x = rows x C along x, clusters of C (a.cluster). */
@@ -6550,13 +6592,8 @@ KERNEL_soloq_produce_rows {
     soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed);
 }
 
-/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
-KERNEL_soloq_dequantize_rows {
-    pdl_enter();
-    const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (row >= rows || g >= cols) return;
-    const unsigned char *packed = codes + (u64)row * (cols / 2), *bs = block_scales ? block_scales + (u64)row * ((cols + 15) / 16) : 0;
-    float f[8];
+/* The C values of elements g .. g + 7 of a stored row (twin: dllm__q4_value). */
+__device__ __forceinline__ void soloq_values8(int format, const unsigned char *packed, const unsigned char *bs, int g, float f[8]) {
     if (format == Q4_E8P) {
         int e1[8], e2[8];
         const unsigned char *p = packed + g / 2;
@@ -6568,21 +6605,56 @@ KERNEL_soloq_dequantize_rows {
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = q4_value(format, packed, bs, g + i);
     }
+}
+
+/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
+KERNEL_soloq_dequantize_rows {
+    pdl_enter();
+    const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (row >= rows || g >= cols) return;
+    const unsigned char *packed = codes + (u64)row * (cols / 2), *bs = block_scales ? block_scales + (u64)row * ((cols + 15) / 16) : 0;
+    float f[8];
+    soloq_values8(format, packed, bs, g, f);
     *(uint4 *)(out + (u64)row * cols + g) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+}
+
+/* [INT8 GEMM] Stored weight rows of an integer format (INT4, Lloyd-Max, E8P-RVQ4, RTN: every C in [-127, 127]) into
+ * their C values as int8 [rows][cols], the INT8 GEMM's weight operand; 8 elements a thread, one 8-byte store. */
+KERNEL_soloq_unpack_rows_i8 {
+    pdl_enter();
+    const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (row >= rows || g >= cols) return;
+    float f[8];
+    soloq_values8(format, codes + (u64)row * (cols / 2), 0, g, f);
+    u32 w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i / 4] |= ((u32)(int)f[i] & 0xffu) << (8 * (i % 4));
+    *(uint2 *)(out + (u64)row * cols + g) = make_uint2(w[0], w[1]);
 }
 
 /* The GEMM epilogue of two quantised operands (twin: dllm__soloq_scale_rows): y[i][j] = (acc[i][j] s_x[i]) s_w[j],
  * s_x null for unquantised activations; y bf16 or fp32 with row stride ldy. */
-KERNEL_soloq_scale_rows {
-    pdl_enter();
+template <class Acc>
+__device__ __forceinline__ void soloq_scale_body(const Acc *acc, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy) {
     const int i = blockIdx.y;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-        float v = acc[(u64)i * n + j];
+        float v = (float)acc[(u64)i * n + j];  // int32: cvt.rn, as the twin's (float) cast
         if (s_x) v = __fmul_rn(v, s_x[i]);
         v = __fmul_rn(v, s_w[j]);
         if (y_f32) ((float *)y)[(u64)i * ldy + j] = v;
         else ((bf16_t *)y)[(u64)i * ldy + j] = f32_to_bf16(v);
     }
+}
+
+KERNEL_soloq_scale_rows {
+    pdl_enter();
+    soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
+}
+
+/* [INT8 GEMM] The same epilogue on the INT8 GEMM's exact int32 sums (twin: dllm__cpu_i8_gemm's last step). */
+KERNEL_soloq_scale_rows_i32 {
+    pdl_enter();
+    soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
 
@@ -8886,7 +8958,8 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
 //     in with block scales (dllm_precision), BF16 out. The algorithm is chosen once per (kind, M, N, K,
 //     out type) and cached; on sm_90a gemm_wg (TMA and wgmma, through the tensor maps below, which the wgmma
 //     attention reads through too) is one more candidate of each BF16 shape. Where cuBLASLt has no block-scaled FP8
-//     (sm_89), fp8_gemm takes the same operands.
+//     (sm_89), fp8_gemm takes the same operands. [INT8 GEMM] (run_i8): int8 in, int32 out, exact sums, for SoloQ's
+//     integer C values (gemm_q4, section 16).
 // ---------------------------------------------------------------------------------------------------
 
 /* cuTensorMapEncodeTiled, fetched from the driver once through the runtime (dllm never links libcuda); null where
@@ -9019,8 +9092,20 @@ struct dllm__gemm_op {
     int M, N, K;
     cudaDataType_t out_type;
     const float *x_scale, *w_scale;
+    bool i8 = false;  // [INT8 GEMM]: X and W int8, Y int32 (out_type CUDA_R_32I), the sum exact (dllm__gemm::run_i8)
     bool fp8() const { return x_scale != nullptr; }
-    const char *kind() const { return fp8() ? "FP8 block-scaled (E4M3, 1x128 x 128x128)" : "BF16"; }
+    const char *kind() const { return i8 ? "INT8 (int32 out)" : fp8() ? "FP8 block-scaled (E4M3, 1x128 x 128x128)" : "BF16"; }
+    /* alpha = 1 and beta = 0 in the scale type: int32 for the INT8 GEMM, fp32 otherwise. */
+    const void *alpha() const {
+        static const float f = 1.0f;
+        static const int32_t i = 1;
+        return i8 ? (const void *)&i : (const void *)&f;
+    }
+    const void *beta() const {
+        static const float f = 0.0f;
+        static const int32_t i = 0;
+        return i8 ? (const void *)&i : (const void *)&f;
+    }
 };
 
 /* The algorithm each GEMM shape runs, chosen once per process and device: every context then computes a shape with the
@@ -9052,9 +9137,10 @@ struct dllm__gemm {
     /* Descriptors for one shape. FP8: weights BLK128x128 (the A operand), activations VEC128 (B), BF16 out;
      * fast accumulation off, so partial sums are promoted to FP32 (DeepSeek-V3's recipe). */
     dllm_status describe(dllm__gemm_plan &p, const dllm__gemm_op &op) {
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        const cudaDataType_t in = op.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-        DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // TN: the one layout cuBLASLt's INT8 (IMMA) kernels take in column order
+        const cudaDataType_t in = op.i8 ? CUDA_R_8I : op.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        if (op.i8) DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+        else DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         DLLM__CUBLAS(dllm__lib.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         if (op.fp8()) {
@@ -9080,7 +9166,8 @@ struct dllm__gemm {
     /* Descriptors and the algorithm for one shape. The first call times cuBLASLt's best candidates on
      * the real operands and keeps the fastest (the heuristic's first pick is often a few % slower). */
     dllm_status plan(const dllm__gemm_op &op, cudaStream_t stream, dllm__gemm_plan *&out, bool tune) {
-        std::string key = dllm__format("%s%s%s%d,%d,%d,%d", tune ? "" : "h:", own ? "wg:" : "", op.fp8() ? "f8:" : "", op.M, op.N, op.K, (int)op.out_type);
+        std::string key = dllm__format("%s%s%s%d,%d,%d,%d", tune ? "" : "h:", own ? "wg:" : "", op.i8 ? "i8:" : op.fp8() ? "f8:" : "", op.M, op.N, op.K,
+                                       (int)op.out_type);
         auto it = plans.find(key);
         if (it != plans.end()) { out = it->second.get(); return DLLM_OK; }
         std::unique_ptr<dllm__gemm_plan> p(new dllm__gemm_plan);
@@ -9183,12 +9270,11 @@ struct dllm__gemm {
     /* Times the candidates on the real operands and keeps the fastest: cuBLASLt's, then gemm_wg where it fits. */
     dllm_status fastest(dllm__gemm_plan &p, const cublasLtMatmulHeuristicResult_t *res, int found, const dllm__gemm_op &op, cudaStream_t stream) {
         float best = INFINITY, first = INFINITY;
-        const float alpha = 1.0f, beta = 0.0f;
         for (int i = 0; i < found; i++) {
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
             const float ms = time_runs([&] {
-                return dllm__lib.cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr, workspace_bytes,
-                                      stream) == CUBLAS_STATUS_SUCCESS;
+                return dllm__lib.cublasLtMatmul(handle, p.desc, op.alpha(), op.W, p.a, op.X, p.b, op.beta(), op.Y, p.c, op.Y, p.c, &res[i].algo, workspace.ptr,
+                                                workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
             }, stream);
             if (i == 0) first = ms;
             if (ms < best) { best = ms; p.algo = res[i].algo; }
@@ -9201,7 +9287,9 @@ struct dllm__gemm {
         return DLLM_OK;
     }
     /* Whether gemm_wg can run op: BF16 in and out, on a GPU that has it. */
-    bool own_fits(const dllm__gemm_op &op) const { return own && !op.fp8() && op.out_type == CUDA_R_16BF && own->fits(op.X, op.W, op.Y, op.N, op.K); }
+    bool own_fits(const dllm__gemm_op &op) const {
+        return own && !op.fp8() && !op.i8 && op.out_type == CUDA_R_16BF && own->fits(op.X, op.W, op.Y, op.N, op.K);
+    }
     /* Row-independent GEMM: whatever M is, the algorithm is the one the heuristic picks for M = pin_m (unordered
      * split-K excluded, no timing), and no launch computes more than pin_m rows, the sizes it was chosen for (at
      * 1024-2048 rows in one launch the first trial of the last layer's pinned GEMMs failed). So the bits of a row
@@ -9258,6 +9346,18 @@ struct dllm__gemm {
         const dllm__gemm_op op{X, W, Y, M, N, K, CUDA_R_16BF, x_scale, w_scale};
         return pinned ? run_pinned(op, stream) : run(op, stream);
     }
+    /* [INT8 GEMM] Y[M x N] (int32, leading dimension N) = X[M x K] . W[N x K]^T on int8 operands (leading dimension K),
+     * every sum exact: any algorithm, any split gives the same bits, so the fastest is kept whatever rows must stay
+     * independent. cuBLASLt's IMMA kernels want the TN layout, K and N multiples of 4 and 4-byte aligned operands
+     * (16 bytes for its fast kernels: cudaMalloc'd buffers, K a multiple of 16). */
+    dllm_status run_i8(const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
+        if (M < 0 || N % 4 || K % 4 || K <= 0 || ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 4)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM M=%d N=%d K=%d: N and K must be multiples of 4 and the operands 4-byte aligned", M, N, K);
+        if (M == 0) return DLLM_OK;
+        dllm__gemm_op op{X, W, Y, M, N, K, CUDA_R_32I, nullptr, nullptr};
+        op.i8 = true;
+        return run(op, stream);
+    }
     dllm_status run(const dllm__gemm_op &op, cudaStream_t stream) {
         dllm__gemm_plan *p;
         DLLM__TRY(plan(op, stream, p, true));
@@ -9266,9 +9366,8 @@ struct dllm__gemm {
     dllm_status launch(dllm__gemm_plan &p, const dllm__gemm_op &op, cudaStream_t stream) {
         // A plan that chose gemm_wg keeps cuBLASLt's best algorithm too, for operands gemm_wg cannot take.
         if (p.own && own_fits(op)) return dllm__gemm_wg_run(*own, op.X, op.W, op.Y, op.M, op.N, op.K, stream);
-        const float alpha = 1.0f, beta = 0.0f;
         DLLM__TRY(bind_scales(p, op));
-        DLLM__CUBLAS(dllm__lib.cublasLtMatmul(handle, p.desc, &alpha, op.W, p.a, op.X, p.b, &beta, op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
+        DLLM__CUBLAS(dllm__lib.cublasLtMatmul(handle, p.desc, op.alpha(), op.W, p.a, op.X, p.b, op.beta(), op.Y, p.c, op.Y, p.c, &p.algo, workspace.ptr,
                                     workspace_bytes, stream));
         return DLLM_OK;
     }
@@ -9791,14 +9890,42 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
 }
 
 /* [SoloQ] soloq_quantize_rows over `rows` bf16 rows of x (d wide, x_stride apart): rotated by rot and, with quantize,
- * quantised in format f into whichever of codes, block_scales, row_scale and values are given. */
+ * quantised in format f into whichever of codes, block_scales, row_scale, values and (integer formats) values_i8 are
+ * given. */
 static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
                                              bool bias_correction, const void *x, u64 x_stride, int rows, int d, void *codes,
-                                             void *block_scales, void *row_scale, void *values, cudaStream_t stream) {
+                                             void *block_scales, void *row_scale, void *values, cudaStream_t stream, void *values_i8 = nullptr) {
     soloq_args a = dllm__soloq_args(rot, f, quantize, bias_correction, rows, d, row_scale, values);
-    a.x = x, a.x_stride = x_stride;
+    a.x = x, a.x_stride = x_stride, a.values_i8 = (signed char *)values_i8;
     a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales;
     return dllm__soloq_launch(k, a, d >= 4096 ? 1024 : d >= 2048 ? 512 : 256, stream);
+}
+
+/* [INT8 GEMM] y [M x N] (bf16 or fp32, row stride ldy) = ((float)(X . C_w^T) s_x) s_w: X the int8 C values of M
+ * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format (codes [N][K / 2],
+ * row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8 (chunk x K bytes), cuBLASLt's
+ * INT8 GEMM into acc (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result
+ * never depends on M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on
+ * the rows' C values (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
+static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f, const void *codes, const float *s_w,
+                                          const void *X, const float *s_x, void *y, int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
+                                          int *acc, cudaStream_t stream) {
+    if (!dllm__q4_int_max(f)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: %s weights do not decode to integers", dllm__q4_names[f]);
+    if (M < 0 || K <= 0 || K % 8 || N % 4 || chunk <= 0 || chunk % 4 || ldy < N)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
+                          K, N, chunk, ldy);
+    if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
+    const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
+    for (int n0 = 0; n0 < N && M > 0; n0 += chunk) {
+        const int nc = std::min(chunk, N - n0);
+        const unsigned char *rows = (const unsigned char *)codes + (size_t)n0 * (K / 2);
+        DLLM__TRY(Q.soloq_unpack_rows_i8.launch({dim3((unsigned)(K / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream, rows, (int)f, nc, K,
+                                                (signed char *)w_i8));
+        DLLM__TRY(gemm.run_i8(X, w_i8, acc, M, nc, K, stream));
+        DLLM__TRY(Q.soloq_scale_rows_i32.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream, acc, M, nc, s_x, s_w + n0,
+                                                (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)ldy));
+    }
+    return DLLM_OK;
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
@@ -9915,6 +10042,15 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
 /* [SoloQ] Weight rows a DLLM__W_Q4 GEMM dequantises at a time (a multiple of 64, about 16M elements: 32 MB of bf16). */
 static int dllm__q4_chunk_rows(int n, int k) { return std::min(n, std::max(64, (16 << 20) / k / 64 * 64)); }
 
+/* [INT8 GEMM] The weight rows of an N x K weight the INT8 path unpacks at a time: as many chunks as the BF16 path's
+ * (dllm__q4_chunk_rows) but of equal size, a multiple of 4 and at most the BF16 path's (so act_.q4w and act_.q4acc hold
+ * them): down's 4096 rows of K = 12288 go as 4 x 1024 instead of 3 x 1344 + 64, whose last GEMM would be a sliver. N a
+ * multiple of 4. */
+static int dllm__q4_int8_chunk_rows(int n, int k) {
+    const int most = dllm__q4_chunk_rows(n, k), pieces = (n + most - 1) / most;
+    return dllm__round_up((n + pieces - 1) / pieces, 4);
+}
+
 /* A context's activation buffers. Shapes: M = rows forwarded (sequences x rows), M_pad = 16 ceil(M / 16) (an FP8 GEMM
  * writes whole 16-row tiles), d = n_embd, qkv = (n_head + 2 n_kv) head_dim, q = n_head head_dim, ff = n_ff, L = rows
  * of one LM head chunk (at most dllm__lm_chunk_rows) per sequence, S = canvas rows of one sequence. Grown, never
@@ -9946,12 +10082,14 @@ struct dllm__activations {
     dllm__dbuf act8, act8_scale;     // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
     dllm__dbuf q4a, q4a_scale;       // [SoloQ] one GEMM input: bf16 C values [M][k], fp32 token scales [M]
     dllm__dbuf q4w, q4acc;           // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
+    dllm__dbuf q4a8;                 // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
         std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
                                        conf.ptr, deferred.ptr, cutoff.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
-                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr, q4a.ptr, q4a_scale.ptr, q4w.ptr, q4acc.ptr};
+                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr, q4a.ptr, q4a_scale.ptr, q4w.ptr, q4acc.ptr,
+                                       q4a8.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -10059,6 +10197,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
+    DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOKS_END
 
   private:
@@ -10077,6 +10217,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
+    bool q4_int8(const dllm__weight_view &W, int M, bool pinned) const;
+    dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
+    soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
     dllm__rows lacache_rows() const { return kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
     dllm__rows layer_rows(size_t l) const { return last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
@@ -10135,6 +10278,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::shared_ptr<dllm__module> soloq_module_;   // loaded when soloq_.enabled
     dllm__soloq_kernels Q_;
     dllm__q4_gemm_kernels q4_gemm_;                // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    bool q4_int8_ = true;                          // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int q4a_forms_ = 0;                            // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long q4_int8_launches_ = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 
     // activations and the generation's state
     dllm__activations act_;
@@ -10356,6 +10502,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
+        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts && M > (size_t)dllm__q4_max_rows)
+            DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
         for (const auto &nk : shapes) split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
         DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
@@ -10397,8 +10545,23 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
 }
 
+/* [INT8 GEMM] Whether gemm_q4 runs W's M rows on the INT8 path: integer C values on both sides (SoloQ-I, SoloQ-C,
+ * RTN-W4A4; not NVFP4, not unquantised activations), more rows than q4_gemm takes, and, where the rows must stay
+ * independent (pinned), only where every path's sums are exact (dllm__q4_int_sum_exact_in_fp32: SoloQ-I and RTN at
+ * every LLaDA / Dream width), since then the INT8 path gives q4_gemm's bits. A documented rule, not a timing: at more
+ * than 64 rows the INT8 path reads the same 4-bit weights, writes int8 rows where the BF16 path writes bf16 ones (half
+ * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
+bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
+    const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
+    if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) || M <= dllm__q4_max_rows || W.k % 4 || W.n % 4) return false;
+    return !pinned || dllm__q4_int_sum_exact_in_fp32(fa, fw, W.k);
+}
+
 /* [SoloQ] y = x W^T for a DLLM__W_Q4 weight: x's rows rotated by the weight's R and quantised per token into act_.q4a
- * (their C values, exact in bf16) and act_.q4a_scale (x null: a fused producer did); then
+ * (their C values, exact in bf16) or, for the INT8 path, act_.q4a8 (int8), and act_.q4a_scale (x null: a fused producer
+ * did); then
+ *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w, cuBLASLt's
+ *     INT8 GEMM into int32 act_.q4acc (exact) and the epilogue ((float)acc s_x) s_w into y;
  *   - at most dllm__q4_max_rows rows, or rows that must stay INDEPENDENT (in launches of that many): [W4 GEMM] q4_gemm,
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
@@ -10407,9 +10570,14 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
     const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
-    if (x)  // else a fused producer made act_.q4a
+    const bool int8 = q4_int8(W, M, pinned);
+    if (x) {
         DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
-                                            act_.q4a_scale.ptr, act_.q4a.ptr, stream_));
+                                            act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr, stream_, int8 ? act_.q4a8.ptr : nullptr));
+    } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
+        return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values", M, int8 ? "int8" : "bf16");
+    }
+    if (int8) return gemm_q4_int8(W, y, M, out);
     const int scale_bytes = (W.k + 15) / 16;
     const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
     const float *s_x = quantize ? act_.q4a_scale.as<float>() : nullptr;
@@ -10438,11 +10606,30 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     return DLLM_OK;
 }
 
+/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
+dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
+    q4_int8_launches_++;
+    return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(), y, W.n, out, M, W.n, W.k,
+                                  dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
+}
+
+/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
+ * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
+ * int8 where the INT8 path may run), recorded in q4a_forms_ for gemm_q4 to check. */
+soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
+    const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
+    q4a_forms_ = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
+    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr,
+                                    bf16 ? act_.q4a.ptr : nullptr);
+    a.values_i8 = int8 ? (signed char *)act_.q4a8.ptr : nullptr;
+    return a;
+}
+
 /* [SoloQ fused producers] add_rmsnorm of M contiguous rows (h_in (+ delta) -> h_out, normed by w) rotated and quantised
  * for W's GEMM into act_.q4a: one kernel instead of a norm, a quantiser and the bf16 row between them. */
 dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w,
                                                  int M) {
-    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
+    soloq_args a = soloq_producer_args(W, M);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w, a.eps = m_.cfg.norm_eps;
     // 1024 threads: residual_rms gives the bits it gives at dllm__norm_threads (the extra threads hold no chunk and add
     // zeros), and the rotation and quantiser that follow have twice the threads
@@ -10451,7 +10638,7 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
 dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const void *gu, int M) {
-    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr, act_.q4a.ptr);
+    soloq_args a = soloq_producer_args(W, M);
     a.producer = 2, a.x = gu, a.x_stride = (u64)2 * W.k;
     return dllm__soloq_launch(Q_, a, 1024, stream_);
 }

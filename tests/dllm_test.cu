@@ -30,6 +30,7 @@
 #include "test_soloq.inl"
 #include "test_soloq_gpu.inl"
 #include "test_q4_gemm.inl"
+#include "test_int8_gemm.inl"
 #include "test_quantize.inl"
 #include "test_alloc_failure.inl"
 #include "test_concurrency.inl"

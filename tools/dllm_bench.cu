@@ -9,6 +9,9 @@
  *                                          bursts and sustained (power-capped)
  *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
+ *   build/dllm-bench --int8-gemm-only      the INT8 GEMM path (SoloQ-I/C, more than 64 rows) against cuBLASLt BF16, FP8 and
+ *                                          the BF16 path it replaces at the LLaDA-8B shapes, M = 256 and 1024 (also part of
+ *                                          the full run, and of --quick --precision soloq-i / soloq-c / rtn-w4a4)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
  *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
  *                                          step at the Fast-dLLM v2 7B shape
@@ -305,6 +308,92 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
                 printf(" %.1f (%.2fx; %.2f) |", r.v[name + " us"], r.v[name + " vs cuBLASLt"], r.v[name + " TBps"]);
             }
             printf("\n");
+        }
+}
+
+/* [INT8 GEMM] The GEMMs of many rows SoloQ-I / SoloQ-C / RTN-W4A4 run, at the LLaDA-8B shapes of a forward (O 4096 x
+ * 4096, fused QKV 12288 x 4096, fused gate|up 24576 x 4096, down 4096 x 12288) for M = 256 and 1024 rows: cuBLASLt's
+ * INT8 GEMM alone (int8 in, int32 out) beside cuBLASLt BF16 and block-scaled FP8 on the same shape (microseconds a
+ * launch, TFLOP/s), then gemm_q4's two whole paths on 4-bit INT4 weights in the backend's chunks of weight rows: the
+ * INT8 path (unpack to int8, INT8 GEMM, epilogue) and the BF16 path it replaces (dequantise to bf16, BF16 GEMM into
+ * fp32, epilogue). The INT8 path's ratio to the BF16 path decides nothing at run time (gemm_q4 takes it by rule above
+ * 64 rows): this table is the evidence for the rule. */
+static void bench_int8_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    std::shared_ptr<dllm__module> rowwise, soloq;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    BENCH_CHECK(dllm__jit_load(dllm__module_soloq(arch), soloq));
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    dllm__soloq_kernels Q;
+    BENCH_CHECK(dllm__bind(Q, *soloq, optin, arch.cc));
+    dllm__gemm lt;
+    BENCH_CHECK(lt.init());
+    uint64_t seed = 0x2545F4914F6CDD1Dull;
+    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) {
+        std::vector<uint8_t> host(n);
+        for (uint8_t &b : host) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            b = (uint8_t)(lo + (int)((seed >> 24) % (uint64_t)span));
+        }
+        BENCH_CHECK(buf.fit(n, "int8 bench"));
+        cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
+    };
+    const bool fp8 = arch.fp8 == DLLM__FP8_CUBLASLT_BLOCK;
+    struct { const char *name; int N, K; } shapes[] = {{"o", 4096, 4096}, {"qkv", 3 * 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    for (const auto &sh : shapes)
+        for (int M : {256, 1024}) {
+            bench_gemm_shape g;
+            g.M = M; g.N = sh.N; g.K = sh.K;
+            bench_prepare(rowwise, g, fp8, s);
+            const int chunk = dllm__q4_int8_chunk_rows(sh.N, sh.K), bf16_chunk = dllm__q4_chunk_rows(sh.N, sh.K);
+            dllm__dbuf x8, w8, acc, codes, s_w, s_x, w_chunk;
+            random_bytes(x8, (size_t)M * sh.K, 256 - 15, 31);  // int8 in [-15, 15], SoloQ-I's odd C values' range
+            random_bytes(w8, (size_t)sh.N * sh.K, 256 - 15, 31);
+            random_bytes(codes, (size_t)sh.N * sh.K / 2, 0, 256);
+            BENCH_CHECK(acc.fit((size_t)M * sh.N * 4, "int8 bench"));
+            BENCH_CHECK(w_chunk.fit((size_t)bf16_chunk * sh.K * 2, "int8 bench"));
+            BENCH_CHECK(dllm__upload_f32(s_w, std::vector<float>((size_t)sh.N, 1e-3f), "int8 bench"));
+            BENCH_CHECK(dllm__upload_f32(s_x, std::vector<float>((size_t)M, 1e-2f), "int8 bench"));
+            const double flop = 2.0 * M * sh.N * sh.K;
+            const std::string at = dllm__format("int8 %s M%d ", sh.name, M);
+            auto row = [&](const char *what, double us) {
+                r.set(at + what + " us", us);
+                r.set(at + what + " TFLOPs", flop / us / 1e6);
+            };
+            row("cuBLASLt BF16", bench_us_each(s, 5, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); }));
+            if (fp8)
+                row("cuBLASLt FP8", bench_us_each(s, 5, [&](int) {
+                        BENCH_CHECK(lt.run_fp8(g.x8.ptr, g.xs.as<float>(), g.w8.ptr, g.ws.as<float>(), g.y.ptr, M, sh.N, sh.K, s));
+                    }));
+            row("cuBLASLt INT8", bench_us_each(s, 5, [&](int) { BENCH_CHECK(lt.run_i8(x8.ptr, w8.ptr, acc.ptr, M, sh.N, sh.K, s)); }));
+            row("INT8 path", bench_us_each(s, 5, [&](int) {
+                    BENCH_CHECK(dllm__q4_int8_gemm_run(Q, lt, DLLM__Q4_INT4, codes.ptr, s_w.as<float>(), x8.ptr, s_x.as<float>(), g.y.ptr, sh.N, CUDA_R_16BF, M,
+                                                       sh.N, sh.K, chunk, w_chunk.ptr, acc.as<int>(), s));
+                }));
+            row("BF16 path", bench_us_each(s, 5, [&](int) {  // gemm_q4's path for more than 64 rows before the INT8 one
+                    for (int n0 = 0; n0 < sh.N; n0 += bf16_chunk) {
+                        const int nc = std::min(bf16_chunk, sh.N - n0);
+                        BENCH_CHECK(Q.soloq_dequantize_rows.launch({dim3((unsigned)(sh.K / 8 + 127) / 128, (unsigned)nc), dim3(128)}, s,
+                                                                   codes.as<unsigned char>() + (size_t)n0 * (sh.K / 2), nullptr, (int)DLLM__Q4_INT4, nc, sh.K,
+                                                                   w_chunk.as<bf16_t>()));
+                        BENCH_CHECK(lt.run(g.x.ptr, w_chunk.ptr, acc.ptr, M, nc, sh.K, CUDA_R_32F, s));
+                        BENCH_CHECK(Q.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, s, acc.as<float>(), M, nc,
+                                                              s_x.as<float>(), s_w.as<float>() + n0, g.y.as<bf16_t>() + n0, 0, (u64)sh.N));
+                    }
+                }));
+        }
+    printf("\n| GEMM (LLaDA-8B) | M | cuBLASLt BF16 us (TFLOP/s) | cuBLASLt FP8 | cuBLASLt INT8 | INT8 path (4-bit weights) | x BF16 | BF16 path "
+           "(today) | INT8 path x BF16 path |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto &sh : shapes)
+        for (int M : {256, 1024}) {
+            const std::string at = dllm__format("int8 %s M%d ", sh.name, M);
+            auto cell = [&](const char *what) {
+                const std::string k = at + what;
+                return r.v.count(k + " us") ? dllm__format("%.1f (%.0f)", r.v[k + " us"], r.v[k + " TFLOPs"]) : std::string("-");
+            };
+            const double bf16 = r.v[at + "cuBLASLt BF16 us"], path = r.v[at + "INT8 path us"], old = r.v[at + "BF16 path us"];
+            printf("| %s (N %d, K %d) | %d | %s | %s | %s | %s | %.2f | %s | %.2f |\n", sh.name, sh.N, sh.K, M, cell("cuBLASLt BF16").c_str(),
+                   cell("cuBLASLt FP8").c_str(), cell("cuBLASLt INT8").c_str(), cell("INT8 path").c_str(), path / bf16, cell("BF16 path").c_str(), path / old);
         }
 }
 
@@ -617,7 +706,8 @@ static void bench_block_diffusion(bench_result &r) {
 }
 
 static const char *bench_usage =
-    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only] [--anchors anchor_torch.json]\n"
+    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only]\n"
+    "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
     "\n"
@@ -629,15 +719,17 @@ static const char *bench_usage =
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n"
     "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
+    "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
+    "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
-    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
-                                                      {"--quick", &quick}, {"--q4-gemm-only", &q4_only}};
+                                                      {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
@@ -681,11 +773,16 @@ int main(int argc, char **argv) {
         bench_q4_gemm(r, arch, s0);
         return 0;
     }
+    if (int8_only) {
+        bench_int8_gemm(r, arch, s0);
+        return 0;
+    }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
     bench_gemm_wg(r, arch, s0, false);
     if (!quick) bench_q4_gemm(r, arch, s0);
+    if (!quick) bench_int8_gemm(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
@@ -697,6 +794,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dllm-bench: unknown precision '%s'\n%s", precision, bench_usage);
             return 2;
         }
+        // the INT8 GEMM's rows beside the N=1024 forward of the precisions whose GEMMs of many rows take it
+        if (cp.precision == DLLM_PRECISION_SOLOQ_I || cp.precision == DLLM_PRECISION_SOLOQ_C || cp.precision == DLLM_PRECISION_RTN_W4A4)
+            bench_int8_gemm(r, arch, s0);
         BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
         dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
         r.set("dual_block32_N1024_step_ms", bench_dual_block_step(r, gpu, model->cfg, 1024, 32));
@@ -873,7 +973,8 @@ int main(int argc, char **argv) {
 
     // [SoloQ] the 4-bit precisions on the same random weights, quantised on the device at creation: time to quantise,
     // device memory, the dual-cache block step, the N=1024 forward and W1 with the dual cache (issue 24 makes them fast:
-    // q4_gemm serves GEMMs of at most 64 rows, larger ones still dequantise their weight rows to BF16 first)
+    // q4_gemm serves GEMMs of at most 64 rows; larger ones run the INT8 GEMM in SoloQ-I / SoloQ-C and still dequantise
+    // their weight rows to BF16 first in SoloQ-N)
     dllm_ctx_free(ctx);
     ctx = nullptr;
     for (dllm_precision prec : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C}) {
