@@ -7733,11 +7733,6 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
- * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
- * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
- * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. */
 /* Varlen (a batched forward): CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
  * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
  * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
@@ -7751,8 +7746,12 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
     return (int)blockIdx.x * br < a.q_rows;
 }
 
-/* VARLEN: one more instantiation (its own module, loaded by the first batched forward), so the solo paths' code and
- * registers stay exactly as they were. */
+/* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
+ * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
+ * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
+ * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence): one
+ * more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it was. */
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();

@@ -357,3 +357,18 @@ TEST(batch_gpu, fp8_items_decode_one_after_another) {
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
+
+// ---- the command line ---------------------------------------------------------------------------------------
+
+/* dllm-eval --add --batch N decodes the problems N at a time and scores them as one at a time does (the CPU's batch
+ * gives each item dllm_generate's tokens); a leftover partial batch is decoded too. */
+TEST(cli, eval_add_batched_scores_as_one_at_a_time) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string one, batched, err, err2;
+    const std::string args = "-m models/tiny-add --backend cpu --add tests/data/add_test.txt --limit 7";
+    CHECK(test_run_cli("dllm-eval", args, "", one, err) == 0);
+    CHECK(test_run_cli("dllm-eval", args + " --batch 3", "", batched, err2) == 0);
+    CHECK_MSG(one == batched && one.find("add_problems 7\n") != std::string::npos && err.empty() && err2.empty(), "one at a time:\n%s\nbatched:\n%s%s",
+              one.c_str(), batched.c_str(), err2.c_str());
+    CHECK(test_run_cli("dllm-eval", args + " --batch 0", "", batched, err2) == 1 && err2.find("--batch") != std::string::npos);
+}
