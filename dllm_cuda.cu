@@ -12059,10 +12059,11 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
 static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                              dllm_gen_stats &stats) {
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
+    const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::vector<dllm__batch_member> members;
     members.reserve((size_t)n_items);
     std::vector<int> alone;
-    const char *why = batches ? nullptr : "the backend has no batched forward yet";
+    const char *why = batches ? nullptr : no_batch.c_str();
     for (int i = 0; i < n_items; i++) {
         const char *excluded = batches ? dllm__batch_excluded(ctx, items[i].params) : why;
         if (excluded) {
