@@ -326,7 +326,7 @@ struct dllm__env_switches {
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
-    int soloq_split = -1;  // -1: dllm__soloq_launch's default
+    int soloq_split = -1, soloq_threads = 0;  // -1 / 0: dllm__soloq_launch's default
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -352,6 +352,7 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
+    e.soloq_threads = num("DLLM_SOLOQ_THREADS", 0);
     return e;
 }
 
@@ -3646,6 +3647,9 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
  * the GPU may split a row over a cluster of CTAs, each reducing its own segments); any other row is one segment. A GPU
  * warp reproduces a segment bit for bit with fmaf and __shfl_xor_sync. */
 static const int dllm__soloq_segment = 1024;
+/* soloq_quantize_rows's CTA (producer 0: every format, E8P's encoder included): at most 512 threads, so that it may
+ * take 128 registers without spilling (its results do not depend on the thread count). */
+static const unsigned dllm__soloq_quantize_threads = 512;
 
 static float dllm__soloq_dot_segment(const float *a, const float *b, int n) {
     float p[32] = {0};
@@ -5090,6 +5094,7 @@ struct dllm__decode {
     dllm__sampling sampling;
     int forwards = 0;
     void *debug_tag = nullptr;       // the generation's on_step_data: names the sequence to dllm__debug_step_logits
+    bool host_steps = false;         // stepped on the host around forward_batch (dllm_generate_batch): no device state of its own
 };
 
 /* One canvas of a batched forward (dllm__backend_impl::forward_batch) and the logit rows it wants. */
@@ -5610,7 +5615,9 @@ typedef unsigned long long u64;
     X(int, kv_splits)       /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
     X(float *, partial)     /* kv_splits > 1: per-split states for attn_combine (see store_partial) */          \
     X(int, mask_block)      /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */ \
-    X(int, q_index0)        /* the sequence index of query row 0 for that mask (key j's index is j) */
+    X(int, q_index0)        /* the sequence index of query row 0 for that mask (key j's index is j) */               \
+    X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */  \
+    X(const int *, kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -5638,7 +5645,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 128 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 144 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -6170,7 +6177,7 @@ KERNEL_quantize_weight_blocks {
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X) \
-    X(soloq_quantize_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
+    X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a)) \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
     X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
     X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy)) \
@@ -6395,7 +6402,6 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         for (int owner = 0; owner < s.C; owner++) {
             if (owner == s.r) continue;
             float *slice = F + owner * s.n;
-#pragma unroll 4
             for (int i = tid; i < s.n; i += nt) slice[i] = soloq_remote(&slice[i], owner);
         }
         __syncthreads();
@@ -7814,20 +7820,38 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
+/* Varlen (a batched forward): CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
+ * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
+ * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
+ * dllm__attn_varlen_launch). False: the CTA's query tile lies past the sequence's rows (the grid fits the longest). */
+__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
+    const int z = blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
+    a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
+    a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
+    a.q_bstride = a.o_bstride = 0;
+    return (int)blockIdx.x * br < a.q_rows;
+}
+
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
  * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. */
-template <int HD, int BR, int BC, int MT, int NS>
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence): one
+ * more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it was. */
+template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
+    if constexpr (VARLEN) {
+        if (!varlen_sequence(a, BR)) return;
+    }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
     constexpr int HDP = hd_pad(HD), LD = HDP + 8, DT = HDP / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z / a.kv_splits, split = blockIdx.z % a.kv_splits, kvh = h / a.group;
+    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits, split = VARLEN ? 0 : blockIdx.z % a.kv_splits;
+    const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
@@ -8696,7 +8720,7 @@ static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
 static std::string dllm__src_soloq_tables() {
     std::string s = dllm__format("enum { Q4_NVFP4 = %d, Q4_INT4 = %d, Q4_LLOYD = %d, Q4_E8P = %d, Q4_RTN = %d };\n", DLLM__Q4_NVFP4, DLLM__Q4_INT4,
                                  DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN);
-    s += dllm__format("#define SOLOQ_SEGMENT %d\n", dllm__soloq_segment);
+    s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment, dllm__soloq_quantize_threads);
     s += dllm__format("#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
                       dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
@@ -8833,6 +8857,11 @@ static std::string dllm__attn_kernel_name(int hd, const dllm__arch &a) {
 
 static int dllm__attn_threads(const dllm__arch &a) { return a.fa_br * 2 / a.fa_mt; }
 
+/* flash_attn's varlen instantiation (a batched forward's attention: per-sequence row ranges). */
+static std::string dllm__attn_varlen_name(int hd, const dllm__arch &a) {
+    return dllm__format("flash_attn<%d,%d,%d,%d,%d,true>", hd, a.fa_br, a.fa_bc, a.fa_mt, a.fa_stages);
+}
+
 static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
 
 static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages); }
@@ -8847,6 +8876,13 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
         rq.kernels.push_back(dllm__attn_wide_name(head_dim, arch));
     }
     return rq;
+}
+
+/* The varlen flash_attn alone, in a module of its own: compiled (or read from the disk cache) by the first batched
+ * forward, so that contexts that never batch pay nothing for it. */
+static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, int head_dim) {
+    return {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
+            dllm__src_prelude() + dllm__src_mma + dllm__src_attention, {dllm__attn_varlen_name(head_dim, arch)}, arch.target};
 }
 
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows of round_up(hd, 16) columns (hd_pad)
@@ -9598,8 +9634,11 @@ struct dllm__linear {
  * the bits it has in any other launch of the same shape: one algorithm per (format, N, K), launches of at most
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
- * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs. */
-enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT };
+ * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
+ * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
+ * the operands (row-independent at any row count, by construction), else INDEPENDENT's pinned algorithm. The choice
+ * depends on the shape alone, so a sequence's rows get the same bits whatever else the batch holds. */
+enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 
 // ---------------------------------------------------------------------------------------------------
 // 16.2 [shared weights]
@@ -9885,6 +9924,9 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d KB of shared memory, a row of %d elements needs %zu",
                           k.max_smem / 1024, a.d, smem / 1024);
     threads = a.producer == 1 ? threads : std::min<unsigned>(threads, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
+    if (!a.producer) threads = std::min<unsigned>(threads, dllm__soloq_quantize_threads);
+    if (a.rows > 64 && dllm__env().soloq_threads > 0)  // many rows: smaller CTAs, several an SM (the bits do not depend on it)
+        threads = std::max<unsigned>(a.producer == 1 ? dllm__norm_threads(a.d / 8) : 32, std::min<unsigned>(threads, (unsigned)dllm__env().soloq_threads));
     const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(threads), smem, (unsigned)a.cluster);
     return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
 }
@@ -10131,6 +10173,48 @@ struct dllm__forward_plan {
     }
 };
 
+/* [forward plan] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
+ * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position (its
+ * canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one offsets
+ * array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants (its plan rows
+ * [r0, r1) with the model's shift applied backwards), canvas indices. */
+struct dllm__varlen_layout {
+    std::vector<int32_t> ids, positions, offsets;
+    std::vector<int> raw0, raw1;
+    std::vector<int> out0;  // where sequence i's logit rows start among all sequences' (gathered for one LM head)
+    int rows = 0;           // all sequences' rows
+    int max_rows = 0;       // the longest sequence's: the attention grid
+    int out_rows = 0;       // all sequences' logit rows
+};
+
+/* The layout of a plan, checked: every canvas non-empty and within the RoPE tables (max_tokens rows), its logit rows a
+ * non-empty range inside it, its positions (DPad) inside the tables. */
+static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan, int max_tokens, dllm__varlen_layout &v) {
+    v = dllm__varlen_layout();
+    v.offsets.push_back(0);
+    for (size_t i = 0; i < plan.size(); i++) {
+        const dllm__batch_seq &s = plan[i];
+        if (!s.ids || s.n < 1 || s.n > max_tokens || s.r0 < 0 || s.r1 <= s.r0 || s.r1 > s.n)
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu has %d rows (at most %d) and logit rows [%d, %d)", i, s.n, max_tokens, s.r0, s.r1);
+        if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+        for (int r = 0; r < s.n; r++) {
+            const int32_t pos = s.positions ? s.positions[r] : r;
+            if (pos < 0 || pos >= max_tokens)
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r, pos, max_tokens);
+            v.positions.push_back(pos);
+        }
+        v.ids.insert(v.ids.end(), s.ids, s.ids + s.n);
+        v.rows += s.n;
+        v.offsets.push_back(v.rows);
+        v.raw0.push_back(dllm__logit_row(c, s.r0));
+        v.raw1.push_back(dllm__logit_row(c, s.r1 - 1) + 1);
+        v.out0.push_back(v.out_rows);
+        v.out_rows += v.raw1.back() - v.raw0.back();
+        v.max_rows = std::max(v.max_rows, s.n);
+    }
+    return DLLM_OK;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 16.4 The backend
 // ---------------------------------------------------------------------------------------------------
@@ -10162,6 +10246,27 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
+    // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
+    dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
+    /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
+    const char *batch_unsupported() const;
+    /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
+     * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
+     * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
+    template <class F>
+    dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
+        DLLM__TRY(prepare_batch(v));
+        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
+        dllm_status s = forward_varlen(v);
+        const dllm__config &c = m_.cfg;
+        for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
+            const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
+            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows, DLLM__ROWS_BATCH, CUDA_R_32F);
+            if (s == DLLM_OK) s = on_chunk(c0, rows);
+        }
+        batch_on_ = false;
+        return s;
+    }
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
@@ -10220,8 +10325,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool q4_int8(const dllm__weight_view &W, int M, bool pinned) const;
     dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
     soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
-    dllm__rows lacache_rows() const { return kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
-    dllm__rows layer_rows(size_t l) const { return last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
+    dllm__rows lacache_rows() const { return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
+    dllm__rows layer_rows(size_t l) const { return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
     bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
@@ -10242,6 +10347,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status project_o(size_t l, int M, int r0);
     dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    // the batched forward (16.4.1)
+    dllm_status load_varlen();
+    dllm_status prepare_batch(const dllm__varlen_layout &v);
+    dllm_status forward_varlen(const dllm__varlen_layout &v);
+    dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     // the step (16.4.2)
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
@@ -10285,6 +10395,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // activations and the generation's state
     dllm__activations act_;
     bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
+    bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    std::shared_ptr<dllm__module> varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
+    dllm__kernel<void(attn_args)> attn_varlen_;
+    dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
@@ -10337,6 +10451,18 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
     DLLM__TRY(k.attn.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
     if (a.kv_splits == 1) return DLLM_OK;
     return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
+}
+
+/* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
+ * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
+static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd, int heads, int batch, int max_q_rows,
+                                            const attn_args &a, cudaStream_t s) {
+    if (a.fa_mode || a.kv_splits != 1 || a.key_valid || !a.q_offsets || !a.kv_offsets || batch > 65535)
+        return dllm__fail(DLLM_ERR_INTERNAL, "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
+                          a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
+    if (batch == 0 || max_q_rows == 0) return DLLM_OK;
+    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)batch);
+    return k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
@@ -10530,17 +10656,18 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            return rows == DLLM__ROWS_INDEPENDENT || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+            if (rows == DLLM__ROWS_BATCH && gemm_.own_fits(op)) return dllm__gemm_wg_run(*gemm_.own, x, W.data, y, M, W.n, W.k, stream_);
+            return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
             if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
-            const bool pinned = rows == DLLM__ROWS_INDEPENDENT;
+            const bool pinned = rows != DLLM__ROWS_TUNED;
             if (fp8_gemm_ == DLLM__FP8_MMA)
                 return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
             return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
         }
-        case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows, out);
+        case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows == DLLM__ROWS_BATCH ? DLLM__ROWS_INDEPENDENT : rows, out);
     }
     return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
 }
@@ -10936,6 +11063,105 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
     return DLLM_OK;
 }
 
+// ---- [batch] The batched forward: every canvas's rows in one forward (dllm_generate_batch) ----------------------
+// Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
+// embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
+// queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
+// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
+// runs LaCache, the wgmma attention and the current block's tile order.
+
+const char *dllm__gpu_backend::batch_unsupported() const {
+    if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
+    if (W_->fp8_ffn || W_->fp8_attn) return "under FP8 (its row-independent GEMMs take at most 256 rows a launch)";
+    return nullptr;
+}
+
+dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
+    if (const char *why = batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
+    if (plan.empty()) return DLLM_OK;
+    const dllm__config &c = m_.cfg;
+    dllm__varlen_layout v;
+    DLLM__TRY(dllm__varlen_layout_of(c, plan, max_tokens_, v));
+    std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
+    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        return DLLM_OK;
+    }));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < plan.size(); i++) {
+        dllm__unshift_rows(c, raw.data() + (size_t)v.out0[i] * c.n_vocab, v.raw0[i], plan[i].r0, plan[i].r1, out);
+        out += (size_t)(plan[i].r1 - plan[i].r0) * c.n_vocab;
+    }
+    return DLLM_OK;
+}
+
+/* flash_attn's varlen instantiation, compiled (or read from the JIT caches) once. */
+dllm_status dllm__gpu_backend::load_varlen() {
+    if (attn_varlen_.fn) return DLLM_OK;
+    const int hd = m_.cfg.head_dim;
+    DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), varlen_module_));
+    cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, arch_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch_)));
+    attn_varlen_.fn = fn, attn_varlen_.name = "flash_attn (varlen)";
+    return DLLM_OK;
+}
+
+/* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
+dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
+    DLLM__TRY(load_varlen());
+    DLLM__TRY(fit_buffers(1, v.rows, std::max(1, std::min(v.out_rows, dllm__lm_chunk_rows))));
+    DLLM__TRY(varlen_offsets_.fit(v.offsets.size() * 4, "the batch's row offsets"));
+    positions_on_ = true;  // rope_qkv reads act_.positions[row]
+    DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, v.ids.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
+    return DLLM_OK;
+}
+
+/* The forward of the layout's rows up to the final norm of each sequence's logit rows, gathered into act_.y. The plain
+ * forward's stages with batch 1 over all rows (output_and_ffn, the norms, [SoloQ]'s fused producers); attention varlen.
+ * No [truncation]: the last layer computes every row, as it would for any other batch. */
+dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
+    const int T = v.rows, d = m_.cfg.n_embd;
+    float *h = act_.h.as<float>();
+    DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    const size_t n_layers = W_->layers.size();
+    for (size_t l = 0; l < n_layers; l++) {
+        DLLM__TRY(self_attention_varlen(l, v));
+        DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
+        if (l + 1 == n_layers) break;
+        if (q4(l + 1)) DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, T));
+        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    }
+    for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
+        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr, (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T,
+                              v.offsets[i] + v.raw0[i], v.raw1[i] - v.raw0[i]));
+    return DLLM_OK;
+}
+
+/* Self-attention of one layer over the layout's rows (held in act_.a, or under [SoloQ] from layer 1 on made in act_.q4a
+ * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
+dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = m_.cfg;
+    const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
+    const dllm__gpu_layer &L = W_->layers[layer];
+    DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    attn_args a = {};
+    a.q = act_.qkv.as<bf16_t>();
+    a.k = a.q + (size_t)c.n_head * hd;
+    a.v = a.q + (size_t)(c.n_head + c.n_head_kv) * hd;
+    a.o = act_.att.as<bf16_t>();
+    a.seq = a.q_rows = v.max_rows;  // each CTA reads its sequence's own (varlen_sequence)
+    a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
+    return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.out0.size(), v.max_rows, a, stream_);
+}
+
 // ---- 16.4.2 The denoising step --------------------------------------------------------------------
 
 /* First position that can be a candidate: a [MASK] inside the prompt competes too (reference semantics). */
@@ -10946,6 +11172,7 @@ static int dllm__first_candidate(const dllm__decode &st) {
 }
 
 dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
+    if (st.host_steps) return DLLM_OK;  // a batched item: its canvas lives on the host, its forwards are forward_batch's
     const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
     kv_on_ = st.kv_cache != DLLM_KV_CACHE_NONE;
     DLLM__TRY(fit_buffers(batch, n, std::min(n, dllm__lm_chunk_rows), st.lacache == DLLM_LACACHE_ON && !kv_on_, kv_on_));
@@ -10962,6 +11189,10 @@ dllm_status dllm__gpu_backend::begin(dllm__decode &st) {
 }
 
 dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
+    if (st.host_steps) {  // what the host step (dllm__step_begin) reads, as the CPU backend sets it
+        st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
+        return DLLM_OK;
+    }
     return K_.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr, st.block_begin, st.block_end, st.steps_per_block,
                                  st.mask_id);
 }
@@ -11124,6 +11355,7 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
 }
 
 dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
+    if (st.host_steps) return DLLM_OK;  // the host canvas is current
     DLLM__CUDA(cudaMemcpyAsync(st.canvas.data(), act_.canvas.ptr, st.canvas.size() * 4, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
@@ -12026,6 +12258,7 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
     }
     m.g.reset(new dllm__generation{ctx, it.params, m.plan, dllm__decode(), {}, 0});
     dllm__init_decode(it.prompt, it.n_prompt, it.params, m.plan, m.g->st);
+    m.g->st.host_steps = true;
     return true;
 }
 
@@ -12033,10 +12266,11 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
 static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                              dllm_gen_stats &stats) {
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
+    const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::vector<dllm__batch_member> members;
     members.reserve((size_t)n_items);
     std::vector<int> alone;
-    const char *why = batches ? nullptr : "the backend has no batched forward yet";
+    const char *why = batches ? nullptr : no_batch.c_str();
     for (int i = 0; i < n_items; i++) {
         const char *excluded = batches ? dllm__batch_excluded(ctx, items[i].params) : why;
         if (excluded) {

@@ -9,7 +9,8 @@
  * --nll FILE    masked-token NLL at mask ratios 0.15 / 0.5 / 0.9, dllm protocol 1 (tools/train_tiny.py,
  *               NLL_PROTOCOL): the file tokenized as one string, 64 windows of 128 ids, position i of window
  *               w masked iff dllm_rng_uniform(1234, i, w, k, 3) < r_k, one forward per window, float64.
- * --add FILE    exact match on lines "a+b=sum": prompt "a+b=", gen = steps = block = 8, greedy.
+ * --add FILE    exact match on lines "a+b=sum": prompt "a+b=", gen = steps = block = 8, greedy; --batch N decodes N
+ *               problems together (dllm_generate_batch, each exactly as a batch of one).
  * --agree FILE  one raw text prompt per line, decoded twice: with the configuration under test and with the
  *               reference (--ref-*); prints per-token and per-sequence agreement of the generated ids, the
  *               forwards (NFE) each took and the pseudo-log-likelihood of each one's output: the mean over
@@ -35,7 +36,7 @@
 
 typedef struct {
     const char *model_dir, *nll_file, *add_file, *agree_file;
-    int limit, windows, n, steps, block;
+    int limit, windows, n, steps, block, batch;
     dllm_backend backend, ref_backend;
     dllm_lacache lacache, ref_lacache;
     dllm_precision precision, ref_precision;
@@ -54,6 +55,7 @@ static void usage(void) {
            "  --windows N             NLL windows of 128 ids (default 64, the protocol's)\n"
            "  --add FILE              exact match on 'a+b=sum' lines\n"
            "  --limit N               use the first N problems / prompts only\n"
+           "  --batch N               --add: decode N problems together (dllm_generate_batch; default 1: one at a time)\n"
            "  --agree FILE            generation agreement against the reference configuration\n"
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
            "  --backend B, --ref-backend B   auto (default), cpu or gpu\n"
@@ -128,7 +130,7 @@ static int parse_sched(const char *a, const char *v, dllm_gen_params *g) {
 static int is_flag(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version") || !strcmp(a, "--timesteps"); }
 
 static int is_value_option(const char *a) {
-    static const char *const names[] = {"-m", "--model", "--nll", "--add", "--agree", "--limit", "--windows", "-n", "--steps", "--block",
+    static const char *const names[] = {"-m", "--model", "--nll", "--add", "--agree", "--limit", "--batch", "--windows", "-n", "--steps", "--block",
                                         "--backend", "--ref-backend", "--lacache", "--ref-lacache", "--precision", "--ref-precision",
                                         "--cache", "--threshold", "--factor", "--dpad", "--alg"};
     size_t i;
@@ -155,7 +157,7 @@ static int parse_count(const char *a, const char *v, int lo, int *out) {
 static int parse_args(int argc, char **argv, options *o) {
     int i;
     memset(o, 0, sizeof *o);
-    o->windows = 64; o->n = 32; o->steps = 32; o->block = 8;
+    o->windows = 64; o->n = 32; o->steps = 32; o->block = 8; o->batch = 1;
     o->backend = o->ref_backend = DLLM_BACKEND_AUTO;
     o->lacache = DLLM_LACACHE_ON;
     o->ref_lacache = DLLM_LACACHE_OFF;
@@ -180,6 +182,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--add")) o->add_file = v;
         else if (!strcmp(a, "--agree")) o->agree_file = v;
         else if (!strcmp(a, "--limit")) { if (!parse_count(a, v, 0, &o->limit)) return 1; }
+        else if (!strcmp(a, "--batch")) { if (!parse_count(a, v, 1, &o->batch)) return 1; }
         else if (!strcmp(a, "--windows")) { if (!parse_count(a, v, 1, &o->windows)) return 1; }
         else if (!strcmp(a, "-n")) { if (!parse_count(a, v, 1, &o->n)) return 1; }
         else if (!strcmp(a, "--steps")) { if (!parse_count(a, v, 1, &o->steps)) return 1; }
@@ -376,6 +379,63 @@ static int is_add_problem(const char *line, size_t len, size_t *eq) {
     return i == len;
 }
 
+/* One --add problem waiting for its answer: the prompt "a+b=" and the digits of the sum. */
+typedef struct {
+    int32_t *prompt;
+    int np;
+    const char *want;
+    size_t want_len;
+} add_problem;
+
+/* Is the decode of out[0..n_out) before the first EOS/EoT the expected sum? */
+static int add_answer_is(const loaded *L, const int32_t *out, int n_out, const add_problem *p) {
+    char answer[64];
+    size_t alen = 0;
+    int i, n_ans = 0;
+    for (i = 0; i < n_out && out[i] != L->info.eos_id && out[i] != L->info.eot_id; i++) n_ans++;
+    answer[0] = 0;
+    dllm_detokenize(L->tok, out, n_ans, 1, answer, sizeof answer, &alen);
+    return strlen(answer) == p->want_len && !memcmp(answer, p->want, p->want_len);
+}
+
+/* Decodes the n pending problems (--batch 1: dllm_generate; more: dllm_generate_batch), adds the right answers to
+ * *correct and frees the prompts; 0 on success, 1 after printing the first failure. */
+static int solve_adds(dllm_ctx *ctx, const loaded *L, const options *o, add_problem *pending, int n, int *correct) {
+    enum { gen = 8 };
+    dllm_batch_item *items = n > 1 ? (dllm_batch_item *)calloc((size_t)n, sizeof *items) : NULL;
+    dllm_batch_result *results = n > 1 ? (dllm_batch_result *)calloc((size_t)n, sizeof *results) : NULL;
+    int32_t *outs = (int32_t *)malloc(sizeof(int32_t) * gen * (size_t)n);
+    dllm_gen_params p = dllm_gen_default_params();
+    int i, n_out = 0, rc = 1;
+    if (!outs || (n > 1 && (!items || !results))) { fail("out of memory", NULL); goto done; }
+    if (n == 1) {
+        if (decode(ctx, pending[0].prompt, pending[0].np, gen, gen, gen, o->lacache, outs, &n_out) != DLLM_OK) { fail("", dllm_last_error()); goto done; }
+        *correct += add_answer_is(L, outs, n_out, &pending[0]);
+        rc = 0;
+        goto done;
+    }
+    p.gen_length = p.steps = p.block_length = gen;  /* decode_with's parameters */
+    p.lacache = o->lacache;
+    p.stop_at_eos = 0;
+    p.early_stop = 0;
+    for (i = 0; i < n; i++) {
+        items[i].prompt = pending[i].prompt, items[i].n_prompt = pending[i].np, items[i].params = p;
+        items[i].out = outs + (size_t)i * gen, items[i].out_capacity = gen;
+    }
+    dllm_generate_batch(ctx, items, n, results, NULL);
+    for (i = 0; i < n; i++) {
+        if (results[i].status != DLLM_OK) { fail("", results[i].error); goto done; }
+        *correct += add_answer_is(L, items[i].out, results[i].n_out, &pending[i]);
+    }
+    rc = 0;
+done:
+    for (i = 0; i < n; i++) free(pending[i].prompt);
+    free(items);
+    free(results);
+    free(outs);
+    return rc;
+}
+
 /* Exact match on "a+b=sum" lines (empty lines skipped): the answer is the decode of the ids before the first
  * EOS/EoT. A line of another shape is an error naming it. */
 static int eval_add(const loaded *L, const options *o) {
@@ -383,16 +443,16 @@ static int eval_add(const loaded *L, const options *o) {
     size_t len = 0, pos = 0;
     char *text = read_file("--add", o->add_file, &len);
     dllm_ctx *ctx = text ? make_ctx(L, o->backend, o->precision) : NULL;
-    int total = 0, correct = 0, line_no = 0, rc = 1;
+    add_problem *pending = (add_problem *)calloc((size_t)o->batch, sizeof *pending);
+    int total = 0, correct = 0, line_no = 0, n_pending = 0, rc = 1, i;
     long lines = text ? count_lines(text, len) : 0;
     if (!text || !ctx) goto done;
+    if (!pending) { fail("out of memory", NULL); goto done; }
     while (pos < len && (!o->limit || total < o->limit)) {
         char *line = text + pos, *nl = (char *)memchr(line, '\n', len - pos);
         size_t line_len = nl ? (size_t)(nl - line) : len - pos, eq = 0;
-        int np = 0, n_out = 0, i, n_ans = 0;
-        int32_t out[8], *prompt;
-        char answer[64];
-        size_t alen = 0;
+        int np = 0;
+        int32_t *prompt;
         pos += line_len + 1;
         line_no++;
         if (line_len && line[line_len - 1] == '\r') line_len--;
@@ -410,22 +470,26 @@ static int eval_add(const loaded *L, const options *o) {
             free(prompt);
             goto done;
         }
-        if (!prompt || decode(ctx, prompt, np, gen, gen, gen, o->lacache, out, &n_out) != DLLM_OK) {
-            free(prompt);
+        if (!prompt) {
             fail("", dllm_last_error());
             goto done;
         }
-        for (i = 0; i < n_out && out[i] != L->info.eos_id && out[i] != L->info.eot_id; i++) n_ans++;
-        answer[0] = 0;
-        dllm_detokenize(L->tok, out, n_ans, 1, answer, sizeof answer, &alen);
-        correct += strlen(answer) == line_len - eq - 1 && !memcmp(answer, line + eq + 1, line_len - eq - 1);
+        pending[n_pending].prompt = prompt, pending[n_pending].np = np;
+        pending[n_pending].want = line + eq + 1, pending[n_pending].want_len = line_len - eq - 1;
         total++;
-        free(prompt);
+        if (++n_pending == o->batch) {
+            n_pending = 0;
+            if (solve_adds(ctx, L, o, pending, o->batch, &correct)) goto done;
+        }
     }
+    i = n_pending, n_pending = 0;
+    if (i && solve_adds(ctx, L, o, pending, i, &correct)) goto done;
     progress("--add problems", lines, lines);
     printf("add_problems %d\nadd_correct %d\nexact_match %.4f\n", total, correct, total ? (double)correct / total : 0.0);
     rc = 0;
 done:
+    for (i = 0; pending && i < n_pending; i++) free(pending[i].prompt);
+    free(pending);
     free(text);
     dllm_ctx_free(ctx);
     return rc;

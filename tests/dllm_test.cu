@@ -37,6 +37,7 @@
 #include "test_robustness.inl"
 #include "test_fuzz_findings.inl"
 #include "test_batch.inl"
+#include "test_batch_gpu.inl"
 
 int main(int argc, char **argv) {
     const char *filter = nullptr;

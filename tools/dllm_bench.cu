@@ -16,6 +16,7 @@
  *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
  *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
+ *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -562,7 +563,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
         attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
                        H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
-                       partial.as<float>(), 0, 0};
+                       partial.as<float>(), 0, 0, nullptr, nullptr};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);
@@ -705,8 +706,62 @@ static void bench_block_diffusion(bench_result &r) {
     dllm_model_free(model);
 }
 
+/* [batch] The batched forward (dllm__gpu_backend::batch_logits, as dllm_generate_batch runs it) at the LLaDA-8B shape:
+ * B canvases of 256 tokens each, the LM head on each one's last 32 rows (a block's candidates), for B = 1 .. 64: time per
+ * step, the generated tokens/s it stands for (one token per sequence a step, as W1 commits them), TFLOP/s and the fraction
+ * of the BF16 compute floor (its FLOPs at the 8192^3 GEMM rate measured here). The batched step runs row-independent
+ * GEMMs and no K/V cache; the solo forward of the same canvas (tuned GEMMs) is printed beside B = 1 for what batch
+ * invariance costs. The model's weights and the sequences' ids are random. */
+static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s) {
+    std::shared_ptr<dllm__module> rowwise;
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(dllm__arch_for(prop.major * 10 + prop.minor)), rowwise));
+    double gemm_rate;
+    {
+        dllm__gemm g;
+        BENCH_CHECK(g.init());
+        gemm_rate = bench_gemm_rate(g, rowwise, 8192, 8192, 8192, false, s);
+        r.set("bf16_gemm_8192_TFLOPs", gemm_rate);
+    }
+    dllm_model *model = nullptr;
+    BENCH_CHECK(dllm_model_load_random(config, 1, &model));
+    dllm_ctx_params cp = bench_gpu_params();
+    cp.max_tokens = 256;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const dllm__config &c = model->cfg;
+    const int n = 256, out_rows = 32;
+    std::vector<int32_t> ids((size_t)n);
+    for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
+    BENCH_CHECK(gpu->prepare_forward(ids.data(), n, out_rows));
+    const double solo_ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, n - out_rows, n, [](int, int) { return DLLM_OK; })); });
+    r.set("batch_solo_fwd_N256_ms", solo_ms);
+    for (int B : {1, 4, 8, 16, 32, 64}) {
+        std::vector<std::vector<int32_t>> canvases((size_t)B);
+        std::vector<dllm__batch_seq> plan((size_t)B);
+        for (int b = 0; b < B; b++) {
+            for (int i = 0; i < n; i++) canvases[(size_t)b].push_back((i * 7919 + b * 104729) % 100000);
+            plan[(size_t)b].ids = canvases[(size_t)b].data(), plan[(size_t)b].n = n, plan[(size_t)b].r0 = n - out_rows, plan[(size_t)b].r1 = n;
+        }
+        dllm__varlen_layout v;
+        BENCH_CHECK(dllm__varlen_layout_of(c, plan, cp.max_tokens, v));
+        const double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->batch_logits(v, [](int, int) { return DLLM_OK; })); });
+        const double flops = B * bench_flops(c, n, out_rows);
+        const std::string k = dllm__format("batch%d_fwd_N256_", B);
+        r.set(k + "step_ms", ms);
+        r.set(k + "tokens_per_s", 1000.0 * B / ms);
+        r.set(k + "TFLOPs", flops / ms / 1e9);
+        r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(model);
+}
+
 static const char *bench_usage =
-    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only]\n"
+    "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
+    "                   --batch-rows]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
@@ -721,15 +776,18 @@ static const char *bench_usage =
     "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
+    "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
+    "                     tokens/s, fraction of the BF16 compute floor\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
-    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
-                                                      {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only}};
+                                                      {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
+                                                      {"--batch-rows", &batch_rows}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
@@ -775,6 +833,10 @@ int main(int argc, char **argv) {
     }
     if (int8_only) {
         bench_int8_gemm(r, arch, s0);
+        return 0;
+    }
+    if (batch_rows) {
+        bench_batch_rows(r, config, s0);
         return 0;
     }
     bench_attention(r, arch, prop.multiProcessorCount, s0);

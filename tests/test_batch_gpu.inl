@@ -1,0 +1,374 @@
+/* Tests: batched decoding on the GPU backend (issue 26): the batched forward's layout (CPU), the varlen flash_attn
+ * (compiled here for every architecture; run against each sequence alone on a GPU), forward_batch against each
+ * sequence alone and in another order, bit for bit, and against the CPU's, and dllm_generate_batch on the GPU against
+ * each item decoded as a batch of one and against the CPU's tokens. Included after test_batch.inl and test_gpu.inl
+ * (their helpers). */
+
+// ---- the layout of a batched forward (CPU) ---------------------------------------------------------------
+
+TEST(batch, varlen_layout_concatenates_rows_positions_and_logit_rows) {
+    const int32_t a[] = {11, 12, 13, 14, 15}, b[] = {21}, cv[] = {31, 32, 33, 34, 35, 36, 37};
+    const int32_t dpad_positions[] = {0, 1, 2, 10, 11, 12, 20};  // a compacted canvas: rows at their original positions
+    std::vector<dllm__batch_seq> plan(3);
+    plan[0].ids = a, plan[0].n = 5, plan[0].r0 = 2, plan[0].r1 = 5;
+    plan[1].ids = b, plan[1].n = 1, plan[1].r0 = 0, plan[1].r1 = 1;
+    plan[2].ids = cv, plan[2].n = 7, plan[2].positions = dpad_positions, plan[2].r0 = 3, plan[2].r1 = 7;
+    dllm__config c;
+    dllm__varlen_layout v;
+    c.shift_logits = false;
+    CHECK_STATUS(dllm__varlen_layout_of(c, plan, 32, v), DLLM_OK, nullptr);
+    CHECK((v.offsets == std::vector<int32_t>{0, 5, 6, 13}) && v.rows == 13 && v.max_rows == 7);
+    CHECK((v.ids == std::vector<int32_t>{11, 12, 13, 14, 15, 21, 31, 32, 33, 34, 35, 36, 37}));
+    CHECK((v.positions == std::vector<int32_t>{0, 1, 2, 3, 4, 0, 0, 1, 2, 10, 11, 12, 20}));
+    CHECK((v.raw0 == std::vector<int>{2, 0, 3}) && (v.raw1 == std::vector<int>{5, 1, 7}));
+    CHECK((v.out0 == std::vector<int>{0, 3, 4}) && v.out_rows == 8);
+    // Dream's shift: position p is predicted by row p - 1 (position 0 by row 0)
+    c.shift_logits = true;
+    CHECK_STATUS(dllm__varlen_layout_of(c, plan, 32, v), DLLM_OK, nullptr);
+    CHECK((v.raw0 == std::vector<int>{1, 0, 2}) && (v.raw1 == std::vector<int>{4, 1, 6}));
+    CHECK((v.out0 == std::vector<int>{0, 3, 4}) && v.out_rows == 8 && v.rows == 13);
+    // an empty plan, then plans the driver must never make: each an INTERNAL status naming the sequence
+    CHECK_STATUS(dllm__varlen_layout_of(c, std::vector<dllm__batch_seq>(), 32, v), DLLM_OK, nullptr);
+    CHECK((v.offsets == std::vector<int32_t>{0}) && v.rows == 0 && v.out_rows == 0 && v.ids.empty());
+    CHECK_STATUS(dllm__varlen_layout_of(c, plan, 6, v), DLLM_ERR_INTERNAL, "sequence 2 has 7 rows (at most 6)");
+    CHECK_STATUS(dllm__varlen_layout_of(c, plan, 20, v), DLLM_ERR_INTERNAL, "position 20");
+    std::vector<dllm__batch_seq> bad = plan;
+    bad[1].r1 = 2;
+    CHECK_STATUS(dllm__varlen_layout_of(c, bad, 32, v), DLLM_ERR_INTERNAL, "sequence 1");
+    bad = plan;
+    bad[0].r0 = bad[0].r1;
+    CHECK_STATUS(dllm__varlen_layout_of(c, bad, 32, v), DLLM_ERR_INTERNAL, "sequence 0");
+}
+
+/* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, and, like the
+ * plain one, neither spills nor needs a stack frame. */
+TEST(jit, varlen_attention_compiles_for_every_arch) {
+    for (const dllm__arch &row : dllm__arch_table)
+        for (int hd : {64, 128, 256}) {
+            const dllm__arch a = dllm__attn_tiles(dllm__arch_for(row.cc), hd);
+            const dllm__jit_request rq = dllm__module_attention_varlen(a, hd);
+            std::vector<char> cubin;
+            std::vector<std::string> lowered;
+            std::string log;
+            CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+            CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            CHECK(rq.kernels.size() == 1 && rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 1 && cubin.size() > 1000);
+        }
+}
+
+// ---- the varlen attention on the GPU ---------------------------------------------------------------------
+
+/* Sequences of the given lengths concatenated in `order`, fused Q|K|V rows ([T][H + 2 KV][hd]): the varlen flash_attn's
+ * output rows of each sequence (by sequence, whatever the order), the output poisoned first. */
+static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state &T_, const test_gpu &g, const dllm__kernel<void(attn_args)> &k, int hd,
+                                                                int H, int KV, const std::vector<std::vector<uint16_t>> &seqs,
+                                                                const std::vector<int> &order) {
+    const int stride = (H + 2 * KV) * hd;
+    std::vector<uint16_t> rows;
+    std::vector<int> offsets = {0};
+    int max_rows = 0;
+    for (int s : order) {
+        rows.insert(rows.end(), seqs[(size_t)s].begin(), seqs[(size_t)s].end());
+        const int n = (int)(seqs[(size_t)s].size() / stride);
+        offsets.push_back(offsets.back() + n);
+        max_rows = std::max(max_rows, n);
+    }
+    const int T = offsets.back();
+    dllm__dbuf dq, doff, dout;
+    test_put(dq, rows);
+    test_put(doff, offsets);
+    test_poison(dout, (size_t)T * H * hd * 2);
+    attn_args a = {};
+    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
+    a.seq = a.q_rows = max_rows;
+    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    a.q_offsets = a.kv_offsets = doff.as<int>();
+    CHECK_STATUS(dllm__attn_varlen_launch(k, g.arch, hd, H, (int)order.size(), max_rows, a, 0), DLLM_OK, nullptr);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)T * H * hd);
+    std::vector<std::vector<uint16_t>> by_seq(seqs.size());
+    for (size_t i = 0; i < order.size(); i++)
+        by_seq[(size_t)order[i]].assign(out.begin() + (size_t)offsets[i] * H * hd, out.begin() + (size_t)offsets[i + 1] * H * hd);
+    return by_seq;
+}
+
+/* Each sequence alone through the plain flash_attn (batch 1, plain tile order): its output rows. */
+static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const test_gpu &g, const dllm__attn_kernels &k, int hd, int H, int KV,
+                                                  const std::vector<uint16_t> &rows) {
+    const int stride = (H + 2 * KV) * hd, n = (int)(rows.size() / stride);
+    dllm__dbuf dq, dout;
+    test_put(dq, rows);
+    test_poison(dout, (size_t)n * H * hd * 2);
+    attn_args a = {};
+    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
+    a.seq = a.q_rows = n;
+    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
+    a.q_bstride = (u64)n * stride, a.o_bstride = (u64)n * H * hd;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0), DLLM_OK, nullptr);
+    return test_get<uint16_t>(dout, (size_t)n * H * hd);
+}
+
+/* Awkward lengths (one row, partial tiles, several query tiles), GQA, both head dims: the varlen attention gives every
+ * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values. */
+TEST(batch_gpu, varlen_attention_equals_each_sequence_alone) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    test_rng r("varlen attention");
+    dllm__pool pool(1);
+    for (int hd : {64, 128}) {
+        const dllm__arch a = dllm__attn_tiles(g.arch, hd);
+        test_gpu ga = g;
+        ga.arch = a;
+        const int H = 4, KV = 2, stride = (H + 2 * KV) * hd;
+        std::shared_ptr<dllm__module> mod;
+        CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
+        if (!mod) return;
+        dllm__kernel<void(attn_args)> k;
+        k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
+        CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
+        const int lengths[] = {37, 1, 255, 130, 64};
+        std::vector<std::vector<uint16_t>> seqs;
+        for (int n : lengths) {
+            std::vector<float> x((size_t)n * stride);
+            for (float &v : x) v = r.normal();
+            seqs.push_back(test_bf16_vec(x));
+        }
+        const std::vector<std::vector<uint16_t>> batched = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {0, 1, 2, 3, 4});
+        const std::vector<std::vector<uint16_t>> permuted = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {3, 0, 4, 2, 1});
+        for (size_t s = 0; s < seqs.size(); s++) {
+            const int n = lengths[s];
+            CHECK_MSG(batched[s] == test_attention_alone(T_, ga, plain, hd, H, KV, seqs[s]), "hd %d sequence %zu (%d rows): varlen bits differ from alone",
+                      hd, s, n);
+            CHECK_MSG(permuted[s] == batched[s], "hd %d sequence %zu: the order of the batch changed its bits", hd, s);
+            std::vector<float> x = test_f32_vec(seqs[s]), q((size_t)n * H * hd), kk((size_t)n * KV * hd), vv((size_t)n * KV * hd), want(q.size());
+            for (int i = 0; i < n; i++) {
+                const float *row = &x[(size_t)i * stride];
+                std::copy(row, row + H * hd, &q[(size_t)i * H * hd]);
+                std::copy(row + H * hd, row + (H + KV) * hd, &kk[(size_t)i * KV * hd]);
+                std::copy(row + (H + KV) * hd, row + stride, &vv[(size_t)i * KV * hd]);
+            }
+            dllm__cpu_attention(pool, q.data(), kk.data(), vv.data(), n, n, H, KV, hd, nullptr, want.data());
+            const double err = test_max_rel(test_f32_vec(batched[s]), want);
+            CHECK_MSG(err < 2e-2, "hd %d sequence %zu: error %.3e against the CPU twin", hd, s, err);
+        }
+    }
+}
+
+// ---- forward_batch on the GPU -----------------------------------------------------------------------------
+
+/* A plan of canvases of mixed lengths and logit rows, one of them DPad-like (rows at spread positions). */
+struct test_batch_plan {
+    std::vector<std::vector<int32_t>> ids, positions;
+    std::vector<dllm__batch_seq> plan;
+};
+static void test_batch_make_plan(std::mt19937 &rng, int n_vocab, int mask_id, test_batch_plan &p) {
+    const int lengths[] = {3, 17, 40, 1, 9, 66};
+    for (int n : lengths) {
+        p.ids.emplace_back();
+        for (int i = 0; i < n; i++) p.ids.back().push_back(rng() % 3 == 0 ? mask_id : (int32_t)(rng() % (uint32_t)n_vocab));
+        p.positions.emplace_back();
+        if (n == 9)
+            for (int i = 0; i < n; i++) p.positions.back().push_back(3 * i + (int)(rng() % 3));
+    }
+    for (size_t s = 0; s < p.ids.size(); s++) {
+        dllm__batch_seq q;
+        q.ids = p.ids[s].data(), q.n = (int)p.ids[s].size();
+        q.positions = p.positions[s].empty() ? nullptr : p.positions[s].data();
+        q.r0 = (int)(rng() % (uint32_t)q.n), q.r1 = q.r0 + 1 + (int)(rng() % (uint32_t)(q.n - q.r0));
+        p.plan.push_back(q);
+    }
+}
+
+/* forward_batch's logits of a plan, the output poisoned first. */
+static std::vector<float> test_forward_batch(dllm_test_state &T_, dllm_ctx *ctx, const std::vector<dllm__batch_seq> &plan, int V) {
+    size_t rows = 0;
+    for (const dllm__batch_seq &s : plan) rows += (size_t)(s.r1 - s.r0);
+    std::vector<float> out(rows * V, NAN);
+    CHECK_STATUS(ctx->impl->forward_batch(plan, out.data()), DLLM_OK, nullptr);
+    return out;
+}
+
+/* One context's batched forward against each sequence alone (a batch of one) and the batch reversed, bit for bit,
+ * and against the CPU reference's batched forward. */
+static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu, const char *what) {
+    const int V = m->cfg.n_vocab;
+    std::mt19937 rng(1234);
+    test_batch_plan p;
+    test_batch_make_plan(rng, V, m->cfg.mask_id, p);
+    const std::vector<float> all = test_forward_batch(T_, gpu, p.plan, V);
+    std::vector<float> alone, reversed_by_seq;
+    for (const dllm__batch_seq &s : p.plan) {
+        const std::vector<float> one = test_forward_batch(T_, gpu, {s}, V);
+        alone.insert(alone.end(), one.begin(), one.end());
+    }
+    CHECK_MSG(all.size() == alone.size() && !memcmp(all.data(), alone.data(), all.size() * 4), "%s: a batched sequence's logits differ from its own", what);
+    std::vector<dllm__batch_seq> reversed(p.plan.rbegin(), p.plan.rend());
+    const std::vector<float> rev = test_forward_batch(T_, gpu, reversed, V);
+    size_t at = rev.size();  // the reversed batch's sequences, back in plan order
+    for (const dllm__batch_seq &s : p.plan) {
+        const size_t n = (size_t)(s.r1 - s.r0) * V;
+        at -= n;
+        reversed_by_seq.insert(reversed_by_seq.end(), rev.begin() + (long)at, rev.begin() + (long)(at + n));
+    }
+    CHECK_MSG(reversed_by_seq.size() == all.size() && !memcmp(all.data(), reversed_by_seq.data(), all.size() * 4), "%s: the batch's order changed bits", what);
+    if (cpu) {
+        const std::vector<float> ref = test_forward_batch(T_, cpu, p.plan, V);
+        const double err = test_max_rel(all, ref);
+        printf("    %s: GPU vs CPU batched logits max relative error %.2e\n", what, err);
+        CHECK_MSG(err < 5e-2, "%s: GPU batched forward error %.3e against the CPU's", what, err);
+    }
+}
+
+TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
+    NEED_GPU();
+    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
+        dllm_model *m = test_load(test_data(fx));
+        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+        CHECK(gpu && cpu);
+        if (gpu && cpu) {
+            CHECK(((dllm__gpu_backend *)gpu->impl.get())->batch_unsupported() == nullptr);
+            test_forward_batch_case(T_, m, gpu, cpu, fx);
+        }
+        dllm_ctx_free(gpu);
+        dllm_ctx_free(cpu);
+        // [SoloQ]: the same GEMM entry point, every stage row by row (the GPU's SoloQ numerics are not the CPU's bits)
+        dllm_ctx *soloq = m ? test_soloq_ctx(m, DLLM_BACKEND_GPU, DLLM_PRECISION_SOLOQ_N, 0) : nullptr;
+        CHECK_MSG(soloq != nullptr, "%s SoloQ-N: %s", fx, dllm_last_error());
+        if (soloq) test_forward_batch_case(T_, m, soloq, nullptr, "SoloQ-N");
+        dllm_ctx_free(soloq);
+        dllm_model_free(m);
+    }
+}
+
+// ---- dllm_generate_batch on the GPU ----------------------------------------------------------------------
+
+/* Random batches on the GPU: every item's tokens, canvases and step logits bit-identical to the item decoded as a batch
+ * of one, in two orders; where the CPU decodes an item alone to the same tokens, the CPU's batch does too. */
+static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data(model_dir));
+    dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+    if (!gpu || !cpu) { CHECK(gpu && cpu); dllm_ctx_free(gpu); dllm_ctx_free(cpu); dllm_model_free(m); return; }
+    dllm_model_info info;
+    dllm_model_get_info(m, &info);
+    std::mt19937 rng(seed);
+    dllm__debug_step_logits = test_batch_logits_hook;
+    int n_agree = 0, n_cases = 0;
+    for (int round = 0; round < 3; round++) {
+        std::vector<test_batch_case> cases((size_t)(2 + rng() % 4));
+        std::vector<test_batch_case *> order;
+        std::vector<std::vector<int32_t>> cpu_alone;
+        for (test_batch_case &c : cases) {
+            test_batch_make_case(rng, info, dream, c);
+            // alone on the GPU: a batch of one (the same forward as in any batch)
+            std::vector<dllm_batch_result> one;
+            dllm_status s = test_batch_run(gpu, {&c}, one, nullptr);
+            CHECK_MSG(s == one[0].status, "%s: batch of one: %s, its item %s", model_dir, dllm_status_str(s), dllm_status_str(one[0].status));
+            const test_batch_trace gpu_trace = c.batch;
+            const std::vector<int32_t> gpu_out = c.out_batch;
+            test_batch_run_alone(cpu, c);  // alone on the CPU: dllm_generate
+            cpu_alone.push_back(std::vector<int32_t>(c.out_alone.begin(), c.out_alone.begin() + std::max(0, c.n_alone)));
+            c.alone = gpu_trace, c.out_alone = gpu_out, c.status_alone = one[0].status, c.n_alone = one[0].n_out, c.stats_alone = one[0].stats;
+            order.push_back(&c);
+        }
+        std::vector<std::vector<int32_t>> gpu_batch(cases.size());
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass) std::shuffle(order.begin(), order.end(), rng);
+            std::vector<dllm_batch_result> results;
+            dllm_gen_stats bs;
+            test_batch_run(gpu, order, results, &bs);
+            int max_steps = 0;
+            for (size_t i = 0; i < order.size(); i++) {
+                char what[96];
+                snprintf(what, sizeof what, "GPU %s round %d pass %d item %zu of %zu", model_dir, round, pass, i, order.size());
+                test_batch_check_case(T_, *order[i], results[i], what);
+                max_steps = std::max(max_steps, results[i].stats.steps);
+                const size_t c = (size_t)(order[i] - cases.data());
+                gpu_batch[c].assign(order[i]->out_batch.begin(), order[i]->out_batch.begin() + std::max(0, results[i].n_out));
+            }
+            CHECK_MSG(bs.forwards == max_steps, "GPU batch forwards %d, the items' largest step count %d", bs.forwards, max_steps);
+        }
+        std::vector<dllm_batch_result> cpu_results;
+        std::vector<test_batch_case *> in_order;
+        for (test_batch_case &c : cases) in_order.push_back(&c);
+        test_batch_run(cpu, in_order, cpu_results, nullptr);
+        for (size_t c = 0; c < cases.size(); c++) {
+            const test_batch_case &k = cases[c];
+            const std::vector<int32_t> gpu_one(k.out_alone.begin(), k.out_alone.begin() + std::max(0, k.n_alone));
+            n_cases++;
+            if (gpu_one != cpu_alone[c]) continue;  // CPU and GPU differ alone (a near-tie): nothing to compare batched
+            n_agree++;
+            const std::vector<int32_t> cpu_batch(k.out_batch.begin(), k.out_batch.begin() + std::max(0, cpu_results[c].n_out));
+            CHECK_MSG(cpu_batch == gpu_batch[c], "%s round %d item %zu: CPU and GPU agree alone but not batched", model_dir, round, c);
+        }
+    }
+    printf("    %s: CPU and GPU agree alone on %d of %d items\n", model_dir, n_agree, n_cases);
+    CHECK_MSG(n_agree >= 1, "%s: no item decoded alike on the CPU and the GPU: the comparison proved nothing", model_dir);
+    dllm__debug_step_logits = nullptr;
+    dllm_ctx_free(gpu);
+    dllm_ctx_free(cpu);
+    dllm_model_free(m);
+}
+
+TEST(batch_gpu, llada_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-llada", false, 126); }
+
+TEST(batch_gpu, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-dream", true, 2126); }
+
+/* Where the batched forward does not run (FP8 on a GPU with an FP8 GEMM), the items decode one after another, each
+ * exactly as dllm_generate decodes it, and the log says why. */
+TEST(batch_gpu, fp8_items_decode_one_after_another) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
+    const bool fp8 = g->fp8_ffn_active();
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8, "FP8 %s, batch_unsupported: %s", fp8 ? "active" : "off",
+              g->batch_unsupported() ? g->batch_unsupported() : "(null)");
+    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "FP8" : nullptr);
+    dllm_model_info info;
+    dllm_model_get_info(m, &info);
+    std::mt19937 rng(17);
+    std::vector<test_batch_case> cases(3);
+    std::vector<test_batch_case *> order;
+    for (test_batch_case &c : cases) {
+        test_batch_make_case(rng, info, false, c);
+        test_batch_run_alone(ctx, c);
+        order.push_back(&c);
+    }
+    std::string log;
+    dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
+    std::vector<dllm_batch_result> results;
+    test_batch_run(ctx, order, results, nullptr);
+    dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
+    for (size_t i = 0; i < cases.size(); i++) {
+        CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone && cases[i].out_batch == cases[i].out_alone,
+                  "item %zu: %s, %d ids (alone %s, %d)", i, dllm_status_str(results[i].status), results[i].n_out, dllm_status_str(cases[i].status_alone),
+                  cases[i].n_alone);
+        CHECK(cases[i].batch.canvases == cases[i].alone.canvases);
+    }
+    if (fp8) CHECK_MSG(strstr(log.c_str(), "3 of 3 items decode one after another") && strstr(log.c_str(), "under FP8"), "log: %s", log.c_str());
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
+// ---- the command line ---------------------------------------------------------------------------------------
+
+/* dllm-eval --add --batch N decodes the problems N at a time and scores them as one at a time does (the CPU's batch
+ * gives each item dllm_generate's tokens); a leftover partial batch is decoded too. */
+TEST(cli, eval_add_batched_scores_as_one_at_a_time) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    std::string one, batched, err, err2;
+    const std::string args = "-m models/tiny-add --backend cpu --add tests/data/add_test.txt --limit 7";
+    CHECK(test_run_cli("dllm-eval", args, "", one, err) == 0);
+    CHECK(test_run_cli("dllm-eval", args + " --batch 3", "", batched, err2) == 0);
+    CHECK_MSG(one == batched && one.find("add_problems 7\n") != std::string::npos && err.empty() && err2.empty(), "one at a time:\n%s\nbatched:\n%s%s",
+              one.c_str(), batched.c_str(), err2.c_str());
+    CHECK(test_run_cli("dllm-eval", args + " --batch 0", "", batched, err2) == 1 && err2.find("--batch") != std::string::npos);
+}
