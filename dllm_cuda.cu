@@ -3540,6 +3540,7 @@ struct dllm__bd_call {
     int offset = 0;       // SUB_BLOCK: the rows' offset in the block (RoPE position n + offset + i)
     int mask_block = 0;   // block-causal granularity Bm (0: no mask)
     int r0 = 0, r1 = 0;   // the raw (unshifted) output rows wanted, within [0, T)
+    int kv_group = 0;     // COMMIT under kv_quant: rows per key group, the generation's block (0: the model's bd_size)
 };
 
 /* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. */
@@ -4847,6 +4848,256 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
 }
 
 // ---------------------------------------------------------------------------------------------------
+// 9c. [KV quant] SoloQ's commit-time K/V quantisation for block diffusion (spec soloq.md 7; dllm_kv_quant)
+//
+//     When a forward commits rows (the prefill of the prompt's whole blocks, a finished block), each layer's new K/V
+//     rows are quantised once, after the forward (which itself attended to them at full precision), and never again.
+//     The block being denoised, and the block cache, stay full precision.
+//       Keys (every mode): KIVI per channel (spec 7.1), asymmetric min/max over one group of committed rows, the
+//         group = the generation's block (rows [g G, (g + 1) G) of the sequence; commits are whole blocks at
+//         multiples of G), FP16 (scale, min) per (layer, group, kv channel). Post-RoPE keys, no rotation.
+//       Values, SoloQ: per (token, kv head) the row v' = R v, R the layer's K-RPBH of head_dim (rotation site
+//         layer * 8 + 5, the weight sites being 0-4), quantised by Lloyd-Max on v' / RMS (4 bits: 9b's encoder,
+//         INT8 levels / 46; 2 bits: the N(0, 1) levels +-0.452780, +-1.510418 of spec 4.2) with one FP32 row scale
+//         that carries SoloQ's bias correction (spec 5: ||v'||^2 / <C, v'>).
+//       Values, KIVI: per (token, kv head) asymmetric min/max over the head's channels, FP16 (scale, min).
+//       Sinks: rows [0, n_sink) are not quantised (codes 0; left out of their key group's min/max).
+//     Packing (the GPU twin's too): a row's kvd = n_kv * head_dim codes, element e at bit e * bits of the row's
+//     bytes, low bits first (4 bits: element 2i in the low nibble, 9b's order). KIVI codes are unsigned q in
+//     [0, 2^b); SoloQ 4-bit codes are 9b's Lloyd codes (bit 3 sign, bits 0-2 level), 2-bit ones bit 1 sign,
+//     bit 0 level.
+//     R is applied online at commit rather than folded into v_proj / o_proj (spec 7.2's folding): folding would
+//     rotate every weight format's V rows and O columns. The CPU twin decodes a committed row once, from the stored
+//     codes, into the fp32 cache that the attention reads, values rotated back (R^T of the decoded v'); attention
+//     is linear in V, so this equals attending over v' and rotating each head's output back by R^T.
+// ---------------------------------------------------------------------------------------------------
+
+/* float -> IEEE half, round to nearest even, saturating at +-65504 (infinities too); NaN stays NaN. */
+static uint16_t dllm__f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)(u >> 16 & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477fe000u) return (uint16_t)(sign | 0x7bffu);  // >= 65504
+    if (a < 0x38800000u) {                                     // below 2^-14: a subnormal half, in units of 2^-24
+        float m;
+        memcpy(&m, &a, 4);
+        return (uint16_t)(sign | (uint16_t)rintf(m * 16777216.0f));
+    }
+    uint32_t h = (a >> 13) - (112u << 10);  // exponent rebiased 127 -> 15, the mantissa's top 10 bits
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static const char *const dllm__kvq_names[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"};  // dllm_kv_quant order
+static const int dllm__kvq_value_site = 5;  // the values' rotation site in each layer (dllm__soloq_site_id)
+static const float dllm__lloyd2_threshold = 0.981599f;
+static const float dllm__lloyd2_levels[2] = {0.452780f, 1.510418f};
+
+static int dllm__kvq_bits(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_KIVI_KV4 ? 4 : mode ? 2 : 0; }
+static bool dllm__kvq_is_soloq(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_SOLOQ_KV2; }
+
+/* The default sinks (dllm_ctx_params.kv_sink_tokens = -1): the SoloQ paper keeps position 2 of Fast-dLLM v2 and
+ * position 0 of Nemotron; dllm keeps that position and every one before it. */
+static int dllm__kvq_default_sinks(const dllm__config &c) { return c.family == DLLM_FAMILY_FAST_DLLM_V2 ? 3 : 1; }
+
+static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, int max_tokens) {
+    if (mode < DLLM_KV_QUANT_NONE || mode > DLLM_KV_QUANT_KIVI_KV2)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
+    if (sinks < -1 || sinks > max_tokens)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)", sinks, max_tokens);
+    if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
+    if (!dllm__is_block_diffusion(c))
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
+                          "Nemotron-Labs-Diffusion); use kv_quant none",
+                          dllm__kvq_names[mode], dllm__family_name(c.family));
+    if (c.head_dim % 4)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+                          dllm__kvq_names[mode], c.head_dim);
+    return DLLM_OK;
+}
+
+/* Committed-cache bytes per token (dllm_kv_bytes_per_token): codes, key pairs amortised over the group, and per
+ * (token, kv head) 4 bytes (SoloQ's FP32 factor or KIVI's FP16 pair). */
+static double dllm__kvq_bytes_per_token(const dllm__config &c, int mode, int group) {
+    const double kvd = (double)c.n_head_kv * c.head_dim;
+    if (mode == DLLM_KV_QUANT_NONE) return c.n_layer * 2.0 * kvd * 2.0;
+    return c.n_layer * (2.0 * kvd * dllm__kvq_bits(mode) / 8.0 + kvd * 4.0 / group + 4.0 * c.n_head_kv);
+}
+
+static inline void dllm__kvq_put(uint8_t *row, int e, int bits, unsigned code) { row[e * bits / 8] |= (uint8_t)(code << (e * bits % 8)); }
+static inline unsigned dllm__kvq_get(const uint8_t *row, int e, int bits) { return (unsigned)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1); }
+
+/* KIVI's asymmetric b-bit quantiser (spec 7.1) of n values x[i * stride]: the FP16 pair (scale, min) into pair and
+ * codes in [0, 2^b) into q[n]. The pair is rounded to FP16 first and the codes come from the rounded pair, so that a
+ * value decodes as fmaf(q, scale, min) from exactly what is stored. max == min, or a scale that rounds to 0, stores
+ * scale 0 and codes 0 (KIVI's own code would divide by zero); n = 0 stores (0, 0); a non-finite value makes the
+ * pair NaN (non-finite input never decodes to finite values). */
+static void dllm__kivi_quantize(const float *x, size_t stride, int n, int bits, uint8_t *q, uint16_t pair[2]) {
+    float mn = n ? x[0] : 0.0f, mx = mn;
+    bool finite = true;
+    for (int i = 0; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        finite = finite && std::isfinite(v);
+        mn = fminf(mn, v), mx = fmaxf(mx, v);
+    }
+    const float top = (float)((1 << bits) - 1);
+    pair[0] = finite ? dllm__f32_to_f16((mx - mn) / top) : (uint16_t)0x7e00u;
+    pair[1] = finite ? dllm__f32_to_f16(mn) : (uint16_t)0x7e00u;
+    const float scale = dllm__f16_to_f32(pair[0]), minr = dllm__f16_to_f32(pair[1]);
+    if (!(scale > 0) && finite) pair[0] = 0;
+    for (int i = 0; i < n; i++)
+        q[i] = scale > 0 ? (uint8_t)fminf(fmaxf(rintf((x[(size_t)i * stride] - minr) / scale), 0.0f), top) : 0;
+}
+
+static inline float dllm__kivi_decode(unsigned q, const uint16_t pair[2]) { return fmaf((float)q, dllm__f16_to_f32(pair[0]), dllm__f16_to_f32(pair[1])); }
+
+/* C of a SoloQ value code: 4 bits, 9b's Lloyd code (an INT8 level); 2 bits, bit 1 sign and bit 0 the level. */
+static float dllm__kvq_soloq_c(unsigned code, int bits) {
+    if (bits == 4) return (float)(code & 8 ? -dllm__lloyd4_int[code & 7] : dllm__lloyd4_int[code & 7]);
+    return code & 2 ? -dllm__lloyd2_levels[code & 1] : dllm__lloyd2_levels[code & 1];
+}
+
+/* SoloQ's quantiser of one rotated value row x[n]: codes packed into `packed` (zeroed by the caller) and the row
+ * scale returned (an element's value is C * scale). 4 bits: 9b's Lloyd-Max with the bias correction
+ * (dllm__q4_quantize_row); 2 bits: the same steps with the 2-bit levels (nearest level of x / RMS, scale
+ * ||x||^2 / <C, x>, the RMS if <C, x> <= 0; a zero row has scale 0, a non-finite one NaN). */
+static float dllm__kvq_soloq_row(const float *x, int n, int bits, uint8_t *packed) {
+    std::vector<float> value((size_t)n);
+    if (bits == 4) return dllm__q4_quantize_row(DLLM__Q4_LLOYD, x, n, true, packed, nullptr, value.data());
+    const float ss = dllm__soloq_dot(x, x, n), sigma = sqrtf(ss / (float)n);
+    if (ss == 0) return 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float z = x[i] / sigma;
+        const unsigned code = (z < 0 ? 2u : 0u) | (fabsf(z) >= dllm__lloyd2_threshold ? 1u : 0u);
+        dllm__kvq_put(packed, i, 2, code);
+        value[(size_t)i] = dllm__kvq_soloq_c(code, 2);
+    }
+    if (!(ss <= FLT_MAX)) return NAN;
+    const float proj = dllm__soloq_dot(value.data(), x, n);
+    return proj > 0 ? ss / proj : sigma;
+}
+
+/* The quantised committed rows of one block-diffusion generation (this section's packing), and how they are made. */
+struct dllm__kvq {
+    int mode = DLLM_KV_QUANT_NONE, bits = 0, n_sink = 0;
+    int n_layer = 0, n_kv = 0, hd = 0, kvd = 0, cap = 0;
+    int group = 0;                          // rows per key group: the first commit's block (0: nothing committed yet)
+    std::vector<dllm__rotation> rot;        // SoloQ: each layer's R of head_dim
+    std::vector<uint8_t> k_codes, v_codes;  // [layer][cap][row_bytes()]
+    std::vector<uint16_t> k_pairs;          // [layer][groups()][kvd][2] FP16 (scale, min)
+    std::vector<uint16_t> v_pairs;          // KIVI: [layer][cap][n_kv][2] FP16 (scale, min)
+    std::vector<float> v_scale;             // SoloQ: [layer][cap][n_kv] row scales
+
+    bool enabled() const { return mode != DLLM_KV_QUANT_NONE; }
+    bool soloq() const { return dllm__kvq_is_soloq(mode); }
+    size_t row_bytes() const { return (size_t)kvd * bits / 8; }
+    int groups() const { return group ? (cap + group - 1) / group : 0; }
+    size_t row_at(int l, int r) const { return ((size_t)l * cap + r) * row_bytes(); }              // k_codes, v_codes
+    size_t k_pair_at(int l, int r, int e) const { return (((size_t)l * groups() + r / group) * kvd + e) * 2; }  // k_pairs
+    size_t head_at(int l, int r, int h) const { return ((size_t)l * cap + r) * n_kv + h; }        // v_scale; v_pairs / 2
+
+    /* A context's settings (validated by dllm__kvq_check); sinks -1 is the model's default. */
+    void setup(const dllm__config &c, int mode_, int sinks) {
+        mode = mode_, bits = dllm__kvq_bits(mode_), n_sink = sinks < 0 ? dllm__kvq_default_sinks(c) : sinks;
+        n_layer = c.n_layer, n_kv = c.n_head_kv, hd = c.head_dim, kvd = n_kv * hd;
+        rot.clear();
+        for (int l = 0; soloq() && l < n_layer; l++)
+            rot.push_back(dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, dllm__soloq_site_id((size_t)l, dllm__kvq_value_site)));
+    }
+
+    /* A generation starts with `rows` empty rows. */
+    void reset(int rows) {
+        cap = rows, group = 0;
+        k_codes.assign((size_t)n_layer * cap * row_bytes(), 0);
+        v_codes.assign(k_codes.size(), 0);
+        k_pairs.clear();
+        v_pairs.assign(soloq() ? 0 : (size_t)n_layer * cap * n_kv * 2, 0);
+        v_scale.assign(soloq() ? (size_t)n_layer * cap * n_kv : 0, 0.0f);
+    }
+};
+
+/* Key element e of committed row r of layer l, decoded. */
+static float dllm__kvq_key(const dllm__kvq &q, int l, int r, int e) {
+    return dllm__kivi_decode(dllm__kvq_get(&q.k_codes[q.row_at(l, r)], e, q.bits), &q.k_pairs[q.k_pair_at(l, r, e)]);
+}
+
+/* Values of kv head h of committed row r of layer l, decoded into out[hd]: SoloQ's in the rotated basis (C * scale). */
+static void dllm__kvq_value(const dllm__kvq &q, int l, int r, int h, float *out) {
+    const uint8_t *row = &q.v_codes[q.row_at(l, r)];
+    const size_t at = q.head_at(l, r, h);
+    for (int i = 0; i < q.hd; i++) {
+        const unsigned code = dllm__kvq_get(row, h * q.hd + i, q.bits);
+        out[i] = q.soloq() ? dllm__kvq_soloq_c(code, q.bits) * q.v_scale[at] : dllm__kivi_decode(code, &q.v_pairs[2 * at]);
+    }
+}
+
+/* Keys of layer l's rows [row0, row1) (whole groups; rows below n_sink left out), kv head by kv head (a head's codes
+ * are whole bytes): codes and pairs into the store, then the decoded keys over k. */
+static void dllm__kvq_commit_keys(dllm__pool &pool, dllm__kvq &q, int l, float *k, int row0, int row1) {
+    pool.run(q.n_kv, [&](int h) {
+        std::vector<uint8_t> codes((size_t)q.group);
+        for (int g0 = row0; g0 < row1; g0 += q.group) {
+            const int a = std::max(g0, q.n_sink), n = std::max(0, g0 + q.group - a);
+            for (int e = h * q.hd; e < (h + 1) * q.hd; e++) {
+                dllm__kivi_quantize(k + (size_t)a * q.kvd + e, (size_t)q.kvd, n, q.bits, codes.data(), &q.k_pairs[q.k_pair_at(l, g0, e)]);
+                for (int i = 0; i < n; i++) {
+                    dllm__kvq_put(&q.k_codes[q.row_at(l, a + i)], e, q.bits, codes[(size_t)i]);
+                    k[(size_t)(a + i) * q.kvd + e] = dllm__kvq_key(q, l, a + i, e);
+                }
+            }
+        }
+    });
+}
+
+/* Values of layer l's rows [row0, row1) (rows below n_sink left out), row by row: codes and scales into the store,
+ * then the decoded values (SoloQ: rotated back) over v. */
+static void dllm__kvq_commit_values(dllm__pool &pool, dllm__kvq &q, int l, float *v, int row0, int row1) {
+    const int first = std::max(row0, q.n_sink);
+    if (first >= row1) return;
+    pool.run(row1 - first, [&](int i) {
+        const int r = first + i;
+        uint8_t *row = &q.v_codes[q.row_at(l, r)];
+        std::vector<float> rotated((size_t)q.hd), decoded((size_t)q.hd);
+        std::vector<uint8_t> codes((size_t)q.hd);
+        for (int h = 0; h < q.n_kv; h++) {
+            float *x = v + (size_t)r * q.kvd + (size_t)h * q.hd;
+            if (q.soloq()) {
+                dllm__rotate(q.rot[(size_t)l], x, rotated.data());
+                q.v_scale[q.head_at(l, r, h)] = dllm__kvq_soloq_row(rotated.data(), q.hd, q.bits, row + (size_t)h * q.hd * q.bits / 8);
+            } else {
+                dllm__kivi_quantize(x, 1, q.hd, q.bits, codes.data(), &q.v_pairs[2 * q.head_at(l, r, h)]);
+                for (int c = 0; c < q.hd; c++) dllm__kvq_put(row, h * q.hd + c, q.bits, codes[(size_t)c]);
+            }
+            dllm__kvq_value(q, l, r, h, decoded.data());
+            if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], decoded.data(), x);
+            else memcpy(x, decoded.data(), sizeof(float) * q.hd);
+        }
+    });
+}
+
+/* The commit of rows [row0, row0 + T) of kv (every layer; the forward that appended them has run): quantised into q
+ * and replaced in kv by their decoded values, which is what later forwards attend to. Commits are whole key groups of
+ * `group` rows (the generation's block), the same group all generation long. */
+static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv &kv, int row0, int T, int group) {
+    if (!q.group) {
+        q.group = group;
+        q.k_pairs.assign((size_t)q.n_layer * q.groups() * q.kvd * 2, 0);
+    }
+    if (group != q.group || group <= 0 || row0 % group || T % group || kv.cap != q.cap)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)", row0,
+                          row0 + T, group, q.group);
+    for (int l = 0; l < q.n_layer; l++) {
+        dllm__kvq_commit_keys(pool, q, l, kv.k.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
+        dllm__kvq_commit_values(pool, q, l, kv.v.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
+    }
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
 //    the lower canvas position, so the result never depends on evaluation order.
@@ -5208,11 +5459,19 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
-    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq)
+    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq,
+                      int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
         : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
         if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
+        kvq_.setup(m.cfg, kv_quant, kv_sinks);
     }
+
+    /* Block diffusion's committed cache as attention reads it, and its quantised form (tests). */
+    DLLM__TEST_HOOKS_BEGIN
+    DLLM__TEST_HOOK const dllm__bd_kv &bd_kv() const { return bd_kv_; }
+    DLLM__TEST_HOOK const dllm__kvq &kv_quant() const { return kvq_; }
+    DLLM__TEST_HOOKS_END
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
         if (dllm__is_block_diffusion(m_.cfg)) return bd_logits(ids, n, r0, r1, out);
@@ -5222,6 +5481,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     dllm_status bd_begin(int rows) override {
         bd_kv_.reset(m_.cfg, rows);
+        if (kvq_.enabled()) kvq_.reset(rows);
         return DLLM_OK;
     }
 
@@ -5232,7 +5492,10 @@ class dllm__cpu_backend : public dllm__backend_impl {
         if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
                               call.T, bd_kv_.n, bd_kv_.cap);
+        const int row0 = bd_kv_.n;
         dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
+        if (call.kind == DLLM__BD_COMMIT && kvq_.enabled())
+            return dllm__kvq_commit(pool_, kvq_, bd_kv_, row0, call.T, call.kv_group ? call.kv_group : m_.cfg.bd_size);
         return DLLM_OK;
     }
 
@@ -5327,6 +5590,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
+    dllm__kvq kvq_;       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
@@ -11569,6 +11833,7 @@ struct dllm__bd_generation {
     dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
         dllm__bd_call call;
         call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
+        call.kv_group = plan.B;
         logits.resize((size_t)(r1 - r0) * ctx.model->cfg.n_vocab);
         forwards++;
         return ctx.impl->bd_forward(call, logits.data());
@@ -11897,7 +12162,10 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
+    const bool kv_quant = ctx.params.kv_quant != DLLM_KV_QUANT_NONE;
+    if (gpu && kv_quant && ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s runs on the CPU backend only for now (backend AUTO picks it)", dllm__kvq_names[ctx.params.kv_quant]);
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !kv_quant) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
@@ -11906,7 +12174,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
                           gpu ? "CPU backend requested" : why.c_str());
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
-    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq));
+    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq, ctx.params.kv_quant, ctx.params.kv_sink_tokens));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -12048,7 +12316,21 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.n_threads = 0;
     p.precision = DLLM_PRECISION_AUTO;
     p.quantize_lm_head = 0;
+    p.kv_quant = DLLM_KV_QUANT_NONE;
+    p.kv_sink_tokens = -1;
     return p;
+}
+
+dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_quant kv_quant, int block_length, double *bytes) {
+    return dllm__guard(nullptr, [&]() -> dllm_status {
+        if (!model || !bytes) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: model and bytes must not be NULL");
+        const int mode = dllm__enum_int(kv_quant), group = block_length ? block_length : model->cfg.bd_size;
+        DLLM__TRY(dllm__kvq_check(model->cfg, mode, -1, model->cfg.max_seq_len));
+        if (mode != DLLM_KV_QUANT_NONE && (block_length < 0 || group <= 0))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: block_length %d must be positive (0 = the model's)", block_length);
+        *bytes = dllm__kvq_bytes_per_token(model->cfg, mode, group);
+        return DLLM_OK;
+    });
 }
 
 dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx **out_ctx) {
@@ -12070,6 +12352,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
         params.precision = (dllm_precision)precision;
         if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1", params.quantize_lm_head);
+        DLLM__TRY(dllm__kvq_check(model->cfg, dllm__enum_int(params.kv_quant), params.kv_sink_tokens,
+                                  params.max_tokens ? params.max_tokens : model->cfg.max_seq_len));
         std::unique_ptr<dllm_ctx> ctx(new dllm_ctx);
         ctx->model = model;
         ctx->params = params;
