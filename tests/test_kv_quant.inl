@@ -424,3 +424,18 @@ TEST(kv_quant, options_are_validated) {
     dllm_model_free(llada);
     dllm_model_free(bd);
 }
+
+/* The device twins (dllm__src_kvq with 9b's SoloQ functions) compile for every architecture of the table, without
+ * spills; the GPU tests (test_block_diffusion_gpu.inl) run them. */
+TEST(jit, kv_quant_module_compiles) {
+    for (const dllm__arch &row : dllm__arch_table) {
+        const dllm__arch a = dllm__arch_for(row.cc);
+        const dllm__jit_request rq = dllm__module_kvq(a);
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log;
+        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+        CHECK(lowered.size() == 3 && cubin.size() > 1000);
+    }
+}
