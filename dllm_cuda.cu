@@ -28,6 +28,8 @@
  *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
  *       [bias correction]; the SoloQ precisions of the CPU forward; [quantised checkpoints] (dllm_model_quantize);
  *       the [W4 GEMM]'s twin
+ *   9c. [KV quant] SoloQ's commit-time K/V quantisation of block diffusion (KIVI keys, rotated Lloyd-Max values); its
+ *       device twins are dllm__src_kvq in section 13, called from 16.4.3
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
@@ -12549,7 +12551,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     const bool kv_quant = ctx.params.kv_quant != DLLM_KV_QUANT_NONE;
     if (gpu && kv_quant && ctx.params.backend == DLLM_BACKEND_GPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s runs on the CPU backend only for now (backend AUTO picks it)", dllm__kvq_names[ctx.params.kv_quant]);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s runs on the CPU backend only for now (backend AUTO picks it)",
+                          dllm__kvq_names[ctx.params.kv_quant]);
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !kv_quant) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);

@@ -4,10 +4,11 @@
  * logits under kv4 / kv2 against the unquantised cache on the tiny block-diffusion fixtures, bytes per token, and the
  * option's validation. kv_quant.measure prints masked-token NLL and logit NMSE (DLLM_KVQ_MODEL=dir adds a model). */
 
-static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1) {
+static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1, dllm_precision precision = DLLM_PRECISION_AUTO) {
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_CPU;
     p.n_threads = 2;
+    p.precision = precision;
     p.kv_quant = q;
     p.kv_sink_tokens = sinks;
     dllm_ctx *c = nullptr;
@@ -300,12 +301,13 @@ static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32
     return a;
 }
 
-/* Every mode on one model: prints the table, returns the results by mode. */
-static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_model *m, const char *name, const std::vector<int32_t> &ids, int B) {
+/* Every mode on one model (weights in `precision`): prints the table, returns the results by mode. */
+static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_model *m, const char *name, const std::vector<int32_t> &ids, int B,
+                                                     dllm_precision precision = DLLM_PRECISION_AUTO) {
     std::vector<test_kvq_accuracy> r;
     std::vector<float> ref;
     for (int mode = DLLM_KV_QUANT_NONE; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) {
-        dllm_ctx *ctx = test_kvq_ctx(m, (dllm_kv_quant)mode);
+        dllm_ctx *ctx = test_kvq_ctx(m, (dllm_kv_quant)mode, -1, precision);
         CHECK(ctx != nullptr);
         r.push_back(ctx ? test_kvq_measure(ctx, ids, B, ref) : test_kvq_accuracy());
         dllm_ctx_free(ctx);
@@ -318,8 +320,9 @@ static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_m
     return r;
 }
 
-/* The tiny random fixtures (and the model in DLLM_KVQ_MODEL, with ids from DLLM_KVQ_IDS or drawn): kv4 changes
- * logits by a small measured amount, kv2 by more, SoloQ less than KIVI at 2 bits. */
+/* The tiny random fixtures (and the model in DLLM_KVQ_MODEL, with ids from DLLM_KVQ_IDS or drawn, weights in
+ * DLLM_KVQ_PRECISION, e.g. soloq-n for W4A4KV4 / KV2; the NMSE is against the same weights' unquantised cache): kv4
+ * changes logits by a small measured amount, kv2 by more. */
 TEST(kv_quant, measure) {
     struct fixture { const char *dir; int B; } fixtures[] = {{"tiny-fast-dllm-v2", 32}, {"tiny-nemotron-diffusion", 8}};
     for (const fixture &f : fixtures) {
@@ -355,7 +358,13 @@ TEST(kv_quant, measure) {
         for (int i = 0; i < 8 * B; i++) ids.push_back((int32_t)(rng() % (uint32_t)m->cfg.n_vocab));
     }
     ids.resize(std::min(ids.size(), (size_t)m->cfg.max_seq_len) / B * B);
-    test_kvq_table(T_, m, dir, ids, B);
+    int precision = DLLM_PRECISION_AUTO;
+    const char *pname = getenv("DLLM_KVQ_PRECISION");
+    for (int p = 0; pname && *pname && p <= DLLM_PRECISION_RTN_W4A16; p++)
+        if (!strcmp(pname, dllm__precision_name(p))) precision = p;
+    CHECK_MSG(!pname || !*pname || precision != DLLM_PRECISION_AUTO, "DLLM_KVQ_PRECISION=%s is no precision (bf16, soloq-n, ...)", pname);
+    printf("    %s, weights %s, %zu ids\n", dir, precision == DLLM_PRECISION_AUTO ? "as stored" : dllm__precision_name(precision), ids.size());
+    test_kvq_table(T_, m, dir, ids, B, (dllm_precision)precision);
     dllm_model_free(m);
 }
 
