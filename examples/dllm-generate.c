@@ -411,7 +411,8 @@ static int check_conflicts(const options *o) {
     for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         if (o->given[pairs[i][0]] && o->given[pairs[i][1]])
             return fail("%s and %s conflict: pass one of them", o->given[pairs[i][0]], o->given[pairs[i][1]]);
-    if (o->given[OPT_KV_SINKS] && o->ctx.kv_quant == DLLM_KV_QUANT_NONE) return fail("%s keeps sinks of a quantised cache: it needs --kv-quant", o->given[OPT_KV_SINKS]);
+    if (o->given[OPT_KV_SINKS] && o->ctx.kv_quant == DLLM_KV_QUANT_NONE)
+        return fail("%s keeps sinks of a quantised cache: it needs --kv-quant", o->given[OPT_KV_SINKS]);
     return 0;
 }
 

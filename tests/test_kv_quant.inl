@@ -209,7 +209,7 @@ TEST(kv_quant, commit_quantises_committed_rows_and_keeps_sinks) {
                     if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], dec.data(), back.data());
                     else back = dec;
                     decoded_same &= !memcmp(back.data(), v + h * hd, sizeof(float) * hd);
-                    for (int i = 0; i < hd; i++) v_err += (v[h * hd + i] - v0[h * hd + i]) * (double)(v[h * hd + i] - v0[h * hd + i]), v_energy += v0[h * hd + i] * (double)v0[h * hd + i];
+                    for (int i = h * hd; i < (h + 1) * hd; i++) v_err += (v[i] - v0[i]) * (double)(v[i] - v0[i]), v_energy += v0[i] * (double)v0[i];
                 }
             }
         }
@@ -447,4 +447,40 @@ TEST(jit, kv_quant_module_compiles) {
         CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
         CHECK(lowered.size() == 3 && cubin.size() > 1000);
     }
+}
+
+/* dllm-generate --kv-quant / --kv-sinks: the cache's bytes per token on stderr, the same ids as the library with the
+ * same options, and errors naming the flag. */
+TEST(kv_quant, cli_flags) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    const std::string model = test_data("tiny-fast-dllm-v2");
+    std::string ids = "--ids \"5";
+    for (int i = 6; i <= 37; i++) ids += " " + std::to_string(i);
+    ids += "\"";
+    std::string out, err;
+    int rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " -n 32 --kv-quant soloq-kv2 --kv-sinks 4 --backend cpu", "", out, err);
+    CHECK_MSG(rc == 0 && err.find("K/V cache: 56.0 bytes per committed token, 0.219x the BF16 cache's 256") != std::string::npos, "exit %d: %s", rc,
+              err.c_str());
+    dllm_model *m = test_load(model);
+    dllm_ctx *ctx = m ? test_kvq_ctx(m, DLLM_KV_QUANT_SOLOQ_KV2, 4) : nullptr;
+    if (ctx) {
+        std::vector<int32_t> prompt;
+        for (int i = 5; i <= 37; i++) prompt.push_back(i);
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32, gp.block_length = 32;
+        std::vector<int32_t> o(64, -1);
+        int n = 0;
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, o.data(), (int)o.size(), &n, nullptr), DLLM_OK, nullptr);
+        std::string want = "ids:";
+        for (int i = 0; i < n; i++) want += " " + std::to_string(o[(size_t)i]);
+        CHECK_MSG(out.find(want + "\n") != std::string::npos, "CLI printed %s, the library %s", out.c_str(), want.c_str());
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+    rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " --kv-quant kv3", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("--kv-quant must be none, soloq-kv4") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " --kv-sinks 2", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("--kv-sinks keeps sinks of a quantised cache: it needs --kv-quant") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi --kv-quant kivi-kv4", "", out, err);
+    CHECK_MSG(rc == 1 && err.find("kv_quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos, "exit %d: %s", rc, err.c_str());
 }
