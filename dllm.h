@@ -263,6 +263,23 @@ typedef enum dllm_precision {
     DLLM_PRECISION_RTN_W4A16 = 10
 } dllm_precision;
 
+/* Commit-time K/V quantisation of block diffusion (Fast-dLLM v2, Nemotron; SoloQ, spec soloq.md 7). When a block
+ * is committed (the forward that appends its K/V to the cache), its keys and values are quantised once; the block
+ * being denoised stays full precision, and attention over the committed cache reads the quantised rows. Keys are
+ * KIVI's per channel, asymmetric min/max over one committed block (group = block_length tokens), FP16 (scale, min)
+ * per (layer, kv head, channel, block). SOLOQ values: per (token, kv head) rotated by K-RPBH, Lloyd-Max 4 or 2
+ * bits on the RMS-normalised row, one FP32 factor with SoloQ's scale-only bias correction. KIVI values: per
+ * (token, kv head) asymmetric min/max, FP16 (scale, min). Block-diffusion models only (the others have no
+ * committed cache: DLLM_ERR_UNSUPPORTED names the option). CPU backend only for now: a GPU context is
+ * DLLM_ERR_UNSUPPORTED and AUTO picks the CPU. dllm_kv_bytes_per_token gives the cache's size. */
+typedef enum dllm_kv_quant {
+    DLLM_KV_QUANT_NONE = 0,      /* the default: the cache in BF16 (fp32 on the CPU)                  */
+    DLLM_KV_QUANT_SOLOQ_KV4 = 1, /* keys KIVI 4-bit, values K-RPBH + Lloyd-Max 4-bit + bias correction */
+    DLLM_KV_QUANT_SOLOQ_KV2 = 2, /* the same at 2 bits                                                 */
+    DLLM_KV_QUANT_KIVI_KV4 = 3,  /* baseline: KIVI keys and values, 4-bit                              */
+    DLLM_KV_QUANT_KIVI_KV2 = 4   /* baseline: KIVI keys and values, 2-bit                              */
+} dllm_kv_quant;
+
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
     int device;            /* CUDA device ordinal (default 0)                                        */
@@ -270,9 +287,18 @@ typedef struct dllm_ctx_params {
     int n_threads;         /* CPU backend threads; 0 = all hardware threads                          */
     dllm_precision precision; /* default DLLM_PRECISION_AUTO                                        */
     int quantize_lm_head;  /* SoloQ precisions: 1 quantises the LM head too (default 0: BF16, the paper's) */
+    dllm_kv_quant kv_quant; /* block diffusion's committed K/V cache (default DLLM_KV_QUANT_NONE)        */
+    int kv_sink_tokens;    /* with kv_quant: sequence positions [0, N) keep full-precision K/V (attention
+                              sinks). -1 (default): the model's, the SoloQ paper's sink position p kept with
+                              everything before it, N = p + 1: 3 for Fast-dLLM v2 (p = 2), 1 for Nemotron (p = 0) */
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
+
+/* Bytes of committed K/V cache per token under kv_quant (all layers, keys and values; the per-block key scales
+ * amortised over block_length tokens, 0 = the model's block), into *bytes. Sink tokens are full-precision rows on
+ * top (2 bytes an element). DLLM_KV_QUANT_NONE gives the BF16 cache's 4 * n_layer * n_kv_heads * head_dim. */
+DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_quant kv_quant, int block_length, double *bytes);
 
 /* ---------------------------------------------------------------------------------------------------
  * Quantising once (dllm-quantize): a SoloQ precision's 4-bit weights written as a model directory

@@ -28,6 +28,8 @@
  *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
  *       [bias correction]; the SoloQ precisions of the CPU forward; [quantised checkpoints] (dllm_model_quantize);
  *       the [W4 GEMM]'s twin
+ *   9c. [KV quant] SoloQ's commit-time K/V quantisation of block diffusion (KIVI keys, rotated Lloyd-Max values); its
+ *       device twins are dllm__src_kvq in section 13, called from 16.4.3
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
@@ -3545,6 +3547,7 @@ struct dllm__bd_call {
     int offset = 0;       // SUB_BLOCK: the rows' offset in the block (RoPE position n + offset + i)
     int mask_block = 0;   // block-causal granularity Bm (0: no mask)
     int r0 = 0, r1 = 0;   // the raw (unshifted) output rows wanted, within [0, T)
+    int kv_group = 0;     // COMMIT under kv_quant: rows per key group, the generation's block (0: the model's bd_size)
 };
 
 /* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. */
@@ -4892,6 +4895,256 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
 }
 
 // ---------------------------------------------------------------------------------------------------
+// 9c. [KV quant] SoloQ's commit-time K/V quantisation for block diffusion (spec soloq.md 7; dllm_kv_quant)
+//
+//     When a forward commits rows (the prefill of the prompt's whole blocks, a finished block), each layer's new K/V
+//     rows are quantised once, after the forward (which itself attended to them at full precision), and never again.
+//     The block being denoised, and the block cache, stay full precision.
+//       Keys (every mode): KIVI per channel (spec 7.1), asymmetric min/max over one group of committed rows, the
+//         group = the generation's block (rows [g G, (g + 1) G) of the sequence; commits are whole blocks at
+//         multiples of G), FP16 (scale, min) per (layer, group, kv channel). Post-RoPE keys, no rotation.
+//       Values, SoloQ: per (token, kv head) the row v' = R v, R the layer's K-RPBH of head_dim (rotation site
+//         layer * 8 + 5, the weight sites being 0-4), quantised by Lloyd-Max on v' / RMS (4 bits: 9b's encoder,
+//         INT8 levels / 46; 2 bits: the N(0, 1) levels +-0.452780, +-1.510418 of spec 4.2) with one FP32 row scale
+//         that carries SoloQ's bias correction (spec 5: ||v'||^2 / <C, v'>).
+//       Values, KIVI: per (token, kv head) asymmetric min/max over the head's channels, FP16 (scale, min).
+//       Sinks: rows [0, n_sink) are not quantised (codes 0; left out of their key group's min/max).
+//     Packing (the GPU twin's too): a row's kvd = n_kv * head_dim codes, element e at bit e * bits of the row's
+//     bytes, low bits first (4 bits: element 2i in the low nibble, 9b's order). KIVI codes are unsigned q in
+//     [0, 2^b); SoloQ 4-bit codes are 9b's Lloyd codes (bit 3 sign, bits 0-2 level), 2-bit ones bit 1 sign,
+//     bit 0 level.
+//     R is applied online at commit rather than folded into v_proj / o_proj (spec 7.2's folding): folding would
+//     rotate every weight format's V rows and O columns. The CPU twin decodes a committed row once, from the stored
+//     codes, into the fp32 cache that the attention reads, values rotated back (R^T of the decoded v'); attention
+//     is linear in V, so this equals attending over v' and rotating each head's output back by R^T.
+// ---------------------------------------------------------------------------------------------------
+
+/* float -> IEEE half, round to nearest even, saturating at +-65504 (infinities too); NaN stays NaN. */
+static uint16_t dllm__f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)(u >> 16 & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477fe000u) return (uint16_t)(sign | 0x7bffu);  // >= 65504
+    if (a < 0x38800000u) {                                     // below 2^-14: a subnormal half, in units of 2^-24
+        float m;
+        memcpy(&m, &a, 4);
+        return (uint16_t)(sign | (uint16_t)rintf(m * 16777216.0f));
+    }
+    uint32_t h = (a >> 13) - (112u << 10);  // exponent rebiased 127 -> 15, the mantissa's top 10 bits
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static const char *const dllm__kvq_names[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"};  // dllm_kv_quant order
+static const int dllm__kvq_value_site = 5;  // the values' rotation site in each layer (dllm__soloq_site_id)
+static const float dllm__lloyd2_threshold = 0.981599f;
+static const float dllm__lloyd2_levels[2] = {0.452780f, 1.510418f};
+
+static int dllm__kvq_bits(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_KIVI_KV4 ? 4 : mode ? 2 : 0; }
+static bool dllm__kvq_is_soloq(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_SOLOQ_KV2; }
+
+/* The default sinks (dllm_ctx_params.kv_sink_tokens = -1): the SoloQ paper keeps position 2 of Fast-dLLM v2 and
+ * position 0 of Nemotron; dllm keeps that position and every one before it. */
+static int dllm__kvq_default_sinks(const dllm__config &c) { return c.family == DLLM_FAMILY_FAST_DLLM_V2 ? 3 : 1; }
+
+static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, int max_tokens) {
+    if (mode < DLLM_KV_QUANT_NONE || mode > DLLM_KV_QUANT_KIVI_KV2)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
+    if (sinks < -1 || sinks > max_tokens)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)", sinks, max_tokens);
+    if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
+    if (!dllm__is_block_diffusion(c))
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
+                          "Nemotron-Labs-Diffusion); use kv_quant none",
+                          dllm__kvq_names[mode], dllm__family_name(c.family));
+    if (c.head_dim % 4)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+                          dllm__kvq_names[mode], c.head_dim);
+    return DLLM_OK;
+}
+
+/* Committed-cache bytes per token (dllm_kv_bytes_per_token): codes, key pairs amortised over the group, and per
+ * (token, kv head) 4 bytes (SoloQ's FP32 factor or KIVI's FP16 pair). */
+static double dllm__kvq_bytes_per_token(const dllm__config &c, int mode, int group) {
+    const double kvd = (double)c.n_head_kv * c.head_dim;
+    if (mode == DLLM_KV_QUANT_NONE) return c.n_layer * 2.0 * kvd * 2.0;
+    return c.n_layer * (2.0 * kvd * dllm__kvq_bits(mode) / 8.0 + kvd * 4.0 / group + 4.0 * c.n_head_kv);
+}
+
+static inline void dllm__kvq_put(uint8_t *row, int e, int bits, unsigned code) { row[e * bits / 8] |= (uint8_t)(code << (e * bits % 8)); }
+static inline unsigned dllm__kvq_get(const uint8_t *row, int e, int bits) { return (unsigned)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1); }
+
+/* KIVI's asymmetric b-bit quantiser (spec 7.1) of n values x[i * stride]: the FP16 pair (scale, min) into pair and
+ * codes in [0, 2^b) into q[n]. The pair is rounded to FP16 first and the codes come from the rounded pair, so that a
+ * value decodes as fmaf(q, scale, min) from exactly what is stored. max == min, or a scale that rounds to 0, stores
+ * scale 0 and codes 0 (KIVI's own code would divide by zero); n = 0 stores (0, 0); a non-finite value makes the
+ * pair NaN (non-finite input never decodes to finite values). */
+static void dllm__kivi_quantize(const float *x, size_t stride, int n, int bits, uint8_t *q, uint16_t pair[2]) {
+    float mn = n ? x[0] : 0.0f, mx = mn;
+    bool finite = true;
+    for (int i = 0; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        finite = finite && std::isfinite(v);
+        mn = fminf(mn, v), mx = fmaxf(mx, v);
+    }
+    const float top = (float)((1 << bits) - 1);
+    pair[0] = finite ? dllm__f32_to_f16((mx - mn) / top) : (uint16_t)0x7e00u;
+    pair[1] = finite ? dllm__f32_to_f16(mn) : (uint16_t)0x7e00u;
+    const float scale = dllm__f16_to_f32(pair[0]), minr = dllm__f16_to_f32(pair[1]);
+    if (!(scale > 0) && finite) pair[0] = 0;
+    for (int i = 0; i < n; i++)
+        q[i] = scale > 0 ? (uint8_t)fminf(fmaxf(rintf((x[(size_t)i * stride] - minr) / scale), 0.0f), top) : 0;
+}
+
+static inline float dllm__kivi_decode(unsigned q, const uint16_t pair[2]) { return fmaf((float)q, dllm__f16_to_f32(pair[0]), dllm__f16_to_f32(pair[1])); }
+
+/* C of a SoloQ value code: 4 bits, 9b's Lloyd code (an INT8 level); 2 bits, bit 1 sign and bit 0 the level. */
+static float dllm__kvq_soloq_c(unsigned code, int bits) {
+    if (bits == 4) return (float)(code & 8 ? -dllm__lloyd4_int[code & 7] : dllm__lloyd4_int[code & 7]);
+    return code & 2 ? -dllm__lloyd2_levels[code & 1] : dllm__lloyd2_levels[code & 1];
+}
+
+/* SoloQ's quantiser of one rotated value row x[n]: codes packed into `packed` (zeroed by the caller) and the row
+ * scale returned (an element's value is C * scale). 4 bits: 9b's Lloyd-Max with the bias correction
+ * (dllm__q4_quantize_row); 2 bits: the same steps with the 2-bit levels (nearest level of x / RMS, scale
+ * ||x||^2 / <C, x>, the RMS if <C, x> <= 0; a zero row has scale 0, a non-finite one NaN). */
+static float dllm__kvq_soloq_row(const float *x, int n, int bits, uint8_t *packed) {
+    std::vector<float> value((size_t)n);
+    if (bits == 4) return dllm__q4_quantize_row(DLLM__Q4_LLOYD, x, n, true, packed, nullptr, value.data());
+    const float ss = dllm__soloq_dot(x, x, n), sigma = sqrtf(ss / (float)n);
+    if (ss == 0) return 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float z = x[i] / sigma;
+        const unsigned code = (z < 0 ? 2u : 0u) | (fabsf(z) >= dllm__lloyd2_threshold ? 1u : 0u);
+        dllm__kvq_put(packed, i, 2, code);
+        value[(size_t)i] = dllm__kvq_soloq_c(code, 2);
+    }
+    if (!(ss <= FLT_MAX)) return NAN;
+    const float proj = dllm__soloq_dot(value.data(), x, n);
+    return proj > 0 ? ss / proj : sigma;
+}
+
+/* The quantised committed rows of one block-diffusion generation (this section's packing), and how they are made. */
+struct dllm__kvq {
+    int mode = DLLM_KV_QUANT_NONE, bits = 0, n_sink = 0;
+    int n_layer = 0, n_kv = 0, hd = 0, kvd = 0, cap = 0;
+    int group = 0;                          // rows per key group: the first commit's block (0: nothing committed yet)
+    std::vector<dllm__rotation> rot;        // SoloQ: each layer's R of head_dim
+    std::vector<uint8_t> k_codes, v_codes;  // [layer][cap][row_bytes()]
+    std::vector<uint16_t> k_pairs;          // [layer][groups()][kvd][2] FP16 (scale, min)
+    std::vector<uint16_t> v_pairs;          // KIVI: [layer][cap][n_kv][2] FP16 (scale, min)
+    std::vector<float> v_scale;             // SoloQ: [layer][cap][n_kv] row scales
+
+    bool enabled() const { return mode != DLLM_KV_QUANT_NONE; }
+    bool soloq() const { return dllm__kvq_is_soloq(mode); }
+    size_t row_bytes() const { return (size_t)kvd * bits / 8; }
+    int groups() const { return group ? (cap + group - 1) / group : 0; }
+    size_t row_at(int l, int r) const { return ((size_t)l * cap + r) * row_bytes(); }              // k_codes, v_codes
+    size_t k_pair_at(int l, int r, int e) const { return (((size_t)l * groups() + r / group) * kvd + e) * 2; }  // k_pairs
+    size_t head_at(int l, int r, int h) const { return ((size_t)l * cap + r) * n_kv + h; }        // v_scale; v_pairs / 2
+
+    /* A context's settings (validated by dllm__kvq_check); sinks -1 is the model's default. */
+    void setup(const dllm__config &c, int mode_, int sinks) {
+        mode = mode_, bits = dllm__kvq_bits(mode_), n_sink = sinks < 0 ? dllm__kvq_default_sinks(c) : sinks;
+        n_layer = c.n_layer, n_kv = c.n_head_kv, hd = c.head_dim, kvd = n_kv * hd;
+        rot.clear();
+        for (int l = 0; soloq() && l < n_layer; l++)
+            rot.push_back(dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, dllm__soloq_site_id((size_t)l, dllm__kvq_value_site)));
+    }
+
+    /* A generation starts with `rows` empty rows. */
+    void reset(int rows) {
+        cap = rows, group = 0;
+        k_codes.assign((size_t)n_layer * cap * row_bytes(), 0);
+        v_codes.assign(k_codes.size(), 0);
+        k_pairs.clear();
+        v_pairs.assign(soloq() ? 0 : (size_t)n_layer * cap * n_kv * 2, 0);
+        v_scale.assign(soloq() ? (size_t)n_layer * cap * n_kv : 0, 0.0f);
+    }
+};
+
+/* Key element e of committed row r of layer l, decoded. */
+static float dllm__kvq_key(const dllm__kvq &q, int l, int r, int e) {
+    return dllm__kivi_decode(dllm__kvq_get(&q.k_codes[q.row_at(l, r)], e, q.bits), &q.k_pairs[q.k_pair_at(l, r, e)]);
+}
+
+/* Values of kv head h of committed row r of layer l, decoded into out[hd]: SoloQ's in the rotated basis (C * scale). */
+static void dllm__kvq_value(const dllm__kvq &q, int l, int r, int h, float *out) {
+    const uint8_t *row = &q.v_codes[q.row_at(l, r)];
+    const size_t at = q.head_at(l, r, h);
+    for (int i = 0; i < q.hd; i++) {
+        const unsigned code = dllm__kvq_get(row, h * q.hd + i, q.bits);
+        out[i] = q.soloq() ? dllm__kvq_soloq_c(code, q.bits) * q.v_scale[at] : dllm__kivi_decode(code, &q.v_pairs[2 * at]);
+    }
+}
+
+/* Keys of layer l's rows [row0, row1) (whole groups; rows below n_sink left out), kv head by kv head (a head's codes
+ * are whole bytes): codes and pairs into the store, then the decoded keys over k. */
+static void dllm__kvq_commit_keys(dllm__pool &pool, dllm__kvq &q, int l, float *k, int row0, int row1) {
+    pool.run(q.n_kv, [&](int h) {
+        std::vector<uint8_t> codes((size_t)q.group);
+        for (int g0 = row0; g0 < row1; g0 += q.group) {
+            const int a = std::max(g0, q.n_sink), n = std::max(0, g0 + q.group - a);
+            for (int e = h * q.hd; e < (h + 1) * q.hd; e++) {
+                dllm__kivi_quantize(k + (size_t)a * q.kvd + e, (size_t)q.kvd, n, q.bits, codes.data(), &q.k_pairs[q.k_pair_at(l, g0, e)]);
+                for (int i = 0; i < n; i++) {
+                    dllm__kvq_put(&q.k_codes[q.row_at(l, a + i)], e, q.bits, codes[(size_t)i]);
+                    k[(size_t)(a + i) * q.kvd + e] = dllm__kvq_key(q, l, a + i, e);
+                }
+            }
+        }
+    });
+}
+
+/* Values of layer l's rows [row0, row1) (rows below n_sink left out), row by row: codes and scales into the store,
+ * then the decoded values (SoloQ: rotated back) over v. */
+static void dllm__kvq_commit_values(dllm__pool &pool, dllm__kvq &q, int l, float *v, int row0, int row1) {
+    const int first = std::max(row0, q.n_sink);
+    if (first >= row1) return;
+    pool.run(row1 - first, [&](int i) {
+        const int r = first + i;
+        uint8_t *row = &q.v_codes[q.row_at(l, r)];
+        std::vector<float> rotated((size_t)q.hd), decoded((size_t)q.hd);
+        std::vector<uint8_t> codes((size_t)q.hd);
+        for (int h = 0; h < q.n_kv; h++) {
+            float *x = v + (size_t)r * q.kvd + (size_t)h * q.hd;
+            if (q.soloq()) {
+                dllm__rotate(q.rot[(size_t)l], x, rotated.data());
+                q.v_scale[q.head_at(l, r, h)] = dllm__kvq_soloq_row(rotated.data(), q.hd, q.bits, row + (size_t)h * q.hd * q.bits / 8);
+            } else {
+                dllm__kivi_quantize(x, 1, q.hd, q.bits, codes.data(), &q.v_pairs[2 * q.head_at(l, r, h)]);
+                for (int c = 0; c < q.hd; c++) dllm__kvq_put(row, h * q.hd + c, q.bits, codes[(size_t)c]);
+            }
+            dllm__kvq_value(q, l, r, h, decoded.data());
+            if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], decoded.data(), x);
+            else memcpy(x, decoded.data(), sizeof(float) * q.hd);
+        }
+    });
+}
+
+/* The commit of rows [row0, row0 + T) of kv (every layer; the forward that appended them has run): quantised into q
+ * and replaced in kv by their decoded values, which is what later forwards attend to. Commits are whole key groups of
+ * `group` rows (the generation's block), the same group all generation long. */
+static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv &kv, int row0, int T, int group) {
+    if (!q.group) {
+        q.group = group;
+        q.k_pairs.assign((size_t)q.n_layer * q.groups() * q.kvd * 2, 0);
+    }
+    if (group != q.group || group <= 0 || row0 % group || T % group || kv.cap != q.cap)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)", row0,
+                          row0 + T, group, q.group);
+    for (int l = 0; l < q.n_layer; l++) {
+        dllm__kvq_commit_keys(pool, q, l, kv.k.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
+        dllm__kvq_commit_values(pool, q, l, kv.v.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
+    }
+    return DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
 //    the lower canvas position, so the result never depends on evaluation order.
@@ -5254,11 +5507,19 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
-    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq)
+    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq,
+                      int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
         : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
         if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
+        kvq_.setup(m.cfg, kv_quant, kv_sinks);
     }
+
+    /* Block diffusion's committed cache as attention reads it, and its quantised form (tests). */
+    DLLM__TEST_HOOKS_BEGIN
+    DLLM__TEST_HOOK const dllm__bd_kv &bd_kv() const { return bd_kv_; }
+    DLLM__TEST_HOOK const dllm__kvq &kv_quant() const { return kvq_; }
+    DLLM__TEST_HOOKS_END
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
         if (dllm__is_block_diffusion(m_.cfg)) return bd_logits(ids, n, r0, r1, out);
@@ -5268,6 +5529,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     dllm_status bd_begin(int rows) override {
         bd_kv_.reset(m_.cfg, rows);
+        if (kvq_.enabled()) kvq_.reset(rows);
         return DLLM_OK;
     }
 
@@ -5278,7 +5540,10 @@ class dllm__cpu_backend : public dllm__backend_impl {
         if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
                               call.T, bd_kv_.n, bd_kv_.cap);
+        const int row0 = bd_kv_.n;
         dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
+        if (call.kind == DLLM__BD_COMMIT && kvq_.enabled())
+            return dllm__kvq_commit(pool_, kvq_, bd_kv_, row0, call.T, call.kv_group ? call.kv_group : m_.cfg.bd_size);
         return DLLM_OK;
     }
 
@@ -5373,6 +5638,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
+    dllm__kvq kvq_;       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
@@ -6661,6 +6927,257 @@ KERNEL_soloq_scale_rows {
 KERNEL_soloq_scale_rows_i32 {
     pdl_enter();
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
+}
+)DLLM";
+
+/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
+ * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
+ * functions, which this module compiles beside its own), and the block step's attention reading the quantised
+ * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
+#define DLLM__KVQ_ARGS_FIELDS(X)                                                                                      \
+    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */   \
+    X(unsigned char *, k_codes) X(unsigned char *, v_codes) /* the layer's [cap][kvd bits / 8] (9c's packing) */       \
+    X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
+    X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                            \
+    X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                              \
+    X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* SoloQ: the layer's R (9b) */      \
+    X(int, rot_b) X(int, rot_k) X(float, rot_norm)                                                                     \
+    X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq) X(int, n_sink) X(int, group)                                    \
+    X(int, row0) X(int, rows)    /* commits: rows [row0, row0 + rows) */                                               \
+    X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */              \
+    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale)
+
+#define DLLM__KVQ_KERNELS(X)                                                   \
+    X(kvq_commit_keys, , (kvq_args a))                                         \
+    X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                  \
+    X(kvq_attention, __launch_bounds__(32), (kvq_args a))
+
+struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };
+DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_kvq = DLLM__SOURCE_LINE R"DLLM(
+/* Twin: dllm__f32_to_f16. */
+__device__ unsigned short kvq_f16(float f) {
+    const u32 u = __float_as_uint(f), sign = u >> 16 & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (a >= 0x477fe000u) return (unsigned short)(sign | 0x7bffu);
+    if (a < 0x38800000u) return (unsigned short)(sign | (u32)rintf(__fmul_rn(__uint_as_float(a), 16777216.0f)));
+    u32 h = (a >> 13) - (112u << 10);
+    const u32 rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (unsigned short)(sign | h);
+}
+
+/* Twin: dllm__f16_to_f32 (a subnormal is m 2^-24, exact). */
+__device__ __forceinline__ float kvq_f16_value(u32 h) {
+    const u32 sign = (h >> 15) << 31, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0) return m ? (sign ? -__fmul_rn((float)m, 0x1p-24f) : __fmul_rn((float)m, 0x1p-24f)) : __uint_as_float(sign);
+    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ u32 kvq_get(const unsigned char *row, int e, int bits) { return (u32)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1u); }
+
+/* Twin: dllm__kivi_decode. */
+__device__ __forceinline__ float kivi_decode(u32 q, const unsigned short *pair) { return fmaf((float)q, kvq_f16_value(pair[0]), kvq_f16_value(pair[1])); }
+
+/* Twin: dllm__kivi_quantize's pair for the group's range (mn, mx are its min and max as the twin folds them). */
+__device__ void kivi_pair(float mn, float mx, bool finite, int bits, unsigned short *pair, float &scale, float &minr) {
+    const float top = (float)((1 << bits) - 1);
+    pair[0] = finite ? kvq_f16(__fdiv_rn(__fsub_rn(mx, mn), top)) : (unsigned short)0x7e00u;
+    pair[1] = finite ? kvq_f16(mn) : (unsigned short)0x7e00u;
+    scale = kvq_f16_value(pair[0]), minr = kvq_f16_value(pair[1]);
+    if (!(scale > 0.f) && finite) pair[0] = 0;
+}
+__device__ __forceinline__ u32 kivi_code(float x, float scale, float minr, int bits) {
+    return scale > 0.f ? (u32)fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, minr), scale)), 0.f), (float)((1 << bits) - 1)) : 0u;
+}
+
+/* Twin: dllm__kvq_soloq_c. */
+__device__ __forceinline__ float kvq_soloq_c(u32 code, int bits) {
+    if (bits == 4) return (float)(code & 8u ? -LLOYD_INT[code & 7u] : LLOYD_INT[code & 7u]);
+    return code & 2u ? -LLOYD2_LEVELS[code & 1u] : LLOYD2_LEVELS[code & 1u];
+}
+
+/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels of
+ * that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
+KERNEL_kvq_commit_keys {
+    pdl_enter();
+    const int kvd = a.n_kv * a.hd, row_bytes = kvd * a.bits / 8, per = 8 / a.bits;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x, byte = idx % row_bytes, gi = idx / row_bytes;
+    if (gi * a.group >= a.rows) return;
+    const int g0 = a.row0 + gi * a.group, first = max(g0, a.n_sink), n = max(0, g0 + a.group - first);
+    float scale[4], minr[4];
+    for (int c = 0; c < per; c++) {
+        const int e = byte * per + c;
+        const bf16_t *x = a.cache + (u64)first * 2 * kvd + e;
+        float mn = n ? bf16_to_f32(x[0]) : 0.f, mx = mn;
+        bool finite = true;
+        for (int i = 0; i < n; i++) {
+            const float v = bf16_to_f32(x[(u64)i * 2 * kvd]);
+            finite = finite && isfinite(v);
+            mn = fminf(mn, v), mx = fmaxf(mx, v);
+        }
+        kivi_pair(mn, mx, finite, a.bits, a.k_pairs + ((u64)(g0 / a.group) * kvd + e) * 2, scale[c], minr[c]);
+    }
+    for (int i = 0; i < n; i++) {
+        const bf16_t *x = a.cache + (u64)(first + i) * 2 * kvd + byte * per;
+        u32 b = 0;
+        for (int c = 0; c < per; c++) b |= kivi_code(bf16_to_f32(x[c]), scale[c], minr[c], a.bits) << (c * a.bits);
+        a.k_codes[(u64)(first + i) * row_bytes + byte] = (unsigned char)b;
+    }
+}
+
+/* Values of a commit (twin: dllm__kvq_commit_values): one warp per (row, kv head) of the rows at or past n_sink.
+ * SoloQ: the row rotated by 9b's soloq_rotate, Lloyd-Max codes (4 bits: 9b's soloq_encode), the bias-corrected scale;
+ * KIVI: the head's pair and codes. */
+KERNEL_kvq_commit_values {
+    pdl_enter();
+    __shared__ float A[256], B[256], val[256], seg[32];
+    const int kvd = a.n_kv * a.hd, row_bytes = kvd * a.bits / 8, lane = threadIdx.x, h = blockIdx.y, hd = a.hd;
+    const int r = max(a.row0, a.n_sink) + blockIdx.x;
+    if (r >= a.row0 + a.rows) return;
+    unsigned char *codes = a.v_codes + (u64)r * row_bytes + h * hd * a.bits / 8;
+    if (!a.soloq) {
+        if (lane == 0) {
+            const bf16_t *x = a.cache + (u64)r * 2 * kvd + kvd + h * hd;
+            float mn = bf16_to_f32(x[0]), mx = mn, scale, minr;
+            bool finite = true;
+            for (int i = 0; i < hd; i++) {
+                const float v = bf16_to_f32(x[i]);
+                finite = finite && isfinite(v);
+                mn = fminf(mn, v), mx = fmaxf(mx, v);
+            }
+            kivi_pair(mn, mx, finite, a.bits, a.v_pairs + ((u64)r * a.n_kv + h) * 2, scale, minr);
+            for (int i = 0; i < hd; i += 8 / a.bits) {
+                u32 b = 0;
+                for (int c = 0; c < 8 / a.bits; c++) b |= kivi_code(bf16_to_f32(x[i + c]), scale, minr, a.bits) << (c * a.bits);
+                codes[i * a.bits / 8] = (unsigned char)b;
+            }
+        }
+        return;
+    }
+    soloq_args s = {};
+    s.x = a.cache + kvd + h * hd, s.x_stride = (u64)2 * kvd;
+    s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k, s.rot_norm = a.rot_norm;
+    s.d = hd, s.rows = 1, s.cluster = 1;
+    soloq_slice sl;
+    sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
+    float *y = soloq_rotate(s, r, sl, A, B, 0), *v = val;
+    const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
+    float scale = 0.f;
+    if (ss != 0.f) {
+        if (a.bits == 4) {
+            soloq_encode<false>(Q4_LLOYD, y, sl, 0.f, sigma, codes, 0, v);
+            scale = __fdiv_rn(sigma, LLOYD_KAPPA);
+        } else {
+            for (int i = lane * 4; i < hd; i += 128) {
+                u32 b = 0;
+                for (int c = 0; c < 4; c++) {
+                    const float z = __fdiv_rn(y[i + c], sigma);
+                    const u32 code = (z < 0.f ? 2u : 0u) | (fabsf(z) >= LLOYD2_THRESHOLD ? 1u : 0u);
+                    v[i + c] = kvq_soloq_c(code, 2);
+                    b |= code << (2 * c);
+                }
+                codes[i / 4] = (unsigned char)b;
+            }
+            scale = sigma;
+        }
+        __syncthreads();
+        if (!(ss <= 3.402823466e38f)) {
+            scale = __int_as_float(0x7fc00000);
+        } else {  // [bias correction] ||x||^2 / <C, x>
+            const float proj = soloq_row_dot(v, y, hd, sl, seg);
+            if (proj > 0.f) scale = __fdiv_rn(ss, proj);
+        }
+    }
+    if (lane == 0) a.v_scale[(u64)r * a.n_kv + h] = scale;
+}
+
+/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
+__device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
+
+/* The block step's attention over the quantised cache (twin: dllm__cpu_attention_block_causal over 9c's decoded cache):
+ * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
+ * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
+ * back once (R^T: mixer transposed, block FWHTs, signs, permutation), which equals rotating each value back. */
+KERNEL_kvq_attention {
+    pdl_enter();
+    __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
+    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd, kvh = h / (a.n_head / a.n_kv);
+    const int row_bytes = kvd * a.bits / 8;
+    for (int c = lane; c < hd; c += 32) q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
+    __syncwarp();
+    const int n_visible = a.mask_block ? min(a.n_keys, ((a.q_index0 + i) / a.mask_block + 1) * a.mask_block) : a.n_keys;
+    float m = -DLLM_INF, l = 0.f;
+    for (int j0 = 0; j0 < n_visible; j0 += 32) {
+        const int j = j0 + lane;
+        float s = -DLLM_INF;
+        if (j < n_visible) {
+            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
+            const unsigned char *codes = a.k_codes + (u64)j * row_bytes;
+            const unsigned short *pairs = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * hd) * 2;
+            float dot = 0.f;
+            if (kvq_quantised(a, j))
+                for (int c = 0; c < hd; c++) dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
+            else
+                for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            s = dot * a.scale;
+        }
+        float mx = s;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m, mx), corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
+        const float p = j < n_visible ? __expf(s - m_new) : 0.f;
+        float ps = p;
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps, m = m_new;
+        for (int c = lane; c < hd; c += 32) acc[c] *= corr, racc[c] *= corr;
+        for (int jj = 0; jj < 32 && j0 + jj < n_visible; jj++) {
+            const int key = j0 + jj;
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            if (!kvq_quantised(a, key)) {
+                const bf16_t *v = a.cache + (u64)key * 2 * kvd + kvd + kvh * hd;
+                for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
+                continue;
+            }
+            const unsigned char *codes = a.v_codes + (u64)key * row_bytes;
+            if (a.soloq) {
+                const float sc = __fmul_rn(pj, a.v_scale[(u64)key * a.n_kv + kvh]);
+                for (int c = lane; c < hd; c += 32) racc[c] = fmaf(sc, kvq_soloq_c(kvq_get(codes, kvh * hd + c, a.bits), a.bits), racc[c]);
+            } else {
+                const unsigned short *pair = a.v_pairs + ((u64)key * a.n_kv + kvh) * 2;
+                for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pair), acc[c]);
+            }
+        }
+    }
+    __syncwarp();
+    if (a.soloq) {  // racc := R^T racc (twin: dllm__rotate_inverse)
+        const int b = a.rot_b, k = a.rot_k;
+        for (int o = lane; o < hd; o += 32) {
+            if (!a.mixer) { T0[o] = racc[o]; continue; }
+            const int jb = o / b, c = o % b;
+            float t = 0.f;
+            for (int ib = 0; ib < k; ib++) t = fmaf(a.mixer[ib * k + jb], racc[ib * b + c], t);
+            T0[o] = t;
+        }
+        __syncwarp();
+        for (int hh = 1; hh < b; hh *= 2) {
+            for (int p = lane; p < hd / 2; p += 32) {
+                const int blk = p / (b / 2), qq = p % (b / 2), c = blk * b + (qq / hh) * 2 * hh + qq % hh;
+                const float u = T0[c], w = T0[c + hh];
+                T0[c] = u + w, T0[c + hh] = u - w;
+            }
+            __syncwarp();
+        }
+        for (int o = lane; o < hd; o += 32) {
+            float t = b > 1 ? T0[o] * a.rot_norm : T0[o];
+            if (a.signs && (a.signs[o >> 3] >> (o & 7) & 1)) t = -t;
+            T1[a.perm ? a.perm[o] : o] = t;
+        }
+        __syncwarp();
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
 )DLLM";
 
@@ -9700,6 +10217,14 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
 }
 #undef DLLM__KERNEL_BIND
 
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
+struct dllm__kvq_kernels {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
+    dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
+    dllm__kernel<dllm__sig_kvq_attention> attention;
+};
+
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
     if (v.empty()) return DLLM_OK;
     DLLM__TRY(dst.fit(v.size() * 4, what));
@@ -10228,6 +10753,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         g->precision_ = p.precision;
         DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
         g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
+        g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
         DLLM__TRY(g->init(p.device));
         out = std::move(g);
         return DLLM_OK;
@@ -10304,6 +10830,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
     DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
+    DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
     DLLM__TEST_HOOKS_END
 
   private:
@@ -10412,6 +10939,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [layer][bd_block_rows_][...]
     dllm__dbuf bd_cache_, bd_block_, bd_partial_;
     int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
+    // [KV quant] (9c on the device): the committed rows' codes beside bd_cache_, whose bf16 rows the sinks and the
+    // forwarded rows keep; 9c's layout per layer (kvq_ holds the settings and the host rotations, its vectors empty)
+    dllm__kvq kvq_;
+    dllm__kvq_kernels KQ_;
+    std::vector<dllm__rotation_dev> kvq_rot_;
+    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_, kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm_status kvq_begin(int rows);
+    kvq_args kvq_layer_args(size_t layer) const;
+    dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -11376,7 +11913,85 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
+    return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
+}
+
+/* [KV quant] The module (9b's SoloQ device functions with dllm__src_kvq, the 2-bit levels printed from 9c's) and the
+ * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
+static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
+    return {"dllm_kvq",
+            dllm__src_prelude() + DLLM__XSTR(struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE)
+                DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
+                dllm__src_soloq_tables() +
+                dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
+                             dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
+                dllm__src_e4m3 + dllm__src_soloq + dllm__src_kvq,
+            {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
+dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+    const dllm__config &c = m_.cfg;
+    if (c.head_dim > 256) return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d", c.head_dim);
+    if (!KQ_.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), KQ_.module));
+        KQ_.commit_keys.fn = KQ_.module->kernels.at("kvq_commit_keys"), KQ_.commit_keys.name = "kvq_commit_keys";
+        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"), KQ_.commit_values.name = "kvq_commit_values";
+        KQ_.attention.fn = KQ_.module->kernels.at("kvq_attention"), KQ_.attention.name = "kvq_attention";
+    }
+    if (kvq_.soloq() && kvq_rot_.empty()) {
+        kvq_rot_.resize(kvq_.rot.size());
+        for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
+    }
+    kvq_.cap = rows, kvq_.group = 0;
+    const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
+    DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
     return DLLM_OK;
+}
+
+/* The arguments of layer `layer`'s kernels: its cache rows and codes (9c's layout), settings and rotation. */
+kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
+    const kvq_args none = {};
+    kvq_args a = none;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(), side = layer * bd_cap_ * kvq_.n_kv;
+    a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
+    a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
+    a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)kvq_v_side_.ptr + side : nullptr;
+    if (kvq_.soloq()) {
+        const dllm__rotation_dev &r = kvq_rot_[layer];
+        a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
+        a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
+    }
+    a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink, a.group = kvq_.group;
+    return a;
+}
+
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into bd_cache_, quantised (twin: dllm__kvq_commit's loop body,
+ * on the bf16 rows). The key groups were checked by bd_forward. */
+dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
+    kvq_args a = kvq_layer_args(layer);
+    a.row0 = row0, a.rows = T;
+    const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
+    DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    const int first = std::max(row0, kvq_.n_sink);
+    if (first < row0 + T) DLLM__TRY(KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
+    return DLLM_OK;
+}
+
+/* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
+ * rows: kvq_attention, a warp per (query row, head). */
+dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
+    const dllm__config &c = m_.cfg;
+    kvq_args a = kvq_layer_args(layer);
+    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
+    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0, a.scale = 1.0f / sqrtf((float)c.head_dim);
+    return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The limits of one forward, as the CPU backend checks them: its rows fit the cache after the committed ones, its
@@ -11401,6 +12016,16 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
     DLLM__TRY(bd_check(call));
     const dllm__config &c = m_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) {  // 9c's rule: whole key groups, the same all generation long
+        const int group = call.kv_group ? call.kv_group : c.bd_size;
+        if (!kvq_.group) {
+            kvq_.group = group;
+            DLLM__TRY(kvq_k_pairs_.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
+        }
+        if (group != kvq_.group || group <= 0 || bd_n_ % group || T % group)
+            return dllm__fail(DLLM_ERR_INTERNAL, "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)",
+                              bd_n_, bd_n_ + T, group, kvq_.group);
+    }
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
@@ -11472,8 +12097,10 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
     a.partial = bd_partial_.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
-    DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
+    if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+    else DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
     return DLLM_OK;
 }
 
@@ -11509,6 +12136,30 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 // 16.5 [debug hooks]: for tests and benchmarks only
 // ---------------------------------------------------------------------------------------------------
 DLLM__TEST_HOOKS_BEGIN
+
+/* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
+ * sized for bd_cap_ rows), k and v the bf16 rows as fp32 [layer][cap][kvd]. */
+dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
+    q = kvq_;
+    q.reset(bd_cap_);
+    q.group = kvq_.group;
+    q.k_pairs.assign((size_t)q.n_layer * q.groups() * q.kvd * 2, 0);
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    DLLM__CUDA(cudaMemcpy(q.k_codes.data(), kvq_k_codes_.ptr, q.k_codes.size(), cudaMemcpyDeviceToHost));
+    DLLM__CUDA(cudaMemcpy(q.v_codes.data(), kvq_v_codes_.ptr, q.v_codes.size(), cudaMemcpyDeviceToHost));
+    if (!q.k_pairs.empty()) DLLM__CUDA(cudaMemcpy(q.k_pairs.data(), kvq_k_pairs_.ptr, q.k_pairs.size() * 2, cudaMemcpyDeviceToHost));
+    if (q.soloq()) DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
+    else DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<uint16_t> rows((size_t)q.n_layer * bd_cap_ * 2 * q.kvd);
+    DLLM__CUDA(cudaMemcpy(rows.data(), bd_cache_.ptr, rows.size() * 2, cudaMemcpyDeviceToHost));
+    k.resize(rows.size() / 2), v.resize(rows.size() / 2);
+    for (size_t r = 0; r < (size_t)q.n_layer * bd_cap_; r++)
+        for (int e = 0; e < q.kvd; e++) {
+            k[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + e]);
+            v[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + q.kvd + e]);
+        }
+    return DLLM_OK;
+}
 
 /* Per-stage timing of the forward (benchmarks): an event after each stage, named. */
 struct dllm__stage_timer {
@@ -12002,6 +12653,7 @@ struct dllm__bd_generation {
     dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
         dllm__bd_call call;
         call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
+        call.kv_group = plan.B;
         logits.resize((size_t)(r1 - r0) * ctx.model->cfg.n_vocab);
         forwards++;
         return ctx.impl->bd_forward(call, logits.data());
@@ -12332,7 +12984,11 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
+    const bool kv_quant = ctx.params.kv_quant != DLLM_KV_QUANT_NONE;
+    if (gpu && kv_quant && ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s runs on the CPU backend only for now (backend AUTO picks it)",
+                          dllm__kvq_names[ctx.params.kv_quant]);
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !kv_quant) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
@@ -12341,7 +12997,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
                           gpu ? "CPU backend requested" : why.c_str());
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
-    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq));
+    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq, ctx.params.kv_quant, ctx.params.kv_sink_tokens));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -12483,7 +13139,21 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.n_threads = 0;
     p.precision = DLLM_PRECISION_AUTO;
     p.quantize_lm_head = 0;
+    p.kv_quant = DLLM_KV_QUANT_NONE;
+    p.kv_sink_tokens = -1;
     return p;
+}
+
+dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_quant kv_quant, int block_length, double *bytes) {
+    return dllm__guard(nullptr, [&]() -> dllm_status {
+        if (!model || !bytes) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: model and bytes must not be NULL");
+        const int mode = dllm__enum_int(kv_quant), group = block_length ? block_length : model->cfg.bd_size;
+        DLLM__TRY(dllm__kvq_check(model->cfg, mode, -1, model->cfg.max_seq_len));
+        if (mode != DLLM_KV_QUANT_NONE && (block_length < 0 || group <= 0))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: block_length %d must be positive (0 = the model's)", block_length);
+        *bytes = dllm__kvq_bytes_per_token(model->cfg, mode, group);
+        return DLLM_OK;
+    });
 }
 
 dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx **out_ctx) {
@@ -12505,6 +13175,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
         params.precision = (dllm_precision)precision;
         if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1", params.quantize_lm_head);
+        DLLM__TRY(dllm__kvq_check(model->cfg, dllm__enum_int(params.kv_quant), params.kv_sink_tokens,
+                                  params.max_tokens ? params.max_tokens : model->cfg.max_seq_len));
         std::unique_ptr<dllm_ctx> ctx(new dllm_ctx);
         ctx->model = model;
         ctx->params = params;

@@ -33,7 +33,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_COUNT
 };
 
 typedef struct {
@@ -58,6 +58,7 @@ static const option_def option_defs[] = {
     {OPT_NO_STOP_AT_EOS, 0, {"--no-stop-at-eos"}}, {OPT_BACKEND, 1, {"--backend"}}, {OPT_PRECISION, 1, {"--precision"}},
     {OPT_THREADS, 1, {"--threads", "-t"}}, {OPT_SUB_BLOCK, 1, {"--sub-block"}}, {OPT_BLOCK_CACHE, 0, {"--block-cache"}},
     {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}}, {OPT_PROMPTS, 1, {"--prompts"}}, {OPT_BATCH, 1, {"--batch"}},
+    {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}},
 };
 
 typedef struct {
@@ -146,6 +147,12 @@ static void usage(FILE *f) {
             "                         the HF README uses 0.9\n"
             "  --mask-id ID           the mask token, overriding the model's (for checkpoints without a tokenizer)\n"
             "  --stop-id ID           the stop token, overriding the model's (<|im_end|> for Fast-dLLM v2)\n"
+            "  --kv-quant Q           quantise each committed block's K/V (SoloQ's commit-time KV; CPU backend for now):\n"
+            "                         none (default), soloq-kv4, soloq-kv2 (keys KIVI per channel, values K-RPBH +\n"
+            "                         Lloyd-Max + bias correction), kivi-kv4, kivi-kv2 (the baseline); prints the cache's\n"
+            "                         bytes per token\n"
+            "  --kv-sinks N           with --kv-quant: positions [0, N) stay full precision (default: the model's, 3 for\n"
+            "                         Fast-dLLM v2, 1 for Nemotron)\n"
             "  Fast-dLLM v2 README settings: -n 512 --threshold 0.9 (add --block-cache for the hierarchical cache)\n"
             "\n"
             "Dream's samplers (generation_utils.py; any model, composing with blocks and caches):\n"
@@ -305,7 +312,8 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     static const char *const caches[] = {"none", "prefix", "dual"}, *const lacaches[] = {"off", "truncate", "on"},
                              *const precisions[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4", "soloq-n-w4a16",
                                                      "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"},  /* dllm_precision order */
-                             *const backends[] = {"auto", "cpu", "gpu"};
+                             *const backends[] = {"auto", "cpu", "gpu"},
+                             *const kv_quants[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"};  /* dllm_kv_quant order */
     dllm_gen_params *g = &o->gen;
     int k = 0;
     switch (id) {
@@ -376,6 +384,11 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;
     case OPT_SUB_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->sub_block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
     case OPT_BLOCK_CACHE: g->block_cache = 1; break;
+    case OPT_KV_QUANT:
+        if (!parse_choice(v, kv_quants, 5, &k)) return fail("%s must be none, soloq-kv4, soloq-kv2, kivi-kv4 or kivi-kv2, not \"%s\"", a, v);
+        o->ctx.kv_quant = (dllm_kv_quant)k;
+        break;
+    case OPT_KV_SINKS: if (!parse_int(v, 0, 1 << 20, &o->ctx.kv_sink_tokens)) return fail("%s must be a count >= 0, not \"%s\"", a, v); break;
     case OPT_MASK_ID: if (!parse_int(v, 0, INT32_MAX, &g->mask_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_STOP_ID: if (!parse_int(v, 0, INT32_MAX, &g->stop_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_PROMPTS: o->prompts_file = v; break;
@@ -398,6 +411,8 @@ static int check_conflicts(const options *o) {
     for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         if (o->given[pairs[i][0]] && o->given[pairs[i][1]])
             return fail("%s and %s conflict: pass one of them", o->given[pairs[i][0]], o->given[pairs[i][1]]);
+    if (o->given[OPT_KV_SINKS] && o->ctx.kv_quant == DLLM_KV_QUANT_NONE)
+        return fail("%s keeps sinks of a quantised cache: it needs --kv-quant", o->given[OPT_KV_SINKS]);
     return 0;
 }
 
@@ -1047,6 +1062,16 @@ int main(int argc, char **argv) {
     if ((st = dllm_ctx_create(S.model, o.ctx, &S.ctx)) != DLLM_OK) {
         fail("%s%s", dllm_last_error(), st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)" : "");
         goto done;
+    }
+    if (o.ctx.kv_quant != DLLM_KV_QUANT_NONE) {
+        double bytes = 0, bf16 = 0;
+        int block = o.given[OPT_BLOCK] ? o.gen.block_length : 0;
+        if (dllm_kv_bytes_per_token(S.model, o.ctx.kv_quant, block, &bytes) != DLLM_OK ||
+            dllm_kv_bytes_per_token(S.model, DLLM_KV_QUANT_NONE, block, &bf16) != DLLM_OK) {
+            fail("%s", dllm_last_error());
+            goto done;
+        }
+        fprintf(stderr, "K/V cache: %.1f bytes per committed token, %.3fx the BF16 cache's %.0f\n", bytes, bytes / bf16, bf16);
     }
     if (o.system && !conv_add(&conv, "system", o.system)) { fail("out of memory"); goto done; }
     if (o.prompt && !conv_add(&conv, "user", o.prompt)) { fail("out of memory"); goto done; }

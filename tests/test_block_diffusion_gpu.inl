@@ -477,3 +477,94 @@ TEST(gpu, block_diffusion_fp8_matches_cpu_fp8) {
     dllm_ctx_free(gpu8);
     dllm_model_free(m);
 }
+
+// ---- [KV quant] commit-time K/V quantisation on the GPU (9c's twins in dllm__src_kvq) ---------------------------
+
+/* A GPU backend with kv_quant, made directly: the public API still routes kv_quant to the CPU (dllm__create_backend). */
+static std::unique_ptr<dllm__backend_impl> test_kvq_gpu(dllm_model *m, dllm_kv_quant q) {
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = DLLM_BACKEND_GPU, p.precision = DLLM_PRECISION_BF16, p.kv_quant = q;
+    std::unique_ptr<dllm__backend_impl> g;
+    if (dllm__gpu_backend::create(*m, p, m->cfg.max_seq_len, g) != DLLM_OK) fprintf(stdout, "    cannot create the GPU backend: %s\n", dllm_last_error());
+    return g;
+}
+
+/* The commit kernels against 9c's quantisers on the same (bf16) rows, byte for byte: codes, FP16 pairs and SoloQ's
+ * FP32 scales of a 2-block prefill and a later block, every mode, sinks included. */
+TEST(gpu, kv_quant_commit_matches_cpu_twin_bytes) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const dllm__config &c = m->cfg;
+    const int B = 32, V = c.n_vocab;
+    std::vector<int32_t> ids((size_t)3 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 41 + 9) % 150);
+    for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) {
+        std::unique_ptr<dllm__backend_impl> g = test_kvq_gpu(m, (dllm_kv_quant)mode);
+        if (!g) { CHECK(g != nullptr); continue; }
+        CHECK_STATUS(g->bd_begin(4 * B), DLLM_OK, nullptr);
+        std::vector<float> l((size_t)B * V);
+        dllm__bd_call pre;
+        pre.kind = DLLM__BD_COMMIT, pre.ids = ids.data(), pre.T = 2 * B, pre.mask_block = B, pre.r0 = 2 * B - 1, pre.r1 = 2 * B, pre.kv_group = B;
+        dllm__bd_call blk = pre;
+        blk.ids = ids.data() + 2 * B, blk.T = B, blk.r0 = B - 1, blk.r1 = B;
+        CHECK_STATUS(g->bd_forward(pre, l.data()), DLLM_OK, nullptr);
+        CHECK_STATUS(g->bd_forward(blk, l.data()), DLLM_OK, nullptr);
+        dllm__kvq got, want;
+        dllm__bd_kv kv;
+        kv.reset(c, 4 * B);
+        CHECK_STATUS(((dllm__gpu_backend *)g.get())->kvq_snapshot(got, kv.k, kv.v), DLLM_OK, nullptr);
+        want.setup(c, mode, -1);
+        want.reset(4 * B);
+        dllm__pool pool(2);
+        CHECK_STATUS(dllm__kvq_commit(pool, want, kv, 0, 2 * B, B), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__kvq_commit(pool, want, kv, 2 * B, B, B), DLLM_OK, nullptr);
+        const bool codes = got.k_codes == want.k_codes && got.v_codes == want.v_codes;
+        const bool pairs = got.k_pairs == want.k_pairs && got.v_pairs == want.v_pairs;
+        const bool scales = got.v_scale.size() == want.v_scale.size() &&
+                            !memcmp(got.v_scale.data(), want.v_scale.data(), sizeof(float) * want.v_scale.size());
+        printf("    %s: codes %s, pairs %s, scales %s\n", dllm__kvq_names[mode], codes ? "equal" : "DIFFER", pairs ? "equal" : "DIFFER",
+               scales ? "equal" : "DIFFER");
+        CHECK_MSG(codes && pairs && scales, "%s: the device's commit differs from 9c's", dllm__kvq_names[mode]);
+    }
+    dllm_model_free(m);
+}
+
+/* Every kind of forward over a quantised committed cache, GPU (kvq_attention reading the codes) against the CPU
+ * backend (9c's decoded cache), forward by forward. The two quantise their own rows (bf16 on the GPU, fp32 on the
+ * CPU), so a code may fall on either side of a rounding boundary: the bound is looser than the BF16 cache's 3e-2. */
+TEST(gpu, kv_quant_forwards_match_cpu) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const int B = 32, S = 8, V = m->cfg.n_vocab;
+    std::vector<int32_t> ids((size_t)5 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 37 + 11) % 150);
+    for (int i = 2 * B + 3; i < 3 * B; i += 2) ids[(size_t)i] = m->cfg.mask_id;
+    const std::vector<test_bd_fwd> script = {{DLLM__BD_COMMIT, 0, 2 * B, 0, B, 0, 2 * B},   {DLLM__BD_STEP, 2 * B, B, 0, B, 0, B},
+                                             {DLLM__BD_BLOCK_FULL, 2 * B, B, 0, B, S - 1, 2 * S}, {DLLM__BD_SUB_BLOCK, 2 * B + S, S, S, 0, 0, S},
+                                             {DLLM__BD_COMMIT, 2 * B, B, 0, B, B - 1, B},   {DLLM__BD_STEP, 3 * B, B, 0, B, 3, B}};
+    for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) {
+        dllm_ctx_params p = dllm_ctx_default_params();
+        p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.kv_quant = (dllm_kv_quant)mode;
+        dllm_ctx *cpu = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, p, &cpu), DLLM_OK, nullptr);
+        std::unique_ptr<dllm__backend_impl> g = test_kvq_gpu(m, (dllm_kv_quant)mode);
+        if (!cpu || !g) { CHECK(cpu && g); dllm_ctx_free(cpu); continue; }
+        std::vector<float> want, got;
+        CHECK_STATUS(test_bd_run(*cpu->impl, *m, 4 * B, ids, script, want), DLLM_OK, nullptr);
+        CHECK_STATUS(test_bd_run(*g, *m, 4 * B, ids, script, got), DLLM_OK, nullptr);
+        size_t at = 0;
+        for (size_t i = 0; i < script.size() && got.size() == want.size(); i++) {
+            const size_t n = (size_t)(script[i].r1 - script[i].r0) * V;
+            std::vector<float> a(want.begin() + (long)at, want.begin() + (long)(at + n)), b(got.begin() + (long)at, got.begin() + (long)(at + n));
+            at += n;
+            const double err = test_max_rel(b, a), bound = dllm__kvq_bits(mode) == 4 ? 5e-2 : 1e-1;
+            printf("    %s, forward %zu (kind %d): GPU vs CPU logits max relative error %.2e\n", dllm__kvq_names[mode], i, (int)script[i].kind, err);
+            CHECK_MSG(err < bound, "%s, forward %zu: error %.3e", dllm__kvq_names[mode], i, err);
+        }
+        CHECK(got.size() == want.size());
+        dllm_ctx_free(cpu);
+    }
+    dllm_model_free(m);
+}
