@@ -270,8 +270,8 @@ typedef enum dllm_precision {
  * per (layer, kv head, channel, block). SOLOQ values: per (token, kv head) rotated by K-RPBH, Lloyd-Max 4 or 2
  * bits on the RMS-normalised row, one FP32 factor with SoloQ's scale-only bias correction. KIVI values: per
  * (token, kv head) asymmetric min/max, FP16 (scale, min). Block-diffusion models only (the others have no
- * committed cache: DLLM_ERR_UNSUPPORTED names the option). CPU backend only for now: a GPU context is
- * DLLM_ERR_UNSUPPORTED and AUTO picks the CPU. dllm_kv_bytes_per_token gives the cache's size. */
+ * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends (the GPU's attention over the quantised rows
+ * is a correct first version, not yet a fast one). dllm_kv_bytes_per_token gives the cache's size. */
 typedef enum dllm_kv_quant {
     DLLM_KV_QUANT_NONE = 0,      /* the default: the cache in BF16 (fp32 on the CPU)                  */
     DLLM_KV_QUANT_SOLOQ_KV4 = 1, /* keys KIVI 4-bit, values K-RPBH + Lloyd-Max 4-bit + bias correction */

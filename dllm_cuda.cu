@@ -328,7 +328,7 @@ struct dllm__env_switches {
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
-    int soloq_split = -1, soloq_threads = 0;  // -1 / 0: dllm__soloq_launch's default
+    int soloq_split = -1;  // -1: dllm__soloq_launch's default
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -354,7 +354,6 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
-    e.soloq_threads = num("DLLM_SOLOQ_THREADS", 0);
     return e;
 }
 
@@ -10450,8 +10449,10 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
                           k.max_smem / 1024, a.d, smem / 1024);
     threads = a.producer == 1 ? threads : std::min<unsigned>(threads, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
     if (!a.producer) threads = std::min<unsigned>(threads, dllm__soloq_quantize_threads);
-    if (a.rows > 64 && dllm__env().soloq_threads > 0)  // many rows: smaller CTAs, several an SM (the bits do not depend on it)
-        threads = std::max<unsigned>(a.producer == 1 ? dllm__norm_threads(a.d / 8) : 32, std::min<unsigned>(threads, (unsigned)dllm__env().soloq_threads));
+    // Many rows: smaller CTAs, several an SM, for the norm producer (its norm's own threads) and producer 0 (256); a row's
+    // bits do not depend on its CTA's threads. Measured on the H200 (LLaDA-8B, SoloQ-I, N=1024 forward): add+norm 7.8 ->
+    // 5.4 ms, the O GEMM's producer 6.0 -> 5.1; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 -> 11.4.
+    if (a.rows > 64 && a.producer != 2) threads = a.producer == 1 ? dllm__norm_threads(a.d / 8) : std::min(threads, 256u);
     const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(threads), smem, (unsigned)a.cluster);
     return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
 }
@@ -12984,11 +12985,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
-    const bool kv_quant = ctx.params.kv_quant != DLLM_KV_QUANT_NONE;
-    if (gpu && kv_quant && ctx.params.backend == DLLM_BACKEND_GPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s runs on the CPU backend only for now (backend AUTO picks it)",
-                          dllm__kvq_names[ctx.params.kv_quant]);
-    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU && !kv_quant) {
+    if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
