@@ -2,7 +2,7 @@
  * reachable) plus black-box tests of the public API and the CLI. One line per test, then the summary
  * line "N passed, N failed, N skipped". GPU tests report "skipped (no GPU)" on machines without one.
  *
- *   build/dllm-test [--filter SUBSTRING] [--list]      (run from the repository root)
+ *   build/dllm-test [--filter SUB[,SUB...]] [--list] (run from the repository root)
  */
 #include "../dllm_cuda.cu"
 
@@ -40,18 +40,30 @@
 #include "test_batch.inl"
 #include "test_batch_gpu.inl"
 
+/* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
+static bool test_selected(const std::string &full, const char *filter) {
+    if (!filter) return true;
+    for (const char *p = filter;;) {
+        const char *end = strchr(p, ',');
+        const std::string part(p, end ? (size_t)(end - p) : strlen(p));
+        if (!part.empty() && full.find(part) != std::string::npos) return true;
+        if (!end) return false;
+        p = end + 1;
+    }
+}
+
 int main(int argc, char **argv) {
     const char *filter = nullptr;
     bool list = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
         else if (!strcmp(argv[i], "--list")) list = true;
-        else { fprintf(stderr, "usage: %s [--filter SUBSTRING] [--list]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--filter SUBSTRING[,SUBSTRING...]] [--list]\n", argv[0]); return 2; }
     }
     int passed = 0, failed = 0, skipped = 0;
     for (const dllm_test_case &tc : dllm_test_registry()) {
         std::string full = std::string(tc.group) + "." + tc.name;
-        if (filter && full.find(filter) == std::string::npos) continue;
+        if (!test_selected(full, filter)) continue;
         if (list) { printf("%s\n", full.c_str()); continue; }
         dllm_test_state st;
         double t0 = dllm__now_ms();
