@@ -11,7 +11,7 @@ here into build/tokenize_stream when missing):
     python3 tools/tokenizer_diff.py --vocab qwen2.5 --count 100000 --seed 7
 
 Vocabularies: qwen2.5 (the Qwen2.5 files of ../shared/models/fast-dllm-v2-7b, or tests/data/tokenizer/qwen2.5),
-tiny-llada, tiny-dream (models/), ling (tests/data/tokenizer/ling). Differences are written to
+tiny-llada, tiny-dream, tiny-add (models/), ling (tests/data/tokenizer/ling). Differences are written to
 build/tokenizer_diff.<vocab>.jsonl (hex input, parse_special, both id lists); exit status 1 if any.
 """
 import argparse
@@ -31,6 +31,7 @@ VOCABS = {
     "qwen2.5": SHARED_QWEN if os.path.exists(os.path.join(SHARED_QWEN, "vocab.json")) else os.path.join(ROOT, "tests/data/tokenizer/qwen2.5"),
     "tiny-llada": os.path.join(ROOT, "models/tiny-llada"),
     "tiny-dream": os.path.join(ROOT, "models/tiny-dream"),
+    "tiny-add": os.path.join(ROOT, "models/tiny-add"),
     "ling": os.path.join(ROOT, "tests/data/tokenizer/ling"),
 }
 STREAM = os.path.join(ROOT, "build", "tokenize_stream")
