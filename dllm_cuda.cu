@@ -2993,10 +2993,12 @@ static void dllm__cpu_rope(float *x, int T, int n_heads, int head_dim, const int
         }
 }
 
-/* Bidirectional softmax(q k^T / sqrt(hd)) v per head: Tq query rows over Tk keys; key_valid (nullable)
- * masks padded keys. */
+/* Softmax(q k^T / sqrt(hd)) v per head: Tq query rows over Tk keys. Query i, at sequence index q_index0 + i,
+ * sees key j iff key_valid (nullable: every key) holds it and, under the block-causal mask of block diffusion
+ * (mask_block > 0), (q_index0 + i) / mask_block >= j / mask_block; mask_block 0 is bidirectional. A row that
+ * sees no key is 0. */
 static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head, int n_kv,
-                                int hd, const uint8_t *key_valid, float *out) {
+                                int hd, const uint8_t *key_valid, float *out, int q_index0 = 0, int mask_block = 0) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
@@ -3005,15 +3007,16 @@ static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k
         std::vector<double> acc((size_t)hd);
         for (int i = 0; i < Tq; i++) {
             const float *qi = q + ((size_t)i * n_head + h) * hd;
+            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;  // keys [0, n_visible)
             double m = -INFINITY;
-            for (int j = 0; j < Tk; j++) {
+            for (int j = 0; j < n_visible; j++) {
                 if (key_valid && !key_valid[j]) { p[(size_t)j] = -INFINITY; continue; }
                 p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
                 m = std::max(m, p[(size_t)j]);
             }
             double l = 0;
             std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j = 0; m > -INFINITY && j < Tk; j++) {
+            for (int j = 0; m > -INFINITY && j < n_visible; j++) {
                 if (p[(size_t)j] == -INFINITY) continue;
                 double e = exp(p[(size_t)j] - m);
                 l += e;
@@ -3485,37 +3488,6 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
     }
 }
 
-/* Block-causal softmax(q k^T / sqrt(hd)) v: query i, at sequence index q_index0 + i, sees key j iff
- * mask_block == 0 (no mask) or (q_index0 + i) / mask_block >= j / mask_block. Same arithmetic as
- * dllm__cpu_attention. */
-static void dllm__cpu_attention_block_causal(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head,
-                                             int n_kv, int hd, int q_index0, int mask_block, float *out) {
-    const int group = n_head / n_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    pool.run(n_head, [&](int h) {
-        int kvh = h / group;
-        std::vector<double> p((size_t)Tk), acc((size_t)hd);
-        for (int i = 0; i < Tq; i++) {
-            const float *qi = q + ((size_t)i * n_head + h) * hd;
-            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;  // keys [0, n_visible)
-            double m = -INFINITY, l = 0;
-            for (int j = 0; j < n_visible; j++) {
-                p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
-                m = std::max(m, p[(size_t)j]);
-            }
-            std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j = 0; j < n_visible; j++) {
-                double e = exp(p[(size_t)j] - m);
-                l += e;
-                const float *vj = v + ((size_t)j * n_kv + kvh) * hd;
-                for (int c = 0; c < hd; c++) acc[(size_t)c] += e * vj[c];
-            }
-            float *oi = out + ((size_t)i * n_head + h) * hd;
-            for (int c = 0; c < hd; c++) oi[c] = l > 0 ? (float)(acc[(size_t)c] / l) : 0.0f;
-        }
-    });
-}
-
 /* Keys and values of block diffusion on the CPU, per layer: the committed rows [0, n), then scratch rows
  * where a forward puts the rows it attends to beyond the cache (its fresh K/V, or the block cache). */
 struct dllm__bd_kv {
@@ -3574,8 +3546,8 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
-    dllm__cpu_attention_block_causal(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, kv.n + call.offset, call.mask_block,
-                                     b.att.data());
+    dllm__cpu_attention(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, nullptr, b.att.data(), kv.n + call.offset,
+                        call.mask_block);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
@@ -7096,7 +7068,7 @@ KERNEL_kvq_commit_values {
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
-/* The block step's attention over the quantised cache (twin: dllm__cpu_attention_block_causal over 9c's decoded cache):
+/* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
  * back once (R^T: mixer transposed, block FWHTs, signs, permutation), which equals rotating each value back. */
@@ -8197,7 +8169,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
 }
 
 /* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
- * before the end of its block of mask_block indices. Twin: dllm__cpu_attention_block_causal's n_visible. */
+ * before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
 }
