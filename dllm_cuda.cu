@@ -2962,20 +2962,32 @@ static void dllm__cpu_rmsnorm(const float *x, int T, int d, const float *w, floa
     }
 }
 
-/* cos/sin tables [n_pos][head_dim/2] computed in float32 exactly as HF does (inv_freq, then pos * inv_freq).
- * The GPU backend uploads these same tables, so both backends rotate by identical numbers. */
-static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
-    int half = head_dim / 2;
+/* RoPE's inverse frequencies theta^(-2j/d) in float32, as HF computes them. */
+static std::vector<float> dllm__rope_inv_freq_plain(float theta, int head_dim) {
+    const int half = head_dim / 2;
     std::vector<float> inv((size_t)half);
     for (int j = 0; j < half; j++) inv[(size_t)j] = 1.0f / powf(theta, (float)(2 * j) / (float)head_dim);
+    return inv;
+}
+
+/* cos/sin tables [n_pos][inv.size()] in float32 (angle pos * inv_freq, as HF), each value times factor (YaRN's
+ * attention factor; 1 leaves it as it is). */
+static void dllm__rope_tables_of(const std::vector<float> &inv, int n_pos, float factor, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+    const int half = (int)inv.size();
     cos_t.resize((size_t)n_pos * half);
     sin_t.resize((size_t)n_pos * half);
     for (int p = 0; p < n_pos; p++)
         for (int j = 0; j < half; j++) {
             float angle = (float)p * inv[(size_t)j];
-            cos_t[(size_t)p * half + j] = cosf(angle);
-            sin_t[(size_t)p * half + j] = sinf(angle);
+            cos_t[(size_t)p * half + j] = cosf(angle) * factor;
+            sin_t[(size_t)p * half + j] = sinf(angle) * factor;
         }
+}
+
+/* cos/sin tables [n_pos][head_dim/2] of the plain RoPE, computed in float32 exactly as HF does. The GPU backend
+ * uploads these same tables, so both backends rotate by identical numbers. */
+static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+    dllm__rope_tables_of(dllm__rope_inv_freq_plain(theta, head_dim), n_pos, 1.0f, cos_t, sin_t);
 }
 
 /* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). */
@@ -3440,12 +3452,9 @@ static inline int dllm__logit_row(const dllm__config &c, int pos) { return c.shi
  * (_compute_yarn_parameters: ramp between interpolated and extrapolated frequencies over the dimensions
  * whose rotation count at original_max_position_embeddings lies between beta_slow and beta_fast). */
 static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
+    if (!c.yarn) return dllm__rope_inv_freq_plain(c.rope_theta, c.head_dim);
     const int dim = c.head_dim, half = dim / 2;
     std::vector<float> inv((size_t)half);
-    if (!c.yarn) {
-        for (int j = 0; j < half; j++) inv[(size_t)j] = 1.0f / powf(c.rope_theta, (float)(2 * j) / (float)dim);
-        return inv;
-    }
     const double base = c.rope_theta;
     auto correction_dim = [&](double rotations) { return dim * log(c.yarn_orig_max / (rotations * 2 * M_PI)) / (2 * log(base)); };
     double low = std::max(floor(correction_dim(c.yarn_beta_fast)), 0.0), high = std::min(ceil(correction_dim(c.yarn_beta_slow)), (double)(dim - 1));
@@ -3460,21 +3469,10 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
     return inv;
 }
 
-/* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
+/* cos/sin tables of the model's RoPE: the plain one, or YaRN's frequencies with both tables multiplied by its
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
 static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
-    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
-    const int half = c.head_dim / 2;
-    const std::vector<float> inv = dllm__rope_inv_freq(c);
-    const float factor = (float)c.yarn_attention_factor;
-    cos_t.resize((size_t)n_pos * half);
-    sin_t.resize((size_t)n_pos * half);
-    for (int p = 0; p < n_pos; p++)
-        for (int j = 0; j < half; j++) {
-            float angle = (float)p * inv[(size_t)j];
-            cos_t[(size_t)p * half + j] = cosf(angle) * factor;
-            sin_t[(size_t)p * half + j] = sinf(angle) * factor;
-        }
+    dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, c.yarn ? (float)c.yarn_attention_factor : 1.0f, cos_t, sin_t);
 }
 
 /* Llama-4 query scaling (Ministral-3, Nemotron): after RoPE, q *= 1 + beta log(1 + floor(pos / orig_max));
