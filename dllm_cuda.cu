@@ -3469,10 +3469,11 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
     return inv;
 }
 
-/* cos/sin tables of the model's RoPE: the plain one, or YaRN's frequencies with both tables multiplied by its
+/* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
 static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
-    dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, c.yarn ? (float)c.yarn_attention_factor : 1.0f, cos_t, sin_t);
+    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
+    dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, (float)c.yarn_attention_factor, cos_t, sin_t);
 }
 
 /* Llama-4 query scaling (Ministral-3, Nemotron): after RoPE, q *= 1 + beta log(1 + floor(pos / orig_max));
