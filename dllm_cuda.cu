@@ -2962,20 +2962,32 @@ static void dllm__cpu_rmsnorm(const float *x, int T, int d, const float *w, floa
     }
 }
 
-/* cos/sin tables [n_pos][head_dim/2] computed in float32 exactly as HF does (inv_freq, then pos * inv_freq).
- * The GPU backend uploads these same tables, so both backends rotate by identical numbers. */
-static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
-    int half = head_dim / 2;
+/* RoPE's inverse frequencies theta^(-2j/d) in float32, as HF computes them. */
+static std::vector<float> dllm__rope_inv_freq_plain(float theta, int head_dim) {
+    const int half = head_dim / 2;
     std::vector<float> inv((size_t)half);
     for (int j = 0; j < half; j++) inv[(size_t)j] = 1.0f / powf(theta, (float)(2 * j) / (float)head_dim);
+    return inv;
+}
+
+/* cos/sin tables [n_pos][inv.size()] in float32 (angle pos * inv_freq, as HF), each value times factor (YaRN's
+ * attention factor; 1 leaves it as it is). */
+static void dllm__rope_tables_of(const std::vector<float> &inv, int n_pos, float factor, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+    const int half = (int)inv.size();
     cos_t.resize((size_t)n_pos * half);
     sin_t.resize((size_t)n_pos * half);
     for (int p = 0; p < n_pos; p++)
         for (int j = 0; j < half; j++) {
             float angle = (float)p * inv[(size_t)j];
-            cos_t[(size_t)p * half + j] = cosf(angle);
-            sin_t[(size_t)p * half + j] = sinf(angle);
+            cos_t[(size_t)p * half + j] = cosf(angle) * factor;
+            sin_t[(size_t)p * half + j] = sinf(angle) * factor;
         }
+}
+
+/* cos/sin tables [n_pos][head_dim/2] of the plain RoPE, computed in float32 exactly as HF does. The GPU backend
+ * uploads these same tables, so both backends rotate by identical numbers. */
+static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+    dllm__rope_tables_of(dllm__rope_inv_freq_plain(theta, head_dim), n_pos, 1.0f, cos_t, sin_t);
 }
 
 /* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). */
@@ -2993,10 +3005,12 @@ static void dllm__cpu_rope(float *x, int T, int n_heads, int head_dim, const int
         }
 }
 
-/* Bidirectional softmax(q k^T / sqrt(hd)) v per head: Tq query rows over Tk keys; key_valid (nullable)
- * masks padded keys. */
+/* Softmax(q k^T / sqrt(hd)) v per head: Tq query rows over Tk keys. Query i, at sequence index q_index0 + i,
+ * sees key j iff key_valid (nullable: every key) holds it and, under the block-causal mask of block diffusion
+ * (mask_block > 0), (q_index0 + i) / mask_block >= j / mask_block; mask_block 0 is bidirectional. A row that
+ * sees no key is 0. */
 static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head, int n_kv,
-                                int hd, const uint8_t *key_valid, float *out) {
+                                int hd, const uint8_t *key_valid, float *out, int q_index0 = 0, int mask_block = 0) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
@@ -3005,15 +3019,16 @@ static void dllm__cpu_attention(dllm__pool &pool, const float *q, const float *k
         std::vector<double> acc((size_t)hd);
         for (int i = 0; i < Tq; i++) {
             const float *qi = q + ((size_t)i * n_head + h) * hd;
+            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;  // keys [0, n_visible)
             double m = -INFINITY;
-            for (int j = 0; j < Tk; j++) {
+            for (int j = 0; j < n_visible; j++) {
                 if (key_valid && !key_valid[j]) { p[(size_t)j] = -INFINITY; continue; }
                 p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
                 m = std::max(m, p[(size_t)j]);
             }
             double l = 0;
             std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j = 0; m > -INFINITY && j < Tk; j++) {
+            for (int j = 0; m > -INFINITY && j < n_visible; j++) {
                 if (p[(size_t)j] == -INFINITY) continue;
                 double e = exp(p[(size_t)j] - m);
                 l += e;
@@ -3437,12 +3452,9 @@ static inline int dllm__logit_row(const dllm__config &c, int pos) { return c.shi
  * (_compute_yarn_parameters: ramp between interpolated and extrapolated frequencies over the dimensions
  * whose rotation count at original_max_position_embeddings lies between beta_slow and beta_fast). */
 static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
+    if (!c.yarn) return dllm__rope_inv_freq_plain(c.rope_theta, c.head_dim);
     const int dim = c.head_dim, half = dim / 2;
     std::vector<float> inv((size_t)half);
-    if (!c.yarn) {
-        for (int j = 0; j < half; j++) inv[(size_t)j] = 1.0f / powf(c.rope_theta, (float)(2 * j) / (float)dim);
-        return inv;
-    }
     const double base = c.rope_theta;
     auto correction_dim = [&](double rotations) { return dim * log(c.yarn_orig_max / (rotations * 2 * M_PI)) / (2 * log(base)); };
     double low = std::max(floor(correction_dim(c.yarn_beta_fast)), 0.0), high = std::min(ceil(correction_dim(c.yarn_beta_slow)), (double)(dim - 1));
@@ -3461,17 +3473,7 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
 static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
     if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
-    const int half = c.head_dim / 2;
-    const std::vector<float> inv = dllm__rope_inv_freq(c);
-    const float factor = (float)c.yarn_attention_factor;
-    cos_t.resize((size_t)n_pos * half);
-    sin_t.resize((size_t)n_pos * half);
-    for (int p = 0; p < n_pos; p++)
-        for (int j = 0; j < half; j++) {
-            float angle = (float)p * inv[(size_t)j];
-            cos_t[(size_t)p * half + j] = cosf(angle) * factor;
-            sin_t[(size_t)p * half + j] = sinf(angle) * factor;
-        }
+    dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, (float)c.yarn_attention_factor, cos_t, sin_t);
 }
 
 /* Llama-4 query scaling (Ministral-3, Nemotron): after RoPE, q *= 1 + beta log(1 + floor(pos / orig_max));
@@ -3483,37 +3485,6 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
         float s = 1.0f + c.llama4_beta * logf(1.0f + floorf((float)pos[t] / (float)c.llama4_orig_max));
         for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
     }
-}
-
-/* Block-causal softmax(q k^T / sqrt(hd)) v: query i, at sequence index q_index0 + i, sees key j iff
- * mask_block == 0 (no mask) or (q_index0 + i) / mask_block >= j / mask_block. Same arithmetic as
- * dllm__cpu_attention. */
-static void dllm__cpu_attention_block_causal(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int Tk, int n_head,
-                                             int n_kv, int hd, int q_index0, int mask_block, float *out) {
-    const int group = n_head / n_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    pool.run(n_head, [&](int h) {
-        int kvh = h / group;
-        std::vector<double> p((size_t)Tk), acc((size_t)hd);
-        for (int i = 0; i < Tq; i++) {
-            const float *qi = q + ((size_t)i * n_head + h) * hd;
-            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;  // keys [0, n_visible)
-            double m = -INFINITY, l = 0;
-            for (int j = 0; j < n_visible; j++) {
-                p[(size_t)j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
-                m = std::max(m, p[(size_t)j]);
-            }
-            std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j = 0; j < n_visible; j++) {
-                double e = exp(p[(size_t)j] - m);
-                l += e;
-                const float *vj = v + ((size_t)j * n_kv + kvh) * hd;
-                for (int c = 0; c < hd; c++) acc[(size_t)c] += e * vj[c];
-            }
-            float *oi = out + ((size_t)i * n_head + h) * hd;
-            for (int c = 0; c < hd; c++) oi[c] = l > 0 ? (float)(acc[(size_t)c] / l) : 0.0f;
-        }
-    });
 }
 
 /* Keys and values of block diffusion on the CPU, per layer: the committed rows [0, n), then scratch rows
@@ -3574,8 +3545,8 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
-    dllm__cpu_attention_block_causal(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, kv.n + call.offset, call.mask_block,
-                                     b.att.data());
+    dllm__cpu_attention(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, nullptr, b.att.data(), kv.n + call.offset,
+                        call.mask_block);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
@@ -7096,7 +7067,7 @@ KERNEL_kvq_commit_values {
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
-/* The block step's attention over the quantised cache (twin: dllm__cpu_attention_block_causal over 9c's decoded cache):
+/* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
  * back once (R^T: mixer transposed, block FWHTs, signs, permutation), which equals rotating each value back. */
@@ -8197,7 +8168,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
 }
 
 /* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
- * before the end of its block of mask_block indices. Twin: dllm__cpu_attention_block_causal's n_visible. */
+ * before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
 }

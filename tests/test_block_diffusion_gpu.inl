@@ -7,7 +7,7 @@
 
 /* flash_attn under the block-causal mask (attn_args.mask_block / q_index0) on the block-diffusion cache layout: T
  * queries (fused projection rows) over n_keys K|V rows (kv_stride 2 n_kv hd), the queries at sequence indices
- * q_index0 + i; against dllm__cpu_attention_block_causal. */
+ * q_index0 + i; against dllm__cpu_attention. */
 static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int H, int KV, int T, int n_keys, int q_index0, int mask_block,
                                    int splits) {
     const int qkv = (H + 2 * KV) * hd, kvd = KV * hd;
@@ -37,7 +37,7 @@ static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r
         std::copy(&kv[(size_t)j * 2 * kvd] + kvd, &kv[(size_t)j * 2 * kvd] + 2 * kvd, &vv[(size_t)j * kvd]);
     }
     dllm__pool pool(1);
-    dllm__cpu_attention_block_causal(pool, q.data(), kk.data(), vv.data(), T, n_keys, H, KV, hd, q_index0, mask_block, want.data());
+    dllm__cpu_attention(pool, q.data(), kk.data(), vv.data(), T, n_keys, H, KV, hd, nullptr, want.data(), q_index0, mask_block);
     const double err = test_max_rel(got, want);
     printf("    block-causal attention hd=%d H=%d KV=%d: %d queries from %d over %d keys, mask block %d, %d share(s): max relative error %.2e\n", hd, H,
            KV, T, q_index0, n_keys, mask_block, splits, err);
