@@ -243,6 +243,17 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
 }
 
+/* n bytes in [lo, lo + span) from a xorshift stream (seed advances) into buf on the device. */
+static void bench_random_bytes(dllm__dbuf &buf, size_t n, int lo, int span, uint64_t &seed, const char *what) {
+    std::vector<uint8_t> host(n);
+    for (uint8_t &b : host) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        b = (uint8_t)(lo + (int)((seed >> 24) % (uint64_t)span));
+    }
+    BENCH_CHECK(buf.fit(n, what));
+    cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
+}
+
 /* [W4 GEMM] q4_gemm in every SoloQ weight format at the LLaDA-8B shapes of a block step (O 4096 x 4096, fused QKV
  * 6144 x 4096, fused gate|up 24576 x 4096, down 4096 x 12288) for M = 1, 8, 32, 64 rows, beside cuBLASLt BF16 on the
  * same shape (its tuned best, bf16 out): microseconds a launch (10 back to back, split-K's reduction included), the
@@ -257,15 +268,7 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
     dllm__gemm lt;
     BENCH_CHECK(lt.init());
     uint64_t seed = 0x9E3779B97F4A7C15ull;
-    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) {
-        std::vector<uint8_t> host(n);
-        for (uint8_t &b : host) {
-            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-            b = (uint8_t)(lo + (int)((seed >> 24) % (uint64_t)span));
-        }
-        BENCH_CHECK(buf.fit(n, "q4 bench"));
-        cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
-    };
+    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) { bench_random_bytes(buf, n, lo, span, seed, "q4 bench"); };
     struct { const char *name; int N, K; } shapes[] = {{"o", 4096, 4096}, {"qkv", 6144, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
     for (const auto &sh : shapes) {
         bench_gemm_shape g;
@@ -330,15 +333,7 @@ static void bench_int8_gemm(bench_result &r, const dllm__arch &arch, cudaStream_
     dllm__gemm lt;
     BENCH_CHECK(lt.init());
     uint64_t seed = 0x2545F4914F6CDD1Dull;
-    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) {
-        std::vector<uint8_t> host(n);
-        for (uint8_t &b : host) {
-            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-            b = (uint8_t)(lo + (int)((seed >> 24) % (uint64_t)span));
-        }
-        BENCH_CHECK(buf.fit(n, "int8 bench"));
-        cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
-    };
+    auto random_bytes = [&](dllm__dbuf &buf, size_t n, int lo, int span) { bench_random_bytes(buf, n, lo, span, seed, "int8 bench"); };
     const bool fp8 = arch.fp8 == DLLM__FP8_CUBLASLT_BLOCK;
     struct { const char *name; int N, K; } shapes[] = {{"o", 4096, 4096}, {"qkv", 3 * 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
     for (const auto &sh : shapes)
