@@ -10405,6 +10405,16 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's (producer 1: at least its norm's threads). A
+ * row's bits do not depend on them. Many rows: smaller CTAs, several an SM, for the norm producer (its norm's own
+ * threads) and producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024 forward): add+norm 7.8 -> 5.4 ms, the
+ * O GEMM's producer 6.0 -> 5.1; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 -> 11.4. */
+static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
+    if (a.producer == 1) return a.rows > 64 ? dllm__norm_threads(a.d / 8) : asked;
+    const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
+    return a.producer == 0 ? std::min(t, a.rows > 64 ? 256u : dllm__soloq_quantize_threads) : t;
+}
+
 /* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
 static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads, cudaStream_t stream) {
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
@@ -10418,13 +10428,7 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
     if (smem > (size_t)k.max_smem)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d KB of shared memory, a row of %d elements needs %zu",
                           k.max_smem / 1024, a.d, smem / 1024);
-    threads = a.producer == 1 ? threads : std::min<unsigned>(threads, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
-    if (!a.producer) threads = std::min<unsigned>(threads, dllm__soloq_quantize_threads);
-    // Many rows: smaller CTAs, several an SM, for the norm producer (its norm's own threads) and producer 0 (256); a row's
-    // bits do not depend on its CTA's threads. Measured on the H200 (LLaDA-8B, SoloQ-I, N=1024 forward): add+norm 7.8 ->
-    // 5.4 ms, the O GEMM's producer 6.0 -> 5.1; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 -> 11.4.
-    if (a.rows > 64 && a.producer != 2) threads = a.producer == 1 ? dllm__norm_threads(a.d / 8) : std::min(threads, 256u);
-    const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(threads), smem, (unsigned)a.cluster);
+    const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(dllm__soloq_threads(a, n, threads)), smem, (unsigned)a.cluster);
     return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
 }
 
