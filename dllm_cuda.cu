@@ -37,15 +37,16 @@
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
  *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
  *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
- *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync)
+ *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
+ *      [varlen] attention (one sequence per grid slice, for a batched forward)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
- *      FP8 mma.sync); one algorithm per shape and device for every context
+ *      FP8 mma.sync), cuBLASLt's INT8 GEMM for the [INT8 GEMM]; one algorithm per shape and device for every context
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
- *      cache, block cache, [Llama-4 query scaling]); [debug hooks]
+ *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -8307,7 +8308,7 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* Varlen (a batched forward): CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
+/* [varlen] A batched forward's attention: CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
  * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
  * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
  * dllm__attn_varlen_launch). False: the CTA's query tile lies past the sequence's rows (the grid fits the longest). */
@@ -10674,7 +10675,7 @@ struct dllm__forward_plan {
     }
 };
 
-/* [forward plan] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
+/* [forward plan] [batch] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
  * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position (its
  * canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one offsets
  * array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants (its plan rows
