@@ -323,13 +323,16 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_SOLOQ_ROTATION=none|hadamard|rpbh|mixer|krpbh|haar  the SoloQ precisions' rotation (the ablation; default krpbh)
  *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1)
  *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
- *                            producer, 2 all (dllm__soloq_launch measures them) */
+ *                            producer, 2 all (dllm__soloq_launch measures them)
+ *   DLLM_UNVERIFIED=1        also take the GPU paths written while no GPU was at hand, before their GPU tests have passed
+ *                            on a device (each names itself where it checks dllm__env().unverified; the tests set it) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
+    bool unverified = false;
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -355,6 +358,7 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
+    e.unverified = num("DLLM_UNVERIFIED", 0) != 0;
     return e;
 }
 
