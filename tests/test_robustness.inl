@@ -282,3 +282,27 @@ TEST(robustness, finite_scan_covers_every_dtype_and_chunk_edge) {
         CHECK(dllm__first_nonfinite(t, 0, n) == 36 && dllm__first_nonfinite(t, 0, 36) == -1 && dllm__first_nonfinite(t, 36, 37) == 36);
     }
 }
+
+/* The calls that take no status of their own: a NULL handle or an enum value outside the header's gives a documented
+ * answer (never a crash), and a detokenize without a tokenizer is an error naming it. */
+TEST(robustness, handle_free_calls_and_out_of_range_enums) {
+    test_quiet_log quiet;
+    CHECK(dllm_ctx_get_backend(nullptr) == DLLM_BACKEND_AUTO);
+    for (int v : test_bad_ints) {
+        const char *s = dllm_status_str((dllm_status)v);
+        CHECK_MSG(s && *s, "dllm_status_str(%d) is empty", v);
+    }
+    CHECK(strcmp(dllm_status_str(DLLM_OK), "DLLM_OK") == 0);
+    const char *version = dllm_version();
+    CHECK(version && strchr(version, '.'));
+    int32_t ids[2] = {1, 2};
+    char text[16];
+    size_t len = 99;
+    CHECK_STATUS(dllm_detokenize(nullptr, ids, 2, 0, text, sizeof text, &len), DLLM_ERR_INVALID_ARGUMENT, nullptr);
+    // dllm_rng_uniform is the sampler's Philox draw: in [0, 1) at the extremes of every argument.
+    for (uint64_t seed : {(uint64_t)0, (uint64_t)1, UINT64_MAX})
+        for (uint32_t x : {0u, 1u, 0x7fffffffu, UINT32_MAX}) {
+            const double u = dllm_rng_uniform(seed, x, x, x, x);
+            CHECK_MSG(u >= 0 && u < 1, "seed %llu, %u: %g", (unsigned long long)seed, x, u);
+        }
+}
