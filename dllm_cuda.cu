@@ -5333,6 +5333,14 @@ struct dllm__batch_seq {
     int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
 };
 
+/* The rows of a block-diffusion step whose tokens are chosen: row i (0 <= i < n) is canvas position pos0 + i, scored
+ * by raw logits row (shift0 ? max(i - 1, 0) : i) + lrow0 of the forward's [r0, r1) (the sampler's logits_row). */
+struct dllm__bd_pick {
+    dllm__sampling sampling;
+    int pos0 = 0, n = 0, shift0 = 0, lrow0 = 0;
+    int logits_row(int i) const { return (shift0 ? std::max(i - 1, 0) : i) + lrow0; }
+};
+
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -5351,6 +5359,12 @@ struct dllm__backend_impl {
     virtual dllm_status bd_begin(int rows) = 0;
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
+    /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
+     * otherwise section 17 runs dllm__choose on the host over bd_forward's logits, which is the twin. */
+    virtual bool bd_chooses() const { return false; }
+    virtual dllm_status bd_forward_choose(const dllm__bd_call &, const dllm__bd_pick &, dllm__choice *) {
+        return dllm__fail(DLLM_ERR_INTERNAL, "this backend chooses block-diffusion tokens on the host");
+    }
     /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
      * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
      * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
@@ -10753,6 +10767,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
+    bool bd_chooses() const override { return dllm__env().unverified; }  // written without a GPU at hand
+    dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
@@ -10864,6 +10880,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred);
     dllm_status capture_step(const dllm__decode &st, bool may_update);
     std::string graph_key(const dllm__decode &st) const;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
@@ -11715,6 +11732,15 @@ dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
                                  st.mask_id);
 }
 
+/* The sampler's arguments that come from dllm__sampling (the rest say which logits rows it reads). With the filters off
+ * the sampler runs exactly as before they existed: no cutoff launch, no per-logit test. */
+static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
+    a.temperature = s.temperature, a.seed = s.seed;
+    a.eos_inf = s.eos_logit_inf, a.eos_id = s.eos_id, a.eot_id = s.eot_id, a.defer_eos_eot = s.defer_eos_eot;
+    a.remasking = (int)s.remasking, a.conf_tempered = s.tempered_conf, a.alg_temp = s.alg_temp;
+    a.top_k = s.top_k, a.top_p = (float)s.top_p, a.min_p = (float)s.min_p, a.cutoff = nullptr;
+}
+
 /* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
  * x0/conf/deferred are indexed by position - cand_lo. */
 dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
@@ -11727,17 +11753,17 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
     a.cfg_weight = st.cfg_scale + 1.0f;
     a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = slices, a.n_rows = rows, a.pos0 = s0;
     a.lrow0 = dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), a.shift0 = c.shift_logits && s0 == 0, a.raw_rows = raw_rows;
-    a.temperature = s.temperature, a.seed = s.seed;
-    a.eos_inf = s.eos_logit_inf, a.eos_id = s.eos_id, a.eot_id = s.eot_id, a.defer_eos_eot = s.defer_eos_eot;
-    a.remasking = (int)s.remasking, a.conf_tempered = s.tempered_conf, a.alg_temp = s.alg_temp;
-    a.top_k = s.top_k, a.top_p = (float)s.top_p, a.min_p = (float)s.min_p, a.cutoff = nullptr;
-    if (s.filters()) {  // off, the sampler runs exactly as before: no launch, no per-logit test
-        a.cutoff = act_.cutoff.as<float>();
-        DLLM__TRY(S_.row_cutoff_kernel.launch({dim3((unsigned)rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
-    }
-    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)slices, (unsigned)rows), dim3(256)}, stream_, a, act_.state.ptr, act_.partials.ptr));
-    return S_.conf_combine_kernel.launch({dim3((unsigned)(rows + 127) / 128), dim3(128)}, stream_, a, act_.state.ptr, act_.partials.ptr,
-                                         act_.x0.as<int>() + off, act_.conf.as<double>() + off, act_.deferred.as<unsigned char>() + off);
+    dllm__sampler_fill(a, s);
+    if (s.filters()) a.cutoff = act_.cutoff.as<float>();
+    return launch_sampler(a, act_.x0.as<int>() + off, act_.conf.as<double>() + off, act_.deferred.as<unsigned char>() + off);
+}
+
+/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's step. */
+dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred) {
+    const unsigned rows = (unsigned)a.n_rows;
+    if (a.cutoff) DLLM__TRY(S_.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
+    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a, act_.state.ptr, act_.partials.ptr));
+    return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, act_.state.ptr, act_.partials.ptr, x0, conf, deferred);
 }
 
 /* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
@@ -12092,9 +12118,43 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
         const int rows = std::min(dllm__lm_chunk_rows, out_rows - c0);
         DLLM__TRY(lm_head(1, out_rows, c0, rows));
         mark("lm head");
+        if (!logits) continue;  // bd_forward_choose: one chunk, sampled where it is
         DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)c0 * V, act_.logits.ptr, (size_t)rows * V * 4, cudaMemcpyDeviceToHost, stream_));
     }
+    if (logits) DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+/* A step's forward and its token choice on the device (twin: dllm__choose on the host over bd_forward's logits, in
+ * dllm__bd_generation::forward_choose). The logits stay in act_.logits and the sampler picks each row's token and
+ * confidence, so 13 bytes a row reach the host instead of a vocabulary of fp32 (600 KB a row at Qwen2's), and the
+ * host's float64 softmax over it (~2 ms a row on one core) leaves the step. Written without a GPU at hand: taken
+ * only with DLLM_UNVERIFIED=1 (bd_chooses) until gpu.bd_choose_on_device_matches_the_host has passed on a device. */
+dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) {
+    const dllm__config &c = m_.cfg;
+    const int out_rows = call.r1 - call.r0, n = pick.n;
+    if (n <= 0 || n > call.T || out_rows > dllm__lm_chunk_rows || pick.logits_row(0) < 0 || pick.logits_row(n - 1) >= out_rows)
+        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)", n,
+                          pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
+    DLLM__TRY(fit_buffers(1, call.T, std::max(out_rows, n)));  // the sampler's partials: n rows (bd_forward fits out_rows)
+    DLLM__TRY(bd_forward(call, nullptr));
+    sampler_args a = {};
+    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
+    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = n;
+    a.pos0 = pick.pos0, a.lrow0 = pick.lrow0, a.shift0 = pick.shift0, a.raw_rows = out_rows;
+    dllm__sampler_fill(a, pick.sampling);
+    if (pick.sampling.filters()) a.cutoff = act_.cutoff.as<float>();
+    const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
+    DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &draws, sizeof draws, cudaMemcpyHostToDevice, stream_));
+    DLLM__TRY(launch_sampler(a, act_.x0.as<int>(), act_.conf.as<double>(), act_.deferred.as<unsigned char>()));
+    std::vector<int> x0((size_t)n);
+    std::vector<double> conf((size_t)n);
+    std::vector<unsigned char> deferred((size_t)n);
+    DLLM__CUDA(cudaMemcpyAsync(x0.data(), act_.x0.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(conf.data(), act_.conf.ptr, (size_t)n * 8, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(deferred.data(), act_.deferred.ptr, (size_t)n, cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < n; i++) out[i] = dllm__choice{x0[(size_t)i], conf[(size_t)i], deferred[(size_t)i] != 0};
     return DLLM_OK;
 }
 
@@ -12631,13 +12691,34 @@ struct dllm__bd_generation {
         return n;
     }
 
-    dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
+    dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
         dllm__bd_call call;
         call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
         call.kv_group = plan.B;
+        return call;
+    }
+
+    dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
         logits.resize((size_t)(r1 - r0) * ctx.model->cfg.n_vocab);
         forwards++;
-        return ctx.impl->bd_forward(call, logits.data());
+        return ctx.impl->bd_forward(make_call(kind, start, T, offset, mask_block, r0, r1), logits.data());
+    }
+
+    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
+     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
+    dllm_status forward_choose(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1, const dllm__bd_pick &pick,
+                               std::vector<dllm__choice> &ch) {
+        ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
+        if (ctx.impl->bd_chooses()) {
+            forwards++;
+            return ctx.impl->bd_forward_choose(make_call(kind, start, T, offset, mask_block, r0, r1), pick, ch.data());
+        }
+        DLLM__TRY(forward(kind, start, T, offset, mask_block, r0, r1));
+        const int V = ctx.model->cfg.n_vocab;
+        for (int i = 0; i < pick.n; i++)
+            if (is_mask((size_t)(pick.pos0 + i)))
+                ch[(size_t)i] = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
+        return DLLM_OK;
     }
 
     /* argmax of a raw logit row, the first index on ties (torch's argmax). */
@@ -12654,29 +12735,35 @@ struct dllm__bd_generation {
     /* One diffusion step on sub-block [s0, s0 + S) of the block starting at bs. */
     dllm_status step(int blk, int step_in_block, int bs, int s0, bool &block_cache_valid) {
         const int B = plan.B, S = plan.S, shift = ctx.model->cfg.shift_logits ? 1 : 0;
-        int first = s0, r0;  // `first`: the forward's first row, as a block offset
+        // dllm's one deliberate change: the mask token is never predicted. Committing it would leave the position
+        // masked and the official loop would never end (a trained model gives it ~0 mass).
+        dllm__bd_pick pick;
+        pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = plan.mask_id;
+        pick.pos0 = bs + s0, pick.n = S;
+        auto score_from = [&](int first, int r0) {  // `first`: the forward's first row, as a block offset
+            const int q0 = s0 - first;  // the sub-block's first row in the forward: scoring_row(q0 + i, r0) for row i
+            pick.shift0 = shift && q0 == 0, pick.lrow0 = scoring_row(q0, r0);
+        };
+        std::vector<dllm__choice> all;
         if (plan.block_cache && block_cache_valid && !is_mask((size_t)(bs + s0))) {
-            r0 = 0;
-            DLLM__TRY(forward(DLLM__BD_SUB_BLOCK, bs + s0, S, s0, 0, 0, S));
+            score_from(s0, 0);
+            DLLM__TRY(forward_choose(DLLM__BD_SUB_BLOCK, bs + s0, S, s0, 0, 0, S, pick, all));
         } else {
-            first = 0, r0 = std::max(0, s0 - shift);
-            DLLM__TRY(forward(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1)));
+            const int r0 = std::max(0, s0 - shift);
+            score_from(0, r0);
+            DLLM__TRY(forward_choose(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1),
+                                     pick, all));
             block_cache_valid = plan.block_cache;
         }
         steps++;
-        // dllm's one deliberate change: the mask token is never predicted. Committing it would leave the position
-        // masked and the official loop would never end (a trained model gives it ~0 mass).
-        dllm__sampling greedy;
-        greedy.eos_logit_inf = true, greedy.eos_id = plan.mask_id;
         std::vector<int32_t> cand, committed;
         std::vector<dllm__choice> ch;
         int best = -1;
         for (int i = 0; i < S; i++) {
             const int pos = bs + s0 + i;
             if (!is_mask((size_t)pos)) continue;
-            const int row = scoring_row(s0 + i - first, r0);
             cand.push_back(pos);
-            ch.push_back(dllm__choose(logits.data() + (size_t)row * ctx.model->cfg.n_vocab, ctx.model->cfg.n_vocab, greedy, (uint32_t)pos, 0));
+            ch.push_back(all[(size_t)i]);
             if (best < 0 || ch.back().conf > ch[(size_t)best].conf) best = (int)ch.size() - 1;  // first on ties
         }
         for (size_t k = 0; k < cand.size(); k++)

@@ -568,3 +568,91 @@ TEST(gpu, kv_quant_forwards_match_cpu) {
     }
     dllm_model_free(m);
 }
+
+/* bd_forward_choose (a step's token choice on the device; taken only with DLLM_UNVERIFIED=1 until this passes on a
+ * device) against its twin, the host's dllm__choose over bd_forward's logits of the same forward on the same backend:
+ * every row's token equal and its confidence within float64 rounding (the device's exp and the host's may differ in an
+ * ulp), for the row mappings a step uses (shifted from row 0, shifted past it, unshifted, an offset into the rows);
+ * then whole generations with it give the host path's tokens and step counts. */
+static void test_bd_choose_case(dllm_test_state &T_, dllm_ctx *gpu, const char *name) {
+    const dllm__config &c = gpu->model->cfg;
+    const int V = c.n_vocab, B = c.bd_size, S = std::max(1, B / 4), shift = c.shift_logits ? 1 : 0;
+    std::vector<int32_t> ids((size_t)2 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 53 + 7) % (size_t)V);
+    for (int i = B + 1; i < 2 * B; i += 3) ids[(size_t)i] = c.mask_id;
+    if (ids[(size_t)B] == c.mask_id || ids[0] == c.mask_id) ids[0] = ids[(size_t)B] = (c.mask_id + 1) % V;
+    dllm__backend_impl &b = *gpu->impl;
+    CHECK_STATUS(b.bd_begin(2 * B), DLLM_OK, nullptr);
+    dllm__bd_call commit;
+    commit.kind = DLLM__BD_COMMIT, commit.ids = ids.data(), commit.T = B, commit.mask_block = c.bd_causal_context ? 1 : B, commit.r0 = B - 1, commit.r1 = B;
+    std::vector<float> seed((size_t)V);
+    CHECK_STATUS(b.bd_forward(commit, seed.data()), DLLM_OK, nullptr);
+    const int cases[][3] = {{0, 0, std::max(S - shift, 1)}, {S, S - shift, 2 * S - shift}, {S, 0, B}, {B - S, 0, B}};  // s0, r0, r1
+    for (const auto &k : cases) {
+        const int s0 = k[0];
+        dllm__bd_call call;
+        call.kind = DLLM__BD_STEP, call.ids = ids.data() + B, call.T = B, call.mask_block = c.bd_mask_block, call.r0 = k[1], call.r1 = k[2];
+        dllm__bd_pick pick;
+        pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = c.mask_id;
+        pick.pos0 = B + s0, pick.n = S, pick.shift0 = shift && s0 == 0, pick.lrow0 = (shift && s0 > 0 ? s0 - 1 : s0) - call.r0;
+        std::vector<float> logits((size_t)(call.r1 - call.r0) * V, NAN);
+        CHECK_STATUS(b.bd_forward(call, logits.data()), DLLM_OK, nullptr);
+        std::vector<dllm__choice> dev((size_t)S, dllm__choice{-1, NAN, true});
+        CHECK_STATUS(b.bd_forward_choose(call, pick, dev.data()), DLLM_OK, nullptr);
+        int same = 0;
+        double worst = 0;
+        for (int i = 0; i < S; i++) {
+            const dllm__choice h = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
+            const double rel = fabs(dev[(size_t)i].conf - h.conf) / std::max(1e-300, fabs(h.conf));
+            worst = std::max(worst, rel);
+            same += dev[(size_t)i].token == h.token && dev[(size_t)i].deferred == h.deferred && rel < 1e-12;
+        }
+        printf("    %s: rows [%d, %d) from logits rows %d.. of [%d, %d): %d of %d choices equal, confidence max relative difference %.1e\n", name,
+               pick.pos0, pick.pos0 + S, pick.logits_row(0), call.r0, call.r1, same, S, worst);
+        CHECK_MSG(same == S, "%s: sub-block at %d: %d of %d device choices equal the host's", name, s0, same, S);
+    }
+    // Whole generations, block cache off and on: the device's choice against the host's.
+    for (int block_cache = 0; block_cache < 2; block_cache++) {
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 2 * B, gp.block_length = B, gp.sub_block_length = S, gp.block_cache = block_cache, gp.stop_at_eos = 0;
+        gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9;
+        std::vector<int32_t> prompt(ids.begin(), ids.begin() + B + 5);
+        for (int32_t &t : prompt)
+            if (t == c.mask_id) t = (t + 1) % V;
+        std::vector<int32_t> out[2];
+        dllm_gen_stats stats[2] = {};
+        for (int dev = 0; dev < 2; dev++) {
+            setenv("DLLM_UNVERIFIED", dev ? "1" : "0", 1);
+            dllm__env_reload();
+            CHECK(b.bd_chooses() == (dev == 1));
+            out[dev].assign((size_t)gp.gen_length + 1, -1);
+            int n_out = 0;
+            CHECK_STATUS(dllm_generate(gpu, prompt.data(), (int)prompt.size(), gp, out[dev].data(), (int)out[dev].size(), &n_out, &stats[dev]), DLLM_OK, nullptr);
+            out[dev].resize((size_t)std::max(n_out, 0));
+        }
+        printf("    %s, block cache %d: %zu tokens, %d and %d steps (host, device choice)\n", name, block_cache, out[0].size(), stats[0].steps,
+               stats[1].steps);
+        CHECK_MSG(out[0] == out[1] && stats[0].steps == stats[1].steps, "%s, block cache %d: the device's choice changed the generation", name,
+                  block_cache);
+    }
+    setenv("DLLM_UNVERIFIED", "1", 1);
+    dllm__env_reload();
+}
+
+TEST(gpu, bd_choose_on_device_matches_the_host) {
+    NEED_GPU();
+    setenv("DLLM_UNVERIFIED", "1", 1);
+    dllm__env_reload();
+    test_tmpdir dir;
+    dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, false)};
+    const char *names[2] = {"tiny-fast-dllm-v2", "random tiny Nemotron (unshifted)"};
+    for (int i = 0; i < 2; i++) {
+        dllm_ctx *gpu = models[i] ? test_ctx(models[i], DLLM_BACKEND_GPU) : nullptr;
+        CHECK_MSG(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU, "%s: no GPU context", names[i]);
+        if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) test_bd_choose_case(T_, gpu, names[i]);
+        dllm_ctx_free(gpu);
+        dllm_model_free(models[i]);
+    }
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+}
