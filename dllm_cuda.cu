@@ -7318,6 +7318,96 @@ KERNEL_kvq_attention {
 }
 )DLLM";
 
+/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
+ * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
+ * online-softmax state over the committed keys [0, n_committed) and stores it at the row's block offset; bdfa_merge
+ * computes every row's state over the forward's own keys [n_committed, n_visible) and merges it with the stored one.
+ * The cached path lists only the rows whose token changed; the uncached path lists every row: the same kernels in the
+ * same order, so both give the same bits. A warp per (row, head), as kvq_attention (a correct first version). */
+#define DLLM__BDFA_ARGS_FIELDS(X)                                                                                    \
+    X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */            \
+    X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride)                                            \
+    X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)                                                           \
+    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                           \
+    X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */           \
+    X(int, offset)       /* the block offset of the forward's row 0 */                                              \
+    X(float *, state)    /* [block offset][n_head][hd + 2]: the unnormalised O, then m and l */
+
+#define DLLM__BDFA_KERNELS(X)                                  \
+    X(bdfa_committed, __launch_bounds__(32), (bdfa_args a))    \
+    X(bdfa_merge, __launch_bounds__(32), (bdfa_args a))
+
+struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };
+DLLM__BDFA_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_bdfa = DLLM__SOURCE_LINE R"DLLM(
+/* The online softmax of the warp's query q (shared, hd floats) over keys [j0, j1) of kv head kvh: keys in chunks of
+ * 32, a lane's score each, max and normaliser in fp32, values accumulated a lane per channel into acc (shared). */
+__device__ void bdfa_part(const bdfa_args &a, const float *q, int kvh, int j0, int j1, float *acc, float &m, float &l) {
+    const int lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd;
+    m = -DLLM_INF, l = 0.f;
+    for (int c = lane; c < hd; c += 32) acc[c] = 0.f;
+    for (int jb = j0; jb < j1; jb += 32) {
+        const int j = jb + lane;
+        float s = -DLLM_INF;
+        if (j < j1) {
+            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
+            float dot = 0.f;
+            for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            s = dot * a.scale;
+        }
+        float mx = s;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m, mx), corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
+        const float p = j < j1 ? __expf(s - m_new) : 0.f;
+        float ps = p;
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps, m = m_new;
+        for (int c = lane; c < hd; c += 32) acc[c] *= corr;
+        for (int jj = 0; jj < 32 && jb + jj < j1; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const bf16_t *v = a.cache + (u64)(jb + jj) * 2 * kvd + kvd + kvh * hd;
+            for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
+        }
+    }
+    __syncwarp();
+}
+
+__device__ void bdfa_load_q(const bdfa_args &a, int i, int h, float *q) {
+    for (int c = threadIdx.x; c < a.hd; c += 32) q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * a.hd + c]);
+    __syncwarp();
+}
+
+KERNEL_bdfa_committed {
+    pdl_enter();
+    __shared__ float q[256], acc[256];
+    const int i = a.rows[blockIdx.x], h = blockIdx.y, hd = a.hd;
+    bdfa_load_q(a, i, h, q);
+    float m, l;
+    bdfa_part(a, q, h / (a.n_head / a.n_kv), 0, a.n_committed, acc, m, l);
+    float *st = a.state + ((u64)(a.offset + i) * a.n_head + h) * (hd + 2);
+    for (int c = threadIdx.x; c < hd; c += 32) st[c] = acc[c];
+    if (threadIdx.x == 0) st[hd] = m, st[hd + 1] = l;
+}
+
+/* Every row: its own keys' state merged with its committed state (dllm__softmax_merge; 0 where no key was seen). */
+KERNEL_bdfa_merge {
+    pdl_enter();
+    __shared__ float q[256], acc[256];
+    const int i = blockIdx.x, h = blockIdx.y, hd = a.hd;
+    const int n_visible = a.mask_block ? min(a.n_keys, ((a.q_index0 + i) / a.mask_block + 1) * a.mask_block) : a.n_keys;
+    bdfa_load_q(a, i, h, q);
+    float m2, l2;
+    bdfa_part(a, q, h / (a.n_head / a.n_kv), min(a.n_committed, n_visible), n_visible, acc, m2, l2);
+    const float *st = a.state + ((u64)(a.offset + i) * a.n_head + h) * (hd + 2);
+    const float m1 = st[hd], l1 = st[hd + 1], mx = fmaxf(m1, m2);
+    const float a1 = m1 == -DLLM_INF ? 0.f : __expf(m1 - mx), a2 = m2 == -DLLM_INF ? 0.f : __expf(m2 - mx);
+    const float l = __fadd_rn(__fmul_rn(l1, a1), __fmul_rn(l2, a2)), inv = mx == -DLLM_INF || !(l > 0.f) ? 0.f : 1.f / l;
+    for (int c = threadIdx.x; c < hd; c += 32)
+        a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
+}
+)DLLM";
+
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
  * pointers. */
@@ -10355,6 +10445,20 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
 #undef DLLM__KERNEL_BIND
 
 /* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
+/* [FACache] on block diffusion: the layer-0 split attention (dllm__src_bdfa), loaded at its first use. */
+struct dllm__bdfa_kernels {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_bdfa_committed> committed;
+    dllm__kernel<dllm__sig_bdfa_merge> merge;
+};
+
+static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
+    return {"dllm_bdfa",
+            dllm__src_prelude() + DLLM__XSTR(struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__BDFA_KERNELS(DLLM__KERNEL_DECLARE) +
+                std::string(dllm__src_bdfa),
+            {DLLM__BDFA_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
@@ -10915,6 +11019,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bdfa_rows_seen_, reused = bdfa_rows_reused_; }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
@@ -11092,6 +11197,17 @@ class dllm__gpu_backend : public dllm__backend_impl {
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
+    // [FACache] on block diffusion (DLLM_UNVERIFIED=1 until its GPU tests pass on a device): layer 0's committed states
+    // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
+    // bdfa_n_ (a commit or bd_begin drops them); rows seen and reused under call.lacache since bd_begin (dllm_gen_stats)
+    dllm__bdfa_kernels FA_;
+    dllm__dbuf bdfa_state_, bdfa_rows_;
+    std::vector<int32_t> bdfa_token_;
+    std::vector<int> bdfa_list_;
+    int bdfa_n_ = -1;
+    int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
+    bool bdfa_on(size_t layer) const;
+    dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -12056,6 +12172,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
+    bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
 
@@ -12205,7 +12322,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, pos0 = bd_n_ + call.offset;
     const size_t row_bytes = (size_t)kvd * 4;
     const dllm__gpu_layer &L = W_->layers[layer];
-    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_TUNED));
+    const bool split = bdfa_on(layer);  // [FACache]: a row's Q must not depend on the forward's row count
+    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
@@ -12240,11 +12358,58 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
     a.partial = bd_partial_.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
-    if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+    if (split) DLLM__TRY(bdfa_attention(call, n_keys, pos0));
+    else if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
     else DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
     return DLLM_OK;
+}
+
+/* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
+ * lacache mode, so that ON and OFF give the same bits; only with DLLM_UNVERIFIED=1 until its GPU tests have passed on
+ * a device (else flash_attn, as before). Not under kv_quant (its attention reads the codes: kvq_attention). */
+bool dllm__gpu_backend::bdfa_on(size_t layer) const {
+    return dllm__env().unverified && layer == 0 && bd_n_ > 0 && !kvq_.enabled() && m_.cfg.head_dim <= 256;
+}
+
+/* [FACache] Layer 0's attention of call's rows (act_.qkv) over the committed rows ++ its own (n_keys in all): the
+ * committed state of each row whose token changed since the last commit (every row without call.lacache) is computed
+ * and kept at its block offset, then every row merges it with its own keys' state (dllm__src_bdfa). */
+dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
+    const dllm__config &c = m_.cfg;
+    const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
+    if (!FA_.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), FA_.module));
+        FA_.committed.fn = FA_.module->kernels.at("bdfa_committed"), FA_.committed.name = "bdfa_committed";
+        FA_.merge.fn = FA_.module->kernels.at("bdfa_merge"), FA_.merge.name = "bdfa_merge";
+    }
+    const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
+    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes) bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
+    DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
+    DLLM__TRY(bdfa_rows_.fit((size_t)T * 4, "layer 0's attention states (FACache)"));
+    bdfa_n_ = bd_n_;
+    if ((int)bdfa_token_.size() < offsets) bdfa_token_.resize((size_t)offsets, -1);
+    bdfa_list_.clear();
+    for (int t = 0; t < T; t++) {
+        int32_t &held = bdfa_token_[(size_t)(call.offset + t)];
+        if (call.lacache && held == call.ids[t]) continue;
+        bdfa_list_.push_back(t);
+        held = call.lacache ? call.ids[t] : -1;
+    }
+    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_.size();
+    bdfa_args a = {};
+    a.cache = (const bf16_t *)bd_cache_.ptr;  // layer 0's rows come first
+    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * hd, a.o_stride = c.n_head * hd;
+    a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.hd = hd, a.scale = 1.0f / sqrtf((float)hd);
+    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0;
+    a.rows = bdfa_rows_.as<int>(), a.offset = call.offset, a.state = bdfa_state_.as<float>();
+    if (!bdfa_list_.empty()) {
+        DLLM__CUDA(cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(FA_.committed.launch({dim3((unsigned)bdfa_list_.size(), (unsigned)c.n_head), dim3(32)}, stream_, a));
+    }
+    return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */

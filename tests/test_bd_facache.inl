@@ -203,3 +203,112 @@ TEST(bd_facache, lacache_option_and_stats_elsewhere) {
     dllm_model_free(bd);
     dllm_model_free(llada);
 }
+
+// ---- the GPU's [FACache] on block diffusion (dllm__src_bdfa; taken only with DLLM_UNVERIFIED=1 until these pass) ----
+
+/* The module compiles for sm_80 and sm_90a (and the rest of the architecture table) without spills. */
+TEST(jit, bd_facache_module_compiles) {
+    int targets = 0;
+    for (const dllm__arch &row : dllm__arch_table) {
+        const dllm__arch a = dllm__arch_for(row.cc);
+        const dllm__jit_request rq = dllm__module_bdfa(a);
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log;
+        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+        CHECK(lowered.size() == 2 && cubin.size() > 1000);
+        targets += row.cc == 80 || row.cc == 90;
+    }
+    CHECK(targets == 2);
+}
+
+/* One prefill of two blocks, then one block step over it (the split path's first use), on a GPU context: the step's
+ * logits. */
+static std::vector<float> test_bdfa_gpu_step(dllm_ctx *ctx, int B) {
+    const int V = ctx->model->cfg.n_vocab;
+    std::vector<int32_t> ids((size_t)3 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 37 + 11) % 150);
+    std::vector<float> pre((size_t)V), step((size_t)B * V, NAN);
+    dllm__bd_call prefill, blk;
+    prefill.kind = DLLM__BD_COMMIT, prefill.ids = ids.data(), prefill.T = 2 * B, prefill.mask_block = B, prefill.r0 = 2 * B - 1, prefill.r1 = 2 * B;
+    blk.ids = ids.data() + 2 * B, blk.T = B, blk.mask_block = B, blk.r0 = 0, blk.r1 = B, blk.lacache = true;
+    if (ctx->impl->bd_begin(4 * B) != DLLM_OK || ctx->impl->bd_forward(prefill, pre.data()) != DLLM_OK || ctx->impl->bd_forward(blk, step.data()) != DLLM_OK)
+        step.clear();
+    return step;
+}
+
+/* On the device with DLLM_UNVERIFIED=1: one block step through the split layer-0 attention against flash_attn's (the
+ * gate off) within BF16 rounding; then whole generations where LACACHE_ON gives every forward's logits bit for bit as
+ * OFF (both take the split attention), with reuse counted as the rule says; the ids the CPU's gives are printed. */
+TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
+    NEED_GPU();
+    test_tmpdir dir;
+    dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, true)};
+    const char *names[2] = {"tiny-fast-dllm-v2", "random tiny Nemotron"};
+    for (int k = 0; k < 2; k++) {
+        dllm_model *m = models[k];
+        if (!m) { CHECK(m != nullptr); continue; }
+        const int B = m->cfg.bd_size, V = m->cfg.n_vocab;
+        dllm_ctx *gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16), *cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16);
+        CHECK(gpu && cpu);
+        if (gpu) {
+            unsetenv("DLLM_UNVERIFIED");
+            dllm__env_reload();
+            const std::vector<float> flash = test_bdfa_gpu_step(gpu, B);
+            setenv("DLLM_UNVERIFIED", "1", 1);
+            dllm__env_reload();
+            const std::vector<float> split = test_bdfa_gpu_step(gpu, B);
+            const double err = flash.size() == split.size() && !flash.empty() ? test_max_rel(split, flash) : 1e9;
+            printf("    %s: a block step, split layer-0 attention vs flash_attn: max relative error %.2e\n", names[k], err);
+            CHECK_MSG(err < 2e-2, "%s: split attention error %.3e", names[k], err);
+        }
+        for (int L : {B + 5, 2 * B + 3}) {
+            if (!gpu || !cpu) break;
+            std::vector<int32_t> prompt((size_t)L);
+            for (int i = 0; i < L; i++) prompt[(size_t)i] = (int32_t)((i * 29 + L) % std::min(V - 10, 90));
+            for (int variant = 0; variant < 3; variant++) {
+                dllm_gen_params gp = dllm_gen_default_params();
+                gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = variant == 1 ? B / 2 : B / 4, gp.stop_at_eos = 0, gp.stop_id = V - 1;
+                if (variant >= 1) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.3;
+                gp.block_cache = variant == 2;
+                gp.lacache = DLLM_LACACHE_OFF;
+                test_bdfa_run off = test_bdfa_generate(gpu, prompt, gp);
+                gp.lacache = DLLM_LACACHE_ON;
+                test_bdfa_run on = test_bdfa_generate(gpu, prompt, gp), ref = test_bdfa_generate(cpu, prompt, gp);
+                const bool bits = on.status == DLLM_OK && off.status == DLLM_OK && !on.logits.empty() && on.logits.size() == off.logits.size() &&
+                                  memcmp(on.logits.data(), off.logits.data(), sizeof(float) * on.logits.size()) == 0;
+                size_t agree = 0;
+                for (size_t i = 0; i < std::min(on.out.size(), ref.out.size()); i++) agree += on.out[i] == ref.out[i];
+                printf("    %s L=%d variant %d: GPU ON vs OFF %s; %d of %d rows reused; %zu of %zu ids as the CPU's\n", names[k], L, variant,
+                       bits ? "bit-identical" : "DIFFER", on.stats.facache_rows_reused, on.stats.facache_rows, agree, ref.out.size());
+                CHECK(bits && on.out == off.out);
+                CHECK(on.stats.facache_rows == on.rows && on.stats.facache_rows_reused == on.reused && on.reused > 0);
+            }
+        }
+        dllm_ctx_free(gpu);
+        dllm_ctx_free(cpu);
+        dllm_model_free(m);
+    }
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+}
+
+/* Without DLLM_UNVERIFIED the GPU keeps flash_attn (the verified path) and counts no FACache rows. */
+TEST(gpu_bd_facache, stays_off_without_the_gate) {
+    NEED_GPU();
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    dllm_ctx *gpu = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
+    CHECK(gpu != nullptr);
+    if (gpu) {
+        std::vector<int32_t> prompt(40, 7);
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32, gp.block_length = 32, gp.stop_at_eos = 0;
+        test_bdfa_run r = test_bdfa_generate(gpu, prompt, gp);
+        CHECK(r.status == DLLM_OK && r.stats.facache_rows == 0 && r.stats.facache_rows_reused == 0);
+    }
+    dllm_ctx_free(gpu);
+    dllm_model_free(m);
+}
