@@ -312,3 +312,77 @@ TEST(gpu_bd_facache, stays_off_without_the_gate) {
     dllm_ctx_free(gpu);
     dllm_model_free(m);
 }
+
+/* The two kernels against their CPU twin (dllm__cpu_bd_attend) on random bf16 inputs of awkward sizes: committed
+ * states of every row, then the merge under the block-causal mask and none; then a second merge after the committed
+ * keys are poisoned, with the states of rows 0, 2, 4, ... kept and the others recomputed. */
+TEST(gpu_bd_facache, kernels_match_cpu_twin) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    std::shared_ptr<dllm__module> mod;
+    CHECK_STATUS(dllm__jit_load(dllm__module_bdfa(g.arch), mod), DLLM_OK, nullptr);
+    if (!mod) return;
+    dllm__kernel<dllm__sig_bdfa_committed> committed;
+    dllm__kernel<dllm__sig_bdfa_merge> merge;
+    committed.fn = mod->kernels.at("bdfa_committed"), committed.name = "bdfa_committed";
+    merge.fn = mod->kernels.at("bdfa_merge"), merge.name = "bdfa_merge";
+    test_rng r("bd_facache_kernels");
+    struct shape { int hd, H, KV, T, nc, offset, mask_block; } shapes[] = {{24, 6, 2, 32, 45, 0, 32}, {128, 4, 1, 8, 300, 16, 0}, {64, 7, 7, 13, 33, 3, 13}};
+    for (const shape &sh : shapes) {
+        const int qkv = (sh.H + 2 * sh.KV) * sh.hd, kvd = sh.KV * sh.hd, n_keys = sh.nc + sh.offset + sh.T, q0 = sh.nc + sh.offset;
+        std::vector<float> qf((size_t)sh.T * qkv), kvf((size_t)n_keys * 2 * kvd);
+        for (float &v : qf) v = r.normal();
+        for (float &v : kvf) v = r.normal();
+        std::vector<uint16_t> qb = test_bf16_vec(qf), kvb = test_bf16_vec(kvf);
+        std::vector<int> rows((size_t)sh.T);
+        for (int i = 0; i < sh.T; i++) rows[(size_t)i] = i;
+        dllm__dbuf dq, dkv, dout, dstate, drows;
+        test_put(dq, qb);
+        test_put(dkv, kvb);
+        test_put(drows, rows);
+        test_poison(dout, (size_t)sh.T * sh.H * sh.hd * 2);
+        test_poison(dstate, (size_t)(sh.offset + sh.T) * sh.H * (sh.hd + 2) * 4);
+        bdfa_args a = {};
+        a.cache = dkv.as<bf16_t>(), a.q = dq.as<bf16_t>(), a.o = dout.as<bf16_t>(), a.q_stride = qkv, a.o_stride = sh.H * sh.hd;
+        a.n_head = sh.H, a.n_kv = sh.KV, a.hd = sh.hd, a.scale = 1.0f / sqrtf((float)sh.hd);
+        a.n_keys = n_keys, a.n_committed = sh.nc, a.mask_block = sh.mask_block, a.q_index0 = q0;
+        a.rows = drows.as<int>(), a.offset = sh.offset, a.state = dstate.as<float>();
+        CHECK_STATUS(committed.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd)), x = test_f32_vec(qb), kv = test_f32_vec(kvb);
+        std::vector<float> q((size_t)sh.T * sh.H * sh.hd), kk((size_t)n_keys * kvd), vv((size_t)n_keys * kvd), want(q.size(), NAN);
+        for (int i = 0; i < sh.T; i++) std::copy(&x[(size_t)i * qkv], &x[(size_t)i * qkv] + sh.H * sh.hd, &q[(size_t)i * sh.H * sh.hd]);
+        for (int j = 0; j < n_keys; j++) {
+            std::copy(&kv[(size_t)j * 2 * kvd], &kv[(size_t)j * 2 * kvd] + kvd, &kk[(size_t)j * kvd]);
+            std::copy(&kv[(size_t)j * 2 * kvd] + kvd, &kv[(size_t)j * 2 * kvd] + 2 * kvd, &vv[(size_t)j * kvd]);
+        }
+        dllm__pool pool(1);
+        dllm__cpu_bd_attend(pool, q.data(), kk.data(), vv.data(), sh.T, sh.nc, n_keys, sh.H, sh.KV, sh.hd, want.data(), q0, sh.mask_block, dllm__bd_states());
+        const double err = test_max_rel(got, want);
+        printf("    bdfa hd=%d H=%d KV=%d: %d rows at %d over %d committed keys, mask block %d: max relative error %.2e\n", sh.hd, sh.H, sh.KV, sh.T, q0,
+               sh.nc, sh.mask_block, err);
+        CHECK_MSG(err < 2e-2, "bdfa hd=%d: error %.3e", sh.hd, err);
+        // Reuse: poison the committed keys, recompute only the odd rows' states: the even rows keep their bits.
+        for (size_t i = 0; i < (size_t)sh.nc * 2 * kvd; i++) kvb[i] = (uint16_t)(kvb[i] ^ 0x4000u);
+        test_put(dkv, kvb);
+        std::vector<int> odd;
+        for (int i = 1; i < sh.T; i += 2) odd.push_back(i);
+        test_put(drows, odd);
+        a.cache = dkv.as<bf16_t>(), a.rows = drows.as<int>();
+        test_poison(dout, (size_t)sh.T * sh.H * sh.hd * 2);
+        a.o = dout.as<bf16_t>();
+        CHECK_STATUS(committed.launch({dim3((unsigned)odd.size(), (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        const std::vector<uint16_t> again = test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd), first = test_bf16_vec(got);
+        int kept = 0, moved = 0;
+        const size_t w = (size_t)sh.H * sh.hd;
+        for (int i = 0; i < sh.T; i++) {
+            const bool eq = memcmp(&again[(size_t)i * w], &first[(size_t)i * w], w * 2) == 0;
+            kept += i % 2 == 0 && eq, moved += i % 2 == 1 && !eq;
+        }
+        CHECK_MSG(kept == (sh.T + 1) / 2 && moved == sh.T / 2, "bdfa hd=%d: %d even rows kept their bits, %d odd rows saw the poison", sh.hd, kept, moved);
+    }
+}
