@@ -24,6 +24,7 @@
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
+ *      with LaCache's [FACache] on it (the split attention dllm__cpu_bd_attend)
  *   9b. SoloQ numerics (CPU reference): [K-RPBH] rotation (RPBH, Hadamard, dense Haar options), [NVFP4],
  *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
  *       [bias correction]; the SoloQ precisions of the CPU forward; [quantised checkpoints] (dllm_model_quantize);
@@ -38,7 +39,7 @@
  *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
  *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
  *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
- *      [varlen] attention (one sequence per grid slice, for a batched forward)
+ *      [varlen] attention (one sequence per grid slice, for a batched forward), block diffusion's [FACache] (dllm__src_bdfa)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync), cuBLASLt's INT8 GEMM for the [INT8 GEMM]; one algorithm per shape and device for every context
