@@ -490,6 +490,9 @@ typedef struct dllm_gen_stats {
     int steps;                  /* denoising steps run                                            */
     int forwards;               /* model forwards run, NFE (CFG counts two per step)               */
     double wall_ms;
+    int facache_rows;           /* block diffusion under DLLM_LACACHE_ON (CPU backend): block rows whose
+                                   layer-0 state over the committed cache a forward needed; 0 otherwise */
+    int facache_rows_reused;    /* ... and of those, rows that reused it (token unchanged in the block) */
 } dllm_gen_stats;
 
 DLLM_API dllm_gen_params dllm_gen_default_params(void);
@@ -519,7 +522,11 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly). Options that do not apply to block diffusion (cfg, DPad,
  * kv_cache, Dream's samplers, EOS options) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run
  * it (the GPU's forward in BF16, so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's
- * plain forward without a cache: block-causal at the model's block, positions from 0, shift applied. */
+ * plain forward without a cache: block-causal at the model's block, positions from 0, shift applied.
+ * lacache (DLLM_LACACHE_ON, the default) reuses, inside a block, layer 0's Q/K/V and its attention state over the
+ * committed cache for every block row whose token did not change (LaCache's RoPECache and FACache); every mode
+ * gives the same bits. The CPU backend runs it (stats: facache_rows, facache_rows_reused); the GPU's is written
+ * but awaits a device run (README). */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
  * generation is at most that long, and with stop_at_eos often shorter); a smaller out_capacity is

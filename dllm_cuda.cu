@@ -24,6 +24,7 @@
  *   7. Philox counter-based RNG
  *   8. CPU thread pool
  *   9. CPU fp32 reference forward, FP8 E4M3 quantiser twins, the block-causal forward over a committed K/V cache
+ *      with LaCache's [FACache] on it (the split attention dllm__cpu_bd_attend)
  *   9b. SoloQ numerics (CPU reference): [K-RPBH] rotation (RPBH, Hadamard, dense Haar options), [NVFP4],
  *       [SoloQ-I] INT4, [SoloQ-C] E8P-RVQ codebook / Lloyd-Max and [RTN-W4A4] quantisers, scale-only
  *       [bias correction]; the SoloQ precisions of the CPU forward; [quantised checkpoints] (dllm_model_quantize);
@@ -38,7 +39,7 @@
  *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
  *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
  *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
- *      [varlen] attention (one sequence per grid slice, for a batched forward)
+ *      [varlen] attention (one sequence per grid slice, for a batched forward), block diffusion's [FACache] (dllm__src_bdfa)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
  *      FP8 mma.sync), cuBLASLt's INT8 GEMM for the [INT8 GEMM]; one algorithm per shape and device for every context
@@ -3492,6 +3493,37 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
     }
 }
 
+/* ---- [FACache] on block diffusion (LaCache, lacache.md 1, on the committed-block cache) ----------------------
+ * Inside a block the committed cache does not change, so layer 0's attention state of a block row over it (per
+ * head: the running max m, the normaliser l, the unnormalised accumulator O) depends only on the row's query,
+ * i.e. on its token and its RoPE position. Block-diffusion attention (dllm__cpu_bd_attend) therefore computes every
+ * row's softmax in two parts, the committed keys then the forward's own keys (fresh K/V or the block cache), and
+ * merges them as FlashAttention merges two tiles; the cached path keeps layer 0's committed part of each block row,
+ * with the row's layer-0 Q/K/V (RoPECache; the embedding is a row copy on the CPU, nothing to cache), and reuses
+ * them while the row's token is unchanged. Cached and uncached runs do the same two parts and the same merge, so
+ * they give the same bits by construction. */
+struct dllm__bd_facache {
+    int n = -1;                        // committed rows the held states were computed over (-1: none held)
+    unsigned epoch = 0;                // dllm__bd_kv::epoch they were computed under
+    std::vector<int32_t> token;        // [block offset] the row's token, -1: nothing held
+    std::vector<float> q, k, v;        // [block offset][n_head * hd] / [n_head_kv * hd]: layer 0's Q (RoPE and query
+                                       // scaling applied), K (RoPE applied) and V
+    std::vector<double> m, l, acc;     // [block offset][n_head] and [block offset][n_head][hd]: the committed part
+    dllm__cpu_buffers scratch;         // the changed rows' layer-0 Q/K/V, computed apart
+    int64_t rows = 0, rows_reused = 0; // layer-0 rows a cached forward needed the state of; of those, reused
+
+    /* Drops what was computed over another committed cache; grows to `offsets` block rows. */
+    void fit(const dllm__config &c, int n_committed, unsigned kv_epoch, int offsets) {
+        const size_t qd = (size_t)c.n_head * c.head_dim, kvd = (size_t)c.n_head_kv * c.head_dim;
+        if (n != n_committed || epoch != kv_epoch) std::fill(token.begin(), token.end(), -1);
+        n = n_committed, epoch = kv_epoch;
+        if ((int)token.size() >= offsets) return;
+        token.resize((size_t)offsets, -1);
+        q.resize((size_t)offsets * qd), k.resize((size_t)offsets * kvd), v.resize(k.size());
+        m.resize((size_t)offsets * c.n_head), l.resize(m.size()), acc.resize((size_t)offsets * qd);
+    }
+};
+
 /* Keys and values of block diffusion on the CPU, per layer: the committed rows [0, n), then scratch rows
  * where a forward puts the rows it attends to beyond the cache (its fresh K/V, or the block cache). */
 struct dllm__bd_kv {
@@ -3499,11 +3531,14 @@ struct dllm__bd_kv {
     std::vector<float> k, v;              // [layer][cap][n_head_kv * head_dim]
     int block_rows = 0;                   // rows of the block cache (0: none)
     std::vector<float> block_k, block_v;  // Fast-dLLM v2's block cache, [layer][block_rows][kvd]
+    unsigned epoch = 0;                   // bumped whenever committed rows may change (reset, commit): [FACache]'s key
+    dllm__bd_facache fa;                  // [FACache]: layer 0's per-row state over the committed rows
 
     void reset(const dllm__config &c, int rows) {
-        n = 0, cap = rows, block_rows = 0;
+        n = 0, cap = rows, block_rows = 0, epoch++;
         k.assign((size_t)c.n_layer * rows * c.n_head_kv * c.head_dim, 0.0f);
         v.assign(k.size(), 0.0f);
+        fa.rows = fa.rows_reused = 0;
     }
 };
 
@@ -3523,15 +3558,139 @@ struct dllm__bd_call {
     int mask_block = 0;   // block-causal granularity Bm (0: no mask)
     int r0 = 0, r1 = 0;   // the raw (unshifted) output rows wanted, within [0, T)
     int kv_group = 0;     // COMMIT under kv_quant: rows per key group, the generation's block (0: the model's bd_size)
+    bool lacache = false; // [FACache]: reuse layer 0's per-row work of unchanged rows (dllm_gen_params.lacache == ON)
 };
 
-/* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. */
+/* The softmax state of query qi over keys [j0, j1) of kv head kvh, in double, keys in ascending order: m the
+ * max score, l the sum of exp(s - m), acc the sum of exp(s - m) v (m = -inf, l = 0, acc = 0 over no key).
+ * Scores as dllm__cpu_attention computes them. p: scratch of at least j1 entries. */
+static void dllm__cpu_softmax_part(const float *qi, const float *k, const float *v, int j0, int j1, int n_kv, int kvh, int hd, float scale,
+                                   double *p, double &m, double &l, double *acc) {
+    m = -INFINITY, l = 0;
+    for (int c = 0; c < hd; c++) acc[c] = 0;
+    for (int j = j0; j < j1; j++) {
+        p[j] = (double)(dllm__dot(qi, k + ((size_t)j * n_kv + kvh) * hd, hd) * scale);
+        m = std::max(m, p[j]);
+    }
+    for (int j = j0; m > -INFINITY && j < j1; j++) {
+        double e = exp(p[j] - m);
+        l += e;
+        const float *vj = v + ((size_t)j * n_kv + kvh) * hd;
+        for (int c = 0; c < hd; c++) acc[c] += e * vj[c];
+    }
+}
+
+/* out = the softmax average of two parts' states (FlashAttention's merge of two tiles); 0 where no key was seen. */
+static void dllm__softmax_merge(double m1, double l1, const double *acc1, double m2, double l2, const double *acc2, int hd, float *out) {
+    const double mx = std::max(m1, m2);
+    if (mx == -INFINITY) {
+        for (int c = 0; c < hd; c++) out[c] = 0.0f;
+        return;
+    }
+    const double a1 = m1 == -INFINITY ? 0.0 : exp(m1 - mx), a2 = m2 == -INFINITY ? 0.0 : exp(m2 - mx);
+    const double l = l1 * a1 + l2 * a2;
+    for (int c = 0; c < hd; c++) out[c] = (float)((acc1[c] * a1 + acc2[c] * a2) / l);
+}
+
+/* Where a forward's layer-0 committed states live (dllm__cpu_bd_attend): per query row of the forward, m and l
+ * [n_head], acc [n_head][hd]; `reuse` (nullable) marks rows whose state is read, the others are computed and
+ * written. Null m: computed and dropped (other layers, lacache off). */
+struct dllm__bd_states {
+    double *m = nullptr, *l = nullptr, *acc = nullptr;
+    const uint8_t *reuse = nullptr;
+};
+
+/* Block diffusion's attention: dllm__cpu_attention's function (block-causal at mask_block from sequence index
+ * q_index0, no key mask) split at the committed cache: each row's state over keys [0, n_committed) (all of them
+ * visible to every row, which sits at or after n_committed), then over the keys [n_committed, n_visible) of the
+ * forward itself, merged by dllm__softmax_merge. With no committed key it is dllm__cpu_attention's result bit for
+ * bit (the merge multiplies by exp(0) = 1). */
+static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int n_committed, int Tk, int n_head,
+                                int n_kv, int hd, float *out, int q_index0, int mask_block, const dllm__bd_states &states) {
+    const int group = n_head / n_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    pool.run(n_head, [&](int h) {
+        const int kvh = h / group;
+        std::vector<double> p((size_t)Tk), acc_c((size_t)hd), acc_f((size_t)hd);
+        for (int i = 0; i < Tq; i++) {
+            const float *qi = q + ((size_t)i * n_head + h) * hd;
+            const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;
+            const size_t at = (size_t)i * n_head + h;
+            double mc, lc, mf, lf;
+            double *acc = states.m ? states.acc + at * hd : acc_c.data();
+            if (states.m && states.reuse && states.reuse[i]) {
+                mc = states.m[at], lc = states.l[at];
+            } else {
+                dllm__cpu_softmax_part(qi, k, v, 0, std::min(n_committed, n_visible), n_kv, kvh, hd, scale, p.data(), mc, lc, acc);
+                if (states.m) states.m[at] = mc, states.l[at] = lc;
+            }
+            dllm__cpu_softmax_part(qi, k, v, std::min(n_committed, n_visible), n_visible, n_kv, kvh, hd, scale, p.data(), mf, lf, acc_f.data());
+            dllm__softmax_merge(mc, lc, acc, mf, lf, acc_f.data(), hd, out + at * hd);
+        }
+    });
+}
+
+/* [FACache] Layer 0's Q/K/V of the forward's rows into b.q, b.k, b.v: a row whose token kv.fa holds at its block
+ * offset (same committed cache, so same position) is copied from it and marked in reuse; the others are computed
+ * apart, in fa.scratch (every op of dllm__cpu_qkv and the query scaling is row-wise, so the bits are those of the
+ * whole forward's), and kept. Counts the rows for dllm_gen_stats. */
+static void dllm__cpu_bd_qkv_cached(const dllm_model &m, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv,
+                                    const dllm__bd_call &call, const float *cos_t, const float *sin_t, std::vector<uint8_t> &reuse) {
+    const dllm__config &c = m.cfg;
+    const int T = call.T;
+    const size_t d = (size_t)c.n_embd, qd = (size_t)c.n_head * c.head_dim, kvd = (size_t)c.n_head_kv * c.head_dim;
+    dllm__bd_facache &fa = kv.fa;
+    fa.fit(c, kv.n, kv.epoch, call.offset + T);
+    reuse.assign((size_t)T, 0);
+    std::vector<int> changed;
+    for (int t = 0; t < T; t++) {
+        reuse[(size_t)t] = fa.token[(size_t)(call.offset + t)] == call.ids[t];
+        if (!reuse[(size_t)t]) changed.push_back(t);
+    }
+    const int n_changed = (int)changed.size();
+    dllm__cpu_buffers &s = fa.scratch;
+    s.fit(c, std::max(n_changed, 1));
+    for (int i = 0; i < n_changed; i++) {
+        memcpy(s.h.data() + (size_t)i * d, b.h.data() + (size_t)changed[(size_t)i] * d, sizeof(float) * d);
+        s.pos[(size_t)i] = b.pos[(size_t)changed[(size_t)i]];
+    }
+    if (n_changed > 0) {
+        dllm__cpu_qkv(m, 0, q8, pool, s, n_changed, cos_t, sin_t);
+        dllm__cpu_llama4_scale(c, s.q.data(), n_changed, s.pos.data());
+    }
+    for (int i = 0; i < n_changed; i++) {
+        const size_t o = (size_t)(call.offset + changed[(size_t)i]);
+        memcpy(fa.q.data() + o * qd, s.q.data() + (size_t)i * qd, sizeof(float) * qd);
+        memcpy(fa.k.data() + o * kvd, s.k.data() + (size_t)i * kvd, sizeof(float) * kvd);
+        memcpy(fa.v.data() + o * kvd, s.v.data() + (size_t)i * kvd, sizeof(float) * kvd);
+        fa.token[o] = call.ids[changed[(size_t)i]];
+    }
+    const size_t o0 = (size_t)call.offset;
+    memcpy(b.q.data(), fa.q.data() + o0 * qd, sizeof(float) * qd * T);
+    memcpy(b.k.data(), fa.k.data() + o0 * kvd, sizeof(float) * kvd * T);
+    memcpy(b.v.data(), fa.v.data() + o0 * kvd, sizeof(float) * kvd * T);
+    fa.rows += T;
+    fa.rows_reused += T - n_changed;
+}
+
+/* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. Layer 0 of a forward
+ * over a non-empty committed cache under call.lacache takes [FACache]'s held Q/K/V and committed states. */
 static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b,
                                    dllm__bd_kv &kv, const dllm__bd_call &call, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
     const int T = call.T, kvd = c.n_head_kv * c.head_dim;
-    dllm__cpu_qkv(m, layer, q8, pool, b, T, cos_t, sin_t);
-    dllm__cpu_llama4_scale(c, b.q.data(), T, b.pos.data());
+    const bool cached = call.lacache && layer == 0 && kv.n > 0;
+    std::vector<uint8_t> reuse;
+    dllm__bd_states states;
+    if (cached) {
+        dllm__cpu_bd_qkv_cached(m, q8, pool, b, kv, call, cos_t, sin_t, reuse);
+        const size_t o = (size_t)call.offset;
+        states.m = kv.fa.m.data() + o * c.n_head, states.l = kv.fa.l.data() + o * c.n_head;
+        states.acc = kv.fa.acc.data() + o * c.n_head * c.head_dim, states.reuse = reuse.data();
+    } else {
+        dllm__cpu_qkv(m, layer, q8, pool, b, T, cos_t, sin_t);
+        dllm__cpu_llama4_scale(c, b.q.data(), T, b.pos.data());
+    }
     float *kc = kv.k.data() + layer * kv.cap * kvd, *vc = kv.v.data() + layer * kv.cap * kvd;
     const size_t row_bytes = sizeof(float) * kvd;
     int n_keys = kv.n + T;
@@ -3550,8 +3709,8 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
-    dllm__cpu_attention(pool, b.q.data(), kc, vc, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, nullptr, b.att.data(), kv.n + call.offset,
-                        call.mask_block);
+    dllm__cpu_bd_attend(pool, b.q.data(), kc, vc, T, kv.n, n_keys, c.n_head, c.n_head_kv, c.head_dim, b.att.data(), kv.n + call.offset,
+                        call.mask_block, states);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
@@ -3577,7 +3736,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
         dllm__cpu_bd_attention(m, l, q8, pool, b, kv, call, cos_t, sin_t);
         dllm__cpu_ffn_block(m, l, q8, pool, b, T);
     }
-    if (call.kind == DLLM__BD_COMMIT) kv.n += T;
+    if (call.kind == DLLM__BD_COMMIT) kv.n += T, kv.epoch++;
     dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
@@ -5365,6 +5524,8 @@ struct dllm__backend_impl {
     virtual dllm_status bd_forward_choose(const dllm__bd_call &, const dllm__bd_pick &, dllm__choice *) {
         return dllm__fail(DLLM_ERR_INTERNAL, "this backend chooses block-diffusion tokens on the host");
     }
+    /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
+    virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
     /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
      * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
      * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
@@ -5535,6 +5696,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
             return dllm__kvq_commit(pool_, kvq_, bd_kv_, row0, call.T, call.kv_group ? call.kv_group : m_.cfg.bd_size);
         return DLLM_OK;
     }
+
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bd_kv_.fa.rows, reused = bd_kv_.fa.rows_reused; }
 
     dllm_status begin_block(dllm__decode &st) override {
         st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
@@ -7167,6 +7330,96 @@ KERNEL_kvq_attention {
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+}
+)DLLM";
+
+/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
+ * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
+ * online-softmax state over the committed keys [0, n_committed) and stores it at the row's block offset; bdfa_merge
+ * computes every row's state over the forward's own keys [n_committed, n_visible) and merges it with the stored one.
+ * The cached path lists only the rows whose token changed; the uncached path lists every row: the same kernels in the
+ * same order, so both give the same bits. A warp per (row, head), as kvq_attention (a correct first version). */
+#define DLLM__BDFA_ARGS_FIELDS(X)                                                                                    \
+    X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */            \
+    X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride)                                            \
+    X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)                                                           \
+    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                           \
+    X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */           \
+    X(int, offset)       /* the block offset of the forward's row 0 */                                              \
+    X(float *, state)    /* [block offset][n_head][hd + 2]: the unnormalised O, then m and l */
+
+#define DLLM__BDFA_KERNELS(X)                                  \
+    X(bdfa_committed, __launch_bounds__(32), (bdfa_args a))    \
+    X(bdfa_merge, __launch_bounds__(32), (bdfa_args a))
+
+struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };
+DLLM__BDFA_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_bdfa = DLLM__SOURCE_LINE R"DLLM(
+/* The online softmax of the warp's query q (shared, hd floats) over keys [j0, j1) of kv head kvh: keys in chunks of
+ * 32, a lane's score each, max and normaliser in fp32, values accumulated a lane per channel into acc (shared). */
+__device__ void bdfa_part(const bdfa_args &a, const float *q, int kvh, int j0, int j1, float *acc, float &m, float &l) {
+    const int lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd;
+    m = -DLLM_INF, l = 0.f;
+    for (int c = lane; c < hd; c += 32) acc[c] = 0.f;
+    for (int jb = j0; jb < j1; jb += 32) {
+        const int j = jb + lane;
+        float s = -DLLM_INF;
+        if (j < j1) {
+            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
+            float dot = 0.f;
+            for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            s = dot * a.scale;
+        }
+        float mx = s;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m, mx), corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
+        const float p = j < j1 ? __expf(s - m_new) : 0.f;
+        float ps = p;
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps, m = m_new;
+        for (int c = lane; c < hd; c += 32) acc[c] *= corr;
+        for (int jj = 0; jj < 32 && jb + jj < j1; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const bf16_t *v = a.cache + (u64)(jb + jj) * 2 * kvd + kvd + kvh * hd;
+            for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
+        }
+    }
+    __syncwarp();
+}
+
+__device__ void bdfa_load_q(const bdfa_args &a, int i, int h, float *q) {
+    for (int c = threadIdx.x; c < a.hd; c += 32) q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * a.hd + c]);
+    __syncwarp();
+}
+
+KERNEL_bdfa_committed {
+    pdl_enter();
+    __shared__ float q[256], acc[256];
+    const int i = a.rows[blockIdx.x], h = blockIdx.y, hd = a.hd;
+    bdfa_load_q(a, i, h, q);
+    float m, l;
+    bdfa_part(a, q, h / (a.n_head / a.n_kv), 0, a.n_committed, acc, m, l);
+    float *st = a.state + ((u64)(a.offset + i) * a.n_head + h) * (hd + 2);
+    for (int c = threadIdx.x; c < hd; c += 32) st[c] = acc[c];
+    if (threadIdx.x == 0) st[hd] = m, st[hd + 1] = l;
+}
+
+/* Every row: its own keys' state merged with its committed state (dllm__softmax_merge; 0 where no key was seen). */
+KERNEL_bdfa_merge {
+    pdl_enter();
+    __shared__ float q[256], acc[256];
+    const int i = blockIdx.x, h = blockIdx.y, hd = a.hd;
+    const int n_visible = a.mask_block ? min(a.n_keys, ((a.q_index0 + i) / a.mask_block + 1) * a.mask_block) : a.n_keys;
+    bdfa_load_q(a, i, h, q);
+    float m2, l2;
+    bdfa_part(a, q, h / (a.n_head / a.n_kv), min(a.n_committed, n_visible), n_visible, acc, m2, l2);
+    const float *st = a.state + ((u64)(a.offset + i) * a.n_head + h) * (hd + 2);
+    const float m1 = st[hd], l1 = st[hd + 1], mx = fmaxf(m1, m2);
+    const float a1 = m1 == -DLLM_INF ? 0.f : __expf(m1 - mx), a2 = m2 == -DLLM_INF ? 0.f : __expf(m2 - mx);
+    const float l = __fadd_rn(__fmul_rn(l1, a1), __fmul_rn(l2, a2)), inv = mx == -DLLM_INF || !(l > 0.f) ? 0.f : 1.f / l;
+    for (int c = threadIdx.x; c < hd; c += 32)
+        a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
 
@@ -10207,6 +10460,20 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
 #undef DLLM__KERNEL_BIND
 
 /* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
+/* [FACache] on block diffusion: the layer-0 split attention (dllm__src_bdfa), loaded at its first use. */
+struct dllm__bdfa_kernels {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_bdfa_committed> committed;
+    dllm__kernel<dllm__sig_bdfa_merge> merge;
+};
+
+static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
+    return {"dllm_bdfa",
+            dllm__src_prelude() + DLLM__XSTR(struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__BDFA_KERNELS(DLLM__KERNEL_DECLARE) +
+                std::string(dllm__src_bdfa),
+            {DLLM__BDFA_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
@@ -10769,6 +11036,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
     bool bd_chooses() const override { return dllm__env().unverified; }  // written without a GPU at hand
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bdfa_rows_seen_, reused = bdfa_rows_reused_; }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
@@ -10947,6 +11215,17 @@ class dllm__gpu_backend : public dllm__backend_impl {
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
+    // [FACache] on block diffusion (DLLM_UNVERIFIED=1 until its GPU tests pass on a device): layer 0's committed states
+    // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
+    // bdfa_n_ (a commit or bd_begin drops them); rows seen and reused under call.lacache since bd_begin (dllm_gen_stats)
+    dllm__bdfa_kernels FA_;
+    dllm__dbuf bdfa_state_, bdfa_rows_;
+    std::vector<int32_t> bdfa_token_;
+    std::vector<int> bdfa_list_;
+    int bdfa_n_ = -1;
+    int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
+    bool bdfa_on(size_t layer) const;
+    dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -11920,6 +12199,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
+    bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
 
@@ -12069,7 +12349,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, pos0 = bd_n_ + call.offset;
     const size_t row_bytes = (size_t)kvd * 4;
     const dllm__gpu_layer &L = W_->layers[layer];
-    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_TUNED));
+    const bool split = bdfa_on(layer);  // [FACache]: a row's Q must not depend on the forward's row count
+    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
@@ -12104,11 +12385,58 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
     a.partial = bd_partial_.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
-    if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+    if (split) DLLM__TRY(bdfa_attention(call, n_keys, pos0));
+    else if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
     else DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
     return DLLM_OK;
+}
+
+/* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
+ * lacache mode, so that ON and OFF give the same bits; only with DLLM_UNVERIFIED=1 until its GPU tests have passed on
+ * a device (else flash_attn, as before). Not under kv_quant (its attention reads the codes: kvq_attention). */
+bool dllm__gpu_backend::bdfa_on(size_t layer) const {
+    return dllm__env().unverified && layer == 0 && bd_n_ > 0 && !kvq_.enabled() && m_.cfg.head_dim <= 256;
+}
+
+/* [FACache] Layer 0's attention of call's rows (act_.qkv) over the committed rows ++ its own (n_keys in all): the
+ * committed state of each row whose token changed since the last commit (every row without call.lacache) is computed
+ * and kept at its block offset, then every row merges it with its own keys' state (dllm__src_bdfa). */
+dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
+    const dllm__config &c = m_.cfg;
+    const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
+    if (!FA_.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), FA_.module));
+        FA_.committed.fn = FA_.module->kernels.at("bdfa_committed"), FA_.committed.name = "bdfa_committed";
+        FA_.merge.fn = FA_.module->kernels.at("bdfa_merge"), FA_.merge.name = "bdfa_merge";
+    }
+    const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
+    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes) bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
+    DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
+    DLLM__TRY(bdfa_rows_.fit((size_t)T * 4, "layer 0's attention states (FACache)"));
+    bdfa_n_ = bd_n_;
+    if ((int)bdfa_token_.size() < offsets) bdfa_token_.resize((size_t)offsets, -1);
+    bdfa_list_.clear();
+    for (int t = 0; t < T; t++) {
+        int32_t &held = bdfa_token_[(size_t)(call.offset + t)];
+        if (call.lacache && held == call.ids[t]) continue;
+        bdfa_list_.push_back(t);
+        held = call.lacache ? call.ids[t] : -1;
+    }
+    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_.size();
+    bdfa_args a = {};
+    a.cache = (const bf16_t *)bd_cache_.ptr;  // layer 0's rows come first
+    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * hd, a.o_stride = c.n_head * hd;
+    a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.hd = hd, a.scale = 1.0f / sqrtf((float)hd);
+    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0;
+    a.rows = bdfa_rows_.as<int>(), a.offset = call.offset, a.state = bdfa_state_.as<float>();
+    if (!bdfa_list_.empty()) {
+        DLLM__CUDA(cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(FA_.committed.launch({dim3((unsigned)bdfa_list_.size(), (unsigned)c.n_head), dim3(32)}, stream_, a));
+    }
+    return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
@@ -12616,6 +12944,9 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
     if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
     if (p.block_cache != 0 && p.block_cache != 1) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+    const int lacache = dllm__enum_int(p.lacache);
+    if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -12695,6 +13026,7 @@ struct dllm__bd_generation {
         dllm__bd_call call;
         call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
         call.kv_group = plan.B;
+        call.lacache = dllm__enum_int(p.lacache) == DLLM_LACACHE_ON;
         return call;
     }
 
@@ -12843,6 +13175,10 @@ static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, 
         stats->steps = g.steps;
         stats->forwards = g.forwards;
         stats->wall_ms = dllm__now_ms() - t0;
+        int64_t rows = 0, reused = 0;
+        ctx.impl->bd_facache_rows(rows, reused);
+        stats->facache_rows = (int)std::min<int64_t>(rows, INT32_MAX);
+        stats->facache_rows_reused = (int)std::min<int64_t>(reused, INT32_MAX);
     }
     return status;
 }
@@ -12857,6 +13193,7 @@ static void dllm__generation_result(const dllm__generation &g, dllm_status statu
         stats->steps = g.steps_done;
         stats->forwards = g.st.forwards;
         stats->wall_ms = dllm__now_ms() - t0;
+        stats->facache_rows = stats->facache_rows_reused = 0;
     }
 }
 

@@ -484,3 +484,20 @@ TEST(kv_quant, cli_flags) {
     rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi --kv-quant kivi-kv4", "", out, err);
     CHECK_MSG(rc == 1 && err.find("kv_quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos, "exit %d: %s", rc, err.c_str());
 }
+
+/* dllm_kv_bytes_per_token's bad inputs are statuses with messages naming what to change, and leave *bytes alone:
+ * NULL model or bytes, kv_quant out of range, a negative block length under a quantised mode. */
+TEST(kv_quant, bytes_per_token_rejects_bad_input) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    double bytes = -7.5;
+    CHECK_STATUS(dllm_kv_bytes_per_token(nullptr, DLLM_KV_QUANT_SOLOQ_KV4, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_SOLOQ_KV4, 0, nullptr), DLLM_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)5, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "kv_quant 5");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)-1, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "kv_quant -1");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_KIVI_KV2, -3, &bytes), DLLM_ERR_INVALID_ARGUMENT, "block_length -3");
+    CHECK(bytes == -7.5);
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_NONE, 0, &bytes), DLLM_OK, nullptr);
+    CHECK(bytes == 2 * 2 * 32 * 2);
+    dllm_model_free(m);
+}
