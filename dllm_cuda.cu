@@ -6166,6 +6166,100 @@ struct dllm__dbuf {
     template <class T> T *as() const { return (T *)ptr; }
 };
 
+/* [tensor parallelism] NCCL's result as a status. */
+static dllm_status dllm__nccl_check(int result, const char *what) {
+    if (result == DLLM__NCCL_SUCCESS) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_CUDA, "%s: NCCL error %d (%s)", what, result, dllm__nccl.ncclGetErrorString(result));
+}
+
+/* One NCCL communicator per rank over a context's devices, created together by ncclCommInitAll (one process drives
+ * every GPU of the host), each with its own stream; destroyed with the owner. Not yet owned by a context: the
+ * sharded GPU forward that would use it is not built (section 10b); tests check it on a multi-GPU host. */
+struct dllm__tp_comms {
+    std::vector<int> devices;
+    std::vector<dllm__nccl_comm_t> comms;
+    std::vector<cudaStream_t> streams;
+
+    dllm__tp_comms() {}
+    dllm__tp_comms(const dllm__tp_comms &) = delete;
+    dllm__tp_comms &operator=(const dllm__tp_comms &) = delete;
+    ~dllm__tp_comms() {
+        for (size_t r = 0; r < comms.size(); r++)
+            if (comms[r]) dllm__nccl.ncclCommDestroy(comms[r]);
+        for (size_t r = 0; r < streams.size(); r++) {
+            cudaSetDevice(devices[r]);
+            cudaStreamDestroy(streams[r]);
+        }
+    }
+    dllm_status init(const std::vector<int> &devs) {
+        DLLM__TRY(dllm__load_nccl());
+        devices = devs;
+        for (int d : devices) {
+            cudaStream_t st = nullptr;
+            DLLM__CUDA(cudaSetDevice(d));
+            DLLM__CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            streams.push_back(st);
+        }
+        comms.assign(devices.size(), nullptr);
+        return dllm__nccl_check(dllm__nccl.ncclCommInitAll(comms.data(), (int)devices.size(), devices.data()), "ncclCommInitAll");
+    }
+};
+
+/* The all-reduce after O and after down: bufs[r] (count fp32 on rank r's device) := the sum over the ranks, on each
+ * rank's stream (so a graph captured there holds it). One group: a thread that drives several ranks must issue all
+ * of their calls between ncclGroupStart and ncclGroupEnd, or the first would wait forever for the others. */
+static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *const *bufs, size_t count) {
+    DLLM__TRY(dllm__nccl_check(dllm__nccl.ncclGroupStart(), "ncclGroupStart"));
+    int first_error = DLLM__NCCL_SUCCESS;
+    for (size_t r = 0; r < c.comms.size(); r++) {
+        int e = dllm__nccl.ncclAllReduce(bufs[r], bufs[r], count, DLLM__NCCL_FLOAT32, DLLM__NCCL_SUM, c.comms[r], c.streams[r]);
+        if (first_error == DLLM__NCCL_SUCCESS) first_error = e;
+    }
+    const int end = dllm__nccl.ncclGroupEnd();  // always closes the group, even after a failed call
+    DLLM__TRY(dllm__nccl_check(first_error, "ncclAllReduce"));
+    return dllm__nccl_check(end, "ncclGroupEnd");
+}
+
+/* Checks NCCL on `devices` against the CPU reference's all-reduce (dllm__tp_all_reduce, rank order): rank r's buffer
+ * holds count seeded values, after the device all-reduce every rank must hold the reference's sum. Over two ranks the
+ * bits must match (fp32 addition commutes); over more, NCCL's order may differ in the last bits. Reports the largest
+ * |difference| over all ranks and the number of elements that differ at all. Needs len(devices) GPUs. */
+[[maybe_unused]] static dllm_status dllm__tp_all_reduce_selfcheck(const std::vector<int> &devices, size_t count, double &max_diff, size_t &n_differ) {
+    dllm__tp_comms c;
+    DLLM__TRY(c.init(devices));
+    const size_t n = devices.size();
+    std::vector<std::vector<float>> host(n, std::vector<float>(count));
+    std::vector<const float *> parts;
+    std::vector<dllm__dbuf> dev(n);
+    std::vector<float *> bufs;
+    for (size_t r = 0; r < n; r++) {
+        for (size_t i = 0; i < count; i++) host[r][i] = (float)(dllm__uniform(29, (uint32_t)i, (uint32_t)r, 0, DLLM__RNG_GUMBEL) * 2 - 1) * (float)(1 + i % 7);
+        parts.push_back(host[r].data());
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        DLLM__TRY(dev[r].fit(count * sizeof(float), "the all-reduce check"));
+        DLLM__CUDA(cudaMemcpy(dev[r].ptr, host[r].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+        bufs.push_back(dev[r].as<float>());
+    }
+    std::vector<float> want(count), got(count);
+    dllm__tp_all_reduce(parts, count, want.data());
+    DLLM__TRY(dllm__tp_all_reduce_device(c, bufs.data(), count));
+    max_diff = 0, n_differ = 0;
+    for (size_t r = 0; r < n; r++) {
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        DLLM__CUDA(cudaStreamSynchronize(c.streams[r]));
+        DLLM__CUDA(cudaMemcpy(got.data(), dev[r].ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; i++) {
+            max_diff = std::max(max_diff, (double)fabsf(got[i] - want[i]));
+            n_differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        }
+    }
+    for (size_t r = 0; r < n; r++) {  // free on each buffer's own device
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        dev[r].release();
+    }
+    return DLLM_OK;
+}
+
 
 // ---------------------------------------------------------------------------------------------------
 // 13. GPU kernel sources (compiled by NVRTC at first use)

@@ -368,3 +368,25 @@ TEST(tp, nccl_missing_or_wrong_library_is_a_clear_error) {
     std::vector<std::string> names = dllm__nccl_candidates();
     CHECK(!names.empty() && names[0] == "libnccl.so.2");
 }
+
+/* On a multi-GPU host (none was lent when this was written: unrun): NCCL's all-reduce over 2 and, where present, 4
+ * GPUs against the CPU reference's rank-order sum. Two ranks: the same bits (fp32 addition commutes); four: within
+ * fp32 rounding of the reference (NCCL's own order). An awkward count, so NCCL's chunking has a ragged tail. */
+TEST(tp, gpu_nccl_all_reduce_matches_the_reference) {
+    std::string why;
+    if (!dllm__gpu_usable(0, why) || !dllm__gpu_usable(1, why)) SKIP("skipped (fewer than 2 GPUs)");
+    dllm__nccl_api api;
+    if (dllm__nccl_open(dllm__nccl_candidates(), api) != DLLM_OK) SKIP("NCCL (libnccl.so.2) is not installed here");
+    test_setenv("DLLM_UNVERIFIED", "1", 1);
+    for (int ranks : {2, 4}) {
+        if (ranks > 2 && !dllm__gpu_usable(ranks - 1, why)) break;
+        std::vector<int> devices;
+        for (int r = 0; r < ranks; r++) devices.push_back(r);
+        double max_diff = -1;
+        size_t n_differ = 0;
+        CHECK_STATUS(dllm__tp_all_reduce_selfcheck(devices, 1000003, max_diff, n_differ), DLLM_OK, nullptr);
+        if (ranks == 2) CHECK_MSG(n_differ == 0 && max_diff == 0, "TP=2: %zu elements differ (max %g)", n_differ, max_diff);
+        else CHECK_MSG(max_diff >= 0 && max_diff <= 4 * 7 * 4 * FLT_EPSILON, "TP=%d: max |difference| %g", ranks, max_diff);  // |sum| <= 28
+    }
+    test_unsetenv("DLLM_UNVERIFIED");
+}
