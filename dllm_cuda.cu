@@ -5567,8 +5567,8 @@ static dllm__tp_best dllm__tp_best_merge(const dllm__tp_best &a, const dllm__tp_
  * second equal the unsharded ones given the same logits), then the softmax sums z, zx of each rank's slice added in
  * rank order (float64; the association differs from one pass over the row, so the confidence may differ in the last
  * bits). The sampler filters need a cross-rank cutoff that is not built: DLLM_ERR_UNSUPPORTED. */
-[[maybe_unused]] static dllm_status dllm__tp_choose(const std::vector<const float *> &rank_logits, const std::vector<dllm__tp_plan> &plans, const dllm__sampling &s,
-                                                    uint32_t pos, uint32_t step, dllm__choice &out) {
+[[maybe_unused]] static dllm_status dllm__tp_choose(const std::vector<const float *> &rank_logits, const std::vector<dllm__tp_plan> &plans,
+                                                    const dllm__sampling &s, uint32_t pos, uint32_t step, dllm__choice &out) {
     if (s.filters()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "tensor parallelism: top-k / top-p / min-p across ranks are not built yet");
     dllm__tp_best best = dllm__tp_rank_best(rank_logits[0], plans[0], s, pos, step);
     for (size_t r = 1; r < plans.size(); r++) best = dllm__tp_best_merge(best, dllm__tp_rank_best(rank_logits[r], plans[r], s, pos, step));
