@@ -111,8 +111,8 @@ build() {
         wait "${pids[$i]}" || { rm -f "${names[$i]}"; die "building ${names[$i]} failed"; }
     done
     # The binaries must start on machines without a GPU driver: cudart is static, libcuda never linked.
-    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-quantize build/dllm-test build/libdllm.so | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt)\.so'; then
-        die "a binary links libcuda, libnvrtc or libcublasLt directly; it would not start without the CUDA Toolkit and a GPU driver"
+    if readelf -d build/dllm-generate build/dllm-tokenize build/dllm-quantize build/dllm-test build/libdllm.so | grep -qE 'NEEDED.*lib(cuda|nvrtc|cublasLt|nccl)\.so'; then
+        die "a binary links libcuda, libnvrtc, libcublasLt or libnccl directly; it would not start without the CUDA Toolkit, NCCL and a GPU driver"
     fi
 }
 

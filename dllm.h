@@ -280,6 +280,8 @@ typedef enum dllm_kv_quant {
     DLLM_KV_QUANT_KIVI_KV2 = 4   /* baseline: KIVI keys and values, 2-bit                              */
 } dllm_kv_quant;
 
+#define DLLM_MAX_DEVICES 8  /* the most GPUs one context may span (dllm_ctx_params.devices) */
+
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
     int device;            /* CUDA device ordinal (default 0)                                        */
@@ -291,6 +293,14 @@ typedef struct dllm_ctx_params {
     int kv_sink_tokens;    /* with kv_quant: sequence positions [0, N) keep full-precision K/V (attention
                               sinks). -1 (default): the model's, the SoloQ paper's sink position p kept with
                               everything before it, N = p + 1: 3 for Fast-dLLM v2 (p = 2), 1 for Nemotron (p = 0) */
+    /* Tensor parallelism (GPU backend): one model split across the GPUs devices[0..n_devices) of this host, rank i
+     * on devices[i] (Megatron-style: attention heads, K/V heads, FFN width and vocabulary split evenly, so each must
+     * divide by n_devices; NCCL all-reduces, libnccl.so.2 loaded at run time). 0 (default): one GPU, `device`; 1:
+     * one GPU, devices[0] (device is then ignored). Default devices {0, 1, ..., 7}; the listed ones must be distinct
+     * and non-negative. NOT BUILT YET: more than one device is validated and then DLLM_ERR_UNSUPPORTED (README:
+     * tensor parallelism). */
+    int n_devices;
+    int devices[DLLM_MAX_DEVICES];
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);

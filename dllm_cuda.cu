@@ -32,6 +32,8 @@
  *   9c. [KV quant] SoloQ's commit-time K/V quantisation of block diffusion (KIVI keys, rotated Lloyd-Max values); its
  *       device twins are dllm__src_kvq in section 13, called from 16.4.3
  *  10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
+ *  10b. [tensor parallelism]: the sharding plan (dllm__tp_shard), the CPU reference of the sharded forward
+ *       (all-reduces in rank order), the vocab-split token choice; NCCL itself is [dlopen]ed in section 12
  *  11. Backends (CPU reference)
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
@@ -5480,6 +5482,318 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
 }
 
 // ---------------------------------------------------------------------------------------------------
+// 10b. [tensor parallelism] (issue 29): the sharding plan, the CPU reference of a sharded forward, the
+//      vocab-split token choice. Megatron-LM's split of one model over R ranks (one GPU each):
+//      - Q/K/V and gate/up are column-parallel (Megatron's name for splitting Y = XA by A's columns, the output
+//        features; in HF's [out, in] layout these are ROWS): rank r computes its attention heads (and the GQA K/V
+//        heads they read) and its slice of the FFN width from the whole input;
+//      - O and down are row-parallel (A's rows, the input features; COLUMNS of [out, in]): rank r multiplies its
+//        heads' / its FFN slice's features and every rank holds a partial sum of the full output, added up by one
+//        all-reduce after O and one after down per layer;
+//      - the embedding and the LM head are split by vocabulary rows (Megatron's VocabParallelEmbedding: a rank
+//        looks up the tokens it holds, zeros elsewhere, one all-reduce; the head's logits stay split and the sampler
+//        reduces across ranks); norms and q/k/v biases of a rank's heads follow their rows, norms are replicated.
+//      This section is the CPU twin that defines the numerics of the GPU's sharded forward (fp32; the all-reduce
+//      sums the ranks' partials in rank order). The GPU side (NCCL through [dlopen], section 12) is not built yet.
+// ---------------------------------------------------------------------------------------------------
+
+static const int dllm__tp_max_ranks = DLLM_MAX_DEVICES;
+
+enum dllm__tp_split {
+    DLLM__TP_WHOLE,  // replicated: every rank holds the whole tensor (norms)
+    DLLM__TP_ROWS,   // rows [begin, end) of HF's [out, in]: Q/K/V (+ biases), gate/up, embedding, LM head
+    DLLM__TP_COLS    // columns [begin, end) of [out, in]: O and down
+};
+
+struct dllm__tp_slice {
+    dllm__wspec spec;                // the whole tensor: HF name and shape
+    dllm__tp_split split = DLLM__TP_WHOLE;
+    int64_t begin = 0, end = 0;      // the rows (ROWS) or columns (COLS) this rank holds; WHOLE: [0, shape[0])
+};
+
+/* What one rank of R holds: its heads, FFN columns and vocabulary rows, and the slice of every weight. */
+struct dllm__tp_plan {
+    int n_ranks = 1, rank = 0;
+    int head0 = 0, n_head = 0;        // attention heads [head0, head0 + n_head)
+    int kv_head0 = 0, n_head_kv = 0;  // K/V heads: exactly the ones its query heads read (GQA groups never straddle ranks)
+    int ff0 = 0, n_ff = 0;            // FFN width [ff0, ff0 + n_ff)
+    int vocab0 = 0, n_vocab = 0;      // embedding / LM head rows [vocab0, vocab0 + n_vocab)
+    std::vector<dllm__tp_slice> slices;  // one per tensor of dllm__expected_weights, in its order
+};
+
+/* Does the model's shape split over n ranks: heads, K/V heads, FFN width and vocabulary all divisible. */
+static bool dllm__tp_divides(const dllm__config &c, int n) {
+    return n >= 1 && c.n_head % n == 0 && c.n_head_kv % n == 0 && c.n_ff % n == 0 && c.n_vocab % n == 0;
+}
+
+/* "1, 2, 4": the device counts up to dllm__tp_max_ranks the model splits over, for error messages. */
+static std::string dllm__tp_valid_counts(const dllm__config &c) {
+    std::string s;
+    for (int n = 1; n <= dllm__tp_max_ranks; n++)
+        if (dllm__tp_divides(c, n)) s += (s.empty() ? "" : ", ") + std::to_string(n);
+    return s;
+}
+
+static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char *what, int count) {
+    if (count % n == 0) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism over %d devices (dllm_ctx_params.n_devices): the model's %d %s do not split "
+                      "evenly over %d ranks; device counts this model divides: %s", n, count, what, n, dllm__tp_valid_counts(c).c_str());
+}
+
+/* The sharding plan of rank `rank` of n_ranks: a pure function of the config. An even split only: heads, K/V
+ * heads, FFN width and vocabulary must divide by n_ranks (an error names the count that does not). */
+static dllm_status dllm__tp_shard(const dllm__config &c, int n_ranks, int rank, dllm__tp_plan &plan) {
+    if (n_ranks < 1 || n_ranks > dllm__tp_max_ranks)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism over %d devices (dllm_ctx_params.n_devices): must be in [1, %d]", n_ranks,
+                          dllm__tp_max_ranks);
+    if (rank < 0 || rank >= n_ranks) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism: rank %d outside [0, %d)", rank, n_ranks);
+    DLLM__TRY(dllm__tp_check_count(c, n_ranks, "attention heads", c.n_head));
+    DLLM__TRY(dllm__tp_check_count(c, n_ranks, "key/value heads", c.n_head_kv));
+    DLLM__TRY(dllm__tp_check_count(c, n_ranks, "FFN columns (intermediate size)", c.n_ff));
+    DLLM__TRY(dllm__tp_check_count(c, n_ranks, "vocabulary rows", c.n_vocab));
+    plan = dllm__tp_plan();
+    plan.n_ranks = n_ranks, plan.rank = rank;
+    plan.n_head = c.n_head / n_ranks, plan.head0 = rank * plan.n_head;
+    plan.n_head_kv = c.n_head_kv / n_ranks, plan.kv_head0 = rank * plan.n_head_kv;
+    plan.n_ff = c.n_ff / n_ranks, plan.ff0 = rank * plan.n_ff;
+    plan.n_vocab = c.n_vocab / n_ranks, plan.vocab0 = rank * plan.n_vocab;
+    const int64_t hd = c.head_dim;
+    for (const dllm__wspec &w : dllm__expected_weights(c)) {
+        dllm__tp_slice s;
+        s.spec = w;
+        switch (w.kind) {
+        case DLLM__W_Q: case DLLM__W_BQ: s.split = DLLM__TP_ROWS, s.begin = plan.head0 * hd, s.end = (plan.head0 + plan.n_head) * hd; break;
+        case DLLM__W_K: case DLLM__W_V: case DLLM__W_BK: case DLLM__W_BV:
+            s.split = DLLM__TP_ROWS, s.begin = plan.kv_head0 * hd, s.end = (plan.kv_head0 + plan.n_head_kv) * hd; break;
+        case DLLM__W_O: s.split = DLLM__TP_COLS, s.begin = plan.head0 * hd, s.end = (plan.head0 + plan.n_head) * hd; break;
+        case DLLM__W_GATE: case DLLM__W_UP: s.split = DLLM__TP_ROWS, s.begin = plan.ff0, s.end = plan.ff0 + plan.n_ff; break;
+        case DLLM__W_DOWN: s.split = DLLM__TP_COLS, s.begin = plan.ff0, s.end = plan.ff0 + plan.n_ff; break;
+        case DLLM__W_EMBED: case DLLM__W_HEAD: s.split = DLLM__TP_ROWS, s.begin = plan.vocab0, s.end = plan.vocab0 + plan.n_vocab; break;
+        default: s.split = DLLM__TP_WHOLE, s.begin = 0, s.end = w.shape[0]; break;
+        }
+        plan.slices.push_back(s);
+    }
+    return DLLM_OK;
+}
+
+/* The plans of all n_ranks ranks, rank order. */
+[[maybe_unused]] static dllm_status dllm__tp_shard_all(const dllm__config &c, int n_ranks, std::vector<dllm__tp_plan> &plans) {
+    plans.clear();
+    dllm__tp_plan p;
+    DLLM__TRY(dllm__tp_shard(c, n_ranks, 0, p));
+    plans.push_back(p);
+    for (int r = 1; r < n_ranks; r++) {
+        DLLM__TRY(dllm__tp_shard(c, n_ranks, r, p));
+        plans.push_back(p);
+    }
+    return DLLM_OK;
+}
+
+/* y[T][N] = x[T][K] . W[row0 + n][col0 + k]^T (+ bias[N]): one rank's block of a [out, in] weight. At row0 = col0 =
+ * 0 and the whole width it is dllm__cpu_linear, bit for bit (the same dot, the same order). */
+static void dllm__tp_cpu_linear(dllm__pool &pool, const float *x, int T, int K, const dllm__tensor &W, int64_t row0, int64_t col0, const float *bias,
+                                int N, float *y) {
+    const int64_t width = W.shape[1];
+    dllm__cpu_linear_rows(pool, x, T, K, [&](int n, float *dst) {
+        for (int k = 0; k < K; k++) dst[k] = dllm__tensor_at(W, (row0 + n) * width + col0 + k);
+    }, bias, N, y);
+}
+
+/* The all-reduce (sum) this reference defines: out = ((p_0 + p_1) + p_2) + ..., in rank order, fp32. NCCL sums in
+ * another order: its ring starts each chunk at another rank, its tree pairs ranks differently. Two ranks give the
+ * same bits in any order (fp32 addition commutes); from three on the association differs, so the GPU's sums can
+ * differ from this in the last bits, and tokens equal TP=1's except where two candidates are within that rounding
+ * (near-ties), the same caveat as every GPU-vs-CPU comparison. */
+static void dllm__tp_all_reduce(const std::vector<const float *> &partials, size_t n, float *out) {
+    memcpy(out, partials[0], n * sizeof(float));
+    for (size_t r = 1; r < partials.size(); r++)
+        for (size_t i = 0; i < n; i++) out[i] += partials[r][i];
+}
+
+/* One emulated rank's working memory. */
+struct dllm__tp_rank_buffers {
+    std::vector<float> q, k, v, att, gate, up, partial;
+};
+
+/* Rank p's attention partial: partial[T][d] = O[:, its heads] . attention(its heads of RoPE(QKV(a))). Column-parallel
+ * Q/K/V: each head's numbers are those of the unsharded forward, bit for bit; only O's sum over heads is split. */
+static void dllm__tp_cpu_attention_partial(const dllm_model &m, size_t layer, const dllm__tp_plan &p, dllm__pool &pool, const float *a, int T,
+                                           const int32_t *pos, const float *cos_t, const float *sin_t, dllm__tp_rank_buffers &rb) {
+    const dllm__config &c = m.cfg;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int d = c.n_embd, hd = c.head_dim, qd = p.n_head * hd, kvd = p.n_head_kv * hd;
+    const int64_t q0 = (int64_t)p.head0 * hd, kv0 = (int64_t)p.kv_head0 * hd;
+    rb.q.resize((size_t)T * qd), rb.att.resize((size_t)T * qd), rb.k.resize((size_t)T * kvd), rb.v.resize((size_t)T * kvd);
+    rb.partial.resize((size_t)T * d);
+    auto bias = [](const std::vector<float> &b, int64_t at) { return b.empty() ? nullptr : b.data() + at; };
+    dllm__tp_cpu_linear(pool, a, T, d, *L.wq, q0, 0, bias(L.bq, q0), qd, rb.q.data());
+    dllm__tp_cpu_linear(pool, a, T, d, *L.wk, kv0, 0, bias(L.bk, kv0), kvd, rb.k.data());
+    dllm__tp_cpu_linear(pool, a, T, d, *L.wv, kv0, 0, bias(L.bv, kv0), kvd, rb.v.data());
+    dllm__cpu_rope(rb.q.data(), T, p.n_head, hd, pos, cos_t, sin_t);
+    dllm__cpu_rope(rb.k.data(), T, p.n_head_kv, hd, pos, cos_t, sin_t);
+    dllm__cpu_attention(pool, rb.q.data(), rb.k.data(), rb.v.data(), T, T, p.n_head, p.n_head_kv, hd, nullptr, rb.att.data());
+    dllm__tp_cpu_linear(pool, rb.att.data(), T, qd, *L.wo, 0, q0, nullptr, d, rb.partial.data());
+}
+
+/* Rank p's MLP partial: partial[T][d] = down[:, its columns] . (silu(gate_p(a)) * up_p(a)). */
+static void dllm__tp_cpu_ffn_partial(const dllm_model &m, size_t layer, const dllm__tp_plan &p, dllm__pool &pool, const float *a, int T,
+                                     dllm__tp_rank_buffers &rb) {
+    const dllm__layer_weights &L = m.layers[layer];
+    const int d = m.cfg.n_embd, ff = p.n_ff;
+    rb.gate.resize((size_t)T * ff), rb.up.resize((size_t)T * ff), rb.partial.resize((size_t)T * d);
+    dllm__tp_cpu_linear(pool, a, T, d, *L.gate, p.ff0, 0, nullptr, ff, rb.gate.data());
+    dllm__tp_cpu_linear(pool, a, T, d, *L.up, p.ff0, 0, nullptr, ff, rb.up.data());
+    for (size_t i = 0; i < (size_t)T * ff; i++) rb.gate[i] = dllm__silu(rb.gate[i]) * rb.up[i];
+    dllm__tp_cpu_linear(pool, rb.gate.data(), T, ff, *L.down, 0, p.ff0, nullptr, d, rb.partial.data());
+}
+
+/* The all-reduce of the ranks' partials into out[n]. */
+static void dllm__tp_all_reduce_partials(const std::vector<dllm__tp_rank_buffers> &rb, size_t n, float *out) {
+    std::vector<const float *> parts;
+    for (const dllm__tp_rank_buffers &r : rb) parts.push_back(r.partial.data());
+    dllm__tp_all_reduce(parts, n, out);
+}
+
+/* h[n] += the all-reduce of the ranks' partials (the residual add after O and after down). */
+static void dllm__tp_add_all_reduced(const std::vector<dllm__tp_rank_buffers> &rb, size_t n, std::vector<float> &sum, float *h) {
+    sum.resize(n);
+    dllm__tp_all_reduce_partials(rb, n, sum.data());
+    for (size_t i = 0; i < n; i++) h[i] += sum[i];
+}
+
+/* The vocab-parallel embedding into h[T][d]: rank p writes the rows of the tokens it holds and zeros elsewhere; the
+ * all-reduce leaves every row the one rank's row (x + 0 = x), so h equals the unsharded lookup. */
+static void dllm__tp_cpu_embed(const dllm_model &m, const std::vector<dllm__tp_plan> &plans, const int32_t *ids, int T,
+                               std::vector<dllm__tp_rank_buffers> &rb, float *h) {
+    const int d = m.cfg.n_embd;
+    for (size_t r = 0; r < plans.size(); r++) {
+        rb[r].partial.assign((size_t)T * d, 0.0f);
+        for (int t = 0; t < T; t++)
+            if (ids[t] >= plans[r].vocab0 && ids[t] < plans[r].vocab0 + plans[r].n_vocab)
+                dllm__tensor_row(*m.embed, ids[t], d, rb[r].partial.data() + (size_t)t * d);
+    }
+    dllm__tp_all_reduce_partials(rb, (size_t)T * d, h);
+}
+
+/* The CPU reference of the tensor-parallel forward: the plain bidirectional forward of ids[0..n) (every row, fresh
+ * keys, the exact precision of an unquantised checkpoint), each rank of `plans` emulated in turn, the all-reduces
+ * after O and after down summed in rank order (dllm__tp_all_reduce). Writes the unshifted output rows [r0, r1):
+ * logits[row][v], each rank its own vocabulary columns (the layout an all-gather would give; the sampler needs no
+ * gather, dllm__tp_choose). One rank is dllm__cpu_forward bit for bit. */
+[[maybe_unused]] static void dllm__tp_cpu_forward(const dllm_model &m, const std::vector<dllm__tp_plan> &plans, dllm__pool &pool, const int32_t *ids, int n,
+                                                  const float *cos_t, const float *sin_t, int r0, int r1, float *logits) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, rows = r1 - r0;
+    std::vector<float> h((size_t)n * d), a((size_t)n * d), sum;
+    std::vector<int32_t> pos((size_t)n);
+    for (int t = 0; t < n; t++) pos[(size_t)t] = t;
+    std::vector<dllm__tp_rank_buffers> rb(plans.size());
+    dllm__tp_cpu_embed(m, plans, ids, n, rb, h.data());
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        dllm__cpu_rmsnorm(h.data(), n, d, m.layers[l].attn_norm.data(), c.norm_eps, a.data());  // replicated: every rank the same bits
+        for (size_t r = 0; r < plans.size(); r++)
+            dllm__tp_cpu_attention_partial(m, l, plans[r], pool, a.data(), n, pos.data(), cos_t, sin_t, rb[r]);
+        dllm__tp_add_all_reduced(rb, (size_t)n * d, sum, h.data());
+        dllm__cpu_rmsnorm(h.data(), n, d, m.layers[l].ffn_norm.data(), c.norm_eps, a.data());
+        for (size_t r = 0; r < plans.size(); r++) dllm__tp_cpu_ffn_partial(m, l, plans[r], pool, a.data(), n, rb[r]);
+        dllm__tp_add_all_reduced(rb, (size_t)n * d, sum, h.data());
+    }
+    dllm__cpu_rmsnorm(h.data() + (size_t)r0 * d, rows, d, m.final_norm.data(), c.norm_eps, a.data());
+    const float scale = c.scale_logits ? 1.0f / sqrtf((float)d) : 1.0f;
+    for (const dllm__tp_plan &p : plans) {
+        std::vector<float> part((size_t)rows * p.n_vocab);
+        dllm__tp_cpu_linear(pool, a.data(), rows, d, *m.head, p.vocab0, 0, nullptr, p.n_vocab, part.data());
+        for (int t = 0; t < rows; t++)
+            for (int v = 0; v < p.n_vocab; v++) {
+                float l = part[(size_t)t * p.n_vocab + v];
+                logits[(size_t)t * c.n_vocab + p.vocab0 + v] = c.scale_logits ? l * scale : l;
+            }
+    }
+}
+
+/* One rank's share of dllm__choose's first pass over its vocabulary slice, and the merge of two ranks' shares. */
+struct dllm__tp_best {
+    double score = -INFINITY;    // the winner's argmax / Gumbel-max score
+    int32_t token = 0;           // its global vocabulary index
+    float logit = -INFINITY;     // its (filtered) logit
+    float max_logit = -INFINITY, second_logit = -INFINITY;  // a tie for the largest counts twice, as in dllm__choose
+};
+
+static dllm__tp_best dllm__tp_rank_best(const float *logits, const dllm__tp_plan &p, const dllm__sampling &s, uint32_t pos, uint32_t step) {
+    auto logit = [&](int i) { return s.eos_logit_inf && p.vocab0 + i == s.eos_id ? -INFINITY : logits[i]; };
+    dllm__tp_best b;
+    int best = 0;
+    for (int i = 0; i < p.n_vocab; i++) {
+        const float l = logit(i);
+        b.second_logit = std::max(b.second_logit, l > b.max_logit ? b.max_logit : l);
+        if (l > b.max_logit) b.max_logit = l;
+        double score = l;
+        if (s.temperature > 0)
+            score = exp((double)l) / pow(-log(dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL)), s.temperature);
+        if (score > b.score) b.score = score, best = i;
+    }
+    b.token = p.vocab0 + best, b.logit = logit(best);
+    return b;
+}
+
+/* a from the lower rank (lower indices), b from the next: b wins only with a strictly larger score, so ties go to the
+ * lower index as in dllm__choose. max/second merge exactly: the second largest of the union is the larger of the two
+ * seconds and the smaller of the two maxima. */
+static dllm__tp_best dllm__tp_best_merge(const dllm__tp_best &a, const dllm__tp_best &b) {
+    dllm__tp_best m = b.score > a.score ? b : a;
+    m.max_logit = std::max(a.max_logit, b.max_logit);
+    m.second_logit = std::max(std::max(a.second_logit, b.second_logit), std::min(a.max_logit, b.max_logit));
+    return m;
+}
+
+/* dllm__choose over a vocabulary split across ranks: rank_logits[r] holds rank r's n_vocab logits of the row. Two
+ * reductions, as the GPU's would be: (best, max, second) merged in rank order (exact: the token, the max and the
+ * second equal the unsharded ones given the same logits), then the softmax sums z, zx of each rank's slice added in
+ * rank order (float64; the association differs from one pass over the row, so the confidence may differ in the last
+ * bits). The sampler filters need a cross-rank cutoff that is not built: DLLM_ERR_UNSUPPORTED. */
+[[maybe_unused]] static dllm_status dllm__tp_choose(const std::vector<const float *> &rank_logits, const std::vector<dllm__tp_plan> &plans,
+                                                    const dllm__sampling &s, uint32_t pos, uint32_t step, dllm__choice &out) {
+    if (s.filters()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "tensor parallelism: top-k / top-p / min-p across ranks are not built yet");
+    dllm__tp_best best = dllm__tp_rank_best(rank_logits[0], plans[0], s, pos, step);
+    for (size_t r = 1; r < plans.size(); r++) best = dllm__tp_best_merge(best, dllm__tp_rank_best(rank_logits[r], plans[r], s, pos, step));
+    const double inv_t = s.tempered_conf && s.temperature > 0 ? 1.0 / s.temperature : 1.0;
+    double z = 0, zx = 0;
+    for (size_t r = 0; r < plans.size(); r++) {
+        double zr = 0, zxr = 0;
+        for (int i = 0; i < plans[r].n_vocab; i++) {
+            const int v = plans[r].vocab0 + i;
+            const float l = s.eos_logit_inf && v == s.eos_id ? -INFINITY : rank_logits[r][i];
+            double x = ((double)l - best.max_logit) * inv_t, e = exp(x);
+            zr += e;
+            if (e > 0) zxr += e * x;
+        }
+        z += zr, zx += zxr;
+    }
+    out.token = best.token;
+    out.conf = dllm__confidence(s, z, zx, ((double)best.logit - best.max_logit) * inv_t, ((double)best.second_logit - best.max_logit) * inv_t, pos, step);
+    out.deferred = s.defer_eos_eot && (best.token == s.eos_id || best.token == s.eot_id);
+    return DLLM_OK;
+}
+
+/* dllm_ctx_params' device list: n_devices in [0, DLLM_MAX_DEVICES], the devices distinct and non-negative, and a count
+ * the model splits over (dllm__tp_shard). Whether the devices exist is the GPU backend's check. */
+static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_params &p) {
+    if (p.n_devices < 0 || p.n_devices > DLLM_MAX_DEVICES)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_devices %d must be in [0, %d] (0 = one GPU, dllm_ctx_params.device)", p.n_devices,
+                          DLLM_MAX_DEVICES);
+    for (int i = 0; i < p.n_devices; i++) {
+        if (p.devices[i] < 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: devices[%d] = %d must be a CUDA device ordinal (>= 0)", i, p.devices[i]);
+        for (int j = 0; j < i; j++)
+            if (p.devices[j] == p.devices[i])
+                return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: devices[%d] and devices[%d] are both CUDA device %d: each GPU holds one rank, "
+                                  "list it once", j, i, p.devices[i]);
+    }
+    dllm__tp_plan plan;
+    return p.n_devices > 1 ? dllm__tp_shard(c, p.n_devices, 0, plan) : DLLM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // 11. Backends (CPU reference)
 //     A backend runs forwards and denoising steps; the SAR schedule above it is shared. The GPU backend
 //     implements the same two calls with device kernels.
@@ -5907,6 +6221,81 @@ static dllm_status dllm__load_cublaslt() {
 }
 #undef DLLM__LIB_RESOLVE
 
+/* [dlopen] NCCL, for tensor parallelism (section 10b). Not part of the CUDA Toolkit, so dllm is built without its
+ * header: the few types and entry points it calls are declared here as nccl.h 2.x defines them (result, data type
+ * and reduction are C enums, passed as int; the 2.x ABI is stable, the soname libnccl.so.2). */
+typedef struct dllm__nccl_comm *dllm__nccl_comm_t;
+struct dllm__nccl_unique_id { char internal[128]; };
+enum { DLLM__NCCL_SUCCESS = 0, DLLM__NCCL_SUM = 0, DLLM__NCCL_FLOAT32 = 7, DLLM__NCCL_BFLOAT16 = 9 };
+
+#define DLLM__NCCL_FUNCS(X)                                                                                         \
+    X(ncclGetVersion, int, (int *version))                                                                         \
+    X(ncclGetErrorString, const char *, (int result))                                                              \
+    X(ncclGetUniqueId, int, (dllm__nccl_unique_id *id))                                                            \
+    X(ncclCommInitAll, int, (dllm__nccl_comm_t *comms, int n_devices, const int *devices))                         \
+    X(ncclCommInitRank, int, (dllm__nccl_comm_t *comm, int n_ranks, dllm__nccl_unique_id id, int rank))           \
+    X(ncclGroupStart, int, (void))                                                                                 \
+    X(ncclGroupEnd, int, (void))                                                                                   \
+    X(ncclAllReduce, int, (const void *send, void *recv, size_t count, int dtype, int op, dllm__nccl_comm_t comm,   \
+                           cudaStream_t stream))                                                                   \
+    X(ncclCommDestroy, int, (dllm__nccl_comm_t comm))
+
+struct dllm__nccl_api {
+#define DLLM__NCCL_POINTER(name, ret, args) ret(*name) args = nullptr;
+    DLLM__NCCL_FUNCS(DLLM__NCCL_POINTER)
+#undef DLLM__NCCL_POINTER
+    int version = 0;  // ncclGetVersion's code: major * 10000 + minor * 100 + patch (2.9 and later)
+};
+
+/* Where libnccl.so.2 is looked for: dlopen's own search (LD_LIBRARY_PATH, the loader cache), then $NCCL_HOME and
+ * the CUDA homes (pip's and NVIDIA's packages put it in lib, the HPC SDK in lib64). */
+static std::vector<std::string> dllm__nccl_candidates() {
+    std::vector<std::string> names = {"libnccl.so.2"};
+    const char *homes[] = {getenv("NCCL_HOME"), getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    for (const char *home : homes)
+        if (home && *home)
+            for (const char *lib : {"lib", "lib64"}) names.push_back(dllm__format("%s/%s/libnccl.so.2", home, lib));
+    return names;
+}
+
+/* Opens the first of `candidates` that loads, resolves every entry point and asks its version. Not cached: tests
+ * call it with a path that does not exist; dllm__load_nccl is the once-per-process form. */
+static dllm_status dllm__nccl_open(const std::vector<std::string> &candidates, dllm__nccl_api &api) {
+    std::string tried;
+    void *h = nullptr;
+    for (const std::string &n : candidates) {
+        if ((h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+        tried += (tried.empty() ? "" : ", ") + n;
+    }
+    if (!h)
+        return dllm__fail(DLLM_ERR_NO_DEVICE, "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
+                          "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
+                          "one GPU (n_devices 0 or 1) needs no NCCL", tried.c_str());
+#define DLLM__NCCL_RESOLVE(name, ret, args)                                                                       \
+    if (!(api.name = (ret(*) args)dlsym(h, #name)))                                                                \
+        return dllm__fail(DLLM_ERR_NO_DEVICE, "the NCCL library loaded for tensor parallelism lacks %s: install NCCL 2.x", #name);
+    DLLM__NCCL_FUNCS(DLLM__NCCL_RESOLVE)
+#undef DLLM__NCCL_RESOLVE
+    if (api.ncclGetVersion(&api.version) != DLLM__NCCL_SUCCESS || api.version < 20000)
+        return dllm__fail(DLLM_ERR_NO_DEVICE, "the NCCL library loaded for tensor parallelism reports version code %d; dllm needs NCCL 2.9 or later",
+                          api.version);
+    return DLLM_OK;
+}
+
+static dllm__nccl_api dllm__nccl;
+
+/* NCCL loaded once per process into dllm__nccl; later calls return the first outcome and its message. */
+static dllm_status dllm__load_nccl() {
+    static std::once_flag once;
+    static dllm_status result = DLLM_OK;
+    static std::string error;
+    std::call_once(once, [] {
+        result = dllm__nccl_open(dllm__nccl_candidates(), dllm__nccl);
+        error = result == DLLM_OK ? "" : dllm__tls_error;
+    });
+    return result == DLLM_OK ? DLLM_OK : dllm__fail(result, "%s", error.c_str());
+}
+
 static dllm_status dllm__cuda_fail(cudaError_t e, const char *what) {
     cudaGetLastError();  // clear a sticky-free error so the next call starts clean
     dllm_status s = e == cudaErrorMemoryAllocation ? DLLM_ERR_OUT_OF_MEMORY : DLLM_ERR_CUDA;
@@ -5978,6 +6367,100 @@ struct dllm__dbuf {
     }
     template <class T> T *as() const { return (T *)ptr; }
 };
+
+/* [tensor parallelism] NCCL's result as a status. */
+static dllm_status dllm__nccl_check(int result, const char *what) {
+    if (result == DLLM__NCCL_SUCCESS) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_CUDA, "%s: NCCL error %d (%s)", what, result, dllm__nccl.ncclGetErrorString(result));
+}
+
+/* One NCCL communicator per rank over a context's devices, created together by ncclCommInitAll (one process drives
+ * every GPU of the host), each with its own stream; destroyed with the owner. Not yet owned by a context: the
+ * sharded GPU forward that would use it is not built (section 10b); tests check it on a multi-GPU host. */
+struct dllm__tp_comms {
+    std::vector<int> devices;
+    std::vector<dllm__nccl_comm_t> comms;
+    std::vector<cudaStream_t> streams;
+
+    dllm__tp_comms() {}
+    dllm__tp_comms(const dllm__tp_comms &) = delete;
+    dllm__tp_comms &operator=(const dllm__tp_comms &) = delete;
+    ~dllm__tp_comms() {
+        for (size_t r = 0; r < comms.size(); r++)
+            if (comms[r]) dllm__nccl.ncclCommDestroy(comms[r]);
+        for (size_t r = 0; r < streams.size(); r++) {
+            cudaSetDevice(devices[r]);
+            cudaStreamDestroy(streams[r]);
+        }
+    }
+    dllm_status init(const std::vector<int> &devs) {
+        DLLM__TRY(dllm__load_nccl());
+        devices = devs;
+        for (int d : devices) {
+            cudaStream_t st = nullptr;
+            DLLM__CUDA(cudaSetDevice(d));
+            DLLM__CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            streams.push_back(st);
+        }
+        comms.assign(devices.size(), nullptr);
+        return dllm__nccl_check(dllm__nccl.ncclCommInitAll(comms.data(), (int)devices.size(), devices.data()), "ncclCommInitAll");
+    }
+};
+
+/* The all-reduce after O and after down: bufs[r] (count fp32 on rank r's device) := the sum over the ranks, on each
+ * rank's stream (so a graph captured there holds it). One group: a thread that drives several ranks must issue all
+ * of their calls between ncclGroupStart and ncclGroupEnd, or the first would wait forever for the others. */
+static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *const *bufs, size_t count) {
+    DLLM__TRY(dllm__nccl_check(dllm__nccl.ncclGroupStart(), "ncclGroupStart"));
+    int first_error = DLLM__NCCL_SUCCESS;
+    for (size_t r = 0; r < c.comms.size(); r++) {
+        int e = dllm__nccl.ncclAllReduce(bufs[r], bufs[r], count, DLLM__NCCL_FLOAT32, DLLM__NCCL_SUM, c.comms[r], c.streams[r]);
+        if (first_error == DLLM__NCCL_SUCCESS) first_error = e;
+    }
+    const int end = dllm__nccl.ncclGroupEnd();  // always closes the group, even after a failed call
+    DLLM__TRY(dllm__nccl_check(first_error, "ncclAllReduce"));
+    return dllm__nccl_check(end, "ncclGroupEnd");
+}
+
+/* Checks NCCL on `devices` against the CPU reference's all-reduce (dllm__tp_all_reduce, rank order): rank r's buffer
+ * holds count seeded values, after the device all-reduce every rank must hold the reference's sum. Over two ranks the
+ * bits must match (fp32 addition commutes); over more, NCCL's order may differ in the last bits. Reports the largest
+ * |difference| over all ranks and the number of elements that differ at all. Needs len(devices) GPUs. */
+[[maybe_unused]] static dllm_status dllm__tp_all_reduce_selfcheck(const std::vector<int> &devices, size_t count, double &max_diff, size_t &n_differ) {
+    dllm__tp_comms c;
+    DLLM__TRY(c.init(devices));
+    const size_t n = devices.size();
+    std::vector<std::vector<float>> host(n, std::vector<float>(count));
+    std::vector<const float *> parts;
+    std::vector<dllm__dbuf> dev(n);
+    std::vector<float *> bufs;
+    for (size_t r = 0; r < n; r++) {
+        for (size_t i = 0; i < count; i++) host[r][i] = (float)(dllm__uniform(29, (uint32_t)i, (uint32_t)r, 0, DLLM__RNG_GUMBEL) * 2 - 1) * (float)(1 + i % 7);
+        parts.push_back(host[r].data());
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        DLLM__TRY(dev[r].fit(count * sizeof(float), "the all-reduce check"));
+        DLLM__CUDA(cudaMemcpy(dev[r].ptr, host[r].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+        bufs.push_back(dev[r].as<float>());
+    }
+    std::vector<float> want(count), got(count);
+    dllm__tp_all_reduce(parts, count, want.data());
+    DLLM__TRY(dllm__tp_all_reduce_device(c, bufs.data(), count));
+    max_diff = 0, n_differ = 0;
+    for (size_t r = 0; r < n; r++) {
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        DLLM__CUDA(cudaStreamSynchronize(c.streams[r]));
+        DLLM__CUDA(cudaMemcpy(got.data(), dev[r].ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; i++) {
+            max_diff = std::max(max_diff, (double)fabsf(got[i] - want[i]));
+            n_differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        }
+    }
+    for (size_t r = 0; r < n; r++) {  // free on each buffer's own device
+        DLLM__CUDA(cudaSetDevice(devices[r]));
+        dev[r].release();
+    }
+    return DLLM_OK;
+}
 
 
 // ---------------------------------------------------------------------------------------------------
@@ -13579,7 +14062,27 @@ static bool dllm__gpu_usable(int device, std::string &why) {
     return true;
 }
 
+/* A context over n_devices > 1 (validated by dllm__tp_check_params): the GPU backend over every listed device, which
+ * is not built yet. Says why not for each way there: the CPU backend, a device that is not usable, NCCL missing, then
+ * the path itself. */
+static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
+    const dllm_ctx_params &p = ctx.params;
+    if (p.backend == DLLM_BACKEND_CPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
+                          p.n_devices);
+    for (int i = 0; i < p.n_devices; i++) {
+        std::string why;
+        if (!dllm__gpu_usable(p.devices[i], why))
+            return dllm__fail(DLLM_ERR_NO_DEVICE, "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s", p.n_devices, i,
+                              p.devices[i], why.c_str());
+    }
+    DLLM__TRY(dllm__load_nccl());
+    return dllm__fail(DLLM_ERR_UNSUPPORTED, "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
+                      "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1", p.n_devices);
+}
+
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
+    if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
@@ -13740,6 +14243,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.quantize_lm_head = 0;
     p.kv_quant = DLLM_KV_QUANT_NONE;
     p.kv_sink_tokens = -1;
+    p.n_devices = 0;
+    for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
     return p;
 }
 
@@ -13776,6 +14281,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1", params.quantize_lm_head);
         DLLM__TRY(dllm__kvq_check(model->cfg, dllm__enum_int(params.kv_quant), params.kv_sink_tokens,
                                   params.max_tokens ? params.max_tokens : model->cfg.max_seq_len));
+        DLLM__TRY(dllm__tp_check_params(model->cfg, params));
+        if (params.n_devices == 1) params.device = params.devices[0];
         std::unique_ptr<dllm_ctx> ctx(new dllm_ctx);
         ctx->model = model;
         ctx->params = params;

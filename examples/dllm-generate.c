@@ -33,7 +33,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_COUNT
 };
 
 typedef struct {
@@ -58,7 +58,7 @@ static const option_def option_defs[] = {
     {OPT_NO_STOP_AT_EOS, 0, {"--no-stop-at-eos"}}, {OPT_BACKEND, 1, {"--backend"}}, {OPT_PRECISION, 1, {"--precision"}},
     {OPT_THREADS, 1, {"--threads", "-t"}}, {OPT_SUB_BLOCK, 1, {"--sub-block"}}, {OPT_BLOCK_CACHE, 0, {"--block-cache"}},
     {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}}, {OPT_PROMPTS, 1, {"--prompts"}}, {OPT_BATCH, 1, {"--batch"}},
-    {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}},
+    {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}}, {OPT_DEVICES, 1, {"--devices"}},
 };
 
 typedef struct {
@@ -177,6 +177,8 @@ static void usage(FILE *f) {
             "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
             "                         soloq-c, rtn-w4a4 (and -w4a16 forms): SoloQ 4-bit, CPU backend only for now\n"
             "  -t, --threads N        CPU backend threads (default: all)\n"
+            "  --devices LIST         GPUs for tensor parallelism, e.g. 0,1 (one model split across them; not built yet:\n"
+            "                         more than one device is an error for now); one ordinal picks that GPU\n"
             "  --progress             show the progress on stderr (on a terminal the answer is then printed at the end)\n"
             "  -v, --verbose          library log messages at info level\n"
             "  --version              print the version\n"
@@ -204,6 +206,24 @@ static int parse_int(const char *s, long lo, long hi, int *out) {
     v = strtol(s, &end, 10);
     if (errno || !end || *end || end == s || v < lo || v > hi) return 0;
     *out = (int)v;
+    return 1;
+}
+
+/* "0,1,3": up to DLLM_MAX_DEVICES comma-separated device ordinals into the context's device list. Whether they are
+ * distinct and whether the model splits over them is the library's check (dllm_ctx_create names the field). */
+static int parse_devices(const char *s, dllm_ctx_params *cp) {
+    int n = 0;
+    for (;;) {
+        char item[16];
+        size_t len = strcspn(s, ",");
+        if (len == 0 || len >= sizeof item || n == DLLM_MAX_DEVICES) return 0;
+        memcpy(item, s, len);
+        item[len] = 0;
+        if (!parse_int(item, 0, 1 << 20, &cp->devices[n++])) return 0;
+        if (!s[len]) break;
+        s += len + 1;
+    }
+    cp->n_devices = n;
     return 1;
 }
 
@@ -382,6 +402,9 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
         o->ctx.precision = (dllm_precision)k;
         break;
     case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;
+    case OPT_DEVICES:
+        if (!parse_devices(v, &o->ctx)) return fail("%s must be up to %d comma-separated GPU ordinals such as 0,1, not \"%s\"", a, DLLM_MAX_DEVICES, v);
+        break;
     case OPT_SUB_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->sub_block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
     case OPT_BLOCK_CACHE: g->block_cache = 1; break;
     case OPT_KV_QUANT:
