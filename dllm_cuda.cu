@@ -46,7 +46,8 @@
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
- *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch); [debug hooks]
+ *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch) and its K/V-cache
+ *      step (forward_batch_kv, kv_scatter_rows; DLLM_UNVERIFIED=1 until a device run); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -8964,6 +8965,7 @@ DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_
 static const char *dllm__src_kv_scatter = DLLM__SOURCE_LINE R"DLLM(
 /* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned rows). */
 KERNEL_kv_scatter_rows {
+    pdl_enter();
     const int r = blockIdx.x;
     if (r >= n_rows) return;
     const uint4 *from = (const uint4 *)(src + (u64)r * src_stride);
