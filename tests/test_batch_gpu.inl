@@ -336,6 +336,23 @@ TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
 
 // ---- [dual cache] [prefix cache] the batched K/V-cache step on the GPU ---------------------------------------------
 
+/* DLLM_UNVERIFIED set (value) or unset (null) for one test, and put back as it was after it: a run that sets it for
+ * every test keeps it. */
+struct test_unverified_switch {
+    bool had = false;
+    std::string old;
+    explicit test_unverified_switch(const char *value) {
+        const char *e = getenv("DLLM_UNVERIFIED");
+        had = e != nullptr, old = e ? e : "";
+        if (value) test_setenv("DLLM_UNVERIFIED", value, 1);
+        else test_unsetenv("DLLM_UNVERIFIED");
+    }
+    ~test_unverified_switch() {
+        if (had) test_setenv("DLLM_UNVERIFIED", old.c_str(), 1);
+        else test_unsetenv("DLLM_UNVERIFIED");
+    }
+};
+
 /* kv_scatter_rows against its twin: awkward widths and strides, rows in a scattered order, the cache poisoned first. */
 TEST(batch_gpu, kv_scatter_equals_its_twin) {
     NEED_GPU();
@@ -418,7 +435,7 @@ static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx
 
 TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    test_setenv("DLLM_UNVERIFIED", "1", 1);
+    test_unverified_switch unverified("1");
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
         dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
@@ -473,14 +490,13 @@ TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
         dllm_ctx_free(cpu);
         dllm_model_free(m);
     }
-    test_unsetenv("DLLM_UNVERIFIED");
 }
 
 /* Without DLLM_UNVERIFIED the GPU has no batched K/V-cache step: such items decode one after another (today's path),
  * each exactly as dllm_generate decodes it, and the log names the switch. */
 TEST(batch_gpu, kv_items_wait_for_dllm_unverified) {
     NEED_GPU();
-    test_unsetenv("DLLM_UNVERIFIED");
+    test_unverified_switch verified_only(nullptr);
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
@@ -589,10 +605,9 @@ TEST(batch_gpu, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(
  * finishing at different steps), each bit-identical to its batch of one in two orders, and the CPU's tokens where the
  * CPU agrees alone. */
 TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
-    test_setenv("DLLM_UNVERIFIED", "1", 1);
+    test_unverified_switch unverified("1");
     test_batch_gpu_random(T_, "tiny-llada", false, 326, true);
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
-    test_unsetenv("DLLM_UNVERIFIED");
 }
 
 /* Where the batched forward does not run (FP8 on a GPU with an FP8 GEMM), the items decode one after another, each
