@@ -215,6 +215,18 @@ run_gpu() {
         # shellcheck disable=SC2086
         timeout 400 build/dllm-bench $anchors --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || echo "benchmark failed"
     fi
+    if [ "${DLLM_SKIP_BENCH:-0}" != 1 ]; then
+        # Batched decoding (issue 26): the batched forward and the batched dual-cache step at batch 1 to 64 beside the
+        # PyTorch batch anchor's dual_block32_N1024 rows (eager and CUDA graphs).
+        echo "== batched decoding: the batch anchor and dllm-bench --batch-rows"
+        if [ -f .carry/anchors/torch_reference_batch.py ] && [ "${DLLM_SKIP_ANCHORS:-0}" != 1 ]; then
+            (cd "$out" && OUT="$PWD" PYTHONUNBUFFERED=1 timeout 120 python3 "$OLDPWD/.carry/anchors/torch_reference_batch.py") > "$out/anchor_batch.log" 2>&1 ||
+                echo "torch batch anchor failed"
+            grep -E "^dual_block32_N1024_B(1|16)_|_err " "$out/anchor_batch.log" || true
+        fi
+        timeout 300 build/dllm-bench --batch-rows > "$out/bench_batch.log" 2>&1 || echo "batch benchmark failed"
+        grep -E "^(bf16_gemm_8192|batch(1|16)_dual_N1024_|batch16_fwd)" "$out/bench_batch.log" || tail -n 3 "$out/bench_batch.log"
+    fi
     echo "== tiny trained models on the GPU (NLL, exact match, agreement between decoding modes)"
     {
         for m in tiny-llada tiny-dream; do

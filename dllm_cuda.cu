@@ -49,7 +49,8 @@
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
- *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch); [debug hooks]
+ *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch) and its K/V-cache
+ *      step (forward_batch_kv, kv_scatter_rows; DLLM_UNVERIFIED=1 until a device run); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -5829,6 +5830,11 @@ struct dllm__batch_seq {
     int n = 0;
     const int32_t *positions = nullptr;  // RoPE position of each row; null: the row index
     int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
+    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their K/V
+    // written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step, every
+    // row forwarded, the cache (re)started with n rows
+    int q0 = 0, q1 = 0, slot = -1;
+    bool fill = false;
 };
 
 /* The rows of a block-diffusion step whose tokens are chosen: row i (0 <= i < n) is canvas position pos0 + i, scored
@@ -5872,6 +5878,19 @@ struct dllm__backend_impl {
     virtual dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
+    }
+    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
+     * every layer. Replaces the previous batch's caches; an empty list releases them. */
+    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows) {
+        (void)rows;
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
+    }
+    /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
+     * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
+     * has it at all (the default: no, and such items decode one after another). */
+    virtual dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
+        (void)plan, (void)out;
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
 };
 
@@ -6080,6 +6099,38 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
+    /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
+     * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) override {
+        batch_kv_.assign(rows.size(), dllm__cpu_kv());
+        batch_kv_rows_ = rows;
+        return DLLM_OK;
+    }
+    dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override {
+        const dllm__config &c = m_.cfg;
+        for (size_t i = 0; i < plan.size(); i++) {
+            const dllm__batch_seq &s = plan[i];
+            if (s.slot < 0 || (size_t)s.slot >= batch_kv_.size() || s.n > batch_kv_rows_[(size_t)s.slot] || s.q0 < 0 || s.q1 > s.n || s.q0 >= s.q1 ||
+                (s.fill && (s.q0 != 0 || s.q1 != s.n)))
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu (slot %d, %d rows, rows [%d, %d)) does not fit its cache", i,
+                                  s.slot, s.n, s.q0, s.q1);
+            dllm__cpu_kv &kv = batch_kv_[(size_t)s.slot];
+            if (s.fill) {
+                kv.n = s.n;
+                const size_t elems = (size_t)c.n_layer * kv.n * c.n_head_kv * c.head_dim;
+                kv.k.assign(elems, 0.0f);
+                kv.v.assign(elems, 0.0f);
+            } else if (kv.n != s.n) {
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu has %d rows, its cache %d", i, s.n, kv.n);
+            }
+            dllm__cpu_rows rows;
+            rows.q0 = s.q0, rows.q1 = s.q1, rows.positions = s.positions, rows.kv = &kv;
+            forward(s.ids, s.n, rows, s.r0, s.r1, out);
+            out += (size_t)(s.r1 - s.r0) * c.n_vocab;
+        }
+        return DLLM_OK;
+    }
+
   private:
     /* Logits of canvas positions [r0, r1) (shift applied) from a forward over the given rows. */
     void forward(const int32_t *ids, int n, const dllm__cpu_rows &rows, int r0, int r1, float *out) {
@@ -6128,6 +6179,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::shared_ptr<const dllm__soloq_layer> head_;  // SoloQ with quantize_lm_head
     dllm__cpu_buffers buf_;
     dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
+    std::vector<dllm__cpu_kv> batch_kv_;  // [batch] the K/V caches of a batched decode's sequences (batch_kv_reserve)
+    std::vector<int> batch_kv_rows_;       // their capacities in rows
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
     dllm__kvq kvq_;       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
@@ -9782,6 +9835,32 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
 }
 )DLLM";
 
+/* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
+ * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
+ * cache_stride apart). Its own module (dllm__module_kv_scatter), loaded by the first batched K/V-cache step. A copy:
+ * twin dllm__kv_scatter_rows_ref. */
+#define DLLM__BATCH_KV_KERNELS(X)                                                                                               \
+    X(kv_scatter_rows, __launch_bounds__(128),                                                                                  \
+      (const bf16_t *src, u64 src_stride, bf16_t *cache, u64 cache_stride, const int *cache_rows, int width, int n_rows))
+DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_t src_stride, uint16_t *cache, size_t cache_stride, const int *cache_rows, int width,
+                                      int n_rows) {
+    for (int r = 0; r < n_rows; r++) memcpy(cache + (size_t)cache_rows[r] * cache_stride, src + (size_t)r * src_stride, (size_t)width * 2);
+}
+
+static const char *dllm__src_kv_scatter = DLLM__SOURCE_LINE R"DLLM(
+/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned rows). */
+KERNEL_kv_scatter_rows {
+    pdl_enter();
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    const uint4 *from = (const uint4 *)(src + (u64)r * src_stride);
+    uint4 *to = (uint4 *)(cache + (u64)cache_rows[r] * cache_stride);
+    for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
+}
+)DLLM";
+
 // ---------------------------------------------------------------------------------------------------
 // 14. GPU: NVRTC JIT and the architecture table
 //     DeepGEMM's design: kernels are specialised on compile-time constants that belong to the model (head
@@ -10259,6 +10338,12 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 
 /* The varlen flash_attn alone, in a module of its own: compiled (or read from the disk cache) by the first batched
  * forward, so that contexts that never batch pay nothing for it. */
+/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V cache. */
+static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
+    return {"dllm_kv_scatter", dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
+            {DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
 static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, int head_dim) {
     return {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
             dllm__src_prelude() + dllm__src_mma + dllm__src_attention, {dllm__attn_varlen_name(head_dim, arch)}, arch.target};
@@ -11653,6 +11738,13 @@ struct dllm__varlen_layout {
     int rows = 0;           // all sequences' rows
     int max_rows = 0;       // the longest sequence's: the attention grid
     int out_rows = 0;       // all sequences' logit rows
+    std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries (2B values:
+    // sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys the n rows of
+    // its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not follow), and the
+    // cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's cache.
+    std::vector<int32_t> attn_q_offsets, attn_kv_offsets, cache_rows;
+    bool cached() const { return !cache_rows.empty(); }
 };
 
 /* The layout of a plan, checked: every canvas non-empty and within the RoPE tables (max_tokens rows), its logit rows a
@@ -11679,6 +11771,52 @@ static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vect
         v.out0.push_back(v.out_rows);
         v.out_rows += v.raw1.back() - v.raw0.back();
         v.max_rows = std::max(v.max_rows, s.n);
+        v.q0.push_back(0);
+    }
+    return DLLM_OK;
+}
+
+/* [batch] [dual cache] [prefix cache] The layout of a batched K/V-cache step (forward_batch_kv): each sequence's
+ * forwarded rows [q0, q1) concatenated (ids, positions), their K/V bound for rows [q0, q1) of its slot (slot s's rows
+ * start at slot_base[s] and hold at most slot_rows[s]), its queries over the slot's first n rows. Checked: a sequence's
+ * logit rows (shift applied) among its forwarded ones, its rows within its slot and the RoPE tables, a filling step
+ * forwarding every row, no slot twice. */
+static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan, const std::vector<int> &slot_base,
+                                      const std::vector<int> &slot_rows, int max_tokens, dllm__varlen_layout &v) {
+    v = dllm__varlen_layout();
+    v.offsets.push_back(0);
+    std::vector<bool> used(slot_base.size(), false);
+    for (size_t i = 0; i < plan.size(); i++) {
+        const dllm__batch_seq &s = plan[i];
+        const bool slot_ok = s.slot >= 0 && (size_t)s.slot < slot_base.size() && !used[(size_t)s.slot];
+        if (!s.ids || !slot_ok || s.n < 1 || s.n > std::min(max_tokens, slot_rows[(size_t)s.slot]) || s.q0 < 0 || s.q1 <= s.q0 || s.q1 > s.n ||
+            (s.fill && (s.q0 != 0 || s.q1 != s.n)) || s.r0 < 0 || s.r1 <= s.r0 || s.r1 > s.n)
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
+                              i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
+        used[(size_t)s.slot] = true;
+        const int raw0 = dllm__logit_row(c, s.r0), raw1 = dllm__logit_row(c, s.r1 - 1) + 1;
+        if (raw0 < s.q0 || raw1 > s.q1)
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu wants logit rows [%d, %d) outside its forwarded rows [%d, %d)", i, raw0,
+                              raw1, s.q0, s.q1);
+        if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+        for (int r = s.q0; r < s.q1; r++) {
+            const int32_t pos = s.positions ? s.positions[r] : r;
+            if (pos < 0 || pos >= max_tokens)
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r, pos, max_tokens);
+            v.positions.push_back(pos);
+            v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
+        }
+        v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
+        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query row
+        v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot]);
+        v.rows += s.q1 - s.q0;
+        v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot] + s.n);
+        v.offsets.push_back(v.rows);
+        v.raw0.push_back(raw0), v.raw1.push_back(raw1);
+        v.out0.push_back(v.out_rows);
+        v.out_rows += raw1 - raw0;
+        v.max_rows = std::max(v.max_rows, s.q1 - s.q0);
+        v.q0.push_back(s.q0);
     }
     return DLLM_OK;
 }
@@ -11722,6 +11860,14 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
     const char *batch_unsupported() const;
+    // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
+    const char *batch_kv_unsupported() const;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
+    dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
+    /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
+    dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
+        return dllm__kv_layout_of(m_.cfg, plan, bkv_base_, bkv_rows_, max_tokens_, v);
+    }
     /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
      * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
      * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
@@ -11825,6 +11971,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
+    dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     // the step (16.4.2)
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
@@ -11873,6 +12021,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::shared_ptr<dllm__module> varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
     dllm__kernel<void(attn_args)> attn_varlen_;
     dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
+    // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
+    // [2 n_kv head_dim] bf16 (slot s at rows [bkv_base_[s], + bkv_rows_[s])); the layout's attention offsets and cache rows
+    dllm__dbuf bkv_, varlen_attn_q_, varlen_attn_kv_, varlen_cache_rows_;
+    std::vector<int> bkv_base_, bkv_rows_;
+    int bkv_total_ = 0;
+    std::shared_ptr<dllm__module> kv_scatter_module_;
+    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
     bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
@@ -12610,6 +12765,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, v.ids.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    if (v.cached()) DLLM__TRY(upload_kv_layout(v));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -12632,13 +12788,14 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr, (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T,
-                              v.offsets[i] + v.raw0[i], v.raw1[i] - v.raw0[i]));
+                              v.offsets[i] + v.raw0[i] - v.q0[i], v.raw1[i] - v.raw0[i]));
     return DLLM_OK;
 }
 
 /* Self-attention of one layer over the layout's rows (held in act_.a, or under [SoloQ] from layer 1 on made in act_.q4a
  * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
 dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
+    if (v.cached()) return self_attention_varlen_kv(layer, v);
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
     const dllm__gpu_layer &L = W_->layers[layer];
@@ -12655,6 +12812,108 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.kv_splits = 1;
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
     return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.out0.size(), v.max_rows, a, stream_);
+}
+
+// ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
+// Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
+// layer), sized once per batch by its canvas (batch_kv_reserve). A block's first step forwards every row of the canvas
+// and fills the slot; its later steps forward the block (dual) or the block and the rows after it (prefix) and write
+// their fresh K|V over their slot rows. All sequences' forwarded rows, at any block and of any step kind, go through the
+// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to
+// its own slot only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's
+// logits are bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply
+// no longer in the plan. New, with no device run yet: taken only under DLLM_UNVERIFIED=1 (dllm__env().unverified);
+// otherwise dllm_generate_batch decodes these items one after another, as before.
+
+const char *dllm__gpu_backend::batch_kv_unsupported() const {
+    if (const char *why = batch_unsupported()) return why;
+    if (!dllm__env().unverified) return "yet: the GPU's batched K/V-cache step awaits its first device run (set DLLM_UNVERIFIED=1 to take it)";
+    return nullptr;
+}
+
+dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
+    const dllm__config &c = m_.cfg;
+    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    if (rows.empty()) {
+        bkv_.release();
+        return DLLM_OK;
+    }
+    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    int64_t total = 0;
+    for (int n : rows) {
+        if (n < 1 || n > max_tokens_) return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
+        total += n;
+    }
+    if (total > INT32_MAX) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
+    const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
+    bkv_.release();  // the previous batch's, before the new ones are allocated
+    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2, "the batch's K/V caches (make the batch or its canvases smaller)"));
+    for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
+    if (!kv_scatter_.fn) {
+        DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
+        kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
+    }
+    return DLLM_OK;
+}
+
+/* forward_batch's with the layout of the reserved slots. The empty plan asks whether the step exists here. */
+dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
+    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    if (plan.empty()) return DLLM_OK;
+    if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    const dllm__config &c = m_.cfg;
+    dllm__varlen_layout v;
+    DLLM__TRY(kv_layout(plan, v));
+    std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
+    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        return DLLM_OK;
+    }));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < plan.size(); i++) {
+        dllm__unshift_rows(c, raw.data() + (size_t)v.out0[i] * c.n_vocab, v.raw0[i], plan[i].r0, plan[i].r1, out);
+        out += (size_t)(plan[i].r1 - plan[i].r0) * c.n_vocab;
+    }
+    return DLLM_OK;
+}
+
+/* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
+dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
+    DLLM__TRY(varlen_attn_q_.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(varlen_attn_kv_.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(varlen_cache_rows_.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4, cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
+/* self_attention_varlen under a K/V cache: the fused QKV GEMM over the forwarded rows, bias + RoPE at their positions,
+ * their K|V columns into their slot rows of this layer's cache (kv_scatter_rows), then the varlen attention with each
+ * sequence's queries (the forwarded rows' Q columns) over its slot's n rows. */
+dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = m_.cfg;
+    const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, width = 2 * c.n_head_kv * hd, T = v.rows;
+    const dllm__gpu_layer &L = W_->layers[layer];
+    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !bkv_.ptr)
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T, v.cache_rows.size(),
+                          bkv_.ptr ? "reserved" : "not reserved");
+    DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
+    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
+                                 varlen_cache_rows_.as<int>(), width, T));
+    attn_args a = {};
+    a.q = act_.qkv.as<bf16_t>();
+    a.k = cache;
+    a.v = cache + (size_t)c.n_head_kv * hd;
+    a.o = act_.att.as<bf16_t>();
+    a.seq = max_tokens_, a.q_rows = v.max_rows;  // each CTA reads its sequence's own (varlen_sequence)
+    a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
+    return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.attn_q_offsets.size() - 1, v.max_rows, a, stream_);
 }
 
 // ---- 16.4.2 The denoising step --------------------------------------------------------------------
@@ -13897,10 +14156,11 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 // sequence of it), then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly
 // as the solo step does. A sequence that finishes, fails or is cancelled leaves the batch at once.
 
-/* Why an item cannot join a batched forward (it then decodes alone), or null. */
-static const char *dllm__batch_excluded(const dllm_ctx &ctx, const dllm_gen_params &p) {
+/* Why an item cannot join a batched forward (it then decodes alone), or null. kv_why: why the backend has no batched
+ * K/V-cache step (forward_batch_kv), or null when it has one. */
+static const char *dllm__batch_excluded(const dllm_ctx &ctx, const dllm_gen_params &p, const char *kv_why) {
     if (dllm__is_block_diffusion(ctx.model->cfg)) return "block diffusion";
-    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE) return "a K/V cache";
+    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && kv_why) return kv_why;
     return nullptr;
 }
 
@@ -13913,6 +14173,7 @@ struct dllm__batch_member {
     dllm__step_work work;
     std::vector<int32_t> uncond, committed;
     double t0 = 0;
+    int slot = -1;  // [dual cache] [prefix cache] its K/V cache (CFG's unconditional canvas: slot + 1), or -1
 };
 
 /* An item's outcome; its error message is kept with it, since later items overwrite the thread's. */
@@ -13927,33 +14188,48 @@ static void dllm__batch_retire(dllm__batch_member &m, dllm_status s) {
     dllm__batch_set_status(*m.result, s);
 }
 
-/* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward, then each
- * member's choice and commits. A failing forward is every member's failure: the step of none can go on. */
+/* [batch] [dual cache] [prefix cache] A member's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
+ * forward: with a K/V cache, the rows dllm__step_rows names over its slot, the block's first step filling it. */
+static dllm__batch_seq dllm__batch_seq_of(const dllm__batch_member &m, int c, int shift) {
+    const dllm__decode &st = m.g->st;
+    dllm__batch_seq s;
+    s.ids = c ? m.uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
+    s.positions = st.positions.empty() ? nullptr : st.positions.data();
+    s.r0 = m.work.r0, s.r1 = m.work.r1;
+    if (m.slot >= 0) {
+        dllm__step_rows(st, shift, s.q0, s.q1);
+        s.slot = m.slot + c, s.fill = st.step_in_block == 0;
+    }
+    return s;
+}
+
+/* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward (members with a K/V
+ * cache in a second one, forward_batch_kv), then each member's choice and commits. A failing forward is every member's
+ * failure: the step of none can go on. */
 static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active, std::vector<float> &logits) {
     const int V = ctx.model->cfg.n_vocab;
-    std::vector<dllm__batch_seq> plan;
-    size_t rows = 0;
+    std::vector<dllm__batch_seq> plan[2];  // without, with a K/V cache
+    size_t rows[2] = {0, 0};
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
         dllm__step_begin(st, m->work);
         const int n_canvas = st.cfg_scale > 0 ? 2 : 1;
         if (n_canvas == 2) dllm__uncond_canvas(st, m->uncond);
         for (int c = 0; c < n_canvas; c++) {
-            dllm__batch_seq s;
-            s.ids = c ? m->uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
-            s.positions = st.positions.empty() ? nullptr : st.positions.data();
-            s.r0 = m->work.r0, s.r1 = m->work.r1;
-            plan.push_back(s);
-            rows += (size_t)(s.r1 - s.r0);
+            const dllm__batch_seq s = dllm__batch_seq_of(*m, c, ctx.model->cfg.shift_logits);
+            plan[m->slot >= 0].push_back(s);
+            rows[m->slot >= 0] += (size_t)(s.r1 - s.r0);
         }
     }
-    logits.resize(rows * V);
-    DLLM__TRY(ctx.impl->forward_batch(plan, logits.data()));
-    float *cond = logits.data();
+    logits.resize((rows[0] + rows[1]) * V);
+    if (!plan[0].empty()) DLLM__TRY(ctx.impl->forward_batch(plan[0], logits.data()));
+    if (!plan[1].empty()) DLLM__TRY(ctx.impl->forward_batch_kv(plan[1], logits.data() + rows[0] * V));
+    float *next[2] = {logits.data(), logits.data() + rows[0] * V};
     std::vector<dllm__batch_member *> still;
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
         const size_t n = (size_t)(m->work.r1 - m->work.r0) * V;
+        float *&cond = next[m->slot >= 0];
         float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
         dllm__step_end(st, m->work, cond, uncond, V, m->committed);
         cond += uncond ? 2 * n : n;
@@ -14000,29 +14276,63 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
     return true;
 }
 
+/* [batch] [dual cache] [prefix cache] The K/V cache slots of the items that join the batch with a K/V cache: slot_of[i]
+ * is item i's (CFG's unconditional canvas: the next one), -1 for the others; slot_rows[s] its canvas's rows (prompt
+ * + gen_length, which DPad's views never exceed). An item whose lengths are invalid gets none: its admission fails. */
+static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items, int n_items, const std::vector<bool> &batched,
+                               std::vector<int> &slot_of, std::vector<int> &slot_rows) {
+    slot_of.assign((size_t)n_items, -1), slot_rows.clear();
+    for (int i = 0; i < n_items; i++) {
+        const dllm_gen_params &p = items[i].params;
+        const int64_t n = (int64_t)items[i].n_prompt + p.gen_length;
+        if (!batched[(size_t)i] || dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE || items[i].n_prompt < 0 || p.gen_length <= 0 || n > ctx.max_tokens)
+            continue;
+        slot_of[(size_t)i] = (int)slot_rows.size();
+        slot_rows.insert(slot_rows.end(), p.cfg_scale > 0 ? 2 : 1, (int)n);
+    }
+    return (int)slot_rows.size();
+}
+
 /* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
 static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                              dllm_gen_stats &stats) {
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
     const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
+    std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
+    if (batches && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK) kv_why = "a K/V cache: " + dllm__tls_error;
     std::vector<dllm__batch_member> members;
     members.reserve((size_t)n_items);
     std::vector<int> alone;
     const char *why = batches ? nullptr : no_batch.c_str();
+    std::vector<bool> batched((size_t)n_items);
+    for (int i = 0; i < n_items; i++) batched[(size_t)i] = batches && !dllm__batch_excluded(ctx, items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
+    std::vector<int> slot_of, slot_rows;
+    const bool kv_slots = dllm__batch_kv_plan(ctx, items, n_items, batched, slot_of, slot_rows) > 0;
+    if (kv_slots && ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
+        kv_why = "a K/V cache: " + dllm__tls_error;
+        for (int i = 0; i < n_items; i++) batched[(size_t)i] = batched[(size_t)i] && slot_of[(size_t)i] < 0;
+    }
     for (int i = 0; i < n_items; i++) {
-        const char *excluded = batches ? dllm__batch_excluded(ctx, items[i].params) : why;
+        const char *excluded = !batches ? why : !batched[(size_t)i] ? dllm__batch_excluded(ctx, items[i].params, kv_why.c_str()) : nullptr;
         if (excluded) {
             if (alone.empty()) why = excluded;
             alone.push_back(i);
             continue;
         }
         members.emplace_back();
+        members.back().slot = slot_of[(size_t)i];
         if (!dllm__batch_admit(ctx, items[i], results[i], members.back())) members.pop_back();
     }
     if (!alone.empty())
         dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
                   alone.size(), n_items, alone[0], why);
-    DLLM__TRY(dllm__batch_decode(ctx, members, stats));
+    const dllm_status decoded = dllm__batch_decode(ctx, members, stats);
+    if (kv_slots) {  // the caches go with the batch; a failure's message stays the thread's
+        const std::string error = dllm__tls_error;
+        ctx.impl->batch_kv_reserve({});
+        dllm__tls_error = error;
+    }
+    DLLM__TRY(decoded);
     for (int i : alone) {
         dllm_batch_result &r = results[i];
         const dllm_batch_item &it = items[i];

@@ -121,7 +121,7 @@ static dllm_status test_batch_first_failure(const std::vector<test_batch_case *>
 /* Random batches of 2-5 items on one model, each in two orders, against the items alone. Quantised precisions
  * quantise each row (token) on its own, so they batch exactly too. */
 static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, int rounds = 5,
-                                      dllm_precision precision = DLLM_PRECISION_BF16) {
+                                      dllm_precision precision = DLLM_PRECISION_BF16, bool kv = false) {
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = precision;
@@ -132,12 +132,14 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
     dllm_model_get_info(m, &info);
     std::mt19937 rng(seed);
     dllm__debug_step_logits = test_batch_logits_hook;
-    int n_cfg = 0, n_dpad = 0, n_sampled = 0, n_rule = 0;  // what the random batches covered
+    int n_cfg = 0, n_dpad = 0, n_sampled = 0, n_rule = 0, n_kv[3] = {0, 0, 0};  // what the random batches covered
     for (int round = 0; round < rounds; round++) {
         std::vector<test_batch_case> cases((size_t)(2 + rng() % 4));
         int n_ok = 0;
         for (test_batch_case &c : cases) {
             test_batch_make_case(rng, info, dream, c);
+            if (kv) c.params.kv_cache = (dllm_kv_cache)(rng() % 3);  // none, prefix, dual: mixed in one batch
+            n_kv[c.params.kv_cache]++;
             test_batch_run_alone(ctx, c);
             // Not always OK: a threshold/factor block of a tiny random model can hit the step bound (INTERNAL, also
             // in dllm_generate before batching existed); the batch must then fail that item alike.
@@ -170,6 +172,8 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
     dllm__debug_step_logits = nullptr;
     CHECK_MSG(rounds < 5 || (n_cfg && n_dpad && n_sampled && n_rule), "%s: the batches held %d CFG, %d DPad, %d sampled, %d threshold/factor items",
               model_dir, n_cfg, n_dpad, n_sampled, n_rule);
+    CHECK_MSG(!kv || (n_kv[DLLM_KV_CACHE_PREFIX] && n_kv[DLLM_KV_CACHE_DUAL]), "%s: the batches held %d prefix-cache and %d dual-cache items", model_dir,
+              n_kv[DLLM_KV_CACHE_PREFIX], n_kv[DLLM_KV_CACHE_DUAL]);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -177,6 +181,13 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
 TEST(batch, llada_items_equal_alone_bit_for_bit) { test_batch_random_batches(T_, "tiny-llada", false, 26); }
 
 TEST(batch, dream_items_equal_alone_bit_for_bit) { test_batch_random_batches(T_, "tiny-dream", true, 2026); }
+
+/* [dual cache] [prefix cache] Items with a K/V cache batch too (forward_batch_kv), beside items without one, each at
+ * its own block and step: the same tokens and logits as dllm_generate alone. */
+TEST(batch, kv_cache_items_equal_alone_bit_for_bit) {
+    test_batch_random_batches(T_, "tiny-llada", false, 31, 5, DLLM_PRECISION_BF16, true);
+    test_batch_random_batches(T_, "tiny-dream", true, 32, 4, DLLM_PRECISION_BF16, true);
+}
 
 TEST(batch, fp8_and_soloq_items_equal_alone_bit_for_bit) {
     test_batch_random_batches(T_, "tiny-llada", false, 8, 2, DLLM_PRECISION_FP8_ALL);
@@ -290,20 +301,22 @@ static void test_batch_log(dllm_log_level level, const char *text, void *user) {
     if (level == DLLM_LOG_INFO && strstr(text, "dllm_generate_batch")) *(std::string *)user += text;
 }
 
-/* Items with a K/V cache decode one after another, say so, and still give each item its own result; a DPad item
- * beside them stays in the batched forward. */
-TEST(batch, kv_cache_items_decode_one_after_another) {
+/* Items with a K/V cache join the batched forward on the CPU (its forward_batch_kv) beside plain and DPad items, each
+ * gets its own result, and the batch counts one forward per batched step (two forwards, one per kind, count once). */
+TEST(batch, kv_cache_items_join_the_batch) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     std::mt19937 rng(5);
-    std::vector<test_batch_case> cases(4);
+    std::vector<test_batch_case> cases(5);
     for (test_batch_case &c : cases) test_batch_make_case(rng, info, false, c);
     dllm__debug_step_logits = test_batch_logits_hook;
     cases[1].params.kv_cache = DLLM_KV_CACHE_DUAL;
+    cases[2].params.kv_cache = DLLM_KV_CACHE_PREFIX, cases[2].params.cfg_scale = 0.5f;  // two slots
     cases[3].params.dpad = DLLM_DPAD_UNIFORM, cases[3].params.dpad_n = 2;
+    cases[4].params.kv_cache = DLLM_KV_CACHE_DUAL, cases[4].params.dpad = DLLM_DPAD_UNIFORM, cases[4].params.dpad_n = 1;
     for (test_batch_case &c : cases) test_batch_run_alone(ctx, c);
     std::string log;
     dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
@@ -313,10 +326,16 @@ TEST(batch, kv_cache_items_decode_one_after_another) {
     dllm_gen_stats bs;
     CHECK_STATUS(test_batch_run(ctx, order, results, &bs), DLLM_OK, nullptr);
     dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
-    for (size_t i = 0; i < cases.size(); i++) test_batch_check_case(T_, cases[i], results[i], i == 1 ? "K/V cache item" : i == 3 ? "DPad item" : "batched item");
-    CHECK_MSG(strstr(log.c_str(), "1 of 4 items decode one after another") && strstr(log.c_str(), "K/V cache"), "log: %s", log.c_str());
-    const int batched = std::max(std::max(results[0].stats.steps, results[2].stats.steps), results[3].stats.steps);
-    CHECK_MSG(bs.forwards == batched + results[1].stats.forwards, "batch forwards %d", bs.forwards);
+    int max_steps = 0;
+    for (size_t i = 0; i < cases.size(); i++) {
+        char what[64];
+        snprintf(what, sizeof what, "item %zu (K/V cache %d, DPad %d)", i, (int)cases[i].params.kv_cache, (int)cases[i].params.dpad);
+        test_batch_check_case(T_, cases[i], results[i], what);
+        max_steps = std::max(max_steps, results[i].stats.steps);
+    }
+    CHECK_MSG(log.find("one after another") == std::string::npos, "log: %s", log.c_str());
+    CHECK_MSG(bs.forwards == max_steps && bs.steps == max_steps, "batch forwards %d, steps %d, the items' largest step count %d", bs.forwards, bs.steps,
+              max_steps);
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
     dllm_model_free(m);

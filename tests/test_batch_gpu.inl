@@ -56,6 +56,94 @@ TEST(jit, varlen_attention_compiles_for_every_arch) {
         }
 }
 
+// ---- [dual cache] [prefix cache] the batched K/V-cache step's layout (CPU) -----------------------------------------
+
+/* Three sequences over slots laid out out of order: a dual-cache step, a filling step, a DPad prefix-cache step. */
+struct test_kv_plan {
+    std::vector<int32_t> a, b, cv, dpad;
+    std::vector<dllm__batch_seq> plan;
+    std::vector<int> base = {0, 6, 20}, rows = {6, 14, 10};
+};
+static void test_kv_make_plan(test_kv_plan &k) {
+    for (int i = 0; i < 10; i++) k.a.push_back(100 + i);
+    for (int i = 0; i < 6; i++) k.b.push_back(200 + i);
+    for (int i = 0; i < 12; i++) k.cv.push_back(300 + i), k.dpad.push_back(2 * i + 1);
+    k.plan.resize(3);
+    dllm__batch_seq &a = k.plan[0], &b = k.plan[1], &c = k.plan[2];
+    a.ids = k.a.data(), a.n = 10, a.slot = 2, a.q0 = 4, a.q1 = 8, a.r0 = 4, a.r1 = 8;
+    b.ids = k.b.data(), b.n = 6, b.slot = 0, b.fill = true, b.q0 = 0, b.q1 = 6, b.r0 = 2, b.r1 = 6;
+    c.ids = k.cv.data(), c.n = 12, c.slot = 1, c.positions = k.dpad.data(), c.q0 = 8, c.q1 = 12, c.r0 = 9, c.r1 = 12;
+}
+
+TEST(batch, kv_layout_places_rows_in_their_slots) {
+    test_kv_plan k;
+    test_kv_make_plan(k);
+    dllm__config c;
+    c.shift_logits = false;
+    dllm__varlen_layout v;
+    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_OK, nullptr);
+    CHECK(v.cached() && v.rows == 14 && v.max_rows == 6 && v.out_rows == 11);
+    CHECK((v.offsets == std::vector<int32_t>{0, 4, 10, 14}) && (v.q0 == std::vector<int>{4, 0, 8}));
+    CHECK((v.ids == std::vector<int32_t>{104, 105, 106, 107, 200, 201, 202, 203, 204, 205, 308, 309, 310, 311}));
+    CHECK((v.positions == std::vector<int32_t>{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 17, 19, 21, 23}));
+    CHECK((v.cache_rows == std::vector<int32_t>{24, 25, 26, 27, 0, 1, 2, 3, 4, 5, 14, 15, 16, 17}));
+    // entries 0, 2, 4 the sequences (queries over their slot's n rows), 1 and 3 the bridges without a query row
+    CHECK((v.attn_q_offsets == std::vector<int32_t>{0, 4, 4, 10, 10, 14}));
+    CHECK((v.attn_kv_offsets == std::vector<int32_t>{20, 30, 0, 6, 6, 18}));
+    CHECK((v.raw0 == std::vector<int>{4, 2, 9}) && (v.raw1 == std::vector<int>{8, 6, 12}) && (v.out0 == std::vector<int>{0, 4, 8}));
+    // the rows go where the layout says: the twin of kv_scatter_rows moves each forwarded row's K|V into its slot row
+    const int width = 24, stride = 40;
+    std::vector<uint16_t> src((size_t)v.rows * stride), cache((size_t)30 * width, 0xFFFF);
+    for (int r = 0; r < v.rows; r++)
+        for (int e = 0; e < stride; e++) src[(size_t)r * stride + e] = (uint16_t)(v.ids[(size_t)r] * 64 + e);
+    dllm__kv_scatter_rows_ref(src.data() + 16, stride, cache.data(), width, v.cache_rows.data(), width, v.rows);
+    for (int row = 0; row < 30; row++) {
+        int32_t id = -1;  // the canvas token whose K|V this cache row must hold, -1: untouched
+        if (row >= 24 && row < 28) id = 100 + row - 20;   // slot 2, rows 4..7 of a
+        if (row < 6) id = 200 + row;                      // slot 0, every row of b
+        if (row >= 14 && row < 18) id = 300 + row - 6;    // slot 1, rows 8..11 of c
+        for (int e = 0; e < width; e++) {
+            const uint16_t want = id < 0 ? (uint16_t)0xFFFF : (uint16_t)(id * 64 + 16 + e);
+            CHECK_MSG(cache[(size_t)row * width + e] == want, "cache row %d element %d: %d, want %d", row, e, cache[(size_t)row * width + e], want);
+            if (cache[(size_t)row * width + e] != want) return;
+        }
+    }
+    // Dream's shift: sequence a's first logit row is 3, outside its forwarded rows [4, 8): the driver never plans that
+    c.shift_logits = true;
+    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "logit rows [3, 7) outside its forwarded rows [4, 8)");
+    k.plan[0].q0 = 3, k.plan[2].q0 = 7;  // dllm__step_rows's rows under the shift
+    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_OK, nullptr);
+    CHECK((v.raw0 == std::vector<int>{3, 1, 8}) && (v.cache_rows[0] == 23) && v.rows == 16 && (v.attn_q_offsets == std::vector<int32_t>{0, 5, 5, 11, 11, 16}));
+    // plans the driver must never make: INTERNAL, naming the sequence
+    c.shift_logits = false;
+    test_kv_make_plan(k);
+    std::vector<dllm__batch_seq> bad = k.plan;
+    bad[2].slot = 2;  // a slot twice
+    CHECK_STATUS(dllm__kv_layout_of(c, bad, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "sequence 2 (slot 2");
+    bad = k.plan, bad[0].slot = 3;
+    CHECK_STATUS(dllm__kv_layout_of(c, bad, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "sequence 0 (slot 3");
+    bad = k.plan, bad[1].q0 = 1;  // a filling step forwards every row
+    CHECK_STATUS(dllm__kv_layout_of(c, bad, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "sequence 1");
+    bad = k.plan, bad[0].slot = 1, bad[2].slot = 2;  // c's 12 rows in slot 2's 10
+    CHECK_STATUS(dllm__kv_layout_of(c, bad, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "sequence 2");
+    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 20, v), DLLM_ERR_INTERNAL, "position 21");
+    CHECK_STATUS(dllm__kv_layout_of(c, std::vector<dllm__batch_seq>(), k.base, k.rows, 64, v), DLLM_OK, nullptr);
+    CHECK(v.rows == 0 && !v.cached() && v.attn_q_offsets.empty());
+}
+
+/* kv_scatter_rows compiles for every architecture of the table (sm_80 and sm_90a among them), without spills. */
+TEST(jit, kv_scatter_compiles_for_every_arch) {
+    for (const dllm__arch &row : dllm__arch_table) {
+        const dllm__jit_request rq = dllm__module_kv_scatter(row);
+        std::vector<char> cubin;
+        std::vector<std::string> lowered;
+        std::string log;
+        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), row.target, log.c_str());
+        CHECK(rq.kernels.size() == 1 && lowered.size() == 1 && cubin.size() > 500);
+    }
+}
+
 // ---- the varlen attention on the GPU ---------------------------------------------------------------------
 
 /* Sequences of the given lengths concatenated in `order`, fused Q|K|V rows ([T][H + 2 KV][hd]): the varlen flash_attn's
@@ -246,11 +334,202 @@ TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
     }
 }
 
+// ---- [dual cache] [prefix cache] the batched K/V-cache step on the GPU ---------------------------------------------
+
+/* DLLM_UNVERIFIED set (value) or unset (null) for one test, and put back as it was after it: a run that sets it for
+ * every test keeps it. */
+struct test_unverified_switch {
+    bool had = false;
+    std::string old;
+    explicit test_unverified_switch(const char *value) {
+        const char *e = getenv("DLLM_UNVERIFIED");
+        had = e != nullptr, old = e ? e : "";
+        if (value) test_setenv("DLLM_UNVERIFIED", value, 1);
+        else test_unsetenv("DLLM_UNVERIFIED");
+    }
+    ~test_unverified_switch() {
+        if (had) test_setenv("DLLM_UNVERIFIED", old.c_str(), 1);
+        else test_unsetenv("DLLM_UNVERIFIED");
+    }
+};
+
+/* kv_scatter_rows against its twin: awkward widths and strides, rows in a scattered order, the cache poisoned first. */
+TEST(batch_gpu, kv_scatter_equals_its_twin) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    std::shared_ptr<dllm__module> mod;
+    CHECK_STATUS(dllm__jit_load(dllm__module_kv_scatter(g.arch), mod), DLLM_OK, nullptr);
+    if (!mod) return;
+    dllm__kernel<dllm__sig_kv_scatter_rows> k;
+    k.fn = mod->kernels.at("kv_scatter_rows"), k.name = "kv_scatter_rows";
+    std::mt19937 rng(44);
+    for (int width : {8, 24, 1032}) {
+        const int stride = width + 40, rows = 37, cache_rows = 3 * rows;
+        std::vector<uint16_t> src((size_t)rows * stride), cache((size_t)cache_rows * width, 0x7FC1);
+        for (uint16_t &x : src) x = (uint16_t)rng();
+        std::vector<int> to((size_t)cache_rows);
+        for (int i = 0; i < cache_rows; i++) to[(size_t)i] = i;
+        std::shuffle(to.begin(), to.end(), rng);
+        to.resize((size_t)rows);
+        dllm__dbuf dsrc, dcache, dto;
+        test_put(dsrc, src);
+        test_put(dcache, cache);  // the poison: rows the scatter must not touch keep it
+        test_put(dto, to);
+        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride, dcache.as<bf16_t>(), (u64)width, dto.as<int>(), width,
+                              rows),
+                     DLLM_OK, nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data(), width, to.data(), width, rows);
+        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache, "width %d: the scattered cache differs from the twin's", width);
+    }
+}
+
+/* Sequences with K/V caches of mixed lengths and cache modes, stepped together through forward_batch_kv: a filling
+ * step for all, then a step where some forward their block (dual) or block and suffix (prefix) over their caches while
+ * one fills again (its next block) and one has left; each sequence's logits bit-identical to its own steps in a batch
+ * of one, and to the batch with its slots and sequences in another order; close to the CPU's forward_batch_kv. */
+struct test_kv_seq {
+    std::vector<int32_t> ids;
+    int b0 = 0, b1 = 0;  // the block
+    bool dual = true;
+};
+static dllm__batch_seq test_kv_step(const test_kv_seq &q, int slot, bool fill, int shift) {
+    dllm__batch_seq s;
+    s.ids = q.ids.data(), s.n = (int)q.ids.size(), s.slot = slot, s.fill = fill;
+    s.q0 = fill ? 0 : std::max(0, q.b0 - shift), s.q1 = fill || !q.dual ? s.n : q.b1;
+    s.r0 = q.b0, s.r1 = q.b1;
+    return s;
+}
+/* Runs the steps (each a list of (sequence, fill)), step k on the canvases canvases[k], over slots in the given order
+ * (slot i: sequence slots[i]); each step's logits by sequence (empty where it took no part). */
+typedef std::vector<std::vector<std::pair<int, bool>>> test_kv_steps;
+static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx *ctx, const std::vector<std::vector<test_kv_seq>> &canvases,
+                                                   const test_kv_steps &steps, const std::vector<int> &slots, int V, int shift) {
+    const std::vector<test_kv_seq> &seqs = canvases[0];
+    std::vector<int> rows(seqs.size()), slot_of(seqs.size());
+    for (size_t i = 0; i < slots.size(); i++) rows[i] = (int)seqs[(size_t)slots[i]].ids.size(), slot_of[(size_t)slots[i]] = (int)i;
+    CHECK_STATUS(ctx->impl->batch_kv_reserve(rows), DLLM_OK, nullptr);
+    std::vector<std::vector<float>> res;
+    for (size_t k = 0; k < steps.size(); k++) {
+        std::vector<dllm__batch_seq> plan;
+        size_t n = 0;
+        for (const std::pair<int, bool> &e : steps[k]) {
+            plan.push_back(test_kv_step(canvases[k][(size_t)e.first], slot_of[(size_t)e.first], e.second, shift));
+            n += (size_t)(plan.back().r1 - plan.back().r0) * V;
+        }
+        std::vector<float> out(n, NAN);
+        CHECK_STATUS(ctx->impl->forward_batch_kv(plan, out.data()), DLLM_OK, nullptr);
+        size_t at = 0;
+        std::vector<std::vector<float>> mine(seqs.size());
+        for (size_t i = 0; i < plan.size(); i++) {
+            const size_t w = (size_t)(plan[i].r1 - plan[i].r0) * V;
+            mine[(size_t)steps[k][i].first].assign(out.begin() + (long)at, out.begin() + (long)(at + w));
+            at += w;
+        }
+        for (std::vector<float> &x : mine) res.push_back(x);
+    }
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
+    return res;
+}
+
+TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
+    NEED_GPU();
+    test_unverified_switch unverified("1");
+    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
+        dllm_model *m = test_load(test_data(fx));
+        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+        CHECK(gpu && cpu);
+        if (gpu && cpu) {
+            const int V = m->cfg.n_vocab, shift = m->cfg.shift_logits ? 1 : 0;
+            std::mt19937 rng(77);
+            const int prompts[] = {5, 13, 1, 40}, gens[] = {16, 32, 16, 24};
+            std::vector<test_kv_seq> seqs(4);
+            for (size_t i = 0; i < seqs.size(); i++) {
+                const int n = prompts[i] + gens[i];
+                for (int p = 0; p < n; p++) seqs[i].ids.push_back(p >= prompts[i] && rng() % 2 ? m->cfg.mask_id : (int32_t)(rng() % (uint32_t)V));
+                seqs[i].b0 = prompts[i], seqs[i].b1 = prompts[i] + 8, seqs[i].dual = i % 2 == 0;
+            }
+            // step 1: every sequence fills; step 2: 0 and 1 cached, 2 fills its next block, 3 has left
+            std::vector<test_kv_seq> later = seqs;
+            later[0].ids[(size_t)later[0].b0] = 7, later[1].ids[(size_t)later[1].b0 + 1] = 9;  // a step committed tokens
+            later[2].b0 += 8, later[2].b1 += 8;
+            const test_kv_steps steps = {{{0, true}, {1, true}, {2, true}, {3, true}}, {{0, false}, {1, false}, {2, true}}};
+            const std::vector<std::vector<test_kv_seq>> canvases = {seqs, later};
+            auto run_two = [&](dllm_ctx *ctx, const test_kv_steps &st, const std::vector<int> &slots) {
+                return test_kv_run(T_, ctx, canvases, st, slots, V, shift);
+            };
+            const std::vector<std::vector<float>> all = run_two(gpu, steps, {0, 1, 2, 3});
+            // the same steps, the sequences listed backwards and their slots in another order
+            test_kv_steps backwards = steps;
+            for (auto &st : backwards) std::reverse(st.begin(), st.end());
+            CHECK_MSG(run_two(gpu, backwards, {2, 0, 3, 1}) == all, "%s: the batch's order or slots changed bits", fx);
+            for (int i = 0; i < 4; i++) {  // each alone: a batch of one with one slot
+                test_kv_steps one;
+                for (const auto &st : steps) {
+                    one.emplace_back();
+                    for (const auto &e : st)
+                        if (e.first == i) one.back().push_back(e);
+                    if (one.back().empty()) one.pop_back();
+                }
+                const std::vector<std::vector<float>> solo = run_two(gpu, one, {i, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4});
+                for (size_t k = 0; k < one.size(); k++) {
+                    const std::vector<float> &want = solo[k * 4 + (size_t)i], &got = all[k * 4 + (size_t)i];
+                    CHECK_MSG(!want.empty() && want.size() == got.size() && !memcmp(want.data(), got.data(), want.size() * 4),
+                              "%s sequence %d step %zu: batched logits differ from its own", fx, i, k);
+                }
+            }
+            const std::vector<std::vector<float>> ref = run_two(cpu, steps, {0, 1, 2, 3});
+            double err = 0;
+            for (size_t k = 0; k < all.size(); k++)
+                if (!all[k].empty()) err = std::max(err, test_max_rel(all[k], ref[k]));
+            printf("    %s: GPU vs CPU batched K/V-cache logits max relative error %.2e\n", fx, err);
+            CHECK_MSG(err < 5e-2, "%s: GPU batched K/V-cache step error %.3e against the CPU's", fx, err);
+        }
+        dllm_ctx_free(gpu);
+        dllm_ctx_free(cpu);
+        dllm_model_free(m);
+    }
+}
+
+/* Without DLLM_UNVERIFIED the GPU has no batched K/V-cache step: such items decode one after another (today's path),
+ * each exactly as dllm_generate decodes it, and the log names the switch. */
+TEST(batch_gpu, kv_items_wait_for_dllm_unverified) {
+    NEED_GPU();
+    test_unverified_switch verified_only(nullptr);
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    CHECK_STATUS(ctx->impl->forward_batch_kv({}, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_UNVERIFIED=1");
+    dllm_model_info info;
+    dllm_model_get_info(m, &info);
+    std::mt19937 rng(19);
+    std::vector<test_batch_case> cases(3);
+    std::vector<test_batch_case *> order;
+    for (test_batch_case &c : cases) {
+        test_batch_make_case(rng, info, false, c);
+        c.params.kv_cache = DLLM_KV_CACHE_DUAL;
+        test_batch_run_alone(ctx, c);
+        order.push_back(&c);
+    }
+    std::string log;
+    dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
+    std::vector<dllm_batch_result> results;
+    test_batch_run(ctx, order, results, nullptr);
+    dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
+    for (size_t i = 0; i < cases.size(); i++)
+        CHECK_MSG(results[i].status == cases[i].status_alone && cases[i].out_batch == cases[i].out_alone && cases[i].batch.canvases == cases[i].alone.canvases,
+                  "item %zu differs from dllm_generate", i);
+    CHECK_MSG(strstr(log.c_str(), "3 of 3 items decode one after another") && strstr(log.c_str(), "DLLM_UNVERIFIED=1"), "log: %s", log.c_str());
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
 // ---- dllm_generate_batch on the GPU ----------------------------------------------------------------------
 
 /* Random batches on the GPU: every item's tokens, canvases and step logits bit-identical to the item decoded as a batch
  * of one, in two orders; where the CPU decodes an item alone to the same tokens, the CPU's batch does too. */
-static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed) {
+static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, bool kv = false) {
     NEED_GPU();
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
@@ -266,6 +545,7 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
         std::vector<std::vector<int32_t>> cpu_alone;
         for (test_batch_case &c : cases) {
             test_batch_make_case(rng, info, dream, c);
+            if (kv) c.params.kv_cache = rng() % 2 ? DLLM_KV_CACHE_PREFIX : DLLM_KV_CACHE_DUAL;
             // alone on the GPU: a batch of one (the same forward as in any batch)
             std::vector<dllm_batch_result> one;
             dllm_status s = test_batch_run(gpu, {&c}, one, nullptr);
@@ -319,6 +599,16 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
 TEST(batch_gpu, llada_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-llada", false, 126); }
 
 TEST(batch_gpu, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-dream", true, 2126); }
+
+/* [dual cache] [prefix cache] The batched K/V-cache step (DLLM_UNVERIFIED=1 until a device run passes this): random
+ * items with prefix and dual caches, mixed prompt and generation lengths, CFG, DPad and threshold rules (sequences
+ * finishing at different steps), each bit-identical to its batch of one in two orders, and the CPU's tokens where the
+ * CPU agrees alone. */
+TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
+    test_unverified_switch unverified("1");
+    test_batch_gpu_random(T_, "tiny-llada", false, 326, true);
+    test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
+}
 
 /* Where the batched forward does not run (FP8 on a GPU with an FP8 GEMM), the items decode one after another, each
  * exactly as dllm_generate decodes it, and the log says why. */

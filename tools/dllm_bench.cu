@@ -16,7 +16,8 @@
  *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
  *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
- *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens
+ *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
+ *                                          then the batched dual-cache step of 1 to 64 canvases of 1024 (DLLM_UNVERIFIED=1)
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -717,6 +718,65 @@ static void bench_block_diffusion(bench_result &r) {
     dllm_model_free(model);
 }
 
+/* FLOPs of a K/V-cache step: `rows` forwarded rows through every linear, their queries over `keys` keys, the LM head on
+ * lm_rows rows. */
+static double bench_kv_step_flops(const dllm__config &c, double rows, double keys, double lm_rows) {
+    const double d = c.n_embd, q = (double)c.n_head * c.head_dim, kv = (double)c.n_head_kv * c.head_dim, ff = c.n_ff;
+    const double per_token = c.n_layer * (d * (q + 2 * kv) + q * d + 2 * d * ff + ff * d);
+    return 2.0 * rows * per_token + 2.0 * lm_rows * d * c.n_vocab + c.n_layer * 4.0 * rows * keys * q;
+}
+
+/* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward, DLLM_UNVERIFIED=1) at the LLaDA-8B
+ * shape as torch_reference_batch.py's dual_block32_N1024 rows run it: B canvases of 1024 tokens, each with its own
+ * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
+ * step (32 query rows a sequence over its 1024 cached keys, the LM head on the block): time per step, tokens/s (one
+ * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
+ * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). */
+static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate) {
+    setenv("DLLM_UNVERIFIED", "1", 1);
+    dllm__env_reload();
+    dllm_ctx_params cp = bench_gpu_params();
+    cp.max_tokens = 1024;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const dllm__config &c = model->cfg;
+    const int n = 1024, b0 = 768, b1 = 800;
+    for (int B : {1, 4, 8, 16, 32, 64}) {
+        std::vector<std::vector<int32_t>> canvases((size_t)B);
+        std::vector<dllm__batch_seq> fill((size_t)B), step;
+        for (int b = 0; b < B; b++) {
+            for (int i = 0; i < n; i++) canvases[(size_t)b].push_back(i >= b0 && i < b1 ? c.mask_id : (i * 7919 + b * 104729) % 100000);
+            dllm__batch_seq &s = fill[(size_t)b];
+            s.ids = canvases[(size_t)b].data(), s.n = n, s.slot = b, s.fill = true, s.q0 = 0, s.q1 = n, s.r0 = b0, s.r1 = b1;
+        }
+        step = fill;
+        for (dllm__batch_seq &s : step) s.fill = false, s.q0 = b0 - (c.shift_logits ? 1 : 0), s.q1 = b1;
+        if (gpu->batch_kv_reserve(std::vector<int>((size_t)B, n)) != DLLM_OK) {  // memory: the larger batches are left out, said so
+            fprintf(stderr, "dllm-bench: batch %d dual-cache rows left out: %s\n", B, dllm_last_error());
+            break;
+        }
+        dllm__varlen_layout vf, vs;
+        BENCH_CHECK(gpu->kv_layout(fill, vf));
+        BENCH_CHECK(gpu->kv_layout(step, vs));
+        auto nothing = [](int, int) { return DLLM_OK; };
+        const double fill_ms = bench_ms(gpu->stream(), 1, 3, [&] { BENCH_CHECK(gpu->batch_logits(vf, nothing)); });
+        const double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->batch_logits(vs, nothing)); });
+        const double flops = B * bench_kv_step_flops(c, b1 - vs.q0[0], n, b1 - b0);
+        const std::string k = dllm__format("batch%d_dual_N1024_", B);
+        r.set(k + "fill_ms", fill_ms);
+        r.set(k + "step_ms", ms);
+        r.set(k + "tokens_per_s", 1000.0 * B / ms);
+        r.set(k + "TFLOPs", flops / ms / 1e9);
+        r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
+        if (B == 16) r.set(k + "step_over_anchor_graph_20.5ms", ms / 20.5);
+    }
+    BENCH_CHECK(gpu->batch_kv_reserve({}));
+    dllm_ctx_free(ctx);
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+}
+
 /* [batch] The batched forward (dllm__gpu_backend::batch_logits, as dllm_generate_batch runs it) at the LLaDA-8B shape:
  * B canvases of 256 tokens each, the LM head on each one's last 32 rows (a block's candidates), for B = 1 .. 64: time per
  * step, the generated tokens/s it stands for (one token per sequence a step, as W1 commits them), TFLOP/s and the fraction
@@ -767,6 +827,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
         r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
     }
     dllm_ctx_free(ctx);
+    bench_batch_kv_rows(r, model, gemm_rate);
     dllm_model_free(model);
 }
 
@@ -788,7 +849,8 @@ static const char *bench_usage =
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
     "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
-    "                     tokens/s, fraction of the BF16 compute floor\n"
+    "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
+    "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
