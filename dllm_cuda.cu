@@ -11885,6 +11885,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         batch_on_ = false;
         return s;
     }
+    dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out);
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
@@ -12732,6 +12733,13 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
     const dllm__config &c = m_.cfg;
     dllm__varlen_layout v;
     DLLM__TRY(dllm__varlen_layout_of(c, plan, max_tokens_, v));
+    return batch_logits_to_host(plan, v, out);
+}
+
+/* batch_logits with every chunk copied to the host, then each sequence's rows [r0, r1) unshifted into out, one sequence
+ * after another (forward_batch's and forward_batch_kv's contract). */
+dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out) {
+    const dllm__config &c = m_.cfg;
     std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
         DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
@@ -12861,20 +12869,9 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
     if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
     if (plan.empty()) return DLLM_OK;
     if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
-    const dllm__config &c = m_.cfg;
     dllm__varlen_layout v;
     DLLM__TRY(kv_layout(plan, v));
-    std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
-    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
-        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
-        return DLLM_OK;
-    }));
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    for (size_t i = 0; i < plan.size(); i++) {
-        dllm__unshift_rows(c, raw.data() + (size_t)v.out0[i] * c.n_vocab, v.raw0[i], plan[i].r0, plan[i].r1, out);
-        out += (size_t)(plan[i].r1 - plan[i].r0) * c.n_vocab;
-    }
-    return DLLM_OK;
+    return batch_logits_to_host(plan, v, out);
 }
 
 /* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
