@@ -40,7 +40,8 @@
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
  *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
  *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
- *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
+ *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync) and q4_gemm_cl (its split-K summed in a
+ *      cluster; DLLM_UNVERIFIED=1), the [INT8 GEMM]'s unpacker and epilogue,
  *      [varlen] attention (one sequence per grid slice, for a batched forward), block diffusion's [FACache] (dllm__src_bdfa)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
@@ -49,7 +50,8 @@
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
- *      cache, block cache, [Llama-4 query scaling], [KV quant]); the GPU [batch] forward (forward_batch) and its K/V-cache
+ *      cache, block cache, [Llama-4 query scaling], [KV quant], the token choice on the device: bd_forward_choose,
+ *      DLLM_UNVERIFIED=1); the GPU [batch] forward (forward_batch) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows; DLLM_UNVERIFIED=1 until a device run); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
