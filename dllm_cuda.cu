@@ -40,8 +40,7 @@
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
  *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
  *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
- *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync) and q4_gemm_cl (its split-K summed in a
- *      cluster; DLLM_UNVERIFIED=1), the [INT8 GEMM]'s unpacker and epilogue,
+ *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
  *      [varlen] attention (one sequence per grid slice, for a batched forward), block diffusion's [FACache] (dllm__src_bdfa)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
@@ -4529,31 +4528,6 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
     }
 }
 
-/* The twin with split-K's partition (q4_gemm with q4_gemm_reduce, q4_gemm_cl_*): the fp32 sum over k ascending within
- * each split of k_per_split elements (chunks_per_split x 128), the splits' sums added in split order (split 0 first),
- * then the epilogue. k_per_split >= K is dllm__cpu_q4_gemm. Where every partial sum is an exact integer (INT4 and RTN
- * weights times integer activations) every partition gives dllm__cpu_q4_gemm's bits; elsewhere this is the kernel's
- * rounding structure between splits, while inside a split mma.sync adds in an order of its own (so the GPU agrees
- * within fp32 rounding, not bit for bit). */
-[[maybe_unused]] static void dllm__cpu_q4_gemm_split(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales, const float *row_scale,
-                                                     const float *A, int lda, const float *s_x, float *y, int ldy, int M, int N, int K, int k_per_split) {
-    std::vector<float> w((size_t)K);
-    const int blocks = (K + 15) / 16;
-    for (int n = 0; n < N; n++) {
-        dllm__q4_row_values(f, codes + (size_t)n * (K / 2), f == DLLM__Q4_NVFP4 ? block_scales + (size_t)n * blocks : nullptr, K, w.data());
-        for (int m = 0; m < M; m++) {
-            const float *a = A + (size_t)m * lda;
-            float acc = 0;
-            for (int k0 = 0; k0 < K; k0 += k_per_split) {
-                float part = 0;
-                for (int k = k0; k < std::min(K, k0 + k_per_split); k++) part = fmaf(a[k], w[(size_t)k], part);
-                acc = k0 == 0 ? part : acc + part;
-            }
-            y[(size_t)m * ldy + n] = (acc * (s_x ? s_x[m] : 1.0f)) * row_scale[n];
-        }
-    }
-}
-
 // ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path) -----
 
 /* The largest |C| a format's codes decode to, for the formats whose C values are integers (spec 9.2 path A: INT8
@@ -8175,9 +8149,6 @@ static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm
  * about 36 KB an SM at a microsecond). 4 stages where 3 CTAs an SM still fit (M <= 32 but NVFP4), 3 otherwise; the
  * kernel instance of (f, M) is compiled with the same count (Q4_STAGES, Q4_STAGES_M32). */
 static const int dllm__q4_stages = 3, dllm__q4_stages_m32 = 4, dllm__q4_m32_rows = dllm__q4_max_rows / 2;
-/* Split-K over a thread-block cluster (q4_gemm_cl_*): at most 16 splits, Hopper's largest (non-portable) cluster; 8,
- * the portable limit, would leave O and down at 256 CTAs (1.9 an SM) and Dream's O at 196. */
-static const int dllm__q4_max_cluster = 16;
 static int dllm__q4_stage_count(dllm__q4_format f, int M) { return M <= dllm__q4_m32_rows && f != DLLM__Q4_NVFP4 ? dllm__q4_stages_m32 : dllm__q4_stages; }
 static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
     const int tiles = 2 * dllm__q4_wt, m_tiles = (M + 7) / 8;
@@ -8186,9 +8157,8 @@ static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
 static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stage_count(f, M) * dllm__q4_stage_bytes(f, M); }
 
 /* [kernel table] the W4 GEMM module: two entry points per weight format (the dequantiser is a template parameter), for
- * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction; the same
- * again (q4_gemm_cl_*) with split-K over a thread-block cluster, reduced through distributed shared memory (sm_90+,
- * DLLM_UNVERIFIED only until its GPU tests pass). The 128 of __launch_bounds__ is dllm__q4_threads. */
+ * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction. The 128 of
+ * __launch_bounds__ is dllm__q4_threads. */
 #define DLLM__Q4_GEMM_KERNELS(X) \
     X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a)) \
@@ -8200,17 +8170,7 @@ static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dll
     X(q4_gemm_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_e8p_m32, __launch_bounds__(128), (q4_gemm_args a)) \
     X(q4_gemm_rtn_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_reduce, , (q4_gemm_args a)) \
-    X(q4_gemm_cl_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_int4, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_lloyd, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_e8p, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_rtn, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_nvfp4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_int4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_e8p_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_cl_rtn_m32, __launch_bounds__(128), (q4_gemm_args a))
+    X(q4_gemm_reduce, , (q4_gemm_args a))
 DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [W4 GEMM] q4_gemm: a GEMM for few activation rows (block steps: M <= 64, memory-bound) on 4-bit weights read once
@@ -8561,83 +8521,6 @@ KERNEL_q4_gemm_reduce {
     for (int s = 1; s < a.k_splits; s++) acc += a.partial[(u64)s * outputs + i];
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
-
-/* [W4 GEMM] split-K over a thread-block cluster (sm_90+): grid (ceil(N / Q4_BN) * S) along x in clusters of S =
- * k_splits <= 16 (dllm__q4_max_cluster), CTA rank s of a cluster = split s of weight tile blockIdx.x / S. Each CTA leaves its
- * partial tile in its own shared memory (the ring, drained), and after one cluster barrier the S CTAs each reduce a
- * 1/S share of the tile's outputs, reading the S partials through distributed shared memory and adding them in split
- * order, s = 0 first, as q4_gemm_reduce does: the same bits whatever the timing, no workspace, no second launch.
- * Slots: element e of weight tile wt and activation tile mt of thread i at ((wt * m_tiles + mt) * 4 + e) * Q4_THREADS
- * + i, m_tiles = ceil(M / 8): the same in every CTA, so slot j of rank s is split s's value of one output. */
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void q4_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* The float at shared address `local` of this CTA, in the CTA of cluster rank `rank`. */
-__device__ __forceinline__ float q4_cluster_load(u32 local, u32 rank) {
-    u32 remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-#else
-// Clusters need sm_90: the host launches q4_gemm_cl_* only there (dllm__q4_gemm_kernels::clusters).
-__device__ __forceinline__ void q4_cluster_sync() { __trap(); }
-__device__ __forceinline__ float q4_cluster_load(u32, u32) { __trap(); return 0.f; }
-#endif
-
-template <int MT>
-__device__ __forceinline__ void q4_cluster_reduce(const q4_gemm_args &a, int tile, int rank, const float acc[Q4_WT][MT][4]) {
-    extern __shared__ __align__(16) unsigned char q4_ring[];
-    float *part = (float *)q4_ring;
-    const int m_tiles = (a.M + 7) >> 3, S = a.k_splits, live = Q4_WT * m_tiles * 4 * Q4_THREADS;
-    q4_cp_async_wait<0>();  // only empty groups are left (q4_gemm_accumulate), and every thread is done with the ring:
-    __syncthreads();        // its stages may be overwritten
-#pragma unroll
-    for (int wt = 0; wt < Q4_WT; wt++)
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            if (mt < m_tiles)
-#pragma unroll
-                for (int e = 0; e < 4; e++) part[((wt * m_tiles + mt) * 4 + e) * Q4_THREADS + threadIdx.x] = acc[wt][mt][e];
-    q4_cluster_sync();  // every CTA's partials written and visible to the cluster
-    const u32 base = (u32)__cvta_generic_to_shared(part);
-    for (int j = rank * Q4_THREADS + threadIdx.x; j < live; j += S * Q4_THREADS) {
-        // split order, s = 0 first; the loads are independent, so they need not wait for the adds (an array of S
-        // loads first held registers through the whole kernel: 180 instead of 143 for Lloyd-Max at M > 32)
-        float sum = q4_cluster_load(base + 4 * j, 0);
-        for (int s = 1; s < S; s++) sum += q4_cluster_load(base + 4 * j, s);
-        const int thread = j % Q4_THREADS, e = j / Q4_THREADS % 4, mt = j / (4 * Q4_THREADS) % m_tiles, wt = j / (4 * Q4_THREADS * m_tiles);
-        const int n = q4_acc_row_n(tile, thread, wt, e), m = q4_acc_row_m(thread, mt, e);
-        if (m < a.M && n < a.N) q4_store(a, m, n, sum);
-    }
-    q4_cluster_sync();  // no CTA leaves while another may still read its partials
-}
-
-/* One CTA of q4_gemm_cl_*: k_splits == 1 needs no cluster (the epilogue in the GEMM itself, as in q4_gemm). */
-template <int FMT, int MT, int STAGES>
-__device__ __forceinline__ void q4_gemm_cluster_body(const q4_gemm_args &a) {
-    pdl_enter();
-    __shared__ __align__(16) q4_smem s;
-    q4_load_tables<FMT>(s);
-    const int S = a.k_splits, tile = blockIdx.x / S, split = blockIdx.x % S;
-    float acc[Q4_WT][MT][4];
-    q4_gemm_accumulate<FMT, MT, STAGES>(a, s, tile, split, acc);
-    if (S == 1) q4_gemm_write<MT>(a, tile, 0, acc);
-    else q4_cluster_reduce<MT>(a, tile, split, acc);
-}
-
-KERNEL_q4_gemm_cl_nvfp4 { q4_gemm_cluster_body<Q4_NVFP4, Q4_MT, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_int4 { q4_gemm_cluster_body<Q4_INT4, Q4_MT, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_lloyd { q4_gemm_cluster_body<Q4_LLOYD, Q4_MT, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_e8p { q4_gemm_cluster_body<Q4_E8P, Q4_MT, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_rtn { q4_gemm_cluster_body<Q4_RTN, Q4_MT, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_nvfp4_m32 { q4_gemm_cluster_body<Q4_NVFP4, Q4_MT / 2, Q4_STAGES>(a); }
-KERNEL_q4_gemm_cl_int4_m32 { q4_gemm_cluster_body<Q4_INT4, Q4_MT / 2, Q4_STAGES_M32>(a); }
-KERNEL_q4_gemm_cl_lloyd_m32 { q4_gemm_cluster_body<Q4_LLOYD, Q4_MT / 2, Q4_STAGES_M32>(a); }
-KERNEL_q4_gemm_cl_e8p_m32 { q4_gemm_cluster_body<Q4_E8P, Q4_MT / 2, Q4_STAGES_M32>(a); }
-KERNEL_q4_gemm_cl_rtn_m32 { q4_gemm_cluster_body<Q4_RTN, Q4_MT / 2, Q4_STAGES_M32>(a); }
 )DLLM";
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
@@ -10917,14 +10800,13 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
 }
 
 /* [W4 GEMM] q4_gemm loaded for one device: an entry point per format, the split-K reduction and the SM count that
- * sizes split-K; clusters: the device launches thread-block clusters (sm_90+), so q4_gemm_cl_* may run. */
+ * sizes split-K. */
 struct dllm__q4_gemm_kernels {
     std::shared_ptr<dllm__module> module;
 #define DLLM__Q4_MEMBER(name, attrs, params) dllm__kernel<dllm__sig_##name> name;
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_MEMBER)
 #undef DLLM__Q4_MEMBER
     int sm_count = 0;
-    bool clusters = false;
 };
 
 /* The entry point of format f for M rows: the _m32 instance where M <= dllm__q4_m32_rows. */
@@ -10935,35 +10817,18 @@ static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dl
     return *(M <= dllm__q4_m32_rows ? m32 : kernel)[f];
 }
 
-/* The same for split-K over a cluster (q4_gemm_cl_*). */
-static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_cluster_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f, int M) {
-    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_cl_nvfp4, &k.q4_gemm_cl_int4, &k.q4_gemm_cl_lloyd, &k.q4_gemm_cl_e8p, &k.q4_gemm_cl_rtn};
-    const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_cl_nvfp4_m32, &k.q4_gemm_cl_int4_m32, &k.q4_gemm_cl_lloyd_m32, &k.q4_gemm_cl_e8p_m32,
-                                                         &k.q4_gemm_cl_rtn_m32};
-    return *(M <= dllm__q4_m32_rows ? m32 : kernel)[f];
-}
-
 /* The kernels of out.module (loaded), their shared-memory limits, and the current device's SM count. */
 static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
     DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
-    int clusters = 0;
-    DLLM__CUDA(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev));
-    out.clusters = clusters != 0;
 #define DLLM__Q4_BIND(kname, attrs, params) out.kname.fn = out.module->kernels.at(#kname), out.kname.name = #kname;
     DLLM__Q4_GEMM_KERNELS(DLLM__Q4_BIND)
 #undef DLLM__Q4_BIND
     for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN; f++)
         for (int M : {dllm__q4_m32_rows, dllm__q4_max_rows})
-            for (const auto *kernel : {&dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M), &dllm__q4_gemm_cluster_kernel(out, (dllm__q4_format)f, M)})
-                DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__q4_ring_bytes((dllm__q4_format)f, M)));
-    // clusters of up to 16 CTAs (dllm__q4_max_cluster) are non-portable: a device that refuses them keeps q4_gemm
-    for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN && out.clusters; f++)
-        for (int M : {dllm__q4_m32_rows, dllm__q4_max_rows})
-            if (cudaFuncSetAttribute((const void *)dllm__q4_gemm_cluster_kernel(out, (dllm__q4_format)f, M).fn, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                     1) != cudaSuccess)
-                out.clusters = false, (void)cudaGetLastError();
+            DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)dllm__q4_ring_bytes((dllm__q4_format)f, M)));
     return DLLM_OK;
 }
 
@@ -10998,53 +10863,11 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     return splits > 1 ? (size_t)splits * M * N : 0;
 }
 
-/* Split-K over a cluster (q4_gemm_cl_*) of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes. The
- * rule, a function of (N, K, SMs) only, never of M (a row's bits do not depend on how many rows a launch has):
- * 1. bytes in flight: an SM must keep about 4.8 TB/s x 1 us / 132 = 36 KB of weights in flight (Little's law); a CTA
- *    keeps 2-3 chunks of 8 KB in flight (its ring), so at least 2 CTAs an SM: tiles x S >= 2 x SMs where S <= 16 allows;
- * 2. then the fewest chunks on the busiest SM, ceil(tiles x S / SMs) x ceil(chunks / S) (the CTAs of a one-wave grid
- *    spread evenly, each streams its chunks);
- * 3. then the fewest splits (less reduction).
- * LLaDA-8B on 132 SMs (tiles of 128 rows, chunks of 128 k): Q|K|V 12288 x 4096: 4 splits of 8 chunks, 384 CTAs; O 4096 x
- * 4096: 16 of 2, 512; gate|up 24576 x 4096: 2 of 16, 384; down 4096 x 12288: 12 of 8, 384. Dream-7B: Q|K|V 4608 x 3584:
- * 14 of 2, 504; O 3584 x 3584: 14 of 2, 392; gate|up 37888 x 3584: 4 of 7, 1184; down 3584 x 18944: 14 of 11, 392. */
-static int dllm__q4_cluster_chunks_per_split(int sm_count, int N, int K) {
-    const long tiles = (N + dllm__q4_bn - 1) / dllm__q4_bn, chunks = (K + dllm__q4_kc - 1) / dllm__q4_kc, sms = std::max(1, sm_count);
-    std::tuple<long, long, long> best{1L << 62, 0, 0};
-    long best_cps = chunks;
-    for (long s = 1; s <= std::min<long>(chunks, dllm__q4_max_cluster); s++) {
-        const long cps = (chunks + s - 1) / s, splits = (chunks + cps - 1) / cps, ctas = tiles * splits;
-        const std::tuple<long, long, long> key{std::max(0L, 2 * sms - ctas), (ctas + sms - 1) / sms * cps, splits};
-        if (key < best) best = key, best_cps = cps;
-    }
-    return (int)best_cps;
-}
-
-static int dllm__q4_cluster_splits(int sm_count, int N, int K) {
-    const int chunks = (K + dllm__q4_kc - 1) / dllm__q4_kc, cps = dllm__q4_cluster_chunks_per_split(sm_count, N, K);
-    return (chunks + cps - 1) / cps;
-}
-
-/* Whether dllm__q4_gemm_run takes q4_gemm_cl_* (split-K over a cluster, no workspace, one launch): where the device
- * launches clusters and DLLM_UNVERIFIED=1 (until its GPU tests have passed on a device). */
-static bool dllm__q4_gemm_uses_clusters(const dllm__q4_gemm_kernels &k) { return k.clusters && dllm__env().unverified; }
-
-/* q4_gemm_cl_* with a's problem (checked by dllm__q4_gemm_run): grid (tiles x S) in clusters of S along x. */
-static dllm_status dllm__q4_gemm_run_cluster(const dllm__q4_gemm_kernels &k, dllm__q4_format f, q4_gemm_args a, cudaStream_t stream) {
-    a.partial = nullptr;
-    a.chunks_per_split = dllm__q4_cluster_chunks_per_split(k.sm_count, a.N, a.K);
-    a.k_splits = dllm__q4_cluster_splits(k.sm_count, a.N, a.K);
-    const unsigned tiles = (unsigned)((a.N + dllm__q4_bn - 1) / dllm__q4_bn);
-    const dllm__grid grid(dim3(tiles * (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, a.M), (unsigned)a.k_splits);
-    return dllm__q4_gemm_cluster_kernel(k, f, a.M).launch(grid, stream, a);
-}
-
 /* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
  * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
  * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0; required alike when dllm__q4_gemm_uses_clusters, which needs none, so that a
- * caller sizes it once for either kernel). Deterministic, and a row's result does not depend on M. */
+ * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
 static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
                                      const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M, int N, int K,
                                      float *workspace, size_t workspace_floats, cudaStream_t stream) {
@@ -11068,7 +10891,6 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     a.codes = (const unsigned char *)codes, a.block_scales = (const unsigned char *)block_scales, a.row_scale = row_scale;
     a.A = (const bf16_t *)A, a.s_x = s_x, a.y = y, a.partial = workspace;
     a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
-    if (dllm__q4_gemm_uses_clusters(k)) return dllm__q4_gemm_run_cluster(k, f, a, stream);
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
     const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, M));

@@ -255,21 +255,13 @@ static void bench_random_bytes(dllm__dbuf &buf, size_t n, int lo, int span, uint
     cudaMemcpy(buf.ptr, host.data(), n, cudaMemcpyHostToDevice);
 }
 
-/* DLLM_UNVERIFIED as the q4 rows need it (dllm__q4_gemm_run reads it at each launch). */
-static void bench_set_unverified(bool on) {
-    setenv("DLLM_UNVERIFIED", on ? "1" : "0", 1);
-    dllm__env_reload();
-}
-
 /* [W4 GEMM] q4_gemm in every SoloQ weight format at the LLaDA-8B shapes of a block step (O 4096 x 4096, fused QKV
  * 6144 x 4096, fused gate|up 24576 x 4096, down 4096 x 12288) for M = 1, 8, 32, 64 rows, beside cuBLASLt BF16 on the
  * same shape (its tuned best, bf16 out): microseconds a launch (10 back to back, split-K's reduction included), the
  * ratio to cuBLASLt, and TB/s on the packed bytes (codes, NVFP4's block scales, row scales). The weights are random
  * bytes: every nibble and every E8P code is valid, so the dequantisers see realistic variety (NVFP4's block scales are
- * kept finite). Each row twice where the device launches clusters: q4_gemm, and q4_gemm_cl_* (split-K over a thread-block
- * cluster, reduced in distributed shared memory; what DLLM_UNVERIFIED=1 runs) in a second table. */
+ * kept finite). */
 static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
-    const bool unverified = dllm__env().unverified;
     dllm__q4_gemm_kernels k;
     BENCH_CHECK(dllm__q4_gemm_load(arch, k));
     std::shared_ptr<dllm__module> rowwise;
@@ -290,46 +282,38 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
         BENCH_CHECK(dllm__upload_f32(row_scale, std::vector<float>((size_t)sh.N, 1e-3f), "q4 bench"));
         const size_t ws = dllm__q4_gemm_workspace_floats(k, dllm__q4_max_rows, sh.N, sh.K);
         BENCH_CHECK(workspace.fit(std::max<size_t>(ws, 1) * 4, "q4 bench"));
-        printf("q4_gemm %s (N %d, K %d): %d split(s); q4_gemm_cl: %d\n", sh.name, sh.N, sh.K, dllm__q4_gemm_splits(k.sm_count, sh.N, sh.K),
-               dllm__q4_cluster_splits(k.sm_count, sh.N, sh.K));
+        printf("q4_gemm %s (N %d, K %d): %d split(s)\n", sh.name, sh.N, sh.K, dllm__q4_gemm_splits(k.sm_count, sh.N, sh.K));
         for (int M : {1, 8, 32, 64}) {
             const std::string at = dllm__format("q4 %s M%d ", sh.name, M);
             const double lt_us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
             r.set(at + "cuBLASLt BF16 us", lt_us);
-            for (int fi = 0; fi <= DLLM__Q4_RTN; fi++)
-                for (bool cluster : {false, true}) {  // q4_gemm, then q4_gemm_cl_* (split-K over a cluster: DLLM_UNVERIFIED=1)
-                    if (cluster && !k.clusters) continue;
-                    const dllm__q4_format f = (dllm__q4_format)fi;
-                    bench_set_unverified(cluster);
-                    const double us = bench_us_each(s, 7, [&](int) {
-                        BENCH_CHECK(dllm__q4_gemm_run(k, f, codes.ptr, block_scales.ptr, row_scale.as<float>(), g.x.ptr, sh.K, nullptr, g.y.ptr, sh.N, 0, CUDA_R_16BF,
-                                                      M, sh.N, sh.K, workspace.as<float>(), ws, s));
-                    });
-                    bench_set_unverified(unverified);
-                    const double bytes = (double)sh.N * sh.K / 2 + (f == DLLM__Q4_NVFP4 ? (double)sh.N * blocks : 0) + 4.0 * sh.N;
-                    const std::string name = at + dllm__q4_names[f] + (cluster ? " cl" : "");
-                    r.set(name + " us", us);
-                    r.set(name + " vs cuBLASLt", us / lt_us);
-                    r.set(name + " TBps", bytes / us / 1e6);
-                }
+            for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
+                const dllm__q4_format f = (dllm__q4_format)fi;
+                const double us = bench_us_each(s, 7, [&](int) {
+                    BENCH_CHECK(dllm__q4_gemm_run(k, f, codes.ptr, block_scales.ptr, row_scale.as<float>(), g.x.ptr, sh.K, nullptr, g.y.ptr, sh.N, 0, CUDA_R_16BF, M,
+                                                  sh.N, sh.K, workspace.as<float>(), ws, s));
+                });
+                const double bytes = (double)sh.N * sh.K / 2 + (f == DLLM__Q4_NVFP4 ? (double)sh.N * blocks : 0) + 4.0 * sh.N;
+                const std::string name = at + dllm__q4_names[f];
+                r.set(name + " us", us);
+                r.set(name + " vs cuBLASLt", us / lt_us);
+                r.set(name + " TBps", bytes / us / 1e6);
+            }
         }
     }
-    for (const char *kernel : {"", " cl"}) {
-        if (*kernel && !k.clusters) continue;
-        printf("\n| q4_gemm%s, us (ratio to cuBLASLt BF16; TB/s on packed bytes) | cuBLASLt BF16 us |", *kernel ? "_cl (split-K over a cluster)" : "");
-        for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) printf(" %s |", dllm__q4_names[fi]);
-        printf("\n|---|---|---|---|---|---|---|\n");
-        for (const auto &sh : shapes)
-            for (int M : {1, 8, 32, 64}) {
-                const std::string at = dllm__format("q4 %s M%d ", sh.name, M);
-                printf("| %s (N %d, K %d) M = %d | %.1f |", sh.name, sh.N, sh.K, M, r.v[at + "cuBLASLt BF16 us"]);
-                for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
-                    const std::string name = at + dllm__q4_names[fi] + kernel;
-                    printf(" %.1f (%.2fx; %.2f) |", r.v[name + " us"], r.v[name + " vs cuBLASLt"], r.v[name + " TBps"]);
-                }
-                printf("\n");
+    printf("\n| q4_gemm, us (ratio to cuBLASLt BF16; TB/s on packed bytes) | cuBLASLt BF16 us |");
+    for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) printf(" %s |", dllm__q4_names[fi]);
+    printf("\n|---|---|---|---|---|---|---|\n");
+    for (const auto &sh : shapes)
+        for (int M : {1, 8, 32, 64}) {
+            const std::string at = dllm__format("q4 %s M%d ", sh.name, M);
+            printf("| %s (N %d, K %d) M = %d | %.1f |", sh.name, sh.N, sh.K, M, r.v[at + "cuBLASLt BF16 us"]);
+            for (int fi = 0; fi <= DLLM__Q4_RTN; fi++) {
+                const std::string name = at + dllm__q4_names[fi];
+                printf(" %.1f (%.2fx; %.2f) |", r.v[name + " us"], r.v[name + " vs cuBLASLt"], r.v[name + " TBps"]);
             }
-    }
+            printf("\n");
+        }
 }
 
 /* [INT8 GEMM] The GEMMs of many rows SoloQ-I / SoloQ-C / RTN-W4A4 run, at the LLaDA-8B shapes of a forward (O 4096 x
