@@ -17,7 +17,7 @@
  *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
- *                                          then the batched dual-cache step of 1 to 64 canvases of 1024 (DLLM_UNVERIFIED=1)
+ *                                          then the batched dual-cache step of 1 to 64 canvases of 1024
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -726,15 +726,13 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
     return 2.0 * rows * per_token + 2.0 * lm_rows * d * c.n_vocab + c.n_layer * 4.0 * rows * keys * q;
 }
 
-/* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward, DLLM_UNVERIFIED=1) at the LLaDA-8B
+/* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward) at the LLaDA-8B
  * shape as torch_reference_batch.py's dual_block32_N1024 rows run it: B canvases of 1024 tokens, each with its own
  * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
  * step (32 query rows a sequence over its 1024 cached keys, the LM head on the block): time per step, tokens/s (one
  * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
  * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). */
 static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate) {
-    setenv("DLLM_UNVERIFIED", "1", 1);
-    dllm__env_reload();
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
     dllm_ctx *ctx = nullptr;
@@ -773,8 +771,6 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
     }
     BENCH_CHECK(gpu->batch_kv_reserve({}));
     dllm_ctx_free(ctx);
-    unsetenv("DLLM_UNVERIFIED");
-    dllm__env_reload();
 }
 
 /* [batch] The batched forward (dllm__gpu_backend::batch_logits, as dllm_generate_batch runs it) at the LLaDA-8B shape:
