@@ -52,7 +52,8 @@
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling], [KV quant], the token choice on the device: bd_forward_choose,
  *      DLLM_UNVERIFIED=1); the GPU [batch] forward (forward_batch) and its K/V-cache
- *      step (forward_batch_kv, kv_scatter_rows; DLLM_UNVERIFIED=1 until a device run); [debug hooks]
+ *      step (forward_batch_kv, kv_scatter_rows; DLLM_UNVERIFIED=1 until a device run), the batched step's token
+ *      choice on the device (forward_batch_choose, DLLM_UNVERIFIED=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
