@@ -331,7 +331,7 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
  *                            producer, 2 all (dllm__soloq_launch measures them)
  *   DLLM_UNVERIFIED=1        also take the GPU paths written while no GPU was at hand, before their GPU tests have passed
- *                            on a device (each names itself where it checks dllm__env().unverified; none does today) */
+ *                            on a device (each names itself where it checks dllm__env().unverified; the tests set it) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
