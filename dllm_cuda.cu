@@ -11842,12 +11842,13 @@ struct dllm__bd_graph_id {
 static dllm__bd_graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
                                             const std::string &buffers) {
     dllm__bd_graph_id id;
-    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0, kv_splits);
+    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0,
+                           kv_splits);
     if (pick) {
         const dllm__sampling &s = pick->sampling;
-        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n, pick->lrow0, pick->shift0, s.temperature,
-                                (int)s.remasking, (int)s.tempered_conf, s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf, (int)s.defer_eos_eot,
-                                s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
+        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n, pick->lrow0, pick->shift0,
+                                s.temperature, (int)s.remasking, (int)s.tempered_conf, s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf,
+                                (int)s.defer_eos_eot, s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
     }
     id.baked = id.slot + dllm__format(" | n%d b%d p%d ", n_committed, block_rows, pick ? pick->pos0 : -1) + buffers;
     return id;
@@ -11861,9 +11862,10 @@ struct dllm__bd_graph {
     cudaGraphExec_t exec = nullptr;  // destroyed by its owner (dllm__gpu_backend)
     std::string baked;
     bool warmed = false;
+    bool eager_only = false;  // a capture failed: the slot's forwards run eagerly (bd_replay warns once)
 };
 static dllm__graph_action dllm__bd_graph_next(dllm__bd_graph &g, const dllm__bd_graph_id &id) {
-    if (!g.warmed) {
+    if (!g.warmed || g.eager_only) {
         g.warmed = true;
         return DLLM__GRAPH_EAGER;
     }
@@ -13392,8 +13394,9 @@ dllm__bd_graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, cons
     const dllm__config &c = m_.cfg;
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
-    const std::string buffers = dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr,
-                                             bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr, kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+    const std::string buffers = dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
+                                             bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr, kvq_v_codes_.ptr,
+                                             kvq_k_pairs_.ptr, kvq_v_side_.ptr);
     return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
 }
 
@@ -13402,9 +13405,18 @@ dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__
     if (!bd_graphs_.count(id.slot) && bd_graphs_.size() >= dllm__bd_graph_slots) bd_graphs_drop();
     dllm__bd_graph &g = bd_graphs_[id.slot];
     dllm__graph_action action = dllm__bd_graph_next(g, id);
+    if (action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) {
+        if (bd_capture(call, pick, g, action) != DLLM_OK) {  // a failed capture fails no forward: this and the slot's next run eagerly
+            static std::atomic<bool> warned(false);
+            if (!warned.exchange(true))
+                dllm__log(DLLM_LOG_WARN, "block diffusion: a step forward could not be captured as a CUDA graph (%s); forwards of its shape run "
+                                         "eagerly", dllm__tls_error.c_str());
+            cudaGetLastError();
+            g.eager_only = true, action = DLLM__GRAPH_EAGER;
+        }
+    }
     if (action == DLLM__GRAPH_EAGER) DLLM__TRY(bd_body(call, pick, true));
-    else if (action != DLLM__GRAPH_REPLAY) DLLM__TRY(bd_capture(call, pick, g, action));
-    if (action != DLLM__GRAPH_EAGER) DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
+    else DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
     bd_graph_counts_[action]++;
     return DLLM_OK;
 }
