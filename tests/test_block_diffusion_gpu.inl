@@ -725,7 +725,8 @@ TEST(block_diffusion, graph_keys_and_actions) {
  * every step's logits bit for bit (the host's choice, through the recorder) and the same tokens and step counts with
  * the device's choice (bd_forward_choose replayed too); graphs replayed and updated across blocks where they are on,
  * none where they are off. */
-static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *name, int L, int S, bool block_cache, bool lacache) {
+static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *name, int L, int S, bool block_cache, bool lacache,
+                                int64_t &replayed, int64_t &updated) {
     const dllm__config &c = gpu->model->cfg;
     const int V = c.n_vocab, B = c.bd_size;
     std::vector<int32_t> prompt((size_t)L);
@@ -771,7 +772,8 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
     CHECK_MSG(logits_same && steps_same, "%s L=%d S=%d block cache %d: graphs changed the host-choice generation", name, L, S, block_cache);
     CHECK_MSG(out[0] == out[1] && stats[0].steps == stats[1].steps && !out[0].empty(),
               "%s L=%d S=%d block cache %d: graphs changed the device-choice generation", name, L, S, block_cache);
-    CHECK(replays[0] > 0 && updates[0] > 0 && replays[1] == 0 && updates[1] == 0);
+    CHECK(replays[1] == 0 && updates[1] == 0);
+    replayed += replays[0], updated += updates[0];  // checked over the cases (a stop token may end one after a block)
 }
 
 TEST(gpu, block_diffusion_graphs_equal_eager) {
@@ -786,12 +788,14 @@ TEST(gpu, block_diffusion_graphs_equal_eager) {
         CHECK_MSG(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU, "%s: no GPU context", names[i]);
         if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
             const int B = models[i]->cfg.bd_size;
+            int64_t replayed = 0, updated = 0;
             // prompts shorter than a block (the first block over no committed rows) and longer (prefilled: FACache's split
             // attention at layer 0 from the first step); sub-blocks of B/4 and B/2; with and without the block cache
-            test_bd_graphs_case(T_, gpu, names[i], B / 2 + 1, std::max(1, B / 4), false, false);
-            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), false, true);
-            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), true, true);
-            test_bd_graphs_case(T_, gpu, names[i], 2 * B + 3, std::max(1, B / 2), true, false);
+            test_bd_graphs_case(T_, gpu, names[i], B / 2 + 1, std::max(1, B / 4), false, false, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), false, true, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), true, true, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], 2 * B + 3, std::max(1, B / 2), true, false, replayed, updated);
+            CHECK_MSG(replayed > 0 && updated > 0, "%s: graphs replayed %lld times, updated %lld", names[i], (long long)replayed, (long long)updated);
         }
         dllm_ctx_free(gpu);
         dllm_model_free(models[i]);
