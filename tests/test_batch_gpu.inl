@@ -435,7 +435,6 @@ static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx
 
 TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    test_unverified_switch unverified("1");
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
         dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
@@ -490,39 +489,6 @@ TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
         dllm_ctx_free(cpu);
         dllm_model_free(m);
     }
-}
-
-/* Without DLLM_UNVERIFIED the GPU has no batched K/V-cache step: such items decode one after another (today's path),
- * each exactly as dllm_generate decodes it, and the log names the switch. */
-TEST(batch_gpu, kv_items_wait_for_dllm_unverified) {
-    NEED_GPU();
-    test_unverified_switch verified_only(nullptr);
-    dllm_model *m = test_load(test_data("tiny-llada"));
-    dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
-    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
-    CHECK_STATUS(ctx->impl->forward_batch_kv({}, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_UNVERIFIED=1");
-    dllm_model_info info;
-    dllm_model_get_info(m, &info);
-    std::mt19937 rng(19);
-    std::vector<test_batch_case> cases(3);
-    std::vector<test_batch_case *> order;
-    for (test_batch_case &c : cases) {
-        test_batch_make_case(rng, info, false, c);
-        c.params.kv_cache = DLLM_KV_CACHE_DUAL;
-        test_batch_run_alone(ctx, c);
-        order.push_back(&c);
-    }
-    std::string log;
-    dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
-    std::vector<dllm_batch_result> results;
-    test_batch_run(ctx, order, results, nullptr);
-    dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
-    for (size_t i = 0; i < cases.size(); i++)
-        CHECK_MSG(results[i].status == cases[i].status_alone && cases[i].out_batch == cases[i].out_alone && cases[i].batch.canvases == cases[i].alone.canvases,
-                  "item %zu differs from dllm_generate", i);
-    CHECK_MSG(strstr(log.c_str(), "3 of 3 items decode one after another") && strstr(log.c_str(), "DLLM_UNVERIFIED=1"), "log: %s", log.c_str());
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
 }
 
 // ---- dllm_generate_batch on the GPU ----------------------------------------------------------------------
@@ -600,12 +566,11 @@ TEST(batch_gpu, llada_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(
 
 TEST(batch_gpu, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-dream", true, 2126); }
 
-/* [dual cache] [prefix cache] The batched K/V-cache step (DLLM_UNVERIFIED=1 until a device run passes this): random
+/* [dual cache] [prefix cache] The batched K/V-cache step: random
  * items with prefix and dual caches, mixed prompt and generation lengths, CFG, DPad and threshold rules (sequences
  * finishing at different steps), each bit-identical to its batch of one in two orders, and the CPU's tokens where the
  * CPU agrees alone. */
 TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
-    test_unverified_switch unverified("1");
     test_batch_gpu_random(T_, "tiny-llada", false, 326, true);
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }

@@ -204,7 +204,7 @@ TEST(bd_facache, lacache_option_and_stats_elsewhere) {
     dllm_model_free(llada);
 }
 
-// ---- the GPU's [FACache] on block diffusion (dllm__src_bdfa; taken only with DLLM_UNVERIFIED=1 until these pass) ----
+// ---- the GPU's [FACache] on block diffusion (dllm__src_bdfa) ----
 
 /* The module compiles for sm_80 and sm_90a (and the rest of the architecture table) without spills. */
 TEST(jit, bd_facache_module_compiles) {
@@ -238,8 +238,8 @@ static std::vector<float> test_bdfa_gpu_step(dllm_ctx *ctx, int B) {
     return step;
 }
 
-/* On the device with DLLM_UNVERIFIED=1: one block step through the split layer-0 attention against flash_attn's (the
- * gate off) within BF16 rounding; then whole generations where LACACHE_ON gives every forward's logits bit for bit as
+/* On the device: one block step through the split layer-0 attention against flash_attn's (bd_split_attention off)
+ * within BF16 rounding; then whole generations where LACACHE_ON gives every forward's logits bit for bit as
  * OFF (both take the split attention), with reuse counted as the rule says; the ids the CPU's gives are printed. */
 TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
     NEED_GPU();
@@ -253,11 +253,10 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
         dllm_ctx *gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16), *cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16);
         CHECK(gpu && cpu);
         if (gpu) {
-            unsetenv("DLLM_UNVERIFIED");
-            dllm__env_reload();
+            dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
+            g->bd_split_attention(false);
             const std::vector<float> flash = test_bdfa_gpu_step(gpu, B);
-            setenv("DLLM_UNVERIFIED", "1", 1);
-            dllm__env_reload();
+            g->bd_split_attention(true);
             const std::vector<float> split = test_bdfa_gpu_step(gpu, B);
             const double err = flash.size() == split.size() && !flash.empty() ? test_max_rel(split, flash) : 1e9;
             printf("    %s: a block step, split layer-0 attention vs flash_attn: max relative error %.2e\n", names[k], err);
@@ -290,27 +289,6 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
         dllm_ctx_free(cpu);
         dllm_model_free(m);
     }
-    unsetenv("DLLM_UNVERIFIED");
-    dllm__env_reload();
-}
-
-/* Without DLLM_UNVERIFIED the GPU keeps flash_attn (the verified path) and counts no FACache rows. */
-TEST(gpu_bd_facache, stays_off_without_the_gate) {
-    NEED_GPU();
-    unsetenv("DLLM_UNVERIFIED");
-    dllm__env_reload();
-    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
-    dllm_ctx *gpu = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
-    CHECK(gpu != nullptr);
-    if (gpu) {
-        std::vector<int32_t> prompt(40, 7);
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = 32, gp.block_length = 32, gp.stop_at_eos = 0;
-        test_bdfa_run r = test_bdfa_generate(gpu, prompt, gp);
-        CHECK(r.status == DLLM_OK && r.stats.facache_rows == 0 && r.stats.facache_rows_reused == 0);
-    }
-    dllm_ctx_free(gpu);
-    dllm_model_free(m);
 }
 
 /* The two kernels against their CPU twin (dllm__cpu_bd_attend) on random bf16 inputs of awkward sizes: committed
@@ -328,7 +306,8 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
     committed.fn = mod->kernels.at("bdfa_committed"), committed.name = "bdfa_committed";
     merge.fn = mod->kernels.at("bdfa_merge"), merge.name = "bdfa_merge";
     test_rng r("bd_facache_kernels");
-    struct shape { int hd, H, KV, T, nc, offset, mask_block; } shapes[] = {{24, 6, 2, 32, 45, 0, 32}, {128, 4, 1, 8, 300, 16, 0}, {64, 7, 7, 13, 33, 3, 13}};
+    struct shape { int hd, H, KV, T, nc, offset, mask_block; } shapes[] = {{24, 6, 2, 32, 45, 0, 32}, {128, 4, 1, 8, 300, 16, 0}, {64, 7, 7, 13, 33, 3, 13},
+                                                                {128, 8, 2, 5, 1037, 5, 32}};  // the last: every warp of bdfa_committed busy
     for (const shape &sh : shapes) {
         const int qkv = (sh.H + 2 * sh.KV) * sh.hd, kvd = sh.KV * sh.hd, n_keys = sh.nc + sh.offset + sh.T, q0 = sh.nc + sh.offset;
         std::vector<float> qf((size_t)sh.T * qkv), kvf((size_t)n_keys * 2 * kvd);
@@ -348,7 +327,7 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
         a.n_head = sh.H, a.n_kv = sh.KV, a.hd = sh.hd, a.scale = 1.0f / sqrtf((float)sh.hd);
         a.n_keys = n_keys, a.n_committed = sh.nc, a.mask_block = sh.mask_block, a.q_index0 = q0;
         a.rows = drows.as<int>(), a.offset = sh.offset, a.state = dstate.as<float>();
-        CHECK_STATUS(committed.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(committed.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a), DLLM_OK, nullptr);
         CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd)), x = test_f32_vec(qb), kv = test_f32_vec(kvb);
@@ -373,7 +352,7 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
         a.cache = dkv.as<bf16_t>(), a.rows = drows.as<int>();
         test_poison(dout, (size_t)sh.T * sh.H * sh.hd * 2);
         a.o = dout.as<bf16_t>();
-        CHECK_STATUS(committed.launch({dim3((unsigned)odd.size(), (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(committed.launch({dim3((unsigned)odd.size(), (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a), DLLM_OK, nullptr);
         CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         const std::vector<uint16_t> again = test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd), first = test_bf16_vec(got);

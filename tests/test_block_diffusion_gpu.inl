@@ -569,8 +569,7 @@ TEST(gpu, kv_quant_forwards_match_cpu) {
     dllm_model_free(m);
 }
 
-/* bd_forward_choose (a step's token choice on the device; taken only with DLLM_UNVERIFIED=1 until this passes on a
- * device) against its twin, the host's dllm__choose over bd_forward's logits of the same forward on the same backend:
+/* bd_forward_choose (a step's token choice on the device) against its twin, the host's dllm__choose over bd_forward's logits of the same forward on the same backend:
  * every row's token equal and its confidence within float64 rounding (the device's exp and the host's may differ in an
  * ulp), for the row mappings a step uses (shifted from row 0, shifted past it, unshifted, an offset into the rows);
  * then whole generations with it give the host path's tokens and step counts. */
@@ -622,8 +621,7 @@ static void test_bd_choose_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
         std::vector<int32_t> out[2];
         dllm_gen_stats stats[2] = {};
         for (int dev = 0; dev < 2; dev++) {
-            setenv("DLLM_UNVERIFIED", dev ? "1" : "0", 1);
-            dllm__env_reload();
+            ((dllm__gpu_backend &)b).bd_choose_on_host(dev == 0);
             CHECK(b.bd_chooses() == (dev == 1));
             out[dev].assign((size_t)gp.gen_length + 1, -1);
             int n_out = 0;
@@ -635,14 +633,10 @@ static void test_bd_choose_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
         CHECK_MSG(out[0] == out[1] && stats[0].steps == stats[1].steps, "%s, block cache %d: the device's choice changed the generation", name,
                   block_cache);
     }
-    setenv("DLLM_UNVERIFIED", "1", 1);
-    dllm__env_reload();
 }
 
 TEST(gpu, bd_choose_on_device_matches_the_host) {
     NEED_GPU();
-    setenv("DLLM_UNVERIFIED", "1", 1);
-    dllm__env_reload();
     test_tmpdir dir;
     dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, false)};
     const char *names[2] = {"tiny-fast-dllm-v2", "random tiny Nemotron (unshifted)"};
@@ -653,8 +647,6 @@ TEST(gpu, bd_choose_on_device_matches_the_host) {
         dllm_ctx_free(gpu);
         dllm_model_free(models[i]);
     }
-    unsetenv("DLLM_UNVERIFIED");
-    dllm__env_reload();
 }
 
 // ---- [bd graphs] the step forwards replayed as CUDA graphs ------------------------------------------------------------

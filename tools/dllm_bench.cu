@@ -17,7 +17,8 @@
  *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
- *                                          then the batched dual-cache step of 1 to 64 canvases of 1024 (DLLM_UNVERIFIED=1)
+ *                                          then the batched dual-cache step of 1 to 64 canvases of 1024
+ *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4 and 16 (dllm_generate_batch)
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -649,45 +650,45 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
-/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
- * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
- * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
- * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
- * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
- * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
-/* [bd graphs] (DLLM_UNVERIFIED=1) The block step and the sub-block step of bench_block_diffusion eagerly (DLLM_NO_GRAPHS=1)
- * and replayed as graphs, both with the unverified paths (layer 0's FACache split attention) so that only the graphs
- * differ; the step with the device's token choice (bd_forward_choose: no logits to the host) replayed; the step's
- * graph against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue 25's target: at most 0.60x). Returns the
- * replayed block step's time. */
+/* [bd graphs] (DLLM_UNVERIFIED=1) The block step and the sub-block step of bench_block_diffusion, and the block step with
+ * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (DLLM_NO_GRAPHS=1)
+ * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
+ * 25's target: at most 0.60x). Returns the replayed block step's time. */
 static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *gpu, const dllm__bd_call &step, const dllm__bd_call &sub,
                                            std::vector<float> &logits, int mask_id) {
+    dllm__bd_pick pick;  // the step's sub-block (rows S..2S of the block), scored by output rows S-1.. (shifted)
+    pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = mask_id;
+    pick.pos0 = 0, pick.n = step.r1 - step.r0, pick.shift0 = 0, pick.lrow0 = 0;
+    std::vector<dllm__choice> ch((size_t)pick.n);
     setenv("DLLM_UNVERIFIED", "1", 1);
-    double ms[2][2];  // [graphs][block step, sub-block step]
+    double ms[2][3];  // [graphs][block step, sub-block step, block step with the device's choice]
     for (int graphs = 0; graphs < 2; graphs++) {
         if (graphs) unsetenv("DLLM_NO_GRAPHS");
         else setenv("DLLM_NO_GRAPHS", "1", 1);
         dllm__env_reload();
         ms[graphs][0] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
         ms[graphs][1] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
+        ms[graphs][2] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
     }
-    dllm__bd_pick pick;  // the step's sub-block (rows S..2S of the block), scored by output rows S-1.. (shifted)
-    pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = mask_id;
-    pick.pos0 = 0, pick.n = step.r1 - step.r0, pick.shift0 = 0, pick.lrow0 = 0;
-    std::vector<dllm__choice> ch((size_t)pick.n);
-    const double choose_ms = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
     unsetenv("DLLM_UNVERIFIED");
     dllm__env_reload();
-    r.set("bd_block32_N1024_step_unverified_eager_ms", ms[0][0]);
-    r.set("bd_block32_N1024_step_graph_ms", ms[1][0]);
-    r.set("bd_subblock8_N1024_step_unverified_eager_ms", ms[0][1]);
-    r.set("bd_subblock8_N1024_step_graph_ms", ms[1][1]);
-    r.set("bd_block32_N1024_choose_graph_ms", choose_ms);
-    r.set("bd_block32_N1024_choose_graph_over_anchor_graph_8.0ms", choose_ms / 8.0);
+    for (int graphs = 0; graphs < 2; graphs++) {
+        const char *how = graphs ? "graph" : "eager";
+        r.set(dllm__format("bd_block32_N1024_step_%s_ms", how), ms[graphs][0]);
+        r.set(dllm__format("bd_subblock8_N1024_step_%s_ms", how), ms[graphs][1]);
+        r.set(dllm__format("bd_block32_N1024_choose_%s_ms", how), ms[graphs][2]);
+    }
+    r.set("bd_block32_N1024_choose_graph_over_anchor_graph_8.0ms", ms[1][2] / 8.0);
     r.set("bd_graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
     return ms[1][0];
 }
 
+/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
+ * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
+ * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
+ * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
+ * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
+ * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
 static void bench_block_diffusion(bench_result &r) {
     std::string dir = dllm__format("/tmp/dllm-bench-bd-%d", (int)getpid()), text;
     mkdir(dir.c_str(), 0700);
@@ -743,15 +744,10 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
     r.set("bd_gen_p512_g256_forwards", st.forwards);
-    // [bd graphs] the same generation on the unverified paths (device token choice, FACache split), eager and with graphs
-    setenv("DLLM_UNVERIFIED", "1", 1);
-    for (int graphs = 0; graphs < 2; graphs++) {
-        if (graphs) unsetenv("DLLM_NO_GRAPHS");
-        else setenv("DLLM_NO_GRAPHS", "1", 1);
-        dllm__env_reload();
-        BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
-        r.set(graphs ? "bd_gen_p512_g256_unverified_graph_s" : "bd_gen_p512_g256_unverified_eager_s", st.wall_ms / 1000);
-    }
+    setenv("DLLM_UNVERIFIED", "1", 1);  // [bd graphs] the same generation with the step forwards replayed as graphs
+    dllm__env_reload();
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
+    r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
     unsetenv("DLLM_UNVERIFIED");
     dllm__env_reload();
     if (r.v.count("copy_TBps")) {
@@ -772,15 +768,13 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
     return 2.0 * rows * per_token + 2.0 * lm_rows * d * c.n_vocab + c.n_layer * 4.0 * rows * keys * q;
 }
 
-/* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward, DLLM_UNVERIFIED=1) at the LLaDA-8B
+/* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward) at the LLaDA-8B
  * shape as torch_reference_batch.py's dual_block32_N1024 rows run it: B canvases of 1024 tokens, each with its own
  * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
  * step (32 query rows a sequence over its 1024 cached keys, the LM head on the block): time per step, tokens/s (one
  * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
  * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). */
 static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate) {
-    setenv("DLLM_UNVERIFIED", "1", 1);
-    dllm__env_reload();
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
     dllm_ctx *ctx = nullptr;
@@ -819,8 +813,46 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
     }
     BENCH_CHECK(gpu->batch_kv_reserve({}));
     dllm_ctx_free(ctx);
-    unsetenv("DLLM_UNVERIFIED");
-    dllm__env_reload();
+}
+
+/* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
+ * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
+ * (B x 256 over its wall time) for B = 1, 4, 16, and batch 16's over batch 1's (issue 26's target: at least 3.5x in
+ * BF16). Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
+static void bench_batch_w1(bench_result &r, dllm_model *model) {
+    dllm_ctx_params cp = bench_gpu_params();
+    cp.max_tokens = 1024;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    const int np = 768, gen = 256;
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+    for (int B : {1, 4, 16}) {
+        std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
+        std::vector<dllm_batch_item> items((size_t)B);
+        std::vector<dllm_batch_result> results((size_t)B);
+        for (int b = 0; b < B; b++) {
+            for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
+            items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
+        }
+        auto run = [&] {
+            const double t0 = dllm__now_ms();
+            BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), nullptr));
+            for (const dllm_batch_result &res : results)
+                if (res.status != DLLM_OK) {
+                    fprintf(stderr, "dllm-bench: batch %d W1 item failed: %s\n", B, res.error);
+                    exit(1);
+                }
+            return (dllm__now_ms() - t0) / 1000;
+        };
+        run();  // warm-up
+        const double s = run();
+        r.set(dllm__format("batch%d_W1_dual_s", B), s);
+        r.set(dllm__format("batch%d_W1_dual_tokens_per_s", B), B * gen / s);
+    }
+    if (r.v.count("batch1_W1_dual_tokens_per_s"))
+        r.set("batch16_W1_dual_over_batch1", r.v["batch16_W1_dual_tokens_per_s"] / r.v["batch1_W1_dual_tokens_per_s"]);
+    dllm_ctx_free(ctx);
 }
 
 /* [batch] The batched forward (dllm__gpu_backend::batch_logits, as dllm_generate_batch runs it) at the LLaDA-8B shape:
@@ -879,7 +911,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
-    "                   --batch-rows]\n"
+    "                   --batch-rows | --batch-w1]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
@@ -897,16 +929,17 @@ static const char *bench_usage =
     "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns\n"
+    "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4 and 16: tokens/s\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
-    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
-                                                      {"--batch-rows", &batch_rows}};
+                                                      {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
@@ -952,6 +985,13 @@ int main(int argc, char **argv) {
     }
     if (int8_only) {
         bench_int8_gemm(r, arch, s0);
+        return 0;
+    }
+    if (batch_w1) {
+        dllm_model *model = nullptr;
+        BENCH_CHECK(dllm_model_load_random(config, 1, &model));
+        bench_batch_w1(r, model);
+        dllm_model_free(model);
         return 0;
     }
     if (batch_rows) {
