@@ -52,7 +52,8 @@
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
  *      the device: bd_forward_choose); the GPU [batch] forward (forward_batch) and its K/V-cache
- *      step (forward_batch_kv, kv_scatter_rows); [debug hooks]
+ *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
+ *      (forward_batch_choose, DLLM_UNVERIFIED=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -5837,6 +5838,10 @@ struct dllm__batch_seq {
     // row forwarded, the cache (re)started with n rows
     int q0 = 0, q1 = 0, slot = -1;
     bool fill = false;
+    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with these
+    // parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
+    const dllm__sampling *sampling = nullptr;
+    int step = 0;
 };
 
 /* The rows of a block-diffusion step whose tokens are chosen: row i (0 <= i < n) is canvas position pos0 + i, scored
@@ -5893,6 +5898,16 @@ struct dllm__backend_impl {
     virtual dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
+    }
+    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose); otherwise
+     * dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
+    virtual bool batch_chooses() const { return false; }
+    /* forward_batch (kv false) or forward_batch_kv (kv true) of a plan in which the sequences with a sampling
+     * (dllm__batch_seq) have their tokens chosen by the backend: rows [r0, r1) of each, one sequence after another, in
+     * choices; the other sequences' logits one after another in logits, as forward_batch returns them. */
+    virtual dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) {
+        (void)plan, (void)kv, (void)logits, (void)choices;
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend chooses batched tokens on the host");
     }
 };
 
@@ -5989,6 +6004,17 @@ static void dllm__uncond_canvas(const dllm__decode &st, std::vector<int32_t> &un
 /* Tests only: sees the logits (CFG applied) every CPU step chooses from, rows [r0, r1) of the step's canvas. */
 static void (*dllm__debug_step_logits)(void *debug_tag, const float *logits, int rows, int n_vocab) = nullptr;
 
+/* The commits of a step whose candidates w.cand have the choices ch (dllm__step_end's, or a backend's: [batch]
+ * forward_batch_choose), as the unmasking rule lets them through. */
+static void dllm__step_commit(dllm__decode &st, const dllm__step_work &w, const std::vector<dllm__choice> &ch, std::vector<int32_t> &committed) {
+    committed.clear();
+    for (int i : dllm__select(w.cand, ch, st.unmask, w.k, w.p_transfer)) {
+        st.canvas[(size_t)w.cand[(size_t)i]] = ch[(size_t)i].token;
+        committed.push_back(w.cand[(size_t)i]);
+    }
+    st.n_block_left = dllm__count_masks(st, st.block_begin, st.block_end);
+}
+
 /* After the step's forwards: CFG's logits = U + (s + 1) (C - U) (uncond null without CFG), then x0 and the
  * confidence at every candidate, and the commits the unmasking rule lets through. */
 static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *cond, const float *uncond, int V, std::vector<int32_t> &committed) {
@@ -6001,12 +6027,7 @@ static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *co
     if (dllm__debug_step_logits) dllm__debug_step_logits(st.debug_tag, cond, w.r1 - w.r0, V);
     std::vector<dllm__choice> ch;
     for (int32_t p : w.cand) ch.push_back(dllm__choose(cond + (size_t)(p - w.r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
-    committed.clear();
-    for (int i : dllm__select(w.cand, ch, st.unmask, w.k, w.p_transfer)) {
-        st.canvas[(size_t)w.cand[(size_t)i]] = ch[(size_t)i].token;
-        committed.push_back(w.cand[(size_t)i]);
-    }
-    st.n_block_left = dllm__count_masks(st, st.block_begin, st.block_end);
+    dllm__step_commit(st, w, ch, committed);
 }
 
 /* Rows [r0, r1) of logits (shift applied) from the unshifted output rows raw[raw0 ..). */
@@ -11856,6 +11877,36 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
     return DLLM_OK;
 }
 
+/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions [pos0, pos0 + n)
+ * of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's logits row
+ * (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out + r]. */
+struct dllm__sampler_span {
+    int seq = 0, pos0 = 0, n = 0, lrow0 = 0, shift0 = 0, out = 0;
+};
+
+/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i of
+ * the plan with choice0[i] >= 0 (its choices start there; -1: its logits go to the host), the positions of its rows
+ * [r0, r1) whose logits row (dllm__logit_row, gathered: v.out0[i] + row - v.raw0[i]) is in the chunk. A position reads
+ * one row and the rows rise with the position, so each sequence's are one range; under the shift positions 0 and 1
+ * both read row 0 (shift0, as the solo step's sample_rows). */
+static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
+                                                                 const dllm__varlen_layout &v, const std::vector<int> &choice0, int c0, int rows) {
+    std::vector<dllm__sampler_span> spans;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (choice0[i] < 0) continue;
+        auto gathered = [&](int p) { return v.out0[i] + dllm__logit_row(c, p) - v.raw0[i]; };
+        int p0 = plan[i].r0, p1 = plan[i].r1;
+        while (p0 < p1 && gathered(p0) < c0) p0++;
+        while (p1 > p0 && gathered(p1 - 1) >= c0 + rows) p1--;
+        if (p0 == p1) continue;
+        dllm__sampler_span s;
+        s.seq = (int)i, s.pos0 = p0, s.n = p1 - p0, s.lrow0 = gathered(p0) - c0;
+        s.shift0 = c.shift_logits && p0 == 0, s.out = choice0[i] + p0 - plan[i].r0;
+        spans.push_back(s);
+    }
+    return spans;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 16.4 The backend
 // ---------------------------------------------------------------------------------------------------
@@ -11969,11 +12020,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
         return s;
     }
     dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out);
+    // [batch] the token choice of a batched step on the device (DLLM_UNVERIFIED=1: written without a GPU at hand)
+    bool batch_chooses() const override { return dllm__env().unverified && !batch_unsupported(); }
+    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) override;
+    /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
+     * host), and the other sequences' logits copied to the host as batch_logits_to_host does. */
+    dllm_status batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
     DLLM__TEST_HOOK const dllm__arch &arch() const { return arch_; }
     DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
+    /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
+    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return bch_rows_; }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
     DLLM__TEST_HOOK bool fp8_ffn_active() const { return W_->fp8_ffn; }
     DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
@@ -12068,7 +12127,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred);
+    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state = nullptr);
+    dllm_status sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows);
     dllm_status capture_step(const dllm__decode &st, bool may_update);
     std::string graph_key(const dllm__decode &st) const;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
@@ -12129,6 +12189,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     int bkv_total_ = 0;
     std::shared_ptr<dllm__module> kv_scatter_module_;
     dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
+    // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
+    dllm__dbuf bch_state_, bch_x0_, bch_conf_, bch_deferred_;
+    int64_t bch_rows_ = 0;  // rows chosen on the device by batch_choose since the context began (tests)
     bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
@@ -13075,11 +13138,93 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
 }
 
 /* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's step. */
-dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred) {
+dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
+    if (!state) state = act_.state.as<dllm_step_state>();  // [batch] batch_choose: each sequence's own
     if (a.cutoff) DLLM__TRY(S_.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
-    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a, act_.state.ptr, act_.partials.ptr));
-    return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, act_.state.ptr, act_.partials.ptr, x0, conf, deferred);
+    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a, state, act_.partials.ptr));
+    return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state, act_.partials.ptr, x0, conf, deferred);
+}
+
+// ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
+// A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
+// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
+// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
+// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
+// them. Written without a GPU at hand: taken only with DLLM_UNVERIFIED=1 (batch_chooses) until
+// batch_gpu.device_choice_equals_host_choice_and_alone has passed on a device.
+
+dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) {
+    if (const char *why = kv ? batch_kv_unsupported() : batch_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched %s %s", kv ? "K/V-cache step" : "forward", why);
+    if (!batch_chooses()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend chooses a batched step's tokens on the device only with DLLM_UNVERIFIED=1");
+    if (plan.empty()) return DLLM_OK;
+    if (kv && !bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    dllm__varlen_layout v;
+    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(m_.cfg, plan, max_tokens_, v));
+    return batch_choose(plan, v, logits, choices);
+}
+
+/* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
+ * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
+dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
+    const dllm__config &c = m_.cfg;
+    sampler_args a = {};
+    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
+    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = span.n;
+    a.pos0 = span.pos0, a.lrow0 = span.lrow0, a.shift0 = span.shift0, a.raw_rows = raw_rows;
+    dllm__sampler_fill(a, s);
+    if (s.filters()) a.cutoff = act_.cutoff.as<float>();
+    return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out, bch_deferred_.as<unsigned char>() + span.out,
+                          bch_state_.as<dllm_step_state>() + span.seq);
+}
+
+dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
+    const dllm__config &c = m_.cfg;
+    const size_t V = (size_t)c.n_vocab;
+    std::vector<int> choice0(plan.size(), -1), raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
+    std::vector<dllm_step_state> states(plan.size(), dllm_step_state());
+    int n_chosen = 0, n_raw = 0;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (plan[i].sampling) choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0, states[i].global_step = plan[i].step;
+        else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
+    }
+    // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
+    DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
+    const size_t n = (size_t)std::max(1, n_chosen);
+    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
+    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
+    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
+    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
+    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state), cudaMemcpyHostToDevice, stream_));
+    std::vector<float> raw((size_t)n_raw * V);
+    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
+        for (const dllm__sampler_span &s : dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows)) DLLM__TRY(sample_span(*plan[(size_t)s.seq].sampling, s, rows));
+        for (size_t i = 0; i < plan.size(); i++) {  // the host's sequences: their rows of this chunk
+            const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
+            if (choice0[i] < 0 && g0 < g1)
+                DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)(raw0[i] + g0 - v.out0[i]) * V, act_.logits.as<float>() + (size_t)(g0 - c0) * V,
+                                           (size_t)(g1 - g0) * V * 4, cudaMemcpyDeviceToHost, stream_));
+        }
+        return DLLM_OK;
+    }));
+    std::vector<int> x0((size_t)n_chosen);
+    std::vector<double> conf((size_t)n_chosen);
+    std::vector<unsigned char> deferred((size_t)n_chosen);
+    if (n_chosen) {
+        DLLM__CUDA(cudaMemcpyAsync(x0.data(), bch_x0_.ptr, (size_t)n_chosen * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(conf.data(), bch_conf_.ptr, (size_t)n_chosen * 8, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(deferred.data(), bch_deferred_.ptr, (size_t)n_chosen, cudaMemcpyDeviceToHost, stream_));
+    }
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < n_chosen; i++) choices[i] = dllm__choice{x0[(size_t)i], conf[(size_t)i], deferred[(size_t)i] != 0};
+    bch_rows_ += n_chosen;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (choice0[i] >= 0) continue;
+        dllm__unshift_rows(c, raw.data() + (size_t)raw0[i] * V, v.raw0[i], plan[i].r0, plan[i].r1, logits);
+        logits += (size_t)(plan[i].r1 - plan[i].r0) * V;
+    }
+    return DLLM_OK;
 }
 
 /* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
@@ -14426,36 +14571,67 @@ static dllm__batch_seq dllm__batch_seq_of(const dllm__batch_member &m, int c, in
     return s;
 }
 
+/* [batch] Whether the backend chooses a member's tokens (forward_batch_choose): where it chooses at all, for every member
+ * but CFG's (its two canvases' logits are combined on the host) and none while dllm__debug_step_logits (tests) wants
+ * the logits. */
+static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &st) {
+    return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
+}
+
+/* [batch] A forward of a step's plan (k = 1: the members with a K/V cache): the logits of every sequence, or where the
+ * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
+static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits, dllm__choice *choices) {
+    if (plan.empty()) return DLLM_OK;
+    for (const dllm__batch_seq &s : plan)
+        if (s.sampling) return ctx.impl->forward_batch_choose(plan, k == 1, logits, choices);
+    return k == 1 ? ctx.impl->forward_batch_kv(plan, logits) : ctx.impl->forward_batch(plan, logits);
+}
+
 /* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward (members with a K/V
- * cache in a second one, forward_batch_kv), then each member's choice and commits. A failing forward is every member's
+ * cache in a second one, forward_batch_kv), then each member's choice and commits. Where the backend chooses tokens
+ * (dllm__batch_device_choice) it returns a member's choices in place of its logits. A failing forward is every member's
  * failure: the step of none can go on. */
 static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active, std::vector<float> &logits) {
     const int V = ctx.model->cfg.n_vocab;
     std::vector<dllm__batch_seq> plan[2];  // without, with a K/V cache
-    size_t rows[2] = {0, 0};
+    size_t rows[2] = {0, 0}, chosen[2] = {0, 0};  // logit rows to the host, rows chosen by the backend
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
         dllm__step_begin(st, m->work);
         const int n_canvas = st.cfg_scale > 0 ? 2 : 1;
         if (n_canvas == 2) dllm__uncond_canvas(st, m->uncond);
+        const bool device = dllm__batch_device_choice(ctx, st);
         for (int c = 0; c < n_canvas; c++) {
-            const dllm__batch_seq s = dllm__batch_seq_of(*m, c, ctx.model->cfg.shift_logits);
+            dllm__batch_seq s = dllm__batch_seq_of(*m, c, ctx.model->cfg.shift_logits);
+            if (device) s.sampling = &st.sampling, s.step = st.global_step;
             plan[m->slot >= 0].push_back(s);
-            rows[m->slot >= 0] += (size_t)(s.r1 - s.r0);
+            (device ? chosen : rows)[m->slot >= 0] += (size_t)(s.r1 - s.r0);
         }
     }
     logits.resize((rows[0] + rows[1]) * V);
-    if (!plan[0].empty()) DLLM__TRY(ctx.impl->forward_batch(plan[0], logits.data()));
-    if (!plan[1].empty()) DLLM__TRY(ctx.impl->forward_batch_kv(plan[1], logits.data() + rows[0] * V));
+    std::vector<dllm__choice> choices(chosen[0] + chosen[1]);
+    DLLM__TRY(dllm__batch_forward(ctx, plan[0], 0, logits.data(), choices.data()));
+    DLLM__TRY(dllm__batch_forward(ctx, plan[1], 1, logits.data() + rows[0] * V, choices.data() + chosen[0]));
     float *next[2] = {logits.data(), logits.data() + rows[0] * V};
+    const dllm__choice *next_choice[2] = {choices.data(), choices.data() + chosen[0]};
     std::vector<dllm__batch_member *> still;
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
-        const size_t n = (size_t)(m->work.r1 - m->work.r0) * V;
-        float *&cond = next[m->slot >= 0];
-        float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
-        dllm__step_end(st, m->work, cond, uncond, V, m->committed);
-        cond += uncond ? 2 * n : n;
+        const dllm__step_work &w = m->work;
+        if (dllm__batch_device_choice(ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are the host's ch
+            const dllm__choice *&row = next_choice[m->slot >= 0];
+            std::vector<dllm__choice> ch;
+            for (int32_t p : w.cand) ch.push_back(row[p - w.r0]);
+            row += w.r1 - w.r0;
+            st.forwards++;
+            dllm__step_commit(st, w, ch, m->committed);
+        } else {
+            const size_t n = (size_t)(w.r1 - w.r0) * V;
+            float *&cond = next[m->slot >= 0];
+            float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
+            dllm__step_end(st, w, cond, uncond, V, m->committed);
+            cond += uncond ? 2 * n : n;
+        }
         dllm_status s = m->g->end_step(m->committed);
         if (s != DLLM_OK || m->g->done) dllm__batch_retire(*m, s);
         else still.push_back(m);

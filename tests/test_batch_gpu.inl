@@ -613,6 +613,225 @@ TEST(batch_gpu, fp8_items_decode_one_after_another) {
     dllm_model_free(m);
 }
 
+// ---- [batch] the token choice of a batched step on the device ---------------------------------------------------
+
+/* dllm__batch_sampler_spans against a direct count: over plans without and with a K/V cache, without and with Dream's
+ * shift, and chunks of awkward sizes, every position [r0, r1) of every chosen sequence is sampled exactly once, from
+ * the chunk row that holds its own logits row, into its own choice slot; the host's sequences get no sampler rows, and
+ * no launch takes more than its chunk's rows and one more. */
+TEST(batch, device_choice_spans_read_each_position_once) {
+    std::mt19937 rng(2626);
+    int n_shift0 = 0, n_split = 0;  // what the plans covered: position 0 under the shift, a sequence across chunks
+    for (int shift = 0; shift < 2; shift++)
+        for (int kv = 0; kv < 2; kv++) {
+            dllm__config c;
+            c.shift_logits = shift;
+            test_batch_plan bp;
+            test_kv_plan kp;
+            dllm__varlen_layout v;
+            if (kv) {
+                test_kv_make_plan(kp);
+                if (shift) kp.plan[0].q0 = 3, kp.plan[2].q0 = 7;  // dllm__step_rows's rows under the shift
+                CHECK_STATUS(dllm__kv_layout_of(c, kp.plan, kp.base, kp.rows, 64, v), DLLM_OK, nullptr);
+            } else {
+                test_batch_make_plan(rng, 1000, 999, bp);
+                CHECK_STATUS(dllm__varlen_layout_of(c, bp.plan, 256, v), DLLM_OK, nullptr);
+            }
+            const std::vector<dllm__batch_seq> &plan = kv ? kp.plan : bp.plan;
+            std::vector<int> choice0(plan.size(), -1);
+            int n_chosen = 0;
+            for (size_t i = 0; i < plan.size(); i++)
+                if (i != 1 && (i == 0 || rng() % 3)) choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0;
+            for (int chunk : {1, 2, 3, 5, 256}) {
+                std::vector<std::vector<int>> seen(plan.size());
+                for (size_t i = 0; i < plan.size(); i++) seen[i].assign((size_t)plan[i].n, 0);
+                for (int c0 = 0; c0 < v.out_rows; c0 += chunk) {
+                    const int rows = std::min(chunk, v.out_rows - c0);
+                    for (const dllm__sampler_span &sp : dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows)) {
+                        const size_t i = (size_t)sp.seq;
+                        CHECK_MSG(i < plan.size() && choice0[i] >= 0 && sp.n >= 1 && sp.n <= rows + 1, "shift %d kv %d chunk %d: span of sequence %zu, %d rows",
+                                  shift, kv, chunk, i, sp.n);
+                        if (i >= plan.size() || choice0[i] < 0) return;
+                        n_shift0 += sp.shift0, n_split += sp.n < plan[i].r1 - plan[i].r0;
+                        for (int r = 0; r < sp.n; r++) {
+                            const int p = sp.pos0 + r, lr = (sp.shift0 ? std::max(r - 1, 0) : r) + sp.lrow0;
+                            const int want = v.out0[i] + dllm__logit_row(c, p) - v.raw0[i] - c0;
+                            CHECK_MSG(p >= plan[i].r0 && p < plan[i].r1 && lr == want && lr >= 0 && lr < rows && sp.out + r == choice0[i] + p - plan[i].r0,
+                                      "shift %d kv %d chunk %d sequence %zu position %d: logits row %d (want %d of %d), out %d", shift, kv, chunk, i, p, lr,
+                                      want, rows, sp.out + r);
+                            if (p >= plan[i].r0 && p < plan[i].r1) seen[i][(size_t)p]++;
+                        }
+                    }
+                }
+                for (size_t i = 0; i < plan.size(); i++)
+                    for (int p = 0; p < plan[i].n; p++) {
+                        const int want = choice0[i] >= 0 && p >= plan[i].r0 && p < plan[i].r1;
+                        CHECK_MSG(seen[i][(size_t)p] == want, "shift %d kv %d chunk %d: sequence %zu position %d sampled %d times, want %d", shift, kv, chunk,
+                                  i, p, seen[i][(size_t)p], want);
+                    }
+            }
+        }
+    CHECK_MSG(n_shift0 > 0 && n_split > 0, "the plans never sampled position 0 under the shift (%d) or split a sequence across chunks (%d)", n_shift0,
+              n_split);
+}
+
+/* A CPU backend that chooses a batched step's tokens itself (forward_batch_choose: its batched forward, then dllm__choose
+ * of each chosen row: the contract's twin), so that dllm__batch_step's device-choice path runs here. */
+class test_choosing_cpu : public dllm__cpu_backend {
+  public:
+    using dllm__cpu_backend::dllm__cpu_backend;
+    int V = 0;
+    int64_t rows_chosen = 0, rows_logits = 0;
+    bool batch_chooses() const override { return true; }
+    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) override {
+        size_t rows = 0;
+        for (const dllm__batch_seq &s : plan) rows += (size_t)(s.r1 - s.r0);
+        std::vector<float> all(rows * V, NAN);
+        DLLM__TRY(kv ? forward_batch_kv(plan, all.data()) : forward_batch(plan, all.data()));
+        const float *l = all.data();
+        for (const dllm__batch_seq &s : plan)
+            for (int p = s.r0; p < s.r1; p++, l += V) {
+                if (s.sampling) *choices++ = dllm__choose(l, V, *s.sampling, (uint32_t)p, (uint32_t)s.step), rows_chosen++;
+                else logits = std::copy(l, l + V, logits), rows_logits++;
+            }
+        return DLLM_OK;
+    }
+};
+
+/* A case's batch result against the reference run kept in its `alone`: status, ids, step and forward counts, the
+ * canvas after every step (the logits are not there to compare where the choice is made on the device). */
+static void test_batch_check_tokens(dllm_test_state &T_, const test_batch_case &c, const dllm_batch_result &r, const char *what) {
+    CHECK_MSG(r.status == c.status_alone, "%s: status %s, the reference's %s (%s)", what, dllm_status_str(r.status), dllm_status_str(c.status_alone), r.error);
+    CHECK_MSG(r.n_out == c.n_alone && c.out_batch == c.out_alone, "%s: %d ids, the reference's %d, or other ids", what, r.n_out, c.n_alone);
+    CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards, "%s: steps %d/%d, forwards %d/%d", what, r.stats.steps,
+              c.stats_alone.steps, r.stats.forwards, c.stats_alone.forwards);
+    CHECK_MSG(c.batch.canvases == c.alone.canvases, "%s: the canvases after each step differ", what);
+    CHECK_MSG(c.status_alone != DLLM_OK || !c.alone.canvases.empty(), "%s: no step recorded: the test would prove nothing", what);
+}
+
+/* Items of random parameters and caches (none, prefix, dual), one in three with CFG, in batches on the CPU through the
+ * backend-choice path of dllm__batch_step (test_choosing_cpu): every item's ids and canvases those of the host-choice
+ * batch, in two orders, CFG's members (their logits) mixed with chosen ones in one forward. */
+TEST(batch, backend_choice_equals_host_choice) {
+    for (int dream = 0; dream < 2; dream++) {
+        dllm_model *m = test_load(test_data(dream ? "tiny-dream" : "tiny-llada"));
+        dllm_ctx *host = m ? test_ctx(m) : nullptr, *chooser = m ? test_ctx(m) : nullptr;
+        if (!host || !chooser) { CHECK(host && chooser); dllm_ctx_free(host); dllm_ctx_free(chooser); dllm_model_free(m); return; }
+        test_choosing_cpu *b = new test_choosing_cpu(*m, 2, chooser->max_tokens, DLLM_PRECISION_BF16, dllm__soloq_options());
+        b->V = m->cfg.n_vocab;
+        chooser->impl.reset(b);
+        dllm_model_info info;
+        dllm_model_get_info(m, &info);
+        std::mt19937 rng(dream ? 4126 : 4026);
+        int n_cfg = 0;
+        for (int round = 0; round < 3; round++) {
+            std::vector<test_batch_case> cases((size_t)(3 + rng() % 3));
+            std::vector<test_batch_case *> order;
+            for (size_t i = 0; i < cases.size(); i++) {
+                test_batch_case &c = cases[i];
+                test_batch_make_case(rng, info, dream, c);
+                c.params.kv_cache = (dllm_kv_cache)(i % 3);
+                n_cfg += c.params.cfg_scale > 0;
+                order.push_back(&c);
+            }
+            std::vector<dllm_batch_result> results;
+            test_batch_run(host, order, results, nullptr);  // the reference: the host's choice
+            for (size_t i = 0; i < cases.size(); i++) {
+                test_batch_case &c = cases[i];
+                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status, c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
+            }
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass) std::shuffle(order.begin(), order.end(), rng);
+                test_batch_run(chooser, order, results, nullptr);
+                for (size_t i = 0; i < order.size(); i++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s round %d pass %d item %zu of %zu", dream ? "dream" : "llada", round, pass, i, order.size());
+                    test_batch_check_tokens(T_, *order[i], results[i], what);
+                }
+            }
+        }
+        CHECK_MSG(b->rows_chosen > 0 && b->rows_logits > 0 && n_cfg > 0, "rows chosen by the backend %lld, with logits %lld (CFG items %d)",
+                  (long long)b->rows_chosen, (long long)b->rows_logits, n_cfg);
+        dllm_ctx_free(host);
+        dllm_ctx_free(chooser);
+        dllm_model_free(m);
+    }
+}
+
+/* The GPU's device choice (DLLM_UNVERIFIED=1 until this passes on a device): batches of items with mixed lengths,
+ * parameters and modes (plain, prefix and dual caches; temperature 0 and > 0; low-confidence and random remasking;
+ * threshold rules; Dream's samplers on Dream; a CFG item, chosen on the host, among them), and a batch of 12 long
+ * items whose logit rows span two LM-head chunks: every item's ids, canvases and counts those it gets as a batch of one
+ * with the host's choice, as a batch of one with the device's, in the batch with the device's (two orders), and in the
+ * batch with the host's. */
+TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
+    NEED_GPU();
+    test_unverified_switch unverified("1");
+    for (int dream = 0; dream < 2; dream++) {
+        dllm_model *m = test_load(test_data(dream ? "tiny-dream" : "tiny-llada"));
+        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+        if (!gpu) { CHECK(gpu != nullptr); dllm_model_free(m); return; }
+        dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
+        CHECK(g->batch_chooses());
+        dllm_model_info info;
+        dllm_model_get_info(m, &info);
+        std::mt19937 rng(dream ? 5126 : 5026);
+        for (int round = 0; round < 3; round++) {
+            const bool long_items = round == 2;
+            std::vector<test_batch_case> cases(long_items ? 12 : 6);
+            std::vector<test_batch_case *> order;
+            for (size_t i = 0; i < cases.size(); i++) {
+                test_batch_case &c = cases[i];
+                test_batch_make_case(rng, info, dream, c);
+                dllm_gen_params &p = c.params;
+                p.kv_cache = (dllm_kv_cache)(i % 3);
+                p.temperature = (i / 3) % 2 ? 0.8f : 0.0f;
+                if (!dream) p.remasking = i % 2 ? DLLM_REMASK_RANDOM : DLLM_REMASK_LOW_CONFIDENCE;
+                if (i % 4 == 1) p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = p.remasking == DLLM_REMASK_ENTROPY ? -1.5 : 0.35;
+                p.cfg_scale = i == 5 ? 0.5f : 0.0f;
+                if (long_items) p.gen_length = p.block_length = 24 + 8 * (int)(i % 4), p.steps = p.gen_length / 2, c.out_capacity = p.gen_length;
+                order.push_back(&c);
+            }
+            // the reference: each a batch of one, chosen on the host (the logits hook keeps every step's choice there)
+            dllm__debug_step_logits = test_batch_logits_hook;
+            for (test_batch_case &c : cases) {
+                std::vector<dllm_batch_result> one;
+                test_batch_run(gpu, {&c}, one, nullptr);
+                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = one[0].status, c.n_alone = one[0].n_out, c.stats_alone = one[0].stats;
+            }
+            std::vector<dllm_batch_result> results;
+            test_batch_run(gpu, order, results, nullptr);
+            for (size_t i = 0; i < order.size(); i++) {
+                char what[112];
+                snprintf(what, sizeof what, "%s round %d host-choice batch item %zu of %zu", dream ? "dream" : "llada", round, i, order.size());
+                test_batch_check_tokens(T_, *order[i], results[i], what);
+            }
+            dllm__debug_step_logits = nullptr;
+            const int64_t chosen0 = g->batch_rows_chosen();
+            for (test_batch_case &c : cases) {
+                std::vector<dllm_batch_result> one;
+                test_batch_run(gpu, {&c}, one, nullptr);
+                char what[112];
+                snprintf(what, sizeof what, "%s round %d device-choice batch of one, item %zu", dream ? "dream" : "llada", round, (size_t)(&c - cases.data()));
+                test_batch_check_tokens(T_, c, one[0], what);
+            }
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass) std::shuffle(order.begin(), order.end(), rng);
+                test_batch_run(gpu, order, results, nullptr);
+                for (size_t i = 0; i < order.size(); i++) {
+                    char what[112];
+                    snprintf(what, sizeof what, "%s round %d device-choice batch pass %d item %zu of %zu", dream ? "dream" : "llada", round, pass, i,
+                             order.size());
+                    test_batch_check_tokens(T_, *order[i], results[i], what);
+                }
+            }
+            CHECK_MSG(g->batch_rows_chosen() > chosen0, "%s round %d: no row was chosen on the device", dream ? "dream" : "llada", round);
+        }
+        dllm_ctx_free(gpu);
+        dllm_model_free(m);
+    }
+}
+
 // ---- the command line ---------------------------------------------------------------------------------------
 
 /* dllm-eval --add --batch N decodes the problems N at a time and scores them as one at a time does (the CPU's batch

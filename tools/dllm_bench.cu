@@ -773,7 +773,9 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
  * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
  * step (32 query rows a sequence over its 1024 cached keys, the LM head on the block): time per step, tokens/s (one
  * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
- * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). */
+ * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). Beside
+ * it the step with its token choice on the device (step_with_choice_ms; choice_ms the difference), and at B = 16 the
+ * step with its logits copied to the host for the host's choice (step_logits_to_host_ms). */
 static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
@@ -810,6 +812,20 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
         r.set(k + "TFLOPs", flops / ms / 1e9);
         r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
         if (B == 16) r.set(k + "step_over_anchor_graph_20.5ms", ms / 20.5);
+        // The step with its token choice (forward_batch_choose, as dllm_generate_batch runs it: the sampler per sequence
+        // on the device, LLaDA's defaults, its choices on the host); at B = 16 also the step with every logit copied to
+        // the host instead (forward_batch_kv), which the host's choice then reads.
+        const dllm__sampling sampling;
+        std::vector<dllm__batch_seq> choose = step;
+        for (dllm__batch_seq &s : choose) s.sampling = &sampling, s.step = 1;
+        std::vector<dllm__choice> choices((size_t)B * (b1 - b0));
+        const double choose_ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_batch_choose(choose, true, nullptr, choices.data())); });
+        r.set(k + "step_with_choice_ms", choose_ms);
+        r.set(k + "choice_ms", choose_ms - ms);
+        if (B == 16) {
+            std::vector<float> logits((size_t)B * (b1 - b0) * c.n_vocab);
+            r.set(k + "step_logits_to_host_ms", bench_ms(gpu->stream(), 1, 3, [&] { BENCH_CHECK(gpu->forward_batch_kv(step, logits.data())); }));
+        }
     }
     BENCH_CHECK(gpu->batch_kv_reserve({}));
     dllm_ctx_free(ctx);
@@ -928,7 +944,8 @@ static const char *bench_usage =
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
     "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
-    "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns\n"
+    "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
+    "                     and the step with its token choice on the device beside it\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4 and 16: tokens/s\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
