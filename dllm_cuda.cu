@@ -7906,6 +7906,7 @@ KERNEL_kvq_attention {
     X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)                                                           \
     X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                           \
     X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */           \
+    X(const int *, n_rows) /* null, or how many rows are listed (a graph's launch covers every row) */               \
     X(int, offset)       /* the block offset of the forward's row 0 */                                              \
     X(float *, state)    /* [block offset][n_head][hd + 2]: the unnormalised O, then m and l */
 
@@ -7972,6 +7973,7 @@ KERNEL_bdfa_committed {
     pdl_enter();
     const int W = DLLM_BDFA_WARPS;
     __shared__ float q[256], acc[W][256], wm[W], wl[W];
+    if (a.n_rows && (int)blockIdx.x >= *a.n_rows) return;  // a graph's launch covers every row; the list holds n_rows
     const int i = a.rows[blockIdx.x], h = blockIdx.y, hd = a.hd, w = threadIdx.x / 32;
     bdfa_load_q(a, i, h, q);
     const int n = (a.n_committed + 32 * W - 1) / (32 * W) * 32, j0 = min(a.n_committed, w * n), j1 = min(a.n_committed, j0 + n);
@@ -11731,6 +11733,53 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 // 16.4 The backend
 // ---------------------------------------------------------------------------------------------------
 
+/* [bd graphs] A block-diffusion step forward (16.4.3) replayed as a CUDA graph. A block runs many forwards of one shape
+ * (only the block's ids change, and they reach the device by a copy before the replay), and the next block the same
+ * shapes again over a longer committed cache (only kernel arguments change: the graph is updated in place). A graph is
+ * held per slot: `slot` names what fixes its kernels, their grids and the arguments constant for a generation (kind,
+ * rows, sub-block offset, mask, output rows, whether a committed cache exists: layer 0's attention path, the split-KV
+ * count, the device token choice's rows and sampling); `baked` adds what changes from block to block (the committed
+ * length and the block cache's rows, the sampled rows' position) and the device buffers the graph points into. */
+struct dllm__bd_graph_id {
+    std::string slot, baked;
+};
+static dllm__bd_graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
+                                            const std::string &buffers) {
+    dllm__bd_graph_id id;
+    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0,
+                           kv_splits);
+    if (pick) {
+        const dllm__sampling &s = pick->sampling;
+        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n, pick->lrow0, pick->shift0,
+                                s.temperature, (int)s.remasking, (int)s.tempered_conf, s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf,
+                                (int)s.defer_eos_eot, s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
+    }
+    id.baked = id.slot + dllm__format(" | n%d b%d p%d ", n_committed, block_rows, pick ? pick->pos0 : -1) + buffers;
+    return id;
+}
+
+/* What one forward of a slot does: the slot's first forward runs eagerly (cuBLASLt's and the modules' one-time work
+ * stay outside any capture), the next is captured and instantiated; later ones replay it when it baked in the same,
+ * else are captured again and update it in place (re-instantiated where CUDA refuses the update). */
+enum dllm__graph_action { DLLM__GRAPH_EAGER, DLLM__GRAPH_REPLAY, DLLM__GRAPH_UPDATE, DLLM__GRAPH_INSTANTIATE };
+struct dllm__bd_graph {
+    cudaGraphExec_t exec = nullptr;  // destroyed by its owner (dllm__gpu_backend)
+    std::string baked;
+    bool warmed = false;
+    bool eager_only = false;  // a capture failed: the slot's forwards run eagerly (bd_replay warns once)
+};
+static dllm__graph_action dllm__bd_graph_next(dllm__bd_graph &g, const dllm__bd_graph_id &id) {
+    if (!g.warmed || g.eager_only) {
+        g.warmed = true;
+        return DLLM__GRAPH_EAGER;
+    }
+    if (g.exec && g.baked == id.baked) return DLLM__GRAPH_REPLAY;
+    const dllm__graph_action a = g.exec ? DLLM__GRAPH_UPDATE : DLLM__GRAPH_INSTANTIATE;
+    g.baked = id.baked;  // what the capture about to run bakes in
+    return a;
+}
+static const size_t dllm__bd_graph_slots = 64;  // a context's captured block-diffusion forwards at most (all dropped past it)
+
 struct dllm__stage_timer;
 
 class dllm__gpu_backend : public dllm__backend_impl {
@@ -11747,6 +11796,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }
     ~dllm__gpu_backend() override {
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        bd_graphs_drop();
         if (stream_) cudaStreamDestroy(stream_);
         if (host_pinned_) cudaFreeHost(host_pinned_);
     }
@@ -11843,6 +11893,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
+    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
     DLLM__TEST_HOOKS_END
 
   private:
@@ -11908,6 +11960,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_check(const dllm__bd_call &call) const;
     dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
     dllm_status bd_head(const dllm__bd_call &call, float *logits);
+    dllm_status bd_prepare(const dllm__bd_call &call);
+    dllm_status bd_layers(const dllm__bd_call &call);
+    dllm_status bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
+    sampler_args bd_sampler_args(const dllm__bd_call &call, const dllm__bd_pick &pick) const;
+    // [bd graphs]
+    dllm_status bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
+    dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
+    dllm_status bd_capture(const dllm__bd_call &call, const dllm__bd_pick *pick, dllm__bd_graph &g, dllm__graph_action &action);
+    dllm__bd_graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
+    void bd_graphs_drop();
 
     const dllm_model &m_;
     int max_tokens_;
@@ -11985,7 +12047,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     int bdfa_n_ = -1;
     int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
     bool bdfa_on(size_t layer) const;
+    dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
+    // [bd graphs] the captured block-diffusion forwards by slot (dllm__bd_graph_keys), and what each forward did
+    std::map<std::string, dllm__bd_graph> bd_graphs_;
+    int64_t bd_graph_counts_[4] = {};
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -13238,6 +13304,18 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
 }
 
 dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logits) {
+    DLLM__TRY(bd_prepare(call));
+    const bool one_chunk = call.r1 - call.r0 <= dllm__lm_chunk_rows;
+    DLLM__TRY(bd_run(call, nullptr, one_chunk));
+    if (!one_chunk) return bd_head(call, logits);
+    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * m_.cfg.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+/* Everything the host decides before a forward's launches (none of it may be captured, [bd graphs]): the limits, the
+ * key groups of a kv_quant commit, the buffers fitted, the ids copied to the device, FACache's row list. */
+dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call) {
     DLLM__TRY(bd_check(call));
     const dllm__config &c = m_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
@@ -13260,6 +13338,13 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
         bd_block_rows_ = T;
     }
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
+    if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
+    return DLLM_OK;
+}
+
+/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in bd_run. */
+dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
+    const int T = call.T, out_rows = call.r1 - call.r0;
     float *h = act_.h.as<float>();
     mark("start");
     DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
@@ -13274,8 +13359,96 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
         else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
         mark("add+norm");
     }
-    if (call.kind == DLLM__BD_COMMIT) bd_n_ += T;
-    return bd_head(call, logits);
+    return DLLM_OK;
+}
+
+/* The forward's launches (bd_layers), then with `head` the LM head over its output rows (one chunk: act_.logits), then
+ * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in act_.state). */
+dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
+    const int out_rows = call.r1 - call.r0;
+    DLLM__TRY(bd_layers(call));
+    if (!head) return DLLM_OK;
+    DLLM__TRY(lm_head(1, out_rows, 0, out_rows));
+    mark("lm head");
+    if (!pick) return DLLM_OK;
+    return launch_sampler(bd_sampler_args(call, *pick), act_.x0.as<int>(), act_.conf.as<double>(), act_.deferred.as<unsigned char>());
+}
+
+/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
+ * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
+ * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
+ * eager, as does everything under DLLM_NO_GRAPHS=1. Written without a GPU at hand: only with DLLM_UNVERIFIED=1 until
+ * gpu.block_diffusion_graphs_equal_eager has passed on a device. */
+dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
+    const bool graph = head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().unverified;
+    if (graph) DLLM__TRY(bd_replay(call, pick));
+    else DLLM__TRY(bd_body(call, pick, head));
+    if (!graph) bd_graph_counts_[DLLM__GRAPH_EAGER]++;
+    if (call.kind == DLLM__BD_COMMIT) bd_n_ += call.T;
+    return DLLM_OK;
+}
+
+/* The buffers and sizes a captured forward points into, beside what the call names (dllm__bd_graph_keys). */
+dllm__bd_graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const {
+    const dllm__config &c = m_.cfg;
+    const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
+    const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
+    const std::string buffers = dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
+                                             bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr, kvq_v_codes_.ptr,
+                                             kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+    return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
+}
+
+dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick) {
+    const dllm__bd_graph_id id = bd_graph_id(call, pick);
+    if (!bd_graphs_.count(id.slot) && bd_graphs_.size() >= dllm__bd_graph_slots) bd_graphs_drop();
+    dllm__bd_graph &g = bd_graphs_[id.slot];
+    dllm__graph_action action = dllm__bd_graph_next(g, id);
+    if (action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) {
+        if (bd_capture(call, pick, g, action) != DLLM_OK) {  // a failed capture fails no forward: this and the slot's next run eagerly
+            static std::atomic<bool> warned(false);
+            if (!warned.exchange(true))
+                dllm__log(DLLM_LOG_WARN, "block diffusion: a step forward could not be captured as a CUDA graph (%s); forwards of its shape run "
+                                         "eagerly", dllm__tls_error.c_str());
+            cudaGetLastError();
+            g.eager_only = true, action = DLLM__GRAPH_EAGER;
+        }
+    }
+    if (action == DLLM__GRAPH_EAGER) DLLM__TRY(bd_body(call, pick, true));
+    else DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
+    bd_graph_counts_[action]++;
+    return DLLM_OK;
+}
+
+/* Captures bd_body into slot g: updates g.exec in place (action UPDATE) or instantiates it (INSTANTIATE, or an update
+ * CUDA refused: action says which happened). A failure leaves the slot without a graph. */
+dllm_status dllm__gpu_backend::bd_capture(const dllm__bd_call &call, const dllm__bd_pick *pick, dllm__bd_graph &g, dllm__graph_action &action) {
+    cudaGraph_t graph = nullptr;
+    DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const dllm_status s = bd_body(call, pick, true);
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (s == DLLM_OK && e == cudaSuccess && action == DLLM__GRAPH_UPDATE) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(g.exec, graph, &info) == cudaSuccess) {
+            cudaGraphDestroy(graph);
+            return DLLM_OK;
+        }
+        cudaGetLastError();  // refused (the captured kernels or their topology differ): instantiate instead
+        action = DLLM__GRAPH_INSTANTIATE;
+    }
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+    if (s == DLLM_OK && e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (s == DLLM_OK && e == cudaSuccess) return DLLM_OK;  // g.baked: set by dllm__bd_graph_next
+    g.exec = nullptr;
+    return s != DLLM_OK ? s : dllm__cuda_fail(e, "capturing a block-diffusion forward as a graph");
+}
+
+void dllm__gpu_backend::bd_graphs_drop() {
+    for (auto &kv : bd_graphs_)
+        if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+    bd_graphs_.clear();
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
@@ -13337,10 +13510,11 @@ bool dllm__gpu_backend::bdfa_on(size_t layer) const {
     return !bdfa_off_ && layer == 0 && bd_n_ > 0 && !kvq_.enabled() && m_.cfg.head_dim <= 256;
 }
 
-/* [FACache] Layer 0's attention of call's rows (act_.qkv) over the committed rows ++ its own (n_keys in all): the
- * committed state of each row whose token changed since the last commit (every row without call.lacache) is computed
- * and kept at its block offset, then every row merges it with its own keys' state (dllm__src_bdfa). */
-dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
+/* [FACache] The host's part of layer 0's split attention, run before the forward's launches (bd_prepare) so that a
+ * captured forward holds launches only [bd graphs]: the module at its first use, the state buffers, and the list of
+ * rows whose committed state is computed (those whose token changed since the last commit; every row without
+ * call.lacache), copied to the device after its length. The decision stays on the host; a graph reads its outcome. */
+dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     const dllm__config &c = m_.cfg;
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
     if (!FA_.module) {
@@ -13351,28 +13525,42 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
     if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes) bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
     DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
-    DLLM__TRY(bdfa_rows_.fit((size_t)T * 4, "layer 0's attention states (FACache)"));
+    DLLM__TRY(bdfa_rows_.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
     bdfa_n_ = bd_n_;
     if ((int)bdfa_token_.size() < offsets) bdfa_token_.resize((size_t)offsets, -1);
-    bdfa_list_.clear();
+    bdfa_list_.assign(1, 0);  // [0]: how many rows follow
     for (int t = 0; t < T; t++) {
         int32_t &held = bdfa_token_[(size_t)(call.offset + t)];
         if (call.lacache && held == call.ids[t]) continue;
         bdfa_list_.push_back(t);
         held = call.lacache ? call.ids[t] : -1;
     }
-    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_.size();
+    bdfa_list_[0] = (int)bdfa_list_.size() - 1;
+    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_[0];
+    DLLM__CUDA(cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
+/* [FACache] Layer 0's attention of call's rows (act_.qkv) over the committed rows ++ its own (n_keys in all): the
+ * committed state of each listed row (bdfa_prepare) is computed and kept at its block offset, then every row merges it
+ * with its own keys' state (dllm__src_bdfa). Eagerly a CTA per listed row; captured, a CTA per row, those past the
+ * list's length (on the device, read at each replay) returning at once. */
+dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
+    const dllm__config &c = m_.cfg;
+    const int T = call.T, hd = c.head_dim;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    DLLM__CUDA(cudaStreamIsCapturing(stream_, &capturing));
+    const bool graph = capturing != cudaStreamCaptureStatusNone;
     bdfa_args a = {};
     a.cache = (const bf16_t *)bd_cache_.ptr;  // layer 0's rows come first
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * hd, a.o_stride = c.n_head * hd;
     a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.hd = hd, a.scale = 1.0f / sqrtf((float)hd);
     a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0;
-    a.rows = bdfa_rows_.as<int>(), a.offset = call.offset, a.state = bdfa_state_.as<float>();
-    if (!bdfa_list_.empty()) {
-        DLLM__CUDA(cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
-        DLLM__TRY(FA_.committed.launch({dim3((unsigned)bdfa_list_.size(), (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    }
+    a.rows = bdfa_rows_.as<int>() + 1, a.n_rows = graph ? bdfa_rows_.as<int>() : nullptr;
+    a.offset = call.offset, a.state = bdfa_state_.as<float>();
+    const int ctas = graph ? T : bdfa_list_[0];
+    if (ctas > 0) DLLM__TRY(FA_.committed.launch({dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
     return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
@@ -13396,22 +13584,15 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
  * host's float64 softmax over it (~2 ms a row on one core) leaves the step: prompt 512 + gen 256 at the 7B shape took
  * 3.18 s with the host's choice, 1.41 s with this (H200, 2026-12-05). */
 dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) {
-    const dllm__config &c = m_.cfg;
     const int out_rows = call.r1 - call.r0, n = pick.n;
     if (n <= 0 || n > call.T || out_rows > dllm__lm_chunk_rows || pick.logits_row(0) < 0 || pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)", n,
                           pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
-    DLLM__TRY(fit_buffers(1, call.T, std::max(out_rows, n)));  // the sampler's partials: n rows (bd_forward fits out_rows)
-    DLLM__TRY(bd_forward(call, nullptr));
-    sampler_args a = {};
-    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
-    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = n;
-    a.pos0 = pick.pos0, a.lrow0 = pick.lrow0, a.shift0 = pick.shift0, a.raw_rows = out_rows;
-    dllm__sampler_fill(a, pick.sampling);
-    if (pick.sampling.filters()) a.cutoff = act_.cutoff.as<float>();
+    DLLM__TRY(fit_buffers(1, call.T, std::max(out_rows, n)));  // the sampler's partials: n rows (bd_prepare fits out_rows)
+    DLLM__TRY(bd_prepare(call));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
     DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &draws, sizeof draws, cudaMemcpyHostToDevice, stream_));
-    DLLM__TRY(launch_sampler(a, act_.x0.as<int>(), act_.conf.as<double>(), act_.deferred.as<unsigned char>()));
+    DLLM__TRY(bd_run(call, &pick, true));  // the forward, its LM head and the sampler
     std::vector<int> x0((size_t)n);
     std::vector<double> conf((size_t)n);
     std::vector<unsigned char> deferred((size_t)n);
@@ -13421,6 +13602,18 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     for (int i = 0; i < n; i++) out[i] = dllm__choice{x0[(size_t)i], conf[(size_t)i], deferred[(size_t)i] != 0};
     return DLLM_OK;
+}
+
+/* The sampler over pick's rows of the forward's one LM-head chunk (act_.logits, call's output rows). */
+sampler_args dllm__gpu_backend::bd_sampler_args(const dllm__bd_call &call, const dllm__bd_pick &pick) const {
+    const dllm__config &c = m_.cfg;
+    sampler_args a = {};
+    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
+    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = pick.n;
+    a.pos0 = pick.pos0, a.lrow0 = pick.lrow0, a.shift0 = pick.shift0, a.raw_rows = call.r1 - call.r0;
+    dllm__sampler_fill(a, pick.sampling);
+    if (pick.sampling.filters()) a.cutoff = act_.cutoff.as<float>();
+    return a;
 }
 
 /* dllm_logits on a block-diffusion model (twin: dllm__cpu_backend::bd_logits): one forward without a committed cache,

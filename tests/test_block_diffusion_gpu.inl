@@ -648,3 +648,150 @@ TEST(gpu, bd_choose_on_device_matches_the_host) {
         dllm_model_free(models[i]);
     }
 }
+
+// ---- [bd graphs] the step forwards replayed as CUDA graphs ------------------------------------------------------------
+
+/* The graph keys and the slot's actions over a scripted generation (host logic only): the repeated steps of a sub-block
+ * replay one graph whatever their ids; the next block's steps (a longer committed cache, the sampled rows further on)
+ * update it; other kinds, sub-blocks, the first committed cache, the split-KV count and the sampling get slots of their
+ * own; moved buffers update. */
+TEST(block_diffusion, graph_keys_and_actions) {
+    const int B = 32, S = 8;
+    std::vector<int32_t> ids_a((size_t)B, 5), ids_b((size_t)B, 9);
+    auto step = [&](dllm__bd_kind kind, int s0, int n_committed, const std::vector<int32_t> &ids, int splits = 1, uint64_t seed = 0,
+                    const char *buffers = "a1 p0") {
+        dllm__bd_call call;
+        call.kind = kind, call.ids = ids.data(), call.mask_block = B;
+        if (kind == DLLM__BD_SUB_BLOCK) call.T = S, call.offset = s0, call.r0 = 0, call.r1 = S, call.mask_block = 0;
+        else call.T = B, call.r0 = std::max(0, s0 - 1), call.r1 = s0 + S - 1 > call.r0 ? s0 + S - 1 : call.r0 + 1;
+        dllm__bd_pick pick;
+        pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = 7, pick.sampling.seed = seed;
+        pick.pos0 = n_committed + s0, pick.n = S, pick.shift0 = s0 == 0, pick.lrow0 = (s0 > 0 ? s0 - 1 : 0) - call.r0;
+        return dllm__bd_graph_keys(call, &pick, n_committed, B, splits, buffers);
+    };
+    // the same forward on other ids: one graph
+    const dllm__bd_graph_id a = step(DLLM__BD_STEP, 8, 64, ids_a), b = step(DLLM__BD_STEP, 8, 64, ids_b);
+    CHECK(a.slot == b.slot && a.baked == b.baked);
+    // the next block: the same slot, other arguments
+    const dllm__bd_graph_id next = step(DLLM__BD_STEP, 8, 96, ids_a);
+    CHECK(next.slot == a.slot && next.baked != a.baked);
+    // a slot of its own: another kind, sub-block, the first committed rows, split count, sampling seed
+    const dllm__bd_graph_id others[] = {step(DLLM__BD_BLOCK_FULL, 8, 64, ids_a), step(DLLM__BD_STEP, 16, 64, ids_a), step(DLLM__BD_STEP, 8, 0, ids_a),
+                                        step(DLLM__BD_STEP, 8, 64, ids_a, 2), step(DLLM__BD_STEP, 8, 64, ids_a, 1, 3),
+                                        step(DLLM__BD_SUB_BLOCK, 8, 64, ids_a), step(DLLM__BD_SUB_BLOCK, 16, 64, ids_a)};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        CHECK_MSG(others[i].slot != a.slot, "case %zu shares the step's slot", i);
+        for (size_t j = 0; j < i; j++) CHECK_MSG(others[i].slot != others[j].slot, "cases %zu and %zu share a slot", j, i);
+    }
+    // moved buffers: the same slot, other arguments; no pick: a slot of its own
+    const dllm__bd_graph_id moved = step(DLLM__BD_STEP, 8, 64, ids_a, 1, 0, "a2 p0");
+    CHECK(moved.slot == a.slot && moved.baked != a.baked);
+    dllm__bd_call plain;
+    plain.kind = DLLM__BD_STEP, plain.T = B, plain.mask_block = B, plain.r0 = 7, plain.r1 = 15;
+    CHECK(dllm__bd_graph_keys(plain, nullptr, 64, B, 1, "a1 p0").slot != a.slot);
+
+    // A slot's life over two blocks of two sub-blocks: eager, capture, replays; then updates per sub-block.
+    std::map<std::string, dllm__bd_graph> slots;
+    int fake_exec = 0;
+    std::string got;
+    struct { int s0, n_committed, repeats; } script[] = {{0, 64, 3}, {8, 64, 2}, {0, 96, 2}, {8, 96, 3}, {8, 96, 1}};
+    for (const auto &k : script) {
+        for (int r = 0; r < k.repeats; r++) {
+            const dllm__bd_graph_id id = step(DLLM__BD_STEP, k.s0, k.n_committed, r % 2 ? ids_a : ids_b);
+            dllm__bd_graph &g = slots[id.slot];
+            const dllm__graph_action act = dllm__bd_graph_next(g, id);
+            if (act == DLLM__GRAPH_INSTANTIATE) g.exec = (cudaGraphExec_t)&fake_exec;  // what bd_capture would leave
+            got += "ERUI"[act];
+        }
+        got += ' ';
+    }
+    printf("    actions: %s\n", got.c_str());
+    CHECK_MSG(got == "EIR EI UR URR R ", "actions %s", got.c_str());
+    dllm__bd_graph &failed = slots.begin()->second;  // a slot whose capture failed stays eager
+    failed.eager_only = true;
+    CHECK(dllm__bd_graph_next(failed, step(DLLM__BD_STEP, 0, 96, ids_a)) == DLLM__GRAPH_EAGER);
+    for (auto &kv : slots) kv.second.exec = nullptr;  // nothing to destroy
+}
+
+/* A generation's forwards with graphs against DLLM_NO_GRAPHS=1 on the same context (both with DLLM_UNVERIFIED=1):
+ * every step's logits bit for bit (the host's choice, through the recorder) and the same tokens and step counts with
+ * the device's choice (bd_forward_choose replayed too); graphs replayed and updated across blocks where they are on,
+ * none where they are off. */
+static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *name, int L, int S, bool block_cache, bool lacache,
+                                int64_t &replayed, int64_t &updated) {
+    const dllm__config &c = gpu->model->cfg;
+    const int V = c.n_vocab, B = c.bd_size;
+    std::vector<int32_t> prompt((size_t)L);
+    for (int i = 0; i < L; i++) prompt[(size_t)i] = (int32_t)((i * 31 + 3 * L) % (V - 8));
+    for (int32_t &t : prompt)
+        if (t == c.mask_id) t = (t + 1) % (V - 8);
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.block_cache = block_cache, gp.stop_at_eos = 0, gp.stop_id = V - 1;
+    gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.95;  // mostly a token a step: a sub-block's steps replay its graph
+    gp.lacache = lacache ? DLLM_LACACHE_ON : DLLM_LACACHE_OFF;
+    dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
+    test_bd_trace trace[2];
+    std::vector<int32_t> out[2];
+    dllm_gen_stats stats[2] = {};
+    int64_t replays[2], updates[2];
+    for (int eager = 0; eager < 2; eager++) {
+        if (eager) setenv("DLLM_NO_GRAPHS", "1", 1);
+        else unsetenv("DLLM_NO_GRAPHS");
+        dllm__env_reload();
+        const int64_t r0 = g->bd_graph_count(DLLM__GRAPH_REPLAY), u0 = g->bd_graph_count(DLLM__GRAPH_UPDATE);
+        CHECK_STATUS(test_bd_generate_recorded(gpu, prompt, gp, trace[eager]), DLLM_OK, nullptr);
+        out[eager].assign((size_t)gp.gen_length + B + 1, -1);
+        int n_out = 0;
+        CHECK(gpu->impl->bd_chooses());
+        CHECK_STATUS(dllm_generate(gpu, prompt.data(), L, gp, out[eager].data(), (int)out[eager].size(), &n_out, &stats[eager]), DLLM_OK, nullptr);
+        out[eager].resize((size_t)std::max(n_out, 0));
+        replays[eager] = g->bd_graph_count(DLLM__GRAPH_REPLAY) - r0, updates[eager] = g->bd_graph_count(DLLM__GRAPH_UPDATE) - u0;
+    }
+    unsetenv("DLLM_NO_GRAPHS");
+    dllm__env_reload();
+    const test_bd_trace &ga = trace[0], &ea = trace[1];
+    bool logits_same = ga.records.size() == ea.records.size() && !ga.records.empty();
+    for (size_t i = 0; logits_same && i < ga.records.size(); i++)
+        logits_same = ga.records[i].r0 == ea.records[i].r0 && ga.records[i].r1 == ea.records[i].r1 &&
+                      ga.records[i].logits.size() == ea.records[i].logits.size() &&
+                      memcmp(ga.records[i].logits.data(), ea.records[i].logits.data(), sizeof(float) * ga.records[i].logits.size()) == 0;
+    const bool steps_same = ga.canvases == ea.canvases && ga.committed == ea.committed;
+    printf("    %s L=%d S=%d block cache %d lacache %d: %zu forwards, logits %s, steps %s; device choice: %zu tokens %s, %d and %d steps; "
+           "graphs replayed %lld, updated %lld (eager: %lld, %lld)\n",
+           name, L, S, block_cache, lacache, ga.records.size(), logits_same ? "bit-identical" : "DIFFER", steps_same ? "equal" : "DIFFER",
+           out[0].size(), out[0] == out[1] ? "equal" : "DIFFER", stats[0].steps, stats[1].steps, (long long)replays[0], (long long)updates[0],
+           (long long)replays[1], (long long)updates[1]);
+    CHECK_MSG(logits_same && steps_same, "%s L=%d S=%d block cache %d: graphs changed the host-choice generation", name, L, S, block_cache);
+    CHECK_MSG(out[0] == out[1] && stats[0].steps == stats[1].steps && !out[0].empty(),
+              "%s L=%d S=%d block cache %d: graphs changed the device-choice generation", name, L, S, block_cache);
+    CHECK(replays[1] == 0 && updates[1] == 0);
+    replayed += replays[0], updated += updates[0];  // checked over the cases (a stop token may end one after a block)
+}
+
+TEST(gpu, block_diffusion_graphs_equal_eager) {
+    NEED_GPU();
+    setenv("DLLM_UNVERIFIED", "1", 1);
+    dllm__env_reload();
+    test_tmpdir dir;
+    dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, true)};
+    const char *names[2] = {"tiny-fast-dllm-v2", "random tiny Nemotron"};
+    for (int i = 0; i < 2; i++) {
+        dllm_ctx *gpu = models[i] ? test_ctx(models[i], DLLM_BACKEND_GPU) : nullptr;
+        CHECK_MSG(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU, "%s: no GPU context", names[i]);
+        if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
+            const int B = models[i]->cfg.bd_size;
+            int64_t replayed = 0, updated = 0;
+            // prompts shorter than a block (the first block over no committed rows) and longer (prefilled: FACache's split
+            // attention at layer 0 from the first step); sub-blocks of B/4 and B/2; with and without the block cache
+            test_bd_graphs_case(T_, gpu, names[i], B / 2 + 1, std::max(1, B / 4), false, false, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), false, true, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], B + 5, std::max(1, B / 4), true, true, replayed, updated);
+            test_bd_graphs_case(T_, gpu, names[i], 2 * B + 3, std::max(1, B / 2), true, false, replayed, updated);
+            CHECK_MSG(replayed > 0 && updated > 0, "%s: graphs replayed %lld times, updated %lld", names[i], (long long)replayed, (long long)updated);
+        }
+        dllm_ctx_free(gpu);
+        dllm_model_free(models[i]);
+    }
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+}

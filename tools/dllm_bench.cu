@@ -634,6 +634,39 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
+/* [bd graphs] (DLLM_UNVERIFIED=1) The block step and the sub-block step of bench_block_diffusion, and the block step with
+ * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (DLLM_NO_GRAPHS=1)
+ * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
+ * 25's target: at most 0.60x). Returns the replayed block step's time. */
+static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *gpu, const dllm__bd_call &step, const dllm__bd_call &sub,
+                                           std::vector<float> &logits, int mask_id) {
+    dllm__bd_pick pick;  // the step's sub-block (rows S..2S of the block), scored by output rows S-1.. (shifted)
+    pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = mask_id;
+    pick.pos0 = 0, pick.n = step.r1 - step.r0, pick.shift0 = 0, pick.lrow0 = 0;
+    std::vector<dllm__choice> ch((size_t)pick.n);
+    setenv("DLLM_UNVERIFIED", "1", 1);
+    double ms[2][3];  // [graphs][block step, sub-block step, block step with the device's choice]
+    for (int graphs = 0; graphs < 2; graphs++) {
+        if (graphs) unsetenv("DLLM_NO_GRAPHS");
+        else setenv("DLLM_NO_GRAPHS", "1", 1);
+        dllm__env_reload();
+        ms[graphs][0] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
+        ms[graphs][1] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
+        ms[graphs][2] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
+    }
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
+    for (int graphs = 0; graphs < 2; graphs++) {
+        const char *how = graphs ? "graph" : "eager";
+        r.set(dllm__format("bd_block32_N1024_step_%s_ms", how), ms[graphs][0]);
+        r.set(dllm__format("bd_subblock8_N1024_step_%s_ms", how), ms[graphs][1]);
+        r.set(dllm__format("bd_block32_N1024_choose_%s_ms", how), ms[graphs][2]);
+    }
+    r.set("bd_block32_N1024_choose_graph_over_anchor_graph_8.0ms", ms[1][2] / 8.0);
+    r.set("bd_graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
+    return ms[1][0];
+}
+
 /* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
  * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
  * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
@@ -683,6 +716,7 @@ static void bench_block_diffusion(bench_result &r) {
     r.set("bd_prefill_N1024_first_ms", prefill_ms);  // once, cold: GEMM tuning included
     r.set("bd_block32_N1024_step_ms", step_ms);
     r.set("bd_subblock8_N1024_step_ms", sub_ms);
+    const double graph_ms = bench_block_diffusion_graphs(r, gpu, step, sub, logits, c.mask_id);
     // End to end as the anchor runs it: prompt 512, gen 256, threshold 0.9 (random weights: one token a step, 257 forwards).
     std::vector<int32_t> prompt(ids.begin(), ids.begin() + 512), out(257);
     dllm_gen_params gp = dllm_gen_default_params();
@@ -694,10 +728,17 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
     r.set("bd_gen_p512_g256_forwards", st.forwards);
+    setenv("DLLM_UNVERIFIED", "1", 1);  // [bd graphs] the same generation with the step forwards replayed as graphs
+    dllm__env_reload();
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
+    r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
+    unsetenv("DLLM_UNVERIFIED");
+    dllm__env_reload();
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
         r.set("bd_block32_N1024_weight_read_floor_ms", floor_ms);
         r.set("bd_block32_N1024_over_floor", step_ms / floor_ms);
+        r.set("bd_block32_N1024_graph_over_floor", graph_ms / floor_ms);
     }
     dllm_ctx_free(ctx);
     dllm_model_free(model);
