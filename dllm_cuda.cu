@@ -50,7 +50,7 @@
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
- *      the device: bd_forward_choose); the GPU [batch] forward (forward_batch) and its K/V-cache
+ *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_UNVERIFIED=1); the GPU [batch] forward (forward_batch) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
  *      (forward_batch_choose, DLLM_UNVERIFIED=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
