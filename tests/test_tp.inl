@@ -377,7 +377,6 @@ TEST(tp, gpu_nccl_all_reduce_matches_the_reference) {
     if (!dllm__gpu_usable(0, why) || !dllm__gpu_usable(1, why)) SKIP("skipped (fewer than 2 GPUs)");
     dllm__nccl_api api;
     if (dllm__nccl_open(dllm__nccl_candidates(), api) != DLLM_OK) SKIP("NCCL (libnccl.so.2) is not installed here");
-    test_setenv("DLLM_UNVERIFIED", "1", 1);
     for (int ranks : {2, 4}) {
         if (ranks > 2 && !dllm__gpu_usable(ranks - 1, why)) break;
         std::vector<int> devices;
@@ -388,5 +387,4 @@ TEST(tp, gpu_nccl_all_reduce_matches_the_reference) {
         if (ranks == 2) CHECK_MSG(n_differ == 0 && max_diff == 0, "TP=2: %zu elements differ (max %g)", n_differ, max_diff);
         else CHECK_MSG(max_diff >= 0 && max_diff <= 4 * 7 * 4 * FLT_EPSILON, "TP=%d: max |difference| %g", ranks, max_diff);  // |sum| <= 28
     }
-    test_unsetenv("DLLM_UNVERIFIED");
 }
