@@ -336,23 +336,6 @@ TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
 
 // ---- [dual cache] [prefix cache] the batched K/V-cache step on the GPU ---------------------------------------------
 
-/* DLLM_UNVERIFIED set (value) or unset (null) for one test, and put back as it was after it: a run that sets it for
- * every test keeps it. */
-struct test_unverified_switch {
-    bool had = false;
-    std::string old;
-    explicit test_unverified_switch(const char *value) {
-        const char *e = getenv("DLLM_UNVERIFIED");
-        had = e != nullptr, old = e ? e : "";
-        if (value) test_setenv("DLLM_UNVERIFIED", value, 1);
-        else test_unsetenv("DLLM_UNVERIFIED");
-    }
-    ~test_unverified_switch() {
-        if (had) test_setenv("DLLM_UNVERIFIED", old.c_str(), 1);
-        else test_unsetenv("DLLM_UNVERIFIED");
-    }
-};
-
 /* kv_scatter_rows against its twin: awkward widths and strides, rows in a scattered order, the cache poisoned first. */
 TEST(batch_gpu, kv_scatter_equals_its_twin) {
     NEED_GPU();
@@ -758,7 +741,7 @@ TEST(batch, backend_choice_equals_host_choice) {
     }
 }
 
-/* The GPU's device choice (DLLM_UNVERIFIED=1 until this passes on a device): batches of items with mixed lengths,
+/* The GPU's device choice: batches of items with mixed lengths,
  * parameters and modes (plain, prefix and dual caches; temperature 0 and > 0; low-confidence and random remasking;
  * threshold rules; Dream's samplers on Dream; a CFG item, chosen on the host, among them), and a batch of 12 long
  * items whose logit rows span two LM-head chunks: every item's ids, canvases and counts those it gets as a batch of one
@@ -766,7 +749,6 @@ TEST(batch, backend_choice_equals_host_choice) {
  * batch with the host's. */
 TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
     NEED_GPU();
-    test_unverified_switch unverified("1");
     for (int dream = 0; dream < 2; dream++) {
         dllm_model *m = test_load(test_data(dream ? "tiny-dream" : "tiny-llada"));
         dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;

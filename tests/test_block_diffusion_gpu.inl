@@ -713,7 +713,7 @@ TEST(block_diffusion, graph_keys_and_actions) {
     for (auto &kv : slots) kv.second.exec = nullptr;  // nothing to destroy
 }
 
-/* A generation's forwards with graphs against DLLM_NO_GRAPHS=1 on the same context (both with DLLM_UNVERIFIED=1):
+/* A generation's forwards with graphs against DLLM_NO_GRAPHS=1 on the same context (both with DLLM_BD_GRAPHS=1):
  * every step's logits bit for bit (the host's choice, through the recorder) and the same tokens and step counts with
  * the device's choice (bd_forward_choose replayed too); graphs replayed and updated across blocks where they are on,
  * none where they are off. */
@@ -770,7 +770,7 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
 
 TEST(gpu, block_diffusion_graphs_equal_eager) {
     NEED_GPU();
-    setenv("DLLM_UNVERIFIED", "1", 1);
+    setenv("DLLM_BD_GRAPHS", "1", 1);
     dllm__env_reload();
     test_tmpdir dir;
     dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, true)};
@@ -792,6 +792,6 @@ TEST(gpu, block_diffusion_graphs_equal_eager) {
         dllm_ctx_free(gpu);
         dllm_model_free(models[i]);
     }
-    unsetenv("DLLM_UNVERIFIED");
+    unsetenv("DLLM_BD_GRAPHS");
     dllm__env_reload();
 }

@@ -634,7 +634,7 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
-/* [bd graphs] (DLLM_UNVERIFIED=1) The block step and the sub-block step of bench_block_diffusion, and the block step with
+/* [bd graphs] (DLLM_BD_GRAPHS=1) The block step and the sub-block step of bench_block_diffusion, and the block step with
  * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (DLLM_NO_GRAPHS=1)
  * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
  * 25's target: at most 0.60x). Returns the replayed block step's time. */
@@ -644,7 +644,7 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
     pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = mask_id;
     pick.pos0 = 0, pick.n = step.r1 - step.r0, pick.shift0 = 0, pick.lrow0 = 0;
     std::vector<dllm__choice> ch((size_t)pick.n);
-    setenv("DLLM_UNVERIFIED", "1", 1);
+    setenv("DLLM_BD_GRAPHS", "1", 1);
     double ms[2][3];  // [graphs][block step, sub-block step, block step with the device's choice]
     for (int graphs = 0; graphs < 2; graphs++) {
         if (graphs) unsetenv("DLLM_NO_GRAPHS");
@@ -654,7 +654,7 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
         ms[graphs][1] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
         ms[graphs][2] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
     }
-    unsetenv("DLLM_UNVERIFIED");
+    unsetenv("DLLM_BD_GRAPHS");
     dllm__env_reload();
     for (int graphs = 0; graphs < 2; graphs++) {
         const char *how = graphs ? "graph" : "eager";
@@ -728,11 +728,11 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
     r.set("bd_gen_p512_g256_forwards", st.forwards);
-    setenv("DLLM_UNVERIFIED", "1", 1);  // [bd graphs] the same generation with the step forwards replayed as graphs
+    setenv("DLLM_BD_GRAPHS", "1", 1);  // [bd graphs] the same generation with the step forwards replayed as graphs
     dllm__env_reload();
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
-    unsetenv("DLLM_UNVERIFIED");
+    unsetenv("DLLM_BD_GRAPHS");
     dllm__env_reload();
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
