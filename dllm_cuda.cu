@@ -11949,6 +11949,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the step (16.4.2)
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
+    sampler_args sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0, int raw_rows) const;
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state = nullptr);
     dllm_status sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows);
@@ -12945,18 +12946,26 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
 
 /* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
  * x0/conf/deferred are indexed by position - cand_lo. */
-dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
+/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r is
+ * canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it). The
+ * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
+sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0, int raw_rows) const {
     const dllm__config &c = m_.cfg;
-    const int slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, rows = s1 - s0, off = s0 - st.cand_lo;
-    const dllm__sampling &s = st.sampling;
     sampler_args a = {};
-    a.cond = act_.logits.as<float>();
-    a.uncond = batch == 2 ? act_.logits.as<float>() + (size_t)raw_rows * c.n_vocab : nullptr;
-    a.cfg_weight = st.cfg_scale + 1.0f;
-    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = slices, a.n_rows = rows, a.pos0 = s0;
-    a.lrow0 = dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), a.shift0 = c.shift_logits && s0 == 0, a.raw_rows = raw_rows;
+    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
+    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = n_rows;
+    a.pos0 = pos0, a.lrow0 = lrow0, a.shift0 = shift0, a.raw_rows = raw_rows;
     dllm__sampler_fill(a, s);
     if (s.filters()) a.cutoff = act_.cutoff.as<float>();
+    return a;
+}
+
+dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
+    const dllm__config &c = m_.cfg;
+    const int off = s0 - st.cand_lo;
+    sampler_args a = sampler_over(st.sampling, s1 - s0, s0, dllm__logit_row(c, s0) - dllm__logit_row(c, cp0), c.shift_logits && s0 == 0, raw_rows);
+    a.uncond = batch == 2 ? act_.logits.as<float>() + (size_t)raw_rows * c.n_vocab : nullptr;
+    a.cfg_weight = st.cfg_scale + 1.0f;
     return launch_sampler(a, act_.x0.as<int>() + off, act_.conf.as<double>() + off, act_.deferred.as<unsigned char>() + off);
 }
 
@@ -12990,13 +12999,7 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
  * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
-    const dllm__config &c = m_.cfg;
-    sampler_args a = {};
-    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
-    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = span.n;
-    a.pos0 = span.pos0, a.lrow0 = span.lrow0, a.shift0 = span.shift0, a.raw_rows = raw_rows;
-    dllm__sampler_fill(a, s);
-    if (s.filters()) a.cutoff = act_.cutoff.as<float>();
+    const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
     return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out, bch_deferred_.as<unsigned char>() + span.out,
                           bch_state_.as<dllm_step_state>() + span.seq);
 }
@@ -13605,14 +13608,7 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
 
 /* The sampler over pick's rows of the forward's one LM-head chunk (act_.logits, call's output rows). */
 sampler_args dllm__gpu_backend::bd_sampler_args(const dllm__bd_call &call, const dllm__bd_pick &pick) const {
-    const dllm__config &c = m_.cfg;
-    sampler_args a = {};
-    a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
-    a.vocab = c.n_vocab, a.slice = dllm__vocab_slice, a.n_slices = (c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice, a.n_rows = pick.n;
-    a.pos0 = pick.pos0, a.lrow0 = pick.lrow0, a.shift0 = pick.shift0, a.raw_rows = call.r1 - call.r0;
-    dllm__sampler_fill(a, pick.sampling);
-    if (pick.sampling.filters()) a.cutoff = act_.cutoff.as<float>();
-    return a;
+    return sampler_over(pick.sampling, pick.n, pick.pos0, pick.lrow0, pick.shift0, call.r1 - call.r0);
 }
 
 /* dllm_logits on a block-diffusion model (twin: dllm__cpu_backend::bd_logits): one forward without a committed cache,
