@@ -11953,6 +11953,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
     dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state = nullptr);
     dllm_status sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows);
+    dllm_status choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred, int n, dllm__choice *out);
     dllm_status capture_step(const dllm__decode &st, bool may_update);
     std::string graph_key(const dllm__decode &st) const;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
@@ -13004,6 +13005,22 @@ dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__
                           bch_state_.as<dllm_step_state>() + span.seq);
 }
 
+/* The sampler's first n choices (x0, conf, deferred as launch_sampler wrote them) to the host as dllm__choice, after
+ * everything queued on the stream: block diffusion's step and the batched step read them so. */
+dllm_status dllm__gpu_backend::choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred, int n, dllm__choice *out) {
+    std::vector<int> t((size_t)n);
+    std::vector<double> c((size_t)n);
+    std::vector<unsigned char> d((size_t)n);
+    if (n > 0) {
+        DLLM__CUDA(cudaMemcpyAsync(t.data(), x0.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(c.data(), conf.ptr, (size_t)n * 8, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(d.data(), deferred.ptr, (size_t)n, cudaMemcpyDeviceToHost, stream_));
+    }
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < n; i++) out[i] = dllm__choice{t[(size_t)i], c[(size_t)i], d[(size_t)i] != 0};
+    return DLLM_OK;
+}
+
 dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
     const dllm__config &c = m_.cfg;
     const size_t V = (size_t)c.n_vocab;
@@ -13033,16 +13050,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
         }
         return DLLM_OK;
     }));
-    std::vector<int> x0((size_t)n_chosen);
-    std::vector<double> conf((size_t)n_chosen);
-    std::vector<unsigned char> deferred((size_t)n_chosen);
-    if (n_chosen) {
-        DLLM__CUDA(cudaMemcpyAsync(x0.data(), bch_x0_.ptr, (size_t)n_chosen * 4, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(conf.data(), bch_conf_.ptr, (size_t)n_chosen * 8, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(deferred.data(), bch_deferred_.ptr, (size_t)n_chosen, cudaMemcpyDeviceToHost, stream_));
-    }
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    for (int i = 0; i < n_chosen; i++) choices[i] = dllm__choice{x0[(size_t)i], conf[(size_t)i], deferred[(size_t)i] != 0};
+    DLLM__TRY(choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices));  // also waits for the logits above
     bch_rows_ += n_chosen;
     for (size_t i = 0; i < plan.size(); i++) {
         if (choice0[i] >= 0) continue;
@@ -13595,15 +13603,7 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
     DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &draws, sizeof draws, cudaMemcpyHostToDevice, stream_));
     DLLM__TRY(bd_run(call, &pick, true));  // the forward, its LM head and the sampler
-    std::vector<int> x0((size_t)n);
-    std::vector<double> conf((size_t)n);
-    std::vector<unsigned char> deferred((size_t)n);
-    DLLM__CUDA(cudaMemcpyAsync(x0.data(), act_.x0.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(conf.data(), act_.conf.ptr, (size_t)n * 8, cudaMemcpyDeviceToHost, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(deferred.data(), act_.deferred.ptr, (size_t)n, cudaMemcpyDeviceToHost, stream_));
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    for (int i = 0; i < n; i++) out[i] = dllm__choice{x0[(size_t)i], conf[(size_t)i], deferred[(size_t)i] != 0};
-    return DLLM_OK;
+    return choices_to_host(act_.x0, act_.conf, act_.deferred, n, out);
 }
 
 /* The sampler over pick's rows of the forward's one LM-head chunk (act_.logits, call's output rows). */
