@@ -384,6 +384,7 @@ TEST(soloq, rotated_linear_computes_w_x) {
     dllm__pool pool(2);
     std::vector<float> exact((size_t)T * N);
     dllm__cpu_linear(pool, x.data(), T, K, W, nullptr, N, exact.data());
+    double worst_rotated = 0, rtn = 0;
     for (dllm__q4_format f : test_q4_formats) {
         dllm__soloq_options o;
         o.enabled = true, o.weights = f, o.acts = f == DLLM__Q4_E8P ? DLLM__Q4_LLOYD : f;
@@ -395,8 +396,13 @@ TEST(soloq, rotated_linear_computes_w_x) {
         dllm__cpu_linear_soloq(pool, xa.data(), true, T, L, DLLM__SOLOQ_O, 0, nullptr, N, y.data());
         const double nmse = test_nmse(y.data(), exact.data(), y.size());
         printf("    %-9s W4A4 linear %dx%d, %d tokens: output NMSE %.4f\n", dllm__q4_names[f], N, K, T, nmse);
-        CHECK(nmse > 1e-5 && nmse < (f == DLLM__Q4_RTN ? 0.2 : 0.05));  // quantised: changed, but close
+        // quantised: changed, but close. Over 200 seeds the rotated formats stay under 0.036 and plain RTN (the outlier
+        // lands unrotated in one token's scale) under 0.24, at least 4x the worst rotated format of the same seed.
+        CHECK(nmse > 1e-5 && nmse < (f == DLLM__Q4_RTN ? 0.4 : 0.05));
+        if (f == DLLM__Q4_RTN) rtn = nmse;
+        else worst_rotated = std::max(worst_rotated, nmse);
     }
+    CHECK(rtn > 2 * worst_rotated);  // what the rotation is for
     // the rotation alone (no quantisation anywhere) is W x up to fp32 rounding
     const dllm__rotation r = dllm__make_rotation(DLLM__ROT_KRPBH, K, 3, 1);
     double worst = 0;
