@@ -5827,6 +5827,13 @@ struct dllm__bd_pick {
     int logits_row(int i) const { return (shift0 ? std::max(i - 1, 0) : i) + lrow0; }
 };
 
+/* One sequence of a batched block-diffusion forward (dllm__backend_impl::bd_forward_batch). */
+struct dllm__bd_seq {
+    int slot = -1;                        // its committed K/V cache: an index into bd_batch_reserve's list
+    dllm__bd_call call;                   // what bd_forward takes, against that slot's cache (its own committed length)
+    const dllm__bd_pick *pick = nullptr;  // non-null: the backend returns this sequence's choices (pick->n of them), no logits
+};
+
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -5853,6 +5860,22 @@ struct dllm__backend_impl {
     }
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
+    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s empty and sized for
+     * rows[s] rows (what bd_begin(rows[s]) does for a generation alone); the empty list releases them. Unsupported (the
+     * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
+    virtual dllm_status bd_batch_reserve(const std::vector<int> &) {
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
+    }
+    /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
+     * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
+     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
+     * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
+     * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
+     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. An empty list asks whether the
+     * backend has the batched forward (DLLM_OK) or not (UNSUPPORTED, with the reason). */
+    virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
+    }
     /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
      * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
      * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
