@@ -9799,8 +9799,11 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
- * cache_stride apart). Its own module (dllm__module_kv_scatter), loaded by the first batched K/V-cache step. A copy:
- * twin dllm__kv_scatter_rows_ref. */
+ * cache_stride apart; cache_rows null: row r). Its own module (dllm__module_kv_scatter), loaded by the first batched
+ * K/V-cache step or block-diffusion generation. Block diffusion's fresh rows go to the cache through it (rows in order)
+ * rather than a 2D memcpy: CUDA updates a captured memcpy node's addresses only when the copy is one-dimensional, so a
+ * 2D copy into the rows after a grown committed cache made every [bd graphs] update at a new block fail (error 910).
+ * A copy: twin dllm__kv_scatter_rows_ref. */
 #define DLLM__BATCH_KV_KERNELS(X)                                                                                               \
     X(kv_scatter_rows, __launch_bounds__(128),                                                                                  \
       (const bf16_t *src, u64 src_stride, bf16_t *cache, u64 cache_stride, const int *cache_rows, int width, int n_rows))
@@ -9808,7 +9811,7 @@ DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_t src_stride, uint16_t *cache, size_t cache_stride, const int *cache_rows, int width,
                                       int n_rows) {
-    for (int r = 0; r < n_rows; r++) memcpy(cache + (size_t)cache_rows[r] * cache_stride, src + (size_t)r * src_stride, (size_t)width * 2);
+    for (int r = 0; r < n_rows; r++) memcpy(cache + (size_t)(cache_rows ? cache_rows[r] : r) * cache_stride, src + (size_t)r * src_stride, (size_t)width * 2);
 }
 
 static const char *dllm__src_kv_scatter = DLLM__SOURCE_LINE R"DLLM(
@@ -9818,7 +9821,7 @@ KERNEL_kv_scatter_rows {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
     const uint4 *from = (const uint4 *)(src + (u64)r * src_stride);
-    uint4 *to = (uint4 *)(cache + (u64)cache_rows[r] * cache_stride);
+    uint4 *to = (uint4 *)(cache + (u64)(cache_rows ? cache_rows[r] : r) * cache_stride);
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
@@ -11919,6 +11922,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
+    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
     DLLM__TEST_HOOKS_END
 
   private:
@@ -11964,6 +11968,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
+    dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
@@ -11996,6 +12001,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_capture(const dllm__bd_call &call, const dllm__bd_pick *pick, dllm__bd_graph &g, dllm__graph_action &action);
     dllm__bd_graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
     void bd_graphs_drop();
+    void bd_graph_refused(const cudaGraphExecUpdateResultInfo &info);
 
     const dllm_model &m_;
     int max_tokens_;
@@ -12078,6 +12084,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [bd graphs] the captured block-diffusion forwards by slot (dllm__bd_graph_keys), and what each forward did
     std::map<std::string, dllm__bd_graph> bd_graphs_;
     int64_t bd_graph_counts_[4] = {};
+    int64_t bd_graph_refusals_ = 0;  // updates CUDA refused (bd_graph_refused)
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -12868,10 +12875,14 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
     bkv_.release();  // the previous batch's, before the new ones are allocated
     DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2, "the batch's K/V caches (make the batch or its canvases smaller)"));
     for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
-    if (!kv_scatter_.fn) {
-        DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
-        kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
-    }
+    return load_kv_scatter();
+}
+
+/* kv_scatter_rows's module, compiled (or read from the JIT caches) once. */
+dllm_status dllm__gpu_backend::load_kv_scatter() {
+    if (kv_scatter_.fn) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
+    kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
     return DLLM_OK;
 }
 
@@ -13236,6 +13247,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
@@ -13461,12 +13473,13 @@ dllm_status dllm__gpu_backend::bd_capture(const dllm__bd_call &call, const dllm_
     const dllm_status s = bd_body(call, pick, true);
     cudaError_t e = cudaStreamEndCapture(stream_, &graph);
     if (s == DLLM_OK && e == cudaSuccess && action == DLLM__GRAPH_UPDATE) {
-        cudaGraphExecUpdateResultInfo info;
+        cudaGraphExecUpdateResultInfo info = {};
         if (cudaGraphExecUpdate(g.exec, graph, &info) == cudaSuccess) {
             cudaGraphDestroy(graph);
             return DLLM_OK;
         }
         cudaGetLastError();  // refused (the captured kernels or their topology differ): instantiate instead
+        bd_graph_refused(info);
         action = DLLM__GRAPH_INSTANTIATE;
     }
     if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -13476,6 +13489,19 @@ dllm_status dllm__gpu_backend::bd_capture(const dllm__bd_call &call, const dllm_
     if (s == DLLM_OK && e == cudaSuccess) return DLLM_OK;  // g.baked: set by dllm__bd_graph_next
     g.exec = nullptr;
     return s != DLLM_OK ? s : dllm__cuda_fail(e, "capturing a block-diffusion forward as a graph");
+}
+
+/* A refused update is counted (the tests expect none) and, the first time, logged with CUDA's reason and the node it
+ * names, so that a device run says which capture changed shape. */
+void dllm__gpu_backend::bd_graph_refused(const cudaGraphExecUpdateResultInfo &info) {
+    bd_graph_refusals_++;
+    static std::atomic<bool> logged(false);
+    if (logged.exchange(true)) return;
+    cudaGraphNodeType type = cudaGraphNodeTypeCount;
+    if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
+    cudaGetLastError();
+    dllm__log(DLLM_LOG_INFO, "block diffusion: CUDA refused a graph update (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated "
+                             "again", (int)info.result, (int)type);
 }
 
 void dllm__gpu_backend::bd_graphs_drop() {
@@ -13502,19 +13528,19 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                            c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, *after = cache + (size_t)bd_n_ * row_bytes;
-    const char *fresh = (const char *)act_.qkv.ptr + (size_t)c.n_head * hd * 2;  // the K|V part of each projection row
-    auto put_fresh = [&](char *dst) {
-        return cudaMemcpy2DAsync(dst, row_bytes, fresh, (size_t)qkv * 2, row_bytes, (size_t)T, cudaMemcpyDeviceToDevice, stream_);
+    const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
+    auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
+        return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst, (u64)(2 * kvd), nullptr, 2 * kvd, T);
     };
     int n_keys = bd_n_ + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
         char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;
-        DLLM__CUDA(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
+        DLLM__TRY(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
         DLLM__CUDA(cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
         n_keys = bd_n_ + bd_block_rows_;
     } else {
-        DLLM__CUDA(put_fresh(after));
-        if (call.kind == DLLM__BD_BLOCK_FULL) DLLM__CUDA(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
+        DLLM__TRY(put_fresh(after));
+        if (call.kind == DLLM__BD_BLOCK_FULL) DLLM__TRY(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
     attn_args a = {};

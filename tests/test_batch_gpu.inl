@@ -365,6 +365,15 @@ TEST(batch_gpu, kv_scatter_equals_its_twin) {
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data(), width, to.data(), width, rows);
         CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache, "width %d: the scattered cache differs from the twin's", width);
+        // no row list: row r to cache row r (block diffusion's fresh rows), here from cache row `rows` on
+        for (uint16_t &x : src) x = (uint16_t)rng();
+        test_put(dsrc, src);
+        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride, dcache.as<bf16_t>() + (size_t)rows * width, (u64)width,
+                              (const int *)nullptr, width, rows),
+                     DLLM_OK, nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data() + (size_t)rows * width, width, nullptr, width, rows);
+        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache, "width %d: the in-order copy differs from the twin's", width);
     }
 }
 

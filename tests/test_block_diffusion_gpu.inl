@@ -733,12 +733,12 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
     test_bd_trace trace[2];
     std::vector<int32_t> out[2];
     dllm_gen_stats stats[2] = {};
-    int64_t replays[2], updates[2];
+    int64_t replays[2], updates[2], refusals[2];
     for (int eager = 0; eager < 2; eager++) {
         if (eager) setenv("DLLM_NO_GRAPHS", "1", 1);
         else unsetenv("DLLM_NO_GRAPHS");
         dllm__env_reload();
-        const int64_t r0 = g->bd_graph_count(DLLM__GRAPH_REPLAY), u0 = g->bd_graph_count(DLLM__GRAPH_UPDATE);
+        const int64_t r0 = g->bd_graph_count(DLLM__GRAPH_REPLAY), u0 = g->bd_graph_count(DLLM__GRAPH_UPDATE), x0 = g->bd_graph_refusals();
         CHECK_STATUS(test_bd_generate_recorded(gpu, prompt, gp, trace[eager]), DLLM_OK, nullptr);
         out[eager].assign((size_t)gp.gen_length + B + 1, -1);
         int n_out = 0;
@@ -746,6 +746,7 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
         CHECK_STATUS(dllm_generate(gpu, prompt.data(), L, gp, out[eager].data(), (int)out[eager].size(), &n_out, &stats[eager]), DLLM_OK, nullptr);
         out[eager].resize((size_t)std::max(n_out, 0));
         replays[eager] = g->bd_graph_count(DLLM__GRAPH_REPLAY) - r0, updates[eager] = g->bd_graph_count(DLLM__GRAPH_UPDATE) - u0;
+        refusals[eager] = g->bd_graph_refusals() - x0;
     }
     unsetenv("DLLM_NO_GRAPHS");
     dllm__env_reload();
@@ -757,14 +758,16 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
                       memcmp(ga.records[i].logits.data(), ea.records[i].logits.data(), sizeof(float) * ga.records[i].logits.size()) == 0;
     const bool steps_same = ga.canvases == ea.canvases && ga.committed == ea.committed;
     printf("    %s L=%d S=%d block cache %d lacache %d: %zu forwards, logits %s, steps %s; device choice: %zu tokens %s, %d and %d steps; "
-           "graphs replayed %lld, updated %lld (eager: %lld, %lld)\n",
+           "graphs replayed %lld, updated %lld, updates refused %lld (eager: %lld, %lld)\n",
            name, L, S, block_cache, lacache, ga.records.size(), logits_same ? "bit-identical" : "DIFFER", steps_same ? "equal" : "DIFFER",
            out[0].size(), out[0] == out[1] ? "equal" : "DIFFER", stats[0].steps, stats[1].steps, (long long)replays[0], (long long)updates[0],
-           (long long)replays[1], (long long)updates[1]);
+           (long long)refusals[0], (long long)replays[1], (long long)updates[1]);
     CHECK_MSG(logits_same && steps_same, "%s L=%d S=%d block cache %d: graphs changed the host-choice generation", name, L, S, block_cache);
     CHECK_MSG(out[0] == out[1] && stats[0].steps == stats[1].steps && !out[0].empty(),
               "%s L=%d S=%d block cache %d: graphs changed the device-choice generation", name, L, S, block_cache);
     CHECK(replays[1] == 0 && updates[1] == 0);
+    // a new block moves the rows a step writes: CUDA must take that as an update (the 2D memcpy it refused is gone)
+    CHECK_MSG(refusals[0] == 0, "%s L=%d S=%d: CUDA refused %lld graph updates", name, L, S, (long long)refusals[0]);
     replayed += replays[0], updated += updates[0];  // checked over the cases (a stop token may end one after a block)
 }
 
