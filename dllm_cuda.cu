@@ -11991,7 +11991,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_check(const dllm__bd_call &call) const;
     dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
     dllm_status bd_head(const dllm__bd_call &call, float *logits);
-    dllm_status bd_prepare(const dllm__bd_call &call);
+    dllm_status bd_prepare(const dllm__bd_call &call, int choose_rows = 0);
     dllm_status bd_layers(const dllm__bd_call &call);
     dllm_status bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
     sampler_args bd_sampler_args(const dllm__bd_call &call, const dllm__bd_pick &pick) const;
@@ -13360,8 +13360,9 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
 }
 
 /* Everything the host decides before a forward's launches (none of it may be captured, [bd graphs]): the limits, the
- * key groups of a kv_quant commit, the buffers fitted, the ids copied to the device, FACache's row list. */
-dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call) {
+ * key groups of a kv_quant commit, the buffers fitted (the LM head's rows, and the sampler's choose_rows where the
+ * device chooses), the ids copied to the device, FACache's row list. */
+dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_rows) {
     DLLM__TRY(bd_check(call));
     const dllm__config &c = m_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
@@ -13378,7 +13379,7 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call) {
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
-    DLLM__TRY(fit_buffers(1, T, std::min(out_rows, dllm__lm_chunk_rows)));
+    DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
     if (call.kind == DLLM__BD_BLOCK_FULL) {
         DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));
         bd_block_rows_ = T;
@@ -13647,8 +13648,7 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
     if (n <= 0 || n > call.T || out_rows > dllm__lm_chunk_rows || pick.logits_row(0) < 0 || pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)", n,
                           pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
-    DLLM__TRY(fit_buffers(1, call.T, std::max(out_rows, n)));  // the sampler's partials: n rows (bd_prepare fits out_rows)
-    DLLM__TRY(bd_prepare(call));
+    DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
     DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &draws, sizeof draws, cudaMemcpyHostToDevice, stream_));
     DLLM__TRY(bd_run(call, &pick, true));  // the forward, its LM head and the sampler
