@@ -7689,6 +7689,24 @@ KERNEL_soloq_scale_rows_i32 {
 struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };
 DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
+/* The warp-per-query online softmax of block diffusion's attention kernels without tensor cores (kvq_attention over
+ * the quantised cache, bdfa_part for FACache): keys in chunks of 32, a lane's score each. One step per chunk: the
+ * running max m and sum l take the chunk (s: the lane's score, valid: a key there), corr is the factor the accumulators
+ * take, the result the lane's weight exp(s - m) (0 past the keys). Twin: dllm__cpu_softmax_part (in double). */
+static const char *dllm__src_warp_softmax = DLLM__SOURCE_LINE R"DLLM(
+__device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &m, float &l, float &corr) {
+    float mx = s;
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float m_new = fmaxf(m, mx);
+    corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
+    const float p = valid ? __expf(s - m_new) : 0.f;
+    float ps = p;
+    for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+    l = l * corr + ps, m = m_new;
+    return p;
+}
+)DLLM";
+
 static const char *dllm__src_kvq = DLLM__SOURCE_LINE R"DLLM(
 /* Twin: dllm__f32_to_f16. */
 __device__ unsigned short kvq_f16(float f) {
@@ -7858,13 +7876,8 @@ KERNEL_kvq_attention {
                 for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
             s = dot * a.scale;
         }
-        float mx = s;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m, mx), corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
-        const float p = j < n_visible ? __expf(s - m_new) : 0.f;
-        float ps = p;
-        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        l = l * corr + ps, m = m_new;
+        float corr;
+        const float p = warp_softmax_chunk(s, j < n_visible, m, l, corr);
         for (int c = lane; c < hd; c += 32) acc[c] *= corr, racc[c] *= corr;
         for (int jj = 0; jj < 32 && j0 + jj < n_visible; jj++) {
             const int key = j0 + jj;
@@ -7969,13 +7982,8 @@ __device__ void bdfa_part(const bdfa_args &a, const float *q, int kvh, int j0, i
             }
             s = dot * a.scale;
         }
-        float mx = s;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m, mx), corr = m == -DLLM_INF ? 0.f : __expf(m - m_new);
-        const float p = j < j1 ? __expf(s - m_new) : 0.f;
-        float ps = p;
-        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        l = l * corr + ps, m = m_new;
+        float corr;
+        const float p = warp_softmax_chunk(s, j < j1, m, l, corr);
         for (int c = lane; c < hd; c += 32) acc[c] *= corr;
         for (int jj = 0; jj < 32 && jb + jj < j1; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
@@ -11141,7 +11149,7 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     static_assert(dllm__bdfa_warps * 32 == 256, "bdfa_committed's __launch_bounds__");
     return {"dllm_bdfa",
             dllm__src_prelude() + dllm__format("#define DLLM_BDFA_WARPS %d\n", dllm__bdfa_warps) + DLLM__XSTR(struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__BDFA_KERNELS(DLLM__KERNEL_DECLARE) +
-                std::string(dllm__src_bdfa),
+                dllm__src_warp_softmax + dllm__src_bdfa,
             {DLLM__BDFA_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
@@ -13262,7 +13270,7 @@ static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
                 dllm__src_soloq_tables() +
                 dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
                              dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
-                dllm__src_e4m3 + dllm__src_soloq + dllm__src_kvq,
+                dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq,
             {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
