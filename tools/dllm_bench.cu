@@ -664,6 +664,7 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
     }
     r.set("bd_block32_N1024_choose_graph_over_anchor_graph_8.0ms", ms[1][2] / 8.0);
     r.set("bd_graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
+    r.set("bd_graph_updates_refused", (double)gpu->bd_graph_refusals());
     return ms[1][0];
 }
 
@@ -732,6 +733,7 @@ static void bench_block_diffusion(bench_result &r) {
     dllm__env_reload();
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
+    r.set("bd_gen_graph_updates_refused", (double)gpu->bd_graph_refusals());
     unsetenv("DLLM_BD_GRAPHS");
     dllm__env_reload();
     if (r.v.count("copy_TBps")) {
@@ -931,16 +933,18 @@ static const char *bench_usage =
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4 and 16: tokens/s\n"
+    "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
     "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
-    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false;
+    bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
+         bd_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
-                                                      {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}};
+                                                      {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
@@ -986,6 +990,10 @@ int main(int argc, char **argv) {
     }
     if (int8_only) {
         bench_int8_gemm(r, arch, s0);
+        return 0;
+    }
+    if (bd_only) {
+        bench_block_diffusion(r);
         return 0;
     }
     if (batch_w1) {
