@@ -668,6 +668,74 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
     return ms[1][0];
 }
 
+/* [KV quant] Issue 25's long-context row: one layer's attention of a 32-row block step over a 32k-token committed cache
+ * at the Fast-dLLM v2 7B shape (28 query heads, 4 K/V heads of 128), the BF16 cache through flash_attn (split-KV, as
+ * bd_attention launches it) against the 4-bit caches through kvq_attention (KIVI values, and SoloQ's rotated Lloyd-Max
+ * values), each kernel alone, back to back over 4 layers' caches (as a forward reads them: 4 BF16 caches are 268 MB, 4
+ * KV4 caches 69 MB, both past the 50 MB L2). Codes and their scales are zeros (the kernels' time does not depend on them:
+ * no branch on a code's value); queries and BF16 rows random. Target: the KV4 attention at least 2x faster. */
+static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int n_sms, cudaStream_t s) {
+    const int H = 28, n_kv = 4, hd = 128, kvd = n_kv * hd, qkv = (H + 2 * n_kv) * hd, T = 32, n = 32768, n_keys = n + T, layers = 4;
+    std::shared_ptr<dllm__module> attn_mod, rowwise, kvq_mod;
+    BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, hd), attn_mod));
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    BENCH_CHECK(dllm__jit_load(dllm__module_kvq(arch), kvq_mod));
+    dllm__attn_kernels k;
+    BENCH_CHECK(dllm__attn_kernels_of(*attn_mod, arch, hd, k));
+    dllm__kernel<void(kvq_args)> kvq_attention;
+    kvq_attention.fn = kvq_mod->kernels.at("kvq_attention"), kvq_attention.name = "kvq_attention";
+    dllm__dbuf q, cache, out, partial, k_codes, v_codes, k_pairs, v_side;
+    BENCH_CHECK(q.fit((size_t)T * qkv * 2, "kv4 attention"));
+    const size_t cache_elems = (size_t)n_keys * 2 * kvd, codes = (size_t)n_keys * kvd / 2;
+    BENCH_CHECK(cache.fit(layers * cache_elems * 2, "kv4 attention"));
+    BENCH_CHECK(out.fit((size_t)T * H * hd * 2, "kv4 attention"));
+    BENCH_CHECK(partial.fit(dllm__attn_partial_bound(arch, hd, n_sms), "kv4 attention"));
+    BENCH_CHECK(k_codes.fit(layers * codes, "kv4 attention"));
+    BENCH_CHECK(v_codes.fit(layers * codes, "kv4 attention"));
+    BENCH_CHECK(k_pairs.fit((size_t)layers * (n_keys / T + 1) * kvd * 4, "kv4 attention"));
+    BENCH_CHECK(v_side.fit((size_t)layers * n_keys * n_kv * 4, "kv4 attention"));
+    for (dllm__dbuf *b : {&k_codes, &v_codes, &k_pairs, &v_side}) cudaMemsetAsync(b->ptr, 0, b->bytes, s);
+    bench_fill(rowwise, q, (uint64_t)T * qkv, s);
+    bench_fill(rowwise, cache, (uint64_t)layers * cache_elems, s);
+    attn_args a = {};
+    a.q = q.as<bf16_t>(), a.k = cache.as<bf16_t>(), a.v = cache.as<bf16_t>() + kvd, a.o = out.as<bf16_t>();
+    a.seq = n_keys, a.q_rows = T, a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = H * hd, a.group = H / n_kv;
+    a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * H * hd, a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = dllm__attn_kv_splits(arch, T, n_keys, H, n_sms), a.partial = partial.as<float>(), a.mask_block = T, a.q_index0 = n;
+    const double bf16_us = bench_us_each(s, 20, [&](int i) {
+        attn_args al = a;
+        al.k += (i % layers) * cache_elems, al.v += (i % layers) * cache_elems;
+        BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, al, s));
+    });
+    r.set(dllm__format("kv_attention_32k_bf16_us (%d splits)", a.kv_splits), bf16_us);
+    const dllm__rotation rot = dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, 0);
+    dllm__rotation_dev rd;
+    BENCH_CHECK(dllm__rotation_upload(rot, rd));
+    for (int soloq = 0; soloq < 2; soloq++) {
+        kvq_args b = {};
+        b.cache = cache.as<bf16_t>(), b.k_codes = k_codes.as<unsigned char>(), b.v_codes = v_codes.as<unsigned char>();
+        b.k_pairs = k_pairs.as<unsigned short>();
+        b.v_pairs = soloq ? nullptr : v_side.as<unsigned short>();
+        b.v_scale = soloq ? v_side.as<float>() : nullptr;
+        if (soloq) b.perm = rd.perm.as<int>(), b.signs = (const unsigned char *)rd.signs.ptr, b.mixer = rd.mixer.as<float>();
+        b.rot_b = rd.b, b.rot_k = rd.k, b.rot_norm = rd.norm;
+        b.n_kv = n_kv, b.hd = hd, b.bits = 4, b.soloq = soloq, b.n_sink = 0, b.group = T;
+        b.q = q.as<bf16_t>(), b.o = out.as<bf16_t>(), b.q_stride = qkv, b.o_stride = H * hd, b.n_head = H;
+        b.n_keys = n_keys, b.n_committed = n, b.mask_block = T, b.q_index0 = n, b.scale = 1.0f / sqrtf((float)hd);
+        const double us = bench_us_each(s, 20, [&](int i) {
+            kvq_args bl = b;
+            const size_t l = (size_t)(i % layers);
+            bl.cache += l * cache_elems, bl.k_codes += l * codes, bl.v_codes += l * codes, bl.k_pairs += l * (n_keys / T + 1) * kvd * 2;
+            if (soloq) bl.v_scale += l * n_keys * n_kv;
+            else bl.v_pairs += l * n_keys * n_kv * 2;
+            BENCH_CHECK(kvq_attention.launch({dim3((unsigned)T, (unsigned)H), dim3(32)}, s, bl));
+        });
+        const char *name = soloq ? "soloq" : "kivi";
+        r.set(dllm__format("kv_attention_32k_kv4_%s_us", name), us);
+        r.set(dllm__format("kv_attention_32k_kv4_%s_speedup_over_bf16 (target >= 2)", name), bf16_us / us);
+    }
+}
+
 /* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
  * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
  * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
@@ -993,6 +1061,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (bd_only) {
+        bench_kv4_attention_32k(r, arch, prop.multiProcessorCount, s0);
         bench_block_diffusion(r);
         return 0;
     }
