@@ -736,6 +736,47 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
     }
 }
 
+/* [batch] [block diffusion] Fast-dLLM v2 batched (DLLM_BD_BATCH=1: the batched block-diffusion forward, issue 26) as the
+ * anchor's v2_gen_b16 runs it: B prompts of 512 tokens, gen 256, threshold 0.9, through dllm_generate_batch at B = 1 and
+ * 16 after a one-block warm-up; generated tokens/s, and batch 16 against the anchor's 585 tokens/s (2026-12-04; target
+ * at least 2.1x). The batch's forwards are reported too: the rounds of one batched forward. */
+static void bench_bd_batch(bench_result &r, dllm_ctx *ctx, const std::vector<int32_t> &ids, dllm_gen_params gp) {
+    setenv("DLLM_BD_BATCH", "1", 1);
+    dllm__env_reload();
+    const int np = 512, gen = 256;
+    for (int B : {1, 16}) {
+        std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen + 1));
+        std::vector<dllm_batch_item> items((size_t)B);
+        std::vector<dllm_batch_result> results((size_t)B);
+        for (int b = 0; b < B; b++) prompts[(size_t)b].assign(ids.begin() + b, ids.begin() + b + np);  // distinct prompts
+        auto run = [&](int gen_length) {
+            gp.gen_length = gen_length;
+            for (int b = 0; b < B; b++) items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen + 1};
+            dllm_gen_stats batch = {};
+            const double t0 = dllm__now_ms();
+            BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), &batch));
+            int tokens = 0;
+            for (const dllm_batch_result &res : results) {
+                if (res.status != DLLM_OK) {
+                    fprintf(stderr, "dllm-bench: batch %d block-diffusion item failed: %s\n", B, res.error);
+                    exit(1);
+                }
+                tokens += res.n_out;
+            }
+            const double sec = (dllm__now_ms() - t0) / 1000;
+            return std::make_pair(sec, std::make_pair(tokens, batch.forwards));
+        };
+        run(32);  // warm-up: one block
+        const auto res = run(gen);
+        r.set(dllm__format("bd_gen_p512_g256_b%d_s", B), res.first);
+        r.set(dllm__format("bd_gen_p512_g256_b%d_tokens_per_s", B), res.second.first / res.first);
+        r.set(dllm__format("bd_gen_p512_g256_b%d_batched_forwards", B), res.second.second);
+    }
+    r.set("bd_gen_p512_g256_b16_over_anchor_585_tokens_per_s (target >= 2.1)", r.v["bd_gen_p512_g256_b16_tokens_per_s"] / 585.0);
+    unsetenv("DLLM_BD_BATCH");
+    dllm__env_reload();
+}
+
 /* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
  * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
  * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
@@ -804,6 +845,7 @@ static void bench_block_diffusion(bench_result &r) {
     r.set("bd_gen_graph_updates_refused", (double)gpu->bd_graph_refusals());
     unsetenv("DLLM_BD_GRAPHS");
     dllm__env_reload();
+    bench_bd_batch(r, ctx, ids, gp);
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
         r.set("bd_block32_N1024_weight_read_floor_ms", floor_ms);
