@@ -52,7 +52,7 @@
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
  *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
- *      (forward_batch_choose); [debug hooks]
+ *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch, DLLM_BD_BATCH=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -10991,7 +10991,8 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 //     16.3 [activations] a context's buffers, named and shaped; [forward plan] which rows each stage computes
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
-//          [step graphs]
+//          [step graphs]; the [batch] forward, its K/V-cache step and the batched block-diffusion forward
+//          (bd_forward_batch, DLLM_BD_BATCH=1)
 //          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
@@ -12877,6 +12878,7 @@ const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsup
 
 dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
         bkv_.release();
         return DLLM_OK;

@@ -446,8 +446,8 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
     test_tmpdir dir;
     m = test_random_nemotron(dir, 0x5eed, true);
-    CHECK(m != nullptr && m->cfg.llama4_beta > 0 && m->cfg.bd_causal_context);
-    if (m) test_bdb_model(T_, "random tiny Nemotron", m, m->cfg.bd_size, 4);
+    CHECK(m != nullptr && m->cfg.llama4_beta > 0 && m->cfg.llama4_orig_max < 4 * 2 * m->cfg.bd_mask_block && m->cfg.bd_causal_context);
+    if (m) test_bdb_model(T_, "random tiny Nemotron (block 16 under the step mask's 8, positions past the Llama-4 scaling's 32)", m, 2 * m->cfg.bd_mask_block, 4);
     dllm_model_free(m);
 }
 
