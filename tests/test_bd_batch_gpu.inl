@@ -476,3 +476,91 @@ TEST(bd_batch_gpu, off_without_the_switch) {
     dllm_ctx_free(gpu);
     dllm_model_free(m);
 }
+
+// ---- the layout against the CPU reference's data movement (CPU) -----------------------------------------------------
+
+/* What a key or query row is, for the emulation below: its token and RoPE position (what layer 0's K/V of a row depend on). */
+typedef std::pair<int32_t, int32_t> test_bdb_row;  // (position, token)
+
+/* The CPU reference's block-diffusion cache for one sequence (dllm__cpu_bd_attention's data movement on one layer):
+ * committed rows, the block cache apart; each query row's visible keys. */
+struct test_bdb_cpu_cache {
+    std::vector<test_bdb_row> rows, block;
+    int n = 0;
+    std::vector<std::vector<test_bdb_row>> forward(const dllm__bd_call &call, std::vector<test_bdb_row> &queries) {
+        std::vector<test_bdb_row> fresh;
+        for (int t = 0; t < call.T; t++) fresh.push_back({n + call.offset + t, call.ids[t]});
+        queries = fresh;
+        if (call.kind == DLLM__BD_BLOCK_FULL) block.assign((size_t)call.T, test_bdb_row{-1, -1});
+        rows.resize((size_t)n);
+        if (call.kind == DLLM__BD_SUB_BLOCK) {
+            std::copy(fresh.begin(), fresh.end(), block.begin() + call.offset);  // the overwrite persists
+            rows.insert(rows.end(), block.begin(), block.end());
+        } else {
+            rows.insert(rows.end(), fresh.begin(), fresh.end());
+            if (call.kind == DLLM__BD_BLOCK_FULL) block = fresh;
+        }
+        std::vector<std::vector<test_bdb_row>> visible;
+        const int n_keys = (int)rows.size(), q_index0 = n + call.offset;
+        for (int i = 0; i < call.T; i++) {
+            const int n_visible = call.mask_block ? std::min(n_keys, ((q_index0 + i) / call.mask_block + 1) * call.mask_block) : n_keys;  // dllm__cpu_bd_attend's
+            visible.emplace_back(rows.begin(), rows.begin() + n_visible);
+        }
+        if (call.kind == DLLM__BD_COMMIT) n += call.T;
+        return visible;
+    }
+};
+
+/* The GPU test's scripts, round by round through the layout (rows scattered into a slot store by cache_rows, each query
+ * over its entry's key range under its entry's mask, as the varlen attention reads them) and the slots' advance: every
+ * query row's position, token and visible keys (position and token, in order) equal the CPU reference's, for the two
+ * test models' shapes. */
+TEST(bd_batch, layout_reads_what_the_cpu_reference_reads) {
+    for (int model = 0; model < 2; model++) {
+        dllm__config c;
+        c.n_vocab = 136, c.mask_id = 100, c.shift_logits = model == 0;
+        c.bd_causal_context = model == 1, c.bd_mask_block = model == 0 ? 32 : 8;
+        const int B = 2 * c.bd_mask_block, S = model == 0 ? 8 : 4;
+        const std::vector<test_bdb_script> s = test_bdb_scripts(c, B, S);
+        std::vector<int> base, rows;
+        int total = 0;
+        for (const test_bdb_script &x : s) base.push_back(total), rows.push_back(x.rows), total += x.rows;
+        std::vector<test_bdb_row> store((size_t)total, test_bdb_row{-7, -7});
+        std::vector<dllm__bd_slot> slots(s.size());
+        std::vector<test_bdb_cpu_cache> cpu(s.size());
+        int checked = 0, wrong = 0;
+        for (size_t r = 0; r < 6; r++) {
+            std::vector<dllm__bd_seq> seqs;
+            std::vector<dllm__bd_pick> picks(s.size());
+            for (size_t k = 0; k < s.size(); k++) {
+                const size_t i = r % 2 ? s.size() - 1 - k : k;  // the order reversed in odd rounds, as on the GPU
+                if (r >= s[i].f.size()) continue;
+                dllm__bd_seq q;
+                q.slot = (int)i, q.call = test_bdb_call(s[i], s[i].f[r]);
+                if (s[i].f[r].pick_s0 >= 0) picks[i] = test_bdb_pick(c, s[i].f[r], S), q.pick = &picks[i];
+                seqs.push_back(q);
+            }
+            dllm__varlen_layout v;
+            CHECK_STATUS(dllm__bd_batch_layout_of(seqs, base, rows, slots, 4 * B + S, v), DLLM_OK, nullptr);
+            if ((int)v.cache_rows.size() != v.rows) break;
+            for (int t = 0; t < v.rows; t++) store[(size_t)v.cache_rows[(size_t)t]] = {v.positions[(size_t)t], v.ids[(size_t)t]};
+            for (size_t k = 0; k < seqs.size(); k++) {
+                std::vector<test_bdb_row> want_q;
+                const std::vector<std::vector<test_bdb_row>> want = cpu[(size_t)seqs[k].slot].forward(seqs[k].call, want_q);
+                const int e = 2 * (int)k, q0 = v.attn_q_offsets[(size_t)e], k0 = v.attn_kv_offsets[(size_t)e];
+                const int n_keys = v.attn_kv_offsets[(size_t)e + 1] - k0, mb = v.attn_masks[(size_t)e * 2], qi0 = v.attn_masks[(size_t)e * 2 + 1];
+                for (int j = 0; j < seqs[k].call.T; j++) {
+                    const int n_visible = mb ? std::min(n_keys, ((qi0 + j) / mb + 1) * mb) : n_keys;  // visible_keys
+                    const std::vector<test_bdb_row> got(store.begin() + k0, store.begin() + k0 + n_visible);
+                    const test_bdb_row query = {v.positions[(size_t)(q0 + j)], v.ids[(size_t)(q0 + j)]};
+                    checked++;
+                    wrong += got != want[(size_t)j] || query != want_q[(size_t)j];
+                }
+            }
+            for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, slots[(size_t)q.slot]);
+        }
+        printf("    %s shape (block %d, sub-block %d): %d query rows over 6 rounds, %d read other keys than the CPU reference's\n",
+               model ? "Nemotron" : "Fast-dLLM v2", B, S, checked, wrong);
+        CHECK_MSG(checked > 0 && wrong == 0, "model shape %d: %d of %d query rows differ from the CPU reference", model, wrong, checked);
+    }
+}
