@@ -52,7 +52,7 @@
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
  *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
- *      (forward_batch_choose); [debug hooks]
+ *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch, DLLM_BD_BATCH=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
  *  18. Public API
  *
@@ -332,14 +332,17 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            producer, 2 all (dllm__soloq_launch measures them)
  *   DLLM_BD_GRAPHS=1         block diffusion's step forwards replayed as CUDA graphs ([bd graphs]; off by default: a
  *                            generation re-captures each sub-block's graph once a block, which cost more than the
- *                            launches it saves, 1.36 vs 1.32 s at the 7B shape on the H200) */
+ *                            launches it saves, 1.36 vs 1.32 s at the 7B shape on the H200)
+ *   DLLM_BD_BATCH=1          the GPU backend's batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's
+ *                            block-diffusion items in one forward); unverified on a device, so off by default: without it
+ *                            those items decode one after another */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false;
+    bool bd_graphs = false, bd_batch = false;
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -366,6 +369,7 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
     e.bd_graphs = num("DLLM_BD_GRAPHS", 0) != 0;
+    e.bd_batch = num("DLLM_BD_BATCH", 0) != 0;
     return e;
 }
 
@@ -6617,7 +6621,8 @@ typedef unsigned long long u64;
     X(int, mask_block)      /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */ \
     X(int, q_index0)        /* the sequence index of query row 0 for that mask (key j's index is j) */               \
     X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */  \
-    X(const int *, kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */
+    X(const int *, kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */ \
+    X(const int *, varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -6645,7 +6650,7 @@ struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
 struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 144 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 152 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -9232,6 +9237,7 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
+    if (a.varlen_masks) a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
     return (int)blockIdx.x * br < a.q_rows;
 }
 
@@ -10996,7 +11002,8 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 //     16.3 [activations] a context's buffers, named and shaped; [forward plan] which rows each stage computes
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
-//          [step graphs]
+//          [step graphs]; the [batch] forward, its K/V-cache step and the batched block-diffusion forward
+//          (bd_forward_batch, DLLM_BD_BATCH=1)
 //          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
@@ -11657,6 +11664,9 @@ struct dllm__varlen_layout {
     // its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not follow), and the
     // cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's cache.
     std::vector<int32_t> attn_q_offsets, attn_kv_offsets, cache_rows;
+    // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
+    // varlen_masks); empty: no mask
+    std::vector<int32_t> attn_masks;
     bool cached() const { return !cache_rows.empty(); }
 };
 
@@ -11764,6 +11774,12 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
     return spans;
 }
 
+/* [batch] [block diffusion] A slot of bd_forward_batch between forwards: its committed rows [0, n) and, after a
+ * BLOCK_FULL, the block cache's rows [n, n + block) (0: none). */
+struct dllm__bd_slot {
+    int n = 0, block = 0;
+};
+
 // ---------------------------------------------------------------------------------------------------
 // 16.4 The backend
 // ---------------------------------------------------------------------------------------------------
@@ -11855,6 +11871,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_kv_unsupported() const;
     dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
+    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH=1): its slots and its forward
+    const char *bd_batch_unsupported() const;
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
+    dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
         return dllm__kv_layout_of(m_.cfg, plan, bkv_base_, bkv_rows_, max_tokens_, v);
@@ -11982,6 +12002,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
+    dllm_status bkv_alloc(const std::vector<int> &rows);
+    dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
+    dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
     // the step (16.4.2)
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
@@ -12049,6 +12072,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__dbuf bkv_, varlen_attn_q_, varlen_attn_kv_, varlen_cache_rows_;
     std::vector<int> bkv_base_, bkv_rows_;
     int bkv_total_ = 0;
+    // [block diffusion] bd_forward_batch: its slots' states (bkv_'s slots; dllm__bd_slot) and the layout's per-sequence masks
+    std::vector<dllm__bd_slot> bdb_slots_;
+    dllm__dbuf varlen_attn_masks_;
     std::shared_ptr<dllm__module> kv_scatter_module_;
     dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
     // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
@@ -12866,18 +12892,24 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
 dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
-    const dllm__config &c = m_.cfg;
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
         bkv_.release();
         return DLLM_OK;
     }
     if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
-    int64_t total = 0;
-    for (int n : rows) {
+    for (int n : rows)
         if (n < 1 || n > max_tokens_) return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
-        total += n;
-    }
+    return bkv_alloc(rows);
+}
+
+/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_), the previous ones released; kv_scatter_rows loaded. */
+dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
+    const dllm__config &c = m_.cfg;
+    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    int64_t total = 0;
+    for (int n : rows) total += n;
     if (total > INT32_MAX) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
     const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
     bkv_.release();  // the previous batch's, before the new ones are allocated
@@ -12912,6 +12944,9 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4, cudaMemcpyHostToDevice, stream_));
+    if (v.attn_masks.empty()) return DLLM_OK;
+    DLLM__TRY(varlen_attn_masks_.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4, cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
 
@@ -12927,6 +12962,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
                           bkv_.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
     DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
                                  varlen_cache_rows_.as<int>(), width, T));
@@ -12940,7 +12976,193 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
     a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
+    a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
     return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.attn_q_offsets.size() - 1, v.max_rows, a, stream_);
+}
+
+/* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch
+ * per run of consecutive positions (a block-diffusion sequence's rows are one run). Row-wise, so a row's bits never
+ * depend on the others. Twin: dllm__cpu_llama4_scale. */
+dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v) {
+    const dllm__config &c = m_.cfg;
+    const int qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, width = c.n_head * c.head_dim;
+    for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
+        for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
+        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_, act_.qkv.as<bf16_t>() + (size_t)r0 * qkv,
+                                           r1 - r0, qkv, width, v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
+    }
+    return DLLM_OK;
+}
+
+// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; DLLM_BD_BATCH=1) --------------
+// Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
+// (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
+// block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
+// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each row's
+// position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
+// (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
+// flash_attn with attn_args' varlen_masks: no split-KV, one tile shape whatever the batch). So a sequence's logits and
+// choices are bit-identical whatever else is in the batch, a batch of one included (not the solo bd_forward's bits: that
+// one tunes its GEMMs per row count, splits the keys and runs [FACache]'s split attention on layer 0; under call.lacache
+// this path reuses nothing and counts no row in bd_facache_rows). Unverified on a device: off unless DLLM_BD_BATCH=1.
+
+/* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
+ * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
+ * its slot's committed rows), their K|V bound for slot row n + j (SUB_BLOCK: n + offset + j, the overwrite persists),
+ * its queries over slot rows [0, n + T) (SUB_BLOCK: [0, n + block)) under its block-causal mask (call.mask_block, query
+ * j at sequence index n + offset + j, key k at k); its raw logit rows [r0, r1) of the forward. Twin:
+ * dllm__cpu_bd_attention's positions, key rows and q_index0, except that the CPU keeps the block cache apart while here
+ * it is the slot's rows after the committed ones. Checked as bd_check checks a forward, plus each slot once, a pick's
+ * rows among the logit rows and a sub-block only over a block cache. Entry 2i of the attention is sequence i, entry
+ * 2i + 1 the bridge to the next slot (no query row, no mask). */
+static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seqs, const std::vector<int> &slot_base, const std::vector<int> &slot_rows,
+                                            const std::vector<dllm__bd_slot> &slots, int max_tokens, dllm__varlen_layout &v) {
+    v = dllm__varlen_layout();
+    v.offsets.push_back(0);
+    std::vector<bool> used(slot_base.size(), false);
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_seq &q = seqs[i];
+        const dllm__bd_call &call = q.call;
+        if (q.slot < 0 || (size_t)q.slot >= slot_base.size() || used[(size_t)q.slot])
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu names slot %d (%zu reserved, each at most once a forward)", i,
+                              q.slot, slot_base.size());
+        used[(size_t)q.slot] = true;
+        const dllm__bd_slot &s = slots[(size_t)q.slot];
+        const bool sub = call.kind == DLLM__BD_SUB_BLOCK;
+        if (!call.ids || call.T <= 0 || call.offset < 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu forwards %d rows at offset %d and asks for output rows [%d, %d)", i,
+                              call.T, call.offset, call.r0, call.r1);
+        if (sub && call.offset + call.T > s.block)
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)", i,
+                              call.T, call.offset, s.block);
+        const int n_keys = s.n + (sub ? s.block : call.T);
+        if (n_keys > slot_rows[(size_t)q.slot])
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
+                              "bd_batch_reserve)", i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
+        if ((int64_t)s.n + call.offset + call.T > max_tokens)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched block diffusion: sequence %zu's positions up to %lld exceed the context's limit of %d tokens "
+                              "(max_tokens)", i, (long long)s.n + call.offset + call.T, max_tokens);
+        const dllm__bd_pick *p = q.pick;
+        if (p && (p->n <= 0 || p->logits_row(0) < 0 || p->logits_row(p->n - 1) >= call.r1 - call.r0))
+            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu chooses %d rows from logits rows %d.. of its %d", i, p->n,
+                              p->n > 0 ? p->logits_row(0) : 0, call.r1 - call.r0);
+        if (v.rows > INT32_MAX - call.T) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+        const int base = slot_base[(size_t)q.slot], row0 = s.n + (sub ? call.offset : 0);
+        for (int j = 0; j < call.T; j++) v.positions.push_back(s.n + call.offset + j), v.cache_rows.push_back(base + row0 + j);
+        v.ids.insert(v.ids.end(), call.ids, call.ids + call.T);
+        if (i > 0) v.attn_masks.push_back(0), v.attn_masks.push_back(0);  // the bridge from the previous sequence
+        v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(base);
+        v.attn_masks.push_back(call.mask_block), v.attn_masks.push_back(s.n + call.offset);
+        v.rows += call.T;
+        v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(base + n_keys);
+        v.offsets.push_back(v.rows);
+        v.raw0.push_back(call.r0), v.raw1.push_back(call.r1), v.q0.push_back(0);
+        v.out0.push_back(v.out_rows);
+        v.out_rows += call.r1 - call.r0;
+        v.max_rows = std::max(v.max_rows, call.T);
+    }
+    return DLLM_OK;
+}
+
+/* A slot's state after its forward ran: a COMMIT's rows join the committed ones; a BLOCK_FULL's rows are the block
+ * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a sub-block). */
+static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
+    if (call.kind == DLLM__BD_COMMIT) s.n += call.T, s.block = 0;
+    else if (call.kind == DLLM__BD_BLOCK_FULL) s.block = call.T;
+    else if (call.kind == DLLM__BD_STEP) s.block = 0;
+}
+
+/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i with
+ * a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
+ * pick->logits_row(j)) is in the chunk, one range since that row never falls as j rises; a range from a shifted pick's
+ * row 0 keeps the shift (rows 0 and 1 read the same logits row), any other reads consecutive rows. */
+static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
+                                                              const std::vector<int> &choice0, int c0, int rows) {
+    std::vector<dllm__sampler_span> spans;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_pick *p = seqs[i].pick;
+        if (!p) continue;
+        auto gathered = [&](int j) { return v.out0[i] + p->logits_row(j); };
+        int j0 = 0, j1 = p->n;
+        while (j0 < j1 && gathered(j0) < c0) j0++;
+        while (j1 > j0 && gathered(j1 - 1) >= c0 + rows) j1--;
+        if (j0 == j1) continue;
+        dllm__sampler_span s;
+        s.seq = (int)i, s.pos0 = p->pos0 + j0, s.n = j1 - j0, s.lrow0 = gathered(j0) - c0;
+        s.shift0 = p->shift0 && j0 == 0, s.out = choice0[i] + j0;
+        spans.push_back(s);
+    }
+    return spans;
+}
+
+const char *dllm__gpu_backend::bd_batch_unsupported() const {
+    if (!dllm__env().bd_batch) return "(unverified on a device: DLLM_BD_BATCH=1 turns it on)";
+    if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
+    if (W_->fp8_ffn || W_->fp8_attn) return "under FP8 (its row-independent GEMMs take at most 256 rows a launch)";
+    if (kvq_.enabled()) return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
+    return nullptr;
+}
+
+/* Slot s empty, sized for rows[s] rows (the batched K/V-cache step's slots: a batch is one or the other); the empty list
+ * releases them. */
+dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
+    bdb_slots_.clear();
+    if (rows.empty()) return batch_kv_reserve(rows);
+    if (const char *why = bd_batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
+    for (int n : rows)
+        if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
+    DLLM__TRY(bkv_alloc(rows));
+    bdb_slots_.assign(rows.size(), dllm__bd_slot());
+    return DLLM_OK;
+}
+
+/* The layout over the reserved slots, the batched forward with its LM head and the device's choice (bd_batch_choose),
+ * then each slot's state advanced. The empty list asks whether the forward exists here. */
+dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) {
+    if (const char *why = bd_batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
+    if (seqs.empty()) return DLLM_OK;
+    if (bdb_slots_.empty()) return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
+    dllm__varlen_layout v;
+    DLLM__TRY(dllm__bd_batch_layout_of(seqs, bkv_base_, bkv_rows_, bdb_slots_, max_tokens_, v));
+    DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
+    for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, bdb_slots_[(size_t)q.slot]);
+    return DLLM_OK;
+}
+
+/* batch_logits over the layout with, after each LM-head chunk, the sampler over the chunk's rows of the sequences with a
+ * pick (step 0, as bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), and the
+ * other sequences' raw logit rows copied into `logits`, one sequence after another. */
+dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
+    const size_t V = (size_t)m_.cfg.n_vocab;
+    std::vector<int> choice0(seqs.size(), -1), raw0(seqs.size(), 0);  // a picked sequence's first choice; another's first row in logits
+    int n_chosen = 0, n_raw = 0;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        if (seqs[i].pick) choice0[i] = n_chosen, n_chosen += seqs[i].pick->n;
+        else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
+    }
+    if ((n_raw > 0 && !logits) || (n_chosen > 0 && !choices))
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: %d logit rows and %d choices to return, %s", n_raw, n_chosen,
+                          logits ? "no choices array" : "no logits array");
+    // One launch samples at most a chunk's rows and one more: under the shift, a pick's rows 0 and 1 both read one row.
+    DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
+    const size_t n = (size_t)std::max(1, n_chosen);
+    const std::vector<dllm_step_state> states(seqs.size(), dllm_step_state());
+    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
+    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
+    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
+    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
+    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state), cudaMemcpyHostToDevice, stream_));
+    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
+        for (const dllm__sampler_span &s : dllm__bd_sampler_spans(seqs, v, choice0, c0, rows)) DLLM__TRY(sample_span(seqs[(size_t)s.seq].pick->sampling, s, rows));
+        for (size_t i = 0; i < seqs.size(); i++) {  // the other sequences: their rows of this chunk
+            const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
+            if (choice0[i] < 0 && g0 < g1)
+                DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)(raw0[i] + g0 - v.out0[i]) * V, act_.logits.as<float>() + (size_t)(g0 - c0) * V,
+                                           (size_t)(g1 - g0) * V * 4, cudaMemcpyDeviceToHost, stream_));
+        }
+        return DLLM_OK;
+    }));
+    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
 }
 
 // ---- 16.4.2 The denoising step --------------------------------------------------------------------

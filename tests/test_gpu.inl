@@ -416,7 +416,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     test_put(dst, std::vector<int>(st, st + 16));
     attn_args a = {dq.as<bf16_t>() + (size_t)q0 * stride, dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(),
                    dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)q_rows * H * hd,
-                   dst.as<dllm_step_state>(), 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>(), 0, 0, nullptr, nullptr};
+                   dst.as<dllm_step_state>(), 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>(), 0, 0, nullptr, nullptr, nullptr};
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> first = test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd);
@@ -919,7 +919,7 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
         test_poison(dout, out_n * 2);
         attn_args a = {dq.as<bf16_t>(), dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(), nullptr, seq, seq,
                        stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.as<dllm_step_state>(),
-                       1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr, 0, 0, nullptr, nullptr};
+                       1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr, 0, 0, nullptr, nullptr, nullptr};
         dllm__attn_launch(k, g.arch, hd, H, B, a, 0);
         return test_get<uint16_t>(dout, out_n);
     };
