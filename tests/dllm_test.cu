@@ -40,6 +40,7 @@
 #include "test_fuzz_findings.inl"
 #include "test_batch.inl"
 #include "test_batch_gpu.inl"
+#include "test_bd_batch.inl"
 #include "test_tp.inl"
 
 /* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
