@@ -14209,7 +14209,7 @@ struct dllm__bd_generation {
     dllm__bd_call call;  // the forward next() described last
     dllm__bd_pick pick;  // a step's: the rows it chooses
 
-    dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &pl_, int n) : ctx(c), p(params), plan(pl_), n_prompt(n) {}
+    dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n) : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
 
     bool is_mask(size_t i) const { return x[i] == plan.mask_id; }
 
@@ -14757,8 +14757,9 @@ static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_
     }
     if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK) why = dllm__tls_error, members.clear();  // (memory)
     if (!why.empty()) {
-        dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)", n_items,
-                  why.c_str());
+        if (n_items > 0)
+            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)", n_items,
+                      why.c_str());
         for (int i = 0; i < n_items; i++)
             if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY) return DLLM_ERR_OUT_OF_MEMORY;
         return DLLM_OK;

@@ -370,6 +370,43 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
     }
 }
 
+/* The CPU backend behind a wrapper that keeps the default bd_forward_batch (unsupported): a backend without the batched
+ * block-diffusion forward, as the GPU is without DLLM_BD_BATCH. */
+struct test_bdb_unbatched : dllm__backend_impl {
+    std::unique_ptr<dllm__backend_impl> in;
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return in->logits(ids, n, r0, r1, out); }
+    dllm_status begin_block(dllm__decode &st) override { return in->begin_block(st); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return in->step(st, committed, want_host); }
+    dllm_status bd_begin(int rows) override { return in->bd_begin(rows); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *out) override { return in->bd_forward(call, out); }
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { in->bd_facache_rows(rows, reused); }
+};
+
+/* Where the backend has no batched block-diffusion forward the items decode one after another, each exactly as
+ * dllm_generate's (facache stats included), the batch's forwards are their sum, and the INFO log names the reason. */
+TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    test_bdb_unbatched *w = new test_bdb_unbatched;
+    w->in = std::move(ctx->impl);
+    ctx->impl.reset(w);
+    std::vector<test_bdb_case> cs = test_bdb_cases(ctx, 0xbdb7);
+    std::vector<size_t> order(cs.size());
+    int sum_forwards = 0;
+    for (size_t i = 0; i < cs.size(); i++) order[i] = i, sum_forwards += cs[i].stats_alone.forwards;
+    std::string log;
+    dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
+    const dllm_gen_stats bs = test_bdb_check_batch(T_, ctx, cs, order, "unbatched");
+    dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
+    CHECK_MSG(bs.forwards == sum_forwards, "%d forwards, the items' sum %d", bs.forwards, sum_forwards);
+    CHECK_MSG(log.find("10 block-diffusion items decode one after another") != std::string::npos &&
+                  log.find("no batched block-diffusion forward") != std::string::npos,
+              "log: %s", log.c_str());
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
 // ---- the GPU backend ------------------------------------------------------------------------------------------
 
 /* The GPU's batched block-diffusion forward (DLLM_BD_BATCH=1, unverified on a device until this test passes there): the
@@ -381,17 +418,21 @@ TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
+    test_unsetenv("DLLM_BD_BATCH");
     dllm_ctx *cpu = test_ctx(m), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (!cpu || !gpu) { dllm_ctx_free(cpu), dllm_ctx_free(gpu), dllm_model_free(m); return; }
     // Without the switch: one after another, each equal to its dllm_generate on the GPU.
-    test_unsetenv("DLLM_BD_BATCH");
     std::vector<test_bdb_case> cs = test_bdb_cases(gpu, 0xbdb6);
     std::vector<size_t> order(cs.size());
     for (size_t i = 0; i < cs.size(); i++) order[i] = i;
     test_bdb_check_batch(T_, gpu, cs, order, "GPU, no switch");
-    // With the switch: the batch against the batch of one.
+    // With the switch (a fresh context, whenever the backend reads it): the batch against the batch of one.
     test_setenv("DLLM_BD_BATCH", "1", 1);
+    dllm_ctx_free(gpu);
+    gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    CHECK(gpu != nullptr);
+    if (!gpu) { test_unsetenv("DLLM_BD_BATCH"), dllm_ctx_free(cpu), dllm_model_free(m); return; }
     CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
     for (test_bdb_case &c : cs) {  // "alone" := the item in a batch of one
         c.alone = test_bdb_trace();
