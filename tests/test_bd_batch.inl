@@ -6,15 +6,15 @@
 
 /* What one generation showed its step callback: per step (block, step in block, steps done, masks left, commits as
  * (position, token)) and the canvas after it. */
-struct test_bdb_trace {
+struct test_bdi_trace {
     std::vector<int32_t> steps;     // 4 + 2 n_committed ints a step
     std::vector<int32_t> canvases;
     int cancel_after = 0;           // > 0: the callback cancels after this many steps
     int n_steps = 0;
 };
 
-static int test_bdb_on_step(const dllm_step_info *info, void *user) {
-    test_bdb_trace *t = (test_bdb_trace *)user;
+static int test_bdi_on_step(const dllm_step_info *info, void *user) {
+    test_bdi_trace *t = (test_bdi_trace *)user;
     t->steps.insert(t->steps.end(), {info->block, info->step, info->global_step, info->n_masked});
     for (int i = 0; i < info->n_committed; i++) t->steps.insert(t->steps.end(), {info->committed_pos[i], info->canvas[info->committed_pos[i]]});
     t->canvases.insert(t->canvases.end(), info->canvas, info->canvas + info->canvas_len);
@@ -22,14 +22,14 @@ static int test_bdb_on_step(const dllm_step_info *info, void *user) {
 }
 
 /* One item: its prompt and parameters, and what it gave alone. */
-struct test_bdb_case {
+struct test_bdi_case {
     const char *what = "";
     std::vector<int32_t> prompt;
     dllm_gen_params params;
     int out_capacity = 0;
     int cancel_after = 0;
     std::vector<int32_t> out_alone;
-    test_bdb_trace alone;
+    test_bdi_trace alone;
     dllm_status status_alone = DLLM_OK;
     int n_alone = 0;
     dllm_gen_stats stats_alone;
@@ -37,13 +37,13 @@ struct test_bdb_case {
 
 /* A prompt of n ids below the mask id and past the stop ids of the fixtures (Fast-dLLM v2: mask 155, stop 152;
  * Nemotron: mask 100, stop 11). */
-static std::vector<int32_t> test_bdb_prompt(std::mt19937 &rng, int n) {
+static std::vector<int32_t> test_bdi_prompt(std::mt19937 &rng, int n) {
     std::vector<int32_t> p((size_t)n);
     for (int32_t &t : p) t = 12 + (int32_t)(rng() % 88);
     return p;
 }
 
-static dllm_gen_params test_bdb_params(int gen_length, int block, int sub_block, double tau, int block_cache, bool lacache, uint64_t seed) {
+static dllm_gen_params test_bdi_params(int gen_length, int block, int sub_block, double tau, int block_cache, bool lacache, uint64_t seed) {
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = gen_length, p.block_length = block, p.sub_block_length = sub_block;
     if (tau > 0) p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = tau;
@@ -53,16 +53,16 @@ static dllm_gen_params test_bdb_params(int gen_length, int block, int sub_block,
     return p;
 }
 
-static int test_bdb_max_out(const test_bdb_case &c) {
+static int test_bdi_max_out(const test_bdi_case &c) {
     const int B = c.params.block_length;
     return c.params.gen_length / B * B + 1 - (int)c.prompt.size() % B;
 }
 
-static void test_bdb_run_alone(dllm_ctx *ctx, test_bdb_case &c) {
-    c.alone = test_bdb_trace();
+static void test_bdi_run_alone(dllm_ctx *ctx, test_bdi_case &c) {
+    c.alone = test_bdi_trace();
     c.alone.cancel_after = c.cancel_after;
     dllm_gen_params p = c.params;
-    p.on_step = test_bdb_on_step, p.on_step_data = &c.alone;
+    p.on_step = test_bdi_on_step, p.on_step_data = &c.alone;
     c.out_alone.assign((size_t)std::max(1, c.out_capacity), -7);
     c.stats_alone = dllm_gen_stats();
     c.status_alone = dllm_generate(ctx, c.prompt.data(), (int)c.prompt.size(), p, c.out_alone.data(), c.out_capacity, &c.n_alone, &c.stats_alone);
@@ -71,57 +71,57 @@ static void test_bdb_run_alone(dllm_ctx *ctx, test_bdb_case &c) {
 /* The cases: prompts around the block boundary (< B, = B, > B, a multiple of B: the AR seed after the prefill), every
  * option, an early stop, a cancellation and two bad items. The stop case's stop token is one its base case generates
  * in its first block, so it ends blocks earlier (checked). */
-static std::vector<test_bdb_case> test_bdb_cases(dllm_ctx *ctx, uint64_t seed) {
+static std::vector<test_bdi_case> test_bdi_cases(dllm_ctx *ctx, uint64_t seed) {
     std::mt19937 rng((uint32_t)seed);
-    std::vector<test_bdb_case> cs(10);
+    std::vector<test_bdi_case> cs(10);
     auto set = [&](size_t i, const char *what, int n_prompt, dllm_gen_params p) {
-        cs[i].what = what, cs[i].prompt = test_bdb_prompt(rng, n_prompt), cs[i].params = p;
+        cs[i].what = what, cs[i].prompt = test_bdi_prompt(rng, n_prompt), cs[i].params = p;
         cs[i].params.stop_at_eos = (int)(i % 2);
-        cs[i].out_capacity = test_bdb_max_out(cs[i]);
+        cs[i].out_capacity = test_bdi_max_out(cs[i]);
     };
-    set(0, "L5 B32 default rule", 5, test_bdb_params(64, 32, 0, 0, 0, false, 1));
-    set(1, "L32 = B S4 tau0.3 block cache lacache", 32, test_bdb_params(32, 32, 4, 0.3, 1, true, 2));
-    set(2, "L40 > B tau0.5 block cache", 40, test_bdb_params(64, 32, 8, 0.5, 1, false, 3));
-    set(3, "L8 = B8 S4 tau0.25 lacache", 8, test_bdb_params(24, 8, 4, 0.25, 0, true, 4));
-    set(4, "L17 B16 block cache lacache", 17, test_bdb_params(48, 16, 8, 0, 1, true, 77));
-    set(5, "L64 = 2B S16 tau0.2 (AR seed after the prefill)", 64, test_bdb_params(32, 32, 16, 0.2, 0, false, 5));
+    set(0, "L5 B32 default rule", 5, test_bdi_params(64, 32, 0, 0, 0, false, 1));
+    set(1, "L32 = B S4 tau0.3 block cache lacache", 32, test_bdi_params(32, 32, 4, 0.3, 1, true, 2));
+    set(2, "L40 > B tau0.5 block cache", 40, test_bdi_params(64, 32, 8, 0.5, 1, false, 3));
+    set(3, "L8 = B8 S4 tau0.25 lacache", 8, test_bdi_params(24, 8, 4, 0.25, 0, true, 4));
+    set(4, "L17 B16 block cache lacache", 17, test_bdi_params(48, 16, 8, 0, 1, true, 77));
+    set(5, "L64 = 2B S16 tau0.2 (AR seed after the prefill)", 64, test_bdi_params(32, 32, 16, 0.2, 0, false, 5));
     set(6, "stops at its stop token", 40, cs[2].params);
     cs[6].prompt = cs[2].prompt, cs[6].params.stop_at_eos = 1;
-    set(7, "cancelled after 3 steps", 11, test_bdb_params(64, 16, 4, 0.4, 1, true, 6));
+    set(7, "cancelled after 3 steps", 11, test_bdi_params(64, 16, 4, 0.4, 1, true, 6));
     cs[7].cancel_after = 3;
-    set(8, "bad: temperature", 9, test_bdb_params(32, 32, 0, 0, 0, false, 7));
+    set(8, "bad: temperature", 9, test_bdi_params(32, 32, 0, 0, 0, false, 7));
     cs[8].params.temperature = 0.5f;
-    set(9, "bad: buffer too small", 9, test_bdb_params(32, 32, 0, 0, 0, false, 8));
+    set(9, "bad: buffer too small", 9, test_bdi_params(32, 32, 0, 0, 0, false, 8));
     cs[9].out_capacity -= 1;
-    test_bdb_case base = cs[2];
-    test_bdb_run_alone(ctx, base);
+    test_bdi_case base = cs[2];
+    test_bdi_run_alone(ctx, base);
     if (base.status_alone == DLLM_OK && base.n_alone > 5) cs[6].params.stop_id = base.out_alone[5];  // position 45: the first block
-    for (test_bdb_case &c : cs) test_bdb_run_alone(ctx, c);
+    for (test_bdi_case &c : cs) test_bdi_run_alone(ctx, c);
     return cs;
 }
 
 /* dllm_generate_batch of the cases in `order`; each one's result against its run alone: status, ids, n_out, stats, every
  * step callback and canvas. Returns the batch's stats. */
-static dllm_gen_stats test_bdb_check_batch(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_bdb_case> &cs, const std::vector<size_t> &order,
+static dllm_gen_stats test_bdi_check_batch(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_bdi_case> &cs, const std::vector<size_t> &order,
                                            const char *label) {
     const size_t n = order.size();
     std::vector<dllm_batch_item> items(n);
     std::vector<dllm_batch_result> results(n);
     std::vector<std::vector<int32_t>> outs(n);
-    std::vector<test_bdb_trace> traces(n);
+    std::vector<test_bdi_trace> traces(n);
     for (size_t i = 0; i < n; i++) {
-        test_bdb_case &c = cs[order[i]];
+        test_bdi_case &c = cs[order[i]];
         traces[i].cancel_after = c.cancel_after;
         outs[i].assign((size_t)std::max(1, c.out_capacity), -7);
         items[i].prompt = c.prompt.data(), items[i].n_prompt = (int)c.prompt.size(), items[i].params = c.params;
-        items[i].params.on_step = test_bdb_on_step, items[i].params.on_step_data = &traces[i];
+        items[i].params.on_step = test_bdi_on_step, items[i].params.on_step_data = &traces[i];
         items[i].out = outs[i].data(), items[i].out_capacity = c.out_capacity;
     }
     dllm_gen_stats bs;
     const dllm_status s = dllm_generate_batch(ctx, items.data(), (int)n, results.data(), &bs);
     dllm_status first = DLLM_OK;
     for (size_t i = 0; i < n; i++) {
-        const test_bdb_case &c = cs[order[i]];
+        const test_bdi_case &c = cs[order[i]];
         const dllm_batch_result &r = results[i];
         if (first == DLLM_OK) first = c.status_alone;
         CHECK_MSG(r.status == c.status_alone, "%s %s: status %s in the batch, %s alone (%s)", label, c.what, dllm_status_str(r.status),
@@ -138,15 +138,15 @@ static dllm_gen_stats test_bdb_check_batch(dllm_test_state &T_, dllm_ctx *ctx, s
 }
 
 /* The cases on a model, in a batch, reversed, and each in a batch of one. */
-static void test_bdb_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, const char *name) {
-    std::vector<test_bdb_case> cs = test_bdb_cases(ctx, seed);
+static void test_bdi_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, const char *name) {
+    std::vector<test_bdi_case> cs = test_bdi_cases(ctx, seed);
     // The cases are what they say they are: the good ones decode (different lengths), the stop ends early and fewer
     // forwards, the cancel and the bad ones fail with their status.
     for (size_t i = 0; i < 7; i++)  // the stop case may stop at its first token
         CHECK_MSG(cs[i].status_alone == DLLM_OK && (cs[i].n_alone > 0 || i == 6), "%s %s: %s alone, %d ids", name, cs[i].what,
                   dllm_status_str(cs[i].status_alone), cs[i].n_alone);
-    CHECK_MSG(cs[6].params.stop_id >= 0 && cs[6].n_alone < test_bdb_max_out(cs[6]) && cs[6].stats_alone.forwards < cs[2].stats_alone.forwards,
-              "%s: the stop case did not stop early (%d ids of %d, %d forwards, %d without the stop)", name, cs[6].n_alone, test_bdb_max_out(cs[6]),
+    CHECK_MSG(cs[6].params.stop_id >= 0 && cs[6].n_alone < test_bdi_max_out(cs[6]) && cs[6].stats_alone.forwards < cs[2].stats_alone.forwards,
+              "%s: the stop case did not stop early (%d ids of %d, %d forwards, %d without the stop)", name, cs[6].n_alone, test_bdi_max_out(cs[6]),
               cs[6].stats_alone.forwards, cs[2].stats_alone.forwards);
     CHECK(cs[7].status_alone == DLLM_ERR_CANCELLED && cs[7].alone.n_steps == 3);
     CHECK(cs[8].status_alone == DLLM_ERR_UNSUPPORTED && cs[9].status_alone == DLLM_ERR_BUFFER_TOO_SMALL);
@@ -157,22 +157,22 @@ static void test_bdb_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, co
         max_forwards = std::max(max_forwards, cs[i].stats_alone.forwards), max_steps = std::max(max_steps, cs[i].stats_alone.steps);
         sum_forwards += cs[i].stats_alone.forwards;
     }
-    const dllm_gen_stats bs = test_bdb_check_batch(T_, ctx, cs, order, name);
+    const dllm_gen_stats bs = test_bdi_check_batch(T_, ctx, cs, order, name);
     printf("    %s: %zu items in one batch: %d batched forwards (the items alone: %d at most, %d in all), %d steps at most\n", name, cs.size(),
            bs.forwards, max_forwards, sum_forwards, bs.steps);
     CHECK_MSG(bs.forwards == max_forwards && bs.steps == max_steps, "%s: the batch ran %d forwards and %d steps, want %d and %d", name, bs.forwards,
               bs.steps, max_forwards, max_steps);
     std::reverse(order.begin(), order.end());
     std::rotate(order.begin(), order.begin() + 3, order.end());
-    test_bdb_check_batch(T_, ctx, cs, order, (std::string(name) + " permuted").c_str());
-    for (size_t i : {(size_t)1, (size_t)5}) test_bdb_check_batch(T_, ctx, cs, {i}, (std::string(name) + " alone in a batch").c_str());
+    test_bdi_check_batch(T_, ctx, cs, order, (std::string(name) + " permuted").c_str());
+    for (size_t i : {(size_t)1, (size_t)5}) test_bdi_check_batch(T_, ctx, cs, {i}, (std::string(name) + " alone in a batch").c_str());
 }
 
 TEST(bd_batch, items_equal_alone_fast_dllm_v2) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     CHECK(ctx != nullptr);
-    if (ctx) test_bdb_model(T_, ctx, 0xbdb1, "tiny-fast-dllm-v2");
+    if (ctx) test_bdi_model(T_, ctx, 0xbdb1, "tiny-fast-dllm-v2");
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -181,7 +181,7 @@ TEST(bd_batch, items_equal_alone_nemotron) {
     dllm_model *m = test_load(test_data("tiny-nemotron-diffusion"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     CHECK(ctx != nullptr);
-    if (ctx) test_bdb_model(T_, ctx, 0xbdb2, "tiny-nemotron-diffusion");
+    if (ctx) test_bdi_model(T_, ctx, 0xbdb2, "tiny-nemotron-diffusion");
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -195,7 +195,7 @@ TEST(bd_batch, items_equal_alone_under_kv_quant) {
         p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.kv_quant = q;
         dllm_ctx *ctx = nullptr;
         CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
-        if (ctx) test_bdb_model(T_, ctx, 0xbdb3 + (uint64_t)q, q == DLLM_KV_QUANT_SOLOQ_KV2 ? "kv_quant soloq-kv2" : "kv_quant kivi-kv2");
+        if (ctx) test_bdi_model(T_, ctx, 0xbdb3 + (uint64_t)q, q == DLLM_KV_QUANT_SOLOQ_KV2 ? "kv_quant soloq-kv2" : "kv_quant kivi-kv2");
         dllm_ctx_free(ctx);
     }
     dllm_model_free(m);
@@ -203,7 +203,7 @@ TEST(bd_batch, items_equal_alone_under_kv_quant) {
 
 /* The official traces (golden_traces.json: the reference's ids, every step's commits, steps and forwards) of every
  * shifted case of both fixtures, all in ONE batch: the batched loop is the official loop. */
-static void test_bdb_fixture_in_one_batch(dllm_test_state &T_, const char *fixture) {
+static void test_bdi_fixture_in_one_batch(dllm_test_state &T_, const char *fixture) {
     dllm__json root;
     CHECK_STATUS(dllm__json_load(test_data(fixture) + "/golden_traces.json", root), DLLM_OK, nullptr);
     const dllm__json *cases = root.find("cases");
@@ -259,8 +259,8 @@ static void test_bdb_fixture_in_one_batch(dllm_test_state &T_, const char *fixtu
 }
 
 TEST(bd_batch, reference_traces_in_one_batch) {
-    test_bdb_fixture_in_one_batch(T_, "tiny-fast-dllm-v2");
-    test_bdb_fixture_in_one_batch(T_, "tiny-nemotron-diffusion");
+    test_bdi_fixture_in_one_batch(T_, "tiny-fast-dllm-v2");
+    test_bdi_fixture_in_one_batch(T_, "tiny-nemotron-diffusion");
 }
 
 /* The backend's side alone: bd_forward_batch over sequences of every kind (a prefill, block-full and sub-block steps
@@ -273,7 +273,7 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     dllm__backend_impl &b = *ctx->impl;
     const int V = m->cfg.n_vocab, B = 32;
     std::mt19937 rng(0xbdb5);
-    std::vector<int32_t> ids = test_bdb_prompt(rng, 3 * B);
+    std::vector<int32_t> ids = test_bdi_prompt(rng, 3 * B);
     CHECK_STATUS(b.bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
     // Slot 0: a 2-block prefill then a block's full step; slot 1: a 1-block prefill then a plain step; slot 2: a block
     // full step then a sub-block step; slot 3: a commit.
@@ -372,7 +372,7 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
 
 /* The CPU backend behind a wrapper that keeps the default bd_forward_batch (unsupported): a backend without the batched
  * block-diffusion forward, as the GPU is without DLLM_BD_BATCH. */
-struct test_bdb_unbatched : dllm__backend_impl {
+struct test_bdi_unbatched : dllm__backend_impl {
     std::unique_ptr<dllm__backend_impl> in;
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return in->logits(ids, n, r0, r1, out); }
     dllm_status begin_block(dllm__decode &st) override { return in->begin_block(st); }
@@ -388,16 +388,16 @@ TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
-    test_bdb_unbatched *w = new test_bdb_unbatched;
+    test_bdi_unbatched *w = new test_bdi_unbatched;
     w->in = std::move(ctx->impl);
     ctx->impl.reset(w);
-    std::vector<test_bdb_case> cs = test_bdb_cases(ctx, 0xbdb7);
+    std::vector<test_bdi_case> cs = test_bdi_cases(ctx, 0xbdb7);
     std::vector<size_t> order(cs.size());
     int sum_forwards = 0;
     for (size_t i = 0; i < cs.size(); i++) order[i] = i, sum_forwards += cs[i].stats_alone.forwards;
     std::string log;
     dllm_log_set(test_batch_log, &log, DLLM_LOG_INFO);
-    const dllm_gen_stats bs = test_bdb_check_batch(T_, ctx, cs, order, "unbatched");
+    const dllm_gen_stats bs = test_bdi_check_batch(T_, ctx, cs, order, "unbatched");
     dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
     CHECK_MSG(bs.forwards == sum_forwards, "%d forwards, the items' sum %d", bs.forwards, sum_forwards);
     CHECK_MSG(log.find("10 block-diffusion items decode one after another") != std::string::npos &&
@@ -423,10 +423,10 @@ TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (!cpu || !gpu) { dllm_ctx_free(cpu), dllm_ctx_free(gpu), dllm_model_free(m); return; }
     // Without the switch: one after another, each equal to its dllm_generate on the GPU.
-    std::vector<test_bdb_case> cs = test_bdb_cases(gpu, 0xbdb6);
+    std::vector<test_bdi_case> cs = test_bdi_cases(gpu, 0xbdb6);
     std::vector<size_t> order(cs.size());
     for (size_t i = 0; i < cs.size(); i++) order[i] = i;
-    test_bdb_check_batch(T_, gpu, cs, order, "GPU, no switch");
+    test_bdi_check_batch(T_, gpu, cs, order, "GPU, no switch");
     // With the switch (a fresh context, whenever the backend reads it): the batch against the batch of one.
     test_setenv("DLLM_BD_BATCH", "1", 1);
     dllm_ctx_free(gpu);
@@ -434,27 +434,27 @@ TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     CHECK(gpu != nullptr);
     if (!gpu) { test_unsetenv("DLLM_BD_BATCH"), dllm_ctx_free(cpu), dllm_model_free(m); return; }
     CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
-    for (test_bdb_case &c : cs) {  // "alone" := the item in a batch of one
-        c.alone = test_bdb_trace();
+    for (test_bdi_case &c : cs) {  // "alone" := the item in a batch of one
+        c.alone = test_bdi_trace();
         c.alone.cancel_after = c.cancel_after;
         dllm_batch_item it = {c.prompt.data(), (int)c.prompt.size(), c.params, nullptr, c.out_capacity};
         c.out_alone.assign((size_t)std::max(1, c.out_capacity), -7);
-        it.out = c.out_alone.data(), it.params.on_step = test_bdb_on_step, it.params.on_step_data = &c.alone;
+        it.out = c.out_alone.data(), it.params.on_step = test_bdi_on_step, it.params.on_step_data = &c.alone;
         dllm_batch_result r;
         dllm_generate_batch(gpu, &it, 1, &r, nullptr);
         c.status_alone = r.status, c.n_alone = r.n_out, c.stats_alone = r.stats;
     }
     int max_forwards = 0;
-    for (const test_bdb_case &c : cs) max_forwards = std::max(max_forwards, c.stats_alone.forwards);
-    const dllm_gen_stats bs = test_bdb_check_batch(T_, gpu, cs, order, "GPU batch vs batch of one");
+    for (const test_bdi_case &c : cs) max_forwards = std::max(max_forwards, c.stats_alone.forwards);
+    const dllm_gen_stats bs = test_bdi_check_batch(T_, gpu, cs, order, "GPU batch vs batch of one");
     CHECK_MSG(bs.forwards == max_forwards, "GPU: %d batched forwards, want %d", bs.forwards, max_forwards);
     std::reverse(order.begin(), order.end());
-    test_bdb_check_batch(T_, gpu, cs, order, "GPU permuted vs batch of one");
+    test_bdi_check_batch(T_, gpu, cs, order, "GPU permuted vs batch of one");
     // The CPU's ids for the same items.
-    std::vector<test_bdb_case> ref = cs;
+    std::vector<test_bdi_case> ref = cs;
     int good = 0, same = 0;
     for (size_t i = 0; i < ref.size(); i++) {
-        test_bdb_run_alone(cpu, ref[i]);
+        test_bdi_run_alone(cpu, ref[i]);
         if (ref[i].status_alone != DLLM_OK || i == 6) continue;  // the stop case's stop token is the GPU base run's
         good++;
         same += ref[i].n_alone == cs[i].n_alone && ref[i].out_alone == cs[i].out_alone;
