@@ -6087,6 +6087,9 @@ class dllm__cpu_backend : public dllm__backend_impl {
             if (slot < 0 || (size_t)slot >= bd_slots_.size() || seen[(size_t)slot])
                 return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu names slot %d (%zu reserved, each once a forward)", i, slot,
                                   bd_slots_.size());
+            if (!(seqs[i].pick ? (void *)choices : (void *)logits))
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu has %s to return and no array for them", i,
+                                  seqs[i].pick ? "choices" : "logits");
             seen[(size_t)slot] = true;
         }
         for (const dllm__bd_seq &s : seqs) {

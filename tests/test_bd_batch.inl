@@ -341,6 +341,7 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     CHECK_STATUS(b.bd_forward_batch({{1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}, {1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}},
                                     l.data(), nullptr),
                  DLLM_ERR_INTERNAL, "slot 1");
+    CHECK_STATUS(b.bd_forward_batch({{0, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}}, nullptr, nullptr), DLLM_ERR_INTERNAL, "no array");
     CHECK_STATUS(b.bd_batch_reserve({}), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
