@@ -14190,13 +14190,12 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     return DLLM_OK;
 }
 
-/* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop (run_block
- * and run before this was a state machine) advances one forward at a time so that dllm_generate (run: one sequence,
- * bd_forward / bd_forward_choose) and dllm_generate_batch (dllm__bd_batch_decode: every live sequence's next forward in
- * one bd_forward_batch) run the same code: next() walks the loop up to its next forward and describes it, apply_logits
- * (a COMMIT: the prefill or a finished block) or apply_choices (a step) consumes its result. `at` is where the loop
- * stands: PREFILL, BLOCK (the top of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's
- * `while it has a mask`), DONE. */
+/* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
+ * one forward at a time so that dllm_generate (run: one sequence, bd_forward / bd_forward_choose) and
+ * dllm_generate_batch (dllm__bd_batch_round: every live sequence's next forward in one bd_forward_batch) run the same
+ * code: next() walks the loop up to its next forward and describes it, apply_logits (a COMMIT: the prefill or a
+ * finished block) or apply_choices (a step) consumes its result. `at` is where the loop stands: PREFILL, BLOCK (the top
+ * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`), DONE. */
 struct dllm__bd_generation {
     enum phase { PREFILL, BLOCK, LOOP, SUB, DONE };
     dllm_ctx &ctx;
