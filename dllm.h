@@ -569,9 +569,10 @@ typedef struct dllm_batch_result {
  * Batched (CPU backend): items without a K/V cache on LLaDA and Dream models (the plain schedule, LLaDA's
  * low-confidence / random remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler
  * filters) decode in lock step, one forward over the rows of every active sequence per step (attention per
- * sequence, each at its own positions); a sequence that is done leaves the batch. Decoded one after another, as
- * dllm_generate would (an INFO log says so): items with a kv_cache, block-diffusion models, and every item on
- * the GPU backend (for now).
+ * sequence, each at its own positions); a sequence that is done leaves the batch. Block-diffusion items (CPU
+ * backend) decode together too: one forward per round over every live sequence's next forward, each over its own
+ * committed K/V cache. Decoded one after another, as dllm_generate would (an INFO log says so): items with a
+ * kv_cache, and every item on the GPU backend (for now).
  *
  * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
  * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.
@@ -583,7 +584,8 @@ typedef struct dllm_batch_result {
  * batch_stats (may be NULL): n_prompt and n_generated summed over the items; steps and forwards count the
  * batched steps, each one forward whatever the number of sequences in it (CFG's unconditional canvas rides in
  * the same forward), i.e. the largest steps count of the batched items, plus the forwards of the items decoded
- * one after another; wall_ms for the whole call. */
+ * one after another (block diffusion: forwards the batched forwards, the most any item ran; steps the most steps
+ * any item ran); wall_ms for the whole call. Batched block-diffusion items report facache_rows 0. */
 DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                          dllm_gen_stats *batch_stats);
 

@@ -6066,17 +6066,50 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
-    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
-        if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_kv_.block_rows)
-            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_kv_.block_rows);
-        const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_kv_.block_rows : call.T;
-        if (bd_kv_.n + scratch > bd_kv_.cap || bd_kv_.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
-            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
-                              call.T, bd_kv_.n, bd_kv_.cap);
-        const int row0 = bd_kv_.n;
-        dllm__cpu_bd_forward(m_, pool_, buf_, bd_kv_, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
-        if (call.kind == DLLM__BD_COMMIT && kvq_.enabled())
-            return dllm__kvq_commit(pool_, kvq_, bd_kv_, row0, call.T, call.kv_group ? call.kv_group : m_.cfg.bd_size);
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override { return bd_forward_on(bd_kv_, kvq_, call, logits); }
+
+    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
+     * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
+     * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) override {
+        bd_slots_.clear();
+        bd_slots_.resize(rows.size());
+        for (size_t s = 0; s < rows.size(); s++) {
+            bd_slots_[s].kv.reset(m_.cfg, rows[s]);
+            bd_slots_[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
+            if (kvq_.enabled()) bd_slots_[s].kvq.reset(rows[s]);
+        }
+        return DLLM_OK;
+    }
+    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
+     * them on the host (every row of the pick: the caller reads the masked ones). */
+    dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override {
+        const int V = m_.cfg.n_vocab;
+        std::vector<bool> seen(bd_slots_.size(), false);
+        for (size_t i = 0; i < seqs.size(); i++) {
+            const int slot = seqs[i].slot;
+            if (slot < 0 || (size_t)slot >= bd_slots_.size() || seen[(size_t)slot])
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu names slot %d (%zu reserved, each once a forward)", i, slot,
+                                  bd_slots_.size());
+            if (!(seqs[i].pick ? (void *)choices : (void *)logits))
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu has %s to return and no array for them", i,
+                                  seqs[i].pick ? "choices" : "logits");
+            seen[(size_t)slot] = true;
+        }
+        for (const dllm__bd_seq &s : seqs) {
+            bd_slot &slot = bd_slots_[(size_t)s.slot];
+            const size_t rows = (size_t)(s.call.r1 - s.call.r0);
+            if (!s.pick) {
+                DLLM__TRY(bd_forward_on(slot.kv, slot.kvq, s.call, logits));
+                logits += rows * V;
+                continue;
+            }
+            bd_raw_.resize(rows * V);
+            DLLM__TRY(bd_forward_on(slot.kv, slot.kvq, s.call, bd_raw_.data()));
+            const dllm__bd_pick &pick = *s.pick;
+            for (int i = 0; i < pick.n; i++)
+                *choices++ = dllm__choose(bd_raw_.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
+        }
         return DLLM_OK;
     }
 
@@ -6157,6 +6190,21 @@ class dllm__cpu_backend : public dllm__backend_impl {
     }
 
   private:
+    /* bd_forward on the committed cache kv (kvq: its codes under kv_quant). */
+    dllm_status bd_forward_on(dllm__bd_kv &kv, dllm__kvq &kvq, const dllm__bd_call &call, float *logits) {
+        if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > kv.block_rows)
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, kv.block_rows);
+        const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? kv.block_rows : call.T;
+        if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
+                              call.T, kv.n, kv.cap);
+        const int row0 = kv.n;
+        dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
+        if (call.kind == DLLM__BD_COMMIT && kvq.enabled())
+            return dllm__kvq_commit(pool_, kvq, kv, row0, call.T, call.kv_group ? call.kv_group : m_.cfg.bd_size);
+        return DLLM_OK;
+    }
+
     /* Logits of canvas positions [r0, r1) (shift applied) from a forward over the given rows. */
     void forward(const int32_t *ids, int n, const dllm__cpu_rows &rows, int r0, int r1, float *out) {
         const dllm__config &c = m_.cfg;
@@ -6208,6 +6256,12 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::vector<int> batch_kv_rows_;       // their capacities in rows
     dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
     dllm__kvq kvq_;       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
+    struct bd_slot {
+        dllm__bd_kv kv;
+        dllm__kvq kvq;
+    };
+    std::vector<bd_slot> bd_slots_;  // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
+    std::vector<float> bd_raw_;      // a batched step's logits, before its choice
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
@@ -14392,15 +14446,28 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     return DLLM_OK;
 }
 
-/* The state of one block-diffusion generation; x is the official code's input_ids / x_t. */
+/* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
+ * one forward at a time so that dllm_generate (run: one sequence, bd_forward / bd_forward_choose) and
+ * dllm_generate_batch (dllm__bd_batch_round: every live sequence's next forward in one bd_forward_batch) run the same
+ * code: next() walks the loop up to its next forward and describes it, apply_logits (a COMMIT: the prefill or a
+ * finished block) or apply_choices (a step) consumes its result. `at` is where the loop stands: PREFILL, BLOCK (the top
+ * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`), DONE. */
 struct dllm__bd_generation {
+    enum phase { PREFILL, BLOCK, LOOP, SUB, DONE };
     dllm_ctx &ctx;
     const dllm_gen_params &p;
     const dllm__bd_plan &plan;
     int n_prompt = 0;
     std::vector<int32_t> x;
-    std::vector<float> logits;
+    std::vector<float> logits;  // run's: the last bd_forward's rows
     int steps = 0, forwards = 0;
+    phase at = PREFILL;
+    int blk = 0, pl = 0, bs = 0, s0 = 0, step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
+    bool block_cache_valid = false;
+    dllm__bd_call call;  // the forward next() described last
+    dllm__bd_pick pick;  // a step's: the rows it chooses
+
+    dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n) : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
 
     bool is_mask(size_t i) const { return x[i] == plan.mask_id; }
 
@@ -14426,80 +14493,132 @@ struct dllm__bd_generation {
         return n;
     }
 
+    /* The committed K/V rows the generation needs: the backend's bd_begin, or its batch slot. */
+    int cache_rows() const { return n_prompt / plan.B * plan.B + plan.n_blocks * plan.B + plan.B; }
+
+    bool done() const { return at == DONE; }
+
+    /* The generation starts at the prompt: a prefill of its whole blocks only if it is strictly longer than a block (a
+     * prompt of exactly B is never forwarded). */
+    void start(const int32_t *prompt) {
+        x.assign(prompt, prompt + n_prompt);
+        at = n_prompt > plan.B ? PREFILL : BLOCK, blk = 0;
+    }
+
     dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
-        dllm__bd_call call;
-        call.kind = kind, call.ids = x.data() + start, call.T = T, call.offset = offset, call.mask_block = mask_block, call.r0 = r0, call.r1 = r1;
-        call.kv_group = plan.B;
-        call.lacache = dllm__enum_int(p.lacache) == DLLM_LACACHE_ON;
-        return call;
+        dllm__bd_call c;
+        c.kind = kind, c.ids = x.data() + start, c.T = T, c.offset = offset, c.mask_block = mask_block, c.r0 = r0, c.r1 = r1;
+        c.kv_group = plan.B;
+        c.lacache = dllm__enum_int(p.lacache) == DLLM_LACACHE_ON;
+        return c;
     }
 
-    dllm_status forward(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
-        logits.resize((size_t)(r1 - r0) * ctx.model->cfg.n_vocab);
-        forwards++;
-        return ctx.impl->bd_forward(make_call(kind, start, T, offset, mask_block, r0, r1), logits.data());
-    }
-
-    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
-     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
-    dllm_status forward_choose(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1, const dllm__bd_pick &pick,
-                               std::vector<dllm__choice> &ch) {
-        ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
-        if (ctx.impl->bd_chooses()) {
+    /* Walks the official loop to its next forward and describes it in seq (call, and pick for a step; seq.slot is the
+     * caller's), counting it; done() when the generation has no forward left. */
+    dllm_status next(dllm__bd_seq &seq) {
+        const int B = plan.B, S = plan.S;
+        for (;;) {
+            switch (at) {
+            case PREFILL: {
+                const int P = n_prompt / B * B;
+                call = make_call(DLLM__BD_COMMIT, 0, P, 0, plan.prefill_mask, P - 1, P);
+                break;
+            }
+            case BLOCK:
+                if (blk == plan.n_blocks || first_stop(n_prompt) >= 0) {  // also catches an AR seed equal to the stop token
+                    at = DONE;
+                    continue;
+                }
+                pl = (int)x.size();
+                x.resize((size_t)(pl + B - pl % B), plan.mask_id);
+                bs = (int)x.size() - B, block_cache_valid = false, step_in_block = 0, at = LOOP;
+                continue;
+            case LOOP:
+                if (stopped(pl)) {
+                    blk++, at = BLOCK;
+                    continue;
+                }
+                if (masks_in(bs, bs + B) == 0) {  // the finished block's commit forward; its last row seeds the next block
+                    call = make_call(DLLM__BD_COMMIT, bs, B, 0, plan.prefill_mask, B - 1, B);
+                    break;
+                }
+                s0 = 0, at = SUB;
+                continue;
+            case SUB:
+                if (s0 >= B || stopped(pl)) {
+                    at = LOOP;
+                    continue;
+                }
+                if (masks_in(bs + s0, bs + s0 + S) == 0) {
+                    s0 += S;
+                    continue;
+                }
+                if (step_in_block == B) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", blk, B);
+                step_call();  // each step commits at least one mask
+                break;
+            case DONE:
+                return DLLM_OK;
+            }
+            seq.call = call, seq.pick = at == SUB ? &pick : nullptr;
             forwards++;
-            return ctx.impl->bd_forward_choose(make_call(kind, start, T, offset, mask_block, r0, r1), pick, ch.data());
+            return DLLM_OK;
         }
-        DLLM__TRY(forward(kind, start, T, offset, mask_block, r0, r1));
-        const int V = ctx.model->cfg.n_vocab;
-        for (int i = 0; i < pick.n; i++)
-            if (is_mask((size_t)(pick.pos0 + i)))
-                ch[(size_t)i] = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
-        return DLLM_OK;
-    }
-
-    /* argmax of a raw logit row, the first index on ties (torch's argmax). */
-    int32_t argmax(int row) const {
-        const int V = ctx.model->cfg.n_vocab;
-        const float *l = logits.data() + (size_t)row * V;
-        return (int32_t)(std::max_element(l, l + V) - l);
     }
 
     /* The raw output row (relative to logits) that scores row q of a forward starting at r0: the shift maps
      * q to q - 1 and row 0 to itself (block-diffusion.md). */
     int scoring_row(int q, int r0) const { return (ctx.model->cfg.shift_logits && q > 0 ? q - 1 : q) - r0; }
 
-    /* One diffusion step on sub-block [s0, s0 + S) of the block starting at bs. */
-    dllm_status step(int blk, int step_in_block, int bs, int s0, bool &block_cache_valid) {
+    /* The forward of one diffusion step on sub-block [s0, s0 + S) of the block at bs, and the rows it chooses. */
+    void step_call() {
         const int B = plan.B, S = plan.S, shift = ctx.model->cfg.shift_logits ? 1 : 0;
         // dllm's one deliberate change: the mask token is never predicted. Committing it would leave the position
         // masked and the official loop would never end (a trained model gives it ~0 mass).
-        dllm__bd_pick pick;
+        pick = dllm__bd_pick();
         pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = plan.mask_id;
         pick.pos0 = bs + s0, pick.n = S;
         auto score_from = [&](int first, int r0) {  // `first`: the forward's first row, as a block offset
             const int q0 = s0 - first;  // the sub-block's first row in the forward: scoring_row(q0 + i, r0) for row i
             pick.shift0 = shift && q0 == 0, pick.lrow0 = scoring_row(q0, r0);
         };
-        std::vector<dllm__choice> all;
         if (plan.block_cache && block_cache_valid && !is_mask((size_t)(bs + s0))) {
             score_from(s0, 0);
-            DLLM__TRY(forward_choose(DLLM__BD_SUB_BLOCK, bs + s0, S, s0, 0, 0, S, pick, all));
+            call = make_call(DLLM__BD_SUB_BLOCK, bs + s0, S, s0, 0, 0, S);
         } else {
             const int r0 = std::max(0, s0 - shift);
             score_from(0, r0);
-            DLLM__TRY(forward_choose(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1),
-                                     pick, all));
-            block_cache_valid = plan.block_cache;
+            call = make_call(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1));
         }
+    }
+
+    /* A COMMIT's result (its one raw logit row): the prefill's or the finished block's K/V are committed, and the
+     * argmax of the row (the first index on ties, torch's argmax) seeds the next block (after the prefill: only when
+     * the prompt ends on a block boundary). */
+    dllm_status apply_logits(const float *row) {
+        if (at != PREFILL && at != LOOP) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
+        const int V = ctx.model->cfg.n_vocab;
+        const int32_t seed = (int32_t)(std::max_element(row, row + V) - row);
+        if (at == LOOP || n_prompt % plan.B == 0) x.push_back(seed);
+        if (at == LOOP) blk++;
+        at = BLOCK;
+        return DLLM_OK;
+    }
+
+    /* A step's result, the choice of each row of pick (all[i]; only masked rows are read): the masked positions with
+     * conf > tau (strict) plus the single highest-conf one (first on ties) are committed, then the step callback. */
+    dllm_status apply_choices(const dllm__choice *all) {
+        if (at != SUB) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: choices given to a commit");
+        if (call.kind != DLLM__BD_SUB_BLOCK) block_cache_valid = plan.block_cache;
+        const int i_step = step_in_block++;
         steps++;
         std::vector<int32_t> cand, committed;
         std::vector<dllm__choice> ch;
         int best = -1;
-        for (int i = 0; i < S; i++) {
+        for (int i = 0; i < plan.S; i++) {
             const int pos = bs + s0 + i;
             if (!is_mask((size_t)pos)) continue;
             cand.push_back(pos);
-            ch.push_back(all[(size_t)i]);
+            ch.push_back(all[i]);
             if (best < 0 || ch.back().conf > ch[(size_t)best].conf) best = (int)ch.size() - 1;  // first on ties
         }
         for (size_t k = 0; k < cand.size(); k++)
@@ -14507,53 +14626,49 @@ struct dllm__bd_generation {
                 x[(size_t)cand[k]] = ch[k].token;
                 committed.push_back(cand[k]);
             }
-        return report(blk, step_in_block, committed);
+        return report(blk, i_step, committed);
     }
 
-    dllm_status report(int blk, int step_in_block, const std::vector<int32_t> &committed) {
+    dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step) return DLLM_OK;
-        dllm_step_info info = {blk, plan.n_blocks, step_in_block, 0, steps, plan.n_blocks * plan.B, (int)committed.size(), committed.data(), x.data(),
+        dllm_step_info info = {b, plan.n_blocks, step_in_b, 0, steps, plan.n_blocks * plan.B, (int)committed.size(), committed.data(), x.data(),
                                (int)x.size(), n_prompt, masks_in(n_prompt, (int)x.size())};
         if (p.on_step(&info, p.on_step_data) != 0) return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
         return DLLM_OK;
     }
 
-    /* The block's loop: sub-blocks until no mask is left, then the commit forward and the AR seed. */
-    dllm_status run_block(int blk, int pl) {
-        const int B = plan.B, bs = (int)x.size() - B;
-        bool block_cache_valid = false;
-        int step_in_block = 0;
-        while (!stopped(pl)) {
-            if (masks_in(bs, bs + B) == 0) {
-                DLLM__TRY(forward(DLLM__BD_COMMIT, bs, B, 0, plan.prefill_mask, B - 1, B));
-                x.push_back(argmax(0));
-                return DLLM_OK;
-            }
-            for (int s0 = 0; s0 < B && !stopped(pl); s0 += plan.S)
-                while (masks_in(bs + s0, bs + s0 + plan.S) > 0 && !stopped(pl)) {
-                    if (step_in_block == B) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", blk, B);
-                    DLLM__TRY(step(blk, step_in_block++, bs, s0, block_cache_valid));  // each step commits at least one mask
-                }
-        }
+    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
+     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
+    dllm_status forward_choose(std::vector<dllm__choice> &ch) {
+        ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
+        if (ctx.impl->bd_chooses()) return ctx.impl->bd_forward_choose(call, pick, ch.data());
+        const int V = ctx.model->cfg.n_vocab;
+        logits.resize((size_t)(call.r1 - call.r0) * V);
+        DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
+        for (int i = 0; i < pick.n; i++)
+            if (is_mask((size_t)(pick.pos0 + i)))
+                ch[(size_t)i] = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
         return DLLM_OK;
     }
 
+    /* dllm_generate: the loop alone on the backend's own committed cache, one forward after another. */
     dllm_status run(const int32_t *prompt) {
-        const int B = plan.B, L = n_prompt;
-        x.assign(prompt, prompt + L);
-        DLLM__TRY(ctx.impl->bd_begin(L / B * B + plan.n_blocks * B + B));
-        if (L > B) {  // strictly longer than a block: prefill its whole blocks (a prompt of exactly B is never forwarded)
-            const int P = L / B * B;
-            DLLM__TRY(forward(DLLM__BD_COMMIT, 0, P, 0, plan.prefill_mask, P - 1, P));
-            if (L % B == 0) x.push_back(argmax(0));
+        start(prompt);
+        DLLM__TRY(ctx.impl->bd_begin(cache_rows()));
+        dllm__bd_seq seq;
+        std::vector<dllm__choice> ch;
+        for (;;) {
+            DLLM__TRY(next(seq));
+            if (done()) return DLLM_OK;
+            if (seq.pick) {
+                DLLM__TRY(forward_choose(ch));
+                DLLM__TRY(apply_choices(ch.data()));
+            } else {
+                logits.resize((size_t)(call.r1 - call.r0) * ctx.model->cfg.n_vocab);
+                DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
+                DLLM__TRY(apply_logits(logits.data()));
+            }
         }
-        for (int blk = 0; blk < plan.n_blocks; blk++) {
-            if (first_stop(L) >= 0) break;  // also catches an AR seed equal to the stop token
-            const int pl = (int)x.size();
-            x.resize((size_t)(pl + B - pl % B), plan.mask_id);
-            DLLM__TRY(run_block(blk, pl));
-        }
-        return DLLM_OK;
     }
 
     /* The generated ids, truncated at the first stop token (kept without stop_at_eos, as the official output). */
@@ -14564,26 +14679,31 @@ struct dllm__bd_generation {
     }
 };
 
+/* A finished (or failed, or cancelled) block-diffusion generation's output and stats; facache: the backend's [FACache]
+ * row counts since bd_begin, where it has them for this generation (a batched one: 0, the backend counts no slot). */
+static void dllm__bd_result(const dllm__bd_generation &g, dllm_status status, int32_t *out, int *n_out, dllm_gen_stats *stats, double t0, bool facache) {
+    int n = g.emit(status == DLLM_OK && g.p.stop_at_eos != 0, out);
+    if (n_out) *n_out = n;
+    if (!stats) return;
+    stats->n_prompt = g.n_prompt;
+    stats->n_generated = n;
+    stats->steps = g.steps;
+    stats->forwards = g.forwards;
+    stats->wall_ms = dllm__now_ms() - t0;
+    int64_t rows = 0, reused = 0;
+    if (facache) g.ctx.impl->bd_facache_rows(rows, reused);
+    stats->facache_rows = (int)std::min<int64_t>(rows, INT32_MAX);
+    stats->facache_rows_reused = (int)std::min<int64_t>(reused, INT32_MAX);
+}
+
 static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
                                           int out_capacity, int *n_out, dllm_gen_stats *stats) {
     dllm__bd_plan plan;
     DLLM__TRY(dllm__plan_block_diffusion(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();
-    dllm__bd_generation g{ctx, p, plan, n_prompt, {}, {}, 0, 0};
+    dllm__bd_generation g{ctx, p, plan, n_prompt};
     dllm_status status = g.run(prompt);
-    int n = g.emit(status == DLLM_OK && p.stop_at_eos != 0, out);
-    if (n_out) *n_out = n;
-    if (stats) {
-        stats->n_prompt = n_prompt;
-        stats->n_generated = n;
-        stats->steps = g.steps;
-        stats->forwards = g.forwards;
-        stats->wall_ms = dllm__now_ms() - t0;
-        int64_t rows = 0, reused = 0;
-        ctx.impl->bd_facache_rows(rows, reused);
-        stats->facache_rows = (int)std::min<int64_t>(rows, INT32_MAX);
-        stats->facache_rows_reused = (int)std::min<int64_t>(reused, INT32_MAX);
-    }
+    dllm__bd_result(g, status, out, n_out, stats, t0, true);
     return status;
 }
 
@@ -14622,8 +14742,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 
 /* Why an item cannot join a batched forward (it then decodes alone), or null. kv_why: why the backend has no batched
  * K/V-cache step (forward_batch_kv), or null when it has one. */
-static const char *dllm__batch_excluded(const dllm_ctx &ctx, const dllm_gen_params &p, const char *kv_why) {
-    if (dllm__is_block_diffusion(ctx.model->cfg)) return "block diffusion";
+static const char *dllm__batch_excluded(const dllm_gen_params &p, const char *kv_why) {
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && kv_why) return kv_why;
     return nullptr;
 }
@@ -14788,9 +14907,139 @@ static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items
     return (int)slot_rows.size();
 }
 
+/* An item decoded alone inside dllm_generate_batch (dllm_generate's result, its status and message kept with it); its
+ * steps and forwards count in the batch's. */
+static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm_gen_stats &stats) {
+    dllm_status s = dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
+    if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;
+    dllm__batch_set_status(r, s);
+    if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
+    return s;
+}
+
+// ---- Batched block diffusion (dllm_generate_batch on a block-diffusion model) ------------------------------------
+// Every item is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
+// round asks every live generation for its next forward (dllm__bd_generation::next) and runs them all in ONE
+// bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its generation. A
+// generation that is done, fails or is cancelled leaves at once. Each item runs the loop dllm_generate runs, so it
+// decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+
+/* One block-diffusion item of a batched decode, while it runs. */
+struct dllm__bd_member {
+    const dllm_batch_item *item = nullptr;
+    dllm_batch_result *result = nullptr;
+    dllm__bd_plan plan;
+    std::unique_ptr<dllm__bd_generation> g;
+    dllm__bd_seq seq;  // this round's forward; seq.slot: its K/V cache slot
+    double t0 = 0;
+};
+
+/* An item's end: its output, stats and status; the batch's steps are the most any item ran. */
+static void dllm__bd_batch_retire(dllm__bd_member &m, dllm_status s, dllm_gen_stats &stats) {
+    dllm__bd_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0, false);
+    dllm__batch_set_status(*m.result, s);
+    stats.steps = std::max(stats.steps, m.g->steps);
+}
+
+/* Checks an item as dllm_generate would and starts its generation on slot `slot`; false (its status set) if it is bad. */
+static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__bd_member &m, int slot) {
+    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
+    dllm_status s = dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
+    if (s != DLLM_OK) {
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;  // the size needed, as dllm_generate reports it
+        dllm__batch_set_status(r, s);
+        return false;
+    }
+    m.g.reset(new dllm__bd_generation{ctx, it.params, m.plan, it.n_prompt});
+    m.g->start(it.prompt);
+    m.seq.slot = slot;
+    return true;
+}
+
+/* One round: every active member's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
+ * each member's result. A member with no forward left, or whose loop or step callback fails, leaves; a failing batched
+ * forward is every member's failure. */
+static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_member *> &active, std::vector<float> &logits,
+                                        std::vector<dllm__choice> &choices, dllm_gen_stats &stats) {
+    std::vector<dllm__bd_member *> live;
+    std::vector<dllm__bd_seq> seqs;
+    size_t rows = 0, picked = 0;
+    for (dllm__bd_member *m : active) {
+        dllm_status s = m->g->next(m->seq);
+        if (s != DLLM_OK || m->g->done()) {
+            dllm__bd_batch_retire(*m, s, stats);
+            continue;
+        }
+        live.push_back(m);
+        seqs.push_back(m->seq);
+        if (m->seq.pick) picked += (size_t)m->seq.pick->n;
+        else rows += (size_t)(m->seq.call.r1 - m->seq.call.r0);
+    }
+    active.clear();
+    if (live.empty()) return DLLM_OK;
+    logits.resize(rows * ctx.model->cfg.n_vocab);
+    choices.assign(picked, dllm__choice{0, -INFINITY, false});
+    stats.forwards++;
+    dllm_status s = ctx.impl->bd_forward_batch(seqs, logits.data(), choices.data());
+    if (s != DLLM_OK) {
+        for (dllm__bd_member *m : live) dllm__bd_batch_retire(*m, s, stats);
+        return s;
+    }
+    const float *row = logits.data();
+    const dllm__choice *ch = choices.data();
+    for (dllm__bd_member *m : live) {
+        const dllm__bd_seq &q = m->seq;
+        s = q.pick ? m->g->apply_choices(ch) : m->g->apply_logits(row);
+        if (q.pick) ch += q.pick->n;
+        else row += (size_t)(q.call.r1 - q.call.r0) * ctx.model->cfg.n_vocab;
+        if (s != DLLM_OK) dllm__bd_batch_retire(*m, s, stats);
+        else active.push_back(m);
+    }
+    return DLLM_OK;
+}
+
+/* dllm_generate_batch on a block-diffusion model: the items decode together where the backend has bd_forward_batch and
+ * the slots fit, else one after another through dllm_generate's path (an INFO log names the backend's reason).
+ * stats->forwards counts the batched forwards (the most any item ran), stats->steps the most steps any item ran. */
+static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
+                                                dllm_gen_stats &stats) {
+    std::string why;
+    if (ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK) why = dllm__tls_error;
+    std::vector<dllm__bd_member> members;
+    members.reserve((size_t)n_items);  // a generation holds its member's plan: no reallocation
+    std::vector<int> rows;
+    for (int i = 0; why.empty() && i < n_items; i++) {
+        members.emplace_back();
+        if (dllm__bd_batch_admit(ctx, items[i], results[i], members.back(), (int)rows.size())) rows.push_back(members.back().g->cache_rows());
+        else members.pop_back();
+    }
+    if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK) why = dllm__tls_error, members.clear();  // (memory)
+    if (!why.empty()) {
+        if (n_items > 0)
+            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)", n_items,
+                      why.c_str());
+        for (int i = 0; i < n_items; i++)
+            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY) return DLLM_ERR_OUT_OF_MEMORY;
+        return DLLM_OK;
+    }
+    std::vector<dllm__bd_member *> active;
+    for (dllm__bd_member &m : members) active.push_back(&m);
+    std::vector<float> logits;
+    std::vector<dllm__choice> choices;
+    dllm_status s = DLLM_OK;
+    while (s == DLLM_OK && !active.empty()) s = dllm__bd_batch_round(ctx, active, logits, choices, stats);
+    if (!rows.empty()) {  // the caches go with the batch; a failure's message stays the thread's
+        const std::string error = dllm__tls_error;
+        ctx.impl->bd_batch_reserve({});
+        dllm__tls_error = error;
+    }
+    return s;
+}
+
 /* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
 static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                              dllm_gen_stats &stats) {
+    if (dllm__is_block_diffusion(ctx.model->cfg)) return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
     const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
@@ -14800,7 +15049,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     std::vector<int> alone;
     const char *why = batches ? nullptr : no_batch.c_str();
     std::vector<bool> batched((size_t)n_items);
-    for (int i = 0; i < n_items; i++) batched[(size_t)i] = batches && !dllm__batch_excluded(ctx, items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
+    for (int i = 0; i < n_items; i++) batched[(size_t)i] = batches && !dllm__batch_excluded(items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
     std::vector<int> slot_of, slot_rows;
     const bool kv_slots = dllm__batch_kv_plan(ctx, items, n_items, batched, slot_of, slot_rows) > 0;
     if (kv_slots && ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
@@ -14808,7 +15057,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
         for (int i = 0; i < n_items; i++) batched[(size_t)i] = batched[(size_t)i] && slot_of[(size_t)i] < 0;
     }
     for (int i = 0; i < n_items; i++) {
-        const char *excluded = !batches ? why : !batched[(size_t)i] ? dllm__batch_excluded(ctx, items[i].params, kv_why.c_str()) : nullptr;
+        const char *excluded = !batches ? why : !batched[(size_t)i] ? dllm__batch_excluded(items[i].params, kv_why.c_str()) : nullptr;
         if (excluded) {
             if (alone.empty()) why = excluded;
             alone.push_back(i);
@@ -14828,15 +15077,8 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
         dllm__tls_error = error;
     }
     DLLM__TRY(decoded);
-    for (int i : alone) {
-        dllm_batch_result &r = results[i];
-        const dllm_batch_item &it = items[i];
-        dllm_status s = dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;
-        dllm__batch_set_status(r, s);
-        if (s == DLLM_ERR_OUT_OF_MEMORY) return s;  // global: the items after it would fail the same way
-        stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
-    }
+    for (int i : alone)
+        if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY) return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
     return DLLM_OK;
 }
 
