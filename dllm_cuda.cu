@@ -53,7 +53,9 @@
  *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
  *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch, DLLM_BD_BATCH=1); [debug hooks]
- *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend)
+ *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend: a
+ *      state machine, dllm__bd_generation, stepped alone by dllm_generate and in rounds of one bd_forward_batch by
+ *      dllm_generate_batch)
  *  18. Public API
  *
  * Build: see README.md (one nvcc command). Private names are prefixed dllm__ and live in an anonymous namespace.
