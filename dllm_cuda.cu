@@ -12026,6 +12026,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
     DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
+    /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
+     * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
+    DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
+        DLLM__TRY(fit_buffers(1, M, 1));
+        return gemm(W, x, y, M, batch ? DLLM__ROWS_BATCH : DLLM__ROWS_INDEPENDENT);
+    }
     DLLM__TEST_HOOKS_END
 
   private:
@@ -12891,7 +12897,8 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
 // lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order.
+// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8=1: unverified on a
+// device) an E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";

@@ -657,6 +657,60 @@ static std::vector<const char *> test_fp8_gemm_kinds() {
     return {""};
 }
 
+/* gemm_fp8_batch (DLLM__ROWS_BATCH) over 600 random rows against the solo path's pinned GEMM (INDEPENDENT, one
+ * quantisation and one launch of the rows it is given, device-tested by gpu_fp8.lacache_*) over row ranges: the two
+ * launches of 256 rows, the last 88 (padded to 96 either way), ranges across a launch boundary and one row alone.
+ * Bit for bit: the same codes, scales and algorithm, so a wrong scale gather or code offset shows; every output
+ * finite (poisoned first, so an unwritten row shows). Every FP8 linear of layer 1, each FP8 GEMM kind. */
+TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
+    NEED_GPU();
+    test_fp8_batch_switch on(true);
+    const std::vector<const char *> kinds = test_fp8_gemm_kinds();
+    if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    CHECK(m != nullptr);
+    test_rng r("fp8 batched gemm");
+    const int M = 600;
+    const std::pair<int, int> ranges[] = {{0, 256}, {256, 512}, {512, 600}, {250, 287}, {500, 530}, {599, 600}};
+    for (const char *kind : kinds) {
+        if (*kind) test_setenv("DLLM_FP8_GEMM", kind, 1);
+        dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
+        if (*kind) test_unsetenv("DLLM_FP8_GEMM");
+        dllm__gpu_backend *g = ctx ? (dllm__gpu_backend *)ctx->impl.get() : nullptr;
+        CHECK_MSG(g && g->fp8_attn_active(), "no FP8 context: %s", dllm_last_error());
+        if (g && g->fp8_attn_active()) {
+            const dllm__gpu_layer &L = g->weights().layers[1];
+            for (const dllm__linear *lin : {&L.qkv, &L.o, &L.gu, &L.down}) {
+                const dllm__weight_view W = lin->view();
+                CHECK(W.format == DLLM__W_E4M3_BLOCK);
+                std::vector<float> xf((size_t)M * W.k);
+                for (float &v : xf) v = r.normal() * (r.below(50) ? 1.f : 30.f);  // a few outliers: groups of different scales
+                dllm__dbuf x, y, y1;
+                test_put(x, test_bf16_vec(xf));
+                test_poison(y, (size_t)(M + 16) * W.n * 2);
+                cudaDeviceSynchronize();  // the poison lands before the backend's stream writes
+                CHECK_STATUS(g->gemm_rows(W, x.ptr, y.ptr, M, true), DLLM_OK, nullptr);
+                const std::vector<uint16_t> all = test_get<uint16_t>(y, (size_t)M * W.n);
+                bool finite = true;
+                for (uint16_t b : all) finite = finite && std::isfinite(dllm__bf16_to_f32(b));
+                CHECK_MSG(finite, "%s N=%d K=%d: a batched output row is not finite (unwritten?)", *kind ? kind : "default", W.n, W.k);
+                for (const std::pair<int, int> &rg : ranges) {
+                    const int n = rg.second - rg.first;
+                    test_poison(y1, (size_t)(n + 16) * W.n * 2);
+                    cudaDeviceSynchronize();
+                    CHECK_STATUS(g->gemm_rows(W, (const char *)x.ptr + (size_t)rg.first * W.k * 2, y1.ptr, n, false), DLLM_OK, nullptr);
+                    const std::vector<uint16_t> solo = test_get<uint16_t>(y1, (size_t)n * W.n);
+                    CHECK_MSG(!memcmp(solo.data(), all.data() + (size_t)rg.first * W.n, solo.size() * 2),
+                              "%s N=%d K=%d rows [%d, %d): batched bits differ from the solo pinned GEMM's", *kind ? kind : "default", W.n, W.k, rg.first,
+                              rg.second);
+                }
+            }
+        }
+        dllm_ctx_free(ctx);
+    }
+    dllm_model_free(m);
+}
+
 /* With DLLM_BATCH_FP8=1, FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
  * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
  * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
