@@ -337,14 +337,17 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            launches it saves, 1.36 vs 1.32 s at the 7B shape on the H200)
  *   DLLM_BD_BATCH=1          the GPU backend's batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's
  *                            block-diffusion items in one forward); unverified on a device, so off by default: without it
- *                            those items decode one after another */
+ *                            those items decode one after another
+ *   DLLM_BATCH_FP8=1         the GPU backend's batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under
+ *                            FP8 precisions, their E4M3 GEMMs in row-independent launches (gemm_fp8_batch); unverified on
+ *                            a device, so off by default: without it FP8 items decode one after another */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false, bd_batch = false;
+    bool bd_graphs = false, bd_batch = false, batch_fp8 = false;
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -372,6 +375,7 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
     e.bd_graphs = num("DLLM_BD_GRAPHS", 0) != 0;
     e.bd_batch = num("DLLM_BD_BATCH", 0) != 0;
+    e.batch_fp8 = num("DLLM_BATCH_FP8", 0) != 0;
     return e;
 }
 
@@ -10949,6 +10953,20 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
                                                w_scale, Y, M, N, K);
 }
 
+/* [FP8] [batch] The launches of a batched E4M3 GEMM over M rows quantised once (codes [M_pad][k_pad], M_pad = M
+ * rounded up to 16): [m0, m0 + rows) for m0 = 0, limit, 2 limit, ..., rows = min(limit, M_pad - m0). limit is a
+ * multiple of 16, so every launch starts on a 16-row boundary and is padded as a quantisation of its own rows would
+ * be (only the last is short, and its padding rows are the whole quantisation's). */
+struct dllm__row_chunk {
+    int m0, rows;
+};
+static std::vector<dllm__row_chunk> dllm__fp8_row_chunks(int M, int limit) {
+    std::vector<dllm__row_chunk> out;
+    const int m_pad = (M + 15) / 16 * 16;
+    for (int m0 = 0; m0 < m_pad; m0 += limit) out.push_back({m0, std::min(limit, m_pad - m0)});
+    return out;
+}
+
 /* [W4 GEMM] q4_gemm loaded for one device: an entry point per format, the split-K reduction and the SM count that
  * sizes split-K. */
 struct dllm__q4_gemm_kernels {
@@ -11651,6 +11669,7 @@ struct dllm__activations {
     dllm__dbuf attn_partial; // split-KV attention states (K/V-cache steps)
     std::vector<dllm__dbuf> kv;      // [dual cache] [prefix cache] per layer the fused rotated Q/K/V rows [sequences][S]
     dllm__dbuf act8, act8_scale;     // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
+    dllm__dbuf act8_chunk_scale;     // [FP8] [batch] one launch's scales [k_pad / 128][rows] (gemm_fp8_batch)
     dllm__dbuf q4a, q4a_scale;       // [SoloQ] one GEMM input: bf16 C values [M][k], fp32 token scales [M]
     dllm__dbuf q4w, q4acc;           // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf q4a8;                 // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
@@ -11660,7 +11679,7 @@ struct dllm__activations {
         std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
                                        conf.ptr, deferred.ptr, cutoff.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
                                        qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr, q4a.ptr, q4a_scale.ptr, q4w.ptr, q4acc.ptr,
-                                       q4a8.ptr};
+                                       q4a8.ptr, act8_chunk_scale.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -12007,6 +12026,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
     DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
+    /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
+     * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
+    DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
+        DLLM__TRY(fit_buffers(1, M, 1));
+        return gemm(W, x, y, M, batch ? DLLM__ROWS_BATCH : DLLM__ROWS_INDEPENDENT);
+    }
     DLLM__TEST_HOOKS_END
 
   private:
@@ -12041,6 +12066,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
     dllm_status add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
     dllm_status quantize_rows_e4m3(const void *x, int M, int K);
+    dllm_status gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M);
     dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
                           bool may_split = false, bool wide = false);
@@ -12380,6 +12406,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
             // the padding rows start as zeros: defined inputs for the GEMM rows nobody reads
             if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
         }
+        // gemm_fp8_batch's launches of at most pin_m rows over all M rows (act8 and act8_scale above hold them all)
+        DLLM__TRY(A.act8_chunk_scale.fit((size_t)dllm__gemm::pin_m * (k_pad / 128) * 4, "FP8 activations"));
     }
     if (W_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
         const size_t k_max = std::max(std::max(d, ff), q);
@@ -12424,6 +12452,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
+            if (rows == DLLM__ROWS_BATCH) return gemm_fp8_batch(W, x, y, M);
             if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
             const bool pinned = rows != DLLM__ROWS_TUNED;
@@ -12434,6 +12463,42 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
         case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows == DLLM__ROWS_BATCH ? DLLM__ROWS_INDEPENDENT : rows, out);
     }
     return dllm__fail(DLLM_ERR_INTERNAL, "weight format %d has no GEMM", (int)W.format);
+}
+
+/* [FP8] [batch] gemm() for an E4M3 weight under DLLM__ROWS_BATCH: y [M x W.n] (bf16) = x . W^T for M rows of any count
+ * (a batched forward's thousands). The pinned FP8 GEMM takes at most dllm__gemm::pin_m rows a launch (cuBLASLt's
+ * algorithm is chosen at that count; fp8_gemm's one-tile launch takes any count), so the rows run in the launches of
+ * dllm__fp8_row_chunks over one quantisation of them all (x's rows quantised here, or made by the producer, x null).
+ * A launch reads its codes at their offset (rows of k_pad codes), but the scales are laid out [k_pad / 128][M_pad]
+ * (their leading dimension the row count), so each launch's columns are first gathered into act_.act8_chunk_scale,
+ * laid out for its own row count. A row's bits never depend on its launch or on the batch's row count:
+ *   - its codes and scales come from the row-wise quantisers (quantize_rows_e4m3, add_rmsnorm_e4m3, swiglu_e4m3: each
+ *     1x128 group's scale from that group's amax alone), copied unchanged;
+ *   - every launch runs the pinned algorithm (run_fp8 pinned: one algorithm per (N, K) chosen at pin_m rows; fp8_gemm:
+ *     the wide tile whatever the rows), on a 16-row multiple starting on a 16-row boundary (padding as the solo
+ *     path's chunks have), and computes each output row from its own row of codes and scales only.
+ * The solo paths (TUNED, INDEPENDENT) do not come here. */
+dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M) {
+    if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
+    const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128), groups = k_pad / 128;
+    const bool mma = fp8_gemm_ == DLLM__FP8_MMA;  // fp8_gemm: all rows in one launch
+    const unsigned char *codes = act_.act8.as<unsigned char>();
+    const float *scales = act_.act8_scale.as<float>();
+    for (const dllm__row_chunk &ch : dllm__fp8_row_chunks(M, mma ? std::max(m_pad, 16) : dllm__gemm::pin_m)) {
+        const float *s = scales;
+        if (ch.rows != m_pad) {  // this launch's scale columns, laid out [groups][ch.rows]
+            if (act_.act8_chunk_scale.bytes < (size_t)groups * ch.rows * 4)
+                return dllm__fail(DLLM_ERR_INTERNAL, "gemm_fp8_batch: %d rows of %d scale groups do not fit the chunk scales", ch.rows, groups);
+            DLLM__CUDA(cudaMemcpy2DAsync(act_.act8_chunk_scale.ptr, (size_t)ch.rows * 4, scales + ch.m0, (size_t)m_pad * 4, (size_t)ch.rows * 4, groups,
+                                         cudaMemcpyDeviceToDevice, stream_));
+            s = act_.act8_chunk_scale.as<float>();
+        }
+        const unsigned char *X = codes + (size_t)ch.m0 * k_pad;
+        void *Y = (char *)y + (size_t)ch.m0 * W.n * 2;
+        if (mma) DLLM__TRY(dllm__fp8_mma_run(fp8_mma_, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+        else DLLM__TRY(gemm_.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+    }
+    return DLLM_OK;
 }
 
 /* [INT8 GEMM] Whether gemm_q4 runs W's M rows on the INT8 path: integer C values on both sides (SoloQ-I, SoloQ-C,
@@ -12832,11 +12897,12 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
 // lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order.
+// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8=1: unverified on a
+// device) an E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if (W_->fp8_ffn || W_->fp8_attn) return "under FP8 (its row-independent GEMMs take at most 256 rows a launch)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (unverified on a device: DLLM_BATCH_FP8=1 turns it on)";
     return nullptr;
 }
 
@@ -12905,6 +12971,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
         if (q4(l + 1)) DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, T));
+        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
         else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
@@ -13154,7 +13221,7 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(unverified on a device: DLLM_BD_BATCH=1 turns it on)";
     if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if (W_->fp8_ffn || W_->fp8_attn) return "under FP8 (its row-independent GEMMs take at most 256 rows a launch)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (unverified on a device: DLLM_BATCH_FP8=1 turns it on)";
     if (kvq_.enabled()) return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
 }

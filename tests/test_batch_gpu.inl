@@ -283,12 +283,17 @@ static std::vector<float> test_forward_batch(dllm_test_state &T_, dllm_ctx *ctx,
 }
 
 /* One context's batched forward against each sequence alone (a batch of one) and the batch reversed, bit for bit,
- * and against the CPU reference's batched forward. */
-static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu, const char *what) {
+ * and against the CPU reference's batched forward. The batch holds `copies` plans of test_batch_make_plan (136 rows
+ * each). */
+static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu, const char *what, int copies = 1) {
     const int V = m->cfg.n_vocab;
     std::mt19937 rng(1234);
+    std::vector<test_batch_plan> plans((size_t)copies);  // sized once: the plan points into their ids
     test_batch_plan p;
-    test_batch_make_plan(rng, V, m->cfg.mask_id, p);
+    for (test_batch_plan &one : plans) {
+        test_batch_make_plan(rng, V, m->cfg.mask_id, one);
+        p.plan.insert(p.plan.end(), one.plan.begin(), one.plan.end());
+    }
     const std::vector<float> all = test_forward_batch(T_, gpu, p.plan, V);
     std::vector<float> alone, reversed_by_seq;
     for (const dllm__batch_seq &s : p.plan) {
@@ -487,10 +492,13 @@ TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
 
 /* Random batches on the GPU: every item's tokens, canvases and step logits bit-identical to the item decoded as a batch
  * of one, in two orders; where the CPU decodes an item alone to the same tokens, the CPU's batch does too. */
-static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, bool kv = false) {
+static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, bool kv = false,
+                                  dllm_precision precision = DLLM_PRECISION_BF16) {
     NEED_GPU();
     dllm_model *m = test_load(test_data(model_dir));
-    dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+    dllm_ctx *gpu = nullptr, *cpu = nullptr;  // [FP8]: the GPU's FP8 against the CPU's FP8 twin
+    if (m && precision == DLLM_PRECISION_BF16) gpu = test_ctx(m, DLLM_BACKEND_GPU), cpu = test_ctx(m, DLLM_BACKEND_CPU);
+    else if (m) gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision), cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision);
     if (!gpu || !cpu) { CHECK(gpu && cpu); dllm_ctx_free(gpu); dllm_ctx_free(cpu); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -567,18 +575,34 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* Where the batched forward does not run (FP8 on a GPU with an FP8 GEMM), the items decode one after another, each
- * exactly as dllm_generate decodes it, and the log says why. */
+/* [FP8] [batch] DLLM_BATCH_FP8 for a test's scope (on or off), reloaded either way; create contexts inside it. */
+struct test_fp8_batch_switch {
+    explicit test_fp8_batch_switch(bool on) {
+        if (on) setenv("DLLM_BATCH_FP8", "1", 1);
+        else unsetenv("DLLM_BATCH_FP8");
+        dllm__env_reload();
+    }
+    ~test_fp8_batch_switch() {
+        unsetenv("DLLM_BATCH_FP8");
+        dllm__env_reload();
+    }
+};
+
+/* Without DLLM_BATCH_FP8=1 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
+ * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
 TEST(batch_gpu, fp8_items_decode_one_after_another) {
     NEED_GPU();
+    test_fp8_batch_switch off(false);
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
     const bool fp8 = g->fp8_ffn_active();
-    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8, "FP8 %s, batch_unsupported: %s", fp8 ? "active" : "off",
-              g->batch_unsupported() ? g->batch_unsupported() : "(null)");
-    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "FP8" : nullptr);
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "DLLM_BATCH_FP8=1")), "FP8 %s, batch_unsupported: %s",
+              fp8 ? "active" : "off", g->batch_unsupported() ? g->batch_unsupported() : "(null)");
+    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=1" : nullptr);
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=1" : nullptr);
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     std::mt19937 rng(17);
@@ -603,6 +627,128 @@ TEST(batch_gpu, fp8_items_decode_one_after_another) {
     if (fp8) CHECK_MSG(strstr(log.c_str(), "3 of 3 items decode one after another") && strstr(log.c_str(), "under FP8"), "log: %s", log.c_str());
     dllm_ctx_free(ctx);
     dllm_model_free(m);
+}
+
+/* dllm__fp8_row_chunks against a direct count: the launches cover the padded rows [0, M_pad) in order, each on a
+ * 16-row boundary, a multiple of 16 rows and at most limit, all but the last exactly limit. */
+TEST(batch, fp8_row_chunks_cover_the_padded_rows_on_16_row_boundaries) {
+    for (int limit : {16, 48, 256})
+        for (int M : {0, 1, 15, 16, 17, 47, 48, 49, 255, 256, 257, 511, 512, 513, 1000, 4099}) {
+            const std::vector<dllm__row_chunk> chunks = dllm__fp8_row_chunks(M, limit);
+            const int m_pad = (M + 15) / 16 * 16;
+            int next = 0;
+            bool ok = true;
+            for (size_t i = 0; i < chunks.size(); i++) {
+                const dllm__row_chunk &c = chunks[i];
+                ok = ok && c.m0 == next && c.m0 % 16 == 0 && c.rows > 0 && c.rows % 16 == 0 && c.rows <= limit && (i + 1 == chunks.size() || c.rows == limit);
+                next += c.rows;
+            }
+            CHECK_MSG(ok && next == m_pad && chunks.size() == (size_t)((m_pad + limit - 1) / limit), "M=%d limit=%d: %zu launches ending at row %d (%s)", M,
+                      limit, chunks.size(), next, ok ? "in order" : "out of order");
+        }
+}
+
+/* [FP8] The GPU's FP8 GEMM kinds: the architecture's, and on sm_90 (whose table takes cuBLASLt's) fp8_gemm too
+ * (DLLM_FP8_GEMM=mma). Empty where the GPU has no FP8 GEMM. */
+static std::vector<const char *> test_fp8_gemm_kinds() {
+    test_gpu g;
+    if (g.init() != DLLM_OK || g.arch.fp8 == DLLM__FP8_NONE) return {};
+    if (g.arch.fp8 == DLLM__FP8_CUBLASLT_BLOCK) return {"", "mma"};
+    return {""};
+}
+
+/* gemm_fp8_batch (DLLM__ROWS_BATCH) over 600 random rows against the solo path's pinned GEMM (INDEPENDENT, one
+ * quantisation and one launch of the rows it is given, device-tested by gpu_fp8.lacache_*) over row ranges: the two
+ * launches of 256 rows, the last 88 (padded to 96 either way), ranges across a launch boundary and one row alone.
+ * Bit for bit: the same codes, scales and algorithm, so a wrong scale gather or code offset shows; every output
+ * finite (poisoned first, so an unwritten row shows). Every FP8 linear of layer 1, each FP8 GEMM kind. */
+TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
+    NEED_GPU();
+    test_fp8_batch_switch on(true);
+    const std::vector<const char *> kinds = test_fp8_gemm_kinds();
+    if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    CHECK(m != nullptr);
+    test_rng r("fp8 batched gemm");
+    const int M = 600;
+    const std::pair<int, int> ranges[] = {{0, 256}, {256, 512}, {512, 600}, {250, 287}, {500, 530}, {599, 600}};
+    for (const char *kind : kinds) {
+        if (*kind) test_setenv("DLLM_FP8_GEMM", kind, 1);
+        dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
+        if (*kind) test_unsetenv("DLLM_FP8_GEMM");
+        dllm__gpu_backend *g = ctx ? (dllm__gpu_backend *)ctx->impl.get() : nullptr;
+        CHECK_MSG(g && g->fp8_attn_active(), "no FP8 context: %s", dllm_last_error());
+        if (g && g->fp8_attn_active()) {
+            const dllm__gpu_layer &L = g->weights().layers[1];
+            for (const dllm__linear *lin : {&L.qkv, &L.o, &L.gu, &L.down}) {
+                const dllm__weight_view W = lin->view();
+                CHECK(W.format == DLLM__W_E4M3_BLOCK);
+                std::vector<float> xf((size_t)M * W.k);
+                for (float &v : xf) v = r.normal() * (r.below(50) ? 1.f : 30.f);  // a few outliers: groups of different scales
+                dllm__dbuf x, y, y1;
+                test_put(x, test_bf16_vec(xf));
+                test_poison(y, (size_t)(M + 16) * W.n * 2);
+                cudaDeviceSynchronize();  // the poison lands before the backend's stream writes
+                CHECK_STATUS(g->gemm_rows(W, x.ptr, y.ptr, M, true), DLLM_OK, nullptr);
+                const std::vector<uint16_t> all = test_get<uint16_t>(y, (size_t)M * W.n);
+                bool finite = true;
+                for (uint16_t b : all) finite = finite && std::isfinite(dllm__bf16_to_f32(b));
+                CHECK_MSG(finite, "%s N=%d K=%d: a batched output row is not finite (unwritten?)", *kind ? kind : "default", W.n, W.k);
+                for (const std::pair<int, int> &rg : ranges) {
+                    const int n = rg.second - rg.first;
+                    test_poison(y1, (size_t)(n + 16) * W.n * 2);
+                    cudaDeviceSynchronize();
+                    CHECK_STATUS(g->gemm_rows(W, (const char *)x.ptr + (size_t)rg.first * W.k * 2, y1.ptr, n, false), DLLM_OK, nullptr);
+                    const std::vector<uint16_t> solo = test_get<uint16_t>(y1, (size_t)n * W.n);
+                    CHECK_MSG(!memcmp(solo.data(), all.data() + (size_t)rg.first * W.n, solo.size() * 2),
+                              "%s N=%d K=%d rows [%d, %d): batched bits differ from the solo pinned GEMM's", *kind ? kind : "default", W.n, W.k, rg.first,
+                              rg.second);
+                }
+            }
+        }
+        dllm_ctx_free(ctx);
+    }
+    dllm_model_free(m);
+}
+
+/* With DLLM_BATCH_FP8=1, FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
+ * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
+ * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
+ * own in a batch of one (one launch) and in the reversed batch. */
+TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
+    NEED_GPU();
+    test_fp8_batch_switch on(true);
+    const std::vector<const char *> kinds = test_fp8_gemm_kinds();
+    if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
+    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
+        dllm_model *m = test_load(test_data(fx));
+        CHECK(m != nullptr);
+        for (const char *kind : kinds)
+            for (dllm_precision precision : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
+                if (*kind) test_setenv("DLLM_FP8_GEMM", kind, 1);
+                dllm_ctx *gpu = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
+                if (*kind) test_unsetenv("DLLM_FP8_GEMM");
+                dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
+                char what[96];
+                snprintf(what, sizeof what, "%s %s%s", fx, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", *kind ? " (fp8_gemm)" : "");
+                CHECK_MSG(g && g->fp8_ffn_active() && g->batch_unsupported() == nullptr, "%s: %s", what,
+                          !g ? dllm_last_error() : g->batch_unsupported() ? g->batch_unsupported() : "FP8 not active");
+                if (g && g->fp8_ffn_active() && !g->batch_unsupported()) test_forward_batch_case(T_, m, gpu, nullptr, what, 3);
+                dllm_ctx_free(gpu);
+            }
+        dllm_model_free(m);
+    }
+}
+
+/* With DLLM_BATCH_FP8=1, FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
+ * dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders (one
+ * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
+TEST(batch_gpu, fp8_items_equal_batch_of_one_and_cpu) {
+    NEED_GPU();
+    test_fp8_batch_switch on(true);
+    if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
+    test_batch_gpu_random(T_, "tiny-llada", false, 426, false, DLLM_PRECISION_FP8_ALL);
+    test_batch_gpu_random(T_, "tiny-llada", false, 427, true, DLLM_PRECISION_FP8_ALL);
 }
 
 // ---- [batch] the token choice of a batched step on the device ---------------------------------------------------

@@ -377,8 +377,11 @@ static bool test_bdb_same(const test_bdb_result &a, const test_bdb_result &b) {
 /* The mixed batch on one model: (1) with the picks, every sequence's results bit-identical to its own in a batch of one;
  * (2) without them, every forward's logits bit-identical across the two runs' shared forwards and within bf16 tolerance
  * of the CPU backend's bd_forward of the same calls; the device's choices (1) equal to dllm__choose over those logits. */
-static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m, int B, int S) {
-    dllm_ctx *cpu = test_ctx(m, DLLM_BACKEND_CPU), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
+static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m, int B, int S, dllm_precision precision = DLLM_PRECISION_BF16,
+                           double tolerance = 3e-2) {
+    dllm_ctx *cpu = nullptr, *gpu = nullptr;  // [FP8]: the GPU's FP8 against the CPU's FP8 twin
+    if (precision == DLLM_PRECISION_BF16) cpu = test_ctx(m, DLLM_BACKEND_CPU), gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    else cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision), gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision);
     CHECK_MSG(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU, "%s: no GPU context", name);
     if (!cpu || !gpu || dllm_ctx_get_backend(gpu) != DLLM_BACKEND_GPU) { dllm_ctx_free(cpu); dllm_ctx_free(gpu); return; }
     const dllm__config &c = m->cfg;
@@ -405,7 +408,7 @@ static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m,
             const double err = got.size() == want.size() ? test_max_rel(got, want) : 1e9;
             printf("    %s, sequence %d, forward %d (kind %d, %d rows at offset %d): GPU batch vs CPU logits max relative error %.2e\n", name, i, r,
                    (int)call.kind, call.T, call.offset, err);
-            CHECK_MSG(err < 3e-2, "%s, sequence %d, forward %d: error %.3e", name, i, r, err);
+            CHECK_MSG(err < tolerance, "%s, sequence %d, forward %d: error %.3e", name, i, r, err);
             const std::vector<float> &with_picks = mixed[(size_t)i][(size_t)r].logits;  // a forward without a pick: the same logits
             if (!with_picks.empty()) CHECK(with_picks.size() == got.size() && memcmp(with_picks.data(), got.data(), got.size() * 4) == 0);
             if (x.pick_s0 < 0 || got.size() != want.size()) continue;
@@ -448,6 +451,20 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     m = test_random_nemotron(dir, 0x5eed, true);
     CHECK(m != nullptr && m->cfg.llama4_beta > 0 && m->cfg.llama4_orig_max < 4 * 2 * m->cfg.bd_mask_block && m->cfg.bd_causal_context);
     if (m) test_bdb_model(T_, "random tiny Nemotron (block 16 under the step mask's 8, positions past the Llama-4 scaling's 32)", m, 2 * m->cfg.bd_mask_block, 4);
+    dllm_model_free(m);
+}
+
+/* [FP8] With DLLM_BATCH_FP8=1 too, an FP8 context (FP8 all) runs the batched block-diffusion forward: the same checks,
+ * the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
+ * quantise slightly different activations). */
+TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
+    NEED_GPU();
+    test_bdb_switch on(true);
+    test_fp8_batch_switch fp8(true);
+    if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    CHECK(m != nullptr);
+    if (m) test_bdb_model(T_, "tiny-fast-dllm-v2 FP8 all", m, 2 * m->cfg.bd_mask_block, 8, DLLM_PRECISION_FP8_ALL, 8e-2);
     dllm_model_free(m);
 }
 

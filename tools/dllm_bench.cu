@@ -18,7 +18,8 @@
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
  *                                          then the batched dual-cache step of 1 to 64 canvases of 1024
- *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4 and 16 (dllm_generate_batch)
+ *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
+ *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -929,17 +930,24 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
 
 /* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
  * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
- * (B x 256 over its wall time) for B = 1, 4, 16, and batch 16's over batch 1's (issue 26's target: at least 3.5x in
- * BF16). Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
-static void bench_batch_w1(bench_result &r, dllm_model *model) {
+ * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64 (issue 26's list), and batch 16's over batch 1's (issue 26's
+ * target: at least 3.5x in BF16), in the given precision (FP8 ones with DLLM_BATCH_FP8=1, set here: without it FP8
+ * items decode one after another). Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
+static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision precision) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
+    cp.precision = precision;
+    if (precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL) {
+        setenv("DLLM_BATCH_FP8", "1", 1);
+        dllm__env_reload();
+    }
+    printf("batch W1 in %s\n", dllm__precision_name(precision));
     dllm_ctx *ctx = nullptr;
     BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
     const int np = 768, gen = 256;
     dllm_gen_params gp = dllm_gen_default_params();
     gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
-    for (int B : {1, 4, 16}) {
+    for (int B : {1, 4, 8, 16, 32, 64}) {
         std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
         std::vector<dllm_batch_item> items((size_t)B);
         std::vector<dllm_batch_result> results((size_t)B);
@@ -1042,9 +1050,21 @@ static const char *bench_usage =
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it\n"
-    "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4 and 16: tokens/s\n"
+    "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
+    "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
-    "  --precision NAME   --quick in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
+    "  --precision NAME   --quick or --batch-w1 in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
+
+/* --precision's NAME (dllm__precision_name's) into out; false (and the usage printed) for an unknown one. */
+static bool bench_precision(const char *name, dllm_precision &out) {
+    for (int p = DLLM_PRECISION_BF16; p <= DLLM_PRECISION_RTN_W4A16; p++)
+        if (!strcmp(name, dllm__precision_name(p))) {
+            out = (dllm_precision)p;
+            return true;
+        }
+    fprintf(stderr, "dllm-bench: unknown precision '%s'\n%s", name, bench_usage);
+    return false;
+}
 
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
@@ -1108,9 +1128,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (batch_w1) {
+        dllm_precision p;
+        if (!bench_precision(precision, p)) return 2;
         dllm_model *model = nullptr;
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
-        bench_batch_w1(r, model);
+        bench_batch_w1(r, model, p);
         dllm_model_free(model);
         return 0;
     }
@@ -1129,12 +1151,7 @@ int main(int argc, char **argv) {
         BENCH_CHECK(dllm_model_load_random(config, 1, &model));
         dllm_ctx *ctx = nullptr;
         dllm_ctx_params cp = bench_gpu_params();
-        for (int p = DLLM_PRECISION_BF16; p <= DLLM_PRECISION_RTN_W4A16; p++)
-            if (!strcmp(precision, dllm__precision_name(p))) cp.precision = (dllm_precision)p;
-        if (strcmp(precision, dllm__precision_name(cp.precision))) {
-            fprintf(stderr, "dllm-bench: unknown precision '%s'\n%s", precision, bench_usage);
-            return 2;
-        }
+        if (!bench_precision(precision, cp.precision)) return 2;
         // the INT8 GEMM's rows beside the N=1024 forward of the precisions whose GEMMs of many rows take it
         if (cp.precision == DLLM_PRECISION_SOLOQ_I || cp.precision == DLLM_PRECISION_SOLOQ_C || cp.precision == DLLM_PRECISION_RTN_W4A4)
             bench_int8_gemm(r, arch, s0);
