@@ -11978,6 +11978,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
      * host), and the other sequences' logits copied to the host as batch_logits_to_host does. */
     dllm_status batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
+    dllm_status choose_in_chunks(const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling, const std::vector<dllm_step_state> &states,
+                                 const std::vector<int> &raw0, int n_chosen, const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of,
+                                 float *raw, dllm__choice *choices);
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
@@ -13252,40 +13255,23 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
     return DLLM_OK;
 }
 
-/* batch_logits over the layout with, after each LM-head chunk, the sampler over the chunk's rows of the sequences with a
- * pick (step 0, as bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), and the
- * other sequences' raw logit rows copied into `logits`, one sequence after another. */
+/* The device's choice over the layout (choose_in_chunks): the sequences with a pick sampled at step 0 (as
+ * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw logit
+ * rows copied into `logits`, one sequence after another. */
 dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
-    const size_t V = (size_t)m_.cfg.n_vocab;
     std::vector<int> choice0(seqs.size(), -1), raw0(seqs.size(), 0);  // a picked sequence's first choice; another's first row in logits
+    std::vector<const dllm__sampling *> sampling(seqs.size(), nullptr);
     int n_chosen = 0, n_raw = 0;
     for (size_t i = 0; i < seqs.size(); i++) {
-        if (seqs[i].pick) choice0[i] = n_chosen, n_chosen += seqs[i].pick->n;
+        if (seqs[i].pick) choice0[i] = n_chosen, n_chosen += seqs[i].pick->n, sampling[i] = &seqs[i].pick->sampling;
         else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
     }
     if ((n_raw > 0 && !logits) || (n_chosen > 0 && !choices))
         return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: %d logit rows and %d choices to return, %s", n_raw, n_chosen,
                           logits ? "no choices array" : "no logits array");
-    // One launch samples at most a chunk's rows and one more: under the shift, a pick's rows 0 and 1 both read one row.
-    DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
-    const size_t n = (size_t)std::max(1, n_chosen);
     const std::vector<dllm_step_state> states(seqs.size(), dllm_step_state());
-    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
-    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
-    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
-    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
-    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state), cudaMemcpyHostToDevice, stream_));
-    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
-        for (const dllm__sampler_span &s : dllm__bd_sampler_spans(seqs, v, choice0, c0, rows)) DLLM__TRY(sample_span(seqs[(size_t)s.seq].pick->sampling, s, rows));
-        for (size_t i = 0; i < seqs.size(); i++) {  // the other sequences: their rows of this chunk
-            const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
-            if (choice0[i] < 0 && g0 < g1)
-                DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)(raw0[i] + g0 - v.out0[i]) * V, act_.logits.as<float>() + (size_t)(g0 - c0) * V,
-                                           (size_t)(g1 - g0) * V * 4, cudaMemcpyDeviceToHost, stream_));
-        }
-        return DLLM_OK;
-    }));
-    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
+    return choose_in_chunks(v, sampling, states, raw0, n_chosen, [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); },
+                            logits, choices);
 }
 
 // ---- 16.4.2 The denoising step --------------------------------------------------------------------
@@ -13408,16 +13394,16 @@ dllm_status dllm__gpu_backend::choices_to_host(const dllm__dbuf &x0, const dllm_
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
-    const dllm__config &c = m_.cfg;
-    const size_t V = (size_t)c.n_vocab;
-    std::vector<int> choice0(plan.size(), -1), raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
-    std::vector<dllm_step_state> states(plan.size(), dllm_step_state());
-    int n_chosen = 0, n_raw = 0;
-    for (size_t i = 0; i < plan.size(); i++) {
-        if (plan[i].sampling) choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0, states[i].global_step = plan[i].step;
-        else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
-    }
+/* [batch] The batched forward over layout v with its LM head (batch_logits) and, after each chunk, the sampler over
+ * spans_of(c0, rows), each span with its sequence's sampling and step state (sampling[i] null: sequence i is not
+ * chosen here); the chunk's logit rows of the other sequences copied to `raw`, sequence i's from row raw0[i]. The
+ * n_chosen choices go to the host. The solo step's sampler runs unchanged on each span, so a sequence's choices equal
+ * its choices alone. */
+dllm_status dllm__gpu_backend::choose_in_chunks(const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
+                                                 const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
+                                                 const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw,
+                                                 dllm__choice *choices) {
+    const size_t V = (size_t)m_.cfg.n_vocab;
     // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
     DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
     const size_t n = (size_t)std::max(1, n_chosen);
@@ -13426,18 +13412,36 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
     DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
     DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state), cudaMemcpyHostToDevice, stream_));
-    std::vector<float> raw((size_t)n_raw * V);
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
-        for (const dllm__sampler_span &s : dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows)) DLLM__TRY(sample_span(*plan[(size_t)s.seq].sampling, s, rows));
-        for (size_t i = 0; i < plan.size(); i++) {  // the host's sequences: their rows of this chunk
+        for (const dllm__sampler_span &s : spans_of(c0, rows)) DLLM__TRY(sample_span(*sampling[(size_t)s.seq], s, rows));
+        for (size_t i = 0; i < sampling.size(); i++) {  // the other sequences: their rows of this chunk
             const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
-            if (choice0[i] < 0 && g0 < g1)
-                DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)(raw0[i] + g0 - v.out0[i]) * V, act_.logits.as<float>() + (size_t)(g0 - c0) * V,
+            if (!sampling[i] && g0 < g1)
+                DLLM__CUDA(cudaMemcpyAsync(raw + (size_t)(raw0[i] + g0 - v.out0[i]) * V, act_.logits.as<float>() + (size_t)(g0 - c0) * V,
                                            (size_t)(g1 - g0) * V * 4, cudaMemcpyDeviceToHost, stream_));
         }
         return DLLM_OK;
     }));
-    DLLM__TRY(choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices));  // also waits for the logits above
+    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
+}
+
+/* The device's choice of a batched step (choose_in_chunks): the sequences with sampling parameters at their own step;
+ * the others' (CFG's) logits to the host, unshifted into `logits` one sequence after another. */
+dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
+    const dllm__config &c = m_.cfg;
+    const size_t V = (size_t)c.n_vocab;
+    std::vector<int> choice0(plan.size(), -1), raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
+    std::vector<const dllm__sampling *> sampling(plan.size(), nullptr);
+    std::vector<dllm_step_state> states(plan.size(), dllm_step_state());
+    int n_chosen = 0, n_raw = 0;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (plan[i].sampling)
+            choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0, states[i].global_step = plan[i].step, sampling[i] = plan[i].sampling;
+        else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
+    }
+    std::vector<float> raw((size_t)n_raw * V);
+    DLLM__TRY(choose_in_chunks(v, sampling, states, raw0, n_chosen,
+                               [&](int c0, int rows) { return dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows); }, raw.data(), choices));
     bch_rows_ += n_chosen;
     for (size_t i = 0; i < plan.size(); i++) {
         if (choice0[i] >= 0) continue;
