@@ -50,7 +50,8 @@
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
- *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch) and its K/V-cache
+ *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch;
+ *      its layers replayed as [batch graphs], DLLM_BATCH_GRAPHS=1) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
  *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch, DLLM_BD_BATCH=1); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend: a
@@ -340,14 +341,16 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            those items decode one after another
  *   DLLM_BATCH_FP8=1         the GPU backend's batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under
  *                            FP8 precisions, their E4M3 GEMMs in row-independent launches (gemm_fp8_batch); unverified on
- *                            a device, so off by default: without it FP8 items decode one after another */
+ *                            a device, so off by default: without it FP8 items decode one after another
+ *   DLLM_BATCH_GRAPHS=1      the batched forwards' layers replayed as CUDA graphs ([batch graphs], one per batch layout);
+ *                            unverified on a device, so off by default */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false, bd_batch = false, batch_fp8 = false;
+    bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false;
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -376,6 +379,7 @@ static dllm__env_switches dllm__env_read() {
     e.bd_graphs = num("DLLM_BD_GRAPHS", 0) != 0;
     e.bd_batch = num("DLLM_BD_BATCH", 0) != 0;
     e.batch_fp8 = num("DLLM_BATCH_FP8", 0) != 0;
+    e.batch_graphs = num("DLLM_BATCH_GRAPHS", 0) != 0;
     return e;
 }
 
@@ -11866,12 +11870,12 @@ struct dllm__bd_slot {
  * rows, sub-block offset, mask, output rows, whether a committed cache exists: layer 0's attention path, the split-KV
  * count, the device token choice's rows and sampling); `baked` adds what changes from block to block (the committed
  * length and the block cache's rows, the sampled rows' position) and the device buffers the graph points into. */
-struct dllm__bd_graph_id {
+struct dllm__graph_id {
     std::string slot, baked;
 };
-static dllm__bd_graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
+static dllm__graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
                                             const std::string &buffers) {
-    dllm__bd_graph_id id;
+    dllm__graph_id id;
     id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0,
                            kv_splits);
     if (pick) {
@@ -11884,17 +11888,18 @@ static dllm__bd_graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dl
     return id;
 }
 
-/* What one forward of a slot does: the slot's first forward runs eagerly (cuBLASLt's and the modules' one-time work
- * stay outside any capture), the next is captured and instantiated; later ones replay it when it baked in the same,
- * else are captured again and update it in place (re-instantiated where CUDA refuses the update). */
+/* A forward replayed as a CUDA graph ([bd graphs], [batch graphs]): one executable graph per slot. What one forward of
+ * a slot does: the slot's first forward runs eagerly (cuBLASLt's and the modules' one-time work stay outside any
+ * capture), the next is captured and instantiated; later ones replay it when it baked in the same, else are captured
+ * again and update it in place (re-instantiated where CUDA refuses the update). */
 enum dllm__graph_action { DLLM__GRAPH_EAGER, DLLM__GRAPH_REPLAY, DLLM__GRAPH_UPDATE, DLLM__GRAPH_INSTANTIATE };
-struct dllm__bd_graph {
+struct dllm__graph_slot {
     cudaGraphExec_t exec = nullptr;  // destroyed by its owner (dllm__gpu_backend)
     std::string baked;
     bool warmed = false;
     bool eager_only = false;  // a capture failed: the slot's forwards run eagerly (bd_replay warns once)
 };
-static dllm__graph_action dllm__bd_graph_next(dllm__bd_graph &g, const dllm__bd_graph_id &id) {
+static dllm__graph_action dllm__graph_next(dllm__graph_slot &g, const dllm__graph_id &id) {
     if (!g.warmed || g.eager_only) {
         g.warmed = true;
         return DLLM__GRAPH_EAGER;
@@ -11904,7 +11909,7 @@ static dllm__graph_action dllm__bd_graph_next(dllm__bd_graph &g, const dllm__bd_
     g.baked = id.baked;  // what the capture about to run bakes in
     return a;
 }
-static const size_t dllm__bd_graph_slots = 64;  // a context's captured block-diffusion forwards at most (all dropped past it)
+static const size_t dllm__graph_slots = 64;  // a context's captured forwards of one kind at most (all dropped past it)
 
 struct dllm__stage_timer;
 
@@ -11922,7 +11927,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }
     ~dllm__gpu_backend() override {
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-        bd_graphs_drop();
+        graphs_drop(bd_graphs_);
+        graphs_drop(varlen_graphs_);
         if (stream_) cudaStreamDestroy(stream_);
         if (host_pinned_) cudaFreeHost(host_pinned_);
     }
@@ -11961,7 +11967,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
         DLLM__TRY(prepare_batch(v));
         batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
-        dllm_status s = forward_varlen(v);
+        dllm_status s = forward_varlen_replayed(v);
         const dllm__config &c = m_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
             const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
@@ -12029,6 +12035,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
     DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
+    /* [batch graphs] The same for the batched forwards (forward_varlen_replayed). */
+    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graph_counts_[a]; }
+    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graph_refusals_; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
      * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
@@ -12084,6 +12093,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
+    dllm_status forward_varlen_replayed(const dllm__varlen_layout &v);
+    dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
@@ -12114,10 +12125,14 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [bd graphs]
     dllm_status bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
     dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
-    dllm_status bd_capture(const dllm__bd_call &call, const dllm__bd_pick *pick, dllm__bd_graph &g, dllm__graph_action &action);
-    dllm__bd_graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
-    void bd_graphs_drop();
-    void bd_graph_refused(const cudaGraphExecUpdateResultInfo &info);
+    dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
+    // [bd graphs] [batch graphs]
+    template <class F>
+    dllm_status replay_graph(std::map<std::string, dllm__graph_slot> &graphs, const dllm__graph_id &id, const char *what, int64_t *counts,
+                             int64_t &refusals, F &&body);
+    template <class F>
+    dllm_status capture_graph(dllm__graph_slot &g, dllm__graph_action &action, const char *what, int64_t &refusals, F &&body);
+    void graphs_drop(std::map<std::string, dllm__graph_slot> &graphs);
 
     const dllm_model &m_;
     int max_tokens_;
@@ -12201,9 +12216,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
     // [bd graphs] the captured block-diffusion forwards by slot (dllm__bd_graph_keys), and what each forward did
-    std::map<std::string, dllm__bd_graph> bd_graphs_;
+    std::map<std::string, dllm__graph_slot> bd_graphs_;
     int64_t bd_graph_counts_[4] = {};
-    int64_t bd_graph_refusals_ = 0;  // updates CUDA refused (bd_graph_refused)
+    int64_t bd_graph_refusals_ = 0;  // updates CUDA refused (capture_graph)
+    // [batch graphs] the captured batched forwards by slot (varlen_graph_id), what each forward did, the refused updates
+    std::map<std::string, dllm__graph_slot> varlen_graphs_;
+    int64_t varlen_graph_counts_[4] = {};
+    int64_t varlen_graph_refusals_ = 0;
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -12981,6 +13000,34 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr, (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T,
                               v.offsets[i] + v.raw0[i] - v.q0[i], v.raw1[i] - v.raw0[i]));
     return DLLM_OK;
+}
+
+/* [batch graphs] forward_varlen as a CUDA graph under DLLM_BATCH_GRAPHS=1 (unverified on a device): a batch steps many
+ * times through one layout (the same sequences, rows and positions within a block; only the token ids change, and they
+ * reach act_.canvas by prepare_batch's copy before each forward), so its ~10 launches a layer are replayed from one
+ * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
+ * so its bits are the eager forward's. */
+dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs) return forward_varlen(v);
+    return replay_graph(varlen_graphs_, varlen_graph_id(v), "a batched forward", varlen_graph_counts_, varlen_graph_refusals_,
+                        [&] { return forward_varlen(v); });
+}
+
+/* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
+ * sequence, the logit rows, whether a K/V cache and block-causal masks take part. `baked` adds every launch argument
+ * the host computes from the layout (all of it but the ids: the positions too, which [Llama-4 query scaling]'s
+ * launches take) and the device buffers the launches point into. */
+dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
+    dllm__graph_id id;
+    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(), (int)!v.attn_masks.empty());
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, bkv_total_, varlen_offsets_.ptr, varlen_attn_q_.ptr,
+                                      varlen_attn_kv_.ptr, varlen_cache_rows_.ptr, varlen_attn_masks_.ptr, bkv_.ptr);
+    for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets, &v.attn_kv_offsets,
+                                          &v.cache_rows, &v.attn_masks}) {
+        id.baked += dllm__format(" %zu:", a->size());
+        id.baked.append((const char *)a->data(), a->size() * sizeof(int32_t));
+    }
+    return id;
 }
 
 /* Self-attention of one layer over the layout's rows (held in act_.a, or under [SoloQ] from layer 1 on made in act_.q4a
@@ -13792,7 +13839,7 @@ dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_
 }
 
 /* The buffers and sizes a captured forward points into, beside what the call names (dllm__bd_graph_keys). */
-dllm__bd_graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const {
+dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const {
     const dllm__config &c = m_.cfg;
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
@@ -13803,32 +13850,41 @@ dllm__bd_graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, cons
 }
 
 dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick) {
-    const dllm__bd_graph_id id = bd_graph_id(call, pick);
-    if (!bd_graphs_.count(id.slot) && bd_graphs_.size() >= dllm__bd_graph_slots) bd_graphs_drop();
-    dllm__bd_graph &g = bd_graphs_[id.slot];
-    dllm__graph_action action = dllm__bd_graph_next(g, id);
-    if (action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) {
-        if (bd_capture(call, pick, g, action) != DLLM_OK) {  // a failed capture fails no forward: this and the slot's next run eagerly
-            static std::atomic<bool> warned(false);
-            if (!warned.exchange(true))
-                dllm__log(DLLM_LOG_WARN, "block diffusion: a step forward could not be captured as a CUDA graph (%s); forwards of its shape run "
-                                         "eagerly", dllm__tls_error.c_str());
-            cudaGetLastError();
-            g.eager_only = true, action = DLLM__GRAPH_EAGER;
-        }
+    return replay_graph(bd_graphs_, bd_graph_id(call, pick), "a block-diffusion step forward", bd_graph_counts_, bd_graph_refusals_,
+                        [&] { return bd_body(call, pick, true); });
+}
+
+/* [bd graphs] [batch graphs] One forward through its slot of `graphs` (dllm__graph_next): run eagerly, replayed, or
+ * captured first (the slot's graph updated in place or instantiated anew). A failed capture fails no forward: this one
+ * and the slot's next run eagerly, with one warning. counts[action] counts what each forward did. */
+template <class F>
+dllm_status dllm__gpu_backend::replay_graph(std::map<std::string, dllm__graph_slot> &graphs, const dllm__graph_id &id, const char *what, int64_t *counts,
+                                            int64_t &refusals, F &&body) {
+    if (!graphs.count(id.slot) && graphs.size() >= dllm__graph_slots) graphs_drop(graphs);
+    dllm__graph_slot &g = graphs[id.slot];
+    dllm__graph_action action = dllm__graph_next(g, id);
+    if ((action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) && capture_graph(g, action, what, refusals, body) != DLLM_OK) {
+        static std::atomic<bool> warned(false);  // one per caller (F)
+        if (!warned.exchange(true))
+            dllm__log(DLLM_LOG_WARN, "%s could not be captured as a CUDA graph (%s); forwards of its shape run eagerly", what, dllm__tls_error.c_str());
+        cudaGetLastError();
+        g.eager_only = true, action = DLLM__GRAPH_EAGER;
     }
-    if (action == DLLM__GRAPH_EAGER) DLLM__TRY(bd_body(call, pick, true));
+    if (action == DLLM__GRAPH_EAGER) DLLM__TRY(body());
     else DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
-    bd_graph_counts_[action]++;
+    counts[action]++;
     return DLLM_OK;
 }
 
-/* Captures bd_body into slot g: updates g.exec in place (action UPDATE) or instantiates it (INSTANTIATE, or an update
- * CUDA refused: action says which happened). A failure leaves the slot without a graph. */
-dllm_status dllm__gpu_backend::bd_capture(const dllm__bd_call &call, const dllm__bd_pick *pick, dllm__bd_graph &g, dllm__graph_action &action) {
+/* Captures body() into slot g: updates g.exec in place (action UPDATE) or instantiates it (INSTANTIATE, or an update
+ * CUDA refused: action says which happened). A failure leaves the slot without a graph. A refused update is counted
+ * (the tests expect none) and, the first time, logged with CUDA's reason and the node it names, so that a device run
+ * says which capture changed shape. */
+template <class F>
+dllm_status dllm__gpu_backend::capture_graph(dllm__graph_slot &g, dllm__graph_action &action, const char *what, int64_t &refusals, F &&body) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const dllm_status s = bd_body(call, pick, true);
+    const dllm_status s = body();
     cudaError_t e = cudaStreamEndCapture(stream_, &graph);
     if (s == DLLM_OK && e == cudaSuccess && action == DLLM__GRAPH_UPDATE) {
         cudaGraphExecUpdateResultInfo info = {};
@@ -13837,35 +13893,30 @@ dllm_status dllm__gpu_backend::bd_capture(const dllm__bd_call &call, const dllm_
             return DLLM_OK;
         }
         cudaGetLastError();  // refused (the captured kernels or their topology differ): instantiate instead
-        bd_graph_refused(info);
+        refusals++;
+        static std::atomic<bool> logged(false);  // one per caller (F)
+        if (!logged.exchange(true)) {
+            cudaGraphNodeType type = cudaGraphNodeTypeCount;
+            if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
+            cudaGetLastError();
+            dllm__log(DLLM_LOG_INFO, "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                      what, (int)info.result, (int)type);
+        }
         action = DLLM__GRAPH_INSTANTIATE;
     }
     if (g.exec) cudaGraphExecDestroy(g.exec);
     g.exec = nullptr;
     if (s == DLLM_OK && e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
-    if (s == DLLM_OK && e == cudaSuccess) return DLLM_OK;  // g.baked: set by dllm__bd_graph_next
+    if (s == DLLM_OK && e == cudaSuccess) return DLLM_OK;  // g.baked: set by dllm__graph_next
     g.exec = nullptr;
-    return s != DLLM_OK ? s : dllm__cuda_fail(e, "capturing a block-diffusion forward as a graph");
+    return s != DLLM_OK ? s : dllm__cuda_fail(e, dllm__format("capturing %s as a CUDA graph", what).c_str());
 }
 
-/* A refused update is counted (the tests expect none) and, the first time, logged with CUDA's reason and the node it
- * names, so that a device run says which capture changed shape. */
-void dllm__gpu_backend::bd_graph_refused(const cudaGraphExecUpdateResultInfo &info) {
-    bd_graph_refusals_++;
-    static std::atomic<bool> logged(false);
-    if (logged.exchange(true)) return;
-    cudaGraphNodeType type = cudaGraphNodeTypeCount;
-    if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
-    cudaGetLastError();
-    dllm__log(DLLM_LOG_INFO, "block diffusion: CUDA refused a graph update (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated "
-                             "again", (int)info.result, (int)type);
-}
-
-void dllm__gpu_backend::bd_graphs_drop() {
-    for (auto &kv : bd_graphs_)
+void dllm__gpu_backend::graphs_drop(std::map<std::string, dllm__graph_slot> &graphs) {
+    for (auto &kv : graphs)
         if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
-    bd_graphs_.clear();
+    graphs.clear();
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,

@@ -969,6 +969,77 @@ TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
     }
 }
 
+/* [batch graphs] DLLM_BATCH_GRAPHS for a test's scope (on or off), reloaded either way; create contexts inside it. */
+struct test_batch_graphs_switch {
+    explicit test_batch_graphs_switch(bool on) {
+        if (on) setenv("DLLM_BATCH_GRAPHS", "1", 1);
+        else unsetenv("DLLM_BATCH_GRAPHS");
+        dllm__env_reload();
+    }
+    ~test_batch_graphs_switch() {
+        unsetenv("DLLM_BATCH_GRAPHS");
+        dllm__env_reload();
+    }
+};
+
+/* [batch graphs] Batches of plain, prefix-cache and dual-cache items (counted and threshold rules, so the layout
+ * changes as items finish) with DLLM_BATCH_GRAPHS=1 against the same batches eagerly: every item's ids, canvases,
+ * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
+ * repeats), with graphs captured and replayed and no update refused. */
+TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    if (!m) { CHECK(m != nullptr); return; }
+    dllm_model_info info;
+    dllm_model_get_info(m, &info);
+    std::mt19937 rng(7026);
+    std::vector<test_batch_case> cases(6);
+    std::vector<test_batch_case *> order;
+    for (size_t i = 0; i < cases.size(); i++) {
+        test_batch_make_case(rng, info, false, cases[i]);
+        dllm_gen_params &p = cases[i].params;
+        p.kv_cache = (dllm_kv_cache)(i % 3), p.cfg_scale = 0.0f;
+        if (i % 2) p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = 0.35;
+        order.push_back(&cases[i]);
+    }
+    dllm__debug_step_logits = test_batch_logits_hook;
+    {  // the reference: the batch eagerly
+        test_batch_graphs_switch off(false);
+        dllm_ctx *eager = test_ctx(m, DLLM_BACKEND_GPU);
+        std::vector<dllm_batch_result> results;
+        CHECK(eager && test_batch_run(eager, order, results, nullptr) == DLLM_OK);
+        for (size_t i = 0; eager && i < cases.size(); i++) {
+            test_batch_case &c = cases[i];
+            c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status, c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
+        }
+        dllm_ctx_free(eager);
+    }
+    test_batch_graphs_switch on(true);
+    dllm_ctx *gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
+    for (int pass = 0; g && pass < 2; pass++) {
+        std::vector<dllm_batch_result> results;
+        CHECK(test_batch_run(gpu, order, results, nullptr) == DLLM_OK);
+        for (size_t i = 0; i < cases.size(); i++) {
+            char what[80];
+            snprintf(what, sizeof what, "graphs pass %d item %zu (kv_cache %d)", pass, i, (int)cases[i].params.kv_cache);
+            test_batch_check_case(T_, cases[i], results[i], what);
+        }
+    }
+    if (g) {
+        const int64_t eager = g->varlen_graph_count(DLLM__GRAPH_EAGER), replay = g->varlen_graph_count(DLLM__GRAPH_REPLAY);
+        const int64_t made = g->varlen_graph_count(DLLM__GRAPH_INSTANTIATE) + g->varlen_graph_count(DLLM__GRAPH_UPDATE);
+        printf("    batched forwards: %lld eager, %lld captured, %lld replayed, %lld updates refused\n", (long long)eager, (long long)made,
+               (long long)replay, (long long)g->varlen_graph_refusals());
+        CHECK_MSG(made > 0 && replay > 0, "graphs captured %lld, replayed %lld: the comparison proved nothing", (long long)made, (long long)replay);
+        CHECK_MSG(g->varlen_graph_refusals() == 0, "%lld graph updates refused", (long long)g->varlen_graph_refusals());
+    }
+    CHECK(gpu != nullptr);
+    dllm__debug_step_logits = nullptr;
+    dllm_ctx_free(gpu);
+    dllm_model_free(m);
+}
+
 // ---- the command line ---------------------------------------------------------------------------------------
 
 /* dllm-eval --add --batch N decodes the problems N at a time and scores them as one at a time does (the CPU's batch

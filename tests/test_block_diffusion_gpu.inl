@@ -670,13 +670,13 @@ TEST(block_diffusion, graph_keys_and_actions) {
         return dllm__bd_graph_keys(call, &pick, n_committed, B, splits, buffers);
     };
     // the same forward on other ids: one graph
-    const dllm__bd_graph_id a = step(DLLM__BD_STEP, 8, 64, ids_a), b = step(DLLM__BD_STEP, 8, 64, ids_b);
+    const dllm__graph_id a = step(DLLM__BD_STEP, 8, 64, ids_a), b = step(DLLM__BD_STEP, 8, 64, ids_b);
     CHECK(a.slot == b.slot && a.baked == b.baked);
     // the next block: the same slot, other arguments
-    const dllm__bd_graph_id next = step(DLLM__BD_STEP, 8, 96, ids_a);
+    const dllm__graph_id next = step(DLLM__BD_STEP, 8, 96, ids_a);
     CHECK(next.slot == a.slot && next.baked != a.baked);
     // a slot of its own: another kind, sub-block, the first committed rows, split count, sampling seed
-    const dllm__bd_graph_id others[] = {step(DLLM__BD_BLOCK_FULL, 8, 64, ids_a), step(DLLM__BD_STEP, 16, 64, ids_a), step(DLLM__BD_STEP, 8, 0, ids_a),
+    const dllm__graph_id others[] = {step(DLLM__BD_BLOCK_FULL, 8, 64, ids_a), step(DLLM__BD_STEP, 16, 64, ids_a), step(DLLM__BD_STEP, 8, 0, ids_a),
                                         step(DLLM__BD_STEP, 8, 64, ids_a, 2), step(DLLM__BD_STEP, 8, 64, ids_a, 1, 3),
                                         step(DLLM__BD_SUB_BLOCK, 8, 64, ids_a), step(DLLM__BD_SUB_BLOCK, 16, 64, ids_a)};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
@@ -684,22 +684,22 @@ TEST(block_diffusion, graph_keys_and_actions) {
         for (size_t j = 0; j < i; j++) CHECK_MSG(others[i].slot != others[j].slot, "cases %zu and %zu share a slot", j, i);
     }
     // moved buffers: the same slot, other arguments; no pick: a slot of its own
-    const dllm__bd_graph_id moved = step(DLLM__BD_STEP, 8, 64, ids_a, 1, 0, "a2 p0");
+    const dllm__graph_id moved = step(DLLM__BD_STEP, 8, 64, ids_a, 1, 0, "a2 p0");
     CHECK(moved.slot == a.slot && moved.baked != a.baked);
     dllm__bd_call plain;
     plain.kind = DLLM__BD_STEP, plain.T = B, plain.mask_block = B, plain.r0 = 7, plain.r1 = 15;
     CHECK(dllm__bd_graph_keys(plain, nullptr, 64, B, 1, "a1 p0").slot != a.slot);
 
     // A slot's life over two blocks of two sub-blocks: eager, capture, replays; then updates per sub-block.
-    std::map<std::string, dllm__bd_graph> slots;
+    std::map<std::string, dllm__graph_slot> slots;
     int fake_exec = 0;
     std::string got;
     struct { int s0, n_committed, repeats; } script[] = {{0, 64, 3}, {8, 64, 2}, {0, 96, 2}, {8, 96, 3}, {8, 96, 1}};
     for (const auto &k : script) {
         for (int r = 0; r < k.repeats; r++) {
-            const dllm__bd_graph_id id = step(DLLM__BD_STEP, k.s0, k.n_committed, r % 2 ? ids_a : ids_b);
-            dllm__bd_graph &g = slots[id.slot];
-            const dllm__graph_action act = dllm__bd_graph_next(g, id);
+            const dllm__graph_id id = step(DLLM__BD_STEP, k.s0, k.n_committed, r % 2 ? ids_a : ids_b);
+            dllm__graph_slot &g = slots[id.slot];
+            const dllm__graph_action act = dllm__graph_next(g, id);
             if (act == DLLM__GRAPH_INSTANTIATE) g.exec = (cudaGraphExec_t)&fake_exec;  // what bd_capture would leave
             got += "ERUI"[act];
         }
@@ -707,9 +707,9 @@ TEST(block_diffusion, graph_keys_and_actions) {
     }
     printf("    actions: %s\n", got.c_str());
     CHECK_MSG(got == "EIR EI UR URR R ", "actions %s", got.c_str());
-    dllm__bd_graph &failed = slots.begin()->second;  // a slot whose capture failed stays eager
+    dllm__graph_slot &failed = slots.begin()->second;  // a slot whose capture failed stays eager
     failed.eager_only = true;
-    CHECK(dllm__bd_graph_next(failed, step(DLLM__BD_STEP, 0, 96, ids_a)) == DLLM__GRAPH_EAGER);
+    CHECK(dllm__graph_next(failed, step(DLLM__BD_STEP, 0, 96, ids_a)) == DLLM__GRAPH_EAGER);
     for (auto &kv : slots) kv.second.exec = nullptr;  // nothing to destroy
 }
 
