@@ -575,24 +575,11 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* [FP8] [batch] DLLM_BATCH_FP8 for a test's scope (on or off), reloaded either way; create contexts inside it. */
-struct test_fp8_batch_switch {
-    explicit test_fp8_batch_switch(bool on) {
-        if (on) setenv("DLLM_BATCH_FP8", "1", 1);
-        else unsetenv("DLLM_BATCH_FP8");
-        dllm__env_reload();
-    }
-    ~test_fp8_batch_switch() {
-        unsetenv("DLLM_BATCH_FP8");
-        dllm__env_reload();
-    }
-};
-
 /* Without DLLM_BATCH_FP8=1 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
  * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
 TEST(batch_gpu, fp8_items_decode_one_after_another) {
     NEED_GPU();
-    test_fp8_batch_switch off(false);
+    test_env_switch off("DLLM_BATCH_FP8", false);
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
@@ -664,7 +651,7 @@ static std::vector<const char *> test_fp8_gemm_kinds() {
  * finite (poisoned first, so an unwritten row shows). Every FP8 linear of layer 1, each FP8 GEMM kind. */
 TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     NEED_GPU();
-    test_fp8_batch_switch on(true);
+    test_env_switch on("DLLM_BATCH_FP8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
     if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     dllm_model *m = test_load(test_data("tiny-llada"));
@@ -717,7 +704,7 @@ TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
  * own in a batch of one (one launch) and in the reversed batch. */
 TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    test_fp8_batch_switch on(true);
+    test_env_switch on("DLLM_BATCH_FP8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
     if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
@@ -745,7 +732,7 @@ TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
  * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
 TEST(batch_gpu, fp8_items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_fp8_batch_switch on(true);
+    test_env_switch on("DLLM_BATCH_FP8", true);
     if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     test_batch_gpu_random(T_, "tiny-llada", false, 426, false, DLLM_PRECISION_FP8_ALL);
     test_batch_gpu_random(T_, "tiny-llada", false, 427, true, DLLM_PRECISION_FP8_ALL);
@@ -969,19 +956,6 @@ TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
     }
 }
 
-/* [batch graphs] DLLM_BATCH_GRAPHS for a test's scope (on or off), reloaded either way; create contexts inside it. */
-struct test_batch_graphs_switch {
-    explicit test_batch_graphs_switch(bool on) {
-        if (on) setenv("DLLM_BATCH_GRAPHS", "1", 1);
-        else unsetenv("DLLM_BATCH_GRAPHS");
-        dllm__env_reload();
-    }
-    ~test_batch_graphs_switch() {
-        unsetenv("DLLM_BATCH_GRAPHS");
-        dllm__env_reload();
-    }
-};
-
 /* [batch graphs] Batches of plain, prefix-cache and dual-cache items (counted and threshold rules, so the layout
  * changes as items finish) with DLLM_BATCH_GRAPHS=1 against the same batches eagerly: every item's ids, canvases,
  * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
@@ -1004,7 +978,7 @@ TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
     }
     dllm__debug_step_logits = test_batch_logits_hook;
     {  // the reference: the batch eagerly
-        test_batch_graphs_switch off(false);
+        test_env_switch off("DLLM_BATCH_GRAPHS", false);
         dllm_ctx *eager = test_ctx(m, DLLM_BACKEND_GPU);
         std::vector<dllm_batch_result> results;
         CHECK(eager && test_batch_run(eager, order, results, nullptr) == DLLM_OK);
@@ -1014,7 +988,7 @@ TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
         }
         dllm_ctx_free(eager);
     }
-    test_batch_graphs_switch on(true);
+    test_env_switch on("DLLM_BATCH_GRAPHS", true);
     dllm_ctx *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
     for (int pass = 0; g && pass < 2; pass++) {

@@ -427,22 +427,9 @@ static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m,
     dllm_ctx_free(gpu);
 }
 
-/* Turns the switch on for the test's scope and back off (reloaded either way). */
-struct test_bdb_switch {
-    explicit test_bdb_switch(bool on) {
-        if (on) setenv("DLLM_BD_BATCH", "1", 1);
-        else unsetenv("DLLM_BD_BATCH");
-        dllm__env_reload();
-    }
-    ~test_bdb_switch() {
-        unsetenv("DLLM_BD_BATCH");
-        dllm__env_reload();
-    }
-};
-
 TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_bdb_switch on(true);
+    test_env_switch on("DLLM_BD_BATCH", true);
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     CHECK(m != nullptr);
     if (m) test_bdb_model(T_, "tiny-fast-dllm-v2 (block 64 under the step mask's 32)", m, 2 * m->cfg.bd_mask_block, 8);
@@ -459,8 +446,8 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
  * quantise slightly different activations). */
 TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_bdb_switch on(true);
-    test_fp8_batch_switch fp8(true);
+    test_env_switch on("DLLM_BD_BATCH", true);
+    test_env_switch fp8("DLLM_BATCH_FP8", true);
     if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     CHECK(m != nullptr);
@@ -477,12 +464,12 @@ TEST(bd_batch_gpu, off_without_the_switch) {
     CHECK(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
         {
-            test_bdb_switch off(false);
+            test_env_switch off("DLLM_BD_BATCH", false);
             CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=1");
             CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=1");
             CHECK_STATUS(gpu->impl->bd_batch_reserve({}), DLLM_OK, nullptr);
         }
-        test_bdb_switch on(true);
+        test_env_switch on("DLLM_BD_BATCH", true);
         CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
         std::vector<int32_t> ids(8, 1);
         dllm__bd_seq q;

@@ -23,6 +23,15 @@ static void test_unsetenv(const char *name) {
     unsetenv(name);
     dllm__env_reload();
 }
+/* A DLLM_* switch on ("1") or off (unset) for a test's scope, unset again at its end; create contexts inside it. */
+struct test_env_switch {
+    const char *name;
+    test_env_switch(const char *switch_name, bool on) : name(switch_name) {
+        if (on) test_setenv(name, "1", 1);
+        else test_unsetenv(name);
+    }
+    ~test_env_switch() { test_unsetenv(name); }
+};
 
 static bool test_write_file(const std::string &path, const std::string &bytes) {
     FILE *f = fopen(path.c_str(), "wb");
