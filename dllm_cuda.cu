@@ -11177,7 +11177,8 @@ struct dllm__linear {
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction), else INDEPENDENT's pinned algorithm. The choice
+ * the operands (row-independent at any row count, by construction; its 128-wide tiles first under DLLM_BATCH_GEMM_N=128),
+ * else INDEPENDENT's pinned algorithm. The choice
  * depends on the shape alone, so a sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 
