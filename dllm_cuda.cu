@@ -343,7 +343,10 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            FP8 precisions, their E4M3 GEMMs in row-independent launches (gemm_fp8_batch); unverified on
  *                            a device, so off by default: without it FP8 items decode one after another
  *   DLLM_BATCH_GRAPHS=1      the batched forwards' layers replayed as CUDA graphs ([batch graphs], one per batch layout);
- *                            unverified on a device, so off by default */
+ *                            unverified on a device, so off by default
+ *   DLLM_BATCH_GEMM_N=128    the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's 128 x 128 tiles (twice the
+ *                            tiles of the default 256: fewer idle SMs at a few hundred rows) wherever N is a multiple of
+ *                            128; unverified on a device, so 256 by default (any other value: 256) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
@@ -351,6 +354,7 @@ struct dllm__env_switches {
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
     bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false;
+    int batch_gemm_n = 256;  // gemm_wg's tile width in the batched forwards: 256 or 128
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -380,6 +384,7 @@ static dllm__env_switches dllm__env_read() {
     e.bd_batch = num("DLLM_BD_BATCH", 0) != 0;
     e.batch_fp8 = num("DLLM_BATCH_FP8", 0) != 0;
     e.batch_graphs = num("DLLM_BATCH_GRAPHS", 0) != 0;
+    e.batch_gemm_n = num("DLLM_BATCH_GEMM_N", 256) == 128 ? 128 : 256;
     return e;
 }
 
@@ -9702,19 +9707,21 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
  * rows are independent of m by construction (below). Twin: the float64 product (tests).
- * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x 256; CTAs come in
+ * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x BN (BN = 256; 128
+ * for the batched forwards under DLLM_BATCH_GEMM_N=128, twice the tiles where few rows leave SMs idle); CTAs come in
  * clusters of two that take vertically adjacent tiles (m-tiles 2i and 2i + 1 of one column tile) and walk the tile
  * pairs, m fastest, so that the clusters in flight also share weight tiles through L2. In each CTA a producer
- * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one 128-row half of
+ * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one BN / 2-row half of
  * the weight tile, multicast into both CTAs of the cluster. A stage is refilled once the consumers of both CTAs have
- * released it (16 arrivals on its empty mbarrier). The two consumer warpgroups (64 rows each, m64n256k16,
+ * released it (16 arrivals on its empty mbarrier). The two consumer warpgroups (64 rows each, m64nBNk16,
  * accumulators in registers) hand a finished tile to TMA through shared memory and go on with the next, whose
  * stages the producer has been filling meanwhile. The weights of the first stages are requested before
  * griddepcontrol.wait: they do not depend on the previous kernel.
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
- * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). */
+ * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). The two widths
+ * need not give the same bits: a caller picks one by the shape alone. */
 static const char *dllm__src_gemm_wg = DLLM__SOURCE_LINE R"DLLM(
-struct gemm_tensor_maps { tensor_map x, w, y; };  // x, w: boxes of 64 columns x 128 rows; y: 64 x 64
+struct gemm_tensor_maps { tensor_map x, w, y; };  // boxes of 64 columns x: 128 rows (x), BN / 2 (w), 64 (y)
 
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -9744,33 +9751,34 @@ __device__ __forceinline__ void tma_store(const tensor_map &map, u32 src, int x,
 struct gemm_job {
     int m0, c0, ks;
 };
+template <int BN>
 __device__ __forceinline__ gemm_job gemm_job_of(int j, int m_tiles, int k_steps) {
     const int m_pairs = (m_tiles + 1) / 2, pair = (blockIdx.x >> 1) + (j / k_steps) * (gridDim.x >> 1);
-    return {min((pair % m_pairs) * 2 + (int)(blockIdx.x & 1), m_tiles - 1) * 128, (pair / m_pairs) * 256, j % k_steps};
+    return {min((pair % m_pairs) * 2 + (int)(blockIdx.x & 1), m_tiles - 1) * 128, (pair / m_pairs) * BN, j % k_steps};
 }
 
 /* The producer's one working thread. The weight boxes of the first NS jobs go out before griddepcontrol.wait, X's
  * after it; later jobs wait until the consumers of both CTAs have released their slot (empty). Weight half `rank`
  * is this CTA's to load for both. */
-template <int NS>
+template <int NS, int BN>
 __device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
-    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + 256 * 64 * 2;
+    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + BN * 64 * 2;
     const int rank = blockIdx.x & 1;
     auto load_w = [&](int j, const gemm_job &q) {
         const u32 slot = j % NS;
-        tma_load_both(s0 + slot * STAGE + A_BYTES + rank * 128 * 128, tm.w, q.ks * 64, q.c0 + rank * 128, full + slot * 8);
+        tma_load_both(s0 + slot * STAGE + A_BYTES + rank * (BN / 2) * 128, tm.w, q.ks * 64, q.c0 + rank * (BN / 2), full + slot * 8);
     };
     auto load_x = [&](int j, const gemm_job &q) { tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8); };
     const int first = min(NS, jobs);
     for (int j = 0; j < first; j++) {
         mbar_expect_tx(full + j * 8, STAGE);
-        load_w(j, gemm_job_of(j, m_tiles, k_steps));
+        load_w(j, gemm_job_of<BN>(j, m_tiles, k_steps));
     }
     pdl_enter();
-    for (int j = 0; j < first; j++) load_x(j, gemm_job_of(j, m_tiles, k_steps));
+    for (int j = 0; j < first; j++) load_x(j, gemm_job_of<BN>(j, m_tiles, k_steps));
     for (int j = NS; j < jobs; j++) {
         const int slot = j % NS;
-        const gemm_job q = gemm_job_of(j, m_tiles, k_steps);
+        const gemm_job q = gemm_job_of<BN>(j, m_tiles, k_steps);
         mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
         mbar_expect_tx(full + slot * 8, STAGE);
         load_w(j, q);
@@ -9778,16 +9786,17 @@ __device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0,
     }
 }
 
-/* A consumer warpgroup's 64 x 256 accumulators (its rows m0 + 64 wg.., columns from c0) to Y, through its 16 KB staging
- * buffer (two 64 x 64 boxes in the 128-byte swizzle, which spreads each warp's stores over all banks) in two passes of
- * 128 columns, each sent by TMA while the warpgroup goes on; a pass first waits until the previous one's store has
- * read the buffer. Storing from registers straight to global memory left the kernel 13-33% slower than cuBLASLt; four
- * passes of 64 columns alternating between the two boxes measured the same as two. */
-__device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[32][4], int m0, int c0, int wg, u32 stage) {
+/* A consumer warpgroup's 64 x BN accumulators (its rows m0 + 64 wg.., columns from c0) to Y, through its 16 KB staging
+ * buffer (two 64 x 64 boxes in the 128-byte swizzle, which spreads each warp's stores over all banks) in BN / 128
+ * passes of 128 columns, each sent by TMA while the warpgroup goes on; a pass first waits until the previous one's
+ * store has read the buffer. Storing from registers straight to global memory left the kernel 13-33% slower than
+ * cuBLASLt; four passes of 64 columns alternating between the two boxes measured the same as two (BN = 256). */
+template <int BN>
+__device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[BN / 8][4], int m0, int c0, int wg, u32 stage) {
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const bool issuer = (threadIdx.x & 127) == 0;
     #pragma unroll
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < BN / 128; pass++) {
         if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         named_bar_sync(1 + wg, 128);
         #pragma unroll
@@ -9810,9 +9819,9 @@ __device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const flo
 
 /* The consumer warpgroups: one k-step a turn, its four k16 products issued, then the previous step's awaited and its
  * slot released in both CTAs; the tile's last step awaited before the store. */
-template <int NS>
+template <int NS, int BN>
 __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0, u32 staging, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
-    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + 256 * 64 * 2;
+    constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + BN * 64 * 2;
     const int wg = threadIdx.x >> 7;
     auto release = [&](int j) {
         __syncwarp();
@@ -9821,14 +9830,14 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
             mbar_arrive_cluster(empty + (j % NS) * 8, (blockIdx.x & 1) ^ 1);
         }
     };
-    float acc[32][4];
+    float acc[BN / 8][4];
     for (int j = 0; j < jobs;) {
         for (int ks = 0; ks < k_steps; ks++, j++) {
             const u32 slot = j % NS, sa = s0 + slot * STAGE;
             mbar_wait(full + slot * 8, (j / NS) & 1);
             wg_fence();
             #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgmma_ss<256>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32), ks > 0 || kk > 0);
+            for (int kk = 0; kk < 4; kk++) wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32), ks > 0 || kk > 0);
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (ks > 0) {
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -9837,19 +9846,19 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
         }
         wg_wait_for<0>(acc);
         release(j - 1);
-        const gemm_job tile = gemm_job_of(j - 1, m_tiles, k_steps);
-        gemm_store(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
+        const gemm_job tile = gemm_job_of<BN>(j - 1, m_tiles, k_steps);
+        gemm_store<BN>(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
     }
     if ((threadIdx.x & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores are done
 }
 
-template <int NS>
+template <int NS, int BN>
 __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_constant__ gemm_tensor_maps tm) {
-    constexpr u32 STAGE = (128 + 256) * 64 * 2;
+    constexpr u32 STAGE = (128 + BN) * 64 * 2;
     extern __shared__ __align__(16) unsigned char smem[];
     // The ring, the consumers' staging buffers (16 KB each), the mbarriers; 1024-byte swizzle atoms.
     const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, staging = s0 + NS * STAGE, full = staging + 2 * 16384, empty = full + NS * 8;
-    const int m_tiles = (a.m + 127) / 128, pairs = (m_tiles + 1) / 2 * (a.n / 256), k_steps = (a.k + 63) / 64;
+    const int m_tiles = (a.m + 127) / 128, pairs = (m_tiles + 1) / 2 * (a.n / BN), k_steps = (a.k + 63) / 64;
     const int clusters = gridDim.x >> 1, cluster = blockIdx.x >> 1;
     const int jobs = cluster < pairs ? (pairs - cluster + clusters - 1) / clusters * k_steps : 0;
     if (threadIdx.x == 256) {
@@ -9864,13 +9873,13 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     // barriers. ptxas compiles each side for its register count: the producer needs more than the attention's 24.
     if (threadIdx.x >= 256) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 256) gemm_produce<NS>(tm, s0, full, empty, jobs, m_tiles, k_steps);
+        if (threadIdx.x == 256) gemm_produce<NS, BN>(tm, s0, full, empty, jobs, m_tiles, k_steps);
         __syncwarp();
         cluster_sync();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    gemm_consume<NS>(tm, s0, staging, full, empty, jobs, m_tiles, k_steps);
+    gemm_consume<NS, BN>(tm, s0, staging, full, empty, jobs, m_tiles, k_steps);
     cluster_sync();
 }
 )DLLM";
@@ -10315,16 +10324,27 @@ static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
             {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
-static std::string dllm__gemm_wg_name(const dllm__arch &a) { return dllm__format("gemm_wg<%d>", a.gemm_wg_stages); }
+/* Shared memory of gemm_wg with a ring of `stages` and tiles bn wide: the ring, the consumers' staging buffers, the
+ * slack that aligns them to 1024 bytes, and the full and empty mbarriers. */
+static size_t dllm__gemm_wg_smem_of(int stages, int bn) { return (size_t)stages * (128 + bn) * 128 + 2 * 16384 + 1024 + 16 * stages; }
 
-/* Shared memory of gemm_wg: the ring, the consumers' staging buffers, the slack that aligns them to 1024 bytes, and the
- * full and empty mbarriers. */
-static size_t dllm__gemm_wg_smem(const dllm__arch &a) { return (size_t)a.gemm_wg_stages * (128 + 256) * 128 + 2 * 16384 + 1024 + 16 * a.gemm_wg_stages; }
+/* gemm_wg's ring for tiles bn wide (256 or 128): the table's for 256 columns (4 stages of 48 KB); for 128, whose stages
+ * are 32 KB, the deepest ring that fits a CTA's 227 KB (6 stages: the same 192 KB of k-steps in flight). 0 where the
+ * table has no gemm_wg. */
+static int dllm__gemm_wg_stages(const dllm__arch &a, int bn) {
+    int stages = a.gemm_wg_stages;
+    if (stages && bn != 256)
+        while (dllm__gemm_wg_smem_of(stages + 1, bn) <= 227 * 1024) stages++;
+    return stages;
+}
 
-/* gemm_wg's module (sm_90a, where the table has it). */
-static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch) {
-    return {dllm__format("dllm_gemm_wg_s%d", arch.gemm_wg_stages), dllm__src_prelude() + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
-            {dllm__gemm_wg_name(arch)}, arch.target};
+static std::string dllm__gemm_wg_name(const dllm__arch &a, int bn) { return dllm__format("gemm_wg<%d,%d>", dllm__gemm_wg_stages(a, bn), bn); }
+static size_t dllm__gemm_wg_smem(const dllm__arch &a, int bn) { return dllm__gemm_wg_smem_of(dllm__gemm_wg_stages(a, bn), bn); }
+
+/* gemm_wg's module for tiles bn wide (sm_90a, where the table has it). */
+static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch, int bn) {
+    return {dllm__format("dllm_gemm_wg_n%d_s%d", bn, dllm__gemm_wg_stages(arch, bn)), dllm__src_prelude() + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
+            {dllm__gemm_wg_name(arch, bn)}, arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
@@ -10537,25 +10557,28 @@ struct dllm__gemm_tensor_maps {
     CUtensorMap x, w, y;
 };
 
-/* dllm's Hopper GEMM (dllm__src_gemm_wg), loaded for one device. */
+/* dllm's Hopper GEMM (dllm__src_gemm_wg) for one tile width, loaded for one device. */
 struct dllm__gemm_wg {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<void(gemm_wg_args, dllm__gemm_tensor_maps)> kernel;
     size_t smem = 0;
     int clusters = 0;  // clusters of two CTAs the GPU holds at once
-    /* Whether it runs Y [M x N] = X . W^T: whole 256-wide column tiles, 16-byte rows and bases for TMA. */
+    int bn = 256;      // output tile width: 256, or 128 (DLLM_BATCH_GEMM_N)
+    /* Whether it runs Y [M x N] = X . W^T: whole bn-wide column tiles, 16-byte rows and bases for TMA. */
     bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
-        return kernel.fn && N > 0 && N % 256 == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
+        return kernel.fn && N > 0 && N % bn == 0 && K % 8 == 0 && ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
     }
 };
 
-/* Loads gemm_wg for the current device where the table has it and the driver encodes tensor maps; leaves k empty
- * otherwise. */
-static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
+/* Loads gemm_wg with tiles bn wide (256 or 128) for the current device where the table has it and the driver encodes
+ * tensor maps; leaves k empty otherwise. */
+static dllm_status dllm__gemm_wg_load(const dllm__arch &a, int bn, dllm__gemm_wg &k) {
     if (!a.gemm_wg_stages || !dllm__tensor_map_encoder()) return DLLM_OK;
-    DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a), k.module));
-    cudaKernel_t kernel = k.module->kernels.at(dllm__gemm_wg_name(a));
-    k.smem = dllm__gemm_wg_smem(a);
+    if (bn != 256 && bn != 128) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg has no tiles %d wide (256 or 128)", bn);
+    DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a, bn), k.module));
+    cudaKernel_t kernel = k.module->kernels.at(dllm__gemm_wg_name(a, bn));
+    k.smem = dllm__gemm_wg_smem(a, bn);
+    k.bn = bn;
     DLLM__CUDA(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem));
     cudaLaunchAttribute pair = dllm__cluster_attr(2);
     cudaLaunchConfig_t cfg = {};
@@ -10570,17 +10593,17 @@ static dllm_status dllm__gemm_wg_load(const dllm__arch &a, dllm__gemm_wg &k) {
     return DLLM_OK;
 }
 
-/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T on gemm_wg: as many clusters of two as the GPU holds at once, each walking
- * its tile pairs. */
+/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T on gemm_wg (k's tile width): as many clusters of two as the GPU holds at
+ * once, each walking its tile pairs. */
 static dllm_status dllm__gemm_wg_run(const dllm__gemm_wg &k, const void *X, const void *W, void *Y, int M, int N, int K, cudaStream_t stream) {
     if (!k.fits(X, W, Y, N, K)) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg cannot run M=%d N=%d K=%d", M, N, K);
     if (M == 0) return DLLM_OK;
     dllm__gemm_tensor_maps maps;
-    if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, 128) || !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, 128) ||
+    if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, 128) || !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, k.bn / 2) ||
         !dllm__tensor_map(maps.y, Y, N, M, 1, (uint64_t)N, 0, 64))
         return dllm__fail(DLLM_ERR_CUDA, "the driver refused a TMA tensor map for gemm_wg (M=%d N=%d K=%d)", M, N, K);
     const gemm_wg_args args = {M, N, K};
-    const int pairs = (M + 255) / 256 * (N / 256);
+    const int pairs = (M + 255) / 256 * (N / k.bn);
     return k.kernel.launch({dim3((unsigned)(2 * std::min(pairs, k.clusters))), dim3(384), k.smem, 2}, stream, args, maps);
 }
 
@@ -11158,7 +11181,8 @@ struct dllm__linear {
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction), else INDEPENDENT's pinned algorithm. The choice
+ * the operands (row-independent at any row count, by construction; its 128-wide tiles first under DLLM_BATCH_GEMM_N=128),
+ * else INDEPENDENT's pinned algorithm. The choice
  * depends on the shape alone, so a sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 
@@ -11999,6 +12023,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
     DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
+    /* The widest gemm_wg tiles the batched forwards' BF16 GEMMs take where they fit (128 under DLLM_BATCH_GEMM_N=128,
+     * 256; 0: no gemm_wg, the pinned GEMM). */
+    DLLM__TEST_HOOK int batch_gemm_n() const { return gemm_wg_n128_.kernel.fn ? 128 : gemm_wg_.kernel.fn ? 256 : 0; }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
      * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
     DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
@@ -12149,6 +12176,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__attn_kernels A_;
     dllm__gemm gemm_;
     dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
+    dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (DLLM_BATCH_GEMM_N=128)
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
     dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
@@ -12317,9 +12345,11 @@ dllm_status dllm__gpu_backend::init(int device) {
 
 /* The modules compile in parallel: cold JIT time is the slowest one, not the sum. gemm_wg's (sm_90a) compiles beside
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
- * with a warning. */
+ * with a warning. So does its 128-wide variant under DLLM_BATCH_GEMM_N=128 (without it the batched forwards run the
+ * 256-wide one). */
 dllm_status dllm__gpu_backend::load_kernels() {
-    std::shared_ptr<dllm__module> gemm_module;
+    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module;
+    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n == 128;
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
         {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
@@ -12328,7 +12358,8 @@ dllm_status dllm__gpu_backend::load_kernels() {
         jobs.push_back({dllm__module_q4_gemm(arch_), &q4_gemm_.module});
     }
     const size_t required = jobs.size();  // gemm_wg's module is optional
-    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_), &gemm_module});
+    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
+    if (n128) jobs.push_back({dllm__module_gemm_wg(arch_, 128), &gemm_n128_module});
     std::vector<dllm_status> st(jobs.size(), DLLM_OK);
     std::vector<std::string> err(jobs.size());
     std::vector<std::thread> workers;
@@ -12344,11 +12375,16 @@ dllm_status dllm__gpu_backend::load_kernels() {
     dllm__bind(K_, *rowwise_module_);
     dllm__bind(S_, *sampler_module_);
     DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
-    if (dllm__gemm_wg_load(arch_, gemm_wg_) != DLLM_OK) {
+    if (dllm__gemm_wg_load(arch_, 256, gemm_wg_) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
         gemm_wg_ = dllm__gemm_wg();
     }
     if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
+    if (n128 && dllm__gemm_wg_load(arch_, 128, gemm_wg_n128_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "DLLM_BATCH_GEMM_N=128: the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
+                  dllm__tls_error.c_str());
+        gemm_wg_n128_ = dllm__gemm_wg();
+    }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
@@ -12470,6 +12506,9 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
+            // A batched forward's kernel follows from the shape alone, never M (a sequence alone gets its batch's bits).
+            if (rows == DLLM__ROWS_BATCH && out == CUDA_R_16BF && gemm_wg_n128_.fits(x, W.data, y, W.n, W.k))
+                return dllm__gemm_wg_run(gemm_wg_n128_, x, W.data, y, M, W.n, W.k, stream_);
             if (rows == DLLM__ROWS_BATCH && gemm_.own_fits(op)) return dllm__gemm_wg_run(*gemm_.own, x, W.data, y, M, W.n, W.k, stream_);
             return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }

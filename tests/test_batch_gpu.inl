@@ -575,6 +575,31 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
+/* [batch] DLLM_BATCH_GEMM_N=128: the batched forwards' BF16 GEMMs on gemm_wg's 128-wide tiles where N is a multiple of
+ * 128: tiny-llada's Q/K/V (384, which the 256-wide tiles do not take), attention output and FFN down (128); its gate|up
+ * (400) and the LM head (fp32 out) stay on the pinned GEMM, as does all of tiny-dream (192 wide), so it alone is used. A
+ * sequence in a batch still has the logits and tokens of its batch of one, bit for bit, in any order, and the CPU's
+ * values. Contexts are made inside the switch's scope; it is unset at the end. */
+TEST(batch_gpu, gemm_n128_batches_equal_each_sequence_alone) {
+    NEED_GPU();
+    test_env_switch n128("DLLM_BATCH_GEMM_N", "128");
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+    CHECK(gpu && cpu);
+    if (gpu && cpu) {
+        const dllm__gpu_backend *g = (const dllm__gpu_backend *)gpu->impl.get();
+        CHECK_MSG(!g->arch().gemm_wg_stages || g->batch_gemm_n() == 128, "DLLM_BATCH_GEMM_N=128 set, the batched GEMMs take %d-wide tiles",
+                  g->batch_gemm_n());
+        printf("    batched GEMMs on %d-wide gemm_wg tiles (0: none on this GPU)\n", g->batch_gemm_n());
+        test_forward_batch_case(T_, m, gpu, cpu, "tiny-llada", 3);  // 408 rows: 4 m-tiles
+    }
+    dllm_ctx_free(gpu);
+    dllm_ctx_free(cpu);
+    dllm_model_free(m);
+    test_batch_gpu_random(T_, "tiny-llada", false, 128);        // tokens and step logits: whole generations
+    test_batch_gpu_random(T_, "tiny-llada", false, 328, true);  // the batched K/V-cache steps
+}
+
 /* Without DLLM_BATCH_FP8=1 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
  * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
 TEST(batch_gpu, fp8_items_decode_one_after_another) {

@@ -11,7 +11,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128), dllm__module_soloq(a)};
-        if (a.gemm_wg_stages) rqs.push_back(dllm__module_gemm_wg(a));
+        if (a.gemm_wg_stages)  // both tile widths (the 128-wide one runs under DLLM_BATCH_GEMM_N=128)
+            for (int bn : {256, 128}) rqs.push_back(dllm__module_gemm_wg(a, bn));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
             for (int stages : {2, 3}) {
                 dllm__arch wide = a;
@@ -31,6 +32,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             if (rq.name.find("attn") != std::string::npos || rq.name.find("gemm_wg") != std::string::npos)  // register arrays must stay in registers
                 CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            if (rq.name.find("gemm_wg") != std::string::npos)  // ptxas serialises wgmma it cannot pipeline, and says so
+                CHECK_MSG(log.find("serialized") == std::string::npos, "%s: wgmma serialised on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
         }
     }
@@ -93,11 +96,25 @@ TEST(jit, arch_table_and_overrides) {
     test_setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     test_unsetenv("DLLM_FA_WG_BC");
-    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB.
+    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB at both tile widths: the 128-wide
+    // tiles' 32 KB stages give a ring of 6 (one more would not fit); DLLM_BATCH_GEMM_N takes 128, anything else is 256.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
-    CHECK(dllm__gemm_wg_smem(dllm__arch_for(90)) <= 227 * 1024);
+    CHECK(dllm__gemm_wg_stages(dllm__arch_for(90), 256) == 4 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 6);
+    CHECK(dllm__gemm_wg_stages(dllm__arch_for(89), 128) == 0 && dllm__gemm_wg_stages(dllm__arch_for(89), 256) == 0);
+    for (int bn : {256, 128}) {
+        const dllm__arch h = dllm__arch_for(90);
+        CHECK(dllm__gemm_wg_smem(h, bn) <= 227 * 1024 && dllm__gemm_wg_smem_of(dllm__gemm_wg_stages(h, bn) + 1, bn) > 227 * 1024);
+    }
+    CHECK(dllm__gemm_wg_smem(dllm__arch_for(90), 128) == 6 * 32768 + 2 * 16384 + 1024 + 6 * 16);
+    CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>");
+    CHECK(dllm__env().batch_gemm_n == 256);
+    test_setenv("DLLM_BATCH_GEMM_N", "128", 1);
+    CHECK(dllm__env().batch_gemm_n == 128);
+    test_setenv("DLLM_BATCH_GEMM_N", "64", 1);
+    CHECK(dllm__env().batch_gemm_n == 256);
+    test_unsetenv("DLLM_BATCH_GEMM_N");
     test_setenv("DLLM_GEMM_WG", "0", 1);
-    CHECK(dllm__arch_for(90).gemm_wg_stages == 0);
+    CHECK(dllm__arch_for(90).gemm_wg_stages == 0 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 0);
     test_unsetenv("DLLM_GEMM_WG");
     for (const dllm__arch &a : dllm__arch_table) {
         dllm__arch three = a;
@@ -359,26 +376,37 @@ static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_
     CHECK(err < 8e-3 && guard_kept && repeats && independent);
 }
 
+/* Both tile widths (256; 128, which the batched forwards run under DLLM_BATCH_GEMM_N=128). */
 TEST(gpu, gemm_wg_matches_cpu) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    dllm__gemm_wg k;
-    CHECK_STATUS(dllm__gemm_wg_load(g.arch, k), DLLM_OK, nullptr);
-    if (!k.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
     test_rng r("gemm_wg");
-    test_gemm_wg_case(T_, k, r, 333, 512, 200);       // 3 m-tiles: the last pair's second tile repeats the first
-    test_gemm_wg_case(T_, k, r, 1, 256, 8);
-    test_gemm_wg_case(T_, k, r, 130, 768, 136);
-    test_gemm_wg_case(T_, k, r, 600, 256, 4096);      // 64 k-steps: the ring wraps many times
-    test_gemm_wg_case(T_, k, r, 1100, 67 * 256, 72);  // 5 x 67 tile pairs for at most 66 clusters: clusters walk several
-    // Shapes it cannot run are refused, not computed wrong.
-    dllm__dbuf dx, dy;
-    test_poison(dx, 1 << 16);
-    test_poison(dy, 1 << 16);
-    CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 384, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
-    CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
-    CHECK_STATUS(dllm__gemm_wg_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+    for (int bn : {256, 128}) {
+        dllm__gemm_wg k;
+        CHECK_STATUS(dllm__gemm_wg_load(g.arch, bn, k), DLLM_OK, nullptr);
+        if (!k.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
+        printf("    tiles %d wide:\n", bn);
+        test_gemm_wg_case(T_, k, r, 333, 512, 200);         // 3 m-tiles: the last pair's second tile repeats the first
+        test_gemm_wg_case(T_, k, r, 1, 256, 8);
+        test_gemm_wg_case(T_, k, r, 130, 768, 136);
+        test_gemm_wg_case(T_, k, r, 600, 256, 4096);        // 64 k-steps: the ring wraps many times
+        test_gemm_wg_case(T_, k, r, 1100, 67 * 256, 72);    // 5 x 67 tile pairs for at most 66 clusters: clusters walk several
+        if (bn == 128) {                                    // N an odd multiple of 128: a last column tile of its own
+            test_gemm_wg_case(T_, k, r, 333, 384, 200);
+            test_gemm_wg_case(T_, k, r, 1, 128, 8);
+            test_gemm_wg_case(T_, k, r, 1100, 67 * 128, 72);
+            test_gemm_wg_case(T_, k, r, 130, 1152, 4104);   // the ring of 6 wraps with a part k-step last
+        }
+        // Shapes it cannot run are refused, not computed wrong.
+        dllm__dbuf dx, dy;
+        test_poison(dx, 1 << 16);
+        test_poison(dy, 1 << 16);
+        if (bn == 256) CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 384, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+        CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 192, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+        CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
+        CHECK_STATUS(dllm__gemm_wg_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+    }
 }
 
 /* Attention on fused projection rows: B = 2, awkward lengths, GQA, a padding mask, both head dims, and

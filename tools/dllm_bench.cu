@@ -6,7 +6,8 @@
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
- *                                          bursts and sustained (power-capped)
+ *                                          bursts and sustained (power-capped); then its 256- and 128-wide tiles at
+ *                                          M = 32, 128, 512 and 2048
  *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --int8-gemm-only      the INT8 GEMM path (SoloQ-I/C, more than 64 rows) against cuBLASLt BF16, FP8 and
@@ -17,7 +18,8 @@
  *                                          step at the Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
- *                                          then the batched dual-cache step of 1 to 64 canvases of 1024
+ *                                          then the batched dual-cache step of 1 to 64 canvases of 1024; then both again
+ *                                          under DLLM_BATCH_GEMM_N=128 (keys n128_..., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
@@ -213,7 +215,7 @@ static void bench_ceilings(bench_result &r, cudaStream_t s) {
  * (bench_us_sustained, about 10 s in all). */
 static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t s, bool sustained) {
     dllm__gemm_wg k;
-    BENCH_CHECK(dllm__gemm_wg_load(arch, k));
+    BENCH_CHECK(dllm__gemm_wg_load(arch, 256, k));
     if (!k.kernel.fn) {
         printf("(no gemm_wg on sm_%d)\n", arch.cc);
         return;
@@ -244,6 +246,32 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
         r.set(name + "gemm_wg sustained us", held);
         r.set(name + "cuBLASLt sustained TFLOPs", 2.0 * M * sh.N * sh.K / lt_held / 1e6);
     }
+}
+
+/* [batch] gemm_wg's two tile widths (256; 128, DLLM_BATCH_GEMM_N=128) at the LLaDA-8B shapes for the row counts of
+ * batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and 2048 around), 10 launches back to back
+ * a timing: 128 x 128 tiles make twice the tile pairs where 128 x 256 leave SMs idle (o and down at M = 512: 64 CTAs
+ * on 132 SMs). */
+static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    dllm__gemm_wg wide, narrow;
+    BENCH_CHECK(dllm__gemm_wg_load(arch, 256, wide));
+    BENCH_CHECK(dllm__gemm_wg_load(arch, 128, narrow));
+    if (!wide.kernel.fn || !narrow.kernel.fn) return;
+    std::shared_ptr<dllm__module> rowwise;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    for (const auto &sh : shapes)
+        for (int M : {32, 128, 512, 2048}) {
+            bench_gemm_shape g;
+            g.M = M; g.N = sh.N; g.K = sh.K;
+            bench_prepare(rowwise, g, false, s);
+            const double us256 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(wide, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+            const double us128 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(narrow, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+            const std::string name = dllm__format("gemm_wg %s M%d ", sh.name, M);
+            r.set(name + "n256 us", us256);
+            r.set(name + "n128 us", us128);
+            r.set(name + "n128/n256", us128 / us256);
+        }
 }
 
 /* n bytes in [lo, lo + span) from a xorshift stream (seed advances) into buf on the device. */
@@ -865,6 +893,15 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
     return 2.0 * rows * per_token + 2.0 * lm_rows * d * c.n_vocab + c.n_layer * 4.0 * rows * keys * q;
 }
 
+/* [batch] A second pass of the --batch-rows tables under a switch (tag, e.g. "n128_", non-empty): only the step time
+ * under key + "step_ms" and its ratio to the first pass's (base + "step_ms"). Returns whether it was one. */
+static bool bench_batch_brief(bench_result &r, const char *tag, const std::string &key, const std::string &base, double ms) {
+    if (!*tag) return false;
+    r.set(key + "step_ms", ms);
+    if (r.v.count(base + "step_ms")) r.set(key + "step_over_default", ms / r.v[base + "step_ms"]);
+    return true;
+}
+
 /* [batch] [dual cache] The batched K/V-cache step (forward_batch_kv's forward) at the LLaDA-8B
  * shape as torch_reference_batch.py's dual_block32_N1024 rows run it: B canvases of 1024 tokens, each with its own
  * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
@@ -872,8 +909,9 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
  * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
  * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). Beside
  * it the step with its token choice on the device (step_with_choice_ms; choice_ms the difference), and at B = 16 the
- * step with its logits copied to the host for the host's choice (step_logits_to_host_ms). */
-static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate) {
+ * step with its logits copied to the host for the host's choice (step_logits_to_host_ms). With a tag, only the step
+ * times (bench_batch_brief). */
+static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_rate, const char *tag) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
     dllm_ctx *ctx = nullptr;
@@ -902,7 +940,8 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
         const double fill_ms = bench_ms(gpu->stream(), 1, 3, [&] { BENCH_CHECK(gpu->batch_logits(vf, nothing)); });
         const double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->batch_logits(vs, nothing)); });
         const double flops = B * bench_kv_step_flops(c, b1 - vs.q0[0], n, b1 - b0);
-        const std::string k = dllm__format("batch%d_dual_N1024_", B);
+        const std::string k = dllm__format("%sbatch%d_dual_N1024_", tag, B);
+        if (bench_batch_brief(r, tag, k, dllm__format("batch%d_dual_N1024_", B), ms)) continue;
         r.set(k + "fill_ms", fill_ms);
         r.set(k + "step_ms", ms);
         r.set(k + "tokens_per_s", 1000.0 * B / ms);
@@ -980,14 +1019,17 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
  * step, the generated tokens/s it stands for (one token per sequence a step, as W1 commits them), TFLOP/s and the fraction
  * of the BF16 compute floor (its FLOPs at the 8192^3 GEMM rate measured here). The batched step runs row-independent
  * GEMMs and no K/V cache; the solo forward of the same canvas (tuned GEMMs) is printed beside B = 1 for what batch
- * invariance costs. The model's weights and the sequences' ids are random. */
-static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s) {
+ * invariance costs. The model's weights and the sequences' ids are random. With a tag (a second pass under a switch)
+ * only the step times, beside the first pass's (bench_batch_brief). */
+static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s, const char *tag) {
     std::shared_ptr<dllm__module> rowwise;
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(dllm__arch_for(prop.major * 10 + prop.minor)), rowwise));
     double gemm_rate;
-    {
+    if (r.v.count("bf16_gemm_8192_TFLOPs")) {
+        gemm_rate = r.v["bf16_gemm_8192_TFLOPs"];
+    } else {
         dllm__gemm g;
         BENCH_CHECK(g.init());
         gemm_rate = bench_gemm_rate(g, rowwise, 8192, 8192, 8192, false, s);
@@ -1004,9 +1046,11 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
     const int n = 256, out_rows = 32;
     std::vector<int32_t> ids((size_t)n);
     for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 7919) % 100000;
-    BENCH_CHECK(gpu->prepare_forward(ids.data(), n, out_rows));
-    const double solo_ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, n - out_rows, n, [](int, int) { return DLLM_OK; })); });
-    r.set("batch_solo_fwd_N256_ms", solo_ms);
+    if (!*tag) {
+        BENCH_CHECK(gpu->prepare_forward(ids.data(), n, out_rows));
+        const double solo_ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, n - out_rows, n, [](int, int) { return DLLM_OK; })); });
+        r.set("batch_solo_fwd_N256_ms", solo_ms);
+    }
     for (int B : {1, 4, 8, 16, 32, 64}) {
         std::vector<std::vector<int32_t>> canvases((size_t)B);
         std::vector<dllm__batch_seq> plan((size_t)B);
@@ -1018,14 +1062,15 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
         BENCH_CHECK(dllm__varlen_layout_of(c, plan, cp.max_tokens, v));
         const double ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->batch_logits(v, [](int, int) { return DLLM_OK; })); });
         const double flops = B * bench_flops(c, n, out_rows);
-        const std::string k = dllm__format("batch%d_fwd_N256_", B);
+        const std::string k = dllm__format("%sbatch%d_fwd_N256_", tag, B);
+        if (bench_batch_brief(r, tag, k, dllm__format("batch%d_fwd_N256_", B), ms)) continue;
         r.set(k + "step_ms", ms);
         r.set(k + "tokens_per_s", 1000.0 * B / ms);
         r.set(k + "TFLOPs", flops / ms / 1e9);
         r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
     }
     dllm_ctx_free(ctx);
-    bench_batch_kv_rows(r, model, gemm_rate);
+    bench_batch_kv_rows(r, model, gemm_rate, tag);
     dllm_model_free(model);
 }
 
@@ -1042,14 +1087,16 @@ static const char *bench_usage =
     "                     block-diffusion block step at the Fast-dLLM v2 7B shape\n"
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
-    "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained\n"
+    "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained; then its\n"
+    "                     256- and 128-wide tiles at M = 32, 128, 512, 2048\n"
     "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
     "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
-    "                     and the step with its token choice on the device beside it\n"
+    "                     and the step with its token choice on the device beside it; then both step times again under\n"
+    "                     DLLM_BATCH_GEMM_N=128 (keys n128_...) with their ratio to the default's\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
@@ -1112,6 +1159,7 @@ int main(int argc, char **argv) {
     }
     if (gemm_only) {
         bench_gemm_wg(r, arch, s0, true);
+        bench_gemm_wg_widths(r, arch, s0);
         return 0;
     }
     if (q4_only) {
@@ -1136,8 +1184,11 @@ int main(int argc, char **argv) {
         dllm_model_free(model);
         return 0;
     }
-    if (batch_rows) {
-        bench_batch_rows(r, config, s0);
+    if (batch_rows) {  // the default, then gemm_wg's 128-wide tiles in the batched GEMMs (a context reads the switch when made)
+        bench_batch_rows(r, config, s0, "");
+        setenv("DLLM_BATCH_GEMM_N", "128", 1);
+        dllm__env_reload();
+        bench_batch_rows(r, config, s0, "n128_");
         return 0;
     }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
@@ -1177,7 +1228,7 @@ int main(int argc, char **argv) {
         BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), a));
         BENCH_CHECK(dllm__jit_load(dllm__module_sampler(arch), b));
         BENCH_CHECK(dllm__jit_load(dllm__module_attention(arch, 128), c));
-        if (arch.gemm_wg_stages) BENCH_CHECK(dllm__jit_load(dllm__module_gemm_wg(arch), c));
+        if (arch.gemm_wg_stages) BENCH_CHECK(dllm__jit_load(dllm__module_gemm_wg(arch, 256), c));
     };
     {
         std::lock_guard<std::mutex> lk(dllm__jit_mutex);
