@@ -8183,12 +8183,14 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 }
 
 /* A stage: the raw K and V codes of a tile's keys [KVQ_TC_BC][KVQ_HD / 2] each (2-bit rows use the first half), the K
- * pairs of up to KVQ_TC_PG key groups from group ga on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
+ * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
  * [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
 #define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
-__device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int k0, int lo, int hi, int ga) {
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi);
+__device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int k0, int lo, int hi) {
+    const int ga = lo / a.group;
     const int tid = threadIdx.x, nt = blockDim.x, kvd = a.n_kv * KVQ_HD, row_bytes = kvd * a.bits / 8, cb = KVQ_HD * a.bits / 8;
     const u64 off = (u64)kvh * cb;
     if (cb % 16 == 0) {
@@ -8210,7 +8212,7 @@ __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int 
             kvq_cp_async4(smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * 4), src + (ok ? (u64)j * row_bytes + off + c * 4 : 0), ok);
         }
     }
-    const int ng = min(KVQ_TC_PG, (hi - 1) / a.group - ga + 1);
+    const int ng = kvq_tc_groups(a, lo, hi);
     for (int u = tid; u < ng * KVQ_HD / 4; u += nt) {
         const int gi = u / (KVQ_HD / 4), c = u % (KVQ_HD / 4);
         cp_async16(smem_u32(st + KVQ_STAGE_KP + gi * KVQ_HD * 4 + c * 16), a.k_pairs + ((u64)(ga + gi) * kvd + kvh * KVQ_HD) * 2 + c * 8, true);
@@ -8224,42 +8226,62 @@ __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int 
     }
 }
 
+/* A stage's FP16 pairs as fp32, once per tile rather than once per decoded element (the conversion unit is a sixteenth
+ * of the FMA pipes' rate): the K pairs of its ng key groups into kpf [KVQ_TC_PG][KVQ_HD], KIVI's V pairs into vpf
+ * [KVQ_TC_BC] (exact: every half is an fp32). */
+__device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float2 *kpf, float2 *vpf, int ng) {
+    const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP), *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
+    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = make_float2(kvq_h2f(kp[2 * u]), kvq_h2f(kp[2 * u + 1]));
+    if (!a.soloq)
+        for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = make_float2(kvq_h2f(vp[2 * u]), kvq_h2f(vp[2 * u + 1]));
+}
+
+/* The stage's key groups: from ga = lo / group, at most KVQ_TC_PG of them. */
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) { return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1); }
+
+/* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
+__device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
+
 /* A stage decoded into the bf16 K and V tiles [KVQ_TC_BC][KVQ_HD + 8] (twin: dllm__kvq_flash_twin's keys and values): a
- * thread per 8 channels of a key. Keys outside [lo, hi) become zeros (their scores are masked; P = 0 times a zero value
- * adds nothing, where a NaN would). A key group past the staged ones reads its pairs from global memory. */
-__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi, int ga) {
+ * thread per 8 channels of a key; the pairs from kvq_tc_convert (a key group past the staged ones: from global memory),
+ * SoloQ's levels from `lut` (kvq_soloq_c of each code). Keys outside [lo, hi) become zeros (their scores are masked;
+ * P = 0 times a zero value adds nothing, where a NaN would). */
+__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf, const float *lut, bf16_t *sK,
+                              bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
-    const int kvd = a.n_kv * KVQ_HD, bits = a.bits;
+    const int kvd = a.n_kv * KVQ_HD, bits = a.bits, ga = lo / max(a.group, 1);
     const u32 mask = (1u << bits) - 1u;
     for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * CPR; u += blockDim.x) {
         const bool v = u >= KVQ_TC_BC * CPR;
         const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c8 = w % CPR, j = k0 + key;
-        float x[8];
-        if (j < lo || j >= hi) {
-            #pragma unroll
-            for (int e = 0; e < 8; e++) x[e] = 0.f;
-        } else {
+        u32 packed[4] = {0u, 0u, 0u, 0u};
+        if (j >= lo && j < hi) {
             const unsigned char *codes = st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2);
-            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
-            if (!v) {
-                const int gi = j / a.group - ga;
-                const unsigned short *pr = gi < KVQ_TC_PG ? (const unsigned short *)(st + KVQ_STAGE_KP) + (gi * KVQ_HD + c8 * 8) * 2
-                                                          : a.k_pairs + ((u64)(j / a.group) * kvd + kvh * KVQ_HD + c8 * 8) * 2;
+            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
+            const int gi = j / max(a.group, 1) - ga;
+            const float2 *kp = kpf + gi * KVQ_HD + c8 * 8;
+            const unsigned short *kg = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * KVQ_HD + c8 * 8) * 2;
+            const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
+            const float2 vp = vpf[key];
+            // Two channels at a time, packed as they are made: eight fp32 values and their pairs live at once would
+            // not fit beside the 64 output registers at head dim 128.
+            #pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float x[2];
                 #pragma unroll
-                for (int e = 0; e < 8; e++) x[e] = fmaf((float)(word >> (e * bits) & mask), kvq_h2f(pr[2 * e]), kvq_h2f(pr[2 * e + 1]));
-            } else if (a.soloq) {
-                const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
-                #pragma unroll
-                for (int e = 0; e < 8; e++) x[e] = __fmul_rn(kvq_soloq_c(word >> (e * bits) & mask, bits), sc);
-            } else {
-                const unsigned short *pr = (const unsigned short *)(st + KVQ_STAGE_VS + key * 4);
-                const float scale = kvq_h2f(pr[0]), mn = kvq_h2f(pr[1]);
-                #pragma unroll
-                for (int e = 0; e < 8; e++) x[e] = fmaf((float)(word >> (e * bits) & mask), scale, mn);
+                for (int f = 0; f < 2; f++) {
+                    const float c = kvq_code_f32(word, e + f, bits, mask);
+                    if (!v) {
+                        const float2 pr = gi < KVQ_TC_PG ? kp[e + f] : make_float2(kvq_h2f(kg[2 * (e + f)]), kvq_h2f(kg[2 * (e + f) + 1]));
+                        x[f] = fmaf(c, pr.x, pr.y);
+                    } else {
+                        x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc) : fmaf(c, vp.x, vp.y);
+                    }
+                }
+                packed[e / 2] = pack_bf16x2(x[0], x[1]);
             }
         }
-        const uint4 packed = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
-        *(uint4 *)((v ? sV : sK) + key * LD + c8 * 8) = packed;
+        *(uint4 *)((v ? sV : sK) + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
 
@@ -8335,9 +8357,11 @@ KERNEL_kvq_flash {
     constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
     pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
     const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + CR * LD, *sV = sK + BC * LD;
-    unsigned char *raw = (unsigned char *)(sV + BC * LD);
+    float2 *kpf = (float2 *)(sV + BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
+    unsigned char *raw = (unsigned char *)(vpf + BC);
     const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
     int j0, j1;
     bool quant;
@@ -8348,6 +8372,7 @@ KERNEL_kvq_flash {
     const int j1c = min(j1, kvq_visible(a, i_max));
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
     const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0, limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
+    if (threadIdx.x < 16) lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
     kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
     cp_async_commit();
 
@@ -8358,18 +8383,23 @@ KERNEL_kvq_flash {
     const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8), k_s = smem_u32(sK), v_s = smem_u32(sV);
     const float scale_log2 = a.scale * 1.4426950408889634f;
     const int t0 = j0 / BC, t1 = j1c > j0 ? (j1c - 1) / BC + 1 : t0;
-    auto group_of = [&](int tile) { return max(tile * BC, j0) / max(a.group, 1); };  // the first key group a stage holds
-    if (quant && t0 < t1) kvq_tc_stage(a, raw, kvh, t0 * BC, j0, min(t0 * BC + BC, j1c), group_of(t0));
-    cp_async_commit();
+    // Quantised splits: tile t's raw codes and pairs are copied (cp.async) while tile t - 1 is multiplied; once they
+    // land, its pairs go to fp32 (kvq_tc_convert), then after a barrier its codes are decoded into sK and sV.
+    if (quant && t0 < t1) {
+        kvq_tc_stage(a, raw, kvh, t0 * BC, j0, min(t0 * BC + BC, j1c));
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        kvq_tc_convert(a, raw, kpf, vpf, kvq_tc_groups(a, j0, min(t0 * BC + BC, j1c)));
+    }
     for (int tile = t0; tile < t1; tile++) {
         const int k0 = tile * BC, lo = max(k0, j0), hi = min(k0 + BC, j1c);
         if (quant) {
-            if (tile + 1 < t1)  // into the stage tile - 1 used, which every thread decoded before the last barrier
-                kvq_tc_stage(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kvh, k0 + BC, k0 + BC, min(k0 + 2 * BC, j1c), group_of(tile + 1));
+            if (tile + 1 < t1)  // into the stage of tile - 1, decoded before the last barrier
+                kvq_tc_stage(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kvh, k0 + BC, k0 + BC, min(k0 + 2 * BC, j1c));
             cp_async_commit();
-            cp_async_wait<1>();
-            __syncthreads();
-            kvq_tc_decode(a, raw + ((tile - t0) & 1) * KVQ_TC_STAGE, sK, sV, kvh, k0, lo, hi, group_of(tile));
+            __syncthreads();  // the pairs converted; sK and sV free
+            kvq_tc_decode(a, raw + ((tile - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, lut, sK, sV, kvh, k0, lo, hi);
         } else {
             kvq_tc_load_bf16(a, sK, sV, kvh, k0, lo, hi);
             cp_async_commit();
@@ -8381,8 +8411,15 @@ KERNEL_kvq_flash {
             for (int sub = 0; sub < BC; sub += 32)
                 if (k0 + sub < hi && k0 + sub + 32 > lo)
                     kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
-        __syncthreads();
+        if (quant && tile + 1 < t1) {  // tile + 1's stage landed (it had this tile's decode and mma to): its pairs to fp32
+            cp_async_wait<0>();
+            __syncthreads();
+            kvq_tc_convert(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, k0 + BC, min(k0 + 2 * BC, j1c)));
+        } else {
+            __syncthreads();
+        }
     }
+    cp_async_wait<0>();  // a split with no visible key never waited for its query rows
     const int group = a.n_head / a.n_kv;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -14070,15 +14107,18 @@ static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dll
 
 /* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC=1): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
  * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
- * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each: 512 threads keep
- * head dim 128's 64 output registers a thread under the 128 a thread may have; 256 at larger head dims). */
+ * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
+ * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
+ * larger head dims, whose 128 output registers a thread need the 255 of 256 threads). */
 static int dllm__kvq_tc_bc(int hd) { return hd > 128 ? 32 : 64; }
 static const int dllm__kvq_tc_pair_groups = 4;
-static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 16; }
+static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 14; }
 static size_t dllm__kvq_tc_stage_bytes(int hd) { return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 + (size_t)dllm__kvq_tc_bc(hd) * 4; }
-/* Dynamic shared memory of a CTA of `warps` warps: the query rows, the decoded K and V tiles, two stages. */
+/* Dynamic shared memory of a CTA of `warps` warps: the query rows, the decoded K and V tiles, a tile's pairs in fp32,
+ * two stages of raw codes and pairs. */
 static size_t dllm__kvq_tc_smem(int hd, int warps) {
-    return (size_t)(warps * 16 + 2 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + 2 * dllm__kvq_tc_stage_bytes(hd);
+    return (size_t)(warps * 16 + 2 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
+           2 * dllm__kvq_tc_stage_bytes(hd);
 }
 static const int dllm__kvq_tc_chunk_rows = 128;  // query rows a launch at most (a prefill's rows go in launches of these)
 
