@@ -346,14 +346,17 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            unverified on a device, so off by default
  *   DLLM_BATCH_GEMM_N=128    the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's 128 x 128 tiles (twice the
  *                            tiles of the default 256: fewer idle SMs at a few hundred rows) wherever N is a multiple of
- *                            128; unverified on a device, so 256 by default (any other value: 256) */
+ *                            128; unverified on a device, so 256 by default (any other value: 256)
+ *   DLLM_KVQ_TC=1            [KV quant] block diffusion's attention over the quantised cache on tensor cores (kvq_flash:
+ *                            the codes decoded once per kv head, mma.sync, split over the keys); unverified on a device,
+ *                            so off by default: without it kvq_attention runs (a warp per query row and head) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false;
+    bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
     int batch_gemm_n = 256;  // gemm_wg's tile width in the batched forwards: 256 or 128
 };
 
@@ -385,6 +388,7 @@ static dllm__env_switches dllm__env_read() {
     e.batch_fp8 = num("DLLM_BATCH_FP8", 0) != 0;
     e.batch_graphs = num("DLLM_BATCH_GRAPHS", 0) != 0;
     e.batch_gemm_n = num("DLLM_BATCH_GEMM_N", 256) == 128 ? 128 : 256;
+    e.kvq_tc = num("DLLM_KVQ_TC", 0) != 0;
     return e;
 }
 
@@ -5303,6 +5307,112 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
+/* [KV quant] The key splits of the tensor-core attention (DLLM_KVQ_TC=1; device: kvq_split, kvq_n_splits): the bf16
+ * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
+ * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
+ * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
+static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[3], int hi[3]) {
+    const int qa = std::min(n_sink, n_committed);
+    lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;
+}
+static int dllm__kvq_tc_n_splits(int n_keys, int n_committed, int n_sink, int split_keys) {
+    int lo[3], hi[3], n = 0;
+    dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
+    for (int r = 0; r < 3; r++) n += hi[r] > lo[r] ? (hi[r] - 1) / split_keys - lo[r] / split_keys + 1 : 0;
+    return n;
+}
+static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int split_keys, int s, int &j0, int &j1, bool &quant) {
+    int lo[3], hi[3];
+    dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
+    for (int r = 0; r < 3; r++) {
+        const int n = hi[r] > lo[r] ? (hi[r] - 1) / split_keys - lo[r] / split_keys + 1 : 0;
+        if (s < n) {
+            j0 = std::max(lo[r], (lo[r] / split_keys + s) * split_keys), j1 = std::min(hi[r], (lo[r] / split_keys + s + 1) * split_keys);
+            quant = r == 1;
+            return;
+        }
+        s -= n;
+    }
+    j0 = j1 = 0, quant = false;
+}
+
+/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, DLLM_KVQ_TC=1) as they compute it, up to
+ * fp32 summation order and the device's ex2.approx: the CPU twin the GPU tests compare them with. Inputs as the device
+ * holds them: layer l's codes in q; `cache` [rows][2 kvd] the bf16 K|V rows (as floats) that the sinks and the rows
+ * from n_committed on are read from; queries x [q_rows][q_stride] (bf16 values, head h at h * hd); out [q_rows][n_head
+ * hd], fp32 (the kernel rounds it to bf16). Per split (dllm__kvq_tc_split) and per 32-key chunk at multiples of 32 (the
+ * device's mma step): scores in fp32 against keys rounded to bf16 (a quantised key decoded, fmaf(code, scale, min),
+ * then rounded), the online softmax in the log2 domain, probabilities rounded to bf16 before they meet the values
+ * (rounded to bf16 too; SoloQ's C * scale in the rotated basis: the row scale is folded into the decoded value). The
+ * splits merge in order, SoloQ's quantised ones rotated back once (R^T) before the bf16 ones join. */
+DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, const float *cache, const float *x, int q_stride, int n_head, int q_rows, int n_keys,
+                                 int n_committed, int mask_block, int q_index0, float scale, int split_keys, float *out) {
+    const int hd = q.hd, kvd = q.kvd, group = n_head / q.n_kv, n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, q.n_sink, split_keys);
+    const float scale_log2 = scale * 1.4426950408889634f;
+    auto bf16 = [](float v) { return dllm__bf16_to_f32(dllm__f32_to_bf16(v)); };
+    std::vector<float> key((size_t)hd), value((size_t)hd), o((size_t)n_splits * hd), ms((size_t)n_splits), ls((size_t)n_splits);
+    std::vector<float> acc((size_t)hd), racc((size_t)hd), back((size_t)hd), sc(32), vals((size_t)32 * hd);
+    for (int i = 0; i < q_rows; i++)
+        for (int h = 0; h < n_head; h++) {
+            const int kvh = h / group, n_visible = mask_block ? std::min(n_keys, ((q_index0 + i) / mask_block + 1) * mask_block) : n_keys;
+            const float *qi = x + (size_t)i * q_stride + (size_t)h * hd;
+            for (int s = 0; s < n_splits; s++) {
+                int j0, j1;
+                bool quant;
+                dllm__kvq_tc_split(n_keys, n_committed, q.n_sink, split_keys, s, j0, j1, quant);
+                float m = -INFINITY, lsum = 0.0f, *os = &o[(size_t)s * hd];
+                std::fill(os, os + hd, 0.0f);
+                const int end = std::min(j1, n_visible);
+                for (int c0 = j0 / 32 * 32; c0 < end; c0 += 32) {
+                    const int a = std::max(c0, j0), b = std::min(c0 + 32, end);
+                    float mx = -INFINITY;
+                    for (int j = a; j < b; j++) {
+                        float *v = &vals[(size_t)(j - a) * hd];
+                        if (quant) {
+                            for (int c = 0; c < hd; c++) key[(size_t)c] = bf16(dllm__kvq_key(q, l, j, kvh * hd + c));
+                            dllm__kvq_value(q, l, j, kvh, v);
+                            for (int c = 0; c < hd; c++) v[c] = bf16(v[c]);
+                        } else {
+                            const float *row = cache + (size_t)j * 2 * kvd + (size_t)kvh * hd;
+                            for (int c = 0; c < hd; c++) key[(size_t)c] = row[c], v[c] = row[kvd + c];
+                        }
+                        float dot = 0.0f;
+                        for (int c = 0; c < hd; c++) dot = fmaf(qi[c], key[(size_t)c], dot);
+                        sc[(size_t)(j - a)] = dot, mx = std::max(mx, dot);
+                    }
+                    const float n0 = std::max(m, mx * scale_log2), base = n0 == -INFINITY ? 0.0f : n0, corr = exp2f(m - base);
+                    m = n0, lsum *= corr;
+                    for (int c = 0; c < hd; c++) os[c] *= corr;
+                    for (int j = a; j < b; j++) {
+                        const float p = exp2f(fmaf(sc[(size_t)(j - a)], scale_log2, -base)), pb = bf16(p);
+                        const float *v = &vals[(size_t)(j - a) * hd];
+                        lsum += p;
+                        for (int c = 0; c < hd; c++) os[c] = fmaf(pb, v[c], os[c]);
+                    }
+                }
+                ms[(size_t)s] = m, ls[(size_t)s] = lsum;
+            }
+            float mx = -INFINITY, lsum = 0.0f;
+            for (int s = 0; s < n_splits; s++) mx = std::max(mx, ms[(size_t)s]);
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            std::fill(racc.begin(), racc.end(), 0.0f);
+            for (int s = 0; s < n_splits; s++) {
+                if (ms[(size_t)s] == -INFINITY) continue;
+                int j0, j1;
+                bool quant;
+                dllm__kvq_tc_split(n_keys, n_committed, q.n_sink, split_keys, s, j0, j1, quant);
+                const float w = exp2f(ms[(size_t)s] - mx);
+                lsum = fmaf(w, ls[(size_t)s], lsum);
+                std::vector<float> &dst = quant && q.soloq() ? racc : acc;
+                for (int c = 0; c < hd; c++) dst[(size_t)c] = fmaf(w, o[(size_t)s * hd + c], dst[(size_t)c]);
+            }
+            if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], racc.data(), back.data());
+            const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
+            float *oi = out + (size_t)i * n_head * hd + (size_t)h * hd;
+            for (int c = 0; c < hd; c++) oi[c] = (acc[(size_t)c] + (q.soloq() ? back[(size_t)c] : 0.0f)) * inv;
+        }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 10. Token choice: argmax / Gumbel-max, confidences (LLaDA's, Dream's), unmasking rules
 //    These are the CPU twins of the GPU sampler kernels. Ties go to the lower vocabulary index and to
@@ -7753,7 +7863,8 @@ KERNEL_soloq_scale_rows_i32 {
     X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq) X(int, n_sink) X(int, group)                                    \
     X(int, row0) X(int, rows)    /* commits: rows [row0, row0 + rows) */                                               \
     X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */              \
-    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale)
+    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale)                         \
+    X(int, q_rows) X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
 
 #define DLLM__KVQ_KERNELS(X)                                                   \
     X(kvq_commit_keys, , (kvq_args a))                                         \
@@ -7920,13 +8031,42 @@ KERNEL_kvq_commit_values {
     if (lane == 0) a.v_scale[(u64)r * a.n_kv + h] = scale;
 }
 
+/* T1 := R^T racc for one warp, head dim a.hd in shared memory (T0: scratch; twin: dllm__rotate_inverse): the mixer
+ * transposed, the block FWHTs, the signs, the permutation. SoloQ's quantised values are accumulated in their rotated
+ * basis and rotated back once, which equals rotating each value back (attention is linear in V). */
+__device__ void kvq_rotate_back(const kvq_args &a, const float *racc, float *T0, float *T1, int lane) {
+    const int b = a.rot_b, k = a.rot_k, hd = a.hd;
+    for (int o = lane; o < hd; o += 32) {
+        if (!a.mixer) { T0[o] = racc[o]; continue; }
+        const int jb = o / b, c = o % b;
+        float t = 0.f;
+        for (int ib = 0; ib < k; ib++) t = fmaf(a.mixer[ib * k + jb], racc[ib * b + c], t);
+        T0[o] = t;
+    }
+    __syncwarp();
+    for (int hh = 1; hh < b; hh *= 2) {
+        for (int p = lane; p < hd / 2; p += 32) {
+            const int blk = p / (b / 2), qq = p % (b / 2), c = blk * b + (qq / hh) * 2 * hh + qq % hh;
+            const float u = T0[c], w = T0[c + hh];
+            T0[c] = u + w, T0[c + hh] = u - w;
+        }
+        __syncwarp();
+    }
+    for (int o = lane; o < hd; o += 32) {
+        float t = b > 1 ? T0[o] * a.rot_norm : T0[o];
+        if (a.signs && (a.signs[o >> 3] >> (o & 7) & 1)) t = -t;
+        T1[a.perm ? a.perm[o] : o] = t;
+    }
+    __syncwarp();
+}
+
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
- * back once (R^T: mixer transposed, block FWHTs, signs, permutation), which equals rotating each value back. */
+ * back once (kvq_rotate_back). */
 KERNEL_kvq_attention {
     pdl_enter();
     __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
@@ -7972,31 +8112,365 @@ KERNEL_kvq_attention {
         }
     }
     __syncwarp();
-    if (a.soloq) {  // racc := R^T racc (twin: dllm__rotate_inverse)
-        const int b = a.rot_b, k = a.rot_k;
-        for (int o = lane; o < hd; o += 32) {
-            if (!a.mixer) { T0[o] = racc[o]; continue; }
-            const int jb = o / b, c = o % b;
-            float t = 0.f;
-            for (int ib = 0; ib < k; ib++) t = fmaf(a.mixer[ib * k + jb], racc[ib * b + c], t);
-            T0[o] = t;
+    if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+}
+)DLLM";
+
+/* [KV quant] The block step's attention over the quantised cache on tensor cores (DLLM_KVQ_TC=1, unverified on a device;
+ * twin: dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
+ * the 7B shape) with scalar FMAs; here the codes are read and decoded once per kv head:
+ *   kvq_flash: flash-decoding split over the keys, one CTA per (key split, kv head, tile of query rows). A CTA holds
+ *     every query row of its kv head's GQA group (n_head / n_kv heads x q_rows rows, row r = head (r / q_rows), query
+ *     r % q_rows), 16 a warp, as many warps as fit (KVQ_TC_THREADS; the host's plan tiles larger groups over
+ *     blockIdx.z). Per tile of KVQ_TC_BC keys the CTA decodes K and V into shared memory as bf16 (KIVI keys
+ *     fmaf(code, scale, min) from the pair of the key's group and channel; KIVI values from the (row, kv head) pair;
+ *     SoloQ values C * scale, the row scale folded into the decoded value, in the rotated basis), then each warp runs
+ *     flash_attn's step on it per 32-key chunk: S = Q K^T and O += P V by mma.sync (P rounded to bf16 as the mma
+ *     takes it), the online softmax in fp32 (online_softmax). The raw codes and pairs of tile t + 1 are copied
+ *     (cp.async) while tile t is decoded and multiplied: two stages of KVQ_TC_STAGE bytes.
+ *   Splits (kvq_split) never mix kinds: the bf16 sinks [0, min(n_sink, n_committed)), the quantised rows up to
+ *     n_committed, and the bf16 rows past it (the forward's own, or the block cache), each cut at multiples of
+ *     split_keys. bf16 splits copy their rows as they are. Each split leaves per (query row, head) the unnormalised
+ *     output, the running max (log2 domain) and the normaliser in `partial` [split][n_head][q_rows][hd + 2].
+ *   kvq_flash_combine: one warp per (query row, head) merges the splits in split order, the quantised ones of SoloQ
+ *     apart and rotated back once (kvq_rotate_back) before they join the bf16 ones.
+ * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible key. */
+#define DLLM__KVQ_TC_KERNELS(X)                                                \
+    X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))              \
+    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
+DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_kvq_tc = DLLM__SOURCE_LINE R"DLLM(
+/* f16 -> f32 on the conversion unit: exact for every half, as kvq_f16_value. */
+__device__ __forceinline__ float kvq_h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ void kvq_cp_async4(u32 smem, const void *gmem, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(pred ? 4 : 0));
+}
+
+/* Row i's keys [0, kvq_visible(a, i)) under the block-causal mask (kvq_attention's n_visible). */
+__device__ __forceinline__ int kvq_visible(const kvq_args &a, int i) {
+    return a.mask_block ? min(a.n_keys, ((a.q_index0 + i) / a.mask_block + 1) * a.mask_block) : a.n_keys;
+}
+
+/* The key ranges of one kind: 0 the bf16 sinks, 1 the quantised rows, 2 the bf16 rows past the committed ones. */
+__device__ __forceinline__ void kvq_range(const kvq_args &a, int r, int &lo, int &hi) {
+    const int qb = a.n_committed, qa = min(a.n_sink, qb);
+    lo = r == 0 ? 0 : r == 1 ? qa : qb;
+    hi = r == 0 ? qa : r == 1 ? qb : a.n_keys;
+}
+__device__ __forceinline__ int kvq_range_splits(int lo, int hi, int S) { return hi > lo ? (hi - 1) / S - lo / S + 1 : 0; }
+
+/* Split s: keys [j0, j1) of one range, cut at multiples of split_keys (twin: dllm__kvq_tc_split). */
+__device__ void kvq_split(const kvq_args &a, int s, int &j0, int &j1, bool &quant) {
+    const int S = a.split_keys;
+    for (int r = 0; r < 3; r++) {
+        int lo, hi;
+        kvq_range(a, r, lo, hi);
+        const int n = kvq_range_splits(lo, hi, S);
+        if (s < n) {
+            j0 = max(lo, (lo / S + s) * S), j1 = min(hi, (lo / S + s + 1) * S), quant = r == 1;
+            return;
         }
-        __syncwarp();
-        for (int hh = 1; hh < b; hh *= 2) {
-            for (int p = lane; p < hd / 2; p += 32) {
-                const int blk = p / (b / 2), qq = p % (b / 2), c = blk * b + (qq / hh) * 2 * hh + qq % hh;
-                const float u = T0[c], w = T0[c + hh];
-                T0[c] = u + w, T0[c + hh] = u - w;
-            }
-            __syncwarp();
-        }
-        for (int o = lane; o < hd; o += 32) {
-            float t = b > 1 ? T0[o] * a.rot_norm : T0[o];
-            if (a.signs && (a.signs[o >> 3] >> (o & 7) & 1)) t = -t;
-            T1[a.perm ? a.perm[o] : o] = t;
-        }
-        __syncwarp();
+        s -= n;
     }
+    j0 = j1 = 0, quant = false;
+}
+__device__ int kvq_n_splits(const kvq_args &a) {
+    int n = 0;
+    for (int r = 0; r < 3; r++) {
+        int lo, hi;
+        kvq_range(a, r, lo, hi);
+        n += kvq_range_splits(lo, hi, a.split_keys);
+    }
+    return n;
+}
+
+/* A stage: the raw K and V codes of a tile's keys [KVQ_TC_BC][KVQ_HD / 2] each (2-bit rows use the first half), the K
+ * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
+ * [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
+#define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
+#define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
+#define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi);
+__device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int k0, int lo, int hi) {
+    const int ga = lo / a.group;
+    const int tid = threadIdx.x, nt = blockDim.x, kvd = a.n_kv * KVQ_HD, row_bytes = kvd * a.bits / 8, cb = KVQ_HD * a.bits / 8;
+    const u64 off = (u64)kvh * cb;
+    if (cb % 16 == 0) {
+        const int per = cb / 16;
+        for (int u = tid; u < 2 * KVQ_TC_BC * per; u += nt) {
+            const bool v = u >= KVQ_TC_BC * per;
+            const int w = v ? u - KVQ_TC_BC * per : u, key = w / per, c = w % per, j = k0 + key;
+            const bool ok = j >= lo && j < hi;
+            const unsigned char *src = v ? a.v_codes : a.k_codes;
+            cp_async16(smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * 16), src + (ok ? (u64)j * row_bytes + off + c * 16 : 0), ok);
+        }
+    } else {  // a kv head's codes are whole 4-byte words (KVQ_HD % 16 == 0)
+        const int per = cb / 4;
+        for (int u = tid; u < 2 * KVQ_TC_BC * per; u += nt) {
+            const bool v = u >= KVQ_TC_BC * per;
+            const int w = v ? u - KVQ_TC_BC * per : u, key = w / per, c = w % per, j = k0 + key;
+            const bool ok = j >= lo && j < hi;
+            const unsigned char *src = v ? a.v_codes : a.k_codes;
+            kvq_cp_async4(smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * 4), src + (ok ? (u64)j * row_bytes + off + c * 4 : 0), ok);
+        }
+    }
+    const int ng = kvq_tc_groups(a, lo, hi);
+    for (int u = tid; u < ng * KVQ_HD / 4; u += nt) {
+        const int gi = u / (KVQ_HD / 4), c = u % (KVQ_HD / 4);
+        cp_async16(smem_u32(st + KVQ_STAGE_KP + gi * KVQ_HD * 4 + c * 16), a.k_pairs + ((u64)(ga + gi) * kvd + kvh * KVQ_HD) * 2 + c * 8, true);
+    }
+    for (int u = tid; u < KVQ_TC_BC; u += nt) {
+        const int j = k0 + u;
+        const bool ok = j >= lo && j < hi;
+        const u64 at = ok ? (u64)j * a.n_kv + kvh : 0;
+        const void *src = a.soloq ? (const void *)(a.v_scale + at) : (const void *)(a.v_pairs + 2 * at);
+        kvq_cp_async4(smem_u32(st + KVQ_STAGE_VS + u * 4), src, ok);
+    }
+}
+
+/* A stage's FP16 pairs as fp32, once per tile rather than once per decoded element (the conversion unit is a sixteenth
+ * of the FMA pipes' rate): the K pairs of its ng key groups into kpf [KVQ_TC_PG][KVQ_HD], KIVI's V pairs into vpf
+ * [KVQ_TC_BC] (exact: every half is an fp32). */
+__device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float2 *kpf, float2 *vpf, int ng) {
+    const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP), *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
+    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = make_float2(kvq_h2f(kp[2 * u]), kvq_h2f(kp[2 * u + 1]));
+    if (!a.soloq)
+        for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = make_float2(kvq_h2f(vp[2 * u]), kvq_h2f(vp[2 * u + 1]));
+}
+
+/* The stage's key groups: from ga = lo / group, at most KVQ_TC_PG of them. */
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) { return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1); }
+
+/* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
+__device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
+
+/* A stage decoded into the bf16 K and V tiles [KVQ_TC_BC][KVQ_HD + 8] (twin: dllm__kvq_flash_twin's keys and values): a
+ * thread per 8 channels of a key; the pairs from kvq_tc_convert (a key group past the staged ones: from global memory),
+ * SoloQ's levels from `lut` (kvq_soloq_c of each code). Keys outside [lo, hi) become zeros (their scores are masked;
+ * P = 0 times a zero value adds nothing, where a NaN would). */
+__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf, const float *lut, bf16_t *sK,
+                              bf16_t *sV, int kvh, int k0, int lo, int hi) {
+    constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
+    const int kvd = a.n_kv * KVQ_HD, bits = a.bits, ga = lo / max(a.group, 1);
+    const u32 mask = (1u << bits) - 1u;
+    for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * CPR; u += blockDim.x) {
+        const bool v = u >= KVQ_TC_BC * CPR;
+        const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c8 = w % CPR, j = k0 + key;
+        u32 packed[4] = {0u, 0u, 0u, 0u};
+        if (j >= lo && j < hi) {
+            const unsigned char *codes = st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2);
+            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
+            const int gi = j / max(a.group, 1) - ga;
+            const float2 *kp = kpf + gi * KVQ_HD + c8 * 8;
+            const unsigned short *kg = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * KVQ_HD + c8 * 8) * 2;
+            const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
+            const float2 vp = vpf[key];
+            // Two channels at a time, packed as they are made: eight fp32 values and their pairs live at once would
+            // not fit beside the 64 output registers at head dim 128.
+            #pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float x[2];
+                #pragma unroll
+                for (int f = 0; f < 2; f++) {
+                    const float c = kvq_code_f32(word, e + f, bits, mask);
+                    if (!v) {
+                        const float2 pr = gi < KVQ_TC_PG ? kp[e + f] : make_float2(kvq_h2f(kg[2 * (e + f)]), kvq_h2f(kg[2 * (e + f) + 1]));
+                        x[f] = fmaf(c, pr.x, pr.y);
+                    } else {
+                        x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc) : fmaf(c, vp.x, vp.y);
+                    }
+                }
+                packed[e / 2] = pack_bf16x2(x[0], x[1]);
+            }
+        }
+        *(uint4 *)((v ? sV : sK) + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+}
+
+/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones) copied into the K and V tiles as they are. */
+__device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
+    constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
+    const int kvd = a.n_kv * KVQ_HD;
+    for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * CPR; u += blockDim.x) {
+        const bool v = u >= KVQ_TC_BC * CPR;
+        const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c = w % CPR, j = k0 + key;
+        const bool ok = j >= lo && j < hi;
+        cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8), a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
+    }
+}
+
+/* The CTA's query rows [r0, r0 + rows) of kv head kvh's group into sQ (rows past R zero-filled). */
+__device__ void kvq_tc_load_q(const kvq_args &a, bf16_t *sQ, int kvh, int r0, int rows, int R) {
+    constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
+    const int group = a.n_head / a.n_kv;
+    for (int u = threadIdx.x; u < rows * CPR; u += blockDim.x) {
+        const int r = u / CPR, c = u % CPR, row = r0 + r;
+        const bool ok = row < R;
+        const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
+        cp_async16(smem_u32(sQ + r * LD + c * 8), a.q + (ok ? (u64)i * a.q_stride + h * KVQ_HD + c * 8 : 0), ok);
+    }
+}
+
+/* One warp, one 32-key chunk at key kc of the K and V tiles: flash_tile's step for one m16 tile of query rows (rows
+ * g and g + 8 see keys [j0, lim0) and [j0, lim1)). */
+__device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int kc, int j0, int lim0, int lim1, int lane, float scale_log2,
+                                             float (&o)[KVQ_HD / 8][4], float (&m)[2], float (&l)[2]) {
+    constexpr int LD = KVQ_HD + 8, NT = 4, KS = KVQ_HD / 16, DT = KVQ_HD / 8;
+    float s[NT][4];
+    #pragma unroll
+    for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    #pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        u32 qf[4];
+        ldmatrix_x4(qf, q_warp + kk * 32);
+        #pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            u32 kb[4];
+            ldmatrix_x4(kb, k_s + ((j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+            mma_bf16(s[j], qf, kb[0], kb[1]);
+            mma_bf16(s[j + 1], qf, kb[2], kb[3]);
+        }
+    }
+    if (kc < j0 || kc + 32 > min(lim0, lim1)) {
+        #pragma unroll
+        for (int j = 0; j < NT; j++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kc + j * 8 + 2 * (lane & 3) + (e & 1);
+                if (key < j0 || key >= (e >> 1 ? lim1 : lim0)) s[j][e] = -DLLM_INF;
+            }
+    }
+    online_softmax<NT, DT>(s, m, l, o, scale_log2);
+    #pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+        u32 pa[4];
+        pack_p<NT>(s, kk, pa);
+        #pragma unroll
+        for (int d = 0; d < DT; d += 2) {
+            u32 vb[4];
+            ldmatrix_x4_trans(vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
+            mma_bf16(o[d], pa, vb[0], vb[1]);
+            mma_bf16(o[d + 1], pa, vb[2], vb[3]);
+        }
+    }
+}
+
+KERNEL_kvq_flash {
+    constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
+    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + CR * LD, *sV = sK + BC * LD;
+    float2 *kpf = (float2 *)(sV + BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
+    unsigned char *raw = (unsigned char *)(vpf + BC);
+    const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
+    int j0, j1;
+    bool quant;
+    kvq_split(a, split, j0, j1, quant);
+    // The CTA's last query (the largest sequence index among its rows) bounds the keys worth visiting.
+    const int r_last = min(R, r0 + CR) - 1;
+    const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
+    const int j1c = min(j1, kvq_visible(a, i_max));
+    const int rA = r0 + warp * 16 + g, rB = rA + 8;
+    const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0, limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
+    if (threadIdx.x < 16) lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
+    kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
+    cp_async_commit();
+
+    float o[DT][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    const bool live = r0 + warp * 16 < R;  // a warp past the group's rows only copies and decodes
+    const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8), k_s = smem_u32(sK), v_s = smem_u32(sV);
+    const float scale_log2 = a.scale * 1.4426950408889634f;
+    const int t0 = j0 / BC, t1 = j1c > j0 ? (j1c - 1) / BC + 1 : t0;
+    // Quantised splits: tile t's raw codes and pairs are copied (cp.async) while tile t - 1 is multiplied; once they
+    // land, its pairs go to fp32 (kvq_tc_convert), then after a barrier its codes are decoded into sK and sV.
+    if (quant && t0 < t1) {
+        kvq_tc_stage(a, raw, kvh, t0 * BC, j0, min(t0 * BC + BC, j1c));
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        kvq_tc_convert(a, raw, kpf, vpf, kvq_tc_groups(a, j0, min(t0 * BC + BC, j1c)));
+    }
+    for (int tile = t0; tile < t1; tile++) {
+        const int k0 = tile * BC, lo = max(k0, j0), hi = min(k0 + BC, j1c);
+        if (quant) {
+            if (tile + 1 < t1)  // into the stage of tile - 1, decoded before the last barrier
+                kvq_tc_stage(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kvh, k0 + BC, k0 + BC, min(k0 + 2 * BC, j1c));
+            cp_async_commit();
+            __syncthreads();  // the pairs converted; sK and sV free
+            kvq_tc_decode(a, raw + ((tile - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, lut, sK, sV, kvh, k0, lo, hi);
+        } else {
+            kvq_tc_load_bf16(a, sK, sV, kvh, k0, lo, hi);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (live)
+            #pragma unroll 1
+            for (int sub = 0; sub < BC; sub += 32)
+                if (k0 + sub < hi && k0 + sub + 32 > lo)
+                    kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
+        if (quant && tile + 1 < t1) {  // tile + 1's stage landed (it had this tile's decode and mma to): its pairs to fp32
+            cp_async_wait<0>();
+            __syncthreads();
+            kvq_tc_convert(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, k0 + BC, min(k0 + 2 * BC, j1c)));
+        } else {
+            __syncthreads();
+        }
+    }
+    cp_async_wait<0>();  // a split with no visible key never waited for its query rows
+    const int group = a.n_head / a.n_kv;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int row = r ? rB : rA;
+        if (row >= R) continue;
+        const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
+        float *p = a.partial + (((u64)split * a.n_head + h) * a.q_rows + i) * (HD + 2);
+        #pragma unroll
+        for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
+        if (t == 0) p[HD] = m[r], p[HD + 1] = lr;
+    }
+}
+
+/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights 2^(m_s - max),
+ * SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum normalised. */
+KERNEL_kvq_flash_combine {
+    pdl_enter();
+    __shared__ float acc[256], racc[256], T0[256], T1[256];
+    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
+    const u64 stride = (u64)a.n_head * a.q_rows * (hd + 2);
+    const float *P = a.partial + ((u64)h * a.q_rows + i) * (hd + 2);
+    float mx = -DLLM_INF;
+    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, P[s * stride + hd]);
+    for (int x = 16; x > 0; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    for (int c = lane; c < hd; c += 32) acc[c] = 0.f, racc[c] = 0.f;
+    float l = 0.f;
+    for (int s = 0; s < n_splits; s++) {
+        const float ms = P[s * stride + hd];
+        if (ms == -DLLM_INF) continue;  // a split with no visible key
+        int j0, j1;
+        bool quant;
+        kvq_split(a, s, j0, j1, quant);
+        const float w = exp2_ftz(ms - mx);
+        l = fmaf(w, P[s * stride + hd + 1], l);
+        float *dst = quant && a.soloq ? racc : acc;
+        for (int c = lane; c < hd; c += 32) dst[c] = fmaf(w, P[s * stride + c], dst[c]);
+    }
+    __syncwarp();
+    if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
@@ -11268,6 +11742,13 @@ struct dllm__kvq_kernels {
     dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
     dllm__kernel<dllm__sig_kvq_attention> attention;
 };
+/* DLLM_KVQ_TC=1: the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+struct dllm__kvq_tc_kernels {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_kvq_flash> flash;
+    dllm__kernel<dllm__sig_kvq_flash_combine> combine;
+    int hd = 0, smem_optin = 0;
+};
 
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
     if (v.empty()) return DLLM_OK;
@@ -12059,6 +12540,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC=1 at the last bd_begin). */
+    DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
     DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
@@ -12227,7 +12710,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_, kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC=1: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
+    bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
+    dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
@@ -13698,15 +14185,106 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
 
 /* [KV quant] The module (9b's SoloQ device functions with dllm__src_kvq, the 2-bit levels printed from 9c's) and the
  * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
-static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
-    return {"dllm_kvq",
-            dllm__src_prelude() + DLLM__XSTR(struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE)
-                DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
-                dllm__src_soloq_tables() +
-                dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
-                             dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
-                dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq,
-            {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+static std::string dllm__src_kvq_module() {
+    return dllm__src_prelude() + DLLM__XSTR(struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE)
+        DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
+        dllm__src_soloq_tables() +
+        dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
+                     dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
+        dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq;
+}
+static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target}; }
+
+/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC=1): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
+ * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
+ * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
+ * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
+ * larger head dims, whose 128 output registers a thread need the 255 of 256 threads). */
+static int dllm__kvq_tc_bc(int hd) { return hd > 128 ? 32 : 64; }
+static const int dllm__kvq_tc_pair_groups = 4;
+static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 14; }
+static size_t dllm__kvq_tc_stage_bytes(int hd) { return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 + (size_t)dllm__kvq_tc_bc(hd) * 4; }
+/* Dynamic shared memory of a CTA of `warps` warps: the query rows, the decoded K and V tiles, a tile's pairs in fp32,
+ * two stages of raw codes and pairs. */
+static size_t dllm__kvq_tc_smem(int hd, int warps) {
+    return (size_t)(warps * 16 + 2 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
+           2 * dllm__kvq_tc_stage_bytes(hd);
+}
+static const int dllm__kvq_tc_chunk_rows = 128;  // query rows a launch at most (a prefill's rows go in launches of these)
+
+/* The module of one head dim (a multiple of 16 up to 256: the mma's k16; checked by dllm__kvq_tc_plan_for): the kvq
+ * module's source, the tensor-core plumbing and flash_attn's online softmax, then dllm__src_kvq_tc. */
+static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
+    return {dllm__format("dllm_kvq_tc_hd%d", hd),
+            dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
+                dllm__format("#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n", hd,
+                             dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32, dllm__kvq_tc_stage_bytes(hd)) +
+                dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
+            {DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
+/* One launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split, splits. */
+struct dllm__kvq_tc_plan {
+    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t smem = 0;
+};
+
+/* The plan for q_rows query rows over n_keys keys: every row of a kv head's group in one CTA where the shared memory
+ * allows, then the keys split so that the grid is about one CTA per SM (a CTA of 14 warps holds a whole SM's
+ * registers at head dim 128). A head dim kvq_flash does not take is DLLM_ERR_UNSUPPORTED (kvq_attention takes it). */
+static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_rows, int n_keys, int n_committed, int n_sink, int n_sms, int smem_optin,
+                                         dllm__kvq_tc_plan &p) {
+    if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
+                          "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (unset DLLM_KVQ_TC)", hd, n_head, n_kv);
+    const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
+    p.warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
+    while (p.warps > 1 && dllm__kvq_tc_smem(hd, p.warps) > (size_t)smem_optin) p.warps--;
+    p.smem = dllm__kvq_tc_smem(hd, p.warps);
+    if (p.smem > (size_t)smem_optin)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; unset DLLM_KVQ_TC", hd,
+                          p.smem, smem_optin);
+    p.q_tiles = (rows + p.warps * 16 - 1) / (p.warps * 16);
+    const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
+    p.split_keys = std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc);
+    p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, n_sink, p.split_keys);
+    return DLLM_OK;
+}
+
+/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6 (each
+ * of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
+static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms, int smem_optin) {
+    size_t most = 0;
+    for (int rows = 1; rows <= dllm__kvq_tc_chunk_rows; rows++) {
+        dllm__kvq_tc_plan p;
+        if (dllm__kvq_tc_plan_for(hd, n_head, n_kv, rows, 1, 0, 0, n_sms, smem_optin, p) != DLLM_OK) return 0;
+        const size_t splits = (size_t)std::max(1, n_sms / (n_kv * p.q_tiles)) + 6;
+        most = std::max(most, splits * n_head * rows * (hd + 2) * 4);
+    }
+    return most;
+}
+
+static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
+    DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
+    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
+    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    k.hd = hd, k.smem_optin = smem_optin;
+    const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    return DLLM_OK;
+}
+
+/* kvq_flash then kvq_flash_combine for a's q_rows rows (at most dllm__kvq_tc_chunk_rows) under plan p; `partial` holds
+ * partial_bytes (dllm__kvq_tc_partial_bound). */
+static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a, const dllm__kvq_tc_plan &p, float *partial, size_t partial_bytes,
+                                       cudaStream_t s) {
+    const size_t need = (size_t)p.n_splits * a.n_head * a.q_rows * (a.hd + 2) * 4;
+    if (need > partial_bytes || a.hd != k.hd)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+                          p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
+    a.split_keys = p.split_keys, a.partial = partial;
+    DLLM__TRY(k.flash.launch({dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s, a));
+    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
@@ -13729,6 +14307,25 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
     DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
     DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
     DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
+    kvq_tc_on_ = false;
+    return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
+}
+
+/* DLLM_KVQ_TC=1: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
+ * dim it does not take keeps kvq_attention (a warning says why). */
+dllm_status dllm__gpu_backend::kvq_tc_begin() {
+    const dllm__config &c = m_.cfg;
+    int smem_optin = 0;
+    DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    dllm__kvq_tc_plan probe;
+    if (dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, 1, 1, 0, 0, n_sms_, smem_optin, probe) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "%s", dllm_last_error());
+        return DLLM_OK;
+    }
+    if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
+    DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
+                               "the split states of the tensor-core KV-quant attention (DLLM_KVQ_TC)"));
+    kvq_tc_on_ = true;
     return DLLM_OK;
 }
 
@@ -13764,14 +14361,24 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
 }
 
 /* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_attention, a warp per (query row, head). */
+ * rows: kvq_attention, a warp per (query row, head); with DLLM_KVQ_TC=1 kvq_flash, in launches of at most
+ * dllm__kvq_tc_chunk_rows query rows. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
     const dllm__config &c = m_.cfg;
     kvq_args a = kvq_layer_args(layer);
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
     a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0, a.scale = 1.0f / sqrtf((float)c.head_dim);
-    return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    if (!kvq_tc_on_) return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
+        kvq_args chunk = a;
+        chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
+        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
+        dllm__kvq_tc_plan p;
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink, n_sms_, KQT_.smem_optin, p));
+        DLLM__TRY(dllm__kvq_tc_launch(KQT_, chunk, p, kvq_partial_.as<float>(), kvq_partial_.bytes, stream_));
+    }
+    return DLLM_OK;
 }
 
 /* The limits of one forward, as the CPU backend checks them: its rows fit the cache after the committed ones, its

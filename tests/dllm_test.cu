@@ -28,6 +28,7 @@
 #include "test_block_diffusion.inl"
 #include "test_block_diffusion_gpu.inl"
 #include "test_kv_quant.inl"
+#include "test_kvq_tc.inl"
 #include "test_bd_facache.inl"
 #include "test_soloq.inl"
 #include "test_soloq_gpu.inl"

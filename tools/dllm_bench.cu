@@ -702,7 +702,9 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
  * bd_attention launches it) against the 4-bit caches through kvq_attention (KIVI values, and SoloQ's rotated Lloyd-Max
  * values), each kernel alone, back to back over 4 layers' caches (as a forward reads them: 4 BF16 caches are 268 MB, 4
  * KV4 caches 69 MB, both past the 50 MB L2). Codes and their scales are zeros (the kernels' time does not depend on them:
- * no branch on a code's value); queries and BF16 rows random. Target: the KV4 attention at least 2x faster. */
+ * no branch on a code's value); queries and BF16 rows random. Target: the KV4 attention at least 2x faster. The
+ * tensor-core kernels of DLLM_KVQ_TC=1 (kvq_flash + kvq_flash_combine, the plan bd_attention's launch takes) run on the
+ * same caches: the kv_attention_32k_kv4_*_tc rows. */
 static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int n_sms, cudaStream_t s) {
     const int H = 28, n_kv = 4, hd = 128, kvd = n_kv * hd, qkv = (H + 2 * n_kv) * hd, T = 32, n = 32768, n_keys = n + T, layers = 4;
     std::shared_ptr<dllm__module> attn_mod, rowwise, kvq_mod;
@@ -737,6 +739,16 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
         BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, al, s));
     });
     r.set(dllm__format("kv_attention_32k_bf16_us (%d splits)", a.kv_splits), bf16_us);
+    int device = 0, smem_optin = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    dllm__kvq_tc_kernels tc;
+    BENCH_CHECK(dllm__kvq_tc_load(arch, hd, smem_optin, tc));
+    dllm__kvq_tc_plan plan;
+    BENCH_CHECK(dllm__kvq_tc_plan_for(hd, H, n_kv, T, n_keys, n, 0, n_sms, smem_optin, plan));
+    dllm__dbuf tc_partial;
+    const size_t tc_bytes = (size_t)plan.n_splits * H * T * (hd + 2) * 4;
+    BENCH_CHECK(tc_partial.fit(tc_bytes, "kv4 attention"));
     const dllm__rotation rot = dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, 0);
     dllm__rotation_dev rd;
     BENCH_CHECK(dllm__rotation_upload(rot, rd));
@@ -750,18 +762,22 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
         b.rot_b = rd.b, b.rot_k = rd.k, b.rot_norm = rd.norm;
         b.n_kv = n_kv, b.hd = hd, b.bits = 4, b.soloq = soloq, b.n_sink = 0, b.group = T;
         b.q = q.as<bf16_t>(), b.o = out.as<bf16_t>(), b.q_stride = qkv, b.o_stride = H * hd, b.n_head = H;
-        b.n_keys = n_keys, b.n_committed = n, b.mask_block = T, b.q_index0 = n, b.scale = 1.0f / sqrtf((float)hd);
-        const double us = bench_us_each(s, 20, [&](int i) {
+        b.n_keys = n_keys, b.n_committed = n, b.mask_block = T, b.q_index0 = n, b.scale = 1.0f / sqrtf((float)hd), b.q_rows = T;
+        auto layer_args = [&](int i) {
             kvq_args bl = b;
             const size_t l = (size_t)(i % layers);
             bl.cache += l * cache_elems, bl.k_codes += l * codes, bl.v_codes += l * codes, bl.k_pairs += l * (n_keys / T + 1) * kvd * 2;
             if (soloq) bl.v_scale += l * n_keys * n_kv;
             else bl.v_pairs += l * n_keys * n_kv * 2;
-            BENCH_CHECK(kvq_attention.launch({dim3((unsigned)T, (unsigned)H), dim3(32)}, s, bl));
-        });
+            return bl;
+        };
+        const double us = bench_us_each(s, 20, [&](int i) { BENCH_CHECK(kvq_attention.launch({dim3((unsigned)T, (unsigned)H), dim3(32)}, s, layer_args(i))); });
+        const double tc_us = bench_us_each(s, 20, [&](int i) { BENCH_CHECK(dllm__kvq_tc_launch(tc, layer_args(i), plan, tc_partial.as<float>(), tc_bytes, s)); });
         const char *name = soloq ? "soloq" : "kivi";
         r.set(dllm__format("kv_attention_32k_kv4_%s_us", name), us);
         r.set(dllm__format("kv_attention_32k_kv4_%s_speedup_over_bf16 (target >= 2)", name), bf16_us / us);
+        r.set(dllm__format("kv_attention_32k_kv4_%s_tc_us (%d warps, %d splits of %d keys)", name, plan.warps, plan.n_splits, plan.split_keys), tc_us);
+        r.set(dllm__format("kv_attention_32k_kv4_%s_tc_speedup_over_bf16 (target >= 2)", name), bf16_us / tc_us);
     }
 }
 
