@@ -8198,29 +8198,27 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
 __device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi);
+/* The K and V codes of a tile's keys [lo, hi) (kv head at byte off of a row, cb bytes) into the stage, W bytes a copy:
+ * 16 where a kv head's codes are whole 16-byte chunks, else 4 (whole 4-byte words, as KVQ_HD % 16 == 0 makes them). */
+template <int W>
+__device__ __forceinline__ void kvq_tc_stage_codes(const kvq_args &a, unsigned char *st, int k0, int lo, int hi, int row_bytes, u64 off, int cb) {
+    const int per = cb / W;
+    for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * per; u += blockDim.x) {
+        const bool v = u >= KVQ_TC_BC * per;
+        const int w = v ? u - KVQ_TC_BC * per : u, key = w / per, c = w % per, j = k0 + key;
+        const bool ok = j >= lo && j < hi;
+        const u32 dst = smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * W);
+        const unsigned char *src = (v ? a.v_codes : a.k_codes) + (ok ? (u64)j * row_bytes + off + c * W : 0);
+        if (W == 16) cp_async16(dst, src, ok);
+        else kvq_cp_async4(dst, src, ok);
+    }
+}
 __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int k0, int lo, int hi) {
     const int ga = lo / a.group;
     const int tid = threadIdx.x, nt = blockDim.x, kvd = a.n_kv * KVQ_HD, row_bytes = kvd * a.bits / 8, cb = KVQ_HD * a.bits / 8;
     const u64 off = (u64)kvh * cb;
-    if (cb % 16 == 0) {
-        const int per = cb / 16;
-        for (int u = tid; u < 2 * KVQ_TC_BC * per; u += nt) {
-            const bool v = u >= KVQ_TC_BC * per;
-            const int w = v ? u - KVQ_TC_BC * per : u, key = w / per, c = w % per, j = k0 + key;
-            const bool ok = j >= lo && j < hi;
-            const unsigned char *src = v ? a.v_codes : a.k_codes;
-            cp_async16(smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * 16), src + (ok ? (u64)j * row_bytes + off + c * 16 : 0), ok);
-        }
-    } else {  // a kv head's codes are whole 4-byte words (KVQ_HD % 16 == 0)
-        const int per = cb / 4;
-        for (int u = tid; u < 2 * KVQ_TC_BC * per; u += nt) {
-            const bool v = u >= KVQ_TC_BC * per;
-            const int w = v ? u - KVQ_TC_BC * per : u, key = w / per, c = w % per, j = k0 + key;
-            const bool ok = j >= lo && j < hi;
-            const unsigned char *src = v ? a.v_codes : a.k_codes;
-            kvq_cp_async4(smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * 4), src + (ok ? (u64)j * row_bytes + off + c * 4 : 0), ok);
-        }
-    }
+    if (cb % 16 == 0) kvq_tc_stage_codes<16>(a, st, k0, lo, hi, row_bytes, off, cb);
+    else kvq_tc_stage_codes<4>(a, st, k0, lo, hi, row_bytes, off, cb);
     const int ng = kvq_tc_groups(a, lo, hi);
     for (int u = tid; u < ng * KVQ_HD / 4; u += nt) {
         const int gi = u / (KVQ_HD / 4), c = u % (KVQ_HD / 4);
