@@ -5315,17 +5315,18 @@ static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[
     const int qa = std::min(n_sink, n_committed);
     lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;
 }
+static int dllm__kvq_tc_range_splits(int lo, int hi, int split_keys) { return hi > lo ? (hi - 1) / split_keys - lo / split_keys + 1 : 0; }
 static int dllm__kvq_tc_n_splits(int n_keys, int n_committed, int n_sink, int split_keys) {
     int lo[3], hi[3], n = 0;
     dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
-    for (int r = 0; r < 3; r++) n += hi[r] > lo[r] ? (hi[r] - 1) / split_keys - lo[r] / split_keys + 1 : 0;
+    for (int r = 0; r < 3; r++) n += dllm__kvq_tc_range_splits(lo[r], hi[r], split_keys);
     return n;
 }
 static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int split_keys, int s, int &j0, int &j1, bool &quant) {
     int lo[3], hi[3];
     dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
     for (int r = 0; r < 3; r++) {
-        const int n = hi[r] > lo[r] ? (hi[r] - 1) / split_keys - lo[r] / split_keys + 1 : 0;
+        const int n = dllm__kvq_tc_range_splits(lo[r], hi[r], split_keys);
         if (s < n) {
             j0 = std::max(lo[r], (lo[r] / split_keys + s) * split_keys), j1 = std::min(hi[r], (lo[r] / split_keys + s + 1) * split_keys);
             quant = r == 1;
@@ -5350,7 +5351,7 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
     const int hd = q.hd, kvd = q.kvd, group = n_head / q.n_kv, n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, q.n_sink, split_keys);
     const float scale_log2 = scale * 1.4426950408889634f;
     auto bf16 = [](float v) { return dllm__bf16_to_f32(dllm__f32_to_bf16(v)); };
-    std::vector<float> key((size_t)hd), value((size_t)hd), o((size_t)n_splits * hd), ms((size_t)n_splits), ls((size_t)n_splits);
+    std::vector<float> key((size_t)hd), o((size_t)n_splits * hd), ms((size_t)n_splits), ls((size_t)n_splits);
     std::vector<float> acc((size_t)hd), racc((size_t)hd), back((size_t)hd), sc(32), vals((size_t)32 * hd);
     for (int i = 0; i < q_rows; i++)
         for (int h = 0; h < n_head; h++) {
@@ -8197,7 +8198,8 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 #define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
-__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi);
+/* The stage's key groups: from ga = lo / group, at most KVQ_TC_PG of them. */
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) { return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1); }
 /* The K and V codes of a tile's keys [lo, hi) (kv head at byte off of a row, cb bytes) into the stage, W bytes a copy:
  * 16 where a kv head's codes are whole 16-byte chunks, else 4 (whole 4-byte words, as KVQ_HD % 16 == 0 makes them). */
 template <int W>
@@ -8243,8 +8245,6 @@ __device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float
         for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = make_float2(kvq_h2f(vp[2 * u]), kvq_h2f(vp[2 * u + 1]));
 }
 
-/* The stage's key groups: from ga = lo / group, at most KVQ_TC_PG of them. */
-__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) { return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1); }
 
 /* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
 __device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
