@@ -86,6 +86,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -336,17 +337,15 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_BD_GRAPHS=1         block diffusion's step forwards replayed as CUDA graphs ([bd graphs]; off by default: a
  *                            generation re-captures each sub-block's graph once a block, which cost more than the
  *                            launches it saves, 1.36 vs 1.32 s at the 7B shape on the H200)
- *   DLLM_BD_BATCH=1          the GPU backend's batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's
- *                            block-diffusion items in one forward); unverified on a device, so off by default: without it
- *                            those items decode one after another
- *   DLLM_BATCH_FP8=1         the GPU backend's batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under
- *                            FP8 precisions, their E4M3 GEMMs in row-independent launches (gemm_fp8_batch); unverified on
- *                            a device, so off by default: without it FP8 items decode one after another
- *   DLLM_BATCH_GRAPHS=1      the batched forwards' layers replayed as CUDA graphs ([batch graphs], one per batch layout);
- *                            unverified on a device, so off by default
- *   DLLM_BATCH_GEMM_N=128    the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's 128 x 128 tiles (twice the
- *                            tiles of the default 256: fewer idle SMs at a few hundred rows) wherever N is a multiple of
- *                            128; unverified on a device, so 256 by default (any other value: 256)
+ *   DLLM_BD_BATCH=0          no batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's block-diffusion
+ *                            items in one forward): those items decode one after another
+ *   DLLM_BATCH_FP8=0         no batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under FP8 precisions
+ *                            (their E4M3 GEMMs in row-independent launches, gemm_fp8_batch): FP8 items decode one after
+ *                            another
+ *   DLLM_BATCH_GRAPHS=0      the batched forwards' layers launched eagerly, not replayed as CUDA graphs ([batch graphs],
+ *                            one per batch layout)
+ *   DLLM_BATCH_GEMM_N=128|256  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
+ *                            only; by default each shape and row count takes the faster width (dllm__batch_gemm_width)
  *   DLLM_KVQ_TC=1            [KV quant] block diffusion's attention over the quantised cache on tensor cores (kvq_flash:
  *                            the codes decoded once per kv head, mma.sync, split over the keys); unverified on a device,
  *                            so off by default: without it kvq_attention runs (a warp per query row and head) */
@@ -357,7 +356,7 @@ struct dllm__env_switches {
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
     bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
-    int batch_gemm_n = 256;  // gemm_wg's tile width in the batched forwards: 256 or 128
+    int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256 or 128; 0 the faster (dllm__batch_gemm_width)
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -384,10 +383,11 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
     e.bd_graphs = num("DLLM_BD_GRAPHS", 0) != 0;
-    e.bd_batch = num("DLLM_BD_BATCH", 0) != 0;
-    e.batch_fp8 = num("DLLM_BATCH_FP8", 0) != 0;
-    e.batch_graphs = num("DLLM_BATCH_GRAPHS", 0) != 0;
-    e.batch_gemm_n = num("DLLM_BATCH_GEMM_N", 256) == 128 ? 128 : 256;
+    e.bd_batch = num("DLLM_BD_BATCH", 1) != 0;
+    e.batch_fp8 = num("DLLM_BATCH_FP8", 1) != 0;
+    e.batch_graphs = num("DLLM_BATCH_GRAPHS", 1) != 0;
+    const int width = num("DLLM_BATCH_GEMM_N", 0);
+    e.batch_gemm_n = width == 128 || width == 256 ? width : 0;
     e.kvq_tc = num("DLLM_KVQ_TC", 0) != 0;
     return e;
 }
@@ -11411,6 +11411,37 @@ struct dllm__gemm {
     }
 };
 
+/* [batch] The faster gemm_wg width (128 or 256) for op's N, K and number of 128-row tiles, timed once a process and
+ * device on op's operands (its output is overwritten by the launch that follows). Untimed (DLLM_GEMM_AUTOTUNE=0, or
+ * inside a graph capture) a rule from the H100's timings: 128 for N <= 4096 up to 1024 rows. The width changes no bit
+ * (gemm_wg's two widths agree), so neither the timing nor the rule can make a sequence's output depend on its batch. */
+static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg &wide, const dllm__gemm_wg &narrow, cudaStream_t stream) {
+    const int m_tiles = (op.M + 127) / 128;
+    const int rule = op.N <= 4096 && m_tiles <= 8 ? 128 : 256;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (!dllm__env().gemm_autotune || cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return rule;
+    }
+    static std::mutex mutex;
+    static std::map<std::array<int, 4>, int> widths;  // (device, N, K, m-tiles) -> width
+    int device = 0;
+    cudaGetDevice(&device);
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::array<int, 4> key = {device, op.N, op.K, m_tiles};
+    auto it = widths.find(key);
+    if (it != widths.end()) return it->second;
+    auto time = [&](const dllm__gemm_wg &k) {
+        return dllm__gemm::time_runs([&] { return dllm__gemm_wg_run(k, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
+    };
+    const float ms_wide = time(wide), ms_narrow = time(narrow);
+    const int width = ms_narrow < ms_wide ? 128 : ms_wide < INFINITY ? 256 : rule;
+    if (dllm__env().gemm_verbose)
+        dllm__log_verbose("batched GEMM N=%d K=%d, %d row tiles: gemm_wg 256 wide %.1f us, 128 wide %.1f us: %d", op.N, op.K, m_tiles, ms_wide * 1000,
+                          ms_narrow * 1000, width);
+    return widths[key] = width;
+}
+
 /* dllm's own FP8 GEMM (dllm__src_fp8_gemm), loaded for one device: both tiles, with the stages they were built with. */
 typedef void dllm__sig_fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, const float *w_scale, bf16_t *Y, int M, int N,
                                  int K);
@@ -12413,6 +12444,16 @@ static dllm__graph_action dllm__graph_next(dllm__graph_slot &g, const dllm__grap
     return a;
 }
 static const size_t dllm__graph_slots = 64;  // a context's captured forwards of one kind at most (all dropped past it)
+/* A context's captured forwards of one kind: the slots by dllm__graph_id::slot, what each forward did and the updates
+ * CUDA refused (the tests read both), and the once-a-context log lines. */
+struct dllm__graph_set {
+    const char *what;  // the kind of forward, for the log: "a batched forward"
+    std::map<std::string, dllm__graph_slot> slots;
+    int64_t counts[4] = {};  // forwards by dllm__graph_action
+    int64_t refusals = 0;    // in-place updates CUDA refused (capture_graph)
+    bool warned_eager = false, logged_refusal = false;
+    explicit dllm__graph_set(const char *kind) : what(kind) {}
+};
 
 struct dllm__stage_timer;
 
@@ -12504,7 +12545,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
     /* The widest gemm_wg tiles the batched forwards' BF16 GEMMs take where they fit (128 under DLLM_BATCH_GEMM_N=128,
      * 256; 0: no gemm_wg, the pinned GEMM). */
-    DLLM__TEST_HOOK int batch_gemm_n() const { return gemm_wg_n128_.kernel.fn ? 128 : gemm_wg_.kernel.fn ? 256 : 0; }
+    /* [batch] The widths the batched GEMMs may take: 128 + 256 where both loaded, 0 where neither (cuBLASLt's pinned). */
+    DLLM__TEST_HOOK int batch_gemm_widths() const { return (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0); }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
      * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
     DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
@@ -12541,11 +12583,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC=1 at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
-    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graph_counts_[a]; }
-    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graph_refusals_; }
+    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
+    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graphs_.refusals; }
     /* [batch graphs] The same for the batched forwards (forward_varlen_replayed). */
-    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graph_counts_[a]; }
-    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graph_refusals_; }
+    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
+    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
      * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
@@ -12634,13 +12676,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
     dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
     dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
+    const dllm__gemm_wg *batch_gemm_wg(const dllm__gemm_op &op);
     // [bd graphs] [batch graphs]
     template <class F>
-    dllm_status replay_graph(std::map<std::string, dllm__graph_slot> &graphs, const dllm__graph_id &id, const char *what, int64_t *counts,
-                             int64_t &refusals, F &&body);
+    dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
     template <class F>
-    dllm_status capture_graph(dllm__graph_slot &g, dllm__graph_action &action, const char *what, int64_t &refusals, F &&body);
-    void graphs_drop(std::map<std::string, dllm__graph_slot> &graphs);
+    dllm_status capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body);
+    void graphs_drop(dllm__graph_set &set);
 
     const dllm_model &m_;
     int max_tokens_;
@@ -12728,14 +12770,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool bdfa_on(size_t layer) const;
     dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
-    // [bd graphs] the captured block-diffusion forwards by slot (dllm__bd_graph_keys), and what each forward did
-    std::map<std::string, dllm__graph_slot> bd_graphs_;
-    int64_t bd_graph_counts_[4] = {};
-    int64_t bd_graph_refusals_ = 0;  // updates CUDA refused (capture_graph)
-    // [batch graphs] the captured batched forwards by slot (varlen_graph_id), what each forward did, the refused updates
-    std::map<std::string, dllm__graph_slot> varlen_graphs_;
-    int64_t varlen_graph_counts_[4] = {};
-    int64_t varlen_graph_refusals_ = 0;
+    dllm__graph_set bd_graphs_{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
+    dllm__graph_set varlen_graphs_{"a batched forward"};            // [batch graphs] slots by varlen_graph_id
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -12830,11 +12866,10 @@ dllm_status dllm__gpu_backend::init(int device) {
 
 /* The modules compile in parallel: cold JIT time is the slowest one, not the sum. gemm_wg's (sm_90a) compiles beside
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
- * with a warning. So does its 128-wide variant under DLLM_BATCH_GEMM_N=128 (without it the batched forwards run the
- * 256-wide one). */
+ * with a warning. So does its 128-wide variant, which the batched forwards take where it is faster (batch_gemm_wg). */
 dllm_status dllm__gpu_backend::load_kernels() {
     std::shared_ptr<dllm__module> gemm_module, gemm_n128_module;
-    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n == 128;
+    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n != 256;
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
         {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
@@ -12866,7 +12901,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     }
     if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
     if (n128 && dllm__gemm_wg_load(arch_, 128, gemm_wg_n128_) != DLLM_OK) {
-        dllm__log(DLLM_LOG_WARN, "DLLM_BATCH_GEMM_N=128: the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
+        dllm__log(DLLM_LOG_WARN, "the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
                   dllm__tls_error.c_str());
         gemm_wg_n128_ = dllm__gemm_wg();
     }
@@ -12982,6 +13017,20 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
 
 // ---- 16.4.1 The forward and its stages ------------------------------------------------------------
 
+/* [batch] The gemm_wg of a batched BF16 GEMM (DLLM__ROWS_BATCH), or null where neither width fits (cuBLASLt's pinned
+ * algorithm runs). Both widths give every output the same bits: an output's K loop is the same wgmma sequence in a
+ * 128- or a 256-wide tile (gpu.gemm_wg_widths_give_the_same_bits). So the width may follow the row count without
+ * breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the o and down projections
+ * at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows. DLLM_BATCH_GEMM_N=128 or 256 forces one. */
+const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
+    const dllm__gemm_wg *wide = gemm_.own_fits(op) ? gemm_.own : nullptr;
+    const dllm__gemm_wg *narrow = op.out_type == CUDA_R_16BF && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr;
+    if (!wide || !narrow) return wide ? wide : narrow;
+    const int forced = dllm__env().batch_gemm_n;
+    if (forced) return forced == 128 ? narrow : wide;
+    return dllm__batch_gemm_width(op, *wide, *narrow, stream_) == 128 ? narrow : wide;
+}
+
 /* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
  * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
  * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
@@ -12991,10 +13040,9 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            // A batched forward's kernel follows from the shape alone, never M (a sequence alone gets its batch's bits).
-            if (rows == DLLM__ROWS_BATCH && out == CUDA_R_16BF && gemm_wg_n128_.fits(x, W.data, y, W.n, W.k))
-                return dllm__gemm_wg_run(gemm_wg_n128_, x, W.data, y, M, W.n, W.k, stream_);
-            if (rows == DLLM__ROWS_BATCH && gemm_.own_fits(op)) return dllm__gemm_wg_run(*gemm_.own, x, W.data, y, M, W.n, W.k, stream_);
+            // A batched forward's rows get the bits they would get alone: gemm_wg (either width), else one pinned algorithm.
+            if (rows == DLLM__ROWS_BATCH)
+                if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
             return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
@@ -13448,7 +13496,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (unverified on a device: DLLM_BATCH_FP8=1 turns it on)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
     return nullptr;
 }
 
@@ -13533,8 +13581,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
     if (!dllm__env().batch_graphs || dllm__env().no_graphs) return forward_varlen(v);
-    return replay_graph(varlen_graphs_, varlen_graph_id(v), "a batched forward", varlen_graph_counts_, varlen_graph_refusals_,
-                        [&] { return forward_varlen(v); });
+    return replay_graph(varlen_graphs_, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
@@ -13793,9 +13840,9 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 }
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
-    if (!dllm__env().bd_batch) return "(unverified on a device: DLLM_BD_BATCH=1 turns it on)";
+    if (!dllm__env().bd_batch) return "(turned off by DLLM_BD_BATCH=0)";
     if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (unverified on a device: DLLM_BATCH_FP8=1 turns it on)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
     if (kvq_.enabled()) return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
 }
@@ -14477,7 +14524,7 @@ dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_
     const bool graph = head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
     if (graph) DLLM__TRY(bd_replay(call, pick));
     else DLLM__TRY(bd_body(call, pick, head));
-    if (!graph) bd_graph_counts_[DLLM__GRAPH_EAGER]++;
+    if (!graph) bd_graphs_.counts[DLLM__GRAPH_EAGER]++;
     if (call.kind == DLLM__BD_COMMIT) bd_n_ += call.T;
     return DLLM_OK;
 }
@@ -14494,38 +14541,36 @@ dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const d
 }
 
 dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick) {
-    return replay_graph(bd_graphs_, bd_graph_id(call, pick), "a block-diffusion step forward", bd_graph_counts_, bd_graph_refusals_,
-                        [&] { return bd_body(call, pick, true); });
+    return replay_graph(bd_graphs_, bd_graph_id(call, pick), [&] { return bd_body(call, pick, true); });
 }
 
 /* [bd graphs] [batch graphs] One forward through its slot of `graphs` (dllm__graph_next): run eagerly, replayed, or
  * captured first (the slot's graph updated in place or instantiated anew). A failed capture fails no forward: this one
- * and the slot's next run eagerly, with one warning. counts[action] counts what each forward did. */
+ * and the slot's next run eagerly, with one warning a context. set.counts[action] counts what each forward did. */
 template <class F>
-dllm_status dllm__gpu_backend::replay_graph(std::map<std::string, dllm__graph_slot> &graphs, const dllm__graph_id &id, const char *what, int64_t *counts,
-                                            int64_t &refusals, F &&body) {
-    if (!graphs.count(id.slot) && graphs.size() >= dllm__graph_slots) graphs_drop(graphs);
-    dllm__graph_slot &g = graphs[id.slot];
+dllm_status dllm__gpu_backend::replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body) {
+    if (!set.slots.count(id.slot) && set.slots.size() >= dllm__graph_slots) graphs_drop(set);
+    dllm__graph_slot &g = set.slots[id.slot];
     dllm__graph_action action = dllm__graph_next(g, id);
-    if ((action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) && capture_graph(g, action, what, refusals, body) != DLLM_OK) {
-        static std::atomic<bool> warned(false);  // one per caller (F)
-        if (!warned.exchange(true))
-            dllm__log(DLLM_LOG_WARN, "%s could not be captured as a CUDA graph (%s); forwards of its shape run eagerly", what, dllm__tls_error.c_str());
+    if ((action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) && capture_graph(set, g, action, body) != DLLM_OK) {
+        if (!set.warned_eager)
+            dllm__log(DLLM_LOG_WARN, "%s could not be captured as a CUDA graph (%s); forwards of its shape run eagerly", set.what, dllm__tls_error.c_str());
+        set.warned_eager = true;
         cudaGetLastError();
         g.eager_only = true, action = DLLM__GRAPH_EAGER;
     }
     if (action == DLLM__GRAPH_EAGER) DLLM__TRY(body());
     else DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
-    counts[action]++;
+    set.counts[action]++;
     return DLLM_OK;
 }
 
 /* Captures body() into slot g: updates g.exec in place (action UPDATE) or instantiates it (INSTANTIATE, or an update
  * CUDA refused: action says which happened). A failure leaves the slot without a graph. A refused update is counted
- * (the tests expect none) and, the first time, logged with CUDA's reason and the node it names, so that a device run
- * says which capture changed shape. */
+ * (the tests expect none) and, the first time in a context, logged with CUDA's reason and the node it names, so that a
+ * device run says which capture changed shape. */
 template <class F>
-dllm_status dllm__gpu_backend::capture_graph(dllm__graph_slot &g, dllm__graph_action &action, const char *what, int64_t &refusals, F &&body) {
+dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const dllm_status s = body();
@@ -14537,14 +14582,14 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_slot &g, dllm__graph_ac
             return DLLM_OK;
         }
         cudaGetLastError();  // refused (the captured kernels or their topology differ): instantiate instead
-        refusals++;
-        static std::atomic<bool> logged(false);  // one per caller (F)
-        if (!logged.exchange(true)) {
+        set.refusals++;
+        if (!set.logged_refusal) {
+            set.logged_refusal = true;
             cudaGraphNodeType type = cudaGraphNodeTypeCount;
             if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
             cudaGetLastError();
             dllm__log(DLLM_LOG_INFO, "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
-                      what, (int)info.result, (int)type);
+                      set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
     }
@@ -14554,13 +14599,13 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_slot &g, dllm__graph_ac
     if (graph) cudaGraphDestroy(graph);
     if (s == DLLM_OK && e == cudaSuccess) return DLLM_OK;  // g.baked: set by dllm__graph_next
     g.exec = nullptr;
-    return s != DLLM_OK ? s : dllm__cuda_fail(e, dllm__format("capturing %s as a CUDA graph", what).c_str());
+    return s != DLLM_OK ? s : dllm__cuda_fail(e, dllm__format("capturing %s as a CUDA graph", set.what).c_str());
 }
 
-void dllm__gpu_backend::graphs_drop(std::map<std::string, dllm__graph_slot> &graphs) {
-    for (auto &kv : graphs)
+void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
+    for (auto &kv : set.slots)
         if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
-    graphs.clear();
+    set.slots.clear();
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,

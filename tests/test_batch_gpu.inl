@@ -588,9 +588,9 @@ TEST(batch_gpu, gemm_n128_batches_equal_each_sequence_alone) {
     CHECK(gpu && cpu);
     if (gpu && cpu) {
         const dllm__gpu_backend *g = (const dllm__gpu_backend *)gpu->impl.get();
-        CHECK_MSG(!g->arch().gemm_wg_stages || g->batch_gemm_n() == 128, "DLLM_BATCH_GEMM_N=128 set, the batched GEMMs take %d-wide tiles",
-                  g->batch_gemm_n());
-        printf("    batched GEMMs on %d-wide gemm_wg tiles (0: none on this GPU)\n", g->batch_gemm_n());
+        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & 128), "DLLM_BATCH_GEMM_N=128 set, the 128-wide gemm_wg not loaded (%d)",
+                  g->batch_gemm_widths());
+        printf("    batched GEMMs on 128-wide gemm_wg tiles where they fit (widths loaded: %d; 0: none on this GPU)\n", g->batch_gemm_widths());
         test_forward_batch_case(T_, m, gpu, cpu, "tiny-llada", 3);  // 408 rows: 4 m-tiles
     }
     dllm_ctx_free(gpu);
@@ -600,7 +600,7 @@ TEST(batch_gpu, gemm_n128_batches_equal_each_sequence_alone) {
     test_batch_gpu_random(T_, "tiny-llada", false, 328, true);  // the batched K/V-cache steps
 }
 
-/* Without DLLM_BATCH_FP8=1 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
+/* With DLLM_BATCH_FP8=0 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
  * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
 TEST(batch_gpu, fp8_items_decode_one_after_another) {
     NEED_GPU();
@@ -610,10 +610,10 @@ TEST(batch_gpu, fp8_items_decode_one_after_another) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
     const bool fp8 = g->fp8_ffn_active();
-    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "DLLM_BATCH_FP8=1")), "FP8 %s, batch_unsupported: %s",
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "DLLM_BATCH_FP8=0")), "FP8 %s, batch_unsupported: %s",
               fp8 ? "active" : "off", g->batch_unsupported() ? g->batch_unsupported() : "(null)");
-    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=1" : nullptr);
-    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=1" : nullptr);
+    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=0" : nullptr);
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=0" : nullptr);
     CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -723,7 +723,7 @@ TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     dllm_model_free(m);
 }
 
-/* With DLLM_BATCH_FP8=1, FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
+/* With DLLM_BATCH_FP8 (the default), FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
  * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
  * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
  * own in a batch of one (one launch) and in the reversed batch. */
@@ -752,7 +752,7 @@ TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     }
 }
 
-/* With DLLM_BATCH_FP8=1, FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
+/* With DLLM_BATCH_FP8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
  * dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders (one
  * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
 TEST(batch_gpu, fp8_items_equal_batch_of_one_and_cpu) {
@@ -982,7 +982,7 @@ TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
 }
 
 /* [batch graphs] Batches of plain, prefix-cache and dual-cache items (counted and threshold rules, so the layout
- * changes as items finish) with DLLM_BATCH_GRAPHS=1 against the same batches eagerly: every item's ids, canvases,
+ * changes as items finish) with DLLM_BATCH_GRAPHS=1 (the default) against the same batches eagerly (=0): every item's ids, canvases,
  * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
  * repeats), with graphs captured and replayed and no update refused. */
 TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {

@@ -410,7 +410,7 @@ TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
 
 // ---- the GPU backend ------------------------------------------------------------------------------------------
 
-/* The GPU's batched block-diffusion forward (DLLM_BD_BATCH=1, unverified on a device until this test passes there): the
+/* The GPU's batched block-diffusion forward (DLLM_BD_BATCH, on by default since this test passed on the H100): the
  * cases in one batch give exactly what each gives in a batch of one on the GPU (ids, n_out, stats, every step callback
  * and canvas), permuted too; their ids equal the CPU's where no near-tie decides (most items; the CPU is the reference,
  * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). Without the switch the items decode

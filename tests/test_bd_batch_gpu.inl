@@ -1,5 +1,5 @@
 /* Tests: the GPU backend's batched block-diffusion forward (dllm__gpu_backend::bd_batch_reserve / bd_forward_batch,
- * issue 26; opt-in through DLLM_BD_BATCH=1 while unverified on a device): its layout, the slots' states and the sampler
+ * issue 26; on by default since the H100 run of 2026-12-05, DLLM_BD_BATCH=0 turns it off): its layout, the slots' states and the sampler
  * spans on the CPU against hand-derived expectations; on the GPU a mixed batch against each sequence as a batch of one
  * (bit for bit) and against the CPU backend's bd_forward (bf16 tolerance), the device's choices against dllm__choose. */
 
@@ -441,7 +441,7 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
 }
 
-/* [FP8] With DLLM_BATCH_FP8=1 too, an FP8 context (FP8 all) runs the batched block-diffusion forward: the same checks,
+/* [FP8] With DLLM_BATCH_FP8=1 too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the same checks,
  * the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
  * quantise slightly different activations). */
 TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
@@ -455,7 +455,7 @@ TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
 }
 
-/* Without DLLM_BD_BATCH=1 both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
+/* With DLLM_BD_BATCH=0 both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
  * after another); with it, the empty list says the forward exists, and a forward before the slots is an error. */
 TEST(bd_batch_gpu, off_without_the_switch) {
     NEED_GPU();
@@ -465,8 +465,8 @@ TEST(bd_batch_gpu, off_without_the_switch) {
     if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
         {
             test_env_switch off("DLLM_BD_BATCH", false);
-            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=1");
-            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=1");
+            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=0");
+            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=0");
             CHECK_STATUS(gpu->impl->bd_batch_reserve({}), DLLM_OK, nullptr);
         }
         test_env_switch on("DLLM_BD_BATCH", true);

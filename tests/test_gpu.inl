@@ -97,7 +97,7 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     test_unsetenv("DLLM_FA_WG_BC");
     // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB at both tile widths: the 128-wide
-    // tiles' 32 KB stages give a ring of 6 (one more would not fit); DLLM_BATCH_GEMM_N takes 128, anything else is 256.
+    // tiles' 32 KB stages give a ring of 6 (one more would not fit); DLLM_BATCH_GEMM_N takes 128 or 256, anything else is 0.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
     CHECK(dllm__gemm_wg_stages(dllm__arch_for(90), 256) == 4 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 6);
     CHECK(dllm__gemm_wg_stages(dllm__arch_for(89), 128) == 0 && dllm__gemm_wg_stages(dllm__arch_for(89), 256) == 0);
@@ -107,11 +107,13 @@ TEST(jit, arch_table_and_overrides) {
     }
     CHECK(dllm__gemm_wg_smem(dllm__arch_for(90), 128) == 6 * 32768 + 2 * 16384 + 1024 + 6 * 16);
     CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>");
-    CHECK(dllm__env().batch_gemm_n == 256);
+    CHECK(dllm__env().batch_gemm_n == 0);  // the faster width per shape and row count
     test_setenv("DLLM_BATCH_GEMM_N", "128", 1);
     CHECK(dllm__env().batch_gemm_n == 128);
-    test_setenv("DLLM_BATCH_GEMM_N", "64", 1);
+    test_setenv("DLLM_BATCH_GEMM_N", "256", 1);
     CHECK(dllm__env().batch_gemm_n == 256);
+    test_setenv("DLLM_BATCH_GEMM_N", "64", 1);
+    CHECK(dllm__env().batch_gemm_n == 0);
     test_unsetenv("DLLM_BATCH_GEMM_N");
     test_setenv("DLLM_GEMM_WG", "0", 1);
     CHECK(dllm__arch_for(90).gemm_wg_stages == 0 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 0);
@@ -406,6 +408,39 @@ TEST(gpu, gemm_wg_matches_cpu) {
         CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 192, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
         CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
         CHECK_STATUS(dllm__gemm_wg_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+    }
+}
+
+/* The batched forwards pick gemm_wg's width by row count (dllm__batch_gemm_width), which keeps batch invariance only
+ * because the two widths give every output the same bits: compared here at awkward shapes (one row, rows past a tile,
+ * K not a multiple of 64, a part k-step after many ring wraps, more tiles than clusters), outputs poisoned. */
+TEST(gpu, gemm_wg_widths_give_the_same_bits) {
+    NEED_GPU();
+    test_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    dllm__gemm_wg wide, narrow;
+    CHECK_STATUS(dllm__gemm_wg_load(g.arch, 256, wide), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__gemm_wg_load(g.arch, 128, narrow), DLLM_OK, nullptr);
+    if (!wide.kernel.fn || !narrow.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
+    test_rng r("gemm_wg widths");
+    const int shapes[][3] = {{1, 256, 8}, {37, 512, 200}, {333, 768, 4104}, {130, 4096, 1000}, {1100, 67 * 256, 72}, {2049, 1024, 520}};
+    for (const auto &s : shapes) {
+        const int M = s[0], N = s[1], K = s[2];
+        std::vector<float> x((size_t)M * K), w((size_t)N * K);
+        for (float &v : x) v = r.normal();
+        for (float &v : w) v = r.normal() * 0.1f;
+        dllm__dbuf dx, dw, dy_wide, dy_narrow;
+        test_put(dx, test_bf16_vec(x));
+        test_put(dw, test_bf16_vec(w));
+        test_poison(dy_wide, (size_t)M * N * 2);
+        test_poison(dy_narrow, (size_t)M * N * 2);
+        CHECK_STATUS(dllm__gemm_wg_run(wide, dx.ptr, dw.ptr, dy_wide.ptr, M, N, K, 0), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__gemm_wg_run(narrow, dx.ptr, dw.ptr, dy_narrow.ptr, M, N, K, 0), DLLM_OK, nullptr);
+        const std::vector<uint16_t> a = test_get<uint16_t>(dy_wide, (size_t)M * N), b = test_get<uint16_t>(dy_narrow, (size_t)M * N);
+        size_t differ = 0;
+        for (size_t i = 0; i < a.size(); i++) differ += a[i] != b[i];
+        printf("    M=%d N=%d K=%d: %zu of %zu outputs differ between the 256- and 128-wide tiles\n", M, N, K, differ, a.size());
+        CHECK_MSG(differ == 0, "M=%d N=%d K=%d: %zu outputs differ", M, N, K, differ);
     }
 }
 

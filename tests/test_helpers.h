@@ -23,11 +23,11 @@ static void test_unsetenv(const char *name) {
     unsetenv(name);
     dllm__env_reload();
 }
-/* A DLLM_* switch on ("1", or a value) or off (unset) for a test's scope, unset again at its end; create contexts inside
- * it. */
+/* A DLLM_* switch on ("1", or a value) or off ("0") for a test's scope, unset (its default) again at its end; create
+ * contexts inside it. */
 struct test_env_switch {
     const char *name;
-    test_env_switch(const char *switch_name, bool on) : test_env_switch(switch_name, on ? "1" : nullptr) {}
+    test_env_switch(const char *switch_name, bool on) : test_env_switch(switch_name, on ? "1" : "0") {}
     test_env_switch(const char *switch_name, const char *value) : name(switch_name) {
         if (value) test_setenv(name, value, 1);
         else test_unsetenv(name);

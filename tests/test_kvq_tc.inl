@@ -233,7 +233,10 @@ TEST(gpu, kvq_flash_matches_twin_and_kvq_attention) {
 
 /* Block-diffusion forwards over a quantised cache with DLLM_KVQ_TC=1 against the switch off (kvq_attention), forward by
  * forward (prefill, a step, the block cache, a sub-block, a commit, the next step), every mode; then whole generations:
- * the tokens may differ only where logits differ beyond bf16 rounding, so they are reported, the logits checked. */
+ * the tokens may differ only where logits differ beyond bf16 rounding, so they are reported, the logits checked. The
+ * bounds are gpu.kv_quant_forwards_match_cpu's (GPU against the fp32 CPU twin): after a commit, rounding differences in
+ * a layer's K/V rows move codes across quantisation boundaries, more at 2 bits (the H100 measured 1.6e-2 at 4 bits and
+ * 3.1e-2 at 2 bits at the step after the second commit). */
 TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
@@ -259,9 +262,9 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
             const size_t n = (size_t)(script[i].r1 - script[i].r0) * V;
             std::vector<float> off(logits[0].begin() + (long)at, logits[0].begin() + (long)(at + n)), on(logits[1].begin() + (long)at, logits[1].begin() + (long)(at + n));
             at += n;
-            const double err = test_max_rel(on, off);
+            const double err = test_max_rel(on, off), bound = dllm__kvq_bits(mode) == 4 ? 5e-2 : 1e-1;
             printf("    %s, forward %zu (kind %d): DLLM_KVQ_TC=1 vs off, logits max relative difference %.2e\n", dllm__kvq_names[mode], i, (int)script[i].kind, err);
-            CHECK_MSG(err < 3e-2, "%s, forward %zu: %.3e", dllm__kvq_names[mode], i, err);
+            CHECK_MSG(err < bound, "%s, forward %zu: %.3e", dllm__kvq_names[mode], i, err);
         }
         CHECK(logits[0].size() == logits[1].size());
     }
@@ -280,7 +283,8 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
             gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0;
             out[tc].assign((size_t)gp.gen_length + 1, -1);
             int n_out = 0;
-            CHECK_STATUS(dllm_generate(ctx, ids.data(), 2 * B + 5, gp, out[tc].data(), (int)out[tc].size(), &n_out, nullptr), DLLM_OK, nullptr);
+            // the prompt: two whole blocks and one token (ids[2B+1..] hold mask ids, which a prompt may not)
+            CHECK_STATUS(dllm_generate(ctx, ids.data(), 2 * B + 1, gp, out[tc].data(), (int)out[tc].size(), &n_out, nullptr), DLLM_OK, nullptr);
             out[tc].resize((size_t)std::max(n_out, 0));
             dllm_ctx_free(ctx);
         }

@@ -19,7 +19,7 @@
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
  *                                          then the batched dual-cache step of 1 to 64 canvases of 1024; then both again
- *                                          under DLLM_BATCH_GEMM_N=128 (keys n128_..., step times only)
+ *                                          under DLLM_BATCH_GEMM_N=256 and =128 (keys n256_..., n128_..., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
@@ -781,13 +781,11 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
     }
 }
 
-/* [batch] [block diffusion] Fast-dLLM v2 batched (DLLM_BD_BATCH=1: the batched block-diffusion forward, issue 26) as the
+/* [batch] [block diffusion] Fast-dLLM v2 batched (the batched block-diffusion forward, issue 26) as the
  * anchor's v2_gen_b16 runs it: B prompts of 512 tokens, gen 256, threshold 0.9, through dllm_generate_batch at B = 1 and
  * 16 after a one-block warm-up; generated tokens/s, and batch 16 against the anchor's 585 tokens/s (2026-12-04; target
  * at least 2.1x). The batch's forwards are reported too: the rounds of one batched forward. */
 static void bench_bd_batch(bench_result &r, dllm_ctx *ctx, const std::vector<int32_t> &ids, dllm_gen_params gp) {
-    setenv("DLLM_BD_BATCH", "1", 1);
-    dllm__env_reload();
     const int np = 512, gen = 256;
     for (int B : {1, 16}) {
         std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen + 1));
@@ -818,8 +816,6 @@ static void bench_bd_batch(bench_result &r, dllm_ctx *ctx, const std::vector<int
         r.set(dllm__format("bd_gen_p512_g256_b%d_batched_forwards", B), res.second.second);
     }
     r.set("bd_gen_p512_g256_b16_over_anchor_585_tokens_per_s (target >= 2.1)", r.v["bd_gen_p512_g256_b16_tokens_per_s"] / 585.0);
-    unsetenv("DLLM_BD_BATCH");
-    dllm__env_reload();
 }
 
 /* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
@@ -986,16 +982,11 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
 /* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
  * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
  * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64 (issue 26's list), and batch 16's over batch 1's (issue 26's
- * target: at least 3.5x in BF16), in the given precision (FP8 ones with DLLM_BATCH_FP8=1, set here: without it FP8
- * items decode one after another). Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
+ * target: at least 3.5x in BF16), in the given precision. Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
 static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision precision) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
     cp.precision = precision;
-    if (precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL) {
-        setenv("DLLM_BATCH_FP8", "1", 1);
-        dllm__env_reload();
-    }
     printf("batch W1 in %s\n", dllm__precision_name(precision));
     dllm_ctx *ctx = nullptr;
     BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
@@ -1112,7 +1103,7 @@ static const char *bench_usage =
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it; then both step times again under\n"
-    "                     DLLM_BATCH_GEMM_N=128 (keys n128_...) with their ratio to the default's\n"
+    "                     DLLM_BATCH_GEMM_N=256 and =128 (keys n256_..., n128_...) with their ratio to the default's\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
@@ -1200,11 +1191,13 @@ int main(int argc, char **argv) {
         dllm_model_free(model);
         return 0;
     }
-    if (batch_rows) {  // the default, then gemm_wg's 128-wide tiles in the batched GEMMs (a context reads the switch when made)
+    if (batch_rows) {  // the default (each GEMM's faster width), then gemm_wg's widths forced (a context reads the switch when made)
         bench_batch_rows(r, config, s0, "");
-        setenv("DLLM_BATCH_GEMM_N", "128", 1);
-        dllm__env_reload();
-        bench_batch_rows(r, config, s0, "n128_");
+        for (const char *width : {"256", "128"}) {
+            setenv("DLLM_BATCH_GEMM_N", width, 1);
+            dllm__env_reload();
+            bench_batch_rows(r, config, s0, width[1] == '5' ? "n256_" : "n128_");
+        }
         return 0;
     }
     bench_attention(r, arch, prop.multiProcessorCount, s0);
