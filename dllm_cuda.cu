@@ -334,9 +334,7 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1)
  *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
  *                            producer, 2 all (dllm__soloq_launch measures them)
- *   DLLM_BD_GRAPHS=1         block diffusion's step forwards replayed as CUDA graphs ([bd graphs]; off by default: a
- *                            generation re-captures each sub-block's graph once a block, which cost more than the
- *                            launches it saves, 1.36 vs 1.32 s at the 7B shape on the H200)
+ *   DLLM_BD_GRAPHS=0         block diffusion's step forwards launched eagerly, not replayed as CUDA graphs ([bd graphs])
  *   DLLM_BD_BATCH=0          no batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's block-diffusion
  *                            items in one forward): those items decode one after another
  *   DLLM_BATCH_FP8=0         no batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under FP8 precisions
@@ -346,9 +344,9 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            one per batch layout)
  *   DLLM_BATCH_GEMM_N=128|256  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
  *                            only; by default each shape and row count takes the faster width (dllm__batch_gemm_width)
- *   DLLM_KVQ_TC=1            [KV quant] block diffusion's attention over the quantised cache on tensor cores (kvq_flash:
- *                            the codes decoded once per kv head, mma.sync, split over the keys); unverified on a device,
- *                            so off by default: without it kvq_attention runs (a warp per query row and head) */
+ *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
+ *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
+ *                            head, mma.sync, split over the keys: 250x faster at 32k keys on the H200) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
@@ -382,13 +380,13 @@ static dllm__env_switches dllm__env_read() {
     e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
     e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
     e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
-    e.bd_graphs = num("DLLM_BD_GRAPHS", 0) != 0;
+    e.bd_graphs = num("DLLM_BD_GRAPHS", 1) != 0;
     e.bd_batch = num("DLLM_BD_BATCH", 1) != 0;
     e.batch_fp8 = num("DLLM_BATCH_FP8", 1) != 0;
     e.batch_graphs = num("DLLM_BATCH_GRAPHS", 1) != 0;
     const int width = num("DLLM_BATCH_GEMM_N", 0);
     e.batch_gemm_n = width == 128 || width == 256 ? width : 0;
-    e.kvq_tc = num("DLLM_KVQ_TC", 0) != 0;
+    e.kvq_tc = num("DLLM_KVQ_TC", 1) != 0;
     return e;
 }
 
@@ -12580,7 +12578,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC=1 at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
@@ -14281,13 +14279,13 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
                                          dllm__kvq_tc_plan &p) {
     if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-                          "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (unset DLLM_KVQ_TC)", hd, n_head, n_kv);
+                          "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)", hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     p.warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
     while (p.warps > 1 && dllm__kvq_tc_smem(hd, p.warps) > (size_t)smem_optin) p.warps--;
     p.smem = dllm__kvq_tc_smem(hd, p.warps);
     if (p.smem > (size_t)smem_optin)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; unset DLLM_KVQ_TC", hd,
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead", hd,
                           p.smem, smem_optin);
     p.q_tiles = (rows + p.warps * 16 - 1) / (p.warps * 16);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
@@ -14364,7 +14362,7 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     dllm__kvq_tc_plan probe;
     if (dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, 1, 1, 0, 0, n_sms_, smem_optin, probe) != DLLM_OK) {
-        dllm__log(DLLM_LOG_WARN, "%s", dllm_last_error());
+        dllm__log(DLLM_LOG_INFO, "%s", dllm_last_error());  // kvq_attention runs: correct, slower
         return DLLM_OK;
     }
     if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
@@ -14406,8 +14404,8 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
 }
 
 /* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_attention, a warp per (query row, head); with DLLM_KVQ_TC=1 kvq_flash, in launches of at most
- * dllm__kvq_tc_chunk_rows query rows. */
+ * rows: kvq_flash (the default, DLLM_KVQ_TC), in launches of at most
+ * dllm__kvq_tc_chunk_rows query rows; kvq_attention, a warp per (query row, head), where kvq_flash cannot run. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
     const dllm__config &c = m_.cfg;
     kvq_args a = kvq_layer_args(layer);
@@ -14519,7 +14517,7 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
 /* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
  * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
- * eager, as does everything under DLLM_NO_GRAPHS=1. Only with DLLM_BD_GRAPHS=1 (the environment table says why). */
+ * eager, as does everything under DLLM_NO_GRAPHS=1 or DLLM_BD_GRAPHS=0. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph = head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
     if (graph) DLLM__TRY(bd_replay(call, pick));

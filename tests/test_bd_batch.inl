@@ -413,23 +413,24 @@ TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
 /* The GPU's batched block-diffusion forward (DLLM_BD_BATCH, on by default since this test passed on the H100): the
  * cases in one batch give exactly what each gives in a batch of one on the GPU (ids, n_out, stats, every step callback
  * and canvas), permuted too; their ids equal the CPU's where no near-tie decides (most items; the CPU is the reference,
- * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). Without the switch the items decode
- * one after another, as dllm_generate's. */
+ * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). With DLLM_BD_BATCH=0 the items decode
+ * one after another, as dllm_generate's (whose solo forwards may pick faster, row-count-tuned GEMMs: so the batch's
+ * reference is the batch of one, not dllm_generate). */
 TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
-    test_unsetenv("DLLM_BD_BATCH");
+    test_setenv("DLLM_BD_BATCH", "0", 1);
     dllm_ctx *cpu = test_ctx(m), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (!cpu || !gpu) { dllm_ctx_free(cpu), dllm_ctx_free(gpu), dllm_model_free(m); return; }
-    // Without the switch: one after another, each equal to its dllm_generate on the GPU.
+    // Switched off: one after another, each equal to its dllm_generate on the GPU.
     std::vector<test_bdi_case> cs = test_bdi_cases(gpu, 0xbdb6);
     std::vector<size_t> order(cs.size());
     for (size_t i = 0; i < cs.size(); i++) order[i] = i;
-    test_bdi_check_batch(T_, gpu, cs, order, "GPU, no switch");
-    // With the switch (a fresh context, whenever the backend reads it): the batch against the batch of one.
-    test_setenv("DLLM_BD_BATCH", "1", 1);
+    test_bdi_check_batch(T_, gpu, cs, order, "GPU, DLLM_BD_BATCH=0");
+    // By default (a fresh context, whenever the backend reads it): the batch against the batch of one.
+    test_unsetenv("DLLM_BD_BATCH");
     dllm_ctx_free(gpu);
     gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(gpu != nullptr);

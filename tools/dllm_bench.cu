@@ -663,7 +663,7 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
-/* [bd graphs] (DLLM_BD_GRAPHS=1) The block step and the sub-block step of bench_block_diffusion, and the block step with
+/* [bd graphs] (DLLM_BD_GRAPHS, the default) The block step and the sub-block step of bench_block_diffusion, and the block step with
  * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (DLLM_NO_GRAPHS=1)
  * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
  * 25's target: at most 0.60x). Returns the replayed block step's time. */
@@ -683,7 +683,7 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
         ms[graphs][1] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
         ms[graphs][2] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
     }
-    unsetenv("DLLM_BD_GRAPHS");
+    setenv("DLLM_BD_GRAPHS", "0", 1);
     dllm__env_reload();
     for (int graphs = 0; graphs < 2; graphs++) {
         const char *how = graphs ? "graph" : "eager";
@@ -848,6 +848,8 @@ static void bench_block_diffusion(bench_result &r) {
     dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
     const dllm__config &c = model->cfg;
     const int n = 1024, B = 32, S = 8;
+    setenv("DLLM_BD_GRAPHS", "0", 1);  // the rows without a graph suffix run eagerly; [bd graphs] sets it where it times graphs
+    dllm__env_reload();
     std::vector<int32_t> ids((size_t)(n + B));
     for (int i = 0; i < n + B; i++) ids[(size_t)i] = i < n + 1 ? (i * 104729) % 150000 : c.mask_id;  // the block: the AR seed, then masks
     std::vector<float> logits((size_t)n * c.n_vocab);
@@ -884,7 +886,7 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
     r.set("bd_gen_graph_updates_refused", (double)gpu->bd_graph_refusals());
-    unsetenv("DLLM_BD_GRAPHS");
+    unsetenv("DLLM_BD_GRAPHS");  // the default (graphs) from here
     dllm__env_reload();
     bench_bd_batch(r, ctx, ids, gp);
     if (r.v.count("copy_TBps")) {
