@@ -17,7 +17,7 @@
 #                       DLLM_SKIP_TESTS=1 / DLLM_SKIP_ANCHORS=1 / DLLM_SKIP_BENCH=1 leave those out;
 #                       DLLM_REUSE_BUILD=1 runs binaries carried from a build machine.
 #   ./build.sh fuzz [SECONDS]  build the libFuzzer harnesses (tests/fuzz/, clang) and run each for SECONDS
-#                       (default 10) on its corpus; non-zero on any crash. Inputs with new coverage are
+#                       (default 10) on its corpus; non-zero on any crash. Inputs with new coverage edges are
 #                       merged into tests/fuzz/corpus/ (DLLM_FUZZ_MERGE=0 leaves the corpora alone).
 #   ./build.sh tsan     the concurrency tests under ThreadSanitizer (clang)
 #
@@ -296,8 +296,9 @@ run_fuzz() {
         fi
         { grep -E "^stat::number_of_executed_units|^stat::new_units_added" "build/fuzz/$h.log" | tr '\n' ' '; } || true
         { grep -oE "cov: [0-9]+ ft: [0-9]+" "build/fuzz/$h.log" | tail -n 1; } || true
-        if [ "${DLLM_FUZZ_MERGE:-1}" = 1 ]; then
-            build/fuzz/$h -merge=1 -max_len=16384 -timeout=20 -rss_limit_mb=4096 "$corpus" "$work" > "build/fuzz/$h.merge.log" 2>&1 ||
+        if [ "${DLLM_FUZZ_MERGE:-1}" = 1 ]; then  # new edges only (-use_counters=0): hit-count features would bloat the
+            # corpora past the device's 64 MiB working tree
+            build/fuzz/$h -merge=1 -use_counters=0 -max_len=16384 -timeout=20 -rss_limit_mb=4096 "$corpus" "$work" > "build/fuzz/$h.merge.log" 2>&1 ||
                 echo "build.sh: merging into $corpus failed (build/fuzz/$h.merge.log)" >&2
         fi
     done
