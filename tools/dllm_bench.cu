@@ -697,6 +697,29 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
     return ms[1][0];
 }
 
+/* [KV quant] kvq_flash's plan (one CTA an SM: 33 splits of 1024 keys at the 7B shape on 132 SMs, 14 warps) against
+ * smaller splits and half the warps (two CTAs an SM fit in shared memory; each key then decoded once per row tile), to
+ * find what the 185 us of the default plan wait on (issue 25's 2x needs <= 145 us). time(plan, its split states). */
+template <class F>
+static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, const dllm__kvq_tc_plan &base, int hd, int n_head, int n_kv, int rows,
+                               int n_keys, int n_committed, double bf16_us, F &&time) {
+    const int group_rows = n_head / n_kv * rows;  // a CTA's query rows: the GQA group's
+    for (int warps : {base.warps, (base.warps + 1) / 2})
+        for (int divide : {1, 2, 4}) {
+            if (warps == base.warps && divide == 1) continue;  // the default plan's row
+            dllm__kvq_tc_plan p = base;
+            p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
+            p.split_keys = std::max(2 * dllm__kvq_tc_bc(hd), base.split_keys / divide);
+            p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, 0, p.split_keys);
+            if (p.smem > (size_t)tc.smem_optin) continue;
+            dllm__dbuf part;
+            BENCH_CHECK(part.fit((size_t)p.n_splits * n_head * rows * (hd + 2) * 4, "kv4 attention plans"));
+            const double us = time(p, part);
+            r.set(dllm__format("kv_attention_32k_kv4_kivi_tc_us (%d warps x %d row tiles, %d splits of %d keys)", p.warps, p.q_tiles, p.n_splits, p.split_keys), us);
+            r.set(dllm__format("kv_attention_32k_kv4_kivi_tc_speedup_over_bf16 (%d warps, %d keys a split)", p.warps, p.split_keys), bf16_us / us);
+        }
+}
+
 /* [KV quant] Issue 25's long-context row: one layer's attention of a 32-row block step over a 32k-token committed cache
  * at the Fast-dLLM v2 7B shape (28 query heads, 4 K/V heads of 128), the BF16 cache through flash_attn (split-KV, as
  * bd_attention launches it) against the 4-bit caches through kvq_attention (KIVI values, and SoloQ's rotated Lloyd-Max
@@ -778,6 +801,9 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
         r.set(dllm__format("kv_attention_32k_kv4_%s_speedup_over_bf16 (target >= 2)", name), bf16_us / us);
         r.set(dllm__format("kv_attention_32k_kv4_%s_tc_us (%d warps, %d splits of %d keys)", name, plan.warps, plan.n_splits, plan.split_keys), tc_us);
         r.set(dllm__format("kv_attention_32k_kv4_%s_tc_speedup_over_bf16 (target >= 2)", name), bf16_us / tc_us);
+        if (!soloq) bench_kvq_tc_plans(r, tc, plan, hd, H, n_kv, T, n_keys, n, bf16_us, [&](const dllm__kvq_tc_plan &p, dllm__dbuf &part) {
+            return bench_us_each(s, 20, [&](int i) { BENCH_CHECK(dllm__kvq_tc_launch(tc, layer_args(i), p, part.as<float>(), part.bytes, s)); });
+        });
     }
 }
 
