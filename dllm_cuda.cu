@@ -10177,8 +10177,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
  * rows are independent of m by construction (below). Twin: the float64 product (tests).
- * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x BN (BN = 256; 128
- * for the batched forwards under DLLM_BATCH_GEMM_N=128, twice the tiles where few rows leave SMs idle); CTAs come in
+ * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x BN (BN = 256, or
+ * 128, which the batched forwards take where twice the tiles fill more SMs: dllm__batch_gemm_width); CTAs come in
  * clusters of two that take vertically adjacent tiles (m-tiles 2i and 2i + 1 of one column tile) and walk the tile
  * pairs, m fastest, so that the clusters in flight also share weight tiles through L2. In each CTA a producer
  * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one BN / 2-row half of
@@ -10188,8 +10188,9 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * stages the producer has been filling meanwhile. The weights of the first stages are requested before
  * griddepcontrol.wait: they do not depend on the previous kernel.
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
- * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). The two widths
- * need not give the same bits: a caller picks one by the shape alone. */
+ * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). Nor on BN: an
+ * output's k-loop is the same sequence of k16 products in either width, so the two give the same bits and a caller may
+ * pick the width by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed on the H200). */
 static const char *dllm__src_gemm_wg = DLLM__SOURCE_LINE R"DLLM(
 struct gemm_tensor_maps { tensor_map x, w, y; };  // boxes of 64 columns x: 128 rows (x), BN / 2 (w), 64 (y)
 
@@ -11682,9 +11683,9 @@ struct dllm__linear {
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction; its 128-wide tiles first under DLLM_BATCH_GEMM_N=128),
- * else INDEPENDENT's pinned algorithm. The choice
- * depends on the shape alone, so a sequence's rows get the same bits whatever else the batch holds. */
+ * the operands (row-independent at any row count, by construction, and the same bits at either tile width, so the width
+ * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
+ * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 
 // ---------------------------------------------------------------------------------------------------
@@ -12541,8 +12542,6 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
     DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
-    /* The widest gemm_wg tiles the batched forwards' BF16 GEMMs take where they fit (128 under DLLM_BATCH_GEMM_N=128,
-     * 256; 0: no gemm_wg, the pinned GEMM). */
     /* [batch] The widths the batched GEMMs may take: 128 + 256 where both loaded, 0 where neither (cuBLASLt's pinned). */
     DLLM__TEST_HOOK int batch_gemm_widths() const { return (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0); }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:

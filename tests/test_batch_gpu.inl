@@ -575,7 +575,8 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* [batch] DLLM_BATCH_GEMM_N=128: the batched forwards' BF16 GEMMs on gemm_wg's 128-wide tiles where N is a multiple of
+/* [batch] DLLM_BATCH_GEMM_N=128 (forced; by default the width follows the row count): the batched forwards' BF16 GEMMs
+ * on gemm_wg's 128-wide tiles where N is a multiple of
  * 128: tiny-llada's Q/K/V (384, which the 256-wide tiles do not take), attention output and FFN down (128); its gate|up
  * (400) and the LM head (fp32 out) stay on the pinned GEMM, as does all of tiny-dream (192 wide), so it alone is used. A
  * sequence in a batch still has the logits and tokens of its batch of one, bit for bit, in any order, and the CPU's

@@ -11,7 +11,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128), dllm__module_soloq(a)};
-        if (a.gemm_wg_stages)  // both tile widths (the 128-wide one runs under DLLM_BATCH_GEMM_N=128)
+        if (a.gemm_wg_stages)  // both tile widths (the batched forwards take the 128-wide one where it is faster)
             for (int bn : {256, 128}) rqs.push_back(dllm__module_gemm_wg(a, bn));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
             for (int stages : {2, 3}) {
@@ -378,7 +378,7 @@ static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_
     CHECK(err < 8e-3 && guard_kept && repeats && independent);
 }
 
-/* Both tile widths (256; 128, which the batched forwards run under DLLM_BATCH_GEMM_N=128). */
+/* Both tile widths (256; 128, which the batched forwards take where it is faster). */
 TEST(gpu, gemm_wg_matches_cpu) {
     NEED_GPU();
     test_gpu g;

@@ -248,7 +248,7 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
 }
 
-/* [batch] gemm_wg's two tile widths (256; 128, DLLM_BATCH_GEMM_N=128) at the LLaDA-8B shapes for the row counts of
+/* [batch] gemm_wg's two tile widths (256; 128, which dllm__batch_gemm_width times too) at the LLaDA-8B shapes for the row counts of
  * batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and 2048 around), 10 launches back to back
  * a timing: 128 x 128 tiles make twice the tile pairs where 128 x 256 leave SMs idle (o and down at M = 512: 64 CTAs
  * on 132 SMs). */
