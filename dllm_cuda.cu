@@ -11417,11 +11417,6 @@ struct dllm__gemm {
 static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg &wide, const dllm__gemm_wg &narrow, cudaStream_t stream) {
     const int m_tiles = (op.M + 127) / 128;
     const int rule = op.N <= 4096 && m_tiles <= 8 ? 128 : 256;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (!dllm__env().gemm_autotune || cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        return rule;
-    }
     static std::mutex mutex;
     static std::map<std::array<int, 4>, int> widths;  // (device, N, K, m-tiles) -> width
     int device = 0;
@@ -11429,7 +11424,12 @@ static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg &
     std::lock_guard<std::mutex> lock(mutex);
     const std::array<int, 4> key = {device, op.N, op.K, m_tiles};
     auto it = widths.find(key);
-    if (it != widths.end()) return it->second;
+    if (it != widths.end()) return it->second;  // a capture takes what its layout's eager forward timed
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (!dllm__env().gemm_autotune || cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return rule;
+    }
     auto time = [&](const dllm__gemm_wg &k) {
         return dllm__gemm::time_runs([&] { return dllm__gemm_wg_run(k, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
     };
@@ -14403,8 +14403,8 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
 }
 
 /* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_flash (the default, DLLM_KVQ_TC), in launches of at most
- * dllm__kvq_tc_chunk_rows query rows; kvq_attention, a warp per (query row, head), where kvq_flash cannot run. */
+ * rows: kvq_flash (the default, DLLM_KVQ_TC) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
     const dllm__config &c = m_.cfg;
     kvq_args a = kvq_layer_args(layer);
