@@ -342,8 +342,9 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            another
  *   DLLM_BATCH_GRAPHS=0      the batched forwards' layers launched eagerly, not replayed as CUDA graphs ([batch graphs],
  *                            one per batch layout)
- *   DLLM_BATCH_GEMM_N=128|256  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
- *                            only; by default each shape and row count takes the faster width (dllm__batch_gemm_width)
+ *   DLLM_BATCH_GEMM_N=256|128|64  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
+ *                            only; by default each shape and row count takes the faster of 256 and 128
+ *                            (dllm__batch_gemm_width). 64 (more CTAs at a few dozen rows) has not run on a device yet
  *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
  *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
  *                            head, mma.sync, split over the keys: 250x faster at 32k keys on the H200) */
@@ -354,7 +355,7 @@ struct dllm__env_switches {
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
     bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
-    int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256 or 128; 0 the faster (dllm__batch_gemm_width)
+    int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the faster of 256 and 128
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -385,7 +386,7 @@ static dllm__env_switches dllm__env_read() {
     e.batch_fp8 = num("DLLM_BATCH_FP8", 1) != 0;
     e.batch_graphs = num("DLLM_BATCH_GRAPHS", 1) != 0;
     const int width = num("DLLM_BATCH_GEMM_N", 0);
-    e.batch_gemm_n = width == 128 || width == 256 ? width : 0;
+    e.batch_gemm_n = width == 64 || width == 128 || width == 256 ? width : 0;
     e.kvq_tc = num("DLLM_KVQ_TC", 1) != 0;
     return e;
 }
@@ -10178,7 +10179,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
  * rows are independent of m by construction (below). Twin: the float64 product (tests).
  * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x BN (BN = 256, or
- * 128, which the batched forwards take where twice the tiles fill more SMs: dllm__batch_gemm_width); CTAs come in
+ * 128, which the batched forwards take where twice the tiles fill more SMs: dllm__batch_gemm_width; or 64, under
+ * DLLM_BATCH_GEMM_N=64, not yet run on a device); CTAs come in
  * clusters of two that take vertically adjacent tiles (m-tiles 2i and 2i + 1 of one column tile) and walk the tile
  * pairs, m fastest, so that the clusters in flight also share weight tiles through L2. In each CTA a producer
  * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one BN / 2-row half of
@@ -10258,20 +10260,22 @@ __device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0,
 }
 
 /* A consumer warpgroup's 64 x BN accumulators (its rows m0 + 64 wg.., columns from c0) to Y, through its 16 KB staging
- * buffer (two 64 x 64 boxes in the 128-byte swizzle, which spreads each warp's stores over all banks) in BN / 128
- * passes of 128 columns, each sent by TMA while the warpgroup goes on; a pass first waits until the previous one's
- * store has read the buffer. Storing from registers straight to global memory left the kernel 13-33% slower than
- * cuBLASLt; four passes of 64 columns alternating between the two boxes measured the same as two (BN = 256). */
+ * buffer (two 64 x 64 boxes in the 128-byte swizzle, which spreads each warp's stores over all banks) in passes of 128
+ * columns (one of 64 where BN = 64, its first box alone), each sent by TMA while the warpgroup goes on; a pass first
+ * waits until the previous one's store has read the buffer. Storing from registers straight to global memory left the
+ * kernel 13-33% slower than cuBLASLt; four passes of 64 columns alternating between the two boxes measured the same as
+ * two (BN = 256). */
 template <int BN>
 __device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[BN / 8][4], int m0, int c0, int wg, u32 stage) {
+    constexpr int PASS_COLUMNS = BN < 128 ? BN : 128;
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const bool issuer = (threadIdx.x & 127) == 0;
     #pragma unroll
-    for (int pass = 0; pass < BN / 128; pass++) {
+    for (int pass = 0; pass < BN / PASS_COLUMNS; pass++) {
         if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         named_bar_sync(1 + wg, 128);
         #pragma unroll
-        for (int jj = 0; jj < 16; jj++)
+        for (int jj = 0; jj < PASS_COLUMNS / 8; jj++)
             #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp * 16 + g + 8 * r, j = pass * 16 + jj;
@@ -10282,7 +10286,7 @@ __device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const flo
         named_bar_sync(1 + wg, 128);
         if (issuer) {
             tma_store(tm.y, stage, c0 + pass * 128, m0 + wg * 64);
-            tma_store(tm.y, stage + 8192, c0 + pass * 128 + 64, m0 + wg * 64);
+            if (PASS_COLUMNS == 128) tma_store(tm.y, stage + 8192, c0 + pass * 128 + 64, m0 + wg * 64);
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     }
@@ -10799,9 +10803,9 @@ static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
  * slack that aligns them to 1024 bytes, and the full and empty mbarriers. */
 static size_t dllm__gemm_wg_smem_of(int stages, int bn) { return (size_t)stages * (128 + bn) * 128 + 2 * 16384 + 1024 + 16 * stages; }
 
-/* gemm_wg's ring for tiles bn wide (256 or 128): the table's for 256 columns (4 stages of 48 KB); for 128, whose stages
- * are 32 KB, the deepest ring that fits a CTA's 227 KB (6 stages: the same 192 KB of k-steps in flight). 0 where the
- * table has no gemm_wg. */
+/* gemm_wg's ring for tiles bn wide (256, 128 or 64): the table's for 256 columns (4 stages of 48 KB); for the narrower
+ * ones the deepest ring that fits a CTA's 227 KB (128: 6 stages of 32 KB, the same 192 KB of k-steps in flight; 64: 8
+ * of 24 KB). 0 where the table has no gemm_wg. */
 static int dllm__gemm_wg_stages(const dllm__arch &a, int bn) {
     int stages = a.gemm_wg_stages;
     if (stages && bn != 256)
@@ -11045,7 +11049,7 @@ struct dllm__gemm_wg {
  * tensor maps; leaves k empty otherwise. */
 static dllm_status dllm__gemm_wg_load(const dllm__arch &a, int bn, dllm__gemm_wg &k) {
     if (!a.gemm_wg_stages || !dllm__tensor_map_encoder()) return DLLM_OK;
-    if (bn != 256 && bn != 128) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg has no tiles %d wide (256 or 128)", bn);
+    if (bn != 256 && bn != 128 && bn != 64) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_wg has no tiles %d wide (256, 128 or 64)", bn);
     DLLM__TRY(dllm__jit_load(dllm__module_gemm_wg(a, bn), k.module));
     cudaKernel_t kernel = k.module->kernels.at(dllm__gemm_wg_name(a, bn));
     k.smem = dllm__gemm_wg_smem(a, bn);
@@ -12542,8 +12546,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
     DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
-    /* [batch] The widths the batched GEMMs may take: 128 + 256 where both loaded, 0 where neither (cuBLASLt's pinned). */
-    DLLM__TEST_HOOK int batch_gemm_widths() const { return (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0); }
+    /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 where both loaded (+ 64 under DLLM_BATCH_GEMM_N=64),
+     * 0 where none (cuBLASLt's pinned). */
+    DLLM__TEST_HOOK int batch_gemm_widths() const {
+        return (gemm_wg_n64_.kernel.fn ? 64 : 0) + (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0);
+    }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
      * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
     DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
@@ -12696,7 +12703,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__attn_kernels A_;
     dllm__gemm gemm_;
     dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
-    dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (DLLM_BATCH_GEMM_N=128)
+    dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg gemm_wg_n64_;                    // its 64-wide tiles, for the batched forwards under DLLM_BATCH_GEMM_N=64
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
     dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
@@ -12865,8 +12873,8 @@ dllm_status dllm__gpu_backend::init(int device) {
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
  * with a warning. So does its 128-wide variant, which the batched forwards take where it is faster (batch_gemm_wg). */
 dllm_status dllm__gpu_backend::load_kernels() {
-    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module;
-    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n != 256;
+    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
+    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n != 256, n64 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n == 64;
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
         {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
@@ -12877,6 +12885,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     const size_t required = jobs.size();  // gemm_wg's module is optional
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
     if (n128) jobs.push_back({dllm__module_gemm_wg(arch_, 128), &gemm_n128_module});
+    if (n64) jobs.push_back({dllm__module_gemm_wg(arch_, 64), &gemm_n64_module});
     std::vector<dllm_status> st(jobs.size(), DLLM_OK);
     std::vector<std::string> err(jobs.size());
     std::vector<std::thread> workers;
@@ -12901,6 +12910,11 @@ dllm_status dllm__gpu_backend::load_kernels() {
         dllm__log(DLLM_LOG_WARN, "the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
                   dllm__tls_error.c_str());
         gemm_wg_n128_ = dllm__gemm_wg();
+    }
+    if (n64 && dllm__gemm_wg_load(arch_, 64, gemm_wg_n64_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "DLLM_BATCH_GEMM_N=64: the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
+                  dllm__tls_error.c_str());
+        gemm_wg_n64_ = dllm__gemm_wg();
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
@@ -13018,13 +13032,16 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
  * algorithm runs). Both widths give every output the same bits: an output's K loop is the same wgmma sequence in a
  * 128- or a 256-wide tile (gpu.gemm_wg_widths_give_the_same_bits). So the width may follow the row count without
  * breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the o and down projections
- * at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows. DLLM_BATCH_GEMM_N=128 or 256 forces one. */
+ * at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows. DLLM_BATCH_GEMM_N=128 or 256 forces one;
+ * 64 takes 64-wide tiles wherever they fit (written without a device: a candidate for a few dozen rows, once timed). */
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
+    const bool bf16_out = op.out_type == CUDA_R_16BF;
+    if (bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K)) return &gemm_wg_n64_;  // loaded only when forced
     const dllm__gemm_wg *wide = gemm_.own_fits(op) ? gemm_.own : nullptr;
-    const dllm__gemm_wg *narrow = op.out_type == CUDA_R_16BF && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr;
+    const dllm__gemm_wg *narrow = bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr;
     if (!wide || !narrow) return wide ? wide : narrow;
     const int forced = dllm__env().batch_gemm_n;
-    if (forced) return forced == 128 ? narrow : wide;
+    if (forced == 128 || forced == 256) return forced == 128 ? narrow : wide;
     return dllm__batch_gemm_width(op, *wide, *narrow, stream_) == 128 ? narrow : wide;
 }
 

@@ -11,8 +11,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128), dllm__module_soloq(a)};
-        if (a.gemm_wg_stages)  // both tile widths (the batched forwards take the 128-wide one where it is faster)
-            for (int bn : {256, 128}) rqs.push_back(dllm__module_gemm_wg(a, bn));
+        if (a.gemm_wg_stages)  // every tile width (the batched forwards' choice)
+            for (int bn : {256, 128, 64}) rqs.push_back(dllm__module_gemm_wg(a, bn));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
             for (int stages : {2, 3}) {
                 dllm__arch wide = a;
@@ -96,23 +96,28 @@ TEST(jit, arch_table_and_overrides) {
     test_setenv("DLLM_FA_WG_BC", "0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
     test_unsetenv("DLLM_FA_WG_BC");
-    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB at both tile widths: the 128-wide
-    // tiles' 32 KB stages give a ring of 6 (one more would not fit); DLLM_BATCH_GEMM_N takes 128 or 256, anything else is 0.
+    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB at every tile width: the 128-wide
+    // tiles' 32 KB stages give a ring of 6, the 64-wide's 24 KB one of 8 (one more would not fit); DLLM_BATCH_GEMM_N takes
+    // 256, 128 or 64, anything else is 0.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
-    CHECK(dllm__gemm_wg_stages(dllm__arch_for(90), 256) == 4 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 6);
+    CHECK(dllm__gemm_wg_stages(dllm__arch_for(90), 256) == 4 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 6 &&
+          dllm__gemm_wg_stages(dllm__arch_for(90), 64) == 8);
     CHECK(dllm__gemm_wg_stages(dllm__arch_for(89), 128) == 0 && dllm__gemm_wg_stages(dllm__arch_for(89), 256) == 0);
-    for (int bn : {256, 128}) {
+    for (int bn : {256, 128, 64}) {
         const dllm__arch h = dllm__arch_for(90);
         CHECK(dllm__gemm_wg_smem(h, bn) <= 227 * 1024 && dllm__gemm_wg_smem_of(dllm__gemm_wg_stages(h, bn) + 1, bn) > 227 * 1024);
     }
     CHECK(dllm__gemm_wg_smem(dllm__arch_for(90), 128) == 6 * 32768 + 2 * 16384 + 1024 + 6 * 16);
-    CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>");
+    CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>" &&
+          dllm__gemm_wg_name(dllm__arch_for(90), 64) == "gemm_wg<8,64>");
     CHECK(dllm__env().batch_gemm_n == 0);  // the faster width per shape and row count
     test_setenv("DLLM_BATCH_GEMM_N", "128", 1);
     CHECK(dllm__env().batch_gemm_n == 128);
     test_setenv("DLLM_BATCH_GEMM_N", "256", 1);
     CHECK(dllm__env().batch_gemm_n == 256);
     test_setenv("DLLM_BATCH_GEMM_N", "64", 1);
+    CHECK(dllm__env().batch_gemm_n == 64);
+    test_setenv("DLLM_BATCH_GEMM_N", "96", 1);
     CHECK(dllm__env().batch_gemm_n == 0);
     test_unsetenv("DLLM_BATCH_GEMM_N");
     test_setenv("DLLM_GEMM_WG", "0", 1);
@@ -378,13 +383,13 @@ static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_
     CHECK(err < 8e-3 && guard_kept && repeats && independent);
 }
 
-/* Both tile widths (256; 128, which the batched forwards take where it is faster). */
+/* Every tile width (256; 128, which the batched forwards take where it is faster; 64, DLLM_BATCH_GEMM_N=64). */
 TEST(gpu, gemm_wg_matches_cpu) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("gemm_wg");
-    for (int bn : {256, 128}) {
+    for (int bn : {256, 128, 64}) {
         dllm__gemm_wg k;
         CHECK_STATUS(dllm__gemm_wg_load(g.arch, bn, k), DLLM_OK, nullptr);
         if (!k.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
@@ -394,34 +399,36 @@ TEST(gpu, gemm_wg_matches_cpu) {
         test_gemm_wg_case(T_, k, r, 130, 768, 136);
         test_gemm_wg_case(T_, k, r, 600, 256, 4096);        // 64 k-steps: the ring wraps many times
         test_gemm_wg_case(T_, k, r, 1100, 67 * 256, 72);    // 5 x 67 tile pairs for at most 66 clusters: clusters walk several
-        if (bn == 128) {                                    // N an odd multiple of 128: a last column tile of its own
-            test_gemm_wg_case(T_, k, r, 333, 384, 200);
-            test_gemm_wg_case(T_, k, r, 1, 128, 8);
-            test_gemm_wg_case(T_, k, r, 1100, 67 * 128, 72);
-            test_gemm_wg_case(T_, k, r, 130, 1152, 4104);   // the ring of 6 wraps with a part k-step last
+        if (bn <= 128) {                                    // N an odd multiple of bn: a last column tile of its own
+            test_gemm_wg_case(T_, k, r, 333, 3 * bn, 200);
+            test_gemm_wg_case(T_, k, r, 1, bn, 8);
+            test_gemm_wg_case(T_, k, r, 1100, 67 * bn, 72);
+            test_gemm_wg_case(T_, k, r, 130, 9 * bn, 4104);  // the ring (6 stages at 128, 8 at 64) wraps with a part k-step last
         }
         // Shapes it cannot run are refused, not computed wrong.
         dllm__dbuf dx, dy;
         test_poison(dx, 1 << 16);
         test_poison(dy, 1 << 16);
         if (bn == 256) CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 384, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
-        CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 192, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+        if (bn >= 128) CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 192, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
+        CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 96, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
         CHECK_STATUS(dllm__gemm_wg_run(k, dx.ptr, dx.ptr, dy.ptr, 4, 256, 12, 0), DLLM_ERR_INTERNAL, "cannot run");
         CHECK_STATUS(dllm__gemm_wg_run(k, (char *)dx.ptr + 8, dx.ptr, dy.ptr, 4, 256, 64, 0), DLLM_ERR_INTERNAL, "cannot run");
     }
 }
 
 /* The batched forwards pick gemm_wg's width by row count (dllm__batch_gemm_width), which keeps batch invariance only
- * because the two widths give every output the same bits: compared here at awkward shapes (one row, rows past a tile,
+ * because the widths give every output the same bits (256 against 128, and 64 of DLLM_BATCH_GEMM_N=64): compared here at awkward shapes (one row, rows past a tile,
  * K not a multiple of 64, a part k-step after many ring wraps, more tiles than clusters), outputs poisoned. */
 TEST(gpu, gemm_wg_widths_give_the_same_bits) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    dllm__gemm_wg wide, narrow;
+    dllm__gemm_wg wide, narrow, n64;
     CHECK_STATUS(dllm__gemm_wg_load(g.arch, 256, wide), DLLM_OK, nullptr);
     CHECK_STATUS(dllm__gemm_wg_load(g.arch, 128, narrow), DLLM_OK, nullptr);
-    if (!wide.kernel.fn || !narrow.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
+    CHECK_STATUS(dllm__gemm_wg_load(g.arch, 64, n64), DLLM_OK, nullptr);
+    if (!wide.kernel.fn || !narrow.kernel.fn || !n64.kernel.fn) SKIP("skipped (gemm_wg is sm_90a's, with a driver that encodes TMA tensor maps)");
     test_rng r("gemm_wg widths");
     const int shapes[][3] = {{1, 256, 8}, {37, 512, 200}, {333, 768, 4104}, {130, 4096, 1000}, {1100, 67 * 256, 72}, {2049, 1024, 520}};
     for (const auto &s : shapes) {
@@ -429,18 +436,22 @@ TEST(gpu, gemm_wg_widths_give_the_same_bits) {
         std::vector<float> x((size_t)M * K), w((size_t)N * K);
         for (float &v : x) v = r.normal();
         for (float &v : w) v = r.normal() * 0.1f;
-        dllm__dbuf dx, dw, dy_wide, dy_narrow;
+        dllm__dbuf dx, dw, dy_wide;
         test_put(dx, test_bf16_vec(x));
         test_put(dw, test_bf16_vec(w));
         test_poison(dy_wide, (size_t)M * N * 2);
-        test_poison(dy_narrow, (size_t)M * N * 2);
         CHECK_STATUS(dllm__gemm_wg_run(wide, dx.ptr, dw.ptr, dy_wide.ptr, M, N, K, 0), DLLM_OK, nullptr);
-        CHECK_STATUS(dllm__gemm_wg_run(narrow, dx.ptr, dw.ptr, dy_narrow.ptr, M, N, K, 0), DLLM_OK, nullptr);
-        const std::vector<uint16_t> a = test_get<uint16_t>(dy_wide, (size_t)M * N), b = test_get<uint16_t>(dy_narrow, (size_t)M * N);
-        size_t differ = 0;
-        for (size_t i = 0; i < a.size(); i++) differ += a[i] != b[i];
-        printf("    M=%d N=%d K=%d: %zu of %zu outputs differ between the 256- and 128-wide tiles\n", M, N, K, differ, a.size());
-        CHECK_MSG(differ == 0, "M=%d N=%d K=%d: %zu outputs differ", M, N, K, differ);
+        const std::vector<uint16_t> a = test_get<uint16_t>(dy_wide, (size_t)M * N);
+        for (const dllm__gemm_wg *k : {&narrow, &n64}) {
+            dllm__dbuf dy;
+            test_poison(dy, (size_t)M * N * 2);
+            CHECK_STATUS(dllm__gemm_wg_run(*k, dx.ptr, dw.ptr, dy.ptr, M, N, K, 0), DLLM_OK, nullptr);
+            const std::vector<uint16_t> b = test_get<uint16_t>(dy, (size_t)M * N);
+            size_t differ = 0;
+            for (size_t i = 0; i < a.size(); i++) differ += a[i] != b[i];
+            printf("    M=%d N=%d K=%d: %zu of %zu outputs differ between the 256- and %d-wide tiles\n", M, N, K, differ, a.size(), k->bn);
+            CHECK_MSG(differ == 0, "M=%d N=%d K=%d: %zu outputs differ at %d wide", M, N, K, differ, k->bn);
+        }
     }
 }
 

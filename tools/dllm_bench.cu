@@ -19,7 +19,7 @@
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
  *                                          then the batched dual-cache step of 1 to 64 canvases of 1024; then both again
- *                                          under DLLM_BATCH_GEMM_N=256 and =128 (keys n256_..., n128_..., step times only)
+ *                                          under DLLM_BATCH_GEMM_N=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
@@ -248,15 +248,16 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
 }
 
-/* [batch] gemm_wg's two tile widths (256; 128, which dllm__batch_gemm_width times too) at the LLaDA-8B shapes for the row counts of
- * batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and 2048 around), 10 launches back to back
- * a timing: 128 x 128 tiles make twice the tile pairs where 128 x 256 leave SMs idle (o and down at M = 512: 64 CTAs
- * on 132 SMs). */
+/* [batch] gemm_wg's tile widths (256 and 128, which dllm__batch_gemm_width times; 64, DLLM_BATCH_GEMM_N=64) at the
+ * LLaDA-8B shapes for the row counts of batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and
+ * 2048 around), 10 launches back to back a timing: narrower tiles make more tile pairs where 128 x 256 leave SMs idle
+ * (o and down at M = 32: 16 CTAs on 132 SMs). */
 static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
-    dllm__gemm_wg wide, narrow;
+    dllm__gemm_wg wide, narrow, n64;
     BENCH_CHECK(dllm__gemm_wg_load(arch, 256, wide));
     BENCH_CHECK(dllm__gemm_wg_load(arch, 128, narrow));
-    if (!wide.kernel.fn || !narrow.kernel.fn) return;
+    BENCH_CHECK(dllm__gemm_wg_load(arch, 64, n64));
+    if (!wide.kernel.fn || !narrow.kernel.fn || !n64.kernel.fn) return;
     std::shared_ptr<dllm__module> rowwise;
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
@@ -267,10 +268,13 @@ static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaSt
             bench_prepare(rowwise, g, false, s);
             const double us256 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(wide, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
             const double us128 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(narrow, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+            const double us64 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(n64, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
             const std::string name = dllm__format("gemm_wg %s M%d ", sh.name, M);
             r.set(name + "n256 us", us256);
             r.set(name + "n128 us", us128);
+            r.set(name + "n64 us", us64);
             r.set(name + "n128/n256", us128 / us256);
+            r.set(name + "n64/n256", us64 / us256);
         }
 }
 
@@ -1131,7 +1135,7 @@ static const char *bench_usage =
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it; then both step times again under\n"
-    "                     DLLM_BATCH_GEMM_N=256 and =128 (keys n256_..., n128_...) with their ratio to the default's\n"
+    "                     DLLM_BATCH_GEMM_N=256, =128 and =64 (keys n256_..., n128_..., n64_...) with their ratio to the default's\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
@@ -1221,10 +1225,10 @@ int main(int argc, char **argv) {
     }
     if (batch_rows) {  // the default (each GEMM's faster width), then gemm_wg's widths forced (a context reads the switch when made)
         bench_batch_rows(r, config, s0, "");
-        for (const char *width : {"256", "128"}) {
+        for (const char *width : {"256", "128", "64"}) {
             setenv("DLLM_BATCH_GEMM_N", width, 1);
             dllm__env_reload();
-            bench_batch_rows(r, config, s0, width[1] == '5' ? "n256_" : "n128_");
+            bench_batch_rows(r, config, s0, dllm__format("n%s_", width).c_str());
         }
         return 0;
     }
