@@ -13594,7 +13594,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs) return forward_varlen(v);
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || timer_) return forward_varlen(v);  // profiling (mark) times eager stages
     return replay_graph(varlen_graphs_, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 

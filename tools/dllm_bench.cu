@@ -445,14 +445,20 @@ static double bench_forward_ms(dllm__gpu_backend *gpu, int n) {
     return bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, 0, n, nothing)); });
 }
 
-/* Per-stage totals of the forward bench_forward_ms(gpu, n) prepared, as "<prefix><stage> ms". */
-static void bench_stages(bench_result &r, dllm__gpu_backend *gpu, int n, const std::string &prefix) {
+/* Per-stage totals (ms) of one eager run of `forward` (the backend's marks between launches), as keys prefix + stage. */
+template <class F>
+static void bench_stages_of(bench_result &r, dllm__gpu_backend *gpu, const std::string &prefix, F &&forward) {
     dllm__stage_timer timer;
     gpu->set_timer(&timer);
-    BENCH_CHECK(gpu->forward_logits(n, 0, n, [](int, int) { return DLLM_OK; }));
+    BENCH_CHECK(forward());
     cudaStreamSynchronize(gpu->stream());
     gpu->set_timer(nullptr);
     for (auto &stage : timer.totals()) r.set(prefix + stage.first + " ms", stage.second);
+}
+
+/* Per-stage totals of the forward bench_forward_ms(gpu, n) prepared, as "<prefix><stage> ms". */
+static void bench_stages(bench_result &r, dllm__gpu_backend *gpu, int n, const std::string &prefix) {
+    bench_stages_of(r, gpu, prefix, [&] { return gpu->forward_logits(n, 0, n, [](int, int) { return DLLM_OK; }); });
 }
 
 static std::map<std::string, double> bench_read_anchors(const char *json_path, const char *graphs_log) {
@@ -992,6 +998,8 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
         r.set(k + "TFLOPs", flops / ms / 1e9);
         r.set(k + "floor_fraction", flops / (gemm_rate * 1e12) / (ms / 1000));
         if (B == 16) r.set(k + "step_over_anchor_graph_20.5ms", ms / 20.5);
+        if (B == 1 || B == 16)  // where the step's time goes (eager, summed over the layers)
+            bench_stages_of(r, gpu, k + "stage ", [&] { return gpu->batch_logits(vs, nothing); });
         // The step with its token choice (forward_batch_choose, as dllm_generate_batch runs it: the sampler per sequence
         // on the device, LLaDA's defaults, its choices on the host); at B = 16 also the step with every logit copied to
         // the host instead (forward_batch_kv), which the host's choice then reads.
