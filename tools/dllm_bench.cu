@@ -1123,7 +1123,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
-    "                   --batch-rows | --batch-w1]\n"
+    "                   --batch-rows | --batch-w1 | --bd-only]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
