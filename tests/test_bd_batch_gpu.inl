@@ -1,6 +1,6 @@
 /* Tests: the GPU backend's batched block-diffusion forward (dllm__gpu_backend::bd_batch_reserve / bd_forward_batch,
- * issue 26; on by default since the H100 run of 2026-12-05, DLLM_BD_BATCH=0 turns it off): its layout, the slots' states and the sampler
- * spans on the CPU against hand-derived expectations; on the GPU a mixed batch against each sequence as a batch of one
+ * issue 26; on by default since the H100 run of 2026-12-05, DLLM_BD_BATCH=0 turns it off): its layout, the slots'
+ * states and the sampler spans on the CPU against hand-derived expectations; on the GPU a mixed batch against each sequence as a batch of one
  * (bit for bit) and against the CPU backend's bd_forward (bf16 tolerance), the device's choices against dllm__choose. */
 
 // ---- the layout, the slots' states and the sampler spans (CPU) -------------------------------------------------------
@@ -441,8 +441,8 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
 }
 
-/* [FP8] With DLLM_BATCH_FP8=1 too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the same checks,
- * the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
+/* [FP8] With DLLM_BATCH_FP8 on too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the
+ * same checks, the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
  * quantise slightly different activations). */
 TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
@@ -457,7 +457,7 @@ TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
 
 /* With DLLM_BD_BATCH=0 both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
  * after another); with it, the empty list says the forward exists, and a forward before the slots is an error. */
-TEST(bd_batch_gpu, off_without_the_switch) {
+TEST(bd_batch_gpu, off_when_switched_off) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;

@@ -1,7 +1,7 @@
-/* Tests: [KV quant] the tensor-core attention over the quantised K/V cache (DLLM_KVQ_TC, the default; kvq_flash + kvq_flash_combine
- * in dllm__src_kvq_tc, twin dllm__kvq_flash_twin in 9c). On the CPU: the key splits partition the keys without mixing
- * kinds, the twin agrees with the fp32 reference (dllm__cpu_attention over 9c's decoded cache) to bf16 rounding, and
- * the module compiles for sm_90 and sm_80 without spills. On a GPU: the kernels against the twin (tight) and against
+/* Tests: [KV quant] the tensor-core attention over the quantised K/V cache (DLLM_KVQ_TC, the default; kvq_flash +
+ * kvq_flash_combine in dllm__src_kvq_tc, twin dllm__kvq_flash_twin in 9c). On the CPU: the key splits partition the
+ * keys without mixing kinds, the twin agrees with the fp32 reference (dllm__cpu_attention over 9c's decoded cache) to
+ * bf16 rounding, and the module compiles for sm_90 and sm_80 without spills. On a GPU: the kernels against the twin (tight) and against
  * kvq_attention (fp32 decode, looser) on awkward random caches, and block-diffusion forwards and a generation with
  * the switch on against the switch off. */
 
