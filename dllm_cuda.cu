@@ -14287,6 +14287,18 @@ struct dllm__kvq_tc_plan {
     int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
     size_t smem = 0;
 };
+/* p's CTAs of `warps` warps over a kv head's group_rows query rows: their shared memory and row tiles. */
+static void dllm__kvq_tc_set_warps(dllm__kvq_tc_plan &p, int hd, int group_rows, int warps) {
+    p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
+}
+/* p's keys in splits of split_keys (dllm__kvq_tc_n_splits). */
+static void dllm__kvq_tc_set_splits(dllm__kvq_tc_plan &p, int split_keys, int n_keys, int n_committed, int n_sink) {
+    p.split_keys = split_keys, p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, n_sink, split_keys);
+}
+/* Bytes of split states plan p's launch over q_rows rows of n_head heads writes. */
+static size_t dllm__kvq_tc_partial_bytes(const dllm__kvq_tc_plan &p, int n_head, int q_rows, int hd) {
+    return (size_t)p.n_splits * n_head * q_rows * (hd + 2) * 4;
+}
 
 /* The plan for q_rows query rows over n_keys keys: every row of a kv head's group in one CTA where the shared memory
  * allows, then the keys split so that the grid is about one CTA per SM (a CTA of 14 warps holds a whole SM's
@@ -14297,16 +14309,14 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
                           "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)", hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
-    p.warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
-    while (p.warps > 1 && dllm__kvq_tc_smem(hd, p.warps) > (size_t)smem_optin) p.warps--;
-    p.smem = dllm__kvq_tc_smem(hd, p.warps);
+    int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
+    while (warps > 1 && dllm__kvq_tc_smem(hd, warps) > (size_t)smem_optin) warps--;
+    dllm__kvq_tc_set_warps(p, hd, rows, warps);
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead", hd,
                           p.smem, smem_optin);
-    p.q_tiles = (rows + p.warps * 16 - 1) / (p.warps * 16);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
-    p.split_keys = std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc);
-    p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, n_sink, p.split_keys);
+    dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc), n_keys, n_committed, n_sink);
     return DLLM_OK;
 }
 
@@ -14337,7 +14347,7 @@ static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_op
  * partial_bytes (dllm__kvq_tc_partial_bound). */
 static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a, const dllm__kvq_tc_plan &p, float *partial, size_t partial_bytes,
                                        cudaStream_t s) {
-    const size_t need = (size_t)p.n_splits * a.n_head * a.q_rows * (a.hd + 2) * 4;
+    const size_t need = dllm__kvq_tc_partial_bytes(p, a.n_head, a.q_rows, a.hd);
     if (need > partial_bytes || a.hd != k.hd)
         return dllm__fail(DLLM_ERR_INTERNAL, "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
                           p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);

@@ -28,10 +28,7 @@ static void test_unsetenv(const char *name) {
 struct test_env_switch {
     const char *name;
     test_env_switch(const char *switch_name, bool on) : test_env_switch(switch_name, on ? "1" : "0") {}
-    test_env_switch(const char *switch_name, const char *value) : name(switch_name) {
-        if (value) test_setenv(name, value, 1);
-        else test_unsetenv(name);
-    }
+    test_env_switch(const char *switch_name, const char *value) : name(switch_name) { test_setenv(name, value, 1); }
     ~test_env_switch() { test_unsetenv(name); }
 };
 

@@ -209,8 +209,8 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
                  DLLM_OK, nullptr);
     for (int own = 0; own < 2; own++) {
         dllm__kvq_tc_plan run = p;
-        if (!own) run.split_keys = k.split_keys, run.n_splits = dllm__kvq_tc_n_splits(d.n_keys, k.n_committed, k.n_sink, k.split_keys);
-        const size_t bytes = (size_t)run.n_splits * k.n_head * k.n_active * (k.hd + 2) * 4;
+        if (!own) dllm__kvq_tc_set_splits(run, k.split_keys, d.n_keys, k.n_committed, k.n_sink);
+        const size_t bytes = dllm__kvq_tc_partial_bytes(run, k.n_head, k.n_active, k.hd);
         test_poison(partial, bytes);
         test_poison(o, out_elems * 2);
         a.o = o.as<bf16_t>();

@@ -717,13 +717,12 @@ static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, 
     for (int warps : {base.warps, (base.warps + 1) / 2})
         for (int divide : {1, 2, 4}) {
             if (warps == base.warps && divide == 1) continue;  // the default plan's row
-            dllm__kvq_tc_plan p = base;
-            p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
-            p.split_keys = std::max(2 * dllm__kvq_tc_bc(hd), base.split_keys / divide);
-            p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, 0, p.split_keys);
+            dllm__kvq_tc_plan p;
+            dllm__kvq_tc_set_warps(p, hd, group_rows, warps);
+            dllm__kvq_tc_set_splits(p, std::max(2 * dllm__kvq_tc_bc(hd), base.split_keys / divide), n_keys, n_committed, 0);
             if (p.smem > (size_t)tc.smem_optin) continue;
             dllm__dbuf part;
-            BENCH_CHECK(part.fit((size_t)p.n_splits * n_head * rows * (hd + 2) * 4, "kv4 attention plans"));
+            BENCH_CHECK(part.fit(dllm__kvq_tc_partial_bytes(p, n_head, rows, hd), "kv4 attention plans"));
             const double us = time(p, part);
             r.set(dllm__format("kv_attention_32k_kv4_kivi_tc_us (%d warps x %d row tiles, %d splits of %d keys)", p.warps, p.q_tiles, p.n_splits, p.split_keys), us);
             r.set(dllm__format("kv_attention_32k_kv4_kivi_tc_speedup_over_bf16 (%d warps, %d keys a split)", p.warps, p.split_keys), bf16_us / us);
@@ -780,7 +779,7 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
     dllm__kvq_tc_plan plan;
     BENCH_CHECK(dllm__kvq_tc_plan_for(hd, H, n_kv, T, n_keys, n, 0, n_sms, smem_optin, plan));
     dllm__dbuf tc_partial;
-    const size_t tc_bytes = (size_t)plan.n_splits * H * T * (hd + 2) * 4;
+    const size_t tc_bytes = dllm__kvq_tc_partial_bytes(plan, H, T, hd);
     BENCH_CHECK(tc_partial.fit(tc_bytes, "kv4 attention"));
     const dllm__rotation rot = dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, 0);
     dllm__rotation_dev rd;
