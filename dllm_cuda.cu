@@ -38,22 +38,25 @@
  *  12. GPU: the CUDA libraries loaded at run time [dlopen], errors, device memory
  *  13. GPU kernel sources (NVRTC strings): [host/kernel contract] [kernel table] [#line]; row-wise ops, [FP8 fused
  *      norm+quantise] quantisers and GEMM, sampler, FlashAttention (mma.sync for any head dim up to 256, [FACache],
- *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM,
- *      [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused producers]), the
- *      [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s unpacker and epilogue,
- *      [varlen] attention (one sequence per grid slice, for a batched forward), block diffusion's [FACache] (dllm__src_bdfa)
+ *      split-KV, the [block-causal mask]; wgmma on sm_90a for the plain forward of layers >= 1), the sm_90a BF16 GEMM
+ *      (gemm_wg: tiles 256, 128 or 64 wide, one output's bits at every width), [KV quant]'s attention on tensor cores
+ *      (kvq_flash), [SoloQ] on the device (rotation, quantisers and bias correction bit-exact with 9b, the [fused
+ *      producers]), the [W4 GEMM] q4_gemm (4-bit weights dequantised in registers, mma.sync), the [INT8 GEMM]'s
+ *      unpacker and epilogue, [varlen] attention (one sequence per grid slice, for a batched forward), block
+ *      diffusion's [FACache] (dllm__src_bdfa)
  *  14. GPU: NVRTC JIT and the architecture table
  *  15. GPU: cuBLASLt GEMMs (BF16, block-scaled FP8) and dllm's own (BF16 wgmma on sm_90a, timed against cuBLASLt's;
- *      FP8 mma.sync), cuBLASLt's INT8 GEMM for the [INT8 GEMM]; one algorithm per shape and device for every context
+ *      FP8 mma.sync), cuBLASLt's INT8 GEMM for the [INT8 GEMM]; one algorithm per shape and device for every context;
+ *      the batched forwards' gemm_wg width per shape and row count (dllm__batch_gemm_width)
  *  16. GPU backend: [weight formats] and the [GEMM entry point]; [shared weights]; [activations]; [forward plan];
  *      the forward with LaCache's [EmbedCache] [RoPECache] [FACache] and [truncation], [FP8], [dual cache] /
  *      [prefix cache], [DPad], [SoloQ] weights (DLLM__W_Q4, quantised on the device or uploaded from a quantised
  *      checkpoint); the sampler; [step graphs]; 16.4.3 [block diffusion] on the GPU (committed-block K/V
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
- *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, DLLM_BD_GRAPHS=1); the GPU [batch] forward (forward_batch;
- *      its layers replayed as [batch graphs], DLLM_BATCH_GRAPHS=1) and its K/V-cache
+ *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, dllm__graph_set); the GPU
+ *      [batch] forward (forward_batch; its layers replayed as [batch graphs]) and its K/V-cache
  *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
- *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch, DLLM_BD_BATCH=1); [debug hooks]
+ *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend: a
  *      state machine, dllm__bd_generation, stepped alone by dllm_generate and in rounds of one bd_forward_batch by
  *      dllm_generate_batch)
