@@ -346,8 +346,8 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *   DLLM_BATCH_GRAPHS=0      the batched forwards' layers launched eagerly, not replayed as CUDA graphs ([batch graphs],
  *                            one per batch layout)
  *   DLLM_BATCH_GEMM_N=256|128|64  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
- *                            only; by default each shape and row count takes the faster of 256 and 128
- *                            (dllm__batch_gemm_width). 64 (more CTAs at a few dozen rows) has not run on a device yet
+ *                            only; by default each shape and row count takes the fastest of the three
+ *                            (dllm__batch_gemm_width)
  *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
  *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
  *                            head, mma.sync, split over the keys: 250x faster at 32k keys on the H200) */
@@ -358,7 +358,7 @@ struct dllm__env_switches {
     bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
     bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
-    int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the faster of 256 and 128
+    int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the fastest of the three
 };
 
 static dllm__env_switches dllm__env_read() {
@@ -10182,8 +10182,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
  * rows are independent of m by construction (below). Twin: the float64 product (tests).
  * The layout is DeepGEMM's and CUTLASS's warp-specialised persistent kernel. Output tiles are 128 x BN (BN = 256, or
- * 128, which the batched forwards take where twice the tiles fill more SMs: dllm__batch_gemm_width; or 64, under
- * DLLM_BATCH_GEMM_N=64, not yet run on a device); CTAs come in
+ * 128 or 64, which the batched forwards take where more tiles fill more SMs: dllm__batch_gemm_width); CTAs come in
  * clusters of two that take vertically adjacent tiles (m-tiles 2i and 2i + 1 of one column tile) and walk the tile
  * pairs, m fastest, so that the clusters in flight also share weight tiles through L2. In each CTA a producer
  * warpgroup streams 64-wide k-steps by TMA into a ring of NS stages: its own 128 rows of X, and one BN / 2-row half of
@@ -11417,13 +11416,16 @@ struct dllm__gemm {
     }
 };
 
-/* [batch] The faster gemm_wg width (128 or 256) for op's N, K and number of 128-row tiles, timed once a process and
- * device on op's operands (its output is overwritten by the launch that follows). Untimed (DLLM_GEMM_AUTOTUNE=0, or
- * inside a graph capture) a rule from the H100's timings: 128 for N <= 4096 up to 1024 rows. The width changes no bit
- * (gemm_wg's two widths agree), so neither the timing nor the rule can make a sequence's output depend on its batch. */
-static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg &wide, const dllm__gemm_wg &narrow, cudaStream_t stream) {
+/* [batch] The fastest gemm_wg width (256, 128 or 64) for op's N, K and number of 128-row tiles, timed once a process
+ * and device on op's operands (its output is overwritten by the launch that follows); a null candidate is not timed.
+ * Untimed (DLLM_GEMM_AUTOTUNE=0, or inside a graph capture) a rule from the H100's timings: 128 for N <= 4096 up to 1024
+ * rows. The width changes no bit (gemm_wg's widths agree), so neither the timing nor the rule can make a sequence's
+ * output depend on its batch. On the H100, 64 took 0.83-0.87x of 128's time for the o and down projections at 128
+ * rows, and lost elsewhere. */
+static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg *const by_width[3], cudaStream_t stream) {
+    static const int widths_of[3] = {256, 128, 64};
     const int m_tiles = (op.M + 127) / 128;
-    const int rule = op.N <= 4096 && m_tiles <= 8 ? 128 : 256;
+    const int rule = (op.N <= 4096 && m_tiles <= 8 && by_width[1]) || !by_width[0] ? 128 : 256;  // two candidates at least: 256 or 128 is one
     static std::mutex mutex;
     static std::map<std::array<int, 4>, int> widths;  // (device, N, K, m-tiles) -> width
     int device = 0;
@@ -11437,14 +11439,18 @@ static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg &
         cudaGetLastError();
         return rule;
     }
-    auto time = [&](const dllm__gemm_wg &k) {
-        return dllm__gemm::time_runs([&] { return dllm__gemm_wg_run(k, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
-    };
-    const float ms_wide = time(wide), ms_narrow = time(narrow);
-    const int width = ms_narrow < ms_wide ? 128 : ms_wide < INFINITY ? 256 : rule;
+    float ms[3] = {INFINITY, INFINITY, INFINITY};
+    int best = -1;
+    for (int i = 0; i < 3; i++) {
+        if (!by_width[i]) continue;
+        const dllm__gemm_wg &k = *by_width[i];
+        ms[i] = dllm__gemm::time_runs([&] { return dllm__gemm_wg_run(k, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
+        if (ms[i] < INFINITY && (best < 0 || ms[i] < ms[best])) best = i;
+    }
+    const int width = best < 0 ? rule : widths_of[best];
     if (dllm__env().gemm_verbose)
-        dllm__log_verbose("batched GEMM N=%d K=%d, %d row tiles: gemm_wg 256 wide %.1f us, 128 wide %.1f us: %d", op.N, op.K, m_tiles, ms_wide * 1000,
-                          ms_narrow * 1000, width);
+        dllm__log_verbose("batched GEMM N=%d K=%d, %d row tiles: gemm_wg 256 wide %.1f us, 128 wide %.1f us, 64 wide %.1f us: %d", op.N, op.K, m_tiles,
+                          ms[0] * 1000, ms[1] * 1000, ms[2] * 1000, width);
     return widths[key] = width;
 }
 
@@ -12549,8 +12555,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
     DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
-    /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 where both loaded (+ 64 under DLLM_BATCH_GEMM_N=64),
-     * 0 where none (cuBLASLt's pinned). */
+    /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 + 64 where all loaded, 0 where none (cuBLASLt's
+     * pinned). */
     DLLM__TEST_HOOK int batch_gemm_widths() const {
         return (gemm_wg_n64_.kernel.fn ? 64 : 0) + (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0);
     }
@@ -12874,10 +12880,11 @@ dllm_status dllm__gpu_backend::init(int device) {
 
 /* The modules compile in parallel: cold JIT time is the slowest one, not the sum. gemm_wg's (sm_90a) compiles beside
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
- * with a warning. So does its 128-wide variant, which the batched forwards take where it is faster (batch_gemm_wg). */
+ * with a warning. So do its 128- and 64-wide variants, which the batched forwards take where faster (batch_gemm_wg). */
 dllm_status dllm__gpu_backend::load_kernels() {
     std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
-    const bool n128 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n != 256, n64 = arch_.gemm_wg_stages && dllm__env().batch_gemm_n == 64;
+    const int forced = dllm__env().batch_gemm_n;  // 0: every width is a candidate
+    const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128), n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
         {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
@@ -12915,7 +12922,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
         gemm_wg_n128_ = dllm__gemm_wg();
     }
     if (n64 && dllm__gemm_wg_load(arch_, 64, gemm_wg_n64_) != DLLM_OK) {
-        dllm__log(DLLM_LOG_WARN, "DLLM_BATCH_GEMM_N=64: the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
+        dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
                   dllm__tls_error.c_str());
         gemm_wg_n64_ = dllm__gemm_wg();
     }
@@ -13031,21 +13038,24 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
 
 // ---- 16.4.1 The forward and its stages ------------------------------------------------------------
 
-/* [batch] The gemm_wg of a batched BF16 GEMM (DLLM__ROWS_BATCH), or null where neither width fits (cuBLASLt's pinned
- * algorithm runs). Both widths give every output the same bits: an output's K loop is the same wgmma sequence in a
- * 128- or a 256-wide tile (gpu.gemm_wg_widths_give_the_same_bits). So the width may follow the row count without
- * breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the o and down projections
- * at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows. DLLM_BATCH_GEMM_N=128 or 256 forces one;
- * 64 takes 64-wide tiles wherever they fit (written without a device: a candidate for a few dozen rows, once timed). */
+/* [batch] The gemm_wg of a batched BF16 GEMM (DLLM__ROWS_BATCH), or null where no width fits (cuBLASLt's pinned
+ * algorithm runs). Every width gives every output the same bits: an output's K loop is the same wgmma sequence in a
+ * 256-, 128- or 64-wide tile (gpu.gemm_wg_widths_give_the_same_bits, on the H100 and the H200). So the width may follow
+ * the row count without breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the
+ * o and down projections at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows; 64 beat both for
+ * o and down at 128 rows. DLLM_BATCH_GEMM_N=256, 128 or 64 forces one. */
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
-    if (bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K)) return &gemm_wg_n64_;  // loaded only when forced
-    const dllm__gemm_wg *wide = gemm_.own_fits(op) ? gemm_.own : nullptr;
-    const dllm__gemm_wg *narrow = bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr;
-    if (!wide || !narrow) return wide ? wide : narrow;
-    const int forced = dllm__env().batch_gemm_n;
-    if (forced == 128 || forced == 256) return forced == 128 ? narrow : wide;
-    return dllm__batch_gemm_width(op, *wide, *narrow, stream_) == 128 ? narrow : wide;
+    const dllm__gemm_wg *const by_width[3] = {gemm_.own_fits(op) ? gemm_.own : nullptr,
+                                              bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
+                                              bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
+    const int forced = dllm__env().batch_gemm_n, i_forced = forced == 256 ? 0 : forced == 128 ? 1 : forced == 64 ? 2 : -1;
+    if (i_forced >= 0 && by_width[i_forced]) return by_width[i_forced];
+    const int n_candidates = (by_width[0] != nullptr) + (by_width[1] != nullptr) + (by_width[2] != nullptr);
+    if (n_candidates <= 1) return by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
+    const int width = dllm__batch_gemm_width(op, by_width, stream_);
+    const dllm__gemm_wg *chosen = by_width[width == 256 ? 0 : width == 128 ? 1 : 2];
+    return chosen ? chosen : by_width[0] ? by_width[0] : by_width[1];  // a width another context timed that this one lacks
 }
 
 /* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs

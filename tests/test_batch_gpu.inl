@@ -575,22 +575,23 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* [batch] DLLM_BATCH_GEMM_N=128 and =64 (forced; by default the width follows the row count): the batched forwards' BF16
+/* [batch] DLLM_BATCH_GEMM_N=128 and =64 (forced), and 0 (the default: the width follows the row count, every width
+ * loaded where gemm_wg runs): the batched forwards' BF16
  * GEMMs on gemm_wg's narrow tiles where N is a multiple of the width: tiny-llada's Q/K/V (384, which the 256-wide tiles
  * do not take), attention output and FFN down (128); its gate|up (400) and the LM head (fp32 out) stay on the pinned
  * GEMM, as does all of tiny-dream (192 wide) at 128. A sequence in a batch still has the logits and tokens of its batch
  * of one, bit for bit, in any order, and the CPU's values. Contexts are made inside the switch's scope. */
 static void test_batch_gemm_width_case(dllm_test_state &T_, const char *width) {
     test_env_switch forced("DLLM_BATCH_GEMM_N", width);
-    const int bn = atoi(width);
+    const int bn = atoi(width), want = bn ? bn : 256 + 128 + 64;
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
     CHECK(gpu && cpu);
     if (gpu && cpu) {
         const dllm__gpu_backend *g = (const dllm__gpu_backend *)gpu->impl.get();
-        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & bn), "DLLM_BATCH_GEMM_N=%s set, the %d-wide gemm_wg not loaded (%d)", width, bn,
-                  g->batch_gemm_widths());
-        printf("    batched GEMMs on %d-wide gemm_wg tiles where they fit (widths loaded: %d; 0: none on this GPU)\n", bn, g->batch_gemm_widths());
+        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & want) == want, "DLLM_BATCH_GEMM_N=%s set, widths loaded %d, wanted %d", width,
+                  g->batch_gemm_widths(), want);
+        printf("    DLLM_BATCH_GEMM_N=%s: widths loaded %d (0: none on this GPU)\n", width, g->batch_gemm_widths());
         test_forward_batch_case(T_, m, gpu, cpu, "tiny-llada", 3);  // 408 rows: 4 m-tiles
     }
     dllm_ctx_free(gpu);
@@ -600,9 +601,9 @@ static void test_batch_gemm_width_case(dllm_test_state &T_, const char *width) {
     test_batch_gpu_random(T_, "tiny-llada", false, 328, true);  // the batched K/V-cache steps
 }
 
-TEST(batch_gpu, gemm_forced_widths_batch_equal_each_sequence_alone) {
+TEST(batch_gpu, gemm_widths_batch_equal_each_sequence_alone) {
     NEED_GPU();
-    for (const char *width : {"128", "64"}) test_batch_gemm_width_case(T_, width);
+    for (const char *width : {"128", "64", "0"}) test_batch_gemm_width_case(T_, width);
 }
 
 /* With DLLM_BATCH_FP8=0 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:

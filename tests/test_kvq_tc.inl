@@ -148,7 +148,8 @@ TEST(jit, kv_quant_tc_module_compiles) {
             const size_t at = log.find(head);
             const size_t end = at == std::string::npos ? at : log.find("Compile time", at);
             lines[i] = at == std::string::npos ? std::string() : log.substr(at + head.size(), end - at - head.size());
-            CHECK_MSG(!lines[i].empty(), "%s: no ptxas report for %s", rq.name.c_str(), head.c_str());
+            CHECK_MSG(!lines[i].empty(), "%s: no ptxas report for %s(NVRTC %d; %zu bytes of log, from its start:)\n%.1200s", rq.name.c_str(), head.c_str(),
+                      dllm__nvrtc_version(), log.size(), log.c_str());
             CHECK_MSG(!dllm__log_has_spills(lines[i]), "%s spills on %s:\n%s", rq.name.c_str(), a.target, lines[i].c_str());
             CHECK_MSG(!dllm__log_reports(lines[i], "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, lines[i].c_str());
         }

@@ -1122,7 +1122,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
-    "                   --batch-rows | --batch-w1 | --bd-only]\n"
+    "                   --batch-rows | --batch-w1 | --bd-only | --kv-attention-only]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
@@ -1134,7 +1134,7 @@ static const char *bench_usage =
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained; then its\n"
-    "                     256- and 128-wide tiles at M = 32, 128, 512, 2048\n"
+    "                     256-, 128- and 64-wide tiles at M = 32, 128, 512, 2048\n"
     "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
@@ -1146,6 +1146,8 @@ static const char *bench_usage =
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
+    "  --kv-attention-only  --bd-only's first rows alone: a layer's attention over a 32k-token cache, BF16 against KV4\n"
+    "                     (kvq_attention and kvq_flash, with its plan variants); short enough to run under ncu\n"
     "  --precision NAME   --quick or --batch-w1 in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 /* --precision's NAME (dllm__precision_name's) into out; false (and the usage printed) for an unknown one. */
@@ -1164,10 +1166,11 @@ int main(int argc, char **argv) {
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
-         bd_only = false;
+         bd_only = false, kv_attention_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
-                                                      {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only}};
+                                                      {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only},
+                                                      {"--kv-attention-only", &kv_attention_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
     for (int i = 1; i < argc; i++) {
@@ -1216,9 +1219,9 @@ int main(int argc, char **argv) {
         bench_int8_gemm(r, arch, s0);
         return 0;
     }
-    if (bd_only) {
+    if (bd_only || kv_attention_only) {
         bench_kv4_attention_32k(r, arch, prop.multiProcessorCount, s0);
-        bench_block_diffusion(r);
+        if (bd_only) bench_block_diffusion(r);
         return 0;
     }
     if (batch_w1) {
