@@ -8121,8 +8121,8 @@ KERNEL_kvq_attention {
 }
 )DLLM";
 
-/* [KV quant] The block step's attention over the quantised cache on tensor cores (DLLM_KVQ_TC=1, unverified on a device;
- * twin: dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
+/* [KV quant] The block step's attention over the quantised cache on tensor cores (DLLM_KVQ_TC, on by default; twin:
+ * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
  * the 7B shape) with scalar FMAs; here the codes are read and decoded once per kv head:
  *   kvq_flash: flash-decoding split over the keys, one CTA per (key split, kv head, tile of query rows). A CTA holds
  *     every query row of its kv head's GQA group (n_head / n_kv heads x q_rows rows, row r = head (r / q_rows), query
@@ -8131,8 +8131,11 @@ KERNEL_kvq_attention {
  *     fmaf(code, scale, min) from the pair of the key's group and channel; KIVI values from the (row, kv head) pair;
  *     SoloQ values C * scale, the row scale folded into the decoded value, in the rotated basis), then each warp runs
  *     flash_attn's step on it per 32-key chunk: S = Q K^T and O += P V by mma.sync (P rounded to bf16 as the mma
- *     takes it), the online softmax in fp32 (online_softmax). The raw codes and pairs of tile t + 1 are copied
- *     (cp.async) while tile t is decoded and multiplied: two stages of KVQ_TC_STAGE bytes.
+ *     takes it), the online softmax in fp32 (online_softmax). A pipeline of three tiles: while tile t is multiplied,
+ *     tile t + 1 is decoded into a second pair of K and V tiles and the raw codes and pairs of tile t + 2 are copied
+ *     (cp.async; two stages of KVQ_TC_STAGE bytes). No barrier stands between a tile's decode and the previous
+ *     tile's mma, so warps overlap the two: with one phase after the other and a barrier between them, ncu saw the
+ *     H100 issue an instruction on 33% of cycles at 14 warps an SM (1.87 GHz, 159 us at 32k keys).
  *   Splits (kvq_split) never mix kinds: the bf16 sinks [0, min(n_sink, n_committed)), the quantised rows up to
  *     n_committed, and the bf16 rows past it (the forward's own, or the block cache), each cut at multiples of
  *     split_keys. bf16 splits copy their rows as they are. Each split leaves per (query row, head) the unnormalised
@@ -8248,6 +8251,9 @@ __device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float
 }
 
 
+/* A key group's FP16 pair (scale, min) as fp32, from global memory (a group past a stage's KVQ_TC_PG). */
+__device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) { return make_float2(kvq_h2f(p[0]), kvq_h2f(p[1])); }
+
 /* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
 __device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
 
@@ -8258,39 +8264,50 @@ __device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mas
 __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf, const float *lut, bf16_t *sK,
                               bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
-    const int kvd = a.n_kv * KVQ_HD, bits = a.bits, ga = lo / max(a.group, 1);
+    const int bits = a.bits, group = max(a.group, 1), ga = lo / group;
     const u32 mask = (1u << bits) - 1u;
-    for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * CPR; u += blockDim.x) {
-        const bool v = u >= KVQ_TC_BC * CPR;
-        const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c8 = w % CPR, j = k0 + key;
+    // Keys, then values: apart, each loop holds only its own operands (the decode runs beside the 64 output registers
+    // a thread keeps at head dim 128, and beside another warp's mma).
+    for (int u = threadIdx.x; u < KVQ_TC_BC * CPR; u += blockDim.x) {
+        const int key = u / CPR, c8 = u % CPR, j = k0 + key;
         u32 packed[4] = {0u, 0u, 0u, 0u};
         if (j >= lo && j < hi) {
-            const unsigned char *codes = st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2);
+            const unsigned char *codes = st + key * (KVQ_HD / 2);
             const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
-            const int gi = j / max(a.group, 1) - ga;
-            const float2 *kp = kpf + gi * KVQ_HD + c8 * 8;
-            const unsigned short *kg = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * KVQ_HD + c8 * 8) * 2;
-            const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
-            const float2 vp = vpf[key];
-            // Two channels at a time, packed as they are made: eight fp32 values and their pairs live at once would
-            // not fit beside the 64 output registers at head dim 128.
+            const int gi = j / group - ga;
             #pragma unroll
-            for (int e = 0; e < 8; e += 2) {
+            for (int e = 0; e < 8; e += 2) {  // two channels at a time, packed as they are made
                 float x[2];
                 #pragma unroll
                 for (int f = 0; f < 2; f++) {
-                    const float c = kvq_code_f32(word, e + f, bits, mask);
-                    if (!v) {
-                        const float2 pr = gi < KVQ_TC_PG ? kp[e + f] : make_float2(kvq_h2f(kg[2 * (e + f)]), kvq_h2f(kg[2 * (e + f) + 1]));
-                        x[f] = fmaf(c, pr.x, pr.y);
-                    } else {
-                        x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc) : fmaf(c, vp.x, vp.y);
-                    }
+                    const int ch = c8 * 8 + e + f;
+                    const float2 pr = gi < KVQ_TC_PG ? kpf[gi * KVQ_HD + ch]
+                                                     : kvq_pair_f32(a.k_pairs + ((u64)(j / group) * a.n_kv * KVQ_HD + kvh * KVQ_HD + ch) * 2);
+                    x[f] = fmaf(kvq_code_f32(word, e + f, bits, mask), pr.x, pr.y);
                 }
                 packed[e / 2] = pack_bf16x2(x[0], x[1]);
             }
         }
-        *(uint4 *)((v ? sV : sK) + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *(uint4 *)(sK + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    for (int u = threadIdx.x; u < KVQ_TC_BC * CPR; u += blockDim.x) {
+        const int key = u / CPR, c8 = u % CPR, j = k0 + key;
+        u32 packed[4] = {0u, 0u, 0u, 0u};
+        if (j >= lo && j < hi) {
+            const unsigned char *codes = st + KVQ_STAGE_VC + key * (KVQ_HD / 2);
+            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
+            const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
+            const float2 vp = vpf[key];
+            #pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float x[2];
+                #pragma unroll
+                for (int f = 0; f < 2; f++)
+                    x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc) : fmaf(kvq_code_f32(word, e + f, bits, mask), vp.x, vp.y);
+                packed[e / 2] = pack_bf16x2(x[0], x[1]);
+            }
+        }
+        *(uint4 *)(sV + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
 
@@ -8368,8 +8385,9 @@ KERNEL_kvq_flash {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
     const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + CR * LD, *sV = sK + BC * LD;
-    float2 *kpf = (float2 *)(sV + BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
+    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
+    bf16_t *sV = sK + 2 * BC * LD;
+    float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
     unsigned char *raw = (unsigned char *)(vpf + BC);
     const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
     int j0, j1;
@@ -8380,7 +8398,6 @@ KERNEL_kvq_flash {
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
     const int j1c = min(j1, kvq_visible(a, i_max));
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
-    const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0, limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
     if (threadIdx.x < 16) lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
     kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
     cp_async_commit();
@@ -8389,43 +8406,58 @@ KERNEL_kvq_flash {
     #pragma unroll
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const bool live = r0 + warp * 16 < R;  // a warp past the group's rows only copies and decodes
-    const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8), k_s = smem_u32(sK), v_s = smem_u32(sV);
     const float scale_log2 = a.scale * 1.4426950408889634f;
     const int t0 = j0 / BC, t1 = j1c > j0 ? (j1c - 1) / BC + 1 : t0;
-    // Quantised splits: tile t's raw codes and pairs are copied (cp.async) while tile t - 1 is multiplied; once they
-    // land, its pairs go to fp32 (kvq_tc_convert), then after a barrier its codes are decoded into sK and sV.
-    if (quant && t0 < t1) {
-        kvq_tc_stage(a, raw, kvh, t0 * BC, j0, min(t0 * BC + BC, j1c));
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        kvq_tc_convert(a, raw, kpf, vpf, kvq_tc_groups(a, j0, min(t0 * BC + BC, j1c)));
-    }
-    for (int tile = t0; tile < t1; tile++) {
-        const int k0 = tile * BC, lo = max(k0, j0), hi = min(k0 + BC, j1c);
-        if (quant) {
-            if (tile + 1 < t1)  // into the stage of tile - 1, decoded before the last barrier
-                kvq_tc_stage(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kvh, k0 + BC, k0 + BC, min(k0 + 2 * BC, j1c));
-            cp_async_commit();
-            __syncthreads();  // the pairs converted; sK and sV free
-            kvq_tc_decode(a, raw + ((tile - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, lut, sK, sV, kvh, k0, lo, hi);
-        } else {
-            kvq_tc_load_bf16(a, sK, sV, kvh, k0, lo, hi);
+    auto tile_lo = [&](int tile) { return max(tile * BC, j0); };
+    auto tile_hi = [&](int tile) { return min(tile * BC + BC, j1c); };
+    auto buf = [&](int tile) { return (tile - t0) & 1; };
+    auto stage = [&](int tile) { kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile)); };
+    auto convert = [&](int tile) { kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile))); };
+    auto decode = [&](int tile) {
+        kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD, sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile),
+                      tile_hi(tile));
+    };
+    auto multiply = [&](int tile, int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
+        if (!live) return;
+        // Recomputed here rather than held across the decode, which needs the registers.
+        const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0, limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
+        const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8);
+        const int k0 = tile * BC, lo = tile_lo(tile), hi = tile_hi(tile);
+        const u32 k_s = smem_u32(sK + b * BC * LD), v_s = smem_u32(sV + b * BC * LD);
+        #pragma unroll 1
+        for (int sub = 0; sub < BC; sub += 32)
+            if (k0 + sub < hi && k0 + sub + 32 > lo) kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
+    };
+    if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+        for (int tile = t0; tile < t1; tile++) {
+            kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
             cp_async_wait<0>();
+            __syncthreads();
+            multiply(tile, 0);
+            __syncthreads();
         }
-        __syncthreads();
-        if (live)
-            #pragma unroll 1
-            for (int sub = 0; sub < BC; sub += 32)
-                if (k0 + sub < hi && k0 + sub + 32 > lo)
-                    kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
-        if (quant && tile + 1 < t1) {  // tile + 1's stage landed (it had this tile's decode and mma to): its pairs to fp32
+    } else if (t0 < t1) {
+        // Quantised rows, a pipeline of three tiles: tile t + 1 is decoded (its pairs already fp32) into the other K
+        // and V tiles and then tile t multiplied, with no barrier between, while the raw codes and pairs of tile t + 2
+        // are copied (cp.async) into the stage tile t's were in. A warp done decoding multiplies while others still
+        // decode, so the decode's ALU work and the mma overlap across warps. (Odd warps multiplying first would force
+        // that overlap, but its two decode sites spill at head dim 128.) Two barriers a tile: the tile's decode and
+        // the next stage landed, then the next stage's pairs converted.
+        stage(t0);
+        cp_async_commit();
+        for (int tile = t0 - 1; tile < t1; tile++) {  // tile t0 - 1: the pipeline's start, nothing to multiply
+            const int next = tile + 1;
             cp_async_wait<0>();
-            __syncthreads();
-            kvq_tc_convert(a, raw + ((tile + 1 - t0) & 1) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, k0 + BC, min(k0 + 2 * BC, j1c)));
-        } else {
-            __syncthreads();
+            __syncthreads();  // tile decoded; next's stage landed; the other K and V tiles and tile's stage free
+            if (next < t1) {
+                if (next + 1 < t1) stage(next + 1);
+                cp_async_commit();
+                convert(next);
+                __syncthreads();  // next's pairs in fp32
+                decode(next);
+            }
+            if (tile >= t0) multiply(tile, buf(tile));
         }
     }
     cp_async_wait<0>();  // a split with no visible key never waited for its query rows
@@ -13732,11 +13764,14 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
         return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T, v.cache_rows.size(),
                           bkv_.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
+    mark("rope");
     bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
     DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
                                  varlen_cache_rows_.as<int>(), width, T));
+    mark("kv cache");
     attn_args a = {};
     a.q = act_.qkv.as<bf16_t>();
     a.k = cache;
@@ -13748,7 +13783,9 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.kv_splits = 1;
     a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
-    return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.attn_q_offsets.size() - 1, v.max_rows, a, stream_);
+    DLLM__TRY(dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.attn_q_offsets.size() - 1, v.max_rows, a, stream_));
+    mark("attention");
+    return DLLM_OK;
 }
 
 /* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch
@@ -14276,10 +14313,10 @@ static int dllm__kvq_tc_bc(int hd) { return hd > 128 ? 32 : 64; }
 static const int dllm__kvq_tc_pair_groups = 4;
 static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 14; }
 static size_t dllm__kvq_tc_stage_bytes(int hd) { return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 + (size_t)dllm__kvq_tc_bc(hd) * 4; }
-/* Dynamic shared memory of a CTA of `warps` warps: the query rows, the decoded K and V tiles, a tile's pairs in fp32,
- * two stages of raw codes and pairs. */
+/* Dynamic shared memory of a CTA of `warps` warps: the query rows, two decoded K and V tiles each (one multiplied while
+ * the other is decoded), a tile's pairs in fp32, two stages of raw codes and pairs. */
 static size_t dllm__kvq_tc_smem(int hd, int warps) {
-    return (size_t)(warps * 16 + 2 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
+    return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
            2 * dllm__kvq_tc_stage_bytes(hd);
 }
 static const int dllm__kvq_tc_chunk_rows = 128;  // query rows a launch at most (a prefill's rows go in launches of these)
