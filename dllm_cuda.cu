@@ -10916,9 +10916,26 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
             {DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
+/* [batch] The varlen attention's tiles for short query runs (a K/V-cache step's block of 32 rows): 32 query rows a CTA,
+ * one m16 tile a warp (2 warps), the table's key tiles and ring. With the table's 128 rows a CTA (4 warps of 32 rows)
+ * a 32-row block left one warp of four live, and at 3 CTAs an SM the H100 spent 136 us a layer on a batch-16 step's
+ * attention (4.4 of its 17.7 ms) against ~90 us to read its 268 MB of K/V. A row's bits do not depend on the tile:
+ * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
+ * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
+ * (batch_gpu.varlen_attention_equals_each_sequence_alone compares both with the solo kernel). So the choice may follow
+ * the batch's longest run (dllm__attn_short_rows) without breaking batch invariance. */
+static dllm__arch dllm__attn_short_tiles(dllm__arch a) {
+    a.fa_br = 32, a.fa_mt = 1;
+    return a;
+}
+static const int dllm__attn_short_rows = 64;  // a batch whose sequences forward at most this many rows takes the short tiles
+
 static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, int head_dim) {
-    return {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
-            dllm__src_prelude() + dllm__src_mma + dllm__src_attention, {dllm__attn_varlen_name(head_dim, arch)}, arch.target};
+    dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
+                            dllm__src_prelude() + dllm__src_mma + dllm__src_attention, {dllm__attn_varlen_name(head_dim, arch)}, arch.target};
+    const std::string short_name = dllm__attn_varlen_name(head_dim, dllm__attn_short_tiles(arch));
+    if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);
+    return rq;
 }
 
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows of round_up(hd, 16) columns (hd_pad)
@@ -12685,6 +12702,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
+    dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
     dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
@@ -12762,7 +12780,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
     bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
     std::shared_ptr<dllm__module> varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
-    dllm__kernel<void(attn_args)> attn_varlen_;
+    dllm__kernel<void(attn_args)> attn_varlen_, attn_varlen_short_;  // the table's tiles; dllm__attn_short_tiles
     dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
     // [2 n_kv head_dim] bf16 (slot s at rows [bkv_base_[s], + bkv_rows_[s])); the layout's attention offsets and cache rows
@@ -13590,10 +13608,22 @@ dllm_status dllm__gpu_backend::load_varlen() {
     if (attn_varlen_.fn) return DLLM_OK;
     const int hd = m_.cfg.head_dim;
     DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), varlen_module_));
-    cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, arch_));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch_)));
-    attn_varlen_.fn = fn, attn_varlen_.name = "flash_attn (varlen)";
-    return DLLM_OK;
+    auto bind = [&](const dllm__arch &tiles, dllm__kernel<void(attn_args)> &k) {
+        cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, tiles));
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, tiles)));
+        k.fn = fn, k.name = "flash_attn (varlen)";
+        return DLLM_OK;
+    };
+    DLLM__TRY(bind(dllm__attn_short_tiles(arch_), attn_varlen_short_));
+    return bind(arch_, attn_varlen_);  // last: its kernel says the module is bound
+}
+
+/* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
+ * tiles where every run is short (dllm__attn_short_tiles: same bits). */
+dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
+    const bool short_runs = max_rows <= dllm__attn_short_rows;
+    return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_, short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim,
+                                    m_.cfg.n_head, batch, max_rows, a, stream_);
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
@@ -13679,7 +13709,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
-    return dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.out0.size(), v.max_rows, a, stream_);
+    return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
@@ -13783,7 +13813,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.kv_splits = 1;
     a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
-    DLLM__TRY(dllm__attn_varlen_launch(attn_varlen_, arch_, hd, c.n_head, (int)v.attn_q_offsets.size() - 1, v.max_rows, a, stream_));
+    DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
     mark("attention");
     return DLLM_OK;
 }

@@ -40,8 +40,8 @@ TEST(batch, varlen_layout_concatenates_rows_positions_and_logit_rows) {
     CHECK_STATUS(dllm__varlen_layout_of(c, bad, 32, v), DLLM_ERR_INTERNAL, "sequence 0");
 }
 
-/* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, and, like the
- * plain one, neither spills nor needs a stack frame. */
+/* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, on the table's tiles
+ * and the short runs' (dllm__attn_short_tiles), and, like the plain one, neither spills nor needs a stack frame. */
 TEST(jit, varlen_attention_compiles_for_every_arch) {
     for (const dllm__arch &row : dllm__arch_table)
         for (int hd : {64, 128, 256}) {
@@ -52,7 +52,8 @@ TEST(jit, varlen_attention_compiles_for_every_arch) {
             std::string log;
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            CHECK(rq.kernels.size() == 1 && rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 1 && cubin.size() > 1000);
+            CHECK(rq.kernels.size() == 2 && rq.kernels[1] == dllm__attn_varlen_name(hd, dllm__attn_short_tiles(a)) &&
+                  rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 2 && cubin.size() > 1000);
         }
 }
 
@@ -201,7 +202,8 @@ static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const tes
 }
 
 /* Awkward lengths (one row, partial tiles, several query tiles), GQA, both head dims: the varlen attention gives every
- * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values. */
+ * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values; on the table's
+ * tiles and on the short runs' (dllm__attn_short_tiles), which the batched forwards pick by the batch's longest run. */
 TEST(batch_gpu, varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
@@ -216,9 +218,14 @@ TEST(batch_gpu, varlen_attention_equals_each_sequence_alone) {
         std::shared_ptr<dllm__module> mod;
         CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
         if (!mod) return;
-        dllm__kernel<void(attn_args)> k;
+        dllm__kernel<void(attn_args)> k, k_short;
         k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
         CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        test_gpu gs = ga;
+        gs.arch = dllm__attn_short_tiles(a);
+        k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, gs.arch)), k_short.name = "flash_attn (varlen, short runs)";
+        CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, gs.arch)) ==
+              cudaSuccess);
         const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
         const int lengths[] = {37, 1, 255, 130, 64};
         std::vector<std::vector<uint16_t>> seqs;
@@ -229,11 +236,13 @@ TEST(batch_gpu, varlen_attention_equals_each_sequence_alone) {
         }
         const std::vector<std::vector<uint16_t>> batched = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {0, 1, 2, 3, 4});
         const std::vector<std::vector<uint16_t>> permuted = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {3, 0, 4, 2, 1});
+        const std::vector<std::vector<uint16_t>> short_tiles = test_varlen_attention(T_, gs, k_short, hd, H, KV, seqs, {2, 4, 1, 0, 3});
         for (size_t s = 0; s < seqs.size(); s++) {
             const int n = lengths[s];
             CHECK_MSG(batched[s] == test_attention_alone(T_, ga, plain, hd, H, KV, seqs[s]), "hd %d sequence %zu (%d rows): varlen bits differ from alone",
                       hd, s, n);
             CHECK_MSG(permuted[s] == batched[s], "hd %d sequence %zu: the order of the batch changed its bits", hd, s);
+            CHECK_MSG(short_tiles[s] == batched[s], "hd %d sequence %zu (%d rows): the short runs' tiles changed its bits", hd, s, n);
             std::vector<float> x = test_f32_vec(seqs[s]), q((size_t)n * H * hd), kk((size_t)n * KV * hd), vv((size_t)n * KV * hd), want(q.size());
             for (int i = 0; i < n; i++) {
                 const float *row = &x[(size_t)i * stride];

@@ -152,7 +152,7 @@ TEST(jit, bd_batch_varlen_attention_compiles_for_sm90_and_sm80) {
             std::string log;
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            CHECK(lowered.size() == 1 && cubin.size() > 1000);
+            CHECK(lowered.size() == 2 && cubin.size() > 1000);  // the table's tiles and the short runs
         }
 }
 
@@ -164,7 +164,8 @@ struct test_bdb_attn_seq {
 
 /* Slots of K|V rows (kv_stride 2 KV hd) laid out out of order, fused query rows concatenated, a bridge between
  * sequences: each sequence's output bit-identical to the plain flash_attn over its slot alone (batch 1, no split, the
- * same mask) and within bf16 tolerance of dllm__cpu_attention (the twin of the mask: n_visible). */
+ * same mask) and within bf16 tolerance of dllm__cpu_attention (the twin of the mask: n_visible); the short runs' tiles
+ * (dllm__attn_short_tiles, which visit fewer masked key tiles per query tile) give the same bits. */
 TEST(bd_batch_gpu, masked_varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
@@ -183,9 +184,13 @@ TEST(bd_batch_gpu, masked_varlen_attention_equals_each_sequence_alone) {
         std::shared_ptr<dllm__module> mod;
         CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
         if (!mod) return;
-        dllm__kernel<void(attn_args)> k;
+        dllm__kernel<void(attn_args)> k, k_short;
         k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
         CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        const dllm__arch short_tiles = dllm__attn_short_tiles(a);  // the batched steps' tiles where every run is short
+        k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, short_tiles)), k_short.name = "flash_attn (varlen, short runs)";
+        CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, short_tiles)) ==
+              cudaSuccess);
         const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
         std::vector<float> kvf((size_t)total_keys * 2 * kvd);
         for (float &v : kvf) v = r.normal();
@@ -212,6 +217,10 @@ TEST(bd_batch_gpu, masked_varlen_attention_equals_each_sequence_alone) {
         CHECK_STATUS(dllm__attn_varlen_launch(k, ga.arch, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)rows * H * hd);
+        test_poison(dout, (size_t)rows * H * hd * 2);
+        CHECK_STATUS(dllm__attn_varlen_launch(k_short, short_tiles, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK_MSG(test_get<uint16_t>(dout, (size_t)rows * H * hd) == out, "hd %d: the short runs' tiles changed the masked varlen attention's bits", hd);
         const std::vector<float> x = test_f32_vec(qb), kv = test_f32_vec(kvb);
         for (size_t i = 0; i < seqs.size(); i++) {
             const test_bdb_attn_seq &s = seqs[i];
