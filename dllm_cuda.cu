@@ -10918,17 +10918,20 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
 
 /* [batch] The varlen attention's tiles for short query runs (a K/V-cache step's block of 32 rows): 32 query rows a CTA,
  * one m16 tile a warp (2 warps), the table's key tiles and ring. With the table's 128 rows a CTA (4 warps of 32 rows)
- * a 32-row block left one warp of four live, and at 3 CTAs an SM the H100 spent 136 us a layer on a batch-16 step's
- * attention (4.4 of its 17.7 ms) against ~90 us to read its 268 MB of K/V. A row's bits do not depend on the tile:
+ * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the
+ * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
+ * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 the session
+ * before); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
+ * 60 us a layer against ~40). Hence dllm__gpu_backend::varlen_attention's rule. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
- * (batch_gpu.varlen_attention_equals_each_sequence_alone compares both with the solo kernel). So the choice may follow
- * the batch's longest run (dllm__attn_short_rows) without breaking batch invariance. */
+ * (batch_gpu.varlen_attention_equals_each_sequence_alone and bd_batch_gpu.masked_varlen_attention_* compare both with
+ * the solo kernel). So the choice may follow the batch's shape without breaking batch invariance. */
 static dllm__arch dllm__attn_short_tiles(dllm__arch a) {
     a.fa_br = 32, a.fa_mt = 1;
     return a;
 }
-static const int dllm__attn_short_rows = 64;  // a batch whose sequences forward at most this many rows takes the short tiles
+static const int dllm__attn_short_rows = 64;  // the longest run the short tiles take
 
 static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, int head_dim) {
     dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
@@ -12749,7 +12752,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     const dllm_model &m_;
     int max_tokens_;
-    int device_ = 0, n_sms_ = 1;
+    int device_ = 0, n_sms_ = 1, smem_per_sm_ = 0;  // shared memory an SM holds (varlen_attention's wave rule)
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
     std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
@@ -12906,6 +12909,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__CUDA(cudaGetDeviceProperties(&prop, device));
     arch_ = dllm__attn_tiles(dllm__arch_for(prop.major * 10 + prop.minor), c.head_dim);
     n_sms_ = prop.multiProcessorCount;
+    smem_per_sm_ = (int)prop.sharedMemPerMultiprocessor;
     if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemm_.init());
@@ -13619,9 +13623,12 @@ dllm_status dllm__gpu_backend::load_varlen() {
 }
 
 /* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
- * tiles where every run is short (dllm__attn_short_tiles: same bits). */
+ * tiles (dllm__attn_short_tiles: same bits) where every run is short and the table's tiles would not fit the SMs in
+ * one wave (CTAs an SM by shared memory). */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const bool short_runs = max_rows <= dllm__attn_short_rows;
+    const size_t table_smem = dllm__attn_smem(m_.cfg.head_dim, arch_) + 1024;  // + the runtime's reserve a CTA
+    const int64_t table_ctas = (int64_t)batch * m_.cfg.n_head * ((max_rows + arch_.fa_br - 1) / arch_.fa_br);
+    const bool short_runs = max_rows <= dllm__attn_short_rows && table_ctas > (int64_t)n_sms_ * (int64_t)((size_t)smem_per_sm_ / table_smem);
     return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_, short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim,
                                     m_.cfg.n_head, batch, max_rows, a, stream_);
 }
