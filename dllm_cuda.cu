@@ -55,7 +55,8 @@
  *      cache, block cache, [Llama-4 query scaling], [KV quant], [FACache] (bdfa_attention), the token choice on
  *      the device: bd_forward_choose, [bd graphs]: step forwards replayed as CUDA graphs, dllm__graph_set); the GPU
  *      [batch] forward (forward_batch; its layers replayed as [batch graphs]) and its K/V-cache
- *      step (forward_batch_kv, kv_scatter_rows), the batched step's token choice on the device
+ *      step (forward_batch_kv, kv_scatter_rows; its attention on short-run tiles past one wave: varlen_attention,
+ *      dllm__attn_short_tiles), the batched step's token choice on the device
  *      (forward_batch_choose), the batched block-diffusion forward (bd_forward_batch); [debug hooks]
  *  17. SAR decoding; [batch] decoding (dllm_generate_batch); block diffusion (Fast-dLLM v2's generate, either backend: a
  *      state machine, dllm__bd_generation, stepped alone by dllm_generate and in rounds of one bd_forward_batch by
@@ -350,7 +351,7 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            (dllm__batch_gemm_width)
  *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
  *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
- *                            head, mma.sync, split over the keys: 250x faster at 32k keys on the H200) */
+ *                            head, mma.sync, split over the keys: ~300x faster at 32k keys on the H200) */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;

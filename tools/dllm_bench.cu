@@ -708,8 +708,8 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
 }
 
 /* [KV quant] kvq_flash's plan (one CTA an SM: 33 splits of 1024 keys at the 7B shape on 132 SMs, 14 warps) against
- * smaller splits and half the warps (two CTAs an SM fit in shared memory; each key then decoded once per row tile), to
- * find what the 185 us of the default plan wait on (issue 25's 2x needs <= 145 us). time(plan, its split states). */
+ * smaller splits and half the warps (each key then decoded once per row tile). On the H100 and the H200 every variant
+ * was slower than the default (172 us; issue 25's 2x needs <= 146 us). time(plan, its split states). */
 template <class F>
 static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, const dllm__kvq_tc_plan &base, int hd, int n_head, int n_kv, int rows,
                                int n_keys, int n_committed, double bf16_us, F &&time) {
