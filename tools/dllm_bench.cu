@@ -944,6 +944,8 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
 
 /* [batch] A second pass of the --batch-rows tables under a switch (tag, e.g. "n128_", non-empty): only the step time
  * under key + "step_ms" and its ratio to the first pass's (base + "step_ms"). Returns whether it was one. */
+static std::vector<int> bench_batch_sizes = {1, 4, 8, 16, 32, 64};  // --batch-rows' and --batch-w1's batches (--batch-sizes)
+
 static bool bench_batch_brief(bench_result &r, const char *tag, const std::string &key, const std::string &base, double ms) {
     if (!*tag) return false;
     r.set(key + "step_ms", ms);
@@ -968,7 +970,7 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
     dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
     const dllm__config &c = model->cfg;
     const int n = 1024, b0 = 768, b1 = 800;
-    for (int B : {1, 4, 8, 16, 32, 64}) {
+    for (int B : bench_batch_sizes) {
         std::vector<std::vector<int32_t>> canvases((size_t)B);
         std::vector<dllm__batch_seq> fill((size_t)B), step;
         for (int b = 0; b < B; b++) {
@@ -1032,7 +1034,7 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
     const int np = 768, gen = 256;
     dllm_gen_params gp = dllm_gen_default_params();
     gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
-    for (int B : {1, 4, 8, 16, 32, 64}) {
+    for (int B : bench_batch_sizes) {
         std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
         std::vector<dllm_batch_item> items((size_t)B);
         std::vector<dllm_batch_result> results((size_t)B);
@@ -1097,7 +1099,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
         const double solo_ms = bench_ms(gpu->stream(), 2, 5, [&] { BENCH_CHECK(gpu->forward_logits(n, n - out_rows, n, [](int, int) { return DLLM_OK; })); });
         r.set("batch_solo_fwd_N256_ms", solo_ms);
     }
-    for (int B : {1, 4, 8, 16, 32, 64}) {
+    for (int B : bench_batch_sizes) {
         std::vector<std::vector<int32_t>> canvases((size_t)B);
         std::vector<dllm__batch_seq> plan((size_t)B);
         for (int b = 0; b < B; b++) {
@@ -1143,6 +1145,8 @@ static const char *bench_usage =
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it; then both step times again under\n"
     "                     DLLM_BATCH_GEMM_N=256, =128 and =64 (keys n256_..., n128_..., n64_...) with their ratio to the default's\n"
+    "  --batch-sizes LIST --batch-rows and --batch-w1 at these batches only (comma-separated, e.g. 1,16; by default\n"
+    "                     1,4,8,16,32,64)\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
@@ -1164,7 +1168,7 @@ static bool bench_precision(const char *name, dllm_precision &out) {
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    const char *precision = "bf16";
+    const char *precision = "bf16", *batch_sizes = nullptr;
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
          bd_only = false, kv_attention_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
@@ -1172,7 +1176,8 @@ int main(int argc, char **argv) {
                                                       {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only},
                                                       {"--kv-attention-only", &kv_attention_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
-                                                                 {"--json", &json_out}, {"--config", &config}, {"--precision", &precision}};
+                                                                 {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
+                                                                 {"--batch-sizes", &batch_sizes}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1192,6 +1197,23 @@ int main(int argc, char **argv) {
             }
         if (!known) {
             fprintf(stderr, "dllm-bench: unknown argument '%s'\n%s", argv[i], bench_usage);
+            return 2;
+        }
+    }
+    if (batch_sizes) {
+        bench_batch_sizes.clear();
+        for (const char *p = batch_sizes; *p;) {
+            char *end = nullptr;
+            const long b = strtol(p, &end, 10);
+            if (end == p || b < 1 || b > 4096 || (*end && *end != ',')) {
+                fprintf(stderr, "dllm-bench: --batch-sizes takes batch sizes from 1 to 4096 separated by commas, got '%s'\n", batch_sizes);
+                return 2;
+            }
+            bench_batch_sizes.push_back((int)b);
+            p = *end ? end + 1 : end;
+        }
+        if (bench_batch_sizes.empty()) {
+            fprintf(stderr, "dllm-bench: --batch-sizes needs at least one batch size\n");
             return 2;
         }
     }
