@@ -8427,7 +8427,8 @@ KERNEL_kvq_flash {
         const u32 k_s = smem_u32(sK + b * BC * LD), v_s = smem_u32(sV + b * BC * LD);
         #pragma unroll 1
         for (int sub = 0; sub < BC; sub += 32)
-            if (k0 + sub < hi && k0 + sub + 32 > lo) kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
+            if (k0 + sub < hi && k0 + sub + 32 > lo)
+                kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
     };
     if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
         for (int tile = t0; tile < t1; tile++) {
