@@ -8241,19 +8241,19 @@ __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int 
     }
 }
 
+/* An FP16 pair (scale, min) as fp32 (exact: every half is an fp32). */
+__device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) { return make_float2(kvq_h2f(p[0]), kvq_h2f(p[1])); }
+
 /* A stage's FP16 pairs as fp32, once per tile rather than once per decoded element (the conversion unit is a sixteenth
  * of the FMA pipes' rate): the K pairs of its ng key groups into kpf [KVQ_TC_PG][KVQ_HD], KIVI's V pairs into vpf
  * [KVQ_TC_BC] (exact: every half is an fp32). */
 __device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float2 *kpf, float2 *vpf, int ng) {
     const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP), *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
-    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = make_float2(kvq_h2f(kp[2 * u]), kvq_h2f(kp[2 * u + 1]));
+    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = kvq_pair_f32(kp + 2 * u);
     if (!a.soloq)
-        for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = make_float2(kvq_h2f(vp[2 * u]), kvq_h2f(vp[2 * u + 1]));
+        for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = kvq_pair_f32(vp + 2 * u);
 }
 
-
-/* A key group's FP16 pair (scale, min) as fp32, from global memory (a group past a stage's KVQ_TC_PG). */
-__device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) { return make_float2(kvq_h2f(p[0]), kvq_h2f(p[1])); }
 
 /* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
 __device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
@@ -10227,8 +10227,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * griddepcontrol.wait: they do not depend on the previous kernel.
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
  * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). Nor on BN: an
- * output's k-loop is the same sequence of k16 products in either width, so the two give the same bits and a caller may
- * pick the width by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed on the H200). */
+ * output's k-loop is the same sequence of k16 products at every width, so the widths give the same bits and a caller
+ * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and H200). */
 static const char *dllm__src_gemm_wg = DLLM__SOURCE_LINE R"DLLM(
 struct gemm_tensor_maps { tensor_map x, w, y; };  // boxes of 64 columns x: 128 rows (x), BN / 2 (w), 64 (y)
 
@@ -11470,24 +11470,27 @@ struct dllm__gemm {
     }
 };
 
-/* [batch] The fastest gemm_wg width (256, 128 or 64) for op's N, K and number of 128-row tiles, timed once a process
- * and device on op's operands (its output is overwritten by the launch that follows); a null candidate is not timed.
- * Untimed (DLLM_GEMM_AUTOTUNE=0, or inside a graph capture) a rule from the H100's timings: 128 for N <= 4096 up to 1024
- * rows. The width changes no bit (gemm_wg's widths agree), so neither the timing nor the rule can make a sequence's
- * output depend on its batch. On the H100, 64 took 0.83-0.87x of 128's time for the o and down projections at 128
- * rows, and lost elsewhere. */
+/* [batch] gemm_wg's tile widths, in the order of every by_width[] array of candidates. */
+static const int dllm__batch_gemm_widths[3] = {256, 128, 64};
+
+/* [batch] The fastest of the candidates by_width[] (null: not loaded, or not fitting op) for op's N, K and number of
+ * 128-row tiles, as its index, timed once a process and device on op's operands (its output is overwritten by the
+ * launch that follows). Untimed (DLLM_GEMM_AUTOTUNE=0, or inside a graph capture) a rule from the H100's timings: 128
+ * for N <= 4096 up to 1024 rows, else 256 (whichever of the two is a candidate). The width changes no bit (gemm_wg's
+ * widths agree), so neither the timing nor the rule can make a sequence's output depend on its batch. On the H100, 64
+ * took 0.83-0.87x of 128's time for the o and down projections at 128 rows, and lost elsewhere. The index may name a
+ * width another context loaded and this one lacks: the caller falls back. */
 static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg *const by_width[3], cudaStream_t stream) {
-    static const int widths_of[3] = {256, 128, 64};
     const int m_tiles = (op.M + 127) / 128;
-    const int rule = (op.N <= 4096 && m_tiles <= 8 && by_width[1]) || !by_width[0] ? 128 : 256;  // two candidates at least: 256 or 128 is one
+    const int rule = (op.N <= 4096 && m_tiles <= 8 && by_width[1]) || !by_width[0] ? 1 : 0;
     static std::mutex mutex;
-    static std::map<std::array<int, 4>, int> widths;  // (device, N, K, m-tiles) -> width
+    static std::map<std::array<int, 4>, int> chosen;  // (device, N, K, m-tiles) -> index
     int device = 0;
     cudaGetDevice(&device);
     std::lock_guard<std::mutex> lock(mutex);
     const std::array<int, 4> key = {device, op.N, op.K, m_tiles};
-    auto it = widths.find(key);
-    if (it != widths.end()) return it->second;  // a capture takes what its layout's eager forward timed
+    auto it = chosen.find(key);
+    if (it != chosen.end()) return it->second;  // a capture takes what its layout's eager forward timed
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     if (!dllm__env().gemm_autotune || cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
         cudaGetLastError();
@@ -11501,11 +11504,11 @@ static int dllm__batch_gemm_width(const dllm__gemm_op &op, const dllm__gemm_wg *
         ms[i] = dllm__gemm::time_runs([&] { return dllm__gemm_wg_run(k, op.X, op.W, op.Y, op.M, op.N, op.K, stream) == DLLM_OK; }, stream);
         if (ms[i] < INFINITY && (best < 0 || ms[i] < ms[best])) best = i;
     }
-    const int width = best < 0 ? rule : widths_of[best];
+    if (best < 0) best = rule;
     if (dllm__env().gemm_verbose)
         dllm__log_verbose("batched GEMM N=%d K=%d, %d row tiles: gemm_wg 256 wide %.1f us, 128 wide %.1f us, 64 wide %.1f us: %d", op.N, op.K, m_tiles,
-                          ms[0] * 1000, ms[1] * 1000, ms[2] * 1000, width);
-    return widths[key] = width;
+                          ms[0] * 1000, ms[1] * 1000, ms[2] * 1000, dllm__batch_gemm_widths[best]);
+    return chosen[key] = best;
 }
 
 /* dllm's own FP8 GEMM (dllm__src_fp8_gemm), loaded for one device: both tiles, with the stages they were built with. */
@@ -11750,7 +11753,7 @@ struct dllm__linear {
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction, and the same bits at either tile width, so the width
+ * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
  * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
@@ -12768,7 +12771,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gemm gemm_;
     dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
     dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
-    dllm__gemm_wg gemm_wg_n64_;                    // its 64-wide tiles, for the batched forwards under DLLM_BATCH_GEMM_N=64
+    dllm__gemm_wg gemm_wg_n64_;                    // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
     dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
     dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
@@ -13105,13 +13108,15 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const dllm__gemm_wg *const by_width[3] = {gemm_.own_fits(op) ? gemm_.own : nullptr,
                                               bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
                                               bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
-    const int forced = dllm__env().batch_gemm_n, i_forced = forced == 256 ? 0 : forced == 128 ? 1 : forced == 64 ? 2 : -1;
-    if (i_forced >= 0 && by_width[i_forced]) return by_width[i_forced];
-    const int n_candidates = (by_width[0] != nullptr) + (by_width[1] != nullptr) + (by_width[2] != nullptr);
-    if (n_candidates <= 1) return by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
-    const int width = dllm__batch_gemm_width(op, by_width, stream_);
-    const dllm__gemm_wg *chosen = by_width[width == 256 ? 0 : width == 128 ? 1 : 2];
-    return chosen ? chosen : by_width[0] ? by_width[0] : by_width[1];  // a width another context timed that this one lacks
+    const dllm__gemm_wg *first = by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
+    int candidates = 0;
+    for (int i = 0; i < 3; i++) {
+        if (by_width[i] && dllm__batch_gemm_widths[i] == dllm__env().batch_gemm_n) return by_width[i];  // forced
+        candidates += by_width[i] != nullptr;
+    }
+    if (candidates <= 1) return first;
+    const dllm__gemm_wg *chosen = by_width[dllm__batch_gemm_width(op, by_width, stream_)];
+    return chosen ? chosen : first;
 }
 
 /* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
@@ -13123,7 +13128,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            // A batched forward's rows get the bits they would get alone: gemm_wg (either width), else one pinned algorithm.
+            // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned algorithm.
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
             return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);

@@ -110,7 +110,7 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(dllm__gemm_wg_smem(dllm__arch_for(90), 128) == 6 * 32768 + 2 * 16384 + 1024 + 6 * 16);
     CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>" &&
           dllm__gemm_wg_name(dllm__arch_for(90), 64) == "gemm_wg<8,64>");
-    CHECK(dllm__env().batch_gemm_n == 0);  // the faster width per shape and row count
+    CHECK(dllm__env().batch_gemm_n == 0);  // the fastest width per shape and row count
     test_setenv("DLLM_BATCH_GEMM_N", "128", 1);
     CHECK(dllm__env().batch_gemm_n == 128);
     test_setenv("DLLM_BATCH_GEMM_N", "256", 1);
@@ -383,7 +383,7 @@ static void test_gemm_wg_case(dllm_test_state &T_, const dllm__gemm_wg &k, test_
     CHECK(err < 8e-3 && guard_kept && repeats && independent);
 }
 
-/* Every tile width (256; 128, which the batched forwards take where it is faster; 64, DLLM_BATCH_GEMM_N=64). */
+/* Every tile width (256, 128 and 64: the batched forwards take whichever is fastest for the shape and row count). */
 TEST(gpu, gemm_wg_matches_cpu) {
     NEED_GPU();
     test_gpu g;
@@ -418,8 +418,9 @@ TEST(gpu, gemm_wg_matches_cpu) {
 }
 
 /* The batched forwards pick gemm_wg's width by row count (dllm__batch_gemm_width), which keeps batch invariance only
- * because the widths give every output the same bits (256 against 128, and 64 of DLLM_BATCH_GEMM_N=64): compared here at awkward shapes (one row, rows past a tile,
- * K not a multiple of 64, a part k-step after many ring wraps, more tiles than clusters), outputs poisoned. */
+ * because the widths give every output the same bits (128 and 64 against 256): compared here at awkward shapes (one
+ * row, rows past a tile, K not a multiple of 64, a part k-step after many ring wraps, more tiles than clusters),
+ * outputs poisoned. */
 TEST(gpu, gemm_wg_widths_give_the_same_bits) {
     NEED_GPU();
     test_gpu g;

@@ -248,16 +248,17 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
 }
 
-/* [batch] gemm_wg's tile widths (256 and 128, which dllm__batch_gemm_width times; 64, DLLM_BATCH_GEMM_N=64) at the
- * LLaDA-8B shapes for the row counts of batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and
- * 2048 around), 10 launches back to back a timing: narrower tiles make more tile pairs where 128 x 256 leave SMs idle
- * (o and down at M = 32: 16 CTAs on 132 SMs). */
+/* [batch] gemm_wg's tile widths (256, 128 and 64, which dllm__batch_gemm_width times) at the LLaDA-8B shapes for the row
+ * counts of batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and 2048 around), 10 launches
+ * back to back a timing: narrower tiles make more tile pairs where 128 x 256 leave SMs idle (o and down at M = 32: 16
+ * CTAs on 132 SMs). Keys "n<width> us", and each narrower width's "n<width>/n256". */
 static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
-    dllm__gemm_wg wide, narrow, n64;
-    BENCH_CHECK(dllm__gemm_wg_load(arch, 256, wide));
-    BENCH_CHECK(dllm__gemm_wg_load(arch, 128, narrow));
-    BENCH_CHECK(dllm__gemm_wg_load(arch, 64, n64));
-    if (!wide.kernel.fn || !narrow.kernel.fn || !n64.kernel.fn) return;
+    const int widths[3] = {256, 128, 64};
+    dllm__gemm_wg k[3];
+    for (int i = 0; i < 3; i++) {
+        BENCH_CHECK(dllm__gemm_wg_load(arch, widths[i], k[i]));
+        if (!k[i].kernel.fn) return;
+    }
     std::shared_ptr<dllm__module> rowwise;
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
     struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
@@ -266,15 +267,13 @@ static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaSt
             bench_gemm_shape g;
             g.M = M; g.N = sh.N; g.K = sh.K;
             bench_prepare(rowwise, g, false, s);
-            const double us256 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(wide, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
-            const double us128 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(narrow, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
-            const double us64 = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(n64, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
             const std::string name = dllm__format("gemm_wg %s M%d ", sh.name, M);
-            r.set(name + "n256 us", us256);
-            r.set(name + "n128 us", us128);
-            r.set(name + "n64 us", us64);
-            r.set(name + "n128/n256", us128 / us256);
-            r.set(name + "n64/n256", us64 / us256);
+            double us[3];
+            for (int i = 0; i < 3; i++) {
+                us[i] = bench_us_each(s, 7, [&](int) { BENCH_CHECK(dllm__gemm_wg_run(k[i], g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, s)); });
+                r.set(name + dllm__format("n%d us", widths[i]), us[i]);
+                if (i > 0) r.set(name + dllm__format("n%d/n256", widths[i]), us[i] / us[0]);
+            }
         }
 }
 
@@ -942,10 +941,10 @@ static double bench_kv_step_flops(const dllm__config &c, double rows, double key
     return 2.0 * rows * per_token + 2.0 * lm_rows * d * c.n_vocab + c.n_layer * 4.0 * rows * keys * q;
 }
 
-/* [batch] A second pass of the --batch-rows tables under a switch (tag, e.g. "n128_", non-empty): only the step time
- * under key + "step_ms" and its ratio to the first pass's (base + "step_ms"). Returns whether it was one. */
 static std::vector<int> bench_batch_sizes = {1, 4, 8, 16, 32, 64};  // --batch-rows' and --batch-w1's batches (--batch-sizes)
 
+/* [batch] A second pass of the --batch-rows tables under a switch (tag, e.g. "n128_", non-empty): only the step time
+ * under key + "step_ms" and its ratio to the first pass's (base + "step_ms"). Returns whether it was one. */
 static bool bench_batch_brief(bench_result &r, const char *tag, const std::string &key, const std::string &base, double ms) {
     if (!*tag) return false;
     r.set(key + "step_ms", ms);
