@@ -8064,6 +8064,15 @@ __device__ void kvq_rotate_back(const kvq_args &a, const float *racc, float *T0,
     __syncwarp();
 }
 
+/* Query row i's output at head h, normalised by l: acc (the values summed in the model's basis) plus, under SoloQ,
+ * racc (the quantised values summed in the rotated basis) rotated back; T0 and T1 are kvq_rotate_back's scratch. */
+__device__ void kvq_store_output(const kvq_args &a, const float *acc, const float *racc, float *T0, float *T1, float l, int i, int h, int lane) {
+    __syncwarp();
+    if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = lane; c < a.hd; c += 32) a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+}
+
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
@@ -8115,10 +8124,7 @@ KERNEL_kvq_attention {
             }
         }
     }
-    __syncwarp();
-    if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+    kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
 
@@ -8503,10 +8509,7 @@ KERNEL_kvq_flash_combine {
         float *dst = quant && a.soloq ? racc : acc;
         for (int c = lane; c < hd; c += 32) dst[c] = fmaf(w, P[s * stride + c], dst[c]);
     }
-    __syncwarp();
-    if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int c = lane; c < hd; c += 32) a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+    kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
 
