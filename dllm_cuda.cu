@@ -10927,7 +10927,7 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
  * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
  * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 the session
  * before); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
- * 60 us a layer against ~40). Hence dllm__gpu_backend::varlen_attention's rule. A row's bits do not depend on the tile:
+ * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
  * (batch_gpu.varlen_attention_equals_each_sequence_alone and bd_batch_gpu.masked_varlen_attention_* compare both with
@@ -10949,6 +10949,14 @@ static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, i
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows of round_up(hd, 16) columns (hd_pad)
  * padded by 8 (bank spread). */
 static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2; }
+
+/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would not fit the SMs in one
+ * wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
+static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows, int n_sms, int smem_per_sm) {
+    const size_t table_smem = dllm__attn_smem(head_dim, arch) + 1024;
+    const int64_t table_ctas = (int64_t)batch * n_head * ((max_rows + arch.fa_br - 1) / arch.fa_br);
+    return max_rows <= dllm__attn_short_rows && table_ctas > (int64_t)n_sms * (int64_t)((size_t)smem_per_sm / table_smem);
+}
 
 /* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), the
  * slack that aligns them to 1024 bytes, and the mbarriers (Q, and K, V, empty per slot). */
@@ -13633,12 +13641,9 @@ dllm_status dllm__gpu_backend::load_varlen() {
 }
 
 /* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
- * tiles (dllm__attn_short_tiles: same bits) where every run is short and the table's tiles would not fit the SMs in
- * one wave (CTAs an SM by shared memory). */
+ * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const size_t table_smem = dllm__attn_smem(m_.cfg.head_dim, arch_) + 1024;  // + the runtime's reserve a CTA
-    const int64_t table_ctas = (int64_t)batch * m_.cfg.n_head * ((max_rows + arch_.fa_br - 1) / arch_.fa_br);
-    const bool short_runs = max_rows <= dllm__attn_short_rows && table_ctas > (int64_t)n_sms_ * (int64_t)((size_t)smem_per_sm_ / table_smem);
+    const bool short_runs = dllm__attn_varlen_short(arch_, m_.cfg.head_dim, m_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
     return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_, short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim,
                                     m_.cfg.n_head, batch, max_rows, a, stream_);
 }

@@ -327,6 +327,30 @@ static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx
     }
 }
 
+/* The varlen tile rule on the shapes it was measured at (32 heads of 128, 32-row blocks; the H100 and H200 both have
+ * 132 SMs of 228 KB): the table's tiles at batch 1 (their 32 CTAs won, 40 against 60 us a layer on the H200), the short
+ * ones at batch 16 (105 against 136 us a layer); never past 64 rows a run; and once the short tiles win at a batch,
+ * they win at every larger one. */
+TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
+    const int smem_hopper = 233472, n_sms = 132;
+    const dllm__arch a = dllm__attn_tiles(dllm__arch_for(90), 128);
+    CHECK(!dllm__attn_varlen_short(a, 128, 32, 1, 32, n_sms, smem_hopper));
+    CHECK(dllm__attn_varlen_short(a, 128, 32, 16, 32, n_sms, smem_hopper));
+    CHECK(!dllm__attn_varlen_short(a, 128, 32, 16, 65, n_sms, smem_hopper));
+    CHECK(!dllm__attn_varlen_short(a, 128, 32, 64, 96, n_sms, smem_hopper));
+    for (int sm : {80, 86, 89, 90})
+        for (int hd : {64, 128, 256}) {
+            const dllm__arch t = dllm__attn_tiles(dllm__arch_for(sm), hd);
+            int first = 0;
+            for (int batch = 1; batch <= 256; batch++) {
+                const bool on = dllm__attn_varlen_short(t, hd, 32, batch, 32, n_sms, smem_hopper);
+                if (on && !first) first = batch;
+                CHECK_MSG(on == (first && batch >= first), "sm_%d hd %d: the short tiles at batch %d but not at %d", sm, hd, first, batch);
+            }
+            CHECK_MSG(first > 1, "sm_%d hd %d: the short tiles even at batch 1", sm, hd);
+        }
+}
+
 TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
