@@ -4,7 +4,8 @@
  * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
  * semi-autoregressive (SAR) block schedule of LLaDA's reference `generate.py`. The public API is this
  * header; the implementation is dllm_cuda.cu (kernels are strings JIT-compiled with NVRTC at first use,
- * GEMMs go through cuBLASLt). A CPU fp32 reference backend computes the same function on any machine.
+ * GEMMs run on cuBLASLt and on dllm's own kernels). A CPU fp32 reference backend computes the same
+ * function on any machine.
  *
  * Build your program (one command; CUDA Toolkit only):
  *     nvcc -O2 -std=c++17 -o app app.c dllm_cuda.cu -cudart static -ldl
@@ -240,15 +241,16 @@ typedef enum dllm_backend {
  * activations, each token rotated and quantised on its own (per-token scales: batching and LaCache stay
  * exact). The scale-only bias correction ||z||^2 / <q(z), z> is folded into every row and token scale.
  * Embeddings and the LM head stay BF16 (dllm_ctx_params.quantize_lm_head quantises the head too). The -W4A16
- * variants leave activations unquantised. CPU backend only for now: a GPU context is DLLM_ERR_UNSUPPORTED and
- * AUTO picks the CPU. Ablation switches (environment, read at context creation): DLLM_SOLOQ_ROTATION = krpbh
- * (default) | rpbh | mixer | hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN
- * baseline ignores both. dllm_model_quantize (dllm-quantize) quantises once and writes the result as a model
- * directory; a context on it loads the stored weights. Accuracy: BENCHMARKS.md. */
+ * variants leave activations unquantised. Both backends run them: the GPU quantises the weights on the device into
+ * the CPU reference's codes and scales, and quantises its BF16 activations where the CPU quantises fp32 ones.
+ * Ablation switches (environment, read once per process): DLLM_SOLOQ_ROTATION = krpbh (default) | rpbh | mixer |
+ * hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN baseline ignores both.
+ * dllm_model_quantize (dllm-quantize) quantises once and writes the result as a model directory; a context on it
+ * loads the stored weights. Accuracy: BENCHMARKS.md. */
 typedef enum dllm_precision {
     DLLM_PRECISION_AUTO = -1,    /* the default: what a quantised checkpoint holds (dllm_model_info.
                                     precision), else BF16                                            */
-    DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU (default)              */
+    DLLM_PRECISION_BF16 = 0,     /* BF16 weights on the GPU, fp32 on the CPU                        */
     DLLM_PRECISION_FP8_FFN = 1,  /* the paper: FFN linears (gate|up, down) of layers >= 1 in FP8     */
     DLLM_PRECISION_FP8_ALL = 2,  /* also the attention projections (Q|K|V, O) of layers >= 1        */
     DLLM_PRECISION_SOLOQ_N = 3,  /* SoloQ-N: NVFP4 weights and activations (E2M1, E4M3 per 16, FP32
@@ -270,8 +272,10 @@ typedef enum dllm_precision {
  * per (layer, kv head, channel, block). SOLOQ values: per (token, kv head) rotated by K-RPBH, Lloyd-Max 4 or 2
  * bits on the RMS-normalised row, one FP32 factor with SoloQ's scale-only bias correction. KIVI values: per
  * (token, kv head) asymmetric min/max, FP16 (scale, min). Block-diffusion models only (the others have no
- * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends (the GPU's attention over the quantised rows
- * is a correct first version, not yet a fast one). dllm_kv_bytes_per_token gives the cache's size. */
+ * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends; the GPU's attention reads the codes
+ * directly, on tensor cores (kvq_flash; DLLM_KVQ_TC=0, or a head dim it does not take: the scalar kvq_attention).
+ * dllm_kv_bytes_per_token gives the quantised cache's size; neither backend saves that memory yet (each keeps its
+ * full-precision cache beside the codes). */
 typedef enum dllm_kv_quant {
     DLLM_KV_QUANT_NONE = 0,      /* the default: the cache in BF16 (fp32 on the CPU)                  */
     DLLM_KV_QUANT_SOLOQ_KV4 = 1, /* keys KIVI 4-bit, values K-RPBH + Lloyd-Max 4-bit + bias correction */
@@ -297,8 +301,8 @@ typedef struct dllm_ctx_params {
      * on devices[i] (Megatron-style: attention heads, K/V heads, FFN width and vocabulary split evenly, so each must
      * divide by n_devices; NCCL all-reduces, libnccl.so.2 loaded at run time). 0 (default): one GPU, `device`; 1:
      * one GPU, devices[0] (device is then ignored). Default devices {0, 1, ..., 7}; the listed ones must be distinct
-     * and non-negative. NOT BUILT YET: more than one device is validated and then DLLM_ERR_UNSUPPORTED (README:
-     * tensor parallelism). */
+     * and non-negative. NOT BUILT YET: more than one device is validated (the split, each device usable, NCCL
+     * loadable) and then DLLM_ERR_UNSUPPORTED (README: tensor parallelism). */
     int n_devices;
     int devices[DLLM_MAX_DEVICES];
 } dllm_ctx_params;
@@ -357,9 +361,9 @@ DLLM_API const char *dllm_ctx_last_error(const dllm_ctx *ctx);
 /* The backend the context actually runs on (never AUTO). */
 DLLM_API dllm_backend dllm_ctx_get_backend(const dllm_ctx *ctx);
 
-/* Logits of one full bidirectional forward over ids[0..n_ids), for positions [row_begin, row_end).
- * out receives (row_end - row_begin) * n_vocab floats, row-major. For models with shift_logits the row
- * of position i holds the prediction for position i (the shift is already applied). */
+/* Logits of one full bidirectional forward over ids[0..n_ids) (block diffusion: block-causal, see below), for
+ * positions [row_begin, row_end). out receives (row_end - row_begin) * n_vocab floats, row-major. For models with
+ * shift_logits the row of position i holds the prediction for position i (the shift is already applied). */
 DLLM_API dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, int row_begin, int row_end,
                                  float *out, size_t out_count);
 
@@ -384,10 +388,10 @@ typedef enum dllm_remasking {
                                        nothing, so no confidence_eos_eot_inf and no alg_temp         */
 } dllm_remasking;
 
-/* LaCache (GPU backend): exact reuse of work that does not change inside a block. Every mode gives the
- * same tokens and the same logits, bit for bit; the CPU reference computes that same function. With a
- * K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: every mode then
- * acts as TRUNCATE (LM head and sampler on the block's rows). */
+/* LaCache (GPU backend; block diffusion's on both, see below): exact reuse of work that does not change inside a
+ * block. Every mode gives the same tokens and the same logits, bit for bit; the CPU reference computes that same
+ * function. With a K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: every
+ * mode then acts as TRUNCATE (LM head and sampler on the block's rows). */
 typedef enum dllm_lacache {
     DLLM_LACACHE_OFF = 0,      /* recompute everything every step, LM head on every row (the reference)  */
     DLLM_LACACHE_TRUNCATE = 1, /* final norm, LM head and sampler on the block's rows only             */
@@ -500,8 +504,9 @@ typedef struct dllm_gen_stats {
     int steps;                  /* denoising steps run                                            */
     int forwards;               /* model forwards run, NFE (CFG counts two per step)               */
     double wall_ms;
-    int facache_rows;           /* block diffusion under DLLM_LACACHE_ON (CPU backend): block rows whose
-                                   layer-0 state over the committed cache a forward needed; 0 otherwise */
+    int facache_rows;           /* block diffusion under DLLM_LACACHE_ON: block rows whose layer-0 state over
+                                   the committed cache a forward needed; 0 otherwise (also on the GPU under
+                                   kv_quant, and for dllm_generate_batch's batched block-diffusion items) */
     int facache_rows_reused;    /* ... and of those, rows that reused it (token unchanged in the block) */
 } dllm_gen_stats;
 
@@ -511,9 +516,9 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * it; dllm_generate then decodes exactly as Fast-dLLM v2's official `generate` (block-diffusion.md):
  *   - block_length is the block B (default 32, the official default; gen_length a multiple of it; the
  *     official code floors gen_length / B instead), sub_block_length S (default 8) must divide it;
- *   - a prompt longer than B has its whole blocks prefilled once, block-causally, into a K/V cache of
- *     committed blocks; a prompt of L <= B tokens is part of the first block (L == B: the quirk of the
- *     official code, the first block is B masks forwarded without the prompt);
+ *   - a prompt longer than B has its whole blocks prefilled once, block-causally (Nemotron: causally, as its
+ *     commit forwards), into a K/V cache of committed blocks; a prompt of L <= B tokens is part of the first
+ *     block (L == B: the quirk of the official code, the first block is B masks forwarded without the prompt);
  *   - per block, sub-blocks left to right, each repeated until it has no mask: forward the block against
  *     the committed cache, shifted logits, commit the masked positions with p(x0) > tau plus the best one;
  *     tau = threshold under DLLM_UNMASK_THRESHOLD, else 1 (the official default: one token a step); steps
@@ -521,27 +526,28 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  *   - the finished block is forwarded once more to append its K/V; the argmax of its last logit row is
  *     the next block's first token (the AR seed); the generation stops once the stop token is committed
  *     with no mask before it (or is an AR seed).
- * Output: the official `generate` output after the prompt, up to n_blocks * B + 1 - (n_prompt mod B)
- * ids (gen_length + 1 when n_prompt is a multiple of B, because it ends with the last AR seed), so
- * out_capacity must be at least that; with stop_at_eos it ends before the first stop token, without
- * it just after it (as the official code truncates). Differences from the official code, all chosen:
- * fp32 forward and float64 softmax (the official runs bf16: there conf > 0.9 compares in bf16, see
- * block-diffusion.md), greedy only (temperature 0; the official top_p only acts at temperature > 0),
- * the prompt may not contain the mask id, and a step never predicts the mask id itself (the official
- * loop would never end if it did; a trained model gives it ~0 probability). Ties between equal
- * confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly). Options that do not apply to block diffusion (cfg, DPad,
- * kv_cache, Dream's samplers, EOS options) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run
- * it (the GPU's forward in BF16, so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's
- * plain forward without a cache: block-causal at the model's block, positions from 0, shift applied.
+ * Output: the official `generate` output after the prompt, up to n_blocks * B + 1 - (n_prompt mod B) ids
+ * (gen_length + 1 when n_prompt is a multiple of B, because it ends with the last AR seed), so out_capacity must be
+ * at least that; with stop_at_eos it ends before the first stop token, without it just after it (as the official
+ * code truncates). Differences from the official code, all chosen: fp32 forward and float64 softmax (the official
+ * runs bf16: there conf > 0.9 compares in bf16, see block-diffusion.md), greedy only (temperature 0; the official
+ * top_p only acts at temperature > 0), the prompt may not contain the mask id, and a step never predicts the mask
+ * id itself (the official loop would never end if it did; a trained model gives it ~0 probability). Ties between
+ * equal confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly).
+ * Options that do not apply to block diffusion (cfg, DPad, kv_cache, Dream's samplers, EOS options, the sampler
+ * filters top_k, top_p and min_p) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run it (the GPU's forward
+ * in BF16, so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's plain forward
+ * without a cache: block-causal at the granularity of the model's own forward (Fast-dLLM v2: 32, its default
+ * block_size argument; Nemotron: its block), positions from 0, shift applied.
  * lacache (DLLM_LACACHE_ON, the default) reuses, inside a block, layer 0's Q/K/V and its attention state over the
  * committed cache for every block row whose token did not change (LaCache's RoPECache and FACache); every mode
- * gives the same bits. The CPU backend runs it (stats: facache_rows, facache_rows_reused); the GPU's is written
- * but awaits a device run (README). */
+ * gives the same bits. Both backends run it (stats: facache_rows, facache_rows_reused); the GPU reuses the
+ * attention state only (its layer-0 Q/K/V GEMM computes every row), and not under kv_quant. */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
- * generation is at most that long, and with stop_at_eos often shorter); a smaller out_capacity is
- * DLLM_ERR_BUFFER_TOO_SMALL before any decoding, with nothing written and *n_out = gen_length. n_out and
- * stats may be NULL. dllm_generate_batch decodes several prompts together. */
+ * generation is at most that long, and with stop_at_eos often shorter; block diffusion: the bound above, up to
+ * gen_length + 1); a smaller out_capacity is DLLM_ERR_BUFFER_TOO_SMALL before any decoding, with nothing written
+ * and *n_out = the capacity needed. n_out and stats may be NULL. dllm_generate_batch decodes several prompts together. */
 DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
                                    int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);
 
@@ -563,29 +569,35 @@ typedef struct dllm_batch_result {
     char error[256];            /* "" when status is DLLM_OK, else the message (truncated)          */
 } dllm_batch_result;
 
-/* Decode n_items prompts together. Every item gets exactly what dllm_generate would give it alone: the same
- * tokens, from bit-identical logits, whatever the batch's other items, their lengths and their order.
+/* Decode n_items prompts together. Every item gets what dllm_generate would give it alone, whatever the batch's
+ * other items, their lengths and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
+ * GPU backend a batched item's logits are bit-identical to its batch of one's, not to dllm_generate's (whose forwards
+ * are tuned per row count), so its tokens equal dllm_generate's up to near-ties.
  *
- * Batched (CPU backend): items without a K/V cache on LLaDA and Dream models (the plain schedule, LLaDA's
- * low-confidence / random remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler
- * filters) decode in lock step, one forward over the rows of every active sequence per step (attention per
- * sequence, each at its own positions); a sequence that is done leaves the batch. Block-diffusion items (CPU
- * backend) decode together too: one forward per round over every live sequence's next forward, each over its own
- * committed K/V cache. Decoded one after another, as dllm_generate would (an INFO log says so): items with a
- * kv_cache, and every item on the GPU backend (for now).
+ * Batched on both backends: items on LLaDA and Dream models (the plain schedule, LLaDA's low-confidence / random
+ * remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler filters, a kv_cache) decode in
+ * lock step, one forward over the rows of every active sequence per step (attention per sequence, each at its own
+ * positions; items with a kv_cache in a second forward, each over its own K/V cache slots); a sequence that is done
+ * leaves the batch. Block-diffusion items decode together too: one forward per round over every live sequence's
+ * next forward, each over its own committed K/V cache. Decoded one after another instead, as dllm_generate would (an
+ * INFO log says why), on the GPU backend only: every item of a context running FP8 GEMMs under DLLM_BATCH_FP8=0,
+ * block-diffusion items under kv_quant or DLLM_BD_BATCH=0, and the kv_cache items (block diffusion: every item)
+ * when the device cannot hold their K/V cache slots.
  *
  * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
  * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.
  * A global failure (out of memory, a failing forward, a CUDA error) ends every item not finished yet with that
- * status. Returns DLLM_OK if every item succeeded, else the first failing item's status (in item order), whose
- * message dllm_last_error() and dllm_ctx_last_error() hold; results[i] says which items failed and why.
- * n_items = 0 does nothing and returns DLLM_OK (items and results may then be NULL).
+ * status; among the items decoded one after another only out of memory does, another error fails its item alone.
+ * Returns DLLM_OK if every item succeeded, else a global failure's status or the first failing item's (in item
+ * order), whose message dllm_last_error() and dllm_ctx_last_error() hold; results[i] says which items failed and
+ * why. n_items = 0 does nothing and returns DLLM_OK (items and results may then be NULL).
  *
  * batch_stats (may be NULL): n_prompt and n_generated summed over the items; steps and forwards count the
  * batched steps, each one forward whatever the number of sequences in it (CFG's unconditional canvas rides in
- * the same forward), i.e. the largest steps count of the batched items, plus the forwards of the items decoded
- * one after another (block diffusion: forwards the batched forwards, the most any item ran; steps the most steps
- * any item ran); wall_ms for the whole call. Batched block-diffusion items report facache_rows 0. */
+ * the same forward; a step with both plain and kv_cache items runs one of each, counted once), i.e. the largest
+ * steps count of the batched items, plus the steps and forwards of the items decoded one after another (block
+ * diffusion: forwards the batched forwards, the most any item ran; steps the most steps any item ran); wall_ms for
+ * the whole call; facache_rows 0. Batched block-diffusion items report facache_rows 0 too. */
 DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                          dllm_gen_stats *batch_stats);
 

@@ -5310,7 +5310,7 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (DLLM_KVQ_TC=1; device: kvq_split, kvq_n_splits): the bf16
+/* [KV quant] The key splits of the tensor-core attention (DLLM_KVQ_TC, on by default; device: kvq_split, kvq_n_splits): the bf16
  * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
  * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
  * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
@@ -5340,7 +5340,7 @@ static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int spli
     j0 = j1 = 0, quant = false;
 }
 
-/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, DLLM_KVQ_TC=1) as they compute it, up to
+/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, DLLM_KVQ_TC) as they compute it, up to
  * fp32 summation order and the device's ex2.approx: the CPU twin the GPU tests compare them with. Inputs as the device
  * holds them: layer l's codes in q; `cache` [rows][2 kvd] the bf16 K|V rows (as floats) that the sinks and the rows
  * from n_committed on are read from; queries x [q_rows][q_stride] (bf16 values, head h at h * hd); out [q_rows][n_head
@@ -11687,7 +11687,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
 //          [step graphs]; the [batch] forward, its K/V-cache step and the batched block-diffusion forward
-//          (bd_forward_batch, DLLM_BD_BATCH=1)
+//          (bd_forward_batch; DLLM_BD_BATCH=0 turns it off)
 //          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
@@ -11706,8 +11706,9 @@ enum dllm__wformat {
     DLLM__W_E4M3_BLOCK = 1,  // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                              // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
     DLLM__W_Q4 = 2,          // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-                             // scales [n][ceil(k / 16)]), an fp32 row scale each: dequantised to their BF16 values C, then
-                             // cuBLASLt with an fp32 epilogue applying the row and token scales
+                             // scales [n][ceil(k / 16)]), an fp32 row scale each: q4_gemm on few rows, else the INT8 GEMM
+                             // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
+                             // (dllm__gpu_backend::gemm_q4)
 };
 enum dllm__aformat {
     DLLM__A_BF16 = 0,        // bf16 rows [M x k]
@@ -11851,7 +11852,7 @@ struct dllm__kvq_kernels {
     dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
     dllm__kernel<dllm__sig_kvq_attention> attention;
 };
-/* DLLM_KVQ_TC=1: the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* DLLM_KVQ_TC (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_kvq_flash> flash;
@@ -12576,7 +12577,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_kv_unsupported() const;
     dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
-    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH=1): its slots and its forward
+    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH): its slots and its forward
     const char *bd_batch_unsupported() const;
     dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
@@ -12833,7 +12834,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_, kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC=1: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
     dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
     bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
@@ -13590,8 +13591,8 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
 // lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8=1: unverified on a
-// device) an E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
+// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8, on by default) an
+// E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
@@ -13685,7 +13686,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
     return DLLM_OK;
 }
 
-/* [batch graphs] forward_varlen as a CUDA graph under DLLM_BATCH_GRAPHS=1 (unverified on a device): a batch steps many
+/* [batch graphs] forward_varlen as a CUDA graph (DLLM_BATCH_GRAPHS, on by default): a batch steps many
  * times through one layout (the same sequences, rows and positions within a block; only the token ids change, and they
  * reach act_.canvas by prepare_batch's copy before each forward), so its ~10 launches a layer are replayed from one
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
@@ -13854,17 +13855,18 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     return DLLM_OK;
 }
 
-// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; DLLM_BD_BATCH=1) --------------
+// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; DLLM_BD_BATCH) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
 // (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
 // block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each row's
-// position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
+// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
+// row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
-// flash_attn with attn_args' varlen_masks: no split-KV, one tile shape whatever the batch). So a sequence's logits and
-// choices are bit-identical whatever else is in the batch, a batch of one included (not the solo bd_forward's bits: that
-// one tunes its GEMMs per row count, splits the keys and runs [FACache]'s split attention on layer 0; under call.lacache
-// this path reuses nothing and counts no row in bd_facache_rows). Unverified on a device: off unless DLLM_BD_BATCH=1.
+// flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
+// and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
+// of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
+// [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
+// bd_facache_rows). On by default; DLLM_BD_BATCH=0 turns it off.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -14356,7 +14358,7 @@ static std::string dllm__src_kvq_module() {
 }
 static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target}; }
 
-/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC=1): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
+/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
  * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
  * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
  * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
@@ -14482,7 +14484,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
 
-/* DLLM_KVQ_TC=1: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
+/* DLLM_KVQ_TC: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
  * dim it does not take keeps kvq_attention (a warning says why). */
 dllm_status dllm__gpu_backend::kvq_tc_begin() {
     const dllm__config &c = m_.cfg;
@@ -15335,6 +15337,7 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
         {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
         {p.logits_eos_inf != 0, "logits_eos_inf"},
         {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
@@ -15345,6 +15348,16 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
+}
+
+/* The most ids block diffusion writes after a prompt of n_prompt ids (gen_length a multiple of block B): the official
+ * output up to the last AR seed, gen_length + 1 when n_prompt is a multiple of B. */
+static int dllm__bd_max_out(int gen_length, int B, int n_prompt) { return gen_length / B * B + 1 - n_prompt % B; }
+
+/* The output capacity a generation needs: what BUFFER_TOO_SMALL reports in *n_out (validated parameters). */
+static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p) {
+    const bool bd = dllm__is_block_diffusion(ctx.model->cfg) && p.block_length > 0;
+    return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
 static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
@@ -15359,7 +15372,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     if (plan.S <= 0 || plan.B % plan.S)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S, p.sub_block_length ? "" : " (the default)", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
-    plan.max_out = plan.n_blocks * plan.B + 1 - n_prompt % plan.B;
+    plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
     if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt, p.gen_length,
                           ctx.max_tokens);
@@ -15819,7 +15832,7 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
     m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
     dllm_status s = dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
     if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;  // the size needed, as dllm_generate reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
         dllm__batch_set_status(r, s);
         return false;
     }
@@ -15850,7 +15863,7 @@ static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items
  * steps and forwards count in the batch's. */
 static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm_gen_stats &stats) {
     dllm_status s = dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
-    if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;
+    if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);
     dllm__batch_set_status(r, s);
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
@@ -15885,7 +15898,7 @@ static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_
     m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
     dllm_status s = dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
     if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = it.params.gen_length;  // the size needed, as dllm_generate reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
         dllm__batch_set_status(r, s);
         return false;
     }
@@ -16040,7 +16053,16 @@ static bool dllm__gpu_usable(int device, std::string &why) {
         why = dllm__format("CUDA device %d requested but %d device(s) present", device, n);
         return false;
     }
-    // A GPU without the libraries is no GPU for dllm: AUTO then runs the CPU backend, GPU says why.
+    // A GPU older than sm_80 (no bf16 mma, no cp.async) or without the libraries is no GPU for dllm: AUTO then runs
+    // the CPU backend, GPU says why.
+    int major = 8, minor = 0;  // a query that fails leaves the check to the backend's init
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaGetLastError();
+    if (major < 8) {
+        why = dllm__format("CUDA device %d has compute capability %d.%d; dllm's GPU backend needs 8.0 or newer", device, major, minor);
+        return false;
+    }
     if (dllm__load_nvrtc() != DLLM_OK || dllm__load_cublaslt() != DLLM_OK) {
         why = dllm__tls_error;
         return false;
@@ -16375,7 +16397,7 @@ dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dl
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate: ctx is NULL");
         dllm_status s = dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out) *n_out = params.gen_length;  // the size needed, as dllm_tokenize reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out) *n_out = dllm__out_needed(*ctx, n_prompt, params);  // the size needed, as dllm_tokenize reports it
         return s;
     });
 }

@@ -150,6 +150,8 @@ static void test_bdi_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, co
               cs[6].stats_alone.forwards, cs[2].stats_alone.forwards);
     CHECK(cs[7].status_alone == DLLM_ERR_CANCELLED && cs[7].alone.n_steps == 3);
     CHECK(cs[8].status_alone == DLLM_ERR_UNSUPPORTED && cs[9].status_alone == DLLM_ERR_BUFFER_TOO_SMALL);
+    CHECK_MSG(cs[9].n_alone == cs[9].out_capacity + 1, "%s: BUFFER_TOO_SMALL says %d ids are needed, the bound is %d", name, cs[9].n_alone,
+              cs[9].out_capacity + 1);  // the batch's n_out must equal it: test_bdi_check_batch
     std::vector<size_t> order(cs.size());
     int max_forwards = 0, max_steps = 0, sum_forwards = 0;
     for (size_t i = 0; i < cs.size(); i++) {

@@ -380,6 +380,9 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.kv_cache = DLLM_KV_CACHE_DUAL; }), DLLM_ERR_UNSUPPORTED, "kv_cache");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.unmask = DLLM_UNMASK_FACTOR; }), DLLM_ERR_UNSUPPORTED, "unmask");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.dpad = DLLM_DPAD_UNIFORM; }), DLLM_ERR_UNSUPPORTED, "DPad");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_k = 5; }), DLLM_ERR_UNSUPPORTED, "top_k");  // greedy: no filter may be ignored silently
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_p = 0.9f; }), DLLM_ERR_UNSUPPORTED, "top_p");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.min_p = 0.05f; }), DLLM_ERR_UNSUPPORTED, "min_p");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.sub_block_length = 12; }), DLLM_ERR_INVALID_ARGUMENT, "must divide block_length");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.gen_length = 40; }), DLLM_ERR_INVALID_ARGUMENT, "multiple of block_length");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.unmask = DLLM_UNMASK_THRESHOLD; g.threshold = 1.5; }), DLLM_ERR_INVALID_ARGUMENT, "threshold");
@@ -390,6 +393,15 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     CHECK_STATUS(gen([](dllm_gen_params &) {}, 28), DLLM_OK, nullptr);
     prompt.assign(32, 9);
     CHECK_STATUS(gen([](dllm_gen_params &) {}, 32, 32), DLLM_ERR_BUFFER_TOO_SMALL, "writes up to 33 ids");
+    {  // *n_out is the capacity needed (33, not gen_length), so a caller that resizes to it succeeds
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32;
+        int need = -1, n = -1;
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), 32, gp, out.data(), 32, &need, nullptr), DLLM_ERR_BUFFER_TOO_SMALL, nullptr);
+        CHECK_MSG(need == 33, "BUFFER_TOO_SMALL reported %d ids needed, the bound is 33", need);
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), 32, gp, out.data(), need, &n, nullptr), DLLM_OK, nullptr);
+        CHECK(n >= 0 && n <= need);
+    }
     prompt[3] = 155;
     CHECK_STATUS(gen([](dllm_gen_params &) {}, 33, 32), DLLM_ERR_INVALID_ARGUMENT, "mask id");
     dllm_ctx_free(ctx);

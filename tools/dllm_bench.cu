@@ -6,8 +6,8 @@
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
- *                                          bursts and sustained (power-capped); then its 256- and 128-wide tiles at
- *                                          M = 32, 128, 512 and 2048
+ *                                          bursts and sustained (power-capped); then its 256-, 128- and 64-wide tiles
+ *                                          at M = 32, 128, 512 and 2048
  *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --int8-gemm-only      the INT8 GEMM path (SoloQ-I/C, more than 64 rows) against cuBLASLt BF16, FP8 and
