@@ -434,7 +434,8 @@ typedef struct dllm_step_info {
     int step;                     /* step within the block, 0-based                                */
     int steps_per_block;          /* 0 under threshold/factor decoding (data-dependent)            */
     int global_step;              /* steps done so far in this generation, this one included       */
-    int total_steps;              /* upper bound under threshold/factor decoding (one per token)   */
+    int total_steps;              /* upper bound under threshold/factor decoding (one per mask: the
+                                     generation's and the prompt's)                                */
     int n_committed;              /* positions unmasked by this step                              */
     const int32_t *committed_pos; /* their canvas positions, ascending                             */
     const int32_t *canvas;        /* the whole canvas after the step: prompt ++ generation         */
@@ -534,11 +535,12 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * top_p only acts at temperature > 0), the prompt may not contain the mask id, and a step never predicts the mask
  * id itself (the official loop would never end if it did; a trained model gives it ~0 probability). Ties between
  * equal confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly).
- * Options that do not apply to block diffusion (cfg, DPad, kv_cache, Dream's samplers, EOS options, the sampler
- * filters top_k, top_p and min_p) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run it (the GPU's forward
- * in BF16, so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's plain forward
- * without a cache: block-causal at the granularity of the model's own forward (Fast-dLLM v2: 32, its default
- * block_size argument; Nemotron: its block), positions from 0, shift applied.
+ * Options that do not apply to block diffusion (cfg, DPad, kv_cache, Dream's samplers, the EOS options
+ * logits_eos_inf, confidence_eos_eot_inf, early_stop, eos_id and eot_id (it stops at stop_id), the sampler filters
+ * top_k, top_p and min_p) are rejected with DLLM_ERR_UNSUPPORTED. Both backends run it (the GPU's forward in BF16,
+ * so its tokens equal the CPU's up to near-ties). dllm_logits on these models is the model's plain forward without
+ * a cache: block-causal at the granularity of the model's own forward (Fast-dLLM v2: 32, its default block_size
+ * argument; Nemotron: its block), positions from 0, shift applied.
  * lacache (DLLM_LACACHE_ON, the default) reuses, inside a block, layer 0's Q/K/V and its attention state over the
  * committed cache for every block row whose token did not change (LaCache's RoPECache and FACache); every mode
  * gives the same bits. Both backends run it (stats: facache_rows, facache_rows_reused); the GPU reuses the

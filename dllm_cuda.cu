@@ -11372,7 +11372,6 @@ struct dllm__gemm {
         cudaEventDestroy(t0);
         cudaEventDestroy(t1);
         cudaGetLastError();
-        dllm__tls_error.clear();
         return ok ? total / 3 : INFINITY;
     }
     /* Times the candidates on the real operands and keeps the fastest: cuBLASLt's, then gemm_wg where it fits. */
@@ -15211,7 +15210,13 @@ struct dllm__generation {
     int block = 0, step_in_loop = 0;  // the block being decoded and the steps it has run
     bool done = false;                // every block decoded (or early_stop)
 
-    int total_steps() const { return plan.steps_per_block ? plan.n_blocks * plan.steps_per_block : p.gen_length; }
+    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
+    int total_steps() const {
+        if (plan.steps_per_block) return plan.n_blocks * plan.steps_per_block;
+        int prompt_masks = 0;
+        for (int i = 0; i < st.n_prompt; i++) prompt_masks += st.is_prompt[(size_t)i] == 0;
+        return p.gen_length + prompt_masks;
+    }
 
     /* Threshold/factor commit at least one candidate per step, so a block ends within its masks' count of steps
      * (plus the prompt's masks); the bound only guards against a bug. */
@@ -15338,6 +15343,7 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
         {p.logits_eos_inf != 0, "logits_eos_inf"},
         {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
         {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
+        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id (block diffusion stops at stop_id)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
@@ -15623,9 +15629,10 @@ struct dllm__bd_generation {
         }
     }
 
-    /* The generated ids, truncated at the first stop token (kept without stop_at_eos, as the official output). */
-    int emit(bool stop_at_eos, int32_t *out) const {
-        int s = first_stop(n_prompt), end = s < 0 ? (int)x.size() : stop_at_eos ? s : s + 1;
+    /* The generated ids: a finished generation's truncated at the first stop token (kept without stop_at_eos, as the
+     * official output); a cancelled or failed one's the canvas so far, whatever it holds (dllm_step_fn). */
+    int emit(bool finished, bool stop_at_eos, int32_t *out) const {
+        int s = finished ? first_stop(n_prompt) : -1, end = s < 0 ? (int)x.size() : stop_at_eos ? s : s + 1;
         for (int i = n_prompt; i < end; i++) out[i - n_prompt] = x[(size_t)i];
         return end - n_prompt;
     }
@@ -15634,7 +15641,7 @@ struct dllm__bd_generation {
 /* A finished (or failed, or cancelled) block-diffusion generation's output and stats; facache: the backend's [FACache]
  * row counts since bd_begin, where it has them for this generation (a batched one: 0, the backend counts no slot). */
 static void dllm__bd_result(const dllm__bd_generation &g, dllm_status status, int32_t *out, int *n_out, dllm_gen_stats *stats, double t0, bool facache) {
-    int n = g.emit(status == DLLM_OK && g.p.stop_at_eos != 0, out);
+    int n = g.emit(status == DLLM_OK, g.p.stop_at_eos != 0, out);  // not finished: the canvas so far, uncut
     if (n_out) *n_out = n;
     if (!stats) return;
     stats->n_prompt = g.n_prompt;
@@ -16120,6 +16127,9 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
 
 template <class F>
 static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
+    // dllm_last_error is the last *failing* call's detail: a call that succeeds leaves it as it was, though a failure
+    // it recovered from inside (a GEMM candidate that failed its timing, a kernel that fell back) recorded its own.
+    const std::string earlier_error = dllm__tls_error;
     dllm_status st;
     try {
         st = body();
@@ -16130,7 +16140,8 @@ static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     } catch (...) {
         st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception");
     }
-    if (st != DLLM_OK && ctx) ctx->last_error = dllm__tls_error;
+    if (st == DLLM_OK) dllm__tls_error = earlier_error;
+    else if (ctx) ctx->last_error = dllm__tls_error;
     return st;
 }
 

@@ -103,6 +103,38 @@ TEST(api, bad_generation_params) {
     dllm_model_free(m);
 }
 
+/* dllm_last_error is the detail of the last call that failed: calls that succeed after it leave it, though inside them
+ * a failure may have been recovered from (AUTO's backend choice, a GEMM candidate failing its timing on the GPU, a
+ * batch whose items decode one after another). */
+TEST(api, last_error_is_kept_by_calls_that_succeed) {
+    dllm_model *bad = nullptr;
+    CHECK_STATUS(dllm_model_load("/nonexistent/dllm-model", dllm_model_default_params(), &bad), DLLM_ERR_IO, nullptr);
+    const std::string failure = dllm_last_error();
+    CHECK(!failure.empty());
+    auto kept = [&](const char *after) { CHECK_MSG(failure == dllm_last_error(), "after %s: \"%s\", want \"%s\"", after, dllm_last_error(), failure.c_str()); };
+    for (const char *name : {"tiny-llada", "tiny-fast-dllm-v2"}) {
+        dllm_model *m = test_load(test_data(name));
+        if (!m) { CHECK(m != nullptr); return; }
+        kept("dllm_model_load");
+        dllm_ctx *ctx = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, dllm_ctx_default_params(), &ctx), DLLM_OK, nullptr);  // AUTO: the GPU where usable
+        kept("dllm_ctx_create");
+        const int32_t prompt[] = {1, 2, 3, 4, 5};
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32, gp.steps = 8, gp.block_length = 32;
+        int32_t out[2][33];
+        CHECK_STATUS(dllm_generate(ctx, prompt, 5, gp, out[0], 33, nullptr, nullptr), DLLM_OK, nullptr);
+        kept("dllm_generate");
+        dllm_batch_item items[2] = {{prompt, 5, gp, out[0], 33}, {prompt, 3, gp, out[1], 33}};
+        dllm_batch_result results[2];
+        CHECK_STATUS(dllm_generate_batch(ctx, items, 2, results, nullptr), DLLM_OK, nullptr);
+        kept("dllm_generate_batch");
+        CHECK(strcmp(dllm_ctx_last_error(ctx), "") == 0);
+        dllm_ctx_free(ctx);
+        dllm_model_free(m);
+    }
+}
+
 TEST(api, gpu_backend_without_gpu_is_a_clear_error) {
     std::string why;
     if (dllm__gpu_usable(0, why)) SKIP("a GPU is present");

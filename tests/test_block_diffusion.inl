@@ -335,6 +335,55 @@ TEST(block_diffusion, stop_at_eos_drops_the_stop_token) {
     dllm_model_free(m);
 }
 
+/* A cancelled generation's output is the canvas so far (dllm_step_fn), alone and in a batch, even where it holds a
+ * committed stop token (a finished one's output ends there). */
+struct test_bd_cancel_trace {
+    std::vector<int32_t> generated;  // the canvas after the prompt, at the cancelling step
+};
+static int test_bd_cancel_at_first_step(const dllm_step_info *info, void *user_data) {
+    ((test_bd_cancel_trace *)user_data)->generated.assign(info->canvas + info->prompt_len, info->canvas + info->canvas_len);
+    return 1;
+}
+
+TEST(block_diffusion, cancelled_output_is_the_canvas_so_far) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    dllm_model_info info;
+    CHECK_STATUS(dllm_model_get_info(m, &info), DLLM_OK, nullptr);
+    const int32_t prompt[] = {3, 17, 42, 9, 11, 23};
+    int32_t stop = -1;  // then a token the first step committed: a stop token inside the cancelled canvas
+    for (int pass = 0; pass < 2; pass++)
+        for (int stop_at_eos = 0; stop_at_eos < 2; stop_at_eos++)
+            for (int batched = 0; batched < 2; batched++) {
+                test_bd_cancel_trace trace;
+                dllm_gen_params gp = dllm_gen_default_params();
+                gp.gen_length = 32, gp.stop_id = stop, gp.stop_at_eos = stop_at_eos;
+                gp.on_step = test_bd_cancel_at_first_step, gp.on_step_data = &trace;
+                std::vector<int32_t> out(64, -7);
+                int n = -1;
+                dllm_status s;
+                if (batched) {
+                    const dllm_batch_item item = {prompt, 6, gp, out.data(), 64};
+                    dllm_batch_result r;
+                    s = dllm_generate_batch(ctx, &item, 1, &r, nullptr);
+                    n = r.n_out;
+                } else {
+                    s = dllm_generate(ctx, prompt, 6, gp, out.data(), 64, &n, nullptr);
+                }
+                out.resize((size_t)std::max(n, 0));
+                CHECK_MSG(s == DLLM_ERR_CANCELLED && !trace.generated.empty() && out == trace.generated,
+                          "stop id %d, stop_at_eos %d%s: %s, %d ids, the canvas after the prompt has %zu", stop, stop_at_eos, batched ? ", batched" : "",
+                          dllm_status_str(s), n, trace.generated.size());
+                if (pass == 0)
+                    for (int32_t id : trace.generated)
+                        if (id != info.mask_id && stop < 0) stop = id;
+            }
+    CHECK_MSG(stop >= 0, "the first step committed nothing after the prompt");
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
 // ---- API: backend choice and validation ------------------------------------------------------------------
 
 /* Block diffusion runs on either backend: a GPU context where there is a GPU (a clear "no device" error elsewhere), and
@@ -383,6 +432,8 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_k = 5; }), DLLM_ERR_UNSUPPORTED, "top_k");  // greedy: no filter may be ignored silently
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_p = 0.9f; }), DLLM_ERR_UNSUPPORTED, "top_p");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.min_p = 0.05f; }), DLLM_ERR_UNSUPPORTED, "min_p");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.eos_id = 10; }), DLLM_ERR_UNSUPPORTED, "stop_id");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.eot_id = 99999; }), DLLM_ERR_UNSUPPORTED, "stop_id");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.sub_block_length = 12; }), DLLM_ERR_INVALID_ARGUMENT, "must divide block_length");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.gen_length = 40; }), DLLM_ERR_INVALID_ARGUMENT, "multiple of block_length");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.unmask = DLLM_UNMASK_THRESHOLD; g.threshold = 1.5; }), DLLM_ERR_INVALID_ARGUMENT, "threshold");

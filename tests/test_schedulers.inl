@@ -63,6 +63,41 @@ TEST(schedulers, threshold_one_and_tiny_factor_equal_one_token_per_step) {
     CHECK(thr.stats.steps == 32 && thr.stats.forwards == 32 && fac.stats.steps == 32);
 }
 
+/* dllm_step_info.total_steps bounds global_step under threshold/factor decoding, the prompt's masks included: at one
+ * token a step (tau = 1, a vanishing factor) the bound is met exactly, alone and in a batch. */
+static int test_sched_check_bound(const dllm_step_info *info, void *user_data) {
+    int *worst = (int *)user_data;  // [0]: the most global_step exceeded total_steps by, [1]: the last total_steps
+    worst[0] = std::max(worst[0], info->global_step - info->total_steps), worst[1] = info->total_steps;
+    return 0;
+}
+
+TEST(schedulers, total_steps_bounds_every_step_with_masks_in_the_prompt) {
+    test_tiny_ctx t("models/tiny-llada");
+    if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
+    dllm_model_info info;
+    CHECK_STATUS(dllm_model_get_info(t.model, &info), DLLM_OK, nullptr);
+    const int32_t prompt[] = {32, info.mask_id, 302, info.mask_id, 1259};
+    for (dllm_unmask rule : {DLLM_UNMASK_THRESHOLD, DLLM_UNMASK_FACTOR})
+        for (int batched = 0; batched < 2; batched++) {
+            dllm_gen_params p = test_sched_params();
+            p.gen_length = 16, p.unmask = rule, p.threshold = 1.0, p.factor = 1e-9;
+            int worst[2] = {INT32_MIN, -1};
+            p.on_step = test_sched_check_bound, p.on_step_data = worst;
+            std::vector<int32_t> out(16);
+            dllm_gen_stats stats = {};
+            if (batched) {
+                const dllm_batch_item item = {prompt, 5, p, out.data(), 16};
+                dllm_batch_result r;
+                CHECK_STATUS(dllm_generate_batch(t.ctx, &item, 1, &r, nullptr), DLLM_OK, nullptr);
+                stats = r.stats;
+            } else {
+                CHECK_STATUS(dllm_generate(t.ctx, prompt, 5, p, out.data(), 16, nullptr, &stats), DLLM_OK, nullptr);
+            }
+            CHECK_MSG(worst[0] == 0 && worst[1] == 18 && stats.steps == 18, "rule %d%s: global_step passed total_steps by %d (total %d, %d steps)",
+                      (int)rule, batched ? " batched" : "", worst[0], worst[1], stats.steps);
+        }
+}
+
 TEST(schedulers, threshold_and_factor_finish_every_block_in_fewer_steps) {
     test_tiny_ctx t("models/tiny-llada");
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
