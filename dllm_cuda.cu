@@ -16129,7 +16129,8 @@ template <class F>
 static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     // dllm_last_error is the last *failing* call's detail: a call that succeeds leaves it as it was, though a failure
     // it recovered from inside (a GEMM candidate that failed its timing, a kernel that fell back) recorded its own.
-    const std::string earlier_error = dllm__tls_error;
+    std::string earlier_error;
+    earlier_error.swap(dllm__tls_error);  // swaps allocate nothing: allocation-failure injection reaches only the body
     dllm_status st;
     try {
         st = body();
@@ -16140,7 +16141,7 @@ static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     } catch (...) {
         st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception");
     }
-    if (st == DLLM_OK) dllm__tls_error = earlier_error;
+    if (st == DLLM_OK) dllm__tls_error.swap(earlier_error);
     else if (ctx) ctx->last_error = dllm__tls_error;
     return st;
 }
