@@ -441,7 +441,8 @@ typedef struct dllm_step_info {
     const int32_t *canvas;        /* the whole canvas after the step: prompt ++ generation         */
     int canvas_len;
     int prompt_len;
-    int n_masked;                 /* masks left in the generated part                              */
+    int n_masked;                 /* masks left in the generated part (block diffusion: in the canvas
+                                     so far, whose later blocks are not appended yet)              */
 } dllm_step_info;
 
 /* Called after every step. Return 0 to continue, nonzero to cancel (dllm_generate then returns
