@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build.sh - builds dllm's programs and tests with nvcc; no GPU is needed to build or to run the CPU tests.
 #
-#   ./build.sh          build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-quantize, dllm-test, dllm-bench and the shared
+#   ./build.sh          regenerate dllm_cuda.cu from src/ (tools/amalgamate.py) when a source changed, then
+#                       build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-quantize, dllm-test, dllm-bench and the shared
 #                       library build/libdllm.so with its pkg-config file build/dllm.pc; only what is older than
 #                       its sources (or build.sh) is rebuilt, so a second run on an unchanged tree does nothing
 #   ./build.sh run [PROMPT]  build what changed, then run the main job: the embedded default model
@@ -39,6 +40,17 @@ DEFAULT_MODEL=models/tiny-llada
 die() { echo "build.sh: $*" >&2; exit 1; }
 
 [ -x "$NVCC" ] || die "nvcc not found at $NVCC (set CUDA_HOME)"
+
+# dllm_cuda.cu, the file users copy, is generated from the development tree src/ (tools/amalgamate.py rewrites it only
+# when its text changes, so an unchanged tree rebuilds nothing). Without python3 the checked-in file is used as it is.
+amalgamate() {
+    if command -v python3 >/dev/null; then
+        python3 tools/amalgamate.py || die "generating dllm_cuda.cu from src/ failed"
+    else
+        echo "build.sh: python3 not found: building the checked-in dllm_cuda.cu, not src/" >&2
+    fi
+}
+amalgamate
 
 # stale TARGET SOURCE...: true when TARGET is missing or older than a source (build.sh counts as a source of
 # everything: a flag change rebuilds). DLLM_REBUILD=1 makes everything stale.

@@ -47,18 +47,19 @@ TEST(backend, kernel_table_matches_the_compiled_kernels) {
     CHECK(checked > 0);  // a kernel missing from the PTX fails its own check above
 }
 
-/* The #line prefix: a compile error names a line of dllm_cuda.cu, not of the joined source string. */
-TEST(backend, kernel_errors_name_lines_of_dllm_cuda_cu) {
-    const int line = __LINE__ + 1;
-    static const char *broken = DLLM__SOURCE_LINE R"DLLM(
-extern "C" __global__ void k(int *x) { x[0] = undefined_name; }
-)DLLM";
-    dllm__jit_request rq = {"broken_line", dllm__src_prelude() + broken, {"k"}, "sm_80"};
+/* The #line directives of the amalgamation: a compile error in a kernel file names that file of src/kernels/ and the
+ * line (here one past the file's last, where the broken line is appended). */
+TEST(backend, kernel_errors_name_lines_of_their_src_kernels_file) {
+    const std::string fp8 = dllm__src_fp8;  // the row-wise module's last source
+    CHECK(fp8.rfind("\n#line 1 \"src/kernels/fp8.cuh\"\n", 0) == 0);
+    const int file_lines = (int)std::count(fp8.begin(), fp8.end(), '\n') - 2;  // less the blank line and the #line
+    dllm__jit_request rq = dllm__module_rowwise(dllm__arch_for(80));
+    rq.source += "extern \"C\" __global__ void k(int *x) { x[0] = undefined_name; }\n";
     std::vector<char> cubin;
     std::vector<std::string> lowered;
     std::string log;
     CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_ERR_JIT, "undefined_name");
-    const std::string want = dllm__format("dllm_cuda.cu(%d)", line + 1);
+    const std::string want = dllm__format("src/kernels/fp8.cuh(%d)", file_lines + 1);
     CHECK_MSG(log.find(want) != std::string::npos, "the log does not name %s:\n%s", want.c_str(), log.c_str());
 }
 

@@ -1,0 +1,634 @@
+/* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
+
+// ---------------------------------------------------------------------------------------------------
+// 16.4 The backend
+// ---------------------------------------------------------------------------------------------------
+
+/* [bd graphs] A block-diffusion step forward (16.4.3) replayed as a CUDA graph. A block runs many forwards of one shape
+ * (only the block's ids change, and they reach the device by a copy before the replay), and the next block the same
+ * shapes again over a longer committed cache (only kernel arguments change: the graph is updated in place). A graph is
+ * held per slot: `slot` names what fixes its kernels, their grids and the arguments constant for a generation (kind,
+ * rows, sub-block offset, mask, output rows, whether a committed cache exists: layer 0's attention path, the split-KV
+ * count, the device token choice's rows and sampling); `baked` adds what changes from block to block (the committed
+ * length and the block cache's rows, the sampled rows' position) and the device buffers the graph points into. */
+struct dllm__graph_id {
+    std::string slot, baked;
+};
+static dllm__graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
+                                            const std::string &buffers) {
+    dllm__graph_id id;
+    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0,
+                           kv_splits);
+    if (pick) {
+        const dllm__sampling &s = pick->sampling;
+        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n, pick->lrow0, pick->shift0,
+                                s.temperature, (int)s.remasking, (int)s.tempered_conf, s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf,
+                                (int)s.defer_eos_eot, s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
+    }
+    id.baked = id.slot + dllm__format(" | n%d b%d p%d ", n_committed, block_rows, pick ? pick->pos0 : -1) + buffers;
+    return id;
+}
+
+/* A forward replayed as a CUDA graph ([bd graphs], [batch graphs]): one executable graph per slot. What one forward of
+ * a slot does: the slot's first forward runs eagerly (cuBLASLt's and the modules' one-time work stay outside any
+ * capture), the next is captured and instantiated; later ones replay it when it baked in the same, else are captured
+ * again and update it in place (re-instantiated where CUDA refuses the update). */
+enum dllm__graph_action { DLLM__GRAPH_EAGER, DLLM__GRAPH_REPLAY, DLLM__GRAPH_UPDATE, DLLM__GRAPH_INSTANTIATE };
+struct dllm__graph_slot {
+    cudaGraphExec_t exec = nullptr;  // destroyed by its owner (dllm__gpu_backend)
+    std::string baked;
+    bool warmed = false;
+    bool eager_only = false;  // a capture failed: the slot's forwards run eagerly (bd_replay warns once)
+};
+static dllm__graph_action dllm__graph_next(dllm__graph_slot &g, const dllm__graph_id &id) {
+    if (!g.warmed || g.eager_only) {
+        g.warmed = true;
+        return DLLM__GRAPH_EAGER;
+    }
+    if (g.exec && g.baked == id.baked) return DLLM__GRAPH_REPLAY;
+    const dllm__graph_action a = g.exec ? DLLM__GRAPH_UPDATE : DLLM__GRAPH_INSTANTIATE;
+    g.baked = id.baked;  // what the capture about to run bakes in
+    return a;
+}
+static const size_t dllm__graph_slots = 64;  // a context's captured forwards of one kind at most (all dropped past it)
+/* A context's captured forwards of one kind: the slots by dllm__graph_id::slot, what each forward did and the updates
+ * CUDA refused (the tests read both), and the once-a-context log lines. */
+struct dllm__graph_set {
+    const char *what;  // the kind of forward, for the log: "a batched forward"
+    std::map<std::string, dllm__graph_slot> slots;
+    int64_t counts[4] = {};  // forwards by dllm__graph_action
+    int64_t refusals = 0;    // in-place updates CUDA refused (capture_graph)
+    bool warned_eager = false, logged_refusal = false;
+    explicit dllm__graph_set(const char *kind) : what(kind) {}
+};
+
+struct dllm__stage_timer;
+
+class dllm__gpu_backend : public dllm__backend_impl {
+  public:
+    static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
+        std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
+        g->precision_ = p.precision;
+        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
+        g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
+        g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
+        DLLM__TRY(g->init(p.device));
+        out = std::move(g);
+        return DLLM_OK;
+    }
+    ~dllm__gpu_backend() override {
+        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        graphs_drop(bd_graphs_);
+        graphs_drop(varlen_graphs_);
+        if (stream_) cudaStreamDestroy(stream_);
+        if (host_pinned_) cudaFreeHost(host_pinned_);
+    }
+
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override;
+    dllm_status begin(dllm__decode &st) override;
+    dllm_status begin_block(dllm__decode &st) override;
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override;
+    dllm_status finish(dllm__decode &st) override;
+    // block diffusion (16.4.3)
+    dllm_status bd_begin(int rows) override;
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
+    bool bd_chooses() const override { return !bd_host_choice_; }
+    dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bdfa_rows_seen_, reused = bdfa_rows_reused_; }
+    // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
+    dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
+    /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
+    const char *batch_unsupported() const;
+    // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
+    const char *batch_kv_unsupported() const;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
+    dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
+    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH): its slots and its forward
+    const char *bd_batch_unsupported() const;
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
+    dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
+    /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
+    dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
+        return dllm__kv_layout_of(m_.cfg, plan, bkv_base_, bkv_rows_, max_tokens_, v);
+    }
+    /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
+     * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
+     * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
+    template <class F>
+    dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
+        DLLM__TRY(prepare_batch(v));
+        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
+        dllm_status s = forward_varlen_replayed(v);
+        const dllm__config &c = m_.cfg;
+        for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
+            const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
+            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows, DLLM__ROWS_BATCH, CUDA_R_32F);
+            if (s == DLLM_OK) s = on_chunk(c0, rows);
+        }
+        batch_on_ = false;
+        return s;
+    }
+    dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out);
+    // [batch] the token choice of a batched step on the device
+    bool batch_chooses() const override { return !batch_unsupported(); }
+    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) override;
+    /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
+     * host), and the other sequences' logits copied to the host as batch_logits_to_host does. */
+    dllm_status batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
+    dllm_status choose_in_chunks(const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling, const std::vector<dllm_step_state> &states,
+                                 const std::vector<int> &raw0, int n_chosen, const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of,
+                                 float *raw, dllm__choice *choices);
+
+    // [debug hooks] what tests and benchmarks read (16.5)
+    DLLM__TEST_HOOKS_BEGIN
+    DLLM__TEST_HOOK const dllm__arch &arch() const { return arch_; }
+    DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
+    /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
+    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return bch_rows_; }
+    /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
+    DLLM__TEST_HOOK bool fp8_ffn_active() const { return W_->fp8_ffn; }
+    DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
+    /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
+    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
+    /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 + 64 where all loaded, 0 where none (cuBLASLt's
+     * pinned). */
+    DLLM__TEST_HOOK int batch_gemm_widths() const {
+        return (gemm_wg_n64_.kernel.fn ? 64 : 0) + (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0);
+    }
+    /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
+     * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
+    DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
+    /* [FACache] Layer 0 through flash_attn instead of the split attention: what the split one is compared with. */
+    DLLM__TEST_HOOK void bd_split_attention(bool on) { bdfa_off_ = !on; }
+    /* The shared device weights this context reads. */
+    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *W_; }
+    /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
+    dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
+     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    template <class F>
+    dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
+        dllm__forward_plan plan;
+        dllm__seq_rows r;
+        r.seq = n, r.q0 = 0, r.q1 = n, r.out0 = raw0, r.out1 = raw1;
+        plan.seqs.assign(1, r);
+        DLLM__TRY(forward(plan, act_.canvas.as<int>()));
+        for (int c0 = 0; c0 < raw1 - raw0; c0 += dllm__lm_chunk_rows) {
+            int rows = std::min(dllm__lm_chunk_rows, raw1 - raw0 - c0);
+            DLLM__TRY(lm_head(1, raw1 - raw0, c0, rows));
+            mark("lm head");
+            DLLM__TRY(on_chunk(c0, rows));
+        }
+        return DLLM_OK;
+    }
+    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
+    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
+    DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
+    DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
+    DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC, by default, at the last bd_begin). */
+    DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
+    /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
+    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
+    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graphs_.refusals; }
+    /* [batch graphs] The same for the batched forwards (forward_varlen_replayed). */
+    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
+    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
+    /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
+     * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
+    DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
+        DLLM__TRY(fit_buffers(1, M, 1));
+        return gemm(W, x, y, M, batch ? DLLM__ROWS_BATCH : DLLM__ROWS_INDEPENDENT);
+    }
+    DLLM__TEST_HOOKS_END
+
+  private:
+    dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
+    dllm_status init(int device);
+    dllm_status load_kernels();
+    dllm_status choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn);
+    dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
+    // the forward and its stages (16.4.1)
+    dllm_status forward(const dllm__forward_plan &plan, const int *ids_dev);
+    dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out = CUDA_R_16BF);
+    dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
+    /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
+     * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
+    bool q4(size_t l) const { return W_->layers[l].gu.format == DLLM__W_Q4; }
+    bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w, int M);
+    dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
+    bool q4_int8(const dllm__weight_view &W, int M, bool pinned) const;
+    dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
+    soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
+    dllm__rows lacache_rows() const { return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
+    dllm__rows layer_rows(size_t l) const { return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
+    /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
+     * alone (forward), and its GEMMs are then row-independent. */
+    bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
+    bool fp8_ffn(size_t l) const { return W_->fp8_ffn && l > 0; }
+    bool fp8_attn(size_t l) const { return W_->fp8_attn && l > 0; }
+    int act8_rows(int M) const { return dllm__round_up(M, 16); }
+    dllm_status embed_gather(const int *ids, int n_rows, float *h);
+    dllm_status embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
+    dllm_status add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
+    dllm_status add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
+    dllm_status quantize_rows_e4m3(const void *x, int M, int K);
+    dllm_status gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M);
+    dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
+    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
+                          bool may_split = false, bool wide = false);
+    dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
+    dllm_status self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows);
+    dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
+    dllm_status project_o(size_t l, int M, int r0);
+    dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    // the batched forward (16.4.1)
+    dllm_status load_varlen();
+    dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
+    dllm_status load_kv_scatter();
+    dllm_status prepare_batch(const dllm__varlen_layout &v);
+    dllm_status forward_varlen(const dllm__varlen_layout &v);
+    dllm_status forward_varlen_replayed(const dllm__varlen_layout &v);
+    dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
+    dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
+    dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status upload_kv_layout(const dllm__varlen_layout &v);
+    dllm_status bkv_alloc(const std::vector<int> &rows);
+    dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
+    dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
+    // the step (16.4.2)
+    dllm__forward_plan plan_step(const dllm__decode &st) const;
+    dllm_status run_step(const dllm__decode &st);
+    sampler_args sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0, int raw_rows) const;
+    dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state = nullptr);
+    dllm_status sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows);
+    dllm_status choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred, int n, dllm__choice *out);
+    dllm_status capture_step(const dllm__decode &st, bool may_update);
+    std::string graph_key(const dllm__decode &st) const;
+    dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
+    void mark(const char *stage);
+    // block diffusion (16.4.3)
+    dllm_status bd_logits(const int32_t *ids, int n, int r0, int r1, float *out);
+    dllm_status bd_check(const dllm__bd_call &call) const;
+    dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
+    dllm_status bd_head(const dllm__bd_call &call, float *logits);
+    dllm_status bd_prepare(const dllm__bd_call &call, int choose_rows = 0);
+    dllm_status bd_layers(const dllm__bd_call &call);
+    dllm_status bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
+    sampler_args bd_sampler_args(const dllm__bd_call &call, const dllm__bd_pick &pick) const;
+    // [bd graphs]
+    dllm_status bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head);
+    dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
+    dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
+    const dllm__gemm_wg *batch_gemm_wg(const dllm__gemm_op &op);
+    // [bd graphs] [batch graphs]
+    template <class F>
+    dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
+    template <class F>
+    dllm_status capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body);
+    void graphs_drop(dllm__graph_set &set);
+
+    const dllm_model &m_;
+    int max_tokens_;
+    int device_ = 0, n_sms_ = 1, smem_per_sm_ = 0;  // shared memory an SM holds (varlen_attention's wave rule)
+    dllm__arch arch_ = {};
+    cudaStream_t stream_ = nullptr;
+    std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
+    dllm__dbuf rope_cos_, rope_sin_;               // fp32 [max_tokens][head_dim / 2]
+
+    // kernels and GEMMs
+    std::shared_ptr<dllm__module> rowwise_module_, sampler_module_, attn_module_;
+    dllm__rowwise_kernels K_;
+    dllm__sampler_kernels S_;
+    dllm__attn_kernels A_;
+    dllm__gemm gemm_;
+    dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
+    dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg gemm_wg_n64_;                    // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
+    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
+    dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
+    dllm__soloq_options soloq_;                    // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
+    std::shared_ptr<dllm__module> soloq_module_;   // loaded when soloq_.enabled
+    dllm__soloq_kernels Q_;
+    dllm__q4_gemm_kernels q4_gemm_;                // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    bool q4_int8_ = true;                          // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int q4a_forms_ = 0;                            // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long q4_int8_launches_ = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+
+    // activations and the generation's state
+    dllm__activations act_;
+    bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
+    bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    std::shared_ptr<dllm__module> varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
+    dllm__kernel<void(attn_args)> attn_varlen_, attn_varlen_short_;  // the table's tiles; dllm__attn_short_tiles
+    dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
+    // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
+    // [2 n_kv head_dim] bf16 (slot s at rows [bkv_base_[s], + bkv_rows_[s])); the layout's attention offsets and cache rows
+    dllm__dbuf bkv_, varlen_attn_q_, varlen_attn_kv_, varlen_cache_rows_;
+    std::vector<int> bkv_base_, bkv_rows_;
+    int bkv_total_ = 0;
+    // [block diffusion] bd_forward_batch: its slots' states (bkv_'s slots; dllm__bd_slot) and the layout's per-sequence masks
+    std::vector<dllm__bd_slot> bdb_slots_;
+    dllm__dbuf varlen_attn_masks_;
+    std::shared_ptr<dllm__module> kv_scatter_module_;
+    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
+    // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
+    dllm__dbuf bch_state_, bch_x0_, bch_conf_, bch_deferred_;
+    int64_t bch_rows_ = 0;  // rows chosen on the device by batch_choose since the context began (tests)
+    bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
+    void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
+    size_t host_pinned_bytes_ = 0;
+
+    // [step graphs] the captured step
+    cudaGraphExec_t graph_exec_ = nullptr;
+    std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
+
+    // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
+    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim]; the block cache likewise
+    // [layer][bd_block_rows_][...]
+    dllm__dbuf bd_cache_, bd_block_, bd_partial_;
+    int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
+    // [KV quant] (9c on the device): the committed rows' codes beside bd_cache_, whose bf16 rows the sinks and the
+    // forwarded rows keep; 9c's layout per layer (kvq_ holds the settings and the host rotations, its vectors empty)
+    dllm__kvq kvq_;
+    dllm__kvq_kernels KQ_;
+    std::vector<dllm__rotation_dev> kvq_rot_;
+    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_, kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
+    bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+    dllm_status kvq_begin(int rows);
+    dllm_status kvq_tc_begin();
+    kvq_args kvq_layer_args(size_t layer) const;
+    dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
+    // [FACache] on block diffusion: layer 0's committed states
+    // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
+    // bdfa_n_ (a commit or bd_begin drops them); rows seen and reused under call.lacache since bd_begin (dllm_gen_stats)
+    dllm__bdfa_kernels FA_;
+    dllm__dbuf bdfa_state_, bdfa_rows_;
+    std::vector<int32_t> bdfa_token_;
+    std::vector<int> bdfa_list_;
+    int bdfa_n_ = -1;
+    int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
+    bool bdfa_on(size_t layer) const;
+    dllm_status bdfa_prepare(const dllm__bd_call &call);
+    dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
+    dllm__graph_set bd_graphs_{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
+    dllm__graph_set varlen_graphs_{"a batched forward"};            // [batch graphs] slots by varlen_graph_id
+
+    // [debug hooks]
+    dllm__stage_timer *timer_ = nullptr;
+    bool bd_host_choice_ = false, bdfa_off_ = false;
+    std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
+    int last_layer_rows_ = 0;
+};
+
+/* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
+struct dllm__attn_tensor_maps {
+    CUtensorMap q, k, v;
+};
+static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_tensor_maps &tm) {
+    const int kv_width = heads / a.group * hd;
+    return dllm__tensor_map(tm.q, a.q, heads * hd, a.q_rows, batch, (uint64_t)a.q_stride, a.q_bstride, 128) &&
+           dllm__tensor_map(tm.k, a.k, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc) &&
+           dllm__tensor_map(tm.v, a.v, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc);
+}
+
+/* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
+ * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
+ * layer 0). */
+static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, const attn_args &a,
+                                     cudaStream_t s, bool wide = false) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
+        dllm__attn_tensor_maps tm;
+        if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
+            dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
+            return k.wide.launch({grid, dim3(384), dllm__attn_wide_smem(hd, arch)}, s, a, tm);
+        }
+        static std::atomic<bool> warned(false);
+        if (!warned.exchange(true))
+            dllm__log(DLLM_LOG_WARN, "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it "
+                                     "refuses): attention runs flash_attn (mma.sync)");
+    }
+    dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+    DLLM__TRY(k.attn.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
+    if (a.kv_splits == 1) return DLLM_OK;
+    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
+}
+
+/* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
+ * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
+static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd, int heads, int batch, int max_q_rows,
+                                            const attn_args &a, cudaStream_t s) {
+    if (a.fa_mode || a.kv_splits != 1 || a.key_valid || !a.q_offsets || !a.kv_offsets || batch > 65535)
+        return dllm__fail(DLLM_ERR_INTERNAL, "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
+                          a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
+    if (batch == 0 || max_q_rows == 0) return DLLM_OK;
+    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)batch);
+    return k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a);
+}
+
+dllm_status dllm__gpu_backend::init(int device) {
+    const dllm__config &c = m_.cfg;
+    if (c.scale_logits) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
+    if (!dllm__attn_supports(c.head_dim))
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
+                                                "use the CPU backend", c.head_dim);
+    if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8", c.n_embd, c.n_ff, c.n_vocab);
+    if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d", 1024 * dllm__norm_slots * 8, c.n_embd);
+    device_ = device;
+    DLLM__CUDA(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    DLLM__CUDA(cudaGetDeviceProperties(&prop, device));
+    arch_ = dllm__attn_tiles(dllm__arch_for(prop.major * 10 + prop.minor), c.head_dim);
+    n_sms_ = prop.multiProcessorCount;
+    smem_per_sm_ = (int)prop.sharedMemPerMultiprocessor;
+    if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
+    DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DLLM__TRY(gemm_.init());
+    DLLM__TRY(load_kernels());
+    bool fp8_ffn = false, fp8_attn = false;
+    DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
+    std::shared_ptr<dllm__gpu_weights> w;
+    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr, w));
+    W_ = std::move(w);
+    std::vector<float> cos_t, sin_t;
+    dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
+    DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
+    DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
+    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
+              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
+              soloq_.enabled ? dllm__precision_name(precision_)
+              : fp8_attn   ? "FP8 FFN and attention projections in layers >= 1"
+              : fp8_ffn    ? "FP8 FFN in layers >= 1"
+                           : "BF16");
+    return DLLM_OK;
+}
+
+/* The modules compile in parallel: cold JIT time is the slowest one, not the sum. gemm_wg's (sm_90a) compiles beside
+ * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
+ * with a warning. So do its 128- and 64-wide variants, which the batched forwards take where faster (batch_gemm_wg). */
+dllm_status dllm__gpu_backend::load_kernels() {
+    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
+    const int forced = dllm__env().batch_gemm_n;  // 0: every width is a candidate
+    const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128), n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
+    std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
+        {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
+        {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
+    if (soloq_.enabled) {
+        jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
+        jobs.push_back({dllm__module_q4_gemm(arch_), &q4_gemm_.module});
+    }
+    const size_t required = jobs.size();  // gemm_wg's module is optional
+    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
+    if (n128) jobs.push_back({dllm__module_gemm_wg(arch_, 128), &gemm_n128_module});
+    if (n64) jobs.push_back({dllm__module_gemm_wg(arch_, 64), &gemm_n64_module});
+    std::vector<dllm_status> st(jobs.size(), DLLM_OK);
+    std::vector<std::string> err(jobs.size());
+    std::vector<std::thread> workers;
+    for (size_t i = 0; i < jobs.size(); i++)
+        workers.emplace_back([&, i] {
+            cudaSetDevice(device_);
+            st[i] = dllm__jit_load(jobs[i].first, *jobs[i].second);
+            if (st[i] != DLLM_OK) err[i] = dllm__tls_error;
+        });
+    for (std::thread &t : workers) t.join();
+    for (size_t i = 0; i < required; i++)
+        if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
+    dllm__bind(K_, *rowwise_module_);
+    dllm__bind(S_, *sampler_module_);
+    DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
+    if (dllm__gemm_wg_load(arch_, 256, gemm_wg_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
+        gemm_wg_ = dllm__gemm_wg();
+    }
+    if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
+    if (n128 && dllm__gemm_wg_load(arch_, 128, gemm_wg_n128_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
+                  dllm__tls_error.c_str());
+        gemm_wg_n128_ = dllm__gemm_wg();
+    }
+    if (n64 && dllm__gemm_wg_load(arch_, 64, gemm_wg_n64_) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
+                  dllm__tls_error.c_str());
+        gemm_wg_n64_ = dllm__gemm_wg();
+    }
+    int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
+    DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    if (soloq_.enabled) {
+        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
+        DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
+    }
+    return DLLM_OK;
+}
+
+/* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
+ * kernel is compiled here, only when it will run. */
+dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
+    if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
+    dllm__fp8_gemm mode;
+    DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
+    if (mode == DLLM__FP8_NONE) {
+        dllm__log(DLLM_LOG_WARN, "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+                  "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16", gpu_name, arch_.cc);
+        return DLLM_OK;
+    }
+    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
+    dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s", mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
+    fp8_gemm_ = mode;
+    fp8_ffn = true;
+    fp8_attn = precision_ == DLLM_PRECISION_FP8_ALL;
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
+    const dllm__config &c = m_.cfg;
+    const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
+    const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
+    const bool fp8 = W_->fp8_ffn || W_->fp8_attn;
+    const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
+    dllm__activations &A = act_;
+    const std::vector<const void *> before = A.addresses();
+    DLLM__TRY(A.h.fit(M * d * 4, "the residual stream"));
+    DLLM__TRY(A.a.fit(M * d * 2, "activations"));
+    // An FP8 GEMM writes whole 16-row tiles, and in a cut last layer (forward) a batch entry's rows may start at any
+    // row: its padding may run 15 rows past the last real row.
+    DLLM__TRY(A.delta.fit((fp8 ? Mo + 16 : M) * d * 2, "activations"));
+    DLLM__TRY(A.qkv.fit(Mo * qkv * 2, "Q/K/V"));
+    DLLM__TRY(A.att.fit(M * q * 2, "attention output"));
+    DLLM__TRY(A.gu.fit(Mo * 2 * ff * 2, "MLP activations"));
+    DLLM__TRY(A.f.fit(M * ff * 2, "MLP activations"));
+    DLLM__TRY(A.y.fit(M * d * 2, "final norm output"));
+    DLLM__TRY(A.h_cut.fit(rows * d * 4, "the residual stream"));
+    DLLM__TRY(A.logits.fit(rows * c.n_vocab * 4, "logits"));
+    DLLM__TRY(A.partials.fit((size_t)lm_rows * slices * sizeof(conf_partial), "sampler partials"));
+    DLLM__TRY(A.x0.fit((size_t)seq * 4, "sampler output"));
+    DLLM__TRY(A.conf.fit((size_t)seq * 8, "sampler output"));
+    DLLM__TRY(A.deferred.fit((size_t)seq, "sampler output"));
+    DLLM__TRY(A.cutoff.fit((size_t)seq * 4, "sampler filters"));
+    DLLM__TRY(A.canvas.fit(M * 4, "the canvas"));
+    DLLM__TRY(A.is_prompt.fit((size_t)seq, "the canvas"));
+    DLLM__TRY(A.state.fit(sizeof(dllm_step_state), "the step state"));
+    DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
+    DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
+    if (kv_cache) {
+        A.kv.resize(W_->layers.size());
+        for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
+        DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    }
+    if (lacache) {
+        const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
+        DLLM__TRY(A.h0.fit(M * d * 4, "the LaCache embeddings"));
+        DLLM__TRY(A.qkv0.fit(M * qkv * 2, "the LaCache Q/K/V"));
+        DLLM__TRY(A.fa_state.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
+    }
+    if (fp8) {
+        const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
+        for (auto buf : {std::make_pair(&A.act8, Mo * k_pad), std::make_pair(&A.act8_scale, Mo * (k_pad / 128) * 4)}) {
+            const void *was = buf.first->ptr;
+            DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
+            // the padding rows start as zeros: defined inputs for the GEMM rows nobody reads
+            if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
+        }
+        // gemm_fp8_batch's launches of at most pin_m rows over all M rows (act8 and act8_scale above hold them all)
+        DLLM__TRY(A.act8_chunk_scale.fit((size_t)dllm__gemm::pin_m * (k_pad / 128) * 4, "FP8 activations"));
+    }
+    if (W_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
+        const size_t k_max = std::max(std::max(d, ff), q);
+        size_t chunk_elems = 0, chunk_rows = 0;
+        const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
+        for (const auto &nk : shapes) {
+            const size_t rows_at_once = (size_t)dllm__q4_chunk_rows((int)nk.first, (int)nk.second);
+            chunk_elems = std::max(chunk_elems, rows_at_once * nk.second), chunk_rows = std::max(chunk_rows, rows_at_once);
+        }
+        DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
+        DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
+        DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
+        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts && M > (size_t)dllm__q4_max_rows)
+            DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
+        size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
+        for (const auto &nk : shapes) split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
+        DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
+    }
+    size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
+    if (pinned > host_pinned_bytes_) {
+        if (host_pinned_) cudaFreeHost(host_pinned_);
+        host_pinned_ = nullptr;
+        DLLM__CUDA(cudaMallocHost(&host_pinned_, pinned));
+        host_pinned_bytes_ = pinned;
+    }
+    if (A.addresses() != before) A.generation++;
+    return DLLM_OK;
+}

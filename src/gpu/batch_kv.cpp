@@ -1,0 +1,121 @@
+/* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
+
+// ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
+// Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
+// layer), sized once per batch by its canvas (batch_kv_reserve). A block's first step forwards every row of the canvas
+// and fills the slot; its later steps forward the block (dual) or the block and the rows after it (prefix) and write
+// their fresh K|V over their slot rows. All sequences' forwarded rows, at any block and of any step kind, go through the
+// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to
+// its own slot only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's
+// logits are bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply
+// no longer in the plan.
+
+const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
+
+dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
+    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
+    if (rows.empty()) {
+        bkv_.release();
+        return DLLM_OK;
+    }
+    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    for (int n : rows)
+        if (n < 1 || n > max_tokens_) return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
+    return bkv_alloc(rows);
+}
+
+/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_), the previous ones released; kv_scatter_rows loaded. */
+dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
+    const dllm__config &c = m_.cfg;
+    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    int64_t total = 0;
+    for (int n : rows) total += n;
+    if (total > INT32_MAX) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
+    const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
+    bkv_.release();  // the previous batch's, before the new ones are allocated
+    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2, "the batch's K/V caches (make the batch or its canvases smaller)"));
+    for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
+    return load_kv_scatter();
+}
+
+/* kv_scatter_rows's module, compiled (or read from the JIT caches) once. */
+dllm_status dllm__gpu_backend::load_kv_scatter() {
+    if (kv_scatter_.fn) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
+    kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
+    return DLLM_OK;
+}
+
+/* forward_batch's with the layout of the reserved slots. The empty plan asks whether the step exists here. */
+dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
+    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    if (plan.empty()) return DLLM_OK;
+    if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    dllm__varlen_layout v;
+    DLLM__TRY(kv_layout(plan, v));
+    return batch_logits_to_host(plan, v, out);
+}
+
+/* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
+dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
+    DLLM__TRY(varlen_attn_q_.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(varlen_attn_kv_.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(varlen_cache_rows_.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4, cudaMemcpyHostToDevice, stream_));
+    if (v.attn_masks.empty()) return DLLM_OK;
+    DLLM__TRY(varlen_attn_masks_.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4, cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
+/* self_attention_varlen under a K/V cache: the fused QKV GEMM over the forwarded rows, bias + RoPE at their positions,
+ * their K|V columns into their slot rows of this layer's cache (kv_scatter_rows), then the varlen attention with each
+ * sequence's queries (the forwarded rows' Q columns) over its slot's n rows. */
+dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = m_.cfg;
+    const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, width = 2 * c.n_head_kv * hd, T = v.rows;
+    const dllm__gpu_layer &L = W_->layers[layer];
+    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !bkv_.ptr)
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T, v.cache_rows.size(),
+                          bkv_.ptr ? "reserved" : "not reserved");
+    DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    mark("gemm qkv");
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
+    mark("rope");
+    bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
+    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
+                                 varlen_cache_rows_.as<int>(), width, T));
+    mark("kv cache");
+    attn_args a = {};
+    a.q = act_.qkv.as<bf16_t>();
+    a.k = cache;
+    a.v = cache + (size_t)c.n_head_kv * hd;
+    a.o = act_.att.as<bf16_t>();
+    a.seq = max_tokens_, a.q_rows = v.max_rows;  // each CTA reads its sequence's own (varlen_sequence)
+    a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
+    a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
+    DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
+    mark("attention");
+    return DLLM_OK;
+}
+
+/* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch
+ * per run of consecutive positions (a block-diffusion sequence's rows are one run). Row-wise, so a row's bits never
+ * depend on the others. Twin: dllm__cpu_llama4_scale. */
+dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v) {
+    const dllm__config &c = m_.cfg;
+    const int qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, width = c.n_head * c.head_dim;
+    for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
+        for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
+        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_, act_.qkv.as<bf16_t>() + (size_t)r0 * qkv,
+                                           r1 - r0, qkv, width, v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
+    }
+    return DLLM_OK;
+}

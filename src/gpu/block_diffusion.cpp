@@ -1,0 +1,21 @@
+/* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
+
+// ---- 16.4.3 [block diffusion] (Fast-dLLM v2, Nemotron) --------------------------------------------------
+// The GPU twin of dllm__cpu_bd_forward (section 9; block-diffusion.md): one forward of the block-diffusion schedule
+// over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
+// so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
+// the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. The raw
+// logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
+
+/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk). */
+dllm_status dllm__gpu_backend::bd_begin(int rows) {
+    const dllm__config &c = m_.cfg;
+    const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
+    DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
+    bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
+    bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
+    return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
+}

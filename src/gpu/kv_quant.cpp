@@ -1,0 +1,209 @@
+/* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
+
+/* [KV quant] The module (9b's SoloQ device functions with dllm__src_kvq, the 2-bit levels printed from 9c's) and the
+ * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
+static std::string dllm__src_kvq_module() {
+    return dllm__src_prelude() + DLLM__XSTR(struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE)
+        DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
+        dllm__src_soloq_tables() +
+        dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
+                     dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
+        dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq;
+}
+static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target}; }
+
+/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
+ * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
+ * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
+ * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
+ * larger head dims, whose 128 output registers a thread need the 255 of 256 threads). */
+static int dllm__kvq_tc_bc(int hd) { return hd > 128 ? 32 : 64; }
+static const int dllm__kvq_tc_pair_groups = 4;
+static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 14; }
+static size_t dllm__kvq_tc_stage_bytes(int hd) { return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 + (size_t)dllm__kvq_tc_bc(hd) * 4; }
+/* Dynamic shared memory of a CTA of `warps` warps: the query rows, two decoded K and V tiles each (one multiplied while
+ * the other is decoded), a tile's pairs in fp32, two stages of raw codes and pairs. */
+static size_t dllm__kvq_tc_smem(int hd, int warps) {
+    return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
+           2 * dllm__kvq_tc_stage_bytes(hd);
+}
+static const int dllm__kvq_tc_chunk_rows = 128;  // query rows a launch at most (a prefill's rows go in launches of these)
+
+/* The module of one head dim (a multiple of 16 up to 256: the mma's k16; checked by dllm__kvq_tc_plan_for): the kvq
+ * module's source, the tensor-core plumbing and flash_attn's online softmax, then dllm__src_kvq_tc. */
+static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
+    return {dllm__format("dllm_kvq_tc_hd%d", hd),
+            dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
+                dllm__format("#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n", hd,
+                             dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32, dllm__kvq_tc_stage_bytes(hd)) +
+                dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
+            {DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
+
+/* One launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split, splits. */
+struct dllm__kvq_tc_plan {
+    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t smem = 0;
+};
+/* p's CTAs of `warps` warps over a kv head's group_rows query rows: their shared memory and row tiles. */
+static void dllm__kvq_tc_set_warps(dllm__kvq_tc_plan &p, int hd, int group_rows, int warps) {
+    p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
+}
+/* p's keys in splits of split_keys (dllm__kvq_tc_n_splits). */
+static void dllm__kvq_tc_set_splits(dllm__kvq_tc_plan &p, int split_keys, int n_keys, int n_committed, int n_sink) {
+    p.split_keys = split_keys, p.n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, n_sink, split_keys);
+}
+/* Bytes of split states plan p's launch over q_rows rows of n_head heads writes. */
+static size_t dllm__kvq_tc_partial_bytes(const dllm__kvq_tc_plan &p, int n_head, int q_rows, int hd) {
+    return (size_t)p.n_splits * n_head * q_rows * (hd + 2) * 4;
+}
+
+/* The plan for q_rows query rows over n_keys keys: every row of a kv head's group in one CTA where the shared memory
+ * allows, then the keys split so that the grid is about one CTA per SM (a CTA of 14 warps holds a whole SM's
+ * registers at head dim 128). A head dim kvq_flash does not take is DLLM_ERR_UNSUPPORTED (kvq_attention takes it). */
+static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_rows, int n_keys, int n_committed, int n_sink, int n_sms, int smem_optin,
+                                         dllm__kvq_tc_plan &p) {
+    if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
+                          "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)", hd, n_head, n_kv);
+    const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
+    int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
+    while (warps > 1 && dllm__kvq_tc_smem(hd, warps) > (size_t)smem_optin) warps--;
+    dllm__kvq_tc_set_warps(p, hd, rows, warps);
+    if (p.smem > (size_t)smem_optin)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead", hd,
+                          p.smem, smem_optin);
+    const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
+    dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc), n_keys, n_committed, n_sink);
+    return DLLM_OK;
+}
+
+/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6 (each
+ * of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
+static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms, int smem_optin) {
+    size_t most = 0;
+    for (int rows = 1; rows <= dllm__kvq_tc_chunk_rows; rows++) {
+        dllm__kvq_tc_plan p;
+        if (dllm__kvq_tc_plan_for(hd, n_head, n_kv, rows, 1, 0, 0, n_sms, smem_optin, p) != DLLM_OK) return 0;
+        const size_t splits = (size_t)std::max(1, n_sms / (n_kv * p.q_tiles)) + 6;
+        most = std::max(most, splits * n_head * rows * (hd + 2) * 4);
+    }
+    return most;
+}
+
+static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
+    DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
+    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
+    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    k.hd = hd, k.smem_optin = smem_optin;
+    const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    return DLLM_OK;
+}
+
+/* kvq_flash then kvq_flash_combine for a's q_rows rows (at most dllm__kvq_tc_chunk_rows) under plan p; `partial` holds
+ * partial_bytes (dllm__kvq_tc_partial_bound). */
+static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a, const dllm__kvq_tc_plan &p, float *partial, size_t partial_bytes,
+                                       cudaStream_t s) {
+    const size_t need = dllm__kvq_tc_partial_bytes(p, a.n_head, a.q_rows, a.hd);
+    if (need > partial_bytes || a.hd != k.hd)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+                          p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
+    a.split_keys = p.split_keys, a.partial = partial;
+    DLLM__TRY(k.flash.launch({dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s, a));
+    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
+}
+
+dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+    const dllm__config &c = m_.cfg;
+    if (c.head_dim > 256) return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d", c.head_dim);
+    if (!KQ_.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), KQ_.module));
+        KQ_.commit_keys.fn = KQ_.module->kernels.at("kvq_commit_keys"), KQ_.commit_keys.name = "kvq_commit_keys";
+        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"), KQ_.commit_values.name = "kvq_commit_values";
+        KQ_.attention.fn = KQ_.module->kernels.at("kvq_attention"), KQ_.attention.name = "kvq_attention";
+    }
+    if (kvq_.soloq() && kvq_rot_.empty()) {
+        kvq_rot_.resize(kvq_.rot.size());
+        for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
+    }
+    kvq_.cap = rows, kvq_.group = 0;
+    const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
+    DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
+    kvq_tc_on_ = false;
+    return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
+}
+
+/* DLLM_KVQ_TC: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
+ * dim it does not take keeps kvq_attention (a warning says why). */
+dllm_status dllm__gpu_backend::kvq_tc_begin() {
+    const dllm__config &c = m_.cfg;
+    int smem_optin = 0;
+    DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    dllm__kvq_tc_plan probe;
+    if (dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, 1, 1, 0, 0, n_sms_, smem_optin, probe) != DLLM_OK) {
+        dllm__log(DLLM_LOG_INFO, "%s", dllm_last_error());  // kvq_attention runs: correct, slower
+        return DLLM_OK;
+    }
+    if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
+    DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
+                               "the split states of the tensor-core KV-quant attention (DLLM_KVQ_TC)"));
+    kvq_tc_on_ = true;
+    return DLLM_OK;
+}
+
+/* The arguments of layer `layer`'s kernels: its cache rows and codes (9c's layout), settings and rotation. */
+kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
+    const kvq_args none = {};
+    kvq_args a = none;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(), side = layer * bd_cap_ * kvq_.n_kv;
+    a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
+    a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
+    a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)kvq_v_side_.ptr + side : nullptr;
+    if (kvq_.soloq()) {
+        const dllm__rotation_dev &r = kvq_rot_[layer];
+        a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
+        a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
+    }
+    a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink, a.group = kvq_.group;
+    return a;
+}
+
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into bd_cache_, quantised (twin: dllm__kvq_commit's loop body,
+ * on the bf16 rows). The key groups were checked by bd_forward. */
+dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
+    kvq_args a = kvq_layer_args(layer);
+    a.row0 = row0, a.rows = T;
+    const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
+    DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    const int first = std::max(row0, kvq_.n_sink);
+    if (first < row0 + T) DLLM__TRY(KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
+    return DLLM_OK;
+}
+
+/* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
+ * rows: kvq_flash (the default, DLLM_KVQ_TC) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
+dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
+    const dllm__config &c = m_.cfg;
+    kvq_args a = kvq_layer_args(layer);
+    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
+    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0, a.scale = 1.0f / sqrtf((float)c.head_dim);
+    if (!kvq_tc_on_) return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
+        kvq_args chunk = a;
+        chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
+        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
+        dllm__kvq_tc_plan p;
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink, n_sms_, KQT_.smem_optin, p));
+        DLLM__TRY(dllm__kvq_tc_launch(KQT_, chunk, p, kvq_partial_.as<float>(), kvq_partial_.bytes, stream_));
+    }
+    return DLLM_OK;
+}
