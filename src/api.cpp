@@ -6,8 +6,7 @@
 //     error detail for dllm_last_error() and, where there is a context, dllm_ctx_last_error().
 // ---------------------------------------------------------------------------------------------------
 
-template <class F>
-static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
+template <class F> static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     // dllm_last_error is the last *failing* call's detail: a call that succeeds leaves it as it was, though a failure
     // it recovered from inside (a GEMM candidate that failed its timing, a kernel that fell back) recorded its own.
     std::string earlier_error;
@@ -19,11 +18,11 @@ static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
         st = dllm__fail(DLLM_ERR_OUT_OF_MEMORY, "out of host memory");
     } catch (const std::exception &e) {
         st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception: %s", e.what());
-    } catch (...) {
-        st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception");
-    }
-    if (st == DLLM_OK) dllm__tls_error.swap(earlier_error);
-    else if (ctx) ctx->last_error = dllm__tls_error;
+    } catch (...) { st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception"); }
+    if (st == DLLM_OK)
+        dllm__tls_error.swap(earlier_error);
+    else if (ctx)
+        ctx->last_error = dllm__tls_error;
     return st;
 }
 
@@ -151,11 +150,14 @@ dllm_ctx_params dllm_ctx_default_params(void) {
 
 dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_quant kv_quant, int block_length, double *bytes) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
-        if (!model || !bytes) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: model and bytes must not be NULL");
+        if (!model || !bytes)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: model and bytes must not be NULL");
         const int mode = dllm__enum_int(kv_quant), group = block_length ? block_length : model->cfg.bd_size;
         DLLM__TRY(dllm__kvq_check(model->cfg, mode, -1, model->cfg.max_seq_len));
         if (mode != DLLM_KV_QUANT_NONE && (block_length < 0 || group <= 0))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_kv_bytes_per_token: block_length %d must be positive (0 = the model's)", block_length);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_kv_bytes_per_token: block_length %d must be positive (0 = the model's)",
+                              block_length);
         *bytes = dllm__kvq_bytes_per_token(model->cfg, mode, group);
         return DLLM_OK;
     });
@@ -170,16 +172,23 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
         if (backend < DLLM_BACKEND_AUTO || backend > DLLM_BACKEND_GPU)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: unknown backend %d", backend);
         if (params.max_tokens < 0 || params.max_tokens > model->cfg.max_seq_len)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)", params.max_tokens, model->cfg.max_seq_len);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)",
+                              params.max_tokens, model->cfg.max_seq_len);
         if (params.n_threads < 0 || params.n_threads > 1024)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]", params.n_threads);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]",
+                              params.n_threads);
         int precision = dllm__enum_int(params.precision);
         if (precision < DLLM_PRECISION_AUTO || precision > DLLM_PRECISION_RTN_W4A16)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: precision %d must be a dllm_precision, DLLM_PRECISION_AUTO (-1) to _RTN_W4A16 (10)", precision);
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "dllm_ctx_create: precision %d must be a dllm_precision, DLLM_PRECISION_AUTO (-1) to _RTN_W4A16 (10)",
+                precision);
         DLLM__TRY(dllm__resolve_precision(*model, precision, precision));  // AUTO never reaches a backend
         params.precision = (dllm_precision)precision;
         if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1", params.quantize_lm_head);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1",
+                              params.quantize_lm_head);
         DLLM__TRY(dllm__kvq_check(model->cfg, dllm__enum_int(params.kv_quant), params.kv_sink_tokens,
                                   params.max_tokens ? params.max_tokens : model->cfg.max_seq_len));
         DLLM__TRY(dllm__tp_check_params(model->cfg, params));
@@ -204,21 +213,34 @@ dllm_quantize_params dllm_quantize_default_params(void) {
 
 dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, const dllm_quantize_params *params) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
-        if (!model || !out_dir || !*out_dir) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: model and out_dir must not be NULL or empty");
+        if (!model || !out_dir || !*out_dir)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_model_quantize: model and out_dir must not be NULL or empty");
         const dllm_quantize_params p = params ? *params : dllm_quantize_default_params();
         const int precision = dllm__enum_int(p.precision);
         if (!dllm__precision_is_soloq(precision))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: precision %s is not one dllm-quantize writes: use soloq-n, soloq-i, soloq-c or "
-                              "rtn-w4a4 (or a -w4a16 form)", dllm__precision_name(precision));
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "dllm_model_quantize: precision %s is not one dllm-quantize writes: use soloq-n, soloq-i, soloq-c or "
+                "rtn-w4a4 (or a -w4a16 form)",
+                dllm__precision_name(precision));
         if (p.quantize_lm_head != 0 && p.quantize_lm_head != 1)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: quantize_lm_head %d must be 0 or 1", p.quantize_lm_head);
-        if (p.n_threads < 0 || p.n_threads > 1024) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: n_threads %d must be in [0, 1024]", p.n_threads);
-        if (p.max_shard_bytes == 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: max_shard_bytes must be positive (default 4 GiB)");
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: quantize_lm_head %d must be 0 or 1",
+                              p.quantize_lm_head);
+        if (p.n_threads < 0 || p.n_threads > 1024)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: n_threads %d must be in [0, 1024]",
+                              p.n_threads);
+        if (p.max_shard_bytes == 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_model_quantize: max_shard_bytes must be positive (default 4 GiB)");
         if (model->random_weights)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with dllm_model_load");
+            return dllm__fail(
+                DLLM_ERR_UNSUPPORTED,
+                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with dllm_model_load");
         if (model->soloq)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model", model->dir.c_str(),
-                              dllm__precision_name(model->soloq->precision));
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
+                              model->dir.c_str(), dllm__precision_name(model->soloq->precision));
         dllm__soloq_options o;
         DLLM__TRY(dllm__soloq_options_for(precision, p.quantize_lm_head, o));
         DLLM__TRY(dllm__soloq_check_dims(model->cfg, o));
@@ -232,19 +254,25 @@ const char *dllm_ctx_last_error(const dllm_ctx *ctx) { return ctx ? ctx->last_er
 
 dllm_backend dllm_ctx_get_backend(const dllm_ctx *ctx) { return ctx ? ctx->backend : DLLM_BACKEND_AUTO; }
 
-dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, int row_begin, int row_end, float *out, size_t out_count) {
+dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, int row_begin, int row_end, float *out,
+                        size_t out_count) {
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx || !ids || !out) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_logits: NULL argument");
         const dllm__config &c = ctx->model->cfg;
         if (n_ids <= 0 || n_ids > ctx->max_tokens)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_logits: n_ids %d must be in [1, %d]", n_ids, ctx->max_tokens);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_logits: n_ids %d must be in [1, %d]", n_ids,
+                              ctx->max_tokens);
         if (row_begin < 0 || row_end <= row_begin || row_end > n_ids)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_logits: rows [%d, %d) must be a non-empty range inside [0, %d)", row_begin, row_end, n_ids);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_logits: rows [%d, %d) must be a non-empty range inside [0, %d)", row_begin, row_end,
+                              n_ids);
         if (out_count < (size_t)(row_end - row_begin) * c.n_vocab)
-            return dllm__fail(DLLM_ERR_BUFFER_TOO_SMALL, "dllm_logits: out holds %zu floats, %zu needed", out_count, (size_t)(row_end - row_begin) * c.n_vocab);
+            return dllm__fail(DLLM_ERR_BUFFER_TOO_SMALL, "dllm_logits: out holds %zu floats, %zu needed", out_count,
+                              (size_t)(row_end - row_begin) * c.n_vocab);
         for (int i = 0; i < n_ids; i++)
             if (ids[i] < 0 || ids[i] >= c.n_vocab)
-                return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_logits: ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i], c.n_vocab);
+                return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                                  "dllm_logits: ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i], c.n_vocab);
         return ctx->impl->logits(ids, n_ids, row_begin, row_end, out);
     });
 }
@@ -284,18 +312,20 @@ dllm_gen_params dllm_gen_default_params(void) {
     return p;
 }
 
-dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params, int32_t *out, int out_capacity,
-                          int *n_out, dllm_gen_stats *stats) {
+dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params, int32_t *out,
+                          int out_capacity, int *n_out, dllm_gen_stats *stats) {
     if (n_out) *n_out = 0;
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate: ctx is NULL");
         dllm_status s = dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out) *n_out = dllm__out_needed(*ctx, n_prompt, params);  // the size needed, as dllm_tokenize reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out)
+            *n_out = dllm__out_needed(*ctx, n_prompt, params);  // the size needed, as dllm_tokenize reports it
         return s;
     });
 }
 
-dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results, dllm_gen_stats *batch_stats) {
+dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
+                                dllm_gen_stats *batch_stats) {
     const dllm_status pending = (dllm_status)1;  // not a status: an item the call has not finished
     if (batch_stats) memset(batch_stats, 0, sizeof *batch_stats);
     if (results && n_items > 0)
@@ -306,13 +336,16 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
     dllm_status global = dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate_batch: ctx is NULL");
         if (n_items < 0 || (n_items > 0 && (!items || !results)))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0", n_items);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0",
+                              n_items);
         return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
     });
     dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
     std::string message = dllm__tls_error;
     for (int i = 0; results && i < n_items; i++) {
-        if (results[i].status == pending) dllm__batch_set_status(results[i], global != DLLM_OK ? global : DLLM_ERR_INTERNAL);
+        if (results[i].status == pending)
+            dllm__batch_set_status(results[i], global != DLLM_OK ? global : DLLM_ERR_INTERNAL);
         if (first == DLLM_OK && results[i].status != DLLM_OK) first = results[i].status, message = results[i].error;
         stats.n_prompt += results[i].stats.n_prompt, stats.n_generated += results[i].stats.n_generated;
     }
@@ -325,7 +358,9 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
     return first;
 }
 
-const char *dllm_version(void) { return DLLM__XSTR(DLLM_VERSION_MAJOR) "." DLLM__XSTR(DLLM_VERSION_MINOR) "." DLLM__XSTR(DLLM_VERSION_PATCH); }
+const char *dllm_version(void) {
+    return DLLM__XSTR(DLLM_VERSION_MAJOR) "." DLLM__XSTR(DLLM_VERSION_MINOR) "." DLLM__XSTR(DLLM_VERSION_PATCH);
+}
 
 dllm_status dllm_tokenizer_load(const char *dir, dllm_tokenizer **out_tok) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
@@ -334,7 +369,8 @@ dllm_status dllm_tokenizer_load(const char *dir, dllm_tokenizer **out_tok) {
         if (!dir) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenizer_load: dir is NULL");
         std::unique_ptr<dllm_tokenizer> t;
         DLLM__TRY(dllm__tok_load(dir, t));
-        dllm__log(DLLM_LOG_INFO, "tokenizer %s: %d ids, %zu merges, %zu added tokens", dir, t->n_vocab, t->merges.size(), t->added.size());
+        dllm__log(DLLM_LOG_INFO, "tokenizer %s: %d ids, %zu merges, %zu added tokens", dir, t->n_vocab,
+                  t->merges.size(), t->added.size());
         *out_tok = t.release();
         return DLLM_OK;
     });
@@ -355,31 +391,41 @@ int32_t dllm_tokenizer_token_id(const dllm_tokenizer *tok, const char *token) {
 dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_model *model) {
     if (!tok || !model) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenizer_check_model: NULL argument");
     if (tok->n_vocab > model->cfg.n_vocab)
-        return dllm__fail(DLLM_ERR_SHAPE, "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong together",
-                          tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
+        return dllm__fail(
+            DLLM_ERR_SHAPE,
+            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong together",
+            tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
     return DLLM_OK;
 }
 
-dllm_status dllm_tokenize(const dllm_tokenizer *tok, const char *text, size_t text_len, int parse_special, int32_t *ids, int capacity, int *n_ids) {
+dllm_status dllm_tokenize(const dllm_tokenizer *tok, const char *text, size_t text_len, int parse_special, int32_t *ids,
+                          int capacity, int *n_ids) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
         if (n_ids) *n_ids = 0;
-        if (!tok || !n_ids || (!text && text_len)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: NULL argument");
-        if (capacity < 0 || (!ids && capacity)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: capacity %d with %s ids", capacity, ids ? "non-NULL" : "NULL");
+        if (!tok || !n_ids || (!text && text_len))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: NULL argument");
+        if (capacity < 0 || (!ids && capacity))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: capacity %d with %s ids", capacity,
+                              ids ? "non-NULL" : "NULL");
         std::vector<int32_t> out;
         dllm__tokenize(*tok, text, text_len, parse_special != 0, out);
-        if (out.size() > (size_t)INT32_MAX) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: the text makes more than 2^31 tokens");
+        if (out.size() > (size_t)INT32_MAX)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenize: the text makes more than 2^31 tokens");
         *n_ids = (int)out.size();
         if (out.size() > (size_t)capacity)
-            return dllm__fail(DLLM_ERR_BUFFER_TOO_SMALL, "dllm_tokenize: the text makes %zu tokens, the buffer holds %d", out.size(), capacity);
+            return dllm__fail(DLLM_ERR_BUFFER_TOO_SMALL,
+                              "dllm_tokenize: the text makes %zu tokens, the buffer holds %d", out.size(), capacity);
         if (!out.empty()) memcpy(ids, out.data(), out.size() * sizeof(int32_t));
         return DLLM_OK;
     });
 }
 
-dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *ids, int n_ids, int skip_special, char *text, size_t capacity, size_t *text_len) {
+dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *ids, int n_ids, int skip_special, char *text,
+                            size_t capacity, size_t *text_len) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
         if (text_len) *text_len = 0;
-        if (!tok || (!ids && n_ids) || n_ids < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_detokenize: NULL argument or negative n_ids");
+        if (!tok || (!ids && n_ids) || n_ids < 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_detokenize: NULL argument or negative n_ids");
         std::string out;
         DLLM__TRY(dllm__detokenize(*tok, ids, n_ids, skip_special != 0, out));
         return dllm__copy_out("dllm_detokenize", out, text, capacity, text_len);
@@ -388,8 +434,8 @@ dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *ids, int n
 
 dllm_chat_template dllm_tokenizer_chat_template(const dllm_tokenizer *tok) { return tok ? tok->chat : DLLM_CHAT_NONE; }
 
-dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message *msgs, int n_msgs, int add_assistant, char *text, size_t capacity,
-                             size_t *text_len) {
+dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message *msgs, int n_msgs, int add_assistant,
+                             char *text, size_t capacity, size_t *text_len) {
     return dllm__guard(nullptr, [&]() -> dllm_status {
         if (text_len) *text_len = 0;
         if (!tok) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_chat_render: tok is NULL");

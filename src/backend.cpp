@@ -13,12 +13,12 @@ struct dllm__decode {
     int n_prompt = 0;
     int block_begin = 0, block_end = 0;  // current block; candidates are masked positions before block_end
     int steps_per_block = 0;
-    int step_in_block = 0;           // advanced by the schedule after each step
-    int global_step = 0;             // counts steps across blocks; keys the RNG
-    int n_block_masks = 0;           // masks in the block at its first step (CPU backend)
-    int n_block_left = 0;            // masks left in the block after a step (set by threshold/factor steps)
-    int cand_lo = 0;                 // no candidate before this position (GPU backend)
-    int lacache = 0;                 // dllm_lacache (GPU backend; the CPU computes the same function)
+    int step_in_block = 0;  // advanced by the schedule after each step
+    int global_step = 0;    // counts steps across blocks; keys the RNG
+    int n_block_masks = 0;  // masks in the block at its first step (CPU backend)
+    int n_block_left = 0;   // masks left in the block after a step (set by threshold/factor steps)
+    int cand_lo = 0;        // no candidate before this position (GPU backend)
+    int lacache = 0;        // dllm_lacache (GPU backend; the CPU computes the same function)
     dllm__unmask_rule unmask;
     dllm_kv_cache kv_cache = DLLM_KV_CACHE_NONE;
     std::vector<int32_t> positions;  // RoPE position of each canvas row (DPad's compacted canvas); empty: the index
@@ -26,8 +26,9 @@ struct dllm__decode {
     float cfg_scale = 0;
     dllm__sampling sampling;
     int forwards = 0;
-    void *debug_tag = nullptr;       // the generation's on_step_data: names the sequence to dllm__debug_step_logits
-    bool host_steps = false;         // stepped on the host around forward_batch (dllm_generate_batch): no device state of its own
+    void *debug_tag = nullptr;  // the generation's on_step_data: names the sequence to dllm__debug_step_logits
+    bool host_steps =
+        false;  // stepped on the host around forward_batch (dllm_generate_batch): no device state of its own
 };
 
 /* One canvas of a batched forward (dllm__backend_impl::forward_batch) and the logit rows it wants. */
@@ -57,9 +58,10 @@ struct dllm__bd_pick {
 
 /* One sequence of a batched block-diffusion forward (dllm__backend_impl::bd_forward_batch). */
 struct dllm__bd_seq {
-    int slot = -1;                        // its committed K/V cache: an index into bd_batch_reserve's list
-    dllm__bd_call call;                   // what bd_forward takes, against that slot's cache (its own committed length)
-    const dllm__bd_pick *pick = nullptr;  // non-null: the backend returns this sequence's choices (pick->n of them), no logits
+    int slot = -1;       // its committed K/V cache: an index into bd_batch_reserve's list
+    dllm__bd_call call;  // what bd_forward takes, against that slot's cache (its own committed length)
+    const dllm__bd_pick *pick =
+        nullptr;  // non-null: the backend returns this sequence's choices (pick->n of them), no logits
 };
 
 /* What a backend does; the SAR schedule (section 17) drives it. */
@@ -131,7 +133,8 @@ struct dllm__backend_impl {
     /* forward_batch (kv false) or forward_batch_kv (kv true) of a plan in which the sequences with a sampling
      * (dllm__batch_seq) have their tokens chosen by the backend: rows [r0, r1) of each, one sequence after another, in
      * choices; the other sequences' logits one after another in logits, as forward_batch returns them. */
-    virtual dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) {
+    virtual dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
+                                             dllm__choice *choices) {
         (void)plan, (void)kv, (void)logits, (void)choices;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend chooses batched tokens on the host");
     }
@@ -144,14 +147,18 @@ static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
 }
 
 /* k_i of the LLaDA schedule: n masks over s steps, the remainder to the earliest steps. */
-static int dllm__transfer_count(int n_masked, int steps, int i) { return n_masked / steps + (i < n_masked % steps ? 1 : 0); }
+static int dllm__transfer_count(int n_masked, int steps, int i) {
+    return n_masked / steps + (i < n_masked % steps ? 1 : 0);
+}
 
 /* The count of a counted step: LLaDA's over the block's masks at its start, Dream's over the n_cand candidates
  * left (the block's masks and any [MASK] of the prompt, as Dream counts every mask of its canvas, so that the
  * block's last step commits them all). */
 static int dllm__step_count(const dllm__decode &st, int n_cand) {
-    if (st.unmask.kind == DLLM_UNMASK_SCHEDULE) return dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block);
-    if (st.unmask.kind == DLLM_UNMASK_TIMESTEPS) return dllm__timestep_count(n_cand, st.steps_per_block, st.step_in_block, st.unmask.eps);
+    if (st.unmask.kind == DLLM_UNMASK_SCHEDULE)
+        return dllm__transfer_count(st.n_block_masks, st.steps_per_block, st.step_in_block);
+    if (st.unmask.kind == DLLM_UNMASK_TIMESTEPS)
+        return dllm__timestep_count(n_cand, st.steps_per_block, st.step_in_block, st.unmask.eps);
     return 0;
 }
 
@@ -181,22 +188,31 @@ static int64_t dllm__first_nonfinite(const dllm__tensor &t, int64_t begin, int64
 /* A NaN or infinity in a checkpoint's weights would silently turn every logit into NaN: the CPU backend
  * refuses such a model, naming the first bad element. One pass over the weights, in chunks across threads. */
 static dllm_status dllm__check_finite_weights(const dllm_model &m, int n_threads) {
-    struct chunk { const dllm__tensor *t; int64_t begin, end; };
+    struct chunk {
+        const dllm__tensor *t;
+        int64_t begin, end;
+    };
     const int64_t chunk_elems = (int64_t)1 << 22;
     std::vector<chunk> chunks;
     for (const dllm__wspec &spec : dllm__expected_weights(m.cfg)) {
         auto it = m.by_name.find(spec.name);
         if (it == m.by_name.end()) continue;
-        for (int64_t b = 0; b < it->second->numel; b += chunk_elems) chunks.push_back({it->second, b, std::min(it->second->numel, b + chunk_elems)});
+        for (int64_t b = 0; b < it->second->numel; b += chunk_elems)
+            chunks.push_back({it->second, b, std::min(it->second->numel, b + chunk_elems)});
     }
     std::vector<int64_t> hit(chunks.size(), -1);
     dllm__pool pool(std::max(1, std::min(n_threads, (int)chunks.size())));
-    pool.run((int)chunks.size(), [&](int i) { hit[(size_t)i] = dllm__first_nonfinite(*chunks[(size_t)i].t, chunks[(size_t)i].begin, chunks[(size_t)i].end); });
+    pool.run((int)chunks.size(), [&](int i) {
+        hit[(size_t)i] = dllm__first_nonfinite(*chunks[(size_t)i].t, chunks[(size_t)i].begin, chunks[(size_t)i].end);
+    });
     for (size_t i = 0; i < chunks.size(); i++) {
         if (hit[i] < 0) continue;
         const dllm__tensor &t = *chunks[i].t;
-        return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s %s holds %g at flat index %lld: the checkpoint is damaged (non-finite weights)",
-                          t.file->c_str(), t.name.c_str(), dllm__shape_str(t.shape).c_str(), dllm__tensor_at(t, hit[i]), (long long)hit[i]);
+        return dllm__fail(
+            DLLM_ERR_FORMAT,
+            "%s: tensor %s %s holds %g at flat index %lld: the checkpoint is damaged (non-finite weights)",
+            t.file->c_str(), t.name.c_str(), dllm__shape_str(t.shape).c_str(), dllm__tensor_at(t, hit[i]),
+            (long long)hit[i]);
     }
     return DLLM_OK;
 }
@@ -232,7 +248,8 @@ static void (*dllm__debug_step_logits)(void *debug_tag, const float *logits, int
 
 /* The commits of a step whose candidates w.cand have the choices ch (dllm__step_end's, or a backend's: [batch]
  * forward_batch_choose), as the unmasking rule lets them through. */
-static void dllm__step_commit(dllm__decode &st, const dllm__step_work &w, const std::vector<dllm__choice> &ch, std::vector<int32_t> &committed) {
+static void dllm__step_commit(dllm__decode &st, const dllm__step_work &w, const std::vector<dllm__choice> &ch,
+                              std::vector<int32_t> &committed) {
     committed.clear();
     for (int i : dllm__select(w.cand, ch, st.unmask, w.k, w.p_transfer)) {
         st.canvas[(size_t)w.cand[(size_t)i]] = ch[(size_t)i].token;
@@ -243,7 +260,8 @@ static void dllm__step_commit(dllm__decode &st, const dllm__step_work &w, const 
 
 /* After the step's forwards: CFG's logits = U + (s + 1) (C - U) (uncond null without CFG), then x0 and the
  * confidence at every candidate, and the commits the unmasking rule lets through. */
-static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *cond, const float *uncond, int V, std::vector<int32_t> &committed) {
+static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *cond, const float *uncond, int V,
+                           std::vector<int32_t> &committed) {
     const size_t n = (size_t)(w.r1 - w.r0) * V;
     st.forwards += uncond ? 2 : 1;
     if (uncond) {
@@ -252,12 +270,15 @@ static void dllm__step_end(dllm__decode &st, const dllm__step_work &w, float *co
     }
     if (dllm__debug_step_logits) dllm__debug_step_logits(st.debug_tag, cond, w.r1 - w.r0, V);
     std::vector<dllm__choice> ch;
-    for (int32_t p : w.cand) ch.push_back(dllm__choose(cond + (size_t)(p - w.r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
+    for (int32_t p : w.cand)
+        ch.push_back(
+            dllm__choose(cond + (size_t)(p - w.r0) * V, V, st.sampling, (uint32_t)p, (uint32_t)st.global_step));
     dllm__step_commit(st, w, ch, committed);
 }
 
 /* Rows [r0, r1) of logits (shift applied) from the unshifted output rows raw[raw0 ..). */
 static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0, int r0, int r1, float *out) {
     for (int p = r0; p < r1; p++)
-        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab, sizeof(float) * c.n_vocab);
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
+               sizeof(float) * c.n_vocab);
 }

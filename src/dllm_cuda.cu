@@ -23,7 +23,7 @@
 #include "dllm.h"
 
 #include <cublasLt.h>
-#include <cuda.h>          // CUtensorMap and its enums only: the encoder comes from the driver at run time
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>

@@ -13,8 +13,8 @@ struct dllm__json {
     int64_t integer = 0;
     double number = 0;
     std::string str;
-    std::vector<std::string> keys;   // OBJ: member names, parallel to items
-    std::vector<dllm__json> items;   // ARR: elements; OBJ: member values
+    std::vector<std::string> keys;  // OBJ: member names, parallel to items
+    std::vector<dllm__json> items;  // ARR: elements; OBJ: member values
 
     const dllm__json *find(const char *key) const {
         if (kind != OBJ) return nullptr;
@@ -66,10 +66,14 @@ struct dllm__json_parser {
         for (int i = 0; i < 4; i++) {
             char c = *p++;
             v <<= 4;
-            if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-            else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-            else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-            else return fail("bad hex digit in \\u escape");
+            if (c >= '0' && c <= '9')
+                v |= (uint32_t)(c - '0');
+            else if (c >= 'a' && c <= 'f')
+                v |= (uint32_t)(c - 'a' + 10);
+            else if (c >= 'A' && c <= 'F')
+                v |= (uint32_t)(c - 'A' + 10);
+            else
+                return fail("bad hex digit in \\u escape");
         }
         return true;
     }
@@ -81,7 +85,10 @@ struct dllm__json_parser {
             s.append(run, (size_t)(p - run));
             if (p >= end) return fail("unterminated string");
             char c = *p;
-            if (c == '"') { p++; return true; }
+            if (c == '"') {
+                p++;
+                return true;
+            }
             if ((unsigned char)c < 0x20) return fail("control character in string");
             p++;  // backslash
             if (p >= end) return fail("unterminated escape");
@@ -103,8 +110,12 @@ struct dllm__json_parser {
                         p += 2;
                         uint32_t lo;
                         if (!hex4(lo)) return false;
-                        if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                        else { p = save; cp = 0xFFFD; }
+                        if (lo >= 0xDC00 && lo < 0xE000)
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        else {
+                            p = save;
+                            cp = 0xFFFD;
+                        }
                     } else if (cp >= 0xD800 && cp < 0xE000) {
                         cp = 0xFFFD;  // lone surrogate: not representable in UTF-8
                     }
@@ -120,8 +131,10 @@ struct dllm__json_parser {
         bool integral = true;
         if (p < end && *p == '-') p++;
         if (p >= end || !(*p >= '0' && *p <= '9')) return fail("invalid number");
-        if (*p == '0') p++;
-        else while (p < end && *p >= '0' && *p <= '9') p++;
+        if (*p == '0')
+            p++;
+        else
+            while (p < end && *p >= '0' && *p <= '9') p++;
         if (p < end && *p == '.') {
             integral = false;
             p++;
@@ -141,7 +154,10 @@ struct dllm__json_parser {
         if (integral) {
             errno = 0;
             long long ll = strtoll(text.c_str(), nullptr, 10);
-            if (errno == 0) { v.is_integer = true; v.integer = ll; }
+            if (errno == 0) {
+                v.is_integer = true;
+                v.integer = ll;
+            }
         }
         return true;
     }
@@ -154,7 +170,10 @@ struct dllm__json_parser {
                 v.kind = dllm__json::OBJ;
                 p++;
                 skip_ws();
-                if (p < end && *p == '}') { p++; return true; }
+                if (p < end && *p == '}') {
+                    p++;
+                    return true;
+                }
                 while (true) {
                     skip_ws();
                     if (p >= end || *p != '"') return fail("expected a member name");
@@ -166,8 +185,14 @@ struct dllm__json_parser {
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') { p++; continue; }
-                    if (p < end && *p == '}') { p++; return true; }
+                    if (p < end && *p == ',') {
+                        p++;
+                        continue;
+                    }
+                    if (p < end && *p == '}') {
+                        p++;
+                        return true;
+                    }
                     return fail("expected ',' or '}'");
                 }
             }
@@ -175,19 +200,34 @@ struct dllm__json_parser {
                 v.kind = dllm__json::ARR;
                 p++;
                 skip_ws();
-                if (p < end && *p == ']') { p++; return true; }
+                if (p < end && *p == ']') {
+                    p++;
+                    return true;
+                }
                 while (true) {
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') { p++; continue; }
-                    if (p < end && *p == ']') { p++; return true; }
+                    if (p < end && *p == ',') {
+                        p++;
+                        continue;
+                    }
+                    if (p < end && *p == ']') {
+                        p++;
+                        return true;
+                    }
                     return fail("expected ',' or ']'");
                 }
             }
             case '"': v.kind = dllm__json::STR; return string(v.str);
-            case 't': v.kind = dllm__json::BOOL; v.boolean = true; return literal("true");
-            case 'f': v.kind = dllm__json::BOOL; v.boolean = false; return literal("false");
+            case 't':
+                v.kind = dllm__json::BOOL;
+                v.boolean = true;
+                return literal("true");
+            case 'f':
+                v.kind = dllm__json::BOOL;
+                v.boolean = false;
+                return literal("false");
             case 'n': v.kind = dllm__json::NUL; return literal("null");
             default: return number(v);
         }
@@ -200,7 +240,9 @@ static dllm_status dllm__json_parse(const char *text, size_t size, const std::st
     out = dllm__json();
     if (!ps.value(out, 0)) return dllm__fail(DLLM_ERR_FORMAT, "%s: invalid JSON: %s", what.c_str(), ps.error.c_str());
     ps.skip_ws();
-    if (ps.p != ps.end) return dllm__fail(DLLM_ERR_FORMAT, "%s: invalid JSON: trailing data at byte %lld", what.c_str(), (long long)(ps.p - text));
+    if (ps.p != ps.end)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: invalid JSON: trailing data at byte %lld", what.c_str(),
+                          (long long)(ps.p - text));
     return DLLM_OK;
 }
 

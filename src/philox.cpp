@@ -7,13 +7,13 @@
 // ---------------------------------------------------------------------------------------------------
 
 enum dllm__rng_stream : uint32_t {
-    DLLM__RNG_GUMBEL = 1,  // token noise for temperature > 0, counter (vocab index, position, step)
-    DLLM__RNG_REMASK = 2,  // 'random' remasking confidence, counter (0, position, step)
-    DLLM__RNG_NLL = 3,     // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
-    DLLM__RNG_DPAD = 4,    // DPad's kept suffix, counter (suffix distance, position, block)
-    DLLM__RNG_ORIGIN = 5,  // Dream's 'origin' transfer draw, counter (0, position, step)
-    DLLM__RNG_ALG_TEMP = 6, // alg_temp's Gumbel noise on the confidence, counter (0, position, step)
-    DLLM__RNG_SOLOQ = 7     // SoloQ's rotations (section 9b), counter (element, site, component)
+    DLLM__RNG_GUMBEL = 1,    // token noise for temperature > 0, counter (vocab index, position, step)
+    DLLM__RNG_REMASK = 2,    // 'random' remasking confidence, counter (0, position, step)
+    DLLM__RNG_NLL = 3,       // dllm-eval's masked-token NLL masks, counter (index, window, ratio)
+    DLLM__RNG_DPAD = 4,      // DPad's kept suffix, counter (suffix distance, position, block)
+    DLLM__RNG_ORIGIN = 5,    // Dream's 'origin' transfer draw, counter (0, position, step)
+    DLLM__RNG_ALG_TEMP = 6,  // alg_temp's Gumbel noise on the confidence, counter (0, position, step)
+    DLLM__RNG_SOLOQ = 7      // SoloQ's rotations (section 9b), counter (element, site, component)
 };
 
 static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4]) {
@@ -29,7 +29,10 @@ static void dllm__philox(uint64_t seed, const uint32_t ctr_in[4], uint32_t out[4
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
 }
 
 /* A uniform double strictly inside (0, 1): 53 random bits, offset by half a unit. */

@@ -38,10 +38,10 @@ static dllm_status dllm__fail(dllm_status status, const char *fmt, ...) {
     return status;
 }
 
-#define DLLM__TRY(expr)                          \
-    do {                                         \
-        dllm_status dllm__st_ = (expr);          \
-        if (dllm__st_ != DLLM_OK) return dllm__st_; \
+#define DLLM__TRY(expr)                                                                                                \
+    do {                                                                                                               \
+        dllm_status dllm__st_ = (expr);                                                                                \
+        if (dllm__st_ != DLLM_OK) return dllm__st_;                                                                    \
     } while (0)
 
 static void dllm__default_log(dllm_log_level level, const char *text, void *) {
@@ -89,8 +89,7 @@ static double dllm__now_ms() {
 
 /* The integer inside an enum a C caller passed: C lets any int through, and loading an out-of-range
  * value as the C++ enum type is undefined, so validation reads the bytes. */
-template <class E>
-static int dllm__enum_int(const E &e) {
+template <class E> static int dllm__enum_int(const E &e) {
     static_assert(sizeof(E) == sizeof(int), "dllm enums are int-sized");
     int v;
     memcpy(&v, &e, sizeof v);
@@ -118,7 +117,10 @@ static inline float dllm__f16_to_f32(uint16_t h) {
             u = sign;
         } else {  // subnormal: renormalise
             int e = -1;
-            do { man <<= 1; e++; } while (!(man & 1024));
+            do {
+                man <<= 1;
+                e++;
+            } while (!(man & 1024));
             u = sign | ((uint32_t)(112 - e) << 23) | ((man & 1023) << 13);
         }
     } else if (exp == 31) {
@@ -180,7 +182,8 @@ static dllm_status dllm__open_file(const std::string &path, bool use_mmap, std::
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
                 close(fd);
-                return dllm__fail(DLLM_ERR_IO, "cannot read %s: %s", path.c_str(), r < 0 ? strerror(errno) : "short read");
+                return dllm__fail(DLLM_ERR_IO, "cannot read %s: %s", path.c_str(),
+                                  r < 0 ? strerror(errno) : "short read");
             }
             got += (size_t)r;
         }
@@ -236,27 +239,41 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
     bool jit_verbose = false, jit_fail_on_spill = false;
-    int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1, fa_wg_stages = 0;  // 0 (-1): the table's
-    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true, no_graphs = false;
+    int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1,
+        fa_wg_stages = 0;  // 0 (-1): the table's
+    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true,
+         no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
     bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
     int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the fastest of the three
 };
 
 static dllm__env_switches dllm__env_read() {
-    auto str = [](const char *name) { const char *v = getenv(name); return std::string(v ? v : ""); };
-    auto num = [](const char *name, int dflt) { const char *v = getenv(name); return v && *v ? atoi(v) : dflt; };
+    auto str = [](const char *name) {
+        const char *v = getenv(name);
+        return std::string(v ? v : "");
+    };
+    auto num = [](const char *name, int dflt) {
+        const char *v = getenv(name);
+        return v && *v ? atoi(v) : dflt;
+    };
     dllm__env_switches e;
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     e.cache_dir = str("DLLM_CACHE_DIR");
-    if (e.cache_dir == "off") e.cache_dir.clear();
-    else if (e.cache_dir.empty()) e.cache_dir = xdg && *xdg ? std::string(xdg) + "/dllm" : home && *home ? std::string(home) + "/.cache/dllm" : "";
+    if (e.cache_dir == "off")
+        e.cache_dir.clear();
+    else if (e.cache_dir.empty())
+        e.cache_dir = xdg && *xdg     ? std::string(xdg) + "/dllm"
+                      : home && *home ? std::string(home) + "/.cache/dllm"
+                                      : "";
     e.jit_dump = str("DLLM_JIT_DUMP");
     e.fp8_gemm = str("DLLM_FP8_GEMM");
     e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
     e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
-    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0), e.fa_stages = num("DLLM_FA_STAGES", 0);
-    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1), e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
+    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0),
+    e.fa_stages = num("DLLM_FA_STAGES", 0);
+    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1),
+    e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
     e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
     e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
     e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;

@@ -2,8 +2,8 @@
 
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
-    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision, const dllm__soloq_options &soloq,
-                      int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
+    dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision,
+                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
         : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
         if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
@@ -28,7 +28,9 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
-    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override { return bd_forward_on(bd_kv_, kvq_, call, logits); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        return bd_forward_on(bd_kv_, kvq_, call, logits);
+    }
 
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
@@ -51,10 +53,13 @@ class dllm__cpu_backend : public dllm__backend_impl {
         for (size_t i = 0; i < seqs.size(); i++) {
             const int slot = seqs[i].slot;
             if (slot < 0 || (size_t)slot >= bd_slots_.size() || seen[(size_t)slot])
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu names slot %d (%zu reserved, each once a forward)", i, slot,
-                                  bd_slots_.size());
+                return dllm__fail(
+                    DLLM_ERR_INTERNAL,
+                    "batched block diffusion: sequence %zu names slot %d (%zu reserved, each once a forward)", i, slot,
+                    bd_slots_.size());
             if (!(seqs[i].pick ? (void *)choices : (void *)logits))
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu has %s to return and no array for them", i,
+                return dllm__fail(DLLM_ERR_INTERNAL,
+                                  "batched block diffusion: sequence %zu has %s to return and no array for them", i,
                                   seqs[i].pick ? "choices" : "logits");
             seen[(size_t)slot] = true;
         }
@@ -70,12 +75,15 @@ class dllm__cpu_backend : public dllm__backend_impl {
             DLLM__TRY(bd_forward_on(slot.kv, slot.kvq, s.call, bd_raw_.data()));
             const dllm__bd_pick &pick = *s.pick;
             for (int i = 0; i < pick.n; i++)
-                *choices++ = dllm__choose(bd_raw_.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
+                *choices++ = dllm__choose(bd_raw_.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling,
+                                          (uint32_t)(pick.pos0 + i), 0);
         }
         return DLLM_OK;
     }
 
-    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bd_kv_.fa.rows, reused = bd_kv_.fa.rows_reused; }
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override {
+        rows = bd_kv_.fa.rows, reused = bd_kv_.fa.rows_reused;
+    }
 
     dllm_status begin_block(dllm__decode &st) override {
         st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
@@ -109,7 +117,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
             raw_rows += (size_t)(seqs[i].r1 - seqs[i].r0);
         }
         raw_.resize(raw_rows * c.n_vocab);
-        if (!plan.empty()) dllm__cpu_forward_seqs(m_, pool_, buf_, seqs, cos_.data(), sin_.data(), raw_.data(), fp8_, head_.get());
+        if (!plan.empty())
+            dllm__cpu_forward_seqs(m_, pool_, buf_, seqs, cos_.data(), sin_.data(), raw_.data(), fp8_, head_.get());
         const float *raw = raw_.data();
         for (size_t i = 0; i < plan.size(); i++) {
             dllm__unshift_rows(c, raw, seqs[i].r0, plan[i].r0, plan[i].r1, out);
@@ -130,10 +139,12 @@ class dllm__cpu_backend : public dllm__backend_impl {
         const dllm__config &c = m_.cfg;
         for (size_t i = 0; i < plan.size(); i++) {
             const dllm__batch_seq &s = plan[i];
-            if (s.slot < 0 || (size_t)s.slot >= batch_kv_.size() || s.n > batch_kv_rows_[(size_t)s.slot] || s.q0 < 0 || s.q1 > s.n || s.q0 >= s.q1 ||
-                (s.fill && (s.q0 != 0 || s.q1 != s.n)))
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu (slot %d, %d rows, rows [%d, %d)) does not fit its cache", i,
-                                  s.slot, s.n, s.q0, s.q1);
+            if (s.slot < 0 || (size_t)s.slot >= batch_kv_.size() || s.n > batch_kv_rows_[(size_t)s.slot] || s.q0 < 0 ||
+                s.q1 > s.n || s.q0 >= s.q1 || (s.fill && (s.q0 != 0 || s.q1 != s.n)))
+                return dllm__fail(
+                    DLLM_ERR_INTERNAL,
+                    "batched K/V-cache step: sequence %zu (slot %d, %d rows, rows [%d, %d)) does not fit its cache", i,
+                    s.slot, s.n, s.q0, s.q1);
             dllm__cpu_kv &kv = batch_kv_[(size_t)s.slot];
             if (s.fill) {
                 kv.n = s.n;
@@ -141,7 +152,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
                 kv.k.assign(elems, 0.0f);
                 kv.v.assign(elems, 0.0f);
             } else if (kv.n != s.n) {
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu has %d rows, its cache %d", i, s.n, kv.n);
+                return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu has %d rows, its cache %d",
+                                  i, s.n, kv.n);
             }
             dllm__cpu_rows rows;
             rows.q0 = s.q0, rows.q1 = s.q1, rows.positions = s.positions, rows.kv = &kv;
@@ -155,11 +167,15 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* bd_forward on the committed cache kv (kvq: its codes under kv_quant). */
     dllm_status bd_forward_on(dllm__bd_kv &kv, dllm__kvq &kvq, const dllm__bd_call &call, float *logits) {
         if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > kv.block_rows)
-            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, kv.block_rows);
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "block diffusion: a sub-block forward at %d outside the block cache (%d rows)",
+                              call.offset, kv.block_rows);
         const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? kv.block_rows : call.T;
         if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
-            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
-                              call.T, kv.n, kv.cap);
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
+                call.T, kv.n, kv.cap);
         const int row0 = kv.n;
         dllm__cpu_bd_forward(m_, pool_, buf_, kv, call, cos_.data(), sin_.data(), logits, fp8_, head_.get());
         if (call.kind == DLLM__BD_COMMIT && kvq.enabled())
@@ -172,7 +188,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
         const dllm__config &c = m_.cfg;
         int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
         raw_.resize((size_t)(raw1 - raw0) * c.n_vocab);
-        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(), fp8_, head_.get());
+        dllm__cpu_forward(m_, pool_, buf_, ids, n, rows, nullptr, cos_.data(), sin_.data(), raw0, raw1, raw_.data(),
+                          fp8_, head_.get());
         dllm__unshift_rows(c, raw_.data(), raw0, r0, r1, out);
     }
 
@@ -210,20 +227,22 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     const dllm_model &m_;
     dllm__pool pool_;
-    std::vector<dllm__fp8_layer> fp8_;  // FP8 / SoloQ precisions: weights kept as codes + scales (1 byte or 4-4.5 bits a weight, as on the GPU)
+    std::vector<dllm__fp8_layer>
+        fp8_;  // FP8 / SoloQ precisions: weights kept as codes + scales (1 byte or 4-4.5 bits a weight, as on the GPU)
     std::shared_ptr<const dllm__soloq_layer> head_;  // SoloQ with quantize_lm_head
     dllm__cpu_buffers buf_;
-    dllm__cpu_kv kv_[2];  // conditional and (CFG) unconditional canvases
+    dllm__cpu_kv kv_[2];                  // conditional and (CFG) unconditional canvases
     std::vector<dllm__cpu_kv> batch_kv_;  // [batch] the K/V caches of a batched decode's sequences (batch_kv_reserve)
-    std::vector<int> batch_kv_rows_;       // their capacities in rows
-    dllm__bd_kv bd_kv_;   // block diffusion's committed blocks and block cache
-    dllm__kvq kvq_;       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
+    std::vector<int> batch_kv_rows_;      // their capacities in rows
+    dllm__bd_kv bd_kv_;                   // block diffusion's committed blocks and block cache
+    dllm__kvq kvq_;                       // kv_quant: the committed blocks' codes (bd_kv_ holds their decoded values)
     struct bd_slot {
         dllm__bd_kv kv;
         dllm__kvq kvq;
     };
-    std::vector<bd_slot> bd_slots_;  // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
-    std::vector<float> bd_raw_;      // a batched step's logits, before its choice
+    std::vector<bd_slot>
+        bd_slots_;               // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
+    std::vector<float> bd_raw_;  // a batched step's logits, before its choice
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };

@@ -10,14 +10,14 @@
  * them while the row's token is unchanged. Cached and uncached runs do the same two parts and the same merge, so
  * they give the same bits by construction. */
 struct dllm__bd_facache {
-    int n = -1;                        // committed rows the held states were computed over (-1: none held)
-    unsigned epoch = 0;                // dllm__bd_kv::epoch they were computed under
-    std::vector<int32_t> token;        // [block offset] the row's token, -1: nothing held
-    std::vector<float> q, k, v;        // [block offset][n_head * hd] / [n_head_kv * hd]: layer 0's Q (RoPE and query
-                                       // scaling applied), K (RoPE applied) and V
-    std::vector<double> m, l, acc;     // [block offset][n_head] and [block offset][n_head][hd]: the committed part
-    dllm__cpu_buffers scratch;         // the changed rows' layer-0 Q/K/V, computed apart
-    int64_t rows = 0, rows_reused = 0; // layer-0 rows a cached forward needed the state of; of those, reused
+    int n = -1;                         // committed rows the held states were computed over (-1: none held)
+    unsigned epoch = 0;                 // dllm__bd_kv::epoch they were computed under
+    std::vector<int32_t> token;         // [block offset] the row's token, -1: nothing held
+    std::vector<float> q, k, v;         // [block offset][n_head * hd] / [n_head_kv * hd]: layer 0's Q (RoPE and query
+                                        // scaling applied), K (RoPE applied) and V
+    std::vector<double> m, l, acc;      // [block offset][n_head] and [block offset][n_head][hd]: the committed part
+    dllm__cpu_buffers scratch;          // the changed rows' layer-0 Q/K/V, computed apart
+    int64_t rows = 0, rows_reused = 0;  // layer-0 rows a cached forward needed the state of; of those, reused
 
     /* Drops what was computed over another committed cache; grows to `offsets` block rows. */
     void fit(const dllm__config &c, int n_committed, unsigned kv_epoch, int offsets) {
@@ -60,19 +60,19 @@ enum dllm__bd_kind {
 struct dllm__bd_call {
     dllm__bd_kind kind = DLLM__BD_STEP;
     const int32_t *ids = nullptr;
-    int T = 0;            // rows forwarded
-    int offset = 0;       // SUB_BLOCK: the rows' offset in the block (RoPE position n + offset + i)
-    int mask_block = 0;   // block-causal granularity Bm (0: no mask)
-    int r0 = 0, r1 = 0;   // the raw (unshifted) output rows wanted, within [0, T)
-    int kv_group = 0;     // COMMIT under kv_quant: rows per key group, the generation's block (0: the model's bd_size)
-    bool lacache = false; // [FACache]: reuse layer 0's per-row work of unchanged rows (dllm_gen_params.lacache == ON)
+    int T = 0;             // rows forwarded
+    int offset = 0;        // SUB_BLOCK: the rows' offset in the block (RoPE position n + offset + i)
+    int mask_block = 0;    // block-causal granularity Bm (0: no mask)
+    int r0 = 0, r1 = 0;    // the raw (unshifted) output rows wanted, within [0, T)
+    int kv_group = 0;      // COMMIT under kv_quant: rows per key group, the generation's block (0: the model's bd_size)
+    bool lacache = false;  // [FACache]: reuse layer 0's per-row work of unchanged rows (dllm_gen_params.lacache == ON)
 };
 
 /* The softmax state of query qi over keys [j0, j1) of kv head kvh, in double, keys in ascending order: m the
  * max score, l the sum of exp(s - m), acc the sum of exp(s - m) v (m = -inf, l = 0, acc = 0 over no key).
  * Scores as dllm__cpu_attention computes them. p: scratch of at least j1 entries. */
-static void dllm__cpu_softmax_part(const float *qi, const float *k, const float *v, int j0, int j1, int n_kv, int kvh, int hd, float scale,
-                                   double *p, double &m, double &l, double *acc) {
+static void dllm__cpu_softmax_part(const float *qi, const float *k, const float *v, int j0, int j1, int n_kv, int kvh,
+                                   int hd, float scale, double *p, double &m, double &l, double *acc) {
     m = -INFINITY, l = 0;
     for (int c = 0; c < hd; c++) acc[c] = 0;
     for (int j = j0; j < j1; j++) {
@@ -88,7 +88,8 @@ static void dllm__cpu_softmax_part(const float *qi, const float *k, const float 
 }
 
 /* out = the softmax average of two parts' states (FlashAttention's merge of two tiles); 0 where no key was seen. */
-static void dllm__softmax_merge(double m1, double l1, const double *acc1, double m2, double l2, const double *acc2, int hd, float *out) {
+static void dllm__softmax_merge(double m1, double l1, const double *acc1, double m2, double l2, const double *acc2,
+                                int hd, float *out) {
     const double mx = std::max(m1, m2);
     if (mx == -INFINITY) {
         for (int c = 0; c < hd; c++) out[c] = 0.0f;
@@ -112,8 +113,9 @@ struct dllm__bd_states {
  * visible to every row, which sits at or after n_committed), then over the keys [n_committed, n_visible) of the
  * forward itself, merged by dllm__softmax_merge. With no committed key it is dllm__cpu_attention's result bit for
  * bit (the merge multiplies by exp(0) = 1). */
-static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq, int n_committed, int Tk, int n_head,
-                                int n_kv, int hd, float *out, int q_index0, int mask_block, const dllm__bd_states &states) {
+static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq,
+                                int n_committed, int Tk, int n_head, int n_kv, int hd, float *out, int q_index0,
+                                int mask_block, const dllm__bd_states &states) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
@@ -128,10 +130,12 @@ static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k
             if (states.m && states.reuse && states.reuse[i]) {
                 mc = states.m[at], lc = states.l[at];
             } else {
-                dllm__cpu_softmax_part(qi, k, v, 0, std::min(n_committed, n_visible), n_kv, kvh, hd, scale, p.data(), mc, lc, acc);
+                dllm__cpu_softmax_part(qi, k, v, 0, std::min(n_committed, n_visible), n_kv, kvh, hd, scale, p.data(),
+                                       mc, lc, acc);
                 if (states.m) states.m[at] = mc, states.l[at] = lc;
             }
-            dllm__cpu_softmax_part(qi, k, v, std::min(n_committed, n_visible), n_visible, n_kv, kvh, hd, scale, p.data(), mf, lf, acc_f.data());
+            dllm__cpu_softmax_part(qi, k, v, std::min(n_committed, n_visible), n_visible, n_kv, kvh, hd, scale,
+                                   p.data(), mf, lf, acc_f.data());
             dllm__softmax_merge(mc, lc, acc, mf, lf, acc_f.data(), hd, out + at * hd);
         }
     });
@@ -141,8 +145,9 @@ static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k
  * offset (same committed cache, so same position) is copied from it and marked in reuse; the others are computed
  * apart, in fa.scratch (every op of dllm__cpu_qkv and the query scaling is row-wise, so the bits are those of the
  * whole forward's), and kept. Counts the rows for dllm_gen_stats. */
-static void dllm__cpu_bd_qkv_cached(const dllm_model &m, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv,
-                                    const dllm__bd_call &call, const float *cos_t, const float *sin_t, std::vector<uint8_t> &reuse) {
+static void dllm__cpu_bd_qkv_cached(const dllm_model &m, const dllm__fp8_layer *q8, dllm__pool &pool,
+                                    dllm__cpu_buffers &b, dllm__bd_kv &kv, const dllm__bd_call &call,
+                                    const float *cos_t, const float *sin_t, std::vector<uint8_t> &reuse) {
     const dllm__config &c = m.cfg;
     const int T = call.T;
     const size_t d = (size_t)c.n_embd, qd = (size_t)c.n_head * c.head_dim, kvd = (size_t)c.n_head_kv * c.head_dim;
@@ -182,8 +187,9 @@ static void dllm__cpu_bd_qkv_cached(const dllm_model &m, const dllm__fp8_layer *
 
 /* Attention half of a block-diffusion layer (see dllm__bd_kind), then o_proj and the residual. Layer 0 of a forward
  * over a non-empty committed cache under call.lacache takes [FACache]'s held Q/K/V and committed states. */
-static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm__fp8_layer *q8, dllm__pool &pool, dllm__cpu_buffers &b,
-                                   dllm__bd_kv &kv, const dllm__bd_call &call, const float *cos_t, const float *sin_t) {
+static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm__fp8_layer *q8, dllm__pool &pool,
+                                   dllm__cpu_buffers &b, dllm__bd_kv &kv, const dllm__bd_call &call, const float *cos_t,
+                                   const float *sin_t) {
     const dllm__config &c = m.cfg;
     const int T = call.T, kvd = c.n_head_kv * c.head_dim;
     const bool cached = call.lacache && layer == 0 && kv.n > 0;
@@ -202,8 +208,10 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
     const size_t row_bytes = sizeof(float) * kvd;
     int n_keys = kv.n + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
-        float *bkc = kv.block_k.data() + layer * kv.block_rows * kvd, *bvc = kv.block_v.data() + layer * kv.block_rows * kvd;
-        memcpy(bkc + (size_t)call.offset * kvd, b.k.data(), row_bytes * T);  // the overwrite persists (block-diffusion.md)
+        float *bkc = kv.block_k.data() + layer * kv.block_rows * kvd,
+              *bvc = kv.block_v.data() + layer * kv.block_rows * kvd;
+        memcpy(bkc + (size_t)call.offset * kvd, b.k.data(),
+               row_bytes * T);  // the overwrite persists (block-diffusion.md)
         memcpy(bvc + (size_t)call.offset * kvd, b.v.data(), row_bytes * T);
         memcpy(kc + (size_t)kv.n * kvd, bkc, row_bytes * kv.block_rows);
         memcpy(vc + (size_t)kv.n * kvd, bvc, row_bytes * kv.block_rows);
@@ -216,16 +224,16 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
-    dllm__cpu_bd_attend(pool, b.q.data(), kc, vc, T, kv.n, n_keys, c.n_head, c.n_head_kv, c.head_dim, b.att.data(), kv.n + call.offset,
-                        call.mask_block, states);
+    dllm__cpu_bd_attend(pool, b.q.data(), kc, vc, T, kv.n, n_keys, c.n_head, c.n_head_kv, c.head_dim, b.att.data(),
+                        kv.n + call.offset, call.mask_block, states);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
 /* One forward of the block-diffusion schedule over call.T rows; writes the raw logits of rows [r0, r1).
  * The caller sizes kv (kv.n + rows <= kv.cap). */
-static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv, const dllm__bd_call &call,
-                                 const float *cos_t, const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8,
-                                 const dllm__soloq_layer *head = nullptr) {
+static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, dllm__bd_kv &kv,
+                                 const dllm__bd_call &call, const float *cos_t, const float *sin_t, float *logits,
+                                 const std::vector<dllm__fp8_layer> &fp8, const dllm__soloq_layer *head = nullptr) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, T = call.T, kvd = c.n_head_kv * c.head_dim;
     b.fit(c, T);
@@ -244,6 +252,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
         dllm__cpu_ffn_block(m, l, q8, pool, b, T);
     }
     if (call.kind == DLLM__BD_COMMIT) kv.n += T, kv.epoch++;
-    dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_rmsnorm(b.h.data() + (size_t)call.r0 * d, call.r1 - call.r0, d, m.final_norm.data(), c.norm_eps,
+                      b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }

@@ -114,7 +114,8 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
             for (int r = r0; r < r1; r++) amax = dllm__amax(w + (size_t)r * cols + c0, n, amax);
             const float s = dllm__e4m3_scale(amax);
             for (int r = r0; r < r1; r++)
-                for (int c = c0; c < c0 + n; c++) m.q[(size_t)r * cols + c] = dllm__f32_to_e4m3(w[(size_t)r * cols + c] / s);
+                for (int c = c0; c < c0 + n; c++)
+                    m.q[(size_t)r * cols + c] = dllm__f32_to_e4m3(w[(size_t)r * cols + c] / s);
             m.scale[(size_t)rb * cb_n + cb] = s;
         }
     return m;
@@ -126,8 +127,8 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
  * as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32 (each product is exact: an E4M3
  * value has 4 significant bits). Only the order of G's sum differs from the tensor cores'. The tests' reference: the
  * CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the library itself never calls it. */
-[[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows, const uint8_t *wq,
-                                                 const float *w_scale, int n, int k, uint16_t *y) {
+[[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows,
+                                                 const uint8_t *wq, const float *w_scale, int n, int k, uint16_t *y) {
     const int groups = k / dllm__fp8_group, w_ld = (groups + 3) / 4 * 4;
     const float *decode = dllm__e4m3_table();
     std::vector<float> xd((size_t)k), wd((size_t)n * k);
@@ -140,7 +141,8 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
             for (int g = 0; g < groups; g++) {
                 float G = 0;
                 for (int c = g * dllm__fp8_group; c < (g + 1) * dllm__fp8_group; c++) G += xd[(size_t)c] * wr[c];
-                total = fmaf(G, x_scale[(size_t)g * m_pad + m] * w_scale[(size_t)(j / dllm__fp8_group) * w_ld + g], total);
+                total =
+                    fmaf(G, x_scale[(size_t)g * m_pad + m] * w_scale[(size_t)(j / dllm__fp8_group) * w_ld + g], total);
             }
             y[(size_t)m * n + j] = dllm__f32_to_bf16(total);
         }
@@ -156,15 +158,23 @@ static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm_
     for (const dllm__tensor *t : parts) n += (size_t)t->numel;
     w.reserve(n);
     for (const dllm__tensor *t : parts)
-        for (int64_t i = 0; i < t->numel; i++) w.push_back(dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i))));
+        for (int64_t i = 0; i < t->numel; i++)
+            w.push_back(dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i))));
     return dllm__quantize_blocks(w.data(), (int)(w.size() / (size_t)cols), cols);
 }
 
 /* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. */
-enum dllm__soloq_site { DLLM__SOLOQ_QKV, DLLM__SOLOQ_O, DLLM__SOLOQ_GU, DLLM__SOLOQ_DOWN, DLLM__SOLOQ_HEAD, DLLM__SOLOQ_SITES };
+enum dllm__soloq_site {
+    DLLM__SOLOQ_QKV,
+    DLLM__SOLOQ_O,
+    DLLM__SOLOQ_GU,
+    DLLM__SOLOQ_DOWN,
+    DLLM__SOLOQ_HEAD,
+    DLLM__SOLOQ_SITES
+};
 struct dllm__soloq_layer;
-static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q, int site, int row0,
-                                   const float *bias, int N, float *y);
+static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
+                                   int site, int row0, const float *bias, int N, float *y);
 
 /* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). */
 struct dllm__fp8_layer {

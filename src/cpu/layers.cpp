@@ -1,21 +1,23 @@
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
 
 /* y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on an FP8 weight; x is quantised in place first. */
-static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const dllm__fp8_matrix &W, int row0, const float *bias, int N,
-                                 float *y) {
+static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const dllm__fp8_matrix &W, int row0,
+                                 const float *bias, int N, float *y) {
     dllm__fake_quantize_groups(x, T, K);
-    dllm__cpu_linear_rows(pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
+    dllm__cpu_linear_rows(
+        pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
 /* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision (q: its FP8 or
  * SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards (bidirectional, block
  * diffusion) take it. */
-static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T,
-                          const float *cos_t, const float *sin_t) {
+static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                          dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[layer];
     const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(), *bv = L.bv.empty() ? nullptr : L.bv.data();
+    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(),
+                *bv = L.bv.empty() ? nullptr : L.bv.data();
     dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
     if (q && q->soloq) {
         dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_QKV, 0, bq, qd, b.q.data());
@@ -23,8 +25,10 @@ static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_lay
         dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd + kvd, bv, kvd, b.v.data());
     } else if (q && !q->qkv.empty()) {
         dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->qkv, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
-        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
+        dllm__cpu_linear_rows(
+            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
+        dllm__cpu_linear_rows(
+            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
     } else {
         dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
         dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
@@ -35,11 +39,15 @@ static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_lay
 }
 
 /* h += O(b.att) for the T rows, in the layer's precision. */
-static void dllm__cpu_out_proj(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+static void dllm__cpu_out_proj(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                               dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd, qd = m.cfg.n_head * m.cfg.head_dim;
-    if (q && q->soloq) dllm__cpu_linear_soloq(pool, b.att.data(), true, T, *q->soloq, DLLM__SOLOQ_O, 0, nullptr, d, b.tmp.data());
-    else if (q && !q->o.empty()) dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
-    else dllm__cpu_linear(pool, b.att.data(), T, qd, *m.layers[layer].wo, nullptr, d, b.tmp.data());
+    if (q && q->soloq)
+        dllm__cpu_linear_soloq(pool, b.att.data(), true, T, *q->soloq, DLLM__SOLOQ_O, 0, nullptr, d, b.tmp.data());
+    else if (q && !q->o.empty())
+        dllm__cpu_linear_fp8(pool, b.att.data(), T, qd, q->o, 0, nullptr, d, b.tmp.data());
+    else
+        dllm__cpu_linear(pool, b.att.data(), T, qd, *m.layers[layer].wo, nullptr, d, b.tmp.data());
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
@@ -48,49 +56,54 @@ static void dllm__cpu_out_proj(const dllm_model &m, size_t layer, const dllm__fp
  * sequences; row0 is where this one's begin. */
 struct dllm__cpu_seq {
     const int32_t *ids = nullptr;
-    int n = 0;                        // canvas rows
-    dllm__cpu_rows rows;              // rows.q1 == 0: every row
+    int n = 0;            // canvas rows
+    dllm__cpu_rows rows;  // rows.q1 == 0: every row
     const uint8_t *key_valid = nullptr;
-    int r0 = 0, r1 = 0;               // unshifted output rows, inside the computed ones
-    int row0 = 0;                     // first row in the concatenation (set by dllm__cpu_forward_seqs)
+    int r0 = 0, r1 = 0;  // unshifted output rows, inside the computed ones
+    int row0 = 0;        // first row in the concatenation (set by dllm__cpu_forward_seqs)
 };
 
 /* Attention of one sequence over its own keys: its rows [row0, row0 + T) of b.q, b.k, b.v into b.att. With a
  * K/V cache the rows' keys and values overwrite their cache slots and attention reads every cached row. */
-static void dllm__cpu_attend(const dllm__config &c, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, const dllm__cpu_seq &s) {
+static void dllm__cpu_attend(const dllm__config &c, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b,
+                             const dllm__cpu_seq &s) {
     const int T = s.rows.q1 - s.rows.q0, kvd = c.n_head_kv * c.head_dim, qd = c.n_head * c.head_dim;
     const float *keys = b.k.data() + (size_t)s.row0 * kvd, *values = b.v.data() + (size_t)s.row0 * kvd;
     int n_keys = T;
     if (s.rows.kv) {
-        float *kc = s.rows.kv->k.data() + layer * s.rows.kv->n * kvd, *vc = s.rows.kv->v.data() + layer * s.rows.kv->n * kvd;
+        float *kc = s.rows.kv->k.data() + layer * s.rows.kv->n * kvd,
+              *vc = s.rows.kv->v.data() + layer * s.rows.kv->n * kvd;
         memcpy(kc + (size_t)s.rows.q0 * kvd, keys, sizeof(float) * T * kvd);
         memcpy(vc + (size_t)s.rows.q0 * kvd, values, sizeof(float) * T * kvd);
         keys = kc, values = vc, n_keys = s.rows.kv->n;
     }
-    dllm__cpu_attention(pool, b.q.data() + (size_t)s.row0 * qd, keys, values, T, n_keys, c.n_head, c.n_head_kv, c.head_dim, s.key_valid,
-                        b.att.data() + (size_t)s.row0 * qd);
+    dllm__cpu_attention(pool, b.q.data() + (size_t)s.row0 * qd, keys, values, T, n_keys, c.n_head, c.n_head_kv,
+                        c.head_dim, s.key_valid, b.att.data() + (size_t)s.row0 * qd);
 }
 
 /* Attention half of a layer over the T concatenated rows of b.h: h += O(attention(RoPE(QKV(norm(h))))). The
  * projections take every row at once (each row alone, so batching changes no bit); attention stays inside each
  * sequence. q: the layer's quantised weights or null. */
-static void dllm__cpu_attention_seqs(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                                     const std::vector<dllm__cpu_seq> &seqs, int T, const float *cos_t, const float *sin_t) {
+static void dllm__cpu_attention_seqs(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                                     dllm__cpu_buffers &b, const std::vector<dllm__cpu_seq> &seqs, int T,
+                                     const float *cos_t, const float *sin_t) {
     dllm__cpu_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
     for (const dllm__cpu_seq &s : seqs) dllm__cpu_attend(m.cfg, layer, pool, b, s);
     dllm__cpu_out_proj(m, layer, q, pool, b, T);
 }
 
 /* The attention half for one sequence's rows [rows.q0, rows.q1). */
-static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                                      const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                                      dllm__cpu_buffers &b, const dllm__cpu_rows &rows, const uint8_t *key_valid,
+                                      const float *cos_t, const float *sin_t) {
     std::vector<dllm__cpu_seq> one(1);
     one[0].rows = rows, one[0].key_valid = key_valid;
     dllm__cpu_attention_seqs(m, layer, q, pool, b, one, rows.q1 - rows.q0, cos_t, sin_t);
 }
 
 /* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
-static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool,
+                          dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd, ff = m.cfg.n_ff;
     const bool fp8 = q && !q->gu.empty(), soloq = q && q->soloq;
     if (soloq) {
@@ -98,19 +111,24 @@ static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, con
         dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_GU, ff, nullptr, ff, b.up.data());
     } else if (fp8) {
         dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->gu, 0, nullptr, ff, b.gate.data());
-        dllm__cpu_linear_rows(pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
+        dllm__cpu_linear_rows(
+            pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
     } else {
         dllm__cpu_linear(pool, b.a.data(), T, d, *L.gate, nullptr, ff, b.gate.data());
         dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, ff, b.up.data());
     }
     for (size_t i = 0; i < (size_t)T * ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
-    if (soloq) dllm__cpu_linear_soloq(pool, b.gate.data(), true, T, *q->soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, b.tmp.data());
-    else if (fp8) dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
-    else dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
+    if (soloq)
+        dllm__cpu_linear_soloq(pool, b.gate.data(), true, T, *q->soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, b.tmp.data());
+    else if (fp8)
+        dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
+    else
+        dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
 }
 
 /* The MLP half of a layer over the T rows of b.h: h += FFN(norm(h)). Both forwards take it. */
-static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                                dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
     dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
@@ -118,14 +136,19 @@ static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__f
 }
 
 /* logits = LM head of the rows of b.a (already final-normed): BF16/fp32, or SoloQ with quantize_lm_head (head). */
-static void dllm__cpu_lm_head(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, int rows, const dllm__soloq_layer *head, float *logits) {
-    if (head) dllm__cpu_linear_soloq(pool, b.a.data(), true, rows, *head, DLLM__SOLOQ_HEAD, 0, nullptr, m.cfg.n_vocab, logits);
-    else dllm__cpu_linear(pool, b.a.data(), rows, m.cfg.n_embd, *m.head, nullptr, m.cfg.n_vocab, logits);
+static void dllm__cpu_lm_head(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, int rows,
+                              const dllm__soloq_layer *head, float *logits) {
+    if (head)
+        dllm__cpu_linear_soloq(pool, b.a.data(), true, rows, *head, DLLM__SOLOQ_HEAD, 0, nullptr, m.cfg.n_vocab,
+                               logits);
+    else
+        dllm__cpu_linear(pool, b.a.data(), rows, m.cfg.n_embd, *m.head, nullptr, m.cfg.n_vocab, logits);
 }
 
 /* One transformer layer over one sequence's rows of b.h, in place (the tests step through a forward with it). */
-[[maybe_unused]] static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool, dllm__cpu_buffers &b,
-                                             const dllm__cpu_rows &rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
+[[maybe_unused]] static void dllm__cpu_layer(const dllm_model &m, size_t layer, const dllm__fp8_layer *q,
+                                             dllm__pool &pool, dllm__cpu_buffers &b, const dllm__cpu_rows &rows,
+                                             const uint8_t *key_valid, const float *cos_t, const float *sin_t) {
     dllm__cpu_attention_block(m, layer, q, pool, b, rows, key_valid, cos_t, sin_t);
     dllm__cpu_ffn_block(m, layer, q, pool, b, rows.q1 - rows.q0);
 }
@@ -136,8 +159,10 @@ static void dllm__cpu_lm_head(const dllm_model &m, dllm__pool &pool, dllm__cpu_b
  * is the same whatever its neighbours, so a sequence's logits are bit-identical to its forward alone.
  * fp8: per-layer quantised weights (dllm__cpu_fp8_weights, dllm__cpu_soloq_weights), empty for the exact reference;
  * head: SoloQ's quantised LM head or null (BF16). */
-static void dllm__cpu_forward_seqs(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, std::vector<dllm__cpu_seq> &seqs, const float *cos_t,
-                                   const float *sin_t, float *logits, const std::vector<dllm__fp8_layer> &fp8, const dllm__soloq_layer *head) {
+static void dllm__cpu_forward_seqs(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b,
+                                   std::vector<dllm__cpu_seq> &seqs, const float *cos_t, const float *sin_t,
+                                   float *logits, const std::vector<dllm__fp8_layer> &fp8,
+                                   const dllm__soloq_layer *head) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd;
     int T = 0;
@@ -160,7 +185,8 @@ static void dllm__cpu_forward_seqs(const dllm_model &m, dllm__pool &pool, dllm__
     }
     int out_rows = 0;  // the output rows, gathered into b.a for one LM head over all of them
     for (const dllm__cpu_seq &s : seqs) {
-        dllm__cpu_rmsnorm(b.h.data() + (size_t)(s.row0 + s.r0 - s.rows.q0) * d, s.r1 - s.r0, d, m.final_norm.data(), c.norm_eps, b.a.data() + (size_t)out_rows * d);
+        dllm__cpu_rmsnorm(b.h.data() + (size_t)(s.row0 + s.r0 - s.rows.q0) * d, s.r1 - s.r0, d, m.final_norm.data(),
+                          c.norm_eps, b.a.data() + (size_t)out_rows * d);
         out_rows += s.r1 - s.r0;
     }
     dllm__cpu_lm_head(m, pool, b, out_rows, head, logits);
@@ -172,9 +198,11 @@ static void dllm__cpu_forward_seqs(const dllm_model &m, dllm__pool &pool, dllm__
 
 /* Forward of the canvas ids[0..n) over the rows [rows.q0, rows.q1) (every row if rows.q1 == 0); writes the
  * unshifted output rows [r0, r1) (canvas rows inside the computed ones) to logits: a batch of one. */
-static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n, dllm__cpu_rows rows,
-                              const uint8_t *key_valid, const float *cos_t, const float *sin_t, int r0, int r1, float *logits,
-                              const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>(), const dllm__soloq_layer *head = nullptr) {
+static void dllm__cpu_forward(const dllm_model &m, dllm__pool &pool, dllm__cpu_buffers &b, const int32_t *ids, int n,
+                              dllm__cpu_rows rows, const uint8_t *key_valid, const float *cos_t, const float *sin_t,
+                              int r0, int r1, float *logits,
+                              const std::vector<dllm__fp8_layer> &fp8 = std::vector<dllm__fp8_layer>(),
+                              const dllm__soloq_layer *head = nullptr) {
     std::vector<dllm__cpu_seq> one(1);
     one[0].ids = ids, one[0].n = n, one[0].rows = rows, one[0].key_valid = key_valid, one[0].r0 = r0, one[0].r1 = r1;
     dllm__cpu_forward_seqs(m, pool, b, one, cos_t, sin_t, logits, fp8, head);
@@ -197,8 +225,11 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
     const int dim = c.head_dim, half = dim / 2;
     std::vector<float> inv((size_t)half);
     const double base = c.rope_theta;
-    auto correction_dim = [&](double rotations) { return dim * log(c.yarn_orig_max / (rotations * 2 * M_PI)) / (2 * log(base)); };
-    double low = std::max(floor(correction_dim(c.yarn_beta_fast)), 0.0), high = std::min(ceil(correction_dim(c.yarn_beta_slow)), (double)(dim - 1));
+    auto correction_dim = [&](double rotations) {
+        return dim * log(c.yarn_orig_max / (rotations * 2 * M_PI)) / (2 * log(base));
+    };
+    double low = std::max(floor(correction_dim(c.yarn_beta_fast)), 0.0),
+           high = std::min(ceil(correction_dim(c.yarn_beta_slow)), (double)(dim - 1));
     if (low == high) high += 0.001;  // transformers: prevent a division by zero
     for (int j = 0; j < half; j++) {
         float pos_freq = powf((float)base, (float)(2 * j) / (float)dim);
@@ -212,7 +243,8 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
 
 /* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
-static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t, std::vector<float> &sin_t) {
+static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t,
+                                  std::vector<float> &sin_t) {
     if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
     dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, (float)c.yarn_attention_factor, cos_t, sin_t);
 }

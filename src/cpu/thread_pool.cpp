@@ -11,7 +11,8 @@ class dllm__pool {
     explicit dllm__pool(int n_threads) {
         try {
             for (int i = 1; i < n_threads; i++) workers_.emplace_back([this] { worker(); });
-        } catch (...) {  // starting a thread ran out of memory: the started ones must end (a joinable std::thread aborts)
+        } catch (
+            ...) {  // starting a thread ran out of memory: the started ones must end (a joinable std::thread aborts)
             stop();
             throw;
         }

@@ -9,13 +9,13 @@
 struct dllm__sampling {
     double temperature = 0;
     dllm_remasking remasking = DLLM_REMASK_LOW_CONFIDENCE;
-    bool tempered_conf = false;    // the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l)
-    double alg_temp = 0;           // > 0: rank by conf / alg_temp + Gumbel noise (Dream's alg_temp)
+    bool tempered_conf = false;  // the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l)
+    double alg_temp = 0;         // > 0: rank by conf / alg_temp + Gumbel noise (Dream's alg_temp)
     uint64_t seed = 0;
-    bool eos_logit_inf = false;    // logits_eos_inf
-    bool defer_eos_eot = false;    // confidence_eos_eot_inf
+    bool eos_logit_inf = false;  // logits_eos_inf
+    bool defer_eos_eot = false;  // confidence_eos_eot_inf
     int32_t eos_id = -1, eot_id = -1;
-    int top_k = 0;                 // the filters of dllm_gen_params (dllm.h): 0, 1, 0 = off
+    int top_k = 0;  // the filters of dllm_gen_params (dllm.h): 0, 1, 0 = off
     double top_p = 1, min_p = 0;
     bool filters() const { return top_k > 0 || (top_p > 0 && top_p < 1) || min_p > 0; }
 };
@@ -28,14 +28,15 @@ struct dllm__choice {
 
 /* The ranking key of a row from its softmax statistics: z = sum e^x and zx = sum e^x x over the vocabulary,
  * x = (l - max logit) * inv_t, and the x of x0 and of the second largest logit. Twin: row_confidence. */
-static double dllm__confidence(const dllm__sampling &s, double z, double zx, double x_best, double x_second, uint32_t pos, uint32_t step) {
+static double dllm__confidence(const dllm__sampling &s, double z, double zx, double x_best, double x_second,
+                               uint32_t pos, uint32_t step) {
     double c;
     switch (s.remasking) {
-    case DLLM_REMASK_RANDOM: c = dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_REMASK); break;
-    case DLLM_REMASK_ORIGIN: c = -dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_ORIGIN); break;
-    case DLLM_REMASK_MARGIN: c = -expm1(x_second) / z; break;  // (e^0 - e^x_second) / z: top1 - top2
-    case DLLM_REMASK_ENTROPY: c = zx / z - log(z); break;      // sum q log q with log q = x - log z
-    default: c = exp(x_best) / z;
+        case DLLM_REMASK_RANDOM: c = dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_REMASK); break;
+        case DLLM_REMASK_ORIGIN: c = -dllm__uniform(s.seed, 0, pos, step, DLLM__RNG_ORIGIN); break;
+        case DLLM_REMASK_MARGIN: c = -expm1(x_second) / z; break;  // (e^0 - e^x_second) / z: top1 - top2
+        case DLLM_REMASK_ENTROPY: c = zx / z - log(z); break;      // sum q log q with log q = x - log z
+        default: c = exp(x_best) / z;
     }
     if (c != c) c = -INFINITY;  // NaN logits never win a slot
     // Gumbel-top-k: the k largest conf / alg_temp + G are a sample without replacement from softmax(conf / alg_temp).
@@ -66,7 +67,10 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
         for (float l : v) z += weight(l);
         for (size_t i = 0; i < v.size(); i++) {
             mass += weight(v[i]);
-            if ((i + 1 == v.size() || v[i + 1] != v[i]) && mass >= s.top_p * z) { cut = std::max(cut, v[i]); break; }  // ties: the whole group
+            if ((i + 1 == v.size() || v[i + 1] != v[i]) && mass >= s.top_p * z) {
+                cut = std::max(cut, v[i]);
+                break;
+            }  // ties: the whole group
         }
     }
     if (s.min_p > 0) {
@@ -83,7 +87,8 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
  * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
  * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
  * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
-static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__sampling &s, uint32_t pos, uint32_t step) {
+static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__sampling &s, uint32_t pos,
+                                 uint32_t step) {
     auto raw_logit = [&](int v) { return s.eos_logit_inf && v == s.eos_id ? -INFINITY : logits[v]; };
     float cutoff = -INFINITY;
     const bool filtered = s.filters();
@@ -93,7 +98,10 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
         cutoff = dllm__row_cutoff(row, s);
     }
     // A filtered token (NaN included) is -inf to everything below; with no filter the row is untouched.
-    auto logit = [&](int v) { float l = raw_logit(v); return filtered && !(l >= cutoff) ? -INFINITY : l; };
+    auto logit = [&](int v) {
+        float l = raw_logit(v);
+        return filtered && !(l >= cutoff) ? -INFINITY : l;
+    };
     int best = 0;
     double best_score = -INFINITY;
     float max_logit = -INFINITY, second_logit = -INFINITY;  // a tie for the largest counts twice
@@ -106,7 +114,10 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
             double u = dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL);
             score = exp((double)l) / pow(-log(u), s.temperature);
         }
-        if (score > best_score) { best_score = score; best = v; }
+        if (score > best_score) {
+            best_score = score;
+            best = v;
+        }
     }
     const double inv_t = s.tempered_conf && s.temperature > 0 ? 1.0 / s.temperature : 1.0;
     double z = 0, zx = 0;
@@ -117,7 +128,8 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
     }
     dllm__choice ch;
     ch.token = best;
-    ch.conf = dllm__confidence(s, z, zx, ((double)logit(best) - max_logit) * inv_t, ((double)second_logit - max_logit) * inv_t, pos, step);
+    ch.conf = dllm__confidence(s, z, zx, ((double)logit(best) - max_logit) * inv_t,
+                               ((double)second_logit - max_logit) * inv_t, pos, step);
     ch.deferred = s.defer_eos_eot && (best == s.eos_id || best == s.eot_id);
     return ch;
 }
@@ -140,7 +152,9 @@ static double dllm__timestep_fraction(int i, int s, double eps) {
 }
 
 /* Dream's count for n candidates left at step i of s: floor(n (1 - t[i+1]/t[i])), possibly 0; n at the last step. */
-static int dllm__timestep_count(int n, int s, int i, double eps) { return (int)floor(n * dllm__timestep_fraction(i, s, eps)); }
+static int dllm__timestep_count(int n, int s, int i, double eps) {
+    return (int)floor(n * dllm__timestep_fraction(i, s, eps));
+}
 
 /* Does the candidate of 0-based rank r (best first) pass? A step commits the ranks before the first that
  * fails. Threshold: Fast-dLLM's `conf >= tau` with the best always in. Factor: the n-th best (n = r + 1)
@@ -150,17 +164,17 @@ static int dllm__timestep_count(int n, int s, int i, double eps) { return (int)f
  * is below the transfer probability. The counted rules: the first k. */
 static bool dllm__passes(const dllm__unmask_rule &u, int r, const dllm__choice &c, int k, double p_transfer) {
     switch (u.kind) {
-    case DLLM_UNMASK_THRESHOLD: return r == 0 || (!c.deferred && c.conf >= u.threshold);
-    case DLLM_UNMASK_FACTOR: return r == 0 || (!c.deferred && c.conf >= 1.0 - u.factor / (r + 2));
-    default: return u.origin ? -c.conf < p_transfer : r < k;
+        case DLLM_UNMASK_THRESHOLD: return r == 0 || (!c.deferred && c.conf >= u.threshold);
+        case DLLM_UNMASK_FACTOR: return r == 0 || (!c.deferred && c.conf >= 1.0 - u.factor / (r + 2));
+        default: return u.origin ? -c.conf < p_transfer : r < k;
     }
 }
 
 /* The candidates a step commits, as indices into cand in ascending position order. Rank: non-deferred
  * before deferred, then higher confidence, then lower position; k is a counted rule's count, p_transfer
  * ORIGIN's probability. */
-static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch, const dllm__unmask_rule &u, int k,
-                                     double p_transfer = 0) {
+static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const std::vector<dllm__choice> &ch,
+                                     const dllm__unmask_rule &u, int k, double p_transfer = 0) {
     std::vector<int> order(cand_pos.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = (int)i;
     auto better = [&](int a, int b) {

@@ -6,7 +6,8 @@ static bool dllm__gpu_usable(int device, std::string &why) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
         why = e == cudaErrorNoDevice ? std::string("no NVIDIA GPU found")
-                                     : dllm__format("no NVIDIA driver found, or one older than CUDA %d.%d needs", CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);
+                                     : dllm__format("no NVIDIA driver found, or one older than CUDA %d.%d needs",
+                                                    CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);
         cudaGetLastError();
         return false;
     }
@@ -26,7 +27,8 @@ static bool dllm__gpu_usable(int device, std::string &why) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     cudaGetLastError();
     if (major < 8) {
-        why = dllm__format("CUDA device %d has compute capability %d.%d; dllm's GPU backend needs 8.0 or newer", device, major, minor);
+        why = dllm__format("CUDA device %d has compute capability %d.%d; dllm's GPU backend needs 8.0 or newer", device,
+                           major, minor);
         return false;
     }
     if (dllm__load_nvrtc() != DLLM_OK || dllm__load_cublaslt() != DLLM_OK) {
@@ -42,17 +44,24 @@ static bool dllm__gpu_usable(int device, std::string &why) {
 static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
     const dllm_ctx_params &p = ctx.params;
     if (p.backend == DLLM_BACKEND_CPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
-                          p.n_devices);
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
+            p.n_devices);
     for (int i = 0; i < p.n_devices; i++) {
         std::string why;
         if (!dllm__gpu_usable(p.devices[i], why))
-            return dllm__fail(DLLM_ERR_NO_DEVICE, "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s", p.n_devices, i,
-                              p.devices[i], why.c_str());
+            return dllm__fail(
+                DLLM_ERR_NO_DEVICE,
+                "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s",
+                p.n_devices, i, p.devices[i], why.c_str());
     }
     DLLM__TRY(dllm__load_nccl());
-    return dllm__fail(DLLM_ERR_UNSUPPORTED, "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
-                      "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1", p.n_devices);
+    return dllm__fail(
+        DLLM_ERR_UNSUPPORTED,
+        "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
+        "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1",
+        p.n_devices);
 }
 
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
@@ -63,17 +72,20 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
-    if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu) return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
+    if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
+        return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
         ctx.backend = DLLM_BACKEND_GPU;
         return dllm__gpu_backend::create(*ctx.model, ctx.params, ctx.max_tokens, ctx.impl);
     }
     if (ctx.model->random_weights)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "a model with random weights lives on the GPU only; the CPU backend needs a checkpoint (%s)",
                           gpu ? "CPU backend requested" : why.c_str());
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
-    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq, ctx.params.kv_quant, ctx.params.kv_sink_tokens));
+    ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq,
+                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }

@@ -61,7 +61,8 @@ static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &s
 
 /* [batch] A forward of a step's plan (k = 1: the members with a K/V cache): the logits of every sequence, or where the
  * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
-static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits, dllm__choice *choices) {
+static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
+                                       dllm__choice *choices) {
     if (plan.empty()) return DLLM_OK;
     for (const dllm__batch_seq &s : plan)
         if (s.sampling) return ctx.impl->forward_batch_choose(plan, k == 1, logits, choices);
@@ -72,9 +73,10 @@ static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__ba
  * cache in a second one, forward_batch_kv), then each member's choice and commits. Where the backend chooses tokens
  * (dllm__batch_device_choice) it returns a member's choices in place of its logits. A failing forward is every member's
  * failure: the step of none can go on. */
-static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active, std::vector<float> &logits) {
+static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active,
+                                    std::vector<float> &logits) {
     const int V = ctx.model->cfg.n_vocab;
-    std::vector<dllm__batch_seq> plan[2];  // without, with a K/V cache
+    std::vector<dllm__batch_seq> plan[2];         // without, with a K/V cache
     size_t rows[2] = {0, 0}, chosen[2] = {0, 0};  // logit rows to the host, rows chosen by the backend
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
@@ -99,7 +101,8 @@ static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_membe
     for (dllm__batch_member *m : active) {
         dllm__decode &st = m->g->st;
         const dllm__step_work &w = m->work;
-        if (dllm__batch_device_choice(ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are the host's ch
+        if (dllm__batch_device_choice(
+                ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are the host's ch
             const dllm__choice *&row = next_choice[m->slot >= 0];
             std::vector<dllm__choice> ch;
             for (int32_t p : w.cand) ch.push_back(row[p - w.r0]);
@@ -114,8 +117,10 @@ static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_membe
             cond += uncond ? 2 * n : n;
         }
         dllm_status s = m->g->end_step(m->committed);
-        if (s != DLLM_OK || m->g->done) dllm__batch_retire(*m, s);
-        else still.push_back(m);
+        if (s != DLLM_OK || m->g->done)
+            dllm__batch_retire(*m, s);
+        else
+            still.push_back(m);
     }
     active.swap(still);
     return DLLM_OK;
@@ -126,8 +131,10 @@ static dllm_status dllm__batch_decode(dllm_ctx &ctx, std::vector<dllm__batch_mem
     std::vector<dllm__batch_member *> active;
     for (dllm__batch_member &m : members) {
         dllm_status s = m.g->start();
-        if (s == DLLM_OK) active.push_back(&m);
-        else dllm__batch_retire(m, s);
+        if (s == DLLM_OK)
+            active.push_back(&m);
+        else
+            dllm__batch_retire(m, s);
     }
     std::vector<float> logits;
     while (!active.empty()) {
@@ -146,7 +153,8 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
     m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
     dllm_status s = dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
     if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
+            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
         dllm__batch_set_status(r, s);
         return false;
     }
@@ -159,13 +167,15 @@ static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_bat
 /* [batch] [dual cache] [prefix cache] The K/V cache slots of the items that join the batch with a K/V cache: slot_of[i]
  * is item i's (CFG's unconditional canvas: the next one), -1 for the others; slot_rows[s] its canvas's rows (prompt
  * + gen_length, which DPad's views never exceed). An item whose lengths are invalid gets none: its admission fails. */
-static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items, int n_items, const std::vector<bool> &batched,
-                               std::vector<int> &slot_of, std::vector<int> &slot_rows) {
+static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
+                               const std::vector<bool> &batched, std::vector<int> &slot_of,
+                               std::vector<int> &slot_rows) {
     slot_of.assign((size_t)n_items, -1), slot_rows.clear();
     for (int i = 0; i < n_items; i++) {
         const dllm_gen_params &p = items[i].params;
         const int64_t n = (int64_t)items[i].n_prompt + p.gen_length;
-        if (!batched[(size_t)i] || dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE || items[i].n_prompt < 0 || p.gen_length <= 0 || n > ctx.max_tokens)
+        if (!batched[(size_t)i] || dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE || items[i].n_prompt < 0 ||
+            p.gen_length <= 0 || n > ctx.max_tokens)
             continue;
         slot_of[(size_t)i] = (int)slot_rows.size();
         slot_rows.insert(slot_rows.end(), p.cfg_scale > 0 ? 2 : 1, (int)n);
@@ -175,8 +185,10 @@ static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items
 
 /* An item decoded alone inside dllm_generate_batch (dllm_generate's result, its status and message kept with it); its
  * steps and forwards count in the batch's. */
-static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm_gen_stats &stats) {
-    dllm_status s = dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
+static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r,
+                                            dllm_gen_stats &stats) {
+    dllm_status s =
+        dllm__generate_impl(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &r.n_out, &r.stats);
     if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);
     dllm__batch_set_status(r, s);
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;

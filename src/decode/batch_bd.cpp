@@ -25,11 +25,13 @@ static void dllm__bd_batch_retire(dllm__bd_member &m, dllm_status s, dllm_gen_st
 }
 
 /* Checks an item as dllm_generate would and starts its generation on slot `slot`; false (its status set) if it is bad. */
-static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__bd_member &m, int slot) {
+static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__bd_member &m,
+                                 int slot) {
     m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
     dllm_status s = dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
     if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL) r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
+            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
         dllm__batch_set_status(r, s);
         return false;
     }
@@ -42,8 +44,9 @@ static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_
 /* One round: every active member's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
  * each member's result. A member with no forward left, or whose loop or step callback fails, leaves; a failing batched
  * forward is every member's failure. */
-static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_member *> &active, std::vector<float> &logits,
-                                        std::vector<dllm__choice> &choices, dllm_gen_stats &stats) {
+static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_member *> &active,
+                                        std::vector<float> &logits, std::vector<dllm__choice> &choices,
+                                        dllm_gen_stats &stats) {
     std::vector<dllm__bd_member *> live;
     std::vector<dllm__bd_seq> seqs;
     size_t rows = 0, picked = 0;
@@ -55,8 +58,10 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_memb
         }
         live.push_back(m);
         seqs.push_back(m->seq);
-        if (m->seq.pick) picked += (size_t)m->seq.pick->n;
-        else rows += (size_t)(m->seq.call.r1 - m->seq.call.r0);
+        if (m->seq.pick)
+            picked += (size_t)m->seq.pick->n;
+        else
+            rows += (size_t)(m->seq.call.r1 - m->seq.call.r0);
     }
     active.clear();
     if (live.empty()) return DLLM_OK;
@@ -73,10 +78,14 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_memb
     for (dllm__bd_member *m : live) {
         const dllm__bd_seq &q = m->seq;
         s = q.pick ? m->g->apply_choices(ch) : m->g->apply_logits(row);
-        if (q.pick) ch += q.pick->n;
-        else row += (size_t)(q.call.r1 - q.call.r0) * ctx.model->cfg.n_vocab;
-        if (s != DLLM_OK) dllm__bd_batch_retire(*m, s, stats);
-        else active.push_back(m);
+        if (q.pick)
+            ch += q.pick->n;
+        else
+            row += (size_t)(q.call.r1 - q.call.r0) * ctx.model->cfg.n_vocab;
+        if (s != DLLM_OK)
+            dllm__bd_batch_retire(*m, s, stats);
+        else
+            active.push_back(m);
     }
     return DLLM_OK;
 }
@@ -84,8 +93,8 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_memb
 /* dllm_generate_batch on a block-diffusion model: the items decode together where the backend has bd_forward_batch and
  * the slots fit, else one after another through dllm_generate's path (an INFO log names the backend's reason).
  * stats->forwards counts the batched forwards (the most any item ran), stats->steps the most steps any item ran. */
-static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
-                                                dllm_gen_stats &stats) {
+static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
+                                                dllm_batch_result *results, dllm_gen_stats &stats) {
     std::string why;
     if (ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK) why = dllm__tls_error;
     std::vector<dllm__bd_member> members;
@@ -93,16 +102,22 @@ static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_
     std::vector<int> rows;
     for (int i = 0; why.empty() && i < n_items; i++) {
         members.emplace_back();
-        if (dllm__bd_batch_admit(ctx, items[i], results[i], members.back(), (int)rows.size())) rows.push_back(members.back().g->cache_rows());
-        else members.pop_back();
+        if (dllm__bd_batch_admit(ctx, items[i], results[i], members.back(), (int)rows.size()))
+            rows.push_back(members.back().g->cache_rows());
+        else
+            members.pop_back();
     }
-    if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK) why = dllm__tls_error, members.clear();  // (memory)
+    if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK)
+        why = dllm__tls_error, members.clear();  // (memory)
     if (!why.empty()) {
         if (n_items > 0)
-            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)", n_items,
-                      why.c_str());
+            dllm__log(
+                DLLM_LOG_INFO,
+                "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)",
+                n_items, why.c_str());
         for (int i = 0; i < n_items; i++)
-            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY) return DLLM_ERR_OUT_OF_MEMORY;
+            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
+                return DLLM_ERR_OUT_OF_MEMORY;
         return DLLM_OK;
     }
     std::vector<dllm__bd_member *> active;
@@ -120,9 +135,10 @@ static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_
 }
 
 /* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
-static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
-                                             dllm_gen_stats &stats) {
-    if (dllm__is_block_diffusion(ctx.model->cfg)) return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
+static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
+                                             dllm_batch_result *results, dllm_gen_stats &stats) {
+    if (dllm__is_block_diffusion(ctx.model->cfg))
+        return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
     const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
@@ -132,15 +148,20 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     std::vector<int> alone;
     const char *why = batches ? nullptr : no_batch.c_str();
     std::vector<bool> batched((size_t)n_items);
-    for (int i = 0; i < n_items; i++) batched[(size_t)i] = batches && !dllm__batch_excluded(items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
+    for (int i = 0; i < n_items; i++)
+        batched[(size_t)i] =
+            batches && !dllm__batch_excluded(items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
     std::vector<int> slot_of, slot_rows;
     const bool kv_slots = dllm__batch_kv_plan(ctx, items, n_items, batched, slot_of, slot_rows) > 0;
-    if (kv_slots && ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
+    if (kv_slots &&
+        ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
         kv_why = "a K/V cache: " + dllm__tls_error;
         for (int i = 0; i < n_items; i++) batched[(size_t)i] = batched[(size_t)i] && slot_of[(size_t)i] < 0;
     }
     for (int i = 0; i < n_items; i++) {
-        const char *excluded = !batches ? why : !batched[(size_t)i] ? dllm__batch_excluded(items[i].params, kv_why.c_str()) : nullptr;
+        const char *excluded = !batches              ? why
+                               : !batched[(size_t)i] ? dllm__batch_excluded(items[i].params, kv_why.c_str())
+                                                     : nullptr;
         if (excluded) {
             if (alone.empty()) why = excluded;
             alone.push_back(i);
@@ -151,8 +172,10 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
         if (!dllm__batch_admit(ctx, items[i], results[i], members.back())) members.pop_back();
     }
     if (!alone.empty())
-        dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
-                  alone.size(), n_items, alone[0], why);
+        dllm__log(
+            DLLM_LOG_INFO,
+            "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
+            alone.size(), n_items, alone[0], why);
     const dllm_status decoded = dllm__batch_decode(ctx, members, stats);
     if (kv_slots) {  // the caches go with the batch; a failure's message stays the thread's
         const std::string error = dllm__tls_error;
@@ -161,6 +184,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     }
     DLLM__TRY(decoded);
     for (int i : alone)
-        if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY) return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
+        if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
+            return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
     return DLLM_OK;
 }

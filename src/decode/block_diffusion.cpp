@@ -9,38 +9,45 @@
 /* Validated options of one block-diffusion generation. */
 struct dllm__bd_plan {
     int B = 0, S = 0, n_blocks = 0, max_out = 0;
-    double tau = 1.0;          // commit p(x0) > tau, plus the best candidate
+    double tau = 1.0;  // commit p(x0) > tau, plus the best candidate
     int32_t mask_id = -1, stop_id = -1;
     bool block_cache = false;
-    int prefill_mask = 0;      // granularity of the prefill and commit forwards: B, or 1 (token-causal)
-    int step_mask = 0;         // granularity of the diffusion-step forwards: the model forward's default
+    int prefill_mask = 0;  // granularity of the prefill and commit forwards: B, or 1 (token-causal)
+    int step_mask = 0;     // granularity of the diffusion-step forwards: the model forward's default
 };
 
 /* Options that mean nothing to block diffusion are errors that say so, never silently ignored. */
 static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
-    struct { bool set; const char *what; } unsupported[] = {
+    struct {
+        bool set;
+        const char *what;
+    } unsupported[] = {
         {!(p.temperature == 0), "temperature > 0 (dllm decodes block diffusion greedily, the official default)"},
         {!(p.cfg_scale == 0), "cfg_scale"},
         {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
         {dllm__enum_int(p.unmask) != DLLM_UNMASK_SCHEDULE && dllm__enum_int(p.unmask) != DLLM_UNMASK_THRESHOLD,
          "unmask other than DLLM_UNMASK_SCHEDULE (one token a step) or DLLM_UNMASK_THRESHOLD"},
-        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
+         "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
         {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
         {!(p.alg_temp == 0), "alg_temp"},
         {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
         {p.logits_eos_inf != 0, "logits_eos_inf"},
         {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
-        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
+         "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
         {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id (block diffusion stops at stop_id)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
     if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
-    if (p.block_cache != 0 && p.block_cache != 1) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+    if (p.block_cache != 0 && p.block_cache != 1)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
+                          lacache);
     return DLLM_OK;
 }
 
@@ -54,36 +61,47 @@ static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_pa
     return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
-static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
-                                              int out_capacity, dllm__bd_plan &plan) {
+static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
+                                              const dllm_gen_params &p, int32_t *out, int out_capacity,
+                                              dllm__bd_plan &plan) {
     const dllm__config &c = ctx.model->cfg;
-    if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
     DLLM__TRY(dllm__check_bd_options(p));
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)", p.gen_length, plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)",
+                          p.gen_length, plan.B);
     if (plan.S <= 0 || plan.B % plan.S)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S, p.sub_block_length ? "" : " (the default)", plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S,
+                          p.sub_block_length ? "" : " (the default)", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
     if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt, p.gen_length,
-                          ctx.max_tokens);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt,
+                          p.gen_length, ctx.max_tokens);
     if (!out || out_capacity < plan.max_out)
-        return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
-                          "the output buffer holds %d", plan.max_out, out ? out_capacity : 0);
+        return dllm__fail(
+            !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
+            "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
+            "the output buffer holds %d",
+            plan.max_out, out ? out_capacity : 0);
     DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("stop_id", p.stop_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.stop_id = p.stop_id >= 0 ? p.stop_id : c.stop_id;
-    if (plan.mask_id < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
+    if (plan.mask_id < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
     for (int i = 0; i < n_prompt; i++) {
         if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i, prompt[i], c.n_vocab);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
+                              prompt[i], c.n_vocab);
         if (prompt[i] == plan.mask_id)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i, plan.mask_id);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i,
+                              plan.mask_id);
     }
     plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
     plan.block_cache = p.block_cache != 0;
@@ -108,12 +126,14 @@ struct dllm__bd_generation {
     std::vector<float> logits;  // run's: the last bd_forward's rows
     int steps = 0, forwards = 0;
     phase at = PREFILL;
-    int blk = 0, pl = 0, bs = 0, s0 = 0, step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
+    int blk = 0, pl = 0, bs = 0, s0 = 0,
+        step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
     bool block_cache_valid = false;
     dllm__bd_call call;  // the forward next() described last
     dllm__bd_pick pick;  // a step's: the rows it chooses
 
-    dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n) : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
+    dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n)
+        : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
 
     bool is_mask(size_t i) const { return x[i] == plan.mask_id; }
 
@@ -153,7 +173,8 @@ struct dllm__bd_generation {
 
     dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int offset, int mask_block, int r0, int r1) {
         dllm__bd_call c;
-        c.kind = kind, c.ids = x.data() + start, c.T = T, c.offset = offset, c.mask_block = mask_block, c.r0 = r0, c.r1 = r1;
+        c.kind = kind, c.ids = x.data() + start, c.T = T, c.offset = offset, c.mask_block = mask_block, c.r0 = r0,
+        c.r1 = r1;
         c.kv_group = plan.B;
         c.lacache = dllm__enum_int(p.lacache) == DLLM_LACACHE_ON;
         return c;
@@ -165,45 +186,47 @@ struct dllm__bd_generation {
         const int B = plan.B, S = plan.S;
         for (;;) {
             switch (at) {
-            case PREFILL: {
-                const int P = n_prompt / B * B;
-                call = make_call(DLLM__BD_COMMIT, 0, P, 0, plan.prefill_mask, P - 1, P);
-                break;
-            }
-            case BLOCK:
-                if (blk == plan.n_blocks || first_stop(n_prompt) >= 0) {  // also catches an AR seed equal to the stop token
-                    at = DONE;
-                    continue;
-                }
-                pl = (int)x.size();
-                x.resize((size_t)(pl + B - pl % B), plan.mask_id);
-                bs = (int)x.size() - B, block_cache_valid = false, step_in_block = 0, at = LOOP;
-                continue;
-            case LOOP:
-                if (stopped(pl)) {
-                    blk++, at = BLOCK;
-                    continue;
-                }
-                if (masks_in(bs, bs + B) == 0) {  // the finished block's commit forward; its last row seeds the next block
-                    call = make_call(DLLM__BD_COMMIT, bs, B, 0, plan.prefill_mask, B - 1, B);
+                case PREFILL: {
+                    const int P = n_prompt / B * B;
+                    call = make_call(DLLM__BD_COMMIT, 0, P, 0, plan.prefill_mask, P - 1, P);
                     break;
                 }
-                s0 = 0, at = SUB;
-                continue;
-            case SUB:
-                if (s0 >= B || stopped(pl)) {
-                    at = LOOP;
+                case BLOCK:
+                    if (blk == plan.n_blocks ||
+                        first_stop(n_prompt) >= 0) {  // also catches an AR seed equal to the stop token
+                        at = DONE;
+                        continue;
+                    }
+                    pl = (int)x.size();
+                    x.resize((size_t)(pl + B - pl % B), plan.mask_id);
+                    bs = (int)x.size() - B, block_cache_valid = false, step_in_block = 0, at = LOOP;
                     continue;
-                }
-                if (masks_in(bs + s0, bs + s0 + S) == 0) {
-                    s0 += S;
+                case LOOP:
+                    if (stopped(pl)) {
+                        blk++, at = BLOCK;
+                        continue;
+                    }
+                    if (masks_in(bs, bs + B) ==
+                        0) {  // the finished block's commit forward; its last row seeds the next block
+                        call = make_call(DLLM__BD_COMMIT, bs, B, 0, plan.prefill_mask, B - 1, B);
+                        break;
+                    }
+                    s0 = 0, at = SUB;
                     continue;
-                }
-                if (step_in_block == B) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", blk, B);
-                step_call();  // each step commits at least one mask
-                break;
-            case DONE:
-                return DLLM_OK;
+                case SUB:
+                    if (s0 >= B || stopped(pl)) {
+                        at = LOOP;
+                        continue;
+                    }
+                    if (masks_in(bs + s0, bs + s0 + S) == 0) {
+                        s0 += S;
+                        continue;
+                    }
+                    if (step_in_block == B)
+                        return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", blk, B);
+                    step_call();  // each step commits at least one mask
+                    break;
+                case DONE: return DLLM_OK;
             }
             seq.call = call, seq.pick = at == SUB ? &pick : nullptr;
             forwards++;
@@ -233,7 +256,8 @@ struct dllm__bd_generation {
         } else {
             const int r0 = std::max(0, s0 - shift);
             score_from(0, r0);
-            call = make_call(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0, std::max(s0 + S - shift, r0 + 1));
+            call = make_call(plan.block_cache ? DLLM__BD_BLOCK_FULL : DLLM__BD_STEP, bs, B, 0, plan.step_mask, r0,
+                             std::max(s0 + S - shift, r0 + 1));
         }
     }
 
@@ -241,7 +265,8 @@ struct dllm__bd_generation {
      * argmax of the row (the first index on ties, torch's argmax) seeds the next block (after the prefill: only when
      * the prompt ends on a block boundary). */
     dllm_status apply_logits(const float *row) {
-        if (at != PREFILL && at != LOOP) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
+        if (at != PREFILL && at != LOOP)
+            return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
         const int V = ctx.model->cfg.n_vocab;
         const int32_t seed = (int32_t)(std::max_element(row, row + V) - row);
         if (at == LOOP || n_prompt % plan.B == 0) x.push_back(seed);
@@ -277,9 +302,20 @@ struct dllm__bd_generation {
 
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step) return DLLM_OK;
-        dllm_step_info info = {b, plan.n_blocks, step_in_b, 0, steps, plan.n_blocks * plan.B, (int)committed.size(), committed.data(), x.data(),
-                               (int)x.size(), n_prompt, masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0) return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
+        dllm_step_info info = {b,
+                               plan.n_blocks,
+                               step_in_b,
+                               0,
+                               steps,
+                               plan.n_blocks * plan.B,
+                               (int)committed.size(),
+                               committed.data(),
+                               x.data(),
+                               (int)x.size(),
+                               n_prompt,
+                               masks_in(n_prompt, (int)x.size())};
+        if (p.on_step(&info, p.on_step_data) != 0)
+            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
         return DLLM_OK;
     }
 
@@ -293,7 +329,8 @@ struct dllm__bd_generation {
         DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
         for (int i = 0; i < pick.n; i++)
             if (is_mask((size_t)(pick.pos0 + i)))
-                ch[(size_t)i] = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling, (uint32_t)(pick.pos0 + i), 0);
+                ch[(size_t)i] = dllm__choose(logits.data() + (size_t)pick.logits_row(i) * V, V, pick.sampling,
+                                             (uint32_t)(pick.pos0 + i), 0);
         return DLLM_OK;
     }
 
@@ -328,7 +365,8 @@ struct dllm__bd_generation {
 
 /* A finished (or failed, or cancelled) block-diffusion generation's output and stats; facache: the backend's [FACache]
  * row counts since bd_begin, where it has them for this generation (a batched one: 0, the backend counts no slot). */
-static void dllm__bd_result(const dllm__bd_generation &g, dllm_status status, int32_t *out, int *n_out, dllm_gen_stats *stats, double t0, bool facache) {
+static void dllm__bd_result(const dllm__bd_generation &g, dllm_status status, int32_t *out, int *n_out,
+                            dllm_gen_stats *stats, double t0, bool facache) {
     int n = g.emit(status == DLLM_OK, g.p.stop_at_eos != 0, out);  // not finished: the canvas so far, uncut
     if (n_out) *n_out = n;
     if (!stats) return;
@@ -343,8 +381,8 @@ static void dllm__bd_result(const dllm__bd_generation &g, dllm_status status, in
     stats->facache_rows_reused = (int)std::min<int64_t>(reused, INT32_MAX);
 }
 
-static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
-                                          int out_capacity, int *n_out, dllm_gen_stats *stats) {
+static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
+                                          int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
     dllm__bd_plan plan;
     DLLM__TRY(dllm__plan_block_diffusion(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();
@@ -355,7 +393,8 @@ static dllm_status dllm__bd_generate_impl(dllm_ctx &ctx, const int32_t *prompt, 
 }
 
 /* A finished generation's output (cut at EOS/EoT only when it finished) and stats. */
-static void dllm__generation_result(const dllm__generation &g, dllm_status status, int32_t *out, int *n_out, dllm_gen_stats *stats, double t0) {
+static void dllm__generation_result(const dllm__generation &g, dllm_status status, int32_t *out, int *n_out,
+                                    dllm_gen_stats *stats, double t0) {
     int n = dllm__emit_output(g.full, g.st.n_prompt, g.plan, status == DLLM_OK && g.p.stop_at_eos != 0, out);
     if (n_out) *n_out = n;
     if (stats) {
@@ -368,9 +407,10 @@ static void dllm__generation_result(const dllm__generation &g, dllm_status statu
     }
 }
 
-static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p, int32_t *out,
-                                       int out_capacity, int *n_out, dllm_gen_stats *stats) {
-    if (dllm__is_block_diffusion(ctx.model->cfg)) return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
+static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
+                                       int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
+    if (dllm__is_block_diffusion(ctx.model->cfg))
+        return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();

@@ -23,7 +23,8 @@ struct dllm__gen_plan {
 };
 
 static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) {
-    if (id < -1 || id >= n_vocab) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s %d is outside the vocabulary [0, %d)", what, id, n_vocab);
+    if (id < -1 || id >= n_vocab)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s %d is outside the vocabulary [0, %d)", what, id, n_vocab);
     return DLLM_OK;
 }
 
@@ -34,15 +35,22 @@ static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && 
 static dllm_status dllm__check_dream(const dllm_gen_params &p) {
     const int unmask = dllm__enum_int(p.unmask), remasking = dllm__enum_int(p.remasking);
     const bool counted = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;
-    if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
-    if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
+    if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
+    if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
     if (remasking == DLLM_REMASK_ORIGIN && unmask != DLLM_UNMASK_TIMESTEPS)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
-                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)", unmask);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
+                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)",
+                          unmask);
     if (remasking == DLLM_REMASK_ORIGIN && p.confidence_eos_eot_inf)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
+        return dllm__fail(
+            DLLM_ERR_INVALID_ARGUMENT,
+            "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
     if (p.alg_temp > 0 && (!counted || remasking == DLLM_REMASK_ORIGIN))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
                           "threshold/factor rules and DLLM_REMASK_ORIGIN have no k to sample");
     return DLLM_OK;
 }
@@ -50,10 +58,13 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
 /* DLLM_UNMASK_THRESHOLD's tau: a probability, or with ENTROPY a bound on sum p log p <= 0 (minus the entropy). */
 static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
     if (dllm__enum_int(p.remasking) != DLLM_REMASK_ENTROPY) {
-        if (!(p.threshold > 0 && p.threshold <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+        if (!(p.threshold > 0 && p.threshold <= 1))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
     } else if (!(p.threshold <= 0 && p.threshold >= -DBL_MAX)) {
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
-                          "threshold must be finite and <= 0 (e.g. -0.5), got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
+                          "threshold must be finite and <= 0 (e.g. -0.5), got %g",
+                          p.threshold);
     }
     return DLLM_OK;
 }
@@ -61,79 +72,109 @@ static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
 /* The sampler filters: each off or inside its range (dllm.h). */
 static dllm_status dllm__check_filters(const dllm_gen_params &p) {
     if (p.top_k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p.top_k);
-    if (!(p.top_p > 0 && p.top_p <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
-    if (!(p.min_p >= 0 && p.min_p <= 1)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
+    if (!(p.top_p > 0 && p.top_p <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
+    if (!(p.min_p >= 0 && p.min_p <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
     return DLLM_OK;
 }
 
 /* The schedule options beyond LLaDA's (Fast-dLLM, DPad, Dream): ranges and combinations. */
-static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_t *prompt, int n_prompt, int32_t mask_id) {
+static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_t *prompt, int n_prompt,
+                                          int32_t mask_id) {
     int unmask = dllm__enum_int(p.unmask), kv = dllm__enum_int(p.kv_cache), dpad = dllm__enum_int(p.dpad);
     if (unmask < DLLM_UNMASK_SCHEDULE || unmask > DLLM_UNMASK_TIMESTEPS)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
     if (unmask == DLLM_UNMASK_THRESHOLD) DLLM__TRY(dllm__check_threshold(p));
     if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
     if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d", kv);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d",
+                          kv);
     if (kv != DLLM_KV_CACHE_NONE)
         for (int i = 0; i < n_prompt; i++)
             if (prompt[i] == mask_id)
-                return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
-                                  "so masks outside it cannot be decoded (use kv_cache NONE)", i);
+                return dllm__fail(
+                    DLLM_ERR_INVALID_ARGUMENT,
+                    "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
+                    "so masks outside it cannot be decoded (use kv_cache NONE)",
+                    i);
     if (dpad < DLLM_DPAD_OFF || dpad > DLLM_DPAD_UNIFORM)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dpad must be DLLM_DPAD_OFF, _GAUSSIAN or _UNIFORM, got %d", dpad);
-    if (dpad == DLLM_DPAD_GAUSSIAN && (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
+    if (dpad == DLLM_DPAD_GAUSSIAN &&
+        (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
                           p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
     if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window, p.dpad_n);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window,
+                          p.dpad_n);
     return dllm__check_dream(p);
 }
 
-static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
-                                         int32_t *out, int out_capacity, dllm__gen_plan &plan) {
+static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
+                                         const dllm_gen_params &p, int32_t *out, int out_capacity,
+                                         dllm__gen_plan &plan) {
     const dllm__config &c = ctx.model->cfg;
-    if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
     const int unmask = dllm__enum_int(p.unmask);  // read as int: the value is not validated yet
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length, p.block_length, p.steps);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
+                          p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length, p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length,
+                          p.block_length);
     plan.n_blocks = p.gen_length / p.block_length;
     if (scheduled && p.steps % plan.n_blocks)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps, plan.n_blocks);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps,
+                          plan.n_blocks);
     plan.steps_per_block = scheduled ? p.steps / plan.n_blocks : 0;
     if ((int64_t)n_prompt + p.gen_length > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
                           p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
-    if (!(p.temperature >= 0) || !(p.temperature < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
-    if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+    if (!(p.temperature >= 0) || !(p.temperature < 1e6))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
+    if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
     DLLM__TRY(dllm__check_filters(p));
     int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
+                          lacache);
     int remasking = dllm__enum_int(p.remasking);
     if (remasking < DLLM_REMASK_LOW_CONFIDENCE || remasking > DLLM_REMASK_ORIGIN)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d", remasking);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d",
+                          remasking);
     if (!out || out_capacity < p.gen_length)
-        return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL, "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length, out ? out_capacity : 0);
+        return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
+                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          out ? out_capacity : 0);
     DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eot_id", p.eot_id, c.n_vocab));
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i, prompt[i], c.n_vocab);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
+                              prompt[i], c.n_vocab);
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;
     plan.eot_id = p.eot_id >= 0 ? p.eot_id : c.eot_id;
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 
-static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_gen_params &p, const dllm__gen_plan &plan, dllm__decode &st) {
+static void dllm__init_decode(const int32_t *prompt, int n_prompt, const dllm_gen_params &p, const dllm__gen_plan &plan,
+                              dllm__decode &st) {
     st.n_prompt = n_prompt;
     st.mask_id = plan.mask_id;
     st.cfg_scale = p.cfg_scale;
@@ -175,12 +216,14 @@ static std::vector<int32_t> dllm__dpad_keep(const dllm_gen_params &p, int block_
     const int window = std::min(p.dpad_window, canvas_end - block_end);
     std::vector<std::pair<double, int32_t>> draws;
     for (int d = 0; d < window; d++)
-        draws.push_back({dllm__uniform(p.seed, (uint32_t)d, (uint32_t)(block_end + d), (uint32_t)block, DLLM__RNG_DPAD), block_end + d});
+        draws.push_back({dllm__uniform(p.seed, (uint32_t)d, (uint32_t)(block_end + d), (uint32_t)block, DLLM__RNG_DPAD),
+                         block_end + d});
     std::vector<int32_t> keep;
     if (p.dpad == DLLM_DPAD_GAUSSIAN) {
         for (int d = 0; d < window; d++) {
             double x = (double)p.dpad_k * d / (p.dpad_window - 1);
-            if (draws[(size_t)d].first < (double)p.dpad_scale * exp(-0.5 * x * x) / sqrt(2 * M_PI)) keep.push_back(draws[(size_t)d].second);
+            if (draws[(size_t)d].first < (double)p.dpad_scale * exp(-0.5 * x * x) / sqrt(2 * M_PI))
+                keep.push_back(draws[(size_t)d].second);
         }
     } else {
         std::sort(draws.begin(), draws.end());
@@ -192,7 +235,8 @@ static std::vector<int32_t> dllm__dpad_keep(const dllm_gen_params &p, int block_
 
 /* Under DPad a block runs on a compacted canvas: the whole canvas up to the block end, then the kept
  * suffix masks, each row with its original RoPE position. */
-static void dllm__dpad_view(const std::vector<int32_t> &full, int block_end, const std::vector<int32_t> &keep, int32_t mask_id, dllm__decode &st) {
+static void dllm__dpad_view(const std::vector<int32_t> &full, int block_end, const std::vector<int32_t> &keep,
+                            int32_t mask_id, dllm__decode &st) {
     st.canvas.assign(full.begin(), full.begin() + block_end);
     st.canvas.resize((size_t)block_end + keep.size(), mask_id);
     st.positions.resize(st.canvas.size());
@@ -202,7 +246,8 @@ static void dllm__dpad_view(const std::vector<int32_t> &full, int block_end, con
 }
 
 /* Copies the generated part to out; with stop_at_eos it ends before the first EOS/EoT. */
-static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, const dllm__gen_plan &plan, bool stop_at_eos, int32_t *out) {
+static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, const dllm__gen_plan &plan,
+                             bool stop_at_eos, int32_t *out) {
     int n = 0;
     for (size_t p = (size_t)n_prompt; p < canvas.size(); p++) {
         int32_t t = canvas[p];
@@ -275,7 +320,8 @@ struct dllm__generation {
         const int limit = max_steps();
         step_in_loop++;
         if (plan.steps_per_block ? step_in_loop < limit : st.n_block_left > 0) {
-            if (!plan.steps_per_block && step_in_loop == limit) return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", block, limit);
+            if (!plan.steps_per_block && step_in_loop == limit)
+                return dllm__fail(DLLM_ERR_INTERNAL, "block %d still has masks after %d steps", block, limit);
             return DLLM_OK;
         }
         // The next DPad view is cut from the full canvas, so the block's tokens must be in it.
@@ -297,7 +343,8 @@ struct dllm__generation {
     /* Brings the backend's canvas to the host and into the full canvas. */
     dllm_status sync_canvas() {
         DLLM__TRY(ctx.impl->finish(st));
-        std::copy(st.canvas.begin(), st.canvas.begin() + std::min(st.canvas.size(), (size_t)st.block_end), full.begin());
+        std::copy(st.canvas.begin(), st.canvas.begin() + std::min(st.canvas.size(), (size_t)st.block_end),
+                  full.begin());
         return DLLM_OK;
     }
 
@@ -319,10 +366,21 @@ struct dllm__generation {
         std::copy(st.canvas.begin(), st.canvas.begin() + st.block_end, full.begin());
         int masks = 0;
         for (size_t q = (size_t)st.n_prompt; q < full.size(); q++) masks += full[q] == plan.mask_id;
-        dllm_step_info info = {b, plan.n_blocks, i, plan.steps_per_block, steps_done, total_steps(), (int)committed.size(),
-                               committed.data(), full.data(), (int)full.size(), st.n_prompt, masks};
+        dllm_step_info info = {b,
+                               plan.n_blocks,
+                               i,
+                               plan.steps_per_block,
+                               steps_done,
+                               total_steps(),
+                               (int)committed.size(),
+                               committed.data(),
+                               full.data(),
+                               (int)full.size(),
+                               st.n_prompt,
+                               masks};
         if (p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps_done);
+            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
+                              steps_done);
         return DLLM_OK;
     }
 };

@@ -21,41 +21,47 @@ static int dllm__q4_int8_chunk_rows(int n, int k) {
  * of one LM head chunk (at most dllm__lm_chunk_rows) per sequence, S = canvas rows of one sequence. Grown, never
  * shrunk, to the largest forward seen; a buffer that moves bumps `generation` (captured graphs point into it). */
 struct dllm__activations {
-    dllm__dbuf h;            // fp32 [M][d]: the residual stream
-    dllm__dbuf a;            // bf16 [M][d]: a norm's output, the next GEMM's input
-    dllm__dbuf qkv;          // bf16 [M_pad][qkv]: fused projection rows, biased and rotated in place
-    dllm__dbuf att;          // bf16 [M][q]: attention output
-    dllm__dbuf delta;        // bf16 [M_pad + 16][d]: a branch's output (O projection, then down), added into h
-    dllm__dbuf gu;           // bf16 [M_pad][2 ff]: gate|up rows
-    dllm__dbuf f;            // bf16 [M][ff]: SwiGLU output
-    dllm__dbuf y;            // bf16 [sequences x L][d]: the final norm's output
-    dllm__dbuf h_cut;        // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
-    dllm__dbuf logits;       // fp32 [sequences][L][vocab]: one LM head chunk
-    dllm__dbuf partials;     // conf_partial [L][vocab / dllm__vocab_slice]
+    dllm__dbuf h;      // fp32 [M][d]: the residual stream
+    dllm__dbuf a;      // bf16 [M][d]: a norm's output, the next GEMM's input
+    dllm__dbuf qkv;    // bf16 [M_pad][qkv]: fused projection rows, biased and rotated in place
+    dllm__dbuf att;    // bf16 [M][q]: attention output
+    dllm__dbuf delta;  // bf16 [M_pad + 16][d]: a branch's output (O projection, then down), added into h
+    dllm__dbuf gu;     // bf16 [M_pad][2 ff]: gate|up rows
+    dllm__dbuf f;      // bf16 [M][ff]: SwiGLU output
+    dllm__dbuf y;      // bf16 [sequences x L][d]: the final norm's output
+    dllm__dbuf
+        h_cut;  // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    dllm__dbuf logits;              // fp32 [sequences][L][vocab]: one LM head chunk
+    dllm__dbuf partials;            // conf_partial [L][vocab / dllm__vocab_slice]
     dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
-    dllm__dbuf cutoff;       // fp32 [S]: the sampler filters' cutoff logit per candidate row (top-k / top-p / min-p)
-    dllm__dbuf canvas;       // int [sequences][S] (CFG: conditional, then unconditional)
-    dllm__dbuf is_prompt;    // uint8 [S]
-    dllm__dbuf state;        // dllm_step_state
-    dllm__dbuf committed;    // int [S]: the positions the last step committed
-    dllm__dbuf positions;    // int [S]: [DPad] the RoPE position of each canvas row
-    dllm__dbuf h0;           // fp32 [M][d]: [EmbedCache] layer 0's embeddings
-    dllm__dbuf qkv0;         // bf16 [M][qkv]: [RoPECache] layer 0's rotated Q/K/V
-    dllm__dbuf fa_state;     // [FACache] layer 0's online-softmax state per query tile outside the block
-    dllm__dbuf attn_partial; // split-KV attention states (K/V-cache steps)
-    std::vector<dllm__dbuf> kv;      // [dual cache] [prefix cache] per layer the fused rotated Q/K/V rows [sequences][S]
-    dllm__dbuf act8, act8_scale;     // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
-    dllm__dbuf act8_chunk_scale;     // [FP8] [batch] one launch's scales [k_pad / 128][rows] (gemm_fp8_batch)
-    dllm__dbuf q4a, q4a_scale;       // [SoloQ] one GEMM input: bf16 C values [M][k], fp32 token scales [M]
-    dllm__dbuf q4w, q4acc;           // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
-    dllm__dbuf q4a8;                 // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
+    dllm__dbuf cutoff;        // fp32 [S]: the sampler filters' cutoff logit per candidate row (top-k / top-p / min-p)
+    dllm__dbuf canvas;        // int [sequences][S] (CFG: conditional, then unconditional)
+    dllm__dbuf is_prompt;     // uint8 [S]
+    dllm__dbuf state;         // dllm_step_state
+    dllm__dbuf committed;     // int [S]: the positions the last step committed
+    dllm__dbuf positions;     // int [S]: [DPad] the RoPE position of each canvas row
+    dllm__dbuf h0;            // fp32 [M][d]: [EmbedCache] layer 0's embeddings
+    dllm__dbuf qkv0;          // bf16 [M][qkv]: [RoPECache] layer 0's rotated Q/K/V
+    dllm__dbuf fa_state;      // [FACache] layer 0's online-softmax state per query tile outside the block
+    dllm__dbuf attn_partial;  // split-KV attention states (K/V-cache steps)
+    std::vector<dllm__dbuf> kv;   // [dual cache] [prefix cache] per layer the fused rotated Q/K/V rows [sequences][S]
+    dllm__dbuf act8, act8_scale;  // [FP8] one GEMM input, E4M3 [M_pad][k_pad], and its scales [k_pad / 128][M_pad]
+    dllm__dbuf act8_chunk_scale;  // [FP8] [batch] one launch's scales [k_pad / 128][rows] (gemm_fp8_batch)
+    dllm__dbuf q4a, q4a_scale;    // [SoloQ] one GEMM input: bf16 C values [M][k], fp32 token scales [M]
+    dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
+    dllm__dbuf
+        q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
-        std::vector<const void *> p = {h.ptr, a.ptr, qkv.ptr, att.ptr, delta.ptr, gu.ptr, f.ptr, y.ptr, h_cut.ptr, logits.ptr, partials.ptr, x0.ptr,
-                                       conf.ptr, deferred.ptr, cutoff.ptr, canvas.ptr, is_prompt.ptr, state.ptr, committed.ptr, positions.ptr, h0.ptr,
-                                       qkv0.ptr, fa_state.ptr, attn_partial.ptr, act8.ptr, act8_scale.ptr, q4a.ptr, q4a_scale.ptr, q4w.ptr, q4acc.ptr,
-                                       q4a8.ptr, act8_chunk_scale.ptr};
+        std::vector<const void *> p = {h.ptr,         a.ptr,          qkv.ptr,       att.ptr,
+                                       delta.ptr,     gu.ptr,         f.ptr,         y.ptr,
+                                       h_cut.ptr,     logits.ptr,     partials.ptr,  x0.ptr,
+                                       conf.ptr,      deferred.ptr,   cutoff.ptr,    canvas.ptr,
+                                       is_prompt.ptr, state.ptr,      committed.ptr, positions.ptr,
+                                       h0.ptr,        qkv0.ptr,       fa_state.ptr,  attn_partial.ptr,
+                                       act8.ptr,      act8_scale.ptr, q4a.ptr,       q4a_scale.ptr,
+                                       q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -81,7 +87,7 @@ struct dllm__seq_rows {
     int out_rows() const { return out1 - out0; }
 };
 struct dllm__forward_plan {
-    std::vector<dllm__seq_rows> seqs;     // CFG's unconditional canvas is a second sequence
+    std::vector<dllm__seq_rows> seqs;      // CFG's unconditional canvas is a second sequence
     dllm__layer0 layer0 = DLLM__L0_PLAIN;  // LaCache's layer-0 mode
     int batch() const { return (int)seqs.size(); }
     /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them from
@@ -89,8 +95,8 @@ struct dllm__forward_plan {
     const dllm__seq_rows &rows() const { return seqs[0]; }
     bool uniform() const {
         for (const dllm__seq_rows &r : seqs)
-            if (r.seq != seqs[0].seq || r.q0 != seqs[0].q0 || r.q1 != seqs[0].q1 || r.head0 != seqs[0].head0 || r.head1 != seqs[0].head1 ||
-                r.out0 != seqs[0].out0 || r.out1 != seqs[0].out1 ||
+            if (r.seq != seqs[0].seq || r.q0 != seqs[0].q0 || r.q1 != seqs[0].q1 || r.head0 != seqs[0].head0 ||
+                r.head1 != seqs[0].head1 || r.out0 != seqs[0].out0 || r.out1 != seqs[0].out1 ||
                 r.block0 != seqs[0].block0 || r.block1 != seqs[0].block1)
                 return false;
         return !seqs.empty();
@@ -123,18 +129,24 @@ struct dllm__varlen_layout {
 
 /* The layout of a plan, checked: every canvas non-empty and within the RoPE tables (max_tokens rows), its logit rows a
  * non-empty range inside it, its positions (DPad) inside the tables. */
-static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan, int max_tokens, dllm__varlen_layout &v) {
+static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
+                                          int max_tokens, dllm__varlen_layout &v) {
     v = dllm__varlen_layout();
     v.offsets.push_back(0);
     for (size_t i = 0; i < plan.size(); i++) {
         const dllm__batch_seq &s = plan[i];
         if (!s.ids || s.n < 1 || s.n > max_tokens || s.r0 < 0 || s.r1 <= s.r0 || s.r1 > s.n)
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu has %d rows (at most %d) and logit rows [%d, %d)", i, s.n, max_tokens, s.r0, s.r1);
-        if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "batched forward: sequence %zu has %d rows (at most %d) and logit rows [%d, %d)", i, s.n,
+                              max_tokens, s.r0, s.r1);
+        if (v.rows > INT32_MAX - s.n)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
         for (int r = 0; r < s.n; r++) {
             const int32_t pos = s.positions ? s.positions[r] : r;
             if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r, pos, max_tokens);
+                return dllm__fail(DLLM_ERR_INTERNAL,
+                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
+                                  i, r, pos, max_tokens);
             v.positions.push_back(pos);
         }
         v.ids.insert(v.ids.end(), s.ids, s.ids + s.n);
@@ -155,28 +167,37 @@ static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vect
  * start at slot_base[s] and hold at most slot_rows[s]), its queries over the slot's first n rows. Checked: a sequence's
  * logit rows (shift applied) among its forwarded ones, its rows within its slot and the RoPE tables, a filling step
  * forwarding every row, no slot twice. */
-static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan, const std::vector<int> &slot_base,
-                                      const std::vector<int> &slot_rows, int max_tokens, dllm__varlen_layout &v) {
+static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
+                                      const std::vector<int> &slot_base, const std::vector<int> &slot_rows,
+                                      int max_tokens, dllm__varlen_layout &v) {
     v = dllm__varlen_layout();
     v.offsets.push_back(0);
     std::vector<bool> used(slot_base.size(), false);
     for (size_t i = 0; i < plan.size(); i++) {
         const dllm__batch_seq &s = plan[i];
         const bool slot_ok = s.slot >= 0 && (size_t)s.slot < slot_base.size() && !used[(size_t)s.slot];
-        if (!s.ids || !slot_ok || s.n < 1 || s.n > std::min(max_tokens, slot_rows[(size_t)s.slot]) || s.q0 < 0 || s.q1 <= s.q0 || s.q1 > s.n ||
-            (s.fill && (s.q0 != 0 || s.q1 != s.n)) || s.r0 < 0 || s.r1 <= s.r0 || s.r1 > s.n)
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
-                              i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
+        if (!s.ids || !slot_ok || s.n < 1 || s.n > std::min(max_tokens, slot_rows[(size_t)s.slot]) || s.q0 < 0 ||
+            s.q1 <= s.q0 || s.q1 > s.n || (s.fill && (s.q0 != 0 || s.q1 != s.n)) || s.r0 < 0 || s.r1 <= s.r0 ||
+            s.r1 > s.n)
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
+                i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
         used[(size_t)s.slot] = true;
         const int raw0 = dllm__logit_row(c, s.r0), raw1 = dllm__logit_row(c, s.r1 - 1) + 1;
         if (raw0 < s.q0 || raw1 > s.q1)
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: sequence %zu wants logit rows [%d, %d) outside its forwarded rows [%d, %d)", i, raw0,
-                              raw1, s.q0, s.q1);
-        if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched K/V-cache step: sequence %zu wants logit rows [%d, %d) outside its forwarded rows [%d, %d)", i,
+                raw0, raw1, s.q0, s.q1);
+        if (v.rows > INT32_MAX - s.n)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
         for (int r = s.q0; r < s.q1; r++) {
             const int32_t pos = s.positions ? s.positions[r] : r;
             if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL, "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r, pos, max_tokens);
+                return dllm__fail(DLLM_ERR_INTERNAL,
+                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
+                                  i, r, pos, max_tokens);
             v.positions.push_back(pos);
             v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         }
@@ -207,8 +228,10 @@ struct dllm__sampler_span {
  * [r0, r1) whose logits row (dllm__logit_row, gathered: v.out0[i] + row - v.raw0[i]) is in the chunk. A position reads
  * one row and the rows rise with the position, so each sequence's are one range; under the shift positions 0 and 1
  * both read row 0 (shift0, as the solo step's sample_rows). */
-static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
-                                                                 const dllm__varlen_layout &v, const std::vector<int> &choice0, int c0, int rows) {
+static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__config &c,
+                                                                 const std::vector<dllm__batch_seq> &plan,
+                                                                 const dllm__varlen_layout &v,
+                                                                 const std::vector<int> &choice0, int c0, int rows) {
     std::vector<dllm__sampler_span> spans;
     for (size_t i = 0; i < plan.size(); i++) {
         if (choice0[i] < 0) continue;

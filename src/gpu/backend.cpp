@@ -14,16 +14,17 @@
 struct dllm__graph_id {
     std::string slot, baked;
 };
-static dllm__graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed, int block_rows, int kv_splits,
-                                            const std::string &buffers) {
+static dllm__graph_id dllm__bd_graph_keys(const dllm__bd_call &call, const dllm__bd_pick *pick, int n_committed,
+                                          int block_rows, int kv_splits, const std::string &buffers) {
     dllm__graph_id id;
-    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block, call.r0, call.r1, n_committed > 0,
-                           kv_splits);
+    id.slot = dllm__format("k%d T%d o%d m%d r%d-%d c%d s%d", (int)call.kind, call.T, call.offset, call.mask_block,
+                           call.r0, call.r1, n_committed > 0, kv_splits);
     if (pick) {
         const dllm__sampling &s = pick->sampling;
-        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n, pick->lrow0, pick->shift0,
-                                s.temperature, (int)s.remasking, (int)s.tempered_conf, s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf,
-                                (int)s.defer_eos_eot, s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
+        id.slot += dllm__format(" pick n%d l%d s%d %.17g %d %d %.17g %llu %d %d %d %d %d %.17g %.17g", pick->n,
+                                pick->lrow0, pick->shift0, s.temperature, (int)s.remasking, (int)s.tempered_conf,
+                                s.alg_temp, (unsigned long long)s.seed, (int)s.eos_logit_inf, (int)s.defer_eos_eot,
+                                s.eos_id, s.eot_id, s.top_k, s.top_p, s.min_p);
     }
     id.baked = id.slot + dllm__format(" | n%d b%d p%d ", n_committed, block_rows, pick ? pick->pos0 : -1) + buffers;
     return id;
@@ -66,7 +67,8 @@ struct dllm__stage_timer;
 
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
-    static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens, std::unique_ptr<dllm__backend_impl> &out) {
+    static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens,
+                              std::unique_ptr<dllm__backend_impl> &out) {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
         DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
@@ -94,7 +96,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
     bool bd_chooses() const override { return !bd_host_choice_; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
-    void bd_facache_rows(int64_t &rows, int64_t &reused) const override { rows = bdfa_rows_seen_, reused = bdfa_rows_reused_; }
+    void bd_facache_rows(int64_t &rows, int64_t &reused) const override {
+        rows = bdfa_rows_seen_, reused = bdfa_rows_reused_;
+    }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
@@ -114,30 +118,34 @@ class dllm__gpu_backend : public dllm__backend_impl {
     /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
      * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
      * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
-    template <class F>
-    dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
+    template <class F> dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
         DLLM__TRY(prepare_batch(v));
         batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
         dllm_status s = forward_varlen_replayed(v);
         const dllm__config &c = m_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
             const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
-            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows, DLLM__ROWS_BATCH, CUDA_R_32F);
+            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows,
+                     DLLM__ROWS_BATCH, CUDA_R_32F);
             if (s == DLLM_OK) s = on_chunk(c0, rows);
         }
         batch_on_ = false;
         return s;
     }
-    dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out);
+    dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
+                                     float *out);
     // [batch] the token choice of a batched step on the device
     bool batch_chooses() const override { return !batch_unsupported(); }
-    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) override;
+    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
+                                     dllm__choice *choices) override;
     /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
      * host), and the other sequences' logits copied to the host as batch_logits_to_host does. */
-    dllm_status batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
-    dllm_status choose_in_chunks(const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling, const std::vector<dllm_step_state> &states,
-                                 const std::vector<int> &raw0, int n_chosen, const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of,
-                                 float *raw, dllm__choice *choices);
+    dllm_status batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *logits,
+                             dllm__choice *choices);
+    dllm_status choose_in_chunks(const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
+                                 const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
+                                 const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw,
+                                 dllm__choice *choices);
 
     // [debug hooks] what tests and benchmarks read (16.5)
     DLLM__TEST_HOOKS_BEGIN
@@ -166,8 +174,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
     /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
      * host, stream-ordered) after each chunk's logits are in the logits buffer. */
-    template <class F>
-    dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
+    template <class F> dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
         dllm__forward_plan plan;
         dllm__seq_rows r;
         r.seq = n, r.q0 = 0, r.q1 = n, r.out0 = raw0, r.out1 = raw1;
@@ -185,7 +192,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
-    DLLM__TEST_HOOK void set_q4_int8(bool on) { q4_int8_ = on; }  // off: gemm_q4's INT8 path never runs (the tests compare)
+    DLLM__TEST_HOOK void set_q4_int8(bool on) {
+        q4_int8_ = on;
+    }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC, by default, at the last bd_begin). */
@@ -212,19 +221,25 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     // the forward and its stages (16.4.1)
     dllm_status forward(const dllm__forward_plan &plan, const int *ids_dev);
-    dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out = CUDA_R_16BF);
+    dllm_status gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
+                     cudaDataType_t out = CUDA_R_16BF);
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
     bool q4(size_t l) const { return W_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
-    dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w, int M);
+    dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
+                                  const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
     bool q4_int8(const dllm__weight_view &W, int M, bool pinned) const;
     dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
     soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
-    dllm__rows lacache_rows() const { return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT; }
-    dllm__rows layer_rows(size_t l) const { return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED; }
+    dllm__rows lacache_rows() const {
+        return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT;
+    }
+    dllm__rows layer_rows(size_t l) const {
+        return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED;
+    }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
     bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
@@ -233,13 +248,14 @@ class dllm__gpu_backend : public dllm__backend_impl {
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
     dllm_status embed_gather(const int *ids, int n_rows, float *h);
     dllm_status embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
-    dllm_status add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0, int n_rows);
+    dllm_status add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch,
+                            int seq, int row0, int n_rows);
     dllm_status add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq);
     dllm_status quantize_rows_e4m3(const void *x, int M, int K);
     dllm_status gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M);
     dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
-    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
-                          bool may_split = false, bool wide = false);
+    dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride,
+                          const void *keys_qkv, void *out, int fa_mode, bool may_split = false, bool wide = false);
     dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
     dllm_status self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows);
     dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
@@ -259,15 +275,18 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     dllm_status bkv_alloc(const std::vector<int> &rows);
     dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
-    dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices);
+    dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits,
+                                dllm__choice *choices);
     // the step (16.4.2)
     dllm__forward_plan plan_step(const dllm__decode &st) const;
     dllm_status run_step(const dllm__decode &st);
     sampler_args sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0, int raw_rows) const;
     dllm_status sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
-    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred, const dllm_step_state *state = nullptr);
+    dllm_status launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred,
+                               const dllm_step_state *state = nullptr);
     dllm_status sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows);
-    dllm_status choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred, int n, dllm__choice *out);
+    dllm_status choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred, int n,
+                                dllm__choice *out);
     dllm_status capture_step(const dllm__decode &st, bool may_update);
     std::string graph_key(const dllm__decode &st) const;
     dllm_status record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1);
@@ -287,8 +306,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
     const dllm__gemm_wg *batch_gemm_wg(const dllm__gemm_op &op);
     // [bd graphs] [batch graphs]
-    template <class F>
-    dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
+    template <class F> dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
     template <class F>
     dllm_status capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body);
     void graphs_drop(dllm__graph_set &set);
@@ -299,7 +317,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
     std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
-    dllm__dbuf rope_cos_, rope_sin_;               // fp32 [max_tokens][head_dim / 2]
+    dllm__dbuf rope_cos_, rope_sin_;              // fp32 [max_tokens][head_dim / 2]
 
     // kernels and GEMMs
     std::shared_ptr<dllm__module> rowwise_module_, sampler_module_, attn_module_;
@@ -307,25 +325,26 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__sampler_kernels S_;
     dllm__attn_kernels A_;
     dllm__gemm gemm_;
-    dllm__gemm_wg gemm_wg_;                        // dllm's Hopper GEMM, a candidate of gemm_
-    dllm__gemm_wg gemm_wg_n128_;                   // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
-    dllm__gemm_wg gemm_wg_n64_;                    // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg gemm_wg_;                           // dllm's Hopper GEMM, a candidate of gemm_
+    dllm__gemm_wg gemm_wg_n128_;                      // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg gemm_wg_n64_;                       // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
-    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;     // in effect
-    dllm__fp8_mma fp8_mma_;                        // loaded when fp8_gemm_ is DLLM__FP8_MMA
-    dllm__soloq_options soloq_;                    // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
-    std::shared_ptr<dllm__module> soloq_module_;   // loaded when soloq_.enabled
+    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;        // in effect
+    dllm__fp8_mma fp8_mma_;                           // loaded when fp8_gemm_ is DLLM__FP8_MMA
+    dllm__soloq_options soloq_;  // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
+    std::shared_ptr<dllm__module> soloq_module_;  // loaded when soloq_.enabled
     dllm__soloq_kernels Q_;
-    dllm__q4_gemm_kernels q4_gemm_;                // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
-    bool q4_int8_ = true;                          // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
-    int q4a_forms_ = 0;                            // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
-    long q4_int8_launches_ = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+    dllm__q4_gemm_kernels q4_gemm_;  // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    bool q4_int8_ = true;            // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int q4a_forms_ = 0;              // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long q4_int8_launches_ = 0;      // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 
     // activations and the generation's state
     dllm__activations act_;
-    bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
-    bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
-    std::shared_ptr<dllm__module> varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
+    bool kv_on_ = false;     // forwards read and write act_.kv (a generation with a K/V cache)
+    bool batch_on_ = false;  // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    std::shared_ptr<dllm__module>
+        varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
     dllm__kernel<void(attn_args)> attn_varlen_, attn_varlen_short_;  // the table's tiles; dllm__attn_short_tiles
     dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
@@ -340,8 +359,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
     // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
     dllm__dbuf bch_state_, bch_x0_, bch_conf_, bch_deferred_;
-    int64_t bch_rows_ = 0;  // rows chosen on the device by batch_choose since the context began (tests)
-    bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
+    int64_t bch_rows_ = 0;         // rows chosen on the device by batch_choose since the context began (tests)
+    bool positions_on_ = false;    // [DPad] act_.positions holds the canvas rows' RoPE positions
     void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
     size_t host_pinned_bytes_ = 0;
 
@@ -359,7 +378,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__kvq kvq_;
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
-    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_, kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
+        kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
     dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
     dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
     bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
@@ -381,7 +401,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
     dllm__graph_set bd_graphs_{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
-    dllm__graph_set varlen_graphs_{"a batched forward"};            // [batch graphs] slots by varlen_graph_id
+    dllm__graph_set varlen_graphs_{"a batched forward"};           // [batch graphs] slots by varlen_graph_id
 
     // [debug hooks]
     dllm__stage_timer *timer_ = nullptr;
@@ -394,19 +414,22 @@ class dllm__gpu_backend : public dllm__backend_impl {
 struct dllm__attn_tensor_maps {
     CUtensorMap q, k, v;
 };
-static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, int heads, int batch, dllm__attn_tensor_maps &tm) {
+static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, int heads, int batch,
+                            dllm__attn_tensor_maps &tm) {
     const int kv_width = heads / a.group * hd;
     return dllm__tensor_map(tm.q, a.q, heads * hd, a.q_rows, batch, (uint64_t)a.q_stride, a.q_bstride, 128) &&
-           dllm__tensor_map(tm.k, a.k, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc) &&
-           dllm__tensor_map(tm.v, a.v, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride, arch.fa_wg_bc);
+           dllm__tensor_map(tm.k, a.k, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride,
+                            arch.fa_wg_bc) &&
+           dllm__tensor_map(tm.v, a.v, kv_width, a.seq, batch, (uint64_t)a.kv_stride, (uint64_t)a.seq * a.kv_stride,
+                            arch.fa_wg_bc);
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
  * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
  * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
  * layer 0). */
-static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch, const attn_args &a,
-                                     cudaStream_t s, bool wide = false) {
+static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
+                                     const attn_args &a, cudaStream_t s, bool wide = false) {
     if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
@@ -415,8 +438,10 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
         }
         static std::atomic<bool> warned(false);
         if (!warned.exchange(true))
-            dllm__log(DLLM_LOG_WARN, "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it "
-                                     "refuses): attention runs flash_attn (mma.sync)");
+            dllm__log(
+                DLLM_LOG_WARN,
+                "no TMA tensor map for the wgmma attention (driver without cuTensorMapEncodeTiled, or a layout it "
+                "refuses): attention runs flash_attn (mma.sync)");
     }
     dim3 grid((unsigned)((a.q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
     DLLM__TRY(k.attn.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
@@ -426,11 +451,13 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 
 /* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
  * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
-static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd, int heads, int batch, int max_q_rows,
-                                            const attn_args &a, cudaStream_t s) {
+static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd,
+                                            int heads, int batch, int max_q_rows, const attn_args &a, cudaStream_t s) {
     if (a.fa_mode || a.kv_splits != 1 || a.key_valid || !a.q_offsets || !a.kv_offsets || batch > 65535)
-        return dllm__fail(DLLM_ERR_INTERNAL, "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
-                          a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
+        return dllm__fail(
+            DLLM_ERR_INTERNAL,
+            "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
+            a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
     if (batch == 0 || max_q_rows == 0) return DLLM_OK;
     dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)batch);
     return k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a);
@@ -438,14 +465,21 @@ static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> 
 
 dllm_status dllm__gpu_backend::init(int device) {
     const dllm__config &c = m_.cfg;
-    if (c.scale_logits) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
+    if (c.scale_logits)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
     if (!dllm__attn_supports(c.head_dim))
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
-                                                "use the CPU backend", c.head_dim);
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
+            "use the CPU backend",
+            c.head_dim);
     if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8", c.n_embd, c.n_ff, c.n_vocab);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8",
+                          c.n_embd, c.n_ff, c.n_vocab);
     if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d", 1024 * dllm__norm_slots * 8, c.n_embd);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d",
+                          1024 * dllm__norm_slots * 8, c.n_embd);
     device_ = device;
     DLLM__CUDA(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -453,7 +487,9 @@ dllm_status dllm__gpu_backend::init(int device) {
     arch_ = dllm__attn_tiles(dllm__arch_for(prop.major * 10 + prop.minor), c.head_dim);
     n_sms_ = prop.multiProcessorCount;
     smem_per_sm_ = (int)prop.sharedMemPerMultiprocessor;
-    if (arch_.cc < 80) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name, prop.major, prop.minor);
+    if (arch_.cc < 80)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name,
+                          prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemm_.init());
     DLLM__TRY(load_kernels());
@@ -466,12 +502,12 @@ dllm_status dllm__gpu_backend::init(int device) {
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
-    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name, arch_.cc, prop.multiProcessorCount,
-              arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
+    dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name,
+              arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
               soloq_.enabled ? dllm__precision_name(precision_)
-              : fp8_attn   ? "FP8 FFN and attention projections in layers >= 1"
-              : fp8_ffn    ? "FP8 FFN in layers >= 1"
-                           : "BF16");
+              : fp8_attn     ? "FP8 FFN and attention projections in layers >= 1"
+              : fp8_ffn      ? "FP8 FFN in layers >= 1"
+                             : "BF16");
     return DLLM_OK;
 }
 
@@ -481,9 +517,11 @@ dllm_status dllm__gpu_backend::init(int device) {
 dllm_status dllm__gpu_backend::load_kernels() {
     std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
     const int forced = dllm__env().batch_gemm_n;  // 0: every width is a candidate
-    const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128), n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
+    const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128),
+               n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
-        {dllm__module_rowwise(arch_), &rowwise_module_}, {dllm__module_sampler(arch_), &sampler_module_},
+        {dllm__module_rowwise(arch_), &rowwise_module_},
+        {dllm__module_sampler(arch_), &sampler_module_},
         {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
     if (soloq_.enabled) {
         jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
@@ -509,7 +547,8 @@ dllm_status dllm__gpu_backend::load_kernels() {
     dllm__bind(S_, *sampler_module_);
     DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
     if (dllm__gemm_wg_load(arch_, 256, gemm_wg_) != DLLM_OK) {
-        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s", dllm__tls_error.c_str());
+        dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s",
+                  dllm__tls_error.c_str());
         gemm_wg_ = dllm__gemm_wg();
     }
     if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
@@ -525,7 +564,8 @@ dllm_status dllm__gpu_backend::load_kernels() {
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_optin));
     if (soloq_.enabled) {
         DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
         DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
@@ -540,12 +580,16 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
     dllm__fp8_gemm mode;
     DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
     if (mode == DLLM__FP8_NONE) {
-        dllm__log(DLLM_LOG_WARN, "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
-                  "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16", gpu_name, arch_.cc);
+        dllm__log(
+            DLLM_LOG_WARN,
+            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+            "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16",
+            gpu_name, arch_.cc);
         return DLLM_OK;
     }
     if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
-    dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s", mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
+    dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s",
+              mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
     fp8_gemm_ = mode;
     fp8_ffn = true;
     fp8_attn = precision_ == DLLM_PRECISION_FP8_ALL;
@@ -592,7 +636,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
         DLLM__TRY(A.h0.fit(M * d * 4, "the LaCache embeddings"));
         DLLM__TRY(A.qkv0.fit(M * qkv * 2, "the LaCache Q/K/V"));
-        DLLM__TRY(A.fa_state.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4, "the LaCache attention state"));
+        DLLM__TRY(A.fa_state.fit((size_t)batch * c.n_head * q_tiles * fields * dllm__attn_threads(arch_) * 4,
+                                 "the LaCache attention state"));
     }
     if (fp8) {
         const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
@@ -611,15 +656,19 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
         for (const auto &nk : shapes) {
             const size_t rows_at_once = (size_t)dllm__q4_chunk_rows((int)nk.first, (int)nk.second);
-            chunk_elems = std::max(chunk_elems, rows_at_once * nk.second), chunk_rows = std::max(chunk_rows, rows_at_once);
+            chunk_elems = std::max(chunk_elems, rows_at_once * nk.second),
+            chunk_rows = std::max(chunk_rows, rows_at_once);
         }
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
-        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts && M > (size_t)dllm__q4_max_rows)
+        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts &&
+            M > (size_t)dllm__q4_max_rows)
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
-        for (const auto &nk : shapes) split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
+        for (const auto &nk : shapes)
+            split_k = std::max(
+                split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
         DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);

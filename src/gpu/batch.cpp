@@ -15,7 +15,8 @@ const char *dllm__gpu_backend::batch_unsupported() const {
 }
 
 dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
-    if (const char *why = batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
+    if (const char *why = batch_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
     if (plan.empty()) return DLLM_OK;
     const dllm__config &c = m_.cfg;
     dllm__varlen_layout v;
@@ -25,11 +26,13 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
 
 /* batch_logits with every chunk copied to the host, then each sequence's rows [r0, r1) unshifted into out, one sequence
  * after another (forward_batch's and forward_batch_kv's contract). */
-dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v, float *out) {
+dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batch_seq> &plan,
+                                                    const dllm__varlen_layout &v, float *out) {
     const dllm__config &c = m_.cfg;
     std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
-        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
         return DLLM_OK;
     }));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
@@ -47,7 +50,8 @@ dllm_status dllm__gpu_backend::load_varlen() {
     DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), varlen_module_));
     auto bind = [&](const dllm__arch &tiles, dllm__kernel<void(attn_args)> &k) {
         cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, tiles));
-        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, tiles)));
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)dllm__attn_smem(hd, tiles)));
         k.fn = fn, k.name = "flash_attn (varlen)";
         return DLLM_OK;
     };
@@ -58,9 +62,11 @@ dllm_status dllm__gpu_backend::load_varlen() {
 /* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
  * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const bool short_runs = dllm__attn_varlen_short(arch_, m_.cfg.head_dim, m_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
-    return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_, short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim,
-                                    m_.cfg.n_head, batch, max_rows, a, stream_);
+    const bool short_runs =
+        dllm__attn_varlen_short(arch_, m_.cfg.head_dim, m_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_,
+                                    short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim, m_.cfg.n_head,
+                                    batch, max_rows, a, stream_);
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
@@ -70,8 +76,10 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__TRY(varlen_offsets_.fit(v.offsets.size() * 4, "the batch's row offsets"));
     positions_on_ = true;  // rope_qkv reads act_.positions[row]
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, v.ids.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(
+        cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(
+        cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
     if (v.cached()) DLLM__TRY(upload_kv_layout(v));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
@@ -90,13 +98,18 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
-        if (q4(l + 1)) DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, T));
-        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
-        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        if (q4(l + 1))
+            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        W_->layers[l + 1].attn_norm.ptr, T));
+        else if (fp8_attn(l + 1))
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+        else
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
-        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr, (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T,
-                              v.offsets[i] + v.raw0[i] - v.q0[i], v.raw1[i] - v.raw0[i]));
+        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr,
+                              (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T, v.offsets[i] + v.raw0[i] - v.q0[i],
+                              v.raw1[i] - v.raw0[i]));
     return DLLM_OK;
 }
 
@@ -106,7 +119,8 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs || timer_) return forward_varlen(v);  // profiling (mark) times eager stages
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || timer_)
+        return forward_varlen(v);  // profiling (mark) times eager stages
     return replay_graph(varlen_graphs_, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 
@@ -116,11 +130,13 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
  * launches take) and the device buffers the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
-    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(), (int)!v.attn_masks.empty());
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, bkv_total_, varlen_offsets_.ptr, varlen_attn_q_.ptr,
-                                      varlen_attn_kv_.ptr, varlen_cache_rows_.ptr, varlen_attn_masks_.ptr, bkv_.ptr);
-    for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets, &v.attn_kv_offsets,
-                                          &v.cache_rows, &v.attn_masks}) {
+    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
+                           (int)!v.attn_masks.empty());
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, bkv_total_, varlen_offsets_.ptr,
+                                      varlen_attn_q_.ptr, varlen_attn_kv_.ptr, varlen_cache_rows_.ptr,
+                                      varlen_attn_masks_.ptr, bkv_.ptr);
+    for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
+                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
         id.baked += dllm__format(" %zu:", a->size());
         id.baked.append((const char *)a->data(), a->size() * sizeof(int32_t));
     }

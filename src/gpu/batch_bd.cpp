@@ -22,8 +22,9 @@
  * it is the slot's rows after the committed ones. Checked as bd_check checks a forward, plus each slot once, a pick's
  * rows among the logit rows and a sub-block only over a block cache. Entry 2i of the attention is sequence i, entry
  * 2i + 1 the bridge to the next slot (no query row, no mask). */
-static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seqs, const std::vector<int> &slot_base, const std::vector<int> &slot_rows,
-                                            const std::vector<dllm__bd_slot> &slots, int max_tokens, dllm__varlen_layout &v) {
+static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seqs, const std::vector<int> &slot_base,
+                                            const std::vector<int> &slot_rows, const std::vector<dllm__bd_slot> &slots,
+                                            int max_tokens, dllm__varlen_layout &v) {
     v = dllm__varlen_layout();
     v.offsets.push_back(0);
     std::vector<bool> used(slot_base.size(), false);
@@ -31,31 +32,46 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         const dllm__bd_seq &q = seqs[i];
         const dllm__bd_call &call = q.call;
         if (q.slot < 0 || (size_t)q.slot >= slot_base.size() || used[(size_t)q.slot])
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu names slot %d (%zu reserved, each at most once a forward)", i,
-                              q.slot, slot_base.size());
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched block diffusion: sequence %zu names slot %d (%zu reserved, each at most once a forward)", i,
+                q.slot, slot_base.size());
         used[(size_t)q.slot] = true;
         const dllm__bd_slot &s = slots[(size_t)q.slot];
         const bool sub = call.kind == DLLM__BD_SUB_BLOCK;
         if (!call.ids || call.T <= 0 || call.offset < 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu forwards %d rows at offset %d and asks for output rows [%d, %d)", i,
-                              call.T, call.offset, call.r0, call.r1);
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched block diffusion: sequence %zu forwards %d rows at offset %d and asks for output rows [%d, %d)",
+                i, call.T, call.offset, call.r0, call.r1);
         if (sub && call.offset + call.T > s.block)
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)", i,
-                              call.T, call.offset, s.block);
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)",
+                i, call.T, call.offset, s.block);
         const int n_keys = s.n + (sub ? s.block : call.T);
         if (n_keys > slot_rows[(size_t)q.slot])
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
-                              "bd_batch_reserve)", i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
+                "bd_batch_reserve)",
+                i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
         if ((int64_t)s.n + call.offset + call.T > max_tokens)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched block diffusion: sequence %zu's positions up to %lld exceed the context's limit of %d tokens "
-                              "(max_tokens)", i, (long long)s.n + call.offset + call.T, max_tokens);
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "batched block diffusion: sequence %zu's positions up to %lld exceed the context's limit of %d tokens "
+                "(max_tokens)",
+                i, (long long)s.n + call.offset + call.T, max_tokens);
         const dllm__bd_pick *p = q.pick;
         if (p && (p->n <= 0 || p->logits_row(0) < 0 || p->logits_row(p->n - 1) >= call.r1 - call.r0))
-            return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: sequence %zu chooses %d rows from logits rows %d.. of its %d", i, p->n,
-                              p->n > 0 ? p->logits_row(0) : 0, call.r1 - call.r0);
-        if (v.rows > INT32_MAX - call.T) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "batched block diffusion: sequence %zu chooses %d rows from logits rows %d.. of its %d",
+                              i, p->n, p->n > 0 ? p->logits_row(0) : 0, call.r1 - call.r0);
+        if (v.rows > INT32_MAX - call.T)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
         const int base = slot_base[(size_t)q.slot], row0 = s.n + (sub ? call.offset : 0);
-        for (int j = 0; j < call.T; j++) v.positions.push_back(s.n + call.offset + j), v.cache_rows.push_back(base + row0 + j);
+        for (int j = 0; j < call.T; j++)
+            v.positions.push_back(s.n + call.offset + j), v.cache_rows.push_back(base + row0 + j);
         v.ids.insert(v.ids.end(), call.ids, call.ids + call.T);
         if (i > 0) v.attn_masks.push_back(0), v.attn_masks.push_back(0);  // the bridge from the previous sequence
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(base);
@@ -74,16 +90,20 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
 /* A slot's state after its forward ran: a COMMIT's rows join the committed ones; a BLOCK_FULL's rows are the block
  * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a sub-block). */
 static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
-    if (call.kind == DLLM__BD_COMMIT) s.n += call.T, s.block = 0;
-    else if (call.kind == DLLM__BD_BLOCK_FULL) s.block = call.T;
-    else if (call.kind == DLLM__BD_STEP) s.block = 0;
+    if (call.kind == DLLM__BD_COMMIT)
+        s.n += call.T, s.block = 0;
+    else if (call.kind == DLLM__BD_BLOCK_FULL)
+        s.block = call.T;
+    else if (call.kind == DLLM__BD_STEP)
+        s.block = 0;
 }
 
 /* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i with
  * a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
  * pick->logits_row(j)) is in the chunk, one range since that row never falls as j rises; a range from a shifted pick's
  * row 0 keeps the shift (rows 0 and 1 read the same logits row), any other reads consecutive rows. */
-static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
+static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs,
+                                                              const dllm__varlen_layout &v,
                                                               const std::vector<int> &choice0, int c0, int rows) {
     std::vector<dllm__sampler_span> spans;
     for (size_t i = 0; i < seqs.size(); i++) {
@@ -106,7 +126,8 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(turned off by DLLM_BD_BATCH=0)";
     if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
     if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
-    if (kvq_.enabled()) return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
+    if (kvq_.enabled())
+        return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
 }
 
@@ -115,7 +136,8 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
 dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
     bdb_slots_.clear();
     if (rows.empty()) return batch_kv_reserve(rows);
-    if (const char *why = bd_batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
+    if (const char *why = bd_batch_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
     DLLM__TRY(bkv_alloc(rows));
@@ -125,10 +147,13 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
 
 /* The layout over the reserved slots, the batched forward with its LM head and the device's choice (bd_batch_choose),
  * then each slot's state advanced. The empty list asks whether the forward exists here. */
-dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) {
-    if (const char *why = bd_batch_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
+dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits,
+                                                dllm__choice *choices) {
+    if (const char *why = bd_batch_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     if (seqs.empty()) return DLLM_OK;
-    if (bdb_slots_.empty()) return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
+    if (bdb_slots_.empty())
+        return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
     dllm__varlen_layout v;
     DLLM__TRY(dllm__bd_batch_layout_of(seqs, bkv_base_, bkv_rows_, bdb_slots_, max_tokens_, v));
     DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
@@ -139,18 +164,23 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
 /* The device's choice over the layout (choose_in_chunks): the sequences with a pick sampled at step 0 (as
  * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw logit
  * rows copied into `logits`, one sequence after another. */
-dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits, dllm__choice *choices) {
-    std::vector<int> choice0(seqs.size(), -1), raw0(seqs.size(), 0);  // a picked sequence's first choice; another's first row in logits
+dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
+                                               float *logits, dllm__choice *choices) {
+    std::vector<int> choice0(seqs.size(), -1),
+        raw0(seqs.size(), 0);  // a picked sequence's first choice; another's first row in logits
     std::vector<const dllm__sampling *> sampling(seqs.size(), nullptr);
     int n_chosen = 0, n_raw = 0;
     for (size_t i = 0; i < seqs.size(); i++) {
-        if (seqs[i].pick) choice0[i] = n_chosen, n_chosen += seqs[i].pick->n, sampling[i] = &seqs[i].pick->sampling;
-        else raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
+        if (seqs[i].pick)
+            choice0[i] = n_chosen, n_chosen += seqs[i].pick->n, sampling[i] = &seqs[i].pick->sampling;
+        else
+            raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
     }
     if ((n_raw > 0 && !logits) || (n_chosen > 0 && !choices))
-        return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: %d logit rows and %d choices to return, %s", n_raw, n_chosen,
-                          logits ? "no choices array" : "no logits array");
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion: %d logit rows and %d choices to return, %s",
+                          n_raw, n_chosen, logits ? "no choices array" : "no logits array");
     const std::vector<dllm_step_state> states(seqs.size(), dllm_step_state());
-    return choose_in_chunks(v, sampling, states, raw0, n_chosen, [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); },
-                            logits, choices);
+    return choose_in_chunks(
+        v, sampling, states, raw0, n_chosen,
+        [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }

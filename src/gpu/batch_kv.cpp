@@ -19,9 +19,11 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
         bkv_.release();
         return DLLM_OK;
     }
-    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    if (const char *why = batch_kv_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
     for (int n : rows)
-        if (n < 1 || n > max_tokens_) return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
+        if (n < 1 || n > max_tokens_)
+            return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
     return bkv_alloc(rows);
 }
 
@@ -31,10 +33,13 @@ dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
     int64_t total = 0;
     for (int n : rows) total += n;
-    if (total > INT32_MAX) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
+    if (total > INT32_MAX)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
     const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
     bkv_.release();  // the previous batch's, before the new ones are allocated
-    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2, "the batch's K/V caches (make the batch or its canvases smaller)"));
+    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2,
+                       "the batch's K/V caches (make the batch or its canvases smaller)"));
     for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
     return load_kv_scatter();
 }
@@ -49,7 +54,8 @@ dllm_status dllm__gpu_backend::load_kv_scatter() {
 
 /* forward_batch's with the layout of the reserved slots. The empty plan asks whether the step exists here. */
 dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
-    if (const char *why = batch_kv_unsupported()) return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
+    if (const char *why = batch_kv_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
     if (plan.empty()) return DLLM_OK;
     if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
     dllm__varlen_layout v;
@@ -62,12 +68,16 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     DLLM__TRY(varlen_attn_q_.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(varlen_attn_kv_.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(varlen_cache_rows_.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
     if (v.attn_masks.empty()) return DLLM_OK;
     DLLM__TRY(varlen_attn_masks_.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
 
@@ -79,16 +89,17 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, width = 2 * c.n_head_kv * hd, T = v.rows;
     const dllm__gpu_layer &L = W_->layers[layer];
     if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !bkv_.ptr)
-        return dllm__fail(DLLM_ERR_INTERNAL, "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T, v.cache_rows.size(),
-                          bkv_.ptr ? "reserved" : "not reserved");
+        return dllm__fail(DLLM_ERR_INTERNAL,
+                          "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T,
+                          v.cache_rows.size(), bkv_.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
     bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
-    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
-                                 varlen_cache_rows_.as<int>(), width, T));
+    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd,
+                                 (u64)stride, cache, (u64)width, varlen_cache_rows_.as<int>(), width, T));
     mark("kv cache");
     attn_args a = {};
     a.q = act_.qkv.as<bf16_t>();
@@ -114,8 +125,9 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     const int qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, width = c.n_head * c.head_dim;
     for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
         for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_, act_.qkv.as<bf16_t>() + (size_t)r0 * qkv,
-                                           r1 - r0, qkv, width, v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
+        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_,
+                                           act_.qkv.as<bf16_t>() + (size_t)r0 * qkv, r1 - r0, qkv, width,
+                                           v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
     }
     return DLLM_OK;
 }

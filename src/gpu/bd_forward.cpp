@@ -4,16 +4,21 @@
  * RoPE positions the context's tables, a sub-block the block cache. */
 dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (call.T <= 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
-        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows asks for output rows [%d, %d)", call.T, call.r0, call.r1);
+        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows asks for output rows [%d, %d)",
+                          call.T, call.r0, call.r1);
     if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_block_rows_)
-        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset, bd_block_rows_);
+        return dllm__fail(DLLM_ERR_INTERNAL,
+                          "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset,
+                          bd_block_rows_);
     const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T;
     if (bd_n_ + scratch > bd_cap_)
-        return dllm__fail(DLLM_ERR_INTERNAL,
-                          "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)", call.T,
-                          bd_n_, bd_cap_);
+        return dllm__fail(
+            DLLM_ERR_INTERNAL,
+            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
+            call.T, bd_n_, bd_cap_);
     if (bd_n_ + call.offset + call.T > max_tokens_)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
                           bd_n_ + call.offset + call.T, max_tokens_);
     return DLLM_OK;
 }
@@ -23,7 +28,8 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
     const bool one_chunk = call.r1 - call.r0 <= dllm__lm_chunk_rows;
     DLLM__TRY(bd_run(call, nullptr, one_chunk));
     if (!one_chunk) return bd_head(call, logits);
-    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * m_.cfg.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * m_.cfg.n_vocab * 4,
+                               cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
@@ -42,8 +48,10 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
             DLLM__TRY(kvq_k_pairs_.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
         }
         if (group != kvq_.group || group <= 0 || bd_n_ % group || T % group)
-            return dllm__fail(DLLM_ERR_INTERNAL, "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)",
-                              bd_n_, bd_n_ + T, group, kvq_.group);
+            return dllm__fail(
+                DLLM_ERR_INTERNAL,
+                "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)",
+                bd_n_, bd_n_ + T, group, kvq_.group);
     }
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
@@ -70,9 +78,12 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     for (size_t l = 0; l < n_layers; l++) {
         DLLM__TRY(bd_attention(l, call));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
-        if (l + 1 == n_layers) DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
-        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
-        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        if (l + 1 == n_layers)
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
+        else if (fp8_attn(l + 1))
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+        else
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -87,7 +98,8 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
     DLLM__TRY(lm_head(1, out_rows, 0, out_rows));
     mark("lm head");
     if (!pick) return DLLM_OK;
-    return launch_sampler(bd_sampler_args(call, *pick), act_.x0.as<int>(), act_.conf.as<double>(), act_.deferred.as<unsigned char>());
+    return launch_sampler(bd_sampler_args(call, *pick), act_.x0.as<int>(), act_.conf.as<double>(),
+                          act_.deferred.as<unsigned char>());
 }
 
 /* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
@@ -95,9 +107,12 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_NO_GRAPHS=1 or DLLM_BD_GRAPHS=0. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
-    const bool graph = head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
-    if (graph) DLLM__TRY(bd_replay(call, pick));
-    else DLLM__TRY(bd_body(call, pick, head));
+    const bool graph =
+        head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
+    if (graph)
+        DLLM__TRY(bd_replay(call, pick));
+    else
+        DLLM__TRY(bd_body(call, pick, head));
     if (!graph) bd_graphs_.counts[DLLM__GRAPH_EAGER]++;
     if (call.kind == DLLM__BD_COMMIT) bd_n_ += call.T;
     return DLLM_OK;
@@ -108,9 +123,10 @@ dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const d
     const dllm__config &c = m_.cfg;
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
-    const std::string buffers = dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
-                                             bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr, kvq_v_codes_.ptr,
-                                             kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+    const std::string buffers =
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
+                     bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
+                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr);
     return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
 }
 
@@ -126,15 +142,19 @@ dllm_status dllm__gpu_backend::replay_graph(dllm__graph_set &set, const dllm__gr
     if (!set.slots.count(id.slot) && set.slots.size() >= dllm__graph_slots) graphs_drop(set);
     dllm__graph_slot &g = set.slots[id.slot];
     dllm__graph_action action = dllm__graph_next(g, id);
-    if ((action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) && capture_graph(set, g, action, body) != DLLM_OK) {
+    if ((action == DLLM__GRAPH_UPDATE || action == DLLM__GRAPH_INSTANTIATE) &&
+        capture_graph(set, g, action, body) != DLLM_OK) {
         if (!set.warned_eager)
-            dllm__log(DLLM_LOG_WARN, "%s could not be captured as a CUDA graph (%s); forwards of its shape run eagerly", set.what, dllm__tls_error.c_str());
+            dllm__log(DLLM_LOG_WARN, "%s could not be captured as a CUDA graph (%s); forwards of its shape run eagerly",
+                      set.what, dllm__tls_error.c_str());
         set.warned_eager = true;
         cudaGetLastError();
         g.eager_only = true, action = DLLM__GRAPH_EAGER;
     }
-    if (action == DLLM__GRAPH_EAGER) DLLM__TRY(body());
-    else DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
+    if (action == DLLM__GRAPH_EAGER)
+        DLLM__TRY(body());
+    else
+        DLLM__CUDA(cudaGraphLaunch(g.exec, stream_));
     set.counts[action]++;
     return DLLM_OK;
 }
@@ -144,7 +164,8 @@ dllm_status dllm__gpu_backend::replay_graph(dllm__graph_set &set, const dllm__gr
  * (the tests expect none) and, the first time in a context, logged with CUDA's reason and the node it names, so that a
  * device run says which capture changed shape. */
 template <class F>
-dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body) {
+dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action,
+                                             F &&body) {
     cudaGraph_t graph = nullptr;
     DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const dllm_status s = body();
@@ -162,8 +183,10 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_s
             cudaGraphNodeType type = cudaGraphNodeTypeCount;
             if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
             cudaGetLastError();
-            dllm__log(DLLM_LOG_INFO, "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
-                      set.what, (int)info.result, (int)type);
+            dllm__log(
+                DLLM_LOG_INFO,
+                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
     }
@@ -188,31 +211,38 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
     const dllm__config &c = m_.cfg;
-    const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, pos0 = bd_n_ + call.offset;
+    const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd,
+              pos0 = bd_n_ + call.offset;
     const size_t row_bytes = (size_t)kvd * 4;
     const dllm__gpu_layer &L = W_->layers[layer];
     const bool split = bdfa_on(layer);  // [FACache]: a row's Q must not depend on the forward's row count
-    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
+    DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T,
+                   split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)}, stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,
-                                           c.llama4_beta, c.llama4_orig_max));
+        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)}, stream_,
+                                           act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
+                                           c.llama4_orig_max));
     mark("rope");
-    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, *after = cache + (size_t)bd_n_ * row_bytes;
+    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes,
+         *after = cache + (size_t)bd_n_ * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
-        return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst, (u64)(2 * kvd), nullptr, 2 * kvd, T);
+        return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
+                                  (u64)(2 * kvd), nullptr, 2 * kvd, T);
     };
     int n_keys = bd_n_ + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
         char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;
         DLLM__TRY(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
-        DLLM__CUDA(cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+        DLLM__CUDA(
+            cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
         n_keys = bd_n_ + bd_block_rows_;
     } else {
         DLLM__TRY(put_fresh(after));
-        if (call.kind == DLLM__BD_BLOCK_FULL) DLLM__TRY(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
+        if (call.kind == DLLM__BD_BLOCK_FULL)
+            DLLM__TRY(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
     attn_args a = {};
@@ -227,9 +257,12 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
     a.partial = bd_partial_.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
-    if (split) DLLM__TRY(bdfa_attention(call, n_keys, pos0));
-    else if (kvq_.enabled() && bd_n_ > 0) DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
-    else DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
+    if (split)
+        DLLM__TRY(bdfa_attention(call, n_keys, pos0));
+    else if (kvq_.enabled() && bd_n_ > 0)
+        DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+    else
+        DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
     return DLLM_OK;
@@ -254,7 +287,8 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
         FA_.merge.fn = FA_.module->kernels.at("bdfa_merge"), FA_.merge.name = "bdfa_merge";
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
-    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes) bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
+    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes)
+        bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
     DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
     DLLM__TRY(bdfa_rows_.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
     bdfa_n_ = bd_n_;
@@ -268,7 +302,8 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     }
     bdfa_list_[0] = (int)bdfa_list_.size() - 1;
     if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_[0];
-    DLLM__CUDA(cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(
+        cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
 
@@ -291,7 +326,9 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     a.rows = bdfa_rows_.as<int>() + 1, a.n_rows = graph ? bdfa_rows_.as<int>() : nullptr;
     a.offset = call.offset, a.state = bdfa_state_.as<float>();
     const int ctas = graph ? T : bdfa_list_[0];
-    if (ctas > 0) DLLM__TRY(FA_.committed.launch({dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
+    if (ctas > 0)
+        DLLM__TRY(
+            FA_.committed.launch({dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
     return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
@@ -303,7 +340,8 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
         DLLM__TRY(lm_head(1, out_rows, c0, rows));
         mark("lm head");
         if (!logits) continue;  // bd_forward_choose: one chunk, sampled where it is
-        DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)c0 * V, act_.logits.ptr, (size_t)rows * V * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(logits + (size_t)c0 * V, act_.logits.ptr, (size_t)rows * V * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
     }
     if (logits) DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
@@ -314,11 +352,15 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
  * confidence, so 13 bytes a row reach the host instead of a vocabulary of fp32 (600 KB a row at Qwen2's), and the
  * host's float64 softmax over it (~2 ms a row on one core) leaves the step: prompt 512 + gen 256 at the 7B shape took
  * 3.18 s with the host's choice, 1.41 s with this (H200, 2026-12-05). */
-dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) {
+dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick,
+                                                 dllm__choice *out) {
     const int out_rows = call.r1 - call.r0, n = pick.n;
-    if (n <= 0 || n > call.T || out_rows > dllm__lm_chunk_rows || pick.logits_row(0) < 0 || pick.logits_row(n - 1) >= out_rows)
-        return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)", n,
-                          pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
+    if (n <= 0 || n > call.T || out_rows > dllm__lm_chunk_rows || pick.logits_row(0) < 0 ||
+        pick.logits_row(n - 1) >= out_rows)
+        return dllm__fail(
+            DLLM_ERR_INTERNAL,
+            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)",
+            n, pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
     DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
     DLLM__CUDA(cudaMemcpyAsync(act_.state.ptr, &draws, sizeof draws, cudaMemcpyHostToDevice, stream_));
@@ -342,6 +384,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
     std::vector<float> raw((size_t)(call.r1 - call.r0) * c.n_vocab);
     DLLM__TRY(bd_forward(call, raw.data()));
     for (int p = r0; p < r1; p++)
-        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab, sizeof(float) * c.n_vocab);
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - call.r0) * c.n_vocab,
+               sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }

@@ -10,16 +10,19 @@
 
 /* The NVRTC and cuBLASLt entry points dllm calls, each named once: the table's member of the same name holds
  * it (decltype of the header's declaration, which is never called directly, so nothing links the library). */
-#define DLLM__NVRTC_FUNCS(X)                                                                                        \
-    X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcAddNameExpression) \
-    X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)   \
-    X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetLoweredName)
-#define DLLM__CUBLASLT_FUNCS(X)                                                                                     \
-    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoCapGetAttribute)                     \
-    X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)     \
-    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                     \
-    X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)         \
-    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+#define DLLM__NVRTC_FUNCS(X)                                                                                           \
+    X(nvrtcVersion)                                                                                                    \
+    X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcAddNameExpression)                      \
+        X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)   \
+            X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetLoweredName)
+#define DLLM__CUBLASLT_FUNCS(X)                                                                                        \
+    X(cublasLtCreate)                                                                                                  \
+    X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoCapGetAttribute) X(cublasLtMatmulAlgoCheck)               \
+        X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)                                \
+            X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                 \
+                X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) \
+                    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate)                              \
+                        X(cublasLtMatrixLayoutDestroy)
 
 struct dllm__cuda_libs {
 #define DLLM__LIB_POINTER(name) decltype(&::name) name = nullptr;
@@ -44,18 +47,22 @@ static void *dllm__dlopen_first(const char *stem, int major, std::string &tried)
 }
 
 /* Loads one library and resolves its entry points once per process; later calls return the first outcome. */
-static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std::string &error, const char *stem, int major, const char *package,
+static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std::string &error, const char *stem,
+                                  int major, const char *package,
                                   const std::function<bool(void *, std::string &)> &resolve) {
     std::call_once(once, [&] {
         std::string tried, missing;
         void *h = dllm__dlopen_first(stem, major, tried);
         if (!h) {
             result = DLLM_ERR_NO_DEVICE;
-            error = dllm__format("cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
-                                 "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library", stem, major, tried.c_str(), package);
+            error = dllm__format(
+                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
+                "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library",
+                stem, major, tried.c_str(), package);
         } else if (!resolve(h, missing)) {
             result = DLLM_ERR_NO_DEVICE;
-            error = dllm__format("%s.so.%d lacks %s: install the CUDA %d.x Toolkit's %s", stem, major, missing.c_str(), major, package);
+            error = dllm__format("%s.so.%d lacks %s: install the CUDA %d.x Toolkit's %s", stem, major, missing.c_str(),
+                                 major, package);
         } else {
             result = DLLM_OK;
         }
@@ -63,27 +70,32 @@ static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std
     return result == DLLM_OK ? DLLM_OK : dllm__fail(result, "%s", error.c_str());
 }
 
-#define DLLM__LIB_RESOLVE(name)                                                     \
-    if (!(dllm__lib.name = (decltype(dllm__lib.name))dlsym(h, #name))) { missing = #name; return false; }
+#define DLLM__LIB_RESOLVE(name)                                                                                        \
+    if (!(dllm__lib.name = (decltype(dllm__lib.name))dlsym(h, #name))) {                                               \
+        missing = #name;                                                                                               \
+        return false;                                                                                                  \
+    }
 
 static dllm_status dllm__load_nvrtc() {
     static std::once_flag once;
     static dllm_status result = DLLM_OK;
     static std::string error;
-    return dllm__load_lib(once, result, error, "libnvrtc", CUDA_VERSION / 1000, "NVRTC (libnvrtc)", [](void *h, std::string &missing) {
-        DLLM__NVRTC_FUNCS(DLLM__LIB_RESOLVE)
-        return true;
-    });
+    return dllm__load_lib(once, result, error, "libnvrtc", CUDA_VERSION / 1000, "NVRTC (libnvrtc)",
+                          [](void *h, std::string &missing) {
+                              DLLM__NVRTC_FUNCS(DLLM__LIB_RESOLVE)
+                              return true;
+                          });
 }
 
 static dllm_status dllm__load_cublaslt() {
     static std::once_flag once;
     static dllm_status result = DLLM_OK;
     static std::string error;
-    return dllm__load_lib(once, result, error, "libcublasLt", CUBLAS_VER_MAJOR, "cuBLAS (libcublasLt)", [](void *h, std::string &missing) {
-        DLLM__CUBLASLT_FUNCS(DLLM__LIB_RESOLVE)
-        return true;
-    });
+    return dllm__load_lib(once, result, error, "libcublasLt", CUBLAS_VER_MAJOR, "cuBLAS (libcublasLt)",
+                          [](void *h, std::string &missing) {
+                              DLLM__CUBLASLT_FUNCS(DLLM__LIB_RESOLVE)
+                              return true;
+                          });
 }
 #undef DLLM__LIB_RESOLVE
 
@@ -91,19 +103,21 @@ static dllm_status dllm__load_cublaslt() {
  * header: the few types and entry points it calls are declared here as nccl.h 2.x defines them (result, data type
  * and reduction are C enums, passed as int; the 2.x ABI is stable, the soname libnccl.so.2). */
 typedef struct dllm__nccl_comm *dllm__nccl_comm_t;
-struct dllm__nccl_unique_id { char internal[128]; };
+struct dllm__nccl_unique_id {
+    char internal[128];
+};
 enum { DLLM__NCCL_SUCCESS = 0, DLLM__NCCL_SUM = 0, DLLM__NCCL_FLOAT32 = 7, DLLM__NCCL_BFLOAT16 = 9 };
 
-#define DLLM__NCCL_FUNCS(X)                                                                                         \
-    X(ncclGetVersion, int, (int *version))                                                                         \
-    X(ncclGetErrorString, const char *, (int result))                                                              \
-    X(ncclGetUniqueId, int, (dllm__nccl_unique_id *id))                                                            \
-    X(ncclCommInitAll, int, (dllm__nccl_comm_t *comms, int n_devices, const int *devices))                         \
-    X(ncclCommInitRank, int, (dllm__nccl_comm_t *comm, int n_ranks, dllm__nccl_unique_id id, int rank))           \
-    X(ncclGroupStart, int, (void))                                                                                 \
-    X(ncclGroupEnd, int, (void))                                                                                   \
-    X(ncclAllReduce, int, (const void *send, void *recv, size_t count, int dtype, int op, dllm__nccl_comm_t comm,   \
-                           cudaStream_t stream))                                                                   \
+#define DLLM__NCCL_FUNCS(X)                                                                                            \
+    X(ncclGetVersion, int, (int *version))                                                                             \
+    X(ncclGetErrorString, const char *, (int result))                                                                  \
+    X(ncclGetUniqueId, int, (dllm__nccl_unique_id * id))                                                               \
+    X(ncclCommInitAll, int, (dllm__nccl_comm_t * comms, int n_devices, const int *devices))                            \
+    X(ncclCommInitRank, int, (dllm__nccl_comm_t * comm, int n_ranks, dllm__nccl_unique_id id, int rank))               \
+    X(ncclGroupStart, int, (void))                                                                                     \
+    X(ncclGroupEnd, int, (void))                                                                                       \
+    X(ncclAllReduce, int,                                                                                              \
+      (const void *send, void *recv, size_t count, int dtype, int op, dllm__nccl_comm_t comm, cudaStream_t stream))    \
     X(ncclCommDestroy, int, (dllm__nccl_comm_t comm))
 
 struct dllm__nccl_api {
@@ -134,17 +148,23 @@ static dllm_status dllm__nccl_open(const std::vector<std::string> &candidates, d
         tried += (tried.empty() ? "" : ", ") + n;
     }
     if (!h)
-        return dllm__fail(DLLM_ERR_NO_DEVICE, "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
-                          "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
-                          "one GPU (n_devices 0 or 1) needs no NCCL", tried.c_str());
-#define DLLM__NCCL_RESOLVE(name, ret, args)                                                                       \
-    if (!(api.name = (ret(*) args)dlsym(h, #name)))                                                                \
-        return dllm__fail(DLLM_ERR_NO_DEVICE, "the NCCL library loaded for tensor parallelism lacks %s: install NCCL 2.x", #name);
+        return dllm__fail(
+            DLLM_ERR_NO_DEVICE,
+            "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
+            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
+            "one GPU (n_devices 0 or 1) needs no NCCL",
+            tried.c_str());
+#define DLLM__NCCL_RESOLVE(name, ret, args)                                                                            \
+    if (!(api.name = (ret(*) args)dlsym(h, #name)))                                                                    \
+        return dllm__fail(DLLM_ERR_NO_DEVICE,                                                                          \
+                          "the NCCL library loaded for tensor parallelism lacks %s: install NCCL 2.x", #name);
     DLLM__NCCL_FUNCS(DLLM__NCCL_RESOLVE)
 #undef DLLM__NCCL_RESOLVE
     if (api.ncclGetVersion(&api.version) != DLLM__NCCL_SUCCESS || api.version < 20000)
-        return dllm__fail(DLLM_ERR_NO_DEVICE, "the NCCL library loaded for tensor parallelism reports version code %d; dllm needs NCCL 2.9 or later",
-                          api.version);
+        return dllm__fail(
+            DLLM_ERR_NO_DEVICE,
+            "the NCCL library loaded for tensor parallelism reports version code %d; dllm needs NCCL 2.9 or later",
+            api.version);
     return DLLM_OK;
 }
 
@@ -168,20 +188,21 @@ static dllm_status dllm__cuda_fail(cudaError_t e, const char *what) {
     return dllm__fail(s, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-#define DLLM__CUDA(expr)                                         \
-    do {                                                         \
-        cudaError_t dllm__e_ = (expr);                           \
-        if (dllm__e_ != cudaSuccess) return dllm__cuda_fail(dllm__e_, #expr); \
+#define DLLM__CUDA(expr)                                                                                               \
+    do {                                                                                                               \
+        cudaError_t dllm__e_ = (expr);                                                                                 \
+        if (dllm__e_ != cudaSuccess) return dllm__cuda_fail(dllm__e_, #expr);                                          \
     } while (0)
 
 static dllm_status dllm__cublas_fail(cublasStatus_t s, const char *what) {
-    return dllm__fail(s == CUBLAS_STATUS_ALLOC_FAILED ? DLLM_ERR_OUT_OF_MEMORY : DLLM_ERR_CUDA, "%s: cuBLASLt status %d", what, (int)s);
+    return dllm__fail(s == CUBLAS_STATUS_ALLOC_FAILED ? DLLM_ERR_OUT_OF_MEMORY : DLLM_ERR_CUDA,
+                      "%s: cuBLASLt status %d", what, (int)s);
 }
 
-#define DLLM__CUBLAS(expr)                                       \
-    do {                                                         \
-        cublasStatus_t dllm__s_ = (expr);                        \
-        if (dllm__s_ != CUBLAS_STATUS_SUCCESS) return dllm__cublas_fail(dllm__s_, #expr); \
+#define DLLM__CUBLAS(expr)                                                                                             \
+    do {                                                                                                               \
+        cublasStatus_t dllm__s_ = (expr);                                                                              \
+        if (dllm__s_ != CUBLAS_STATUS_SUCCESS) return dllm__cublas_fail(dllm__s_, #expr);                              \
     } while (0)
 
 /* An owned device allocation; bytes are tracked so benchmarks can report dllm's own footprint. */
@@ -197,7 +218,10 @@ struct dllm__dbuf {
     dllm__dbuf() {}
     dllm__dbuf(const dllm__dbuf &) = delete;
     dllm__dbuf &operator=(const dllm__dbuf &) = delete;
-    dllm__dbuf(dllm__dbuf &&o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+    dllm__dbuf(dllm__dbuf &&o) noexcept : ptr(o.ptr), bytes(o.bytes) {
+        o.ptr = nullptr;
+        o.bytes = 0;
+    }
     dllm__dbuf &operator=(dllm__dbuf &&o) noexcept {
         if (this != &o) {
             release();
@@ -224,7 +248,8 @@ struct dllm__dbuf {
         if (e != cudaSuccess) {
             ptr = nullptr;
             cudaGetLastError();
-            return dllm__fail(DLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of GPU memory for %s: %s", n / 1048576.0, what, cudaGetErrorString(e));
+            return dllm__fail(DLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of GPU memory for %s: %s",
+                              n / 1048576.0, what, cudaGetErrorString(e));
         }
         bytes = n;
         int64_t now = dllm__device_bytes += (int64_t)n;
@@ -269,7 +294,8 @@ struct dllm__tp_comms {
             streams.push_back(st);
         }
         comms.assign(devices.size(), nullptr);
-        return dllm__nccl_check(dllm__nccl.ncclCommInitAll(comms.data(), (int)devices.size(), devices.data()), "ncclCommInitAll");
+        return dllm__nccl_check(dllm__nccl.ncclCommInitAll(comms.data(), (int)devices.size(), devices.data()),
+                                "ncclCommInitAll");
     }
 };
 
@@ -280,7 +306,8 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     DLLM__TRY(dllm__nccl_check(dllm__nccl.ncclGroupStart(), "ncclGroupStart"));
     int first_error = DLLM__NCCL_SUCCESS;
     for (size_t r = 0; r < c.comms.size(); r++) {
-        int e = dllm__nccl.ncclAllReduce(bufs[r], bufs[r], count, DLLM__NCCL_FLOAT32, DLLM__NCCL_SUM, c.comms[r], c.streams[r]);
+        int e = dllm__nccl.ncclAllReduce(bufs[r], bufs[r], count, DLLM__NCCL_FLOAT32, DLLM__NCCL_SUM, c.comms[r],
+                                         c.streams[r]);
         if (first_error == DLLM__NCCL_SUCCESS) first_error = e;
     }
     const int end = dllm__nccl.ncclGroupEnd();  // always closes the group, even after a failed call
@@ -292,7 +319,8 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
  * holds count seeded values, after the device all-reduce every rank must hold the reference's sum. Over two ranks the
  * bits must match (fp32 addition commutes); over more, NCCL's order may differ in the last bits. Reports the largest
  * |difference| over all ranks and the number of elements that differ at all. Needs len(devices) GPUs. */
-[[maybe_unused]] static dllm_status dllm__tp_all_reduce_selfcheck(const std::vector<int> &devices, size_t count, double &max_diff, size_t &n_differ) {
+[[maybe_unused]] static dllm_status dllm__tp_all_reduce_selfcheck(const std::vector<int> &devices, size_t count,
+                                                                  double &max_diff, size_t &n_differ) {
     dllm__tp_comms c;
     DLLM__TRY(c.init(devices));
     const size_t n = devices.size();
@@ -301,7 +329,9 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     std::vector<dllm__dbuf> dev(n);
     std::vector<float *> bufs;
     for (size_t r = 0; r < n; r++) {
-        for (size_t i = 0; i < count; i++) host[r][i] = (float)(dllm__uniform(29, (uint32_t)i, (uint32_t)r, 0, DLLM__RNG_GUMBEL) * 2 - 1) * (float)(1 + i % 7);
+        for (size_t i = 0; i < count; i++)
+            host[r][i] =
+                (float)(dllm__uniform(29, (uint32_t)i, (uint32_t)r, 0, DLLM__RNG_GUMBEL) * 2 - 1) * (float)(1 + i % 7);
         parts.push_back(host[r].data());
         DLLM__CUDA(cudaSetDevice(devices[r]));
         DLLM__TRY(dev[r].fit(count * sizeof(float), "the all-reduce check"));

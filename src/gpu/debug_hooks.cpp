@@ -15,9 +15,12 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     DLLM__CUDA(cudaMemcpy(q.k_codes.data(), kvq_k_codes_.ptr, q.k_codes.size(), cudaMemcpyDeviceToHost));
     DLLM__CUDA(cudaMemcpy(q.v_codes.data(), kvq_v_codes_.ptr, q.v_codes.size(), cudaMemcpyDeviceToHost));
-    if (!q.k_pairs.empty()) DLLM__CUDA(cudaMemcpy(q.k_pairs.data(), kvq_k_pairs_.ptr, q.k_pairs.size() * 2, cudaMemcpyDeviceToHost));
-    if (q.soloq()) DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
-    else DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
+    if (!q.k_pairs.empty())
+        DLLM__CUDA(cudaMemcpy(q.k_pairs.data(), kvq_k_pairs_.ptr, q.k_pairs.size() * 2, cudaMemcpyDeviceToHost));
+    if (q.soloq())
+        DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
+    else
+        DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<uint16_t> rows((size_t)q.n_layer * bd_cap_ * 2 * q.kvd);
     DLLM__CUDA(cudaMemcpy(rows.data(), bd_cache_.ptr, rows.size() * 2, cudaMemcpyDeviceToHost));
     k.resize(rows.size() / 2), v.resize(rows.size() / 2);
@@ -47,9 +50,12 @@ struct dllm__stage_timer {
         for (size_t i = 1; i < marks.size(); i++) {
             float ms = 0;
             cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second);
-            auto it = std::find_if(out.begin(), out.end(), [&](const std::pair<std::string, double> &p) { return p.first == marks[i].first; });
-            if (it == out.end()) out.push_back({marks[i].first, ms});
-            else it->second += ms;
+            auto it = std::find_if(out.begin(), out.end(),
+                                   [&](const std::pair<std::string, double> &p) { return p.first == marks[i].first; });
+            if (it == out.end())
+                out.push_back({marks[i].first, ms});
+            else
+                it->second += ms;
         }
         return out;
     }
@@ -77,8 +83,8 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
         row.resize((size_t)batch * c.n_vocab);
         for (int b = 0; b < batch; b++) {
             size_t lr = (size_t)b * raw_rows + (size_t)(dllm__logit_row(c, p) - dllm__logit_row(c, cp0));
-            DLLM__CUDA(cudaMemcpy(row.data() + (size_t)b * c.n_vocab, act_.logits.as<float>() + lr * c.n_vocab, (size_t)c.n_vocab * 4,
-                                  cudaMemcpyDeviceToHost));
+            DLLM__CUDA(cudaMemcpy(row.data() + (size_t)b * c.n_vocab, act_.logits.as<float>() + lr * c.n_vocab,
+                                  (size_t)c.n_vocab * 4, cudaMemcpyDeviceToHost));
         }
     }
     return DLLM_OK;

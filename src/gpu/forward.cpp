@@ -10,9 +10,10 @@
  * o and down at 128 rows. DLLM_BATCH_GEMM_N=256, 128 or 64 forces one. */
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
-    const dllm__gemm_wg *const by_width[3] = {gemm_.own_fits(op) ? gemm_.own : nullptr,
-                                              bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
-                                              bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
+    const dllm__gemm_wg *const by_width[3] = {
+        gemm_.own_fits(op) ? gemm_.own : nullptr,
+        bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
+        bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
     const dllm__gemm_wg *first = by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
     int candidates = 0;
     for (int i = 0; i < 3; i++) {
@@ -28,14 +29,16 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
  * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
  * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
  * whether the algorithm may depend on M (dllm__rows). */
-dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
+dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
+                                    cudaDataType_t out) {
     const bool all_independent = dllm__env().gemm_rows_independent;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
             // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned algorithm.
             if (rows == DLLM__ROWS_BATCH)
-                if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
+                if (const dllm__gemm_wg *k = batch_gemm_wg(op))
+                    return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
             return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
@@ -44,8 +47,10 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
             const bool pinned = rows != DLLM__ROWS_TUNED;
             if (fp8_gemm_ == DLLM__FP8_MMA)
-                return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
-            return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad, stream_, pinned);
+                return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y,
+                                         m_pad, W.n, k_pad, stream_, pinned);
+            return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad,
+                                 stream_, pinned);
         }
         case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows == DLLM__ROWS_BATCH ? DLLM__ROWS_INDEPENDENT : rows, out);
     }
@@ -75,15 +80,20 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
         const float *s = scales;
         if (ch.rows != m_pad) {  // this launch's scale columns, laid out [groups][ch.rows]
             if (act_.act8_chunk_scale.bytes < (size_t)groups * ch.rows * 4)
-                return dllm__fail(DLLM_ERR_INTERNAL, "gemm_fp8_batch: %d rows of %d scale groups do not fit the chunk scales", ch.rows, groups);
-            DLLM__CUDA(cudaMemcpy2DAsync(act_.act8_chunk_scale.ptr, (size_t)ch.rows * 4, scales + ch.m0, (size_t)m_pad * 4, (size_t)ch.rows * 4, groups,
-                                         cudaMemcpyDeviceToDevice, stream_));
+                return dllm__fail(DLLM_ERR_INTERNAL,
+                                  "gemm_fp8_batch: %d rows of %d scale groups do not fit the chunk scales", ch.rows,
+                                  groups);
+            DLLM__CUDA(cudaMemcpy2DAsync(act_.act8_chunk_scale.ptr, (size_t)ch.rows * 4, scales + ch.m0,
+                                         (size_t)m_pad * 4, (size_t)ch.rows * 4, groups, cudaMemcpyDeviceToDevice,
+                                         stream_));
             s = act_.act8_chunk_scale.as<float>();
         }
         const unsigned char *X = codes + (size_t)ch.m0 * k_pad;
         void *Y = (char *)y + (size_t)ch.m0 * W.n * 2;
-        if (mma) DLLM__TRY(dllm__fp8_mma_run(fp8_mma_, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
-        else DLLM__TRY(gemm_.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+        if (mma)
+            DLLM__TRY(dllm__fp8_mma_run(fp8_mma_, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+        else
+            DLLM__TRY(gemm_.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
     }
     return DLLM_OK;
 }
@@ -96,7 +106,9 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
     const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
-    if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) || M <= dllm__q4_max_rows || W.k % 4 || W.n % 4) return false;
+    if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
+        M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
+        return false;
     return !pinned || dllm__q4_int_sum_exact_in_fp32(fa, fw, W.k);
 }
 
@@ -110,15 +122,19 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
  *     the epilogue (acc s_x) s_w into y.
  * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
-dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out) {
+dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
+                                       cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
-    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
+    const bool quantize = soloq_.quantize_acts,
+               pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
     const bool int8 = q4_int8(W, M, pinned);
     if (x) {
-        DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
-                                            act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr, stream_, int8 ? act_.q4a8.ptr : nullptr));
+        DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M,
+                                            W.k, nullptr, nullptr, act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr,
+                                            stream_, int8 ? act_.q4a8.ptr : nullptr));
     } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
-        return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values", M, int8 ? "int8" : "bf16");
+        return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values",
+                          M, int8 ? "int8" : "bf16");
     }
     if (int8) return gemm_q4_int8(W, y, M, out);
     const int scale_bytes = (W.k + 15) / 16;
@@ -127,9 +143,10 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     if (M <= dllm__q4_max_rows || pinned) {
         for (int m0 = 0; m0 < M; m0 += dllm__q4_max_rows) {
             const int mc = std::min(dllm__q4_max_rows, M - m0);
-            DLLM__TRY(dllm__q4_gemm_run(q4_gemm_, q.format, W.data, q.block_scales.ptr, W.scale, (const bf16_t *)act_.q4a.ptr + (size_t)m0 * W.k, W.k,
-                                        s_x ? s_x + m0 : nullptr, (char *)y + (size_t)m0 * W.n * out_bytes, W.n, 0, out, mc, W.n, W.k, act_.q4acc.as<float>(),
-                                        act_.q4acc.bytes / 4, stream_));
+            DLLM__TRY(dllm__q4_gemm_run(q4_gemm_, q.format, W.data, q.block_scales.ptr, W.scale,
+                                        (const bf16_t *)act_.q4a.ptr + (size_t)m0 * W.k, W.k, s_x ? s_x + m0 : nullptr,
+                                        (char *)y + (size_t)m0 * W.n * out_bytes, W.n, 0, out, mc, W.n, W.k,
+                                        act_.q4acc.as<float>(), act_.q4acc.bytes / 4, stream_));
         }
         return DLLM_OK;
     }
@@ -137,14 +154,15 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     for (int n0 = 0; n0 < W.n; n0 += chunk) {
         const int nc = std::min(chunk, W.n - n0);
         const unsigned char *codes = (const unsigned char *)W.data + (size_t)n0 * (W.k / 2);
-        const unsigned char *bs = q.block_scales.ptr ? (const unsigned char *)q.block_scales.ptr + (size_t)n0 * scale_bytes : nullptr;
-        DLLM__TRY(Q_.soloq_dequantize_rows.launch({dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream_, codes, bs, (int)q.format, nc,
-                                                  W.k, act_.q4w.ptr));
+        const unsigned char *bs =
+            q.block_scales.ptr ? (const unsigned char *)q.block_scales.ptr + (size_t)n0 * scale_bytes : nullptr;
+        DLLM__TRY(Q_.soloq_dequantize_rows.launch({dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)},
+                                                  stream_, codes, bs, (int)q.format, nc, W.k, act_.q4w.ptr));
         const dllm__gemm_op op{act_.q4a.ptr, act_.q4w.ptr, act_.q4acc.ptr, M, nc, W.k, CUDA_R_32F, nullptr, nullptr};
         DLLM__TRY(pinned ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_));
-        DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_, act_.q4acc.ptr, M, nc,
-                                             s_x, W.scale + n0, (char *)y + (size_t)n0 * out_bytes,
-                                             out == CUDA_R_32F ? 1 : 0, (u64)W.n));
+        DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_,
+                                             act_.q4acc.ptr, M, nc, s_x, W.scale + n0,
+                                             (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)W.n));
     }
     return DLLM_OK;
 }
@@ -152,8 +170,9 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
 /* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
     q4_int8_launches_++;
-    return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(), y, W.n, out, M, W.n, W.k,
-                                  dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
+    return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(),
+                                  y, W.n, out, M, W.n, W.k, dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr,
+                                  act_.q4acc.as<int>(), stream_);
 }
 
 /* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
@@ -162,18 +181,19 @@ dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y,
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
     q4a_forms_ = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
-    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k, act_.q4a_scale.ptr,
-                                    bf16 ? act_.q4a.ptr : nullptr);
+    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k,
+                                    act_.q4a_scale.ptr, bf16 ? act_.q4a.ptr : nullptr);
     a.values_i8 = int8 ? (signed char *)act_.q4a8.ptr : nullptr;
     return a;
 }
 
 /* [SoloQ fused producers] add_rmsnorm of M contiguous rows (h_in (+ delta) -> h_out, normed by w) rotated and quantised
  * for W's GEMM into act_.q4a: one kernel instead of a norm, a quantiser and the bf16 row between them. */
-dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta, const void *w,
-                                                 int M) {
+dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out,
+                                                 const void *delta, const void *w, int M) {
     soloq_args a = soloq_producer_args(W, M);
-    a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w, a.eps = m_.cfg.norm_eps;
+    a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w,
+    a.eps = m_.cfg.norm_eps;
     // 1024 threads: residual_rms gives the bits it gives at dllm__norm_threads (the extra threads hold no chunk and add
     // zeros), and the rotation and quantiser that follow have twice the threads
     return dllm__soloq_launch(Q_, a, 1024, stream_);
@@ -188,8 +208,8 @@ dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const vo
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
  * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
-dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride, const void *keys_qkv, void *out, int fa_mode,
-                                         bool may_split, bool wide) {
+dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride,
+                                         const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide) {
     const dllm__config &c = m_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     attn_args a = {};
@@ -222,66 +242,77 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
         if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
     if (!kv_on_) {
-        DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows, gemm_rows));
+        DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows,
+                       gemm_rows));
         stage("gemm qkv");
         DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, batch * rows, rows, 0));
         stage("rope");
-        DLLM__TRY(attention(batch, rows, orows, (const char *)act_.qkv.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv, act_.qkv.ptr, act_.att.ptr, 0, false,
-                            layer > 0));
+        DLLM__TRY(attention(batch, rows, orows, (const char *)act_.qkv.ptr + (size_t)o0 * qkv * 2, (size_t)rows * qkv,
+                            act_.qkv.ptr, act_.att.ptr, 0, false, layer > 0));
         stage("attention");
         return DLLM_OK;
     }
     char *cache = (char *)act_.kv[layer].ptr, *first = cache + (size_t)r.q0 * qkv * 2;
-    if (produced_attn_input(layer)) {  // the input is all batch entries' rows (an FP8 GEMM's whole 16-row tiles): project into
-                                       // scratch, then copy the rows in
+    if (produced_attn_input(
+            layer)) {  // the input is all batch entries' rows (an FP8 GEMM's whole 16-row tiles): project into
+                       // scratch, then copy the rows in
         DLLM__TRY(gemm(L.qkv.view(), nullptr, act_.qkv.ptr, batch * rows, gemm_rows));
         for (int b = 0; b < batch; b++)
-            DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2, (const char *)act_.qkv.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
+            DLLM__CUDA(cudaMemcpyAsync(first + (size_t)b * seq * qkv * 2,
+                                       (const char *)act_.qkv.ptr + (size_t)b * rows * qkv * 2, (size_t)rows * qkv * 2,
                                        cudaMemcpyDeviceToDevice, stream_));
     } else {
         for (int b = 0; b < batch; b++)
-            DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * rows * d * 2, first + (size_t)b * seq * qkv * 2, rows, gemm_rows));
+            DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * rows * d * 2,
+                           first + (size_t)b * seq * qkv * 2, rows, gemm_rows));
     }
     stage("gemm qkv");
-    for (int b = 0; b < batch; b++) DLLM__TRY(rope_qkv(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
+    for (int b = 0; b < batch; b++)
+        DLLM__TRY(rope_qkv(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
     stage("rope");
-    DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0, true, layer > 0));
+    DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0,
+                        true, layer > 0));
     stage("attention");
     return DLLM_OK;
 }
 
 /* [FP8 fused norm+quantise] Residual add + RMSNorm over n_rows rows from row0 of each sequence (h_in -> h_out, see the
  * kernel add_rmsnorm). */
-dllm_status dllm__gpu_backend::add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y, int batch, int seq, int row0,
-                                        int n_rows) {
+dllm_status dllm__gpu_backend::add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y,
+                                           int batch, int seq, int row0, int n_rows) {
     const dllm__config &c = m_.cfg;
     const unsigned threads = dllm__norm_threads(c.n_embd / 8);
-    return K_.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta, w, c.norm_eps, y, c.n_embd,
-                                 n_rows, row0, seq);
+    return K_.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta,
+                                 w, c.norm_eps, y, c.n_embd, n_rows, row0, seq);
 }
 
 /* add_rmsnorm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
-dllm_status dllm__gpu_backend::add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w, int batch, int seq) {
+dllm_status dllm__gpu_backend::add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w,
+                                                int batch, int seq) {
     const dllm__config &c = m_.cfg;
     const unsigned threads = dllm__norm_threads(dllm__round_up(c.n_embd, 128) / 8);
-    return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta, w, c.norm_eps, act_.act8.ptr,
-                                      act_.act8_scale.ptr, act8_rows(batch * seq), c.n_embd, seq, 0, seq);
+    return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out,
+                                      delta, w, c.norm_eps, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(batch * seq),
+                                      c.n_embd, seq, 0, seq);
 }
 
 /* act_.act8 = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
 dllm_status dllm__gpu_backend::quantize_rows_e4m3(const void *x, int M, int K) {
-    return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M), 0.0f);
+    return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr,
+                                        act_.act8_scale.ptr, act8_rows(M), 0.0f);
 }
 
 /* [EmbedCache] h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
 dllm_status dllm__gpu_backend::embed_gather(const int *ids, int n_rows, float *h) {
-    return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr, m_.cfg.n_embd, h);
+    return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr,
+                                  m_.cfg.n_embd, h);
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
 dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
     if (rows == seq) return embed_gather(ids, batch * seq, h);
-    for (int b = 0; b < batch; b++) DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
+    for (int b = 0; b < batch; b++)
+        DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
     return DLLM_OK;
 }
 
@@ -290,8 +321,8 @@ dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows,
     const dllm__config &c = m_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
     const void *positions = positions_on_ ? act_.positions.ptr : nullptr;
-    return K_.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows, seq_len, pos0, positions, c.n_head, c.n_head_kv,
-                              c.head_dim, bias, rope_cos_.ptr, rope_sin_.ptr);
+    return K_.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows, seq_len, pos0,
+                              positions, c.n_head, c.n_head_kv, c.head_dim, bias, rope_cos_.ptr, rope_sin_.ptr);
 }
 
 /* Layer 0 up to its attention output (act_.att) with LaCache's [EmbedCache], [RoPECache] and [FACache] (lacache.md 1):
@@ -304,7 +335,8 @@ dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows,
 dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, const int *ids) {
     const dllm__config &c = m_.cfg;
     const dllm__seq_rows &r = plan.rows();
-    const int batch = plan.batch(), seq = r.seq, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, d = c.n_embd, M = batch * seq;
+    const int batch = plan.batch(), seq = r.seq, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, d = c.n_embd,
+              M = batch * seq;
     const dllm__gpu_layer &L = W_->layers[0];
     float *h = act_.h0.as<float>();
     if (plan.layer0 == DLLM__L0_FILL) {
@@ -317,7 +349,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
         mark("L0 rope");
     } else {
         const int b0 = r.block0, blk = r.block1 - r.block0;
-        for (int b = 0; b < batch; b++) DLLM__TRY(embed_gather(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
+        for (int b = 0; b < batch; b++)
+            DLLM__TRY(embed_gather(ids + (size_t)b * seq + b0, blk, h + ((size_t)b * seq + b0) * d));
         DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, L.attn_norm.ptr, act_.a.ptr, batch, seq, b0, blk));
         mark("L0 embed+norm");
         for (int b = 0; b < batch; b++) {
@@ -325,17 +358,21 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
             DLLM__TRY(gemm(L.qkv.view(), (const char *)act_.a.ptr + (size_t)b * blk * d * 2, out, blk, lacache_rows()));
         }
         mark("L0 gemm qkv");
-        for (int b = 0; b < batch; b++) DLLM__TRY(rope_qkv((char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
+        for (int b = 0; b < batch; b++)
+            DLLM__TRY(rope_qkv((char *)act_.qkv0.ptr + ((size_t)b * seq + b0) * qkv * 2, L.b_qkv.ptr, blk, blk, b0));
         mark("L0 rope");
     }
-    DLLM__TRY(attention(batch, seq, seq, act_.qkv0.ptr, (size_t)seq * qkv, act_.qkv0.ptr, act_.att.ptr, plan.layer0 == DLLM__L0_FILL ? 1 : 2));
+    DLLM__TRY(attention(batch, seq, seq, act_.qkv0.ptr, (size_t)seq * qkv, act_.qkv0.ptr, act_.att.ptr,
+                        plan.layer0 == DLLM__L0_FILL ? 1 : 2));
     mark("L0 attention");
     return DLLM_OK;
 }
 
 /* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
-    if (!plan.uniform()) return dllm__fail(DLLM_ERR_INTERNAL, "a forward over sequences with different rows (batching is not built yet)");
+    if (!plan.uniform())
+        return dllm__fail(DLLM_ERR_INTERNAL,
+                          "a forward over sequences with different rows (batching is not built yet)");
     const dllm__seq_rows &r = plan.rows();
     const int batch = plan.batch(), rows = r.rows(), out_rows = r.out_rows();
     float *h = act_.h.as<float>();
@@ -353,7 +390,8 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         // [truncation] Output truncation reaches into the last layer: after its attention only the output rows
         // [out0, out1) matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs
         // row-independent.
-        const bool cut = last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= act_.h_cut.bytes;
+        const bool cut =
+            last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= act_.h_cut.bytes;
         const int o0 = cut ? r.out0 - r.q0 : 0, orows = cut ? out_rows : rows;
         if (l > 0 || plan.layer0 == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, r, o0, orows));
         float *h_out = cut ? act_.h_cut.as<float>() : h;  // the cut rows' residual stream goes on in h_cut
@@ -361,10 +399,17 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         const bool last = l + 1 == n_layers;
         if (last) last_layer_rows_ = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
-        if (last) DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows, cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1)) DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else if (q4(l + 1)) DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch * rows));
-        else DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+        if (last)
+            DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows,
+                                  cut ? 0 : r.out0 - r.q0, out_rows));
+        else if (fp8_attn(l + 1))
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+        else if (q4(l + 1))
+            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        W_->layers[l + 1].attn_norm.ptr, batch * rows));
+        else
+            DLLM__TRY(
+                add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -375,7 +420,8 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
  * ([batch][orows]; in place when all rows are computed), act_.att and act_.delta compact [batch][orows]. Rows LaCache
  * computes apart (the last layer without a K/V cache) take row-independent GEMMs in chunks of at most pin_m rows; the
  * FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
-dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out) {
+dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res,
+                                              float *h_out) {
     const int d = m_.cfg.n_embd;
     const bool whole = orows == rows;  // then one run over the batch's rows end to end
     const int segments = whole ? 1 : batch, seg_rows = whole ? batch * rows : orows;
@@ -414,8 +460,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         mark("add+norm");
         DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
         mark("gemm gate+up");
-        DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M, act_.act8.ptr, act_.act8_scale.ptr,
-                                        act8_rows(M)));
+        DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M,
+                                        act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M)));
         mark("swiglu");
         DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
         mark("gemm down");
@@ -458,7 +504,8 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
     kv_on_ = positions_on_ = false;
     DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemsetAsync(act_.state.ptr, 0, sizeof(dllm_step_state), stream_));  // no block: attention visits tiles in plain order
+    DLLM__CUDA(cudaMemsetAsync(act_.state.ptr, 0, sizeof(dllm_step_state),
+                               stream_));  // no block: attention visits tiles in plain order
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
@@ -470,11 +517,13 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
     std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);
     DLLM__TRY(forward_logits(n, raw0, raw1, [&](int c0, int rows) -> dllm_status {
-        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
         return DLLM_OK;
     }));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     for (int p = r0; p < r1; p++)
-        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab, sizeof(float) * c.n_vocab);
+        memcpy(out + (size_t)(p - r0) * c.n_vocab, raw.data() + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
+               sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }

@@ -25,10 +25,12 @@ struct dllm__q4_gemm_kernels {
 };
 
 /* The entry point of format f for M rows: the _m32 instance where M <= dllm__q4_m32_rows. */
-static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k, dllm__q4_format f, int M) {
-    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd, &k.q4_gemm_e8p, &k.q4_gemm_rtn};
-    const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_nvfp4_m32, &k.q4_gemm_int4_m32, &k.q4_gemm_lloyd_m32, &k.q4_gemm_e8p_m32,
-                                                         &k.q4_gemm_rtn_m32};
+static const dllm__kernel<dllm__sig_q4_gemm_int4> &dllm__q4_gemm_kernel(const dllm__q4_gemm_kernels &k,
+                                                                        dllm__q4_format f, int M) {
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *kernel[] = {&k.q4_gemm_nvfp4, &k.q4_gemm_int4, &k.q4_gemm_lloyd,
+                                                            &k.q4_gemm_e8p, &k.q4_gemm_rtn};
+    const dllm__kernel<dllm__sig_q4_gemm_int4> *m32[] = {&k.q4_gemm_nvfp4_m32, &k.q4_gemm_int4_m32,
+                                                         &k.q4_gemm_lloyd_m32, &k.q4_gemm_e8p_m32, &k.q4_gemm_rtn_m32};
     return *(M <= dllm__q4_m32_rows ? m32 : kernel)[f];
 }
 
@@ -42,7 +44,8 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
 #undef DLLM__Q4_BIND
     for (int f = DLLM__Q4_NVFP4; f <= DLLM__Q4_RTN; f++)
         for (int M : {dllm__q4_m32_rows, dllm__q4_max_rows})
-            DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M).fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            DLLM__CUDA(cudaFuncSetAttribute((const void *)dllm__q4_gemm_kernel(out, (dllm__q4_format)f, M).fn,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)dllm__q4_ring_bytes((dllm__q4_format)f, M)));
     return DLLM_OK;
 }
@@ -83,32 +86,46 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
  * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
  * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
-static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes, const void *block_scales, const float *row_scale,
-                                     const void *A, int lda, const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M, int N, int K,
-                                     float *workspace, size_t workspace_floats, cudaStream_t stream) {
+static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes,
+                                     const void *block_scales, const float *row_scale, const void *A, int lda,
+                                     const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M,
+                                     int N, int K, float *workspace, size_t workspace_floats, cudaStream_t stream) {
     if (M < 0 || M > dllm__q4_max_rows)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: %d activation rows; it takes 0 to %d (split larger M into launches)", M, dllm__q4_max_rows);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4_gemm: %d activation rows; it takes 0 to %d (split larger M into launches)", M,
+                          dllm__q4_max_rows);
     if (N < 0 || N % 8 || K <= 0 || K % 8)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: N = %d and K = %d must be multiples of 8 (K > 0)", N, K);
-    if ((int)f < DLLM__Q4_NVFP4 || (int)f > DLLM__Q4_RTN) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: unknown weight format %d", (int)f);
+    if ((int)f < DLLM__Q4_NVFP4 || (int)f > DLLM__Q4_RTN)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: unknown weight format %d", (int)f);
     if (!codes || !row_scale || !A || !y || (f == DLLM__Q4_NVFP4 && !block_scales))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: codes, row scales, A and y are required (and block scales for NVFP4)");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4_gemm: codes, row scales, A and y are required (and block scales for NVFP4)");
     if (lda < K || lda % 8 || (uintptr_t)A % 16 || (uintptr_t)codes % 4 || (uintptr_t)block_scales % 4)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes and block "
-                          "scales 4-byte alignment", lda, K);
-    if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: the output is bf16 or fp32");
-    if (y_col0 < 0 || ldy < y_col0 + N) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: ldy (%d) must be >= y_col0 (%d) + N (%d)", ldy, y_col0, N);
+        return dllm__fail(
+            DLLM_ERR_INVALID_ARGUMENT,
+            "q4_gemm: A needs 16-byte alignment and lda (%d) a multiple of 8 and >= K (%d); codes and block "
+            "scales 4-byte alignment",
+            lda, K);
+    if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: the output is bf16 or fp32");
+    if (y_col0 < 0 || ldy < y_col0 + N)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: ldy (%d) must be >= y_col0 (%d) + N (%d)", ldy, y_col0,
+                          N);
     const size_t need = dllm__q4_gemm_workspace_floats(k, M, N, K);
     if (need > workspace_floats || (need && !workspace))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: split-K needs a workspace of %zu floats, %zu given", need, workspace_floats);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "q4_gemm: split-K needs a workspace of %zu floats, %zu given",
+                          need, workspace_floats);
     if (M == 0 || N == 0) return DLLM_OK;
     q4_gemm_args a = {};
-    a.codes = (const unsigned char *)codes, a.block_scales = (const unsigned char *)block_scales, a.row_scale = row_scale;
+    a.codes = (const unsigned char *)codes, a.block_scales = (const unsigned char *)block_scales,
+    a.row_scale = row_scale;
     a.A = (const bf16_t *)A, a.s_x = s_x, a.y = y, a.partial = workspace;
     a.lda = lda, a.ldy = ldy, a.y_col0 = y_col0, a.y_f32 = out_type == CUDA_R_32F, a.M = M, a.N = N, a.K = K;
     a.chunks_per_split = dllm__q4_gemm_chunks_per_split(k.sm_count, N, K);
     a.k_splits = dllm__q4_gemm_splits(k.sm_count, N, K);
-    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits), dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, M));
+    const dllm__grid grid(dim3((unsigned)((N + dllm__q4_bn - 1) / dllm__q4_bn), (unsigned)a.k_splits),
+                          dim3(dllm__q4_threads), dllm__q4_ring_bytes(f, M));
     DLLM__TRY(dllm__q4_gemm_kernel(k, f, M).launch(grid, stream, a));
     if (a.k_splits == 1) return DLLM_OK;
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);

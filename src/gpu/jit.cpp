@@ -12,9 +12,9 @@
  * has them in cuBLASLt; Ada (sm_89) has FP8 tensor cores but no block-scaled cuBLASLt mode, so it runs dllm's own
  * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_FP8_GEMM=mma). */
 enum dllm__fp8_gemm {
-    DLLM__FP8_NONE = 0,        // FP8 requested: run BF16 and say so in one warning
+    DLLM__FP8_NONE = 0,  // FP8 requested: run BF16 and say so in one warning
     DLLM__FP8_CUBLASLT_BLOCK = 1,
-    DLLM__FP8_MMA = 2          // fp8_gemm, tiles fp8_wide / fp8_narrow
+    DLLM__FP8_MMA = 2  // fp8_gemm, tiles fp8_wide / fp8_narrow
 };
 
 /* A tile of fp8_gemm: BM x BN outputs per CTA in warps of WM x WN, a ring of `stages` 128-wide k-tiles of
@@ -39,17 +39,17 @@ struct dllm__fp8_tile {
  * fill sm_89's 96 KB of shared memory, 4 on sm_90. Up to 64 rows (block steps), where the GEMM streams the weights,
  * 32 x 64 in 4 warps of 32 x 16: twice the CTAs over N, and more k-tiles in flight per CTA. */
 struct dllm__arch {
-    int cc;               // compute capability major*10 + minor
-    const char *target;   // NVRTC --gpu-architecture
-    int fa_br, fa_bc;     // attention query rows per CTA, keys per tile
-    int fa_mt;            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
-    int fa_stages;        // K/V tiles in the ring: stages - 1 are in flight while one is computed
-    int fa_kv_ctas_per_sm;  // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
-    int fa_wg_bc;         // keys per tile of flash_attn_wg (wgmma, sm_90a only; 0: not used)
-    int fa_wg_stages;     // K/V tiles in flash_attn_wg's ring
-    dllm__fp8_gemm fp8;   // the FP8 GEMM this architecture runs
+    int cc;                               // compute capability major*10 + minor
+    const char *target;                   // NVRTC --gpu-architecture
+    int fa_br, fa_bc;                     // attention query rows per CTA, keys per tile
+    int fa_mt;                            // m16 tiles per warp: the CTA has fa_br / (16 * fa_mt) warps
+    int fa_stages;                        // K/V tiles in the ring: stages - 1 are in flight while one is computed
+    int fa_kv_ctas_per_sm;                // split-KV (K/V-cache steps) aims at this many attention CTAs per SM
+    int fa_wg_bc;                         // keys per tile of flash_attn_wg (wgmma, sm_90a only; 0: not used)
+    int fa_wg_stages;                     // K/V tiles in flash_attn_wg's ring
+    dllm__fp8_gemm fp8;                   // the FP8 GEMM this architecture runs
     dllm__fp8_tile fp8_wide, fp8_narrow;  // fp8_gemm's tiles above / up to dllm__fp8_narrow_rows rows (sm_89 and newer)
-    int gemm_wg_stages;   // gemm_wg's ring of 64-wide k-steps (sm_90a; 0: not used), timed against cuBLASLt per shape
+    int gemm_wg_stages;  // gemm_wg's ring of 64-wide k-steps (sm_90a; 0: not used), timed against cuBLASLt per shape
 };
 
 static const dllm__arch dllm__arch_table[] = {
@@ -61,7 +61,6 @@ static const dllm__arch dllm__arch_table[] = {
 };
 
 static const int dllm__fp8_narrow_rows = 64;  // fp8_gemm runs its narrow tile up to this many (padded) rows
-
 
 /* The table row for a compute capability; GPUs newer than the table use the last row's tiles and
  * their own sm_XY target (NVRTC compiles mma.sync for every architecture it knows). */
@@ -87,8 +86,10 @@ static dllm__arch dllm__arch_for(int cc) {
     a.fa_kv_ctas_per_sm = std::max(1, env.fa_kv_ctas ? env.fa_kv_ctas : a.fa_kv_ctas_per_sm);
     a.fa_wg_stages = std::min(3, std::max(2, env.fa_wg_stages ? env.fa_wg_stages : a.fa_wg_stages));
     const int wg_bc = env.fa_wg_bc >= 0 ? env.fa_wg_bc : a.fa_wg_bc;
-    if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128)) a.fa_wg_bc = wg_bc;
-    else if (wg_bc != a.fa_wg_bc) dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
+    if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128))
+        a.fa_wg_bc = wg_bc;
+    else if (wg_bc != a.fa_wg_bc)
+        dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
     return a;
 }
 
@@ -107,7 +108,8 @@ static void dllm__mkdirs(const std::string &dir) {
 
 /* Writes a file atomically: a unique temporary name in the same folder, then rename(). */
 static void dllm__write_atomic(const std::string &path, const std::vector<char> &bytes) {
-    std::string tmp = dllm__format("%s.tmp.%d.%llx", path.c_str(), (int)getpid(), (unsigned long long)(uintptr_t)&bytes);
+    std::string tmp =
+        dllm__format("%s.tmp.%d.%llx", path.c_str(), (int)getpid(), (unsigned long long)(uintptr_t)&bytes);
     FILE *f = fopen(tmp.c_str(), "wb");
     if (!f) return;
     bool ok = fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
@@ -136,10 +138,10 @@ struct dllm__module {
 };
 
 struct dllm__jit_request {
-    std::string name;                     // module name: spells its compile-time parameters
+    std::string name;  // module name: spells its compile-time parameters
     std::string source;
-    std::vector<std::string> kernels;     // entry points, "k" or template instantiations "k<1,2>"
-    std::string target;                   // sm_XY[a]
+    std::vector<std::string> kernels;  // entry points, "k" or template instantiations "k<1,2>"
+    std::string target;                // sm_XY[a]
 };
 
 /* The NVRTC log, trimmed to what a user needs: the first lines with "error" and their context. */
@@ -171,11 +173,13 @@ static bool dllm__log_reports(const std::string &log, const char *what) {
 static bool dllm__log_has_spills(const std::string &log) { return dllm__log_reports(log, "spill stores"); }
 
 /* Compiles a module to a cubin (no loading: usable without a GPU, e.g. in CI). */
-static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin, std::vector<std::string> &lowered,
-                                       std::string &log, std::string *ptx_out = nullptr) {
+static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<char> &cubin,
+                                       std::vector<std::string> &lowered, std::string &log,
+                                       std::string *ptx_out = nullptr) {
     DLLM__TRY(dllm__load_nvrtc());
     nvrtcProgram prog;
-    if (dllm__lib.nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    if (dllm__lib.nvrtcCreateProgram(&prog, rq.source.c_str(), (rq.name + ".cu").c_str(), 0, nullptr, nullptr) !=
+        NVRTC_SUCCESS)
         return dllm__fail(DLLM_ERR_JIT, "NVRTC could not create program %s", rq.name.c_str());
     for (const std::string &k : rq.kernels) dllm__lib.nvrtcAddNameExpression(prog, k.c_str());
     std::string arch = "--gpu-architecture=" + rq.target;
@@ -217,10 +221,11 @@ static dllm_status dllm__nvrtc_compile(const dllm__jit_request &rq, std::vector<
         dllm__write_atomic(std::string(dump) + "/" + rq.name + ".cubin", cubin);
     }
     dllm__lib.nvrtcDestroyProgram(&prog);
-    if (n == 0) return dllm__fail(DLLM_ERR_JIT, "NVRTC produced no cubin for %s (%s)", rq.name.c_str(), rq.target.c_str());
+    if (n == 0)
+        return dllm__fail(DLLM_ERR_JIT, "NVRTC produced no cubin for %s (%s)", rq.name.c_str(), rq.target.c_str());
     if (dllm__env().jit_fail_on_spill && dllm__log_has_spills(log))
-        return dllm__fail(DLLM_ERR_JIT, "%s spills registers on %s (DLLM_JIT_FAIL_ON_SPILL is set):\n%s", rq.name.c_str(), rq.target.c_str(),
-                          log.substr(0, 1500).c_str());
+        return dllm__fail(DLLM_ERR_JIT, "%s spills registers on %s (DLLM_JIT_FAIL_ON_SPILL is set):\n%s",
+                          rq.name.c_str(), rq.target.c_str(), log.substr(0, 1500).c_str());
     return DLLM_OK;
 }
 
@@ -240,8 +245,11 @@ static uint64_t dllm__jit_key(const dllm__jit_request &rq) {
 }
 
 /* The disk cache stores the cubin followed by the lowered names, one per line after a 0 byte. */
-static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, std::vector<char> &blob, std::vector<std::string> &lowered) {
-    std::string dir = dllm__cache_dir(), path = dir.empty() ? "" : dllm__format("%s/%s-%016llx.bin", dir.c_str(), rq.name.c_str(), (unsigned long long)key);
+static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, std::vector<char> &blob,
+                                   std::vector<std::string> &lowered) {
+    std::string dir = dllm__cache_dir(), path = dir.empty() ? ""
+                                                            : dllm__format("%s/%s-%016llx.bin", dir.c_str(),
+                                                                           rq.name.c_str(), (unsigned long long)key);
     if (!path.empty() && dllm__read_binary(path, blob)) {
         size_t sep = blob.size();
         while (sep > 0 && blob[sep - 1] != 0) sep--;
@@ -261,7 +269,8 @@ static dllm_status dllm__jit_build(const dllm__jit_request &rq, uint64_t key, st
     std::string log;
     DLLM__TRY(dllm__nvrtc_compile(rq, blob, lowered, log));
     if (dllm__env().jit_verbose)
-        dllm__log_verbose("JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0, log.c_str());
+        dllm__log_verbose("JIT %s for %s: %.0f ms\n%s", rq.name.c_str(), rq.target.c_str(), dllm__now_ms() - t0,
+                          log.c_str());
     if (!path.empty()) {
         std::vector<char> file(blob);
         file.push_back(0);
@@ -277,7 +286,10 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     {
         std::lock_guard<std::mutex> lk(dllm__jit_mutex);
         auto it = dllm__jit_modules.find(key);
-        if (it != dllm__jit_modules.end()) { out = it->second; return DLLM_OK; }
+        if (it != dllm__jit_modules.end()) {
+            out = it->second;
+            return DLLM_OK;
+        }
     }
     std::vector<char> cubin;
     std::vector<std::string> lowered;

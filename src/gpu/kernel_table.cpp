@@ -26,106 +26,132 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
-#define DLLM__STEP_STATE_FIELDS(X)                                                                                    \
-    X(int, block_begin) X(int, block_end) /* current block [begin, end) */                                            \
-    X(int, steps_per_block)                                                                                           \
-    X(int, step_in_block)   /* advanced by select_commit */                                                           \
-    X(int, global_step)     /* keys the RNG; advanced by select_commit */                                             \
-    X(int, n_block_masks)   /* masks in the block at its first step */                                               \
-    X(int, n_committed)     /* positions committed by the last step */                                               \
-    X(int, n_block_left)    /* masks left in the block after the last step */
+#define DLLM__STEP_STATE_FIELDS(X)                                                                                     \
+    X(int, block_begin)                                                                                                \
+    X(int, block_end)                                 /* current block [begin, end) */                                 \
+        X(int, steps_per_block) X(int, step_in_block) /* advanced by select_commit */                                  \
+        X(int, global_step)                           /* keys the RNG; advanced by select_commit */                    \
+        X(int, n_block_masks)                         /* masks in the block at its first step */                       \
+        X(int, n_committed)                           /* positions committed by the last step */                       \
+        X(int, n_block_left)                          /* masks left in the block after the last step */
 
 /* One sampler CTA's statistics of its vocabulary slice for one row (conf_partial_kernel -> conf_combine_kernel). */
-#define DLLM__CONF_PARTIAL_FIELDS(X)                                                                                  \
-    X(double, best_score)   /* argmax criterion: the logit (T = 0) or the Gumbel score (T > 0) */                     \
-    X(double, sum_exp)      /* sum of e^x over the slice, x = (l - max_logit) * inv_t */                              \
-    X(double, sum_exp_x)    /* ENTROPY: sum of e^x x over the slice */                                                \
-    X(float, max_logit)                                                                                               \
-    X(float, second_logit)  /* MARGIN: the second largest logit of the slice (a tie for the largest counts twice) */  \
-    X(float, best_logit)                                                                                              \
+#define DLLM__CONF_PARTIAL_FIELDS(X)                                                                                   \
+    X(double, best_score) /* argmax criterion: the logit (T = 0) or the Gumbel score (T > 0) */                        \
+    X(double, sum_exp)    /* sum of e^x over the slice, x = (l - max_logit) * inv_t */                                 \
+    X(double, sum_exp_x)  /* ENTROPY: sum of e^x x over the slice */                                                   \
+    X(float, max_logit)                                                                                                \
+    X(float, second_logit) /* MARGIN: the second largest logit of the slice (a tie for the largest counts twice) */    \
+    X(float, best_logit)                                                                                               \
     X(int, best_idx)
 
 /* The sampler's arguments (one step's token choice over rows of logits). */
-#define DLLM__SAMPLER_ARGS_FIELDS(X)                                                                                  \
-    X(const float *, cond)  /* [rows][vocab] logits */                                                                \
-    X(const float *, uncond) /* CFG: unconditional logits with the same layout, or null */                            \
-    X(float, cfg_weight)    /* s + 1: logits = U + (s + 1)(C - U) */                                                  \
-    X(int, vocab) X(int, slice) X(int, n_slices) X(int, n_rows)                                                       \
-    X(int, pos0)            /* canvas position of row 0 */                                                            \
-    X(int, lrow0) X(int, shift0) /* logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift) */      \
-    X(int, raw_rows)        /* logits rows per batch entry in the buffer */                                           \
-    X(double, temperature)                                                                                            \
-    X(u64, seed)                                                                                                      \
-    X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)                                               \
-    X(int, remasking)       /* dllm_remasking: which confidence */                                                    \
-    X(int, conf_tempered)   /* the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l) */          \
-    X(double, alg_temp)     /* > 0: the ranking key is conf / alg_temp + Gumbel noise */                              \
-    X(int, top_k) X(float, top_p) X(float, min_p) /* the sampler filters (dllm_gen_params), applied through cutoff */ \
-    X(const float *, cutoff) /* [n_rows] row_cutoff_kernel's output: a logit below it is -inf; null = no filter */
+#define DLLM__SAMPLER_ARGS_FIELDS(X)                                                                                   \
+    X(const float *, cond)   /* [rows][vocab] logits */                                                                \
+    X(const float *, uncond) /* CFG: unconditional logits with the same layout, or null */                             \
+    X(float, cfg_weight)     /* s + 1: logits = U + (s + 1)(C - U) */                                                  \
+    X(int, vocab)                                                                                                      \
+    X(int, slice) X(int, n_slices) X(int, n_rows) X(int, pos0) /* canvas position of row 0 */                          \
+        X(int, lrow0) X(int, shift0) /* logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift) */   \
+        X(int, raw_rows)             /* logits rows per batch entry in the buffer */                                   \
+        X(double, temperature) X(u64, seed) X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)        \
+            X(int, remasking) /* dllm_remasking: which confidence */                                                   \
+        X(int, conf_tempered) /* the confidence's softmax is Dream's softmax(l / T), not LLaDA's softmax(l) */         \
+        X(double, alg_temp)   /* > 0: the ranking key is conf / alg_temp + Gumbel noise */                             \
+        X(int, top_k) X(float, top_p)                                                                                  \
+            X(float, min_p)      /* the sampler filters (dllm_gen_params), applied through cutoff */                   \
+        X(const float *, cutoff) /* [n_rows] row_cutoff_kernel's output: a logit below it is -inf; null = no filter */
 
 /* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
-#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                     \
-    X(const bf16_t *, q) X(const bf16_t *, k) X(const bf16_t *, v) X(bf16_t *, o)                                     \
-    X(const unsigned char *, key_valid) /* [batch][seq] or null */                                                    \
-    X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */             \
-    X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
-    X(u64, q_bstride) X(u64, o_bstride)                                                                               \
-    X(const dllm_step_state *, st) /* current block: its KV tiles are visited last; null or empty: plain order */     \
-    X(float, scale_log2)    /* log2(e) / sqrt(HD) */                                                                  \
-    X(int, fa_mode)         /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */          \
-    X(float *, fa_state)    /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */          \
-    X(int, kv_splits)       /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
-    X(float *, partial)     /* kv_splits > 1: per-split states for attn_combine (see store_partial) */          \
-    X(int, mask_block)      /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */ \
-    X(int, q_index0)        /* the sequence index of query row 0 for that mask (key j's index is j) */               \
-    X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */  \
-    X(const int *, kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */ \
-    X(const int *, varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
+#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
+    X(const bf16_t *, q)                                                                                                 \
+    X(const bf16_t *, k) X(const bf16_t *, v) X(bf16_t *, o)                                                             \
+        X(const unsigned char *, key_valid) /* [batch][seq] or null */                                                   \
+        X(int, seq) X(int, q_rows)          /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */   \
+        X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
+        X(u64, q_bstride) X(u64, o_bstride)                                                                              \
+            X(const dllm_step_state *,                                                                                   \
+              st)            /* current block: its KV tiles are visited last; null or empty: plain order */              \
+        X(float, scale_log2) /* log2(e) / sqrt(HD) */                                                                    \
+        X(int, fa_mode)      /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */            \
+        X(float *, fa_state) /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */            \
+        X(int,                                                                                                           \
+          kv_splits) /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
+        X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                   \
+        X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */    \
+        X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                   \
+        X(const int *,                                                                                                   \
+          q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */              \
+        X(const int *,                                                                                                   \
+          kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
+        X(const int *,                                                                                                   \
+          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
 /* soloq_quantize_rows's arguments: bf16 rows of x rotated by R = mixer . FWHT_b . signs . perm (a
  * null array is the identity) and quantised in `format` (dllm__q4_format). */
-#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                    \
-    X(const void *, x) X(u64, x_stride)  /* row r at x + r * x_stride elements */                                     \
-    X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */      \
-    X(unsigned char *, codes) X(unsigned char *, block_scales) /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */ \
-    X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                          \
-    X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta) X(const float *, norm_w) /* producer 1's operands */ \
-    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)        \
-    X(int, producer)     /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
-    X(int, cluster)      /* CTAs a row (dllm__soloq_split): a cluster along x */                                      \
-    X(float, rot_norm)   /* 1 / sqrt(rot_b), rounded to fp32 once */                                                  \
-    X(float, eps)        /* producer 1's RMSNorm epsilon */                                                           \
-    X(signed char *, values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
+#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
+    X(const void *, x)                                                                                                                                \
+    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
+        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                  \
+        X(unsigned char *, codes)                                                                                                                     \
+            X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
+        X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
+        X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                                             \
+            X(const float *, norm_w) /* producer 1's operands */                                                                                      \
+        X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) X(                                 \
+            int,                                                                                                                                      \
+            producer) /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
+        X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                                                    \
+        X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                                                \
+        X(float, eps)      /* producer 1's RMSNorm epsilon */                                                                                         \
+        X(signed char *,                                                                                                                              \
+          values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
 
 #define DLLM__FIELD(type, name) type name;
-struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };
-struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };
-struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };
-struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };
-struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };
-struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };
+struct dllm_step_state {
+    DLLM__STEP_STATE_FIELDS(DLLM__FIELD)
+};
+struct conf_partial {
+    DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD)
+};
+struct sampler_args {
+    DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD)
+};
+struct attn_args {
+    DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD)
+};
+struct gemm_wg_args {
+    DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD)
+};
+struct soloq_args {
+    DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD)
+};
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
-static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12, "contract layout");
+static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
+              "contract layout");
 static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 152 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
-    return dllm__format("enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
-                        DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY, DLLM_REMASK_ORIGIN) +
-           DLLM__XSTR(struct dllm_step_state { DLLM__STEP_STATE_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct conf_partial { DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct sampler_args { DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct attn_args { DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct gemm_wg_args { DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD) };) "\n"
-           DLLM__XSTR(struct soloq_args { DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD) };) "\n";
+    return dllm__format(
+               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
+               DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
+               DLLM_REMASK_ORIGIN) +
+           DLLM__XSTR(struct dllm_step_state{DLLM__STEP_STATE_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
+               struct conf_partial{DLLM__CONF_PARTIAL_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct sampler_args{
+               DLLM__SAMPLER_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct attn_args{
+               DLLM__ATTN_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct gemm_wg_args{
+               DLLM__GEMM_WG_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct soloq_args{
+               DLLM__SOLOQ_ARGS_FIELDS(DLLM__FIELD)};) "\n";
 }
 
 /* A kernel table row X(name, attributes, (parameters)) becomes, in the kernel source, the macro KERNEL_<name> that
  * opens the kernel's definition, and on the host the signature type dllm__sig_<name> its handle is typed by. */
-#define DLLM__KERNEL_DECLARE(name, attrs, params) "#define KERNEL_" #name " extern \"C\" __global__ void " #attrs " " #name " " #params "\n"
+#define DLLM__KERNEL_DECLARE(name, attrs, params)                                                                      \
+    "#define KERNEL_" #name " extern \"C\" __global__ void " #attrs " " #name " " #params "\n"
 #define DLLM__KERNEL_SIGNATURE(name, attrs, params) typedef void dllm__sig_##name params;
 #define DLLM__KERNEL_NAME(name, attrs, params) #name,
 
@@ -137,7 +163,8 @@ struct dllm__grid {
     dllm__grid(dim3 g, dim3 b, size_t sm = 0, unsigned cl = 1) : grid(g), block(b), smem(sm), cluster(cl) {}
 };
 
-static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args, const char *name);
+static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args,
+                                    const char *name);
 
 /* A loaded kernel, typed by its signature: launch() takes exactly its parameters, each converted to the
  * parameter's type (a void * buffer to the kernel's pointer type, an int to a u64), so a launch cannot pass the
@@ -153,7 +180,8 @@ template <class... P> struct dllm__kernel<void(P...)> {
         std::tuple<typename std::decay<P>::type...> values(static_cast<typename std::decay<P>::type>(a)...);
         return launch_tuple(g, s, values, std::index_sequence_for<P...>{});
     }
-    template <class T, size_t... I> dllm_status launch_tuple(const dllm__grid &g, cudaStream_t s, T &values, std::index_sequence<I...>) const {
+    template <class T, size_t... I>
+    dllm_status launch_tuple(const dllm__grid &g, cudaStream_t s, T &values, std::index_sequence<I...>) const {
         void *argv[sizeof...(P) + 1] = {(void *)&std::get<I>(values)...};
         return dllm__launch_raw(fn, g, s, argv, name);
     }
@@ -163,16 +191,20 @@ template <class... P> struct dllm__kernel<void(P...)> {
 static const char *dllm__src_common = DLLM__KERNEL_FILE("common.cuh");
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
-#define DLLM__ROWWISE_KERNELS(X) \
-    X(embed_gather, , (const int *ids, int n_rows, const bf16_t *table, int d, float *h)) \
-    X(add_rmsnorm, __launch_bounds__(1024), (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y, int d, int n_rows, int row0, int seq_len)) \
-    X(rope_qkv, , (bf16_t *qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim, const float *bias, const float *cos_t, const float *sin_t)) \
-    X(swiglu, , (const bf16_t *gu, bf16_t *out, int n_rows, int f)) \
-    X(make_uncond, , (const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out)) \
-    X(block_begin, , (dllm_step_state *st, const int *canvas, int begin, int end, int steps_per_block, int mask_id)) \
-    X(fill_random_bf16, , (bf16_t *w, u64 n, u64 seed, float scale, int constant)) \
-    X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first)) \
-    X(llama4_scale_q, , (bf16_t *qkv, int n_rows, int stride, int width, int pos0, float beta, int orig_max))
+#define DLLM__ROWWISE_KERNELS(X)                                                                                       \
+    X(embed_gather, , (const int *ids, int n_rows, const bf16_t *table, int d, float *h))                              \
+    X(add_rmsnorm, __launch_bounds__(1024),                                                                            \
+      (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, bf16_t *y, int d, int n_rows,  \
+       int row0, int seq_len))                                                                                         \
+    X(rope_qkv, ,                                                                                                      \
+      (bf16_t * qkv, int n_rows, int seq_len, int pos0, const int *positions, int n_head, int n_kv, int head_dim,      \
+       const float *bias, const float *cos_t, const float *sin_t))                                                     \
+    X(swiglu, , (const bf16_t *gu, bf16_t *out, int n_rows, int f))                                                    \
+    X(make_uncond, , (const int *canvas, const unsigned char *is_prompt, int n, int mask_id, int *out))                \
+    X(block_begin, , (dllm_step_state * st, const int *canvas, int begin, int end, int steps_per_block, int mask_id))  \
+    X(fill_random_bf16, , (bf16_t * w, u64 n, u64 seed, float scale, int constant))                                    \
+    X(find_nonfinite_bf16, , (const bf16_t *w, u64 n, u64 *first))                                                     \
+    X(llama4_scale_q, , (bf16_t * qkv, int n_rows, int stride, int width, int pos0, float beta, int orig_max))
 DLLM__ROWWISE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* What the row-wise module's kernels and SoloQ's fused producers share: 16-byte row accesses, the residual add + RMS
@@ -183,10 +215,13 @@ static const char *dllm__src_rows_common = DLLM__KERNEL_FILE("rows_common.cuh");
 static const char *dllm__src_rowwise = DLLM__KERNEL_FILE("rowwise.cuh");
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
-#define DLLM__FP8_QUANT_KERNELS(X) \
-    X(quantize_rows_e4m3, , (const void *x, int x_f32, int k, int n_rows, unsigned char *q, float *scale, int scale_ld, float fixed_scale)) \
-    X(add_rmsnorm_e4m3, __launch_bounds__(1024), (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, unsigned char *q, float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len)) \
-    X(swiglu_e4m3, , (const bf16_t *gu, int f, int n_rows, unsigned char *q, float *scale, int scale_ld)) \
+#define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
+    X(quantize_rows_e4m3, ,                                                                                            \
+      (const void *x, int x_f32, int k, int n_rows, unsigned char *q, float *scale, int scale_ld, float fixed_scale))  \
+    X(add_rmsnorm_e4m3, __launch_bounds__(1024),                                                                       \
+      (const float *h_in, float *h_out, const bf16_t *delta, const float *w, float eps, unsigned char *q,              \
+       float *scale, int scale_ld, int d, int n_rows, int row0, int seq_len))                                          \
+    X(swiglu_e4m3, , (const bf16_t *gu, int f, int n_rows, unsigned char *q, float *scale, int scale_ld))              \
     X(quantize_weight_blocks, , (const bf16_t *w, int n, int k, unsigned char *q, float *scale, int scale_ld))
 DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -201,13 +236,16 @@ static const char *dllm__src_e4m3 = DLLM__KERNEL_FILE("e4m3.cuh");
 static const char *dllm__src_fp8 = DLLM__KERNEL_FILE("fp8.cuh");
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
-#define DLLM__SOLOQ_KERNELS(X) \
-    X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a)) \
-    X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a)) \
-    X(soloq_dequantize_rows, , (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out)) \
-    X(soloq_scale_rows, , (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy)) \
-    X(soloq_unpack_rows_i8, , (const unsigned char *codes, int format, int rows, int cols, signed char *out)) \
-    X(soloq_scale_rows_i32, , (const int *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
+#define DLLM__SOLOQ_KERNELS(X)                                                                                         \
+    X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
+    X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
+    X(soloq_dequantize_rows, ,                                                                                         \
+      (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out))    \
+    X(soloq_scale_rows, ,                                                                                              \
+      (const float *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))               \
+    X(soloq_unpack_rows_i8, , (const unsigned char *codes, int format, int rows, int cols, signed char *out))          \
+    X(soloq_scale_rows_i32, ,                                                                                          \
+      (const int *acc, int m, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy))
 DLLM__SOLOQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* [SoloQ] on the device: the rotation and quantisers of section 9b, bit for bit (its header states the order of every
@@ -220,26 +258,28 @@ static const char *dllm__src_soloq = DLLM__KERNEL_FILE("soloq.cuh");
  * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
  * functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
-#define DLLM__KVQ_ARGS_FIELDS(X)                                                                                      \
-    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */   \
-    X(unsigned char *, k_codes) X(unsigned char *, v_codes) /* the layer's [cap][kvd bits / 8] (9c's packing) */       \
-    X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
-    X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                            \
-    X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                              \
-    X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* SoloQ: the layer's R (9b) */      \
-    X(int, rot_b) X(int, rot_k) X(float, rot_norm)                                                                     \
-    X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq) X(int, n_sink) X(int, group)                                    \
-    X(int, row0) X(int, rows)    /* commits: rows [row0, row0 + rows) */                                               \
-    X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */              \
-    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale)                         \
-    X(int, q_rows) X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
+#define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
+    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
+    X(unsigned char *, k_codes)                                                                                        \
+    X(unsigned char *, v_codes)      /* the layer's [cap][kvd bits / 8] (9c's packing) */                              \
+        X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                     \
+        X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                        \
+        X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                          \
+        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* SoloQ: the layer's R (9b) */   \
+        X(int, rot_b) X(int, rot_k) X(float, rot_norm) X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq)              \
+            X(int, n_sink) X(int, group) X(int, row0) X(int, rows) /* commits: rows [row0, row0 + rows) */             \
+        X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */           \
+        X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale) X(int, q_rows)          \
+            X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
 
-#define DLLM__KVQ_KERNELS(X)                                                   \
-    X(kvq_commit_keys, , (kvq_args a))                                         \
-    X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                  \
+#define DLLM__KVQ_KERNELS(X)                                                                                           \
+    X(kvq_commit_keys, , (kvq_args a))                                                                                 \
+    X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                                                          \
     X(kvq_attention, __launch_bounds__(32), (kvq_args a))
 
-struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };
+struct kvq_args {
+    DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)
+};
 DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 /* The warp-per-query online softmax of block diffusion's attention kernels without tensor cores (kvq_attention over
@@ -272,8 +312,8 @@ static const char *dllm__src_kvq = DLLM__KERNEL_FILE("kvq.cuh");
  *   kvq_flash_combine: one warp per (query row, head) merges the splits in split order, the quantised ones of SoloQ
  *     apart and rotated back once (kvq_rotate_back) before they join the bf16 ones.
  * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible key. */
-#define DLLM__KVQ_TC_KERNELS(X)                                                \
-    X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))              \
+#define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
+    X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
     X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
 DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -288,21 +328,23 @@ static const char *dllm__src_kvq_tc = DLLM__KERNEL_FILE("kvq_tc.cuh");
  * per (row, head) and merges their states in warp order (a warp walking 1024 keys alone is latency-bound: 0.7 ms more
  * than flash_attn for a 32-row step of the 7B shape, measured); bdfa_merge (the forward's own keys, a block at most)
  * keeps a warp per (row, head). */
-#define DLLM__BDFA_ARGS_FIELDS(X)                                                                                    \
-    X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */            \
-    X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride)                                            \
-    X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)                                                           \
-    X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                           \
-    X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */           \
-    X(const int *, n_rows) /* null, or how many rows are listed (a graph's launch covers every row) */               \
-    X(int, offset)       /* the block offset of the forward's row 0 */                                              \
-    X(float *, state)    /* [block offset][n_head][hd + 2]: the unnormalised O, then m and l */
+#define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
+    X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
+    X(const bf16_t *, q)                                                                                               \
+    X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)            \
+        X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                         \
+            X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */      \
+        X(const int *, n_rows)   /* null, or how many rows are listed (a graph's launch covers every row) */           \
+        X(int, offset)           /* the block offset of the forward's row 0 */                                         \
+        X(float *, state)        /* [block offset][n_head][hd + 2]: the unnormalised O, then m and l */
 
-#define DLLM__BDFA_KERNELS(X)                                  \
-    X(bdfa_committed, __launch_bounds__(256), (bdfa_args a))   \
+#define DLLM__BDFA_KERNELS(X)                                                                                          \
+    X(bdfa_committed, __launch_bounds__(256), (bdfa_args a))                                                           \
     X(bdfa_merge, __launch_bounds__(32), (bdfa_args a))
 
-struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };
+struct bdfa_args {
+    DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD)
+};
 DLLM__BDFA_KERNELS(DLLM__KERNEL_SIGNATURE)
 static const int dllm__bdfa_warps = 8;  // bdfa_committed's warps per (row, head): 256 threads, its __launch_bounds__
 
@@ -334,17 +376,20 @@ static const char *dllm__src_fp8_gemm = DLLM__KERNEL_FILE("fp8_gemm.cuh");
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
  * [k_splits][M][N] (k_splits > 1 only). */
-#define DLLM__Q4_GEMM_ARGS_FIELDS(X)                                                                                  \
-    X(const unsigned char *, codes)        /* [N][K / 2] */                                                           \
-    X(const unsigned char *, block_scales) /* NVFP4: [N][ceil(K / 16)] UE4M3; otherwise unused */                    \
-    X(const float *, row_scale)            /* [N] */                                                                  \
-    X(const bf16_t *, A)                   /* [M][lda], 16-byte aligned, lda % 8 == 0 */                              \
-    X(const float *, s_x)                  /* [M] per-token scales, or null (1) */                                    \
-    X(void *, y)                           /* y[m * ldy + y_col0 + n], bf16 or fp32 (y_f32) */                        \
-    X(float *, partial)                                                                                               \
-    X(int, lda) X(int, ldy) X(int, y_col0) X(int, y_f32) X(int, M) X(int, N) X(int, K)                                \
-    X(int, k_splits) X(int, chunks_per_split) /* K in chunks of Q4_KC; split s takes chunks [s * cps, (s + 1) * cps) */
-struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };
+#define DLLM__Q4_GEMM_ARGS_FIELDS(X)                                                                                   \
+    X(const unsigned char *, codes)        /* [N][K / 2] */                                                            \
+    X(const unsigned char *, block_scales) /* NVFP4: [N][ceil(K / 16)] UE4M3; otherwise unused */                      \
+    X(const float *, row_scale)            /* [N] */                                                                   \
+    X(const bf16_t *, A)                   /* [M][lda], 16-byte aligned, lda % 8 == 0 */                               \
+    X(const float *, s_x)                  /* [M] per-token scales, or null (1) */                                     \
+    X(void *, y)                           /* y[m * ldy + y_col0 + n], bf16 or fp32 (y_f32) */                         \
+    X(float *, partial)                                                                                                \
+    X(int, lda)                                                                                                        \
+    X(int, ldy) X(int, y_col0) X(int, y_f32) X(int, M) X(int, N) X(int, K) X(int, k_splits)                            \
+        X(int, chunks_per_split) /* K in chunks of Q4_KC; split s takes chunks [s * cps, (s + 1) * cps) */
+struct q4_gemm_args {
+    DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)
+};
 static_assert(sizeof(q4_gemm_args) == 96, "contract layout");
 
 /* q4_gemm's tile (kernel and host): 4 warps, each 2 m16 tiles of weight rows, so 128 weight rows a CTA; up to 8 n8
@@ -358,27 +403,32 @@ static const int dllm__q4_threads = 32 * dllm__q4_warps, dllm__q4_bn = 16 * dllm
  * about 36 KB an SM at a microsecond). 4 stages where 3 CTAs an SM still fit (M <= 32 but NVFP4), 3 otherwise; the
  * kernel instance of (f, M) is compiled with the same count (Q4_STAGES, Q4_STAGES_M32). */
 static const int dllm__q4_stages = 3, dllm__q4_stages_m32 = 4, dllm__q4_m32_rows = dllm__q4_max_rows / 2;
-static int dllm__q4_stage_count(dllm__q4_format f, int M) { return M <= dllm__q4_m32_rows && f != DLLM__Q4_NVFP4 ? dllm__q4_stages_m32 : dllm__q4_stages; }
+static int dllm__q4_stage_count(dllm__q4_format f, int M) {
+    return M <= dllm__q4_m32_rows && f != DLLM__Q4_NVFP4 ? dllm__q4_stages_m32 : dllm__q4_stages;
+}
 static size_t dllm__q4_stage_bytes(dllm__q4_format f, int M) {
     const int tiles = 2 * dllm__q4_wt, m_tiles = (M + 7) / 8;
-    return (size_t)tiles * dllm__q4_threads * (16 + (f == DLLM__Q4_NVFP4 ? 8 : 0)) + (size_t)m_tiles * 8 * dllm__q4_kc * 2;
+    return (size_t)tiles * dllm__q4_threads * (16 + (f == DLLM__Q4_NVFP4 ? 8 : 0)) +
+           (size_t)m_tiles * 8 * dllm__q4_kc * 2;
 }
-static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) { return (size_t)dllm__q4_stage_count(f, M) * dllm__q4_stage_bytes(f, M); }
+static size_t dllm__q4_ring_bytes(dllm__q4_format f, int M) {
+    return (size_t)dllm__q4_stage_count(f, M) * dllm__q4_stage_bytes(f, M);
+}
 
 /* [kernel table] the W4 GEMM module: two entry points per weight format (the dequantiser is a template parameter), for
  * M <= 64 and (_m32) M <= 32 (half the accumulators: NVFP4 then fits 3 CTAs an SM), and split-K's reduction. The 128 of
  * __launch_bounds__ is dllm__q4_threads. */
-#define DLLM__Q4_GEMM_KERNELS(X) \
-    X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_lloyd, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_e8p, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_rtn, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_nvfp4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_int4_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_e8p_m32, __launch_bounds__(128), (q4_gemm_args a)) \
-    X(q4_gemm_rtn_m32, __launch_bounds__(128), (q4_gemm_args a)) \
+#define DLLM__Q4_GEMM_KERNELS(X)                                                                                       \
+    X(q4_gemm_nvfp4, __launch_bounds__(128), (q4_gemm_args a))                                                         \
+    X(q4_gemm_int4, __launch_bounds__(128), (q4_gemm_args a))                                                          \
+    X(q4_gemm_lloyd, __launch_bounds__(128), (q4_gemm_args a))                                                         \
+    X(q4_gemm_e8p, __launch_bounds__(128), (q4_gemm_args a))                                                           \
+    X(q4_gemm_rtn, __launch_bounds__(128), (q4_gemm_args a))                                                           \
+    X(q4_gemm_nvfp4_m32, __launch_bounds__(128), (q4_gemm_args a))                                                     \
+    X(q4_gemm_int4_m32, __launch_bounds__(128), (q4_gemm_args a))                                                      \
+    X(q4_gemm_lloyd_m32, __launch_bounds__(128), (q4_gemm_args a))                                                     \
+    X(q4_gemm_e8p_m32, __launch_bounds__(128), (q4_gemm_args a))                                                       \
+    X(q4_gemm_rtn_m32, __launch_bounds__(128), (q4_gemm_args a))                                                       \
     X(q4_gemm_reduce, , (q4_gemm_args a))
 DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -408,10 +458,15 @@ DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
 static const char *dllm__src_q4_gemm = DLLM__KERNEL_FILE("q4_gemm.cuh");
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
-#define DLLM__SAMPLER_KERNELS(X) \
-    X(conf_partial_kernel, , (sampler_args a, const dllm_step_state *st, conf_partial *out)) \
-    X(conf_combine_kernel, , (sampler_args a, const dllm_step_state *st, const conf_partial *parts, int *x0, double *conf, unsigned char *deferred)) \
-    X(select_commit, , (int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf, const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor, double eps)) \
+#define DLLM__SAMPLER_KERNELS(X)                                                                                       \
+    X(conf_partial_kernel, , (sampler_args a, const dllm_step_state *st, conf_partial *out))                           \
+    X(conf_combine_kernel, ,                                                                                           \
+      (sampler_args a, const dllm_step_state *st, const conf_partial *parts, int *x0, double *conf,                    \
+       unsigned char *deferred))                                                                                       \
+    X(select_commit, ,                                                                                                 \
+      (int *canvas, dllm_step_state *st, int cand_lo, int row0, const int *x0, const double *conf,                     \
+       const unsigned char *deferred, int mask_id, int *committed, int rule, double threshold, double factor,          \
+       double eps))                                                                                                    \
     X(row_cutoff_kernel, , (sampler_args a, float *cutoff))
 DLLM__SAMPLER_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -470,14 +525,18 @@ static const char *dllm__src_gemm_wg = DLLM__KERNEL_FILE("gemm_wg.cuh");
  * rather than a 2D memcpy: CUDA updates a captured memcpy node's addresses only when the copy is one-dimensional, so a
  * 2D copy into the rows after a grown committed cache made every [bd graphs] update at a new block fail (error 910).
  * A copy: twin dllm__kv_scatter_rows_ref. */
-#define DLLM__BATCH_KV_KERNELS(X)                                                                                               \
-    X(kv_scatter_rows, __launch_bounds__(128),                                                                                  \
-      (const bf16_t *src, u64 src_stride, bf16_t *cache, u64 cache_stride, const int *cache_rows, int width, int n_rows))
+#define DLLM__BATCH_KV_KERNELS(X)                                                                                      \
+    X(kv_scatter_rows, __launch_bounds__(128),                                                                         \
+      (const bf16_t *src, u64 src_stride, bf16_t *cache, u64 cache_stride, const int *cache_rows, int width,           \
+       int n_rows))
 DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_SIGNATURE)
 
-DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_t src_stride, uint16_t *cache, size_t cache_stride, const int *cache_rows, int width,
-                                      int n_rows) {
-    for (int r = 0; r < n_rows; r++) memcpy(cache + (size_t)(cache_rows ? cache_rows[r] : r) * cache_stride, src + (size_t)r * src_stride, (size_t)width * 2);
+DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_t src_stride, uint16_t *cache,
+                                                      size_t cache_stride, const int *cache_rows, int width,
+                                                      int n_rows) {
+    for (int r = 0; r < n_rows; r++)
+        memcpy(cache + (size_t)(cache_rows ? cache_rows[r] : r) * cache_stride, src + (size_t)r * src_stride,
+               (size_t)width * 2);
 }
 
 static const char *dllm__src_kv_scatter = DLLM__KERNEL_FILE("kv_scatter.cuh");

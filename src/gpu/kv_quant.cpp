@@ -3,14 +3,18 @@
 /* [KV quant] The module (9b's SoloQ device functions with dllm__src_kvq, the 2-bit levels printed from 9c's) and the
  * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
 static std::string dllm__src_kvq_module() {
-    return dllm__src_prelude() + DLLM__XSTR(struct kvq_args { DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE)
-        DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
-        dllm__src_soloq_tables() +
-        dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n", dllm__lloyd2_threshold,
-                     dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
-        dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq;
+    return dllm__src_prelude() +
+           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
+               DLLM__KERNEL_DECLARE) DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) +
+           dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
+           dllm__src_soloq_tables() +
+           dllm__format("#define LLOYD2_THRESHOLD %af\n__constant__ float LLOYD2_LEVELS[2] = {%af, %af};\n",
+                        dllm__lloyd2_threshold, dllm__lloyd2_levels[0], dllm__lloyd2_levels[1]) +
+           dllm__src_e4m3 + dllm__src_soloq + dllm__src_warp_softmax + dllm__src_kvq;
 }
-static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target}; }
+static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
+    return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+}
 
 /* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
  * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
@@ -20,24 +24,32 @@ static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) { return {"dll
 static int dllm__kvq_tc_bc(int hd) { return hd > 128 ? 32 : 64; }
 static const int dllm__kvq_tc_pair_groups = 4;
 static int dllm__kvq_tc_max_warps(int hd) { return hd > 128 ? 8 : 14; }
-static size_t dllm__kvq_tc_stage_bytes(int hd) { return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 + (size_t)dllm__kvq_tc_bc(hd) * 4; }
+static size_t dllm__kvq_tc_stage_bytes(int hd) {
+    return (size_t)dllm__kvq_tc_bc(hd) * hd + (size_t)dllm__kvq_tc_pair_groups * hd * 4 +
+           (size_t)dllm__kvq_tc_bc(hd) * 4;
+}
 /* Dynamic shared memory of a CTA of `warps` warps: the query rows, two decoded K and V tiles each (one multiplied while
  * the other is decoded), a tile's pairs in fp32, two stages of raw codes and pairs. */
 static size_t dllm__kvq_tc_smem(int hd, int warps) {
-    return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 + (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 +
-           2 * dllm__kvq_tc_stage_bytes(hd);
+    return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 +
+           (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 + 2 * dllm__kvq_tc_stage_bytes(hd);
 }
-static const int dllm__kvq_tc_chunk_rows = 128;  // query rows a launch at most (a prefill's rows go in launches of these)
+static const int dllm__kvq_tc_chunk_rows =
+    128;  // query rows a launch at most (a prefill's rows go in launches of these)
 
 /* The module of one head dim (a multiple of 16 up to 256: the mma's k16; checked by dllm__kvq_tc_plan_for): the kvq
  * module's source, the tensor-core plumbing and flash_attn's online softmax, then dllm__src_kvq_tc. */
 static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
-    return {dllm__format("dllm_kvq_tc_hd%d", hd),
-            dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
-                dllm__format("#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n", hd,
-                             dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32, dllm__kvq_tc_stage_bytes(hd)) +
-                dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
-            {DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+    return {
+        dllm__format("dllm_kvq_tc_hd%d", hd),
+        dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
+            dllm__format(
+                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n",
+                hd, dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32,
+                dllm__kvq_tc_stage_bytes(hd)) +
+            dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
+        {DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_NAME)},
+        arch.target};
 }
 
 /* One launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split, splits. */
@@ -61,20 +73,26 @@ static size_t dllm__kvq_tc_partial_bytes(const dllm__kvq_tc_plan &p, int n_head,
 /* The plan for q_rows query rows over n_keys keys: every row of a kv head's group in one CTA where the shared memory
  * allows, then the keys split so that the grid is about one CTA per SM (a CTA of 14 warps holds a whole SM's
  * registers at head dim 128). A head dim kvq_flash does not take is DLLM_ERR_UNSUPPORTED (kvq_attention takes it). */
-static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_rows, int n_keys, int n_committed, int n_sink, int n_sms, int smem_optin,
-                                         dllm__kvq_tc_plan &p) {
+static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_rows, int n_keys, int n_committed,
+                                         int n_sink, int n_sms, int smem_optin, dllm__kvq_tc_plan &p) {
     if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-                          "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)", hd, n_head, n_kv);
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)",
+            hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
     while (warps > 1 && dllm__kvq_tc_smem(hd, warps) > (size_t)smem_optin) warps--;
     dllm__kvq_tc_set_warps(p, hd, rows, warps);
     if (p.smem > (size_t)smem_optin)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead", hd,
-                          p.smem, smem_optin);
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
-    dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc), n_keys, n_committed, n_sink);
+    dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
+                            n_keys, n_committed, n_sink);
     return DLLM_OK;
 }
 
@@ -103,24 +121,31 @@ static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_op
 
 /* kvq_flash then kvq_flash_combine for a's q_rows rows (at most dllm__kvq_tc_chunk_rows) under plan p; `partial` holds
  * partial_bytes (dllm__kvq_tc_partial_bound). */
-static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a, const dllm__kvq_tc_plan &p, float *partial, size_t partial_bytes,
-                                       cudaStream_t s) {
+static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a, const dllm__kvq_tc_plan &p,
+                                       float *partial, size_t partial_bytes, cudaStream_t s) {
     const size_t need = dllm__kvq_tc_partial_bytes(p, a.n_head, a.q_rows, a.hd);
     if (need > partial_bytes || a.hd != k.hd)
-        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
-                          p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
+        return dllm__fail(
+            DLLM_ERR_INTERNAL,
+            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+            p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
-    DLLM__TRY(k.flash.launch({dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s, a));
+    DLLM__TRY(k.flash.launch(
+        {dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s,
+        a));
     return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
     const dllm__config &c = m_.cfg;
-    if (c.head_dim > 256) return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d", c.head_dim);
+    if (c.head_dim > 256)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d",
+                          c.head_dim);
     if (!KQ_.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), KQ_.module));
         KQ_.commit_keys.fn = KQ_.module->kernels.at("kvq_commit_keys"), KQ_.commit_keys.name = "kvq_commit_keys";
-        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"), KQ_.commit_values.name = "kvq_commit_values";
+        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"),
+        KQ_.commit_values.name = "kvq_commit_values";
         KQ_.attention.fn = KQ_.module->kernels.at("kvq_attention"), KQ_.attention.name = "kvq_attention";
     }
     if (kvq_.soloq() && kvq_rot_.empty()) {
@@ -160,7 +185,8 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
-    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(), side = layer * bd_cap_ * kvq_.n_kv;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
+                 side = layer * bd_cap_ * kvq_.n_kv;
     a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
     a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
     a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
@@ -171,7 +197,8 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
         a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
         a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
     }
-    a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink, a.group = kvq_.group;
+    a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink,
+    a.group = kvq_.group;
     return a;
 }
 
@@ -183,7 +210,9 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
-    if (first < row0 + T) DLLM__TRY(KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
+    if (first < row0 + T)
+        DLLM__TRY(
+            KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
 
@@ -195,14 +224,16 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     kvq_args a = kvq_layer_args(layer);
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0, a.scale = 1.0f / sqrtf((float)c.head_dim);
+    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0,
+    a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kvq_tc_on_) return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
         chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
         dllm__kvq_tc_plan p;
-        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink, n_sms_, KQT_.smem_optin, p));
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink,
+                                        n_sms_, KQT_.smem_optin, p));
         DLLM__TRY(dllm__kvq_tc_launch(KQT_, chunk, p, kvq_partial_.as<float>(), kvq_partial_.bytes, stream_));
     }
     return DLLM_OK;

@@ -3,7 +3,9 @@
 /* The most 16-byte chunks of a row a thread of a row-wise norm keeps in registers (NORM_SLOTS in the kernels), and
  * the threads a norm over a row of `chunks` such chunks takes: one a chunk, up to 1024 (n_embd <= 2 * 8192). */
 static const int dllm__norm_slots = 2;
-static unsigned dllm__norm_threads(int chunks) { return (unsigned)std::min(1024, std::max(32, (chunks + 31) / 32 * 32)); }
+static unsigned dllm__norm_threads(int chunks) {
+    return (unsigned)std::min(1024, std::max(32, (chunks + 31) / 32 * 32));
+}
 
 /* The modules dllm compiles for one GPU and one head dimension. */
 /* Every module starts with the common helpers and the host/kernel contract. */
@@ -12,20 +14,24 @@ static std::string dllm__src_prelude() { return std::string(dllm__src_common) + 
 static dllm__jit_request dllm__module_rowwise(const dllm__arch &arch) {
     const std::string slots = dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots);
     return {"dllm_rowwise",
-            dllm__src_prelude() + DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots + dllm__src_rows_common + dllm__src_rowwise +
-                dllm__src_e4m3 + dllm__src_fp8,
-            {DLLM__ROWWISE_KERNELS(DLLM__KERNEL_NAME) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+            dllm__src_prelude() +
+                DLLM__ROWWISE_KERNELS(DLLM__KERNEL_DECLARE) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_DECLARE) + slots +
+                dllm__src_rows_common + dllm__src_rowwise + dllm__src_e4m3 + dllm__src_fp8,
+            {DLLM__ROWWISE_KERNELS(DLLM__KERNEL_NAME) DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
 }
 
 /* [SoloQ] The formats' constants as kernel source, printed from the CPU's tables (section 9b) so that both sides hold
  * the same numbers: the format numbers, the INT4 step, the Lloyd-Max thresholds and INT8 levels, the E8P constants and
  * its 256 abs patterns and 12 x 12 W_int table (constant memory: the encoder walks them in lockstep). */
 static std::string dllm__src_soloq_tables() {
-    std::string s = dllm__format("enum { Q4_NVFP4 = %d, Q4_INT4 = %d, Q4_LLOYD = %d, Q4_E8P = %d, Q4_RTN = %d };\n", DLLM__Q4_NVFP4, DLLM__Q4_INT4,
-                                 DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN);
-    s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment, dllm__soloq_quantize_threads);
-    s += dllm__format("#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
-                      dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
+    std::string s = dllm__format("enum { Q4_NVFP4 = %d, Q4_INT4 = %d, Q4_LLOYD = %d, Q4_E8P = %d, Q4_RTN = %d };\n",
+                                 DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN);
+    s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment,
+                      dllm__soloq_quantize_threads);
+    s += dllm__format(
+        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
+        dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
     for (float t : dllm__lloyd4_thresholds) s += dllm__format("%af, ", t);
     s += "};\n__constant__ int LLOYD_INT[8] = {";
@@ -43,9 +49,12 @@ static std::string dllm__src_soloq_tables() {
 }
 
 static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
-    return {"dllm_soloq", dllm__src_prelude() + DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE) + dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) +
-                              dllm__src_rows_common + dllm__src_soloq_tables() + dllm__src_e4m3 + dllm__src_soloq,
-            {DLLM__SOLOQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+    return {"dllm_soloq",
+            dllm__src_prelude() + DLLM__SOLOQ_KERNELS(DLLM__KERNEL_DECLARE) +
+                dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
+                dllm__src_soloq_tables() + dllm__src_e4m3 + dllm__src_soloq,
+            {DLLM__SOLOQ_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
 }
 
 /* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
@@ -56,14 +65,20 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
     if (!*v) return DLLM_OK;
     if (strcmp(v, "mma") == 0) {
         if (a.cc < 89)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d", a.cc);
+            return dllm__fail(
+                DLLM_ERR_UNSUPPORTED,
+                "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
         if (a.cc != 90)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d", a.cc);
+            return dllm__fail(
+                DLLM_ERR_UNSUPPORTED,
+                "DLLM_FP8_GEMM=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d", a.cc);
         out = DLLM__FP8_CUBLASLT_BLOCK;
     } else {
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_FP8_GEMM=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "DLLM_FP8_GEMM=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
     }
     return DLLM_OK;
 }
@@ -77,8 +92,11 @@ static size_t dllm__fp8_gemm_smem(const dllm__fp8_tile &t) { return (size_t)t.st
 /* Both tiles of fp8_gemm; compiled only where the FP8 GEMM is DLLM__FP8_MMA. */
 static dllm__jit_request dllm__module_fp8_gemm(const dllm__arch &arch) {
     const dllm__fp8_tile &w = arch.fp8_wide, &n = arch.fp8_narrow;
-    return {dllm__format("dllm_fp8_gemm_%dx%dw%dx%ds%d_%dx%dw%dx%ds%d", w.bm, w.bn, w.wm, w.wn, w.stages, n.bm, n.bn, n.wm, n.wn, n.stages),
-            dllm__src_prelude() + dllm__src_mma + dllm__src_fp8_gemm, {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)}, arch.target};
+    return {dllm__format("dllm_fp8_gemm_%dx%dw%dx%ds%d_%dx%dw%dx%ds%d", w.bm, w.bn, w.wm, w.wn, w.stages, n.bm, n.bn,
+                         n.wm, n.wn, n.stages),
+            dllm__src_prelude() + dllm__src_mma + dllm__src_fp8_gemm,
+            {dllm__fp8_gemm_kernel_name(w), dllm__fp8_gemm_kernel_name(n)},
+            arch.target};
 }
 
 /* [W4 GEMM] q4_gemm's lookup tables as kernel source, generated from section 9b's decoders so that the kernel and its
@@ -99,27 +117,41 @@ static std::string dllm__src_q4_tables() {
         return out + "};\n";
     };
     return list("u32 q4_e8p_abs_table[256]", 256, dllm__q4_e8p_abs_entry) +
-           list("unsigned short q4_e8p_wint_table[144]", 144, [](int i) { return (uint32_t)dllm__f32_to_bf16((float)dllm__e8p_int(2 * (i / 12) - 11, 2 * (i % 12) - 11)); }) +
-           list("unsigned short q4_e4m3_table[256]", 256, [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e4m3_table()[c]); }) +
-           list("unsigned short q4_e2m1_table[16]", 16, [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e2m1_to_f32((uint8_t)c)); }) +
-           list("unsigned short q4_lloyd_table[16]", 16, [](int c) { return (uint32_t)dllm__f32_to_bf16((float)(c & 8 ? -dllm__lloyd4_int[c & 7] : dllm__lloyd4_int[c & 7])); });
+           list("unsigned short q4_e8p_wint_table[144]", 144,
+                [](int i) {
+                    return (uint32_t)dllm__f32_to_bf16((float)dllm__e8p_int(2 * (i / 12) - 11, 2 * (i % 12) - 11));
+                }) +
+           list("unsigned short q4_e4m3_table[256]", 256,
+                [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e4m3_table()[c]); }) +
+           list("unsigned short q4_e2m1_table[16]", 16,
+                [](int c) { return (uint32_t)dllm__f32_to_bf16(dllm__e2m1_to_f32((uint8_t)c)); }) +
+           list("unsigned short q4_lloyd_table[16]", 16, [](int c) {
+               return (uint32_t)dllm__f32_to_bf16((float)(c & 8 ? -dllm__lloyd4_int[c & 7] : dllm__lloyd4_int[c & 7]));
+           });
 }
 
 /* The W4 GEMM module: every format's entry point and the split-K reduction, with its tile constants and tables. */
 static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
-    const std::string tile = dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_KC %d\n#define Q4_BN %d\n"
-                                          "#define Q4_STAGES %d\n#define Q4_STAGES_M32 %d\n",
-                                          dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_kc, dllm__q4_bn, dllm__q4_stages,
-                                          dllm__q4_stages_m32);
-    return {"dllm_q4_gemm",
-            dllm__src_prelude() + DLLM__XSTR(struct q4_gemm_args { DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_DECLARE) +
+    const std::string tile =
+        dllm__format("#define Q4_THREADS %d\n#define Q4_WT %d\n#define Q4_MT %d\n#define Q4_KC %d\n#define Q4_BN %d\n"
+                     "#define Q4_STAGES %d\n#define Q4_STAGES_M32 %d\n",
+                     dllm__q4_threads, dllm__q4_wt, dllm__q4_max_rows / 8, dllm__q4_kc, dllm__q4_bn, dllm__q4_stages,
+                     dllm__q4_stages_m32);
+    return {
+        "dllm_q4_gemm",
+            dllm__src_prelude() +
+                DLLM__XSTR(struct q4_gemm_args{DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__Q4_GEMM_KERNELS(
+                    DLLM__KERNEL_DECLARE) +
                 tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
-            {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+            {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target
+    };
 }
 
 /* Shared memory of gemm_wg with a ring of `stages` and tiles bn wide: the ring, the consumers' staging buffers, the
  * slack that aligns them to 1024 bytes, and the full and empty mbarriers. */
-static size_t dllm__gemm_wg_smem_of(int stages, int bn) { return (size_t)stages * (128 + bn) * 128 + 2 * 16384 + 1024 + 16 * stages; }
+static size_t dllm__gemm_wg_smem_of(int stages, int bn) {
+    return (size_t)stages * (128 + bn) * 128 + 2 * 16384 + 1024 + 16 * stages;
+}
 
 /* gemm_wg's ring for tiles bn wide (256, 128 or 64): the table's for 256 columns (4 stages of 48 KB); for the narrower
  * ones the deepest ring that fits a CTA's 227 KB (128: 6 stages of 32 KB, the same 192 KB of k-steps in flight; 64: 8
@@ -131,18 +163,26 @@ static int dllm__gemm_wg_stages(const dllm__arch &a, int bn) {
     return stages;
 }
 
-static std::string dllm__gemm_wg_name(const dllm__arch &a, int bn) { return dllm__format("gemm_wg<%d,%d>", dllm__gemm_wg_stages(a, bn), bn); }
-static size_t dllm__gemm_wg_smem(const dllm__arch &a, int bn) { return dllm__gemm_wg_smem_of(dllm__gemm_wg_stages(a, bn), bn); }
+static std::string dllm__gemm_wg_name(const dllm__arch &a, int bn) {
+    return dllm__format("gemm_wg<%d,%d>", dllm__gemm_wg_stages(a, bn), bn);
+}
+static size_t dllm__gemm_wg_smem(const dllm__arch &a, int bn) {
+    return dllm__gemm_wg_smem_of(dllm__gemm_wg_stages(a, bn), bn);
+}
 
 /* gemm_wg's module for tiles bn wide (sm_90a, where the table has it). */
 static dllm__jit_request dllm__module_gemm_wg(const dllm__arch &arch, int bn) {
-    return {dllm__format("dllm_gemm_wg_n%d_s%d", bn, dllm__gemm_wg_stages(arch, bn)), dllm__src_prelude() + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
-            {dllm__gemm_wg_name(arch, bn)}, arch.target};
+    return {dllm__format("dllm_gemm_wg_n%d_s%d", bn, dllm__gemm_wg_stages(arch, bn)),
+            dllm__src_prelude() + dllm__src_mma + dllm__src_hopper + dllm__src_gemm_wg,
+            {dllm__gemm_wg_name(arch, bn)},
+            arch.target};
 }
 
 static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
-    return {"dllm_sampler", dllm__src_prelude() + DLLM__SAMPLER_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_sampler,
-            {DLLM__SAMPLER_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+    return {"dllm_sampler",
+            dllm__src_prelude() + DLLM__SAMPLER_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_sampler,
+            {DLLM__SAMPLER_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
 }
 
 /* The table's attention tiles are those of head dims 64 and 128; this is the arch a model of head dim hd runs
@@ -178,13 +218,16 @@ static std::string dllm__attn_varlen_name(int hd, const dllm__arch &a) {
 
 static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
 
-static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) { return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages); }
+static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) {
+    return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages);
+}
 
 static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head_dim) {
-    dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d_ws%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages,
-                                         arch.fa_wg_bc, arch.fa_wg_stages),
+    dllm__jit_request rq = {dllm__format("dllm_attn_hd%d_br%d_bc%d_mt%d_s%d_wg%d_ws%d", head_dim, arch.fa_br,
+                                         arch.fa_bc, arch.fa_mt, arch.fa_stages, arch.fa_wg_bc, arch.fa_wg_stages),
                             dllm__src_prelude() + dllm__src_mma + dllm__src_attention,
-                            {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)}, arch.target};
+                            {dllm__attn_kernel_name(head_dim, arch), dllm__attn_combine_name(head_dim)},
+                            arch.target};
     if (arch.fa_wg_bc) {
         rq.source += std::string(dllm__src_hopper) + dllm__src_attention_wgmma;
         rq.kernels.push_back(dllm__attn_wide_name(head_dim, arch));
@@ -196,8 +239,10 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
  * forward, so that contexts that never batch pay nothing for it. */
 /* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V cache. */
 static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
-    return {"dllm_kv_scatter", dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
-            {DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+    return {"dllm_kv_scatter",
+            dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
+            {DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
 }
 
 /* [batch] The varlen attention's tiles for short query runs (a K/V-cache step's block of 32 rows): 32 query rows a CTA,
@@ -218,8 +263,11 @@ static dllm__arch dllm__attn_short_tiles(dllm__arch a) {
 static const int dllm__attn_short_rows = 64;  // the longest run the short tiles take
 
 static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, int head_dim) {
-    dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc, arch.fa_mt, arch.fa_stages),
-                            dllm__src_prelude() + dllm__src_mma + dllm__src_attention, {dllm__attn_varlen_name(head_dim, arch)}, arch.target};
+    dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc,
+                                         arch.fa_mt, arch.fa_stages),
+                            dllm__src_prelude() + dllm__src_mma + dllm__src_attention,
+                            {dllm__attn_varlen_name(head_dim, arch)},
+                            arch.target};
     const std::string short_name = dllm__attn_varlen_name(head_dim, dllm__attn_short_tiles(arch));
     if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);
     return rq;
@@ -227,14 +275,18 @@ static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, i
 
 /* Shared memory of flash_attn: the Q tile and the ring of K and V tiles, rows of round_up(hd, 16) columns (hd_pad)
  * padded by 8 (bank spread). */
-static size_t dllm__attn_smem(int hd, const dllm__arch &a) { return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2; }
+static size_t dllm__attn_smem(int hd, const dllm__arch &a) {
+    return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2;
+}
 
 /* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would not fit the SMs in one
  * wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
-static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows, int n_sms, int smem_per_sm) {
+static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows,
+                                    int n_sms, int smem_per_sm) {
     const size_t table_smem = dllm__attn_smem(head_dim, arch) + 1024;
     const int64_t table_ctas = (int64_t)batch * n_head * ((max_rows + arch.fa_br - 1) / arch.fa_br);
-    return max_rows <= dllm__attn_short_rows && table_ctas > (int64_t)n_sms * (int64_t)((size_t)smem_per_sm / table_smem);
+    return max_rows <= dllm__attn_short_rows &&
+           table_ctas > (int64_t)n_sms * (int64_t)((size_t)smem_per_sm / table_smem);
 }
 
 /* Shared memory of flash_attn_wg: 128 query rows and a ring of fa_wg_stages K and V tiles, unpadded (swizzled), the
@@ -269,10 +321,12 @@ struct dllm__attn_kernels {
 static dllm_status dllm__attn_kernels_of(dllm__module &mod, const dllm__arch &arch, int hd, dllm__attn_kernels &k) {
     k.attn.fn = mod.kernels.at(dllm__attn_kernel_name(hd, arch)), k.attn.name = "flash_attn";
     k.combine.fn = mod.kernels.at(dllm__attn_combine_name(hd)), k.combine.name = "attn_combine";
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.attn.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, arch)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.attn.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dllm__attn_smem(hd, arch)));
     if (!arch.fa_wg_bc) return DLLM_OK;
     k.wide.fn = mod.kernels.at(dllm__attn_wide_name(hd, arch)), k.wide.name = "flash_attn_wg";
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.wide.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_wide_smem(hd, arch)));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.wide.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dllm__attn_wide_smem(hd, arch)));
     return DLLM_OK;
 }
 
@@ -314,7 +368,8 @@ static cudaLaunchAttribute dllm__cluster_attr(unsigned ctas) {
 
 /* Launches a JIT kernel; args are pointers to the argument values, as for cudaLaunchKernel (dllm__kernel::launch
  * builds them from typed arguments). */
-static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args, const char *name) {
+static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStream_t stream, void **args,
+                                    const char *name) {
     cudaLaunchAttribute attrs[2];
     unsigned n = 0;
     if (g.cluster > 1) attrs[n++] = dllm__cluster_attr(g.cluster);

@@ -7,7 +7,8 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
     DLLM__TRY(codes.fit((size_t)W.n * kb * 128, "FP8 weights"));
     DLLM__TRY(scale.fit((size_t)nb * ld * 4, "FP8 weight scales"));
     DLLM__CUDA(cudaMemsetAsync(scale.ptr, 0, scale.bytes, stream));  // the ld padding is never read, but defined
-    DLLM__TRY(k.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, stream, W.data.ptr, W.n, W.k, codes.ptr, scale.ptr, ld));
+    DLLM__TRY(k.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, stream, W.data.ptr, W.n,
+                                              W.k, codes.ptr, scale.ptr, ld));
     DLLM__CUDA(cudaStreamSynchronize(stream));
     W.data = std::move(codes);
     W.scale = std::move(scale);
@@ -17,8 +18,8 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
 
 /* [SoloQ] The arguments of soloq_quantize_rows / soloq_produce_rows for `rows` rows d wide, rotated by rot and, with
  * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the caller's. */
-static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize, bool bias_correction, int rows, int d,
-                                   void *row_scale, void *values) {
+static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
+                                   bool bias_correction, int rows, int d, void *row_scale, void *values) {
     soloq_args a = {};
     a.rows = rows, a.d = d;
     a.perm = rot.perm.as<int>(), a.signs = (const unsigned char *)rot.signs.ptr, a.mixer = rot.mixer.as<float>();
@@ -49,7 +50,8 @@ static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) 
 }
 
 /* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
-static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads, cudaStream_t stream) {
+static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads,
+                                      cudaStream_t stream) {
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
     // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while
@@ -59,18 +61,23 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
     const int n = a.d / a.cluster;  // shared memory: the row buffer (d), a slice, producer 1's normalised row
     const size_t smem = (size_t)(a.d + n + (a.producer == 1 ? a.d : 0)) * 4;
     if (smem > (size_t)k.max_smem)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ on this GPU quantises rows of at most %d KB of shared memory, a row of %d elements needs %zu",
-                          k.max_smem / 1024, a.d, smem / 1024);
-    const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(dllm__soloq_threads(a, n, threads)), smem, (unsigned)a.cluster);
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "SoloQ on this GPU quantises rows of at most %d KB of shared memory, a row of %d elements needs %zu",
+            k.max_smem / 1024, a.d, smem / 1024);
+    const dllm__grid g(dim3((unsigned)a.rows * (unsigned)a.cluster), dim3(dllm__soloq_threads(a, n, threads)), smem,
+                       (unsigned)a.cluster);
     return a.producer ? k.soloq_produce_rows.launch(g, stream, a) : k.soloq_quantize_rows.launch(g, stream, a);
 }
 
 /* [SoloQ] soloq_quantize_rows over `rows` bf16 rows of x (d wide, x_stride apart): rotated by rot and, with quantize,
  * quantised in format f into whichever of codes, block_scales, row_scale, values and (integer formats) values_i8 are
  * given. */
-static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
-                                             bool bias_correction, const void *x, u64 x_stride, int rows, int d, void *codes,
-                                             void *block_scales, void *row_scale, void *values, cudaStream_t stream, void *values_i8 = nullptr) {
+static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const dllm__rotation_dev &rot,
+                                             dllm__q4_format f, bool quantize, bool bias_correction, const void *x,
+                                             u64 x_stride, int rows, int d, void *codes, void *block_scales,
+                                             void *row_scale, void *values, cudaStream_t stream,
+                                             void *values_i8 = nullptr) {
     soloq_args a = dllm__soloq_args(rot, f, quantize, bias_correction, rows, d, row_scale, values);
     a.x = x, a.x_stride = x_stride, a.values_i8 = (signed char *)values_i8;
     a.codes = (unsigned char *)codes, a.block_scales = (unsigned char *)block_scales;
@@ -83,31 +90,38 @@ static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const
  * INT8 GEMM into acc (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result
  * never depends on M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on
  * the rows' C values (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
-static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f, const void *codes, const float *s_w,
-                                          const void *X, const float *s_x, void *y, int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
+static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f,
+                                          const void *codes, const float *s_w, const void *X, const float *s_x, void *y,
+                                          int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
                                           int *acc, cudaStream_t stream) {
-    if (!dllm__q4_int_max(f)) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: %s weights do not decode to integers", dllm__q4_names[f]);
+    if (!dllm__q4_int_max(f))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: %s weights do not decode to integers",
+                          dllm__q4_names[f]);
     if (M < 0 || K <= 0 || K % 8 || N % 4 || chunk <= 0 || chunk % 4 || ldy < N)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
-                          K, N, chunk, ldy);
-    if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
+        return dllm__fail(
+            DLLM_ERR_INVALID_ARGUMENT,
+            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
+            K, N, chunk, ldy);
+    if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
     const size_t out_bytes = out == CUDA_R_32F ? 4 : 2;
     for (int n0 = 0; n0 < N && M > 0; n0 += chunk) {
         const int nc = std::min(chunk, N - n0);
         const unsigned char *rows = (const unsigned char *)codes + (size_t)n0 * (K / 2);
-        DLLM__TRY(Q.soloq_unpack_rows_i8.launch({dim3((unsigned)(K / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream, rows, (int)f, nc, K,
-                                                (signed char *)w_i8));
+        DLLM__TRY(Q.soloq_unpack_rows_i8.launch({dim3((unsigned)(K / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream,
+                                                rows, (int)f, nc, K, (signed char *)w_i8));
         DLLM__TRY(gemm.run_i8(X, w_i8, acc, M, nc, K, stream));
-        DLLM__TRY(Q.soloq_scale_rows_i32.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream, acc, M, nc, s_x, s_w + n0,
-                                                (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)ldy));
+        DLLM__TRY(Q.soloq_scale_rows_i32.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream, acc,
+                                                M, nc, s_x, s_w + n0, (char *)y + (size_t)n0 * out_bytes,
+                                                out == CUDA_R_32F ? 1 : 0, (u64)ldy));
     }
     return DLLM_OK;
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
  * bf16 copy is released. */
-static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site, const dllm__soloq_kernels &k,
-                                            cudaStream_t stream) {
+static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site,
+                                            const dllm__soloq_kernels &k, cudaStream_t stream) {
     std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
     DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
     std::unique_ptr<dllm__q4_site> q(new dllm__q4_site);
@@ -117,8 +131,8 @@ static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_o
     DLLM__TRY(codes.fit((size_t)W.n * W.k / 2, "SoloQ weights"));
     DLLM__TRY(scale.fit((size_t)W.n * 4, "SoloQ weights"));
     if (o.weights == DLLM__Q4_NVFP4) DLLM__TRY(q->block_scales.fit((size_t)W.n * ((W.k + 15) / 16), "SoloQ weights"));
-    DLLM__TRY(dllm__soloq_quantize_rows(k, *rot, o.weights, true, o.bias_correction, W.data.ptr, (u64)W.k, W.n, W.k, codes.ptr,
-                                        q->block_scales.ptr, scale.ptr, nullptr, stream));
+    DLLM__TRY(dllm__soloq_quantize_rows(k, *rot, o.weights, true, o.bias_correction, W.data.ptr, (u64)W.k, W.n, W.k,
+                                        codes.ptr, q->block_scales.ptr, scale.ptr, nullptr, stream));
     DLLM__CUDA(cudaStreamSynchronize(stream));
     W.data = std::move(codes);
     W.scale = std::move(scale);
@@ -129,7 +143,8 @@ static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_o
 
 /* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
  * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already. */
-static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w, const dllm__soloq_kernels &k, cudaStream_t stream) {
+static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w,
+                                                 const dllm__soloq_kernels &k, cudaStream_t stream) {
     for (size_t l = 0; l < w.layers.size() && !m.soloq; l++) {
         dllm__gpu_layer &G = w.layers[l];
         DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
@@ -148,7 +163,8 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
 }
 
 /* The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
-static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k,
+                                              cudaStream_t stream) {
     for (size_t l = 1; l < w.layers.size(); l++) {
         dllm__gpu_layer &G = w.layers[l];
         if (w.fp8_ffn) {
@@ -163,16 +179,20 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     return DLLM_OK;
 }
 
-static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k, const dllm__soloq_kernels *q, dllm__gpu_weights &w) {
+static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k,
+                                           const dllm__soloq_kernels *q, dllm__gpu_weights &w) {
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
     const double t0 = dllm__now_ms();
-    dllm_status s = m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
+    dllm_status s =
+        m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
     if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream);
     if (s == DLLM_OK && w.soloq.enabled) {
-        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, stream) : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
-        if (s == DLLM_OK) dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
+        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, stream)
+              : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
+        if (s == DLLM_OK)
+            dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
     }
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
@@ -185,26 +205,30 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
 /* Whether two SoloQ option sets quantise weights alike (the activation options do not touch the weights). */
 static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__soloq_options &b) {
     if (!a.enabled || !b.enabled) return a.enabled == b.enabled;
-    return a.weights == b.weights && a.rotation == b.rotation && a.bias_correction == b.bias_correction && a.quantize_head == b.quantize_head &&
-           a.seed == b.seed;
+    return a.weights == b.weights && a.rotation == b.rotation && a.bias_correction == b.bias_correction &&
+           a.quantize_head == b.quantize_head && a.seed == b.seed;
 }
 
-static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn, const dllm__soloq_options &soloq,
-                                         const dllm__rowwise_kernels &k, const dllm__soloq_kernels *q, std::shared_ptr<dllm__gpu_weights> &out) {
+static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn,
+                                         const dllm__soloq_options &soloq, const dllm__rowwise_kernels &k,
+                                         const dllm__soloq_kernels *q, std::shared_ptr<dllm__gpu_weights> &out) {
     std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
     auto &cache = m.gpu_weights;
-    cache.erase(std::remove_if(cache.begin(), cache.end(), [](const std::weak_ptr<dllm__gpu_weights> &w) { return w.expired(); }), cache.end());
+    cache.erase(std::remove_if(cache.begin(), cache.end(),
+                               [](const std::weak_ptr<dllm__gpu_weights> &w) { return w.expired(); }),
+                cache.end());
     for (const std::weak_ptr<dllm__gpu_weights> &held : cache)
         if (std::shared_ptr<dllm__gpu_weights> w = held.lock())
-            if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn && dllm__same_soloq_weights(w->soloq, soloq)) {
+            if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn &&
+                dllm__same_soloq_weights(w->soloq, soloq)) {
                 out = w;
                 return DLLM_OK;
             }
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
     w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq;
     DLLM__TRY(dllm__gpu_weights_build(m, k, q, *w));
-    dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device, w->bytes / 1e9,
-              dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
+    dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
+              w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
     cache.push_back(w);
     out = std::move(w);

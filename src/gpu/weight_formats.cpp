@@ -24,20 +24,21 @@ static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
  * operand its GEMMs take. Adding a format is a row here, its quantiser in dllm__gpu_weights_quantize, its case in
  * dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
 enum dllm__wformat {
-    DLLM__W_BF16 = 0,        // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
-    DLLM__W_E4M3_BLOCK = 1,  // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
-                             // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
-    DLLM__W_Q4 = 2,          // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-                             // scales [n][ceil(k / 16)]), an fp32 row scale each: q4_gemm on few rows, else the INT8 GEMM
-                             // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
-                             // (dllm__gpu_backend::gemm_q4)
+    DLLM__W_BF16 = 0,  // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
+    DLLM__W_E4M3_BLOCK =
+        1,           // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
+                     // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
+    DLLM__W_Q4 = 2,  // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
+                     // scales [n][ceil(k / 16)]), an fp32 row scale each: q4_gemm on few rows, else the INT8 GEMM
+                     // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
+                     // (dllm__gpu_backend::gemm_q4)
 };
 enum dllm__aformat {
     DLLM__A_BF16 = 0,        // bf16 rows [M x k]
     DLLM__A_E4M3_1X128 = 1,  // E4M3 rows [M_pad x k_pad] (M_pad = 16 * ceil(M / 16)), an fp32 scale per 1x128 group at
                              // scale[kb * M_pad + m] (VEC128): written by the producers (add_rmsnorm_e4m3, swiglu_e4m3)
-    DLLM__A_Q4 = 2,          // [SoloQ] bf16 rows [M x k] rotated by the weight's R and quantised per token: their C values and
-                             // an fp32 scale per row (-w4a16: the rotated rows, no scale); the GEMM entry point makes them
+    DLLM__A_Q4 = 2,  // [SoloQ] bf16 rows [M x k] rotated by the weight's R and quantised per token: their C values and
+                     // an fp32 scale per row (-w4a16: the rotated rows, no scale); the GEMM entry point makes them
 };
 struct dllm__wformat_desc {
     const char *name;
@@ -67,8 +68,8 @@ struct dllm__q4_site {
 struct dllm__weight_view {
     dllm__wformat format;
     int n, k;
-    const void *data;    // the codes, in the format's layout
-    const float *scale;  // the format's scales, or null
+    const void *data;                   // the codes, in the format's layout
+    const float *scale;                 // the format's scales, or null
     const dllm__q4_site *q4 = nullptr;  // DLLM__W_Q4 only
 };
 

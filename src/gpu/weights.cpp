@@ -14,12 +14,12 @@ struct dllm__gpu_layer {
 struct dllm__gpu_weights {
     int device = 0;
     bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
-    dllm__soloq_options soloq;               // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
+    dllm__soloq_options soloq;  // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
     std::vector<dllm__gpu_layer> layers;
-    dllm__dbuf embed;                        // bf16 [vocab x d]: the embedding table
-    dllm__linear head;                       // the LM head; empty when tied to the embedding table
-    dllm__dbuf final_norm;                   // fp32 [d]
-    size_t bytes = 0;                        // device memory they take
+    dllm__dbuf embed;       // bf16 [vocab x d]: the embedding table
+    dllm__linear head;      // the LM head; empty when tied to the embedding table
+    dllm__dbuf final_norm;  // fp32 [d]
+    size_t bytes = 0;       // device memory they take
     dllm__weight_view lm_head(const dllm__config &c) const {
         return head.data.ptr ? head.view() : dllm__weight_view{DLLM__W_BF16, c.n_vocab, c.n_embd, embed.ptr, nullptr};
     }
@@ -52,8 +52,10 @@ static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SA
 static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin, int cc) {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
     const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     set.max_smem = dynamic;
     set.clusters = cc >= 90;
     return DLLM_OK;
@@ -70,10 +72,14 @@ struct dllm__bdfa_kernels {
 
 static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     static_assert(dllm__bdfa_warps * 32 == 256, "bdfa_committed's __launch_bounds__");
-    return {"dllm_bdfa",
-            dllm__src_prelude() + dllm__format("#define DLLM_BDFA_WARPS %d\n", dllm__bdfa_warps) + DLLM__XSTR(struct bdfa_args { DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD) };) "\n" DLLM__BDFA_KERNELS(DLLM__KERNEL_DECLARE) +
+    return {
+        "dllm_bdfa",
+            dllm__src_prelude() + dllm__format("#define DLLM_BDFA_WARPS %d\n", dllm__bdfa_warps) +
+                DLLM__XSTR(struct bdfa_args{DLLM__BDFA_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__BDFA_KERNELS(
+                    DLLM__KERNEL_DECLARE) +
                 dllm__src_warp_softmax + dllm__src_bdfa,
-            {DLLM__BDFA_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
+            {DLLM__BDFA_KERNELS(DLLM__KERNEL_NAME)}, arch.target
+    };
 }
 
 struct dllm__kvq_kernels {
@@ -98,15 +104,18 @@ static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v
 }
 
 /* Copies rows of host tensors (any float dtype) into one bf16 device weight [sum of rows x k], in order. */
-static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<const dllm__tensor *> parts, const char *what) {
+static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<const dllm__tensor *> parts,
+                                     const char *what) {
     size_t n = 0;
     for (const dllm__tensor *t : parts) n += (size_t)t->numel;
     DLLM__TRY(dst.data.fit(n * 2, what));
     std::vector<uint16_t> host(n);
     size_t at = 0;
     for (const dllm__tensor *t : parts) {
-        if (t->dtype == DLLM__BF16) memcpy(host.data() + at, t->data, t->nbytes);
-        else for (int64_t i = 0; i < t->numel; i++) host[at + (size_t)i] = dllm__f32_to_bf16(dllm__tensor_at(*t, i));
+        if (t->dtype == DLLM__BF16)
+            memcpy(host.data() + at, t->data, t->nbytes);
+        else
+            for (int64_t i = 0; i < t->numel; i++) host[at + (size_t)i] = dllm__f32_to_bf16(dllm__tensor_at(*t, i));
         at += (size_t)t->numel;
     }
     DLLM__CUDA(cudaMemcpy(dst.data.ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
@@ -119,8 +128,8 @@ static dllm_status dllm__upload_rows(dllm__linear &dst, std::initializer_list<co
 /* [non-finite weights] The first NaN or infinity of the bf16 weight uploaded from `parts` (a cheap device pass: a
  * damaged checkpoint is an error that names the tensor, never a model that silently decodes garbage). Twin:
  * dllm__first_nonfinite. */
-static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const dllm__rowwise_kernels &k,
-                                      cudaStream_t stream, dllm__dbuf &scratch) {
+static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_list<const dllm__tensor *> parts,
+                                      const dllm__rowwise_kernels &k, cudaStream_t stream, dllm__dbuf &scratch) {
     const u64 n = (u64)W.n * (u64)W.k;
     u64 first = n;
     DLLM__TRY(scratch.fit(sizeof first, "the weight check"));
@@ -131,8 +140,11 @@ static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_li
     for (const dllm__tensor *t : parts) {
         if (first < (u64)t->numel) {
             const int64_t cols = t->shape.size() > 1 ? t->shape[1] : 1;
-            return dllm__fail(DLLM_ERR_FORMAT, "tensor %s in %s holds a non-finite value (NaN or infinity) at [%lld, %lld]: the checkpoint is damaged",
-                              t->name.c_str(), t->file ? t->file->c_str() : "?", (long long)(first / (u64)cols), (long long)(first % (u64)cols));
+            return dllm__fail(
+                DLLM_ERR_FORMAT,
+                "tensor %s in %s holds a non-finite value (NaN or infinity) at [%lld, %lld]: the checkpoint is damaged",
+                t->name.c_str(), t->file ? t->file->c_str() : "?", (long long)(first / (u64)cols),
+                (long long)(first % (u64)cols));
         }
         first -= std::min(first, (u64)t->numel);
     }
@@ -143,8 +155,10 @@ static dllm_status dllm__check_finite(const dllm__linear &W, std::initializer_li
 static dllm_status dllm__check_finite(const std::vector<float> &v, const char *what, size_t layer) {
     for (size_t i = 0; i < v.size(); i++)
         if (!std::isfinite(v[i]))
-            return dllm__fail(DLLM_ERR_FORMAT, "the %s of layer %zu holds a non-finite value (NaN or infinity) at [%zu]: the checkpoint is damaged", what,
-                              layer, i);
+            return dllm__fail(
+                DLLM_ERR_FORMAT,
+                "the %s of layer %zu holds a non-finite value (NaN or infinity) at [%zu]: the checkpoint is damaged",
+                what, layer, i);
     return DLLM_OK;
 }
 
@@ -186,9 +200,11 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
 
 /* The checkpoint's weights, as BF16 with the projections fused, each checked for non-finite values; a quantised
  * checkpoint's linears as they are stored. */
-static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream, dllm__gpu_weights &w) {
+static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
+                                            dllm__gpu_weights &w) {
     dllm__dbuf scratch;
-    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const char *what) -> dllm_status {
+    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts,
+                      const char *what) -> dllm_status {
         DLLM__TRY(dllm__upload_rows(W, parts, what));
         return dllm__check_finite(W, parts, k, stream, scratch);
     };
@@ -223,15 +239,18 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
     dllm__linear embed;
     DLLM__TRY(upload(embed, {m.embed}, "the embedding table"));
     w.embed = std::move(embed.data);
-    if (m.soloq && m.soloq->head) DLLM__TRY(dllm__upload_q4(w.head, m.soloq->head->lin[DLLM__SOLOQ_HEAD]));
-    else if (m.head != m.embed) DLLM__TRY(upload(w.head, {m.head}, "the LM head"));
+    if (m.soloq && m.soloq->head)
+        DLLM__TRY(dllm__upload_q4(w.head, m.soloq->head->lin[DLLM__SOLOQ_HEAD]));
+    else if (m.head != m.embed)
+        DLLM__TRY(upload(w.head, {m.head}, "the LM head"));
     DLLM__TRY(dllm__check_finite(m.final_norm, "final norm", m.layers.size()));
     return dllm__upload_f32(w.final_norm, m.final_norm, "norm weights");
 }
 
 /* Benchmark weights generated on the device (no file, no host copy) as the PyTorch reference draws them: normal with
  * std 0.02, the residual branches' output projections 0.02 / sqrt(2 L); norms 1. */
-static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream, dllm__gpu_weights &w) {
+static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
+                                            dllm__gpu_weights &w) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, q = c.n_head * c.head_dim;
     uint64_t seed = m.random_seed;
@@ -243,7 +262,9 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
         W.format = DLLM__W_BF16, W.n = n, W.k = kk;
         return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
     };
-    auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) { return dllm__upload_f32(b, std::vector<float>(n, value), what); };
+    auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) {
+        return dllm__upload_f32(b, std::vector<float>(n, value), what);
+    };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
     w.layers.resize((size_t)c.n_layer);
     for (dllm__gpu_layer &G : w.layers) {

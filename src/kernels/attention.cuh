@@ -1,13 +1,14 @@
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
 
 __device__ __forceinline__ int kv_tile_at(int i, int n_tiles, int lo, int hi) {
     int head = lo, mid = n_tiles - hi;
@@ -33,7 +34,7 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
         const bool real = HDP == HD || chunk < HD / 8;
         const u32 d0 = smem_u32(dst + r0 * LD + chunk * 8);
         const bf16_t *s0 = src + (u64)(row0 + r0) * stride + chunk * 8;
-        #pragma unroll
+#pragma unroll
         for (int p = 0; p < PASSES; p++) {
             if (ROWS % STEP != 0 && r0 + p * STEP >= ROWS) break;  // a tile shorter than a pass
             const bool ok = real && row0 + r0 + p * STEP < n_valid;
@@ -42,7 +43,7 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
     } else {
         constexpr int CHUNKS = ROWS * CH, PASSES = (CHUNKS + THREADS - 1) / THREADS;
         const u32 d0 = smem_u32(dst);
-        #pragma unroll 1  // unrolled, the addresses of every pass stay live: spills at head dims 232 and 240
+#pragma unroll 1  // unrolled, the addresses of every pass stay live: spills at head dims 232 and 240
         for (int p = 0; p < PASSES; p++) {
             const int i = threadIdx.x + p * THREADS, r = i / CH, chunk = i % CH;
             if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
@@ -54,7 +55,8 @@ __device__ __forceinline__ void load_tile(bf16_t *dst, const bf16_t *src, int st
 
 /* The i-th K and V tiles of the visiting order (key tile `tile`) into ring slot i % NS. */
 template <int HD, int BC, int NS, int THREADS>
-__device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K, const bf16_t *V, const attn_args &a, int i, int tile) {
+__device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K, const bf16_t *V, const attn_args &a,
+                                        int i, int tile) {
     constexpr int LD = hd_pad(HD) + 8;
     load_tile<HD, BC, THREADS>(sK + ((unsigned)i % NS) * BC * LD, K, a.kv_stride, tile * BC, a.seq);
     load_tile<HD, BC, THREADS>(sV + ((unsigned)i % NS) * BC * LD, V, a.kv_stride, tile * BC, a.seq);
@@ -64,31 +66,43 @@ __device__ __forceinline__ void load_kv(bf16_t *sK, bf16_t *sV, const bf16_t *K,
  * the unnormalised O, field by field so that consecutive threads touch consecutive words. Only O's HD real
  * columns (DT = HD / 8 of the hd_pad(HD) / 8 groups): the padding columns stay zero. */
 template <int HD, int MT, int THREADS, bool SAVE>
-__device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][hd_pad(HD) / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
+__device__ __forceinline__ void fa_state_io(const attn_args &a, float (&o)[MT][hd_pad(HD) / 8][4], float (&m)[MT][2],
+                                            float (&l)[MT][2]) {
     constexpr int DT = HD / 8;
     // Computed here, not kept live across the KV loop: registers are the budget at head dim 128.
-    float *state = a.fa_state + ((u64)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (MT * (4 + DT * 4) * THREADS) + threadIdx.x;
+    float *state =
+        a.fa_state +
+        ((u64)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (MT * (4 + DT * 4) * THREADS) +
+        threadIdx.x;
     int f = 0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            if (SAVE) { state[(f++) * THREADS] = m[mt][r]; state[(f++) * THREADS] = l[mt][r]; }
-            else { m[mt][r] = state[(f++) * THREADS]; l[mt][r] = state[(f++) * THREADS]; }
+            if (SAVE) {
+                state[(f++) * THREADS] = m[mt][r];
+                state[(f++) * THREADS] = l[mt][r];
+            } else {
+                m[mt][r] = state[(f++) * THREADS];
+                l[mt][r] = state[(f++) * THREADS];
+            }
         }
 #pragma unroll
         for (int d = 0; d < DT; d++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                if (SAVE) state[(f++) * THREADS] = o[mt][d][e];
-                else o[mt][d][e] = state[(f++) * THREADS];
+                if (SAVE)
+                    state[(f++) * THREADS] = o[mt][d][e];
+                else
+                    o[mt][d][e] = state[(f++) * THREADS];
             }
     }
 }
 
 /* The KV tiles [i_begin, i_end) of the visiting order this CTA streams: all of them, those after the
  * cached early tiles (FACache resume), or one contiguous share of them (split-KV). */
-__device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_tiles, int n_early, bool resume, int &i_begin, int &i_end) {
+__device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_tiles, int n_early, bool resume,
+                                         int &i_begin, int &i_end) {
     i_begin = resume ? n_early : 0;
     i_end = n_tiles;
     if (a.kv_splits > 1) {
@@ -101,8 +115,8 @@ __device__ __forceinline__ void kv_range(const attn_args &a, int split, int n_ti
 /* Split-KV: a CTA's unnormalised output, running max and normaliser per query row, for attn_combine.
  * Layout: [batch][head][split][q_rows][HD + 2] floats (O's HD real columns, then m, then l). */
 template <int HD, int MT, int DT>
-__device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, int split, int q0, int warp, int g, int t,
-                                              float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
+__device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, int split, int q0, int warp, int g,
+                                              int t, float (&o)[MT][DT][4], float (&m)[MT][2], float (&l)[MT][2]) {
     float *P = a.partial + (((u64)b * gridDim.y + h) * a.kv_splits + split) * a.q_rows * (HD + 2);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -115,7 +129,8 @@ __device__ __forceinline__ void store_partial(const attn_args &a, int b, int h, 
             if (row >= a.q_rows) continue;
             float *p = P + (u64)row * (HD + 2);
 #pragma unroll
-            for (int d = 0; d < HD / 8; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[mt][d][2 * r], o[mt][d][2 * r + 1]);
+            for (int d = 0; d < HD / 8; d++)
+                *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[mt][d][2 * r], o[mt][d][2 * r + 1]);
             if (t == 0) p[HD] = m[mt][r], p[HD + 1] = lr;
         }
 }
@@ -133,9 +148,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
  * attention kernels share. Keys past seq or padded out (valid: null or this sequence's flags) get -inf. */
 template <int NT>
 __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char *valid, int seq, int k0, int t) {
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NT; j++)
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; e++) {
             int key = k0 + j * 8 + 2 * t + (e & 1);
             if (key >= seq || (valid && !valid[key])) s[j][e] = -DLLM_INF;
@@ -149,10 +164,11 @@ __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
 }
 /* mask_keys with a key limit per row of the m16 pair (rows g and g + 8): keys at or past end0 / end1 get -inf. */
 template <int NT>
-__device__ __forceinline__ void mask_keys_rows(float (&s)[NT][4], const unsigned char *valid, int end0, int end1, int k0, int t) {
-    #pragma unroll
+__device__ __forceinline__ void mask_keys_rows(float (&s)[NT][4], const unsigned char *valid, int end0, int end1,
+                                               int k0, int t) {
+#pragma unroll
     for (int j = 0; j < NT; j++)
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; e++) {
             int key = k0 + j * 8 + 2 * t + (e & 1);
             if (key >= (e >> 1 ? end1 : end0) || (valid && !valid[key])) s[j][e] = -DLLM_INF;
@@ -165,14 +181,15 @@ __device__ __forceinline__ void mask_keys_rows(float (&s)[NT][4], const unsigned
  * exponent, where one FFMA applies scale and max. rescale_o: the unnormalised output o times corr. flash_attn_wg runs
  * the two apart (o is in flight in a wgmma between them); the order of operations on o is the same either way. */
 template <int NT>
-__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&corr)[2], float scale) {
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                               float scale) {
     float mx0 = -DLLM_INF, mx1 = -DLLM_INF;
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NT; j++) {
         mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
         mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
     }
-    #pragma unroll
+#pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
@@ -185,7 +202,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
     m[1] = n1;
     l[0] *= corr[0];
     l[1] *= corr[1];
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NT; j++) {
         s[j][0] = exp2_ftz(fmaf(s[j][0], scale, -base0));
         s[j][1] = exp2_ftz(fmaf(s[j][1], scale, -base0));
@@ -196,29 +213,30 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
     }
 }
 
-template <int DT>
-__device__ __forceinline__ void rescale_o(float (&o)[DT][4], const float (&corr)[2]) {
+template <int DT> __device__ __forceinline__ void rescale_o(float (&o)[DT][4], const float (&corr)[2]) {
     // Once the running max settles, most tiles leave it unchanged: corr is then exactly 1 and the
     // rescale of O (128 multiplies per thread at head dim 128) is skipped, which changes no bit.
     if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < DT; d++) {
-            o[d][0] *= corr[0]; o[d][1] *= corr[0];
-            o[d][2] *= corr[1]; o[d][3] *= corr[1];
+            o[d][0] *= corr[0];
+            o[d][1] *= corr[0];
+            o[d][2] *= corr[1];
+            o[d][3] *= corr[1];
         }
     }
 }
 
 template <int NT, int DT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4], float scale) {
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                               float scale) {
     float corr[2];
     softmax_scores<NT>(s, m, l, corr, scale);
     rescale_o<DT>(o, corr);
 }
 
 /* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
-template <int NT>
-__device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
+template <int NT> __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
     pa[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
     pa[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
     pa[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -230,24 +248,26 @@ __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa
  * HD here is the padded head dimension (a multiple of 16) the shared tiles are laid out for; row0 is the warp's first
  * query row (the block-causal mask's rows). */
 template <int HD, int BC, int MT>
-__device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int row0, int lane, int t,
-                                           float (&o)[MT][HD / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
-    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16, DT = HD / 8;  // LD in elements; addresses advance 2 bytes each
+__device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp, u32 k_s, u32 v_s, int k0, int row0,
+                                           int lane, int t, float (&o)[MT][HD / 8][4], float (&m)[MT][2],
+                                           float (&l)[MT][2]) {
+    constexpr int LD = HD + 8, NT = BC / 8, KS = HD / 16,
+                  DT = HD / 8;  // LD in elements; addresses advance 2 bytes each
     float s[MT][NT][4];
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; mt++)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < NT; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         u32 qf[MT][4];
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; mt++) ldmatrix_x4(qf[mt], q_warp + (mt * 16 * LD + kk * 16) * 2);
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < NT; j += 2) {
             u32 kb[4];
             ldmatrix_x4(kb, k_s + ((j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-            #pragma unroll
+#pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma_bf16(s[mt][j], qf[mt], kb[0], kb[1]);
                 mma_bf16(s[mt][j + 1], qf[mt], kb[2], kb[3]);
@@ -256,24 +276,26 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
     if (a.key_valid || k0 + BC > a.seq || a.mask_block) {
         const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int row = row0 + mt * 16 + (lane >> 2);
-            mask_keys_rows<NT>(s[mt], valid, a.mask_block ? visible_keys(a, row) : a.seq, a.mask_block ? visible_keys(a, row + 8) : a.seq, k0, t);
+            mask_keys_rows<NT>(s[mt], valid, a.mask_block ? visible_keys(a, row) : a.seq,
+                               a.mask_block ? visible_keys(a, row + 8) : a.seq, k0, t);
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; mt++) online_softmax<NT, DT>(s[mt], m[mt], l[mt], o[mt], a.scale_log2);
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BC / 16; kk++) {
         u32 pa[MT][4];
-        #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < MT; mt++) pack_p<NT>(s[mt], kk, pa[mt]);
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < DT; d += 2) {
             u32 vb[4];
-            ldmatrix_x4_trans(vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
-            #pragma unroll
+            ldmatrix_x4_trans(
+                vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
+#pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma_bf16(o[mt][d], pa[mt], vb[0], vb[1]);
                 mma_bf16(o[mt][d + 1], pa[mt], vb[2], vb[3]);
@@ -292,7 +314,8 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
-    if (a.varlen_masks) a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
+    if (a.varlen_masks)
+        a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
     return (int)blockIdx.x * br < a.q_rows;
 }
 
@@ -310,10 +333,12 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
-    constexpr int HDP = hd_pad(HD), LD = HDP + 8, DT = HDP / 8, THREADS = BR * 2 / MT, SUB = BC > 32 && MT > 1 ? 32 : BC;
+    constexpr int HDP = hd_pad(HD), LD = HDP + 8, DT = HDP / 8, THREADS = BR * 2 / MT,
+                  SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
-    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits, split = VARLEN ? 0 : blockIdx.z % a.kv_splits;
+    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
+              split = VARLEN ? 0 : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
@@ -335,21 +360,24 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     kv_range(a, split, n_tiles, n_early, cached && a.fa_mode == 2, i_begin, i_end);
     // [block-causal mask] In the plain order the key tiles past the query tile's last visible key hold no visible key:
     // not visited (a fully masked tile changes no register of the online softmax, so this changes no bit).
-    if (a.mask_block && late_hi == late_lo) i_end = max(i_begin, min(i_end, (visible_keys(a, min(q0 + BR, a.q_rows) - 1) + BC - 1) / BC));
+    if (a.mask_block && late_hi == late_lo)
+        i_end = max(i_begin, min(i_end, (visible_keys(a, min(q0 + BR, a.q_rows) - 1) + BC - 1) / BC));
 
     load_tile<HD, BR, THREADS>(sQ, Q, a.q_stride, q0, a.q_rows);
     cp_async_commit();
-    #pragma unroll
+#pragma unroll
     for (int s = 0; s < NS - 1; s++) {
-        if (i_begin + s < i_end) load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i_begin + s, kv_tile_at(i_begin + s, n_tiles, late_lo, late_hi));
+        if (i_begin + s < i_end)
+            load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i_begin + s,
+                                         kv_tile_at(i_begin + s, n_tiles, late_lo, late_hi));
         cp_async_commit();
     }
 
     float o[MT][DT][4];
     float m[MT][2], l[MT][2];
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < DT; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
         m[mt][0] = m[mt][1] = -DLLM_INF;
         l[mt][0] = l[mt][1] = 0.f;
@@ -363,16 +391,18 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     for (int i = i_begin; i < i_end; i++) {
         const int stage = (int)((unsigned)i % NS);
         if (i + NS - 1 < i_end)  // into the slot of tile i - 1, which every warp is done with
-            load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i + NS - 1, kv_tile_at(i + NS - 1, n_tiles, late_lo, late_hi));
+            load_kv<HD, BC, NS, THREADS>(sK, sV, K, V, a, i + NS - 1,
+                                         kv_tile_at(i + NS - 1, n_tiles, late_lo, late_hi));
         cp_async_commit();
         cp_async_wait<NS - 1>();
         __syncthreads();
         const u32 k_s = smem_u32(sK + stage * BC * LD), v_s = smem_u32(sV + stage * BC * LD);
         const int k0 = kv_tile_at(i, n_tiles, late_lo, late_hi) * BC;
         if (live)
-            #pragma unroll 1
+#pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
-                flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, q0 + warp * 16 * MT, lane, t, o, m, l);
+                flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub,
+                                         q0 + warp * 16 * MT, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
@@ -382,29 +412,30 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
         return;
     }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         float l0 = l[mt][0], l1 = l[mt][1];
-        #pragma unroll
+#pragma unroll
         for (int x = 1; x <= 2; x <<= 1) {
             l0 += __shfl_xor_sync(0xffffffffu, l0, x);
             l1 += __shfl_xor_sync(0xffffffffu, l1, x);
         }
         const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
         const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < HD / 8; d++) {  // the real columns
             int col = d * 8 + 2 * t;
-            if (r0 < a.q_rows) *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
-            if (r1 < a.q_rows) *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
+            if (r0 < a.q_rows)
+                *(u32 *)(O + (u64)r0 * a.o_stride + col) = pack_bf16x2(o[mt][d][0] * inv0, o[mt][d][1] * inv0);
+            if (r1 < a.q_rows)
+                *(u32 *)(O + (u64)r1 * a.o_stride + col) = pack_bf16x2(o[mt][d][2] * inv1, o[mt][d][3] * inv1);
         }
     }
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
  * result does not depend on scheduling). One thread per output column. */
-template <int HD>
-__global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
     const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);

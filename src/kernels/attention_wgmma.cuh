@@ -1,33 +1,38 @@
 /* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
+template <int N> __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
     if constexpr (N == 64)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                     : WG_ACC_N64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                     : WG_ACC_N128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC_N128(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-struct attn_tensor_maps { tensor_map q, k, v; };
+struct attn_tensor_maps {
+    tensor_map q, k, v;
+};
 
 /* A ROWS x HD tile at rows y.. of head column col0 into the swizzled layout: column block c64 of all rows, then the
  * next (one box each). */
 template <int HD, int ROWS>
 __device__ __forceinline__ void tma_tile(u32 dst, const tensor_map &map, int col0, int y, int z, u32 bar) {
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < HD / 64; c++) tma_load(dst + c * ROWS * 128, map, col0 + c * 64, y, z, bar);
 }
 
 /* Issues the scores of one warpgroup's 64 rows against a tile of BC keys (not waited for). */
-template <int HD, int BC>
-__device__ __forceinline__ void wg_scores(float (&s)[BC / 8][4], u32 q_wg, u32 k_s) {
+template <int HD, int BC> __device__ __forceinline__ void wg_scores(float (&s)[BC / 8][4], u32 q_wg, u32 k_s) {
     wg_fence();
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < HD / 16; kk++)
-        wgmma_ss<BC>(s, wg_desc(q_wg + (kk >> 2) * 128 * 128 + (kk & 3) * 32), wg_desc(k_s + (kk >> 2) * BC * 128 + (kk & 3) * 32), kk > 0);
+        wgmma_ss<BC>(s, wg_desc(q_wg + (kk >> 2) * 128 * 128 + (kk & 3) * 32),
+                     wg_desc(k_s + (kk >> 2) * BC * 128 + (kk & 3) * 32), kk > 0);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
@@ -36,8 +41,9 @@ __device__ __forceinline__ void wg_scores(float (&s)[BC / 8][4], u32 q_wg, u32 k
 template <int HD, int BC>
 __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC / 16][4], u32 v_s) {
     wg_fence();
-    #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(o, p[kk], wg_desc(v_s + kk * 16 * 128, HD > 64 ? BC * 128 : 1024));
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+        wgmma_rs<HD>(o, p[kk], wg_desc(v_s + kk * 16 * 128, HD > 64 ? BC * 128 : 1024));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
@@ -45,8 +51,8 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
  * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
  * scores may start before V is in. */
 template <int HD, int BC, int NS>
-__device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full, u32 v_full, u32 empty,
-                                           int q0, int h, int kvh, int b, int n_tiles) {
+__device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full,
+                                           u32 v_full, u32 empty, int q0, int h, int kvh, int b, int n_tiles) {
     constexpr int TILE = BC * HD * 2;
     mbar_expect_tx(q_full, 128 * HD * 2);
     tma_tile<HD, 128>(sQ, tm.q, h * HD, q0, b, q_full);
@@ -72,7 +78,8 @@ template <int HD, int BC, int NS>
 __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __grid_constant__ attn_tensor_maps tm) {
     constexpr int BR = 128, TILE = BC * HD * 2;
     extern __shared__ __align__(16) unsigned char smem[];
-    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2, sV = sK + NS * TILE;  // 1024-byte swizzle atoms
+    const u32 sQ = (smem_u32(smem) + 1023) & ~1023u, sK = sQ + BR * HD * 2,
+              sV = sK + NS * TILE;  // 1024-byte swizzle atoms
     const u32 q_full = sV + NS * TILE, k_full = q_full + 8, v_full = k_full + NS * 8, empty = v_full + NS * 8;
     pdl_enter();
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
@@ -89,21 +96,33 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     __syncthreads();
     if (threadIdx.x >= 256) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-        if (threadIdx.x == 256) wg_produce<HD, BC, NS>(tm, sQ, sK, sV, q_full, k_full, v_full, empty, q0, h, kvh, b, n_tiles);
+        if (threadIdx.x == 256)
+            wg_produce<HD, BC, NS>(tm, sQ, sK, sV, q_full, k_full, v_full, empty, q0, h, kvh, b, n_tiles);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              t = lane & 3;
     float o[HD / 8][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
-    #pragma unroll
+#pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const u32 q_wg = sQ + wg * 64 * 128;
     const unsigned char *valid = a.key_valid ? a.key_valid + (u64)b * a.seq : 0;
     const float scale = a.scale_log2;
     // Barrier 1 + wg is warpgroup wg's turn; warpgroup 1's last arrival would have no taker.
-    auto my_turn = [&] { if (wg == 0) named_bar_sync(1, 256); else named_bar_sync(2, 256); };
-    auto their_turn = [&](int i) { if (wg == 0) named_bar_arrive(2, 256); else if (i + 1 < n_tiles) named_bar_arrive(1, 256); };
-    auto softmax_of = [&](float (&s)[BC / 8][4], int i, float (&corr)[2]) {
+    auto my_turn = [&] {
+        if (wg == 0)
+            named_bar_sync(1, 256);
+        else
+            named_bar_sync(2, 256);
+    };
+    auto their_turn = [&](int i) {
+        if (wg == 0)
+            named_bar_arrive(2, 256);
+        else if (i + 1 < n_tiles)
+            named_bar_arrive(1, 256);
+    };
+    auto softmax_of = [&](float(&s)[BC / 8][4], int i, float(&corr)[2]) {
         if (valid || (i + 1) * BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, i * BC, t);
         softmax_scores<BC / 8>(s, m, l, corr, scale);
     };
@@ -122,7 +141,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     their_turn(0);
     wg_wait_for<0>(s);
     softmax_of(s, 0, corr);
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
     for (int i = 1; i < n_tiles; i++) {
         const int slot = i % NS, prev = (i - 1) % NS;
@@ -138,7 +157,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
         wg_wait_for<0>(o);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + prev * 8);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) pack_p<BC / 8>(s, kk, p[kk]);
     }
     const int last = (n_tiles - 1) % NS;
@@ -148,7 +167,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     wg_wait_for<0>(o);
 
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         float lr = l[r];
         lr += __shfl_xor_sync(0xffffffffu, lr, 1);
@@ -156,7 +175,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
         const float inv = lr > 0.f ? 1.f / lr : 0.f;
         const int row = q0 + wg * 64 + warp * 16 + g + 8 * r;
         if (row >= a.q_rows) continue;
-        #pragma unroll
-        for (int d = 0; d < HD / 8; d++) *(u32 *)(O + (u64)row * a.o_stride + d * 8 + 2 * t) = pack_bf16x2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+            *(u32 *)(O + (u64)row * a.o_stride + d * 8 + 2 * t) = pack_bf16x2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
 }

@@ -50,7 +50,8 @@ KERNEL_bdfa_committed {
     if (a.n_rows && (int)blockIdx.x >= *a.n_rows) return;  // a graph's launch covers every row; the list holds n_rows
     const int i = a.rows[blockIdx.x], h = blockIdx.y, hd = a.hd, w = threadIdx.x / 32;
     bdfa_load_q(a, i, h, q);
-    const int n = (a.n_committed + 32 * W - 1) / (32 * W) * 32, j0 = min(a.n_committed, w * n), j1 = min(a.n_committed, j0 + n);
+    const int n = (a.n_committed + 32 * W - 1) / (32 * W) * 32, j0 = min(a.n_committed, w * n),
+              j1 = min(a.n_committed, j0 + n);
     float m, l;
     bdfa_part(a, q, h / (a.n_head / a.n_kv), j0, j1, acc[w], m, l);
     if (threadIdx.x % 32 == 0) wm[w] = m, wl[w] = l;
@@ -81,7 +82,9 @@ KERNEL_bdfa_merge {
     const float *st = a.state + ((u64)(a.offset + i) * a.n_head + h) * (hd + 2);
     const float m1 = st[hd], l1 = st[hd + 1], mx = fmaxf(m1, m2);
     const float a1 = m1 == -DLLM_INF ? 0.f : __expf(m1 - mx), a2 = m2 == -DLLM_INF ? 0.f : __expf(m2 - mx);
-    const float l = __fadd_rn(__fmul_rn(l1, a1), __fmul_rn(l2, a2)), inv = mx == -DLLM_INF || !(l > 0.f) ? 0.f : 1.f / l;
+    const float l = __fadd_rn(__fmul_rn(l1, a1), __fmul_rn(l2, a2)),
+                inv = mx == -DLLM_INF || !(l > 0.f) ? 0.f : 1.f / l;
     for (int c = threadIdx.x; c < hd; c += 32)
-        a.o[(u64)i * a.o_stride + h * hd + c] = f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
+        a.o[(u64)i * a.o_stride + h * hd + c] =
+            f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }

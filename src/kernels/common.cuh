@@ -22,10 +22,17 @@ __device__ __forceinline__ void philox(u64 seed, u32 c0, u32 c1, u32 c2, u32 c3,
         u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
         u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
         u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c1 = lo1; c3 = lo0; c0 = n0; c2 = n2;
-        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+        c1 = lo1;
+        c3 = lo0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
     }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
 }
 /* Twin of dllm__uniform: 53 bits, offset by half a unit, strictly inside (0, 1). */
 __device__ __forceinline__ double uniform01(u64 seed, u32 index, u32 position, u32 step, u32 stream) {
@@ -46,4 +53,3 @@ __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-

@@ -11,8 +11,8 @@ __device__ __forceinline__ float quantize_group8(const float f[8], float fixed_s
 
 /* Stores chunk c (8 codes) of a quantised row of n_chunks chunks and, from the group's first chunk, its scale.
  * Chunk c sits in lane c % 32, so the 16 chunks of a group are the 16 lanes that reduced its amax together. */
-__device__ __forceinline__ void store_chunk8(unsigned char *q_row, float *scale, int scale_ld, u64 row, int c, int n_chunks, uint2 codes,
-                                             float s) {
+__device__ __forceinline__ void store_chunk8(unsigned char *q_row, float *scale, int scale_ld, u64 row, int c,
+                                             int n_chunks, uint2 codes, float s) {
     if (c >= n_chunks) return;
     *(uint2 *)(q_row + (u64)c * 8) = codes;
     if ((c & 15) == 0) scale[(u64)(c >> 4) * scale_ld + row] = s;
@@ -26,11 +26,14 @@ __device__ __forceinline__ int e4m3_chunks(int k) { return ((k + 127) >> 7) << 4
 KERNEL_quantize_rows_e4m3 {
     pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(k);
-    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
+    for (int row = blockIdx.y; row < n_rows;
+         row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
         float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (c * 8 < k) {
-            if (x_f32) load8((const float *)x + (u64)row * k + c * 8, f);
-            else unpack8(*(const uint4 *)((const bf16_t *)x + (u64)row * k + c * 8), f);
+            if (x_f32)
+                load8((const float *)x + (u64)row * k + c * 8, f);
+            else
+                unpack8(*(const uint4 *)((const bf16_t *)x + (u64)row * k + c * 8), f);
         }
         uint2 codes;
         float s = quantize_group8(f, fixed_scale, &codes);
@@ -48,7 +51,7 @@ KERNEL_add_rmsnorm_e4m3 {
     float v[NORM_SLOTS][8], g[8];
     const float r = residual_rms(h_in, h_out, delta, src, d, eps, v);
     const int n_chunks = e4m3_chunks(d);
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NORM_SLOTS; j++) {
         if (j * (int)blockDim.x >= n_chunks) break;  // uniform over the CTA: every lane reaches the shuffles
         const int c = threadIdx.x + j * blockDim.x;
@@ -67,7 +70,8 @@ KERNEL_add_rmsnorm_e4m3 {
 KERNEL_swiglu_e4m3 {
     pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, n_chunks = e4m3_chunks(f);
-    for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
+    for (int row = blockIdx.y; row < n_rows;
+         row += gridDim.y) {  // the same trip count in every lane: all reach the shuffles
         float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (c * 8 < f) {
             silu_mul8(gu + (u64)row * 2 * f, f, c * 8, v);

@@ -1,7 +1,8 @@
 __device__ __forceinline__ void mma_e4m3(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled k-tile. */
@@ -32,7 +33,8 @@ __device__ __forceinline__ void f8_store2(bf16_t *y_row, int n, int N, float v0,
 /* Grid (ceil(M / BM), ceil(N / BN)): neighbouring CTAs share a weight tile, which is read from DRAM about once. */
 template <int BM, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
-fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, const float *w_scale, bf16_t *Y, int M, int N, int K) {
+    fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, const float *w_scale, bf16_t *Y,
+             int M, int N, int K) {
     constexpr int THREADS = (BM / WM) * (BN / WN) * 32, MT = WM / 16, NT = WN / 8, STAGE_BYTES = (BM + BN) * 128;
     static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && NT % 2 == 0 && 128 % BN == 0, "fp8_gemm tile");
     pdl_enter();
@@ -91,7 +93,8 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                if (m0 + wm + mt * 16 < M) ldmatrix_x4(a[mt], stage + a_row + mt * 16 * 128 + (((2 * ks + a_half) ^ sw) << 4));
+                if (m0 + wm + mt * 16 < M)
+                    ldmatrix_x4(a[mt], stage + a_row + mt * 16 * 128 + (((2 * ks + a_half) ^ sw) << 4));
 #pragma unroll
             for (int nt = 0; nt < NT; nt += 2) {
                 u32 b[4];
@@ -109,7 +112,8 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[mt][nt][e] = fmaf(part[mt][nt][e], sx[mt][e >> 1] * s_w, acc[mt][nt][e]);
+                for (int e = 0; e < 4; e++)
+                    acc[mt][nt][e] = fmaf(part[mt][nt][e], sx[mt][e >> 1] * s_w, acc[mt][nt][e]);
     }
 
 #pragma unroll
@@ -120,6 +124,7 @@ fp8_gemm(const unsigned char *X, const float *x_scale, const unsigned char *W, c
             if (m >= M) continue;
             bf16_t *y_row = Y + (u64)m * N;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) f8_store2(y_row, n0 + wn + nt * 8 + 2 * t, N, acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+            for (int nt = 0; nt < NT; nt++)
+                f8_store2(y_row, n0 + wn + nt * 8 + 2 * t, N, acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
         }
 }

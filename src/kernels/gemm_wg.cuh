@@ -1,4 +1,6 @@
-struct gemm_tensor_maps { tensor_map x, w, y; };  // boxes of 64 columns x: 128 rows (x), BN / 2 (w), 64 (y)
+struct gemm_tensor_maps {
+    tensor_map x, w, y;
+};  // boxes of 64 columns x: 128 rows (x), BN / 2 (w), 64 (y)
 
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -7,19 +9,27 @@ __device__ __forceinline__ void cluster_sync() {
  * release: the arrival only says that this warp's wgmma reads of the slot are done. With a cluster-scope release the
  * kernel took about 1.5x as long on an H200. */
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-                 ::"r"(bar), "r"(rank) : "memory");
+    asm volatile(
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
+            "r"(bar),
+        "r"(rank)
+        : "memory");
 }
 /* tma_load into the same offset of every CTA of the cluster (both here), completing on each one's barrier. */
 __device__ __forceinline__ void tma_load_both(u32 dst, const tensor_map &map, int x, int y, u32 bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-                 ::"r"(dst), "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::
+            "r"(dst),
+        "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3)
+        : "memory");
 }
 /* TMA store of a 64-column box from shared memory (128-byte swizzle) at (column x, row y); rows past the tensor are
  * not written. Completion is tracked per thread, in bulk groups. */
 __device__ __forceinline__ void tma_store(const tensor_map &map, u32 src, int x, int y) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(src)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"((u64)&map),
+        "r"(x), "r"(y), "r"(0), "r"(src)
+        : "memory");
 }
 
 /* The j-th k-step job of this CTA: its tile (the cluster's every (gridDim.x / 2)-th tile pair, this CTA's half of
@@ -28,8 +38,7 @@ __device__ __forceinline__ void tma_store(const tensor_map &map, u32 src, int x,
 struct gemm_job {
     int m0, c0, ks;
 };
-template <int BN>
-__device__ __forceinline__ gemm_job gemm_job_of(int j, int m_tiles, int k_steps) {
+template <int BN> __device__ __forceinline__ gemm_job gemm_job_of(int j, int m_tiles, int k_steps) {
     const int m_pairs = (m_tiles + 1) / 2, pair = (blockIdx.x >> 1) + (j / k_steps) * (gridDim.x >> 1);
     return {min((pair % m_pairs) * 2 + (int)(blockIdx.x & 1), m_tiles - 1) * 128, (pair / m_pairs) * BN, j % k_steps};
 }
@@ -38,14 +47,18 @@ __device__ __forceinline__ gemm_job gemm_job_of(int j, int m_tiles, int k_steps)
  * after it; later jobs wait until the consumers of both CTAs have released their slot (empty). Weight half `rank`
  * is this CTA's to load for both. */
 template <int NS, int BN>
-__device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
+__device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0, u32 full, u32 empty, int jobs,
+                                             int m_tiles, int k_steps) {
     constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + BN * 64 * 2;
     const int rank = blockIdx.x & 1;
     auto load_w = [&](int j, const gemm_job &q) {
         const u32 slot = j % NS;
-        tma_load_both(s0 + slot * STAGE + A_BYTES + rank * (BN / 2) * 128, tm.w, q.ks * 64, q.c0 + rank * (BN / 2), full + slot * 8);
+        tma_load_both(s0 + slot * STAGE + A_BYTES + rank * (BN / 2) * 128, tm.w, q.ks * 64, q.c0 + rank * (BN / 2),
+                      full + slot * 8);
     };
-    auto load_x = [&](int j, const gemm_job &q) { tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8); };
+    auto load_x = [&](int j, const gemm_job &q) {
+        tma_load(s0 + (j % NS) * STAGE, tm.x, q.ks * 64, q.m0, 0, full + (j % NS) * 8);
+    };
     const int first = min(NS, jobs);
     for (int j = 0; j < first; j++) {
         mbar_expect_tx(full + j * 8, STAGE);
@@ -70,21 +83,23 @@ __device__ __forceinline__ void gemm_produce(const gemm_tensor_maps &tm, u32 s0,
  * kernel 13-33% slower than cuBLASLt; four passes of 64 columns alternating between the two boxes measured the same as
  * two (BN = 256). */
 template <int BN>
-__device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[BN / 8][4], int m0, int c0, int wg, u32 stage) {
+__device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const float (&acc)[BN / 8][4], int m0, int c0,
+                                           int wg, u32 stage) {
     constexpr int PASS_COLUMNS = BN < 128 ? BN : 128;
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const bool issuer = (threadIdx.x & 127) == 0;
-    #pragma unroll
+#pragma unroll
     for (int pass = 0; pass < BN / PASS_COLUMNS; pass++) {
         if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         named_bar_sync(1 + wg, 128);
-        #pragma unroll
+#pragma unroll
         for (int jj = 0; jj < PASS_COLUMNS / 8; jj++)
-            #pragma unroll
+#pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp * 16 + g + 8 * r, j = pass * 16 + jj;
                 const u32 at = stage + (jj >> 3) * 8192 + row * 128 + (((jj & 7) ^ (row & 7)) << 4) + 4 * t;
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(acc[j][2 * r], acc[j][2 * r + 1])) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(acc[j][2 * r], acc[j][2 * r + 1]))
+                             : "memory");
             }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores above, visible to TMA
         named_bar_sync(1 + wg, 128);
@@ -99,7 +114,8 @@ __device__ __forceinline__ void gemm_store(const gemm_tensor_maps &tm, const flo
 /* The consumer warpgroups: one k-step a turn, its four k16 products issued, then the previous step's awaited and its
  * slot released in both CTAs; the tile's last step awaited before the store. */
 template <int NS, int BN>
-__device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0, u32 staging, u32 full, u32 empty, int jobs, int m_tiles, int k_steps) {
+__device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0, u32 staging, u32 full, u32 empty,
+                                             int jobs, int m_tiles, int k_steps) {
     constexpr u32 A_BYTES = 128 * 64 * 2, STAGE = A_BYTES + BN * 64 * 2;
     const int wg = threadIdx.x >> 7;
     auto release = [&](int j) {
@@ -115,8 +131,10 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
             const u32 slot = j % NS, sa = s0 + slot * STAGE;
             mbar_wait(full + slot * 8, (j / NS) & 1);
             wg_fence();
-            #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32), ks > 0 || kk > 0);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32),
+                             ks > 0 || kk > 0);
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (ks > 0) {
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -128,7 +146,8 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
         const gemm_job tile = gemm_job_of<BN>(j - 1, m_tiles, k_steps);
         gemm_store<BN>(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
     }
-    if ((threadIdx.x & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores are done
+    if ((threadIdx.x & 127) == 0)
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores are done
 }
 
 template <int NS, int BN>
@@ -136,7 +155,8 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     constexpr u32 STAGE = (128 + BN) * 64 * 2;
     extern __shared__ __align__(16) unsigned char smem[];
     // The ring, the consumers' staging buffers (16 KB each), the mbarriers; 1024-byte swizzle atoms.
-    const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, staging = s0 + NS * STAGE, full = staging + 2 * 16384, empty = full + NS * 8;
+    const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, staging = s0 + NS * STAGE, full = staging + 2 * 16384,
+              empty = full + NS * 8;
     const int m_tiles = (a.m + 127) / 128, pairs = (m_tiles + 1) / 2 * (a.n / BN), k_steps = (a.k + 63) / 64;
     const int clusters = gridDim.x >> 1, cluster = blockIdx.x >> 1;
     const int jobs = cluster < pairs ? (pairs - cluster + clusters - 1) / clusters * k_steps : 0;

@@ -1,23 +1,30 @@
 #define WG_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define WG_ACC_N64(d) WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6), WG_ACC8(d, 7)
-#define WG_ACC_N128(d) WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13), \
-    WG_ACC8(d, 14), WG_ACC8(d, 15)
-#define WG_ACC_N256(d) WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), \
-    WG_ACC8(d, 21), WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27), WG_ACC8(d, 28), WG_ACC8(d, 29), \
-    WG_ACC8(d, 30), WG_ACC8(d, 31)
-#define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define WG_ACC_N64(d)                                                                                                  \
+    WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3), WG_ACC8(d, 4), WG_ACC8(d, 5), WG_ACC8(d, 6),           \
+        WG_ACC8(d, 7)
+#define WG_ACC_N128(d)                                                                                                 \
+    WG_ACC_N64(d), WG_ACC8(d, 8), WG_ACC8(d, 9), WG_ACC8(d, 10), WG_ACC8(d, 11), WG_ACC8(d, 12), WG_ACC8(d, 13),       \
+        WG_ACC8(d, 14), WG_ACC8(d, 15)
+#define WG_ACC_N256(d)                                                                                                 \
+    WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), WG_ACC8(d, 21),    \
+        WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27),                \
+        WG_ACC8(d, 28), WG_ACC8(d, 29), WG_ACC8(d, 30), WG_ACC8(d, 31)
+#define WG_REGS32                                                                                                      \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+#define WG_REGS64                                                                                                      \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                 \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+#define WG_REGS128                                                                                                     \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                 \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                                 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                                 \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                                 \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "                     \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 /* Shared-memory matrix descriptor, 128-byte swizzle: start address, the stride of 8-row groups (1024 bytes) and,
@@ -35,51 +42,71 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 d
     if constexpr (N == 64)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : WG_ACC_N64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+                     : WG_ACC_N64(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));
     else if constexpr (N == 128)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : WG_ACC_N128(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC_N128(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128 ", %128, %129, p, 1, 1, 0, 0;\n}\n"
-                     : WG_ACC_N256(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128
+                     ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC_N256(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 /* A tensor map (CUtensorMap, built on the host by cuTensorMapEncodeTiled) as a kernel parameter: a
  * [batch][rows][row width] bf16 tensor read in boxes of 64 columns (128 bytes) x rows in the 128-byte swizzle, rows
  * and columns past the tensor read as zeros (dllm__tensor_map). */
-struct __align__(64) tensor_map { u64 opaque[16]; };
+struct __align__(64) tensor_map {
+    u64 opaque[16];
+};
 
 /* mbarriers (shared memory, 8 bytes each): the TMA copies complete a transaction count on one, consumers arrive on
  * another when they are done with a slot. Waits spin on the phase parity. */
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile("{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::
+            "r"(bar),
+        "r"(parity)
+        : "memory");
 }
 
 /* One TMA box of map at (column x, row y, batch z) into shared memory at dst, completing on bar. */
 __device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, int y, int z, u32 bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 ::"r"(dst), "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+            "r"(dst),
+        "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar)
+        : "memory");
 }
 
 /* Waits until at most PENDING of the warpgroup's committed wgmma groups are in flight (they complete in order), then
  * ties the registers the awaited one wrote to this point of the program: without that the compiler, which sees them
  * as written by the issuing asm, may read them before the wait. */
-template <int PENDING, int N>
-__device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
+template <int PENDING, int N> __device__ __forceinline__ void wg_wait_for(float (&d)[N][4]) {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < N; j++)
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}

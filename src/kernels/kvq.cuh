@@ -13,15 +13,20 @@ __device__ unsigned short kvq_f16(float f) {
 /* Twin: dllm__f16_to_f32 (a subnormal is m 2^-24, exact). */
 __device__ __forceinline__ float kvq_f16_value(u32 h) {
     const u32 sign = (h >> 15) << 31, e = (h >> 10) & 31u, m = h & 1023u;
-    if (e == 0) return m ? (sign ? -__fmul_rn((float)m, 0x1p-24f) : __fmul_rn((float)m, 0x1p-24f)) : __uint_as_float(sign);
+    if (e == 0)
+        return m ? (sign ? -__fmul_rn((float)m, 0x1p-24f) : __fmul_rn((float)m, 0x1p-24f)) : __uint_as_float(sign);
     if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
     return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-__device__ __forceinline__ u32 kvq_get(const unsigned char *row, int e, int bits) { return (u32)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1u); }
+__device__ __forceinline__ u32 kvq_get(const unsigned char *row, int e, int bits) {
+    return (u32)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1u);
+}
 
 /* Twin: dllm__kivi_decode. */
-__device__ __forceinline__ float kivi_decode(u32 q, const unsigned short *pair) { return fmaf((float)q, kvq_f16_value(pair[0]), kvq_f16_value(pair[1])); }
+__device__ __forceinline__ float kivi_decode(u32 q, const unsigned short *pair) {
+    return fmaf((float)q, kvq_f16_value(pair[0]), kvq_f16_value(pair[1]));
+}
 
 /* Twin: dllm__kivi_quantize's pair for the group's range (mn, mx are its min and max as the twin folds them). */
 __device__ void kivi_pair(float mn, float mx, bool finite, int bits, unsigned short *pair, float &scale, float &minr) {
@@ -32,7 +37,8 @@ __device__ void kivi_pair(float mn, float mx, bool finite, int bits, unsigned sh
     if (!(scale > 0.f) && finite) pair[0] = 0;
 }
 __device__ __forceinline__ u32 kivi_code(float x, float scale, float minr, int bits) {
-    return scale > 0.f ? (u32)fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, minr), scale)), 0.f), (float)((1 << bits) - 1)) : 0u;
+    return scale > 0.f ? (u32)fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, minr), scale)), 0.f), (float)((1 << bits) - 1))
+                       : 0u;
 }
 
 /* Twin: dllm__kvq_soloq_c. */
@@ -93,7 +99,8 @@ KERNEL_kvq_commit_values {
             kivi_pair(mn, mx, finite, a.bits, a.v_pairs + ((u64)r * a.n_kv + h) * 2, scale, minr);
             for (int i = 0; i < hd; i += 8 / a.bits) {
                 u32 b = 0;
-                for (int c = 0; c < 8 / a.bits; c++) b |= kivi_code(bf16_to_f32(x[i + c]), scale, minr, a.bits) << (c * a.bits);
+                for (int c = 0; c < 8 / a.bits; c++)
+                    b |= kivi_code(bf16_to_f32(x[i + c]), scale, minr, a.bits) << (c * a.bits);
                 codes[i * a.bits / 8] = (unsigned char)b;
             }
         }
@@ -101,7 +108,8 @@ KERNEL_kvq_commit_values {
     }
     soloq_args s = {};
     s.x = a.cache + kvd + h * hd, s.x_stride = (u64)2 * kvd;
-    s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k, s.rot_norm = a.rot_norm;
+    s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k,
+    s.rot_norm = a.rot_norm;
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
@@ -142,7 +150,10 @@ KERNEL_kvq_commit_values {
 __device__ void kvq_rotate_back(const kvq_args &a, const float *racc, float *T0, float *T1, int lane) {
     const int b = a.rot_b, k = a.rot_k, hd = a.hd;
     for (int o = lane; o < hd; o += 32) {
-        if (!a.mixer) { T0[o] = racc[o]; continue; }
+        if (!a.mixer) {
+            T0[o] = racc[o];
+            continue;
+        }
         const int jb = o / b, c = o % b;
         float t = 0.f;
         for (int ib = 0; ib < k; ib++) t = fmaf(a.mixer[ib * k + jb], racc[ib * b + c], t);
@@ -167,11 +178,13 @@ __device__ void kvq_rotate_back(const kvq_args &a, const float *racc, float *T0,
 
 /* Query row i's output at head h, normalised by l: acc (the values summed in the model's basis) plus, under SoloQ,
  * racc (the quantised values summed in the rotated basis) rotated back; T0 and T1 are kvq_rotate_back's scratch. */
-__device__ void kvq_store_output(const kvq_args &a, const float *acc, const float *racc, float *T0, float *T1, float l, int i, int h, int lane) {
+__device__ void kvq_store_output(const kvq_args &a, const float *acc, const float *racc, float *T0, float *T1, float l,
+                                 int i, int h, int lane) {
     __syncwarp();
     if (a.soloq) kvq_rotate_back(a, racc, T0, T1, lane);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int c = lane; c < a.hd; c += 32) a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
+    for (int c = lane; c < a.hd; c += 32)
+        a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
 
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
@@ -184,9 +197,11 @@ __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return
 KERNEL_kvq_attention {
     pdl_enter();
     __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd, kvh = h / (a.n_head / a.n_kv);
+    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd,
+              kvh = h / (a.n_head / a.n_kv);
     const int row_bytes = kvd * a.bits / 8;
-    for (int c = lane; c < hd; c += 32) q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
+    for (int c = lane; c < hd; c += 32)
+        q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
     __syncwarp();
     const int n_visible = a.mask_block ? min(a.n_keys, ((a.q_index0 + i) / a.mask_block + 1) * a.mask_block) : a.n_keys;
     float m = -DLLM_INF, l = 0.f;
@@ -199,7 +214,8 @@ KERNEL_kvq_attention {
             const unsigned short *pairs = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * hd) * 2;
             float dot = 0.f;
             if (kvq_quantised(a, j))
-                for (int c = 0; c < hd; c++) dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
+                for (int c = 0; c < hd; c++)
+                    dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
             else
                 for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
             s = dot * a.scale;
@@ -218,10 +234,12 @@ KERNEL_kvq_attention {
             const unsigned char *codes = a.v_codes + (u64)key * row_bytes;
             if (a.soloq) {
                 const float sc = __fmul_rn(pj, a.v_scale[(u64)key * a.n_kv + kvh]);
-                for (int c = lane; c < hd; c += 32) racc[c] = fmaf(sc, kvq_soloq_c(kvq_get(codes, kvh * hd + c, a.bits), a.bits), racc[c]);
+                for (int c = lane; c < hd; c += 32)
+                    racc[c] = fmaf(sc, kvq_soloq_c(kvq_get(codes, kvh * hd + c, a.bits), a.bits), racc[c]);
             } else {
                 const unsigned short *pair = a.v_pairs + ((u64)key * a.n_kv + kvh) * 2;
-                for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pair), acc[c]);
+                for (int c = lane; c < hd; c += 32)
+                    acc[c] = fmaf(pj, kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pair), acc[c]);
             }
         }
     }

@@ -19,7 +19,9 @@ __device__ __forceinline__ void kvq_range(const kvq_args &a, int r, int &lo, int
     lo = r == 0 ? 0 : r == 1 ? qa : qb;
     hi = r == 0 ? qa : r == 1 ? qb : a.n_keys;
 }
-__device__ __forceinline__ int kvq_range_splits(int lo, int hi, int S) { return hi > lo ? (hi - 1) / S - lo / S + 1 : 0; }
+__device__ __forceinline__ int kvq_range_splits(int lo, int hi, int S) {
+    return hi > lo ? (hi - 1) / S - lo / S + 1 : 0;
+}
 
 /* Split s: keys [j0, j1) of one range, cut at multiples of split_keys (twin: dllm__kvq_tc_split). */
 __device__ void kvq_split(const kvq_args &a, int s, int &j0, int &j1, bool &quant) {
@@ -53,11 +55,14 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
 /* The stage's key groups: from ga = lo / group, at most KVQ_TC_PG of them. */
-__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) { return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1); }
+__device__ __forceinline__ int kvq_tc_groups(const kvq_args &a, int lo, int hi) {
+    return min(KVQ_TC_PG, (hi - 1) / a.group - lo / a.group + 1);
+}
 /* The K and V codes of a tile's keys [lo, hi) (kv head at byte off of a row, cb bytes) into the stage, W bytes a copy:
  * 16 where a kv head's codes are whole 16-byte chunks, else 4 (whole 4-byte words, as KVQ_HD % 16 == 0 makes them). */
 template <int W>
-__device__ __forceinline__ void kvq_tc_stage_codes(const kvq_args &a, unsigned char *st, int k0, int lo, int hi, int row_bytes, u64 off, int cb) {
+__device__ __forceinline__ void kvq_tc_stage_codes(const kvq_args &a, unsigned char *st, int k0, int lo, int hi,
+                                                   int row_bytes, u64 off, int cb) {
     const int per = cb / W;
     for (int u = threadIdx.x; u < 2 * KVQ_TC_BC * per; u += blockDim.x) {
         const bool v = u >= KVQ_TC_BC * per;
@@ -65,20 +70,26 @@ __device__ __forceinline__ void kvq_tc_stage_codes(const kvq_args &a, unsigned c
         const bool ok = j >= lo && j < hi;
         const u32 dst = smem_u32(st + (v ? KVQ_STAGE_VC : 0) + key * (KVQ_HD / 2) + c * W);
         const unsigned char *src = (v ? a.v_codes : a.k_codes) + (ok ? (u64)j * row_bytes + off + c * W : 0);
-        if (W == 16) cp_async16(dst, src, ok);
-        else kvq_cp_async4(dst, src, ok);
+        if (W == 16)
+            cp_async16(dst, src, ok);
+        else
+            kvq_cp_async4(dst, src, ok);
     }
 }
 __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int k0, int lo, int hi) {
     const int ga = lo / a.group;
-    const int tid = threadIdx.x, nt = blockDim.x, kvd = a.n_kv * KVQ_HD, row_bytes = kvd * a.bits / 8, cb = KVQ_HD * a.bits / 8;
+    const int tid = threadIdx.x, nt = blockDim.x, kvd = a.n_kv * KVQ_HD, row_bytes = kvd * a.bits / 8,
+              cb = KVQ_HD * a.bits / 8;
     const u64 off = (u64)kvh * cb;
-    if (cb % 16 == 0) kvq_tc_stage_codes<16>(a, st, k0, lo, hi, row_bytes, off, cb);
-    else kvq_tc_stage_codes<4>(a, st, k0, lo, hi, row_bytes, off, cb);
+    if (cb % 16 == 0)
+        kvq_tc_stage_codes<16>(a, st, k0, lo, hi, row_bytes, off, cb);
+    else
+        kvq_tc_stage_codes<4>(a, st, k0, lo, hi, row_bytes, off, cb);
     const int ng = kvq_tc_groups(a, lo, hi);
     for (int u = tid; u < ng * KVQ_HD / 4; u += nt) {
         const int gi = u / (KVQ_HD / 4), c = u % (KVQ_HD / 4);
-        cp_async16(smem_u32(st + KVQ_STAGE_KP + gi * KVQ_HD * 4 + c * 16), a.k_pairs + ((u64)(ga + gi) * kvd + kvh * KVQ_HD) * 2 + c * 8, true);
+        cp_async16(smem_u32(st + KVQ_STAGE_KP + gi * KVQ_HD * 4 + c * 16),
+                   a.k_pairs + ((u64)(ga + gi) * kvd + kvh * KVQ_HD) * 2 + c * 8, true);
     }
     for (int u = tid; u < KVQ_TC_BC; u += nt) {
         const int j = k0 + u;
@@ -90,28 +101,32 @@ __device__ void kvq_tc_stage(const kvq_args &a, unsigned char *st, int kvh, int 
 }
 
 /* An FP16 pair (scale, min) as fp32 (exact: every half is an fp32). */
-__device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) { return make_float2(kvq_h2f(p[0]), kvq_h2f(p[1])); }
+__device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) {
+    return make_float2(kvq_h2f(p[0]), kvq_h2f(p[1]));
+}
 
 /* A stage's FP16 pairs as fp32, once per tile rather than once per decoded element (the conversion unit is a sixteenth
  * of the FMA pipes' rate): the K pairs of its ng key groups into kpf [KVQ_TC_PG][KVQ_HD], KIVI's V pairs into vpf
  * [KVQ_TC_BC] (exact: every half is an fp32). */
 __device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float2 *kpf, float2 *vpf, int ng) {
-    const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP), *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
+    const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP),
+                         *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
     for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = kvq_pair_f32(kp + 2 * u);
     if (!a.soloq)
         for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = kvq_pair_f32(vp + 2 * u);
 }
 
-
 /* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
-__device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) { return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f; }
+__device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) {
+    return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f;
+}
 
 /* A stage decoded into the bf16 K and V tiles [KVQ_TC_BC][KVQ_HD + 8] (twin: dllm__kvq_flash_twin's keys and values): a
  * thread per 8 channels of a key; the pairs from kvq_tc_convert (a key group past the staged ones: from global memory),
  * SoloQ's levels from `lut` (kvq_soloq_c of each code). Keys outside [lo, hi) become zeros (their scores are masked;
  * P = 0 times a zero value adds nothing, where a NaN would). */
-__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf, const float *lut, bf16_t *sK,
-                              bf16_t *sV, int kvh, int k0, int lo, int hi) {
+__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf,
+                              const float *lut, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
     const int bits = a.bits, group = max(a.group, 1), ga = lo / group;
     const u32 mask = (1u << bits) - 1u;
@@ -122,16 +137,19 @@ __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const 
         u32 packed[4] = {0u, 0u, 0u, 0u};
         if (j >= lo && j < hi) {
             const unsigned char *codes = st + key * (KVQ_HD / 2);
-            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
+            const u32 word =
+                bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
             const int gi = j / group - ga;
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 8; e += 2) {  // two channels at a time, packed as they are made
                 float x[2];
-                #pragma unroll
+#pragma unroll
                 for (int f = 0; f < 2; f++) {
                     const int ch = c8 * 8 + e + f;
-                    const float2 pr = gi < KVQ_TC_PG ? kpf[gi * KVQ_HD + ch]
-                                                     : kvq_pair_f32(a.k_pairs + ((u64)(j / group) * a.n_kv * KVQ_HD + kvh * KVQ_HD + ch) * 2);
+                    const float2 pr =
+                        gi < KVQ_TC_PG
+                            ? kpf[gi * KVQ_HD + ch]
+                            : kvq_pair_f32(a.k_pairs + ((u64)(j / group) * a.n_kv * KVQ_HD + kvh * KVQ_HD + ch) * 2);
                     x[f] = fmaf(kvq_code_f32(word, e + f, bits, mask), pr.x, pr.y);
                 }
                 packed[e / 2] = pack_bf16x2(x[0], x[1]);
@@ -144,15 +162,17 @@ __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const 
         u32 packed[4] = {0u, 0u, 0u, 0u};
         if (j >= lo && j < hi) {
             const unsigned char *codes = st + KVQ_STAGE_VC + key * (KVQ_HD / 2);
-            const u32 word = bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32)*(const unsigned short *)(codes + c8 * 2);
+            const u32 word =
+                bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
             const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
             const float2 vp = vpf[key];
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 8; e += 2) {
                 float x[2];
-                #pragma unroll
+#pragma unroll
                 for (int f = 0; f < 2; f++)
-                    x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc) : fmaf(kvq_code_f32(word, e + f, bits, mask), vp.x, vp.y);
+                    x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc)
+                                   : fmaf(kvq_code_f32(word, e + f, bits, mask), vp.x, vp.y);
                 packed[e / 2] = pack_bf16x2(x[0], x[1]);
             }
         }
@@ -168,7 +188,8 @@ __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int 
         const bool v = u >= KVQ_TC_BC * CPR;
         const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c = w % CPR, j = k0 + key;
         const bool ok = j >= lo && j < hi;
-        cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8), a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
+        cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8),
+                   a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
     }
 }
 
@@ -186,17 +207,18 @@ __device__ void kvq_tc_load_q(const kvq_args &a, bf16_t *sQ, int kvh, int r0, in
 
 /* One warp, one 32-key chunk at key kc of the K and V tiles: flash_tile's step for one m16 tile of query rows (rows
  * g and g + 8 see keys [j0, lim0) and [j0, lim1)). */
-__device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int kc, int j0, int lim0, int lim1, int lane, float scale_log2,
-                                             float (&o)[KVQ_HD / 8][4], float (&m)[2], float (&l)[2]) {
+__device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int kc, int j0, int lim0, int lim1, int lane,
+                                             float scale_log2, float (&o)[KVQ_HD / 8][4], float (&m)[2],
+                                             float (&l)[2]) {
     constexpr int LD = KVQ_HD + 8, NT = 4, KS = KVQ_HD / 16, DT = KVQ_HD / 8;
     float s[NT][4];
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         u32 qf[4];
         ldmatrix_x4(qf, q_warp + kk * 32);
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < NT; j += 2) {
             u32 kb[4];
             ldmatrix_x4(kb, k_s + ((j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
@@ -205,23 +227,24 @@ __device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int k
         }
     }
     if (kc < j0 || kc + 32 > min(lim0, lim1)) {
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < NT; j++)
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kc + j * 8 + 2 * (lane & 3) + (e & 1);
                 if (key < j0 || key >= (e >> 1 ? lim1 : lim0)) s[j][e] = -DLLM_INF;
             }
     }
     online_softmax<NT, DT>(s, m, l, o, scale_log2);
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < 2; kk++) {
         u32 pa[4];
         pack_p<NT>(s, kk, pa);
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < DT; d += 2) {
             u32 vb[4];
-            ldmatrix_x4_trans(vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
+            ldmatrix_x4_trans(
+                vb, v_s + ((kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + d * 8 + (lane >> 4) * 8) * 2);
             mma_bf16(o[d], pa, vb[0], vb[1]);
             mma_bf16(o[d + 1], pa, vb[2], vb[3]);
         }
@@ -233,8 +256,10 @@ KERNEL_kvq_flash {
     pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
-    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    bf16_t *sQ = (bf16_t *)smem, *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
+    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
+              t = lane & 3;
+    bf16_t *sQ = (bf16_t *)smem,
+           *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
     bf16_t *sV = sK + 2 * BC * LD;
     float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
     unsigned char *raw = (unsigned char *)(vpf + BC);
@@ -247,12 +272,13 @@ KERNEL_kvq_flash {
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
     const int j1c = min(j1, kvq_visible(a, i_max));
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
-    if (threadIdx.x < 16) lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
+    if (threadIdx.x < 16)
+        lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
     kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
     cp_async_commit();
 
     float o[DT][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
-    #pragma unroll
+#pragma unroll
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const bool live = r0 + warp * 16 < R;  // a warp past the group's rows only copies and decodes
     const float scale_log2 = a.scale * 1.4426950408889634f;
@@ -260,23 +286,30 @@ KERNEL_kvq_flash {
     auto tile_lo = [&](int tile) { return max(tile * BC, j0); };
     auto tile_hi = [&](int tile) { return min(tile * BC + BC, j1c); };
     auto buf = [&](int tile) { return (tile - t0) & 1; };
-    auto stage = [&](int tile) { kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile)); };
-    auto convert = [&](int tile) { kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile))); };
-    auto decode = [&](int tile) {
-        kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD, sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile),
-                      tile_hi(tile));
+    auto stage = [&](int tile) {
+        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
     };
-    auto multiply = [&](int tile, int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
+    auto convert = [&](int tile) {
+        kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
+    };
+    auto decode = [&](int tile) {
+        kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD,
+                      sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+    };
+    auto multiply = [&](int tile,
+                        int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
         if (!live) return;
         // Recomputed here rather than held across the decode, which needs the registers.
-        const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0, limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
+        const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0,
+                  limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
         const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8);
         const int k0 = tile * BC, lo = tile_lo(tile), hi = tile_hi(tile);
         const u32 k_s = smem_u32(sK + b * BC * LD), v_s = smem_u32(sV + b * BC * LD);
-        #pragma unroll 1
+#pragma unroll 1
         for (int sub = 0; sub < BC; sub += 32)
             if (k0 + sub < hi && k0 + sub + 32 > lo)
-                kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2, o, m, l);
+                kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2,
+                             o, m, l);
     };
     if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
         for (int tile = t0; tile < t1; tile++) {
@@ -312,7 +345,7 @@ KERNEL_kvq_flash {
     }
     cp_async_wait<0>();  // a split with no visible key never waited for its query rows
     const int group = a.n_head / a.n_kv;
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         float lr = l[r];
         lr += __shfl_xor_sync(0xffffffffu, lr, 1);
@@ -321,7 +354,7 @@ KERNEL_kvq_flash {
         if (row >= R) continue;
         const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
         float *p = a.partial + (((u64)split * a.n_head + h) * a.q_rows + i) * (HD + 2);
-        #pragma unroll
+#pragma unroll
         for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
         if (t == 0) p[HD] = m[r], p[HD + 1] = lr;
     }

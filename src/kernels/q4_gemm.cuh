@@ -14,23 +14,23 @@ __device__ __forceinline__ u32 q4_fma2(u32 a, u32 b, u32 c) {
 __device__ __forceinline__ u32 q4_bf16x2(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
 
 struct q4_smem {
-    u32 e8p_abs[256];                  // q4_e8p_abs_table
-    unsigned short e8p_wint[144];      // q4_e8p_wint_table
-    unsigned short e4m3[256];          // q4_e4m3_table
-    unsigned short lut[16];            // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
+    u32 e8p_abs[256];              // q4_e8p_abs_table
+    unsigned short e8p_wint[144];  // q4_e8p_wint_table
+    unsigned short e4m3[256];      // q4_e4m3_table
+    unsigned short lut[16];        // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
 };
 
 /* The tables a format reads, copied from global memory (coalesced; __constant__ would serialise the lanes' distinct
  * addresses). */
-template <int FMT>
-__device__ __forceinline__ void q4_load_tables(q4_smem &s) {
+template <int FMT> __device__ __forceinline__ void q4_load_tables(q4_smem &s) {
     if (FMT == Q4_E8P) {
         for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i];
         for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
     }
     if (FMT == Q4_NVFP4)
         for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
-    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16) s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
+    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16)
+        s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
 }
 
 /* An E8P code decoded to W_int row/column indices (4 v + 11) / 2 (dllm__e8p_decode4, dllm__e8p_int). Abs pattern
@@ -51,8 +51,7 @@ __device__ __forceinline__ u32 q4_e8p_index(const q4_e8p_code &c, int i) {
 
 /* The 8 C values of one word of codes as the bf16 pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7) (low half first): byte
  * i's two nibbles. scale: the word's UE4M3 block scale (NVFP4). */
-template <int FMT>
-__device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
+template <int FMT> __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
     if (FMT == Q4_INT4) {
         // byte i of w << 1 holds element 2i at bits 1..4, byte i of w >> 3 element 2i + 1: prmt puts them in bytes 0
         // and 2, then mantissa fields v = 2 u + 1 under 256's exponent (bf16 0x4380 + v: 256 + 2 v), u = nibble ^ 8
@@ -60,14 +59,16 @@ __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u
         const u32 lo = w << 1, hi = w >> 3;
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            p[i] = q4_fma2((__byte_perm(lo, hi, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f), q4_bf16x2(-144.0f));
+            p[i] = q4_fma2((__byte_perm(lo, hi, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f),
+                           q4_bf16x2(-144.0f));
     } else if (FMT == Q4_RTN) {
         // elements 2i, 2i + 1 at bits 0..3 of byte i of w, w >> 4; mantissa fields u = nibble ^ 8 = q + 8 under 128's
         // exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
         const u32 hi = w >> 4;
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            p[i] = q4_fma2((__byte_perm(w, hi, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f), q4_bf16x2(-136.0f));
+            p[i] = q4_fma2((__byte_perm(w, hi, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f),
+                           q4_bf16x2(-136.0f));
     } else if (FMT == Q4_E8P) {  // the word is one group: stage-1 code low, stage-2 code high
         const q4_e8p_code c1 = q4_e8p_open(w & 0xFFFFu, s), c2 = q4_e8p_open(w >> 16, s);
 #pragma unroll
@@ -101,16 +102,23 @@ __device__ __forceinline__ void q4_cp_async16(u32 smem, const void *gmem, u32 by
  * line (rows start 128-byte aligned where K % 256 == 0), so DRAM serves whole lines and the next chunk's half is
  * already on its way when its copy is issued. */
 __device__ __forceinline__ void q4_cp_async16_line(u32 smem, const void *gmem, u32 bytes) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes) : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes)
+                 : "memory");
 }
 __device__ __forceinline__ void q4_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* The "memory" clobber keeps the ring's reads after the wait. */
-template <int N> __device__ __forceinline__ void q4_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void q4_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
-template <int FMT> __device__ constexpr int q4_scale_bytes() { return FMT == Q4_NVFP4 ? 2 * Q4_WT * 2 * Q4_THREADS * 4 : 0; }
+template <int FMT> __device__ constexpr int q4_scale_bytes() {
+    return FMT == Q4_NVFP4 ? 2 * Q4_WT * 2 * Q4_THREADS * 4 : 0;
+}
 constexpr int Q4_CODE_BYTES = 2 * Q4_WT * Q4_THREADS * 16;
 /* A stage's bytes for m_tiles activation tiles (the host's dllm__q4_stage_bytes). */
-template <int FMT> __device__ __forceinline__ u32 q4_stage_bytes(int m_tiles) { return (u32)(Q4_CODE_BYTES + q4_scale_bytes<FMT>() + m_tiles * 8 * Q4_KC * 2); }
+template <int FMT> __device__ __forceinline__ u32 q4_stage_bytes(int m_tiles) {
+    return (u32)(Q4_CODE_BYTES + q4_scale_bytes<FMT>() + m_tiles * 8 * Q4_KC * 2);
+}
 
 /* Activation row r's 16-byte slot for k group q (k0 + 8 q, q = 4 t + j as q4_chunk reads it) is 4 j + t, xor 5 in odd
  * rows: a quarter warp's 8 reads (rows g, g + 1; t = 0..3) land in the 8 distinct 16-byte bank groups (slot mod 8: even
@@ -130,7 +138,8 @@ __device__ __forceinline__ u64 q4_scale_base(const q4_gemm_args &a, int n, int k
  * (zeros land) where a row is past N or M, or k past k_end. vec16: K % 32 == 0 and the codes 16-byte aligned, so a
  * thread's 16 bytes of a row are one aligned copy (k_end, a multiple of 32 then, never cuts them). */
 template <int FMT>
-__device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage, int m_tiles, int n0, int t, int k0, int k_end, bool vec16) {
+__device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage, int m_tiles, int n0, int t, int k0,
+                                               int k_end, bool vec16) {
     const int row_bytes = a.K >> 1, k = k0 + 32 * t;
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
@@ -151,12 +160,13 @@ __device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage,
                 }
             }
             if (FMT == Q4_NVFP4) {
-                const u64 total = (u64)a.N * ((a.K + 15) >> 4), base = row_ok ? q4_scale_base(a, n, k0, t) & ~(u64)3 : total;
+                const u64 total = (u64)a.N * ((a.K + 15) >> 4),
+                          base = row_ok ? q4_scale_base(a, n, k0, t) & ~(u64)3 : total;
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const u64 at = base + 4 * i, bytes = at < total ? min(total - at, (u64)4) : 0;
-                    q4_cp_async4(stage + Q4_CODE_BYTES + (((wt * 2 + h) * 2 + i) * Q4_THREADS + threadIdx.x) * 4, bytes ? a.block_scales + at : a.block_scales,
-                                 (u32)bytes);
+                    q4_cp_async4(stage + Q4_CODE_BYTES + (((wt * 2 + h) * 2 + i) * Q4_THREADS + threadIdx.x) * 4,
+                                 bytes ? a.block_scales + at : a.block_scales, (u32)bytes);
                 }
             }
         }
@@ -171,7 +181,8 @@ __device__ __forceinline__ void q4_issue_chunk(const q4_gemm_args &a, u32 stage,
 /* This thread's words of the stage at `stage` (landed: see the wait in q4_gemm_body); NVFP4: words 0, 1's block scale
  * in byte 0 of sc, words 2, 3's in byte 1, picked out of the 8 copied bytes at offset b0 & 3. */
 template <int FMT>
-__device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsigned char *stage, int n0, int t, int k0, uint4 w[Q4_WT][2], u32 sc[Q4_WT][2]) {
+__device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsigned char *stage, int n0, int t, int k0,
+                                              uint4 w[Q4_WT][2], u32 sc[Q4_WT][2]) {
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
@@ -179,21 +190,24 @@ __device__ __forceinline__ void q4_read_chunk(const q4_gemm_args &a, const unsig
             w[wt][h] = *(const uint4 *)(stage + ((wt * 2 + h) * Q4_THREADS + threadIdx.x) * 16);
             sc[wt][h] = 0;
             if (FMT == Q4_NVFP4) {
-                const u32 *win = (const u32 *)(stage + Q4_CODE_BYTES + ((wt * 2 + h) * 2 * Q4_THREADS + threadIdx.x) * 4);
+                const u32 *win =
+                    (const u32 *)(stage + Q4_CODE_BYTES + ((wt * 2 + h) * 2 * Q4_THREADS + threadIdx.x) * 4);
                 const u32 shift = 8 * (u32)(q4_scale_base(a, n0 + 16 * wt + 8 * h, k0, t) & 3);
                 sc[wt][h] = __funnelshift_r(win[0], win[Q4_THREADS], shift);  // the next slot, Q4_THREADS words on
             }
         }
 }
 
-__device__ __forceinline__ u32 q4_word(const uint4 &w, int j) { return j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w; }
+__device__ __forceinline__ u32 q4_word(const uint4 &w, int j) {
+    return j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w;
+}
 
 /* One chunk (its stage's activation rows at acts) into the accumulators: per word j, the two k16 steps of every
  * weight tile against every live activation tile (the tiles past M cost nothing and change no row's arithmetic, and
  * neither does MT, the tiles an instance holds). */
 template <int FMT, int MT>
-__device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *acts, int m_tiles, int g, int t, const uint4 w[Q4_WT][2],
-                                         const u32 sc[Q4_WT][2], float acc[Q4_WT][MT][4]) {
+__device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *acts, int m_tiles, int g, int t,
+                                         const uint4 w[Q4_WT][2], const u32 sc[Q4_WT][2], float acc[Q4_WT][MT][4]) {
     const int p = g & 1;
     const unsigned char *acts_even = acts + g * (Q4_KC * 2) + 16 * (t ^ p) + 64 * p, *acts_odd = acts_even - 128 * p;
 #pragma unroll
@@ -202,7 +216,8 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
 #pragma unroll
         for (int wt = 0; wt < Q4_WT; wt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
+            for (int h = 0; h < 2; h++)
+                q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
         // row r = 8 mt + g's slot q4_act_slot(4 t + j, r) = 4 (j ^ p) + (t ^ p), p = g & 1, and 4 (j ^ p) = 4 j + 4 p
         // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
         const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
@@ -223,8 +238,10 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
 __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, float acc) {
     const float v = __fmul_rn(__fmul_rn(acc, a.s_x ? a.s_x[m] : 1.0f), a.row_scale[n]);
     const u64 at = (u64)m * a.ldy + a.y_col0 + n;
-    if (a.y_f32) ((float *)a.y)[at] = v;
-    else ((bf16_t *)a.y)[at] = f32_to_bf16(v);
+    if (a.y_f32)
+        ((float *)a.y)[at] = v;
+    else
+        ((bf16_t *)a.y)[at] = f32_to_bf16(v);
 }
 
 /* The accumulators of one CTA: weight tile `tile` (rows tile * Q4_BN + [0, Q4_BN)) over split `split`'s chunks
@@ -232,12 +249,14 @@ __device__ __forceinline__ void q4_store(const q4_gemm_args &a, int m, int n, fl
  * computed; one barrier a chunk. MT: the activation tiles the instance holds (M <= 8 MT); STAGES: the host's
  * dllm__q4_stage_count for them. Leaves only empty cp.async groups outstanding. */
 template <int FMT, int MT, int STAGES>
-__device__ __forceinline__ void q4_gemm_accumulate(const q4_gemm_args &a, const q4_smem &s, int tile, int split, float acc[Q4_WT][MT][4]) {
+__device__ __forceinline__ void q4_gemm_accumulate(const q4_gemm_args &a, const q4_smem &s, int tile, int split,
+                                                   float acc[Q4_WT][MT][4]) {
     extern __shared__ __align__(16) unsigned char q4_ring[];
     const u32 ring = (u32)__cvta_generic_to_shared(q4_ring);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m_tiles = (a.M + 7) >> 3, chunks = (a.K + Q4_KC - 1) / Q4_KC;
-    const int c_begin = split * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split), k_end = min(a.K, c_end * Q4_KC);
+    const int c_begin = split * a.chunks_per_split, c_end = min(chunks, c_begin + a.chunks_per_split),
+              k_end = min(a.K, c_end * Q4_KC);
     const int n0 = tile * Q4_BN + warp * (16 * Q4_WT) + g, n_chunks = c_end - c_begin;
     const u32 stage_bytes = q4_stage_bytes<FMT>(m_tiles), act_offset = Q4_CODE_BYTES + q4_scale_bytes<FMT>();
     const bool vec16 = (a.K & 31) == 0 && ((u64)a.codes & 15) == 0;
@@ -247,7 +266,8 @@ __device__ __forceinline__ void q4_gemm_accumulate(const q4_gemm_args &a, const 
         for (int mt = 0; mt < MT; mt++) acc[wt][mt][0] = acc[wt][mt][1] = acc[wt][mt][2] = acc[wt][mt][3] = 0.f;
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {  // one commit group per chunk, empty past the split's end
-        if (i < n_chunks) q4_issue_chunk<FMT>(a, ring + i * stage_bytes, m_tiles, n0, t, (c_begin + i) * Q4_KC, k_end, vec16);
+        if (i < n_chunks)
+            q4_issue_chunk<FMT>(a, ring + i * stage_bytes, m_tiles, n0, t, (c_begin + i) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
     }
     for (int i = 0; i < n_chunks; i++) {
@@ -257,7 +277,8 @@ __device__ __forceinline__ void q4_gemm_accumulate(const q4_gemm_args &a, const 
         // tables are written): the barrier orders those before the reads and the refill below
         __syncthreads();
         if (i + STAGES - 1 < n_chunks)
-            q4_issue_chunk<FMT>(a, ring + ((i + STAGES - 1) % STAGES) * stage_bytes, m_tiles, n0, t, (c + STAGES - 1) * Q4_KC, k_end, vec16);
+            q4_issue_chunk<FMT>(a, ring + ((i + STAGES - 1) % STAGES) * stage_bytes, m_tiles, n0, t,
+                                (c + STAGES - 1) * Q4_KC, k_end, vec16);
         q4_cp_async_commit();
         const unsigned char *stage = q4_ring + (i % STAGES) * stage_bytes;
         uint4 w[Q4_WT][2];
@@ -276,7 +297,8 @@ __device__ __forceinline__ int q4_acc_row_m(int thread, int mt, int e) { return 
 
 /* This thread's outputs: split-K's partial (k_splits > 1: [split][M][N]) or the epilogue. */
 template <int MT>
-__device__ __forceinline__ void q4_gemm_write(const q4_gemm_args &a, int tile, int split, const float acc[Q4_WT][MT][4]) {
+__device__ __forceinline__ void q4_gemm_write(const q4_gemm_args &a, int tile, int split,
+                                              const float acc[Q4_WT][MT][4]) {
     const int m_tiles = (a.M + 7) >> 3;
 #pragma unroll
     for (int wt = 0; wt < Q4_WT; wt++)
@@ -286,14 +308,15 @@ __device__ __forceinline__ void q4_gemm_write(const q4_gemm_args &a, int tile, i
             for (int e = 0; e < 4; e++) {
                 const int n = q4_acc_row_n(tile, threadIdx.x, wt, e), m = q4_acc_row_m(threadIdx.x, mt, e);
                 if (mt >= m_tiles || m >= a.M || n >= a.N) continue;
-                if (a.k_splits > 1) a.partial[((u64)split * a.M + m) * a.N + n] = acc[wt][mt][e];
-                else q4_store(a, m, n, acc[wt][mt][e]);
+                if (a.k_splits > 1)
+                    a.partial[((u64)split * a.M + m) * a.N + n] = acc[wt][mt][e];
+                else
+                    q4_store(a, m, n, acc[wt][mt][e]);
             }
 }
 
 /* Grid (ceil(N / Q4_BN), k_splits), Q4_THREADS threads, dynamic shared memory: the ring (dllm__q4_ring_bytes(M)). */
-template <int FMT, int MT, int STAGES>
-__device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
+template <int FMT, int MT, int STAGES> __device__ __forceinline__ void q4_gemm_body(const q4_gemm_args &a) {
     pdl_enter();
     __shared__ __align__(16) q4_smem s;
     q4_load_tables<FMT>(s);

@@ -7,11 +7,19 @@ __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
     }
 }
 __device__ __forceinline__ uint4 pack8(const float f[8]) {
-    return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+    return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                      pack_bf16x2(f[6], f[7]));
 }
 __device__ __forceinline__ void load8(const float *p, float f[8]) {
     float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    f[0] = a.x;
+    f[1] = a.y;
+    f[2] = a.z;
+    f[3] = a.w;
+    f[4] = b.x;
+    f[5] = b.y;
+    f[6] = b.z;
+    f[7] = b.w;
 }
 __device__ __forceinline__ void store8(float *p, const float f[8]) {
     *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
@@ -26,10 +34,10 @@ __device__ __forceinline__ void store8(float *p, const float f[8]) {
  * The first half of add_rmsnorm and add_rmsnorm_e4m3, for source row src: v = h_in[src] (+ delta[src]) into the
  * thread's slots (zeros past d), h_out[src] = v (if h_out); returns rsqrt(mean(v^2) + eps). The sum of squares is
  * reduced in a fixed order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
-__device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d, float eps,
-                                              float (&v)[NORM_SLOTS][8]) {
+__device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d,
+                                              float eps, float (&v)[NORM_SLOTS][8]) {
     uint4 dv[NORM_SLOTS];
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
         const int k = (threadIdx.x + j * blockDim.x) * 8;
         for (int e = 0; e < 8; e++) v[j][e] = 0.f;
@@ -39,7 +47,7 @@ __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, c
         }
     }
     float ss = 0.f;
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NORM_SLOTS; j++) {
         const int k = (threadIdx.x + j * blockDim.x) * 8;
         if (k >= d) continue;
@@ -72,4 +80,3 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     unpack8(*(const uint4 *)(gu_row + f + col), u);
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
-

@@ -21,7 +21,7 @@ KERNEL_add_rmsnorm {
     float v[NORM_SLOTS][8], g[8];
     const float r = residual_rms(h_in, h_out, delta, src, d, eps, v);
     bf16_t *yr = y + dst * d;
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < NORM_SLOTS; j++) {
         const int k = (threadIdx.x + j * blockDim.x) * 8;
         if (k >= d) continue;
@@ -45,11 +45,16 @@ KERNEL_rope_qkv {
     for (int row = blockIdx.y; row < n_rows; row += gridDim.y) {
         bf16_t *x = qkv + (u64)row * heads * head_dim + hd * head_dim;
         uint2 lo = *(const uint2 *)(x + j), hi = *(const uint2 *)(x + j + half);
-        float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16), __uint_as_float(lo.y & 0xffff0000u)};
-        float x2[4] = {__uint_as_float(hi.x << 16), __uint_as_float(hi.x & 0xffff0000u), __uint_as_float(hi.y << 16), __uint_as_float(hi.y & 0xffff0000u)};
+        float x1[4] = {__uint_as_float(lo.x << 16), __uint_as_float(lo.x & 0xffff0000u), __uint_as_float(lo.y << 16),
+                       __uint_as_float(lo.y & 0xffff0000u)};
+        float x2[4] = {__uint_as_float(hi.x << 16), __uint_as_float(hi.x & 0xffff0000u), __uint_as_float(hi.y << 16),
+                       __uint_as_float(hi.y & 0xffff0000u)};
         if (bias) {
             const float *bh = bias + hd * head_dim;
-            for (int e = 0; e < 4; e++) { x1[e] += bh[j + e]; x2[e] += bh[j + half + e]; }
+            for (int e = 0; e < 4; e++) {
+                x1[e] += bh[j + e];
+                x2[e] += bh[j + half + e];
+            }
         }
         if (hd < n_head + n_kv) {
             const int at = row % seq_len + pos0;
@@ -138,7 +143,8 @@ KERNEL_fill_random_bf16 {
     pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 z = fill_hash(i + seed * 0x9E3779B97F4A7C15ull);
-        const float u1 = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f), u2 = (float)(z & 0xFFFFFFu) * (1.0f / 16777216.0f);
+        const float u1 = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f),
+                    u2 = (float)(z & 0xFFFFFFu) * (1.0f / 16777216.0f);
         const float normal = sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
         w[i] = f32_to_bf16(constant ? scale : normal * scale);
     }

@@ -1,4 +1,6 @@
-__device__ __forceinline__ int logits_row(const sampler_args &a, int row) { return (a.shift0 ? max(row - 1, 0) : row) + a.lrow0; }
+__device__ __forceinline__ int logits_row(const sampler_args &a, int row) {
+    return (a.shift0 ? max(row - 1, 0) : row) + a.lrow0;
+}
 
 /* Twin: the CPU's CFG combination and logits_eos_inf. lr is a logits row (see logits_row). */
 __device__ __forceinline__ float sampler_logit(const sampler_args &a, int lr, int v) {
@@ -19,7 +21,9 @@ __device__ __forceinline__ float kept_logit(const sampler_args &a, int row, int 
 
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
 
-__device__ __forceinline__ double conf_inv_temp(const sampler_args &a) { return a.conf_tempered && a.temperature > 0 ? 1.0 / a.temperature : 1.0; }
+__device__ __forceinline__ double conf_inv_temp(const sampler_args &a) {
+    return a.conf_tempered && a.temperature > 0 ? 1.0 / a.temperature : 1.0;
+}
 
 /* (m1, m2) := the two largest of the multiset {m1, m2, o1, o2}, given m1 >= m2 and o1 >= o2. */
 __device__ __forceinline__ void top2_merge(float &m1, float &m2, float o1, float o2) {
@@ -30,7 +34,8 @@ __device__ __forceinline__ void top2_merge(float &m1, float &m2, float o1, float
 /* Pass 1 for one (slice, row): max logit, best token, sum of e^x relative to the slice max; TOP2 adds the second
  * largest logit (MARGIN), ENT the sum of e^x x (ENTROPY). Compile-time, so the default path runs its old loop. */
 template <bool TOP2, bool ENT>
-__device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const dllm_step_state *st, conf_partial *out) {
+__device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const dllm_step_state *st,
+                                                   conf_partial *out) {
     int slice = blockIdx.x, row = blockIdx.y, lr = logits_row(a, row);
     int v0 = slice * a.slice, v1 = min(a.vocab, v0 + a.slice);
     u32 step = (u32)st->global_step, pos = (u32)(a.pos0 + row);
@@ -42,8 +47,12 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
-        if (a.temperature > 0) score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
-        if (better(score, v, best, best_i)) { best = score; best_i = v; }
+        if (a.temperature > 0)
+            score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
+        if (better(score, v, best, best_i)) {
+            best = score;
+            best_i = v;
+        }
     }
     __shared__ float s_mx[32], s_second[32];
     __shared__ double s_best[32];
@@ -52,19 +61,34 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
         float omx = __shfl_xor_sync(0xffffffffu, mx, o);
-        if (TOP2) top2_merge(mx, second, omx, __shfl_xor_sync(0xffffffffu, second, o));
-        else mx = fmaxf(mx, omx);
+        if (TOP2)
+            top2_merge(mx, second, omx, __shfl_xor_sync(0xffffffffu, second, o));
+        else
+            mx = fmaxf(mx, omx);
         double ob = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (better(ob, oi, best, best_i)) { best = ob; best_i = oi; }
+        if (better(ob, oi, best, best_i)) {
+            best = ob;
+            best_i = oi;
+        }
     }
-    if (lane == 0) { s_mx[warp] = mx; s_second[warp] = second; s_best[warp] = best; s_bi[warp] = best_i; }
+    if (lane == 0) {
+        s_mx[warp] = mx;
+        s_second[warp] = second;
+        s_best[warp] = best;
+        s_bi[warp] = best_i;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < nw; w++) {
-            if (TOP2) top2_merge(mx, second, s_mx[w], s_second[w]);
-            else mx = fmaxf(mx, s_mx[w]);
-            if (better(s_best[w], s_bi[w], best, best_i)) { best = s_best[w]; best_i = s_bi[w]; }
+            if (TOP2)
+                top2_merge(mx, second, s_mx[w], s_second[w]);
+            else
+                mx = fmaxf(mx, s_mx[w]);
+            if (better(s_best[w], s_bi[w], best, best_i)) {
+                best = s_best[w];
+                best_i = s_bi[w];
+            }
         }
         s_mx[0] = mx;
         s_bi[0] = best_i;
@@ -84,7 +108,10 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (ENT) sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
     }
-    if (lane == 0) { s_sum[warp] = sum; s_sum_x[warp] = sum_x; }
+    if (lane == 0) {
+        s_sum[warp] = sum;
+        s_sum_x[warp] = sum_x;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < nw; w++) {
@@ -106,9 +133,12 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
 /* Pass 1: one CTA per (slice, row); the confidence decides, once per CTA, which statistics the slice needs. */
 KERNEL_conf_partial_kernel {
     pdl_enter();
-    if (a.remasking == REMASK_MARGIN) conf_partial_slice<true, false>(a, st, out);
-    else if (a.remasking == REMASK_ENTROPY) conf_partial_slice<false, true>(a, st, out);
-    else conf_partial_slice<false, false>(a, st, out);
+    if (a.remasking == REMASK_MARGIN)
+        conf_partial_slice<true, false>(a, st, out);
+    else if (a.remasking == REMASK_ENTROPY)
+        conf_partial_slice<false, true>(a, st, out);
+    else
+        conf_partial_slice<false, false>(a, st, out);
 }
 
 /* Block-wide reductions for row_cutoff_kernel: every thread gets the same value, summed in the same order,
@@ -134,8 +164,13 @@ __device__ float cut_block_max(float v) {
 }
 
 /* Floats in the order of unsigned integers (-inf lowest, +inf highest), and back. */
-__device__ __forceinline__ unsigned cut_key(float f) { unsigned u = __float_as_uint(f); return (u & 0x80000000u) ? ~u : (u | 0x80000000u); }
-__device__ __forceinline__ float cut_key_float(unsigned k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+__device__ __forceinline__ unsigned cut_key(float f) {
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float cut_key_float(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
 
 /* Over the row's non-NaN logits l >= the float of key k: their count (mass = false) or sum of e^x
  * (mass = true), x = (l - mx) inv_t. */
@@ -154,8 +189,10 @@ __device__ unsigned cut_bisect(const sampler_args &a, int lr, bool mass, double 
     unsigned long long lo = 0, hi = 1ull << 32;  // measure(lo) >= target; hi is past every key
     while (hi - lo > 1) {
         unsigned long long mid = (lo + hi) / 2;
-        if (cut_measure(a, lr, (unsigned)mid, mass, mx, inv_t) >= target) lo = mid;
-        else hi = mid;
+        if (cut_measure(a, lr, (unsigned)mid, mass, mx, inv_t) >= target)
+            lo = mid;
+        else
+            hi = mid;
     }
     return (unsigned)lo;
 }
@@ -171,7 +208,8 @@ KERNEL_row_cutoff_kernel {
     mx = cut_block_max(mx);
     float cut = -DLLM_INF;
     const double inv_t = a.temperature > 0 ? 1.0 / a.temperature : 1.0;
-    if (a.top_k > 0 && cut_measure(a, lr, 0u, false, mx, inv_t) >= a.top_k) cut = fmaxf(cut, cut_key_float(cut_bisect(a, lr, false, a.top_k, mx, inv_t)));
+    if (a.top_k > 0 && cut_measure(a, lr, 0u, false, mx, inv_t) >= a.top_k)
+        cut = fmaxf(cut, cut_key_float(cut_bisect(a, lr, false, a.top_k, mx, inv_t)));
     if (mx > -DLLM_INF && a.top_p > 0 && a.top_p < 1) {
         double z = cut_measure(a, lr, 0u, true, mx, inv_t);
         cut = fmaxf(cut, cut_key_float(cut_bisect(a, lr, true, (double)a.top_p * z, mx, inv_t)));
@@ -189,13 +227,19 @@ KERNEL_row_cutoff_kernel {
 
 /* The ranking key from a row's softmax statistics (z, zx, and the x of x0 and of the second largest logit).
  * Twin: dllm__confidence. */
-__device__ __forceinline__ double row_confidence(const sampler_args &a, double z, double zx, double x_best, double x_second, u32 pos, u32 step) {
+__device__ __forceinline__ double row_confidence(const sampler_args &a, double z, double zx, double x_best,
+                                                 double x_second, u32 pos, u32 step) {
     double c;
-    if (a.remasking == REMASK_RANDOM) c = uniform01(a.seed, 0u, pos, step, 2u);
-    else if (a.remasking == REMASK_ORIGIN) c = -uniform01(a.seed, 0u, pos, step, 5u);
-    else if (a.remasking == REMASK_MARGIN) c = -expm1(x_second) / z;
-    else if (a.remasking == REMASK_ENTROPY) c = zx / z - log(z);
-    else c = exp(x_best) / z;
+    if (a.remasking == REMASK_RANDOM)
+        c = uniform01(a.seed, 0u, pos, step, 2u);
+    else if (a.remasking == REMASK_ORIGIN)
+        c = -uniform01(a.seed, 0u, pos, step, 5u);
+    else if (a.remasking == REMASK_MARGIN)
+        c = -expm1(x_second) / z;
+    else if (a.remasking == REMASK_ENTROPY)
+        c = zx / z - log(z);
+    else
+        c = exp(x_best) / z;
     if (c != c) c = -1.0 / 0.0;
     if (a.alg_temp > 0) c = c / a.alg_temp - log(-log(uniform01(a.seed, 0u, pos, step, 6u)));
     return c;
@@ -215,7 +259,11 @@ KERNEL_conf_combine_kernel {
     float bl = -DLLM_INF;
     for (int s = 0; s < a.n_slices; s++) {
         top2_merge(mx, second, p[s].max_logit, p[s].second_logit);
-        if (better(p[s].best_score, p[s].best_idx, best, bi)) { best = p[s].best_score; bi = p[s].best_idx; bl = p[s].best_logit; }
+        if (better(p[s].best_score, p[s].best_idx, best, bi)) {
+            best = p[s].best_score;
+            bi = p[s].best_idx;
+            bl = p[s].best_logit;
+        }
     }
     const double inv_t = conf_inv_temp(a);
     double z = 0, zx = 0;
@@ -225,8 +273,8 @@ KERNEL_conf_combine_kernel {
             z += p[s].sum_exp * w;
             zx += w * (p[s].sum_exp_x + d * p[s].sum_exp);
         }
-    double c = row_confidence(a, z, zx, ((double)bl - (double)mx) * inv_t, ((double)second - (double)mx) * inv_t, (u32)(a.pos0 + row),
-                              (u32)st->global_step);
+    double c = row_confidence(a, z, zx, ((double)bl - (double)mx) * inv_t, ((double)second - (double)mx) * inv_t,
+                              (u32)(a.pos0 + row), (u32)st->global_step);
     if (bi >= a.vocab) bi = 0;
     x0[row] = bi;
     conf[row] = c;
@@ -273,8 +321,10 @@ KERNEL_select_commit {
         unsigned char di = deferred[r];
         double ci = conf[r];
         if (rule == 4) {  // every transferring candidate is rank 0 and rank 0 passes, so all of them commit
-            if (-ci < frac) pass[0] = 1;
-            else rank_of[i] = n;
+            if (-ci < frac)
+                pass[0] = 1;
+            else
+                rank_of[i] = n;
             continue;
         }
         int rank = 0;
@@ -287,7 +337,9 @@ KERNEL_select_commit {
             double cj = conf[rj];
             rank += dj != di ? !dj : (cj != ci ? cj > ci : j < i);
         }
-        if (rank < k) pass[rank] = counted || rank == 0 || (!di && ci >= (rule == 1 ? threshold : 1.0 - factor / (rank + 2))) ? 1 : 2;
+        if (rank < k)
+            pass[rank] =
+                counted || rank == 0 || (!di && ci >= (rule == 1 ? threshold : 1.0 - factor / (rank + 2))) ? 1 : 2;
         rank_of[i] = rank;  // only this thread reads or writes slot i from here on
     }
     __syncthreads();

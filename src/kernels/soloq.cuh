@@ -19,7 +19,14 @@ __device__ __forceinline__ float e4m3_value(u32 c) {
 /* Twins: dllm__f32_to_e2m1 and dllm__e2m1_to_f32. */
 __device__ __forceinline__ u32 e2m1_code(float v) {
     const float a = fabsf(v);
-    const u32 m = a <= 0.25f ? 0u : a < 0.75f ? 1u : a <= 1.25f ? 2u : a < 1.75f ? 3u : a <= 2.5f ? 4u : a < 3.5f ? 5u : a <= 5.0f ? 6u : 7u;
+    const u32 m = a <= 0.25f   ? 0u
+                  : a < 0.75f  ? 1u
+                  : a <= 1.25f ? 2u
+                  : a < 1.75f  ? 3u
+                  : a <= 2.5f  ? 4u
+                  : a < 3.5f   ? 5u
+                  : a <= 5.0f  ? 6u
+                               : 7u;
     return m ? ((signbit(v) ? 8u : 0u) | m) : 0u;
 }
 __device__ __forceinline__ float e2m1_value(u32 c) {
@@ -164,7 +171,9 @@ __device__ __forceinline__ void soloq_sync(const soloq_slice &s) {
 __device__ __forceinline__ float soloq_remote(const float *p, int rank) {
     u32 remote;
     float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
     return v;
 }
@@ -178,7 +187,8 @@ __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; 
  * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
  * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
  * Returns where the rotated slice is (A or B). */
-__device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
+__device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B,
+                               const float *normed) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *A = F + s.i0;
     for (int i = s.i0 + tid; i < i1; i += nt) {
@@ -191,8 +201,10 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     if (b > 1) {
         for (int log_h = 0; log_h < log_b; log_h++) {
             const int h = 1 << log_h;
-            for (int p = s.i0 / 2 + tid; p < i1 / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
-                const int q = p & (b / 2 - 1), c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
+            for (int p = s.i0 / 2 + tid; p < i1 / 2;
+                 p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
+                const int q = p & (b / 2 - 1),
+                          c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
                 const float u = A[c], v = A[c + h];
                 A[c] = __fadd_rn(u, v);
                 A[c + h] = __fsub_rn(u, v);
@@ -238,9 +250,10 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
     }
     soloq_sync(s);
     float sum = 0.f;
-    for (int j = 0; j < d / len; j++) sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
+    for (int j = 0; j < d / len; j++)
+        sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
-    soloq_sync(s);  // every CTA has read every partial before any is overwritten
+    soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
 }
 
@@ -259,8 +272,8 @@ __device__ float soloq_row_amax(float v, const soloq_slice &s, float *red, float
 /* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
  * the work split by pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
 template <bool E8P>
-__device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma, unsigned char *codes, unsigned char *bs,
-                             float *val) {
+__device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma,
+                             unsigned char *codes, unsigned char *bs, float *val) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     if (format == Q4_NVFP4) {
         const float s_enc = nvfp4_s_enc(amax);
@@ -272,7 +285,8 @@ __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, f
             const float scale = e4m3_value(sb), enc = sb ? __fdiv_rn(s_enc, scale) : 0.f;
             if (bs) bs[b0 / 16] = (unsigned char)sb;
             for (int i = b0; i < b1; i += 2) {
-                const u32 c0 = sb ? e2m1_code(__fmul_rn(y[i - s.i0], enc)) : 0u, c1 = sb ? e2m1_code(__fmul_rn(y[i + 1 - s.i0], enc)) : 0u;
+                const u32 c0 = sb ? e2m1_code(__fmul_rn(y[i - s.i0], enc)) : 0u,
+                          c1 = sb ? e2m1_code(__fmul_rn(y[i + 1 - s.i0], enc)) : 0u;
                 if (codes) codes[i / 2] = (unsigned char)(c0 | c1 << 4);
                 val[i - s.i0] = __fmul_rn(e2m1_value(c0), scale);
                 val[i + 1 - s.i0] = __fmul_rn(e2m1_value(c1), scale);
@@ -401,13 +415,15 @@ KERNEL_soloq_produce_rows {
     pdl_enter();
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
-    float *B = soloq_smem + a.d, *normed = B + s.n;  // the row buffer, a slice; producer 1: every CTA normalises the whole row
+    float *B = soloq_smem + a.d,
+          *normed = B + s.n;  // the row buffer, a slice; producer 1: every CTA normalises the whole row
     if (a.producer == 1) soloq_norm_row(a, blockIdx.x / a.cluster, s.r == 0, normed);
     soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed);
 }
 
 /* The C values of elements g .. g + 7 of a stored row (twin: dllm__q4_value). */
-__device__ __forceinline__ void soloq_values8(int format, const unsigned char *packed, const unsigned char *bs, int g, float f[8]) {
+__device__ __forceinline__ void soloq_values8(int format, const unsigned char *packed, const unsigned char *bs, int g,
+                                              float f[8]) {
     if (format == Q4_E8P) {
         int e1[8], e2[8];
         const unsigned char *p = packed + g / 2;
@@ -426,10 +442,12 @@ KERNEL_soloq_dequantize_rows {
     pdl_enter();
     const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (row >= rows || g >= cols) return;
-    const unsigned char *packed = codes + (u64)row * (cols / 2), *bs = block_scales ? block_scales + (u64)row * ((cols + 15) / 16) : 0;
+    const unsigned char *packed = codes + (u64)row * (cols / 2),
+                        *bs = block_scales ? block_scales + (u64)row * ((cols + 15) / 16) : 0;
     float f[8];
     soloq_values8(format, packed, bs, g, f);
-    *(uint4 *)(out + (u64)row * cols + g) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+    *(uint4 *)(out + (u64)row * cols + g) =
+        make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
 }
 
 /* [INT8 GEMM] Stored weight rows of an integer format (INT4, Lloyd-Max, E8P-RVQ4, RTN: every C in [-127, 127]) into
@@ -449,14 +467,17 @@ KERNEL_soloq_unpack_rows_i8 {
 /* The GEMM epilogue of two quantised operands (twin: dllm__soloq_scale_rows): y[i][j] = (acc[i][j] s_x[i]) s_w[j],
  * s_x null for unquantised activations; y bf16 or fp32 with row stride ldy. */
 template <class Acc>
-__device__ __forceinline__ void soloq_scale_body(const Acc *acc, int n, const float *s_x, const float *s_w, void *y, int y_f32, u64 ldy) {
+__device__ __forceinline__ void soloq_scale_body(const Acc *acc, int n, const float *s_x, const float *s_w, void *y,
+                                                 int y_f32, u64 ldy) {
     const int i = blockIdx.y;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
         float v = (float)acc[(u64)i * n + j];  // int32: cvt.rn, as the twin's (float) cast
         if (s_x) v = __fmul_rn(v, s_x[i]);
         v = __fmul_rn(v, s_w[j]);
-        if (y_f32) ((float *)y)[(u64)i * ldy + j] = v;
-        else ((bf16_t *)y)[(u64)i * ldy + j] = f32_to_bf16(v);
+        if (y_f32)
+            ((float *)y)[(u64)i * ldy + j] = v;
+        else
+            ((bf16_t *)y)[(u64)i * ldy + j] = f32_to_bf16(v);
     }
 }
 

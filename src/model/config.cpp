@@ -9,8 +9,8 @@
 struct dllm__config {
     dllm_family family = DLLM_FAMILY_LLADA;
     int n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
-    int n_vocab = 0;      // logit columns = embedding rows (LLaDA: embedding_size)
-    int vocab_size = 0;   // config vocab_size
+    int n_vocab = 0;     // logit columns = embedding rows (LLaDA: embedding_size)
+    int vocab_size = 0;  // config vocab_size
     int max_seq_len = 0;
     float norm_eps = 1e-5f;
     float rope_theta = 10000.0f;
@@ -21,12 +21,12 @@ struct dllm__config {
     bool shift_logits = false;  // Dream: position i is predicted by the logits at i - 1
     int32_t mask_id = -1, eos_id = -1, eot_id = -1, bos_id = -1, pad_id = -1;
     // Block diffusion (Fast-dLLM v2, Nemotron): see dllm__is_block_diffusion and section 17.
-    int bd_size = 0;                  // the model's block (bd_size / block_size)
-    int bd_mask_block = 0;            // block-causal granularity of a forward that names none: Fast-dLLM v2's
-                                      // forward defaults its block_size argument to 32 (not bd_size)
-    bool bd_causal_context = false;   // prefill and commit forwards token-causal (Nemotron's reported "causal
-                                      // context") instead of block-causal
-    int32_t stop_id = -1;             // the token that ends a block-diffusion generation
+    int bd_size = 0;                 // the model's block (bd_size / block_size)
+    int bd_mask_block = 0;           // block-causal granularity of a forward that names none: Fast-dLLM v2's
+                                     // forward defaults its block_size argument to 32 (not bd_size)
+    bool bd_causal_context = false;  // prefill and commit forwards token-causal (Nemotron's reported "causal
+                                     // context") instead of block-causal
+    int32_t stop_id = -1;            // the token that ends a block-diffusion generation
     // YaRN RoPE (rope_parameters.rope_type "yarn"), transformers' _compute_yarn_parameters
     bool yarn = false;
     double yarn_factor = 1, yarn_beta_fast = 32, yarn_beta_slow = 1, yarn_attention_factor = 1;
@@ -38,10 +38,10 @@ struct dllm__config {
 
 static const char *dllm__family_name(dllm_family f) {
     switch (f) {
-    case DLLM_FAMILY_LLADA: return "LLaDA";
-    case DLLM_FAMILY_DREAM: return "Dream";
-    case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
-    case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+        case DLLM_FAMILY_LLADA: return "LLaDA";
+        case DLLM_FAMILY_DREAM: return "Dream";
+        case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
+        case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
     }
     return "?";
 }
@@ -77,22 +77,28 @@ struct dllm__cfg_reader {
         const dllm__json *v = root.find(key);
         if (!v || v->is_null()) return DLLM_OK;
         if (v->kind == dllm__json::ARR && !v->items.empty()) v = &v->items[0];
-        if (v->kind != dllm__json::NUM || !v->is_integer || v->integer < 0 || v->integer > INT32_MAX) return bad(key, "a token id");
+        if (v->kind != dllm__json::NUM || !v->is_integer || v->integer < 0 || v->integer > INT32_MAX)
+            return bad(key, "a token id");
         out = (int32_t)v->integer;
         return DLLM_OK;
     }
     dllm_status number(const char *key, double lo, double hi, float &out) const {
         const dllm__json *v = root.find(key);
-        if (!v || v->is_null()) return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"%s\" is missing", path.c_str(), key);
+        if (!v || v->is_null())
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"%s\" is missing", path.c_str(), key);
         if (v->kind != dllm__json::NUM) return bad(key, "a number");
         if (!(v->number >= lo && v->number <= hi))
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" = %g is outside the supported range [%g, %g]", path.c_str(), key, v->number, lo, hi);
+            return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" = %g is outside the supported range [%g, %g]",
+                              path.c_str(), key, v->number, lo, hi);
         out = (float)v->number;
         return DLLM_OK;
     }
     dllm_status boolean(const char *key, bool dflt, bool &out) const {
         const dllm__json *v = root.find(key);
-        if (!v || v->is_null()) { out = dflt; return DLLM_OK; }
+        if (!v || v->is_null()) {
+            out = dflt;
+            return DLLM_OK;
+        }
         if (v->kind != dllm__json::BOOL) return bad(key, "true or false");
         out = v->boolean;
         return DLLM_OK;
@@ -107,20 +113,29 @@ struct dllm__cfg_reader {
         return DLLM_OK;
     }
     /* A string key that must be absent/null or one of the listed values. */
-    dllm_status one_of(const char *key, const char *const *allowed, int n_allowed, const char *dflt, std::string &out) const {
+    dllm_status one_of(const char *key, const char *const *allowed, int n_allowed, const char *dflt,
+                       std::string &out) const {
         const dllm__json *v = root.find(key);
-        if (!v || v->is_null()) { out = dflt ? dflt : ""; return DLLM_OK; }
+        if (!v || v->is_null()) {
+            out = dflt ? dflt : "";
+            return DLLM_OK;
+        }
         if (v->kind != dllm__json::STR) return bad(key, "a string");
         for (int i = 0; i < n_allowed; i++)
-            if (v->str == allowed[i]) { out = v->str; return DLLM_OK; }
+            if (v->str == allowed[i]) {
+                out = v->str;
+                return DLLM_OK;
+            }
         std::string list;
         for (int i = 0; i < n_allowed; i++) list += dllm__format(i ? ", %s" : "%s", allowed[i]);
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" = \"%s\" is not supported (supported: %s)", path.c_str(), key, v->str.c_str(), list.c_str());
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" = \"%s\" is not supported (supported: %s)", path.c_str(),
+                          key, v->str.c_str(), list.c_str());
     }
     dllm_status must_be_null(const char *key) const {
         const dllm__json *v = root.find(key);
         if (v && !v->is_null() && !(v->kind == dllm__json::BOOL && !v->boolean))
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" is set; dllm supports only null here", path.c_str(), key);
+            return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: \"%s\" is set; dllm supports only null here", path.c_str(),
+                              key);
         return DLLM_OK;
     }
 };
@@ -135,7 +150,8 @@ static dllm_status dllm__llada_kv_heads(const dllm__cfg_reader &r, dllm__config 
     int implied = mqa ? 1 : c.n_head;
     DLLM__TRY(r.integer("n_kv_heads", 1, c.n_head, c.n_head_kv, false, implied));
     if (mqa_set && c.n_head_kv != implied)
-        return dllm__fail(DLLM_ERR_FORMAT, "%s: multi_query_attention = %s contradicts n_kv_heads = %d", r.path.c_str(), mqa ? "true" : "false", c.n_head_kv);
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: multi_query_attention = %s contradicts n_kv_heads = %d", r.path.c_str(),
+                          mqa ? "true" : "false", c.n_head_kv);
     return DLLM_OK;
 }
 
@@ -156,7 +172,8 @@ static dllm_status dllm__config_llada(const dllm__cfg_reader &r, dllm__config &c
     DLLM__TRY(r.one_of("block_type", block_types, 1, nullptr, s));
     if (s.empty()) return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"block_type\" is missing", r.path.c_str());
     DLLM__TRY(r.one_of("activation_type", acts, 1, nullptr, s));
-    if (s.empty()) return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"activation_type\" is missing", r.path.c_str());
+    if (s.empty())
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"activation_type\" is missing", r.path.c_str());
     DLLM__TRY(r.one_of("layer_norm_type", norms, 2, "rms", s));
     c.gemma_norm = s == "gemma_rms";
     DLLM__TRY(r.require_bool("alibi", false, false));
@@ -183,7 +200,9 @@ static dllm_status dllm__config_llada(const dllm__cfg_reader &r, dllm__config &c
     DLLM__TRY(r.integer("mlp_hidden_size", 1, 1 << 20, c.n_ff, false, ratio * c.n_embd));
     DLLM__TRY(dllm__llada_kv_heads(r, c));
     DLLM__TRY(dllm__config_shared(r, c));
-    if (c.n_embd % c.n_head) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: d_model %d is not a multiple of n_heads %d", r.path.c_str(), c.n_embd, c.n_head);
+    if (c.n_embd % c.n_head)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: d_model %d is not a multiple of n_heads %d", r.path.c_str(),
+                          c.n_embd, c.n_head);
     c.head_dim = c.n_embd / c.n_head;
     return DLLM_OK;
 }
@@ -203,7 +222,9 @@ static dllm_status dllm__config_dream(const dllm__cfg_reader &r, dllm__config &c
     DLLM__TRY(r.integer("vocab_size", 1, dllm__max_vocab, c.vocab_size));
     DLLM__TRY(r.integer("max_position_embeddings", 1, dllm__max_ctx, c.max_seq_len));
     DLLM__TRY(dllm__config_shared(r, c));
-    if (c.n_embd % c.n_head) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: hidden_size %d is not a multiple of num_attention_heads %d", r.path.c_str(), c.n_embd, c.n_head);
+    if (c.n_embd % c.n_head)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: hidden_size %d is not a multiple of num_attention_heads %d",
+                          r.path.c_str(), c.n_embd, c.n_head);
     c.head_dim = c.n_embd / c.n_head;
     int head_dim = c.head_dim;
     DLLM__TRY(r.integer("head_dim", c.head_dim, c.head_dim, head_dim, false, c.head_dim));
@@ -259,9 +280,12 @@ static dllm_status dllm__config_rope_parameters(const dllm__cfg_reader &top, dll
     c.yarn_beta_fast = fast > 0 ? fast : 32;  // transformers: `get("beta_fast") or 32`
     c.yarn_beta_slow = slow > 0 ? slow : 1;
     auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; };
-    if (attn > 0) c.yarn_attention_factor = attn;
-    else if (mscale > 0 && mscale_all > 0) c.yarn_attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all);
-    else c.yarn_attention_factor = get_mscale(factor, 1.0);
+    if (attn > 0)
+        c.yarn_attention_factor = attn;
+    else if (mscale > 0 && mscale_all > 0)
+        c.yarn_attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all);
+    else
+        c.yarn_attention_factor = get_mscale(factor, 1.0);
     return DLLM_OK;
 }
 
@@ -306,7 +330,8 @@ static dllm_status dllm__config_nemotron(const dllm__cfg_reader &r, dllm__config
 static dllm_status dllm__config_parse(const dllm__json &root, const std::string &path, dllm__config &c) {
     if (root.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: not a JSON object", path.c_str());
     const dllm__json *mt = root.find("model_type");
-    if (!mt || mt->kind != dllm__json::STR) return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"model_type\" is missing", path.c_str());
+    if (!mt || mt->kind != dllm__json::STR)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: required key \"model_type\" is missing", path.c_str());
     dllm__cfg_reader r{root, path};
     c = dllm__config();
     if (mt->str == "llada") {
@@ -322,23 +347,30 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
         c.family = DLLM_FAMILY_NEMOTRON_DIFFUSION;
         DLLM__TRY(dllm__config_nemotron(r, c));
     } else {
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llada, Dream, Fast_dLLM_Qwen, "
-                          "nemotron_labs_diffusion)", path.c_str(), mt->str.c_str());
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "%s: model_type \"%s\" is not supported (supported: llada, Dream, Fast_dLLM_Qwen, "
+                          "nemotron_labs_diffusion)",
+                          path.c_str(), mt->str.c_str());
     }
     if (c.n_head % c.n_head_kv)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: %d attention heads are not a multiple of %d key/value heads", path.c_str(), c.n_head, c.n_head_kv);
-    if (c.head_dim % 2) return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one", path.c_str(), c.head_dim);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: %d attention heads are not a multiple of %d key/value heads",
+                          path.c_str(), c.n_head, c.n_head_kv);
+    if (c.head_dim % 2)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one",
+                          path.c_str(), c.head_dim);
     // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens checks it there.
     if (c.mask_id < 0 && c.family != DLLM_FAMILY_FAST_DLLM_V2)
-        return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id", path.c_str());
-    if (c.mask_id >= c.n_vocab) return dllm__fail(DLLM_ERR_FORMAT, "%s: mask_token_id %d is outside the vocabulary (%d)", path.c_str(), c.mask_id, c.n_vocab);
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id",
+                          path.c_str());
+    if (c.mask_id >= c.n_vocab)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: mask_token_id %d is outside the vocabulary (%d)", path.c_str(),
+                          c.mask_id, c.n_vocab);
     return DLLM_OK;
 }
 
 /* tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}) of directory dir, if it has one: calls
  * on_token(content, id) for every entry whose key is a non-negative integer id and whose content is a string. */
-template <class F>
-static dllm_status dllm__scan_added_tokens_decoder(const std::string &dir, F &&on_token) {
+template <class F> static dllm_status dllm__scan_added_tokens_decoder(const std::string &dir, F &&on_token) {
     std::string path = dllm__join_path(dir, "tokenizer_config.json");
     if (!dllm__file_exists(path)) return DLLM_OK;
     dllm__json root;
@@ -349,7 +381,8 @@ static dllm_status dllm__scan_added_tokens_decoder(const std::string &dir, F &&o
         const dllm__json *content = dec->items[i].find("content");
         char *endp = nullptr;
         long id = strtol(dec->keys[i].c_str(), &endp, 10);
-        if (content && content->kind == dllm__json::STR && endp && *endp == 0 && id >= 0 && id <= INT32_MAX) on_token(content->str, (int32_t)id);
+        if (content && content->kind == dllm__json::STR && endp && *endp == 0 && id >= 0 && id <= INT32_MAX)
+            on_token(content->str, (int32_t)id);
     }
     return DLLM_OK;
 }
@@ -368,7 +401,9 @@ static dllm_status dllm__find_bos(const std::string &dir, dllm__config &c) {
     dllm__json root;
     DLLM__TRY(dllm__json_load(path, root));
     DLLM__TRY((dllm__cfg_reader{root, path}.token("bos_token_id", c.bos_id)));
-    if (c.bos_id >= c.n_vocab) return dllm__fail(DLLM_ERR_FORMAT, "%s: bos_token_id %d is outside the vocabulary (%d)", path.c_str(), c.bos_id, c.n_vocab);
+    if (c.bos_id >= c.n_vocab)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: bos_token_id %d is outside the vocabulary (%d)", path.c_str(), c.bos_id,
+                          c.n_vocab);
     return DLLM_OK;
 }
 
@@ -376,7 +411,9 @@ static dllm_status dllm__find_bos(const std::string &dir, dllm__config &c) {
 static dllm_status dllm__check_model_dir(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0) return dllm__fail(DLLM_ERR_IO, "%s: %s (the model directory)", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return dllm__fail(DLLM_ERR_IO, "%s: not a directory; pass the model's directory (config.json, safetensors)", dir);
+    if (!S_ISDIR(st.st_mode))
+        return dllm__fail(DLLM_ERR_IO, "%s: not a directory; pass the model's directory (config.json, safetensors)",
+                          dir);
     return DLLM_OK;
 }
 
@@ -409,9 +446,13 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
     if (mask >= 0 && c.mask_id < 0) c.mask_id = mask;
     if (stop >= 0) c.stop_id = stop;
     if (c.mask_id < 0)
-        return dllm__fail(DLLM_ERR_FORMAT, "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
-                          "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json", dir.c_str());
+        return dllm__fail(
+            DLLM_ERR_FORMAT,
+            "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
+            "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json",
+            dir.c_str());
     if (c.mask_id >= c.n_vocab || c.stop_id >= c.n_vocab)
-        return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(), c.mask_id, c.stop_id, c.n_vocab);
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(),
+                          c.mask_id, c.stop_id, c.n_vocab);
     return DLLM_OK;
 }

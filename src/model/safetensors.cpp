@@ -8,18 +8,36 @@
 // ---------------------------------------------------------------------------------------------------
 
 enum dllm__dtype {
-    DLLM__BOOL, DLLM__U8, DLLM__I8, DLLM__F8_E5M2, DLLM__F8_E4M3, DLLM__F8_E8M0, DLLM__F4, DLLM__F6_E2M3,
-    DLLM__F6_E3M2, DLLM__I16, DLLM__U16, DLLM__F16, DLLM__BF16, DLLM__I32, DLLM__U32, DLLM__F32,
-    DLLM__F64, DLLM__I64, DLLM__U64, DLLM__C64, DLLM__DTYPE_COUNT
+    DLLM__BOOL,
+    DLLM__U8,
+    DLLM__I8,
+    DLLM__F8_E5M2,
+    DLLM__F8_E4M3,
+    DLLM__F8_E8M0,
+    DLLM__F4,
+    DLLM__F6_E2M3,
+    DLLM__F6_E3M2,
+    DLLM__I16,
+    DLLM__U16,
+    DLLM__F16,
+    DLLM__BF16,
+    DLLM__I32,
+    DLLM__U32,
+    DLLM__F32,
+    DLLM__F64,
+    DLLM__I64,
+    DLLM__U64,
+    DLLM__C64,
+    DLLM__DTYPE_COUNT
 };
 
 static const struct {
     const char *name;
     int bits;
 } dllm__dtypes[DLLM__DTYPE_COUNT] = {
-    {"BOOL", 8},    {"U8", 8},   {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F4", 4},
-    {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"I16", 16}, {"U16", 16}, {"F16", 16}, {"BF16", 16}, {"I32", 32},
-    {"U32", 32},    {"F32", 32}, {"F64", 64}, {"I64", 64}, {"U64", 64}, {"C64", 64},
+    {"BOOL", 8},    {"U8", 8},      {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F4", 4},
+    {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"I16", 16}, {"U16", 16},    {"F16", 16},    {"BF16", 16},   {"I32", 32},
+    {"U32", 32},    {"F32", 32},    {"F64", 64}, {"I64", 64},    {"U64", 64},    {"C64", 64},
 };
 
 struct dllm__tensor {
@@ -35,7 +53,7 @@ struct dllm__tensor {
 struct dllm__safetensors {
     std::unique_ptr<dllm__file> file;
     std::vector<dllm__tensor> tensors;
-    std::vector<std::vector<uint8_t>> realigned;  // copies of tensors whose mapped bytes were misaligned
+    std::vector<std::vector<uint8_t>> realigned;                // copies of tensors whose mapped bytes were misaligned
     std::vector<std::pair<std::string, std::string>> metadata;  // __metadata__ (string values), in file order
 };
 
@@ -44,7 +62,8 @@ static const uint64_t dllm__st_max_header = 100000000;
 static dllm_status dllm__st_parse_entry(const std::string &path, const std::string &name, const dllm__json &e,
                                         dllm__tensor &t, uint64_t &begin, uint64_t &end) {
     const char *p = path.c_str(), *n = name.c_str();
-    if (e.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: entry is not a JSON object", p, n);
+    if (e.kind != dllm__json::OBJ)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: entry is not a JSON object", p, n);
     const dllm__json *dt = e.find("dtype"), *sh = e.find("shape"), *off = e.find("data_offsets");
     if (!dt || dt->kind != dllm__json::STR) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: missing dtype", p, n);
     int dtype = -1;
@@ -58,16 +77,21 @@ static dllm_status dllm__st_parse_entry(const std::string &path, const std::stri
     t.dtype = (dllm__dtype)dtype;
     t.numel = 1;
     for (const dllm__json &d : sh->items) {
-        if (!d.is_integer || d.integer < 0) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: shape entries must be non-negative integers", p, n);
-        if (d.integer > 0 && t.numel > INT64_MAX / 64 / d.integer) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: shape overflows", p, n);
+        if (!d.is_integer || d.integer < 0)
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: shape entries must be non-negative integers", p, n);
+        if (d.integer > 0 && t.numel > INT64_MAX / 64 / d.integer)
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: shape overflows", p, n);
         t.shape.push_back(d.integer);
         t.numel *= d.integer;
     }
     for (const dllm__json &o : off->items)
-        if (!o.is_integer || o.integer < 0) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: data_offsets must be non-negative integers", p, n);
+        if (!o.is_integer || o.integer < 0)
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: data_offsets must be non-negative integers", p, n);
     begin = (uint64_t)off->items[0].integer;
     end = (uint64_t)off->items[1].integer;
-    if (end < begin) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: data_offsets end %llu < begin %llu", p, n, (unsigned long long)end, (unsigned long long)begin);
+    if (end < begin)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: data_offsets end %llu < begin %llu", p, n,
+                          (unsigned long long)end, (unsigned long long)begin);
     uint64_t bits = (uint64_t)t.numel * (uint64_t)dllm__dtypes[dtype].bits;
     if (bits % 8 != 0 || end - begin != bits / 8)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s: %s %s needs %llu bytes but data_offsets span %llu", p, n,
@@ -81,11 +105,16 @@ static dllm_status dllm__st_open(const std::string &path, bool use_mmap, dllm__s
     DLLM__TRY(dllm__open_file(path, use_mmap, st.file));
     const dllm__file &f = *st.file;
     const char *p = path.c_str();
-    if (f.size < 8) return dllm__fail(DLLM_ERR_FORMAT, "%s: file is %zu bytes, too short for the 8-byte header length", p, f.size);
+    if (f.size < 8)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: file is %zu bytes, too short for the 8-byte header length", p, f.size);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | f.data[i];
-    if (n > dllm__st_max_header) return dllm__fail(DLLM_ERR_FORMAT, "%s: header length %llu exceeds the %llu-byte limit", p, (unsigned long long)n, (unsigned long long)dllm__st_max_header);
-    if (n > f.size - 8) return dllm__fail(DLLM_ERR_FORMAT, "%s: header length %llu runs past the end of the %zu-byte file (truncated?)", p, (unsigned long long)n, f.size);
+    if (n > dllm__st_max_header)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: header length %llu exceeds the %llu-byte limit", p,
+                          (unsigned long long)n, (unsigned long long)dllm__st_max_header);
+    if (n > f.size - 8)
+        return dllm__fail(DLLM_ERR_FORMAT, "%s: header length %llu runs past the end of the %zu-byte file (truncated?)",
+                          p, (unsigned long long)n, f.size);
     const char *header = (const char *)f.data + 8;
     if (n == 0 || header[0] != '{') return dllm__fail(DLLM_ERR_FORMAT, "%s: header does not start with '{'", p);
     dllm__json root;
@@ -96,12 +125,14 @@ static dllm_status dllm__st_open(const std::string &path, bool use_mmap, dllm__s
     std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end) per tensor
     for (size_t i = 0; i < root.keys.size(); i++) {
         const std::string &name = root.keys[i];
-        if (!seen.insert(name).second) return dllm__fail(DLLM_ERR_FORMAT, "%s: duplicate entry \"%s\" in header", p, name.c_str());
+        if (!seen.insert(name).second)
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: duplicate entry \"%s\" in header", p, name.c_str());
         if (name == "__metadata__") {
             const dllm__json &m = root.items[i];
             if (m.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: __metadata__ is not an object", p);
             for (const dllm__json &v : m.items)
-                if (v.kind != dllm__json::STR) return dllm__fail(DLLM_ERR_FORMAT, "%s: __metadata__ values must be strings", p);
+                if (v.kind != dllm__json::STR)
+                    return dllm__fail(DLLM_ERR_FORMAT, "%s: __metadata__ values must be strings", p);
             for (size_t k = 0; k < m.keys.size(); k++) st.metadata.push_back({m.keys[k], m.items[k].str});
             continue;
         }
@@ -120,14 +151,15 @@ static dllm_status dllm__st_open(const std::string &path, bool use_mmap, dllm__s
     for (size_t k : order) {
         if (ranges[k].first != expected)
             return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s starts at data offset %llu, expected %llu (%s)", p,
-                              st.tensors[k].name.c_str(), (unsigned long long)ranges[k].first, (unsigned long long)expected,
-                              ranges[k].first < expected ? "overlap" : "gap");
+                              st.tensors[k].name.c_str(), (unsigned long long)ranges[k].first,
+                              (unsigned long long)expected, ranges[k].first < expected ? "overlap" : "gap");
         expected = ranges[k].second;
     }
     uint64_t data_size = f.size - 8 - n;
     if (expected != data_size)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: tensors cover %llu data bytes but the file holds %llu (%s)", p,
-                          (unsigned long long)expected, (unsigned long long)data_size, expected > data_size ? "truncated" : "trailing bytes");
+                          (unsigned long long)expected, (unsigned long long)data_size,
+                          expected > data_size ? "truncated" : "trailing bytes");
 
     const uint8_t *base = f.data + 8 + n;
     for (size_t i = 0; i < st.tensors.size(); i++) {

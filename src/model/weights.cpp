@@ -5,8 +5,21 @@
 // ---------------------------------------------------------------------------------------------------
 
 enum dllm__wkind {
-    DLLM__W_EMBED, DLLM__W_ATTN_NORM, DLLM__W_Q, DLLM__W_K, DLLM__W_V, DLLM__W_BQ, DLLM__W_BK, DLLM__W_BV,
-    DLLM__W_O, DLLM__W_FFN_NORM, DLLM__W_GATE, DLLM__W_UP, DLLM__W_DOWN, DLLM__W_FINAL_NORM, DLLM__W_HEAD
+    DLLM__W_EMBED,
+    DLLM__W_ATTN_NORM,
+    DLLM__W_Q,
+    DLLM__W_K,
+    DLLM__W_V,
+    DLLM__W_BQ,
+    DLLM__W_BK,
+    DLLM__W_BV,
+    DLLM__W_O,
+    DLLM__W_FFN_NORM,
+    DLLM__W_GATE,
+    DLLM__W_UP,
+    DLLM__W_DOWN,
+    DLLM__W_FINAL_NORM,
+    DLLM__W_HEAD
 };
 
 struct dllm__wspec {
@@ -22,7 +35,8 @@ static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
     const bool llada = c.family == DLLM_FAMILY_LLADA;
     const std::string qwen = c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "encoder." : "model.";  // Nemotron: encoder.*
     std::vector<dllm__wspec> w;
-    w.push_back({llada ? "model.transformer.wte.weight" : qwen + "embed_tokens.weight", {c.n_vocab, d}, -1, DLLM__W_EMBED});
+    w.push_back(
+        {llada ? "model.transformer.wte.weight" : qwen + "embed_tokens.weight", {c.n_vocab, d}, -1, DLLM__W_EMBED});
     for (int l = 0; l < c.n_layer; l++) {
         std::string p = llada ? dllm__format("model.transformer.blocks.%d.", l) : qwen + dllm__format("layers.%d.", l);
         std::string attn = llada ? p : p + "self_attn.", mlp = llada ? p : p + "mlp.";
@@ -42,7 +56,9 @@ static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
         w.push_back({mlp + (llada ? "ff_out.weight" : "down_proj.weight"), {d, ff}, l, DLLM__W_DOWN});
     }
     w.push_back({llada ? "model.transformer.ln_f.weight" : qwen + "norm.weight", {d}, -1, DLLM__W_FINAL_NORM});
-    const char *head = llada ? "model.transformer.ff_out.weight" : c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "diffusion_head.weight" : "lm_head.weight";
+    const char *head = llada                                        ? "model.transformer.ff_out.weight"
+                       : c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "diffusion_head.weight"
+                                                                    : "lm_head.weight";
     if (!c.tied_embeddings) w.push_back({head, {c.n_vocab, d}, -1, DLLM__W_HEAD});
     return w;
 }
@@ -79,9 +95,21 @@ namespace {
 /* Element i of a float tensor (BF16/F16/F32), read bytewise: mapped data need not be aligned. */
 static inline float dllm__tensor_at(const dllm__tensor &t, int64_t i) {
     switch (t.dtype) {
-        case DLLM__BF16: { uint16_t b; memcpy(&b, t.data + 2 * i, 2); return dllm__bf16_to_f32(b); }
-        case DLLM__F16: { uint16_t b; memcpy(&b, t.data + 2 * i, 2); return dllm__f16_to_f32(b); }
-        default: { float f; memcpy(&f, t.data + 4 * i, 4); return f; }
+        case DLLM__BF16: {
+            uint16_t b;
+            memcpy(&b, t.data + 2 * i, 2);
+            return dllm__bf16_to_f32(b);
+        }
+        case DLLM__F16: {
+            uint16_t b;
+            memcpy(&b, t.data + 2 * i, 2);
+            return dllm__f16_to_f32(b);
+        }
+        default: {
+            float f;
+            memcpy(&f, t.data + 4 * i, 4);
+            return f;
+        }
     }
 }
 
@@ -96,13 +124,15 @@ static std::vector<float> dllm__tensor_f32(const dllm__tensor &t) {
 }
 
 static dllm_status dllm__check_tensor(const dllm__wspec &spec, const dllm__tensor *t) {
-    if (!t) return dllm__fail(DLLM_ERR_SHAPE, "missing tensor %s (expected shape %s)", spec.name.c_str(), dllm__shape_str(spec.shape).c_str());
+    if (!t)
+        return dllm__fail(DLLM_ERR_SHAPE, "missing tensor %s (expected shape %s)", spec.name.c_str(),
+                          dllm__shape_str(spec.shape).c_str());
     if (t->shape != spec.shape)
-        return dllm__fail(DLLM_ERR_SHAPE, "%s: tensor %s: expected shape %s, found %s", t->file->c_str(), spec.name.c_str(),
-                          dllm__shape_str(spec.shape).c_str(), dllm__shape_str(t->shape).c_str());
+        return dllm__fail(DLLM_ERR_SHAPE, "%s: tensor %s: expected shape %s, found %s", t->file->c_str(),
+                          spec.name.c_str(), dllm__shape_str(spec.shape).c_str(), dllm__shape_str(t->shape).c_str());
     if (t->dtype != DLLM__BF16 && t->dtype != DLLM__F16 && t->dtype != DLLM__F32)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s; dllm reads BF16, F16 and F32", t->file->c_str(),
-                          spec.name.c_str(), dllm__dtypes[t->dtype].name);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s; dllm reads BF16, F16 and F32",
+                          t->file->c_str(), spec.name.c_str(), dllm__dtypes[t->dtype].name);
     return DLLM_OK;
 }
 
@@ -131,15 +161,21 @@ static void dllm__bind_tensor(dllm_model &m, const dllm__wspec &spec, const dllm
 static const dllm__tensor *dllm__find_weight(const dllm_model &m, const dllm__wspec &spec, std::string &found_name) {
     found_name = spec.name;
     auto it = m.by_name.find(spec.name);
-    if (it == m.by_name.end() && spec.name == "diffusion_head.weight") it = m.by_name.find(found_name = "lm_head.weight");
+    if (it == m.by_name.end() && spec.name == "diffusion_head.weight")
+        it = m.by_name.find(found_name = "lm_head.weight");
     return it == m.by_name.end() ? nullptr : it->second;
 }
 
 /* gemma_rms norms compute x * (1 + w): folding the 1 into the weights keeps one norm everywhere. */
 static void dllm__fold_gemma_norms(dllm_model &m) {
-    auto fold = [](std::vector<float> &w) { for (float &x : w) x += 1.0f; };
+    auto fold = [](std::vector<float> &w) {
+        for (float &x : w) x += 1.0f;
+    };
     fold(m.final_norm);
-    for (dllm__layer_weights &L : m.layers) { fold(L.attn_norm); fold(L.ffn_norm); }
+    for (dllm__layer_weights &L : m.layers) {
+        fold(L.attn_norm);
+        fold(L.ffn_norm);
+    }
 }
 
 // [quantised checkpoints] (section 9b): the stored linears are read before the BF16 tensors are bound.
@@ -169,7 +205,8 @@ static dllm_status dllm__bind_weights(dllm_model &m) {
         if (!used.count(kv.first) && !(m.soloq && dllm__soloq_tensor_name(kv.first))) extra.push_back(kv.first);
     if (!extra.empty()) {
         std::sort(extra.begin(), extra.end());
-        dllm__log(DLLM_LOG_WARN, "%zu tensor(s) in the checkpoint are not used by the model, e.g. %s", extra.size(), extra[0].c_str());
+        dllm__log(DLLM_LOG_WARN, "%zu tensor(s) in the checkpoint are not used by the model, e.g. %s", extra.size(),
+                  extra[0].c_str());
     }
     return DLLM_OK;
 }
@@ -177,7 +214,8 @@ static dllm_status dllm__bind_weights(dllm_model &m) {
 static dllm_status dllm__add_file_tensors(dllm_model &m, std::unique_ptr<dllm__safetensors> st) {
     for (const dllm__tensor &t : st->tensors) {
         if (!m.by_name.emplace(t.name, &t).second)
-            return dllm__fail(DLLM_ERR_FORMAT, "tensor %s appears in %s and in %s", t.name.c_str(), m.by_name[t.name]->file->c_str(), t.file->c_str());
+            return dllm__fail(DLLM_ERR_FORMAT, "tensor %s appears in %s and in %s", t.name.c_str(),
+                              m.by_name[t.name]->file->c_str(), t.file->c_str());
     }
     m.files.push_back(std::move(st));
     return DLLM_OK;
@@ -189,7 +227,8 @@ static bool dllm__safe_shard_name(const std::string &s) {
 }
 
 /* model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file}}. */
-static dllm_status dllm__parse_index(const dllm__json &root, const std::string &path, std::vector<std::pair<std::string, std::string>> &map) {
+static dllm_status dllm__parse_index(const dllm__json &root, const std::string &path,
+                                     std::vector<std::pair<std::string, std::string>> &map) {
     const dllm__json *wm = root.find("weight_map");
     if (root.kind != dllm__json::OBJ || !wm || wm->kind != dllm__json::OBJ)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: missing \"weight_map\" object", path.c_str());
@@ -197,8 +236,10 @@ static dllm_status dllm__parse_index(const dllm__json &root, const std::string &
     for (size_t i = 0; i < wm->keys.size(); i++) {
         const dllm__json &f = wm->items[i];
         if (f.kind != dllm__json::STR || !dllm__safe_shard_name(f.str))
-            return dllm__fail(DLLM_ERR_FORMAT, "%s: weight_map[\"%s\"] must be a file name in the model directory", path.c_str(), wm->keys[i].c_str());
-        if (!seen.insert(wm->keys[i]).second) return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s is listed twice", path.c_str(), wm->keys[i].c_str());
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: weight_map[\"%s\"] must be a file name in the model directory",
+                              path.c_str(), wm->keys[i].c_str());
+        if (!seen.insert(wm->keys[i]).second)
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s is listed twice", path.c_str(), wm->keys[i].c_str());
         map.push_back({wm->keys[i], f.str});
     }
     return DLLM_OK;
@@ -221,12 +262,14 @@ static dllm_status dllm__load_sharded(dllm_model &m, const std::string &index_pa
         auto it = m.by_name.find(e.first);
         if (it == m.by_name.end() || it->second->file->size() < e.second.size() ||
             it->second->file->compare(it->second->file->size() - e.second.size(), e.second.size(), e.second) != 0)
-            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s is mapped to %s but that shard does not hold it", index_path.c_str(), e.first.c_str(), e.second.c_str());
+            return dllm__fail(DLLM_ERR_FORMAT, "%s: tensor %s is mapped to %s but that shard does not hold it",
+                              index_path.c_str(), e.first.c_str(), e.second.c_str());
     }
     return DLLM_OK;
 }
 
-static dllm_status dllm__load_model(const char *dir, const dllm_model_params &params, std::unique_ptr<dllm_model> &out) {
+static dllm_status dllm__load_model(const char *dir, const dllm_model_params &params,
+                                    std::unique_ptr<dllm_model> &out) {
     std::unique_ptr<dllm_model> m(new dllm_model);
     m->dir = dir;
     std::string cfg_path = dllm__join_path(m->dir, "config.json");

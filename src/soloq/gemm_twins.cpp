@@ -3,7 +3,8 @@
 // ---- [W4 GEMM] twin: y = (sum_k C_a C_w * s_x) * s_w on packed weight rows (GPU: q4_gemm, section 13) ---------------
 
 /* The C values of one packed row of K elements (no row scale): E8P decodes each group once. */
-static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const uint8_t *block_scales, int K, float *dst) {
+static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const uint8_t *block_scales, int K,
+                                float *dst) {
     if (f != DLLM__Q4_E8P) {
         for (int i = 0; i < K; i++) dst[i] = dllm__q4_value(f, packed, block_scales, i);
         return;
@@ -23,12 +24,14 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
  * a row). Where every partial sum is an integer below 2^24 (INT4 and RTN weights times integer activations), any
  * order of summation gives these bits, so the GPU must match them exactly; elsewhere the order differs within fp32
  * rounding. */
-[[maybe_unused]] static void dllm__cpu_q4_gemm(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales, const float *row_scale, const float *A, int lda,
-                              const float *s_x, float *y, int ldy, int M, int N, int K) {
+[[maybe_unused]] static void dllm__cpu_q4_gemm(dllm__q4_format f, const uint8_t *codes, const uint8_t *block_scales,
+                                               const float *row_scale, const float *A, int lda, const float *s_x,
+                                               float *y, int ldy, int M, int N, int K) {
     std::vector<float> w((size_t)K);
     const int blocks = (K + 15) / 16;
     for (int n = 0; n < N; n++) {
-        dllm__q4_row_values(f, codes + (size_t)n * (K / 2), f == DLLM__Q4_NVFP4 ? block_scales + (size_t)n * blocks : nullptr, K, w.data());
+        dllm__q4_row_values(f, codes + (size_t)n * (K / 2),
+                            f == DLLM__Q4_NVFP4 ? block_scales + (size_t)n * blocks : nullptr, K, w.data());
         for (int m = 0; m < M; m++) {
             const float *a = A + (size_t)m * lda;
             float acc = 0;
@@ -64,8 +67,8 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
 /* Twin of gemm_q4's INT8 path (the cuBLASLt INT8 GEMM and soloq_scale_rows_i32): y[m * ldy + n] = ((float)acc * s_x[m])
  * * s_w[n], acc the exact int32 sum over k of X[m][k] * W[n][k] (int8 C values, rows ldx and K apart). |acc| is at
  * most 127 * 127 * K, so K up to 2^31 / 127^2 = 133144 cannot overflow. */
-[[maybe_unused]] static void dllm__cpu_i8_gemm(const int8_t *X, int ldx, const int8_t *W, const float *s_x, const float *s_w, float *y, int ldy, int M, int N,
-                                               int K) {
+[[maybe_unused]] static void dllm__cpu_i8_gemm(const int8_t *X, int ldx, const int8_t *W, const float *s_x,
+                                               const float *s_w, float *y, int ldy, int M, int N, int K) {
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             const int8_t *x = X + (size_t)m * ldx, *w = W + (size_t)n * K;

@@ -33,7 +33,7 @@ static uint16_t dllm__f32_to_f16(float f) {
     const uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
     if (a >= 0x477fe000u) return (uint16_t)(sign | 0x7bffu);  // >= 65504
-    if (a < 0x38800000u) {                                     // below 2^-14: a subnormal half, in units of 2^-24
+    if (a < 0x38800000u) {                                    // below 2^-14: a subnormal half, in units of 2^-24
         float m;
         memcpy(&m, &a, 4);
         return (uint16_t)(sign | (uint16_t)rintf(m * 16777216.0f));
@@ -44,12 +44,15 @@ static uint16_t dllm__f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
-static const char *const dllm__kvq_names[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"};  // dllm_kv_quant order
+static const char *const dllm__kvq_names[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4",
+                                              "kivi-kv2"};  // dllm_kv_quant order
 static const int dllm__kvq_value_site = 5;  // the values' rotation site in each layer (dllm__soloq_site_id)
 static const float dllm__lloyd2_threshold = 0.981599f;
 static const float dllm__lloyd2_levels[2] = {0.452780f, 1.510418f};
 
-static int dllm__kvq_bits(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_KIVI_KV4 ? 4 : mode ? 2 : 0; }
+static int dllm__kvq_bits(int mode) {
+    return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_KIVI_KV4 ? 4 : mode ? 2 : 0;
+}
 static bool dllm__kvq_is_soloq(int mode) { return mode == DLLM_KV_QUANT_SOLOQ_KV4 || mode == DLLM_KV_QUANT_SOLOQ_KV2; }
 
 /* The default sinks (dllm_ctx_params.kv_sink_tokens = -1): the SoloQ paper keeps position 2 of Fast-dLLM v2 and
@@ -58,17 +61,21 @@ static int dllm__kvq_default_sinks(const dllm__config &c) { return c.family == D
 
 static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, int max_tokens) {
     if (mode < DLLM_KV_QUANT_NONE || mode > DLLM_KV_QUANT_KIVI_KV2)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
     if (sinks < -1 || sinks > max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)", sinks, max_tokens);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)",
+                          sinks, max_tokens);
     if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
     if (!dllm__is_block_diffusion(c))
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
-                          "Nemotron-Labs-Diffusion); use kv_quant none",
-                          dllm__kvq_names[mode], dllm__family_name(c.family));
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
+            "Nemotron-Labs-Diffusion); use kv_quant none",
+            dllm__kvq_names[mode], dllm__family_name(c.family));
     if (c.head_dim % 4)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
                           dllm__kvq_names[mode], c.head_dim);
     return DLLM_OK;
 }
@@ -81,8 +88,12 @@ static double dllm__kvq_bytes_per_token(const dllm__config &c, int mode, int gro
     return c.n_layer * (2.0 * kvd * dllm__kvq_bits(mode) / 8.0 + kvd * 4.0 / group + 4.0 * c.n_head_kv);
 }
 
-static inline void dllm__kvq_put(uint8_t *row, int e, int bits, unsigned code) { row[e * bits / 8] |= (uint8_t)(code << (e * bits % 8)); }
-static inline unsigned dllm__kvq_get(const uint8_t *row, int e, int bits) { return (unsigned)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1); }
+static inline void dllm__kvq_put(uint8_t *row, int e, int bits, unsigned code) {
+    row[e * bits / 8] |= (uint8_t)(code << (e * bits % 8));
+}
+static inline unsigned dllm__kvq_get(const uint8_t *row, int e, int bits) {
+    return (unsigned)(row[e * bits / 8] >> (e * bits % 8)) & ((1u << bits) - 1);
+}
 
 /* KIVI's asymmetric b-bit quantiser (spec 7.1) of n values x[i * stride]: the FP16 pair (scale, min) into pair and
  * codes in [0, 2^b) into q[n]. The pair is rounded to FP16 first and the codes come from the rounded pair, so that a
@@ -106,7 +117,9 @@ static void dllm__kivi_quantize(const float *x, size_t stride, int n, int bits, 
         q[i] = scale > 0 ? (uint8_t)fminf(fmaxf(rintf((x[(size_t)i * stride] - minr) / scale), 0.0f), top) : 0;
 }
 
-static inline float dllm__kivi_decode(unsigned q, const uint16_t pair[2]) { return fmaf((float)q, dllm__f16_to_f32(pair[0]), dllm__f16_to_f32(pair[1])); }
+static inline float dllm__kivi_decode(unsigned q, const uint16_t pair[2]) {
+    return fmaf((float)q, dllm__f16_to_f32(pair[0]), dllm__f16_to_f32(pair[1]));
+}
 
 /* C of a SoloQ value code: 4 bits, 9b's Lloyd code (an INT8 level); 2 bits, bit 1 sign and bit 0 the level. */
 static float dllm__kvq_soloq_c(unsigned code, int bits) {
@@ -149,9 +162,11 @@ struct dllm__kvq {
     bool soloq() const { return dllm__kvq_is_soloq(mode); }
     size_t row_bytes() const { return (size_t)kvd * bits / 8; }
     int groups() const { return group ? (cap + group - 1) / group : 0; }
-    size_t row_at(int l, int r) const { return ((size_t)l * cap + r) * row_bytes(); }              // k_codes, v_codes
-    size_t k_pair_at(int l, int r, int e) const { return (((size_t)l * groups() + r / group) * kvd + e) * 2; }  // k_pairs
-    size_t head_at(int l, int r, int h) const { return ((size_t)l * cap + r) * n_kv + h; }        // v_scale; v_pairs / 2
+    size_t row_at(int l, int r) const { return ((size_t)l * cap + r) * row_bytes(); }  // k_codes, v_codes
+    size_t k_pair_at(int l, int r, int e) const {
+        return (((size_t)l * groups() + r / group) * kvd + e) * 2;
+    }                                                                                       // k_pairs
+    size_t head_at(int l, int r, int h) const { return ((size_t)l * cap + r) * n_kv + h; }  // v_scale; v_pairs / 2
 
     /* A context's settings (validated by dllm__kvq_check); sinks -1 is the model's default. */
     void setup(const dllm__config &c, int mode_, int sinks) {
@@ -159,7 +174,8 @@ struct dllm__kvq {
         n_layer = c.n_layer, n_kv = c.n_head_kv, hd = c.head_dim, kvd = n_kv * hd;
         rot.clear();
         for (int l = 0; soloq() && l < n_layer; l++)
-            rot.push_back(dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed, dllm__soloq_site_id((size_t)l, dllm__kvq_value_site)));
+            rot.push_back(dllm__make_rotation(DLLM__ROT_KRPBH, hd, dllm__soloq_options().seed,
+                                              dllm__soloq_site_id((size_t)l, dllm__kvq_value_site)));
     }
 
     /* A generation starts with `rows` empty rows. */
@@ -184,7 +200,8 @@ static void dllm__kvq_value(const dllm__kvq &q, int l, int r, int h, float *out)
     const size_t at = q.head_at(l, r, h);
     for (int i = 0; i < q.hd; i++) {
         const unsigned code = dllm__kvq_get(row, h * q.hd + i, q.bits);
-        out[i] = q.soloq() ? dllm__kvq_soloq_c(code, q.bits) * q.v_scale[at] : dllm__kivi_decode(code, &q.v_pairs[2 * at]);
+        out[i] =
+            q.soloq() ? dllm__kvq_soloq_c(code, q.bits) * q.v_scale[at] : dllm__kivi_decode(code, &q.v_pairs[2 * at]);
     }
 }
 
@@ -196,7 +213,8 @@ static void dllm__kvq_commit_keys(dllm__pool &pool, dllm__kvq &q, int l, float *
         for (int g0 = row0; g0 < row1; g0 += q.group) {
             const int a = std::max(g0, q.n_sink), n = std::max(0, g0 + q.group - a);
             for (int e = h * q.hd; e < (h + 1) * q.hd; e++) {
-                dllm__kivi_quantize(k + (size_t)a * q.kvd + e, (size_t)q.kvd, n, q.bits, codes.data(), &q.k_pairs[q.k_pair_at(l, g0, e)]);
+                dllm__kivi_quantize(k + (size_t)a * q.kvd + e, (size_t)q.kvd, n, q.bits, codes.data(),
+                                    &q.k_pairs[q.k_pair_at(l, g0, e)]);
                 for (int i = 0; i < n; i++) {
                     dllm__kvq_put(&q.k_codes[q.row_at(l, a + i)], e, q.bits, codes[(size_t)i]);
                     k[(size_t)(a + i) * q.kvd + e] = dllm__kvq_key(q, l, a + i, e);
@@ -220,14 +238,17 @@ static void dllm__kvq_commit_values(dllm__pool &pool, dllm__kvq &q, int l, float
             float *x = v + (size_t)r * q.kvd + (size_t)h * q.hd;
             if (q.soloq()) {
                 dllm__rotate(q.rot[(size_t)l], x, rotated.data());
-                q.v_scale[q.head_at(l, r, h)] = dllm__kvq_soloq_row(rotated.data(), q.hd, q.bits, row + (size_t)h * q.hd * q.bits / 8);
+                q.v_scale[q.head_at(l, r, h)] =
+                    dllm__kvq_soloq_row(rotated.data(), q.hd, q.bits, row + (size_t)h * q.hd * q.bits / 8);
             } else {
                 dllm__kivi_quantize(x, 1, q.hd, q.bits, codes.data(), &q.v_pairs[2 * q.head_at(l, r, h)]);
                 for (int c = 0; c < q.hd; c++) dllm__kvq_put(row, h * q.hd + c, q.bits, codes[(size_t)c]);
             }
             dllm__kvq_value(q, l, r, h, decoded.data());
-            if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], decoded.data(), x);
-            else memcpy(x, decoded.data(), sizeof(float) * q.hd);
+            if (q.soloq())
+                dllm__rotate_inverse(q.rot[(size_t)l], decoded.data(), x);
+            else
+                memcpy(x, decoded.data(), sizeof(float) * q.hd);
         }
     });
 }
@@ -241,8 +262,10 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
         q.k_pairs.assign((size_t)q.n_layer * q.groups() * q.kvd * 2, 0);
     }
     if (group != q.group || group <= 0 || row0 % group || T % group || kv.cap != q.cap)
-        return dllm__fail(DLLM_ERR_INTERNAL, "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)", row0,
-                          row0 + T, group, q.group);
+        return dllm__fail(
+            DLLM_ERR_INTERNAL,
+            "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)", row0,
+            row0 + T, group, q.group);
     for (int l = 0; l < q.n_layer; l++) {
         dllm__kvq_commit_keys(pool, q, l, kv.k.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
         dllm__kvq_commit_values(pool, q, l, kv.v.data() + (size_t)l * kv.cap * q.kvd, row0, row0 + T);
@@ -258,20 +281,24 @@ static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[
     const int qa = std::min(n_sink, n_committed);
     lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;
 }
-static int dllm__kvq_tc_range_splits(int lo, int hi, int split_keys) { return hi > lo ? (hi - 1) / split_keys - lo / split_keys + 1 : 0; }
+static int dllm__kvq_tc_range_splits(int lo, int hi, int split_keys) {
+    return hi > lo ? (hi - 1) / split_keys - lo / split_keys + 1 : 0;
+}
 static int dllm__kvq_tc_n_splits(int n_keys, int n_committed, int n_sink, int split_keys) {
     int lo[3], hi[3], n = 0;
     dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
     for (int r = 0; r < 3; r++) n += dllm__kvq_tc_range_splits(lo[r], hi[r], split_keys);
     return n;
 }
-static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int split_keys, int s, int &j0, int &j1, bool &quant) {
+static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int split_keys, int s, int &j0, int &j1,
+                               bool &quant) {
     int lo[3], hi[3];
     dllm__kvq_tc_ranges(n_keys, n_committed, n_sink, lo, hi);
     for (int r = 0; r < 3; r++) {
         const int n = dllm__kvq_tc_range_splits(lo[r], hi[r], split_keys);
         if (s < n) {
-            j0 = std::max(lo[r], (lo[r] / split_keys + s) * split_keys), j1 = std::min(hi[r], (lo[r] / split_keys + s + 1) * split_keys);
+            j0 = std::max(lo[r], (lo[r] / split_keys + s) * split_keys),
+            j1 = std::min(hi[r], (lo[r] / split_keys + s + 1) * split_keys);
             quant = r == 1;
             return;
         }
@@ -289,16 +316,21 @@ static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int spli
  * then rounded), the online softmax in the log2 domain, probabilities rounded to bf16 before they meet the values
  * (rounded to bf16 too; SoloQ's C * scale in the rotated basis: the row scale is folded into the decoded value). The
  * splits merge in order, SoloQ's quantised ones rotated back once (R^T) before the bf16 ones join. */
-DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, const float *cache, const float *x, int q_stride, int n_head, int q_rows, int n_keys,
-                                 int n_committed, int mask_block, int q_index0, float scale, int split_keys, float *out) {
-    const int hd = q.hd, kvd = q.kvd, group = n_head / q.n_kv, n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, q.n_sink, split_keys);
+DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, const float *cache, const float *x,
+                                                 int q_stride, int n_head, int q_rows, int n_keys, int n_committed,
+                                                 int mask_block, int q_index0, float scale, int split_keys,
+                                                 float *out) {
+    const int hd = q.hd, kvd = q.kvd, group = n_head / q.n_kv,
+              n_splits = dllm__kvq_tc_n_splits(n_keys, n_committed, q.n_sink, split_keys);
     const float scale_log2 = scale * 1.4426950408889634f;
     auto bf16 = [](float v) { return dllm__bf16_to_f32(dllm__f32_to_bf16(v)); };
     std::vector<float> key((size_t)hd), o((size_t)n_splits * hd), ms((size_t)n_splits), ls((size_t)n_splits);
     std::vector<float> acc((size_t)hd), racc((size_t)hd), back((size_t)hd), sc(32), vals((size_t)32 * hd);
     for (int i = 0; i < q_rows; i++)
         for (int h = 0; h < n_head; h++) {
-            const int kvh = h / group, n_visible = mask_block ? std::min(n_keys, ((q_index0 + i) / mask_block + 1) * mask_block) : n_keys;
+            const int kvh = h / group,
+                      n_visible =
+                          mask_block ? std::min(n_keys, ((q_index0 + i) / mask_block + 1) * mask_block) : n_keys;
             const float *qi = x + (size_t)i * q_stride + (size_t)h * hd;
             for (int s = 0; s < n_splits; s++) {
                 int j0, j1;
@@ -324,7 +356,8 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
                         for (int c = 0; c < hd; c++) dot = fmaf(qi[c], key[(size_t)c], dot);
                         sc[(size_t)(j - a)] = dot, mx = std::max(mx, dot);
                     }
-                    const float n0 = std::max(m, mx * scale_log2), base = n0 == -INFINITY ? 0.0f : n0, corr = exp2f(m - base);
+                    const float n0 = std::max(m, mx * scale_log2), base = n0 == -INFINITY ? 0.0f : n0,
+                                corr = exp2f(m - base);
                     m = n0, lsum *= corr;
                     for (int c = 0; c < hd; c++) os[c] *= corr;
                     for (int j = a; j < b; j++) {

@@ -7,7 +7,7 @@
 struct dllm__soloq_options {
     bool enabled = false;
     dllm__q4_format weights = DLLM__Q4_NVFP4, acts = DLLM__Q4_NVFP4;
-    bool quantize_acts = true;     // false: -w4a16 (activations rotated, not quantised)
+    bool quantize_acts = true;  // false: -w4a16 (activations rotated, not quantised)
     dllm__rot_kind rotation = DLLM__ROT_KRPBH;
     bool bias_correction = true;
     bool quantize_head = false;
@@ -17,8 +17,9 @@ struct dllm__soloq_options {
 static bool dllm__precision_is_soloq(int p) { return p >= DLLM_PRECISION_SOLOQ_N && p <= DLLM_PRECISION_RTN_W4A16; }
 
 static const char *dllm__precision_name(int p) {
-    static const char *const names[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4",
-                                        "soloq-n-w4a16", "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"};
+    static const char *const names[] = {"bf16",          "fp8",           "fp8-all",  "soloq-n",
+                                        "soloq-i",       "soloq-c",       "rtn-w4a4", "soloq-n-w4a16",
+                                        "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"};
     return p >= 0 && p <= DLLM_PRECISION_RTN_W4A16 ? names[p] : "(unknown)";
 }
 
@@ -43,12 +44,15 @@ static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dll
         int k = -1;
         for (int i = 0; i < 6; i++)
             if (!strcmp(e, dllm__rot_names[i])) k = i;
-        if (k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
+        if (k < 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
         o.rotation = (dllm__rot_kind)k;
     }
     if (!dllm__env().soloq_bias_correction.empty()) {
         const char *e = dllm__env().soloq_bias_correction.c_str();
-        if (strcmp(e, "0") && strcmp(e, "1")) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
+        if (strcmp(e, "0") && strcmp(e, "1"))
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
         o.bias_correction = e[0] == '1';
     }
     return DLLM_OK;
@@ -71,8 +75,10 @@ struct dllm__soloq_layer {
 static uint32_t dllm__soloq_site_id(size_t layer, int site) { return (uint32_t)(layer * 8 + (size_t)site); }
 
 /* Stacks tensors by rows in their BF16 values (what the GPU holds), rotates every row by rot and quantises it. */
-static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool, std::initializer_list<const dllm__tensor *> parts,
-                                                      std::shared_ptr<const dllm__rotation> rot, const dllm__soloq_options &o) {
+static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool,
+                                                      std::initializer_list<const dllm__tensor *> parts,
+                                                      std::shared_ptr<const dllm__rotation> rot,
+                                                      const dllm__soloq_options &o) {
     const int cols = (int)parts.begin()[0]->shape[1];
     int rows = 0;
     for (const dllm__tensor *t : parts) rows += (int)t->shape[0];
@@ -95,10 +101,15 @@ static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool, std::ini
 static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__soloq_options &o) {
     const int dims[] = {c.n_embd, c.n_head * c.head_dim, c.n_ff};
     for (int d : dims) {
-        if (d % 8) return dllm__fail(DLLM_ERR_UNSUPPORTED, "SoloQ precisions need every linear's input width to be a multiple of 8; this model has %d", d);
+        if (d % 8)
+            return dllm__fail(
+                DLLM_ERR_UNSUPPORTED,
+                "SoloQ precisions need every linear's input width to be a multiple of 8; this model has %d", d);
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED, "DLLM_SOLOQ_ROTATION=haar builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
-                              dllm__haar_max_d, d);
+            return dllm__fail(
+                DLLM_ERR_UNSUPPORTED,
+                "DLLM_SOLOQ_ROTATION=haar builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                dllm__haar_max_d, d);
     }
     return DLLM_OK;
 }
@@ -106,33 +117,43 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
 /* Storage of SoloQ weights in bytes (codes + block scales + row scales), as the GPU will hold them. */
 static size_t dllm__soloq_bytes(const dllm__soloq_layer &q) {
     size_t n = 0;
-    for (const dllm__soloq_linear &l : q.lin) n += l.w.codes.size() + l.w.block_scales.size() + 4 * l.w.row_scale.size();
+    for (const dllm__soloq_linear &l : q.lin)
+        n += l.w.codes.size() + l.w.block_scales.size() + 4 * l.w.row_scale.size();
     return n;
 }
 
 /* The rotation of a site (its input width d); the head's layer is n_layer. */
-static std::shared_ptr<const dllm__rotation> dllm__soloq_site_rotation(const dllm__soloq_options &o, size_t layer, int site, int d) {
-    return std::make_shared<const dllm__rotation>(dllm__make_rotation(o.rotation, d, o.seed, dllm__soloq_site_id(layer, site)));
+static std::shared_ptr<const dllm__rotation> dllm__soloq_site_rotation(const dllm__soloq_options &o, size_t layer,
+                                                                       int site, int d) {
+    return std::make_shared<const dllm__rotation>(
+        dllm__make_rotation(o.rotation, d, o.seed, dllm__soloq_site_id(layer, site)));
 }
 
 /* Layer l's four linears quantised from the model's BF16 tensors. */
-static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_layer(const dllm_model &m, dllm__pool &pool, const dllm__soloq_options &o, size_t l) {
+static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_layer(const dllm_model &m, dllm__pool &pool,
+                                                                           const dllm__soloq_options &o, size_t l) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[l];
     std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
     q->opt = o;
-    q->lin[DLLM__SOLOQ_QKV] = dllm__soloq_quantize_linear(pool, {L.wq, L.wk, L.wv}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_QKV, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(pool, {L.wo}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, c.n_head * c.head_dim), o);
-    q->lin[DLLM__SOLOQ_GU] = dllm__soloq_quantize_linear(pool, {L.gate, L.up}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_GU, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_DOWN] = dllm__soloq_quantize_linear(pool, {L.down}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
+    q->lin[DLLM__SOLOQ_QKV] = dllm__soloq_quantize_linear(
+        pool, {L.wq, L.wk, L.wv}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_QKV, c.n_embd), o);
+    q->lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(
+        pool, {L.wo}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, c.n_head * c.head_dim), o);
+    q->lin[DLLM__SOLOQ_GU] =
+        dllm__soloq_quantize_linear(pool, {L.gate, L.up}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_GU, c.n_embd), o);
+    q->lin[DLLM__SOLOQ_DOWN] =
+        dllm__soloq_quantize_linear(pool, {L.down}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
     return q;
 }
 
 /* The LM head quantised from the model's BF16 head (at lin[DLLM__SOLOQ_HEAD]). */
-static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_head(const dllm_model &m, dllm__pool &pool, const dllm__soloq_options &o) {
+static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_head(const dllm_model &m, dllm__pool &pool,
+                                                                          const dllm__soloq_options &o) {
     std::shared_ptr<dllm__soloq_layer> h = std::make_shared<dllm__soloq_layer>();
     h->opt = o;
-    h->lin[DLLM__SOLOQ_HEAD] = dllm__soloq_quantize_linear(pool, {m.head}, dllm__soloq_site_rotation(o, m.layers.size(), DLLM__SOLOQ_HEAD, m.cfg.n_embd), o);
+    h->lin[DLLM__SOLOQ_HEAD] = dllm__soloq_quantize_linear(
+        pool, {m.head}, dllm__soloq_site_rotation(o, m.layers.size(), DLLM__SOLOQ_HEAD, m.cfg.n_embd), o);
     return h;
 }
 
@@ -158,7 +179,8 @@ static dllm__soloq_options dllm__soloq_effective_options(const dllm_model &m, co
 }
 
 /* A stored layer under a context's options: shared as it is, or (another activation treatment) copied. */
-static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::shared_ptr<const dllm__soloq_layer> &q, const dllm__soloq_options &o) {
+static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::shared_ptr<const dllm__soloq_layer> &q,
+                                                                   const dllm__soloq_options &o) {
     if (q->opt.quantize_acts == o.quantize_acts) return q;
     std::shared_ptr<dllm__soloq_layer> copy = std::make_shared<dllm__soloq_layer>(*q);
     copy->opt = o;
@@ -167,23 +189,31 @@ static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::sh
 
 /* Weights of every layer (and the head if asked) quantised once at context creation, or taken from a quantised
  * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null. */
-static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool, const dllm__soloq_options &asked,
-                                                             std::shared_ptr<const dllm__soloq_layer> &head) {
+static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool,
+                                                            const dllm__soloq_options &asked,
+                                                            std::shared_ptr<const dllm__soloq_layer> &head) {
     const dllm__config &c = m.cfg;
     const dllm__soloq_options o = dllm__soloq_effective_options(m, asked);
     std::vector<dllm__fp8_layer> out(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++) out[l].soloq = m.soloq ? dllm__soloq_stored(m.soloq->layers[l], o) : dllm__soloq_quantize_layer(m, pool, o, l);
+    for (size_t l = 0; l < m.layers.size(); l++)
+        out[l].soloq = m.soloq ? dllm__soloq_stored(m.soloq->layers[l], o) : dllm__soloq_quantize_layer(m, pool, o, l);
     head.reset();
-    if (m.soloq && m.soloq->head) head = dllm__soloq_stored(m.soloq->head, o);
-    else if (o.quantize_head) head = dllm__soloq_quantize_head(m, pool, o);
-    size_t bytes = head ? dllm__soloq_bytes(*head) : 0, weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
+    if (m.soloq && m.soloq->head)
+        head = dllm__soloq_stored(m.soloq->head, o);
+    else if (o.quantize_head)
+        head = dllm__soloq_quantize_head(m, pool, o);
+    size_t bytes = head ? dllm__soloq_bytes(*head) : 0,
+           weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
         bytes += dllm__soloq_bytes(*l.soloq);
         for (const dllm__soloq_linear &lin : l.soloq->lin) weights += (size_t)lin.w.rows * lin.w.cols;
     }
-    dllm__log(DLLM_LOG_INFO, "SoloQ: %s weights%s, %s activations, rotation %s, bias correction %s, LM head %s: %.1f MB, %.3f bits a weight",
-              dllm__q4_names[o.weights], m.soloq ? " (stored)" : "", o.quantize_acts ? dllm__q4_names[o.acts] : "unquantised", dllm__rot_names[o.rotation],
-              o.bias_correction ? "on" : "off", o.quantize_head ? "quantised" : "BF16", bytes / 1e6, 8.0 * bytes / std::max<size_t>(weights, 1));
+    dllm__log(
+        DLLM_LOG_INFO,
+        "SoloQ: %s weights%s, %s activations, rotation %s, bias correction %s, LM head %s: %.1f MB, %.3f bits a weight",
+        dllm__q4_names[o.weights], m.soloq ? " (stored)" : "", o.quantize_acts ? dllm__q4_names[o.acts] : "unquantised",
+        dllm__rot_names[o.rotation], o.bias_correction ? "on" : "off", o.quantize_head ? "quantised" : "BF16",
+        bytes / 1e6, 8.0 * bytes / std::max<size_t>(weights, 1));
     return out;
 }
 
@@ -204,9 +234,10 @@ static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_layer 
 /* The hook of the CPU forward (declared in section 9): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on site's
  * quantised weight; with prepare_x, x is first rotated and quantised in place (the later calls on the same input,
  * K and V after Q, up after gate, pass false). */
-static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q, int site, int row0,
-                                   const float *bias, int N, float *y) {
+static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
+                                   int site, int row0, const float *bias, int N, float *y) {
     const dllm__soloq_linear &lin = q.lin[site];
     if (prepare_x) dllm__soloq_prepare_input(pool, q, site, x, T);
-    dllm__cpu_linear_rows(pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
+    dllm__cpu_linear_rows(
+        pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }

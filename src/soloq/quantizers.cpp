@@ -16,17 +16,19 @@ static const char *const dllm__q4_names[] = {"NVFP4", "INT4", "Lloyd-Max", "E8P-
 struct dllm__q4_rows {
     dllm__q4_format format = DLLM__Q4_INT4;
     int rows = 0, cols = 0;
-    std::vector<uint8_t> codes;         // [rows][row_bytes()]
-    std::vector<uint8_t> block_scales;  // NVFP4: [rows][blocks()] UE4M3
-    std::vector<float> row_scale;       // [rows]: the value of an element is C * row_scale
+    std::vector<uint8_t> codes;                            // [rows][row_bytes()]
+    std::vector<uint8_t> block_scales;                     // NVFP4: [rows][blocks()] UE4M3
+    std::vector<float> row_scale;                          // [rows]: the value of an element is C * row_scale
     size_t row_bytes() const { return (size_t)cols / 2; }  // 4 bits an element in every format (E8P: 32 bits per 8)
-    int blocks() const { return (cols + 15) / 16; }         // NVFP4 blocks a row, the last one shorter if cols % 16
+    int blocks() const { return (cols + 15) / 16; }        // NVFP4 blocks a row, the last one shorter if cols % 16
 };
 
 static const float dllm__int4_step = 0.3352f;  // Gaussian-MSE-optimal 16-level mid-rise step, in sigma units
-static const float dllm__lloyd4_thresholds[7] = {0.258222f, 0.522404f, 0.799550f, 1.099286f, 1.437139f, 1.843532f, 2.400803f};
+static const float dllm__lloyd4_thresholds[7] = {0.258222f, 0.522404f, 0.799550f, 1.099286f,
+                                                 1.437139f, 1.843532f, 2.400803f};
 // The Lloyd-Max levels themselves: encoding uses their midpoints (the thresholds), decoding the INT8 levels.
-[[maybe_unused]] static const float dllm__lloyd4_levels[8] = {0.128395f, 0.388048f, 0.656759f, 0.942340f, 1.256231f, 1.618046f, 2.069017f, 2.732590f};
+[[maybe_unused]] static const float dllm__lloyd4_levels[8] = {0.128395f, 0.388048f, 0.656759f, 0.942340f,
+                                                              1.256231f, 1.618046f, 2.069017f, 2.732590f};
 static const int dllm__lloyd4_int[8] = {6, 18, 30, 43, 58, 74, 95, 126};
 static const float dllm__lloyd4_kappa = 46.0f;
 static const float dllm__e8p_scale = 1.03f, dllm__e8p_resid = 3.45f, dllm__e8p_kappa = 35.8f;
@@ -34,7 +36,14 @@ static const float dllm__e8p_scale = 1.03f, dllm__e8p_resid = 3.45f, dllm__e8p_k
 /* The magnitude code of an E2M1 value, rounding |v| to nearest even with satfinite (spec 6.2 step 4). */
 static uint8_t dllm__f32_to_e2m1(float v) {
     const float a = fabsf(v);
-    const int m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
+    const int m = a <= 0.25f   ? 0
+                  : a < 0.75f  ? 1
+                  : a <= 1.25f ? 2
+                  : a < 1.75f  ? 3
+                  : a <= 2.5f  ? 4
+                  : a < 3.5f   ? 5
+                  : a <= 5.0f  ? 6
+                               : 7;
     return m ? (uint8_t)((signbit(v) ? 8 : 0) | m) : 0;
 }
 
@@ -82,8 +91,9 @@ static const uint8_t *dllm__e8p_abs(int index) {
             for (uint8_t h : a) norm4 += h * h;
             if (norm4 <= 40) t.insert(t.end(), a, a + 8);
         }
-        static const char *const pads[29] = {"123", "023", "013", "012", "367", "357", "347", "356", "346", "345", "267", "257", "247", "256", "246",
-                                             "245", "167", "157", "147", "156", "146", "045", "067", "057", "047", "056", "046", "014", "237"};
+        static const char *const pads[29] = {"123", "023", "013", "012", "367", "357", "347", "356", "346", "345",
+                                             "267", "257", "247", "256", "246", "245", "167", "157", "147", "156",
+                                             "146", "045", "067", "057", "047", "056", "046", "014", "237"};
         for (const char *p : pads) {
             uint8_t a[8] = {3, 3, 3, 3, 3, 3, 3, 3};
             for (const char *c = p; *c; c++) a[*c - '0'] = 1;
@@ -155,7 +165,8 @@ static int dllm__e8p_int(int e1_4, int e2_4) {
     static const std::vector<int8_t> table = [] {
         std::vector<int8_t> t(144);
         for (int i = 0; i < 12; i++)
-            for (int j = 0; j < 12; j++) t[(size_t)i * 12 + j] = (int8_t)lrint(35.8 * ((2 * i - 11) / 4.0 + (2 * j - 11) / 4.0 / 3.45));
+            for (int j = 0; j < 12; j++)
+                t[(size_t)i * 12 + j] = (int8_t)lrint(35.8 * ((2 * i - 11) / 4.0 + (2 * j - 11) / 4.0 / 3.45));
         return t;
     }();
     return table[(size_t)((e1_4 + 11) / 2) * 12 + (e2_4 + 11) / 2];
@@ -244,7 +255,8 @@ static float dllm__encode_e8p(const float *x, int n, float sigma, uint8_t *packe
  * SoloQ's ||x||^2 / <C, x> (spec 5: the projection of the quantised row on x is exact), otherwise the format's own
  * scale. A zero row gets codes 0 and scale 0; a row holding Inf or NaN gets a NaN scale (non-finite input never
  * turns into finite output); if <C, x> <= 0 the format's own scale stays. */
-static float dllm__q4_quantize_row(dllm__q4_format f, const float *x, int n, bool bias_correction, uint8_t *packed, uint8_t *block_scales, float *value) {
+static float dllm__q4_quantize_row(dllm__q4_format f, const float *x, int n, bool bias_correction, uint8_t *packed,
+                                   uint8_t *block_scales, float *value) {
     const float ss = dllm__soloq_dot(x, x, n), sigma = sqrtf(ss / (float)n);
     std::vector<uint8_t> c4((size_t)n, 0);
     float scale = 0;
@@ -291,7 +303,8 @@ static void dllm__q4_row(const dllm__q4_rows &q, int r, float *dst) {
 
 /* Quantises rows x[rows][cols], each row on its own (per token / per row): the pool splits rows, and a row's codes
  * and scale depend on that row only. cols % 8 == 0 (E8P's groups, whole bytes). */
-static dllm__q4_rows dllm__q4_quantize(dllm__pool *pool, dllm__q4_format f, const float *x, int rows, int cols, bool bias_correction) {
+static dllm__q4_rows dllm__q4_quantize(dllm__pool *pool, dllm__q4_format f, const float *x, int rows, int cols,
+                                       bool bias_correction) {
     dllm__q4_rows q;
     q.format = f, q.rows = rows, q.cols = cols;
     q.codes.resize((size_t)rows * q.row_bytes());
@@ -299,11 +312,14 @@ static dllm__q4_rows dllm__q4_quantize(dllm__pool *pool, dllm__q4_format f, cons
     q.row_scale.resize((size_t)rows);
     auto one = [&](int r) {
         std::vector<float> value((size_t)cols);
-        q.row_scale[(size_t)r] = dllm__q4_quantize_row(f, x + (size_t)r * cols, cols, bias_correction, q.codes.data() + (size_t)r * q.row_bytes(),
-                                                       f == DLLM__Q4_NVFP4 ? q.block_scales.data() + (size_t)r * q.blocks() : nullptr, value.data());
+        q.row_scale[(size_t)r] = dllm__q4_quantize_row(
+            f, x + (size_t)r * cols, cols, bias_correction, q.codes.data() + (size_t)r * q.row_bytes(),
+            f == DLLM__Q4_NVFP4 ? q.block_scales.data() + (size_t)r * q.blocks() : nullptr, value.data());
     };
-    if (pool) pool->run(rows, one);
-    else for (int r = 0; r < rows; r++) one(r);
+    if (pool)
+        pool->run(rows, one);
+    else
+        for (int r = 0; r < rows; r++) one(r);
     return q;
 }
 

@@ -99,7 +99,8 @@ static int dllm__pow2_factor(int d) { return d & -d; }
 
 /* A standard normal draw from two Philox uniforms (Box-Muller in double). */
 static double dllm__soloq_normal(uint64_t seed, uint32_t index, uint32_t site) {
-    const double u1 = dllm__uniform(seed, 2 * index, site, 2, DLLM__RNG_SOLOQ), u2 = dllm__uniform(seed, 2 * index + 1, site, 2, DLLM__RNG_SOLOQ);
+    const double u1 = dllm__uniform(seed, 2 * index, site, 2, DLLM__RNG_SOLOQ),
+                 u2 = dllm__uniform(seed, 2 * index + 1, site, 2, DLLM__RNG_SOLOQ);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
@@ -148,11 +149,14 @@ static dllm__rotation dllm__make_rotation(dllm__rot_kind kind, int d, uint64_t s
     if (kind != DLLM__ROT_MIXER) {  // Fisher-Yates
         r.perm.resize((size_t)d);
         for (int i = 0; i < d; i++) r.perm[(size_t)i] = i;
-        for (int i = d - 1; i > 0; i--) std::swap(r.perm[(size_t)i], r.perm[(size_t)(dllm__uniform(seed, (uint32_t)i, site, 0, DLLM__RNG_SOLOQ) * (i + 1))]);
+        for (int i = d - 1; i > 0; i--)
+            std::swap(r.perm[(size_t)i],
+                      r.perm[(size_t)(dllm__uniform(seed, (uint32_t)i, site, 0, DLLM__RNG_SOLOQ) * (i + 1))]);
     }
     r.sign_bits.assign((size_t)(d + 7) / 8, 0);
     for (int i = 0; i < d; i++)
-        if (dllm__uniform(seed, (uint32_t)i, site, 1, DLLM__RNG_SOLOQ) < 0.5) r.sign_bits[(size_t)i / 8] |= (uint8_t)(1u << (i % 8));
+        if (dllm__uniform(seed, (uint32_t)i, site, 1, DLLM__RNG_SOLOQ) < 0.5)
+            r.sign_bits[(size_t)i / 8] |= (uint8_t)(1u << (i % 8));
     if (kind != DLLM__ROT_RPBH && r.k > 1) r.mixer = dllm__haar_matrix(r.k, seed, site);
     return r;
 }
@@ -184,7 +188,8 @@ static void dllm__mix_blocks(const float *m, bool transpose, const float *in, in
     for (int j = 0; j < k; j++)
         for (int c = 0; c < b; c++) {
             float acc = 0;
-            for (int i = 0; i < k; i++) acc = fmaf(transpose ? m[(size_t)i * k + j] : m[(size_t)j * k + i], in[(size_t)i * b + c], acc);
+            for (int i = 0; i < k; i++)
+                acc = fmaf(transpose ? m[(size_t)i * k + j] : m[(size_t)j * k + i], in[(size_t)i * b + c], acc);
             out[(size_t)j * b + c] = acc;
         }
 }
@@ -198,8 +203,10 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
     std::vector<float> t((size_t)r.d);
     for (int i = 0; i < r.d; i++) t[(size_t)i] = dllm__rot_sign(r, i) * x[r.perm.empty() ? i : r.perm[(size_t)i]];
     dllm__fwht_blocks(t.data(), r.k, r.b);
-    if (r.mixer.empty()) memcpy(y, t.data(), sizeof(float) * r.d);
-    else dllm__mix_blocks(r.mixer.data(), false, t.data(), r.k, r.b, y);
+    if (r.mixer.empty())
+        memcpy(y, t.data(), sizeof(float) * r.d);
+    else
+        dllm__mix_blocks(r.mixer.data(), false, t.data(), r.k, r.b, y);
 }
 
 /* x = R^T y for one row (the inverse: R is orthogonal). The forward never needs it (weights are rotated by R as
@@ -210,8 +217,10 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
         return;
     }
     std::vector<float> t((size_t)r.d);
-    if (r.mixer.empty()) memcpy(t.data(), y, sizeof(float) * r.d);
-    else dllm__mix_blocks(r.mixer.data(), true, y, r.k, r.b, t.data());
+    if (r.mixer.empty())
+        memcpy(t.data(), y, sizeof(float) * r.d);
+    else
+        dllm__mix_blocks(r.mixer.data(), true, y, r.k, r.b, t.data());
     dllm__fwht_blocks(t.data(), r.k, r.b);
     for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
 }

@@ -11,7 +11,7 @@ struct dllm__added_token {
 /* Byte trie over added-token contents, for leftmost-longest matching (HF uses Aho-Corasick with
  * MatchKind::LeftmostLongest: the earliest start wins, then the longest token there). */
 struct dllm__trie {
-    std::vector<int32_t> token = {-1};                // node -> index in dllm_tokenizer::added, or -1
+    std::vector<int32_t> token = {-1};               // node -> index in dllm_tokenizer::added, or -1
     std::unordered_map<uint64_t, int32_t> children;  // (node << 8 | byte) -> node
 
     void insert(const std::string &s, int32_t index) {
@@ -33,7 +33,10 @@ struct dllm__trie {
             auto it = children.find((uint64_t)node << 8 | (unsigned char)text[k]);
             if (it == children.end()) break;
             node = it->second;
-            if (token[(size_t)node] >= 0) { best = token[(size_t)node]; len = k + 1 - pos; }
+            if (token[(size_t)node] >= 0) {
+                best = token[(size_t)node];
+                len = k + 1 - pos;
+            }
         }
         return best;
     }
@@ -44,21 +47,21 @@ enum { DLLM__BPE_CACHE_MAX = 1 << 16, DLLM__BPE_CACHE_PIECE = 256 };
 }  // namespace
 struct dllm_tokenizer {
     std::string dir;
-    std::unordered_map<std::string, int32_t> vocab;               // BPE vocabulary (byte-mapped strings)
+    std::unordered_map<std::string, int32_t> vocab;                    // BPE vocabulary (byte-mapped strings)
     std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
     std::vector<dllm__added_token> added;
-    std::unordered_map<std::string, int32_t> added_ids;           // content -> id
-    dllm__trie raw_trie, normalized_trie;                         // added tokens matched before / after NFC
-    std::vector<std::string> piece;                               // id -> bytes it decodes to
-    std::vector<uint8_t> has_token, is_special;                   // per id
-    int32_t byte_id[256];                                         // id of each single-byte symbol, or -1
-    uint32_t byte_char[256];                                      // GPT-2 bytes_to_unicode
+    std::unordered_map<std::string, int32_t> added_ids;  // content -> id
+    dllm__trie raw_trie, normalized_trie;                // added tokens matched before / after NFC
+    std::vector<std::string> piece;                      // id -> bytes it decodes to
+    std::vector<uint8_t> has_token, is_special;          // per id
+    int32_t byte_id[256];                                // id of each single-byte symbol, or -1
+    uint32_t byte_char[256];                             // GPT-2 bytes_to_unicode
     int32_t n_vocab = 0;
     bool nfc = false, ignore_merges = false, fuse_unk = false;
     int32_t unk_id = -1;
     dllm__pretok_kind pretok = DLLM__PRETOK_QWEN2;
     dllm_chat_template chat = DLLM_CHAT_NONE;
-    std::string bos_token;                                        // for the LLaDA template
+    std::string bos_token;  // for the LLaDA template
     mutable std::mutex cache_mutex;
     mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // pre-token bytes -> ids
 };
@@ -91,7 +94,10 @@ static std::string dllm__token_bytes(const dllm_tokenizer &t, const std::string 
 /* BPE of one pre-token (raw bytes), as HF's Word::merge_all: repeatedly apply the lowest-ranked merge,
  * leftmost first among equal ranks, with a heap of candidate pairs that are re-checked when popped. */
 static void dllm__bpe_merge(const dllm_tokenizer &t, const std::string &bytes, std::vector<int32_t> &out) {
-    struct symbol { int32_t id; int prev, next; };
+    struct symbol {
+        int32_t id;
+        int prev, next;
+    };
     std::vector<symbol> sym;
     for (unsigned char b : bytes) {
         int32_t id = t.byte_id[b];
@@ -103,7 +109,11 @@ static void dllm__bpe_merge(const dllm_tokenizer &t, const std::string &bytes, s
     }
     if (sym.empty()) return;
     sym.back().next = -1;
-    struct cand { int32_t rank; int pos; int32_t merged; };
+    struct cand {
+        int32_t rank;
+        int pos;
+        int32_t merged;
+    };
     auto later = [](const cand &a, const cand &b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
     std::vector<cand> heap;
     auto push = [&](int pos) {
@@ -141,7 +151,10 @@ static void dllm__bpe(const dllm_tokenizer &t, const std::string &bytes, std::ve
     if (cacheable) {
         std::lock_guard<std::mutex> lock(t.cache_mutex);
         auto it = t.cache.find(bytes);
-        if (it != t.cache.end()) { out.insert(out.end(), it->second.begin(), it->second.end()); return; }
+        if (it != t.cache.end()) {
+            out.insert(out.end(), it->second.begin(), it->second.end());
+            return;
+        }
     }
     std::vector<int32_t> ids;
     if (t.ignore_merges) {  // Llama-3: a pre-token that is a whole vocabulary entry is not merged
@@ -190,13 +203,16 @@ struct dllm__span {
 /* HF's AddedVocabulary::find_matches: added tokens cut out of text, with lstrip/rstrip taking the
  * whitespace beside them. A special token skipped because parse_special is off is still consumed by
  * the matcher, as HF's encode_special_tokens does, so no token is found inside it. */
-static void dllm__split_added(const dllm_tokenizer &t, const dllm__trie &trie, const std::string &text, bool parse_special,
-                              std::vector<dllm__span> &out) {
+static void dllm__split_added(const dllm_tokenizer &t, const dllm__trie &trie, const std::string &text,
+                              bool parse_special, std::vector<dllm__span> &out) {
     size_t done = 0;  // text before this is already in out
     for (size_t pos = 0; pos < text.size();) {
         size_t len = 0;
         int32_t k = trie.longest(text, pos, len);
-        if (k < 0) { pos++; continue; }
+        if (k < 0) {
+            pos++;
+            continue;
+        }
         const dllm__added_token &a = t.added[(size_t)k];
         size_t begin = pos, end = pos + len;
         pos = end;
@@ -218,31 +234,39 @@ static void dllm__encode_plain(const dllm_tokenizer &t, const std::string &text,
 }
 
 /* The whole encode pipeline of HF's TokenizerImpl::encode, without post-processing (no BOS/EOS). */
-static void dllm__tokenize(const dllm_tokenizer &t, const char *data, size_t n, bool parse_special, std::vector<int32_t> &out) {
+static void dllm__tokenize(const dllm_tokenizer &t, const char *data, size_t n, bool parse_special,
+                           std::vector<int32_t> &out) {
     std::string text = dllm__utf8_sanitize(data, n);
     std::vector<dllm__span> spans;
     dllm__split_added(t, t.raw_trie, text, parse_special, spans);
     for (const dllm__span &s : spans) {
-        if (s.id >= 0) { out.push_back(s.id); continue; }
+        if (s.id >= 0) {
+            out.push_back(s.id);
+            continue;
+        }
         std::string gap = text.substr(s.begin, s.end - s.begin);
         if (t.nfc) gap = dllm__nfc(gap);
         std::vector<dllm__span> inner;  // tokens with normalized: true match the normalised text
         dllm__split_added(t, t.normalized_trie, gap, parse_special, inner);
         for (const dllm__span &g : inner) {
-            if (g.id >= 0) out.push_back(g.id);
-            else dllm__encode_plain(t, gap.substr(g.begin, g.end - g.begin), out);
+            if (g.id >= 0)
+                out.push_back(g.id);
+            else
+                dllm__encode_plain(t, gap.substr(g.begin, g.end - g.begin), out);
         }
     }
 }
 
 /* HF's decode: token bytes concatenated (special tokens skipped if asked), then UTF-8 with U+FFFD
  * replacement over the whole byte string, so characters split across tokens survive. */
-static dllm_status dllm__detokenize(const dllm_tokenizer &t, const int32_t *ids, int n_ids, bool skip_special, std::string &out) {
+static dllm_status dllm__detokenize(const dllm_tokenizer &t, const int32_t *ids, int n_ids, bool skip_special,
+                                    std::string &out) {
     std::string bytes;
     for (int i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t.n_vocab || !t.has_token[(size_t)id])
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "ids[%d] = %d is not a token of this tokenizer (vocabulary of %d)", i, id, t.n_vocab);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "ids[%d] = %d is not a token of this tokenizer (vocabulary of %d)", i, id, t.n_vocab);
         if (!(skip_special && t.is_special[(size_t)id])) bytes += t.piece[(size_t)id];
     }
     out = dllm__utf8_sanitize(bytes.data(), bytes.size());

@@ -2,8 +2,16 @@
 
 // ---- NFC (UAX #15: canonical decomposition, canonical ordering, canonical composition) ---------------
 
-enum { DLLM__HANGUL_S = 0xAC00, DLLM__HANGUL_L = 0x1100, DLLM__HANGUL_V = 0x1161, DLLM__HANGUL_T = 0x11A7,
-       DLLM__HANGUL_V_COUNT = 21, DLLM__HANGUL_T_COUNT = 28, DLLM__HANGUL_N = 21 * 28, DLLM__HANGUL_COUNT = 19 * 21 * 28 };
+enum {
+    DLLM__HANGUL_S = 0xAC00,
+    DLLM__HANGUL_L = 0x1100,
+    DLLM__HANGUL_V = 0x1161,
+    DLLM__HANGUL_T = 0x11A7,
+    DLLM__HANGUL_V_COUNT = 21,
+    DLLM__HANGUL_T_COUNT = 28,
+    DLLM__HANGUL_N = 21 * 28,
+    DLLM__HANGUL_COUNT = 19 * 21 * 28
+};
 
 struct dllm__nfc_tables {
     std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> decomp;  // code point -> (first, second or 0)
@@ -35,16 +43,22 @@ static void dllm__decompose(uint32_t cp, std::vector<uint32_t> &out) {
     }
     const auto &d = dllm__nfc_data().decomp;
     auto it = cp < 0xC0 ? d.end() : d.find(cp);
-    if (it == d.end()) { out.push_back(cp); return; }
+    if (it == d.end()) {
+        out.push_back(cp);
+        return;
+    }
     dllm__decompose(it->second.first, out);
     if (it->second.second) dllm__decompose(it->second.second, out);
 }
 
 static uint32_t dllm__compose_pair(uint32_t a, uint32_t b) {
-    if (a >= DLLM__HANGUL_L && a < DLLM__HANGUL_L + 19 && b >= DLLM__HANGUL_V && b < DLLM__HANGUL_V + DLLM__HANGUL_V_COUNT)
-        return DLLM__HANGUL_S + ((a - DLLM__HANGUL_L) * DLLM__HANGUL_V_COUNT + (b - DLLM__HANGUL_V)) * DLLM__HANGUL_T_COUNT;
-    if (a >= DLLM__HANGUL_S && a < DLLM__HANGUL_S + DLLM__HANGUL_COUNT && (a - DLLM__HANGUL_S) % DLLM__HANGUL_T_COUNT == 0 &&
-        b > DLLM__HANGUL_T && b < DLLM__HANGUL_T + DLLM__HANGUL_T_COUNT)
+    if (a >= DLLM__HANGUL_L && a < DLLM__HANGUL_L + 19 && b >= DLLM__HANGUL_V &&
+        b < DLLM__HANGUL_V + DLLM__HANGUL_V_COUNT)
+        return DLLM__HANGUL_S +
+               ((a - DLLM__HANGUL_L) * DLLM__HANGUL_V_COUNT + (b - DLLM__HANGUL_V)) * DLLM__HANGUL_T_COUNT;
+    if (a >= DLLM__HANGUL_S && a < DLLM__HANGUL_S + DLLM__HANGUL_COUNT &&
+        (a - DLLM__HANGUL_S) % DLLM__HANGUL_T_COUNT == 0 && b > DLLM__HANGUL_T &&
+        b < DLLM__HANGUL_T + DLLM__HANGUL_T_COUNT)
         return a + (b - DLLM__HANGUL_T);
     const auto &c = dllm__nfc_data().compose;
     auto it = c.find((uint64_t)a << 32 | b);

@@ -13,9 +13,12 @@ static const struct {
     const char *regex;  // exactly as in tokenizer.json, after JSON unescaping
 } dllm__pretok_patterns[] = {
     {DLLM__PRETOK_GPT2, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
-    {DLLM__PRETOK_LLAMA3, "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-    {DLLM__PRETOK_QWEN2, "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-    {DLLM__PRETOK_LING, "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
+    {DLLM__PRETOK_LLAMA3,
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+    {DLLM__PRETOK_QWEN2,
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+    {DLLM__PRETOK_LING,
+     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
 };
 
 /* Does c (at i) match the ASCII letter `lower`, case-insensitively if asked? Oniguruma folds case
@@ -43,9 +46,14 @@ static size_t dllm__pretok_next(dllm__pretok_kind kind, const std::vector<uint32
     auto letter = [&](size_t k) { return k < n && dllm__is_letter(c[k]); };
     auto number = [&](size_t k) { return k < n && dllm__is_number(c[k]); };
     auto space = [&](size_t k) { return k < n && dllm__is_space(c[k]); };
-    auto other = [&](size_t k) { return k < n && !dllm__is_letter(c[k]) && !dllm__is_number(c[k]) && !dllm__is_space(c[k]); };
+    auto other = [&](size_t k) {
+        return k < n && !dllm__is_letter(c[k]) && !dllm__is_number(c[k]) && !dllm__is_space(c[k]);
+    };
     auto newline = [&](size_t k) { return k < n && (c[k] == '\r' || c[k] == '\n'); };
-    auto run = [&](size_t k, const auto &in) { while (in(k)) k++; return k; };
+    auto run = [&](size_t k, const auto &in) {
+        while (in(k)) k++;
+        return k;
+    };
 
     if (c[i] == '\'') {  // 's|'t|'re|'ve|'m|'ll|'d, case-insensitive except in GPT-2's pattern
         size_t len = dllm__contraction(c, i + 1, !gpt2);
@@ -80,11 +88,13 @@ static size_t dllm__pretok_next(dllm__pretok_kind kind, const std::vector<uint32
 }
 
 /* Splits NFC'd text into pre-tokens (byte ranges). */
-static void dllm__pretokenize(dllm__pretok_kind kind, const std::string &text, std::vector<std::pair<size_t, size_t>> &out) {
+static void dllm__pretokenize(dllm__pretok_kind kind, const std::string &text,
+                              std::vector<std::pair<size_t, size_t>> &out) {
     std::vector<uint32_t> c;
     dllm__utf8_decode(text, c);
     std::vector<size_t> offset(c.size() + 1, 0);
-    for (size_t i = 0; i < c.size(); i++) offset[i + 1] = offset[i] + (c[i] < 0x80 ? 1 : c[i] < 0x800 ? 2 : c[i] < 0x10000 ? 3 : 4);
+    for (size_t i = 0; i < c.size(); i++)
+        offset[i + 1] = offset[i] + (c[i] < 0x80 ? 1 : c[i] < 0x800 ? 2 : c[i] < 0x10000 ? 3 : 4);
     for (size_t i = 0; i < c.size();) {
         size_t end = dllm__pretok_next(kind, c, i);
         out.push_back({offset[i], offset[end]});
