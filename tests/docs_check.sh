@@ -87,7 +87,13 @@ exists() {
 check_file() {
     local f=$1 line kind p dir
     while IFS=$'\t' read -r line kind p; do
-        if [[ "$p" == ../* ]]; then bad "$f:$line: names $p, outside the repository"; continue; fi
+        dir=.
+        [ "$kind" = link ] && dir=$(dirname "$f")
+        if [[ "$p" == ../* ]]; then                 # a relative link may climb to the root, not above it
+            case "$(realpath -m --relative-to=. "$dir/$p")" in
+                ..|../*) bad "$f:$line: names $p, outside the repository"; continue ;;
+            esac
+        fi
         if [[ "$p" != */* ]]; then                  # a bare file name: anywhere in the repository
             [[ "$EXTERNAL" == *" $p "* ]] && continue
             [ -e "$p" ] && continue
@@ -95,8 +101,6 @@ check_file() {
             bad "$f:$line: names $p, which is not a file in the repository"
             continue
         fi
-        dir=.
-        [ "$kind" = link ] && dir=$(dirname "$f")
         exists "$dir" "$p" || bad "$f:$line: names $p, which does not exist"
     done
 }
