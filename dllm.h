@@ -3,30 +3,40 @@
  *
  * dllm loads Hugging Face checkpoints of masked-diffusion language models and decodes them with the
  * semi-autoregressive (SAR) block schedule of LLaDA's reference `generate.py`. The public API is this
- * header; the implementation is dllm_cuda.cu (kernels are strings JIT-compiled with NVRTC at first use,
- * GEMMs run on cuBLASLt and on dllm's own kernels). A CPU fp32 reference backend computes the same
- * function on any machine.
+ * header; the implementation is dllm_cuda.cu (kernels JIT-compiled with NVRTC at first use, GEMMs on
+ * cuBLASLt and on dllm's own kernels). A CPU fp32 reference backend computes the same function anywhere.
  *
- * Build your program (one command; CUDA Toolkit only):
+ * Build your program (one command; CUDA Toolkit only), or link libdllm.so through pkg-config:
  *     nvcc -O2 -std=c++17 -o app app.c dllm_cuda.cu -cudart static -ldl
+ *     cc app.c $(pkg-config --cflags --libs dllm)
  *
- * Usage:
- *     dllm_model *model = NULL;
- *     if (dllm_model_load("path/to/hf_dir", dllm_model_default_params(), &model) != DLLM_OK) {
- *         fprintf(stderr, "%s\n", dllm_last_error()); return 1;
- *     }
- *     dllm_ctx *ctx = NULL;
- *     dllm_ctx_params cp = dllm_ctx_default_params();      // backend AUTO: GPU if usable, else CPU
- *     if (dllm_ctx_create(model, cp, &ctx) != DLLM_OK) { ... dllm_last_error() ... }
- *     dllm_gen_params gp = dllm_gen_default_params();      // gen 128, steps 128, block 32, greedy
- *     int32_t out[128]; int n_out = 0; dllm_gen_stats st;
- *     dllm_status s = dllm_generate(ctx, prompt_ids, n_prompt, gp, out, 128, &n_out, &st);
- *     if (s != DLLM_OK) fprintf(stderr, "%s: %s\n", dllm_status_str(s), dllm_ctx_last_error(ctx));
- *     dllm_ctx_free(ctx); dllm_model_free(model);
+ * Usage (examples/simple.c is this, complete, with every status checked):
+ *     dllm_model *model; dllm_tokenizer *tok; dllm_ctx *ctx; dllm_model_info info;
+ *     dllm_model_load(dir, dllm_model_default_params(), &model);    // config.json + safetensors
+ *     dllm_model_get_info(model, &info);
+ *     dllm_tokenizer_load(dir, &tok);                                // tokenizer.json or vocab.json + merges.txt
+ *     dllm_ctx_create(model, dllm_ctx_default_params(), &ctx);       // backend AUTO: GPU if usable, else CPU
+ *     dllm_chat_message msg = {"user", "What is 2+2?"};
+ *     dllm_chat_render(tok, &msg, 1, 1, text, cap, &len);            // the model's chat template
+ *     dllm_tokenize(tok, text, len - 1, 1, ids, ids_cap, &n_ids);     // len counts the NUL
+ *     dllm_gen_params gp = dllm_gen_default_params();                // gen 128, steps 128, block 32, greedy
+ *     gp.early_stop = info.block_size == 0;                          // see EARLY STOP below
+ *     dllm_generate(ctx, ids, n_ids, gp, out, gp.gen_length + 1, &n_out, NULL);
+ *     dllm_detokenize(tok, out, n_out, 1, answer, answer_cap, &answer_len);
+ *     dllm_ctx_free(ctx); dllm_tokenizer_free(tok); dllm_model_free(model);
+ * Calls that fill a buffer (chat_render, tokenize, detokenize) called with capacity 0 return
+ * DLLM_ERR_BUFFER_TOO_SMALL and the size needed.
  *
- * Errors: every fallible call returns a dllm_status (negative = error). The detail (file, tensor name,
- * expected and found shape, NVRTC log excerpt) is in dllm_last_error() for the calling thread and, for
- * calls that take a context, also in dllm_ctx_last_error(ctx).
+ * EARLY STOP: the library's default is early_stop = 0 (every block is decoded, as generate.py does); the
+ * dllm-generate CLI turns it on (--no-early-stop turns it off). With it on, decoding stops after the first
+ * block that holds EOS/EoT; the answer before the EOS is the same either way, and a short answer costs a
+ * fraction of the steps. Set gp.early_stop = 1 for LLaDA and Dream models; block-diffusion models stop at
+ * their stop token by themselves and reject early_stop.
+ *
+ * Errors: every fallible call returns a dllm_status (negative = error); dllm_status_str() names it. The
+ * detail (file, tensor name, expected and found shape, NVRTC log excerpt) is in dllm_last_error() for the
+ * calling thread (the last failing call's, kept through later calls that succeed) and, for calls that take
+ * a context, also in dllm_ctx_last_error(ctx).
  *
  * Ownership and threads: a dllm_model is immutable after loading and may be shared by several contexts
  * (it must outlive them). Contexts on one model share its weights: on the GPU, the first context on a device
@@ -265,7 +275,7 @@ typedef enum dllm_precision {
     DLLM_PRECISION_RTN_W4A16 = 10
 } dllm_precision;
 
-/* Commit-time K/V quantisation of block diffusion (Fast-dLLM v2, Nemotron; SoloQ, spec soloq.md 7). When a block
+/* Commit-time K/V quantisation of block diffusion (Fast-dLLM v2, Nemotron; SoloQ, arXiv 2610.07121). When a block
  * is committed (the forward that appends its K/V to the cache), its keys and values are quantised once; the block
  * being denoised stays full precision, and attention over the committed cache reads the quantised rows. Keys are
  * KIVI's per channel, asymmetric min/max over one committed block (group = block_length tokens), FP16 (scale, min)
@@ -301,8 +311,8 @@ typedef struct dllm_ctx_params {
      * on devices[i] (Megatron-style: attention heads, K/V heads, FFN width and vocabulary split evenly, so each must
      * divide by n_devices; NCCL all-reduces, libnccl.so.2 loaded at run time). 0 (default): one GPU, `device`; 1:
      * one GPU, devices[0] (device is then ignored). Default devices {0, 1, ..., 7}; the listed ones must be distinct
-     * and non-negative. NOT BUILT YET: more than one device is validated (the split, each device usable, NCCL
-     * loadable) and then DLLM_ERR_UNSUPPORTED (README: tensor parallelism). */
+     * and non-negative. The multi-GPU forward is not built: more than one device is validated (the split, each
+     * device usable, NCCL loadable) and then DLLM_ERR_UNSUPPORTED (docs/internals.md, "Tensor parallelism"). */
     int n_devices;
     int devices[DLLM_MAX_DEVICES];
 } dllm_ctx_params;
@@ -325,8 +335,8 @@ DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_qu
  *   model.layers.{l}.soloq.{s}.codes        U8  [rows][cols / 2]    two 4-bit codes a byte, low nibble first
  *   model.layers.{l}.soloq.{s}.block_scales U8  [rows][ceil(cols / 16)]  UE4M3 per 16 (NVFP4 only)
  *   model.layers.{l}.soloq.{s}.row_scale    F32 [rows]              the value of an element is C * row_scale
- * in the basis of the site's seeded rotation (README.md: the format), and every other tensor (embeddings,
- * norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
+ * in the basis of the site's seeded rotation (docs/internals.md, "Quantised checkpoints"), and every other
+ * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
  * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
  * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
 typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
@@ -375,7 +385,7 @@ DLLM_API dllm_status dllm_logits(dllm_ctx *ctx, const int32_t *ids, int n_ids, i
  * rules (generate.py, Fast-dLLM); Dream's softmax(l / temperature) (at temperature > 0) for MARGIN and
  * ENTROPY always and for LOW_CONFIDENCE under DLLM_UNMASK_TIMESTEPS, where it is Dream's maskgit_plus.
  * The keys live on different scales: p(x0) and the margin in [0, 1], the negative entropy in [-log V, 0]
- * nats, so a threshold means something different for each (decoding.md 4). */
+ * nats, so a threshold means something different for each. */
 typedef enum dllm_remasking {
     DLLM_REMASK_LOW_CONFIDENCE = 0, /* the highest p(x0) first (Dream's maskgit_plus)                */
     DLLM_REMASK_RANDOM = 1,         /* random positions (seeded)                                     */
@@ -398,7 +408,7 @@ typedef enum dllm_lacache {
     DLLM_LACACHE_ON = 2        /* + EmbedCache, RoPECache and FACache in layer 0 (default)              */
 } dllm_lacache;
 
-/* How many candidates a step commits (decoding.md 1-2). */
+/* How many candidates a step commits (LLaDA generate.py, Fast-dLLM, Dream generation_utils.py). */
 typedef enum dllm_unmask {
     DLLM_UNMASK_SCHEDULE = 0,  /* LLaDA: n/s per step, steps fixed (n masks of a block over s steps)     */
     DLLM_UNMASK_THRESHOLD = 1, /* Fast-dLLM: the best candidate and every one with confidence >= threshold;
@@ -419,7 +429,7 @@ typedef enum dllm_kv_cache {
     DLLM_KV_CACHE_DUAL = 2    /* later steps forward the block only over cached prefix and suffix K/V      */
 } dllm_kv_cache;
 
-/* DPad suffix dropout (decoding.md 3): each block attends to a random subset of the masked suffix, drawn once
+/* DPad suffix dropout: each block attends to a random subset of the masked suffix, drawn once
  * per block from the seed; kept positions keep their RoPE positions. Changes the output (by design). */
 typedef enum dllm_dpad {
     DLLM_DPAD_OFF = 0,
@@ -458,7 +468,7 @@ typedef struct dllm_gen_params {
     dllm_remasking remasking;
     uint64_t seed;              /* drives every random draw (counter-based: reproducible)          */
     int logits_eos_inf;         /* EOS logit := -inf before choosing tokens                        */
-    int confidence_eos_eot_inf; /* positions predicting EOS or EoT are committed last (see README) */
+    int confidence_eos_eot_inf; /* positions predicting EOS or EoT are committed last (docs/internals.md) */
     int stop_at_eos;            /* output ends before the first EOS/EoT (default 1)                */
     dllm_lacache lacache;       /* default DLLM_LACACHE_ON                                         */
     dllm_unmask unmask;         /* default DLLM_UNMASK_SCHEDULE                                    */
@@ -515,7 +525,7 @@ typedef struct dllm_gen_stats {
 DLLM_API dllm_gen_params dllm_gen_default_params(void);
 
 /* Block diffusion (DLLM_FAMILY_FAST_DLLM_V2, DLLM_FAMILY_NEMOTRON_DIFFUSION). The model's family selects
- * it; dllm_generate then decodes exactly as Fast-dLLM v2's official `generate` (block-diffusion.md):
+ * it; dllm_generate then decodes exactly as Fast-dLLM v2's official `generate` (NVlabs/Fast-dLLM v2):
  *   - block_length is the block B (default 32, the official default; gen_length a multiple of it; the
  *     official code floors gen_length / B instead), sub_block_length S (default 8) must divide it;
  *   - a prompt longer than B has its whole blocks prefilled once, block-causally (Nemotron: causally, as its
@@ -532,7 +542,7 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * (gen_length + 1 when n_prompt is a multiple of B, because it ends with the last AR seed), so out_capacity must be
  * at least that; with stop_at_eos it ends before the first stop token, without it just after it (as the official
  * code truncates). Differences from the official code, all chosen: fp32 forward and float64 softmax (the official
- * runs bf16: there conf > 0.9 compares in bf16, see block-diffusion.md), greedy only (temperature 0; the official
+ * runs bf16: there conf > 0.9 compares in bf16), greedy only (temperature 0; the official
  * top_p only acts at temperature > 0), the prompt may not contain the mask id, and a step never predicts the mask
  * id itself (the official loop would never end if it did; a trained model gives it ~0 probability). Ties between
  * equal confidences go to the lowest position (a block of masks alone, the n_prompt == B quirk, ties exactly).
