@@ -73,8 +73,10 @@ class Stream:
     block, or dropping the stream) cancels the generation at that step, and close() waits for it to end.
     `result` is the Generation once the stream is exhausted or closed (status ERR_CANCELLED if stopped)."""
 
+    result = None
+    _thread = None  # None until the generation started (the context may be busy)
+
     def __init__(self, ctx, prompt, gp):
-        self.result = None
         self._channel = _Channel()
         self._handed_out = False  # a Step is out: the library waits for resume before the next one
         gp.on_step = self._channel.callback
@@ -106,8 +108,10 @@ class Stream:
 
     def close(self):
         """Cancels the generation if it is still running and waits for the library to return."""
-        if self.result is not None or not self._thread.is_alive() and self._channel.messages.empty():
+        if self._thread is None or self.result is not None:
             return
+        if not self._thread.is_alive() and self._channel.messages.empty():
+            return  # ended with an error, already raised by __next__
         self._channel.cancelled = True
         self._channel.resume.release()  # wakes a callback waiting for the consumer; it returns 1 (cancel)
         while True:
