@@ -25,14 +25,14 @@ class DllmError(Exception):
     """A failing dllm call: `status` is the dllm.Status, `message` the library's detail (dllm_last_error)."""
 
     def __init__(self, status, message):
+        name = to_str(lib().dllm_status_str(int(status)))  # "DLLM_ERR_IO", also for a status newer than T.Status
         try:
             status = T.Status(status)
         except ValueError:
-            pass  # a status newer than this package: keep the number
+            pass  # keep the number
         self.status = status
         self.message = message
-        name = status.name if isinstance(status, T.Status) else str(status)
-        super().__init__(f"DLLM_{name}: {message}" if message else f"DLLM_{name}")
+        super().__init__(f"{name}: {message}" if message else name)
 
 
 # (name, restype, argtypes) of every function the package calls.
@@ -150,7 +150,7 @@ def fill_struct(struct, options, skip=()):
 
 
 def struct_dict(struct, skip=()):
-    """A struct's fields as a dict (the defaults the library reports, for documentation and repr)."""
+    """A struct's fields as a dict, enum fields as members and arrays as lists."""
     fields = {}
     for name, _ in struct._fields_:
         if name in skip:
@@ -206,3 +206,19 @@ class NativeHandle:
 
     def __del__(self):
         self.close()
+
+
+_log_callback = None  # the installed thunk: the library calls it until replaced, so it must stay referenced
+
+
+def set_log_handler(handler, max_level="warn"):
+    """Routes the library's messages at or below max_level to handler(level: LogLevel, text: str) (dllm_log_set;
+    process-wide, best set before loading models). None restores the default: stderr, warnings and errors."""
+    global _log_callback
+    if handler is None:
+        lib().dllm_log_set(T.LOG_FN(), None, T.LogLevel.WARN)
+        _log_callback = None
+        return
+    callback = T.LOG_FN(lambda level, message, _: handler(T.LogLevel(level), to_str(message)))
+    lib().dllm_log_set(callback, None, enum_value(T.LogLevel, max_level))
+    _log_callback = callback

@@ -1,8 +1,8 @@
 """Context: a model on a backend (dllm_ctx_*), and what it runs: generate, batches, logits, streams."""
 import array
 import dataclasses
-import weakref
 import threading
+import weakref
 from ctypes import POINTER, byref, c_float, c_int, c_int32, c_void_p, cast
 
 from . import _types as T
@@ -84,9 +84,12 @@ class Context(NativeHandle):
         return T.Backend(lib().dllm_ctx_get_backend(self._handle()))
 
     def close(self):
+        """Cancels the context's streams, waits for a generation running in another thread, frees the context."""
         for stream in list(getattr(self, "_streams", ())):
             stream.close()
-        super().close()
+        if self._ptr is not None:
+            with self._busy:
+                super().close()
 
     def _acquire(self):
         if not self._busy.acquire(blocking=False):

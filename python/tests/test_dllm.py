@@ -2,7 +2,6 @@
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ class LladaTest(unittest.TestCase):
         self.assertEqual(self.ctx.backend, dllm.Backend.CPU)
         self.assertEqual(dllm.gen_defaults()["gen_length"], 128)
         self.assertEqual(dllm.Context.default_params()["backend"], dllm.Backend.AUTO)
+        draw = dllm.rng_uniform(1, 2, 3, 4, 16)
+        self.assertTrue(0 < draw < 1 and draw == dllm.rng_uniform(1, 2, 3, 4, 16) != dllm.rng_uniform(1, 2, 3, 4, 17))
 
     def test_tokenizer_round_trip(self):
         tok = self.model.tokenizer
@@ -145,6 +146,15 @@ class LladaTest(unittest.TestCase):
         self.assertEqual(len(full[0]), self.model.n_vocab)
         for r in range(3):
             self.assertEqual(list(rows[r]), list(full[r + 2]))
+
+    def test_log_handler(self):
+        messages = []
+        dllm.set_log_handler(lambda level, text: messages.append((level, text)), "info")
+        try:
+            dllm.Context(self.model, backend="cpu", n_threads=1).close()
+        finally:
+            dllm.set_log_handler(None)
+        self.assertIn((dllm.LogLevel.INFO, "CPU reference backend, 1 thread(s)"), messages)
 
     def test_bad_inputs_raise_the_library_message(self):
         with self.assertRaises(dllm.DllmError) as caught:
