@@ -9,8 +9,8 @@
 #                       (models/tiny-llada) answers a text prompt, streamed
 #   ./build.sh install PREFIX   build the library and the CLI programs, then copy dllm.h, libdllm.so, dllm.pc and
 #                       dllm-generate, -tokenize, -eval, -quantize under PREFIX/include, lib, lib/pkgconfig and bin
-#   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan;
-#                       the last line is "N passed, N failed, N skipped" over both runs
+#   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan, then the Python
+#                       package's tests; the last line is "N passed, N failed, N skipped" over the three runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, the tests that touch the GPU (DLLM_GPU_TESTS:
 #                       a --filter list, or "all" for the whole suite, which CI runs on the CPU anyway), a
 #                       compute-sanitizer memcheck run, the PyTorch anchors from .carry/anchors, the
@@ -99,7 +99,7 @@ build_programs() {
     mkdir -p build
     build_lib
     local tool
-    for tool in dllm-generate dllm-tokenize dllm-eval dllm-quantize; do
+    for tool in dllm-generate dllm-tokenize dllm-eval dllm-quantize simple; do
         if stale "build/$tool" "examples/$tool.c" build/dllm_cuda.o; then
             "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
         fi
@@ -165,14 +165,18 @@ run_tests() {
     echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
     ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
         build/dllm-test-asan | tee build/test-asan.log || rc=1
-    local a b
+    echo "== the Python package's tests (python/, over build/libdllm.so)"
+    python/run_tests.sh 2>&1 | tee build/test-python.log || rc=1
+    local a b p
     a=$(summary_counts build/test.log)
     b=$(summary_counts build/test-asan.log)
+    p=$(summary_counts build/test-python.log)
     # A run that died before its summary line counts as one failure.
     [ -n "$a" ] || { a="0 1 0"; rc=1; }
     [ -n "$b" ] || { b="0 1 0"; rc=1; }
-    set -- $a $b
-    echo "$(($1 + $4)) passed, $(($2 + $5)) failed, $(($3 + $6)) skipped"
+    [ -n "$p" ] || { p="0 1 0"; rc=1; }
+    set -- $a $b $p
+    echo "$(($1 + $4 + $7)) passed, $(($2 + $5 + $8)) failed, $(($3 + $6 + $9)) skipped"
     exit $rc
 }
 
