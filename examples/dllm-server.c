@@ -17,13 +17,15 @@
 #include "server/server.h"
 
 #include <errno.h>
-#include <pthread.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -158,12 +160,37 @@ static void set_model_id(server *srv) {
     snprintf(srv->model_id, sizeof srv->model_id, "%s", slash && slash[1] ? slash + 1 : path);
 }
 
+/* SIGINT/SIGTERM are turned into a byte on this pipe: a handler may run on any thread (the library may have
+ * started its own before main), and main reads the pipe at its own pace. */
+static int signal_pipe[2] = {-1, -1};
+
+static void on_signal(int sig) {
+    unsigned char b = (unsigned char)sig;
+    int saved = errno;
+    if (write(signal_pipe[1], &b, 1) < 0) {}  /* a full pipe already holds a signal: nothing is lost */
+    errno = saved;
+}
+
+/* The next signal's number; waits at most timeout_ms (-1: forever); 0 if none came. */
+static int next_signal(int timeout_ms) {
+    struct pollfd p;
+    unsigned char b = 0;
+    p.fd = signal_pipe[0];
+    p.events = POLLIN;
+    for (;;) {
+        int r = poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        return read(signal_pipe[0], &b, 1) == 1 ? b : 0;
+    }
+}
+
 /* Waits up to seconds for every completion request to be over (a second signal cuts it short); 1 if they are. */
-static int wait_in_flight(server *srv, const sigset_t *signals, double seconds) {
-    struct timespec start, now, slice = {0, 50 * 1000000L};
+static int wait_in_flight(server *srv, double seconds) {
+    struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     while (atomic_load(&srv->in_flight) > 0) {
-        if (sigtimedwait(signals, NULL, &slice) > 0) return 0;
+        if (next_signal(50)) return 0;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec) > seconds) return 0;
     }
@@ -175,7 +202,7 @@ int main(int argc, char **argv) {
     struct MHD_Daemon *daemon = NULL;
     dllm_ctx *ctx = NULL;
     dllm_ctx_params cp;
-    sigset_t signals;
+    struct sigaction sa;
     int rc, port = 0, sig = 0;
     dllm_status st;
 
@@ -193,13 +220,15 @@ int main(int argc, char **argv) {
     rc = parse_args(argc, argv, &srv.cfg);
     if (rc) return rc == 2 ? 0 : 1;
     rc = 1;
-    /* Every thread started from here on inherits the blocked signals: only main's sigwait sees SIGINT/SIGTERM, and
-     * a client closing its socket mid-write is an error return, not a SIGPIPE. */
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    if (pipe(signal_pipe) != 0) return fail("pipe: %s", strerror(errno));
+    fcntl(signal_pipe[1], F_SETFL, O_NONBLOCK);  /* the handler never blocks */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);  /* a client closing its socket mid-write is an error return, not the end of the server */
     if (srv.cfg.verbose) dllm_log_set(log_to_stderr, NULL, DLLM_LOG_INFO);
 
     if (dllm_model_load(srv.cfg.model_dir, dllm_model_default_params(), &srv.model) != DLLM_OK) { fail("%s (-m)", dllm_last_error()); goto done; }
@@ -227,15 +256,15 @@ int main(int argc, char **argv) {
             strchr(srv.cfg.host, ':') ? "]" : "", port, srv.cfg.max_batch, srv.cfg.max_queue, srv.cfg.max_streams,
             srv.cfg.api_key ? ", API key required" : "");
 
-    while (sigwait(&signals, &sig) != 0) {}
+    while (!(sig = next_signal(-1))) {}
     fprintf(stderr, "dllm-server: %s: finishing %d request(s) in flight, taking no new ones\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
             atomic_load(&srv.in_flight));
     atomic_store(&srv.stopping, 1);
     sched_drain(srv.sched);
-    if (!wait_in_flight(&srv, &signals, srv.cfg.drain_seconds)) {
+    if (!wait_in_flight(&srv, srv.cfg.drain_seconds)) {
         fprintf(stderr, "dllm-server: cancelling the requests still in flight\n");
         atomic_store(&srv.cancel_all, 1);
-        wait_in_flight(&srv, &signals, 30);  /* each stops at its next step */
+        wait_in_flight(&srv, 30);  /* each stops at its next step */
     }
     rc = 0;
 done:
@@ -244,6 +273,8 @@ done:
     dllm_ctx_free(ctx);
     dllm_tokenizer_free(srv.tok);
     dllm_model_free(srv.model);
+    close(signal_pipe[0]);
+    close(signal_pipe[1]);
     if (!rc) fprintf(stderr, "dllm-server: stopped\n");
     return rc;
 }

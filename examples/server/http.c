@@ -326,6 +326,15 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     }
 }
 
+/* libmicrohttpd's own messages (a client that left mid-stream, a malformed request line) are routine for a
+ * server: shown with --verbose only. */
+static void log_mhd(void *cls, const char *fmt, va_list ap) {
+    const server *srv = (const server *)cls;
+    if (!srv->cfg.verbose) return;
+    fprintf(stderr, "dllm-server: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
 struct MHD_Daemon *http_start(server *srv, int *bound_port) {
     struct addrinfo hints, *addr = NULL;
     char port[16];
@@ -346,6 +355,7 @@ struct MHD_Daemon *http_start(server *srv, int *bound_port) {
     d = MHD_start_daemon(flags, (uint16_t)srv->cfg.port, NULL, NULL, on_request, srv,
                          MHD_OPTION_SOCK_ADDR, addr->ai_addr,
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                         MHD_OPTION_EXTERNAL_LOGGER, log_mhd, srv,
                          /* every connection is a thread: bounded by the streams and the queue, plus room for /health */
                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)(srv->cfg.max_streams + srv->cfg.max_queue + 32),
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
