@@ -358,7 +358,7 @@ class ServerTest(unittest.TestCase):
             (chat_body("x", 8, temperature="hot"), "temperature"), (chat_body("x", 8, stream="yes"), "stream"),
             (chat_body("x", 8, stop=[1]), "stop"), (chat_body("x", 8, seed="s"), "seed"), (chat_body("x", 8, n=0), "n"),
             (chat_body("x", 8, top_p=2), "top_p"), (chat_body("x", 8, cache="sometimes"), "cache"), (chat_body("x", 8, remasking="best"), "remasking"),
-            (chat_body("x", 8, steps=-1), "steps"), (chat_body("x", 8, block_length=3), "block_length"), (chat_body("x", 8, steps=3), "steps"),
+            (chat_body("x", 8, steps=-1), "steps"), (chat_body("x", 8, block_length=3), "block_length"), (chat_body("x", 8, block_length=4, steps=3), "steps"),
             (chat_body("x", 8, threshold=1.5), "threshold"), (chat_body("x", 8, presence_penalty=1), "presence_penalty"),
             (chat_body("x", 8, logprobs=True), "logprobs"), (chat_body("x", 8, dllm_canvas=True), "dllm_canvas"),
             (chat_body("x", 1000), "max_tokens"), (chat_body("x", 8, n=100), "n"), (chat_body("x", 8, model=5), "model"),
