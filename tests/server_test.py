@@ -82,7 +82,11 @@ class Server:
         return self.proc.returncode
 
     def close(self):
-        self.stop()
+        """Stops the server; an exit status other than 0 or a sanitizer report is a failure of the run."""
+        rc = self.stop()
+        out = self.output()
+        if rc != 0 or "Sanitizer" in out or "runtime error:" in out:
+            SERVER_PROBLEMS.append("dllm-server exited with %s:\n%s" % (rc, out[-4000:]))
         self.log.close()
         try:
             os.unlink(self.log_path)
@@ -129,6 +133,7 @@ class Server:
             conn.close()
 
 
+SERVER_PROBLEMS = []  # servers that did not stop cleanly (counted as failures at the end)
 _cli_cache = {}
 _cli_lock = threading.Lock()
 
@@ -510,7 +515,9 @@ def main():
             return 1
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    for problem in SERVER_PROBLEMS:
+        print("FAIL: " + problem)
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses) + len(SERVER_PROBLEMS)
     skipped = len(result.skipped)
     passed = result.testsRun - failed - skipped - len(result.expectedFailures)
     print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))

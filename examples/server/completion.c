@@ -115,7 +115,7 @@ static cJSON *delta_chunk(const completion *c, const choice *ch, const char *tex
  * settled prefix of committed tokens). */
 static void stream_text(choice *ch, const char *text, size_t len, const char *finish_reason) {
     completion *c = ch->c;
-    if (len < ch->n_streamed || memcmp(text, ch->streamed, ch->n_streamed)) {
+    if (len < ch->n_streamed || (ch->n_streamed && memcmp(text, ch->streamed, ch->n_streamed))) {
         /* cannot happen with dllm's detokeniser (a prefix of ids decodes to a prefix of the text); never resend */
         len = ch->n_streamed;
         text = ch->streamed;
@@ -128,7 +128,7 @@ static void stream_text(choice *ch, const char *text, size_t len, const char *fi
             ch->streamed_cap = len * 2;
         }
         queue_event(c, delta_chunk(c, ch, text + ch->n_streamed, len - ch->n_streamed, NULL));
-        memmove(ch->streamed + ch->n_streamed, text + ch->n_streamed, len - ch->n_streamed);
+        if (len > ch->n_streamed) memmove(ch->streamed + ch->n_streamed, text + ch->n_streamed, len - ch->n_streamed);
         ch->n_streamed = len;
         ch->opened = 1;
     }
@@ -399,7 +399,7 @@ long completion_read_stream(completion *c, char *buf, size_t max) {
     long n;
     pthread_mutex_lock(&c->lock);
     n = (long)(c->pending_len - c->pending_read < max ? c->pending_len - c->pending_read : max);
-    memcpy(buf, c->pending + c->pending_read, (size_t)n);
+    if (n > 0) memcpy(buf, c->pending + c->pending_read, (size_t)n);
     c->pending_read += (size_t)n;
     if (n == 0 && c->finished) n = -1;
     pthread_mutex_unlock(&c->lock);
