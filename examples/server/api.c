@@ -406,7 +406,10 @@ static int chat_prompt(const server *srv, const cJSON *body, api_request *r, api
             goto done;
         }
         if (message_content(field(m, "content"), &content, err)) goto done;
-        msgs[n].role = strcmp(role->valuestring, "developer") ? (strcmp(role->valuestring, "system") ? (strcmp(role->valuestring, "user") ? "assistant" : "user") : "system") : "system";
+        /* the template knows system, user and assistant: OpenAI's developer role is the system role renamed */
+        msgs[n].role = !strcmp(role->valuestring, "developer") || !strcmp(role->valuestring, "system") ? "system"
+                       : !strcmp(role->valuestring, "user")                                          ? "user"
+                                                                                                      : "assistant";
         msgs[n++].content = content;
     }
     dllm_chat_render(srv->tok, msgs, n, 1, NULL, 0, &len);
