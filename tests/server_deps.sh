@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # tests/server_deps.sh - installs what dllm-server's build and tests need, quietly, and only what is missing:
 # libmicrohttpd and cJSON (Debian packages, found through pkg-config) and the official `openai` Python package
-# (tests/server_test.py uses it when importable). Safe to run again: a second run installs nothing.
+# (tests/server_test.py uses it when importable). DLLM_SERVER_CHROMIUM=1 adds Debian's chromium and chromium-driver
+# for the canvas page's headless-browser test (skipped without them). Safe to run again: a second run installs nothing.
 set -euo pipefail
 
 missing=()
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 pkg-config --exists libmicrohttpd 2>/dev/null || missing+=(libmicrohttpd-dev)
 pkg-config --exists libcjson 2>/dev/null || missing+=(libcjson-dev)
+if [ "${DLLM_SERVER_CHROMIUM:-0}" = 1 ]; then
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -14,8 +14,10 @@ bounded concurrent load with clients that leave early, and a clean SIGTERM. Ever
 Environment: DLLM_SERVER_BIN (default build/dllm-server), DLLM_GENERATE_BIN (default build/dllm-generate),
 DLLM_TEST_MODEL (default models/tiny-llada).
 """
+import base64
 import http.client
 import json
+import shutil
 import os
 import random
 import re
@@ -460,6 +462,91 @@ class ServerTest(unittest.TestCase):
                 break
             time.sleep(0.1)
         self.assertEqual((health["waiting"], health["running"], health["streams"]), (0, 0, 0), health)
+
+
+def find_chromium():
+    """(chromedriver, chromium) paths, or None: the page test needs Debian's chromium and chromium-driver."""
+    driver = shutil.which("chromedriver")
+    browser = next((b for b in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if b), None)
+    return (driver, browser) if driver and browser else None
+
+
+class CanvasPageTest(unittest.TestCase):
+    """The canvas page in a real headless Chromium, driven through chromedriver's WebDriver HTTP API (urllib only):
+    the page loads, a prompt is sent, placeholders appear and are replaced, the final text equals the API's. Writes
+    build/server-canvas.png."""
+
+    def webdriver(self, method, path, body=None):
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.driver_port, path), method=method,
+                                     data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())["value"]
+
+    def script(self, code, *args):
+        return self.webdriver("POST", "/session/%s/execute/sync" % self.session, {"script": code, "args": list(args)})
+
+    @unittest.skipUnless(find_chromium(), "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    def test_canvas_in_chromium(self):
+        driver, browser = find_chromium()
+        srv = Server("--api-key", API_KEY)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.driver_port = s.getsockname()[1]
+        chromedriver = subprocess.Popen([driver, "--port=%d" % self.driver_port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    if self.webdriver("GET", "/status")["ready"]:
+                        break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    self.fail("chromedriver did not start")
+                time.sleep(0.1)
+            options = {"binary": browser, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,900"]}
+            self.session = self.webdriver("POST", "/session", {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": options}}})["sessionId"]
+            try:
+                self.webdriver("POST", "/session/%s/url" % self.session, {"url": "http://127.0.0.1:%d/" % srv.port})
+                self.assertEqual(self.script("return document.title;"), "dllm canvas")
+                # watch the canvas: the most placeholders seen at once, and whether a step showed tokens beside masks
+                self.script("""
+                    window.__maxMasks = 0; window.__mixed = false;
+                    const canvas = document.getElementById('canvas');
+                    new MutationObserver(() => {
+                      const masks = canvas.querySelectorAll('.tok.mask').length, all = canvas.querySelectorAll('.tok').length;
+                      window.__maxMasks = Math.max(window.__maxMasks, masks);
+                      if (masks > 0 && masks < all) window.__mixed = true;
+                    }).observe(canvas, {subtree: true, childList: true, attributes: true});
+                    document.getElementById('prompt').value = arguments[0];
+                    document.getElementById('max_tokens').value = '16';
+                    document.getElementById('steps').value = '8';
+                    document.getElementById('api_key').value = arguments[1];
+                    document.getElementById('go').click();""", "Hello", API_KEY)
+                deadline = time.time() + 120
+                while not self.script("return document.body.dataset.done || '';"):
+                    self.assertLess(time.time(), deadline, "the page did not finish")
+                    time.sleep(0.2)
+                state = self.script("""return {done: document.body.dataset.done, answer: document.getElementById('answer').textContent,
+                    masks: document.querySelectorAll('#canvas .tok.mask').length, tokens: document.querySelectorAll('#canvas .tok').length,
+                    maxMasks: window.__maxMasks, mixed: window.__mixed, status: document.getElementById('status').textContent};""")
+                self.assertEqual(state["done"], "1", state)
+                self.assertEqual(state["tokens"], 16, state)
+                self.assertGreaterEqual(state["maxMasks"], 14, "no placeholders were drawn: %r" % state)
+                self.assertTrue(state["mixed"], "no step showed tokens among placeholders: %r" % state)
+                self.assertEqual(state["masks"], 0, "placeholders left at the end: %r" % state)
+                status, body = srv.post("/v1/chat/completions", chat_body("Hello", 16, steps=8))
+                self.assertEqual(state["answer"], body["choices"][0]["message"]["content"])
+                png = base64.b64decode(self.webdriver("GET", "/session/%s/screenshot" % self.session))
+                os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+                with open(os.path.join(ROOT, "build", "server-canvas.png"), "wb") as f:
+                    f.write(png)
+            finally:
+                self.webdriver("DELETE", "/session/%s" % self.session)
+        finally:
+            chromedriver.terminate()
+            chromedriver.wait(30)
+            srv.close()
 
 
 class LimitsAndShutdownTest(unittest.TestCase):
