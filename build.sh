@@ -335,6 +335,15 @@ run_tsan() {
     return $rc
 }
 
+# ---- dllm-server (examples/dllm-server.c, examples/server/): ./build.sh server -------------------------------------
+# The library, then build/dllm-server linked to it by examples/server/build.sh, which needs pkg-config to find
+# libmicrohttpd and libcjson (tests/server_deps.sh installs them) and says so clearly when it does not.
+build_server() {
+    mkdir -p build
+    build_lib
+    DLLM_LIB_DIR=build examples/server/build.sh "$@"
+}
+
 case "${1:-build}" in
     build) build ;;
     run) shift; run_main_job "$@" ;;
@@ -343,5 +352,6 @@ case "${1:-build}" in
     gpu) run_gpu ;;
     fuzz) shift; run_fuzz "$@" ;;
     tsan) run_tsan ;;
+    server) shift; build_server "$@" ;;
     *) die "unknown command '$1' (build | run | install PREFIX | test | gpu | fuzz | tsan)" ;;
 esac
