@@ -10,7 +10,8 @@
 #   ./build.sh install PREFIX   build the library and the CLI programs, then copy dllm.h, libdllm.so, dllm.pc and
 #                       dllm-generate, -tokenize, -eval, -quantize under PREFIX/include, lib, lib/pkgconfig and bin
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan, then the Python
-#                       package's tests; the last line is "N passed, N failed, N skipped" over the three runs
+#                       package's tests and dllm-server's (skipped without libmicrohttpd and cJSON); the last line
+#                       is "N passed, N failed, N skipped" over the four runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, the tests that touch the GPU (DLLM_GPU_TESTS:
 #                       a --filter list, or "all" for the whole suite, which CI runs on the CPU anyway), a
 #                       compute-sanitizer memcheck run, the PyTorch anchors from .carry/anchors, the
@@ -101,7 +102,7 @@ build_programs() {
     local tool
     for tool in dllm-generate dllm-tokenize dllm-eval dllm-quantize simple; do
         if stale "build/$tool" "examples/$tool.c" build/dllm_cuda.o; then
-            "$NVCC" "${CXXFLAGS[@]}" -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
+            "$NVCC" "${CXXFLAGS[@]}" -I. -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
         fi
     done
 }
@@ -167,16 +168,25 @@ run_tests() {
         build/dllm-test-asan | tee build/test-asan.log || rc=1
     echo "== the Python package's tests (python/, over build/libdllm.so)"
     python/run_tests.sh 2>&1 | tee build/test-python.log || rc=1
-    local a b p
+    echo "== dllm-server's tests (tests/server_test.py; tests/server_deps.sh installs what they need)"
+    if pkg-config --exists libmicrohttpd libcjson 2>/dev/null; then
+        { build_server && python3 tests/server_test.py; } 2>&1 | tee build/test-server.log || rc=1
+    else
+        echo "libmicrohttpd or cJSON missing (tests/server_deps.sh installs them): the server's tests are skipped"
+        echo "0 passed, 0 failed, 1 skipped" > build/test-server.log
+    fi
+    local a b p v
     a=$(summary_counts build/test.log)
     b=$(summary_counts build/test-asan.log)
     p=$(summary_counts build/test-python.log)
+    v=$(summary_counts build/test-server.log)
     # A run that died before its summary line counts as one failure.
     [ -n "$a" ] || { a="0 1 0"; rc=1; }
     [ -n "$b" ] || { b="0 1 0"; rc=1; }
     [ -n "$p" ] || { p="0 1 0"; rc=1; }
-    set -- $a $b $p
-    echo "$(($1 + $4 + $7)) passed, $(($2 + $5 + $8)) failed, $(($3 + $6 + $9)) skipped"
+    [ -n "$v" ] || { v="0 1 0"; rc=1; }
+    set -- $a $b $p $v
+    echo "$(($1 + $4 + $7 + ${10})) passed, $(($2 + $5 + $8 + ${11})) failed, $(($3 + $6 + $9 + ${12})) skipped"
     exit $rc
 }
 

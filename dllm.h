@@ -296,6 +296,18 @@ typedef enum dllm_kv_quant {
 
 #define DLLM_MAX_DEVICES 8  /* the most GPUs one context may span (dllm_ctx_params.devices) */
 
+/* SoloQ's rotation of every linear's input (with the inverse folded into the weights). DEFAULT is the paper's K-RPBH,
+ * or what a quantised checkpoint recorded; the others are the ablations of the SoloQ paper. RTN-W4A4 never rotates. */
+typedef enum dllm_soloq_rotation {
+    DLLM_SOLOQ_ROTATION_DEFAULT = 0,
+    DLLM_SOLOQ_ROTATION_NONE = 1,
+    DLLM_SOLOQ_ROTATION_HADAMARD = 2,  /* block Walsh-Hadamard on the largest power-of-two blocks */
+    DLLM_SOLOQ_ROTATION_RPBH = 3,      /* random permutation and signs, then block Hadamard */
+    DLLM_SOLOQ_ROTATION_MIXER = 4,     /* random signs, block Hadamard, a Haar mixer across blocks */
+    DLLM_SOLOQ_ROTATION_KRPBH = 5,     /* permutation, signs, block Hadamard and the mixer: the paper's K-RPBH */
+    DLLM_SOLOQ_ROTATION_HAAR = 6       /* a dense Haar-random orthogonal matrix (dims up to 1024) */
+} dllm_soloq_rotation;
+
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
     int device;            /* CUDA device ordinal (default 0)                                        */
@@ -315,6 +327,11 @@ typedef struct dllm_ctx_params {
      * device usable, NCCL loadable) and then DLLM_ERR_UNSUPPORTED (docs/internals.md, "Tensor parallelism"). */
     int n_devices;
     int devices[DLLM_MAX_DEVICES];
+    /* SoloQ precisions: the rotation (default DLLM_SOLOQ_ROTATION_DEFAULT) and the scale-only bias correction (-1,
+     * the default: on, or what a quantised checkpoint recorded; 0 off; 1 on). A quantised checkpoint runs only with
+     * the values it was quantised with (or the defaults). */
+    dllm_soloq_rotation soloq_rotation;
+    int soloq_bias_correction;
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
@@ -351,6 +368,8 @@ typedef struct dllm_quantize_params {
                                   gets a file of its own)                                                 */
     dllm_quantize_progress_fn progress; /* called after each quantised layer (done of total); may be NULL */
     void *progress_user_data;
+    dllm_soloq_rotation soloq_rotation; /* as dllm_ctx_params (default DLLM_SOLOQ_ROTATION_DEFAULT), recorded */
+    int soloq_bias_correction;          /* as dllm_ctx_params (-1 default: on), recorded                      */
 } dllm_quantize_params;
 
 DLLM_API dllm_quantize_params dllm_quantize_default_params(void);

@@ -281,61 +281,82 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
     return DLLM_OK;
 }
 
-/* [environment] Every DLLM_* switch, read once (at first use) into one struct; tests that change one call
- * dllm__env_reload(). The switches (all optional; also listed in README.md):
+/* [environment] The DLLM_* switches, read once (at first use); all optional, for operating and debugging only (what
+ * changes results is a parameter of dllm.h). README.md lists them too:
  *   DLLM_CACHE_DIR=DIR       the JIT disk cache (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables it
  *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
  *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
  *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
- *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile up to head dim 128 (query rows per CTA, keys per tile, m16
- *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
- *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
- *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
- *   DLLM_GEMM_WG=0           BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
- *   DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM instead of the architecture table's
- *   DLLM_GEMM_AUTOTUNE=0     take cuBLASLt's heuristic pick without timing candidates
  *   DLLM_GEMM_VERBOSE=1      one line per tuned GEMM shape: what won, against the heuristic's first pick
- *   DLLM_GEMM_ROWS=independent  every BF16 GEMM row-independent (dllm__rows), to measure what it costs
- *   DLLM_PDL=0               no programmatic dependent launch
- *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs
- *   DLLM_SOLOQ_ROTATION=none|hadamard|rpbh|mixer|krpbh|haar  the SoloQ precisions' rotation (the ablation; default krpbh)
- *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1)
- *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
- *                            producer, 2 all (dllm__soloq_launch measures them)
- *   DLLM_BD_GRAPHS=0         block diffusion's step forwards launched eagerly, not replayed as CUDA graphs ([bd graphs])
- *   DLLM_BD_BATCH=0          no batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's block-diffusion
- *                            items in one forward): those items decode one after another
- *   DLLM_BATCH_FP8=0         no batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under FP8 precisions
- *                            (their E4M3 GEMMs in row-independent launches, gemm_fp8_batch): FP8 items decode one after
- *                            another
- *   DLLM_BATCH_GRAPHS=0      the batched forwards' layers launched eagerly, not replayed as CUDA graphs ([batch graphs],
- *                            one per batch layout)
- *   DLLM_BATCH_GEMM_N=256|128|64  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
- *                            only; by default each shape and row count takes the fastest of the three
- *                            (dllm__batch_gemm_width)
- *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
- *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
- *                            head, mma.sync, split over the keys: ~300x faster at 32k keys on the H200) */
+ *   DLLM_DEBUG_PLAIN=1       for bisecting a wrong result or a crash: no CUDA graphs, no programmatic dependent launch,
+ *                            cuBLASLt's heuristic algorithm for every BF16 GEMM (no gemm_wg, nothing timed), the
+ *                            attention on mma.sync (no flash_attn_wg) and over a quantised K/V cache on kvq_attention,
+ *                            SoloQ's 4-bit GEMMs on q4_gemm and the INT8 path (no q4wg)
+ *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages (the attention
+ *                            tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring), fa_kv_ctas (split-KV
+ *                            CTAs per SM), fa_wg_bc (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its
+ *                            ring: 2 or 3), batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
+ *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm (mma
+ *                            or cublaslt: the FP8 GEMM instead of the architecture table's)
+ * The other members are the features' own state, on by default; the tests turn one off to compare paths. */
 struct dllm__env_switches {
-    std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
-    bool jit_verbose = false, jit_fail_on_spill = false;
+    std::string cache_dir, jit_dump, fp8_gemm;
+    bool jit_verbose = false, jit_fail_on_spill = false, gemm_verbose = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1,
         fa_wg_stages = 0;  // 0 (-1): the table's
-    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true,
-         no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
     int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the fastest of the three
+    // features (DLLM_DEBUG_PLAIN turns off the first seven)
+    bool gemm_wg = true, gemm_autotune = true, pdl = true, no_graphs = false, kvq_tc = true, q4wg = true;
+    bool bd_graphs = true, bd_batch = true, batch_fp8 = true, batch_graphs = true;
+    std::string tiles_error;  // a DLLM_TILES entry that was not understood (dllm__env_tiles), reported once
 };
+
+/* DLLM_TILES's "key=value,..." into e; an unknown key or a bad value leaves the table's choice and is remembered. */
+static void dllm__env_tiles(const char *spec, dllm__env_switches &e) {
+    struct knob {
+        const char *key;
+        int *value;
+    } knobs[] = {{"fa_br", &e.fa_br},
+                 {"fa_bc", &e.fa_bc},
+                 {"fa_mt", &e.fa_mt},
+                 {"fa_stages", &e.fa_stages},
+                 {"fa_kv_ctas", &e.fa_kv_ctas},
+                 {"fa_wg_bc", &e.fa_wg_bc},
+                 {"fa_wg_stages", &e.fa_wg_stages},
+                 {"batch_gemm_n", &e.batch_gemm_n},
+                 {"soloq_split", &e.soloq_split}};
+    std::string all = spec;
+    for (size_t at = 0; at <= all.size();) {
+        size_t end = all.find(',', at);
+        if (end == std::string::npos) end = all.size();
+        const std::string item = all.substr(at, end - at), key = item.substr(0, item.find('='));
+        const std::string value = item.find('=') == std::string::npos ? "" : item.substr(item.find('=') + 1);
+        at = end + 1;
+        if (item.empty()) continue;
+        if (key == "fp8_gemm") {  // checked against the GPU by dllm__fp8_gemm_for
+            e.fp8_gemm = value;
+            continue;
+        }
+        bool known = false;
+        for (const knob &k : knobs)
+            if (key == k.key && !value.empty() && strspn(value.c_str(), "0123456789") == value.size()) {
+                *k.value = atoi(value.c_str());
+                known = true;
+            }
+        if (!known && e.tiles_error.empty()) e.tiles_error = item;
+    }
+    if (e.batch_gemm_n != 64 && e.batch_gemm_n != 128 && e.batch_gemm_n != 256) e.batch_gemm_n = 0;
+}
 
 static dllm__env_switches dllm__env_read() {
     auto str = [](const char *name) {
         const char *v = getenv(name);
         return std::string(v ? v : "");
     };
-    auto num = [](const char *name, int dflt) {
+    auto on = [](const char *name) {
         const char *v = getenv(name);
-        return v && *v ? atoi(v) : dflt;
+        return v && *v && atoi(v) != 0;
     };
     dllm__env_switches e;
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -347,29 +368,15 @@ static dllm__env_switches dllm__env_read() {
                       : home && *home ? std::string(home) + "/.cache/dllm"
                                       : "";
     e.jit_dump = str("DLLM_JIT_DUMP");
-    e.fp8_gemm = str("DLLM_FP8_GEMM");
-    e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
-    e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
-    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0),
-    e.fa_stages = num("DLLM_FA_STAGES", 0);
-    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1),
-    e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
-    e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
-    e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
-    e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;
-    e.gemm_rows_independent = str("DLLM_GEMM_ROWS") == "independent";
-    e.pdl = num("DLLM_PDL", 1) != 0;
-    e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
-    e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
-    e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
-    e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
-    e.bd_graphs = num("DLLM_BD_GRAPHS", 1) != 0;
-    e.bd_batch = num("DLLM_BD_BATCH", 1) != 0;
-    e.batch_fp8 = num("DLLM_BATCH_FP8", 1) != 0;
-    e.batch_graphs = num("DLLM_BATCH_GRAPHS", 1) != 0;
-    const int width = num("DLLM_BATCH_GEMM_N", 0);
-    e.batch_gemm_n = width == 64 || width == 128 || width == 256 ? width : 0;
-    e.kvq_tc = num("DLLM_KVQ_TC", 1) != 0;
+    e.jit_verbose = on("DLLM_JIT_VERBOSE");
+    e.jit_fail_on_spill = on("DLLM_JIT_FAIL_ON_SPILL");
+    e.gemm_verbose = on("DLLM_GEMM_VERBOSE");
+    dllm__env_tiles(str("DLLM_TILES").c_str(), e);
+    if (on("DLLM_DEBUG_PLAIN")) {
+        e.gemm_wg = e.gemm_autotune = e.pdl = e.kvq_tc = e.q4wg = false;
+        e.no_graphs = true;
+        e.fa_wg_bc = 0;
+    }
     return e;
 }
 
@@ -391,6 +398,31 @@ static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
 
 /* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
 DLLM__TEST_HOOK static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
+
+/* Tests: one internal switch by its member's name ("bd_batch", "fp8_gemm", a DLLM_TILES key...) set to value ("0"/"1"
+ * for the features); false for an unknown name. Not thread-safe against running contexts. */
+DLLM__TEST_HOOK static bool dllm__env_set(const std::string &name, const std::string &value) {
+    dllm__env_switches &e = dllm__env_storage();
+    struct feature {
+        const char *name;
+        bool *on;
+    } features[] = {{"gemm_wg", &e.gemm_wg},
+                    {"gemm_autotune", &e.gemm_autotune},
+                    {"pdl", &e.pdl},
+                    {"no_graphs", &e.no_graphs},
+                    {"kvq_tc", &e.kvq_tc},
+                    {"q4wg", &e.q4wg},
+                    {"bd_graphs", &e.bd_graphs},
+                    {"bd_batch", &e.bd_batch},
+                    {"batch_fp8", &e.batch_fp8},
+                    {"batch_graphs", &e.batch_graphs}};
+    for (const feature &f : features)
+        if (name == f.name) return *f.on = value != "0", true;
+    if (name == "fp8_gemm") return e.fp8_gemm = value, true;
+    e.tiles_error.clear();
+    dllm__env_tiles((name + "=" + value).c_str(), e);
+    return e.tiles_error.empty();
+}
 #line 78 "src/dllm_cuda.cu"
 #line 1 "src/json.cpp"
 /* src/json.cpp - a strict JSON parser (config.json, tokenizer.json, safetensors headers). */
@@ -5002,8 +5034,7 @@ static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int co
 
 // ---- SoloQ precisions on the CPU: options, quantised weights, the linear hook -------------------------------
 
-/* How a precision quantises (dllm.h's dllm_precision; the ablation switches DLLM_SOLOQ_ROTATION and
- * DLLM_SOLOQ_BIAS_CORRECTION). */
+/* How a precision quantises (dllm.h's dllm_precision, with the soloq_rotation and soloq_bias_correction parameters). */
 struct dllm__soloq_options {
     bool enabled = false;
     dllm__q4_format weights = DLLM__Q4_NVFP4, acts = DLLM__Q4_NVFP4;
@@ -5014,6 +5045,17 @@ struct dllm__soloq_options {
     uint64_t seed = 0x50104b52504248ull;  // "SoloKRPBH"-ish: the rotations' Philox key
 };
 
+/* A caller's soloq_rotation and soloq_bias_correction (dllm_ctx_params, dllm_quantize_params): `who` names the call. */
+static dllm_status dllm__soloq_check_ablation(const char *who, int rotation, int bias_correction) {
+    if (rotation < DLLM_SOLOQ_ROTATION_DEFAULT || rotation > DLLM_SOLOQ_ROTATION_HAAR)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: soloq_rotation %d must be a dllm_soloq_rotation (0 to 6)",
+                          who, rotation);
+    if (bias_correction < -1 || bias_correction > 1)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: soloq_bias_correction %d must be -1 (default), 0 or 1", who,
+                          bias_correction);
+    return DLLM_OK;
+}
+
 static bool dllm__precision_is_soloq(int p) { return p >= DLLM_PRECISION_SOLOQ_N && p <= DLLM_PRECISION_RTN_W4A16; }
 
 static const char *dllm__precision_name(int p) {
@@ -5023,7 +5065,10 @@ static const char *dllm__precision_name(int p) {
     return p >= 0 && p <= DLLM_PRECISION_RTN_W4A16 ? names[p] : "(unknown)";
 }
 
-static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dllm__soloq_options &o) {
+/* The options of `precision`; rotation (a dllm_soloq_rotation) and bias_correction (-1: the default) as the caller's
+ * parameters ask, both checked by dllm__soloq_check_ablation. */
+static dllm_status dllm__soloq_options_for(int precision, int quantize_head, int rotation, int bias_correction,
+                                           dllm__soloq_options &o) {
     o = dllm__soloq_options();
     if (!dllm__precision_is_soloq(precision)) return DLLM_OK;
     o.enabled = true;
@@ -5039,22 +5084,8 @@ static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dll
         o.bias_correction = false;
         return DLLM_OK;
     }
-    if (!dllm__env().soloq_rotation.empty()) {
-        const char *e = dllm__env().soloq_rotation.c_str();
-        int k = -1;
-        for (int i = 0; i < 6; i++)
-            if (!strcmp(e, dllm__rot_names[i])) k = i;
-        if (k < 0)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                              "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
-        o.rotation = (dllm__rot_kind)k;
-    }
-    if (!dllm__env().soloq_bias_correction.empty()) {
-        const char *e = dllm__env().soloq_bias_correction.c_str();
-        if (strcmp(e, "0") && strcmp(e, "1"))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
-        o.bias_correction = e[0] == '1';
-    }
+    if (rotation != DLLM_SOLOQ_ROTATION_DEFAULT) o.rotation = (dllm__rot_kind)(rotation - 1);
+    if (bias_correction >= 0) o.bias_correction = bias_correction == 1;
     return DLLM_OK;
 }
 
@@ -5108,7 +5139,7 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_SOLOQ_ROTATION=haar builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
                 dllm__haar_max_d, d);
     }
     return DLLM_OK;
@@ -5322,6 +5353,25 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
             y[(size_t)m * ldy + n] = ((float)acc * s_x[m]) * s_w[n];
         }
 }
+
+// ---- [W4 GEMM] q4wg's layout twin: canonical rows into the packed layout q4wg_gemm reads (GPU: q4wg_prepack) ----
+
+/* Per 64-row tile and 128-wide k block, 4096 bytes [h 0..1][thread 0..127][16 bytes]: byte 4 j + b of a thread's 16
+ * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) + b
+ * (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
+[[maybe_unused]] static void dllm__q4wg_prepack(const uint8_t *rows, int n, int k, uint8_t *packed) {
+    auto nibble = [&](int row, int kk) { return rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15; };
+    const int kb_count = k / 128;
+    for (size_t i = 0; i < (size_t)n * k / 2; i++) {
+        const int byte = (int)(i % 4096), b = byte & 3, j = (byte >> 2) & 3, thread = (byte >> 4) & 127, h = byte >> 11;
+        const int warp = thread >> 5, lane = thread & 31;
+        const size_t block = i / 4096;
+        const int tile = (int)(block / kb_count), kb = (int)(block % kb_count);
+        const int s = 2 * h + (j >> 1), row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+        const int kk = 128 * kb + 32 * s + 4 * (lane % 4) + b;
+        packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
+    }
+}
 #line 98 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
@@ -5438,9 +5488,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
             file, v.c_str());
     bool head = false;
     DLLM__TRY(dllm__meta_flag(meta, file, "dllm.quantize_lm_head", head));
-    dllm__soloq_options
-        o;  // the precision's formats; the rotation and the correction as recorded (below), not as switched
-    DLLM__TRY(dllm__soloq_options_for(s.precision, head, o));
+    dllm__soloq_options o;  // the precision's formats; the rotation and the correction as recorded (below)
+    DLLM__TRY(dllm__soloq_options_for(s.precision, head, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o));
     DLLM__TRY(dllm__meta_get(meta, file, "dllm.weight_format", v));
     if (v != dllm__q4_names[o.weights])
         return dllm__fail(
@@ -5613,8 +5662,9 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
 
 /* A context's precision on model m: AUTO resolves to what a quantised checkpoint holds (else BF16); on a quantised
  * checkpoint only the recorded weight format's two precisions (W4A4 and -W4A16) are valid, with the recorded rotation
- * and bias correction (an ablation switch set to anything else is an error: the weights were made without it). */
-static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int &precision) {
+ * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made without it). */
+static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int rotation, int bias_correction,
+                                           int &precision) {
     precision = asked;
     if (!m.soloq) {
         if (asked == DLLM_PRECISION_AUTO) precision = DLLM_PRECISION_BF16;
@@ -5631,18 +5681,18 @@ static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int &
             m.dir.c_str(), dllm__q4_names[s.opt.weights], dllm__precision_name(s.precision),
             dllm__precision_name(precision), dllm__precision_name(base(s.precision)),
             dllm__precision_name(base(s.precision)));
-    const dllm__env_switches &e = dllm__env();
-    if (s.opt.weights != DLLM__Q4_RTN && !e.soloq_rotation.empty() &&
-        e.soloq_rotation != dllm__rot_names[s.opt.rotation])
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_SOLOQ_ROTATION=%s, but %s was quantised with rotation %s: unset it or quantise again",
-                          e.soloq_rotation.c_str(), m.dir.c_str(), dllm__rot_names[s.opt.rotation]);
-    if (s.opt.weights != DLLM__Q4_RTN && !e.soloq_bias_correction.empty() &&
-        (e.soloq_bias_correction == "1") != s.opt.bias_correction)
+    if (s.opt.weights != DLLM__Q4_RTN && rotation != DLLM_SOLOQ_ROTATION_DEFAULT && rotation - 1 != s.opt.rotation)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "DLLM_SOLOQ_BIAS_CORRECTION=%s, but %s was quantised with bias correction %s: unset it or quantise again",
-            e.soloq_bias_correction.c_str(), m.dir.c_str(), s.opt.bias_correction ? "on" : "off");
+            "soloq_rotation %s (--soloq-rotation), but %s was quantised with rotation %s: leave it out or "
+            "quantise again",
+            dllm__rot_names[rotation - 1], m.dir.c_str(), dllm__rot_names[s.opt.rotation]);
+    if (s.opt.weights != DLLM__Q4_RTN && bias_correction >= 0 && (bias_correction == 1) != s.opt.bias_correction)
+        return dllm__fail(
+            DLLM_ERR_INVALID_ARGUMENT,
+            "soloq_bias_correction %d (--soloq-bias-correction), but %s was quantised with bias correction "
+            "%s: leave it out or quantise again",
+            bias_correction, m.dir.c_str(), s.opt.bias_correction ? "on" : "off");
     return DLLM_OK;
 }
 
@@ -6169,7 +6219,7 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (DLLM_KVQ_TC, on by default; device: kvq_split, kvq_n_splits): the bf16
+/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the bf16
  * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
  * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
  * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
@@ -6203,7 +6253,7 @@ static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int spli
     j0 = j1 = 0, quant = false;
 }
 
-/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, DLLM_KVQ_TC) as they compute it, up to
+/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, kvq_tc) as they compute it, up to
  * fp32 summation order and the device's ex2.approx: the CPU twin the GPU tests compare them with. Inputs as the device
  * holds them: layer l's codes in q; `cache` [rows][2 kvd] the bf16 K|V rows (as floats) that the sinks and the rows
  * from n_committed on are read from; queries x [q_rows][q_stride] (bf16 values, head h at h * hd); out [q_rows][n_head
@@ -7387,17 +7437,20 @@ class dllm__cpu_backend : public dllm__backend_impl {
  * it (decltype of the header's declaration, which is never called directly, so nothing links the library). */
 #define DLLM__NVRTC_FUNCS(X)                                                                                           \
     X(nvrtcVersion)                                                                                                    \
-    X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcAddNameExpression)                      \
-        X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)   \
-            X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetLoweredName)
+    X(nvrtcGetErrorString)                                                                                             \
+    X(nvrtcCreateProgram)                                                                                              \
+    X(nvrtcDestroyProgram) X(nvrtcAddNameExpression) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)                  \
+        X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX)                  \
+            X(nvrtcGetLoweredName)
 #define DLLM__CUBLASLT_FUNCS(X)                                                                                        \
     X(cublasLtCreate)                                                                                                  \
-    X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoCapGetAttribute) X(cublasLtMatmulAlgoCheck)               \
-        X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)                                \
-            X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                 \
-                X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) \
-                    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate)                              \
-                        X(cublasLtMatrixLayoutDestroy)
+    X(cublasLtDestroy)                                                                                                 \
+    X(cublasLtMatmul)                                                                                                  \
+    X(cublasLtMatmulAlgoCapGetAttribute) X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigGetAttribute)            \
+        X(cublasLtMatmulAlgoConfigSetAttribute) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)          \
+            X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)           \
+                X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                             \
+                    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
 
 struct dllm__cuda_libs {
 #define DLLM__LIB_POINTER(name) decltype(&::name) name = nullptr;
@@ -7764,12 +7817,13 @@ typedef unsigned long long u64;
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
 #define DLLM__STEP_STATE_FIELDS(X)                                                                                     \
     X(int, block_begin)                                                                                                \
-    X(int, block_end)                                 /* current block [begin, end) */                                 \
-        X(int, steps_per_block) X(int, step_in_block) /* advanced by select_commit */                                  \
-        X(int, global_step)                           /* keys the RNG; advanced by select_commit */                    \
-        X(int, n_block_masks)                         /* masks in the block at its first step */                       \
-        X(int, n_committed)                           /* positions committed by the last step */                       \
-        X(int, n_block_left)                          /* masks left in the block after the last step */
+    X(int, block_end) /* current block [begin, end) */                                                                 \
+    X(int, steps_per_block)                                                                                            \
+    X(int, step_in_block) /* advanced by select_commit */                                                              \
+    X(int, global_step)   /* keys the RNG; advanced by select_commit */                                                \
+    X(int, n_block_masks) /* masks in the block at its first step */                                                   \
+    X(int, n_committed)   /* positions committed by the last step */                                                   \
+    X(int, n_block_left)  /* masks left in the block after the last step */
 
 /* One sampler CTA's statistics of its vocabulary slice for one row (conf_partial_kernel -> conf_combine_kernel). */
 #define DLLM__CONF_PARTIAL_FIELDS(X)                                                                                   \
@@ -7787,7 +7841,9 @@ typedef unsigned long long u64;
     X(const float *, uncond) /* CFG: unconditional logits with the same layout, or null */                             \
     X(float, cfg_weight)     /* s + 1: logits = U + (s + 1)(C - U) */                                                  \
     X(int, vocab)                                                                                                      \
-    X(int, slice) X(int, n_slices) X(int, n_rows) X(int, pos0) /* canvas position of row 0 */                          \
+    X(int, slice)                                                                                                      \
+    X(int, n_slices)                                                                                                   \
+    X(int, n_rows) X(int, pos0)      /* canvas position of row 0 */                                                    \
         X(int, lrow0) X(int, shift0) /* logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift) */   \
         X(int, raw_rows)             /* logits rows per batch entry in the buffer */                                   \
         X(double, temperature) X(u64, seed) X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)        \
@@ -7802,9 +7858,10 @@ typedef unsigned long long u64;
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
 #define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
     X(const bf16_t *, q)                                                                                                 \
-    X(const bf16_t *, k) X(const bf16_t *, v) X(bf16_t *, o)                                                             \
-        X(const unsigned char *, key_valid) /* [batch][seq] or null */                                                   \
-        X(int, seq) X(int, q_rows)          /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */   \
+    X(const bf16_t *, k)                                                                                                 \
+    X(const bf16_t *, v)                                                                                                 \
+    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                        \
+        X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */            \
         X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
         X(u64, q_bstride) X(u64, o_bstride)                                                                              \
             X(const dllm_step_state *,                                                                                   \
@@ -7831,7 +7888,9 @@ typedef unsigned long long u64;
 #define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
     X(const void *, x)                                                                                                                                \
     X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
-        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                  \
+    X(const int *, perm)                                                                                                                              \
+    X(const unsigned char *, signs)                                                                                                                   \
+    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                                                           \
         X(unsigned char *, codes)                                                                                                                     \
             X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
         X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
@@ -7982,7 +8041,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 )DLLM";
-#line 192 "src/gpu/kernel_table.cpp"
+#line 198 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
 #define DLLM__ROWWISE_KERNELS(X)                                                                                       \
@@ -8088,7 +8147,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 )DLLM";
-#line 213 "src/gpu/kernel_table.cpp"
+#line 219 "src/gpu/kernel_table.cpp"
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
@@ -8253,7 +8312,7 @@ KERNEL_find_nonfinite_bf16 {
         if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
-#line 216 "src/gpu/kernel_table.cpp"
+#line 222 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
 #define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
@@ -8322,7 +8381,7 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     return s > 0.f ? s : 1.f;
 }
 )DLLM";
-#line 234 "src/gpu/kernel_table.cpp"
+#line 240 "src/gpu/kernel_table.cpp"
 
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = R"DLLM(
@@ -8441,7 +8500,7 @@ KERNEL_quantize_weight_blocks {
     }
 }
 )DLLM";
-#line 237 "src/gpu/kernel_table.cpp"
+#line 243 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
@@ -8956,7 +9015,7 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 256 "src/gpu/kernel_table.cpp"
+#line 262 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
  * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
@@ -8965,11 +9024,13 @@ KERNEL_soloq_scale_rows_i32 {
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
     X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
     X(unsigned char *, k_codes)                                                                                        \
-    X(unsigned char *, v_codes)      /* the layer's [cap][kvd bits / 8] (9c's packing) */                              \
-        X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                     \
-        X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                        \
-        X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                          \
-        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* SoloQ: the layer's R (9b) */   \
+    X(unsigned char *, v_codes)  /* the layer's [cap][kvd bits / 8] (9c's packing) */                                  \
+    X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
+    X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                            \
+    X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                              \
+    X(const int *, perm)                                                                                               \
+    X(const unsigned char *, signs)                                                                                    \
+    X(const float *, mixer) /* SoloQ: the layer's R (9b) */                                                            \
         X(int, rot_b) X(int, rot_k) X(float, rot_norm) X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq)              \
             X(int, n_sink) X(int, group) X(int, row0) X(int, rows) /* commits: rows [row0, row0 + rows) */             \
         X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */           \
@@ -9004,7 +9065,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 290 "src/gpu/kernel_table.cpp"
+#line 298 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9256,9 +9317,9 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 292 "src/gpu/kernel_table.cpp"
+#line 300 "src/gpu/kernel_table.cpp"
 
-/* [KV quant] The block step's attention over the quantised cache on tensor cores (DLLM_KVQ_TC, on by default; twin:
+/* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
  * the 7B shape) with scalar FMAs; here the codes are read and decoded once per kv head:
  *   kvq_flash: flash-decoding split over the keys, one CTA per (key split, kv head, tile of query rows). A CTA holds
@@ -9676,7 +9737,7 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 321 "src/gpu/kernel_table.cpp"
+#line 329 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
  * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
@@ -9690,8 +9751,10 @@ KERNEL_kvq_flash_combine {
 #define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
     X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
     X(const bf16_t *, q)                                                                                               \
-    X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)            \
-        X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                         \
+    X(bf16_t *, o)                                                                                                     \
+    X(int, q_stride)                                                                                                   \
+    X(int, o_stride) X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale) X(int, n_keys) X(int, n_committed)         \
+        X(int, mask_block) X(int, q_index0)                                                                            \
             X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */      \
         X(const int *, n_rows)   /* null, or how many rows are listed (a graph's launch covers every row) */           \
         X(int, offset)           /* the block offset of the forward's row 0 */                                         \
@@ -9800,7 +9863,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 352 "src/gpu/kernel_table.cpp"
+#line 362 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -9821,10 +9884,10 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 357 "src/gpu/kernel_table.cpp"
+#line 367 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
- * it with DLLM_FP8_GEMM=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
+ * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
  * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
  * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
  * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
@@ -9972,7 +10035,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 375 "src/gpu/kernel_table.cpp"
+#line 385 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -9986,7 +10049,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
     X(void *, y)                           /* y[m * ldy + y_col0 + n], bf16 or fp32 (y_f32) */                         \
     X(float *, partial)                                                                                                \
     X(int, lda)                                                                                                        \
-    X(int, ldy) X(int, y_col0) X(int, y_f32) X(int, M) X(int, N) X(int, K) X(int, k_splits)                            \
+    X(int, ldy)                                                                                                        \
+    X(int, y_col0)                                                                                                     \
+    X(int, y_f32) X(int, M) X(int, N) X(int, K) X(int, k_splits)                                                       \
         X(int, chunks_per_split) /* K in chunks of Q4_KC; split s takes chunks [s * cps, (s + 1) * cps) */
 struct q4_gemm_args {
     DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)
@@ -10406,7 +10471,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 459 "src/gpu/kernel_table.cpp"
+#line 471 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -10788,7 +10853,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 475 "src/gpu/kernel_table.cpp"
+#line 487 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11253,7 +11318,7 @@ template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 483 "src/gpu/kernel_table.cpp"
+#line 495 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11374,7 +11439,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 489 "src/gpu/kernel_table.cpp"
+#line 501 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -11571,7 +11636,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 501 "src/gpu/kernel_table.cpp"
+#line 513 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -11776,7 +11841,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 520 "src/gpu/kernel_table.cpp"
+#line 532 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -11811,7 +11876,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 543 "src/gpu/kernel_table.cpp"
+#line 555 "src/gpu/kernel_table.cpp"
 #line 106 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -11826,7 +11891,7 @@ KERNEL_kv_scatter_rows {
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
  * has them in cuBLASLt; Ada (sm_89) has FP8 tensor cores but no block-scaled cuBLASLt mode, so it runs dllm's own
- * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_FP8_GEMM=mma). */
+ * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_TILES=fp8_gemm=mma). */
 enum dllm__fp8_gemm {
     DLLM__FP8_NONE = 0,  // FP8 requested: run BF16 and say so in one warning
     DLLM__FP8_CUBLASLT_BLOCK = 1,
@@ -11905,7 +11970,15 @@ static dllm__arch dllm__arch_for(int cc) {
     if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128))
         a.fa_wg_bc = wg_bc;
     else if (wg_bc != a.fa_wg_bc)
-        dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
+        dllm__log(DLLM_LOG_WARN, "DLLM_TILES fa_wg_bc=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
+    static std::once_flag tiles_warned;
+    if (!env.tiles_error.empty())
+        std::call_once(tiles_warned, [&] {
+            dllm__log(DLLM_LOG_WARN,
+                      "DLLM_TILES: \"%s\" not understood (keys fa_br, fa_bc, fa_mt, fa_stages, fa_kv_ctas, fa_wg_bc, "
+                      "fa_wg_stages, batch_gemm_n, soloq_split with a number; fp8_gemm=mma or cublaslt)",
+                      env.tiles_error.c_str());
+        });
     return a;
 }
 
@@ -12182,7 +12255,7 @@ static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
             arch.target};
 }
 
-/* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one (so that an H200 can
  * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
@@ -12192,18 +12265,19 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
         if (a.cc != 90)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_FP8_GEMM=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d", a.cc);
+                "DLLM_TILES fp8_gemm=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d",
+                a.cc);
         out = DLLM__FP8_CUBLASLT_BLOCK;
     } else {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_FP8_GEMM=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
+                          "DLLM_TILES fp8_gemm=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
     }
     return DLLM_OK;
 }
@@ -12315,7 +12389,7 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
  * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
  * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
  * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
- * sm_89's opt-in limit; the DLLM_FA_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+ * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
 static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
     if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
     if (hd > 128) {
@@ -12456,7 +12530,7 @@ static dllm_status dllm__attn_kernels_of(dllm__module &mod, const dllm__arch &ar
 }
 
 /* Whether kernels on the current device launch with programmatic dependent launch: sm_90 and newer, unless
- * DLLM_PDL=0. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
+ * DLLM_DEBUG_PLAIN=1. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
  * previous kernel to drain (see pdl_enter, which every kernel calls first). */
 static bool dllm__pdl_on() {
     static std::atomic<int> cached[16];  // per device: 0 unknown, 1 off, 2 on
@@ -12570,7 +12644,7 @@ struct dllm__gemm_wg {
     dllm__kernel<void(gemm_wg_args, dllm__gemm_tensor_maps)> kernel;
     size_t smem = 0;
     int clusters = 0;  // clusters of two CTAs the GPU holds at once
-    int bn = 256;      // output tile width: 256, or 128 (DLLM_BATCH_GEMM_N)
+    int bn = 256;      // output tile width: 256, or 128 (DLLM_TILES batch_gemm_n)
     /* Whether it runs Y [M x N] = X . W^T: whole bn-wide column tiles, 16-byte rows and bases for TMA. */
     bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
         return kernel.fn && N > 0 && N % bn == 0 && K % 8 == 0 &&
@@ -13012,7 +13086,7 @@ static const int dllm__batch_gemm_widths[3] = {256, 128, 64};
 
 /* [batch] The fastest of the candidates by_width[] (null: not loaded, or not fitting op) for op's N, K and number of
  * 128-row tiles, as its index, timed once a process and device on op's operands (its output is overwritten by the
- * launch that follows). Untimed (DLLM_GEMM_AUTOTUNE=0, or inside a graph capture) a rule from the H100's timings: 128
+ * launch that follows). Untimed (DLLM_DEBUG_PLAIN=1, or inside a graph capture) a rule from the H100's timings: 128
  * for N <= 4096 up to 1024 rows, else 256 (whichever of the two is a candidate). The width changes no bit (gemm_wg's
  * widths agree), so neither the timing nor the rule can make a sequence's output depend on its batch. On the H100, 64
  * took 0.83-0.87x of 128's time for the o and down projections at 128 rows, and lost elsewhere. The index may name a
@@ -13061,7 +13135,7 @@ struct dllm__fp8_mma {
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
-/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_FP8_GEMM=mma),
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_TILES=fp8_gemm=mma),
  * with fewer stages where its shared memory per block is smaller. */
 static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     int dev = 0, optin = 0;
@@ -13244,7 +13318,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
 //          [step graphs]; the [batch] forward, its K/V-cache step and the batched block-diffusion forward
-//          (bd_forward_batch; DLLM_BD_BATCH=0 turns it off)
+//          (bd_forward_batch)
 //          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
@@ -13264,9 +13338,10 @@ enum dllm__wformat {
         1,           // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                      // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
     DLLM__W_Q4 = 2,  // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-                     // scales [n][ceil(k / 16)]), an fp32 row scale each: q4_gemm on few rows, else the INT8 GEMM
-                     // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
-                     // (dllm__gpu_backend::gemm_q4)
+    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the integer formats' layer linears are
+    // re-laid out for q4wg, which then runs every GEMM of theirs): q4_gemm on few rows, else the INT8 GEMM
+    // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
+    // (dllm__gpu_backend::gemm_q4)
 };
 enum dllm__aformat {
     DLLM__A_BF16 = 0,        // bf16 rows [M x k]
@@ -13295,6 +13370,7 @@ struct dllm__rotation_dev {
 };
 struct dllm__q4_site {
     dllm__q4_format format = DLLM__Q4_INT4;
+    bool packed = false;      // [W4 GEMM] the codes in q4wg's layout (dllm__q4wg_pack), not section 9b's rows
     dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3
     std::shared_ptr<const dllm__rotation_dev> rot;
 };
@@ -13321,13 +13397,531 @@ struct dllm__linear {
  * the bits it has in any other launch of the same shape: one algorithm per (format, N, K), launches of at most
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
- * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
+ * depend on its batch).
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
  * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
  * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 #line 111 "src/dllm_cuda.cu"
+#line 1 "src/gpu/q4_wgmma.cpp"
+/* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
+ * packed layout, the kernels' configurations, loading, and the launcher. */
+
+/* q4wg_gemm's arguments (host/kernel contract, declared in its own module). */
+#define DLLM__Q4WG_ARGS_FIELDS(X)                                                                                      \
+    X(const signed char *, x) /* [M][ldx] int8 token C values (act_.q4a8), 16-byte aligned rows */                     \
+    X(const float *, s_x)     /* [M] token scales */                                                                   \
+    X(const void *, w)        /* the packed codes (q4wg_prepack), 16-byte aligned */                                   \
+    X(const float *, s_w)     /* [N] row scales */                                                                     \
+    X(bf16_t *, y)            /* [M][ldy] */                                                                           \
+    X(int *, ws)              /* [N / 128][NT * 128] int32 split-K sums: zero before a launch, left zero after */      \
+    X(int *, cnt)             /* [N / 128] k blocks summed per tile: likewise */                                       \
+    X(long long, ldx) X(long long, ldy) X(int, M) X(int, N) X(int, K)
+struct q4wg_args {
+    DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)
+};
+static_assert(sizeof(q4wg_args) == 88, "contract layout");
+
+/* [kernel table] the q4wg module's plain kernels; q4wg_gemm is a template, looked up by name (dllm__q4wg_name). */
+#define DLLM__Q4WG_KERNELS(X) X(q4wg_prepack, , (const unsigned char *rows, int n, int k, unsigned char *packed))
+DLLM__Q4WG_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_q4_wgmma = R"DLLM(
+#line 1 "src/kernels/q4_wgmma.cuh"
+/* [W4 GEMM] q4wg_gemm: SoloQ's 4-bit integer-weight GEMM on Hopper's wgmma (sm_90a). Twin: dllm__cpu_i8_gemm on the
+ * weights' canonical rows (dllm__q4wg_prepack is the layout's twin).
+ *
+ *   y[m][n] = ((float)acc[m][n] * s_x[m]) * s_w[n],   acc[m][n] = sum_k X[m][k] * C_w[n][k]   (exact int32)
+ *
+ * bit-identical to dllm__cpu_i8_gemm on the weights' C values (SoloQ-I: C = 2q + 1; RTN-W4A4: C = q; q the signed
+ * nibble in [-8, 7]); X: int8 C values of the tokens (any s8), s_x / s_w fp32.
+ *
+ * Transposed product: the weights are wgmma's A operand (64 output features a warpgroup on M) taken from REGISTERS,
+ * the tokens are wgmma's N (NT = 32, 64, 128, 256) read from shared memory as int8, K-major, 128-byte swizzle.
+ * Widening (no bias, no sum(x) correction): with the nibble in a byte's HIGH half the byte read as s8 is 16 q, so
+ *   hi byte  = x & 0xF0F0F0F0 (| 0x08080808 for SoloQ-I: 16 q + 8 = 8 (2q + 1))        1 LOP3 per 4 weights
+ *   lo byte  = (x << 4) & 0xF0F0F0F0 (| 0x08080808)                                       SHF + LOP3 per 4 weights
+ * and wgmma s8.s8 accumulates 8 acc (SoloQ-I) or 16 acc (RTN) exactly: |8 * 15 * 128 * K| < 2^31 up to K = 139810.
+ * The epilogue shifts right by 3 / 4 (exact: the sums are multiples of 8 / 16).
+ *
+ * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb, 4096 bytes:
+ *   [T][kb][h = 0, 1][thread 0..127][16 bytes]; 16 bytes = 4 words; word j covers k32 step s = 2h + (j >> 1) and row
+ *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble = W[row][32 s + 4 (lane%4) + b],
+ *   high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo) and 2 (hi), word (s, 1) -> 1 and 3:
+ *   CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0 = (row 16 w + g + 8 v1,
+ *   k 4 t + v0 + 16 v2).
+ *
+ * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
+ * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments
+ * red.add their int32 sums into ws (layout = the accumulator layout, coalesced) and count k blocks in cnt[tile];
+ * the CTA that completes the count reads the sums back, zeroes ws and cnt (self-cleaning: ws / cnt must be zero
+ * before the first launch) and runs the epilogue. Integer sums: any split or order gives the same bits.
+ *
+ * The module (dllm__module_q4wg) is compiled for sm_90a only; q4wg_args is the host/kernel contract's
+ * (DLLM__Q4WG_ARGS_FIELDS), y is bf16 (the layer linears' outputs), rounded as the INT8 path's epilogue rounds it.
+ */
+
+#define Q4WG_INT4 1  // dllm__q4_format DLLM__Q4_INT4 (SoloQ-I): C = 2q + 1
+#define Q4WG_RTN 4   // dllm__q4_format DLLM__Q4_RTN: C = q
+
+__device__ __forceinline__ u32 q4wg_smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+/* B descriptor, K-major, 128-byte swizzle (dllm__src_hopper's wg_desc): rows of 128 bytes (128 int8 k values of
+ * one token), 8-row atoms 1024 bytes apart; a k32 step is +32 bytes of the start address. */
+__device__ __forceinline__ u64 q4wg_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+/* d (64 x NT s32, accumulator layout) += A (64 x 32 s8, registers a0..a3) . B (NT x 32 s8, shared, K-major)^T */
+template <int NT> __device__ __forceinline__ void q4wg_mma(int (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
+    if constexpr (NT == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+                     ", {%16, %17, %18, %19}, %20, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
+                       "+r"(d[15])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                     ", {%32, %33, %34, %35}, %36, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
+                       "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
+                       "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
+                       "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 128)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+                     ", {%64, %65, %66, %67}, %68, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
+                       "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
+                       "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
+                       "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]),
+                       "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]),
+                       "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]),
+                       "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]),
+                       "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 256)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+            ", {%128, %129, %130, %131}, %132, p;\n}\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+              "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+              "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+              "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+              "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+              "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+              "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+              "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+              "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+              "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+              "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+              "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+              "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]),
+              "+r"(d[103]), "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]),
+              "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]),
+              "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]),
+              "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+/* Nibbles in the high half of each byte (x & 0xF0F0F0F0) read as s8 are 16 q; SoloQ-I ORs in 8: 8 (2q + 1). */
+template <int FMT> __device__ __forceinline__ u32 q4wg_hi(u32 x) {
+    u32 r;
+    if (FMT == Q4WG_INT4)
+        asm("lop3.b32 %0, %1, 0xF0F0F0F0, 0x08080808, 0xEA;" : "=r"(r) : "r"(x));  // (a & b) | c
+    else
+        asm("and.b32 %0, %1, 0xF0F0F0F0;" : "=r"(r) : "r"(x));
+    return r;
+}
+template <int FMT> __device__ __forceinline__ u32 q4wg_lo(u32 x) { return q4wg_hi<FMT>(x << 4); }
+
+struct q4wg_u32x4 {
+    u32 x, y, z, w;
+};
+
+/* One output of the epilogue, rounded once to bf16 (as soloq_scale_body stores it; an fp32 output's branch made the
+ * 256-token instances spill). */
+__device__ __forceinline__ void q4wg_store(const q4wg_args &a, long long at, float v) {
+    a.y[at] = f32_to_bf16(v);
+}
+
+__device__ __forceinline__ q4wg_u32x4 q4wg_ldg(const q4wg_u32x4 *p, u64 policy) {
+    q4wg_u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+}
+
+__device__ __forceinline__ void q4wg_cp16(u32 dst, const void *src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void q4wg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void q4wg_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int PENDING, int R, int NREG> __device__ __forceinline__ void q4wg_wgmma_wait(int (&acc)[R][NREG]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) asm volatile("" : "+r"(acc[r][i])::"memory");
+}
+
+/* One group's activations: P k blocks, each NT rows x 128 bytes in the 128-byte swizzle (16-byte chunk c of row r at
+ * chunk c ^ (r % 8)), rows >= M zero-filled. src: X at the group's first k; thread tid copies chunk tid & 7 of rows
+ * (tid >> 3) + j THREADS / 8 of every k block. */
+template <int NT, int THREADS, int P>
+__device__ __forceinline__ void q4wg_stage(u32 dst, const signed char *src, long long ldx, int M, int tid) {
+    const int r0 = tid >> 3, c = tid & 7;  // (rows x ldx < 2^31)
+    const u32 d0 = dst + r0 * 128 + ((c ^ (r0 & 7)) << 4);
+#pragma unroll
+    for (int j = 0; j < NT * 8 / THREADS; j++) {
+        const int row = r0 + j * (THREADS / 8);
+        const bool ok = row < M;
+        const signed char *g =
+            src + (u32)(ok ? row * (int)ldx : 0) + c * 16;  // 32-bit row offsets: fewer live registers
+#pragma unroll
+        for (int p = 0; p < P; p++) q4wg_cp16(d0 + p * (NT * 128) + j * THREADS * 16, g + p * 128, ok ? 16 : 0);
+    }
+}
+
+/* NT tokens (wgmma N), FMT (Q4WG_INT4 / Q4WG_RTN), WGS warpgroups a CTA, R 64-row tiles a warpgroup, P k blocks (of
+ * 128) a group, SG activation stages (one a group; 2: every wgmma of a group awaited at its end, 3: one k block's left
+ * in flight). Weights of group g + 1 load into registers while group g computes; activations of group g + 1 are
+ * copied (cp.async) while group g computes. */
+template <int NT, int FMT, int WGS, int R, int P, int SG>
+__global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
+    constexpr int THREADS = 128 * WGS, TF = 64 * WGS * R, NREG = NT / 2;
+    constexpr u32 KSTAGE = NT * 128, GSTAGE = KSTAGE * P;
+    constexpr int SH = FMT == Q4WG_INT4 ? 3 : 4;
+    static_assert(SG == 2 || SG == 3, "stages");
+    static_assert((NT * 8) % THREADS == 0, "stage copy");
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char q4wg_smem[];
+    __shared__ int last_flag;
+    const u32 s0 = (q4wg_smem_u32(q4wg_smem) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
+    const int KB = a.K >> 7, tiles = a.N / TF, groups = tiles * (KB / P);
+    const int g0 = (int)((long long)blockIdx.x * groups / gridDim.x),
+              g1 = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x);
+    if (g0 >= g1) return;
+    const int it0 = g0 * P, it1 = g1 * P;
+
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+
+    // Weights: 16-byte units; slot r of this warpgroup in CTA tile t is 64-row tile (t WGS + wg) R + r.
+    const long long rstride = (long long)KB * 256;  // one 64-row tile
+    int lkb = it0 % KB;                             // the k block whose weights load next
+    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + t128 + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 256;
+
+    // Group g0's activations, then its weights.
+    int akb = lkb;  // the first k block of the group whose activations are copied next
+    q4wg_stage<NT, THREADS, P>(s0, a.x + akb * 128, a.ldx, a.M, tid);
+    q4wg_cp_commit();
+    akb = akb + P == KB ? 0 : akb + P;
+    q4wg_u32x4 wq[P][R][2];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
+    wp += P * 256;
+    lkb += P;
+    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+
+    int acc[R][NREG];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) acc[r][i] = 0;
+
+    int ct = it0 / KB, ckb = it0 % KB, seg0 = ckb;
+    const u64 desc0 = q4wg_desc(s0);  // s0 + SG GSTAGE < 2^18: the 14-bit address field never carries
+    u32 cst = 0, pst = 1;             // the stage the group computes from / the next group's copy goes to
+    for (int it = it0; it < it1; it += P) {
+        const bool more = it + P < it1;
+        // This group's activations are in (every thread's copies, made visible to wgmma's async proxy), and every
+        // wgmma of the group that last read stage pst is done (SG = 2: awaited at each group's end; SG = 3: the
+        // group before the last one).
+        q4wg_cp_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (more) q4wg_stage<NT, THREADS, P>(s0 + pst * GSTAGE, a.x + akb * 128, a.ldx, a.M, tid);
+        q4wg_cp_commit();
+        akb = akb + P == KB ? 0 : akb + P;
+        pst = pst + 1 == SG ? 0 : pst + 1;
+        const u64 dg = desc0 + cst * (GSTAGE >> 4);  // the group's stage: descriptor address fields add
+        cst = cst + 1 == SG ? 0 : cst + 1;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            u32 A[R][4][4];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    const q4wg_u32x4 &v = wq[p][r][s >> 1];
+                    const u32 w0 = s & 1 ? v.z : v.x, w1 = s & 1 ? v.w : v.y;
+                    A[r][s][0] = q4wg_lo<FMT>(w0);
+                    A[r][s][1] = q4wg_lo<FMT>(w1);
+                    A[r][s][2] = q4wg_hi<FMT>(w0);
+                    A[r][s][3] = q4wg_hi<FMT>(w1);
+                }
+            if (more)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
+
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            const u64 d0 = dg + p * (KSTAGE >> 4);
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    q4wg_mma<NT>(acc[r], A[r][s][0], A[r][s][1], A[r][s][2], A[r][s][3], d0 + s * 2);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // The next k block's A registers are written while this one's wgmmas run (ptxas keeps both sets live);
+            // NT = 256 (128 accumulator registers) has no room for two sets and waits here.
+            if (p + 1 < P) q4wg_wgmma_wait<NT >= 256 ? 0 : 1>(acc);
+        }
+        q4wg_wgmma_wait<SG - 2>(acc);
+        wp += P * 256;
+        lkb += P;
+        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        ckb += P;
+        if (ckb == KB || !more) {
+            // ---- flush the segment [seg0, ckb) of tile ct ----
+            q4wg_wgmma_wait<0>(acc);
+            bool store = true;
+            if (seg0 != 0 || ckb != KB) {
+                int *wsp = a.ws + (long long)ct * (NT * TF) + (wg * R) * NREG * 128 + t128;
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < NREG; i++)
+                        asm volatile("red.global.add.s32 [%0], %1;\n" ::"l"(wsp + (r * NREG + i) * 128), "r"(acc[r][i])
+                                     : "memory");
+                __threadfence();
+                __syncthreads();
+                if (tid == 0) {
+                    const int nkb = ckb - seg0, old = atomicAdd(a.cnt + ct, nkb);
+                    last_flag = old + nkb == KB;
+                }
+                __syncthreads();
+                store = last_flag != 0;
+                if (store) {
+                    __threadfence();
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int i = 0; i < NREG; i++) {
+                            int *q = wsp + (r * NREG + i) * 128;
+                            asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(acc[r][i]) : "l"(q) : "memory");
+                            asm volatile("st.global.cg.s32 [%0], %1;\n" ::"l"(q), "r"(0) : "memory");
+                        }
+                    if (tid == 0) a.cnt[ct] = 0;
+                }
+            }
+            if (store) {
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
+#pragma unroll
+                    for (int j = 0; j < NT / 8; j++) {
+                        const int m = 8 * j + 2 * tq;
+                        if (m < a.M) {
+                            const float sx = a.s_x[m];
+                            const long long at = (long long)m * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn((float)(acc[r][4 * j] >> SH), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn((float)(acc[r][4 * j + 2] >> SH), sx), sw1));
+                        }
+                        if (m + 1 < a.M) {
+                            const float sx = a.s_x[m + 1];
+                            const long long at = (long long)(m + 1) * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn((float)(acc[r][4 * j + 1] >> SH), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn((float)(acc[r][4 * j + 3] >> SH), sx), sw1));
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int i = 0; i < NREG; i++) acc[r][i] = 0;
+            if (ckb == KB) ckb = 0, ct++;
+            seg0 = ckb;
+        }
+    }
+    q4wg_cp_wait<0>();
+}
+
+/* Canonical rows [n][k / 2] (low nibble first) into the packed layout above, one thread per packed byte (n % 64 == 0,
+ * k % 128 == 0). Twin: dllm__q4wg_prepack. */
+KERNEL_q4wg_prepack {
+    pdl_enter();
+    const u64 total = (u64)n * k / 2;
+    const int kb_count = k / 128;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int byte = (int)(i % 4096), b = byte & 3, j = (byte >> 2) & 3, thread = (byte >> 4) & 127, h = byte >> 11;
+        const int warp = thread >> 5, lane = thread & 31;
+        const u64 block = i / 4096;
+        const int tile = (int)(block / kb_count), kb = (int)(block % kb_count);
+        const int s = 2 * h + (j >> 1), row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+        const int kk = 128 * kb + 32 * s + 4 * (lane % 4) + b;  // the low nibble's k; the high nibble's is kk + 16
+        const unsigned char *r = rows + (u64)row * (k / 2);
+        const int lo = r[kk / 2] >> (4 * (kk & 1)) & 15, hi = r[(kk + 16) / 2] >> (4 * (kk & 1)) & 15;
+        packed[i] = (unsigned char)(lo | hi << 4);
+    }
+}
+)DLLM";
+#line 24 "src/gpu/q4_wgmma.cpp"
+
+/* q4wg_gemm's configurations by token rows (wgmma's N): NT tokens, WGS warpgroups of R 64-row tiles (128 features a
+ * CTA in each), P k blocks of 128 a group, SG activation stages. Measured on an H200 (dllm-bench --q4-gemm-only):
+ * memory-bound at 32 and 64 tokens, where two CTAs an SM keep 64 KB of weights in flight each. */
+struct dllm__q4wg_config {
+    int nt, wgs, r, p, sg;
+};
+static const dllm__q4wg_config dllm__q4wg_configs[] = {
+    {32, 1, 2, 4, 3}, {64, 1, 2, 4, 3}, {128, 2, 1, 4, 3}, {256, 2, 1, 2, 3}};
+static const int dllm__q4wg_configs_n = 4, dllm__q4wg_max_rows = 256, dllm__q4wg_tile = 128;
+
+static size_t dllm__q4wg_smem(const dllm__q4wg_config &c) { return (size_t)c.sg * c.nt * 128 * c.p + 1024; }
+
+static std::string dllm__q4wg_name(const dllm__q4wg_config &c, dllm__q4_format f) {
+    return dllm__format("q4wg_gemm<%d,%d,%d,%d,%d,%d>", c.nt, (int)f, c.wgs, c.r, c.p, c.sg);
+}
+
+/* Whether q4wg takes an n x k weight of format f: integer codes, whole 128-feature tiles and 512-wide k groups. */
+static bool dllm__q4wg_takes(dllm__q4_format f, int n, int k) {
+    return (f == DLLM__Q4_INT4 || f == DLLM__Q4_RTN) && n > 0 && k > 0 && n % dllm__q4wg_tile == 0 && k % 512 == 0;
+}
+
+/* The int32 workspace (ws) of an n-row weight, and the tile counters (cnt) after it: zeroed once, kept zero. */
+static size_t dllm__q4wg_workspace_ints(int n) { return (size_t)n * dllm__q4wg_max_rows + (size_t)n / dllm__q4wg_tile; }
+
+static dllm__jit_request dllm__module_q4wg(const dllm__arch &arch) {
+    std::vector<std::string> names = {DLLM__Q4WG_KERNELS(DLLM__KERNEL_NAME)};
+    for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN})
+        for (const dllm__q4wg_config &c : dllm__q4wg_configs) names.push_back(dllm__q4wg_name(c, f));
+    return {
+        "dllm_q4wg",
+            dllm__src_prelude() + DLLM__XSTR(struct q4wg_args{DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
+                DLLM__Q4WG_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_q4_wgmma,
+            names, arch.target
+    };
+}
+
+/* q4wg loaded for one device: the prepack kernel and q4wg_gemm per (format, configuration) with its occupancy. */
+struct dllm__q4wg_kernels {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_q4wg_prepack> prepack;
+    dllm__kernel<void(q4wg_args)> gemm[2][dllm__q4wg_configs_n];  // [INT4, RTN][configuration]
+    int ctas_per_sm[dllm__q4wg_configs_n] = {};
+    int sm_count = 0;
+};
+
+static int dllm__q4wg_format_index(dllm__q4_format f) { return f == DLLM__Q4_INT4 ? 0 : 1; }
+
+/* The module for the current device (sm_90a only: wgmma) and its kernels' limits. */
+static dllm_status dllm__q4wg_load(const dllm__arch &a, dllm__q4wg_kernels &out) {
+    if (a.cc != 90)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "q4wg runs on sm_90a (wgmma) only, this GPU is sm_%d", a.cc);
+    DLLM__TRY(dllm__jit_load(dllm__module_q4wg(a), out.module));
+    int dev = 0;
+    DLLM__CUDA(cudaGetDevice(&dev));
+    DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    out.prepack.fn = out.module->kernels.at("q4wg_prepack"), out.prepack.name = "q4wg_prepack";
+    for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN})
+        for (int i = 0; i < dllm__q4wg_configs_n; i++) {
+            const dllm__q4wg_config &c = dllm__q4wg_configs[i];
+            dllm__kernel<void(q4wg_args)> &k = out.gemm[dllm__q4wg_format_index(f)][i];
+            k.fn = out.module->kernels.at(dllm__q4wg_name(c, f)), k.name = "q4wg_gemm";
+            DLLM__CUDA(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)dllm__q4wg_smem(c)));
+            DLLM__CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&out.ctas_per_sm[i], (const void *)k.fn,
+                                                                     128 * c.wgs, dllm__q4wg_smem(c)));
+            out.ctas_per_sm[i] = std::max(1, out.ctas_per_sm[i]);
+        }
+    return DLLM_OK;
+}
+
+/* An n x k weight's canonical codes (section 9b's rows) into q4wg's layout on the device, in place of W.data. */
+static dllm_status dllm__q4wg_pack(const dllm__q4wg_kernels &k, dllm__linear &W, cudaStream_t stream) {
+    dllm__dbuf packed;
+    DLLM__TRY(packed.fit((size_t)W.n * W.k / 2, "SoloQ weights (q4wg layout)"));
+    const size_t bytes = packed.bytes;
+    DLLM__TRY(k.prepack.launch({dim3((unsigned)std::min<size_t>((bytes + 255) / 256, 65535)), dim3(256)}, stream,
+                               W.data.ptr, W.n, W.k, packed.ptr));
+    DLLM__CUDA(cudaStreamSynchronize(stream));
+    W.data = std::move(packed);
+    W.q4->packed = true;
+    return DLLM_OK;
+}
+
+/* y [M x N] (bf16) = ((float)(X . C_w^T) s_x) s_w: X int8 token C values [M][K], the weights packed
+ * (dllm__q4wg_pack) in format f. Launches of at most 256 token rows, each on the smallest configuration that holds
+ * them, over a grid of every resident CTA (capped at the groups); the sums are exact integers, so the launches, the
+ * configuration and the split give every row the bits of dllm__cpu_i8_gemm whatever M is. ws: the
+ * dllm__q4wg_workspace_ints(N) ints, zero (the launches leave them zero). */
+static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_format f, const void *packed,
+                                       const float *s_w, const signed char *x, const float *s_x, bf16_t *y, int M,
+                                       int N, int K, int *ws, size_t ws_ints, cudaStream_t stream) {
+    if (!dllm__q4wg_takes(f, N, K) || M < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4wg: format %d, N = %d, K = %d, M = %d: it takes INT4 or RTN codes, N a multiple of 128 "
+                          "and K of 512",
+                          (int)f, N, K, M);
+    if (ws_ints < dllm__q4wg_workspace_ints(N) || !ws || (uintptr_t)x % 16 || (uintptr_t)packed % 16)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4wg: a workspace of %zu ints (%zu given) and 16-byte aligned inputs are required",
+                          dllm__q4wg_workspace_ints(N), ws_ints);
+    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
+        const int rows = std::min(dllm__q4wg_max_rows, M - m0);
+        int i = 0;
+        while (dllm__q4wg_configs[i].nt < rows) i++;
+        const dllm__q4wg_config &c = dllm__q4wg_configs[i];
+        q4wg_args a = {};
+        a.x = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w;
+        a.y = y + (size_t)m0 * N, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
+        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K;
+        const int groups = N / dllm__q4wg_tile * (K / 128 / c.p);
+        const int grid = std::max(1, std::min(groups, k.ctas_per_sm[i] * k.sm_count));
+        DLLM__TRY(k.gemm[dllm__q4wg_format_index(f)][i].launch(
+            {dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c)}, stream, a));
+    }
+    return DLLM_OK;
+}
+#line 112 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -13346,6 +13940,7 @@ struct dllm__gpu_weights {
     int device = 0;
     bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
     dllm__soloq_options soloq;  // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
+    bool q4wg = false;  // [W4 GEMM] the layer linears q4wg takes are in its layout (dllm__gpu_weights_pack_q4wg)
     std::vector<dllm__gpu_layer> layers;
     dllm__dbuf embed;       // bf16 [vocab x d]: the embedding table
     dllm__linear head;      // the LM head; empty when tied to the embedding table
@@ -13419,7 +14014,7 @@ struct dllm__kvq_kernels {
     dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
     dllm__kernel<dllm__sig_kvq_attention> attention;
 };
-/* DLLM_KVQ_TC (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_kvq_flash> flash;
@@ -13613,7 +14208,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 112 "src/dllm_cuda.cu"
+#line 113 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -13672,7 +14267,7 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
     // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while
-    // splitting the norm producer too (DLLM_SOLOQ_SPLIT=2) took its 64 launches from 1.28 to 2.11 ms a step.
+    // splitting the norm producer too (DLLM_TILES=soloq_split=2) took its 64 launches from 1.28 to 2.11 ms a step.
     const int split = dllm__env().soloq_split >= 0 ? dllm__env().soloq_split : 1;
     a.cluster = split == 0 || (split == 1 && a.producer == 1) || a.rows > 64 ? 1 : dllm__soloq_split(k, a.d, a.rot_b);
     const int n = a.d / a.cluster;  // shared memory: the row buffer (d), a slice, producer 1's normalised row
@@ -13796,8 +14391,19 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     return DLLM_OK;
 }
 
+/* [W4 GEMM] Every layer linear that q4wg takes into its layout (the LM head keeps section 9b's rows: its many rows would
+ * need a workspace of their own). */
+static dllm_status dllm__gpu_weights_pack_q4wg(dllm__gpu_weights &w, const dllm__q4wg_kernels &k, cudaStream_t stream) {
+    for (dllm__gpu_layer &G : w.layers)
+        for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
+            if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
+                DLLM__TRY(dllm__q4wg_pack(k, *W, stream));
+    return DLLM_OK;
+}
+
 static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k,
-                                           const dllm__soloq_kernels *q, dllm__gpu_weights &w) {
+                                           const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                           dllm__gpu_weights &w) {
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
@@ -13810,6 +14416,7 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
               : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
         if (s == DLLM_OK)
             dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
+        if (s == DLLM_OK && w.q4wg) s = dllm__gpu_weights_pack_q4wg(w, *q4wg, stream);
     }
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
@@ -13828,7 +14435,8 @@ static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__s
 
 static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn,
                                          const dllm__soloq_options &soloq, const dllm__rowwise_kernels &k,
-                                         const dllm__soloq_kernels *q, std::shared_ptr<dllm__gpu_weights> &out) {
+                                         const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                         std::shared_ptr<dllm__gpu_weights> &out) {
     std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
     auto &cache = m.gpu_weights;
     cache.erase(std::remove_if(cache.begin(), cache.end(),
@@ -13837,13 +14445,13 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     for (const std::weak_ptr<dllm__gpu_weights> &held : cache)
         if (std::shared_ptr<dllm__gpu_weights> w = held.lock())
             if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn &&
-                dllm__same_soloq_weights(w->soloq, soloq)) {
+                dllm__same_soloq_weights(w->soloq, soloq) && w->q4wg == (q4wg != nullptr)) {
                 out = w;
                 return DLLM_OK;
             }
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
-    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq;
-    DLLM__TRY(dllm__gpu_weights_build(m, k, q, *w));
+    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
+    DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, *w));
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
               w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
@@ -13851,7 +14459,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 113 "src/dllm_cuda.cu"
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -13906,6 +14514,7 @@ struct dllm__activations {
     dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
+    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's int32 split-K sums and tile counts (dllm__q4wg_workspace_ints), zero
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
@@ -13916,7 +14525,8 @@ struct dllm__activations {
                                        is_prompt.ptr, state.ptr,      committed.ptr, positions.ptr,
                                        h0.ptr,        qkv0.ptr,       fa_state.ptr,  attn_partial.ptr,
                                        act8.ptr,      act8_scale.ptr, q4a.ptr,       q4a_scale.ptr,
-                                       q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr};
+                                       q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr,
+                                       q4wg_ws.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -14108,7 +14718,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 114 "src/dllm_cuda.cu"
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -14183,7 +14793,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
                               std::unique_ptr<dllm__backend_impl> &out) {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
-        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
+        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction,
+                                          g->soloq_));
         g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
         g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
         DLLM__TRY(g->init(p.device));
@@ -14219,7 +14830,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_kv_unsupported() const;
     dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
-    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH): its slots and its forward
+    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
     dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
@@ -14309,7 +14920,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
@@ -14329,6 +14940,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
     dllm_status init(int device);
     dllm_status load_kernels();
+    dllm_status load_q4wg();
     dllm_status choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn);
     dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     // the forward and its stages (16.4.1)
@@ -14446,10 +15058,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__soloq_options soloq_;  // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> soloq_module_;  // loaded when soloq_.enabled
     dllm__soloq_kernels Q_;
-    dllm__q4_gemm_kernels q4_gemm_;  // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
-    bool q4_int8_ = true;            // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
-    int q4a_forms_ = 0;              // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
-    long q4_int8_launches_ = 0;      // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+    dllm__q4_gemm_kernels q4_gemm_;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    std::unique_ptr<dllm__q4wg_kernels> q4wg_;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
+    bool q4_int8_ = true;                       // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int q4a_forms_ = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long q4_int8_launches_ = 0;                 // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 
     // activations and the generation's state
     dllm__activations act_;
@@ -14492,7 +15105,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
         kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__kvq_tc_kernels KQT_;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
     dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
     bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
@@ -14608,7 +15221,8 @@ dllm_status dllm__gpu_backend::init(int device) {
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
-    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr, w));
+    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr,
+                                    q4wg_.get(), w));
     W_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
@@ -14682,10 +15296,26 @@ dllm_status dllm__gpu_backend::load_kernels() {
         DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
         DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
     }
+    return load_q4wg();
+}
+
+/* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
+ * quantised. A module that does not load leaves the other paths, with one warning. */
+dllm_status dllm__gpu_backend::load_q4wg() {
+    const bool integer = dllm__q4_int_max(soloq_.weights) && dllm__q4_int_max(soloq_.acts) &&
+                         (soloq_.weights == DLLM__Q4_INT4 || soloq_.weights == DLLM__Q4_RTN);
+    if (!soloq_.enabled || !soloq_.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg) return DLLM_OK;
+    std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
+    if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "q4wg is not available, 4-bit GEMMs run on q4_gemm and the INT8 path: %s",
+                  dllm__tls_error.c_str());
+        return DLLM_OK;
+    }
+    q4wg_ = std::move(k);
     return DLLM_OK;
 }
 
-/* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
+/* FP8 runs where the architecture table (or DLLM_TILES fp8_gemm) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
     if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
@@ -14695,7 +15325,7 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
         dllm__log(
             DLLM_LOG_WARN,
             "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
-            "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16",
+            "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;
     }
@@ -14775,8 +15405,13 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
         if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts &&
-            M > (size_t)dllm__q4_max_rows)
+            (M > (size_t)dllm__q4_max_rows || W_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
+        if (W_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+            const void *was = A.q4wg_ws.ptr;
+            DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
+            if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
+        }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
         for (const auto &nk : shapes)
             split_k = std::max(
@@ -14793,7 +15428,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
-#line 115 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -14804,7 +15439,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
  * 256-, 128- or 64-wide tile (gpu.gemm_wg_widths_give_the_same_bits, on the H100 and the H200). So the width may follow
  * the row count without breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the
  * o and down projections at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows; 64 beat both for
- * o and down at 128 rows. DLLM_BATCH_GEMM_N=256, 128 or 64 forces one. */
+ * o and down at 128 rows. DLLM_TILES=batch_gemm_n=256 (128, 64) forces one. */
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
     const dllm__gemm_wg *const by_width[3] = {
@@ -14828,7 +15463,6 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
  * whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
-    const bool all_independent = dllm__env().gemm_rows_independent;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
@@ -14836,7 +15470,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op))
                     return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
-            return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+            return rows != DLLM__ROWS_TUNED ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
             if (rows == DLLM__ROWS_BATCH) return gemm_fp8_batch(W, x, y, M);
@@ -14902,6 +15536,7 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * than 64 rows the INT8 path reads the same 4-bit weights, writes int8 rows where the BF16 path writes bf16 ones (half
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
+    if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
     const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
     if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
@@ -14918,12 +15553,13 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
  *     the epilogue (acc s_x) s_w into y.
+ *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
+ *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
  * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
-    const bool quantize = soloq_.quantize_acts,
-               pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
+    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
     const bool int8 = q4_int8(W, M, pinned);
     if (x) {
         DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M,
@@ -14932,6 +15568,12 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
         return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values",
                           M, int8 ? "int8" : "bf16");
+    }
+    if (W.q4->packed) {  // a layer linear: its output is bf16
+        if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
+        return dllm__q4wg_gemm_run(*q4wg_, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
+                                   act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
+                                   act_.q4wg_ws.bytes / 4, stream_);
     }
     if (int8) return gemm_q4_int8(W, y, M, out);
     const int scale_bytes = (W.k + 15) / 16;
@@ -15324,7 +15966,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 116 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -15333,12 +15975,12 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
 // lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8, on by default) an
+// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
 
@@ -15441,7 +16083,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
     return DLLM_OK;
 }
 
-/* [batch graphs] forward_varlen as a CUDA graph (DLLM_BATCH_GRAPHS, on by default): a batch steps many
+/* [batch graphs] forward_varlen as a CUDA graph (batch_graphs, on by default): a batch steps many
  * times through one layout (the same sequences, rows and positions within a block; only the token ids change, and they
  * reach act_.canvas by prepare_batch's copy before each forward), so its ~10 launches a layer are replayed from one
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
@@ -15492,7 +16134,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 117 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -15627,11 +16269,11 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 118 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
-// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; DLLM_BD_BATCH) ----------------
+// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
 // (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
 // block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
@@ -15642,7 +16284,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
-// bd_facache_rows). On by default; DLLM_BD_BATCH=0 turns it off.
+// bd_facache_rows). On wherever the items allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -15754,9 +16396,9 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 }
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
-    if (!dllm__env().bd_batch) return "(turned off by DLLM_BD_BATCH=0)";
+    if (!dllm__env().bd_batch) return "(bd_batch is off)";
     if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled())
         return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
@@ -15815,7 +16457,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 119 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -15906,120 +16548,6 @@ dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, do
                                             act_.partials.ptr));
     return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state, act_.partials.ptr,
                                          x0, conf, deferred);
-}
-#line 120 "src/dllm_cuda.cu"
-#line 1 "src/gpu/batch_choice.cpp"
-/* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
-
-// ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
-// A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
-// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
-// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
-// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
-// them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step; copying
-// the logits to the host instead took 196 ms.
-
-dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
-                                                    dllm__choice *choices) {
-    if (const char *why = kv ? batch_kv_unsupported() : batch_unsupported())
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched %s %s",
-                          kv ? "K/V-cache step" : "forward", why);
-    if (plan.empty()) return DLLM_OK;
-    if (kv && !bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
-    dllm__varlen_layout v;
-    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(m_.cfg, plan, max_tokens_, v));
-    return batch_choose(plan, v, logits, choices);
-}
-
-/* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
-dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
-    const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
-    return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out,
-                          bch_deferred_.as<unsigned char>() + span.out, bch_state_.as<dllm_step_state>() + span.seq);
-}
-
-/* The sampler's first n choices (x0, conf, deferred as launch_sampler wrote them) to the host as dllm__choice, after
- * everything queued on the stream: block diffusion's step and the batched step read them so. */
-dllm_status dllm__gpu_backend::choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred,
-                                               int n, dllm__choice *out) {
-    std::vector<int> t((size_t)n);
-    std::vector<double> c((size_t)n);
-    std::vector<unsigned char> d((size_t)n);
-    if (n > 0) {
-        DLLM__CUDA(cudaMemcpyAsync(t.data(), x0.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(c.data(), conf.ptr, (size_t)n * 8, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(d.data(), deferred.ptr, (size_t)n, cudaMemcpyDeviceToHost, stream_));
-    }
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    for (int i = 0; i < n; i++) out[i] = dllm__choice{t[(size_t)i], c[(size_t)i], d[(size_t)i] != 0};
-    return DLLM_OK;
-}
-
-/* [batch] The batched forward over layout v with its LM head (batch_logits) and, after each chunk, the sampler over
- * spans_of(c0, rows), each span with its sequence's sampling and step state (sampling[i] null: sequence i is not
- * chosen here); the chunk's logit rows of the other sequences copied to `raw`, sequence i's from row raw0[i]. The
- * n_chosen choices go to the host. The solo step's sampler runs unchanged on each span, so a sequence's choices equal
- * its choices alone. */
-dllm_status dllm__gpu_backend::choose_in_chunks(
-    const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
-    const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
-    const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw, dllm__choice *choices) {
-    const size_t V = (size_t)m_.cfg.n_vocab;
-    // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
-    DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
-    const size_t n = (size_t)std::max(1, n_chosen);
-    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
-    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
-    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
-    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
-    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state),
-                               cudaMemcpyHostToDevice, stream_));
-    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
-        for (const dllm__sampler_span &s : spans_of(c0, rows))
-            DLLM__TRY(sample_span(*sampling[(size_t)s.seq], s, rows));
-        for (size_t i = 0; i < sampling.size(); i++) {  // the other sequences: their rows of this chunk
-            const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
-            if (!sampling[i] && g0 < g1)
-                DLLM__CUDA(cudaMemcpyAsync(raw + (size_t)(raw0[i] + g0 - v.out0[i]) * V,
-                                           act_.logits.as<float>() + (size_t)(g0 - c0) * V, (size_t)(g1 - g0) * V * 4,
-                                           cudaMemcpyDeviceToHost, stream_));
-        }
-        return DLLM_OK;
-    }));
-    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
-}
-
-/* The device's choice of a batched step (choose_in_chunks): the sequences with sampling parameters at their own step;
- * the others' (CFG's) logits to the host, unshifted into `logits` one sequence after another. */
-dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
-                                            float *logits, dllm__choice *choices) {
-    const dllm__config &c = m_.cfg;
-    const size_t V = (size_t)c.n_vocab;
-    std::vector<int> choice0(plan.size(), -1),
-        raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
-    std::vector<const dllm__sampling *> sampling(plan.size(), nullptr);
-    std::vector<dllm_step_state> states(plan.size(), dllm_step_state());
-    int n_chosen = 0, n_raw = 0;
-    for (size_t i = 0; i < plan.size(); i++) {
-        if (plan[i].sampling)
-            choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0, states[i].global_step = plan[i].step,
-            sampling[i] = plan[i].sampling;
-        else
-            raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
-    }
-    std::vector<float> raw((size_t)n_raw * V);
-    DLLM__TRY(choose_in_chunks(
-        v, sampling, states, raw0, n_chosen,
-        [&](int c0, int rows) { return dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows); }, raw.data(),
-        choices));
-    bch_rows_ += n_chosen;
-    for (size_t i = 0; i < plan.size(); i++) {
-        if (choice0[i] >= 0) continue;
-        dllm__unshift_rows(c, raw.data() + (size_t)raw0[i] * V, v.raw0[i], plan[i].r0, plan[i].r1, logits);
-        logits += (size_t)(plan[i].r1 - plan[i].r0) * V;
-    }
-    return DLLM_OK;
 }
 
 /* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
@@ -16170,6 +16698,120 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     return DLLM_OK;
 }
 #line 121 "src/dllm_cuda.cu"
+#line 1 "src/gpu/batch_choice.cpp"
+/* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
+
+// ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
+// A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
+// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
+// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
+// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
+// them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step; copying
+// the logits to the host instead took 196 ms.
+
+dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
+                                                    dllm__choice *choices) {
+    if (const char *why = kv ? batch_kv_unsupported() : batch_unsupported())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched %s %s",
+                          kv ? "K/V-cache step" : "forward", why);
+    if (plan.empty()) return DLLM_OK;
+    if (kv && !bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    dllm__varlen_layout v;
+    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(m_.cfg, plan, max_tokens_, v));
+    return batch_choose(plan, v, logits, choices);
+}
+
+/* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
+ * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
+dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
+    const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
+    return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out,
+                          bch_deferred_.as<unsigned char>() + span.out, bch_state_.as<dllm_step_state>() + span.seq);
+}
+
+/* The sampler's first n choices (x0, conf, deferred as launch_sampler wrote them) to the host as dllm__choice, after
+ * everything queued on the stream: block diffusion's step and the batched step read them so. */
+dllm_status dllm__gpu_backend::choices_to_host(const dllm__dbuf &x0, const dllm__dbuf &conf, const dllm__dbuf &deferred,
+                                               int n, dllm__choice *out) {
+    std::vector<int> t((size_t)n);
+    std::vector<double> c((size_t)n);
+    std::vector<unsigned char> d((size_t)n);
+    if (n > 0) {
+        DLLM__CUDA(cudaMemcpyAsync(t.data(), x0.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(c.data(), conf.ptr, (size_t)n * 8, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(d.data(), deferred.ptr, (size_t)n, cudaMemcpyDeviceToHost, stream_));
+    }
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < n; i++) out[i] = dllm__choice{t[(size_t)i], c[(size_t)i], d[(size_t)i] != 0};
+    return DLLM_OK;
+}
+
+/* [batch] The batched forward over layout v with its LM head (batch_logits) and, after each chunk, the sampler over
+ * spans_of(c0, rows), each span with its sequence's sampling and step state (sampling[i] null: sequence i is not
+ * chosen here); the chunk's logit rows of the other sequences copied to `raw`, sequence i's from row raw0[i]. The
+ * n_chosen choices go to the host. The solo step's sampler runs unchanged on each span, so a sequence's choices equal
+ * its choices alone. */
+dllm_status dllm__gpu_backend::choose_in_chunks(
+    const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
+    const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
+    const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw, dllm__choice *choices) {
+    const size_t V = (size_t)m_.cfg.n_vocab;
+    // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
+    DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
+    const size_t n = (size_t)std::max(1, n_chosen);
+    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
+    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
+    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
+    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
+    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state),
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
+        for (const dllm__sampler_span &s : spans_of(c0, rows))
+            DLLM__TRY(sample_span(*sampling[(size_t)s.seq], s, rows));
+        for (size_t i = 0; i < sampling.size(); i++) {  // the other sequences: their rows of this chunk
+            const int g0 = std::max(c0, v.out0[i]), g1 = std::min(c0 + rows, v.out0[i] + v.raw1[i] - v.raw0[i]);
+            if (!sampling[i] && g0 < g1)
+                DLLM__CUDA(cudaMemcpyAsync(raw + (size_t)(raw0[i] + g0 - v.out0[i]) * V,
+                                           act_.logits.as<float>() + (size_t)(g0 - c0) * V, (size_t)(g1 - g0) * V * 4,
+                                           cudaMemcpyDeviceToHost, stream_));
+        }
+        return DLLM_OK;
+    }));
+    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
+}
+
+/* The device's choice of a batched step (choose_in_chunks): the sequences with sampling parameters at their own step;
+ * the others' (CFG's) logits to the host, unshifted into `logits` one sequence after another. */
+dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
+                                            float *logits, dllm__choice *choices) {
+    const dllm__config &c = m_.cfg;
+    const size_t V = (size_t)c.n_vocab;
+    std::vector<int> choice0(plan.size(), -1),
+        raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
+    std::vector<const dllm__sampling *> sampling(plan.size(), nullptr);
+    std::vector<dllm_step_state> states(plan.size(), dllm_step_state());
+    int n_chosen = 0, n_raw = 0;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (plan[i].sampling)
+            choice0[i] = n_chosen, n_chosen += plan[i].r1 - plan[i].r0, states[i].global_step = plan[i].step,
+            sampling[i] = plan[i].sampling;
+        else
+            raw0[i] = n_raw, n_raw += v.raw1[i] - v.raw0[i];
+    }
+    std::vector<float> raw((size_t)n_raw * V);
+    DLLM__TRY(choose_in_chunks(
+        v, sampling, states, raw0, n_chosen,
+        [&](int c0, int rows) { return dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows); }, raw.data(),
+        choices));
+    bch_rows_ += n_chosen;
+    for (size_t i = 0; i < plan.size(); i++) {
+        if (choice0[i] >= 0) continue;
+        dllm__unshift_rows(c, raw.data() + (size_t)raw0[i] * V, v.raw0[i], plan[i].r0, plan[i].r1, logits);
+        logits += (size_t)(plan[i].r1 - plan[i].r0) * V;
+    }
+    return DLLM_OK;
+}
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -16192,7 +16834,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -16212,7 +16854,7 @@ static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
     return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
-/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
+/* [KV quant] kvq_flash's tiles (kvq_tc): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
  * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
  * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
  * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
@@ -16274,8 +16916,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)",
+            "kvq_tc: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes it everywhere)",
             hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
@@ -16284,7 +16926,7 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
             hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
     dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
@@ -16359,7 +17001,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
 
-/* DLLM_KVQ_TC: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
+/* kvq_tc: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
  * dim it does not take keeps kvq_attention (a warning says why). */
 dllm_status dllm__gpu_backend::kvq_tc_begin() {
     const dllm__config &c = m_.cfg;
@@ -16372,7 +17014,7 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     }
     if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
     DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
-                               "the split states of the tensor-core KV-quant attention (DLLM_KVQ_TC)"));
+                               "the split states of the tensor-core KV-quant attention (kvq_tc)"));
     kvq_tc_on_ = true;
     return DLLM_OK;
 }
@@ -16413,7 +17055,7 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
 }
 
 /* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_flash (the default, DLLM_KVQ_TC) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
  * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
     const dllm__config &c = m_.cfg;
@@ -16434,7 +17076,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -16543,7 +17185,7 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
 /* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
  * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
- * eager, as does everything under DLLM_NO_GRAPHS=1 or DLLM_BD_GRAPHS=0. */
+ * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
         head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
@@ -16826,7 +17468,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -16904,7 +17546,7 @@ dllm_status dllm__gpu_backend::profile_step(const dllm__decode &st, dllm__stage_
 }
 
 /* Tests (set_debug_rows): the logits the sampler sees at each (global step, block position), cond then uncond rows
- * (eager steps only: set DLLM_NO_GRAPHS). */
+ * (eager steps only: set no_graphs). */
 dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
     const dllm__config &c = m_.cfg;
     DLLM__CUDA(cudaStreamSynchronize(stream_));
@@ -16921,7 +17563,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -17309,7 +17951,7 @@ struct dllm__generation {
         return DLLM_OK;
     }
 };
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -17733,7 +18375,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - batched decoding (dllm_generate_batch). */
 
@@ -17931,7 +18573,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -18123,7 +18765,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
             return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
     return DLLM_OK;
 }
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -18195,7 +18837,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     dllm__soloq_options soloq;
-    DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
+    DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
+                                      ctx.params.soloq_bias_correction, soloq));
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
@@ -18216,7 +18859,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -18365,6 +19008,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.kv_sink_tokens = -1;
     p.n_devices = 0;
     for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
+    p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
+    p.soloq_bias_correction = -1;
     return p;
 }
 
@@ -18404,7 +19049,10 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
                 DLLM_ERR_INVALID_ARGUMENT,
                 "dllm_ctx_create: precision %d must be a dllm_precision, DLLM_PRECISION_AUTO (-1) to _RTN_W4A16 (10)",
                 precision);
-        DLLM__TRY(dllm__resolve_precision(*model, precision, precision));  // AUTO never reaches a backend
+        DLLM__TRY(dllm__soloq_check_ablation("dllm_ctx_create", dllm__enum_int(params.soloq_rotation),
+                                             params.soloq_bias_correction));
+        DLLM__TRY(dllm__resolve_precision(*model, precision, dllm__enum_int(params.soloq_rotation),
+                                          params.soloq_bias_correction, precision));  // AUTO never reaches a backend
         params.precision = (dllm_precision)precision;
         if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1",
@@ -18428,6 +19076,8 @@ dllm_quantize_params dllm_quantize_default_params(void) {
     memset(&p, 0, sizeof p);
     p.precision = DLLM_PRECISION_SOLOQ_N;
     p.max_shard_bytes = (size_t)4 << 30;
+    p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
+    p.soloq_bias_correction = -1;
     return p;
 }
 
@@ -18462,7 +19112,9 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
                               "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
                               model->dir.c_str(), dllm__precision_name(model->soloq->precision));
         dllm__soloq_options o;
-        DLLM__TRY(dllm__soloq_options_for(precision, p.quantize_lm_head, o));
+        DLLM__TRY(dllm__soloq_check_ablation("dllm_model_quantize", dllm__enum_int(p.soloq_rotation),
+                                             p.soloq_bias_correction));
+        DLLM__TRY(dllm__soloq_options_for(precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction, o));
         DLLM__TRY(dllm__soloq_check_dims(model->cfg, o));
         return dllm__soloq_write(*model, out_dir, precision, o, p);
     });
@@ -18666,4 +19318,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"

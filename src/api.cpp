@@ -145,6 +145,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     p.kv_sink_tokens = -1;
     p.n_devices = 0;
     for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
+    p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
+    p.soloq_bias_correction = -1;
     return p;
 }
 
@@ -184,7 +186,10 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
                 DLLM_ERR_INVALID_ARGUMENT,
                 "dllm_ctx_create: precision %d must be a dllm_precision, DLLM_PRECISION_AUTO (-1) to _RTN_W4A16 (10)",
                 precision);
-        DLLM__TRY(dllm__resolve_precision(*model, precision, precision));  // AUTO never reaches a backend
+        DLLM__TRY(dllm__soloq_check_ablation("dllm_ctx_create", dllm__enum_int(params.soloq_rotation),
+                                             params.soloq_bias_correction));
+        DLLM__TRY(dllm__resolve_precision(*model, precision, dllm__enum_int(params.soloq_rotation),
+                                          params.soloq_bias_correction, precision));  // AUTO never reaches a backend
         params.precision = (dllm_precision)precision;
         if (params.quantize_lm_head != 0 && params.quantize_lm_head != 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: quantize_lm_head %d must be 0 or 1",
@@ -208,6 +213,8 @@ dllm_quantize_params dllm_quantize_default_params(void) {
     memset(&p, 0, sizeof p);
     p.precision = DLLM_PRECISION_SOLOQ_N;
     p.max_shard_bytes = (size_t)4 << 30;
+    p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
+    p.soloq_bias_correction = -1;
     return p;
 }
 
@@ -242,7 +249,9 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
                               "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
                               model->dir.c_str(), dllm__precision_name(model->soloq->precision));
         dllm__soloq_options o;
-        DLLM__TRY(dllm__soloq_options_for(precision, p.quantize_lm_head, o));
+        DLLM__TRY(dllm__soloq_check_ablation("dllm_model_quantize", dllm__enum_int(p.soloq_rotation),
+                                             p.soloq_bias_correction));
+        DLLM__TRY(dllm__soloq_options_for(precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction, o));
         DLLM__TRY(dllm__soloq_check_dims(model->cfg, o));
         return dllm__soloq_write(*model, out_dir, precision, o, p);
     });

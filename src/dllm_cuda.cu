@@ -108,6 +108,7 @@ namespace {
 #include "gpu/gemm.cpp"
 #include "gpu/gemm_lowbit.cpp"
 #include "gpu/weight_formats.cpp"
+#include "gpu/q4_wgmma.cpp"
 #include "gpu/weights.cpp"
 #include "gpu/quantize.cpp"
 #include "gpu/activations.cpp"

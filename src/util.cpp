@@ -201,61 +201,82 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
     return DLLM_OK;
 }
 
-/* [environment] Every DLLM_* switch, read once (at first use) into one struct; tests that change one call
- * dllm__env_reload(). The switches (all optional; also listed in README.md):
+/* [environment] The DLLM_* switches, read once (at first use); all optional, for operating and debugging only (what
+ * changes results is a parameter of dllm.h). README.md lists them too:
  *   DLLM_CACHE_DIR=DIR       the JIT disk cache (default $XDG_CACHE_HOME/dllm or ~/.cache/dllm); "off" disables it
  *   DLLM_JIT_VERBOSE=1       print each compile, its time and registers
  *   DLLM_JIT_DUMP=DIR        write the PTX and cubin of every compiled module (cuobjdump -sass for SASS)
  *   DLLM_JIT_FAIL_ON_SPILL=1 a kernel that spills registers is a DLLM_ERR_JIT error
- *   DLLM_FA_BR, DLLM_FA_BC, DLLM_FA_MT, DLLM_FA_STAGES  the attention tile up to head dim 128 (query rows per CTA, keys per tile, m16
- *                            tiles per warp, K/V ring); DLLM_FA_KV_CTAS the split-KV target (CTAs per SM);
- *                            DLLM_FA_WG_BC keys per tile of the wgmma attention (64 or 128; 0 turns it off),
- *                            DLLM_FA_WG_STAGES its K/V ring (2 or 3 tiles)
- *   DLLM_GEMM_WG=0           BF16 GEMMs on cuBLASLt alone (gemm_wg not timed)
- *   DLLM_FP8_GEMM=mma|cublaslt  the FP8 GEMM instead of the architecture table's
- *   DLLM_GEMM_AUTOTUNE=0     take cuBLASLt's heuristic pick without timing candidates
  *   DLLM_GEMM_VERBOSE=1      one line per tuned GEMM shape: what won, against the heuristic's first pick
- *   DLLM_GEMM_ROWS=independent  every BF16 GEMM row-independent (dllm__rows), to measure what it costs
- *   DLLM_PDL=0               no programmatic dependent launch
- *   DLLM_NO_GRAPHS=1         denoising steps run eagerly, never as CUDA graphs
- *   DLLM_SOLOQ_ROTATION=none|hadamard|rpbh|mixer|krpbh|haar  the SoloQ precisions' rotation (the ablation; default krpbh)
- *   DLLM_SOLOQ_BIAS_CORRECTION=0|1  SoloQ's scale-only bias correction (the ablation; default 1)
- *   DLLM_SOLOQ_SPLIT=0|1|2   SoloQ producers of few rows over clusters of CTAs: 0 never, 1 (default) all but the norm
- *                            producer, 2 all (dllm__soloq_launch measures them)
- *   DLLM_BD_GRAPHS=0         block diffusion's step forwards launched eagerly, not replayed as CUDA graphs ([bd graphs])
- *   DLLM_BD_BATCH=0          no batched block-diffusion forward (bd_forward_batch: dllm_generate_batch's block-diffusion
- *                            items in one forward): those items decode one after another
- *   DLLM_BATCH_FP8=0         no batched forwards (forward_batch, forward_batch_kv, bd_forward_batch) under FP8 precisions
- *                            (their E4M3 GEMMs in row-independent launches, gemm_fp8_batch): FP8 items decode one after
- *                            another
- *   DLLM_BATCH_GRAPHS=0      the batched forwards' layers launched eagerly, not replayed as CUDA graphs ([batch graphs],
- *                            one per batch layout)
- *   DLLM_BATCH_GEMM_N=256|128|64  the batched forwards' BF16 GEMMs (DLLM__ROWS_BATCH) on gemm_wg's tiles of that width
- *                            only; by default each shape and row count takes the fastest of the three
- *                            (dllm__batch_gemm_width)
- *   DLLM_KVQ_TC=0            [KV quant] block diffusion's attention over the quantised cache on kvq_attention (a warp per
- *                            query row and head) instead of the tensor cores' kvq_flash (the codes decoded once per kv
- *                            head, mma.sync, split over the keys: ~300x faster at 32k keys on the H200) */
+ *   DLLM_DEBUG_PLAIN=1       for bisecting a wrong result or a crash: no CUDA graphs, no programmatic dependent launch,
+ *                            cuBLASLt's heuristic algorithm for every BF16 GEMM (no gemm_wg, nothing timed), the
+ *                            attention on mma.sync (no flash_attn_wg) and over a quantised K/V cache on kvq_attention,
+ *                            SoloQ's 4-bit GEMMs on q4_gemm and the INT8 path (no q4wg)
+ *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages (the attention
+ *                            tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring), fa_kv_ctas (split-KV
+ *                            CTAs per SM), fa_wg_bc (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its
+ *                            ring: 2 or 3), batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
+ *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm (mma
+ *                            or cublaslt: the FP8 GEMM instead of the architecture table's)
+ * The other members are the features' own state, on by default; the tests turn one off to compare paths. */
 struct dllm__env_switches {
-    std::string cache_dir, jit_dump, fp8_gemm, soloq_rotation, soloq_bias_correction;
-    bool jit_verbose = false, jit_fail_on_spill = false;
+    std::string cache_dir, jit_dump, fp8_gemm;
+    bool jit_verbose = false, jit_fail_on_spill = false, gemm_verbose = false;
     int fa_br = 0, fa_bc = 0, fa_mt = 0, fa_stages = 0, fa_kv_ctas = 0, fa_wg_bc = -1,
         fa_wg_stages = 0;  // 0 (-1): the table's
-    bool gemm_wg = true, gemm_autotune = true, gemm_verbose = false, gemm_rows_independent = false, pdl = true,
-         no_graphs = false;
     int soloq_split = -1;  // -1: dllm__soloq_launch's default
-    bool bd_graphs = false, bd_batch = false, batch_fp8 = false, batch_graphs = false, kvq_tc = false;
     int batch_gemm_n = 0;  // gemm_wg's tile width in the batched forwards: 256, 128 or 64; 0 the fastest of the three
+    // features (DLLM_DEBUG_PLAIN turns off the first seven)
+    bool gemm_wg = true, gemm_autotune = true, pdl = true, no_graphs = false, kvq_tc = true, q4wg = true;
+    bool bd_graphs = true, bd_batch = true, batch_fp8 = true, batch_graphs = true;
+    std::string tiles_error;  // a DLLM_TILES entry that was not understood (dllm__env_tiles), reported once
 };
+
+/* DLLM_TILES's "key=value,..." into e; an unknown key or a bad value leaves the table's choice and is remembered. */
+static void dllm__env_tiles(const char *spec, dllm__env_switches &e) {
+    struct knob {
+        const char *key;
+        int *value;
+    } knobs[] = {{"fa_br", &e.fa_br},
+                 {"fa_bc", &e.fa_bc},
+                 {"fa_mt", &e.fa_mt},
+                 {"fa_stages", &e.fa_stages},
+                 {"fa_kv_ctas", &e.fa_kv_ctas},
+                 {"fa_wg_bc", &e.fa_wg_bc},
+                 {"fa_wg_stages", &e.fa_wg_stages},
+                 {"batch_gemm_n", &e.batch_gemm_n},
+                 {"soloq_split", &e.soloq_split}};
+    std::string all = spec;
+    for (size_t at = 0; at <= all.size();) {
+        size_t end = all.find(',', at);
+        if (end == std::string::npos) end = all.size();
+        const std::string item = all.substr(at, end - at), key = item.substr(0, item.find('='));
+        const std::string value = item.find('=') == std::string::npos ? "" : item.substr(item.find('=') + 1);
+        at = end + 1;
+        if (item.empty()) continue;
+        if (key == "fp8_gemm") {  // checked against the GPU by dllm__fp8_gemm_for
+            e.fp8_gemm = value;
+            continue;
+        }
+        bool known = false;
+        for (const knob &k : knobs)
+            if (key == k.key && !value.empty() && strspn(value.c_str(), "0123456789") == value.size()) {
+                *k.value = atoi(value.c_str());
+                known = true;
+            }
+        if (!known && e.tiles_error.empty()) e.tiles_error = item;
+    }
+    if (e.batch_gemm_n != 64 && e.batch_gemm_n != 128 && e.batch_gemm_n != 256) e.batch_gemm_n = 0;
+}
 
 static dllm__env_switches dllm__env_read() {
     auto str = [](const char *name) {
         const char *v = getenv(name);
         return std::string(v ? v : "");
     };
-    auto num = [](const char *name, int dflt) {
+    auto on = [](const char *name) {
         const char *v = getenv(name);
-        return v && *v ? atoi(v) : dflt;
+        return v && *v && atoi(v) != 0;
     };
     dllm__env_switches e;
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -267,29 +288,15 @@ static dllm__env_switches dllm__env_read() {
                       : home && *home ? std::string(home) + "/.cache/dllm"
                                       : "";
     e.jit_dump = str("DLLM_JIT_DUMP");
-    e.fp8_gemm = str("DLLM_FP8_GEMM");
-    e.jit_verbose = num("DLLM_JIT_VERBOSE", 0) != 0;
-    e.jit_fail_on_spill = num("DLLM_JIT_FAIL_ON_SPILL", 0) != 0;
-    e.fa_br = num("DLLM_FA_BR", 0), e.fa_bc = num("DLLM_FA_BC", 0), e.fa_mt = num("DLLM_FA_MT", 0),
-    e.fa_stages = num("DLLM_FA_STAGES", 0);
-    e.fa_kv_ctas = num("DLLM_FA_KV_CTAS", 0), e.fa_wg_bc = num("DLLM_FA_WG_BC", -1),
-    e.fa_wg_stages = num("DLLM_FA_WG_STAGES", 0);
-    e.gemm_wg = num("DLLM_GEMM_WG", 1) != 0;
-    e.gemm_autotune = num("DLLM_GEMM_AUTOTUNE", 1) != 0;
-    e.gemm_verbose = num("DLLM_GEMM_VERBOSE", 0) != 0;
-    e.gemm_rows_independent = str("DLLM_GEMM_ROWS") == "independent";
-    e.pdl = num("DLLM_PDL", 1) != 0;
-    e.no_graphs = num("DLLM_NO_GRAPHS", 0) != 0;
-    e.soloq_rotation = str("DLLM_SOLOQ_ROTATION");
-    e.soloq_bias_correction = str("DLLM_SOLOQ_BIAS_CORRECTION");
-    e.soloq_split = num("DLLM_SOLOQ_SPLIT", -1);
-    e.bd_graphs = num("DLLM_BD_GRAPHS", 1) != 0;
-    e.bd_batch = num("DLLM_BD_BATCH", 1) != 0;
-    e.batch_fp8 = num("DLLM_BATCH_FP8", 1) != 0;
-    e.batch_graphs = num("DLLM_BATCH_GRAPHS", 1) != 0;
-    const int width = num("DLLM_BATCH_GEMM_N", 0);
-    e.batch_gemm_n = width == 64 || width == 128 || width == 256 ? width : 0;
-    e.kvq_tc = num("DLLM_KVQ_TC", 1) != 0;
+    e.jit_verbose = on("DLLM_JIT_VERBOSE");
+    e.jit_fail_on_spill = on("DLLM_JIT_FAIL_ON_SPILL");
+    e.gemm_verbose = on("DLLM_GEMM_VERBOSE");
+    dllm__env_tiles(str("DLLM_TILES").c_str(), e);
+    if (on("DLLM_DEBUG_PLAIN")) {
+        e.gemm_wg = e.gemm_autotune = e.pdl = e.kvq_tc = e.q4wg = false;
+        e.no_graphs = true;
+        e.fa_wg_bc = 0;
+    }
     return e;
 }
 
@@ -311,3 +318,28 @@ static const dllm__env_switches &dllm__env() { return dllm__env_storage(); }
 
 /* Tests: re-read the switches after changing the environment (not thread-safe against running contexts). */
 DLLM__TEST_HOOK static void dllm__env_reload() { dllm__env_storage() = dllm__env_read(); }
+
+/* Tests: one internal switch by its member's name ("bd_batch", "fp8_gemm", a DLLM_TILES key...) set to value ("0"/"1"
+ * for the features); false for an unknown name. Not thread-safe against running contexts. */
+DLLM__TEST_HOOK static bool dllm__env_set(const std::string &name, const std::string &value) {
+    dllm__env_switches &e = dllm__env_storage();
+    struct feature {
+        const char *name;
+        bool *on;
+    } features[] = {{"gemm_wg", &e.gemm_wg},
+                    {"gemm_autotune", &e.gemm_autotune},
+                    {"pdl", &e.pdl},
+                    {"no_graphs", &e.no_graphs},
+                    {"kvq_tc", &e.kvq_tc},
+                    {"q4wg", &e.q4wg},
+                    {"bd_graphs", &e.bd_graphs},
+                    {"bd_batch", &e.bd_batch},
+                    {"batch_fp8", &e.batch_fp8},
+                    {"batch_graphs", &e.batch_graphs}};
+    for (const feature &f : features)
+        if (name == f.name) return *f.on = value != "0", true;
+    if (name == "fp8_gemm") return e.fp8_gemm = value, true;
+    e.tiles_error.clear();
+    dllm__env_tiles((name + "=" + value).c_str(), e);
+    return e.tiles_error.empty();
+}

@@ -32,6 +32,7 @@
 #include "test_bd_facache.inl"
 #include "test_soloq.inl"
 #include "test_soloq_gpu.inl"
+#include "test_q4wg.inl"
 #include "test_q4_gemm.inl"
 #include "test_int8_gemm.inl"
 #include "test_quantize.inl"
@@ -44,6 +45,7 @@
 #include "test_bd_batch_gpu.inl"
 #include "test_tp.inl"
 #include "test_bd_batch.inl"
+#include "test_docs.inl"
 
 /* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
 static bool test_selected(const std::string &full, const char *filter) {

@@ -608,23 +608,23 @@ TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* [batch] DLLM_BATCH_GEMM_N=128 and =64 (forced), and 0 (the default: the width follows the row count, every width
+/* [batch] DLLM_TILES=batch_gemm_n=128 and =64 (forced), and 0 (the default: the width follows the row count, every width
  * loaded where gemm_wg runs): the batched forwards' BF16
  * GEMMs on gemm_wg's narrow tiles where N is a multiple of the width: tiny-llada's Q/K/V (384, which the 256-wide tiles
  * do not take), attention output and FFN down (128); its gate|up (400) and the LM head (fp32 out) stay on the pinned
  * GEMM, as does all of tiny-dream (192 wide) at 128. A sequence in a batch still has the logits and tokens of its batch
  * of one, bit for bit, in any order, and the CPU's values. Contexts are made inside the switch's scope. */
 static void test_batch_gemm_width_case(dllm_test_state &T_, const char *width) {
-    test_env_switch forced("DLLM_BATCH_GEMM_N", width);
+    test_knob forced("batch_gemm_n", width);
     const int bn = atoi(width), want = bn ? bn : 256 + 128 + 64;
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
     CHECK(gpu && cpu);
     if (gpu && cpu) {
         const dllm__gpu_backend *g = (const dllm__gpu_backend *)gpu->impl.get();
-        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & want) == want, "DLLM_BATCH_GEMM_N=%s set, widths loaded %d, wanted %d", width,
+        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & want) == want, "DLLM_TILES=batch_gemm_n=%s set, widths loaded %d, wanted %d", width,
                   g->batch_gemm_widths(), want);
-        printf("    DLLM_BATCH_GEMM_N=%s: widths loaded %d (0: none on this GPU)\n", width, g->batch_gemm_widths());
+        printf("    DLLM_TILES=batch_gemm_n=%s: widths loaded %d (0: none on this GPU)\n", width, g->batch_gemm_widths());
         test_forward_batch_case(T_, m, gpu, cpu, "tiny-llada", 3);  // 408 rows: 4 m-tiles
     }
     dllm_ctx_free(gpu);
@@ -639,20 +639,20 @@ TEST(batch_gpu, gemm_widths_batch_equal_each_sequence_alone) {
     for (const char *width : {"128", "64", "0"}) test_batch_gemm_width_case(T_, width);
 }
 
-/* With DLLM_BATCH_FP8=0 the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
+/* With batch_fp8 off the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
  * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
 TEST(batch_gpu, fp8_items_decode_one_after_another) {
     NEED_GPU();
-    test_env_switch off("DLLM_BATCH_FP8", false);
+    test_knob off("batch_fp8", false);
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
     const bool fp8 = g->fp8_ffn_active();
-    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "DLLM_BATCH_FP8=0")), "FP8 %s, batch_unsupported: %s",
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "batch_fp8 off")), "FP8 %s, batch_unsupported: %s",
               fp8 ? "active" : "off", g->batch_unsupported() ? g->batch_unsupported() : "(null)");
-    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=0" : nullptr);
-    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "DLLM_BATCH_FP8=0" : nullptr);
+    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 off" : nullptr);
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 off" : nullptr);
     CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -700,7 +700,7 @@ TEST(batch, fp8_row_chunks_cover_the_padded_rows_on_16_row_boundaries) {
 }
 
 /* [FP8] The GPU's FP8 GEMM kinds: the architecture's, and on sm_90 (whose table takes cuBLASLt's) fp8_gemm too
- * (DLLM_FP8_GEMM=mma). Empty where the GPU has no FP8 GEMM. */
+ * (DLLM_TILES=fp8_gemm=mma). Empty where the GPU has no FP8 GEMM. */
 static std::vector<const char *> test_fp8_gemm_kinds() {
     test_gpu g;
     if (g.init() != DLLM_OK || g.arch.fp8 == DLLM__FP8_NONE) return {};
@@ -715,7 +715,7 @@ static std::vector<const char *> test_fp8_gemm_kinds() {
  * finite (poisoned first, so an unwritten row shows). Every FP8 linear of layer 1, each FP8 GEMM kind. */
 TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     NEED_GPU();
-    test_env_switch on("DLLM_BATCH_FP8", true);
+    test_knob on("batch_fp8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
     if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     dllm_model *m = test_load(test_data("tiny-llada"));
@@ -724,9 +724,9 @@ TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     const int M = 600;
     const std::pair<int, int> ranges[] = {{0, 256}, {256, 512}, {512, 600}, {250, 287}, {500, 530}, {599, 600}};
     for (const char *kind : kinds) {
-        if (*kind) test_setenv("DLLM_FP8_GEMM", kind, 1);
+        if (*kind) test_knob_set("fp8_gemm", kind);
         dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
-        if (*kind) test_unsetenv("DLLM_FP8_GEMM");
+        if (*kind) test_knob_reset();
         dllm__gpu_backend *g = ctx ? (dllm__gpu_backend *)ctx->impl.get() : nullptr;
         CHECK_MSG(g && g->fp8_attn_active(), "no FP8 context: %s", dllm_last_error());
         if (g && g->fp8_attn_active()) {
@@ -762,13 +762,13 @@ TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     dllm_model_free(m);
 }
 
-/* With DLLM_BATCH_FP8 (the default), FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
+/* With batch_fp8 (the default), FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
  * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
  * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
  * own in a batch of one (one launch) and in the reversed batch. */
 TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    test_env_switch on("DLLM_BATCH_FP8", true);
+    test_knob on("batch_fp8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
     if (kinds.empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
@@ -776,9 +776,9 @@ TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
         CHECK(m != nullptr);
         for (const char *kind : kinds)
             for (dllm_precision precision : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
-                if (*kind) test_setenv("DLLM_FP8_GEMM", kind, 1);
+                if (*kind) test_knob_set("fp8_gemm", kind);
                 dllm_ctx *gpu = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
-                if (*kind) test_unsetenv("DLLM_FP8_GEMM");
+                if (*kind) test_knob_reset();
                 dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
                 char what[96];
                 snprintf(what, sizeof what, "%s %s%s", fx, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", *kind ? " (fp8_gemm)" : "");
@@ -791,12 +791,12 @@ TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     }
 }
 
-/* With DLLM_BATCH_FP8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
+/* With batch_fp8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
  * dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders (one
  * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
 TEST(batch_gpu, fp8_items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_env_switch on("DLLM_BATCH_FP8", true);
+    test_knob on("batch_fp8", true);
     if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     test_batch_gpu_random(T_, "tiny-llada", false, 426, false, DLLM_PRECISION_FP8_ALL);
     test_batch_gpu_random(T_, "tiny-llada", false, 427, true, DLLM_PRECISION_FP8_ALL);
@@ -1021,7 +1021,7 @@ TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
 }
 
 /* [batch graphs] Batches of plain, prefix-cache and dual-cache items (counted and threshold rules, so the layout
- * changes as items finish) with DLLM_BATCH_GRAPHS=1 (the default) against the same batches eagerly (=0): every item's ids, canvases,
+ * changes as items finish) with batch_graphs on (the default) against the same batches eagerly (=0): every item's ids, canvases,
  * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
  * repeats), with graphs captured and replayed and no update refused. */
 TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
@@ -1042,7 +1042,7 @@ TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
     }
     dllm__debug_step_logits = test_batch_logits_hook;
     {  // the reference: the batch eagerly
-        test_env_switch off("DLLM_BATCH_GRAPHS", false);
+        test_knob off("batch_graphs", false);
         dllm_ctx *eager = test_ctx(m, DLLM_BACKEND_GPU);
         std::vector<dllm_batch_result> results;
         CHECK(eager && test_batch_run(eager, order, results, nullptr) == DLLM_OK);
@@ -1052,7 +1052,7 @@ TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
         }
         dllm_ctx_free(eager);
     }
-    test_env_switch on("DLLM_BATCH_GRAPHS", true);
+    test_knob on("batch_graphs", true);
     dllm_ctx *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
     for (int pass = 0; g && pass < 2; pass++) {

@@ -374,7 +374,7 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
 }
 
 /* The CPU backend behind a wrapper that keeps the default bd_forward_batch (unsupported): a backend without the batched
- * block-diffusion forward, as the GPU is without DLLM_BD_BATCH. */
+ * block-diffusion forward, as the GPU is without bd_batch. */
 struct test_bdi_unbatched : dllm__backend_impl {
     std::unique_ptr<dllm__backend_impl> in;
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return in->logits(ids, n, r0, r1, out); }
@@ -412,17 +412,17 @@ TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
 
 // ---- the GPU backend ------------------------------------------------------------------------------------------
 
-/* The GPU's batched block-diffusion forward (DLLM_BD_BATCH, on by default since this test passed on the H100): the
+/* The GPU's batched block-diffusion forward (bd_batch, on by default since this test passed on the H100): the
  * cases in one batch give exactly what each gives in a batch of one on the GPU (ids, n_out, stats, every step callback
  * and canvas), permuted too; their ids equal the CPU's where no near-tie decides (most items; the CPU is the reference,
- * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). With DLLM_BD_BATCH=0 the items decode
+ * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). With bd_batch off the items decode
  * one after another, as dllm_generate's (whose solo forwards may pick faster, row-count-tuned GEMMs: so the batch's
  * reference is the batch of one, not dllm_generate). */
 TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
-    test_setenv("DLLM_BD_BATCH", "0", 1);
+    test_knob_set("bd_batch", "0");
     dllm_ctx *cpu = test_ctx(m), *gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (!cpu || !gpu) { dllm_ctx_free(cpu), dllm_ctx_free(gpu), dllm_model_free(m); return; }
@@ -430,13 +430,13 @@ TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     std::vector<test_bdi_case> cs = test_bdi_cases(gpu, 0xbdb6);
     std::vector<size_t> order(cs.size());
     for (size_t i = 0; i < cs.size(); i++) order[i] = i;
-    test_bdi_check_batch(T_, gpu, cs, order, "GPU, DLLM_BD_BATCH=0");
+    test_bdi_check_batch(T_, gpu, cs, order, "GPU, bd_batch off");
     // By default (a fresh context, whenever the backend reads it): the batch against the batch of one.
-    test_unsetenv("DLLM_BD_BATCH");
+    test_knob_reset();
     dllm_ctx_free(gpu);
     gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(gpu != nullptr);
-    if (!gpu) { test_unsetenv("DLLM_BD_BATCH"), dllm_ctx_free(cpu), dllm_model_free(m); return; }
+    if (!gpu) { test_knob_reset(), dllm_ctx_free(cpu), dllm_model_free(m); return; }
     CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
     for (test_bdi_case &c : cs) {  // "alone" := the item in a batch of one
         c.alone = test_bdi_trace();
@@ -465,7 +465,7 @@ TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
     }
     printf("    GPU batch vs CPU: %d of %d items the same ids\n", same, good);
     CHECK_MSG(2 * same >= good, "GPU batch vs CPU: only %d of %d items the same ids", same, good);
-    test_unsetenv("DLLM_BD_BATCH");
+    test_knob_reset();
     dllm_ctx_free(cpu);
     dllm_ctx_free(gpu);
     dllm_model_free(m);

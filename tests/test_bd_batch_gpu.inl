@@ -1,5 +1,5 @@
 /* Tests: the GPU backend's batched block-diffusion forward (dllm__gpu_backend::bd_batch_reserve / bd_forward_batch,
- * issue 26; on by default since the H100 run of 2026-12-05, DLLM_BD_BATCH=0 turns it off): its layout, the slots'
+ * issue 26; on by default since the H100 run of 2026-12-05, bd_batch off turns it off): its layout, the slots'
  * states and the sampler spans on the CPU against hand-derived expectations; on the GPU a mixed batch against each sequence as a batch of one
  * (bit for bit) and against the CPU backend's bd_forward (bf16 tolerance), the device's choices against dllm__choose. */
 
@@ -438,7 +438,7 @@ static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m,
 
 TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_env_switch on("DLLM_BD_BATCH", true);
+    test_knob on("bd_batch", true);
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     CHECK(m != nullptr);
     if (m) test_bdb_model(T_, "tiny-fast-dllm-v2 (block 64 under the step mask's 32)", m, 2 * m->cfg.bd_mask_block, 8);
@@ -450,13 +450,13 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
 }
 
-/* [FP8] With DLLM_BATCH_FP8 on too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the
+/* [FP8] With batch_fp8 on too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the
  * same checks, the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
  * quantise slightly different activations). */
 TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
-    test_env_switch on("DLLM_BD_BATCH", true);
-    test_env_switch fp8("DLLM_BATCH_FP8", true);
+    test_knob on("bd_batch", true);
+    test_knob fp8("batch_fp8", true);
     if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     CHECK(m != nullptr);
@@ -464,7 +464,7 @@ TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     dllm_model_free(m);
 }
 
-/* With DLLM_BD_BATCH=0 both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
+/* With bd_batch off both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
  * after another); with it, the empty list says the forward exists, and a forward before the slots is an error. */
 TEST(bd_batch_gpu, off_when_switched_off) {
     NEED_GPU();
@@ -473,12 +473,12 @@ TEST(bd_batch_gpu, off_when_switched_off) {
     CHECK(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
     if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
         {
-            test_env_switch off("DLLM_BD_BATCH", false);
-            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=0");
-            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "DLLM_BD_BATCH=0");
+            test_knob off("bd_batch", false);
+            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "bd_batch off");
+            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "bd_batch off");
             CHECK_STATUS(gpu->impl->bd_batch_reserve({}), DLLM_OK, nullptr);
         }
-        test_env_switch on("DLLM_BD_BATCH", true);
+        test_knob on("bd_batch", true);
         CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
         std::vector<int32_t> ids(8, 1);
         dllm__bd_seq q;

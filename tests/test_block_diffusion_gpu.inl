@@ -713,7 +713,7 @@ TEST(block_diffusion, graph_keys_and_actions) {
     for (auto &kv : slots) kv.second.exec = nullptr;  // nothing to destroy
 }
 
-/* A generation's forwards with graphs against DLLM_NO_GRAPHS=1 on the same context (both with DLLM_BD_GRAPHS=1):
+/* A generation's forwards with graphs against no_graphs on on the same context (both with bd_graphs on):
  * every step's logits bit for bit (the host's choice, through the recorder) and the same tokens and step counts with
  * the device's choice (bd_forward_choose replayed too); graphs replayed and updated across blocks where they are on,
  * none where they are off. */
@@ -735,9 +735,8 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
     dllm_gen_stats stats[2] = {};
     int64_t replays[2], updates[2], refusals[2];
     for (int eager = 0; eager < 2; eager++) {
-        if (eager) setenv("DLLM_NO_GRAPHS", "1", 1);
-        else unsetenv("DLLM_NO_GRAPHS");
-        dllm__env_reload();
+        test_knob_reset();
+        if (eager) test_knob_set("no_graphs", "1");
         const int64_t r0 = g->bd_graph_count(DLLM__GRAPH_REPLAY), u0 = g->bd_graph_count(DLLM__GRAPH_UPDATE), x0 = g->bd_graph_refusals();
         CHECK_STATUS(test_bd_generate_recorded(gpu, prompt, gp, trace[eager]), DLLM_OK, nullptr);
         out[eager].assign((size_t)gp.gen_length + B + 1, -1);
@@ -748,8 +747,7 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
         replays[eager] = g->bd_graph_count(DLLM__GRAPH_REPLAY) - r0, updates[eager] = g->bd_graph_count(DLLM__GRAPH_UPDATE) - u0;
         refusals[eager] = g->bd_graph_refusals() - x0;
     }
-    unsetenv("DLLM_NO_GRAPHS");
-    dllm__env_reload();
+    test_knob_reset();
     const test_bd_trace &ga = trace[0], &ea = trace[1];
     bool logits_same = ga.records.size() == ea.records.size() && !ga.records.empty();
     for (size_t i = 0; logits_same && i < ga.records.size(); i++)
@@ -773,8 +771,7 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
 
 TEST(gpu, block_diffusion_graphs_equal_eager) {
     NEED_GPU();
-    setenv("DLLM_BD_GRAPHS", "1", 1);
-    dllm__env_reload();
+    test_knob graphs("bd_graphs", true);
     test_tmpdir dir;
     dllm_model *models[2] = {test_load(test_data("tiny-fast-dllm-v2")), test_random_nemotron(dir, 0x5eed, true)};
     const char *names[2] = {"tiny-fast-dllm-v2", "random tiny Nemotron"};
@@ -795,6 +792,4 @@ TEST(gpu, block_diffusion_graphs_equal_eager) {
         dllm_ctx_free(gpu);
         dllm_model_free(models[i]);
     }
-    unsetenv("DLLM_BD_GRAPHS");
-    dllm__env_reload();
 }

@@ -270,24 +270,24 @@ TEST(fp8, precision_is_validated) {
 TEST(fp8, arch_table_fp8_modes) {
     CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK && dllm__arch_for(89).fp8 == DLLM__FP8_MMA);
     for (int cc : {80, 86, 87, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
-    // DLLM_FP8_GEMM: each value where the GPU can run it; elsewhere, or misspelt, an error that names it
+    // DLLM_TILES fp8_gemm: each value where the GPU can run it; elsewhere, or misspelt, an error that names it
     struct { const char *value; int cc; dllm_status want; dllm__fp8_gemm mode; const char *msg; } cases[] = {
         {nullptr, 89, DLLM_OK, DLLM__FP8_MMA, nullptr},           {nullptr, 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
         {nullptr, 80, DLLM_OK, DLLM__FP8_NONE, nullptr},          {"", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
         {"mma", 90, DLLM_OK, DLLM__FP8_MMA, nullptr},             {"mma", 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
         {"mma", 120, DLLM_OK, DLLM__FP8_MMA, nullptr},            {"cublaslt", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
         {"mma", 86, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "8.9"}, {"cublaslt", 89, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "sm_90 only"},
-        {"MMA", 90, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "DLLM_FP8_GEMM=MMA: expected mma or cublaslt"},
+        {"MMA", 90, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "DLLM_TILES=fp8_gemm=MMA: expected mma or cublaslt"},
         {"cutlass", 89, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "expected mma or cublaslt"},
     };
     for (auto &c : cases) {
-        if (c.value) test_setenv("DLLM_FP8_GEMM", c.value, 1);
-        else test_unsetenv("DLLM_FP8_GEMM");
+        if (c.value) test_knob_set("fp8_gemm", c.value);
+        else test_knob_reset();
         dllm__fp8_gemm mode = DLLM__FP8_NONE;
         CHECK_STATUS(dllm__fp8_gemm_for(dllm__arch_for(c.cc), mode), c.want, c.msg);
-        if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_FP8_GEMM=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
+        if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_TILES=fp8_gemm=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
     }
-    test_unsetenv("DLLM_FP8_GEMM");
+    test_knob_reset();
     // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight block,
     // copies divide evenly among the threads, and the ring fits the shared memory per block (99 KB on sm_89, 227 on sm_90)
     for (int cc : {89, 90}) {
@@ -330,7 +330,7 @@ static std::string test_register_report(const std::string &log) {
     return out;
 }
 
-/* fp8_gemm, both tiles, for the architectures whose table row runs it (sm_89) or can (sm_90a, DLLM_FP8_GEMM=mma):
+/* fp8_gemm, both tiles, for the architectures whose table row runs it (sm_89) or can (sm_90a, DLLM_TILES=fp8_gemm=mma):
  * compiles with neither spills nor a stack frame (its accumulators must stay in registers). */
 TEST(jit, fp8_mma_gemm_compiles_without_spills) {
     for (int cc : {89, 90}) {
@@ -999,7 +999,7 @@ TEST(gpu_fp8, mma_gemm_matches_cublaslt_at_llada_ffn_shapes) {
     test_mma_vs_cublaslt_case(T_, g, k, gemm, 1000, 4096, 12288);
 }
 
-/* DLLM_FP8_GEMM is read when an FP8 context is created: a misspelt value, or one this GPU cannot run, fails the
+/* DLLM_TILES fp8_gemm is read when an FP8 context is created: a misspelt value, or one this GPU cannot run, fails the
  * creation with a message naming it; a BF16 context never reads it. */
 TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     NEED_GPU();
@@ -1008,9 +1008,9 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_GPU;
     dllm_ctx *ctx = nullptr;
-    test_setenv("DLLM_FP8_GEMM", "wgmma", 1);
+    test_knob_set("fp8_gemm", "wgmma");
     p.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_FP8_GEMM=wgmma");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "fp8_gemm=wgmma");
     CHECK(ctx == nullptr);
     p.precision = DLLM_PRECISION_BF16;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
@@ -1018,25 +1018,25 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     ctx = nullptr;
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    test_setenv("DLLM_FP8_GEMM", g.arch.cc == 90 ? "mma" : "cublaslt", 1);  // runs on sm_90; cuBLASLt's mode nowhere else
+    test_knob_set("fp8_gemm", g.arch.cc == 90 ? "mma" : "cublaslt");  // runs on sm_90; cuBLASLt's mode nowhere else
     p.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), g.arch.cc == 90 ? DLLM_OK : DLLM_ERR_UNSUPPORTED, "DLLM_FP8_GEMM=cublaslt");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), g.arch.cc == 90 ? DLLM_OK : DLLM_ERR_UNSUPPORTED, "fp8_gemm=cublaslt");
     if (ctx) CHECK(((dllm__gpu_backend *)ctx->impl.get())->fp8_gemm() == DLLM__FP8_MMA);
-    test_unsetenv("DLLM_FP8_GEMM");
+    test_knob_reset();
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
 
-/* The FP8 forward with fp8_gemm (DLLM_FP8_GEMM=mma) against the one with cuBLASLt on sm_90, on the fixtures and the
+/* The FP8 forward with fp8_gemm (DLLM_TILES=fp8_gemm=mma) against the one with cuBLASLt on sm_90, on the fixtures and the
  * tiny trained models, FP8 FFN and FP8 all: the logits are much nearer each other than either is to BF16 (NMSE), and
  * temperature-0 decoding of the fixtures' golden cases gives the same tokens at every step, a divergence accepted
  * only at a near-tie within the measured noise between the two (test_decode_compare); LaCache stays bit-exact. */
 static void test_mma_forward_case(dllm_test_state &T_, const char *dir, const char *fixture, dllm_precision precision) {
     dllm_model *m = test_load(dir);
     dllm_ctx *lt = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr, *bf16 = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
-    test_setenv("DLLM_FP8_GEMM", "mma", 1);
+    test_knob_set("fp8_gemm", "mma");
     dllm_ctx *mma = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
-    test_unsetenv("DLLM_FP8_GEMM");
+    test_knob_reset();
     CHECK(lt && bf16 && mma);
     if (lt && bf16 && mma) {
         CHECK(((dllm__gpu_backend *)mma->impl.get())->fp8_gemm() == DLLM__FP8_MMA && ((dllm__gpu_backend *)lt->impl.get())->fp8_gemm() == DLLM__FP8_CUBLASLT_BLOCK);

@@ -3,14 +3,21 @@
 
 // ---- JIT (CPU only) ---------------------------------------------------------------------------------
 
-/* Every module, every architecture of the table, both head dims: compiles, and the attention kernel
- * neither spills nor needs a stack frame. */
+/* Every module, every architecture of the table, both head dims (every kernel file of src/kernels/ is in one): compiles
+ * without a warning or a spill, and the attention and GEMM kernels need no stack frame. */
 TEST(jit, compiles_every_kernel_for_every_arch) {
     double worst_ms = 0;
     for (const dllm__arch &row : dllm__arch_table) {
         dllm__arch a = dllm__arch_for(row.cc);
         std::vector<dllm__jit_request> rqs = {dllm__module_rowwise(a), dllm__module_sampler(a), dllm__module_attention(a, 64),
                                               dllm__module_attention(a, 128), dllm__module_soloq(a)};
+        if (a.cc == 80 || a.cc == 90) {  // the modules a context loads for a feature, on the two targets CI checks
+            for (auto rq : {dllm__module_q4_gemm(a), dllm__module_kv_scatter(a), dllm__module_attention_varlen(a, 128),
+                            dllm__module_bdfa(a), dllm__module_kvq(a), dllm__module_kvq_tc(a, 128)})
+                rqs.push_back(rq);
+            if (a.fp8 != DLLM__FP8_NONE) rqs.push_back(dllm__module_fp8_gemm(a));
+            if (a.cc == 90) rqs.push_back(dllm__module_q4wg(a));
+        }
         if (a.gemm_wg_stages)  // every tile width (the batched forwards' choice)
             for (int bn : {256, 128, 64}) rqs.push_back(dllm__module_gemm_wg(a, bn));
         for (int bc : {64, 128})  // the wgmma attention's tiles and rings
@@ -30,6 +37,8 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             worst_ms = std::max(worst_ms, dllm__now_ms() - t0);
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            // warnings are errors: a kernel file's warning fails CI, which has no GPU
+            CHECK_MSG(log.find("warning") == std::string::npos, "%s warns on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             if (rq.name.find("attn") != std::string::npos || rq.name.find("gemm_wg") != std::string::npos)  // register arrays must stay in registers
                 CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             if (rq.name.find("gemm_wg") != std::string::npos)  // ptxas serialises wgmma it cannot pipeline, and says so
@@ -77,27 +86,27 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(strcmp(dllm__arch_for(90).target, "sm_90a") == 0 && dllm__arch_for(90).fa_br == 128 && dllm__arch_for(90).fa_mt == 2);
     CHECK(strcmp(dllm__arch_for(89).target, "sm_89") == 0 && dllm__arch_for(89).fa_br == 64);
     CHECK(strcmp(dllm__arch_for(120).target, "sm_120") == 0);  // newer GPUs: portable mma.sync path
-    test_setenv("DLLM_FA_BR", "64", 1);
+    test_setenv("DLLM_TILES", "fa_br=64", 1);
     CHECK(dllm__arch_for(90).fa_br == 64);
-    test_unsetenv("DLLM_FA_BR");
+    test_unsetenv("DLLM_TILES");
     CHECK(dllm__arch_for(90).fa_stages == 2 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,2>");
-    test_setenv("DLLM_FA_STAGES", "3", 1);
+    test_setenv("DLLM_TILES", "fa_stages=3", 1);
     CHECK(dllm__arch_for(90).fa_stages == 3 && dllm__attn_kernel_name(128, dllm__arch_for(90)) == "flash_attn<128,128,32,2,3>");
-    test_setenv("DLLM_FA_STAGES", "1", 1);  // a ring needs two slots: clamped
+    test_setenv("DLLM_TILES", "fa_stages=1", 1);  // a ring needs two slots: clamped
     CHECK(dllm__arch_for(90).fa_stages == 2);
-    test_unsetenv("DLLM_FA_STAGES");
+    test_unsetenv("DLLM_TILES");
     // The wgmma attention: sm_90a only; the override takes 0, 64 or 128 and nothing else.
     CHECK(dllm__arch_for(90).fa_wg_bc == 128 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__arch_for(120).fa_wg_bc == 0);
     CHECK(dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 3 && dllm__module_attention(dllm__arch_for(89), 128).kernels.size() == 2);
-    test_setenv("DLLM_FA_WG_BC", "64", 1);
+    test_setenv("DLLM_TILES", "fa_wg_bc=64", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 64 && dllm__arch_for(89).fa_wg_bc == 0 && dllm__attn_wide_name(128, dllm__arch_for(90)) == "flash_attn_wg<128,64,3>");
-    test_setenv("DLLM_FA_WG_BC", "96", 1);
+    test_setenv("DLLM_TILES", "fa_wg_bc=96", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 128);
-    test_setenv("DLLM_FA_WG_BC", "0", 1);
+    test_setenv("DLLM_TILES", "fa_wg_bc=0", 1);
     CHECK(dllm__arch_for(90).fa_wg_bc == 0 && dllm__module_attention(dllm__arch_for(90), 128).kernels.size() == 2);
-    test_unsetenv("DLLM_FA_WG_BC");
-    // gemm_wg: sm_90a only, off under DLLM_GEMM_WG=0, its ring within a CTA's 227 KB at every tile width: the 128-wide
-    // tiles' 32 KB stages give a ring of 6, the 64-wide's 24 KB one of 8 (one more would not fit); DLLM_BATCH_GEMM_N takes
+    test_unsetenv("DLLM_TILES");
+    // gemm_wg: sm_90a only, off under gemm_wg off, its ring within a CTA's 227 KB at every tile width: the 128-wide
+    // tiles' 32 KB stages give a ring of 6, the 64-wide's 24 KB one of 8 (one more would not fit); DLLM_TILES batch_gemm_n takes
     // 256, 128 or 64, anything else is 0.
     CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__arch_for(89).gemm_wg_stages == 0 && dllm__arch_for(120).gemm_wg_stages == 0);
     CHECK(dllm__gemm_wg_stages(dllm__arch_for(90), 256) == 4 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 6 &&
@@ -111,18 +120,24 @@ TEST(jit, arch_table_and_overrides) {
     CHECK(dllm__gemm_wg_name(dllm__arch_for(90), 256) == "gemm_wg<4,256>" && dllm__gemm_wg_name(dllm__arch_for(90), 128) == "gemm_wg<6,128>" &&
           dllm__gemm_wg_name(dllm__arch_for(90), 64) == "gemm_wg<8,64>");
     CHECK(dllm__env().batch_gemm_n == 0);  // the fastest width per shape and row count
-    test_setenv("DLLM_BATCH_GEMM_N", "128", 1);
+    test_setenv("DLLM_TILES", "batch_gemm_n=128", 1);
     CHECK(dllm__env().batch_gemm_n == 128);
-    test_setenv("DLLM_BATCH_GEMM_N", "256", 1);
+    test_setenv("DLLM_TILES", "batch_gemm_n=256", 1);
     CHECK(dllm__env().batch_gemm_n == 256);
-    test_setenv("DLLM_BATCH_GEMM_N", "64", 1);
+    test_setenv("DLLM_TILES", "batch_gemm_n=64", 1);
     CHECK(dllm__env().batch_gemm_n == 64);
-    test_setenv("DLLM_BATCH_GEMM_N", "96", 1);
+    test_setenv("DLLM_TILES", "batch_gemm_n=96", 1);
     CHECK(dllm__env().batch_gemm_n == 0);
-    test_unsetenv("DLLM_BATCH_GEMM_N");
-    test_setenv("DLLM_GEMM_WG", "0", 1);
-    CHECK(dllm__arch_for(90).gemm_wg_stages == 0 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 0);
-    test_unsetenv("DLLM_GEMM_WG");
+    test_unsetenv("DLLM_TILES");
+    test_setenv("DLLM_TILES", "fa_br=64,batch_gemm_n=64,fp8_gemm=mma", 1);  // several at once
+    CHECK(dllm__arch_for(90).fa_br == 64 && dllm__env().batch_gemm_n == 64 && dllm__env().fp8_gemm == "mma");
+    test_unsetenv("DLLM_TILES");
+    // the debug switch: cuBLASLt alone (no gemm_wg, nothing timed), no graphs, no PDL, no wgmma attention, kvq_attention
+    test_setenv("DLLM_DEBUG_PLAIN", "1", 1);
+    CHECK(dllm__arch_for(90).gemm_wg_stages == 0 && dllm__gemm_wg_stages(dllm__arch_for(90), 128) == 0 && dllm__arch_for(90).fa_wg_bc == 0);
+    CHECK(dllm__env().no_graphs && !dllm__env().pdl && !dllm__env().gemm_autotune && !dllm__env().kvq_tc);
+    test_unsetenv("DLLM_DEBUG_PLAIN");
+    CHECK(dllm__arch_for(90).gemm_wg_stages == 4 && dllm__env().bd_graphs && dllm__env().kvq_tc);
     for (const dllm__arch &a : dllm__arch_table) {
         dllm__arch three = a;
         three.fa_wg_stages = 3;
@@ -583,14 +598,16 @@ TEST(jit, attention_kv_splits_fill_the_gpu) {
     CHECK(dual > 1 && 32 * dual <= 2 * 132 && (1024 / a.fa_bc) / dual >= 2);
     CHECK(dllm__attn_kv_splits(a, 32, 40, 32, 132) == 1);               // two tiles: nothing to share
     CHECK((size_t)dual * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(a, 128, 132));
-    // DLLM_FA_KV_CTAS moves the target; the partial-state buffer bound follows it, and nonsense is clamped to 1.
-    test_setenv("DLLM_FA_KV_CTAS", "4", 1);
+    // DLLM_TILES fa_kv_ctas moves the target; the partial-state buffer bound follows it, and nonsense is clamped to 1.
+    test_setenv("DLLM_TILES", "fa_kv_ctas=4", 1);
     const dllm__arch four = dllm__arch_for(90);
     const int more = dllm__attn_kv_splits(four, 32, 1024, 32, 132);
     CHECK(four.fa_kv_ctas_per_sm == 4 && more > dual && (size_t)more * 32 * 32 * (128 + 2) * 4 <= dllm__attn_partial_bound(four, 128, 132));
-    test_setenv("DLLM_FA_KV_CTAS", "-3", 1);
-    CHECK(dllm__arch_for(90).fa_kv_ctas_per_sm == 1);
-    test_unsetenv("DLLM_FA_KV_CTAS");
+    test_setenv("DLLM_TILES", "fa_kv_ctas=-3", 1);  // not understood: the table's value stays, and it is reported
+    CHECK(dllm__arch_for(90).fa_kv_ctas_per_sm == dllm__arch_table[4].fa_kv_ctas_per_sm && dllm__env().tiles_error == "fa_kv_ctas=-3");
+    test_setenv("DLLM_TILES", "fa_kv_ctas=0", 1);  // 0: the table's
+    CHECK(dllm__arch_for(90).fa_kv_ctas_per_sm == dllm__arch_table[4].fa_kv_ctas_per_sm && dllm__env().tiles_error.empty());
+    test_unsetenv("DLLM_TILES");
 }
 
 /* The sampler kernels against dllm__choose and dllm__select on the same float logits, with a small
@@ -939,9 +956,9 @@ TEST(gpu, graphs_equal_eager_and_runs_repeat) {
     std::vector<int32_t> a(24), b(24), c(24);
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, a.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, b.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
-    test_setenv("DLLM_NO_GRAPHS", "1", 1);
+    test_knob_set("no_graphs", "1");
     CHECK_STATUS(dllm_generate(gpu, prompt, 7, p, c.data(), 24, nullptr, nullptr), DLLM_OK, nullptr);
-    test_unsetenv("DLLM_NO_GRAPHS");
+    test_knob_reset();
     CHECK(a == b && a == c);
     dllm_ctx_free(gpu);
     dllm_model_free(m);
@@ -1020,14 +1037,14 @@ TEST(gpu, facache_resume_is_bit_exact) {
 /* Runs one generation with the sampler's logits recorded; graphs off so that every step is observable. */
 static dllm_status test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_gen_params p, test_trace_recorder &rec,
                               std::map<std::pair<int, int>, std::vector<float>> &rows) {
-    test_setenv("DLLM_NO_GRAPHS", "1", 1);
+    test_knob_set("no_graphs", "1");
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(&rows);
     p.on_step = test_record_step;
     p.on_step_data = &rec;
     std::vector<int32_t> out((size_t)p.gen_length);
     dllm_status s = dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), p.gen_length, nullptr, nullptr);
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(nullptr);
-    test_unsetenv("DLLM_NO_GRAPHS");
+    test_knob_reset();
     return s;
 }
 

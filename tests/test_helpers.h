@@ -23,13 +23,21 @@ static void test_unsetenv(const char *name) {
     unsetenv(name);
     dllm__env_reload();
 }
-/* A DLLM_* switch on ("1", or a value) or off ("0") for a test's scope, unset (its default) again at its end; create
- * contexts inside it. */
-struct test_env_switch {
-    const char *name;
-    test_env_switch(const char *switch_name, bool on) : test_env_switch(switch_name, on ? "1" : "0") {}
-    test_env_switch(const char *switch_name, const char *value) : name(switch_name) { test_setenv(name, value, 1); }
-    ~test_env_switch() { test_unsetenv(name); }
+/* One of dllm's internal switches (dllm__env_switches: a feature's on/off state, a tile) set by name for a test; create
+ * contexts after it. test_knob_reset() (or dllm__env_reload) puts every switch back to what the environment says. */
+static void test_knob_set(const char *name, const char *value) {
+    if (!dllm__env_set(name, value)) {
+        fprintf(stderr, "test_knob_set: no internal switch %s=%s\n", name, value);
+        abort();  // a misspelt switch would make a comparison of two paths compare one path with itself
+    }
+}
+static void test_knob_reset() { dllm__env_reload(); }
+/* The same for a test's scope: the switch is set at construction, and every switch is as before at its end. */
+struct test_knob {
+    dllm__env_switches saved = dllm__env_storage();
+    test_knob(const char *name, bool on) : test_knob(name, on ? "1" : "0") {}
+    test_knob(const char *name, const char *value) { test_knob_set(name, value); }
+    ~test_knob() { dllm__env_storage() = saved; }
 };
 
 static bool test_write_file(const std::string &path, const std::string &bytes) {

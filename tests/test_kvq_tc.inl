@@ -1,4 +1,4 @@
-/* Tests: [KV quant] the tensor-core attention over the quantised K/V cache (DLLM_KVQ_TC, the default; kvq_flash +
+/* Tests: [KV quant] the tensor-core attention over the quantised K/V cache (kvq_tc, the default; kvq_flash +
  * kvq_flash_combine in dllm__src_kvq_tc, twin dllm__kvq_flash_twin in 9c). On the CPU: the key splits partition the
  * keys without mixing kinds, the twin agrees with the fp32 reference (dllm__cpu_attention over 9c's decoded cache) to
  * bf16 rounding, and the module compiles for sm_90 and sm_80 without spills. On a GPU: the kernels against the twin (tight) and against
@@ -235,7 +235,7 @@ TEST(gpu, kvq_flash_matches_twin_and_kvq_attention) {
         for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) test_kvqtc_gpu_case(T_, k, mode, rng);
 }
 
-/* Block-diffusion forwards over a quantised cache with DLLM_KVQ_TC=1 against the switch off (kvq_attention), forward by
+/* Block-diffusion forwards over a quantised cache with kvq_tc on against the switch off (kvq_attention), forward by
  * forward (prefill, a step, the block cache, a sub-block, a commit, the next step), every mode; then whole generations:
  * the tokens may differ only where logits differ beyond bf16 rounding, so they are reported, the logits checked. The
  * bounds are gpu.kv_quant_forwards_match_cpu's (GPU against the fp32 CPU twin): after a commit, rounding differences in
@@ -255,7 +255,7 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
     for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) {
         std::vector<float> logits[2];
         for (int tc = 0; tc < 2; tc++) {
-            test_env_switch kvq_tc("DLLM_KVQ_TC", tc == 1);
+            test_knob kvq_tc("kvq_tc", tc == 1);
             std::unique_ptr<dllm__backend_impl> g = test_kvq_gpu(m, (dllm_kv_quant)mode);
             if (!g) { CHECK(g != nullptr); continue; }
             CHECK_STATUS(test_bd_run(*g, *m, 4 * B, ids, script, logits[tc]), DLLM_OK, nullptr);
@@ -267,7 +267,7 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
             std::vector<float> off(logits[0].begin() + (long)at, logits[0].begin() + (long)(at + n)), on(logits[1].begin() + (long)at, logits[1].begin() + (long)(at + n));
             at += n;
             const double err = test_max_rel(on, off), bound = dllm__kvq_bits(mode) == 4 ? 5e-2 : 1e-1;
-            printf("    %s, forward %zu (kind %d): DLLM_KVQ_TC=1 vs off, logits max relative difference %.2e\n", dllm__kvq_names[mode], i, (int)script[i].kind, err);
+            printf("    %s, forward %zu (kind %d): kvq_tc on vs off, logits max relative difference %.2e\n", dllm__kvq_names[mode], i, (int)script[i].kind, err);
             CHECK_MSG(err < bound, "%s, forward %zu: %.3e", dllm__kvq_names[mode], i, err);
         }
         CHECK(logits[0].size() == logits[1].size());
@@ -276,7 +276,7 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
     for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV4; mode += 2) {
         std::vector<int32_t> out[2];
         for (int tc = 0; tc < 2; tc++) {
-            test_env_switch kvq_tc("DLLM_KVQ_TC", tc == 1);
+            test_knob kvq_tc("kvq_tc", tc == 1);
             dllm_ctx_params p = dllm_ctx_default_params();
             p.backend = DLLM_BACKEND_GPU, p.precision = DLLM_PRECISION_BF16, p.kv_quant = (dllm_kv_quant)mode;
             dllm_ctx *ctx = nullptr;
@@ -294,7 +294,7 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
         }
         size_t same = 0;
         for (size_t i = 0; i < std::min(out[0].size(), out[1].size()); i++) same += out[0][i] == out[1][i];
-        printf("    %s generation: %zu of %zu tokens equal with DLLM_KVQ_TC=1 and without\n", dllm__kvq_names[mode], same, out[0].size());
+        printf("    %s generation: %zu of %zu tokens equal with kvq_tc on and without\n", dllm__kvq_names[mode], same, out[0].size());
         CHECK(!out[0].empty() && out[0].size() == out[1].size());
     }
     dllm_model_free(m);

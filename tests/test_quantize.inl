@@ -4,11 +4,13 @@
  * or misshapen parts, wrong dtypes, damaged scales, metadata that lies, truncation) is a clear error. */
 
 /* Quantises the fixture `fx` into dir at precision p; the loaded result or null. */
-static dllm_model *test_quantized(const std::string &src, const test_tmpdir &dir, dllm_precision p, int head, size_t shard = 0) {
+static dllm_model *test_quantized(const std::string &src, const test_tmpdir &dir, dllm_precision p, int head, size_t shard = 0,
+                                  dllm_soloq_rotation rotation = DLLM_SOLOQ_ROTATION_DEFAULT, int bias_correction = -1) {
     dllm_model *m = test_load(src);
     if (!m) return nullptr;
     dllm_quantize_params qp = dllm_quantize_default_params();
     qp.precision = p, qp.quantize_lm_head = head, qp.n_threads = 2;
+    qp.soloq_rotation = rotation, qp.soloq_bias_correction = bias_correction;
     if (shard) qp.max_shard_bytes = shard;
     dllm_status s = dllm_model_quantize(m, dir.path.c_str(), &qp);
     dllm_model_free(m);
@@ -26,9 +28,11 @@ static std::vector<int32_t> test_quant_ids(const dllm_model *m, int n) {
 }
 
 /* Logits of every row of ids on a CPU context at precision p (AUTO: the default), poisoned first. */
-static std::vector<float> test_quant_logits(dllm_model *m, dllm_precision p, int head, const std::vector<int32_t> &ids) {
+static std::vector<float> test_quant_logits(dllm_model *m, dllm_precision p, int head, const std::vector<int32_t> &ids,
+                                            dllm_soloq_rotation rotation = DLLM_SOLOQ_ROTATION_DEFAULT, int bias_correction = -1) {
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = p, cp.quantize_lm_head = head;
+    cp.soloq_rotation = rotation, cp.soloq_bias_correction = bias_correction;
     dllm_ctx *ctx = nullptr;
     std::vector<float> out((size_t)ids.size() * m->cfg.n_vocab, NAN);
     if (dllm_ctx_create(m, cp, &ctx) != DLLM_OK || dllm_logits(ctx, ids.data(), (int)ids.size(), 0, (int)ids.size(), out.data(), out.size()) != DLLM_OK) {
@@ -99,28 +103,30 @@ TEST(quant, a_mismatched_precision_is_refused_naming_it) {
         CHECK(strstr(dllm_last_error(), "INT4 weights") && strstr(dllm_last_error(), "use --precision soloq-i or soloq-i-w4a16"));
     }
     cp.precision = DLLM_PRECISION_SOLOQ_I;
-    test_setenv("DLLM_SOLOQ_ROTATION", "hadamard", 1);
+    cp.soloq_rotation = DLLM_SOLOQ_ROTATION_HADAMARD;
     CHECK_STATUS(dllm_ctx_create(q, cp, &ctx), DLLM_ERR_INVALID_ARGUMENT, "quantised with rotation krpbh");
-    test_setenv("DLLM_SOLOQ_ROTATION", "krpbh", 1);
-    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "0", 1);
-    CHECK_STATUS(dllm_ctx_create(q, cp, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=0");
-    test_unsetenv("DLLM_SOLOQ_ROTATION");
-    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    CHECK(strstr(dllm_last_error(), "--soloq-rotation") != nullptr);
+    cp.soloq_rotation = DLLM_SOLOQ_ROTATION_KRPBH;  // the recorded one, asked for: fine with the recorded correction
+    cp.soloq_bias_correction = 0;
+    CHECK_STATUS(dllm_ctx_create(q, cp, &ctx), DLLM_ERR_INVALID_ARGUMENT, "soloq_bias_correction 0 (--soloq-bias-correction)");
     CHECK(ctx == nullptr);
+    cp.soloq_bias_correction = 1;
+    CHECK_STATUS(dllm_ctx_create(q, cp, &ctx), DLLM_OK, nullptr);
+    dllm_ctx_free(ctx);
+    ctx = nullptr;
+    cp.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT, cp.soloq_bias_correction = -1;
     CHECK_STATUS(dllm_ctx_create(q, cp, &ctx), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(q);
 }
 
-/* A file quantised under an ablation switch records it, and loads without it. */
-TEST(quant, ablation_switches_are_recorded) {
+/* A file quantised with a non-default rotation and correction records them, and loads without asking for them. */
+TEST(quant, ablations_are_recorded) {
     test_tmpdir dir;
-    test_setenv("DLLM_SOLOQ_ROTATION", "rpbh", 1);
-    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "0", 1);
-    dllm_model *src = test_load(test_data("tiny-dream")), *q = test_quantized(test_data("tiny-dream"), dir, DLLM_PRECISION_SOLOQ_N, 0);
-    const std::vector<float> want = src ? test_quant_logits(src, DLLM_PRECISION_SOLOQ_N, 0, test_quant_ids(src, 7)) : std::vector<float>();
-    test_unsetenv("DLLM_SOLOQ_ROTATION");
-    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    dllm_model *src = test_load(test_data("tiny-dream")),
+               *q = test_quantized(test_data("tiny-dream"), dir, DLLM_PRECISION_SOLOQ_N, 0, 0, DLLM_SOLOQ_ROTATION_RPBH, 0);
+    const std::vector<float> want =
+        src ? test_quant_logits(src, DLLM_PRECISION_SOLOQ_N, 0, test_quant_ids(src, 7), DLLM_SOLOQ_ROTATION_RPBH, 0) : std::vector<float>();
     if (!src || !q) { CHECK(false); dllm_model_free(src); dllm_model_free(q); return; }
     CHECK(q->soloq->opt.rotation == DLLM__ROT_RPBH && !q->soloq->opt.bias_correction);
     CHECK(test_bitwise_equal(want, test_quant_logits(q, DLLM_PRECISION_AUTO, 0, test_quant_ids(src, 7))));

@@ -444,12 +444,12 @@ TEST(soloq, precisions_are_validated) {
     p.precision = (dllm_precision)11;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 11");
     p.precision = DLLM_PRECISION_SOLOQ_I;
-    test_setenv("DLLM_SOLOQ_ROTATION", "kprbh", 1);
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_ROTATION=kprbh: expected");
-    test_unsetenv("DLLM_SOLOQ_ROTATION");
-    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "yes", 1);
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=yes");
-    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    p.soloq_rotation = (dllm_soloq_rotation)7;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "soloq_rotation 7 must be a dllm_soloq_rotation");
+    p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
+    p.soloq_bias_correction = 2;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "soloq_bias_correction 2 must be -1");
+    p.soloq_bias_correction = -1;
     CHECK(ctx == nullptr);
     // the options of each precision
     struct { dllm_precision p; dllm__q4_format w, a; bool acts; dllm__rot_kind rot; bool bc; } cases[] = {
@@ -463,18 +463,18 @@ TEST(soloq, precisions_are_validated) {
     };
     for (auto &c : cases) {
         dllm__soloq_options o;
-        CHECK(dllm__soloq_options_for(c.p, 1, o) == DLLM_OK);
+        CHECK(dllm__soloq_options_for(c.p, 1, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
         CHECK_MSG(o.enabled && o.weights == c.w && o.acts == c.a && o.quantize_acts == c.acts && o.rotation == c.rot && o.bias_correction == c.bc &&
                       o.quantize_head, "%s", dllm__precision_name(c.p));
     }
-    test_setenv("DLLM_SOLOQ_ROTATION", "rpbh", 1);
-    test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", "0", 1);
     dllm__soloq_options o;
-    CHECK(dllm__soloq_options_for(DLLM_PRECISION_SOLOQ_C, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_RPBH && !o.bias_correction && !o.quantize_head);
-    CHECK(dllm__soloq_options_for(DLLM_PRECISION_RTN_W4A4, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_NONE);  // the baseline ignores them
-    CHECK(dllm__soloq_options_for(DLLM_PRECISION_FP8_ALL, 0, o) == DLLM_OK && !o.enabled);
-    test_unsetenv("DLLM_SOLOQ_ROTATION");
-    test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+    const int rpbh = DLLM_SOLOQ_ROTATION_RPBH;
+    CHECK(dllm__soloq_options_for(DLLM_PRECISION_SOLOQ_C, 0, rpbh, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_RPBH && !o.bias_correction && !o.quantize_head);
+    CHECK(dllm__soloq_options_for(DLLM_PRECISION_RTN_W4A4, 0, rpbh, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_NONE);  // the baseline ignores them
+    CHECK(dllm__soloq_options_for(DLLM_PRECISION_FP8_ALL, 0, rpbh, 0, o) == DLLM_OK && !o.enabled);
+    // the public enum's order is the rotation kinds' (dllm__rot_names), one ahead of them
+    CHECK(DLLM_SOLOQ_ROTATION_NONE - 1 == DLLM__ROT_NONE && DLLM_SOLOQ_ROTATION_HAAR - 1 == DLLM__ROT_HAAR &&
+          DLLM_SOLOQ_ROTATION_KRPBH - 1 == DLLM__ROT_KRPBH && DLLM_SOLOQ_ROTATION_MIXER - 1 == DLLM__ROT_MIXER);
     dllm_model_free(m);
 }
 
@@ -487,7 +487,7 @@ TEST(soloq, weights_stored_in_four_bits) {
     const dllm__config &c = m->cfg;
     for (int p : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_C, DLLM_PRECISION_RTN_W4A4}) {
         dllm__soloq_options o;
-        CHECK(dllm__soloq_options_for(p, p == DLLM_PRECISION_SOLOQ_N, o) == DLLM_OK);
+        CHECK(dllm__soloq_options_for(p, p == DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
         std::shared_ptr<const dllm__soloq_layer> head;
         std::vector<dllm__fp8_layer> layers = dllm__cpu_soloq_weights(*m, pool, o, head);
         CHECK(layers.size() == (size_t)c.n_layer && (head != nullptr) == (p == DLLM_PRECISION_SOLOQ_N));
@@ -551,7 +551,7 @@ TEST(soloq, forward_rows_are_independent_with_a_kv_cache) {
     dllm__pool pool(2);
     for (int p : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C, DLLM_PRECISION_RTN_W4A4}) {
         dllm__soloq_options o;
-        CHECK(dllm__soloq_options_for(p, 1, o) == DLLM_OK);
+        CHECK(dllm__soloq_options_for(p, 1, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
         std::shared_ptr<const dllm__soloq_layer> head;
         const std::vector<dllm__fp8_layer> q = dllm__cpu_soloq_weights(*m, pool, o, head);
         std::vector<float> cos_t, sin_t;
@@ -613,10 +613,10 @@ TEST(soloq, accuracy_layer_output_nmse) {
     SKIP("accuracy figures: measured by the plain build");
 #endif
     struct { const char *dir, *name; } models[] = {{"models/tiny-llada", "tiny-llada"}, {"models/tiny-dream", "tiny-dream"}, {"models/tiny-add", "tiny-add"}};
-    struct { int precision; const char *rotation, *bc; } configs[] = {
-        {DLLM_PRECISION_RTN_W4A4, nullptr, nullptr}, {DLLM_PRECISION_SOLOQ_N, "hadamard", "1"}, {DLLM_PRECISION_SOLOQ_N, "rpbh", "1"},
-        {DLLM_PRECISION_SOLOQ_N, "krpbh", "0"},      {DLLM_PRECISION_SOLOQ_N, "krpbh", "1"},    {DLLM_PRECISION_SOLOQ_I, "krpbh", "1"},
-        {DLLM_PRECISION_SOLOQ_C, "krpbh", "1"},
+    struct { int precision, rotation, bc; } configs[] = {
+        {DLLM_PRECISION_RTN_W4A4, 0, -1}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_HADAMARD, 1}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_RPBH, 1},
+        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 0}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 1}, {DLLM_PRECISION_SOLOQ_I, DLLM_SOLOQ_ROTATION_KRPBH, 1},
+        {DLLM_PRECISION_SOLOQ_C, DLLM_SOLOQ_ROTATION_KRPBH, 1},
     };
     for (auto &mi : models) {
         dllm_model *m = test_load(mi.dir);
@@ -629,10 +629,8 @@ TEST(soloq, accuracy_layer_output_nmse) {
         }
         double rtn_worst = 0, krpbh_worst = 0;
         for (auto &cf : configs) {
-            if (cf.rotation) test_setenv("DLLM_SOLOQ_ROTATION", cf.rotation, 1), test_setenv("DLLM_SOLOQ_BIAS_CORRECTION", cf.bc, 1);
             dllm__soloq_options o;
-            CHECK(dllm__soloq_options_for(cf.precision, 0, o) == DLLM_OK);
-            test_unsetenv("DLLM_SOLOQ_ROTATION"), test_unsetenv("DLLM_SOLOQ_BIAS_CORRECTION");
+            CHECK(dllm__soloq_options_for(cf.precision, 0, cf.rotation, cf.bc, o) == DLLM_OK);
             const std::vector<double> nmse = test_soloq_layer_nmse(*m, ids, o);
             const double worst = *std::max_element(nmse.begin(), nmse.end());
             printf("    %s %-8s %-8s bc %s: layer output NMSE %s(worst %.2e)\n", mi.name, dllm__precision_name(cf.precision), dllm__rot_names[o.rotation],
@@ -761,7 +759,7 @@ TEST(soloq, accuracy_folded_variant_beside_online) {
         const std::vector<int32_t> ids = test_heldout_window(name, m->cfg.mask_id);
         for (int p : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I}) {
             dllm__soloq_options o;
-            CHECK(dllm__soloq_options_for(p, 0, o) == DLLM_OK);
+            CHECK(dllm__soloq_options_for(p, 0, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
             const std::vector<double> online = test_soloq_layer_nmse(*m, ids, o), folded = test_soloq_folded_nmse(*m, ids, o);
             double mean_on = 0, mean_fold = 0;
             for (size_t l = 0; l < online.size(); l++) mean_on += online[l] / online.size(), mean_fold += folded[l] / folded.size();

@@ -194,12 +194,15 @@ static dllm_ctx *test_soloq_ctx(dllm_model *m, dllm_backend backend, int precisi
     return dllm_ctx_create(m, cp, &ctx) == DLLM_OK ? ctx : nullptr;
 }
 
-/* Compares one device weight with the CPU reference's quantised rows, byte for byte. */
+/* Compares one device weight with the CPU reference's quantised rows, byte for byte (in q4wg's layout where the device
+ * packed them). */
 static bool test_q4_weight_equal(const dllm__linear &W, const dllm__q4_rows &q) {
     if (W.format != DLLM__W_Q4 || W.n != q.rows || W.k != q.cols || !W.q4 || W.q4->format != q.format) return false;
-    std::vector<uint8_t> codes = test_get<uint8_t>(W.data, q.codes.size());
+    std::vector<uint8_t> codes = test_get<uint8_t>(W.data, q.codes.size()), want = q.codes;
+    if (W.q4->packed) dllm__q4wg_prepack(q.codes.data(), q.rows, q.cols, want.data());
+    if (codes != want) return false;
     std::vector<float> scale = test_get<float>(W.scale, q.row_scale.size());
-    if (codes != q.codes || memcmp(scale.data(), q.row_scale.data(), scale.size() * 4)) return false;
+    if (memcmp(scale.data(), q.row_scale.data(), scale.size() * 4)) return false;
     return q.block_scales.empty() || test_get<uint8_t>(W.q4->block_scales, q.block_scales.size()) == q.block_scales;
 }
 
@@ -214,7 +217,7 @@ TEST(gpu_soloq, device_weights_equal_the_cpu_quantisation) {
         for (int p : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C, DLLM_PRECISION_RTN_W4A4}) {
             const int head = p != DLLM_PRECISION_SOLOQ_I;
             dllm__soloq_options o;
-            CHECK(dllm__soloq_options_for(p, head, o) == DLLM_OK);
+            CHECK(dllm__soloq_options_for(p, head, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
             std::shared_ptr<const dllm__soloq_layer> cpu_head;
             const std::vector<dllm__fp8_layer> cpu = dllm__cpu_soloq_weights(*m, pool, o, cpu_head);
             dllm_ctx *ctx = test_soloq_ctx(m, DLLM_BACKEND_GPU, p, head);

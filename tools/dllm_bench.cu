@@ -3,12 +3,14 @@
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchors-v2 anchor_v2.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --help                the options; an unknown one is an error (exit 2), not a full run
- *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_FA_*)
+ *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_TILES fa_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
  *                                          bursts and sustained (power-capped); then its 256-, 128- and 64-wide tiles
  *                                          at M = 32, 128, 512 and 2048
- *   build/dllm-bench --q4-gemm-only        the W4 GEMM q4_gemm in every SoloQ weight format against cuBLASLt BF16 at the
+ *   build/dllm-bench --q4-gemm-only        q4wg (SoloQ-I on sm_90a) at the LLaDA-8B layer shapes, M = 32 to 1024, beside
+ *                                          cuBLASLt BF16 and the copy rate; then the W4 GEMM q4_gemm in every SoloQ
+ *                                          weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --int8-gemm-only      the INT8 GEMM path (SoloQ-I/C, more than 64 rows) against cuBLASLt BF16, FP8 and
  *                                          the BF16 path it replaces at the LLaDA-8B shapes, M = 256 and 1024 (also part of
@@ -19,10 +21,10 @@
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
  *                                          then the batched dual-cache step of 1 to 64 canvases of 1024; then both again
- *                                          under DLLM_BATCH_GEMM_N=256, =128 and =64 (keys n256_... etc., step times only)
+ *                                          under DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
- *   DLLM_FP8_GEMM=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
+ *   DLLM_TILES=fp8_gemm=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
  * 8192^3 and both precisions at the LLaDA FFN shapes with M = 1024; where FP8 runs on dllm's fp8_gemm, its rate at
@@ -162,7 +164,7 @@ static double bench_mma_rate(const dllm__fp8_mma &k, std::shared_ptr<dllm__modul
     return 2.0 * M * N * K / ms / 1e9;
 }
 
-/* fp8_gemm where FP8 runs on it (sm_89, or sm_90 under DLLM_FP8_GEMM=mma) at the LLaDA FFN shapes, for 1024 tokens and
+/* fp8_gemm where FP8 runs on it (sm_89, or sm_90 under DLLM_TILES=fp8_gemm=mma) at the LLaDA FFN shapes, for 1024 tokens and
  * for a 32-row block step; on sm_90 cuBLASLt's block-scaled rate at 32 rows beside it (1024: bench_ceilings). */
 static void bench_mma_gemm(bench_result &r, dllm__gemm &gemm, std::shared_ptr<dllm__module> &rowwise, const dllm__arch &arch, cudaStream_t s) {
     dllm__fp8_gemm mode;
@@ -347,6 +349,77 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
             }
             printf("\n");
         }
+}
+
+/* [W4 GEMM] q4wg (SoloQ-I's and RTN-W4A4's GEMM on sm_90a) at the LLaDA-8B layer shapes for M = 32 to 1024 token rows,
+ * beside cuBLASLt BF16 on the same shape and M and the device's copy rate: microseconds a launch (weights rotated over
+ * enough copies to leave the 50 MB L2 for both), the ratio, the rate its codes stream at and its share of the copy rate,
+ * and each M's sum over the four projections (issue 40's targets are on those sums). */
+static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
+    dllm__q4wg_kernels k;
+    if (dllm__q4wg_load(arch, k) != DLLM_OK) {
+        printf("q4wg: %s\n", dllm_last_error());
+        return;
+    }
+    std::shared_ptr<dllm__module> rowwise;
+    BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
+    dllm__gemm lt;
+    BENCH_CHECK(lt.init());
+    double copy_TBps = 0;
+    {
+        const size_t n = (size_t)512 << 20;
+        dllm__dbuf a, b;
+        BENCH_CHECK(a.fit(n, "copy"));
+        BENCH_CHECK(b.fit(n, "copy"));
+        cudaMemsetAsync(a.ptr, 1, n, s);
+        copy_TBps = 2.0 * n / bench_ms(s, 3, 10, [&] { cudaMemcpyAsync(b.ptr, a.ptr, n, cudaMemcpyDeviceToDevice, s); }) / 1e9;
+    }
+    r.set("q4wg copy_TBps", copy_TBps);
+    uint64_t seed = 0x51ED270B27D4A5F1ull;
+    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    const int Ms[] = {32, 64, 128, 256, 1024};
+    std::map<int, double> q4_sum, lt_sum;
+    printf("\n| q4wg (SoloQ-I) | M | q4wg us | cuBLASLt BF16 us | ratio | codes TB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+    for (const auto &sh : shapes) {
+        const size_t code_bytes = (size_t)sh.N * sh.K / 2, copies = std::max<size_t>(2, (256u << 20) / code_bytes);
+        const size_t bf16_copies = std::max<size_t>(2, (256u << 20) / (code_bytes * 4));
+        std::vector<dllm__dbuf> codes(copies), wb(bf16_copies);
+        for (dllm__dbuf &c : codes) bench_random_bytes(c, code_bytes, 0, 256, seed, "q4wg bench");
+        for (dllm__dbuf &w : wb) {
+            BENCH_CHECK(w.fit((size_t)sh.N * sh.K * 2, "q4wg bench"));
+            bench_fill(rowwise, w, (uint64_t)sh.N * sh.K, s);
+        }
+        dllm__dbuf x8, xb, s_x, s_w, y, ws;
+        bench_random_bytes(x8, (size_t)1024 * sh.K, 256 - 15, 31, seed, "q4wg bench");
+        BENCH_CHECK(xb.fit((size_t)1024 * sh.K * 2, "q4wg bench"));
+        bench_fill(rowwise, xb, (uint64_t)1024 * sh.K, s);
+        BENCH_CHECK(dllm__upload_f32(s_x, std::vector<float>(1024, 1e-2f), "q4wg bench"));
+        BENCH_CHECK(dllm__upload_f32(s_w, std::vector<float>((size_t)sh.N, 1e-3f), "q4wg bench"));
+        BENCH_CHECK(y.fit((size_t)1024 * sh.N * 2, "q4wg bench"));
+        const size_t ws_ints = dllm__q4wg_workspace_ints(sh.N);
+        BENCH_CHECK(ws.fit(ws_ints * 4, "q4wg bench"));
+        cudaMemsetAsync(ws.ptr, 0, ws_ints * 4, s);
+        for (int M : Ms) {
+            const double q4 = bench_us_each(s, 7, [&](int i) {
+                BENCH_CHECK(dllm__q4wg_gemm_run(k, DLLM__Q4_INT4, codes[(size_t)i % copies].ptr, s_w.as<float>(), x8.as<signed char>(),
+                                                s_x.as<float>(), y.as<bf16_t>(), M, sh.N, sh.K, ws.as<int>(), ws_ints, s));
+            });
+            const double bf16 = bench_us_each(s, 7, [&](int i) {
+                BENCH_CHECK(lt.run(xb.ptr, wb[(size_t)i % bf16_copies].ptr, y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s));
+            });
+            const double TBps = (double)code_bytes / q4 / 1e6;
+            const std::string at = dllm__format("q4wg %s M%d ", sh.name, M);
+            r.set(at + "us", q4), r.set(at + "cuBLASLt BF16 us", bf16), r.set(at + "vs cuBLASLt", q4 / bf16), r.set(at + "of copy", TBps / copy_TBps);
+            q4_sum[M] += q4, lt_sum[M] += bf16;
+            printf("| %s (N %d, K %d) | %d | %.1f | %.1f | %.3f | %.2f | %.0f%% |\n", sh.name, sh.N, sh.K, M, q4, bf16, q4 / bf16, TBps,
+                   100 * TBps / copy_TBps);
+        }
+    }
+    printf("\n| q4wg, the four projections summed | M | q4wg us | cuBLASLt BF16 us | ratio |\n|---|---|---|---|---|\n");
+    for (int M : Ms) {
+        r.set(dllm__format("q4wg summed M%d vs cuBLASLt", M), q4_sum[M] / lt_sum[M]);
+        printf("| (device copy %.2f TB/s) | %d | %.1f | %.1f | %.3f |\n", copy_TBps, M, q4_sum[M], lt_sum[M], q4_sum[M] / lt_sum[M]);
+    }
 }
 
 /* [INT8 GEMM] The GEMMs of many rows SoloQ-I / SoloQ-C / RTN-W4A4 run, at the LLaDA-8B shapes of a forward (O 4096 x
@@ -579,7 +652,7 @@ static double bench_dual_block_step(bench_result &r, dllm__gpu_backend *gpu, con
 
 /* The attention kernel alone at the LLaDA-8B shape (32 heads, head dim 128, random Q/K/V): a full forward's
  * 1024 x 1024, and a dual-cache block step's 32 queries over 1024 keys with the split-KV the backend picks.
- * The tile comes from the architecture table or DLLM_FA_BR / DLLM_FA_BC / DLLM_FA_MT. */
+ * The tile comes from the architecture table or DLLM_TILES (fa_br, fa_bc, fa_mt). */
 static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, cudaStream_t s) {
     const int H = 32, hd = 128, n = 1024, stride = 3 * H * hd;
     std::shared_ptr<dllm__module> mod, rowwise;
@@ -672,8 +745,8 @@ static dllm_ctx_params bench_gpu_params() {
     return cp;
 }
 
-/* [bd graphs] (DLLM_BD_GRAPHS, the default) The block step and the sub-block step of bench_block_diffusion, and the block step with
- * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (DLLM_NO_GRAPHS=1)
+/* [bd graphs] (bd_graphs, the default) The block step and the sub-block step of bench_block_diffusion, and the block step with
+ * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (no_graphs on)
  * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
  * 25's target: at most 0.60x). Returns the replayed block step's time. */
 static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *gpu, const dllm__bd_call &step, const dllm__bd_call &sub,
@@ -682,18 +755,16 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
     pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = mask_id;
     pick.pos0 = 0, pick.n = step.r1 - step.r0, pick.shift0 = 0, pick.lrow0 = 0;
     std::vector<dllm__choice> ch((size_t)pick.n);
-    setenv("DLLM_BD_GRAPHS", "1", 1);
+    dllm__env_set("bd_graphs", "1");
     double ms[2][3];  // [graphs][block step, sub-block step, block step with the device's choice]
     for (int graphs = 0; graphs < 2; graphs++) {
-        if (graphs) unsetenv("DLLM_NO_GRAPHS");
-        else setenv("DLLM_NO_GRAPHS", "1", 1);
-        dllm__env_reload();
+        dllm__env_set("no_graphs", graphs ? "0" : "1");
         ms[graphs][0] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
         ms[graphs][1] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(sub, logits.data())); });
         ms[graphs][2] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
     }
-    setenv("DLLM_BD_GRAPHS", "0", 1);
-    dllm__env_reload();
+    dllm__env_set("no_graphs", "0");
+    dllm__env_set("bd_graphs", "0");
     for (int graphs = 0; graphs < 2; graphs++) {
         const char *how = graphs ? "graph" : "eager";
         r.set(dllm__format("bd_block32_N1024_step_%s_ms", how), ms[graphs][0]);
@@ -734,7 +805,7 @@ static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, 
  * values), each kernel alone, back to back over 4 layers' caches (as a forward reads them: 4 BF16 caches are 268 MB, 4
  * KV4 caches 69 MB, both past the 50 MB L2). Codes and their scales are zeros (the kernels' time does not depend on them:
  * no branch on a code's value); queries and BF16 rows random. Target: the KV4 attention at least 2x faster. The
- * tensor-core kernels of DLLM_KVQ_TC=1 (kvq_flash + kvq_flash_combine, the plan bd_attention's launch takes) run on the
+ * tensor-core kernels of kvq_tc on (kvq_flash + kvq_flash_combine, the plan bd_attention's launch takes) run on the
  * same caches: the kv_attention_32k_kv4_*_tc rows. */
 static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int n_sms, cudaStream_t s) {
     const int H = 28, n_kv = 4, hd = 128, kvd = n_kv * hd, qkv = (H + 2 * n_kv) * hd, T = 32, n = 32768, n_keys = n + T, layers = 4;
@@ -882,8 +953,7 @@ static void bench_block_diffusion(bench_result &r) {
     dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
     const dllm__config &c = model->cfg;
     const int n = 1024, B = 32, S = 8;
-    setenv("DLLM_BD_GRAPHS", "0", 1);  // the rows without a graph suffix run eagerly; [bd graphs] sets it where it times graphs
-    dllm__env_reload();
+    dllm__env_set("bd_graphs", "0");  // the rows without a graph suffix run eagerly; [bd graphs] sets it where it times graphs
     std::vector<int32_t> ids((size_t)(n + B));
     for (int i = 0; i < n + B; i++) ids[(size_t)i] = i < n + 1 ? (i * 104729) % 150000 : c.mask_id;  // the block: the AR seed, then masks
     std::vector<float> logits((size_t)n * c.n_vocab);
@@ -915,13 +985,11 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_s", st.wall_ms / 1000);
     r.set("bd_gen_p512_g256_forwards", st.forwards);
-    setenv("DLLM_BD_GRAPHS", "1", 1);  // [bd graphs] the same generation with the step forwards replayed as graphs
-    dllm__env_reload();
+    dllm__env_set("bd_graphs", "1");  // [bd graphs] the same generation with the step forwards replayed as graphs
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
     r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
     r.set("bd_gen_graph_updates_refused", (double)gpu->bd_graph_refusals());
-    unsetenv("DLLM_BD_GRAPHS");  // the default (graphs) from here
-    dllm__env_reload();
+    dllm__env_reload();  // the default (graphs) from here
     bench_bd_batch(r, ctx, ids, gp);
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
@@ -1132,18 +1200,19 @@ static const char *bench_usage =
     "ratios to the PyTorch reference when its results are given. Modes (the default runs everything):\n"
     "  --quick            the dual-cache block step and the N=1024 forward, profiled, LaCache's components, and the\n"
     "                     block-diffusion block step at the Fast-dLLM v2 7B shape\n"
-    "  --attention-only   the attention kernels alone (compare tiles with DLLM_FA_*)\n"
+    "  --attention-only   the attention kernels alone (compare tiles with DLLM_TILES fa_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained; then its\n"
     "                     256-, 128- and 64-wide tiles at M = 32, 128, 512, 2048\n"
-    "  --q4-gemm-only     the W4 GEMM (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
+    "  --q4-gemm-only     q4wg (SoloQ-I, sm_90a) against cuBLASLt BF16 and the copy rate at M = 32 to 1024, then the W4 GEMM\n"
+    "                     (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"
     "  --batch-rows       the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens: time per step,\n"
     "                     tokens/s, fraction of the BF16 compute floor; then the batched dual-cache step (canvases of 1024,\n"
     "                     block 768..799, as torch_reference_batch.py's dual_block32_N1024) at batch 1 to 64, the same columns,\n"
     "                     and the step with its token choice on the device beside it; then both step times again under\n"
-    "                     DLLM_BATCH_GEMM_N=256, =128 and =64 (keys n256_..., n128_..., n64_...) with their ratio to the default's\n"
+    "                     DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_..., n128_..., n64_...) with their ratio to the default's\n"
     "  --batch-sizes LIST --batch-rows and --batch-w1 at these batches only (comma-separated, e.g. 1,16; by default\n"
     "                     1,4,8,16,32,64)\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
@@ -1233,10 +1302,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (q4_only) {
+        bench_q4wg(r, arch, s0);
         bench_q4_gemm(r, arch, s0);
         return 0;
     }
     if (int8_only) {
+        bench_q4wg(r, arch, s0);
         bench_int8_gemm(r, arch, s0);
         return 0;
     }
@@ -1257,8 +1328,7 @@ int main(int argc, char **argv) {
     if (batch_rows) {  // the default (each GEMM's faster width), then gemm_wg's widths forced (a context reads the switch when made)
         bench_batch_rows(r, config, s0, "");
         for (const char *width : {"256", "128", "64"}) {
-            setenv("DLLM_BATCH_GEMM_N", width, 1);
-            dllm__env_reload();
+            dllm__env_set("batch_gemm_n", width);
             bench_batch_rows(r, config, s0, dllm__format("n%s_", width).c_str());
         }
         return 0;
@@ -1267,6 +1337,7 @@ int main(int argc, char **argv) {
     if (attention_only) return 0;
     bench_rowwise(r, arch, s0);
     bench_gemm_wg(r, arch, s0, false);
+    if (!quick) bench_q4wg(r, arch, s0);
     if (!quick) bench_q4_gemm(r, arch, s0);
     if (!quick) bench_int8_gemm(r, arch, s0);
     if (quick) {  // the two step shapes that matter most, with their stage profiles
@@ -1521,7 +1592,7 @@ int main(int argc, char **argv) {
         printf("| %s | %.1f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f |\n", pn, r.v[k + "_ctx_create_s"], r.v[k + "_weights_GB"], step,
                step / r.v["dual_block32_N1024_step_ms"], fwd, fwd / r.v["fwd_full_N1024_ms"], r.v["W1_" + k + "_dual_s"]);
     }
-    if (r.v.count("fp8_mma_gemm_ffn_down_M32_TFLOPs")) {  // DLLM_FP8_GEMM=mma on sm_90, or sm_89
+    if (r.v.count("fp8_mma_gemm_ffn_down_M32_TFLOPs")) {  // DLLM_TILES=fp8_gemm=mma on sm_90, or sm_89
         printf("\n| FP8 GEMM TFLOP/s | dllm fp8_gemm (mma.sync) | cuBLASLt block-scaled |\n|---|---|---|\n");
         for (const char *shape : {"gate_up_M1024", "down_M1024", "gate_up_M32", "down_M32"}) {
             const std::string mma = dllm__format("fp8_mma_gemm_ffn_%s_TFLOPs", shape), lt = dllm__format("fp8_gemm_ffn_%s_TFLOPs", shape);

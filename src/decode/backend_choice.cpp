@@ -68,7 +68,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     dllm__soloq_options soloq;
-    DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, soloq));
+    DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
+                                      ctx.params.soloq_bias_correction, soloq));
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);

@@ -51,6 +51,7 @@ struct dllm__activations {
     dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
+    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's int32 split-K sums and tile counts (dllm__q4wg_workspace_ints), zero
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
@@ -61,7 +62,8 @@ struct dllm__activations {
                                        is_prompt.ptr, state.ptr,      committed.ptr, positions.ptr,
                                        h0.ptr,        qkv0.ptr,       fa_state.ptr,  attn_partial.ptr,
                                        act8.ptr,      act8_scale.ptr, q4a.ptr,       q4a_scale.ptr,
-                                       q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr};
+                                       q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr,
+                                       q4wg_ws.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }

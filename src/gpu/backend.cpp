@@ -71,7 +71,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
                               std::unique_ptr<dllm__backend_impl> &out) {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
-        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, g->soloq_));
+        DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction,
+                                          g->soloq_));
         g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
         g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
         DLLM__TRY(g->init(p.device));
@@ -107,7 +108,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_kv_unsupported() const;
     dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
-    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; DLLM_BD_BATCH): its slots and its forward
+    // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
     dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
@@ -197,7 +198,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (DLLM_KVQ_TC, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
@@ -217,6 +218,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
     dllm_status init(int device);
     dllm_status load_kernels();
+    dllm_status load_q4wg();
     dllm_status choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn);
     dllm_status fit_buffers(int batch, int seq, int lm_rows, bool lacache = false, bool kv_cache = false);
     // the forward and its stages (16.4.1)
@@ -334,10 +336,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__soloq_options soloq_;  // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> soloq_module_;  // loaded when soloq_.enabled
     dllm__soloq_kernels Q_;
-    dllm__q4_gemm_kernels q4_gemm_;  // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
-    bool q4_int8_ = true;            // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
-    int q4a_forms_ = 0;              // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
-    long q4_int8_launches_ = 0;      // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+    dllm__q4_gemm_kernels q4_gemm_;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    std::unique_ptr<dllm__q4wg_kernels> q4wg_;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
+    bool q4_int8_ = true;                       // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int q4a_forms_ = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long q4_int8_launches_ = 0;                 // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 
     // activations and the generation's state
     dllm__activations act_;
@@ -380,7 +383,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
         kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // DLLM_KVQ_TC: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__kvq_tc_kernels KQT_;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
     dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
     bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
@@ -496,7 +499,8 @@ dllm_status dllm__gpu_backend::init(int device) {
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
-    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr, w));
+    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr,
+                                    q4wg_.get(), w));
     W_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
@@ -570,10 +574,26 @@ dllm_status dllm__gpu_backend::load_kernels() {
         DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
         DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
     }
+    return load_q4wg();
+}
+
+/* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
+ * quantised. A module that does not load leaves the other paths, with one warning. */
+dllm_status dllm__gpu_backend::load_q4wg() {
+    const bool integer = dllm__q4_int_max(soloq_.weights) && dllm__q4_int_max(soloq_.acts) &&
+                         (soloq_.weights == DLLM__Q4_INT4 || soloq_.weights == DLLM__Q4_RTN);
+    if (!soloq_.enabled || !soloq_.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg) return DLLM_OK;
+    std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
+    if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "q4wg is not available, 4-bit GEMMs run on q4_gemm and the INT8 path: %s",
+                  dllm__tls_error.c_str());
+        return DLLM_OK;
+    }
+    q4wg_ = std::move(k);
     return DLLM_OK;
 }
 
-/* FP8 runs where the architecture table (or DLLM_FP8_GEMM) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
+/* FP8 runs where the architecture table (or DLLM_TILES fp8_gemm) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
     if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
@@ -583,7 +603,7 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
         dllm__log(
             DLLM_LOG_WARN,
             "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
-            "block-scaled FP8 on sm_90, and DLLM_FP8_GEMM=mma forces the kernel on newer GPUs): running BF16",
+            "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;
     }
@@ -663,8 +683,13 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
         if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts &&
-            M > (size_t)dllm__q4_max_rows)
+            (M > (size_t)dllm__q4_max_rows || W_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
+        if (W_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+            const void *was = A.q4wg_ws.ptr;
+            DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
+            if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
+        }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
         for (const auto &nk : shapes)
             split_k = std::max(

@@ -5,12 +5,12 @@
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
 // lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (DLLM_BATCH_FP8, on by default) an
+// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
 
@@ -113,7 +113,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
     return DLLM_OK;
 }
 
-/* [batch graphs] forward_varlen as a CUDA graph (DLLM_BATCH_GRAPHS, on by default): a batch steps many
+/* [batch graphs] forward_varlen as a CUDA graph (batch_graphs, on by default): a batch steps many
  * times through one layout (the same sequences, rows and positions within a block; only the token ids change, and they
  * reach act_.canvas by prepare_batch's copy before each forward), so its ~10 launches a layer are replayed from one
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,

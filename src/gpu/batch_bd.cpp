@@ -1,6 +1,6 @@
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
-// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; DLLM_BD_BATCH) ----------------
+// ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
 // (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
 // block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
@@ -11,7 +11,7 @@
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
-// bd_facache_rows). On by default; DLLM_BD_BATCH=0 turns it off.
+// bd_facache_rows). On wherever the items allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -123,9 +123,9 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 }
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
-    if (!dllm__env().bd_batch) return "(turned off by DLLM_BD_BATCH=0)";
+    if (!dllm__env().bd_batch) return "(bd_batch is off)";
     if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (turned off by DLLM_BATCH_FP8=0)";
+    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled())
         return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;

@@ -105,7 +105,7 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
 /* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
  * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
- * eager, as does everything under DLLM_NO_GRAPHS=1 or DLLM_BD_GRAPHS=0. */
+ * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
         head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;

@@ -12,17 +12,20 @@
  * it (decltype of the header's declaration, which is never called directly, so nothing links the library). */
 #define DLLM__NVRTC_FUNCS(X)                                                                                           \
     X(nvrtcVersion)                                                                                                    \
-    X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcAddNameExpression)                      \
-        X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)   \
-            X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetLoweredName)
+    X(nvrtcGetErrorString)                                                                                             \
+    X(nvrtcCreateProgram)                                                                                              \
+    X(nvrtcDestroyProgram) X(nvrtcAddNameExpression) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)                  \
+        X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX)                  \
+            X(nvrtcGetLoweredName)
 #define DLLM__CUBLASLT_FUNCS(X)                                                                                        \
     X(cublasLtCreate)                                                                                                  \
-    X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoCapGetAttribute) X(cublasLtMatmulAlgoCheck)               \
-        X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)                                \
-            X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                 \
-                X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) \
-                    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate)                              \
-                        X(cublasLtMatrixLayoutDestroy)
+    X(cublasLtDestroy)                                                                                                 \
+    X(cublasLtMatmul)                                                                                                  \
+    X(cublasLtMatmulAlgoCapGetAttribute) X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoConfigGetAttribute)            \
+        X(cublasLtMatmulAlgoConfigSetAttribute) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)          \
+            X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)           \
+                X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                             \
+                    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
 
 struct dllm__cuda_libs {
 #define DLLM__LIB_POINTER(name) decltype(&::name) name = nullptr;

@@ -74,7 +74,7 @@ dllm_status dllm__gpu_backend::profile_step(const dllm__decode &st, dllm__stage_
 }
 
 /* Tests (set_debug_rows): the logits the sampler sees at each (global step, block position), cond then uncond rows
- * (eager steps only: set DLLM_NO_GRAPHS). */
+ * (eager steps only: set no_graphs). */
 dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
     const dllm__config &c = m_.cfg;
     DLLM__CUDA(cudaStreamSynchronize(stream_));

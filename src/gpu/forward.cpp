@@ -7,7 +7,7 @@
  * 256-, 128- or 64-wide tile (gpu.gemm_wg_widths_give_the_same_bits, on the H100 and the H200). So the width may follow
  * the row count without breaking batch invariance, and it must: on the H100, 128 took 0.56-0.66x of 256's time for the
  * o and down projections at 32 to 512 rows, but 1.2-1.7x at 2048 rows and 1.25x for qkv at 32 rows; 64 beat both for
- * o and down at 128 rows. DLLM_BATCH_GEMM_N=256, 128 or 64 forces one. */
+ * o and down at 128 rows. DLLM_TILES=batch_gemm_n=256 (128, 64) forces one. */
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
     const dllm__gemm_wg *const by_width[3] = {
@@ -31,7 +31,6 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
  * whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
-    const bool all_independent = dllm__env().gemm_rows_independent;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
@@ -39,7 +38,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op))
                     return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
-            return rows != DLLM__ROWS_TUNED || all_independent ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+            return rows != DLLM__ROWS_TUNED ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
             if (rows == DLLM__ROWS_BATCH) return gemm_fp8_batch(W, x, y, M);
@@ -105,6 +104,7 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * than 64 rows the INT8 path reads the same 4-bit weights, writes int8 rows where the BF16 path writes bf16 ones (half
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
+    if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
     const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
     if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
@@ -121,12 +121,13 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
  *     the epilogue (acc s_x) s_w into y.
+ *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
+ *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
  * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
-    const bool quantize = soloq_.quantize_acts,
-               pinned = rows == DLLM__ROWS_INDEPENDENT || dllm__env().gemm_rows_independent;
+    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
     const bool int8 = q4_int8(W, M, pinned);
     if (x) {
         DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M,
@@ -135,6 +136,12 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
         return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values",
                           M, int8 ? "int8" : "bf16");
+    }
+    if (W.q4->packed) {  // a layer linear: its output is bf16
+        if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
+        return dllm__q4wg_gemm_run(*q4wg_, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
+                                   act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
+                                   act_.q4wg_ws.bytes / 4, stream_);
     }
     if (int8) return gemm_q4_int8(W, y, M, out);
     const int scale_bytes = (W.k + 15) / 16;

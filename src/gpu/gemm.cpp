@@ -52,7 +52,7 @@ struct dllm__gemm_wg {
     dllm__kernel<void(gemm_wg_args, dllm__gemm_tensor_maps)> kernel;
     size_t smem = 0;
     int clusters = 0;  // clusters of two CTAs the GPU holds at once
-    int bn = 256;      // output tile width: 256, or 128 (DLLM_BATCH_GEMM_N)
+    int bn = 256;      // output tile width: 256, or 128 (DLLM_TILES batch_gemm_n)
     /* Whether it runs Y [M x N] = X . W^T: whole bn-wide column tiles, 16-byte rows and bases for TMA. */
     bool fits(const void *X, const void *W, const void *Y, int N, int K) const {
         return kernel.fn && N > 0 && N % bn == 0 && K % 8 == 0 &&
@@ -494,7 +494,7 @@ static const int dllm__batch_gemm_widths[3] = {256, 128, 64};
 
 /* [batch] The fastest of the candidates by_width[] (null: not loaded, or not fitting op) for op's N, K and number of
  * 128-row tiles, as its index, timed once a process and device on op's operands (its output is overwritten by the
- * launch that follows). Untimed (DLLM_GEMM_AUTOTUNE=0, or inside a graph capture) a rule from the H100's timings: 128
+ * launch that follows). Untimed (DLLM_DEBUG_PLAIN=1, or inside a graph capture) a rule from the H100's timings: 128
  * for N <= 4096 up to 1024 rows, else 256 (whichever of the two is a candidate). The width changes no bit (gemm_wg's
  * widths agree), so neither the timing nor the rule can make a sequence's output depend on its batch. On the H100, 64
  * took 0.83-0.87x of 128's time for the o and down projections at 128 rows, and lost elsewhere. The index may name a
@@ -543,7 +543,7 @@ struct dllm__fp8_mma {
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
-/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_FP8_GEMM=mma),
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_TILES=fp8_gemm=mma),
  * with fewer stages where its shared memory per block is smaller. */
 static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     int dev = 0, optin = 0;

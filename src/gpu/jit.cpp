@@ -10,7 +10,7 @@
 
 /* How a GPU runs the FP8 GEMMs of dllm_precision (1x128 activation groups x 128x128 weight blocks). Only Hopper
  * has them in cuBLASLt; Ada (sm_89) has FP8 tensor cores but no block-scaled cuBLASLt mode, so it runs dllm's own
- * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_FP8_GEMM=mma). */
+ * mma.sync kernel (dllm__src_fp8_gemm), which sm_90 can run too (DLLM_TILES=fp8_gemm=mma). */
 enum dllm__fp8_gemm {
     DLLM__FP8_NONE = 0,  // FP8 requested: run BF16 and say so in one warning
     DLLM__FP8_CUBLASLT_BLOCK = 1,
@@ -89,7 +89,15 @@ static dllm__arch dllm__arch_for(int cc) {
     if (a.cc == 90 && (wg_bc == 0 || wg_bc == 64 || wg_bc == 128))
         a.fa_wg_bc = wg_bc;
     else if (wg_bc != a.fa_wg_bc)
-        dllm__log(DLLM_LOG_WARN, "DLLM_FA_WG_BC=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
+        dllm__log(DLLM_LOG_WARN, "DLLM_TILES fa_wg_bc=%d ignored: 0, 64 or 128, on sm_90 only", wg_bc);
+    static std::once_flag tiles_warned;
+    if (!env.tiles_error.empty())
+        std::call_once(tiles_warned, [&] {
+            dllm__log(DLLM_LOG_WARN,
+                      "DLLM_TILES: \"%s\" not understood (keys fa_br, fa_bc, fa_mt, fa_stages, fa_kv_ctas, fa_wg_bc, "
+                      "fa_wg_stages, batch_gemm_n, soloq_split with a number; fp8_gemm=mma or cublaslt)",
+                      env.tiles_error.c_str());
+        });
     return a;
 }
 

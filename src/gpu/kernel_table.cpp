@@ -28,12 +28,13 @@ typedef unsigned long long u64;
 /* The decoding state that lives on the device so that a captured step graph can replay unchanged. */
 #define DLLM__STEP_STATE_FIELDS(X)                                                                                     \
     X(int, block_begin)                                                                                                \
-    X(int, block_end)                                 /* current block [begin, end) */                                 \
-        X(int, steps_per_block) X(int, step_in_block) /* advanced by select_commit */                                  \
-        X(int, global_step)                           /* keys the RNG; advanced by select_commit */                    \
-        X(int, n_block_masks)                         /* masks in the block at its first step */                       \
-        X(int, n_committed)                           /* positions committed by the last step */                       \
-        X(int, n_block_left)                          /* masks left in the block after the last step */
+    X(int, block_end) /* current block [begin, end) */                                                                 \
+    X(int, steps_per_block)                                                                                            \
+    X(int, step_in_block) /* advanced by select_commit */                                                              \
+    X(int, global_step)   /* keys the RNG; advanced by select_commit */                                                \
+    X(int, n_block_masks) /* masks in the block at its first step */                                                   \
+    X(int, n_committed)   /* positions committed by the last step */                                                   \
+    X(int, n_block_left)  /* masks left in the block after the last step */
 
 /* One sampler CTA's statistics of its vocabulary slice for one row (conf_partial_kernel -> conf_combine_kernel). */
 #define DLLM__CONF_PARTIAL_FIELDS(X)                                                                                   \
@@ -51,7 +52,9 @@ typedef unsigned long long u64;
     X(const float *, uncond) /* CFG: unconditional logits with the same layout, or null */                             \
     X(float, cfg_weight)     /* s + 1: logits = U + (s + 1)(C - U) */                                                  \
     X(int, vocab)                                                                                                      \
-    X(int, slice) X(int, n_slices) X(int, n_rows) X(int, pos0) /* canvas position of row 0 */                          \
+    X(int, slice)                                                                                                      \
+    X(int, n_slices)                                                                                                   \
+    X(int, n_rows) X(int, pos0)      /* canvas position of row 0 */                                                    \
         X(int, lrow0) X(int, shift0) /* logits row of row r: (shift0 ? max(r - 1, 0) : r) + lrow0 (Dream's shift) */   \
         X(int, raw_rows)             /* logits rows per batch entry in the buffer */                                   \
         X(double, temperature) X(u64, seed) X(int, eos_inf) X(int, eos_id) X(int, eot_id) X(int, defer_eos_eot)        \
@@ -66,9 +69,10 @@ typedef unsigned long long u64;
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
 #define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
     X(const bf16_t *, q)                                                                                                 \
-    X(const bf16_t *, k) X(const bf16_t *, v) X(bf16_t *, o)                                                             \
-        X(const unsigned char *, key_valid) /* [batch][seq] or null */                                                   \
-        X(int, seq) X(int, q_rows)          /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */   \
+    X(const bf16_t *, k)                                                                                                 \
+    X(const bf16_t *, v)                                                                                                 \
+    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                        \
+        X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */            \
         X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
         X(u64, q_bstride) X(u64, o_bstride)                                                                              \
             X(const dllm_step_state *,                                                                                   \
@@ -95,7 +99,9 @@ typedef unsigned long long u64;
 #define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
     X(const void *, x)                                                                                                                                \
     X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
-        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                  \
+    X(const int *, perm)                                                                                                                              \
+    X(const unsigned char *, signs)                                                                                                                   \
+    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                                                           \
         X(unsigned char *, codes)                                                                                                                     \
             X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
         X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
@@ -261,11 +267,13 @@ static const char *dllm__src_soloq = DLLM__KERNEL_FILE("soloq.cuh");
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
     X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
     X(unsigned char *, k_codes)                                                                                        \
-    X(unsigned char *, v_codes)      /* the layer's [cap][kvd bits / 8] (9c's packing) */                              \
-        X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                     \
-        X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                        \
-        X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                          \
-        X(const int *, perm) X(const unsigned char *, signs) X(const float *, mixer) /* SoloQ: the layer's R (9b) */   \
+    X(unsigned char *, v_codes)  /* the layer's [cap][kvd bits / 8] (9c's packing) */                                  \
+    X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
+    X(unsigned short *, v_pairs) /* KIVI: [cap][n_kv][2] */                                                            \
+    X(float *, v_scale)          /* SoloQ: [cap][n_kv] */                                                              \
+    X(const int *, perm)                                                                                               \
+    X(const unsigned char *, signs)                                                                                    \
+    X(const float *, mixer) /* SoloQ: the layer's R (9b) */                                                            \
         X(int, rot_b) X(int, rot_k) X(float, rot_norm) X(int, n_kv) X(int, hd) X(int, bits) X(int, soloq)              \
             X(int, n_sink) X(int, group) X(int, row0) X(int, rows) /* commits: rows [row0, row0 + rows) */             \
         X(const bf16_t *, q) X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) /* attention */           \
@@ -290,7 +298,7 @@ static const char *dllm__src_warp_softmax = DLLM__KERNEL_FILE("warp_softmax.cuh"
 
 static const char *dllm__src_kvq = DLLM__KERNEL_FILE("kvq.cuh");
 
-/* [KV quant] The block step's attention over the quantised cache on tensor cores (DLLM_KVQ_TC, on by default; twin:
+/* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
  * the 7B shape) with scalar FMAs; here the codes are read and decoded once per kv head:
  *   kvq_flash: flash-decoding split over the keys, one CTA per (key split, kv head, tile of query rows). A CTA holds
@@ -331,8 +339,10 @@ static const char *dllm__src_kvq_tc = DLLM__KERNEL_FILE("kvq_tc.cuh");
 #define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
     X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
     X(const bf16_t *, q)                                                                                               \
-    X(bf16_t *, o) X(int, q_stride) X(int, o_stride) X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale)            \
-        X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0)                                         \
+    X(bf16_t *, o)                                                                                                     \
+    X(int, q_stride)                                                                                                   \
+    X(int, o_stride) X(int, n_head) X(int, n_kv) X(int, hd) X(float, scale) X(int, n_keys) X(int, n_committed)         \
+        X(int, mask_block) X(int, q_index0)                                                                            \
             X(const int *, rows) /* bdfa_committed: the forward's rows whose state is computed, one per grid.x */      \
         X(const int *, n_rows)   /* null, or how many rows are listed (a graph's launch covers every row) */           \
         X(int, offset)           /* the block offset of the forward's row 0 */                                         \
@@ -356,7 +366,7 @@ static const char *dllm__src_bdfa = DLLM__KERNEL_FILE("bdfa.cuh");
 static const char *dllm__src_mma = DLLM__KERNEL_FILE("mma.cuh");
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
- * it with DLLM_FP8_GEMM=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
+ * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
  * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
  * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
  * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
@@ -385,7 +395,9 @@ static const char *dllm__src_fp8_gemm = DLLM__KERNEL_FILE("fp8_gemm.cuh");
     X(void *, y)                           /* y[m * ldy + y_col0 + n], bf16 or fp32 (y_f32) */                         \
     X(float *, partial)                                                                                                \
     X(int, lda)                                                                                                        \
-    X(int, ldy) X(int, y_col0) X(int, y_f32) X(int, M) X(int, N) X(int, K) X(int, k_splits)                            \
+    X(int, ldy)                                                                                                        \
+    X(int, y_col0)                                                                                                     \
+    X(int, y_f32) X(int, M) X(int, N) X(int, K) X(int, k_splits)                                                       \
         X(int, chunks_per_split) /* K in chunks of Q4_KC; split s takes chunks [s * cps, (s + 1) * cps) */
 struct q4_gemm_args {
     DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)

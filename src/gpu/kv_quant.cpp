@@ -16,7 +16,7 @@ static dllm__jit_request dllm__module_kvq(const dllm__arch &arch) {
     return {"dllm_kvq", dllm__src_kvq_module(), {DLLM__KVQ_KERNELS(DLLM__KERNEL_NAME)}, arch.target};
 }
 
-/* [KV quant] kvq_flash's tiles (DLLM_KVQ_TC): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
+/* [KV quant] kvq_flash's tiles (kvq_tc): keys per tile (64; 32 past head dim 128, where a tile's rows are twice
  * as wide), the key groups whose pairs a stage holds (the 7B shape's tile of 64 keys spans 2 groups of 32; a tile
  * spanning more reads the rest from global memory), warps at most (one m16 tile of query rows each; 14 hold the 7B
  * shape's 7 x 32 rows of a kv head, at 128 registers a thread: 4 warps share a sub-partition's 16K registers; 8 at
@@ -78,8 +78,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (hd % 16 || hd > 256 || n_kv <= 0 || n_head % n_kv)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "DLLM_KVQ_TC: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_KVQ_TC=0 takes it everywhere)",
+            "kvq_tc: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes it everywhere)",
             hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
@@ -88,7 +88,7 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "DLLM_KVQ_TC: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
             hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
     dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
@@ -163,7 +163,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
 
-/* DLLM_KVQ_TC: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
+/* kvq_tc: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
  * dim it does not take keeps kvq_attention (a warning says why). */
 dllm_status dllm__gpu_backend::kvq_tc_begin() {
     const dllm__config &c = m_.cfg;
@@ -176,7 +176,7 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     }
     if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
     DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
-                               "the split states of the tensor-core KV-quant attention (DLLM_KVQ_TC)"));
+                               "the split states of the tensor-core KV-quant attention (kvq_tc)"));
     kvq_tc_on_ = true;
     return DLLM_OK;
 }
@@ -217,7 +217,7 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
 }
 
 /* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_flash (the default, DLLM_KVQ_TC) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
  * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
     const dllm__config &c = m_.cfg;

@@ -57,7 +57,7 @@ static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
             arch.target};
 }
 
-/* The FP8 GEMM a GPU runs: its table row's, or DLLM_FP8_GEMM's where this GPU can run that one (so that an H200 can
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one (so that an H200 can
  * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
@@ -67,18 +67,19 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_FP8_GEMM=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
         if (a.cc != 90)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_FP8_GEMM=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d", a.cc);
+                "DLLM_TILES fp8_gemm=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d",
+                a.cc);
         out = DLLM__FP8_CUBLASLT_BLOCK;
     } else {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_FP8_GEMM=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
+                          "DLLM_TILES fp8_gemm=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
     }
     return DLLM_OK;
 }
@@ -190,7 +191,7 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
  * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
  * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
  * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
- * sm_89's opt-in limit; the DLLM_FA_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+ * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
 static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
     if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
     if (hd > 128) {
@@ -331,7 +332,7 @@ static dllm_status dllm__attn_kernels_of(dllm__module &mod, const dllm__arch &ar
 }
 
 /* Whether kernels on the current device launch with programmatic dependent launch: sm_90 and newer, unless
- * DLLM_PDL=0. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
+ * DLLM_DEBUG_PLAIN=1. A 32-row block step is ~13 short kernels a layer; without it each one's launch waits for the
  * previous kernel to drain (see pdl_enter, which every kernel calls first). */
 static bool dllm__pdl_on() {
     static std::atomic<int> cached[16];  // per device: 0 unknown, 1 off, 2 on

@@ -55,7 +55,7 @@ static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
     // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while
-    // splitting the norm producer too (DLLM_SOLOQ_SPLIT=2) took its 64 launches from 1.28 to 2.11 ms a step.
+    // splitting the norm producer too (DLLM_TILES=soloq_split=2) took its 64 launches from 1.28 to 2.11 ms a step.
     const int split = dllm__env().soloq_split >= 0 ? dllm__env().soloq_split : 1;
     a.cluster = split == 0 || (split == 1 && a.producer == 1) || a.rows > 64 ? 1 : dllm__soloq_split(k, a.d, a.rot_b);
     const int n = a.d / a.cluster;  // shared memory: the row buffer (d), a slice, producer 1's normalised row
@@ -179,8 +179,19 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     return DLLM_OK;
 }
 
+/* [W4 GEMM] Every layer linear that q4wg takes into its layout (the LM head keeps section 9b's rows: its many rows would
+ * need a workspace of their own). */
+static dllm_status dllm__gpu_weights_pack_q4wg(dllm__gpu_weights &w, const dllm__q4wg_kernels &k, cudaStream_t stream) {
+    for (dllm__gpu_layer &G : w.layers)
+        for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
+            if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
+                DLLM__TRY(dllm__q4wg_pack(k, *W, stream));
+    return DLLM_OK;
+}
+
 static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k,
-                                           const dllm__soloq_kernels *q, dllm__gpu_weights &w) {
+                                           const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                           dllm__gpu_weights &w) {
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
@@ -193,6 +204,7 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
               : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
         if (s == DLLM_OK)
             dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
+        if (s == DLLM_OK && w.q4wg) s = dllm__gpu_weights_pack_q4wg(w, *q4wg, stream);
     }
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
@@ -211,7 +223,8 @@ static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__s
 
 static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn,
                                          const dllm__soloq_options &soloq, const dllm__rowwise_kernels &k,
-                                         const dllm__soloq_kernels *q, std::shared_ptr<dllm__gpu_weights> &out) {
+                                         const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                         std::shared_ptr<dllm__gpu_weights> &out) {
     std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
     auto &cache = m.gpu_weights;
     cache.erase(std::remove_if(cache.begin(), cache.end(),
@@ -220,13 +233,13 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     for (const std::weak_ptr<dllm__gpu_weights> &held : cache)
         if (std::shared_ptr<dllm__gpu_weights> w = held.lock())
             if (w->device == device && w->fp8_ffn == fp8_ffn && w->fp8_attn == fp8_attn &&
-                dllm__same_soloq_weights(w->soloq, soloq)) {
+                dllm__same_soloq_weights(w->soloq, soloq) && w->q4wg == (q4wg != nullptr)) {
                 out = w;
                 return DLLM_OK;
             }
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
-    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq;
-    DLLM__TRY(dllm__gpu_weights_build(m, k, q, *w));
+    w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
+    DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, *w));
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
               w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);

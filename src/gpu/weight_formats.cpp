@@ -9,7 +9,7 @@
 //     16.4 the backend: forward (LaCache's [EmbedCache] [RoPECache] [FACache] in layer 0, [truncation] in the last
 //          layer, [FP8 fused norm+quantise], [dual cache] / [prefix cache], [DPad] positions), LM head, sampler,
 //          [step graphs]; the [batch] forward, its K/V-cache step and the batched block-diffusion forward
-//          (bd_forward_batch; DLLM_BD_BATCH=0 turns it off)
+//          (bd_forward_batch)
 //          16.4.3 [block diffusion]: bd_begin / bd_forward over a committed-block K/V cache, logits to the host
 //     16.5 [debug hooks] stage timers and logit recording for tests and benchmarks
 //     Weights are BF16 with the projections fused (Q|K|V rows, gate|up rows); norms, biases and RoPE tables stay
@@ -29,9 +29,10 @@ enum dllm__wformat {
         1,           // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                      // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
     DLLM__W_Q4 = 2,  // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-                     // scales [n][ceil(k / 16)]), an fp32 row scale each: q4_gemm on few rows, else the INT8 GEMM
-                     // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
-                     // (dllm__gpu_backend::gemm_q4)
+    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the integer formats' layer linears are
+    // re-laid out for q4wg, which then runs every GEMM of theirs): q4_gemm on few rows, else the INT8 GEMM
+    // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
+    // (dllm__gpu_backend::gemm_q4)
 };
 enum dllm__aformat {
     DLLM__A_BF16 = 0,        // bf16 rows [M x k]
@@ -60,6 +61,7 @@ struct dllm__rotation_dev {
 };
 struct dllm__q4_site {
     dllm__q4_format format = DLLM__Q4_INT4;
+    bool packed = false;      // [W4 GEMM] the codes in q4wg's layout (dllm__q4wg_pack), not section 9b's rows
     dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3
     std::shared_ptr<const dllm__rotation_dev> rot;
 };
@@ -86,7 +88,7 @@ struct dllm__linear {
  * the bits it has in any other launch of the same shape: one algorithm per (format, N, K), launches of at most
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
- * depend on its batch). DLLM_GEMM_ROWS=independent makes every BF16 GEMM INDEPENDENT, to measure what that costs.
+ * depend on its batch).
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
  * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a

@@ -15,6 +15,7 @@ struct dllm__gpu_weights {
     int device = 0;
     bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
     dllm__soloq_options soloq;  // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
+    bool q4wg = false;  // [W4 GEMM] the layer linears q4wg takes are in its layout (dllm__gpu_weights_pack_q4wg)
     std::vector<dllm__gpu_layer> layers;
     dllm__dbuf embed;       // bf16 [vocab x d]: the embedding table
     dllm__linear head;      // the LM head; empty when tied to the embedding table
@@ -88,7 +89,7 @@ struct dllm__kvq_kernels {
     dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
     dllm__kernel<dllm__sig_kvq_attention> attention;
 };
-/* DLLM_KVQ_TC (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_kvq_flash> flash;

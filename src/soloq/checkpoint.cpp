@@ -112,9 +112,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
             file, v.c_str());
     bool head = false;
     DLLM__TRY(dllm__meta_flag(meta, file, "dllm.quantize_lm_head", head));
-    dllm__soloq_options
-        o;  // the precision's formats; the rotation and the correction as recorded (below), not as switched
-    DLLM__TRY(dllm__soloq_options_for(s.precision, head, o));
+    dllm__soloq_options o;  // the precision's formats; the rotation and the correction as recorded (below)
+    DLLM__TRY(dllm__soloq_options_for(s.precision, head, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o));
     DLLM__TRY(dllm__meta_get(meta, file, "dllm.weight_format", v));
     if (v != dllm__q4_names[o.weights])
         return dllm__fail(
@@ -287,8 +286,9 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
 
 /* A context's precision on model m: AUTO resolves to what a quantised checkpoint holds (else BF16); on a quantised
  * checkpoint only the recorded weight format's two precisions (W4A4 and -W4A16) are valid, with the recorded rotation
- * and bias correction (an ablation switch set to anything else is an error: the weights were made without it). */
-static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int &precision) {
+ * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made without it). */
+static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int rotation, int bias_correction,
+                                           int &precision) {
     precision = asked;
     if (!m.soloq) {
         if (asked == DLLM_PRECISION_AUTO) precision = DLLM_PRECISION_BF16;
@@ -305,18 +305,18 @@ static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int &
             m.dir.c_str(), dllm__q4_names[s.opt.weights], dllm__precision_name(s.precision),
             dllm__precision_name(precision), dllm__precision_name(base(s.precision)),
             dllm__precision_name(base(s.precision)));
-    const dllm__env_switches &e = dllm__env();
-    if (s.opt.weights != DLLM__Q4_RTN && !e.soloq_rotation.empty() &&
-        e.soloq_rotation != dllm__rot_names[s.opt.rotation])
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_SOLOQ_ROTATION=%s, but %s was quantised with rotation %s: unset it or quantise again",
-                          e.soloq_rotation.c_str(), m.dir.c_str(), dllm__rot_names[s.opt.rotation]);
-    if (s.opt.weights != DLLM__Q4_RTN && !e.soloq_bias_correction.empty() &&
-        (e.soloq_bias_correction == "1") != s.opt.bias_correction)
+    if (s.opt.weights != DLLM__Q4_RTN && rotation != DLLM_SOLOQ_ROTATION_DEFAULT && rotation - 1 != s.opt.rotation)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "DLLM_SOLOQ_BIAS_CORRECTION=%s, but %s was quantised with bias correction %s: unset it or quantise again",
-            e.soloq_bias_correction.c_str(), m.dir.c_str(), s.opt.bias_correction ? "on" : "off");
+            "soloq_rotation %s (--soloq-rotation), but %s was quantised with rotation %s: leave it out or "
+            "quantise again",
+            dllm__rot_names[rotation - 1], m.dir.c_str(), dllm__rot_names[s.opt.rotation]);
+    if (s.opt.weights != DLLM__Q4_RTN && bias_correction >= 0 && (bias_correction == 1) != s.opt.bias_correction)
+        return dllm__fail(
+            DLLM_ERR_INVALID_ARGUMENT,
+            "soloq_bias_correction %d (--soloq-bias-correction), but %s was quantised with bias correction "
+            "%s: leave it out or quantise again",
+            bias_correction, m.dir.c_str(), s.opt.bias_correction ? "on" : "off");
     return DLLM_OK;
 }
 

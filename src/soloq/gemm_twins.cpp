@@ -77,3 +77,22 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
             y[(size_t)m * ldy + n] = ((float)acc * s_x[m]) * s_w[n];
         }
 }
+
+// ---- [W4 GEMM] q4wg's layout twin: canonical rows into the packed layout q4wg_gemm reads (GPU: q4wg_prepack) ----
+
+/* Per 64-row tile and 128-wide k block, 4096 bytes [h 0..1][thread 0..127][16 bytes]: byte 4 j + b of a thread's 16
+ * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) + b
+ * (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
+[[maybe_unused]] static void dllm__q4wg_prepack(const uint8_t *rows, int n, int k, uint8_t *packed) {
+    auto nibble = [&](int row, int kk) { return rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15; };
+    const int kb_count = k / 128;
+    for (size_t i = 0; i < (size_t)n * k / 2; i++) {
+        const int byte = (int)(i % 4096), b = byte & 3, j = (byte >> 2) & 3, thread = (byte >> 4) & 127, h = byte >> 11;
+        const int warp = thread >> 5, lane = thread & 31;
+        const size_t block = i / 4096;
+        const int tile = (int)(block / kb_count), kb = (int)(block % kb_count);
+        const int s = 2 * h + (j >> 1), row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+        const int kk = 128 * kb + 32 * s + 4 * (lane % 4) + b;
+        packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
+    }
+}

@@ -273,7 +273,7 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (DLLM_KVQ_TC, on by default; device: kvq_split, kvq_n_splits): the bf16
+/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the bf16
  * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
  * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
  * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
@@ -307,7 +307,7 @@ static void dllm__kvq_tc_split(int n_keys, int n_committed, int n_sink, int spli
     j0 = j1 = 0, quant = false;
 }
 
-/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, DLLM_KVQ_TC) as they compute it, up to
+/* The block-causal attention of kvq_flash + kvq_flash_combine (section 13, kvq_tc) as they compute it, up to
  * fp32 summation order and the device's ex2.approx: the CPU twin the GPU tests compare them with. Inputs as the device
  * holds them: layer l's codes in q; `cache` [rows][2 kvd] the bf16 K|V rows (as floats) that the sinks and the rows
  * from n_committed on are read from; queries x [q_rows][q_stride] (bf16 values, head h at h * hd); out [q_rows][n_head

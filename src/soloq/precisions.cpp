@@ -2,8 +2,7 @@
 
 // ---- SoloQ precisions on the CPU: options, quantised weights, the linear hook -------------------------------
 
-/* How a precision quantises (dllm.h's dllm_precision; the ablation switches DLLM_SOLOQ_ROTATION and
- * DLLM_SOLOQ_BIAS_CORRECTION). */
+/* How a precision quantises (dllm.h's dllm_precision, with the soloq_rotation and soloq_bias_correction parameters). */
 struct dllm__soloq_options {
     bool enabled = false;
     dllm__q4_format weights = DLLM__Q4_NVFP4, acts = DLLM__Q4_NVFP4;
@@ -14,6 +13,17 @@ struct dllm__soloq_options {
     uint64_t seed = 0x50104b52504248ull;  // "SoloKRPBH"-ish: the rotations' Philox key
 };
 
+/* A caller's soloq_rotation and soloq_bias_correction (dllm_ctx_params, dllm_quantize_params): `who` names the call. */
+static dllm_status dllm__soloq_check_ablation(const char *who, int rotation, int bias_correction) {
+    if (rotation < DLLM_SOLOQ_ROTATION_DEFAULT || rotation > DLLM_SOLOQ_ROTATION_HAAR)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: soloq_rotation %d must be a dllm_soloq_rotation (0 to 6)",
+                          who, rotation);
+    if (bias_correction < -1 || bias_correction > 1)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: soloq_bias_correction %d must be -1 (default), 0 or 1", who,
+                          bias_correction);
+    return DLLM_OK;
+}
+
 static bool dllm__precision_is_soloq(int p) { return p >= DLLM_PRECISION_SOLOQ_N && p <= DLLM_PRECISION_RTN_W4A16; }
 
 static const char *dllm__precision_name(int p) {
@@ -23,7 +33,10 @@ static const char *dllm__precision_name(int p) {
     return p >= 0 && p <= DLLM_PRECISION_RTN_W4A16 ? names[p] : "(unknown)";
 }
 
-static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dllm__soloq_options &o) {
+/* The options of `precision`; rotation (a dllm_soloq_rotation) and bias_correction (-1: the default) as the caller's
+ * parameters ask, both checked by dllm__soloq_check_ablation. */
+static dllm_status dllm__soloq_options_for(int precision, int quantize_head, int rotation, int bias_correction,
+                                           dllm__soloq_options &o) {
     o = dllm__soloq_options();
     if (!dllm__precision_is_soloq(precision)) return DLLM_OK;
     o.enabled = true;
@@ -39,22 +52,8 @@ static dllm_status dllm__soloq_options_for(int precision, int quantize_head, dll
         o.bias_correction = false;
         return DLLM_OK;
     }
-    if (!dllm__env().soloq_rotation.empty()) {
-        const char *e = dllm__env().soloq_rotation.c_str();
-        int k = -1;
-        for (int i = 0; i < 6; i++)
-            if (!strcmp(e, dllm__rot_names[i])) k = i;
-        if (k < 0)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                              "DLLM_SOLOQ_ROTATION=%s: expected none, hadamard, rpbh, mixer, krpbh or haar", e);
-        o.rotation = (dllm__rot_kind)k;
-    }
-    if (!dllm__env().soloq_bias_correction.empty()) {
-        const char *e = dllm__env().soloq_bias_correction.c_str();
-        if (strcmp(e, "0") && strcmp(e, "1"))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "DLLM_SOLOQ_BIAS_CORRECTION=%s: expected 0 or 1", e);
-        o.bias_correction = e[0] == '1';
-    }
+    if (rotation != DLLM_SOLOQ_ROTATION_DEFAULT) o.rotation = (dllm__rot_kind)(rotation - 1);
+    if (bias_correction >= 0) o.bias_correction = bias_correction == 1;
     return DLLM_OK;
 }
 
@@ -108,7 +107,7 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_SOLOQ_ROTATION=haar builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
                 dllm__haar_max_d, d);
     }
     return DLLM_OK;
