@@ -99,25 +99,34 @@ static void usage(FILE *f) {
             "  --system TEXT          a system message first (with the chat template); alias -sys, --system-prompt\n"
             "  --raw                  tokenize the text as given, without the chat template\n"
             "  --no-parse-special     the prompt's text is plain text: \"<|eot_id|>\" typed in it is not the special token\n"
-            "  --visual               redraw the whole canvas after every step, masks shown as '_'; alias --diffusion-visual\n"
+            "  --visual               redraw the whole canvas after every step, masks shown as '_' and the end of the\n"
+            "                         answer (EOS / EoT) as [EOS] / [EOT]; alias --diffusion-visual\n"
             "  --json                 print one JSON object on stdout instead of text: {\"text\", \"ids\", \"stats\"} (one line\n"
-            "                         per turn with -i)\n"
+            "                         per turn with -i; with --prompts one line per prompt: {\"index\", \"text\", \"ids\",\n"
+            "                         \"stats\"}, or {\"index\", \"error\"} for a prompt that failed)\n"
             "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
             "  --prompts FILE         many prompts, one a line (empty lines skipped), each through the chat template as\n"
             "                         -p; decoded in batches (dllm_generate_batch), each exactly as if alone. Prints the\n"
-            "                         final answers only, in input order: \"[N] answer\" (N from 0), then its \"ids:\" line\n"
-            "                         with --print-ids; one stats line per batch on stderr\n"
+            "                         final answers only, in input order, one line each: \"[N] answer\" (N from 0; a\n"
+            "                         backslash, newline and carriage return in the answer written as \\\\, \\n and \\r),\n"
+            "                         then its \"ids:\" line with --print-ids; one stats line per batch on stderr. A prompt\n"
+            "                         that cannot decode is reported as \"prompt N: ...\" on stderr, the others still\n"
+            "                         print, and the exit status is 1\n"
             "  --batch N              --prompts: how many prompts decode together (default 8)\n"
             "\n"
             "  -n, --gen-length N     tokens to generate (default 128); alias --n-predict\n"
             "  --block N              block length (default: the largest divisor of -n up to 32); alias --diffusion-block-length\n"
-            "  --steps N              denoising steps in total (default: -n, one token a step); alias --diffusion-steps\n"
-            "  --temp T               temperature, 0 = greedy (default 0); > 0 draws a fresh seed unless --seed is given\n"
+            "  --steps N              denoising steps in total (default: -n, one token a step, also the most that commit\n"
+            "                         anything); LLaDA and Dream only; alias --diffusion-steps\n"
+            "  --temp T               temperature, 0 = greedy (default 0), at most 16 (beyond it the Gumbel-max sampler\n"
+            "                         overflows); > 0 draws a fresh seed unless --seed is given\n"
             "  --top-k K              sample among the K most likely tokens (0 = off); ties at the K-th are kept\n"
             "  --top-p P              ... among the most likely tokens whose probability mass reaches P (1 = off)\n"
             "  --min-p P              ... among tokens with p >= P * p(most likely) (0 = off). The three filters apply to\n"
             "                         softmax(logits / temp) and intersect; the confidence sees the filtered row (as Dream)\n"
-            "  --stop STR             end the answer before STR and stop decoding (repeatable)\n"
+            "  --stop STR             end the answer before STR and stop decoding (repeatable); --json, --print-ids and\n"
+            "                         the stats line then count the ids of the answer before STR (a token holding both the\n"
+            "                         answer's end and the start of STR is left out)\n"
             "  -s, --seed N           seed of every random draw; -1 = a fresh one (the default when anything is random);\n"
             "                         the stats line prints it so that a run can be repeated\n"
             "  --alg MODE             which masks a step commits first: low_confidence (default, highest p(x0); alias\n"
@@ -132,7 +141,7 @@ static void usage(FILE *f) {
             "\n"
             "Fast-dLLM and DPad (compose with each other and with --lacache):\n"
             "  --threshold TAU        parallel decoding: each step commits the best candidate and every one with\n"
-            "                         confidence >= TAU; a block steps until it is full (--steps is ignored);\n"
+            "                         confidence >= TAU; a block steps until it is full (--steps is ignored: a warning);\n"
             "                         TAU in (0, 1], or <= 0 with --alg entropy (minus the entropy, in nats)\n"
             "  --factor F             parallel decoding, factor rule: the n-th best needs conf >= 1 - F/(n+1)\n"
             "  --cache MODE           none (default, exact), prefix or dual: Fast-dLLM's K/V caches, APPROXIMATE\n"
@@ -146,7 +155,9 @@ static void usage(FILE *f) {
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
             "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 for DPad)\n"
             "\n"
-            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, either backend; the official generate):\n"
+            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, either backend; the official generate;\n"
+            "greedy: --steps, --temp, --alg, --cache, --cfg, DPad, Dream's samplers and the sampler filters are refused;\n"
+            "--sub-block, --block-cache and --stop-id are refused on LLaDA and Dream):\n"
             "  --block N              the block (default: the model's, 32); -n must be a multiple of it\n"
             "  --sub-block N          sub-block decoded left to right, dividing the block (default 8)\n"
             "  --block-cache          Fast-dLLM v2's sub-block cache (approximate by design, as the official one)\n"
@@ -183,13 +194,19 @@ static void usage(FILE *f) {
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
             "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
             "                         soloq-c, rtn-w4a4: SoloQ W4A4 (each -w4a16 form: weight-only), both backends\n"
-            "  -t, --threads N        CPU backend threads (default: all)\n"
+            "  -t, --threads N        CPU backend threads (default: all; more than the cores is clamped to them, with a note)\n"
             "  --devices LIST         GPUs for tensor parallelism, e.g. 0,1 (one model split across them; not built yet:\n"
             "                         more than one device is an error for now); one ordinal picks that GPU\n"
             "  --progress             show the progress on stderr (on a terminal the answer is then printed at the end)\n"
             "  -v, --verbose          library log messages at info level\n"
             "  --version              print the version\n"
-            "  -h, --help             this text\n");
+            "  -h, --help             this text\n"
+            "\n"
+            "The bundled tiny models (models/README.md; trained on fortune quotes, not instruction-tuned, for testing):\n"
+            "  models/tiny-llada          LLaDA layout, the default of ./build.sh run: -p TEXT (chat template) or --raw\n"
+            "  models/tiny-dream          Dream layout; trained without a chat template, so pass --raw: --raw -p \"Life is\"\n"
+            "  models/tiny-fast-dllm-v2   block diffusion (Fast-dLLM v2 layout): -n a multiple of its block, 32; --raw\n"
+            "  models/tiny-add            5-digit addition: --raw -p \"12345+54321=\" -n 8\n");
 }
 
 /* --prompts: the index of the prompt being prepared or reported (-1 otherwise); fail() then names it. */
@@ -687,9 +704,10 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!o->prompt) return fail("-f %s: cannot read it", o->prompt_file);
     }
     if (o->prompt && !*o->prompt) {  /* decodable, but rarely meant */
-        const char *what = o->prompt_file ? "the -f file" : !strcmp(o->prompt_arg, "-") ? "-p - (stdin)" : "-p";
-        if (o->raw) warn("the prompt (%s) is empty: with --raw the model decodes from nothing", what);
-        else warn("the prompt (%s) is empty: the model answers an empty user turn", what);
+        const char *then = o->raw ? "with --raw the model decodes from nothing" : "the model answers an empty user turn";
+        if (o->prompt_file) warn("-f %s is empty: %s", o->prompt_file, then);
+        else if (!strcmp(o->prompt_arg, "-")) warn("-p - read an empty stdin: %s", then);
+        else warn("-p \"\" is an empty prompt: %s", then);
     }
     return 0;
 }
@@ -995,8 +1013,9 @@ static int check_prompt(const options *o, const session *S, const int32_t *promp
     int32_t mask = o->gen.mask_id >= 0 ? o->gen.mask_id : S->info.mask_id;
     int i;
     if (n_prompt + o->gen.gen_length > S->info.max_seq_len)
-        return fail("the prompt is %d tokens; with -n %d that exceeds the model's context of %d: lower -n or shorten the prompt", n_prompt,
-                    o->gen.gen_length, S->info.max_seq_len);
+        return fail("the prompt is %d tokens; with -n %d that exceeds the model's context of %d: lower -n or shorten the prompt%s", n_prompt,
+                    o->gen.gen_length, S->info.max_seq_len,
+                    o->ids_text || o->raw ? "" : " (the chat template adds tokens: --raw leaves it out)");
     if (o->gen.kv_cache != DLLM_KV_CACHE_NONE)
         for (i = 0; i < n_prompt; i++)
             if (prompt[i] == mask)
