@@ -254,7 +254,7 @@ static const char *in_flags(const char *msg) {
         {"logits_eos_inf", "--logits-eos-inf"}, {"confidence_eos_eot_inf", "--eos-eot-last"}, {"top_k", "--top-k"}, {"top_p", "--top-p"},
         {"min_p", "--min-p"}, {"stop_id", "--stop-id"}, {"mask_id", "--mask-id"}, {"dpad_window", "--dpad-window"}, {"dpad_k", "--dpad-k"},
         {"dpad_scale", "--dpad-scale"}, {"dpad_n", "--dpad-uniform"}, {"eps", "--eps"}, {"dllm_ctx_params.n_devices", "--devices"},
-        {"n_devices", "--devices"}, {"kv_quant", "--kv-quant"}, {"kv_sink_tokens", "--kv-sinks"}, {"n_threads", "--threads"},
+        {"n_devices", "the device count"}, {"kv_quant", "--kv-quant"}, {"kv_sink_tokens", "--kv-sinks"}, {"n_threads", "--threads"},
         {"remasking", "--alg"}, {"unmask", "the unmasking rule"},
         {"DLLM_REMASK_LOW_CONFIDENCE", "--alg low_confidence"}, {"DLLM_REMASK_RANDOM", "--alg random"}, {"DLLM_REMASK_MARGIN", "--alg topk_margin"},
         {"DLLM_REMASK_ENTROPY", "--alg entropy"}, {"DLLM_REMASK_ORIGIN", "--alg origin"}, {"DLLM_UNMASK_SCHEDULE", "the default schedule"},
@@ -1368,7 +1368,7 @@ int main(int argc, char **argv) {
     if (quantising) fprintf(stderr, "\r\033[K");
     if (st != DLLM_OK) {
         if (o.given[OPT_DEVICES])  /* the library's words about its device list, then the flag that set it */
-            fail("%s %s cannot be used: %s: drop %s%s", o.given[OPT_DEVICES], o.devices_text, dllm_last_error(), o.given[OPT_DEVICES],
+            fail("%s %s cannot be used: %s: drop %s%s", o.given[OPT_DEVICES], o.devices_text, in_flags(dllm_last_error()), o.given[OPT_DEVICES],
                  st == DLLM_ERR_NO_DEVICE ? " to run on the CPU" : "");
         else
             fail("%s%s", in_flags(dllm_last_error()),
