@@ -195,6 +195,13 @@ if [ "$cores" -lt 1000 ]; then
     expect "-t above the cores is clamped, with a note" eval '[ "$rc" = 0 ] && grep -q "note: -t 1000 is more than the $cores core.* using $cores$" "$tmp/err"'
 fi
 
+# ---- quantising at load says so on a terminal (a pseudo-terminal from util-linux `script`), then erases the line ----
+if command -v script >/dev/null 2>&1; then
+    script -qec "$G -m $M -p hi -n 8 --precision soloq-i --backend cpu" /dev/null >"$tmp/tty" 2>&1 </dev/null
+    expect "--precision soloq-i at load: a 'quantising' line on the terminal, then the answer" eval 'grep -q "quantising the linears to soloq-i at load" "$tmp/tty" &&
+        grep -q "generated [0-9]* tokens" "$tmp/tty"'
+fi
+
 # ---- the library, the build script, the bundled models ------------------------------------------------------------
 if [ -f build/libdllm.so ]; then
     expect "libdllm.so has a SONAME, and build/ holds the file it names" eval 'so=$(readelf -d build/libdllm.so | sed -n "s/.*SONAME.*\[\(.*\)\]/\1/p") &&
