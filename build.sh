@@ -5,8 +5,10 @@
 #                       build build/dllm-generate, dllm-tokenize, dllm-eval, dllm-quantize, dllm-test, dllm-bench and the shared
 #                       library build/libdllm.so with its pkg-config file build/dllm.pc; only what is older than
 #                       its sources (or build.sh) is rebuilt, so a second run on an unchanged tree does nothing
-#   ./build.sh run [PROMPT]  build what changed, then run the main job: the embedded default model
-#                       (models/tiny-llada) answers a text prompt, streamed
+#   ./build.sh run [PROMPT] [FLAGS...]  build what changed, then run the main job: the embedded default model
+#                       (models/tiny-llada) answers a text prompt, streamed; FLAGS go on to dllm-generate
+#                       (e.g. ./build.sh run "Why is the sky blue?" -n 8; -m DIR picks another model);
+#                       DLLM_REUSE_BUILD=1 runs the programs already in build/ without rebuilding
 #   ./build.sh install PREFIX   build the library and the CLI programs, then copy dllm.h, libdllm.so, dllm.pc and
 #                       dllm-generate, -tokenize, -eval, -quantize under PREFIX/include, lib, lib/pkgconfig and bin
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan, then the Python
@@ -22,6 +24,8 @@
 #                       (default 10) on its corpus; non-zero on any crash. Inputs with new coverage edges are
 #                       merged into tests/fuzz/corpus/ (DLLM_FUZZ_MERGE=0 leaves the corpora alone).
 #   ./build.sh tsan     the concurrency tests under ThreadSanitizer (clang)
+#   ./build.sh server   the library, then build/dllm-server (libmicrohttpd and cJSON: tests/server_deps.sh)
+#   ./build.sh --help   this text
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), JOBS (parallel compiles, default 2), DLLM_REBUILD=1 (rebuild
 # everything regardless of timestamps).
@@ -39,6 +43,10 @@ HOST_LIBS=(-L"$CUDA_HOME/lib64" -lcudart_static -ldl -lpthread -lrt)
 DEFAULT_MODEL=models/tiny-llada
 
 die() { echo "build.sh: $*" >&2; exit 1; }
+say() { echo "build.sh: $*" >&2; }  # what is being built (stderr: stdout stays the programs')
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+case "${1:-}" in -h|--help|help) usage; exit 0 ;; esac
 
 [ -x "$NVCC" ] || die "nvcc not found at $NVCC (set CUDA_HOME)"
 
@@ -69,14 +77,21 @@ stale() {
 # The library object is compiled once, position-independent with hidden visibility, so that it serves both the
 # CLI programs and build/libdllm.so (whose version script exports the dllm_ names only).
 build_lib() {
+    local major
+    major=$(sed -n 's/^#define DLLM_VERSION_MAJOR \([0-9]*\)$/\1/p' dllm.h)
     if stale build/dllm_cuda.o dllm_cuda.cu dllm.h; then
+        say "compiling the library: dllm_cuda.cu -> build/dllm_cuda.o (one large translation unit: minutes on a few cores; kept for later builds)"
         "$NVCC" "${CXXFLAGS[@]}" -Xcompiler -fPIC,-fvisibility=hidden -c -o build/dllm_cuda.o dllm_cuda.cu || die "building dllm_cuda.cu failed"
     fi
     if stale build/libdllm.so build/dllm_cuda.o; then
+        say "linking build/libdllm.so (SONAME libdllm.so.$major)"
         printf '{ global: dllm_*; local: *; };\n' > build/dllm.map
-        "$NVCC" -shared -o build/libdllm.so build/dllm_cuda.o "${LIBS[@]}" -Xlinker --version-script=build/dllm.map ||
+        # The SONAME carries the major version: programs linked against it record libdllm.so.MAJOR, which the link below
+        # (and ./build.sh install) provides.
+        "$NVCC" -shared -o build/libdllm.so build/dllm_cuda.o "${LIBS[@]}" -Xlinker --version-script=build/dllm.map -Xlinker "-soname=libdllm.so.$major" ||
             die "linking build/libdllm.so failed"
     fi
+    ln -sf libdllm.so "build/libdllm.so.$major"
     if stale build/dllm.pc dllm.h; then
         local version
         version=$(sed -n 's/^#define DLLM_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' dllm.h | paste -sd. -)
@@ -90,7 +105,8 @@ build_lib() {
             echo 'Description: diffusion LLM inference (LLaDA, Dream) on NVIDIA GPUs, with a CPU reference backend'
             echo "Version: $version"
             echo 'Cflags: -I${includedir}'
-            echo 'Libs: -L${libdir} -ldllm'
+            # the rpath: a program built with these flags finds libdllm.so without LD_LIBRARY_PATH
+            echo 'Libs: -L${libdir} -Wl,-rpath,${libdir} -ldllm'
         } > build/dllm.pc
     fi
 }
@@ -102,6 +118,7 @@ build_programs() {
     local tool
     for tool in dllm-generate dllm-tokenize dllm-eval dllm-quantize simple; do
         if stale "build/$tool" "examples/$tool.c" build/dllm_cuda.o; then
+            say "building build/$tool"
             "$NVCC" "${CXXFLAGS[@]}" -I. -o "build/$tool" "examples/$tool.c" build/dllm_cuda.o "${LIBS[@]}" || die "building build/$tool failed"
         fi
     done
@@ -111,10 +128,12 @@ build() {
     mkdir -p build
     local pids=() names=()
     if stale build/dllm-test dllm_cuda.cu dllm.h tests/*; then
+        say "compiling the test suite: tests/dllm_test.cu -> build/dllm-test (beside the library; minutes)"
         "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-test tests/dllm_test.cu tests/header_c99.c "${LIBS[@]}" &
         pids+=($!) names+=(build/dllm-test)
     fi
     if stale build/dllm-bench dllm_cuda.cu dllm.h tools/dllm_bench.cu; then
+        say "compiling the benchmark: tools/dllm_bench.cu -> build/dllm-bench (beside the library; minutes)"
         "$NVCC" "${CXXFLAGS[@]}" -o build/dllm-bench tools/dllm_bench.cu "${LIBS[@]}" &
         pids+=($!) names+=(build/dllm-bench)
     fi
@@ -132,10 +151,15 @@ build() {
 install_lib() {
     local prefix=${1:-}
     [ -n "$prefix" ] || die "usage: ./build.sh install PREFIX"
+    mkdir -p "$prefix" && prefix=$(cd "$prefix" && pwd)  # absolute: dllm.pc's paths (and rpath) must not depend on the caller's directory
     build_programs
     mkdir -p "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/bin"
     cp dllm.h "$prefix/include/"
-    cp build/libdllm.so "$prefix/lib/"
+    local major
+    major=$(sed -n 's/^#define DLLM_VERSION_MAJOR \([0-9]*\)$/\1/p' dllm.h)
+    rm -f "$prefix/lib/libdllm.so" "$prefix/lib/libdllm.so.$major"
+    cp build/libdllm.so "$prefix/lib/libdllm.so.$major"  # the file its SONAME names, and the link the linker looks for
+    ln -s "libdllm.so.$major" "$prefix/lib/libdllm.so"
     cp build/dllm-generate build/dllm-tokenize build/dllm-eval build/dllm-quantize "$prefix/bin/"
     sed -e "s|^prefix=.*|prefix=$prefix|" -e 's|^includedir=.*|includedir=${prefix}/include|' -e 's|^libdir=.*|libdir=${prefix}/lib|' \
         build/dllm.pc > "$prefix/lib/pkgconfig/dllm.pc"
@@ -190,11 +214,29 @@ run_tests() {
     exit $rc
 }
 
+# ./build.sh run [PROMPT] [FLAGS...]: the flags go on to dllm-generate; the defaults (-m, -n, -p) only where they are
+# not given.
 run_main_job() {
-    build_programs  # what the answer needs: the tests and the benchmark are not built here
-    # The embedded default: tiny-llada (trained by tools/train_tiny.py, in models/), a text prompt through its
-    # chat template, streamed as it decodes; on the GPU when there is one, else on the CPU reference.
-    build/dllm-generate -m "$DEFAULT_MODEL" -p "${1:-Tell me something wise about computers.}" -n 64 --steps 64 --block 16
+    # what the answer needs: the tests and the benchmark are not built here (DLLM_REUSE_BUILD=1: not even that, when
+    # build/dllm-generate exists; tests/cli_newuser.sh runs it so, as a carried build may look older than its sources)
+    [ "${DLLM_REUSE_BUILD:-0}" = 1 ] && [ -x build/dllm-generate ] || build_programs
+    # The embedded default: tiny-llada (trained by tools/train_tiny.py on fortune quotes, in models/), a text prompt
+    # through its chat template, streamed as it decodes; on the GPU when there is one, else on the CPU reference. The
+    # default prompt is one the tiny model answers in kind (it knows quotes, not conversation).
+    local prompt="What is the meaning of life?" a has_model=0 has_n=0 has_prompt=0
+    if [ $# -gt 0 ] && [ "${1:0:1}" != - ]; then prompt=$1; shift; fi
+    for a in "$@"; do
+        case $a in
+            -m|--model) has_model=1 ;;
+            -n|--gen-length|--n-predict) has_n=1 ;;
+            -p|--prompt|-f|--file|--ids|-i|--interactive|--prompts) has_prompt=1 ;;
+        esac
+    done
+    local args=()
+    [ $has_model = 1 ] || args+=(-m "$DEFAULT_MODEL")
+    [ $has_n = 1 ] || args+=(-n 64)
+    [ $has_prompt = 1 ] || args+=(-p "$prompt")
+    build/dllm-generate "${args[@]}" "$@"
 }
 
 # Everything the GPU machine should do in one call (device time is scarce): see the header.
@@ -363,5 +405,5 @@ case "${1:-build}" in
     fuzz) shift; run_fuzz "$@" ;;
     tsan) run_tsan ;;
     server) shift; build_server "$@" ;;
-    *) die "unknown command '$1' (build | run | install PREFIX | test | gpu | fuzz | tsan)" ;;
+    *) die "unknown command '$1' (build | run | install PREFIX | test | gpu | fuzz | tsan | server; see ./build.sh --help)" ;;
 esac

@@ -28,6 +28,7 @@
 #include "../dllm.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +55,7 @@ static void usage(void) {
            "  --nll FILE              masked-token NLL at ratios 0.15/0.5/0.9 (dllm protocol 1)\n"
            "  --windows N             NLL windows of 128 ids (default 64, the protocol's)\n"
            "  --add FILE              exact match on 'a+b=sum' lines\n"
-           "  --limit N               use the first N problems / prompts only\n"
+           "  --limit N               use the first N problems / prompts only (N >= 1; default: all)\n"
            "  --batch N               --add: decode N problems together (dllm_generate_batch; default 1: one at a time)\n"
            "  --agree FILE            generation agreement against the reference configuration\n"
            "  -n N, --steps N, --block N   decoding for --agree (default 32, 32, 8)\n"
@@ -145,6 +146,10 @@ static int parse_count(const char *a, const char *v, int lo, int *out) {
     long x;
     errno = 0;
     x = strtol(v, &end, 10);
+    if (end != v && !*end && ((errno == ERANGE && x == LONG_MAX) || (!errno && x > (1 << 24)))) {
+        fprintf(stderr, "dllm-eval: %s %s is too large: at most %d\n", a, v, 1 << 24);
+        return 0;
+    }
     if (errno || end == v || *end || x < lo || x > (1 << 24)) {
         fprintf(stderr, "dllm-eval: %s must be an integer >= %d, not \"%s\"\n", a, lo, v);
         return 0;
@@ -181,7 +186,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--nll")) o->nll_file = v;
         else if (!strcmp(a, "--add")) o->add_file = v;
         else if (!strcmp(a, "--agree")) o->agree_file = v;
-        else if (!strcmp(a, "--limit")) { if (!parse_count(a, v, 0, &o->limit)) return 1; }
+        else if (!strcmp(a, "--limit")) { if (!parse_count(a, v, 1, &o->limit)) return 1; }  /* 0 stays "all": the default, not a value */
         else if (!strcmp(a, "--batch")) { if (!parse_count(a, v, 1, &o->batch)) return 1; }
         else if (!strcmp(a, "--windows")) { if (!parse_count(a, v, 1, &o->windows)) return 1; }
         else if (!strcmp(a, "-n")) { if (!parse_count(a, v, 1, &o->n)) return 1; }
@@ -200,6 +205,11 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->n % o->block) { fprintf(stderr, "dllm-eval: -n %d is not a multiple of --block %d: pick a --block that divides it\n", o->n, o->block); return 1; }
     if (o->steps % (o->n / o->block)) {
         fprintf(stderr, "dllm-eval: --steps %d is not a multiple of the %d blocks (-n / --block)\n", o->steps, o->n / o->block);
+        return 1;
+    }
+    if (o->steps > o->n && o->sched.unmask != DLLM_UNMASK_THRESHOLD && o->sched.unmask != DLLM_UNMASK_FACTOR) {
+        fprintf(stderr, "dllm-eval: --steps %d is more than -n %d: a step commits at least one token, so at most %d steps commit anything: "
+                "pass --steps %d or less\n", o->steps, o->n, o->n, o->n);
         return 1;
     }
     return 0;
@@ -484,6 +494,10 @@ static int eval_add(const loaded *L, const options *o) {
     }
     i = n_pending, n_pending = 0;
     if (i && solve_adds(ctx, L, o, pending, i, &correct)) goto done;
+    if (total == 0) {  /* an exact match over nothing is no result */
+        fprintf(stderr, "dllm-eval: --add %s holds no problem: expected lines \"a+b=sum\" in decimal digits\n", o->add_file);
+        goto done;
+    }
     progress("--add problems", lines, lines);
     printf("add_problems %d\nadd_correct %d\nexact_match %.4f\n", total, correct, total ? (double)correct / total : 0.0);
     rc = 0;
@@ -529,6 +543,10 @@ static int eval_agree(const loaded *L, const options *o) {
         free(prompt);
     }
     progress("--agree prompts", 1, 1);
+    if (seqs == 0) {
+        fprintf(stderr, "dllm-eval: --agree %s holds no prompt: expected one prompt a line\n", o->agree_file);
+        goto done;
+    }
     printf("agree_sequences %d\nagree_token %.4f\nagree_sequence %.4f\n", seqs, tokens ? (double)same_tokens / tokens : 0.0,
            seqs ? (double)same_seqs / seqs : 0.0);
     printf("nfe %ld\nref_nfe %ld\npll %.4f\nref_pll %.4f\n", nfe_a, nfe_b, pll_na ? pll_a / pll_na : 0.0, pll_nb ? pll_b / pll_nb : 0.0);

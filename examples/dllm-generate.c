@@ -17,6 +17,7 @@
 #include "../dllm.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,12 @@
 #include <unistd.h>
 
 #define MAX_STOPS 16
+
+/* The largest --temp the library's sampler computes correctly. Its Gumbel-max score is exp(l) / (-log u)^T in
+ * float64 (dllm__choose) with u in [2^-54, 1 - 2^-54], so -log u reaches 2^-54 and the denominator 2^(-54 T): that
+ * is a normal double only up to T = 1022 / 54 = 18.9, and the quotient stays finite for logits up to
+ * 709.78 - 37.43 T, i.e. about 110 at T = 16. Beyond that the score of many tokens is +inf and the lowest id wins. */
+#define MAX_TEMP 16.0
 
 /* Every option; a value option may be given once (--stop is repeatable). */
 enum {
@@ -62,7 +69,7 @@ static const option_def option_defs[] = {
 };
 
 typedef struct {
-    const char *model_dir, *ids_text, *prompt_arg, *prompt_file, *system, *prompts_file;
+    const char *model_dir, *ids_text, *prompt_arg, *prompt_file, *system, *prompts_file, *precision_name, *devices_text;
     char *prompt;               /* the text prompt, from -p, -p - (stdin) or -f; malloc'ed */
     const char *stops[MAX_STOPS];
     int n_stops;
@@ -92,25 +99,34 @@ static void usage(FILE *f) {
             "  --system TEXT          a system message first (with the chat template); alias -sys, --system-prompt\n"
             "  --raw                  tokenize the text as given, without the chat template\n"
             "  --no-parse-special     the prompt's text is plain text: \"<|eot_id|>\" typed in it is not the special token\n"
-            "  --visual               redraw the whole canvas after every step, masks shown as '_'; alias --diffusion-visual\n"
+            "  --visual               redraw the whole canvas after every step, masks shown as '_' and the end of the\n"
+            "                         answer (EOS / EoT) as [EOS] / [EOT]; alias --diffusion-visual\n"
             "  --json                 print one JSON object on stdout instead of text: {\"text\", \"ids\", \"stats\"} (one line\n"
-            "                         per turn with -i)\n"
+            "                         per turn with -i; with --prompts one line per prompt: {\"index\", \"text\", \"ids\",\n"
+            "                         \"stats\"}, or {\"index\", \"error\"} for a prompt that failed)\n"
             "  --print-ids            print the generated ids on one line starting with \"ids:\" (after the text)\n"
             "  --prompts FILE         many prompts, one a line (empty lines skipped), each through the chat template as\n"
             "                         -p; decoded in batches (dllm_generate_batch), each exactly as if alone. Prints the\n"
-            "                         final answers only, in input order: \"[N] answer\" (N from 0), then its \"ids:\" line\n"
-            "                         with --print-ids; one stats line per batch on stderr\n"
+            "                         final answers only, in input order, one line each: \"[N] answer\" (N from 0; a\n"
+            "                         backslash, newline and carriage return in the answer written as \\\\, \\n and \\r),\n"
+            "                         then its \"ids:\" line with --print-ids; one stats line per batch on stderr. A prompt\n"
+            "                         that cannot decode is reported as \"prompt N: ...\" on stderr, the others still\n"
+            "                         print, and the exit status is 1\n"
             "  --batch N              --prompts: how many prompts decode together (default 8)\n"
             "\n"
             "  -n, --gen-length N     tokens to generate (default 128); alias --n-predict\n"
             "  --block N              block length (default: the largest divisor of -n up to 32); alias --diffusion-block-length\n"
-            "  --steps N              denoising steps in total (default: -n, one token a step); alias --diffusion-steps\n"
-            "  --temp T               temperature, 0 = greedy (default 0); > 0 draws a fresh seed unless --seed is given\n"
+            "  --steps N              denoising steps in total (default: -n, one token a step, also the most that commit\n"
+            "                         anything); LLaDA and Dream only; alias --diffusion-steps\n"
+            "  --temp T               temperature, 0 = greedy (default 0), at most 16 (beyond it the Gumbel-max sampler\n"
+            "                         overflows); > 0 draws a fresh seed unless --seed is given\n"
             "  --top-k K              sample among the K most likely tokens (0 = off); ties at the K-th are kept\n"
             "  --top-p P              ... among the most likely tokens whose probability mass reaches P (1 = off)\n"
             "  --min-p P              ... among tokens with p >= P * p(most likely) (0 = off). The three filters apply to\n"
             "                         softmax(logits / temp) and intersect; the confidence sees the filtered row (as Dream)\n"
-            "  --stop STR             end the answer before STR and stop decoding (repeatable)\n"
+            "  --stop STR             end the answer before STR and stop decoding (repeatable); --json, --print-ids and\n"
+            "                         the stats line then count the ids of the answer before STR (a token holding both the\n"
+            "                         answer's end and the start of STR is left out)\n"
             "  -s, --seed N           seed of every random draw; -1 = a fresh one (the default when anything is random);\n"
             "                         the stats line prints it so that a run can be repeated\n"
             "  --alg MODE             which masks a step commits first: low_confidence (default, highest p(x0); alias\n"
@@ -125,7 +141,7 @@ static void usage(FILE *f) {
             "\n"
             "Fast-dLLM and DPad (compose with each other and with --lacache):\n"
             "  --threshold TAU        parallel decoding: each step commits the best candidate and every one with\n"
-            "                         confidence >= TAU; a block steps until it is full (--steps is ignored);\n"
+            "                         confidence >= TAU; a block steps until it is full (--steps is ignored: a warning);\n"
             "                         TAU in (0, 1], or <= 0 with --alg entropy (minus the entropy, in nats)\n"
             "  --factor F             parallel decoding, factor rule: the n-th best needs conf >= 1 - F/(n+1)\n"
             "  --cache MODE           none (default, exact), prefix or dual: Fast-dLLM's K/V caches, APPROXIMATE\n"
@@ -139,7 +155,9 @@ static void usage(FILE *f) {
             "  Paper settings, LLaDA-8B-Instruct GSM8K: -n 256 --block 32 --threshold 0.9 --cache dual\n"
             "                         (+ --dpad-window 256 --dpad-k 4 --dpad-scale 2 for DPad)\n"
             "\n"
-            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, either backend; the official generate):\n"
+            "Block diffusion (Fast-dLLM v2, Nemotron-Labs-Diffusion; chosen by the model, either backend; the official generate;\n"
+            "greedy: --steps, --temp, --alg, --cache, --cfg, DPad, Dream's samplers and the sampler filters are refused;\n"
+            "--sub-block, --block-cache and --stop-id are refused on LLaDA and Dream):\n"
             "  --block N              the block (default: the model's, 32); -n must be a multiple of it\n"
             "  --sub-block N          sub-block decoded left to right, dividing the block (default 8)\n"
             "  --block-cache          Fast-dLLM v2's sub-block cache (approximate by design, as the official one)\n"
@@ -176,37 +194,124 @@ static void usage(FILE *f) {
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
             "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
             "                         soloq-c, rtn-w4a4: SoloQ W4A4 (each -w4a16 form: weight-only), both backends\n"
-            "  -t, --threads N        CPU backend threads (default: all)\n"
+            "  -t, --threads N        CPU backend threads (default: all; more than the cores is clamped to them, with a note)\n"
             "  --devices LIST         GPUs for tensor parallelism, e.g. 0,1 (one model split across them; not built yet:\n"
             "                         more than one device is an error for now); one ordinal picks that GPU\n"
             "  --progress             show the progress on stderr (on a terminal the answer is then printed at the end)\n"
             "  -v, --verbose          library log messages at info level\n"
             "  --version              print the version\n"
-            "  -h, --help             this text\n");
+            "  -h, --help             this text\n"
+            "\n"
+            "The bundled tiny models (models/README.md; trained on fortune quotes, not instruction-tuned, for testing):\n"
+            "  models/tiny-llada          LLaDA layout, the default of ./build.sh run: -p TEXT (chat template) or --raw\n"
+            "  models/tiny-dream          Dream layout; trained without a chat template, so pass --raw: --raw -p \"Life is\"\n"
+            "  models/tiny-fast-dllm-v2   block diffusion (Fast-dLLM v2 layout): -n a multiple of its block, 32; --raw\n"
+            "  models/tiny-add            5-digit addition: --raw -p \"12345+54321=\" -n 8\n");
 }
 
-/* One line on stderr, "dllm-generate: " first; returns 1 (the exit status of every failure). */
+/* --prompts: the index of the prompt being prepared or reported (-1 otherwise); fail() then names it. */
+static int current_prompt = -1;
+/* The last message fail() printed, without "dllm-generate: " (--prompts --json repeats it in the prompt's object). */
+static char last_failure[1024];
+
 #if defined(__GNUC__)
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #endif
+
+/* One line on stderr, "dllm-generate: " first (and "prompt N: " under --prompts); returns 1 (the exit status of
+ * every failure). */
 static int fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "dllm-generate: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(last_failure, sizeof last_failure, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "dllm-generate: ");
+    if (current_prompt >= 0) fprintf(stderr, "prompt %d: ", current_prompt);
+    fprintf(stderr, "%s\n", last_failure);
     return 1;
 }
 
-static int parse_int(const char *s, long lo, long hi, int *out) {
+/* One line on stderr about something that goes on anyway: "dllm-generate: warning: ...". */
+static void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dllm-generate: warning: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+static const char *plural(long n) { return n == 1 ? "" : "s"; }
+
+/* A library message in the CLI's words: the dllm_gen_params / dllm_ctx_params field names and enum constants it
+ * uses become the flags that set them ("sub_block_length 5 must divide block_length 32" -> "--sub-block 5 must
+ * divide --block 32"). Whole identifiers only; the result is in a static buffer. */
+static const char *in_flags(const char *msg) {
+    static const char *const map[][2] = {
+        {"sub_block_length", "--sub-block"}, {"block_length", "--block"}, {"gen_length", "-n"}, {"block_cache", "--block-cache"},
+        {"temperature", "--temp"}, {"cfg_scale", "--cfg"}, {"alg_temp", "--alg-temp"}, {"kv_cache", "--cache"}, {"early_stop", "--early-stop"},
+        {"logits_eos_inf", "--logits-eos-inf"}, {"confidence_eos_eot_inf", "--eos-eot-last"}, {"top_k", "--top-k"}, {"top_p", "--top-p"},
+        {"min_p", "--min-p"}, {"stop_id", "--stop-id"}, {"mask_id", "--mask-id"}, {"dpad_window", "--dpad-window"}, {"dpad_k", "--dpad-k"},
+        {"dpad_scale", "--dpad-scale"}, {"dpad_n", "--dpad-uniform"}, {"eps", "--eps"}, {"dllm_ctx_params.n_devices", "--devices"},
+        {"n_devices", "the device count"}, {"kv_quant", "--kv-quant"}, {"kv_sink_tokens", "--kv-sinks"}, {"n_threads", "--threads"},
+        {"remasking", "--alg"}, {"unmask", "the unmasking rule"},
+        {"DLLM_REMASK_LOW_CONFIDENCE", "--alg low_confidence"}, {"DLLM_REMASK_RANDOM", "--alg random"}, {"DLLM_REMASK_MARGIN", "--alg topk_margin"},
+        {"DLLM_REMASK_ENTROPY", "--alg entropy"}, {"DLLM_REMASK_ORIGIN", "--alg origin"}, {"DLLM_UNMASK_SCHEDULE", "the default schedule"},
+        {"DLLM_UNMASK_THRESHOLD", "--threshold"}, {"DLLM_UNMASK_FACTOR", "--factor"}, {"DLLM_UNMASK_TIMESTEPS", "--timesteps"},
+        {"_THRESHOLD", "--threshold"}, {"_FACTOR", "--factor"}, {"_TIMESTEPS", "--timesteps"}, {"_SCHEDULE", "the default schedule"},
+        {"DLLM_KV_CACHE_NONE", "--cache none"}, {"DLLM_KV_CACHE_PREFIX", "--cache prefix"}, {"DLLM_KV_CACHE_DUAL", "--cache dual"}};
+    static char buf[1024];
+    size_t n = 0, i;
+    const char *p = msg ? msg : "";
+    while (*p && n + 1 < sizeof buf) {
+        int at_start = p == msg || !(p[-1] == '_' || p[-1] == '.' || (p[-1] >= '0' && p[-1] <= '9') || ((p[-1] | 32) >= 'a' && (p[-1] | 32) <= 'z'));
+        int done = 0;
+        for (i = 0; at_start && i < sizeof map / sizeof map[0]; i++) {
+            size_t k = strlen(map[i][0]);
+            char after = p[k];
+            if (strncmp(p, map[i][0], k) || after == '_' || (after >= '0' && after <= '9') || ((after | 32) >= 'a' && (after | 32) <= 'z')) continue;
+            if (n + strlen(map[i][1]) + 1 >= sizeof buf) break;
+            memcpy(buf + n, map[i][1], strlen(map[i][1]));
+            n += strlen(map[i][1]);
+            p += k;
+            done = 1;
+            break;
+        }
+        if (!done) buf[n++] = *p++;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+/* A whole number in [lo, hi]: 1 if s is one; 0 otherwise, with *too_large set if s is a whole number above hi. */
+static int parse_int_range(const char *s, long lo, long hi, int *out, int *too_large) {
     char *end = NULL;
     long v;
     errno = 0;
     v = strtol(s, &end, 10);
-    if (errno || !end || *end || end == s || v < lo || v > hi) return 0;
+    *too_large = 0;
+    if (!end || *end || end == s) return 0;
+    if ((errno == ERANGE && v == LONG_MAX) || (!errno && v > hi)) {
+        *too_large = s[0] != '-';
+        return 0;
+    }
+    if (errno || v < lo || v > hi) return 0;
     *out = (int)v;
     return 1;
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out) {
+    int too_large;
+    return parse_int_range(s, lo, hi, out, &too_large);
+}
+
+/* A count option's value in [lo, hi]; 0, or 1 after printing "A V is too large (at most HI)" or "A must be WHAT". */
+static int count_option(const char *a, const char *v, long lo, long hi, const char *what, int *out) {
+    int too_large;
+    if (parse_int_range(v, lo, hi, out, &too_large)) return 0;
+    if (too_large) return fail("%s %s is too large: at most %ld", a, v, hi);
+    return fail("%s must be %s, not \"%s\"", a, what, v);
 }
 
 /* "0,1,3": up to DLLM_MAX_DEVICES comma-separated device ordinals into the context's device list. Whether they are
@@ -350,11 +455,21 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_PRINT_IDS: o->print_ids = 1; break;
     case OPT_PROGRESS: o->progress = 1; break;
     case OPT_VERBOSE: o->verbose = 1; break;
-    case OPT_N: if (!parse_int(v, 1, 1 << 20, &g->gen_length)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
-    case OPT_STEPS: if (!parse_int(v, 1, 1 << 24, &g->steps)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
-    case OPT_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
-    case OPT_TEMP: if (!parse_float(v, &g->temperature) || !(g->temperature >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
-    case OPT_TOP_K: if (!parse_int(v, 0, 1 << 30, &g->top_k)) return fail("%s must be a count >= 0 (0 = off), not \"%s\"", a, v); break;
+    case OPT_N: return count_option(a, v, 1, 1 << 20, "a positive count", &g->gen_length);
+    case OPT_STEPS: return count_option(a, v, 1, 1 << 24, "a positive count", &g->steps);
+    case OPT_BLOCK: return count_option(a, v, 1, 1 << 20, "a positive length", &g->block_length);
+    case OPT_TEMP:
+        {
+            double t;
+            if (!parse_double(v, &t) || !(t >= 0)) return fail("%s must be a number >= 0, not \"%s\"", a, v);
+            if (t > MAX_TEMP)
+                return fail("%s %s is above %g, the largest the sampler draws correctly (its Gumbel-max score exp(logit) / (-log u)^T "
+                            "overflows a double beyond it, and softmax(logits / %g) is already near uniform): pass %s %g or less",
+                            a, v, MAX_TEMP, MAX_TEMP, a, MAX_TEMP);
+            g->temperature = (float)t;
+        }
+        break;
+    case OPT_TOP_K: return count_option(a, v, 0, 1 << 30, "a count >= 0 (0 = off)", &g->top_k);
     case OPT_TOP_P: if (!parse_float(v, &g->top_p) || !(g->top_p > 0 && g->top_p <= 1)) return fail("%s must be in (0, 1] (1 = off), not \"%s\"", a, v); break;
     case OPT_MIN_P: if (!parse_float(v, &g->min_p) || !(g->min_p >= 0 && g->min_p <= 1)) return fail("%s must be in [0, 1] (0 = off), not \"%s\"", a, v); break;
     case OPT_STOP:
@@ -381,12 +496,12 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_FACTOR: if (!parse_double(v, &g->factor) || !(g->factor > 0)) return fail("%s must be > 0, not \"%s\"", a, v); g->unmask = DLLM_UNMASK_FACTOR; break;
     case OPT_CACHE: if (!parse_choice(v, caches, 3, &k)) return fail("%s must be none, prefix or dual, not \"%s\"", a, v); g->kv_cache = (dllm_kv_cache)k; break;
     case OPT_DPAD_WINDOW:
-        if (!parse_int(v, 2, 1 << 20, &g->dpad_window)) return fail("%s must be at least 2, not \"%s\"", a, v);
+        if (count_option(a, v, 2, 1 << 20, "at least 2", &g->dpad_window)) return 1;
         if (g->dpad == DLLM_DPAD_OFF) g->dpad = DLLM_DPAD_GAUSSIAN;
         break;
     case OPT_DPAD_K: if (!parse_float(v, &g->dpad_k) || !(g->dpad_k >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
     case OPT_DPAD_SCALE: if (!parse_float(v, &g->dpad_scale) || !(g->dpad_scale >= 0)) return fail("%s must be >= 0, not \"%s\"", a, v); break;
-    case OPT_DPAD_UNIFORM: if (!parse_int(v, 0, 1 << 20, &g->dpad_n)) return fail("%s must be a count >= 0, not \"%s\"", a, v); g->dpad = DLLM_DPAD_UNIFORM; break;
+    case OPT_DPAD_UNIFORM: if (count_option(a, v, 0, 1 << 20, "a count >= 0", &g->dpad_n)) return 1; g->dpad = DLLM_DPAD_UNIFORM; break;
     case OPT_EARLY_STOP: g->early_stop = 1; break;
     case OPT_NO_EARLY_STOP: g->early_stop = 0; break;
     case OPT_TIMESTEPS: g->unmask = DLLM_UNMASK_TIMESTEPS; break;
@@ -400,22 +515,24 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
         if (!parse_choice(v, precisions, 11, &k))
             return fail("%s must be bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form, not \"%s\"", a, v);
         o->ctx.precision = (dllm_precision)k;
+        o->precision_name = v;
         break;
-    case OPT_THREADS: if (!parse_int(v, 0, 1024, &o->ctx.n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); break;
+    case OPT_THREADS: return count_option(a, v, 0, 1024, "a count in [0, 1024] (0 = all cores)", &o->ctx.n_threads);
     case OPT_DEVICES:
         if (!parse_devices(v, &o->ctx)) return fail("%s must be up to %d comma-separated GPU ordinals such as 0,1, not \"%s\"", a, DLLM_MAX_DEVICES, v);
+        o->devices_text = v;
         break;
-    case OPT_SUB_BLOCK: if (!parse_int(v, 1, 1 << 20, &g->sub_block_length)) return fail("%s must be a positive length, not \"%s\"", a, v); break;
+    case OPT_SUB_BLOCK: return count_option(a, v, 1, 1 << 20, "a positive length", &g->sub_block_length);
     case OPT_BLOCK_CACHE: g->block_cache = 1; break;
     case OPT_KV_QUANT:
         if (!parse_choice(v, kv_quants, 5, &k)) return fail("%s must be none, soloq-kv4, soloq-kv2, kivi-kv4 or kivi-kv2, not \"%s\"", a, v);
         o->ctx.kv_quant = (dllm_kv_quant)k;
         break;
-    case OPT_KV_SINKS: if (!parse_int(v, 0, 1 << 20, &o->ctx.kv_sink_tokens)) return fail("%s must be a count >= 0, not \"%s\"", a, v); break;
+    case OPT_KV_SINKS: return count_option(a, v, 0, 1 << 20, "a count >= 0", &o->ctx.kv_sink_tokens);
     case OPT_MASK_ID: if (!parse_int(v, 0, INT32_MAX, &g->mask_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_STOP_ID: if (!parse_int(v, 0, INT32_MAX, &g->stop_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_PROMPTS: o->prompts_file = v; break;
-    case OPT_BATCH: if (!parse_int(v, 1, 1 << 16, &o->batch)) return fail("%s must be a positive count, not \"%s\"", a, v); break;
+    case OPT_BATCH: return count_option(a, v, 1, 1 << 16, "a positive count", &o->batch);
     }
     return 0;
 }
@@ -429,11 +546,13 @@ static int check_conflicts(const options *o) {
         {OPT_VISUAL, OPT_INTERACTIVE}, {OPT_DPAD_UNIFORM, OPT_DPAD_K}, {OPT_DPAD_UNIFORM, OPT_DPAD_SCALE},
         /* --prompts prints final answers only: nothing streams, stops or redraws */
         {OPT_PROMPTS, OPT_PROMPT}, {OPT_PROMPTS, OPT_FILE}, {OPT_PROMPTS, OPT_IDS}, {OPT_PROMPTS, OPT_INTERACTIVE}, {OPT_PROMPTS, OPT_VISUAL},
-        {OPT_PROMPTS, OPT_JSON}, {OPT_PROMPTS, OPT_STOP}, {OPT_PROMPTS, OPT_PROGRESS}};
+{OPT_PROMPTS, OPT_STOP}, {OPT_PROMPTS, OPT_PROGRESS}};
     size_t i;
     for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         if (o->given[pairs[i][0]] && o->given[pairs[i][1]])
             return fail("%s and %s conflict: pass one of them", o->given[pairs[i][0]], o->given[pairs[i][1]]);
+    if (o->given[OPT_DEVICES] && o->ctx.backend == DLLM_BACKEND_CPU)
+        return fail("%s picks GPUs, and --backend cpu runs on the CPU: drop %s", o->given[OPT_DEVICES], o->given[OPT_DEVICES]);
     if (o->given[OPT_KV_SINKS] && o->ctx.kv_quant == DLLM_KV_QUANT_NONE)
         return fail("%s keeps sinks of a quantised cache: it needs --kv-quant", o->given[OPT_KV_SINKS]);
     return 0;
@@ -442,17 +561,12 @@ static int check_conflicts(const options *o) {
 /* Combinations the library would refuse, checked here so that the message names the flags. */
 static int check_schedule(const options *o) {
     const dllm_gen_params *g = &o->gen;
-    const int counted = g->unmask == DLLM_UNMASK_SCHEDULE || g->unmask == DLLM_UNMASK_TIMESTEPS;
     const char *rule = o->given[OPT_THRESHOLD] ? o->given[OPT_THRESHOLD] : o->given[OPT_FACTOR];
-    int n_blocks, b;
+    int b;
     if (g->gen_length % g->block_length) {
         for (b = g->block_length; g->gen_length % b; b--) {}
         return fail("-n %d is not a multiple of --block %d: pick a --block that divides it (e.g. %d)", g->gen_length, g->block_length, b);
     }
-    n_blocks = g->gen_length / g->block_length;
-    if (counted && g->steps % n_blocks)
-        return fail("--steps %d is not a multiple of the %d blocks (-n %d / --block %d): pass --steps %d", g->steps, n_blocks, g->gen_length,
-                    g->block_length, (g->steps / n_blocks + 1) * n_blocks);
     if (g->remasking == DLLM_REMASK_ORIGIN && rule)
         return fail("--alg origin commits by Dream's timestep schedule, which %s replaces: drop %s or pick another --alg", rule, rule);
     if (g->remasking == DLLM_REMASK_ORIGIN && g->confidence_eos_eot_inf) return fail("--alg origin ranks nothing, so --eos-eot-last cannot apply: drop it");
@@ -462,6 +576,72 @@ static int check_schedule(const options *o) {
         return fail("--threshold must be in (0, 1] (or <= 0 with --alg entropy), not %g", g->threshold);
     if (g->unmask == DLLM_UNMASK_THRESHOLD && g->remasking == DLLM_REMASK_ENTROPY && !(g->threshold <= 0))
         return fail("with --alg entropy the confidence is minus the entropy (<= 0): --threshold must be <= 0 (e.g. -0.5), not %g", g->threshold);
+    return 0;
+}
+
+static const char *family_name(dllm_family f) {
+    switch (f) {
+    case DLLM_FAMILY_LLADA: return "LLaDA";
+    case DLLM_FAMILY_DREAM: return "Dream";
+    case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
+    case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+    }
+    return "this";
+}
+
+/* The checks that need the model: which options apply to its family, with block diffusion's rules in flag names.
+ * 0, or 1 after printing an error. */
+static int check_model_options(options *o, const dllm_model_info *info) {
+    const dllm_gen_params *g = &o->gen;
+    const char *fam = family_name(info->family);
+    int i;
+    if (info->block_size <= 0) {  /* LLaDA, Dream: the block-diffusion options mean nothing */
+        static const int bd_only[] = {OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_STOP_ID};
+        const int counted = g->unmask == DLLM_UNMASK_SCHEDULE || g->unmask == DLLM_UNMASK_TIMESTEPS;
+        const int n_blocks = g->gen_length / g->block_length;
+        for (i = 0; i < (int)(sizeof bd_only / sizeof bd_only[0]); i++)
+            if (o->given[bd_only[i]])
+                return fail("%s applies to block-diffusion models (Fast-dLLM v2, Nemotron) only, and %s is a %s model: drop %s", o->given[bd_only[i]],
+                            o->model_dir, fam, o->given[bd_only[i]]);
+        if (!counted && o->given[OPT_STEPS])
+            warn("%s is ignored with %s (a block steps until it has no mask left); drop %s", o->given[OPT_STEPS],
+                 o->given[OPT_THRESHOLD] ? o->given[OPT_THRESHOLD] : o->given[OPT_FACTOR], o->given[OPT_STEPS]);
+        if (counted && g->steps % n_blocks)
+            return fail("--steps %d is not a multiple of the %d blocks (-n %d / --block %d): pass --steps %d", g->steps, n_blocks, g->gen_length,
+                        g->block_length, (g->steps / n_blocks + 1) * n_blocks);
+        /* more steps than tokens: the steps past one a token commit nothing and only cost forwards */
+        if (counted && g->steps > g->gen_length)
+            return fail("%s %d is more than -n %d: a step commits at least one token, so at most %d steps (one token a step) commit anything: "
+                        "pass %s %d or less", o->given[OPT_STEPS], g->steps, g->gen_length, g->gen_length, o->given[OPT_STEPS], g->gen_length);
+        return 0;
+    }
+    /* block diffusion: greedy, its own cache and stop token; the options of the other schedulers do not apply */
+    {
+        static const int not_bd[] = {OPT_STEPS, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_CFG, OPT_FACTOR, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP,
+                                     OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K, OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_LOGITS_EOS_INF,
+                                     OPT_EOS_EOT_LAST};
+        const int B = o->given[OPT_BLOCK] ? g->block_length : info->block_size, S = g->sub_block_length ? g->sub_block_length : 8;
+        for (i = 0; i < (int)(sizeof not_bd / sizeof not_bd[0]); i++) {
+            const char *a = o->given[not_bd[i]];
+            if (!a) continue;
+            if (not_bd[i] == OPT_STEPS)
+                return fail("%s does not apply to %s, a block-diffusion model: each sub-block steps until it has no mask left (--threshold sets how "
+                            "many a step commits): drop %s", a, o->model_dir, a);
+            if (not_bd[i] == OPT_TEMP && g->temperature == 0) continue;
+            return fail("%s does not apply to %s, a block-diffusion model (%s decodes greedily, with its own block cache and stop token): drop %s", a,
+                        o->model_dir, fam, a);
+        }
+        if (g->remasking != DLLM_REMASK_LOW_CONFIDENCE)
+            return fail("%s does not apply to %s, a block-diffusion model (it commits by confidence, as --alg low_confidence): drop %s", o->given[OPT_ALG],
+                        o->model_dir, o->given[OPT_ALG]);
+        if (g->gen_length % B)
+            return fail("-n %d is not a multiple of the block, %d (%s): pass -n %d, or a --block that divides -n", g->gen_length, B,
+                        o->given[OPT_BLOCK] ? "--block" : "the model's; --block changes it", (g->gen_length / B + 1) * B);
+        if (B % S)
+            return fail("%s %d must divide the block, %d (%s): pass a --sub-block that divides it", o->given[OPT_SUB_BLOCK] ? "--sub-block" : "the default --sub-block",
+                        S, B, o->given[OPT_BLOCK] ? "--block" : "the model's");
+        if (g->mask_id < 0 && info->mask_id < 0) return fail("%s names no mask token: pass --mask-id ID", o->model_dir);
+    }
     return 0;
 }
 
@@ -522,6 +702,12 @@ static int parse_args(int argc, char **argv, options *o) {
         o->prompt = read_all(f);
         fclose(f);
         if (!o->prompt) return fail("-f %s: cannot read it", o->prompt_file);
+    }
+    if (o->prompt && !*o->prompt) {  /* decodable, but rarely meant */
+        const char *then = o->raw ? "with --raw the model decodes from nothing" : "the model answers an empty user turn";
+        if (o->prompt_file) warn("-f %s is empty: %s", o->prompt_file, then);
+        else if (!strcmp(o->prompt_arg, "-")) warn("-p - read an empty stdin: %s", then);
+        else warn("-p \"\" is an empty prompt: %s", then);
     }
     return 0;
 }
@@ -629,16 +815,23 @@ static int reached_stop(stream *s, const int32_t *gen, int n) {
 }
 
 /* --visual: the generated canvas with each mask as '_', runs of tokens decoded together so that
- * characters split across tokens come out whole. */
+ * characters split across tokens come out whole. An EOS / EoT token shows as "[EOS]" / "[EOT]": with the
+ * answer ending at the first one (the default), the canvas after it is not drawn. */
 static void draw_canvas(stream *s, const dllm_step_info *info) {
     const int32_t *gen = info->canvas + info->prompt_len;
     int n = info->canvas_len - info->prompt_len, i = 0;
     if (s->tty) printf("\033[H\033[2J");
-    printf("step %d/%d, %d masks left\n", info->global_step, info->total_steps, info->n_masked);
+    printf("step %d/%d, %d mask%s left\n", info->global_step, info->total_steps, info->n_masked, plural(info->n_masked));
     while (i < n) {
         int run = i;
-        while (run < n && gen[run] != s->mask_id) run++;
+        while (run < n && gen[run] != s->mask_id && gen[run] != s->eos_id && gen[run] != s->eot_id) run++;
         if (run > i && detok(s, gen + i, run - i) >= 0) fputs(s->text, stdout);
+        if (run < n && gen[run] != s->mask_id) {  /* EOS or EoT: where the answer ends */
+            fputs(gen[run] == s->eos_id ? "[EOS]" : "[EOT]", stdout);
+            if (s->o->gen.stop_at_eos) break;
+            i = run + 1;
+            continue;
+        }
         for (i = run; i < n && gen[i] == s->mask_id; i++) putchar('_');
     }
     printf("\n");
@@ -820,8 +1013,9 @@ static int check_prompt(const options *o, const session *S, const int32_t *promp
     int32_t mask = o->gen.mask_id >= 0 ? o->gen.mask_id : S->info.mask_id;
     int i;
     if (n_prompt + o->gen.gen_length > S->info.max_seq_len)
-        return fail("the prompt is %d tokens; with -n %d that exceeds the model's context of %d: lower -n or shorten the prompt", n_prompt,
-                    o->gen.gen_length, S->info.max_seq_len);
+        return fail("the prompt is %d tokens; with -n %d that exceeds the model's context of %d: lower -n or shorten the prompt%s", n_prompt,
+                    o->gen.gen_length, S->info.max_seq_len,
+                    o->ids_text || o->raw ? "" : " (the chat template adds tokens: --raw leaves it out)");
     if (o->gen.kv_cache != DLLM_KV_CACHE_NONE)
         for (i = 0; i < n_prompt; i++)
             if (prompt[i] == mask)
@@ -879,7 +1073,7 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
     if (st.progress_line) fprintf(stderr, "\r\033[K");
     if (s != DLLM_OK && !(s == DLLM_ERR_CANCELLED && st.stop_ids >= 0)) {
         if (st.printed) printf("\n");
-        fail("%s", dllm_ctx_last_error(S->ctx));
+        fail("%s", in_flags(dllm_ctx_last_error(S->ctx)));
         goto done;
     }
     n_ids = st.stop_ids >= 0 ? st.stop_ids : n_out;
@@ -894,6 +1088,13 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
         if (!o->json) {
             print_new_text(&st, out, n_ids, 1);
             printf("\n");
+        }
+        /* Cut at a stop string: the ids (and their count) are those of the text before it, the longest prefix of ids
+         * whose text the cut answer begins with; a token that holds both the answer's end and the stop string's
+         * start is left out with the stop string. */
+        if (st.stop_ids >= 0 && *answer) {
+            long l;
+            while (n_ids > 0 && ((l = detok(&st, out, n_ids)) < 0 || l > text_len || memcmp(st.text, *answer, (size_t)l))) n_ids--;
         }
     }
     if (o->json) {
@@ -911,8 +1112,9 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
         printf("\n");
     }
     fflush(stdout);  /* the answer before the stats line, also when both go to one pipe */
-    fprintf(stderr, "generated %d tokens (prompt %d) in %d steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend, seed %llu%s\n", n_ids,
-            stats.n_prompt, stats.steps, stats.forwards, stats.wall_ms, stats.wall_ms > 0 ? 1000.0 * n_ids / stats.wall_ms : 0.0,
+    fprintf(stderr, "generated %d token%s (prompt %d) in %d step%s, %d forward%s, %.1f ms (%.1f tokens/s), %s backend, seed %llu%s\n", n_ids,
+            plural(n_ids), stats.n_prompt, stats.steps, plural(stats.steps), stats.forwards, plural(stats.forwards), stats.wall_ms,
+            stats.wall_ms > 0 ? 1000.0 * n_ids / stats.wall_ms : 0.0,
             dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed,
             st.stop_ids >= 0 ? ", ended at a stop string" : "");
     rc = 0;
@@ -933,53 +1135,116 @@ static int line_prompt(const options *o, const dllm_tokenizer *tok, const char *
     return ok;
 }
 
-/* Prints one item's final answer ("[N] text") and, with --print-ids, its ids line. */
-static void print_answer(const options *o, const session *S, int index, const int32_t *out, int n_out) {
+/* text[0..len) on one line: a backslash, newline and carriage return written as \\, \n and \r (as dllm-tokenize
+ * --decode writes them), so that each --prompts answer is exactly one line. */
+static void print_one_line(const char *text, size_t len) {
+    size_t i;
+    for (i = 0; i < len; i++) {
+        if (text[i] == '\\') fputs("\\\\", stdout);
+        else if (text[i] == '\n') fputs("\\n", stdout);
+        else if (text[i] == '\r') fputs("\\r", stdout);
+        else putchar(text[i]);
+    }
+}
+
+/* Prints one item's final answer: "[N] text" on one line (then its "ids:" line with --print-ids), or with --json
+ * one object {"index", "text", "ids", "stats"} on one line. */
+static void print_answer(const options *o, const session *S, int index, const int32_t *out, int n_out, const dllm_gen_stats *gs) {
     stream st;
-    long len;
+    long len = 0;
     int i;
     memset(&st, 0, sizeof st);
     st.o = o;
     st.tok = S->tok;
-    len = detok(&st, out, n_out);
-    printf("[%d] %.*s\n", index, len < 0 ? 0 : (int)shown_length(o, st.text, len, 1), st.text ? st.text : "");
-    if (o->print_ids) {
-        printf("ids:");
-        for (i = 0; i < n_out; i++) printf(" %d", out[i]);
+    if (S->tok && (len = detok(&st, out, n_out)) < 0) len = 0;
+    if (o->json) {
+        printf("{\"index\": %d, \"text\": ", index);
+        json_string(stdout, st.text ? st.text : "", (size_t)len);
+        printf(", \"ids\": [");
+        for (i = 0; i < n_out; i++) printf(i ? ", %d" : "%d", out[i]);
+        printf("], \"stats\": {\"n_prompt\": %d, \"n_generated\": %d, \"steps\": %d, \"forwards\": %d}}\n", gs->n_prompt, n_out, gs->steps,
+               gs->forwards);
+    } else {
+        printf("[%d] ", index);
+        print_one_line(st.text ? st.text : "", (size_t)len);
         printf("\n");
+        if (o->print_ids) {
+            printf("ids:");
+            for (i = 0; i < n_out; i++) printf(" %d", out[i]);
+            printf("\n");
+        }
     }
     free(st.text);
 }
 
-/* Decodes prompts [first, first + n) of lines together and prints their answers in order; 0, or 1 if any failed. */
+/* --json: a prompt that failed is an object {"index", "error"} in its place. */
+static void print_failure(const options *o, int index) {
+    if (!o->json) return;
+    printf("{\"index\": %d, \"error\": ", index);
+    json_string(stdout, last_failure, strlen(last_failure));
+    printf("}\n");
+}
+
+/* Decodes prompts [first, first + n) of lines together and prints their answers in order. A prompt that cannot
+ * decode (too long, a typed mask with a cache, an error from the library) is reported as "prompt N: ..." on stderr
+ * and the others still decode. 0, or 1 if any failed. */
 static int generate_batch(const options *o, session *S, char **lines, int first, int n) {
     const int cap = o->gen.gen_length + 1;  /* + 1: block diffusion may end with an AR seed */
     dllm_batch_item *items = (dllm_batch_item *)calloc((size_t)n, sizeof *items);
     dllm_batch_result *results = (dllm_batch_result *)calloc((size_t)n, sizeof *results);
     int32_t *outs = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap * (size_t)n);
+    int *index = (int *)malloc(sizeof(int) * (size_t)n);   /* items[j] is prompt index[j] */
+    char **errors = (char **)calloc((size_t)n, sizeof *errors); /* prompt first + i's error, for --json */
     dllm_gen_params gp;
     dllm_gen_stats bs;
-    int i, rc = 1;
-    if (!items || !results || !outs) { fail("out of memory"); goto done; }
+    int i, j, m = 0, rc = 1;
+    memset(&bs, 0, sizeof bs);
+    if (!items || !results || !outs || !index || !errors) { fail("out of memory"); goto done; }
     if (run_params(o, S, &gp)) goto done;
-    for (i = 0; i < n; i++) {
-        id_list ids = {NULL, 0, 0};
-        if (!line_prompt(o, S->tok, lines[first + i], &ids) || check_prompt(o, S, ids.ids, ids.n)) { free(ids.ids); goto done; }
-        items[i].prompt = ids.ids, items[i].n_prompt = ids.n, items[i].params = gp;
-        items[i].out = outs + (size_t)i * cap, items[i].out_capacity = cap;
-    }
-    dllm_generate_batch(S->ctx, items, n, results, &bs);
     rc = 0;
     for (i = 0; i < n; i++) {
-        if (results[i].status == DLLM_OK) print_answer(o, S, first + i, items[i].out, results[i].n_out);
-        else rc = fail("prompt %d: %s", first + i, results[i].error);
+        id_list ids = {NULL, 0, 0};
+        current_prompt = first + i;
+        if (!line_prompt(o, S->tok, lines[first + i], &ids) || check_prompt(o, S, ids.ids, ids.n)) {
+            free(ids.ids);
+            rc = 1;
+            if ((errors[i] = (char *)malloc(strlen(last_failure) + 1))) strcpy(errors[i], last_failure);
+            continue;
+        }
+        items[m].prompt = ids.ids, items[m].n_prompt = ids.n, items[m].params = gp;
+        items[m].out = outs + (size_t)m * cap, items[m].out_capacity = cap;
+        index[m++] = first + i;
+    }
+    current_prompt = -1;
+    if (m) dllm_generate_batch(S->ctx, items, m, results, &bs);
+    for (i = 0, j = 0; i < n; i++) {
+        if (j < m && index[j] == first + i) {
+            if (results[j].status == DLLM_OK) {
+                print_answer(o, S, first + i, items[j].out, results[j].n_out, &results[j].stats);
+            } else {
+                current_prompt = first + i;
+                rc = fail("%s", in_flags(results[j].error));
+                current_prompt = -1;
+                print_failure(o, first + i);
+            }
+            j++;
+        } else if (errors[i]) {
+            snprintf(last_failure, sizeof last_failure, "%s", errors[i]);
+            print_failure(o, first + i);
+        }
     }
     fflush(stdout);  /* the answers before the stats line, also when both go to one pipe */
-    fprintf(stderr, "batch of %d prompts (%d-%d): generated %d tokens in %d batched steps, %d forwards, %.1f ms (%.1f tokens/s), %s backend, seed %llu\n",
-            n, first, first + n - 1, bs.n_generated, bs.steps, bs.forwards, bs.wall_ms, bs.wall_ms > 0 ? 1000.0 * bs.n_generated / bs.wall_ms : 0.0,
-            dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed);
+    if (m)
+        fprintf(stderr, "batch of %d prompt%s (%d-%d): generated %d token%s in %d batched step%s, %d forward%s, %.1f ms (%.1f tokens/s), %s backend, "
+                "seed %llu\n", m, plural(m), first, first + n - 1, bs.n_generated, plural(bs.n_generated), bs.steps, plural(bs.steps), bs.forwards,
+                plural(bs.forwards), bs.wall_ms, bs.wall_ms > 0 ? 1000.0 * bs.n_generated / bs.wall_ms : 0.0,
+                dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed);
 done:
-    for (i = 0; items && i < n; i++) free((void *)items[i].prompt);
+    current_prompt = -1;
+    for (i = 0; items && i < m; i++) free((void *)items[i].prompt);
+    for (i = 0; errors && i < n; i++) free(errors[i]);
+    free(errors);
+    free(index);
     free(items);
     free(results);
     free(outs);
@@ -1057,7 +1322,7 @@ int main(int argc, char **argv) {
     conversation conv = {NULL, 0, 0};
     id_list ids = {NULL, 0, 0};
     char *answer = NULL;
-    int rc;
+    int rc, quantising;
     dllm_status st;
 
     memset(&o, 0, sizeof o);
@@ -1073,8 +1338,10 @@ int main(int argc, char **argv) {
         free(o.prompt);
         return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
     }
+    if (o.ids_text && ids.n == 0) warn("--ids is empty: the model decodes from no prompt");
     if (dllm_model_load(o.model_dir, dllm_model_default_params(), &S.model) != DLLM_OK) { fail("%s (-m)", dllm_last_error()); goto done; }
     dllm_model_get_info(S.model, &S.info);
+    if (check_model_options(&o, &S.info)) goto done;
     /* A text prompt needs the tokenizer; an --ids prompt uses it to print the answer when there is one. */
     if (dllm_tokenizer_load(o.model_dir, &S.tok) != DLLM_OK || dllm_tokenizer_check_model(S.tok, S.model) != DLLM_OK) {
         if (!o.ids_text) { fail("%s", dllm_last_error()); goto done; }
@@ -1082,10 +1349,34 @@ int main(int argc, char **argv) {
         S.tok = NULL;
         if (o.n_stops) { fail("--stop needs the model's tokenizer, and %s has none that loads", o.model_dir); goto done; }
     }
-    if ((st = dllm_ctx_create(S.model, o.ctx, &S.ctx)) != DLLM_OK) {
-        fail("%s%s", dllm_last_error(), st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)" : "");
+    if (o.ctx.n_threads > 0) {  /* more threads than cores only slows the CPU backend down */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores > 0 && o.ctx.n_threads > cores) {
+            fprintf(stderr, "dllm-generate: note: %s %d is more than the %ld core%s here: using %ld\n", o.given[OPT_THREADS], o.ctx.n_threads, cores,
+                    plural(cores), cores);
+            o.ctx.n_threads = (int)cores;
+        }
+    }
+    /* SoloQ / RTN precisions quantise every linear when the context is created (seconds to minutes, silent in the
+     * library): say so on a terminal, and erase the line once done. */
+    quantising = o.ctx.precision >= DLLM_PRECISION_SOLOQ_N && S.info.precision == DLLM_PRECISION_BF16 && isatty(STDERR_FILENO);
+    if (quantising) {
+        fprintf(stderr, "dllm-generate: quantising the linears to %s at load (dllm-quantize does it once, ahead)...", o.precision_name);
+        fflush(stderr);
+    }
+    st = dllm_ctx_create(S.model, o.ctx, &S.ctx);
+    if (quantising) fprintf(stderr, "\r\033[K");
+    if (st != DLLM_OK) {
+        if (o.given[OPT_DEVICES])  /* the library's words about its device list, then the flag that set it */
+            fail("%s %s cannot be used: %s: drop %s%s", o.given[OPT_DEVICES], o.devices_text, in_flags(dllm_last_error()), o.given[OPT_DEVICES],
+                 st == DLLM_ERR_NO_DEVICE ? " to run on the CPU" : "");
+        else
+            fail("%s%s", in_flags(dllm_last_error()),
+                 st == DLLM_ERR_NO_DEVICE && o.ctx.backend == DLLM_BACKEND_GPU ? " (drop --backend gpu to run on the CPU)" : "");
         goto done;
     }
+    if (o.given[OPT_DEVICES] && dllm_ctx_get_backend(S.ctx) != DLLM_BACKEND_GPU)
+        warn("%s picks GPUs, and this run is on the CPU (no usable GPU): %s is ignored; drop it", o.given[OPT_DEVICES], o.given[OPT_DEVICES]);
     if (o.ctx.kv_quant != DLLM_KV_QUANT_NONE) {
         double bytes = 0, bf16 = 0;
         int block = o.given[OPT_BLOCK] ? o.gen.block_length : 0;

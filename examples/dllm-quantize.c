@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -70,7 +71,7 @@ static int parse_precision(const char *s, dllm_precision *p) {
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *out_dir = NULL;
     int have_precision = 0, quiet = 0, i;
-    long v;
+    long v, cores;
     dllm_quantize_params qp = dllm_quantize_default_params();
     dllm_model *model = NULL;
     dllm_status s;
@@ -92,6 +93,10 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--threads")) {
             if (!parse_int(val, 0, 1024, &v)) return fail("--threads must be a whole number in [0, 1024], not ", val);
             qp.n_threads = (int)v;
+            if ((cores = sysconf(_SC_NPROCESSORS_ONLN)) > 0 && v > cores) {  /* more threads than cores only slows it down */
+                fprintf(stderr, "dllm-quantize: note: --threads %ld is more than the %ld core%s here: using %ld\n", v, cores, cores == 1 ? "" : "s", cores);
+                qp.n_threads = (int)cores;
+            }
         } else if (!strcmp(a, "--max-shard-mb")) {
             if (!parse_int(val, 1, 1L << 30, &v)) return fail("--max-shard-mb must be a positive whole number, not ", val);
             qp.max_shard_bytes = (size_t)v * 1000 * 1000;

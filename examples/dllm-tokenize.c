@@ -13,6 +13,7 @@
  */
 #include "../dllm.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,21 @@ static char *read_stdin(size_t *len) {
     return buf;
 }
 
-static int encode_line(const dllm_tokenizer *tok, const char *line, size_t len, int parse_special, int32_t **ids, int *cap) {
+/* "dllm-tokenize: line N: " and a message on stderr, one line; returns 1. */
+#if defined(__GNUC__)
+static int fail_line(long line_no, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#endif
+static int fail_line(long line_no, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dllm-tokenize: line %ld: ", line_no);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 1;
+}
+
+static int encode_line(const dllm_tokenizer *tok, long line_no, const char *line, size_t len, int parse_special, int32_t **ids, int *cap) {
     int n = 0, i;
     dllm_status s = dllm_tokenize(tok, line, len, parse_special, *ids, *cap, &n);
     if (s == DLLM_ERR_BUFFER_TOO_SMALL) {
@@ -65,7 +80,7 @@ static int encode_line(const dllm_tokenizer *tok, const char *line, size_t len, 
         *cap = n;
         s = dllm_tokenize(tok, line, len, parse_special, *ids, *cap, &n);
     }
-    if (s != DLLM_OK) return fail("", dllm_last_error());
+    if (s != DLLM_OK) return fail_line(line_no, "%s", dllm_last_error());
     for (i = 0; i < n; i++) printf(i ? " %d" : "%d", (*ids)[i]);
     printf("\n");
     return 0;
@@ -83,19 +98,27 @@ static void write_text(const char *text, size_t len, int escape) {
     }
 }
 
-static int decode_line(const dllm_tokenizer *tok, const char *line, size_t len, int skip_special, int escape, int32_t **ids, int *cap, char **text,
-                       size_t *text_cap) {
-    int n = 0;
+
+static int decode_line(const dllm_tokenizer *tok, long line_no, const char *line, size_t len, int skip_special, int escape, int32_t **ids, int *cap,
+                       char **text, size_t *text_cap) {
+    int n = 0, n_vocab = dllm_tokenizer_n_vocab(tok);
     size_t need = 0;
     const char *p = line, *end = line + len;
     dllm_status s;
     while (p < end) {
         char *after;
         long v;
+        size_t word;
         while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
         if (p == end) break;
+        for (word = 0; p + word < end && p[word] != ' ' && p[word] != '\t' && p[word] != '\r'; word++) {}
         v = strtol(p, &after, 10);
-        if (after == p || after > end || v < 0 || v > INT32_MAX) return fail("bad id in line: ", "expected non-negative integers separated by spaces");
+        if (after != p + word || v < 0 || v > INT32_MAX) {
+            char shown[48];
+            snprintf(shown, sizeof shown, "%.*s%s", word > 40 ? 40 : (int)word, p, word > 40 ? "..." : "");
+            return fail_line(line_no, "bad id \"%s\": expected token ids (integers >= 0) separated by spaces", shown);
+        }
+        if (v >= n_vocab) return fail_line(line_no, "id %ld is outside the tokenizer's vocabulary [0, %d)", v, n_vocab);
         if (n == *cap) {
             int32_t *grown = (int32_t *)realloc(*ids, sizeof(int32_t) * (size_t)(*cap = *cap * 2 + 16));
             if (!grown) return fail("out of memory", "");
@@ -112,7 +135,7 @@ static int decode_line(const dllm_tokenizer *tok, const char *line, size_t len, 
         *text_cap = need;
         s = dllm_detokenize(tok, *ids, n, skip_special, *text, *text_cap, &need);
     }
-    if (s != DLLM_OK) return fail("", dllm_last_error());
+    if (s != DLLM_OK) return fail_line(line_no, "%s", dllm_last_error());
     write_text(*text, need - 1, escape);
     printf("\n");
     return 0;
@@ -125,6 +148,7 @@ int main(int argc, char **argv) {
     int32_t *ids = NULL;
     char *input, *text = NULL;
     size_t len = 0, pos = 0, text_cap = 0;
+    long line_no = 0;
 
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
@@ -150,8 +174,9 @@ int main(int argc, char **argv) {
     while (pos < len && rc == 0) {
         const char *nl = (const char *)memchr(input + pos, '\n', len - pos);
         size_t line_len = nl ? (size_t)(nl - (input + pos)) : len - pos;
-        rc = decode ? decode_line(tok, input + pos, line_len, skip_special, escape, &ids, &cap, &text, &text_cap)
-                    : encode_line(tok, input + pos, line_len, parse_special, &ids, &cap);
+        line_no++;
+        rc = decode ? decode_line(tok, line_no, input + pos, line_len, skip_special, escape, &ids, &cap, &text, &text_cap)
+                    : encode_line(tok, line_no, input + pos, line_len, parse_special, &ids, &cap);
         pos += line_len + 1;
     }
     free(input);

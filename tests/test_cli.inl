@@ -521,8 +521,11 @@ TEST(cli, prompts_file_decodes_each_line_as_p_would) {
     }
     int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi --batch 2", "", out, err);
     CHECK_MSG(rc == 1 && err.find("--batch") != std::string::npos && err.find("--prompts") != std::string::npos, "exit %d: %s", rc, err.c_str());
-    rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("prompts") + " --json", "", out, err);
-    CHECK_MSG(rc == 1 && err.find("--prompts and --json conflict") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    const std::string json_opts = std::string(test_llada) + "-n 16 --block 8 --steps 8 --threshold 0.5 --cfg 0.5 --json ";
+    rc = test_run_cli("dllm-generate", json_opts + "--prompts " + dir.file("prompts"), "", out, err);  // an object a line
+    CHECK_MSG(rc == 0 && std::count(out.begin(), out.end(), '\n') == (long)alone.size() && out.rfind("{\"index\": 0", 0) == 0 &&
+                  out.find("{\"index\": " + std::to_string(alone.size() - 1)) != std::string::npos,
+              "--prompts --json: exit %d, stdout %s, stderr %s", rc, out.c_str(), err.c_str());
     rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("prompts") + " --batch 0", "", out, err);
     CHECK_MSG(rc == 1 && err.find("--batch must be a positive count") != std::string::npos, "exit %d: %s", rc, err.c_str());
     rc = test_run_cli("dllm-generate", std::string(test_llada) + "--prompts " + dir.file("missing"), "", out, err);
