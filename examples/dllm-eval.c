@@ -41,6 +41,8 @@ typedef struct {
     dllm_backend backend, ref_backend;
     dllm_lacache lacache, ref_lacache;
     dllm_precision precision, ref_precision;
+    dllm_soloq_rotation soloq_rotation;  /* both contexts' (SoloQ precisions only) */
+    int soloq_bias_correction;
     dllm_gen_params sched;  /* the scheduler fields of the configuration under test */
 } options;
 
@@ -64,6 +66,7 @@ static void usage(void) {
            "  --precision P, --ref-precision P   bf16 (default; a dllm-quantize directory: its own), fp8 (FFN of\n"
            "                          layers >= 1), fp8-all, or SoloQ W4A4: soloq-n, soloq-i, soloq-c, rtn-w4a4, and\n"
            "                          each -w4a16 (weight-only)\n"
+           "  --soloq-rotation R, --soloq-bias-correction 0|1   SoloQ's ablations, both contexts (krpbh and 1 by default)\n"
            "  scheduler under test (--agree; the reference decodes vanilla):\n"
            "  --cache none|prefix|dual  Fast-dLLM K/V cache (approximate)\n"
            "  --threshold T, --factor F  Fast-dLLM parallel decoding\n"
@@ -133,7 +136,8 @@ static int is_flag(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--hel
 static int is_value_option(const char *a) {
     static const char *const names[] = {"-m", "--model", "--nll", "--add", "--agree", "--limit", "--batch", "--windows", "-n", "--steps", "--block",
                                         "--backend", "--ref-backend", "--lacache", "--ref-lacache", "--precision", "--ref-precision",
-                                        "--cache", "--threshold", "--factor", "--dpad", "--alg"};
+                                        "--cache", "--threshold", "--factor", "--dpad", "--alg", "--soloq-rotation",
+                                        "--soloq-bias-correction"};
     size_t i;
     for (i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) return 1;
@@ -167,6 +171,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->lacache = DLLM_LACACHE_ON;
     o->ref_lacache = DLLM_LACACHE_OFF;
     o->precision = o->ref_precision = DLLM_PRECISION_AUTO;  /* bf16, or what a dllm-quantize directory holds */
+    o->soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT, o->soloq_bias_correction = -1;
     o->sched = dllm_gen_default_params();
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -197,6 +202,17 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--lacache")) { if (!parse_lacache(v, &o->lacache)) return fail("bad --lacache ", v); }
         else if (!strcmp(a, "--ref-lacache")) { if (!parse_lacache(v, &o->ref_lacache)) return fail("bad --ref-lacache ", v); }
         else if (!strcmp(a, "--precision")) { if (!parse_precision(v, &o->precision)) return fail("bad --precision ", v); }
+        else if (!strcmp(a, "--soloq-rotation")) {
+            static const char *const rotations[] = {"default", "none", "hadamard", "rpbh", "mixer", "krpbh", "haar"};  /* dllm_soloq_rotation */
+            int k = -1, r;
+            for (r = 0; r < 7; r++)
+                if (!strcmp(v, rotations[r])) k = r;
+            if (k < 0) return fail("--soloq-rotation must be none, hadamard, rpbh, mixer, krpbh or haar, not ", v);
+            o->soloq_rotation = (dllm_soloq_rotation)k;
+        } else if (!strcmp(a, "--soloq-bias-correction")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) return fail("--soloq-bias-correction must be 0 or 1, not ", v);
+            o->soloq_bias_correction = v[0] == '1';
+        }
         else if (!strcmp(a, "--ref-precision")) { if (!parse_precision(v, &o->ref_precision)) return fail("bad --ref-precision ", v); }
         else if (!parse_sched(a, v, &o->sched)) { fprintf(stderr, "dllm-eval: bad value for %s: \"%s\"\n", a, v); return 1; }
     }
@@ -267,11 +283,12 @@ typedef struct {
     dllm_model_info info;
 } loaded;
 
-static dllm_ctx *make_ctx(const loaded *L, dllm_backend backend, dllm_precision precision) {
+static dllm_ctx *make_ctx(const loaded *L, const options *o, dllm_backend backend, dllm_precision precision) {
     dllm_ctx_params cp = dllm_ctx_default_params();
     dllm_ctx *ctx = NULL;
     cp.backend = backend;
     cp.precision = precision;
+    cp.soloq_rotation = o->soloq_rotation, cp.soloq_bias_correction = o->soloq_bias_correction;
     if (dllm_ctx_create(L->model, cp, &ctx) != DLLM_OK) fprintf(stderr, "dllm-eval: %s\n", dllm_last_error());
     return ctx;
 }
@@ -294,7 +311,7 @@ static int eval_nll(const loaded *L, const options *o) {
     int n = 0, k, w, i, rc = 1, windows;
     int32_t *ids = text ? tokenize(L->tok, text, len, &n) : NULL, masked[128];
     float *logits = text ? (float *)malloc(sizeof(float) * (size_t)W * V) : NULL;
-    dllm_ctx *ctx = text ? make_ctx(L, o->backend, o->precision) : NULL;
+    dllm_ctx *ctx = text ? make_ctx(L, o, o->backend, o->precision) : NULL;
     if (!text || !ctx) goto done;  /* the reason is printed */
     if (!ids || !logits) { fail("out of memory evaluating NLL on ", o->nll_file); goto done; }
     windows = n / W < o->windows ? n / W : o->windows;
@@ -452,7 +469,7 @@ static int eval_add(const loaded *L, const options *o) {
     const int gen = 8;
     size_t len = 0, pos = 0;
     char *text = read_file("--add", o->add_file, &len);
-    dllm_ctx *ctx = text ? make_ctx(L, o->backend, o->precision) : NULL;
+    dllm_ctx *ctx = text ? make_ctx(L, o, o->backend, o->precision) : NULL;
     add_problem *pending = (add_problem *)calloc((size_t)o->batch, sizeof *pending);
     int total = 0, correct = 0, line_no = 0, n_pending = 0, rc = 1, i;
     long lines = text ? count_lines(text, len) : 0;
@@ -515,7 +532,7 @@ static int eval_agree(const loaded *L, const options *o) {
     char *text = read_file("--agree", o->agree_file, &len), *line, *save = NULL;
     long lines = text ? count_lines(text, len) : 0;
     const int same_ctx = o->backend == o->ref_backend && o->precision == o->ref_precision;
-    dllm_ctx *a = make_ctx(L, o->backend, o->precision), *b = same_ctx ? a : make_ctx(L, o->ref_backend, o->ref_precision);
+    dllm_ctx *a = make_ctx(L, o, o->backend, o->precision), *b = same_ctx ? a : make_ctx(L, o, o->ref_backend, o->ref_precision);
     int32_t *ga = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n), *gb = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->n);
     long tokens = 0, same_tokens = 0, nfe_a = 0, nfe_b = 0, pll_na = 0, pll_nb = 0;
     double pll_a = 0, pll_b = 0;

@@ -40,7 +40,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_COUNT
 };
 
 typedef struct {
@@ -66,6 +66,7 @@ static const option_def option_defs[] = {
     {OPT_THREADS, 1, {"--threads", "-t"}}, {OPT_SUB_BLOCK, 1, {"--sub-block"}}, {OPT_BLOCK_CACHE, 0, {"--block-cache"}},
     {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}}, {OPT_PROMPTS, 1, {"--prompts"}}, {OPT_BATCH, 1, {"--batch"}},
     {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}}, {OPT_DEVICES, 1, {"--devices"}},
+    {OPT_SOLOQ_ROTATION, 1, {"--soloq-rotation"}}, {OPT_SOLOQ_BIAS_CORRECTION, 1, {"--soloq-bias-correction"}},
 };
 
 typedef struct {
@@ -194,6 +195,9 @@ static void usage(FILE *f) {
             "                         with a warning); fp8-all also quantises the attention projections (beyond\n"
             "                         the paper). The CPU backend computes the same function. soloq-n, soloq-i,\n"
             "                         soloq-c, rtn-w4a4: SoloQ W4A4 (each -w4a16 form: weight-only), both backends\n"
+            "  --soloq-rotation R     SoloQ's rotation: krpbh (default, the paper's), none, hadamard, rpbh, mixer or haar\n"
+            "                         (ablations; a dllm-quantize directory runs only with the one it was made with)\n"
+            "  --soloq-bias-correction 0|1  SoloQ's scale-only bias correction (default 1)\n"
             "  -t, --threads N        CPU backend threads (default: all; more than the cores is clamped to them, with a note)\n"
             "  --devices LIST         GPUs for tensor parallelism, e.g. 0,1 (one model split across them; not built yet:\n"
             "                         more than one device is an error for now); one ordinal picks that GPU\n"
@@ -438,7 +442,8 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
                              *const precisions[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4", "soloq-n-w4a16",
                                                      "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"},  /* dllm_precision order */
                              *const backends[] = {"auto", "cpu", "gpu"},
-                             *const kv_quants[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"};  /* dllm_kv_quant order */
+                             *const kv_quants[] = {"none", "soloq-kv4", "soloq-kv2", "kivi-kv4", "kivi-kv2"},  /* dllm_kv_quant order */
+                             *const rotations[] = {"default", "none", "hadamard", "rpbh", "mixer", "krpbh", "haar"};  /* dllm_soloq_rotation */
     dllm_gen_params *g = &o->gen;
     int k = 0;
     switch (id) {
@@ -518,6 +523,14 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
         o->precision_name = v;
         break;
     case OPT_THREADS: return count_option(a, v, 0, 1024, "a count in [0, 1024] (0 = all cores)", &o->ctx.n_threads);
+    case OPT_SOLOQ_ROTATION:
+        if (!parse_choice(v, rotations, 7, &k)) return fail("%s must be none, hadamard, rpbh, mixer, krpbh or haar, not \"%s\"", a, v);
+        o->ctx.soloq_rotation = (dllm_soloq_rotation)k;
+        break;
+    case OPT_SOLOQ_BIAS_CORRECTION:
+        if (strcmp(v, "0") && strcmp(v, "1")) return fail("%s must be 0 or 1, not \"%s\"", a, v);
+        o->ctx.soloq_bias_correction = v[0] == '1';
+        break;
     case OPT_DEVICES:
         if (!parse_devices(v, &o->ctx)) return fail("%s must be up to %d comma-separated GPU ordinals such as 0,1, not \"%s\"", a, DLLM_MAX_DEVICES, v);
         o->devices_text = v;

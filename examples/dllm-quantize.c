@@ -31,6 +31,8 @@ static void usage(FILE *f) {
             "                         baseline); a -w4a16 form (e.g. soloq-i-w4a16) stores the same weights and\n"
             "                         records that precision as the default\n"
             "  --quantize-lm-head     quantise the LM head too (default: it stays BF16, as in the paper)\n"
+            "  --soloq-rotation R     krpbh (default, the paper's), none, hadamard, rpbh, mixer or haar (ablations)\n"
+            "  --soloq-bias-correction 0|1  the scale-only bias correction (default 1)\n"
             "  --threads N            CPU threads (default: all)\n"
             "  --max-shard-mb N       at most N MB a safetensors file (default 4096); larger outputs are sharded\n"
             "  --force                write into a non-empty OUT_DIR, replacing its model files\n"
@@ -38,7 +40,8 @@ static void usage(FILE *f) {
             "  --version              print the version\n"
             "  -h, --help             this text\n"
             "\n"
-            "The DLLM_SOLOQ_ROTATION and DLLM_SOLOQ_BIAS_CORRECTION ablation switches apply and are recorded.\n");
+            "The rotation and the bias correction are recorded: OUT_DIR runs with them, and a context asking for others\n"
+            "is refused.\n");
 }
 
 static int fail(const char *what, const char *detail) {
@@ -78,7 +81,8 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const int takes_value = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--precision") ||
-                                !strcmp(a, "--threads") || !strcmp(a, "--max-shard-mb");
+                                !strcmp(a, "--threads") || !strcmp(a, "--max-shard-mb") || !strcmp(a, "--soloq-rotation") ||
+                                !strcmp(a, "--soloq-bias-correction");
         const char *val = takes_value && i + 1 < argc ? argv[i + 1] : NULL;
         if (takes_value && !val) { fprintf(stderr, "dllm-quantize: %s needs a value\n", a); return 1; }
         if (takes_value) i++;
@@ -100,6 +104,16 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--max-shard-mb")) {
             if (!parse_int(val, 1, 1L << 30, &v)) return fail("--max-shard-mb must be a positive whole number, not ", val);
             qp.max_shard_bytes = (size_t)v * 1000 * 1000;
+        } else if (!strcmp(a, "--soloq-rotation")) {
+            static const char *const rotations[] = {"default", "none", "hadamard", "rpbh", "mixer", "krpbh", "haar"};  /* dllm_soloq_rotation */
+            int k = -1;
+            for (int r = 0; r < 7; r++)
+                if (!strcmp(val, rotations[r])) k = r;
+            if (k < 0) return fail("--soloq-rotation must be none, hadamard, rpbh, mixer, krpbh or haar, not ", val);
+            qp.soloq_rotation = (dllm_soloq_rotation)k;
+        } else if (!strcmp(a, "--soloq-bias-correction")) {
+            if (strcmp(val, "0") && strcmp(val, "1")) return fail("--soloq-bias-correction must be 0 or 1, not ", val);
+            qp.soloq_bias_correction = val[0] == '1';
         } else if (!strcmp(a, "--quantize-lm-head")) qp.quantize_lm_head = 1;
         else if (!strcmp(a, "--force")) qp.overwrite = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;

@@ -482,7 +482,7 @@ TEST(kv_quant, cli_flags) {
     rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " --kv-sinks 2", "", out, err);
     CHECK_MSG(rc == 1 && err.find("--kv-sinks keeps sinks of a quantised cache: it needs --kv-quant") != std::string::npos, "exit %d: %s", rc, err.c_str());
     rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi --kv-quant kivi-kv4", "", out, err);
-    CHECK_MSG(rc == 1 && err.find("kv_quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 && err.find("--kv-quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos, "exit %d: %s", rc, err.c_str());
 }
 
 /* dllm_kv_bytes_per_token's bad inputs are statuses with messages naming what to change, and leave *bytes alone:

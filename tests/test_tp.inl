@@ -330,8 +330,10 @@ TEST(tp, ctx_device_list_is_validated) {
 
 TEST(tp, cli_devices_option) {
     if (!test_cli_built()) SKIP("the CLI programs are not built");
-    const char *cases[][2] = {{"-p hi -n 8 --devices 0,0", "devices[0] and devices[1] are both CUDA device 0"},
-                              {"-p hi -n 8 --devices 0,1", "GPU backend only"},
+    // test_llada runs on the CPU backend: a well-formed list is refused there, naming the flag to drop
+    const char *cases[][2] = {{"-p hi -n 8 --devices 0,0", "drop --devices"},
+                              {"-p hi -n 8 --devices 0,1", "drop --devices"},
+                              {"-p hi -n 8 --devices 3", "drop --devices"},
                               {"-p hi -n 8 --devices 0,,1", "--devices must be up to 8 comma-separated GPU ordinals"},
                               {"-p hi -n 8 --devices 0,1,2,3,4,5,6,7,8", "--devices must be up to 8"},
                               {"-p hi -n 8 --devices x", "--devices"}};
@@ -340,9 +342,6 @@ TEST(tp, cli_devices_option) {
         int rc = test_run_cli("dllm-generate", std::string(test_llada) + c[0], "", out, err);
         CHECK_MSG(rc == 1 && test_one_line(err) && err.find(c[1]) != std::string::npos, "`%s`: exit %d, stderr %s", c[0], rc, err.c_str());
     }
-    std::string out, err;
-    int rc = test_run_cli("dllm-generate", std::string(test_llada) + "-p hi -n 8 --devices 3", "", out, err);
-    CHECK_MSG(rc == 0, "--devices 3 on the CPU backend: exit %d, %s", rc, err.c_str());
 }
 
 /* NCCL through dlopen: where it is installed, the table resolves and ncclGetVersion answers (no GPU needed). */

@@ -7,7 +7,7 @@
 """
 from ._capi import DllmError, library_candidates, lib, live_handles, set_log_handler
 from ._types import (Backend, ChatTemplate, Dpad, Family, KvCache, KvQuant, Lacache, LogLevel, Precision,
-                     Remasking, Status, Unmask)
+                     Remasking, SoloqRotation, Status, Unmask)
 from .context import BatchGeneration, Context, Generation, GenStats, gen_defaults
 from .model import Model, ModelInfo
 from .stream import Step, Stream
@@ -16,7 +16,7 @@ from .tokenizer import Tokenizer
 __all__ = [
     "DllmError", "library_candidates", "library_path", "live_handles", "rng_uniform", "set_log_handler", "version",
     "Backend", "ChatTemplate", "Dpad", "Family", "KvCache", "KvQuant", "Lacache", "LogLevel", "Precision",
-    "Remasking", "Status", "Unmask", "BatchGeneration", "Context", "Generation", "GenStats", "gen_defaults",
+    "Remasking", "SoloqRotation", "Status", "Unmask", "BatchGeneration", "Context", "Generation", "GenStats", "gen_defaults",
     "Model", "ModelInfo", "Step", "Stream", "Tokenizer",
 ]
 

@@ -76,6 +76,16 @@ class KvQuant(enum.IntEnum):
     KIVI_KV2 = 4
 
 
+class SoloqRotation(enum.IntEnum):
+    DEFAULT = 0
+    NONE = 1
+    HADAMARD = 2
+    RPBH = 3
+    MIXER = 4
+    KRPBH = 5
+    HAAR = 6
+
+
 class Remasking(enum.IntEnum):
     LOW_CONFIDENCE = 0
     RANDOM = 1
@@ -118,6 +128,7 @@ C_ENUMS = {
     "dllm_backend": (Backend, "DLLM_BACKEND_"),
     "dllm_precision": (Precision, "DLLM_PRECISION_"),
     "dllm_kv_quant": (KvQuant, "DLLM_KV_QUANT_"),
+    "dllm_soloq_rotation": (SoloqRotation, "DLLM_SOLOQ_ROTATION_"),
     "dllm_remasking": (Remasking, "DLLM_REMASK_"),
     "dllm_lacache": (Lacache, "DLLM_LACACHE_"),
     "dllm_unmask": (Unmask, "DLLM_UNMASK_"),
@@ -149,7 +160,7 @@ class CtxParams(ctypes.Structure):
     _fields_ = [
         ("backend", c_enum), ("device", c_int), ("max_tokens", c_int), ("n_threads", c_int), ("precision", c_enum),
         ("quantize_lm_head", c_int), ("kv_quant", c_enum), ("kv_sink_tokens", c_int), ("n_devices", c_int),
-        ("devices", c_int * MAX_DEVICES),
+        ("devices", c_int * MAX_DEVICES), ("soloq_rotation", c_enum), ("soloq_bias_correction", c_int),
     ]
 
 
@@ -202,6 +213,7 @@ class QuantizeParams(ctypes.Structure):
     _fields_ = [
         ("precision", c_enum), ("quantize_lm_head", c_int), ("n_threads", c_int), ("overwrite", c_int),
         ("max_shard_bytes", c_size_t), ("progress", QUANTIZE_PROGRESS_FN), ("progress_user_data", c_void_p),
+        ("soloq_rotation", c_enum), ("soloq_bias_correction", c_int),
     ]
 
 
@@ -222,5 +234,5 @@ C_STRUCTS = {
 # Struct fields that take an enum: keyword arguments may name the constant ("cpu", "dual") instead.
 ENUM_FIELDS = {
     "backend": Backend, "precision": Precision, "kv_quant": KvQuant, "remasking": Remasking,
-    "lacache": Lacache, "unmask": Unmask, "kv_cache": KvCache, "dpad": Dpad,
+    "lacache": Lacache, "unmask": Unmask, "kv_cache": KvCache, "dpad": Dpad, "soloq_rotation": SoloqRotation,
 }

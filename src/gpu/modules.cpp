@@ -67,19 +67,19 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_TILES fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
         if (a.cc != 90)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_TILES fp8_gemm=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d",
+                "DLLM_TILES=fp8_gemm=cublaslt: cuBLASLt's block-scaled FP8 runs on sm_90 only, this GPU is sm_%d",
                 a.cc);
         out = DLLM__FP8_CUBLASLT_BLOCK;
     } else {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_TILES fp8_gemm=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
+                          "DLLM_TILES=fp8_gemm=%s: expected mma or cublaslt (or unset: the GPU's default)", v);
     }
     return DLLM_OK;
 }
