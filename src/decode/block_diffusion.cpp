@@ -68,6 +68,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
     DLLM__TRY(dllm__check_bd_options(p));
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
@@ -411,6 +412,8 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
                                        int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg))
         return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
+        return dllm__llada2_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();

@@ -30,6 +30,15 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
 
+/* edit_threshold and max_post_steps mean something to LLaDA2's loops only: other families refuse them. */
+static dllm_status dllm__check_no_llada2_options(const dllm__config &c, const dllm_gen_params &p) {
+    if (p.edit_threshold < 0 && p.max_post_steps == -1) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                      "edit_threshold and max_post_steps (--edit-threshold, --max-post-steps) belong to LLaDA2's "
+                      "decoding; a %s model does not take them",
+                      dllm__family_name(c.family));
+}
+
 /* Dream's sampler options (decoding.md 4): ranges, and the combinations that mean something. The remasking
  * and unmask values are already validated. */
 static dllm_status dllm__check_dream(const dllm_gen_params &p) {
@@ -120,6 +129,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     const int unmask = dllm__enum_int(p.unmask);  // read as int: the value is not validated yet
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
