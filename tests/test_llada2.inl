@@ -471,7 +471,8 @@ struct test_llada2_scripted : dllm__backend_impl {
     dllm_status begin_block(dllm__decode &) override { return DLLM_OK; }
     dllm_status step(dllm__decode &, std::vector<int32_t> &, bool) override { return DLLM_OK; }
     dllm_status bd_begin(int) override { return DLLM_OK; }
-    /* Row logits that give `token` probability p under the softmax without the mask (id V - 1). */
+    /* Row logits that give `token` probability p (> 1 / (V - 1): it is the argmax) under the softmax without the mask
+     * (id V - 1). */
     dllm_status bd_forward(const dllm__bd_call &call, float *out) override {
         if (call.kind == DLLM__BD_COMMIT) return commits.push_back(call.T), DLLM_OK;
         std::vector<std::pair<int32_t, double>> rows = script(forwards++, call.ids, call.T);
@@ -521,8 +522,8 @@ TEST(llada2, loop_v20_threshold_fallback_schedule_and_eos) {
     rig.backend->script = [](int f, const int32_t *, int T) {
         std::vector<std::pair<int32_t, double>> r((size_t)T, {1, 0.5});
         if (f == 0) r = {{1, 0.95}, {2, 0.3}, {3, 0.3}, {4, 0.6}};  // 1 above 0.9 < k 2: top 2 = rows 0, 3
-        if (f == 1) r = {{1, 0.1}, {2, 0.4}, {3, 0.4}, {4, 0.1}};   // none above, k 1: tie -> row 1
-        if (f == 2) r = {{1, 0.1}, {2, 0.1}, {5, 0.2}, {4, 0.1}};
+        if (f == 1) r = {{1, 0.2}, {2, 0.4}, {2, 0.4}, {4, 0.2}};  // none above, k 1: an exact tie -> row 1
+        if (f == 2) r = {{1, 0.2}, {2, 0.2}, {5, 0.25}, {4, 0.2}};
         if (f == 3) r = {{1, 0.99}, {6, 0.98}, {3, 0.91}, {4, 0.2}};  // block 2: 3 above >= k 2: all three; EOS
         return r;
     };
@@ -549,7 +550,7 @@ TEST(llada2, loop_v20_early_stop) {
     dllm_gen_params p = dllm_gen_default_params();
     p.block_length = 4, p.gen_length = 4, p.steps = 4, p.threshold = 0.9, p.early_stop = 1, p.stop_at_eos = 0;
     rig.backend->script = [](int f, const int32_t *, int) {
-        if (f == 0) return std::vector<std::pair<int32_t, double>>{{1, 0.2}, {2, 0.3}, {6, 0.95}, {4, 0.1}};
+        if (f == 0) return std::vector<std::pair<int32_t, double>>{{1, 0.2}, {2, 0.3}, {6, 0.95}, {4, 0.2}};
         return std::vector<std::pair<int32_t, double>>{{1, 0.2}, {6, 0.99}, {6, 0.3}, {4, 0.3}};
     };
     std::vector<std::vector<int32_t>> steps;
