@@ -17429,7 +17429,6 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
-    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     const int unmask = dllm__enum_int(p.unmask);  // read as int: the value is not validated yet
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
@@ -17480,6 +17479,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 
@@ -18091,7 +18091,6 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
     DLLM__TRY(dllm__check_bd_options(p));
-    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
@@ -18127,6 +18126,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                               "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i,
                               plan.mask_id);
     }
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;

@@ -68,7 +68,6 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
     DLLM__TRY(dllm__check_bd_options(p));
-    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
@@ -104,6 +103,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                               "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i,
                               plan.mask_id);
     }
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;

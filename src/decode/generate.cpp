@@ -129,7 +129,6 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const dllm__config &c = ctx.model->cfg;
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
-    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     const int unmask = dllm__enum_int(p.unmask);  // read as int: the value is not validated yet
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
@@ -180,6 +179,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 
