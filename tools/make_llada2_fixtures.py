@@ -39,9 +39,32 @@ SHAPE = dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key
 MASK_ID, EOS_ID = 63, 62
 
 
+def shim_transformers():
+    """Names the official code (written for transformers 4.5x) imports that transformers 5 dropped: FX tracing is
+    unused here, torch is newer than 1.13."""
+    import transformers.pytorch_utils as pu
+    import transformers.utils.import_utils as iu
+    if not hasattr(iu, "is_torch_fx_available"):
+        iu.is_torch_fx_available = lambda: False
+    if not hasattr(pu, "is_torch_greater_or_equal_than_1_13"):
+        pu.is_torch_greater_or_equal_than_1_13 = True
+    import transformers.modeling_rope_utils as ru
+    if "default" not in ru.ROPE_INIT_FUNCTIONS:
+        ru.ROPE_INIT_FUNCTIONS["default"] = default_rope
+
+
+def default_rope(config, device=None, **_):
+    """transformers 4's _compute_default_rope_parameters: theta^(-2i/dim) over dim = int(head_dim * partial factor)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (config.rope_theta ** exponent), 1.0
+
+
 def load_official(root):
     """The official LLaDA2.0 and LLaDA2.1 model classes, imported from root/llada2 and root/llada21."""
     sys.path.insert(0, os.path.abspath(root))
+    shim_transformers()
     import llada2.modeling_llada2_moe as v20  # noqa: E402  (namespace packages: relative imports work)
     import llada21.modeling_llada21_moe as v21  # noqa: E402
     return v20, v21
