@@ -122,8 +122,12 @@ typedef enum dllm_family {
     DLLM_FAMILY_FAST_DLLM_V2 = 2, /* Fast-dLLM v2 (model_type Fast_dLLM_Qwen): Qwen2 layout, block
                                      diffusion (block-causal, a K/V cache of committed blocks), logit
                                      shift; mask and stop ids from the tokenizer files              */
-    DLLM_FAMILY_NEMOTRON_DIFFUSION = 3 /* Nemotron-Labs-Diffusion (nemotron_labs_diffusion): encoder.*
+    DLLM_FAMILY_NEMOTRON_DIFFUSION = 3, /* Nemotron-Labs-Diffusion (nemotron_labs_diffusion): encoder.*
                                      names, GQA, YaRN RoPE, Llama-4 query scaling, block diffusion   */
+    DLLM_FAMILY_LLADA2 = 4 /* LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): mixture of experts (sigmoid
+                                     router, group-limited top-k, a shared expert, dense first layers),
+                                     fused QKV, QK-norm, partial RoPE, block diffusion from position 0,
+                                     no logit shift; CPU backend only for now (see LLaDA2 below)     */
 } dllm_family;
 
 typedef struct dllm_model_params {
@@ -147,7 +151,7 @@ typedef struct dllm_model_info {
     int32_t bos_id;    /* -1 if unknown                                                             */
     int64_t n_params;
     int block_size;    /* block diffusion families: the model's block (config bd_size / block_size);
-                          0 for LLaDA and Dream                                                     */
+                          LLaDA2: 32, its generate's default; 0 for LLaDA and Dream                  */
     int32_t stop_id;   /* block diffusion: the token that ends a generation (Fast-dLLM v2 <|im_end|>,
                           Nemotron eos_token_id); -1 otherwise                                       */
     int precision;     /* a dllm_precision: what a quantised checkpoint (dllm_model_quantize) holds, the
@@ -527,6 +531,12 @@ typedef struct dllm_gen_params {
                                    is >= top_p, and every token tied with the least probable of them
                                    (1 = off)                                                        */
     float min_p;                /* in (0, 1]: keep tokens with p >= min_p * p(most probable) (0 = off) */
+    /* LLaDA2 (DLLM_FAMILY_LLADA2) only; see "LLaDA2" below. Other families reject values other than the defaults. */
+    double edit_threshold;      /* < 0 (default -1): LLaDA2.0's loop, no token editing; in [0, 1]: LLaDA2.1's
+                                   loop, which rewrites an already decoded token of the current block whose
+                                   new prediction has p > edit_threshold (1 = LLaDA2.1's loop without edits) */
+    int max_post_steps;         /* LLaDA2.1's loop: forwards after a block's last mask is filled that may
+                                   still edit it (-1 = the official default, 16; >= 0 otherwise)       */
 } dllm_gen_params;
 
 typedef struct dllm_gen_stats {
@@ -575,6 +585,38 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * committed cache for every block row whose token did not change (LaCache's RoPECache and FACache); every mode
  * gives the same bits. Both backends run it (stats: facache_rows, facache_rows_reused); the GPU reuses the
  * attention state only (its layer-0 Q/K/V GEMM computes every row), and not under kv_quant. */
+
+/* LLaDA2 (DLLM_FAMILY_LLADA2: LLaDA2.0-mini/flash, LLaDA2.1-mini). dllm_generate decodes as the official `generate`
+ * of modeling_llada2_moe.py (2.0) and of LLaDA2.1 (2.1), greedily:
+ *   - the canvas is prompt ++ masks up to a multiple of block_length B (default 32) counted from position 0, so the
+ *     prompt's last partial block is decoded together with the answer; attention is block-causal (a block sees
+ *     itself and every earlier block); logits are not shifted;
+ *   - the committed blocks' keys and values are cached (the official loop recomputes the prefix at every forward;
+ *     under block-causal attention the cache gives the same bits, tested), the whole prompt blocks once;
+ *   - edit_threshold < 0, LLaDA2.0: per block at most min(steps, gen_length) forwards, step s committing every mask
+ *     with p(x0) > threshold if there are at least k_s = B / steps (+1 for s < B % steps) of them, else the k_s most
+ *     confident; generation stops after a block whose generated part holds EOS, and with early_stop as soon as a
+ *     committed EOS has no mask before it;
+ *   - edit_threshold >= 0, LLaDA2.1: per block, each forward commits the masks with p(x0) > threshold (at least the
+ *     most confident one) and rewrites every decoded, non-prompt token of the block whose prediction differs with
+ *     p > edit_threshold; after the last mask up to max_post_steps further forwards edit, until one edits nothing;
+ *     steps is not used; with early_stop the generation stops after a block whose generated part has no mask and
+ *     holds EOS;
+ *   - the output is the first gen_length generated ids, cut at the first EOS (kept without stop_at_eos).
+ * threshold is p(x0) > threshold, strict (dllm's default 0.9; the official 2.0 default is 0.95, the model card's
+ * LLaDA2.1 settings 0.7 / edit 0.5 for quality and 0.5 / edit 0 for speed). The mask and EOS ids default to the
+ * official generate's 156895 and 156892 where config.json names none.
+ * Chosen differences from the official code: greedy only (temperature 0; the hub's 2.0 sampler samples at
+ * temperature 1 when asked for 0, a documented bug: dllm takes the greedy reading, argmax and its p, as LLaDA2.1's
+ * sampler does), fp32 forward and float64 softmax (the official runs bf16), the mask id is never predicted (the
+ * official 2.1 loop could otherwise run forever), ties between confidences go to the lowest position, the
+ * prompt may not hold the mask id, and EOS is looked for in the generated part only. Options that do not apply
+ * (cfg, remasking other than low confidence, unmask other than SCHEDULE or THRESHOLD (both mean the loop above), DPad,
+ * kv_cache, alg_temp, the sampler filters, logits_eos_inf, confidence_eos_eot_inf, eot_id, stop_id,
+ * sub_block_length, block_cache, max_post_steps with LLaDA2.0's loop) are DLLM_ERR_UNSUPPORTED naming the option.
+ * Neither the GPU backend (DLLM_ERR_UNSUPPORTED; AUTO runs the CPU backend with a warning), quantised precisions,
+ * kv_quant nor dllm_generate_batch's batched forward take LLaDA2 yet (batch items decode one after another).
+ * dllm_logits is the forward without a cache, block-causal at 32 (generate's default block), positions from 0. */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
  * generation is at most that long, and with stop_at_eos often shorter; block diffusion: the bound above, up to

@@ -894,6 +894,14 @@ struct dllm__config {
     // Llama-4 query scaling (Ministral-3): q *= 1 + beta * log(1 + floor(pos / llama4_orig_max)) after RoPE
     float llama4_beta = 0;
     int llama4_orig_max = 0;
+    // LLaDA2 (model/llada2.cpp): partial RoPE, QK-norm and the mixture of experts
+    int rotary_dim = 0;  // RoPE rotates the first rotary_dim dims of each head (0: all of them)
+    bool qk_norm = false;
+    int n_expert = 0, n_expert_used = 0;  // experts per MoE layer, experts each token is routed to
+    int n_expert_group = 1, n_group_used = 1;
+    int n_ff_expert = 0, n_ff_shared = 0;  // a routed expert's and the shared experts' FFN width (0: no shared)
+    int n_dense_layers = 0;                // the first layers are dense SwiGLU (first_k_dense_replace)
+    float routed_scale = 1;                // routed_scaling_factor
 };
 
 static const char *dllm__family_name(dllm_family f) {
@@ -902,6 +910,7 @@ static const char *dllm__family_name(dllm_family f) {
         case DLLM_FAMILY_DREAM: return "Dream";
         case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
         case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+        case DLLM_FAMILY_LLADA2: return "LLaDA2";
     }
     return "?";
 }
@@ -1186,6 +1195,8 @@ static dllm_status dllm__config_nemotron(const dllm__cfg_reader &r, dllm__config
     return DLLM_OK;
 }
 
+static dllm_status dllm__config_llada2(const dllm__cfg_reader &r, dllm__config &c);  // model/llada2.cpp
+
 /* Parses a config.json text (path is for messages). */
 static dllm_status dllm__config_parse(const dllm__json &root, const std::string &path, dllm__config &c) {
     if (root.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: not a JSON object", path.c_str());
@@ -1206,10 +1217,13 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     } else if (mt->str == "nemotron_labs_diffusion") {
         c.family = DLLM_FAMILY_NEMOTRON_DIFFUSION;
         DLLM__TRY(dllm__config_nemotron(r, c));
+    } else if (mt->str == "llada2_moe" || mt->str == "llada21_moe") {
+        c.family = DLLM_FAMILY_LLADA2;
+        DLLM__TRY(dllm__config_llada2(r, c));
     } else {
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "%s: model_type \"%s\" is not supported (supported: llada, Dream, Fast_dLLM_Qwen, "
-                          "nemotron_labs_diffusion)",
+                          "nemotron_labs_diffusion, llada2_moe)",
                           path.c_str(), mt->str.c_str());
     }
     if (c.n_head % c.n_head_kv)
@@ -1339,7 +1353,19 @@ enum dllm__wkind {
     DLLM__W_UP,
     DLLM__W_DOWN,
     DLLM__W_FINAL_NORM,
-    DLLM__W_HEAD
+    DLLM__W_HEAD,
+    // LLaDA2 (model/llada2.cpp)
+    DLLM__W_QKV,  // fused Q|K|V rows
+    DLLM__W_Q_NORM,
+    DLLM__W_K_NORM,
+    DLLM__W_ROUTER,
+    DLLM__W_EXPERT_BIAS,
+    DLLM__W_EXPERT_GATE,
+    DLLM__W_EXPERT_UP,
+    DLLM__W_EXPERT_DOWN,
+    DLLM__W_SHARED_GATE,
+    DLLM__W_SHARED_UP,
+    DLLM__W_SHARED_DOWN
 };
 
 struct dllm__wspec {
@@ -1347,11 +1373,15 @@ struct dllm__wspec {
     std::vector<int64_t> shape;
     int layer;  // -1 for model-level tensors
     dllm__wkind kind;
+    int expert = -1;  // DLLM__W_EXPERT_*: which routed expert
 };
+
+static std::vector<dllm__wspec> dllm__llada2_expected_weights(const dllm__config &c);  // model/llada2.cpp
 
 /* Every tensor the config demands, with its HF name and PyTorch shape [out, in]. */
 static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
     const int64_t d = c.n_embd, q = (int64_t)c.n_head * c.head_dim, kv = (int64_t)c.n_head_kv * c.head_dim, ff = c.n_ff;
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__llada2_expected_weights(c);
     const bool llada = c.family == DLLM_FAMILY_LLADA;
     const std::string qwen = c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "encoder." : "model.";  // Nemotron: encoder.*
     std::vector<dllm__wspec> w;
@@ -1387,6 +1417,13 @@ struct dllm__layer_weights {
     const dllm__tensor *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
     const dllm__tensor *gate = nullptr, *up = nullptr, *down = nullptr;
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv;  // small vectors, kept in fp32
+    // LLaDA2: fused Q|K|V, QK-norm; a MoE layer's router and experts (its gate/up/down are null)
+    const dllm__tensor *wqkv = nullptr;
+    std::vector<float> q_norm, k_norm;  // [head_dim], shared by the heads
+    const dllm__tensor *router = nullptr;
+    std::vector<float> expert_bias;  // [n_expert]: added to the routing scores for selection only
+    std::vector<const dllm__tensor *> expert_gate, expert_up, expert_down;
+    const dllm__tensor *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
 };
 
 struct dllm__gpu_weights;
@@ -1474,6 +1511,17 @@ static void dllm__bind_tensor(dllm_model &m, const dllm__wspec &spec, const dllm
         case DLLM__W_GATE: L->gate = t; break;
         case DLLM__W_UP: L->up = t; break;
         case DLLM__W_DOWN: L->down = t; break;
+        case DLLM__W_QKV: L->wqkv = t; break;
+        case DLLM__W_Q_NORM: L->q_norm = dllm__tensor_f32(*t); break;
+        case DLLM__W_K_NORM: L->k_norm = dllm__tensor_f32(*t); break;
+        case DLLM__W_ROUTER: L->router = t; break;
+        case DLLM__W_EXPERT_BIAS: L->expert_bias = dllm__tensor_f32(*t); break;
+        case DLLM__W_EXPERT_GATE: L->expert_gate[(size_t)spec.expert] = t; break;
+        case DLLM__W_EXPERT_UP: L->expert_up[(size_t)spec.expert] = t; break;
+        case DLLM__W_EXPERT_DOWN: L->expert_down[(size_t)spec.expert] = t; break;
+        case DLLM__W_SHARED_GATE: L->shared_gate = t; break;
+        case DLLM__W_SHARED_UP: L->shared_up = t; break;
+        case DLLM__W_SHARED_DOWN: L->shared_down = t; break;
     }
 }
 
@@ -1507,6 +1555,8 @@ static bool dllm__soloq_tensor_name(const std::string &name);
 static dllm_status dllm__bind_weights(dllm_model &m) {
     const dllm__config &c = m.cfg;
     m.layers.assign((size_t)c.n_layer, dllm__layer_weights());
+    for (dllm__layer_weights &L : m.layers)  // LLaDA2's routed experts (none elsewhere)
+        L.expert_gate.assign((size_t)c.n_expert, nullptr), L.expert_up = L.expert_gate, L.expert_down = L.expert_gate;
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     std::unordered_set<std::string> used;
     for (const dllm__wspec &spec : specs) {
@@ -1617,6 +1667,155 @@ static dllm_status dllm__load_model(const char *dir, const dllm_model_params &pa
     return DLLM_OK;
 }
 #line 82 "src/dllm_cuda.cu"
+#line 1 "src/model/llada2.cpp"
+/* src/model/llada2.cpp - LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): config.json and the tensors it demands. */
+
+// ---- LLaDA2 config (../shared/spec/llada2.md) ---------------------------------------------------------------
+// The keys the official modeling_llada2_moe.py reads, with the defaults of its LLaDA2MoeConfig where config.json
+// may omit them. Keys the official code ignores (rotary_dim, norm_topk_prob, router_dtype, ...) are ignored here.
+
+static const int32_t dllm__llada2_default_mask_id = 156895;  // <|mask|>: the official generate's mask_id default
+static const int32_t dllm__llada2_default_eos_id = 156892;   // <|endoftext|>: its eos_id default
+
+/* The switches of the official code that dllm implements one way only. */
+static dllm_status dllm__llada2_switches(const dllm__cfg_reader &r, dllm__config &c) {
+    static const char *acts[] = {"silu"}, *scores[] = {"sigmoid"};
+    std::string s;
+    DLLM__TRY(r.one_of("hidden_act", acts, 1, "silu", s));
+    DLLM__TRY(r.one_of("score_function", scores, 1, "sigmoid", s));
+    DLLM__TRY(r.require_bool("use_qkv_bias", false, false));
+    DLLM__TRY(r.require_bool("use_bias", false, true));  // the class default is true: a bias on `dense`
+    DLLM__TRY(r.require_bool("norm_head", false, false));
+    DLLM__TRY(r.require_bool("use_sliding_window", false, false));
+    DLLM__TRY(r.require_bool("moe_router_enable_expert_bias", true, true));
+    DLLM__TRY(r.must_be_null("rope_scaling"));
+    DLLM__TRY(r.boolean("use_qk_norm", true, c.qk_norm));
+    return r.boolean("tie_word_embeddings", false, c.tied_embeddings);
+}
+
+/* The attention shape: heads, head_dim and the partial RoPE's rotated dims int(head_dim * partial_rotary_factor). */
+static dllm_status dllm__llada2_attention_shape(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(r.integer("num_attention_heads", 1, 1024, c.n_head));
+    // 0 (LLaDA2.1's class default) means one K/V head per head
+    DLLM__TRY(r.integer("num_key_value_heads", 0, c.n_head, c.n_head_kv, false, 0));
+    if (c.n_head_kv == 0) c.n_head_kv = c.n_head;
+    DLLM__TRY(r.integer("head_dim", 2, 1024, c.head_dim, false, c.n_embd / c.n_head));
+    float factor = 0.5f;
+    const dllm__json *f = r.root.find("partial_rotary_factor");
+    if (f && !f->is_null()) DLLM__TRY(r.number("partial_rotary_factor", 1e-6, 1.0, factor));
+    c.rotary_dim = (int)(c.head_dim * (double)factor);
+    if (c.rotary_dim < 2 || c.rotary_dim % 2)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "%s: head_dim %d x partial_rotary_factor %g gives %d rotated dims; RoPE needs an even number "
+                          ">= 2",
+                          r.path.c_str(), c.head_dim, factor, c.rotary_dim);
+    return DLLM_OK;
+}
+
+/* The mixture of experts: counts, groups (each of n_expert / n_group experts, scored by its top 2), widths. */
+static dllm_status dllm__llada2_moe_shape(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(r.integer("num_experts", 1, 4096, c.n_expert));
+    DLLM__TRY(r.integer("n_group", 1, c.n_expert, c.n_expert_group));
+    if (c.n_expert % c.n_expert_group || c.n_expert / c.n_expert_group < 2)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "%s: num_experts %d must split into n_group %d groups of at least 2 experts (a group "
+                          "scores by its top 2)",
+                          r.path.c_str(), c.n_expert, c.n_expert_group);
+    DLLM__TRY(r.integer("topk_group", 1, c.n_expert_group, c.n_group_used));
+    const int reachable = c.n_group_used * (c.n_expert / c.n_expert_group);
+    DLLM__TRY(r.integer("num_experts_per_tok", 1, reachable, c.n_expert_used));
+    DLLM__TRY(r.integer("moe_intermediate_size", 1, 1 << 20, c.n_ff_expert));
+    int shared = 0;
+    DLLM__TRY(r.integer("num_shared_experts", 0, 64, shared, false, 0));
+    c.n_ff_shared = shared * c.n_ff_expert;
+    DLLM__TRY(r.integer("first_k_dense_replace", 0, c.n_layer, c.n_dense_layers, false, 0));
+    DLLM__TRY(r.integer("intermediate_size", 1, 1 << 20, c.n_ff, c.n_dense_layers > 0, 1));
+    return r.number("routed_scaling_factor", 0.0, 1e6, c.routed_scale);
+}
+
+/* The mask and EOS ids: config.json's, else the official generate's defaults (which must then fit the vocabulary). */
+static dllm_status dllm__llada2_token_ids(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(r.token("mask_token_id", c.mask_id));
+    DLLM__TRY(r.token("eos_token_id", c.eos_id));
+    DLLM__TRY(r.token("pad_token_id", c.pad_id));
+    DLLM__TRY(r.token("bos_token_id", c.bos_id));
+    if (c.mask_id < 0) c.mask_id = dllm__llada2_default_mask_id;
+    if (c.eos_id < 0) c.eos_id = dllm__llada2_default_eos_id;
+    if (c.eos_id >= c.n_vocab)
+        return dllm__fail(DLLM_ERR_FORMAT,
+                          "%s: the EOS id %d (eos_token_id, or the official default) is outside the vocabulary (%d)",
+                          r.path.c_str(), c.eos_id, c.n_vocab);
+    return DLLM_OK;
+}
+
+static dllm_status dllm__config_llada2(const dllm__cfg_reader &r, dllm__config &c) {
+    DLLM__TRY(dllm__llada2_switches(r, c));
+    DLLM__TRY(r.integer("hidden_size", 1, dllm__max_dim, c.n_embd));
+    DLLM__TRY(r.integer("num_hidden_layers", 1, 1024, c.n_layer));
+    DLLM__TRY(dllm__llada2_attention_shape(r, c));
+    DLLM__TRY(dllm__llada2_moe_shape(r, c));
+    DLLM__TRY(r.integer("vocab_size", 1, dllm__max_vocab, c.vocab_size));
+    c.n_vocab = c.vocab_size;
+    DLLM__TRY(r.integer("max_position_embeddings", 1, dllm__max_ctx, c.max_seq_len));
+    DLLM__TRY(r.number("rope_theta", 1.0, 1e12, c.rope_theta));
+    DLLM__TRY(r.number("rms_norm_eps", 0.0, 1.0, c.norm_eps));
+    DLLM__TRY(dllm__llada2_token_ids(r, c));
+    c.bd_size = 32;        // generate's default block_length
+    c.bd_mask_block = 32;  // dllm_logits: block-causal at that block
+    return DLLM_OK;
+}
+
+/* Is layer l a MoE layer (not one of the first_k_dense_replace dense ones)? */
+static bool dllm__is_moe_layer(const dllm__config &c, size_t l) {
+    return c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers;
+}
+
+// ---- LLaDA2 tensors: the hub checkpoint's names and PyTorch shapes [out, in] ---------------------------------
+
+static void dllm__llada2_swiglu_weights(std::vector<dllm__wspec> &w, const std::string &p, int64_t d, int64_t ff, int l,
+                                        dllm__wkind gate, dllm__wkind up, dllm__wkind down, int expert = -1) {
+    w.push_back({p + "gate_proj.weight", {ff, d}, l, gate, expert});
+    w.push_back({p + "up_proj.weight", {ff, d}, l, up, expert});
+    w.push_back({p + "down_proj.weight", {d, ff}, l, down, expert});
+}
+
+static void dllm__llada2_moe_weights(std::vector<dllm__wspec> &w, const dllm__config &c, const std::string &mlp,
+                                     int l) {
+    const int64_t d = c.n_embd;
+    w.push_back({mlp + "gate.weight", {c.n_expert, d}, l, DLLM__W_ROUTER});
+    w.push_back({mlp + "gate.expert_bias", {c.n_expert}, l, DLLM__W_EXPERT_BIAS});
+    for (int e = 0; e < c.n_expert; e++)
+        dllm__llada2_swiglu_weights(w, mlp + dllm__format("experts.%d.", e), d, c.n_ff_expert, l, DLLM__W_EXPERT_GATE,
+                                    DLLM__W_EXPERT_UP, DLLM__W_EXPERT_DOWN, e);
+    if (c.n_ff_shared > 0)
+        dllm__llada2_swiglu_weights(w, mlp + "shared_experts.", d, c.n_ff_shared, l, DLLM__W_SHARED_GATE,
+                                    DLLM__W_SHARED_UP, DLLM__W_SHARED_DOWN);
+}
+
+static std::vector<dllm__wspec> dllm__llada2_expected_weights(const dllm__config &c) {
+    const int64_t d = c.n_embd, hd = c.head_dim, q = (int64_t)c.n_head * hd, kv = (int64_t)c.n_head_kv * hd;
+    std::vector<dllm__wspec> w;
+    w.push_back({"model.word_embeddings.weight", {c.n_vocab, d}, -1, DLLM__W_EMBED});
+    for (int l = 0; l < c.n_layer; l++) {
+        const std::string p = dllm__format("model.layers.%d.", l), attn = p + "attention.", mlp = p + "mlp.";
+        w.push_back({p + "input_layernorm.weight", {d}, l, DLLM__W_ATTN_NORM});
+        w.push_back({attn + "query_key_value.weight", {q + 2 * kv, d}, l, DLLM__W_QKV});
+        if (c.qk_norm) {
+            w.push_back({attn + "query_layernorm.weight", {hd}, l, DLLM__W_Q_NORM});
+            w.push_back({attn + "key_layernorm.weight", {hd}, l, DLLM__W_K_NORM});
+        }
+        w.push_back({attn + "dense.weight", {d, q}, l, DLLM__W_O});
+        w.push_back({p + "post_attention_layernorm.weight", {d}, l, DLLM__W_FFN_NORM});
+        if (dllm__is_moe_layer(c, (size_t)l))
+            dllm__llada2_moe_weights(w, c, mlp, l);
+        else
+            dllm__llada2_swiglu_weights(w, mlp, d, c.n_ff, l, DLLM__W_GATE, DLLM__W_UP, DLLM__W_DOWN);
+    }
+    w.push_back({"model.norm.weight", {d}, -1, DLLM__W_FINAL_NORM});
+    if (!c.tied_embeddings) w.push_back({"lm_head.weight", {c.n_vocab, d}, -1, DLLM__W_HEAD});
+    return w;
+}
+#line 83 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/unicode.cpp"
 /* src/tokenizer/unicode.cpp - Unicode tables (generated) and UTF-8. */
 
@@ -2477,7 +2676,7 @@ static std::string dllm__utf8_sanitize(const char *data, size_t n) {
     }
     return out;
 }
-#line 83 "src/dllm_cuda.cu"
+#line 84 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/normalize.cpp"
 /* src/tokenizer/normalize.cpp - NFC normalisation (UAX #15). */
 
@@ -2577,7 +2776,7 @@ static std::string dllm__nfc(const std::string &text) {
     }
     return dllm__utf8_encode(d.data(), kept);
 }
-#line 84 "src/dllm_cuda.cu"
+#line 85 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/pretokenize.cpp"
 /* src/tokenizer/pretokenize.cpp - the pre-tokenizer split regexes as scanners. */
 
@@ -2682,7 +2881,7 @@ static void dllm__pretokenize(dllm__pretok_kind kind, const std::string &text,
         i = end;
     }
 }
-#line 85 "src/dllm_cuda.cu"
+#line 86 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/bpe.cpp"
 /* src/tokenizer/bpe.cpp - byte-level BPE: added tokens, merges, encode and decode (dllm_tokenizer). */
 
@@ -2958,7 +3157,7 @@ static dllm_status dllm__detokenize(const dllm_tokenizer &t, const int32_t *ids,
     out = dllm__utf8_sanitize(bytes.data(), bytes.size());
     return DLLM_OK;
 }
-#line 86 "src/dllm_cuda.cu"
+#line 87 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/load.cpp"
 /* src/tokenizer/load.cpp - loading tokenizer.json, or vocab.json + merges.txt. */
 
@@ -3308,7 +3507,7 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
             t.raw_trie.insert(a.content, (int32_t)i);
     }
 }
-#line 87 "src/dllm_cuda.cu"
+#line 88 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/chat.cpp"
 /* src/tokenizer/chat.cpp - chat templates: detection and rendering of the known Jinja templates. */
 
@@ -3434,7 +3633,7 @@ static dllm_status dllm__copy_out(const char *fn, const std::string &text, char 
     memcpy(buf, text.c_str(), text.size() + 1);
     return DLLM_OK;
 }
-#line 88 "src/dllm_cuda.cu"
+#line 89 "src/dllm_cuda.cu"
 #line 1 "src/philox.cpp"
 /* src/philox.cpp - the counter-based Philox generator every random draw comes from. */
 
@@ -3480,7 +3679,7 @@ static double dllm__uniform(uint64_t seed, uint32_t index, uint32_t position, ui
     uint64_t bits = ((uint64_t)o[0] << 32 | o[1]) >> 11;
     return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
 }
-#line 89 "src/dllm_cuda.cu"
+#line 90 "src/dllm_cuda.cu"
 #line 1 "src/cpu/thread_pool.cpp"
 /* src/cpu/thread_pool.cpp - the CPU thread pool. */
 
@@ -3561,7 +3760,7 @@ class dllm__pool {
     uint64_t generation_ = 0;
     bool quit_ = false;
 };
-#line 90 "src/dllm_cuda.cu"
+#line 91 "src/dllm_cuda.cu"
 #line 1 "src/cpu/forward.cpp"
 /* src/cpu/forward.cpp - the CPU fp32 reference forward: linear, RMSNorm, RoPE, attention. */
 
@@ -3647,10 +3846,12 @@ static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<
     dllm__rope_tables_of(dllm__rope_inv_freq_plain(theta, head_dim), n_pos, 1.0f, cos_t, sin_t);
 }
 
-/* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). */
+/* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). A partial RoPE
+ * (rot_dim < head_dim, LLaDA2) rotates the first rot_dim dims of each head so, over tables of rot_dim / 2 columns,
+ * and passes the others through; 0 rotates them all. */
 static void dllm__cpu_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *cos_t,
-                           const float *sin_t) {
-    int half = head_dim / 2;
+                           const float *sin_t, int rot_dim = 0) {
+    int half = (rot_dim ? rot_dim : head_dim) / 2;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * head_dim;
@@ -3739,7 +3940,138 @@ struct dllm__cpu_rows {
                                          // into the cache and attention reads all kv->n cached rows
     const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
 };
-#line 91 "src/dllm_cuda.cu"
+#line 92 "src/dllm_cuda.cu"
+#line 1 "src/cpu/moe.cpp"
+/* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
+ * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"). */
+
+/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection (rows Q heads | K heads | V
+ * heads), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the heads), then RoPE on the
+ * first rotary_dim dims of each head at the positions b.pos. */
+static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, int T,
+                                 const float *cos_t, const float *sin_t) {
+    const dllm__config &c = m.cfg;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int d = c.n_embd, hd = c.head_dim, qd = c.n_head * hd, kvd = c.n_head_kv * hd;
+    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
+    auto fused_rows = [&](int row0, int n, float *y) {
+        dllm__cpu_linear_rows(
+            pool, b.a.data(), T, d, [&](int r, float *dst) { dllm__tensor_row(*L.wqkv, row0 + r, d, dst); }, nullptr, n,
+            y);
+    };
+    fused_rows(0, qd, b.q.data());
+    fused_rows(qd, kvd, b.k.data());
+    fused_rows(qd + kvd, kvd, b.v.data());
+    if (c.qk_norm) {  // in place: each head is one row of head_dim
+        dllm__cpu_rmsnorm(b.q.data(), T * c.n_head, hd, L.q_norm.data(), c.norm_eps, b.q.data());
+        dllm__cpu_rmsnorm(b.k.data(), T * c.n_head_kv, hd, L.k_norm.data(), c.norm_eps, b.k.data());
+    }
+    dllm__cpu_rope(b.q.data(), T, c.n_head, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+}
+
+/* Where one token goes: n_expert_used experts (highest routing score first) and their weights. */
+struct dllm__moe_route {
+    std::vector<int> expert;
+    std::vector<float> weight;
+};
+
+/* The indices of the k largest of score[i] for i in [0, n) with allowed(i), largest first, ties to the lower index
+ * (dllm's reading of torch.topk's order, which torch leaves unspecified). */
+template <class Allowed>
+static std::vector<int> dllm__top_k_indices(const float *score, int n, int k, const Allowed &allowed) {
+    std::vector<int> idx;
+    for (int i = 0; i < n; i++)
+        if (allowed(i)) idx.push_back(i);
+    auto before = [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    k = std::min(k, (int)idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+    idx.resize((size_t)k);
+    return idx;
+}
+
+/* LLaDA2MoeGate on one token's router logits (fp32): s = sigmoid(logits); the routing score s + expert_bias picks
+ * the groups (n_group_used of n_expert_group, each scored by the sum of its top 2) and then the experts among
+ * them; their weights are the unbiased s, normalised by their sum (+1e-20) when more than one, times
+ * routed_scale. */
+static dllm__moe_route dllm__moe_route_token(const dllm__config &c, const float *logits, const float *expert_bias) {
+    const int E = c.n_expert, per_group = E / c.n_expert_group;
+    std::vector<float> s((size_t)E), routing((size_t)E), group_score((size_t)c.n_expert_group);
+    for (int e = 0; e < E; e++) {
+        s[(size_t)e] = 1.0f / (1.0f + expf(-logits[e]));
+        routing[(size_t)e] = s[(size_t)e] + expert_bias[e];
+    }
+    for (int g = 0; g < c.n_expert_group; g++) {
+        std::vector<int> top2 =
+            dllm__top_k_indices(routing.data() + (size_t)g * per_group, per_group, 2, [](int) { return true; });
+        group_score[(size_t)g] =
+            routing[(size_t)(g * per_group + top2[0])] + routing[(size_t)(g * per_group + top2[1])];
+    }
+    std::vector<int> groups =
+        dllm__top_k_indices(group_score.data(), c.n_expert_group, c.n_group_used, [](int) { return true; });
+    std::vector<uint8_t> group_kept((size_t)c.n_expert_group, 0);
+    for (int g : groups) group_kept[(size_t)g] = 1;
+    dllm__moe_route r;
+    r.expert = dllm__top_k_indices(routing.data(), E, c.n_expert_used,
+                                   [&](int e) { return group_kept[(size_t)(e / per_group)] != 0; });
+    float sum = 0;
+    for (int e : r.expert) sum += s[(size_t)e];
+    for (int e : r.expert)
+        r.weight.push_back((c.n_expert_used > 1 ? s[(size_t)e] / (sum + 1e-20f) : s[(size_t)e]) * c.routed_scale);
+    return r;
+}
+
+/* y[T][d] = down(silu(gate x) * up x) of one SwiGLU expert over the T rows of x. */
+static void dllm__cpu_swiglu(dllm__pool &pool, const float *x, int T, int d, int ff, const dllm__tensor &gate,
+                             const dllm__tensor &up, const dllm__tensor &down, float *y) {
+    std::vector<float> g((size_t)T * ff), u((size_t)T * ff);
+    dllm__cpu_linear(pool, x, T, d, gate, nullptr, ff, g.data());
+    dllm__cpu_linear(pool, x, T, d, up, nullptr, ff, u.data());
+    for (size_t i = 0; i < g.size(); i++) g[i] = dllm__silu(g[i]) * u[i];
+    dllm__cpu_linear(pool, g.data(), T, ff, down, nullptr, d, y);
+}
+
+/* out[T][d] = sum over a token's experts (in route order) of weight * expert(x), plus the shared expert's output:
+ * LLaDA2MoeSparseMoeBlock on the normed rows x. Each expert runs once over the rows routed to it; every row's
+ * arithmetic is its own, so a row's result does not depend on the other rows. */
+static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dllm__pool &pool, const float *x, int T,
+                          float *out) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
+    std::vector<float> logits((size_t)T * E);
+    dllm__cpu_linear(pool, x, T, d, *L.router, nullptr, E, logits.data());
+    std::vector<dllm__moe_route> routes((size_t)T);
+    std::vector<std::vector<int>> slots_of((size_t)E);  // expert e's (token * k + slot) entries
+    for (int t = 0; t < T; t++) {
+        routes[(size_t)t] = dllm__moe_route_token(c, logits.data() + (size_t)t * E, L.expert_bias.data());
+        for (int s = 0; s < k; s++) slots_of[(size_t)routes[(size_t)t].expert[(size_t)s]].push_back(t * k + s);
+    }
+    std::vector<float> expert_out((size_t)T * k * d);  // [token][slot][d]
+    std::vector<float> rows, ys;
+    for (int e = 0; e < E; e++) {
+        const std::vector<int> &slots = slots_of[(size_t)e];
+        if (slots.empty()) continue;
+        const int n = (int)slots.size();
+        rows.resize((size_t)n * d), ys.resize((size_t)n * d);
+        for (int i = 0; i < n; i++)
+            memcpy(rows.data() + (size_t)i * d, x + (size_t)(slots[(size_t)i] / k) * d, sizeof(float) * d);
+        dllm__cpu_swiglu(pool, rows.data(), n, d, c.n_ff_expert, *L.expert_gate[(size_t)e], *L.expert_up[(size_t)e],
+                         *L.expert_down[(size_t)e], ys.data());
+        for (int i = 0; i < n; i++)
+            memcpy(expert_out.data() + (size_t)slots[(size_t)i] * d, ys.data() + (size_t)i * d, sizeof(float) * d);
+    }
+    std::vector<float> shared((size_t)T * d, 0.0f);
+    if (c.n_ff_shared > 0)
+        dllm__cpu_swiglu(pool, x, T, d, c.n_ff_shared, *L.shared_gate, *L.shared_up, *L.shared_down, shared.data());
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d; i++) {
+            float acc = 0;
+            for (int s = 0; s < k; s++)
+                acc += routes[(size_t)t].weight[(size_t)s] * expert_out[((size_t)t * k + s) * d + i];
+            out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
+        }
+}
+#line 93 "src/dllm_cuda.cu"
 #line 1 "src/cpu/fp8.cpp"
 /* src/cpu/fp8.cpp - FP8 E4M3 quantiser twins (LaCache 3.4). */
 
@@ -3940,7 +4272,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
     }
     return out;
 }
-#line 92 "src/dllm_cuda.cu"
+#line 94 "src/dllm_cuda.cu"
 #line 1 "src/cpu/layers.cpp"
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
 
@@ -3958,6 +4290,7 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, pool, b, T, cos_t, sin_t);
     const dllm__layer_weights &L = m.layers[layer];
     const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
     const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(),
@@ -4075,7 +4408,10 @@ static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__f
                                 dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
-    dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
+    if (dllm__is_moe_layer(m.cfg, layer))
+        dllm__cpu_moe(m, m.layers[layer], pool, b.a.data(), T, b.tmp.data());
+    else
+        dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
@@ -4185,11 +4521,14 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
     return inv;
 }
 
+/* Columns of the model's cos/sin tables (a row per position): half the rotated dims. */
+static int dllm__rope_columns(const dllm__config &c) { return (c.rotary_dim ? c.rotary_dim : c.head_dim) / 2; }
+
 /* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
 static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t,
                                   std::vector<float> &sin_t) {
-    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
+    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.rotary_dim ? c.rotary_dim : c.head_dim, n_pos, cos_t, sin_t);
     dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, (float)c.yarn_attention_factor, cos_t, sin_t);
 }
 
@@ -4203,7 +4542,7 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
         for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
     }
 }
-#line 93 "src/dllm_cuda.cu"
+#line 95 "src/dllm_cuda.cu"
 #line 1 "src/cpu/block_diffusion.cpp"
 /* src/cpu/block_diffusion.cpp - the block-causal CPU forward over a committed K/V cache, with FACache. */
 
@@ -4294,6 +4633,35 @@ static void dllm__cpu_softmax_part(const float *qi, const float *k, const float 
     }
 }
 
+/* (m1, l1, acc1) := the merged state of two parts, with dllm__softmax_merge's arithmetic before its division. */
+static void dllm__softmax_merge_into(double &m1, double &l1, double *acc1, double m2, double l2, const double *acc2,
+                                     int hd) {
+    const double mx = std::max(m1, m2);
+    if (mx == -INFINITY) return;
+    const double a1 = m1 == -INFINITY ? 0.0 : exp(m1 - mx), a2 = m2 == -INFINITY ? 0.0 : exp(m2 - mx);
+    l1 = l1 * a1 + l2 * a2;
+    for (int c = 0; c < hd; c++) acc1[c] = acc1[c] * a1 + acc2[c] * a2;
+    m1 = mx;
+}
+
+/* dllm__cpu_softmax_part over keys [j0, j1) taken one key block at a time (blocks of key_block keys from key 0,
+ * merged left to right), so that a prefix of whole blocks has the same state whether it is a part of its own or
+ * the start of a longer one: LLaDA2's committed-block cache then gives the bits of the uncached forward. acc2:
+ * scratch of hd entries. */
+static void dllm__cpu_softmax_blocks(const float *qi, const float *k, const float *v, int j0, int j1, int key_block,
+                                     int n_kv, int kvh, int hd, float scale, double *p, double &m, double &l,
+                                     double *acc, double *acc2) {
+    m = -INFINITY, l = 0;
+    for (int c = 0; c < hd; c++) acc[c] = 0;
+    for (int b0 = j0; b0 < j1;) {
+        const int b1 = std::min(j1, (b0 / key_block + 1) * key_block);
+        double m2, l2;
+        dllm__cpu_softmax_part(qi, k, v, b0, b1, n_kv, kvh, hd, scale, p, m2, l2, acc2);
+        dllm__softmax_merge_into(m, l, acc, m2, l2, acc2, hd);
+        b0 = b1;
+    }
+}
+
 /* out = the softmax average of two parts' states (FlashAttention's merge of two tiles); 0 where no key was seen. */
 static void dllm__softmax_merge(double m1, double l1, const double *acc1, double m2, double l2, const double *acc2,
                                 int hd, float *out) {
@@ -4322,12 +4690,19 @@ struct dllm__bd_states {
  * bit (the merge multiplies by exp(0) = 1). */
 static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq,
                                 int n_committed, int Tk, int n_head, int n_kv, int hd, float *out, int q_index0,
-                                int mask_block, const dllm__bd_states &states) {
+                                int mask_block, const dllm__bd_states &states, int key_block = 0) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
         const int kvh = h / group;
-        std::vector<double> p((size_t)Tk), acc_c((size_t)hd), acc_f((size_t)hd);
+        std::vector<double> p((size_t)Tk), acc_c((size_t)hd), acc_f((size_t)hd), acc_b((size_t)hd);
+        auto part = [&](const float *qi, int j0, int j1, double &m, double &l, double *acc) {
+            if (key_block > 0)
+                dllm__cpu_softmax_blocks(qi, k, v, j0, j1, key_block, n_kv, kvh, hd, scale, p.data(), m, l, acc,
+                                         acc_b.data());
+            else
+                dllm__cpu_softmax_part(qi, k, v, j0, j1, n_kv, kvh, hd, scale, p.data(), m, l, acc);
+        };
         for (int i = 0; i < Tq; i++) {
             const float *qi = q + ((size_t)i * n_head + h) * hd;
             const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;
@@ -4337,12 +4712,10 @@ static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k
             if (states.m && states.reuse && states.reuse[i]) {
                 mc = states.m[at], lc = states.l[at];
             } else {
-                dllm__cpu_softmax_part(qi, k, v, 0, std::min(n_committed, n_visible), n_kv, kvh, hd, scale, p.data(),
-                                       mc, lc, acc);
+                part(qi, 0, std::min(n_committed, n_visible), mc, lc, acc);
                 if (states.m) states.m[at] = mc, states.l[at] = lc;
             }
-            dllm__cpu_softmax_part(qi, k, v, std::min(n_committed, n_visible), n_visible, n_kv, kvh, hd, scale,
-                                   p.data(), mf, lf, acc_f.data());
+            part(qi, std::min(n_committed, n_visible), n_visible, mf, lf, acc_f.data());
             dllm__softmax_merge(mc, lc, acc, mf, lf, acc_f.data(), hd, out + at * hd);
         }
     });
@@ -4431,8 +4804,9 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
+    const int key_block = c.family == DLLM_FAMILY_LLADA2 ? call.mask_block : 0;  // the committed-block cache's bits
     dllm__cpu_bd_attend(pool, b.q.data(), kc, vc, T, kv.n, n_keys, c.n_head, c.n_head_kv, c.head_dim, b.att.data(),
-                        kv.n + call.offset, call.mask_block, states);
+                        kv.n + call.offset, call.mask_block, states, key_block);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 
@@ -4463,7 +4837,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
                       b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
-#line 94 "src/dllm_cuda.cu"
+#line 96 "src/dllm_cuda.cu"
 #line 1 "src/soloq/rotation.cpp"
 /* src/soloq/rotation.cpp - SoloQ numerics: the K-RPBH rotations. */
 
@@ -4691,7 +5065,7 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
     dllm__fwht_blocks(t.data(), r.k, r.b);
     for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
 }
-#line 95 "src/dllm_cuda.cu"
+#line 97 "src/dllm_cuda.cu"
 #line 1 "src/soloq/quantizers.cpp"
 /* src/soloq/quantizers.cpp - SoloQ numerics: the 4-bit formats (NVFP4, INT4, Lloyd-Max, E8P-RVQ, RTN). */
 
@@ -5028,7 +5402,7 @@ static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int co
         for (int i = 0; i < cols; i++) xr[i] = value[(size_t)i] * scale;
     }
 }
-#line 96 "src/dllm_cuda.cu"
+#line 98 "src/dllm_cuda.cu"
 #line 1 "src/soloq/precisions.cpp"
 /* src/soloq/precisions.cpp - SoloQ precisions on the CPU: options, quantised weights, the linear hook. */
 
@@ -5272,7 +5646,7 @@ static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, i
     dllm__cpu_linear_rows(
         pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
-#line 97 "src/dllm_cuda.cu"
+#line 99 "src/dllm_cuda.cu"
 #line 1 "src/soloq/gemm_twins.cpp"
 /* src/soloq/gemm_twins.cpp - CPU twins of the 4-bit and INT8 GEMMs. */
 
@@ -5372,7 +5746,7 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
         packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
     }
 }
-#line 98 "src/dllm_cuda.cu"
+#line 100 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
 
@@ -5942,7 +6316,7 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
               dllm__precision_name(precision), m.dir.c_str(), plan.size(), shards.size(), total / 1e6);
     return DLLM_OK;
 }
-#line 99 "src/dllm_cuda.cu"
+#line 101 "src/dllm_cuda.cu"
 #line 1 "src/soloq/kv_quant.cpp"
 /* src/soloq/kv_quant.cpp - commit-time K/V quantisation of block diffusion (CPU reference). */
 
@@ -6335,7 +6709,7 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
             for (int c = 0; c < hd; c++) oi[c] = (acc[(size_t)c] + (q.soloq() ? back[(size_t)c] : 0.0f)) * inv;
         }
 }
-#line 100 "src/dllm_cuda.cu"
+#line 102 "src/dllm_cuda.cu"
 #line 1 "src/cpu/token_choice.cpp"
 /* src/cpu/token_choice.cpp - token choice: argmax / Gumbel-max, confidences, unmasking rules. */
 
@@ -6528,7 +6902,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
     std::sort(order.begin(), order.end());
     return order;
 }
-#line 101 "src/dllm_cuda.cu"
+#line 103 "src/dllm_cuda.cu"
 #line 1 "src/cpu/tensor_parallel.cpp"
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
@@ -6885,7 +7259,7 @@ static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_p
     dllm__tp_plan plan;
     return p.n_devices > 1 ? dllm__tp_shard(c, p.n_devices, 0, plan) : DLLM_OK;
 }
-#line 102 "src/dllm_cuda.cu"
+#line 104 "src/dllm_cuda.cu"
 #line 1 "src/backend.cpp"
 /* src/backend.cpp - the backend interface both backends implement, and the shared step logic. */
 
@@ -7171,7 +7545,7 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
         memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                sizeof(float) * c.n_vocab);
 }
-#line 103 "src/dllm_cuda.cu"
+#line 105 "src/dllm_cuda.cu"
 #line 1 "src/cpu/backend.cpp"
 /* src/cpu/backend.cpp - the CPU reference backend. */
 
@@ -7192,7 +7566,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOKS_END
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
-        if (dllm__is_block_diffusion(m_.cfg)) return bd_logits(ids, n, r0, r1, out);
+        if (dllm__is_block_diffusion(m_.cfg) || m_.cfg.family == DLLM_FAMILY_LLADA2)
+            return bd_logits(ids, n, r0, r1, out);
         forward(ids, n, dllm__cpu_rows(), r0, r1, out);
         return DLLM_OK;
     }
@@ -7346,7 +7721,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
                               "block diffusion: a sub-block forward at %d outside the block cache (%d rows)",
                               call.offset, kv.block_rows);
         const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? kv.block_rows : call.T;
-        if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
+        if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / dllm__rope_columns(m_.cfg)))
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
                 "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",
@@ -7421,7 +7796,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
-#line 104 "src/dllm_cuda.cu"
+#line 106 "src/dllm_cuda.cu"
 #line 1 "src/gpu/cuda_libs.cpp"
 /* src/gpu/cuda_libs.cpp - the CUDA libraries loaded at run time, errors, device memory, NCCL. */
 
@@ -7785,7 +8160,7 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     }
     return DLLM_OK;
 }
-#line 105 "src/dllm_cuda.cu"
+#line 107 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kernel_table.cpp"
 /* src/gpu/kernel_table.cpp - the host/kernel contract, the kernel tables and the kernel sources. */
 
@@ -11877,7 +12252,7 @@ KERNEL_kv_scatter_rows {
 }
 )DLLM";
 #line 555 "src/gpu/kernel_table.cpp"
-#line 106 "src/dllm_cuda.cu"
+#line 108 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
 
@@ -12194,7 +12569,7 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     out = dllm__jit_modules.emplace(key, m).first->second;
     return DLLM_OK;
 }
-#line 107 "src/dllm_cuda.cu"
+#line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/modules.cpp"
 /* src/gpu/modules.cpp - the modules compiled for one GPU, their tiles, and kernel launch. */
 
@@ -12588,7 +12963,7 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
-#line 108 "src/dllm_cuda.cu"
+#line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm.cpp"
 /* src/gpu/gemm.cpp - GEMMs: cuBLASLt (BF16, block-scaled FP8) and gemm_wg, one algorithm per shape. */
 
@@ -13170,7 +13545,7 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
         .launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale,
                 W, w_scale, Y, M, N, K);
 }
-#line 109 "src/dllm_cuda.cu"
+#line 111 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm_lowbit.cpp"
 /* src/gpu/gemm_lowbit.cpp - the batched FP8 launches and the 4-bit GEMM runner. */
 
@@ -13305,7 +13680,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
-#line 110 "src/dllm_cuda.cu"
+#line 112 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
 /* src/gpu/weight_formats.cpp - the weight formats and the GEMM entry point types. */
 
@@ -13403,7 +13778,7 @@ struct dllm__linear {
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
  * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
-#line 111 "src/dllm_cuda.cu"
+#line 113 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
 /* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
  * packed layout, the kernels' configurations, loading, and the launcher. */
@@ -13921,7 +14296,7 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
     }
     return DLLM_OK;
 }
-#line 112 "src/dllm_cuda.cu"
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -14208,7 +14583,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 113 "src/dllm_cuda.cu"
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -14459,7 +14834,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 114 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -14718,7 +15093,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 115 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -15428,7 +15803,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
-#line 116 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -15966,7 +16341,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 117 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -16134,7 +16509,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 118 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -16269,7 +16644,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 119 "src/dllm_cuda.cu"
+#line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -16457,7 +16832,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 120 "src/dllm_cuda.cu"
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -16697,7 +17072,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 121 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -16811,7 +17186,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 122 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -16834,7 +17209,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
-#line 123 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -17076,7 +17451,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -17468,7 +17843,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 125 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -17563,7 +17938,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 126 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -17596,6 +17971,15 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 }
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
+
+/* edit_threshold and max_post_steps mean something to LLaDA2's loops only: other families refuse them. */
+static dllm_status dllm__check_no_llada2_options(const dllm__config &c, const dllm_gen_params &p) {
+    if (p.edit_threshold < 0 && p.max_post_steps == -1) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                      "edit_threshold and max_post_steps (--edit-threshold, --max-post-steps) belong to LLaDA2's "
+                      "decoding; a %s model does not take them",
+                      dllm__family_name(c.family));
+}
 
 /* Dream's sampler options (decoding.md 4): ranges, and the combinations that mean something. The remasking
  * and unmask values are already validated. */
@@ -17737,6 +18121,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 
@@ -17951,7 +18336,332 @@ struct dllm__generation {
         return DLLM_OK;
     }
 };
-#line 127 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
+#line 1 "src/decode/llada2.cpp"
+/* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
+ * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
+ * forward under a block-causal mask; the CPU's block-wise softmax (dllm__cpu_softmax_blocks) makes the cached
+ * forward give those bits, which tests/test_llada2.inl checks against the uncached loop (cache = false). */
+
+/* Validated options of one LLaDA2 generation. */
+struct dllm__llada2_plan {
+    int B = 0, n_blocks = 0;  // blocks of B from position 0 cover prompt + gen_length
+    int steps = 0;            // LLaDA2.0: forwards per block at most, min(steps, gen_length)
+    bool editing = false;     // LLaDA2.1's loop (edit_threshold >= 0)
+    double threshold = 0, edit_threshold = 0;
+    int max_post_steps = 16;
+    bool eos_early_stop = false, lacache = false;
+    bool cache = true;  // committed blocks' K/V cached; false recomputes the prefix, as the official loop (tests)
+    int32_t mask_id = -1, eos_id = -1;
+};
+
+/* Options that mean nothing to LLaDA2's loops are errors that name them. */
+static dllm_status dllm__check_llada2_options(const dllm_gen_params &p) {
+    const int unmask = dllm__enum_int(p.unmask);
+    struct {
+        bool set;
+        const char *what;
+    } unsupported[] = {
+        {!(p.temperature == 0), "temperature > 0 (dllm decodes LLaDA2 greedily)"},
+        {!(p.cfg_scale == 0), "cfg_scale"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {unmask != DLLM_UNMASK_SCHEDULE && unmask != DLLM_UNMASK_THRESHOLD,
+         "unmask other than DLLM_UNMASK_SCHEDULE or _THRESHOLD (its loops always take threshold)"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (it caches the committed blocks by itself)"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
+        {!(p.alg_temp == 0), "alg_temp"},
+        {p.logits_eos_inf != 0, "logits_eos_inf"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p"},
+        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (it stops at eos_id)"},
+        {p.sub_block_length != 0 || p.block_cache != 0, "sub_block_length or block_cache (Fast-dLLM v2's)"},
+        {p.edit_threshold < 0 && p.max_post_steps != -1,
+         "max_post_steps (--max-post-steps) without edit_threshold >= 0 (LLaDA2.0's loop has no post steps)"},
+    };
+    for (auto &u : unsupported)
+        if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "LLaDA2 decoding does not take %s", u.what);
+    if (!(p.threshold >= 0 && p.threshold <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in [0, 1], got %g", p.threshold);
+    if (!(p.edit_threshold < 0 || p.edit_threshold <= 1))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "edit_threshold must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), got %g",
+                          p.edit_threshold);
+    if (p.max_post_steps < -1)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "max_post_steps must be >= 0, or -1 for the default 16, got %d",
+                          p.max_post_steps);
+    const int lacache = dllm__enum_int(p.lacache);
+    if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
+                          lacache);
+    return DLLM_OK;
+}
+
+/* The lengths: positive, the block-aligned canvas inside the context, the output buffer of gen_length ids. */
+static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int32_t *out,
+                                             int out_capacity, dllm__llada2_plan &plan) {
+    if (p.gen_length <= 0 || p.block_length <= 0 || (!plan.editing && p.steps <= 0))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
+                          p.block_length, p.steps);
+    plan.B = p.block_length;
+    const int64_t canvas = ((int64_t)n_prompt + p.gen_length + plan.B - 1) / plan.B * plan.B;
+    if (canvas > ctx.max_tokens)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "prompt (%d) + gen_length (%d) rounded up to whole blocks of %d is %lld tokens, over the "
+                          "context's limit of %d",
+                          n_prompt, p.gen_length, plan.B, (long long)canvas, ctx.max_tokens);
+    plan.n_blocks = (int)(canvas / plan.B);
+    plan.steps =
+        std::min(p.steps, p.gen_length);  // the official min(steps, gen_length // minimal_topk), minimal_topk 1
+    if (!out || out_capacity < p.gen_length)
+        return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
+                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          out ? out_capacity : 0);
+    return DLLM_OK;
+}
+
+static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
+                                     int32_t *out, int out_capacity, dllm__llada2_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt is NULL or n_prompt < 0");
+    DLLM__TRY(dllm__check_llada2_options(p));
+    plan.editing = p.edit_threshold >= 0;
+    DLLM__TRY(dllm__plan_llada2_lengths(ctx, n_prompt, p, out, out_capacity, plan));
+    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
+    plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
+    plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;
+    for (int i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
+                              prompt[i], c.n_vocab);
+        if (prompt[i] == plan.mask_id)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "prompt[%d] is the mask id %d: LLaDA2 decodes only the masks it appends", i,
+                              plan.mask_id);
+    }
+    plan.threshold = p.threshold;
+    plan.edit_threshold = p.edit_threshold;
+    plan.max_post_steps = p.max_post_steps >= 0 ? p.max_post_steps : 16;
+    plan.eos_early_stop = p.early_stop != 0;
+    plan.lacache = dllm__enum_int(p.lacache) == DLLM_LACACHE_ON;
+    return DLLM_OK;
+}
+
+/* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. */
+struct dllm__llada2_generation {
+    dllm_ctx &ctx;
+    const dllm_gen_params &p;
+    const dllm__llada2_plan &plan;
+    int n_prompt = 0;
+    std::vector<int32_t> x;
+    std::vector<float> logits;
+    std::vector<dllm__choice> ch;  // the current block's rows after a step's forward
+    int steps = 0, forwards = 0, block = 0, bs = 0;
+
+    dllm__llada2_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__llada2_plan &pl, int n)
+        : ctx(c), p(params), plan(pl), n_prompt(n) {}
+
+    bool is_mask(int i) const { return x[(size_t)i] == plan.mask_id; }
+    int masks_in(int begin, int end) const {
+        int n = 0;
+        for (int i = begin; i < end; i++) n += is_mask(i);
+        return n;
+    }
+    /* The first EOS of the generated part before `end`, or -1. */
+    int first_eos(int end) const {
+        for (int i = n_prompt; i < end; i++)
+            if (x[(size_t)i] == plan.eos_id) return i;
+        return -1;
+    }
+
+    dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int r0, int r1) const {
+        dllm__bd_call c;
+        c.kind = kind, c.ids = x.data() + start, c.T = T, c.mask_block = plan.B, c.r0 = r0, c.r1 = r1;
+        c.lacache = plan.lacache;
+        return c;
+    }
+
+    /* Rows [start, start + T) become committed K/V (the prompt's whole blocks, a finished block). */
+    dllm_status commit(int start, int T) {
+        logits.resize((size_t)ctx.model->cfg.n_vocab);
+        forwards++;
+        return ctx.impl->bd_forward(make_call(DLLM__BD_COMMIT, start, T, T - 1, T), logits.data());
+    }
+
+    /* A step's forward: x0 and p(x0) of every row of the current block (greedy; the mask id is never predicted). */
+    dllm_status forward_block() {
+        const int V = ctx.model->cfg.n_vocab, B = plan.B;
+        logits.resize((size_t)B * V);
+        const dllm__bd_call call =
+            plan.cache ? make_call(DLLM__BD_STEP, bs, B, 0, B) : make_call(DLLM__BD_STEP, 0, bs + B, bs, bs + B);
+        forwards++;
+        DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
+        dllm__sampling s;
+        s.eos_logit_inf = true, s.eos_id = plan.mask_id;
+        ch.resize((size_t)B);
+        for (int i = 0; i < B; i++) ch[(size_t)i] = dllm__choose(logits.data() + (size_t)i * V, V, s, bs + i, 0);
+        return DLLM_OK;
+    }
+
+    /* Block offsets of the masks, the most confident first (ties to the lower position), at most k of them. */
+    std::vector<int> top_masks(int k) const {
+        std::vector<int> idx;
+        for (int i = 0; i < plan.B; i++)
+            if (is_mask(bs + i)) idx.push_back(i);
+        auto before = [&](int a, int b) {
+            return ch[(size_t)a].conf > ch[(size_t)b].conf || (ch[(size_t)a].conf == ch[(size_t)b].conf && a < b);
+        };
+        k = std::min(k, (int)idx.size());
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+        idx.resize((size_t)k);
+        return idx;
+    }
+
+    /* The masks with p(x0) > threshold if there are at least `least` of them, else the `least` most confident. */
+    std::vector<int> masks_to_commit(int least) const {
+        std::vector<int> sure;
+        for (int i = 0; i < plan.B; i++)
+            if (is_mask(bs + i) && ch[(size_t)i].conf > plan.threshold) sure.push_back(i);
+        return (int)sure.size() >= least ? sure : top_masks(least);
+    }
+
+    /* Writes x0 at the block offsets `at`; returns their canvas positions, ascending. */
+    std::vector<int32_t> write(std::vector<int> at) {
+        std::sort(at.begin(), at.end());
+        std::vector<int32_t> pos;
+        for (int i : at) x[(size_t)(bs + i)] = ch[(size_t)i].token, pos.push_back(bs + i);
+        return pos;
+    }
+
+    dllm_status report(int step_in_block, const std::vector<int32_t> &written) {
+        steps++;
+        if (!p.on_step) return DLLM_OK;
+        dllm_step_info info = {block,
+                               plan.n_blocks,
+                               step_in_block,
+                               plan.editing ? 0 : plan.steps,
+                               steps,
+                               plan.n_blocks * plan.B,
+                               (int)written.size(),
+                               written.data(),
+                               x.data(),
+                               (int)x.size(),
+                               n_prompt,
+                               masks_in(n_prompt, (int)x.size())};
+        if (p.on_step(&info, p.on_step_data) != 0)
+            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
+        return DLLM_OK;
+    }
+
+    /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */
+    bool eos_early_stop(const std::vector<int32_t> &written) const {
+        bool wrote_eos = false;
+        for (int32_t pos : written) wrote_eos = wrote_eos || x[(size_t)pos] == plan.eos_id;
+        const int eos = wrote_eos ? first_eos((int)x.size()) : -1;
+        return eos >= 0 && masks_in(n_prompt, eos) == 0;
+    }
+
+    /* LLaDA2.0's block: at most plan.steps forwards, step s committing by the schedule k_s = B / steps (+1 for
+     * s < B % steps); `stop` when early_stop ends the generation. */
+    dllm_status block_v20(bool &stop) {
+        for (int s = 0; s < plan.steps && masks_in(bs, bs + plan.B) > 0; s++) {
+            DLLM__TRY(forward_block());
+            const int k = plan.B / plan.steps + (s < plan.B % plan.steps ? 1 : 0);
+            const std::vector<int32_t> written = write(masks_to_commit(k));
+            DLLM__TRY(report(s, written));
+            if (plan.eos_early_stop && eos_early_stop(written)) return stop = true, DLLM_OK;
+        }
+        return DLLM_OK;
+    }
+
+    /* LLaDA2.1's edits: decoded, non-prompt rows of the block (not masked before this step) whose x0 differs from
+     * their token and has p > edit_threshold. */
+    std::vector<int> edits(const std::vector<uint8_t> &was_mask) const {
+        std::vector<int> at;
+        for (int i = 0; i < plan.B; i++)
+            if (!was_mask[(size_t)i] && bs + i >= n_prompt && ch[(size_t)i].conf > plan.edit_threshold &&
+                ch[(size_t)i].token != x[(size_t)(bs + i)])
+                at.push_back(i);
+        return at;
+    }
+
+    /* LLaDA2.1's block: forwards commit masks (threshold, at least one) and edit; after the last mask up to
+     * max_post_steps more forwards, ending at the first that edits nothing. */
+    dllm_status block_v21() {
+        std::vector<uint8_t> was_mask((size_t)plan.B);
+        for (int post = 0, s = 0;; s++) {
+            int n_masks = 0;
+            for (int i = 0; i < plan.B; i++) n_masks += was_mask[(size_t)i] = is_mask(bs + i);
+            if (n_masks == 0 && ++post > plan.max_post_steps) return DLLM_OK;
+            DLLM__TRY(forward_block());
+            std::vector<int> at = n_masks > 0 ? masks_to_commit(1) : std::vector<int>();
+            const std::vector<int> edited = edits(was_mask);
+            at.insert(at.end(), edited.begin(), edited.end());
+            DLLM__TRY(report(s, write(at)));
+            if (n_masks == 0 && edited.empty()) return DLLM_OK;
+        }
+    }
+
+    /* The official stop after a block: 2.0 at any EOS in the generated part; 2.1 with early_stop at one there once
+     * the generated part has no mask. */
+    bool stop_after_block() const {
+        const int end = bs + plan.B;
+        if (first_eos(end) < 0) return false;
+        return !plan.editing || (plan.eos_early_stop && masks_in(n_prompt, end) == 0);
+    }
+
+    dllm_status run(const int32_t *prompt) {
+        const int B = plan.B, first = n_prompt / B;
+        x.assign(prompt, prompt + n_prompt);
+        x.resize((size_t)plan.n_blocks * B, plan.mask_id);
+        DLLM__TRY(ctx.impl->bd_begin(plan.n_blocks * B));
+        if (plan.cache && first > 0) DLLM__TRY(commit(0, first * B));
+        for (block = first; block < plan.n_blocks; block++) {
+            bs = block * B;
+            bool stop = false;
+            DLLM__TRY(plan.editing ? block_v21() : block_v20(stop));
+            if (stop || stop_after_block()) return DLLM_OK;
+            if (plan.cache && block + 1 < plan.n_blocks) DLLM__TRY(commit(bs, B));
+        }
+        return DLLM_OK;
+    }
+
+    /* The generated ids: the first gen_length, a finished generation's cut at its first EOS (kept without
+     * stop_at_eos); a cancelled or failed one's canvas so far. */
+    int emit(bool finished, int32_t *out) const {
+        const int end = n_prompt + p.gen_length, eos = finished ? first_eos(end) : -1;
+        const int n = eos < 0 ? p.gen_length : eos - n_prompt + (p.stop_at_eos ? 0 : 1);
+        for (int i = 0; i < n; i++) out[i] = x[(size_t)(n_prompt + i)];
+        return n;
+    }
+};
+
+static dllm_status dllm__llada2_generate_plan(dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
+                                              const dllm_gen_params &p, const dllm__llada2_plan &plan, int32_t *out,
+                                              int *n_out, dllm_gen_stats *stats) {
+    const double t0 = dllm__now_ms();
+    dllm__llada2_generation g{ctx, p, plan, n_prompt};
+    const dllm_status status = g.run(prompt);
+    const int n = g.emit(status == DLLM_OK, out);
+    if (n_out) *n_out = n;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->n_prompt = n_prompt, stats->n_generated = n, stats->steps = g.steps, stats->forwards = g.forwards;
+        stats->wall_ms = dllm__now_ms() - t0;
+    }
+    return status;
+}
+
+static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
+                                              const dllm_gen_params &p, int32_t *out, int out_capacity, int *n_out,
+                                              dllm_gen_stats *stats) {
+    dllm__llada2_plan plan;
+    DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
+    return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
+}
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -18058,6 +18768,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                               "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i,
                               plan.mask_id);
     }
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
@@ -18366,6 +19077,8 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
                                        int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg))
         return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
+        return dllm__llada2_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();
@@ -18375,7 +19088,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 128 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - batched decoding (dllm_generate_batch). */
 
@@ -18573,7 +19286,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 129 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -18716,6 +19429,14 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
                                              dllm_batch_result *results, dllm_gen_stats &stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg))
         return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2) {  // no batched LLaDA2 forward yet: dllm_generate's, item by item
+        if (n_items > 0)
+            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d LLaDA2 items decode one after another", n_items);
+        for (int i = 0; i < n_items; i++)
+            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
+                return DLLM_ERR_OUT_OF_MEMORY;
+        return DLLM_OK;
+    }
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
     const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
@@ -18765,7 +19486,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
             return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
     return DLLM_OK;
 }
-#line 130 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -18833,6 +19554,24 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
+/* LLaDA2 runs on the CPU reference only so far: quantised precisions are refused, the GPU backend is refused when
+ * asked for and passed over (with a warning) by AUTO. Sets gpu to false where the CPU backend is to run. */
+static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
+    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
+    if (ctx.params.precision != DLLM_PRECISION_BF16)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "precision %d: LLaDA2 models run unquantised only so far (DLLM_PRECISION_BF16 / AUTO)",
+                          (int)ctx.params.precision);
+    if (ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
+                          "backend");
+    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO)
+        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not built yet: this context runs on the CPU backend");
+    gpu = false;
+    return DLLM_OK;
+}
+
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
@@ -18842,6 +19581,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
+    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
@@ -18859,7 +19599,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 131 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -18989,7 +19729,7 @@ dllm_status dllm_model_get_info(const dllm_model *m, dllm_model_info *out) {
     out->eot_id = c.eot_id;
     out->bos_id = c.bos_id;
     out->n_params = m->n_params;
-    out->block_size = dllm__is_block_diffusion(c) ? c.bd_size : 0;
+    out->block_size = dllm__is_block_diffusion(c) || c.family == DLLM_FAMILY_LLADA2 ? c.bd_size : 0;
     out->stop_id = dllm__is_block_diffusion(c) ? c.stop_id : -1;
     out->precision = m->soloq ? m->soloq->precision : DLLM_PRECISION_BF16;
     out->quantized_lm_head = m->soloq && m->soloq->head ? 1 : 0;
@@ -19086,6 +19826,9 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (!model || !out_dir || !*out_dir)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: model and out_dir must not be NULL or empty");
+        if (model->cfg.family == DLLM_FAMILY_LLADA2)
+            return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                              "dllm_model_quantize: LLaDA2's experts have no quantised form yet (unquantised only)");
         const dllm_quantize_params p = params ? *params : dllm_quantize_default_params();
         const int precision = dllm__enum_int(p.precision);
         if (!dllm__precision_is_soloq(precision))
@@ -19181,6 +19924,8 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.sub_block_length = 0;
     p.block_cache = 0;
     p.stop_id = -1;
+    p.edit_threshold = -1;
+    p.max_post_steps = -1;
     return p;
 }
 
@@ -19318,4 +20063,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 132 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"

@@ -40,7 +40,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET, OPT_COUNT
 };
 
 typedef struct {
@@ -67,6 +67,7 @@ static const option_def option_defs[] = {
     {OPT_MASK_ID, 1, {"--mask-id"}}, {OPT_STOP_ID, 1, {"--stop-id"}}, {OPT_PROMPTS, 1, {"--prompts"}}, {OPT_BATCH, 1, {"--batch"}},
     {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}}, {OPT_DEVICES, 1, {"--devices"}},
     {OPT_SOLOQ_ROTATION, 1, {"--soloq-rotation"}}, {OPT_SOLOQ_BIAS_CORRECTION, 1, {"--soloq-bias-correction"}},
+    {OPT_EDIT_THRESHOLD, 1, {"--edit-threshold"}}, {OPT_MAX_POST_STEPS, 1, {"--max-post-steps"}}, {OPT_PRESET, 1, {"--preset"}},
 };
 
 typedef struct {
@@ -173,6 +174,18 @@ static void usage(FILE *f) {
             "  --kv-sinks N           with --kv-quant: positions [0, N) stay full precision (default: the model's, 3 for\n"
             "                         Fast-dLLM v2, 1 for Nemotron)\n"
             "  Fast-dLLM v2 README settings: -n 512 --threshold 0.9 (add --block-cache for the hierarchical cache)\n"
+            "\n"
+            "LLaDA2.0 / LLaDA2.1 (mixture of experts; CPU backend for now; the official generate, greedy):\n"
+            "  --block N              the block, counted from position 0 (default 32); -n need not be a multiple\n"
+            "  --threshold TAU        commit every mask with p > TAU (default 0.95, the official 2.0 default); 2.0 falls\n"
+            "                         back to its step schedule (--steps), 2.1 to the single best mask\n"
+            "  --edit-threshold X     LLaDA2.1's loop: also rewrite decoded tokens of the block whose new prediction has\n"
+            "                         p > X (1 = no edits); without it LLaDA2.0's loop runs\n"
+            "  --max-post-steps N     LLaDA2.1: forwards after a block's last mask that may still edit it (default 16)\n"
+            "  --preset P             the LLaDA2.1 model card's settings: quality (--threshold 0.7 --edit-threshold 0.5)\n"
+            "                         or speed (--threshold 0.5 --edit-threshold 0), block 32, 16 post steps\n"
+            "  --early-stop           LLaDA2.0: stop at a committed EOS with no mask before it; LLaDA2.1: after a full\n"
+            "                         block holding EOS (off by default, as the official eos_early_stop)\n"
             "\n"
             "Dream's samplers (generation_utils.py; any model, composing with blocks and caches):\n"
             "  --timesteps            Dream's count: with t = linspace(1, eps, steps per block + 1), step i of a block\n"
@@ -438,6 +451,7 @@ static uint64_t fresh_seed(void) {
 
 /* Applies one option; returns 0, or 1 after printing an error that names the flag. */
 static int apply_option(options *o, int id, const char *a, const char *v) {
+    static const char *const presets[] = {"quality", "speed"};
     static const char *const caches[] = {"none", "prefix", "dual"}, *const lacaches[] = {"off", "truncate", "on"},
                              *const precisions[] = {"bf16", "fp8", "fp8-all", "soloq-n", "soloq-i", "soloq-c", "rtn-w4a4", "soloq-n-w4a16",
                                                      "soloq-i-w4a16", "soloq-c-w4a16", "rtn-w4a16"},  /* dllm_precision order */
@@ -544,6 +558,15 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_KV_SINKS: return count_option(a, v, 0, 1 << 20, "a count >= 0", &o->ctx.kv_sink_tokens);
     case OPT_MASK_ID: if (!parse_int(v, 0, INT32_MAX, &g->mask_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
     case OPT_STOP_ID: if (!parse_int(v, 0, INT32_MAX, &g->stop_id)) return fail("%s must be a token id, not \"%s\"", a, v); break;
+    case OPT_EDIT_THRESHOLD:
+        if (!parse_double(v, &g->edit_threshold) || !(g->edit_threshold >= 0 && g->edit_threshold <= 1))
+            return fail("%s must be in [0, 1] (1 = LLaDA2.1's loop without edits), not \"%s\"", a, v);
+        break;
+    case OPT_MAX_POST_STEPS: if (!parse_int(v, 0, 1 << 20, &g->max_post_steps)) return fail("%s must be a count >= 0, not \"%s\"", a, v); break;
+    case OPT_PRESET:
+        if (!parse_choice(v, presets, 2, &k)) return fail("%s must be quality or speed, not \"%s\"", a, v);
+        g->threshold = k == 0 ? 0.7 : 0.5, g->edit_threshold = k == 0 ? 0.5 : 0.0, g->unmask = DLLM_UNMASK_THRESHOLD;
+        break;
     case OPT_PROMPTS: o->prompts_file = v; break;
     case OPT_BATCH: return count_option(a, v, 1, 1 << 16, "a positive count", &o->batch);
     }
@@ -555,7 +578,7 @@ static int check_conflicts(const options *o) {
     static const int pairs[][2] = {
         {OPT_PROMPT, OPT_FILE}, {OPT_PROMPT, OPT_IDS}, {OPT_FILE, OPT_IDS}, {OPT_INTERACTIVE, OPT_IDS},
         {OPT_THRESHOLD, OPT_FACTOR}, {OPT_THRESHOLD, OPT_TIMESTEPS}, {OPT_FACTOR, OPT_TIMESTEPS},
-        {OPT_EARLY_STOP, OPT_NO_EARLY_STOP}, {OPT_RAW, OPT_SYSTEM}, {OPT_RAW, OPT_INTERACTIVE}, {OPT_VISUAL, OPT_JSON},
+        {OPT_EARLY_STOP, OPT_NO_EARLY_STOP}, {OPT_PRESET, OPT_THRESHOLD}, {OPT_PRESET, OPT_EDIT_THRESHOLD}, {OPT_RAW, OPT_SYSTEM}, {OPT_RAW, OPT_INTERACTIVE}, {OPT_VISUAL, OPT_JSON},
         {OPT_VISUAL, OPT_INTERACTIVE}, {OPT_DPAD_UNIFORM, OPT_DPAD_K}, {OPT_DPAD_UNIFORM, OPT_DPAD_SCALE},
         /* --prompts prints final answers only: nothing streams, stops or redraws */
         {OPT_PROMPTS, OPT_PROMPT}, {OPT_PROMPTS, OPT_FILE}, {OPT_PROMPTS, OPT_IDS}, {OPT_PROMPTS, OPT_INTERACTIVE}, {OPT_PROMPTS, OPT_VISUAL},
@@ -598,6 +621,7 @@ static const char *family_name(dllm_family f) {
     case DLLM_FAMILY_DREAM: return "Dream";
     case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
     case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+    case DLLM_FAMILY_LLADA2: return "LLaDA2";
     }
     return "this";
 }
@@ -1037,9 +1061,31 @@ static int check_prompt(const options *o, const session *S, const int32_t *promp
     return 0;
 }
 
+/* LLaDA2's options (--edit-threshold, --max-post-steps, --preset) on other models, and on LLaDA2 the options its loops
+ * do not take: an error naming the flag (0 when none is given). */
+static int check_family_options(const options *o, const session *S) {
+    static const int llada2_only[] = {OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET};
+    static const int not_llada2[] = {OPT_CFG, OPT_CACHE, OPT_ALG, OPT_FACTOR, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_DPAD_WINDOW,
+                                     OPT_DPAD_K, OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_LOGITS_EOS_INF, OPT_EOS_EOT_LAST,
+                                     OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_STOP_ID, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_KV_QUANT};
+    const int llada2 = S->info.family == DLLM_FAMILY_LLADA2;
+    size_t i;
+    for (i = 0; !llada2 && i < sizeof llada2_only / sizeof llada2_only[0]; i++)
+        if (o->given[llada2_only[i]]) return fail("%s is LLaDA2's (token editing); this model does not take it", o->given[llada2_only[i]]);
+    for (i = 0; llada2 && i < sizeof not_llada2 / sizeof not_llada2[0]; i++)
+        if (o->given[not_llada2[i]]) return fail("%s does not apply to LLaDA2's decoding: drop it", o->given[not_llada2[i]]);
+    if (llada2 && o->gen.temperature > 0) return fail("%s: LLaDA2 decodes greedily in dllm (temperature 0)", o->given[OPT_TEMP]);
+    if (llada2 && o->given[OPT_MAX_POST_STEPS] && o->gen.edit_threshold < 0)
+        return fail("%s belongs to LLaDA2.1's loop: add --edit-threshold or --preset", o->given[OPT_MAX_POST_STEPS]);
+    return 0;
+}
+
 /* The parameters of a run: the options', with block diffusion's defaults; 0, or 1 after printing an error. */
 static int run_params(const options *o, const session *S, dllm_gen_params *gp) {
     *gp = o->gen;
+    if (check_family_options(o, S)) return 1;
+    if (S->info.family == DLLM_FAMILY_LLADA2 && !o->given[OPT_THRESHOLD] && !o->given[OPT_PRESET])
+        gp->threshold = 0.95;  /* the official generate's default */
     if (S->info.block_size > 0) {  /* block diffusion: the model's block and stop token; it stops by itself */
         if (!o->given[OPT_BLOCK]) gp->block_length = S->info.block_size;
         if (!o->given[OPT_EARLY_STOP]) gp->early_stop = 0;

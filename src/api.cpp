@@ -126,7 +126,7 @@ dllm_status dllm_model_get_info(const dllm_model *m, dllm_model_info *out) {
     out->eot_id = c.eot_id;
     out->bos_id = c.bos_id;
     out->n_params = m->n_params;
-    out->block_size = dllm__is_block_diffusion(c) ? c.bd_size : 0;
+    out->block_size = dllm__is_block_diffusion(c) || c.family == DLLM_FAMILY_LLADA2 ? c.bd_size : 0;
     out->stop_id = dllm__is_block_diffusion(c) ? c.stop_id : -1;
     out->precision = m->soloq ? m->soloq->precision : DLLM_PRECISION_BF16;
     out->quantized_lm_head = m->soloq && m->soloq->head ? 1 : 0;
@@ -223,6 +223,9 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (!model || !out_dir || !*out_dir)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: model and out_dir must not be NULL or empty");
+        if (model->cfg.family == DLLM_FAMILY_LLADA2)
+            return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                              "dllm_model_quantize: LLaDA2's experts have no quantised form yet (unquantised only)");
         const dllm_quantize_params p = params ? *params : dllm_quantize_default_params();
         const int precision = dllm__enum_int(p.precision);
         if (!dllm__precision_is_soloq(precision))
@@ -318,6 +321,8 @@ dllm_gen_params dllm_gen_default_params(void) {
     p.sub_block_length = 0;
     p.block_cache = 0;
     p.stop_id = -1;
+    p.edit_threshold = -1;
+    p.max_post_steps = -1;
     return p;
 }
 

@@ -46,6 +46,7 @@
 #include "test_tp.inl"
 #include "test_bd_batch.inl"
 #include "test_docs.inl"
+#include "test_llada2.inl"
 
 /* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
 static bool test_selected(const std::string &full, const char *filter) {

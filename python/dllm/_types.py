@@ -39,6 +39,7 @@ class Family(enum.IntEnum):
     DREAM = 1
     FAST_DLLM_V2 = 2
     NEMOTRON_DIFFUSION = 3
+    LLADA2 = 4
 
 
 class ChatTemplate(enum.IntEnum):
@@ -187,7 +188,7 @@ class GenParams(ctypes.Structure):
         ("dpad_scale", c_float), ("dpad_n", c_int), ("early_stop", c_int), ("mask_id", c_int32),
         ("eos_id", c_int32), ("eot_id", c_int32), ("sub_block_length", c_int), ("block_cache", c_int),
         ("stop_id", c_int32), ("on_step", STEP_FN), ("on_step_data", c_void_p), ("top_k", c_int),
-        ("top_p", c_float), ("min_p", c_float),
+        ("top_p", c_float), ("min_p", c_float), ("edit_threshold", c_double), ("max_post_steps", c_int),
     ]
 
 

@@ -17,7 +17,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOKS_END
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
-        if (dllm__is_block_diffusion(m_.cfg)) return bd_logits(ids, n, r0, r1, out);
+        if (dllm__is_block_diffusion(m_.cfg) || m_.cfg.family == DLLM_FAMILY_LLADA2)
+            return bd_logits(ids, n, r0, r1, out);
         forward(ids, n, dllm__cpu_rows(), r0, r1, out);
         return DLLM_OK;
     }
@@ -171,7 +172,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
                               "block diffusion: a sub-block forward at %d outside the block cache (%d rows)",
                               call.offset, kv.block_rows);
         const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? kv.block_rows : call.T;
-        if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / (m_.cfg.head_dim / 2)))
+        if (kv.n + scratch > kv.cap || kv.n + call.offset + call.T > (int)(cos_.size() / dllm__rope_columns(m_.cfg)))
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
                 "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows)",

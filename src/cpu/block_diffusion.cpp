@@ -87,6 +87,35 @@ static void dllm__cpu_softmax_part(const float *qi, const float *k, const float 
     }
 }
 
+/* (m1, l1, acc1) := the merged state of two parts, with dllm__softmax_merge's arithmetic before its division. */
+static void dllm__softmax_merge_into(double &m1, double &l1, double *acc1, double m2, double l2, const double *acc2,
+                                     int hd) {
+    const double mx = std::max(m1, m2);
+    if (mx == -INFINITY) return;
+    const double a1 = m1 == -INFINITY ? 0.0 : exp(m1 - mx), a2 = m2 == -INFINITY ? 0.0 : exp(m2 - mx);
+    l1 = l1 * a1 + l2 * a2;
+    for (int c = 0; c < hd; c++) acc1[c] = acc1[c] * a1 + acc2[c] * a2;
+    m1 = mx;
+}
+
+/* dllm__cpu_softmax_part over keys [j0, j1) taken one key block at a time (blocks of key_block keys from key 0,
+ * merged left to right), so that a prefix of whole blocks has the same state whether it is a part of its own or
+ * the start of a longer one: LLaDA2's committed-block cache then gives the bits of the uncached forward. acc2:
+ * scratch of hd entries. */
+static void dllm__cpu_softmax_blocks(const float *qi, const float *k, const float *v, int j0, int j1, int key_block,
+                                     int n_kv, int kvh, int hd, float scale, double *p, double &m, double &l,
+                                     double *acc, double *acc2) {
+    m = -INFINITY, l = 0;
+    for (int c = 0; c < hd; c++) acc[c] = 0;
+    for (int b0 = j0; b0 < j1;) {
+        const int b1 = std::min(j1, (b0 / key_block + 1) * key_block);
+        double m2, l2;
+        dllm__cpu_softmax_part(qi, k, v, b0, b1, n_kv, kvh, hd, scale, p, m2, l2, acc2);
+        dllm__softmax_merge_into(m, l, acc, m2, l2, acc2, hd);
+        b0 = b1;
+    }
+}
+
 /* out = the softmax average of two parts' states (FlashAttention's merge of two tiles); 0 where no key was seen. */
 static void dllm__softmax_merge(double m1, double l1, const double *acc1, double m2, double l2, const double *acc2,
                                 int hd, float *out) {
@@ -115,12 +144,19 @@ struct dllm__bd_states {
  * bit (the merge multiplies by exp(0) = 1). */
 static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k, const float *v, int Tq,
                                 int n_committed, int Tk, int n_head, int n_kv, int hd, float *out, int q_index0,
-                                int mask_block, const dllm__bd_states &states) {
+                                int mask_block, const dllm__bd_states &states, int key_block = 0) {
     const int group = n_head / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     pool.run(n_head, [&](int h) {
         const int kvh = h / group;
-        std::vector<double> p((size_t)Tk), acc_c((size_t)hd), acc_f((size_t)hd);
+        std::vector<double> p((size_t)Tk), acc_c((size_t)hd), acc_f((size_t)hd), acc_b((size_t)hd);
+        auto part = [&](const float *qi, int j0, int j1, double &m, double &l, double *acc) {
+            if (key_block > 0)
+                dllm__cpu_softmax_blocks(qi, k, v, j0, j1, key_block, n_kv, kvh, hd, scale, p.data(), m, l, acc,
+                                         acc_b.data());
+            else
+                dllm__cpu_softmax_part(qi, k, v, j0, j1, n_kv, kvh, hd, scale, p.data(), m, l, acc);
+        };
         for (int i = 0; i < Tq; i++) {
             const float *qi = q + ((size_t)i * n_head + h) * hd;
             const int n_visible = mask_block ? std::min(Tk, ((q_index0 + i) / mask_block + 1) * mask_block) : Tk;
@@ -130,12 +166,10 @@ static void dllm__cpu_bd_attend(dllm__pool &pool, const float *q, const float *k
             if (states.m && states.reuse && states.reuse[i]) {
                 mc = states.m[at], lc = states.l[at];
             } else {
-                dllm__cpu_softmax_part(qi, k, v, 0, std::min(n_committed, n_visible), n_kv, kvh, hd, scale, p.data(),
-                                       mc, lc, acc);
+                part(qi, 0, std::min(n_committed, n_visible), mc, lc, acc);
                 if (states.m) states.m[at] = mc, states.l[at] = lc;
             }
-            dllm__cpu_softmax_part(qi, k, v, std::min(n_committed, n_visible), n_visible, n_kv, kvh, hd, scale,
-                                   p.data(), mf, lf, acc_f.data());
+            part(qi, std::min(n_committed, n_visible), n_visible, mf, lf, acc_f.data());
             dllm__softmax_merge(mc, lc, acc, mf, lf, acc_f.data(), hd, out + at * hd);
         }
     });
@@ -224,8 +258,9 @@ static void dllm__cpu_bd_attention(const dllm_model &m, size_t layer, const dllm
             memcpy(kv.block_v.data() + layer * T * kvd, b.v.data(), row_bytes * T);
         }
     }
+    const int key_block = c.family == DLLM_FAMILY_LLADA2 ? call.mask_block : 0;  // the committed-block cache's bits
     dllm__cpu_bd_attend(pool, b.q.data(), kc, vc, T, kv.n, n_keys, c.n_head, c.n_head_kv, c.head_dim, b.att.data(),
-                        kv.n + call.offset, call.mask_block, states);
+                        kv.n + call.offset, call.mask_block, states, key_block);
     dllm__cpu_out_proj(m, layer, q8, pool, b, T);
 }
 

@@ -82,10 +82,12 @@ static void dllm__rope_tables(float theta, int head_dim, int n_pos, std::vector<
     dllm__rope_tables_of(dllm__rope_inv_freq_plain(theta, head_dim), n_pos, 1.0f, cos_t, sin_t);
 }
 
-/* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). */
+/* x[t] = x[t] * cos + rotate_half(x[t]) * sin for every head; rotate_half(x) = cat(-x2, x1). A partial RoPE
+ * (rot_dim < head_dim, LLaDA2) rotates the first rot_dim dims of each head so, over tables of rot_dim / 2 columns,
+ * and passes the others through; 0 rotates them all. */
 static void dllm__cpu_rope(float *x, int T, int n_heads, int head_dim, const int32_t *pos, const float *cos_t,
-                           const float *sin_t) {
-    int half = head_dim / 2;
+                           const float *sin_t, int rot_dim = 0) {
+    int half = (rot_dim ? rot_dim : head_dim) / 2;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * head_dim;

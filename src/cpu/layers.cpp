@@ -14,6 +14,7 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, pool, b, T, cos_t, sin_t);
     const dllm__layer_weights &L = m.layers[layer];
     const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
     const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(),
@@ -131,7 +132,10 @@ static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__f
                                 dllm__cpu_buffers &b, int T) {
     const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
-    dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
+    if (dllm__is_moe_layer(m.cfg, layer))
+        dllm__cpu_moe(m, m.layers[layer], pool, b.a.data(), T, b.tmp.data());
+    else
+        dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
 }
 
@@ -241,11 +245,14 @@ static std::vector<float> dllm__rope_inv_freq(const dllm__config &c) {
     return inv;
 }
 
+/* Columns of the model's cos/sin tables (a row per position): half the rotated dims. */
+static int dllm__rope_columns(const dllm__config &c) { return (c.rotary_dim ? c.rotary_dim : c.head_dim) / 2; }
+
 /* cos/sin tables of the model's RoPE: dllm__rope_tables for the plain one; YaRN multiplies both by its
  * attention factor (1.0 at Nemotron's mscale == mscale_all_dim). */
 static void dllm__rope_tables_cfg(const dllm__config &c, int n_pos, std::vector<float> &cos_t,
                                   std::vector<float> &sin_t) {
-    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.head_dim, n_pos, cos_t, sin_t);
+    if (!c.yarn) return dllm__rope_tables(c.rope_theta, c.rotary_dim ? c.rotary_dim : c.head_dim, n_pos, cos_t, sin_t);
     dllm__rope_tables_of(dllm__rope_inv_freq(c), n_pos, (float)c.yarn_attention_factor, cos_t, sin_t);
 }
 

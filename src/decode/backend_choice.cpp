@@ -64,6 +64,24 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
+/* LLaDA2 runs on the CPU reference only so far: quantised precisions are refused, the GPU backend is refused when
+ * asked for and passed over (with a warning) by AUTO. Sets gpu to false where the CPU backend is to run. */
+static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
+    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
+    if (ctx.params.precision != DLLM_PRECISION_BF16)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "precision %d: LLaDA2 models run unquantised only so far (DLLM_PRECISION_BF16 / AUTO)",
+                          (int)ctx.params.precision);
+    if (ctx.params.backend == DLLM_BACKEND_GPU)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
+                          "backend");
+    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO)
+        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not built yet: this context runs on the CPU backend");
+    gpu = false;
+    return DLLM_OK;
+}
+
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
@@ -73,6 +91,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
+    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {

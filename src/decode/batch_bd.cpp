@@ -139,6 +139,14 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
                                              dllm_batch_result *results, dllm_gen_stats &stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg))
         return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2) {  // no batched LLaDA2 forward yet: dllm_generate's, item by item
+        if (n_items > 0)
+            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d LLaDA2 items decode one after another", n_items);
+        for (int i = 0; i < n_items; i++)
+            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
+                return DLLM_ERR_OUT_OF_MEMORY;
+        return DLLM_OK;
+    }
     const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
     const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
     std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can

@@ -103,6 +103,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                               "prompt[%d] is the mask id %d: block diffusion decodes only the masks it appends", i,
                               plan.mask_id);
     }
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     plan.tau = dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD ? p.threshold : 1.0;
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
@@ -411,6 +412,8 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
                                        int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
     if (dllm__is_block_diffusion(ctx.model->cfg))
         return dllm__bd_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
+        return dllm__llada2_generate_impl(ctx, prompt, n_prompt, p, out, out_capacity, n_out, stats);
     dllm__gen_plan plan;
     DLLM__TRY(dllm__plan_generation(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     double t0 = dllm__now_ms();

@@ -30,6 +30,15 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
 
+/* edit_threshold and max_post_steps mean something to LLaDA2's loops only: other families refuse them. */
+static dllm_status dllm__check_no_llada2_options(const dllm__config &c, const dllm_gen_params &p) {
+    if (p.edit_threshold < 0 && p.max_post_steps == -1) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                      "edit_threshold and max_post_steps (--edit-threshold, --max-post-steps) belong to LLaDA2's "
+                      "decoding; a %s model does not take them",
+                      dllm__family_name(c.family));
+}
+
 /* Dream's sampler options (decoding.md 4): ranges, and the combinations that mean something. The remasking
  * and unmask values are already validated. */
 static dllm_status dllm__check_dream(const dllm_gen_params &p) {
@@ -170,6 +179,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+    DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
 

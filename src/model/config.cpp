@@ -34,6 +34,14 @@ struct dllm__config {
     // Llama-4 query scaling (Ministral-3): q *= 1 + beta * log(1 + floor(pos / llama4_orig_max)) after RoPE
     float llama4_beta = 0;
     int llama4_orig_max = 0;
+    // LLaDA2 (model/llada2.cpp): partial RoPE, QK-norm and the mixture of experts
+    int rotary_dim = 0;  // RoPE rotates the first rotary_dim dims of each head (0: all of them)
+    bool qk_norm = false;
+    int n_expert = 0, n_expert_used = 0;  // experts per MoE layer, experts each token is routed to
+    int n_expert_group = 1, n_group_used = 1;
+    int n_ff_expert = 0, n_ff_shared = 0;  // a routed expert's and the shared experts' FFN width (0: no shared)
+    int n_dense_layers = 0;                // the first layers are dense SwiGLU (first_k_dense_replace)
+    float routed_scale = 1;                // routed_scaling_factor
 };
 
 static const char *dllm__family_name(dllm_family f) {
@@ -42,6 +50,7 @@ static const char *dllm__family_name(dllm_family f) {
         case DLLM_FAMILY_DREAM: return "Dream";
         case DLLM_FAMILY_FAST_DLLM_V2: return "Fast-dLLM v2";
         case DLLM_FAMILY_NEMOTRON_DIFFUSION: return "Nemotron-Labs-Diffusion";
+        case DLLM_FAMILY_LLADA2: return "LLaDA2";
     }
     return "?";
 }
@@ -326,6 +335,8 @@ static dllm_status dllm__config_nemotron(const dllm__cfg_reader &r, dllm__config
     return DLLM_OK;
 }
 
+static dllm_status dllm__config_llada2(const dllm__cfg_reader &r, dllm__config &c);  // model/llada2.cpp
+
 /* Parses a config.json text (path is for messages). */
 static dllm_status dllm__config_parse(const dllm__json &root, const std::string &path, dllm__config &c) {
     if (root.kind != dllm__json::OBJ) return dllm__fail(DLLM_ERR_FORMAT, "%s: not a JSON object", path.c_str());
@@ -346,10 +357,13 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     } else if (mt->str == "nemotron_labs_diffusion") {
         c.family = DLLM_FAMILY_NEMOTRON_DIFFUSION;
         DLLM__TRY(dllm__config_nemotron(r, c));
+    } else if (mt->str == "llada2_moe" || mt->str == "llada21_moe") {
+        c.family = DLLM_FAMILY_LLADA2;
+        DLLM__TRY(dllm__config_llada2(r, c));
     } else {
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "%s: model_type \"%s\" is not supported (supported: llada, Dream, Fast_dLLM_Qwen, "
-                          "nemotron_labs_diffusion)",
+                          "nemotron_labs_diffusion, llada2_moe)",
                           path.c_str(), mt->str.c_str());
     }
     if (c.n_head % c.n_head_kv)

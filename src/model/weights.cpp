@@ -19,7 +19,19 @@ enum dllm__wkind {
     DLLM__W_UP,
     DLLM__W_DOWN,
     DLLM__W_FINAL_NORM,
-    DLLM__W_HEAD
+    DLLM__W_HEAD,
+    // LLaDA2 (model/llada2.cpp)
+    DLLM__W_QKV,  // fused Q|K|V rows
+    DLLM__W_Q_NORM,
+    DLLM__W_K_NORM,
+    DLLM__W_ROUTER,
+    DLLM__W_EXPERT_BIAS,
+    DLLM__W_EXPERT_GATE,
+    DLLM__W_EXPERT_UP,
+    DLLM__W_EXPERT_DOWN,
+    DLLM__W_SHARED_GATE,
+    DLLM__W_SHARED_UP,
+    DLLM__W_SHARED_DOWN
 };
 
 struct dllm__wspec {
@@ -27,11 +39,15 @@ struct dllm__wspec {
     std::vector<int64_t> shape;
     int layer;  // -1 for model-level tensors
     dllm__wkind kind;
+    int expert = -1;  // DLLM__W_EXPERT_*: which routed expert
 };
+
+static std::vector<dllm__wspec> dllm__llada2_expected_weights(const dllm__config &c);  // model/llada2.cpp
 
 /* Every tensor the config demands, with its HF name and PyTorch shape [out, in]. */
 static std::vector<dllm__wspec> dllm__expected_weights(const dllm__config &c) {
     const int64_t d = c.n_embd, q = (int64_t)c.n_head * c.head_dim, kv = (int64_t)c.n_head_kv * c.head_dim, ff = c.n_ff;
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__llada2_expected_weights(c);
     const bool llada = c.family == DLLM_FAMILY_LLADA;
     const std::string qwen = c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION ? "encoder." : "model.";  // Nemotron: encoder.*
     std::vector<dllm__wspec> w;
@@ -67,6 +83,13 @@ struct dllm__layer_weights {
     const dllm__tensor *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
     const dllm__tensor *gate = nullptr, *up = nullptr, *down = nullptr;
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv;  // small vectors, kept in fp32
+    // LLaDA2: fused Q|K|V, QK-norm; a MoE layer's router and experts (its gate/up/down are null)
+    const dllm__tensor *wqkv = nullptr;
+    std::vector<float> q_norm, k_norm;  // [head_dim], shared by the heads
+    const dllm__tensor *router = nullptr;
+    std::vector<float> expert_bias;  // [n_expert]: added to the routing scores for selection only
+    std::vector<const dllm__tensor *> expert_gate, expert_up, expert_down;
+    const dllm__tensor *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
 };
 
 struct dllm__gpu_weights;
@@ -154,6 +177,17 @@ static void dllm__bind_tensor(dllm_model &m, const dllm__wspec &spec, const dllm
         case DLLM__W_GATE: L->gate = t; break;
         case DLLM__W_UP: L->up = t; break;
         case DLLM__W_DOWN: L->down = t; break;
+        case DLLM__W_QKV: L->wqkv = t; break;
+        case DLLM__W_Q_NORM: L->q_norm = dllm__tensor_f32(*t); break;
+        case DLLM__W_K_NORM: L->k_norm = dllm__tensor_f32(*t); break;
+        case DLLM__W_ROUTER: L->router = t; break;
+        case DLLM__W_EXPERT_BIAS: L->expert_bias = dllm__tensor_f32(*t); break;
+        case DLLM__W_EXPERT_GATE: L->expert_gate[(size_t)spec.expert] = t; break;
+        case DLLM__W_EXPERT_UP: L->expert_up[(size_t)spec.expert] = t; break;
+        case DLLM__W_EXPERT_DOWN: L->expert_down[(size_t)spec.expert] = t; break;
+        case DLLM__W_SHARED_GATE: L->shared_gate = t; break;
+        case DLLM__W_SHARED_UP: L->shared_up = t; break;
+        case DLLM__W_SHARED_DOWN: L->shared_down = t; break;
     }
 }
 
@@ -187,6 +221,8 @@ static bool dllm__soloq_tensor_name(const std::string &name);
 static dllm_status dllm__bind_weights(dllm_model &m) {
     const dllm__config &c = m.cfg;
     m.layers.assign((size_t)c.n_layer, dllm__layer_weights());
+    for (dllm__layer_weights &L : m.layers)  // LLaDA2's routed experts (none elsewhere)
+        L.expert_gate.assign((size_t)c.n_expert, nullptr), L.expert_up = L.expert_gate, L.expert_down = L.expert_gate;
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     std::unordered_set<std::string> used;
     for (const dllm__wspec &spec : specs) {

@@ -1,0 +1,129 @@
+/* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
+ * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"). */
+
+/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection (rows Q heads | K heads | V
+ * heads), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the heads), then RoPE on the
+ * first rotary_dim dims of each head at the positions b.pos. */
+static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, int T,
+                                 const float *cos_t, const float *sin_t) {
+    const dllm__config &c = m.cfg;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int d = c.n_embd, hd = c.head_dim, qd = c.n_head * hd, kvd = c.n_head_kv * hd;
+    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
+    auto fused_rows = [&](int row0, int n, float *y) {
+        dllm__cpu_linear_rows(
+            pool, b.a.data(), T, d, [&](int r, float *dst) { dllm__tensor_row(*L.wqkv, row0 + r, d, dst); }, nullptr, n,
+            y);
+    };
+    fused_rows(0, qd, b.q.data());
+    fused_rows(qd, kvd, b.k.data());
+    fused_rows(qd + kvd, kvd, b.v.data());
+    if (c.qk_norm) {  // in place: each head is one row of head_dim
+        dllm__cpu_rmsnorm(b.q.data(), T * c.n_head, hd, L.q_norm.data(), c.norm_eps, b.q.data());
+        dllm__cpu_rmsnorm(b.k.data(), T * c.n_head_kv, hd, L.k_norm.data(), c.norm_eps, b.k.data());
+    }
+    dllm__cpu_rope(b.q.data(), T, c.n_head, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+}
+
+/* Where one token goes: n_expert_used experts (highest routing score first) and their weights. */
+struct dllm__moe_route {
+    std::vector<int> expert;
+    std::vector<float> weight;
+};
+
+/* The indices of the k largest of score[i] for i in [0, n) with allowed(i), largest first, ties to the lower index
+ * (dllm's reading of torch.topk's order, which torch leaves unspecified). */
+template <class Allowed>
+static std::vector<int> dllm__top_k_indices(const float *score, int n, int k, const Allowed &allowed) {
+    std::vector<int> idx;
+    for (int i = 0; i < n; i++)
+        if (allowed(i)) idx.push_back(i);
+    auto before = [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    k = std::min(k, (int)idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+    idx.resize((size_t)k);
+    return idx;
+}
+
+/* LLaDA2MoeGate on one token's router logits (fp32): s = sigmoid(logits); the routing score s + expert_bias picks
+ * the groups (n_group_used of n_expert_group, each scored by the sum of its top 2) and then the experts among
+ * them; their weights are the unbiased s, normalised by their sum (+1e-20) when more than one, times
+ * routed_scale. */
+static dllm__moe_route dllm__moe_route_token(const dllm__config &c, const float *logits, const float *expert_bias) {
+    const int E = c.n_expert, per_group = E / c.n_expert_group;
+    std::vector<float> s((size_t)E), routing((size_t)E), group_score((size_t)c.n_expert_group);
+    for (int e = 0; e < E; e++) {
+        s[(size_t)e] = 1.0f / (1.0f + expf(-logits[e]));
+        routing[(size_t)e] = s[(size_t)e] + expert_bias[e];
+    }
+    for (int g = 0; g < c.n_expert_group; g++) {
+        std::vector<int> top2 =
+            dllm__top_k_indices(routing.data() + (size_t)g * per_group, per_group, 2, [](int) { return true; });
+        group_score[(size_t)g] =
+            routing[(size_t)(g * per_group + top2[0])] + routing[(size_t)(g * per_group + top2[1])];
+    }
+    std::vector<int> groups =
+        dllm__top_k_indices(group_score.data(), c.n_expert_group, c.n_group_used, [](int) { return true; });
+    std::vector<uint8_t> group_kept((size_t)c.n_expert_group, 0);
+    for (int g : groups) group_kept[(size_t)g] = 1;
+    dllm__moe_route r;
+    r.expert = dllm__top_k_indices(routing.data(), E, c.n_expert_used,
+                                   [&](int e) { return group_kept[(size_t)(e / per_group)] != 0; });
+    float sum = 0;
+    for (int e : r.expert) sum += s[(size_t)e];
+    for (int e : r.expert)
+        r.weight.push_back((c.n_expert_used > 1 ? s[(size_t)e] / (sum + 1e-20f) : s[(size_t)e]) * c.routed_scale);
+    return r;
+}
+
+/* y[T][d] = down(silu(gate x) * up x) of one SwiGLU expert over the T rows of x. */
+static void dllm__cpu_swiglu(dllm__pool &pool, const float *x, int T, int d, int ff, const dllm__tensor &gate,
+                             const dllm__tensor &up, const dllm__tensor &down, float *y) {
+    std::vector<float> g((size_t)T * ff), u((size_t)T * ff);
+    dllm__cpu_linear(pool, x, T, d, gate, nullptr, ff, g.data());
+    dllm__cpu_linear(pool, x, T, d, up, nullptr, ff, u.data());
+    for (size_t i = 0; i < g.size(); i++) g[i] = dllm__silu(g[i]) * u[i];
+    dllm__cpu_linear(pool, g.data(), T, ff, down, nullptr, d, y);
+}
+
+/* out[T][d] = sum over a token's experts (in route order) of weight * expert(x), plus the shared expert's output:
+ * LLaDA2MoeSparseMoeBlock on the normed rows x. Each expert runs once over the rows routed to it; every row's
+ * arithmetic is its own, so a row's result does not depend on the other rows. */
+static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dllm__pool &pool, const float *x, int T,
+                          float *out) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
+    std::vector<float> logits((size_t)T * E);
+    dllm__cpu_linear(pool, x, T, d, *L.router, nullptr, E, logits.data());
+    std::vector<dllm__moe_route> routes((size_t)T);
+    std::vector<std::vector<int>> slots_of((size_t)E);  // expert e's (token * k + slot) entries
+    for (int t = 0; t < T; t++) {
+        routes[(size_t)t] = dllm__moe_route_token(c, logits.data() + (size_t)t * E, L.expert_bias.data());
+        for (int s = 0; s < k; s++) slots_of[(size_t)routes[(size_t)t].expert[(size_t)s]].push_back(t * k + s);
+    }
+    std::vector<float> expert_out((size_t)T * k * d);  // [token][slot][d]
+    std::vector<float> rows, ys;
+    for (int e = 0; e < E; e++) {
+        const std::vector<int> &slots = slots_of[(size_t)e];
+        if (slots.empty()) continue;
+        const int n = (int)slots.size();
+        rows.resize((size_t)n * d), ys.resize((size_t)n * d);
+        for (int i = 0; i < n; i++)
+            memcpy(rows.data() + (size_t)i * d, x + (size_t)(slots[(size_t)i] / k) * d, sizeof(float) * d);
+        dllm__cpu_swiglu(pool, rows.data(), n, d, c.n_ff_expert, *L.expert_gate[(size_t)e], *L.expert_up[(size_t)e],
+                         *L.expert_down[(size_t)e], ys.data());
+        for (int i = 0; i < n; i++)
+            memcpy(expert_out.data() + (size_t)slots[(size_t)i] * d, ys.data() + (size_t)i * d, sizeof(float) * d);
+    }
+    std::vector<float> shared((size_t)T * d, 0.0f);
+    if (c.n_ff_shared > 0)
+        dllm__cpu_swiglu(pool, x, T, d, c.n_ff_shared, *L.shared_gate, *L.shared_up, *L.shared_down, shared.data());
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d; i++) {
+            float acc = 0;
+            for (int s = 0; s < k; s++)
+                acc += routes[(size_t)t].weight[(size_t)s] * expert_out[((size_t)t * k + s) * d + i];
+            out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
+        }
+}
