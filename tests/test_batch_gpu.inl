@@ -649,10 +649,10 @@ TEST(batch_gpu, fp8_items_decode_one_after_another) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
     const bool fp8 = g->fp8_ffn_active();
-    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "batch_fp8 off")), "FP8 %s, batch_unsupported: %s",
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "batch_fp8 is off")), "FP8 %s, batch_unsupported: %s",
               fp8 ? "active" : "off", g->batch_unsupported() ? g->batch_unsupported() : "(null)");
-    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 off" : nullptr);
-    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 off" : nullptr);
+    CHECK_STATUS(ctx->impl->forward_batch({}, nullptr), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 is off" : nullptr);
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 is off" : nullptr);
     CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
     dllm_model_info info;
     dllm_model_get_info(m, &info);

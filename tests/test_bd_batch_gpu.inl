@@ -474,8 +474,8 @@ TEST(bd_batch_gpu, off_when_switched_off) {
     if (gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU) {
         {
             test_knob off("bd_batch", false);
-            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "bd_batch off");
-            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "bd_batch off");
+            CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_ERR_UNSUPPORTED, "bd_batch is off");
+            CHECK_STATUS(gpu->impl->bd_batch_reserve({64}), DLLM_ERR_UNSUPPORTED, "bd_batch is off");
             CHECK_STATUS(gpu->impl->bd_batch_reserve({}), DLLM_OK, nullptr);
         }
         test_knob on("bd_batch", true);

@@ -140,7 +140,7 @@ TEST(gpu_q4wg, forward_equals_the_other_4bit_paths) {
     test_tmpdir dir;
     std::string cfg = test_read_file("models/tiny-llada/config.json");
     for (auto kv : {std::make_pair("\"d_model\": 256", "\"d_model\": 512"), std::make_pair("\"mlp_hidden_size\": 640", "\"mlp_hidden_size\": 1536"),
-                    std::make_pair("\"n_layers\": 8", "\"n_layers\": 2")})
+                    std::make_pair("\"n_layers\": 8", "\"n_layers\": 2"), std::make_pair("\"max_sequence_length\": 256", "\"max_sequence_length\": 512")})
         cfg.replace(cfg.find(kv.first), strlen(kv.first), kv.second);
     test_write_file(dir.file("config.json"), cfg);
     dllm_model *m = nullptr;
@@ -160,7 +160,7 @@ TEST(gpu_q4wg, forward_equals_the_other_4bit_paths) {
                 CHECK_MSG(gpu->weights().layers[1].gu.q4->packed == (on == 1), "%s: q4wg %s but the weights %s packed",
                           dllm__precision_name(p), on ? "on" : "off", on ? "are not" : "are");
                 logits[on].assign((size_t)n * m->cfg.n_vocab, NAN);
-                CHECK(dllm_logits(g, ids.data(), n, 0, n, logits[on].data(), logits[on].size()) == DLLM_OK);
+                CHECK_STATUS(dllm_logits(g, ids.data(), n, 0, n, logits[on].data(), logits[on].size()), DLLM_OK, nullptr);
                 dllm_ctx_free(g);
             }
             CHECK_MSG(!logits[1].empty() && logits[0].size() == logits[1].size() &&
