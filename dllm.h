@@ -587,7 +587,7 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * attention state only (its layer-0 Q/K/V GEMM computes every row), and not under kv_quant. */
 
 /* LLaDA2 (DLLM_FAMILY_LLADA2: LLaDA2.0-mini/flash, LLaDA2.1-mini). dllm_generate decodes as the official `generate`
- * of modeling_llada2_moe.py (2.0) and of LLaDA2.1 (2.1), greedily:
+ * of LLaDA2.0's modeling code (2.0) and of LLaDA2.1's (2.1), greedily:
  *   - the canvas is prompt ++ masks up to a multiple of block_length B (default 32) counted from position 0, so the
  *     prompt's last partial block is decoded together with the answer; attention is block-causal (a block sees
  *     itself and every earlier block); logits are not shifted;
