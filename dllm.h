@@ -287,7 +287,8 @@ typedef enum dllm_precision {
  * bits on the RMS-normalised row, one FP32 factor with SoloQ's scale-only bias correction. KIVI values: per
  * (token, kv head) asymmetric min/max, FP16 (scale, min). Block-diffusion models only (the others have no
  * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends; the GPU's attention reads the codes
- * directly, on tensor cores (kvq_flash; DLLM_KVQ_TC=0, or a head dim it does not take: the scalar kvq_attention).
+ * directly, on tensor cores (kvq_flash; DLLM_DEBUG_PLAIN=1, or a head dim it does not take: the scalar
+ * kvq_attention).
  * dllm_kv_bytes_per_token gives the quantised cache's size; neither backend saves that memory yet (each keeps its
  * full-precision cache beside the codes). */
 typedef enum dllm_kv_quant {
@@ -654,9 +655,8 @@ typedef struct dllm_batch_result {
  * positions; items with a kv_cache in a second forward, each over its own K/V cache slots); a sequence that is done
  * leaves the batch. Block-diffusion items decode together too: one forward per round over every live sequence's
  * next forward, each over its own committed K/V cache. Decoded one after another instead, as dllm_generate would (an
- * INFO log says why), on the GPU backend only: every item of a context running FP8 GEMMs under DLLM_BATCH_FP8=0,
- * block-diffusion items under kv_quant or DLLM_BD_BATCH=0, and the kv_cache items (block diffusion: every item)
- * when the device cannot hold their K/V cache slots.
+ * INFO log says why), on the GPU backend only: block-diffusion items under kv_quant, and the kv_cache items (block
+ * diffusion: every item) when the device cannot hold their K/V cache slots.
  *
  * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
  * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.
