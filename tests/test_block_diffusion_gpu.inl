@@ -569,6 +569,59 @@ TEST(gpu, kv_quant_forwards_match_cpu) {
     dllm_model_free(m);
 }
 
+/* FNV-1a over the bytes of n values: a digest to compare runs of two builds by. */
+template <class T> static uint64_t test_digest(const T *x, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *b = (const unsigned char *)x;
+    for (size_t i = 0; i < n * sizeof(T); i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The GPU's kv_quant forwards and generations are deterministic: every mode, the default sinks and 37 (sink rows in two
+ * commits), kvq_flash and kvq_attention (kvq_tc off), a script of every kind of forward (a one-block prefill, a step, the
+ * block cache, a sub-block, commits of one and two blocks, a step over them) and a generation, each run twice with equal
+ * bits. The digests printed let two builds be compared bit for bit (the committed cache's layout must not change them). */
+TEST(gpu, kv_quant_logits_digest) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const int B = 32, S = 8;
+    std::vector<int32_t> ids((size_t)6 * B);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 43 + 3) % 150);
+    for (int i = B + 2; i < 2 * B; i += 3) ids[(size_t)i] = m->cfg.mask_id;
+    const std::vector<test_bd_fwd> script = {{DLLM__BD_COMMIT, 0, B, 0, B, B - 1, B},         {DLLM__BD_STEP, B, B, 0, B, 0, B},
+                                             {DLLM__BD_BLOCK_FULL, B, B, 0, B, S - 1, 2 * S}, {DLLM__BD_SUB_BLOCK, B + S, S, S, 0, 0, S},
+                                             {DLLM__BD_COMMIT, B, B, 0, B, B - 1, B},         {DLLM__BD_COMMIT, 2 * B, 2 * B, 0, B, 2 * B - 1, 2 * B},
+                                             {DLLM__BD_STEP, 4 * B, B, 0, B, 0, B}};
+    for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++)
+        for (int sinks : {-1, 37})
+            for (int tc = 0; tc < 2; tc++) {
+                test_knob kvq_tc("kvq_tc", tc == 1);
+                uint64_t digest[2] = {0, 1}, tokens[2] = {0, 1};
+                for (int run = 0; run < 2; run++) {
+                    dllm_ctx_params p = dllm_ctx_default_params();
+                    p.backend = DLLM_BACKEND_GPU, p.precision = DLLM_PRECISION_BF16, p.kv_quant = (dllm_kv_quant)mode, p.kv_sink_tokens = sinks;
+                    dllm_ctx *ctx = nullptr;
+                    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
+                    if (!ctx) continue;
+                    std::vector<float> logits;
+                    CHECK_STATUS(test_bd_run(*ctx->impl, *m, 5 * B, ids, script, logits), DLLM_OK, nullptr);
+                    digest[run] = test_digest(logits.data(), logits.size());
+                    dllm_gen_params gp = dllm_gen_default_params();
+                    gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0, gp.block_cache = run;
+                    std::vector<int32_t> out((size_t)gp.gen_length + 1, -1);
+                    int n_out = 0;
+                    CHECK_STATUS(dllm_generate(ctx, ids.data(), B + 2, gp, out.data(), (int)out.size(), &n_out, nullptr), DLLM_OK, nullptr);
+                    tokens[run] = test_digest(out.data(), (size_t)std::max(n_out, 0));
+                    dllm_ctx_free(ctx);
+                }
+                printf("    %s, sinks %d, kvq_tc %d: forwards %016llx, generation %016llx (block cache off) %016llx (on)\n", dllm__kvq_names[mode], sinks,
+                       tc, (unsigned long long)digest[0], (unsigned long long)tokens[0], (unsigned long long)tokens[1]);
+                CHECK_MSG(digest[0] == digest[1], "%s, sinks %d, kvq_tc %d: two runs of the script differ", dllm__kvq_names[mode], sinks, tc);
+            }
+    dllm_model_free(m);
+}
+
 /* bd_forward_choose (a step's token choice on the device) against its twin, the host's dllm__choose over bd_forward's logits of the same forward on the same backend:
  * every row's token equal and its confidence within float64 rounding (the device's exp and the host's may differ in an
  * ulp), for the row mappings a step uses (shifted from row 0, shifted past it, unshifted, an offset into the rows);
