@@ -680,7 +680,8 @@ TEST(gpu, kv_quant_sinks_across_commits_match_cpu) {
  * and a small rest (8 query heads, FFN 2048), for the cache's device memory at its 32k positions. */
 static dllm_model *test_kvq_7b_cache_model(const test_tmpdir &dir) {
     std::string cfg = test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json"));
-    const char *edits[][2] = {{"\"hidden_size\": 3584", "\"hidden_size\": 1024"},
+    const char *edits[][2] = {{"\"bd_size\": 32,", "\"bd_size\": 32, \"mask_token_id\": 151665,"},  // no tokenizer files to name it
+                              {"\"hidden_size\": 3584", "\"hidden_size\": 1024"},
                               {"\"intermediate_size\": 18944", "\"intermediate_size\": 2048"},
                               {"\"num_attention_heads\": 28", "\"num_attention_heads\": 8"}};
     for (auto &e : edits) {
@@ -711,7 +712,7 @@ static test_kvq_footprint test_kvq_footprint_of(dllm_test_state &T_, dllm_model 
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
     if (!ctx) return f;
     dllm_gen_params gp = dllm_gen_default_params();
-    gp.gen_length = B, gp.block_length = B, gp.mask_id = 151665, gp.stop_at_eos = 0;
+    gp.gen_length = B, gp.block_length = B, gp.stop_at_eos = 0;
     std::vector<int32_t> out((size_t)B + 1);
     int n_out = 0;
     CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, nullptr), DLLM_OK, nullptr);
