@@ -289,8 +289,11 @@ typedef enum dllm_precision {
  * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends; the GPU's attention reads the codes
  * directly, on tensor cores (kvq_flash; DLLM_DEBUG_PLAIN=1, or a head dim it does not take: the scalar
  * kvq_attention).
- * dllm_kv_bytes_per_token gives the quantised cache's size; neither backend saves that memory yet (each keeps its
- * full-precision cache beside the codes). */
+ * Memory: on the GPU the committed cache is the codes alone, dllm_kv_bytes_per_token a token (SOLOQ_KV4 at the 7B
+ * shape: 0.29x the BF16 cache, KV2 0.16x), plus full-precision rows for the sinks and for the rows one forward attends
+ * to past the committed ones (one layer's at a time: a block, or the prefill's prompt) and the block cache. The CPU
+ * reference keeps its fp32 cache beside the codes (it attends over the decoded values). A generation whose committed
+ * cache does not fit the device fails before it starts (DLLM_ERR_OUT_OF_MEMORY) naming the length that fits. */
 typedef enum dllm_kv_quant {
     DLLM_KV_QUANT_NONE = 0,      /* the default: the cache in BF16 (fp32 on the CPU)                  */
     DLLM_KV_QUANT_SOLOQ_KV4 = 1, /* keys KIVI 4-bit, values K-RPBH + Lloyd-Max 4-bit + bias correction */

@@ -7343,6 +7343,13 @@ struct dllm__backend_impl {
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
     /* Block diffusion (section 17): a generation starts with an empty committed K/V cache of `rows` rows. */
     virtual dllm_status bd_begin(int rows) = 0;
+    /* The most committed rows bd_begin could hold now (key groups of `group` rows under kv_quant), for the capacity
+     * check before a generation: the host's memory is not checked (no limit). */
+    virtual dllm_status bd_rows_that_fit(int group, int64_t &rows) const {
+        (void)group;
+        rows = INT64_MAX;
+        return DLLM_OK;
+    }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
     /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
@@ -9453,7 +9460,8 @@ KERNEL_soloq_scale_rows_i32 {
  * functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
-    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
+    X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
+    X(const bf16_t *, fresh) /* the forward's own K|V rows [rows][2 kvd], row 0 at n_committed (a commit's at row0) */ \
     X(unsigned char *, k_codes)                                                                                        \
     X(unsigned char *, v_codes)  /* the layer's [cap][kvd bits / 8] (9c's packing) */                                  \
     X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
@@ -9496,7 +9504,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 298 "src/gpu/kernel_table.cpp"
+#line 299 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9560,7 +9568,7 @@ KERNEL_kvq_commit_keys {
     float scale[4], minr[4];
     for (int c = 0; c < per; c++) {
         const int e = byte * per + c;
-        const bf16_t *x = a.cache + (u64)first * 2 * kvd + e;
+        const bf16_t *x = a.fresh + (u64)(first - a.row0) * 2 * kvd + e;
         float mn = n ? bf16_to_f32(x[0]) : 0.f, mx = mn;
         bool finite = true;
         for (int i = 0; i < n; i++) {
@@ -9571,7 +9579,7 @@ KERNEL_kvq_commit_keys {
         kivi_pair(mn, mx, finite, a.bits, a.k_pairs + ((u64)(g0 / a.group) * kvd + e) * 2, scale[c], minr[c]);
     }
     for (int i = 0; i < n; i++) {
-        const bf16_t *x = a.cache + (u64)(first + i) * 2 * kvd + byte * per;
+        const bf16_t *x = a.fresh + (u64)(first + i - a.row0) * 2 * kvd + byte * per;
         u32 b = 0;
         for (int c = 0; c < per; c++) b |= kivi_code(bf16_to_f32(x[c]), scale[c], minr[c], a.bits) << (c * a.bits);
         a.k_codes[(u64)(first + i) * row_bytes + byte] = (unsigned char)b;
@@ -9590,7 +9598,7 @@ KERNEL_kvq_commit_values {
     unsigned char *codes = a.v_codes + (u64)r * row_bytes + h * hd * a.bits / 8;
     if (!a.soloq) {
         if (lane == 0) {
-            const bf16_t *x = a.cache + (u64)r * 2 * kvd + kvd + h * hd;
+            const bf16_t *x = a.fresh + (u64)(r - a.row0) * 2 * kvd + kvd + h * hd;
             float mn = bf16_to_f32(x[0]), mx = mn, scale, minr;
             bool finite = true;
             for (int i = 0; i < hd; i++) {
@@ -9609,13 +9617,13 @@ KERNEL_kvq_commit_values {
         return;
     }
     soloq_args s = {};
-    s.x = a.cache + kvd + h * hd, s.x_stride = (u64)2 * kvd;
+    s.x = a.fresh + kvd + h * hd, s.x_stride = (u64)2 * kvd;
     s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k,
     s.rot_norm = a.rot_norm;
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    float *y = soloq_rotate(s, r, sl, A, B, 0), *v = val;
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {
@@ -9692,6 +9700,12 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
+/* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */
+__device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) {
+    const u64 row_elems = (u64)2 * a.n_kv * a.hd;
+    return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
@@ -9711,15 +9725,16 @@ KERNEL_kvq_attention {
         const int j = j0 + lane;
         float s = -DLLM_INF;
         if (j < n_visible) {
-            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
             const unsigned char *codes = a.k_codes + (u64)j * row_bytes;
             const unsigned short *pairs = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * hd) * 2;
             float dot = 0.f;
             if (kvq_quantised(a, j))
                 for (int c = 0; c < hd; c++)
                     dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
-            else
+            else {
+                const bf16_t *k = kvq_bf16_row(a, j) + kvh * hd;
                 for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            }
             s = dot * a.scale;
         }
         float corr;
@@ -9729,7 +9744,7 @@ KERNEL_kvq_attention {
             const int key = j0 + jj;
             const float pj = __shfl_sync(0xffffffffu, p, jj);
             if (!kvq_quantised(a, key)) {
-                const bf16_t *v = a.cache + (u64)key * 2 * kvd + kvd + kvh * hd;
+                const bf16_t *v = kvq_bf16_row(a, key) + kvd + kvh * hd;
                 for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
                 continue;
             }
@@ -9748,7 +9763,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 300 "src/gpu/kernel_table.cpp"
+#line 301 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -9961,7 +9976,8 @@ __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const 
     }
 }
 
-/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones) copied into the K and V tiles as they are. */
+/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones: kvq_bf16_row) copied into the K and V tiles
+ * as they are. */
 __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
     const int kvd = a.n_kv * KVQ_HD;
@@ -9970,7 +9986,7 @@ __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int 
         const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c = w % CPR, j = k0 + key;
         const bool ok = j >= lo && j < hi;
         cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8),
-                   a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
+                   ok ? kvq_bf16_row(a, j) + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : a.fresh, ok);
     }
 }
 
@@ -10168,7 +10184,7 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 329 "src/gpu/kernel_table.cpp"
+#line 330 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
  * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
@@ -10294,7 +10310,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 362 "src/gpu/kernel_table.cpp"
+#line 363 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10315,7 +10331,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 367 "src/gpu/kernel_table.cpp"
+#line 368 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
@@ -10466,7 +10482,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 385 "src/gpu/kernel_table.cpp"
+#line 386 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -10902,7 +10918,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 471 "src/gpu/kernel_table.cpp"
+#line 472 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11284,7 +11300,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 487 "src/gpu/kernel_table.cpp"
+#line 488 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11749,7 +11765,7 @@ template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 495 "src/gpu/kernel_table.cpp"
+#line 496 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11870,7 +11886,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 501 "src/gpu/kernel_table.cpp"
+#line 502 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12067,7 +12083,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 513 "src/gpu/kernel_table.cpp"
+#line 514 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12272,7 +12288,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 532 "src/gpu/kernel_table.cpp"
+#line 533 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12307,7 +12323,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 555 "src/gpu/kernel_table.cpp"
+#line 556 "src/gpu/kernel_table.cpp"
 #line 108 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -15248,6 +15264,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status finish(dllm__decode &st) override;
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
+    dllm_status bd_rows_that_fit(int group, int64_t &rows) const override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
     bool bd_chooses() const override { return !bd_host_choice_; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
@@ -15352,6 +15369,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
+     * only their codes). */
+    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kvq_keep_rows_ = on; }
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    size_t bd_committed_bytes() const {
+        return bd_cache_.bytes + kvq_k_codes_.bytes + kvq_v_codes_.bytes + kvq_k_pairs_.bytes + kvq_v_side_.bytes +
+               kvq_sinks_.bytes;
+    }
+    /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
+    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kvq_fresh_.bytes + kvq_partial_.bytes; }
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
@@ -15526,24 +15553,31 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
 
     // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
-    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim]; the block cache likewise
-    // [layer][bd_block_rows_][...]
+    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim] (not under kv_quant); the block
+    // cache likewise [layer][bd_block_rows_][...]
     dllm__dbuf bd_cache_, bd_block_, bd_partial_;
     int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
-    // [KV quant] (9c on the device): the committed rows' codes beside bd_cache_, whose bf16 rows the sinks and the
-    // forwarded rows keep; 9c's layout per layer (kvq_ holds the settings and the host rotations, its vectors empty)
+    // [KV quant] (9c on the device): the committed rows as codes only, 9c's layout per layer (kvq_ holds the settings and
+    // the host rotations, its vectors empty); bf16 K|V rows for the committed sinks [layer][kvq_sink_rows_][2 kvd] and
+    // for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a commit quantises its layer's rows
+    // before the next layer's are written)
     dllm__kvq kvq_;
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
-        kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
-    dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
-    bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+        kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf kvq_sinks_, kvq_fresh_;
+    int kvq_sink_rows_ = 0;           // min(n_sink, bd_cap_)
+    bool kvq_keep_rows_ = false;      // tests: kvq_kept_ holds each commit's bf16 rows
+    std::vector<uint16_t> kvq_kept_;  // [layer][bd_cap_][2 kvd]
+    dllm__kvq_tc_kernels KQT_;        // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf kvq_partial_;          // its split states (dllm__kvq_tc_partial_bound)
+    bool kvq_tc_on_ = false;          // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm_status kvq_keep(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
     // [FACache] on block diffusion: layer 0's committed states
     // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
@@ -17250,19 +17284,34 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. The raw
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. Under
+// kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
-/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk). */
+/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
+ * under kv_quant their codes (kvq_begin). */
 dllm_status dllm__gpu_backend::bd_begin(int rows) {
     const dllm__config &c = m_.cfg;
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
-    DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    if (!kvq_.enabled())
+        DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
+}
+
+/* The device's free memory and the committed cache's own (bd_begin refits it) at dllm__kvq_bytes_per_token a row, the
+ * sinks' bf16 rows set aside under kv_quant. */
+dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const {
+    size_t free_bytes = 0, total_bytes = 0;
+    DLLM__CUDA(cudaSetDevice(device_));
+    DLLM__CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double sinks = kvq_.enabled() ? (double)kvq_.n_layer * kvq_.n_sink * 4 * kvq_.kvd : 0.0;
+    const double room = (double)free_bytes + (double)bd_committed_bytes() - sinks;
+    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(m_.cfg, kvq_.mode, group));
+    return DLLM_OK;
 }
 #line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
@@ -17420,11 +17469,14 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
         kvq_rot_.resize(kvq_.rot.size());
         for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0;
+    kvq_.cap = rows, kvq_.group = 0, kvq_sink_rows_ = std::min(kvq_.n_sink, rows);
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
     DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(
+        kvq_sinks_.fit((size_t)kvq_.n_layer * kvq_sink_rows_ * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
+    if (kvq_keep_rows_) kvq_kept_.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
     DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
     DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
     kvq_tc_on_ = false;
@@ -17449,13 +17501,14 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its cache rows and codes (9c's layout), settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
     const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
                  side = layer * bd_cap_ * kvq_.n_kv;
-    a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
+    a.sinks = (const bf16_t *)kvq_sinks_.ptr + layer * kvq_sink_rows_ * row_elems;
+    a.fresh = (const bf16_t *)kvq_fresh_.ptr;
     a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
     a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
     a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
@@ -17470,11 +17523,17 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into bd_cache_, quantised (twin: dllm__kvq_commit's loop body,
- * on the bf16 rows). The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kvq_fresh_, committed: quantised (twin: dllm__kvq_commit's
+ * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const int sink_end = std::min(row0 + T, kvq_sink_rows_);
+    if (row0 < sink_end)
+        DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
+                                   (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (kvq_keep_rows_) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
@@ -17567,10 +17626,14 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
+    const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
-        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));
+        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * row_bytes, "the block cache"));
         bd_block_rows_ = T;
     }
+    if (kvq_.enabled())  // [KV quant] the rows the forward attends to past the committed ones, one layer's at a time
+        DLLM__TRY(kvq_fresh_.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : T) * row_bytes,
+                                 "the forwarded K/V rows beside the quantised cache"));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
     if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
     return DLLM_OK;
@@ -17634,9 +17697,9 @@ dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const d
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
     const std::string buffers =
-        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
-                     bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
-                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group,
+                     bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
+                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr, kvq_sinks_.ptr, kvq_fresh_.ptr);
     return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
 }
 
@@ -17735,8 +17798,11 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                            act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
                                            c.llama4_orig_max));
     mark("rope");
-    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes,
-         *after = cache + (size_t)bd_n_ * row_bytes;
+    char *cache, *after;
+    if (kvq_.enabled())  // flash_attn reads kvq_fresh_ only while nothing is committed; kvq_attention reads the codes
+        cache = after = (char *)kvq_fresh_.ptr;
+    else
+        cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, after = cache + (size_t)bd_n_ * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
         return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
@@ -17908,7 +17974,8 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for bd_cap_ rows), k and v the bf16 rows as fp32 [layer][cap][kvd]. */
+ * sized for bd_cap_ rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
+ * under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(bd_cap_);
@@ -17923,14 +17990,25 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
         DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
     else
         DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> rows((size_t)q.n_layer * bd_cap_ * 2 * q.kvd);
-    DLLM__CUDA(cudaMemcpy(rows.data(), bd_cache_.ptr, rows.size() * 2, cudaMemcpyDeviceToHost));
-    k.resize(rows.size() / 2), v.resize(rows.size() / 2);
-    for (size_t r = 0; r < (size_t)q.n_layer * bd_cap_; r++)
+    const size_t rows = (size_t)q.n_layer * bd_cap_;
+    k.assign(rows * q.kvd, 0.0f), v.assign(rows * q.kvd, 0.0f);
+    for (size_t r = 0; r < rows && kvq_kept_.size() == rows * 2 * q.kvd; r++)
         for (int e = 0; e < q.kvd; e++) {
-            k[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + e]);
-            v[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + q.kvd + e]);
+            k[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + e]);
+            v[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + q.kvd + e]);
         }
+    return DLLM_OK;
+}
+
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kvq_fresh_ into kvq_kept_ (the next
+ * layer overwrites them; commits are never captured, so this copy may wait). */
+dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
+    const size_t row_elems = (size_t)2 * kvq_.kvd;
+    if (kvq_kept_.size() != (size_t)kvq_.n_layer * bd_cap_ * row_elems)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_keep_rows was set after bd_begin: no rows kept for this generation");
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    DLLM__CUDA(cudaMemcpy(&kvq_kept_[(layer * bd_cap_ + (size_t)row0) * row_elems], kvq_fresh_.ptr,
+                          (size_t)T * row_elems * 2, cudaMemcpyDeviceToHost));
     return DLLM_OK;
 }
 
@@ -18781,6 +18859,56 @@ static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_pa
     return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
+/* The committed K/V rows a generation needs: the prompt's whole blocks, the generated blocks, one block of slack (the
+ * last block's commit). */
+static int64_t dllm__bd_cache_rows(int n_prompt, const dllm__bd_plan &plan) {
+    return (int64_t)n_prompt / plan.B * plan.B + (int64_t)plan.n_blocks * plan.B + plan.B;
+}
+
+/* What fits, for a capacity error: `tokens` of prompt + gen_length at most, and `gen` (a multiple of the block) with
+ * this prompt where a block fits. */
+static std::string dllm__bd_what_fits(int64_t tokens, int64_t gen) {
+    std::string s =
+        dllm__format("prompt + gen_length may be %lld tokens at most", (long long)std::max<int64_t>(tokens, 0));
+    if (gen > 0) s += dllm__format(" (gen_length %lld with this prompt)", (long long)gen);
+    return s;
+}
+
+/* The context's positions hold prompt + gen_length (and the last AR seed); the error names what fits. */
+static dllm_status dllm__check_bd_length(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int B) {
+    if ((int64_t)n_prompt + p.gen_length + 1 <= ctx.max_tokens) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                      "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d (max_tokens; the "
+                      "model's positions end at %d): %s",
+                      n_prompt, p.gen_length, ctx.max_tokens, ctx.model->cfg.max_seq_len,
+                      dllm__bd_what_fits(ctx.max_tokens - 1, (ctx.max_tokens - 1 - n_prompt) / B * B).c_str());
+}
+
+/* The committed K/V cache fits what the backend can hold, checked before anything runs; the error names what fits and
+ * what to change. */
+static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p,
+                                        const dllm__bd_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    const int B = plan.B;
+    const int64_t rows = dllm__bd_cache_rows(n_prompt, plan);
+    int64_t fit = 0;
+    DLLM__TRY(ctx.impl->bd_rows_that_fit(B, fit));
+    if (rows <= fit) return DLLM_OK;
+    const int mode = dllm__enum_int(ctx.params.kv_quant);
+    const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
+    const std::string smaller = mode == DLLM_KV_QUANT_NONE
+                                    ? dllm__format("; or quantise the cache (kv_quant soloq-kv4: %.0f bytes a token)",
+                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+                                    : std::string();
+    return dllm__fail(
+        DLLM_ERR_OUT_OF_MEMORY,
+        "the committed K/V cache of prompt (%d) + gen_length (%d) needs %lld rows (%.1f MiB at %.0f bytes "
+        "a token, kv_quant %s) and the device has room for %lld: %s%s",
+        n_prompt, p.gen_length, (long long)rows, rows * per_token / 1048576.0, per_token, dllm__kvq_names[mode],
+        (long long)fit, dllm__bd_what_fits(fit - B, (fit - B - (int64_t)n_prompt / B * B) / B * B).c_str(),
+        smaller.c_str());
+}
+
 static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, int32_t *out, int out_capacity,
                                               dllm__bd_plan &plan) {
@@ -18798,10 +18926,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                           p.sub_block_length ? "" : " (the default)", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
-    if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, ctx.max_tokens);
+    DLLM__TRY(dllm__check_bd_length(ctx, n_prompt, p, plan.B));
     if (!out || out_capacity < plan.max_out)
         return dllm__fail(
             !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
@@ -18828,7 +18953,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
     plan.step_mask = c.bd_mask_block;
-    return DLLM_OK;
+    return dllm__check_bd_cache(ctx, n_prompt, p, plan);
 }
 
 /* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
@@ -18881,7 +19006,7 @@ struct dllm__bd_generation {
     }
 
     /* The committed K/V rows the generation needs: the backend's bd_begin, or its batch slot. */
-    int cache_rows() const { return n_prompt / plan.B * plan.B + plan.n_blocks * plan.B + plan.B; }
+    int cache_rows() const { return (int)dllm__bd_cache_rows(n_prompt, plan); }
 
     bool done() const { return at == DONE; }
 

@@ -459,6 +459,53 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     dllm_model_free(m);
 }
 
+/* A backend that forwards to another and has room for `room` committed rows (bd_rows_that_fit). */
+struct test_bd_cramped : dllm__backend_impl {
+    std::unique_ptr<dllm__backend_impl> inner;
+    int64_t room;
+    test_bd_cramped(std::unique_ptr<dllm__backend_impl> b, int64_t rows) : inner(std::move(b)), room(rows) {}
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner->logits(ids, n, r0, r1, out); }
+    dllm_status begin_block(dllm__decode &st) override { return inner->begin_block(st); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return inner->step(st, committed, want_host); }
+    dllm_status bd_begin(int rows) override { return inner->bd_begin(rows); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override { return inner->bd_forward(call, logits); }
+    dllm_status bd_rows_that_fit(int, int64_t &rows) const override {
+        rows = room;
+        return DLLM_OK;
+    }
+};
+
+/* The context's capacity is checked before a generation runs, each error naming the length that fits and what to
+ * change: prompt + gen_length past the context's positions (max_tokens 128), and a committed K/V cache past what the
+ * backend holds (100 rows: a prompt of 40 has one whole block, so gen_length 32 needs 96 rows and 64 needs 128). */
+TEST(block_diffusion, capacity_errors_name_what_fits) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.max_tokens = 128;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
+    if (!ctx) { dllm_model_free(m); return; }
+    std::vector<int32_t> prompt(40), out(200);
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)(i * 7 % 150);
+    auto gen = [&](int gen_length) {
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = gen_length;
+        return dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
+    };
+    CHECK_STATUS(gen(96), DLLM_ERR_INVALID_ARGUMENT,
+                 "prompt (40) + gen_length (96) + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's positions end at 256): "
+                 "prompt + gen_length may be 127 tokens at most (gen_length 64 with this prompt)");
+    ctx->impl.reset(new test_bd_cramped(std::move(ctx->impl), 100));
+    CHECK_STATUS(gen(64), DLLM_ERR_OUT_OF_MEMORY,
+                 "the committed K/V cache of prompt (40) + gen_length (64) needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
+                 "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or quantise the cache "
+                 "(kv_quant soloq-kv4: 88 bytes a token)");
+    CHECK_STATUS(gen(32), DLLM_OK, nullptr);
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
 // ---- CLI -----------------------------------------------------------------------------------------------------
 
 static const dllm__json *test_bd_case(const dllm__json &root, const char *name) {

@@ -197,7 +197,7 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
     test_put(q, test_bf16_vec(d.x));
     const size_t out_elems = (size_t)k.n_active * k.n_head * k.hd;
     kvq_args a = {};
-    a.cache = cache.as<bf16_t>(), a.k_codes = kc.as<unsigned char>(), a.v_codes = vc.as<unsigned char>(), a.k_pairs = kp.as<unsigned short>();
+    a.sinks = cache.as<bf16_t>(), a.fresh = cache.as<bf16_t>() + (size_t)k.n_committed * 2 * k.n_kv * k.hd, a.k_codes = kc.as<unsigned char>(), a.v_codes = vc.as<unsigned char>(), a.k_pairs = kp.as<unsigned short>();
     a.v_pairs = d.q.soloq() ? nullptr : vs.as<unsigned short>(), a.v_scale = d.q.soloq() ? vs.as<float>() : nullptr;
     if (d.q.soloq()) a.perm = rd.perm.as<int>(), a.signs = (const unsigned char *)rd.signs.ptr, a.mixer = rd.mixer.as<float>();
     a.rot_b = rd.b, a.rot_k = rd.k, a.rot_norm = rd.norm;

@@ -61,6 +61,56 @@ static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_pa
     return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
+/* The committed K/V rows a generation needs: the prompt's whole blocks, the generated blocks, one block of slack (the
+ * last block's commit). */
+static int64_t dllm__bd_cache_rows(int n_prompt, const dllm__bd_plan &plan) {
+    return (int64_t)n_prompt / plan.B * plan.B + (int64_t)plan.n_blocks * plan.B + plan.B;
+}
+
+/* What fits, for a capacity error: `tokens` of prompt + gen_length at most, and `gen` (a multiple of the block) with
+ * this prompt where a block fits. */
+static std::string dllm__bd_what_fits(int64_t tokens, int64_t gen) {
+    std::string s =
+        dllm__format("prompt + gen_length may be %lld tokens at most", (long long)std::max<int64_t>(tokens, 0));
+    if (gen > 0) s += dllm__format(" (gen_length %lld with this prompt)", (long long)gen);
+    return s;
+}
+
+/* The context's positions hold prompt + gen_length (and the last AR seed); the error names what fits. */
+static dllm_status dllm__check_bd_length(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int B) {
+    if ((int64_t)n_prompt + p.gen_length + 1 <= ctx.max_tokens) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                      "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d (max_tokens; the "
+                      "model's positions end at %d): %s",
+                      n_prompt, p.gen_length, ctx.max_tokens, ctx.model->cfg.max_seq_len,
+                      dllm__bd_what_fits(ctx.max_tokens - 1, (ctx.max_tokens - 1 - n_prompt) / B * B).c_str());
+}
+
+/* The committed K/V cache fits what the backend can hold, checked before anything runs; the error names what fits and
+ * what to change. */
+static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p,
+                                        const dllm__bd_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    const int B = plan.B;
+    const int64_t rows = dllm__bd_cache_rows(n_prompt, plan);
+    int64_t fit = 0;
+    DLLM__TRY(ctx.impl->bd_rows_that_fit(B, fit));
+    if (rows <= fit) return DLLM_OK;
+    const int mode = dllm__enum_int(ctx.params.kv_quant);
+    const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
+    const std::string smaller = mode == DLLM_KV_QUANT_NONE
+                                    ? dllm__format("; or quantise the cache (kv_quant soloq-kv4: %.0f bytes a token)",
+                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+                                    : std::string();
+    return dllm__fail(
+        DLLM_ERR_OUT_OF_MEMORY,
+        "the committed K/V cache of prompt (%d) + gen_length (%d) needs %lld rows (%.1f MiB at %.0f bytes "
+        "a token, kv_quant %s) and the device has room for %lld: %s%s",
+        n_prompt, p.gen_length, (long long)rows, rows * per_token / 1048576.0, per_token, dllm__kvq_names[mode],
+        (long long)fit, dllm__bd_what_fits(fit - B, (fit - B - (int64_t)n_prompt / B * B) / B * B).c_str(),
+        smaller.c_str());
+}
+
 static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, int32_t *out, int out_capacity,
                                               dllm__bd_plan &plan) {
@@ -78,10 +128,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
                           p.sub_block_length ? "" : " (the default)", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
-    if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, ctx.max_tokens);
+    DLLM__TRY(dllm__check_bd_length(ctx, n_prompt, p, plan.B));
     if (!out || out_capacity < plan.max_out)
         return dllm__fail(
             !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
@@ -108,7 +155,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
     plan.step_mask = c.bd_mask_block;
-    return DLLM_OK;
+    return dllm__check_bd_cache(ctx, n_prompt, p, plan);
 }
 
 /* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
@@ -161,7 +208,7 @@ struct dllm__bd_generation {
     }
 
     /* The committed K/V rows the generation needs: the backend's bd_begin, or its batch slot. */
-    int cache_rows() const { return n_prompt / plan.B * plan.B + plan.n_blocks * plan.B + plan.B; }
+    int cache_rows() const { return (int)dllm__bd_cache_rows(n_prompt, plan); }
 
     bool done() const { return at == DONE; }
 
