@@ -130,7 +130,7 @@ class LladaTest(unittest.TestCase):
         results = caught.exception.results
         self.assertEqual(results[0].ids, self.solo.ids)
         self.assertEqual(results[1].status, dllm.Status.ERR_INVALID_ARGUMENT)
-        self.assertIn("steps 3", results[1].message)
+        self.assertIn("steps (--steps) 3", results[1].message)
 
     def test_numpy_prompt(self):
         try:
@@ -210,6 +210,13 @@ class LladaTest(unittest.TestCase):
             with dllm.Model(out) as quantized:
                 self.assertEqual(quantized.info.precision, dllm.Precision.SOLOQ_I)
         self.assertEqual(calls[-1], (self.model.info.n_layer, self.model.info.n_layer))
+
+    def test_context_quantising_reports_progress(self):
+        calls = []
+        dllm.Context(self.model, backend="cpu", precision="soloq_i",
+                     progress=lambda done, total: calls.append((done, total))).close()
+        n = self.model.info.n_layer
+        self.assertEqual(calls, [(i, n) for i in range(1, n + 1)])
 
 
 class BlockDiffusionTest(unittest.TestCase):
