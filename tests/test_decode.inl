@@ -118,8 +118,8 @@ TEST(choose, greedy_gumbel_and_confidence) {
 }
 
 /* At temperature 500 softmax(l / 500) over logits in [-4, 4] is nearly uniform: over 64 ids the draws of 6400 positions
- * spread over all of them (the generate.py form exp(l) / (-log u)^T is +inf or 0 for most ids there, and the lowest id
- * won). A hotter and a huge temperature stay finite and uniform; temperature 0 is still the argmax. */
+ * spread over all of them (the generate.py form exp(l) / (-log u)^T is +inf or 0 for most ids there, where the lowest
+ * id wins). A hotter and a huge temperature stay finite and uniform; temperature 0 is still the argmax. */
 TEST(choose, large_temperatures_sample_every_id) {
     const int V = 64, draws = 6400;
     std::vector<float> logits((size_t)V);

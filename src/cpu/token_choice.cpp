@@ -84,9 +84,9 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
 
 /* The Gumbel-max key of a logit l at temperature T > 0 with its uniform draw u: l / T - log(-log u), in float64.
  * generate.py's key exp(l) / (-log u)^T is the exponential of T times this one (the same order), but leaves a
- * double's range for T above about 19 (-log u spans [2^-54, 37.4]): every key became +inf or 0 and the lowest id
- * won. Here any finite T draws from softmax(l / T); the chosen token differs from generate.py's only where the two
- * best keys are within float64 rounding of each other. Twin: gumbel_key. */
+ * double's range for T above about 19 (-log u spans [2^-54, 37.4]), where most keys are +inf or 0 and the lowest id
+ * wins. This one draws from softmax(l / T) at any finite T; the chosen token differs from generate.py's only where
+ * the two best keys are within float64 rounding of each other. Twin: gumbel_key. */
 static double dllm__gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
 
 /* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
