@@ -145,7 +145,8 @@ typedef struct dllm_model_info {
     int n_ff;          /* MLP hidden size                                                           */
     int max_seq_len;   /* longest canvas (prompt + generation) the model supports                   */
     int shift_logits;  /* 1 if position i is predicted by the logits at i-1 (Dream)                 */
-    int32_t mask_id;   /* the diffusion [MASK] token                                                */
+    int32_t mask_id;   /* the diffusion [MASK] token; -1 for a Fast-dLLM v2 checkpoint whose
+                          tokenizer files and config.json name none (set dllm_gen_params.mask_id)   */
     int32_t eos_id;    /* end of text, -1 if unknown                                                */
     int32_t eot_id;    /* end of turn (LLaDA <|eot_id|>), -1 if unknown                             */
     int32_t bos_id;    /* -1 if unknown                                                             */
@@ -316,6 +317,9 @@ typedef enum dllm_soloq_rotation {
     DLLM_SOLOQ_ROTATION_HAAR = 6       /* a dense Haar-random orthogonal matrix (dims up to 1024) */
 } dllm_soloq_rotation;
 
+/* Progress of a quantisation: `done` of `total` layers (the LM head counts as one when quantised) are finished. */
+typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
+
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
     int device;            /* CUDA device ordinal (default 0)                                        */
@@ -340,6 +344,11 @@ typedef struct dllm_ctx_params {
      * the values it was quantised with (or the defaults). */
     dllm_soloq_rotation soloq_rotation;
     int soloq_bias_correction;
+    /* Called on the creating thread after each layer the CPU backend quantises at context creation (FP8 and SoloQ
+     * precisions on an unquantised checkpoint: seconds to minutes on a large model), done of total, the last call
+     * with done == total; never called when nothing is quantised. May be NULL (the default). */
+    dllm_quantize_progress_fn progress;
+    void *progress_user_data;
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
@@ -364,8 +373,6 @@ DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_qu
  * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
  * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
  * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
-typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
-
 typedef struct dllm_quantize_params {
     dllm_precision precision;  /* a SoloQ precision: SOLOQ_N/I/C or RTN_W4A4 (or a -W4A16 form, recorded as
                                   asked; a context may use either form of the same weight format)       */
@@ -488,9 +495,12 @@ typedef int (*dllm_step_fn)(const dllm_step_info *info, void *user_data);
 
 typedef struct dllm_gen_params {
     int gen_length;             /* masked positions appended to the prompt (default 128)           */
-    int steps;                  /* denoising steps over the whole generation (default 128)         */
+    int steps;                  /* denoising steps over the whole generation (default 128); at most
+                                   gen_length under the counted rules (SCHEDULE, TIMESTEPS), since
+                                   further steps would commit nothing (DLLM_ERR_INVALID_ARGUMENT) */
     int block_length;           /* SAR block; gen_length % block_length == 0 and steps % n_blocks == 0 */
-    float temperature;          /* 0 = argmax; > 0 = Gumbel-max sampling of softmax(logits / T)    */
+    float temperature;          /* 0 = argmax; > 0 (finite) = Gumbel-max sampling of softmax(logits / T),
+                                   keys l / T - log(-log u) in float64: no temperature overflows   */
     float cfg_scale;            /* classifier-free guidance; 0 = off                               */
     dllm_remasking remasking;
     uint64_t seed;              /* drives every random draw (counter-based: reproducible)          */
@@ -514,7 +524,7 @@ typedef struct dllm_gen_params {
     float dpad_scale;           /* Gaussian scale a (default 2)                                    */
     int dpad_n;                 /* DLLM_DPAD_UNIFORM: positions kept per block (default 64)        */
     int early_stop;             /* after a block containing EOS/EoT: fill the rest with it and stop */
-    int32_t mask_id;            /* -1 = the model's                                                */
+    int32_t mask_id;            /* -1 = the model's (a model without one: DLLM_ERR_INVALID_ARGUMENT) */
     int32_t eos_id;             /* -1 = the model's                                                */
     int32_t eot_id;             /* -1 = the model's                                                */
     int sub_block_length;       /* block diffusion: sub-block S, decoded left to right; divides

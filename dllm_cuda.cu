@@ -156,6 +156,15 @@ static void dllm__log_verbose(const char *fmt, ...) {
     va_end(ap);
 }
 
+/* A caller's progress callback (dllm_ctx_params.progress): `done` of `total` steps of a long job; a no-op unset. */
+struct dllm__progress {
+    dllm_quantize_progress_fn fn = nullptr;
+    void *user_data = nullptr;
+    void report(int done, int total) const {
+        if (fn) fn(done, total, user_data);
+    }
+};
+
 static std::string dllm__shape_str(const std::vector<int64_t> &shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); i++) s += dllm__format(i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -1232,7 +1241,7 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     if (c.head_dim % 2)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one",
                           path.c_str(), c.head_dim);
-    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens checks it there.
+    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens looks there.
     if (c.mask_id < 0 && c.family != DLLM_FAMILY_FAST_DLLM_V2)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id",
                           path.c_str());
@@ -1311,7 +1320,8 @@ static dllm_status dllm__find_added_token(const std::string &dir, const char *co
 }
 
 /* Fast-dLLM v2's mask (|<MASK>|) and stop (<|im_end|>) ids live in its tokenizer files, not in config.json
- * (block-diffusion.md). A model without them is an error naming what to add. */
+ * (block-diffusion.md). A checkpoint without either still loads with mask_id -1: generating then needs
+ * dllm_gen_params.mask_id (dllm__plan_block_diffusion says so). */
 static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config &c) {
     if (c.family != DLLM_FAMILY_FAST_DLLM_V2) return DLLM_OK;
     int32_t mask = -1, stop = -1;
@@ -1319,12 +1329,6 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
     DLLM__TRY(dllm__find_added_token(dir, "<|im_end|>", stop));
     if (mask >= 0 && c.mask_id < 0) c.mask_id = mask;
     if (stop >= 0) c.stop_id = stop;
-    if (c.mask_id < 0)
-        return dllm__fail(
-            DLLM_ERR_FORMAT,
-            "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
-            "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json",
-            dir.c_str());
     if (c.mask_id >= c.n_vocab || c.stop_id >= c.n_vocab)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(),
                           c.mask_id, c.stop_id, c.n_vocab);
@@ -4257,8 +4261,9 @@ struct dllm__fp8_layer {
     std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. */
-static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision) {
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. progress counts layers 1.. . */
+static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
+                                                         const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
     std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
@@ -4269,6 +4274,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
             out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
             out[l].o = dllm__quantize_stacked({L.wo});
         }
+        progress.report((int)l, (int)out.size() - 1);
     }
     return out;
 }
@@ -5593,20 +5599,31 @@ static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::sh
 }
 
 /* Weights of every layer (and the head if asked) quantised once at context creation, or taken from a quantised
- * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null. */
+ * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null.
+ * progress counts the quantised layers and head (none from a quantised checkpoint). */
 static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool,
                                                             const dllm__soloq_options &asked,
-                                                            std::shared_ptr<const dllm__soloq_layer> &head) {
+                                                            std::shared_ptr<const dllm__soloq_layer> &head,
+                                                            const dllm__progress &progress = dllm__progress()) {
     const dllm__config &c = m.cfg;
     const dllm__soloq_options o = dllm__soloq_effective_options(m, asked);
+    const int total = (int)m.layers.size() + (o.quantize_head ? 1 : 0);
     std::vector<dllm__fp8_layer> out(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++)
-        out[l].soloq = m.soloq ? dllm__soloq_stored(m.soloq->layers[l], o) : dllm__soloq_quantize_layer(m, pool, o, l);
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        if (m.soloq) {
+            out[l].soloq = dllm__soloq_stored(m.soloq->layers[l], o);
+            continue;
+        }
+        out[l].soloq = dllm__soloq_quantize_layer(m, pool, o, l);
+        progress.report((int)l + 1, total);
+    }
     head.reset();
-    if (m.soloq && m.soloq->head)
+    if (m.soloq && m.soloq->head) {
         head = dllm__soloq_stored(m.soloq->head, o);
-    else if (o.quantize_head)
+    } else if (o.quantize_head) {
         head = dllm__soloq_quantize_head(m, pool, o);
+        if (!m.soloq) progress.report(total, total);
+    }
     size_t bytes = head ? dllm__soloq_bytes(*head) : 0,
            weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
@@ -6384,18 +6401,20 @@ static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, i
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
     if (sinks < -1 || sinks > max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)",
-                          sinks, max_tokens);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "kv_sink_tokens (--kv-sinks) %d must be in [-1, %d] (-1 = the model's default)", sinks,
+                          max_tokens);
     if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
     if (!dllm__is_block_diffusion(c))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
-            "Nemotron-Labs-Diffusion); use kv_quant none",
+            "kv_quant (--kv-quant) %s: a %s model has no committed K/V cache to quantise (block-diffusion models "
+            "only: Fast-dLLM v2, Nemotron-Labs-Diffusion); use DLLM_KV_QUANT_NONE (--kv-quant none)",
             dllm__kvq_names[mode], dllm__family_name(c.family));
     if (c.head_dim % 4)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+                          "kv_quant (--kv-quant) %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); "
+                          "head_dim is %d",
                           dllm__kvq_names[mode], c.head_dim);
     return DLLM_OK;
 }
@@ -6795,8 +6814,15 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
     return cut;
 }
 
+/* The Gumbel-max key of a logit l at temperature T > 0 with its uniform draw u: l / T - log(-log u), in float64.
+ * generate.py's key exp(l) / (-log u)^T is the exponential of T times this one (the same order), but leaves a
+ * double's range for T above about 19 (-log u spans [2^-54, 37.4]), where most keys are +inf or 0 and the lowest id
+ * wins. This one draws from softmax(l / T) at any finite T; the chosen token differs from generate.py's only where
+ * the two best keys are within float64 rounding of each other. Twin: gumbel_key. */
+static double dllm__gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 /* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
- * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T)).
+ * x0 = argmax(l) at T = 0, else the argmax of dllm__gumbel_key (Gumbel-max of softmax(l/T)).
  * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
  * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
  * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
@@ -6823,10 +6849,8 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
         second_logit = std::max(second_logit, l > max_logit ? max_logit : l);  // a NaN never enters, as on the GPU
         if (l > max_logit) max_logit = l;
         double score = l;
-        if (s.temperature > 0) {
-            double u = dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL);
-            score = exp((double)l) / pow(-log(u), s.temperature);
-        }
+        if (s.temperature > 0)
+            score = dllm__gumbel_key(l, s.temperature, dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL));
         if (score > best_score) {
             best_score = score;
             best = v;
@@ -6963,8 +6987,8 @@ static std::string dllm__tp_valid_counts(const dllm__config &c) {
 static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char *what, int count) {
     if (count % n == 0) return DLLM_OK;
     return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                      "tensor parallelism over %d devices (dllm_ctx_params.n_devices): the model's %d %s do not split "
-                      "evenly over %d ranks; device counts this model divides: %s",
+                      "tensor parallelism over n_devices (--devices) %d: the model's %d %s do not split evenly over "
+                      "%d ranks; device counts this model divides: %s",
                       n, count, what, n, dllm__tp_valid_counts(c).c_str());
 }
 
@@ -6973,7 +6997,7 @@ static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char
 static dllm_status dllm__tp_shard(const dllm__config &c, int n_ranks, int rank, dllm__tp_plan &plan) {
     if (n_ranks < 1 || n_ranks > dllm__tp_max_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "tensor parallelism over %d devices (dllm_ctx_params.n_devices): must be in [1, %d]", n_ranks,
+                          "tensor parallelism over n_devices (--devices) %d: must be in [1, %d]", n_ranks,
                           dllm__tp_max_ranks);
     if (rank < 0 || rank >= n_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism: rank %d outside [0, %d)", rank, n_ranks);
@@ -7183,9 +7207,8 @@ static dllm__tp_best dllm__tp_rank_best(const float *logits, const dllm__tp_plan
         if (l > b.max_logit) b.max_logit = l;
         double score = l;
         if (s.temperature > 0)
-            score =
-                exp((double)l) /
-                pow(-log(dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL)), s.temperature);
+            score = dllm__gumbel_key(l, s.temperature,
+                                     dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL));
         if (score > b.score) b.score = score, best = i;
     }
     b.token = p.vocab0 + best, b.logit = logit(best);
@@ -7241,7 +7264,8 @@ static dllm__tp_best dllm__tp_best_merge(const dllm__tp_best &a, const dllm__tp_
 static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_params &p) {
     if (p.n_devices < 0 || p.n_devices > DLLM_MAX_DEVICES)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "dllm_ctx_create: n_devices %d must be in [0, %d] (0 = one GPU, dllm_ctx_params.device)",
+                          "dllm_ctx_create: n_devices (--devices) %d must be in [0, %d] (0 = one GPU, "
+                          "dllm_ctx_params.device)",
                           p.n_devices, DLLM_MAX_DEVICES);
     for (int i = 0; i < p.n_devices; i++) {
         if (p.devices[i] < 0)
@@ -7559,10 +7583,11 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision,
-                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
-        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
+                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1,
+                      const dllm__progress &progress = dllm__progress())
+        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision, progress)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
-        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
+        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_, progress);
         kvq_.setup(m.cfg, kv_quant, kv_sinks);
     }
 
@@ -10957,6 +10982,9 @@ __device__ __forceinline__ float kept_logit(const sampler_args &a, int row, int 
     return a.cutoff && !(l >= a.cutoff[row]) ? -DLLM_INF : l;
 }
 
+/* l / T - log(-log u): the Gumbel-max key in log space, finite at any temperature. Twin: dllm__gumbel_key. */
+__device__ __forceinline__ double gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
 
 __device__ __forceinline__ double conf_inv_temp(const sampler_args &a) {
@@ -10985,8 +11013,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
-        if (a.temperature > 0)
-            score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
+        if (a.temperature > 0) score = gumbel_key(l, a.temperature, uniform01(a.seed, (u32)v, pos, step, 1u));
         if (better(score, v, best, best_i)) {
             best = score;
             best_i = v;
@@ -18120,22 +18147,24 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
     const int unmask = dllm__enum_int(p.unmask), remasking = dllm__enum_int(p.remasking);
     const bool counted = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;
     if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps (--eps) must be in (0, 1), got %g", p.eps);
     if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp (--alg-temp) must be finite and >= 0, got %g",
+                          p.alg_temp);
     if (remasking == DLLM_REMASK_ORIGIN && unmask != DLLM_UNMASK_TIMESTEPS)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
-                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)",
-                          unmask);
+                          "DLLM_REMASK_ORIGIN (--alg origin) transfers each mask with the probability of Dream's "
+                          "timestep schedule: it needs DLLM_UNMASK_TIMESTEPS (--timesteps)");
     if (remasking == DLLM_REMASK_ORIGIN && p.confidence_eos_eot_inf)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
+            "DLLM_REMASK_ORIGIN (--alg origin) does not rank candidates, so confidence_eos_eot_inf (--eos-eot-last) "
+            "cannot put EOS/EoT last");
     if (p.alg_temp > 0 && (!counted || remasking == DLLM_REMASK_ORIGIN))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
-                          "threshold/factor rules and DLLM_REMASK_ORIGIN have no k to sample");
+                          "alg_temp (--alg-temp) samples the k positions of a counted step (the default schedule or "
+                          "DLLM_UNMASK_TIMESTEPS (--timesteps)); DLLM_UNMASK_THRESHOLD (--threshold), "
+                          "DLLM_UNMASK_FACTOR (--factor) and DLLM_REMASK_ORIGIN (--alg origin) have no k to sample");
     return DLLM_OK;
 }
 
@@ -18143,11 +18172,12 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
 static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
     if (dllm__enum_int(p.remasking) != DLLM_REMASK_ENTROPY) {
         if (!(p.threshold > 0 && p.threshold <= 1))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                              p.threshold);
     } else if (!(p.threshold <= 0 && p.threshold >= -DBL_MAX)) {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
-                          "threshold must be finite and <= 0 (e.g. -0.5), got %g",
+                          "with DLLM_REMASK_ENTROPY (--alg entropy) the confidence is sum p log p <= 0 (minus the "
+                          "entropy in nats): threshold (--threshold) must be finite and <= 0 (e.g. -0.5), got %g",
                           p.threshold);
     }
     return DLLM_OK;
@@ -18155,11 +18185,14 @@ static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
 
 /* The sampler filters: each off or inside its range (dllm.h). */
 static dllm_status dllm__check_filters(const dllm_gen_params &p) {
-    if (p.top_k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p.top_k);
+    if (p.top_k < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k (--top-k) must be >= 0 (0 = off), got %d", p.top_k);
     if (!(p.top_p > 0 && p.top_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p (--top-p) must be in (0, 1] (1 = off), got %g",
+                          (double)p.top_p);
     if (!(p.min_p >= 0 && p.min_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p (--min-p) must be in [0, 1] (0 = off), got %g",
+                          (double)p.min_p);
     return DLLM_OK;
 }
 
@@ -18172,7 +18205,7 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                           "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
     if (unmask == DLLM_UNMASK_THRESHOLD) DLLM__TRY(dllm__check_threshold(p));
     if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor (--factor) must be > 0, got %g", p.factor);
     if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d",
                           kv);
@@ -18182,18 +18215,21 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                 return dllm__fail(
                     DLLM_ERR_INVALID_ARGUMENT,
                     "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
-                    "so masks outside it cannot be decoded (use kv_cache NONE)",
+                    "so masks outside it cannot be decoded: use DLLM_KV_CACHE_NONE (--cache none)",
                     i);
     if (dpad < DLLM_DPAD_OFF || dpad > DLLM_DPAD_UNIFORM)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dpad must be DLLM_DPAD_OFF, _GAUSSIAN or _UNIFORM, got %d", dpad);
     if (dpad == DLLM_DPAD_GAUSSIAN &&
         (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
+                          "DPad (Gaussian) needs dpad_window (--dpad-window) >= 2, dpad_k (--dpad-k) >= 0 and "
+                          "dpad_scale (--dpad-scale) >= 0 (got %d, %g, %g)",
                           p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
     if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window,
+                          "DPad (uniform) needs dpad_window (--dpad-window) >= 1 and dpad_n (--dpad-uniform) >= 0 "
+                          "(got %d, %d)",
+                          p.dpad_window,
                           p.dpad_n);
     return dllm__check_dream(p);
 }
@@ -18208,40 +18244,52 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length,
-                          p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
+                          p.gen_length, p.block_length);
+    // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
+    // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
+    if (scheduled && p.steps > p.gen_length)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "steps (--steps) %d is more than gen_length (-n) %d: at most %d steps (one token a step) "
+                          "commit anything",
+                          p.steps, p.gen_length, p.gen_length);
     plan.n_blocks = p.gen_length / p.block_length;
     if (scheduled && p.steps % plan.n_blocks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps,
-                          plan.n_blocks);
+                          "steps (--steps) %d is not a multiple of the number of blocks %d (gen_length (-n) / "
+                          "block_length (--block))",
+                          p.steps, plan.n_blocks);
     plan.steps_per_block = scheduled ? p.steps / plan.n_blocks : 0;
     if ((int64_t)n_prompt + p.gen_length > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
-    if (!(p.temperature >= 0) || !(p.temperature < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
+                          "prompt (%d) + gen_length (-n) %d = %lld tokens exceeds the context's limit of %d",
+                          n_prompt, p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
+    if (!(p.temperature >= 0 && p.temperature <= FLT_MAX))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature (--temp) must be finite and >= 0, got %g",
+                          (double)p.temperature);
     if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale (--cfg) must be in [0, 1e6), got %g",
+                          (double)p.cfg_scale);
     DLLM__TRY(dllm__check_filters(p));
     int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     int remasking = dllm__enum_int(p.remasking);
     if (remasking < DLLM_REMASK_LOW_CONFIDENCE || remasking > DLLM_REMASK_ORIGIN)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d",
+                          "remasking (--alg) must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or "
+                          "_ORIGIN, got %d",
                           remasking);
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eot_id", p.eot_id, c.n_vocab));
     for (int i = 0; i < n_prompt; i++)
@@ -18253,7 +18301,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     plan.eot_id = p.eot_id >= 0 ? p.eot_id : c.eot_id;
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+                          "early_stop (--early-stop) needs an EOS or EoT id (the model has none; set eos_id)");
     DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
@@ -18495,37 +18543,45 @@ static dllm_status dllm__check_llada2_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes LLaDA2 greedily)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0), "temperature (--temp) > 0 (dllm decodes LLaDA2 greedily)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {unmask != DLLM_UNMASK_SCHEDULE && unmask != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE or _THRESHOLD (its loops always take threshold)"},
-        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (it caches the committed blocks by itself)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
-        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p"},
-        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (it stops at eos_id)"},
-        {p.sub_block_length != 0 || p.block_cache != 0, "sub_block_length or block_cache (Fast-dLLM v2's)"},
+         "an unmasking rule other than the default schedule or DLLM_UNMASK_THRESHOLD (--threshold): its loops always "
+         "take threshold"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
+         "kv_cache (--cache): it caches the committed blocks by itself"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p)"},
+        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (--stop-id): it stops at eos_id"},
+        {p.sub_block_length != 0 || p.block_cache != 0,
+         "sub_block_length (--sub-block) or block_cache (--block-cache), Fast-dLLM v2's"},
         {p.edit_threshold < 0 && p.max_post_steps != -1,
          "max_post_steps (--max-post-steps) without edit_threshold >= 0 (LLaDA2.0's loop has no post steps)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "LLaDA2 decoding does not take %s", u.what);
     if (!(p.threshold >= 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in [0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in [0, 1], got %g",
+                          p.threshold);
     if (!(p.edit_threshold < 0 || p.edit_threshold <= 1))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "edit_threshold must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), got %g",
+                          "edit_threshold (--edit-threshold) must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), "
+                          "got %g",
                           p.edit_threshold);
     if (p.max_post_steps < -1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "max_post_steps must be >= 0, or -1 for the default 16, got %d",
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "max_post_steps (--max-post-steps) must be >= 0, or -1 for the default 16, got %d",
                           p.max_post_steps);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -18534,13 +18590,13 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
                                              int out_capacity, dllm__llada2_plan &plan) {
     if (p.gen_length <= 0 || p.block_length <= 0 || (!plan.editing && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
-                          p.block_length, p.steps);
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length, p.block_length, p.steps);
     plan.B = p.block_length;
     const int64_t canvas = ((int64_t)n_prompt + p.gen_length + plan.B - 1) / plan.B * plan.B;
     if (canvas > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) rounded up to whole blocks of %d is %lld tokens, over the "
+                          "prompt (%d) + gen_length (-n) %d rounded up to whole blocks of %d is %lld tokens, over the "
                           "context's limit of %d",
                           n_prompt, p.gen_length, plan.B, (long long)canvas, ctx.max_tokens);
     plan.n_blocks = (int)(canvas / plan.B);
@@ -18548,7 +18604,7 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
         std::min(p.steps, p.gen_length);  // the official min(steps, gen_length // minimal_topk), minimal_topk 1
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
     return DLLM_OK;
 }
@@ -18561,7 +18617,7 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
     DLLM__TRY(dllm__check_llada2_options(p));
     plan.editing = p.edit_threshold >= 0;
     DLLM__TRY(dllm__plan_llada2_lengths(ctx, n_prompt, p, out, out_capacity, plan));
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;
@@ -18820,32 +18876,36 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes block diffusion greedily, the official default)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0),
+         "temperature (--temp) > 0 (dllm decodes block diffusion greedily, the official default)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {dllm__enum_int(p.unmask) != DLLM_UNMASK_SCHEDULE && dllm__enum_int(p.unmask) != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE (one token a step) or DLLM_UNMASK_THRESHOLD"},
+         "an unmasking rule other than the default (one token a step) or DLLM_UNMASK_THRESHOLD (--threshold)"},
         {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
-         "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+         "kv_cache (--cache): block diffusion has its own committed-block cache; see block_cache (--block-cache)"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.early_stop != 0, "early_stop (--early-stop): block diffusion stops at its stop token"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
         {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
-         "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
-        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id (block diffusion stops at stop_id)"},
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p): it decodes greedily"},
+        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id: block diffusion stops at stop_id (--stop-id)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
     if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                          p.threshold);
     if (p.block_cache != 0 && p.block_cache != 1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache (--block-cache) must be 0 or 1, got %d",
+                          p.block_cache);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -18878,7 +18938,7 @@ static std::string dllm__bd_what_fits(int64_t tokens, int64_t gen) {
 static dllm_status dllm__check_bd_length(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int B) {
     if ((int64_t)n_prompt + p.gen_length + 1 <= ctx.max_tokens) return DLLM_OK;
     return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                      "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d (max_tokens; the "
+                      "prompt (%d) + gen_length (-n) %d + 1 tokens exceeds the context's limit of %d (max_tokens; the "
                       "model's positions end at %d): %s",
                       n_prompt, p.gen_length, ctx.max_tokens, ctx.model->cfg.max_seq_len,
                       dllm__bd_what_fits(ctx.max_tokens - 1, (ctx.max_tokens - 1 - n_prompt) / B * B).c_str());
@@ -18897,12 +18957,12 @@ static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const
     const int mode = dllm__enum_int(ctx.params.kv_quant);
     const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
     const std::string smaller = mode == DLLM_KV_QUANT_NONE
-                                    ? dllm__format("; or quantise the cache (kv_quant soloq-kv4: %.0f bytes a token)",
+                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
                                                    dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
                                     : std::string();
     return dllm__fail(
         DLLM_ERR_OUT_OF_MEMORY,
-        "the committed K/V cache of prompt (%d) + gen_length (%d) needs %lld rows (%.1f MiB at %.0f bytes "
+        "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
         "a token, kv_quant %s) and the device has room for %lld: %s%s",
         n_prompt, p.gen_length, (long long)rows, rows * per_token / 1048576.0, per_token, dllm__kvq_names[mode],
         (long long)fit, dllm__bd_what_fits(fit - B, (fit - B - (int64_t)n_prompt / B * B) / B * B).c_str(),
@@ -18919,26 +18979,30 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)",
-                          p.gen_length, plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d must be a positive multiple of block_length (--block) %d", p.gen_length,
+                          plan.B);
     if (plan.S <= 0 || plan.B % plan.S)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S,
-                          p.sub_block_length ? "" : " (the default)", plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "sub_block_length (--sub-block) %d%s must divide block_length (--block) %d", plan.S,
+                          p.sub_block_length ? "" : ", the default,", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
     DLLM__TRY(dllm__check_bd_length(ctx, n_prompt, p, plan.B));
     if (!out || out_capacity < plan.max_out)
         return dllm__fail(
             !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-            "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
+            "block diffusion writes up to %d ids for this prompt (gen_length + 1 - n_prompt %% block_length): "
             "the output buffer holds %d",
             plan.max_out, out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
-    DLLM__TRY(dllm__check_token("stop_id", p.stop_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("stop_id (--stop-id)", p.stop_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.stop_id = p.stop_id >= 0 ? p.stop_id : c.stop_id;
     if (plan.mask_id < 0)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the model names no mask token (no |<MASK>| in its tokenizer files, no mask_token_id in "
+                          "config.json): set mask_id (--mask-id)");
     for (int i = 0; i < n_prompt; i++) {
         if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
@@ -19716,21 +19780,23 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
     if (p.backend == DLLM_BACKEND_CPU)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
+            "n_devices (--devices) %d: tensor parallelism runs on the GPU backend only; the CPU backend runs on one "
+            "device",
             p.n_devices);
     for (int i = 0; i < p.n_devices; i++) {
         std::string why;
         if (!dllm__gpu_usable(p.devices[i], why))
             return dllm__fail(
                 DLLM_ERR_NO_DEVICE,
-                "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s",
+                "n_devices (--devices) %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: "
+                "%s",
                 p.n_devices, i, p.devices[i], why.c_str());
     }
     DLLM__TRY(dllm__load_nccl());
     return dllm__fail(
         DLLM_ERR_UNSUPPORTED,
         "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
-        "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1",
+        "NCCL forward does not: README, tensor parallelism); use one device (n_devices 0 or 1, one --devices entry)",
         p.n_devices);
 }
 
@@ -19740,8 +19806,9 @@ static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision %d: LLaDA2 models run unquantised only so far (DLLM_PRECISION_BF16 / AUTO)",
-                          (int)ctx.params.precision);
+                          "precision (--precision) %s: LLaDA2 models run unquantised only so far "
+                          "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
+                          dllm__precision_name(ctx.params.precision));
     if (ctx.params.backend == DLLM_BACKEND_GPU)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
@@ -19775,7 +19842,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
     ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq,
-                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens));
+                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens,
+                                         {ctx.params.progress, ctx.params.progress_user_data}));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -19930,6 +19998,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
     p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
     p.soloq_bias_correction = -1;
+    p.progress = nullptr;
+    p.progress_user_data = nullptr;
     return p;
 }
 
@@ -19961,8 +20031,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
                               "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)",
                               params.max_tokens, model->cfg.max_seq_len);
         if (params.n_threads < 0 || params.n_threads > 1024)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]",
-                              params.n_threads);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_ctx_create: n_threads (--threads) %d must be in [0, 1024]", params.n_threads);
         int precision = dllm__enum_int(params.precision);
         if (precision < DLLM_PRECISION_AUTO || precision > DLLM_PRECISION_RTN_W4A16)
             return dllm__fail(

@@ -63,14 +63,62 @@ TEST(block_diffusion, real_fast_dllm_v2_dir_without_weights) {
     dllm_model *m = nullptr;
     CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
     CHECK(m == nullptr);
-    // Without the tokenizer files the mask id is unknown: an error naming the token to add.
+    // Without the tokenizer files the mask id is unknown, and the config still loads (a generation names mask_id then).
     unlink(dir.file("added_tokens.json").c_str());
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT, "|<MASK>|");
-    // A mask_token_id in config.json is enough.
+    dllm__config bare;
+    CHECK_STATUS(test_config(test_read_file(dir.file("config.json")), bare), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__find_block_tokens(dir.path, bare), DLLM_OK, nullptr);
+    CHECK(bare.mask_id == -1);
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    // A mask_token_id in config.json names it.
     std::string cfg = test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json"));
     cfg.insert(cfg.rfind('}'), ", \"mask_token_id\": 151665");
     test_write_file(dir.file("config.json"), cfg);
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    dllm__config named;
+    CHECK_STATUS(test_config(cfg, named), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__find_block_tokens(dir.path, named), DLLM_OK, nullptr);
+    CHECK(named.mask_id == 151665);
+}
+
+/* A Fast-dLLM v2 checkpoint with neither tokenizer files nor mask_token_id loads with mask_id -1; generating needs
+ * dllm_gen_params.mask_id (--mask-id), and with it gives the tokens of the model that names its mask. */
+TEST(block_diffusion, checkpoint_without_a_mask_id_generates_with_one_given) {
+    test_tmpdir dir;
+    test_copy_model(test_data("tiny-fast-dllm-v2"), dir);
+    unlink(dir.file("tokenizer_config.json").c_str());
+    dllm_model *bare = test_load(dir.path), *named = test_load(test_data("tiny-fast-dllm-v2"));
+    dllm_ctx *bare_ctx = bare ? test_ctx(bare) : nullptr, *named_ctx = named ? test_ctx(named) : nullptr;
+    if (!bare_ctx || !named_ctx) {
+        CHECK(bare_ctx && named_ctx);
+    } else {
+        dllm_model_info info, named_info;
+        dllm_model_get_info(bare, &info);
+        dllm_model_get_info(named, &named_info);
+        CHECK(info.mask_id == -1 && named_info.mask_id == 155);
+        const int32_t prompt[] = {5, 17, 42, 9, 3};
+        std::vector<int32_t> out(64, -7), want(64, -7);
+        int n = -1, n_want = -1;
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32;
+        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "mask_id (--mask-id)");
+        gp.mask_id = 155;
+        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_OK, nullptr);
+        gp.mask_id = -1;
+        CHECK_STATUS(dllm_generate(named_ctx, prompt, 5, gp, want.data(), 64, &n_want, nullptr), DLLM_OK, nullptr);
+        CHECK(n == n_want && out == want);
+        if (dllm__file_exists("build/dllm-generate")) {  // the CLI: refused without --mask-id, the same ids with it
+            std::string stdout_text, err;
+            CHECK(test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32", stdout_text, err) == 1 && err.find("--mask-id") != std::string::npos);
+            std::string ids = "ids:";
+            for (int i = 0; i < n; i++) ids += " " + std::to_string(out[(size_t)i]);
+            int rc = test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32 --mask-id 155 --backend cpu --print-ids", stdout_text, err);
+            CHECK_MSG(rc == 0 && stdout_text == ids + "\n", "exit %d, stdout \"%s\", want \"%s\" (%s)", rc, stdout_text.c_str(), ids.c_str(), err.c_str());
+        }
+    }
+    dllm_ctx_free(bare_ctx);
+    dllm_ctx_free(named_ctx);
+    dllm_model_free(bare);
+    dllm_model_free(named);
 }
 
 /* Nemotron-Labs-Diffusion-8B (models.md 4.2): the Ministral-3 shape, YaRN and Llama-4 settings, encoder.* names;
