@@ -542,11 +542,11 @@ TEST(block_diffusion, capacity_errors_name_what_fits) {
         return dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
     };
     CHECK_STATUS(gen(96), DLLM_ERR_INVALID_ARGUMENT,
-                 "prompt (40) + gen_length (96) + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's positions end at 256): "
+                 "prompt (40) + gen_length (-n) 96 + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's positions end at 256): "
                  "prompt + gen_length may be 127 tokens at most (gen_length 64 with this prompt)");
     ctx->impl.reset(new test_bd_cramped(std::move(ctx->impl), 100));
     CHECK_STATUS(gen(64), DLLM_ERR_OUT_OF_MEMORY,
-                 "the committed K/V cache of prompt (40) + gen_length (64) needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
+                 "the committed K/V cache of prompt (40) + gen_length (-n) 64 needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
                  "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or quantise the cache "
                  "(kv_quant soloq-kv4: 88 bytes a token)");
     CHECK_STATUS(gen(32), DLLM_OK, nullptr);
