@@ -548,7 +548,7 @@ TEST(block_diffusion, capacity_errors_name_what_fits) {
     CHECK_STATUS(gen(64), DLLM_ERR_OUT_OF_MEMORY,
                  "the committed K/V cache of prompt (40) + gen_length (-n) 64 needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
                  "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or quantise the cache "
-                 "(kv_quant soloq-kv4: 88 bytes a token)");
+                 "(kv_quant, --kv-quant soloq-kv4: 88 bytes a token)");
     CHECK_STATUS(gen(32), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
