@@ -24,6 +24,9 @@
  *                                          under DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
+ *   build/dllm-bench --long-context [--contexts 4096,16384,32768]    Fast-dLLM v2 7B shape, long prompts, gen 256, per K/V
+ *                                          cache (BF16, SoloQ-KV4, -KV2): prefill, block step, tokens/s, device memory;
+ *                                          the largest batch x context that fits in 80 GB (issue 44)
  *   DLLM_TILES=fp8_gemm=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -923,13 +926,9 @@ static void bench_bd_batch(bench_result &r, dllm_ctx *ctx, const std::vector<int
     r.set("bd_gen_p512_g256_b16_over_anchor_585_tokens_per_s (target >= 2.1)", r.v["bd_gen_p512_g256_b16_tokens_per_s"] / 585.0);
 }
 
-/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
- * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
- * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
- * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
- * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
- * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
-static void bench_block_diffusion(bench_result &r) {
+/* Random weights of the Fast-dLLM v2 7B shape: its config and its tokenizer's added tokens (which name the mask id) from
+ * tests/data/real-configs, written to a temporary directory for dllm_model_load_random. */
+static dllm_model *bench_fast_dllm_v2_model() {
     std::string dir = dllm__format("/tmp/dllm-bench-bd-%d", (int)getpid()), text;
     mkdir(dir.c_str(), 0700);
     const char *files[2][2] = {{"tests/data/real-configs/fast-dllm-v2-7b.config.json", "config.json"},
@@ -946,6 +945,17 @@ static void bench_block_diffusion(bench_result &r) {
     BENCH_CHECK(dllm_model_load_random(dir.c_str(), 1, &model));
     for (auto &f : files) unlink((dir + "/" + f[1]).c_str());
     rmdir(dir.c_str());
+    return model;
+}
+
+/* Block diffusion at the real Fast-dLLM v2 7B shape (random weights generated on the GPU; the config and the tokenizer's
+ * added tokens from tests/data/real-configs): the 1024-token prompt prefilled into the committed cache, then one block
+ * step without the block cache (the 32-row block against the cache, logits of one 8-row sub-block copied to the host, as
+ * the decoding loop runs it) and one with it (the 8-row sub-block against cache ++ block cache), against the weight-read
+ * floor (the weights a step reads, the embedding table aside, at the measured copy rate) when that rate was measured;
+ * then a generation as torch_reference_v2.py times it (prompt 512, gen 256, threshold 0.9). */
+static void bench_block_diffusion(bench_result &r) {
+    dllm_model *model = bench_fast_dllm_v2_model();
     const int64_t before = dllm__device_bytes;
     dllm_ctx *ctx = nullptr;
     BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
@@ -999,6 +1009,206 @@ static void bench_block_diffusion(bench_result &r) {
     }
     dllm_ctx_free(ctx);
     dllm_model_free(model);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// [long context] issue 44: block diffusion at 4k-32k-token prompts, per K/V cache, and what fits in 80 GB
+// ---------------------------------------------------------------------------------------------------
+
+static std::vector<int> bench_contexts = {4096, 16384, 32768};  // --long-context's prompt lengths (--contexts)
+static const int bench_long_gen = 256, bench_long_block = 32;     // issue 44's generation and block
+
+/* The prompt of a context: the model's positions end at max_seq_len (32768 at this shape), so its longest prompt is that
+ * less the generation and its last seed, in whole blocks (a prompt ending mid-block fills the first generated block with
+ * its tail, and fewer tokens are generated). */
+static int bench_long_prompt(const dllm_model *model, int context) {
+    return std::min(context, (model->cfg.max_seq_len - bench_long_gen - 1) / bench_long_block * bench_long_block);
+}
+
+/* The K/V caches --long-context compares: the name in its keys, the mode. */
+static const std::pair<const char *, dllm_kv_quant> bench_long_caches[] = {
+    {"bf16", DLLM_KV_QUANT_NONE}, {"kv4", DLLM_KV_QUANT_SOLOQ_KV4}, {"kv2", DLLM_KV_QUANT_SOLOQ_KV2}};
+
+/* False, with the failing call and the library's detail on stderr, where BENCH_CHECK would exit: a long-context row that
+ * does not fit or fails must not end the rows after it. */
+static bool bench_ok(dllm_status s, const std::string &what) {
+    if (s == DLLM_OK) return true;
+    fprintf(stderr, "dllm-bench: %s: %s: %s (row skipped)\n", what.c_str(), dllm_status_str(s), dllm_last_error());
+    return false;
+}
+
+/* Device memory in use on the current device, by cudaMemGetInfo (what other processes hold included: take differences). */
+static double bench_used_bytes() {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return (double)total_bytes - (double)free_bytes;
+}
+
+/* Host times of a generation's step callbacks (dllm_gen_params.on_step): the public API's only view of where the time goes
+ * inside dllm_generate. The decoding loop reads each step's choices on the host, so a callback runs when its step has
+ * finished on the device. */
+struct bench_step_clock {
+    double start_ms = 0;
+    std::vector<std::pair<int, double>> steps;  // (block, host time at the step's callback)
+
+    static int on_step(const dllm_step_info *info, void *self) {
+        ((bench_step_clock *)self)->steps.push_back({info->block, dllm__now_ms()});
+        return 0;
+    }
+    /* The median time between two steps of one block (a pair across blocks holds the finished block's commit forward). */
+    double step_ms() const {
+        std::vector<double> t;
+        for (size_t i = 1; i < steps.size(); i++)
+            if (steps[i].first == steps[i - 1].first) t.push_back(steps[i].second - steps[i - 1].second);
+        if (t.empty()) return NAN;
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    }
+    /* From the call to the first step's end, less one step: the prefill forward and the generation's set-up. */
+    double prefill_ms() const { return steps.empty() ? NAN : steps[0].second - start_ms - step_ms(); }
+};
+
+/* One row of --long-context, kept for the human tables. */
+struct bench_long_row {
+    const char *cache;
+    int context, n_prompt;
+    double prefill_ms, step_ms, tokens_per_s, ctx_gb, after_gen_gb;
+};
+
+/* What the fit table is computed from, measured by the rows. */
+struct bench_long_fit {
+    double weights_bytes[2] = {NAN, NAN};  // a context's device memory before any generation: BF16, SoloQ-N weights
+    double reserve_bytes = 0;              // the most a generation held beyond its committed cache (activations etc.)
+};
+
+/* The committed K/V rows of a generation (dllm__bd_cache_rows): the prompt's whole blocks, the generated ones, one block
+ * of slack. */
+static double bench_long_cache_rows(int n_prompt) {
+    return (double)(n_prompt / bench_long_block * bench_long_block + bench_long_gen + bench_long_block);
+}
+
+/* A generation of gen tokens after the n_prompt-token prompt, threshold 0.9 (random weights: one token a step), timed by
+ * its step callbacks; false (the error printed) if it fails. */
+static bool bench_long_generate(dllm_ctx *ctx, const std::vector<int32_t> &prompt, int gen, int block, int32_t mask_id,
+                                bench_step_clock *clock, dllm_gen_stats &st) {
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gen, gp.block_length = block, gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9;
+    // Every block is decoded whatever random weights predict: the mask id is never predicted, so it never stops one.
+    gp.stop_at_eos = 0, gp.stop_id = mask_id;
+    if (clock) gp.on_step = bench_step_clock::on_step, gp.on_step_data = clock, clock->start_ms = dllm__now_ms();
+    std::vector<int32_t> out((size_t)(gen + block + 1));
+    return bench_ok(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st),
+                    dllm__format("generation of %d tokens after %d", gen, (int)prompt.size()));
+}
+
+/* One cache at one context: a one-block warm-up (GEMMs tuned for the prefill's rows, kernels loaded), then prompt + gen
+ * 256, block 32, at batch 1. used0: device memory in use before the context was made. */
+static void bench_long_context_row(bench_result &r, dllm_ctx *ctx, const dllm_model *model, const char *cache,
+                                   double bytes_per_token, int context, double used0, double ctx_bytes,
+                                   bench_long_fit &fit, std::vector<bench_long_row> &rows) {
+    const int32_t mask_id = model->cfg.mask_id;
+    const int gen = bench_long_gen, block = bench_long_block, n_prompt = bench_long_prompt(model, context);
+    const std::string key = dllm__format("longctx_%s_ctx%d_", cache, context);
+    std::vector<int32_t> prompt((size_t)n_prompt);
+    for (int i = 0; i < n_prompt; i++) prompt[(size_t)i] = (i * 104729) % 150000;
+    dllm_gen_stats st;
+    bench_step_clock clock;
+    if (!bench_long_generate(ctx, prompt, block, block, mask_id, nullptr, st)) return;
+    if (!bench_long_generate(ctx, prompt, gen, block, mask_id, &clock, st)) return;
+    const double after_gen = bench_used_bytes() - used0;
+    const double cache_bytes = bytes_per_token * bench_long_cache_rows(n_prompt);
+    fit.reserve_bytes = std::max(fit.reserve_bytes, after_gen - ctx_bytes - cache_bytes);
+    bench_long_row row = {cache, context, n_prompt, clock.prefill_ms(), clock.step_ms(),
+                          st.n_generated / (st.wall_ms / 1000), ctx_bytes / 1e9, after_gen / 1e9};
+    r.set(key + "prompt_tokens", n_prompt);
+    r.set(key + "prefill_ms", row.prefill_ms);
+    r.set(key + "block_step_ms", row.step_ms);
+    r.set(key + "e2e_s", st.wall_ms / 1000);
+    r.set(key + "steps", st.steps);
+    r.set(key + "tokens_per_s", row.tokens_per_s);
+    r.set(key + "kv_cache_gb", cache_bytes / 1e9);
+    r.set(key + "mem_after_gen_gb", row.after_gen_gb);
+    rows.push_back(row);
+}
+
+/* One cache at every context of --contexts, in one context (max_tokens: the model's limit) made for it. */
+static void bench_long_context_cache(bench_result &r, dllm_model *model, const char *cache, dllm_kv_quant kv_quant,
+                                     bench_long_fit &fit, std::vector<bench_long_row> &rows) {
+    double bytes_per_token = 0;
+    if (!bench_ok(dllm_kv_bytes_per_token(model, kv_quant, bench_long_block, &bytes_per_token), "dllm_kv_bytes_per_token")) return;
+    r.set(dllm__format("longctx_%s_kv_bytes_per_token", cache), bytes_per_token);
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU, cp.kv_quant = kv_quant;
+    const double used0 = bench_used_bytes();
+    dllm_ctx *ctx = nullptr;
+    if (!bench_ok(dllm_ctx_create(model, cp, &ctx), dllm__format("context with the %s cache", cache))) return;
+    const double ctx_bytes = bench_used_bytes() - used0;
+    if (kv_quant == DLLM_KV_QUANT_NONE) fit.weights_bytes[0] = ctx_bytes;
+    r.set(dllm__format("longctx_%s_ctx_mem_gb", cache), ctx_bytes / 1e9);
+    for (int context : bench_contexts)
+        bench_long_context_row(r, ctx, model, cache, bytes_per_token, context, used0, ctx_bytes, fit, rows);
+    dllm_ctx_free(ctx);
+}
+
+/* Device memory a SoloQ-N context takes before any generation (its weights), NAN (the error printed) if it fails. */
+static double bench_soloq_n_weights_bytes(dllm_model *model) {
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU, cp.precision = DLLM_PRECISION_SOLOQ_N;
+    const double used0 = bench_used_bytes();
+    dllm_ctx *ctx = nullptr;
+    if (!bench_ok(dllm_ctx_create(model, cp, &ctx), "context in SoloQ-N")) return NAN;
+    const double bytes = bench_used_bytes() - used0;
+    dllm_ctx_free(ctx);
+    return bytes;
+}
+
+/* The largest batch of each context (and the longest context at batch 1) whose committed caches fit in 80 GB (80e9
+ * bytes, a little under an H100's 85.5e9) beside the weights and the largest reserve a generation held. Computed, not
+ * run: batches of kv_quant items decode one after another today. */
+static void bench_long_fit_table(bench_result &r, const dllm_model *model, const bench_long_fit &fit) {
+    const char *weights[2] = {"bf16", "soloq_n"};
+    r.set("longctx_fit80gb_reserve_gb", fit.reserve_bytes / 1e9);
+    printf("\nlargest batch whose committed K/V caches fit in 80 GB (computed from the measured bytes):\n| weights | cache |");
+    for (int context : bench_contexts) printf(" ctx %d |", context);
+    printf(" longest context, batch 1 |\n");
+    for (int w = 0; w < 2; w++) {
+        if (std::isnan(fit.weights_bytes[w])) continue;
+        r.set(dllm__format("longctx_fit80gb_%s_weights_gb", weights[w]), fit.weights_bytes[w] / 1e9);
+        const double room = 80e9 - fit.weights_bytes[w] - fit.reserve_bytes;
+        for (auto &cache : bench_long_caches) {
+            double bytes_per_token = 0;
+            if (!bench_ok(dllm_kv_bytes_per_token(model, cache.second, bench_long_block, &bytes_per_token), "dllm_kv_bytes_per_token")) continue;
+            const std::string key = dllm__format("longctx_fit80gb_%s_weights_%s_cache_", weights[w], cache.first);
+            printf("| %s | %s |", weights[w], cache.first);
+            for (int context : bench_contexts) {
+                const double sequence_bytes = bytes_per_token * bench_long_cache_rows(bench_long_prompt(model, context));
+                const double batch = std::max(0.0, std::floor(room / sequence_bytes));
+                r.set(key + dllm__format("ctx%d_max_batch", context), batch);
+                printf(" %.0f |", batch);
+            }
+            const double tokens = std::max(0.0, std::floor(room / bytes_per_token));
+            r.set(key + "b1_max_tokens", tokens);
+            printf(" %.0f |\n", tokens);
+        }
+    }
+}
+
+/* --long-context: the Fast-dLLM v2 7B shape at each prompt of --contexts, gen 256, block 32, batch 1, for the BF16,
+ * SoloQ-KV4 and SoloQ-KV2 caches: prefill, block step, tokens/s and device memory; then the 80 GB fit table. */
+static void bench_long_context(bench_result &r) {
+    const double t0 = dllm__now_ms();
+    dllm_model *model = bench_fast_dllm_v2_model();
+    bench_long_fit fit;
+    std::vector<bench_long_row> rows;
+    for (auto &cache : bench_long_caches) bench_long_context_cache(r, model, cache.first, cache.second, fit, rows);
+    printf("\n| cache | context | prompt | prefill ms | block step ms | tokens/s | context GB | after gen GB |\n");
+    for (const bench_long_row &x : rows)
+        printf("| %s | %d | %d | %.1f | %.3f | %.1f | %.2f | %.2f |\n", x.cache, x.context, x.n_prompt, x.prefill_ms,
+               x.step_ms, x.tokens_per_s, x.ctx_gb, x.after_gen_gb);
+    fit.weights_bytes[1] = bench_soloq_n_weights_bytes(model);
+    bench_long_fit_table(r, model, fit);
+    dllm_model_free(model);
+    r.set("longctx_total_s", (dllm__now_ms() - t0) / 1000);
 }
 
 /* FLOPs of a K/V-cache step: `rows` forwarded rows through every linear, their queries over `keys` keys, the LM head on
@@ -1191,7 +1401,7 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
-    "                   --batch-rows | --batch-w1 | --bd-only | --kv-attention-only]\n"
+    "                   --batch-rows | --batch-w1 | --bd-only | --kv-attention-only | --long-context [--contexts LIST]]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
@@ -1220,6 +1430,12 @@ static const char *bench_usage =
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
     "  --kv-attention-only  --bd-only's first rows alone: a layer's attention over a 32k-token cache, BF16 against KV4\n"
     "                     (kvq_attention and kvq_flash, with its plan variants); short enough to run under ncu\n"
+    "  --long-context     block diffusion at the Fast-dLLM v2 7B shape with long prompts, gen 256, block 32, batch 1\n"
+    "                     (dllm_generate_batch decodes kv_quant items one after another yet): per K/V cache (bf16, soloq-kv4,\n"
+    "                     soloq-kv2) and prompt, the prefill, the block step, tokens/s and device memory (keys longctx_*); then\n"
+    "                     the largest batch x context whose caches fit in 80 GB beside BF16 or SoloQ-N weights (longctx_fit80gb_*)\n"
+    "  --contexts LIST    --long-context's prompt lengths (comma-separated; by default 4096,16384,32768; a prompt is cut to\n"
+    "                     the model's 32768 positions less the generation, in whole blocks: 32480)\n"
     "  --precision NAME   --quick or --batch-w1 in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 /* --precision's NAME (dllm__precision_name's) into out; false (and the usage printed) for an unknown one. */
@@ -1233,19 +1449,36 @@ static bool bench_precision(const char *name, dllm_precision &out) {
     return false;
 }
 
+/* A comma-separated list of integers from 1 to most into out (replaced); false (the error printed) for a malformed one. */
+static bool bench_parse_list(const char *flag, const char *what, const char *text, long most, std::vector<int> &out) {
+    out.clear();
+    for (const char *p = text; *p;) {
+        char *end = nullptr;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > most || (*end && *end != ',')) {
+            fprintf(stderr, "dllm-bench: %s takes %s from 1 to %ld separated by commas, got '%s'\n", flag, what, most, text);
+            return false;
+        }
+        out.push_back((int)v);
+        p = *end ? end + 1 : end;
+    }
+    if (out.empty()) fprintf(stderr, "dllm-bench: %s needs at least one value\n", flag);
+    return !out.empty();
+}
+
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    const char *precision = "bf16", *batch_sizes = nullptr;
+    const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr;
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
-         bd_only = false, kv_attention_only = false;
+         bd_only = false, kv_attention_only = false, long_context = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
                                                       {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only},
-                                                      {"--kv-attention-only", &kv_attention_only}};
+                                                      {"--kv-attention-only", &kv_attention_only}, {"--long-context", &long_context}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
-                                                                 {"--batch-sizes", &batch_sizes}};
+                                                                 {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1268,23 +1501,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (batch_sizes) {
-        bench_batch_sizes.clear();
-        for (const char *p = batch_sizes; *p;) {
-            char *end = nullptr;
-            const long b = strtol(p, &end, 10);
-            if (end == p || b < 1 || b > 4096 || (*end && *end != ',')) {
-                fprintf(stderr, "dllm-bench: --batch-sizes takes batch sizes from 1 to 4096 separated by commas, got '%s'\n", batch_sizes);
-                return 2;
-            }
-            bench_batch_sizes.push_back((int)b);
-            p = *end ? end + 1 : end;
-        }
-        if (bench_batch_sizes.empty()) {
-            fprintf(stderr, "dllm-bench: --batch-sizes needs at least one batch size\n");
-            return 2;
-        }
-    }
+    if (batch_sizes && !bench_parse_list("--batch-sizes", "batch sizes", batch_sizes, 4096, bench_batch_sizes)) return 2;
+    if (contexts && !bench_parse_list("--contexts", "prompt lengths", contexts, 1 << 20, bench_contexts)) return 2;
     bench_result r;
     cudaStream_t s0;
     cudaStreamCreate(&s0);
@@ -1309,6 +1527,10 @@ int main(int argc, char **argv) {
     if (int8_only) {
         bench_q4wg(r, arch, s0);
         bench_int8_gemm(r, arch, s0);
+        return 0;
+    }
+    if (long_context) {
+        bench_long_context(r);
         return 0;
     }
     if (bd_only || kv_attention_only) {
