@@ -65,10 +65,10 @@
 #include <utility>
 #include <vector>
 
-// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The three
-// public handles (dllm_model, dllm_tokenizer, dllm_ctx) are declared in dllm.h, so they live at global scope, between
-// the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is #included
-// (the tests do), which is what is intended.
+// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
+// public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
+// #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif
@@ -7353,12 +7353,15 @@ struct dllm__backend_impl {
     }
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
-    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s empty and sized for
-     * rows[s] rows (what bd_begin(rows[s]) does for a generation alone); the empty list releases them. Unsupported (the
+    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
+     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
      * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
-    virtual dllm_status bd_batch_reserve(const std::vector<int> &) {
+    virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
      * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
@@ -7378,11 +7381,13 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
     /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer. Replaces the previous batch's caches; an empty list releases them. */
-    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows) {
-        (void)rows;
+     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
+     * Replaces the previous layout; an empty list releases them. */
+    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) { return batch_kv_reserve(rows, {}); }  // none kept
     /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
      * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
      * has it at all (the default: no, and such items decode one after another). */
@@ -7402,6 +7407,18 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend chooses batched tokens on the host");
     }
 };
+
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
+ * a live cache is moved, never resized. */
+static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
+                                          const std::vector<int> &had) {
+    for (size_t s = 0; s < keep.size(); s++)
+        if (keep[s] && (s >= rows.size() || s >= had.size() || rows[s] != had[s]))
+            return dllm__fail(DLLM_ERR_INTERNAL, "batch slot %zu is kept with %d rows, %s", s,
+                              s < rows.size() ? rows[s] : -1,
+                              s < had.size() ? dllm__format("had %d", had[s]).c_str() : "a slot that did not exist");
+    return DLLM_OK;
+}
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
     int n = 0;
@@ -7585,14 +7602,19 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
      * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override {
-        bd_slots_.clear();
-        bd_slots_.resize(rows.size());
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
+        std::vector<bd_slot> slots(rows.size());
         for (size_t s = 0; s < rows.size(); s++) {
-            bd_slots_[s].kv.reset(m_.cfg, rows[s]);
-            bd_slots_[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
-            if (kvq_.enabled()) bd_slots_[s].kvq.reset(rows[s]);
+            if (s < keep.size() && keep[s]) {
+                slots[s] = std::move(bd_slots_[s]);
+                continue;
+            }
+            slots[s].kv.reset(m_.cfg, rows[s]);
+            slots[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
+            if (kvq_.enabled()) slots[s].kvq.reset(rows[s]);
         }
+        bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
     /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
@@ -7680,9 +7702,12 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
      * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override {
-        batch_kv_.assign(rows.size(), dllm__cpu_kv());
-        batch_kv_rows_ = rows;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_kv_rows_));
+        std::vector<dllm__cpu_kv> slots(rows.size());
+        for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+            if (keep[s]) slots[s] = std::move(batch_kv_[s]);
+        batch_kv_.swap(slots), batch_kv_rows_ = rows;
         return DLLM_OK;
     }
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override {
@@ -7791,8 +7816,9 @@ class dllm__cpu_backend : public dllm__backend_impl {
         dllm__kvq kvq;
     };
     std::vector<bd_slot>
-        bd_slots_;               // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
-    std::vector<float> bd_raw_;  // a batched step's logits, before its choice
+        bd_slots_;  // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
+    std::vector<int> bd_slot_rows_;  // their capacities in rows
+    std::vector<float> bd_raw_;      // a batched step's logits, before its choice
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
@@ -15203,11 +15229,11 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_unsupported() const;
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
     const char *batch_kv_unsupported() const;
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
     // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
@@ -15372,7 +15398,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
-    dllm_status bkv_alloc(const std::vector<int> &rows);
+    dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
+    void bkv_release();
     dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
     dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits,
                                 dllm__choice *choices);
@@ -16515,21 +16542,20 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized once per batch by its canvas (batch_kv_reserve). A block's first step forwards every row of the canvas
-// and fills the slot; its later steps forward the block (dual) or the block and the rows after it (prefix) and write
-// their fresh K|V over their slot rows. All sequences' forwarded rows, at any block and of any step kind, go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to
-// its own slot only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's
-// logits are bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply
-// no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
+// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
+// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
+// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
+// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
+// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
+// included. A sequence that finishes is simply no longer in the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
-dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
-    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
-        bkv_.release();
+        bkv_release();
         return DLLM_OK;
     }
     if (const char *why = batch_kv_unsupported())
@@ -16537,23 +16563,43 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
     for (int n : rows)
         if (n < 1 || n > max_tokens_)
             return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
-    return bkv_alloc(rows);
+    return bkv_alloc(rows, keep);
 }
 
-/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_), the previous ones released; kv_scatter_rows loaded. */
-dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
-    const dllm__config &c = m_.cfg;
+void dllm__gpu_backend::bkv_release() {
+    bkv_.release();
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+}
+
+/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
+ * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
+ * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, bkv_rows_));
+    if (rows == bkv_rows_ && bkv_.ptr) return load_kv_scatter();
+    const dllm__config &c = m_.cfg;
     int64_t total = 0;
     for (int n : rows) total += n;
     if (total > INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
-    const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
-    bkv_.release();  // the previous batch's, before the new ones are allocated
-    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2,
+    const size_t row_bytes = (size_t)2 * c.n_head_kv * c.head_dim * 2;
+    if (std::find(keep.begin(), keep.end(), true) == keep.end())
+        bkv_release();  // nothing to copy: the previous slots go before the new ones are allocated
+    dllm__dbuf next;
+    DLLM__TRY(next.fit((size_t)c.n_layer * (size_t)total * row_bytes,
                        "the batch's K/V caches (make the batch or its canvases smaller)"));
-    for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
+    std::vector<int> base(rows.size(), 0);
+    for (size_t s = 1; s < rows.size(); s++) base[s] = base[s - 1] + rows[s - 1];
+    for (size_t s = 0; s < keep.size(); s++)  // every layer's rows of the slot: one strided copy
+        if (keep[s])
+            DLLM__CUDA(cudaMemcpy2DAsync((char *)next.ptr + (size_t)base[s] * row_bytes, (size_t)total * row_bytes,
+                                         (const char *)bkv_.ptr + (size_t)bkv_base_[s] * row_bytes,
+                                         (size_t)bkv_total_ * row_bytes, (size_t)rows[s] * row_bytes, (size_t)c.n_layer,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));  // the copies read the previous slots, released next
+    bkv_ = std::move(next);
+    bkv_base_ = base, bkv_rows_ = rows, bkv_total_ = (int)total;
     return load_kv_scatter();
 }
 
@@ -16779,17 +16825,23 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s empty, sized for rows[s] rows (the batched K/V-cache step's slots: a batch is one or the other); the empty list
- * releases them. */
-dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
-    bdb_slots_.clear();
-    if (rows.empty()) return batch_kv_reserve(rows);
+/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
+ * the empty list releases them. */
+dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
-    DLLM__TRY(bkv_alloc(rows));
-    bdb_slots_.assign(rows.size(), dllm__bd_slot());
+    const dllm_status s = bkv_alloc(rows, keep);
+    if (s != DLLM_OK) {
+        if (bkv_rows_.empty()) bdb_slots_.clear();  // none kept: the previous slots are gone
+        return s;
+    }
+    std::vector<dllm__bd_slot> slots(rows.size());
+    for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+        if (keep[s]) slots[s] = bdb_slots_[s];
+    bdb_slots_.swap(slots);
     return DLLM_OK;
 }
 
@@ -17956,6 +18008,7 @@ struct dllm_ctx {
     int max_tokens = 0;
     std::string last_error;
     std::unique_ptr<dllm__backend_impl> impl;
+    dllm_stepper *stepper = nullptr;  // the one stepper using the backend's batch slots (dllm_generate_batch runs one)
 };
 namespace {
 
@@ -18209,6 +18262,22 @@ static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, c
     return n;
 }
 
+/* The last step a generation showed, kept for dllm_stepper_poll: its dllm_step_info with the canvas and the committed
+ * positions copied, since the generation changes both at its next step. */
+struct dllm__step_watch {
+    dllm_step_info info = {};
+    std::vector<int32_t> canvas, committed;
+    bool stepped = false;  // a forward of the generation ran in the stepper's last step
+
+    void record(const dllm_step_info &step) {
+        canvas.assign(step.canvas, step.canvas + step.canvas_len);
+        committed.assign(step.committed_pos, step.committed_pos + step.n_committed);
+        info = step;
+        info.canvas = canvas.data(), info.committed_pos = committed.data();
+        stepped = true;
+    }
+};
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -18216,11 +18285,13 @@ struct dllm__generation {
     const dllm_gen_params &p;
     const dllm__gen_plan &plan;
     dllm__decode st;
-    std::vector<int32_t> full;  // prompt ++ generation (current after each block, or each step with a callback)
+    std::vector<int32_t>
+        full;  // prompt ++ generation (current after each block, or each step with a callback or watch)
     int steps_done = 0;
 
-    int block = 0, step_in_loop = 0;  // the block being decoded and the steps it has run
-    bool done = false;                // every block decoded (or early_stop)
+    int block = 0, step_in_loop = 0;    // the block being decoded and the steps it has run
+    bool done = false;                  // every block decoded (or early_stop)
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
     /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
     int total_steps() const {
@@ -18234,7 +18305,7 @@ struct dllm__generation {
      * (plus the prompt's masks); the bound only guards against a bug. */
     int max_steps() const { return plan.steps_per_block ? plan.steps_per_block : st.block_end + 1; }
 
-    /* The decoding loop, one step at a time: dllm_generate's, while dllm__batch_decode steps several
+    /* The decoding loop, one step at a time: dllm_generate's, while a stepper (dllm__batch_step) steps several
      * generations through start / end_step / finish with one batched forward per step. */
     dllm_status run() {
         dllm_status s = start();
@@ -18268,7 +18339,7 @@ struct dllm__generation {
         st.step_in_block++;
         st.global_step++;
         steps_done++;
-        if (p.on_step) DLLM__TRY(report(block, step_in_loop, committed));
+        if (p.on_step || watch) DLLM__TRY(report(block, step_in_loop, committed));
         const int limit = max_steps();
         step_in_loop++;
         if (plan.steps_per_block ? step_in_loop < limit : st.n_block_left > 0) {
@@ -18330,7 +18401,8 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
                               steps_done);
         return DLLM_OK;
@@ -18795,8 +18867,9 @@ struct dllm__bd_generation {
     int blk = 0, pl = 0, bs = 0, s0 = 0,
         step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
     bool block_cache_valid = false;
-    dllm__bd_call call;  // the forward next() described last
-    dllm__bd_pick pick;  // a step's: the rows it chooses
+    dllm__bd_call call;                 // the forward next() described last
+    dllm__bd_pick pick;                 // a step's: the rows it chooses
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every forward's result is recorded there
 
     dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n)
         : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
@@ -18847,7 +18920,7 @@ struct dllm__bd_generation {
     }
 
     /* Walks the official loop to its next forward and describes it in seq (call, and pick for a step; seq.slot is the
-     * caller's), counting it; done() when the generation has no forward left. */
+     * caller's); done() when the generation has no forward left. The forward counts when its result is applied. */
     dllm_status next(dllm__bd_seq &seq) {
         const int B = plan.B, S = plan.S;
         for (;;) {
@@ -18895,7 +18968,6 @@ struct dllm__bd_generation {
                 case DONE: return DLLM_OK;
             }
             seq.call = call, seq.pick = at == SUB ? &pick : nullptr;
-            forwards++;
             return DLLM_OK;
         }
     }
@@ -18929,13 +19001,16 @@ struct dllm__bd_generation {
 
     /* A COMMIT's result (its one raw logit row): the prefill's or the finished block's K/V are committed, and the
      * argmax of the row (the first index on ties, torch's argmax) seeds the next block (after the prefill: only when
-     * the prompt ends on a block boundary). */
+     * the prompt ends on a block boundary). A watch sees the seed as the forward's one committed position. */
     dllm_status apply_logits(const float *row) {
         if (at != PREFILL && at != LOOP)
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
+        forwards++;
         const int V = ctx.model->cfg.n_vocab;
         const int32_t seed = (int32_t)(std::max_element(row, row + V) - row);
-        if (at == LOOP || n_prompt % plan.B == 0) x.push_back(seed);
+        std::vector<int32_t> seeded;
+        if (at == LOOP || n_prompt % plan.B == 0) seeded.push_back((int32_t)x.size()), x.push_back(seed);
+        if (watch) watch->record(step_info(blk, step_in_block, seeded));
         if (at == LOOP) blk++;
         at = BLOCK;
         return DLLM_OK;
@@ -18945,6 +19020,7 @@ struct dllm__bd_generation {
      * conf > tau (strict) plus the single highest-conf one (first on ties) are committed, then the step callback. */
     dllm_status apply_choices(const dllm__choice *all) {
         if (at != SUB) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: choices given to a commit");
+        forwards++;
         if (call.kind != DLLM__BD_SUB_BLOCK) block_cache_valid = plan.block_cache;
         const int i_step = step_in_block++;
         steps++;
@@ -18966,21 +19042,26 @@ struct dllm__bd_generation {
         return report(blk, i_step, committed);
     }
 
+    dllm_step_info step_info(int b, int step_in_b, const std::vector<int32_t> &committed) const {
+        return {b,
+                plan.n_blocks,
+                step_in_b,
+                0,
+                steps,
+                plan.n_blocks * plan.B,
+                (int)committed.size(),
+                committed.data(),
+                x.data(),
+                (int)x.size(),
+                n_prompt,
+                masks_in(n_prompt, (int)x.size())};
+    }
+
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
-        if (!p.on_step) return DLLM_OK;
-        dllm_step_info info = {b,
-                               plan.n_blocks,
-                               step_in_b,
-                               0,
-                               steps,
-                               plan.n_blocks * plan.B,
-                               (int)committed.size(),
-                               committed.data(),
-                               x.data(),
-                               (int)x.size(),
-                               n_prompt,
-                               masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (!p.on_step && !watch) return DLLM_OK;
+        const dllm_step_info info = step_info(b, step_in_b, committed);
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
         return DLLM_OK;
     }
@@ -19090,31 +19171,35 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 }
 #line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
-/* src/decode/batch.cpp - batched decoding (dllm_generate_batch). */
+/* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
-// ---- Batched decoding (dllm_generate_batch; decoding.md 6) ---------------------------------------------
-// Every batched item is a dllm__generation of its own, stepped in lock step: each step plans every active
-// sequence's rows (dllm__step_begin), runs ONE forward over all of them (CFG's unconditional canvas is one more
-// sequence of it), then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly
-// as the solo step does. A sequence that finishes, fails or is cancelled leaves the batch at once.
+// ---- Batched decoding (dllm_stepper, dllm_generate_batch; decoding.md 6) ------------------------------------------
+// Every batched sequence is a dllm__generation of its own, stepped in lock step: each step plans every live sequence's
+// rows (dllm__step_begin), runs ONE forward over all of them (CFG's unconditional canvas is one more sequence of it),
+// then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly as the solo step does.
+// Sequences join and leave between steps (dllm_stepper), each at its own block and step.
 
-/* Why an item cannot join a batched forward (it then decodes alone), or null. kv_why: why the backend has no batched
- * K/V-cache step (forward_batch_kv), or null when it has one. */
-static const char *dllm__batch_excluded(const dllm_gen_params &p, const char *kv_why) {
-    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && kv_why) return kv_why;
-    return nullptr;
-}
-
-/* One item of a batched decode, while it runs. */
-struct dllm__batch_member {
-    const dllm_batch_item *item = nullptr;
-    dllm_batch_result *result = nullptr;
+/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation (the plain
+ * and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its last step. */
+struct dllm__stepper_seq {
+    enum state { JOINING, LIVE, ALONE, ENDED };  // ALONE: waits to decode whole, outside the batched forwards
+    int id = 0;
+    state at = JOINING;
+    dllm_batch_item item;  // a copy; item.prompt points into prompt
+    std::vector<int32_t> prompt;
+    dllm_batch_result own_result;         // its outcome, unless dllm_generate_batch's results array takes it
+    dllm_batch_result *result = nullptr;  // where its outcome goes
+    dllm_status status = DLLM_OK;         // how it ended, set by the step that ends it
+    double t0 = 0;
     dllm__gen_plan plan;
     std::unique_ptr<dllm__generation> g;
     dllm__step_work work;
     std::vector<int32_t> uncond, committed;
-    double t0 = 0;
-    int slot = -1;  // [dual cache] [prefix cache] its K/V cache (CFG's unconditional canvas: slot + 1), or -1
+    dllm__bd_plan bd_plan;
+    std::unique_ptr<dllm__bd_generation> bd;
+    dllm__bd_seq bd_seq;     // [block diffusion] its next forward
+    int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
+    dllm__step_watch watch;
 };
 
 /* An item's outcome; its error message is kept with it, since later items overwrite the thread's. */
@@ -19123,35 +19208,36 @@ static void dllm__batch_set_status(dllm_batch_result &r, dllm_status s) {
     snprintf(r.error, sizeof r.error, "%s", s == DLLM_OK ? "" : dllm__tls_error.c_str());
 }
 
-static void dllm__batch_retire(dllm__batch_member &m, dllm_status s) {
-    s = m.g->finish(s);
-    dllm__generation_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0);
-    dllm__batch_set_status(*m.result, s);
+/* The end of a sequence whose generation ran (s: how): its output, stats and status. */
+static void dllm__batch_retire(dllm__stepper_seq &q, dllm_status s) {
+    s = q.g->finish(s);
+    dllm__generation_result(*q.g, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0);
+    dllm__batch_set_status(*q.result, s);
 }
 
-/* [batch] [dual cache] [prefix cache] A member's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
+/* [batch] [dual cache] [prefix cache] A sequence's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
  * forward: with a K/V cache, the rows dllm__step_rows names over its slot, the block's first step filling it. */
-static dllm__batch_seq dllm__batch_seq_of(const dllm__batch_member &m, int c, int shift) {
-    const dllm__decode &st = m.g->st;
+static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int shift) {
+    const dllm__decode &st = q.g->st;
     dllm__batch_seq s;
-    s.ids = c ? m.uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
+    s.ids = c ? q.uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
     s.positions = st.positions.empty() ? nullptr : st.positions.data();
-    s.r0 = m.work.r0, s.r1 = m.work.r1;
-    if (m.slot >= 0) {
+    s.r0 = q.work.r0, s.r1 = q.work.r1;
+    if (q.slot[0] >= 0) {
         dllm__step_rows(st, shift, s.q0, s.q1);
-        s.slot = m.slot + c, s.fill = st.step_in_block == 0;
+        s.slot = q.slot[c], s.fill = st.step_in_block == 0;
     }
     return s;
 }
 
-/* [batch] Whether the backend chooses a member's tokens (forward_batch_choose): where it chooses at all, for every member
- * but CFG's (its two canvases' logits are combined on the host) and none while dllm__debug_step_logits (tests) wants
- * the logits. */
+/* [batch] Whether the backend chooses a sequence's tokens (forward_batch_choose): where it chooses at all, for every
+ * sequence but CFG's (its two canvases' logits are combined on the host) and none while dllm__debug_step_logits (tests)
+ * wants the logits. */
 static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &st) {
     return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
 }
 
-/* [batch] A forward of a step's plan (k = 1: the members with a K/V cache): the logits of every sequence, or where the
+/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where the
  * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
 static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
                                        dllm__choice *choices) {
@@ -19161,26 +19247,27 @@ static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__ba
     return k == 1 ? ctx.impl->forward_batch_kv(plan, logits) : ctx.impl->forward_batch(plan, logits);
 }
 
-/* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward (members with a K/V
- * cache in a second one, forward_batch_kv), then each member's choice and commits. Where the backend chooses tokens
- * (dllm__batch_device_choice) it returns a member's choices in place of its logits. A failing forward is every member's
- * failure: the step of none can go on. */
-static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active,
-                                    std::vector<float> &logits) {
+/* One batched step: every live sequence's rows (and CFG's unconditional canvas) in one forward (sequences with a K/V
+ * cache in a second one, forward_batch_kv), then each sequence's choice and commits. Where the backend chooses tokens
+ * (dllm__batch_device_choice) it returns a sequence's choices in place of its logits. A sequence that is done, fails
+ * or is cancelled by its step callback moves from live to ended (its status set). A failing forward is every
+ * sequence's failure: the step of none can go on. */
+static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__stepper_seq *> &live,
+                                    std::vector<dllm__stepper_seq *> &ended, std::vector<float> &logits) {
     const int V = ctx.model->cfg.n_vocab;
     std::vector<dllm__batch_seq> plan[2];         // without, with a K/V cache
     size_t rows[2] = {0, 0}, chosen[2] = {0, 0};  // logit rows to the host, rows chosen by the backend
-    for (dllm__batch_member *m : active) {
-        dllm__decode &st = m->g->st;
-        dllm__step_begin(st, m->work);
+    for (dllm__stepper_seq *q : live) {
+        dllm__decode &st = q->g->st;
+        dllm__step_begin(st, q->work);
         const int n_canvas = st.cfg_scale > 0 ? 2 : 1;
-        if (n_canvas == 2) dllm__uncond_canvas(st, m->uncond);
+        if (n_canvas == 2) dllm__uncond_canvas(st, q->uncond);
         const bool device = dllm__batch_device_choice(ctx, st);
         for (int c = 0; c < n_canvas; c++) {
-            dllm__batch_seq s = dllm__batch_seq_of(*m, c, ctx.model->cfg.shift_logits);
+            dllm__batch_seq s = dllm__batch_seq_of(*q, c, ctx.model->cfg.shift_logits);
             if (device) s.sampling = &st.sampling, s.step = st.global_step;
-            plan[m->slot >= 0].push_back(s);
-            (device ? chosen : rows)[m->slot >= 0] += (size_t)(s.r1 - s.r0);
+            plan[q->slot[0] >= 0].push_back(s);
+            (device ? chosen : rows)[q->slot[0] >= 0] += (size_t)(s.r1 - s.r0);
         }
     }
     logits.resize((rows[0] + rows[1]) * V);
@@ -19189,94 +19276,54 @@ static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_membe
     DLLM__TRY(dllm__batch_forward(ctx, plan[1], 1, logits.data() + rows[0] * V, choices.data() + chosen[0]));
     float *next[2] = {logits.data(), logits.data() + rows[0] * V};
     const dllm__choice *next_choice[2] = {choices.data(), choices.data() + chosen[0]};
-    std::vector<dllm__batch_member *> still;
-    for (dllm__batch_member *m : active) {
-        dllm__decode &st = m->g->st;
-        const dllm__step_work &w = m->work;
-        if (dllm__batch_device_choice(
-                ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are the host's ch
-            const dllm__choice *&row = next_choice[m->slot >= 0];
+    std::vector<dllm__stepper_seq *> still;
+    for (dllm__stepper_seq *q : live) {
+        dllm__decode &st = q->g->st;
+        const dllm__step_work &w = q->work;
+        const int k = q->slot[0] >= 0;
+        if (dllm__batch_device_choice(ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are ch
+            const dllm__choice *&row = next_choice[k];
             std::vector<dllm__choice> ch;
             for (int32_t p : w.cand) ch.push_back(row[p - w.r0]);
             row += w.r1 - w.r0;
             st.forwards++;
-            dllm__step_commit(st, w, ch, m->committed);
+            dllm__step_commit(st, w, ch, q->committed);
         } else {
             const size_t n = (size_t)(w.r1 - w.r0) * V;
-            float *&cond = next[m->slot >= 0];
+            float *&cond = next[k];
             float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
-            dllm__step_end(st, w, cond, uncond, V, m->committed);
+            dllm__step_end(st, w, cond, uncond, V, q->committed);
             cond += uncond ? 2 * n : n;
         }
-        dllm_status s = m->g->end_step(m->committed);
-        if (s != DLLM_OK || m->g->done)
-            dllm__batch_retire(*m, s);
-        else
-            still.push_back(m);
+        q->status = q->g->end_step(q->committed);
+        (q->status != DLLM_OK || q->g->done ? ended : still).push_back(q);
     }
-    active.swap(still);
+    live.swap(still);
     return DLLM_OK;
 }
 
-/* Decodes members together until every one is done; stats->steps and ->forwards count batched steps. */
-static dllm_status dllm__batch_decode(dllm_ctx &ctx, std::vector<dllm__batch_member> &members, dllm_gen_stats &stats) {
-    std::vector<dllm__batch_member *> active;
-    for (dllm__batch_member &m : members) {
-        dllm_status s = m.g->start();
-        if (s == DLLM_OK)
-            active.push_back(&m);
-        else
-            dllm__batch_retire(m, s);
-    }
-    std::vector<float> logits;
-    while (!active.empty()) {
-        dllm_status s = dllm__batch_step(ctx, active, logits);
-        if (s != DLLM_OK) {
-            for (dllm__batch_member *m : active) dllm__batch_retire(*m, s);
-            return s;
-        }
-        stats.steps++, stats.forwards++;
-    }
+/* Checks an item as dllm_generate would and prepares its generation, stepped on the host around the batched forwards
+ * and watched (the stepper's events); to start when it joins. */
+static dllm_status dllm__batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
+    const dllm_batch_item &it = q.item;
+    DLLM__TRY(dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.plan));
+    q.g.reset(new dllm__generation{ctx, it.params, q.plan, dllm__decode(), {}, 0});
+    dllm__init_decode(it.prompt, it.n_prompt, it.params, q.plan, q.g->st);
+    q.g->st.host_steps = true;
+    q.g->watch = &q.watch;
     return DLLM_OK;
 }
 
-/* Checks an item as dllm_generate would and prepares its generation; false (with its status set) if it is bad. */
-static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__batch_member &m) {
-    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
-    dllm_status s = dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
-    if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
-            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
-        dllm__batch_set_status(r, s);
-        return false;
-    }
-    m.g.reset(new dllm__generation{ctx, it.params, m.plan, dllm__decode(), {}, 0});
-    dllm__init_decode(it.prompt, it.n_prompt, it.params, m.plan, m.g->st);
-    m.g->st.host_steps = true;
-    return true;
+/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache, of
+ * its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
+static int dllm__batch_slots_needed(const dllm__stepper_seq &q, int &rows) {
+    const dllm_gen_params &p = q.item.params;
+    rows = q.item.n_prompt + p.gen_length;
+    return dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE ? 0 : p.cfg_scale > 0 ? 2 : 1;
 }
 
-/* [batch] [dual cache] [prefix cache] The K/V cache slots of the items that join the batch with a K/V cache: slot_of[i]
- * is item i's (CFG's unconditional canvas: the next one), -1 for the others; slot_rows[s] its canvas's rows (prompt
- * + gen_length, which DPad's views never exceed). An item whose lengths are invalid gets none: its admission fails. */
-static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                               const std::vector<bool> &batched, std::vector<int> &slot_of,
-                               std::vector<int> &slot_rows) {
-    slot_of.assign((size_t)n_items, -1), slot_rows.clear();
-    for (int i = 0; i < n_items; i++) {
-        const dllm_gen_params &p = items[i].params;
-        const int64_t n = (int64_t)items[i].n_prompt + p.gen_length;
-        if (!batched[(size_t)i] || dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE || items[i].n_prompt < 0 ||
-            p.gen_length <= 0 || n > ctx.max_tokens)
-            continue;
-        slot_of[(size_t)i] = (int)slot_rows.size();
-        slot_rows.insert(slot_rows.end(), p.cfg_scale > 0 ? 2 : 1, (int)n);
-    }
-    return (int)slot_rows.size();
-}
-
-/* An item decoded alone inside dllm_generate_batch (dllm_generate's result, its status and message kept with it); its
- * steps and forwards count in the batch's. */
+/* An item decoded alone (dllm_generate's result, its status and message kept with it); its steps and forwards count in
+ * the batch's, unless it ran out of memory (a failure of the whole batch). */
 static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r,
                                             dllm_gen_stats &stats) {
     dllm_status s =
@@ -19290,203 +19337,415 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
-// ---- Batched block diffusion (dllm_generate_batch on a block-diffusion model) ------------------------------------
-// Every item is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
-// round asks every live generation for its next forward (dllm__bd_generation::next) and runs them all in ONE
-// bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its generation. A
-// generation that is done, fails or is cancelled leaves at once. Each item runs the loop dllm_generate runs, so it
-// decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+// ---- Batched block diffusion (dllm_stepper, dllm_generate_batch on a block-diffusion model) -----------------------
+// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
+// round runs every live generation's next forward (dllm__bd_generation::next, asked as soon as the previous result is
+// applied) in ONE bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its
+// generation. A generation that is done, fails or is cancelled leaves at once. Each sequence runs the loop dllm_generate
+// runs, so it decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
 
-/* One block-diffusion item of a batched decode, while it runs. */
-struct dllm__bd_member {
-    const dllm_batch_item *item = nullptr;
-    dllm_batch_result *result = nullptr;
-    dllm__bd_plan plan;
-    std::unique_ptr<dllm__bd_generation> g;
-    dllm__bd_seq seq;  // this round's forward; seq.slot: its K/V cache slot
-    double t0 = 0;
-};
-
-/* An item's end: its output, stats and status; the batch's steps are the most any item ran. */
-static void dllm__bd_batch_retire(dllm__bd_member &m, dllm_status s, dllm_gen_stats &stats) {
-    dllm__bd_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0, false);
-    dllm__batch_set_status(*m.result, s);
-    stats.steps = std::max(stats.steps, m.g->steps);
+/* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
+static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
+    dllm__bd_result(*q.bd, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0, false);
+    dllm__batch_set_status(*q.result, s);
 }
 
-/* Checks an item as dllm_generate would and starts its generation on slot `slot`; false (its status set) if it is bad. */
-static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__bd_member &m,
-                                 int slot) {
-    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
-    dllm_status s = dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
-    if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
-            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
-        dllm__batch_set_status(r, s);
-        return false;
-    }
-    m.g.reset(new dllm__bd_generation{ctx, it.params, m.plan, it.n_prompt});
-    m.g->start(it.prompt);
-    m.seq.slot = slot;
-    return true;
-}
-
-/* One round: every active member's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
- * each member's result. A member with no forward left, or whose loop or step callback fails, leaves; a failing batched
- * forward is every member's failure. */
-static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_member *> &active,
-                                        std::vector<float> &logits, std::vector<dllm__choice> &choices,
-                                        dllm_gen_stats &stats) {
-    std::vector<dllm__bd_member *> live;
-    std::vector<dllm__bd_seq> seqs;
-    size_t rows = 0, picked = 0;
-    for (dllm__bd_member *m : active) {
-        dllm_status s = m->g->next(m->seq);
-        if (s != DLLM_OK || m->g->done()) {
-            dllm__bd_batch_retire(*m, s, stats);
-            continue;
-        }
-        live.push_back(m);
-        seqs.push_back(m->seq);
-        if (m->seq.pick)
-            picked += (size_t)m->seq.pick->n;
-        else
-            rows += (size_t)(m->seq.call.r1 - m->seq.call.r0);
-    }
-    active.clear();
-    if (live.empty()) return DLLM_OK;
-    logits.resize(rows * ctx.model->cfg.n_vocab);
-    choices.assign(picked, dllm__choice{0, -INFINITY, false});
-    stats.forwards++;
-    dllm_status s = ctx.impl->bd_forward_batch(seqs, logits.data(), choices.data());
-    if (s != DLLM_OK) {
-        for (dllm__bd_member *m : live) dllm__bd_batch_retire(*m, s, stats);
-        return s;
-    }
-    const float *row = logits.data();
-    const dllm__choice *ch = choices.data();
-    for (dllm__bd_member *m : live) {
-        const dllm__bd_seq &q = m->seq;
-        s = q.pick ? m->g->apply_choices(ch) : m->g->apply_logits(row);
-        if (q.pick)
-            ch += q.pick->n;
-        else
-            row += (size_t)(q.call.r1 - q.call.r0) * ctx.model->cfg.n_vocab;
-        if (s != DLLM_OK)
-            dllm__bd_batch_retire(*m, s, stats);
-        else
-            active.push_back(m);
-    }
+/* Checks an item as dllm_generate would and prepares its generation, watched (the stepper's events); to start on its
+ * slot when it joins. */
+static dllm_status dllm__bd_batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
+    const dllm_batch_item &it = q.item;
+    DLLM__TRY(dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.bd_plan));
+    q.bd.reset(new dllm__bd_generation{ctx, it.params, q.bd_plan, it.n_prompt});
+    q.bd->watch = &q.watch;
     return DLLM_OK;
 }
 
-/* dllm_generate_batch on a block-diffusion model: the items decode together where the backend has bd_forward_batch and
- * the slots fit, else one after another through dllm_generate's path (an INFO log names the backend's reason).
- * stats->forwards counts the batched forwards (the most any item ran), stats->steps the most steps any item ran. */
-static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                                                dllm_batch_result *results, dllm_gen_stats &stats) {
-    std::string why;
-    if (ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK) why = dllm__tls_error;
-    std::vector<dllm__bd_member> members;
-    members.reserve((size_t)n_items);  // a generation holds its member's plan: no reallocation
-    std::vector<int> rows;
-    for (int i = 0; why.empty() && i < n_items; i++) {
-        members.emplace_back();
-        if (dllm__bd_batch_admit(ctx, items[i], results[i], members.back(), (int)rows.size()))
-            rows.push_back(members.back().g->cache_rows());
-        else
-            members.pop_back();
-    }
-    if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK)
-        why = dllm__tls_error, members.clear();  // (memory)
-    if (!why.empty()) {
-        if (n_items > 0)
-            dllm__log(
-                DLLM_LOG_INFO,
-                "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)",
-                n_items, why.c_str());
-        for (int i = 0; i < n_items; i++)
-            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-                return DLLM_ERR_OUT_OF_MEMORY;
-        return DLLM_OK;
-    }
-    std::vector<dllm__bd_member *> active;
-    for (dllm__bd_member &m : members) active.push_back(&m);
-    std::vector<float> logits;
-    std::vector<dllm__choice> choices;
-    dllm_status s = DLLM_OK;
-    while (s == DLLM_OK && !active.empty()) s = dllm__bd_batch_round(ctx, active, logits, choices, stats);
-    if (!rows.empty()) {  // the caches go with the batch; a failure's message stays the thread's
-        const std::string error = dllm__tls_error;
-        ctx.impl->bd_batch_reserve({});
-        dllm__tls_error = error;
-    }
-    return s;
+/* The generation walks to its first forward on its slot; false (its status set) if it has none or fails. */
+static bool dllm__bd_batch_start(dllm__stepper_seq &q) {
+    q.bd->start(q.item.prompt);
+    q.bd_seq.slot = q.slot[0];
+    q.status = q.bd->next(q.bd_seq);
+    return q.status == DLLM_OK && !q.bd->done();
 }
 
-/* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
-static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                                             dllm_batch_result *results, dllm_gen_stats &stats) {
-    if (dllm__is_block_diffusion(ctx.model->cfg))
-        return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
-    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2) {  // no batched LLaDA2 forward yet: dllm_generate's, item by item
-        if (n_items > 0)
-            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d LLaDA2 items decode one after another", n_items);
-        for (int i = 0; i < n_items; i++)
-            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-                return DLLM_ERR_OUT_OF_MEMORY;
-        return DLLM_OK;
+/* One round: every live sequence's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
+ * each one's result and its next forward. A sequence with no forward left, or whose loop or step callback fails, moves
+ * from live to ended (its status set); a failing batched forward is every live sequence's failure. */
+static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper_seq *> &live,
+                                        std::vector<dllm__stepper_seq *> &ended, std::vector<float> &logits,
+                                        std::vector<dllm__choice> &choices) {
+    std::vector<dllm__bd_seq> seqs;
+    size_t rows = 0, picked = 0;
+    for (dllm__stepper_seq *q : live) {
+        seqs.push_back(q->bd_seq);
+        if (q->bd_seq.pick)
+            picked += (size_t)q->bd_seq.pick->n;
+        else
+            rows += (size_t)(q->bd_seq.call.r1 - q->bd_seq.call.r0);
     }
-    const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
-    const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
-    std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
-    if (batches && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK) kv_why = "a K/V cache: " + dllm__tls_error;
-    std::vector<dllm__batch_member> members;
-    members.reserve((size_t)n_items);
-    std::vector<int> alone;
-    const char *why = batches ? nullptr : no_batch.c_str();
-    std::vector<bool> batched((size_t)n_items);
-    for (int i = 0; i < n_items; i++)
-        batched[(size_t)i] =
-            batches && !dllm__batch_excluded(items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
-    std::vector<int> slot_of, slot_rows;
-    const bool kv_slots = dllm__batch_kv_plan(ctx, items, n_items, batched, slot_of, slot_rows) > 0;
-    if (kv_slots &&
-        ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
-        kv_why = "a K/V cache: " + dllm__tls_error;
-        for (int i = 0; i < n_items; i++) batched[(size_t)i] = batched[(size_t)i] && slot_of[(size_t)i] < 0;
+    logits.resize(rows * ctx.model->cfg.n_vocab);
+    choices.assign(picked, dllm__choice{0, -INFINITY, false});
+    DLLM__TRY(ctx.impl->bd_forward_batch(seqs, logits.data(), choices.data()));
+    const float *row = logits.data();
+    const dllm__choice *ch = choices.data();
+    std::vector<dllm__stepper_seq *> still;
+    for (dllm__stepper_seq *q : live) {
+        const dllm__bd_seq &s = q->bd_seq;
+        q->status = s.pick ? q->bd->apply_choices(ch) : q->bd->apply_logits(row);
+        if (s.pick)
+            ch += s.pick->n;
+        else
+            row += (size_t)(s.call.r1 - s.call.r0) * ctx.model->cfg.n_vocab;
+        if (q->status == DLLM_OK) q->status = q->bd->next(q->bd_seq);
+        (q->status != DLLM_OK || q->bd->done() ? ended : still).push_back(q);
     }
-    for (int i = 0; i < n_items; i++) {
-        const char *excluded = !batches              ? why
-                               : !batched[(size_t)i] ? dllm__batch_excluded(items[i].params, kv_why.c_str())
-                                                     : nullptr;
-        if (excluded) {
-            if (alone.empty()) why = excluded;
-            alone.push_back(i);
-            continue;
-        }
-        members.emplace_back();
-        members.back().slot = slot_of[(size_t)i];
-        if (!dllm__batch_admit(ctx, items[i], results[i], members.back())) members.pop_back();
-    }
-    if (!alone.empty())
-        dllm__log(
-            DLLM_LOG_INFO,
-            "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
-            alone.size(), n_items, alone[0], why);
-    const dllm_status decoded = dllm__batch_decode(ctx, members, stats);
-    if (kv_slots) {  // the caches go with the batch; a failure's message stays the thread's
-        const std::string error = dllm__tls_error;
-        ctx.impl->batch_kv_reserve({});
-        dllm__tls_error = error;
-    }
-    DLLM__TRY(decoded);
-    for (int i : alone)
-        if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-            return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
+    live.swap(still);
     return DLLM_OK;
 }
 #line 133 "src/dllm_cuda.cu"
+#line 1 "src/decode/stepper.cpp"
+/* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
+ * dllm_generate_batch is its loop. */
+
+// ---- Continuous batching ----------------------------------------------------------------------------------------
+// A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
+// K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
+// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
+// then the first sequence of a kind that has no batched forward (dllm__stepper::alone_reason) decodes whole, through
+// dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
+//
+// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
+// takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a long run
+// stop growing at what its largest concurrent sequences need; a live slot is never resized (the backend may move it).
+
+/* A K/V cache slot of a stepper: its rows and the sequence using it (-1: free). */
+struct dllm__kv_slot {
+    int rows = 0;
+    int owner = -1;
+};
+
+}  // namespace
+struct dllm_stepper {
+    dllm_ctx &ctx;
+    int max_sequences = 0;
+    const char *who = "dllm_stepper";  // names the stepper in messages
+    bool log_alone = true;             // log each sequence that decodes alone (dllm_generate_batch logs a summary)
+    std::vector<std::unique_ptr<dllm__stepper_seq>> seqs;  // in the order they were added
+    std::vector<dllm__kv_slot> slots;
+    int next_id = 0;
+    std::string no_batch, kv_why;  // why no sequence, or none with a K/V cache, joins a batched forward ("": they do)
+    dllm_gen_stats counts = {};    // steps and forwards as dllm_generate_batch reports them
+    std::vector<float> logits;
+    std::vector<dllm__choice> choices;
+
+    dllm_stepper(dllm_ctx &c, int max, const char *name);
+    ~dllm_stepper();
+    bool block_diffusion() const { return dllm__is_block_diffusion(ctx.model->cfg); }
+    const char *alone_reason(const dllm_gen_params &p) const;
+    dllm_status room() const;
+    int n_active() const;
+    dllm__stepper_seq *find(int id) const;
+    dllm_status add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id);
+    dllm_status admit(dllm__stepper_seq &q);
+    dllm_status step();
+    void join(std::vector<dllm__stepper_seq *> &joining);
+    int slots_needed(const dllm__stepper_seq &q, int &rows) const;
+    bool take_slots(std::vector<dllm__stepper_seq *> &joining);
+    int take_slot(int rows, int owner, std::vector<bool> &fresh);
+    dllm_status run_alone(dllm__stepper_seq &q);
+    void retire(dllm__stepper_seq &q, dllm_status s);
+    dllm_status cancel(dllm__stepper_seq &q);
+    void remove(int id);
+};
+namespace {
+
+/* Checks an item as dllm_generate would, for a kind decoded alone (no generation prepared). */
+static dllm_status dllm__check_item(dllm_ctx &ctx, const dllm_batch_item &it) {
+    const dllm__config &c = ctx.model->cfg;
+    if (dllm__is_block_diffusion(c)) {
+        dllm__bd_plan plan;
+        return dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
+    }
+    if (c.family == DLLM_FAMILY_LLADA2) {
+        dllm__llada2_plan plan;
+        return dllm__plan_llada2(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
+    }
+    dllm__gen_plan plan;
+    return dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
+}
+
+/* The step a sequence shows before its first: its canvas (prompt and masks where the schedule lays them out). */
+static void dllm__watch_start(dllm__stepper_seq &q) {
+    dllm_step_info info = {};
+    std::vector<int32_t> canvas = q.g ? q.g->st.canvas : q.prompt;
+    info.canvas = canvas.data(), info.canvas_len = (int)canvas.size(), info.prompt_len = q.item.n_prompt;
+    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : 0;
+    info.n_masked = (int)canvas.size() - q.item.n_prompt;
+    q.watch.record(info);
+    q.watch.stepped = false;
+}
+
+}  // namespace
+
+dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
+    ctx.stepper = this;
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
+        no_batch = "LLaDA2 has no batched forward yet";
+    else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
+        no_batch = dllm__tls_error;
+    else if (!block_diffusion() && ctx.impl->forward_batch({}, nullptr) != DLLM_OK)
+        no_batch = dllm__tls_error;
+    else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
+        kv_why = "a K/V cache: " + dllm__tls_error;
+}
+
+dllm_stepper::~dllm_stepper() {
+    ctx.stepper = nullptr;
+    if (slots.empty()) return;
+    const std::string error = dllm__tls_error;  // releasing cannot fail; a failure's message stays the thread's
+    if (block_diffusion())
+        ctx.impl->bd_batch_reserve({}, {});
+    else
+        ctx.impl->batch_kv_reserve({}, {});
+    dllm__tls_error = error;
+}
+
+/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
+const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
+    if (!no_batch.empty()) return no_batch.c_str();
+    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
+    return nullptr;
+}
+
+/* DLLM_OK if a sequence may be added, else DLLM_ERR_FULL. */
+dllm_status dllm_stepper::room() const {
+    if (n_active() < max_sequences) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_FULL, "%s: %d sequences decode already (max_sequences): step until one ends", who,
+                      max_sequences);
+}
+
+int dllm_stepper::n_active() const {
+    int n = 0;
+    for (const auto &q : seqs) n += q->at != dllm__stepper_seq::ENDED;
+    return n;
+}
+
+dllm__stepper_seq *dllm_stepper::find(int id) const {
+    for (const auto &q : seqs)
+        if (q->id == id) return q.get();
+    return nullptr;
+}
+
+/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not added,
+ * its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
+dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id) {
+    if (seq_id) *seq_id = -1;
+    DLLM__TRY(room());
+    std::unique_ptr<dllm__stepper_seq> q(new dllm__stepper_seq);
+    q->id = next_id, q->item = item, q->t0 = dllm__now_ms();
+    q->prompt.assign(item.prompt, item.prompt + (item.prompt && item.n_prompt > 0 ? item.n_prompt : 0));
+    if (item.prompt) q->item.prompt = q->prompt.data();
+    q->result = result ? result : &q->own_result;
+    dllm_status s = admit(*q);
+    if (s != DLLM_OK) {
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
+            q->result->n_out = dllm__out_needed(ctx, item.n_prompt, item.params);  // as dllm_generate reports it
+        dllm__batch_set_status(*q->result, s);
+        return s;
+    }
+    if (q->at == dllm__stepper_seq::ALONE && log_alone)
+        dllm__log(DLLM_LOG_INFO, "%s: sequence %d decodes alone, outside the batched forwards (%s)", who, q->id,
+                  alone_reason(item.params));
+    dllm__watch_start(*q);
+    if (seq_id) *seq_id = q->id;
+    next_id++;
+    seqs.push_back(std::move(q));
+    return DLLM_OK;
+}
+
+/* Checks a sequence and prepares its generation, or marks it to decode alone. */
+dllm_status dllm_stepper::admit(dllm__stepper_seq &q) {
+    if (alone_reason(q.item.params)) {
+        DLLM__TRY(dllm__check_item(ctx, q.item));
+        q.at = dllm__stepper_seq::ALONE;
+        return DLLM_OK;
+    }
+    return block_diffusion() ? dllm__bd_batch_admit(ctx, q) : dllm__batch_admit(ctx, q);
+}
+
+/* The slots a sequence needs (of `rows` rows each). */
+int dllm_stepper::slots_needed(const dllm__stepper_seq &q, int &rows) const {
+    if (!block_diffusion()) return dllm__batch_slots_needed(q, rows);
+    rows = q.bd->cache_rows();
+    return 1;
+}
+
+/* A free slot of at least `rows` rows (the smallest), else a free one enlarged, else a new one, for owner; fresh[s]
+ * marks the slots taken now. */
+int dllm_stepper::take_slot(int rows, int owner, std::vector<bool> &fresh) {
+    int best = -1, largest = -1;
+    for (size_t s = 0; s < slots.size(); s++) {
+        const dllm__kv_slot &k = slots[s];
+        if (k.owner >= 0) continue;
+        if (k.rows >= rows && (best < 0 || k.rows < slots[(size_t)best].rows)) best = (int)s;
+        if (largest < 0 || k.rows > slots[(size_t)largest].rows) largest = (int)s;
+    }
+    if (best < 0) best = largest;  // enlarged below
+    if (best < 0) best = (int)slots.size(), slots.push_back(dllm__kv_slot());
+    slots[(size_t)best] = {std::max(rows, slots[(size_t)best].rows), owner};
+    fresh.resize(slots.size());
+    fresh[(size_t)best] = true;
+    return best;
+}
+
+/* The joining sequences' slots, laid out by the backend with the live sequences' kept. If the backend cannot hold them
+ * (memory), the joining sequences that need one decode alone instead; false then. */
+bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
+    const std::vector<dllm__kv_slot> before = slots;
+    std::vector<bool> fresh(slots.size());
+    for (dllm__stepper_seq *q : joining) {
+        int rows = 0;
+        const int n = slots_needed(*q, rows);
+        for (int c = 0; c < n; c++) q->slot[c] = take_slot(rows, q->id, fresh);
+    }
+    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return true;
+    std::vector<int> rows;
+    std::vector<bool> keep;
+    for (size_t s = 0; s < slots.size(); s++)
+        rows.push_back(slots[s].rows), keep.push_back(slots[s].owner >= 0 && !fresh[s]);
+    const dllm_status s =
+        block_diffusion() ? ctx.impl->bd_batch_reserve(rows, keep) : ctx.impl->batch_kv_reserve(rows, keep);
+    if (s == DLLM_OK) return true;
+    slots = before;
+    int n_alone = 0;
+    for (dllm__stepper_seq *q : joining)
+        if (q->slot[0] >= 0) q->slot[0] = q->slot[1] = -1, q->at = dllm__stepper_seq::ALONE, n_alone++;
+    dllm__log(DLLM_LOG_INFO,
+              "%s: %d sequences decode one after another, outside the batched forwards (a K/V cache: %s)", who, n_alone,
+              dllm__tls_error.c_str());
+    return false;
+}
+
+/* The sequences added since the last step join it: their slots, then their generations started (one that cannot start
+ * ends at once). Those that may not join (their slots do not fit) wait to decode alone. */
+void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
+    std::vector<dllm__stepper_seq *> joining;
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::JOINING) joining.push_back(q.get());
+    if (joining.empty()) return;
+    take_slots(joining);
+    for (dllm__stepper_seq *q : joining) {
+        if (q->at != dllm__stepper_seq::JOINING) continue;
+        q->at = dllm__stepper_seq::LIVE;
+        const bool started = q->bd ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
+        if (started)
+            live.push_back(q);
+        else
+            retire(*q, q->status);
+    }
+}
+
+dllm_status dllm_stepper::step() {
+    for (const auto &q : seqs) q->watch.stepped = false;
+    std::vector<dllm__stepper_seq *> live, ended;
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::LIVE) live.push_back(q.get());
+    join(live);
+    if (!live.empty()) {
+        const dllm_status s = block_diffusion() ? dllm__bd_batch_round(ctx, live, ended, logits, choices)
+                                                : dllm__batch_step(ctx, live, ended, logits);
+        if (s != DLLM_OK) {
+            for (dllm__stepper_seq *q : live) retire(*q, s);
+            return s;
+        }
+        counts.forwards++, counts.steps += !block_diffusion();
+        for (dllm__stepper_seq *q : ended) retire(*q, q->status);
+    }
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::ALONE) return run_alone(*q);
+    return DLLM_OK;
+}
+
+/* A sequence decoded whole by dllm_generate's path: its one event is its end, the generated ids all committed at once.
+ * Only running out of memory is the step's failure. */
+dllm_status dllm_stepper::run_alone(dllm__stepper_seq &q) {
+    const dllm_status s = dllm__batch_decode_alone(ctx, q.item, *q.result, counts);
+    q.at = dllm__stepper_seq::ENDED;
+    const int n_out = s == DLLM_OK || s == DLLM_ERR_CANCELLED ? q.result->n_out : 0;
+    std::vector<int32_t> canvas = q.prompt, committed;
+    for (int i = 0; i < n_out; i++) canvas.push_back(q.item.out[i]), committed.push_back(q.item.n_prompt + i);
+    dllm_step_info info = q.watch.info;
+    info.canvas = canvas.data(), info.canvas_len = (int)canvas.size();
+    info.committed_pos = committed.data(), info.n_committed = n_out, info.n_masked = 0;
+    info.global_step = info.total_steps = q.result->stats.steps;
+    q.watch.record(info);
+    return s == DLLM_ERR_OUT_OF_MEMORY ? s : DLLM_OK;
+}
+
+/* A sequence ends (s: how): its output, stats and status, and its slots free for the next one. */
+void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
+    if (q.g)
+        dllm__batch_retire(q, s);
+    else
+        dllm__bd_batch_retire(q, s);
+    if (block_diffusion()) counts.steps = std::max(counts.steps, q.bd->steps);
+    for (dllm__kv_slot &k : slots)
+        if (k.owner == q.id) k.owner = -1;
+    q.at = dllm__stepper_seq::ENDED;
+}
+
+/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did not. */
+dllm_status dllm_stepper::cancel(dllm__stepper_seq &q) {
+    if (q.at == dllm__stepper_seq::ENDED) return DLLM_OK;
+    const dllm_status s =
+        dllm__fail(DLLM_ERR_CANCELLED, "%s: sequence %d cancelled after %d steps", who, q.id, q.watch.info.global_step);
+    if (q.at == dllm__stepper_seq::LIVE) {
+        retire(q, s);
+        return DLLM_OK;
+    }
+    q.result->n_out = 0, q.result->stats.n_prompt = q.item.n_prompt;
+    dllm__batch_set_status(*q.result, s);
+    for (dllm__kv_slot &k : slots)
+        if (k.owner == q.id) k.owner = -1;
+    q.at = dllm__stepper_seq::ENDED;
+    return DLLM_OK;
+}
+
+void dllm_stepper::remove(int id) {
+    seqs.erase(std::remove_if(seqs.begin(), seqs.end(), [&](const auto &q) { return q->id == id; }), seqs.end());
+}
+namespace {
+
+/* dllm_generate_batch: its items in one stepper, stepped until every one has ended. A bad item fails alone at its
+ * admission; a global failure (a failing batched forward, an item decoded alone running out of memory) ends the call,
+ * the items not finished then taking its status (dllm_generate_batch). stats: dllm_generate_batch's batch_stats. */
+static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
+                                             dllm_batch_result *results, dllm_gen_stats &stats) {
+    dllm_stepper stepper(ctx, n_items, "dllm_generate_batch");
+    stepper.log_alone = false;
+    int n_alone = 0, first_alone = -1;
+    for (int i = 0; i < n_items; i++) {
+        if (!stepper.alone_reason(items[i].params)) continue;
+        n_alone++;
+        if (first_alone < 0) first_alone = i;
+    }
+    if (n_alone > 0) {
+        const char *kind = stepper.block_diffusion()                     ? "block-diffusion "
+                           : ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+                                                                         : "";
+        dllm__log(
+            DLLM_LOG_INFO,
+            "dllm_generate_batch: %d %sitems decode one after another, outside a batched forward (%d items in all; "
+            "item %d: %s)",
+            n_alone, kind, n_items, first_alone, stepper.alone_reason(items[first_alone].params));
+    }
+    for (int i = 0; i < n_items; i++) stepper.add(items[i], &results[i], nullptr);
+    dllm_status s = DLLM_OK;
+    while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
+    stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
+    return s;
+}
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -19599,7 +19858,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -19629,6 +19888,16 @@ template <class F> static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     return st;
 }
 
+/* A sequence of the stepper by id, or the error that names the id. */
+static dllm_status dllm__stepper_seq_of(const dllm_stepper *stepper, const char *fn, int seq_id,
+                                        dllm__stepper_seq *&q) {
+    q = stepper->find(seq_id);
+    if (!q)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: the stepper holds no sequence %d (removed, or never added)",
+                          fn, seq_id);
+    return DLLM_OK;
+}
+
 }  // namespace
 #pragma GCC visibility pop
 
@@ -19649,6 +19918,7 @@ const char *dllm_status_str(dllm_status s) {
         case DLLM_ERR_CANCELLED: return "DLLM_ERR_CANCELLED";
         case DLLM_ERR_BUFFER_TOO_SMALL: return "DLLM_ERR_BUFFER_TOO_SMALL";
         case DLLM_ERR_INTERNAL: return "DLLM_ERR_INTERNAL";
+        case DLLM_ERR_FULL: return "DLLM_ERR_FULL";
     }
     return "DLLM_ERR_UNKNOWN";
 }
@@ -19956,6 +20226,11 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0",
                               n_items);
+        if (ctx->stepper)
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "dllm_generate_batch: the context has a dllm_stepper, whose batch caches it would use: add "
+                "the items to the stepper, or free it first");
         return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
     });
     dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
@@ -19973,6 +20248,93 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
         if (ctx) ctx->last_error = message;
     }
     return first;
+}
+
+dllm_stepper_params dllm_stepper_default_params(void) {
+    dllm_stepper_params p;
+    memset(&p, 0, sizeof p);
+    p.max_sequences = 16;
+    return p;
+}
+
+dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_stepper **out_stepper) {
+    if (out_stepper) *out_stepper = nullptr;
+    return dllm__guard(ctx, [&]() -> dllm_status {
+        if (!ctx || !out_stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: ctx or out_stepper is NULL");
+        if (ctx->stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_stepper_create: the context has a stepper already (one at a time: free it first)");
+        if (params.max_sequences < 1)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: max_sequences must be >= 1, got %d",
+                              params.max_sequences);
+        *out_stepper = new dllm_stepper(*ctx, params.max_sequences, "dllm_stepper");
+        return DLLM_OK;
+    });
+}
+
+void dllm_stepper_free(dllm_stepper *stepper) { delete stepper; }
+
+dllm_status dllm_stepper_can_add(dllm_stepper *stepper, const dllm_batch_item *item) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_can_add: NULL argument");
+        DLLM__TRY(stepper->room());
+        dllm__stepper_seq q;
+        q.item = *item;
+        return stepper->admit(q);
+    });
+}
+
+dllm_status dllm_stepper_add(dllm_stepper *stepper, const dllm_batch_item *item, int *seq_id) {
+    if (seq_id) *seq_id = -1;
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item || !seq_id)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_add: stepper, item and seq_id must be non-NULL");
+        return stepper->add(*item, nullptr, seq_id);
+    });
+}
+
+dllm_status dllm_stepper_step(dllm_stepper *stepper) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_step: stepper is NULL");
+        return stepper->step();
+    });
+}
+
+int dllm_stepper_n_active(const dllm_stepper *stepper) { return stepper ? stepper->n_active() : 0; }
+
+dllm_status dllm_stepper_poll(const dllm_stepper *stepper, int seq_id, dllm_seq_event *event) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !event)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_poll: stepper or event is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_poll", seq_id, q));
+        event->stepped = q->watch.stepped;
+        event->info = q->watch.info;
+        event->finished = q->at == dllm__stepper_seq::ENDED;
+        event->result = *q->result;
+        return DLLM_OK;
+    });
+}
+
+dllm_status dllm_stepper_cancel(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_cancel: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_cancel", seq_id, q));
+        return stepper->cancel(*q);
+    });
+}
+
+dllm_status dllm_stepper_remove(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_remove: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_remove", seq_id, q));
+        DLLM__TRY(stepper->cancel(*q));
+        stepper->remove(seq_id);
+        return DLLM_OK;
+    });
 }
 
 const char *dllm_version(void) {
@@ -20063,4 +20425,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
