@@ -7602,6 +7602,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
      * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
         std::vector<bd_slot> slots(rows.size());
@@ -7702,6 +7703,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
      * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
+    using dllm__backend_impl::batch_kv_reserve;
     dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_kv_rows_));
         std::vector<dllm__cpu_kv> slots(rows.size());
@@ -15230,10 +15232,12 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
     const char *batch_kv_unsupported() const;
     dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::batch_kv_reserve;  // the one-list form too (every slot empty)
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
     // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::bd_batch_reserve;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
@@ -19411,7 +19415,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
 // A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
 // K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
 // (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
-// then the first sequence of a kind that has no batched forward (dllm__stepper::alone_reason) decodes whole, through
+// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
 // dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
 //
 // K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
@@ -19448,9 +19452,9 @@ struct dllm_stepper {
     dllm_status add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id);
     dllm_status admit(dllm__stepper_seq &q);
     dllm_status step();
-    void join(std::vector<dllm__stepper_seq *> &joining);
+    void join(std::vector<dllm__stepper_seq *> &live);
     int slots_needed(const dllm__stepper_seq &q, int &rows) const;
-    bool take_slots(std::vector<dllm__stepper_seq *> &joining);
+    void take_slots(std::vector<dllm__stepper_seq *> &joining);
     int take_slot(int rows, int owner, std::vector<bool> &fresh);
     dllm_status run_alone(dllm__stepper_seq &q);
     void retire(dllm__stepper_seq &q, dllm_status s);
@@ -19488,7 +19492,6 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 }  // namespace
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
-    ctx.stepper = this;
     if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
         no_batch = "LLaDA2 has no batched forward yet";
     else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
@@ -19497,6 +19500,7 @@ dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max
         no_batch = dllm__tls_error;
     else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
         kv_why = "a K/V cache: " + dllm__tls_error;
+    ctx.stepper = this;
 }
 
 dllm_stepper::~dllm_stepper() {
@@ -19599,8 +19603,8 @@ int dllm_stepper::take_slot(int rows, int owner, std::vector<bool> &fresh) {
 }
 
 /* The joining sequences' slots, laid out by the backend with the live sequences' kept. If the backend cannot hold them
- * (memory), the joining sequences that need one decode alone instead; false then. */
-bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
+ * (memory), the joining sequences that need one decode alone instead. */
+void dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
     const std::vector<dllm__kv_slot> before = slots;
     std::vector<bool> fresh(slots.size());
     for (dllm__stepper_seq *q : joining) {
@@ -19608,14 +19612,14 @@ bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
         const int n = slots_needed(*q, rows);
         for (int c = 0; c < n; c++) q->slot[c] = take_slot(rows, q->id, fresh);
     }
-    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return true;
+    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return;
     std::vector<int> rows;
     std::vector<bool> keep;
     for (size_t s = 0; s < slots.size(); s++)
         rows.push_back(slots[s].rows), keep.push_back(slots[s].owner >= 0 && !fresh[s]);
     const dllm_status s =
         block_diffusion() ? ctx.impl->bd_batch_reserve(rows, keep) : ctx.impl->batch_kv_reserve(rows, keep);
-    if (s == DLLM_OK) return true;
+    if (s == DLLM_OK) return;
     slots = before;
     int n_alone = 0;
     for (dllm__stepper_seq *q : joining)
@@ -19623,7 +19627,6 @@ bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
     dllm__log(DLLM_LOG_INFO,
               "%s: %d sequences decode one after another, outside the batched forwards (a K/V cache: %s)", who, n_alone,
               dllm__tls_error.c_str());
-    return false;
 }
 
 /* The sequences added since the last step join it: their slots, then their generations started (one that cannot start

@@ -36,6 +36,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
      * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
         std::vector<bd_slot> slots(rows.size());
@@ -136,6 +137,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
      * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
+    using dllm__backend_impl::batch_kv_reserve;
     dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_kv_rows_));
         std::vector<dllm__cpu_kv> slots(rows.size());

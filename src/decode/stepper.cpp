@@ -5,7 +5,7 @@
 // A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
 // K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
 // (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
-// then the first sequence of a kind that has no batched forward (dllm__stepper::alone_reason) decodes whole, through
+// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
 // dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
 //
 // K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
@@ -42,9 +42,9 @@ struct dllm_stepper {
     dllm_status add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id);
     dllm_status admit(dllm__stepper_seq &q);
     dllm_status step();
-    void join(std::vector<dllm__stepper_seq *> &joining);
+    void join(std::vector<dllm__stepper_seq *> &live);
     int slots_needed(const dllm__stepper_seq &q, int &rows) const;
-    bool take_slots(std::vector<dllm__stepper_seq *> &joining);
+    void take_slots(std::vector<dllm__stepper_seq *> &joining);
     int take_slot(int rows, int owner, std::vector<bool> &fresh);
     dllm_status run_alone(dllm__stepper_seq &q);
     void retire(dllm__stepper_seq &q, dllm_status s);
@@ -82,7 +82,6 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 }  // namespace
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
-    ctx.stepper = this;
     if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
         no_batch = "LLaDA2 has no batched forward yet";
     else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
@@ -91,6 +90,7 @@ dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max
         no_batch = dllm__tls_error;
     else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
         kv_why = "a K/V cache: " + dllm__tls_error;
+    ctx.stepper = this;
 }
 
 dllm_stepper::~dllm_stepper() {
@@ -193,8 +193,8 @@ int dllm_stepper::take_slot(int rows, int owner, std::vector<bool> &fresh) {
 }
 
 /* The joining sequences' slots, laid out by the backend with the live sequences' kept. If the backend cannot hold them
- * (memory), the joining sequences that need one decode alone instead; false then. */
-bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
+ * (memory), the joining sequences that need one decode alone instead. */
+void dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
     const std::vector<dllm__kv_slot> before = slots;
     std::vector<bool> fresh(slots.size());
     for (dllm__stepper_seq *q : joining) {
@@ -202,14 +202,14 @@ bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
         const int n = slots_needed(*q, rows);
         for (int c = 0; c < n; c++) q->slot[c] = take_slot(rows, q->id, fresh);
     }
-    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return true;
+    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return;
     std::vector<int> rows;
     std::vector<bool> keep;
     for (size_t s = 0; s < slots.size(); s++)
         rows.push_back(slots[s].rows), keep.push_back(slots[s].owner >= 0 && !fresh[s]);
     const dllm_status s =
         block_diffusion() ? ctx.impl->bd_batch_reserve(rows, keep) : ctx.impl->batch_kv_reserve(rows, keep);
-    if (s == DLLM_OK) return true;
+    if (s == DLLM_OK) return;
     slots = before;
     int n_alone = 0;
     for (dllm__stepper_seq *q : joining)
@@ -217,7 +217,6 @@ bool dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
     dllm__log(DLLM_LOG_INFO,
               "%s: %d sequences decode one after another, outside the batched forwards (a K/V cache: %s)", who, n_alone,
               dllm__tls_error.c_str());
-    return false;
 }
 
 /* The sequences added since the last step join it: their slots, then their generations started (one that cannot start
