@@ -645,8 +645,9 @@ typedef struct dllm_batch_result {
     char error[256];            /* "" when status is DLLM_OK, else the message (truncated)          */
 } dllm_batch_result;
 
-/* Decode n_items prompts together. Every item gets what dllm_generate would give it alone, whatever the batch's
- * other items, their lengths and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
+/* Decode n_items prompts together (through a dllm_stepper of its own: DLLM_ERR_INVALID_ARGUMENT while the context
+ * has one). Every item gets what dllm_generate would give it alone, whatever the batch's other items, their lengths
+ * and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
  * GPU backend a batched item's logits are bit-identical to its batch of one's, not to dllm_generate's (whose forwards
  * are tuned per row count), so its tokens equal dllm_generate's up to near-ties.
  *
