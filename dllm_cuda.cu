@@ -52,6 +52,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -423,7 +424,7 @@ DLLM__TEST_HOOK static bool dllm__env_set(const std::string &name, const std::st
     dllm__env_tiles((name + "=" + value).c_str(), e);
     return e.tiles_error.empty();
 }
-#line 78 "src/dllm_cuda.cu"
+#line 79 "src/dllm_cuda.cu"
 #line 1 "src/json.cpp"
 /* src/json.cpp - a strict JSON parser (config.json, tokenizer.json, safetensors headers). */
 
@@ -678,7 +679,7 @@ static dllm_status dllm__json_load(const std::string &path, dllm__json &out) {
     DLLM__TRY(dllm__read_text(path, text));
     return dllm__json_parse(text.data(), text.size(), path, out);
 }
-#line 79 "src/dllm_cuda.cu"
+#line 80 "src/dllm_cuda.cu"
 #line 1 "src/model/safetensors.cpp"
 /* src/model/safetensors.cpp - the safetensors reader: single files and sharded indexes, memory-mapped. */
 
@@ -856,7 +857,7 @@ static dllm_status dllm__st_open(const std::string &path, bool use_mmap, dllm__s
     }
     return DLLM_OK;
 }
-#line 80 "src/dllm_cuda.cu"
+#line 81 "src/dllm_cuda.cu"
 #line 1 "src/model/config.cpp"
 /* src/model/config.cpp - config.json of every supported family, validated. */
 
@@ -1330,7 +1331,7 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
                           c.mask_id, c.stop_id, c.n_vocab);
     return DLLM_OK;
 }
-#line 81 "src/dllm_cuda.cu"
+#line 82 "src/dllm_cuda.cu"
 #line 1 "src/model/weights.cpp"
 /* src/model/weights.cpp - the expected tensors of a model, bound and loaded (dllm_model). */
 
@@ -1666,7 +1667,7 @@ static dllm_status dllm__load_model(const char *dir, const dllm_model_params &pa
     out = std::move(m);
     return DLLM_OK;
 }
-#line 82 "src/dllm_cuda.cu"
+#line 83 "src/dllm_cuda.cu"
 #line 1 "src/model/llada2.cpp"
 /* src/model/llada2.cpp - LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): config.json and the tensors it demands. */
 
@@ -1815,7 +1816,7 @@ static std::vector<dllm__wspec> dllm__llada2_expected_weights(const dllm__config
     if (!c.tied_embeddings) w.push_back({"lm_head.weight", {c.n_vocab, d}, -1, DLLM__W_HEAD});
     return w;
 }
-#line 83 "src/dllm_cuda.cu"
+#line 84 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/unicode.cpp"
 /* src/tokenizer/unicode.cpp - Unicode tables (generated) and UTF-8. */
 
@@ -2676,7 +2677,7 @@ static std::string dllm__utf8_sanitize(const char *data, size_t n) {
     }
     return out;
 }
-#line 84 "src/dllm_cuda.cu"
+#line 85 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/normalize.cpp"
 /* src/tokenizer/normalize.cpp - NFC normalisation (UAX #15). */
 
@@ -2776,7 +2777,7 @@ static std::string dllm__nfc(const std::string &text) {
     }
     return dllm__utf8_encode(d.data(), kept);
 }
-#line 85 "src/dllm_cuda.cu"
+#line 86 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/pretokenize.cpp"
 /* src/tokenizer/pretokenize.cpp - the pre-tokenizer split regexes as scanners. */
 
@@ -2881,7 +2882,7 @@ static void dllm__pretokenize(dllm__pretok_kind kind, const std::string &text,
         i = end;
     }
 }
-#line 86 "src/dllm_cuda.cu"
+#line 87 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/bpe.cpp"
 /* src/tokenizer/bpe.cpp - byte-level BPE: added tokens, merges, encode and decode (dllm_tokenizer). */
 
@@ -3157,7 +3158,7 @@ static dllm_status dllm__detokenize(const dllm_tokenizer &t, const int32_t *ids,
     out = dllm__utf8_sanitize(bytes.data(), bytes.size());
     return DLLM_OK;
 }
-#line 87 "src/dllm_cuda.cu"
+#line 88 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/load.cpp"
 /* src/tokenizer/load.cpp - loading tokenizer.json, or vocab.json + merges.txt. */
 
@@ -3507,7 +3508,7 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
             t.raw_trie.insert(a.content, (int32_t)i);
     }
 }
-#line 88 "src/dllm_cuda.cu"
+#line 89 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/chat.cpp"
 /* src/tokenizer/chat.cpp - chat templates: detection and rendering of the known Jinja templates. */
 
@@ -3633,7 +3634,7 @@ static dllm_status dllm__copy_out(const char *fn, const std::string &text, char 
     memcpy(buf, text.c_str(), text.size() + 1);
     return DLLM_OK;
 }
-#line 89 "src/dllm_cuda.cu"
+#line 90 "src/dllm_cuda.cu"
 #line 1 "src/philox.cpp"
 /* src/philox.cpp - the counter-based Philox generator every random draw comes from. */
 
@@ -3679,7 +3680,7 @@ static double dllm__uniform(uint64_t seed, uint32_t index, uint32_t position, ui
     uint64_t bits = ((uint64_t)o[0] << 32 | o[1]) >> 11;
     return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
 }
-#line 90 "src/dllm_cuda.cu"
+#line 91 "src/dllm_cuda.cu"
 #line 1 "src/cpu/thread_pool.cpp"
 /* src/cpu/thread_pool.cpp - the CPU thread pool. */
 
@@ -3703,7 +3704,9 @@ class dllm__pool {
     ~dllm__pool() { stop(); }
 
     /* Runs fn(0..n_tasks-1) across the pool; returns when all are done. Every worker reports back
-     * before this returns, so no worker can still be reading this call's state in the next call. */
+     * before this returns, so no worker can still be reading this call's state in the next call, nor fn once it is
+     * gone: a task that throws (out of memory) ends the call only after the tasks running elsewhere, the exception
+     * rethrown here. */
     void run(int n_tasks, const std::function<void(int)> &fn) {
         if (workers_.empty() || n_tasks <= 1) {
             for (int i = 0; i < n_tasks; i++) fn(i);
@@ -3715,6 +3718,7 @@ class dllm__pool {
             n_tasks_ = n_tasks;
             next_ = 0;
             reported_ = 0;
+            failure_ = nullptr;
             generation_++;
         }
         wake_.notify_all();
@@ -3722,6 +3726,7 @@ class dllm__pool {
         std::unique_lock<std::mutex> lk(mu_);
         done_.wait(lk, [this] { return reported_ == workers_.size(); });
         fn_ = nullptr;
+        if (failure_) std::rethrow_exception(failure_);
     }
 
   private:
@@ -3733,8 +3738,15 @@ class dllm__pool {
         wake_.notify_all();
         for (std::thread &t : workers_) t.join();
     }
+    /* Runs tasks until none is left; a task's exception is kept for run() and leaves the remaining tasks untaken. */
     void drain() {
-        for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        try {
+            for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        } catch (...) {
+            next_ = n_tasks_;
+            std::lock_guard<std::mutex> lk(mu_);
+            if (!failure_) failure_ = std::current_exception();
+        }
     }
     void worker() {
         uint64_t seen = 0;
@@ -3759,8 +3771,9 @@ class dllm__pool {
     size_t reported_ = 0;
     uint64_t generation_ = 0;
     bool quit_ = false;
+    std::exception_ptr failure_;  // the first exception a task of the current call threw
 };
-#line 91 "src/dllm_cuda.cu"
+#line 92 "src/dllm_cuda.cu"
 #line 1 "src/cpu/forward.cpp"
 /* src/cpu/forward.cpp - the CPU fp32 reference forward: linear, RMSNorm, RoPE, attention. */
 
@@ -3940,7 +3953,7 @@ struct dllm__cpu_rows {
                                          // into the cache and attention reads all kv->n cached rows
     const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
 };
-#line 92 "src/dllm_cuda.cu"
+#line 93 "src/dllm_cuda.cu"
 #line 1 "src/cpu/moe.cpp"
 /* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
  * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"). */
@@ -4071,7 +4084,7 @@ static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dll
             out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
         }
 }
-#line 93 "src/dllm_cuda.cu"
+#line 94 "src/dllm_cuda.cu"
 #line 1 "src/cpu/fp8.cpp"
 /* src/cpu/fp8.cpp - FP8 E4M3 quantiser twins (LaCache 3.4). */
 
@@ -4272,7 +4285,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
     }
     return out;
 }
-#line 94 "src/dllm_cuda.cu"
+#line 95 "src/dllm_cuda.cu"
 #line 1 "src/cpu/layers.cpp"
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
 
@@ -4542,7 +4555,7 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
         for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
     }
 }
-#line 95 "src/dllm_cuda.cu"
+#line 96 "src/dllm_cuda.cu"
 #line 1 "src/cpu/block_diffusion.cpp"
 /* src/cpu/block_diffusion.cpp - the block-causal CPU forward over a committed K/V cache, with FACache. */
 
@@ -4837,7 +4850,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
                       b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
-#line 96 "src/dllm_cuda.cu"
+#line 97 "src/dllm_cuda.cu"
 #line 1 "src/soloq/rotation.cpp"
 /* src/soloq/rotation.cpp - SoloQ numerics: the K-RPBH rotations. */
 
@@ -5065,7 +5078,7 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
     dllm__fwht_blocks(t.data(), r.k, r.b);
     for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
 }
-#line 97 "src/dllm_cuda.cu"
+#line 98 "src/dllm_cuda.cu"
 #line 1 "src/soloq/quantizers.cpp"
 /* src/soloq/quantizers.cpp - SoloQ numerics: the 4-bit formats (NVFP4, INT4, Lloyd-Max, E8P-RVQ, RTN). */
 
@@ -5402,7 +5415,7 @@ static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int co
         for (int i = 0; i < cols; i++) xr[i] = value[(size_t)i] * scale;
     }
 }
-#line 98 "src/dllm_cuda.cu"
+#line 99 "src/dllm_cuda.cu"
 #line 1 "src/soloq/precisions.cpp"
 /* src/soloq/precisions.cpp - SoloQ precisions on the CPU: options, quantised weights, the linear hook. */
 
@@ -5646,7 +5659,7 @@ static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, i
     dllm__cpu_linear_rows(
         pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
-#line 99 "src/dllm_cuda.cu"
+#line 100 "src/dllm_cuda.cu"
 #line 1 "src/soloq/gemm_twins.cpp"
 /* src/soloq/gemm_twins.cpp - CPU twins of the 4-bit and INT8 GEMMs. */
 
@@ -5746,7 +5759,7 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
         packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
     }
 }
-#line 100 "src/dllm_cuda.cu"
+#line 101 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
 
@@ -6316,7 +6329,7 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
               dllm__precision_name(precision), m.dir.c_str(), plan.size(), shards.size(), total / 1e6);
     return DLLM_OK;
 }
-#line 101 "src/dllm_cuda.cu"
+#line 102 "src/dllm_cuda.cu"
 #line 1 "src/soloq/kv_quant.cpp"
 /* src/soloq/kv_quant.cpp - commit-time K/V quantisation of block diffusion (CPU reference). */
 
@@ -6709,7 +6722,7 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
             for (int c = 0; c < hd; c++) oi[c] = (acc[(size_t)c] + (q.soloq() ? back[(size_t)c] : 0.0f)) * inv;
         }
 }
-#line 102 "src/dllm_cuda.cu"
+#line 103 "src/dllm_cuda.cu"
 #line 1 "src/cpu/token_choice.cpp"
 /* src/cpu/token_choice.cpp - token choice: argmax / Gumbel-max, confidences, unmasking rules. */
 
@@ -6902,7 +6915,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
     std::sort(order.begin(), order.end());
     return order;
 }
-#line 103 "src/dllm_cuda.cu"
+#line 104 "src/dllm_cuda.cu"
 #line 1 "src/cpu/tensor_parallel.cpp"
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
@@ -7259,7 +7272,7 @@ static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_p
     dllm__tp_plan plan;
     return p.n_devices > 1 ? dllm__tp_shard(c, p.n_devices, 0, plan) : DLLM_OK;
 }
-#line 104 "src/dllm_cuda.cu"
+#line 105 "src/dllm_cuda.cu"
 #line 1 "src/backend.cpp"
 /* src/backend.cpp - the backend interface both backends implement, and the shared step logic. */
 
@@ -7562,7 +7575,7 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
         memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                sizeof(float) * c.n_vocab);
 }
-#line 105 "src/dllm_cuda.cu"
+#line 106 "src/dllm_cuda.cu"
 #line 1 "src/cpu/backend.cpp"
 /* src/cpu/backend.cpp - the CPU reference backend. */
 
@@ -7824,7 +7837,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
-#line 106 "src/dllm_cuda.cu"
+#line 107 "src/dllm_cuda.cu"
 #line 1 "src/gpu/cuda_libs.cpp"
 /* src/gpu/cuda_libs.cpp - the CUDA libraries loaded at run time, errors, device memory, NCCL. */
 
@@ -8188,7 +8201,7 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     }
     return DLLM_OK;
 }
-#line 107 "src/dllm_cuda.cu"
+#line 108 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kernel_table.cpp"
 /* src/gpu/kernel_table.cpp - the host/kernel contract, the kernel tables and the kernel sources. */
 
@@ -12280,7 +12293,7 @@ KERNEL_kv_scatter_rows {
 }
 )DLLM";
 #line 555 "src/gpu/kernel_table.cpp"
-#line 108 "src/dllm_cuda.cu"
+#line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
 
@@ -12597,7 +12610,7 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     out = dllm__jit_modules.emplace(key, m).first->second;
     return DLLM_OK;
 }
-#line 109 "src/dllm_cuda.cu"
+#line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/modules.cpp"
 /* src/gpu/modules.cpp - the modules compiled for one GPU, their tiles, and kernel launch. */
 
@@ -12991,7 +13004,7 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
-#line 110 "src/dllm_cuda.cu"
+#line 111 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm.cpp"
 /* src/gpu/gemm.cpp - GEMMs: cuBLASLt (BF16, block-scaled FP8) and gemm_wg, one algorithm per shape. */
 
@@ -13573,7 +13586,7 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
         .launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale,
                 W, w_scale, Y, M, N, K);
 }
-#line 111 "src/dllm_cuda.cu"
+#line 112 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm_lowbit.cpp"
 /* src/gpu/gemm_lowbit.cpp - the batched FP8 launches and the 4-bit GEMM runner. */
 
@@ -13708,7 +13721,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
-#line 112 "src/dllm_cuda.cu"
+#line 113 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
 /* src/gpu/weight_formats.cpp - the weight formats and the GEMM entry point types. */
 
@@ -13806,7 +13819,7 @@ struct dllm__linear {
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
  * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
-#line 113 "src/dllm_cuda.cu"
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
 /* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
  * packed layout, the kernels' configurations, loading, and the launcher. */
@@ -14324,7 +14337,7 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
     }
     return DLLM_OK;
 }
-#line 114 "src/dllm_cuda.cu"
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -14611,7 +14624,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 115 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -14862,7 +14875,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 116 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -15121,7 +15134,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 117 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -15834,7 +15847,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
-#line 118 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -16372,7 +16385,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 119 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -16540,7 +16553,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 120 "src/dllm_cuda.cu"
+#line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -16694,7 +16707,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 121 "src/dllm_cuda.cu"
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -16888,7 +16901,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -17128,7 +17141,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -17242,7 +17255,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -17265,7 +17278,7 @@ dllm_status dllm__gpu_backend::bd_begin(int rows) {
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -17507,7 +17520,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -17899,7 +17912,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -17994,7 +18007,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -18412,7 +18425,7 @@ struct dllm__generation {
         return DLLM_OK;
     }
 };
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -18737,7 +18750,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -19173,7 +19186,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
@@ -19337,7 +19350,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -19406,7 +19419,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     live.swap(still);
     return DLLM_OK;
 }
-#line 133 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/stepper.cpp"
 /* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
  * dllm_generate_batch is its loop. */
@@ -19506,12 +19519,13 @@ dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max
 dllm_stepper::~dllm_stepper() {
     ctx.stepper = nullptr;
     if (slots.empty()) return;
-    const std::string error = dllm__tls_error;  // releasing cannot fail; a failure's message stays the thread's
+    std::string error;  // releasing cannot fail; a failure's message stays the thread's (swaps allocate nothing)
+    error.swap(dllm__tls_error);
     if (block_diffusion())
         ctx.impl->bd_batch_reserve({}, {});
     else
         ctx.impl->batch_kv_reserve({}, {});
-    dllm__tls_error = error;
+    dllm__tls_error.swap(error);
 }
 
 /* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
@@ -19748,7 +19762,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
     return s;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -19861,7 +19875,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -20428,4 +20442,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 136 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"

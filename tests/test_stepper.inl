@@ -507,3 +507,47 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
+
+/* Every host allocation of a stepper session (create, add a plain and a K/V-cache sequence, step both to their end,
+ * poll, remove, free) failed in turn, and of dllm_generate_batch of the same items: the failing call returns
+ * DLLM_ERR_OUT_OF_MEMORY, freeing the stepper leaves nothing behind, and the context still decodes. */
+TEST(alloc_failure, stepper_session) {
+    TEST_NEEDS_ALLOC_INJECTION();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    int32_t prompt[4] = {5, 6, 7, 8}, out[2][8];
+    dllm_batch_item items[2];
+    for (int i = 0; i < 2; i++) {
+        items[i] = {prompt, 3 + i, dllm_gen_default_params(), out[i], 8};
+        items[i].params.gen_length = 8, items[i].params.block_length = 4, items[i].params.steps = 4, items[i].params.stop_at_eos = 0;
+    }
+    items[1].params.kv_cache = DLLM_KV_CACHE_DUAL;
+    long n = test_fail_each_allocation(T_, "a stepper session", 7, [&]() {
+        dllm_stepper *st = nullptr;
+        int ids[2] = {-1, -1};
+        dllm_status s = dllm_stepper_create(ctx, dllm_stepper_default_params(), &st);
+        for (int i = 0; s == DLLM_OK && i < 2; i++) s = dllm_stepper_add(st, &items[i], &ids[i]);
+        while (s == DLLM_OK && dllm_stepper_n_active(st) > 0) s = dllm_stepper_step(st);
+        for (int i = 0; s == DLLM_OK && i < 2; i++) {
+            dllm_seq_event ev;
+            s = dllm_stepper_poll(st, ids[i], &ev);
+            CHECK_MSG(s != DLLM_OK || (ev.finished && ev.result.status == DLLM_OK && ev.result.n_out == 8), "sequence %d: %s (%s), %d ids", i,
+                      dllm_status_str(ev.result.status), ev.result.error, ev.result.n_out);
+            if (s == DLLM_OK) s = dllm_stepper_remove(st, ids[i]);
+        }
+        dllm_stepper_free(st);
+        return s;
+    });
+    CHECK_MSG(n > 100, "%ld allocations counted", n);
+    n = test_fail_each_allocation(T_, "dllm_generate_batch", 7, [&]() {
+        dllm_batch_result r[2];
+        return dllm_generate_batch(ctx, items, 2, r, nullptr);
+    });
+    CHECK_MSG(n > 100, "%ld allocations counted", n);
+    CHECK(test_no_leaks());
+    dllm_batch_result r[2];
+    CHECK_STATUS(dllm_generate_batch(ctx, items, 2, r, nullptr), DLLM_OK, nullptr);
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}

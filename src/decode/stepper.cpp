@@ -96,12 +96,13 @@ dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max
 dllm_stepper::~dllm_stepper() {
     ctx.stepper = nullptr;
     if (slots.empty()) return;
-    const std::string error = dllm__tls_error;  // releasing cannot fail; a failure's message stays the thread's
+    std::string error;  // releasing cannot fail; a failure's message stays the thread's (swaps allocate nothing)
+    error.swap(dllm__tls_error);
     if (block_diffusion())
         ctx.impl->bd_batch_reserve({}, {});
     else
         ctx.impl->batch_kv_reserve({}, {});
-    dllm__tls_error = error;
+    dllm__tls_error.swap(error);
 }
 
 /* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
