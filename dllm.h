@@ -146,7 +146,8 @@ typedef struct dllm_model_info {
     int n_ff;          /* MLP hidden size                                                           */
     int max_seq_len;   /* longest canvas (prompt + generation) the model supports                   */
     int shift_logits;  /* 1 if position i is predicted by the logits at i-1 (Dream)                 */
-    int32_t mask_id;   /* the diffusion [MASK] token                                                */
+    int32_t mask_id;   /* the diffusion [MASK] token; -1 for a Fast-dLLM v2 checkpoint whose
+                          tokenizer files and config.json name none (set dllm_gen_params.mask_id)   */
     int32_t eos_id;    /* end of text, -1 if unknown                                                */
     int32_t eot_id;    /* end of turn (LLaDA <|eot_id|>), -1 if unknown                             */
     int32_t bos_id;    /* -1 if unknown                                                             */
@@ -290,8 +291,11 @@ typedef enum dllm_precision {
  * committed cache: DLLM_ERR_UNSUPPORTED names the option). Both backends; the GPU's attention reads the codes
  * directly, on tensor cores (kvq_flash; DLLM_DEBUG_PLAIN=1, or a head dim it does not take: the scalar
  * kvq_attention).
- * dllm_kv_bytes_per_token gives the quantised cache's size; neither backend saves that memory yet (each keeps its
- * full-precision cache beside the codes). */
+ * Memory: on the GPU the committed cache is the codes alone, dllm_kv_bytes_per_token a token (SOLOQ_KV4 at the 7B
+ * shape: 0.29x the BF16 cache, KV2 0.16x), plus full-precision rows for the sinks and for the rows one forward attends
+ * to past the committed ones (one layer's at a time: a block, or the prefill's prompt) and the block cache. The CPU
+ * reference keeps its fp32 cache beside the codes (it attends over the decoded values). A generation whose committed
+ * cache does not fit the device fails before it starts (DLLM_ERR_OUT_OF_MEMORY) naming the length that fits. */
 typedef enum dllm_kv_quant {
     DLLM_KV_QUANT_NONE = 0,      /* the default: the cache in BF16 (fp32 on the CPU)                  */
     DLLM_KV_QUANT_SOLOQ_KV4 = 1, /* keys KIVI 4-bit, values K-RPBH + Lloyd-Max 4-bit + bias correction */
@@ -313,6 +317,9 @@ typedef enum dllm_soloq_rotation {
     DLLM_SOLOQ_ROTATION_KRPBH = 5,     /* permutation, signs, block Hadamard and the mixer: the paper's K-RPBH */
     DLLM_SOLOQ_ROTATION_HAAR = 6       /* a dense Haar-random orthogonal matrix (dims up to 1024) */
 } dllm_soloq_rotation;
+
+/* Progress of a quantisation: `done` of `total` layers (the LM head counts as one when quantised) are finished. */
+typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
 
 typedef struct dllm_ctx_params {
     dllm_backend backend;  /* default AUTO                                                           */
@@ -338,6 +345,11 @@ typedef struct dllm_ctx_params {
      * the values it was quantised with (or the defaults). */
     dllm_soloq_rotation soloq_rotation;
     int soloq_bias_correction;
+    /* Called on the creating thread after each layer the CPU backend quantises at context creation (FP8 and SoloQ
+     * precisions on an unquantised checkpoint: seconds to minutes on a large model), done of total, the last call
+     * with done == total; never called when nothing is quantised. May be NULL (the default). */
+    dllm_quantize_progress_fn progress;
+    void *progress_user_data;
 } dllm_ctx_params;
 
 DLLM_API dllm_ctx_params dllm_ctx_default_params(void);
@@ -362,8 +374,6 @@ DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_qu
  * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
  * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
  * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
-typedef void (*dllm_quantize_progress_fn)(int done, int total, void *user_data);
-
 typedef struct dllm_quantize_params {
     dllm_precision precision;  /* a SoloQ precision: SOLOQ_N/I/C or RTN_W4A4 (or a -W4A16 form, recorded as
                                   asked; a context may use either form of the same weight format)       */
@@ -486,9 +496,12 @@ typedef int (*dllm_step_fn)(const dllm_step_info *info, void *user_data);
 
 typedef struct dllm_gen_params {
     int gen_length;             /* masked positions appended to the prompt (default 128)           */
-    int steps;                  /* denoising steps over the whole generation (default 128)         */
+    int steps;                  /* denoising steps over the whole generation (default 128); at most
+                                   gen_length under the counted rules (SCHEDULE, TIMESTEPS), since
+                                   further steps would commit nothing (DLLM_ERR_INVALID_ARGUMENT) */
     int block_length;           /* SAR block; gen_length % block_length == 0 and steps % n_blocks == 0 */
-    float temperature;          /* 0 = argmax; > 0 = Gumbel-max sampling of softmax(logits / T)    */
+    float temperature;          /* 0 = argmax; > 0 (finite) = Gumbel-max sampling of softmax(logits / T),
+                                   keys l / T - log(-log u) in float64: no temperature overflows   */
     float cfg_scale;            /* classifier-free guidance; 0 = off                               */
     dllm_remasking remasking;
     uint64_t seed;              /* drives every random draw (counter-based: reproducible)          */
@@ -512,7 +525,7 @@ typedef struct dllm_gen_params {
     float dpad_scale;           /* Gaussian scale a (default 2)                                    */
     int dpad_n;                 /* DLLM_DPAD_UNIFORM: positions kept per block (default 64)        */
     int early_stop;             /* after a block containing EOS/EoT: fill the rest with it and stop */
-    int32_t mask_id;            /* -1 = the model's                                                */
+    int32_t mask_id;            /* -1 = the model's (a model without one: DLLM_ERR_INVALID_ARGUMENT) */
     int32_t eos_id;             /* -1 = the model's                                                */
     int32_t eot_id;             /* -1 = the model's                                                */
     int sub_block_length;       /* block diffusion: sub-block S, decoded left to right; divides

@@ -157,6 +157,15 @@ static void dllm__log_verbose(const char *fmt, ...) {
     va_end(ap);
 }
 
+/* A caller's progress callback (dllm_ctx_params.progress): `done` of `total` steps of a long job; a no-op unset. */
+struct dllm__progress {
+    dllm_quantize_progress_fn fn = nullptr;
+    void *user_data = nullptr;
+    void report(int done, int total) const {
+        if (fn) fn(done, total, user_data);
+    }
+};
+
 static std::string dllm__shape_str(const std::vector<int64_t> &shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); i++) s += dllm__format(i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -1233,7 +1242,7 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     if (c.head_dim % 2)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one",
                           path.c_str(), c.head_dim);
-    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens checks it there.
+    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens looks there.
     if (c.mask_id < 0 && c.family != DLLM_FAMILY_FAST_DLLM_V2)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id",
                           path.c_str());
@@ -1312,7 +1321,8 @@ static dllm_status dllm__find_added_token(const std::string &dir, const char *co
 }
 
 /* Fast-dLLM v2's mask (|<MASK>|) and stop (<|im_end|>) ids live in its tokenizer files, not in config.json
- * (block-diffusion.md). A model without them is an error naming what to add. */
+ * (block-diffusion.md). A checkpoint without either still loads with mask_id -1: generating then needs
+ * dllm_gen_params.mask_id (dllm__plan_block_diffusion says so). */
 static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config &c) {
     if (c.family != DLLM_FAMILY_FAST_DLLM_V2) return DLLM_OK;
     int32_t mask = -1, stop = -1;
@@ -1320,12 +1330,6 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
     DLLM__TRY(dllm__find_added_token(dir, "<|im_end|>", stop));
     if (mask >= 0 && c.mask_id < 0) c.mask_id = mask;
     if (stop >= 0) c.stop_id = stop;
-    if (c.mask_id < 0)
-        return dllm__fail(
-            DLLM_ERR_FORMAT,
-            "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
-            "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json",
-            dir.c_str());
     if (c.mask_id >= c.n_vocab || c.stop_id >= c.n_vocab)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(),
                           c.mask_id, c.stop_id, c.n_vocab);
@@ -4270,8 +4274,9 @@ struct dllm__fp8_layer {
     std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. */
-static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision) {
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. progress counts layers 1.. . */
+static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
+                                                         const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
     std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
@@ -4282,6 +4287,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
             out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
             out[l].o = dllm__quantize_stacked({L.wo});
         }
+        progress.report((int)l, (int)out.size() - 1);
     }
     return out;
 }
@@ -5606,20 +5612,31 @@ static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::sh
 }
 
 /* Weights of every layer (and the head if asked) quantised once at context creation, or taken from a quantised
- * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null. */
+ * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null.
+ * progress counts the quantised layers and head (none from a quantised checkpoint). */
 static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool,
                                                             const dllm__soloq_options &asked,
-                                                            std::shared_ptr<const dllm__soloq_layer> &head) {
+                                                            std::shared_ptr<const dllm__soloq_layer> &head,
+                                                            const dllm__progress &progress = dllm__progress()) {
     const dllm__config &c = m.cfg;
     const dllm__soloq_options o = dllm__soloq_effective_options(m, asked);
+    const int total = (int)m.layers.size() + (o.quantize_head ? 1 : 0);
     std::vector<dllm__fp8_layer> out(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++)
-        out[l].soloq = m.soloq ? dllm__soloq_stored(m.soloq->layers[l], o) : dllm__soloq_quantize_layer(m, pool, o, l);
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        if (m.soloq) {
+            out[l].soloq = dllm__soloq_stored(m.soloq->layers[l], o);
+            continue;
+        }
+        out[l].soloq = dllm__soloq_quantize_layer(m, pool, o, l);
+        progress.report((int)l + 1, total);
+    }
     head.reset();
-    if (m.soloq && m.soloq->head)
+    if (m.soloq && m.soloq->head) {
         head = dllm__soloq_stored(m.soloq->head, o);
-    else if (o.quantize_head)
+    } else if (o.quantize_head) {
         head = dllm__soloq_quantize_head(m, pool, o);
+        if (!m.soloq) progress.report(total, total);
+    }
     size_t bytes = head ? dllm__soloq_bytes(*head) : 0,
            weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
@@ -6397,18 +6414,20 @@ static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, i
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
     if (sinks < -1 || sinks > max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)",
-                          sinks, max_tokens);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "kv_sink_tokens (--kv-sinks) %d must be in [-1, %d] (-1 = the model's default)", sinks,
+                          max_tokens);
     if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
     if (!dllm__is_block_diffusion(c))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
-            "Nemotron-Labs-Diffusion); use kv_quant none",
+            "kv_quant (--kv-quant) %s: a %s model has no committed K/V cache to quantise (block-diffusion models "
+            "only: Fast-dLLM v2, Nemotron-Labs-Diffusion); use DLLM_KV_QUANT_NONE (--kv-quant none)",
             dllm__kvq_names[mode], dllm__family_name(c.family));
     if (c.head_dim % 4)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+                          "kv_quant (--kv-quant) %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); "
+                          "head_dim is %d",
                           dllm__kvq_names[mode], c.head_dim);
     return DLLM_OK;
 }
@@ -6808,8 +6827,15 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
     return cut;
 }
 
+/* The Gumbel-max key of a logit l at temperature T > 0 with its uniform draw u: l / T - log(-log u), in float64.
+ * generate.py's key exp(l) / (-log u)^T is the exponential of T times this one (the same order), but leaves a
+ * double's range for T above about 19 (-log u spans [2^-54, 37.4]), where most keys are +inf or 0 and the lowest id
+ * wins. This one draws from softmax(l / T) at any finite T; the chosen token differs from generate.py's only where
+ * the two best keys are within float64 rounding of each other. Twin: gumbel_key. */
+static double dllm__gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 /* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
- * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T)).
+ * x0 = argmax(l) at T = 0, else the argmax of dllm__gumbel_key (Gumbel-max of softmax(l/T)).
  * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
  * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
  * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
@@ -6836,10 +6862,8 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
         second_logit = std::max(second_logit, l > max_logit ? max_logit : l);  // a NaN never enters, as on the GPU
         if (l > max_logit) max_logit = l;
         double score = l;
-        if (s.temperature > 0) {
-            double u = dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL);
-            score = exp((double)l) / pow(-log(u), s.temperature);
-        }
+        if (s.temperature > 0)
+            score = dllm__gumbel_key(l, s.temperature, dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL));
         if (score > best_score) {
             best_score = score;
             best = v;
@@ -6976,8 +7000,8 @@ static std::string dllm__tp_valid_counts(const dllm__config &c) {
 static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char *what, int count) {
     if (count % n == 0) return DLLM_OK;
     return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                      "tensor parallelism over %d devices (dllm_ctx_params.n_devices): the model's %d %s do not split "
-                      "evenly over %d ranks; device counts this model divides: %s",
+                      "tensor parallelism over n_devices (--devices) %d: the model's %d %s do not split evenly over "
+                      "%d ranks; device counts this model divides: %s",
                       n, count, what, n, dllm__tp_valid_counts(c).c_str());
 }
 
@@ -6986,7 +7010,7 @@ static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char
 static dllm_status dllm__tp_shard(const dllm__config &c, int n_ranks, int rank, dllm__tp_plan &plan) {
     if (n_ranks < 1 || n_ranks > dllm__tp_max_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "tensor parallelism over %d devices (dllm_ctx_params.n_devices): must be in [1, %d]", n_ranks,
+                          "tensor parallelism over n_devices (--devices) %d: must be in [1, %d]", n_ranks,
                           dllm__tp_max_ranks);
     if (rank < 0 || rank >= n_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism: rank %d outside [0, %d)", rank, n_ranks);
@@ -7196,9 +7220,8 @@ static dllm__tp_best dllm__tp_rank_best(const float *logits, const dllm__tp_plan
         if (l > b.max_logit) b.max_logit = l;
         double score = l;
         if (s.temperature > 0)
-            score =
-                exp((double)l) /
-                pow(-log(dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL)), s.temperature);
+            score = dllm__gumbel_key(l, s.temperature,
+                                     dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL));
         if (score > b.score) b.score = score, best = i;
     }
     b.token = p.vocab0 + best, b.logit = logit(best);
@@ -7254,7 +7277,8 @@ static dllm__tp_best dllm__tp_best_merge(const dllm__tp_best &a, const dllm__tp_
 static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_params &p) {
     if (p.n_devices < 0 || p.n_devices > DLLM_MAX_DEVICES)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "dllm_ctx_create: n_devices %d must be in [0, %d] (0 = one GPU, dllm_ctx_params.device)",
+                          "dllm_ctx_create: n_devices (--devices) %d must be in [0, %d] (0 = one GPU, "
+                          "dllm_ctx_params.device)",
                           p.n_devices, DLLM_MAX_DEVICES);
     for (int i = 0; i < p.n_devices; i++) {
         if (p.devices[i] < 0)
@@ -7356,6 +7380,13 @@ struct dllm__backend_impl {
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
     /* Block diffusion (section 17): a generation starts with an empty committed K/V cache of `rows` rows. */
     virtual dllm_status bd_begin(int rows) = 0;
+    /* The most committed rows bd_begin could hold now (key groups of `group` rows under kv_quant), for the capacity
+     * check before a generation: the host's memory is not checked (no limit). */
+    virtual dllm_status bd_rows_that_fit(int group, int64_t &rows) const {
+        (void)group;
+        rows = INT64_MAX;
+        return DLLM_OK;
+    }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
     /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
@@ -7582,10 +7613,11 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision,
-                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
-        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
+                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1,
+                      const dllm__progress &progress = dllm__progress())
+        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision, progress)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
-        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
+        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_, progress);
         kvq_.setup(m.cfg, kv_quant, kv_sinks);
     }
 
@@ -9056,17 +9088,6 @@ __device__ __forceinline__ float q4_value(int format, const unsigned char *packe
     return (float)signed4;
 }
 
-/* The largest |v| over the block (fmaxf drops NaN, as dllm__amax's). */
-__device__ float block_amax(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float m = 0.f;
-    for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) m = fmaxf(m, red[w]);
-    return m;
-}
-
 /* Element i of the row a GEMM would read before the rotation: the bf16 row of x, add_rmsnorm's output (already in
  * `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
 __device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int i, const float *normed) {
@@ -9121,7 +9142,72 @@ __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
 #endif
 
-/* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
+/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E, a block a warp and no barrier:
+ * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
+ * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
+ * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
+template <int E>
+__device__ void soloq_fwht_registers(float *A, int n, float norm) {
+    const int lane = threadIdx.x & 31, b = 32 * E;
+    for (int blk = threadIdx.x >> 5; blk < n / b; blk += blockDim.x >> 5) {
+        float *block = A + blk * b + lane, x[E];
+#pragma unroll
+        for (int i = 0; i < E; i++) x[i] = block[32 * i];
+#pragma unroll
+        for (int h = 1; h < 32 && h < b; h <<= 1) {
+            const bool upper = lane & h;
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                const float other = __shfl_xor_sync(0xffffffffu, x[i], h);
+                x[i] = upper ? __fsub_rn(other, x[i]) : __fadd_rn(x[i], other);
+            }
+        }
+#pragma unroll
+        for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+            for (int i = 0; i < E; i++)
+                if (!(i & h)) {
+                    const float u = x[i], v = x[i + h];
+                    x[i] = __fadd_rn(u, v);
+                    x[i + h] = __fsub_rn(u, v);
+                }
+#pragma unroll
+        for (int i = 0; i < E; i++) block[32 * i] = __fmul_rn(x[i], norm);
+    }
+}
+
+/* The block FWHTs of the other block sizes in shared memory, a barrier a stage; then 1/sqrt(b). */
+__device__ void soloq_fwht_shared(float *A, const soloq_slice &s, int b) {
+    const int tid = threadIdx.x, nt = blockDim.x, log_b = __ffs(b) - 1;  // b a power of two: shifts and masks
+    for (int log_h = 0; log_h < log_b; log_h++) {
+        const int h = 1 << log_h;
+        for (int p = s.i0 / 2 + tid; p < (s.i0 + s.n) / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q
+            const int q = p & (b / 2 - 1),
+                      c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
+            const float u = A[c], v = A[c + h];
+            A[c] = __fadd_rn(u, v);
+            A[c + h] = __fsub_rn(u, v);
+        }
+        __syncthreads();
+    }
+}
+
+/* FWHT_b (and 1/sqrt(b)) of every block of the gathered slice A: in registers for b = 32 .. 1024. */
+__device__ void soloq_fwht_blocks(const soloq_args &a, const soloq_slice &s, float *A) {
+    switch (a.rot_b) {
+    case 1: return;
+    case 32: return soloq_fwht_registers<1>(A, s.n, a.rot_norm);
+    case 64: return soloq_fwht_registers<2>(A, s.n, a.rot_norm);
+    case 128: return soloq_fwht_registers<4>(A, s.n, a.rot_norm);
+    case 256: return soloq_fwht_registers<8>(A, s.n, a.rot_norm);
+    case 512: return soloq_fwht_registers<16>(A, s.n, a.rot_norm);
+    case 1024: return soloq_fwht_registers<32>(A, s.n, a.rot_norm);
+    }
+    soloq_fwht_shared(A, s, a.rot_b);
+    for (int i = threadIdx.x; i < s.n; i += blockDim.x) A[i] = __fmul_rn(A[i], a.rot_norm);
+}
+
+/* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered, block FWHTs, 1/sqrt(b), the
  * mixer Q_k into B. F is the row buffer (d floats) and A = F + i0 this CTA's slice of it; before mixing, a split row's
  * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
  * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
@@ -9136,22 +9222,8 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         A[i - s.i0] = v;
     }
     __syncthreads();
-    const int b = a.rot_b, log_b = __ffs(b) - 1;  // b is a power of two: shifts and masks, no integer division
-    if (b > 1) {
-        for (int log_h = 0; log_h < log_b; log_h++) {
-            const int h = 1 << log_h;
-            for (int p = s.i0 / 2 + tid; p < i1 / 2;
-                 p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
-                const int q = p & (b / 2 - 1),
-                          c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
-                const float u = A[c], v = A[c + h];
-                A[c] = __fadd_rn(u, v);
-                A[c + h] = __fsub_rn(u, v);
-            }
-            __syncthreads();
-        }
-        for (int i = tid; i < s.n; i += nt) A[i] = __fmul_rn(A[i], a.rot_norm);
-    }
+    soloq_fwht_blocks(a, s, A);
+    const int b = a.rot_b, log_b = __ffs(b) - 1;
     if (!a.mixer) {
         __syncthreads();
         return A;
@@ -9189,23 +9261,41 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
     }
     soloq_sync(s);
     float sum = 0.f;
-    for (int j = 0; j < d / len; j++)
-        sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) sum = __fadd_rn(sum, r == s.r ? seg[j] : soloq_remote(&seg[j], r));
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
 }
 
-/* The largest |v| over every CTA of the row (fmaxf drops NaN, as dllm__amax's): block_amax, then the CTAs' maxima. */
-__device__ float soloq_row_amax(float v, const soloq_slice &s, float *red, float *shared_max) {
-    const float m = block_amax(v, red);
-    if (s.C == 1) return m;
-    if (threadIdx.x == 0) *shared_max = m;
+/* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
+ * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added in
+ * order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+__device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
+    __shared__ float seg_sum[32], seg_max[32];
+    const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
+    const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
+    for (int j = threadIdx.x >> 5; j < mine; j += blockDim.x >> 5) {
+        const float *x = y + j * len;
+        float p = 0.f, m = 0.f;
+#pragma unroll 8
+        for (int i = threadIdx.x & 31; i < len; i += 32) p = fmaf(x[i], x[i], p), m = fmaxf(m, fabsf(x[i]));
+        for (int off = 16; off > 0; off >>= 1) {
+            p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, off));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        }
+        if ((threadIdx.x & 31) == 0) seg_sum[j] = p, seg_max[j] = m;
+    }
     soloq_sync(s);
-    float all = 0.f;
-    for (int r = 0; r < s.C; r++) all = fmaxf(all, r == s.r ? *shared_max : soloq_remote(shared_max, r));
-    soloq_sync(s);
-    return all;
+    float sum = 0.f, amax = 0.f;
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) {
+            sum = __fadd_rn(sum, r == s.r ? seg_sum[j] : soloq_remote(&seg_sum[j], r));
+            amax = fmaxf(amax, r == s.r ? seg_max[j] : soloq_remote(&seg_max[j], r));
+        }
+    if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
+    if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
+    return make_float2(amax, sum);
 }
 
 /* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
@@ -9292,7 +9382,7 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
  * shared memory. */
 template <bool E8P>
 __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
-    __shared__ float red[32], seg[32], shared_max;
+    __shared__ float seg[32];
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *y = soloq_rotate(a, row, s, F, B, normed), *A = F + s.i0, *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
@@ -9301,10 +9391,8 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
         if (a.row_scale && tid == 0 && s.r == 0) a.row_scale[row] = 1.f;
         return;
     }
-    float m = 0.f;
-    for (int i = tid; i < s.n; i += nt) m = fmaxf(m, fabsf(y[i]));
-    const float amax = soloq_row_amax(m, s, red, &shared_max);
-    const float ss = soloq_row_dot(y, y, d, s, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
+    const float2 stats = soloq_row_stats(y, d, s);
+    const float amax = stats.x, ss = stats.y, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
     unsigned char *codes = a.codes ? a.codes + (u64)row * (d / 2) : 0;
     unsigned char *bs = a.block_scales ? a.block_scales + (u64)row * ((d + 15) / 16) : 0;
     float scale = 0.f;
@@ -9438,7 +9526,8 @@ KERNEL_soloq_scale_rows_i32 {
  * functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
-    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
+    X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
+    X(const bf16_t *, fresh) /* the forward's own K|V rows [rows][2 kvd], row 0 at n_committed (a commit's at row0) */ \
     X(unsigned char *, k_codes)                                                                                        \
     X(unsigned char *, v_codes)  /* the layer's [cap][kvd bits / 8] (9c's packing) */                                  \
     X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \
@@ -9481,7 +9570,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 298 "src/gpu/kernel_table.cpp"
+#line 299 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9545,7 +9634,7 @@ KERNEL_kvq_commit_keys {
     float scale[4], minr[4];
     for (int c = 0; c < per; c++) {
         const int e = byte * per + c;
-        const bf16_t *x = a.cache + (u64)first * 2 * kvd + e;
+        const bf16_t *x = a.fresh + (u64)(first - a.row0) * 2 * kvd + e;
         float mn = n ? bf16_to_f32(x[0]) : 0.f, mx = mn;
         bool finite = true;
         for (int i = 0; i < n; i++) {
@@ -9556,7 +9645,7 @@ KERNEL_kvq_commit_keys {
         kivi_pair(mn, mx, finite, a.bits, a.k_pairs + ((u64)(g0 / a.group) * kvd + e) * 2, scale[c], minr[c]);
     }
     for (int i = 0; i < n; i++) {
-        const bf16_t *x = a.cache + (u64)(first + i) * 2 * kvd + byte * per;
+        const bf16_t *x = a.fresh + (u64)(first + i - a.row0) * 2 * kvd + byte * per;
         u32 b = 0;
         for (int c = 0; c < per; c++) b |= kivi_code(bf16_to_f32(x[c]), scale[c], minr[c], a.bits) << (c * a.bits);
         a.k_codes[(u64)(first + i) * row_bytes + byte] = (unsigned char)b;
@@ -9575,7 +9664,7 @@ KERNEL_kvq_commit_values {
     unsigned char *codes = a.v_codes + (u64)r * row_bytes + h * hd * a.bits / 8;
     if (!a.soloq) {
         if (lane == 0) {
-            const bf16_t *x = a.cache + (u64)r * 2 * kvd + kvd + h * hd;
+            const bf16_t *x = a.fresh + (u64)(r - a.row0) * 2 * kvd + kvd + h * hd;
             float mn = bf16_to_f32(x[0]), mx = mn, scale, minr;
             bool finite = true;
             for (int i = 0; i < hd; i++) {
@@ -9594,13 +9683,13 @@ KERNEL_kvq_commit_values {
         return;
     }
     soloq_args s = {};
-    s.x = a.cache + kvd + h * hd, s.x_stride = (u64)2 * kvd;
+    s.x = a.fresh + kvd + h * hd, s.x_stride = (u64)2 * kvd;
     s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k,
     s.rot_norm = a.rot_norm;
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    float *y = soloq_rotate(s, r, sl, A, B, 0), *v = val;
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {
@@ -9677,6 +9766,12 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
+/* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */
+__device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) {
+    const u64 row_elems = (u64)2 * a.n_kv * a.hd;
+    return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
@@ -9696,15 +9791,16 @@ KERNEL_kvq_attention {
         const int j = j0 + lane;
         float s = -DLLM_INF;
         if (j < n_visible) {
-            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
             const unsigned char *codes = a.k_codes + (u64)j * row_bytes;
             const unsigned short *pairs = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * hd) * 2;
             float dot = 0.f;
             if (kvq_quantised(a, j))
                 for (int c = 0; c < hd; c++)
                     dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
-            else
+            else {
+                const bf16_t *k = kvq_bf16_row(a, j) + kvh * hd;
                 for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            }
             s = dot * a.scale;
         }
         float corr;
@@ -9714,7 +9810,7 @@ KERNEL_kvq_attention {
             const int key = j0 + jj;
             const float pj = __shfl_sync(0xffffffffu, p, jj);
             if (!kvq_quantised(a, key)) {
-                const bf16_t *v = a.cache + (u64)key * 2 * kvd + kvd + kvh * hd;
+                const bf16_t *v = kvq_bf16_row(a, key) + kvd + kvh * hd;
                 for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
                 continue;
             }
@@ -9733,7 +9829,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 300 "src/gpu/kernel_table.cpp"
+#line 301 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -9946,7 +10042,8 @@ __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const 
     }
 }
 
-/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones) copied into the K and V tiles as they are. */
+/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones: kvq_bf16_row) copied into the K and V tiles
+ * as they are. */
 __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
     const int kvd = a.n_kv * KVQ_HD;
@@ -9955,7 +10052,7 @@ __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int 
         const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c = w % CPR, j = k0 + key;
         const bool ok = j >= lo && j < hi;
         cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8),
-                   a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
+                   ok ? kvq_bf16_row(a, j) + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : a.fresh, ok);
     }
 }
 
@@ -10153,7 +10250,7 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 329 "src/gpu/kernel_table.cpp"
+#line 330 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
  * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
@@ -10279,7 +10376,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 362 "src/gpu/kernel_table.cpp"
+#line 363 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10300,7 +10397,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 367 "src/gpu/kernel_table.cpp"
+#line 368 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
@@ -10451,7 +10548,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 385 "src/gpu/kernel_table.cpp"
+#line 386 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -10887,7 +10984,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 471 "src/gpu/kernel_table.cpp"
+#line 472 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -10926,6 +11023,9 @@ __device__ __forceinline__ float kept_logit(const sampler_args &a, int row, int 
     return a.cutoff && !(l >= a.cutoff[row]) ? -DLLM_INF : l;
 }
 
+/* l / T - log(-log u): the Gumbel-max key in log space, finite at any temperature. Twin: dllm__gumbel_key. */
+__device__ __forceinline__ double gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
 
 __device__ __forceinline__ double conf_inv_temp(const sampler_args &a) {
@@ -10954,8 +11054,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
-        if (a.temperature > 0)
-            score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
+        if (a.temperature > 0) score = gumbel_key(l, a.temperature, uniform01(a.seed, (u32)v, pos, step, 1u));
         if (better(score, v, best, best_i)) {
             best = score;
             best_i = v;
@@ -11269,7 +11368,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 487 "src/gpu/kernel_table.cpp"
+#line 488 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11734,7 +11833,7 @@ template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 495 "src/gpu/kernel_table.cpp"
+#line 496 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11855,7 +11954,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 501 "src/gpu/kernel_table.cpp"
+#line 502 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12052,7 +12151,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 513 "src/gpu/kernel_table.cpp"
+#line 514 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12257,7 +12356,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 532 "src/gpu/kernel_table.cpp"
+#line 533 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12292,7 +12391,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 555 "src/gpu/kernel_table.cpp"
+#line 556 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -14667,12 +14766,13 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
-/* The threads of a CTA holding a slice of n elements, `asked` the caller's (producer 1: at least its norm's threads). A
- * row's bits do not depend on them. Many rows: smaller CTAs, several an SM, for the norm producer (its norm's own
- * threads) and producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024 forward): add+norm 7.8 -> 5.4 ms, the
- * O GEMM's producer 6.0 -> 5.1; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 -> 11.4. */
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The norm
+ * producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a warp);
+ * many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024
+ * forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 ->
+ * 11.4. */
 static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
-    if (a.producer == 1) return a.rows > 64 ? dllm__norm_threads(a.d / 8) : asked;
+    if (a.producer == 1) return dllm__norm_threads(a.d / 8);
     const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
     return a.producer == 0 ? std::min(t, a.rows > 64 ? 256u : dllm__soloq_quantize_threads) : t;
 }
@@ -15232,6 +15332,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status finish(dllm__decode &st) override;
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
+    dllm_status bd_rows_that_fit(int group, int64_t &rows) const override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
     bool bd_chooses() const override { return !bd_host_choice_; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
@@ -15338,6 +15439,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
+     * only their codes). */
+    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kvq_keep_rows_ = on; }
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    size_t bd_committed_bytes() const {
+        return bd_cache_.bytes + kvq_k_codes_.bytes + kvq_v_codes_.bytes + kvq_k_pairs_.bytes + kvq_v_side_.bytes +
+               kvq_sinks_.bytes;
+    }
+    /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
+    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kvq_fresh_.bytes + kvq_partial_.bytes; }
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
@@ -15513,24 +15624,31 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
 
     // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
-    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim]; the block cache likewise
-    // [layer][bd_block_rows_][...]
+    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim] (not under kv_quant); the block
+    // cache likewise [layer][bd_block_rows_][...]
     dllm__dbuf bd_cache_, bd_block_, bd_partial_;
     int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
-    // [KV quant] (9c on the device): the committed rows' codes beside bd_cache_, whose bf16 rows the sinks and the
-    // forwarded rows keep; 9c's layout per layer (kvq_ holds the settings and the host rotations, its vectors empty)
+    // [KV quant] (9c on the device): the committed rows as codes only, 9c's layout per layer (kvq_ holds the settings and
+    // the host rotations, its vectors empty); bf16 K|V rows for the committed sinks [layer][kvq_sink_rows_][2 kvd] and
+    // for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a commit quantises its layer's rows
+    // before the next layer's are written)
     dllm__kvq kvq_;
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
-        kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
-    dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
-    bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+        kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf kvq_sinks_, kvq_fresh_;
+    int kvq_sink_rows_ = 0;           // min(n_sink, bd_cap_)
+    bool kvq_keep_rows_ = false;      // tests: kvq_kept_ holds each commit's bf16 rows
+    std::vector<uint16_t> kvq_kept_;  // [layer][bd_cap_][2 kvd]
+    dllm__kvq_tc_kernels KQT_;        // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf kvq_partial_;          // its split states (dllm__kvq_tc_partial_bound)
+    bool kvq_tc_on_ = false;          // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm_status kvq_keep(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
     // [FACache] on block diffusion: layer 0's committed states
     // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
@@ -16052,9 +16170,7 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w,
     a.eps = m_.cfg.norm_eps;
-    // 1024 threads: residual_rms gives the bits it gives at dllm__norm_threads (the extra threads hold no chunk and add
-    // zeros), and the rotation and quantiser that follow have twice the threads
-    return dllm__soloq_launch(Q_, a, 1024, stream_);
+    return dllm__soloq_launch(Q_, a, dllm__norm_threads(a.d / 8), stream_);
 }
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
@@ -17264,19 +17380,34 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. The raw
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. Under
+// kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
-/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk). */
+/* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
+ * under kv_quant their codes (kvq_begin). */
 dllm_status dllm__gpu_backend::bd_begin(int rows) {
     const dllm__config &c = m_.cfg;
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
-    DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    if (!kvq_.enabled())
+        DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
     DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
     bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
     bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
+}
+
+/* The device's free memory and the committed cache's own (bd_begin refits it) at dllm__kvq_bytes_per_token a row, the
+ * sinks' bf16 rows set aside under kv_quant. */
+dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const {
+    size_t free_bytes = 0, total_bytes = 0;
+    DLLM__CUDA(cudaSetDevice(device_));
+    DLLM__CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double sinks = kvq_.enabled() ? (double)kvq_.n_layer * kvq_.n_sink * 4 * kvq_.kvd : 0.0;
+    const double room = (double)free_bytes + (double)bd_committed_bytes() - sinks;
+    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(m_.cfg, kvq_.mode, group));
+    return DLLM_OK;
 }
 #line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
@@ -17434,11 +17565,14 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
         kvq_rot_.resize(kvq_.rot.size());
         for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0;
+    kvq_.cap = rows, kvq_.group = 0, kvq_sink_rows_ = std::min(kvq_.n_sink, rows);
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
     DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(
+        kvq_sinks_.fit((size_t)kvq_.n_layer * kvq_sink_rows_ * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
+    if (kvq_keep_rows_) kvq_kept_.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
     DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
     DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
     kvq_tc_on_ = false;
@@ -17463,13 +17597,14 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its cache rows and codes (9c's layout), settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
     const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
                  side = layer * bd_cap_ * kvq_.n_kv;
-    a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
+    a.sinks = (const bf16_t *)kvq_sinks_.ptr + layer * kvq_sink_rows_ * row_elems;
+    a.fresh = (const bf16_t *)kvq_fresh_.ptr;
     a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
     a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
     a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
@@ -17484,11 +17619,17 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into bd_cache_, quantised (twin: dllm__kvq_commit's loop body,
- * on the bf16 rows). The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kvq_fresh_, committed: quantised (twin: dllm__kvq_commit's
+ * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const int sink_end = std::min(row0 + T, kvq_sink_rows_);
+    if (row0 < sink_end)
+        DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
+                                   (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (kvq_keep_rows_) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
@@ -17581,10 +17722,14 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
+    const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
-        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));
+        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * row_bytes, "the block cache"));
         bd_block_rows_ = T;
     }
+    if (kvq_.enabled())  // [KV quant] the rows the forward attends to past the committed ones, one layer's at a time
+        DLLM__TRY(kvq_fresh_.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : T) * row_bytes,
+                                 "the forwarded K/V rows beside the quantised cache"));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
     if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
     return DLLM_OK;
@@ -17648,9 +17793,9 @@ dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const d
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
     const std::string buffers =
-        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
-                     bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
-                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group,
+                     bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
+                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr, kvq_sinks_.ptr, kvq_fresh_.ptr);
     return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
 }
 
@@ -17749,8 +17894,11 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                            act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
                                            c.llama4_orig_max));
     mark("rope");
-    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes,
-         *after = cache + (size_t)bd_n_ * row_bytes;
+    char *cache, *after;
+    if (kvq_.enabled())  // flash_attn reads kvq_fresh_ only while nothing is committed; kvq_attention reads the codes
+        cache = after = (char *)kvq_fresh_.ptr;
+    else
+        cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, after = cache + (size_t)bd_n_ * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
         return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
@@ -17922,7 +18070,8 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for bd_cap_ rows), k and v the bf16 rows as fp32 [layer][cap][kvd]. */
+ * sized for bd_cap_ rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
+ * under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(bd_cap_);
@@ -17937,14 +18086,25 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
         DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
     else
         DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> rows((size_t)q.n_layer * bd_cap_ * 2 * q.kvd);
-    DLLM__CUDA(cudaMemcpy(rows.data(), bd_cache_.ptr, rows.size() * 2, cudaMemcpyDeviceToHost));
-    k.resize(rows.size() / 2), v.resize(rows.size() / 2);
-    for (size_t r = 0; r < (size_t)q.n_layer * bd_cap_; r++)
+    const size_t rows = (size_t)q.n_layer * bd_cap_;
+    k.assign(rows * q.kvd, 0.0f), v.assign(rows * q.kvd, 0.0f);
+    for (size_t r = 0; r < rows && kvq_kept_.size() == rows * 2 * q.kvd; r++)
         for (int e = 0; e < q.kvd; e++) {
-            k[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + e]);
-            v[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + q.kvd + e]);
+            k[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + e]);
+            v[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + q.kvd + e]);
         }
+    return DLLM_OK;
+}
+
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kvq_fresh_ into kvq_kept_ (the next
+ * layer overwrites them; commits are never captured, so this copy may wait). */
+dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
+    const size_t row_elems = (size_t)2 * kvq_.kvd;
+    if (kvq_kept_.size() != (size_t)kvq_.n_layer * bd_cap_ * row_elems)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_keep_rows was set after bd_begin: no rows kept for this generation");
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    DLLM__CUDA(cudaMemcpy(&kvq_kept_[(layer * bd_cap_ + (size_t)row0) * row_elems], kvq_fresh_.ptr,
+                          (size_t)T * row_elems * 2, cudaMemcpyDeviceToHost));
     return DLLM_OK;
 }
 
@@ -18057,22 +18217,24 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
     const int unmask = dllm__enum_int(p.unmask), remasking = dllm__enum_int(p.remasking);
     const bool counted = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;
     if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps (--eps) must be in (0, 1), got %g", p.eps);
     if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp (--alg-temp) must be finite and >= 0, got %g",
+                          p.alg_temp);
     if (remasking == DLLM_REMASK_ORIGIN && unmask != DLLM_UNMASK_TIMESTEPS)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
-                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)",
-                          unmask);
+                          "DLLM_REMASK_ORIGIN (--alg origin) transfers each mask with the probability of Dream's "
+                          "timestep schedule: it needs DLLM_UNMASK_TIMESTEPS (--timesteps)");
     if (remasking == DLLM_REMASK_ORIGIN && p.confidence_eos_eot_inf)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
+            "DLLM_REMASK_ORIGIN (--alg origin) does not rank candidates, so confidence_eos_eot_inf (--eos-eot-last) "
+            "cannot put EOS/EoT last");
     if (p.alg_temp > 0 && (!counted || remasking == DLLM_REMASK_ORIGIN))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
-                          "threshold/factor rules and DLLM_REMASK_ORIGIN have no k to sample");
+                          "alg_temp (--alg-temp) samples the k positions of a counted step (the default schedule or "
+                          "DLLM_UNMASK_TIMESTEPS (--timesteps)); DLLM_UNMASK_THRESHOLD (--threshold), "
+                          "DLLM_UNMASK_FACTOR (--factor) and DLLM_REMASK_ORIGIN (--alg origin) have no k to sample");
     return DLLM_OK;
 }
 
@@ -18080,11 +18242,12 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
 static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
     if (dllm__enum_int(p.remasking) != DLLM_REMASK_ENTROPY) {
         if (!(p.threshold > 0 && p.threshold <= 1))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                              p.threshold);
     } else if (!(p.threshold <= 0 && p.threshold >= -DBL_MAX)) {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
-                          "threshold must be finite and <= 0 (e.g. -0.5), got %g",
+                          "with DLLM_REMASK_ENTROPY (--alg entropy) the confidence is sum p log p <= 0 (minus the "
+                          "entropy in nats): threshold (--threshold) must be finite and <= 0 (e.g. -0.5), got %g",
                           p.threshold);
     }
     return DLLM_OK;
@@ -18092,11 +18255,14 @@ static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
 
 /* The sampler filters: each off or inside its range (dllm.h). */
 static dllm_status dllm__check_filters(const dllm_gen_params &p) {
-    if (p.top_k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p.top_k);
+    if (p.top_k < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k (--top-k) must be >= 0 (0 = off), got %d", p.top_k);
     if (!(p.top_p > 0 && p.top_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p (--top-p) must be in (0, 1] (1 = off), got %g",
+                          (double)p.top_p);
     if (!(p.min_p >= 0 && p.min_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p (--min-p) must be in [0, 1] (0 = off), got %g",
+                          (double)p.min_p);
     return DLLM_OK;
 }
 
@@ -18109,7 +18275,7 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                           "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
     if (unmask == DLLM_UNMASK_THRESHOLD) DLLM__TRY(dllm__check_threshold(p));
     if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor (--factor) must be > 0, got %g", p.factor);
     if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d",
                           kv);
@@ -18119,18 +18285,21 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                 return dllm__fail(
                     DLLM_ERR_INVALID_ARGUMENT,
                     "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
-                    "so masks outside it cannot be decoded (use kv_cache NONE)",
+                    "so masks outside it cannot be decoded: use DLLM_KV_CACHE_NONE (--cache none)",
                     i);
     if (dpad < DLLM_DPAD_OFF || dpad > DLLM_DPAD_UNIFORM)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dpad must be DLLM_DPAD_OFF, _GAUSSIAN or _UNIFORM, got %d", dpad);
     if (dpad == DLLM_DPAD_GAUSSIAN &&
         (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
+                          "DPad (Gaussian) needs dpad_window (--dpad-window) >= 2, dpad_k (--dpad-k) >= 0 and "
+                          "dpad_scale (--dpad-scale) >= 0 (got %d, %g, %g)",
                           p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
     if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window,
+                          "DPad (uniform) needs dpad_window (--dpad-window) >= 1 and dpad_n (--dpad-uniform) >= 0 "
+                          "(got %d, %d)",
+                          p.dpad_window,
                           p.dpad_n);
     return dllm__check_dream(p);
 }
@@ -18145,40 +18314,52 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length,
-                          p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
+                          p.gen_length, p.block_length);
+    // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
+    // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
+    if (scheduled && p.steps > p.gen_length)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "steps (--steps) %d is more than gen_length (-n) %d: at most %d steps (one token a step) "
+                          "commit anything",
+                          p.steps, p.gen_length, p.gen_length);
     plan.n_blocks = p.gen_length / p.block_length;
     if (scheduled && p.steps % plan.n_blocks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps,
-                          plan.n_blocks);
+                          "steps (--steps) %d is not a multiple of the number of blocks %d (gen_length (-n) / "
+                          "block_length (--block))",
+                          p.steps, plan.n_blocks);
     plan.steps_per_block = scheduled ? p.steps / plan.n_blocks : 0;
     if ((int64_t)n_prompt + p.gen_length > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
-    if (!(p.temperature >= 0) || !(p.temperature < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
+                          "prompt (%d) + gen_length (-n) %d = %lld tokens exceeds the context's limit of %d",
+                          n_prompt, p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
+    if (!(p.temperature >= 0 && p.temperature <= FLT_MAX))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature (--temp) must be finite and >= 0, got %g",
+                          (double)p.temperature);
     if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale (--cfg) must be in [0, 1e6), got %g",
+                          (double)p.cfg_scale);
     DLLM__TRY(dllm__check_filters(p));
     int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     int remasking = dllm__enum_int(p.remasking);
     if (remasking < DLLM_REMASK_LOW_CONFIDENCE || remasking > DLLM_REMASK_ORIGIN)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d",
+                          "remasking (--alg) must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or "
+                          "_ORIGIN, got %d",
                           remasking);
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eot_id", p.eot_id, c.n_vocab));
     for (int i = 0; i < n_prompt; i++)
@@ -18190,7 +18371,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     plan.eot_id = p.eot_id >= 0 ? p.eot_id : c.eot_id;
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+                          "early_stop (--early-stop) needs an EOS or EoT id (the model has none; set eos_id)");
     DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }
@@ -18451,37 +18632,45 @@ static dllm_status dllm__check_llada2_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes LLaDA2 greedily)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0), "temperature (--temp) > 0 (dllm decodes LLaDA2 greedily)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {unmask != DLLM_UNMASK_SCHEDULE && unmask != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE or _THRESHOLD (its loops always take threshold)"},
-        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (it caches the committed blocks by itself)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
-        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p"},
-        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (it stops at eos_id)"},
-        {p.sub_block_length != 0 || p.block_cache != 0, "sub_block_length or block_cache (Fast-dLLM v2's)"},
+         "an unmasking rule other than the default schedule or DLLM_UNMASK_THRESHOLD (--threshold): its loops always "
+         "take threshold"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
+         "kv_cache (--cache): it caches the committed blocks by itself"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p)"},
+        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (--stop-id): it stops at eos_id"},
+        {p.sub_block_length != 0 || p.block_cache != 0,
+         "sub_block_length (--sub-block) or block_cache (--block-cache), Fast-dLLM v2's"},
         {p.edit_threshold < 0 && p.max_post_steps != -1,
          "max_post_steps (--max-post-steps) without edit_threshold >= 0 (LLaDA2.0's loop has no post steps)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "LLaDA2 decoding does not take %s", u.what);
     if (!(p.threshold >= 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in [0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in [0, 1], got %g",
+                          p.threshold);
     if (!(p.edit_threshold < 0 || p.edit_threshold <= 1))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "edit_threshold must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), got %g",
+                          "edit_threshold (--edit-threshold) must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), "
+                          "got %g",
                           p.edit_threshold);
     if (p.max_post_steps < -1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "max_post_steps must be >= 0, or -1 for the default 16, got %d",
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "max_post_steps (--max-post-steps) must be >= 0, or -1 for the default 16, got %d",
                           p.max_post_steps);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -18490,13 +18679,13 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
                                              int out_capacity, dllm__llada2_plan &plan) {
     if (p.gen_length <= 0 || p.block_length <= 0 || (!plan.editing && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
-                          p.block_length, p.steps);
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length, p.block_length, p.steps);
     plan.B = p.block_length;
     const int64_t canvas = ((int64_t)n_prompt + p.gen_length + plan.B - 1) / plan.B * plan.B;
     if (canvas > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) rounded up to whole blocks of %d is %lld tokens, over the "
+                          "prompt (%d) + gen_length (-n) %d rounded up to whole blocks of %d is %lld tokens, over the "
                           "context's limit of %d",
                           n_prompt, p.gen_length, plan.B, (long long)canvas, ctx.max_tokens);
     plan.n_blocks = (int)(canvas / plan.B);
@@ -18504,7 +18693,7 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
         std::min(p.steps, p.gen_length);  // the official min(steps, gen_length // minimal_topk), minimal_topk 1
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
     return DLLM_OK;
 }
@@ -18517,7 +18706,7 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
     DLLM__TRY(dllm__check_llada2_options(p));
     plan.editing = p.edit_threshold >= 0;
     DLLM__TRY(dllm__plan_llada2_lengths(ctx, n_prompt, p, out, out_capacity, plan));
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;
@@ -18776,32 +18965,36 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes block diffusion greedily, the official default)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0),
+         "temperature (--temp) > 0 (dllm decodes block diffusion greedily, the official default)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {dllm__enum_int(p.unmask) != DLLM_UNMASK_SCHEDULE && dllm__enum_int(p.unmask) != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE (one token a step) or DLLM_UNMASK_THRESHOLD"},
+         "an unmasking rule other than the default (one token a step) or DLLM_UNMASK_THRESHOLD (--threshold)"},
         {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
-         "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+         "kv_cache (--cache): block diffusion has its own committed-block cache; see block_cache (--block-cache)"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.early_stop != 0, "early_stop (--early-stop): block diffusion stops at its stop token"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
         {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
-         "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
-        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id (block diffusion stops at stop_id)"},
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p): it decodes greedily"},
+        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id: block diffusion stops at stop_id (--stop-id)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
     if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                          p.threshold);
     if (p.block_cache != 0 && p.block_cache != 1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache (--block-cache) must be 0 or 1, got %d",
+                          p.block_cache);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -18815,6 +19008,56 @@ static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_pa
     return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
+/* The committed K/V rows a generation needs: the prompt's whole blocks, the generated blocks, one block of slack (the
+ * last block's commit). */
+static int64_t dllm__bd_cache_rows(int n_prompt, const dllm__bd_plan &plan) {
+    return (int64_t)n_prompt / plan.B * plan.B + (int64_t)plan.n_blocks * plan.B + plan.B;
+}
+
+/* What fits, for a capacity error: `tokens` of prompt + gen_length at most, and `gen` (a multiple of the block) with
+ * this prompt where a block fits. */
+static std::string dllm__bd_what_fits(int64_t tokens, int64_t gen) {
+    std::string s =
+        dllm__format("prompt + gen_length may be %lld tokens at most", (long long)std::max<int64_t>(tokens, 0));
+    if (gen > 0) s += dllm__format(" (gen_length %lld with this prompt)", (long long)gen);
+    return s;
+}
+
+/* The context's positions hold prompt + gen_length (and the last AR seed); the error names what fits. */
+static dllm_status dllm__check_bd_length(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int B) {
+    if ((int64_t)n_prompt + p.gen_length + 1 <= ctx.max_tokens) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                      "prompt (%d) + gen_length (-n) %d + 1 tokens exceeds the context's limit of %d (max_tokens; the "
+                      "model's positions end at %d): %s",
+                      n_prompt, p.gen_length, ctx.max_tokens, ctx.model->cfg.max_seq_len,
+                      dllm__bd_what_fits(ctx.max_tokens - 1, (ctx.max_tokens - 1 - n_prompt) / B * B).c_str());
+}
+
+/* The committed K/V cache fits what the backend can hold, checked before anything runs; the error names what fits and
+ * what to change. */
+static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p,
+                                        const dllm__bd_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    const int B = plan.B;
+    const int64_t rows = dllm__bd_cache_rows(n_prompt, plan);
+    int64_t fit = 0;
+    DLLM__TRY(ctx.impl->bd_rows_that_fit(B, fit));
+    if (rows <= fit) return DLLM_OK;
+    const int mode = dllm__enum_int(ctx.params.kv_quant);
+    const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
+    const std::string smaller = mode == DLLM_KV_QUANT_NONE
+                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
+                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+                                    : std::string();
+    return dllm__fail(
+        DLLM_ERR_OUT_OF_MEMORY,
+        "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
+        "a token, kv_quant %s) and the device has room for %lld: %s%s",
+        n_prompt, p.gen_length, (long long)rows, rows * per_token / 1048576.0, per_token, dllm__kvq_names[mode],
+        (long long)fit, dllm__bd_what_fits(fit - B, (fit - B - (int64_t)n_prompt / B * B) / B * B).c_str(),
+        smaller.c_str());
+}
+
 static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, int32_t *out, int out_capacity,
                                               dllm__bd_plan &plan) {
@@ -18825,29 +19068,30 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)",
-                          p.gen_length, plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d must be a positive multiple of block_length (--block) %d", p.gen_length,
+                          plan.B);
     if (plan.S <= 0 || plan.B % plan.S)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S,
-                          p.sub_block_length ? "" : " (the default)", plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "sub_block_length (--sub-block) %d%s must divide block_length (--block) %d", plan.S,
+                          p.sub_block_length ? "" : ", the default,", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
-    if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, ctx.max_tokens);
+    DLLM__TRY(dllm__check_bd_length(ctx, n_prompt, p, plan.B));
     if (!out || out_capacity < plan.max_out)
         return dllm__fail(
             !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-            "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
+            "block diffusion writes up to %d ids for this prompt (gen_length + 1 - n_prompt %% block_length): "
             "the output buffer holds %d",
             plan.max_out, out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
-    DLLM__TRY(dllm__check_token("stop_id", p.stop_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("stop_id (--stop-id)", p.stop_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.stop_id = p.stop_id >= 0 ? p.stop_id : c.stop_id;
     if (plan.mask_id < 0)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the model names no mask token (no |<MASK>| in its tokenizer files, no mask_token_id in "
+                          "config.json): set mask_id (--mask-id)");
     for (int i = 0; i < n_prompt; i++) {
         if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
@@ -18862,7 +19106,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
     plan.step_mask = c.bd_mask_block;
-    return DLLM_OK;
+    return dllm__check_bd_cache(ctx, n_prompt, p, plan);
 }
 
 /* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
@@ -18916,7 +19160,7 @@ struct dllm__bd_generation {
     }
 
     /* The committed K/V rows the generation needs: the backend's bd_begin, or its batch slot. */
-    int cache_rows() const { return n_prompt / plan.B * plan.B + plan.n_blocks * plan.B + plan.B; }
+    int cache_rows() const { return (int)dllm__bd_cache_rows(n_prompt, plan); }
 
     bool done() const { return at == DONE; }
 
@@ -19812,21 +20056,23 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
     if (p.backend == DLLM_BACKEND_CPU)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
+            "n_devices (--devices) %d: tensor parallelism runs on the GPU backend only; the CPU backend runs on one "
+            "device",
             p.n_devices);
     for (int i = 0; i < p.n_devices; i++) {
         std::string why;
         if (!dllm__gpu_usable(p.devices[i], why))
             return dllm__fail(
                 DLLM_ERR_NO_DEVICE,
-                "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s",
+                "n_devices (--devices) %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: "
+                "%s",
                 p.n_devices, i, p.devices[i], why.c_str());
     }
     DLLM__TRY(dllm__load_nccl());
     return dllm__fail(
         DLLM_ERR_UNSUPPORTED,
         "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
-        "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1",
+        "NCCL forward does not: README, tensor parallelism); use one device (n_devices 0 or 1, one --devices entry)",
         p.n_devices);
 }
 
@@ -19836,8 +20082,9 @@ static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision %d: LLaDA2 models run unquantised only so far (DLLM_PRECISION_BF16 / AUTO)",
-                          (int)ctx.params.precision);
+                          "precision (--precision) %s: LLaDA2 models run unquantised only so far "
+                          "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
+                          dllm__precision_name(ctx.params.precision));
     if (ctx.params.backend == DLLM_BACKEND_GPU)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
@@ -19871,7 +20118,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
     ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq,
-                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens));
+                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens,
+                                         {ctx.params.progress, ctx.params.progress_user_data}));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
@@ -20037,6 +20285,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
     p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
     p.soloq_bias_correction = -1;
+    p.progress = nullptr;
+    p.progress_user_data = nullptr;
     return p;
 }
 
@@ -20068,8 +20318,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
                               "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)",
                               params.max_tokens, model->cfg.max_seq_len);
         if (params.n_threads < 0 || params.n_threads > 1024)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]",
-                              params.n_threads);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_ctx_create: n_threads (--threads) %d must be in [0, 1024]", params.n_threads);
         int precision = dllm__enum_int(params.precision);
         if (precision < DLLM_PRECISION_AUTO || precision > DLLM_PRECISION_RTN_W4A16)
             return dllm__fail(

@@ -17,6 +17,7 @@
 #include "../dllm.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,12 +27,6 @@
 #include <unistd.h>
 
 #define MAX_STOPS 16
-
-/* The largest --temp the library's sampler computes correctly. Its Gumbel-max score is exp(l) / (-log u)^T in
- * float64 (dllm__choose) with u in [2^-54, 1 - 2^-54], so -log u reaches 2^-54 and the denominator 2^(-54 T): that
- * is a normal double only up to T = 1022 / 54 = 18.9, and the quotient stays finite for logits up to
- * 709.78 - 37.43 T, i.e. about 110 at T = 16. Beyond that the score of many tokens is +inf and the lowest id wins. */
-#define MAX_TEMP 16.0
 
 /* Every option; a value option may be given once (--stop is repeatable). */
 enum {
@@ -120,8 +115,7 @@ static void usage(FILE *f) {
             "  --block N              block length (default: the largest divisor of -n up to 32); alias --diffusion-block-length\n"
             "  --steps N              denoising steps in total (default: -n, one token a step, also the most that commit\n"
             "                         anything); LLaDA and Dream only; alias --diffusion-steps\n"
-            "  --temp T               temperature, 0 = greedy (default 0), at most 16 (beyond it the Gumbel-max sampler\n"
-            "                         overflows); > 0 draws a fresh seed unless --seed is given\n"
+            "  --temp T               temperature, 0 = greedy (default 0); > 0 draws a fresh seed unless --seed is given\n"
             "  --top-k K              sample among the K most likely tokens (0 = off); ties at the K-th are kept\n"
             "  --top-p P              ... among the most likely tokens whose probability mass reaches P (1 = off)\n"
             "  --min-p P              ... among tokens with p >= P * p(most likely) (0 = off). The three filters apply to\n"
@@ -261,41 +255,37 @@ static void warn(const char *fmt, ...) {
 
 static const char *plural(long n) { return n == 1 ? "" : "s"; }
 
-/* A library message in the CLI's words: the dllm_gen_params / dllm_ctx_params field names and enum constants it
- * uses become the flags that set them ("sub_block_length 5 must divide block_length 32" -> "--sub-block 5 must
- * divide --block 32"). Whole identifiers only; the result is in a static buffer. */
+static int is_word_char(char c) { return c == '_' || c == '.' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+
+/* A library message in the CLI's words. The library names a parameter with its flag, "gen_length (-n) 30 is not a
+ * multiple of block_length (--block) 32": the flag replaces the pair ("-n 30 is not a multiple of --block 32"). A name
+ * it writes bare (NCCL's "n_devices > 1") becomes words. Whole identifiers only; the result is in a static buffer. */
 static const char *in_flags(const char *msg) {
-    static const char *const map[][2] = {
-        {"sub_block_length", "--sub-block"}, {"block_length", "--block"}, {"gen_length", "-n"}, {"block_cache", "--block-cache"},
-        {"temperature", "--temp"}, {"cfg_scale", "--cfg"}, {"alg_temp", "--alg-temp"}, {"kv_cache", "--cache"}, {"early_stop", "--early-stop"},
-        {"logits_eos_inf", "--logits-eos-inf"}, {"confidence_eos_eot_inf", "--eos-eot-last"}, {"top_k", "--top-k"}, {"top_p", "--top-p"},
-        {"min_p", "--min-p"}, {"stop_id", "--stop-id"}, {"mask_id", "--mask-id"}, {"dpad_window", "--dpad-window"}, {"dpad_k", "--dpad-k"},
-        {"dpad_scale", "--dpad-scale"}, {"dpad_n", "--dpad-uniform"}, {"eps", "--eps"}, {"dllm_ctx_params.n_devices", "--devices"},
-        {"n_devices", "the device count"}, {"kv_quant", "--kv-quant"}, {"kv_sink_tokens", "--kv-sinks"}, {"n_threads", "--threads"},
-        {"remasking", "--alg"}, {"unmask", "the unmasking rule"},
-        {"DLLM_REMASK_LOW_CONFIDENCE", "--alg low_confidence"}, {"DLLM_REMASK_RANDOM", "--alg random"}, {"DLLM_REMASK_MARGIN", "--alg topk_margin"},
-        {"DLLM_REMASK_ENTROPY", "--alg entropy"}, {"DLLM_REMASK_ORIGIN", "--alg origin"}, {"DLLM_UNMASK_SCHEDULE", "the default schedule"},
-        {"DLLM_UNMASK_THRESHOLD", "--threshold"}, {"DLLM_UNMASK_FACTOR", "--factor"}, {"DLLM_UNMASK_TIMESTEPS", "--timesteps"},
-        {"_THRESHOLD", "--threshold"}, {"_FACTOR", "--factor"}, {"_TIMESTEPS", "--timesteps"}, {"_SCHEDULE", "the default schedule"},
-        {"DLLM_KV_CACHE_NONE", "--cache none"}, {"DLLM_KV_CACHE_PREFIX", "--cache prefix"}, {"DLLM_KV_CACHE_DUAL", "--cache dual"}};
+    static const char *const map[][2] = {{"n_devices", "the device count"}};
     static char buf[1024];
-    size_t n = 0, i;
+    size_t n = 0, i, k;
     const char *p = msg ? msg : "";
     while (*p && n + 1 < sizeof buf) {
-        int at_start = p == msg || !(p[-1] == '_' || p[-1] == '.' || (p[-1] >= '0' && p[-1] <= '9') || ((p[-1] | 32) >= 'a' && (p[-1] | 32) <= 'z'));
-        int done = 0;
-        for (i = 0; at_start && i < sizeof map / sizeof map[0]; i++) {
-            size_t k = strlen(map[i][0]);
-            char after = p[k];
-            if (strncmp(p, map[i][0], k) || after == '_' || (after >= '0' && after <= '9') || ((after | 32) >= 'a' && (after | 32) <= 'z')) continue;
-            if (n + strlen(map[i][1]) + 1 >= sizeof buf) break;
-            memcpy(buf + n, map[i][1], strlen(map[i][1]));
-            n += strlen(map[i][1]);
-            p += k;
-            done = 1;
-            break;
+        const char *flag = NULL;
+        size_t flag_len = 0, skip = 1;
+        if (p == msg || !is_word_char(p[-1])) {
+            for (k = 0; is_word_char(p[k]); k++) {}
+            if (k && !strncmp(p + k, " (-", 3) && (p[k + 3] == '-' || ((p[k + 3] | 32) >= 'a' && (p[k + 3] | 32) <= 'z')) && strchr(p + k, ')')) {
+                flag = p + k + 2;  /* "name (flag)": the flag */
+                flag_len = (size_t)(strchr(p + k, ')') - flag);
+                skip = (size_t)(flag + flag_len + 1 - p);
+            }
+            for (i = 0; k && !flag && i < sizeof map / sizeof map[0]; i++)
+                if (strlen(map[i][0]) == k && !strncmp(p, map[i][0], k)) flag = map[i][1], flag_len = strlen(flag), skip = k;
         }
-        if (!done) buf[n++] = *p++;
+        if (!flag) {
+            buf[n++] = *p++;
+            continue;
+        }
+        if (n + flag_len + 1 >= sizeof buf) break;
+        memcpy(buf + n, flag, flag_len);
+        n += flag_len;
+        p += skip;
     }
     buf[n] = 0;
     return buf;
@@ -480,11 +470,7 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     case OPT_TEMP:
         {
             double t;
-            if (!parse_double(v, &t) || !(t >= 0)) return fail("%s must be a number >= 0, not \"%s\"", a, v);
-            if (t > MAX_TEMP)
-                return fail("%s %s is above %g, the largest the sampler draws correctly (its Gumbel-max score exp(logit) / (-log u)^T "
-                            "overflows a double beyond it, and softmax(logits / %g) is already near uniform): pass %s %g or less",
-                            a, v, MAX_TEMP, MAX_TEMP, a, MAX_TEMP);
+            if (!parse_double(v, &t) || !(t >= 0 && t <= FLT_MAX)) return fail("%s must be a finite number >= 0, not \"%s\"", a, v);
             g->temperature = (float)t;
         }
         break;
@@ -643,13 +629,13 @@ static int check_model_options(options *o, const dllm_model_info *info) {
         if (!counted && o->given[OPT_STEPS])
             warn("%s is ignored with %s (a block steps until it has no mask left); drop %s", o->given[OPT_STEPS],
                  o->given[OPT_THRESHOLD] ? o->given[OPT_THRESHOLD] : o->given[OPT_FACTOR], o->given[OPT_STEPS]);
-        if (counted && g->steps % n_blocks)
-            return fail("--steps %d is not a multiple of the %d blocks (-n %d / --block %d): pass --steps %d", g->steps, n_blocks, g->gen_length,
-                        g->block_length, (g->steps / n_blocks + 1) * n_blocks);
         /* more steps than tokens: the steps past one a token commit nothing and only cost forwards */
         if (counted && g->steps > g->gen_length)
             return fail("%s %d is more than -n %d: a step commits at least one token, so at most %d steps (one token a step) commit anything: "
                         "pass %s %d or less", o->given[OPT_STEPS], g->steps, g->gen_length, g->gen_length, o->given[OPT_STEPS], g->gen_length);
+        if (counted && g->steps % n_blocks)
+            return fail("--steps %d is not a multiple of the %d blocks (-n %d / --block %d): pass --steps %d", g->steps, n_blocks, g->gen_length,
+                        g->block_length, (g->steps / n_blocks + 1) * n_blocks);
         return 0;
     }
     /* block diffusion: greedy, its own cache and stop token; the options of the other schedulers do not apply */
@@ -1375,6 +1361,13 @@ static int chat(const options *o, session *S, conversation *c) {
     return rc;
 }
 
+/* The quantising line of a terminal, redrawn in place (user_data: the precision's name). */
+static void show_quantize_progress(int done, int total, void *user_data) {
+    fprintf(stderr, "\r\033[Kdllm-generate: quantising the linears to %s at load (dllm-quantize does it once, ahead): layer %d/%d",
+            (const char *)user_data, done, total);
+    fflush(stderr);
+}
+
 int main(int argc, char **argv) {
     options o;
     session S;
@@ -1416,12 +1409,13 @@ int main(int argc, char **argv) {
             o.ctx.n_threads = (int)cores;
         }
     }
-    /* SoloQ / RTN precisions quantise every linear when the context is created (seconds to minutes, silent in the
-     * library): say so on a terminal, and erase the line once done. */
+    /* SoloQ / RTN precisions quantise every linear when the context is created (seconds to minutes): on a terminal, a
+     * line that counts the layers, erased once done. */
     quantising = o.ctx.precision >= DLLM_PRECISION_SOLOQ_N && S.info.precision == DLLM_PRECISION_BF16 && isatty(STDERR_FILENO);
     if (quantising) {
-        fprintf(stderr, "dllm-generate: quantising the linears to %s at load (dllm-quantize does it once, ahead)...", o.precision_name);
-        fflush(stderr);
+        o.ctx.progress = show_quantize_progress;
+        o.ctx.progress_user_data = (void *)o.precision_name;
+        show_quantize_progress(0, S.info.n_layer, o.ctx.progress_user_data);
     }
     st = dllm_ctx_create(S.model, o.ctx, &S.ctx);
     if (quantising) fprintf(stderr, "\r\033[K");

@@ -158,6 +158,8 @@ dllm_ctx_params dllm_ctx_default_params(void) {
     for (int i = 0; i < DLLM_MAX_DEVICES; i++) p.devices[i] = i;
     p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
     p.soloq_bias_correction = -1;
+    p.progress = nullptr;
+    p.progress_user_data = nullptr;
     return p;
 }
 
@@ -189,8 +191,8 @@ dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx 
                               "dllm_ctx_create: max_tokens %d must be in [0, %d] (0 = the model's limit)",
                               params.max_tokens, model->cfg.max_seq_len);
         if (params.n_threads < 0 || params.n_threads > 1024)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_ctx_create: n_threads %d must be in [0, 1024]",
-                              params.n_threads);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_ctx_create: n_threads (--threads) %d must be in [0, 1024]", params.n_threads);
         int precision = dllm__enum_int(params.precision);
         if (precision < DLLM_PRECISION_AUTO || precision > DLLM_PRECISION_RTN_W4A16)
             return dllm__fail(

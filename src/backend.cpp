@@ -80,6 +80,13 @@ struct dllm__backend_impl {
     virtual dllm_status finish(dllm__decode &) { return DLLM_OK; }
     /* Block diffusion (section 17): a generation starts with an empty committed K/V cache of `rows` rows. */
     virtual dllm_status bd_begin(int rows) = 0;
+    /* The most committed rows bd_begin could hold now (key groups of `group` rows under kv_quant), for the capacity
+     * check before a generation: the host's memory is not checked (no limit). */
+    virtual dllm_status bd_rows_that_fit(int group, int64_t &rows) const {
+        (void)group;
+        rows = INT64_MAX;
+        return DLLM_OK;
+    }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
     /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);

@@ -76,6 +76,15 @@ static void dllm__log_verbose(const char *fmt, ...) {
     va_end(ap);
 }
 
+/* A caller's progress callback (dllm_ctx_params.progress): `done` of `total` steps of a long job; a no-op unset. */
+struct dllm__progress {
+    dllm_quantize_progress_fn fn = nullptr;
+    void *user_data = nullptr;
+    void report(int done, int total) const {
+        if (fn) fn(done, total, user_data);
+    }
+};
+
 static std::string dllm__shape_str(const std::vector<int64_t> &shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); i++) s += dllm__format(i ? ", %lld" : "%lld", (long long)shape[i]);

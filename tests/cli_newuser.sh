@@ -130,10 +130,12 @@ run "$G" -m "$M" --prompts "$tmp/one" -n 32
 expect "--prompts: a multi-line answer is one line, newlines written \\n, equal to the -p answer" eval '[ "$(wc -l <"$tmp/out")" = 1 ] &&
     grep -qF "\\n" "$tmp/out" && [ "$(sed "s/^\[0\] //" "$tmp/out")" = "$(cat "$tmp/alone")" ]'
 
-# ---- --temp: refused where the sampler cannot draw correctly, with the real limit ---------------------------
-names_flag "--temp 16 or less" "$G" -m "$M" -p hi --temp 500
-names_flag "--temp 1e9 is above 16" "$G" -m "$M" -p hi --temp 1e9
-succeeds "$G" -m "$M" -p hi -n 16 --temp 16 --seed 3
+# ---- --temp: any finite temperature samples (log-space Gumbel keys); a hot one spreads over the vocabulary ----
+succeeds "$G" -m "$M" --ids "316 998" -n 32 --steps 32 --temp 500 --seed 3 --print-ids --no-stop-at-eos
+sed -n 's/^ids: //p' "$tmp/out" | tr ' ' '\n' >"$tmp/hot_ids"
+expect "--temp 500 draws many ids, not only the lowest" eval '[ "$(sort -u "$tmp/hot_ids" | wc -l)" -ge 16 ] && [ "$(sort -n "$tmp/hot_ids" | head -n 1)" -gt 0 ]'
+succeeds "$G" -m "$M" -p hi -n 16 --temp 1e9 --seed 3
+names_flag "--temp must be a finite number" "$G" -m "$M" -p hi --temp inf
 
 # ---- flags that do not apply are refused (or warned), naming the flag --------------------------------------
 names_flag "drop --block-cache" "$G" -m "$M" -p hi -n 16 --block-cache

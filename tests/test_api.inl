@@ -69,9 +69,21 @@ TEST(api, bad_generation_params) {
     base.gen_length = 16; base.steps = 16; base.block_length = 8;
     dllm_gen_params p = base;
     p.block_length = 5;
-    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "gen_length 16 is not a multiple of block_length 5");
+    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) 16 is not a multiple of block_length (--block) 5");
     p = base; p.steps = 15;
-    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "steps 15 is not a multiple of the number of blocks 2");
+    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "steps (--steps) 15 is not a multiple of the number of blocks 2");
+    // steps beyond one token a step would commit nothing: refused with the limit, at once, under both counted rules
+    for (dllm_unmask rule : {DLLM_UNMASK_SCHEDULE, DLLM_UNMASK_TIMESTEPS})
+        for (int steps : {18, 256, 1000000, INT_MAX}) {
+            p = base; p.unmask = rule; p.steps = steps;
+            CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "is more than gen_length (-n) 16: at most 16 steps");
+        }
+    p = base; p.unmask = DLLM_UNMASK_THRESHOLD; p.steps = 1000000;  // a threshold rule steps until the block is done
+    CHECK_STATUS(gen(p), DLLM_OK, nullptr);
+    p = base; p.temperature = 1e30f;  // any finite temperature samples
+    CHECK_STATUS(gen(p), DLLM_OK, nullptr);
+    p = base; p.temperature = INFINITY;
+    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "temperature (--temp) must be finite and >= 0, got inf");
     p = base; p.gen_length = 64;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "exceeds the context's limit of 64");
     p = base; p.temperature = -1;
@@ -87,8 +99,8 @@ TEST(api, bad_generation_params) {
     p = base; p.steps = 0;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "must be positive");
     p = base; p.mask_id = 500;
-    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "mask_id 500");
-    CHECK_STATUS(gen(base, 3, 10), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length = 16");
+    CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "mask_id (--mask-id) 500");
+    CHECK_STATUS(gen(base, 3, 10), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length (-n) = 16");
     CHECK_STATUS(dllm_generate(ctx, prompt, 3, base, nullptr, 0, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, "output buffer");
     int32_t bad[3] = {1, 136, 2};
     CHECK_STATUS(gen(base, 3, 64, bad), DLLM_ERR_INVALID_ARGUMENT, "prompt[1] = 136");
@@ -166,7 +178,7 @@ TEST(cli, generate_prints_ids_matching_the_library) {
     if (!dllm__file_exists("build/dllm-generate")) SKIP("build/dllm-generate not built");
     dllm__json root;
     dllm__json_load(test_data("tiny-llada/golden_traces.json"), root);
-    const dllm__json &c = root.find("cases")->items[5];  // temperature 0.7, seed 3
+    const dllm__json &c = root.find("cases")->items[4];  // temperature 0.7, seed 3
     std::string ids;
     for (int32_t t : test_ints(c.find("prompt"))) ids += std::to_string(t) + " ";
     std::string out, err;

@@ -228,7 +228,8 @@ TEST(batch, cpu_forward_seqs_equals_each_forward_alone) {
     dllm_model_free(m);
 }
 
-/* Failures stay with their item: bad parameters, a small buffer, a cancellation; the others decode as alone. */
+/* Failures stay with their item: bad parameters (a block that does not divide, steps that could commit nothing), a
+ * small buffer, a cancellation; the others decode as alone. */
 TEST(batch, bad_small_and_cancelled_items_fail_alone) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
@@ -237,23 +238,25 @@ TEST(batch, bad_small_and_cancelled_items_fail_alone) {
     dllm_model_get_info(m, &info);
     std::mt19937 rng(11);
     dllm__debug_step_logits = test_batch_logits_hook;
-    std::vector<test_batch_case> cases(5);
+    std::vector<test_batch_case> cases(6);
     for (test_batch_case &c : cases) test_batch_make_case(rng, info, false, c);
     cases[1].params.block_length = 5;                       // no gen_length here is a multiple of it
     cases[2].out_capacity = cases[2].params.gen_length - 1; // too small
     cases[3].params.steps = cases[3].params.gen_length, cases[3].params.unmask = DLLM_UNMASK_SCHEDULE;
     cases[3].alone.cancel_after = 2;                        // cancelled after its second step
+    cases[5].params.unmask = DLLM_UNMASK_SCHEDULE, cases[5].params.steps = 2 * cases[5].params.gen_length;
     for (test_batch_case &c : cases) test_batch_run_alone(ctx, c);
     CHECK(cases[1].status_alone == DLLM_ERR_INVALID_ARGUMENT && cases[2].status_alone == DLLM_ERR_BUFFER_TOO_SMALL &&
-          cases[3].status_alone == DLLM_ERR_CANCELLED && cases[0].status_alone == DLLM_OK && cases[4].status_alone == DLLM_OK);
+          cases[3].status_alone == DLLM_ERR_CANCELLED && cases[0].status_alone == DLLM_OK && cases[4].status_alone == DLLM_OK &&
+          cases[5].status_alone == DLLM_ERR_INVALID_ARGUMENT);
     std::vector<test_batch_case *> order;
     for (test_batch_case &c : cases) order.push_back(&c);
     std::vector<dllm_batch_result> results;
-    CHECK_STATUS(test_batch_run(ctx, order, results, nullptr), DLLM_ERR_INVALID_ARGUMENT, "block_length 5");  // the first failing item's
+    CHECK_STATUS(test_batch_run(ctx, order, results, nullptr), DLLM_ERR_INVALID_ARGUMENT, "block_length (--block) 5");  // the first failing item's
     for (size_t i = 0; i < cases.size(); i++) {
         char what[64];
         snprintf(what, sizeof what, "item %zu", i);
-        if (i == 1 || i == 2) {
+        if (i == 1 || i == 2 || i == 5) {
             CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone, "%s: %s, n_out %d", what,
                       dllm_status_str(results[i].status), results[i].n_out);
             CHECK_MSG(std::all_of(cases[i].out_batch.begin(), cases[i].out_batch.end(), [](int32_t t) { return t == -7; }), "%s: ids written", what);
@@ -264,6 +267,8 @@ TEST(batch, bad_small_and_cancelled_items_fail_alone) {
     }
     CHECK_MSG(strstr(results[2].error, "gen_length") != nullptr, "the small buffer's message: %s", results[2].error);
     CHECK_MSG(results[2].n_out == cases[2].params.gen_length, "n_out %d: the size needed", results[2].n_out);
+    CHECK_MSG(strstr(results[5].error, "steps (--steps)") && strstr(results[5].error, "commit anything"), "the extra steps' message: %s",
+              results[5].error);
     CHECK(results[0].error[0] == 0 && results[3].status == DLLM_ERR_CANCELLED && strstr(results[3].error, "cancelled"));
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);

@@ -63,14 +63,62 @@ TEST(block_diffusion, real_fast_dllm_v2_dir_without_weights) {
     dllm_model *m = nullptr;
     CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
     CHECK(m == nullptr);
-    // Without the tokenizer files the mask id is unknown: an error naming the token to add.
+    // Without the tokenizer files the mask id is unknown, and the config still loads (a generation names mask_id then).
     unlink(dir.file("added_tokens.json").c_str());
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT, "|<MASK>|");
-    // A mask_token_id in config.json is enough.
+    dllm__config bare;
+    CHECK_STATUS(test_config(test_read_file(dir.file("config.json")), bare), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__find_block_tokens(dir.path, bare), DLLM_OK, nullptr);
+    CHECK(bare.mask_id == -1);
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    // A mask_token_id in config.json names it.
     std::string cfg = test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json"));
     cfg.insert(cfg.rfind('}'), ", \"mask_token_id\": 151665");
     test_write_file(dir.file("config.json"), cfg);
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    dllm__config named;
+    CHECK_STATUS(test_config(cfg, named), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__find_block_tokens(dir.path, named), DLLM_OK, nullptr);
+    CHECK(named.mask_id == 151665);
+}
+
+/* A Fast-dLLM v2 checkpoint with neither tokenizer files nor mask_token_id loads with mask_id -1; generating needs
+ * dllm_gen_params.mask_id (--mask-id), and with it gives the tokens of the model that names its mask. */
+TEST(block_diffusion, checkpoint_without_a_mask_id_generates_with_one_given) {
+    test_tmpdir dir;
+    test_copy_model(test_data("tiny-fast-dllm-v2"), dir);
+    unlink(dir.file("tokenizer_config.json").c_str());
+    dllm_model *bare = test_load(dir.path), *named = test_load(test_data("tiny-fast-dllm-v2"));
+    dllm_ctx *bare_ctx = bare ? test_ctx(bare) : nullptr, *named_ctx = named ? test_ctx(named) : nullptr;
+    if (!bare_ctx || !named_ctx) {
+        CHECK(bare_ctx && named_ctx);
+    } else {
+        dllm_model_info info, named_info;
+        dllm_model_get_info(bare, &info);
+        dllm_model_get_info(named, &named_info);
+        CHECK(info.mask_id == -1 && named_info.mask_id == 155);
+        const int32_t prompt[] = {5, 17, 42, 9, 3};
+        std::vector<int32_t> out(64, -7), want(64, -7);
+        int n = -1, n_want = -1;
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = 32;
+        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "mask_id (--mask-id)");
+        gp.mask_id = 155;
+        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_OK, nullptr);
+        gp.mask_id = -1;
+        CHECK_STATUS(dllm_generate(named_ctx, prompt, 5, gp, want.data(), 64, &n_want, nullptr), DLLM_OK, nullptr);
+        CHECK(n == n_want && out == want);
+        if (dllm__file_exists("build/dllm-generate")) {  // the CLI: refused without --mask-id, the same ids with it
+            std::string stdout_text, err;
+            CHECK(test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32", stdout_text, err) == 1 && err.find("--mask-id") != std::string::npos);
+            std::string ids = "ids:";
+            for (int i = 0; i < n; i++) ids += " " + std::to_string(out[(size_t)i]);
+            int rc = test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32 --mask-id 155 --backend cpu --print-ids", stdout_text, err);
+            CHECK_MSG(rc == 0 && stdout_text == ids + "\n", "exit %d, stdout \"%s\", want \"%s\" (%s)", rc, stdout_text.c_str(), ids.c_str(), err.c_str());
+        }
+    }
+    dllm_ctx_free(bare_ctx);
+    dllm_ctx_free(named_ctx);
+    dllm_model_free(bare);
+    dllm_model_free(named);
 }
 
 /* Nemotron-Labs-Diffusion-8B (models.md 4.2): the Ministral-3 shape, YaRN and Llama-4 settings, encoder.* names;
@@ -455,6 +503,53 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     }
     prompt[3] = 155;
     CHECK_STATUS(gen([](dllm_gen_params &) {}, 33, 32), DLLM_ERR_INVALID_ARGUMENT, "mask id");
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
+/* A backend that forwards to another and has room for `room` committed rows (bd_rows_that_fit). */
+struct test_bd_cramped : dllm__backend_impl {
+    std::unique_ptr<dllm__backend_impl> inner;
+    int64_t room;
+    test_bd_cramped(std::unique_ptr<dllm__backend_impl> b, int64_t rows) : inner(std::move(b)), room(rows) {}
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner->logits(ids, n, r0, r1, out); }
+    dllm_status begin_block(dllm__decode &st) override { return inner->begin_block(st); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return inner->step(st, committed, want_host); }
+    dllm_status bd_begin(int rows) override { return inner->bd_begin(rows); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override { return inner->bd_forward(call, logits); }
+    dllm_status bd_rows_that_fit(int, int64_t &rows) const override {
+        rows = room;
+        return DLLM_OK;
+    }
+};
+
+/* The context's capacity is checked before a generation runs, each error naming the length that fits and what to
+ * change: prompt + gen_length past the context's positions (max_tokens 128), and a committed K/V cache past what the
+ * backend holds (100 rows: a prompt of 40 has one whole block, so gen_length 32 needs 96 rows and 64 needs 128). */
+TEST(block_diffusion, capacity_errors_name_what_fits) {
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.max_tokens = 128;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
+    if (!ctx) { dllm_model_free(m); return; }
+    std::vector<int32_t> prompt(40), out(200);
+    for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)(i * 7 % 150);
+    auto gen = [&](int gen_length) {
+        dllm_gen_params gp = dllm_gen_default_params();
+        gp.gen_length = gen_length;
+        return dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
+    };
+    CHECK_STATUS(gen(96), DLLM_ERR_INVALID_ARGUMENT,
+                 "prompt (40) + gen_length (-n) 96 + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's positions end at 256): "
+                 "prompt + gen_length may be 127 tokens at most (gen_length 64 with this prompt)");
+    ctx->impl.reset(new test_bd_cramped(std::move(ctx->impl), 100));
+    CHECK_STATUS(gen(64), DLLM_ERR_OUT_OF_MEMORY,
+                 "the committed K/V cache of prompt (40) + gen_length (-n) 64 needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
+                 "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or quantise the cache "
+                 "(kv_quant, --kv-quant soloq-kv4: 88 bytes a token)");
+    CHECK_STATUS(gen(32), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }

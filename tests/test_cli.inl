@@ -33,7 +33,7 @@ TEST(api, small_output_buffer_reports_the_size_needed) {
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = 16; p.steps = 16; p.block_length = 8;
     int n = -1;
-    CHECK_STATUS(dllm_generate(ctx, prompt, 3, p, out, 10, &n, nullptr), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length = 16");
+    CHECK_STATUS(dllm_generate(ctx, prompt, 3, p, out, 10, &n, nullptr), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length (-n) = 16");
     CHECK_MSG(n == 16, "*n_out = %d, want the 16 needed", n);
     for (int32_t o : out) CHECK(o == -7);  // nothing written
     dllm_ctx_free(ctx);
@@ -123,13 +123,13 @@ TEST(decode, filters_keeping_one_token_sample_nothing) {
     CHECK(memcmp(out, cold, sizeof out) == 0);
     f = p;
     f.top_k = -1;
-    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0");
+    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "top_k (--top-k) must be >= 0");
     f = p;
     f.top_p = 0;
-    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1]");
+    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "top_p (--top-p) must be in (0, 1]");
     f = p;
     f.min_p = NAN;
-    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1]");
+    CHECK_STATUS(dllm_generate(ctx, prompt, 4, f, out, 16, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "min_p (--min-p) must be in [0, 1]");
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }

@@ -117,6 +117,52 @@ TEST(choose, greedy_gumbel_and_confidence) {
     CHECK(c.conf == dllm__uniform(9, 0, 17, 4, DLLM__RNG_REMASK));
 }
 
+/* At temperature 500 softmax(l / 500) over logits in [-4, 4] is nearly uniform: over 64 ids the draws of 6400 positions
+ * spread over all of them (the generate.py form exp(l) / (-log u)^T is +inf or 0 for most ids there, where the lowest
+ * id wins). A hotter and a huge temperature stay finite and uniform; temperature 0 is still the argmax. */
+TEST(choose, large_temperatures_sample_every_id) {
+    const int V = 64, draws = 6400;
+    std::vector<float> logits((size_t)V);
+    for (int v = 0; v < V; v++) logits[(size_t)v] = 4.0f * sinf(0.7f * (float)v);
+    const int argmax = (int)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    for (double T : {500.0, 1e9, 3e38}) {
+        dllm__sampling s;
+        s.temperature = T, s.seed = 11;
+        std::vector<int> counts((size_t)V, 0);
+        for (uint32_t pos = 0; pos < (uint32_t)draws; pos++) counts[(size_t)dllm__choose(logits.data(), V, s, pos, 3).token]++;
+        const int lo = *std::min_element(counts.begin(), counts.end()), hi = *std::max_element(counts.begin(), counts.end());
+        // 100 expected a bin: a uniform draw keeps every bin within [55, 150] with overwhelming probability
+        CHECK_MSG(lo >= 55 && hi <= 150 && counts[0] < 150, "T %g: bins in [%d, %d], id 0 drawn %d times", T, lo, hi, counts[0]);
+    }
+    dllm__sampling greedy;
+    CHECK(dllm__choose(logits.data(), V, greedy, 0, 0).token == argmax);
+}
+
+/* The log-space key picks generate.py's token, exp(l) / (-log u)^T, wherever that one stays finite: the two are the same
+ * order up to rounding, and at the temperatures people use no row here has its two best keys within rounding. */
+TEST(choose, gumbel_key_picks_generate_py_token_at_normal_temperatures) {
+    const int V = 512;
+    std::vector<float> logits((size_t)V);
+    int rows = 0, differ = 0;
+    for (double T : {0.1, 0.3, 0.5, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0}) {
+        dllm__sampling s;
+        s.temperature = T, s.seed = 77;
+        for (uint32_t pos = 0; pos < 400; pos++) {
+            for (int v = 0; v < V; v++) logits[(size_t)v] = (float)(dllm__uniform(3, (uint32_t)v, pos, 0, 16) * 24 - 12);
+            int want = 0;
+            double best = -INFINITY;
+            for (int v = 0; v < V; v++) {
+                double u = dllm__uniform(s.seed, (uint32_t)v, pos, 2, DLLM__RNG_GUMBEL);
+                double score = exp((double)logits[(size_t)v]) / pow(-log(u), T);
+                if (score > best) best = score, want = v;
+            }
+            rows++;
+            differ += dllm__choose(logits.data(), V, s, pos, 2).token != want;
+        }
+    }
+    CHECK_MSG(differ == 0, "%d of %d rows chose another token than generate.py's key", differ, rows);
+}
+
 // ---- traces -----------------------------------------------------------------------------------------
 
 struct test_trace_recorder {

@@ -331,8 +331,8 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     int32_t prompt[] = {5, 6, 7}, out[16];
     struct { void (*edit)(dllm_gen_params &); const char *needle; } cases[] = {
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN; }, "needs unmask = DLLM_UNMASK_TIMESTEPS"},
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_THRESHOLD; }, "needs unmask = DLLM_UNMASK_TIMESTEPS"},
+        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
+        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_THRESHOLD; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.confidence_eos_eot_inf = 1; }, "does not rank"},
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.alg_temp = 0.5; }, "alg_temp"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_TIMESTEPS, p.eps = 0; }, "eps"},

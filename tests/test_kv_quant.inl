@@ -414,14 +414,14 @@ TEST(kv_quant, options_are_validated) {
     p.backend = DLLM_BACKEND_CPU, p.n_threads = 1;
     dllm_ctx *ctx = nullptr;
     p.kv_quant = DLLM_KV_QUANT_SOLOQ_KV4;
-    CHECK_STATUS(dllm_ctx_create(llada, p, &ctx), DLLM_ERR_UNSUPPORTED, "kv_quant soloq-kv4");
+    CHECK_STATUS(dllm_ctx_create(llada, p, &ctx), DLLM_ERR_UNSUPPORTED, "kv_quant (--kv-quant) soloq-kv4");
     CHECK(ctx == nullptr);
     double bytes = 0;
     CHECK_STATUS(dllm_kv_bytes_per_token(llada, DLLM_KV_QUANT_KIVI_KV2, 0, &bytes), DLLM_ERR_UNSUPPORTED, "no committed K/V cache");
     p.kv_quant = (dllm_kv_quant)5;
     CHECK_STATUS(dllm_ctx_create(bd, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "kv_quant 5");
     p.kv_quant = DLLM_KV_QUANT_KIVI_KV4, p.kv_sink_tokens = -2;
-    CHECK_STATUS(dllm_ctx_create(bd, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens -2");
+    CHECK_STATUS(dllm_ctx_create(bd, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens (--kv-sinks) -2");
     p.kv_sink_tokens = -1;
     CHECK_STATUS(dllm_ctx_create(bd, p, &ctx), DLLM_OK, nullptr);
     if (ctx) CHECK(((dllm__cpu_backend *)ctx->impl.get())->kv_quant().n_sink == 1);  // Nemotron: position 0

@@ -77,6 +77,43 @@ TEST(quant, stored_rows_give_the_logits_of_quantising_at_load_bit_for_bit) {
     }
 }
 
+static void test_record_progress(int done, int total, void *user_data) {
+    ((std::vector<std::pair<int, int>> *)user_data)->push_back({done, total});
+}
+
+/* dllm_ctx_params.progress while a CPU context quantises: once a layer (and the head when quantised), done counting up
+ * to total; not at all where nothing is quantised (BF16, a quantised checkpoint's stored rows). */
+TEST(quant, context_creation_reports_progress) {
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const int L = m->cfg.n_layer;
+    struct { dllm_precision precision; int head, total; } cases[] = {
+        {DLLM_PRECISION_SOLOQ_C, 0, L}, {DLLM_PRECISION_SOLOQ_N, 1, L + 1}, {DLLM_PRECISION_FP8_FFN, 0, L - 1}, {DLLM_PRECISION_BF16, 0, 0}};
+    for (auto &c : cases) {
+        std::vector<std::pair<int, int>> calls, want;
+        for (int i = 1; i <= c.total; i++) want.push_back({i, c.total});
+        dllm_ctx_params cp = dllm_ctx_default_params();
+        cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = c.precision, cp.quantize_lm_head = c.head;
+        cp.progress = test_record_progress, cp.progress_user_data = &calls;
+        dllm_ctx *ctx = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        CHECK_MSG(calls == want, "%s: %zu calls, the last %d of %d; want %d", dllm__precision_name(c.precision), calls.size(),
+                  calls.empty() ? 0 : calls.back().first, calls.empty() ? 0 : calls.back().second, c.total);
+        dllm_ctx_free(ctx);
+    }
+    test_tmpdir dir;
+    dllm_model *stored = test_quantized(test_data("tiny-llada"), dir, DLLM_PRECISION_SOLOQ_C, 0, 0);
+    std::vector<std::pair<int, int>> calls;
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.progress = test_record_progress, cp.progress_user_data = &calls;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(stored ? dllm_ctx_create(stored, cp, &ctx) : DLLM_ERR_IO, DLLM_OK, nullptr);
+    CHECK_MSG(calls.empty(), "a quantised checkpoint reported %zu quantised layers", calls.size());
+    dllm_ctx_free(ctx);
+    dllm_model_free(stored);
+    dllm_model_free(m);
+}
+
 /* An unquantised head in the file can still be quantised at context creation, with the stored rotation's seed. */
 TEST(quant, a_bf16_head_can_be_quantised_at_load) {
     test_tmpdir dir;

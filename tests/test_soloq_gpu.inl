@@ -89,7 +89,9 @@ TEST(gpu_soloq, quantize_rows_match_twin_bit_for_bit) {
     test_rng rng("gpu_soloq.quantize_rows");
     const int rows = 6;
     int cases = 0, failed = 0;
-    for (int d : {40, 264, 1000, 3072, 3584, 4096}) {  // 3072 and 4096: rows split over clusters of 3 and 4 CTAs on sm_90
+    // 3072 and 4096: rows split over clusters of 3 and 4 CTAs on sm_90; K-RPBH blocks of 32 (192), 64 (320), 128 (640),
+    // 256 (1536), 512 (3072, 3584) and 1024 (4096) take the register FWHT, the others the shared-memory one
+    for (int d : {40, 192, 264, 320, 640, 1000, 1536, 3072, 3584, 4096}) {
         const std::vector<float> x = test_soloq_rows(rng, rows, d);
         for (int kind = DLLM__ROT_NONE; kind <= DLLM__ROT_HAAR; kind++) {
             if (kind == DLLM__ROT_HAAR && d > 264) continue;  // dense: d^2 work a row
@@ -119,7 +121,7 @@ TEST(gpu_soloq, fused_producers_equal_the_two_kernel_path) {
     CHECK_STATUS(t.init(), DLLM_OK, nullptr);
     test_rng rng("gpu_soloq.fused_producers");
     const int M = 5;
-    for (int d : {264, 4096})
+    for (int d : {264, 3584, 4096, 12288})  // 12288: LLaDA-8B's SwiGLU rows, over a cluster of 6 CTAs on sm_90
         for (dllm__q4_format f : {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_RTN}) {
             const dllm__rotation r = dllm__make_rotation(DLLM__ROT_KRPBH, d, rng.next(), 7);
             dllm__rotation_dev rot;

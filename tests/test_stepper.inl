@@ -469,8 +469,8 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     CHECK(id == -1);
     dllm_batch_item bad = it;
     bad.out_capacity = 7;
-    CHECK_STATUS(dllm_stepper_can_add(st, &bad), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length = 8");
-    CHECK_STATUS(dllm_stepper_add(st, &bad, &id), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length = 8");
+    CHECK_STATUS(dllm_stepper_can_add(st, &bad), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length (-n) = 8");
+    CHECK_STATUS(dllm_stepper_add(st, &bad, &id), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length (-n) = 8");
     CHECK(id == -1 && dllm_stepper_n_active(st) == 0);
     CHECK_STATUS(dllm_stepper_can_add(st, &it), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_stepper_add(st, &it, &id), DLLM_OK, nullptr);

@@ -305,9 +305,9 @@ TEST(tp, ctx_device_list_is_validated) {
     dllm_ctx *ctx = nullptr;
     dllm_ctx_params p = d;
     p.n_devices = -1;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "n_devices -1 must be in [0, 8]");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "n_devices (--devices) -1 must be in [0, 8]");
     p.n_devices = DLLM_MAX_DEVICES + 1;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "n_devices 9");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "n_devices (--devices) 9");
     p = d, p.n_devices = 2, p.devices[1] = 0;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "devices[0] and devices[1] are both CUDA device 0");
     p = d, p.n_devices = 3, p.devices[2] = -4;

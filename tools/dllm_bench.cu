@@ -856,7 +856,7 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
     BENCH_CHECK(dllm__rotation_upload(rot, rd));
     for (int soloq = 0; soloq < 2; soloq++) {
         kvq_args b = {};
-        b.cache = cache.as<bf16_t>(), b.k_codes = k_codes.as<unsigned char>(), b.v_codes = v_codes.as<unsigned char>();
+        b.sinks = cache.as<bf16_t>(), b.fresh = cache.as<bf16_t>() + (size_t)n * 2 * kvd, b.k_codes = k_codes.as<unsigned char>(), b.v_codes = v_codes.as<unsigned char>();
         b.k_pairs = k_pairs.as<unsigned short>();
         b.v_pairs = soloq ? nullptr : v_side.as<unsigned short>();
         b.v_scale = soloq ? v_side.as<float>() : nullptr;
@@ -868,7 +868,7 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
         auto layer_args = [&](int i) {
             kvq_args bl = b;
             const size_t l = (size_t)(i % layers);
-            bl.cache += l * cache_elems, bl.k_codes += l * codes, bl.v_codes += l * codes, bl.k_pairs += l * (n_keys / T + 1) * kvd * 2;
+            bl.sinks += l * cache_elems, bl.fresh += l * cache_elems, bl.k_codes += l * codes, bl.v_codes += l * codes, bl.k_pairs += l * (n_keys / T + 1) * kvd * 2;
             if (soloq) bl.v_scale += l * n_keys * n_kv;
             else bl.v_pairs += l * n_keys * n_kv * 2;
             return bl;

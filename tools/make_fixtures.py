@@ -337,7 +337,6 @@ def make_llada(root):
         dict(name="lowconf_b8", prompt=P, steps=16, gen_length=16, block_length=8),
         dict(name="two_per_step_single_block", prompt=P, steps=8, gen_length=16, block_length=16),
         dict(name="remainder_to_earliest", prompt=P, steps=5, gen_length=16, block_length=16),
-        dict(name="more_steps_than_masks", prompt=P, steps=24, gen_length=16, block_length=8),
         dict(name="random_remask", prompt=P, steps=12, gen_length=24, block_length=8, remasking="random", seed=7),
         dict(name="temperature", prompt=P, steps=16, gen_length=16, block_length=4, temperature=0.7, seed=3),
         dict(name="cfg", prompt=P, steps=8, gen_length=16, block_length=8, cfg_scale=1.5),

@@ -158,11 +158,15 @@ class ChatMessage(ctypes.Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
+QUANTIZE_PROGRESS_FN = ctypes.CFUNCTYPE(None, c_int, c_int, c_void_p)
+
+
 class CtxParams(ctypes.Structure):
     _fields_ = [
         ("backend", c_enum), ("device", c_int), ("max_tokens", c_int), ("n_threads", c_int), ("precision", c_enum),
         ("quantize_lm_head", c_int), ("kv_quant", c_enum), ("kv_sink_tokens", c_int), ("n_devices", c_int),
         ("devices", c_int * MAX_DEVICES), ("soloq_rotation", c_enum), ("soloq_bias_correction", c_int),
+        ("progress", QUANTIZE_PROGRESS_FN), ("progress_user_data", c_void_p),
     ]
 
 
@@ -176,7 +180,6 @@ class StepInfo(ctypes.Structure):
 
 STEP_FN = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(StepInfo), c_void_p)
 LOG_FN = ctypes.CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
-QUANTIZE_PROGRESS_FN = ctypes.CFUNCTYPE(None, c_int, c_int, c_void_p)
 
 
 class GenParams(ctypes.Structure):

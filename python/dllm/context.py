@@ -15,6 +15,7 @@ except ImportError:  # NumPy is optional: logits then come back as array.array r
 
 # Set by the library itself (Stream sets on_step); not keyword arguments.
 _CALLBACK_FIELDS = ("on_step", "on_step_data")
+_CTX_CALLBACK_FIELDS = ("progress", "progress_user_data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +59,18 @@ def gen_defaults():
 
 class Context(NativeHandle):
     """A model on a backend with its buffers (dllm_ctx_create). Keyword arguments: the dllm_ctx_params
-    fields (backend="cpu", precision="fp8_ffn", n_threads=2, ...), the library's defaults otherwise.
+    fields (backend="cpu", precision="fp8_ffn", n_threads=2, ...), the library's defaults otherwise;
+    progress(done, total) is called after each layer the CPU backend quantises at creation.
     One generation runs at a time; another call meanwhile (e.g. during a stream) is a RuntimeError."""
 
     _kind, _free_name = "ctx", "dllm_ctx_free"
 
-    def __init__(self, model, **params):
-        cp = fill_struct(lib().dllm_ctx_default_params(), params)
+    def __init__(self, model, progress=None, **params):
+        cp = fill_struct(lib().dllm_ctx_default_params(), params, skip=_CTX_CALLBACK_FIELDS)
+        # a local keeps the thunk alive through the call: ctypes frees it with its Python object
+        callback = T.QUANTIZE_PROGRESS_FN(lambda done, total, _: progress(done, total)) if progress else None
+        if callback:
+            cp.progress = callback
         out = c_void_p()
         check(lib().dllm_ctx_create(model._handle(), cp, byref(out)))
         self.model = model
@@ -77,7 +83,7 @@ class Context(NativeHandle):
     @staticmethod
     def default_params():
         """dllm_ctx_default_params() as a dict."""
-        return struct_dict(lib().dllm_ctx_default_params())
+        return struct_dict(lib().dllm_ctx_default_params(), skip=_CTX_CALLBACK_FIELDS)
 
     @property
     def backend(self):
@@ -101,7 +107,10 @@ class Context(NativeHandle):
         return self._handle()
 
     def _gen_params(self, options):
-        return fill_struct(lib().dllm_gen_default_params(), options, skip=_CALLBACK_FIELDS)
+        gp = fill_struct(lib().dllm_gen_default_params(), options, skip=_CALLBACK_FIELDS)
+        if "gen_length" in options and "steps" not in options:
+            gp.steps = min(gp.steps, gp.gen_length)  # the library refuses steps that could commit nothing
+        return gp
 
     def _prompt_ids(self, prompt):
         """Token ids as given, or a string's tokens (as written: apply_chat_template is the caller's choice)."""

@@ -87,6 +87,11 @@ class LladaTest(unittest.TestCase):
                                  temperature=0.5)
         self.assertEqual((mine.ids, mine.text), (ids, text))
 
+    def test_steps_follow_a_short_gen_length(self):
+        # steps left at the default (128) become gen_length: the library refuses steps that commit nothing
+        mine = self.ctx.generate(self.prompt, gen_length=16, block_length=8)
+        self.assertEqual(mine.ids, self.ctx.generate(self.prompt, gen_length=16, steps=16, block_length=8).ids)
+
     def test_stream_ends_on_generate_result(self):
         with self.ctx.stream(self.prompt, **SHORT) as stream:
             steps = list(stream)
@@ -130,7 +135,7 @@ class LladaTest(unittest.TestCase):
         results = caught.exception.results
         self.assertEqual(results[0].ids, self.solo.ids)
         self.assertEqual(results[1].status, dllm.Status.ERR_INVALID_ARGUMENT)
-        self.assertIn("steps 3", results[1].message)
+        self.assertIn("steps (--steps) 3", results[1].message)
 
     def test_numpy_prompt(self):
         try:
@@ -211,6 +216,13 @@ class LladaTest(unittest.TestCase):
                 self.assertEqual(quantized.info.precision, dllm.Precision.SOLOQ_I)
         self.assertEqual(calls[-1], (self.model.info.n_layer, self.model.info.n_layer))
 
+    def test_context_quantising_reports_progress(self):
+        calls = []
+        dllm.Context(self.model, backend="cpu", precision="soloq_i",
+                     progress=lambda done, total: calls.append((done, total))).close()
+        n = self.model.info.n_layer
+        self.assertEqual(calls, [(i, n) for i in range(1, n + 1)])
+
 
 class StepperTest(unittest.TestCase):
     """Continuous batching: prompts joining a running stepper at different steps get generate()'s answers."""
@@ -269,7 +281,7 @@ class StepperTest(unittest.TestCase):
             self.ctx.generate_batch([self.prompts[0]], **SHORT)
         with self.assertRaises(dllm.DllmError) as bad:
             stepper.add(self.prompts[0], gen_length=16, steps=3, block_length=8)
-        self.assertIn("steps 3", bad.exception.message)
+        self.assertIn("steps (--steps) 3", bad.exception.message)
         first, second_id = stepper.add(self.prompts[0], **SHORT), stepper.add(self.prompts[1], **SHORT)
         stepper.step()
         stepper.step()

@@ -3,10 +3,11 @@
 class dllm__cpu_backend : public dllm__backend_impl {
   public:
     dllm__cpu_backend(const dllm_model &m, int n_threads, int max_tokens, dllm_precision precision,
-                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1)
-        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision)) {
+                      const dllm__soloq_options &soloq, int kv_quant = DLLM_KV_QUANT_NONE, int kv_sinks = -1,
+                      const dllm__progress &progress = dllm__progress())
+        : m_(m), pool_(n_threads), fp8_(dllm__cpu_fp8_weights(m, precision, progress)) {
         dllm__rope_tables_cfg(m.cfg, max_tokens, cos_, sin_);
-        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_);
+        if (soloq.enabled) fp8_ = dllm__cpu_soloq_weights(m, pool_, soloq, head_, progress);
         kvq_.setup(m.cfg, kv_quant, kv_sinks);
     }
 

@@ -182,8 +182,9 @@ struct dllm__fp8_layer {
     std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. */
-static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision) {
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. progress counts layers 1.. . */
+static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
+                                                         const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
     std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
@@ -194,6 +195,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
             out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
             out[l].o = dllm__quantize_stacked({L.wo});
         }
+        progress.report((int)l, (int)out.size() - 1);
     }
     return out;
 }

@@ -57,8 +57,8 @@ static std::string dllm__tp_valid_counts(const dllm__config &c) {
 static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char *what, int count) {
     if (count % n == 0) return DLLM_OK;
     return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                      "tensor parallelism over %d devices (dllm_ctx_params.n_devices): the model's %d %s do not split "
-                      "evenly over %d ranks; device counts this model divides: %s",
+                      "tensor parallelism over n_devices (--devices) %d: the model's %d %s do not split evenly over "
+                      "%d ranks; device counts this model divides: %s",
                       n, count, what, n, dllm__tp_valid_counts(c).c_str());
 }
 
@@ -67,7 +67,7 @@ static dllm_status dllm__tp_check_count(const dllm__config &c, int n, const char
 static dllm_status dllm__tp_shard(const dllm__config &c, int n_ranks, int rank, dllm__tp_plan &plan) {
     if (n_ranks < 1 || n_ranks > dllm__tp_max_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "tensor parallelism over %d devices (dllm_ctx_params.n_devices): must be in [1, %d]", n_ranks,
+                          "tensor parallelism over n_devices (--devices) %d: must be in [1, %d]", n_ranks,
                           dllm__tp_max_ranks);
     if (rank < 0 || rank >= n_ranks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tensor parallelism: rank %d outside [0, %d)", rank, n_ranks);
@@ -277,9 +277,8 @@ static dllm__tp_best dllm__tp_rank_best(const float *logits, const dllm__tp_plan
         if (l > b.max_logit) b.max_logit = l;
         double score = l;
         if (s.temperature > 0)
-            score =
-                exp((double)l) /
-                pow(-log(dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL)), s.temperature);
+            score = dllm__gumbel_key(l, s.temperature,
+                                     dllm__uniform(s.seed, (uint32_t)(p.vocab0 + i), pos, step, DLLM__RNG_GUMBEL));
         if (score > b.score) b.score = score, best = i;
     }
     b.token = p.vocab0 + best, b.logit = logit(best);
@@ -335,7 +334,8 @@ static dllm__tp_best dllm__tp_best_merge(const dllm__tp_best &a, const dllm__tp_
 static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_params &p) {
     if (p.n_devices < 0 || p.n_devices > DLLM_MAX_DEVICES)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "dllm_ctx_create: n_devices %d must be in [0, %d] (0 = one GPU, dllm_ctx_params.device)",
+                          "dllm_ctx_create: n_devices (--devices) %d must be in [0, %d] (0 = one GPU, "
+                          "dllm_ctx_params.device)",
                           p.n_devices, DLLM_MAX_DEVICES);
     for (int i = 0; i < p.n_devices; i++) {
         if (p.devices[i] < 0)

@@ -82,8 +82,15 @@ static float dllm__row_cutoff(const std::vector<float> &row, const dllm__samplin
     return cut;
 }
 
+/* The Gumbel-max key of a logit l at temperature T > 0 with its uniform draw u: l / T - log(-log u), in float64.
+ * generate.py's key exp(l) / (-log u)^T is the exponential of T times this one (the same order), but leaves a
+ * double's range for T above about 19 (-log u spans [2^-54, 37.4]), where most keys are +inf or 0 and the lowest id
+ * wins. This one draws from softmax(l / T) at any finite T; the chosen token differs from generate.py's only where
+ * the two best keys are within float64 rounding of each other. Twin: gumbel_key. */
+static double dllm__gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 /* x0 and its ranking key for one canvas position from its logits row (generate.py and Dream semantics):
- * x0 = argmax(l) at T = 0, else argmax(exp(l) / (-log u)^T) in float64 (Gumbel-max of softmax(l/T)).
+ * x0 = argmax(l) at T = 0, else the argmax of dllm__gumbel_key (Gumbel-max of softmax(l/T)).
  * The confidence is taken in float64 under q = softmax(l * inv_t), inv_t = 1/T where Dream tempers it, else 1:
  * q(x0) (LOW_CONFIDENCE), q(top1) - q(top2) (MARGIN), sum q log q (ENTROPY), u (RANDOM), or -u (ORIGIN: ranked
  * by ascending draw, the draws below the transfer probability are a prefix of the ranking). */
@@ -110,10 +117,8 @@ static dllm__choice dllm__choose(const float *logits, int n_vocab, const dllm__s
         second_logit = std::max(second_logit, l > max_logit ? max_logit : l);  // a NaN never enters, as on the GPU
         if (l > max_logit) max_logit = l;
         double score = l;
-        if (s.temperature > 0) {
-            double u = dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL);
-            score = exp((double)l) / pow(-log(u), s.temperature);
-        }
+        if (s.temperature > 0)
+            score = dllm__gumbel_key(l, s.temperature, dllm__uniform(s.seed, (uint32_t)v, pos, step, DLLM__RNG_GUMBEL));
         if (score > best_score) {
             best_score = score;
             best = v;

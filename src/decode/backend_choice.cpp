@@ -46,21 +46,23 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
     if (p.backend == DLLM_BACKEND_CPU)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "n_devices %d: tensor parallelism runs on the GPU backend only; the CPU backend takes n_devices 0 or 1",
+            "n_devices (--devices) %d: tensor parallelism runs on the GPU backend only; the CPU backend runs on one "
+            "device",
             p.n_devices);
     for (int i = 0; i < p.n_devices; i++) {
         std::string why;
         if (!dllm__gpu_usable(p.devices[i], why))
             return dllm__fail(
                 DLLM_ERR_NO_DEVICE,
-                "n_devices %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: %s",
+                "n_devices (--devices) %d asks for tensor parallelism over GPUs, but devices[%d] = %d is not usable: "
+                "%s",
                 p.n_devices, i, p.devices[i], why.c_str());
     }
     DLLM__TRY(dllm__load_nccl());
     return dllm__fail(
         DLLM_ERR_UNSUPPORTED,
         "tensor parallelism over %d GPUs is not built yet (the sharding plan and its CPU reference exist, the "
-        "NCCL forward does not: README, tensor parallelism); use n_devices 0 or 1",
+        "NCCL forward does not: README, tensor parallelism); use one device (n_devices 0 or 1, one --devices entry)",
         p.n_devices);
 }
 
@@ -70,8 +72,9 @@ static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision %d: LLaDA2 models run unquantised only so far (DLLM_PRECISION_BF16 / AUTO)",
-                          (int)ctx.params.precision);
+                          "precision (--precision) %s: LLaDA2 models run unquantised only so far "
+                          "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
+                          dllm__precision_name(ctx.params.precision));
     if (ctx.params.backend == DLLM_BACKEND_GPU)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
@@ -105,7 +108,8 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     DLLM__TRY(dllm__check_finite_weights(*ctx.model, threads));
     ctx.backend = DLLM_BACKEND_CPU;
     ctx.impl.reset(new dllm__cpu_backend(*ctx.model, threads, ctx.max_tokens, ctx.params.precision, soloq,
-                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens));
+                                         ctx.params.kv_quant, ctx.params.kv_sink_tokens,
+                                         {ctx.params.progress, ctx.params.progress_user_data}));
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }

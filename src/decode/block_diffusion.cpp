@@ -22,32 +22,36 @@ static dllm_status dllm__check_bd_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes block diffusion greedily, the official default)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0),
+         "temperature (--temp) > 0 (dllm decodes block diffusion greedily, the official default)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {dllm__enum_int(p.unmask) != DLLM_UNMASK_SCHEDULE && dllm__enum_int(p.unmask) != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE (one token a step) or DLLM_UNMASK_THRESHOLD"},
+         "an unmasking rule other than the default (one token a step) or DLLM_UNMASK_THRESHOLD (--threshold)"},
         {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
-         "kv_cache (block diffusion has its own committed-block cache; see block_cache)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.early_stop != 0, "early_stop (block diffusion stops at its stop token)"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
+         "kv_cache (--cache): block diffusion has its own committed-block cache; see block_cache (--block-cache)"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.early_stop != 0, "early_stop (--early-stop): block diffusion stops at its stop token"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
         {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
-         "the sampler filters top_k, top_p and min_p (it decodes greedily)"},
-        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id (block diffusion stops at stop_id)"},
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p): it decodes greedily"},
+        {p.eos_id != -1 || p.eot_id != -1, "eos_id or eot_id: block diffusion stops at stop_id (--stop-id)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "block diffusion does not take %s", u.what);
     if (dllm__enum_int(p.unmask) == DLLM_UNMASK_THRESHOLD && !(p.threshold > 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                          p.threshold);
     if (p.block_cache != 0 && p.block_cache != 1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache must be 0 or 1, got %d", p.block_cache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "block_cache (--block-cache) must be 0 or 1, got %d",
+                          p.block_cache);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -61,6 +65,56 @@ static int dllm__out_needed(const dllm_ctx &ctx, int n_prompt, const dllm_gen_pa
     return bd ? dllm__bd_max_out(p.gen_length, p.block_length, n_prompt) : p.gen_length;
 }
 
+/* The committed K/V rows a generation needs: the prompt's whole blocks, the generated blocks, one block of slack (the
+ * last block's commit). */
+static int64_t dllm__bd_cache_rows(int n_prompt, const dllm__bd_plan &plan) {
+    return (int64_t)n_prompt / plan.B * plan.B + (int64_t)plan.n_blocks * plan.B + plan.B;
+}
+
+/* What fits, for a capacity error: `tokens` of prompt + gen_length at most, and `gen` (a multiple of the block) with
+ * this prompt where a block fits. */
+static std::string dllm__bd_what_fits(int64_t tokens, int64_t gen) {
+    std::string s =
+        dllm__format("prompt + gen_length may be %lld tokens at most", (long long)std::max<int64_t>(tokens, 0));
+    if (gen > 0) s += dllm__format(" (gen_length %lld with this prompt)", (long long)gen);
+    return s;
+}
+
+/* The context's positions hold prompt + gen_length (and the last AR seed); the error names what fits. */
+static dllm_status dllm__check_bd_length(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p, int B) {
+    if ((int64_t)n_prompt + p.gen_length + 1 <= ctx.max_tokens) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                      "prompt (%d) + gen_length (-n) %d + 1 tokens exceeds the context's limit of %d (max_tokens; the "
+                      "model's positions end at %d): %s",
+                      n_prompt, p.gen_length, ctx.max_tokens, ctx.model->cfg.max_seq_len,
+                      dllm__bd_what_fits(ctx.max_tokens - 1, (ctx.max_tokens - 1 - n_prompt) / B * B).c_str());
+}
+
+/* The committed K/V cache fits what the backend can hold, checked before anything runs; the error names what fits and
+ * what to change. */
+static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const dllm_gen_params &p,
+                                        const dllm__bd_plan &plan) {
+    const dllm__config &c = ctx.model->cfg;
+    const int B = plan.B;
+    const int64_t rows = dllm__bd_cache_rows(n_prompt, plan);
+    int64_t fit = 0;
+    DLLM__TRY(ctx.impl->bd_rows_that_fit(B, fit));
+    if (rows <= fit) return DLLM_OK;
+    const int mode = dllm__enum_int(ctx.params.kv_quant);
+    const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
+    const std::string smaller = mode == DLLM_KV_QUANT_NONE
+                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
+                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+                                    : std::string();
+    return dllm__fail(
+        DLLM_ERR_OUT_OF_MEMORY,
+        "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
+        "a token, kv_quant %s) and the device has room for %lld: %s%s",
+        n_prompt, p.gen_length, (long long)rows, rows * per_token / 1048576.0, per_token, dllm__kvq_names[mode],
+        (long long)fit, dllm__bd_what_fits(fit - B, (fit - B - (int64_t)n_prompt / B * B) / B * B).c_str(),
+        smaller.c_str());
+}
+
 static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, int32_t *out, int out_capacity,
                                               dllm__bd_plan &plan) {
@@ -71,29 +125,30 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.B = p.block_length;
     plan.S = p.sub_block_length ? p.sub_block_length : 8;
     if (p.gen_length <= 0 || plan.B <= 0 || p.gen_length % plan.B)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (%d) must be a positive multiple of block_length (%d)",
-                          p.gen_length, plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d must be a positive multiple of block_length (--block) %d", p.gen_length,
+                          plan.B);
     if (plan.S <= 0 || plan.B % plan.S)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "sub_block_length %d%s must divide block_length %d", plan.S,
-                          p.sub_block_length ? "" : " (the default)", plan.B);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "sub_block_length (--sub-block) %d%s must divide block_length (--block) %d", plan.S,
+                          p.sub_block_length ? "" : ", the default,", plan.B);
     plan.n_blocks = p.gen_length / plan.B;
     plan.max_out = dllm__bd_max_out(p.gen_length, plan.B, n_prompt);
-    if ((int64_t)n_prompt + p.gen_length + 1 > ctx.max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) + 1 tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, ctx.max_tokens);
+    DLLM__TRY(dllm__check_bd_length(ctx, n_prompt, p, plan.B));
     if (!out || out_capacity < plan.max_out)
         return dllm__fail(
             !out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-            "block diffusion writes up to %d ids for this prompt (n_blocks * block_length + 1 - n_prompt %% block_length): "
+            "block diffusion writes up to %d ids for this prompt (gen_length + 1 - n_prompt %% block_length): "
             "the output buffer holds %d",
             plan.max_out, out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
-    DLLM__TRY(dllm__check_token("stop_id", p.stop_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("stop_id (--stop-id)", p.stop_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.stop_id = p.stop_id >= 0 ? p.stop_id : c.stop_id;
     if (plan.mask_id < 0)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the model names no mask id: set mask_id (--mask-id)");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the model names no mask token (no |<MASK>| in its tokenizer files, no mask_token_id in "
+                          "config.json): set mask_id (--mask-id)");
     for (int i = 0; i < n_prompt; i++) {
         if (prompt[i] < 0 || prompt[i] >= c.n_vocab)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
@@ -108,7 +163,7 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
     plan.block_cache = p.block_cache != 0;
     plan.prefill_mask = c.bd_causal_context ? 1 : plan.B;
     plan.step_mask = c.bd_mask_block;
-    return DLLM_OK;
+    return dllm__check_bd_cache(ctx, n_prompt, p, plan);
 }
 
 /* The state of one block-diffusion generation; x is the official code's input_ids / x_t. The official loop advances
@@ -162,7 +217,7 @@ struct dllm__bd_generation {
     }
 
     /* The committed K/V rows the generation needs: the backend's bd_begin, or its batch slot. */
-    int cache_rows() const { return n_prompt / plan.B * plan.B + plan.n_blocks * plan.B + plan.B; }
+    int cache_rows() const { return (int)dllm__bd_cache_rows(n_prompt, plan); }
 
     bool done() const { return at == DONE; }
 

@@ -46,22 +46,24 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
     const int unmask = dllm__enum_int(p.unmask), remasking = dllm__enum_int(p.remasking);
     const bool counted = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;
     if (unmask == DLLM_UNMASK_TIMESTEPS && !(p.eps > 0 && p.eps < 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps must be in (0, 1), got %g", p.eps);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "eps (--eps) must be in (0, 1), got %g", p.eps);
     if (!(p.alg_temp >= 0 && p.alg_temp <= DBL_MAX))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp must be finite and >= 0, got %g", p.alg_temp);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "alg_temp (--alg-temp) must be finite and >= 0, got %g",
+                          p.alg_temp);
     if (remasking == DLLM_REMASK_ORIGIN && unmask != DLLM_UNMASK_TIMESTEPS)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DLLM_REMASK_ORIGIN transfers each mask with the probability of Dream's timestep schedule: "
-                          "it needs unmask = DLLM_UNMASK_TIMESTEPS (got %d)",
-                          unmask);
+                          "DLLM_REMASK_ORIGIN (--alg origin) transfers each mask with the probability of Dream's "
+                          "timestep schedule: it needs DLLM_UNMASK_TIMESTEPS (--timesteps)");
     if (remasking == DLLM_REMASK_ORIGIN && p.confidence_eos_eot_inf)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "DLLM_REMASK_ORIGIN does not rank candidates, so confidence_eos_eot_inf cannot put EOS/EoT last");
+            "DLLM_REMASK_ORIGIN (--alg origin) does not rank candidates, so confidence_eos_eot_inf (--eos-eot-last) "
+            "cannot put EOS/EoT last");
     if (p.alg_temp > 0 && (!counted || remasking == DLLM_REMASK_ORIGIN))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "alg_temp samples the k positions of a counted step (DLLM_UNMASK_SCHEDULE or _TIMESTEPS); "
-                          "threshold/factor rules and DLLM_REMASK_ORIGIN have no k to sample");
+                          "alg_temp (--alg-temp) samples the k positions of a counted step (the default schedule or "
+                          "DLLM_UNMASK_TIMESTEPS (--timesteps)); DLLM_UNMASK_THRESHOLD (--threshold), "
+                          "DLLM_UNMASK_FACTOR (--factor) and DLLM_REMASK_ORIGIN (--alg origin) have no k to sample");
     return DLLM_OK;
 }
 
@@ -69,11 +71,12 @@ static dllm_status dllm__check_dream(const dllm_gen_params &p) {
 static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
     if (dllm__enum_int(p.remasking) != DLLM_REMASK_ENTROPY) {
         if (!(p.threshold > 0 && p.threshold <= 1))
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in (0, 1], got %g", p.threshold);
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in (0, 1], got %g",
+                              p.threshold);
     } else if (!(p.threshold <= 0 && p.threshold >= -DBL_MAX)) {
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "with DLLM_REMASK_ENTROPY the confidence is sum p log p <= 0 (minus the entropy in nats): "
-                          "threshold must be finite and <= 0 (e.g. -0.5), got %g",
+                          "with DLLM_REMASK_ENTROPY (--alg entropy) the confidence is sum p log p <= 0 (minus the "
+                          "entropy in nats): threshold (--threshold) must be finite and <= 0 (e.g. -0.5), got %g",
                           p.threshold);
     }
     return DLLM_OK;
@@ -81,11 +84,14 @@ static dllm_status dllm__check_threshold(const dllm_gen_params &p) {
 
 /* The sampler filters: each off or inside its range (dllm.h). */
 static dllm_status dllm__check_filters(const dllm_gen_params &p) {
-    if (p.top_k < 0) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p.top_k);
+    if (p.top_k < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_k (--top-k) must be >= 0 (0 = off), got %d", p.top_k);
     if (!(p.top_p > 0 && p.top_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p must be in (0, 1] (1 = off), got %g", (double)p.top_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "top_p (--top-p) must be in (0, 1] (1 = off), got %g",
+                          (double)p.top_p);
     if (!(p.min_p >= 0 && p.min_p <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1] (0 = off), got %g", (double)p.min_p);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "min_p (--min-p) must be in [0, 1] (0 = off), got %g",
+                          (double)p.min_p);
     return DLLM_OK;
 }
 
@@ -98,7 +104,7 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                           "unmask must be DLLM_UNMASK_SCHEDULE, _THRESHOLD, _FACTOR or _TIMESTEPS, got %d", unmask);
     if (unmask == DLLM_UNMASK_THRESHOLD) DLLM__TRY(dllm__check_threshold(p));
     if (unmask == DLLM_UNMASK_FACTOR && !dllm__finite_in(p.factor, 1e-9, 1e9))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor must be > 0, got %g", p.factor);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "factor (--factor) must be > 0, got %g", p.factor);
     if (kv < DLLM_KV_CACHE_NONE || kv > DLLM_KV_CACHE_DUAL)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_cache must be DLLM_KV_CACHE_NONE, _PREFIX or _DUAL, got %d",
                           kv);
@@ -108,18 +114,21 @@ static dllm_status dllm__check_schedulers(const dllm_gen_params &p, const int32_
                 return dllm__fail(
                     DLLM_ERR_INVALID_ARGUMENT,
                     "the prompt has a [MASK] at %d: with a K/V cache only the block's rows are recomputed, "
-                    "so masks outside it cannot be decoded (use kv_cache NONE)",
+                    "so masks outside it cannot be decoded: use DLLM_KV_CACHE_NONE (--cache none)",
                     i);
     if (dpad < DLLM_DPAD_OFF || dpad > DLLM_DPAD_UNIFORM)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dpad must be DLLM_DPAD_OFF, _GAUSSIAN or _UNIFORM, got %d", dpad);
     if (dpad == DLLM_DPAD_GAUSSIAN &&
         (p.dpad_window < 2 || !dllm__finite_in(p.dpad_k, 0, 1e6) || !dllm__finite_in(p.dpad_scale, 0, 1e6)))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (Gaussian) needs dpad_window >= 2, dpad_k >= 0 and dpad_scale >= 0 (got %d, %g, %g)",
+                          "DPad (Gaussian) needs dpad_window (--dpad-window) >= 2, dpad_k (--dpad-k) >= 0 and "
+                          "dpad_scale (--dpad-scale) >= 0 (got %d, %g, %g)",
                           p.dpad_window, (double)p.dpad_k, (double)p.dpad_scale);
     if (dpad == DLLM_DPAD_UNIFORM && (p.dpad_window < 1 || p.dpad_n < 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "DPad (uniform) needs dpad_window >= 1 and dpad_n >= 0 (got %d, %d)", p.dpad_window,
+                          "DPad (uniform) needs dpad_window (--dpad-window) >= 1 and dpad_n (--dpad-uniform) >= 0 "
+                          "(got %d, %d)",
+                          p.dpad_window,
                           p.dpad_n);
     return dllm__check_dream(p);
 }
@@ -134,40 +143,52 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     const bool scheduled = unmask == DLLM_UNMASK_SCHEDULE || unmask == DLLM_UNMASK_TIMESTEPS;  // steps fixed per block
     if (p.gen_length <= 0 || p.block_length <= 0 || (scheduled && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length %d is not a multiple of block_length %d", p.gen_length,
-                          p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
+                          p.gen_length, p.block_length);
+    // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
+    // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
+    if (scheduled && p.steps > p.gen_length)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "steps (--steps) %d is more than gen_length (-n) %d: at most %d steps (one token a step) "
+                          "commit anything",
+                          p.steps, p.gen_length, p.gen_length);
     plan.n_blocks = p.gen_length / p.block_length;
     if (scheduled && p.steps % plan.n_blocks)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "steps %d is not a multiple of the number of blocks %d (gen_length / block_length)", p.steps,
-                          plan.n_blocks);
+                          "steps (--steps) %d is not a multiple of the number of blocks %d (gen_length (-n) / "
+                          "block_length (--block))",
+                          p.steps, plan.n_blocks);
     plan.steps_per_block = scheduled ? p.steps / plan.n_blocks : 0;
     if ((int64_t)n_prompt + p.gen_length > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) = %lld tokens exceeds the context's limit of %d", n_prompt,
-                          p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
-    if (!(p.temperature >= 0) || !(p.temperature < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p.temperature);
+                          "prompt (%d) + gen_length (-n) %d = %lld tokens exceeds the context's limit of %d",
+                          n_prompt, p.gen_length, (long long)n_prompt + p.gen_length, ctx.max_tokens);
+    if (!(p.temperature >= 0 && p.temperature <= FLT_MAX))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "temperature (--temp) must be finite and >= 0, got %g",
+                          (double)p.temperature);
     if (!(p.cfg_scale >= 0) || !(p.cfg_scale < 1e6))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale must be >= 0, got %g", (double)p.cfg_scale);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "cfg_scale (--cfg) must be in [0, 1e6), got %g",
+                          (double)p.cfg_scale);
     DLLM__TRY(dllm__check_filters(p));
     int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     int remasking = dllm__enum_int(p.remasking);
     if (remasking < DLLM_REMASK_LOW_CONFIDENCE || remasking > DLLM_REMASK_ORIGIN)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "remasking must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or _ORIGIN, got %d",
+                          "remasking (--alg) must be DLLM_REMASK_LOW_CONFIDENCE, _RANDOM, _MARGIN, _ENTROPY or "
+                          "_ORIGIN, got %d",
                           remasking);
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eot_id", p.eot_id, c.n_vocab));
     for (int i = 0; i < n_prompt; i++)
@@ -179,7 +200,7 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
     plan.eot_id = p.eot_id >= 0 ? p.eot_id : c.eot_id;
     if (p.early_stop && plan.eos_id < 0 && plan.eot_id < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "early_stop needs an EOS or EoT id (the model has none; set eos_id)");
+                          "early_stop (--early-stop) needs an EOS or EoT id (the model has none; set eos_id)");
     DLLM__TRY(dllm__check_no_llada2_options(c, p));
     return dllm__check_schedulers(p, prompt, n_prompt, plan.mask_id);
 }

@@ -22,37 +22,45 @@ static dllm_status dllm__check_llada2_options(const dllm_gen_params &p) {
         bool set;
         const char *what;
     } unsupported[] = {
-        {!(p.temperature == 0), "temperature > 0 (dllm decodes LLaDA2 greedily)"},
-        {!(p.cfg_scale == 0), "cfg_scale"},
-        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE, "remasking other than DLLM_REMASK_LOW_CONFIDENCE"},
+        {!(p.temperature == 0), "temperature (--temp) > 0 (dllm decodes LLaDA2 greedily)"},
+        {!(p.cfg_scale == 0), "cfg_scale (--cfg)"},
+        {dllm__enum_int(p.remasking) != DLLM_REMASK_LOW_CONFIDENCE,
+         "remasking (--alg) other than DLLM_REMASK_LOW_CONFIDENCE (--alg low_confidence)"},
         {unmask != DLLM_UNMASK_SCHEDULE && unmask != DLLM_UNMASK_THRESHOLD,
-         "unmask other than DLLM_UNMASK_SCHEDULE or _THRESHOLD (its loops always take threshold)"},
-        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE, "kv_cache (it caches the committed blocks by itself)"},
-        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad"},
-        {!(p.alg_temp == 0), "alg_temp"},
-        {p.logits_eos_inf != 0, "logits_eos_inf"},
-        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf"},
-        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0), "the sampler filters top_k, top_p and min_p"},
-        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (it stops at eos_id)"},
-        {p.sub_block_length != 0 || p.block_cache != 0, "sub_block_length or block_cache (Fast-dLLM v2's)"},
+         "an unmasking rule other than the default schedule or DLLM_UNMASK_THRESHOLD (--threshold): its loops always "
+         "take threshold"},
+        {dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE,
+         "kv_cache (--cache): it caches the committed blocks by itself"},
+        {dllm__enum_int(p.dpad) != DLLM_DPAD_OFF, "DPad (--dpad-window, --dpad-uniform)"},
+        {!(p.alg_temp == 0), "alg_temp (--alg-temp)"},
+        {p.logits_eos_inf != 0, "logits_eos_inf (--logits-eos-inf)"},
+        {p.confidence_eos_eot_inf != 0, "confidence_eos_eot_inf (--eos-eot-last)"},
+        {p.top_k != 0 || !(p.top_p == 1) || !(p.min_p == 0),
+         "the sampler filters top_k (--top-k), top_p (--top-p) and min_p (--min-p)"},
+        {p.eot_id != -1 || p.stop_id != -1, "eot_id or stop_id (--stop-id): it stops at eos_id"},
+        {p.sub_block_length != 0 || p.block_cache != 0,
+         "sub_block_length (--sub-block) or block_cache (--block-cache), Fast-dLLM v2's"},
         {p.edit_threshold < 0 && p.max_post_steps != -1,
          "max_post_steps (--max-post-steps) without edit_threshold >= 0 (LLaDA2.0's loop has no post steps)"},
     };
     for (auto &u : unsupported)
         if (u.set) return dllm__fail(DLLM_ERR_UNSUPPORTED, "LLaDA2 decoding does not take %s", u.what);
     if (!(p.threshold >= 0 && p.threshold <= 1))
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold must be in [0, 1], got %g", p.threshold);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "threshold (--threshold) must be in [0, 1], got %g",
+                          p.threshold);
     if (!(p.edit_threshold < 0 || p.edit_threshold <= 1))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "edit_threshold must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), got %g",
+                          "edit_threshold (--edit-threshold) must be < 0 (LLaDA2.0's loop) or in [0, 1] (LLaDA2.1's), "
+                          "got %g",
                           p.edit_threshold);
     if (p.max_post_steps < -1)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "max_post_steps must be >= 0, or -1 for the default 16, got %d",
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "max_post_steps (--max-post-steps) must be >= 0, or -1 for the default 16, got %d",
                           p.max_post_steps);
     const int lacache = dllm__enum_int(p.lacache);
     if (lacache < DLLM_LACACHE_OFF || lacache > DLLM_LACACHE_ON)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "lacache must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d",
-                          lacache);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "lacache (--lacache) must be DLLM_LACACHE_OFF, _TRUNCATE or _ON, got %d", lacache);
     return DLLM_OK;
 }
 
@@ -61,13 +69,13 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
                                              int out_capacity, dllm__llada2_plan &plan) {
     if (p.gen_length <= 0 || p.block_length <= 0 || (!plan.editing && p.steps <= 0))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "gen_length (%d), block_length (%d) and steps (%d) must be positive", p.gen_length,
-                          p.block_length, p.steps);
+                          "gen_length (-n) %d, block_length (--block) %d and steps (--steps) %d must be positive",
+                          p.gen_length, p.block_length, p.steps);
     plan.B = p.block_length;
     const int64_t canvas = ((int64_t)n_prompt + p.gen_length + plan.B - 1) / plan.B * plan.B;
     if (canvas > ctx.max_tokens)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
-                          "prompt (%d) + gen_length (%d) rounded up to whole blocks of %d is %lld tokens, over the "
+                          "prompt (%d) + gen_length (-n) %d rounded up to whole blocks of %d is %lld tokens, over the "
                           "context's limit of %d",
                           n_prompt, p.gen_length, plan.B, (long long)canvas, ctx.max_tokens);
     plan.n_blocks = (int)(canvas / plan.B);
@@ -75,7 +83,7 @@ static dllm_status dllm__plan_llada2_lengths(const dllm_ctx &ctx, int n_prompt, 
         std::min(p.steps, p.gen_length);  // the official min(steps, gen_length // minimal_topk), minimal_topk 1
     if (!out || out_capacity < p.gen_length)
         return dllm__fail(!out ? DLLM_ERR_INVALID_ARGUMENT : DLLM_ERR_BUFFER_TOO_SMALL,
-                          "the output buffer must hold gen_length = %d ids (capacity %d)", p.gen_length,
+                          "the output buffer must hold gen_length (-n) = %d ids (capacity %d)", p.gen_length,
                           out ? out_capacity : 0);
     return DLLM_OK;
 }
@@ -88,7 +96,7 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
     DLLM__TRY(dllm__check_llada2_options(p));
     plan.editing = p.edit_threshold >= 0;
     DLLM__TRY(dllm__plan_llada2_lengths(ctx, n_prompt, p, out, out_capacity, plan));
-    DLLM__TRY(dllm__check_token("mask_id", p.mask_id, c.n_vocab));
+    DLLM__TRY(dllm__check_token("mask_id (--mask-id)", p.mask_id, c.n_vocab));
     DLLM__TRY(dllm__check_token("eos_id", p.eos_id, c.n_vocab));
     plan.mask_id = p.mask_id >= 0 ? p.mask_id : c.mask_id;
     plan.eos_id = p.eos_id >= 0 ? p.eos_id : c.eos_id;

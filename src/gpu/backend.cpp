@@ -94,6 +94,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status finish(dllm__decode &st) override;
     // block diffusion (16.4.3)
     dllm_status bd_begin(int rows) override;
+    dllm_status bd_rows_that_fit(int group, int64_t &rows) const override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
     bool bd_chooses() const override { return !bd_host_choice_; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
@@ -200,6 +201,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
+     * only their codes). */
+    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kvq_keep_rows_ = on; }
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    size_t bd_committed_bytes() const {
+        return bd_cache_.bytes + kvq_k_codes_.bytes + kvq_v_codes_.bytes + kvq_k_pairs_.bytes + kvq_v_side_.bytes +
+               kvq_sinks_.bytes;
+    }
+    /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
+    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kvq_fresh_.bytes + kvq_partial_.bytes; }
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
@@ -375,24 +386,31 @@ class dllm__gpu_backend : public dllm__backend_impl {
     std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
 
     // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
-    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim]; the block cache likewise
-    // [layer][bd_block_rows_][...]
+    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim] (not under kv_quant); the block
+    // cache likewise [layer][bd_block_rows_][...]
     dllm__dbuf bd_cache_, bd_block_, bd_partial_;
     int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
-    // [KV quant] (9c on the device): the committed rows' codes beside bd_cache_, whose bf16 rows the sinks and the
-    // forwarded rows keep; 9c's layout per layer (kvq_ holds the settings and the host rotations, its vectors empty)
+    // [KV quant] (9c on the device): the committed rows as codes only, 9c's layout per layer (kvq_ holds the settings and
+    // the host rotations, its vectors empty); bf16 K|V rows for the committed sinks [layer][kvq_sink_rows_][2 kvd] and
+    // for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a commit quantises its layer's rows
+    // before the next layer's are written)
     dllm__kvq kvq_;
     dllm__kvq_kernels KQ_;
     std::vector<dllm__rotation_dev> kvq_rot_;
     dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
-        kvq_v_side_;            // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__kvq_tc_kernels KQT_;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
-    dllm__dbuf kvq_partial_;    // its split states (dllm__kvq_tc_partial_bound)
-    bool kvq_tc_on_ = false;    // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+        kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf kvq_sinks_, kvq_fresh_;
+    int kvq_sink_rows_ = 0;           // min(n_sink, bd_cap_)
+    bool kvq_keep_rows_ = false;      // tests: kvq_kept_ holds each commit's bf16 rows
+    std::vector<uint16_t> kvq_kept_;  // [layer][bd_cap_][2 kvd]
+    dllm__kvq_tc_kernels KQT_;        // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf kvq_partial_;          // its split states (dllm__kvq_tc_partial_bound)
+    bool kvq_tc_on_ = false;          // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm_status kvq_keep(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
     // [FACache] on block diffusion: layer 0's committed states
     // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is

@@ -57,10 +57,14 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
+    const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
-        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * 4 * c.n_head_kv * c.head_dim, "the block cache"));
+        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * row_bytes, "the block cache"));
         bd_block_rows_ = T;
     }
+    if (kvq_.enabled())  // [KV quant] the rows the forward attends to past the committed ones, one layer's at a time
+        DLLM__TRY(kvq_fresh_.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : T) * row_bytes,
+                                 "the forwarded K/V rows beside the quantised cache"));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
     if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
     return DLLM_OK;
@@ -124,9 +128,9 @@ dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const d
     const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
     const std::string buffers =
-        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group, bd_cache_.ptr,
-                     bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
-                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr);
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group,
+                     bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
+                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr, kvq_sinks_.ptr, kvq_fresh_.ptr);
     return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
 }
 
@@ -225,8 +229,11 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                            act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
                                            c.llama4_orig_max));
     mark("rope");
-    char *cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes,
-         *after = cache + (size_t)bd_n_ * row_bytes;
+    char *cache, *after;
+    if (kvq_.enabled())  // flash_attn reads kvq_fresh_ only while nothing is committed; kvq_attention reads the codes
+        cache = after = (char *)kvq_fresh_.ptr;
+    else
+        cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, after = cache + (size_t)bd_n_ * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
         return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,

@@ -6,7 +6,8 @@
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for bd_cap_ rows), k and v the bf16 rows as fp32 [layer][cap][kvd]. */
+ * sized for bd_cap_ rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
+ * under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(bd_cap_);
@@ -21,14 +22,25 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
         DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
     else
         DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> rows((size_t)q.n_layer * bd_cap_ * 2 * q.kvd);
-    DLLM__CUDA(cudaMemcpy(rows.data(), bd_cache_.ptr, rows.size() * 2, cudaMemcpyDeviceToHost));
-    k.resize(rows.size() / 2), v.resize(rows.size() / 2);
-    for (size_t r = 0; r < (size_t)q.n_layer * bd_cap_; r++)
+    const size_t rows = (size_t)q.n_layer * bd_cap_;
+    k.assign(rows * q.kvd, 0.0f), v.assign(rows * q.kvd, 0.0f);
+    for (size_t r = 0; r < rows && kvq_kept_.size() == rows * 2 * q.kvd; r++)
         for (int e = 0; e < q.kvd; e++) {
-            k[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + e]);
-            v[r * q.kvd + e] = dllm__bf16_to_f32(rows[r * 2 * q.kvd + q.kvd + e]);
+            k[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + e]);
+            v[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + q.kvd + e]);
         }
+    return DLLM_OK;
+}
+
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kvq_fresh_ into kvq_kept_ (the next
+ * layer overwrites them; commits are never captured, so this copy may wait). */
+dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
+    const size_t row_elems = (size_t)2 * kvq_.kvd;
+    if (kvq_kept_.size() != (size_t)kvq_.n_layer * bd_cap_ * row_elems)
+        return dllm__fail(DLLM_ERR_INTERNAL, "kvq_keep_rows was set after bd_begin: no rows kept for this generation");
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    DLLM__CUDA(cudaMemcpy(&kvq_kept_[(layer * bd_cap_ + (size_t)row0) * row_elems], kvq_fresh_.ptr,
+                          (size_t)T * row_elems * 2, cudaMemcpyDeviceToHost));
     return DLLM_OK;
 }
 

@@ -201,9 +201,7 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w,
     a.eps = m_.cfg.norm_eps;
-    // 1024 threads: residual_rms gives the bits it gives at dllm__norm_threads (the extra threads hold no chunk and add
-    // zeros), and the rotation and quantiser that follow have twice the threads
-    return dllm__soloq_launch(Q_, a, 1024, stream_);
+    return dllm__soloq_launch(Q_, a, dllm__norm_threads(a.d / 8), stream_);
 }
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */

@@ -265,7 +265,8 @@ static const char *dllm__src_soloq = DLLM__KERNEL_FILE("soloq.cuh");
  * functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
-    X(const bf16_t *, cache) /* the layer's bf16 K|V rows [cap][2 kvd]: sinks, forwarded rows (and the commit's) */    \
+    X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
+    X(const bf16_t *, fresh) /* the forward's own K|V rows [rows][2 kvd], row 0 at n_committed (a commit's at row0) */ \
     X(unsigned char *, k_codes)                                                                                        \
     X(unsigned char *, v_codes)  /* the layer's [cap][kvd bits / 8] (9c's packing) */                                  \
     X(unsigned short *, k_pairs) /* [cap / group][kvd][2] FP16 (scale, min) */                                         \

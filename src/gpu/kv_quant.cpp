@@ -152,11 +152,14 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
         kvq_rot_.resize(kvq_.rot.size());
         for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0;
+    kvq_.cap = rows, kvq_.group = 0, kvq_sink_rows_ = std::min(kvq_.n_sink, rows);
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
     DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
     DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(
+        kvq_sinks_.fit((size_t)kvq_.n_layer * kvq_sink_rows_ * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
+    if (kvq_keep_rows_) kvq_kept_.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
     DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
     DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
     kvq_tc_on_ = false;
@@ -181,13 +184,14 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its cache rows and codes (9c's layout), settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
     const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
                  side = layer * bd_cap_ * kvq_.n_kv;
-    a.cache = (const bf16_t *)bd_cache_.ptr + layer * bd_cap_ * row_elems;
+    a.sinks = (const bf16_t *)kvq_sinks_.ptr + layer * kvq_sink_rows_ * row_elems;
+    a.fresh = (const bf16_t *)kvq_fresh_.ptr;
     a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
     a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
     a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
@@ -202,11 +206,17 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into bd_cache_, quantised (twin: dllm__kvq_commit's loop body,
- * on the bf16 rows). The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kvq_fresh_, committed: quantised (twin: dllm__kvq_commit's
+ * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const int sink_end = std::min(row0 + T, kvq_sink_rows_);
+    if (row0 < sink_end)
+        DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
+                                   (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (kvq_keep_rows_) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);

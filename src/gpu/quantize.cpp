@@ -39,12 +39,13 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
-/* The threads of a CTA holding a slice of n elements, `asked` the caller's (producer 1: at least its norm's threads). A
- * row's bits do not depend on them. Many rows: smaller CTAs, several an SM, for the norm producer (its norm's own
- * threads) and producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024 forward): add+norm 7.8 -> 5.4 ms, the
- * O GEMM's producer 6.0 -> 5.1; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 -> 11.4. */
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The norm
+ * producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a warp);
+ * many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024
+ * forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 ->
+ * 11.4. */
 static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
-    if (a.producer == 1) return a.rows > 64 ? dllm__norm_threads(a.d / 8) : asked;
+    if (a.producer == 1) return dllm__norm_threads(a.d / 8);
     const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
     return a.producer == 0 ? std::min(t, a.rows > 64 ? 256u : dllm__soloq_quantize_threads) : t;
 }

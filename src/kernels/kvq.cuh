@@ -58,7 +58,7 @@ KERNEL_kvq_commit_keys {
     float scale[4], minr[4];
     for (int c = 0; c < per; c++) {
         const int e = byte * per + c;
-        const bf16_t *x = a.cache + (u64)first * 2 * kvd + e;
+        const bf16_t *x = a.fresh + (u64)(first - a.row0) * 2 * kvd + e;
         float mn = n ? bf16_to_f32(x[0]) : 0.f, mx = mn;
         bool finite = true;
         for (int i = 0; i < n; i++) {
@@ -69,7 +69,7 @@ KERNEL_kvq_commit_keys {
         kivi_pair(mn, mx, finite, a.bits, a.k_pairs + ((u64)(g0 / a.group) * kvd + e) * 2, scale[c], minr[c]);
     }
     for (int i = 0; i < n; i++) {
-        const bf16_t *x = a.cache + (u64)(first + i) * 2 * kvd + byte * per;
+        const bf16_t *x = a.fresh + (u64)(first + i - a.row0) * 2 * kvd + byte * per;
         u32 b = 0;
         for (int c = 0; c < per; c++) b |= kivi_code(bf16_to_f32(x[c]), scale[c], minr[c], a.bits) << (c * a.bits);
         a.k_codes[(u64)(first + i) * row_bytes + byte] = (unsigned char)b;
@@ -88,7 +88,7 @@ KERNEL_kvq_commit_values {
     unsigned char *codes = a.v_codes + (u64)r * row_bytes + h * hd * a.bits / 8;
     if (!a.soloq) {
         if (lane == 0) {
-            const bf16_t *x = a.cache + (u64)r * 2 * kvd + kvd + h * hd;
+            const bf16_t *x = a.fresh + (u64)(r - a.row0) * 2 * kvd + kvd + h * hd;
             float mn = bf16_to_f32(x[0]), mx = mn, scale, minr;
             bool finite = true;
             for (int i = 0; i < hd; i++) {
@@ -107,13 +107,13 @@ KERNEL_kvq_commit_values {
         return;
     }
     soloq_args s = {};
-    s.x = a.cache + kvd + h * hd, s.x_stride = (u64)2 * kvd;
+    s.x = a.fresh + kvd + h * hd, s.x_stride = (u64)2 * kvd;
     s.perm = a.perm, s.signs = a.signs, s.mixer = a.mixer, s.rot_b = a.rot_b, s.rot_k = a.rot_k,
     s.rot_norm = a.rot_norm;
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    float *y = soloq_rotate(s, r, sl, A, B, 0), *v = val;
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {
@@ -190,6 +190,12 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
 /* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
+/* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */
+__device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) {
+    const u64 row_elems = (u64)2 * a.n_kv * a.hd;
+    return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
@@ -209,15 +215,16 @@ KERNEL_kvq_attention {
         const int j = j0 + lane;
         float s = -DLLM_INF;
         if (j < n_visible) {
-            const bf16_t *k = a.cache + (u64)j * 2 * kvd + kvh * hd;
             const unsigned char *codes = a.k_codes + (u64)j * row_bytes;
             const unsigned short *pairs = a.k_pairs + ((u64)(j / max(a.group, 1)) * kvd + kvh * hd) * 2;
             float dot = 0.f;
             if (kvq_quantised(a, j))
                 for (int c = 0; c < hd; c++)
                     dot = fmaf(q[c], kivi_decode(kvq_get(codes, kvh * hd + c, a.bits), pairs + 2 * c), dot);
-            else
+            else {
+                const bf16_t *k = kvq_bf16_row(a, j) + kvh * hd;
                 for (int c = 0; c < hd; c++) dot = fmaf(q[c], bf16_to_f32(k[c]), dot);
+            }
             s = dot * a.scale;
         }
         float corr;
@@ -227,7 +234,7 @@ KERNEL_kvq_attention {
             const int key = j0 + jj;
             const float pj = __shfl_sync(0xffffffffu, p, jj);
             if (!kvq_quantised(a, key)) {
-                const bf16_t *v = a.cache + (u64)key * 2 * kvd + kvd + kvh * hd;
+                const bf16_t *v = kvq_bf16_row(a, key) + kvd + kvh * hd;
                 for (int c = lane; c < hd; c += 32) acc[c] = fmaf(pj, bf16_to_f32(v[c]), acc[c]);
                 continue;
             }

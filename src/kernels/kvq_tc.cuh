@@ -180,7 +180,8 @@ __device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const 
     }
 }
 
-/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones) copied into the K and V tiles as they are. */
+/* The bf16 rows [lo, hi) of a tile (sinks, or rows past the committed ones: kvq_bf16_row) copied into the K and V tiles
+ * as they are. */
 __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
     constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
     const int kvd = a.n_kv * KVQ_HD;
@@ -189,7 +190,7 @@ __device__ void kvq_tc_load_bf16(const kvq_args &a, bf16_t *sK, bf16_t *sV, int 
         const int w = v ? u - KVQ_TC_BC * CPR : u, key = w / CPR, c = w % CPR, j = k0 + key;
         const bool ok = j >= lo && j < hi;
         cp_async16(smem_u32((v ? sV : sK) + key * LD + c * 8),
-                   a.cache + (ok ? (u64)j * 2 * kvd + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : 0), ok);
+                   ok ? kvq_bf16_row(a, j) + (v ? kvd : 0) + kvh * KVQ_HD + c * 8 : a.fresh, ok);
     }
 }
 

@@ -19,6 +19,9 @@ __device__ __forceinline__ float kept_logit(const sampler_args &a, int row, int 
     return a.cutoff && !(l >= a.cutoff[row]) ? -DLLM_INF : l;
 }
 
+/* l / T - log(-log u): the Gumbel-max key in log space, finite at any temperature. Twin: dllm__gumbel_key. */
+__device__ __forceinline__ double gumbel_key(float l, double T, double u) { return (double)l / T - log(-log(u)); }
+
 __device__ __forceinline__ bool better(double s, int i, double bs, int bi) { return s > bs || (s == bs && i < bi); }
 
 __device__ __forceinline__ double conf_inv_temp(const sampler_args &a) {
@@ -47,8 +50,7 @@ __device__ __forceinline__ void conf_partial_slice(const sampler_args &a, const 
         if (TOP2) second = fmaxf(second, l > mx ? mx : l);  // the CPU's update: a NaN never enters
         mx = fmaxf(mx, l);
         double score = l;
-        if (a.temperature > 0)
-            score = exp((double)l) / pow(-log(uniform01(a.seed, (u32)v, pos, step, 1u)), a.temperature);
+        if (a.temperature > 0) score = gumbel_key(l, a.temperature, uniform01(a.seed, (u32)v, pos, step, 1u));
         if (better(score, v, best, best_i)) {
             best = score;
             best_i = v;

@@ -117,17 +117,6 @@ __device__ __forceinline__ float q4_value(int format, const unsigned char *packe
     return (float)signed4;
 }
 
-/* The largest |v| over the block (fmaxf drops NaN, as dllm__amax's). */
-__device__ float block_amax(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float m = 0.f;
-    for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) m = fmaxf(m, red[w]);
-    return m;
-}
-
 /* Element i of the row a GEMM would read before the rotation: the bf16 row of x, add_rmsnorm's output (already in
  * `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
 __device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int i, const float *normed) {
@@ -182,7 +171,72 @@ __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
 #endif
 
-/* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered into A, block FWHTs, 1/sqrt(b), the
+/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E, a block a warp and no barrier:
+ * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
+ * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
+ * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
+template <int E>
+__device__ void soloq_fwht_registers(float *A, int n, float norm) {
+    const int lane = threadIdx.x & 31, b = 32 * E;
+    for (int blk = threadIdx.x >> 5; blk < n / b; blk += blockDim.x >> 5) {
+        float *block = A + blk * b + lane, x[E];
+#pragma unroll
+        for (int i = 0; i < E; i++) x[i] = block[32 * i];
+#pragma unroll
+        for (int h = 1; h < 32 && h < b; h <<= 1) {
+            const bool upper = lane & h;
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                const float other = __shfl_xor_sync(0xffffffffu, x[i], h);
+                x[i] = upper ? __fsub_rn(other, x[i]) : __fadd_rn(x[i], other);
+            }
+        }
+#pragma unroll
+        for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+            for (int i = 0; i < E; i++)
+                if (!(i & h)) {
+                    const float u = x[i], v = x[i + h];
+                    x[i] = __fadd_rn(u, v);
+                    x[i + h] = __fsub_rn(u, v);
+                }
+#pragma unroll
+        for (int i = 0; i < E; i++) block[32 * i] = __fmul_rn(x[i], norm);
+    }
+}
+
+/* The block FWHTs of the other block sizes in shared memory, a barrier a stage; then 1/sqrt(b). */
+__device__ void soloq_fwht_shared(float *A, const soloq_slice &s, int b) {
+    const int tid = threadIdx.x, nt = blockDim.x, log_b = __ffs(b) - 1;  // b a power of two: shifts and masks
+    for (int log_h = 0; log_h < log_b; log_h++) {
+        const int h = 1 << log_h;
+        for (int p = s.i0 / 2 + tid; p < (s.i0 + s.n) / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q
+            const int q = p & (b / 2 - 1),
+                      c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
+            const float u = A[c], v = A[c + h];
+            A[c] = __fadd_rn(u, v);
+            A[c + h] = __fsub_rn(u, v);
+        }
+        __syncthreads();
+    }
+}
+
+/* FWHT_b (and 1/sqrt(b)) of every block of the gathered slice A: in registers for b = 32 .. 1024. */
+__device__ void soloq_fwht_blocks(const soloq_args &a, const soloq_slice &s, float *A) {
+    switch (a.rot_b) {
+    case 1: return;
+    case 32: return soloq_fwht_registers<1>(A, s.n, a.rot_norm);
+    case 64: return soloq_fwht_registers<2>(A, s.n, a.rot_norm);
+    case 128: return soloq_fwht_registers<4>(A, s.n, a.rot_norm);
+    case 256: return soloq_fwht_registers<8>(A, s.n, a.rot_norm);
+    case 512: return soloq_fwht_registers<16>(A, s.n, a.rot_norm);
+    case 1024: return soloq_fwht_registers<32>(A, s.n, a.rot_norm);
+    }
+    soloq_fwht_shared(A, s, a.rot_b);
+    for (int i = threadIdx.x; i < s.n; i += blockDim.x) A[i] = __fmul_rn(A[i], a.rot_norm);
+}
+
+/* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered, block FWHTs, 1/sqrt(b), the
  * mixer Q_k into B. F is the row buffer (d floats) and A = F + i0 this CTA's slice of it; before mixing, a split row's
  * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
  * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
@@ -197,22 +251,8 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         A[i - s.i0] = v;
     }
     __syncthreads();
-    const int b = a.rot_b, log_b = __ffs(b) - 1;  // b is a power of two: shifts and masks, no integer division
-    if (b > 1) {
-        for (int log_h = 0; log_h < log_b; log_h++) {
-            const int h = 1 << log_h;
-            for (int p = s.i0 / 2 + tid; p < i1 / 2;
-                 p += nt) {  // butterfly p: block p >> (log_b - 1), pair q within it
-                const int q = p & (b / 2 - 1),
-                          c = ((p >> (log_b - 1)) << log_b) + ((q >> log_h) << (log_h + 1)) + (q & (h - 1)) - s.i0;
-                const float u = A[c], v = A[c + h];
-                A[c] = __fadd_rn(u, v);
-                A[c + h] = __fsub_rn(u, v);
-            }
-            __syncthreads();
-        }
-        for (int i = tid; i < s.n; i += nt) A[i] = __fmul_rn(A[i], a.rot_norm);
-    }
+    soloq_fwht_blocks(a, s, A);
+    const int b = a.rot_b, log_b = __ffs(b) - 1;
     if (!a.mixer) {
         __syncthreads();
         return A;
@@ -250,23 +290,41 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
     }
     soloq_sync(s);
     float sum = 0.f;
-    for (int j = 0; j < d / len; j++)
-        sum = __fadd_rn(sum, j / mine == s.r ? seg[j % mine] : soloq_remote(&seg[j % mine], j / mine));
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) sum = __fadd_rn(sum, r == s.r ? seg[j] : soloq_remote(&seg[j], r));
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
 }
 
-/* The largest |v| over every CTA of the row (fmaxf drops NaN, as dllm__amax's): block_amax, then the CTAs' maxima. */
-__device__ float soloq_row_amax(float v, const soloq_slice &s, float *red, float *shared_max) {
-    const float m = block_amax(v, red);
-    if (s.C == 1) return m;
-    if (threadIdx.x == 0) *shared_max = m;
+/* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
+ * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added in
+ * order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+__device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
+    __shared__ float seg_sum[32], seg_max[32];
+    const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
+    const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
+    for (int j = threadIdx.x >> 5; j < mine; j += blockDim.x >> 5) {
+        const float *x = y + j * len;
+        float p = 0.f, m = 0.f;
+#pragma unroll 8
+        for (int i = threadIdx.x & 31; i < len; i += 32) p = fmaf(x[i], x[i], p), m = fmaxf(m, fabsf(x[i]));
+        for (int off = 16; off > 0; off >>= 1) {
+            p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, off));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        }
+        if ((threadIdx.x & 31) == 0) seg_sum[j] = p, seg_max[j] = m;
+    }
     soloq_sync(s);
-    float all = 0.f;
-    for (int r = 0; r < s.C; r++) all = fmaxf(all, r == s.r ? *shared_max : soloq_remote(shared_max, r));
-    soloq_sync(s);
-    return all;
+    float sum = 0.f, amax = 0.f;
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) {
+            sum = __fadd_rn(sum, r == s.r ? seg_sum[j] : soloq_remote(&seg_sum[j], r));
+            amax = fmaxf(amax, r == s.r ? seg_max[j] : soloq_remote(&seg_max[j], r));
+        }
+    if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
+    if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
+    return make_float2(amax, sum);
 }
 
 /* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
@@ -353,7 +411,7 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
  * shared memory. */
 template <bool E8P>
 __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
-    __shared__ float red[32], seg[32], shared_max;
+    __shared__ float seg[32];
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *y = soloq_rotate(a, row, s, F, B, normed), *A = F + s.i0, *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
@@ -362,10 +420,8 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
         if (a.row_scale && tid == 0 && s.r == 0) a.row_scale[row] = 1.f;
         return;
     }
-    float m = 0.f;
-    for (int i = tid; i < s.n; i += nt) m = fmaxf(m, fabsf(y[i]));
-    const float amax = soloq_row_amax(m, s, red, &shared_max);
-    const float ss = soloq_row_dot(y, y, d, s, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
+    const float2 stats = soloq_row_stats(y, d, s);
+    const float amax = stats.x, ss = stats.y, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
     unsigned char *codes = a.codes ? a.codes + (u64)row * (d / 2) : 0;
     unsigned char *bs = a.block_scales ? a.block_scales + (u64)row * ((d + 15) / 16) : 0;
     float scale = 0.f;

@@ -372,7 +372,7 @@ static dllm_status dllm__config_parse(const dllm__json &root, const std::string 
     if (c.head_dim % 2)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s: head dimension %d is odd; rotary embeddings need an even one",
                           path.c_str(), c.head_dim);
-    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens checks it there.
+    // Fast-dLLM v2 names its mask in the tokenizer files only: dllm__find_block_tokens looks there.
     if (c.mask_id < 0 && c.family != DLLM_FAMILY_FAST_DLLM_V2)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: \"mask_token_id\" is missing; a diffusion model needs its [MASK] id",
                           path.c_str());
@@ -451,7 +451,8 @@ static dllm_status dllm__find_added_token(const std::string &dir, const char *co
 }
 
 /* Fast-dLLM v2's mask (|<MASK>|) and stop (<|im_end|>) ids live in its tokenizer files, not in config.json
- * (block-diffusion.md). A model without them is an error naming what to add. */
+ * (block-diffusion.md). A checkpoint without either still loads with mask_id -1: generating then needs
+ * dllm_gen_params.mask_id (dllm__plan_block_diffusion says so). */
 static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config &c) {
     if (c.family != DLLM_FAMILY_FAST_DLLM_V2) return DLLM_OK;
     int32_t mask = -1, stop = -1;
@@ -459,12 +460,6 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
     DLLM__TRY(dllm__find_added_token(dir, "<|im_end|>", stop));
     if (mask >= 0 && c.mask_id < 0) c.mask_id = mask;
     if (stop >= 0) c.stop_id = stop;
-    if (c.mask_id < 0)
-        return dllm__fail(
-            DLLM_ERR_FORMAT,
-            "%s: Fast-dLLM v2 takes its mask id from the tokenizer's added token |<MASK>| (added_tokens.json or "
-            "tokenizer_config.json), and neither names it: add the tokenizer files, or \"mask_token_id\" to config.json",
-            dir.c_str());
     if (c.mask_id >= c.n_vocab || c.stop_id >= c.n_vocab)
         return dllm__fail(DLLM_ERR_FORMAT, "%s: mask id %d or stop id %d is outside the vocabulary (%d)", dir.c_str(),
                           c.mask_id, c.stop_id, c.n_vocab);

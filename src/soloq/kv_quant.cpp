@@ -64,18 +64,20 @@ static dllm_status dllm__kvq_check(const dllm__config &c, int mode, int sinks, i
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "kv_quant %d must be a dllm_kv_quant, DLLM_KV_QUANT_NONE (0) to _KIVI_KV2 (4)", mode);
     if (sinks < -1 || sinks > max_tokens)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "kv_sink_tokens %d must be in [-1, %d] (-1 = the model's default)",
-                          sinks, max_tokens);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "kv_sink_tokens (--kv-sinks) %d must be in [-1, %d] (-1 = the model's default)", sinks,
+                          max_tokens);
     if (mode == DLLM_KV_QUANT_NONE) return DLLM_OK;
     if (!dllm__is_block_diffusion(c))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kv_quant %s: a %s model has no committed K/V cache to quantise (block-diffusion models only: Fast-dLLM v2, "
-            "Nemotron-Labs-Diffusion); use kv_quant none",
+            "kv_quant (--kv-quant) %s: a %s model has no committed K/V cache to quantise (block-diffusion models "
+            "only: Fast-dLLM v2, Nemotron-Labs-Diffusion); use DLLM_KV_QUANT_NONE (--kv-quant none)",
             dllm__kvq_names[mode], dllm__family_name(c.family));
     if (c.head_dim % 4)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "kv_quant %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); head_dim is %d",
+                          "kv_quant (--kv-quant) %s needs head_dim %% 4 == 0 (whole bytes of 2-bit codes a head); "
+                          "head_dim is %d",
                           dllm__kvq_names[mode], c.head_dim);
     return DLLM_OK;
 }

@@ -187,20 +187,31 @@ static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_stored(const std::sh
 }
 
 /* Weights of every layer (and the head if asked) quantised once at context creation, or taken from a quantised
- * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null. */
+ * checkpoint (dllm_model::soloq); layer l's entry points at its SoloQ linears. *head: the quantised LM head or null.
+ * progress counts the quantised layers and head (none from a quantised checkpoint). */
 static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m, dllm__pool &pool,
                                                             const dllm__soloq_options &asked,
-                                                            std::shared_ptr<const dllm__soloq_layer> &head) {
+                                                            std::shared_ptr<const dllm__soloq_layer> &head,
+                                                            const dllm__progress &progress = dllm__progress()) {
     const dllm__config &c = m.cfg;
     const dllm__soloq_options o = dllm__soloq_effective_options(m, asked);
+    const int total = (int)m.layers.size() + (o.quantize_head ? 1 : 0);
     std::vector<dllm__fp8_layer> out(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++)
-        out[l].soloq = m.soloq ? dllm__soloq_stored(m.soloq->layers[l], o) : dllm__soloq_quantize_layer(m, pool, o, l);
+    for (size_t l = 0; l < m.layers.size(); l++) {
+        if (m.soloq) {
+            out[l].soloq = dllm__soloq_stored(m.soloq->layers[l], o);
+            continue;
+        }
+        out[l].soloq = dllm__soloq_quantize_layer(m, pool, o, l);
+        progress.report((int)l + 1, total);
+    }
     head.reset();
-    if (m.soloq && m.soloq->head)
+    if (m.soloq && m.soloq->head) {
         head = dllm__soloq_stored(m.soloq->head, o);
-    else if (o.quantize_head)
+    } else if (o.quantize_head) {
         head = dllm__soloq_quantize_head(m, pool, o);
+        if (!m.soloq) progress.report(total, total);
+    }
     size_t bytes = head ? dllm__soloq_bytes(*head) : 0,
            weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
