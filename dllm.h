@@ -88,7 +88,8 @@ typedef enum dllm_status {
     DLLM_ERR_JIT = -9,              /* NVRTC could not compile a kernel (log excerpt in the message)  */
     DLLM_ERR_CANCELLED = -10,       /* the step callback asked to stop                                */
     DLLM_ERR_BUFFER_TOO_SMALL = -11,/* an output buffer cannot hold the result                        */
-    DLLM_ERR_INTERNAL = -12         /* a bug in dllm: please report it with the message              */
+    DLLM_ERR_INTERNAL = -12,        /* a bug in dllm: please report it with the message              */
+    DLLM_ERR_FULL = -13             /* a stepper holds max_sequences sequences: step until one ends   */
 } dllm_status;
 
 /* Short constant name of a status, e.g. "DLLM_ERR_SHAPE". Never NULL. */
@@ -657,8 +658,9 @@ typedef struct dllm_batch_result {
     char error[256];            /* "" when status is DLLM_OK, else the message (truncated)          */
 } dllm_batch_result;
 
-/* Decode n_items prompts together. Every item gets what dllm_generate would give it alone, whatever the batch's
- * other items, their lengths and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
+/* Decode n_items prompts together (through a dllm_stepper of its own: DLLM_ERR_INVALID_ARGUMENT while the context
+ * has one). Every item gets what dllm_generate would give it alone, whatever the batch's other items, their lengths
+ * and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
  * GPU backend a batched item's logits are bit-identical to its batch of one's, not to dllm_generate's (whose forwards
  * are tuned per row count), so its tokens equal dllm_generate's up to near-ties.
  *
@@ -687,6 +689,87 @@ typedef struct dllm_batch_result {
  * the whole call; facache_rows 0. Batched block-diffusion items report facache_rows 0 too. */
 DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int n_items, dllm_batch_result *results,
                                          dllm_gen_stats *batch_stats);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Continuous batching: a stepper decodes sequences that join and leave a running batch at any step
+ * A server loop adds each request when it comes, steps, streams what each step did, and removes what ended:
+ *     dllm_stepper *st; int id;
+ *     dllm_stepper_create(ctx, dllm_stepper_default_params(), &st);
+ *     dllm_stepper_add(st, &item, &id);                       // any time; joins the next step
+ *     while (dllm_stepper_n_active(st) > 0) {
+ *         dllm_stepper_step(st);                               // every live sequence: one step, one forward
+ *         dllm_seq_event ev;
+ *         dllm_stepper_poll(st, id, &ev);                      // ev.info: committed positions, the canvas
+ *         if (ev.finished) dllm_stepper_remove(st, id);        // ev.result; item.out holds the ids
+ *     }
+ *     dllm_stepper_free(st);
+ * A sequence joins the next dllm_stepper_step at its own first step (its prefill, with block diffusion), and gets what
+ * dllm_generate_batch gives it: the same bits whatever joins or leaves around it, when, and in which order
+ * (dllm_generate_batch is this loop). Every item dllm_generate_batch takes, with its rules: the kinds it decodes one
+ * after another (LLaDA2; on the GPU block diffusion under kv_quant, and sequences whose K/V caches the device cannot
+ * hold) decode whole inside one step each, after the batched forward, their one event their end.
+ * Memory: the K/V caches of sequences with a kv_cache and of block-diffusion sequences live in slots that a sequence
+ * frees when it ends and the next one reuses (the smallest that fits, else one enlarged): a long run's memory stops at
+ * what its largest concurrent sequences need, and dllm_stepper_free releases it. One stepper per context at a time
+ * (dllm_generate_batch runs its own: not while one exists); dllm_generate may run between steps. A stepper is used by
+ * its context's thread; the context must outlive it.
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct dllm_stepper dllm_stepper;
+
+typedef struct dllm_stepper_params {
+    int max_sequences;          /* sequences decoding at once, waiting ones included (default 16)      */
+} dllm_stepper_params;
+
+/* What a sequence's last step did, and whether it ended. The pointers in info stay valid until the next
+ * dllm_stepper_step, dllm_stepper_cancel or dllm_stepper_remove of its stepper. */
+typedef struct dllm_seq_event {
+    int stepped;                /* 1 if the last dllm_stepper_step ran a forward of it (info is that one's) */
+    dllm_step_info info;        /* its latest step: committed_pos (this step's commits), the whole canvas so
+                                   far (before its first step: the prompt and the masks it will decode). A
+                                   block-diffusion commit forward (the prefill, a finished block) shows the next
+                                   block's first token as its one committed position, or none */
+    int finished;               /* 1 once it ended (done, failed or cancelled): result says how, item.out
+                                   holds its ids (with dllm_generate's rules) */
+    dllm_batch_result result;   /* its outcome once finished                                           */
+} dllm_seq_event;
+
+DLLM_API dllm_stepper_params dllm_stepper_default_params(void);
+
+/* A stepper on ctx (DLLM_ERR_INVALID_ARGUMENT if the context has one already). */
+DLLM_API dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_stepper **out_stepper);
+
+/* Frees the stepper and its K/V cache slots; sequences still decoding are dropped, their out buffers untouched. */
+DLLM_API void dllm_stepper_free(dllm_stepper *stepper);
+
+/* DLLM_OK if dllm_stepper_add would take the item now, else the status it would return (DLLM_ERR_FULL, or what
+ * dllm_generate would say of the item), with the message in dllm_last_error(). */
+DLLM_API dllm_status dllm_stepper_can_add(dllm_stepper *stepper, const dllm_batch_item *item);
+
+/* Adds a sequence: checked as dllm_generate checks it (a bad one is not added: its status, and BUFFER_TOO_SMALL's
+ * message says the capacity needed), its prompt and parameters copied, *seq_id its id (never reused; -1 on failure).
+ * item->out receives its ids when it ends and must stay valid until then (or until it is removed); its step callback,
+ * if any, is called as dllm_generate calls it. DLLM_ERR_FULL when max_sequences sequences are decoding. */
+DLLM_API dllm_status dllm_stepper_add(dllm_stepper *stepper, const dllm_batch_item *item, int *seq_id);
+
+/* One step: the sequences added since the last one join, every live sequence runs its next step (block diffusion: its
+ * next forward) in one batched forward, those that finish, fail or are cancelled by their step callback end; then one
+ * sequence waiting to decode alone decodes whole. Nothing to do: DLLM_OK. A sequence's own failure ends it alone (its
+ * result says why; the step returns DLLM_OK); a global failure (the batched forward failing, out of memory) ends every
+ * sequence of that forward with its status, and the step returns it. */
+DLLM_API dllm_status dllm_stepper_step(dllm_stepper *stepper);
+
+/* Sequences not ended yet (waiting, joining or decoding). */
+DLLM_API int dllm_stepper_n_active(const dllm_stepper *stepper);
+
+/* A sequence's event (DLLM_ERR_INVALID_ARGUMENT for an id the stepper does not hold). */
+DLLM_API dllm_status dllm_stepper_poll(const dllm_stepper *stepper, int seq_id, dllm_seq_event *event);
+
+/* Ends a sequence now with DLLM_ERR_CANCELLED and, if it had started, the canvas so far in item.out (as a step
+ * callback's cancellation leaves it); one that ended already stays as it ended. Its slots are free for the next. */
+DLLM_API dllm_status dllm_stepper_cancel(dllm_stepper *stepper, int seq_id);
+
+/* Forgets a sequence (cancelled first if it had not ended): its id is no longer valid. */
+DLLM_API dllm_status dllm_stepper_remove(dllm_stepper *stepper, int seq_id);
 
 /* ---------------------------------------------------------------------------------------------------
  * Reproducible randomness

@@ -52,6 +52,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -65,10 +66,10 @@
 #include <utility>
 #include <vector>
 
-// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The three
-// public handles (dllm_model, dllm_tokenizer, dllm_ctx) are declared in dllm.h, so they live at global scope, between
-// the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is #included
-// (the tests do), which is what is intended.
+// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
+// public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
+// #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif
@@ -432,7 +433,7 @@ DLLM__TEST_HOOK static bool dllm__env_set(const std::string &name, const std::st
     dllm__env_tiles((name + "=" + value).c_str(), e);
     return e.tiles_error.empty();
 }
-#line 78 "src/dllm_cuda.cu"
+#line 79 "src/dllm_cuda.cu"
 #line 1 "src/json.cpp"
 /* src/json.cpp - a strict JSON parser (config.json, tokenizer.json, safetensors headers). */
 
@@ -687,7 +688,7 @@ static dllm_status dllm__json_load(const std::string &path, dllm__json &out) {
     DLLM__TRY(dllm__read_text(path, text));
     return dllm__json_parse(text.data(), text.size(), path, out);
 }
-#line 79 "src/dllm_cuda.cu"
+#line 80 "src/dllm_cuda.cu"
 #line 1 "src/model/safetensors.cpp"
 /* src/model/safetensors.cpp - the safetensors reader: single files and sharded indexes, memory-mapped. */
 
@@ -865,7 +866,7 @@ static dllm_status dllm__st_open(const std::string &path, bool use_mmap, dllm__s
     }
     return DLLM_OK;
 }
-#line 80 "src/dllm_cuda.cu"
+#line 81 "src/dllm_cuda.cu"
 #line 1 "src/model/config.cpp"
 /* src/model/config.cpp - config.json of every supported family, validated. */
 
@@ -1334,7 +1335,7 @@ static dllm_status dllm__find_block_tokens(const std::string &dir, dllm__config 
                           c.mask_id, c.stop_id, c.n_vocab);
     return DLLM_OK;
 }
-#line 81 "src/dllm_cuda.cu"
+#line 82 "src/dllm_cuda.cu"
 #line 1 "src/model/weights.cpp"
 /* src/model/weights.cpp - the expected tensors of a model, bound and loaded (dllm_model). */
 
@@ -1670,7 +1671,7 @@ static dllm_status dllm__load_model(const char *dir, const dllm_model_params &pa
     out = std::move(m);
     return DLLM_OK;
 }
-#line 82 "src/dllm_cuda.cu"
+#line 83 "src/dllm_cuda.cu"
 #line 1 "src/model/llada2.cpp"
 /* src/model/llada2.cpp - LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): config.json and the tensors it demands. */
 
@@ -1819,7 +1820,7 @@ static std::vector<dllm__wspec> dllm__llada2_expected_weights(const dllm__config
     if (!c.tied_embeddings) w.push_back({"lm_head.weight", {c.n_vocab, d}, -1, DLLM__W_HEAD});
     return w;
 }
-#line 83 "src/dllm_cuda.cu"
+#line 84 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/unicode.cpp"
 /* src/tokenizer/unicode.cpp - Unicode tables (generated) and UTF-8. */
 
@@ -2680,7 +2681,7 @@ static std::string dllm__utf8_sanitize(const char *data, size_t n) {
     }
     return out;
 }
-#line 84 "src/dllm_cuda.cu"
+#line 85 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/normalize.cpp"
 /* src/tokenizer/normalize.cpp - NFC normalisation (UAX #15). */
 
@@ -2780,7 +2781,7 @@ static std::string dllm__nfc(const std::string &text) {
     }
     return dllm__utf8_encode(d.data(), kept);
 }
-#line 85 "src/dllm_cuda.cu"
+#line 86 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/pretokenize.cpp"
 /* src/tokenizer/pretokenize.cpp - the pre-tokenizer split regexes as scanners. */
 
@@ -2885,7 +2886,7 @@ static void dllm__pretokenize(dllm__pretok_kind kind, const std::string &text,
         i = end;
     }
 }
-#line 86 "src/dllm_cuda.cu"
+#line 87 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/bpe.cpp"
 /* src/tokenizer/bpe.cpp - byte-level BPE: added tokens, merges, encode and decode (dllm_tokenizer). */
 
@@ -3161,7 +3162,7 @@ static dllm_status dllm__detokenize(const dllm_tokenizer &t, const int32_t *ids,
     out = dllm__utf8_sanitize(bytes.data(), bytes.size());
     return DLLM_OK;
 }
-#line 87 "src/dllm_cuda.cu"
+#line 88 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/load.cpp"
 /* src/tokenizer/load.cpp - loading tokenizer.json, or vocab.json + merges.txt. */
 
@@ -3511,7 +3512,7 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
             t.raw_trie.insert(a.content, (int32_t)i);
     }
 }
-#line 88 "src/dllm_cuda.cu"
+#line 89 "src/dllm_cuda.cu"
 #line 1 "src/tokenizer/chat.cpp"
 /* src/tokenizer/chat.cpp - chat templates: detection and rendering of the known Jinja templates. */
 
@@ -3637,7 +3638,7 @@ static dllm_status dllm__copy_out(const char *fn, const std::string &text, char 
     memcpy(buf, text.c_str(), text.size() + 1);
     return DLLM_OK;
 }
-#line 89 "src/dllm_cuda.cu"
+#line 90 "src/dllm_cuda.cu"
 #line 1 "src/philox.cpp"
 /* src/philox.cpp - the counter-based Philox generator every random draw comes from. */
 
@@ -3683,7 +3684,7 @@ static double dllm__uniform(uint64_t seed, uint32_t index, uint32_t position, ui
     uint64_t bits = ((uint64_t)o[0] << 32 | o[1]) >> 11;
     return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
 }
-#line 90 "src/dllm_cuda.cu"
+#line 91 "src/dllm_cuda.cu"
 #line 1 "src/cpu/thread_pool.cpp"
 /* src/cpu/thread_pool.cpp - the CPU thread pool. */
 
@@ -3707,7 +3708,9 @@ class dllm__pool {
     ~dllm__pool() { stop(); }
 
     /* Runs fn(0..n_tasks-1) across the pool; returns when all are done. Every worker reports back
-     * before this returns, so no worker can still be reading this call's state in the next call. */
+     * before this returns, so no worker can still be reading this call's state in the next call, nor fn once it is
+     * gone: a task that throws (out of memory) ends the call only after the tasks running elsewhere, the exception
+     * rethrown here. */
     void run(int n_tasks, const std::function<void(int)> &fn) {
         if (workers_.empty() || n_tasks <= 1) {
             for (int i = 0; i < n_tasks; i++) fn(i);
@@ -3719,6 +3722,7 @@ class dllm__pool {
             n_tasks_ = n_tasks;
             next_ = 0;
             reported_ = 0;
+            failure_ = nullptr;
             generation_++;
         }
         wake_.notify_all();
@@ -3726,6 +3730,7 @@ class dllm__pool {
         std::unique_lock<std::mutex> lk(mu_);
         done_.wait(lk, [this] { return reported_ == workers_.size(); });
         fn_ = nullptr;
+        if (failure_) std::rethrow_exception(failure_);
     }
 
   private:
@@ -3737,8 +3742,15 @@ class dllm__pool {
         wake_.notify_all();
         for (std::thread &t : workers_) t.join();
     }
+    /* Runs tasks until none is left; a task's exception is kept for run() and leaves the remaining tasks untaken. */
     void drain() {
-        for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        try {
+            for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        } catch (...) {
+            next_ = n_tasks_;
+            std::lock_guard<std::mutex> lk(mu_);
+            if (!failure_) failure_ = std::current_exception();
+        }
     }
     void worker() {
         uint64_t seen = 0;
@@ -3763,8 +3775,9 @@ class dllm__pool {
     size_t reported_ = 0;
     uint64_t generation_ = 0;
     bool quit_ = false;
+    std::exception_ptr failure_;  // the first exception a task of the current call threw
 };
-#line 91 "src/dllm_cuda.cu"
+#line 92 "src/dllm_cuda.cu"
 #line 1 "src/cpu/forward.cpp"
 /* src/cpu/forward.cpp - the CPU fp32 reference forward: linear, RMSNorm, RoPE, attention. */
 
@@ -3944,7 +3957,7 @@ struct dllm__cpu_rows {
                                          // into the cache and attention reads all kv->n cached rows
     const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
 };
-#line 92 "src/dllm_cuda.cu"
+#line 93 "src/dllm_cuda.cu"
 #line 1 "src/cpu/moe.cpp"
 /* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
  * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"). */
@@ -4075,7 +4088,7 @@ static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dll
             out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
         }
 }
-#line 93 "src/dllm_cuda.cu"
+#line 94 "src/dllm_cuda.cu"
 #line 1 "src/cpu/fp8.cpp"
 /* src/cpu/fp8.cpp - FP8 E4M3 quantiser twins (LaCache 3.4). */
 
@@ -4278,7 +4291,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, d
     }
     return out;
 }
-#line 94 "src/dllm_cuda.cu"
+#line 95 "src/dllm_cuda.cu"
 #line 1 "src/cpu/layers.cpp"
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
 
@@ -4548,7 +4561,7 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
         for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
     }
 }
-#line 95 "src/dllm_cuda.cu"
+#line 96 "src/dllm_cuda.cu"
 #line 1 "src/cpu/block_diffusion.cpp"
 /* src/cpu/block_diffusion.cpp - the block-causal CPU forward over a committed K/V cache, with FACache. */
 
@@ -4843,7 +4856,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
                       b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
-#line 96 "src/dllm_cuda.cu"
+#line 97 "src/dllm_cuda.cu"
 #line 1 "src/soloq/rotation.cpp"
 /* src/soloq/rotation.cpp - SoloQ numerics: the K-RPBH rotations. */
 
@@ -5071,7 +5084,7 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
     dllm__fwht_blocks(t.data(), r.k, r.b);
     for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
 }
-#line 97 "src/dllm_cuda.cu"
+#line 98 "src/dllm_cuda.cu"
 #line 1 "src/soloq/quantizers.cpp"
 /* src/soloq/quantizers.cpp - SoloQ numerics: the 4-bit formats (NVFP4, INT4, Lloyd-Max, E8P-RVQ, RTN). */
 
@@ -5408,7 +5421,7 @@ static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int co
         for (int i = 0; i < cols; i++) xr[i] = value[(size_t)i] * scale;
     }
 }
-#line 98 "src/dllm_cuda.cu"
+#line 99 "src/dllm_cuda.cu"
 #line 1 "src/soloq/precisions.cpp"
 /* src/soloq/precisions.cpp - SoloQ precisions on the CPU: options, quantised weights, the linear hook. */
 
@@ -5663,7 +5676,7 @@ static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, i
     dllm__cpu_linear_rows(
         pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
-#line 99 "src/dllm_cuda.cu"
+#line 100 "src/dllm_cuda.cu"
 #line 1 "src/soloq/gemm_twins.cpp"
 /* src/soloq/gemm_twins.cpp - CPU twins of the 4-bit and INT8 GEMMs. */
 
@@ -5763,7 +5776,7 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
         packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
     }
 }
-#line 100 "src/dllm_cuda.cu"
+#line 101 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
 
@@ -6333,7 +6346,7 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
               dllm__precision_name(precision), m.dir.c_str(), plan.size(), shards.size(), total / 1e6);
     return DLLM_OK;
 }
-#line 101 "src/dllm_cuda.cu"
+#line 102 "src/dllm_cuda.cu"
 #line 1 "src/soloq/kv_quant.cpp"
 /* src/soloq/kv_quant.cpp - commit-time K/V quantisation of block diffusion (CPU reference). */
 
@@ -6728,7 +6741,7 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
             for (int c = 0; c < hd; c++) oi[c] = (acc[(size_t)c] + (q.soloq() ? back[(size_t)c] : 0.0f)) * inv;
         }
 }
-#line 102 "src/dllm_cuda.cu"
+#line 103 "src/dllm_cuda.cu"
 #line 1 "src/cpu/token_choice.cpp"
 /* src/cpu/token_choice.cpp - token choice: argmax / Gumbel-max, confidences, unmasking rules. */
 
@@ -6926,7 +6939,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
     std::sort(order.begin(), order.end());
     return order;
 }
-#line 103 "src/dllm_cuda.cu"
+#line 104 "src/dllm_cuda.cu"
 #line 1 "src/cpu/tensor_parallel.cpp"
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
@@ -7283,7 +7296,7 @@ static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_p
     dllm__tp_plan plan;
     return p.n_devices > 1 ? dllm__tp_shard(c, p.n_devices, 0, plan) : DLLM_OK;
 }
-#line 104 "src/dllm_cuda.cu"
+#line 105 "src/dllm_cuda.cu"
 #line 1 "src/backend.cpp"
 /* src/backend.cpp - the backend interface both backends implement, and the shared step logic. */
 
@@ -7384,12 +7397,15 @@ struct dllm__backend_impl {
     }
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
-    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s empty and sized for
-     * rows[s] rows (what bd_begin(rows[s]) does for a generation alone); the empty list releases them. Unsupported (the
+    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
+     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
      * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
-    virtual dllm_status bd_batch_reserve(const std::vector<int> &) {
+    virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
      * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
@@ -7409,11 +7425,13 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
     /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer. Replaces the previous batch's caches; an empty list releases them. */
-    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows) {
-        (void)rows;
+     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
+     * Replaces the previous layout; an empty list releases them. */
+    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) { return batch_kv_reserve(rows, {}); }  // none kept
     /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
      * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
      * has it at all (the default: no, and such items decode one after another). */
@@ -7433,6 +7451,18 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend chooses batched tokens on the host");
     }
 };
+
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
+ * a live cache is moved, never resized. */
+static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
+                                          const std::vector<int> &had) {
+    for (size_t s = 0; s < keep.size(); s++)
+        if (keep[s] && (s >= rows.size() || s >= had.size() || rows[s] != had[s]))
+            return dllm__fail(DLLM_ERR_INTERNAL, "batch slot %zu is kept with %d rows, %s", s,
+                              s < rows.size() ? rows[s] : -1,
+                              s < had.size() ? dllm__format("had %d", had[s]).c_str() : "a slot that did not exist");
+    return DLLM_OK;
+}
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
     int n = 0;
@@ -7576,7 +7606,7 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
         memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                sizeof(float) * c.n_vocab);
 }
-#line 105 "src/dllm_cuda.cu"
+#line 106 "src/dllm_cuda.cu"
 #line 1 "src/cpu/backend.cpp"
 /* src/cpu/backend.cpp - the CPU reference backend. */
 
@@ -7617,14 +7647,20 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
      * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override {
-        bd_slots_.clear();
-        bd_slots_.resize(rows.size());
+    using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
+        std::vector<bd_slot> slots(rows.size());
         for (size_t s = 0; s < rows.size(); s++) {
-            bd_slots_[s].kv.reset(m_.cfg, rows[s]);
-            bd_slots_[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
-            if (kvq_.enabled()) bd_slots_[s].kvq.reset(rows[s]);
+            if (s < keep.size() && keep[s]) {
+                slots[s] = std::move(bd_slots_[s]);
+                continue;
+            }
+            slots[s].kv.reset(m_.cfg, rows[s]);
+            slots[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
+            if (kvq_.enabled()) slots[s].kvq.reset(rows[s]);
         }
+        bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
     /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
@@ -7712,9 +7748,13 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
      * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override {
-        batch_kv_.assign(rows.size(), dllm__cpu_kv());
-        batch_kv_rows_ = rows;
+    using dllm__backend_impl::batch_kv_reserve;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_kv_rows_));
+        std::vector<dllm__cpu_kv> slots(rows.size());
+        for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+            if (keep[s]) slots[s] = std::move(batch_kv_[s]);
+        batch_kv_.swap(slots), batch_kv_rows_ = rows;
         return DLLM_OK;
     }
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override {
@@ -7823,12 +7863,13 @@ class dllm__cpu_backend : public dllm__backend_impl {
         dllm__kvq kvq;
     };
     std::vector<bd_slot>
-        bd_slots_;               // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
-    std::vector<float> bd_raw_;  // a batched step's logits, before its choice
+        bd_slots_;  // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
+    std::vector<int> bd_slot_rows_;  // their capacities in rows
+    std::vector<float> bd_raw_;      // a batched step's logits, before its choice
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
-#line 106 "src/dllm_cuda.cu"
+#line 107 "src/dllm_cuda.cu"
 #line 1 "src/gpu/cuda_libs.cpp"
 /* src/gpu/cuda_libs.cpp - the CUDA libraries loaded at run time, errors, device memory, NCCL. */
 
@@ -8192,7 +8233,7 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     }
     return DLLM_OK;
 }
-#line 107 "src/dllm_cuda.cu"
+#line 108 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kernel_table.cpp"
 /* src/gpu/kernel_table.cpp - the host/kernel contract, the kernel tables and the kernel sources. */
 
@@ -12351,7 +12392,7 @@ KERNEL_kv_scatter_rows {
 }
 )DLLM";
 #line 556 "src/gpu/kernel_table.cpp"
-#line 108 "src/dllm_cuda.cu"
+#line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
 
@@ -12668,7 +12709,7 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     out = dllm__jit_modules.emplace(key, m).first->second;
     return DLLM_OK;
 }
-#line 109 "src/dllm_cuda.cu"
+#line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/modules.cpp"
 /* src/gpu/modules.cpp - the modules compiled for one GPU, their tiles, and kernel launch. */
 
@@ -13062,7 +13103,7 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
-#line 110 "src/dllm_cuda.cu"
+#line 111 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm.cpp"
 /* src/gpu/gemm.cpp - GEMMs: cuBLASLt (BF16, block-scaled FP8) and gemm_wg, one algorithm per shape. */
 
@@ -13644,7 +13685,7 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
         .launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale,
                 W, w_scale, Y, M, N, K);
 }
-#line 111 "src/dllm_cuda.cu"
+#line 112 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm_lowbit.cpp"
 /* src/gpu/gemm_lowbit.cpp - the batched FP8 launches and the 4-bit GEMM runner. */
 
@@ -13779,7 +13820,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
-#line 112 "src/dllm_cuda.cu"
+#line 113 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
 /* src/gpu/weight_formats.cpp - the weight formats and the GEMM entry point types. */
 
@@ -13877,7 +13918,7 @@ struct dllm__linear {
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
  * sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
-#line 113 "src/dllm_cuda.cu"
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
 /* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
  * packed layout, the kernels' configurations, loading, and the launcher. */
@@ -14395,7 +14436,7 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
     }
     return DLLM_OK;
 }
-#line 114 "src/dllm_cuda.cu"
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -14682,7 +14723,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 115 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -14934,7 +14975,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 116 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -15193,7 +15234,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 117 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -15304,11 +15345,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_unsupported() const;
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
     const char *batch_kv_unsupported() const;
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::batch_kv_reserve;  // the one-list form too (every slot empty)
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
     // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::bd_batch_reserve;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
@@ -15483,7 +15526,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
-    dllm_status bkv_alloc(const std::vector<int> &rows);
+    dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
+    void bkv_release();
     dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
     dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits,
                                 dllm__choice *choices);
@@ -15921,7 +15965,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
-#line 118 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -16457,7 +16501,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 119 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -16625,27 +16669,26 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 120 "src/dllm_cuda.cu"
+#line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized once per batch by its canvas (batch_kv_reserve). A block's first step forwards every row of the canvas
-// and fills the slot; its later steps forward the block (dual) or the block and the rows after it (prefix) and write
-// their fresh K|V over their slot rows. All sequences' forwarded rows, at any block and of any step kind, go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to
-// its own slot only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's
-// logits are bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply
-// no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
+// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
+// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
+// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
+// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
+// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
+// included. A sequence that finishes is simply no longer in the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
-dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
-    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
-        bkv_.release();
+        bkv_release();
         return DLLM_OK;
     }
     if (const char *why = batch_kv_unsupported())
@@ -16653,23 +16696,43 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
     for (int n : rows)
         if (n < 1 || n > max_tokens_)
             return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
-    return bkv_alloc(rows);
+    return bkv_alloc(rows, keep);
 }
 
-/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_), the previous ones released; kv_scatter_rows loaded. */
-dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
-    const dllm__config &c = m_.cfg;
+void dllm__gpu_backend::bkv_release() {
+    bkv_.release();
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+}
+
+/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
+ * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
+ * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, bkv_rows_));
+    if (rows == bkv_rows_ && bkv_.ptr) return load_kv_scatter();
+    const dllm__config &c = m_.cfg;
     int64_t total = 0;
     for (int n : rows) total += n;
     if (total > INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
-    const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
-    bkv_.release();  // the previous batch's, before the new ones are allocated
-    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2,
+    const size_t row_bytes = (size_t)2 * c.n_head_kv * c.head_dim * 2;
+    if (std::find(keep.begin(), keep.end(), true) == keep.end())
+        bkv_release();  // nothing to copy: the previous slots go before the new ones are allocated
+    dllm__dbuf next;
+    DLLM__TRY(next.fit((size_t)c.n_layer * (size_t)total * row_bytes,
                        "the batch's K/V caches (make the batch or its canvases smaller)"));
-    for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
+    std::vector<int> base(rows.size(), 0);
+    for (size_t s = 1; s < rows.size(); s++) base[s] = base[s - 1] + rows[s - 1];
+    for (size_t s = 0; s < keep.size(); s++)  // every layer's rows of the slot: one strided copy
+        if (keep[s])
+            DLLM__CUDA(cudaMemcpy2DAsync((char *)next.ptr + (size_t)base[s] * row_bytes, (size_t)total * row_bytes,
+                                         (const char *)bkv_.ptr + (size_t)bkv_base_[s] * row_bytes,
+                                         (size_t)bkv_total_ * row_bytes, (size_t)rows[s] * row_bytes, (size_t)c.n_layer,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));  // the copies read the previous slots, released next
+    bkv_ = std::move(next);
+    bkv_base_ = base, bkv_rows_ = rows, bkv_total_ = (int)total;
     return load_kv_scatter();
 }
 
@@ -16760,7 +16823,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 121 "src/dllm_cuda.cu"
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -16895,17 +16958,23 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s empty, sized for rows[s] rows (the batched K/V-cache step's slots: a batch is one or the other); the empty list
- * releases them. */
-dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
-    bdb_slots_.clear();
-    if (rows.empty()) return batch_kv_reserve(rows);
+/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
+ * the empty list releases them. */
+dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
-    DLLM__TRY(bkv_alloc(rows));
-    bdb_slots_.assign(rows.size(), dllm__bd_slot());
+    const dllm_status s = bkv_alloc(rows, keep);
+    if (s != DLLM_OK) {
+        if (bkv_rows_.empty()) bdb_slots_.clear();  // none kept: the previous slots are gone
+        return s;
+    }
+    std::vector<dllm__bd_slot> slots(rows.size());
+    for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+        if (keep[s]) slots[s] = bdb_slots_[s];
+    bdb_slots_.swap(slots);
     return DLLM_OK;
 }
 
@@ -16948,7 +17017,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -17188,7 +17257,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -17302,7 +17371,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -17340,7 +17409,7 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(m_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -17592,7 +17661,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -17991,7 +18060,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -18098,7 +18167,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -18116,6 +18185,7 @@ struct dllm_ctx {
     int max_tokens = 0;
     std::string last_error;
     std::unique_ptr<dllm__backend_impl> impl;
+    dllm_stepper *stepper = nullptr;  // the one stepper using the backend's batch slots (dllm_generate_batch runs one)
 };
 namespace {
 
@@ -18390,6 +18460,22 @@ static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, c
     return n;
 }
 
+/* The last step a generation showed, kept for dllm_stepper_poll: its dllm_step_info with the canvas and the committed
+ * positions copied, since the generation changes both at its next step. */
+struct dllm__step_watch {
+    dllm_step_info info = {};
+    std::vector<int32_t> canvas, committed;
+    bool stepped = false;  // a forward of the generation ran in the stepper's last step
+
+    void record(const dllm_step_info &step) {
+        canvas.assign(step.canvas, step.canvas + step.canvas_len);
+        committed.assign(step.committed_pos, step.committed_pos + step.n_committed);
+        info = step;
+        info.canvas = canvas.data(), info.committed_pos = committed.data();
+        stepped = true;
+    }
+};
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -18397,11 +18483,13 @@ struct dllm__generation {
     const dllm_gen_params &p;
     const dllm__gen_plan &plan;
     dllm__decode st;
-    std::vector<int32_t> full;  // prompt ++ generation (current after each block, or each step with a callback)
+    std::vector<int32_t>
+        full;  // prompt ++ generation (current after each block, or each step with a callback or watch)
     int steps_done = 0;
 
-    int block = 0, step_in_loop = 0;  // the block being decoded and the steps it has run
-    bool done = false;                // every block decoded (or early_stop)
+    int block = 0, step_in_loop = 0;    // the block being decoded and the steps it has run
+    bool done = false;                  // every block decoded (or early_stop)
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
     /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
     int total_steps() const {
@@ -18415,7 +18503,7 @@ struct dllm__generation {
      * (plus the prompt's masks); the bound only guards against a bug. */
     int max_steps() const { return plan.steps_per_block ? plan.steps_per_block : st.block_end + 1; }
 
-    /* The decoding loop, one step at a time: dllm_generate's, while dllm__batch_decode steps several
+    /* The decoding loop, one step at a time: dllm_generate's, while a stepper (dllm__batch_step) steps several
      * generations through start / end_step / finish with one batched forward per step. */
     dllm_status run() {
         dllm_status s = start();
@@ -18449,7 +18537,7 @@ struct dllm__generation {
         st.step_in_block++;
         st.global_step++;
         steps_done++;
-        if (p.on_step) DLLM__TRY(report(block, step_in_loop, committed));
+        if (p.on_step || watch) DLLM__TRY(report(block, step_in_loop, committed));
         const int limit = max_steps();
         step_in_loop++;
         if (plan.steps_per_block ? step_in_loop < limit : st.n_block_left > 0) {
@@ -18511,13 +18599,14 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
                               steps_done);
         return DLLM_OK;
     }
 };
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -18850,7 +18939,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -19039,8 +19128,9 @@ struct dllm__bd_generation {
     int blk = 0, pl = 0, bs = 0, s0 = 0,
         step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
     bool block_cache_valid = false;
-    dllm__bd_call call;  // the forward next() described last
-    dllm__bd_pick pick;  // a step's: the rows it chooses
+    dllm__bd_call call;                 // the forward next() described last
+    dllm__bd_pick pick;                 // a step's: the rows it chooses
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every forward's result is recorded there
 
     dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n)
         : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
@@ -19091,7 +19181,7 @@ struct dllm__bd_generation {
     }
 
     /* Walks the official loop to its next forward and describes it in seq (call, and pick for a step; seq.slot is the
-     * caller's), counting it; done() when the generation has no forward left. */
+     * caller's); done() when the generation has no forward left. The forward counts when its result is applied. */
     dllm_status next(dllm__bd_seq &seq) {
         const int B = plan.B, S = plan.S;
         for (;;) {
@@ -19139,7 +19229,6 @@ struct dllm__bd_generation {
                 case DONE: return DLLM_OK;
             }
             seq.call = call, seq.pick = at == SUB ? &pick : nullptr;
-            forwards++;
             return DLLM_OK;
         }
     }
@@ -19173,13 +19262,16 @@ struct dllm__bd_generation {
 
     /* A COMMIT's result (its one raw logit row): the prefill's or the finished block's K/V are committed, and the
      * argmax of the row (the first index on ties, torch's argmax) seeds the next block (after the prefill: only when
-     * the prompt ends on a block boundary). */
+     * the prompt ends on a block boundary). A watch sees the seed as the forward's one committed position. */
     dllm_status apply_logits(const float *row) {
         if (at != PREFILL && at != LOOP)
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
+        forwards++;
         const int V = ctx.model->cfg.n_vocab;
         const int32_t seed = (int32_t)(std::max_element(row, row + V) - row);
-        if (at == LOOP || n_prompt % plan.B == 0) x.push_back(seed);
+        std::vector<int32_t> seeded;
+        if (at == LOOP || n_prompt % plan.B == 0) seeded.push_back((int32_t)x.size()), x.push_back(seed);
+        if (watch) watch->record(step_info(blk, step_in_block, seeded));
         if (at == LOOP) blk++;
         at = BLOCK;
         return DLLM_OK;
@@ -19189,6 +19281,7 @@ struct dllm__bd_generation {
      * conf > tau (strict) plus the single highest-conf one (first on ties) are committed, then the step callback. */
     dllm_status apply_choices(const dllm__choice *all) {
         if (at != SUB) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: choices given to a commit");
+        forwards++;
         if (call.kind != DLLM__BD_SUB_BLOCK) block_cache_valid = plan.block_cache;
         const int i_step = step_in_block++;
         steps++;
@@ -19210,21 +19303,26 @@ struct dllm__bd_generation {
         return report(blk, i_step, committed);
     }
 
+    dllm_step_info step_info(int b, int step_in_b, const std::vector<int32_t> &committed) const {
+        return {b,
+                plan.n_blocks,
+                step_in_b,
+                0,
+                steps,
+                plan.n_blocks * plan.B,
+                (int)committed.size(),
+                committed.data(),
+                x.data(),
+                (int)x.size(),
+                n_prompt,
+                masks_in(n_prompt, (int)x.size())};
+    }
+
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
-        if (!p.on_step) return DLLM_OK;
-        dllm_step_info info = {b,
-                               plan.n_blocks,
-                               step_in_b,
-                               0,
-                               steps,
-                               plan.n_blocks * plan.B,
-                               (int)committed.size(),
-                               committed.data(),
-                               x.data(),
-                               (int)x.size(),
-                               n_prompt,
-                               masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (!p.on_step && !watch) return DLLM_OK;
+        const dllm_step_info info = step_info(b, step_in_b, committed);
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
         return DLLM_OK;
     }
@@ -19332,33 +19430,37 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
-/* src/decode/batch.cpp - batched decoding (dllm_generate_batch). */
+/* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
-// ---- Batched decoding (dllm_generate_batch; decoding.md 6) ---------------------------------------------
-// Every batched item is a dllm__generation of its own, stepped in lock step: each step plans every active
-// sequence's rows (dllm__step_begin), runs ONE forward over all of them (CFG's unconditional canvas is one more
-// sequence of it), then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly
-// as the solo step does. A sequence that finishes, fails or is cancelled leaves the batch at once.
+// ---- Batched decoding (dllm_stepper, dllm_generate_batch; decoding.md 6) ------------------------------------------
+// Every batched sequence is a dllm__generation of its own, stepped in lock step: each step plans every live sequence's
+// rows (dllm__step_begin), runs ONE forward over all of them (CFG's unconditional canvas is one more sequence of it),
+// then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly as the solo step does.
+// Sequences join and leave between steps (dllm_stepper), each at its own block and step.
 
-/* Why an item cannot join a batched forward (it then decodes alone), or null. kv_why: why the backend has no batched
- * K/V-cache step (forward_batch_kv), or null when it has one. */
-static const char *dllm__batch_excluded(const dllm_gen_params &p, const char *kv_why) {
-    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && kv_why) return kv_why;
-    return nullptr;
-}
-
-/* One item of a batched decode, while it runs. */
-struct dllm__batch_member {
-    const dllm_batch_item *item = nullptr;
-    dllm_batch_result *result = nullptr;
+/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation (the plain
+ * and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its last step. */
+struct dllm__stepper_seq {
+    enum state { JOINING, LIVE, ALONE, ENDED };  // ALONE: waits to decode whole, outside the batched forwards
+    int id = 0;
+    state at = JOINING;
+    dllm_batch_item item;  // a copy; item.prompt points into prompt
+    std::vector<int32_t> prompt;
+    dllm_batch_result own_result;         // its outcome, unless dllm_generate_batch's results array takes it
+    dllm_batch_result *result = nullptr;  // where its outcome goes
+    dllm_status status = DLLM_OK;         // how it ended, set by the step that ends it
+    double t0 = 0;
     dllm__gen_plan plan;
     std::unique_ptr<dllm__generation> g;
     dllm__step_work work;
     std::vector<int32_t> uncond, committed;
-    double t0 = 0;
-    int slot = -1;  // [dual cache] [prefix cache] its K/V cache (CFG's unconditional canvas: slot + 1), or -1
+    dllm__bd_plan bd_plan;
+    std::unique_ptr<dllm__bd_generation> bd;
+    dllm__bd_seq bd_seq;     // [block diffusion] its next forward
+    int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
+    dllm__step_watch watch;
 };
 
 /* An item's outcome; its error message is kept with it, since later items overwrite the thread's. */
@@ -19367,35 +19469,36 @@ static void dllm__batch_set_status(dllm_batch_result &r, dllm_status s) {
     snprintf(r.error, sizeof r.error, "%s", s == DLLM_OK ? "" : dllm__tls_error.c_str());
 }
 
-static void dllm__batch_retire(dllm__batch_member &m, dllm_status s) {
-    s = m.g->finish(s);
-    dllm__generation_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0);
-    dllm__batch_set_status(*m.result, s);
+/* The end of a sequence whose generation ran (s: how): its output, stats and status. */
+static void dllm__batch_retire(dllm__stepper_seq &q, dllm_status s) {
+    s = q.g->finish(s);
+    dllm__generation_result(*q.g, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0);
+    dllm__batch_set_status(*q.result, s);
 }
 
-/* [batch] [dual cache] [prefix cache] A member's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
+/* [batch] [dual cache] [prefix cache] A sequence's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
  * forward: with a K/V cache, the rows dllm__step_rows names over its slot, the block's first step filling it. */
-static dllm__batch_seq dllm__batch_seq_of(const dllm__batch_member &m, int c, int shift) {
-    const dllm__decode &st = m.g->st;
+static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int shift) {
+    const dllm__decode &st = q.g->st;
     dllm__batch_seq s;
-    s.ids = c ? m.uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
+    s.ids = c ? q.uncond.data() : st.canvas.data(), s.n = (int)st.canvas.size();
     s.positions = st.positions.empty() ? nullptr : st.positions.data();
-    s.r0 = m.work.r0, s.r1 = m.work.r1;
-    if (m.slot >= 0) {
+    s.r0 = q.work.r0, s.r1 = q.work.r1;
+    if (q.slot[0] >= 0) {
         dllm__step_rows(st, shift, s.q0, s.q1);
-        s.slot = m.slot + c, s.fill = st.step_in_block == 0;
+        s.slot = q.slot[c], s.fill = st.step_in_block == 0;
     }
     return s;
 }
 
-/* [batch] Whether the backend chooses a member's tokens (forward_batch_choose): where it chooses at all, for every member
- * but CFG's (its two canvases' logits are combined on the host) and none while dllm__debug_step_logits (tests) wants
- * the logits. */
+/* [batch] Whether the backend chooses a sequence's tokens (forward_batch_choose): where it chooses at all, for every
+ * sequence but CFG's (its two canvases' logits are combined on the host) and none while dllm__debug_step_logits (tests)
+ * wants the logits. */
 static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &st) {
     return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
 }
 
-/* [batch] A forward of a step's plan (k = 1: the members with a K/V cache): the logits of every sequence, or where the
+/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where the
  * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
 static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
                                        dllm__choice *choices) {
@@ -19405,26 +19508,27 @@ static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__ba
     return k == 1 ? ctx.impl->forward_batch_kv(plan, logits) : ctx.impl->forward_batch(plan, logits);
 }
 
-/* One batched step: every active member's rows (and CFG's unconditional canvas) in one forward (members with a K/V
- * cache in a second one, forward_batch_kv), then each member's choice and commits. Where the backend chooses tokens
- * (dllm__batch_device_choice) it returns a member's choices in place of its logits. A failing forward is every member's
- * failure: the step of none can go on. */
-static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_member *> &active,
-                                    std::vector<float> &logits) {
+/* One batched step: every live sequence's rows (and CFG's unconditional canvas) in one forward (sequences with a K/V
+ * cache in a second one, forward_batch_kv), then each sequence's choice and commits. Where the backend chooses tokens
+ * (dllm__batch_device_choice) it returns a sequence's choices in place of its logits. A sequence that is done, fails
+ * or is cancelled by its step callback moves from live to ended (its status set). A failing forward is every
+ * sequence's failure: the step of none can go on. */
+static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__stepper_seq *> &live,
+                                    std::vector<dllm__stepper_seq *> &ended, std::vector<float> &logits) {
     const int V = ctx.model->cfg.n_vocab;
     std::vector<dllm__batch_seq> plan[2];         // without, with a K/V cache
     size_t rows[2] = {0, 0}, chosen[2] = {0, 0};  // logit rows to the host, rows chosen by the backend
-    for (dllm__batch_member *m : active) {
-        dllm__decode &st = m->g->st;
-        dllm__step_begin(st, m->work);
+    for (dllm__stepper_seq *q : live) {
+        dllm__decode &st = q->g->st;
+        dllm__step_begin(st, q->work);
         const int n_canvas = st.cfg_scale > 0 ? 2 : 1;
-        if (n_canvas == 2) dllm__uncond_canvas(st, m->uncond);
+        if (n_canvas == 2) dllm__uncond_canvas(st, q->uncond);
         const bool device = dllm__batch_device_choice(ctx, st);
         for (int c = 0; c < n_canvas; c++) {
-            dllm__batch_seq s = dllm__batch_seq_of(*m, c, ctx.model->cfg.shift_logits);
+            dllm__batch_seq s = dllm__batch_seq_of(*q, c, ctx.model->cfg.shift_logits);
             if (device) s.sampling = &st.sampling, s.step = st.global_step;
-            plan[m->slot >= 0].push_back(s);
-            (device ? chosen : rows)[m->slot >= 0] += (size_t)(s.r1 - s.r0);
+            plan[q->slot[0] >= 0].push_back(s);
+            (device ? chosen : rows)[q->slot[0] >= 0] += (size_t)(s.r1 - s.r0);
         }
     }
     logits.resize((rows[0] + rows[1]) * V);
@@ -19433,94 +19537,54 @@ static dllm_status dllm__batch_step(dllm_ctx &ctx, std::vector<dllm__batch_membe
     DLLM__TRY(dllm__batch_forward(ctx, plan[1], 1, logits.data() + rows[0] * V, choices.data() + chosen[0]));
     float *next[2] = {logits.data(), logits.data() + rows[0] * V};
     const dllm__choice *next_choice[2] = {choices.data(), choices.data() + chosen[0]};
-    std::vector<dllm__batch_member *> still;
-    for (dllm__batch_member *m : active) {
-        dllm__decode &st = m->g->st;
-        const dllm__step_work &w = m->work;
-        if (dllm__batch_device_choice(
-                ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are the host's ch
-            const dllm__choice *&row = next_choice[m->slot >= 0];
+    std::vector<dllm__stepper_seq *> still;
+    for (dllm__stepper_seq *q : live) {
+        dllm__decode &st = q->g->st;
+        const dllm__step_work &w = q->work;
+        const int k = q->slot[0] >= 0;
+        if (dllm__batch_device_choice(ctx, st)) {  // the backend's choice of rows [r0, r1): the candidates' are ch
+            const dllm__choice *&row = next_choice[k];
             std::vector<dllm__choice> ch;
             for (int32_t p : w.cand) ch.push_back(row[p - w.r0]);
             row += w.r1 - w.r0;
             st.forwards++;
-            dllm__step_commit(st, w, ch, m->committed);
+            dllm__step_commit(st, w, ch, q->committed);
         } else {
             const size_t n = (size_t)(w.r1 - w.r0) * V;
-            float *&cond = next[m->slot >= 0];
+            float *&cond = next[k];
             float *uncond = st.cfg_scale > 0 ? cond + n : nullptr;
-            dllm__step_end(st, w, cond, uncond, V, m->committed);
+            dllm__step_end(st, w, cond, uncond, V, q->committed);
             cond += uncond ? 2 * n : n;
         }
-        dllm_status s = m->g->end_step(m->committed);
-        if (s != DLLM_OK || m->g->done)
-            dllm__batch_retire(*m, s);
-        else
-            still.push_back(m);
+        q->status = q->g->end_step(q->committed);
+        (q->status != DLLM_OK || q->g->done ? ended : still).push_back(q);
     }
-    active.swap(still);
+    live.swap(still);
     return DLLM_OK;
 }
 
-/* Decodes members together until every one is done; stats->steps and ->forwards count batched steps. */
-static dllm_status dllm__batch_decode(dllm_ctx &ctx, std::vector<dllm__batch_member> &members, dllm_gen_stats &stats) {
-    std::vector<dllm__batch_member *> active;
-    for (dllm__batch_member &m : members) {
-        dllm_status s = m.g->start();
-        if (s == DLLM_OK)
-            active.push_back(&m);
-        else
-            dllm__batch_retire(m, s);
-    }
-    std::vector<float> logits;
-    while (!active.empty()) {
-        dllm_status s = dllm__batch_step(ctx, active, logits);
-        if (s != DLLM_OK) {
-            for (dllm__batch_member *m : active) dllm__batch_retire(*m, s);
-            return s;
-        }
-        stats.steps++, stats.forwards++;
-    }
+/* Checks an item as dllm_generate would and prepares its generation, stepped on the host around the batched forwards
+ * and watched (the stepper's events); to start when it joins. */
+static dllm_status dllm__batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
+    const dllm_batch_item &it = q.item;
+    DLLM__TRY(dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.plan));
+    q.g.reset(new dllm__generation{ctx, it.params, q.plan, dllm__decode(), {}, 0});
+    dllm__init_decode(it.prompt, it.n_prompt, it.params, q.plan, q.g->st);
+    q.g->st.host_steps = true;
+    q.g->watch = &q.watch;
     return DLLM_OK;
 }
 
-/* Checks an item as dllm_generate would and prepares its generation; false (with its status set) if it is bad. */
-static bool dllm__batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__batch_member &m) {
-    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
-    dllm_status s = dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
-    if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
-            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
-        dllm__batch_set_status(r, s);
-        return false;
-    }
-    m.g.reset(new dllm__generation{ctx, it.params, m.plan, dllm__decode(), {}, 0});
-    dllm__init_decode(it.prompt, it.n_prompt, it.params, m.plan, m.g->st);
-    m.g->st.host_steps = true;
-    return true;
+/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache, of
+ * its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
+static int dllm__batch_slots_needed(const dllm__stepper_seq &q, int &rows) {
+    const dllm_gen_params &p = q.item.params;
+    rows = q.item.n_prompt + p.gen_length;
+    return dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE ? 0 : p.cfg_scale > 0 ? 2 : 1;
 }
 
-/* [batch] [dual cache] [prefix cache] The K/V cache slots of the items that join the batch with a K/V cache: slot_of[i]
- * is item i's (CFG's unconditional canvas: the next one), -1 for the others; slot_rows[s] its canvas's rows (prompt
- * + gen_length, which DPad's views never exceed). An item whose lengths are invalid gets none: its admission fails. */
-static int dllm__batch_kv_plan(const dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                               const std::vector<bool> &batched, std::vector<int> &slot_of,
-                               std::vector<int> &slot_rows) {
-    slot_of.assign((size_t)n_items, -1), slot_rows.clear();
-    for (int i = 0; i < n_items; i++) {
-        const dllm_gen_params &p = items[i].params;
-        const int64_t n = (int64_t)items[i].n_prompt + p.gen_length;
-        if (!batched[(size_t)i] || dllm__enum_int(p.kv_cache) == DLLM_KV_CACHE_NONE || items[i].n_prompt < 0 ||
-            p.gen_length <= 0 || n > ctx.max_tokens)
-            continue;
-        slot_of[(size_t)i] = (int)slot_rows.size();
-        slot_rows.insert(slot_rows.end(), p.cfg_scale > 0 ? 2 : 1, (int)n);
-    }
-    return (int)slot_rows.size();
-}
-
-/* An item decoded alone inside dllm_generate_batch (dllm_generate's result, its status and message kept with it); its
- * steps and forwards count in the batch's. */
+/* An item decoded alone (dllm_generate's result, its status and message kept with it); its steps and forwards count in
+ * the batch's, unless it ran out of memory (a failure of the whole batch). */
 static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r,
                                             dllm_gen_stats &stats) {
     dllm_status s =
@@ -19530,207 +19594,419 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
-// ---- Batched block diffusion (dllm_generate_batch on a block-diffusion model) ------------------------------------
-// Every item is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
-// round asks every live generation for its next forward (dllm__bd_generation::next) and runs them all in ONE
-// bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its generation. A
-// generation that is done, fails or is cancelled leaves at once. Each item runs the loop dllm_generate runs, so it
-// decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+// ---- Batched block diffusion (dllm_stepper, dllm_generate_batch on a block-diffusion model) -----------------------
+// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
+// round runs every live generation's next forward (dllm__bd_generation::next, asked as soon as the previous result is
+// applied) in ONE bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its
+// generation. A generation that is done, fails or is cancelled leaves at once. Each sequence runs the loop dllm_generate
+// runs, so it decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
 
-/* One block-diffusion item of a batched decode, while it runs. */
-struct dllm__bd_member {
-    const dllm_batch_item *item = nullptr;
-    dllm_batch_result *result = nullptr;
-    dllm__bd_plan plan;
-    std::unique_ptr<dllm__bd_generation> g;
-    dllm__bd_seq seq;  // this round's forward; seq.slot: its K/V cache slot
-    double t0 = 0;
-};
-
-/* An item's end: its output, stats and status; the batch's steps are the most any item ran. */
-static void dllm__bd_batch_retire(dllm__bd_member &m, dllm_status s, dllm_gen_stats &stats) {
-    dllm__bd_result(*m.g, s, m.item->out, &m.result->n_out, &m.result->stats, m.t0, false);
-    dllm__batch_set_status(*m.result, s);
-    stats.steps = std::max(stats.steps, m.g->steps);
+/* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
+static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
+    dllm__bd_result(*q.bd, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0, false);
+    dllm__batch_set_status(*q.result, s);
 }
 
-/* Checks an item as dllm_generate would and starts its generation on slot `slot`; false (its status set) if it is bad. */
-static bool dllm__bd_batch_admit(dllm_ctx &ctx, const dllm_batch_item &it, dllm_batch_result &r, dllm__bd_member &m,
-                                 int slot) {
-    m.item = &it, m.result = &r, m.t0 = dllm__now_ms();
-    dllm_status s = dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, m.plan);
-    if (s != DLLM_OK) {
-        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
-            r.n_out = dllm__out_needed(ctx, it.n_prompt, it.params);  // as dllm_generate reports it
-        dllm__batch_set_status(r, s);
-        return false;
-    }
-    m.g.reset(new dllm__bd_generation{ctx, it.params, m.plan, it.n_prompt});
-    m.g->start(it.prompt);
-    m.seq.slot = slot;
-    return true;
+/* Checks an item as dllm_generate would and prepares its generation, watched (the stepper's events); to start on its
+ * slot when it joins. */
+static dllm_status dllm__bd_batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
+    const dllm_batch_item &it = q.item;
+    DLLM__TRY(dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.bd_plan));
+    q.bd.reset(new dllm__bd_generation{ctx, it.params, q.bd_plan, it.n_prompt});
+    q.bd->watch = &q.watch;
+    return DLLM_OK;
 }
 
-/* One round: every active member's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
- * each member's result. A member with no forward left, or whose loop or step callback fails, leaves; a failing batched
- * forward is every member's failure. */
-static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__bd_member *> &active,
-                                        std::vector<float> &logits, std::vector<dllm__choice> &choices,
-                                        dllm_gen_stats &stats) {
-    std::vector<dllm__bd_member *> live;
+/* The generation walks to its first forward on its slot; false (its status set) if it has none or fails. */
+static bool dllm__bd_batch_start(dllm__stepper_seq &q) {
+    q.bd->start(q.item.prompt);
+    q.bd_seq.slot = q.slot[0];
+    q.status = q.bd->next(q.bd_seq);
+    return q.status == DLLM_OK && !q.bd->done();
+}
+
+/* One round: every live sequence's next forward in one bd_forward_batch (its logits or, for a step, its choices), then
+ * each one's result and its next forward. A sequence with no forward left, or whose loop or step callback fails, moves
+ * from live to ended (its status set); a failing batched forward is every live sequence's failure. */
+static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper_seq *> &live,
+                                        std::vector<dllm__stepper_seq *> &ended, std::vector<float> &logits,
+                                        std::vector<dllm__choice> &choices) {
     std::vector<dllm__bd_seq> seqs;
     size_t rows = 0, picked = 0;
-    for (dllm__bd_member *m : active) {
-        dllm_status s = m->g->next(m->seq);
-        if (s != DLLM_OK || m->g->done()) {
-            dllm__bd_batch_retire(*m, s, stats);
-            continue;
-        }
-        live.push_back(m);
-        seqs.push_back(m->seq);
-        if (m->seq.pick)
-            picked += (size_t)m->seq.pick->n;
+    for (dllm__stepper_seq *q : live) {
+        seqs.push_back(q->bd_seq);
+        if (q->bd_seq.pick)
+            picked += (size_t)q->bd_seq.pick->n;
         else
-            rows += (size_t)(m->seq.call.r1 - m->seq.call.r0);
+            rows += (size_t)(q->bd_seq.call.r1 - q->bd_seq.call.r0);
     }
-    active.clear();
-    if (live.empty()) return DLLM_OK;
     logits.resize(rows * ctx.model->cfg.n_vocab);
     choices.assign(picked, dllm__choice{0, -INFINITY, false});
-    stats.forwards++;
-    dllm_status s = ctx.impl->bd_forward_batch(seqs, logits.data(), choices.data());
-    if (s != DLLM_OK) {
-        for (dllm__bd_member *m : live) dllm__bd_batch_retire(*m, s, stats);
-        return s;
-    }
+    DLLM__TRY(ctx.impl->bd_forward_batch(seqs, logits.data(), choices.data()));
     const float *row = logits.data();
     const dllm__choice *ch = choices.data();
-    for (dllm__bd_member *m : live) {
-        const dllm__bd_seq &q = m->seq;
-        s = q.pick ? m->g->apply_choices(ch) : m->g->apply_logits(row);
-        if (q.pick)
-            ch += q.pick->n;
+    std::vector<dllm__stepper_seq *> still;
+    for (dllm__stepper_seq *q : live) {
+        const dllm__bd_seq &s = q->bd_seq;
+        q->status = s.pick ? q->bd->apply_choices(ch) : q->bd->apply_logits(row);
+        if (s.pick)
+            ch += s.pick->n;
         else
-            row += (size_t)(q.call.r1 - q.call.r0) * ctx.model->cfg.n_vocab;
-        if (s != DLLM_OK)
-            dllm__bd_batch_retire(*m, s, stats);
-        else
-            active.push_back(m);
+            row += (size_t)(s.call.r1 - s.call.r0) * ctx.model->cfg.n_vocab;
+        if (q->status == DLLM_OK) q->status = q->bd->next(q->bd_seq);
+        (q->status != DLLM_OK || q->bd->done() ? ended : still).push_back(q);
     }
+    live.swap(still);
     return DLLM_OK;
 }
+#line 134 "src/dllm_cuda.cu"
+#line 1 "src/decode/stepper.cpp"
+/* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
+ * dllm_generate_batch is its loop. */
 
-/* dllm_generate_batch on a block-diffusion model: the items decode together where the backend has bd_forward_batch and
- * the slots fit, else one after another through dllm_generate's path (an INFO log names the backend's reason).
- * stats->forwards counts the batched forwards (the most any item ran), stats->steps the most steps any item ran. */
-static dllm_status dllm__bd_generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                                                dllm_batch_result *results, dllm_gen_stats &stats) {
-    std::string why;
-    if (ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK) why = dllm__tls_error;
-    std::vector<dllm__bd_member> members;
-    members.reserve((size_t)n_items);  // a generation holds its member's plan: no reallocation
-    std::vector<int> rows;
-    for (int i = 0; why.empty() && i < n_items; i++) {
-        members.emplace_back();
-        if (dllm__bd_batch_admit(ctx, items[i], results[i], members.back(), (int)rows.size()))
-            rows.push_back(members.back().g->cache_rows());
-        else
-            members.pop_back();
-    }
-    if (!rows.empty() && ctx.impl->bd_batch_reserve(rows) != DLLM_OK)
-        why = dllm__tls_error, members.clear();  // (memory)
-    if (!why.empty()) {
-        if (n_items > 0)
-            dllm__log(
-                DLLM_LOG_INFO,
-                "dllm_generate_batch: %d block-diffusion items decode one after another, outside a batched forward (%s)",
-                n_items, why.c_str());
-        for (int i = 0; i < n_items; i++)
-            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-                return DLLM_ERR_OUT_OF_MEMORY;
-        return DLLM_OK;
-    }
-    std::vector<dllm__bd_member *> active;
-    for (dllm__bd_member &m : members) active.push_back(&m);
+// ---- Continuous batching ----------------------------------------------------------------------------------------
+// A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
+// K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
+// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
+// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
+// dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
+//
+// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
+// takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a long run
+// stop growing at what its largest concurrent sequences need; a live slot is never resized (the backend may move it).
+
+/* A K/V cache slot of a stepper: its rows and the sequence using it (-1: free). */
+struct dllm__kv_slot {
+    int rows = 0;
+    int owner = -1;
+};
+
+}  // namespace
+struct dllm_stepper {
+    dllm_ctx &ctx;
+    int max_sequences = 0;
+    const char *who = "dllm_stepper";  // names the stepper in messages
+    bool log_alone = true;             // log each sequence that decodes alone (dllm_generate_batch logs a summary)
+    std::vector<std::unique_ptr<dllm__stepper_seq>> seqs;  // in the order they were added
+    std::vector<dllm__kv_slot> slots;
+    int next_id = 0;
+    std::string no_batch, kv_why;  // why no sequence, or none with a K/V cache, joins a batched forward ("": they do)
+    dllm_gen_stats counts = {};    // steps and forwards as dllm_generate_batch reports them
     std::vector<float> logits;
     std::vector<dllm__choice> choices;
-    dllm_status s = DLLM_OK;
-    while (s == DLLM_OK && !active.empty()) s = dllm__bd_batch_round(ctx, active, logits, choices, stats);
-    if (!rows.empty()) {  // the caches go with the batch; a failure's message stays the thread's
-        const std::string error = dllm__tls_error;
-        ctx.impl->bd_batch_reserve({});
-        dllm__tls_error = error;
+
+    dllm_stepper(dllm_ctx &c, int max, const char *name);
+    ~dllm_stepper();
+    bool block_diffusion() const { return dllm__is_block_diffusion(ctx.model->cfg); }
+    const char *alone_reason(const dllm_gen_params &p) const;
+    dllm_status room() const;
+    int n_active() const;
+    dllm__stepper_seq *find(int id) const;
+    dllm_status add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id);
+    dllm_status admit(dllm__stepper_seq &q);
+    dllm_status step();
+    void join(std::vector<dllm__stepper_seq *> &live);
+    int slots_needed(const dllm__stepper_seq &q, int &rows) const;
+    void take_slots(std::vector<dllm__stepper_seq *> &joining);
+    int take_slot(int rows, int owner, std::vector<bool> &fresh);
+    dllm_status run_alone(dllm__stepper_seq &q);
+    void retire(dllm__stepper_seq &q, dllm_status s);
+    dllm_status cancel(dllm__stepper_seq &q);
+    void remove(int id);
+};
+namespace {
+
+/* Checks an item as dllm_generate would, for a kind decoded alone (no generation prepared). */
+static dllm_status dllm__check_item(dllm_ctx &ctx, const dllm_batch_item &it) {
+    const dllm__config &c = ctx.model->cfg;
+    if (dllm__is_block_diffusion(c)) {
+        dllm__bd_plan plan;
+        return dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
     }
-    return s;
+    if (c.family == DLLM_FAMILY_LLADA2) {
+        dllm__llada2_plan plan;
+        return dllm__plan_llada2(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
+    }
+    dllm__gen_plan plan;
+    return dllm__plan_generation(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, plan);
 }
 
-/* dllm_generate_batch: the items a batched forward can take decode together, the others one after another. */
-static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
-                                             dllm_batch_result *results, dllm_gen_stats &stats) {
-    if (dllm__is_block_diffusion(ctx.model->cfg))
-        return dllm__bd_generate_batch_impl(ctx, items, n_items, results, stats);
-    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2) {  // no batched LLaDA2 forward yet: dllm_generate's, item by item
-        if (n_items > 0)
-            dllm__log(DLLM_LOG_INFO, "dllm_generate_batch: %d LLaDA2 items decode one after another", n_items);
-        for (int i = 0; i < n_items; i++)
-            if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-                return DLLM_ERR_OUT_OF_MEMORY;
-        return DLLM_OK;
-    }
-    const bool batches = ctx.impl->forward_batch({}, nullptr) == DLLM_OK;
-    const std::string no_batch = batches ? std::string() : dllm__tls_error;  // the backend's reason
-    std::string kv_why;  // why items with a K/V cache cannot batch (the backend's reason), empty if they can
-    if (batches && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK) kv_why = "a K/V cache: " + dllm__tls_error;
-    std::vector<dllm__batch_member> members;
-    members.reserve((size_t)n_items);
-    std::vector<int> alone;
-    const char *why = batches ? nullptr : no_batch.c_str();
-    std::vector<bool> batched((size_t)n_items);
-    for (int i = 0; i < n_items; i++)
-        batched[(size_t)i] =
-            batches && !dllm__batch_excluded(items[i].params, kv_why.empty() ? nullptr : kv_why.c_str());
-    std::vector<int> slot_of, slot_rows;
-    const bool kv_slots = dllm__batch_kv_plan(ctx, items, n_items, batched, slot_of, slot_rows) > 0;
-    if (kv_slots &&
-        ctx.impl->batch_kv_reserve(slot_rows) != DLLM_OK) {  // (memory): those items decode one after another
+/* The step a sequence shows before its first: its canvas (prompt and masks where the schedule lays them out). */
+static void dllm__watch_start(dllm__stepper_seq &q) {
+    dllm_step_info info = {};
+    std::vector<int32_t> canvas = q.g ? q.g->st.canvas : q.prompt;
+    info.canvas = canvas.data(), info.canvas_len = (int)canvas.size(), info.prompt_len = q.item.n_prompt;
+    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : 0;
+    info.n_masked = (int)canvas.size() - q.item.n_prompt;
+    q.watch.record(info);
+    q.watch.stepped = false;
+}
+
+}  // namespace
+
+dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
+        no_batch = "LLaDA2 has no batched forward yet";
+    else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
+        no_batch = dllm__tls_error;
+    else if (!block_diffusion() && ctx.impl->forward_batch({}, nullptr) != DLLM_OK)
+        no_batch = dllm__tls_error;
+    else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
         kv_why = "a K/V cache: " + dllm__tls_error;
-        for (int i = 0; i < n_items; i++) batched[(size_t)i] = batched[(size_t)i] && slot_of[(size_t)i] < 0;
+    ctx.stepper = this;
+}
+
+dllm_stepper::~dllm_stepper() {
+    ctx.stepper = nullptr;
+    if (slots.empty()) return;
+    std::string error;  // releasing cannot fail; a failure's message stays the thread's (swaps allocate nothing)
+    error.swap(dllm__tls_error);
+    if (block_diffusion())
+        ctx.impl->bd_batch_reserve({}, {});
+    else
+        ctx.impl->batch_kv_reserve({}, {});
+    dllm__tls_error.swap(error);
+}
+
+/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
+const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
+    if (!no_batch.empty()) return no_batch.c_str();
+    if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
+    return nullptr;
+}
+
+/* DLLM_OK if a sequence may be added, else DLLM_ERR_FULL. */
+dllm_status dllm_stepper::room() const {
+    if (n_active() < max_sequences) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_FULL, "%s: %d sequences decode already (max_sequences): step until one ends", who,
+                      max_sequences);
+}
+
+int dllm_stepper::n_active() const {
+    int n = 0;
+    for (const auto &q : seqs) n += q->at != dllm__stepper_seq::ENDED;
+    return n;
+}
+
+dllm__stepper_seq *dllm_stepper::find(int id) const {
+    for (const auto &q : seqs)
+        if (q->id == id) return q.get();
+    return nullptr;
+}
+
+/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not added,
+ * its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
+dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id) {
+    if (seq_id) *seq_id = -1;
+    DLLM__TRY(room());
+    std::unique_ptr<dllm__stepper_seq> q(new dllm__stepper_seq);
+    q->id = next_id, q->item = item, q->t0 = dllm__now_ms();
+    q->prompt.assign(item.prompt, item.prompt + (item.prompt && item.n_prompt > 0 ? item.n_prompt : 0));
+    if (item.prompt) q->item.prompt = q->prompt.data();
+    q->result = result ? result : &q->own_result;
+    dllm_status s = admit(*q);
+    if (s != DLLM_OK) {
+        if (s == DLLM_ERR_BUFFER_TOO_SMALL)
+            q->result->n_out = dllm__out_needed(ctx, item.n_prompt, item.params);  // as dllm_generate reports it
+        dllm__batch_set_status(*q->result, s);
+        return s;
     }
-    for (int i = 0; i < n_items; i++) {
-        const char *excluded = !batches              ? why
-                               : !batched[(size_t)i] ? dllm__batch_excluded(items[i].params, kv_why.c_str())
-                                                     : nullptr;
-        if (excluded) {
-            if (alone.empty()) why = excluded;
-            alone.push_back(i);
-            continue;
-        }
-        members.emplace_back();
-        members.back().slot = slot_of[(size_t)i];
-        if (!dllm__batch_admit(ctx, items[i], results[i], members.back())) members.pop_back();
-    }
-    if (!alone.empty())
-        dllm__log(
-            DLLM_LOG_INFO,
-            "dllm_generate_batch: %zu of %d items decode one after another, outside the batched forward (item %d: %s)",
-            alone.size(), n_items, alone[0], why);
-    const dllm_status decoded = dllm__batch_decode(ctx, members, stats);
-    if (kv_slots) {  // the caches go with the batch; a failure's message stays the thread's
-        const std::string error = dllm__tls_error;
-        ctx.impl->batch_kv_reserve({});
-        dllm__tls_error = error;
-    }
-    DLLM__TRY(decoded);
-    for (int i : alone)
-        if (dllm__batch_decode_alone(ctx, items[i], results[i], stats) == DLLM_ERR_OUT_OF_MEMORY)
-            return DLLM_ERR_OUT_OF_MEMORY;  // global: the items after it would fail the same way
+    if (q->at == dllm__stepper_seq::ALONE && log_alone)
+        dllm__log(DLLM_LOG_INFO, "%s: sequence %d decodes alone, outside the batched forwards (%s)", who, q->id,
+                  alone_reason(item.params));
+    dllm__watch_start(*q);
+    if (seq_id) *seq_id = q->id;
+    next_id++;
+    seqs.push_back(std::move(q));
     return DLLM_OK;
 }
-#line 133 "src/dllm_cuda.cu"
+
+/* Checks a sequence and prepares its generation, or marks it to decode alone. */
+dllm_status dllm_stepper::admit(dllm__stepper_seq &q) {
+    if (alone_reason(q.item.params)) {
+        DLLM__TRY(dllm__check_item(ctx, q.item));
+        q.at = dllm__stepper_seq::ALONE;
+        return DLLM_OK;
+    }
+    return block_diffusion() ? dllm__bd_batch_admit(ctx, q) : dllm__batch_admit(ctx, q);
+}
+
+/* The slots a sequence needs (of `rows` rows each). */
+int dllm_stepper::slots_needed(const dllm__stepper_seq &q, int &rows) const {
+    if (!block_diffusion()) return dllm__batch_slots_needed(q, rows);
+    rows = q.bd->cache_rows();
+    return 1;
+}
+
+/* A free slot of at least `rows` rows (the smallest), else a free one enlarged, else a new one, for owner; fresh[s]
+ * marks the slots taken now. */
+int dllm_stepper::take_slot(int rows, int owner, std::vector<bool> &fresh) {
+    int best = -1, largest = -1;
+    for (size_t s = 0; s < slots.size(); s++) {
+        const dllm__kv_slot &k = slots[s];
+        if (k.owner >= 0) continue;
+        if (k.rows >= rows && (best < 0 || k.rows < slots[(size_t)best].rows)) best = (int)s;
+        if (largest < 0 || k.rows > slots[(size_t)largest].rows) largest = (int)s;
+    }
+    if (best < 0) best = largest;  // enlarged below
+    if (best < 0) best = (int)slots.size(), slots.push_back(dllm__kv_slot());
+    slots[(size_t)best] = {std::max(rows, slots[(size_t)best].rows), owner};
+    fresh.resize(slots.size());
+    fresh[(size_t)best] = true;
+    return best;
+}
+
+/* The joining sequences' slots, laid out by the backend with the live sequences' kept. If the backend cannot hold them
+ * (memory), the joining sequences that need one decode alone instead. */
+void dllm_stepper::take_slots(std::vector<dllm__stepper_seq *> &joining) {
+    const std::vector<dllm__kv_slot> before = slots;
+    std::vector<bool> fresh(slots.size());
+    for (dllm__stepper_seq *q : joining) {
+        int rows = 0;
+        const int n = slots_needed(*q, rows);
+        for (int c = 0; c < n; c++) q->slot[c] = take_slot(rows, q->id, fresh);
+    }
+    if (std::find(fresh.begin(), fresh.end(), true) == fresh.end()) return;
+    std::vector<int> rows;
+    std::vector<bool> keep;
+    for (size_t s = 0; s < slots.size(); s++)
+        rows.push_back(slots[s].rows), keep.push_back(slots[s].owner >= 0 && !fresh[s]);
+    const dllm_status s =
+        block_diffusion() ? ctx.impl->bd_batch_reserve(rows, keep) : ctx.impl->batch_kv_reserve(rows, keep);
+    if (s == DLLM_OK) return;
+    slots = before;
+    int n_alone = 0;
+    for (dllm__stepper_seq *q : joining)
+        if (q->slot[0] >= 0) q->slot[0] = q->slot[1] = -1, q->at = dllm__stepper_seq::ALONE, n_alone++;
+    dllm__log(DLLM_LOG_INFO,
+              "%s: %d sequences decode one after another, outside the batched forwards (a K/V cache: %s)", who, n_alone,
+              dllm__tls_error.c_str());
+}
+
+/* The sequences added since the last step join it: their slots, then their generations started (one that cannot start
+ * ends at once). Those that may not join (their slots do not fit) wait to decode alone. */
+void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
+    std::vector<dllm__stepper_seq *> joining;
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::JOINING) joining.push_back(q.get());
+    if (joining.empty()) return;
+    take_slots(joining);
+    for (dllm__stepper_seq *q : joining) {
+        if (q->at != dllm__stepper_seq::JOINING) continue;
+        q->at = dllm__stepper_seq::LIVE;
+        const bool started = q->bd ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
+        if (started)
+            live.push_back(q);
+        else
+            retire(*q, q->status);
+    }
+}
+
+dllm_status dllm_stepper::step() {
+    for (const auto &q : seqs) q->watch.stepped = false;
+    std::vector<dllm__stepper_seq *> live, ended;
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::LIVE) live.push_back(q.get());
+    join(live);
+    if (!live.empty()) {
+        const dllm_status s = block_diffusion() ? dllm__bd_batch_round(ctx, live, ended, logits, choices)
+                                                : dllm__batch_step(ctx, live, ended, logits);
+        if (s != DLLM_OK) {
+            for (dllm__stepper_seq *q : live) retire(*q, s);
+            return s;
+        }
+        counts.forwards++, counts.steps += !block_diffusion();
+        for (dllm__stepper_seq *q : ended) retire(*q, q->status);
+    }
+    for (const auto &q : seqs)
+        if (q->at == dllm__stepper_seq::ALONE) return run_alone(*q);
+    return DLLM_OK;
+}
+
+/* A sequence decoded whole by dllm_generate's path: its one event is its end, the generated ids all committed at once.
+ * Only running out of memory is the step's failure. */
+dllm_status dllm_stepper::run_alone(dllm__stepper_seq &q) {
+    const dllm_status s = dllm__batch_decode_alone(ctx, q.item, *q.result, counts);
+    q.at = dllm__stepper_seq::ENDED;
+    const int n_out = s == DLLM_OK || s == DLLM_ERR_CANCELLED ? q.result->n_out : 0;
+    std::vector<int32_t> canvas = q.prompt, committed;
+    for (int i = 0; i < n_out; i++) canvas.push_back(q.item.out[i]), committed.push_back(q.item.n_prompt + i);
+    dllm_step_info info = q.watch.info;
+    info.canvas = canvas.data(), info.canvas_len = (int)canvas.size();
+    info.committed_pos = committed.data(), info.n_committed = n_out, info.n_masked = 0;
+    info.global_step = info.total_steps = q.result->stats.steps;
+    q.watch.record(info);
+    return s == DLLM_ERR_OUT_OF_MEMORY ? s : DLLM_OK;
+}
+
+/* A sequence ends (s: how): its output, stats and status, and its slots free for the next one. */
+void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
+    if (q.g)
+        dllm__batch_retire(q, s);
+    else
+        dllm__bd_batch_retire(q, s);
+    if (block_diffusion()) counts.steps = std::max(counts.steps, q.bd->steps);
+    for (dllm__kv_slot &k : slots)
+        if (k.owner == q.id) k.owner = -1;
+    q.at = dllm__stepper_seq::ENDED;
+}
+
+/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did not. */
+dllm_status dllm_stepper::cancel(dllm__stepper_seq &q) {
+    if (q.at == dllm__stepper_seq::ENDED) return DLLM_OK;
+    const dllm_status s =
+        dllm__fail(DLLM_ERR_CANCELLED, "%s: sequence %d cancelled after %d steps", who, q.id, q.watch.info.global_step);
+    if (q.at == dllm__stepper_seq::LIVE) {
+        retire(q, s);
+        return DLLM_OK;
+    }
+    q.result->n_out = 0, q.result->stats.n_prompt = q.item.n_prompt;
+    dllm__batch_set_status(*q.result, s);
+    for (dllm__kv_slot &k : slots)
+        if (k.owner == q.id) k.owner = -1;
+    q.at = dllm__stepper_seq::ENDED;
+    return DLLM_OK;
+}
+
+void dllm_stepper::remove(int id) {
+    seqs.erase(std::remove_if(seqs.begin(), seqs.end(), [&](const auto &q) { return q->id == id; }), seqs.end());
+}
+namespace {
+
+/* dllm_generate_batch: its items in one stepper, stepped until every one has ended. A bad item fails alone at its
+ * admission; a global failure (a failing batched forward, an item decoded alone running out of memory) ends the call,
+ * the items not finished then taking its status (dllm_generate_batch). stats: dllm_generate_batch's batch_stats. */
+static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_item *items, int n_items,
+                                             dllm_batch_result *results, dllm_gen_stats &stats) {
+    dllm_stepper stepper(ctx, n_items, "dllm_generate_batch");
+    stepper.log_alone = false;
+    int n_alone = 0, first_alone = -1;
+    for (int i = 0; i < n_items; i++) {
+        if (!stepper.alone_reason(items[i].params)) continue;
+        n_alone++;
+        if (first_alone < 0) first_alone = i;
+    }
+    if (n_alone > 0) {
+        const char *kind = stepper.block_diffusion()                     ? "block-diffusion "
+                           : ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+                                                                         : "";
+        dllm__log(
+            DLLM_LOG_INFO,
+            "dllm_generate_batch: %d %sitems decode one after another, outside a batched forward (%d items in all; "
+            "item %d: %s)",
+            n_alone, kind, n_items, first_alone, stepper.alone_reason(items[first_alone].params));
+    }
+    for (int i = 0; i < n_items; i++) stepper.add(items[i], &results[i], nullptr);
+    dllm_status s = DLLM_OK;
+    while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
+    stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
+    return s;
+}
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -19847,7 +20123,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -19877,6 +20153,16 @@ template <class F> static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     return st;
 }
 
+/* A sequence of the stepper by id, or the error that names the id. */
+static dllm_status dllm__stepper_seq_of(const dllm_stepper *stepper, const char *fn, int seq_id,
+                                        dllm__stepper_seq *&q) {
+    q = stepper->find(seq_id);
+    if (!q)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: the stepper holds no sequence %d (removed, or never added)",
+                          fn, seq_id);
+    return DLLM_OK;
+}
+
 }  // namespace
 #pragma GCC visibility pop
 
@@ -19897,6 +20183,7 @@ const char *dllm_status_str(dllm_status s) {
         case DLLM_ERR_CANCELLED: return "DLLM_ERR_CANCELLED";
         case DLLM_ERR_BUFFER_TOO_SMALL: return "DLLM_ERR_BUFFER_TOO_SMALL";
         case DLLM_ERR_INTERNAL: return "DLLM_ERR_INTERNAL";
+        case DLLM_ERR_FULL: return "DLLM_ERR_FULL";
     }
     return "DLLM_ERR_UNKNOWN";
 }
@@ -20206,6 +20493,11 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0",
                               n_items);
+        if (ctx->stepper)
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "dllm_generate_batch: the context has a dllm_stepper, whose batch caches it would use: add "
+                "the items to the stepper, or free it first");
         return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
     });
     dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
@@ -20223,6 +20515,93 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
         if (ctx) ctx->last_error = message;
     }
     return first;
+}
+
+dllm_stepper_params dllm_stepper_default_params(void) {
+    dllm_stepper_params p;
+    memset(&p, 0, sizeof p);
+    p.max_sequences = 16;
+    return p;
+}
+
+dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_stepper **out_stepper) {
+    if (out_stepper) *out_stepper = nullptr;
+    return dllm__guard(ctx, [&]() -> dllm_status {
+        if (!ctx || !out_stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: ctx or out_stepper is NULL");
+        if (ctx->stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_stepper_create: the context has a stepper already (one at a time: free it first)");
+        if (params.max_sequences < 1)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: max_sequences must be >= 1, got %d",
+                              params.max_sequences);
+        *out_stepper = new dllm_stepper(*ctx, params.max_sequences, "dllm_stepper");
+        return DLLM_OK;
+    });
+}
+
+void dllm_stepper_free(dllm_stepper *stepper) { delete stepper; }
+
+dllm_status dllm_stepper_can_add(dllm_stepper *stepper, const dllm_batch_item *item) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_can_add: NULL argument");
+        DLLM__TRY(stepper->room());
+        dllm__stepper_seq q;
+        q.item = *item;
+        return stepper->admit(q);
+    });
+}
+
+dllm_status dllm_stepper_add(dllm_stepper *stepper, const dllm_batch_item *item, int *seq_id) {
+    if (seq_id) *seq_id = -1;
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item || !seq_id)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_add: stepper, item and seq_id must be non-NULL");
+        return stepper->add(*item, nullptr, seq_id);
+    });
+}
+
+dllm_status dllm_stepper_step(dllm_stepper *stepper) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_step: stepper is NULL");
+        return stepper->step();
+    });
+}
+
+int dllm_stepper_n_active(const dllm_stepper *stepper) { return stepper ? stepper->n_active() : 0; }
+
+dllm_status dllm_stepper_poll(const dllm_stepper *stepper, int seq_id, dllm_seq_event *event) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !event)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_poll: stepper or event is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_poll", seq_id, q));
+        event->stepped = q->watch.stepped;
+        event->info = q->watch.info;
+        event->finished = q->at == dllm__stepper_seq::ENDED;
+        event->result = *q->result;
+        return DLLM_OK;
+    });
+}
+
+dllm_status dllm_stepper_cancel(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_cancel: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_cancel", seq_id, q));
+        return stepper->cancel(*q);
+    });
+}
+
+dllm_status dllm_stepper_remove(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_remove: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_remove", seq_id, q));
+        DLLM__TRY(stepper->cancel(*q));
+        stepper->remove(seq_id);
+        return DLLM_OK;
+    });
 }
 
 const char *dllm_version(void) {
@@ -20313,4 +20692,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 135 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"

@@ -26,6 +26,16 @@ template <class F> static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     return st;
 }
 
+/* A sequence of the stepper by id, or the error that names the id. */
+static dllm_status dllm__stepper_seq_of(const dllm_stepper *stepper, const char *fn, int seq_id,
+                                        dllm__stepper_seq *&q) {
+    q = stepper->find(seq_id);
+    if (!q)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "%s: the stepper holds no sequence %d (removed, or never added)",
+                          fn, seq_id);
+    return DLLM_OK;
+}
+
 }  // namespace
 #pragma GCC visibility pop
 
@@ -46,6 +56,7 @@ const char *dllm_status_str(dllm_status s) {
         case DLLM_ERR_CANCELLED: return "DLLM_ERR_CANCELLED";
         case DLLM_ERR_BUFFER_TOO_SMALL: return "DLLM_ERR_BUFFER_TOO_SMALL";
         case DLLM_ERR_INTERNAL: return "DLLM_ERR_INTERNAL";
+        case DLLM_ERR_FULL: return "DLLM_ERR_FULL";
     }
     return "DLLM_ERR_UNKNOWN";
 }
@@ -355,6 +366,11 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_generate_batch: n_items %d must be >= 0, with items and results non-NULL when > 0",
                               n_items);
+        if (ctx->stepper)
+            return dllm__fail(
+                DLLM_ERR_INVALID_ARGUMENT,
+                "dllm_generate_batch: the context has a dllm_stepper, whose batch caches it would use: add "
+                "the items to the stepper, or free it first");
         return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
     });
     dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
@@ -372,6 +388,93 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
         if (ctx) ctx->last_error = message;
     }
     return first;
+}
+
+dllm_stepper_params dllm_stepper_default_params(void) {
+    dllm_stepper_params p;
+    memset(&p, 0, sizeof p);
+    p.max_sequences = 16;
+    return p;
+}
+
+dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_stepper **out_stepper) {
+    if (out_stepper) *out_stepper = nullptr;
+    return dllm__guard(ctx, [&]() -> dllm_status {
+        if (!ctx || !out_stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: ctx or out_stepper is NULL");
+        if (ctx->stepper)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_stepper_create: the context has a stepper already (one at a time: free it first)");
+        if (params.max_sequences < 1)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: max_sequences must be >= 1, got %d",
+                              params.max_sequences);
+        *out_stepper = new dllm_stepper(*ctx, params.max_sequences, "dllm_stepper");
+        return DLLM_OK;
+    });
+}
+
+void dllm_stepper_free(dllm_stepper *stepper) { delete stepper; }
+
+dllm_status dllm_stepper_can_add(dllm_stepper *stepper, const dllm_batch_item *item) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_can_add: NULL argument");
+        DLLM__TRY(stepper->room());
+        dllm__stepper_seq q;
+        q.item = *item;
+        return stepper->admit(q);
+    });
+}
+
+dllm_status dllm_stepper_add(dllm_stepper *stepper, const dllm_batch_item *item, int *seq_id) {
+    if (seq_id) *seq_id = -1;
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !item || !seq_id)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_add: stepper, item and seq_id must be non-NULL");
+        return stepper->add(*item, nullptr, seq_id);
+    });
+}
+
+dllm_status dllm_stepper_step(dllm_stepper *stepper) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_step: stepper is NULL");
+        return stepper->step();
+    });
+}
+
+int dllm_stepper_n_active(const dllm_stepper *stepper) { return stepper ? stepper->n_active() : 0; }
+
+dllm_status dllm_stepper_poll(const dllm_stepper *stepper, int seq_id, dllm_seq_event *event) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper || !event)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_poll: stepper or event is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_poll", seq_id, q));
+        event->stepped = q->watch.stepped;
+        event->info = q->watch.info;
+        event->finished = q->at == dllm__stepper_seq::ENDED;
+        event->result = *q->result;
+        return DLLM_OK;
+    });
+}
+
+dllm_status dllm_stepper_cancel(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_cancel: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_cancel", seq_id, q));
+        return stepper->cancel(*q);
+    });
+}
+
+dllm_status dllm_stepper_remove(dllm_stepper *stepper, int seq_id) {
+    return dllm__guard(stepper ? &stepper->ctx : nullptr, [&]() -> dllm_status {
+        if (!stepper) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_remove: stepper is NULL");
+        dllm__stepper_seq *q = nullptr;
+        DLLM__TRY(dllm__stepper_seq_of(stepper, "dllm_stepper_remove", seq_id, q));
+        DLLM__TRY(stepper->cancel(*q));
+        stepper->remove(seq_id);
+        return DLLM_OK;
+    });
 }
 
 const char *dllm_version(void) {

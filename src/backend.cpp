@@ -97,12 +97,15 @@ struct dllm__backend_impl {
     }
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
-    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s empty and sized for
-     * rows[s] rows (what bd_begin(rows[s]) does for a generation alone); the empty list releases them. Unsupported (the
+    /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
+     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
      * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
-    virtual dllm_status bd_batch_reserve(const std::vector<int> &) {
+    virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
+    dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
      * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
@@ -122,11 +125,13 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
     /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer. Replaces the previous batch's caches; an empty list releases them. */
-    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows) {
-        (void)rows;
+     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
+     * Replaces the previous layout; an empty list releases them. */
+    virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+        (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
+    dllm_status batch_kv_reserve(const std::vector<int> &rows) { return batch_kv_reserve(rows, {}); }  // none kept
     /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
      * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
      * has it at all (the default: no, and such items decode one after another). */
@@ -146,6 +151,18 @@ struct dllm__backend_impl {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend chooses batched tokens on the host");
     }
 };
+
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
+ * a live cache is moved, never resized. */
+static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
+                                          const std::vector<int> &had) {
+    for (size_t s = 0; s < keep.size(); s++)
+        if (keep[s] && (s >= rows.size() || s >= had.size() || rows[s] != had[s]))
+            return dllm__fail(DLLM_ERR_INTERNAL, "batch slot %zu is kept with %d rows, %s", s,
+                              s < rows.size() ? rows[s] : -1,
+                              s < had.size() ? dllm__format("had %d", had[s]).c_str() : "a slot that did not exist");
+    return DLLM_OK;
+}
 
 static int dllm__count_masks(const dllm__decode &st, int begin, int end) {
     int n = 0;

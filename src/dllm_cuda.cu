@@ -49,6 +49,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -62,10 +63,10 @@
 #include <utility>
 #include <vector>
 
-// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The three
-// public handles (dllm_model, dllm_tokenizer, dllm_ctx) are declared in dllm.h, so they live at global scope, between
-// the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is #included
-// (the tests do), which is what is intended.
+// Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
+// public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
+// #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif
@@ -130,5 +131,6 @@ namespace {
 #include "decode/block_diffusion.cpp"
 #include "decode/batch.cpp"
 #include "decode/batch_bd.cpp"
+#include "decode/stepper.cpp"
 #include "decode/backend_choice.cpp"
 #include "api.cpp"

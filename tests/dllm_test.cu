@@ -45,6 +45,8 @@
 #include "test_bd_batch_gpu.inl"
 #include "test_tp.inl"
 #include "test_bd_batch.inl"
+#include "test_stepper.inl"
+#include "test_stepper_gpu.inl"
 #include "test_docs.inl"
 #include "test_llada2.inl"
 

@@ -10,7 +10,7 @@ TEST(api, header_compiles_as_c99_and_cpp) {
 
 TEST(api, status_strings_are_distinct) {
     std::unordered_set<std::string> seen;
-    for (int s = 0; s >= DLLM_ERR_INTERNAL; s--) {
+    for (int s = 0; s >= DLLM_ERR_FULL; s--) {
         const char *str = dllm_status_str((dllm_status)s);
         CHECK(str != nullptr && strncmp(str, "DLLM_", 5) == 0);
         CHECK(seen.insert(str).second);

@@ -1,4 +1,5 @@
-/* scheduler.c - rounds of dllm_generate_batch over a FIFO queue (see scheduler.h for why it is shaped so). */
+/* scheduler.c - continuous batching over a FIFO queue: the worker's dllm_stepper takes queued sequences at every step
+ * boundary (see scheduler.h for why it is shaped so). */
 #include "scheduler.h"
 
 #include <pthread.h>
@@ -9,6 +10,8 @@
 typedef struct queued_sequence {
     sched_sequence seq;
     struct queued_sequence *next;
+    int id;          /* its stepper id once added */
+    int32_t *out;    /* its output, written by the stepper when it ends */
 } queued_sequence;
 
 struct scheduler {
@@ -17,10 +20,10 @@ struct scheduler {
     pthread_t worker;
     pthread_mutex_t lock;
     pthread_cond_t work_arrived;
-    queued_sequence *head, *tail;   /* FIFO: the oldest sequence is decoded first */
+    queued_sequence *head, *tail;   /* FIFO: the oldest sequence joins first */
     int n_waiting, n_running;
     int draining;
-    queued_sequence **round;        /* the worker's: the sequences of the round being decoded */
+    queued_sequence **running;      /* the worker's: the sequences in its stepper (n_running of them) */
 };
 
 /* The library's per-step callback for one sequence: the cancel flag first, so that a client that left stops
@@ -37,77 +40,87 @@ static void finish_without_decoding(const sched_sequence *seq, dllm_status statu
     seq->on_done(seq->owner, status, NULL, 0, &none, why);
 }
 
-/* Decodes one round of n sequences together (a batch of one goes through dllm_generate, whose single-sequence
- * path is the fast one today) and reports each to its owner. */
-static void decode_round(scheduler *s, queued_sequence **round, int n) {
-    dllm_batch_item *items = (dllm_batch_item *)calloc((size_t)n, sizeof *items);
-    dllm_batch_result *results = (dllm_batch_result *)calloc((size_t)n, sizeof *results);
-    int32_t **outs = (int32_t **)calloc((size_t)n, sizeof *outs);
-    int i, ok = items && results && outs;
-    for (i = 0; ok && i < n; i++) {
-        const sched_sequence *seq = &round[i]->seq;
-        ok = (outs[i] = (int32_t *)malloc(sizeof(int32_t) * (size_t)(seq->out_capacity > 0 ? seq->out_capacity : 1))) != NULL;
-        items[i].prompt = seq->prompt;
-        items[i].n_prompt = seq->n_prompt;
-        items[i].params = seq->params;
-        items[i].params.on_step = sequence_step;
-        items[i].params.on_step_data = round[i];
-        items[i].out = outs[i];
-        items[i].out_capacity = seq->out_capacity;
-    }
-    if (!ok) {
-        for (i = 0; i < n; i++) finish_without_decoding(&round[i]->seq, DLLM_ERR_OUT_OF_MEMORY, "out of memory in the server");
+/* Adds a sequence to the stepper; false if it ended already (cancelled while it waited, refused by the library, no
+ * memory, no stepper), its owner told and the sequence freed. */
+static int join(scheduler *s, dllm_stepper *stepper, queued_sequence *q) {
+    dllm_batch_item item;
+    dllm_status status;
+    if (q->seq.cancel && atomic_load(q->seq.cancel)) {  /* its client left while it waited: no forward for it */
+        finish_without_decoding(&q->seq, DLLM_ERR_CANCELLED, "cancelled before it started");
+    } else if (!stepper) {
+        finish_without_decoding(&q->seq, DLLM_ERR_INTERNAL, "the server could not start decoding (see its log)");
+    } else if (!(q->out = (int32_t *)malloc(sizeof(int32_t) * (size_t)(q->seq.out_capacity > 0 ? q->seq.out_capacity : 1)))) {
+        finish_without_decoding(&q->seq, DLLM_ERR_OUT_OF_MEMORY, "out of memory in the server");
     } else {
-        if (n == 1) {
-            results[0].status = dllm_generate(s->ctx, items[0].prompt, items[0].n_prompt, items[0].params, items[0].out, items[0].out_capacity,
-                                              &results[0].n_out, &results[0].stats);
-            if (results[0].status != DLLM_OK)
-                snprintf(results[0].error, sizeof results[0].error, "%s", dllm_ctx_last_error(s->ctx));
-        } else {
-            dllm_generate_batch(s->ctx, items, n, results, NULL);  /* each item's outcome is in results[] */
-        }
-        for (i = 0; i < n; i++)
-            round[i]->seq.on_done(round[i]->seq.owner, results[i].status, outs[i], results[i].status == DLLM_OK || results[i].status == DLLM_ERR_CANCELLED ? results[i].n_out : 0,
-                                  &results[i].stats, results[i].error);
+        item.prompt = q->seq.prompt;
+        item.n_prompt = q->seq.n_prompt;
+        item.params = q->seq.params;
+        item.params.on_step = sequence_step;
+        item.params.on_step_data = q;
+        item.out = q->out;
+        item.out_capacity = q->seq.out_capacity;
+        if ((status = dllm_stepper_add(stepper, &item, &q->id)) == DLLM_OK) return 1;
+        finish_without_decoding(&q->seq, status, dllm_ctx_last_error(s->ctx));
     }
-    for (i = 0; outs && i < n; i++) free(outs[i]);
-    free(outs);
-    free(results);
-    free(items);
+    free(q->out);
+    free(q);
+    return 0;
 }
 
+/* After a step: each sequence that ended is reported to its owner and leaves the stepper and the running list. */
+static void report_ended(scheduler *s, dllm_stepper *stepper) {
+    int i, kept = 0;
+    for (i = 0; i < s->n_running; i++) {
+        queued_sequence *q = s->running[i];
+        dllm_seq_event ev;
+        const dllm_batch_result *r = &ev.result;
+        if (dllm_stepper_poll(stepper, q->id, &ev) != DLLM_OK || !ev.finished) {
+            s->running[kept++] = q;
+            continue;
+        }
+        q->seq.on_done(q->seq.owner, r->status, q->out, r->status == DLLM_OK || r->status == DLLM_ERR_CANCELLED ? r->n_out : 0,
+                       &r->stats, r->error);
+        dllm_stepper_remove(stepper, q->id);
+        free(q->out);
+        free(q);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->n_running = kept;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The worker: the queue's oldest sequences join the stepper while fewer than max_batch decode, then one step. */
 static void *worker_main(void *arg) {
     scheduler *s = (scheduler *)arg;
+    dllm_stepper_params params = dllm_stepper_default_params();
+    dllm_stepper *stepper = NULL;
+    params.max_sequences = s->max_batch;
+    if (dllm_stepper_create(s->ctx, params, &stepper) != DLLM_OK)
+        fprintf(stderr, "dllm-server: cannot start decoding: %s\n", dllm_ctx_last_error(s->ctx));
     for (;;) {
-        int n = 0, i;
         pthread_mutex_lock(&s->lock);
-        while (!s->head && !s->draining) pthread_cond_wait(&s->work_arrived, &s->lock);
-        if (!s->head) {  /* draining and nothing left */
+        while (!s->head && !s->n_running && !s->draining) pthread_cond_wait(&s->work_arrived, &s->lock);
+        if (!s->head && !s->n_running) {  /* draining and nothing left */
             pthread_mutex_unlock(&s->lock);
             break;
         }
-        while (s->head && n < s->max_batch) {
+        while (s->head && s->n_running < s->max_batch) {
             queued_sequence *q = s->head;
             s->head = q->next;
             if (!s->head) s->tail = NULL;
             s->n_waiting--;
-            if (q->seq.cancel && atomic_load(q->seq.cancel)) {  /* its client left while it waited: no forward for it */
-                pthread_mutex_unlock(&s->lock);
-                finish_without_decoding(&q->seq, DLLM_ERR_CANCELLED, "cancelled before it started");
-                free(q);
-                pthread_mutex_lock(&s->lock);
-                continue;
-            }
-            s->round[n++] = q;
+            pthread_mutex_unlock(&s->lock);
+            const int joined = join(s, stepper, q);
+            pthread_mutex_lock(&s->lock);
+            if (joined) s->running[s->n_running++] = q;
         }
-        s->n_running = n;
         pthread_mutex_unlock(&s->lock);
-        if (n) decode_round(s, s->round, n);
-        for (i = 0; i < n; i++) free(s->round[i]);
-        pthread_mutex_lock(&s->lock);
-        s->n_running = 0;
-        pthread_mutex_unlock(&s->lock);
+        if (s->n_running) {
+            dllm_stepper_step(stepper);  /* a failure ends the sequences of the step, each with its status */
+            report_ended(s, stepper);
+        }
     }
+    dllm_stepper_free(stepper);
     return NULL;
 }
 
@@ -117,7 +130,7 @@ scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_queue) {
     s->ctx = ctx;
     s->max_batch = max_batch > 0 ? max_batch : 1;
     s->max_queue = max_queue > 0 ? max_queue : 1;
-    if (!(s->round = (queued_sequence **)calloc((size_t)s->max_batch, sizeof *s->round))) {
+    if (!(s->running = (queued_sequence **)calloc((size_t)s->max_batch, sizeof *s->running))) {
         free(s);
         return NULL;
     }
@@ -126,7 +139,7 @@ scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_queue) {
     if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
         pthread_cond_destroy(&s->work_arrived);
         pthread_mutex_destroy(&s->lock);
-        free(s->round);
+        free(s->running);
         free(s);
         return NULL;
     }
@@ -186,6 +199,6 @@ void sched_free(scheduler *s) {
     pthread_join(s->worker, NULL);
     pthread_cond_destroy(&s->work_arrived);
     pthread_mutex_destroy(&s->lock);
-    free(s->round);
+    free(s->running);
     free(s);
 }

@@ -2,10 +2,8 @@
  *
  * The HTTP side knows only this interface: it submits sequences (a prompt, its generation parameters and two
  * callbacks) and raises a cancel flag when their client is gone. How sequences are grouped onto the context is the
- * scheduler's business. Today it runs rounds: the worker takes up to max_batch queued sequences and decodes them as
- * one dllm_generate_batch (dllm_generate for one), and sequences arriving meanwhile wait for the next round. Once
- * the library can add a sequence at any step boundary (issue 42 item 1), this file becomes that loop and nothing
- * else changes.
+ * scheduler's business: the worker runs a dllm_stepper (continuous batching), so a queued sequence joins the running
+ * batch at the next step whenever fewer than max_batch decode, and one that ends leaves its place at once.
  */
 #ifndef DLLM_SERVER_SCHEDULER_H
 #define DLLM_SERVER_SCHEDULER_H

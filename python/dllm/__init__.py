@@ -10,6 +10,7 @@ from ._types import (Backend, ChatTemplate, Dpad, Family, KvCache, KvQuant, Laca
                      Remasking, SoloqRotation, Status, Unmask)
 from .context import BatchGeneration, Context, Generation, GenStats, gen_defaults
 from .model import Model, ModelInfo
+from .stepper import SeqEvent, Stepper
 from .stream import Step, Stream
 from .tokenizer import Tokenizer
 
@@ -17,7 +18,7 @@ __all__ = [
     "DllmError", "library_candidates", "library_path", "live_handles", "rng_uniform", "set_log_handler", "version",
     "Backend", "ChatTemplate", "Dpad", "Family", "KvCache", "KvQuant", "Lacache", "LogLevel", "Precision",
     "Remasking", "SoloqRotation", "Status", "Unmask", "BatchGeneration", "Context", "Generation", "GenStats", "gen_defaults",
-    "Model", "ModelInfo", "Step", "Stream", "Tokenizer",
+    "Model", "ModelInfo", "SeqEvent", "Step", "Stepper", "Stream", "Tokenizer",
 ]
 
 

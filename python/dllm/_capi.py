@@ -70,6 +70,16 @@ _PROTOTYPES = [
      [c_void_p, POINTER(c_int32), c_int, T.GenParams, POINTER(c_int32), c_int, POINTER(c_int), POINTER(T.GenStats)]),
     ("dllm_generate_batch", T.c_enum,
      [c_void_p, POINTER(T.BatchItem), c_int, POINTER(T.BatchResult), POINTER(T.GenStats)]),
+    ("dllm_stepper_default_params", T.StepperParams, []),
+    ("dllm_stepper_create", T.c_enum, [c_void_p, T.StepperParams, POINTER(c_void_p)]),
+    ("dllm_stepper_free", None, [c_void_p]),
+    ("dllm_stepper_can_add", T.c_enum, [c_void_p, POINTER(T.BatchItem)]),
+    ("dllm_stepper_add", T.c_enum, [c_void_p, POINTER(T.BatchItem), POINTER(c_int)]),
+    ("dllm_stepper_step", T.c_enum, [c_void_p]),
+    ("dllm_stepper_n_active", c_int, [c_void_p]),
+    ("dllm_stepper_poll", T.c_enum, [c_void_p, c_int, POINTER(T.SeqEvent)]),
+    ("dllm_stepper_cancel", T.c_enum, [c_void_p, c_int]),
+    ("dllm_stepper_remove", T.c_enum, [c_void_p, c_int]),
     ("dllm_rng_uniform", c_double, [c_uint64, c_uint32, c_uint32, c_uint32, c_uint32]),
 ]
 
@@ -103,8 +113,8 @@ def check(status, ctx=None):
     return status
 
 
-# Native handles alive, by kind ("model", "tokenizer", "ctx"): every wrapper counts its allocation and its free,
-# so that a test can see that closing (or garbage collection) freed everything.
+# Native handles alive, by kind ("model", "tokenizer", "ctx", "stepper"): every wrapper counts its allocation and its
+# free, so that a test can see that closing (or garbage collection) freed everything.
 _live = collections.Counter()
 _live_lock = threading.Lock()
 

@@ -25,6 +25,7 @@ class Status(enum.IntEnum):
     ERR_CANCELLED = -10
     ERR_BUFFER_TOO_SMALL = -11
     ERR_INTERNAL = -12
+    ERR_FULL = -13
 
 
 class LogLevel(enum.IntEnum):
@@ -213,6 +214,14 @@ class BatchResult(ctypes.Structure):
     _fields_ = [("status", c_enum), ("n_out", c_int), ("stats", GenStats), ("error", c_char * 256)]
 
 
+class StepperParams(ctypes.Structure):
+    _fields_ = [("max_sequences", c_int)]
+
+
+class SeqEvent(ctypes.Structure):
+    _fields_ = [("stepped", c_int), ("info", StepInfo), ("finished", c_int), ("result", BatchResult)]
+
+
 class QuantizeParams(ctypes.Structure):
     _fields_ = [
         ("precision", c_enum), ("quantize_lm_head", c_int), ("n_threads", c_int), ("overwrite", c_int),
@@ -232,6 +241,8 @@ C_STRUCTS = {
     "dllm_gen_stats": GenStats,
     "dllm_batch_item": BatchItem,
     "dllm_batch_result": BatchResult,
+    "dllm_stepper_params": StepperParams,
+    "dllm_seq_event": SeqEvent,
     "dllm_quantize_params": QuantizeParams,
 }
 

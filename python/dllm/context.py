@@ -76,6 +76,7 @@ class Context(NativeHandle):
         self.model = model
         self._busy = threading.Lock()
         self._streams = weakref.WeakSet()
+        self._steppers = weakref.WeakSet()
         self._adopt(out.value)
         model._contexts.add(self)
 
@@ -90,9 +91,12 @@ class Context(NativeHandle):
         return T.Backend(lib().dllm_ctx_get_backend(self._handle()))
 
     def close(self):
-        """Cancels the context's streams, waits for a generation running in another thread, frees the context."""
+        """Cancels the context's streams, closes its steppers, waits for a generation running in another thread, frees
+        the context."""
         for stream in list(getattr(self, "_streams", ())):
             stream.close()
+        for stepper in list(getattr(self, "_steppers", ())):
+            stepper.close()
         if self._ptr is not None:
             with self._busy:
                 super().close()

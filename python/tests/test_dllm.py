@@ -224,6 +224,84 @@ class LladaTest(unittest.TestCase):
         self.assertEqual(calls, [(i, n) for i in range(1, n + 1)])
 
 
+class StepperTest(unittest.TestCase):
+    """Continuous batching: prompts joining a running stepper at different steps get generate()'s answers."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = dllm.Model(LLADA)
+        cls.ctx = dllm.Context(cls.model, backend="cpu")
+        tok = cls.model.tokenizer
+        cls.prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True)
+                       for q in ("What is two plus two?", "Name a color.", "Say hi.")]
+        cls.options = [SHORT, dict(SHORT, temperature=0.8, seed=5), dict(SHORT, kv_cache="dual")]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.model.close()
+
+    def test_sequences_joining_later_equal_generate(self):
+        want = [self.ctx.generate(p, **o).ids for p, o in zip(self.prompts, self.options)]
+        got, seen, ids = {}, {}, []
+
+        def step(stepper):
+            stepper.step()
+            for event in stepper.events():
+                if event.stepped:
+                    seen.setdefault(event.seq_id, []).extend(event.step.committed)
+                    self.assertEqual(event.step.canvas[:event.step.prompt_len], self.prompts[ids.index(event.seq_id)])
+                if event.finished:
+                    got[event.seq_id] = event.result.ids
+                    stepper.remove(event.seq_id)
+
+        with dllm.Stepper(self.ctx, max_sequences=2) as stepper:
+            ids.append(stepper.add(self.prompts[0], **self.options[0]))
+            step(stepper)
+            ids.append(stepper.add(self.prompts[1], **self.options[1]))  # joins at the second step
+            with self.assertRaises(dllm.DllmError) as full:
+                stepper.add(self.prompts[2], **self.options[2])
+            self.assertEqual(full.exception.status, dllm.Status.ERR_FULL)
+            self.assertEqual(self.ctx.generate(self.prompts[0], **SHORT).ids, want[0])  # a solo run between steps
+            while stepper.n_active or len(ids) < 3:
+                if len(ids) < 3 and stepper.n_active < 2:
+                    ids.append(stepper.add(self.prompts[2], **self.options[2]))
+                step(stepper)
+        self.assertEqual([got[i] for i in ids], want)
+        for i, seq_id in enumerate(ids):  # every generated position committed once, in some step
+            n = len(self.prompts[i])
+            self.assertEqual(sorted(seen[seq_id]), list(range(n, n + SHORT["gen_length"])))
+
+    def test_cancel_remove_and_close(self):
+        before = dllm.live_handles()
+        stepper = dllm.Stepper(self.ctx)
+        with self.assertRaises(dllm.DllmError) as second:
+            dllm.Stepper(self.ctx)
+        self.assertIn("has a stepper", second.exception.message)
+        with self.assertRaises(dllm.DllmError):  # dllm_generate_batch would use the stepper's caches
+            self.ctx.generate_batch([self.prompts[0]], **SHORT)
+        with self.assertRaises(dllm.DllmError) as bad:
+            stepper.add(self.prompts[0], gen_length=16, steps=3, block_length=8)
+        self.assertIn("steps (--steps) 3", bad.exception.message)
+        first, second_id = stepper.add(self.prompts[0], **SHORT), stepper.add(self.prompts[1], **SHORT)
+        stepper.step()
+        stepper.step()
+        stepper.cancel(first)
+        event = stepper.poll(first)
+        self.assertTrue(event.finished)
+        self.assertEqual(event.result.status, dllm.Status.ERR_CANCELLED)
+        self.assertEqual(event.result.stats.steps, 2)
+        stepper.remove(second_id)  # still decoding: cancelled and forgotten
+        with self.assertRaises(dllm.DllmError):
+            stepper.poll(second_id)
+        self.assertEqual(stepper.n_active, 0)
+        stepper.close()
+        stepper.close()  # twice is harmless
+        self.assertEqual(dllm.live_handles(), before)
+        dllm.Stepper(self.ctx)  # dropped unclosed: garbage collection frees it
+        gc.collect()
+        self.assertEqual(dllm.live_handles(), before)
+
+
 class BlockDiffusionTest(unittest.TestCase):
     def test_generate_equals_cli(self):
         with dllm.Model(BLOCK_DIFFUSION) as model, dllm.Context(model, backend="cpu") as ctx:

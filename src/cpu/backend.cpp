@@ -37,14 +37,20 @@ class dllm__cpu_backend : public dllm__backend_impl {
     /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
      * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
      * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override {
-        bd_slots_.clear();
-        bd_slots_.resize(rows.size());
+    using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
+        std::vector<bd_slot> slots(rows.size());
         for (size_t s = 0; s < rows.size(); s++) {
-            bd_slots_[s].kv.reset(m_.cfg, rows[s]);
-            bd_slots_[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
-            if (kvq_.enabled()) bd_slots_[s].kvq.reset(rows[s]);
+            if (s < keep.size() && keep[s]) {
+                slots[s] = std::move(bd_slots_[s]);
+                continue;
+            }
+            slots[s].kv.reset(m_.cfg, rows[s]);
+            slots[s].kvq.setup(m_.cfg, kvq_.mode, kvq_.n_sink);
+            if (kvq_.enabled()) slots[s].kvq.reset(rows[s]);
         }
+        bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
     /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
@@ -132,9 +138,13 @@ class dllm__cpu_backend : public dllm__backend_impl {
 
     /* [batch] [dual cache] [prefix cache] The reference: each sequence's cached forward over its own slot, one after
      * another (rows_for's, with the slot in place of kv_), so its logits are those of its step decoded alone. */
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override {
-        batch_kv_.assign(rows.size(), dllm__cpu_kv());
-        batch_kv_rows_ = rows;
+    using dllm__backend_impl::batch_kv_reserve;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
+        DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_kv_rows_));
+        std::vector<dllm__cpu_kv> slots(rows.size());
+        for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+            if (keep[s]) slots[s] = std::move(batch_kv_[s]);
+        batch_kv_.swap(slots), batch_kv_rows_ = rows;
         return DLLM_OK;
     }
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override {
@@ -243,8 +253,9 @@ class dllm__cpu_backend : public dllm__backend_impl {
         dllm__kvq kvq;
     };
     std::vector<bd_slot>
-        bd_slots_;               // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
-    std::vector<float> bd_raw_;  // a batched step's logits, before its choice
+        bd_slots_;  // [batch] the committed caches of a batched block-diffusion decode (bd_batch_reserve)
+    std::vector<int> bd_slot_rows_;  // their capacities in rows
+    std::vector<float> bd_raw_;      // a batched step's logits, before its choice
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };

@@ -20,7 +20,9 @@ class dllm__pool {
     ~dllm__pool() { stop(); }
 
     /* Runs fn(0..n_tasks-1) across the pool; returns when all are done. Every worker reports back
-     * before this returns, so no worker can still be reading this call's state in the next call. */
+     * before this returns, so no worker can still be reading this call's state in the next call, nor fn once it is
+     * gone: a task that throws (out of memory) ends the call only after the tasks running elsewhere, the exception
+     * rethrown here. */
     void run(int n_tasks, const std::function<void(int)> &fn) {
         if (workers_.empty() || n_tasks <= 1) {
             for (int i = 0; i < n_tasks; i++) fn(i);
@@ -32,6 +34,7 @@ class dllm__pool {
             n_tasks_ = n_tasks;
             next_ = 0;
             reported_ = 0;
+            failure_ = nullptr;
             generation_++;
         }
         wake_.notify_all();
@@ -39,6 +42,7 @@ class dllm__pool {
         std::unique_lock<std::mutex> lk(mu_);
         done_.wait(lk, [this] { return reported_ == workers_.size(); });
         fn_ = nullptr;
+        if (failure_) std::rethrow_exception(failure_);
     }
 
   private:
@@ -50,8 +54,15 @@ class dllm__pool {
         wake_.notify_all();
         for (std::thread &t : workers_) t.join();
     }
+    /* Runs tasks until none is left; a task's exception is kept for run() and leaves the remaining tasks untaken. */
     void drain() {
-        for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        try {
+            for (int i = next_.fetch_add(1); i < n_tasks_; i = next_.fetch_add(1)) (*fn_)(i);
+        } catch (...) {
+            next_ = n_tasks_;
+            std::lock_guard<std::mutex> lk(mu_);
+            if (!failure_) failure_ = std::current_exception();
+        }
     }
     void worker() {
         uint64_t seen = 0;
@@ -76,4 +87,5 @@ class dllm__pool {
     size_t reported_ = 0;
     uint64_t generation_ = 0;
     bool quit_ = false;
+    std::exception_ptr failure_;  // the first exception a task of the current call threw
 };

@@ -185,8 +185,9 @@ struct dllm__bd_generation {
     int blk = 0, pl = 0, bs = 0, s0 = 0,
         step_in_block = 0;  // the block, its prompt/seed end, its start, the sub-block, its steps
     bool block_cache_valid = false;
-    dllm__bd_call call;  // the forward next() described last
-    dllm__bd_pick pick;  // a step's: the rows it chooses
+    dllm__bd_call call;                 // the forward next() described last
+    dllm__bd_pick pick;                 // a step's: the rows it chooses
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every forward's result is recorded there
 
     dllm__bd_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__bd_plan &bd_plan, int n)
         : ctx(c), p(params), plan(bd_plan), n_prompt(n) {}
@@ -237,7 +238,7 @@ struct dllm__bd_generation {
     }
 
     /* Walks the official loop to its next forward and describes it in seq (call, and pick for a step; seq.slot is the
-     * caller's), counting it; done() when the generation has no forward left. */
+     * caller's); done() when the generation has no forward left. The forward counts when its result is applied. */
     dllm_status next(dllm__bd_seq &seq) {
         const int B = plan.B, S = plan.S;
         for (;;) {
@@ -285,7 +286,6 @@ struct dllm__bd_generation {
                 case DONE: return DLLM_OK;
             }
             seq.call = call, seq.pick = at == SUB ? &pick : nullptr;
-            forwards++;
             return DLLM_OK;
         }
     }
@@ -319,13 +319,16 @@ struct dllm__bd_generation {
 
     /* A COMMIT's result (its one raw logit row): the prefill's or the finished block's K/V are committed, and the
      * argmax of the row (the first index on ties, torch's argmax) seeds the next block (after the prefill: only when
-     * the prompt ends on a block boundary). */
+     * the prompt ends on a block boundary). A watch sees the seed as the forward's one committed position. */
     dllm_status apply_logits(const float *row) {
         if (at != PREFILL && at != LOOP)
             return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: logits given to a step");
+        forwards++;
         const int V = ctx.model->cfg.n_vocab;
         const int32_t seed = (int32_t)(std::max_element(row, row + V) - row);
-        if (at == LOOP || n_prompt % plan.B == 0) x.push_back(seed);
+        std::vector<int32_t> seeded;
+        if (at == LOOP || n_prompt % plan.B == 0) seeded.push_back((int32_t)x.size()), x.push_back(seed);
+        if (watch) watch->record(step_info(blk, step_in_block, seeded));
         if (at == LOOP) blk++;
         at = BLOCK;
         return DLLM_OK;
@@ -335,6 +338,7 @@ struct dllm__bd_generation {
      * conf > tau (strict) plus the single highest-conf one (first on ties) are committed, then the step callback. */
     dllm_status apply_choices(const dllm__choice *all) {
         if (at != SUB) return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: choices given to a commit");
+        forwards++;
         if (call.kind != DLLM__BD_SUB_BLOCK) block_cache_valid = plan.block_cache;
         const int i_step = step_in_block++;
         steps++;
@@ -356,21 +360,26 @@ struct dllm__bd_generation {
         return report(blk, i_step, committed);
     }
 
+    dllm_step_info step_info(int b, int step_in_b, const std::vector<int32_t> &committed) const {
+        return {b,
+                plan.n_blocks,
+                step_in_b,
+                0,
+                steps,
+                plan.n_blocks * plan.B,
+                (int)committed.size(),
+                committed.data(),
+                x.data(),
+                (int)x.size(),
+                n_prompt,
+                masks_in(n_prompt, (int)x.size())};
+    }
+
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
-        if (!p.on_step) return DLLM_OK;
-        dllm_step_info info = {b,
-                               plan.n_blocks,
-                               step_in_b,
-                               0,
-                               steps,
-                               plan.n_blocks * plan.B,
-                               (int)committed.size(),
-                               committed.data(),
-                               x.data(),
-                               (int)x.size(),
-                               n_prompt,
-                               masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (!p.on_step && !watch) return DLLM_OK;
+        const dllm_step_info info = step_info(b, step_in_b, committed);
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
         return DLLM_OK;
     }

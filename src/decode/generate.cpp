@@ -14,6 +14,7 @@ struct dllm_ctx {
     int max_tokens = 0;
     std::string last_error;
     std::unique_ptr<dllm__backend_impl> impl;
+    dllm_stepper *stepper = nullptr;  // the one stepper using the backend's batch slots (dllm_generate_batch runs one)
 };
 namespace {
 
@@ -288,6 +289,22 @@ static int dllm__emit_output(const std::vector<int32_t> &canvas, int n_prompt, c
     return n;
 }
 
+/* The last step a generation showed, kept for dllm_stepper_poll: its dllm_step_info with the canvas and the committed
+ * positions copied, since the generation changes both at its next step. */
+struct dllm__step_watch {
+    dllm_step_info info = {};
+    std::vector<int32_t> canvas, committed;
+    bool stepped = false;  // a forward of the generation ran in the stepper's last step
+
+    void record(const dllm_step_info &step) {
+        canvas.assign(step.canvas, step.canvas + step.canvas_len);
+        committed.assign(step.committed_pos, step.committed_pos + step.n_committed);
+        info = step;
+        info.canvas = canvas.data(), info.committed_pos = committed.data();
+        stepped = true;
+    }
+};
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -295,11 +312,13 @@ struct dllm__generation {
     const dllm_gen_params &p;
     const dllm__gen_plan &plan;
     dllm__decode st;
-    std::vector<int32_t> full;  // prompt ++ generation (current after each block, or each step with a callback)
+    std::vector<int32_t>
+        full;  // prompt ++ generation (current after each block, or each step with a callback or watch)
     int steps_done = 0;
 
-    int block = 0, step_in_loop = 0;  // the block being decoded and the steps it has run
-    bool done = false;                // every block decoded (or early_stop)
+    int block = 0, step_in_loop = 0;    // the block being decoded and the steps it has run
+    bool done = false;                  // every block decoded (or early_stop)
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
     /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
     int total_steps() const {
@@ -313,7 +332,7 @@ struct dllm__generation {
      * (plus the prompt's masks); the bound only guards against a bug. */
     int max_steps() const { return plan.steps_per_block ? plan.steps_per_block : st.block_end + 1; }
 
-    /* The decoding loop, one step at a time: dllm_generate's, while dllm__batch_decode steps several
+    /* The decoding loop, one step at a time: dllm_generate's, while a stepper (dllm__batch_step) steps several
      * generations through start / end_step / finish with one batched forward per step. */
     dllm_status run() {
         dllm_status s = start();
@@ -347,7 +366,7 @@ struct dllm__generation {
         st.step_in_block++;
         st.global_step++;
         steps_done++;
-        if (p.on_step) DLLM__TRY(report(block, step_in_loop, committed));
+        if (p.on_step || watch) DLLM__TRY(report(block, step_in_loop, committed));
         const int limit = max_steps();
         step_in_loop++;
         if (plan.steps_per_block ? step_in_loop < limit : st.n_block_left > 0) {
@@ -409,7 +428,8 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (p.on_step(&info, p.on_step_data) != 0)
+        if (watch) watch->record(info);
+        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
             return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
                               steps_done);
         return DLLM_OK;

@@ -107,11 +107,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     const char *batch_unsupported() const;
     // [batch] [dual cache] [prefix cache] the batched K/V-cache step (16.4.1): its slots and its forward
     const char *batch_kv_unsupported() const;
-    dllm_status batch_kv_reserve(const std::vector<int> &rows) override;
+    dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::batch_kv_reserve;  // the one-list form too (every slot empty)
     dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) override;
     // [batch] [block diffusion] the batched block-diffusion forward (16.4.1; bd_batch): its slots and its forward
     const char *bd_batch_unsupported() const;
-    dllm_status bd_batch_reserve(const std::vector<int> &rows) override;
+    dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override;
+    using dllm__backend_impl::bd_batch_reserve;
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
@@ -286,7 +288,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
-    dllm_status bkv_alloc(const std::vector<int> &rows);
+    dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
+    void bkv_release();
     dllm_status llama4_scale_varlen(const dllm__varlen_layout &v);
     dllm_status bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v, float *logits,
                                 dllm__choice *choices);

@@ -131,17 +131,23 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s empty, sized for rows[s] rows (the batched K/V-cache step's slots: a batch is one or the other); the empty list
- * releases them. */
-dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows) {
-    bdb_slots_.clear();
-    if (rows.empty()) return batch_kv_reserve(rows);
+/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
+ * the empty list releases them. */
+dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
-    DLLM__TRY(bkv_alloc(rows));
-    bdb_slots_.assign(rows.size(), dllm__bd_slot());
+    const dllm_status s = bkv_alloc(rows, keep);
+    if (s != DLLM_OK) {
+        if (bkv_rows_.empty()) bdb_slots_.clear();  // none kept: the previous slots are gone
+        return s;
+    }
+    std::vector<dllm__bd_slot> slots(rows.size());
+    for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
+        if (keep[s]) slots[s] = bdb_slots_[s];
+    bdb_slots_.swap(slots);
     return DLLM_OK;
 }
 

@@ -2,21 +2,20 @@
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized once per batch by its canvas (batch_kv_reserve). A block's first step forwards every row of the canvas
-// and fills the slot; its later steps forward the block (dual) or the block and the rows after it (prefix) and write
-// their fresh K|V over their slot rows. All sequences' forwarded rows, at any block and of any step kind, go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to
-// its own slot only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's
-// logits are bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply
-// no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
+// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
+// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
+// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
+// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
+// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
+// included. A sequence that finishes is simply no longer in the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
-dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
-    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
-        bkv_.release();
+        bkv_release();
         return DLLM_OK;
     }
     if (const char *why = batch_kv_unsupported())
@@ -24,23 +23,43 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows) {
     for (int n : rows)
         if (n < 1 || n > max_tokens_)
             return dllm__fail(DLLM_ERR_INTERNAL, "a K/V cache slot of %d rows (1 to %d expected)", n, max_tokens_);
-    return bkv_alloc(rows);
+    return bkv_alloc(rows, keep);
 }
 
-/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_), the previous ones released; kv_scatter_rows loaded. */
-dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows) {
-    const dllm__config &c = m_.cfg;
+void dllm__gpu_backend::bkv_release() {
+    bkv_.release();
     bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+}
+
+/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
+ * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
+ * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, bkv_rows_));
+    if (rows == bkv_rows_ && bkv_.ptr) return load_kv_scatter();
+    const dllm__config &c = m_.cfg;
     int64_t total = 0;
     for (int n : rows) total += n;
     if (total > INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's K/V caches hold more than 2^31 rows; make the batch smaller");
-    const size_t width = (size_t)2 * c.n_head_kv * c.head_dim;
-    bkv_.release();  // the previous batch's, before the new ones are allocated
-    DLLM__TRY(bkv_.fit((size_t)c.n_layer * (size_t)total * width * 2,
+    const size_t row_bytes = (size_t)2 * c.n_head_kv * c.head_dim * 2;
+    if (std::find(keep.begin(), keep.end(), true) == keep.end())
+        bkv_release();  // nothing to copy: the previous slots go before the new ones are allocated
+    dllm__dbuf next;
+    DLLM__TRY(next.fit((size_t)c.n_layer * (size_t)total * row_bytes,
                        "the batch's K/V caches (make the batch or its canvases smaller)"));
-    for (int n : rows) bkv_base_.push_back(bkv_total_), bkv_rows_.push_back(n), bkv_total_ += n;
+    std::vector<int> base(rows.size(), 0);
+    for (size_t s = 1; s < rows.size(); s++) base[s] = base[s - 1] + rows[s - 1];
+    for (size_t s = 0; s < keep.size(); s++)  // every layer's rows of the slot: one strided copy
+        if (keep[s])
+            DLLM__CUDA(cudaMemcpy2DAsync((char *)next.ptr + (size_t)base[s] * row_bytes, (size_t)total * row_bytes,
+                                         (const char *)bkv_.ptr + (size_t)bkv_base_[s] * row_bytes,
+                                         (size_t)bkv_total_ * row_bytes, (size_t)rows[s] * row_bytes, (size_t)c.n_layer,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    DLLM__CUDA(cudaStreamSynchronize(stream_));  // the copies read the previous slots, released next
+    bkv_ = std::move(next);
+    bkv_base_ = base, bkv_rows_ = rows, bkv_total_ = (int)total;
     return load_kv_scatter();
 }
 
