@@ -204,7 +204,7 @@ static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const tes
 /* Awkward lengths (one row, partial tiles, several query tiles), GQA, both head dims: the varlen attention gives every
  * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values; on the table's
  * tiles and on the short runs' (dllm__attn_short_tiles), which the batched forwards pick by the batch's longest run. */
-TEST(batch_gpu, varlen_attention_equals_each_sequence_alone) {
+TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
@@ -351,7 +351,7 @@ TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
         }
 }
 
-TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
+TEST(gpu_batch, forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
@@ -375,7 +375,7 @@ TEST(batch_gpu, forward_batch_equals_each_sequence_alone_bit_for_bit) {
 // ---- [dual cache] [prefix cache] the batched K/V-cache step on the GPU ---------------------------------------------
 
 /* kv_scatter_rows against its twin: awkward widths and strides, rows in a scattered order, the cache poisoned first. */
-TEST(batch_gpu, kv_scatter_equals_its_twin) {
+TEST(gpu_batch, kv_scatter_equals_its_twin) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
@@ -463,7 +463,7 @@ static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx
     return res;
 }
 
-TEST(batch_gpu, kv_step_equals_each_sequence_alone_bit_for_bit) {
+TEST(gpu_batch, kv_step_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
@@ -595,15 +595,15 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
     dllm_model_free(m);
 }
 
-TEST(batch_gpu, llada_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-llada", false, 126); }
+TEST(gpu_batch, llada_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-llada", false, 126); }
 
-TEST(batch_gpu, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-dream", true, 2126); }
+TEST(gpu_batch, dream_items_equal_batch_of_one_and_cpu) { test_batch_gpu_random(T_, "tiny-dream", true, 2126); }
 
 /* [dual cache] [prefix cache] The batched K/V-cache step: random
  * items with prefix and dual caches, mixed prompt and generation lengths, CFG, DPad and threshold rules (sequences
  * finishing at different steps), each bit-identical to its batch of one in two orders, and the CPU's tokens where the
  * CPU agrees alone. */
-TEST(batch_gpu, kv_cache_items_equal_batch_of_one_and_cpu) {
+TEST(gpu_batch, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-llada", false, 326, true);
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
@@ -634,14 +634,14 @@ static void test_batch_gemm_width_case(dllm_test_state &T_, const char *width) {
     test_batch_gpu_random(T_, "tiny-llada", false, 328, true);  // the batched K/V-cache steps
 }
 
-TEST(batch_gpu, gemm_widths_batch_equal_each_sequence_alone) {
+TEST(gpu_batch, gemm_widths_batch_equal_each_sequence_alone) {
     NEED_GPU();
     for (const char *width : {"128", "64", "0"}) test_batch_gemm_width_case(T_, width);
 }
 
 /* With batch_fp8 off the batched forwards refuse FP8 contexts (on a GPU with an FP8 GEMM), naming the switch:
  * the items decode one after another, each exactly as dllm_generate decodes it, and the log says why. */
-TEST(batch_gpu, fp8_items_decode_one_after_another) {
+TEST(gpu_batch, fp8_items_decode_one_after_another) {
     NEED_GPU();
     test_knob off("batch_fp8", false);
     dllm_model *m = test_load(test_data("tiny-llada"));
@@ -713,7 +713,7 @@ static std::vector<const char *> test_fp8_gemm_kinds() {
  * launches of 256 rows, the last 88 (padded to 96 either way), ranges across a launch boundary and one row alone.
  * Bit for bit: the same codes, scales and algorithm, so a wrong scale gather or code offset shows; every output
  * finite (poisoned first, so an unwritten row shows). Every FP8 linear of layer 1, each FP8 GEMM kind. */
-TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
+TEST(gpu_batch, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     NEED_GPU();
     test_knob on("batch_fp8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
@@ -766,7 +766,7 @@ TEST(batch_gpu, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
  * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
  * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
  * own in a batch of one (one launch) and in the reversed batch. */
-TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
+TEST(gpu_batch, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
     test_knob on("batch_fp8", true);
     const std::vector<const char *> kinds = test_fp8_gemm_kinds();
@@ -794,7 +794,7 @@ TEST(batch_gpu, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
 /* With batch_fp8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
  * dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders (one
  * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
-TEST(batch_gpu, fp8_items_equal_batch_of_one_and_cpu) {
+TEST(gpu_batch, fp8_items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     test_knob on("batch_fp8", true);
     if (test_fp8_gemm_kinds().empty()) SKIP("skipped (no FP8 GEMM on this GPU)");
@@ -953,7 +953,7 @@ TEST(batch, backend_choice_equals_host_choice) {
  * items whose logit rows span two LM-head chunks: every item's ids, canvases and counts those it gets as a batch of one
  * with the host's choice, as a batch of one with the device's, in the batch with the device's (two orders), and in the
  * batch with the host's. */
-TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
+TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
     NEED_GPU();
     for (int dream = 0; dream < 2; dream++) {
         dllm_model *m = test_load(test_data(dream ? "tiny-dream" : "tiny-llada"));
@@ -1024,7 +1024,7 @@ TEST(batch_gpu, device_choice_equals_host_choice_and_alone) {
  * changes as items finish) with batch_graphs on (the default) against the same batches eagerly (=0): every item's ids, canvases,
  * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
  * repeats), with graphs captured and replayed and no update refused. */
-TEST(batch_gpu, graphs_replay_the_eager_forwards_bit_for_bit) {
+TEST(gpu_batch, graphs_replay_the_eager_forwards_bit_for_bit) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-llada"));
     if (!m) { CHECK(m != nullptr); return; }

@@ -418,7 +418,7 @@ TEST(bd_batch, without_the_batched_forward_items_decode_one_after_another) {
  * gpu.block_diffusion_decoding_matches_cpu explains the rest for dllm_generate). With bd_batch off the items decode
  * one after another, as dllm_generate's (whose solo forwards may pick faster, row-count-tuned GEMMs: so the batch's
  * reference is the batch of one, not dllm_generate). */
-TEST(bd_batch_gpu, items_equal_batch_of_one_and_cpu) {
+TEST(gpu_bd_batch, items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }

@@ -166,7 +166,7 @@ struct test_bdb_attn_seq {
  * sequences: each sequence's output bit-identical to the plain flash_attn over its slot alone (batch 1, no split, the
  * same mask) and within bf16 tolerance of dllm__cpu_attention (the twin of the mask: n_visible); the short runs' tiles
  * (dllm__attn_short_tiles, which visit fewer masked key tiles per query tile) give the same bits. */
-TEST(bd_batch_gpu, masked_varlen_attention_equals_each_sequence_alone) {
+TEST(gpu_bd_batch, masked_varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
@@ -436,7 +436,7 @@ static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m,
     dllm_ctx_free(gpu);
 }
 
-TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
+TEST(gpu_bd_batch, mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
     test_knob on("bd_batch", true);
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
@@ -453,7 +453,7 @@ TEST(bd_batch_gpu, mixed_batch_equals_batch_of_one_and_cpu) {
 /* [FP8] With batch_fp8 on too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the
  * same checks, the logits against the CPU's FP8 twin within gpu_fp8.forward_matches_cpu_fp8_reference's bound (8e-2: the two
  * quantise slightly different activations). */
-TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
+TEST(gpu_bd_batch, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     NEED_GPU();
     test_knob on("bd_batch", true);
     test_knob fp8("batch_fp8", true);
@@ -466,7 +466,7 @@ TEST(bd_batch_gpu, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
 
 /* With bd_batch off both calls answer UNSUPPORTED naming the switch (dllm_generate_batch then decodes the items one
  * after another); with it, the empty list says the forward exists, and a forward before the slots is an error. */
-TEST(bd_batch_gpu, off_when_switched_off) {
+TEST(gpu_bd_batch, off_when_switched_off) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;

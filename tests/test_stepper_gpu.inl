@@ -32,25 +32,25 @@ static void test_stepper_gpu_plain(dllm_test_state &T_, const char *model_dir, b
     dllm_model_free(m);
 }
 
-TEST(stepper_gpu, llada_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-llada", false, false, 142); }
+TEST(gpu_stepper, llada_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-llada", false, false, 142); }
 
-TEST(stepper_gpu, dream_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-dream", true, false, 4142); }
+TEST(gpu_stepper, dream_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-dream", true, false, 4142); }
 
 /* [dual cache] [prefix cache] K/V cache slots taken, freed and moved (batch_kv_reserve with kept slots: a live slot
  * copied when an earlier one grows) while sequences decode. */
-TEST(stepper_gpu, kv_cache_sequences_joining_and_leaving_equal_batch_of_one) {
+TEST(gpu_stepper, kv_cache_sequences_joining_and_leaving_equal_batch_of_one) {
     test_stepper_gpu_plain(T_, "tiny-llada", false, true, 143);
     test_stepper_gpu_plain(T_, "tiny-dream", true, true, 144);
 }
 
-TEST(stepper_gpu, fp8_and_soloq_sequences_equal_batch_of_one) {
+TEST(gpu_stepper, fp8_and_soloq_sequences_equal_batch_of_one) {
     test_stepper_gpu_plain(T_, "tiny-llada", false, true, 145, DLLM_PRECISION_FP8_ALL);
     test_stepper_gpu_plain(T_, "tiny-dream", true, false, 146, DLLM_PRECISION_SOLOQ_N);
 }
 
 /* Block diffusion on the GPU: test_bdi_cases' items joining and leaving (bd_batch_reserve with kept slots), each against
  * its batch of one. */
-TEST(stepper_gpu, block_diffusion_sequences_joining_and_leaving_equal_batch_of_one) {
+TEST(gpu_stepper, block_diffusion_sequences_joining_and_leaving_equal_batch_of_one) {
     NEED_GPU();
     for (const char *model_dir : {"tiny-fast-dllm-v2", "tiny-nemotron-diffusion"}) {
         dllm_model *m = test_load(test_data(model_dir));
@@ -74,7 +74,7 @@ TEST(stepper_gpu, block_diffusion_sequences_joining_and_leaving_equal_batch_of_o
     }
 }
 
-TEST(stepper_gpu, finished_sequences_memory_is_reused) {
+TEST(gpu_stepper, finished_sequences_memory_is_reused) {
     NEED_GPU();
     test_stepper_memory_on(T_, DLLM_BACKEND_GPU);
 }

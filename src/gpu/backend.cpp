@@ -220,7 +220,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
     DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
-     * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
+     * INDEPENDENT, the buffers sized for M rows: what gpu_batch.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
         DLLM__TRY(fit_buffers(1, M, 1));
         return gemm(W, x, y, M, batch ? DLLM__ROWS_BATCH : DLLM__ROWS_INDEPENDENT);

@@ -255,7 +255,7 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
  * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
- * (batch_gpu.varlen_attention_equals_each_sequence_alone and bd_batch_gpu.masked_varlen_attention_* compare both with
+ * (gpu_batch.varlen_attention_equals_each_sequence_alone and gpu_bd_batch.masked_varlen_attention_* compare both with
  * the solo kernel). So the choice may follow the batch's shape without breaking batch invariance. */
 static dllm__arch dllm__attn_short_tiles(dllm__arch a) {
     a.fa_br = 32, a.fa_mt = 1;
