@@ -12968,7 +12968,7 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
  * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
- * (batch_gpu.varlen_attention_equals_each_sequence_alone and bd_batch_gpu.masked_varlen_attention_* compare both with
+ * (gpu_batch.varlen_attention_equals_each_sequence_alone and gpu_bd_batch.masked_varlen_attention_* compare both with
  * the solo kernel). So the choice may follow the batch's shape without breaking batch invariance. */
 static dllm__arch dllm__attn_short_tiles(dllm__arch a) {
     a.fa_br = 32, a.fa_mt = 1;
@@ -15458,7 +15458,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
     DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
-     * INDEPENDENT, the buffers sized for M rows: what batch_gpu.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
+     * INDEPENDENT, the buffers sized for M rows: what gpu_batch.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
         DLLM__TRY(fit_buffers(1, M, 1));
         return gemm(W, x, y, M, batch ? DLLM__ROWS_BATCH : DLLM__ROWS_INDEPENDENT);

@@ -64,6 +64,12 @@ struct dllm__bd_seq {
         nullptr;  // non-null: the backend returns this sequence's choices (pick->n of them), no logits
 };
 
+/* [batch] What a backend batches (dllm_stepper asks before it plans): each reason empty where the backend has that
+ * batched forward, else why not, the message a sequence that then decodes alone reports. */
+struct dllm__batch_caps {
+    std::string plain, kv, block_diffusion;  // forward_batch, forward_batch_kv, bd_forward_batch
+};
+
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -111,15 +117,18 @@ struct dllm__backend_impl {
      * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
      * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
      * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
-     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. An empty list asks whether the
-     * backend has the batched forward (DLLM_OK) or not (UNSUPPORTED, with the reason). */
+     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. */
     virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
+    /* Which of the three batched forwards below this backend has (the default: none, and sequences decode one after
+     * another through step() and bd_forward). */
+    virtual dllm__batch_caps batch_caps() const {
+        return {"this backend has no batched forward", "this backend has no batched K/V-cache step",
+                "this backend has no batched block-diffusion forward"};
+    }
     /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
-     * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
-     * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
-     * after another through step(). */
+     * one sequence after another in out, each bit-identical to its forward alone. */
     virtual dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
@@ -133,8 +142,7 @@ struct dllm__backend_impl {
     }
     dllm_status batch_kv_reserve(const std::vector<int> &rows) { return batch_kv_reserve(rows, {}); }  // none kept
     /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
-     * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
-     * has it at all (the default: no, and such items decode one after another). */
+     * forward, each sequence's logits bit-identical to its own in a batch of one. */
     virtual dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");

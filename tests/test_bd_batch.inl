@@ -276,7 +276,7 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     const int V = m->cfg.n_vocab, B = 32;
     std::mt19937 rng(0xbdb5);
     std::vector<int32_t> ids = test_bdi_prompt(rng, 3 * B);
-    CHECK_STATUS(b.bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
+    CHECK_MSG(b.batch_caps().block_diffusion.empty(), "%s", b.batch_caps().block_diffusion.c_str());
     // Slot 0: a 2-block prefill then a block's full step; slot 1: a 1-block prefill then a plain step; slot 2: a block
     // full step then a sub-block step; slot 3: a commit.
     auto call = [&](dllm__bd_kind kind, int start, int T, int offset, int mask, int r0, int r1) {
@@ -437,7 +437,7 @@ TEST(gpu_bd_batch, items_equal_batch_of_one_and_cpu) {
     gpu = test_ctx(m, DLLM_BACKEND_GPU);
     CHECK(gpu != nullptr);
     if (!gpu) { test_knob_reset(), dllm_ctx_free(cpu), dllm_model_free(m); return; }
-    CHECK_STATUS(gpu->impl->bd_forward_batch({}, nullptr, nullptr), DLLM_OK, nullptr);
+    CHECK_MSG(gpu->impl->batch_caps().block_diffusion.empty(), "%s", gpu->impl->batch_caps().block_diffusion.c_str());
     for (test_bdi_case &c : cs) {  // "alone" := the item in a batch of one
         c.alone = test_bdi_trace();
         c.alone.cancel_after = c.cancel_after;

@@ -114,6 +114,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
+    dllm__batch_caps batch_caps() const override { return {}; }  // all three batched forwards
     /* Every canvas's rows in one dllm__cpu_forward_seqs: bit-identical to each alone. */
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override {
         const dllm__config &c = m_.cfg;

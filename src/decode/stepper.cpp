@@ -82,14 +82,15 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 }  // namespace
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
+    const dllm__batch_caps caps = ctx.impl->batch_caps();
     if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
         no_batch = "LLaDA2 has no batched forward yet";
-    else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
-        no_batch = dllm__tls_error;
-    else if (!block_diffusion() && ctx.impl->forward_batch({}, nullptr) != DLLM_OK)
-        no_batch = dllm__tls_error;
-    else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
-        kv_why = "a K/V cache: " + dllm__tls_error;
+    else if (block_diffusion())
+        no_batch = caps.block_diffusion;
+    else if (!caps.plain.empty())
+        no_batch = caps.plain;
+    else if (!caps.kv.empty())
+        kv_why = "a K/V cache: " + caps.kv;
     ctx.stepper = this;
 }
 

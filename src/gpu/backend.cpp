@@ -102,6 +102,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         rows = bdfa_rows_seen_, reused = bdfa_rows_reused_;
     }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
+    dllm__batch_caps batch_caps() const override;
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
     const char *batch_unsupported() const;

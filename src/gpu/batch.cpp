@@ -14,6 +14,14 @@ const char *dllm__gpu_backend::batch_unsupported() const {
     return nullptr;
 }
 
+dllm__batch_caps dllm__gpu_backend::batch_caps() const {
+    auto why = [](const char *what, const char *reason) {
+        return reason ? dllm__format("the GPU backend has no batched %s %s", what, reason) : std::string();
+    };
+    return {why("forward", batch_unsupported()), why("K/V-cache step", batch_kv_unsupported()),
+            why("block-diffusion forward", bd_batch_unsupported())};
+}
+
 dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
     if (const char *why = batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);

@@ -152,7 +152,7 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
 }
 
 /* The layout over the reserved slots, the batched forward with its LM head and the device's choice (bd_batch_choose),
- * then each slot's state advanced. The empty list asks whether the forward exists here. */
+ * then each slot's state advanced. */
 dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits,
                                                 dllm__choice *choices) {
     if (const char *why = bd_batch_unsupported())

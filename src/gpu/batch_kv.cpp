@@ -71,7 +71,7 @@ dllm_status dllm__gpu_backend::load_kv_scatter() {
     return DLLM_OK;
 }
 
-/* forward_batch's with the layout of the reserved slots. The empty plan asks whether the step exists here. */
+/* forward_batch's with the layout of the reserved slots. */
 dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
     if (const char *why = batch_kv_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
