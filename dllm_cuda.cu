@@ -7364,6 +7364,12 @@ struct dllm__bd_seq {
         nullptr;  // non-null: the backend returns this sequence's choices (pick->n of them), no logits
 };
 
+/* [batch] What a backend batches (dllm_stepper asks before it plans): each reason empty where the backend has that
+ * batched forward, else why not, the message a sequence that then decodes alone reports. */
+struct dllm__batch_caps {
+    std::string plain, kv, block_diffusion;  // forward_batch, forward_batch_kv, bd_forward_batch
+};
+
 /* What a backend does; the SAR schedule (section 17) drives it. */
 struct dllm__backend_impl {
     virtual ~dllm__backend_impl() {}
@@ -7411,15 +7417,18 @@ struct dllm__backend_impl {
      * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
      * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
      * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
-     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. An empty list asks whether the
-     * backend has the batched forward (DLLM_OK) or not (UNSUPPORTED, with the reason). */
+     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. */
     virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
+    /* Which of the three batched forwards below this backend has (the default: none, and sequences decode one after
+     * another through step() and bd_forward). */
+    virtual dllm__batch_caps batch_caps() const {
+        return {"this backend has no batched forward", "this backend has no batched K/V-cache step",
+                "this backend has no batched block-diffusion forward"};
+    }
     /* One forward over several canvases (dllm_generate_batch): each sequence's logit rows [r0, r1) (shift applied),
-     * one sequence after another in out, each bit-identical to its forward alone. An empty plan asks whether the
-     * backend batches at all: the default answers UNSUPPORTED, and dllm_generate_batch then decodes the items one
-     * after another through step(). */
+     * one sequence after another in out, each bit-identical to its forward alone. */
     virtual dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
@@ -7433,8 +7442,7 @@ struct dllm__backend_impl {
     }
     dllm_status batch_kv_reserve(const std::vector<int> &rows) { return batch_kv_reserve(rows, {}); }  // none kept
     /* forward_batch over sequences that each have a K/V cache (dllm__batch_seq's q0, q1, slot, fill): their rows in one
-     * forward, each sequence's logits bit-identical to its own in a batch of one. An empty plan asks whether the backend
-     * has it at all (the default: no, and such items decode one after another). */
+     * forward, each sequence's logits bit-identical to its own in a batch of one. */
     virtual dllm_status forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
@@ -7724,6 +7732,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
 
+    dllm__batch_caps batch_caps() const override { return {}; }  // all three batched forwards
     /* Every canvas's rows in one dllm__cpu_forward_seqs: bit-identical to each alone. */
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override {
         const dllm__config &c = m_.cfg;
@@ -15340,6 +15349,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         rows = bdfa_rows_seen_, reused = bdfa_rows_reused_;
     }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
+    dllm__batch_caps batch_caps() const override;
     dllm_status forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) override;
     /* Why this context's forwards cannot batch (the items then decode one after another), or null. */
     const char *batch_unsupported() const;
@@ -16519,6 +16529,14 @@ const char *dllm__gpu_backend::batch_unsupported() const {
     return nullptr;
 }
 
+dllm__batch_caps dllm__gpu_backend::batch_caps() const {
+    auto why = [](const char *what, const char *reason) {
+        return reason ? dllm__format("the GPU backend has no batched %s %s", what, reason) : std::string();
+    };
+    return {why("forward", batch_unsupported()), why("K/V-cache step", batch_kv_unsupported()),
+            why("block-diffusion forward", bd_batch_unsupported())};
+}
+
 dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> &plan, float *out) {
     if (const char *why = batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
@@ -16744,7 +16762,7 @@ dllm_status dllm__gpu_backend::load_kv_scatter() {
     return DLLM_OK;
 }
 
-/* forward_batch's with the layout of the reserved slots. The empty plan asks whether the step exists here. */
+/* forward_batch's with the layout of the reserved slots. */
 dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_seq> &plan, float *out) {
     if (const char *why = batch_kv_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
@@ -16979,7 +16997,7 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
 }
 
 /* The layout over the reserved slots, the batched forward with its LM head and the device's choice (bd_batch_choose),
- * then each slot's state advanced. The empty list asks whether the forward exists here. */
+ * then each slot's state advanced. */
 dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits,
                                                 dllm__choice *choices) {
     if (const char *why = bd_batch_unsupported())
@@ -19749,14 +19767,15 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 }  // namespace
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
+    const dllm__batch_caps caps = ctx.impl->batch_caps();
     if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
         no_batch = "LLaDA2 has no batched forward yet";
-    else if (block_diffusion() && ctx.impl->bd_forward_batch({}, nullptr, nullptr) != DLLM_OK)
-        no_batch = dllm__tls_error;
-    else if (!block_diffusion() && ctx.impl->forward_batch({}, nullptr) != DLLM_OK)
-        no_batch = dllm__tls_error;
-    else if (!block_diffusion() && ctx.impl->forward_batch_kv({}, nullptr) != DLLM_OK)
-        kv_why = "a K/V cache: " + dllm__tls_error;
+    else if (block_diffusion())
+        no_batch = caps.block_diffusion;
+    else if (!caps.plain.empty())
+        no_batch = caps.plain;
+    else if (!caps.kv.empty())
+        kv_why = "a K/V cache: " + caps.kv;
     ctx.stepper = this;
 }
 

@@ -58,8 +58,8 @@ TEST(docs, readme_and_header_name_only_files_that_exist) {
     CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "tests/docs_check.sh:\n%s", log.c_str());
 }
 
-/* Tests that need a GPU are in groups named gpu or gpu_<feature>, so that `--filter gpu` runs all of them and nothing
- * else (a group is found by the NEED_GPU() between its TEST line and the next). */
+/* Tests that need a GPU are in groups named gpu or gpu_<feature>, so that `--filter gpu` runs all of them (a GPU test
+ * calls NEED_GPU() in its body: from its TEST line to its closing brace in column 0). */
 TEST(docs, gpu_test_groups_are_named_gpu) {
     int files = 0, gpu_tests = 0;
     DIR *d = opendir("tests");
@@ -69,16 +69,16 @@ TEST(docs, gpu_test_groups_are_named_gpu) {
         if (n.size() < 5 || n.substr(n.size() - 4) != ".inl") continue;
         files++;
         const std::string text = test_read_file("tests/" + n);
-        for (size_t at = text.find("\nTEST("); at != std::string::npos;) {
-            const size_t next = text.find("\nTEST(", at + 1);
-            const std::string body = text.substr(at, next == std::string::npos ? std::string::npos : next - at);
+        const std::string need_gpu = std::string("NEED_GPU") + "();";  // the call, not this line
+        for (size_t at = text.find("\nTEST("); at != std::string::npos; at = text.find("\nTEST(", at + 1)) {
+            const size_t end = text.find("\n}\n", at);  // the test's closing brace, in column 0
+            const std::string body = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
             const std::string group = body.substr(6, body.find(',') - 6);
-            if (body.find("NEED_GPU()") != std::string::npos) {
+            if (body.find(need_gpu) != std::string::npos) {
                 gpu_tests++;
                 CHECK_MSG(group == "gpu" || group.rfind("gpu_", 0) == 0, "tests/%s: the GPU test group %s is not gpu_<feature>",
                           n.c_str(), group.c_str());
             }
-            at = next;
         }
     }
     if (d) closedir(d);

@@ -1089,12 +1089,12 @@ static double bench_long_cache_rows(int n_prompt) {
 
 /* A generation of gen tokens after the n_prompt-token prompt, threshold 0.9 (random weights: one token a step), timed by
  * its step callbacks; false (the error printed) if it fails. */
-static bool bench_long_generate(dllm_ctx *ctx, const std::vector<int32_t> &prompt, int gen, int block, int32_t mask_id,
+static bool bench_long_generate(dllm_ctx *ctx, const std::vector<int32_t> &prompt, int gen, int block,
                                 bench_step_clock *clock, dllm_gen_stats &st) {
     dllm_gen_params gp = dllm_gen_default_params();
     gp.gen_length = gen, gp.block_length = block, gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9;
-    // Every block is decoded whatever random weights predict: the mask id is never predicted, so it never stops one.
-    gp.stop_at_eos = 0, gp.stop_id = mask_id;
+    // The stop token ends a generation only where random weights predict it (about 1 in the vocabulary's size a token).
+    gp.stop_at_eos = 0;
     if (clock) gp.on_step = bench_step_clock::on_step, gp.on_step_data = clock, clock->start_ms = dllm__now_ms();
     std::vector<int32_t> out((size_t)(gen + block + 1));
     return bench_ok(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st),
@@ -1106,15 +1106,14 @@ static bool bench_long_generate(dllm_ctx *ctx, const std::vector<int32_t> &promp
 static void bench_long_context_row(bench_result &r, dllm_ctx *ctx, const dllm_model *model, const char *cache,
                                    double bytes_per_token, int context, double used0, double ctx_bytes,
                                    bench_long_fit &fit, std::vector<bench_long_row> &rows) {
-    const int32_t mask_id = model->cfg.mask_id;
     const int gen = bench_long_gen, block = bench_long_block, n_prompt = bench_long_prompt(model, context);
     const std::string key = dllm__format("longctx_%s_ctx%d_", cache, context);
     std::vector<int32_t> prompt((size_t)n_prompt);
     for (int i = 0; i < n_prompt; i++) prompt[(size_t)i] = (i * 104729) % 150000;
     dllm_gen_stats st;
     bench_step_clock clock;
-    if (!bench_long_generate(ctx, prompt, block, block, mask_id, nullptr, st)) return;
-    if (!bench_long_generate(ctx, prompt, gen, block, mask_id, &clock, st)) return;
+    if (!bench_long_generate(ctx, prompt, block, block, nullptr, st)) return;
+    if (!bench_long_generate(ctx, prompt, gen, block, &clock, st)) return;
     const double after_gen = bench_used_bytes() - used0;
     const double cache_bytes = bytes_per_token * bench_long_cache_rows(n_prompt);
     fit.reserve_bytes = std::max(fit.reserve_bytes, after_gen - ctx_bytes - cache_bytes);
