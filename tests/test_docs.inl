@@ -59,7 +59,7 @@ TEST(docs, readme_and_header_name_only_files_that_exist) {
 }
 
 /* Tests that need a GPU are in groups named gpu or gpu_<feature>, so that `--filter gpu` runs all of them (a GPU test
- * calls NEED_GPU() in its body: from its TEST line to its closing brace in column 0). */
+ * calls NEED_GPU() in its body: its TEST line alone, or from there to its closing brace in column 0). */
 TEST(docs, gpu_test_groups_are_named_gpu) {
     int files = 0, gpu_tests = 0;
     DIR *d = opendir("tests");
@@ -71,7 +71,8 @@ TEST(docs, gpu_test_groups_are_named_gpu) {
         const std::string text = test_read_file("tests/" + n);
         const std::string need_gpu = std::string("NEED_GPU") + "();";  // the call, not this line
         for (size_t at = text.find("\nTEST("); at != std::string::npos; at = text.find("\nTEST(", at + 1)) {
-            const size_t end = text.find("\n}\n", at);  // the test's closing brace, in column 0
+            const size_t eol = text.find('\n', at + 1);  // a one-line test ends on its line, the others at a '}' line
+            const size_t end = text[eol - 1] == '}' ? eol : text.find("\n}\n", at);
             const std::string body = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
             const std::string group = body.substr(6, body.find(',') - 6);
             if (body.find(need_gpu) != std::string::npos) {
