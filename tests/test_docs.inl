@@ -72,7 +72,7 @@ TEST(docs, gpu_test_groups_are_named_gpu) {
         const std::string need_gpu = std::string("NEED_GPU") + "();";  // the call, not this line
         for (size_t at = text.find("\nTEST("); at != std::string::npos; at = text.find("\nTEST(", at + 1)) {
             const size_t eol = text.find('\n', at + 1);  // a one-line test ends on its line, the others at a '}' line
-            const size_t end = text[eol - 1] == '}' ? eol : text.find("\n}\n", at);
+            const size_t end = eol != std::string::npos && text[eol - 1] == '}' ? eol : text.find("\n}\n", at);
             const std::string body = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
             const std::string group = body.substr(6, body.find(',') - 6);
             if (body.find(need_gpu) != std::string::npos) {
