@@ -1167,9 +1167,11 @@ static double bench_soloq_n_weights_bytes(dllm_model *model) {
 static void bench_long_fit_table(bench_result &r, const dllm_model *model, const bench_long_fit &fit) {
     const char *weights[2] = {"bf16", "soloq_n"};
     r.set("longctx_fit80gb_reserve_gb", fit.reserve_bytes / 1e9);
-    printf("\nlargest batch whose committed K/V caches fit in 80 GB (computed from the measured bytes):\n| weights | cache |");
-    for (int context : bench_contexts) printf(" ctx %d |", context);
-    printf(" longest context, batch 1 |\n");
+    // the keys print as they are set; the human table after them
+    std::string table = "\nlargest batch whose committed K/V caches fit in 80 GB (computed from the measured bytes):\n"
+                        "| weights | cache |";
+    for (int context : bench_contexts) table += dllm__format(" ctx %d |", context);
+    table += " longest context, batch 1 |\n";
     for (int w = 0; w < 2; w++) {
         if (std::isnan(fit.weights_bytes[w])) continue;
         r.set(dllm__format("longctx_fit80gb_%s_weights_gb", weights[w]), fit.weights_bytes[w] / 1e9);
@@ -1178,18 +1180,19 @@ static void bench_long_fit_table(bench_result &r, const dllm_model *model, const
             double bytes_per_token = 0;
             if (!bench_ok(dllm_kv_bytes_per_token(model, cache.second, bench_long_block, &bytes_per_token), "dllm_kv_bytes_per_token")) continue;
             const std::string key = dllm__format("longctx_fit80gb_%s_weights_%s_cache_", weights[w], cache.first);
-            printf("| %s | %s |", weights[w], cache.first);
+            table += dllm__format("| %s | %s |", weights[w], cache.first);
             for (int context : bench_contexts) {
                 const double sequence_bytes = bytes_per_token * bench_long_cache_rows(bench_long_prompt(model, context));
                 const double batch = std::max(0.0, std::floor(room / sequence_bytes));
                 r.set(key + dllm__format("ctx%d_max_batch", context), batch);
-                printf(" %.0f |", batch);
+                table += dllm__format(" %.0f |", batch);
             }
             const double tokens = std::max(0.0, std::floor(room / bytes_per_token));
             r.set(key + "b1_max_tokens", tokens);
-            printf(" %.0f |\n", tokens);
+            table += dllm__format(" %.0f |\n", tokens);
         }
     }
+    fputs(table.c_str(), stdout);
 }
 
 /* --long-context: the Fast-dLLM v2 7B shape at each prompt of --contexts, gen 256, block 32, batch 1, for the BF16,
