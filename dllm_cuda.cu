@@ -15310,7 +15310,120 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
+ * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+struct dllm__gpu_batch {
+    std::shared_ptr<dllm__module>
+        varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
+    dllm__kernel<void(attn_args)> attn, attn_short;  // the table's tiles; dllm__attn_short_tiles
+    dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
+    // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
+    // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
+    dllm__dbuf kv, attn_q_offsets, attn_kv_offsets, cache_rows;
+    std::vector<int> slot_base, slot_rows;
+    int kv_rows = 0;
+    // [block diffusion] bd_forward_batch: its slots' states (kv's slots) and the layout's per-sequence masks
+    std::vector<dllm__bd_slot> bd_slots;
+    dllm__dbuf attn_masks;
+    // batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
+    dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
+    int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
+};
+
+/* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
+ * fresh K/V or the block cache), bf16 K|V rows [layer][capacity][2 n_kv head_dim] (not under kv_quant); the block cache
+ * likewise [layer][block_rows][...]. */
+struct dllm__gpu_committed {
+    dllm__dbuf kv, block_cache, partial;
+    int n = 0, capacity = 0, block_rows = 0;
+};
+
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
+ * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
+ * commit quantises its layer's rows before the next layer's are written). */
+struct dllm__gpu_kv_codes {
+    dllm__kvq_kernels kernels;
+    std::vector<dllm__rotation_dev> rotations;
+    dllm__dbuf k_codes, v_codes, k_pairs, v_side;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf sinks, fresh;
+    int sink_rows = 0;           // min(n_sink, the committed capacity)
+    bool keep_rows = false;      // tests: kept holds each commit's bf16 rows
+    std::vector<uint16_t> kept;  // [layer][capacity][2 kvd]
+    dllm__kvq_tc_kernels flash;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf flash_partial;    // its split states (dllm__kvq_tc_partial_bound)
+    bool flash_on = false;       // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+};
+
 struct dllm__stage_timer;
+
+/* The kernels of the modules every context loads (row-wise, sampler, attention) and the K/V scatter of the batched and
+ * block-diffusion caches. */
+struct dllm__gpu_kernels {
+    std::shared_ptr<dllm__module> rowwise_module, sampler_module, attn_module, kv_scatter_module;
+    dllm__rowwise_kernels rowwise;
+    dllm__sampler_kernels sampler;
+    dllm__attn_kernels attention;
+    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter;
+};
+
+/* The GEMMs: cuBLASLt with dllm's Hopper GEMM as a candidate (dense), that GEMM's narrower tiles for the batched
+ * forwards, and the FP8 path in effect. */
+struct dllm__gpu_gemms {
+    dllm__gemm dense;
+    dllm__gemm_wg wg;                     // dllm's Hopper GEMM, a candidate of dense
+    dllm__gemm_wg wg_n128;                // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg wg_n64;                 // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__fp8_gemm fp8 = DLLM__FP8_NONE;  // in effect
+    dllm__fp8_mma fp8_mma;                // loaded when fp8 is DLLM__FP8_MMA
+};
+
+/* Pinned host memory (cudaFreeHost by its owner). */
+struct dllm__pinned {
+    void *ptr = nullptr;
+    size_t bytes = 0;
+};
+
+/* [debug hooks] What tests and benchmarks set: the stage timer, the host's token choice, FACache off, the rows to copy
+ * out, the last layer's rows. */
+struct dllm__gpu_debug {
+    dllm__stage_timer *timer = nullptr;
+    bool host_choice = false, facache_off = false;
+    std::map<std::pair<int, int>, std::vector<float>> *rows = nullptr;
+    int last_layer_rows = 0;
+};
+
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
+ * for few rows, q4wg and the INT8 path. */
+struct dllm__gpu_lowbit {
+    dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
+    std::shared_ptr<dllm__module> module;  // loaded when options.enabled
+    dllm__soloq_kernels kernels;
+    dllm__q4_gemm_kernels q4_gemm;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    std::unique_ptr<dllm__q4wg_kernels> q4wg;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
+    bool int8_path = true;                     // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int act_forms = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+};
+
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+struct dllm__gpu_graphs {
+    cudaGraphExec_t step_exec = nullptr;
+    std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
+    dllm__graph_set block_diffusion{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
+    dllm__graph_set batched{"a batched forward"};                       // [batch graphs] slots by varlen_graph_id
+};
+
+/* [FACache] on block diffusion: layer 0's committed states per block offset on the device, the tokens they were
+ * computed for on the host (-1: none), valid while the committed length is n (a commit or bd_begin drops them); rows
+ * seen and reused under call.lacache since bd_begin (dllm_gen_stats). */
+struct dllm__gpu_bdfa {
+    dllm__bdfa_kernels kernels;
+    dllm__dbuf state, rows;
+    std::vector<int32_t> tokens;
+    std::vector<int> list;
+    int n = -1;
+    int64_t rows_seen = 0, rows_reused = 0;
+};
 
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
@@ -15319,19 +15432,20 @@ class dllm__gpu_backend : public dllm__backend_impl {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
         DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction,
-                                          g->soloq_));
-        g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
+                                          g->lowbit_.options));
+        g->lowbit_.options =
+            dllm__soloq_effective_options(m, g->lowbit_.options);  // a quantised checkpoint's stored options
         g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
         DLLM__TRY(g->init(p.device));
         out = std::move(g);
         return DLLM_OK;
     }
     ~dllm__gpu_backend() override {
-        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-        graphs_drop(bd_graphs_);
-        graphs_drop(varlen_graphs_);
+        if (graphs_.step_exec) cudaGraphExecDestroy(graphs_.step_exec);
+        graphs_drop(graphs_.block_diffusion);
+        graphs_drop(graphs_.batched);
         if (stream_) cudaStreamDestroy(stream_);
-        if (host_pinned_) cudaFreeHost(host_pinned_);
+        if (host_pinned_.ptr) cudaFreeHost(host_pinned_.ptr);
     }
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override;
@@ -15343,10 +15457,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_begin(int rows) override;
     dllm_status bd_rows_that_fit(int group, int64_t &rows) const override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
-    bool bd_chooses() const override { return !bd_host_choice_; }
+    bool bd_chooses() const override { return !debug_.host_choice; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
     void bd_facache_rows(int64_t &rows, int64_t &reused) const override {
-        rows = bdfa_rows_seen_, reused = bdfa_rows_reused_;
+        rows = facache_.rows_seen, reused = facache_.rows_reused;
     }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm__batch_caps batch_caps() const override;
@@ -15365,7 +15479,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
-        return dllm__kv_layout_of(m_.cfg, plan, bkv_base_, bkv_rows_, max_tokens_, v);
+        return dllm__kv_layout_of(model_.cfg, plan, batch_.slot_base, batch_.slot_rows, max_tokens_, v);
     }
     /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
      * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
@@ -15374,10 +15488,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__TRY(prepare_batch(v));
         batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
         dllm_status s = forward_varlen_replayed(v);
-        const dllm__config &c = m_.cfg;
+        const dllm__config &c = model_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
             const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
-            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows,
+            s = gemm(weights_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows,
                      DLLM__ROWS_BATCH, CUDA_R_32F);
             if (s == DLLM_OK) s = on_chunk(c0, rows);
         }
@@ -15404,24 +15518,25 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__arch &arch() const { return arch_; }
     DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
     /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
-    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return bch_rows_; }
+    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return batch_.rows_chosen; }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
-    DLLM__TEST_HOOK bool fp8_ffn_active() const { return W_->fp8_ffn; }
-    DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
+    DLLM__TEST_HOOK bool fp8_ffn_active() const { return weights_->fp8_ffn; }
+    DLLM__TEST_HOOK bool fp8_attn_active() const { return weights_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
-    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
+    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return gemms_.fp8; }
     /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 + 64 where all loaded, 0 where none (cuBLASLt's
      * pinned). */
     DLLM__TEST_HOOK int batch_gemm_widths() const {
-        return (gemm_wg_n64_.kernel.fn ? 64 : 0) + (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0);
+        return (gemms_.wg_n64.kernel.fn ? 64 : 0) + (gemms_.wg_n128.kernel.fn ? 128 : 0) +
+               (gemms_.wg.kernel.fn ? 256 : 0);
     }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
      * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
-    DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
+    DLLM__TEST_HOOK void bd_choose_on_host(bool on) { debug_.host_choice = on; }
     /* [FACache] Layer 0 through flash_attn instead of the split attention: what the split one is compared with. */
-    DLLM__TEST_HOOK void bd_split_attention(bool on) { bdfa_off_ = !on; }
+    DLLM__TEST_HOOK void bd_split_attention(bool on) { debug_.facache_off = !on; }
     /* The shared device weights this context reads. */
-    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *W_; }
+    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
     /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
@@ -15440,33 +15555,33 @@ class dllm__gpu_backend : public dllm__backend_impl {
         }
         return DLLM_OK;
     }
-    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
-    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
-    DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
+    DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
     DLLM__TEST_HOOK void set_q4_int8(bool on) {
-        q4_int8_ = on;
+        lowbit_.int8_path = on;
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
-    DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
+    DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
     /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
      * only their codes). */
-    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kvq_keep_rows_ = on; }
+    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
     /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
     size_t bd_committed_bytes() const {
-        return bd_cache_.bytes + kvq_k_codes_.bytes + kvq_v_codes_.bytes + kvq_k_pairs_.bytes + kvq_v_side_.bytes +
-               kvq_sinks_.bytes;
+        return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
+               kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
-    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kvq_fresh_.bytes + kvq_partial_.bytes; }
+    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
-    DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
+    DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
-    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
-    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graphs_.refusals; }
+    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
+    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return graphs_.block_diffusion.refusals; }
     /* [batch graphs] The same for the batched forwards (forward_varlen_replayed). */
-    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
-    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
+    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return graphs_.batched.counts[a]; }
+    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return graphs_.batched.refusals; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
      * INDEPENDENT, the buffers sized for M rows: what gpu_batch.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
@@ -15476,7 +15591,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOKS_END
 
   private:
-    dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
+    dllm__gpu_backend(const dllm_model &m, int max_tokens) : model_(m), max_tokens_(max_tokens) {}
     dllm_status init(int device);
     dllm_status load_kernels();
     dllm_status load_q4wg();
@@ -15489,7 +15604,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
-    bool q4(size_t l) const { return W_->layers[l].gu.format == DLLM__W_Q4; }
+    bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
@@ -15505,9 +15620,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
-    bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
-    bool fp8_ffn(size_t l) const { return W_->fp8_ffn && l > 0; }
-    bool fp8_attn(size_t l) const { return W_->fp8_attn && l > 0; }
+    bool last_cut(size_t l) const { return l > 0 && l + 1 == weights_->layers.size(); }
+    bool fp8_ffn(size_t l) const { return weights_->fp8_ffn && l > 0; }
+    bool fp8_attn(size_t l) const { return weights_->fp8_attn && l > 0; }
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
     dllm_status embed_gather(const int *ids, int n_rows, float *h);
     dllm_status embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
@@ -15575,111 +15690,44 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body);
     void graphs_drop(dllm__graph_set &set);
 
-    const dllm_model &m_;
+    const dllm_model &model_;
     int max_tokens_;
     int device_ = 0, n_sms_ = 1, smem_per_sm_ = 0;  // shared memory an SM holds (varlen_attention's wave rule)
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
-    std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
-    dllm__dbuf rope_cos_, rope_sin_;              // fp32 [max_tokens][head_dim / 2]
+    std::shared_ptr<const dllm__gpu_weights> weights_;  // [shared weights]
+    dllm__dbuf rope_cos_, rope_sin_;                    // fp32 [max_tokens][head_dim / 2]
 
     // kernels and GEMMs
-    std::shared_ptr<dllm__module> rowwise_module_, sampler_module_, attn_module_;
-    dllm__rowwise_kernels K_;
-    dllm__sampler_kernels S_;
-    dllm__attn_kernels A_;
-    dllm__gemm gemm_;
-    dllm__gemm_wg gemm_wg_;                           // dllm's Hopper GEMM, a candidate of gemm_
-    dllm__gemm_wg gemm_wg_n128_;                      // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
-    dllm__gemm_wg gemm_wg_n64_;                       // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gpu_kernels kernels_;
+    dllm__gpu_gemms gemms_;
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
-    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;        // in effect
-    dllm__fp8_mma fp8_mma_;                           // loaded when fp8_gemm_ is DLLM__FP8_MMA
-    dllm__soloq_options soloq_;  // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
-    std::shared_ptr<dllm__module> soloq_module_;  // loaded when soloq_.enabled
-    dllm__soloq_kernels Q_;
-    dllm__q4_gemm_kernels q4_gemm_;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
-    std::unique_ptr<dllm__q4wg_kernels> q4wg_;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
-    bool q4_int8_ = true;                       // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
-    int q4a_forms_ = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
-    long q4_int8_launches_ = 0;                 // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
-
+    dllm__gpu_lowbit lowbit_;  // [SoloQ] [W4 GEMM] [INT8 GEMM] the 4-bit formats' options, kernels and GEMM paths
     // activations and the generation's state
     dllm__activations act_;
-    bool kv_on_ = false;     // forwards read and write act_.kv (a generation with a K/V cache)
-    bool batch_on_ = false;  // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
-    std::shared_ptr<dllm__module>
-        varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
-    dllm__kernel<void(attn_args)> attn_varlen_, attn_varlen_short_;  // the table's tiles; dllm__attn_short_tiles
-    dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
-    // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
-    // [2 n_kv head_dim] bf16 (slot s at rows [bkv_base_[s], + bkv_rows_[s])); the layout's attention offsets and cache rows
-    dllm__dbuf bkv_, varlen_attn_q_, varlen_attn_kv_, varlen_cache_rows_;
-    std::vector<int> bkv_base_, bkv_rows_;
-    int bkv_total_ = 0;
-    // [block diffusion] bd_forward_batch: its slots' states (bkv_'s slots; dllm__bd_slot) and the layout's per-sequence masks
-    std::vector<dllm__bd_slot> bdb_slots_;
-    dllm__dbuf varlen_attn_masks_;
-    std::shared_ptr<dllm__module> kv_scatter_module_;
-    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
-    // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
-    dllm__dbuf bch_state_, bch_x0_, bch_conf_, bch_deferred_;
-    int64_t bch_rows_ = 0;         // rows chosen on the device by batch_choose since the context began (tests)
-    bool positions_on_ = false;    // [DPad] act_.positions holds the canvas rows' RoPE positions
-    void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
-    size_t host_pinned_bytes_ = 0;
+    bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
+    bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    dllm__gpu_batch batch_;      // [batch] the batched forwards' kernels, slots, layout and device token choice
+    bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
+    dllm__pinned host_pinned_;   // canvas + committed list + state for the step callback
 
-    // [step graphs] the captured step
-    cudaGraphExec_t graph_exec_ = nullptr;
-    std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
+    dllm__gpu_graphs graphs_;  // [step graphs] [bd graphs] [batch graphs] the captured forwards
 
-    // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
-    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim] (not under kv_quant); the block
-    // cache likewise [layer][bd_block_rows_][...]
-    dllm__dbuf bd_cache_, bd_block_, bd_partial_;
-    int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
-    // [KV quant] (9c on the device): the committed rows as codes only, 9c's layout per layer (kvq_ holds the settings and
-    // the host rotations, its vectors empty); bf16 K|V rows for the committed sinks [layer][kvq_sink_rows_][2 kvd] and
-    // for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a commit quantises its layer's rows
-    // before the next layer's are written)
-    dllm__kvq kvq_;
-    dllm__kvq_kernels KQ_;
-    std::vector<dllm__rotation_dev> kvq_rot_;
-    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
-        kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__dbuf kvq_sinks_, kvq_fresh_;
-    int kvq_sink_rows_ = 0;           // min(n_sink, bd_cap_)
-    bool kvq_keep_rows_ = false;      // tests: kvq_kept_ holds each commit's bf16 rows
-    std::vector<uint16_t> kvq_kept_;  // [layer][bd_cap_][2 kvd]
-    dllm__kvq_tc_kernels KQT_;        // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
-    dllm__dbuf kvq_partial_;          // its split states (dllm__kvq_tc_partial_bound)
-    bool kvq_tc_on_ = false;          // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+    dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
+    dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
+    dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
     dllm_status kvq_keep(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
-    // [FACache] on block diffusion: layer 0's committed states
-    // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
-    // bdfa_n_ (a commit or bd_begin drops them); rows seen and reused under call.lacache since bd_begin (dllm_gen_stats)
-    dllm__bdfa_kernels FA_;
-    dllm__dbuf bdfa_state_, bdfa_rows_;
-    std::vector<int32_t> bdfa_token_;
-    std::vector<int> bdfa_list_;
-    int bdfa_n_ = -1;
-    int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
+    dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
     bool bdfa_on(size_t layer) const;
     dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
-    dllm__graph_set bd_graphs_{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
-    dllm__graph_set varlen_graphs_{"a batched forward"};           // [batch graphs] slots by varlen_graph_id
 
-    // [debug hooks]
-    dllm__stage_timer *timer_ = nullptr;
-    bool bd_host_choice_ = false, bdfa_off_ = false;
-    std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
-    int last_layer_rows_ = 0;
+    dllm__gpu_debug debug_;  // [debug hooks]
 };
 
 /* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
@@ -15736,7 +15784,7 @@ static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> 
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (c.scale_logits)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
     if (!dllm__attn_supports(c.head_dim))
@@ -15763,24 +15811,24 @@ dllm_status dllm__gpu_backend::init(int device) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name,
                           prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    DLLM__TRY(gemm_.init());
+    DLLM__TRY(gemms_.dense.init());
     DLLM__TRY(load_kernels());
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
-    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr,
-                                    q4wg_.get(), w));
-    W_ = std::move(w);
+    DLLM__TRY(dllm__gpu_weights_for(model_, device, fp8_ffn, fp8_attn, lowbit_.options, kernels_.rowwise,
+                                    lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), w));
+    weights_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name,
               arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
-              soloq_.enabled ? dllm__precision_name(precision_)
-              : fp8_attn     ? "FP8 FFN and attention projections in layers >= 1"
-              : fp8_ffn      ? "FP8 FFN in layers >= 1"
-                             : "BF16");
+              lowbit_.options.enabled ? dllm__precision_name(precision_)
+              : fp8_attn              ? "FP8 FFN and attention projections in layers >= 1"
+              : fp8_ffn               ? "FP8 FFN in layers >= 1"
+                                      : "BF16");
     return DLLM_OK;
 }
 
@@ -15793,12 +15841,12 @@ dllm_status dllm__gpu_backend::load_kernels() {
     const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128),
                n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
-        {dllm__module_rowwise(arch_), &rowwise_module_},
-        {dllm__module_sampler(arch_), &sampler_module_},
-        {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
-    if (soloq_.enabled) {
-        jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
-        jobs.push_back({dllm__module_q4_gemm(arch_), &q4_gemm_.module});
+        {dllm__module_rowwise(arch_), &kernels_.rowwise_module},
+        {dllm__module_sampler(arch_), &kernels_.sampler_module},
+        {dllm__module_attention(arch_, model_.cfg.head_dim), &kernels_.attn_module}};
+    if (lowbit_.options.enabled) {
+        jobs.push_back({dllm__module_soloq(arch_), &lowbit_.module});
+        jobs.push_back({dllm__module_q4_gemm(arch_), &lowbit_.q4_gemm.module});
     }
     const size_t required = jobs.size();  // gemm_wg's module is optional
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
@@ -15816,32 +15864,32 @@ dllm_status dllm__gpu_backend::load_kernels() {
     for (std::thread &t : workers) t.join();
     for (size_t i = 0; i < required; i++)
         if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
-    dllm__bind(K_, *rowwise_module_);
-    dllm__bind(S_, *sampler_module_);
-    DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
-    if (dllm__gemm_wg_load(arch_, 256, gemm_wg_) != DLLM_OK) {
+    dllm__bind(kernels_.rowwise, *kernels_.rowwise_module);
+    dllm__bind(kernels_.sampler, *kernels_.sampler_module);
+    DLLM__TRY(dllm__attn_kernels_of(*kernels_.attn_module, arch_, model_.cfg.head_dim, kernels_.attention));
+    if (dllm__gemm_wg_load(arch_, 256, gemms_.wg) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_ = dllm__gemm_wg();
+        gemms_.wg = dllm__gemm_wg();
     }
-    if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
-    if (n128 && dllm__gemm_wg_load(arch_, 128, gemm_wg_n128_) != DLLM_OK) {
+    if (gemms_.wg.kernel.fn) gemms_.dense.own = &gemms_.wg;
+    if (n128 && dllm__gemm_wg_load(arch_, 128, gemms_.wg_n128) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_n128_ = dllm__gemm_wg();
+        gemms_.wg_n128 = dllm__gemm_wg();
     }
-    if (n64 && dllm__gemm_wg_load(arch_, 64, gemm_wg_n64_) != DLLM_OK) {
+    if (n64 && dllm__gemm_wg_load(arch_, 64, gemms_.wg_n64) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_n64_ = dllm__gemm_wg();
+        gemms_.wg_n64 = dllm__gemm_wg();
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem_optin));
-    if (soloq_.enabled) {
-        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
-        DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)kernels_.sampler.select_commit.fn,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    if (lowbit_.options.enabled) {
+        DLLM__TRY(dllm__bind(lowbit_.kernels, *lowbit_.module, smem_optin, arch_.cc));
+        DLLM__TRY(dllm__q4_gemm_bind(lowbit_.q4_gemm));
     }
     return load_q4wg();
 }
@@ -15849,23 +15897,24 @@ dllm_status dllm__gpu_backend::load_kernels() {
 /* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
  * quantised. A module that does not load leaves the other paths, with one warning. */
 dllm_status dllm__gpu_backend::load_q4wg() {
-    const bool integer = dllm__q4_int_max(soloq_.weights) && dllm__q4_int_max(soloq_.acts) &&
-                         (soloq_.weights == DLLM__Q4_INT4 || soloq_.weights == DLLM__Q4_RTN);
-    if (!soloq_.enabled || !soloq_.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg) return DLLM_OK;
+    const bool integer = dllm__q4_int_max(lowbit_.options.weights) && dllm__q4_int_max(lowbit_.options.acts) &&
+                         (lowbit_.options.weights == DLLM__Q4_INT4 || lowbit_.options.weights == DLLM__Q4_RTN);
+    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg)
+        return DLLM_OK;
     std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
     if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "q4wg is not available, 4-bit GEMMs run on q4_gemm and the INT8 path: %s",
                   dllm__tls_error.c_str());
         return DLLM_OK;
     }
-    q4wg_ = std::move(k);
+    lowbit_.q4wg = std::move(k);
     return DLLM_OK;
 }
 
 /* FP8 runs where the architecture table (or DLLM_TILES fp8_gemm) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
-    if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
+    if (precision_ == DLLM_PRECISION_BF16 || lowbit_.options.enabled) return DLLM_OK;
     dllm__fp8_gemm mode;
     DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
     if (mode == DLLM__FP8_NONE) {
@@ -15876,21 +15925,21 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
             gpu_name, arch_.cc);
         return DLLM_OK;
     }
-    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
+    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, gemms_.fp8_mma));
     dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s",
               mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
-    fp8_gemm_ = mode;
+    gemms_.fp8 = mode;
     fp8_ffn = true;
     fp8_attn = precision_ == DLLM_PRECISION_FP8_ALL;
     return DLLM_OK;
 }
 
 dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
-    const bool fp8 = W_->fp8_ffn || W_->fp8_attn;
+    const bool fp8 = weights_->fp8_ffn || weights_->fp8_attn;
     const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
     dllm__activations &A = act_;
     const std::vector<const void *> before = A.addresses();
@@ -15917,7 +15966,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
     if (kv_cache) {
-        A.kv.resize(W_->layers.size());
+        A.kv.resize(weights_->layers.size());
         for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
         DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     }
@@ -15939,7 +15988,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         // gemm_fp8_batch's launches of at most pin_m rows over all M rows (act8 and act8_scale above hold them all)
         DLLM__TRY(A.act8_chunk_scale.fit((size_t)dllm__gemm::pin_m * (k_pad / 128) * 4, "FP8 activations"));
     }
-    if (W_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
+    if (weights_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
         const size_t k_max = std::max(std::max(d, ff), q);
         size_t chunk_elems = 0, chunk_rows = 0;
         const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
@@ -15951,26 +16000,26 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
-        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts &&
-            (M > (size_t)dllm__q4_max_rows || W_->q4wg))
+        if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
+            lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
-        if (W_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+        if (weights_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
             const void *was = A.q4wg_ws.ptr;
             DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
             if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
         }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
         for (const auto &nk : shapes)
-            split_k = std::max(
-                split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
+            split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(lowbit_.q4_gemm, dllm__q4_max_rows,
+                                                                       (int)nk.first, (int)nk.second));
         DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
-    if (pinned > host_pinned_bytes_) {
-        if (host_pinned_) cudaFreeHost(host_pinned_);
-        host_pinned_ = nullptr;
-        DLLM__CUDA(cudaMallocHost(&host_pinned_, pinned));
-        host_pinned_bytes_ = pinned;
+    if (pinned > host_pinned_.bytes) {
+        if (host_pinned_.ptr) cudaFreeHost(host_pinned_.ptr);
+        host_pinned_.ptr = nullptr;
+        DLLM__CUDA(cudaMallocHost(&host_pinned_.ptr, pinned));
+        host_pinned_.bytes = pinned;
     }
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
@@ -15990,9 +16039,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
     const dllm__gemm_wg *const by_width[3] = {
-        gemm_.own_fits(op) ? gemm_.own : nullptr,
-        bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
-        bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
+        gemms_.dense.own_fits(op) ? gemms_.dense.own : nullptr,
+        bf16_out && gemms_.wg_n128.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemms_.wg_n128 : nullptr,
+        bf16_out && gemms_.wg_n64.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemms_.wg_n64 : nullptr};
     const dllm__gemm_wg *first = by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
     int candidates = 0;
     for (int i = 0; i < 3; i++) {
@@ -16017,18 +16066,18 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op))
                     return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
-            return rows != DLLM__ROWS_TUNED ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+            return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
             if (rows == DLLM__ROWS_BATCH) return gemm_fp8_batch(W, x, y, M);
             if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
             const bool pinned = rows != DLLM__ROWS_TUNED;
-            if (fp8_gemm_ == DLLM__FP8_MMA)
-                return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y,
+            if (gemms_.fp8 == DLLM__FP8_MMA)
+                return dllm__fp8_mma_run(gemms_.fp8_mma, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y,
                                          m_pad, W.n, k_pad, stream_, pinned);
-            return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad,
-                                 stream_, pinned);
+            return gemms_.dense.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n,
+                                        k_pad, stream_, pinned);
         }
         case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows == DLLM__ROWS_BATCH ? DLLM__ROWS_INDEPENDENT : rows, out);
     }
@@ -16051,7 +16100,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
 dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M) {
     if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
     const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128), groups = k_pad / 128;
-    const bool mma = fp8_gemm_ == DLLM__FP8_MMA;  // fp8_gemm: all rows in one launch
+    const bool mma = gemms_.fp8 == DLLM__FP8_MMA;  // fp8_gemm: all rows in one launch
     const unsigned char *codes = act_.act8.as<unsigned char>();
     const float *scales = act_.act8_scale.as<float>();
     for (const dllm__row_chunk &ch : dllm__fp8_row_chunks(M, mma ? std::max(m_pad, 16) : dllm__gemm::pin_m)) {
@@ -16069,9 +16118,9 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
         const unsigned char *X = codes + (size_t)ch.m0 * k_pad;
         void *Y = (char *)y + (size_t)ch.m0 * W.n * 2;
         if (mma)
-            DLLM__TRY(dllm__fp8_mma_run(fp8_mma_, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+            DLLM__TRY(dllm__fp8_mma_run(gemms_.fp8_mma, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
         else
-            DLLM__TRY(gemm_.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+            DLLM__TRY(gemms_.dense.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
     }
     return DLLM_OK;
 }
@@ -16084,8 +16133,8 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
     if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
-    const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
-    if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
+    const dllm__q4_format fa = lowbit_.options.acts, fw = W.q4->format;
+    if (!lowbit_.int8_path || !lowbit_.options.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
         return false;
     return !pinned || dllm__q4_int_sum_exact_in_fp32(fa, fw, W.k);
@@ -16106,19 +16155,21 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
-    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
+    const bool quantize = lowbit_.options.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
     const bool int8 = q4_int8(W, M, pinned);
     if (x) {
-        DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M,
-                                            W.k, nullptr, nullptr, act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr,
-                                            stream_, int8 ? act_.q4a8.ptr : nullptr));
-    } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
+        DLLM__TRY(dllm__soloq_quantize_rows(lowbit_.kernels, *q.rot, lowbit_.options.acts, quantize,
+                                            lowbit_.options.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
+                                            act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr, stream_,
+                                            int8 ? act_.q4a8.ptr : nullptr));
+    } else if (!(lowbit_.act_forms &
+                 (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
         return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values",
                           M, int8 ? "int8" : "bf16");
     }
     if (W.q4->packed) {  // a layer linear: its output is bf16
         if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
-        return dllm__q4wg_gemm_run(*q4wg_, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
+        return dllm__q4wg_gemm_run(*lowbit_.q4wg, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
                                    act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
                                    act_.q4wg_ws.bytes / 4, stream_);
     }
@@ -16129,7 +16180,7 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     if (M <= dllm__q4_max_rows || pinned) {
         for (int m0 = 0; m0 < M; m0 += dllm__q4_max_rows) {
             const int mc = std::min(dllm__q4_max_rows, M - m0);
-            DLLM__TRY(dllm__q4_gemm_run(q4_gemm_, q.format, W.data, q.block_scales.ptr, W.scale,
+            DLLM__TRY(dllm__q4_gemm_run(lowbit_.q4_gemm, q.format, W.data, q.block_scales.ptr, W.scale,
                                         (const bf16_t *)act_.q4a.ptr + (size_t)m0 * W.k, W.k, s_x ? s_x + m0 : nullptr,
                                         (char *)y + (size_t)m0 * W.n * out_bytes, W.n, 0, out, mc, W.n, W.k,
                                         act_.q4acc.as<float>(), act_.q4acc.bytes / 4, stream_));
@@ -16142,33 +16193,35 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
         const unsigned char *codes = (const unsigned char *)W.data + (size_t)n0 * (W.k / 2);
         const unsigned char *bs =
             q.block_scales.ptr ? (const unsigned char *)q.block_scales.ptr + (size_t)n0 * scale_bytes : nullptr;
-        DLLM__TRY(Q_.soloq_dequantize_rows.launch({dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)},
-                                                  stream_, codes, bs, (int)q.format, nc, W.k, act_.q4w.ptr));
+        DLLM__TRY(lowbit_.kernels.soloq_dequantize_rows.launch(
+            {dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream_, codes, bs, (int)q.format, nc,
+            W.k, act_.q4w.ptr));
         const dllm__gemm_op op{act_.q4a.ptr, act_.q4w.ptr, act_.q4acc.ptr, M, nc, W.k, CUDA_R_32F, nullptr, nullptr};
-        DLLM__TRY(pinned ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_));
-        DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_,
-                                             act_.q4acc.ptr, M, nc, s_x, W.scale + n0,
-                                             (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)W.n));
+        DLLM__TRY(pinned ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_));
+        DLLM__TRY(lowbit_.kernels.soloq_scale_rows.launch(
+            {dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_, act_.q4acc.ptr, M, nc, s_x,
+            W.scale + n0, (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)W.n));
     }
     return DLLM_OK;
 }
 
 /* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
-    q4_int8_launches_++;
-    return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(),
-                                  y, W.n, out, M, W.n, W.k, dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr,
-                                  act_.q4acc.as<int>(), stream_);
+    lowbit_.int8_launches++;
+    return dllm__q4_int8_gemm_run(lowbit_.kernels, gemms_.dense, W.q4->format, W.data, W.scale, act_.q4a8.ptr,
+                                  act_.q4a_scale.as<float>(), y, W.n, out, M, W.n, W.k,
+                                  dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
 /* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
  * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
- * int8 where the INT8 path may run), recorded in q4a_forms_ for gemm_q4 to check. */
+ * int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
-    q4a_forms_ = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
-    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k,
-                                    act_.q4a_scale.ptr, bf16 ? act_.q4a.ptr : nullptr);
+    lowbit_.act_forms = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
+    soloq_args a =
+        dllm__soloq_args(*W.q4->rot, lowbit_.options.acts, lowbit_.options.quantize_acts,
+                         lowbit_.options.bias_correction, M, W.k, act_.q4a_scale.ptr, bf16 ? act_.q4a.ptr : nullptr);
     a.values_i8 = int8 ? (signed char *)act_.q4a8.ptr : nullptr;
     return a;
 }
@@ -16179,22 +16232,22 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
                                                  const void *delta, const void *w, int M) {
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w,
-    a.eps = m_.cfg.norm_eps;
-    return dllm__soloq_launch(Q_, a, dllm__norm_threads(a.d / 8), stream_);
+    a.eps = model_.cfg.norm_eps;
+    return dllm__soloq_launch(lowbit_.kernels, a, dllm__norm_threads(a.d / 8), stream_);
 }
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
 dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const void *gu, int M) {
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 2, a.x = gu, a.x_stride = (u64)2 * W.k;
-    return dllm__soloq_launch(Q_, a, 1024, stream_);
+    return dllm__soloq_launch(lowbit_.kernels, a, 1024, stream_);
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
  * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride,
                                          const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     attn_args a = {};
     a.q = (const bf16_t *)q;
@@ -16209,7 +16262,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
     a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
-    return dllm__attn_launch(A_, arch_, hd, c.n_head, batch, a, stream_, wide);
+    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide);
 }
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
@@ -16218,12 +16271,12 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
  * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
  * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : DLLM__ROWS_TUNED;
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
-        if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
+        if (debug_.timer) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
     if (!kv_on_) {
         DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows,
@@ -16264,49 +16317,50 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
  * kernel add_rmsnorm). */
 dllm_status dllm__gpu_backend::add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y,
                                            int batch, int seq, int row0, int n_rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const unsigned threads = dllm__norm_threads(c.n_embd / 8);
-    return K_.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta,
-                                 w, c.norm_eps, y, c.n_embd, n_rows, row0, seq);
+    return kernels_.rowwise.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in,
+                                               h_out, delta, w, c.norm_eps, y, c.n_embd, n_rows, row0, seq);
 }
 
 /* add_rmsnorm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
 dllm_status dllm__gpu_backend::add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w,
                                                 int batch, int seq) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const unsigned threads = dllm__norm_threads(dllm__round_up(c.n_embd, 128) / 8);
-    return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out,
-                                      delta, w, c.norm_eps, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(batch * seq),
-                                      c.n_embd, seq, 0, seq);
+    return kernels_.rowwise.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_,
+                                                    h_in, h_out, delta, w, c.norm_eps, act_.act8.ptr,
+                                                    act_.act8_scale.ptr, act8_rows(batch * seq), c.n_embd, seq, 0, seq);
 }
 
 /* act_.act8 = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
 dllm_status dllm__gpu_backend::quantize_rows_e4m3(const void *x, int M, int K) {
-    return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr,
-                                        act_.act8_scale.ptr, act8_rows(M), 0.0f);
+    return kernels_.rowwise.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M,
+                                                      act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M), 0.0f);
 }
 
 /* [EmbedCache] h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
 dllm_status dllm__gpu_backend::embed_gather(const int *ids, int n_rows, float *h) {
-    return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr,
-                                  m_.cfg.n_embd, h);
+    return kernels_.rowwise.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows,
+                                                weights_->embed.ptr, model_.cfg.n_embd, h);
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
 dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
     if (rows == seq) return embed_gather(ids, batch * seq, h);
     for (int b = 0; b < batch; b++)
-        DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
+        DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * model_.cfg.n_embd));
     return DLLM_OK;
 }
 
 /* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
 dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
     const void *positions = positions_on_ ? act_.positions.ptr : nullptr;
-    return K_.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows, seq_len, pos0,
-                              positions, c.n_head, c.n_head_kv, c.head_dim, bias, rope_cos_.ptr, rope_sin_.ptr);
+    return kernels_.rowwise.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows,
+                                            seq_len, pos0, positions, c.n_head, c.n_head_kv, c.head_dim, bias,
+                                            rope_cos_.ptr, rope_sin_.ptr);
 }
 
 /* Layer 0 up to its attention output (act_.att) with LaCache's [EmbedCache], [RoPECache] and [FACache] (lacache.md 1):
@@ -16317,11 +16371,11 @@ dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows,
  * The QKV GEMM is row-independent (no K/V cache here), so the rows REUSE computes alone carry the same bits as when the
  * plain path (self_attention) computes them among all rows. */
 dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, const int *ids) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const dllm__seq_rows &r = plan.rows();
     const int batch = plan.batch(), seq = r.seq, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, d = c.n_embd,
               M = batch * seq;
-    const dllm__gpu_layer &L = W_->layers[0];
+    const dllm__gpu_layer &L = weights_->layers[0];
     float *h = act_.h0.as<float>();
     if (plan.layer0 == DLLM__L0_FILL) {
         DLLM__TRY(embed_gather(ids, M, h));
@@ -16363,37 +16417,38 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
     mark("start");
     if (plan.layer0 == DLLM__L0_PLAIN) {
         DLLM__TRY(embed_gather_rows(ids_dev, batch, r.seq, r.q0, rows, h));
-        DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+        DLLM__TRY(
+            add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("L0 embed+norm");
     } else {
         DLLM__TRY(layer0_attention(plan, ids_dev));
     }
     const float *h_in = plan.layer0 == DLLM__L0_PLAIN ? h : act_.h0.as<float>();  // layer 0's residual input
-    const size_t n_layers = W_->layers.size();
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         // [truncation] Output truncation reaches into the last layer: after its attention only the output rows
         // [out0, out1) matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs
         // row-independent.
         const bool cut =
-            last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= act_.h_cut.bytes;
+            last_cut(l) && out_rows < rows && (size_t)batch * out_rows * model_.cfg.n_embd * 4 <= act_.h_cut.bytes;
         const int o0 = cut ? r.out0 - r.q0 : 0, orows = cut ? out_rows : rows;
         if (l > 0 || plan.layer0 == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, r, o0, orows));
         float *h_out = cut ? act_.h_cut.as<float>() : h;  // the cut rows' residual stream goes on in h_cut
         DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h, h_out));
         const bool last = l + 1 == n_layers;
-        if (last) last_layer_rows_ = orows;
+        if (last) debug_.last_layer_rows = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
         if (last)
-            DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows,
+            DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
         else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        W_->layers[l + 1].attn_norm.ptr, batch * rows));
+            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(
-                add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
+                                  0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -16406,7 +16461,7 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
  * FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
 dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res,
                                               float *h_out) {
-    const int d = m_.cfg.n_embd;
+    const int d = model_.cfg.n_embd;
     const bool whole = orows == rows;  // then one run over the batch's rows end to end
     const int segments = whole ? 1 : batch, seg_rows = whole ? batch * rows : orows;
     const int chunk = layer_rows(l) == DLLM__ROWS_INDEPENDENT ? dllm__gemm::pin_m : seg_rows;
@@ -16423,10 +16478,10 @@ dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int
 /* The attention output projection of layer l for rows [r0, r0 + M) of act_.att into those of act_.delta (under FP8 the
  * GEMM entry point quantises the attention output first). */
 dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const char *x = (const char *)act_.att.ptr + (size_t)r0 * c.n_head * c.head_dim * 2;
     char *y = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
-    return gemm(W_->layers[l].o.view(), x, y, M, layer_rows(l));
+    return gemm(weights_->layers[l].o.view(), x, y, M, layer_rows(l));
 }
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
@@ -16434,8 +16489,8 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
  * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
  * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
-    const dllm__config &c = m_.cfg;
-    const dllm__gpu_layer &L = W_->layers[l];
+    const dllm__config &c = model_.cfg;
+    const dllm__gpu_layer &L = weights_->layers[l];
     const int ff = c.n_ff;
     char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
     const dllm__rows rows = layer_rows(l);
@@ -16444,8 +16499,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         mark("add+norm");
         DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
         mark("gemm gate+up");
-        DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M,
-                                        act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M)));
+        DLLM__TRY(kernels_.rowwise.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr,
+                                                      ff, M, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M)));
         mark("swiglu");
         DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
         mark("gemm down");
@@ -16466,7 +16521,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     mark("add+norm");
     DLLM__TRY(gemm(L.gu.view(), act_.a.ptr, act_.gu.ptr, M, rows));
     mark("gemm gate+up");
-    DLLM__TRY(K_.swiglu.launch({dllm__rows_grid(M, ff / 8, 256), dim3(256)}, stream_, act_.gu.ptr, act_.f.ptr, M, ff));
+    DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(M, ff / 8, 256), dim3(256)}, stream_, act_.gu.ptr,
+                                             act_.f.ptr, M, ff));
     mark("swiglu");
     DLLM__TRY(gemm(L.down.view(), act_.f.ptr, delta, M, rows));
     mark("gemm down");
@@ -16475,11 +16531,11 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
 
 /* LM head for output rows [c0, c0 + rows) of the raw_rows of each batch entry into act_.logits [batch][rows][V]. */
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     for (int b = 0; b < batch; b++) {
         const char *y = (const char *)act_.y.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
         char *out = (char *)act_.logits.ptr + (size_t)b * rows * c.n_vocab * 4;
-        DLLM__TRY(gemm(W_->lm_head(c), y, out, rows, lacache_rows(), CUDA_R_32F));
+        DLLM__TRY(gemm(weights_->lm_head(c), y, out, rows, lacache_rows(), CUDA_R_32F));
     }
     return DLLM_OK;
 }
@@ -16495,7 +16551,7 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
 }
 
 dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (dllm__is_block_diffusion(c)) return bd_logits(ids, n, r0, r1, out);
     const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
@@ -16524,8 +16580,8 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
-    if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
+    if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
+    if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
 
@@ -16541,7 +16597,7 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
     if (const char *why = batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
     if (plan.empty()) return DLLM_OK;
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     dllm__varlen_layout v;
     DLLM__TRY(dllm__varlen_layout_of(c, plan, max_tokens_, v));
     return batch_logits_to_host(plan, v, out);
@@ -16551,7 +16607,7 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
  * after another (forward_batch's and forward_batch_kv's contract). */
 dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batch_seq> &plan,
                                                     const dllm__varlen_layout &v, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
         DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4,
@@ -16568,41 +16624,41 @@ dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batc
 
 /* flash_attn's varlen instantiation, compiled (or read from the JIT caches) once. */
 dllm_status dllm__gpu_backend::load_varlen() {
-    if (attn_varlen_.fn) return DLLM_OK;
-    const int hd = m_.cfg.head_dim;
-    DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), varlen_module_));
+    if (batch_.attn.fn) return DLLM_OK;
+    const int hd = model_.cfg.head_dim;
+    DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), batch_.varlen_module));
     auto bind = [&](const dllm__arch &tiles, dllm__kernel<void(attn_args)> &k) {
-        cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, tiles));
+        cudaKernel_t fn = batch_.varlen_module->kernels.at(dllm__attn_varlen_name(hd, tiles));
         DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)dllm__attn_smem(hd, tiles)));
         k.fn = fn, k.name = "flash_attn (varlen)";
         return DLLM_OK;
     };
-    DLLM__TRY(bind(dllm__attn_short_tiles(arch_), attn_varlen_short_));
-    return bind(arch_, attn_varlen_);  // last: its kernel says the module is bound
+    DLLM__TRY(bind(dllm__attn_short_tiles(arch_), batch_.attn_short));
+    return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
 /* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
  * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
     const bool short_runs =
-        dllm__attn_varlen_short(arch_, m_.cfg.head_dim, m_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
-    return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_,
-                                    short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim, m_.cfg.n_head,
-                                    batch, max_rows, a, stream_);
+        dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn,
+                                    short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
+                                    model_.cfg.n_head, batch, max_rows, a, stream_);
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
 dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__TRY(load_varlen());
     DLLM__TRY(fit_buffers(1, v.rows, std::max(1, std::min(v.out_rows, dllm__lm_chunk_rows))));
-    DLLM__TRY(varlen_offsets_.fit(v.offsets.size() * 4, "the batch's row offsets"));
+    DLLM__TRY(batch_.row_offsets.fit(v.offsets.size() * 4, "the batch's row offsets"));
     positions_on_ = true;  // rope_qkv reads act_.positions[row]
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, v.ids.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(
-        cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
+                               stream_));
     if (v.cached()) DLLM__TRY(upload_kv_layout(v));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
@@ -16612,25 +16668,25 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
  * forward's stages with batch 1 over all rows (output_and_ffn, the norms, [SoloQ]'s fused producers); attention varlen.
  * No [truncation]: the last layer computes every row, as it would for any other batch. */
 dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
-    const int T = v.rows, d = m_.cfg.n_embd;
+    const int T = v.rows, d = model_.cfg.n_embd;
     float *h = act_.h.as<float>();
     DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
-    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
-    const size_t n_layers = W_->layers.size();
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
         if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        W_->layers[l + 1].attn_norm.ptr, T));
+            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        weights_->layers[l + 1].attn_norm.ptr, T));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
-        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr,
+        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,
                               (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T, v.offsets[i] + v.raw0[i] - v.q0[i],
                               v.raw1[i] - v.raw0[i]));
     return DLLM_OK;
@@ -16642,9 +16698,9 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs || timer_)
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer)
         return forward_varlen(v);  // profiling (mark) times eager stages
-    return replay_graph(varlen_graphs_, varlen_graph_id(v), [&] { return forward_varlen(v); });
+    return replay_graph(graphs_.batched, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
@@ -16655,9 +16711,9 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
                            (int)!v.attn_masks.empty());
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, bkv_total_, varlen_offsets_.ptr,
-                                      varlen_attn_q_.ptr, varlen_attn_kv_.ptr, varlen_cache_rows_.ptr,
-                                      varlen_attn_masks_.ptr, bkv_.ptr);
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+                                      batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
+                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr);
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
                                           &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
         id.baked += dllm__format(" %zu:", a->size());
@@ -16670,9 +16726,9 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
  * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
 dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
     if (v.cached()) return self_attention_varlen_kv(layer, v);
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     attn_args a = {};
@@ -16684,7 +16740,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
-    a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
+    a.q_offsets = a.kv_offsets = batch_.row_offsets.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
 #line 121 "src/dllm_cuda.cu"
@@ -16704,7 +16760,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
 dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
-    bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
+    batch_.bd_slots.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
         bkv_release();
         return DLLM_OK;
@@ -16718,17 +16774,17 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, co
 }
 
 void dllm__gpu_backend::bkv_release() {
-    bkv_.release();
-    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    batch_.kv.release();
+    batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
  * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
  * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
-    DLLM__TRY(dllm__check_kept_slots(rows, keep, bkv_rows_));
-    if (rows == bkv_rows_ && bkv_.ptr) return load_kv_scatter();
-    const dllm__config &c = m_.cfg;
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
+    if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();
+    const dllm__config &c = model_.cfg;
     int64_t total = 0;
     for (int n : rows) total += n;
     if (total > INT32_MAX)
@@ -16745,20 +16801,21 @@ dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std
     for (size_t s = 0; s < keep.size(); s++)  // every layer's rows of the slot: one strided copy
         if (keep[s])
             DLLM__CUDA(cudaMemcpy2DAsync((char *)next.ptr + (size_t)base[s] * row_bytes, (size_t)total * row_bytes,
-                                         (const char *)bkv_.ptr + (size_t)bkv_base_[s] * row_bytes,
-                                         (size_t)bkv_total_ * row_bytes, (size_t)rows[s] * row_bytes, (size_t)c.n_layer,
-                                         cudaMemcpyDeviceToDevice, stream_));
+                                         (const char *)batch_.kv.ptr + (size_t)batch_.slot_base[s] * row_bytes,
+                                         (size_t)batch_.kv_rows * row_bytes, (size_t)rows[s] * row_bytes,
+                                         (size_t)c.n_layer, cudaMemcpyDeviceToDevice, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the copies read the previous slots, released next
-    bkv_ = std::move(next);
-    bkv_base_ = base, bkv_rows_ = rows, bkv_total_ = (int)total;
+    batch_.kv = std::move(next);
+    batch_.slot_base = base, batch_.slot_rows = rows, batch_.kv_rows = (int)total;
     return load_kv_scatter();
 }
 
 /* kv_scatter_rows's module, compiled (or read from the JIT caches) once. */
 dllm_status dllm__gpu_backend::load_kv_scatter() {
-    if (kv_scatter_.fn) return DLLM_OK;
-    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
-    kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
+    if (kernels_.kv_scatter.fn) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kernels_.kv_scatter_module));
+    kernels_.kv_scatter.fn = kernels_.kv_scatter_module->kernels.at("kv_scatter_rows"),
+    kernels_.kv_scatter.name = "kv_scatter_rows";
     return DLLM_OK;
 }
 
@@ -16767,7 +16824,7 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
     if (const char *why = batch_kv_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
     if (plan.empty()) return DLLM_OK;
-    if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    if (!batch_.kv.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
     dllm__varlen_layout v;
     DLLM__TRY(kv_layout(plan, v));
     return batch_logits_to_host(plan, v, out);
@@ -16775,18 +16832,18 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
 
 /* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
-    DLLM__TRY(varlen_attn_q_.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
-    DLLM__TRY(varlen_attn_kv_.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
-    DLLM__TRY(varlen_cache_rows_.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4,
+    DLLM__TRY(batch_.attn_q_offsets.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(batch_.attn_kv_offsets.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(batch_.cache_rows.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_q_offsets.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4,
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_kv_offsets.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4,
+    DLLM__CUDA(cudaMemcpyAsync(batch_.cache_rows.ptr, v.cache_rows.data(), v.cache_rows.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
     if (v.attn_masks.empty()) return DLLM_OK;
-    DLLM__TRY(varlen_attn_masks_.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4,
+    DLLM__TRY(batch_.attn_masks.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_masks.ptr, v.attn_masks.data(), v.attn_masks.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
@@ -16795,21 +16852,22 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
  * their K|V columns into their slot rows of this layer's cache (kv_scatter_rows), then the varlen attention with each
  * sequence's queries (the forwarded rows' Q columns) over its slot's n rows. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, width = 2 * c.n_head_kv * hd, T = v.rows;
-    const dllm__gpu_layer &L = W_->layers[layer];
-    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !bkv_.ptr)
+    const dllm__gpu_layer &L = weights_->layers[layer];
+    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !batch_.kv.ptr)
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T,
-                          v.cache_rows.size(), bkv_.ptr ? "reserved" : "not reserved");
+                          v.cache_rows.size(), batch_.kv.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
-    bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
-    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd,
-                                 (u64)stride, cache, (u64)width, varlen_cache_rows_.as<int>(), width, T));
+    bf16_t *cache = batch_.kv.as<bf16_t>() + layer * (size_t)batch_.kv_rows * width;
+    DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
+                                         act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
+                                         batch_.cache_rows.as<int>(), width, T));
     mark("kv cache");
     attn_args a = {};
     a.q = act_.qkv.as<bf16_t>();
@@ -16820,8 +16878,8 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
-    a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
-    a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
+    a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
+    a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
     mark("attention");
     return DLLM_OK;
@@ -16831,13 +16889,13 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
  * per run of consecutive positions (a block-diffusion sequence's rows are one run). Row-wise, so a row's bits never
  * depend on the others. Twin: dllm__cpu_llama4_scale. */
 dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, width = c.n_head * c.head_dim;
     for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
         for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_,
-                                           act_.qkv.as<bf16_t>() + (size_t)r0 * qkv, r1 - r0, qkv, width,
-                                           v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
+        DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_,
+                                                         act_.qkv.as<bf16_t>() + (size_t)r0 * qkv, r1 - r0, qkv, width,
+                                                         v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
     }
     return DLLM_OK;
 }
@@ -16847,7 +16905,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 
 // ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
-// (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
+// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n), then the
 // block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
 // batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
 // row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
@@ -16969,8 +17027,8 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
-    if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
+    if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
+    if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled())
         return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
@@ -16986,13 +17044,13 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
     const dllm_status s = bkv_alloc(rows, keep);
     if (s != DLLM_OK) {
-        if (bkv_rows_.empty()) bdb_slots_.clear();  // none kept: the previous slots are gone
+        if (batch_.slot_rows.empty()) batch_.bd_slots.clear();  // none kept: the previous slots are gone
         return s;
     }
     std::vector<dllm__bd_slot> slots(rows.size());
     for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
-        if (keep[s]) slots[s] = bdb_slots_[s];
-    bdb_slots_.swap(slots);
+        if (keep[s]) slots[s] = batch_.bd_slots[s];
+    batch_.bd_slots.swap(slots);
     return DLLM_OK;
 }
 
@@ -17003,12 +17061,12 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
     if (const char *why = bd_batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     if (seqs.empty()) return DLLM_OK;
-    if (bdb_slots_.empty())
+    if (batch_.bd_slots.empty())
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
     dllm__varlen_layout v;
-    DLLM__TRY(dllm__bd_batch_layout_of(seqs, bkv_base_, bkv_rows_, bdb_slots_, max_tokens_, v));
+    DLLM__TRY(dllm__bd_batch_layout_of(seqs, batch_.slot_base, batch_.slot_rows, batch_.bd_slots, max_tokens_, v));
     DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
-    for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, bdb_slots_[(size_t)q.slot]);
+    for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, batch_.bd_slots[(size_t)q.slot]);
     return DLLM_OK;
 }
 
@@ -17074,8 +17132,8 @@ dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
         st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
         return DLLM_OK;
     }
-    return K_.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr, st.block_begin,
-                                 st.block_end, st.steps_per_block, st.mask_id);
+    return kernels_.rowwise.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr,
+                                               st.block_begin, st.block_end, st.steps_per_block, st.mask_id);
 }
 
 /* The sampler's arguments that come from dllm__sampling (the rest say which logits rows it reads). With the filters off
@@ -17094,7 +17152,7 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
  * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
 sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0,
                                              int raw_rows) const {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     sampler_args a = {};
     a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
     a.vocab = c.n_vocab, a.slice = dllm__vocab_slice,
@@ -17106,7 +17164,7 @@ sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows
 }
 
 dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int off = s0 - st.cand_lo;
     sampler_args a = sampler_over(st.sampling, s1 - s0, s0, dllm__logit_row(c, s0) - dllm__logit_row(c, cp0),
                                   c.shift_logits && s0 == 0, raw_rows);
@@ -17121,11 +17179,12 @@ dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, do
                                               const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
     if (!state) state = act_.state.as<dllm_step_state>();  // [batch] batch_choose: each sequence's own
-    if (a.cutoff) DLLM__TRY(S_.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
-    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a, state,
-                                            act_.partials.ptr));
-    return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state, act_.partials.ptr,
-                                         x0, conf, deferred);
+    if (a.cutoff)
+        DLLM__TRY(kernels_.sampler.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
+    DLLM__TRY(kernels_.sampler.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a,
+                                                          state, act_.partials.ptr));
+    return kernels_.sampler.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state,
+                                                       act_.partials.ptr, x0, conf, deferred);
 }
 
 /* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
@@ -17133,7 +17192,7 @@ dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, do
  * any). The plain path computes every row, except under a K/V cache, whose forwards skip rows anyway: there every mode
  * truncates, so the LM head has the same rows in every mode and may take the GEMM tuned for them (lm_head). */
 dllm__forward_plan dllm__gpu_backend::plan_step(const dllm__decode &st) const {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     dllm__seq_rows r;
     r.seq = (int)st.canvas.size();
     dllm__step_rows(st, c.shift_logits, r.q0, r.q1);
@@ -17157,11 +17216,12 @@ dllm__forward_plan dllm__gpu_backend::plan_step(const dllm__decode &st) const {
  * block's first forward only the rows dllm__step_rows names. Everything it reads is on the device, so it can be
  * captured once and replayed. */
 dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
     if (batch == 2)
-        DLLM__TRY(K_.make_uncond.launch({dim3((unsigned)(n + 255) / 256), dim3(256)}, stream_, act_.canvas.ptr,
-                                        act_.is_prompt.ptr, n, st.mask_id, act_.canvas.as<int>() + n));
+        DLLM__TRY(kernels_.rowwise.make_uncond.launch({dim3((unsigned)(n + 255) / 256), dim3(256)}, stream_,
+                                                      act_.canvas.ptr, act_.is_prompt.ptr, n, st.mask_id,
+                                                      act_.canvas.as<int>() + n));
     const dllm__forward_plan plan = plan_step(st);
     const dllm__seq_rows &r = plan.rows();
     DLLM__TRY(forward(plan, act_.canvas.as<int>()));
@@ -17173,14 +17233,14 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         const int s0 = std::max(cp0, st.cand_lo);
         if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
         mark("sampler");
-        if (debug_rows_ && s0 < cp1)
+        if (debug_.rows && s0 < cp1)
             DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
     const int rule = st.unmask.origin ? 4 : (int)st.unmask.kind;  // select_commit's rule 4: ORIGIN
-    DLLM__TRY(S_.select_commit.launch({dim3(1), dim3(1024), (size_t)(n - st.cand_lo) * 5}, stream_, act_.canvas.ptr,
-                                      act_.state.ptr, st.cand_lo, st.cand_lo, act_.x0.ptr, act_.conf.ptr,
-                                      act_.deferred.ptr, st.mask_id, act_.committed.ptr, rule, st.unmask.threshold,
-                                      st.unmask.factor, st.unmask.eps));
+    DLLM__TRY(kernels_.sampler.select_commit.launch(
+        {dim3(1), dim3(1024), (size_t)(n - st.cand_lo) * 5}, stream_, act_.canvas.ptr, act_.state.ptr, st.cand_lo,
+        st.cand_lo, act_.x0.ptr, act_.conf.ptr, act_.deferred.ptr, st.mask_id, act_.committed.ptr, rule,
+        st.unmask.threshold, st.unmask.factor, st.unmask.eps));
     mark("select");
     return DLLM_OK;
 }
@@ -17211,17 +17271,17 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_upd
         return s;
     }
     if (e != cudaSuccess) return dllm__cuda_fail(e, "capturing the step graph");
-    if (graph_exec_ && may_update) {
+    if (graphs_.step_exec && may_update) {
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(graph_exec_, graph, &info) == cudaSuccess) {
+        if (cudaGraphExecUpdate(graphs_.step_exec, graph, &info) == cudaSuccess) {
             cudaGraphDestroy(graph);
             return DLLM_OK;
         }
         cudaGetLastError();  // refused (the captured kernels differ): instantiate instead
     }
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    graph_exec_ = nullptr;
-    e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    if (graphs_.step_exec) cudaGraphExecDestroy(graphs_.step_exec);
+    graphs_.step_exec = nullptr;
+    e = cudaGraphInstantiate(&graphs_.step_exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) return dllm__cuda_fail(e, "instantiating the step graph");
     return DLLM_OK;
@@ -17237,23 +17297,23 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     const std::string config = graph_key(st), shape = config + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
     const std::string key =
         shape + (st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE ? at_block : "");
-    if (dllm__env().no_graphs || fill || shape != warmed_key_) {
+    if (dllm__env().no_graphs || fill || shape != graphs_.warmed_key) {
         DLLM__TRY(run_step(st));
-        if (!fill) warmed_key_ = shape;
+        if (!fill) graphs_.warmed_key = shape;
     } else {
-        if (!graph_exec_ || key != graph_key_) {
-            DLLM__TRY(capture_step(st, config == graph_config_));
-            graph_key_ = key;
-            graph_config_ = config;
+        if (!graphs_.step_exec || key != graphs_.step_key) {
+            DLLM__TRY(capture_step(st, config == graphs_.step_config));
+            graphs_.step_key = key;
+            graphs_.step_config = config;
         }
-        DLLM__CUDA(cudaGraphLaunch(graph_exec_, stream_));
+        DLLM__CUDA(cudaGraphLaunch(graphs_.step_exec, stream_));
     }
     st.forwards += st.cfg_scale > 0 ? 2 : 1;
     committed.clear();
     const bool rule_needs_count = st.steps_per_block == 0;  // threshold/factor: the block loops until no mask is left
     if (!want_host && !rule_needs_count) return DLLM_OK;
     const int n = (int)st.canvas.size();
-    int *host = (int *)host_pinned_;
+    int *host = (int *)host_pinned_.ptr;
     if (want_host) {
         DLLM__CUDA(cudaMemcpyAsync(host, act_.canvas.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
         DLLM__CUDA(cudaMemcpyAsync(host + n, act_.committed.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
@@ -17293,18 +17353,19 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched %s %s",
                           kv ? "K/V-cache step" : "forward", why);
     if (plan.empty()) return DLLM_OK;
-    if (kv && !bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    if (kv && !batch_.kv.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
     dllm__varlen_layout v;
-    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(m_.cfg, plan, max_tokens_, v));
+    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(model_.cfg, plan, max_tokens_, v));
     return batch_choose(plan, v, logits, choices);
 }
 
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
+ * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
     const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
-    return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out,
-                          bch_deferred_.as<unsigned char>() + span.out, bch_state_.as<dllm_step_state>() + span.seq);
+    return launch_sampler(a, batch_.choice_x0.as<int>() + span.out, batch_.choice_conf.as<double>() + span.out,
+                          batch_.choice_deferred.as<unsigned char>() + span.out,
+                          batch_.choice_state.as<dllm_step_state>() + span.seq);
 }
 
 /* The sampler's first n choices (x0, conf, deferred as launch_sampler wrote them) to the host as dllm__choice, after
@@ -17333,15 +17394,15 @@ dllm_status dllm__gpu_backend::choose_in_chunks(
     const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
     const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
     const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw, dllm__choice *choices) {
-    const size_t V = (size_t)m_.cfg.n_vocab;
+    const size_t V = (size_t)model_.cfg.n_vocab;
     // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
     DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
     const size_t n = (size_t)std::max(1, n_chosen);
-    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
-    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
-    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
-    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
-    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state),
+    DLLM__TRY(batch_.choice_state.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
+    DLLM__TRY(batch_.choice_x0.fit(n * 4, "sampler output"));
+    DLLM__TRY(batch_.choice_conf.fit(n * 8, "sampler output"));
+    DLLM__TRY(batch_.choice_deferred.fit(n, "sampler output"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.choice_state.ptr, states.data(), states.size() * sizeof(dllm_step_state),
                                cudaMemcpyHostToDevice, stream_));
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
         for (const dllm__sampler_span &s : spans_of(c0, rows))
@@ -17355,14 +17416,15 @@ dllm_status dllm__gpu_backend::choose_in_chunks(
         }
         return DLLM_OK;
     }));
-    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
+    return choices_to_host(batch_.choice_x0, batch_.choice_conf, batch_.choice_deferred, n_chosen,
+                           choices);  // also waits for the logits above
 }
 
 /* The device's choice of a batched step (choose_in_chunks): the sequences with sampling parameters at their own step;
  * the others' (CFG's) logits to the host, unshifted into `logits` one sequence after another. */
 dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
                                             float *logits, dllm__choice *choices) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t V = (size_t)c.n_vocab;
     std::vector<int> choice0(plan.size(), -1),
         raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
@@ -17381,7 +17443,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows); }, raw.data(),
         choices));
-    bch_rows_ += n_chosen;
+    batch_.rows_chosen += n_chosen;
     for (size_t i = 0; i < plan.size(); i++) {
         if (choice0[i] >= 0) continue;
         dllm__unshift_rows(c, raw.data() + (size_t)raw0[i] * V, v.raw0[i], plan[i].r0, plan[i].r1, logits);
@@ -17398,21 +17460,22 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. Under
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n. Under
 // kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
 /* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
  * under kv_quant their codes (kvq_begin). */
 dllm_status dllm__gpu_backend::bd_begin(int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (!kvq_.enabled())
-        DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
-    DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+        DLLM__TRY(
+            committed_.kv.fit(weights_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    DLLM__TRY(committed_.partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
-    bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
-    bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
+    committed_.n = 0, committed_.capacity = rows, committed_.block_rows = 0;
+    facache_.n = -1, facache_.rows_seen = facache_.rows_reused = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
 
@@ -17424,7 +17487,7 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     DLLM__CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double sinks = kvq_.enabled() ? (double)kvq_.n_layer * kvq_.n_sink * 4 * kvq_.kvd : 0.0;
     const double room = (double)free_bytes + (double)bd_committed_bytes() - sinks;
-    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(m_.cfg, kvq_.mode, group));
+    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(model_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }
 #line 126 "src/dllm_cuda.cu"
@@ -17568,39 +17631,42 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (c.head_dim > 256)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d",
                           c.head_dim);
-    if (!KQ_.module) {
-        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), KQ_.module));
-        KQ_.commit_keys.fn = KQ_.module->kernels.at("kvq_commit_keys"), KQ_.commit_keys.name = "kvq_commit_keys";
-        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"),
-        KQ_.commit_values.name = "kvq_commit_values";
-        KQ_.attention.fn = KQ_.module->kernels.at("kvq_attention"), KQ_.attention.name = "kvq_attention";
+    if (!kv_codes_.kernels.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
+        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
+        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
+        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
+        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
+        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
+        kv_codes_.kernels.attention.name = "kvq_attention";
     }
-    if (kvq_.soloq() && kvq_rot_.empty()) {
-        kvq_rot_.resize(kvq_.rot.size());
-        for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
+    if (kvq_.soloq() && kv_codes_.rotations.empty()) {
+        kv_codes_.rotations.resize(kvq_.rot.size());
+        for (size_t l = 0; l < kvq_.rot.size(); l++)
+            DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kv_codes_.rotations[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0, kvq_sink_rows_ = std::min(kvq_.n_sink, rows);
+    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
-    DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
-    DLLM__TRY(
-        kvq_sinks_.fit((size_t)kvq_.n_layer * kvq_sink_rows_ * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
-    if (kvq_keep_rows_) kvq_kept_.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
-    DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
-    DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
-    kvq_tc_on_ = false;
+    DLLM__TRY(kv_codes_.k_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.v_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.sinks.fit((size_t)kvq_.n_layer * kv_codes_.sink_rows * 4 * kvq_.kvd,
+                                  "the K/V cache's full-precision sinks"));
+    if (kv_codes_.keep_rows) kv_codes_.kept.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
+    DLLM__CUDA(cudaMemsetAsync(kv_codes_.k_codes.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(kv_codes_.v_codes.ptr, 0, codes, stream_));
+    kv_codes_.flash_on = false;
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
 
 /* kvq_tc: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
  * dim it does not take keeps kvq_attention (a warning says why). */
 dllm_status dllm__gpu_backend::kvq_tc_begin() {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     int smem_optin = 0;
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     dllm__kvq_tc_plan probe;
@@ -17608,10 +17674,11 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
         dllm__log(DLLM_LOG_INFO, "%s", dllm_last_error());  // kvq_attention runs: correct, slower
         return DLLM_OK;
     }
-    if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
-    DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
-                               "the split states of the tensor-core KV-quant attention (kvq_tc)"));
-    kvq_tc_on_ = true;
+    if (!kv_codes_.flash.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, kv_codes_.flash));
+    DLLM__TRY(
+        kv_codes_.flash_partial.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
+                                    "the split states of the tensor-core KV-quant attention (kvq_tc)"));
+    kv_codes_.flash_on = true;
     return DLLM_OK;
 }
 
@@ -17619,16 +17686,17 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
-    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
-                 side = layer * bd_cap_ * kvq_.n_kv;
-    a.sinks = (const bf16_t *)kvq_sinks_.ptr + layer * kvq_sink_rows_ * row_elems;
-    a.fresh = (const bf16_t *)kvq_fresh_.ptr;
-    a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
-    a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
-    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
-    a.v_scale = kvq_.soloq() ? (float *)kvq_v_side_.ptr + side : nullptr;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * committed_.capacity * kvq_.row_bytes(),
+                 side = layer * committed_.capacity * kvq_.n_kv;
+    a.sinks = (const bf16_t *)kv_codes_.sinks.ptr + layer * kv_codes_.sink_rows * row_elems;
+    a.fresh = (const bf16_t *)kv_codes_.fresh.ptr;
+    a.k_codes = (unsigned char *)kv_codes_.k_codes.ptr + codes,
+    a.v_codes = (unsigned char *)kv_codes_.v_codes.ptr + codes;
+    a.k_pairs = kvq_.group ? (unsigned short *)kv_codes_.k_pairs.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kv_codes_.v_side.ptr + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)kv_codes_.v_side.ptr + side : nullptr;
     if (kvq_.soloq()) {
-        const dllm__rotation_dev &r = kvq_rot_[layer];
+        const dllm__rotation_dev &r = kv_codes_.rotations[layer];
         a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
         a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
     }
@@ -17637,23 +17705,23 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kvq_fresh_, committed: quantised (twin: dllm__kvq_commit's
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised (twin: dllm__kvq_commit's
  * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
     const size_t row_bytes = (size_t)4 * kvq_.kvd;
-    const int sink_end = std::min(row0 + T, kvq_sink_rows_);
+    const int sink_end = std::min(row0 + T, kv_codes_.sink_rows);
     if (row0 < sink_end)
         DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (kvq_keep_rows_) DLLM__TRY(kvq_keep(layer, row0, T));
+    if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(
-            KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
+        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+            {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
 
@@ -17661,21 +17729,23 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
  * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
  * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     kvq_args a = kvq_layer_args(layer);
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0,
+    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
-    if (!kvq_tc_on_) return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    if (!kv_codes_.flash_on)
+        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
         chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
         dllm__kvq_tc_plan p;
-        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink,
-                                        n_sms_, KQT_.smem_optin, p));
-        DLLM__TRY(dllm__kvq_tc_launch(KQT_, chunk, p, kvq_partial_.as<float>(), kvq_partial_.bytes, stream_));
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, committed_.n,
+                                        kvq_.n_sink, n_sms_, kv_codes_.flash.smem_optin, p));
+        DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, chunk, p, kv_codes_.flash_partial.as<float>(),
+                                      kv_codes_.flash_partial.bytes, stream_));
     }
     return DLLM_OK;
 }
@@ -17689,20 +17759,20 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (call.T <= 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
         return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows asks for output rows [%d, %d)",
                           call.T, call.r0, call.r1);
-    if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_block_rows_)
+    if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > committed_.block_rows)
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset,
-                          bd_block_rows_);
-    const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T;
-    if (bd_n_ + scratch > bd_cap_)
+                          committed_.block_rows);
+    const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : call.T;
+    if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
             "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
-            call.T, bd_n_, bd_cap_);
-    if (bd_n_ + call.offset + call.T > max_tokens_)
+            call.T, committed_.n, committed_.capacity);
+    if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
-                          bd_n_ + call.offset + call.T, max_tokens_);
+                          committed_.n + call.offset + call.T, max_tokens_);
     return DLLM_OK;
 }
 
@@ -17711,7 +17781,7 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
     const bool one_chunk = call.r1 - call.r0 <= dllm__lm_chunk_rows;
     DLLM__TRY(bd_run(call, nullptr, one_chunk));
     if (!one_chunk) return bd_head(call, logits);
-    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * m_.cfg.n_vocab * 4,
+    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * model_.cfg.n_vocab * 4,
                                cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
@@ -17722,19 +17792,20 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
  * device chooses), the ids copied to the device, FACache's row list. */
 dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_rows) {
     DLLM__TRY(bd_check(call));
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) {  // 9c's rule: whole key groups, the same all generation long
         const int group = call.kv_group ? call.kv_group : c.bd_size;
         if (!kvq_.group) {
             kvq_.group = group;
-            DLLM__TRY(kvq_k_pairs_.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
+            DLLM__TRY(
+                kv_codes_.k_pairs.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
         }
-        if (group != kvq_.group || group <= 0 || bd_n_ % group || T % group)
+        if (group != kvq_.group || group <= 0 || committed_.n % group || T % group)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
                 "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)",
-                bd_n_, bd_n_ + T, group, kvq_.group);
+                committed_.n, committed_.n + T, group, kvq_.group);
     }
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
@@ -17742,12 +17813,12 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
-        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * row_bytes, "the block cache"));
-        bd_block_rows_ = T;
+        DLLM__TRY(committed_.block_cache.fit(weights_->layers.size() * (size_t)T * row_bytes, "the block cache"));
+        committed_.block_rows = T;
     }
     if (kvq_.enabled())  // [KV quant] the rows the forward attends to past the committed ones, one layer's at a time
-        DLLM__TRY(kvq_fresh_.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : T) * row_bytes,
-                                 "the forwarded K/V rows beside the quantised cache"));
+        DLLM__TRY(kv_codes_.fresh.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : T) * row_bytes,
+                                      "the forwarded K/V rows beside the quantised cache"));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
     if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
     return DLLM_OK;
@@ -17759,18 +17830,18 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     float *h = act_.h.as<float>();
     mark("start");
     DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
-    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     mark("L0 embed+norm");
-    const size_t n_layers = W_->layers.size();
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         DLLM__TRY(bd_attention(l, call));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -17795,30 +17866,31 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
-        head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
+        head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs && dllm__env().bd_graphs;
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else
         DLLM__TRY(bd_body(call, pick, head));
-    if (!graph) bd_graphs_.counts[DLLM__GRAPH_EAGER]++;
-    if (call.kind == DLLM__BD_COMMIT) bd_n_ += call.T;
+    if (!graph) graphs_.block_diffusion.counts[DLLM__GRAPH_EAGER]++;
+    if (call.kind == DLLM__BD_COMMIT) committed_.n += call.T;
     return DLLM_OK;
 }
 
 /* The buffers and sizes a captured forward points into, beside what the call names (dllm__bd_graph_keys). */
 dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const {
-    const dllm__config &c = m_.cfg;
-    const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
+    const dllm__config &c = model_.cfg;
+    const int n_keys = committed_.n + (call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
     const std::string buffers =
-        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group,
-                     bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
-                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr, kvq_sinks_.ptr, kvq_fresh_.ptr);
-    return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, committed_.capacity, kvq_.group,
+                     committed_.kv.ptr, committed_.block_cache.ptr, committed_.partial.ptr, facache_.state.ptr,
+                     facache_.rows.ptr, kv_codes_.k_codes.ptr, kv_codes_.v_codes.ptr, kv_codes_.k_pairs.ptr,
+                     kv_codes_.v_side.ptr, kv_codes_.sinks.ptr, kv_codes_.fresh.ptr);
+    return dllm__bd_graph_keys(call, pick, committed_.n, committed_.block_rows, splits, buffers);
 }
 
 dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick) {
-    return replay_graph(bd_graphs_, bd_graph_id(call, pick), [&] { return bd_body(call, pick, true); });
+    return replay_graph(graphs_.block_diffusion, bd_graph_id(call, pick), [&] { return bd_body(call, pick, true); });
 }
 
 /* [bd graphs] [batch graphs] One forward through its slot of `graphs` (dllm__graph_next): run eagerly, replayed, or
@@ -17893,46 +17965,47 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions bd_n_ + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
  * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd,
-              pos0 = bd_n_ + call.offset;
+              pos0 = committed_.n + call.offset;
     const size_t row_bytes = (size_t)kvd * 4;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     const bool split = bdfa_on(layer);  // [FACache]: a row's Q must not depend on the forward's row count
     DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T,
                    split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)}, stream_,
-                                           act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
-                                           c.llama4_orig_max));
+        DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)},
+                                                         stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,
+                                                         c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kvq_fresh_ only while nothing is committed; kvq_attention reads the codes
-        cache = after = (char *)kvq_fresh_.ptr;
+    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+        cache = after = (char *)kv_codes_.fresh.ptr;
     else
-        cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, after = cache + (size_t)bd_n_ * row_bytes;
+        cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
+        after = cache + (size_t)committed_.n * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
-        return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
-                                  (u64)(2 * kvd), nullptr, 2 * kvd, T);
+        return kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
+                                          (u64)(2 * kvd), nullptr, 2 * kvd, T);
     };
-    int n_keys = bd_n_ + T;
+    int n_keys = committed_.n + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
-        char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;
+        char *block = (char *)committed_.block_cache.ptr + layer * (size_t)committed_.block_rows * row_bytes;
         DLLM__TRY(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
-        DLLM__CUDA(
-            cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-        n_keys = bd_n_ + bd_block_rows_;
+        DLLM__CUDA(cudaMemcpyAsync(after, block, (size_t)committed_.block_rows * row_bytes, cudaMemcpyDeviceToDevice,
+                                   stream_));
+        n_keys = committed_.n + committed_.block_rows;
     } else {
         DLLM__TRY(put_fresh(after));
         if (call.kind == DLLM__BD_BLOCK_FULL)
-            DLLM__TRY(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
+            DLLM__TRY(put_fresh((char *)committed_.block_cache.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
     attn_args a = {};
@@ -17945,23 +18018,23 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * c.n_head * hd;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
-    a.partial = bd_partial_.as<float>();
+    a.partial = committed_.partial.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
-    else if (kvq_.enabled() && bd_n_ > 0)
+    else if (kvq_.enabled() && committed_.n > 0)
         DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
     else
-        DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
-    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, committed_.n, T));
     return DLLM_OK;
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
  * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
-    return !bdfa_off_ && layer == 0 && bd_n_ > 0 && !kvq_.enabled() && m_.cfg.head_dim <= 256;
+    return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
 
 /* [FACache] The host's part of layer 0's split attention, run before the forward's launches (bd_prepare) so that a
@@ -17969,31 +18042,33 @@ bool dllm__gpu_backend::bdfa_on(size_t layer) const {
  * rows whose committed state is computed (those whose token changed since the last commit; every row without
  * call.lacache), copied to the device after its length. The decision stays on the host; a graph reads its outcome. */
 dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
-    if (!FA_.module) {
-        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), FA_.module));
-        FA_.committed.fn = FA_.module->kernels.at("bdfa_committed"), FA_.committed.name = "bdfa_committed";
-        FA_.merge.fn = FA_.module->kernels.at("bdfa_merge"), FA_.merge.name = "bdfa_merge";
+    if (!facache_.kernels.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
+        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
+        facache_.kernels.committed.name = "bdfa_committed";
+        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
+        facache_.kernels.merge.name = "bdfa_merge";
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
-    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes)
-        bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
-    DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
-    DLLM__TRY(bdfa_rows_.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
-    bdfa_n_ = bd_n_;
-    if ((int)bdfa_token_.size() < offsets) bdfa_token_.resize((size_t)offsets, -1);
-    bdfa_list_.assign(1, 0);  // [0]: how many rows follow
+    if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
+        facache_.tokens.assign(facache_.tokens.size(), -1);  // other keys, or states lost
+    DLLM__TRY(facache_.state.fit(state_bytes, "layer 0's attention states (FACache)"));
+    DLLM__TRY(facache_.rows.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
+    facache_.n = committed_.n;
+    if ((int)facache_.tokens.size() < offsets) facache_.tokens.resize((size_t)offsets, -1);
+    facache_.list.assign(1, 0);  // [0]: how many rows follow
     for (int t = 0; t < T; t++) {
-        int32_t &held = bdfa_token_[(size_t)(call.offset + t)];
+        int32_t &held = facache_.tokens[(size_t)(call.offset + t)];
         if (call.lacache && held == call.ids[t]) continue;
-        bdfa_list_.push_back(t);
+        facache_.list.push_back(t);
         held = call.lacache ? call.ids[t] : -1;
     }
-    bdfa_list_[0] = (int)bdfa_list_.size() - 1;
-    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_[0];
-    DLLM__CUDA(
-        cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+    facache_.list[0] = (int)facache_.list.size() - 1;
+    if (call.lacache) facache_.rows_seen += T, facache_.rows_reused += T - (int64_t)facache_.list[0];
+    DLLM__CUDA(cudaMemcpyAsync(facache_.rows.ptr, facache_.list.data(), facache_.list.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
 
@@ -18002,29 +18077,29 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
  * with its own keys' state (dllm__src_bdfa). Eagerly a CTA per listed row; captured, a CTA per row, those past the
  * list's length (on the device, read at each replay) returning at once. */
 dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DLLM__CUDA(cudaStreamIsCapturing(stream_, &capturing));
     const bool graph = capturing != cudaStreamCaptureStatusNone;
     bdfa_args a = {};
-    a.cache = (const bf16_t *)bd_cache_.ptr;  // layer 0's rows come first
+    a.cache = (const bf16_t *)committed_.kv.ptr;  // layer 0's rows come first
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * hd, a.o_stride = c.n_head * hd;
     a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.hd = hd, a.scale = 1.0f / sqrtf((float)hd);
-    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0;
-    a.rows = bdfa_rows_.as<int>() + 1, a.n_rows = graph ? bdfa_rows_.as<int>() : nullptr;
-    a.offset = call.offset, a.state = bdfa_state_.as<float>();
-    const int ctas = graph ? T : bdfa_list_[0];
+    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0;
+    a.rows = facache_.rows.as<int>() + 1, a.n_rows = graph ? facache_.rows.as<int>() : nullptr;
+    a.offset = call.offset, a.state = facache_.state.as<float>();
+    const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(
-            FA_.committed.launch({dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        DLLM__TRY(facache_.kernels.committed.launch(
+            {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
+    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
 dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits) {
-    const int V = m_.cfg.n_vocab, out_rows = call.r1 - call.r0;
+    const int V = model_.cfg.n_vocab, out_rows = call.r1 - call.r0;
     for (int c0 = 0; c0 < out_rows; c0 += dllm__lm_chunk_rows) {
         const int rows = std::min(dllm__lm_chunk_rows, out_rows - c0);
         DLLM__TRY(lm_head(1, out_rows, c0, rows));
@@ -18066,7 +18141,7 @@ sampler_args dllm__gpu_backend::bd_sampler_args(const dllm__bd_call &call, const
 /* dllm_logits on a block-diffusion model (twin: dllm__cpu_backend::bd_logits): one forward without a committed cache,
  * block-causal at the granularity the model's forward uses when none is named, positions from 0, shift applied. */
 dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int r1, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     DLLM__TRY(bd_begin(n));
     dllm__bd_call call;
     call.ids = ids, call.T = n, call.mask_block = c.bd_mask_block;
@@ -18088,41 +18163,41 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for bd_cap_ rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
+ * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
  * under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
-    q.reset(bd_cap_);
+    q.reset(committed_.capacity);
     q.group = kvq_.group;
     q.k_pairs.assign((size_t)q.n_layer * q.groups() * q.kvd * 2, 0);
     DLLM__CUDA(cudaStreamSynchronize(stream_));
-    DLLM__CUDA(cudaMemcpy(q.k_codes.data(), kvq_k_codes_.ptr, q.k_codes.size(), cudaMemcpyDeviceToHost));
-    DLLM__CUDA(cudaMemcpy(q.v_codes.data(), kvq_v_codes_.ptr, q.v_codes.size(), cudaMemcpyDeviceToHost));
+    DLLM__CUDA(cudaMemcpy(q.k_codes.data(), kv_codes_.k_codes.ptr, q.k_codes.size(), cudaMemcpyDeviceToHost));
+    DLLM__CUDA(cudaMemcpy(q.v_codes.data(), kv_codes_.v_codes.ptr, q.v_codes.size(), cudaMemcpyDeviceToHost));
     if (!q.k_pairs.empty())
-        DLLM__CUDA(cudaMemcpy(q.k_pairs.data(), kvq_k_pairs_.ptr, q.k_pairs.size() * 2, cudaMemcpyDeviceToHost));
+        DLLM__CUDA(cudaMemcpy(q.k_pairs.data(), kv_codes_.k_pairs.ptr, q.k_pairs.size() * 2, cudaMemcpyDeviceToHost));
     if (q.soloq())
-        DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kvq_v_side_.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
+        DLLM__CUDA(cudaMemcpy(q.v_scale.data(), kv_codes_.v_side.ptr, q.v_scale.size() * 4, cudaMemcpyDeviceToHost));
     else
-        DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kvq_v_side_.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
-    const size_t rows = (size_t)q.n_layer * bd_cap_;
+        DLLM__CUDA(cudaMemcpy(q.v_pairs.data(), kv_codes_.v_side.ptr, q.v_pairs.size() * 2, cudaMemcpyDeviceToHost));
+    const size_t rows = (size_t)q.n_layer * committed_.capacity;
     k.assign(rows * q.kvd, 0.0f), v.assign(rows * q.kvd, 0.0f);
-    for (size_t r = 0; r < rows && kvq_kept_.size() == rows * 2 * q.kvd; r++)
+    for (size_t r = 0; r < rows && kv_codes_.kept.size() == rows * 2 * q.kvd; r++)
         for (int e = 0; e < q.kvd; e++) {
-            k[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + e]);
-            v[r * q.kvd + e] = dllm__bf16_to_f32(kvq_kept_[r * 2 * q.kvd + q.kvd + e]);
+            k[r * q.kvd + e] = dllm__bf16_to_f32(kv_codes_.kept[r * 2 * q.kvd + e]);
+            v[r * q.kvd + e] = dllm__bf16_to_f32(kv_codes_.kept[r * 2 * q.kvd + q.kvd + e]);
         }
     return DLLM_OK;
 }
 
-/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kvq_fresh_ into kvq_kept_ (the next
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept (the next
  * layer overwrites them; commits are never captured, so this copy may wait). */
 dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
     const size_t row_elems = (size_t)2 * kvq_.kvd;
-    if (kvq_kept_.size() != (size_t)kvq_.n_layer * bd_cap_ * row_elems)
+    if (kv_codes_.kept.size() != (size_t)kvq_.n_layer * committed_.capacity * row_elems)
         return dllm__fail(DLLM_ERR_INTERNAL, "kvq_keep_rows was set after bd_begin: no rows kept for this generation");
     DLLM__CUDA(cudaStreamSynchronize(stream_));
-    DLLM__CUDA(cudaMemcpy(&kvq_kept_[(layer * bd_cap_ + (size_t)row0) * row_elems], kvq_fresh_.ptr,
-                          (size_t)T * row_elems * 2, cudaMemcpyDeviceToHost));
+    DLLM__CUDA(cudaMemcpy(&kv_codes_.kept[(layer * committed_.capacity + (size_t)row0) * row_elems],
+                          kv_codes_.fresh.ptr, (size_t)T * row_elems * 2, cudaMemcpyDeviceToHost));
     return DLLM_OK;
 }
 
@@ -18156,24 +18231,24 @@ struct dllm__stage_timer {
 };
 
 void dllm__gpu_backend::mark(const char *stage) {
-    if (timer_) timer_->mark(stage, stream_);
+    if (debug_.timer) debug_.timer->mark(stage, stream_);
 }
 
 /* Benchmarks: one eager step with every stage timed. */
 dllm_status dllm__gpu_backend::profile_step(const dllm__decode &st, dllm__stage_timer &t) {
-    timer_ = &t;
+    debug_.timer = &t;
     dllm_status s = run_step(st);
-    timer_ = nullptr;
+    debug_.timer = nullptr;
     return s;
 }
 
 /* Tests (set_debug_rows): the logits the sampler sees at each (global step, block position), cond then uncond rows
  * (eager steps only: set no_graphs). */
 dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     for (int p = s0; p < s1; p++) {
-        std::vector<float> &row = (*debug_rows_)[{st.global_step, p}];
+        std::vector<float> &row = (*debug_.rows)[{st.global_step, p}];
         row.resize((size_t)batch * c.n_vocab);
         for (int b = 0; b < batch; b++) {
             size_t lr = (size_t)b * raw_rows + (size_t)(dllm__logit_row(c, p) - dllm__logit_row(c, cp0));

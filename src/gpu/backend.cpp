@@ -63,7 +63,120 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
+ * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+struct dllm__gpu_batch {
+    std::shared_ptr<dllm__module>
+        varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
+    dllm__kernel<void(attn_args)> attn, attn_short;  // the table's tiles; dllm__attn_short_tiles
+    dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
+    // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
+    // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
+    dllm__dbuf kv, attn_q_offsets, attn_kv_offsets, cache_rows;
+    std::vector<int> slot_base, slot_rows;
+    int kv_rows = 0;
+    // [block diffusion] bd_forward_batch: its slots' states (kv's slots) and the layout's per-sequence masks
+    std::vector<dllm__bd_slot> bd_slots;
+    dllm__dbuf attn_masks;
+    // batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
+    dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
+    int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
+};
+
+/* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
+ * fresh K/V or the block cache), bf16 K|V rows [layer][capacity][2 n_kv head_dim] (not under kv_quant); the block cache
+ * likewise [layer][block_rows][...]. */
+struct dllm__gpu_committed {
+    dllm__dbuf kv, block_cache, partial;
+    int n = 0, capacity = 0, block_rows = 0;
+};
+
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
+ * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
+ * commit quantises its layer's rows before the next layer's are written). */
+struct dllm__gpu_kv_codes {
+    dllm__kvq_kernels kernels;
+    std::vector<dllm__rotation_dev> rotations;
+    dllm__dbuf k_codes, v_codes, k_pairs, v_side;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
+    dllm__dbuf sinks, fresh;
+    int sink_rows = 0;           // min(n_sink, the committed capacity)
+    bool keep_rows = false;      // tests: kept holds each commit's bf16 rows
+    std::vector<uint16_t> kept;  // [layer][capacity][2 kvd]
+    dllm__kvq_tc_kernels flash;  // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
+    dllm__dbuf flash_partial;    // its split states (dllm__kvq_tc_partial_bound)
+    bool flash_on = false;       // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+};
+
 struct dllm__stage_timer;
+
+/* The kernels of the modules every context loads (row-wise, sampler, attention) and the K/V scatter of the batched and
+ * block-diffusion caches. */
+struct dllm__gpu_kernels {
+    std::shared_ptr<dllm__module> rowwise_module, sampler_module, attn_module, kv_scatter_module;
+    dllm__rowwise_kernels rowwise;
+    dllm__sampler_kernels sampler;
+    dllm__attn_kernels attention;
+    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter;
+};
+
+/* The GEMMs: cuBLASLt with dllm's Hopper GEMM as a candidate (dense), that GEMM's narrower tiles for the batched
+ * forwards, and the FP8 path in effect. */
+struct dllm__gpu_gemms {
+    dllm__gemm dense;
+    dllm__gemm_wg wg;                     // dllm's Hopper GEMM, a candidate of dense
+    dllm__gemm_wg wg_n128;                // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_wg wg_n64;                 // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__fp8_gemm fp8 = DLLM__FP8_NONE;  // in effect
+    dllm__fp8_mma fp8_mma;                // loaded when fp8 is DLLM__FP8_MMA
+};
+
+/* Pinned host memory (cudaFreeHost by its owner). */
+struct dllm__pinned {
+    void *ptr = nullptr;
+    size_t bytes = 0;
+};
+
+/* [debug hooks] What tests and benchmarks set: the stage timer, the host's token choice, FACache off, the rows to copy
+ * out, the last layer's rows. */
+struct dllm__gpu_debug {
+    dllm__stage_timer *timer = nullptr;
+    bool host_choice = false, facache_off = false;
+    std::map<std::pair<int, int>, std::vector<float>> *rows = nullptr;
+    int last_layer_rows = 0;
+};
+
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
+ * for few rows, q4wg and the INT8 path. */
+struct dllm__gpu_lowbit {
+    dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
+    std::shared_ptr<dllm__module> module;  // loaded when options.enabled
+    dllm__soloq_kernels kernels;
+    dllm__q4_gemm_kernels q4_gemm;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
+    std::unique_ptr<dllm__q4wg_kernels> q4wg;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
+    bool int8_path = true;                     // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
+    int act_forms = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
+    long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
+};
+
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+struct dllm__gpu_graphs {
+    cudaGraphExec_t step_exec = nullptr;
+    std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
+    dllm__graph_set block_diffusion{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
+    dllm__graph_set batched{"a batched forward"};                       // [batch graphs] slots by varlen_graph_id
+};
+
+/* [FACache] on block diffusion: layer 0's committed states per block offset on the device, the tokens they were
+ * computed for on the host (-1: none), valid while the committed length is n (a commit or bd_begin drops them); rows
+ * seen and reused under call.lacache since bd_begin (dllm_gen_stats). */
+struct dllm__gpu_bdfa {
+    dllm__bdfa_kernels kernels;
+    dllm__dbuf state, rows;
+    std::vector<int32_t> tokens;
+    std::vector<int> list;
+    int n = -1;
+    int64_t rows_seen = 0, rows_reused = 0;
+};
 
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
@@ -72,19 +185,20 @@ class dllm__gpu_backend : public dllm__backend_impl {
         std::unique_ptr<dllm__gpu_backend> g(new dllm__gpu_backend(m, max_tokens));
         g->precision_ = p.precision;
         DLLM__TRY(dllm__soloq_options_for(p.precision, p.quantize_lm_head, p.soloq_rotation, p.soloq_bias_correction,
-                                          g->soloq_));
-        g->soloq_ = dllm__soloq_effective_options(m, g->soloq_);  // a quantised checkpoint's stored options
+                                          g->lowbit_.options));
+        g->lowbit_.options =
+            dllm__soloq_effective_options(m, g->lowbit_.options);  // a quantised checkpoint's stored options
         g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
         DLLM__TRY(g->init(p.device));
         out = std::move(g);
         return DLLM_OK;
     }
     ~dllm__gpu_backend() override {
-        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-        graphs_drop(bd_graphs_);
-        graphs_drop(varlen_graphs_);
+        if (graphs_.step_exec) cudaGraphExecDestroy(graphs_.step_exec);
+        graphs_drop(graphs_.block_diffusion);
+        graphs_drop(graphs_.batched);
         if (stream_) cudaStreamDestroy(stream_);
-        if (host_pinned_) cudaFreeHost(host_pinned_);
+        if (host_pinned_.ptr) cudaFreeHost(host_pinned_.ptr);
     }
 
     dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override;
@@ -96,10 +210,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_begin(int rows) override;
     dllm_status bd_rows_that_fit(int group, int64_t &rows) const override;
     dllm_status bd_forward(const dllm__bd_call &call, float *logits) override;
-    bool bd_chooses() const override { return !bd_host_choice_; }
+    bool bd_chooses() const override { return !debug_.host_choice; }
     dllm_status bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick, dllm__choice *out) override;
     void bd_facache_rows(int64_t &rows, int64_t &reused) const override {
-        rows = bdfa_rows_seen_, reused = bdfa_rows_reused_;
+        rows = facache_.rows_seen, reused = facache_.rows_reused;
     }
     // [batch] decoding (dllm_generate_batch): every canvas's rows in one forward
     dllm__batch_caps batch_caps() const override;
@@ -118,7 +232,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override;
     /* The layout of a plan over the reserved slots (dllm__kv_layout_of), for batch_logits. */
     dllm_status kv_layout(const std::vector<dllm__batch_seq> &plan, dllm__varlen_layout &v) const {
-        return dllm__kv_layout_of(m_.cfg, plan, bkv_base_, bkv_rows_, max_tokens_, v);
+        return dllm__kv_layout_of(model_.cfg, plan, batch_.slot_base, batch_.slot_rows, max_tokens_, v);
     }
     /* The batched forward of a layout (dllm__varlen_layout_of) with the LM head over its gathered logit rows in chunks;
      * on_chunk(c0, rows) runs (on the host, stream-ordered) after each chunk's logits are in the logits buffer. Each
@@ -127,10 +241,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__TRY(prepare_batch(v));
         batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
         dllm_status s = forward_varlen_replayed(v);
-        const dllm__config &c = m_.cfg;
+        const dllm__config &c = model_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
             const int rows = std::min(dllm__lm_chunk_rows, v.out_rows - c0);
-            s = gemm(W_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows,
+            s = gemm(weights_->lm_head(c), (const char *)act_.y.ptr + (size_t)c0 * c.n_embd * 2, act_.logits.ptr, rows,
                      DLLM__ROWS_BATCH, CUDA_R_32F);
             if (s == DLLM_OK) s = on_chunk(c0, rows);
         }
@@ -157,24 +271,25 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__arch &arch() const { return arch_; }
     DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
     /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
-    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return bch_rows_; }
+    DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return batch_.rows_chosen; }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
-    DLLM__TEST_HOOK bool fp8_ffn_active() const { return W_->fp8_ffn; }
-    DLLM__TEST_HOOK bool fp8_attn_active() const { return W_->fp8_attn; }
+    DLLM__TEST_HOOK bool fp8_ffn_active() const { return weights_->fp8_ffn; }
+    DLLM__TEST_HOOK bool fp8_attn_active() const { return weights_->fp8_attn; }
     /* The GEMM those run on (DLLM__FP8_NONE when neither is active). */
-    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return fp8_gemm_; }
+    DLLM__TEST_HOOK dllm__fp8_gemm fp8_gemm() const { return gemms_.fp8; }
     /* [batch] The widths the batched GEMMs may take, summed: 256 + 128 + 64 where all loaded, 0 where none (cuBLASLt's
      * pinned). */
     DLLM__TEST_HOOK int batch_gemm_widths() const {
-        return (gemm_wg_n64_.kernel.fn ? 64 : 0) + (gemm_wg_n128_.kernel.fn ? 128 : 0) + (gemm_wg_.kernel.fn ? 256 : 0);
+        return (gemms_.wg_n64.kernel.fn ? 64 : 0) + (gemms_.wg_n128.kernel.fn ? 128 : 0) +
+               (gemms_.wg.kernel.fn ? 256 : 0);
     }
     /* Block diffusion's token choice on the host (bd_forward's logits through dllm__choose) instead of the device's:
      * what gpu.bd_choose_on_device_matches_the_host compares the device's choice with. */
-    DLLM__TEST_HOOK void bd_choose_on_host(bool on) { bd_host_choice_ = on; }
+    DLLM__TEST_HOOK void bd_choose_on_host(bool on) { debug_.host_choice = on; }
     /* [FACache] Layer 0 through flash_attn instead of the split attention: what the split one is compared with. */
-    DLLM__TEST_HOOK void bd_split_attention(bool on) { bdfa_off_ = !on; }
+    DLLM__TEST_HOOK void bd_split_attention(bool on) { debug_.facache_off = !on; }
     /* The shared device weights this context reads. */
-    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *W_; }
+    DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
     /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
@@ -193,33 +308,33 @@ class dllm__gpu_backend : public dllm__backend_impl {
         }
         return DLLM_OK;
     }
-    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { timer_ = t; }
+    DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
-    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_rows_ = rows; }
-    DLLM__TEST_HOOK int last_layer_rows() const { return last_layer_rows_; }
+    DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
+    DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
     DLLM__TEST_HOOK void set_q4_int8(bool on) {
-        q4_int8_ = on;
+        lowbit_.int8_path = on;
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
-    DLLM__TEST_HOOK long q4_int8_launches() const { return q4_int8_launches_; }
+    DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
     /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
      * only their codes). */
-    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kvq_keep_rows_ = on; }
+    DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
     /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
     size_t bd_committed_bytes() const {
-        return bd_cache_.bytes + kvq_k_codes_.bytes + kvq_v_codes_.bytes + kvq_k_pairs_.bytes + kvq_v_side_.bytes +
-               kvq_sinks_.bytes;
+        return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
+               kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
-    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kvq_fresh_.bytes + kvq_partial_.bytes; }
+    DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
     /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
-    DLLM__TEST_HOOK bool kvq_tc_active() const { return kvq_tc_on_; }
+    DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
-    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return bd_graphs_.counts[a]; }
-    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return bd_graphs_.refusals; }
+    DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
+    DLLM__TEST_HOOK int64_t bd_graph_refusals() const { return graphs_.block_diffusion.refusals; }
     /* [batch graphs] The same for the batched forwards (forward_varlen_replayed). */
-    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return varlen_graphs_.counts[a]; }
-    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return varlen_graphs_.refusals; }
+    DLLM__TEST_HOOK int64_t varlen_graph_count(dllm__graph_action a) const { return graphs_.batched.counts[a]; }
+    DLLM__TEST_HOOK int64_t varlen_graph_refusals() const { return graphs_.batched.refusals; }
     /* [FP8] [batch] gemm() over M bf16 rows x (device) into y, DLLM__ROWS_BATCH or (batch false, at most pin_m rows)
      * INDEPENDENT, the buffers sized for M rows: what gpu_batch.fp8_gemm_batch_equals_the_solo_pinned_gemm compares. */
     DLLM__TEST_HOOK dllm_status gemm_rows(const dllm__weight_view &W, const void *x, void *y, int M, bool batch) {
@@ -229,7 +344,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOKS_END
 
   private:
-    dllm__gpu_backend(const dllm_model &m, int max_tokens) : m_(m), max_tokens_(max_tokens) {}
+    dllm__gpu_backend(const dllm_model &m, int max_tokens) : model_(m), max_tokens_(max_tokens) {}
     dllm_status init(int device);
     dllm_status load_kernels();
     dllm_status load_q4wg();
@@ -242,7 +357,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
-    bool q4(size_t l) const { return W_->layers[l].gu.format == DLLM__W_Q4; }
+    bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
@@ -258,9 +373,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
-    bool last_cut(size_t l) const { return l > 0 && l + 1 == W_->layers.size(); }
-    bool fp8_ffn(size_t l) const { return W_->fp8_ffn && l > 0; }
-    bool fp8_attn(size_t l) const { return W_->fp8_attn && l > 0; }
+    bool last_cut(size_t l) const { return l > 0 && l + 1 == weights_->layers.size(); }
+    bool fp8_ffn(size_t l) const { return weights_->fp8_ffn && l > 0; }
+    bool fp8_attn(size_t l) const { return weights_->fp8_attn && l > 0; }
     int act8_rows(int M) const { return dllm__round_up(M, 16); }
     dllm_status embed_gather(const int *ids, int n_rows, float *h);
     dllm_status embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h);
@@ -328,111 +443,44 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status capture_graph(dllm__graph_set &set, dllm__graph_slot &g, dllm__graph_action &action, F &&body);
     void graphs_drop(dllm__graph_set &set);
 
-    const dllm_model &m_;
+    const dllm_model &model_;
     int max_tokens_;
     int device_ = 0, n_sms_ = 1, smem_per_sm_ = 0;  // shared memory an SM holds (varlen_attention's wave rule)
     dllm__arch arch_ = {};
     cudaStream_t stream_ = nullptr;
-    std::shared_ptr<const dllm__gpu_weights> W_;  // [shared weights]
-    dllm__dbuf rope_cos_, rope_sin_;              // fp32 [max_tokens][head_dim / 2]
+    std::shared_ptr<const dllm__gpu_weights> weights_;  // [shared weights]
+    dllm__dbuf rope_cos_, rope_sin_;                    // fp32 [max_tokens][head_dim / 2]
 
     // kernels and GEMMs
-    std::shared_ptr<dllm__module> rowwise_module_, sampler_module_, attn_module_;
-    dllm__rowwise_kernels K_;
-    dllm__sampler_kernels S_;
-    dllm__attn_kernels A_;
-    dllm__gemm gemm_;
-    dllm__gemm_wg gemm_wg_;                           // dllm's Hopper GEMM, a candidate of gemm_
-    dllm__gemm_wg gemm_wg_n128_;                      // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
-    dllm__gemm_wg gemm_wg_n64_;                       // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gpu_kernels kernels_;
+    dllm__gpu_gemms gemms_;
     dllm_precision precision_ = DLLM_PRECISION_BF16;  // requested
-    dllm__fp8_gemm fp8_gemm_ = DLLM__FP8_NONE;        // in effect
-    dllm__fp8_mma fp8_mma_;                           // loaded when fp8_gemm_ is DLLM__FP8_MMA
-    dllm__soloq_options soloq_;  // [SoloQ] requested (and in effect: the GPU runs every SoloQ precision)
-    std::shared_ptr<dllm__module> soloq_module_;  // loaded when soloq_.enabled
-    dllm__soloq_kernels Q_;
-    dllm__q4_gemm_kernels q4_gemm_;             // [W4 GEMM] the GEMM of DLLM__W_Q4 weights for few rows
-    std::unique_ptr<dllm__q4wg_kernels> q4wg_;  // [W4 GEMM] q4wg (sm_90a, integer formats, quantised activations)
-    bool q4_int8_ = true;                       // [INT8 GEMM] gemm_q4 may take its INT8 path (see q4_int8)
-    int q4a_forms_ = 0;                         // what the last SoloQ producer wrote: 1 bf16 act_.q4a, 2 int8 act_.q4a8
-    long q4_int8_launches_ = 0;                 // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
-
+    dllm__gpu_lowbit lowbit_;  // [SoloQ] [W4 GEMM] [INT8 GEMM] the 4-bit formats' options, kernels and GEMM paths
     // activations and the generation's state
     dllm__activations act_;
-    bool kv_on_ = false;     // forwards read and write act_.kv (a generation with a K/V cache)
-    bool batch_on_ = false;  // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
-    std::shared_ptr<dllm__module>
-        varlen_module_;  // flash_attn's varlen instantiation, loaded by the first batched forward
-    dllm__kernel<void(attn_args)> attn_varlen_, attn_varlen_short_;  // the table's tiles; dllm__attn_short_tiles
-    dllm__dbuf varlen_offsets_;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
-    // [batch] [dual cache] [prefix cache] the batched K/V-cache step: every slot's K|V rows, per layer [bkv_total_ rows]
-    // [2 n_kv head_dim] bf16 (slot s at rows [bkv_base_[s], + bkv_rows_[s])); the layout's attention offsets and cache rows
-    dllm__dbuf bkv_, varlen_attn_q_, varlen_attn_kv_, varlen_cache_rows_;
-    std::vector<int> bkv_base_, bkv_rows_;
-    int bkv_total_ = 0;
-    // [block diffusion] bd_forward_batch: its slots' states (bkv_'s slots; dllm__bd_slot) and the layout's per-sequence masks
-    std::vector<dllm__bd_slot> bdb_slots_;
-    dllm__dbuf varlen_attn_masks_;
-    std::shared_ptr<dllm__module> kv_scatter_module_;
-    dllm__kernel<dllm__sig_kv_scatter_rows> kv_scatter_;
-    // [batch] batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
-    dllm__dbuf bch_state_, bch_x0_, bch_conf_, bch_deferred_;
-    int64_t bch_rows_ = 0;         // rows chosen on the device by batch_choose since the context began (tests)
-    bool positions_on_ = false;    // [DPad] act_.positions holds the canvas rows' RoPE positions
-    void *host_pinned_ = nullptr;  // canvas + committed list + state for the step callback
-    size_t host_pinned_bytes_ = 0;
+    bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
+    bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    dllm__gpu_batch batch_;      // [batch] the batched forwards' kernels, slots, layout and device token choice
+    bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
+    dllm__pinned host_pinned_;   // canvas + committed list + state for the step callback
 
-    // [step graphs] the captured step
-    cudaGraphExec_t graph_exec_ = nullptr;
-    std::string graph_key_, graph_config_, warmed_key_;  // graph_config_: graph_key() of the captured step
+    dllm__gpu_graphs graphs_;  // [step graphs] [bd graphs] [batch graphs] the captured forwards
 
-    // block diffusion (16.4.3): per layer, the committed rows [0, bd_n_) then the rows a forward attends to beyond them
-    // (its fresh K/V or the block cache), bf16 K|V rows [layer][bd_cap_][2 n_kv head_dim] (not under kv_quant); the block
-    // cache likewise [layer][bd_block_rows_][...]
-    dllm__dbuf bd_cache_, bd_block_, bd_partial_;
-    int bd_n_ = 0, bd_cap_ = 0, bd_block_rows_ = 0;
-    // [KV quant] (9c on the device): the committed rows as codes only, 9c's layout per layer (kvq_ holds the settings and
-    // the host rotations, its vectors empty); bf16 K|V rows for the committed sinks [layer][kvq_sink_rows_][2 kvd] and
-    // for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a commit quantises its layer's rows
-    // before the next layer's are written)
-    dllm__kvq kvq_;
-    dllm__kvq_kernels KQ_;
-    std::vector<dllm__rotation_dev> kvq_rot_;
-    dllm__dbuf kvq_k_codes_, kvq_v_codes_, kvq_k_pairs_,
-        kvq_v_side_;  // v_side: KIVI's pairs or SoloQ's scales, 4 bytes a (row, kv head)
-    dllm__dbuf kvq_sinks_, kvq_fresh_;
-    int kvq_sink_rows_ = 0;           // min(n_sink, bd_cap_)
-    bool kvq_keep_rows_ = false;      // tests: kvq_kept_ holds each commit's bf16 rows
-    std::vector<uint16_t> kvq_kept_;  // [layer][bd_cap_][2 kvd]
-    dllm__kvq_tc_kernels KQT_;        // kvq_tc: kvq_flash (loaded by kvq_begin; module null: kvq_attention runs)
-    dllm__dbuf kvq_partial_;          // its split states (dllm__kvq_tc_partial_bound)
-    bool kvq_tc_on_ = false;          // kvq_flash runs: the switch was on at bd_begin and the head dim is one it takes
+    dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
+    dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
+    dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
     kvq_args kvq_layer_args(size_t layer) const;
     dllm_status kvq_commit(size_t layer, int row0, int T);
     dllm_status kvq_keep(size_t layer, int row0, int T);
     dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
-    // [FACache] on block diffusion: layer 0's committed states
-    // per block offset on the device, the tokens they were computed for on the host (-1: none), valid while bd_n_ is
-    // bdfa_n_ (a commit or bd_begin drops them); rows seen and reused under call.lacache since bd_begin (dllm_gen_stats)
-    dllm__bdfa_kernels FA_;
-    dllm__dbuf bdfa_state_, bdfa_rows_;
-    std::vector<int32_t> bdfa_token_;
-    std::vector<int> bdfa_list_;
-    int bdfa_n_ = -1;
-    int64_t bdfa_rows_seen_ = 0, bdfa_rows_reused_ = 0;
+    dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
     bool bdfa_on(size_t layer) const;
     dllm_status bdfa_prepare(const dllm__bd_call &call);
     dllm_status bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0);
-    dllm__graph_set bd_graphs_{"a block-diffusion step forward"};  // [bd graphs] slots by dllm__bd_graph_keys
-    dllm__graph_set varlen_graphs_{"a batched forward"};           // [batch graphs] slots by varlen_graph_id
 
-    // [debug hooks]
-    dllm__stage_timer *timer_ = nullptr;
-    bool bd_host_choice_ = false, bdfa_off_ = false;
-    std::map<std::pair<int, int>, std::vector<float>> *debug_rows_ = nullptr;
-    int last_layer_rows_ = 0;
+    dllm__gpu_debug debug_;  // [debug hooks]
 };
 
 /* flash_attn_wg's Q, K and V maps (attn_tensor_maps on the device); false where TMA is unavailable. */
@@ -489,7 +537,7 @@ static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> 
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (c.scale_logits)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
     if (!dllm__attn_supports(c.head_dim))
@@ -516,24 +564,24 @@ dllm_status dllm__gpu_backend::init(int device) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "%s has compute capability %d.%d; dllm needs 8.0 or newer", prop.name,
                           prop.major, prop.minor);
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    DLLM__TRY(gemm_.init());
+    DLLM__TRY(gemms_.dense.init());
     DLLM__TRY(load_kernels());
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
-    DLLM__TRY(dllm__gpu_weights_for(m_, device, fp8_ffn, fp8_attn, soloq_, K_, soloq_.enabled ? &Q_ : nullptr,
-                                    q4wg_.get(), w));
-    W_ = std::move(w);
+    DLLM__TRY(dllm__gpu_weights_for(model_, device, fp8_ffn, fp8_attn, lowbit_.options, kernels_.rowwise,
+                                    lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), w));
+    weights_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
     DLLM__TRY(dllm__upload_f32(rope_sin_, sin_t, "RoPE tables"));
     dllm__log(DLLM_LOG_INFO, "GPU backend on %s (sm_%d, %d SMs): attention tile %dx%d (wgmma: 128x%d), %s", prop.name,
               arch_.cc, prop.multiProcessorCount, arch_.fa_br, arch_.fa_bc, arch_.fa_wg_bc,
-              soloq_.enabled ? dllm__precision_name(precision_)
-              : fp8_attn     ? "FP8 FFN and attention projections in layers >= 1"
-              : fp8_ffn      ? "FP8 FFN in layers >= 1"
-                             : "BF16");
+              lowbit_.options.enabled ? dllm__precision_name(precision_)
+              : fp8_attn              ? "FP8 FFN and attention projections in layers >= 1"
+              : fp8_ffn               ? "FP8 FFN in layers >= 1"
+                                      : "BF16");
     return DLLM_OK;
 }
 
@@ -546,12 +594,12 @@ dllm_status dllm__gpu_backend::load_kernels() {
     const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128),
                n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
     std::vector<std::pair<dllm__jit_request, std::shared_ptr<dllm__module> *>> jobs = {
-        {dllm__module_rowwise(arch_), &rowwise_module_},
-        {dllm__module_sampler(arch_), &sampler_module_},
-        {dllm__module_attention(arch_, m_.cfg.head_dim), &attn_module_}};
-    if (soloq_.enabled) {
-        jobs.push_back({dllm__module_soloq(arch_), &soloq_module_});
-        jobs.push_back({dllm__module_q4_gemm(arch_), &q4_gemm_.module});
+        {dllm__module_rowwise(arch_), &kernels_.rowwise_module},
+        {dllm__module_sampler(arch_), &kernels_.sampler_module},
+        {dllm__module_attention(arch_, model_.cfg.head_dim), &kernels_.attn_module}};
+    if (lowbit_.options.enabled) {
+        jobs.push_back({dllm__module_soloq(arch_), &lowbit_.module});
+        jobs.push_back({dllm__module_q4_gemm(arch_), &lowbit_.q4_gemm.module});
     }
     const size_t required = jobs.size();  // gemm_wg's module is optional
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
@@ -569,32 +617,32 @@ dllm_status dllm__gpu_backend::load_kernels() {
     for (std::thread &t : workers) t.join();
     for (size_t i = 0; i < required; i++)
         if (st[i] != DLLM_OK) return dllm__fail(st[i], "%s", err[i].c_str());
-    dllm__bind(K_, *rowwise_module_);
-    dllm__bind(S_, *sampler_module_);
-    DLLM__TRY(dllm__attn_kernels_of(*attn_module_, arch_, m_.cfg.head_dim, A_));
-    if (dllm__gemm_wg_load(arch_, 256, gemm_wg_) != DLLM_OK) {
+    dllm__bind(kernels_.rowwise, *kernels_.rowwise_module);
+    dllm__bind(kernels_.sampler, *kernels_.sampler_module);
+    DLLM__TRY(dllm__attn_kernels_of(*kernels_.attn_module, arch_, model_.cfg.head_dim, kernels_.attention));
+    if (dllm__gemm_wg_load(arch_, 256, gemms_.wg) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "dllm's sm_90a GEMM is not available, BF16 GEMMs run on cuBLASLt alone: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_ = dllm__gemm_wg();
+        gemms_.wg = dllm__gemm_wg();
     }
-    if (gemm_wg_.kernel.fn) gemm_.own = &gemm_wg_;
-    if (n128 && dllm__gemm_wg_load(arch_, 128, gemm_wg_n128_) != DLLM_OK) {
+    if (gemms_.wg.kernel.fn) gemms_.dense.own = &gemms_.wg;
+    if (n128 && dllm__gemm_wg_load(arch_, 128, gemms_.wg_n128) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "the 128-wide gemm_wg is not available, batched forwards run the 256-wide one: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_n128_ = dllm__gemm_wg();
+        gemms_.wg_n128 = dllm__gemm_wg();
     }
-    if (n64 && dllm__gemm_wg_load(arch_, 64, gemm_wg_n64_) != DLLM_OK) {
+    if (n64 && dllm__gemm_wg_load(arch_, 64, gemms_.wg_n64) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
                   dllm__tls_error.c_str());
-        gemm_wg_n64_ = dllm__gemm_wg();
+        gemms_.wg_n64 = dllm__gemm_wg();
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)S_.select_commit.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem_optin));
-    if (soloq_.enabled) {
-        DLLM__TRY(dllm__bind(Q_, *soloq_module_, smem_optin, arch_.cc));
-        DLLM__TRY(dllm__q4_gemm_bind(q4_gemm_));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)kernels_.sampler.select_commit.fn,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    if (lowbit_.options.enabled) {
+        DLLM__TRY(dllm__bind(lowbit_.kernels, *lowbit_.module, smem_optin, arch_.cc));
+        DLLM__TRY(dllm__q4_gemm_bind(lowbit_.q4_gemm));
     }
     return load_q4wg();
 }
@@ -602,23 +650,24 @@ dllm_status dllm__gpu_backend::load_kernels() {
 /* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
  * quantised. A module that does not load leaves the other paths, with one warning. */
 dllm_status dllm__gpu_backend::load_q4wg() {
-    const bool integer = dllm__q4_int_max(soloq_.weights) && dllm__q4_int_max(soloq_.acts) &&
-                         (soloq_.weights == DLLM__Q4_INT4 || soloq_.weights == DLLM__Q4_RTN);
-    if (!soloq_.enabled || !soloq_.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg) return DLLM_OK;
+    const bool integer = dllm__q4_int_max(lowbit_.options.weights) && dllm__q4_int_max(lowbit_.options.acts) &&
+                         (lowbit_.options.weights == DLLM__Q4_INT4 || lowbit_.options.weights == DLLM__Q4_RTN);
+    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg)
+        return DLLM_OK;
     std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
     if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
         dllm__log(DLLM_LOG_WARN, "q4wg is not available, 4-bit GEMMs run on q4_gemm and the INT8 path: %s",
                   dllm__tls_error.c_str());
         return DLLM_OK;
     }
-    q4wg_ = std::move(k);
+    lowbit_.q4wg = std::move(k);
     return DLLM_OK;
 }
 
 /* FP8 runs where the architecture table (or DLLM_TILES fp8_gemm) has an FP8 GEMM; elsewhere BF16, said once. dllm's own
  * kernel is compiled here, only when it will run. */
 dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn) {
-    if (precision_ == DLLM_PRECISION_BF16 || soloq_.enabled) return DLLM_OK;
+    if (precision_ == DLLM_PRECISION_BF16 || lowbit_.options.enabled) return DLLM_OK;
     dllm__fp8_gemm mode;
     DLLM__TRY(dllm__fp8_gemm_for(arch_, mode));
     if (mode == DLLM__FP8_NONE) {
@@ -629,21 +678,21 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
             gpu_name, arch_.cc);
         return DLLM_OK;
     }
-    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, fp8_mma_));
+    if (mode == DLLM__FP8_MMA) DLLM__TRY(dllm__fp8_mma_load(arch_, gemms_.fp8_mma));
     dllm__log(DLLM_LOG_INFO, "FP8 GEMMs: %s",
               mode == DLLM__FP8_MMA ? "dllm's mma.sync E4M3 kernel" : "cuBLASLt block-scaled");
-    fp8_gemm_ = mode;
+    gemms_.fp8 = mode;
     fp8_ffn = true;
     fp8_attn = precision_ == DLLM_PRECISION_FP8_ALL;
     return DLLM_OK;
 }
 
 dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
     const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
-    const bool fp8 = W_->fp8_ffn || W_->fp8_attn;
+    const bool fp8 = weights_->fp8_ffn || weights_->fp8_attn;
     const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
     dllm__activations &A = act_;
     const std::vector<const void *> before = A.addresses();
@@ -670,7 +719,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
     if (kv_cache) {
-        A.kv.resize(W_->layers.size());
+        A.kv.resize(weights_->layers.size());
         for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
         DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     }
@@ -692,7 +741,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         // gemm_fp8_batch's launches of at most pin_m rows over all M rows (act8 and act8_scale above hold them all)
         DLLM__TRY(A.act8_chunk_scale.fit((size_t)dllm__gemm::pin_m * (k_pad / 128) * 4, "FP8 activations"));
     }
-    if (W_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
+    if (weights_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
         const size_t k_max = std::max(std::max(d, ff), q);
         size_t chunk_elems = 0, chunk_rows = 0;
         const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
@@ -704,26 +753,26 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
         DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
-        if (dllm__q4_int_max(soloq_.acts) && dllm__q4_int_max(soloq_.weights) && soloq_.quantize_acts &&
-            (M > (size_t)dllm__q4_max_rows || W_->q4wg))
+        if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
+            lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
-        if (W_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+        if (weights_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
             const void *was = A.q4wg_ws.ptr;
             DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
             if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
         }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
         for (const auto &nk : shapes)
-            split_k = std::max(
-                split_k, dllm__q4_gemm_workspace_floats(q4_gemm_, dllm__q4_max_rows, (int)nk.first, (int)nk.second));
+            split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(lowbit_.q4_gemm, dllm__q4_max_rows,
+                                                                       (int)nk.first, (int)nk.second));
         DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
-    if (pinned > host_pinned_bytes_) {
-        if (host_pinned_) cudaFreeHost(host_pinned_);
-        host_pinned_ = nullptr;
-        DLLM__CUDA(cudaMallocHost(&host_pinned_, pinned));
-        host_pinned_bytes_ = pinned;
+    if (pinned > host_pinned_.bytes) {
+        if (host_pinned_.ptr) cudaFreeHost(host_pinned_.ptr);
+        host_pinned_.ptr = nullptr;
+        DLLM__CUDA(cudaMallocHost(&host_pinned_.ptr, pinned));
+        host_pinned_.bytes = pinned;
     }
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;

@@ -9,8 +9,8 @@
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
-    if (dllm__is_block_diffusion(m_.cfg)) return "for block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
+    if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
+    if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
 
@@ -26,7 +26,7 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
     if (const char *why = batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched forward %s", why);
     if (plan.empty()) return DLLM_OK;
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     dllm__varlen_layout v;
     DLLM__TRY(dllm__varlen_layout_of(c, plan, max_tokens_, v));
     return batch_logits_to_host(plan, v, out);
@@ -36,7 +36,7 @@ dllm_status dllm__gpu_backend::forward_batch(const std::vector<dllm__batch_seq> 
  * after another (forward_batch's and forward_batch_kv's contract). */
 dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batch_seq> &plan,
                                                     const dllm__varlen_layout &v, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     std::vector<float> raw((size_t)v.out_rows * c.n_vocab);
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
         DLLM__CUDA(cudaMemcpyAsync(raw.data() + (size_t)c0 * c.n_vocab, act_.logits.ptr, (size_t)rows * c.n_vocab * 4,
@@ -53,41 +53,41 @@ dllm_status dllm__gpu_backend::batch_logits_to_host(const std::vector<dllm__batc
 
 /* flash_attn's varlen instantiation, compiled (or read from the JIT caches) once. */
 dllm_status dllm__gpu_backend::load_varlen() {
-    if (attn_varlen_.fn) return DLLM_OK;
-    const int hd = m_.cfg.head_dim;
-    DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), varlen_module_));
+    if (batch_.attn.fn) return DLLM_OK;
+    const int hd = model_.cfg.head_dim;
+    DLLM__TRY(dllm__jit_load(dllm__module_attention_varlen(arch_, hd), batch_.varlen_module));
     auto bind = [&](const dllm__arch &tiles, dllm__kernel<void(attn_args)> &k) {
-        cudaKernel_t fn = varlen_module_->kernels.at(dllm__attn_varlen_name(hd, tiles));
+        cudaKernel_t fn = batch_.varlen_module->kernels.at(dllm__attn_varlen_name(hd, tiles));
         DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)dllm__attn_smem(hd, tiles)));
         k.fn = fn, k.name = "flash_attn (varlen)";
         return DLLM_OK;
     };
-    DLLM__TRY(bind(dllm__attn_short_tiles(arch_), attn_varlen_short_));
-    return bind(arch_, attn_varlen_);  // last: its kernel says the module is bound
+    DLLM__TRY(bind(dllm__attn_short_tiles(arch_), batch_.attn_short));
+    return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
 /* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
  * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
     const bool short_runs =
-        dllm__attn_varlen_short(arch_, m_.cfg.head_dim, m_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
-    return dllm__attn_varlen_launch(short_runs ? attn_varlen_short_ : attn_varlen_,
-                                    short_runs ? dllm__attn_short_tiles(arch_) : arch_, m_.cfg.head_dim, m_.cfg.n_head,
-                                    batch, max_rows, a, stream_);
+        dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn,
+                                    short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
+                                    model_.cfg.n_head, batch, max_rows, a, stream_);
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
 dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__TRY(load_varlen());
     DLLM__TRY(fit_buffers(1, v.rows, std::max(1, std::min(v.out_rows, dllm__lm_chunk_rows))));
-    DLLM__TRY(varlen_offsets_.fit(v.offsets.size() * 4, "the batch's row offsets"));
+    DLLM__TRY(batch_.row_offsets.fit(v.offsets.size() * 4, "the batch's row offsets"));
     positions_on_ = true;  // rope_qkv reads act_.positions[row]
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, v.ids.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(
-        cudaMemcpyAsync(varlen_offsets_.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
+                               stream_));
     if (v.cached()) DLLM__TRY(upload_kv_layout(v));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
@@ -97,25 +97,25 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
  * forward's stages with batch 1 over all rows (output_and_ffn, the norms, [SoloQ]'s fused producers); attention varlen.
  * No [truncation]: the last layer computes every row, as it would for any other batch. */
 dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
-    const int T = v.rows, d = m_.cfg.n_embd;
+    const int T = v.rows, d = model_.cfg.n_embd;
     float *h = act_.h.as<float>();
     DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
-    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
-    const size_t n_layers = W_->layers.size();
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
         if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        W_->layers[l + 1].attn_norm.ptr, T));
+            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        weights_->layers[l + 1].attn_norm.ptr, T));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
-        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, W_->final_norm.ptr,
+        DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,
                               (char *)act_.y.ptr + (size_t)v.out0[i] * d * 2, 1, T, v.offsets[i] + v.raw0[i] - v.q0[i],
                               v.raw1[i] - v.raw0[i]));
     return DLLM_OK;
@@ -127,9 +127,9 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs || timer_)
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer)
         return forward_varlen(v);  // profiling (mark) times eager stages
-    return replay_graph(varlen_graphs_, varlen_graph_id(v), [&] { return forward_varlen(v); });
+    return replay_graph(graphs_.batched, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
@@ -140,9 +140,9 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
                            (int)!v.attn_masks.empty());
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, bkv_total_, varlen_offsets_.ptr,
-                                      varlen_attn_q_.ptr, varlen_attn_kv_.ptr, varlen_cache_rows_.ptr,
-                                      varlen_attn_masks_.ptr, bkv_.ptr);
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+                                      batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
+                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr);
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
                                           &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
         id.baked += dllm__format(" %zu:", a->size());
@@ -155,9 +155,9 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
  * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
 dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
     if (v.cached()) return self_attention_varlen_kv(layer, v);
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     attn_args a = {};
@@ -169,6 +169,6 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
-    a.q_offsets = a.kv_offsets = varlen_offsets_.as<int>();
+    a.q_offsets = a.kv_offsets = batch_.row_offsets.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }

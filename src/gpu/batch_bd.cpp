@@ -2,7 +2,7 @@
 
 // ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
-// (bd_batch_reserve, the batched K/V-cache step's bkv_), held by sequence position: its committed rows [0, n), then the
+// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n), then the
 // block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
 // batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
 // row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
@@ -124,8 +124,8 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
-    if (!dllm__is_block_diffusion(m_.cfg)) return "for a model that is not block diffusion";
-    if ((W_->fp8_ffn || W_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
+    if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
+    if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled())
         return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
     return nullptr;
@@ -141,13 +141,13 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
     const dllm_status s = bkv_alloc(rows, keep);
     if (s != DLLM_OK) {
-        if (bkv_rows_.empty()) bdb_slots_.clear();  // none kept: the previous slots are gone
+        if (batch_.slot_rows.empty()) batch_.bd_slots.clear();  // none kept: the previous slots are gone
         return s;
     }
     std::vector<dllm__bd_slot> slots(rows.size());
     for (size_t s = 0; s < keep.size() && s < rows.size(); s++)
-        if (keep[s]) slots[s] = bdb_slots_[s];
-    bdb_slots_.swap(slots);
+        if (keep[s]) slots[s] = batch_.bd_slots[s];
+    batch_.bd_slots.swap(slots);
     return DLLM_OK;
 }
 
@@ -158,12 +158,12 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
     if (const char *why = bd_batch_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     if (seqs.empty()) return DLLM_OK;
-    if (bdb_slots_.empty())
+    if (batch_.bd_slots.empty())
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
     dllm__varlen_layout v;
-    DLLM__TRY(dllm__bd_batch_layout_of(seqs, bkv_base_, bkv_rows_, bdb_slots_, max_tokens_, v));
+    DLLM__TRY(dllm__bd_batch_layout_of(seqs, batch_.slot_base, batch_.slot_rows, batch_.bd_slots, max_tokens_, v));
     DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
-    for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, bdb_slots_[(size_t)q.slot]);
+    for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, batch_.bd_slots[(size_t)q.slot]);
     return DLLM_OK;
 }
 

@@ -14,18 +14,19 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched %s %s",
                           kv ? "K/V-cache step" : "forward", why);
     if (plan.empty()) return DLLM_OK;
-    if (kv && !bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    if (kv && !batch_.kv.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
     dllm__varlen_layout v;
-    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(m_.cfg, plan, max_tokens_, v));
+    DLLM__TRY(kv ? kv_layout(plan, v) : dllm__varlen_layout_of(model_.cfg, plan, max_tokens_, v));
     return batch_choose(plan, v, logits, choices);
 }
 
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (bch_state_), its choices into bch_x0_/bch_conf_/bch_deferred_ at span.out. */
+ * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
     const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
-    return launch_sampler(a, bch_x0_.as<int>() + span.out, bch_conf_.as<double>() + span.out,
-                          bch_deferred_.as<unsigned char>() + span.out, bch_state_.as<dllm_step_state>() + span.seq);
+    return launch_sampler(a, batch_.choice_x0.as<int>() + span.out, batch_.choice_conf.as<double>() + span.out,
+                          batch_.choice_deferred.as<unsigned char>() + span.out,
+                          batch_.choice_state.as<dllm_step_state>() + span.seq);
 }
 
 /* The sampler's first n choices (x0, conf, deferred as launch_sampler wrote them) to the host as dllm__choice, after
@@ -54,15 +55,15 @@ dllm_status dllm__gpu_backend::choose_in_chunks(
     const dllm__varlen_layout &v, const std::vector<const dllm__sampling *> &sampling,
     const std::vector<dllm_step_state> &states, const std::vector<int> &raw0, int n_chosen,
     const std::function<std::vector<dllm__sampler_span>(int, int)> &spans_of, float *raw, dllm__choice *choices) {
-    const size_t V = (size_t)m_.cfg.n_vocab;
+    const size_t V = (size_t)model_.cfg.n_vocab;
     // One launch samples at most a chunk's rows and one more: under the shift, positions 0 and 1 both read row 0.
     DLLM__TRY(fit_buffers(1, v.rows + 1, std::min(v.out_rows, dllm__lm_chunk_rows) + 1));
     const size_t n = (size_t)std::max(1, n_chosen);
-    DLLM__TRY(bch_state_.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
-    DLLM__TRY(bch_x0_.fit(n * 4, "sampler output"));
-    DLLM__TRY(bch_conf_.fit(n * 8, "sampler output"));
-    DLLM__TRY(bch_deferred_.fit(n, "sampler output"));
-    DLLM__CUDA(cudaMemcpyAsync(bch_state_.ptr, states.data(), states.size() * sizeof(dllm_step_state),
+    DLLM__TRY(batch_.choice_state.fit(states.size() * sizeof(dllm_step_state), "the batch's step states"));
+    DLLM__TRY(batch_.choice_x0.fit(n * 4, "sampler output"));
+    DLLM__TRY(batch_.choice_conf.fit(n * 8, "sampler output"));
+    DLLM__TRY(batch_.choice_deferred.fit(n, "sampler output"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.choice_state.ptr, states.data(), states.size() * sizeof(dllm_step_state),
                                cudaMemcpyHostToDevice, stream_));
     DLLM__TRY(batch_logits(v, [&](int c0, int rows) -> dllm_status {
         for (const dllm__sampler_span &s : spans_of(c0, rows))
@@ -76,14 +77,15 @@ dllm_status dllm__gpu_backend::choose_in_chunks(
         }
         return DLLM_OK;
     }));
-    return choices_to_host(bch_x0_, bch_conf_, bch_deferred_, n_chosen, choices);  // also waits for the logits above
+    return choices_to_host(batch_.choice_x0, batch_.choice_conf, batch_.choice_deferred, n_chosen,
+                           choices);  // also waits for the logits above
 }
 
 /* The device's choice of a batched step (choose_in_chunks): the sequences with sampling parameters at their own step;
  * the others' (CFG's) logits to the host, unshifted into `logits` one sequence after another. */
 dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
                                             float *logits, dllm__choice *choices) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t V = (size_t)c.n_vocab;
     std::vector<int> choice0(plan.size(), -1),
         raw0(plan.size(), 0);  // a chosen sequence's first choice; another's first row in raw
@@ -102,7 +104,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows); }, raw.data(),
         choices));
-    bch_rows_ += n_chosen;
+    batch_.rows_chosen += n_chosen;
     for (size_t i = 0; i < plan.size(); i++) {
         if (choice0[i] >= 0) continue;
         dllm__unshift_rows(c, raw.data() + (size_t)raw0[i] * V, v.raw0[i], plan[i].r0, plan[i].r1, logits);

@@ -13,7 +13,7 @@
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
 dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
-    bdb_slots_.clear();  // the slots are no longer bd_forward_batch's
+    batch_.bd_slots.clear();  // the slots are no longer bd_forward_batch's
     if (rows.empty()) {
         bkv_release();
         return DLLM_OK;
@@ -27,17 +27,17 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, co
 }
 
 void dllm__gpu_backend::bkv_release() {
-    bkv_.release();
-    bkv_base_.clear(), bkv_rows_.clear(), bkv_total_ = 0;
+    batch_.kv.release();
+    batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (bkv_, bkv_base_, bkv_rows_); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
  * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
  * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
-    DLLM__TRY(dllm__check_kept_slots(rows, keep, bkv_rows_));
-    if (rows == bkv_rows_ && bkv_.ptr) return load_kv_scatter();
-    const dllm__config &c = m_.cfg;
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
+    if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();
+    const dllm__config &c = model_.cfg;
     int64_t total = 0;
     for (int n : rows) total += n;
     if (total > INT32_MAX)
@@ -54,20 +54,21 @@ dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std
     for (size_t s = 0; s < keep.size(); s++)  // every layer's rows of the slot: one strided copy
         if (keep[s])
             DLLM__CUDA(cudaMemcpy2DAsync((char *)next.ptr + (size_t)base[s] * row_bytes, (size_t)total * row_bytes,
-                                         (const char *)bkv_.ptr + (size_t)bkv_base_[s] * row_bytes,
-                                         (size_t)bkv_total_ * row_bytes, (size_t)rows[s] * row_bytes, (size_t)c.n_layer,
-                                         cudaMemcpyDeviceToDevice, stream_));
+                                         (const char *)batch_.kv.ptr + (size_t)batch_.slot_base[s] * row_bytes,
+                                         (size_t)batch_.kv_rows * row_bytes, (size_t)rows[s] * row_bytes,
+                                         (size_t)c.n_layer, cudaMemcpyDeviceToDevice, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the copies read the previous slots, released next
-    bkv_ = std::move(next);
-    bkv_base_ = base, bkv_rows_ = rows, bkv_total_ = (int)total;
+    batch_.kv = std::move(next);
+    batch_.slot_base = base, batch_.slot_rows = rows, batch_.kv_rows = (int)total;
     return load_kv_scatter();
 }
 
 /* kv_scatter_rows's module, compiled (or read from the JIT caches) once. */
 dllm_status dllm__gpu_backend::load_kv_scatter() {
-    if (kv_scatter_.fn) return DLLM_OK;
-    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kv_scatter_module_));
-    kv_scatter_.fn = kv_scatter_module_->kernels.at("kv_scatter_rows"), kv_scatter_.name = "kv_scatter_rows";
+    if (kernels_.kv_scatter.fn) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_kv_scatter(arch_), kernels_.kv_scatter_module));
+    kernels_.kv_scatter.fn = kernels_.kv_scatter_module->kernels.at("kv_scatter_rows"),
+    kernels_.kv_scatter.name = "kv_scatter_rows";
     return DLLM_OK;
 }
 
@@ -76,7 +77,7 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
     if (const char *why = batch_kv_unsupported())
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched K/V-cache step %s", why);
     if (plan.empty()) return DLLM_OK;
-    if (!bkv_.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
+    if (!batch_.kv.ptr) return dllm__fail(DLLM_ERR_INTERNAL, "a batched K/V-cache step before batch_kv_reserve");
     dllm__varlen_layout v;
     DLLM__TRY(kv_layout(plan, v));
     return batch_logits_to_host(plan, v, out);
@@ -84,18 +85,18 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
 
 /* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
-    DLLM__TRY(varlen_attn_q_.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
-    DLLM__TRY(varlen_attn_kv_.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
-    DLLM__TRY(varlen_cache_rows_.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_q_.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4,
+    DLLM__TRY(batch_.attn_q_offsets.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(batch_.attn_kv_offsets.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
+    DLLM__TRY(batch_.cache_rows.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_q_offsets.ptr, v.attn_q_offsets.data(), v.attn_q_offsets.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_kv_.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4,
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_kv_offsets.ptr, v.attn_kv_offsets.data(), v.attn_kv_offsets.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_cache_rows_.ptr, v.cache_rows.data(), v.cache_rows.size() * 4,
+    DLLM__CUDA(cudaMemcpyAsync(batch_.cache_rows.ptr, v.cache_rows.data(), v.cache_rows.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
     if (v.attn_masks.empty()) return DLLM_OK;
-    DLLM__TRY(varlen_attn_masks_.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
-    DLLM__CUDA(cudaMemcpyAsync(varlen_attn_masks_.ptr, v.attn_masks.data(), v.attn_masks.size() * 4,
+    DLLM__TRY(batch_.attn_masks.fit(v.attn_masks.size() * 4, "the batch's attention masks"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_masks.ptr, v.attn_masks.data(), v.attn_masks.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
@@ -104,21 +105,22 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
  * their K|V columns into their slot rows of this layer's cache (kv_scatter_rows), then the varlen attention with each
  * sequence's queries (the forwarded rows' Q columns) over its slot's n rows. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, width = 2 * c.n_head_kv * hd, T = v.rows;
-    const dllm__gpu_layer &L = W_->layers[layer];
-    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !bkv_.ptr)
+    const dllm__gpu_layer &L = weights_->layers[layer];
+    if (v.attn_q_offsets.size() != v.attn_kv_offsets.size() || v.cache_rows.size() != (size_t)T || !batch_.kv.ptr)
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "batched K/V-cache step: a layout of %d rows with %zu cache rows, caches %s", T,
-                          v.cache_rows.size(), bkv_.ptr ? "reserved" : "not reserved");
+                          v.cache_rows.size(), batch_.kv.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
-    bf16_t *cache = bkv_.as<bf16_t>() + layer * (size_t)bkv_total_ * width;
-    DLLM__TRY(kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd,
-                                 (u64)stride, cache, (u64)width, varlen_cache_rows_.as<int>(), width, T));
+    bf16_t *cache = batch_.kv.as<bf16_t>() + layer * (size_t)batch_.kv_rows * width;
+    DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
+                                         act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)stride, cache, (u64)width,
+                                         batch_.cache_rows.as<int>(), width, T));
     mark("kv cache");
     attn_args a = {};
     a.q = act_.qkv.as<bf16_t>();
@@ -129,8 +131,8 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = 1;
-    a.q_offsets = varlen_attn_q_.as<int>(), a.kv_offsets = varlen_attn_kv_.as<int>();
-    a.varlen_masks = v.attn_masks.empty() ? nullptr : varlen_attn_masks_.as<int>();
+    a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
+    a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
     mark("attention");
     return DLLM_OK;
@@ -140,13 +142,13 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
  * per run of consecutive positions (a block-diffusion sequence's rows are one run). Row-wise, so a row's bits never
  * depend on the others. Twin: dllm__cpu_llama4_scale. */
 dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, width = c.n_head * c.head_dim;
     for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
         for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_,
-                                           act_.qkv.as<bf16_t>() + (size_t)r0 * qkv, r1 - r0, qkv, width,
-                                           v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
+        DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(r1 - r0, width / 8, 256), dim3(256)}, stream_,
+                                                         act_.qkv.as<bf16_t>() + (size_t)r0 * qkv, r1 - r0, qkv, width,
+                                                         v.positions[(size_t)r0], c.llama4_beta, c.llama4_orig_max));
     }
     return DLLM_OK;
 }

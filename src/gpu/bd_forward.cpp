@@ -6,20 +6,20 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (call.T <= 0 || call.r0 < 0 || call.r1 <= call.r0 || call.r1 > call.T)
         return dllm__fail(DLLM_ERR_INTERNAL, "block diffusion: a forward of %d rows asks for output rows [%d, %d)",
                           call.T, call.r0, call.r1);
-    if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > bd_block_rows_)
+    if (call.kind == DLLM__BD_SUB_BLOCK && call.offset + call.T > committed_.block_rows)
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "block diffusion: a sub-block forward at %d outside the block cache (%d rows)", call.offset,
-                          bd_block_rows_);
-    const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T;
-    if (bd_n_ + scratch > bd_cap_)
+                          committed_.block_rows);
+    const int scratch = call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : call.T;
+    if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
             "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
-            call.T, bd_n_, bd_cap_);
-    if (bd_n_ + call.offset + call.T > max_tokens_)
+            call.T, committed_.n, committed_.capacity);
+    if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "block diffusion: positions up to %d exceed the context's limit of %d tokens (max_tokens)",
-                          bd_n_ + call.offset + call.T, max_tokens_);
+                          committed_.n + call.offset + call.T, max_tokens_);
     return DLLM_OK;
 }
 
@@ -28,7 +28,7 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
     const bool one_chunk = call.r1 - call.r0 <= dllm__lm_chunk_rows;
     DLLM__TRY(bd_run(call, nullptr, one_chunk));
     if (!one_chunk) return bd_head(call, logits);
-    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * m_.cfg.n_vocab * 4,
+    DLLM__CUDA(cudaMemcpyAsync(logits, act_.logits.ptr, (size_t)(call.r1 - call.r0) * model_.cfg.n_vocab * 4,
                                cudaMemcpyDeviceToHost, stream_));
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
@@ -39,19 +39,20 @@ dllm_status dllm__gpu_backend::bd_forward(const dllm__bd_call &call, float *logi
  * device chooses), the ids copied to the device, FACache's row list. */
 dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_rows) {
     DLLM__TRY(bd_check(call));
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, out_rows = call.r1 - call.r0;
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) {  // 9c's rule: whole key groups, the same all generation long
         const int group = call.kv_group ? call.kv_group : c.bd_size;
         if (!kvq_.group) {
             kvq_.group = group;
-            DLLM__TRY(kvq_k_pairs_.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
+            DLLM__TRY(
+                kv_codes_.k_pairs.fit((size_t)kvq_.n_layer * kvq_.groups() * kvq_.kvd * 4, "the quantised K/V cache"));
         }
-        if (group != kvq_.group || group <= 0 || bd_n_ % group || T % group)
+        if (group != kvq_.group || group <= 0 || committed_.n % group || T % group)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
                 "kv_quant: a commit of rows [%d, %d) is not whole key groups of %d rows (the generation's block: %d)",
-                bd_n_, bd_n_ + T, group, kvq_.group);
+                committed_.n, committed_.n + T, group, kvq_.group);
     }
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
@@ -59,12 +60,12 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
-        DLLM__TRY(bd_block_.fit(W_->layers.size() * (size_t)T * row_bytes, "the block cache"));
-        bd_block_rows_ = T;
+        DLLM__TRY(committed_.block_cache.fit(weights_->layers.size() * (size_t)T * row_bytes, "the block cache"));
+        committed_.block_rows = T;
     }
     if (kvq_.enabled())  // [KV quant] the rows the forward attends to past the committed ones, one layer's at a time
-        DLLM__TRY(kvq_fresh_.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : T) * row_bytes,
-                                 "the forwarded K/V rows beside the quantised cache"));
+        DLLM__TRY(kv_codes_.fresh.fit((size_t)(call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : T) * row_bytes,
+                                      "the forwarded K/V rows beside the quantised cache"));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, call.ids, (size_t)T * 4, cudaMemcpyHostToDevice, stream_));
     if (bdfa_on(0)) DLLM__TRY(bdfa_prepare(call));
     return DLLM_OK;
@@ -76,18 +77,18 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     float *h = act_.h.as<float>();
     mark("start");
     DLLM__TRY(embed_gather(act_.canvas.as<int>(), T, h));
-    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+    DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
     mark("L0 embed+norm");
-    const size_t n_layers = W_->layers.size();
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         DLLM__TRY(bd_attention(l, call));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, 1, T));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -112,30 +113,31 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
-        head && call.kind != DLLM__BD_COMMIT && !timer_ && !dllm__env().no_graphs && dllm__env().bd_graphs;
+        head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs && dllm__env().bd_graphs;
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else
         DLLM__TRY(bd_body(call, pick, head));
-    if (!graph) bd_graphs_.counts[DLLM__GRAPH_EAGER]++;
-    if (call.kind == DLLM__BD_COMMIT) bd_n_ += call.T;
+    if (!graph) graphs_.block_diffusion.counts[DLLM__GRAPH_EAGER]++;
+    if (call.kind == DLLM__BD_COMMIT) committed_.n += call.T;
     return DLLM_OK;
 }
 
 /* The buffers and sizes a captured forward points into, beside what the call names (dllm__bd_graph_keys). */
 dllm__graph_id dllm__gpu_backend::bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const {
-    const dllm__config &c = m_.cfg;
-    const int n_keys = bd_n_ + (call.kind == DLLM__BD_SUB_BLOCK ? bd_block_rows_ : call.T);
+    const dllm__config &c = model_.cfg;
+    const int n_keys = committed_.n + (call.kind == DLLM__BD_SUB_BLOCK ? committed_.block_rows : call.T);
     const int splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
     const std::string buffers =
-        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, bd_cap_, kvq_.group,
-                     bd_cache_.ptr, bd_block_.ptr, bd_partial_.ptr, bdfa_state_.ptr, bdfa_rows_.ptr, kvq_k_codes_.ptr,
-                     kvq_v_codes_.ptr, kvq_k_pairs_.ptr, kvq_v_side_.ptr, kvq_sinks_.ptr, kvq_fresh_.ptr);
-    return dllm__bd_graph_keys(call, pick, bd_n_, bd_block_rows_, splits, buffers);
+        dllm__format("a%d cap%d g%d %p %p %p %p %p %p %p %p %p %p %p", act_.generation, committed_.capacity, kvq_.group,
+                     committed_.kv.ptr, committed_.block_cache.ptr, committed_.partial.ptr, facache_.state.ptr,
+                     facache_.rows.ptr, kv_codes_.k_codes.ptr, kv_codes_.v_codes.ptr, kv_codes_.k_pairs.ptr,
+                     kv_codes_.v_side.ptr, kv_codes_.sinks.ptr, kv_codes_.fresh.ptr);
+    return dllm__bd_graph_keys(call, pick, committed_.n, committed_.block_rows, splits, buffers);
 }
 
 dllm_status dllm__gpu_backend::bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick) {
-    return replay_graph(bd_graphs_, bd_graph_id(call, pick), [&] { return bd_body(call, pick, true); });
+    return replay_graph(graphs_.block_diffusion, bd_graph_id(call, pick), [&] { return bd_body(call, pick, true); });
 }
 
 /* [bd graphs] [batch graphs] One forward through its slot of `graphs` (dllm__graph_next): run eagerly, replayed, or
@@ -210,46 +212,47 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions bd_n_ + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
  * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd,
-              pos0 = bd_n_ + call.offset;
+              pos0 = committed_.n + call.offset;
     const size_t row_bytes = (size_t)kvd * 4;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     const bool split = bdfa_on(layer);  // [FACache]: a row's Q must not depend on the forward's row count
     DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T,
                    split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
-        DLLM__TRY(K_.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)}, stream_,
-                                           act_.qkv.ptr, T, qkv, c.n_head * hd, pos0, c.llama4_beta,
-                                           c.llama4_orig_max));
+        DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)},
+                                                         stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,
+                                                         c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kvq_fresh_ only while nothing is committed; kvq_attention reads the codes
-        cache = after = (char *)kvq_fresh_.ptr;
+    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+        cache = after = (char *)kv_codes_.fresh.ptr;
     else
-        cache = (char *)bd_cache_.ptr + layer * (size_t)bd_cap_ * row_bytes, after = cache + (size_t)bd_n_ * row_bytes;
+        cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
+        after = cache + (size_t)committed_.n * row_bytes;
     const bf16_t *fresh = act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd;  // the K|V part of each projection row
     auto put_fresh = [&](char *dst) {  // rows T of them, in order (kv_scatter_rows: see there why not a 2D memcpy)
-        return kv_scatter_.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
-                                  (u64)(2 * kvd), nullptr, 2 * kvd, T);
+        return kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_, fresh, (u64)qkv, (bf16_t *)dst,
+                                          (u64)(2 * kvd), nullptr, 2 * kvd, T);
     };
-    int n_keys = bd_n_ + T;
+    int n_keys = committed_.n + T;
     if (call.kind == DLLM__BD_SUB_BLOCK) {
-        char *block = (char *)bd_block_.ptr + layer * (size_t)bd_block_rows_ * row_bytes;
+        char *block = (char *)committed_.block_cache.ptr + layer * (size_t)committed_.block_rows * row_bytes;
         DLLM__TRY(put_fresh(block + (size_t)call.offset * row_bytes));  // the overwrite persists (block-diffusion.md)
-        DLLM__CUDA(
-            cudaMemcpyAsync(after, block, (size_t)bd_block_rows_ * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-        n_keys = bd_n_ + bd_block_rows_;
+        DLLM__CUDA(cudaMemcpyAsync(after, block, (size_t)committed_.block_rows * row_bytes, cudaMemcpyDeviceToDevice,
+                                   stream_));
+        n_keys = committed_.n + committed_.block_rows;
     } else {
         DLLM__TRY(put_fresh(after));
         if (call.kind == DLLM__BD_BLOCK_FULL)
-            DLLM__TRY(put_fresh((char *)bd_block_.ptr + layer * (size_t)T * row_bytes));
+            DLLM__TRY(put_fresh((char *)committed_.block_cache.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
     attn_args a = {};
@@ -262,23 +265,23 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * c.n_head * hd;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
-    a.partial = bd_partial_.as<float>();
+    a.partial = committed_.partial.as<float>();
     a.mask_block = call.mask_block, a.q_index0 = pos0;
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
-    else if (kvq_.enabled() && bd_n_ > 0)
+    else if (kvq_.enabled() && committed_.n > 0)
         DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
     else
-        DLLM__TRY(dllm__attn_launch(A_, arch_, hd, c.n_head, 1, a, stream_));
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
-    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, bd_n_, T));
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, committed_.n, T));
     return DLLM_OK;
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
  * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
-    return !bdfa_off_ && layer == 0 && bd_n_ > 0 && !kvq_.enabled() && m_.cfg.head_dim <= 256;
+    return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
 
 /* [FACache] The host's part of layer 0's split attention, run before the forward's launches (bd_prepare) so that a
@@ -286,31 +289,33 @@ bool dllm__gpu_backend::bdfa_on(size_t layer) const {
  * rows whose committed state is computed (those whose token changed since the last commit; every row without
  * call.lacache), copied to the device after its length. The decision stays on the host; a graph reads its outcome. */
 dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
-    if (!FA_.module) {
-        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), FA_.module));
-        FA_.committed.fn = FA_.module->kernels.at("bdfa_committed"), FA_.committed.name = "bdfa_committed";
-        FA_.merge.fn = FA_.module->kernels.at("bdfa_merge"), FA_.merge.name = "bdfa_merge";
+    if (!facache_.kernels.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
+        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
+        facache_.kernels.committed.name = "bdfa_committed";
+        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
+        facache_.kernels.merge.name = "bdfa_merge";
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
-    if (bdfa_n_ != bd_n_ || state_bytes > bdfa_state_.bytes)
-        bdfa_token_.assign(bdfa_token_.size(), -1);  // other keys, or states lost
-    DLLM__TRY(bdfa_state_.fit(state_bytes, "layer 0's attention states (FACache)"));
-    DLLM__TRY(bdfa_rows_.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
-    bdfa_n_ = bd_n_;
-    if ((int)bdfa_token_.size() < offsets) bdfa_token_.resize((size_t)offsets, -1);
-    bdfa_list_.assign(1, 0);  // [0]: how many rows follow
+    if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
+        facache_.tokens.assign(facache_.tokens.size(), -1);  // other keys, or states lost
+    DLLM__TRY(facache_.state.fit(state_bytes, "layer 0's attention states (FACache)"));
+    DLLM__TRY(facache_.rows.fit((size_t)(T + 1) * 4, "layer 0's attention states (FACache)"));
+    facache_.n = committed_.n;
+    if ((int)facache_.tokens.size() < offsets) facache_.tokens.resize((size_t)offsets, -1);
+    facache_.list.assign(1, 0);  // [0]: how many rows follow
     for (int t = 0; t < T; t++) {
-        int32_t &held = bdfa_token_[(size_t)(call.offset + t)];
+        int32_t &held = facache_.tokens[(size_t)(call.offset + t)];
         if (call.lacache && held == call.ids[t]) continue;
-        bdfa_list_.push_back(t);
+        facache_.list.push_back(t);
         held = call.lacache ? call.ids[t] : -1;
     }
-    bdfa_list_[0] = (int)bdfa_list_.size() - 1;
-    if (call.lacache) bdfa_rows_seen_ += T, bdfa_rows_reused_ += T - (int64_t)bdfa_list_[0];
-    DLLM__CUDA(
-        cudaMemcpyAsync(bdfa_rows_.ptr, bdfa_list_.data(), bdfa_list_.size() * 4, cudaMemcpyHostToDevice, stream_));
+    facache_.list[0] = (int)facache_.list.size() - 1;
+    if (call.lacache) facache_.rows_seen += T, facache_.rows_reused += T - (int64_t)facache_.list[0];
+    DLLM__CUDA(cudaMemcpyAsync(facache_.rows.ptr, facache_.list.data(), facache_.list.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
     return DLLM_OK;
 }
 
@@ -319,29 +324,29 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
  * with its own keys' state (dllm__src_bdfa). Eagerly a CTA per listed row; captured, a CTA per row, those past the
  * list's length (on the device, read at each replay) returning at once. */
 dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_keys, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int T = call.T, hd = c.head_dim;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DLLM__CUDA(cudaStreamIsCapturing(stream_, &capturing));
     const bool graph = capturing != cudaStreamCaptureStatusNone;
     bdfa_args a = {};
-    a.cache = (const bf16_t *)bd_cache_.ptr;  // layer 0's rows come first
+    a.cache = (const bf16_t *)committed_.kv.ptr;  // layer 0's rows come first
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * hd, a.o_stride = c.n_head * hd;
     a.n_head = c.n_head, a.n_kv = c.n_head_kv, a.hd = hd, a.scale = 1.0f / sqrtf((float)hd);
-    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0;
-    a.rows = bdfa_rows_.as<int>() + 1, a.n_rows = graph ? bdfa_rows_.as<int>() : nullptr;
-    a.offset = call.offset, a.state = bdfa_state_.as<float>();
-    const int ctas = graph ? T : bdfa_list_[0];
+    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0;
+    a.rows = facache_.rows.as<int>() + 1, a.n_rows = graph ? facache_.rows.as<int>() : nullptr;
+    a.offset = call.offset, a.state = facache_.state.as<float>();
+    const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(
-            FA_.committed.launch({dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return FA_.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        DLLM__TRY(facache_.kernels.committed.launch(
+            {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
+    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
 dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits) {
-    const int V = m_.cfg.n_vocab, out_rows = call.r1 - call.r0;
+    const int V = model_.cfg.n_vocab, out_rows = call.r1 - call.r0;
     for (int c0 = 0; c0 < out_rows; c0 += dllm__lm_chunk_rows) {
         const int rows = std::min(dllm__lm_chunk_rows, out_rows - c0);
         DLLM__TRY(lm_head(1, out_rows, c0, rows));
@@ -383,7 +388,7 @@ sampler_args dllm__gpu_backend::bd_sampler_args(const dllm__bd_call &call, const
 /* dllm_logits on a block-diffusion model (twin: dllm__cpu_backend::bd_logits): one forward without a committed cache,
  * block-causal at the granularity the model's forward uses when none is named, positions from 0, shift applied. */
 dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int r1, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     DLLM__TRY(bd_begin(n));
     dllm__bd_call call;
     call.ids = ids, call.T = n, call.mask_block = c.bd_mask_block;

@@ -5,21 +5,22 @@
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances bd_n_. Under
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n. Under
 // kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
 /* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
  * under kv_quant their codes (kvq_begin). */
 dllm_status dllm__gpu_backend::bd_begin(int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (!kvq_.enabled())
-        DLLM__TRY(bd_cache_.fit(W_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
-    DLLM__TRY(bd_partial_.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+        DLLM__TRY(
+            committed_.kv.fit(weights_->layers.size() * (size_t)rows * row_bytes, "the block-diffusion K/V cache"));
+    DLLM__TRY(committed_.partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
     DLLM__TRY(load_kv_scatter());  // bd_attention's copy of the fresh rows
-    bd_n_ = 0, bd_cap_ = rows, bd_block_rows_ = 0;
-    bdfa_n_ = -1, bdfa_rows_seen_ = bdfa_rows_reused_ = 0;
+    committed_.n = 0, committed_.capacity = rows, committed_.block_rows = 0;
+    facache_.n = -1, facache_.rows_seen = facache_.rows_reused = 0;
     return kvq_.enabled() ? kvq_begin(rows) : DLLM_OK;
 }
 
@@ -31,6 +32,6 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     DLLM__CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double sinks = kvq_.enabled() ? (double)kvq_.n_layer * kvq_.n_sink * 4 * kvq_.kvd : 0.0;
     const double room = (double)free_bytes + (double)bd_committed_bytes() - sinks;
-    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(m_.cfg, kvq_.mode, group));
+    rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(model_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }

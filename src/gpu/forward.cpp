@@ -11,9 +11,9 @@
 const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     const bool bf16_out = op.out_type == CUDA_R_16BF;
     const dllm__gemm_wg *const by_width[3] = {
-        gemm_.own_fits(op) ? gemm_.own : nullptr,
-        bf16_out && gemm_wg_n128_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n128_ : nullptr,
-        bf16_out && gemm_wg_n64_.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemm_wg_n64_ : nullptr};
+        gemms_.dense.own_fits(op) ? gemms_.dense.own : nullptr,
+        bf16_out && gemms_.wg_n128.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemms_.wg_n128 : nullptr,
+        bf16_out && gemms_.wg_n64.fits(op.X, op.W, op.Y, op.N, op.K) ? &gemms_.wg_n64 : nullptr};
     const dllm__gemm_wg *first = by_width[0] ? by_width[0] : by_width[1] ? by_width[1] : by_width[2];
     int candidates = 0;
     for (int i = 0; i < 3; i++) {
@@ -38,18 +38,18 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op))
                     return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
-            return rows != DLLM__ROWS_TUNED ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_);
+            return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
             if (rows == DLLM__ROWS_BATCH) return gemm_fp8_batch(W, x, y, M);
             if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
             const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128);
             const bool pinned = rows != DLLM__ROWS_TUNED;
-            if (fp8_gemm_ == DLLM__FP8_MMA)
-                return dllm__fp8_mma_run(fp8_mma_, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y,
+            if (gemms_.fp8 == DLLM__FP8_MMA)
+                return dllm__fp8_mma_run(gemms_.fp8_mma, act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y,
                                          m_pad, W.n, k_pad, stream_, pinned);
-            return gemm_.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n, k_pad,
-                                 stream_, pinned);
+            return gemms_.dense.run_fp8(act_.act8.ptr, act_.act8_scale.as<float>(), W.data, W.scale, y, m_pad, W.n,
+                                        k_pad, stream_, pinned);
         }
         case DLLM__W_Q4: return gemm_q4(W, x, y, M, rows == DLLM__ROWS_BATCH ? DLLM__ROWS_INDEPENDENT : rows, out);
     }
@@ -72,7 +72,7 @@ dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, v
 dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M) {
     if (x) DLLM__TRY(quantize_rows_e4m3(x, M, W.k));
     const int m_pad = act8_rows(M), k_pad = dllm__round_up(W.k, 128), groups = k_pad / 128;
-    const bool mma = fp8_gemm_ == DLLM__FP8_MMA;  // fp8_gemm: all rows in one launch
+    const bool mma = gemms_.fp8 == DLLM__FP8_MMA;  // fp8_gemm: all rows in one launch
     const unsigned char *codes = act_.act8.as<unsigned char>();
     const float *scales = act_.act8_scale.as<float>();
     for (const dllm__row_chunk &ch : dllm__fp8_row_chunks(M, mma ? std::max(m_pad, 16) : dllm__gemm::pin_m)) {
@@ -90,9 +90,9 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
         const unsigned char *X = codes + (size_t)ch.m0 * k_pad;
         void *Y = (char *)y + (size_t)ch.m0 * W.n * 2;
         if (mma)
-            DLLM__TRY(dllm__fp8_mma_run(fp8_mma_, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+            DLLM__TRY(dllm__fp8_mma_run(gemms_.fp8_mma, X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
         else
-            DLLM__TRY(gemm_.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
+            DLLM__TRY(gemms_.dense.run_fp8(X, s, W.data, W.scale, Y, ch.rows, W.n, k_pad, stream_, true));
     }
     return DLLM_OK;
 }
@@ -105,8 +105,8 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
     if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
-    const dllm__q4_format fa = soloq_.acts, fw = W.q4->format;
-    if (!q4_int8_ || !soloq_.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
+    const dllm__q4_format fa = lowbit_.options.acts, fw = W.q4->format;
+    if (!lowbit_.int8_path || !lowbit_.options.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
         return false;
     return !pinned || dllm__q4_int_sum_exact_in_fp32(fa, fw, W.k);
@@ -127,19 +127,21 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
     const dllm__q4_site &q = *W.q4;
-    const bool quantize = soloq_.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
+    const bool quantize = lowbit_.options.quantize_acts, pinned = rows == DLLM__ROWS_INDEPENDENT;
     const bool int8 = q4_int8(W, M, pinned);
     if (x) {
-        DLLM__TRY(dllm__soloq_quantize_rows(Q_, *q.rot, soloq_.acts, quantize, soloq_.bias_correction, x, (u64)W.k, M,
-                                            W.k, nullptr, nullptr, act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr,
-                                            stream_, int8 ? act_.q4a8.ptr : nullptr));
-    } else if (!(q4a_forms_ & (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
+        DLLM__TRY(dllm__soloq_quantize_rows(lowbit_.kernels, *q.rot, lowbit_.options.acts, quantize,
+                                            lowbit_.options.bias_correction, x, (u64)W.k, M, W.k, nullptr, nullptr,
+                                            act_.q4a_scale.ptr, int8 ? nullptr : act_.q4a.ptr, stream_,
+                                            int8 ? act_.q4a8.ptr : nullptr));
+    } else if (!(lowbit_.act_forms &
+                 (int8 ? 2 : 1))) {  // a fused producer made the input: in the form this path reads?
         return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: the producer of this %d-row input did not write the %s C values",
                           M, int8 ? "int8" : "bf16");
     }
     if (W.q4->packed) {  // a layer linear: its output is bf16
         if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
-        return dllm__q4wg_gemm_run(*q4wg_, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
+        return dllm__q4wg_gemm_run(*lowbit_.q4wg, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
                                    act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
                                    act_.q4wg_ws.bytes / 4, stream_);
     }
@@ -150,7 +152,7 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     if (M <= dllm__q4_max_rows || pinned) {
         for (int m0 = 0; m0 < M; m0 += dllm__q4_max_rows) {
             const int mc = std::min(dllm__q4_max_rows, M - m0);
-            DLLM__TRY(dllm__q4_gemm_run(q4_gemm_, q.format, W.data, q.block_scales.ptr, W.scale,
+            DLLM__TRY(dllm__q4_gemm_run(lowbit_.q4_gemm, q.format, W.data, q.block_scales.ptr, W.scale,
                                         (const bf16_t *)act_.q4a.ptr + (size_t)m0 * W.k, W.k, s_x ? s_x + m0 : nullptr,
                                         (char *)y + (size_t)m0 * W.n * out_bytes, W.n, 0, out, mc, W.n, W.k,
                                         act_.q4acc.as<float>(), act_.q4acc.bytes / 4, stream_));
@@ -163,33 +165,35 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
         const unsigned char *codes = (const unsigned char *)W.data + (size_t)n0 * (W.k / 2);
         const unsigned char *bs =
             q.block_scales.ptr ? (const unsigned char *)q.block_scales.ptr + (size_t)n0 * scale_bytes : nullptr;
-        DLLM__TRY(Q_.soloq_dequantize_rows.launch({dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)},
-                                                  stream_, codes, bs, (int)q.format, nc, W.k, act_.q4w.ptr));
+        DLLM__TRY(lowbit_.kernels.soloq_dequantize_rows.launch(
+            {dim3((unsigned)(W.k / 8 + 127) / 128, (unsigned)nc), dim3(128)}, stream_, codes, bs, (int)q.format, nc,
+            W.k, act_.q4w.ptr));
         const dllm__gemm_op op{act_.q4a.ptr, act_.q4w.ptr, act_.q4acc.ptr, M, nc, W.k, CUDA_R_32F, nullptr, nullptr};
-        DLLM__TRY(pinned ? gemm_.run_pinned(op, stream_) : gemm_.run(op, stream_));
-        DLLM__TRY(Q_.soloq_scale_rows.launch({dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_,
-                                             act_.q4acc.ptr, M, nc, s_x, W.scale + n0,
-                                             (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)W.n));
+        DLLM__TRY(pinned ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_));
+        DLLM__TRY(lowbit_.kernels.soloq_scale_rows.launch(
+            {dim3((unsigned)(nc + 255) / 256, (unsigned)M), dim3(256)}, stream_, act_.q4acc.ptr, M, nc, s_x,
+            W.scale + n0, (char *)y + (size_t)n0 * out_bytes, out == CUDA_R_32F ? 1 : 0, (u64)W.n));
     }
     return DLLM_OK;
 }
 
 /* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
-    q4_int8_launches_++;
-    return dllm__q4_int8_gemm_run(Q_, gemm_, W.q4->format, W.data, W.scale, act_.q4a8.ptr, act_.q4a_scale.as<float>(),
-                                  y, W.n, out, M, W.n, W.k, dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr,
-                                  act_.q4acc.as<int>(), stream_);
+    lowbit_.int8_launches++;
+    return dllm__q4_int8_gemm_run(lowbit_.kernels, gemms_.dense, W.q4->format, W.data, W.scale, act_.q4a8.ptr,
+                                  act_.q4a_scale.as<float>(), y, W.n, out, M, W.n, W.k,
+                                  dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
 /* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
  * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
- * int8 where the INT8 path may run), recorded in q4a_forms_ for gemm_q4 to check. */
+ * int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
-    q4a_forms_ = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
-    soloq_args a = dllm__soloq_args(*W.q4->rot, soloq_.acts, soloq_.quantize_acts, soloq_.bias_correction, M, W.k,
-                                    act_.q4a_scale.ptr, bf16 ? act_.q4a.ptr : nullptr);
+    lowbit_.act_forms = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
+    soloq_args a =
+        dllm__soloq_args(*W.q4->rot, lowbit_.options.acts, lowbit_.options.quantize_acts,
+                         lowbit_.options.bias_correction, M, W.k, act_.q4a_scale.ptr, bf16 ? act_.q4a.ptr : nullptr);
     a.values_i8 = int8 ? (signed char *)act_.q4a8.ptr : nullptr;
     return a;
 }
@@ -200,22 +204,22 @@ dllm_status dllm__gpu_backend::soloq_add_rmsnorm(const dllm__weight_view &W, con
                                                  const void *delta, const void *w, int M) {
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 1, a.h_in = h_in, a.h_out = h_out, a.delta = (const bf16_t *)delta, a.norm_w = (const float *)w,
-    a.eps = m_.cfg.norm_eps;
-    return dllm__soloq_launch(Q_, a, dllm__norm_threads(a.d / 8), stream_);
+    a.eps = model_.cfg.norm_eps;
+    return dllm__soloq_launch(lowbit_.kernels, a, dllm__norm_threads(a.d / 8), stream_);
 }
 
 /* [SoloQ fused producers] SwiGLU of M [gate | up] rows rotated and quantised for W's (down) GEMM into act_.q4a. */
 dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const void *gu, int M) {
     soloq_args a = soloq_producer_args(W, M);
     a.producer = 2, a.x = gu, a.x_stride = (u64)2 * W.k;
-    return dllm__soloq_launch(Q_, a, 1024, stream_);
+    return dllm__soloq_launch(lowbit_.kernels, a, 1024, stream_);
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
  * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride,
                                          const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     attn_args a = {};
     a.q = (const bf16_t *)q;
@@ -230,7 +234,7 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
     a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
-    return dllm__attn_launch(A_, arch_, hd, c.n_head, batch, a, stream_, wide);
+    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide);
 }
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
@@ -239,12 +243,12 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
  * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
  * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
-    const dllm__gpu_layer &L = W_->layers[layer];
+    const dllm__gpu_layer &L = weights_->layers[layer];
     const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : DLLM__ROWS_TUNED;
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
-        if (timer_) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
+        if (debug_.timer) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
     if (!kv_on_) {
         DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, batch * rows,
@@ -285,49 +289,50 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
  * kernel add_rmsnorm). */
 dllm_status dllm__gpu_backend::add_rmsnorm(const float *h_in, float *h_out, const void *delta, const void *w, void *y,
                                            int batch, int seq, int row0, int n_rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const unsigned threads = dllm__norm_threads(c.n_embd / 8);
-    return K_.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out, delta,
-                                 w, c.norm_eps, y, c.n_embd, n_rows, row0, seq);
+    return kernels_.rowwise.add_rmsnorm.launch({dim3((unsigned)n_rows, (unsigned)batch), dim3(threads)}, stream_, h_in,
+                                               h_out, delta, w, c.norm_eps, y, c.n_embd, n_rows, row0, seq);
 }
 
 /* add_rmsnorm over every row (row0 = 0, n_rows = seq), writing E4M3 codes and scales to act_.act8 instead of y. */
 dllm_status dllm__gpu_backend::add_rmsnorm_e4m3(const float *h_in, float *h_out, const void *delta, const void *w,
                                                 int batch, int seq) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const unsigned threads = dllm__norm_threads(dllm__round_up(c.n_embd, 128) / 8);
-    return K_.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_, h_in, h_out,
-                                      delta, w, c.norm_eps, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(batch * seq),
-                                      c.n_embd, seq, 0, seq);
+    return kernels_.rowwise.add_rmsnorm_e4m3.launch({dim3((unsigned)seq, (unsigned)batch), dim3(threads)}, stream_,
+                                                    h_in, h_out, delta, w, c.norm_eps, act_.act8.ptr,
+                                                    act_.act8_scale.ptr, act8_rows(batch * seq), c.n_embd, seq, 0, seq);
 }
 
 /* act_.act8 = E4M3 of the bf16 rows x [M x K] in 1x128 groups. */
 dllm_status dllm__gpu_backend::quantize_rows_e4m3(const void *x, int M, int K) {
-    return K_.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M, act_.act8.ptr,
-                                        act_.act8_scale.ptr, act8_rows(M), 0.0f);
+    return kernels_.rowwise.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, stream_, x, 0, K, M,
+                                                      act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M), 0.0f);
 }
 
 /* [EmbedCache] h[0..n_rows) = embedding rows of ids[0..n_rows), in fp32. */
 dllm_status dllm__gpu_backend::embed_gather(const int *ids, int n_rows, float *h) {
-    return K_.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows, W_->embed.ptr,
-                                  m_.cfg.n_embd, h);
+    return kernels_.rowwise.embed_gather.launch({dim3((unsigned)n_rows), dim3(256)}, stream_, ids, n_rows,
+                                                weights_->embed.ptr, model_.cfg.n_embd, h);
 }
 
 /* h rows [0, batch * rows) = embeddings of the canvas rows [q0, q0 + rows) of each batch entry. */
 dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int seq, int q0, int rows, float *h) {
     if (rows == seq) return embed_gather(ids, batch * seq, h);
     for (int b = 0; b < batch; b++)
-        DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * m_.cfg.n_embd));
+        DLLM__TRY(embed_gather(ids + (size_t)b * seq + q0, rows, h + (size_t)b * rows * model_.cfg.n_embd));
     return DLLM_OK;
 }
 
 /* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
 dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
     const void *positions = positions_on_ ? act_.positions.ptr : nullptr;
-    return K_.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows, seq_len, pos0,
-                              positions, c.n_head, c.n_head_kv, c.head_dim, bias, rope_cos_.ptr, rope_sin_.ptr);
+    return kernels_.rowwise.rope_qkv.launch({dllm__rows_grid(n_rows, per_row, 256), dim3(256)}, stream_, qkv, n_rows,
+                                            seq_len, pos0, positions, c.n_head, c.n_head_kv, c.head_dim, bias,
+                                            rope_cos_.ptr, rope_sin_.ptr);
 }
 
 /* Layer 0 up to its attention output (act_.att) with LaCache's [EmbedCache], [RoPECache] and [FACache] (lacache.md 1):
@@ -338,11 +343,11 @@ dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows,
  * The QKV GEMM is row-independent (no K/V cache here), so the rows REUSE computes alone carry the same bits as when the
  * plain path (self_attention) computes them among all rows. */
 dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, const int *ids) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const dllm__seq_rows &r = plan.rows();
     const int batch = plan.batch(), seq = r.seq, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, d = c.n_embd,
               M = batch * seq;
-    const dllm__gpu_layer &L = W_->layers[0];
+    const dllm__gpu_layer &L = weights_->layers[0];
     float *h = act_.h0.as<float>();
     if (plan.layer0 == DLLM__L0_FILL) {
         DLLM__TRY(embed_gather(ids, M, h));
@@ -384,37 +389,38 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
     mark("start");
     if (plan.layer0 == DLLM__L0_PLAIN) {
         DLLM__TRY(embed_gather_rows(ids_dev, batch, r.seq, r.q0, rows, h));
-        DLLM__TRY(add_rmsnorm(h, nullptr, nullptr, W_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+        DLLM__TRY(
+            add_rmsnorm(h, nullptr, nullptr, weights_->layers[0].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
         mark("L0 embed+norm");
     } else {
         DLLM__TRY(layer0_attention(plan, ids_dev));
     }
     const float *h_in = plan.layer0 == DLLM__L0_PLAIN ? h : act_.h0.as<float>();  // layer 0's residual input
-    const size_t n_layers = W_->layers.size();
+    const size_t n_layers = weights_->layers.size();
     for (size_t l = 0; l < n_layers; l++) {
         // [truncation] Output truncation reaches into the last layer: after its attention only the output rows
         // [out0, out1) matter, so it computes those alone when they are fewer (queries, O, FFN, final norm), its GEMMs
         // row-independent.
         const bool cut =
-            last_cut(l) && out_rows < rows && (size_t)batch * out_rows * m_.cfg.n_embd * 4 <= act_.h_cut.bytes;
+            last_cut(l) && out_rows < rows && (size_t)batch * out_rows * model_.cfg.n_embd * 4 <= act_.h_cut.bytes;
         const int o0 = cut ? r.out0 - r.q0 : 0, orows = cut ? out_rows : rows;
         if (l > 0 || plan.layer0 == DLLM__L0_PLAIN) DLLM__TRY(self_attention(l, batch, r, o0, orows));
         float *h_out = cut ? act_.h_cut.as<float>() : h;  // the cut rows' residual stream goes on in h_cut
         DLLM__TRY(output_and_ffn(l, batch, rows, o0, orows, l == 0 ? h_in : h, h_out));
         const bool last = l + 1 == n_layers;
-        if (last) last_layer_rows_ = orows;
+        if (last) debug_.last_layer_rows = orows;
         // The last layer's residual is only needed for the output rows (LaCache truncates them).
         if (last)
-            DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, W_->final_norm.ptr, act_.y.ptr, batch, orows,
+            DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
         else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, batch, rows));
+            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
         else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(W_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        W_->layers[l + 1].attn_norm.ptr, batch * rows));
+            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
+                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(
-                add_rmsnorm(h, h, act_.delta.ptr, W_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows));
+            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
+                                  0, rows));
         mark("add+norm");
     }
     return DLLM_OK;
@@ -427,7 +433,7 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
  * FP8 quantisers must see the same chunks as their GEMMs, so the chunks are cut here. */
 dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res,
                                               float *h_out) {
-    const int d = m_.cfg.n_embd;
+    const int d = model_.cfg.n_embd;
     const bool whole = orows == rows;  // then one run over the batch's rows end to end
     const int segments = whole ? 1 : batch, seg_rows = whole ? batch * rows : orows;
     const int chunk = layer_rows(l) == DLLM__ROWS_INDEPENDENT ? dllm__gemm::pin_m : seg_rows;
@@ -444,10 +450,10 @@ dllm_status dllm__gpu_backend::output_and_ffn(size_t l, int batch, int rows, int
 /* The attention output projection of layer l for rows [r0, r0 + M) of act_.att into those of act_.delta (under FP8 the
  * GEMM entry point quantises the attention output first). */
 dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const char *x = (const char *)act_.att.ptr + (size_t)r0 * c.n_head * c.head_dim * 2;
     char *y = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
-    return gemm(W_->layers[l].o.view(), x, y, M, layer_rows(l));
+    return gemm(weights_->layers[l].o.view(), x, y, M, layer_rows(l));
 }
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
@@ -455,8 +461,8 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
  * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
  * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
-    const dllm__config &c = m_.cfg;
-    const dllm__gpu_layer &L = W_->layers[l];
+    const dllm__config &c = model_.cfg;
+    const dllm__gpu_layer &L = weights_->layers[l];
     const int ff = c.n_ff;
     char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
     const dllm__rows rows = layer_rows(l);
@@ -465,8 +471,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
         mark("add+norm");
         DLLM__TRY(gemm(L.gu.view(), nullptr, act_.gu.ptr, M, rows));
         mark("gemm gate+up");
-        DLLM__TRY(K_.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr, ff, M,
-                                        act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M)));
+        DLLM__TRY(kernels_.rowwise.swiglu_e4m3.launch({dllm__e4m3_rows_grid(M, ff), dim3(128)}, stream_, act_.gu.ptr,
+                                                      ff, M, act_.act8.ptr, act_.act8_scale.ptr, act8_rows(M)));
         mark("swiglu");
         DLLM__TRY(gemm(L.down.view(), nullptr, delta, M, rows));
         mark("gemm down");
@@ -487,7 +493,8 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     mark("add+norm");
     DLLM__TRY(gemm(L.gu.view(), act_.a.ptr, act_.gu.ptr, M, rows));
     mark("gemm gate+up");
-    DLLM__TRY(K_.swiglu.launch({dllm__rows_grid(M, ff / 8, 256), dim3(256)}, stream_, act_.gu.ptr, act_.f.ptr, M, ff));
+    DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(M, ff / 8, 256), dim3(256)}, stream_, act_.gu.ptr,
+                                             act_.f.ptr, M, ff));
     mark("swiglu");
     DLLM__TRY(gemm(L.down.view(), act_.f.ptr, delta, M, rows));
     mark("gemm down");
@@ -496,11 +503,11 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
 
 /* LM head for output rows [c0, c0 + rows) of the raw_rows of each batch entry into act_.logits [batch][rows][V]. */
 dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     for (int b = 0; b < batch; b++) {
         const char *y = (const char *)act_.y.ptr + ((size_t)b * raw_rows + c0) * c.n_embd * 2;
         char *out = (char *)act_.logits.ptr + (size_t)b * rows * c.n_vocab * 4;
-        DLLM__TRY(gemm(W_->lm_head(c), y, out, rows, lacache_rows(), CUDA_R_32F));
+        DLLM__TRY(gemm(weights_->lm_head(c), y, out, rows, lacache_rows(), CUDA_R_32F));
     }
     return DLLM_OK;
 }
@@ -516,7 +523,7 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
 }
 
 dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (dllm__is_block_diffusion(c)) return bd_logits(ids, n, r0, r1, out);
     const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));

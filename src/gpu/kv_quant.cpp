@@ -137,39 +137,42 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     if (c.head_dim > 256)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d",
                           c.head_dim);
-    if (!KQ_.module) {
-        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), KQ_.module));
-        KQ_.commit_keys.fn = KQ_.module->kernels.at("kvq_commit_keys"), KQ_.commit_keys.name = "kvq_commit_keys";
-        KQ_.commit_values.fn = KQ_.module->kernels.at("kvq_commit_values"),
-        KQ_.commit_values.name = "kvq_commit_values";
-        KQ_.attention.fn = KQ_.module->kernels.at("kvq_attention"), KQ_.attention.name = "kvq_attention";
+    if (!kv_codes_.kernels.module) {
+        DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
+        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
+        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
+        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
+        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
+        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
+        kv_codes_.kernels.attention.name = "kvq_attention";
     }
-    if (kvq_.soloq() && kvq_rot_.empty()) {
-        kvq_rot_.resize(kvq_.rot.size());
-        for (size_t l = 0; l < kvq_.rot.size(); l++) DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kvq_rot_[l]));
+    if (kvq_.soloq() && kv_codes_.rotations.empty()) {
+        kv_codes_.rotations.resize(kvq_.rot.size());
+        for (size_t l = 0; l < kvq_.rot.size(); l++)
+            DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kv_codes_.rotations[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0, kvq_sink_rows_ = std::min(kvq_.n_sink, rows);
+    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
-    DLLM__TRY(kvq_k_codes_.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kvq_v_codes_.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kvq_v_side_.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
-    DLLM__TRY(
-        kvq_sinks_.fit((size_t)kvq_.n_layer * kvq_sink_rows_ * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
-    if (kvq_keep_rows_) kvq_kept_.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
-    DLLM__CUDA(cudaMemsetAsync(kvq_k_codes_.ptr, 0, codes, stream_));
-    DLLM__CUDA(cudaMemsetAsync(kvq_v_codes_.ptr, 0, codes, stream_));
-    kvq_tc_on_ = false;
+    DLLM__TRY(kv_codes_.k_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.v_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(kv_codes_.sinks.fit((size_t)kvq_.n_layer * kv_codes_.sink_rows * 4 * kvq_.kvd,
+                                  "the K/V cache's full-precision sinks"));
+    if (kv_codes_.keep_rows) kv_codes_.kept.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
+    DLLM__CUDA(cudaMemsetAsync(kv_codes_.k_codes.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(kv_codes_.v_codes.ptr, 0, codes, stream_));
+    kv_codes_.flash_on = false;
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
 
 /* kvq_tc: kvq_flash's module for the model's head dim, once, and its split states sized for any launch. A head
  * dim it does not take keeps kvq_attention (a warning says why). */
 dllm_status dllm__gpu_backend::kvq_tc_begin() {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     int smem_optin = 0;
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
     dllm__kvq_tc_plan probe;
@@ -177,10 +180,11 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
         dllm__log(DLLM_LOG_INFO, "%s", dllm_last_error());  // kvq_attention runs: correct, slower
         return DLLM_OK;
     }
-    if (!KQT_.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, KQT_));
-    DLLM__TRY(kvq_partial_.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
-                               "the split states of the tensor-core KV-quant attention (kvq_tc)"));
-    kvq_tc_on_ = true;
+    if (!kv_codes_.flash.module) DLLM__TRY(dllm__kvq_tc_load(arch_, c.head_dim, smem_optin, kv_codes_.flash));
+    DLLM__TRY(
+        kv_codes_.flash_partial.fit(dllm__kvq_tc_partial_bound(c.head_dim, c.n_head, c.n_head_kv, n_sms_, smem_optin),
+                                    "the split states of the tensor-core KV-quant attention (kvq_tc)"));
+    kv_codes_.flash_on = true;
     return DLLM_OK;
 }
 
@@ -188,16 +192,17 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
-    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * bd_cap_ * kvq_.row_bytes(),
-                 side = layer * bd_cap_ * kvq_.n_kv;
-    a.sinks = (const bf16_t *)kvq_sinks_.ptr + layer * kvq_sink_rows_ * row_elems;
-    a.fresh = (const bf16_t *)kvq_fresh_.ptr;
-    a.k_codes = (unsigned char *)kvq_k_codes_.ptr + codes, a.v_codes = (unsigned char *)kvq_v_codes_.ptr + codes;
-    a.k_pairs = kvq_.group ? (unsigned short *)kvq_k_pairs_.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
-    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kvq_v_side_.ptr + 2 * side;
-    a.v_scale = kvq_.soloq() ? (float *)kvq_v_side_.ptr + side : nullptr;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * committed_.capacity * kvq_.row_bytes(),
+                 side = layer * committed_.capacity * kvq_.n_kv;
+    a.sinks = (const bf16_t *)kv_codes_.sinks.ptr + layer * kv_codes_.sink_rows * row_elems;
+    a.fresh = (const bf16_t *)kv_codes_.fresh.ptr;
+    a.k_codes = (unsigned char *)kv_codes_.k_codes.ptr + codes,
+    a.v_codes = (unsigned char *)kv_codes_.v_codes.ptr + codes;
+    a.k_pairs = kvq_.group ? (unsigned short *)kv_codes_.k_pairs.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kv_codes_.v_side.ptr + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)kv_codes_.v_side.ptr + side : nullptr;
     if (kvq_.soloq()) {
-        const dllm__rotation_dev &r = kvq_rot_[layer];
+        const dllm__rotation_dev &r = kv_codes_.rotations[layer];
         a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
         a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
     }
@@ -206,23 +211,23 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kvq_fresh_, committed: quantised (twin: dllm__kvq_commit's
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised (twin: dllm__kvq_commit's
  * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
     const size_t row_bytes = (size_t)4 * kvq_.kvd;
-    const int sink_end = std::min(row0 + T, kvq_sink_rows_);
+    const int sink_end = std::min(row0 + T, kv_codes_.sink_rows);
     if (row0 < sink_end)
         DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (kvq_keep_rows_) DLLM__TRY(kvq_keep(layer, row0, T));
+    if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(KQ_.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(
-            KQ_.commit_values.launch({dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
+        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+            {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
 
@@ -230,21 +235,23 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
  * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
  * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
 dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     kvq_args a = kvq_layer_args(layer);
     a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = bd_n_, a.mask_block = call.mask_block, a.q_index0 = pos0,
+    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
-    if (!kvq_tc_on_) return KQ_.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    if (!kv_codes_.flash_on)
+        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
         chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
         dllm__kvq_tc_plan p;
-        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, bd_n_, kvq_.n_sink,
-                                        n_sms_, KQT_.smem_optin, p));
-        DLLM__TRY(dllm__kvq_tc_launch(KQT_, chunk, p, kvq_partial_.as<float>(), kvq_partial_.bytes, stream_));
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, committed_.n,
+                                        kvq_.n_sink, n_sms_, kv_codes_.flash.smem_optin, p));
+        DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, chunk, p, kv_codes_.flash_partial.as<float>(),
+                                      kv_codes_.flash_partial.bytes, stream_));
     }
     return DLLM_OK;
 }

@@ -35,8 +35,8 @@ dllm_status dllm__gpu_backend::begin_block(dllm__decode &st) {
         st.n_block_masks = dllm__count_masks(st, st.block_begin, st.block_end);
         return DLLM_OK;
     }
-    return K_.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr, st.block_begin,
-                                 st.block_end, st.steps_per_block, st.mask_id);
+    return kernels_.rowwise.block_begin.launch({dim3(1), dim3(256)}, stream_, act_.state.ptr, act_.canvas.ptr,
+                                               st.block_begin, st.block_end, st.steps_per_block, st.mask_id);
 }
 
 /* The sampler's arguments that come from dllm__sampling (the rest say which logits rows it reads). With the filters off
@@ -55,7 +55,7 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
  * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
 sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0,
                                              int raw_rows) const {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     sampler_args a = {};
     a.cond = act_.logits.as<float>(), a.uncond = nullptr, a.cfg_weight = 1.0f;
     a.vocab = c.n_vocab, a.slice = dllm__vocab_slice,
@@ -67,7 +67,7 @@ sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows
 }
 
 dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, int cp0, int raw_rows, int s0, int s1) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int off = s0 - st.cand_lo;
     sampler_args a = sampler_over(st.sampling, s1 - s0, s0, dllm__logit_row(c, s0) - dllm__logit_row(c, cp0),
                                   c.shift_logits && s0 == 0, raw_rows);
@@ -82,11 +82,12 @@ dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, do
                                               const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
     if (!state) state = act_.state.as<dllm_step_state>();  // [batch] batch_choose: each sequence's own
-    if (a.cutoff) DLLM__TRY(S_.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
-    DLLM__TRY(S_.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a, state,
-                                            act_.partials.ptr));
-    return S_.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state, act_.partials.ptr,
-                                         x0, conf, deferred);
+    if (a.cutoff)
+        DLLM__TRY(kernels_.sampler.row_cutoff_kernel.launch({dim3(rows), dim3(256)}, stream_, a, act_.cutoff.ptr));
+    DLLM__TRY(kernels_.sampler.conf_partial_kernel.launch({dim3((unsigned)a.n_slices, rows), dim3(256)}, stream_, a,
+                                                          state, act_.partials.ptr));
+    return kernels_.sampler.conf_combine_kernel.launch({dim3((rows + 127) / 128), dim3(128)}, stream_, a, state,
+                                                       act_.partials.ptr, x0, conf, deferred);
 }
 
 /* The rows the step's forward computes (dllm__step_rows) and those that reach the LM head: [truncation] only rows that
@@ -94,7 +95,7 @@ dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, do
  * any). The plain path computes every row, except under a K/V cache, whose forwards skip rows anyway: there every mode
  * truncates, so the LM head has the same rows in every mode and may take the GEMM tuned for them (lm_head). */
 dllm__forward_plan dllm__gpu_backend::plan_step(const dllm__decode &st) const {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     dllm__seq_rows r;
     r.seq = (int)st.canvas.size();
     dllm__step_rows(st, c.shift_logits, r.q0, r.q1);
@@ -118,11 +119,12 @@ dllm__forward_plan dllm__gpu_backend::plan_step(const dllm__decode &st) const {
  * block's first forward only the rows dllm__step_rows names. Everything it reads is on the device, so it can be
  * captured once and replayed. */
 dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
-    const dllm__config &c = m_.cfg;
+    const dllm__config &c = model_.cfg;
     const int n = (int)st.canvas.size(), batch = st.cfg_scale > 0 ? 2 : 1;
     if (batch == 2)
-        DLLM__TRY(K_.make_uncond.launch({dim3((unsigned)(n + 255) / 256), dim3(256)}, stream_, act_.canvas.ptr,
-                                        act_.is_prompt.ptr, n, st.mask_id, act_.canvas.as<int>() + n));
+        DLLM__TRY(kernels_.rowwise.make_uncond.launch({dim3((unsigned)(n + 255) / 256), dim3(256)}, stream_,
+                                                      act_.canvas.ptr, act_.is_prompt.ptr, n, st.mask_id,
+                                                      act_.canvas.as<int>() + n));
     const dllm__forward_plan plan = plan_step(st);
     const dllm__seq_rows &r = plan.rows();
     DLLM__TRY(forward(plan, act_.canvas.as<int>()));
@@ -134,14 +136,14 @@ dllm_status dllm__gpu_backend::run_step(const dllm__decode &st) {
         const int s0 = std::max(cp0, st.cand_lo);
         if (s0 < cp1) DLLM__TRY(sample_rows(st, batch, cp0, craw1 - craw0, s0, cp1));
         mark("sampler");
-        if (debug_rows_ && s0 < cp1)
+        if (debug_.rows && s0 < cp1)
             DLLM__TRY(record_rows(st, batch, cp0, craw1 - craw0, std::max(s0, st.block_begin), cp1));
     }
     const int rule = st.unmask.origin ? 4 : (int)st.unmask.kind;  // select_commit's rule 4: ORIGIN
-    DLLM__TRY(S_.select_commit.launch({dim3(1), dim3(1024), (size_t)(n - st.cand_lo) * 5}, stream_, act_.canvas.ptr,
-                                      act_.state.ptr, st.cand_lo, st.cand_lo, act_.x0.ptr, act_.conf.ptr,
-                                      act_.deferred.ptr, st.mask_id, act_.committed.ptr, rule, st.unmask.threshold,
-                                      st.unmask.factor, st.unmask.eps));
+    DLLM__TRY(kernels_.sampler.select_commit.launch(
+        {dim3(1), dim3(1024), (size_t)(n - st.cand_lo) * 5}, stream_, act_.canvas.ptr, act_.state.ptr, st.cand_lo,
+        st.cand_lo, act_.x0.ptr, act_.conf.ptr, act_.deferred.ptr, st.mask_id, act_.committed.ptr, rule,
+        st.unmask.threshold, st.unmask.factor, st.unmask.eps));
     mark("select");
     return DLLM_OK;
 }
@@ -172,17 +174,17 @@ dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_upd
         return s;
     }
     if (e != cudaSuccess) return dllm__cuda_fail(e, "capturing the step graph");
-    if (graph_exec_ && may_update) {
+    if (graphs_.step_exec && may_update) {
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(graph_exec_, graph, &info) == cudaSuccess) {
+        if (cudaGraphExecUpdate(graphs_.step_exec, graph, &info) == cudaSuccess) {
             cudaGraphDestroy(graph);
             return DLLM_OK;
         }
         cudaGetLastError();  // refused (the captured kernels differ): instantiate instead
     }
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    graph_exec_ = nullptr;
-    e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    if (graphs_.step_exec) cudaGraphExecDestroy(graphs_.step_exec);
+    graphs_.step_exec = nullptr;
+    e = cudaGraphInstantiate(&graphs_.step_exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) return dllm__cuda_fail(e, "instantiating the step graph");
     return DLLM_OK;
@@ -198,23 +200,23 @@ dllm_status dllm__gpu_backend::step(dllm__decode &st, std::vector<int32_t> &comm
     const std::string config = graph_key(st), shape = config + (st.kv_cache == DLLM_KV_CACHE_PREFIX ? at_block : "");
     const std::string key =
         shape + (st.lacache != DLLM_LACACHE_OFF || st.kv_cache != DLLM_KV_CACHE_NONE ? at_block : "");
-    if (dllm__env().no_graphs || fill || shape != warmed_key_) {
+    if (dllm__env().no_graphs || fill || shape != graphs_.warmed_key) {
         DLLM__TRY(run_step(st));
-        if (!fill) warmed_key_ = shape;
+        if (!fill) graphs_.warmed_key = shape;
     } else {
-        if (!graph_exec_ || key != graph_key_) {
-            DLLM__TRY(capture_step(st, config == graph_config_));
-            graph_key_ = key;
-            graph_config_ = config;
+        if (!graphs_.step_exec || key != graphs_.step_key) {
+            DLLM__TRY(capture_step(st, config == graphs_.step_config));
+            graphs_.step_key = key;
+            graphs_.step_config = config;
         }
-        DLLM__CUDA(cudaGraphLaunch(graph_exec_, stream_));
+        DLLM__CUDA(cudaGraphLaunch(graphs_.step_exec, stream_));
     }
     st.forwards += st.cfg_scale > 0 ? 2 : 1;
     committed.clear();
     const bool rule_needs_count = st.steps_per_block == 0;  // threshold/factor: the block loops until no mask is left
     if (!want_host && !rule_needs_count) return DLLM_OK;
     const int n = (int)st.canvas.size();
-    int *host = (int *)host_pinned_;
+    int *host = (int *)host_pinned_.ptr;
     if (want_host) {
         DLLM__CUDA(cudaMemcpyAsync(host, act_.canvas.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
         DLLM__CUDA(cudaMemcpyAsync(host + n, act_.committed.ptr, (size_t)n * 4, cudaMemcpyDeviceToHost, stream_));
