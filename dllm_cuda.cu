@@ -8336,7 +8336,9 @@ typedef unsigned long long u64;
         X(const int *,                                                                                                   \
           kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
         X(const int *,                                                                                                   \
-          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
+          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */ \
+        X(const int *, varlen_splits) /* varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) */ \
+                                      /* and the offset of its partial states in partial (floats) */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -8384,7 +8386,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 152 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -8498,7 +8500,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 )DLLM";
-#line 198 "src/gpu/kernel_table.cpp"
+#line 200 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
 #define DLLM__ROWWISE_KERNELS(X)                                                                                       \
@@ -8604,7 +8606,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 )DLLM";
-#line 219 "src/gpu/kernel_table.cpp"
+#line 221 "src/gpu/kernel_table.cpp"
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
@@ -8769,7 +8771,7 @@ KERNEL_find_nonfinite_bf16 {
         if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
-#line 222 "src/gpu/kernel_table.cpp"
+#line 224 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
 #define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
@@ -8838,7 +8840,7 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     return s > 0.f ? s : 1.f;
 }
 )DLLM";
-#line 240 "src/gpu/kernel_table.cpp"
+#line 242 "src/gpu/kernel_table.cpp"
 
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = R"DLLM(
@@ -8957,7 +8959,7 @@ KERNEL_quantize_weight_blocks {
     }
 }
 )DLLM";
-#line 243 "src/gpu/kernel_table.cpp"
+#line 245 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
@@ -9528,7 +9530,7 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 262 "src/gpu/kernel_table.cpp"
+#line 264 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
  * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
@@ -9579,7 +9581,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 299 "src/gpu/kernel_table.cpp"
+#line 301 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9838,7 +9840,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 301 "src/gpu/kernel_table.cpp"
+#line 303 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -10259,7 +10261,7 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 330 "src/gpu/kernel_table.cpp"
+#line 332 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
  * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
@@ -10385,7 +10387,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 363 "src/gpu/kernel_table.cpp"
+#line 365 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10406,7 +10408,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 368 "src/gpu/kernel_table.cpp"
+#line 370 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
@@ -10557,7 +10559,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 386 "src/gpu/kernel_table.cpp"
+#line 388 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -10993,7 +10995,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 472 "src/gpu/kernel_table.cpp"
+#line 474 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11377,7 +11379,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 488 "src/gpu/kernel_table.cpp"
+#line 490 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11693,19 +11695,25 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
- * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
- * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
- * dllm__attn_varlen_launch). False: the CTA's query tile lies past the sequence's rows (the grid fits the longest). */
-__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
-    const int z = blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+/* [varlen] A batched forward's attention: CTA z works on sequence z / kv_splits of a concatenation, its share z %
+ * kv_splits (split) of the sequence's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[s],
+ * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
+ * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
+ * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
+ * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares. */
+__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
+    const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
+    split = blockIdx.z % a.kv_splits;
+    if (a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
+    a.kv_splits = shares;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
     if (a.varlen_masks)
         a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
-    return (int)blockIdx.x * br < a.q_rows;
+    return (int)blockIdx.x * br < a.q_rows && split < shares;
 }
 
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
@@ -11717,8 +11725,9 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
+    int varlen_split = 0;
     if constexpr (VARLEN) {
-        if (!varlen_sequence(a, BR)) return;
+        if (!varlen_sequence(a, BR, varlen_split)) return;
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -11727,7 +11736,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
-              split = VARLEN ? 0 : blockIdx.z % a.kv_splits;
+              split = VARLEN ? varlen_split : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
@@ -11823,10 +11832,20 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
- * result does not depend on scheduling). One thread per output column. */
-template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+ * result does not depend on scheduling). One thread per output column. VARLEN: CTA z merges sequence z's own shares
+ * (varlen_sequence's layout), where it has more than one. */
+template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
-    const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int b = blockIdx.z;
+    if constexpr (VARLEN) {
+        const int q0 = a.q_offsets[b];
+        a.partial += a.varlen_splits[2 * b + 1];
+        a.kv_splits = a.varlen_splits[2 * b];
+        a.q_rows = a.q_offsets[b + 1] - q0;
+        if (row >= a.q_rows || a.kv_splits < 2) return;
+        a.o += (u64)q0 * a.o_stride, a.o_bstride = 0, b = 0;
+    }
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
     const u64 split_stride = (u64)a.q_rows * (HD + 2);
     float mx = -DLLM_INF;
@@ -11842,7 +11861,7 @@ template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 496 "src/gpu/kernel_table.cpp"
+#line 498 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11963,7 +11982,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 502 "src/gpu/kernel_table.cpp"
+#line 504 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12160,7 +12179,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 514 "src/gpu/kernel_table.cpp"
+#line 516 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12365,7 +12384,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 533 "src/gpu/kernel_table.cpp"
+#line 535 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12400,7 +12419,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 556 "src/gpu/kernel_table.cpp"
+#line 558 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -12939,7 +12958,9 @@ static std::string dllm__attn_varlen_name(int hd, const dllm__arch &a) {
     return dllm__format("flash_attn<%d,%d,%d,%d,%d,true>", hd, a.fa_br, a.fa_bc, a.fa_mt, a.fa_stages);
 }
 
-static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
+static std::string dllm__attn_combine_name(int hd, bool varlen = false) {
+    return dllm__format(varlen ? "attn_combine<%d,true>" : "attn_combine<%d>", hd);
+}
 
 static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) {
     return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages);
@@ -12989,10 +13010,10 @@ static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, i
     dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc,
                                          arch.fa_mt, arch.fa_stages),
                             dllm__src_prelude() + dllm__src_mma + dllm__src_attention,
-                            {dllm__attn_varlen_name(head_dim, arch)},
+                            {dllm__attn_varlen_name(head_dim, arch), dllm__attn_combine_name(head_dim, true)},
                             arch.target};
     const std::string short_name = dllm__attn_varlen_name(head_dim, dllm__attn_short_tiles(arch));
-    if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);
+    if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);  // last: dllm__gpu_backend::load_varlen
     return rq;
 }
 
@@ -13830,6 +13851,357 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
 #line 113 "src/dllm_cuda.cu"
+#line 1 "src/gpu/gemm_splitk.cpp"
+/* src/gpu/gemm_splitk.cpp - [row-independent GEMM] gemm_splitk: BF16 GEMMs whose rows get the same bits at any row
+ * count, fast at a few rows (src/kernels/gemm_splitk.cuh): the split per shape, loading, and the launcher. */
+
+/* gemm_splitk's arguments (host/kernel contract, declared in its own module). */
+#define DLLM__GEMM_SPLITK_ARGS_FIELDS(X)                                                                               \
+    X(bf16_t *, y)  /* [m][n] */                                                                                       \
+    X(float *, ws)  /* SPREAD: [n / 128][splits][256 NT / 2] fp32 partials */                                          \
+    X(int *, cnt)   /* SPREAD: [n / 128] units counted a tile: zero before a launch, left zero after */                \
+    X(int, m) X(int, n) X(int, k) X(int, splits)
+struct gemm_splitk_args {
+    DLLM__GEMM_SPLITK_ARGS_FIELDS(DLLM__FIELD)
+};
+static_assert(sizeof(gemm_splitk_args) == 40, "contract layout");
+
+static const char *dllm__src_gemm_splitk = R"DLLM(
+#line 1 "src/kernels/gemm_splitk.cuh"
+/* [row-independent GEMM] gemm_splitk: Y [M x N] (bf16) = X [M x K] . W [N x K]^T for BF16 operands on Hopper's
+ * wgmma (sm_90a), fast at a few rows and the same bits for a row whatever the other rows are. Twin: dllm__cpu_gemm's
+ * products (fp32 sums; the GPU's order differs, so its tests compare within a bound and check the bits against
+ * themselves across row counts).
+ *
+ * Transposed product, as q4wg: the weights are wgmma's A operand (64 output features a consumer warpgroup, 128 a CTA)
+ * and the tokens its N (NT = 32, 64, 128 or 256), so that 32 tokens cost a 64 x 32 x 16 product, not the 128-row
+ * tile gemm_wg computes whatever M is. Both operands arrive by TMA in 64-wide k-steps (128-byte swizzle, K-major).
+ *
+ * Split-K fixed by the shape: K is cut into `splits` equal ranges (the host picks splits from N, K and the GPU's SM
+ * count, never from M), and every output is
+ *     ((p_0 + p_1) + p_2) + ...,   p_s = the wgmma k16 products of split s, in k order, from zero
+ * however it is computed. SPREAD (few tokens: one token tile) spreads a tile's splits over CTAs: a unit is (feature
+ * tile, split), it writes p_s to ws (the accumulator layout, coalesced) and counts itself in cnt[tile]; the unit
+ * that completes the count reads p_0, p_1, ... back in split order and stores their sum, whichever unit is last.
+ * Otherwise (many tokens, where ws would cost as much memory traffic as the weights) a unit is (feature tile, token
+ * tile) and computes its splits one after the other, adding each p_s to the sum as it completes. Either way a row's
+ * bits depend on (N, K, splits) alone, never on M, NT, the mode or timing (gpu_splitk.* checks it). cnt is left
+ * zero; ws needs no clearing. A CTA walks units blockIdx.x, + gridDim.x, ...; token tiles vary fastest, so that the
+ * CTAs running at once share their weight tiles in L2.
+ */
+
+struct gemm_splitk_maps {
+    tensor_map x, w;
+};  // boxes of 64 columns x: NT rows (x), 128 rows (w)
+
+/* d (64 x 32, accumulators) = (accumulate ? d : 0) + A (64 x 16, shared) . B (32 x 16, shared, K-major)^T: wgmma_ss
+ * for NT = 32, which the attention and gemm_wg never need. */
+__device__ __forceinline__ void splitk_mma32(float (&d)[4][4], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : WG_ACC8(d, 0), WG_ACC8(d, 1), WG_ACC8(d, 2), WG_ACC8(d, 3)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <int NT> __device__ __forceinline__ void splitk_mma(float (&d)[NT / 8][4], u64 a, u64 b, int accumulate) {
+    if constexpr (NT == 32)
+        splitk_mma32(d, a, b, accumulate);
+    else
+        wgmma_ss<NT>(d, a, b, accumulate);
+}
+
+/* The j-th unit of this CTA: its feature tile, split (SPREAD) or token tile (otherwise). */
+struct splitk_unit {
+    int tile, split, tok;
+};
+template <int NT, bool SPREAD>
+__device__ __forceinline__ splitk_unit splitk_unit_of(int j, const gemm_splitk_args &a) {
+    const int u = blockIdx.x + j * gridDim.x, tt = (a.m + NT - 1) / NT;
+    if (SPREAD) return {u / a.splits, u % a.splits, 0};
+    return {u / tt, 0, u % tt};
+}
+
+/* The producer's one thread: for each k-step of each unit, the weight box (128 features) and the token box (NT rows,
+ * zeros past M) into the next slot of the ring. The first NS weight boxes go out before griddepcontrol.wait (weights
+ * never depend on the previous kernel), the tokens after it. */
+template <int NS, int NT, bool SPREAD>
+__device__ __forceinline__ void splitk_produce(const gemm_splitk_args &a, const gemm_splitk_maps &tm, u32 s0, u32 full,
+                                               u32 empty, int units, int unit_steps) {
+    constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
+    const int jobs = units * unit_steps;
+    auto load_w = [&](int j) {
+        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
+        tma_load(s0 + (j % NS) * STAGE, tm.w, (u.split * unit_steps + j % unit_steps) * 64, u.tile * 128, 0,
+                 full + (j % NS) * 8);
+    };
+    auto load_x = [&](int j) {
+        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
+        tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, (u.split * unit_steps + j % unit_steps) * 64, u.tok * NT, 0,
+                 full + (j % NS) * 8);
+    };
+    const int first = min(NS, jobs);
+    for (int j = 0; j < first; j++) {
+        mbar_expect_tx(full + j * 8, STAGE);
+        load_w(j);
+    }
+    pdl_enter();
+    for (int j = 0; j < first; j++) load_x(j);
+    for (int j = NS; j < jobs; j++) {
+        const int slot = j % NS;
+        mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
+        mbar_expect_tx(full + slot * 8, STAGE);
+        load_w(j);
+        load_x(j);
+    }
+}
+
+/* A consumer warpgroup's 64 x NT accumulators (features f0 + rows, tokens m0 + columns) to Y, rounded once. */
+template <int NT>
+__device__ __forceinline__ void splitk_store(const gemm_splitk_args &a, const float (&acc)[NT / 8][4], int f0, int m0) {
+    const int t128 = threadIdx.x & 127, warp = t128 >> 5, g = (t128 & 31) >> 2, tq = t128 & 3;
+    const int f = f0 + warp * 16 + g;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int m = m0 + 8 * j + 2 * tq + c;
+            if (m < a.m) {
+                a.y[(long long)m * a.n + f] = f32_to_bf16(acc[j][c]);
+                a.y[(long long)m * a.n + f + 8] = f32_to_bf16(acc[j][2 + c]);
+            }
+        }
+}
+
+/* SPREAD's end of a unit: the partial to ws, counted in cnt[tile]; the unit that completes the count replaces acc by
+ * the ordered sum of every split's partial and returns true. Named barrier 1 joins the two consumer warpgroups (the
+ * producer warp takes no part). */
+template <int NT>
+__device__ __forceinline__ bool splitk_reduce(const gemm_splitk_args &a, float (&acc)[NT / 8][4], splitk_unit u,
+                                              int *last) {
+    constexpr int TILE = 256 * (NT / 2);  // floats of one tile's partial (both warpgroups)
+    const int tid = threadIdx.x;
+    float *mine = a.ws + ((long long)u.tile * a.splits + u.split) * TILE + tid;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) __stcg(mine + (4 * j + e) * 256, acc[j][e]);
+    __threadfence();
+    named_bar_sync(1, 256);
+    if (tid == 0) *last = atomicAdd(a.cnt + u.tile, 1) == a.splits - 1;
+    named_bar_sync(1, 256);
+    if (!*last) return false;
+    __threadfence();
+    const float *part = a.ws + (long long)u.tile * a.splits * TILE + tid;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = __ldcg(part + (4 * j + e) * 256);
+    for (int s = 1; s < a.splits; s++)
+#pragma unroll
+        for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] += __ldcg(part + (long long)s * TILE + (4 * j + e) * 256);
+    if (tid == 0) a.cnt[u.tile] = 0;
+    return true;
+}
+
+/* The consumer warpgroups. Per k-step four k16 products, the previous step's awaited and its slot released; a split
+ * starts from zero (into part after the first, added to acc when its last step is done). */
+template <int NS, int NT, bool SPREAD>
+__device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0, u32 full, u32 empty, int units,
+                                               int steps, int *last) {
+    constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
+    const int wg = threadIdx.x >> 7;
+    auto release = [&](int j) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(empty + (j % NS) * 8);
+    };
+    int j = 0;
+    auto run_split = [&](float (&d)[NT / 8][4]) {
+        for (int ks = 0; ks < steps; ks++, j++) {
+            const u32 sa = s0 + (j % NS) * STAGE;
+            mbar_wait(full + (j % NS) * 8, (j / NS) & 1);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                splitk_mma<NT>(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + W_BYTES + kk * 32),
+                               ks > 0 || kk > 0);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (ks > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                release(j - 1);
+            }
+        }
+        wg_wait_for<0>(d);
+        release(j - 1);
+    };
+    float acc[NT / 8][4];
+    for (int i = 0; i < units; i++) {
+        const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
+        run_split(acc);
+        if (SPREAD) {
+            if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
+        } else {
+            for (int s = 1; s < a.splits; s++) {
+                float part[NT / 8][4];
+                run_split(part);
+#pragma unroll
+                for (int jj = 0; jj < NT / 8; jj++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[jj][e] += part[jj][e];
+            }
+        }
+        splitk_store<NT>(a, acc, u.tile * 128 + wg * 64, u.tok * NT);
+    }
+}
+
+/* NS ring slots of a weight box and a token box; NT tokens a tile; SPREAD: see above (the host passes a.m <= NT). */
+template <int NS, int NT, bool SPREAD>
+__global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const __grid_constant__ gemm_splitk_maps tm) {
+    constexpr u32 STAGE = 128 * 128 + NT * 128;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int last;
+    const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, full = s0 + NS * STAGE, empty = full + NS * 8;
+    const int steps = a.k / 64 / a.splits, tt = (a.m + NT - 1) / NT;
+    const int total = a.n / 128 * (SPREAD ? a.splits : tt), unit_steps = SPREAD ? steps : steps * a.splits;
+    const int units = (int)blockIdx.x < total ? (total - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    if (threadIdx.x == 256) {
+        for (int s = 0; s < NS; s++) {
+            mbar_init(full + s * 8, 1);
+            mbar_init(empty + s * 8, 8);  // lane 0 of each consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x == 256) splitk_produce<NS, NT, SPREAD>(a, tm, s0, full, empty, units, unit_steps);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    splitk_consume<NS, NT, SPREAD>(a, s0, full, empty, units, steps, &last);
+}
+)DLLM";
+#line 16 "src/gpu/gemm_splitk.cpp"
+
+/* Its configurations: NT tokens a tile, NS ring slots (each a 16 KB weight box and NT x 128 bytes of tokens, about
+ * 192 KB in all), SPREAD (see the kernel). SPREAD takes one tile of at most 128 tokens: at 128 its partials already
+ * move as many bytes as the weights. The other mode's tiles are 128 tokens: a split's partial needs a second set of
+ * accumulators. */
+struct dllm__splitk_config {
+    int nt, ns;
+    bool spread;
+};
+static const dllm__splitk_config dllm__splitk_configs[] = {
+    {32, 10, true}, {64, 8, true}, {128, 6, true}, {128, 6, false}};
+static const int dllm__splitk_configs_n = 4, dllm__splitk_spread_rows = 128, dllm__splitk_tile = 128;
+static const int dllm__splitk_max_tiles = 1024;  // the tile counters at the workspace's start: N up to 131072
+
+static size_t dllm__splitk_smem(const dllm__splitk_config &c) { return (size_t)c.ns * (128 + c.nt) * 128 + 1024 + 16 * c.ns; }
+
+static std::string dllm__splitk_name(const dllm__splitk_config &c) {
+    return dllm__format("gemm_splitk<%d,%d,%s>", c.ns, c.nt, c.spread ? "true" : "false");
+}
+
+/* Whether gemm_splitk takes an n x k weight: whole 128-feature tiles, k in 64-wide steps, 16-byte aligned operands. */
+static bool dllm__splitk_takes(const void *X, const void *W, const void *Y, int n, int k) {
+    return n > 0 && k > 0 && n % dllm__splitk_tile == 0 && k % 64 == 0 &&
+           ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
+}
+
+/* The split of an n x k weight on a GPU of sm_count SMs: the one (of those dividing k's 64-wide steps into ranges of
+ * at least 4 steps, up to 8) whose busiest SM runs the fewest steps when every (tile, split) unit is spread over
+ * the SMs, the smallest on a tie. It depends on the shape and the GPU alone, so a row's bits never depend on M. */
+static int dllm__splitk_splits(int n, int k, int sm_count) {
+    const int tiles = n / dllm__splitk_tile, steps = k / 64;
+    int best = 1;
+    long long best_cost = -1;
+    for (int s = 1; s <= 8; s++) {
+        if (steps % s || steps / s < 4) continue;
+        const long long waves = ((long long)tiles * s + sm_count - 1) / sm_count, cost = waves * (steps / s);
+        if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
+}
+
+/* The workspace of an n-row weight, in 4-byte words: the tile counters (cnt, at a fixed place whatever the weight,
+ * so that one zeroed buffer serves every GEMM), then SPREAD's partials at its most tokens (ws). */
+static size_t dllm__splitk_workspace_floats(int n, int splits) {
+    return dllm__splitk_max_tiles + (size_t)(n / dllm__splitk_tile) * splits * 256 * (dllm__splitk_spread_rows / 2);
+}
+
+static dllm__jit_request dllm__module_gemm_splitk(const dllm__arch &arch) {
+    std::vector<std::string> names;
+    for (const dllm__splitk_config &c : dllm__splitk_configs) names.push_back(dllm__splitk_name(c));
+    return {"dllm_gemm_splitk",
+            dllm__src_prelude() + dllm__src_mma + dllm__src_hopper +
+                DLLM__XSTR(struct gemm_splitk_args{DLLM__GEMM_SPLITK_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
+                dllm__src_gemm_splitk,
+            names, arch.target};
+}
+
+/* gemm_splitk's maps (gemm_splitk_maps on the device). */
+struct dllm__splitk_maps {
+    CUtensorMap x, w;
+};
+
+/* gemm_splitk loaded for one device. */
+struct dllm__gemm_splitk {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<void(gemm_splitk_args, dllm__splitk_maps)> kernel[dllm__splitk_configs_n];
+    int sm_count = 0;
+};
+
+/* The module for the current device (sm_90a only: wgmma, TMA). */
+static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk &out) {
+    if (a.cc != 90 || !dllm__tensor_map_encoder())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "gemm_splitk runs on sm_90a (wgmma, TMA) only, this GPU is sm_%d", a.cc);
+    DLLM__TRY(dllm__jit_load(dllm__module_gemm_splitk(a), out.module));
+    int dev = 0;
+    DLLM__CUDA(cudaGetDevice(&dev));
+    DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    for (int i = 0; i < dllm__splitk_configs_n; i++) {
+        const dllm__splitk_config &c = dllm__splitk_configs[i];
+        out.kernel[i].fn = out.module->kernels.at(dllm__splitk_name(c)), out.kernel[i].name = "gemm_splitk";
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)out.kernel[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)dllm__splitk_smem(c)));
+    }
+    return DLLM_OK;
+}
+
+/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T, every row the bits it has at any other M: SPREAD at up to 128 rows, the
+ * other mode in launches of 128-row token tiles above, on as many CTAs as there are units (at most one an SM). ws: the
+ * dllm__splitk_workspace_floats(N, splits) floats, its counters zero (the launches leave them zero). */
+static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M, int N,
+                                         int K, float *ws, size_t ws_floats, cudaStream_t stream) {
+    if (!dllm__splitk_takes(X, W, Y, N, K) || N / dllm__splitk_tile > dllm__splitk_max_tiles || M < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gemm_splitk: M = %d, N = %d, K = %d: N must be a multiple of 128, K of 64, the operands "
+                          "16-byte aligned",
+                          M, N, K);
+    const int splits = dllm__splitk_splits(N, K, k.sm_count);
+    if (M == 0) return DLLM_OK;
+    const bool spread = M <= dllm__splitk_spread_rows;
+    if (spread && splits > 1 && (!ws || ws_floats < dllm__splitk_workspace_floats(N, splits)))
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gemm_splitk: a workspace of %zu floats is required (%zu given)",
+                          dllm__splitk_workspace_floats(N, splits), ws_floats);
+    int i = 0;
+    while (dllm__splitk_configs[i].spread != spread || dllm__splitk_configs[i].nt < std::min(M, 128))
+        i++;  // the smallest tile that holds M (SPREAD), else 128 tokens
+    const dllm__splitk_config &c = dllm__splitk_configs[i];
+    dllm__splitk_maps maps;
+    if (!dllm__tensor_map(maps.x, X, K, M, 1, (uint64_t)K, 0, c.nt) ||
+        !dllm__tensor_map(maps.w, W, K, N, 1, (uint64_t)K, 0, dllm__splitk_tile))
+        return dllm__fail(DLLM_ERR_CUDA, "the driver refused a TMA tensor map for gemm_splitk (M=%d N=%d K=%d)", M, N,
+                          K);
+    gemm_splitk_args a = {};
+    a.y = (bf16_t *)Y, a.cnt = (int *)ws, a.ws = ws ? ws + dllm__splitk_max_tiles : nullptr;
+    a.m = M, a.n = N, a.k = K, a.splits = splits;
+    const int units = N / dllm__splitk_tile * (spread ? splits : (M + c.nt - 1) / c.nt);
+    return k.kernel[i].launch({dim3((unsigned)std::min(units, k.sm_count)), dim3(384), dllm__splitk_smem(c)}, stream, a,
+                              maps);
+}
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
 /* src/gpu/weight_formats.cpp - the weight formats and the GEMM entry point types. */
 
@@ -13925,9 +14297,14 @@ struct dllm__linear {
  * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
  * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
  * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
- * sequence's rows get the same bits whatever else the batch holds. */
-enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
-#line 114 "src/dllm_cuda.cu"
+ * sequence's rows get the same bits whatever else the batch holds.
+ * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas) is INDEPENDENT on gemm_splitk, fast at a
+ * few rows, where it takes the operands; FILL (a K/V cache's full forward) is BATCH's single launch. A batched forward
+ * gives each sequence its kind's GEMM (batch_.gemm_runs) and a solo forward under a K/V cache takes the same
+ * (dllm__gpu_backend::solo_kv_), so a K/V-cache generation's GEMMs give a sequence the same bits alone and in any
+ * batch. */
+enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH, DLLM__ROWS_STEP, DLLM__ROWS_FILL };
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
 /* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
  * packed layout, the kernels' configurations, loading, and the launcher. */
@@ -14445,7 +14822,7 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
     }
     return DLLM_OK;
 }
-#line 115 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -14732,7 +15109,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 116 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -14984,7 +15361,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 117 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -15040,6 +15417,7 @@ struct dllm__activations {
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
     dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's int32 split-K sums and tile counts (dllm__q4wg_workspace_ints), zero
+    dllm__dbuf splitk_ws;  // [row-independent GEMM] gemm_splitk's tile counts (zero) and partials
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
@@ -15051,7 +15429,7 @@ struct dllm__activations {
                                        h0.ptr,        qkv0.ptr,       fa_state.ptr,  attn_partial.ptr,
                                        act8.ptr,      act8_scale.ptr, q4a.ptr,       q4a_scale.ptr,
                                        q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr,
-                                       q4wg_ws.ptr};
+                                       q4wg_ws.ptr,   splitk_ws.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -15114,6 +15492,9 @@ struct dllm__varlen_layout {
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its canvas),
+    // whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };
 
@@ -15202,6 +15583,7 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
         v.out_rows += raw1 - raw0;
         v.max_rows = std::max(v.max_rows, s.q1 - s.q0);
         v.q0.push_back(s.q0);
+        v.step.push_back(s.q1 - s.q0 < s.n);
     }
     return DLLM_OK;
 }
@@ -15243,7 +15625,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 118 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -15312,10 +15694,32 @@ struct dllm__graph_set {
 
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
  * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+/* [batch] A run of consecutive rows of a batched forward whose sequences are all steps or all not (DLLM__ROWS_STEP). */
+struct dllm__gemm_run {
+    int r0, r1;
+    bool step;
+};
+static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout &v) {
+    std::vector<dllm__gemm_run> runs;
+    for (size_t i = 0; i + 1 < v.offsets.size(); i++) {
+        const bool step = i < v.step.size() && v.step[i];
+        if (!runs.empty() && runs.back().step == step)
+            runs.back().r1 = v.offsets[i + 1];
+        else
+            runs.push_back({v.offsets[i], v.offsets[i + 1], step});
+    }
+    return runs;
+}
+
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
     dllm__kernel<void(attn_args)> attn, attn_short;  // the table's tiles; dllm__attn_short_tiles
+    dllm__kernel<void(attn_args)> combine;           // attn_combine's varlen instantiation
+    // [dual cache] [prefix cache] per attention entry its split-KV shares and the offset of its partial states (as a
+    // solo step splits them: dllm__attn_entry_splits), the most shares, and the states
+    dllm__dbuf attn_splits, attn_partial;
+    int max_splits = 1;
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -15328,6 +15732,7 @@ struct dllm__gpu_batch {
     // batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
     dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
     int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
+    std::vector<dllm__gemm_run> gemm_runs;  // the running batched forward's, for its BF16 GEMMs (gemm_bf16_batch)
 };
 
 /* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
@@ -15373,6 +15778,7 @@ struct dllm__gpu_gemms {
     dllm__gemm_wg wg;                     // dllm's Hopper GEMM, a candidate of dense
     dllm__gemm_wg wg_n128;                // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
     dllm__gemm_wg wg_n64;                 // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_splitk splitk;             // every BF16 layer GEMM where loaded (sm_90a): row-independent at any M
     dllm__fp8_gemm fp8 = DLLM__FP8_NONE;  // in effect
     dllm__fp8_mma fp8_mma;                // loaded when fp8 is DLLM__FP8_MMA
 };
@@ -15486,7 +15892,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
     template <class F> dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
         DLLM__TRY(prepare_batch(v));
-        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
+        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows), each sequence's rows of its kind
+        batch_.gemm_runs = dllm__gemm_runs_of(v);
         dllm_status s = forward_varlen_replayed(v);
         const dllm__config &c = model_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
@@ -15496,6 +15903,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
             if (s == DLLM_OK) s = on_chunk(c0, rows);
         }
         batch_on_ = false;
+        batch_.gemm_runs.clear();
         return s;
     }
     dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
@@ -15613,10 +16021,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
     soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
     dllm__rows lacache_rows() const {
-        return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT;
+        return batch_on_                      ? DLLM__ROWS_BATCH
+               : solo_kv_ != DLLM__ROWS_TUNED ? solo_kv_
+               : kv_on_                       ? DLLM__ROWS_TUNED
+                                              : DLLM__ROWS_INDEPENDENT;
     }
     dllm__rows layer_rows(size_t l) const {
-        return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED;
+        return batch_on_                      ? DLLM__ROWS_BATCH
+               : solo_kv_ != DLLM__ROWS_TUNED ? solo_kv_
+               : last_cut(l)                  ? lacache_rows()
+                                              : DLLM__ROWS_TUNED;
     }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
@@ -15633,7 +16047,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M);
     dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride,
-                          const void *keys_qkv, void *out, int fa_mode, bool may_split = false, bool wide = false);
+                          const void *keys_qkv, void *out, int fa_mode, bool may_split = false, bool wide = false,
+                          int split_rows = 0);
     dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
     dllm_status self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows);
     dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
@@ -15684,6 +16099,14 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
     dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
     const dllm__gemm_wg *batch_gemm_wg(const dllm__gemm_op &op);
+    dllm_status gemm_bf16_independent(const dllm__gemm_op &op, bool step);
+    dllm_status gemm_bf16_batch(const dllm__gemm_op &op);
+    /* Whether gemm_splitk runs y = x . W^T (BF16): loaded, W's shape whole tiles, the workspace sized for it. */
+    bool splitk_fits(const dllm__weight_view &W, const void *x, const void *y) const {
+        return gemms_.splitk.module && dllm__splitk_takes(x, W.data, y, W.n, W.k) &&
+               act_.splitk_ws.bytes / 4 >=
+                   dllm__splitk_workspace_floats(W.n, dllm__splitk_splits(W.n, W.k, gemms_.splitk.sm_count));
+    }
     // [bd graphs] [batch graphs]
     template <class F> dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
     template <class F>
@@ -15707,6 +16130,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__activations act_;
     bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
     bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    // A solo forward under a K/V cache runs (forward, and its LM head): DLLM__ROWS_STEP or _FILL, a batched forward's
+    // GEMMs for the same sequence; TUNED: none
+    dllm__rows solo_kv_ = DLLM__ROWS_TUNED;
     dllm__gpu_batch batch_;      // [batch] the batched forwards' kernels, slots, layout and device token choice
     bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     dllm__pinned host_pinned_;   // canvas + committed list + state for the step callback
@@ -15771,16 +16197,21 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 
 /* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
  * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
-static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd,
+static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
+                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch, int hd,
                                             int heads, int batch, int max_q_rows, const attn_args &a, cudaStream_t s) {
-    if (a.fa_mode || a.kv_splits != 1 || a.key_valid || !a.q_offsets || !a.kv_offsets || batch > 65535)
+    if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
+        (int64_t)batch * a.kv_splits > 65535)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
-            a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
+            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s (none, -, -, none "
+            "expected)",
+            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none");
     if (batch == 0 || max_q_rows == 0) return DLLM_OK;
-    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)batch);
-    return k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a);
+    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+    DLLM__TRY(k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
+    if (a.kv_splits == 1) return DLLM_OK;
+    return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
@@ -15836,7 +16267,7 @@ dllm_status dllm__gpu_backend::init(int device) {
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
  * with a warning. So do its 128- and 64-wide variants, which the batched forwards take where faster (batch_gemm_wg). */
 dllm_status dllm__gpu_backend::load_kernels() {
-    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
+    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module, splitk_module;
     const int forced = dllm__env().batch_gemm_n;  // 0: every width is a candidate
     const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128),
                n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
@@ -15852,6 +16283,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
     if (n128) jobs.push_back({dllm__module_gemm_wg(arch_, 128), &gemm_n128_module});
     if (n64) jobs.push_back({dllm__module_gemm_wg(arch_, 64), &gemm_n64_module});
+    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_splitk(arch_), &splitk_module});
     std::vector<dllm_status> st(jobs.size(), DLLM_OK);
     std::vector<std::string> err(jobs.size());
     std::vector<std::thread> workers;
@@ -15882,6 +16314,11 @@ dllm_status dllm__gpu_backend::load_kernels() {
         dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
                   dllm__tls_error.c_str());
         gemms_.wg_n64 = dllm__gemm_wg();
+    }
+    if (arch_.gemm_wg_stages && dllm__gemm_splitk_load(arch_, gemms_.splitk) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "gemm_splitk is not available, BF16 GEMMs run on cuBLASLt and gemm_wg: %s",
+                  dllm__tls_error.c_str());
+        gemms_.splitk = dllm__gemm_splitk();
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
@@ -15965,10 +16402,21 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.state.fit(sizeof(dllm_step_state), "the step state"));
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
+    if (gemms_.splitk.module) {  // the widest layer linear's partials; its counters zero, and kept zero
+        const std::pair<int, int> shapes[] = {{(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
+        size_t words = 0;
+        for (const auto &nk : shapes)
+            words = std::max(words, dllm__splitk_workspace_floats(
+                                        nk.first, dllm__splitk_splits(nk.first, nk.second, gemms_.splitk.sm_count)));
+        const void *was = A.splitk_ws.ptr;
+        DLLM__TRY(A.splitk_ws.fit(words * 4, "gemm_splitk's workspace"));
+        if (A.splitk_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.splitk_ws.ptr, 0, A.splitk_ws.bytes, stream_));
+    }
     if (kv_cache) {
         A.kv.resize(weights_->layers.size());
         for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
-        DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+        DLLM__TRY(A.attn_partial.fit((size_t)batch * dllm__attn_partial_bound(arch_, c.head_dim, n_sms_),
+                                     "split-KV attention states"));
     }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);
@@ -16024,7 +16472,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (A.addresses() != before) A.generation++;
     return DLLM_OK;
 }
-#line 119 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -16053,19 +16501,54 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     return chosen ? chosen : first;
 }
 
+/* A BF16 GEMM whose rows get the bits they have at any other row count: a step's (DLLM__ROWS_STEP) on gemm_splitk where
+ * it takes the operands; otherwise, or for another kind of forward, gemm_wg (any width: same bits), else one pinned
+ * cuBLASLt algorithm. The choice depends on the kind and the operands' shape, never on M. */
+dllm_status dllm__gpu_backend::gemm_bf16_independent(const dllm__gemm_op &op, bool step) {
+    if (step && op.out_type == CUDA_R_16BF) {
+        const dllm__weight_view W = {DLLM__W_BF16, op.N, op.K, op.W, nullptr};
+        if (splitk_fits(W, op.X, op.Y))
+            return dllm__gemm_splitk_run(gemms_.splitk, op.X, op.W, op.Y, op.M, op.N, op.K, act_.splitk_ws.as<float>(),
+                                         act_.splitk_ws.bytes / 4, stream_);
+    }
+    if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
+    return gemms_.dense.run_pinned(op, stream_);
+}
+
+/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM, so
+ * a sequence's rows get the bits they have alone. */
+dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
+    const std::vector<dllm__gemm_run> &runs = batch_.gemm_runs;
+    if (op.out_type != CUDA_R_16BF || runs.empty()) return gemm_bf16_independent(op, false);  // the LM head
+    if (runs.size() == 1) return gemm_bf16_independent(op, runs[0].step);
+    if (runs.back().r1 != op.M)
+        return dllm__fail(DLLM_ERR_INTERNAL, "a batched GEMM of %d rows over a layout of %d", op.M, runs.back().r1);
+    const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
+    for (const dllm__gemm_run &run : runs) {
+        dllm__gemm_op part = op;
+        part.M = run.r1 - run.r0;
+        part.X = (const char *)op.X + (size_t)run.r0 * op.K * 2;
+        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * out_bytes;
+        DLLM__TRY(gemm_bf16_independent(part, run.step));
+    }
+    return DLLM_OK;
+}
+
 /* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
  * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
  * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
  * whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
+    // A solo forward under a K/V cache takes the batched forward's BF16 GEMMs on sm_90a (gemm_splitk there); FP8 and
+    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones anyway).
+    const bool solo_kv = rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL;
+    if (solo_kv && (W.format != DLLM__W_BF16 || !gemms_.splitk.module)) rows = DLLM__ROWS_TUNED;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned algorithm.
-            if (rows == DLLM__ROWS_BATCH)
-                if (const dllm__gemm_wg *k = batch_gemm_wg(op))
-                    return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
+            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL) return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
+            if (rows == DLLM__ROWS_BATCH) return gemm_bf16_batch(op);
             return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
@@ -16244,9 +16727,14 @@ dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const vo
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
- * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
+ * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last,
+ * except under a K/V cache, where the tiles go in plain order, split as a batched forward splits them (for split_rows
+ * query rows, the forward's: the last layer may query fewer) and on flash_attn, so that a sequence's attention is the
+ * batched forward's (self_attention_varlen_kv). */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride,
-                                         const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide) {
+                                         const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide,
+                                         int split_rows) {
+    const bool solo_kv = solo_kv_ != DLLM__ROWS_TUNED;
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     attn_args a = {};
@@ -16257,12 +16745,14 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.seq = seq, a.q_rows = q_rows;
     a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.q_bstride = q_bstride, a.o_bstride = (u64)q_rows * c.n_head * hd;
-    a.st = act_.state.as<dllm_step_state>();
+    a.st = solo_kv ? nullptr : act_.state.as<dllm_step_state>();
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
-    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
+    // Under a K/V cache each sequence (CFG's two among them) splits as it would alone (fit_buffers sizes the states).
+    const int heads = solo_kv ? c.n_head : c.n_head * batch;
+    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
-    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide);
+    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide && !solo_kv);
 }
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
@@ -16274,7 +16764,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
     const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
     const dllm__gpu_layer &L = weights_->layers[layer];
-    const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : DLLM__ROWS_TUNED;
+    const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : solo_kv_;
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
         if (debug_.timer) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
@@ -16308,7 +16798,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
         DLLM__TRY(rope_qkv(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
     stage("rope");
     DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0,
-                        true, layer > 0));
+                        true, layer > 0, rows));
     stage("attention");
     return DLLM_OK;
 }
@@ -16413,6 +16903,7 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
                           "a forward over sequences with different rows (batching is not built yet)");
     const dllm__seq_rows &r = plan.rows();
     const int batch = plan.batch(), rows = r.rows(), out_rows = r.out_rows();
+    solo_kv_ = !kv_on_ ? DLLM__ROWS_TUNED : rows < r.seq ? DLLM__ROWS_STEP : DLLM__ROWS_FILL;
     float *h = act_.h.as<float>();
     mark("start");
     if (plan.layer0 == DLLM__L0_PLAIN) {
@@ -16542,6 +17033,7 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
 
 dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int raw_rows) {
     kv_on_ = positions_on_ = false;
+    solo_kv_ = DLLM__ROWS_TUNED;
     DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemsetAsync(act_.state.ptr, 0, sizeof(dllm_step_state),
@@ -16567,7 +17059,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 120 "src/dllm_cuda.cu"
+#line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -16635,6 +17127,8 @@ dllm_status dllm__gpu_backend::load_varlen() {
         return DLLM_OK;
     };
     DLLM__TRY(bind(dllm__attn_short_tiles(arch_), batch_.attn_short));
+    batch_.combine.fn = batch_.varlen_module->kernels.at(dllm__attn_combine_name(hd, true));
+    batch_.combine.name = "attn_combine (varlen)";
     return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
@@ -16643,7 +17137,7 @@ dllm_status dllm__gpu_backend::load_varlen() {
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
     const bool short_runs =
         dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
-    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn,
+    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn, batch_.combine,
                                     short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
                                     model_.cfg.n_head, batch, max_rows, a, stream_);
 }
@@ -16711,9 +17205,11 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
                            (int)!v.attn_masks.empty());
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
-                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr);
+                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
+                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr);
+    id.baked.append(v.step.begin(), v.step.end());  // each sequence's GEMM kind (batch_.gemm_runs)
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
                                           &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
         id.baked += dllm__format(" %zu:", a->size());
@@ -16743,7 +17239,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = batch_.row_offsets.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 121 "src/dllm_cuda.cu"
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -16830,8 +17326,39 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
     return batch_logits_to_host(plan, v, out);
 }
 
-/* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
+/* Per attention entry of a K/V-cache layout (sequence i is entry 2i, the bridges between them have no query row) its
+ * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and where
+ * its partial states start; the most shares; the floats of all the states. */
+static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c, int n_sms,
+                                   const dllm__varlen_layout &v, std::vector<int32_t> &out, size_t &floats) {
+    const size_t entries = v.attn_q_offsets.size() - 1;
+    out.assign(2 * entries, 0);
+    floats = 0;
+    int most = 1;
+    for (size_t e = 0; e < entries; e++) {
+        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e], keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
+        const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
+        out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
+        if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
+        most = std::max(most, shares);
+    }
+    return most;
+}
+
+/* The attention's offsets and shares and the rows' cache rows on the device (prepare_batch, before its
+ * synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
+    std::vector<int32_t> splits;
+    size_t floats = 0;
+    batch_.max_splits = dllm__attn_entry_splits(arch_, model_.cfg, n_sms_, v, splits, floats);
+    if (floats > (size_t)INT32_MAX)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    if (batch_.max_splits > 1) {
+        DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
+        DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
+        DLLM__CUDA(cudaMemcpyAsync(batch_.attn_splits.ptr, splits.data(), splits.size() * 4, cudaMemcpyHostToDevice,
+                                   stream_));
+    }
     DLLM__TRY(batch_.attn_q_offsets.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(batch_.attn_kv_offsets.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(batch_.cache_rows.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
@@ -16877,7 +17404,9 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.seq = max_tokens_, a.q_rows = v.max_rows;  // each CTA reads its sequence's own (varlen_sequence)
     a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
+    a.kv_splits = batch_.max_splits;  // each sequence's keys split as its solo step splits them (upload_kv_layout)
+    a.varlen_splits = batch_.max_splits > 1 ? batch_.attn_splits.as<int>() : nullptr;
+    a.partial = batch_.attn_partial.as<float>();
     a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
@@ -16899,7 +17428,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -17093,7 +17622,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -17335,7 +17864,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -17451,7 +17980,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -17490,7 +18019,7 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(model_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -17749,7 +18278,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -17810,6 +18339,7 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     // A K/V-cache generation: row-tuned GEMMs, as the dual cache's (no LaCache row-independence to keep); the RoPE
     // positions are this path's own, not DPad's. Only self_attention reads act_.kv, and this path never calls it.
     kv_on_ = true, positions_on_ = false;
+    solo_kv_ = DLLM__ROWS_TUNED;
     DLLM__TRY(fit_buffers(1, T, std::max(std::min(out_rows, dllm__lm_chunk_rows), choose_rows)));
     const size_t row_bytes = (size_t)4 * c.n_head_kv * c.head_dim;  // K|V, bf16
     if (call.kind == DLLM__BD_BLOCK_FULL) {
@@ -18153,7 +18683,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -18260,7 +18790,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -18699,7 +19229,7 @@ struct dllm__generation {
         return DLLM_OK;
     }
 };
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -19032,7 +19562,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -19523,7 +20053,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
@@ -19687,7 +20217,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 133 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -19756,7 +20286,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     live.swap(still);
     return DLLM_OK;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/stepper.cpp"
 /* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
  * dllm_generate_batch is its loop. */
@@ -20100,7 +20630,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
     return s;
 }
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -20217,7 +20747,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 136 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -20786,4 +21316,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 137 "src/dllm_cuda.cu"
+#line 138 "src/dllm_cuda.cu"

@@ -110,6 +110,7 @@ namespace {
 #include "gpu/modules.cpp"
 #include "gpu/gemm.cpp"
 #include "gpu/gemm_lowbit.cpp"
+#include "gpu/gemm_splitk.cpp"
 #include "gpu/weight_formats.cpp"
 #include "gpu/q4_wgmma.cpp"
 #include "gpu/weights.cpp"

@@ -33,6 +33,7 @@
 #include "test_soloq.inl"
 #include "test_soloq_gpu.inl"
 #include "test_q4wg.inl"
+#include "test_gemm_splitk.inl"
 #include "test_q4_gemm.inl"
 #include "test_int8_gemm.inl"
 #include "test_quantize.inl"

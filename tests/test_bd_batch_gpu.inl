@@ -152,7 +152,7 @@ TEST(jit, bd_batch_varlen_attention_compiles_for_sm90_and_sm80) {
             std::string log;
             CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
             CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            CHECK(lowered.size() == 2 && cubin.size() > 1000);  // the table's tiles and the short runs
+            CHECK(lowered.size() == 3 && cubin.size() > 1000);  // the table's tiles, the split combine, the short runs
         }
 }
 
@@ -214,11 +214,11 @@ TEST(gpu_bd_batch, masked_varlen_attention_equals_each_sequence_alone) {
         b.seq = total_keys, b.q_rows = max_rows, b.q_stride = qkv, b.kv_stride = 2 * kvd, b.o_stride = H * hd, b.group = H / KV;
         b.scale_log2 = 1.4426950408889634f / sqrtf((float)hd), b.kv_splits = 1;
         b.q_offsets = dqo.as<int>(), b.kv_offsets = dkvo.as<int>(), b.varlen_masks = dm.as<int>();
-        CHECK_STATUS(dllm__attn_varlen_launch(k, ga.arch, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), ga.arch, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)rows * H * hd);
         test_poison(dout, (size_t)rows * H * hd * 2);
-        CHECK_STATUS(dllm__attn_varlen_launch(k_short, short_tiles, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm__attn_varlen_launch(k_short, dllm__kernel<void(attn_args)>(), short_tiles, hd, H, (int)q_off.size() - 1, max_rows, b, 0), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CHECK_MSG(test_get<uint16_t>(dout, (size_t)rows * H * hd) == out, "hd %d: the short runs' tiles changed the masked varlen attention's bits", hd);
         const std::vector<float> x = test_f32_vec(qb), kv = test_f32_vec(kvb);

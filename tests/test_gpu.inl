@@ -16,7 +16,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
                             dllm__module_bdfa(a), dllm__module_kvq(a), dllm__module_kvq_tc(a, 128)})
                 rqs.push_back(rq);
             if (a.fp8 != DLLM__FP8_NONE) rqs.push_back(dllm__module_fp8_gemm(a));
-            if (a.cc == 90) rqs.push_back(dllm__module_q4wg(a));
+            if (a.cc == 90) rqs.push_back(dllm__module_q4wg(a)), rqs.push_back(dllm__module_gemm_splitk(a));
         }
         if (a.gemm_wg_stages)  // every tile width (the batched forwards' choice)
             for (int bn : {256, 128, 64}) rqs.push_back(dllm__module_gemm_wg(a, bn));
@@ -39,9 +39,10 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
             CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             // warnings are errors: a kernel file's warning fails CI, which has no GPU
             CHECK_MSG(log.find("warning") == std::string::npos, "%s warns on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            if (rq.name.find("attn") != std::string::npos || rq.name.find("gemm_wg") != std::string::npos)  // register arrays must stay in registers
+            const bool gemm = rq.name.find("gemm_wg") != std::string::npos || rq.name.find("gemm_splitk") != std::string::npos;
+            if (rq.name.find("attn") != std::string::npos || gemm)  // register arrays must stay in registers
                 CHECK_MSG(!dllm__log_reports(log, "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
-            if (rq.name.find("gemm_wg") != std::string::npos)  // ptxas serialises wgmma it cannot pipeline, and says so
+            if (gemm)  // ptxas serialises wgmma it cannot pipeline, and says so
                 CHECK_MSG(log.find("serialized") == std::string::npos, "%s: wgmma serialised on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
             CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
         }
@@ -506,7 +507,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     test_put(dst, std::vector<int>(st, st + 16));
     attn_args a = {dq.as<bf16_t>() + (size_t)q0 * stride, dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(),
                    dv.as<unsigned char>(), seq, q_rows, stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)q_rows * H * hd,
-                   dst.as<dllm_step_state>(), 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>(), 0, 0, nullptr, nullptr, nullptr};
+                   dst.as<dllm_step_state>(), 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits, dpart.as<float>(), 0, 0, nullptr, nullptr, nullptr, nullptr};
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> first = test_get<uint16_t>(dout, (size_t)B * q_rows * H * hd);
@@ -1011,7 +1012,7 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
         test_poison(dout, out_n * 2);
         attn_args a = {dq.as<bf16_t>(), dq.as<bf16_t>() + (size_t)H * hd, dq.as<bf16_t>() + (size_t)(H + KV) * hd, dout.as<bf16_t>(), nullptr, seq, seq,
                        stride, stride, H * hd, H / KV, (uint64_t)seq * stride, (uint64_t)seq * H * hd, dst.as<dllm_step_state>(),
-                       1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr, 0, 0, nullptr, nullptr, nullptr};
+                       1.4426950408889634f / sqrtf((float)hd), mode, dstate.as<float>(), 1, nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
         dllm__attn_launch(k, g.arch, hd, H, B, a, 0);
         return test_get<uint16_t>(dout, out_n);
     };

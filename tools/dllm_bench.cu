@@ -253,10 +253,10 @@ static void bench_gemm_wg(bench_result &r, const dllm__arch &arch, cudaStream_t 
     }
 }
 
-/* [batch] gemm_wg's tile widths (256, 128 and 64, which dllm__batch_gemm_width times) at the LLaDA-8B shapes for the row
- * counts of batched steps (M = 32: a dual-cache block step alone; 512: 16 of them; 128 and 2048 around), 10 launches
- * back to back a timing: narrower tiles make more tile pairs where 128 x 256 leave SMs idle (o and down at M = 32: 16
- * CTAs on 132 SMs). Keys "n<width> us", and each narrower width's "n<width>/n256". */
+/* [batch] gemm_wg's tile widths (256, 128 and 64, which dllm__batch_gemm_width times), gemm_splitk and cuBLASLt's tuned
+ * best at the LLaDA-8B shapes for the row counts of batched steps (M = 32: a dual-cache block step alone; 512: 16 of
+ * them; 128 and 2048 around), 10 launches back to back a timing. Keys "n<width> us", each narrower width's
+ * "n<width>/n256", "splitk us", "cuBLASLt us" and "splitk/cuBLASLt". */
 static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
     const int widths[3] = {256, 128, 64};
     dllm__gemm_wg k[3];
@@ -266,9 +266,15 @@ static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaSt
     }
     std::shared_ptr<dllm__module> rowwise;
     BENCH_CHECK(dllm__jit_load(dllm__module_rowwise(arch), rowwise));
-    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
+    dllm__gemm_splitk splitk;
+    BENCH_CHECK(dllm__gemm_splitk_load(arch, splitk));
+    dllm__gemm lt;  // cuBLASLt alone: no gemm_wg candidate
+    BENCH_CHECK(lt.init());
+    // LLaDA-8B's, then Fast-dLLM v2 7B's (Qwen2.5-7B: the block-diffusion step)
+    struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288},
+                                                       {"v2_qkv", 4608, 3584}, {"v2_o", 3584, 3584}, {"v2_gate_up", 2 * 18944, 3584}, {"v2_down", 3584, 18944}};
     for (const auto &sh : shapes)
-        for (int M : {32, 128, 512, 2048}) {
+        for (int M : {32, 64, 128, 512, 2048}) {
             bench_gemm_shape g;
             g.M = M; g.N = sh.N; g.K = sh.K;
             bench_prepare(rowwise, g, false, s);
@@ -279,6 +285,17 @@ static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaSt
                 r.set(name + dllm__format("n%d us", widths[i]), us[i]);
                 if (i > 0) r.set(name + dllm__format("n%d/n256", widths[i]), us[i] / us[0]);
             }
+            const size_t ws_floats = dllm__splitk_workspace_floats(sh.N, dllm__splitk_splits(sh.N, sh.K, splitk.sm_count));
+            dllm__dbuf ws;
+            BENCH_CHECK(ws.fit(ws_floats * 4, "splitk bench"));
+            cudaMemset(ws.ptr, 0, ws_floats * 4);
+            const double sk = bench_us_each(s, 7, [&](int) {
+                BENCH_CHECK(dllm__gemm_splitk_run(splitk, g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, ws.as<float>(), ws_floats, s));
+            });
+            const double lt_us = bench_us_each(s, 7, [&](int) { BENCH_CHECK(lt.run(g.x.ptr, g.w.ptr, g.y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s)); });
+            r.set(name + "splitk us", sk);
+            r.set(name + "cuBLASLt us", lt_us);
+            r.set(name + "splitk/cuBLASLt", sk / lt_us);
         }
 }
 
@@ -674,7 +691,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
         attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
                        H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
-                       partial.as<float>(), 0, 0, nullptr, nullptr, nullptr};
+                       partial.as<float>(), 0, 0, nullptr, nullptr, nullptr, nullptr};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);

@@ -52,6 +52,7 @@ struct dllm__activations {
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
     dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's int32 split-K sums and tile counts (dllm__q4wg_workspace_ints), zero
+    dllm__dbuf splitk_ws;  // [row-independent GEMM] gemm_splitk's tile counts (zero) and partials
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
     std::vector<const void *> addresses() const {
@@ -63,7 +64,7 @@ struct dllm__activations {
                                        h0.ptr,        qkv0.ptr,       fa_state.ptr,  attn_partial.ptr,
                                        act8.ptr,      act8_scale.ptr, q4a.ptr,       q4a_scale.ptr,
                                        q4w.ptr,       q4acc.ptr,      q4a8.ptr,      act8_chunk_scale.ptr,
-                                       q4wg_ws.ptr};
+                                       q4wg_ws.ptr,   splitk_ws.ptr};
         for (const dllm__dbuf &b : kv) p.push_back(b.ptr);
         return p;
     }
@@ -126,6 +127,9 @@ struct dllm__varlen_layout {
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its canvas),
+    // whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };
 
@@ -214,6 +218,7 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
         v.out_rows += raw1 - raw0;
         v.max_rows = std::max(v.max_rows, s.q1 - s.q0);
         v.q0.push_back(s.q0);
+        v.step.push_back(s.q1 - s.q0 < s.n);
     }
     return DLLM_OK;
 }

@@ -65,10 +65,32 @@ struct dllm__graph_set {
 
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
  * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+/* [batch] A run of consecutive rows of a batched forward whose sequences are all steps or all not (DLLM__ROWS_STEP). */
+struct dllm__gemm_run {
+    int r0, r1;
+    bool step;
+};
+static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout &v) {
+    std::vector<dllm__gemm_run> runs;
+    for (size_t i = 0; i + 1 < v.offsets.size(); i++) {
+        const bool step = i < v.step.size() && v.step[i];
+        if (!runs.empty() && runs.back().step == step)
+            runs.back().r1 = v.offsets[i + 1];
+        else
+            runs.push_back({v.offsets[i], v.offsets[i + 1], step});
+    }
+    return runs;
+}
+
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
     dllm__kernel<void(attn_args)> attn, attn_short;  // the table's tiles; dllm__attn_short_tiles
+    dllm__kernel<void(attn_args)> combine;           // attn_combine's varlen instantiation
+    // [dual cache] [prefix cache] per attention entry its split-KV shares and the offset of its partial states (as a
+    // solo step splits them: dllm__attn_entry_splits), the most shares, and the states
+    dllm__dbuf attn_splits, attn_partial;
+    int max_splits = 1;
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -81,6 +103,7 @@ struct dllm__gpu_batch {
     // batch_choose: each sequence's step state (its global_step keys the draws), the chosen rows' x0, conf, deferred
     dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
     int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
+    std::vector<dllm__gemm_run> gemm_runs;  // the running batched forward's, for its BF16 GEMMs (gemm_bf16_batch)
 };
 
 /* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
@@ -126,6 +149,7 @@ struct dllm__gpu_gemms {
     dllm__gemm_wg wg;                     // dllm's Hopper GEMM, a candidate of dense
     dllm__gemm_wg wg_n128;                // its 128-wide tiles, for the batched forwards (batch_gemm_wg)
     dllm__gemm_wg wg_n64;                 // its 64-wide tiles, for the batched forwards (batch_gemm_wg)
+    dllm__gemm_splitk splitk;             // every BF16 layer GEMM where loaded (sm_90a): row-independent at any M
     dllm__fp8_gemm fp8 = DLLM__FP8_NONE;  // in effect
     dllm__fp8_mma fp8_mma;                // loaded when fp8 is DLLM__FP8_MMA
 };
@@ -239,7 +263,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * sequence's logits carry the bits they have in a batch of any other sequences, or alone. */
     template <class F> dllm_status batch_logits(const dllm__varlen_layout &v, F &&on_chunk) {
         DLLM__TRY(prepare_batch(v));
-        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows)
+        batch_on_ = true;  // every GEMM DLLM__ROWS_BATCH (lacache_rows, layer_rows), each sequence's rows of its kind
+        batch_.gemm_runs = dllm__gemm_runs_of(v);
         dllm_status s = forward_varlen_replayed(v);
         const dllm__config &c = model_.cfg;
         for (int c0 = 0; s == DLLM_OK && c0 < v.out_rows; c0 += dllm__lm_chunk_rows) {
@@ -249,6 +274,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
             if (s == DLLM_OK) s = on_chunk(c0, rows);
         }
         batch_on_ = false;
+        batch_.gemm_runs.clear();
         return s;
     }
     dllm_status batch_logits_to_host(const std::vector<dllm__batch_seq> &plan, const dllm__varlen_layout &v,
@@ -366,10 +392,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out);
     soloq_args soloq_producer_args(const dllm__weight_view &W, int M);
     dllm__rows lacache_rows() const {
-        return batch_on_ ? DLLM__ROWS_BATCH : kv_on_ ? DLLM__ROWS_TUNED : DLLM__ROWS_INDEPENDENT;
+        return batch_on_                      ? DLLM__ROWS_BATCH
+               : solo_kv_ != DLLM__ROWS_TUNED ? solo_kv_
+               : kv_on_                       ? DLLM__ROWS_TUNED
+                                              : DLLM__ROWS_INDEPENDENT;
     }
     dllm__rows layer_rows(size_t l) const {
-        return batch_on_ ? DLLM__ROWS_BATCH : last_cut(l) ? lacache_rows() : DLLM__ROWS_TUNED;
+        return batch_on_                      ? DLLM__ROWS_BATCH
+               : solo_kv_ != DLLM__ROWS_TUNED ? solo_kv_
+               : last_cut(l)                  ? lacache_rows()
+                                              : DLLM__ROWS_TUNED;
     }
     /* The last layer (from layer 1 on): its rows after the attention feed only the output rows, so it may compute those
      * alone (forward), and its GEMMs are then row-independent. */
@@ -386,7 +418,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_fp8_batch(const dllm__weight_view &W, const void *x, void *y, int M);
     dllm_status rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0);
     dllm_status attention(int batch, int seq, int q_rows, const void *q_rows_qkv, size_t q_bstride,
-                          const void *keys_qkv, void *out, int fa_mode, bool may_split = false, bool wide = false);
+                          const void *keys_qkv, void *out, int fa_mode, bool may_split = false, bool wide = false,
+                          int split_rows = 0);
     dllm_status layer0_attention(const dllm__forward_plan &plan, const int *ids);
     dllm_status self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows);
     dllm_status output_and_ffn(size_t l, int batch, int rows, int o0, int orows, const float *h_res, float *h_out);
@@ -437,6 +470,14 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_replay(const dllm__bd_call &call, const dllm__bd_pick *pick);
     dllm__graph_id bd_graph_id(const dllm__bd_call &call, const dllm__bd_pick *pick) const;
     const dllm__gemm_wg *batch_gemm_wg(const dllm__gemm_op &op);
+    dllm_status gemm_bf16_independent(const dllm__gemm_op &op, bool step);
+    dllm_status gemm_bf16_batch(const dllm__gemm_op &op);
+    /* Whether gemm_splitk runs y = x . W^T (BF16): loaded, W's shape whole tiles, the workspace sized for it. */
+    bool splitk_fits(const dllm__weight_view &W, const void *x, const void *y) const {
+        return gemms_.splitk.module && dllm__splitk_takes(x, W.data, y, W.n, W.k) &&
+               act_.splitk_ws.bytes / 4 >=
+                   dllm__splitk_workspace_floats(W.n, dllm__splitk_splits(W.n, W.k, gemms_.splitk.sm_count));
+    }
     // [bd graphs] [batch graphs]
     template <class F> dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
     template <class F>
@@ -460,6 +501,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__activations act_;
     bool kv_on_ = false;         // forwards read and write act_.kv (a generation with a K/V cache)
     bool batch_on_ = false;      // a batched forward runs (batch_logits): every GEMM DLLM__ROWS_BATCH
+    // A solo forward under a K/V cache runs (forward, and its LM head): DLLM__ROWS_STEP or _FILL, a batched forward's
+    // GEMMs for the same sequence; TUNED: none
+    dllm__rows solo_kv_ = DLLM__ROWS_TUNED;
     dllm__gpu_batch batch_;      // [batch] the batched forwards' kernels, slots, layout and device token choice
     bool positions_on_ = false;  // [DPad] act_.positions holds the canvas rows' RoPE positions
     dllm__pinned host_pinned_;   // canvas + committed list + state for the step callback
@@ -524,16 +568,21 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 
 /* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
  * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
-static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k, const dllm__arch &arch, int hd,
+static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
+                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch, int hd,
                                             int heads, int batch, int max_q_rows, const attn_args &a, cudaStream_t s) {
-    if (a.fa_mode || a.kv_splits != 1 || a.key_valid || !a.q_offsets || !a.kv_offsets || batch > 65535)
+    if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
+        (int64_t)batch * a.kv_splits > 65535)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "varlen attention: %d sequences, FACache %d, %d KV splits, key mask %s (none, 1, none expected)", batch,
-            a.fa_mode, a.kv_splits, a.key_valid ? "set" : "none");
+            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s (none, -, -, none "
+            "expected)",
+            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none");
     if (batch == 0 || max_q_rows == 0) return DLLM_OK;
-    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)batch);
-    return k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a);
+    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+    DLLM__TRY(k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
+    if (a.kv_splits == 1) return DLLM_OK;
+    return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::init(int device) {
@@ -589,7 +638,7 @@ dllm_status dllm__gpu_backend::init(int device) {
  * them; it is only a candidate of the GEMM autotuner, so where it cannot be set up the GEMMs run on cuBLASLt alone,
  * with a warning. So do its 128- and 64-wide variants, which the batched forwards take where faster (batch_gemm_wg). */
 dllm_status dllm__gpu_backend::load_kernels() {
-    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module;
+    std::shared_ptr<dllm__module> gemm_module, gemm_n128_module, gemm_n64_module, splitk_module;
     const int forced = dllm__env().batch_gemm_n;  // 0: every width is a candidate
     const bool n128 = arch_.gemm_wg_stages && (forced == 0 || forced == 128),
                n64 = arch_.gemm_wg_stages && (forced == 0 || forced == 64);
@@ -605,6 +654,7 @@ dllm_status dllm__gpu_backend::load_kernels() {
     if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_wg(arch_, 256), &gemm_module});
     if (n128) jobs.push_back({dllm__module_gemm_wg(arch_, 128), &gemm_n128_module});
     if (n64) jobs.push_back({dllm__module_gemm_wg(arch_, 64), &gemm_n64_module});
+    if (arch_.gemm_wg_stages) jobs.push_back({dllm__module_gemm_splitk(arch_), &splitk_module});
     std::vector<dllm_status> st(jobs.size(), DLLM_OK);
     std::vector<std::string> err(jobs.size());
     std::vector<std::thread> workers;
@@ -635,6 +685,11 @@ dllm_status dllm__gpu_backend::load_kernels() {
         dllm__log(DLLM_LOG_WARN, "the 64-wide gemm_wg is not available, batched forwards choose among the others: %s",
                   dllm__tls_error.c_str());
         gemms_.wg_n64 = dllm__gemm_wg();
+    }
+    if (arch_.gemm_wg_stages && dllm__gemm_splitk_load(arch_, gemms_.splitk) != DLLM_OK) {
+        dllm__log(DLLM_LOG_WARN, "gemm_splitk is not available, BF16 GEMMs run on cuBLASLt and gemm_wg: %s",
+                  dllm__tls_error.c_str());
+        gemms_.splitk = dllm__gemm_splitk();
     }
     int smem_optin = 0;  // select_commit keeps 5 bytes per canvas position in shared memory
     DLLM__CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
@@ -718,10 +773,21 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.state.fit(sizeof(dllm_step_state), "the step state"));
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
+    if (gemms_.splitk.module) {  // the widest layer linear's partials; its counters zero, and kept zero
+        const std::pair<int, int> shapes[] = {{(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
+        size_t words = 0;
+        for (const auto &nk : shapes)
+            words = std::max(words, dllm__splitk_workspace_floats(
+                                        nk.first, dllm__splitk_splits(nk.first, nk.second, gemms_.splitk.sm_count)));
+        const void *was = A.splitk_ws.ptr;
+        DLLM__TRY(A.splitk_ws.fit(words * 4, "gemm_splitk's workspace"));
+        if (A.splitk_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.splitk_ws.ptr, 0, A.splitk_ws.bytes, stream_));
+    }
     if (kv_cache) {
         A.kv.resize(weights_->layers.size());
         for (dllm__dbuf &b : A.kv) DLLM__TRY(b.fit(M * qkv * 2, "the K/V cache"));
-        DLLM__TRY(A.attn_partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+        DLLM__TRY(A.attn_partial.fit((size_t)batch * dllm__attn_partial_bound(arch_, c.head_dim, n_sms_),
+                                     "split-KV attention states"));
     }
     if (lacache) {
         const int q_tiles = (seq + arch_.fa_br - 1) / arch_.fa_br, fields = arch_.fa_mt * (4 + c.head_dim / 2);

@@ -64,6 +64,8 @@ dllm_status dllm__gpu_backend::load_varlen() {
         return DLLM_OK;
     };
     DLLM__TRY(bind(dllm__attn_short_tiles(arch_), batch_.attn_short));
+    batch_.combine.fn = batch_.varlen_module->kernels.at(dllm__attn_combine_name(hd, true));
+    batch_.combine.name = "attn_combine (varlen)";
     return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
@@ -72,7 +74,7 @@ dllm_status dllm__gpu_backend::load_varlen() {
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
     const bool short_runs =
         dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
-    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn,
+    return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn, batch_.combine,
                                     short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
                                     model_.cfg.n_head, batch, max_rows, a, stream_);
 }
@@ -140,9 +142,11 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
                            (int)!v.attn_masks.empty());
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
-                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr);
+                                      batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
+                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr);
+    id.baked.append(v.step.begin(), v.step.end());  // each sequence's GEMM kind (batch_.gemm_runs)
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
                                           &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
         id.baked += dllm__format(" %zu:", a->size());

@@ -83,8 +83,39 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
     return batch_logits_to_host(plan, v, out);
 }
 
-/* The attention's offsets and the rows' cache rows on the device (prepare_batch, before its synchronisation). */
+/* Per attention entry of a K/V-cache layout (sequence i is entry 2i, the bridges between them have no query row) its
+ * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and where
+ * its partial states start; the most shares; the floats of all the states. */
+static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c, int n_sms,
+                                   const dllm__varlen_layout &v, std::vector<int32_t> &out, size_t &floats) {
+    const size_t entries = v.attn_q_offsets.size() - 1;
+    out.assign(2 * entries, 0);
+    floats = 0;
+    int most = 1;
+    for (size_t e = 0; e < entries; e++) {
+        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e], keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
+        const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
+        out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
+        if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
+        most = std::max(most, shares);
+    }
+    return most;
+}
+
+/* The attention's offsets and shares and the rows' cache rows on the device (prepare_batch, before its
+ * synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
+    std::vector<int32_t> splits;
+    size_t floats = 0;
+    batch_.max_splits = dllm__attn_entry_splits(arch_, model_.cfg, n_sms_, v, splits, floats);
+    if (floats > (size_t)INT32_MAX)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    if (batch_.max_splits > 1) {
+        DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
+        DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
+        DLLM__CUDA(cudaMemcpyAsync(batch_.attn_splits.ptr, splits.data(), splits.size() * 4, cudaMemcpyHostToDevice,
+                                   stream_));
+    }
     DLLM__TRY(batch_.attn_q_offsets.fit(v.attn_q_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(batch_.attn_kv_offsets.fit(v.attn_kv_offsets.size() * 4, "the batch's attention offsets"));
     DLLM__TRY(batch_.cache_rows.fit(v.cache_rows.size() * 4, "the batch's cache rows"));
@@ -130,7 +161,9 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.seq = max_tokens_, a.q_rows = v.max_rows;  // each CTA reads its sequence's own (varlen_sequence)
     a.q_stride = stride, a.kv_stride = width, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
+    a.kv_splits = batch_.max_splits;  // each sequence's keys split as its solo step splits them (upload_kv_layout)
+    a.varlen_splits = batch_.max_splits > 1 ? batch_.attn_splits.as<int>() : nullptr;
+    a.partial = batch_.attn_partial.as<float>();
     a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));

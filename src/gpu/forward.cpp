@@ -25,19 +25,54 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     return chosen ? chosen : first;
 }
 
+/* A BF16 GEMM whose rows get the bits they have at any other row count: a step's (DLLM__ROWS_STEP) on gemm_splitk where
+ * it takes the operands; otherwise, or for another kind of forward, gemm_wg (any width: same bits), else one pinned
+ * cuBLASLt algorithm. The choice depends on the kind and the operands' shape, never on M. */
+dllm_status dllm__gpu_backend::gemm_bf16_independent(const dllm__gemm_op &op, bool step) {
+    if (step && op.out_type == CUDA_R_16BF) {
+        const dllm__weight_view W = {DLLM__W_BF16, op.N, op.K, op.W, nullptr};
+        if (splitk_fits(W, op.X, op.Y))
+            return dllm__gemm_splitk_run(gemms_.splitk, op.X, op.W, op.Y, op.M, op.N, op.K, act_.splitk_ws.as<float>(),
+                                         act_.splitk_ws.bytes / 4, stream_);
+    }
+    if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
+    return gemms_.dense.run_pinned(op, stream_);
+}
+
+/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM, so
+ * a sequence's rows get the bits they have alone. */
+dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
+    const std::vector<dllm__gemm_run> &runs = batch_.gemm_runs;
+    if (op.out_type != CUDA_R_16BF || runs.empty()) return gemm_bf16_independent(op, false);  // the LM head
+    if (runs.size() == 1) return gemm_bf16_independent(op, runs[0].step);
+    if (runs.back().r1 != op.M)
+        return dllm__fail(DLLM_ERR_INTERNAL, "a batched GEMM of %d rows over a layout of %d", op.M, runs.back().r1);
+    const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
+    for (const dllm__gemm_run &run : runs) {
+        dllm__gemm_op part = op;
+        part.M = run.r1 - run.r0;
+        part.X = (const char *)op.X + (size_t)run.r0 * op.K * 2;
+        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * out_bytes;
+        DLLM__TRY(gemm_bf16_independent(part, run.step));
+    }
+    return DLLM_OK;
+}
+
 /* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
  * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
  * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
  * whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
+    // A solo forward under a K/V cache takes the batched forward's BF16 GEMMs on sm_90a (gemm_splitk there); FP8 and
+    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones anyway).
+    const bool solo_kv = rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL;
+    if (solo_kv && (W.format != DLLM__W_BF16 || !gemms_.splitk.module)) rows = DLLM__ROWS_TUNED;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned algorithm.
-            if (rows == DLLM__ROWS_BATCH)
-                if (const dllm__gemm_wg *k = batch_gemm_wg(op))
-                    return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
+            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL) return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
+            if (rows == DLLM__ROWS_BATCH) return gemm_bf16_batch(op);
             return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
         case DLLM__W_E4M3_BLOCK: {
@@ -216,9 +251,14 @@ dllm_status dllm__gpu_backend::soloq_swiglu(const dllm__weight_view &W, const vo
 }
 
 /* Attention of q_rows query rows (fused projection rows at q, batch entries q_bstride elements apart) over the seq key
- * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last. */
+ * rows of keys_qkv; the KV tiles that overlap the current block (read from the device step state) are visited last,
+ * except under a K/V cache, where the tiles go in plain order, split as a batched forward splits them (for split_rows
+ * query rows, the forward's: the last layer may query fewer) and on flash_attn, so that a sequence's attention is the
+ * batched forward's (self_attention_varlen_kv). */
 dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const void *q, size_t q_bstride,
-                                         const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide) {
+                                         const void *keys_qkv, void *out, int fa_mode, bool may_split, bool wide,
+                                         int split_rows) {
+    const bool solo_kv = solo_kv_ != DLLM__ROWS_TUNED;
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd;
     attn_args a = {};
@@ -229,12 +269,14 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.seq = seq, a.q_rows = q_rows;
     a.q_stride = stride, a.kv_stride = stride, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
     a.q_bstride = q_bstride, a.o_bstride = (u64)q_rows * c.n_head * hd;
-    a.st = act_.state.as<dllm_step_state>();
+    a.st = solo_kv ? nullptr : act_.state.as<dllm_step_state>();
     a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
-    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, q_rows, seq, c.n_head * batch, n_sms_) : 1;
+    // Under a K/V cache each sequence (CFG's two among them) splits as it would alone (fit_buffers sizes the states).
+    const int heads = solo_kv ? c.n_head : c.n_head * batch;
+    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
-    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide);
+    return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide && !solo_kv);
 }
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
@@ -246,7 +288,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
     const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
     const dllm__gpu_layer &L = weights_->layers[layer];
-    const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : DLLM__ROWS_TUNED;
+    const dllm__rows gemm_rows = layer == 0 ? lacache_rows() : solo_kv_;
     auto stage = [&](const char *name) {  // layer 0's stages are named apart: the LaCache benchmark compares them
         if (debug_.timer) mark((layer == 0 ? std::string("L0 ") + name : std::string(name)).c_str());
     };
@@ -280,7 +322,7 @@ dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dll
         DLLM__TRY(rope_qkv(first + (size_t)b * seq * qkv * 2, L.b_qkv.ptr, rows, rows, r.q0));
     stage("rope");
     DLLM__TRY(attention(batch, seq, orows, first + (size_t)o0 * qkv * 2, (size_t)seq * qkv, cache, act_.att.ptr, 0,
-                        true, layer > 0));
+                        true, layer > 0, rows));
     stage("attention");
     return DLLM_OK;
 }
@@ -385,6 +427,7 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
                           "a forward over sequences with different rows (batching is not built yet)");
     const dllm__seq_rows &r = plan.rows();
     const int batch = plan.batch(), rows = r.rows(), out_rows = r.out_rows();
+    solo_kv_ = !kv_on_ ? DLLM__ROWS_TUNED : rows < r.seq ? DLLM__ROWS_STEP : DLLM__ROWS_FILL;
     float *h = act_.h.as<float>();
     mark("start");
     if (plan.layer0 == DLLM__L0_PLAIN) {
@@ -514,6 +557,7 @@ dllm_status dllm__gpu_backend::lm_head(int batch, int raw_rows, int c0, int rows
 
 dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int raw_rows) {
     kv_on_ = positions_on_ = false;
+    solo_kv_ = DLLM__ROWS_TUNED;
     DLLM__TRY(fit_buffers(1, n, std::min(raw_rows, dllm__lm_chunk_rows)));
     DLLM__CUDA(cudaMemcpyAsync(act_.canvas.ptr, ids, (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemsetAsync(act_.state.ptr, 0, sizeof(dllm_step_state),

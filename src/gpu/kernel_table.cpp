@@ -90,7 +90,9 @@ typedef unsigned long long u64;
         X(const int *,                                                                                                   \
           kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
         X(const int *,                                                                                                   \
-          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
+          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */ \
+        X(const int *, varlen_splits) /* varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) */ \
+                                      /* and the offset of its partial states in partial (floats) */
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -138,7 +140,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 152 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {

@@ -217,7 +217,9 @@ static std::string dllm__attn_varlen_name(int hd, const dllm__arch &a) {
     return dllm__format("flash_attn<%d,%d,%d,%d,%d,true>", hd, a.fa_br, a.fa_bc, a.fa_mt, a.fa_stages);
 }
 
-static std::string dllm__attn_combine_name(int hd) { return dllm__format("attn_combine<%d>", hd); }
+static std::string dllm__attn_combine_name(int hd, bool varlen = false) {
+    return dllm__format(varlen ? "attn_combine<%d,true>" : "attn_combine<%d>", hd);
+}
 
 static std::string dllm__attn_wide_name(int hd, const dllm__arch &a) {
     return dllm__format("flash_attn_wg<%d,%d,%d>", hd, a.fa_wg_bc, a.fa_wg_stages);
@@ -267,10 +269,10 @@ static dllm__jit_request dllm__module_attention_varlen(const dllm__arch &arch, i
     dllm__jit_request rq = {dllm__format("dllm_attn_varlen_hd%d_br%d_bc%d_mt%d_s%d", head_dim, arch.fa_br, arch.fa_bc,
                                          arch.fa_mt, arch.fa_stages),
                             dllm__src_prelude() + dllm__src_mma + dllm__src_attention,
-                            {dllm__attn_varlen_name(head_dim, arch)},
+                            {dllm__attn_varlen_name(head_dim, arch), dllm__attn_combine_name(head_dim, true)},
                             arch.target};
     const std::string short_name = dllm__attn_varlen_name(head_dim, dllm__attn_short_tiles(arch));
-    if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);
+    if (short_name != rq.kernels[0]) rq.kernels.push_back(short_name);  // last: dllm__gpu_backend::load_varlen
     return rq;
 }
 

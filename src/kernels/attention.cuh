@@ -304,19 +304,25 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
- * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
- * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
- * dllm__attn_varlen_launch). False: the CTA's query tile lies past the sequence's rows (the grid fits the longest). */
-__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
-    const int z = blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+/* [varlen] A batched forward's attention: CTA z works on sequence z / kv_splits of a concatenation, its share z %
+ * kv_splits (split) of the sequence's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[s],
+ * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
+ * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
+ * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
+ * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares. */
+__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
+    const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
+    split = blockIdx.z % a.kv_splits;
+    if (a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
+    a.kv_splits = shares;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
     if (a.varlen_masks)
         a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
-    return (int)blockIdx.x * br < a.q_rows;
+    return (int)blockIdx.x * br < a.q_rows && split < shares;
 }
 
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
@@ -328,8 +334,9 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
+    int varlen_split = 0;
     if constexpr (VARLEN) {
-        if (!varlen_sequence(a, BR)) return;
+        if (!varlen_sequence(a, BR, varlen_split)) return;
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -338,7 +345,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
-              split = VARLEN ? 0 : blockIdx.z % a.kv_splits;
+              split = VARLEN ? varlen_split : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
@@ -434,10 +441,20 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
- * result does not depend on scheduling). One thread per output column. */
-template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
+ * result does not depend on scheduling). One thread per output column. VARLEN: CTA z merges sequence z's own shares
+ * (varlen_sequence's layout), where it has more than one. */
+template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
-    const int row = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int b = blockIdx.z;
+    if constexpr (VARLEN) {
+        const int q0 = a.q_offsets[b];
+        a.partial += a.varlen_splits[2 * b + 1];
+        a.kv_splits = a.varlen_splits[2 * b];
+        a.q_rows = a.q_offsets[b + 1] - q0;
+        if (row >= a.q_rows || a.kv_splits < 2) return;
+        a.o += (u64)q0 * a.o_stride, a.o_bstride = 0, b = 0;
+    }
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
     const u64 split_stride = (u64)a.q_rows * (HD + 2);
     float mx = -DLLM_INF;
