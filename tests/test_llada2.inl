@@ -666,6 +666,46 @@ TEST(llada2, backend_choice) {
     dllm_model_free(m);
 }
 
+/* The GPU path's host part (gpu/moe.cpp), checked here without a GPU: the expert ranges are aligned so that every
+ * expert's GEMM operands start on 256-byte boundaries (1 row at the real shapes, 16 at the GPU tests' tiny one), and
+ * the slot order puts each expert's slots in its range token by token, every slot once, padding rows holding token 0. */
+TEST(llada2, gpu_moe_slot_order) {
+    dllm__config mini;
+    mini.n_embd = 2048, mini.n_ff_expert = 512;
+    dllm__config tiny;
+    tiny.n_embd = 64, tiny.n_ff_expert = 24;
+    CHECK(dllm__moe_align_rows(mini) == 1 && dllm__moe_align_rows(tiny) == 16);
+    std::mt19937 rng(3);
+    for (int align : {1, 16, 4}) {
+        const int E = 12, k = 3, T = 23;
+        std::vector<int> expert((size_t)T * k);
+        for (int t = 0; t < T; t++) {  // k distinct experts a token, one slot without (NaN scores) in token 5
+            std::vector<int> all(E);
+            for (int e = 0; e < E; e++) all[(size_t)e] = e;
+            std::shuffle(all.begin(), all.end(), rng);
+            for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
+        }
+        expert[5 * k + 1] = -1;
+        std::vector<int> first_row, slot_token, slot_row;
+        dllm__moe_slot_order(expert, E, k, align, first_row, slot_token, slot_row);
+        bool ok = first_row.size() == (size_t)E + 1 && first_row[0] == 0 && slot_row[5 * k + 1] == -1;
+        int used = 0;
+        for (int e = 0; ok && e < E; e++) {
+            ok &= (first_row[(size_t)e + 1] - first_row[(size_t)e]) % align == 0;
+            int last_token = -1, n = 0;
+            for (size_t i = 0; i < expert.size(); i++) {
+                if (expert[i] != e) continue;
+                const int row = slot_row[i];
+                ok &= row == first_row[(size_t)e] + n;  // in the expert's range, in slot (token) order
+                ok &= slot_token[(size_t)row] == (int)i / k && (int)i / k > last_token;
+                last_token = (int)i / k, n++, used++;
+            }
+            for (int row = first_row[(size_t)e] + n; row < first_row[(size_t)e + 1]; row++) ok &= slot_token[(size_t)row] == 0;
+        }
+        CHECK_MSG(ok && used == T * k - 1 && (int)slot_token.size() == first_row[(size_t)E], "align %d: slot order broken", align);
+    }
+}
+
 // ---- the official code's traces (tools/make_llada2_fixtures.py) ---------------------------------------------------
 
 /* tests/data/llada2/: a tiny checkpoint and the official generate's outputs ("cases": prompt, settings, output) for

@@ -70,6 +70,30 @@ static int dllm__moe_align_rows(const dllm__config &c) {
     return align;
 }
 
+/* The expert rows of a MoE layer's slots (expert[i] of slot i = token * k + j; -1: none): expert e's slots, token by
+ * token (the CPU's slots_of), in rows [first_row[e], first_row[e + 1]) whose length is rounded up to `align` rows;
+ * slot_token[row] the token a row holds (0 in the padding rows: a finite row, never read), slot_row[i] slot i's row
+ * (-1: none). Host code, tested on the CPU (llada2.gpu_moe_slot_order). */
+static void dllm__moe_slot_order(const std::vector<int> &expert, int E, int k, int align, std::vector<int> &first_row,
+                                 std::vector<int> &slot_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)E, 0);
+    for (int e : expert)
+        if (e >= 0 && e < E) count[(size_t)e]++;
+    first_row.assign((size_t)E + 1, 0);
+    for (int e = 0; e < E; e++)
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + (count[(size_t)e] + align - 1) / align * align;
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    slot_token.assign((size_t)first_row[(size_t)E], 0);
+    slot_row.assign(expert.size(), -1);
+    for (size_t i = 0; i < expert.size(); i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= E) continue;  // no expert (NaN scores): the slot adds nothing, as moe_combine says
+        const int row = next[(size_t)e]++;
+        slot_token[(size_t)row] = (int)i / k;
+        slot_row[i] = row;
+    }
+}
+
 /* The buffers of a MoE layer over M tokens (zeroed when made: the padding rows between experts hold finite values). */
 dllm_status dllm__gpu_backend::moe_fit(int M) {
     const dllm__config &c = model_.cfg;
@@ -116,26 +140,10 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
     }
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     if (moe_.debug_experts) (*moe_.debug_experts)[(int)l] = moe_.expert_host;
-    // expert e's slots, token by token (the CPU's slots_of), in a range that starts on an aligned row
-    std::vector<int> count((size_t)E, 0);
-    for (int e : moe_.expert_host)
-        if (e >= 0 && e < E) count[(size_t)e]++;
-    moe_.first_row.assign((size_t)E + 1, 0);
-    for (int e = 0; e < E; e++)
-        moe_.first_row[(size_t)e + 1] = moe_.first_row[(size_t)e] + (count[(size_t)e] + align - 1) / align * align;
+    dllm__moe_slot_order(moe_.expert_host, E, k, align, moe_.first_row, moe_.slot_token_host, moe_.slot_row_host);
     if (moe_.first_row[(size_t)E] > moe_.rows)
         return dllm__fail(DLLM_ERR_INTERNAL, "MoE layer %zu: %d expert rows past the %d the buffers hold", l,
                           moe_.first_row[(size_t)E], moe_.rows);
-    std::vector<int> next(moe_.first_row.begin(), moe_.first_row.end() - 1);
-    moe_.slot_token_host.assign((size_t)moe_.first_row[(size_t)E], 0);  // padding rows gather token 0 (never read)
-    moe_.slot_row_host.assign((size_t)P, -1);
-    for (int i = 0; i < P; i++) {
-        const int e = moe_.expert_host[(size_t)i];
-        if (e < 0 || e >= E) continue;  // no expert (NaN scores): the slot adds nothing, as moe_combine says
-        const int row = next[(size_t)e]++;
-        moe_.slot_token_host[(size_t)row] = i / k;
-        moe_.slot_row_host[(size_t)i] = row;
-    }
     DLLM__CUDA(cudaMemcpyAsync(moe_.slot_token.ptr, moe_.slot_token_host.data(), moe_.slot_token_host.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(moe_.slot_row.ptr, moe_.slot_row_host.data(), (size_t)P * 4, cudaMemcpyHostToDevice,
