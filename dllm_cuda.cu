@@ -15802,6 +15802,20 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
     /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
      * none kept). */
+    /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
+     * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
+    DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
+                                         std::vector<int> &experts) {
+        const size_t d = (size_t)model_.cfg.n_embd;
+        DLLM__TRY(fit_buffers(1, M, 1));
+        DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(moe_block(l, M, act_.delta.ptr));
+        out.resize((size_t)M * d);
+        DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaStreamSynchronize(stream_));
+        experts = moe_.expert_host;
+        return DLLM_OK;
+    }
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
@@ -15898,6 +15912,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status moe_fit(int M);
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status moe_block(size_t l, int M, void *out);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
@@ -16989,15 +17004,21 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
     return DLLM_OK;
 }
 
-/* Layer l's FFN when it is a MoE layer (ffn's twin of dllm__cpu_moe): rows [r0, r0 + M) of act_.delta hold the
- * attention output projection in and the MoE output out; h_in (+ delta) -> h_out, as ffn. */
+/* Layer l's FFN when it is a MoE layer (ffn's): rows [r0, r0 + M) of act_.delta hold the attention output projection
+ * in and the MoE output out; h_in (+ delta) -> h_out, as ffn. */
 dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
+    const dllm__config &c = model_.cfg;
+    char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
+    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, weights_->layers[l].ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
+    mark("add+norm");
+    return moe_block(l, M, delta);
+}
+
+/* The mixture of experts of layer l on the M normed rows of act_.a into the bf16 rows `out` (twin: dllm__cpu_moe). */
+dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
     const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared;
-    char *delta = (char *)act_.delta.ptr + (size_t)r0 * d * 2;
-    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, L.ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
-    mark("add+norm");
     DLLM__TRY(moe_fit(M));
     DLLM__TRY(moe_route(l, M));
     const int rows = moe_.first_row[(size_t)E];
@@ -17036,7 +17057,7 @@ dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float
     }
     DLLM__TRY(moe_.combine.launch({dllm__rows_grid(M, d / 8, 256), dim3(256)}, stream_, moe_.y.ptr, moe_.slot_row.ptr,
                                   moe_.weight.ptr, shared ? moe_.shared_y.ptr : nullptr, M, c.n_expert_used, d,
-                                  (bf16_t *)delta));
+                                  out));
     mark("moe combine");
     return DLLM_OK;
 }

@@ -327,6 +327,77 @@ TEST(gpu_llada2, forward_logits_match_cpu_backend) {
     }
 }
 
+/* Each MoE layer alone (moe_block through the moe_rows hook) against dllm__cpu_moe on the same bf16 rows: close
+ * outputs; the chosen experts the CPU's except at a reported near-tie of the routing scores (within twice the row's
+ * router-logit noise, the GPU's bf16 weights against the CPU's fp32); and a row's output and experts bit for bit the
+ * same whether it is computed among 7 rows or 40 (no row depends on the others: the router, expert and shared GEMMs
+ * are row-independent, the sums per row). */
+TEST(gpu_llada2, moe_layer_matches_cpu_and_rows_are_independent) {
+    NEED_GPU();
+    test_rng r("gpu_llada2.moe_layer");
+    dllm__pool pool(2);
+    for (int real = 0; real < 2; real++) {
+        const test_llada2_shape s = test_llada2_gpu_shape(real != 0);
+        test_llada2_pair pair(s, 41 + real);
+        CHECK_MSG(pair.ok(), "shape %d: contexts not made (%s)", real, dllm_last_error());
+        if (!pair.ok()) continue;
+        const dllm__config &c = pair.m->cfg;
+        const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
+        std::map<int, std::vector<float>> gpu_logits;
+        pair.backend().set_moe_debug(nullptr, &gpu_logits);
+        for (int l = c.n_dense_layers; l < c.n_layer; l++) {
+            const dllm__layer_weights &L = pair.m->layers[(size_t)l];
+            std::vector<uint16_t> x40b((size_t)40 * d), out7, out40;
+            std::vector<int> e7, e40;
+            for (uint16_t &v : x40b) v = dllm__f32_to_bf16(r.normal());
+            const std::vector<uint16_t> x7b(x40b.begin(), x40b.begin() + 7 * d);
+            CHECK_STATUS(pair.backend().moe_rows((size_t)l, x7b, 7, out7, e7), DLLM_OK, nullptr);
+            CHECK_STATUS(pair.backend().moe_rows((size_t)l, x40b, 40, out40, e40), DLLM_OK, nullptr);
+            const std::vector<float> glog = gpu_logits[l];  // the 40-row call's
+            CHECK_MSG(out40.size() == (size_t)40 * d && memcmp(out7.data(), out40.data(), (size_t)7 * d * 2) == 0 &&
+                          std::equal(e7.begin(), e7.begin() + 7 * k, e40.begin()),
+                      "shape %d layer %d: rows 0-6 differ between a 7-row and a 40-row call", real, l);
+            const std::vector<float> x = test_f32_vec(x40b);
+            std::vector<float> want((size_t)40 * d), logits((size_t)40 * E);
+            dllm__cpu_moe(*pair.m, L, pool, x.data(), 40, want.data());
+            dllm__cpu_linear(pool, x.data(), 40, d, *L.router, nullptr, E, logits.data());
+            const std::vector<float> got = test_f32_vec(out40);
+            std::vector<float> got_alike, want_alike;  // the rows routed alike (a near-tie sums other experts)
+            int same = 0, near = 0;
+            for (int t = 0; t < 40; t++) {
+                const dllm__moe_route cr = dllm__moe_route_token(c, &logits[(size_t)t * E], L.expert_bias.data());
+                if (std::equal(cr.expert.begin(), cr.expert.end(), e40.begin() + (long)t * k)) {
+                    same++;
+                    got_alike.insert(got_alike.end(), got.begin() + (long)t * d, got.begin() + (long)(t + 1) * d);
+                    want_alike.insert(want_alike.end(), want.begin() + (long)t * d, want.begin() + (long)(t + 1) * d);
+                    continue;
+                }
+                double noise = 0;
+                for (int e = 0; e < E && glog.size() >= (size_t)40 * E; e++)
+                    noise = std::max(noise, (double)fabsf(glog[(size_t)t * E + e] - logits[(size_t)t * E + e]));
+                int j = 0;
+                while (cr.expert[(size_t)j] == e40[(size_t)t * k + j]) j++;
+                const int a = e40[(size_t)t * k + j], b = cr.expert[(size_t)j];
+                auto score = [&](int e) {
+                    return e < 0 ? -1e30 : 1.0 / (1.0 + exp(-(double)logits[(size_t)t * E + e])) + L.expert_bias[(size_t)e];
+                };
+                const double gap = fabs(score(a) - score(b));
+                printf("    shape %d layer %d row %d slot %d: GPU expert %d, CPU %d, routing gap %.3e, logit noise %.3e\n",
+                       real, l, t, j, a, b, gap, noise);
+                if (gap <= 2 * noise)  // sigmoid's slope is at most 1/4: a logit error moves a score by less
+                    near++;
+                else
+                    CHECK_MSG(false, "shape %d layer %d row %d: routed apart from the CPU beyond the noise", real, l, t);
+            }
+            const double err = test_max_rel(got_alike, want_alike);
+            printf("    shape %d layer %d: MoE output error %.2e on the %d/40 rows routed alike, %d near-ties\n", real, l,
+                   err, same, near);
+            CHECK_MSG(same > 0 && err < 3e-2, "shape %d layer %d: MoE output error %.3e", real, l, err);
+        }
+        pair.backend().set_moe_debug(nullptr, nullptr);
+    }
+}
+
 /* One generation's steps: the canvas after each and its block. */
 struct test_llada2_steps {
     std::vector<std::vector<int32_t>> canvas;

@@ -333,6 +333,20 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
     /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
      * none kept). */
+    /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
+     * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
+    DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
+                                         std::vector<int> &experts) {
+        const size_t d = (size_t)model_.cfg.n_embd;
+        DLLM__TRY(fit_buffers(1, M, 1));
+        DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(moe_block(l, M, act_.delta.ptr));
+        out.resize((size_t)M * d);
+        DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaStreamSynchronize(stream_));
+        experts = moe_.expert_host;
+        return DLLM_OK;
+    }
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
@@ -429,6 +443,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status moe_fit(int M);
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status moe_block(size_t l, int M, void *out);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);

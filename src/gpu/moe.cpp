@@ -153,15 +153,21 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
     return DLLM_OK;
 }
 
-/* Layer l's FFN when it is a MoE layer (ffn's twin of dllm__cpu_moe): rows [r0, r0 + M) of act_.delta hold the
- * attention output projection in and the MoE output out; h_in (+ delta) -> h_out, as ffn. */
+/* Layer l's FFN when it is a MoE layer (ffn's): rows [r0, r0 + M) of act_.delta hold the attention output projection
+ * in and the MoE output out; h_in (+ delta) -> h_out, as ffn. */
 dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
+    const dllm__config &c = model_.cfg;
+    char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
+    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, weights_->layers[l].ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
+    mark("add+norm");
+    return moe_block(l, M, delta);
+}
+
+/* The mixture of experts of layer l on the M normed rows of act_.a into the bf16 rows `out` (twin: dllm__cpu_moe). */
+dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
     const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared;
-    char *delta = (char *)act_.delta.ptr + (size_t)r0 * d * 2;
-    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, L.ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
-    mark("add+norm");
     DLLM__TRY(moe_fit(M));
     DLLM__TRY(moe_route(l, M));
     const int rows = moe_.first_row[(size_t)E];
@@ -200,7 +206,7 @@ dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float
     }
     DLLM__TRY(moe_.combine.launch({dllm__rows_grid(M, d / 8, 256), dim3(256)}, stream_, moe_.y.ptr, moe_.slot_row.ptr,
                                   moe_.weight.ptr, shared ? moe_.shared_y.ptr : nullptr, M, c.n_expert_used, d,
-                                  (bf16_t *)delta));
+                                  out));
     mark("moe combine");
     return DLLM_OK;
 }
