@@ -506,6 +506,42 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
     printf("    %d generations: %d identical, %d diverged at a reported near-tie\n", compared, equal, near);
 }
 
+/* [FACache] on the GPU: layer 0 of every forward over committed blocks takes the split attention in every lacache mode,
+ * so LaCache on and off give the same tokens and confidences step for step (the GPU's own invariant, as for the other
+ * block-diffusion models), for both loops; with it on, rows are reused. */
+TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(false);
+    test_llada2_pair pair(s, 35);
+    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    if (!pair.ok()) return;
+    std::mt19937 rng(19);
+    for (int variant = 0; variant < 2; variant++) {
+        std::vector<int32_t> prompt(40);
+        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        dllm_gen_params p = dllm_gen_default_params();
+        p.block_length = 16, p.gen_length = 40, p.steps = 4, p.threshold = 0.03, p.stop_at_eos = 0;
+        if (variant) p.edit_threshold = 0.025, p.max_post_steps = 2;
+        test_llada2_steps on, off;
+        std::vector<int32_t> out_on((size_t)p.gen_length), out_off((size_t)p.gen_length);
+        int n_on = 0, n_off = 0;
+        dllm_gen_stats stats = {};
+        dllm_gen_params a = p, b = p;
+        a.lacache = DLLM_LACACHE_ON, a.on_step = test_llada2_steps::record, a.on_step_data = &on;
+        b.lacache = DLLM_LACACHE_OFF, b.on_step = test_llada2_steps::record, b.on_step_data = &off;
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), a, out_on.data(), (int)out_on.size(),
+                                   &n_on, &stats),
+                     DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), b, out_off.data(), (int)out_off.size(),
+                                   &n_off, nullptr),
+                     DLLM_OK, nullptr);
+        printf("    variant %d: %zu and %zu steps; LaCache reused %lld of %lld layer-0 rows\n", variant, on.canvas.size(),
+               off.canvas.size(), (long long)stats.facache_rows_reused, (long long)stats.facache_rows);
+        CHECK_MSG(on.canvas == off.canvas && n_on == n_off && std::equal(out_on.begin(), out_on.begin() + n_on, out_off.begin()),
+                  "variant %d: LaCache on and off decode differently on the GPU", variant);
+    }
+}
+
 /* What the GPU path does not take yet is refused with the setting to change; batches decode one after another. */
 TEST(gpu_llada2, refusals_name_the_setting) {
     NEED_GPU();
