@@ -12420,6 +12420,188 @@ KERNEL_kv_scatter_rows {
 }
 )DLLM";
 #line 558 "src/gpu/kernel_table.cpp"
+
+/* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
+ * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the gather
+ * of each expert's rows (its slots, expert by expert) and the weighted sum of a token's expert outputs in slot order
+ * plus the shared expert's. Each names its CPU twin in src/kernels/moe.cuh. The router keeps one row's scores in
+ * shared memory: at most dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256
+ * in 8). */
+static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
+#define DLLM__MOE_KERNELS(X)                                                                                           \
+    X(qk_norm_rope, __launch_bounds__(128),                                                                            \
+      (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
+       const float *k_norm, float eps, const float *cos_t, const float *sin_t))                                        \
+    X(moe_route, __launch_bounds__(32),                                                                                \
+      (const float *logits, const float *expert_bias, int n_rows, int n_expert, int n_group, int n_group_used,         \
+       int top_k, float routed_scale, int *expert, float *weight))                                                     \
+    X(moe_gather_rows, __launch_bounds__(128), (const bf16_t *x, int d, const int *rows, int n_rows, bf16_t *out))    \
+    X(moe_combine, __launch_bounds__(256),                                                                             \
+      (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
+       int top_k, int d, bf16_t *out))
+DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_moe = R"DLLM(
+#line 1 "src/kernels/moe.cuh"
+/* src/kernels/moe.cuh - LLaDA2's kernels (../shared/spec/llada2.md, "Forward"): QK-norm with partial RoPE, the sigmoid
+ * router's group-limited top-k, and the gather / weighted sum around the routed experts' GEMMs (which run through the
+ * backend's GEMM entry point, one expert at a time, on the rows routed to it). Every kernel works row by row: a row's
+ * bits never depend on which other rows are in the launch, so an expert's choice and a token's sum do not depend on
+ * the other tokens (or sequences) of the forward. Needs MOE_MAX_EXPERTS and MOE_MAX_GROUPS. */
+
+/* Twin: dllm__cpu_llada2_qkv's QK-norm and RoPE (dllm__cpu_rmsnorm over each Q and K head with the shared head-dim
+ * weight, then dllm__cpu_rope on the first rotary_dim dims). In place on the fused projection rows [q heads | k heads |
+ * v heads] of rows at positions pos0 + row; the normed values stay fp32 through the rotation (one rounding to bf16, as
+ * the CPU's fp32). Null q_norm: no QK-norm (use_qk_norm false). One warp a (row, head): grid x over rows, y over
+ * groups of 4 heads (Q and K heads only), 128 threads. */
+KERNEL_qk_norm_rope {
+    pdl_enter();
+    const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * 4 + warp;
+    if (row >= n_rows || head >= n_head + n_kv) return;
+    bf16_t *x = qkv + (u64)row * (n_head + 2 * n_kv) * head_dim + (u64)head * head_dim;
+    const float *w = head < n_head ? q_norm : k_norm;
+    float r = 1.0f;
+    if (w) {
+        float ss = 0.f;
+        for (int k = lane; k < head_dim; k += 32) {
+            const float v = bf16_to_f32(x[k]);
+            ss += v * v;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // every lane: the same sum
+        r = rsqrtf(ss / (float)head_dim + eps);
+    }
+    __syncwarp();  // every read above precedes every write below
+    const int half = rotary_dim >> 1;
+    const u64 t0 = (u64)(pos0 + row) * half;
+    for (int j = lane; j < half; j += 32) {  // pairs (j, j + half) of the rotated dims
+        float x1 = bf16_to_f32(x[j]), x2 = bf16_to_f32(x[j + half]);
+        if (w) {
+            x1 = (x1 * r) * w[j];
+            x2 = (x2 * r) * w[j + half];
+        }
+        const float c = cos_t[t0 + j], s = sin_t[t0 + j];
+        x[j] = f32_to_bf16(x1 * c - x2 * s);
+        x[j + half] = f32_to_bf16(x2 * c + x1 * s);
+    }
+    if (w)
+        for (int k = rotary_dim + lane; k < head_dim; k += 32) x[k] = f32_to_bf16((bf16_to_f32(x[k]) * r) * w[k]);
+}
+
+/* The largest of a warp's (value, index) candidates, ties to the lower index; NaN never wins. Every lane returns the
+ * same pair (the order is total over distinct indices). index INT_MAX: no candidate. */
+__device__ __forceinline__ void moe_warp_best(float &value, int &index) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, value, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, index, o);
+        if (ov > value || (ov == value && oi < index)) value = ov, index = oi;
+    }
+}
+
+__device__ __forceinline__ float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Twin: dllm__moe_route_token. One warp a row of fp32 router logits: s = sigmoid(logit), routing score s +
+ * expert_bias; each group scored by the sum of its top 2 routing scores; the n_group_used best groups (ties to the
+ * lower group), then the top_k best experts among them (ties to the lower expert), highest first, into
+ * expert[row][0..top_k); their weights the unbiased s normalised by their sum (+1e-20, when top_k > 1), times
+ * routed_scale, summed in that order as the CPU sums. A slot left without an expert (NaN scores) holds -1. */
+KERNEL_moe_route {
+    pdl_enter();
+    __shared__ float routing[MOE_MAX_EXPERTS], group_score[MOE_MAX_GROUPS];
+    __shared__ unsigned char chosen[MOE_MAX_EXPERTS], group_kept[MOE_MAX_GROUPS];
+    __shared__ float picked_s[32];
+    const int row = blockIdx.x, lane = threadIdx.x;
+    if (row >= n_rows) return;
+    const float *lg = logits + (u64)row * n_expert;
+    for (int e = lane; e < n_expert; e += 32) {
+        routing[e] = moe_sigmoid(lg[e]) + expert_bias[e];
+        chosen[e] = 0;
+    }
+    __syncwarp();
+    const int per_group = n_expert / n_group;
+    for (int g = lane; g < n_group; g += 32) {
+        float b0 = -DLLM_INF, b1 = -DLLM_INF;  // the largest two, a tie counted twice (top-2 by index)
+        for (int i = 0; i < per_group; i++) {
+            const float v = routing[g * per_group + i];
+            if (v > b0)
+                b1 = b0, b0 = v;
+            else if (v > b1)
+                b1 = v;
+        }
+        group_score[g] = b0 + b1;
+        group_kept[g] = 0;
+    }
+    __syncwarp();
+    for (int it = 0; it < n_group_used; it++) {
+        float bv = -DLLM_INF;
+        int bi = 0x7fffffff;
+        for (int g = lane; g < n_group; g += 32)
+            if (!group_kept[g] && (group_score[g] > bv || (group_score[g] == bv && g < bi))) bv = group_score[g], bi = g;
+        moe_warp_best(bv, bi);
+        __syncwarp();
+        if (lane == 0 && bi < n_group) group_kept[bi] = 1;
+        __syncwarp();
+    }
+    for (int it = 0; it < top_k; it++) {
+        float bv = -DLLM_INF;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < n_expert; e += 32)
+            if (group_kept[e / per_group] && !chosen[e] && (routing[e] > bv || (routing[e] == bv && e < bi)))
+                bv = routing[e], bi = e;
+        moe_warp_best(bv, bi);
+        __syncwarp();
+        if (lane == 0) {
+            const bool found = bi < n_expert;
+            if (found) chosen[bi] = 1;
+            expert[(u64)row * top_k + it] = found ? bi : -1;
+            picked_s[it] = found ? moe_sigmoid(lg[bi]) : 0.f;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float sum = 0.f;
+        for (int it = 0; it < top_k; it++) sum += picked_s[it];
+        for (int it = 0; it < top_k; it++)
+            weight[(u64)row * top_k + it] = (top_k > 1 ? picked_s[it] / (sum + 1e-20f) : picked_s[it]) * routed_scale;
+    }
+}
+
+/* Twin: the rows memcpy of dllm__cpu_moe. out[i] = x[rows[i]] (d bf16, a multiple of 8), one CTA a row. */
+KERNEL_moe_gather_rows {
+    pdl_enter();
+    const int i = blockIdx.x;
+    if (i >= n_rows) return;
+    const uint4 *from = (const uint4 *)(x + (u64)rows[i] * d);
+    uint4 *to = (uint4 *)(out + (u64)i * d);
+    for (int c = threadIdx.x; c < d / 8; c += blockDim.x) to[c] = from[c];
+}
+
+/* Twin: the final sum of dllm__cpu_moe. out[t] = (sum over slots s in order of weight[t][s] expert_out[slot_row[t][s]])
+ * + shared[t] (null: none), fp32 until the one rounding to bf16; a slot_row of -1 adds nothing. Grid dllm__rows_grid:
+ * x over 8-column chunks, y over rows. */
+KERNEL_moe_combine {
+    pdl_enter();
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (col >= d) return;
+    for (int t = blockIdx.y; t < n_rows; t += gridDim.y) {
+        float acc[8], f[8];
+        for (int e = 0; e < 8; e++) acc[e] = 0.f;
+        for (int s = 0; s < top_k; s++) {
+            const int r = slot_row[(u64)t * top_k + s];
+            if (r < 0) continue;
+            const float w = weight[(u64)t * top_k + s];
+            unpack8(*(const uint4 *)(expert_out + (u64)r * d + col), f);
+            for (int e = 0; e < 8; e++) acc[e] += w * f[e];
+        }
+        if (shared) {
+            unpack8(*(const uint4 *)(shared + (u64)t * d + col), f);
+            for (int e = 0; e < 8; e++) acc[e] += f[e];
+        }
+        *(uint4 *)(out + (u64)t * d + col) = pack8(acc);
+    }
+}
+)DLLM";
+#line 580 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -12986,6 +13168,17 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
     return {"dllm_kv_scatter",
             dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
             {DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
+}
+
+/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only. */
+static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
+    return {"dllm_moe",
+            dllm__src_prelude() +
+                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define NORM_SLOTS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__norm_slots) +
+                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
+            {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};
 }
 
@@ -14831,8 +15024,13 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
 // ---------------------------------------------------------------------------------------------------
 
 struct dllm__gpu_layer {
-    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down
+    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
     dllm__dbuf attn_norm, ffn_norm, b_qkv;  // fp32
+    // [MoE] LLaDA2: the QK-norm weights (fp32 [head_dim], empty without QK-norm); a MoE layer's router (bf16 [E x d]),
+    // expert bias (fp32 [E]), each routed expert's gate|up rows and down, the shared expert's (empty without one)
+    dllm__dbuf q_norm, k_norm, expert_bias;
+    dllm__linear router, shared_gu, shared_down;
+    std::vector<dllm__linear> expert_gu, expert_down;
 };
 
 /* The device weights of one model on one device in one set of weight formats. Immutable once built, so any number of
@@ -15046,11 +15244,35 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
             DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
             DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
         } else {
-            DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+            if (L.wqkv)  // LLaDA2's fused projection
+                DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
+            else
+                DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
             DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
-            DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
-            DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
+            if (L.gate) {  // null in a MoE layer
+                DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+                DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
+            }
         }
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_backend refuses the others)
+            DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
+            DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
+            DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+            G.expert_gu.resize(L.expert_gate.size());
+            G.expert_down.resize(L.expert_gate.size());
+            for (size_t e = 0; e < L.expert_gate.size(); e++) {
+                DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
+                DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
+            }
+            if (L.shared_gate) {
+                DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
+                DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
+            }
+        }
+        DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
+        DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
+        DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
+        DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
         DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
         DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
         DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
@@ -15831,6 +16053,28 @@ struct dllm__gpu_bdfa {
     int64_t rows_seen = 0, rows_reused = 0;
 };
 
+/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, and per MoE layer the router's fp32
+ * logits, each token's experts and weights, the slots (token, k) sorted by expert (each expert's range starting on a
+ * row that keeps its GEMM operands 256-byte aligned, as cuBLASLt's algorithms assume), the slots' rows through the
+ * experts and the shared expert's rows. The permutation is built on the host from the chosen experts (one copy and
+ * one synchronisation a layer), so LLaDA2's forwards run eagerly, never captured. */
+struct dllm__gpu_moe {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
+    dllm__kernel<dllm__sig_moe_route> route;
+    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
+    dllm__dbuf slot_token, slot_row;    // int [rows]: the token of each expert row; int [T][k]: the row of each slot
+    dllm__dbuf x, gu, f, y;             // bf16 [rows][d], [rows][2 ff], [rows][ff], [rows][d]: the experts' rows
+    dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
+    std::vector<int> expert_host, slot_token_host, slot_row_host, first_row;  // first_row [E + 1]: expert e's rows
+    int rows = 0;                       // expert rows the buffers hold
+    // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
+    std::map<int, std::vector<int>> *debug_experts = nullptr;
+    std::map<int, std::vector<float>> *debug_logits = nullptr;
+};
+
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
     static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens,
@@ -15964,6 +16208,25 @@ class dllm__gpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
+    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
+     * none kept). */
+    /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
+     * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
+    DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
+                                         std::vector<int> &experts) {
+        const size_t d = (size_t)model_.cfg.n_embd;
+        DLLM__TRY(fit_buffers(1, M, 1));
+        DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(moe_block(l, M, act_.delta.ptr));
+        out.resize((size_t)M * d);
+        DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaStreamSynchronize(stream_));
+        experts = moe_.expert_host;
+        return DLLM_OK;
+    }
+    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
+        moe_.debug_experts = experts, moe_.debug_logits = logits;
+    }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
@@ -16055,6 +16318,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status project_o(size_t l, int M, int r0);
     dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    // [MoE] LLaDA2 (gpu/moe.cpp)
+    bool moe_model() const { return model_.cfg.family == DLLM_FAMILY_LLADA2; }
+    bool moe_layer(size_t l) const { return moe_model() && !weights_->layers[l].expert_gu.empty(); }
+    dllm_status moe_supported() const;
+    dllm_status load_moe();
+    dllm_status qk_norm_rope(size_t layer, int T, int pos0);
+    dllm_status moe_fit(int M);
+    dllm_status moe_route(size_t l, int M);
+    dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status moe_block(size_t l, int M, void *out);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
@@ -16139,6 +16412,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     dllm__gpu_graphs graphs_;  // [step graphs] [bd graphs] [batch graphs] the captured forwards
 
+    dllm__gpu_moe moe_;              // [MoE] LLaDA2's router, experts and their buffers
     dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
     dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
     dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
@@ -16224,13 +16498,15 @@ dllm_status dllm__gpu_backend::init(int device) {
             "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
             "use the CPU backend",
             c.head_dim);
-    if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
+    const bool dense_ffn = c.family != DLLM_FAMILY_LLADA2 || c.n_dense_layers > 0;  // a LLaDA2 of MoE layers only
+    if (c.n_embd % 8 || (dense_ffn && c.n_ff % 8) || c.n_vocab % 8)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8",
                           c.n_embd, c.n_ff, c.n_vocab);
     if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d",
                           1024 * dllm__norm_slots * 8, c.n_embd);
+    if (c.family == DLLM_FAMILY_LLADA2) DLLM__TRY(moe_supported());
     device_ = device;
     DLLM__CUDA(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -16244,6 +16520,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemms_.dense.init());
     DLLM__TRY(load_kernels());
+    if (moe_model()) DLLM__TRY(load_moe());
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
@@ -16898,6 +17175,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
 
 /* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
+    if (moe_model())  // [MoE] LLaDA2 runs the block-diffusion forward only (bd_layers)
+        return dllm__fail(DLLM_ERR_INTERNAL, "LLaDA2 on the GPU backend runs through the block-diffusion forward only");
     if (!plan.uniform())
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "a forward over sequences with different rows (batching is not built yet)");
@@ -16985,6 +17264,7 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     const int ff = c.n_ff;
     char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
     const dllm__rows rows = layer_rows(l);
+    if (moe_layer(l)) return moe_ffn(l, M, h_in, h_out, r0);  // [MoE] LLaDA2 (gpu/moe.cpp)
     if (fp8_ffn(l)) {
         DLLM__TRY(add_rmsnorm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
         mark("add+norm");
@@ -17044,7 +17324,7 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
 
 dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
     const dllm__config &c = model_.cfg;
-    if (dllm__is_block_diffusion(c)) return bd_logits(ids, n, r0, r1, out);
+    if (dllm__is_block_diffusion(c) || moe_model()) return bd_logits(ids, n, r0, r1, out);  // LLaDA2: block-causal
     const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
     std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);
@@ -17060,6 +17340,220 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
     return DLLM_OK;
 }
 #line 121 "src/dllm_cuda.cu"
+#line 1 "src/gpu/moe.cpp"
+/* src/gpu/moe.cpp - LLaDA2 on the GPU backend (../shared/spec/llada2.md): QK-norm with partial RoPE, the router on the
+ * device and the routed experts through the GEMM entry point; twin: src/cpu/moe.cpp.
+ *
+ * A MoE layer (moe_ffn): the post-attention add + RMSNorm (add_rmsnorm), the router's fp32 logits (a row-independent
+ * GEMM, so a token's choice never depends on the other rows), the group-limited top-k (moe_route), the chosen experts
+ * copied to the host, where the slots (token, k) are sorted by expert, then token (the CPU's order); each expert's rows
+ * gathered into one contiguous range, its gate|up GEMM, SwiGLU, its down GEMM (row-independent GEMMs of exactly the
+ * rows it received: no capacity, no dropped token); the shared expert over every row; then each token's weighted sum
+ * of its slots in slot order plus the shared expert's (moe_combine) into act_.delta. First version, exact over fast:
+ * one host synchronisation a MoE layer and an expert's GEMMs launched one expert at a time; BF16 weights only. */
+
+/* What this first version takes; the rest is refused with the setting to change. */
+dllm_status dllm__gpu_backend::moe_supported() const {
+    const dllm__config &c = model_.cfg;
+    if (model_.random_weights)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
+                          "a checkpoint");
+    if (kvq_.enabled())
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
+                          "(--kv-quant none), or the CPU backend (--backend cpu)");
+    if (c.n_ff_expert % 8 || c.n_ff_shared % 8)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "LLaDA2 on the GPU backend needs expert widths divisible by 8 (moe_intermediate_size %d, "
+                          "shared %d); use the CPU backend (--backend cpu)",
+                          c.n_ff_expert, c.n_ff_shared);
+    if (c.n_expert > dllm__moe_max_experts || c.n_expert_group > dllm__moe_max_groups || c.n_expert_used > 32)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "LLaDA2 on the GPU backend routes at most %d experts in %d groups, 32 a token; this model "
+                          "has %d in %d, %d a token: use the CPU backend (--backend cpu)",
+                          dllm__moe_max_experts, dllm__moe_max_groups, c.n_expert, c.n_expert_group, c.n_expert_used);
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::load_moe() {
+    if (moe_.module) return DLLM_OK;
+    DLLM__TRY(dllm__jit_load(dllm__module_moe(arch_), moe_.module));
+    auto bind = [&](auto &k, const char *name) { k.fn = moe_.module->kernels.at(name), k.name = name; };
+    bind(moe_.qk_norm_rope, "qk_norm_rope");
+    bind(moe_.route, "moe_route");
+    bind(moe_.gather, "moe_gather_rows");
+    bind(moe_.combine, "moe_combine");
+    return DLLM_OK;
+}
+
+/* QK-norm and partial RoPE on the T fused projection rows of act_.qkv at positions pos0 + row (twin: the end of
+ * dllm__cpu_llada2_qkv). */
+dllm_status dllm__gpu_backend::qk_norm_rope(size_t layer, int T, int pos0) {
+    const dllm__config &c = model_.cfg;
+    const dllm__gpu_layer &L = weights_->layers[layer];
+    const bool norm = c.qk_norm && L.q_norm.ptr;
+    const unsigned head_groups = (unsigned)(c.n_head + c.n_head_kv + 3) / 4;
+    return moe_.qk_norm_rope.launch({dim3((unsigned)T, head_groups), dim3(128)}, stream_, act_.qkv.ptr, T, pos0,
+                                    c.n_head, c.n_head_kv, c.head_dim, c.rotary_dim ? c.rotary_dim : c.head_dim,
+                                    norm ? L.q_norm.ptr : nullptr, norm ? L.k_norm.ptr : nullptr, c.norm_eps,
+                                    rope_cos_.ptr, rope_sin_.ptr);
+}
+
+/* Rows a MoE layer of M tokens may need: its M k slots, each expert's range rounded up to `align` rows. */
+static int dllm__moe_align_rows(const dllm__config &c) {
+    // each expert range starts on a row where every buffer's row offset is a multiple of 256 bytes
+    int align = 1;
+    for (int width : {c.n_embd, 2 * c.n_ff_expert, c.n_ff_expert}) {
+        const int bytes = width * 2;
+        int need = 1;
+        while ((int64_t)need * bytes % 256) need *= 2;
+        align = std::max(align, need);  // powers of two: the largest is a multiple of the others
+    }
+    return align;
+}
+
+/* The expert rows of a MoE layer's slots (expert[i] of slot i = token * k + j; -1: none): expert e's slots, token by
+ * token (the CPU's slots_of), in rows [first_row[e], first_row[e + 1]) whose length is rounded up to `align` rows;
+ * slot_token[row] the token a row holds (0 in the padding rows: a finite row, never read), slot_row[i] slot i's row
+ * (-1: none). Host code, tested on the CPU (llada2.gpu_moe_slot_order). */
+static void dllm__moe_slot_order(const std::vector<int> &expert, int E, int k, int align, std::vector<int> &first_row,
+                                 std::vector<int> &slot_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)E, 0);
+    for (int e : expert)
+        if (e >= 0 && e < E) count[(size_t)e]++;
+    first_row.assign((size_t)E + 1, 0);
+    for (int e = 0; e < E; e++)
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + (count[(size_t)e] + align - 1) / align * align;
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    slot_token.assign((size_t)first_row[(size_t)E], 0);
+    slot_row.assign(expert.size(), -1);
+    for (size_t i = 0; i < expert.size(); i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= E) continue;  // no expert (NaN scores): the slot adds nothing, as moe_combine says
+        const int row = next[(size_t)e]++;
+        slot_token[(size_t)row] = (int)i / k;
+        slot_row[i] = row;
+    }
+}
+
+/* The buffers of a MoE layer over M tokens (zeroed when made: the padding rows between experts hold finite values). */
+dllm_status dllm__gpu_backend::moe_fit(int M) {
+    const dllm__config &c = model_.cfg;
+    const size_t d = (size_t)c.n_embd, E = (size_t)c.n_expert, k = (size_t)c.n_expert_used, ff = (size_t)c.n_ff_expert,
+                 ffs = (size_t)std::max(c.n_ff_shared, 8);
+    const size_t rows = (size_t)M * k + E * (size_t)(dllm__moe_align_rows(c) - 1);
+    DLLM__TRY(moe_.logits.fit((size_t)M * E * 4, "the MoE router's logits"));
+    DLLM__TRY(moe_.expert.fit((size_t)M * k * 4, "the MoE routes"));
+    DLLM__TRY(moe_.weight.fit((size_t)M * k * 4, "the MoE routes"));
+    DLLM__TRY(moe_.slot_row.fit((size_t)M * k * 4, "the MoE routes"));
+    DLLM__TRY(moe_.slot_token.fit(rows * 4, "the MoE routes"));
+    for (auto buf : {std::make_pair(&moe_.x, d), std::make_pair(&moe_.gu, 2 * ff), std::make_pair(&moe_.f, ff),
+                     std::make_pair(&moe_.y, d)}) {
+        const void *was = buf.first->ptr;
+        DLLM__TRY(buf.first->fit(rows * buf.second * 2, "the MoE experts' rows"));
+        if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
+    }
+    DLLM__TRY(moe_.shared_gu.fit((size_t)M * 2 * ffs * 2, "the MoE shared expert's rows"));
+    DLLM__TRY(moe_.shared_f.fit((size_t)M * ffs * 2, "the MoE shared expert's rows"));
+    DLLM__TRY(moe_.shared_y.fit((size_t)M * d * 2, "the MoE shared expert's rows"));
+    moe_.rows = (int)rows;
+    return DLLM_OK;
+}
+
+/* The router of layer l over the M normed rows of act_.a, and the slots' order: moe_.expert and moe_.weight [M][k] on
+ * the device, moe_.first_row (expert e's rows [first_row[e], first_row[e + 1]), padding included), slot_token (the
+ * token of each expert row) and slot_row (the expert row of each slot) on both sides. */
+dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
+    const dllm__config &c = model_.cfg;
+    const dllm__gpu_layer &L = weights_->layers[l];
+    const int E = c.n_expert, k = c.n_expert_used, P = M * k, align = dllm__moe_align_rows(c);
+    DLLM__TRY(gemm(L.router.view(), act_.a.ptr, moe_.logits.ptr, M, DLLM__ROWS_INDEPENDENT, CUDA_R_32F));
+    mark("moe router gemm");
+    DLLM__TRY(moe_.route.launch({dim3((unsigned)M), dim3(32)}, stream_, moe_.logits.ptr, L.expert_bias.ptr, M, E,
+                                c.n_expert_group, c.n_group_used, k, (float)c.routed_scale, moe_.expert.ptr,
+                                moe_.weight.ptr));
+    mark("moe route");
+    moe_.expert_host.resize((size_t)P);
+    DLLM__CUDA(cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
+    if (moe_.debug_logits) {
+        std::vector<float> &lg = (*moe_.debug_logits)[(int)l];
+        lg.resize((size_t)M * E);
+        DLLM__CUDA(cudaMemcpyAsync(lg.data(), moe_.logits.ptr, lg.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    if (moe_.debug_experts) (*moe_.debug_experts)[(int)l] = moe_.expert_host;
+    dllm__moe_slot_order(moe_.expert_host, E, k, align, moe_.first_row, moe_.slot_token_host, moe_.slot_row_host);
+    if (moe_.first_row[(size_t)E] > moe_.rows)
+        return dllm__fail(DLLM_ERR_INTERNAL, "MoE layer %zu: %d expert rows past the %d the buffers hold", l,
+                          moe_.first_row[(size_t)E], moe_.rows);
+    DLLM__CUDA(cudaMemcpyAsync(moe_.slot_token.ptr, moe_.slot_token_host.data(), moe_.slot_token_host.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(moe_.slot_row.ptr, moe_.slot_row_host.data(), (size_t)P * 4, cudaMemcpyHostToDevice,
+                               stream_));
+    // the host vectors are read by the copies above: keep them until they are done (the next layer reuses them)
+    DLLM__CUDA(cudaStreamSynchronize(stream_));
+    return DLLM_OK;
+}
+
+/* Layer l's FFN when it is a MoE layer (ffn's): rows [r0, r0 + M) of act_.delta hold the attention output projection
+ * in and the MoE output out; h_in (+ delta) -> h_out, as ffn. */
+dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
+    const dllm__config &c = model_.cfg;
+    char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
+    DLLM__TRY(add_rmsnorm(h_in, h_out, delta, weights_->layers[l].ffn_norm.ptr, act_.a.ptr, 1, M, 0, M));
+    mark("add+norm");
+    return moe_block(l, M, delta);
+}
+
+/* The mixture of experts of layer l on the M normed rows of act_.a into the bf16 rows `out` (twin: dllm__cpu_moe). */
+dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
+    const dllm__config &c = model_.cfg;
+    const dllm__gpu_layer &L = weights_->layers[l];
+    const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared;
+    DLLM__TRY(moe_fit(M));
+    DLLM__TRY(moe_route(l, M));
+    const int rows = moe_.first_row[(size_t)E];
+    if (rows > 0) {
+        DLLM__TRY(moe_.gather.launch({dim3((unsigned)rows), dim3(128)}, stream_, act_.a.ptr, d, moe_.slot_token.ptr,
+                                     rows, moe_.x.ptr));
+        mark("moe gather");
+    }
+    for (int e = 0; e < E; e++) {
+        const int r = moe_.first_row[(size_t)e], n = moe_.first_row[(size_t)e + 1] - r;
+        if (n == 0) continue;
+        // the padding rows at the range's end are computed too (zeros or stale finite rows, never read): whole ranges
+        // keep every launch's row count a multiple of the alignment
+        DLLM__TRY(gemm(L.expert_gu[(size_t)e].view(), (const char *)moe_.x.ptr + (size_t)r * d * 2,
+                       (char *)moe_.gu.ptr + (size_t)r * 2 * ff * 2, n, DLLM__ROWS_INDEPENDENT));
+    }
+    mark("moe gemm gate+up");
+    if (rows > 0)
+        DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(rows, ff / 8, 256), dim3(256)}, stream_, moe_.gu.ptr,
+                                                 moe_.f.ptr, rows, ff));
+    mark("moe swiglu");
+    for (int e = 0; e < E; e++) {
+        const int r = moe_.first_row[(size_t)e], n = moe_.first_row[(size_t)e + 1] - r;
+        if (n == 0) continue;
+        DLLM__TRY(gemm(L.expert_down[(size_t)e].view(), (const char *)moe_.f.ptr + (size_t)r * ff * 2,
+                       (char *)moe_.y.ptr + (size_t)r * d * 2, n, DLLM__ROWS_INDEPENDENT));
+    }
+    mark("moe gemm down");
+    const bool shared = ffs > 0 && L.shared_gu.data.ptr;
+    if (shared) {
+        DLLM__TRY(gemm(L.shared_gu.view(), act_.a.ptr, moe_.shared_gu.ptr, M, DLLM__ROWS_INDEPENDENT));
+        DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(M, ffs / 8, 256), dim3(256)}, stream_,
+                                                 moe_.shared_gu.ptr, moe_.shared_f.ptr, M, ffs));
+        DLLM__TRY(gemm(L.shared_down.view(), moe_.shared_f.ptr, moe_.shared_y.ptr, M, DLLM__ROWS_INDEPENDENT));
+        mark("moe shared expert");
+    }
+    DLLM__TRY(moe_.combine.launch({dllm__rows_grid(M, d / 8, 256), dim3(256)}, stream_, moe_.y.ptr, moe_.slot_row.ptr,
+                                  moe_.weight.ptr, shared ? moe_.shared_y.ptr : nullptr, M, c.n_expert_used, d,
+                                  out));
+    mark("moe combine");
+    return DLLM_OK;
+}
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -17073,6 +17567,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
+    if (moe_model()) return "for LLaDA2 (mixture of experts) yet";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
@@ -17239,7 +17734,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = batch_.row_offsets.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -17428,7 +17923,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -17622,7 +18117,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -17864,7 +18359,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -17980,7 +18475,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -18019,7 +18514,7 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(model_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -18278,7 +18773,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     }
     return DLLM_OK;
 }
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -18395,8 +18890,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
-    const bool graph =
-        head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs && dllm__env().bd_graphs;
+    // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
+    const bool graph = head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs &&
+                       dllm__env().bd_graphs && !moe_model();
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else
@@ -18508,7 +19004,10 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T,
                    split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
-    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
+    if (moe_model())  // [MoE] LLaDA2: QK-norm, then RoPE on the first rotary_dim dims of each head
+        DLLM__TRY(qk_norm_rope(layer, T, pos0));
+    else
+        DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
         DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)},
                                                          stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,
@@ -18683,7 +19182,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -18790,7 +19289,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -19229,7 +19728,7 @@ struct dllm__generation {
         return DLLM_OK;
     }
 };
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -19562,7 +20061,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -20053,7 +20552,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 133 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
@@ -20217,7 +20716,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -20286,7 +20785,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     live.swap(still);
     return DLLM_OK;
 }
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/decode/stepper.cpp"
 /* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
  * dllm_generate_batch is its loop. */
@@ -20630,7 +21129,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
     return s;
 }
-#line 136 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -20700,22 +21199,15 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs on the CPU reference only so far: quantised precisions are refused, the GPU backend is refused when
- * asked for and passed over (with a warning) by AUTO. Sets gpu to false where the CPU backend is to run. */
-static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
+/* LLaDA2 runs unquantised only so far, on either backend (the GPU's path: gpu/moe.cpp, BF16 weights; what it does
+ * not take yet, it refuses at its init with the setting to change). */
+static dllm_status dllm__llada2_backend(const dllm_ctx &ctx) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "precision (--precision) %s: LLaDA2 models run unquantised only so far "
                           "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
                           dllm__precision_name(ctx.params.precision));
-    if (ctx.params.backend == DLLM_BACKEND_GPU)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "LLaDA2 (mixture of experts) on the GPU backend: the GPU path is not built yet; use the CPU "
-                          "backend");
-    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO)
-        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not built yet: this context runs on the CPU backend");
-    gpu = false;
     return DLLM_OK;
 }
 
@@ -20728,7 +21220,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
-    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
+    DLLM__TRY(dllm__llada2_backend(ctx));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
@@ -20747,7 +21239,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 137 "src/dllm_cuda.cu"
+#line 138 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -21316,4 +21808,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 138 "src/dllm_cuda.cu"
+#line 139 "src/dllm_cuda.cu"

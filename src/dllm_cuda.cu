@@ -118,6 +118,7 @@ namespace {
 #include "gpu/activations.cpp"
 #include "gpu/backend.cpp"
 #include "gpu/forward.cpp"
+#include "gpu/moe.cpp"
 #include "gpu/batch.cpp"
 #include "gpu/batch_kv.cpp"
 #include "gpu/batch_bd.cpp"

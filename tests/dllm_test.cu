@@ -50,6 +50,7 @@
 #include "test_stepper_gpu.inl"
 #include "test_docs.inl"
 #include "test_llada2.inl"
+#include "test_llada2_gpu.inl"
 
 /* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
 static bool test_selected(const std::string &full, const char *filter) {

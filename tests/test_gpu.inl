@@ -13,7 +13,7 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
                                               dllm__module_attention(a, 128), dllm__module_soloq(a)};
         if (a.cc == 80 || a.cc == 90) {  // the modules a context loads for a feature, on the two targets CI checks
             for (auto rq : {dllm__module_q4_gemm(a), dllm__module_kv_scatter(a), dllm__module_attention_varlen(a, 128),
-                            dllm__module_bdfa(a), dllm__module_kvq(a), dllm__module_kvq_tc(a, 128)})
+                            dllm__module_bdfa(a), dllm__module_kvq(a), dllm__module_kvq_tc(a, 128), dllm__module_moe(a)})
                 rqs.push_back(rq);
             if (a.fp8 != DLLM__FP8_NONE) rqs.push_back(dllm__module_fp8_gemm(a));
             if (a.cc == 90) rqs.push_back(dllm__module_q4wg(a)), rqs.push_back(dllm__module_gemm_splitk(a));

@@ -632,8 +632,10 @@ TEST(llada2, options_that_do_not_apply_are_refused) {
     dllm_model_free(m);
 }
 
-/* The GPU backend refuses LLaDA2 with UNSUPPORTED (whether a GPU is present or not); AUTO gets the CPU. */
-TEST(llada2, gpu_backend_refused_auto_runs_cpu) {
+/* The backend choice: without a GPU, asking for the GPU fails with NO_DEVICE and AUTO gets the CPU; with one, this
+ * checkpoint's awkward sizes (head_dim 12, expert width 10) are refused by the GPU backend, naming the CPU backend (the
+ * GPU path itself: tests/test_llada2_gpu.inl). */
+TEST(llada2, backend_choice) {
     test_llada2_shape s;
     test_tmpdir dir;
     test_llada2_write(dir, s, test_llada2_random(s, 1));
@@ -642,15 +644,66 @@ TEST(llada2, gpu_backend_refused_auto_runs_cpu) {
         CHECK(false);
         return;
     }
+    std::string why;
+    const bool gpu = dllm__gpu_usable(0, why);
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;
     dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "not built yet");
-    cp.backend = DLLM_BACKEND_AUTO, cp.n_threads = 2;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
-    if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);
+    if (gpu)
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "CPU backend");
+    else
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_NO_DEVICE, nullptr);
+    dllm_ctx_free(ctx), ctx = nullptr;
+    cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = DLLM_PRECISION_FP8_FFN;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--precision");
+    dllm_ctx_free(ctx), ctx = nullptr;
+    if (!gpu) {
+        cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO, cp.n_threads = 2;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);
+    }
     dllm_ctx_free(ctx);
     dllm_model_free(m);
+}
+
+/* The GPU path's host part (gpu/moe.cpp), checked here without a GPU: the expert ranges are aligned so that every
+ * expert's GEMM operands start on 256-byte boundaries (1 row at the real shapes, 16 at the GPU tests' tiny one), and
+ * the slot order puts each expert's slots in its range token by token, every slot once, padding rows holding token 0. */
+TEST(llada2, gpu_moe_slot_order) {
+    dllm__config mini;
+    mini.n_embd = 2048, mini.n_ff_expert = 512;
+    dllm__config tiny;
+    tiny.n_embd = 64, tiny.n_ff_expert = 24;
+    CHECK(dllm__moe_align_rows(mini) == 1 && dllm__moe_align_rows(tiny) == 16);
+    std::mt19937 rng(3);
+    for (int align : {1, 16, 4}) {
+        const int E = 12, k = 3, T = 23;
+        std::vector<int> expert((size_t)T * k);
+        for (int t = 0; t < T; t++) {  // k distinct experts a token, one slot without (NaN scores) in token 5
+            std::vector<int> all(E);
+            for (int e = 0; e < E; e++) all[(size_t)e] = e;
+            std::shuffle(all.begin(), all.end(), rng);
+            for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
+        }
+        expert[5 * k + 1] = -1;
+        std::vector<int> first_row, slot_token, slot_row;
+        dllm__moe_slot_order(expert, E, k, align, first_row, slot_token, slot_row);
+        bool ok = first_row.size() == (size_t)E + 1 && first_row[0] == 0 && slot_row[5 * k + 1] == -1;
+        int used = 0;
+        for (int e = 0; ok && e < E; e++) {
+            ok &= (first_row[(size_t)e + 1] - first_row[(size_t)e]) % align == 0;
+            int last_token = -1, n = 0;
+            for (size_t i = 0; i < expert.size(); i++) {
+                if (expert[i] != e) continue;
+                const int row = slot_row[i];
+                ok &= row == first_row[(size_t)e] + n;  // in the expert's range, in slot (token) order
+                ok &= slot_token[(size_t)row] == (int)i / k && (int)i / k > last_token;
+                last_token = (int)i / k, n++, used++;
+            }
+            for (int row = first_row[(size_t)e] + n; row < first_row[(size_t)e + 1]; row++) ok &= slot_token[(size_t)row] == 0;
+        }
+        CHECK_MSG(ok && used == T * k - 1 && (int)slot_token.size() == first_row[(size_t)E], "align %d: slot order broken", align);
+    }
 }
 
 // ---- the official code's traces (tools/make_llada2_fixtures.py) ---------------------------------------------------

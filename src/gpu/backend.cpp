@@ -202,6 +202,28 @@ struct dllm__gpu_bdfa {
     int64_t rows_seen = 0, rows_reused = 0;
 };
 
+/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, and per MoE layer the router's fp32
+ * logits, each token's experts and weights, the slots (token, k) sorted by expert (each expert's range starting on a
+ * row that keeps its GEMM operands 256-byte aligned, as cuBLASLt's algorithms assume), the slots' rows through the
+ * experts and the shared expert's rows. The permutation is built on the host from the chosen experts (one copy and
+ * one synchronisation a layer), so LLaDA2's forwards run eagerly, never captured. */
+struct dllm__gpu_moe {
+    std::shared_ptr<dllm__module> module;
+    dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
+    dllm__kernel<dllm__sig_moe_route> route;
+    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
+    dllm__dbuf slot_token, slot_row;    // int [rows]: the token of each expert row; int [T][k]: the row of each slot
+    dllm__dbuf x, gu, f, y;             // bf16 [rows][d], [rows][2 ff], [rows][ff], [rows][d]: the experts' rows
+    dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
+    std::vector<int> expert_host, slot_token_host, slot_row_host, first_row;  // first_row [E + 1]: expert e's rows
+    int rows = 0;                       // expert rows the buffers hold
+    // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
+    std::map<int, std::vector<int>> *debug_experts = nullptr;
+    std::map<int, std::vector<float>> *debug_logits = nullptr;
+};
+
 class dllm__gpu_backend : public dllm__backend_impl {
   public:
     static dllm_status create(const dllm_model &m, const dllm_ctx_params &p, int max_tokens,
@@ -335,6 +357,25 @@ class dllm__gpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
+    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
+     * none kept). */
+    /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
+     * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
+    DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
+                                         std::vector<int> &experts) {
+        const size_t d = (size_t)model_.cfg.n_embd;
+        DLLM__TRY(fit_buffers(1, M, 1));
+        DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
+        DLLM__TRY(moe_block(l, M, act_.delta.ptr));
+        out.resize((size_t)M * d);
+        DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaStreamSynchronize(stream_));
+        experts = moe_.expert_host;
+        return DLLM_OK;
+    }
+    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
+        moe_.debug_experts = experts, moe_.debug_logits = logits;
+    }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
@@ -426,6 +467,16 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status project_o(size_t l, int M, int r0);
     dllm_status ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status lm_head(int batch, int raw_rows, int c0, int rows);
+    // [MoE] LLaDA2 (gpu/moe.cpp)
+    bool moe_model() const { return model_.cfg.family == DLLM_FAMILY_LLADA2; }
+    bool moe_layer(size_t l) const { return moe_model() && !weights_->layers[l].expert_gu.empty(); }
+    dllm_status moe_supported() const;
+    dllm_status load_moe();
+    dllm_status qk_norm_rope(size_t layer, int T, int pos0);
+    dllm_status moe_fit(int M);
+    dllm_status moe_route(size_t l, int M);
+    dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
+    dllm_status moe_block(size_t l, int M, void *out);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
@@ -510,6 +561,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
     dllm__gpu_graphs graphs_;  // [step graphs] [bd graphs] [batch graphs] the captured forwards
 
+    dllm__gpu_moe moe_;              // [MoE] LLaDA2's router, experts and their buffers
     dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
     dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
     dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
@@ -595,13 +647,15 @@ dllm_status dllm__gpu_backend::init(int device) {
             "the GPU backend supports head dimensions that are multiples of 8 from 8 to 256, this model has %d; "
             "use the CPU backend",
             c.head_dim);
-    if (c.n_embd % 8 || c.n_ff % 8 || c.n_vocab % 8)
+    const bool dense_ffn = c.family != DLLM_FAMILY_LLADA2 || c.n_dense_layers > 0;  // a LLaDA2 of MoE layers only
+    if (c.n_embd % 8 || (dense_ffn && c.n_ff % 8) || c.n_vocab % 8)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "the GPU backend needs hidden (%d), MLP (%d) and vocabulary (%d) sizes divisible by 8",
                           c.n_embd, c.n_ff, c.n_vocab);
     if (dllm__round_up(c.n_embd, 128) / 8 > 1024 * dllm__norm_slots)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend supports hidden sizes up to %d, this model has %d",
                           1024 * dllm__norm_slots * 8, c.n_embd);
+    if (c.family == DLLM_FAMILY_LLADA2) DLLM__TRY(moe_supported());
     device_ = device;
     DLLM__CUDA(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -615,6 +669,7 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DLLM__TRY(gemms_.dense.init());
     DLLM__TRY(load_kernels());
+    if (moe_model()) DLLM__TRY(load_moe());
     bool fp8_ffn = false, fp8_attn = false;
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;

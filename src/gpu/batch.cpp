@@ -10,6 +10,7 @@
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
+    if (moe_model()) return "for LLaDA2 (mixture of experts) yet";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }

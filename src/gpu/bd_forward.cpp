@@ -113,8 +113,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
-    const bool graph =
-        head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs && dllm__env().bd_graphs;
+    // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
+    const bool graph = head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs &&
+                       dllm__env().bd_graphs && !moe_model();
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else
@@ -226,7 +227,10 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     DLLM__TRY(gemm(L.qkv.view(), fp8_attn(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T,
                    split ? DLLM__ROWS_INDEPENDENT : DLLM__ROWS_TUNED));
     mark("gemm qkv");
-    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
+    if (moe_model())  // [MoE] LLaDA2: QK-norm, then RoPE on the first rotary_dim dims of each head
+        DLLM__TRY(qk_norm_rope(layer, T, pos0));
+    else
+        DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, pos0));
     if (c.llama4_beta != 0)
         DLLM__TRY(kernels_.rowwise.llama4_scale_q.launch({dllm__rows_grid(T, c.n_head * hd / 8, 256), dim3(256)},
                                                          stream_, act_.qkv.ptr, T, qkv, c.n_head * hd, pos0,

@@ -422,6 +422,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
 
 /* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
+    if (moe_model())  // [MoE] LLaDA2 runs the block-diffusion forward only (bd_layers)
+        return dllm__fail(DLLM_ERR_INTERNAL, "LLaDA2 on the GPU backend runs through the block-diffusion forward only");
     if (!plan.uniform())
         return dllm__fail(DLLM_ERR_INTERNAL,
                           "a forward over sequences with different rows (batching is not built yet)");
@@ -509,6 +511,7 @@ dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_
     const int ff = c.n_ff;
     char *delta = (char *)act_.delta.ptr + (size_t)r0 * c.n_embd * 2;
     const dllm__rows rows = layer_rows(l);
+    if (moe_layer(l)) return moe_ffn(l, M, h_in, h_out, r0);  // [MoE] LLaDA2 (gpu/moe.cpp)
     if (fp8_ffn(l)) {
         DLLM__TRY(add_rmsnorm_e4m3(h_in, h_out, delta, L.ffn_norm.ptr, 1, M));
         mark("add+norm");
@@ -568,7 +571,7 @@ dllm_status dllm__gpu_backend::prepare_forward(const int32_t *ids, int n, int ra
 
 dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1, float *out) {
     const dllm__config &c = model_.cfg;
-    if (dllm__is_block_diffusion(c)) return bd_logits(ids, n, r0, r1, out);
+    if (dllm__is_block_diffusion(c) || moe_model()) return bd_logits(ids, n, r0, r1, out);  // LLaDA2: block-causal
     const int raw0 = dllm__logit_row(c, r0), raw1 = dllm__logit_row(c, r1 - 1) + 1;
     DLLM__TRY(prepare_forward(ids, n, raw1 - raw0));
     std::vector<float> raw((size_t)(raw1 - raw0) * c.n_vocab);

@@ -555,3 +555,25 @@ DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_
 }
 
 static const char *dllm__src_kv_scatter = DLLM__KERNEL_FILE("kv_scatter.cuh");
+
+/* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
+ * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the gather
+ * of each expert's rows (its slots, expert by expert) and the weighted sum of a token's expert outputs in slot order
+ * plus the shared expert's. Each names its CPU twin in src/kernels/moe.cuh. The router keeps one row's scores in
+ * shared memory: at most dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256
+ * in 8). */
+static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
+#define DLLM__MOE_KERNELS(X)                                                                                           \
+    X(qk_norm_rope, __launch_bounds__(128),                                                                            \
+      (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
+       const float *k_norm, float eps, const float *cos_t, const float *sin_t))                                        \
+    X(moe_route, __launch_bounds__(32),                                                                                \
+      (const float *logits, const float *expert_bias, int n_rows, int n_expert, int n_group, int n_group_used,         \
+       int top_k, float routed_scale, int *expert, float *weight))                                                     \
+    X(moe_gather_rows, __launch_bounds__(128), (const bf16_t *x, int d, const int *rows, int n_rows, bf16_t *out))    \
+    X(moe_combine, __launch_bounds__(256),                                                                             \
+      (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
+       int top_k, int d, bf16_t *out))
+DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+static const char *dllm__src_moe = DLLM__KERNEL_FILE("moe.cuh");

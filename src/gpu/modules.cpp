@@ -248,6 +248,17 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
             arch.target};
 }
 
+/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only. */
+static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
+    return {"dllm_moe",
+            dllm__src_prelude() +
+                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define NORM_SLOTS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__norm_slots) +
+                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
+            {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
+            arch.target};
+}
+
 /* [batch] The varlen attention's tiles for short query runs (a K/V-cache step's block of 32 rows): 32 query rows a CTA,
  * one m16 tile a warp (2 warps), the table's key tiles and ring. With the table's 128 rows a CTA (4 warps of 32 rows)
  * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the

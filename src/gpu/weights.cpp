@@ -5,8 +5,13 @@
 // ---------------------------------------------------------------------------------------------------
 
 struct dllm__gpu_layer {
-    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down
+    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
     dllm__dbuf attn_norm, ffn_norm, b_qkv;  // fp32
+    // [MoE] LLaDA2: the QK-norm weights (fp32 [head_dim], empty without QK-norm); a MoE layer's router (bf16 [E x d]),
+    // expert bias (fp32 [E]), each routed expert's gate|up rows and down, the shared expert's (empty without one)
+    dllm__dbuf q_norm, k_norm, expert_bias;
+    dllm__linear router, shared_gu, shared_down;
+    std::vector<dllm__linear> expert_gu, expert_down;
 };
 
 /* The device weights of one model on one device in one set of weight formats. Immutable once built, so any number of
@@ -220,11 +225,35 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
             DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
             DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
         } else {
-            DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+            if (L.wqkv)  // LLaDA2's fused projection
+                DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
+            else
+                DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
             DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
-            DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
-            DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
+            if (L.gate) {  // null in a MoE layer
+                DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+                DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
+            }
         }
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_backend refuses the others)
+            DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
+            DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
+            DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+            G.expert_gu.resize(L.expert_gate.size());
+            G.expert_down.resize(L.expert_gate.size());
+            for (size_t e = 0; e < L.expert_gate.size(); e++) {
+                DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
+                DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
+            }
+            if (L.shared_gate) {
+                DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
+                DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
+            }
+        }
+        DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
+        DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
+        DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
+        DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
         DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
         DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
         DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));

@@ -1,0 +1,574 @@
+/* Tests: LLaDA2 (mixture of experts) on the GPU backend (src/gpu/moe.cpp, src/kernels/moe.cuh), each skipped without a
+ * GPU. Every kernel of the moe module against its CPU twin on fresh random inputs of awkward sizes (outputs poisoned
+ * first): QK-norm + partial RoPE, the router's group-limited top-k (ties included) against dllm__moe_route_token, the
+ * gather and the weighted combine. Then the whole forward's logits against the CPU backend's on tiny random LLaDA2
+ * checkpoints (one of awkward sizes, one with the real head and routing structure: head_dim 128 with 64 rotated, 8
+ * groups keep 4, top 8), the router's choices inside that forward against the host's choice on the same logits, and
+ * greedy generations (LLaDA2.0 and 2.1 loops) token for token against the CPU backend's, a divergence accepted only at
+ * a reported near-tie. Finally what the GPU path refuses, with the setting named. */
+
+// ---- kernels vs their CPU twins ------------------------------------------------------------------------------
+
+struct test_moe_gpu {
+    std::shared_ptr<dllm__module> mod;
+    dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
+    dllm__kernel<dllm__sig_moe_route> route;
+    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm_status init() {
+        cudaDeviceProp p;
+        DLLM__CUDA(cudaGetDeviceProperties(&p, 0));
+        DLLM__TRY(dllm__jit_load(dllm__module_moe(dllm__arch_for(p.major * 10 + p.minor)), mod));
+        qk_norm_rope.fn = mod->kernels.at("qk_norm_rope"), qk_norm_rope.name = "qk_norm_rope";
+        route.fn = mod->kernels.at("moe_route"), route.name = "moe_route";
+        gather.fn = mod->kernels.at("moe_gather_rows"), gather.name = "moe_gather_rows";
+        combine.fn = mod->kernels.at("moe_combine"), combine.name = "moe_combine";
+        return DLLM_OK;
+    }
+};
+
+/* One qk_norm_rope case: rows of [n_head Q | n_kv K | n_kv V] heads of head_dim, rotary_dim rotated, positions pos0 +
+ * row; the CPU twin is dllm__cpu_rmsnorm per head then dllm__cpu_rope on the bf16 inputs in fp32. V heads must come
+ * back untouched (bit for bit). */
+static void test_qk_norm_rope_case(dllm_test_state &T_, test_moe_gpu &g, test_rng &r, int rows, int n_head, int n_kv,
+                                   int hd, int rot, int pos0, bool norm) {
+    const int heads = n_head + 2 * n_kv, width = heads * hd;
+    std::vector<float> x((size_t)rows * width), qw(hd), kw(hd);
+    for (float &v : x) v = 2 * r.normal();
+    for (float &v : qw) v = 1 + 0.3f * r.normal();
+    for (float &v : kw) v = 1 + 0.3f * r.normal();
+    std::vector<uint16_t> xb = test_bf16_vec(x);
+    x = test_f32_vec(xb);
+    std::vector<float> cos_t, sin_t;
+    dllm__rope_tables(10000.0f, rot, pos0 + rows, cos_t, sin_t);
+    dllm__dbuf dx, dq, dk, dc, ds;
+    test_put(dx, xb), test_put(dq, qw), test_put(dk, kw), test_put(dc, cos_t), test_put(ds, sin_t);
+    CHECK_STATUS(g.qk_norm_rope.launch({dim3((unsigned)rows, (unsigned)(n_head + n_kv + 3) / 4), dim3(128)}, 0, dx.ptr,
+                                       rows, pos0, n_head, n_kv, hd, rot, norm ? dq.ptr : nullptr,
+                                       norm ? dk.ptr : nullptr, 1e-6f, dc.ptr, ds.ptr),
+                 DLLM_OK, nullptr);
+    std::vector<uint16_t> got_b = test_get<uint16_t>(dx, xb.size());
+    std::vector<float> got = test_f32_vec(got_b);
+    // the twin, head group by head group
+    std::vector<float> q((size_t)rows * n_head * hd), k((size_t)rows * n_kv * hd);
+    std::vector<int32_t> pos((size_t)rows);
+    for (int t = 0; t < rows; t++) {
+        pos[(size_t)t] = pos0 + t;
+        memcpy(&q[(size_t)t * n_head * hd], &x[(size_t)t * width], sizeof(float) * n_head * hd);
+        memcpy(&k[(size_t)t * n_kv * hd], &x[(size_t)t * width + (size_t)n_head * hd], sizeof(float) * n_kv * hd);
+    }
+    if (norm) {
+        dllm__cpu_rmsnorm(q.data(), rows * n_head, hd, qw.data(), 1e-6f, q.data());
+        dllm__cpu_rmsnorm(k.data(), rows * n_kv, hd, kw.data(), 1e-6f, k.data());
+    }
+    dllm__cpu_rope(q.data(), rows, n_head, hd, pos.data(), cos_t.data(), sin_t.data(), rot);
+    dllm__cpu_rope(k.data(), rows, n_kv, hd, pos.data(), cos_t.data(), sin_t.data(), rot);
+    std::vector<float> want_q, want_k, got_q, got_k;
+    bool v_same = true;
+    for (int t = 0; t < rows; t++) {
+        const size_t o = (size_t)t * width;
+        got_q.insert(got_q.end(), got.begin() + (long)o, got.begin() + (long)(o + (size_t)n_head * hd));
+        got_k.insert(got_k.end(), got.begin() + (long)(o + (size_t)n_head * hd),
+                     got.begin() + (long)(o + (size_t)(n_head + n_kv) * hd));
+        for (size_t i = o + (size_t)(n_head + n_kv) * hd; i < o + (size_t)width; i++) v_same &= got_b[i] == xb[i];
+    }
+    const double eq = test_max_rel(got_q, q), ek = test_max_rel(got_k, k);
+    printf("    rows %d, heads %d/%d, head_dim %d (rotary %d), pos0 %d, norm %d: Q error %.2e, K error %.2e\n", rows,
+           n_head, n_kv, hd, rot, pos0, (int)norm, eq, ek);
+    CHECK_MSG(eq < 8e-3 && ek < 8e-3, "qk_norm_rope: Q %.3e K %.3e against the CPU twin", eq, ek);
+    CHECK_MSG(v_same, "qk_norm_rope changed a V head");
+}
+
+TEST(gpu_llada2, qk_norm_rope_matches_cpu_twin) {
+    NEED_GPU();
+    test_moe_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (!g.mod) return;
+    test_rng r("gpu_llada2.qk_norm_rope");
+    test_qk_norm_rope_case(T_, g, r, 5, 4, 2, 16, 8, 0, true);        // the tiny checkpoint's shape
+    test_qk_norm_rope_case(T_, g, r, 33, 16, 4, 128, 64, 471, true);  // LLaDA2.0-mini's heads, far positions
+    test_qk_norm_rope_case(T_, g, r, 7, 5, 1, 40, 20, 3, true);       // 10 pairs: pairs split over lanes unevenly
+    test_qk_norm_rope_case(T_, g, r, 3, 3, 3, 24, 24, 9, false);      // whole-head RoPE, no QK-norm
+    test_qk_norm_rope_case(T_, g, r, 2, 2, 1, 256, 64, 1, true);      // 8 values a lane
+}
+
+/* A router config: E experts in G groups, keep used groups, k experts a token. */
+static dllm__config test_router_config(int E, int G, int used, int k, double scale) {
+    dllm__config c;
+    c.n_expert = E, c.n_expert_group = G, c.n_group_used = used, c.n_expert_used = k, c.routed_scale = scale;
+    return c;
+}
+
+/* moe_route on rows of random fp32 logits (some rows with exact ties: equal logits and biases, and equal groups) against
+ * dllm__moe_route_token row by row: the same experts in the same order, the weights within fp32 rounding. A mismatch
+ * is accepted only where the host's routing scores of the two experts differ by less than 1e-6 (expf's last bits on
+ * the two sides), and reported. */
+static void test_router_case(dllm_test_state &T_, test_moe_gpu &g, test_rng &r, int rows, const dllm__config &c) {
+    const int E = c.n_expert, k = c.n_expert_used;
+    std::vector<float> logits((size_t)rows * E), bias((size_t)E);
+    for (float &v : logits) v = 1.5f * r.normal();
+    for (float &v : bias) v = 0.05f * r.normal();
+    for (int e = 1; e < E; e += 7) bias[(size_t)e] = bias[(size_t)e - 1];  // tie partners
+    for (int t = 0; t < rows; t += 3)                                       // every third row: exact ties
+        for (int e = 1; e < E; e += 7) logits[(size_t)t * E + e] = logits[(size_t)t * E + e - 1];
+    if (rows > 1)  // one row of equal logits: the biases alone decide, with their ties
+        for (int e = 0; e < E; e++) logits[(size_t)E + e] = 0.25f, bias[(size_t)e] = e % 7 ? bias[(size_t)e] : bias[0];
+    dllm__dbuf dl, db, de, dw;
+    test_put(dl, logits), test_put(db, bias);
+    test_poison(de, (size_t)rows * k * 4), test_poison(dw, (size_t)rows * k * 4);
+    CHECK_STATUS(g.route.launch({dim3((unsigned)rows), dim3(32)}, 0, dl.ptr, db.ptr, rows, E, c.n_expert_group,
+                                c.n_group_used, k, (float)c.routed_scale, de.ptr, dw.ptr),
+                 DLLM_OK, nullptr);
+    std::vector<int> got_e = test_get<int>(de, (size_t)rows * k);
+    std::vector<float> got_w = test_get<float>(dw, (size_t)rows * k);
+    int same_rows = 0, near_ties = 0;
+    double worst_w = 0;
+    for (int t = 0; t < rows; t++) {
+        const dllm__moe_route want = dllm__moe_route_token(c, &logits[(size_t)t * E], bias.data());
+        bool same = true;
+        for (int s = 0; s < k; s++) same &= got_e[(size_t)t * k + s] == want.expert[(size_t)s];
+        if (same) {
+            same_rows++;
+            for (int s = 0; s < k; s++)
+                worst_w = std::max(worst_w, (double)fabsf(got_w[(size_t)t * k + s] - want.weight[(size_t)s]) /
+                                                std::max(1e-30f, fabsf(want.weight[(size_t)s])));
+            continue;
+        }
+        // the first differing slot: a near-tie if the two experts' routing scores are within 1e-6 on the host
+        int s = 0;
+        while (got_e[(size_t)t * k + s] == want.expert[(size_t)s]) s++;
+        const int a = got_e[(size_t)t * k + s], b = want.expert[(size_t)s];
+        auto score = [&](int e) {
+            return e < 0 || e >= E ? -1e30 : 1.0 / (1.0 + exp(-(double)logits[(size_t)t * E + e])) + bias[(size_t)e];
+        };
+        const double gap = fabs(score(a) - score(b));
+        printf("    row %d slot %d: GPU expert %d, CPU expert %d, routing scores %.9g / %.9g (gap %.2e)\n", t, s, a, b,
+               score(a), score(b), gap);
+        if (gap < 1e-6)
+            near_ties++;
+        else
+            CHECK_MSG(false, "E %d: row %d routes differently (not a near-tie)", E, t);
+    }
+    printf("    E %d (%d groups keep %d, top %d), %d rows: %d identical, %d near-ties; weights within %.2e\n", E,
+           c.n_expert_group, c.n_group_used, k, rows, same_rows, near_ties, worst_w);
+    CHECK_MSG(worst_w < 1e-5, "moe_route weights differ by %.3e (relative)", worst_w);
+}
+
+TEST(gpu_llada2, router_chooses_the_cpu_experts) {
+    NEED_GPU();
+    test_moe_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (!g.mod) return;
+    test_rng r("gpu_llada2.router");
+    test_router_case(T_, g, r, 37, test_router_config(12, 4, 2, 3, 2.5));    // the tiny checkpoint's router
+    test_router_case(T_, g, r, 65, test_router_config(256, 8, 4, 8, 2.5));   // LLaDA2.0-mini / flash
+    test_router_case(T_, g, r, 9, test_router_config(64, 1, 1, 6, 1.0));     // one group
+    test_router_case(T_, g, r, 11, test_router_config(40, 20, 7, 5, 2.5));   // groups of 2 (top-2 = the whole group)
+    test_router_case(T_, g, r, 5, test_router_config(1024, 64, 3, 32, 2.5)); // the limits
+    test_router_case(T_, g, r, 4, test_router_config(6, 3, 1, 1, 2.5));      // top-1: the weight is s, unnormalised
+}
+
+/* moe_gather_rows (exact) and moe_combine (the weighted slot sum in fp32 plus the shared row, one bf16 rounding)
+ * against their twins on awkward sizes; a slot of row -1 adds nothing. */
+TEST(gpu_llada2, gather_and_combine_match_cpu_twins) {
+    NEED_GPU();
+    test_moe_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (!g.mod) return;
+    test_rng r("gpu_llada2.gather_combine");
+    for (int d : {40, 64, 2048}) {
+        const int T = 13, k = 3, R = 29;
+        std::vector<float> x((size_t)T * d), y((size_t)R * d), sh((size_t)T * d), w((size_t)T * k);
+        for (float &v : x) v = r.normal();
+        for (float &v : y) v = r.normal();
+        for (float &v : sh) v = r.normal();
+        for (float &v : w) v = r.uniform();
+        std::vector<int> rows((size_t)R), slot_row((size_t)T * k);
+        for (int &v : rows) v = r.below(T);
+        for (int &v : slot_row) v = r.below(R);
+        slot_row[4] = -1;
+        std::vector<uint16_t> xb = test_bf16_vec(x), yb = test_bf16_vec(y), shb = test_bf16_vec(sh);
+        dllm__dbuf dx, dr, dg, dy, ds, dsh, dw, dout;
+        test_put(dx, xb), test_put(dr, rows), test_put(dy, yb), test_put(ds, slot_row), test_put(dsh, shb),
+            test_put(dw, w);
+        test_poison(dg, (size_t)R * d * 2), test_poison(dout, (size_t)T * d * 2);
+        CHECK_STATUS(g.gather.launch({dim3((unsigned)R), dim3(128)}, 0, dx.ptr, d, dr.ptr, R, dg.ptr), DLLM_OK, nullptr);
+        std::vector<uint16_t> got = test_get<uint16_t>(dg, (size_t)R * d);
+        bool exact = true;
+        for (int i = 0; i < R; i++)
+            exact &= memcmp(&got[(size_t)i * d], &xb[(size_t)rows[(size_t)i] * d], (size_t)d * 2) == 0;
+        CHECK_MSG(exact, "d=%d: moe_gather_rows is not an exact copy", d);
+        for (int with_shared = 0; with_shared < 2; with_shared++) {
+            test_poison(dout, (size_t)T * d * 2);
+            CHECK_STATUS(g.combine.launch({dllm__rows_grid(T, d / 8, 256), dim3(256)}, 0, dy.ptr, ds.ptr, dw.ptr,
+                                          with_shared ? dsh.ptr : nullptr, T, k, d, dout.ptr),
+                         DLLM_OK, nullptr);
+            std::vector<float> out = test_f32_vec(test_get<uint16_t>(dout, (size_t)T * d)), want((size_t)T * d);
+            const std::vector<float> yf = test_f32_vec(yb), shf = test_f32_vec(shb);
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < d; i++) {
+                    float acc = 0;
+                    for (int s = 0; s < k; s++) {
+                        const int row = slot_row[(size_t)t * k + s];
+                        if (row >= 0) acc += w[(size_t)t * k + s] * yf[(size_t)row * d + i];
+                    }
+                    want[(size_t)t * d + i] = acc + (with_shared ? shf[(size_t)t * d + i] : 0.0f);
+                }
+            const double err = test_max_rel(out, want);
+            printf("    d=%d shared=%d: combine error %.2e\n", d, with_shared, err);
+            CHECK_MSG(err < 8e-3, "d=%d: moe_combine error %.3e", d, err);
+        }
+    }
+}
+
+// ---- the forward and the generate loops against the CPU backend ------------------------------------------------
+
+/* GPU-compatible tiny shapes (sizes divisible by 8, head_dim a multiple of 8): awkward ones, and one with the real
+ * models' head (128, 64 rotated) and routing structure (8 groups keep 4, top 8). */
+static test_llada2_shape test_llada2_gpu_shape(bool real_structure) {
+    test_llada2_shape s;
+    s.H = 64, s.n_layer = 3, s.n_head = 4, s.n_kv = 2, s.hd = 16, s.ff = 48, s.E = 12, s.n_group = 4, s.topk_group = 2;
+    s.top_k = 3, s.moe_ff = 24, s.shared = 1, s.dense = 1, s.V = 104;
+    if (real_structure) {
+        s.H = 256, s.n_layer = 2, s.n_head = 4, s.n_kv = 2, s.hd = 128, s.ff = 96, s.E = 32, s.n_group = 8;
+        s.topk_group = 4, s.top_k = 8, s.moe_ff = 64, s.V = 136, s.theta = 600000;
+    }
+    return s;
+}
+
+/* A loaded tiny checkpoint with a CPU and a GPU context over it. */
+struct test_llada2_pair {
+    test_tmpdir dir;
+    dllm_model *m = nullptr;
+    dllm_ctx *cpu = nullptr, *gpu = nullptr;
+    explicit test_llada2_pair(const test_llada2_shape &s, uint32_t seed) {
+        test_llada2_write(dir, s, test_llada2_random(s, seed));
+        m = test_load(dir.path);
+        if (!m) return;
+        cpu = test_ctx(m, DLLM_BACKEND_CPU, 2);
+        gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    }
+    ~test_llada2_pair() {
+        dllm_ctx_free(cpu);
+        dllm_ctx_free(gpu);
+        dllm_model_free(m);
+    }
+    bool ok() const { return cpu && gpu; }
+    dllm__gpu_backend &backend() const { return *(dllm__gpu_backend *)gpu->impl.get(); }
+};
+
+/* dllm_logits (one block-causal forward from position 0, blocks of 32) on both backends: close logits, the argmax
+ * agreeing except where the CPU's top two are within twice the row's noise; inside the GPU's forward, each MoE layer's
+ * chosen experts equal to the host's choice (dllm__moe_route_token) on the GPU's own router logits. */
+TEST(gpu_llada2, forward_logits_match_cpu_backend) {
+    NEED_GPU();
+    for (int real = 0; real < 2; real++) {
+        const test_llada2_shape s = test_llada2_gpu_shape(real != 0);
+        test_llada2_pair pair(s, 21 + real);
+        CHECK_MSG(pair.ok(), "shape %d: contexts not made (%s)", real, dllm_last_error());
+        if (!pair.ok()) continue;
+        CHECK(dllm_ctx_get_backend(pair.gpu) == DLLM_BACKEND_GPU);
+        std::map<int, std::vector<int>> experts;
+        std::map<int, std::vector<float>> router_logits;
+        pair.backend().set_moe_debug(&experts, &router_logits);
+        std::mt19937 rng(5 + real);
+        for (int n : {5, 32, 45, 70}) {
+            std::vector<int32_t> ids((size_t)n);
+            for (int32_t &t : ids) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+            for (int i = n * 2 / 3; i < n; i++) ids[(size_t)i] = s.mask;  // masks at the end, as in a step
+            const int V = s.V, r0 = n > 3 ? 2 : 0;
+            std::vector<float> a((size_t)(n - r0) * V, NAN), b(a.size(), NAN);
+            CHECK_STATUS(dllm_logits(pair.cpu, ids.data(), n, r0, n, a.data(), a.size()), DLLM_OK, nullptr);
+            experts.clear(), router_logits.clear();
+            CHECK_STATUS(dllm_logits(pair.gpu, ids.data(), n, r0, n, b.data(), b.size()), DLLM_OK, nullptr);
+            int argmax_same = 0, near = 0;
+            for (int i = 0; i < n - r0; i++) {
+                const float *ra = &a[(size_t)i * V], *rb = &b[(size_t)i * V];
+                const long ia = std::max_element(ra, ra + V) - ra, ib = std::max_element(rb, rb + V) - rb;
+                double noise = 0;
+                for (int v = 0; v < V; v++) noise = std::max(noise, (double)fabsf(ra[v] - rb[v]));
+                if (ia == ib) {
+                    argmax_same++;
+                    continue;
+                }
+                const double gap = (double)ra[ia] - ra[ib];
+                printf("    row %d: argmax CPU %ld GPU %ld, CPU gap %.3e, noise %.3e\n", r0 + i, ia, ib, gap, noise);
+                if (gap <= 2 * noise)
+                    near++;
+                else
+                    CHECK_MSG(false, "shape %d n %d row %d: argmax differs beyond the noise", real, n, r0 + i);
+            }
+            const double err = test_max_rel(b, a);
+            printf("    shape %d T=%d: GPU vs CPU logits max relative error %.2e, argmax agrees on %d/%d rows (%d "
+                   "near-ties)\n",
+                   real, n, err, argmax_same, n - r0, near);
+            CHECK_MSG(err < 3e-2, "shape %d T=%d: logits error %.3e", real, n, err);
+            // the router inside the forward: its choices are the host's on the GPU's own logits
+            dllm__config c = pair.m->cfg;
+            int layers = 0, rows_same = 0, rows_all = 0;
+            for (auto &kv : experts) {
+                const std::vector<float> &lg = router_logits[kv.first];
+                const dllm__layer_weights &L = pair.m->layers[(size_t)kv.first];
+                layers++;
+                for (int t = 0; t < n; t++) {
+                    const dllm__moe_route want = dllm__moe_route_token(c, &lg[(size_t)t * c.n_expert], L.expert_bias.data());
+                    rows_all++;
+                    rows_same += std::equal(want.expert.begin(), want.expert.end(),
+                                            kv.second.begin() + (long)t * c.n_expert_used);
+                }
+            }
+            printf("    shape %d T=%d: %d MoE layers, the device's routes equal the host's on %d/%d rows\n", real, n,
+                   layers, rows_same, rows_all);
+            CHECK_MSG(layers == s.n_layer - s.dense, "%d MoE layers seen", layers);
+            CHECK_MSG(rows_same == rows_all, "shape %d T=%d: %d rows routed apart from the host's choice", real, n,
+                      rows_all - rows_same);
+        }
+        pair.backend().set_moe_debug(nullptr, nullptr);
+    }
+}
+
+/* Each MoE layer alone (moe_block through the moe_rows hook) against dllm__cpu_moe on the same bf16 rows: close
+ * outputs; the chosen experts the CPU's except at a reported near-tie of the routing scores (within twice the row's
+ * router-logit noise, the GPU's bf16 weights against the CPU's fp32); and a row's output and experts bit for bit the
+ * same whether it is computed among 7 rows or 40 (no row depends on the others: the router, expert and shared GEMMs
+ * are row-independent, the sums per row). */
+TEST(gpu_llada2, moe_layer_matches_cpu_and_rows_are_independent) {
+    NEED_GPU();
+    test_rng r("gpu_llada2.moe_layer");
+    dllm__pool pool(2);
+    for (int real = 0; real < 2; real++) {
+        const test_llada2_shape s = test_llada2_gpu_shape(real != 0);
+        test_llada2_pair pair(s, 41 + real);
+        CHECK_MSG(pair.ok(), "shape %d: contexts not made (%s)", real, dllm_last_error());
+        if (!pair.ok()) continue;
+        const dllm__config &c = pair.m->cfg;
+        const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
+        std::map<int, std::vector<float>> gpu_logits;
+        pair.backend().set_moe_debug(nullptr, &gpu_logits);
+        for (int l = c.n_dense_layers; l < c.n_layer; l++) {
+            const dllm__layer_weights &L = pair.m->layers[(size_t)l];
+            std::vector<uint16_t> x40b((size_t)40 * d), out7, out40;
+            std::vector<int> e7, e40;
+            for (uint16_t &v : x40b) v = dllm__f32_to_bf16(r.normal());
+            const std::vector<uint16_t> x7b(x40b.begin(), x40b.begin() + 7 * d);
+            CHECK_STATUS(pair.backend().moe_rows((size_t)l, x7b, 7, out7, e7), DLLM_OK, nullptr);
+            CHECK_STATUS(pair.backend().moe_rows((size_t)l, x40b, 40, out40, e40), DLLM_OK, nullptr);
+            const std::vector<float> glog = gpu_logits[l];  // the 40-row call's
+            CHECK_MSG(out40.size() == (size_t)40 * d && memcmp(out7.data(), out40.data(), (size_t)7 * d * 2) == 0 &&
+                          std::equal(e7.begin(), e7.begin() + 7 * k, e40.begin()),
+                      "shape %d layer %d: rows 0-6 differ between a 7-row and a 40-row call", real, l);
+            const std::vector<float> x = test_f32_vec(x40b);
+            std::vector<float> want((size_t)40 * d), logits((size_t)40 * E);
+            dllm__cpu_moe(*pair.m, L, pool, x.data(), 40, want.data());
+            dllm__cpu_linear(pool, x.data(), 40, d, *L.router, nullptr, E, logits.data());
+            const std::vector<float> got = test_f32_vec(out40);
+            std::vector<float> got_alike, want_alike;  // the rows routed alike (a near-tie sums other experts)
+            int same = 0, near = 0;
+            for (int t = 0; t < 40; t++) {
+                const dllm__moe_route cr = dllm__moe_route_token(c, &logits[(size_t)t * E], L.expert_bias.data());
+                if (std::equal(cr.expert.begin(), cr.expert.end(), e40.begin() + (long)t * k)) {
+                    same++;
+                    got_alike.insert(got_alike.end(), got.begin() + (long)t * d, got.begin() + (long)(t + 1) * d);
+                    want_alike.insert(want_alike.end(), want.begin() + (long)t * d, want.begin() + (long)(t + 1) * d);
+                    continue;
+                }
+                double noise = 0;
+                for (int e = 0; e < E && glog.size() >= (size_t)40 * E; e++)
+                    noise = std::max(noise, (double)fabsf(glog[(size_t)t * E + e] - logits[(size_t)t * E + e]));
+                int j = 0;
+                while (cr.expert[(size_t)j] == e40[(size_t)t * k + j]) j++;
+                const int a = e40[(size_t)t * k + j], b = cr.expert[(size_t)j];
+                auto score = [&](int e) {
+                    return e < 0 ? -1e30 : 1.0 / (1.0 + exp(-(double)logits[(size_t)t * E + e])) + L.expert_bias[(size_t)e];
+                };
+                const double gap = fabs(score(a) - score(b));
+                printf("    shape %d layer %d row %d slot %d: GPU expert %d, CPU %d, routing gap %.3e, logit noise %.3e\n",
+                       real, l, t, j, a, b, gap, noise);
+                if (gap <= 2 * noise)  // sigmoid's slope is at most 1/4: a logit error moves a score by less
+                    near++;
+                else
+                    CHECK_MSG(false, "shape %d layer %d row %d: routed apart from the CPU beyond the noise", real, l, t);
+            }
+            const double err = test_max_rel(got_alike, want_alike);
+            printf("    shape %d layer %d: MoE output error %.2e on the %d/40 rows routed alike, %d near-ties\n", real, l,
+                   err, same, near);
+            CHECK_MSG(same > 0 && err < 3e-2, "shape %d layer %d: MoE output error %.3e", real, l, err);
+        }
+        pair.backend().set_moe_debug(nullptr, nullptr);
+    }
+}
+
+/* One generation's steps: the canvas after each and its block. */
+struct test_llada2_steps {
+    std::vector<std::vector<int32_t>> canvas;
+    std::vector<int> block;
+    static int record(const dllm_step_info *info, void *user) {
+        test_llada2_steps &s = *(test_llada2_steps *)user;
+        s.canvas.emplace_back(info->canvas, info->canvas + info->canvas_len);
+        s.block.push_back(info->block);
+        return 0;
+    }
+};
+
+/* Whether the first step where two generations differ was decided by a near-tie: on the canvas before it, the block's
+ * rows through dllm_logits on both backends (the step's forward, uncached: blocks of 32 are the model's mask block);
+ * for each row (the mask id excluded, as the loop excludes it) the CPU's top-two logit gap against twice the row's
+ * noise, and its confidence p against the thresholds and the other rows' p within twice the p noise. Prints what it
+ * finds. */
+static bool test_llada2_near_tie(const test_llada2_pair &pair, const std::vector<int32_t> &before, int block, int B,
+                                 double threshold, double edit_threshold) {
+    const int V = pair.m->cfg.n_vocab, mask = pair.m->cfg.mask_id, n = (block + 1) * B, r0 = block * B;
+    std::vector<int32_t> ids(before.begin(), before.begin() + n);
+    std::vector<float> a((size_t)B * V), b((size_t)B * V);
+    if (dllm_logits(pair.cpu, ids.data(), n, r0, n, a.data(), a.size()) != DLLM_OK ||
+        dllm_logits(pair.gpu, ids.data(), n, r0, n, b.data(), b.size()) != DLLM_OK)
+        return false;
+    std::vector<double> pa((size_t)B), pb((size_t)B);
+    bool near = false;
+    for (int i = 0; i < B; i++) {
+        float *ra = &a[(size_t)i * V], *rb = &b[(size_t)i * V];
+        ra[mask] = rb[mask] = -INFINITY;
+        double noise = 0;
+        for (int v = 0; v < V; v++)
+            if (v != mask) noise = std::max(noise, (double)fabsf(ra[v] - rb[v]));
+        std::vector<float> sorted(ra, ra + V);
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        pa[(size_t)i] = test_softmax_max(ra, V), pb[(size_t)i] = test_softmax_max(rb, V);
+        const double gap = (double)sorted[0] - sorted[1], pnoise = fabs(pa[(size_t)i] - pb[(size_t)i]);
+        const bool tie = gap <= 2 * noise || fabs(pa[(size_t)i] - threshold) <= 2 * pnoise ||
+                         (edit_threshold >= 0 && fabs(pa[(size_t)i] - edit_threshold) <= 2 * pnoise);
+        if (tie) printf("      row %d: top-2 gap %.3e (noise %.3e), p %.6f vs GPU %.6f\n", r0 + i, gap, noise, pa[(size_t)i], pb[(size_t)i]);
+        near |= tie;
+    }
+    for (int i = 0; i < B; i++)  // the ranking of the fallback commit
+        for (int j = i + 1; j < B; j++) {
+            const double pn = std::max(fabs(pa[(size_t)i] - pb[(size_t)i]), fabs(pa[(size_t)j] - pb[(size_t)j]));
+            if (before[(size_t)(r0 + i)] == mask && before[(size_t)(r0 + j)] == mask &&
+                fabs(pa[(size_t)i] - pa[(size_t)j]) <= 2 * pn) {
+                printf("      rows %d and %d: p %.6f and %.6f within the noise %.3e\n", r0 + i, r0 + j,
+                       pa[(size_t)i], pa[(size_t)j], pn);
+                near = true;
+            }
+        }
+    return near;
+}
+
+/* Greedy generations on both backends, LLaDA2.0's loop and LLaDA2.1's (editing, post steps), prompts ending inside a
+ * block and on its boundary: the same tokens at every step, or a first divergence at a reported near-tie. */
+TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(false);
+    test_llada2_pair pair(s, 33);
+    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    if (!pair.ok()) return;
+    std::mt19937 rng(17);
+    int equal = 0, near = 0, compared = 0;
+    for (int variant = 0; variant < 4; variant++) {
+        const int B = 32;
+        std::vector<int32_t> prompt(variant % 2 ? 32 : 11);
+        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        dllm_gen_params p = dllm_gen_default_params();
+        p.block_length = B, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
+        if (variant >= 2) p.edit_threshold = 0.025, p.max_post_steps = 3;
+        test_llada2_steps sa, sb;
+        std::vector<int32_t> out_a((size_t)p.gen_length), out_b((size_t)p.gen_length);
+        int na = 0, nb = 0;
+        dllm_gen_params pa = p, pb = p;
+        pa.on_step = test_llada2_steps::record, pa.on_step_data = &sa;
+        pb.on_step = test_llada2_steps::record, pb.on_step_data = &sb;
+        CHECK_STATUS(dllm_generate(pair.cpu, prompt.data(), (int)prompt.size(), pa, out_a.data(), (int)out_a.size(), &na,
+                                   nullptr),
+                     DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pb, out_b.data(), (int)out_b.size(), &nb,
+                                   nullptr),
+                     DLLM_OK, nullptr);
+        out_a.resize((size_t)na), out_b.resize((size_t)nb);
+        compared++;
+        if (sa.canvas == sb.canvas && out_a == out_b) {
+            equal++;
+            printf("    variant %d (%s, prompt %zu): %zu steps, the same tokens\n", variant,
+                   variant >= 2 ? "2.1" : "2.0", prompt.size(), sa.canvas.size());
+            continue;
+        }
+        size_t step = 0;
+        while (step < sa.canvas.size() && step < sb.canvas.size() && sa.canvas[step] == sb.canvas[step]) step++;
+        std::vector<int32_t> before = prompt;
+        if (step > 0)
+            before = sa.canvas[step - 1];
+        const int block = step < sa.canvas.size() ? sa.block[step] : sb.block[std::min(step, sb.block.size() - 1)];
+        before.resize((size_t)(block + 1) * B, s.mask);  // the block's canvas (a new block starts as masks)
+        printf("    variant %d (%s, prompt %zu): first divergence at step %zu (block %d):\n", variant,
+               variant >= 2 ? "2.1" : "2.0", prompt.size(), step, block);
+        const bool tie = test_llada2_near_tie(pair, before, block, B, p.threshold, p.edit_threshold);
+        near += tie;
+        CHECK_MSG(tie, "variant %d: the GPU's tokens differ from the CPU's at step %zu, not at a near-tie", variant, step);
+    }
+    printf("    %d generations: %d identical, %d diverged at a reported near-tie\n", compared, equal, near);
+}
+
+/* [FACache] on the GPU: layer 0 of every forward over committed blocks takes the split attention in every lacache mode,
+ * so LaCache on and off give the same tokens and confidences step for step (the GPU's own invariant, as for the other
+ * block-diffusion models), for both loops; with it on, rows are reused. */
+TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(false);
+    test_llada2_pair pair(s, 35);
+    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    if (!pair.ok()) return;
+    std::mt19937 rng(19);
+    for (int variant = 0; variant < 2; variant++) {
+        std::vector<int32_t> prompt(40);
+        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        dllm_gen_params p = dllm_gen_default_params();
+        p.block_length = 16, p.gen_length = 40, p.steps = 4, p.threshold = 0.03, p.stop_at_eos = 0;
+        if (variant) p.edit_threshold = 0.025, p.max_post_steps = 2;
+        test_llada2_steps on, off;
+        std::vector<int32_t> out_on((size_t)p.gen_length), out_off((size_t)p.gen_length);
+        int n_on = 0, n_off = 0;
+        dllm_gen_stats stats = {};
+        dllm_gen_params a = p, b = p;
+        a.lacache = DLLM_LACACHE_ON, a.on_step = test_llada2_steps::record, a.on_step_data = &on;
+        b.lacache = DLLM_LACACHE_OFF, b.on_step = test_llada2_steps::record, b.on_step_data = &off;
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), a, out_on.data(), (int)out_on.size(),
+                                   &n_on, &stats),
+                     DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), b, out_off.data(), (int)out_off.size(),
+                                   &n_off, nullptr),
+                     DLLM_OK, nullptr);
+        printf("    variant %d: %zu and %zu steps; LaCache reused %lld of %lld layer-0 rows\n", variant, on.canvas.size(),
+               off.canvas.size(), (long long)stats.facache_rows_reused, (long long)stats.facache_rows);
+        CHECK_MSG(on.canvas == off.canvas && n_on == n_off && std::equal(out_on.begin(), out_on.begin() + n_on, out_off.begin()),
+                  "variant %d: LaCache on and off decode differently on the GPU", variant);
+    }
+}
+
+/* What the GPU path does not take yet is refused with the setting to change; batches decode one after another. */
+TEST(gpu_llada2, refusals_name_the_setting) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(false);
+    test_tmpdir dir;
+    test_llada2_write(dir, s, test_llada2_random(s, 3));
+    dllm_model *m = test_load(dir.path);
+    if (!m) {
+        CHECK(false);
+        return;
+    }
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    dllm_ctx *ctx = nullptr;
+    cp.kv_quant = DLLM_KV_QUANT_SOLOQ_KV4;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--kv-quant");
+    dllm_ctx_free(ctx), ctx = nullptr;
+    cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU, cp.precision = DLLM_PRECISION_FP8_FFN;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--precision");
+    dllm_ctx_free(ctx), ctx = nullptr;
+    cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    if (ctx) {
+        CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU);
+        const dllm__batch_caps caps = ctx->impl->batch_caps();
+        CHECK_MSG(caps.plain.find("LLaDA2") != std::string::npos, "batch caps: \"%s\"", caps.plain.c_str());
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
