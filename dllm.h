@@ -660,9 +660,10 @@ typedef struct dllm_batch_result {
 
 /* Decode n_items prompts together (through a dllm_stepper of its own: DLLM_ERR_INVALID_ARGUMENT while the context
  * has one). Every item gets what dllm_generate would give it alone, whatever the batch's other items, their lengths
- * and their order. On the CPU backend: the same tokens, from bit-identical logits. On the
- * GPU backend a batched item's logits are bit-identical to its batch of one's, not to dllm_generate's (whose forwards
- * are tuned per row count), so its tokens equal dllm_generate's up to near-ties.
+ * and their order. On the CPU backend: the same tokens, from bit-identical logits. On the GPU backend a batched
+ * item's logits are bit-identical to its batch of one's; with a kv_cache, BF16 weights and a Hopper GPU (sm_90a) also
+ * to dllm_generate's (one answer per prompt, however it is submitted). Otherwise dllm_generate's forwards are tuned
+ * per row count, so an item's tokens equal dllm_generate's up to near-ties.
  *
  * Batched on both backends: items on LLaDA and Dream models (the plain schedule, LLaDA's low-confidence / random
  * remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler filters, a kv_cache) decode in
