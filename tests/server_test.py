@@ -319,6 +319,48 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(canvas[-1]["n_masked"], 0)
         self.assertEqual(stream_text(events), cli_answer("Hello", 16, extra=("--steps", "8"))["text"])
 
+    def test_join_mid_run(self):
+        """A request that arrives while a long one is mid-run joins the running batch at the next step (it does not
+        wait for the long one to end): the short one finishes first, and both answers equal dllm-generate's."""
+        long_ref = cli_answer("Tell me a story.", 64, extra=("--no-early-stop",))["text"]
+        short_ref = cli_answer("Hello", 8)["text"]
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=120)
+        short = {}
+
+        def run_short():
+            status, events = self.srv.stream("/v1/chat/completions", chat_body("Hello", 8, stream=True))
+            short["done"], short["status"], short["events"] = time.monotonic(), status, events
+
+        try:  # 64 steps, one token each: the long one is still decoding when the short one arrives after its third
+            conn.request("POST", "/v1/chat/completions", json.dumps(chat_body("Tell me a story.", 64, stream=True, early_stop=False, dllm_canvas=True)),
+                         {"Content-Type": "application/json", "Authorization": "Bearer " + API_KEY})
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            events, steps, steps_at_join, last_step, thread = [], 0, None, None, None
+            for line in r:
+                line = line.decode().rstrip("\r\n")
+                if not line.startswith("data: "):
+                    continue
+                event = "[DONE]" if line[6:] == "[DONE]" else json.loads(line[6:])
+                events.append(event)
+                if event != "[DONE]" and event.get("object") == "dllm.canvas":
+                    steps += 1
+                    last_step = time.monotonic()
+                    if steps == 3:
+                        steps_at_join = steps
+                        thread = threading.Thread(target=run_short)
+                        thread.start()
+        finally:
+            conn.close()
+        self.assertIsNotNone(thread, "the long request ended before its third step")
+        thread.join(120)
+        self.assertEqual(steps, 64, "one canvas event a step")
+        self.assertEqual(steps_at_join, 3)
+        self.assertEqual(short.get("status"), 200, short)
+        self.assertEqual(stream_text(short["events"]), short_ref)
+        self.assertEqual(stream_text(events), long_ref)
+        self.assertLess(short["done"], last_step, "the short request waited for the long one to end instead of joining it")
+
     # ---- the official client ----
 
     @unittest.skipUnless(HAVE_OPENAI, "the openai package is not installed (pip install openai)")
