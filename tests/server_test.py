@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -634,6 +635,39 @@ class LimitsAndShutdownTest(unittest.TestCase):
             self.assertIn("stopped", srv.output())
         finally:
             srv.close()
+
+
+class ServeBenchTest(unittest.TestCase):
+    """tools/serve_bench.py (issue 42's device benchmark) end to end on the CPU with small sizes, and --random-weights with
+    the stand-in tokenizer it writes: the programs take it, and run it where a GPU is (on the CPU they say it needs one)."""
+
+    def test_serve_bench_runs_on_the_cpu(self):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "serve_bench.py"), "-m", MODEL, "--backend", "cpu", "--clients", "2",
+                              "--prompt-tokens", "40", "--max-tokens", "16", "--solo-runs", "1"], capture_output=True, text=True, timeout=600)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        for row in ("ratio server / CLI batch", "ratio late / (prefill + 2 steps)", "ratio alone / CLI solo"):
+            self.assertRegex(out.stdout, r"\| +%s +\| [0-9.]+ " % re.escape(row))
+        self.assertRegex(out.stdout, r"answers equal to dllm-generate's +\| 2 of 2 ")
+        self.assertRegex(out.stdout, r"alone answer equal to dllm-generate's +\| yes ")
+
+    def test_random_weights_with_a_stand_in_tokenizer(self):
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        import serve_bench  # noqa: E402 - the tool is a script, imported for its stand-in writer
+        work = tempfile.mkdtemp(prefix="dllm-random-")
+        try:
+            model_dir, _ = serve_bench.random_weights_dir(os.path.join(MODEL, "config.json"), work)
+            out = subprocess.run([GENERATE_BIN, "--random-weights", model_dir, "-p", "hi", "-n", "8"], capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:  # no GPU: refused after the model and the tokenizer loaded, naming the flag
+                self.assertEqual(out.returncode, 1, out.stderr)
+                self.assertIn("--random-weights needs a GPU", out.stderr)
+            out = subprocess.run([GENERATE_BIN, "-m", MODEL, "--random-weights", model_dir, "-p", "hi"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 1)
+            self.assertIn("-m and --random-weights both name the model", out.stderr)
+            server = subprocess.run([SERVER_BIN, "--random-weights", model_dir, "--backend", "cpu", "--port", "0"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(server.returncode, 1)
+            self.assertIn("--random-weights needs a GPU", server.stderr)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main():
