@@ -6944,7 +6944,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
 // ---------------------------------------------------------------------------------------------------
-// 10b. [tensor parallelism] (issue 29): the sharding plan, the CPU reference of a sharded forward, the
+// 10b. [tensor parallelism]: the sharding plan, the CPU reference of a sharded forward, the
 //      vocab-split token choice. Megatron-LM's split of one model over R ranks (one GPU each):
 //      - Q/K/V and gate/up are column-parallel (Megatron's name for splitting Y = XA by A's columns, the output
 //        features; in HF's [out, in] layout these are ROWS): rank r computes its attention heads (and the GQA K/V
@@ -12972,8 +12972,8 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
  * one m16 tile a warp (2 warps), the table's key tiles and ring. With the table's 128 rows a CTA (4 warps of 32 rows)
  * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the
  * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
- * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 the session
- * before); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
+ * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 with the
+ * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
  * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
@@ -18134,7 +18134,7 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
  * dllm__bd_generation::forward_choose). The logits stay in act_.logits and the sampler picks each row's token and
  * confidence, so 13 bytes a row reach the host instead of a vocabulary of fp32 (600 KB a row at Qwen2's), and the
  * host's float64 softmax over it (~2 ms a row on one core) leaves the step: prompt 512 + gen 256 at the 7B shape took
- * 3.18 s with the host's choice, 1.41 s with this (H200, 2026-12-05). */
+ * 3.18 s with the host's choice, 1.41 s with this (H200). */
 dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick,
                                                  dllm__choice *out) {
     const int out_rows = call.r1 - call.r0, n = pick.n;

@@ -638,7 +638,7 @@ class LimitsAndShutdownTest(unittest.TestCase):
 
 
 class ServeBenchTest(unittest.TestCase):
-    """tools/serve_bench.py (issue 42's device benchmark) end to end on the CPU with small sizes, and --random-weights with
+    """tools/serve_bench.py (the serving benchmark for the GPU) end to end on the CPU with small sizes, and --random-weights with
     the stand-in tokenizer it writes: the programs take it, and run it where a GPU is (on the CPU they say it needs one)."""
 
     def test_serve_bench_runs_on_the_cpu(self):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/serve_bench.py - dllm-server under load beside dllm-generate on the same prompts: issue 42's serving targets.
+"""tools/serve_bench.py - dllm-server under load beside dllm-generate on the same prompts, with the serving targets.
 
 On a GPU, the LLaDA-8B shape with random weights (no checkpoint; the config is tracked in tests/data/real-configs):
 
