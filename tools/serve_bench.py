@@ -13,21 +13,29 @@ What it does, in order, with one dllm-server (--max-batch = --clients) and then 
   (d) one streaming chat request alone: its time to the first streamed step (its prefill and first step) and its
       generated tokens/s;
   (b) --clients concurrent streaming chat requests (prompt ~--prompt-tokens tokens through the chat template,
-      max_tokens --max-tokens, --cache dual, dllm-generate's defaults otherwise): aggregate generated tokens/s, from
-      the first request sent to the last [DONE], and the batched step time each stream sees;
+      max_tokens --max-tokens, --cache dual, dllm-generate's defaults otherwise), after one untimed round:
+      aggregate generated tokens/s, from the first request sent to the last [DONE], and the batched step time each
+      stream sees;
   (c) a request arriving while --clients - 1 others decode: its time to the first streamed step, beside its own
       prefill (the first step of (d)) plus two batched steps;
   (e) `dllm-generate --prompts FILE --batch --clients` on the same prompts and settings (the file holds the prompts
       twice: the first batch warms up, the second is timed) and the single-request `dllm-generate -f` on prompt 0
       (best of --solo-runs), their tokens/s from their own stats lines;
-  (f) one table: each figure, the ratio the issue's target names, and the target.
+  (f) one table: each figure, the ratio each target names, and the target.
 Every server answer of (b) is also compared with dllm-generate's for its prompt (the same bits are expected).
 
 --random-weights takes config.json (a file, or a directory holding it and maybe tokenizer files). Without a
 tokenizer there, a stand-in is written to a temporary directory: a byte-level BPE whose ids 0-255 are the bytes
 (every prompt character one token), every other id a placeholder "<tN>" so that any id the random model draws
-decodes, and the model's special tokens (from a tokenizer_config.json beside the config, else LLaDA-8B-Instruct's)
-with LLaDA's chat template (tools/chat_templates/llada-8b-instruct.jinja). Timing, not text, is what it is for.
+decodes, and the model's special tokens and chat template (from the directory's tokenizer_config.json when a
+directory is given, else LLaDA-8B-Instruct's, with tools/chat_templates/llada-8b-instruct.jinja). Timing, not text,
+is what it is for.
+
+To carry the programs to a GPU machine without libmicrohttpd or cJSON (build here: ./build.sh && ./build.sh server):
+
+    python3 tools/serve_bench.py --bundle .carry/serve          # dllm-server, dllm-generate, their libraries
+    python3 tools/serve_bench.py --random-weights tests/data/real-configs/llada-8b-instruct.config.json \
+        --server .carry/serve/dllm-server --generate .carry/serve/dllm-generate    # there
 
 Python standard library only. Exit status 0 when every run completed (the targets are reported, not enforced).
 """
@@ -112,6 +120,43 @@ def random_weights_dir(config_arg, work):
     return out, where
 
 
+RUNTIME = ("linux-vdso", "libc.so", "libm.so", "libstdc++", "libgcc_s", "ld-linux", "libpthread", "libdl.so", "librt.so")
+
+
+def make_bundle(args):
+    """--bundle DIR: dllm-server, dllm-generate and the shared libraries the server needs beyond the C/C++ runtime
+    (libdllm.so.0, libmicrohttpd, cJSON in DIR; what those need in turn, GnuTLS and its own, in DIR/extra), to carry
+    to a machine that lacks them; run_env adds DIR/extra only where the machine itself has not got them."""
+    os.makedirs(os.path.join(args.bundle, "extra"), exist_ok=True)
+    for b in (args.server, args.generate):
+        shutil.copy2(b, args.bundle)
+    direct = set(subprocess.run(["readelf", "-d", args.server], capture_output=True, text=True).stdout.split("[")[1:])
+    direct = {d.split("]")[0] for d in direct}
+    for line in subprocess.run(["ldd", args.server], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or parts[1] != "=>" or any(parts[0].startswith(r) for r in RUNTIME):
+            continue
+        if parts[2] == "not":
+            raise RuntimeError("%s: %s is not found here either" % (args.server, parts[0]))
+        shutil.copyfile(parts[2], os.path.join(args.bundle, parts[0] if parts[0] in direct else os.path.join("extra", parts[0])))
+    print("bundled %s and %s with %s; on the GPU machine: --server %s --generate %s" % (
+        args.server, args.generate, ", ".join(sorted(os.listdir(args.bundle))), os.path.join(args.bundle, "dllm-server"),
+        os.path.join(args.bundle, "dllm-generate")))
+
+
+def run_env(binary):
+    """The environment that runs binary: its own directory on LD_LIBRARY_PATH (a --bundle), and its extra/ folder
+    too where this machine lacks a library there."""
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(binary))
+    env["LD_LIBRARY_PATH"] = here + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    if os.path.isdir(os.path.join(here, "extra")):
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, env=env).stdout
+        if "not found" in out:
+            env["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH"] + ":" + os.path.join(here, "extra")
+    return env
+
+
 class Server:
     def __init__(self, args, model_flag, model_dir, log_path):
         self.log = open(log_path, "w+")
@@ -120,7 +165,7 @@ class Server:
                "--max-queue", str(4 * args.clients), "--max-streams", str(4 * args.clients), "--max-tokens", str(args.max_tokens)]
         cmd += ["--backend", args.backend] + (["--precision", args.precision] if args.precision else []) + (["-t", str(args.threads)] if args.threads else [])
         print("starting: " + " ".join(cmd), flush=True)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=run_env(args.server))
         self.port = None
         deadline = time.time() + args.start_timeout
         while self.port is None:
@@ -225,7 +270,7 @@ CLI_STATS = re.compile(r"generated (\d+) tokens? .*?, ([\d.]+) ms \(([\d.]+) tok
 
 def run_cli(cmd, what):
     print("running: " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=run_env(cmd[0]))
     if out.returncode != 0:
         raise RuntimeError("%s failed (exit %d):\n%s" % (what, out.returncode, out.stderr[-3000:]))
     stats = [(int(m.group(1)), float(m.group(2)), float(m.group(3))) for m in map(CLI_STATS.search, out.stderr.splitlines()) if m]
@@ -250,7 +295,7 @@ def make_prompts(n, n_chars, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    model = ap.add_mutually_exclusive_group(required=True)
+    model = ap.add_mutually_exclusive_group(required="--bundle" not in sys.argv)
     model.add_argument("--random-weights", metavar="CONFIG", help="config.json (or a directory holding it): random weights on the GPU")
     model.add_argument("-m", "--model", metavar="DIR", help="a checkpoint directory (the CPU test)")
     ap.add_argument("--backend", default="gpu", choices=["auto", "cpu", "gpu"], help="default gpu")
@@ -268,7 +313,12 @@ def main():
     ap.add_argument("--start-timeout", type=int, default=900, help="seconds the server may take to start (JIT, weights)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds a request may take")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")
+    ap.add_argument("--bundle", metavar="DIR", help="copy --server, --generate and the libraries the server needs into DIR "
+                    "(to carry to a GPU machine), then exit")
     args = ap.parse_args()
+    if args.bundle:
+        make_bundle(args)
+        return 0
 
     work = tempfile.mkdtemp(prefix="serve_bench.")
     try:
@@ -310,7 +360,8 @@ def main():
                                 "tokens_per_s": alone["completion_tokens"] / (alone["done"] - alone["sent"])}
             print("(d) alone: %r" % figures["alone"], flush=True)
 
-            # (b) every client at once
+            # (b) every client at once, after one untimed round (the GEMMs tune for each new row count once)
+            run_clients(srv.port, [body(p) for p in prompts], args.timeout)
             many = run_clients(srv.port, [body(p) for p in prompts], args.timeout)
             wall = max(r["done"] for r in many) - min(r["sent"] for r in many)
             tokens = sum(r["completion_tokens"] for r in many)
