@@ -345,9 +345,11 @@ typedef struct dllm_ctx_params {
      * the values it was quantised with (or the defaults). */
     dllm_soloq_rotation soloq_rotation;
     int soloq_bias_correction;
-    /* Called on the creating thread after each layer the CPU backend quantises at context creation (FP8 and SoloQ
-     * precisions on an unquantised checkpoint: seconds to minutes on a large model), done of total, the last call
-     * with done == total; never called when nothing is quantised. May be NULL (the default). */
+    /* Called on the creating thread after each layer the backend (CPU or GPU) quantises at context creation (FP8 and
+     * SoloQ precisions on an unquantised checkpoint: seconds to minutes on a large model), done of total, the last
+     * call with done == total; never called when nothing is quantised (BF16, a quantised checkpoint, weights another
+     * GPU context on the same model and device already holds). It must not create a context on the same model. May
+     * be NULL (the default). */
     dllm_quantize_progress_fn progress;
     void *progress_user_data;
 } dllm_ctx_params;

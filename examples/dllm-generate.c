@@ -35,7 +35,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET, OPT_RANDOM_WEIGHTS, OPT_COUNT
 };
 
 typedef struct {
@@ -63,6 +63,7 @@ static const option_def option_defs[] = {
     {OPT_KV_QUANT, 1, {"--kv-quant"}}, {OPT_KV_SINKS, 1, {"--kv-sinks"}}, {OPT_DEVICES, 1, {"--devices"}},
     {OPT_SOLOQ_ROTATION, 1, {"--soloq-rotation"}}, {OPT_SOLOQ_BIAS_CORRECTION, 1, {"--soloq-bias-correction"}},
     {OPT_EDIT_THRESHOLD, 1, {"--edit-threshold"}}, {OPT_MAX_POST_STEPS, 1, {"--max-post-steps"}}, {OPT_PRESET, 1, {"--preset"}},
+    {OPT_RANDOM_WEIGHTS, 1, {"--random-weights"}},
 };
 
 typedef struct {
@@ -73,7 +74,7 @@ typedef struct {
     dllm_gen_params gen;
     dllm_ctx_params ctx;
     const char *given[OPT_COUNT]; /* the spelling each option was given as, NULL if not given */
-    int print_ids, verbose, progress, raw, visual, json, interactive, parse_special;
+    int print_ids, verbose, progress, raw, visual, json, interactive, parse_special, random_weights;
     int random_seed;            /* the seed was drawn, not given */
     int batch;                  /* --prompts: how many prompts decode together */
 } options;
@@ -86,6 +87,9 @@ static void usage(FILE *f) {
             "parallel decoding, DPad or Dream's samplers.\n"
             "\n"
             "  -m, --model DIR        Hugging Face model directory (config.json + safetensors + tokenizer files)\n"
+            "  --random-weights DIR   instead of -m, for benchmarks at real sizes without a checkpoint: a model of DIR's\n"
+            "                         config.json shape with random weights drawn on the GPU (GPU backend only; seed 0),\n"
+            "                         DIR's tokenizer files for the text (tools/serve_bench.py writes a stand-in)\n"
             "  -p, --prompt TEXT      prompt as text: the model's chat template is applied, the answer streamed;\n"
             "                         -p - reads the prompt from stdin (one trailing newline dropped)\n"
             "  -f, --file FILE        the whole file is the prompt (as llama.cpp reads it; one trailing newline dropped)\n"
@@ -452,6 +456,7 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
     int k = 0;
     switch (id) {
     case OPT_MODEL: o->model_dir = v; break;
+    case OPT_RANDOM_WEIGHTS: o->model_dir = v, o->random_weights = 1; break;
     case OPT_PROMPT: o->prompt_arg = v; break;
     case OPT_FILE: o->prompt_file = v; break;
     case OPT_IDS: o->ids_text = v; break;
@@ -694,6 +699,9 @@ static int parse_args(int argc, char **argv, options *o) {
         if ((rc = apply_option(o, d->id, a, v))) return rc;
     }
     if ((rc = check_conflicts(o))) return rc;
+    if (o->given[OPT_MODEL] && o->given[OPT_RANDOM_WEIGHTS])
+        return fail("%s and %s both name the model: pass one (%s DIR reads DIR's config.json and tokenizer, not its weights)",
+                    o->given[OPT_MODEL], o->given[OPT_RANDOM_WEIGHTS], o->given[OPT_RANDOM_WEIGHTS]);
     if (!o->model_dir) return fail("no model: pass -m DIR (see --help)");
     if (!o->ids_text && !o->prompt_arg && !o->prompt_file && !o->interactive && !o->prompts_file)
         return fail("no prompt: pass -p \"text\", -f FILE, --ids \"I J K\", -i or --prompts FILE");
@@ -1391,7 +1399,8 @@ int main(int argc, char **argv) {
         return fail("bad --ids \"%s\": expected non-negative integers separated by spaces", o.ids_text);
     }
     if (o.ids_text && ids.n == 0) warn("--ids is empty: the model decodes from no prompt");
-    if (dllm_model_load(o.model_dir, dllm_model_default_params(), &S.model) != DLLM_OK) { fail("%s (-m)", dllm_last_error()); goto done; }
+    st = o.random_weights ? dllm_model_load_random(o.model_dir, 0, &S.model) : dllm_model_load(o.model_dir, dllm_model_default_params(), &S.model);
+    if (st != DLLM_OK) { fail("%s (%s)", dllm_last_error(), o.random_weights ? o.given[OPT_RANDOM_WEIGHTS] : "-m"); goto done; }
     dllm_model_get_info(S.model, &S.info);
     if (check_model_options(&o, &S.info)) goto done;
     /* A text prompt needs the tokenizer; an --ids prompt uses it to print the answer when there is one. */
@@ -1423,6 +1432,8 @@ int main(int argc, char **argv) {
         if (o.given[OPT_DEVICES])  /* the library's words about its device list, then the flag that set it */
             fail("%s %s cannot be used: %s: drop %s%s", o.given[OPT_DEVICES], o.devices_text, in_flags(dllm_last_error()), o.given[OPT_DEVICES],
                  st == DLLM_ERR_NO_DEVICE ? " to run on the CPU" : "");
+        else if (o.random_weights)  /* random weights are drawn on the GPU: the CPU has none to run */
+            fail("%s: %s needs a GPU (on the CPU pass -m with a checkpoint)", in_flags(dllm_last_error()), o.given[OPT_RANDOM_WEIGHTS]);
         else
             fail("%s%s", in_flags(dllm_last_error()),
                  st == DLLM_ERR_NO_DEVICE && o.ctx.backend == DLLM_BACKEND_GPU ? " (drop --backend gpu to run on the CPU)" : "");

@@ -35,6 +35,10 @@ static void usage(FILE *f) {
             "server-sent events), GET /v1/models and /health, and a live denoising canvas at /.\n"
             "\n"
             "  -m, --model DIR        Hugging Face model directory (config.json + safetensors + tokenizer files)\n"
+            "  --random-weights DIR   instead of -m, for benchmarks at real sizes without a checkpoint: a model of DIR's\n"
+            "                         config.json shape with random weights drawn on the GPU (GPU backend only; seed 0),\n"
+            "                         DIR's tokenizer files and chat template for the text (tools/serve_bench.py writes\n"
+            "                         a stand-in); the answers are as dllm-generate --random-weights DIR gives them\n"
             "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)\n"
             "  --port N               TCP port (default 8080; 0 = any free one, printed at start)\n"
             "  --backend B            auto (default), cpu or gpu\n"
@@ -113,7 +117,11 @@ static int parse_args(int argc, char **argv, server_config *cfg) {
         if (!strcmp(a, "--version")) { printf("dllm-server (dllm %s)\n", dllm_version()); return 2; }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { cfg->verbose = 1; continue; }
         if (!v && a[0] == '-') return fail("option %s needs a value, or is unknown (see --help)", a);
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) cfg->model_dir = v;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--random-weights")) {
+            if (cfg->model_dir) return fail("the model is given twice (-m or --random-weights): pass one");
+            cfg->model_dir = v;
+            cfg->random_weights = !strcmp(a, "--random-weights");
+        }
         else if (!strcmp(a, "--host")) cfg->host = v;
         else if (!strcmp(a, "--port")) { if (!parse_int(v, 0, 65535, &cfg->port)) return fail("%s must be a port in [0, 65535], not \"%s\"", a, v); }
         else if (!strcmp(a, "--backend")) {
@@ -231,7 +239,9 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);  /* a client closing its socket mid-write is an error return, not the end of the server */
     if (srv.cfg.verbose) dllm_log_set(log_to_stderr, NULL, DLLM_LOG_INFO);
 
-    if (dllm_model_load(srv.cfg.model_dir, dllm_model_default_params(), &srv.model) != DLLM_OK) { fail("%s (-m)", dllm_last_error()); goto done; }
+    st = srv.cfg.random_weights ? dllm_model_load_random(srv.cfg.model_dir, 0, &srv.model)
+                                : dllm_model_load(srv.cfg.model_dir, dllm_model_default_params(), &srv.model);
+    if (st != DLLM_OK) { fail("%s (%s)", dllm_last_error(), srv.cfg.random_weights ? "--random-weights" : "-m"); goto done; }
     dllm_model_get_info(srv.model, &srv.info);
     if (dllm_tokenizer_load(srv.cfg.model_dir, &srv.tok) != DLLM_OK || dllm_tokenizer_check_model(srv.tok, srv.model) != DLLM_OK) {
         fail("%s (the server needs the model's tokenizer)", dllm_last_error());
@@ -243,7 +253,9 @@ int main(int argc, char **argv) {
     cp.precision = srv.cfg.precision;
     cp.n_threads = srv.cfg.n_threads;
     if ((st = dllm_ctx_create(srv.model, cp, &ctx)) != DLLM_OK) {
-        fail("%s%s", dllm_last_error(), st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)" : "");
+        fail("%s%s", dllm_last_error(), srv.cfg.random_weights      ? " (--random-weights needs a GPU; on the CPU pass -m with a checkpoint)"
+                                         : st == DLLM_ERR_NO_DEVICE ? " (drop --backend gpu to run on the CPU)"
+                                                                    : "");
         goto done;
     }
     srv.backend_used = dllm_ctx_get_backend(ctx);

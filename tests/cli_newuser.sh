@@ -214,8 +214,18 @@ if [ -f build/libdllm.so ]; then
         gcc -std=c99 -o "$tmp/app" "$tmp/app.c" $(PKG_CONFIG_PATH=build pkg-config --cflags --libs dllm 2>/dev/null) >"$tmp/err" 2>&1
         run env -u LD_LIBRARY_PATH "$tmp/app"
         expect "a pkg-config build runs without LD_LIBRARY_PATH" eval '[ "$rc" = 0 ] && "$G" --version | grep -qF "dllm $(cat "$tmp/out"))"'
+        # shellcheck disable=SC2046
+        gcc -std=c99 -o "$tmp/simple" examples/simple.c $(PKG_CONFIG_PATH=build pkg-config --cflags --libs dllm 2>/dev/null) >"$tmp/err" 2>&1
+        run env -u LD_LIBRARY_PATH "$tmp/simple" -m "$M" "What is the meaning of life?"
+        expect "the pkg-config build of examples/simple.c answers without LD_LIBRARY_PATH, as build/simple does" eval '[ "$rc" = 0 ] && [ -s "$tmp/out" ] &&
+            build/simple -m "$M" "What is the meaning of life?" 2>/dev/null | cmp -s - "$tmp/out"'
     fi
 fi
+# examples/simple.c, built by ./build.sh: text in, text out, the answer dllm-generate gives with the same settings
+succeeds build/simple -m "$M" "What is the meaning of life?"
+cp "$tmp/out" "$tmp/simple_out"
+run "$G" -m "$M" -p "What is the meaning of life?" -n 64
+expect "build/simple's answer is dllm-generate's for the same prompt (-n 64, early stop on in both)" cmp -s "$tmp/out" "$tmp/simple_out"
 run ./build.sh --help
 expect "./build.sh --help prints the usage" eval '[ "$rc" = 0 ] && grep -q "^  ./build.sh run" "$tmp/out" && grep -q "^  ./build.sh install PREFIX" "$tmp/out"'
 run env DLLM_REUSE_BUILD=1 ./build.sh run "Life is" --raw -n 8 --json
@@ -228,6 +238,25 @@ expect "models/README.md describes every bundled model" eval '(for m in models/*
 succeeds "$G" -m "$A" --raw -p "12345+54321=" -n 8
 expect "tiny-add with --raw -n 8 adds" grep -qx "66666" "$tmp/out"
 names_flag "--raw leaves it out" "$G" -m "$A" -p "12345+54321=" -n 8
+
+# ---- --mask-id: a Fast-dLLM v2 checkpoint with neither tokenizer files nor mask_token_id loads; generating asks for it ----
+mkdir "$tmp/bare"
+cp "$F/config.json" "$F/model.safetensors" "$tmp/bare/"
+names_flag "--mask-id" "$G" -m "$tmp/bare" --ids "5 17 42 9 3" -n 32
+succeeds "$G" -m "$tmp/bare" --ids "5 17 42 9 3" -n 32 --mask-id 155
+
+# ---- a cold build says what it is building: ./build.sh in a copy of the sources, with an nvcc that only writes its -o file ----
+mkdir -p "$tmp/cold/cuda/bin" "$tmp/cold/tree/tools"
+printf '#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && : >"$2"; shift; done\nexit 0\n' >"$tmp/cold/cuda/bin/nvcc"
+chmod +x "$tmp/cold/cuda/bin/nvcc"
+cp -R build.sh dllm.h dllm_cuda.cu src examples "$tmp/cold/tree/" && cp tools/amalgamate.py "$tmp/cold/tree/tools/"
+run env CUDA_HOME="$tmp/cold/cuda" "$tmp/cold/tree/build.sh"
+expect "a cold ./build.sh says what it builds, on stderr: the library, its link, each program, the tests, the benchmark" eval '[ "$rc" = 0 ] && [ ! -s "$tmp/out" ] &&
+    grep -q "^build.sh: compiling the library" "$tmp/err" && grep -q "^build.sh: linking build/libdllm.so" "$tmp/err" &&
+    grep -q "^build.sh: building build/dllm-generate" "$tmp/err" && grep -q "^build.sh: building build/simple" "$tmp/err" &&
+    grep -q "^build.sh: compiling the test suite" "$tmp/err" && grep -q "^build.sh: compiling the benchmark" "$tmp/err"'
+run env CUDA_HOME="$tmp/cold/cuda" "$tmp/cold/tree/build.sh"
+expect "a second ./build.sh on an unchanged tree builds nothing and says nothing" eval '[ "$rc" = 0 ] && ! grep -q "^build.sh: " "$tmp/err"'
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

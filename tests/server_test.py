@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -319,6 +320,48 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(canvas[-1]["n_masked"], 0)
         self.assertEqual(stream_text(events), cli_answer("Hello", 16, extra=("--steps", "8"))["text"])
 
+    def test_join_mid_run(self):
+        """A request that arrives while a long one is mid-run joins the running batch at the next step (it does not
+        wait for the long one to end): the short one finishes first, and both answers equal dllm-generate's."""
+        long_ref = cli_answer("Tell me a story.", 64, extra=("--no-early-stop",))["text"]
+        short_ref = cli_answer("Hello", 8)["text"]
+        conn = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=120)
+        short = {}
+
+        def run_short():
+            status, events = self.srv.stream("/v1/chat/completions", chat_body("Hello", 8, stream=True))
+            short["done"], short["status"], short["events"] = time.monotonic(), status, events
+
+        try:  # 64 steps, one token each: the long one is still decoding when the short one arrives after its third
+            conn.request("POST", "/v1/chat/completions", json.dumps(chat_body("Tell me a story.", 64, stream=True, early_stop=False, dllm_canvas=True)),
+                         {"Content-Type": "application/json", "Authorization": "Bearer " + API_KEY})
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            events, steps, steps_at_join, last_step, thread = [], 0, None, None, None
+            for line in r:
+                line = line.decode().rstrip("\r\n")
+                if not line.startswith("data: "):
+                    continue
+                event = "[DONE]" if line[6:] == "[DONE]" else json.loads(line[6:])
+                events.append(event)
+                if event != "[DONE]" and event.get("object") == "dllm.canvas":
+                    steps += 1
+                    last_step = time.monotonic()
+                    if steps == 3:
+                        steps_at_join = steps
+                        thread = threading.Thread(target=run_short)
+                        thread.start()
+        finally:
+            conn.close()
+        self.assertIsNotNone(thread, "the long request ended before its third step")
+        thread.join(120)
+        self.assertEqual(steps, 64, "one canvas event a step")
+        self.assertEqual(steps_at_join, 3)
+        self.assertEqual(short.get("status"), 200, short)
+        self.assertEqual(stream_text(short["events"]), short_ref)
+        self.assertEqual(stream_text(events), long_ref)
+        self.assertLess(short["done"], last_step, "the short request waited for the long one to end instead of joining it")
+
     # ---- the official client ----
 
     @unittest.skipUnless(HAVE_OPENAI, "the openai package is not installed (pip install openai)")
@@ -592,6 +635,39 @@ class LimitsAndShutdownTest(unittest.TestCase):
             self.assertIn("stopped", srv.output())
         finally:
             srv.close()
+
+
+class ServeBenchTest(unittest.TestCase):
+    """tools/serve_bench.py (the serving benchmark for the GPU) end to end on the CPU with small sizes, and --random-weights with
+    the stand-in tokenizer it writes: the programs take it, and run it where a GPU is (on the CPU they say it needs one)."""
+
+    def test_serve_bench_runs_on_the_cpu(self):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "serve_bench.py"), "-m", MODEL, "--backend", "cpu", "--clients", "2",
+                              "--prompt-tokens", "40", "--max-tokens", "16", "--solo-runs", "1"], capture_output=True, text=True, timeout=600)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        for row in ("ratio server / CLI batch", "ratio late / (prefill + 2 steps)", "ratio alone / CLI solo"):
+            self.assertRegex(out.stdout, r"\| +%s +\| [0-9.]+ " % re.escape(row))
+        self.assertRegex(out.stdout, r"answers equal to dllm-generate's +\| 2 of 2 ")
+        self.assertRegex(out.stdout, r"alone answer equal to dllm-generate's +\| yes ")
+
+    def test_random_weights_with_a_stand_in_tokenizer(self):
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        import serve_bench  # noqa: E402 - the tool is a script, imported for its stand-in writer
+        work = tempfile.mkdtemp(prefix="dllm-random-")
+        try:
+            model_dir, _ = serve_bench.random_weights_dir(os.path.join(MODEL, "config.json"), work)
+            out = subprocess.run([GENERATE_BIN, "--random-weights", model_dir, "-p", "hi", "-n", "8"], capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:  # no GPU: refused after the model and the tokenizer loaded, naming the flag
+                self.assertEqual(out.returncode, 1, out.stderr)
+                self.assertIn("--random-weights needs a GPU", out.stderr)
+            out = subprocess.run([GENERATE_BIN, "-m", MODEL, "--random-weights", model_dir, "-p", "hi"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 1)
+            self.assertIn("-m and --random-weights both name the model", out.stderr)
+            server = subprocess.run([SERVER_BIN, "--random-weights", model_dir, "--backend", "cpu", "--port", "0"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(server.returncode, 1)
+            self.assertIn("--random-weights needs a GPU", server.stderr)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main():

@@ -114,6 +114,54 @@ TEST(quant, context_creation_reports_progress) {
     dllm_model_free(m);
 }
 
+/* The same on the GPU backend, which quantises on the device (FP8 blocks, SoloQ rows, q4wg's layout on sm_90a): once a
+ * quantised layer (and the head when quantised), done counting up to total as on the CPU; FP8 only where this GPU has
+ * an FP8 GEMM (elsewhere BF16 runs: nothing quantised); not at all for BF16, a quantised checkpoint, or a second context
+ * that shares the first one's device weights. */
+TEST(gpu_quant, context_creation_reports_progress) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const int L = m->cfg.n_layer;
+    struct { dllm_precision precision; int head, total; } cases[] = {
+        {DLLM_PRECISION_SOLOQ_C, 0, L}, {DLLM_PRECISION_SOLOQ_N, 1, L + 1}, {DLLM_PRECISION_SOLOQ_I, 0, L},
+        {DLLM_PRECISION_RTN_W4A4, 1, L + 1}, {DLLM_PRECISION_FP8_FFN, 0, L - 1}, {DLLM_PRECISION_FP8_ALL, 0, L - 1},
+        {DLLM_PRECISION_BF16, 0, 0}};
+    for (auto &c : cases) {
+        std::vector<std::pair<int, int>> calls, second;
+        dllm_ctx_params cp = dllm_ctx_default_params();
+        cp.backend = DLLM_BACKEND_GPU, cp.precision = c.precision, cp.quantize_lm_head = c.head;
+        cp.progress = test_record_progress, cp.progress_user_data = &calls;
+        dllm_ctx *ctx = nullptr, *ctx2 = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        if (!ctx) continue;
+        const dllm__gpu_weights &w = ((dllm__gpu_backend *)ctx->impl.get())->weights();
+        const bool fp8 = c.precision == DLLM_PRECISION_FP8_FFN || c.precision == DLLM_PRECISION_FP8_ALL;
+        const int total = fp8 && !w.fp8_ffn ? 0 : c.total;  // no FP8 GEMM on this GPU: BF16, nothing quantised
+        std::vector<std::pair<int, int>> want;
+        for (int i = 1; i <= total; i++) want.push_back({i, total});
+        CHECK_MSG(calls == want, "%s: %zu calls, the last %d of %d; want %d", dllm__precision_name(c.precision), calls.size(),
+                  calls.empty() ? 0 : calls.back().first, calls.empty() ? 0 : calls.back().second, total);
+        cp.progress_user_data = &second;  // the same formats: the first context's weights, nothing quantised again
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx2), DLLM_OK, nullptr);
+        CHECK_MSG(second.empty(), "%s: a context sharing the device weights reported %zu layers", dllm__precision_name(c.precision),
+                  second.size());
+        dllm_ctx_free(ctx2);
+        dllm_ctx_free(ctx);
+    }
+    test_tmpdir dir;
+    dllm_model *stored = test_quantized(test_data("tiny-llada"), dir, DLLM_PRECISION_SOLOQ_I, 0, 0);
+    std::vector<std::pair<int, int>> calls;
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU, cp.progress = test_record_progress, cp.progress_user_data = &calls;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(stored ? dllm_ctx_create(stored, cp, &ctx) : DLLM_ERR_IO, DLLM_OK, nullptr);
+    CHECK_MSG(calls.empty(), "a quantised checkpoint on the GPU reported %zu quantised layers", calls.size());
+    dllm_ctx_free(ctx);
+    dllm_model_free(stored);
+    dllm_model_free(m);
+}
+
 /* An unquantised head in the file can still be quantised at context creation, with the stored rotation's seed. */
 TEST(quant, a_bf16_head_can_be_quantised_at_load) {
     test_tmpdir dir;

@@ -1,5 +1,5 @@
 /* dllm-bench: speed of dllm on random weights of the real LLaDA-8B shape, generated on the GPU (no file),
- * beside the PyTorch reference run in the same device call.
+ * beside the PyTorch reference run on the same GPU in the same run.
  *
  *   build/dllm-bench [--anchors anchor_torch.json] [--anchors-v2 anchor_v2.json] [--anchor-graphs anchor_graphs.log] [--json out.json]
  *   build/dllm-bench --help                the options; an unknown one is an error (exit 2), not a full run
@@ -26,7 +26,7 @@
  *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   build/dllm-bench --long-context [--contexts 4096,16384,32768]    Fast-dLLM v2 7B shape, long prompts, gen 256, per K/V
  *                                          cache (BF16, SoloQ-KV4, -KV2): prefill, block step, tokens/s, device memory;
- *                                          the largest batch x context that fits in 80 GB (issue 44)
+ *                                          the largest batch x context that fits in 80 GB
  *   DLLM_TILES=fp8_gemm=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -374,7 +374,7 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
 /* [W4 GEMM] q4wg (SoloQ-I's and RTN-W4A4's GEMM on sm_90a) at the LLaDA-8B layer shapes for M = 32 to 1024 token rows,
  * beside cuBLASLt BF16 on the same shape and M and the device's copy rate: microseconds a launch (weights rotated over
  * enough copies to leave the 50 MB L2 for both), the ratio, the rate its codes stream at and its share of the copy rate,
- * and each M's sum over the four projections (issue 40's targets are on those sums). */
+ * and each M's sum over the four projections (the targets are on those sums). */
 static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
     dllm__q4wg_kernels k;
     if (dllm__q4wg_load(arch, k) != DLLM_OK) {
@@ -767,8 +767,8 @@ static dllm_ctx_params bench_gpu_params() {
 
 /* [bd graphs] (bd_graphs, the default) The block step and the sub-block step of bench_block_diffusion, and the block step with
  * the device's token choice (bd_forward_choose, as generation runs it: no logits to the host), eagerly (no_graphs on)
- * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms on 2026-12-04; issue
- * 25's target: at most 0.60x). Returns the replayed block step's time. */
+ * and replayed as graphs; the replayed choice step against the anchor's CUDA-graph step (8.0 ms when measured; the
+ * target: at most 0.60x). Returns the replayed block step's time. */
 static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *gpu, const dllm__bd_call &step, const dllm__bd_call &sub,
                                            std::vector<float> &logits, int mask_id) {
     dllm__bd_pick pick;  // the step's sub-block (rows S..2S of the block), scored by output rows S-1.. (shifted)
@@ -799,7 +799,7 @@ static double bench_block_diffusion_graphs(bench_result &r, dllm__gpu_backend *g
 
 /* [KV quant] kvq_flash's plan (one CTA an SM: 33 splits of 1024 keys at the 7B shape on 132 SMs, 14 warps) against
  * smaller splits and half the warps (each key then decoded once per row tile). On the H100 and the H200 every variant
- * was slower than the default (172 us; issue 25's 2x needs <= 146 us). time(plan, its split states). */
+ * was slower than the default (172 us; a 2x target needs <= 146 us). time(plan, its split states). */
 template <class F>
 static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, const dllm__kvq_tc_plan &base, int hd, int n_head, int n_kv, int rows,
                                int n_keys, int n_committed, double bf16_us, F &&time) {
@@ -819,7 +819,7 @@ static void bench_kvq_tc_plans(bench_result &r, const dllm__kvq_tc_kernels &tc, 
         }
 }
 
-/* [KV quant] Issue 25's long-context row: one layer's attention of a 32-row block step over a 32k-token committed cache
+/* [KV quant] The long-context row: one layer's attention of a 32-row block step over a 32k-token committed cache
  * at the Fast-dLLM v2 7B shape (28 query heads, 4 K/V heads of 128), the BF16 cache through flash_attn (split-KV, as
  * bd_attention launches it) against the 4-bit caches through kvq_attention (KIVI values, and SoloQ's rotated Lloyd-Max
  * values), each kernel alone, back to back over 4 layers' caches (as a forward reads them: 4 BF16 caches are 268 MB, 4
@@ -906,9 +906,9 @@ static void bench_kv4_attention_32k(bench_result &r, const dllm__arch &arch, int
     }
 }
 
-/* [batch] [block diffusion] Fast-dLLM v2 batched (the batched block-diffusion forward, issue 26) as the
+/* [batch] [block diffusion] Fast-dLLM v2 batched (the batched block-diffusion forward) as the
  * anchor's v2_gen_b16 runs it: B prompts of 512 tokens, gen 256, threshold 0.9, through dllm_generate_batch at B = 1 and
- * 16 after a one-block warm-up; generated tokens/s, and batch 16 against the anchor's 585 tokens/s (2026-12-04; target
+ * 16 after a one-block warm-up; generated tokens/s, and batch 16 against the anchor's 585 tokens/s (when measured; target
  * at least 2.1x). The batch's forwards are reported too: the rounds of one batched forward. */
 static void bench_bd_batch(bench_result &r, dllm_ctx *ctx, const std::vector<int32_t> &ids, dllm_gen_params gp) {
     const int np = 512, gen = 256;
@@ -1029,11 +1029,11 @@ static void bench_block_diffusion(bench_result &r) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// [long context] issue 44: block diffusion at 4k-32k-token prompts, per K/V cache, and what fits in 80 GB
+// [long context] block diffusion at 4k-32k-token prompts, per K/V cache, and what fits in 80 GB
 // ---------------------------------------------------------------------------------------------------
 
 static std::vector<int> bench_contexts = {4096, 16384, 32768};  // --long-context's prompt lengths (--contexts)
-static const int bench_long_gen = 256, bench_long_block = 32;     // issue 44's generation and block
+static const int bench_long_gen = 256, bench_long_block = 32;     // the generation and block of the long-context run
 
 /* The prompt of a context: the model's positions end at max_seq_len (32768 at this shape), so its longest prompt is that
  * less the generation and its last seed, in whole blocks (a prompt ending mid-block fills the first generated block with
@@ -1254,7 +1254,7 @@ static bool bench_batch_brief(bench_result &r, const char *tag, const std::strin
  * dual cache, the block at 768..799. Per B: the block's full forward that fills the caches (once), then the dual-cache
  * step (32 query rows a sequence over its 1024 cached keys, the LM head on the block): time per step, tokens/s (one
  * token per sequence a step), TFLOP/s and the fraction of the BF16 compute floor; at B = 16 the step against the
- * anchor's CUDA-graph step (20.5 ms on 2026-12-04; issue 26's target: at most 0.65x, and a floor fraction >= 0.75). Beside
+ * anchor's CUDA-graph step (20.5 ms when measured; the target: at most 0.65x, and a floor fraction >= 0.75). Beside
  * it the step with its token choice on the device (step_with_choice_ms; choice_ms the difference), and at B = 16 the
  * step with its logits copied to the host for the host's choice (step_logits_to_host_ms). With a tag, only the step
  * times (bench_batch_brief). */
@@ -1318,7 +1318,7 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
 
 /* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
  * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
- * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64 (issue 26's list), and batch 16's over batch 1's (issue 26's
+ * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64, and batch 16's over batch 1's (the
  * target: at least 3.5x in BF16), in the given precision. Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
 static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision precision) {
     dllm_ctx_params cp = bench_gpu_params();
@@ -1691,7 +1691,7 @@ int main(int argc, char **argv) {
         }
     bench_lacache_components(r, gpu, c, np, gen, block, gemm_rate, r.v["copy_TBps"]);
 
-    // Schedulers (issue 8). Random weights are never confident, so threshold decoding commits one token per
+    // Schedulers. Random weights are never confident, so threshold decoding commits one token per
     // step here (NFE = gen): its rows show the per-step cost; 64 steps stands in for ~4 tokens per step.
     struct sched_run { const char *name; int gen, steps; dllm_kv_cache kv; dllm_unmask unmask; dllm_dpad dpad; };
     const sched_run sched[] = {
@@ -1765,7 +1765,7 @@ int main(int argc, char **argv) {
     }
 
     // [SoloQ] the 4-bit precisions on the same random weights, quantised on the device at creation: time to quantise,
-    // device memory, the dual-cache block step, the N=1024 forward and W1 with the dual cache (issue 24 makes them fast:
+    // device memory, the dual-cache block step, the N=1024 forward and W1 with the dual cache (the GEMM paths:
     // q4_gemm serves GEMMs of at most 64 rows; larger ones run the INT8 GEMM in SoloQ-I / SoloQ-C and still dequantise
     // their weight rows to BF16 first in SoloQ-N)
     dllm_ctx_free(ctx);
@@ -1811,7 +1811,7 @@ int main(int argc, char **argv) {
     row("W1-64 s (dual cache)", r.v["W1-64 dual_s"], "gen_p768_g256_b32_s64_dual_s", nullptr);
     row("block-diffusion step ms (32 over 1024, 7B)", r.v["bd_block32_N1024_step_ms"], "v2_block_step_N1024_eager_ms", "v2_block_step_N1024_graph_ms");
     row("block-diffusion gen s (p512 g256, 7B)", r.v["bd_gen_p512_g256_s"], "v2_gen_p512_g256_b1_s", nullptr);
-    if (r.v.count("W1_fp8_lacache_s")) {  // issue 5's target: W1 with LaCache + FP8 at most 0.45x the eager reference
+    if (r.v.count("W1_fp8_lacache_s")) {  // the target: W1 with LaCache + FP8 at most 0.45x the eager reference
         row("fwd N=1024 ms (FP8)", r.v["fp8_fwd_full_N1024_ms"], "fwd_full_N1024_ms", "graph_fwd_full_N1024_ms");
         row("W1 s (FP8, plain)", r.v["W1_fp8_off_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);
         row("W1 s (FP8, LaCache)", r.v["W1_fp8_lacache_s"], "gen_p768_g256_b32_s256_vanilla_s", nullptr);

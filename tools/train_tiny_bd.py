@@ -11,7 +11,7 @@ Fast-dLLM v2's training recipe (block-diffusion.md, "Training recipe"; the offic
   - the causal-LM cross-entropy (row i predicts token i + 1: the logit shift) on the masked positions of the
     noisy half, averaged over them.
 
-It is the accuracy yardstick of issue 25 item 7 (SoloQ W4A4 / KV4 / KV2 against BF16). It reuses
+It is the accuracy yardstick of SoloQ W4A4 / KV4 / KV2 against BF16 on block diffusion. It reuses
 tools/train_tiny.py's corpus (Debian fortunes, the same held-out split and NLL protocol), BPE training with the
 Qwen2 split regex, wall-clock schedule and model-card conventions, and tools/make_bd_fixtures.py's float64
 reference to evaluate the exported BF16 weights (masked-token NLL with dllm_logits semantics: block-causal at 32,
@@ -21,7 +21,7 @@ Device run (one H200, torch >= 2.1 with `tokenizers`, carry .carry/fortunes; abo
     python3 tools/train_tiny_bd.py --out $OUT/models 2>&1 | tee $OUT/train_tiny_bd.log
 Local smoke run (CPU, torch >= 1.13, numpy; byte vocabulary, tiny dimensions, 15 s of training):
     python3 tools/train_tiny_bd.py --smoke            # writes build/smoke/models/tiny-fast-dllm-v2
-Trained models/tiny-fast-dllm-v2 on an H200 (2026-12-04, 179 s of training).
+models/tiny-fast-dllm-v2 was trained so on an H200 (179 s of training).
 """
 import argparse
 import dataclasses

@@ -40,7 +40,9 @@ SOURCES=(examples/dllm-server.c examples/server/scheduler.c examples/server/api.
 FLAGS=(-std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread)
 # shellcheck disable=SC2207
 DEPS=($(pkg-config --cflags --libs libmicrohttpd libcjson))
-LINK=(-L"$LIB_DIR" -ldllm -Wl,-rpath,"$LIB_DIR" -lm)
+# The rpath names the library's directory, and the binary's own ($ORIGIN: build/ carried to another machine still
+# finds build/libdllm.so.0 beside build/dllm-server).
+LINK=(-L"$LIB_DIR" -ldllm -Wl,-rpath,"$LIB_DIR" -Wl,-rpath,'$ORIGIN' -lm)
 
 case "${1:-build}" in
     build)

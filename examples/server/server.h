@@ -11,6 +11,7 @@
 
 typedef struct server_config {
     const char *model_dir;
+    int random_weights;         /* --random-weights: model_dir gives the shape and the tokenizer, the GPU the weights */
     const char *host;
     int port;
     dllm_backend backend;

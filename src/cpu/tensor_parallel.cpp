@@ -1,7 +1,7 @@
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
 // ---------------------------------------------------------------------------------------------------
-// 10b. [tensor parallelism] (issue 29): the sharding plan, the CPU reference of a sharded forward, the
+// 10b. [tensor parallelism]: the sharding plan, the CPU reference of a sharded forward, the
 //      vocab-split token choice. Megatron-LM's split of one model over R ranks (one GPU each):
 //      - Q/K/V and gate/up are column-parallel (Megatron's name for splitting Y = XA by A's columns, the output
 //        features; in HF's [out, in] layout these are ROWS): rank r computes its attention heads (and the GQA K/V

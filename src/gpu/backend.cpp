@@ -235,7 +235,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
         g->lowbit_.options =
             dllm__soloq_effective_options(m, g->lowbit_.options);  // a quantised checkpoint's stored options
         g->kvq_.setup(m.cfg, p.kv_quant, p.kv_sink_tokens);
-        DLLM__TRY(g->init(p.device));
+        DLLM__TRY(g->init(p.device, {p.progress, p.progress_user_data}));
         out = std::move(g);
         return DLLM_OK;
     }
@@ -412,7 +412,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
 
   private:
     dllm__gpu_backend(const dllm_model &m, int max_tokens) : model_(m), max_tokens_(max_tokens) {}
-    dllm_status init(int device);
+    dllm_status init(int device, const dllm__progress &progress);
     dllm_status load_kernels();
     dllm_status load_q4wg();
     dllm_status choose_precision(const char *gpu_name, bool &fp8_ffn, bool &fp8_attn);
@@ -637,7 +637,7 @@ static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> 
     return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
-dllm_status dllm__gpu_backend::init(int device) {
+dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) {
     const dllm__config &c = model_.cfg;
     if (c.scale_logits)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend does not implement scale_logits; use the CPU backend");
@@ -674,7 +674,8 @@ dllm_status dllm__gpu_backend::init(int device) {
     DLLM__TRY(choose_precision(prop.name, fp8_ffn, fp8_attn));
     std::shared_ptr<dllm__gpu_weights> w;
     DLLM__TRY(dllm__gpu_weights_for(model_, device, fp8_ffn, fp8_attn, lowbit_.options, kernels_.rowwise,
-                                    lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), w));
+                                    lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), progress,
+                                    w));
     weights_ = std::move(w);
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included

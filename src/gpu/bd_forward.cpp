@@ -368,7 +368,7 @@ dllm_status dllm__gpu_backend::bd_head(const dllm__bd_call &call, float *logits)
  * dllm__bd_generation::forward_choose). The logits stay in act_.logits and the sampler picks each row's token and
  * confidence, so 13 bytes a row reach the host instead of a vocabulary of fp32 (600 KB a row at Qwen2's), and the
  * host's float64 softmax over it (~2 ms a row on one core) leaves the step: prompt 512 + gen 256 at the 7B shape took
- * 3.18 s with the host's choice, 1.41 s with this (H200, 2026-12-05). */
+ * 3.18 s with the host's choice, 1.41 s with this (H200). */
 dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, const dllm__bd_pick &pick,
                                                  dllm__choice *out) {
     const int out_rows = call.r1 - call.r0, n = pick.n;

@@ -263,8 +263,8 @@ static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
  * one m16 tile a warp (2 warps), the table's key tiles and ring. With the table's 128 rows a CTA (4 warps of 32 rows)
  * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the
  * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
- * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 the session
- * before); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
+ * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 with the
+ * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
  * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
  * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit

@@ -142,16 +142,36 @@ static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_o
     return DLLM_OK;
 }
 
+/* [W4 GEMM] A layer's linears that q4wg takes, into its layout (the LM head keeps section 9b's rows: its many rows would
+ * need a workspace of their own). */
+static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4wg_kernels &k, cudaStream_t stream) {
+    for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
+        if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
+            DLLM__TRY(dllm__q4wg_pack(k, *W, stream));
+    return DLLM_OK;
+}
+
 /* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
- * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already. */
+ * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already.
+ * With q4wg, each layer's linears then go into its layout. progress counts the quantised layers and head, as the CPU
+ * backend's (dllm__cpu_soloq_weights): none from a quantised checkpoint. */
 static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w,
-                                                 const dllm__soloq_kernels &k, cudaStream_t stream) {
-    for (size_t l = 0; l < w.layers.size() && !m.soloq; l++) {
+                                                 const dllm__soloq_kernels &k, const dllm__q4wg_kernels *q4wg,
+                                                 cudaStream_t stream, const dllm__progress &progress) {
+    const int total = (int)w.layers.size() + (w.soloq.quantize_head ? 1 : 0);
+    for (size_t l = 0; l < w.layers.size(); l++) {
         dllm__gpu_layer &G = w.layers[l];
-        DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
-        DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
-        DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
-        DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+        if (!m.soloq) {
+            DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
+            DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
+            DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
+            DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+        }
+        if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
+        if (!m.soloq) {
+            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
+            progress.report((int)l + 1, total);
+        }
     }
     if (!w.soloq.quantize_head || w.head.format == DLLM__W_Q4) return DLLM_OK;
     const dllm__config &c = m.cfg;
@@ -160,12 +180,17 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
         DLLM__TRY(w.head.data.fit((size_t)c.n_vocab * c.n_embd * 2, "the LM head"));
         DLLM__CUDA(cudaMemcpyAsync(w.head.data.ptr, w.embed.ptr, w.head.data.bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    return dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream);
+    DLLM__TRY(
+        dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream));
+    if (!m.soloq) progress.report(total, total);
+    return DLLM_OK;
 }
 
-/* The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
-static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k,
-                                              cudaStream_t stream) {
+/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its
+ * work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
+static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
+                                              const dllm__progress &progress) {
+    if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
     for (size_t l = 1; l < w.layers.size(); l++) {
         dllm__gpu_layer &G = w.layers[l];
         if (w.fp8_ffn) {
@@ -176,45 +201,32 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
             DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
             DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
         }
+        progress.report((int)l, (int)w.layers.size() - 1);
     }
-    return DLLM_OK;
-}
-
-/* [W4 GEMM] Every layer linear that q4wg takes into its layout (the LM head keeps section 9b's rows: its many rows would
- * need a workspace of their own). */
-static dllm_status dllm__gpu_weights_pack_q4wg(dllm__gpu_weights &w, const dllm__q4wg_kernels &k, cudaStream_t stream) {
-    for (dllm__gpu_layer &G : w.layers)
-        for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
-            if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
-                DLLM__TRY(dllm__q4wg_pack(k, *W, stream));
     return DLLM_OK;
 }
 
 static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__rowwise_kernels &k,
                                            const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
-                                           dllm__gpu_weights &w) {
+                                           const dllm__progress &progress, dllm__gpu_weights &w) {
     cudaStream_t stream = nullptr;
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
     const double t0 = dllm__now_ms();
     dllm_status s =
         m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
-    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream);
+    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream, progress);
     if (s == DLLM_OK && w.soloq.enabled) {
-        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, stream)
+        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, q4wg, stream, progress)
               : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
         if (s == DLLM_OK)
             dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
-        if (s == DLLM_OK && w.q4wg) s = dllm__gpu_weights_pack_q4wg(w, *q4wg, stream);
     }
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
     return s;
 }
 
-/* The model's weights on the current device in the given formats: the copy another context already made, or a new one
- * that the model then shares. The model's lock is held while a copy is built, so two contexts created at once on one
- * model build it once. */
 /* Whether two SoloQ option sets quantise weights alike (the activation options do not touch the weights). */
 static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__soloq_options &b) {
     if (!a.enabled || !b.enabled) return a.enabled == b.enabled;
@@ -222,10 +234,15 @@ static bool dllm__same_soloq_weights(const dllm__soloq_options &a, const dllm__s
            a.quantize_head == b.quantize_head && a.seed == b.seed;
 }
 
+/* The model's weights on the current device in the given formats: the copy another context already made, or a new one
+ * that the model then shares. The model's lock is held while a copy is built, so two contexts created at once on one
+ * model build it once. progress reports a new copy's quantisation (dllm_ctx_params.progress); a copy found reports
+ * nothing, as nothing is quantised. */
+
 static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool fp8_ffn, bool fp8_attn,
                                          const dllm__soloq_options &soloq, const dllm__rowwise_kernels &k,
                                          const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
-                                         std::shared_ptr<dllm__gpu_weights> &out) {
+                                         const dllm__progress &progress, std::shared_ptr<dllm__gpu_weights> &out) {
     std::lock_guard<std::mutex> lock(m.gpu_weights_mutex);
     auto &cache = m.gpu_weights;
     cache.erase(std::remove_if(cache.begin(), cache.end(),
@@ -240,7 +257,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
             }
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
     w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
-    DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, *w));
+    DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, progress, *w));
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
               w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);

@@ -20,7 +20,7 @@ struct dllm__gpu_weights {
     int device = 0;
     bool fp8_ffn = false, fp8_attn = false;  // [FP8] layers >= 1 store these linears as DLLM__W_E4M3_BLOCK
     dllm__soloq_options soloq;  // [SoloQ] enabled: every layer's linears (and the head if asked) are DLLM__W_Q4
-    bool q4wg = false;  // [W4 GEMM] the layer linears q4wg takes are in its layout (dllm__gpu_weights_pack_q4wg)
+    bool q4wg = false;  // [W4 GEMM] the layer linears q4wg takes are in its layout (dllm__gpu_layer_pack_q4wg)
     std::vector<dllm__gpu_layer> layers;
     dllm__dbuf embed;       // bf16 [vocab x d]: the embedding table
     dllm__linear head;      // the LM head; empty when tied to the embedding table
