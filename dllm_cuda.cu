@@ -14486,7 +14486,6 @@ struct dllm__sampler_kernels {
 };
 struct dllm__soloq_kernels {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_MEMBER)
-#undef DLLM__KERNEL_MEMBER
     int max_smem = 0;       // dynamic shared memory a CTA may take here
     bool clusters = false;  // sm_90+: a row may be split over a cluster of CTAs (dllm__soloq_split)
 };
@@ -14510,14 +14509,11 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
     set.clusters = cc >= 90;
     return DLLM_OK;
 }
-#undef DLLM__KERNEL_BIND
 
-/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
 /* [FACache] on block diffusion: the layer-0 split attention (dllm__src_bdfa), loaded at its first use. */
 struct dllm__bdfa_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_bdfa_committed> committed;
-    dllm__kernel<dllm__sig_bdfa_merge> merge;
+    DLLM__BDFA_KERNELS(DLLM__KERNEL_MEMBER)
 };
 
 static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
@@ -14532,19 +14528,23 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     };
 }
 
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
-    dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
-    dllm__kernel<dllm__sig_kvq_attention> attention;
+    DLLM__KVQ_KERNELS(DLLM__KERNEL_MEMBER)
 };
 /* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_flash> flash;
-    dllm__kernel<dllm__sig_kvq_flash_combine> combine;
+    DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_MEMBER)
+#undef DLLM__KERNEL_MEMBER
     int hd = 0, smem_optin = 0;
 };
+
+static void dllm__bind(dllm__bdfa_kernels &set, dllm__module &mod) { DLLM__BDFA_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_kernels &set, dllm__module &mod) { DLLM__KVQ_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_tc_kernels &set, dllm__module &mod) { DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_BIND) }
+#undef DLLM__KERNEL_BIND
 
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
     if (v.empty()) return DLLM_OK;
@@ -17605,11 +17605,10 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
 
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
-    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
-    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -17624,10 +17623,10 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
             "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
             p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
-    DLLM__TRY(k.flash.launch(
+    DLLM__TRY(k.kvq_flash.launch(
         {dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s,
         a));
-    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
+    return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
@@ -17637,12 +17636,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
                           c.head_dim);
     if (!kv_codes_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
-        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
-        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
-        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
-        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
-        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
-        kv_codes_.kernels.attention.name = "kvq_attention";
+        dllm__bind(kv_codes_.kernels, *kv_codes_.kernels.module);
     }
     if (kvq_.soloq() && kv_codes_.rotations.empty()) {
         kv_codes_.rotations.resize(kvq_.rot.size());
@@ -17717,10 +17711,10 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
     if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+        DLLM__TRY(kv_codes_.kernels.kvq_commit_values.launch(
             {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
@@ -17736,7 +17730,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
@@ -18046,10 +18040,7 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
     if (!facache_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
-        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
-        facache_.kernels.committed.name = "bdfa_committed";
-        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
-        facache_.kernels.merge.name = "bdfa_merge";
+        dllm__bind(facache_.kernels, *facache_.kernels.module);
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
     if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
@@ -18092,9 +18083,9 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     a.offset = call.offset, a.state = facache_.state.as<float>();
     const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(facache_.kernels.committed.launch(
+        DLLM__TRY(facache_.kernels.bdfa_committed.launch(
             {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    return facache_.kernels.bdfa_merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */

@@ -178,12 +178,11 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
     test_kvqtc_data d;
     CHECK(test_kvqtc_make(k, mode, rng, d));
     dllm__kvq_tc_kernels tc;
-    std::shared_ptr<dllm__module> plain;
+    dllm__kvq_kernels plain;
     CHECK_STATUS(dllm__kvq_tc_load(arch, k.hd, smem_optin, tc), DLLM_OK, nullptr);
-    CHECK_STATUS(dllm__jit_load(dllm__module_kvq(arch), plain), DLLM_OK, nullptr);
-    if (!tc.module || !plain) return;
-    dllm__kernel<dllm__sig_kvq_attention> attention;
-    attention.fn = plain->kernels.at("kvq_attention"), attention.name = "kvq_attention";
+    CHECK_STATUS(dllm__jit_load(dllm__module_kvq(arch), plain.module), DLLM_OK, nullptr);
+    if (!tc.module || !plain.module) return;
+    dllm__bind(plain, *plain.module);
     dllm__dbuf cache, kc, vc, kp, vs, q, o, o_ref, partial;
     dllm__rotation_dev rd;
     test_put(cache, test_bf16_vec(d.cache));
@@ -206,7 +205,7 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
     a.n_keys = d.n_keys, a.n_committed = k.n_committed, a.mask_block = k.mask_block, a.q_index0 = d.q_index0, a.scale = 1.0f / sqrtf((float)k.hd);
     test_poison(o_ref, out_elems * 2);
     a.o = o_ref.as<bf16_t>();
-    CHECK_STATUS(attention.launch({dim3((unsigned)k.n_active, (unsigned)k.n_head), dim3(32)}, nullptr, a), DLLM_OK, nullptr);
+    CHECK_STATUS(plain.kvq_attention.launch({dim3((unsigned)k.n_active, (unsigned)k.n_head), dim3(32)}, nullptr, a), DLLM_OK, nullptr);
     const std::vector<float> fp32 = test_f32_vec(test_get<uint16_t>(o_ref, out_elems));
     dllm__kvq_tc_plan p;
     CHECK_STATUS(dllm__kvq_tc_plan_for(k.hd, k.n_head, k.n_kv, k.n_active, d.n_keys, k.n_committed, k.n_sink, prop.multiProcessorCount, smem_optin, p),

@@ -293,10 +293,7 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
     if (!facache_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
-        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
-        facache_.kernels.committed.name = "bdfa_committed";
-        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
-        facache_.kernels.merge.name = "bdfa_merge";
+        dllm__bind(facache_.kernels, *facache_.kernels.module);
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
     if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
@@ -339,9 +336,9 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     a.offset = call.offset, a.state = facache_.state.as<float>();
     const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(facache_.kernels.committed.launch(
+        DLLM__TRY(facache_.kernels.bdfa_committed.launch(
             {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    return facache_.kernels.bdfa_merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */

@@ -111,11 +111,10 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
 
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
-    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
-    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -130,10 +129,10 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
             "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
             p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
-    DLLM__TRY(k.flash.launch(
+    DLLM__TRY(k.kvq_flash.launch(
         {dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s,
         a));
-    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
+    return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
@@ -143,12 +142,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
                           c.head_dim);
     if (!kv_codes_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
-        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
-        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
-        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
-        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
-        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
-        kv_codes_.kernels.attention.name = "kvq_attention";
+        dllm__bind(kv_codes_.kernels, *kv_codes_.kernels.module);
     }
     if (kvq_.soloq() && kv_codes_.rotations.empty()) {
         kv_codes_.rotations.resize(kvq_.rot.size());
@@ -223,10 +217,10 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
     if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+        DLLM__TRY(kv_codes_.kernels.kvq_commit_values.launch(
             {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
@@ -242,7 +236,7 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
