@@ -18560,6 +18560,17 @@ struct dllm__step_watch {
     }
 };
 
+/* Shows a generation's step to a stepper's watch (when it has one) and to the caller's step callback (when given),
+ * whose non-zero return cancels the generation: the one report of dllm_generate's loops (plain, LLaDA2, block
+ * diffusion). */
+static dllm_status dllm__report_step(const dllm_gen_params &p, dllm__step_watch *watch, const dllm_step_info &info) {
+    if (watch) watch->record(info);
+    if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
+        return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
+                          info.global_step);
+    return DLLM_OK;
+}
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -18683,11 +18694,7 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
-                              steps_done);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, info);
     }
 };
 #line 130 "src/dllm_cuda.cu"
@@ -18912,9 +18919,7 @@ struct dllm__llada2_generation {
                                (int)x.size(),
                                n_prompt,
                                masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, nullptr, info);
     }
 
     /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */
@@ -19404,11 +19409,7 @@ struct dllm__bd_generation {
 
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step && !watch) return DLLM_OK;
-        const dllm_step_info info = step_info(b, step_in_b, committed);
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, step_info(b, step_in_b, committed));
     }
 
     /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the

@@ -377,11 +377,7 @@ struct dllm__bd_generation {
 
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step && !watch) return DLLM_OK;
-        const dllm_step_info info = step_info(b, step_in_b, committed);
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, step_info(b, step_in_b, committed));
     }
 
     /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the

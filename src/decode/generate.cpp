@@ -305,6 +305,17 @@ struct dllm__step_watch {
     }
 };
 
+/* Shows a generation's step to a stepper's watch (when it has one) and to the caller's step callback (when given),
+ * whose non-zero return cancels the generation: the one report of dllm_generate's loops (plain, LLaDA2, block
+ * diffusion). */
+static dllm_status dllm__report_step(const dllm_gen_params &p, dllm__step_watch *watch, const dllm_step_info &info) {
+    if (watch) watch->record(info);
+    if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
+        return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
+                          info.global_step);
+    return DLLM_OK;
+}
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -428,10 +439,6 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
-                              steps_done);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, info);
     }
 };
