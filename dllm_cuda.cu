@@ -15606,6 +15606,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
     bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
@@ -16441,17 +16442,24 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         if (last)
             DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
-                                  0, rows));
+            DLLM__TRY(next_layer_input(l, h, batch, rows, true));
         mark("add+norm");
     }
     return DLLM_OK;
+}
+
+/* The next-layer producer chain, the one copy of every forward (plain, block diffusion, varlen): layer l's output
+ * (act_.delta) added into the residual h ([batch][rows], in place) and normed by layer l + 1's attention norm into the
+ * form its QKV GEMM reads: E4M3 rows for FP8 attention projections (act_.act8), with soloq_producer [SoloQ]'s fused
+ * producer for DLLM__W_Q4 layers (act_.q4a; produced_attn_input), else bf16 rows in act_.a. FP8 and SoloQ never meet
+ * (choose_precision leaves FP8 off under SoloQ), so the order of the first two tests is immaterial. */
+dllm_status dllm__gpu_backend::next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer) {
+    const dllm__gpu_layer &next = weights_->layers[l + 1];
+    if (fp8_attn(l + 1)) return add_rmsnorm_e4m3(h, h, act_.delta.ptr, next.attn_norm.ptr, batch, rows);
+    if (soloq_producer && q4(l + 1))
+        return soloq_add_rmsnorm(next.qkv.view(), h, h, act_.delta.ptr, next.attn_norm.ptr, batch * rows);
+    return add_rmsnorm(h, h, act_.delta.ptr, next.attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows);
 }
 
 /* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows [o0, o0 + orows)
@@ -16677,13 +16685,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
-        if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, T));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        DLLM__TRY(next_layer_input(l, h, 1, T, true));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,
@@ -17832,10 +17834,8 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
             DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        else  // bd_attention's QKV GEMM quantises a SoloQ layer's input itself: no fused producer
+            DLLM__TRY(next_layer_input(l, h, 1, T, false));
         mark("add+norm");
     }
     return DLLM_OK;

@@ -359,6 +359,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
     bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);

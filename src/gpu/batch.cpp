@@ -106,13 +106,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
-        if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, T));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        DLLM__TRY(next_layer_input(l, h, 1, T, true));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,

@@ -85,10 +85,8 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
             DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        else  // bd_attention's QKV GEMM quantises a SoloQ layer's input itself: no fused producer
+            DLLM__TRY(next_layer_input(l, h, 1, T, false));
         mark("add+norm");
     }
     return DLLM_OK;

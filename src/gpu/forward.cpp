@@ -413,17 +413,24 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         if (last)
             DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
-                                  0, rows));
+            DLLM__TRY(next_layer_input(l, h, batch, rows, true));
         mark("add+norm");
     }
     return DLLM_OK;
+}
+
+/* The next-layer producer chain, the one copy of every forward (plain, block diffusion, varlen): layer l's output
+ * (act_.delta) added into the residual h ([batch][rows], in place) and normed by layer l + 1's attention norm into the
+ * form its QKV GEMM reads: E4M3 rows for FP8 attention projections (act_.act8), with soloq_producer [SoloQ]'s fused
+ * producer for DLLM__W_Q4 layers (act_.q4a; produced_attn_input), else bf16 rows in act_.a. FP8 and SoloQ never meet
+ * (choose_precision leaves FP8 off under SoloQ), so the order of the first two tests is immaterial. */
+dllm_status dllm__gpu_backend::next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer) {
+    const dllm__gpu_layer &next = weights_->layers[l + 1];
+    if (fp8_attn(l + 1)) return add_rmsnorm_e4m3(h, h, act_.delta.ptr, next.attn_norm.ptr, batch, rows);
+    if (soloq_producer && q4(l + 1))
+        return soloq_add_rmsnorm(next.qkv.view(), h, h, act_.delta.ptr, next.attn_norm.ptr, batch * rows);
+    return add_rmsnorm(h, h, act_.delta.ptr, next.attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows);
 }
 
 /* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows [o0, o0 + orows)
