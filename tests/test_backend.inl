@@ -116,8 +116,7 @@ TEST(gpu, contexts_on_threads_decode_as_alone) {
  * device memory a context takes after a short decode (cudaMemGetInfo), at the LLaDA-8B shape. */
 TEST(gpu, contexts_share_the_model_weights) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 7, &m), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_, 7);
     if (!m) return;
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;

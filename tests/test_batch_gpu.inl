@@ -49,9 +49,7 @@ TEST(jit, varlen_attention_compiles_for_every_arch) {
             const dllm__jit_request rq = dllm__module_attention_varlen(a, hd);
             std::vector<char> cubin;
             std::vector<std::string> lowered;
-            std::string log;
-            CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-            CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            test_compile_clean(T_, rq, a.target, true, cubin, lowered);
             CHECK(rq.kernels.size() == 2 && rq.kernels[1] == dllm__attn_varlen_name(hd, dllm__attn_short_tiles(a)) &&
                   rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 2 && cubin.size() > 1000);
         }
@@ -138,14 +136,24 @@ TEST(jit, kv_scatter_compiles_for_every_arch) {
         const dllm__jit_request rq = dllm__module_kv_scatter(row);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), row.target, log.c_str());
+        test_compile_clean(T_, rq, row.target, true, cubin, lowered);
         CHECK(rq.kernels.size() == 1 && lowered.size() == 1 && cubin.size() > 500);
     }
 }
 
 // ---- the varlen attention on the GPU ---------------------------------------------------------------------
+
+/* The arguments both attention launches below share: `rows` rows a sequence of fused Q|K|V rows at qkv
+ * ([rows][H + 2 KV][hd]), output rows [rows][H][hd] at out, one key split. */
+static attn_args test_fused_attn_args(const dllm__dbuf &qkv, const dllm__dbuf &out, int H, int KV, int hd, int rows) {
+    attn_args a = {};
+    a.q = qkv.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = out.as<bf16_t>();
+    a.seq = a.q_rows = rows;
+    a.q_stride = a.kv_stride = (H + 2 * KV) * hd, a.o_stride = H * hd, a.group = H / KV;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    return a;
+}
 
 /* Sequences of the given lengths concatenated in `order`, fused Q|K|V rows ([T][H + 2 KV][hd]): the varlen flash_attn's
  * output rows of each sequence (by sequence, whatever the order), the output poisoned first. */
@@ -167,12 +175,7 @@ static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state 
     test_put(dq, rows);
     test_put(doff, offsets);
     test_poison(dout, (size_t)T * H * hd * 2);
-    attn_args a = {};
-    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
-    a.seq = a.q_rows = max_rows;
-    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
+    attn_args a = test_fused_attn_args(dq, dout, H, KV, hd, max_rows);
     a.q_offsets = a.kv_offsets = doff.as<int>();
     CHECK_STATUS(dllm__attn_varlen_launch(k, g.arch, hd, H, (int)order.size(), max_rows, a, 0), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
@@ -190,13 +193,8 @@ static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const tes
     dllm__dbuf dq, dout;
     test_put(dq, rows);
     test_poison(dout, (size_t)n * H * hd * 2);
-    attn_args a = {};
-    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
-    a.seq = a.q_rows = n;
-    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
+    attn_args a = test_fused_attn_args(dq, dout, H, KV, hd, n);
     a.q_bstride = (u64)n * stride, a.o_bstride = (u64)n * H * hd;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0), DLLM_OK, nullptr);
     return test_get<uint16_t>(dout, (size_t)n * H * hd);
 }
@@ -204,6 +202,23 @@ static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const tes
 /* Awkward lengths (one row, partial tiles, several query tiles), GQA, both head dims: the varlen attention gives every
  * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values; on the table's
  * tiles and on the short runs' (dllm__attn_short_tiles), which the batched forwards pick by the batch's longest run. */
+/* The varlen flash_attn's module for head dim hd on a's tiles (loaded into mod), its kernel on those tiles (k) and on the
+ * short runs' (k_short, dllm__attn_short_tiles), each with the dynamic shared memory its tiles take; false after a
+ * failed check. */
+static bool test_load_varlen(dllm_test_state &T_, const dllm__arch &a, int hd, std::shared_ptr<dllm__module> &mod,
+                             dllm__kernel<void(attn_args)> &k, dllm__kernel<void(attn_args)> &k_short) {
+    CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
+    if (!mod) return false;
+    const dllm__arch short_tiles = dllm__attn_short_tiles(a);
+    k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
+    CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+    k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, short_tiles)), k_short.name = "flash_attn (varlen, short runs)";
+    CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)dllm__attn_smem(hd, short_tiles)) == cudaSuccess);
+    return true;
+}
+
 TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
@@ -216,16 +231,10 @@ TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
         ga.arch = a;
         const int H = 4, KV = 2, stride = (H + 2 * KV) * hd;
         std::shared_ptr<dllm__module> mod;
-        CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
-        if (!mod) return;
         dllm__kernel<void(attn_args)> k, k_short;
-        k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
-        CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        if (!test_load_varlen(T_, a, hd, mod, k, k_short)) return;
         test_gpu gs = ga;
         gs.arch = dllm__attn_short_tiles(a);
-        k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, gs.arch)), k_short.name = "flash_attn (varlen, short runs)";
-        CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, gs.arch)) ==
-              cudaSuccess);
         const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
         const int lengths[] = {37, 1, 255, 130, 64};
         std::vector<std::vector<uint16_t>> seqs;
@@ -353,16 +362,12 @@ TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
 
 TEST(gpu_batch, forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
+    test_gpu_cpu_on_tiny_fixtures(T_, [&](const char *fx, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu) {
+        CHECK(((dllm__gpu_backend *)gpu->impl.get())->batch_unsupported() == nullptr);
+        test_forward_batch_case(T_, m, gpu, cpu, fx);
+    });
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
-        CHECK(gpu && cpu);
-        if (gpu && cpu) {
-            CHECK(((dllm__gpu_backend *)gpu->impl.get())->batch_unsupported() == nullptr);
-            test_forward_batch_case(T_, m, gpu, cpu, fx);
-        }
-        dllm_ctx_free(gpu);
-        dllm_ctx_free(cpu);
         // [SoloQ]: the same GEMM entry point, every stage row by row (the GPU's SoloQ numerics are not the CPU's bits)
         dllm_ctx *soloq = m ? test_soloq_ctx(m, DLLM_BACKEND_GPU, DLLM_PRECISION_SOLOQ_N, 0) : nullptr;
         CHECK_MSG(soloq != nullptr, "%s SoloQ-N: %s", fx, dllm_last_error());
@@ -465,60 +470,52 @@ static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx
 
 TEST(gpu_batch, kv_step_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
-        dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
-        CHECK(gpu && cpu);
-        if (gpu && cpu) {
-            const int V = m->cfg.n_vocab, shift = m->cfg.shift_logits ? 1 : 0;
-            std::mt19937 rng(77);
-            const int prompts[] = {5, 13, 1, 40}, gens[] = {16, 32, 16, 24};
-            std::vector<test_kv_seq> seqs(4);
-            for (size_t i = 0; i < seqs.size(); i++) {
-                const int n = prompts[i] + gens[i];
-                for (int p = 0; p < n; p++) seqs[i].ids.push_back(p >= prompts[i] && rng() % 2 ? m->cfg.mask_id : (int32_t)(rng() % (uint32_t)V));
-                seqs[i].b0 = prompts[i], seqs[i].b1 = prompts[i] + 8, seqs[i].dual = i % 2 == 0;
-            }
-            // step 1: every sequence fills; step 2: 0 and 1 cached, 2 fills its next block, 3 has left
-            std::vector<test_kv_seq> later = seqs;
-            later[0].ids[(size_t)later[0].b0] = 7, later[1].ids[(size_t)later[1].b0 + 1] = 9;  // a step committed tokens
-            later[2].b0 += 8, later[2].b1 += 8;
-            const test_kv_steps steps = {{{0, true}, {1, true}, {2, true}, {3, true}}, {{0, false}, {1, false}, {2, true}}};
-            const std::vector<std::vector<test_kv_seq>> canvases = {seqs, later};
-            auto run_two = [&](dllm_ctx *ctx, const test_kv_steps &st, const std::vector<int> &slots) {
-                return test_kv_run(T_, ctx, canvases, st, slots, V, shift);
-            };
-            const std::vector<std::vector<float>> all = run_two(gpu, steps, {0, 1, 2, 3});
-            // the same steps, the sequences listed backwards and their slots in another order
-            test_kv_steps backwards = steps;
-            for (auto &st : backwards) std::reverse(st.begin(), st.end());
-            CHECK_MSG(run_two(gpu, backwards, {2, 0, 3, 1}) == all, "%s: the batch's order or slots changed bits", fx);
-            for (int i = 0; i < 4; i++) {  // each alone: a batch of one with one slot
-                test_kv_steps one;
-                for (const auto &st : steps) {
-                    one.emplace_back();
-                    for (const auto &e : st)
-                        if (e.first == i) one.back().push_back(e);
-                    if (one.back().empty()) one.pop_back();
-                }
-                const std::vector<std::vector<float>> solo = run_two(gpu, one, {i, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4});
-                for (size_t k = 0; k < one.size(); k++) {
-                    const std::vector<float> &want = solo[k * 4 + (size_t)i], &got = all[k * 4 + (size_t)i];
-                    CHECK_MSG(!want.empty() && want.size() == got.size() && !memcmp(want.data(), got.data(), want.size() * 4),
-                              "%s sequence %d step %zu: batched logits differ from its own", fx, i, k);
-                }
-            }
-            const std::vector<std::vector<float>> ref = run_two(cpu, steps, {0, 1, 2, 3});
-            double err = 0;
-            for (size_t k = 0; k < all.size(); k++)
-                if (!all[k].empty()) err = std::max(err, test_max_rel(all[k], ref[k]));
-            printf("    %s: GPU vs CPU batched K/V-cache logits max relative error %.2e\n", fx, err);
-            CHECK_MSG(err < 5e-2, "%s: GPU batched K/V-cache step error %.3e against the CPU's", fx, err);
+    test_gpu_cpu_on_tiny_fixtures(T_, [&](const char *fx, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu) {
+        const int V = m->cfg.n_vocab, shift = m->cfg.shift_logits ? 1 : 0;
+        std::mt19937 rng(77);
+        const int prompts[] = {5, 13, 1, 40}, gens[] = {16, 32, 16, 24};
+        std::vector<test_kv_seq> seqs(4);
+        for (size_t i = 0; i < seqs.size(); i++) {
+            const int n = prompts[i] + gens[i];
+            for (int p = 0; p < n; p++) seqs[i].ids.push_back(p >= prompts[i] && rng() % 2 ? m->cfg.mask_id : (int32_t)(rng() % (uint32_t)V));
+            seqs[i].b0 = prompts[i], seqs[i].b1 = prompts[i] + 8, seqs[i].dual = i % 2 == 0;
         }
-        dllm_ctx_free(gpu);
-        dllm_ctx_free(cpu);
-        dllm_model_free(m);
-    }
+        // step 1: every sequence fills; step 2: 0 and 1 cached, 2 fills its next block, 3 has left
+        std::vector<test_kv_seq> later = seqs;
+        later[0].ids[(size_t)later[0].b0] = 7, later[1].ids[(size_t)later[1].b0 + 1] = 9;  // a step committed tokens
+        later[2].b0 += 8, later[2].b1 += 8;
+        const test_kv_steps steps = {{{0, true}, {1, true}, {2, true}, {3, true}}, {{0, false}, {1, false}, {2, true}}};
+        const std::vector<std::vector<test_kv_seq>> canvases = {seqs, later};
+        auto run_two = [&](dllm_ctx *ctx, const test_kv_steps &st, const std::vector<int> &slots) {
+            return test_kv_run(T_, ctx, canvases, st, slots, V, shift);
+        };
+        const std::vector<std::vector<float>> all = run_two(gpu, steps, {0, 1, 2, 3});
+        // the same steps, the sequences listed backwards and their slots in another order
+        test_kv_steps backwards = steps;
+        for (auto &st : backwards) std::reverse(st.begin(), st.end());
+        CHECK_MSG(run_two(gpu, backwards, {2, 0, 3, 1}) == all, "%s: the batch's order or slots changed bits", fx);
+        for (int i = 0; i < 4; i++) {  // each alone: a batch of one with one slot
+            test_kv_steps one;
+            for (const auto &st : steps) {
+                one.emplace_back();
+                for (const auto &e : st)
+                    if (e.first == i) one.back().push_back(e);
+                if (one.back().empty()) one.pop_back();
+            }
+            const std::vector<std::vector<float>> solo = run_two(gpu, one, {i, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4});
+            for (size_t k = 0; k < one.size(); k++) {
+                const std::vector<float> &want = solo[k * 4 + (size_t)i], &got = all[k * 4 + (size_t)i];
+                CHECK_MSG(!want.empty() && want.size() == got.size() && !memcmp(want.data(), got.data(), want.size() * 4),
+                          "%s sequence %d step %zu: batched logits differ from its own", fx, i, k);
+            }
+        }
+        const std::vector<std::vector<float>> ref = run_two(cpu, steps, {0, 1, 2, 3});
+        double err = 0;
+        for (size_t k = 0; k < all.size(); k++)
+            if (!all[k].empty()) err = std::max(err, test_max_rel(all[k], ref[k]));
+        printf("    %s: GPU vs CPU batched K/V-cache logits max relative error %.2e\n", fx, err);
+        CHECK_MSG(err < 5e-2, "%s: GPU batched K/V-cache step error %.3e against the CPU's", fx, err);
+    });
 }
 
 // ---- dllm_generate_batch on the GPU ----------------------------------------------------------------------

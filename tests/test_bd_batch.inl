@@ -171,21 +171,15 @@ static void test_bdi_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, co
 }
 
 TEST(bd_batch, items_equal_alone_fast_dllm_v2) {
-    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) test_bdi_model(T_, ctx, 0xbdb1, "tiny-fast-dllm-v2");
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-fast-dllm-v2"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) test_bdi_model(T_, f.ctx, 0xbdb1, "tiny-fast-dllm-v2");
 }
 
 TEST(bd_batch, items_equal_alone_nemotron) {
-    dllm_model *m = test_load(test_data("tiny-nemotron-diffusion"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) test_bdi_model(T_, ctx, 0xbdb2, "tiny-nemotron-diffusion");
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-nemotron-diffusion"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) test_bdi_model(T_, f.ctx, 0xbdb2, "tiny-nemotron-diffusion");
 }
 
 /* kv_quant: each slot has its own codes; the items equal alone under SoloQ's and KIVI's 2-bit caches. */
@@ -223,14 +217,7 @@ static void test_bdi_fixture_in_one_batch(dllm_test_state &T_, const char *fixtu
     for (size_t i = 0; i < n; i++) {
         const dllm__json &cs = *picked[i];
         prompts[i] = test_json_ids(cs.find("prompt"));
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = (int)cs.find("gen_length")->integer;
-        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
-        gp.sub_block_length = (int)cs.find("sub_block")->integer;
-        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
-        const dllm__json *tau = cs.find("threshold");
-        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
-        gp.stop_at_eos = 0;
+        dllm_gen_params gp = test_bd_case_params(cs);
         gp.on_step = test_bd_on_step, gp.on_step_data = &recs[i];
         outs[i].assign((size_t)gp.gen_length + 1, -7);
         items[i] = {prompts[i].data(), (int)prompts[i].size(), gp, outs[i].data(), (int)outs[i].size()};

@@ -149,9 +149,7 @@ TEST(jit, bd_batch_varlen_attention_compiles_for_sm90_and_sm80) {
             const dllm__jit_request rq = dllm__module_attention_varlen(a, hd);
             std::vector<char> cubin;
             std::vector<std::string> lowered;
-            std::string log;
-            CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-            CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            test_compile_clean(T_, rq, a.target, true, cubin, lowered);
             CHECK(lowered.size() == 2 && cubin.size() > 1000);  // the table's tiles and the short runs
         }
 }
@@ -182,15 +180,9 @@ TEST(gpu_bd_batch, masked_varlen_attention_equals_each_sequence_alone) {
         ga.arch = a;
         const int H = 6, KV = 2, qkv = (H + 2 * KV) * hd, kvd = KV * hd;
         std::shared_ptr<dllm__module> mod;
-        CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
-        if (!mod) return;
         dllm__kernel<void(attn_args)> k, k_short;
-        k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
-        CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        if (!test_load_varlen(T_, a, hd, mod, k, k_short)) return;
         const dllm__arch short_tiles = dllm__attn_short_tiles(a);  // the batched steps' tiles where every run is short
-        k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, short_tiles)), k_short.name = "flash_attn (varlen, short runs)";
-        CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, short_tiles)) ==
-              cudaSuccess);
         const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
         std::vector<float> kvf((size_t)total_keys * 2 * kvd);
         for (float &v : kvf) v = r.normal();

@@ -214,9 +214,7 @@ TEST(jit, bd_facache_module_compiles) {
         const dllm__jit_request rq = dllm__module_bdfa(a);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+        test_compile_clean(T_, rq, a.target, false, cubin, lowered);
         CHECK(lowered.size() == 2 && cubin.size() > 1000);
         targets += row.cc == 80 || row.cc == 90;
     }
@@ -298,13 +296,12 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    std::shared_ptr<dllm__module> mod;
-    CHECK_STATUS(dllm__jit_load(dllm__module_bdfa(g.arch), mod), DLLM_OK, nullptr);
-    if (!mod) return;
-    dllm__kernel<dllm__sig_bdfa_committed> committed;
-    dllm__kernel<dllm__sig_bdfa_merge> merge;
-    committed.fn = mod->kernels.at("bdfa_committed"), committed.name = "bdfa_committed";
-    merge.fn = mod->kernels.at("bdfa_merge"), merge.name = "bdfa_merge";
+    dllm__bdfa_kernels k;
+    CHECK_STATUS(dllm__jit_load(dllm__module_bdfa(g.arch), k.module), DLLM_OK, nullptr);
+    if (!k.module) return;
+    dllm__bind(k, *k.module);
+    const dllm__kernel<dllm__sig_bdfa_committed> &committed = k.bdfa_committed;
+    const dllm__kernel<dllm__sig_bdfa_merge> &merge = k.bdfa_merge;
     test_rng r("bd_facache_kernels");
     struct shape { int hd, H, KV, T, nc, offset, mask_block; } shapes[] = {{24, 6, 2, 32, 45, 0, 32}, {128, 4, 1, 8, 300, 16, 0}, {64, 7, 7, 13, 33, 3, 13},
                                                                 {128, 8, 2, 5, 1037, 5, 32}};  // the last: every warp of bdfa_committed busy

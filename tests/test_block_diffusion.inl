@@ -37,12 +37,7 @@ TEST(block_diffusion, real_fast_dllm_v2_config_and_index) {
     CHECK(c.n_vocab == 152064 && c.max_seq_len == 32768 && c.bd_size == 32 && c.bd_mask_block == 32 && !c.bd_causal_context);
     CHECK(c.qkv_bias && c.shift_logits && !c.tied_embeddings && !c.yarn && c.rope_theta == 1e6f && c.norm_eps == 1e-6f);
     CHECK(c.mask_id == -1 && c.stop_id == 151645);  // the mask comes from the tokenizer files (next test)
-    dllm__json idx;
-    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
-    std::vector<std::pair<std::string, std::string>> map;
-    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
-    std::unordered_set<std::string> names;
-    for (auto &e : map) names.insert(e.first);
+    const std::unordered_set<std::string> names = test_fast_dllm_v2_index_names(T_);
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     CHECK(specs.size() == 339 && names.size() == 339);
     for (const dllm__wspec &s : specs) CHECK_MSG(names.count(s.name), "%s missing from the index", s.name.c_str());
@@ -284,6 +279,20 @@ static int test_bd_on_step(const dllm_step_info *info, void *user) {
     return 0;
 }
 
+/* A golden trace case's generation parameters: the reference's lengths, sub-block, block cache and threshold, greedy,
+ * the stop token kept in the output as the reference keeps it. */
+static dllm_gen_params test_bd_case_params(const dllm__json &cs) {
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = (int)cs.find("gen_length")->integer;
+    gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
+    gp.sub_block_length = (int)cs.find("sub_block")->integer;
+    gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
+    const dllm__json *tau = cs.find("threshold");
+    if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
+    gp.stop_at_eos = 0;
+    return gp;
+}
+
 /* Every case of the fixture: the CPU backend's output, every step's commits, the step and forward counts equal
  * the independent reference's, token for token. */
 static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
@@ -317,14 +326,7 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
             run_ctx = noshift_ctx;
         }
         std::vector<int32_t> prompt = test_json_ids(cs.find("prompt")), want = test_json_ids(cs.find("output"));
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = (int)cs.find("gen_length")->integer;
-        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
-        gp.sub_block_length = (int)cs.find("sub_block")->integer;
-        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
-        const dllm__json *tau = cs.find("threshold");
-        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
-        gp.stop_at_eos = 0;  // the official output keeps its stop token
+        dllm_gen_params gp = test_bd_case_params(cs);
         test_bd_recorder rec;
         gp.on_step = test_bd_on_step, gp.on_step_data = &rec;
         std::vector<int32_t> out((size_t)gp.gen_length + 1, -7);

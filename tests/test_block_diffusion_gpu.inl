@@ -404,14 +404,7 @@ static void test_bd_gpu_traces(dllm_test_state &T_, const char *fx, dllm_model *
         if (!cpu[which] || !gpu[which]) continue;
         const dllm_model *m = models[which];
         std::vector<int32_t> prompt = test_json_ids(cs.find("prompt"));
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = (int)cs.find("gen_length")->integer;
-        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
-        gp.sub_block_length = (int)cs.find("sub_block")->integer;
-        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
-        const dllm__json *tau = cs.find("threshold");
-        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
-        gp.stop_at_eos = 0;
+        dllm_gen_params gp = test_bd_case_params(cs);
         test_bd_trace ta, tb;
         CHECK_STATUS(test_bd_generate_recorded(cpu[which], prompt, gp, ta), DLLM_OK, nullptr);
         CHECK_STATUS(test_bd_generate_recorded(gpu[which], prompt, gp, tb), DLLM_OK, nullptr);

@@ -179,6 +179,21 @@ static int test_record_step(const dllm_step_info *info, void *user) {
     return 0;
 }
 
+/* The first step at which two recorded decodes' canvases differ (their common length when one is a prefix of the
+ * other), and, where both have that step, in `before` the canvas it started from (the previous one, or the prompt)
+ * with masks up to prompt + gen_length ids. */
+static size_t test_first_difference(const test_trace_recorder &a, const test_trace_recorder &b,
+                                    const std::vector<int32_t> &prompt, int gen_length, int32_t mask_id,
+                                    std::vector<int32_t> &before) {
+    size_t s = 0;
+    while (s < a.canvases.size() && s < b.canvases.size() && a.canvases[s] == b.canvases[s]) s++;
+    if (s < a.canvases.size() && s < b.canvases.size()) {
+        before = s ? a.canvases[s - 1] : prompt;
+        before.resize(prompt.size() + (size_t)gen_length, mask_id);
+    }
+    return s;
+}
+
 static std::vector<int32_t> test_ints(const dllm__json *a) {
     std::vector<int32_t> v;
     if (a)
@@ -237,21 +252,15 @@ static int test_run_traces(dllm_test_state &T_, dllm_ctx *ctx, const char *fixtu
 }
 
 TEST(decode, llada_traces_match_reference) {
-    dllm_model *m = test_load(test_data("tiny-llada"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) printf("    %d tiny-llada cases identical at every step\n", test_run_traces(T_, ctx, "tiny-llada"));
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-llada"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) printf("    %d tiny-llada cases identical at every step\n", test_run_traces(T_, f.ctx, "tiny-llada"));
 }
 
 TEST(decode, dream_traces_match_reference) {
-    dllm_model *m = test_load(test_data("tiny-dream"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) printf("    %d tiny-dream cases identical at every step\n", test_run_traces(T_, ctx, "tiny-dream"));
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-dream"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) printf("    %d tiny-dream cases identical at every step\n", test_run_traces(T_, f.ctx, "tiny-dream"));
 }
 
 static int test_cancel_at_3(const dllm_step_info *info, void *) { return info->global_step == 3; }

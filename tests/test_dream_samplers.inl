@@ -330,7 +330,7 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
     test_tiny_ctx t(test_data("tiny-dream"));
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     int32_t prompt[] = {5, 6, 7}, out[16];
-    struct { void (*edit)(dllm_gen_params &); const char *needle; } cases[] = {
+    const test_bad_params cases[] = {
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_THRESHOLD; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.confidence_eos_eot_inf = 1; }, "does not rank"},
@@ -349,12 +349,7 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
         {[](dllm_gen_params &p) { p.unmask = (dllm_unmask)4; }, "_TIMESTEPS"},
         {[](dllm_gen_params &p) { p.remasking = (dllm_remasking)5; }, "_ORIGIN"},
     };
-    for (auto &c : cases) {
-        dllm_gen_params p = dllm_gen_default_params();
-        p.gen_length = 16, p.steps = 16, p.block_length = 8;
-        c.edit(p);
-        CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
-    }
+    test_params_refused(T_, t.ctx, prompt, cases);
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = 16, p.steps = 16, p.block_length = 8, p.remasking = DLLM_REMASK_ENTROPY, p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = -0.5;
     CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_OK, nullptr);
@@ -464,12 +459,10 @@ TEST(gpu, dream_samplers_decode_like_cpu) {
                 test_gen got = test_generate(gpu.ctx, p);
                 CHECK(want.status == DLLM_OK && got.status == DLLM_OK);
                 cases++;
-                size_t s = 0;
-                while (s < ra.canvases.size() && s < rb.canvases.size() && ra.canvases[s] == rb.canvases[s]) s++;
+                std::vector<int32_t> before;
+                const size_t s = test_first_difference(ra, rb, prompt, p.gen_length, cpu.model->cfg.mask_id, before);
                 if (s == ra.canvases.size() && ra.canvases.size() == rb.canvases.size()) { identical++; continue; }
                 if (s >= ra.canvases.size() || s >= rb.canvases.size()) { unexplained++; continue; }
-                std::vector<int32_t> before = s ? ra.canvases[s - 1] : prompt;
-                before.resize(prompt.size() + (size_t)p.gen_length, cpu.model->cfg.mask_id);
                 dllm__decode st;
                 dllm__init_decode(prompt.data(), (int)prompt.size(), p, dllm__gen_plan(), st);
                 std::string what = dllm__format("%s %s block %d step %zu:", dir, test_alg_name(alg), block, s);

@@ -242,16 +242,6 @@ TEST(fp8, mma_gemm_twin_matches_float64) {
 
 // ---- precision on the CPU: API, forward, accuracy figures -------------------------------------------
 
-static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_precision precision) {
-    dllm_ctx_params p = dllm_ctx_default_params();
-    p.backend = backend;
-    p.n_threads = 2;
-    p.precision = precision;
-    dllm_ctx *c = nullptr;
-    if (dllm_ctx_create(m, p, &c) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
-    return c;
-}
-
 TEST(fp8, precision_is_validated) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     if (!m) { CHECK(m != nullptr); return; }
@@ -377,18 +367,10 @@ static std::vector<double> test_ffn_nmse(const dllm_model &m, const std::vector<
     const dllm__config &c = m.cfg;
     const int T = (int)ids.size(), d = c.n_embd;
     dllm__pool pool(2);
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
     const std::vector<dllm__fp8_layer> q = dllm__cpu_fp8_weights(m, DLLM_PRECISION_FP8_FFN);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     std::vector<double> nmse;
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
     for (size_t l = 0; l < m.layers.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
         dllm__cpu_attention_block(m, l, nullptr, pool, b, rows, nullptr, cos_t.data(), sin_t.data());
@@ -1155,31 +1137,20 @@ TEST(gpu_fp8, forward_matches_cpu_fp8_reference) {
  * layer, which may run the output rows alone, takes pinned FP8 GEMMs in chunks). */
 TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_tiny_models) {
     NEED_GPU();
-    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
-        dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
-        if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); continue; }
-        printf("    %s, FP8 all\n", fx);
+    const auto fp8_all = [](dllm_model *m) { return test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL); };
+    test_on_tiny_fixtures(T_, ", FP8 all", fp8_all, [&](dllm_ctx *ctx) {
         test_lacache_exact(T_, ctx, 128, 37, 64, 8, 16, 0);
         test_lacache_exact(T_, ctx, 128, 61, 128, 64, 4, 1.5f);
         // CFG with the last layer cut to all rows but one (Dream's shift): the second batch entry's FP8 GEMMs start
         // at an odd row and write their 16-row padding furthest past the rows
         test_lacache_exact(T_, ctx, 128, 37, 64, 8, 8, 1.5f);
-        dllm_ctx_free(ctx);
-        dllm_model_free(m);
-    }
+    });
 }
 
 TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_llada_8b_shape) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
-    dllm_ctx_params cp = dllm_ctx_default_params();
-    cp.backend = DLLM_BACKEND_GPU;
-    cp.max_tokens = 2048;
-    cp.precision = DLLM_PRECISION_FP8_FFN;
-    dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
+    dllm_ctx *ctx = test_gpu_ctx(T_, m, 2048, DLLM_PRECISION_FP8_FFN);
     if (ctx) {
         printf("    LLaDA-8B shape, FP8 FFN\n");
         test_lacache_exact(T_, ctx, 100000, 81, 16, 8, 4, 0);    // N = 97
@@ -1192,8 +1163,7 @@ TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_llada_8b_shape) {
 /* FP8 keeps one byte a weight: the BF16 FFN weights of layers >= 1 are released after quantisation. */
 TEST(gpu_fp8, fp8_weights_replace_bf16_ones) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;
     cp.max_tokens = 256;

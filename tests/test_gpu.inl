@@ -3,6 +3,19 @@
 
 // ---- JIT (CPU only) ---------------------------------------------------------------------------------
 
+/* Compiles rq for `target` with NVRTC (no GPU needed): no spill and, with no_stack, no stack frame; the cubin and the
+ * lowered names come back for the caller's checks. */
+static void test_compile_clean(dllm_test_state &T_, const dllm__jit_request &rq, const char *target, bool no_stack,
+                               std::vector<char> &cubin, std::vector<std::string> &lowered) {
+    std::string log;
+    CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
+    if (no_stack)
+        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(),
+                  target, log.c_str());
+    else
+        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), target, log.c_str());
+}
+
 /* Every module, every architecture of the table, both head dims (every kernel file of src/kernels/ is in one): compiles
  * without a warning or a spill, and the attention and GEMM kernels need no stack frame. */
 TEST(jit, compiles_every_kernel_for_every_arch) {
@@ -805,32 +818,37 @@ TEST(gpu, sampler_filters_match_cpu) {
 
 // ---- the GPU backend end to end on the fixtures -----------------------------------------------------
 
-TEST(gpu, forward_matches_cpu_reference) {
-    NEED_GPU();
+/* run(fx, m, gpu, cpu) on each trained tiny fixture with a GPU and a CPU context on it. */
+template <class Run> static void test_gpu_cpu_on_tiny_fixtures(dllm_test_state &T_, Run run) {
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr, *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
-        CHECK(cpu && gpu);
-        if (cpu && gpu) {
-            CHECK(dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
-            for (const test_golden_input &gi : test_golden_inputs(test_data(fx))) {
-                const int T = (int)gi.ids.size(), V = m->cfg.n_vocab, r0 = T > 3 ? 2 : 0;
-                std::vector<float> a((size_t)(T - r0) * V, NAN), b(a.size(), NAN);
-                CHECK_STATUS(dllm_logits(cpu, gi.ids.data(), T, r0, T, a.data(), a.size()), DLLM_OK, nullptr);
-                CHECK_STATUS(dllm_logits(gpu, gi.ids.data(), T, r0, T, b.data(), b.size()), DLLM_OK, nullptr);
-                int argmax_same = 0;
-                for (int i = 0; i < T - r0; i++)
-                    argmax_same += std::max_element(a.begin() + (long)i * V, a.begin() + (long)(i + 1) * V) - (a.begin() + (long)i * V) ==
-                                   std::max_element(b.begin() + (long)i * V, b.begin() + (long)(i + 1) * V) - (b.begin() + (long)i * V);
-                double err = test_max_rel(b, a);
-                printf("    %s T=%d: GPU vs CPU logits max relative error %.2e, argmax agrees on %d/%d rows\n", fx, T, err, argmax_same, T - r0);
-                CHECK_MSG(err < 3e-2, "%s: BF16 forward error %.3e", fx, err);
-            }
-        }
-        dllm_ctx_free(cpu);
+        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
+        CHECK(gpu && cpu);
+        if (gpu && cpu) run(fx, m, gpu, cpu);
         dllm_ctx_free(gpu);
+        dllm_ctx_free(cpu);
         dllm_model_free(m);
     }
+}
+
+TEST(gpu, forward_matches_cpu_reference) {
+    NEED_GPU();
+    test_gpu_cpu_on_tiny_fixtures(T_, [&](const char *fx, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu) {
+        CHECK(dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
+        for (const test_golden_input &gi : test_golden_inputs(test_data(fx))) {
+            const int T = (int)gi.ids.size(), V = m->cfg.n_vocab, r0 = T > 3 ? 2 : 0;
+            std::vector<float> a((size_t)(T - r0) * V, NAN), b(a.size(), NAN);
+            CHECK_STATUS(dllm_logits(cpu, gi.ids.data(), T, r0, T, a.data(), a.size()), DLLM_OK, nullptr);
+            CHECK_STATUS(dllm_logits(gpu, gi.ids.data(), T, r0, T, b.data(), b.size()), DLLM_OK, nullptr);
+            int argmax_same = 0;
+            for (int i = 0; i < T - r0; i++)
+                argmax_same += std::max_element(a.begin() + (long)i * V, a.begin() + (long)(i + 1) * V) - (a.begin() + (long)i * V) ==
+                               std::max_element(b.begin() + (long)i * V, b.begin() + (long)(i + 1) * V) - (b.begin() + (long)i * V);
+            double err = test_max_rel(b, a);
+            printf("    %s T=%d: GPU vs CPU logits max relative error %.2e, argmax agrees on %d/%d rows\n", fx, T, err, argmax_same, T - r0);
+            CHECK_MSG(err < 3e-2, "%s: BF16 forward error %.3e", fx, err);
+        }
+    });
 }
 
 /* Temperature-0 decoding on the GPU must give the CPU's tokens. A divergence is accepted only at a
@@ -914,12 +932,10 @@ static int test_decode_compare(dllm_test_state &T_, const char *fx, const dllm_m
         p.on_step_data = &rb;
         CHECK_STATUS(dllm_generate(gpu, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), nullptr, nullptr), DLLM_OK, nullptr);
         cases++;
-        size_t s = 0;
-        while (s < ra.canvases.size() && s < rb.canvases.size() && ra.canvases[s] == rb.canvases[s]) s++;
+        std::vector<int32_t> before;
+        const size_t s = test_first_difference(ra, rb, prompt, p.gen_length, m->cfg.mask_id, before);
         if (s == ra.canvases.size() && ra.canvases.size() == rb.canvases.size()) { identical++; continue; }
         if (s >= ra.canvases.size() || s >= rb.canvases.size()) { unexplained++; continue; }
-        std::vector<int32_t> before = s ? ra.canvases[s - 1] : prompt;
-        before.resize(prompt.size() + (size_t)p.gen_length, m->cfg.mask_id);
         std::string what = dllm__format("%s/%s step %zu:", fx, c.find("name")->str.c_str(), s);
         unexplained += !test_divergence_is_near_tie(cpu, gpu, m, before, p.cfg_scale, prompt.size(), ra.canvases[s], rb.canvases[s], what.c_str());
     }
@@ -1101,30 +1117,34 @@ static void test_lacache_exact(dllm_test_state &T_, dllm_ctx *ctx, int vocab, in
     CHECK(graphs_same);
 }
 
-TEST(gpu, lacache_is_bit_exact_on_fixtures) {
-    NEED_GPU();
+/* run(ctx) on each trained tiny fixture under the context make_ctx(m) gives (the LaCache exactness tests), the log line
+ * naming the fixture and `what`. */
+template <class MakeCtx, class Run>
+static void test_on_tiny_fixtures(dllm_test_state &T_, const char *what, MakeCtx make_ctx, Run run) {
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+        dllm_ctx *ctx = m ? make_ctx(m) : nullptr;
         if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); continue; }
-        printf("    %s\n", fx);
-        test_lacache_exact(T_, ctx, 128, 37, 64, 8, 16, 0);
-        test_lacache_exact(T_, ctx, 128, 5, 96, 32, 6, 0);
-        test_lacache_exact(T_, ctx, 128, 61, 128, 64, 4, 1.5f);
+        printf("    %s%s\n", fx, what);
+        run(ctx);
         dllm_ctx_free(ctx);
         dllm_model_free(m);
     }
 }
 
+TEST(gpu, lacache_is_bit_exact_on_fixtures) {
+    NEED_GPU();
+    test_on_tiny_fixtures(T_, "", [](dllm_model *m) { return test_ctx(m, DLLM_BACKEND_GPU); }, [&](dllm_ctx *ctx) {
+        test_lacache_exact(T_, ctx, 128, 37, 64, 8, 16, 0);
+        test_lacache_exact(T_, ctx, 128, 5, 96, 32, 6, 0);
+        test_lacache_exact(T_, ctx, 128, 61, 128, 64, 4, 1.5f);
+    });
+}
+
 TEST(gpu, lacache_is_bit_exact_on_llada_8b_shape) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
-    dllm_ctx_params cp = dllm_ctx_default_params();
-    cp.backend = DLLM_BACKEND_GPU;
-    cp.max_tokens = 2048;
-    dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
+    dllm_ctx *ctx = test_gpu_ctx(T_, m, 2048);
     if (ctx) {
         test_lacache_exact(T_, ctx, 100000, 81, 16, 8, 4, 0);      // N = 97
         test_lacache_exact(T_, ctx, 100000, 232, 24, 8, 6, 0);     // N = 256
@@ -1255,12 +1275,10 @@ TEST(gpu, other_head_dims_decode_as_on_cpu) {
             CHECK_STATUS(dllm_generate(cpu, prompt.data(), 11, p, out.data(), (int)out.size(), nullptr, nullptr), DLLM_OK, nullptr);
             p.on_step_data = &rb;
             CHECK_STATUS(dllm_generate(gpu, prompt.data(), 11, p, out.data(), (int)out.size(), nullptr, nullptr), DLLM_OK, nullptr);
-            size_t s = 0;
-            while (s < ra.canvases.size() && s < rb.canvases.size() && ra.canvases[s] == rb.canvases[s]) s++;
+            std::vector<int32_t> before;
+            const size_t s = test_first_difference(ra, rb, prompt, p.gen_length, m->cfg.mask_id, before);
             if (s == ra.canvases.size() && ra.canvases.size() == rb.canvases.size() && s > 0) { identical++; continue; }
             if (s >= ra.canvases.size() || s >= rb.canvases.size()) { unexplained++; continue; }
-            std::vector<int32_t> before = s ? ra.canvases[s - 1] : prompt;
-            before.resize(prompt.size() + (size_t)p.gen_length, m->cfg.mask_id);
             std::string what = dllm__format("%s cfg %.1f step %zu:", fx.name, cfg, s);
             unexplained += !test_divergence_is_near_tie(cpu, gpu, m, before, cfg, prompt.size(), ra.canvases[s], rb.canvases[s], what.c_str());
         }

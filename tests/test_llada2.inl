@@ -75,6 +75,15 @@ static void test_llada2_write(const test_tmpdir &dir, const test_llada2_shape &s
     test_write_file(dir.file("model.safetensors.index.json"), "{\"metadata\": {}, \"weight_map\": {" + map + "}}");
 }
 
+/* The checkpoint of tw written into dir and loaded; null (a failed check) when it does not load. */
+static dllm_model *test_llada2_load(dllm_test_state &T_, const test_tmpdir &dir, const test_llada2_shape &s,
+                                    const test_llada2_weights &tw) {
+    test_llada2_write(dir, s, tw);
+    dllm_model *m = test_load(dir.path);
+    CHECK(m != nullptr);
+    return m;
+}
+
 // ---- config and tensors ----------------------------------------------------------------------------------------
 
 /* dFactory's LLaDA2.0-mini config (the hub's keys; its model_type is the trainer's) parses to the real shape, and
@@ -360,12 +369,8 @@ TEST(llada2, forward_matches_naive_loop_over_experts) {
     test_llada2_shape s;
     test_llada2_weights tw = test_llada2_random(s, 5);
     test_tmpdir dir;
-    test_llada2_write(dir, s, tw);
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, tw);
+    if (!m) return;
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     CHECK(info.family == DLLM_FAMILY_LLADA2 && info.block_size == 32 && info.mask_id == s.mask && info.eos_id == s.eos);
@@ -429,12 +434,8 @@ TEST(llada2, kv_cached_generate_equals_uncached_bit_for_bit) {
     test_llada2_shape s;
     test_llada2_weights tw = test_llada2_random(s, 9);
     test_tmpdir dir;
-    test_llada2_write(dir, s, tw);
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, tw);
+    if (!m) return;
     dllm_ctx *ctx = test_ctx(m, DLLM_BACKEND_CPU, 2);
     std::mt19937 rng(13);
     int edits = 0, multi = 0;
@@ -636,12 +637,8 @@ TEST(llada2, options_that_do_not_apply_are_refused) {
 TEST(llada2, gpu_backend_refused_auto_runs_cpu) {
     test_llada2_shape s;
     test_tmpdir dir;
-    test_llada2_write(dir, s, test_llada2_random(s, 1));
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, test_llada2_random(s, 1));
+    if (!m) return;
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;
     dllm_ctx *ctx = nullptr;

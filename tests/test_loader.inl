@@ -287,6 +287,17 @@ TEST(weights, real_llada_index_maps_every_tensor) {
 }
 
 /* The Fast-dLLM v2 index has the Qwen2.5-7B layout that Dream-7B shares: 339 tensors. */
+/* The tensor names of Fast-dLLM v2 7B's safetensors index (tests/data/real-configs): Qwen2-7B's layout, Dream's too. */
+static std::unordered_set<std::string> test_fast_dllm_v2_index_names(dllm_test_state &T_) {
+    dllm__json idx;
+    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
+    std::vector<std::pair<std::string, std::string>> map;
+    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
+    std::unordered_set<std::string> names;
+    for (auto &e : map) names.insert(e.first);
+    return names;
+}
+
 TEST(weights, qwen2_layout_matches_dream_expectation) {
     dllm__config c;
     const char *dream =
@@ -294,12 +305,7 @@ TEST(weights, qwen2_layout_matches_dream_expectation) {
         " \"num_key_value_heads\": 4, \"intermediate_size\": 18944, \"vocab_size\": 152064, \"rms_norm_eps\": 1e-06,"
         " \"rope_theta\": 1000000.0, \"max_position_embeddings\": 2048, \"mask_token_id\": 151666}";
     CHECK_STATUS(test_config(dream, c), DLLM_OK, nullptr);
-    dllm__json idx;
-    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
-    std::vector<std::pair<std::string, std::string>> map;
-    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
-    std::unordered_set<std::string> names;
-    for (auto &e : map) names.insert(e.first);
+    const std::unordered_set<std::string> names = test_fast_dllm_v2_index_names(T_);
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     CHECK(specs.size() == 339 && names.size() == 339);
     int64_t bytes = 0;

@@ -34,19 +34,6 @@ static double test_agreement(const std::vector<int32_t> &a, const std::vector<in
     return n ? (double)same / (double)n : 1.0;
 }
 
-struct test_tiny_ctx {
-    dllm_model *model = nullptr;
-    dllm_ctx *ctx = nullptr;
-    explicit test_tiny_ctx(const std::string &dir, dllm_backend backend = DLLM_BACKEND_CPU) {
-        model = test_load(dir);
-        if (model) ctx = test_ctx(model, backend);
-    }
-    ~test_tiny_ctx() {
-        dllm_ctx_free(ctx);
-        dllm_model_free(model);
-    }
-};
-
 /* tau = 1 lets only the best candidate through (a float64 softmax never reaches 1 exactly here), and so does
  * a vanishing factor: both must reproduce the schedule with one token per step, token for token. */
 TEST(schedulers, threshold_one_and_tiny_factor_equal_one_token_per_step) {
@@ -248,12 +235,30 @@ TEST(schedulers, early_stop_keeps_the_output_and_saves_forwards) {
     if (ref.out.size() + 8 < 64) CHECK(early.stats.forwards < ref.stats.forwards);
 }
 
+/* An edit of a small generation's parameters (16 tokens, 16 steps, blocks of 8) and what its error must mention. */
+struct test_bad_params {
+    void (*edit)(dllm_gen_params &);
+    const char *needle;
+};
+
+/* Each case's generation of 16 ids after the 3-id prompt is refused as an invalid argument naming its needle. */
+template <size_t N>
+static void test_params_refused(dllm_test_state &T_, dllm_ctx *ctx, const int32_t *prompt, const test_bad_params (&cases)[N]) {
+    int32_t out[16];
+    for (const test_bad_params &c : cases) {
+        dllm_gen_params p = dllm_gen_default_params();
+        p.gen_length = 16, p.steps = 16, p.block_length = 8;
+        c.edit(p);
+        CHECK_STATUS(dllm_generate(ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
+    }
+}
+
 TEST(schedulers, bad_scheduler_options_are_clear_errors) {
     test_tiny_ctx t(test_data("tiny-llada"));
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     int32_t prompt[] = {5, 6, 7}, masked_prompt[] = {5, 130, 7};
     int32_t out[16];
-    struct { void (*edit)(dllm_gen_params &); const char *needle; } cases[] = {
+    const test_bad_params cases[] = {
         {[](dllm_gen_params &p) { p.unmask = (dllm_unmask)7; }, "unmask"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = 0; }, "threshold"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = NAN; }, "threshold"},
@@ -264,12 +269,7 @@ TEST(schedulers, bad_scheduler_options_are_clear_errors) {
         {[](dllm_gen_params &p) { p.dpad = DLLM_DPAD_UNIFORM, p.dpad_n = -1; }, "dpad_n"},
         {[](dllm_gen_params &p) { p.dpad = (dllm_dpad)9; }, "dpad"},
     };
-    for (auto &c : cases) {
-        dllm_gen_params p = dllm_gen_default_params();
-        p.gen_length = 16, p.steps = 16, p.block_length = 8;
-        c.edit(p);
-        CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
-    }
+    test_params_refused(T_, t.ctx, prompt, cases);
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = 16, p.steps = 16, p.block_length = 8, p.kv_cache = DLLM_KV_CACHE_DUAL;
     CHECK_STATUS(dllm_generate(t.ctx, masked_prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, "[MASK] at 1");

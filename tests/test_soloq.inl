@@ -578,21 +578,11 @@ TEST(soloq, forward_rows_are_independent_with_a_kv_cache) {
 /* Per-layer output NMSE (spec 11.7): the exact CPU forward runs layer by layer; at each layer the quantised layer runs
  * on the same input, and the NMSE of what it adds to the residual stream (attention + MLP outputs) is recorded. */
 static std::vector<double> test_soloq_layer_nmse(const dllm_model &m, const std::vector<int32_t> &ids, const dllm__soloq_options &o) {
-    const dllm__config &c = m.cfg;
-    const int T = (int)ids.size(), d = c.n_embd;
     dllm__pool pool(2);
     std::shared_ptr<const dllm__soloq_layer> head;
     const std::vector<dllm__fp8_layer> q = dllm__cpu_soloq_weights(m, pool, o, head);
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     std::vector<double> nmse;
     for (size_t l = 0; l < m.layers.size(); l++) {
         const std::vector<float> h0 = b.h;
@@ -709,16 +699,8 @@ static std::vector<double> test_soloq_folded_nmse(dllm_model &m, const std::vect
     dllm__pool pool(2);
     const std::shared_ptr<const dllm__rotation> r1 =
         std::make_shared<const dllm__rotation>(dllm__make_rotation(DLLM__ROT_KRPBH, d, o.seed, dllm__soloq_site_id(m.layers.size() + 1, 0)));
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     auto rotate_rows = [&](std::vector<float> &x) {
         std::vector<float> y((size_t)d);
         for (int t = 0; t < T; t++) {
@@ -859,13 +841,9 @@ TEST(soloq, rotation_ablation_kl_and_block_energy) {
         const std::vector<int32_t> ids = test_heldout_window(name, c.mask_id);
         const int T = (int)ids.size();
         dllm__pool pool(2);
-        dllm__cpu_buffers b;
-        std::vector<float> cos_t, sin_t, captured;
-        dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-        b.fit(c, T);
-        for (int t = 0; t < T; t++) b.pos[(size_t)t] = t, dllm__tensor_row(*m->embed, ids[(size_t)t], c.n_embd, b.h.data() + (size_t)t * c.n_embd);
-        dllm__cpu_rows rows;
-        rows.q0 = 0, rows.q1 = T;
+        test_cpu_layer0 in(*m, ids);
+        auto &[b, cos_t, sin_t, rows] = in;
+        std::vector<float> captured;
         for (size_t l = 0; l < m->layers.size(); l++) {
             dllm__cpu_attention_block(*m, l, nullptr, pool, b, rows, nullptr, cos_t.data(), sin_t.data());
             dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, m->layers[l].ffn_norm.data(), c.norm_eps, b.a.data());

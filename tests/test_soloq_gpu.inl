@@ -305,8 +305,7 @@ TEST(gpu_soloq, lacache_is_bit_exact_under_soloq) {
  * most 6.6 GB with the LM head in BF16, 5.9 GB with it quantised; the quantisation time printed. */
 TEST(gpu_soloq, device_memory_llada_8b_shape) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
     if (!m) return;
     struct { int precision, head; double limit_gb; } cases[] = {
         {DLLM_PRECISION_BF16, 0, 0}, {DLLM_PRECISION_SOLOQ_N, 0, 6.6}, {DLLM_PRECISION_SOLOQ_N, 1, 5.9}, {DLLM_PRECISION_SOLOQ_I, 0, 6.6}};
