@@ -68,8 +68,8 @@
 
 // Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
 // public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
-// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
-// #included (the tests do), which is what is intended.
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file
+// is #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif
@@ -302,12 +302,13 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            cuBLASLt's heuristic algorithm for every BF16 GEMM (no gemm_wg, nothing timed), the
  *                            attention on mma.sync (no flash_attn_wg) and over a quantised K/V cache on kvq_attention,
  *                            SoloQ's 4-bit GEMMs on q4_gemm and the INT8 path (no q4wg)
- *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages (the attention
- *                            tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring), fa_kv_ctas (split-KV
- *                            CTAs per SM), fa_wg_bc (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its
- *                            ring: 2 or 3), batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
- *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm (mma
- *                            or cublaslt: the FP8 GEMM instead of the architecture table's)
+ *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages
+ *                            (the attention tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring),
+ *                            fa_kv_ctas (split-KV CTAs per SM), fa_wg_bc
+ *                            (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its ring: 2 or 3),
+ *                            batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
+ *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm
+ *                            (mma or cublaslt: the FP8 GEMM instead of the architecture table's)
  * The other members are the features' own state, on by default; the tests turn one off to compare paths. */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm;
@@ -1444,11 +1445,13 @@ struct dllm_model {
     std::vector<dllm__layer_weights> layers;
     int64_t n_params = 0;
     // [quantised checkpoints] a directory written by dllm_model_quantize: the stored SoloQ linears (section 9b); the
-    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are null)
+    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are
+    // null)
     std::shared_ptr<const dllm__soloq_store> soloq;
     bool random_weights = false;  // dllm_model_load_random: weights are generated on the GPU
     uint64_t random_seed = 0;
-    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format, shared by the rest
+    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format,
+    // shared by the rest
     mutable std::mutex gpu_weights_mutex;
     mutable std::vector<std::weak_ptr<dllm__gpu_weights>> gpu_weights;
 };
@@ -2799,11 +2802,14 @@ static const struct {
 } dllm__pretok_patterns[] = {
     {DLLM__PRETOK_GPT2, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_LLAMA3,
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_QWEN2,
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_LING,
-     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
+     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|"
+     "\\s+(?!\\S)|\\s+"},
 };
 
 /* Does c (at i) match the ASCII letter `lower`, case-insensitively if asked? Oniguruma folds case
@@ -3326,7 +3332,8 @@ static dllm_status dllm__tok_pretokenizer(dllm_tokenizer &t, const dllm__json *p
         !type_is(&seq->items[1], "ByteLevel"))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm implements)",
+            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm "
+            "implements)",
             what.c_str());
     const dllm__json &split = seq->items[0];
     const dllm__json *pattern = split.find("pattern"), *behavior = split.find("behavior");
@@ -3431,7 +3438,8 @@ static dllm_status dllm__tok_load_vocab_merges(dllm_tokenizer &t, const dllm__js
         std::none_of(known, known + 3, [&](const char *k) { return cls->str == k; }))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, DreamTokenizer)",
+            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, "
+            "DreamTokenizer)",
             config_path.c_str(), cls && cls->kind == dllm__json::STR ? "\"" : "",
             cls && cls->kind == dllm__json::STR ? cls->str.c_str() : "(missing)",
             cls && cls->kind == dllm__json::STR ? "\"" : "");
@@ -3499,7 +3507,8 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
     if (missing)
         dllm__log(
             DLLM_LOG_WARN,
-            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging Face",
+            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging "
+            "Face",
             t.dir.c_str(), missing);
     for (size_t i = 0; i < t.added.size(); i++) {
         const dllm__added_token &a = t.added[i];
@@ -4213,12 +4222,13 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     return m;
 }
 
-/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k] with
- * scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a multiple
- * of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups in order
- * as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32 (each product is exact: an E4M3
- * value has 4 significant bits). Only the order of G's sum differs from the tensor cores'. The tests' reference: the
- * CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the library itself never calls it. */
+/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k]
+ * with scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a
+ * multiple of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups
+ * in order as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32
+ * (each product is exact: an E4M3 value has 4 significant bits). Only the order of G's sum differs from the tensor
+ * cores'. The tests' reference: the CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the
+ * library itself never calls it. */
 [[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows,
                                                  const uint8_t *wq, const float *w_scale, int n, int k, uint16_t *y) {
     const int groups = k / dllm__fp8_group, w_ld = (groups + 3) / 4 * 4;
@@ -4303,9 +4313,9 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
         pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
-/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision (q: its FP8 or
- * SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards (bidirectional, block
- * diffusion) take it. */
+/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision
+ * (q: its FP8 or SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards
+ * (bidirectional, block diffusion) take it. */
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
@@ -5165,10 +5175,10 @@ static float dllm__nvfp4_s_enc(float amax) {
 
 // ---- the E8P lattice codebook (QuIP#'s E8P, spec 4.3) -----------------------------------------------------
 
-/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of norm^2 <= 10, in
- * lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings (five 3/2 and three
- * 1/2; listed by the positions of the 1/2s, the deduplicated list of latticee8_padded12_rvq4bit.py). The order is
- * dllm's own: no QuIP# file is ever read. */
+/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of
+ * norm^2 <= 10, in lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings
+ * (five 3/2 and three 1/2; listed by the positions of the 1/2s, the deduplicated list of
+ * latticee8_padded12_rvq4bit.py). The order is dllm's own: no QuIP# file is ever read. */
 static const uint8_t *dllm__e8p_abs(int index) {
     static const std::vector<uint8_t> table = [] {
         std::vector<uint8_t> t;
@@ -5532,7 +5542,8 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this "
+                "model has %d (use krpbh)",
                 dllm__haar_max_d, d);
     }
     return DLLM_OK;
@@ -5721,7 +5732,8 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
     }
 }
 
-// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path) -----
+// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path)
+// -----
 
 /* The largest |C| a format's codes decode to, for the formats whose C values are integers (spec 9.2 path A: INT8
  * tensor cores); 0 for NVFP4, whose C values are not. */
@@ -5761,8 +5773,8 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
 // ---- [W4 GEMM] q4wg's layout twin: canonical rows into the packed layout q4wg_gemm reads (GPU: q4wg_prepack) ----
 
 /* Per 64-row tile and 128-wide k block, 4096 bytes [h 0..1][thread 0..127][16 bytes]: byte 4 j + b of a thread's 16
- * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) + b
- * (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
+ * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) +
+ * b (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
 [[maybe_unused]] static void dllm__q4wg_prepack(const uint8_t *rows, int n, int k, uint8_t *packed) {
     auto nibble = [&](int row, int kk) { return rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15; };
     const int kb_count = k / 128;
@@ -5888,7 +5900,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (s.precision < 0)
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form)",
+            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, "
+            "rtn-w4a4 or a -w4a16 form)",
             file, v.c_str());
     bool head = false;
     DLLM__TRY(dllm__meta_flag(meta, file, "dllm.quantize_lm_head", head));
@@ -5898,7 +5911,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (v != dllm__q4_names[o.weights])
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are %s)",
+            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are "
+            "%s)",
             file, v.c_str(), dllm__precision_name(s.precision), dllm__q4_names[o.weights]);
     DLLM__TRY(dllm__meta_get(meta, file, "dllm.rotation", v));
     int rot = -1;
@@ -5936,7 +5950,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
         src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not the one "
+            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not "
+            "the one "
             "config.json describes (%s, %d layers, d=%d, ff %d, vocab %d)",
             file, dllm__family_name(src.family), src.n_layer, src.n_embd, src.n_ff, src.n_vocab,
             dllm__family_name(cfg.family), cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_vocab);
@@ -5984,7 +5999,8 @@ static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_
             if (q.block_scales[i] >= 0x7F)
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is damaged",
+                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is "
+                    "damaged",
                     bs->file->c_str(), prefix.c_str(), q.block_scales[i], i);
     }
     q.row_scale.resize((size_t)q.rows);
@@ -6011,7 +6027,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
         else if (mine != meta)
             return dllm__fail(
                 DLLM_ERR_FORMAT,
-                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one dllm-quantize run",
+                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one "
+                "dllm-quantize run",
                 first->file->path.c_str(), f->file->path.c_str());
     }
     if (!first) return DLLM_OK;
@@ -6020,7 +6037,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
             if (dllm__soloq_tensor_name(kv.first))
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised checkpoint "
+                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised "
+                    "checkpoint "
                     "names how it was made; quantise it again with dllm-quantize)",
                     kv.second->file->c_str(), kv.first.c_str());
         return DLLM_OK;
@@ -6066,7 +6084,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
 
 /* A context's precision on model m: AUTO resolves to what a quantised checkpoint holds (else BF16); on a quantised
  * checkpoint only the recorded weight format's two precisions (W4A4 and -W4A16) are valid, with the recorded rotation
- * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made without it). */
+ * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made
+ * without it). */
 static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int rotation, int bias_correction,
                                            int &precision) {
     precision = asked;
@@ -6080,7 +6099,8 @@ static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int r
     if (!dllm__precision_is_soloq(precision) || base(precision) != base(s.precision))
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision %s or "
+            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision "
+            "%s or "
             "%s-w4a16 (or leave it out), or load the unquantised model",
             m.dir.c_str(), dllm__q4_names[s.opt.weights], dllm__precision_name(s.precision),
             dllm__precision_name(precision), dllm__precision_name(base(s.precision)),
@@ -6625,10 +6645,10 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the bf16
- * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
- * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
- * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
+/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the
+ * bf16 sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to
+ * n_keys, each range cut at multiples of split_keys, so that no split mixes the two kinds
+ * (SoloQ's quantised values are in the rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
 static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[3], int hi[3]) {
     const int qa = std::min(n_sink, n_committed);
     lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;
@@ -7337,13 +7357,13 @@ struct dllm__batch_seq {
     int n = 0;
     const int32_t *positions = nullptr;  // RoPE position of each row; null: the row index
     int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
-    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their K/V
-    // written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step, every
-    // row forwarded, the cache (re)started with n rows
+    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their
+    // K/V written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step,
+    // every row forwarded, the cache (re)started with n rows
     int q0 = 0, q1 = 0, slot = -1;
     bool fill = false;
-    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with these
-    // parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
+    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with
+    // these parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
     const dllm__sampling *sampling = nullptr;
     int step = 0;
 };
@@ -7395,8 +7415,9 @@ struct dllm__backend_impl {
     }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
-    /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
-     * otherwise section 17 runs dllm__choose on the host over bd_forward's logits, which is the twin. */
+    /* Whether the backend chooses a step's tokens where its logits are
+     * (bd_forward_choose: every row of the pick, out[n]); otherwise section 17 runs dllm__choose on the host over
+     * bd_forward's logits, which is the twin. */
     virtual bool bd_chooses() const { return false; }
     virtual dllm_status bd_forward_choose(const dllm__bd_call &, const dllm__bd_pick &, dllm__choice *) {
         return dllm__fail(DLLM_ERR_INTERNAL, "this backend chooses block-diffusion tokens on the host");
@@ -7404,9 +7425,10 @@ struct dllm__backend_impl {
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
     /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
-     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
-     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
-     * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state
+     * (a live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them.
+     * Unsupported (the reason in the message): dllm_generate_batch decodes block-diffusion items one after another
+     * through bd_forward. */
     virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
@@ -7414,10 +7436,11 @@ struct dllm__backend_impl {
     dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
-     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
-     * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
-     * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
-     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. */
+     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after
+     * another in `logits`. Sequences with a pick: pick->n choices each
+     * (dllm__choose at pick->pos0 + i, step 0, over raw row pick->logits_row(i) of [r0, r1): what
+     * dllm__bd_generation::forward_choose computes), one sequence after another in `choices`. A COMMIT advances its
+     * slot's committed length, as bd_forward does. */
     virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
@@ -7433,9 +7456,9 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
-    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
-     * Replaces the previous layout; an empty list releases them. */
+    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows,
+     * for every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout
+     * puts it. Replaces the previous layout; an empty list releases them. */
     virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
@@ -7447,8 +7470,8 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
-    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose); otherwise
-     * dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
+    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose);
+     * otherwise dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
     virtual bool batch_chooses() const { return false; }
     /* forward_batch (kv false) or forward_batch_kv (kv true) of a plan in which the sequences with a sampling
      * (dllm__batch_seq) have their tokens chosen by the backend: rows [r0, r1) of each, one sequence after another, in
@@ -7460,8 +7483,8 @@ struct dllm__backend_impl {
     }
 };
 
-/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
- * a live cache is moved, never resized. */
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same
+ * size: a live cache is moved, never resized. */
 static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
                                           const std::vector<int> &had) {
     for (size_t s = 0; s < keep.size(); s++)
@@ -7652,9 +7675,10 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return bd_forward_on(bd_kv_, kvq_, call, logits);
     }
 
-    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
-     * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
-     * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone
+     * (its committed cache, block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch
+     * runs each sequence through bd_forward's code on its slot, one after another, so every result is bd_forward's bit
+     * for bit. */
     using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
@@ -7671,8 +7695,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
         bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
-    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
-     * them on the host (every row of the pick: the caller reads the masked ones). */
+    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose
+     * makes them on the host (every row of the pick: the caller reads the masked ones). */
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override {
         const int V = m_.cfg.n_vocab;
         std::vector<bool> seen(bd_slots_.size(), false);
@@ -7941,7 +7965,8 @@ static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std
         if (!h) {
             result = DLLM_ERR_NO_DEVICE;
             error = dllm__format(
-                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
+                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add "
+                "its lib64 "
                 "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library",
                 stem, major, tried.c_str(), package);
         } else if (!resolve(h, missing)) {
@@ -8036,7 +8061,8 @@ static dllm_status dllm__nccl_open(const std::vector<std::string> &candidates, d
         return dllm__fail(
             DLLM_ERR_NO_DEVICE,
             "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
-            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
+            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in "
+            "NCCL_HOME; "
             "one GPU (n_devices 0 or 1) needs no NCCL",
             tried.c_str());
 #define DLLM__NCCL_RESOLVE(name, ret, args)                                                                            \
@@ -8313,54 +8339,53 @@ typedef unsigned long long u64;
 
 /* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
-#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
-    X(const bf16_t *, q)                                                                                                 \
-    X(const bf16_t *, k)                                                                                                 \
-    X(const bf16_t *, v)                                                                                                 \
-    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                        \
-        X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */            \
-        X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
-        X(u64, q_bstride) X(u64, o_bstride)                                                                              \
-            X(const dllm_step_state *,                                                                                   \
-              st)            /* current block: its KV tiles are visited last; null or empty: plain order */              \
-        X(float, scale_log2) /* log2(e) / sqrt(HD) */                                                                    \
-        X(int, fa_mode)      /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */            \
-        X(float *, fa_state) /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */            \
-        X(int,                                                                                                           \
-          kv_splits) /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
-        X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                   \
-        X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */    \
-        X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                   \
-        X(const int *,                                                                                                   \
-          q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */              \
-        X(const int *,                                                                                                   \
-          kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
-        X(const int *,                                                                                                   \
-          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */
+#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                      \
+    X(const bf16_t *, q)                                                                                               \
+    X(const bf16_t *, k)                                                                                               \
+    X(const bf16_t *, v)                                                                                               \
+    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                      \
+    X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */              \
+    X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                      \
+    X(u64, q_bstride) X(u64, o_bstride)                                                                                \
+    X(const dllm_step_state *, st) /* current block: its KV tiles are visited last; null or empty: plain order */      \
+    X(float, scale_log2)           /* log2(e) / sqrt(HD) */                                                            \
+    X(int, fa_mode)                /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */    \
+    X(float *, fa_state)           /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */    \
+    /* kv_splits: CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */     \
+    X(int, kv_splits)                                                                                                  \
+    X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                     \
+    X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */      \
+    X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                     \
+    X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */   \
+    /* kv_offsets: [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */             \
+    X(const int *, kv_offsets)                                                                                         \
+    /* varlen_masks: varlen, or null: [batch][2] sequence b's (mask_block, q_index0), keys counted from its first */   \
+    X(const int *, varlen_masks)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
 /* soloq_quantize_rows's arguments: bf16 rows of x rotated by R = mixer . FWHT_b . signs . perm (a
  * null array is the identity) and quantised in `format` (dllm__q4_format). */
-#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
-    X(const void *, x)                                                                                                                                \
-    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
-    X(const int *, perm)                                                                                                                              \
-    X(const unsigned char *, signs)                                                                                                                   \
-    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                                                           \
-        X(unsigned char *, codes)                                                                                                                     \
-            X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
-        X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
-        X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                                             \
-            X(const float *, norm_w) /* producer 1's operands */                                                                                      \
-        X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) X(                                 \
-            int,                                                                                                                                      \
-            producer) /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
-        X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                                                    \
-        X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                                                \
-        X(float, eps)      /* producer 1's RMSNorm epsilon */                                                                                         \
-        X(signed char *,                                                                                                                              \
-          values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
+#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                     \
+    X(const void *, x)                                                                                                 \
+    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                          \
+    X(const int *, perm)                                                                                               \
+    X(const unsigned char *, signs)                                                                                    \
+    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                            \
+    X(unsigned char *, codes)                                                                                          \
+    X(unsigned char *, block_scales)          /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */           \
+    X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                           \
+    X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                  \
+    X(const float *, norm_w) /* producer 1's operands */                                                               \
+    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)         \
+    /* producer: 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of    \
+     * the [gate | up] rows x */                                                                                       \
+    X(int, producer)                                                                                                   \
+    X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                         \
+    X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                     \
+    X(float, eps)      /* producer 1's RMSNorm epsilon */                                                              \
+    /* values_i8: the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */           \
+    X(signed char *, values_i8)
 
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state {
@@ -8389,7 +8414,8 @@ static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 152 && sizeof(
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
     return dllm__format(
-               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
+               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, "
+               "REMASK_ORIGIN = %d };\n",
                DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
                DLLM_REMASK_ORIGIN) +
            DLLM__XSTR(struct dllm_step_state{DLLM__STEP_STATE_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
@@ -8643,9 +8669,9 @@ KERNEL_add_rmsnorm {
 }
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
- * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
- * cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows, so
- * that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
+ * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the
+ * same cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows,
+ * so that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
 KERNEL_rope_qkv {
     pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
@@ -8684,8 +8710,8 @@ KERNEL_rope_qkv {
 }
 
 /* Twin: dllm__cpu_llama4_scale. [Llama-4 query scaling] (Nemotron) after RoPE, in place on the first `width` (the query
- * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta log(1 + floor(pos / orig_max)).
- * Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
+ * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta
+ * log(1 + floor(pos / orig_max)). Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
 KERNEL_llama4_scale_q {
     pdl_enter();
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -8959,7 +8985,8 @@ KERNEL_quantize_weight_blocks {
 )DLLM";
 #line 243 "src/gpu/kernel_table.cpp"
 
-/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
+/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision):
+ * X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
     X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
@@ -9121,8 +9148,8 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float
     __syncthreads();
 }
 
-/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r owns
- * the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
+/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r
+ * owns the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
  * mixer reads the other slices, and the reductions combine per-CTA partials, through distributed shared memory. */
 struct soloq_slice {
     int C, r, i0, n;  // CTAs a row, this one's rank, its slice
@@ -9258,9 +9285,10 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     return B;
 }
 
-/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments' sums (one warp each), then all
- * of them added in order from every CTA's `seg` (a cluster-shared array of at most 32 sums). Every thread of every CTA
- * returns the same bits. Ends with a barrier across the cluster. */
+/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments'
+ * sums (one warp each), then all of them added in order from every CTA's `seg`
+ * (a cluster-shared array of at most 32 sums). Every thread of every CTA returns the same bits. Ends with a barrier
+ * across the cluster. */
 __device__ float soloq_row_dot(const float *x, const float *y, int d, const soloq_slice &s, float *seg) {
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
     const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
@@ -9278,8 +9306,8 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 }
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
- * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added in
- * order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+ * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -9307,8 +9335,9 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     return make_float2(amax, sum);
 }
 
-/* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
- * the work split by pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+/* Codes and C values of this CTA's slice of a nonzero row
+ * (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by pairs of
+ * elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
 template <bool E8P>
 __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma,
                              unsigned char *codes, unsigned char *bs, float *val) {
@@ -9385,10 +9414,10 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
 }
 
 /* One row (this CTA's slice of it): its source rotated by R and, with a.quantize, quantised in a.format (twin:
- * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the
- * row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the
- * rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of
- * shared memory. */
+ * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights),
+ * the row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without
+ * a.quantize the rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two
+ * fp32 rows of shared memory. */
 template <bool E8P>
 __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     __shared__ float seg[32];
@@ -9473,7 +9502,8 @@ __device__ __forceinline__ void soloq_values8(int format, const unsigned char *p
     }
 }
 
-/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
+/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a
+ * thread. */
 KERNEL_soloq_dequantize_rows {
     pdl_enter();
     const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -9528,11 +9558,11 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 262 "src/gpu/kernel_table.cpp"
+#line 263 "src/gpu/kernel_table.cpp"
 
-/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
- * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
- * functions, which this module compiles beside its own), and the block step's attention reading the quantised
+/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
+ * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
+ * device functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
     X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
@@ -9579,7 +9609,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 299 "src/gpu/kernel_table.cpp"
+#line 300 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9632,8 +9662,8 @@ __device__ __forceinline__ float kvq_soloq_c(u32 code, int bits) {
     return code & 2u ? -LLOYD2_LEVELS[code & 1u] : LLOYD2_LEVELS[code & 1u];
 }
 
-/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels of
- * that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
+/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels
+ * of that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
 KERNEL_kvq_commit_keys {
     pdl_enter();
     const int kvd = a.n_kv * a.hd, row_bytes = kvd * a.bits / 8, per = 8 / a.bits;
@@ -9772,7 +9802,8 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
         a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
 
-/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
+/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its
+ * codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
 /* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */
@@ -9838,7 +9869,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 301 "src/gpu/kernel_table.cpp"
+#line 302 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -9861,7 +9892,8 @@ KERNEL_kvq_attention {
  *     output, the running max (log2 domain) and the normaliser in `partial` [split][n_head][q_rows][hd + 2].
  *   kvq_flash_combine: one warp per (query row, head) merges the splits in split order, the quantised ones of SoloQ
  *     apart and rotated back once (kvq_rotate_back) before they join the bf16 ones.
- * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible key. */
+ * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible
+ * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
     X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
@@ -9920,8 +9952,8 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 }
 
 /* A stage: the raw K and V codes of a tile's keys [KVQ_TC_BC][KVQ_HD / 2] each (2-bit rows use the first half), the K
- * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
- * [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
+ * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side
+ * (KIVI pair or SoloQ scale) [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
 #define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
@@ -10183,7 +10215,8 @@ KERNEL_kvq_flash {
                 kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2,
                              o, m, l);
     };
-    if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
             kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
@@ -10232,8 +10265,9 @@ KERNEL_kvq_flash {
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights 2^(m_s - max),
- * SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum normalised. */
+/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+ * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
+ * normalised. */
 KERNEL_kvq_flash_combine {
     pdl_enter();
     __shared__ float acc[256], racc[256], T0[256], T1[256];
@@ -10259,17 +10293,17 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 330 "src/gpu/kernel_table.cpp"
+#line 332 "src/gpu/kernel_table.cpp"
 
-/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
- * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
- * online-softmax state over the committed keys [0, n_committed) and stores it at the row's block offset; bdfa_merge
- * computes every row's state over the forward's own keys [n_committed, n_visible) and merges it with the stored one.
- * The cached path lists only the rows whose token changed; the uncached path lists every row: the same kernels in the
- * same order, so both give the same bits. bdfa_committed splits the committed keys over DLLM_BDFA_WARPS warps of a CTA
- * per (row, head) and merges their states in warp order (a warp walking 1024 keys alone is latency-bound: 0.7 ms more
- * than flash_attn for a 32-row step of the 7B shape, measured); bdfa_merge (the forward's own keys, a block at most)
- * keeps a warp per (row, head). */
+/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
+ * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
+ * of a forward, each head's online-softmax state over the committed keys [0, n_committed) and stores it at the row's
+ * block offset; bdfa_merge computes every row's state over the forward's own keys [n_committed, n_visible) and merges
+ * it with the stored one. The cached path lists only the rows whose token changed; the uncached path lists every row:
+ * the same kernels in the same order, so both give the same bits. bdfa_committed splits the committed keys over
+ * DLLM_BDFA_WARPS warps of a CTA per (row, head) and merges their states in warp order
+ * (a warp walking 1024 keys alone is latency-bound: 0.7 ms more than flash_attn for a 32-row step of the 7B shape,
+ * measured); bdfa_merge (the forward's own keys, a block at most) keeps a warp per (row, head). */
 #define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
     X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
     X(const bf16_t *, q)                                                                                               \
@@ -10385,7 +10419,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 363 "src/gpu/kernel_table.cpp"
+#line 365 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10406,11 +10440,11 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 368 "src/gpu/kernel_table.cpp"
+#line 370 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
- * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
- * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
+ * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
+ * W^T on the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
  * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
  * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
  * of 128; any N.
@@ -10557,7 +10591,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 386 "src/gpu/kernel_table.cpp"
+#line 388 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -10866,7 +10900,8 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
             for (int h = 0; h < 2; h++)
                 q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
         // row r = 8 mt + g's slot q4_act_slot(4 t + j, r) = 4 (j ^ p) + (t ^ p), p = g & 1, and 4 (j ^ p) = 4 j + 4 p
-        // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
+        // for even j, 4 j - 4 p for odd j: two bases with constant offsets
+        // (ptxas keeps a register an address otherwise)
         const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -10993,7 +11028,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 472 "src/gpu/kernel_table.cpp"
+#line 474 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11343,8 +11378,9 @@ KERNEL_select_commit {
             continue;
         }
         int rank = 0;
-        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n) never
-        // changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never errors.
+        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n)
+        // never changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never
+        // errors.
         for (int j = 0; j < n && rank < k; j++) {
             if (rank_of[j] == n || j == i) continue;
             int rj = lo + j - row0;
@@ -11377,7 +11413,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 488 "src/gpu/kernel_table.cpp"
+#line 490 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11546,8 +11582,8 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
-/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
- * before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
+/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the
+ * keys before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
 }
@@ -11624,7 +11660,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
     rescale_o<DT>(o, corr);
 }
 
-/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
+/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8),
+ * (g + 8, 2t + 8). */
 template <int NT> __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
     pa[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
     pa[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
@@ -11693,10 +11730,11 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z of a concatenation, its queries rows [q_offsets[z], q_offsets[z + 1])
- * of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that sequence's arguments as a launch
- * of batch 1 would hold them, so its bits never depend on the other sequences (no split-KV, no FACache, no key mask:
- * dllm__attn_varlen_launch). False: the CTA's query tile lies past the sequence's rows (the grid fits the longest). */
+/* [varlen] A batched forward's attention: CTA z works on sequence z of a concatenation, its queries rows
+ * [q_offsets[z], q_offsets[z + 1]) of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes
+ * that sequence's arguments as a launch of batch 1 would hold them, so its bits never depend on the other sequences
+ * (no split-KV, no FACache, no key mask: dllm__attn_varlen_launch). False: the CTA's query tile lies past the
+ * sequence's rows (the grid fits the longest). */
 __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
     const int z = blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
@@ -11712,8 +11750,9 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br) {
  * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence): one
- * more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it was. */
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence):
+ * one more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it
+ * was. */
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
@@ -11842,7 +11881,7 @@ template <int HD> __global__ void __launch_bounds__(HD) attn_combine(attn_args a
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 496 "src/gpu/kernel_table.cpp"
+#line 498 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11939,7 +11978,8 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 /* One TMA box of map at (column x, row y, batch z) into shared memory at dst, completing on bar. */
 __device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, int y, int z, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar)
         : "memory");
@@ -11963,7 +12003,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 502 "src/gpu/kernel_table.cpp"
+#line 504 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12026,9 +12066,9 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
- * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
- * scores may start before V is in. */
+/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS
+ * once both consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers,
+ * so the scores may start before V is in. */
 template <int HD, int BC, int NS>
 __device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full,
                                            u32 v_full, u32 empty, int q0, int h, int kvh, int b, int n_tiles) {
@@ -12160,7 +12200,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 514 "src/gpu/kernel_table.cpp"
+#line 516 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12178,7 +12218,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
  * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). Nor on BN: an
  * output's k-loop is the same sequence of k16 products at every width, so the widths give the same bits and a caller
- * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and H200). */
+ * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and
+ * H200). */
 static const char *dllm__src_gemm_wg = R"DLLM(
 #line 1 "src/kernels/gemm_wg.cuh"
 struct gemm_tensor_maps {
@@ -12193,7 +12234,8 @@ __device__ __forceinline__ void cluster_sync() {
  * kernel took about 1.5x as long on an H200. */
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
     asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
             "r"(bar),
         "r"(rank)
         : "memory");
@@ -12201,7 +12243,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
 /* tma_load into the same offset of every CTA of the cluster (both here), completing on each one's barrier. */
 __device__ __forceinline__ void tma_load_both(u32 dst, const tensor_map &map, int x, int y, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+        "[%1, {%2, %3, %4}], [%5], %6;\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3)
         : "memory");
@@ -12365,7 +12408,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 533 "src/gpu/kernel_table.cpp"
+#line 536 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12390,7 +12433,8 @@ DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_
 
 static const char *dllm__src_kv_scatter = R"DLLM(
 #line 1 "src/kernels/kv_scatter.cuh"
-/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned rows). */
+/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned
+ * rows). */
 KERNEL_kv_scatter_rows {
     pdl_enter();
     const int r = blockIdx.x;
@@ -12400,7 +12444,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 556 "src/gpu/kernel_table.cpp"
+#line 559 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -12752,7 +12796,8 @@ static std::string dllm__src_soloq_tables() {
     s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment,
                       dllm__soloq_quantize_threads);
     s += dllm__format(
-        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
+        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n"
+        "#define E8P_ENC_SCALE %af\n",
         dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
     for (float t : dllm__lloyd4_thresholds) s += dllm__format("%af, ", t);
@@ -12779,8 +12824,8 @@ static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
             arch.target};
 }
 
-/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one (so that an H200 can
- * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one
+ * (so that an H200 can test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
     const char *v = dllm__env().fp8_gemm.c_str();
@@ -12789,7 +12834,8 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is "
+                "sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
@@ -12913,7 +12959,8 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
  * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
  * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
  * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
- * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+ * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128
+ * only. */
 static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
     if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
     if (hd > 128) {
@@ -12960,7 +13007,8 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 
 /* The varlen flash_attn alone, in a module of its own: compiled (or read from the disk cache) by the first batched
  * forward, so that contexts that never batch pay nothing for it. */
-/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V cache. */
+/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V
+ * cache. */
 static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
     return {"dllm_kv_scatter",
             dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
@@ -13002,8 +13050,8 @@ static size_t dllm__attn_smem(int hd, const dllm__arch &a) {
     return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2;
 }
 
-/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would not fit the SMs in one
- * wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
+/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would
+ * not fit the SMs in one wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
 static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows,
                                     int n_sms, int smem_per_sm) {
     const size_t table_smem = dllm__attn_smem(head_dim, arch) + 1024;
@@ -13456,7 +13504,8 @@ struct dllm__gemm {
                 op.kind(), op.M, op.N, op.K, best_us, first_us, found);
         else
             dllm__log_verbose(
-                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first "
+                "%.1f us; %d timed",
                 op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
     /* Mean time (ms) of three runs of `launch` on the stream after a warm-up run; infinite if one fails. */
@@ -13569,7 +13618,8 @@ struct dllm__gemm {
         return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
     DLLM__TEST_HOOKS_END
-    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's algorithm. */
+    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's
+     * algorithm. */
     dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N,
                         int K, cudaStream_t stream, bool pinned = false) {
         DLLM__TRY(dllm__check_fp8_shape(M, K));
@@ -13659,8 +13709,8 @@ struct dllm__fp8_mma {
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
-/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_TILES=fp8_gemm=mma),
- * with fewer stages where its shared memory per block is smaller. */
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles
+ * (DLLM_TILES=fp8_gemm=mma), with fewer stages where its shared memory per block is smaller. */
 static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     int dev = 0, optin = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
@@ -13755,8 +13805,8 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
 }
 
 /* CTAs of q4_gemm an H200 SM holds at once (about 140 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4
- * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow
- * with the resident warps. */
+ * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth,
+ * grow with the resident warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -13779,11 +13829,12 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     return splits > 1 ? (size_t)splits * M * N : 0;
 }
 
-/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
- * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
+/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for
+ * M <= 64 activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
- * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
+ * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace:
+ * dllm__q4_gemm_workspace_floats(M, N, K) floats (may be null when that is 0). Deterministic, and a row's result does
+ * not depend on M. */
 static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes,
                                      const void *block_scales, const float *row_scale, const void *A, int lda,
                                      const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M,
@@ -13922,10 +13973,10 @@ struct dllm__linear {
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch).
- * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
- * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
- * sequence's rows get the same bits whatever else the batch holds. */
+ * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it
+ * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
+ * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
+ * alone. So a sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };
 #line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
@@ -13969,12 +14020,13 @@ static const char *dllm__src_q4_wgmma = R"DLLM(
  * and wgmma s8.s8 accumulates 8 acc (SoloQ-I) or 16 acc (RTN) exactly: |8 * 15 * 128 * K| < 2^31 up to K = 139810.
  * The epilogue shifts right by 3 / 4 (exact: the sums are multiples of 8 / 16).
  *
- * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb, 4096 bytes:
+ * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb,
+ * 4096 bytes:
  *   [T][kb][h = 0, 1][thread 0..127][16 bytes]; 16 bytes = 4 words; word j covers k32 step s = 2h + (j >> 1) and row
- *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble = W[row][32 s + 4 (lane%4) + b],
- *   high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo) and 2 (hi), word (s, 1) -> 1 and 3:
- *   CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0 = (row 16 w + g + 8 v1,
- *   k 4 t + v0 + 16 v2).
+ *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble =
+ *   W[row][32 s + 4 (lane%4) + b], high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo)
+ *   and 2 (hi), word (s, 1) -> 1 and 3: CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0
+ *   = (row 16 w + g + 8 v1, k 4 t + v0 + 16 v2).
  *
  * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
  * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments
@@ -14528,12 +14580,14 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     };
 }
 
-/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first
+ * generation. */
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
     DLLM__KVQ_KERNELS(DLLM__KERNEL_MEMBER)
 };
-/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head
+ * dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
     DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_MEMBER)
@@ -14736,7 +14790,8 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
-/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin: dllm__quantize_blocks. */
+/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
+ * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
@@ -14753,7 +14808,8 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
 }
 
 /* [SoloQ] The arguments of soloq_quantize_rows / soloq_produce_rows for `rows` rows d wide, rotated by rot and, with
- * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the caller's. */
+ * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the
+ * caller's. */
 static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
                                    bool bias_correction, int rows, int d, void *row_scale, void *values) {
     soloq_args a = {};
@@ -14765,9 +14821,9 @@ static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_forma
     return a;
 }
 
-/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into slices
- * of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block step
- * then fills the GPU instead of 32 of its SMs. */
+/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into
+ * slices of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block
+ * step then fills the GPU instead of 32 of its SMs. */
 static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     if (!k.clusters || d <= dllm__soloq_segment || d % dllm__soloq_segment) return 1;
     for (int C = 8; C > 1; C--)
@@ -14775,11 +14831,11 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
-/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The norm
- * producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a warp);
- * many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024
- * forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 ->
- * 11.4. */
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The
+ * norm producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a
+ * warp); many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200
+ * (LLaDA-8B, SoloQ-I, N=1024 forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer
+ * (rows of 12288) slower, 8.9 -> 11.4. */
 static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
     if (a.producer == 1) return dllm__norm_threads(a.d / 8);
     const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
@@ -14822,11 +14878,12 @@ static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const
 }
 
 /* [INT8 GEMM] y [M x N] (bf16 or fp32, row stride ldy) = ((float)(X . C_w^T) s_x) s_w: X the int8 C values of M
- * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format (codes [N][K / 2],
- * row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8 (chunk x K bytes), cuBLASLt's
- * INT8 GEMM into acc (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result
- * never depends on M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on
- * the rows' C values (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
+ * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format
+ * (codes [N][K / 2], row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8
+ * (chunk x K bytes), cuBLASLt's INT8 GEMM into acc
+ * (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result never depends on
+ * M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on the rows' C values
+ * (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
 static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f,
                                           const void *codes, const float *s_w, const void *X, const float *s_x, void *y,
                                           int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
@@ -14837,7 +14894,8 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
     if (M < 0 || K <= 0 || K % 8 || N % 4 || chunk <= 0 || chunk % 4 || ldy < N)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
+            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= "
+            "N",
             K, N, chunk, ldy);
     if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
@@ -14899,7 +14957,8 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
     return dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream);
 }
 
-/* The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its work). */
+/* The weight formats in effect: layer 0 stays BF16
+ * (the paper: quantising it costs accuracy; and LaCache caches its work). */
 static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k,
                                               cudaStream_t stream) {
     for (size_t l = 1; l < w.layers.size(); l++) {
@@ -14916,8 +14975,8 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     return DLLM_OK;
 }
 
-/* [W4 GEMM] Every layer linear that q4wg takes into its layout (the LM head keeps section 9b's rows: its many rows would
- * need a workspace of their own). */
+/* [W4 GEMM] Every layer linear that q4wg takes into its layout
+ * (the LM head keeps section 9b's rows: its many rows would need a workspace of their own). */
 static dllm_status dllm__gpu_weights_pack_q4wg(dllm__gpu_weights &w, const dllm__q4wg_kernels &k, cudaStream_t stream) {
     for (dllm__gpu_layer &G : w.layers)
         for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
@@ -15017,8 +15076,8 @@ struct dllm__activations {
     dllm__dbuf gu;     // bf16 [M_pad][2 ff]: gate|up rows
     dllm__dbuf f;      // bf16 [M][ff]: SwiGLU output
     dllm__dbuf y;      // bf16 [sequences x L][d]: the final norm's output
-    dllm__dbuf
-        h_cut;  // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    dllm__dbuf h_cut;
     dllm__dbuf logits;              // fp32 [sequences][L][vocab]: one LM head chunk
     dllm__dbuf partials;            // conf_partial [L][vocab / dllm__vocab_slice]
     dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
@@ -15080,8 +15139,8 @@ struct dllm__forward_plan {
     std::vector<dllm__seq_rows> seqs;      // CFG's unconditional canvas is a second sequence
     dllm__layer0 layer0 = DLLM__L0_PLAIN;  // LaCache's layer-0 mode
     int batch() const { return (int)seqs.size(); }
-    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them from
-     * the first and run all sequences at once. */
+    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them
+     * from the first and run all sequences at once. */
     const dllm__seq_rows &rows() const { return seqs[0]; }
     bool uniform() const {
         for (const dllm__seq_rows &r : seqs)
@@ -15094,10 +15153,10 @@ struct dllm__forward_plan {
 };
 
 /* [forward plan] [batch] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
- * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position (its
- * canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one offsets
- * array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants (its plan rows
- * [r0, r1) with the model's shift applied backwards), canvas indices. */
+ * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position
+ * (its canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one
+ * offsets array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants
+ * (its plan rows [r0, r1) with the model's shift applied backwards), canvas indices. */
 struct dllm__varlen_layout {
     std::vector<int32_t> ids, positions, offsets;
     std::vector<int> raw0, raw1;
@@ -15106,10 +15165,11 @@ struct dllm__varlen_layout {
     int max_rows = 0;       // the longest sequence's: the attention grid
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries (2B values:
-    // sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys the n rows of
-    // its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not follow), and the
-    // cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's cache.
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries
+    // (2B values: sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys
+    // the n rows of its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not
+    // follow), and the cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's
+    // cache.
     std::vector<int32_t> attn_q_offsets, attn_kv_offsets, cache_rows;
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
@@ -15171,7 +15231,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             s.r1 > s.n)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
+                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does "
+                "not fit",
                 i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
         used[(size_t)s.slot] = true;
         const int raw0 = dllm__logit_row(c, s.r0), raw1 = dllm__logit_row(c, s.r1 - 1) + 1;
@@ -15192,7 +15253,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         }
         v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
-        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query row
+        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query
+        // row
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot]);
         v.rows += s.q1 - s.q0;
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot] + s.n);
@@ -15206,9 +15268,10 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
     return DLLM_OK;
 }
 
-/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions [pos0, pos0 + n)
- * of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's logits row
- * (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out + r]. */
+/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions
+ * [pos0, pos0 + n) of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's
+ * logits row (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out +
+ * r]. */
 struct dllm__sampler_span {
     int seq = 0, pos0 = 0, n = 0, lrow0 = 0, shift0 = 0, out = 0;
 };
@@ -15310,8 +15373,8 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
-/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
- * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
+ * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
@@ -15338,9 +15401,9 @@ struct dllm__gpu_committed {
     int n = 0, capacity = 0, block_rows = 0;
 };
 
-/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
- * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
- * commit quantises its layer's rows before the next layer's are written). */
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the
+ * committed sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd]
+ * (the layers take turns: a commit quantises its layer's rows before the next layer's are written). */
 struct dllm__gpu_kv_codes {
     dllm__kvq_kernels kernels;
     std::vector<dllm__rotation_dev> rotations;
@@ -15392,8 +15455,8 @@ struct dllm__gpu_debug {
     int last_layer_rows = 0;
 };
 
-/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
- * for few rows, q4wg and the INT8 path. */
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4
+ * GEMM for few rows, q4wg and the INT8 path. */
 struct dllm__gpu_lowbit {
     dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> module;  // loaded when options.enabled
@@ -15405,7 +15468,8 @@ struct dllm__gpu_lowbit {
     long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 };
 
-/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched
+ * forwards. */
 struct dllm__gpu_graphs {
     cudaGraphExec_t step_exec = nullptr;
     std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
@@ -15539,8 +15603,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
-    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
-     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs
+     * (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
     template <class F> dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
         dllm__forward_plan plan;
         dllm__seq_rows r;
@@ -15564,17 +15628,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
-     * only their codes). */
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot
+     * (the device keeps only their codes). */
     DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
-    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks'
+     * rows. */
     size_t bd_committed_bytes() const {
         return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
                kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
     DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash
+     * (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
@@ -15746,9 +15812,9 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
- * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
- * layer 0). */
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
+ * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
     if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
@@ -15921,7 +15987,8 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
     if (mode == DLLM__FP8_NONE) {
         dllm__log(
             DLLM_LOG_WARN,
-            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, "
+            "cuBLASLt's "
             "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;
@@ -16054,16 +16121,17 @@ const dllm__gemm_wg *dllm__gpu_backend::batch_gemm_wg(const dllm__gemm_op &op) {
     return chosen ? chosen : first;
 }
 
-/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
- * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
- * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
- * whether the algorithm may depend on M (dllm__rows). */
+/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's
+ * GEMMs take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the
+ * kernel that produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first.
+ * `rows` says whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned algorithm.
+            // A batched forward's rows get the bits they would get alone: gemm_wg (any width), else one pinned
+            // algorithm.
             if (rows == DLLM__ROWS_BATCH)
                 if (const dllm__gemm_wg *k = batch_gemm_wg(op))
                     return dllm__gemm_wg_run(*k, x, W.data, y, M, W.n, W.k, stream_);
@@ -16144,11 +16212,13 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
 /* [SoloQ] y = x W^T for a DLLM__W_Q4 weight: x's rows rotated by the weight's R and quantised per token into act_.q4a
  * (their C values, exact in bf16) or, for the INT8 path, act_.q4a8 (int8), and act_.q4a_scale (x null: a fused producer
  * did); then
- *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w, cuBLASLt's
+ *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w,
+ *   cuBLASLt's
  *     INT8 GEMM into int32 act_.q4acc (exact) and the epilogue ((float)acc s_x) s_w into y;
  *   - at most dllm__q4_max_rows rows, or rows that must stay INDEPENDENT (in launches of that many): [W4 GEMM] q4_gemm,
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
- *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
+ *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc
+ *   and
  *     the epilogue (acc s_x) s_w into y.
  *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
  *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
@@ -16206,7 +16276,8 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     return DLLM_OK;
 }
 
-/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
+/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales
+ * (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
     lowbit_.int8_launches++;
     return dllm__q4_int8_gemm_run(lowbit_.kernels, gemms_.dense, W.q4->format, W.data, W.scale, act_.q4a8.ptr,
@@ -16214,9 +16285,9 @@ dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y,
                                   dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
-/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
- * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
- * int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
+/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will
+ * read (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8
+ * path, int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
     lowbit_.act_forms = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
@@ -16268,9 +16339,9 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
  * QKV GEMM, bias + RoPE, attention into act_.att for the queries of rows [o0, o0 + orows) of those (the last layer may
- * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots in
- * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
- * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
+ * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots
+ * in the layer's cache and attention reads every cached key. A query row's attention does not depend on which other
+ * rows are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
     const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
@@ -16354,7 +16425,8 @@ dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int 
     return DLLM_OK;
 }
 
-/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
+/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len)
+ * ([DPad]: positions[...]). */
 dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = model_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
@@ -16407,7 +16479,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
     return DLLM_OK;
 }
 
-/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
+/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows
+ * (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
     if (!plan.uniform())
         return dllm__fail(DLLM_ERR_INTERNAL,
@@ -16494,8 +16567,8 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
  * rows [r0, r0 + M) of act_.delta (the attention output projection in, the FFN output out). h_in: their M residual rows
- * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
- * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
+ * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two
+ * GEMM inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
@@ -16583,8 +16656,8 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 // Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
-// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
+// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count
+// and runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
@@ -16751,13 +16824,14 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
-// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
-// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
-// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
-// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
-// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
-// included. A sequence that finishes is simply no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A
+// block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
+// the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
+// rows, at any block and of any step kind, go through the batched forward
+// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
+// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
+// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
+// the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
@@ -16780,9 +16854,10 @@ void dllm__gpu_backend::bkv_release() {
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
- * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
- * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with
+ * keep[s] keeps its K|V rows, copied to its place in a new layout
+ * (a stepper's live sequence while others join and leave); the same layout again moves nothing. A failure leaves the
+ * previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
     DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
     if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();
@@ -16907,9 +16982,9 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 
 // ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
-// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n), then the
-// block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
+// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n),
+// then the block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through
+// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
 // row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
 // flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
@@ -16952,13 +17027,15 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         if (sub && call.offset + call.T > s.block)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)",
+                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d "
+                "rows)",
                 i, call.T, call.offset, s.block);
         const int n_keys = s.n + (sub ? s.block : call.T);
         if (n_keys > slot_rows[(size_t)q.slot])
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
+                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, "
+                "sized by "
                 "bd_batch_reserve)",
                 i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
         if ((int64_t)s.n + call.offset + call.T > max_tokens)
@@ -16993,7 +17070,8 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
 }
 
 /* A slot's state after its forward ran: a COMMIT's rows join the committed ones; a BLOCK_FULL's rows are the block
- * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a sub-block). */
+ * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a
+ * sub-block). */
 static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
     if (call.kind == DLLM__BD_COMMIT)
         s.n += call.T, s.block = 0;
@@ -17003,8 +17081,8 @@ static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
         s.block = 0;
 }
 
-/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i with
- * a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
+/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i
+ * with a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
  * pick->logits_row(j)) is in the chunk, one range since that row never falls as j rises; a range from a shifted pick's
  * row 0 keeps the shift (rows 0 and 1 read the same logits row), any other reads consecutive rows. */
 static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs,
@@ -17036,8 +17114,8 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
- * the empty list releases them. */
+/* Slot s sized for rows[s] rows, empty unless keep[s]
+ * (the batched K/V-cache step's slots: a batch is one or the other); the empty list releases them. */
 dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
@@ -17073,8 +17151,8 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
 }
 
 /* The device's choice over the layout (choose_in_chunks): the sequences with a pick sampled at step 0 (as
- * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw logit
- * rows copied into `logits`, one sequence after another. */
+ * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw
+ * logit rows copied into `logits`, one sequence after another. */
 dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
                                                float *logits, dllm__choice *choices) {
     std::vector<int> choice0(seqs.size(), -1),
@@ -17149,9 +17227,9 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
 
 /* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
  * x0/conf/deferred are indexed by position - cand_lo. */
-/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r is
- * canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it). The
- * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
+/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r
+ * is canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it).
+ * The solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
 sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0,
                                              int raw_rows) const {
     const dllm__config &c = model_.cfg;
@@ -17176,7 +17254,8 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
                           act_.deferred.as<unsigned char>() + off);
 }
 
-/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's step. */
+/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's
+ * step. */
 dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred,
                                               const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
@@ -17260,8 +17339,8 @@ std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
                         s.min_p);  // the sampler filters (a graph without them has no cutoff launch)
 }
 
-/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so the
- * executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
+/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so
+ * the executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
  * other kernels, so no update is tried. */
 dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_update) {
     cudaGraph_t graph = nullptr;
@@ -17343,11 +17422,11 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
 
 // ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
 // A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
-// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
-// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
-// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
-// them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step; copying
-// the logits to the host instead took 196 ms.
+// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over
+// the chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host.
+// The sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch
+// gives them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step;
+// copying the logits to the host instead took 196 ms.
 
 dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
                                                     dllm__choice *choices) {
@@ -17362,7 +17441,8 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
 }
 
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at span.out. */
+ * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at
+ * span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
     const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
     return launch_sampler(a, batch_.choice_x0.as<int>() + span.out, batch_.choice_conf.as<double>() + span.out,
@@ -17462,8 +17542,8 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n. Under
-// kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n.
+// Under kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
 /* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
@@ -17540,7 +17620,8 @@ static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
         dllm__format("dllm_kvq_tc_hd%d", hd),
         dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
             dllm__format(
-                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n",
+                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n"
+                "#define KVQ_TC_STAGE %zu\n",
                 hd, dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32,
                 dllm__kvq_tc_stage_bytes(hd)) +
             dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
@@ -17575,7 +17656,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
             "kvq_tc: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes it everywhere)",
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes "
+            "it everywhere)",
             hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
@@ -17584,7 +17666,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs "
+            "instead",
             hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
     dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
@@ -17592,8 +17675,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     return DLLM_OK;
 }
 
-/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6 (each
- * of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
+/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6
+ * (each of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
 static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms, int smem_optin) {
     size_t most = 0;
     for (int rows = 1; rows <= dllm__kvq_tc_chunk_rows; rows++) {
@@ -17610,7 +17693,8 @@ static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_op
     dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    DLLM__CUDA(
+        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -17622,7 +17706,8 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
     if (need > partial_bytes || a.hd != k.hd)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for "
+            "%d)",
             p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
     DLLM__TRY(k.kvq_flash.launch(
@@ -17678,7 +17763,8 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and
+ * rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
@@ -17701,8 +17787,9 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised (twin: dllm__kvq_commit's
- * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised
+ * (twin: dllm__kvq_commit's loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were
+ * checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
@@ -17732,7 +17819,8 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_,
+                                                      a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
@@ -17763,7 +17851,8 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
+            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by "
+            "bd_begin)",
             call.T, committed_.n, committed_.capacity);
     if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
@@ -17820,7 +17909,8 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     return DLLM_OK;
 }
 
-/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in bd_run. */
+/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in
+ * bd_run. */
 dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     const int T = call.T, out_rows = call.r1 - call.r0;
     float *h = act_.h.as<float>();
@@ -17842,7 +17932,8 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
 }
 
 /* The forward's launches (bd_layers), then with `head` the LM head over its output rows (one chunk: act_.logits), then
- * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in act_.state). */
+ * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in
+ * act_.state). */
 dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const int out_rows = call.r1 - call.r0;
     DLLM__TRY(bd_layers(call));
@@ -17854,9 +17945,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
                           act_.deferred.as<unsigned char>());
 }
 
-/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
- * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
- * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
+/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are
+ * taken for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per
+ * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
@@ -17938,7 +18029,8 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_s
             cudaGetLastError();
             dllm__log(
                 DLLM_LOG_INFO,
-                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is "
+                "instantiated again",
                 set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
@@ -17959,8 +18051,8 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
- * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
+ * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
     const dllm__config &c = model_.cfg;
@@ -17979,7 +18071,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                                          c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    if (kvq_.enabled())
         cache = after = (char *)kv_codes_.fresh.ptr;
     else
         cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
@@ -18026,7 +18119,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
- * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
+ * lacache mode, so that ON and OFF give the same bits. Not under kv_quant
+ * (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
     return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
@@ -18115,7 +18209,8 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
         pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)",
+            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most "
+            "%d)",
             n, pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
     DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
@@ -18154,8 +18249,8 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
- * under kvq_keep_rows, else zeros). */
+ * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd]
+ * (kept since bd_begin under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(committed_.capacity);
@@ -18180,8 +18275,8 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
     return DLLM_OK;
 }
 
-/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept (the next
- * layer overwrites them; commits are never captured, so this copy may wait). */
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept
+ * (the next layer overwrites them; commits are never captured, so this copy may wait). */
 dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
     const size_t row_elems = (size_t)2 * kvq_.kvd;
     if (kv_codes_.kept.size() != (size_t)kvq_.n_layer * committed_.capacity * row_elems)
@@ -18402,8 +18497,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
-                          p.gen_length, p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d is not a multiple of block_length (--block) %d", p.gen_length,
+                          p.block_length);
     // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
     // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
     if (scheduled && p.steps > p.gen_length)
@@ -18586,7 +18682,8 @@ struct dllm__generation {
     bool done = false;                  // every block decoded (or early_stop)
     dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
-    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
+    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode
+     * too). */
     int total_steps() const {
         if (plan.steps_per_block) return plan.n_blocks * plan.steps_per_block;
         int prompt_masks = 0;
@@ -19134,10 +19231,11 @@ static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const
     if (rows <= fit) return DLLM_OK;
     const int mode = dllm__enum_int(ctx.params.kv_quant);
     const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
-    const std::string smaller = mode == DLLM_KV_QUANT_NONE
-                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
-                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
-                                    : std::string();
+    const std::string smaller =
+        mode == DLLM_KV_QUANT_NONE
+            ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
+                           dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+            : std::string();
     return dllm__fail(
         DLLM_ERR_OUT_OF_MEMORY,
         "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
@@ -19203,7 +19301,8 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
  * dllm_generate_batch (dllm__bd_batch_round: every live sequence's next forward in one bd_forward_batch) run the same
  * code: next() walks the loop up to its next forward and describes it, apply_logits (a COMMIT: the prefill or a
  * finished block) or apply_choices (a step) consumes its result. `at` is where the loop stands: PREFILL, BLOCK (the top
- * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`), DONE. */
+ * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`),
+ * DONE. */
 struct dllm__bd_generation {
     enum phase { PREFILL, BLOCK, LOOP, SUB, DONE };
     dllm_ctx &ctx;
@@ -19412,8 +19511,8 @@ struct dllm__bd_generation {
         return dllm__report_step(p, watch, step_info(b, step_in_b, committed));
     }
 
-    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
-     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
+    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where
+     * the backend chooses there, else dllm__choose here over the forward's logits (the twin). */
     dllm_status forward_choose(std::vector<dllm__choice> &ch) {
         ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
         if (ctx.impl->bd_chooses()) return ctx.impl->bd_forward_choose(call, pick, ch.data());
@@ -19525,8 +19624,9 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 // then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly as the solo step does.
 // Sequences join and leave between steps (dllm_stepper), each at its own block and step.
 
-/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation (the plain
- * and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its last step. */
+/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation
+ * (the plain and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its
+ * last step. */
 struct dllm__stepper_seq {
     enum state { JOINING, LIVE, ALONE, ENDED };  // ALONE: waits to decode whole, outside the batched forwards
     int id = 0;
@@ -19583,8 +19683,8 @@ static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &s
     return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
 }
 
-/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where the
- * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
+/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where
+ * the backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
 static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
                                        dllm__choice *choices) {
     if (plan.empty()) return DLLM_OK;
@@ -19660,8 +19760,8 @@ static dllm_status dllm__batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
     return DLLM_OK;
 }
 
-/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache, of
- * its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
+/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache,
+ * of its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
 static int dllm__batch_slots_needed(const dllm__stepper_seq &q, int &rows) {
     const dllm_gen_params &p = q.item.params;
     rows = q.item.n_prompt + p.gen_length;
@@ -19684,11 +19784,12 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
 // ---- Batched block diffusion (dllm_stepper, dllm_generate_batch on a block-diffusion model) -----------------------
-// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
-// round runs every live generation's next forward (dllm__bd_generation::next, asked as soon as the previous result is
-// applied) in ONE bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its
-// generation. A generation that is done, fails or is cancelled leaves at once. Each sequence runs the loop dllm_generate
-// runs, so it decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve).
+// Each round runs every live generation's next forward
+// (dllm__bd_generation::next, asked as soon as the previous result is applied) in ONE bd_forward_batch, whatever their
+// blocks, kinds, row counts and steps; each result goes back to its generation. A generation that is done, fails or is
+// cancelled leaves at once. Each sequence runs the loop dllm_generate runs, so it decodes exactly as alone wherever the
+// backend's batched forward gives each sequence its bd_forward's result.
 
 /* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
 static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
@@ -19756,13 +19857,15 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
 // ---- Continuous batching ----------------------------------------------------------------------------------------
 // A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
 // K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
-// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
-// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
-// dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
+// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their
+// slots; then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole,
+// through dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one
+// included.
 //
-// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
-// takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a long run
-// stop growing at what its largest concurrent sequences need; a live slot is never resized (the backend may move it).
+// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining
+// sequence takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a
+// long run stop growing at what its largest concurrent sequences need; a live slot is never resized
+// (the backend may move it).
 
 /* A K/V cache slot of a stepper: its rows and the sequence using it (-1: free). */
 struct dllm__kv_slot {
@@ -19858,7 +19961,8 @@ dllm_stepper::~dllm_stepper() {
     dllm__tls_error.swap(error);
 }
 
-/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
+/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched
+ * forwards. */
 const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
     if (!no_batch.empty()) return no_batch.c_str();
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
@@ -19884,8 +19988,8 @@ dllm__stepper_seq *dllm_stepper::find(int id) const {
     return nullptr;
 }
 
-/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not added,
- * its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
+/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not
+ * added, its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
 dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id) {
     if (seq_id) *seq_id = -1;
     DLLM__TRY(room());
@@ -20041,7 +20145,8 @@ void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
     q.at = dllm__stepper_seq::ENDED;
 }
 
-/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did not. */
+/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did
+ * not. */
 dllm_status dllm_stepper::cancel(dllm__stepper_seq &q) {
     if (q.at == dllm__stepper_seq::ENDED) return DLLM_OK;
     const dllm_status s =
@@ -20472,7 +20577,8 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (model->random_weights)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with dllm_model_load");
+                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with "
+                "dllm_model_load");
         if (model->soloq)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
@@ -20725,7 +20831,8 @@ dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_mod
     if (tok->n_vocab > model->cfg.n_vocab)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong together",
+            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong "
+            "together",
             tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
     return DLLM_OK;
 }

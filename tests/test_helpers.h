@@ -127,8 +127,13 @@ static std::string test_bf16_bytes(const std::vector<float> &v) {
 
 /* Copies a fixture model directory into a temp dir so a test can break one file of it. */
 static void test_copy_model(const std::string &from, const test_tmpdir &to) {
-    const char *files[] = {"config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json",
-                           "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    const char *files[] = {"config.json",
+                           "model.safetensors",
+                           "tokenizer_config.json",
+                           "generation_config.json",
+                           "model.safetensors.index.json",
+                           "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors"};
     for (const char *f : files) {
         std::string src = from + "/" + f;
         if (dllm__file_exists(src)) test_write_file(to.file(f), test_read_file(src));
@@ -188,8 +193,8 @@ static dllm_ctx *test_gpu_ctx(dllm_test_state &T_, dllm_model *m, int max_tokens
     return ctx;
 }
 
-/* The exact CPU forward's state before layer 0 over ids (the layer-by-layer accuracy tests): the embedded rows in b.h at
- * positions 0..T-1, the RoPE tables, every row a query row. */
+/* The exact CPU forward's state before layer 0 over ids (the layer-by-layer accuracy tests): the embedded rows in b.h
+ * at positions 0..T-1, the RoPE tables, every row a query row. */
 struct test_cpu_layer0 {
     dllm__cpu_buffers b;
     std::vector<float> cos_t, sin_t;

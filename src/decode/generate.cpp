@@ -147,8 +147,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
-                          p.gen_length, p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d is not a multiple of block_length (--block) %d", p.gen_length,
+                          p.block_length);
     // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
     // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
     if (scheduled && p.steps > p.gen_length)
@@ -331,7 +332,8 @@ struct dllm__generation {
     bool done = false;                  // every block decoded (or early_stop)
     dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
-    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
+    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode
+     * too). */
     int total_steps() const {
         if (plan.steps_per_block) return plan.n_blocks * plan.steps_per_block;
         int prompt_masks = 0;

@@ -63,8 +63,8 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
-/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
- * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
+ * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
@@ -91,9 +91,9 @@ struct dllm__gpu_committed {
     int n = 0, capacity = 0, block_rows = 0;
 };
 
-/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
- * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
- * commit quantises its layer's rows before the next layer's are written). */
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the
+ * committed sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd]
+ * (the layers take turns: a commit quantises its layer's rows before the next layer's are written). */
 struct dllm__gpu_kv_codes {
     dllm__kvq_kernels kernels;
     std::vector<dllm__rotation_dev> rotations;
@@ -145,8 +145,8 @@ struct dllm__gpu_debug {
     int last_layer_rows = 0;
 };
 
-/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
- * for few rows, q4wg and the INT8 path. */
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4
+ * GEMM for few rows, q4wg and the INT8 path. */
 struct dllm__gpu_lowbit {
     dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> module;  // loaded when options.enabled
@@ -158,7 +158,8 @@ struct dllm__gpu_lowbit {
     long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 };
 
-/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched
+ * forwards. */
 struct dllm__gpu_graphs {
     cudaGraphExec_t step_exec = nullptr;
     std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
@@ -292,8 +293,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
-    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
-     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs
+     * (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
     template <class F> dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
         dllm__forward_plan plan;
         dllm__seq_rows r;
@@ -317,17 +318,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
-     * only their codes). */
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot
+     * (the device keeps only their codes). */
     DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
-    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks'
+     * rows. */
     size_t bd_committed_bytes() const {
         return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
                kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
     DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash
+     * (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
@@ -499,9 +502,9 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
- * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
- * layer 0). */
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
+ * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
     if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
@@ -674,7 +677,8 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
     if (mode == DLLM__FP8_NONE) {
         dllm__log(
             DLLM_LOG_WARN,
-            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, "
+            "cuBLASLt's "
             "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;

@@ -2,13 +2,14 @@
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
-// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
-// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
-// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
-// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
-// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
-// included. A sequence that finishes is simply no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A
+// block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
+// the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
+// rows, at any block and of any step kind, go through the batched forward
+// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
+// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
+// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
+// the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
@@ -31,9 +32,10 @@ void dllm__gpu_backend::bkv_release() {
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
- * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
- * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with
+ * keep[s] keeps its K|V rows, copied to its place in a new layout
+ * (a stepper's live sequence while others join and leave); the same layout again moves nothing. A failure leaves the
+ * previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
     DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
     if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();

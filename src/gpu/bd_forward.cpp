@@ -14,7 +14,8 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
+            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by "
+            "bd_begin)",
             call.T, committed_.n, committed_.capacity);
     if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
@@ -71,7 +72,8 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     return DLLM_OK;
 }
 
-/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in bd_run. */
+/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in
+ * bd_run. */
 dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     const int T = call.T, out_rows = call.r1 - call.r0;
     float *h = act_.h.as<float>();
@@ -93,7 +95,8 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
 }
 
 /* The forward's launches (bd_layers), then with `head` the LM head over its output rows (one chunk: act_.logits), then
- * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in act_.state). */
+ * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in
+ * act_.state). */
 dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const int out_rows = call.r1 - call.r0;
     DLLM__TRY(bd_layers(call));
@@ -105,9 +108,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
                           act_.deferred.as<unsigned char>());
 }
 
-/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
- * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
- * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
+/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are
+ * taken for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per
+ * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const bool graph =
@@ -189,7 +192,8 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_s
             cudaGetLastError();
             dllm__log(
                 DLLM_LOG_INFO,
-                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is "
+                "instantiated again",
                 set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
@@ -210,8 +214,8 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
- * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
+ * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
     const dllm__config &c = model_.cfg;
@@ -230,7 +234,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                                          c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    if (kvq_.enabled())
         cache = after = (char *)kv_codes_.fresh.ptr;
     else
         cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
@@ -277,7 +282,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
- * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
+ * lacache mode, so that ON and OFF give the same bits. Not under kv_quant
+ * (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
     return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
@@ -366,7 +372,8 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
         pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)",
+            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most "
+            "%d)",
             n, pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
     DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion

@@ -89,8 +89,8 @@ struct dllm__linear {
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch).
- * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
- * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
- * sequence's rows get the same bits whatever else the batch holds. */
+ * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it
+ * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
+ * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
+ * alone. So a sequence's rows get the same bits whatever else the batch holds. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH };

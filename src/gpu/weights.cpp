@@ -79,12 +79,14 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     };
 }
 
-/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first
+ * generation. */
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
     DLLM__KVQ_KERNELS(DLLM__KERNEL_MEMBER)
 };
-/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head
+ * dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
     DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_MEMBER)
