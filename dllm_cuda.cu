@@ -68,8 +68,8 @@
 
 // Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
 // public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
-// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
-// #included (the tests do), which is what is intended.
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file
+// is #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif
@@ -302,12 +302,13 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            cuBLASLt's heuristic algorithm for every BF16 GEMM (no gemm_wg, nothing timed), the
  *                            attention on mma.sync (no flash_attn_wg) and over a quantised K/V cache on kvq_attention,
  *                            SoloQ's 4-bit GEMMs on q4_gemm and the INT8 path (no q4wg)
- *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages (the attention
- *                            tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring), fa_kv_ctas (split-KV
- *                            CTAs per SM), fa_wg_bc (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its
- *                            ring: 2 or 3), batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
- *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm (mma
- *                            or cublaslt: the FP8 GEMM instead of the architecture table's)
+ *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages
+ *                            (the attention tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring),
+ *                            fa_kv_ctas (split-KV CTAs per SM), fa_wg_bc
+ *                            (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its ring: 2 or 3),
+ *                            batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
+ *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm
+ *                            (mma or cublaslt: the FP8 GEMM instead of the architecture table's)
  * The other members are the features' own state, on by default; the tests turn one off to compare paths. */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm;
@@ -1444,11 +1445,13 @@ struct dllm_model {
     std::vector<dllm__layer_weights> layers;
     int64_t n_params = 0;
     // [quantised checkpoints] a directory written by dllm_model_quantize: the stored SoloQ linears (section 9b); the
-    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are null)
+    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are
+    // null)
     std::shared_ptr<const dllm__soloq_store> soloq;
     bool random_weights = false;  // dllm_model_load_random: weights are generated on the GPU
     uint64_t random_seed = 0;
-    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format, shared by the rest
+    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format,
+    // shared by the rest
     mutable std::mutex gpu_weights_mutex;
     mutable std::vector<std::weak_ptr<dllm__gpu_weights>> gpu_weights;
 };
@@ -2799,11 +2802,14 @@ static const struct {
 } dllm__pretok_patterns[] = {
     {DLLM__PRETOK_GPT2, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_LLAMA3,
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_QWEN2,
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
     {DLLM__PRETOK_LING,
-     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
+     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|"
+     "\\s+(?!\\S)|\\s+"},
 };
 
 /* Does c (at i) match the ASCII letter `lower`, case-insensitively if asked? Oniguruma folds case
@@ -3326,7 +3332,8 @@ static dllm_status dllm__tok_pretokenizer(dllm_tokenizer &t, const dllm__json *p
         !type_is(&seq->items[1], "ByteLevel"))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm implements)",
+            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm "
+            "implements)",
             what.c_str());
     const dllm__json &split = seq->items[0];
     const dllm__json *pattern = split.find("pattern"), *behavior = split.find("behavior");
@@ -3431,7 +3438,8 @@ static dllm_status dllm__tok_load_vocab_merges(dllm_tokenizer &t, const dllm__js
         std::none_of(known, known + 3, [&](const char *k) { return cls->str == k; }))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, DreamTokenizer)",
+            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, "
+            "DreamTokenizer)",
             config_path.c_str(), cls && cls->kind == dllm__json::STR ? "\"" : "",
             cls && cls->kind == dllm__json::STR ? cls->str.c_str() : "(missing)",
             cls && cls->kind == dllm__json::STR ? "\"" : "");
@@ -3499,7 +3507,8 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
     if (missing)
         dllm__log(
             DLLM_LOG_WARN,
-            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging Face",
+            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging "
+            "Face",
             t.dir.c_str(), missing);
     for (size_t i = 0; i < t.added.size(); i++) {
         const dllm__added_token &a = t.added[i];
@@ -4213,12 +4222,13 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     return m;
 }
 
-/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k] with
- * scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a multiple
- * of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups in order
- * as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32 (each product is exact: an E4M3
- * value has 4 significant bits). Only the order of G's sum differs from the tensor cores'. The tests' reference: the
- * CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the library itself never calls it. */
+/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k]
+ * with scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a
+ * multiple of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups
+ * in order as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32
+ * (each product is exact: an E4M3 value has 4 significant bits). Only the order of G's sum differs from the tensor
+ * cores'. The tests' reference: the CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the
+ * library itself never calls it. */
 [[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows,
                                                  const uint8_t *wq, const float *w_scale, int n, int k, uint16_t *y) {
     const int groups = k / dllm__fp8_group, w_ld = (groups + 3) / 4 * 4;
@@ -4303,9 +4313,9 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
         pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
-/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision (q: its FP8 or
- * SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards (bidirectional, block
- * diffusion) take it. */
+/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision
+ * (q: its FP8 or SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards
+ * (bidirectional, block diffusion) take it. */
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
@@ -5165,10 +5175,10 @@ static float dllm__nvfp4_s_enc(float amax) {
 
 // ---- the E8P lattice codebook (QuIP#'s E8P, spec 4.3) -----------------------------------------------------
 
-/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of norm^2 <= 10, in
- * lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings (five 3/2 and three
- * 1/2; listed by the positions of the 1/2s, the deduplicated list of latticee8_padded12_rvq4bit.py). The order is
- * dllm's own: no QuIP# file is ever read. */
+/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of
+ * norm^2 <= 10, in lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings
+ * (five 3/2 and three 1/2; listed by the positions of the 1/2s, the deduplicated list of
+ * latticee8_padded12_rvq4bit.py). The order is dllm's own: no QuIP# file is ever read. */
 static const uint8_t *dllm__e8p_abs(int index) {
     static const std::vector<uint8_t> table = [] {
         std::vector<uint8_t> t;
@@ -5532,7 +5542,8 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this "
+                "model has %d (use krpbh)",
                 dllm__haar_max_d, d);
     }
     return DLLM_OK;
@@ -5721,7 +5732,8 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
     }
 }
 
-// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path) -----
+// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path)
+// -----
 
 /* The largest |C| a format's codes decode to, for the formats whose C values are integers (spec 9.2 path A: INT8
  * tensor cores); 0 for NVFP4, whose C values are not. */
@@ -5761,8 +5773,8 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
 // ---- [W4 GEMM] q4wg's layout twin: canonical rows into the packed layout q4wg_gemm reads (GPU: q4wg_prepack) ----
 
 /* Per 64-row tile and 128-wide k block, 4096 bytes [h 0..1][thread 0..127][16 bytes]: byte 4 j + b of a thread's 16
- * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) + b
- * (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
+ * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) +
+ * b (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
 [[maybe_unused]] static void dllm__q4wg_prepack(const uint8_t *rows, int n, int k, uint8_t *packed) {
     auto nibble = [&](int row, int kk) { return rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15; };
     const int kb_count = k / 128;
@@ -5888,7 +5900,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (s.precision < 0)
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form)",
+            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, "
+            "rtn-w4a4 or a -w4a16 form)",
             file, v.c_str());
     bool head = false;
     DLLM__TRY(dllm__meta_flag(meta, file, "dllm.quantize_lm_head", head));
@@ -5898,7 +5911,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (v != dllm__q4_names[o.weights])
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are %s)",
+            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are "
+            "%s)",
             file, v.c_str(), dllm__precision_name(s.precision), dllm__q4_names[o.weights]);
     DLLM__TRY(dllm__meta_get(meta, file, "dllm.rotation", v));
     int rot = -1;
@@ -5936,7 +5950,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
         src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not the one "
+            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not "
+            "the one "
             "config.json describes (%s, %d layers, d=%d, ff %d, vocab %d)",
             file, dllm__family_name(src.family), src.n_layer, src.n_embd, src.n_ff, src.n_vocab,
             dllm__family_name(cfg.family), cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_vocab);
@@ -5984,7 +5999,8 @@ static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_
             if (q.block_scales[i] >= 0x7F)
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is damaged",
+                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is "
+                    "damaged",
                     bs->file->c_str(), prefix.c_str(), q.block_scales[i], i);
     }
     q.row_scale.resize((size_t)q.rows);
@@ -6011,7 +6027,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
         else if (mine != meta)
             return dllm__fail(
                 DLLM_ERR_FORMAT,
-                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one dllm-quantize run",
+                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one "
+                "dllm-quantize run",
                 first->file->path.c_str(), f->file->path.c_str());
     }
     if (!first) return DLLM_OK;
@@ -6020,7 +6037,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
             if (dllm__soloq_tensor_name(kv.first))
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised checkpoint "
+                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised "
+                    "checkpoint "
                     "names how it was made; quantise it again with dllm-quantize)",
                     kv.second->file->c_str(), kv.first.c_str());
         return DLLM_OK;
@@ -6066,7 +6084,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
 
 /* A context's precision on model m: AUTO resolves to what a quantised checkpoint holds (else BF16); on a quantised
  * checkpoint only the recorded weight format's two precisions (W4A4 and -W4A16) are valid, with the recorded rotation
- * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made without it). */
+ * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made
+ * without it). */
 static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int rotation, int bias_correction,
                                            int &precision) {
     precision = asked;
@@ -6080,7 +6099,8 @@ static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int r
     if (!dllm__precision_is_soloq(precision) || base(precision) != base(s.precision))
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision %s or "
+            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision "
+            "%s or "
             "%s-w4a16 (or leave it out), or load the unquantised model",
             m.dir.c_str(), dllm__q4_names[s.opt.weights], dllm__precision_name(s.precision),
             dllm__precision_name(precision), dllm__precision_name(base(s.precision)),
@@ -6625,10 +6645,10 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the bf16
- * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
- * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
- * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
+/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the
+ * bf16 sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to
+ * n_keys, each range cut at multiples of split_keys, so that no split mixes the two kinds
+ * (SoloQ's quantised values are in the rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
 static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[3], int hi[3]) {
     const int qa = std::min(n_sink, n_committed);
     lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;
@@ -7337,13 +7357,13 @@ struct dllm__batch_seq {
     int n = 0;
     const int32_t *positions = nullptr;  // RoPE position of each row; null: the row index
     int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
-    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their K/V
-    // written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step, every
-    // row forwarded, the cache (re)started with n rows
+    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their
+    // K/V written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step,
+    // every row forwarded, the cache (re)started with n rows
     int q0 = 0, q1 = 0, slot = -1;
     bool fill = false;
-    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with these
-    // parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
+    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with
+    // these parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
     const dllm__sampling *sampling = nullptr;
     int step = 0;
 };
@@ -7395,8 +7415,9 @@ struct dllm__backend_impl {
     }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
-    /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
-     * otherwise section 17 runs dllm__choose on the host over bd_forward's logits, which is the twin. */
+    /* Whether the backend chooses a step's tokens where its logits are
+     * (bd_forward_choose: every row of the pick, out[n]); otherwise section 17 runs dllm__choose on the host over
+     * bd_forward's logits, which is the twin. */
     virtual bool bd_chooses() const { return false; }
     virtual dllm_status bd_forward_choose(const dllm__bd_call &, const dllm__bd_pick &, dllm__choice *) {
         return dllm__fail(DLLM_ERR_INTERNAL, "this backend chooses block-diffusion tokens on the host");
@@ -7404,9 +7425,10 @@ struct dllm__backend_impl {
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
     /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
-     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
-     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
-     * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state
+     * (a live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them.
+     * Unsupported (the reason in the message): dllm_generate_batch decodes block-diffusion items one after another
+     * through bd_forward. */
     virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
@@ -7414,10 +7436,11 @@ struct dllm__backend_impl {
     dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
-     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
-     * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
-     * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
-     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. */
+     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after
+     * another in `logits`. Sequences with a pick: pick->n choices each
+     * (dllm__choose at pick->pos0 + i, step 0, over raw row pick->logits_row(i) of [r0, r1): what
+     * dllm__bd_generation::forward_choose computes), one sequence after another in `choices`. A COMMIT advances its
+     * slot's committed length, as bd_forward does. */
     virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
@@ -7433,9 +7456,9 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
-    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
-     * Replaces the previous layout; an empty list releases them. */
+    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows,
+     * for every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout
+     * puts it. Replaces the previous layout; an empty list releases them. */
     virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
@@ -7447,8 +7470,8 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
-    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose); otherwise
-     * dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
+    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose);
+     * otherwise dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
     virtual bool batch_chooses() const { return false; }
     /* forward_batch (kv false) or forward_batch_kv (kv true) of a plan in which the sequences with a sampling
      * (dllm__batch_seq) have their tokens chosen by the backend: rows [r0, r1) of each, one sequence after another, in
@@ -7460,8 +7483,8 @@ struct dllm__backend_impl {
     }
 };
 
-/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
- * a live cache is moved, never resized. */
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same
+ * size: a live cache is moved, never resized. */
 static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
                                           const std::vector<int> &had) {
     for (size_t s = 0; s < keep.size(); s++)
@@ -7652,9 +7675,10 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return bd_forward_on(bd_kv_, kvq_, call, logits);
     }
 
-    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
-     * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
-     * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone
+     * (its committed cache, block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch
+     * runs each sequence through bd_forward's code on its slot, one after another, so every result is bd_forward's bit
+     * for bit. */
     using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
@@ -7671,8 +7695,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
         bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
-    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
-     * them on the host (every row of the pick: the caller reads the masked ones). */
+    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose
+     * makes them on the host (every row of the pick: the caller reads the masked ones). */
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override {
         const int V = m_.cfg.n_vocab;
         std::vector<bool> seen(bd_slots_.size(), false);
@@ -7941,7 +7965,8 @@ static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std
         if (!h) {
             result = DLLM_ERR_NO_DEVICE;
             error = dllm__format(
-                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
+                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add "
+                "its lib64 "
                 "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library",
                 stem, major, tried.c_str(), package);
         } else if (!resolve(h, missing)) {
@@ -8036,7 +8061,8 @@ static dllm_status dllm__nccl_open(const std::vector<std::string> &candidates, d
         return dllm__fail(
             DLLM_ERR_NO_DEVICE,
             "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
-            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
+            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in "
+            "NCCL_HOME; "
             "one GPU (n_devices 0 or 1) needs no NCCL",
             tried.c_str());
 #define DLLM__NCCL_RESOLVE(name, ret, args)                                                                            \
@@ -8313,56 +8339,56 @@ typedef unsigned long long u64;
 
 /* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
-#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
-    X(const bf16_t *, q)                                                                                                 \
-    X(const bf16_t *, k)                                                                                                 \
-    X(const bf16_t *, v)                                                                                                 \
-    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                        \
-        X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */            \
-        X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
-        X(u64, q_bstride) X(u64, o_bstride)                                                                              \
-            X(const dllm_step_state *,                                                                                   \
-              st)            /* current block: its KV tiles are visited last; null or empty: plain order */              \
-        X(float, scale_log2) /* log2(e) / sqrt(HD) */                                                                    \
-        X(int, fa_mode)      /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */            \
-        X(float *, fa_state) /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */            \
-        X(int,                                                                                                           \
-          kv_splits) /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
-        X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                   \
-        X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */    \
-        X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                   \
-        X(const int *,                                                                                                   \
-          q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */              \
-        X(const int *,                                                                                                   \
-          kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
-        X(const int *,                                                                                                   \
-          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */ \
-        X(const int *, varlen_splits) /* varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) */ \
-                                      /* and the offset of its partial states in partial (floats) */
+#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                      \
+    X(const bf16_t *, q)                                                                                               \
+    X(const bf16_t *, k)                                                                                               \
+    X(const bf16_t *, v)                                                                                               \
+    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                      \
+    X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */              \
+    X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                      \
+    X(u64, q_bstride) X(u64, o_bstride)                                                                                \
+    X(const dllm_step_state *, st) /* current block: its KV tiles are visited last; null or empty: plain order */      \
+    X(float, scale_log2)           /* log2(e) / sqrt(HD) */                                                            \
+    X(int, fa_mode)                /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */    \
+    X(float *, fa_state)           /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */    \
+    /* kv_splits: CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */     \
+    X(int, kv_splits)                                                                                                  \
+    X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                     \
+    X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */      \
+    X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                     \
+    X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */   \
+    /* kv_offsets: [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */             \
+    X(const int *, kv_offsets)                                                                                         \
+    /* varlen_masks: varlen, or null: [batch][2] sequence b's (mask_block, q_index0), keys counted from its first */   \
+    X(const int *, varlen_masks)                                                                                       \
+    /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
+    /* partial states start in partial (floats) */                                                                  \
+    X(const int *, varlen_splits)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
 /* soloq_quantize_rows's arguments: bf16 rows of x rotated by R = mixer . FWHT_b . signs . perm (a
  * null array is the identity) and quantised in `format` (dllm__q4_format). */
-#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
-    X(const void *, x)                                                                                                                                \
-    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
-    X(const int *, perm)                                                                                                                              \
-    X(const unsigned char *, signs)                                                                                                                   \
-    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                                                           \
-        X(unsigned char *, codes)                                                                                                                     \
-            X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
-        X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
-        X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                                             \
-            X(const float *, norm_w) /* producer 1's operands */                                                                                      \
-        X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) X(                                 \
-            int,                                                                                                                                      \
-            producer) /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
-        X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                                                    \
-        X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                                                \
-        X(float, eps)      /* producer 1's RMSNorm epsilon */                                                                                         \
-        X(signed char *,                                                                                                                              \
-          values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
+#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                     \
+    X(const void *, x)                                                                                                 \
+    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                          \
+    X(const int *, perm)                                                                                               \
+    X(const unsigned char *, signs)                                                                                    \
+    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                            \
+    X(unsigned char *, codes)                                                                                          \
+    X(unsigned char *, block_scales)          /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */           \
+    X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                           \
+    X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                  \
+    X(const float *, norm_w) /* producer 1's operands */                                                               \
+    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)         \
+    /* producer: 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of    \
+     * the [gate | up] rows x */                                                                                       \
+    X(int, producer)                                                                                                   \
+    X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                         \
+    X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                     \
+    X(float, eps)      /* producer 1's RMSNorm epsilon */                                                              \
+    /* values_i8: the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */           \
+    X(signed char *, values_i8)
 
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state {
@@ -8391,7 +8417,8 @@ static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
     return dllm__format(
-               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
+               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, "
+               "REMASK_ORIGIN = %d };\n",
                DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
                DLLM_REMASK_ORIGIN) +
            DLLM__XSTR(struct dllm_step_state{DLLM__STEP_STATE_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
@@ -8500,7 +8527,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 )DLLM";
-#line 200 "src/gpu/kernel_table.cpp"
+#line 201 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
 #define DLLM__ROWWISE_KERNELS(X)                                                                                       \
@@ -8606,7 +8633,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 )DLLM";
-#line 221 "src/gpu/kernel_table.cpp"
+#line 222 "src/gpu/kernel_table.cpp"
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
@@ -8645,9 +8672,9 @@ KERNEL_add_rmsnorm {
 }
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
- * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
- * cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows, so
- * that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
+ * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the
+ * same cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows,
+ * so that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
 KERNEL_rope_qkv {
     pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
@@ -8686,8 +8713,8 @@ KERNEL_rope_qkv {
 }
 
 /* Twin: dllm__cpu_llama4_scale. [Llama-4 query scaling] (Nemotron) after RoPE, in place on the first `width` (the query
- * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta log(1 + floor(pos / orig_max)).
- * Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
+ * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta
+ * log(1 + floor(pos / orig_max)). Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
 KERNEL_llama4_scale_q {
     pdl_enter();
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -8771,7 +8798,7 @@ KERNEL_find_nonfinite_bf16 {
         if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
-#line 224 "src/gpu/kernel_table.cpp"
+#line 225 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
 #define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
@@ -8840,7 +8867,7 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     return s > 0.f ? s : 1.f;
 }
 )DLLM";
-#line 242 "src/gpu/kernel_table.cpp"
+#line 243 "src/gpu/kernel_table.cpp"
 
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = R"DLLM(
@@ -8959,9 +8986,10 @@ KERNEL_quantize_weight_blocks {
     }
 }
 )DLLM";
-#line 245 "src/gpu/kernel_table.cpp"
+#line 246 "src/gpu/kernel_table.cpp"
 
-/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
+/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision):
+ * X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
     X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
@@ -9123,8 +9151,8 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float
     __syncthreads();
 }
 
-/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r owns
- * the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
+/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r
+ * owns the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
  * mixer reads the other slices, and the reductions combine per-CTA partials, through distributed shared memory. */
 struct soloq_slice {
     int C, r, i0, n;  // CTAs a row, this one's rank, its slice
@@ -9260,9 +9288,10 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     return B;
 }
 
-/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments' sums (one warp each), then all
- * of them added in order from every CTA's `seg` (a cluster-shared array of at most 32 sums). Every thread of every CTA
- * returns the same bits. Ends with a barrier across the cluster. */
+/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments'
+ * sums (one warp each), then all of them added in order from every CTA's `seg`
+ * (a cluster-shared array of at most 32 sums). Every thread of every CTA returns the same bits. Ends with a barrier
+ * across the cluster. */
 __device__ float soloq_row_dot(const float *x, const float *y, int d, const soloq_slice &s, float *seg) {
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
     const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
@@ -9280,8 +9309,8 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 }
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
- * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added in
- * order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+ * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -9309,8 +9338,9 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     return make_float2(amax, sum);
 }
 
-/* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
- * the work split by pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+/* Codes and C values of this CTA's slice of a nonzero row
+ * (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by pairs of
+ * elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
 template <bool E8P>
 __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma,
                              unsigned char *codes, unsigned char *bs, float *val) {
@@ -9387,10 +9417,10 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
 }
 
 /* One row (this CTA's slice of it): its source rotated by R and, with a.quantize, quantised in a.format (twin:
- * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the
- * row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the
- * rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of
- * shared memory. */
+ * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights),
+ * the row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without
+ * a.quantize the rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two
+ * fp32 rows of shared memory. */
 template <bool E8P>
 __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     __shared__ float seg[32];
@@ -9475,7 +9505,8 @@ __device__ __forceinline__ void soloq_values8(int format, const unsigned char *p
     }
 }
 
-/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
+/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a
+ * thread. */
 KERNEL_soloq_dequantize_rows {
     pdl_enter();
     const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -9530,11 +9561,11 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 264 "src/gpu/kernel_table.cpp"
+#line 266 "src/gpu/kernel_table.cpp"
 
-/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
- * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
- * functions, which this module compiles beside its own), and the block step's attention reading the quantised
+/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
+ * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
+ * device functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
     X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
@@ -9581,7 +9612,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 301 "src/gpu/kernel_table.cpp"
+#line 303 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9634,8 +9665,8 @@ __device__ __forceinline__ float kvq_soloq_c(u32 code, int bits) {
     return code & 2u ? -LLOYD2_LEVELS[code & 1u] : LLOYD2_LEVELS[code & 1u];
 }
 
-/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels of
- * that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
+/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels
+ * of that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
 KERNEL_kvq_commit_keys {
     pdl_enter();
     const int kvd = a.n_kv * a.hd, row_bytes = kvd * a.bits / 8, per = 8 / a.bits;
@@ -9774,7 +9805,8 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
         a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
 
-/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
+/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its
+ * codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
 /* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */
@@ -9840,7 +9872,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 303 "src/gpu/kernel_table.cpp"
+#line 305 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -9863,7 +9895,8 @@ KERNEL_kvq_attention {
  *     output, the running max (log2 domain) and the normaliser in `partial` [split][n_head][q_rows][hd + 2].
  *   kvq_flash_combine: one warp per (query row, head) merges the splits in split order, the quantised ones of SoloQ
  *     apart and rotated back once (kvq_rotate_back) before they join the bf16 ones.
- * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible key. */
+ * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible
+ * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
     X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
@@ -9922,8 +9955,8 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 }
 
 /* A stage: the raw K and V codes of a tile's keys [KVQ_TC_BC][KVQ_HD / 2] each (2-bit rows use the first half), the K
- * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
- * [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
+ * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side
+ * (KIVI pair or SoloQ scale) [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
 #define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
@@ -10185,7 +10218,8 @@ KERNEL_kvq_flash {
                 kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2,
                              o, m, l);
     };
-    if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
             kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
@@ -10234,8 +10268,9 @@ KERNEL_kvq_flash {
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights 2^(m_s - max),
- * SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum normalised. */
+/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+ * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
+ * normalised. */
 KERNEL_kvq_flash_combine {
     pdl_enter();
     __shared__ float acc[256], racc[256], T0[256], T1[256];
@@ -10261,17 +10296,17 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 332 "src/gpu/kernel_table.cpp"
+#line 335 "src/gpu/kernel_table.cpp"
 
-/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
- * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
- * online-softmax state over the committed keys [0, n_committed) and stores it at the row's block offset; bdfa_merge
- * computes every row's state over the forward's own keys [n_committed, n_visible) and merges it with the stored one.
- * The cached path lists only the rows whose token changed; the uncached path lists every row: the same kernels in the
- * same order, so both give the same bits. bdfa_committed splits the committed keys over DLLM_BDFA_WARPS warps of a CTA
- * per (row, head) and merges their states in warp order (a warp walking 1024 keys alone is latency-bound: 0.7 ms more
- * than flash_attn for a 32-row step of the 7B shape, measured); bdfa_merge (the forward's own keys, a block at most)
- * keeps a warp per (row, head). */
+/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
+ * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
+ * of a forward, each head's online-softmax state over the committed keys [0, n_committed) and stores it at the row's
+ * block offset; bdfa_merge computes every row's state over the forward's own keys [n_committed, n_visible) and merges
+ * it with the stored one. The cached path lists only the rows whose token changed; the uncached path lists every row:
+ * the same kernels in the same order, so both give the same bits. bdfa_committed splits the committed keys over
+ * DLLM_BDFA_WARPS warps of a CTA per (row, head) and merges their states in warp order
+ * (a warp walking 1024 keys alone is latency-bound: 0.7 ms more than flash_attn for a 32-row step of the 7B shape,
+ * measured); bdfa_merge (the forward's own keys, a block at most) keeps a warp per (row, head). */
 #define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
     X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
     X(const bf16_t *, q)                                                                                               \
@@ -10387,7 +10422,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 365 "src/gpu/kernel_table.cpp"
+#line 368 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10408,11 +10443,11 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 370 "src/gpu/kernel_table.cpp"
+#line 373 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
- * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
- * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
+ * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
+ * W^T on the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
  * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
  * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
  * of 128; any N.
@@ -10559,7 +10594,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 388 "src/gpu/kernel_table.cpp"
+#line 391 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -10868,7 +10903,8 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
             for (int h = 0; h < 2; h++)
                 q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
         // row r = 8 mt + g's slot q4_act_slot(4 t + j, r) = 4 (j ^ p) + (t ^ p), p = g & 1, and 4 (j ^ p) = 4 j + 4 p
-        // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
+        // for even j, 4 j - 4 p for odd j: two bases with constant offsets
+        // (ptxas keeps a register an address otherwise)
         const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -10995,7 +11031,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 474 "src/gpu/kernel_table.cpp"
+#line 477 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11345,8 +11381,9 @@ KERNEL_select_commit {
             continue;
         }
         int rank = 0;
-        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n) never
-        // changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never errors.
+        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n)
+        // never changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never
+        // errors.
         for (int j = 0; j < n && rank < k; j++) {
             if (rank_of[j] == n || j == i) continue;
             int rj = lo + j - row0;
@@ -11379,7 +11416,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 490 "src/gpu/kernel_table.cpp"
+#line 493 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11548,8 +11585,8 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
-/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
- * before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
+/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the
+ * keys before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
 }
@@ -11626,7 +11663,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
     rescale_o<DT>(o, corr);
 }
 
-/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
+/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8),
+ * (g + 8, 2t + 8). */
 template <int NT> __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
     pa[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
     pa[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
@@ -11700,7 +11738,8 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
  * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
- * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares. */
+ * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
+ * */
 __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
     const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
     const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
@@ -11720,8 +11759,9 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split
  * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence): one
- * more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it was. */
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence):
+ * one more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it
+ * was. */
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
@@ -11861,7 +11901,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 498 "src/gpu/kernel_table.cpp"
+#line 501 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -11958,7 +11998,8 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 /* One TMA box of map at (column x, row y, batch z) into shared memory at dst, completing on bar. */
 __device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, int y, int z, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar)
         : "memory");
@@ -11982,7 +12023,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 504 "src/gpu/kernel_table.cpp"
+#line 507 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12045,9 +12086,9 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
- * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
- * scores may start before V is in. */
+/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS
+ * once both consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers,
+ * so the scores may start before V is in. */
 template <int HD, int BC, int NS>
 __device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full,
                                            u32 v_full, u32 empty, int q0, int h, int kvh, int b, int n_tiles) {
@@ -12179,7 +12220,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 516 "src/gpu/kernel_table.cpp"
+#line 519 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12197,7 +12238,8 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
  * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). Nor on BN: an
  * output's k-loop is the same sequence of k16 products at every width, so the widths give the same bits and a caller
- * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and H200). */
+ * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and
+ * H200). */
 static const char *dllm__src_gemm_wg = R"DLLM(
 #line 1 "src/kernels/gemm_wg.cuh"
 struct gemm_tensor_maps {
@@ -12212,7 +12254,8 @@ __device__ __forceinline__ void cluster_sync() {
  * kernel took about 1.5x as long on an H200. */
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
     asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
             "r"(bar),
         "r"(rank)
         : "memory");
@@ -12220,7 +12263,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
 /* tma_load into the same offset of every CTA of the cluster (both here), completing on each one's barrier. */
 __device__ __forceinline__ void tma_load_both(u32 dst, const tensor_map &map, int x, int y, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+        "[%1, {%2, %3, %4}], [%5], %6;\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3)
         : "memory");
@@ -12384,7 +12428,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 535 "src/gpu/kernel_table.cpp"
+#line 539 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12409,7 +12453,8 @@ DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_
 
 static const char *dllm__src_kv_scatter = R"DLLM(
 #line 1 "src/kernels/kv_scatter.cuh"
-/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned rows). */
+/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned
+ * rows). */
 KERNEL_kv_scatter_rows {
     pdl_enter();
     const int r = blockIdx.x;
@@ -12419,7 +12464,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 558 "src/gpu/kernel_table.cpp"
+#line 562 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the gather
@@ -12536,7 +12581,8 @@ KERNEL_moe_route {
         float bv = -DLLM_INF;
         int bi = 0x7fffffff;
         for (int g = lane; g < n_group; g += 32)
-            if (!group_kept[g] && (group_score[g] > bv || (group_score[g] == bv && g < bi))) bv = group_score[g], bi = g;
+            if (!group_kept[g] && (group_score[g] > bv || (group_score[g] == bv && g < bi)))
+                bv = group_score[g], bi = g;
         moe_warp_best(bv, bi);
         __syncwarp();
         if (lane == 0 && bi < n_group) group_kept[bi] = 1;
@@ -12601,7 +12647,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 580 "src/gpu/kernel_table.cpp"
+#line 584 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -12953,7 +12999,8 @@ static std::string dllm__src_soloq_tables() {
     s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment,
                       dllm__soloq_quantize_threads);
     s += dllm__format(
-        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
+        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n"
+        "#define E8P_ENC_SCALE %af\n",
         dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
     for (float t : dllm__lloyd4_thresholds) s += dllm__format("%af, ", t);
@@ -12980,8 +13027,8 @@ static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
             arch.target};
 }
 
-/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one (so that an H200 can
- * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one
+ * (so that an H200 can test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
     const char *v = dllm__env().fp8_gemm.c_str();
@@ -12990,7 +13037,8 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is "
+                "sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
@@ -13114,7 +13162,8 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
  * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
  * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
  * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
- * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+ * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128
+ * only. */
 static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
     if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
     if (hd > 128) {
@@ -13163,7 +13212,8 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 
 /* The varlen flash_attn alone, in a module of its own: compiled (or read from the disk cache) by the first batched
  * forward, so that contexts that never batch pay nothing for it. */
-/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V cache. */
+/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V
+ * cache. */
 static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
     return {"dllm_kv_scatter",
             dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
@@ -13187,9 +13237,9 @@ static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
  * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the
  * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
  * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 with the
- * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
- * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
- * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
+ * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200,
+ * batch 1: 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the
+ * tile: each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
  * (gpu_batch.varlen_attention_equals_each_sequence_alone and gpu_bd_batch.masked_varlen_attention_* compare both with
  * the solo kernel). So the choice may follow the batch's shape without breaking batch invariance. */
@@ -13216,8 +13266,8 @@ static size_t dllm__attn_smem(int hd, const dllm__arch &a) {
     return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2;
 }
 
-/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would not fit the SMs in one
- * wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
+/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would
+ * not fit the SMs in one wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
 static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows,
                                     int n_sms, int smem_per_sm) {
     const size_t table_smem = dllm__attn_smem(head_dim, arch) + 1024;
@@ -13670,7 +13720,8 @@ struct dllm__gemm {
                 op.kind(), op.M, op.N, op.K, best_us, first_us, found);
         else
             dllm__log_verbose(
-                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first "
+                "%.1f us; %d timed",
                 op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
     /* Mean time (ms) of three runs of `launch` on the stream after a warm-up run; infinite if one fails. */
@@ -13783,7 +13834,8 @@ struct dllm__gemm {
         return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
     DLLM__TEST_HOOKS_END
-    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's algorithm. */
+    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's
+     * algorithm. */
     dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N,
                         int K, cudaStream_t stream, bool pinned = false) {
         DLLM__TRY(dllm__check_fp8_shape(M, K));
@@ -13873,8 +13925,8 @@ struct dllm__fp8_mma {
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
-/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_TILES=fp8_gemm=mma),
- * with fewer stages where its shared memory per block is smaller. */
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles
+ * (DLLM_TILES=fp8_gemm=mma), with fewer stages where its shared memory per block is smaller. */
 static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     int dev = 0, optin = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
@@ -13969,8 +14021,8 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
 }
 
 /* CTAs of q4_gemm an H200 SM holds at once (about 140 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4
- * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow
- * with the resident warps. */
+ * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth,
+ * grow with the resident warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -13993,11 +14045,12 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     return splits > 1 ? (size_t)splits * M * N : 0;
 }
 
-/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
- * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
+/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for
+ * M <= 64 activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
- * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
+ * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace:
+ * dllm__q4_gemm_workspace_floats(M, N, K) floats (may be null when that is 0). Deterministic, and a row's result does
+ * not depend on M. */
 static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes,
                                      const void *block_scales, const float *row_scale, const void *A, int lda,
                                      const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M,
@@ -14290,7 +14343,9 @@ static const dllm__splitk_config dllm__splitk_configs[] = {
 static const int dllm__splitk_configs_n = 4, dllm__splitk_spread_rows = 128, dllm__splitk_tile = 128;
 static const int dllm__splitk_max_tiles = 1024;  // the tile counters at the workspace's start: N up to 131072
 
-static size_t dllm__splitk_smem(const dllm__splitk_config &c) { return (size_t)c.ns * (128 + c.nt) * 128 + 1024 + 16 * c.ns; }
+static size_t dllm__splitk_smem(const dllm__splitk_config &c) {
+    return (size_t)c.ns * (128 + c.nt) * 128 + 1024 + 16 * c.ns;
+}
 
 static std::string dllm__splitk_name(const dllm__splitk_config &c) {
     return dllm__format("gemm_splitk<%d,%d,%s>", c.ns, c.nt, c.spread ? "true" : "false");
@@ -14348,7 +14403,8 @@ struct dllm__gemm_splitk {
 /* The module for the current device (sm_90a only: wgmma, TMA). */
 static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk &out) {
     if (a.cc != 90 || !dllm__tensor_map_encoder())
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "gemm_splitk runs on sm_90a (wgmma, TMA) only, this GPU is sm_%d", a.cc);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "gemm_splitk runs on sm_90a (wgmma, TMA) only, this GPU is sm_%d",
+                          a.cc);
     DLLM__TRY(dllm__jit_load(dllm__module_gemm_splitk(a), out.module));
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
@@ -14365,8 +14421,8 @@ static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk
 /* Y [M x N] (bf16) = X [M x K] . W [N x K]^T, every row the bits it has at any other M: SPREAD at up to 128 rows, the
  * other mode in launches of 128-row token tiles above, on as many CTAs as there are units (at most one an SM). ws: the
  * dllm__splitk_workspace_floats(N, splits) floats, its counters zero (the launches leave them zero). */
-static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M, int N,
-                                         int K, float *ws, size_t ws_floats, cudaStream_t stream) {
+static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M,
+                                         int N, int K, float *ws, size_t ws_floats, cudaStream_t stream) {
     if (!dllm__splitk_takes(X, W, Y, N, K) || N / dllm__splitk_tile > dllm__splitk_max_tiles || M < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "gemm_splitk: M = %d, N = %d, K = %d: N must be a multiple of 128, K of 64, the operands "
@@ -14487,10 +14543,10 @@ struct dllm__linear {
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch).
- * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
- * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
- * sequence's rows get the same bits whatever else the batch holds.
+ * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it
+ * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
+ * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
+ * alone. So a sequence's rows get the same bits whatever else the batch holds.
  * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas) is INDEPENDENT on gemm_splitk, fast at a
  * few rows, where it takes the operands; FILL (a K/V cache's full forward) is BATCH's single launch. A batched forward
  * gives each sequence its kind's GEMM (batch_.gemm_runs) and a solo forward under a K/V cache takes the same
@@ -14539,12 +14595,13 @@ static const char *dllm__src_q4_wgmma = R"DLLM(
  * and wgmma s8.s8 accumulates 8 acc (SoloQ-I) or 16 acc (RTN) exactly: |8 * 15 * 128 * K| < 2^31 up to K = 139810.
  * The epilogue shifts right by 3 / 4 (exact: the sums are multiples of 8 / 16).
  *
- * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb, 4096 bytes:
+ * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb,
+ * 4096 bytes:
  *   [T][kb][h = 0, 1][thread 0..127][16 bytes]; 16 bytes = 4 words; word j covers k32 step s = 2h + (j >> 1) and row
- *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble = W[row][32 s + 4 (lane%4) + b],
- *   high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo) and 2 (hi), word (s, 1) -> 1 and 3:
- *   CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0 = (row 16 w + g + 8 v1,
- *   k 4 t + v0 + 16 v2).
+ *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble =
+ *   W[row][32 s + 4 (lane%4) + b], high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo)
+ *   and 2 (hi), word (s, 1) -> 1 and 3: CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0
+ *   = (row 16 w + g + 8 v1, k 4 t + v0 + 16 v2).
  *
  * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
  * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments
@@ -15024,7 +15081,7 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
 // ---------------------------------------------------------------------------------------------------
 
 struct dllm__gpu_layer {
-    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
+    dllm__linear qkv, o, gu, down;  // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
     dllm__dbuf attn_norm, ffn_norm, b_qkv;  // fp32
     // [MoE] LLaDA2: the QK-norm weights (fp32 [head_dim], empty without QK-norm); a MoE layer's router (bf16 [E x d]),
     // expert bias (fp32 [E]), each routed expert's gate|up rows and down, the shared expert's (empty without one)
@@ -15061,7 +15118,6 @@ struct dllm__sampler_kernels {
 };
 struct dllm__soloq_kernels {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_MEMBER)
-#undef DLLM__KERNEL_MEMBER
     int max_smem = 0;       // dynamic shared memory a CTA may take here
     bool clusters = false;  // sm_90+: a row may be split over a cluster of CTAs (dllm__soloq_split)
 };
@@ -15085,14 +15141,11 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
     set.clusters = cc >= 90;
     return DLLM_OK;
 }
-#undef DLLM__KERNEL_BIND
 
-/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
 /* [FACache] on block diffusion: the layer-0 split attention (dllm__src_bdfa), loaded at its first use. */
 struct dllm__bdfa_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_bdfa_committed> committed;
-    dllm__kernel<dllm__sig_bdfa_merge> merge;
+    DLLM__BDFA_KERNELS(DLLM__KERNEL_MEMBER)
 };
 
 static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
@@ -15107,19 +15160,25 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     };
 }
 
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first
+ * generation. */
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
-    dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
-    dllm__kernel<dllm__sig_kvq_attention> attention;
+    DLLM__KVQ_KERNELS(DLLM__KERNEL_MEMBER)
 };
-/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head
+ * dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_flash> flash;
-    dllm__kernel<dllm__sig_kvq_flash_combine> combine;
+    DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_MEMBER)
+#undef DLLM__KERNEL_MEMBER
     int hd = 0, smem_optin = 0;
 };
+
+static void dllm__bind(dllm__bdfa_kernels &set, dllm__module &mod) { DLLM__BDFA_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_kernels &set, dllm__module &mod) { DLLM__KVQ_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_tc_kernels &set, dllm__module &mod) { DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_BIND) }
+#undef DLLM__KERNEL_BIND
 
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
     if (v.empty()) return DLLM_OK;
@@ -15335,7 +15394,8 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
-/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin: dllm__quantize_blocks. */
+/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
+ * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
@@ -15352,7 +15412,8 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
 }
 
 /* [SoloQ] The arguments of soloq_quantize_rows / soloq_produce_rows for `rows` rows d wide, rotated by rot and, with
- * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the caller's. */
+ * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the
+ * caller's. */
 static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
                                    bool bias_correction, int rows, int d, void *row_scale, void *values) {
     soloq_args a = {};
@@ -15364,9 +15425,9 @@ static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_forma
     return a;
 }
 
-/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into slices
- * of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block step
- * then fills the GPU instead of 32 of its SMs. */
+/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into
+ * slices of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block
+ * step then fills the GPU instead of 32 of its SMs. */
 static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     if (!k.clusters || d <= dllm__soloq_segment || d % dllm__soloq_segment) return 1;
     for (int C = 8; C > 1; C--)
@@ -15374,11 +15435,11 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
-/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The norm
- * producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a warp);
- * many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024
- * forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 ->
- * 11.4. */
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The
+ * norm producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a
+ * warp); many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200
+ * (LLaDA-8B, SoloQ-I, N=1024 forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer
+ * (rows of 12288) slower, 8.9 -> 11.4. */
 static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
     if (a.producer == 1) return dllm__norm_threads(a.d / 8);
     const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
@@ -15421,11 +15482,12 @@ static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const
 }
 
 /* [INT8 GEMM] y [M x N] (bf16 or fp32, row stride ldy) = ((float)(X . C_w^T) s_x) s_w: X the int8 C values of M
- * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format (codes [N][K / 2],
- * row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8 (chunk x K bytes), cuBLASLt's
- * INT8 GEMM into acc (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result
- * never depends on M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on
- * the rows' C values (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
+ * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format
+ * (codes [N][K / 2], row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8
+ * (chunk x K bytes), cuBLASLt's INT8 GEMM into acc
+ * (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result never depends on
+ * M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on the rows' C values
+ * (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
 static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f,
                                           const void *codes, const float *s_w, const void *X, const float *s_x, void *y,
                                           int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
@@ -15436,7 +15498,8 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
     if (M < 0 || K <= 0 || K % 8 || N % 4 || chunk <= 0 || chunk % 4 || ldy < N)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
+            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= "
+            "N",
             K, N, chunk, ldy);
     if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
@@ -15477,8 +15540,8 @@ static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_o
     return DLLM_OK;
 }
 
-/* [W4 GEMM] A layer's linears that q4wg takes, into its layout (the LM head keeps section 9b's rows: its many rows would
- * need a workspace of their own). */
+/* [W4 GEMM] A layer's linears that q4wg takes, into its layout (the LM head keeps section 9b's rows: its many rows
+ * would need a workspace of their own). */
 static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4wg_kernels &k, cudaStream_t stream) {
     for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
         if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
@@ -15521,8 +15584,8 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
     return DLLM_OK;
 }
 
-/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its
- * work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
+/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches
+ * its work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
 static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
                                               const dllm__progress &progress) {
     if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
@@ -15633,8 +15696,8 @@ struct dllm__activations {
     dllm__dbuf gu;     // bf16 [M_pad][2 ff]: gate|up rows
     dllm__dbuf f;      // bf16 [M][ff]: SwiGLU output
     dllm__dbuf y;      // bf16 [sequences x L][d]: the final norm's output
-    dllm__dbuf
-        h_cut;  // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    dllm__dbuf h_cut;
     dllm__dbuf logits;              // fp32 [sequences][L][vocab]: one LM head chunk
     dllm__dbuf partials;            // conf_partial [L][vocab / dllm__vocab_slice]
     dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
@@ -15697,8 +15760,8 @@ struct dllm__forward_plan {
     std::vector<dllm__seq_rows> seqs;      // CFG's unconditional canvas is a second sequence
     dllm__layer0 layer0 = DLLM__L0_PLAIN;  // LaCache's layer-0 mode
     int batch() const { return (int)seqs.size(); }
-    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them from
-     * the first and run all sequences at once. */
+    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them
+     * from the first and run all sequences at once. */
     const dllm__seq_rows &rows() const { return seqs[0]; }
     bool uniform() const {
         for (const dllm__seq_rows &r : seqs)
@@ -15711,10 +15774,10 @@ struct dllm__forward_plan {
 };
 
 /* [forward plan] [batch] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
- * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position (its
- * canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one offsets
- * array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants (its plan rows
- * [r0, r1) with the model's shift applied backwards), canvas indices. */
+ * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position
+ * (its canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one
+ * offsets array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants
+ * (its plan rows [r0, r1) with the model's shift applied backwards), canvas indices. */
 struct dllm__varlen_layout {
     std::vector<int32_t> ids, positions, offsets;
     std::vector<int> raw0, raw1;
@@ -15723,16 +15786,17 @@ struct dllm__varlen_layout {
     int max_rows = 0;       // the longest sequence's: the attention grid
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries (2B values:
-    // sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys the n rows of
-    // its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not follow), and the
-    // cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's cache.
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries
+    // (2B values: sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys
+    // the n rows of its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not
+    // follow), and the cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's
+    // cache.
     std::vector<int32_t> attn_q_offsets, attn_kv_offsets, cache_rows;
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its canvas),
-    // whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its
+    // canvas), whose GEMMs are DLLM__ROWS_STEP's; empty: none is
     std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };
@@ -15791,7 +15855,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             s.r1 > s.n)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
+                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does "
+                "not fit",
                 i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
         used[(size_t)s.slot] = true;
         const int raw0 = dllm__logit_row(c, s.r0), raw1 = dllm__logit_row(c, s.r1 - 1) + 1;
@@ -15812,7 +15877,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         }
         v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
-        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query row
+        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query
+        // row
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot]);
         v.rows += s.q1 - s.q0;
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot] + s.n);
@@ -15827,9 +15893,10 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
     return DLLM_OK;
 }
 
-/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions [pos0, pos0 + n)
- * of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's logits row
- * (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out + r]. */
+/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions
+ * [pos0, pos0 + n) of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's
+ * logits row (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out +
+ * r]. */
 struct dllm__sampler_span {
     int seq = 0, pos0 = 0, n = 0, lrow0 = 0, shift0 = 0, out = 0;
 };
@@ -15931,8 +15998,6 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
-/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
- * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 /* [batch] A run of consecutive rows of a batched forward whose sequences are all steps or all not (DLLM__ROWS_STEP). */
 struct dllm__gemm_run {
     int r0, r1;
@@ -15950,6 +16015,8 @@ static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout 
     return runs;
 }
 
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
+ * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
@@ -15982,9 +16049,9 @@ struct dllm__gpu_committed {
     int n = 0, capacity = 0, block_rows = 0;
 };
 
-/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
- * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
- * commit quantises its layer's rows before the next layer's are written). */
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the
+ * committed sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd]
+ * (the layers take turns: a commit quantises its layer's rows before the next layer's are written). */
 struct dllm__gpu_kv_codes {
     dllm__kvq_kernels kernels;
     std::vector<dllm__rotation_dev> rotations;
@@ -16037,8 +16104,8 @@ struct dllm__gpu_debug {
     int last_layer_rows = 0;
 };
 
-/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
- * for few rows, q4wg and the INT8 path. */
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4
+ * GEMM for few rows, q4wg and the INT8 path. */
 struct dllm__gpu_lowbit {
     dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> module;  // loaded when options.enabled
@@ -16050,7 +16117,8 @@ struct dllm__gpu_lowbit {
     long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 };
 
-/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched
+ * forwards. */
 struct dllm__gpu_graphs {
     cudaGraphExec_t step_exec = nullptr;
     std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
@@ -16208,8 +16276,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
-    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
-     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs
+     * (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
     template <class F> dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
         dllm__forward_plan plan;
         dllm__seq_rows r;
@@ -16241,7 +16309,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         experts = moe_.expert_host;
         return DLLM_OK;
     }
-    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
+    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
+                                       std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
@@ -16252,17 +16321,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
-     * only their codes). */
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot
+     * (the device keeps only their codes). */
     DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
-    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks'
+     * rows. */
     size_t bd_committed_bytes() const {
         return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
                kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
     DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash
+     * (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
@@ -16294,6 +16365,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
     bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
@@ -16462,9 +16534,9 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
- * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
- * layer 0). */
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
+ * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
     if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
@@ -16489,8 +16561,9 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 /* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
  * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
 static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
-                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch, int hd,
-                                            int heads, int batch, int max_q_rows, const attn_args &a, cudaStream_t s) {
+                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch,
+                                            int hd, int heads, int batch, int max_q_rows, const attn_args &a,
+                                            cudaStream_t s) {
     if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
         (int64_t)batch * a.kv_splits > 65535)
         return dllm__fail(
@@ -16652,7 +16725,8 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
     if (mode == DLLM__FP8_NONE) {
         dllm__log(
             DLLM_LOG_WARN,
-            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, "
+            "cuBLASLt's "
             "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;
@@ -16698,7 +16772,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
     if (gemms_.splitk.module) {  // the widest layer linear's partials; its counters zero, and kept zero
-        const std::pair<int, int> shapes[] = {{(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
+        const std::pair<int, int> shapes[] = {
+            {(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
         size_t words = 0;
         for (const auto &nk : shapes)
             words = std::max(words, dllm__splitk_workspace_floats(
@@ -16806,12 +16881,13 @@ dllm_status dllm__gpu_backend::gemm_bf16_independent(const dllm__gemm_op &op, bo
             return dllm__gemm_splitk_run(gemms_.splitk, op.X, op.W, op.Y, op.M, op.N, op.K, act_.splitk_ws.as<float>(),
                                          act_.splitk_ws.bytes / 4, stream_);
     }
-    if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
+    if (const dllm__gemm_wg *k = batch_gemm_wg(op))
+        return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
     return gemms_.dense.run_pinned(op, stream_);
 }
 
-/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM, so
- * a sequence's rows get the bits they have alone. */
+/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM,
+ * so a sequence's rows get the bits they have alone. */
 dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     const std::vector<dllm__gemm_run> &runs = batch_.gemm_runs;
     if (op.out_type != CUDA_R_16BF || runs.empty()) return gemm_bf16_independent(op, false);  // the LM head
@@ -16829,20 +16905,22 @@ dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     return DLLM_OK;
 }
 
-/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
- * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
- * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
- * whether the algorithm may depend on M (dllm__rows). */
+/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's
+ * GEMMs take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the
+ * kernel that produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first.
+ * `rows` says whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
     // A solo forward under a K/V cache takes the batched forward's BF16 GEMMs on sm_90a (gemm_splitk there); FP8 and
-    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones anyway).
+    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones
+    // anyway).
     const bool solo_kv = rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL;
     if (solo_kv && (W.format != DLLM__W_BF16 || !gemms_.splitk.module)) rows = DLLM__ROWS_TUNED;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL) return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
+            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL)
+                return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
             if (rows == DLLM__ROWS_BATCH) return gemm_bf16_batch(op);
             return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
@@ -16921,11 +16999,13 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
 /* [SoloQ] y = x W^T for a DLLM__W_Q4 weight: x's rows rotated by the weight's R and quantised per token into act_.q4a
  * (their C values, exact in bf16) or, for the INT8 path, act_.q4a8 (int8), and act_.q4a_scale (x null: a fused producer
  * did); then
- *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w, cuBLASLt's
+ *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w,
+ *   cuBLASLt's
  *     INT8 GEMM into int32 act_.q4acc (exact) and the epilogue ((float)acc s_x) s_w into y;
  *   - at most dllm__q4_max_rows rows, or rows that must stay INDEPENDENT (in launches of that many): [W4 GEMM] q4_gemm,
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
- *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
+ *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc
+ *   and
  *     the epilogue (acc s_x) s_w into y.
  *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
  *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
@@ -16983,7 +17063,8 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     return DLLM_OK;
 }
 
-/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
+/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales
+ * (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
     lowbit_.int8_launches++;
     return dllm__q4_int8_gemm_run(lowbit_.kernels, gemms_.dense, W.q4->format, W.data, W.scale, act_.q4a8.ptr,
@@ -16991,9 +17072,9 @@ dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y,
                                   dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
-/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
- * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
- * int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
+/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will
+ * read (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8
+ * path, int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
     lowbit_.act_forms = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
@@ -17052,9 +17133,9 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
  * QKV GEMM, bias + RoPE, attention into act_.att for the queries of rows [o0, o0 + orows) of those (the last layer may
- * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots in
- * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
- * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
+ * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots
+ * in the layer's cache and attention reads every cached key. A query row's attention does not depend on which other
+ * rows are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
     const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
@@ -17138,7 +17219,8 @@ dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int 
     return DLLM_OK;
 }
 
-/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
+/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len)
+ * ([DPad]: positions[...]). */
 dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = model_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
@@ -17191,7 +17273,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
     return DLLM_OK;
 }
 
-/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
+/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows
+ * (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
     if (moe_model())  // [MoE] LLaDA2 runs the block-diffusion forward only (bd_layers)
         return dllm__fail(DLLM_ERR_INTERNAL, "LLaDA2 on the GPU backend runs through the block-diffusion forward only");
@@ -17229,17 +17312,24 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         if (last)
             DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
-                                  0, rows));
+            DLLM__TRY(next_layer_input(l, h, batch, rows, true));
         mark("add+norm");
     }
     return DLLM_OK;
+}
+
+/* The next-layer producer chain, the one copy of every forward (plain, block diffusion, varlen): layer l's output
+ * (act_.delta) added into the residual h ([batch][rows], in place) and normed by layer l + 1's attention norm into the
+ * form its QKV GEMM reads: E4M3 rows for FP8 attention projections (act_.act8), with soloq_producer [SoloQ]'s fused
+ * producer for DLLM__W_Q4 layers (act_.q4a; produced_attn_input), else bf16 rows in act_.a. FP8 and SoloQ never meet
+ * (choose_precision leaves FP8 off under SoloQ), so the order of the first two tests is immaterial. */
+dllm_status dllm__gpu_backend::next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer) {
+    const dllm__gpu_layer &next = weights_->layers[l + 1];
+    if (fp8_attn(l + 1)) return add_rmsnorm_e4m3(h, h, act_.delta.ptr, next.attn_norm.ptr, batch, rows);
+    if (soloq_producer && q4(l + 1))
+        return soloq_add_rmsnorm(next.qkv.view(), h, h, act_.delta.ptr, next.attn_norm.ptr, batch * rows);
+    return add_rmsnorm(h, h, act_.delta.ptr, next.attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows);
 }
 
 /* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows [o0, o0 + orows)
@@ -17274,8 +17364,8 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
  * rows [r0, r0 + M) of act_.delta (the attention output projection in, the FFN output out). h_in: their M residual rows
- * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
- * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
+ * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two
+ * GEMM inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
@@ -17374,9 +17464,10 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
     if (model_.random_weights)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
-                          "a checkpoint");
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
+            "a checkpoint");
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
@@ -17493,7 +17584,8 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
                                 moe_.weight.ptr));
     mark("moe route");
     moe_.expert_host.resize((size_t)P);
-    DLLM__CUDA(cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(
+        cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
     if (moe_.debug_logits) {
         std::vector<float> &lg = (*moe_.debug_logits)[(int)l];
         lg.resize((size_t)M * E);
@@ -17579,8 +17671,8 @@ dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
 // Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
-// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
+// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count
+// and runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
@@ -17684,13 +17776,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
-        if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, T));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        DLLM__TRY(next_layer_input(l, h, 1, T, true));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,
@@ -17758,13 +17844,14 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
-// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
-// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
-// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
-// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
-// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
-// included. A sequence that finishes is simply no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A
+// block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
+// the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
+// rows, at any block and of any step kind, go through the batched forward
+// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
+// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
+// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
+// the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
@@ -17787,9 +17874,10 @@ void dllm__gpu_backend::bkv_release() {
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
- * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
- * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with
+ * keep[s] keeps its K|V rows, copied to its place in a new layout
+ * (a stepper's live sequence while others join and leave); the same layout again moves nothing. A failure leaves the
+ * previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
     DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
     if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();
@@ -17840,8 +17928,8 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
 }
 
 /* Per attention entry of a K/V-cache layout (sequence i is entry 2i, the bridges between them have no query row) its
- * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and where
- * its partial states start; the most shares; the floats of all the states. */
+ * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and
+ * where its partial states start; the most shares; the floats of all the states. */
 static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c, int n_sms,
                                    const dllm__varlen_layout &v, std::vector<int32_t> &out, size_t &floats) {
     const size_t entries = v.attn_q_offsets.size() - 1;
@@ -17849,7 +17937,8 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     floats = 0;
     int most = 1;
     for (size_t e = 0; e < entries; e++) {
-        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e], keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
+        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e],
+                  keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
         const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
         out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
         if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
@@ -17865,7 +17954,8 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     size_t floats = 0;
     batch_.max_splits = dllm__attn_entry_splits(arch_, model_.cfg, n_sms_, v, splits, floats);
     if (floats > (size_t)INT32_MAX)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the batch's split attention states exceed 2^31 floats; make the batch smaller");
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
@@ -17947,9 +18037,9 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 
 // ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
-// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n), then the
-// block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
+// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n),
+// then the block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through
+// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
 // row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
 // flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
@@ -17992,13 +18082,15 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         if (sub && call.offset + call.T > s.block)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)",
+                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d "
+                "rows)",
                 i, call.T, call.offset, s.block);
         const int n_keys = s.n + (sub ? s.block : call.T);
         if (n_keys > slot_rows[(size_t)q.slot])
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
+                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, "
+                "sized by "
                 "bd_batch_reserve)",
                 i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
         if ((int64_t)s.n + call.offset + call.T > max_tokens)
@@ -18033,7 +18125,8 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
 }
 
 /* A slot's state after its forward ran: a COMMIT's rows join the committed ones; a BLOCK_FULL's rows are the block
- * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a sub-block). */
+ * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a
+ * sub-block). */
 static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
     if (call.kind == DLLM__BD_COMMIT)
         s.n += call.T, s.block = 0;
@@ -18043,8 +18136,8 @@ static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
         s.block = 0;
 }
 
-/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i with
- * a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
+/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i
+ * with a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
  * pick->logits_row(j)) is in the chunk, one range since that row never falls as j rises; a range from a shifted pick's
  * row 0 keeps the shift (rows 0 and 1 read the same logits row), any other reads consecutive rows. */
 static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs,
@@ -18076,8 +18169,8 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
- * the empty list releases them. */
+/* Slot s sized for rows[s] rows, empty unless keep[s]
+ * (the batched K/V-cache step's slots: a batch is one or the other); the empty list releases them. */
 dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
@@ -18113,8 +18206,8 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
 }
 
 /* The device's choice over the layout (choose_in_chunks): the sequences with a pick sampled at step 0 (as
- * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw logit
- * rows copied into `logits`, one sequence after another. */
+ * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw
+ * logit rows copied into `logits`, one sequence after another. */
 dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
                                                float *logits, dllm__choice *choices) {
     std::vector<int> choice0(seqs.size(), -1),
@@ -18189,9 +18282,9 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
 
 /* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
  * x0/conf/deferred are indexed by position - cand_lo. */
-/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r is
- * canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it). The
- * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
+/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r
+ * is canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it).
+ * The solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
 sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0,
                                              int raw_rows) const {
     const dllm__config &c = model_.cfg;
@@ -18216,7 +18309,8 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
                           act_.deferred.as<unsigned char>() + off);
 }
 
-/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's step. */
+/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's
+ * step. */
 dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred,
                                               const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
@@ -18300,8 +18394,8 @@ std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
                         s.min_p);  // the sampler filters (a graph without them has no cutoff launch)
 }
 
-/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so the
- * executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
+/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so
+ * the executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
  * other kernels, so no update is tried. */
 dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_update) {
     cudaGraph_t graph = nullptr;
@@ -18383,11 +18477,11 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
 
 // ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
 // A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
-// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
-// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
-// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
-// them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step; copying
-// the logits to the host instead took 196 ms.
+// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over
+// the chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host.
+// The sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch
+// gives them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step;
+// copying the logits to the host instead took 196 ms.
 
 dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
                                                     dllm__choice *choices) {
@@ -18402,7 +18496,8 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
 }
 
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at span.out. */
+ * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at
+ * span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
     const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
     return launch_sampler(a, batch_.choice_x0.as<int>() + span.out, batch_.choice_conf.as<double>() + span.out,
@@ -18502,8 +18597,8 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n. Under
-// kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n.
+// Under kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
 /* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or
@@ -18580,7 +18675,8 @@ static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
         dllm__format("dllm_kvq_tc_hd%d", hd),
         dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
             dllm__format(
-                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n",
+                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n"
+                "#define KVQ_TC_STAGE %zu\n",
                 hd, dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32,
                 dllm__kvq_tc_stage_bytes(hd)) +
             dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
@@ -18615,7 +18711,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
             "kvq_tc: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes it everywhere)",
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes "
+            "it everywhere)",
             hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
@@ -18624,7 +18721,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs "
+            "instead",
             hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
     dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
@@ -18632,8 +18730,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     return DLLM_OK;
 }
 
-/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6 (each
- * of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
+/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6
+ * (each of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
 static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms, int smem_optin) {
     size_t most = 0;
     for (int rows = 1; rows <= dllm__kvq_tc_chunk_rows; rows++) {
@@ -18647,11 +18745,11 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
 
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
-    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
-    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    DLLM__CUDA(
+        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -18663,13 +18761,14 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
     if (need > partial_bytes || a.hd != k.hd)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for "
+            "%d)",
             p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
-    DLLM__TRY(k.flash.launch(
+    DLLM__TRY(k.kvq_flash.launch(
         {dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s,
         a));
-    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
+    return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
@@ -18679,12 +18778,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
                           c.head_dim);
     if (!kv_codes_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
-        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
-        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
-        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
-        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
-        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
-        kv_codes_.kernels.attention.name = "kvq_attention";
+        dllm__bind(kv_codes_.kernels, *kv_codes_.kernels.module);
     }
     if (kvq_.soloq() && kv_codes_.rotations.empty()) {
         kv_codes_.rotations.resize(kvq_.rot.size());
@@ -18724,7 +18818,8 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and
+ * rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
@@ -18747,8 +18842,9 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised (twin: dllm__kvq_commit's
- * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised
+ * (twin: dllm__kvq_commit's loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were
+ * checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
@@ -18759,10 +18855,10 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
     if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+        DLLM__TRY(kv_codes_.kernels.kvq_commit_values.launch(
             {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
@@ -18778,7 +18874,8 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_,
+                                                      a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
@@ -18809,7 +18906,8 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
+            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by "
+            "bd_begin)",
             call.T, committed_.n, committed_.capacity);
     if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
@@ -18867,7 +18965,8 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     return DLLM_OK;
 }
 
-/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in bd_run. */
+/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in
+ * bd_run. */
 dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     const int T = call.T, out_rows = call.r1 - call.r0;
     float *h = act_.h.as<float>();
@@ -18881,17 +18980,16 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
             DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        else  // bd_attention's QKV GEMM quantises a SoloQ layer's input itself: no fused producer
+            DLLM__TRY(next_layer_input(l, h, 1, T, false));
         mark("add+norm");
     }
     return DLLM_OK;
 }
 
 /* The forward's launches (bd_layers), then with `head` the LM head over its output rows (one chunk: act_.logits), then
- * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in act_.state). */
+ * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in
+ * act_.state). */
 dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const int out_rows = call.r1 - call.r0;
     DLLM__TRY(bd_layers(call));
@@ -18903,9 +19001,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
                           act_.deferred.as<unsigned char>());
 }
 
-/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
- * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
- * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
+/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are
+ * taken for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per
+ * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
@@ -18988,7 +19086,8 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_s
             cudaGetLastError();
             dllm__log(
                 DLLM_LOG_INFO,
-                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is "
+                "instantiated again",
                 set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
@@ -19009,8 +19108,8 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
- * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
+ * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
     const dllm__config &c = model_.cfg;
@@ -19032,7 +19131,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                                          c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    if (kvq_.enabled())
         cache = after = (char *)kv_codes_.fresh.ptr;
     else
         cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
@@ -19079,7 +19179,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
- * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
+ * lacache mode, so that ON and OFF give the same bits. Not under kv_quant
+ * (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
     return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
@@ -19093,10 +19194,7 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
     if (!facache_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
-        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
-        facache_.kernels.committed.name = "bdfa_committed";
-        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
-        facache_.kernels.merge.name = "bdfa_merge";
+        dllm__bind(facache_.kernels, *facache_.kernels.module);
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
     if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
@@ -19139,9 +19237,9 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     a.offset = call.offset, a.state = facache_.state.as<float>();
     const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(facache_.kernels.committed.launch(
+        DLLM__TRY(facache_.kernels.bdfa_committed.launch(
             {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    return facache_.kernels.bdfa_merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
@@ -19171,7 +19269,8 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
         pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)",
+            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most "
+            "%d)",
             n, pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
     DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion
@@ -19210,8 +19309,8 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
- * under kvq_keep_rows, else zeros). */
+ * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd]
+ * (kept since bd_begin under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(committed_.capacity);
@@ -19236,8 +19335,8 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
     return DLLM_OK;
 }
 
-/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept (the next
- * layer overwrites them; commits are never captured, so this copy may wait). */
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept
+ * (the next layer overwrites them; commits are never captured, so this copy may wait). */
 dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
     const size_t row_elems = (size_t)2 * kvq_.kvd;
     if (kv_codes_.kept.size() != (size_t)kvq_.n_layer * committed_.capacity * row_elems)
@@ -19458,8 +19557,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
-                          p.gen_length, p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d is not a multiple of block_length (--block) %d", p.gen_length,
+                          p.block_length);
     // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
     // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
     if (scheduled && p.steps > p.gen_length)
@@ -19616,6 +19716,17 @@ struct dllm__step_watch {
     }
 };
 
+/* Shows a generation's step to a stepper's watch (when it has one) and to the caller's step callback (when given),
+ * whose non-zero return cancels the generation: the one report of dllm_generate's loops (plain, LLaDA2, block
+ * diffusion). */
+static dllm_status dllm__report_step(const dllm_gen_params &p, dllm__step_watch *watch, const dllm_step_info &info) {
+    if (watch) watch->record(info);
+    if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
+        return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
+                          info.global_step);
+    return DLLM_OK;
+}
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -19631,7 +19742,8 @@ struct dllm__generation {
     bool done = false;                  // every block decoded (or early_stop)
     dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
-    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
+    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode
+     * too). */
     int total_steps() const {
         if (plan.steps_per_block) return plan.n_blocks * plan.steps_per_block;
         int prompt_masks = 0;
@@ -19739,11 +19851,7 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
-                              steps_done);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, info);
     }
 };
 #line 132 "src/dllm_cuda.cu"
@@ -19968,9 +20076,7 @@ struct dllm__llada2_generation {
                                (int)x.size(),
                                n_prompt,
                                masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, nullptr, info);
     }
 
     /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */
@@ -20185,10 +20291,11 @@ static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const
     if (rows <= fit) return DLLM_OK;
     const int mode = dllm__enum_int(ctx.params.kv_quant);
     const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
-    const std::string smaller = mode == DLLM_KV_QUANT_NONE
-                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
-                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
-                                    : std::string();
+    const std::string smaller =
+        mode == DLLM_KV_QUANT_NONE
+            ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
+                           dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+            : std::string();
     return dllm__fail(
         DLLM_ERR_OUT_OF_MEMORY,
         "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
@@ -20254,7 +20361,8 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
  * dllm_generate_batch (dllm__bd_batch_round: every live sequence's next forward in one bd_forward_batch) run the same
  * code: next() walks the loop up to its next forward and describes it, apply_logits (a COMMIT: the prefill or a
  * finished block) or apply_choices (a step) consumes its result. `at` is where the loop stands: PREFILL, BLOCK (the top
- * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`), DONE. */
+ * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`),
+ * DONE. */
 struct dllm__bd_generation {
     enum phase { PREFILL, BLOCK, LOOP, SUB, DONE };
     dllm_ctx &ctx;
@@ -20460,15 +20568,11 @@ struct dllm__bd_generation {
 
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step && !watch) return DLLM_OK;
-        const dllm_step_info info = step_info(b, step_in_b, committed);
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, step_info(b, step_in_b, committed));
     }
 
-    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
-     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
+    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where
+     * the backend chooses there, else dllm__choose here over the forward's logits (the twin). */
     dllm_status forward_choose(std::vector<dllm__choice> &ch) {
         ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
         if (ctx.impl->bd_chooses()) return ctx.impl->bd_forward_choose(call, pick, ch.data());
@@ -20580,8 +20684,9 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
 // then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly as the solo step does.
 // Sequences join and leave between steps (dllm_stepper), each at its own block and step.
 
-/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation (the plain
- * and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its last step. */
+/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation
+ * (the plain and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its
+ * last step. */
 struct dllm__stepper_seq {
     enum state { JOINING, LIVE, ALONE, ENDED };  // ALONE: waits to decode whole, outside the batched forwards
     int id = 0;
@@ -20638,8 +20743,8 @@ static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &s
     return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
 }
 
-/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where the
- * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
+/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where
+ * the backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
 static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
                                        dllm__choice *choices) {
     if (plan.empty()) return DLLM_OK;
@@ -20715,8 +20820,8 @@ static dllm_status dllm__batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
     return DLLM_OK;
 }
 
-/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache, of
- * its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
+/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache,
+ * of its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
 static int dllm__batch_slots_needed(const dllm__stepper_seq &q, int &rows) {
     const dllm_gen_params &p = q.item.params;
     rows = q.item.n_prompt + p.gen_length;
@@ -20739,11 +20844,12 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
 // ---- Batched block diffusion (dllm_stepper, dllm_generate_batch on a block-diffusion model) -----------------------
-// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
-// round runs every live generation's next forward (dllm__bd_generation::next, asked as soon as the previous result is
-// applied) in ONE bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its
-// generation. A generation that is done, fails or is cancelled leaves at once. Each sequence runs the loop dllm_generate
-// runs, so it decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve).
+// Each round runs every live generation's next forward
+// (dllm__bd_generation::next, asked as soon as the previous result is applied) in ONE bd_forward_batch, whatever their
+// blocks, kinds, row counts and steps; each result goes back to its generation. A generation that is done, fails or is
+// cancelled leaves at once. Each sequence runs the loop dllm_generate runs, so it decodes exactly as alone wherever the
+// backend's batched forward gives each sequence its bd_forward's result.
 
 /* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
 static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
@@ -20811,13 +20917,15 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
 // ---- Continuous batching ----------------------------------------------------------------------------------------
 // A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
 // K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
-// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
-// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
-// dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
+// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their
+// slots; then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole,
+// through dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one
+// included.
 //
-// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
-// takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a long run
-// stop growing at what its largest concurrent sequences need; a live slot is never resized (the backend may move it).
+// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining
+// sequence takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a
+// long run stop growing at what its largest concurrent sequences need; a live slot is never resized
+// (the backend may move it).
 
 /* A K/V cache slot of a stepper: its rows and the sequence using it (-1: free). */
 struct dllm__kv_slot {
@@ -20913,7 +21021,8 @@ dllm_stepper::~dllm_stepper() {
     dllm__tls_error.swap(error);
 }
 
-/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
+/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched
+ * forwards. */
 const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
     if (!no_batch.empty()) return no_batch.c_str();
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
@@ -20939,8 +21048,8 @@ dllm__stepper_seq *dllm_stepper::find(int id) const {
     return nullptr;
 }
 
-/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not added,
- * its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
+/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not
+ * added, its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
 dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id) {
     if (seq_id) *seq_id = -1;
     DLLM__TRY(room());
@@ -21096,7 +21205,8 @@ void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
     q.at = dllm__stepper_seq::ENDED;
 }
 
-/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did not. */
+/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did
+ * not. */
 dllm_status dllm_stepper::cancel(dllm__stepper_seq &q) {
     if (q.at == dllm__stepper_seq::ENDED) return DLLM_OK;
     const dllm_status s =
@@ -21520,7 +21630,8 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (model->random_weights)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with dllm_model_load");
+                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with "
+                "dllm_model_load");
         if (model->soloq)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
@@ -21773,7 +21884,8 @@ dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_mod
     if (tok->n_vocab > model->cfg.n_vocab)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong together",
+            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong "
+            "together",
             tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
     return DLLM_OK;
 }

@@ -15,6 +15,7 @@
  * C99 against dllm.h only: it doubles as an example of the API.
  */
 #include "../dllm.h"
+#include "common.h"
 
 #include <errno.h>
 #include <float.h>
@@ -748,122 +749,48 @@ static int parse_args(int argc, char **argv, options *o) {
 /* What the step callback needs to show the answer as it forms. */
 typedef struct {
     const options *o;
-    const dllm_tokenizer *tok;  /* NULL without a tokenizer: ids only */
-    int32_t mask_id, eos_id, eot_id;
+    answer_text answer;         /* the settled text and stop strings (common.h); tok NULL without a tokenizer */
     int tty;                    /* stdout is a terminal: --visual redraws in place */
     int live;                   /* the answer is streamed to stdout as it forms */
     int progress_line;          /* --progress redraws one line on a terminal */
     int last_block;             /* --progress without a terminal: the block last reported */
     size_t printed;             /* bytes of the answer already written to stdout */
-    int stop_ids;               /* >= 0: a stop string ends the text of the first stop_ids ids */
-    long stop_at;               /* its offset in that text */
-    char *text;
-    size_t text_cap;
 } stream;
-
-/* Detokenizes ids[0..n) into s->text (skipping special tokens); returns its length or -1. */
-static long detok(stream *s, const int32_t *ids, int n) {
-    size_t need = 0;
-    dllm_status st = dllm_detokenize(s->tok, ids, n, 1, s->text, s->text_cap, &need);
-    if (st == DLLM_ERR_BUFFER_TOO_SMALL) {
-        char *grown = (char *)realloc(s->text, need);
-        if (!grown) return -1;
-        s->text = grown;
-        s->text_cap = need;
-        st = dllm_detokenize(s->tok, ids, n, 1, s->text, s->text_cap, &need);
-    }
-    return st == DLLM_OK ? (long)need - 1 : -1;
-}
-
-/* The offset of the first stop string in text[0..len), or -1. */
-static long find_stop(const options *o, const char *text, long len) {
-    long best = -1;
-    int i;
-    for (i = 0; i < o->n_stops; i++) {
-        size_t sl = strlen(o->stops[i]);
-        long p;
-        for (p = 0; p + (long)sl <= len && (best < 0 || p < best); p++)
-            if (!memcmp(text + p, o->stops[i], sl)) { best = p; break; }
-    }
-    return best;
-}
-
-/* How much of text[0..len) may be shown: before a stop string, and while decoding goes on, not a tail that
- * could be the start of one (it may still turn into it). */
-static long shown_length(const options *o, const char *text, long len, int final) {
-    long stop = find_stop(o, text, len), keep = len;
-    int i;
-    if (stop >= 0) return stop;
-    if (final) return len;
-    for (i = 0; i < o->n_stops; i++) {
-        long sl = (long)strlen(o->stops[i]), k;
-        for (k = sl - 1 < len ? sl - 1 : len; k > 0; k--)
-            if (!memcmp(text + len - k, o->stops[i], (size_t)k)) {
-                if (len - k < keep) keep = len - k;
-                break;
-            }
-    }
-    return keep;
-}
 
 /* Writes the answer text beyond what is already on stdout; returns 0, or -1 if the ids do not decode. A trailing
  * U+FFFD may be half of a character whose other bytes are not committed yet, so it waits unless this is the end. */
 static int print_new_text(stream *s, const int32_t *ids, int n, int final) {
-    long len = detok(s, ids, n);
+    long len = answer_detok(&s->answer, ids, n);
     if (len < 0) return -1;
-    while (!final && len >= 3 && !memcmp(s->text + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
-    len = shown_length(s->o, s->text, len, final);
+    len = answer_shown_length(&s->answer, s->answer.text, len, final);
     if (len > (long)s->printed) {
-        fwrite(s->text + s->printed, 1, (size_t)len - s->printed, stdout);
+        fwrite(s->answer.text + s->printed, 1, (size_t)len - s->printed, stdout);
         fflush(stdout);
         s->printed = (size_t)len;
     }
     return 0;
 }
 
-/* The generated ids that are settled: up to the first mask (and, with stop_at_eos, the first EOS/EoT). */
-static int settled_prefix(const stream *s, const int32_t *gen, int n_gen) {
-    int n = 0;
-    while (n < n_gen && gen[n] != s->mask_id) {
-        if (s->o->gen.stop_at_eos && (gen[n] == s->eos_id || gen[n] == s->eot_id)) break;
-        n++;
-    }
-    return n;
-}
-
-/* If the text of gen[0..n) holds a stop string: records the fewest ids whose text holds it; returns 1. */
-static int reached_stop(stream *s, const int32_t *gen, int n) {
-    long len = detok(s, gen, n), at;
-    int m;
-    if (len < 0 || (at = find_stop(s->o, s->text, len)) < 0) return 0;
-    for (m = 1; m < n; m++) {
-        long l = detok(s, gen, m);
-        if (l >= 0 && find_stop(s->o, s->text, l) >= 0) break;
-    }
-    s->stop_ids = m;
-    s->stop_at = at;
-    return 1;
-}
-
 /* --visual: the generated canvas with each mask as '_', runs of tokens decoded together so that
  * characters split across tokens come out whole. An EOS / EoT token shows as "[EOS]" / "[EOT]": with the
  * answer ending at the first one (the default), the canvas after it is not drawn. */
 static void draw_canvas(stream *s, const dllm_step_info *info) {
+    answer_text *a = &s->answer;
     const int32_t *gen = info->canvas + info->prompt_len;
     int n = info->canvas_len - info->prompt_len, i = 0;
     if (s->tty) printf("\033[H\033[2J");
     printf("step %d/%d, %d mask%s left\n", info->global_step, info->total_steps, info->n_masked, plural(info->n_masked));
     while (i < n) {
         int run = i;
-        while (run < n && gen[run] != s->mask_id && gen[run] != s->eos_id && gen[run] != s->eot_id) run++;
-        if (run > i && detok(s, gen + i, run - i) >= 0) fputs(s->text, stdout);
-        if (run < n && gen[run] != s->mask_id) {  /* EOS or EoT: where the answer ends */
-            fputs(gen[run] == s->eos_id ? "[EOS]" : "[EOT]", stdout);
+        while (run < n && gen[run] != a->mask_id && gen[run] != a->eos_id && gen[run] != a->eot_id) run++;
+        if (run > i && answer_detok(a, gen + i, run - i) >= 0) fputs(a->text, stdout);
+        if (run < n && gen[run] != a->mask_id) {  /* EOS or EoT: where the answer ends */
+            fputs(gen[run] == a->eos_id ? "[EOS]" : "[EOT]", stdout);
             if (s->o->gen.stop_at_eos) break;
             i = run + 1;
             continue;
         }
-        for (i = run; i < n && gen[i] == s->mask_id; i++) putchar('_');
+        for (i = run; i < n && gen[i] == a->mask_id; i++) putchar('_');
     }
     printf("\n");
     fflush(stdout);
@@ -884,11 +811,11 @@ static int on_step(const dllm_step_info *info, void *user_data) {
     const int32_t *gen = info->canvas + info->prompt_len;
     int n;
     if (s->o->progress) show_progress(s, info);
-    if (!s->tok) return 0;
+    if (!s->answer.tok) return 0;
     if (s->o->visual) draw_canvas(s, info);
-    n = settled_prefix(s, gen, info->canvas_len - info->prompt_len);
-    if (s->o->n_stops && reached_stop(s, gen, n)) {
-        if (s->live) print_new_text(s, gen, s->stop_ids, 1);
+    n = answer_settled_prefix(&s->answer, gen, info->canvas_len - info->prompt_len);
+    if (s->o->n_stops && answer_reached_stop(&s->answer, gen, n)) {
+        if (s->live) print_new_text(s, gen, s->answer.stop_ids, 1);
         return 1;  /* cancel: nothing after the stop string is wanted */
     }
     if (s->live) print_new_text(s, gen, n, 0);
@@ -1107,35 +1034,38 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
     if (!out) return fail("out of memory");
     if (check_prompt(o, S, prompt, n_prompt) || run_params(o, S, &gp)) goto done;
     st.o = o;
-    st.tok = S->tok;
-    st.mask_id = gp.mask_id >= 0 ? gp.mask_id : S->info.mask_id;
-    st.eos_id = gp.eos_id >= 0 ? gp.eos_id : S->info.eos_id;
-    st.eot_id = gp.eot_id >= 0 ? gp.eot_id : S->info.eot_id;
-    if (S->info.block_size > 0 && gp.stop_id >= 0) st.eot_id = gp.stop_id;
+    st.answer.tok = S->tok;
+    st.answer.stops = o->stops;
+    st.answer.n_stops = o->n_stops;
+    st.answer.stop_at_eos = o->gen.stop_at_eos;
+    st.answer.mask_id = gp.mask_id >= 0 ? gp.mask_id : S->info.mask_id;
+    st.answer.eos_id = gp.eos_id >= 0 ? gp.eos_id : S->info.eos_id;
+    st.answer.eot_id = gp.eot_id >= 0 ? gp.eot_id : S->info.eot_id;
+    if (S->info.block_size > 0 && gp.stop_id >= 0) st.answer.eot_id = gp.stop_id;
     st.tty = isatty(STDOUT_FILENO);
     st.progress_line = o->progress && isatty(STDERR_FILENO);
     /* a progress line and a streamed answer on one terminal would overwrite each other: the answer waits */
     st.live = S->tok && !o->visual && !o->json && !(st.progress_line && st.tty);
     st.last_block = -1;
-    st.stop_ids = -1;
+    st.answer.stop_ids = -1;
     if (o->progress || S->tok) {
         gp.on_step = on_step;
         gp.on_step_data = &st;
     }
     s = dllm_generate(S->ctx, prompt, n_prompt, gp, out, gp.gen_length + 1, &n_out, &stats);
     if (st.progress_line) fprintf(stderr, "\r\033[K");
-    if (s != DLLM_OK && !(s == DLLM_ERR_CANCELLED && st.stop_ids >= 0)) {
+    if (s != DLLM_OK && !(s == DLLM_ERR_CANCELLED && st.answer.stop_ids >= 0)) {
         if (st.printed) printf("\n");
         fail("%s", in_flags(dllm_ctx_last_error(S->ctx)));
         goto done;
     }
-    n_ids = st.stop_ids >= 0 ? st.stop_ids : n_out;
+    n_ids = st.answer.stop_ids >= 0 ? st.answer.stop_ids : n_out;
     if (S->tok) {
         if (o->visual || !st.live) st.printed = 0;  /* the answer is printed whole */
-        if ((text_len = detok(&st, out, n_ids)) < 0) { fail("%s", dllm_last_error()); goto done; }
-        text_len = shown_length(o, st.text, text_len, 1);
+        if ((text_len = answer_detok(&st.answer, out, n_ids)) < 0) { fail("%s", dllm_last_error()); goto done; }
+        text_len = answer_shown_length(&st.answer, st.answer.text, text_len, 1);
         if ((*answer = (char *)malloc((size_t)text_len + 1))) {
-            memcpy(*answer, st.text, (size_t)text_len);
+            memcpy(*answer, st.answer.text, (size_t)text_len);
             (*answer)[text_len] = 0;
         }
         if (!o->json) {
@@ -1145,9 +1075,11 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
         /* Cut at a stop string: the ids (and their count) are those of the text before it, the longest prefix of ids
          * whose text the cut answer begins with; a token that holds both the answer's end and the stop string's
          * start is left out with the stop string. */
-        if (st.stop_ids >= 0 && *answer) {
+        if (st.answer.stop_ids >= 0 && *answer) {
             long l;
-            while (n_ids > 0 && ((l = detok(&st, out, n_ids)) < 0 || l > text_len || memcmp(st.text, *answer, (size_t)l))) n_ids--;
+            while (n_ids > 0 && ((l = answer_detok(&st.answer, out, n_ids)) < 0 || l > text_len ||
+                                 memcmp(st.answer.text, *answer, (size_t)l)))
+                n_ids--;
         }
     }
     if (o->json) {
@@ -1158,7 +1090,7 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
         printf("], \"stats\": {\"n_prompt\": %d, \"n_generated\": %d, \"steps\": %d, \"forwards\": %d, \"wall_ms\": %.1f, \"seed\": %llu, "
                "\"backend\": \"%s\", \"stopped_at\": %s}}\n",
                stats.n_prompt, n_ids, stats.steps, stats.forwards, stats.wall_ms, (unsigned long long)gp.seed,
-               dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "gpu" : "cpu", st.stop_ids >= 0 ? "\"stop string\"" : "null");
+               dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "gpu" : "cpu", st.answer.stop_ids >= 0 ? "\"stop string\"" : "null");
     } else if (o->print_ids || !S->tok) {
         printf("ids:");
         for (i = 0; i < n_ids; i++) printf(" %d", out[i]);
@@ -1169,10 +1101,10 @@ static int generate(const options *o, session *S, const int32_t *prompt, int n_p
             plural(n_ids), stats.n_prompt, stats.steps, plural(stats.steps), stats.forwards, plural(stats.forwards), stats.wall_ms,
             stats.wall_ms > 0 ? 1000.0 * n_ids / stats.wall_ms : 0.0,
             dllm_ctx_get_backend(S->ctx) == DLLM_BACKEND_GPU ? "GPU" : "CPU", (unsigned long long)gp.seed,
-            st.stop_ids >= 0 ? ", ended at a stop string" : "");
+            st.answer.stop_ids >= 0 ? ", ended at a stop string" : "");
     rc = 0;
 done:
-    free(st.text);
+    free(st.answer.text);
     free(out);
     return rc;
 }
@@ -1203,23 +1135,22 @@ static void print_one_line(const char *text, size_t len) {
 /* Prints one item's final answer: "[N] text" on one line (then its "ids:" line with --print-ids), or with --json
  * one object {"index", "text", "ids", "stats"} on one line. */
 static void print_answer(const options *o, const session *S, int index, const int32_t *out, int n_out, const dllm_gen_stats *gs) {
-    stream st;
+    answer_text a;
     long len = 0;
     int i;
-    memset(&st, 0, sizeof st);
-    st.o = o;
-    st.tok = S->tok;
-    if (S->tok && (len = detok(&st, out, n_out)) < 0) len = 0;
+    memset(&a, 0, sizeof a);
+    a.tok = S->tok;
+    if (S->tok && (len = answer_detok(&a, out, n_out)) < 0) len = 0;
     if (o->json) {
         printf("{\"index\": %d, \"text\": ", index);
-        json_string(stdout, st.text ? st.text : "", (size_t)len);
+        json_string(stdout, a.text ? a.text : "", (size_t)len);
         printf(", \"ids\": [");
         for (i = 0; i < n_out; i++) printf(i ? ", %d" : "%d", out[i]);
         printf("], \"stats\": {\"n_prompt\": %d, \"n_generated\": %d, \"steps\": %d, \"forwards\": %d}}\n", gs->n_prompt, n_out, gs->steps,
                gs->forwards);
     } else {
         printf("[%d] ", index);
-        print_one_line(st.text ? st.text : "", (size_t)len);
+        print_one_line(a.text ? a.text : "", (size_t)len);
         printf("\n");
         if (o->print_ids) {
             printf("ids:");
@@ -1227,7 +1158,7 @@ static void print_answer(const options *o, const session *S, int index, const in
             printf("\n");
         }
     }
-    free(st.text);
+    free(a.text);
 }
 
 /* --json: a prompt that failed is an object {"index", "error"} in its place. */

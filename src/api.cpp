@@ -259,7 +259,8 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (model->random_weights)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with dllm_model_load");
+                "dllm_model_quantize: a model with random weights has no checkpoint to quantise; load one with "
+                "dllm_model_load");
         if (model->soloq)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: %s is already quantised (%s); quantise the unquantised model",
@@ -512,7 +513,8 @@ dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_mod
     if (tok->n_vocab > model->cfg.n_vocab)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong together",
+            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong "
+            "together",
             tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
     return DLLM_OK;
 }

@@ -37,13 +37,13 @@ struct dllm__batch_seq {
     int n = 0;
     const int32_t *positions = nullptr;  // RoPE position of each row; null: the row index
     int r0 = 0, r1 = 0;                  // logit rows [r0, r1), shift applied
-    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their K/V
-    // written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step, every
-    // row forwarded, the cache (re)started with n rows
+    // [batch] [dual cache] [prefix cache] forward_batch_kv only: the rows forwarded [q0, q1) (dllm__step_rows), their
+    // K/V written into cache `slot` (batch_kv_reserve), their queries over its n rows; fill: the block's first step,
+    // every row forwarded, the cache (re)started with n rows
     int q0 = 0, q1 = 0, slot = -1;
     bool fill = false;
-    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with these
-    // parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
+    // forward_batch_choose only: non-null, the backend chooses the tokens of rows [r0, r1) as dllm__choose does with
+    // these parameters at canvas position r and step `step` (dllm__decode::global_step), and returns no logits for them
     const dllm__sampling *sampling = nullptr;
     int step = 0;
 };
@@ -95,8 +95,9 @@ struct dllm__backend_impl {
     }
     /* One forward of the block-diffusion schedule (dllm__bd_call); raw logits of rows [call.r0, call.r1). */
     virtual dllm_status bd_forward(const dllm__bd_call &call, float *logits) = 0;
-    /* Whether the backend chooses a step's tokens where its logits are (bd_forward_choose: every row of the pick, out[n]);
-     * otherwise section 17 runs dllm__choose on the host over bd_forward's logits, which is the twin. */
+    /* Whether the backend chooses a step's tokens where its logits are
+     * (bd_forward_choose: every row of the pick, out[n]); otherwise section 17 runs dllm__choose on the host over
+     * bd_forward's logits, which is the twin. */
     virtual bool bd_chooses() const { return false; }
     virtual dllm_status bd_forward_choose(const dllm__bd_call &, const dllm__bd_pick &, dllm__choice *) {
         return dllm__fail(DLLM_ERR_INTERNAL, "this backend chooses block-diffusion tokens on the host");
@@ -104,9 +105,10 @@ struct dllm__backend_impl {
     /* [FACache] since bd_begin: layer-0 block rows a forward needed the committed state of, and rows that reused it. */
     virtual void bd_facache_rows(int64_t &rows, int64_t &reused) const { rows = reused = 0; }
     /* [batch] [block diffusion] Committed K/V caches for a batch of block-diffusion sequences: slot s sized for rows[s]
-     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state (a
-     * live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them. Unsupported (the
-     * reason in the message): dllm_generate_batch decodes block-diffusion items one after another through bd_forward. */
+     * rows, empty (what bd_begin(rows[s]) does for a generation alone) unless keep[s]: then it keeps its rows and state
+     * (a live sequence's; its size unchanged), wherever the new layout puts it. The empty list releases them.
+     * Unsupported (the reason in the message): dllm_generate_batch decodes block-diffusion items one after another
+     * through bd_forward. */
     virtual dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
@@ -114,10 +116,11 @@ struct dllm__backend_impl {
     dllm_status bd_batch_reserve(const std::vector<int> &rows) { return bd_batch_reserve(rows, {}); }  // all empty
     /* One forward over several block-diffusion sequences, each against its own slot (a slot appears at most once), each
      * sequence's result bit-identical whatever else is in the batch (a batch of one included; on the CPU also identical
-     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after another
-     * in `logits`. Sequences with a pick: pick->n choices each (dllm__choose at pick->pos0 + i, step 0, over raw row
-     * pick->logits_row(i) of [r0, r1): what dllm__bd_generation::forward_choose computes), one sequence after another in
-     * `choices`. A COMMIT advances its slot's committed length, as bd_forward does. */
+     * to bd_forward alone). Sequences without a pick: their raw logit rows [call.r0, call.r1), one sequence after
+     * another in `logits`. Sequences with a pick: pick->n choices each
+     * (dllm__choose at pick->pos0 + i, step 0, over raw row pick->logits_row(i) of [r0, r1): what
+     * dllm__bd_generation::forward_choose computes), one sequence after another in `choices`. A COMMIT advances its
+     * slot's committed length, as bd_forward does. */
     virtual dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &, float *, dllm__choice *) {
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched block-diffusion forward");
     }
@@ -133,9 +136,9 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched forward");
     }
-    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows, for
-     * every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout puts it.
-     * Replaces the previous layout; an empty list releases them. */
+    /* [batch] [dual cache] [prefix cache] The K/V caches of a batched decode: slot i holds up to rows[i] canvas rows,
+     * for every layer; with keep[i] it keeps its rows (a live sequence's; its size unchanged), wherever the new layout
+     * puts it. Replaces the previous layout; an empty list releases them. */
     virtual dllm_status batch_kv_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
         (void)rows, (void)keep;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
@@ -147,8 +150,8 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
-    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose); otherwise
-     * dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
+    /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose);
+     * otherwise dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
     virtual bool batch_chooses() const { return false; }
     /* forward_batch (kv false) or forward_batch_kv (kv true) of a plan in which the sequences with a sampling
      * (dllm__batch_seq) have their tokens chosen by the backend: rows [r0, r1) of each, one sequence after another, in
@@ -160,8 +163,8 @@ struct dllm__backend_impl {
     }
 };
 
-/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same size:
- * a live cache is moved, never resized. */
+/* [batch] A new slot layout's kept slots (keep[s]: a live sequence's) are slots of the old layout `had` of the same
+ * size: a live cache is moved, never resized. */
 static dllm_status dllm__check_kept_slots(const std::vector<int> &rows, const std::vector<bool> &keep,
                                           const std::vector<int> &had) {
     for (size_t s = 0; s < keep.size(); s++)

@@ -65,8 +65,8 @@
 
 // Everything but the public API has internal linkage: nothing of dllm's leaks into the program that links it. The four
 // public handles (dllm_model, dllm_tokenizer, dllm_ctx, dllm_stepper) are declared in dllm.h, so they live at global
-// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file is
-// #included (the tests do), which is what is intended.
+// scope, between the namespace's parts; GCC would warn that they hold members of the namespace's types when this file
+// is #included (the tests do), which is what is intended.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wsubobject-linkage"
 #endif

@@ -221,12 +221,13 @@ static dllm_status dllm__read_text(const std::string &path, std::string &out) {
  *                            cuBLASLt's heuristic algorithm for every BF16 GEMM (no gemm_wg, nothing timed), the
  *                            attention on mma.sync (no flash_attn_wg) and over a quantised K/V cache on kvq_attention,
  *                            SoloQ's 4-bit GEMMs on q4_gemm and the INT8 path (no q4wg)
- *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages (the attention
- *                            tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring), fa_kv_ctas (split-KV
- *                            CTAs per SM), fa_wg_bc (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its
- *                            ring: 2 or 3), batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
- *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm (mma
- *                            or cublaslt: the FP8 GEMM instead of the architecture table's)
+ *   DLLM_TILES=K=V,...       tile and kernel overrides for tuning, K one of fa_br, fa_bc, fa_mt, fa_stages
+ *                            (the attention tile: query rows per CTA, keys per tile, m16 tiles per warp, K/V ring),
+ *                            fa_kv_ctas (split-KV CTAs per SM), fa_wg_bc
+ *                            (the wgmma attention's keys per tile: 64 or 128), fa_wg_stages (its ring: 2 or 3),
+ *                            batch_gemm_n (the batched forwards' gemm_wg width: 256, 128 or 64), soloq_split
+ *                            (SoloQ producers over clusters: 0 never, 1 all but the norm producer, 2 all), fp8_gemm
+ *                            (mma or cublaslt: the FP8 GEMM instead of the architecture table's)
  * The other members are the features' own state, on by default; the tests turn one off to compare paths. */
 struct dllm__env_switches {
     std::string cache_dir, jit_dump, fp8_gemm;

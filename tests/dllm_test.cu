@@ -86,7 +86,8 @@ int main(int argc, char **argv) {
             printf("skip  %-55s %s\n", full.c_str(), st.skip_reason.c_str());
         } else if (st.failures) {
             failed++;
-            printf("FAIL  %-55s (%d check%s failed, %.0f ms)\n", full.c_str(), st.failures, st.failures == 1 ? "" : "s", ms);
+            printf("FAIL  %-55s (%d check%s failed, %.0f ms)\n", full.c_str(), st.failures, st.failures == 1 ? "" : "s",
+                   ms);
         } else {
             passed++;
             printf("ok    %-55s %.0f ms\n", full.c_str(), ms);

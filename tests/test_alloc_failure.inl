@@ -35,7 +35,8 @@ static void *test_alloc(size_t n) {
     return malloc(n ? n : 1);
 }
 
-#if TEST_ALLOC_INJECTION && !defined(__CUDA_ARCH__)  // host code only: nvcc would compile a replacement for the device too
+#if TEST_ALLOC_INJECTION &&                                                                                            \
+    !defined(__CUDA_ARCH__)  // host code only: nvcc would compile a replacement for the device too
 void *operator new(size_t n) {
     void *p = test_alloc(n);
     if (!p) throw std::bad_alloc();
@@ -70,11 +71,13 @@ static long test_fail_each_allocation(dllm_test_state &T_, const char *what, lon
         bool reached = test_alloc_countdown < 0;  // the i-th allocation happened (and failed)
         test_alloc_countdown = -1;
         if (!reached) {
-            CHECK_MSG(s == DLLM_OK, "%s: %s with no failed allocation (%s)", what, dllm_status_str(s), dllm_last_error());
+            CHECK_MSG(s == DLLM_OK, "%s: %s with no failed allocation (%s)", what, dllm_status_str(s),
+                      dllm_last_error());
             return test_alloc_seen;
         }
         if (s != DLLM_ERR_OUT_OF_MEMORY || strcmp(dllm_last_error(), "out of host memory") != 0) {
-            CHECK_MSG(false, "%s: allocation %ld failed, the call returned %s (%s)", what, i, dllm_status_str(s), dllm_last_error());
+            CHECK_MSG(false, "%s: allocation %ld failed, the call returned %s (%s)", what, i, dllm_status_str(s),
+                      dllm_last_error());
             return -1;
         }
     }
@@ -129,13 +132,15 @@ TEST(alloc_failure, tokenizer_load_every_allocation) {
     TEST_NEEDS_ALLOC_INJECTION();
     test_tmpdir json_dir, files_dir;
     test_quiet_log quiet;
-    std::string added = "[{\"id\":9,\"content\":\"<x>\",\"special\":true,\"lstrip\":true,\"rstrip\":false,\"normalized\":false},"
-                        "{\"id\":10,\"content\":\"caf\xC3\xA9\",\"special\":false,\"normalized\":true}]";
+    std::string added =
+        "[{\"id\":9,\"content\":\"<x>\",\"special\":true,\"lstrip\":true,\"rstrip\":false,\"normalized\":false},"
+        "{\"id\":10,\"content\":\"caf\xC3\xA9\",\"special\":false,\"normalized\":true}]";
     std::string tj = test_hand_tokenizer("[\"a b\",[\"a\",\"a\"]]", false, "", added);
     tj.replace(tj.find("\"normalizer\":null"), strlen("\"normalizer\":null"), "\"normalizer\":{\"type\":\"NFC\"}");
     test_write_file(json_dir.file("tokenizer.json"), tj);
-    test_write_file(json_dir.file("tokenizer_config.json"), "{\"bos_token\":{\"content\":\"<x>\"},\"chat_template\":[{\"name\":\"default\",\"template\":"
-                                                            "\"{{ bos_token }}<|start_header_id|>{{ m | trim }}<|eot_id|>\"}]}");
+    test_write_file(json_dir.file("tokenizer_config.json"),
+                    "{\"bos_token\":{\"content\":\"<x>\"},\"chat_template\":[{\"name\":\"default\",\"template\":"
+                    "\"{{ bos_token }}<|start_header_id|>{{ m | trim }}<|eot_id|>\"}]}");
     test_tokenizer_load_survives_oom(T_, json_dir.path, 1);
     dllm_tokenizer *t = test_tokenizer(json_dir.path);
     CHECK(t && dllm_tokenizer_chat_template(t) == DLLM_CHAT_LLADA);

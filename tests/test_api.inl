@@ -29,7 +29,8 @@ TEST(api, null_arguments_are_errors) {
     CHECK_STATUS(dllm_model_get_info(nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, nullptr);
     int32_t ids[2] = {1, 2}, out[4];
     float lg[1];
-    CHECK_STATUS(dllm_generate(nullptr, ids, 2, dllm_gen_default_params(), out, 4, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    CHECK_STATUS(dllm_generate(nullptr, ids, 2, dllm_gen_default_params(), out, 4, nullptr, nullptr),
+                 DLLM_ERR_INVALID_ARGUMENT, "ctx is NULL");
     CHECK_STATUS(dllm_logits(nullptr, ids, 2, 0, 1, lg, 1), DLLM_ERR_INVALID_ARGUMENT, nullptr);
     dllm_model_free(nullptr);
     dllm_ctx_free(nullptr);
@@ -101,7 +102,8 @@ TEST(api, bad_generation_params) {
     p = base; p.mask_id = 500;
     CHECK_STATUS(gen(p), DLLM_ERR_INVALID_ARGUMENT, "mask_id (--mask-id) 500");
     CHECK_STATUS(gen(base, 3, 10), DLLM_ERR_BUFFER_TOO_SMALL, "gen_length (-n) = 16");
-    CHECK_STATUS(dllm_generate(ctx, prompt, 3, base, nullptr, 0, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, "output buffer");
+    CHECK_STATUS(dllm_generate(ctx, prompt, 3, base, nullptr, 0, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                 "output buffer");
     int32_t bad[3] = {1, 136, 2};
     CHECK_STATUS(gen(base, 3, 64, bad), DLLM_ERR_INVALID_ARGUMENT, "prompt[1] = 136");
     CHECK_STATUS(gen(base, -1), DLLM_ERR_INVALID_ARGUMENT, "n_prompt");
@@ -123,13 +125,17 @@ TEST(api, last_error_is_kept_by_calls_that_succeed) {
     CHECK_STATUS(dllm_model_load("/nonexistent/dllm-model", dllm_model_default_params(), &bad), DLLM_ERR_IO, nullptr);
     const std::string failure = dllm_last_error();
     CHECK(!failure.empty());
-    auto kept = [&](const char *after) { CHECK_MSG(failure == dllm_last_error(), "after %s: \"%s\", want \"%s\"", after, dllm_last_error(), failure.c_str()); };
+    auto kept = [&](const char *after) {
+        CHECK_MSG(failure == dllm_last_error(), "after %s: \"%s\", want \"%s\"", after, dllm_last_error(),
+                  failure.c_str());
+    };
     for (const char *name : {"tiny-llada", "tiny-fast-dllm-v2"}) {
         dllm_model *m = test_load(test_data(name));
         if (!m) { CHECK(m != nullptr); return; }
         kept("dllm_model_load");
         dllm_ctx *ctx = nullptr;
-        CHECK_STATUS(dllm_ctx_create(m, dllm_ctx_default_params(), &ctx), DLLM_OK, nullptr);  // AUTO: the GPU where usable
+        CHECK_STATUS(dllm_ctx_create(m, dllm_ctx_default_params(), &ctx), DLLM_OK,
+                     nullptr);  // AUTO: the GPU where usable
         kept("dllm_ctx_create");
         const int32_t prompt[] = {1, 2, 3, 4, 5};
         dllm_gen_params gp = dllm_gen_default_params();
@@ -182,7 +188,9 @@ TEST(cli, generate_prints_ids_matching_the_library) {
     std::string ids;
     for (int32_t t : test_ints(c.find("prompt"))) ids += std::to_string(t) + " ";
     std::string out, err;
-    int rc = test_cli("-m " + test_data("tiny-llada") + " --ids \"" + ids + "\" -n 16 --steps 16 --block 4 --temp 0.7 --seed 3 --backend cpu --print-ids", out, err);
+    int rc = test_cli("-m " + test_data("tiny-llada") + " --ids \"" + ids +
+                          "\" -n 16 --steps 16 --block 4 --temp 0.7 --seed 3 --backend cpu --print-ids",
+                      out, err);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, err.c_str());
     std::string want = "ids:";
     for (int32_t t : test_ints(c.find("output"))) want += " " + std::to_string(t);
@@ -192,14 +200,20 @@ TEST(cli, generate_prints_ids_matching_the_library) {
 
 TEST(cli, bad_usage_exits_nonzero_with_one_line) {
     if (!dllm__file_exists("build/dllm-generate")) SKIP("build/dllm-generate not built");
-    const char *bad[] = {"", "-m /nonexistent --ids \"1 2\"", "-m tests/data/tiny-llada", "-m tests/data/tiny-llada --ids \"1 x\"",
-                         "-m tests/data/tiny-llada --ids \"1\" --remask sometimes", "-m tests/data/tiny-llada --ids \"1\" -n 10 --block 3",
-                         "-m tests/data/tiny-llada --ids \"1\" --bogus", "-m tests/data/tiny-llada --ids \"1\" --steps"};
+    const char *bad[] = {"",
+                         "-m /nonexistent --ids \"1 2\"",
+                         "-m tests/data/tiny-llada",
+                         "-m tests/data/tiny-llada --ids \"1 x\"",
+                         "-m tests/data/tiny-llada --ids \"1\" --remask sometimes",
+                         "-m tests/data/tiny-llada --ids \"1\" -n 10 --block 3",
+                         "-m tests/data/tiny-llada --ids \"1\" --bogus",
+                         "-m tests/data/tiny-llada --ids \"1\" --steps"};
     for (const char *a : bad) {
         std::string out, err;
         int rc = test_cli(a, out, err);
         CHECK_MSG(rc == 1, "`%s` exited %d", a, rc);
-        CHECK_MSG(std::count(err.begin(), err.end(), '\n') == 1 && err.rfind("dllm-generate: ", 0) == 0, "`%s` stderr: %s", a, err.c_str());
+        CHECK_MSG(std::count(err.begin(), err.end(), '\n') == 1 && err.rfind("dllm-generate: ", 0) == 0,
+                  "`%s` stderr: %s", a, err.c_str());
     }
     std::string out, err;
     CHECK(test_cli("--help", out, err) == 0 && out.find("--print-ids") != std::string::npos);

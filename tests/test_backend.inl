@@ -23,8 +23,8 @@ static std::vector<size_t> test_ptx_param_sizes(const std::string &ptx, const ch
     return sizes;
 }
 
-/* Every extern "C" kernel of the table takes, as compiled, exactly the parameters its host handle passes: the same count
- * and byte sizes (the host/kernel contract cannot drift apart). */
+/* Every extern "C" kernel of the table takes, as compiled, exactly the parameters its host handle passes: the same
+ * count and byte sizes (the host/kernel contract cannot drift apart). */
 TEST(backend, kernel_table_matches_the_compiled_kernels) {
     const dllm__arch a = dllm__arch_for(90);
     int checked = 0;
@@ -35,13 +35,18 @@ TEST(backend, kernel_table_matches_the_compiled_kernels) {
         CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log, &ptx), DLLM_OK, nullptr);
         auto check = [&](const char *name, const std::vector<size_t> &host) {
             const std::vector<size_t> dev = test_ptx_param_sizes(ptx, name);
-            CHECK_MSG(dev == host, "%s: the kernel takes %zu parameters, its handle passes %zu (or their sizes differ)", name, dev.size(), host.size());
+            CHECK_MSG(dev == host, "%s: the kernel takes %zu parameters, its handle passes %zu (or their sizes differ)",
+                      name, dev.size(), host.size());
             checked++;
         };
 #define TEST_KERNEL_SIZES(kname, attrs, params) check(#kname, dllm__kernel<dllm__sig_##kname>::param_sizes());
-        if (rq.name == "dllm_rowwise") { DLLM__ROWWISE_KERNELS(TEST_KERNEL_SIZES) DLLM__FP8_QUANT_KERNELS(TEST_KERNEL_SIZES) }
-        else if (rq.name == "dllm_q4wg") { DLLM__Q4WG_KERNELS(TEST_KERNEL_SIZES) }
-        else { DLLM__SAMPLER_KERNELS(TEST_KERNEL_SIZES) }
+        if (rq.name == "dllm_rowwise") {
+            DLLM__ROWWISE_KERNELS(TEST_KERNEL_SIZES) DLLM__FP8_QUANT_KERNELS(TEST_KERNEL_SIZES)
+        } else if (rq.name == "dllm_q4wg") {
+            DLLM__Q4WG_KERNELS(TEST_KERNEL_SIZES)
+        } else {
+            DLLM__SAMPLER_KERNELS(TEST_KERNEL_SIZES)
+        }
 #undef TEST_KERNEL_SIZES
     }
     printf("    %d kernels checked against their PTX entry points\n", checked);
@@ -66,8 +71,10 @@ TEST(backend, kernel_errors_name_lines_of_their_src_kernels_file) {
 
 /* The shared structs' layout is what the kernels index (fields the host reads back by member). */
 TEST(backend, contract_structs_have_the_kernels_layout) {
-    CHECK(offsetof(dllm_step_state, global_step) == 16 && offsetof(dllm_step_state, n_committed) == 24 && offsetof(dllm_step_state, n_block_left) == 28);
-    CHECK(offsetof(conf_partial, best_idx) == 36 && offsetof(sampler_args, temperature) == 56 && offsetof(attn_args, st) == 80);
+    CHECK(offsetof(dllm_step_state, global_step) == 16 && offsetof(dllm_step_state, n_committed) == 24 &&
+          offsetof(dllm_step_state, n_block_left) == 28);
+    CHECK(offsetof(conf_partial, best_idx) == 36 && offsetof(sampler_args, temperature) == 56 &&
+          offsetof(attn_args, st) == 80);
     const std::string src = dllm__src_contract();
     CHECK(src.find("struct sampler_args") != std::string::npos && src.find("REMASK_ORIGIN = 4") != std::string::npos);
 }
@@ -86,7 +93,9 @@ static void test_threads_decode_alone(dllm_test_state &T_, dllm_backend backend)
     std::vector<std::vector<int32_t>> alone(n_threads, std::vector<int32_t>(gen)), together = alone;
     dllm_ctx *one = test_ctx(m, backend);
     for (int i = 0; one && i < n_threads; i++)
-        CHECK_STATUS(dllm_generate(one, prompts[i].data(), (int)prompts[i].size(), p, alone[i].data(), gen, nullptr, nullptr), DLLM_OK, nullptr);
+        CHECK_STATUS(
+            dllm_generate(one, prompts[i].data(), (int)prompts[i].size(), p, alone[i].data(), gen, nullptr, nullptr),
+            DLLM_OK, nullptr);
     dllm_ctx_free(one);
     std::vector<dllm_ctx *> ctx(n_threads);
     for (dllm_ctx *&c : ctx) c = test_ctx(m, backend);
@@ -94,7 +103,9 @@ static void test_threads_decode_alone(dllm_test_state &T_, dllm_backend backend)
     std::vector<std::thread> threads;
     for (int i = 0; i < n_threads; i++)
         threads.emplace_back([&, i] {
-            if (ctx[i]) st[i] = dllm_generate(ctx[i], prompts[i].data(), (int)prompts[i].size(), p, together[i].data(), gen, nullptr, nullptr);
+            if (ctx[i])
+                st[i] = dllm_generate(ctx[i], prompts[i].data(), (int)prompts[i].size(), p, together[i].data(), gen,
+                                      nullptr, nullptr);
         });
     for (std::thread &t : threads) t.join();
     for (int i = 0; i < n_threads; i++) {
@@ -116,8 +127,7 @@ TEST(gpu, contexts_on_threads_decode_as_alone) {
  * device memory a context takes after a short decode (cudaMemGetInfo), at the LLaDA-8B shape. */
 TEST(gpu, contexts_share_the_model_weights) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 7, &m), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_, 7);
     if (!m) return;
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;
@@ -140,16 +150,18 @@ TEST(gpu, contexts_share_the_model_weights) {
     std::vector<int32_t> out_b(64);
     if (b) CHECK_STATUS(dllm_generate(b, prompt.data(), 480, p, out_b.data(), 64, nullptr, nullptr), DLLM_OK, nullptr);
     const double after_b = free_bytes();
-    printf("    LLaDA-8B shape: the first context takes %.2f GB, the second %.2f GB more\n", (before - after_a) / 1e9, (after_a - after_b) / 1e9);
+    printf("    LLaDA-8B shape: the first context takes %.2f GB, the second %.2f GB more\n", (before - after_a) / 1e9,
+           (after_a - after_b) / 1e9);
     CHECK(before - after_a > 15e9 && after_a - after_b < 1.5e9);
     CHECK(out == out_b);
-    if (a && b) CHECK(&((dllm__gpu_backend *)a->impl.get())->weights() == &((dllm__gpu_backend *)b->impl.get())->weights());
+    if (a && b)
+        CHECK(&((dllm__gpu_backend *)a->impl.get())->weights() == &((dllm__gpu_backend *)b->impl.get())->weights());
     dllm_ctx_free(a);
     const double after_free_a = free_bytes();
     dllm_ctx_free(b);
     const double after_free_b = free_bytes();
-    printf("    freeing the first gives back %.2f GB, the last %.2f GB (the weights with it)\n", (after_free_a - after_b) / 1e9,
-           (after_free_b - after_free_a) / 1e9);
+    printf("    freeing the first gives back %.2f GB, the last %.2f GB (the weights with it)\n",
+           (after_free_a - after_b) / 1e9, (after_free_b - after_free_a) / 1e9);
     CHECK(after_free_b - after_free_a > 15e9);
     dllm_model_free(m);
 }
@@ -172,7 +184,8 @@ TEST(gpu, nonfinite_weight_search_matches_twin) {
             dllm__dbuf dw, df;
             test_put(dw, w);
             test_put(df, std::vector<uint64_t>{n});
-            CHECK_STATUS(g.rw.find_nonfinite_bf16.launch({dim3(1024), dim3(256)}, 0, dw.ptr, n, df.ptr), DLLM_OK, nullptr);
+            CHECK_STATUS(g.rw.find_nonfinite_bf16.launch({dim3(1024), dim3(256)}, 0, dw.ptr, n, df.ptr), DLLM_OK,
+                         nullptr);
             dllm__tensor host;  // the twin: the CPU backend's scan of a checkpoint tensor
             host.dtype = DLLM__BF16, host.numel = (int64_t)n, host.data = (const uint8_t *)w.data();
             const int64_t first = dllm__first_nonfinite(host, 0, (int64_t)n);
@@ -182,7 +195,8 @@ TEST(gpu, nonfinite_weight_search_matches_twin) {
 }
 
 /* A copy of a fixture with one weight element set to `bits` (bf16), written into dir. */
-static bool test_damage_checkpoint(const std::string &from, const std::string &dir, const char *tensor, size_t element, uint16_t bits) {
+static bool test_damage_checkpoint(const std::string &from, const std::string &dir, const char *tensor, size_t element,
+                                   uint16_t bits) {
     for (const char *f : {"config.json", "generation_config.json", "model.safetensors"}) {
         std::string bytes = test_read_file(from + "/" + f);
         if (bytes.empty() && strcmp(f, "generation_config.json") == 0) continue;
@@ -190,7 +204,8 @@ static bool test_damage_checkpoint(const std::string &from, const std::string &d
             uint64_t header = 0;
             memcpy(&header, bytes.data(), 8);
             dllm__json j;
-            if (dllm__json_parse(bytes.data() + 8, (size_t)header, "test", j) != DLLM_OK || !j.find(tensor)) return false;
+            if (dllm__json_parse(bytes.data() + 8, (size_t)header, "test", j) != DLLM_OK || !j.find(tensor))
+                return false;
             const dllm__json *t = j.find(tensor);
             if (t->find("dtype")->str != "BF16") return false;
             const size_t at = 8 + (size_t)header + (size_t)t->find("data_offsets")->items[0].integer + 2 * element;
@@ -208,7 +223,10 @@ TEST(gpu, nonfinite_weights_are_refused_by_name) {
     const char *tensor = "model.transformer.blocks.1.ff_out.weight";
     for (uint16_t bits : {(uint16_t)0x7fc0, (uint16_t)0xff80}) {
         test_tmpdir dir;
-        if (!test_damage_checkpoint("models/tiny-llada", dir.path, tensor, 1234, bits)) { CHECK(!"could not write the damaged checkpoint"); return; }
+        if (!test_damage_checkpoint("models/tiny-llada", dir.path, tensor, 1234, bits)) {
+            CHECK(!"could not write the damaged checkpoint");
+            return;
+        }
         dllm_model *m = test_load(dir.path);
         if (!m) { CHECK(m != nullptr); return; }
         const int64_t before = dllm__device_bytes;
@@ -248,8 +266,10 @@ TEST(gpu, failing_device_allocations_are_clean_errors) {
             break;
         }
         create_sites++;
-        CHECK_MSG(s == DLLM_ERR_OUT_OF_MEMORY && ctx == nullptr, "allocation %d of context creation: %s", i, dllm_status_str(s));
-        CHECK_MSG(dllm__device_bytes == base, "allocation %d of context creation failed and left %lld bytes", i, (long long)(dllm__device_bytes - base));
+        CHECK_MSG(s == DLLM_ERR_OUT_OF_MEMORY && ctx == nullptr, "allocation %d of context creation: %s", i,
+                  dllm_status_str(s));
+        CHECK_MSG(dllm__device_bytes == base, "allocation %d of context creation failed and left %lld bytes", i,
+                  (long long)(dllm__device_bytes - base));
     }
     for (int i = 1; i < 200; i++) {  // a generation's buffers
         dllm_ctx *ctx = nullptr;
@@ -262,13 +282,15 @@ TEST(gpu, failing_device_allocations_are_clean_errors) {
         if (hit) {
             generate_sites++;
             CHECK_MSG(s == DLLM_ERR_OUT_OF_MEMORY, "allocation %d of a generation: %s", i, dllm_status_str(s));
-            CHECK_STATUS(dllm_generate(ctx, prompt, 5, p, out.data(), 16, nullptr, nullptr), DLLM_OK, nullptr);  // the context still works
+            CHECK_STATUS(dllm_generate(ctx, prompt, 5, p, out.data(), 16, nullptr, nullptr), DLLM_OK,
+                         nullptr);  // the context still works
         }
         dllm_ctx_free(ctx);
         CHECK(dllm__device_bytes == base);
         if (!hit) { CHECK(s == DLLM_OK); break; }
     }
-    printf("    %d allocation sites of context creation and %d of a generation failed in turn, each cleanly\n", create_sites, generate_sites);
+    printf("    %d allocation sites of context creation and %d of a generation failed in turn, each cleanly\n",
+           create_sites, generate_sites);
     CHECK(create_sites > 10 && generate_sites > 10);
     dllm_model_free(m);
 }

@@ -50,11 +50,13 @@ static dllm_gen_params test_batch_random_params(std::mt19937 &rng, bool dream) {
     p.temperature = pick(2) ? 0.0f : 0.8f;
     p.cfg_scale = pick(3) == 0 ? 0.5f : 0.0f;
     p.stop_at_eos = pick(2);
-    const dllm_unmask rules[] = {DLLM_UNMASK_SCHEDULE, DLLM_UNMASK_THRESHOLD, DLLM_UNMASK_FACTOR, DLLM_UNMASK_TIMESTEPS};
+    const dllm_unmask rules[] = {DLLM_UNMASK_SCHEDULE, DLLM_UNMASK_THRESHOLD, DLLM_UNMASK_FACTOR,
+                                 DLLM_UNMASK_TIMESTEPS};
     p.unmask = rules[pick(dream ? 4 : 3)];
     p.threshold = 0.05 + 0.3 * pick(3);
     p.factor = 0.5 + pick(3);
-    const dllm_remasking remasks[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY};
+    const dllm_remasking remasks[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN,
+                                      DLLM_REMASK_ENTROPY};
     p.remasking = remasks[pick(dream ? 4 : 2)];
     if (p.remasking == DLLM_REMASK_ENTROPY) p.threshold = -0.5 - pick(3);
     if (pick(4) == 0) p.top_k = 1 + pick(20);
@@ -81,11 +83,13 @@ static void test_batch_run_alone(dllm_ctx *ctx, test_batch_case &c) {
     c.params.on_step = test_batch_on_step;
     c.params.on_step_data = &c.alone;
     c.out_alone.assign((size_t)std::max(1, c.out_capacity), -7);
-    c.status_alone = dllm_generate(ctx, c.prompt.data(), (int)c.prompt.size(), c.params, c.out_alone.data(), c.out_capacity, &c.n_alone, &c.stats_alone);
+    c.status_alone = dllm_generate(ctx, c.prompt.data(), (int)c.prompt.size(), c.params, c.out_alone.data(),
+                                   c.out_capacity, &c.n_alone, &c.stats_alone);
 }
 
 /* dllm_generate_batch of the cases in the given order; results by case. */
-static dllm_status test_batch_run(dllm_ctx *ctx, std::vector<test_batch_case *> order, std::vector<dllm_batch_result> &results, dllm_gen_stats *bs) {
+static dllm_status test_batch_run(dllm_ctx *ctx, std::vector<test_batch_case *> order,
+                                  std::vector<dllm_batch_result> &results, dllm_gen_stats *bs) {
     std::vector<dllm_batch_item> items(order.size());
     for (size_t i = 0; i < order.size(); i++) {
         test_batch_case &c = *order[i];
@@ -100,16 +104,23 @@ static dllm_status test_batch_run(dllm_ctx *ctx, std::vector<test_batch_case *> 
 }
 
 /* A case's batch result against its solo run: status, ids, stats, canvases, logits bit for bit. */
-static void test_batch_check_case(dllm_test_state &T_, const test_batch_case &c, const dllm_batch_result &r, const char *what) {
-    CHECK_MSG(r.status == c.status_alone, "%s: status %s in the batch, %s alone (%s)", what, dllm_status_str(r.status), dllm_status_str(c.status_alone), r.error);
-    CHECK_MSG(r.n_out == c.n_alone && c.out_batch == c.out_alone, "%s: %d ids in the batch, %d alone, or other ids", what, r.n_out, c.n_alone);
-    CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards, "%s: steps %d/%d, forwards %d/%d", what,
-              r.stats.steps, c.stats_alone.steps, r.stats.forwards, c.stats_alone.forwards);
+static void test_batch_check_case(dllm_test_state &T_, const test_batch_case &c, const dllm_batch_result &r,
+                                  const char *what) {
+    CHECK_MSG(r.status == c.status_alone, "%s: status %s in the batch, %s alone (%s)", what, dllm_status_str(r.status),
+              dllm_status_str(c.status_alone), r.error);
+    CHECK_MSG(r.n_out == c.n_alone && c.out_batch == c.out_alone, "%s: %d ids in the batch, %d alone, or other ids",
+              what, r.n_out, c.n_alone);
+    CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards,
+              "%s: steps %d/%d, forwards %d/%d", what, r.stats.steps, c.stats_alone.steps, r.stats.forwards,
+              c.stats_alone.forwards);
     CHECK_MSG(c.batch.canvases == c.alone.canvases, "%s: the canvases after each step differ", what);
     const bool same_logits = c.batch.logits.size() == c.alone.logits.size() &&
-                             (c.alone.logits.empty() || !memcmp(c.batch.logits.data(), c.alone.logits.data(), c.alone.logits.size() * sizeof(float)));
-    CHECK_MSG(same_logits, "%s: logits differ (%zu floats in the batch, %zu alone)", what, c.batch.logits.size(), c.alone.logits.size());
-    CHECK_MSG(c.status_alone != DLLM_OK || !c.alone.logits.empty(), "%s: no logits recorded: the test would prove nothing", what);
+                             (c.alone.logits.empty() || !memcmp(c.batch.logits.data(), c.alone.logits.data(),
+                                                                c.alone.logits.size() * sizeof(float)));
+    CHECK_MSG(same_logits, "%s: logits differ (%zu floats in the batch, %zu alone)", what, c.batch.logits.size(),
+              c.alone.logits.size());
+    CHECK_MSG(c.status_alone != DLLM_OK || !c.alone.logits.empty(),
+              "%s: no logits recorded: the test would prove nothing", what);
 }
 
 static dllm_status test_batch_first_failure(const std::vector<test_batch_case *> &order) {
@@ -120,13 +131,14 @@ static dllm_status test_batch_first_failure(const std::vector<test_batch_case *>
 
 /* Random batches of 2-5 items on one model, each in two orders, against the items alone. Quantised precisions
  * quantise each row (token) on its own, so they batch exactly too. */
-static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, int rounds = 5,
-                                      dllm_precision precision = DLLM_PRECISION_BF16, bool kv = false) {
+static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed,
+                                      int rounds = 5, dllm_precision precision = DLLM_PRECISION_BF16, bool kv = false) {
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = precision;
     dllm_ctx *ctx = nullptr;
-    if (m && dllm_ctx_create(m, cp, &ctx) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
+    if (m && dllm_ctx_create(m, cp, &ctx) != DLLM_OK)
+        fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -144,7 +156,8 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
             // Not always OK: a threshold/factor block of a tiny random model can hit the step bound (INTERNAL, also
             // in dllm_generate before batching existed); the batch must then fail that item alike.
             n_ok += c.status_alone == DLLM_OK;
-            n_cfg += c.params.cfg_scale > 0, n_dpad += c.params.dpad != DLLM_DPAD_OFF, n_sampled += c.params.temperature > 0;
+            n_cfg += c.params.cfg_scale > 0, n_dpad += c.params.dpad != DLLM_DPAD_OFF,
+                n_sampled += c.params.temperature > 0;
             n_rule += c.params.unmask == DLLM_UNMASK_THRESHOLD || c.params.unmask == DLLM_UNMASK_FACTOR;
         }
         CHECK_MSG(n_ok >= 1, "round %d: no item decoded alone", round);
@@ -159,21 +172,25 @@ static void test_batch_random_batches(dllm_test_state &T_, const char *model_dir
             int max_steps = 0, sum_steps = 0;
             for (size_t i = 0; i < order.size(); i++) {
                 char what[96];
-                snprintf(what, sizeof what, "%s round %d pass %d item %zu of %zu", model_dir, round, pass, i, order.size());
+                snprintf(what, sizeof what, "%s round %d pass %d item %zu of %zu", model_dir, round, pass, i,
+                         order.size());
                 test_batch_check_case(T_, *order[i], results[i], what);
                 max_steps = std::max(max_steps, results[i].stats.steps);
                 sum_steps += results[i].stats.steps;
             }
             // One forward per batched step, whatever the number of sequences in it: the largest step count.
-            CHECK_MSG(bs.forwards == max_steps && bs.steps == max_steps, "batch forwards %d, steps %d; the items' largest step count is %d (sum %d)",
-                      bs.forwards, bs.steps, max_steps, sum_steps);
+            CHECK_MSG(bs.forwards == max_steps && bs.steps == max_steps,
+                      "batch forwards %d, steps %d; the items' largest step count is %d (sum %d)", bs.forwards,
+                      bs.steps, max_steps, sum_steps);
         }
     }
     dllm__debug_step_logits = nullptr;
-    CHECK_MSG(rounds < 5 || (n_cfg && n_dpad && n_sampled && n_rule), "%s: the batches held %d CFG, %d DPad, %d sampled, %d threshold/factor items",
-              model_dir, n_cfg, n_dpad, n_sampled, n_rule);
-    CHECK_MSG(!kv || (n_kv[DLLM_KV_CACHE_PREFIX] && n_kv[DLLM_KV_CACHE_DUAL]), "%s: the batches held %d prefix-cache and %d dual-cache items", model_dir,
-              n_kv[DLLM_KV_CACHE_PREFIX], n_kv[DLLM_KV_CACHE_DUAL]);
+    CHECK_MSG(rounds < 5 || (n_cfg && n_dpad && n_sampled && n_rule),
+              "%s: the batches held %d CFG, %d DPad, %d sampled, %d threshold/factor items", model_dir, n_cfg, n_dpad,
+              n_sampled, n_rule);
+    CHECK_MSG(!kv || (n_kv[DLLM_KV_CACHE_PREFIX] && n_kv[DLLM_KV_CACHE_DUAL]),
+              "%s: the batches held %d prefix-cache and %d dual-cache items", model_dir, n_kv[DLLM_KV_CACHE_PREFIX],
+              n_kv[DLLM_KV_CACHE_DUAL]);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -219,12 +236,15 @@ TEST(batch, cpu_forward_seqs_equals_each_forward_alone) {
         q.r0 = (int)(rng() % (uint32_t)q.n), q.r1 = q.r0 + 1 + (int)(rng() % (uint32_t)(q.n - q.r0));
         seqs.push_back(q);
         std::vector<float> one((size_t)(q.r1 - q.r0) * c.n_vocab, NAN);
-        dllm__cpu_forward(*m, pool, b, q.ids, q.n, dllm__cpu_rows(), nullptr, cos_t.data(), sin_t.data(), q.r0, q.r1, one.data());
+        dllm__cpu_forward(*m, pool, b, q.ids, q.n, dllm__cpu_rows(), nullptr, cos_t.data(), sin_t.data(), q.r0, q.r1,
+                          one.data());
         alone.insert(alone.end(), one.begin(), one.end());
     }
     std::vector<float> batched(alone.size(), NAN);
-    dllm__cpu_forward_seqs(*m, pool, b, seqs, cos_t.data(), sin_t.data(), batched.data(), std::vector<dllm__fp8_layer>(), nullptr);
-    CHECK_MSG(!memcmp(batched.data(), alone.data(), alone.size() * sizeof(float)), "%s", "a batched forward's logits differ from the forwards alone");
+    dllm__cpu_forward_seqs(*m, pool, b, seqs, cos_t.data(), sin_t.data(), batched.data(),
+                           std::vector<dllm__fp8_layer>(), nullptr);
+    CHECK_MSG(!memcmp(batched.data(), alone.data(), alone.size() * sizeof(float)), "%s",
+              "a batched forward's logits differ from the forwards alone");
     dllm_model_free(m);
 }
 
@@ -247,19 +267,22 @@ TEST(batch, bad_small_and_cancelled_items_fail_alone) {
     cases[5].params.unmask = DLLM_UNMASK_SCHEDULE, cases[5].params.steps = 2 * cases[5].params.gen_length;
     for (test_batch_case &c : cases) test_batch_run_alone(ctx, c);
     CHECK(cases[1].status_alone == DLLM_ERR_INVALID_ARGUMENT && cases[2].status_alone == DLLM_ERR_BUFFER_TOO_SMALL &&
-          cases[3].status_alone == DLLM_ERR_CANCELLED && cases[0].status_alone == DLLM_OK && cases[4].status_alone == DLLM_OK &&
-          cases[5].status_alone == DLLM_ERR_INVALID_ARGUMENT);
+          cases[3].status_alone == DLLM_ERR_CANCELLED && cases[0].status_alone == DLLM_OK &&
+          cases[4].status_alone == DLLM_OK && cases[5].status_alone == DLLM_ERR_INVALID_ARGUMENT);
     std::vector<test_batch_case *> order;
     for (test_batch_case &c : cases) order.push_back(&c);
     std::vector<dllm_batch_result> results;
-    CHECK_STATUS(test_batch_run(ctx, order, results, nullptr), DLLM_ERR_INVALID_ARGUMENT, "block_length (--block) 5");  // the first failing item's
+    CHECK_STATUS(test_batch_run(ctx, order, results, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                 "block_length (--block) 5");  // the first failing item's
     for (size_t i = 0; i < cases.size(); i++) {
         char what[64];
         snprintf(what, sizeof what, "item %zu", i);
         if (i == 1 || i == 2 || i == 5) {
-            CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone, "%s: %s, n_out %d", what,
-                      dllm_status_str(results[i].status), results[i].n_out);
-            CHECK_MSG(std::all_of(cases[i].out_batch.begin(), cases[i].out_batch.end(), [](int32_t t) { return t == -7; }), "%s: ids written", what);
+            CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone,
+                      "%s: %s, n_out %d", what, dllm_status_str(results[i].status), results[i].n_out);
+            CHECK_MSG(
+                std::all_of(cases[i].out_batch.begin(), cases[i].out_batch.end(), [](int32_t t) { return t == -7; }),
+                "%s: ids written", what);
             CHECK_MSG(results[i].error[0] != 0, "%s: no message", what);
             continue;
         }
@@ -267,8 +290,8 @@ TEST(batch, bad_small_and_cancelled_items_fail_alone) {
     }
     CHECK_MSG(strstr(results[2].error, "gen_length") != nullptr, "the small buffer's message: %s", results[2].error);
     CHECK_MSG(results[2].n_out == cases[2].params.gen_length, "n_out %d: the size needed", results[2].n_out);
-    CHECK_MSG(strstr(results[5].error, "steps (--steps)") && strstr(results[5].error, "commit anything"), "the extra steps' message: %s",
-              results[5].error);
+    CHECK_MSG(strstr(results[5].error, "steps (--steps)") && strstr(results[5].error, "commit anything"),
+              "the extra steps' message: %s", results[5].error);
     CHECK(results[0].error[0] == 0 && results[3].status == DLLM_ERR_CANCELLED && strstr(results[3].error, "cancelled"));
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
@@ -293,11 +316,14 @@ TEST(batch, empty_and_null_arguments_are_statuses) {
     CHECK_STATUS(dllm_generate_batch(ctx, items, -1, r, nullptr), DLLM_ERR_INVALID_ARGUMENT, "n_items -1");
     // Items of zeros: NULL prompt with n_prompt 0 is fine, but NULL out and gen_length 0 are each item's error.
     CHECK_STATUS(dllm_generate_batch(ctx, items, 2, r, nullptr), DLLM_ERR_INVALID_ARGUMENT, "gen_length");
-    CHECK(r[0].status == DLLM_ERR_INVALID_ARGUMENT && r[1].status == DLLM_ERR_INVALID_ARGUMENT && strstr(r[1].error, "gen_length"));
+    CHECK(r[0].status == DLLM_ERR_INVALID_ARGUMENT && r[1].status == DLLM_ERR_INVALID_ARGUMENT &&
+          strstr(r[1].error, "gen_length"));
     int32_t prompt[2] = {5, 6};
-    items[0].prompt = prompt, items[0].n_prompt = 2, items[0].params = dllm_gen_default_params(), items[0].params.gen_length = 8;
+    items[0].prompt = prompt, items[0].n_prompt = 2, items[0].params = dllm_gen_default_params(),
+    items[0].params.gen_length = 8;
     items[0].params.steps = 8, items[0].params.block_length = 8;
-    CHECK_STATUS(dllm_generate_batch(ctx, items, 1, r, nullptr), DLLM_ERR_INVALID_ARGUMENT, "output buffer");  // out NULL
+    CHECK_STATUS(dllm_generate_batch(ctx, items, 1, r, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                 "output buffer");  // out NULL
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
@@ -334,13 +360,14 @@ TEST(batch, kv_cache_items_join_the_batch) {
     int max_steps = 0;
     for (size_t i = 0; i < cases.size(); i++) {
         char what[64];
-        snprintf(what, sizeof what, "item %zu (K/V cache %d, DPad %d)", i, (int)cases[i].params.kv_cache, (int)cases[i].params.dpad);
+        snprintf(what, sizeof what, "item %zu (K/V cache %d, DPad %d)", i, (int)cases[i].params.kv_cache,
+                 (int)cases[i].params.dpad);
         test_batch_check_case(T_, cases[i], results[i], what);
         max_steps = std::max(max_steps, results[i].stats.steps);
     }
     CHECK_MSG(log.find("one after another") == std::string::npos, "log: %s", log.c_str());
-    CHECK_MSG(bs.forwards == max_steps && bs.steps == max_steps, "batch forwards %d, steps %d, the items' largest step count %d", bs.forwards, bs.steps,
-              max_steps);
+    CHECK_MSG(bs.forwards == max_steps && bs.steps == max_steps,
+              "batch forwards %d, steps %d, the items' largest step count %d", bs.forwards, bs.steps, max_steps);
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
     dllm_model_free(m);

@@ -40,8 +40,9 @@ TEST(batch, varlen_layout_concatenates_rows_positions_and_logit_rows) {
     CHECK_STATUS(dllm__varlen_layout_of(c, bad, 32, v), DLLM_ERR_INTERNAL, "sequence 0");
 }
 
-/* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, on the table's tiles
- * and the short runs' (dllm__attn_short_tiles), and, like the plain one, neither spills nor needs a stack frame. */
+/* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, on the table's
+ * tiles and the short runs' (dllm__attn_short_tiles), and, like the plain one, neither spills nor needs a stack
+ * frame. */
 TEST(jit, varlen_attention_compiles_for_every_arch) {
     for (const dllm__arch &row : dllm__arch_table)
         for (int hd : {64, 128, 256}) {
@@ -49,9 +50,7 @@ TEST(jit, varlen_attention_compiles_for_every_arch) {
             const dllm__jit_request rq = dllm__module_attention_varlen(a, hd);
             std::vector<char> cubin;
             std::vector<std::string> lowered;
-            std::string log;
-            CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-            CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+            test_compile_clean(T_, rq, a.target, true, cubin, lowered);
             CHECK(rq.kernels.size() == 2 && rq.kernels[1] == dllm__attn_varlen_name(hd, dllm__attn_short_tiles(a)) &&
                   rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 2 && cubin.size() > 1000);
         }
@@ -91,7 +90,8 @@ TEST(batch, kv_layout_places_rows_in_their_slots) {
     // entries 0, 2, 4 the sequences (queries over their slot's n rows), 1 and 3 the bridges without a query row
     CHECK((v.attn_q_offsets == std::vector<int32_t>{0, 4, 4, 10, 10, 14}));
     CHECK((v.attn_kv_offsets == std::vector<int32_t>{20, 30, 0, 6, 6, 18}));
-    CHECK((v.raw0 == std::vector<int>{4, 2, 9}) && (v.raw1 == std::vector<int>{8, 6, 12}) && (v.out0 == std::vector<int>{0, 4, 8}));
+    CHECK((v.raw0 == std::vector<int>{4, 2, 9}) && (v.raw1 == std::vector<int>{8, 6, 12}) &&
+          (v.out0 == std::vector<int>{0, 4, 8}));
     // the rows go where the layout says: the twin of kv_scatter_rows moves each forwarded row's K|V into its slot row
     const int width = 24, stride = 40;
     std::vector<uint16_t> src((size_t)v.rows * stride), cache((size_t)30 * width, 0xFFFF);
@@ -105,16 +105,19 @@ TEST(batch, kv_layout_places_rows_in_their_slots) {
         if (row >= 14 && row < 18) id = 300 + row - 6;    // slot 1, rows 8..11 of c
         for (int e = 0; e < width; e++) {
             const uint16_t want = id < 0 ? (uint16_t)0xFFFF : (uint16_t)(id * 64 + 16 + e);
-            CHECK_MSG(cache[(size_t)row * width + e] == want, "cache row %d element %d: %d, want %d", row, e, cache[(size_t)row * width + e], want);
+            CHECK_MSG(cache[(size_t)row * width + e] == want, "cache row %d element %d: %d, want %d", row, e,
+                      cache[(size_t)row * width + e], want);
             if (cache[(size_t)row * width + e] != want) return;
         }
     }
     // Dream's shift: sequence a's first logit row is 3, outside its forwarded rows [4, 8): the driver never plans that
     c.shift_logits = true;
-    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL, "logit rows [3, 7) outside its forwarded rows [4, 8)");
+    CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_ERR_INTERNAL,
+                 "logit rows [3, 7) outside its forwarded rows [4, 8)");
     k.plan[0].q0 = 3, k.plan[2].q0 = 7;  // dllm__step_rows's rows under the shift
     CHECK_STATUS(dllm__kv_layout_of(c, k.plan, k.base, k.rows, 64, v), DLLM_OK, nullptr);
-    CHECK((v.raw0 == std::vector<int>{3, 1, 8}) && (v.cache_rows[0] == 23) && v.rows == 16 && (v.attn_q_offsets == std::vector<int32_t>{0, 5, 5, 11, 11, 16}));
+    CHECK((v.raw0 == std::vector<int>{3, 1, 8}) && (v.cache_rows[0] == 23) && v.rows == 16 &&
+          (v.attn_q_offsets == std::vector<int32_t>{0, 5, 5, 11, 11, 16}));
     // plans the driver must never make: INTERNAL, naming the sequence
     c.shift_logits = false;
     test_kv_make_plan(k);
@@ -138,19 +141,30 @@ TEST(jit, kv_scatter_compiles_for_every_arch) {
         const dllm__jit_request rq = dllm__module_kv_scatter(row);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "%s on %s:\n%s", rq.name.c_str(), row.target, log.c_str());
+        test_compile_clean(T_, rq, row.target, true, cubin, lowered);
         CHECK(rq.kernels.size() == 1 && lowered.size() == 1 && cubin.size() > 500);
     }
 }
 
 // ---- the varlen attention on the GPU ---------------------------------------------------------------------
 
+/* The arguments both attention launches below share: `rows` rows a sequence of fused Q|K|V rows at qkv
+ * ([rows][H + 2 KV][hd]), output rows [rows][H][hd] at out, one key split. */
+static attn_args test_fused_attn_args(const dllm__dbuf &qkv, const dllm__dbuf &out, int H, int KV, int hd, int rows) {
+    attn_args a = {};
+    a.q = qkv.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = out.as<bf16_t>();
+    a.seq = a.q_rows = rows;
+    a.q_stride = a.kv_stride = (H + 2 * KV) * hd, a.o_stride = H * hd, a.group = H / KV;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = 1;
+    return a;
+}
+
 /* Sequences of the given lengths concatenated in `order`, fused Q|K|V rows ([T][H + 2 KV][hd]): the varlen flash_attn's
  * output rows of each sequence (by sequence, whatever the order), the output poisoned first. */
-static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state &T_, const test_gpu &g, const dllm__kernel<void(attn_args)> &k, int hd,
-                                                                int H, int KV, const std::vector<std::vector<uint16_t>> &seqs,
+static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state &T_, const test_gpu &g,
+                                                                const dllm__kernel<void(attn_args)> &k, int hd, int H,
+                                                                int KV, const std::vector<std::vector<uint16_t>> &seqs,
                                                                 const std::vector<int> &order) {
     const int stride = (H + 2 * KV) * hd;
     std::vector<uint16_t> rows;
@@ -167,36 +181,29 @@ static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state 
     test_put(dq, rows);
     test_put(doff, offsets);
     test_poison(dout, (size_t)T * H * hd * 2);
-    attn_args a = {};
-    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
-    a.seq = a.q_rows = max_rows;
-    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
+    attn_args a = test_fused_attn_args(dq, dout, H, KV, hd, max_rows);
     a.q_offsets = a.kv_offsets = doff.as<int>();
-    CHECK_STATUS(dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), g.arch, hd, H, (int)order.size(), max_rows, a, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(
+        dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), g.arch, hd, H, (int)order.size(), max_rows, a, 0),
+        DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)T * H * hd);
     std::vector<std::vector<uint16_t>> by_seq(seqs.size());
     for (size_t i = 0; i < order.size(); i++)
-        by_seq[(size_t)order[i]].assign(out.begin() + (size_t)offsets[i] * H * hd, out.begin() + (size_t)offsets[i + 1] * H * hd);
+        by_seq[(size_t)order[i]].assign(out.begin() + (size_t)offsets[i] * H * hd,
+                                        out.begin() + (size_t)offsets[i + 1] * H * hd);
     return by_seq;
 }
 
 /* Each sequence alone through the plain flash_attn (batch 1, plain tile order): its output rows. */
-static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const test_gpu &g, const dllm__attn_kernels &k, int hd, int H, int KV,
-                                                  const std::vector<uint16_t> &rows) {
+static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const test_gpu &g, const dllm__attn_kernels &k,
+                                                  int hd, int H, int KV, const std::vector<uint16_t> &rows) {
     const int stride = (H + 2 * KV) * hd, n = (int)(rows.size() / stride);
     dllm__dbuf dq, dout;
     test_put(dq, rows);
     test_poison(dout, (size_t)n * H * hd * 2);
-    attn_args a = {};
-    a.q = dq.as<bf16_t>(), a.k = a.q + (size_t)H * hd, a.v = a.q + (size_t)(H + KV) * hd, a.o = dout.as<bf16_t>();
-    a.seq = a.q_rows = n;
-    a.q_stride = a.kv_stride = stride, a.o_stride = H * hd, a.group = H / KV;
+    attn_args a = test_fused_attn_args(dq, dout, H, KV, hd, n);
     a.q_bstride = (u64)n * stride, a.o_bstride = (u64)n * H * hd;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = 1;
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0), DLLM_OK, nullptr);
     return test_get<uint16_t>(dout, (size_t)n * H * hd);
 }
@@ -204,6 +211,24 @@ static std::vector<uint16_t> test_attention_alone(dllm_test_state &T_, const tes
 /* Awkward lengths (one row, partial tiles, several query tiles), GQA, both head dims: the varlen attention gives every
  * sequence the bits of its own launch, in any order of the concatenation, and the CPU twin's values; on the table's
  * tiles and on the short runs' (dllm__attn_short_tiles), which the batched forwards pick by the batch's longest run. */
+/* The varlen flash_attn's module for head dim hd on a's tiles (loaded into mod), its kernel on those tiles (k) and on
+ * the short runs' (k_short, dllm__attn_short_tiles), each with the dynamic shared memory its tiles take; false after a
+ * failed check. */
+static bool test_load_varlen(dllm_test_state &T_, const dllm__arch &a, int hd, std::shared_ptr<dllm__module> &mod,
+                             dllm__kernel<void(attn_args)> &k, dllm__kernel<void(attn_args)> &k_short) {
+    CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
+    if (!mod) return false;
+    const dllm__arch short_tiles = dllm__attn_short_tiles(a);
+    k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
+    CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+    k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, short_tiles)),
+    k_short.name = "flash_attn (varlen, short runs)";
+    CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)dllm__attn_smem(hd, short_tiles)) == cudaSuccess);
+    return true;
+}
+
 TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
     NEED_GPU();
     test_gpu g;
@@ -216,16 +241,10 @@ TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
         ga.arch = a;
         const int H = 4, KV = 2, stride = (H + 2 * KV) * hd;
         std::shared_ptr<dllm__module> mod;
-        CHECK_STATUS(dllm__jit_load(dllm__module_attention_varlen(a, hd), mod), DLLM_OK, nullptr);
-        if (!mod) return;
         dllm__kernel<void(attn_args)> k, k_short;
-        k.fn = mod->kernels.at(dllm__attn_varlen_name(hd, a)), k.name = "flash_attn (varlen)";
-        CHECK(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, a)) == cudaSuccess);
+        if (!test_load_varlen(T_, a, hd, mod, k, k_short)) return;
         test_gpu gs = ga;
         gs.arch = dllm__attn_short_tiles(a);
-        k_short.fn = mod->kernels.at(dllm__attn_varlen_name(hd, gs.arch)), k_short.name = "flash_attn (varlen, short runs)";
-        CHECK(cudaFuncSetAttribute((const void *)k_short.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dllm__attn_smem(hd, gs.arch)) ==
-              cudaSuccess);
         const dllm__attn_kernels plain = test_attn_kernels(T_, ga, hd);
         const int lengths[] = {37, 1, 255, 130, 64};
         std::vector<std::vector<uint16_t>> seqs;
@@ -234,16 +253,21 @@ TEST(gpu_batch, varlen_attention_equals_each_sequence_alone) {
             for (float &v : x) v = r.normal();
             seqs.push_back(test_bf16_vec(x));
         }
-        const std::vector<std::vector<uint16_t>> batched = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {0, 1, 2, 3, 4});
-        const std::vector<std::vector<uint16_t>> permuted = test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {3, 0, 4, 2, 1});
-        const std::vector<std::vector<uint16_t>> short_tiles = test_varlen_attention(T_, gs, k_short, hd, H, KV, seqs, {2, 4, 1, 0, 3});
+        const std::vector<std::vector<uint16_t>> batched =
+            test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {0, 1, 2, 3, 4});
+        const std::vector<std::vector<uint16_t>> permuted =
+            test_varlen_attention(T_, ga, k, hd, H, KV, seqs, {3, 0, 4, 2, 1});
+        const std::vector<std::vector<uint16_t>> short_tiles =
+            test_varlen_attention(T_, gs, k_short, hd, H, KV, seqs, {2, 4, 1, 0, 3});
         for (size_t s = 0; s < seqs.size(); s++) {
             const int n = lengths[s];
-            CHECK_MSG(batched[s] == test_attention_alone(T_, ga, plain, hd, H, KV, seqs[s]), "hd %d sequence %zu (%d rows): varlen bits differ from alone",
-                      hd, s, n);
+            CHECK_MSG(batched[s] == test_attention_alone(T_, ga, plain, hd, H, KV, seqs[s]),
+                      "hd %d sequence %zu (%d rows): varlen bits differ from alone", hd, s, n);
             CHECK_MSG(permuted[s] == batched[s], "hd %d sequence %zu: the order of the batch changed its bits", hd, s);
-            CHECK_MSG(short_tiles[s] == batched[s], "hd %d sequence %zu (%d rows): the short runs' tiles changed its bits", hd, s, n);
-            std::vector<float> x = test_f32_vec(seqs[s]), q((size_t)n * H * hd), kk((size_t)n * KV * hd), vv((size_t)n * KV * hd), want(q.size());
+            CHECK_MSG(short_tiles[s] == batched[s],
+                      "hd %d sequence %zu (%d rows): the short runs' tiles changed its bits", hd, s, n);
+            std::vector<float> x = test_f32_vec(seqs[s]), q((size_t)n * H * hd), kk((size_t)n * KV * hd),
+                               vv((size_t)n * KV * hd), want(q.size());
             for (int i = 0; i < n; i++) {
                 const float *row = &x[(size_t)i * stride];
                 std::copy(row, row + H * hd, &q[(size_t)i * H * hd]);
@@ -268,7 +292,8 @@ static void test_batch_make_plan(std::mt19937 &rng, int n_vocab, int mask_id, te
     const int lengths[] = {3, 17, 40, 1, 9, 66};
     for (int n : lengths) {
         p.ids.emplace_back();
-        for (int i = 0; i < n; i++) p.ids.back().push_back(rng() % 3 == 0 ? mask_id : (int32_t)(rng() % (uint32_t)n_vocab));
+        for (int i = 0; i < n; i++)
+            p.ids.back().push_back(rng() % 3 == 0 ? mask_id : (int32_t)(rng() % (uint32_t)n_vocab));
         p.positions.emplace_back();
         if (n == 9)
             for (int i = 0; i < n; i++) p.positions.back().push_back(3 * i + (int)(rng() % 3));
@@ -283,7 +308,8 @@ static void test_batch_make_plan(std::mt19937 &rng, int n_vocab, int mask_id, te
 }
 
 /* forward_batch's logits of a plan, the output poisoned first. */
-static std::vector<float> test_forward_batch(dllm_test_state &T_, dllm_ctx *ctx, const std::vector<dllm__batch_seq> &plan, int V) {
+static std::vector<float> test_forward_batch(dllm_test_state &T_, dllm_ctx *ctx,
+                                             const std::vector<dllm__batch_seq> &plan, int V) {
     size_t rows = 0;
     for (const dllm__batch_seq &s : plan) rows += (size_t)(s.r1 - s.r0);
     std::vector<float> out(rows * V, NAN);
@@ -294,7 +320,8 @@ static std::vector<float> test_forward_batch(dllm_test_state &T_, dllm_ctx *ctx,
 /* One context's batched forward against each sequence alone (a batch of one) and the batch reversed, bit for bit,
  * and against the CPU reference's batched forward. The batch holds `copies` plans of test_batch_make_plan (136 rows
  * each). */
-static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu, const char *what, int copies = 1) {
+static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu, const char *what,
+                                    int copies = 1) {
     const int V = m->cfg.n_vocab;
     std::mt19937 rng(1234);
     std::vector<test_batch_plan> plans((size_t)copies);  // sized once: the plan points into their ids
@@ -309,7 +336,8 @@ static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx
         const std::vector<float> one = test_forward_batch(T_, gpu, {s}, V);
         alone.insert(alone.end(), one.begin(), one.end());
     }
-    CHECK_MSG(all.size() == alone.size() && !memcmp(all.data(), alone.data(), all.size() * 4), "%s: a batched sequence's logits differ from its own", what);
+    CHECK_MSG(all.size() == alone.size() && !memcmp(all.data(), alone.data(), all.size() * 4),
+              "%s: a batched sequence's logits differ from its own", what);
     std::vector<dllm__batch_seq> reversed(p.plan.rbegin(), p.plan.rend());
     const std::vector<float> rev = test_forward_batch(T_, gpu, reversed, V);
     size_t at = rev.size();  // the reversed batch's sequences, back in plan order
@@ -318,7 +346,8 @@ static void test_forward_batch_case(dllm_test_state &T_, dllm_model *m, dllm_ctx
         at -= n;
         reversed_by_seq.insert(reversed_by_seq.end(), rev.begin() + (long)at, rev.begin() + (long)(at + n));
     }
-    CHECK_MSG(reversed_by_seq.size() == all.size() && !memcmp(all.data(), reversed_by_seq.data(), all.size() * 4), "%s: the batch's order changed bits", what);
+    CHECK_MSG(reversed_by_seq.size() == all.size() && !memcmp(all.data(), reversed_by_seq.data(), all.size() * 4),
+              "%s: the batch's order changed bits", what);
     if (cpu) {
         const std::vector<float> ref = test_forward_batch(T_, cpu, p.plan, V);
         const double err = test_max_rel(all, ref);
@@ -345,7 +374,8 @@ TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
             for (int batch = 1; batch <= 256; batch++) {
                 const bool on = dllm__attn_varlen_short(t, hd, 32, batch, 32, n_sms, smem_hopper);
                 if (on && !first) first = batch;
-                CHECK_MSG(on == (first && batch >= first), "sm_%d hd %d: the short tiles at batch %d but not at %d", sm, hd, first, batch);
+                CHECK_MSG(on == (first && batch >= first), "sm_%d hd %d: the short tiles at batch %d but not at %d", sm,
+                          hd, first, batch);
             }
             CHECK_MSG(first > 1, "sm_%d hd %d: the short tiles even at batch 1", sm, hd);
         }
@@ -353,16 +383,12 @@ TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
 
 TEST(gpu_batch, forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
+    test_gpu_cpu_on_tiny_fixtures(T_, [&](const char *fx, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu) {
+        CHECK(((dllm__gpu_backend *)gpu->impl.get())->batch_unsupported() == nullptr);
+        test_forward_batch_case(T_, m, gpu, cpu, fx);
+    });
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
-        CHECK(gpu && cpu);
-        if (gpu && cpu) {
-            CHECK(((dllm__gpu_backend *)gpu->impl.get())->batch_unsupported() == nullptr);
-            test_forward_batch_case(T_, m, gpu, cpu, fx);
-        }
-        dllm_ctx_free(gpu);
-        dllm_ctx_free(cpu);
         // [SoloQ]: the same GEMM entry point, every stage row by row (the GPU's SoloQ numerics are not the CPU's bits)
         dllm_ctx *soloq = m ? test_soloq_ctx(m, DLLM_BACKEND_GPU, DLLM_PRECISION_SOLOQ_N, 0) : nullptr;
         CHECK_MSG(soloq != nullptr, "%s SoloQ-N: %s", fx, dllm_last_error());
@@ -397,21 +423,25 @@ TEST(gpu_batch, kv_scatter_equals_its_twin) {
         test_put(dsrc, src);
         test_put(dcache, cache);  // the poison: rows the scatter must not touch keep it
         test_put(dto, to);
-        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride, dcache.as<bf16_t>(), (u64)width, dto.as<int>(), width,
-                              rows),
+        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride,
+                              dcache.as<bf16_t>(), (u64)width, dto.as<int>(), width, rows),
                      DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data(), width, to.data(), width, rows);
-        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache, "width %d: the scattered cache differs from the twin's", width);
+        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache,
+                  "width %d: the scattered cache differs from the twin's", width);
         // no row list: row r to cache row r (block diffusion's fresh rows), here from cache row `rows` on
         for (uint16_t &x : src) x = (uint16_t)rng();
         test_put(dsrc, src);
-        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride, dcache.as<bf16_t>() + (size_t)rows * width, (u64)width,
-                              (const int *)nullptr, width, rows),
+        CHECK_STATUS(k.launch({dim3((unsigned)rows), dim3(128)}, 0, dsrc.as<bf16_t>() + 40, (u64)stride,
+                              dcache.as<bf16_t>() + (size_t)rows * width, (u64)width, (const int *)nullptr, width,
+                              rows),
                      DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
-        dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data() + (size_t)rows * width, width, nullptr, width, rows);
-        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache, "width %d: the in-order copy differs from the twin's", width);
+        dllm__kv_scatter_rows_ref(src.data() + 40, stride, cache.data() + (size_t)rows * width, width, nullptr, width,
+                                  rows);
+        CHECK_MSG(test_get<uint16_t>(dcache, cache.size()) == cache,
+                  "width %d: the in-order copy differs from the twin's", width);
     }
 }
 
@@ -434,11 +464,14 @@ static dllm__batch_seq test_kv_step(const test_kv_seq &q, int slot, bool fill, i
 /* Runs the steps (each a list of (sequence, fill)), step k on the canvases canvases[k], over slots in the given order
  * (slot i: sequence slots[i]); each step's logits by sequence (empty where it took no part). */
 typedef std::vector<std::vector<std::pair<int, bool>>> test_kv_steps;
-static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx *ctx, const std::vector<std::vector<test_kv_seq>> &canvases,
-                                                   const test_kv_steps &steps, const std::vector<int> &slots, int V, int shift) {
+static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx *ctx,
+                                                   const std::vector<std::vector<test_kv_seq>> &canvases,
+                                                   const test_kv_steps &steps, const std::vector<int> &slots, int V,
+                                                   int shift) {
     const std::vector<test_kv_seq> &seqs = canvases[0];
     std::vector<int> rows(seqs.size()), slot_of(seqs.size());
-    for (size_t i = 0; i < slots.size(); i++) rows[i] = (int)seqs[(size_t)slots[i]].ids.size(), slot_of[(size_t)slots[i]] = (int)i;
+    for (size_t i = 0; i < slots.size(); i++)
+        rows[i] = (int)seqs[(size_t)slots[i]].ids.size(), slot_of[(size_t)slots[i]] = (int)i;
     CHECK_STATUS(ctx->impl->batch_kv_reserve(rows), DLLM_OK, nullptr);
     std::vector<std::vector<float>> res;
     for (size_t k = 0; k < steps.size(); k++) {
@@ -465,73 +498,69 @@ static std::vector<std::vector<float>> test_kv_run(dllm_test_state &T_, dllm_ctx
 
 TEST(gpu_batch, kv_step_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
-    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
-        dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr, *cpu = m ? test_ctx(m, DLLM_BACKEND_CPU) : nullptr;
-        CHECK(gpu && cpu);
-        if (gpu && cpu) {
-            const int V = m->cfg.n_vocab, shift = m->cfg.shift_logits ? 1 : 0;
-            std::mt19937 rng(77);
-            const int prompts[] = {5, 13, 1, 40}, gens[] = {16, 32, 16, 24};
-            std::vector<test_kv_seq> seqs(4);
-            for (size_t i = 0; i < seqs.size(); i++) {
-                const int n = prompts[i] + gens[i];
-                for (int p = 0; p < n; p++) seqs[i].ids.push_back(p >= prompts[i] && rng() % 2 ? m->cfg.mask_id : (int32_t)(rng() % (uint32_t)V));
-                seqs[i].b0 = prompts[i], seqs[i].b1 = prompts[i] + 8, seqs[i].dual = i % 2 == 0;
-            }
-            // step 1: every sequence fills; step 2: 0 and 1 cached, 2 fills its next block, 3 has left
-            std::vector<test_kv_seq> later = seqs;
-            later[0].ids[(size_t)later[0].b0] = 7, later[1].ids[(size_t)later[1].b0 + 1] = 9;  // a step committed tokens
-            later[2].b0 += 8, later[2].b1 += 8;
-            const test_kv_steps steps = {{{0, true}, {1, true}, {2, true}, {3, true}}, {{0, false}, {1, false}, {2, true}}};
-            const std::vector<std::vector<test_kv_seq>> canvases = {seqs, later};
-            auto run_two = [&](dllm_ctx *ctx, const test_kv_steps &st, const std::vector<int> &slots) {
-                return test_kv_run(T_, ctx, canvases, st, slots, V, shift);
-            };
-            const std::vector<std::vector<float>> all = run_two(gpu, steps, {0, 1, 2, 3});
-            // the same steps, the sequences listed backwards and their slots in another order
-            test_kv_steps backwards = steps;
-            for (auto &st : backwards) std::reverse(st.begin(), st.end());
-            CHECK_MSG(run_two(gpu, backwards, {2, 0, 3, 1}) == all, "%s: the batch's order or slots changed bits", fx);
-            for (int i = 0; i < 4; i++) {  // each alone: a batch of one with one slot
-                test_kv_steps one;
-                for (const auto &st : steps) {
-                    one.emplace_back();
-                    for (const auto &e : st)
-                        if (e.first == i) one.back().push_back(e);
-                    if (one.back().empty()) one.pop_back();
-                }
-                const std::vector<std::vector<float>> solo = run_two(gpu, one, {i, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4});
-                for (size_t k = 0; k < one.size(); k++) {
-                    const std::vector<float> &want = solo[k * 4 + (size_t)i], &got = all[k * 4 + (size_t)i];
-                    CHECK_MSG(!want.empty() && want.size() == got.size() && !memcmp(want.data(), got.data(), want.size() * 4),
-                              "%s sequence %d step %zu: batched logits differ from its own", fx, i, k);
-                }
-            }
-            const std::vector<std::vector<float>> ref = run_two(cpu, steps, {0, 1, 2, 3});
-            double err = 0;
-            for (size_t k = 0; k < all.size(); k++)
-                if (!all[k].empty()) err = std::max(err, test_max_rel(all[k], ref[k]));
-            printf("    %s: GPU vs CPU batched K/V-cache logits max relative error %.2e\n", fx, err);
-            CHECK_MSG(err < 5e-2, "%s: GPU batched K/V-cache step error %.3e against the CPU's", fx, err);
+    test_gpu_cpu_on_tiny_fixtures(T_, [&](const char *fx, dllm_model *m, dllm_ctx *gpu, dllm_ctx *cpu) {
+        const int V = m->cfg.n_vocab, shift = m->cfg.shift_logits ? 1 : 0;
+        std::mt19937 rng(77);
+        const int prompts[] = {5, 13, 1, 40}, gens[] = {16, 32, 16, 24};
+        std::vector<test_kv_seq> seqs(4);
+        for (size_t i = 0; i < seqs.size(); i++) {
+            const int n = prompts[i] + gens[i];
+            for (int p = 0; p < n; p++)
+                seqs[i].ids.push_back(p >= prompts[i] && rng() % 2 ? m->cfg.mask_id : (int32_t)(rng() % (uint32_t)V));
+            seqs[i].b0 = prompts[i], seqs[i].b1 = prompts[i] + 8, seqs[i].dual = i % 2 == 0;
         }
-        dllm_ctx_free(gpu);
-        dllm_ctx_free(cpu);
-        dllm_model_free(m);
-    }
+        // step 1: every sequence fills; step 2: 0 and 1 cached, 2 fills its next block, 3 has left
+        std::vector<test_kv_seq> later = seqs;
+        later[0].ids[(size_t)later[0].b0] = 7, later[1].ids[(size_t)later[1].b0 + 1] = 9;  // a step committed tokens
+        later[2].b0 += 8, later[2].b1 += 8;
+        const test_kv_steps steps = {{{0, true}, {1, true}, {2, true}, {3, true}}, {{0, false}, {1, false}, {2, true}}};
+        const std::vector<std::vector<test_kv_seq>> canvases = {seqs, later};
+        auto run_two = [&](dllm_ctx *ctx, const test_kv_steps &st, const std::vector<int> &slots) {
+            return test_kv_run(T_, ctx, canvases, st, slots, V, shift);
+        };
+        const std::vector<std::vector<float>> all = run_two(gpu, steps, {0, 1, 2, 3});
+        // the same steps, the sequences listed backwards and their slots in another order
+        test_kv_steps backwards = steps;
+        for (auto &st : backwards) std::reverse(st.begin(), st.end());
+        CHECK_MSG(run_two(gpu, backwards, {2, 0, 3, 1}) == all, "%s: the batch's order or slots changed bits", fx);
+        for (int i = 0; i < 4; i++) {  // each alone: a batch of one with one slot
+            test_kv_steps one;
+            for (const auto &st : steps) {
+                one.emplace_back();
+                for (const auto &e : st)
+                    if (e.first == i) one.back().push_back(e);
+                if (one.back().empty()) one.pop_back();
+            }
+            const std::vector<std::vector<float>> solo = run_two(gpu, one, {i, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4});
+            for (size_t k = 0; k < one.size(); k++) {
+                const std::vector<float> &want = solo[k * 4 + (size_t)i], &got = all[k * 4 + (size_t)i];
+                CHECK_MSG(!want.empty() && want.size() == got.size() &&
+                              !memcmp(want.data(), got.data(), want.size() * 4),
+                          "%s sequence %d step %zu: batched logits differ from its own", fx, i, k);
+            }
+        }
+        const std::vector<std::vector<float>> ref = run_two(cpu, steps, {0, 1, 2, 3});
+        double err = 0;
+        for (size_t k = 0; k < all.size(); k++)
+            if (!all[k].empty()) err = std::max(err, test_max_rel(all[k], ref[k]));
+        printf("    %s: GPU vs CPU batched K/V-cache logits max relative error %.2e\n", fx, err);
+        CHECK_MSG(err < 5e-2, "%s: GPU batched K/V-cache step error %.3e against the CPU's", fx, err);
+    });
 }
 
 // ---- dllm_generate_batch on the GPU ----------------------------------------------------------------------
 
 /* Random batches on the GPU: every item's tokens, canvases and step logits bit-identical to the item decoded as a batch
  * of one, in two orders; where the CPU decodes an item alone to the same tokens, the CPU's batch does too. */
-static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, bool kv = false,
-                                  dllm_precision precision = DLLM_PRECISION_BF16) {
+static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed,
+                                  bool kv = false, dllm_precision precision = DLLM_PRECISION_BF16) {
     NEED_GPU();
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx *gpu = nullptr, *cpu = nullptr;  // [FP8]: the GPU's FP8 against the CPU's FP8 twin
     if (m && precision == DLLM_PRECISION_BF16) gpu = test_ctx(m, DLLM_BACKEND_GPU), cpu = test_ctx(m, DLLM_BACKEND_CPU);
-    else if (m) gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision), cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision);
+    else if (m)
+        gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision),
+        cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision);
     if (!gpu || !cpu) { CHECK(gpu && cpu); dllm_ctx_free(gpu); dllm_ctx_free(cpu); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -548,12 +577,15 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
             // alone on the GPU: a batch of one (the same forward as in any batch)
             std::vector<dllm_batch_result> one;
             dllm_status s = test_batch_run(gpu, {&c}, one, nullptr);
-            CHECK_MSG(s == one[0].status, "%s: batch of one: %s, its item %s", model_dir, dllm_status_str(s), dllm_status_str(one[0].status));
+            CHECK_MSG(s == one[0].status, "%s: batch of one: %s, its item %s", model_dir, dllm_status_str(s),
+                      dllm_status_str(one[0].status));
             const test_batch_trace gpu_trace = c.batch;
             const std::vector<int32_t> gpu_out = c.out_batch;
             test_batch_run_alone(cpu, c);  // alone on the CPU: dllm_generate
-            cpu_alone.push_back(std::vector<int32_t>(c.out_alone.begin(), c.out_alone.begin() + std::max(0, c.n_alone)));
-            c.alone = gpu_trace, c.out_alone = gpu_out, c.status_alone = one[0].status, c.n_alone = one[0].n_out, c.stats_alone = one[0].stats;
+            cpu_alone.push_back(
+                std::vector<int32_t>(c.out_alone.begin(), c.out_alone.begin() + std::max(0, c.n_alone)));
+            c.alone = gpu_trace, c.out_alone = gpu_out, c.status_alone = one[0].status, c.n_alone = one[0].n_out,
+            c.stats_alone = one[0].stats;
             order.push_back(&c);
         }
         std::vector<std::vector<int32_t>> gpu_batch(cases.size());
@@ -565,13 +597,16 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
             int max_steps = 0;
             for (size_t i = 0; i < order.size(); i++) {
                 char what[96];
-                snprintf(what, sizeof what, "GPU %s round %d pass %d item %zu of %zu", model_dir, round, pass, i, order.size());
+                snprintf(what, sizeof what, "GPU %s round %d pass %d item %zu of %zu", model_dir, round, pass, i,
+                         order.size());
                 test_batch_check_case(T_, *order[i], results[i], what);
                 max_steps = std::max(max_steps, results[i].stats.steps);
                 const size_t c = (size_t)(order[i] - cases.data());
-                gpu_batch[c].assign(order[i]->out_batch.begin(), order[i]->out_batch.begin() + std::max(0, results[i].n_out));
+                gpu_batch[c].assign(order[i]->out_batch.begin(),
+                                    order[i]->out_batch.begin() + std::max(0, results[i].n_out));
             }
-            CHECK_MSG(bs.forwards == max_steps, "GPU batch forwards %d, the items' largest step count %d", bs.forwards, max_steps);
+            CHECK_MSG(bs.forwards == max_steps, "GPU batch forwards %d, the items' largest step count %d", bs.forwards,
+                      max_steps);
         }
         std::vector<dllm_batch_result> cpu_results;
         std::vector<test_batch_case *> in_order;
@@ -583,12 +618,15 @@ static void test_batch_gpu_random(dllm_test_state &T_, const char *model_dir, bo
             n_cases++;
             if (gpu_one != cpu_alone[c]) continue;  // CPU and GPU differ alone (a near-tie): nothing to compare batched
             n_agree++;
-            const std::vector<int32_t> cpu_batch(k.out_batch.begin(), k.out_batch.begin() + std::max(0, cpu_results[c].n_out));
-            CHECK_MSG(cpu_batch == gpu_batch[c], "%s round %d item %zu: CPU and GPU agree alone but not batched", model_dir, round, c);
+            const std::vector<int32_t> cpu_batch(k.out_batch.begin(),
+                                                 k.out_batch.begin() + std::max(0, cpu_results[c].n_out));
+            CHECK_MSG(cpu_batch == gpu_batch[c], "%s round %d item %zu: CPU and GPU agree alone but not batched",
+                      model_dir, round, c);
         }
     }
     printf("    %s: CPU and GPU agree alone on %d of %d items\n", model_dir, n_agree, n_cases);
-    CHECK_MSG(n_agree >= 1, "%s: no item decoded alike on the CPU and the GPU: the comparison proved nothing", model_dir);
+    CHECK_MSG(n_agree >= 1, "%s: no item decoded alike on the CPU and the GPU: the comparison proved nothing",
+              model_dir);
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(gpu);
     dllm_ctx_free(cpu);
@@ -636,12 +674,13 @@ static void test_generate_equals_batch(dllm_test_state &T_, const char *model_di
             for (size_t i = 0; i < order.size(); i++) {
                 const test_batch_case &c = *order[i];
                 const dllm_batch_result &r = results[i];
-                CHECK_MSG(r.status == c.status_alone && r.n_out == c.n_alone && c.out_batch == c.out_alone &&
-                              r.stats.steps == c.stats_alone.steps && c.batch.canvases == c.alone.canvases,
-                          "%s round %d pass %d item %zu (%s cache): dllm_generate %s, %d ids, %d steps; the batch %s, %d ids, %d steps%s",
-                          model_dir, round, pass, i, c.params.kv_cache == DLLM_KV_CACHE_DUAL ? "dual" : "prefix",
-                          dllm_status_str(c.status_alone), c.n_alone, c.stats_alone.steps, dllm_status_str(r.status), r.n_out,
-                          r.stats.steps, c.out_batch == c.out_alone ? " (the ids agree, a canvas does not)" : "");
+                CHECK_MSG(
+                    r.status == c.status_alone && r.n_out == c.n_alone && c.out_batch == c.out_alone &&
+                        r.stats.steps == c.stats_alone.steps && c.batch.canvases == c.alone.canvases,
+                    "%s round %d pass %d item %zu (%s cache): dllm_generate %s, %d ids, %d steps; the batch %s, %d ids, %d steps%s",
+                    model_dir, round, pass, i, c.params.kv_cache == DLLM_KV_CACHE_DUAL ? "dual" : "prefix",
+                    dllm_status_str(c.status_alone), c.n_alone, c.stats_alone.steps, dllm_status_str(r.status), r.n_out,
+                    r.stats.steps, c.out_batch == c.out_alone ? " (the ids agree, a canvas does not)" : "");
                 compared += c.status_alone == DLLM_OK && !c.alone.canvases.empty();
             }
         }
@@ -661,8 +700,8 @@ TEST(gpu_batch, kv_cache_generate_equals_batch_bit_for_bit) {
     test_generate_equals_batch(T_, "tiny-dream", true, 427);
 }
 
-/* [batch] DLLM_TILES=batch_gemm_n=128 and =64 (forced), and 0 (the default: the width follows the row count, every width
- * loaded where gemm_wg runs): the batched forwards' BF16
+/* [batch] DLLM_TILES=batch_gemm_n=128 and =64 (forced), and 0
+ * (the default: the width follows the row count, every width loaded where gemm_wg runs): the batched forwards' BF16
  * GEMMs on gemm_wg's narrow tiles where N is a multiple of the width: tiny-llada's Q/K/V (384, which the 256-wide tiles
  * do not take), attention output and FFN down (128); its gate|up (400) and the LM head (fp32 out) stay on the pinned
  * GEMM, as does all of tiny-dream (192 wide) at 128. A sequence in a batch still has the logits and tokens of its batch
@@ -675,9 +714,10 @@ static void test_batch_gemm_width_case(dllm_test_state &T_, const char *width) {
     CHECK(gpu && cpu);
     if (gpu && cpu) {
         const dllm__gpu_backend *g = (const dllm__gpu_backend *)gpu->impl.get();
-        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & want) == want, "DLLM_TILES=batch_gemm_n=%s set, widths loaded %d, wanted %d", width,
-                  g->batch_gemm_widths(), want);
-        printf("    DLLM_TILES=batch_gemm_n=%s: widths loaded %d (0: none on this GPU)\n", width, g->batch_gemm_widths());
+        CHECK_MSG(!g->arch().gemm_wg_stages || (g->batch_gemm_widths() & want) == want,
+                  "DLLM_TILES=batch_gemm_n=%s set, widths loaded %d, wanted %d", width, g->batch_gemm_widths(), want);
+        printf("    DLLM_TILES=batch_gemm_n=%s: widths loaded %d (0: none on this GPU)\n", width,
+               g->batch_gemm_widths());
         test_forward_batch_case(T_, m, gpu, cpu, "tiny-llada", 3);  // 408 rows: 4 m-tiles
     }
     dllm_ctx_free(gpu);
@@ -702,11 +742,15 @@ TEST(gpu_batch, fp8_items_decode_one_after_another) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm__gpu_backend *g = (dllm__gpu_backend *)ctx->impl.get();
     const bool fp8 = g->fp8_ffn_active();
-    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 && (!fp8 || strstr(g->batch_unsupported(), "batch_fp8 is off")), "FP8 %s, batch_unsupported: %s",
-              fp8 ? "active" : "off", g->batch_unsupported() ? g->batch_unsupported() : "(null)");
+    CHECK_MSG((g->batch_unsupported() != nullptr) == fp8 &&
+                  (!fp8 || strstr(g->batch_unsupported(), "batch_fp8 is off")),
+              "FP8 %s, batch_unsupported: %s", fp8 ? "active" : "off",
+              g->batch_unsupported() ? g->batch_unsupported() : "(null)");
     const std::string why = ctx->impl->batch_caps().plain;
-    CHECK_MSG(fp8 ? why.find("batch_fp8 is off") != std::string::npos : why.empty(), "batch_caps().plain: %s", why.c_str());
-    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK, fp8 ? "batch_fp8 is off" : nullptr);
+    CHECK_MSG(fp8 ? why.find("batch_fp8 is off") != std::string::npos : why.empty(), "batch_caps().plain: %s",
+              why.c_str());
+    CHECK_STATUS(ctx->impl->batch_kv_reserve({8}), fp8 ? DLLM_ERR_UNSUPPORTED : DLLM_OK,
+                 fp8 ? "batch_fp8 is off" : nullptr);
     CHECK_STATUS(ctx->impl->batch_kv_reserve({}), DLLM_OK, nullptr);
     dllm_model_info info;
     dllm_model_get_info(m, &info);
@@ -724,13 +768,15 @@ TEST(gpu_batch, fp8_items_decode_one_after_another) {
     test_batch_run(ctx, order, results, nullptr);
     dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
     for (size_t i = 0; i < cases.size(); i++) {
-        CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone && cases[i].out_batch == cases[i].out_alone,
-                  "item %zu: %s, %d ids (alone %s, %d)", i, dllm_status_str(results[i].status), results[i].n_out, dllm_status_str(cases[i].status_alone),
-                  cases[i].n_alone);
+        CHECK_MSG(results[i].status == cases[i].status_alone && results[i].n_out == cases[i].n_alone &&
+                      cases[i].out_batch == cases[i].out_alone,
+                  "item %zu: %s, %d ids (alone %s, %d)", i, dllm_status_str(results[i].status), results[i].n_out,
+                  dllm_status_str(cases[i].status_alone), cases[i].n_alone);
         CHECK(cases[i].batch.canvases == cases[i].alone.canvases);
     }
     if (fp8)
-        CHECK_MSG(strstr(log.c_str(), "3 items decode one after another") && strstr(log.c_str(), "(3 items in all") && strstr(log.c_str(), "under FP8"),
+        CHECK_MSG(strstr(log.c_str(), "3 items decode one after another") && strstr(log.c_str(), "(3 items in all") &&
+                      strstr(log.c_str(), "under FP8"),
                   "log: %s", log.c_str());
     dllm_ctx_free(ctx);
     dllm_model_free(m);
@@ -747,11 +793,13 @@ TEST(batch, fp8_row_chunks_cover_the_padded_rows_on_16_row_boundaries) {
             bool ok = true;
             for (size_t i = 0; i < chunks.size(); i++) {
                 const dllm__row_chunk &c = chunks[i];
-                ok = ok && c.m0 == next && c.m0 % 16 == 0 && c.rows > 0 && c.rows % 16 == 0 && c.rows <= limit && (i + 1 == chunks.size() || c.rows == limit);
+                ok = ok && c.m0 == next && c.m0 % 16 == 0 && c.rows > 0 && c.rows % 16 == 0 && c.rows <= limit &&
+                     (i + 1 == chunks.size() || c.rows == limit);
                 next += c.rows;
             }
-            CHECK_MSG(ok && next == m_pad && chunks.size() == (size_t)((m_pad + limit - 1) / limit), "M=%d limit=%d: %zu launches ending at row %d (%s)", M,
-                      limit, chunks.size(), next, ok ? "in order" : "out of order");
+            CHECK_MSG(ok && next == m_pad && chunks.size() == (size_t)((m_pad + limit - 1) / limit),
+                      "M=%d limit=%d: %zu launches ending at row %d (%s)", M, limit, chunks.size(), next,
+                      ok ? "in order" : "out of order");
         }
 }
 
@@ -791,7 +839,8 @@ TEST(gpu_batch, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
                 const dllm__weight_view W = lin->view();
                 CHECK(W.format == DLLM__W_E4M3_BLOCK);
                 std::vector<float> xf((size_t)M * W.k);
-                for (float &v : xf) v = r.normal() * (r.below(50) ? 1.f : 30.f);  // a few outliers: groups of different scales
+                for (float &v : xf)
+                    v = r.normal() * (r.below(50) ? 1.f : 30.f);  // a few outliers: groups of different scales
                 dllm__dbuf x, y, y1;
                 test_put(x, test_bf16_vec(xf));
                 test_poison(y, (size_t)(M + 16) * W.n * 2);
@@ -800,16 +849,18 @@ TEST(gpu_batch, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
                 const std::vector<uint16_t> all = test_get<uint16_t>(y, (size_t)M * W.n);
                 bool finite = true;
                 for (uint16_t b : all) finite = finite && std::isfinite(dllm__bf16_to_f32(b));
-                CHECK_MSG(finite, "%s N=%d K=%d: a batched output row is not finite (unwritten?)", *kind ? kind : "default", W.n, W.k);
+                CHECK_MSG(finite, "%s N=%d K=%d: a batched output row is not finite (unwritten?)",
+                          *kind ? kind : "default", W.n, W.k);
                 for (const std::pair<int, int> &rg : ranges) {
                     const int n = rg.second - rg.first;
                     test_poison(y1, (size_t)(n + 16) * W.n * 2);
                     cudaDeviceSynchronize();
-                    CHECK_STATUS(g->gemm_rows(W, (const char *)x.ptr + (size_t)rg.first * W.k * 2, y1.ptr, n, false), DLLM_OK, nullptr);
+                    CHECK_STATUS(g->gemm_rows(W, (const char *)x.ptr + (size_t)rg.first * W.k * 2, y1.ptr, n, false),
+                                 DLLM_OK, nullptr);
                     const std::vector<uint16_t> solo = test_get<uint16_t>(y1, (size_t)n * W.n);
                     CHECK_MSG(!memcmp(solo.data(), all.data() + (size_t)rg.first * W.n, solo.size() * 2),
-                              "%s N=%d K=%d rows [%d, %d): batched bits differ from the solo pinned GEMM's", *kind ? kind : "default", W.n, W.k, rg.first,
-                              rg.second);
+                              "%s N=%d K=%d rows [%d, %d): batched bits differ from the solo pinned GEMM's",
+                              *kind ? kind : "default", W.n, W.k, rg.first, rg.second);
                 }
             }
         }
@@ -818,10 +869,10 @@ TEST(gpu_batch, fp8_gemm_batch_equals_the_solo_pinned_gemm) {
     dllm_model_free(m);
 }
 
-/* With batch_fp8 (the default), FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans' sequences of
- * mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the last 8
- * padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical to its
- * own in a batch of one (one launch) and in the reversed batch. */
+/* With batch_fp8 (the default), FP8 contexts (FFN and all, each FP8 GEMM) run the batched forward: three plans'
+ * sequences of mixed lengths (408 rows, so cuBLASLt's pinned GEMM runs them in a launch of 256 rows and one of 160, the
+ * last 8 padding, some sequence across the boundary in one order or the other), every sequence's logits bit-identical
+ * to its own in a batch of one (one launch) and in the reversed batch. */
 TEST(gpu_batch, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
     NEED_GPU();
     test_knob on("batch_fp8", true);
@@ -837,19 +888,21 @@ TEST(gpu_batch, fp8_forward_batch_equals_each_sequence_alone_bit_for_bit) {
                 if (*kind) test_knob_reset();
                 dllm__gpu_backend *g = gpu ? (dllm__gpu_backend *)gpu->impl.get() : nullptr;
                 char what[96];
-                snprintf(what, sizeof what, "%s %s%s", fx, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", *kind ? " (fp8_gemm)" : "");
+                snprintf(what, sizeof what, "%s %s%s", fx, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN",
+                         *kind ? " (fp8_gemm)" : "");
                 CHECK_MSG(g && g->fp8_ffn_active() && g->batch_unsupported() == nullptr, "%s: %s", what,
                           !g ? dllm_last_error() : g->batch_unsupported() ? g->batch_unsupported() : "FP8 not active");
-                if (g && g->fp8_ffn_active() && !g->batch_unsupported()) test_forward_batch_case(T_, m, gpu, nullptr, what, 3);
+                if (g && g->fp8_ffn_active() && !g->batch_unsupported())
+                    test_forward_batch_case(T_, m, gpu, nullptr, what, 3);
                 dllm_ctx_free(gpu);
             }
         dllm_model_free(m);
     }
 }
 
-/* With batch_fp8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix and
- * dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders (one
- * forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
+/* With batch_fp8 (the default), FP8 items (LLaDA, FP8 all) batch in dllm_generate_batch, without and with the prefix
+ * and dual K/V caches: each item's tokens, canvases and step logits bit-identical to its batch of one in two orders
+ * (one forward per step, so they did batch), and the CPU's FP8 twin's tokens where it decodes the item alone alike. */
 TEST(gpu_batch, fp8_items_equal_batch_of_one_and_cpu) {
     NEED_GPU();
     test_knob on("batch_fp8", true);
@@ -894,16 +947,19 @@ TEST(batch, device_choice_spans_read_each_position_once) {
                     const int rows = std::min(chunk, v.out_rows - c0);
                     for (const dllm__sampler_span &sp : dllm__batch_sampler_spans(c, plan, v, choice0, c0, rows)) {
                         const size_t i = (size_t)sp.seq;
-                        CHECK_MSG(i < plan.size() && choice0[i] >= 0 && sp.n >= 1 && sp.n <= rows + 1, "shift %d kv %d chunk %d: span of sequence %zu, %d rows",
-                                  shift, kv, chunk, i, sp.n);
+                        CHECK_MSG(i < plan.size() && choice0[i] >= 0 && sp.n >= 1 && sp.n <= rows + 1,
+                                  "shift %d kv %d chunk %d: span of sequence %zu, %d rows", shift, kv, chunk, i, sp.n);
                         if (i >= plan.size() || choice0[i] < 0) return;
                         n_shift0 += sp.shift0, n_split += sp.n < plan[i].r1 - plan[i].r0;
                         for (int r = 0; r < sp.n; r++) {
                             const int p = sp.pos0 + r, lr = (sp.shift0 ? std::max(r - 1, 0) : r) + sp.lrow0;
                             const int want = v.out0[i] + dllm__logit_row(c, p) - v.raw0[i] - c0;
-                            CHECK_MSG(p >= plan[i].r0 && p < plan[i].r1 && lr == want && lr >= 0 && lr < rows && sp.out + r == choice0[i] + p - plan[i].r0,
-                                      "shift %d kv %d chunk %d sequence %zu position %d: logits row %d (want %d of %d), out %d", shift, kv, chunk, i, p, lr,
-                                      want, rows, sp.out + r);
+                            CHECK_MSG(
+                                p >= plan[i].r0 && p < plan[i].r1 && lr == want && lr >= 0 && lr < rows &&
+                                    sp.out + r == choice0[i] + p - plan[i].r0,
+                                "shift %d kv %d chunk %d sequence %zu position %d: logits row %d (want %d of %d), out "
+                                "%d",
+                                shift, kv, chunk, i, p, lr, want, rows, sp.out + r);
                             if (p >= plan[i].r0 && p < plan[i].r1) seen[i][(size_t)p]++;
                         }
                     }
@@ -911,24 +967,28 @@ TEST(batch, device_choice_spans_read_each_position_once) {
                 for (size_t i = 0; i < plan.size(); i++)
                     for (int p = 0; p < plan[i].n; p++) {
                         const int want = choice0[i] >= 0 && p >= plan[i].r0 && p < plan[i].r1;
-                        CHECK_MSG(seen[i][(size_t)p] == want, "shift %d kv %d chunk %d: sequence %zu position %d sampled %d times, want %d", shift, kv, chunk,
-                                  i, p, seen[i][(size_t)p], want);
+                        CHECK_MSG(seen[i][(size_t)p] == want,
+                                  "shift %d kv %d chunk %d: sequence %zu position %d sampled %d times, want %d", shift,
+                                  kv, chunk, i, p, seen[i][(size_t)p], want);
                     }
             }
         }
-    CHECK_MSG(n_shift0 > 0 && n_split > 0, "the plans never sampled position 0 under the shift (%d) or split a sequence across chunks (%d)", n_shift0,
-              n_split);
+    CHECK_MSG(n_shift0 > 0 && n_split > 0,
+              "the plans never sampled position 0 under the shift (%d) or split a sequence across chunks (%d)",
+              n_shift0, n_split);
 }
 
-/* A CPU backend that chooses a batched step's tokens itself (forward_batch_choose: its batched forward, then dllm__choose
- * of each chosen row: the contract's twin), so that dllm__batch_step's device-choice path runs here. */
+/* A CPU backend that chooses a batched step's tokens itself
+ * (forward_batch_choose: its batched forward, then dllm__choose of each chosen row: the contract's twin), so that
+ * dllm__batch_step's device-choice path runs here. */
 class test_choosing_cpu : public dllm__cpu_backend {
   public:
     using dllm__cpu_backend::dllm__cpu_backend;
     int V = 0;
     int64_t rows_chosen = 0, rows_logits = 0;
     bool batch_chooses() const override { return true; }
-    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits, dllm__choice *choices) override {
+    dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
+                                     dllm__choice *choices) override {
         size_t rows = 0;
         for (const dllm__batch_seq &s : plan) rows += (size_t)(s.r1 - s.r0);
         std::vector<float> all(rows * V, NAN);
@@ -936,7 +996,8 @@ class test_choosing_cpu : public dllm__cpu_backend {
         const float *l = all.data();
         for (const dllm__batch_seq &s : plan)
             for (int p = s.r0; p < s.r1; p++, l += V) {
-                if (s.sampling) *choices++ = dllm__choose(l, V, *s.sampling, (uint32_t)p, (uint32_t)s.step), rows_chosen++;
+                if (s.sampling)
+                    *choices++ = dllm__choose(l, V, *s.sampling, (uint32_t)p, (uint32_t)s.step), rows_chosen++;
                 else logits = std::copy(l, l + V, logits), rows_logits++;
             }
         return DLLM_OK;
@@ -945,13 +1006,18 @@ class test_choosing_cpu : public dllm__cpu_backend {
 
 /* A case's batch result against the reference run kept in its `alone`: status, ids, step and forward counts, the
  * canvas after every step (the logits are not there to compare where the choice is made on the device). */
-static void test_batch_check_tokens(dllm_test_state &T_, const test_batch_case &c, const dllm_batch_result &r, const char *what) {
-    CHECK_MSG(r.status == c.status_alone, "%s: status %s, the reference's %s (%s)", what, dllm_status_str(r.status), dllm_status_str(c.status_alone), r.error);
-    CHECK_MSG(r.n_out == c.n_alone && c.out_batch == c.out_alone, "%s: %d ids, the reference's %d, or other ids", what, r.n_out, c.n_alone);
-    CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards, "%s: steps %d/%d, forwards %d/%d", what, r.stats.steps,
-              c.stats_alone.steps, r.stats.forwards, c.stats_alone.forwards);
+static void test_batch_check_tokens(dllm_test_state &T_, const test_batch_case &c, const dllm_batch_result &r,
+                                    const char *what) {
+    CHECK_MSG(r.status == c.status_alone, "%s: status %s, the reference's %s (%s)", what, dllm_status_str(r.status),
+              dllm_status_str(c.status_alone), r.error);
+    CHECK_MSG(r.n_out == c.n_alone && c.out_batch == c.out_alone, "%s: %d ids, the reference's %d, or other ids", what,
+              r.n_out, c.n_alone);
+    CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards,
+              "%s: steps %d/%d, forwards %d/%d", what, r.stats.steps, c.stats_alone.steps, r.stats.forwards,
+              c.stats_alone.forwards);
     CHECK_MSG(c.batch.canvases == c.alone.canvases, "%s: the canvases after each step differ", what);
-    CHECK_MSG(c.status_alone != DLLM_OK || !c.alone.canvases.empty(), "%s: no step recorded: the test would prove nothing", what);
+    CHECK_MSG(c.status_alone != DLLM_OK || !c.alone.canvases.empty(),
+              "%s: no step recorded: the test would prove nothing", what);
 }
 
 /* Items of random parameters and caches (none, prefix, dual), one in three with CFG, in batches on the CPU through the
@@ -961,8 +1027,15 @@ TEST(batch, backend_choice_equals_host_choice) {
     for (int dream = 0; dream < 2; dream++) {
         dllm_model *m = test_load(test_data(dream ? "tiny-dream" : "tiny-llada"));
         dllm_ctx *host = m ? test_ctx(m) : nullptr, *chooser = m ? test_ctx(m) : nullptr;
-        if (!host || !chooser) { CHECK(host && chooser); dllm_ctx_free(host); dllm_ctx_free(chooser); dllm_model_free(m); return; }
-        test_choosing_cpu *b = new test_choosing_cpu(*m, 2, chooser->max_tokens, DLLM_PRECISION_BF16, dllm__soloq_options());
+        if (!host || !chooser) {
+            CHECK(host && chooser);
+            dllm_ctx_free(host);
+            dllm_ctx_free(chooser);
+            dllm_model_free(m);
+            return;
+        }
+        test_choosing_cpu *b =
+            new test_choosing_cpu(*m, 2, chooser->max_tokens, DLLM_PRECISION_BF16, dllm__soloq_options());
         b->V = m->cfg.n_vocab;
         chooser->impl.reset(b);
         dllm_model_info info;
@@ -983,20 +1056,23 @@ TEST(batch, backend_choice_equals_host_choice) {
             test_batch_run(host, order, results, nullptr);  // the reference: the host's choice
             for (size_t i = 0; i < cases.size(); i++) {
                 test_batch_case &c = cases[i];
-                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status, c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
+                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status,
+                c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
             }
             for (int pass = 0; pass < 2; pass++) {
                 if (pass) std::shuffle(order.begin(), order.end(), rng);
                 test_batch_run(chooser, order, results, nullptr);
                 for (size_t i = 0; i < order.size(); i++) {
                     char what[96];
-                    snprintf(what, sizeof what, "%s round %d pass %d item %zu of %zu", dream ? "dream" : "llada", round, pass, i, order.size());
+                    snprintf(what, sizeof what, "%s round %d pass %d item %zu of %zu", dream ? "dream" : "llada", round,
+                             pass, i, order.size());
                     test_batch_check_tokens(T_, *order[i], results[i], what);
                 }
             }
         }
-        CHECK_MSG(b->rows_chosen > 0 && b->rows_logits > 0 && n_cfg > 0, "rows chosen by the backend %lld, with logits %lld (CFG items %d)",
-                  (long long)b->rows_chosen, (long long)b->rows_logits, n_cfg);
+        CHECK_MSG(b->rows_chosen > 0 && b->rows_logits > 0 && n_cfg > 0,
+                  "rows chosen by the backend %lld, with logits %lld (CFG items %d)", (long long)b->rows_chosen,
+                  (long long)b->rows_logits, n_cfg);
         dllm_ctx_free(host);
         dllm_ctx_free(chooser);
         dllm_model_free(m);
@@ -1031,9 +1107,12 @@ TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
                 p.kv_cache = (dllm_kv_cache)(i % 3);
                 p.temperature = (i / 3) % 2 ? 0.8f : 0.0f;
                 if (!dream) p.remasking = i % 2 ? DLLM_REMASK_RANDOM : DLLM_REMASK_LOW_CONFIDENCE;
-                if (i % 4 == 1) p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = p.remasking == DLLM_REMASK_ENTROPY ? -1.5 : 0.35;
+                if (i % 4 == 1)
+                    p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = p.remasking == DLLM_REMASK_ENTROPY ? -1.5 : 0.35;
                 p.cfg_scale = i == 5 ? 0.5f : 0.0f;
-                if (long_items) p.gen_length = p.block_length = 24 + 8 * (int)(i % 4), p.steps = p.gen_length / 2, c.out_capacity = p.gen_length;
+                if (long_items)
+                    p.gen_length = p.block_length = 24 + 8 * (int)(i % 4), p.steps = p.gen_length / 2,
+                    c.out_capacity = p.gen_length;
                 order.push_back(&c);
             }
             // the reference: each a batch of one, chosen on the host (the logits hook keeps every step's choice there)
@@ -1041,13 +1120,15 @@ TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
             for (test_batch_case &c : cases) {
                 std::vector<dllm_batch_result> one;
                 test_batch_run(gpu, {&c}, one, nullptr);
-                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = one[0].status, c.n_alone = one[0].n_out, c.stats_alone = one[0].stats;
+                c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = one[0].status, c.n_alone = one[0].n_out,
+                c.stats_alone = one[0].stats;
             }
             std::vector<dllm_batch_result> results;
             test_batch_run(gpu, order, results, nullptr);
             for (size_t i = 0; i < order.size(); i++) {
                 char what[112];
-                snprintf(what, sizeof what, "%s round %d host-choice batch item %zu of %zu", dream ? "dream" : "llada", round, i, order.size());
+                snprintf(what, sizeof what, "%s round %d host-choice batch item %zu of %zu", dream ? "dream" : "llada",
+                         round, i, order.size());
                 test_batch_check_tokens(T_, *order[i], results[i], what);
             }
             dllm__debug_step_logits = nullptr;
@@ -1056,7 +1137,8 @@ TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
                 std::vector<dllm_batch_result> one;
                 test_batch_run(gpu, {&c}, one, nullptr);
                 char what[112];
-                snprintf(what, sizeof what, "%s round %d device-choice batch of one, item %zu", dream ? "dream" : "llada", round, (size_t)(&c - cases.data()));
+                snprintf(what, sizeof what, "%s round %d device-choice batch of one, item %zu",
+                         dream ? "dream" : "llada", round, (size_t)(&c - cases.data()));
                 test_batch_check_tokens(T_, c, one[0], what);
             }
             for (int pass = 0; pass < 2; pass++) {
@@ -1064,12 +1146,13 @@ TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
                 test_batch_run(gpu, order, results, nullptr);
                 for (size_t i = 0; i < order.size(); i++) {
                     char what[112];
-                    snprintf(what, sizeof what, "%s round %d device-choice batch pass %d item %zu of %zu", dream ? "dream" : "llada", round, pass, i,
-                             order.size());
+                    snprintf(what, sizeof what, "%s round %d device-choice batch pass %d item %zu of %zu",
+                             dream ? "dream" : "llada", round, pass, i, order.size());
                     test_batch_check_tokens(T_, *order[i], results[i], what);
                 }
             }
-            CHECK_MSG(g->batch_rows_chosen() > chosen0, "%s round %d: no row was chosen on the device", dream ? "dream" : "llada", round);
+            CHECK_MSG(g->batch_rows_chosen() > chosen0, "%s round %d: no row was chosen on the device",
+                      dream ? "dream" : "llada", round);
         }
         dllm_ctx_free(gpu);
         dllm_model_free(m);
@@ -1077,9 +1160,10 @@ TEST(gpu_batch, device_choice_equals_host_choice_and_alone) {
 }
 
 /* [batch graphs] Batches of plain, prefix-cache and dual-cache items (counted and threshold rules, so the layout
- * changes as items finish) with batch_graphs on (the default) against the same batches eagerly (=0): every item's ids, canvases,
- * counts and step logits bit for bit, twice over (the second run replays the first run's graphs where a layout
- * repeats), with graphs captured and replayed and no update refused. */
+ * changes as items finish) with batch_graphs on (the default) against the same batches eagerly (=0): every item's ids,
+ * canvases, counts and step logits bit for bit, twice over
+ * (the second run replays the first run's graphs where a layout repeats), with graphs captured and replayed and no
+ * update refused. */
 TEST(gpu_batch, graphs_replay_the_eager_forwards_bit_for_bit) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-llada"));
@@ -1104,7 +1188,8 @@ TEST(gpu_batch, graphs_replay_the_eager_forwards_bit_for_bit) {
         CHECK(eager && test_batch_run(eager, order, results, nullptr) == DLLM_OK);
         for (size_t i = 0; eager && i < cases.size(); i++) {
             test_batch_case &c = cases[i];
-            c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status, c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
+            c.alone = c.batch, c.out_alone = c.out_batch, c.status_alone = results[i].status,
+            c.n_alone = results[i].n_out, c.stats_alone = results[i].stats;
         }
         dllm_ctx_free(eager);
     }
@@ -1116,16 +1201,19 @@ TEST(gpu_batch, graphs_replay_the_eager_forwards_bit_for_bit) {
         CHECK(test_batch_run(gpu, order, results, nullptr) == DLLM_OK);
         for (size_t i = 0; i < cases.size(); i++) {
             char what[80];
-            snprintf(what, sizeof what, "graphs pass %d item %zu (kv_cache %d)", pass, i, (int)cases[i].params.kv_cache);
+            snprintf(what, sizeof what, "graphs pass %d item %zu (kv_cache %d)", pass, i,
+                     (int)cases[i].params.kv_cache);
             test_batch_check_case(T_, cases[i], results[i], what);
         }
     }
     if (g) {
-        const int64_t eager = g->varlen_graph_count(DLLM__GRAPH_EAGER), replay = g->varlen_graph_count(DLLM__GRAPH_REPLAY);
+        const int64_t eager = g->varlen_graph_count(DLLM__GRAPH_EAGER),
+                      replay = g->varlen_graph_count(DLLM__GRAPH_REPLAY);
         const int64_t made = g->varlen_graph_count(DLLM__GRAPH_INSTANTIATE) + g->varlen_graph_count(DLLM__GRAPH_UPDATE);
-        printf("    batched forwards: %lld eager, %lld captured, %lld replayed, %lld updates refused\n", (long long)eager, (long long)made,
-               (long long)replay, (long long)g->varlen_graph_refusals());
-        CHECK_MSG(made > 0 && replay > 0, "graphs captured %lld, replayed %lld: the comparison proved nothing", (long long)made, (long long)replay);
+        printf("    batched forwards: %lld eager, %lld captured, %lld replayed, %lld updates refused\n",
+               (long long)eager, (long long)made, (long long)replay, (long long)g->varlen_graph_refusals());
+        CHECK_MSG(made > 0 && replay > 0, "graphs captured %lld, replayed %lld: the comparison proved nothing",
+                  (long long)made, (long long)replay);
         CHECK_MSG(g->varlen_graph_refusals() == 0, "%lld graph updates refused", (long long)g->varlen_graph_refusals());
     }
     CHECK(gpu != nullptr);
@@ -1144,7 +1232,8 @@ TEST(cli, eval_add_batched_scores_as_one_at_a_time) {
     const std::string args = "-m models/tiny-add --backend cpu --add tests/data/add_test.txt --limit 7";
     CHECK(test_run_cli("dllm-eval", args, "", one, err) == 0);
     CHECK(test_run_cli("dllm-eval", args + " --batch 3", "", batched, err2) == 0);
-    CHECK_MSG(one == batched && one.find("add_problems 7\n") != std::string::npos && err.empty() && err2.empty(), "one at a time:\n%s\nbatched:\n%s%s",
-              one.c_str(), batched.c_str(), err2.c_str());
-    CHECK(test_run_cli("dllm-eval", args + " --batch 0", "", batched, err2) == 1 && err2.find("--batch") != std::string::npos);
+    CHECK_MSG(one == batched && one.find("add_problems 7\n") != std::string::npos && err.empty() && err2.empty(),
+              "one at a time:\n%s\nbatched:\n%s%s", one.c_str(), batched.c_str(), err2.c_str());
+    CHECK(test_run_cli("dllm-eval", args + " --batch 0", "", batched, err2) == 1 &&
+          err2.find("--batch") != std::string::npos);
 }

@@ -1,8 +1,9 @@
-/* Tests: dllm_generate_batch on block-diffusion models (issue 26). Every item of a batch runs the loop dllm_generate runs
- * (dllm__bd_generation, one forward at a time), its forwards in rounds of one bd_forward_batch: each item gives exactly
- * the ids, n_out, stats and step callbacks it gives alone, whatever the batch's other items (prompts shorter than, equal
- * to and longer than a block; blocks, sub-blocks, threshold, block cache, LaCache, seeds; an item that stops early, one
- * its callback cancels, bad ones) and their order; the batch's forwards are the most any item ran, not their sum. */
+/* Tests: dllm_generate_batch on block-diffusion models (issue 26). Every item of a batch runs the loop dllm_generate
+ * runs (dllm__bd_generation, one forward at a time), its forwards in rounds of one bd_forward_batch: each item gives
+ * exactly the ids, n_out, stats and step callbacks it gives alone, whatever the batch's other items
+ * (prompts shorter than, equal to and longer than a block; blocks, sub-blocks, threshold, block cache, LaCache, seeds;
+ * an item that stops early, one its callback cancels, bad ones) and their order; the batch's forwards are the most any
+ * item ran, not their sum. */
 
 /* What one generation showed its step callback: per step (block, step in block, steps done, masks left, commits as
  * (position, token)) and the canvas after it. */
@@ -16,7 +17,8 @@ struct test_bdi_trace {
 static int test_bdi_on_step(const dllm_step_info *info, void *user) {
     test_bdi_trace *t = (test_bdi_trace *)user;
     t->steps.insert(t->steps.end(), {info->block, info->step, info->global_step, info->n_masked});
-    for (int i = 0; i < info->n_committed; i++) t->steps.insert(t->steps.end(), {info->committed_pos[i], info->canvas[info->committed_pos[i]]});
+    for (int i = 0; i < info->n_committed; i++)
+        t->steps.insert(t->steps.end(), {info->committed_pos[i], info->canvas[info->committed_pos[i]]});
     t->canvases.insert(t->canvases.end(), info->canvas, info->canvas + info->canvas_len);
     return ++t->n_steps == t->cancel_after;
 }
@@ -43,7 +45,8 @@ static std::vector<int32_t> test_bdi_prompt(std::mt19937 &rng, int n) {
     return p;
 }
 
-static dllm_gen_params test_bdi_params(int gen_length, int block, int sub_block, double tau, int block_cache, bool lacache, uint64_t seed) {
+static dllm_gen_params test_bdi_params(int gen_length, int block, int sub_block, double tau, int block_cache,
+                                       bool lacache, uint64_t seed) {
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = gen_length, p.block_length = block, p.sub_block_length = sub_block;
     if (tau > 0) p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = tau;
@@ -65,7 +68,8 @@ static void test_bdi_run_alone(dllm_ctx *ctx, test_bdi_case &c) {
     p.on_step = test_bdi_on_step, p.on_step_data = &c.alone;
     c.out_alone.assign((size_t)std::max(1, c.out_capacity), -7);
     c.stats_alone = dllm_gen_stats();
-    c.status_alone = dllm_generate(ctx, c.prompt.data(), (int)c.prompt.size(), p, c.out_alone.data(), c.out_capacity, &c.n_alone, &c.stats_alone);
+    c.status_alone = dllm_generate(ctx, c.prompt.data(), (int)c.prompt.size(), p, c.out_alone.data(), c.out_capacity,
+                                   &c.n_alone, &c.stats_alone);
 }
 
 /* The cases: prompts around the block boundary (< B, = B, > B, a multiple of B: the AR seed after the prefill), every
@@ -95,15 +99,16 @@ static std::vector<test_bdi_case> test_bdi_cases(dllm_ctx *ctx, uint64_t seed) {
     cs[9].out_capacity -= 1;
     test_bdi_case base = cs[2];
     test_bdi_run_alone(ctx, base);
-    if (base.status_alone == DLLM_OK && base.n_alone > 5) cs[6].params.stop_id = base.out_alone[5];  // position 45: the first block
+    if (base.status_alone == DLLM_OK && base.n_alone > 5)
+        cs[6].params.stop_id = base.out_alone[5];  // position 45: the first block
     for (test_bdi_case &c : cs) test_bdi_run_alone(ctx, c);
     return cs;
 }
 
-/* dllm_generate_batch of the cases in `order`; each one's result against its run alone: status, ids, n_out, stats, every
- * step callback and canvas. Returns the batch's stats. */
-static dllm_gen_stats test_bdi_check_batch(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_bdi_case> &cs, const std::vector<size_t> &order,
-                                           const char *label) {
+/* dllm_generate_batch of the cases in `order`; each one's result against its run alone: status, ids, n_out, stats,
+ * every step callback and canvas. Returns the batch's stats. */
+static dllm_gen_stats test_bdi_check_batch(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_bdi_case> &cs,
+                                           const std::vector<size_t> &order, const char *label) {
     const size_t n = order.size();
     std::vector<dllm_batch_item> items(n);
     std::vector<dllm_batch_result> results(n);
@@ -124,16 +129,20 @@ static dllm_gen_stats test_bdi_check_batch(dllm_test_state &T_, dllm_ctx *ctx, s
         const test_bdi_case &c = cs[order[i]];
         const dllm_batch_result &r = results[i];
         if (first == DLLM_OK) first = c.status_alone;
-        CHECK_MSG(r.status == c.status_alone, "%s %s: status %s in the batch, %s alone (%s)", label, c.what, dllm_status_str(r.status),
-                  dllm_status_str(c.status_alone), r.error);
-        CHECK_MSG(r.n_out == c.n_alone && outs[i] == c.out_alone, "%s %s: %d ids in the batch, %d alone, or other ids", label, c.what, r.n_out, c.n_alone);
-        CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards && r.stats.n_generated == c.stats_alone.n_generated,
-                  "%s %s: steps %d/%d, forwards %d/%d alone", label, c.what, r.stats.steps, c.stats_alone.steps, r.stats.forwards,
-                  c.stats_alone.forwards);
-        CHECK_MSG(traces[i].steps == c.alone.steps && traces[i].canvases == c.alone.canvases, "%s %s: the step callbacks differ (%d in the batch, %d alone)",
-                  label, c.what, traces[i].n_steps, c.alone.n_steps);
+        CHECK_MSG(r.status == c.status_alone, "%s %s: status %s in the batch, %s alone (%s)", label, c.what,
+                  dllm_status_str(r.status), dllm_status_str(c.status_alone), r.error);
+        CHECK_MSG(r.n_out == c.n_alone && outs[i] == c.out_alone, "%s %s: %d ids in the batch, %d alone, or other ids",
+                  label, c.what, r.n_out, c.n_alone);
+        CHECK_MSG(r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards &&
+                      r.stats.n_generated == c.stats_alone.n_generated,
+                  "%s %s: steps %d/%d, forwards %d/%d alone", label, c.what, r.stats.steps, c.stats_alone.steps,
+                  r.stats.forwards, c.stats_alone.forwards);
+        CHECK_MSG(traces[i].steps == c.alone.steps && traces[i].canvases == c.alone.canvases,
+                  "%s %s: the step callbacks differ (%d in the batch, %d alone)", label, c.what, traces[i].n_steps,
+                  c.alone.n_steps);
     }
-    CHECK_MSG(s == first, "%s: the batch returned %s, its first failing item %s", label, dllm_status_str(s), dllm_status_str(first));
+    CHECK_MSG(s == first, "%s: the batch returned %s, its first failing item %s", label, dllm_status_str(s),
+              dllm_status_str(first));
     return bs;
 }
 
@@ -143,49 +152,50 @@ static void test_bdi_model(dllm_test_state &T_, dllm_ctx *ctx, uint64_t seed, co
     // The cases are what they say they are: the good ones decode (different lengths), the stop ends early and fewer
     // forwards, the cancel and the bad ones fail with their status.
     for (size_t i = 0; i < 7; i++)  // the stop case may stop at its first token
-        CHECK_MSG(cs[i].status_alone == DLLM_OK && (cs[i].n_alone > 0 || i == 6), "%s %s: %s alone, %d ids", name, cs[i].what,
-                  dllm_status_str(cs[i].status_alone), cs[i].n_alone);
-    CHECK_MSG(cs[6].params.stop_id >= 0 && cs[6].n_alone < test_bdi_max_out(cs[6]) && cs[6].stats_alone.forwards < cs[2].stats_alone.forwards,
-              "%s: the stop case did not stop early (%d ids of %d, %d forwards, %d without the stop)", name, cs[6].n_alone, test_bdi_max_out(cs[6]),
-              cs[6].stats_alone.forwards, cs[2].stats_alone.forwards);
+        CHECK_MSG(cs[i].status_alone == DLLM_OK && (cs[i].n_alone > 0 || i == 6), "%s %s: %s alone, %d ids", name,
+                  cs[i].what, dllm_status_str(cs[i].status_alone), cs[i].n_alone);
+    CHECK_MSG(cs[6].params.stop_id >= 0 && cs[6].n_alone < test_bdi_max_out(cs[6]) &&
+                  cs[6].stats_alone.forwards < cs[2].stats_alone.forwards,
+              "%s: the stop case did not stop early (%d ids of %d, %d forwards, %d without the stop)", name,
+              cs[6].n_alone, test_bdi_max_out(cs[6]), cs[6].stats_alone.forwards, cs[2].stats_alone.forwards);
     CHECK(cs[7].status_alone == DLLM_ERR_CANCELLED && cs[7].alone.n_steps == 3);
     CHECK(cs[8].status_alone == DLLM_ERR_UNSUPPORTED && cs[9].status_alone == DLLM_ERR_BUFFER_TOO_SMALL);
-    CHECK_MSG(cs[9].n_alone == cs[9].out_capacity + 1, "%s: BUFFER_TOO_SMALL says %d ids are needed, the bound is %d", name, cs[9].n_alone,
+    CHECK_MSG(cs[9].n_alone == cs[9].out_capacity + 1, "%s: BUFFER_TOO_SMALL says %d ids are needed, the bound is %d",
+              name, cs[9].n_alone,
               cs[9].out_capacity + 1);  // the batch's n_out must equal it: test_bdi_check_batch
     std::vector<size_t> order(cs.size());
     int max_forwards = 0, max_steps = 0, sum_forwards = 0;
     for (size_t i = 0; i < cs.size(); i++) {
         order[i] = i;
-        max_forwards = std::max(max_forwards, cs[i].stats_alone.forwards), max_steps = std::max(max_steps, cs[i].stats_alone.steps);
+        max_forwards = std::max(max_forwards, cs[i].stats_alone.forwards),
+        max_steps = std::max(max_steps, cs[i].stats_alone.steps);
         sum_forwards += cs[i].stats_alone.forwards;
     }
     const dllm_gen_stats bs = test_bdi_check_batch(T_, ctx, cs, order, name);
-    printf("    %s: %zu items in one batch: %d batched forwards (the items alone: %d at most, %d in all), %d steps at most\n", name, cs.size(),
-           bs.forwards, max_forwards, sum_forwards, bs.steps);
-    CHECK_MSG(bs.forwards == max_forwards && bs.steps == max_steps, "%s: the batch ran %d forwards and %d steps, want %d and %d", name, bs.forwards,
-              bs.steps, max_forwards, max_steps);
+    printf(
+        "    %s: %zu items in one batch: %d batched forwards (the items alone: %d at most, %d in all), %d steps at "
+        "most\n",
+        name, cs.size(), bs.forwards, max_forwards, sum_forwards, bs.steps);
+    CHECK_MSG(bs.forwards == max_forwards && bs.steps == max_steps,
+              "%s: the batch ran %d forwards and %d steps, want %d and %d", name, bs.forwards, bs.steps, max_forwards,
+              max_steps);
     std::reverse(order.begin(), order.end());
     std::rotate(order.begin(), order.begin() + 3, order.end());
     test_bdi_check_batch(T_, ctx, cs, order, (std::string(name) + " permuted").c_str());
-    for (size_t i : {(size_t)1, (size_t)5}) test_bdi_check_batch(T_, ctx, cs, {i}, (std::string(name) + " alone in a batch").c_str());
+    for (size_t i : {(size_t)1, (size_t)5})
+        test_bdi_check_batch(T_, ctx, cs, {i}, (std::string(name) + " alone in a batch").c_str());
 }
 
 TEST(bd_batch, items_equal_alone_fast_dllm_v2) {
-    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) test_bdi_model(T_, ctx, 0xbdb1, "tiny-fast-dllm-v2");
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-fast-dllm-v2"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) test_bdi_model(T_, f.ctx, 0xbdb1, "tiny-fast-dllm-v2");
 }
 
 TEST(bd_batch, items_equal_alone_nemotron) {
-    dllm_model *m = test_load(test_data("tiny-nemotron-diffusion"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) test_bdi_model(T_, ctx, 0xbdb2, "tiny-nemotron-diffusion");
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-nemotron-diffusion"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) test_bdi_model(T_, f.ctx, 0xbdb2, "tiny-nemotron-diffusion");
 }
 
 /* kv_quant: each slot has its own codes; the items equal alone under SoloQ's and KIVI's 2-bit caches. */
@@ -197,7 +207,9 @@ TEST(bd_batch, items_equal_alone_under_kv_quant) {
         p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.kv_quant = q;
         dllm_ctx *ctx = nullptr;
         CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
-        if (ctx) test_bdi_model(T_, ctx, 0xbdb3 + (uint64_t)q, q == DLLM_KV_QUANT_SOLOQ_KV2 ? "kv_quant soloq-kv2" : "kv_quant kivi-kv2");
+        if (ctx)
+            test_bdi_model(T_, ctx, 0xbdb3 + (uint64_t)q,
+                           q == DLLM_KV_QUANT_SOLOQ_KV2 ? "kv_quant soloq-kv2" : "kv_quant kivi-kv2");
         dllm_ctx_free(ctx);
     }
     dllm_model_free(m);
@@ -223,14 +235,7 @@ static void test_bdi_fixture_in_one_batch(dllm_test_state &T_, const char *fixtu
     for (size_t i = 0; i < n; i++) {
         const dllm__json &cs = *picked[i];
         prompts[i] = test_json_ids(cs.find("prompt"));
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = (int)cs.find("gen_length")->integer;
-        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
-        gp.sub_block_length = (int)cs.find("sub_block")->integer;
-        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
-        const dllm__json *tau = cs.find("threshold");
-        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
-        gp.stop_at_eos = 0;
+        dllm_gen_params gp = test_bd_case_params(cs);
         gp.on_step = test_bd_on_step, gp.on_step_data = &recs[i];
         outs[i].assign((size_t)gp.gen_length + 1, -7);
         items[i] = {prompts[i].data(), (int)prompts[i].size(), gp, outs[i].data(), (int)outs[i].size()};
@@ -243,18 +248,21 @@ static void test_bdi_fixture_in_one_batch(dllm_test_state &T_, const char *fixtu
         std::vector<int32_t> out(outs[i].begin(), outs[i].begin() + std::max(0, results[i].n_out));
         const dllm__json *steps = cs.find("steps");
         bool same = steps && steps->items.size() == recs[i].steps.size() && out == test_json_ids(cs.find("output")) &&
-                    results[i].stats.steps == (int)cs.find("n_steps")->integer && results[i].stats.forwards == (int)cs.find("forwards")->integer;
+                    results[i].stats.steps == (int)cs.find("n_steps")->integer &&
+                    results[i].stats.forwards == (int)cs.find("forwards")->integer;
         for (size_t s = 0; same && s < recs[i].steps.size(); s++) {
             const dllm__json &ws = steps->items[s];
             same = ws.items.size() == recs[i].steps[s].size();
             for (size_t k = 0; same && k < ws.items.size(); k++)
-                same = ws.items[k].items[0].integer == recs[i].steps[s][k].first && ws.items[k].items[1].integer == recs[i].steps[s][k].second;
+                same = ws.items[k].items[0].integer == recs[i].steps[s][k].first &&
+                       ws.items[k].items[1].integer == recs[i].steps[s][k].second;
         }
         CHECK_MSG(same, "%s %s: the batched item differs from the reference", fixture, cs.find("name")->str.c_str());
         exact += same;
         max_forwards = std::max(max_forwards, (int)cs.find("forwards")->integer);
     }
-    printf("    %s: %d of %zu reference traces identical in one batch, %d batched forwards\n", fixture, exact, n, bs.forwards);
+    printf("    %s: %d of %zu reference traces identical in one batch, %d batched forwards\n", fixture, exact, n,
+           bs.forwards);
     CHECK(n >= 8 && bs.forwards == max_forwards);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
@@ -281,17 +289,21 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     // full step then a sub-block step; slot 3: a commit.
     auto call = [&](dllm__bd_kind kind, int start, int T, int offset, int mask, int r0, int r1) {
         dllm__bd_call c;
-        c.kind = kind, c.ids = ids.data() + start, c.T = T, c.offset = offset, c.mask_block = mask, c.r0 = r0, c.r1 = r1, c.kv_group = B;
+        c.kind = kind, c.ids = ids.data() + start, c.T = T, c.offset = offset, c.mask_block = mask, c.r0 = r0,
+        c.r1 = r1, c.kv_group = B;
         return c;
     };
     dllm__bd_pick pick;
     pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = m->cfg.mask_id;
     pick.pos0 = 70, pick.n = 8, pick.shift0 = 1, pick.lrow0 = 0;
     const std::vector<std::vector<dllm__bd_seq>> rounds = {
-        {{0, call(DLLM__BD_COMMIT, 0, 2 * B, 0, B, 2 * B - 1, 2 * B), nullptr}, {1, call(DLLM__BD_COMMIT, 0, B, 0, B, B - 1, B), nullptr},
+        {{0, call(DLLM__BD_COMMIT, 0, 2 * B, 0, B, 2 * B - 1, 2 * B), nullptr},
+         {1, call(DLLM__BD_COMMIT, 0, B, 0, B, B - 1, B), nullptr},
          {2, call(DLLM__BD_BLOCK_FULL, B, B, 0, B, 3, 12), &pick}},
-        {{2, call(DLLM__BD_SUB_BLOCK, B + 8, 8, 8, 0, 0, 8), &pick}, {0, call(DLLM__BD_BLOCK_FULL, 2 * B, B, 0, B, 0, 9), &pick},
-         {3, call(DLLM__BD_COMMIT, 5, B, 0, B, 0, B), nullptr}, {1, call(DLLM__BD_STEP, B, B, 0, B, 7, 16), nullptr}},
+        {{2, call(DLLM__BD_SUB_BLOCK, B + 8, 8, 8, 0, 0, 8), &pick},
+         {0, call(DLLM__BD_BLOCK_FULL, 2 * B, B, 0, B, 0, 9), &pick},
+         {3, call(DLLM__BD_COMMIT, 5, B, 0, B, 0, B), nullptr},
+         {1, call(DLLM__BD_STEP, B, B, 0, B, 7, 16), nullptr}},
     };
     const std::vector<int> rows = {4 * B, 3 * B, 2 * B, 2 * B};
     CHECK_STATUS(b.bd_batch_reserve(rows), DLLM_OK, nullptr);
@@ -302,15 +314,20 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     std::vector<std::vector<dllm__choice>> got_choices(rows.size());
     for (const std::vector<dllm__bd_seq> &round : rounds) {
         size_t n_logits = 0, n_choices = 0;
-        for (const dllm__bd_seq &s : round) (s.pick ? n_choices : n_logits) += s.pick ? (size_t)s.pick->n : (size_t)(s.call.r1 - s.call.r0) * V;
+        for (const dllm__bd_seq &s : round)
+            (s.pick ? n_choices : n_logits) += s.pick ? (size_t)s.pick->n : (size_t)(s.call.r1 - s.call.r0) * V;
         std::vector<float> logits(n_logits, NAN);
         std::vector<dllm__choice> choices(n_choices, dllm__choice{-9, NAN, true});
         CHECK_STATUS(b.bd_forward_batch(round, logits.data(), choices.data()), DLLM_OK, nullptr);
         const float *l = logits.data();
         const dllm__choice *c = choices.data();
         for (const dllm__bd_seq &s : round) {
-            if (s.pick) got_choices[(size_t)s.slot].insert(got_choices[(size_t)s.slot].end(), c, c + s.pick->n), c += s.pick->n;
-            else got_logits[(size_t)s.slot].insert(got_logits[(size_t)s.slot].end(), l, l + (size_t)(s.call.r1 - s.call.r0) * V), l += (size_t)(s.call.r1 - s.call.r0) * V;
+            if (s.pick)
+                got_choices[(size_t)s.slot].insert(got_choices[(size_t)s.slot].end(), c, c + s.pick->n), c += s.pick->n;
+            else
+                got_logits[(size_t)s.slot].insert(got_logits[(size_t)s.slot].end(), l,
+                                                  l + (size_t)(s.call.r1 - s.call.r0) * V),
+                    l += (size_t)(s.call.r1 - s.call.r0) * V;
         }
     }
     for (size_t slot = 0; slot < rows.size(); slot++) {
@@ -325,25 +342,33 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
                     continue;
                 }
                 for (int i = 0; i < s.pick->n; i++)
-                    want_choices[slot].push_back(dllm__choose(l.data() + (size_t)s.pick->logits_row(i) * V, V, s.pick->sampling, (uint32_t)(s.pick->pos0 + i), 0));
+                    want_choices[slot].push_back(dllm__choose(l.data() + (size_t)s.pick->logits_row(i) * V, V,
+                                                              s.pick->sampling, (uint32_t)(s.pick->pos0 + i), 0));
             }
-        const bool logits_same = got_logits[slot].size() == want_logits[slot].size() &&
-                                 (want_logits[slot].empty() || !memcmp(got_logits[slot].data(), want_logits[slot].data(), want_logits[slot].size() * 4));
+        const bool logits_same =
+            got_logits[slot].size() == want_logits[slot].size() &&
+            (want_logits[slot].empty() ||
+             !memcmp(got_logits[slot].data(), want_logits[slot].data(), want_logits[slot].size() * 4));
         bool choices_same = got_choices[slot].size() == want_choices[slot].size();
         for (size_t i = 0; choices_same && i < want_choices[slot].size(); i++)
-            choices_same = got_choices[slot][i].token == want_choices[slot][i].token && got_choices[slot][i].conf == want_choices[slot][i].conf &&
+            choices_same = got_choices[slot][i].token == want_choices[slot][i].token &&
+                           got_choices[slot][i].conf == want_choices[slot][i].conf &&
                            got_choices[slot][i].deferred == want_choices[slot][i].deferred;
-        CHECK_MSG(logits_same && choices_same, "slot %zu: logits %s, choices %s", slot, logits_same ? "same" : "differ", choices_same ? "same" : "differ");
+        CHECK_MSG(logits_same && choices_same, "slot %zu: logits %s, choices %s", slot, logits_same ? "same" : "differ",
+                  choices_same ? "same" : "differ");
     }
     CHECK(!want_logits[0].empty() && !want_choices[0].empty() && !want_choices[2].empty() && !want_logits[3].empty());
     // A slot out of range, or twice in one forward: an error naming the slot.
     CHECK_STATUS(b.bd_batch_reserve({B, B}), DLLM_OK, nullptr);
-    CHECK_STATUS(b.bd_forward_batch({{2, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}}, nullptr, nullptr), DLLM_ERR_INTERNAL, "slot 2");
+    CHECK_STATUS(b.bd_forward_batch({{2, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}}, nullptr, nullptr),
+                 DLLM_ERR_INTERNAL, "slot 2");
     std::vector<float> l((size_t)2 * V);
-    CHECK_STATUS(b.bd_forward_batch({{1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}, {1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}},
+    CHECK_STATUS(b.bd_forward_batch({{1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr},
+                                     {1, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}},
                                     l.data(), nullptr),
                  DLLM_ERR_INTERNAL, "slot 1");
-    CHECK_STATUS(b.bd_forward_batch({{0, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}}, nullptr, nullptr), DLLM_ERR_INTERNAL, "no array");
+    CHECK_STATUS(b.bd_forward_batch({{0, call(DLLM__BD_COMMIT, 0, B, 0, B, 0, 1), nullptr}}, nullptr, nullptr),
+                 DLLM_ERR_INTERNAL, "no array");
     CHECK_STATUS(b.bd_batch_reserve({}), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
@@ -353,8 +378,10 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
  * it alone, whatever N, and the stats line counts the batched forwards. */
 TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
     if (!test_cli_built()) SKIP("the CLI programs are not built");
-    const char *prompts[] = {"Tell me a story.", "hi", "What is two plus two? Answer briefly, please, and then say something else about it."};
-    const std::string opts = "-m models/tiny-fast-dllm-v2 --backend cpu -n 32 --threshold 0.5 --block-cache --print-ids ";
+    const char *prompts[] = {"Tell me a story.", "hi",
+                             "What is two plus two? Answer briefly, please, and then say something else about it."};
+    const std::string opts =
+        "-m models/tiny-fast-dllm-v2 --backend cpu -n 32 --threshold 0.5 --block-cache --print-ids ";
     test_tmpdir dir;
     std::string file, out, err;
     std::vector<std::string> alone;
@@ -367,8 +394,10 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
     }
     test_write_file(dir.file("prompts"), file);
     for (const char *batch : {"1", "3"}) {
-        int rc = test_run_cli("dllm-generate", opts + "--prompts " + dir.file("prompts") + " --batch " + batch, "", out, err);
-        CHECK_MSG(rc == 0 && test_ids_lines(out) == alone, "--batch %s: exit %d, stdout %s, stderr %s", batch, rc, out.c_str(), err.c_str());
+        int rc = test_run_cli("dllm-generate", opts + "--prompts " + dir.file("prompts") + " --batch " + batch, "", out,
+                              err);
+        CHECK_MSG(rc == 0 && test_ids_lines(out) == alone, "--batch %s: exit %d, stdout %s, stderr %s", batch, rc,
+                  out.c_str(), err.c_str());
         CHECK_MSG(err.find("batched steps") != std::string::npos, "--batch %s: no stats line: %s", batch, err.c_str());
     }
 }
@@ -377,9 +406,13 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
  * block-diffusion forward, as the GPU is without bd_batch. */
 struct test_bdi_unbatched : dllm__backend_impl {
     std::unique_ptr<dllm__backend_impl> in;
-    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return in->logits(ids, n, r0, r1, out); }
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
+        return in->logits(ids, n, r0, r1, out);
+    }
     dllm_status begin_block(dllm__decode &st) override { return in->begin_block(st); }
-    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return in->step(st, committed, want_host); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override {
+        return in->step(st, committed, want_host);
+    }
     dllm_status bd_begin(int rows) override { return in->bd_begin(rows); }
     dllm_status bd_forward(const dllm__bd_call &call, float *out) override { return in->bd_forward(call, out); }
     void bd_facache_rows(int64_t &rows, int64_t &reused) const override { in->bd_facache_rows(rows, reused); }

@@ -15,22 +15,28 @@ static std::vector<float> test_bdfa_random(std::mt19937 &rng, size_t n, float sc
 TEST(bd_facache, split_attention_matches_plain_attention) {
     std::mt19937 rng(2511);
     dllm__pool pool(2);
-    struct shape { int Tq, n_committed, Tk, n_head, n_kv, hd, mask_block; } shapes[] = {
-        {13, 0, 13, 6, 2, 16, 0}, {32, 0, 32, 4, 4, 24, 8}, {32, 37, 69, 6, 2, 16, 32}, {7, 64, 71, 3, 1, 40, 0}, {24, 96, 120, 4, 2, 8, 8},
+    struct shape { int Tq, n_committed, Tk, n_head, n_kv, hd, mask_block;
+    } shapes[] = {
+        {13, 0, 13, 6, 2, 16, 0}, {32, 0, 32, 4, 4, 24, 8},  {32, 37, 69, 6, 2, 16, 32},
+        {7, 64, 71, 3, 1, 40, 0}, {24, 96, 120, 4, 2, 8, 8},
     };
     for (const shape &sh : shapes) {
         const size_t qn = (size_t)sh.Tq * sh.n_head * sh.hd, kn = (size_t)sh.Tk * sh.n_kv * sh.hd;
-        std::vector<float> q = test_bdfa_random(rng, qn, 1.5f), k = test_bdfa_random(rng, kn, 1.5f), v = test_bdfa_random(rng, kn, 1.0f);
+        std::vector<float> q = test_bdfa_random(rng, qn, 1.5f), k = test_bdfa_random(rng, kn, 1.5f),
+                           v = test_bdfa_random(rng, kn, 1.0f);
         std::vector<float> want(qn, NAN), got(qn, NAN);
         const int q0 = sh.n_committed;
-        dllm__cpu_attention(pool, q.data(), k.data(), v.data(), sh.Tq, sh.Tk, sh.n_head, sh.n_kv, sh.hd, nullptr, want.data(), q0, sh.mask_block);
-        dllm__cpu_bd_attend(pool, q.data(), k.data(), v.data(), sh.Tq, sh.n_committed, sh.Tk, sh.n_head, sh.n_kv, sh.hd, got.data(), q0, sh.mask_block,
-                            dllm__bd_states());
+        dllm__cpu_attention(pool, q.data(), k.data(), v.data(), sh.Tq, sh.Tk, sh.n_head, sh.n_kv, sh.hd, nullptr,
+                            want.data(), q0, sh.mask_block);
+        dllm__cpu_bd_attend(pool, q.data(), k.data(), v.data(), sh.Tq, sh.n_committed, sh.Tk, sh.n_head, sh.n_kv, sh.hd,
+                            got.data(), q0, sh.mask_block, dllm__bd_states());
         if (sh.n_committed == 0) {
-            CHECK_MSG(memcmp(got.data(), want.data(), qn * sizeof(float)) == 0, "Tq %d hd %d: no committed key, yet not the plain bits", sh.Tq, sh.hd);
+            CHECK_MSG(memcmp(got.data(), want.data(), qn * sizeof(float)) == 0,
+                      "Tq %d hd %d: no committed key, yet not the plain bits", sh.Tq, sh.hd);
         } else {
             double err = test_rel_err(got.data(), want.data(), qn);
-            CHECK_MSG(err <= 1e-6, "Tq %d over %d committed + %d: relative difference %.2e", sh.Tq, sh.n_committed, sh.Tk - sh.n_committed, err);
+            CHECK_MSG(err <= 1e-6, "Tq %d over %d committed + %d: relative difference %.2e", sh.Tq, sh.n_committed,
+                      sh.Tk - sh.n_committed, err);
         }
     }
 }
@@ -42,7 +48,8 @@ TEST(bd_facache, reused_rows_read_the_held_state) {
     dllm__pool pool(2);
     const int Tq = 11, nc = 45, Tk = nc + Tq, H = 4, KV = 2, hd = 24;
     const size_t qn = (size_t)Tq * H * hd, kn = (size_t)Tk * KV * hd;
-    std::vector<float> q = test_bdfa_random(rng, qn, 1.0f), k = test_bdfa_random(rng, kn, 1.0f), v = test_bdfa_random(rng, kn, 1.0f);
+    std::vector<float> q = test_bdfa_random(rng, qn, 1.0f), k = test_bdfa_random(rng, kn, 1.0f),
+                       v = test_bdfa_random(rng, kn, 1.0f);
     std::vector<double> m((size_t)Tq * H, NAN), l(m.size(), NAN), acc(qn, NAN);
     std::vector<uint8_t> reuse((size_t)Tq, 0);
     dllm__bd_states st;
@@ -54,10 +61,12 @@ TEST(bd_facache, reused_rows_read_the_held_state) {
     dllm__cpu_bd_attend(pool, q.data(), k.data(), v.data(), Tq, nc, Tk, H, KV, hd, second.data(), nc, 0, st);
     int same = 0, changed = 0;
     for (int i = 0; i < Tq; i++) {
-        bool eq = memcmp(first.data() + (size_t)i * H * hd, second.data() + (size_t)i * H * hd, sizeof(float) * H * hd) == 0;
+        bool eq =
+            memcmp(first.data() + (size_t)i * H * hd, second.data() + (size_t)i * H * hd, sizeof(float) * H * hd) == 0;
         same += reuse[(size_t)i] && eq, changed += !reuse[(size_t)i] && !eq;
     }
-    CHECK_MSG(same == 7 && changed == 4, "%d of 7 reused rows kept their bits, %d of 4 recomputed rows saw the new keys", same, changed);
+    CHECK_MSG(same == 7 && changed == 4,
+              "%d of 7 reused rows kept their bits, %d of 4 recomputed rows saw the new keys", same, changed);
 }
 
 /* Wraps a context's backend and keeps every block-diffusion forward's logits, and counts the rows a cached forward
@@ -69,7 +78,9 @@ struct test_bdfa_recorder : dllm__backend_impl {
     int n_committed = 0;
     std::vector<int32_t> held;
 
-    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner->logits(ids, n, r0, r1, out); }
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
+        return inner->logits(ids, n, r0, r1, out);
+    }
     dllm_status begin_block(dllm__decode &st) override { return inner->begin_block(st); }
     dllm_status step(dllm__decode &st, std::vector<int32_t> &c, bool h) override { return inner->step(st, c, h); }
     dllm_status bd_begin(int n) override {
@@ -139,7 +150,8 @@ static void test_bdfa_fixture(dllm_test_state &T_, const char *fixture, dllm_kv_
         for (int S : {B / 4, B / 2, B})
             for (int variant = 0; variant < 3; variant++) {
                 dllm_gen_params gp = dllm_gen_default_params();
-                gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0, gp.stop_id = V - 1;
+                gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0,
+                gp.stop_id = V - 1;
                 if (variant >= 1) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.3;
                 gp.block_cache = variant == 2;
                 gp.lacache = DLLM_LACACHE_OFF;
@@ -149,35 +161,48 @@ static void test_bdfa_fixture(dllm_test_state &T_, const char *fixture, dllm_kv_
                 gp.lacache = DLLM_LACACHE_ON;
                 test_bdfa_run on = test_bdfa_generate(ctx, prompt, gp);
                 cases++;
-                const bool ok = on.status == DLLM_OK && off.status == DLLM_OK && off2.status == DLLM_OK && !on.logits.empty();
+                const bool ok =
+                    on.status == DLLM_OK && off.status == DLLM_OK && off2.status == DLLM_OK && !on.logits.empty();
                 const bool bits = ok && on.logits.size() == off.logits.size() &&
-                                  memcmp(on.logits.data(), off.logits.data(), sizeof(float) * on.logits.size()) == 0 && off2.logits == off.logits;
-                const bool counts = on.stats.facache_rows == on.rows && on.stats.facache_rows_reused == on.reused && off.stats.facache_rows == 0 &&
-                                    off.stats.facache_rows_reused == 0 && on.stats.forwards == off.stats.forwards;
+                                  memcmp(on.logits.data(), off.logits.data(), sizeof(float) * on.logits.size()) == 0 &&
+                                  off2.logits == off.logits;
+                const bool counts = on.stats.facache_rows == on.rows && on.stats.facache_rows_reused == on.reused &&
+                                    off.stats.facache_rows == 0 && off.stats.facache_rows_reused == 0 &&
+                                    on.stats.forwards == off.stats.forwards;
                 exact += bits && counts && on.out == off.out;
                 all_rows += on.stats.facache_rows, all_reused += on.stats.facache_rows_reused;
-                CHECK_MSG(bits && counts && on.out == off.out, "%s L=%d S=%d variant %d: logits %s, ids %s, rows %d/%lld reused %d/%lld", fixture, L, S,
-                          variant, bits ? "equal" : "DIFFER", on.out == off.out ? "equal" : "differ", on.stats.facache_rows, (long long)on.rows,
-                          on.stats.facache_rows_reused, (long long)on.reused);
+                CHECK_MSG(bits && counts && on.out == off.out,
+                          "%s L=%d S=%d variant %d: logits %s, ids %s, rows %d/%lld reused %d/%lld", fixture, L, S,
+                          variant, bits ? "equal" : "DIFFER", on.out == off.out ? "equal" : "differ",
+                          on.stats.facache_rows, (long long)on.rows, on.stats.facache_rows_reused,
+                          (long long)on.reused);
             }
     }
-    printf("    %s kv_quant %d precision %d: %d of %d generations bit-identical; %lld of %lld layer-0 rows reused their state\n", fixture, (int)kvq,
-           (int)precision, exact, cases, (long long)all_reused, (long long)all_rows);
+    printf(
+        "    %s kv_quant %d precision %d: %d of %d generations bit-identical; %lld of %lld layer-0 rows reused their "
+        "state\n",
+        fixture, (int)kvq, (int)precision, exact, cases, (long long)all_reused, (long long)all_rows);
     CHECK(all_reused > 0 && all_reused < all_rows);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
 
-TEST(bd_facache, fast_dllm_v2_on_equals_off_bit_for_bit) { test_bdfa_fixture(T_, "tiny-fast-dllm-v2", DLLM_KV_QUANT_NONE, DLLM_PRECISION_AUTO); }
+TEST(bd_facache, fast_dllm_v2_on_equals_off_bit_for_bit) {
+    test_bdfa_fixture(T_, "tiny-fast-dllm-v2", DLLM_KV_QUANT_NONE, DLLM_PRECISION_AUTO);
+}
 
-TEST(bd_facache, nemotron_on_equals_off_bit_for_bit) { test_bdfa_fixture(T_, "tiny-nemotron-diffusion", DLLM_KV_QUANT_NONE, DLLM_PRECISION_AUTO); }
+TEST(bd_facache, nemotron_on_equals_off_bit_for_bit) {
+    test_bdfa_fixture(T_, "tiny-nemotron-diffusion", DLLM_KV_QUANT_NONE, DLLM_PRECISION_AUTO);
+}
 
 TEST(bd_facache, on_equals_off_under_kv_quant) {
     test_bdfa_fixture(T_, "tiny-fast-dllm-v2", DLLM_KV_QUANT_SOLOQ_KV4, DLLM_PRECISION_AUTO);
     test_bdfa_fixture(T_, "tiny-nemotron-diffusion", DLLM_KV_QUANT_KIVI_KV2, DLLM_PRECISION_AUTO);
 }
 
-TEST(bd_facache, on_equals_off_under_soloq_weights) { test_bdfa_fixture(T_, "tiny-nemotron-diffusion", DLLM_KV_QUANT_SOLOQ_KV2, DLLM_PRECISION_SOLOQ_I); }
+TEST(bd_facache, on_equals_off_under_soloq_weights) {
+    test_bdfa_fixture(T_, "tiny-nemotron-diffusion", DLLM_KV_QUANT_SOLOQ_KV2, DLLM_PRECISION_SOLOQ_I);
+}
 
 /* The switch is validated on block-diffusion models too, and a LLaDA generation reports no FACache rows. */
 TEST(bd_facache, lacache_option_and_stats_elsewhere) {
@@ -190,7 +215,8 @@ TEST(bd_facache, lacache_option_and_stats_elsewhere) {
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = 32, gp.block_length = 32, gp.lacache = (dllm_lacache)3;
         int n = 0;
-        CHECK_STATUS(dllm_generate(bctx, prompt.data(), 3, gp, out.data(), (int)out.size(), &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "lacache");
+        CHECK_STATUS(dllm_generate(bctx, prompt.data(), 3, gp, out.data(), (int)out.size(), &n, nullptr),
+                     DLLM_ERR_INVALID_ARGUMENT, "lacache");
         gp = dllm_gen_default_params();
         gp.gen_length = 16, gp.block_length = 8, gp.steps = 4;
         dllm_gen_stats st;
@@ -214,9 +240,7 @@ TEST(jit, bd_facache_module_compiles) {
         const dllm__jit_request rq = dllm__module_bdfa(a);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+        test_compile_clean(T_, rq, a.target, false, cubin, lowered);
         CHECK(lowered.size() == 2 && cubin.size() > 1000);
         targets += row.cc == 80 || row.cc == 90;
     }
@@ -231,9 +255,11 @@ static std::vector<float> test_bdfa_gpu_step(dllm_ctx *ctx, int B) {
     for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 37 + 11) % 150);
     std::vector<float> pre((size_t)V), step((size_t)B * V, NAN);
     dllm__bd_call prefill, blk;
-    prefill.kind = DLLM__BD_COMMIT, prefill.ids = ids.data(), prefill.T = 2 * B, prefill.mask_block = B, prefill.r0 = 2 * B - 1, prefill.r1 = 2 * B;
+    prefill.kind = DLLM__BD_COMMIT, prefill.ids = ids.data(), prefill.T = 2 * B, prefill.mask_block = B,
+    prefill.r0 = 2 * B - 1, prefill.r1 = 2 * B;
     blk.ids = ids.data() + 2 * B, blk.T = B, blk.mask_block = B, blk.r0 = 0, blk.r1 = B, blk.lacache = true;
-    if (ctx->impl->bd_begin(4 * B) != DLLM_OK || ctx->impl->bd_forward(prefill, pre.data()) != DLLM_OK || ctx->impl->bd_forward(blk, step.data()) != DLLM_OK)
+    if (ctx->impl->bd_begin(4 * B) != DLLM_OK || ctx->impl->bd_forward(prefill, pre.data()) != DLLM_OK ||
+        ctx->impl->bd_forward(blk, step.data()) != DLLM_OK)
         step.clear();
     return step;
 }
@@ -250,7 +276,8 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
         dllm_model *m = models[k];
         if (!m) { CHECK(m != nullptr); continue; }
         const int B = m->cfg.bd_size, V = m->cfg.n_vocab;
-        dllm_ctx *gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16), *cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16);
+        dllm_ctx *gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16),
+                 *cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16);
         CHECK(gpu && cpu);
         if (gpu) {
             dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
@@ -259,7 +286,8 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
             g->bd_split_attention(true);
             const std::vector<float> split = test_bdfa_gpu_step(gpu, B);
             const double err = flash.size() == split.size() && !flash.empty() ? test_max_rel(split, flash) : 1e9;
-            printf("    %s: a block step, split layer-0 attention vs flash_attn: max relative error %.2e\n", names[k], err);
+            printf("    %s: a block step, split layer-0 attention vs flash_attn: max relative error %.2e\n", names[k],
+                   err);
             CHECK_MSG(err < 2e-2, "%s: split attention error %.3e", names[k], err);
         }
         for (int L : {B + 5, 2 * B + 3}) {
@@ -268,19 +296,22 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
             for (int i = 0; i < L; i++) prompt[(size_t)i] = (int32_t)((i * 29 + L) % std::min(V - 10, 90));
             for (int variant = 0; variant < 3; variant++) {
                 dllm_gen_params gp = dllm_gen_default_params();
-                gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = variant == 1 ? B / 2 : B / 4, gp.stop_at_eos = 0, gp.stop_id = V - 1;
+                gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = variant == 1 ? B / 2 : B / 4,
+                gp.stop_at_eos = 0, gp.stop_id = V - 1;
                 if (variant >= 1) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.3;
                 gp.block_cache = variant == 2;
                 gp.lacache = DLLM_LACACHE_OFF;
                 test_bdfa_run off = test_bdfa_generate(gpu, prompt, gp);
                 gp.lacache = DLLM_LACACHE_ON;
                 test_bdfa_run on = test_bdfa_generate(gpu, prompt, gp), ref = test_bdfa_generate(cpu, prompt, gp);
-                const bool bits = on.status == DLLM_OK && off.status == DLLM_OK && !on.logits.empty() && on.logits.size() == off.logits.size() &&
+                const bool bits = on.status == DLLM_OK && off.status == DLLM_OK && !on.logits.empty() &&
+                                  on.logits.size() == off.logits.size() &&
                                   memcmp(on.logits.data(), off.logits.data(), sizeof(float) * on.logits.size()) == 0;
                 size_t agree = 0;
                 for (size_t i = 0; i < std::min(on.out.size(), ref.out.size()); i++) agree += on.out[i] == ref.out[i];
-                printf("    %s L=%d variant %d: GPU ON vs OFF %s; %d of %d rows reused; %zu of %zu ids as the CPU's\n", names[k], L, variant,
-                       bits ? "bit-identical" : "DIFFER", on.stats.facache_rows_reused, on.stats.facache_rows, agree, ref.out.size());
+                printf("    %s L=%d variant %d: GPU ON vs OFF %s; %d of %d rows reused; %zu of %zu ids as the CPU's\n",
+                       names[k], L, variant, bits ? "bit-identical" : "DIFFER", on.stats.facache_rows_reused,
+                       on.stats.facache_rows, agree, ref.out.size());
                 CHECK(bits && on.out == off.out);
                 CHECK(on.stats.facache_rows == on.rows && on.stats.facache_rows_reused == on.reused && on.reused > 0);
             }
@@ -298,18 +329,22 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    std::shared_ptr<dllm__module> mod;
-    CHECK_STATUS(dllm__jit_load(dllm__module_bdfa(g.arch), mod), DLLM_OK, nullptr);
-    if (!mod) return;
-    dllm__kernel<dllm__sig_bdfa_committed> committed;
-    dllm__kernel<dllm__sig_bdfa_merge> merge;
-    committed.fn = mod->kernels.at("bdfa_committed"), committed.name = "bdfa_committed";
-    merge.fn = mod->kernels.at("bdfa_merge"), merge.name = "bdfa_merge";
+    dllm__bdfa_kernels k;
+    CHECK_STATUS(dllm__jit_load(dllm__module_bdfa(g.arch), k.module), DLLM_OK, nullptr);
+    if (!k.module) return;
+    dllm__bind(k, *k.module);
+    const dllm__kernel<dllm__sig_bdfa_committed> &committed = k.bdfa_committed;
+    const dllm__kernel<dllm__sig_bdfa_merge> &merge = k.bdfa_merge;
     test_rng r("bd_facache_kernels");
-    struct shape { int hd, H, KV, T, nc, offset, mask_block; } shapes[] = {{24, 6, 2, 32, 45, 0, 32}, {128, 4, 1, 8, 300, 16, 0}, {64, 7, 7, 13, 33, 3, 13},
-                                                                {128, 8, 2, 5, 1037, 5, 32}};  // the last: every warp of bdfa_committed busy
+    struct shape {
+        int hd, H, KV, T, nc, offset, mask_block;
+    } shapes[] = {{24, 6, 2, 32, 45, 0, 32},
+                  {128, 4, 1, 8, 300, 16, 0},
+                  {64, 7, 7, 13, 33, 3, 13},
+                  {128, 8, 2, 5, 1037, 5, 32}};  // the last: every warp of bdfa_committed busy
     for (const shape &sh : shapes) {
-        const int qkv = (sh.H + 2 * sh.KV) * sh.hd, kvd = sh.KV * sh.hd, n_keys = sh.nc + sh.offset + sh.T, q0 = sh.nc + sh.offset;
+        const int qkv = (sh.H + 2 * sh.KV) * sh.hd, kvd = sh.KV * sh.hd, n_keys = sh.nc + sh.offset + sh.T,
+                  q0 = sh.nc + sh.offset;
         std::vector<float> qf((size_t)sh.T * qkv), kvf((size_t)n_keys * 2 * kvd);
         for (float &v : qf) v = r.normal();
         for (float &v : kvf) v = r.normal();
@@ -323,25 +358,32 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
         test_poison(dout, (size_t)sh.T * sh.H * sh.hd * 2);
         test_poison(dstate, (size_t)(sh.offset + sh.T) * sh.H * (sh.hd + 2) * 4);
         bdfa_args a = {};
-        a.cache = dkv.as<bf16_t>(), a.q = dq.as<bf16_t>(), a.o = dout.as<bf16_t>(), a.q_stride = qkv, a.o_stride = sh.H * sh.hd;
+        a.cache = dkv.as<bf16_t>(), a.q = dq.as<bf16_t>(), a.o = dout.as<bf16_t>(), a.q_stride = qkv,
+        a.o_stride = sh.H * sh.hd;
         a.n_head = sh.H, a.n_kv = sh.KV, a.hd = sh.hd, a.scale = 1.0f / sqrtf((float)sh.hd);
         a.n_keys = n_keys, a.n_committed = sh.nc, a.mask_block = sh.mask_block, a.q_index0 = q0;
         a.rows = drows.as<int>(), a.offset = sh.offset, a.state = dstate.as<float>();
-        CHECK_STATUS(committed.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(committed.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a),
+                     DLLM_OK, nullptr);
         CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
-        const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd)), x = test_f32_vec(qb), kv = test_f32_vec(kvb);
-        std::vector<float> q((size_t)sh.T * sh.H * sh.hd), kk((size_t)n_keys * kvd), vv((size_t)n_keys * kvd), want(q.size(), NAN);
-        for (int i = 0; i < sh.T; i++) std::copy(&x[(size_t)i * qkv], &x[(size_t)i * qkv] + sh.H * sh.hd, &q[(size_t)i * sh.H * sh.hd]);
+        const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd)),
+                                 x = test_f32_vec(qb), kv = test_f32_vec(kvb);
+        std::vector<float> q((size_t)sh.T * sh.H * sh.hd), kk((size_t)n_keys * kvd), vv((size_t)n_keys * kvd),
+            want(q.size(), NAN);
+        for (int i = 0; i < sh.T; i++)
+            std::copy(&x[(size_t)i * qkv], &x[(size_t)i * qkv] + sh.H * sh.hd, &q[(size_t)i * sh.H * sh.hd]);
         for (int j = 0; j < n_keys; j++) {
             std::copy(&kv[(size_t)j * 2 * kvd], &kv[(size_t)j * 2 * kvd] + kvd, &kk[(size_t)j * kvd]);
             std::copy(&kv[(size_t)j * 2 * kvd] + kvd, &kv[(size_t)j * 2 * kvd] + 2 * kvd, &vv[(size_t)j * kvd]);
         }
         dllm__pool pool(1);
-        dllm__cpu_bd_attend(pool, q.data(), kk.data(), vv.data(), sh.T, sh.nc, n_keys, sh.H, sh.KV, sh.hd, want.data(), q0, sh.mask_block, dllm__bd_states());
+        dllm__cpu_bd_attend(pool, q.data(), kk.data(), vv.data(), sh.T, sh.nc, n_keys, sh.H, sh.KV, sh.hd, want.data(),
+                            q0, sh.mask_block, dllm__bd_states());
         const double err = test_max_rel(got, want);
-        printf("    bdfa hd=%d H=%d KV=%d: %d rows at %d over %d committed keys, mask block %d: max relative error %.2e\n", sh.hd, sh.H, sh.KV, sh.T, q0,
-               sh.nc, sh.mask_block, err);
+        printf(
+            "    bdfa hd=%d H=%d KV=%d: %d rows at %d over %d committed keys, mask block %d: max relative error %.2e\n",
+            sh.hd, sh.H, sh.KV, sh.T, q0, sh.nc, sh.mask_block, err);
         CHECK_MSG(err < 2e-2, "bdfa hd=%d: error %.3e", sh.hd, err);
         // Reuse: poison the committed keys, recompute only the odd rows' states: the even rows keep their bits.
         for (size_t i = 0; i < (size_t)sh.nc * 2 * kvd; i++) kvb[i] = (uint16_t)(kvb[i] ^ 0x4000u);
@@ -352,16 +394,19 @@ TEST(gpu_bd_facache, kernels_match_cpu_twin) {
         a.cache = dkv.as<bf16_t>(), a.rows = drows.as<int>();
         test_poison(dout, (size_t)sh.T * sh.H * sh.hd * 2);
         a.o = dout.as<bf16_t>();
-        CHECK_STATUS(committed.launch({dim3((unsigned)odd.size(), (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a), DLLM_OK, nullptr);
+        CHECK_STATUS(committed.launch({dim3((unsigned)odd.size(), (unsigned)sh.H), dim3(32 * dllm__bdfa_warps)}, 0, a),
+                     DLLM_OK, nullptr);
         CHECK_STATUS(merge.launch({dim3((unsigned)sh.T, (unsigned)sh.H), dim3(32)}, 0, a), DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
-        const std::vector<uint16_t> again = test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd), first = test_bf16_vec(got);
+        const std::vector<uint16_t> again = test_get<uint16_t>(dout, (size_t)sh.T * sh.H * sh.hd),
+                                    first = test_bf16_vec(got);
         int kept = 0, moved = 0;
         const size_t w = (size_t)sh.H * sh.hd;
         for (int i = 0; i < sh.T; i++) {
             const bool eq = memcmp(&again[(size_t)i * w], &first[(size_t)i * w], w * 2) == 0;
             kept += i % 2 == 0 && eq, moved += i % 2 == 1 && !eq;
         }
-        CHECK_MSG(kept == (sh.T + 1) / 2 && moved == sh.T / 2, "bdfa hd=%d: %d even rows kept their bits, %d odd rows saw the poison", sh.hd, kept, moved);
+        CHECK_MSG(kept == (sh.T + 1) / 2 && moved == sh.T / 2,
+                  "bdfa hd=%d: %d even rows kept their bits, %d odd rows saw the poison", sh.hd, kept, moved);
     }
 }

@@ -5,14 +5,20 @@
 
 static const char *test_nemotron_8b_config =
     "{\"ar_loss_weight\": 1.0, \"architectures\": [\"NemotronLabsDiffusionModel\"], \"attention_bias\": false,"
-    " \"attention_dropout\": 0.0, \"attn_implementation\": \"sdpa\", \"block_size\": 32, \"bos_token_id\": 1, \"dlm_loss_weight\": null,"
-    " \"dlm_paradigm\": \"bidirectional\", \"dp_varying_mask_ratio\": false, \"eos_token_id\": 11, \"head_dim\": 128, \"hidden_act\": \"silu\","
+    " \"attention_dropout\": 0.0, \"attn_implementation\": \"sdpa\", \"block_size\": 32, \"bos_token_id\": 1, "
+    "\"dlm_loss_weight\": null,"
+    " \"dlm_paradigm\": \"bidirectional\", \"dp_varying_mask_ratio\": false, \"eos_token_id\": 11, \"head_dim\": 128, "
+    "\"hidden_act\": \"silu\","
     " \"hidden_size\": 4096, \"initializer_range\": 0.02, \"intermediate_size\": 14336, \"mask_token_id\": 100,"
-    " \"max_position_embeddings\": 262144, \"mlp_bias\": false, \"model_type\": \"nemotron_labs_diffusion\", \"num_attention_heads\": 32,"
-    " \"num_hidden_layers\": 34, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_parameters\": {\"beta_fast\": 32.0,"
+    " \"max_position_embeddings\": 262144, \"mlp_bias\": false, \"model_type\": \"nemotron_labs_diffusion\", "
+    "\"num_attention_heads\": 32,"
+    " \"num_hidden_layers\": 34, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_parameters\": "
+    "{\"beta_fast\": 32.0,"
     " \"beta_slow\": 1.0, \"factor\": 16.0, \"llama_4_scaling_beta\": 0.1, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
-    " \"original_max_position_embeddings\": 16384, \"rope_theta\": 1000000.0, \"rope_type\": \"yarn\"}, \"sliding_window\": null,"
-    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"5.0.0\", \"use_cache\": false,"
+    " \"original_max_position_embeddings\": 16384, \"rope_theta\": 1000000.0, \"rope_type\": \"yarn\"}, "
+    "\"sliding_window\": null,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"5.0.0\", "
+    "\"use_cache\": false,"
     " \"vocab_size\": 131072}";
 
 static int64_t test_weight_elems(const std::vector<dllm__wspec> &specs) {
@@ -31,18 +37,16 @@ static int64_t test_weight_elems(const std::vector<dllm__wspec> &specs) {
  * the tensors the config demands. */
 TEST(block_diffusion, real_fast_dllm_v2_config_and_index) {
     dllm__config c;
-    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")), c), DLLM_OK, nullptr);
+    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")), c), DLLM_OK,
+                 nullptr);
     CHECK(c.family == DLLM_FAMILY_FAST_DLLM_V2 && dllm__is_block_diffusion(c));
-    CHECK(c.n_layer == 28 && c.n_embd == 3584 && c.n_ff == 18944 && c.n_head == 28 && c.n_head_kv == 4 && c.head_dim == 128);
-    CHECK(c.n_vocab == 152064 && c.max_seq_len == 32768 && c.bd_size == 32 && c.bd_mask_block == 32 && !c.bd_causal_context);
+    CHECK(c.n_layer == 28 && c.n_embd == 3584 && c.n_ff == 18944 && c.n_head == 28 && c.n_head_kv == 4 &&
+          c.head_dim == 128);
+    CHECK(c.n_vocab == 152064 && c.max_seq_len == 32768 && c.bd_size == 32 && c.bd_mask_block == 32 &&
+          !c.bd_causal_context);
     CHECK(c.qkv_bias && c.shift_logits && !c.tied_embeddings && !c.yarn && c.rope_theta == 1e6f && c.norm_eps == 1e-6f);
     CHECK(c.mask_id == -1 && c.stop_id == 151645);  // the mask comes from the tokenizer files (next test)
-    dllm__json idx;
-    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
-    std::vector<std::pair<std::string, std::string>> map;
-    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
-    std::unordered_set<std::string> names;
-    for (auto &e : map) names.insert(e.first);
+    const std::unordered_set<std::string> names = test_fast_dllm_v2_index_names(T_);
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     CHECK(specs.size() == 339 && names.size() == 339);
     for (const dllm__wspec &s : specs) CHECK_MSG(names.count(s.name), "%s missing from the index", s.name.c_str());
@@ -54,14 +58,17 @@ TEST(block_diffusion, real_fast_dllm_v2_config_and_index) {
 TEST(block_diffusion, real_fast_dllm_v2_dir_without_weights) {
     test_tmpdir dir;
     test_write_file(dir.file("config.json"), test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")));
-    test_write_file(dir.file("model.safetensors.index.json"), test_read_file(test_data("real-configs/fast-dllm-v2-7b.index.json")));
-    test_write_file(dir.file("added_tokens.json"), test_read_file(test_data("real-configs/fast-dllm-v2-7b.added_tokens.json")));
+    test_write_file(dir.file("model.safetensors.index.json"),
+                    test_read_file(test_data("real-configs/fast-dllm-v2-7b.index.json")));
+    test_write_file(dir.file("added_tokens.json"),
+                    test_read_file(test_data("real-configs/fast-dllm-v2-7b.added_tokens.json")));
     dllm__config c;
     CHECK_STATUS(test_config(test_read_file(dir.file("config.json")), c), DLLM_OK, nullptr);
     CHECK_STATUS(dllm__find_block_tokens(dir.path, c), DLLM_OK, nullptr);
     CHECK(c.mask_id == 151665 && c.stop_id == 151645);
     dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO,
+                 "-of-00004.safetensors: No such file");
     CHECK(m == nullptr);
     // Without the tokenizer files the mask id is unknown, and the config still loads (a generation names mask_id then).
     unlink(dir.file("added_tokens.json").c_str());
@@ -69,7 +76,8 @@ TEST(block_diffusion, real_fast_dllm_v2_dir_without_weights) {
     CHECK_STATUS(test_config(test_read_file(dir.file("config.json")), bare), DLLM_OK, nullptr);
     CHECK_STATUS(dllm__find_block_tokens(dir.path, bare), DLLM_OK, nullptr);
     CHECK(bare.mask_id == -1);
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "-of-00004.safetensors: No such file");
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO,
+                 "-of-00004.safetensors: No such file");
     // A mask_token_id in config.json names it.
     std::string cfg = test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json"));
     cfg.insert(cfg.rfind('}'), ", \"mask_token_id\": 151665");
@@ -100,7 +108,8 @@ TEST(block_diffusion, checkpoint_without_a_mask_id_generates_with_one_given) {
         int n = -1, n_want = -1;
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = 32;
-        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT, "mask_id (--mask-id)");
+        CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                     "mask_id (--mask-id)");
         gp.mask_id = 155;
         CHECK_STATUS(dllm_generate(bare_ctx, prompt, 5, gp, out.data(), 64, &n, nullptr), DLLM_OK, nullptr);
         gp.mask_id = -1;
@@ -108,11 +117,14 @@ TEST(block_diffusion, checkpoint_without_a_mask_id_generates_with_one_given) {
         CHECK(n == n_want && out == want);
         if (dllm__file_exists("build/dllm-generate")) {  // the CLI: refused without --mask-id, the same ids with it
             std::string stdout_text, err;
-            CHECK(test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32", stdout_text, err) == 1 && err.find("--mask-id") != std::string::npos);
+            CHECK(test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32", stdout_text, err) == 1 &&
+                  err.find("--mask-id") != std::string::npos);
             std::string ids = "ids:";
             for (int i = 0; i < n; i++) ids += " " + std::to_string(out[(size_t)i]);
-            int rc = test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32 --mask-id 155 --backend cpu --print-ids", stdout_text, err);
-            CHECK_MSG(rc == 0 && stdout_text == ids + "\n", "exit %d, stdout \"%s\", want \"%s\" (%s)", rc, stdout_text.c_str(), ids.c_str(), err.c_str());
+            int rc = test_cli("-m " + dir.path + " --ids \"5 17 42 9 3\" -n 32 --mask-id 155 --backend cpu --print-ids",
+                              stdout_text, err);
+            CHECK_MSG(rc == 0 && stdout_text == ids + "\n", "exit %d, stdout \"%s\", want \"%s\" (%s)", rc,
+                      stdout_text.c_str(), ids.c_str(), err.c_str());
         }
     }
     dllm_ctx_free(bare_ctx);
@@ -128,8 +140,10 @@ TEST(block_diffusion, nemotron_8b_config) {
     CHECK_STATUS(test_config(test_nemotron_8b_config, c), DLLM_OK, nullptr);
     CHECK(c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION && c.n_layer == 34 && c.n_embd == 4096 && c.n_ff == 14336);
     CHECK(c.n_head == 32 && c.n_head_kv == 8 && c.head_dim == 128 && c.n_vocab == 131072 && !c.qkv_bias);
-    CHECK(c.mask_id == 100 && c.stop_id == 11 && c.bd_size == 32 && c.bd_mask_block == 32 && c.bd_causal_context && c.shift_logits);
-    CHECK(c.yarn && c.yarn_factor == 16 && c.yarn_orig_max == 16384 && c.yarn_attention_factor == 1.0 && c.rope_theta == 1e6f);
+    CHECK(c.mask_id == 100 && c.stop_id == 11 && c.bd_size == 32 && c.bd_mask_block == 32 && c.bd_causal_context &&
+          c.shift_logits);
+    CHECK(c.yarn && c.yarn_factor == 16 && c.yarn_orig_max == 16384 && c.yarn_attention_factor == 1.0 &&
+          c.rope_theta == 1e6f);
     CHECK(c.llama4_beta == 0.1f && c.llama4_orig_max == 16384 && c.norm_eps == 1e-5f);
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     CHECK(specs.front().name == "encoder.embed_tokens.weight" && specs.back().name == "diffusion_head.weight");
@@ -154,15 +168,18 @@ TEST(block_diffusion, tiny_models_load) {
     CHECK(m != nullptr);
     if (m) {
         CHECK_STATUS(dllm_model_get_info(m, &info), DLLM_OK, nullptr);
-        CHECK(info.family == DLLM_FAMILY_FAST_DLLM_V2 && info.mask_id == 155 && info.stop_id == 152 && info.block_size == 32);
-        CHECK(info.shift_logits == 1 && info.n_head == 6 && info.n_head_kv == 2 && info.head_dim == 16 && info.n_vocab == 160);
+        CHECK(info.family == DLLM_FAMILY_FAST_DLLM_V2 && info.mask_id == 155 && info.stop_id == 152 &&
+              info.block_size == 32);
+        CHECK(info.shift_logits == 1 && info.n_head == 6 && info.n_head_kv == 2 && info.head_dim == 16 &&
+              info.n_vocab == 160);
     }
     dllm_model_free(m);
     m = test_load(test_data("tiny-nemotron-diffusion"));
     CHECK(m != nullptr);
     if (m) {
         CHECK_STATUS(dllm_model_get_info(m, &info), DLLM_OK, nullptr);
-        CHECK(info.family == DLLM_FAMILY_NEMOTRON_DIFFUSION && info.mask_id == 100 && info.stop_id == 11 && info.block_size == 8);
+        CHECK(info.family == DLLM_FAMILY_NEMOTRON_DIFFUSION && info.mask_id == 100 && info.stop_id == 11 &&
+              info.block_size == 8);
         CHECK(info.head_dim == 24 && info.n_embd == 80 && info.n_vocab == 131);
     }
     dllm_model_free(m);
@@ -183,8 +200,9 @@ TEST(block_diffusion, tiny_models_load) {
 // ---- RoPE ----------------------------------------------------------------------------------------------
 
 /* YaRN inverse frequencies and attention factor of the real 8B config against an independent numpy computation
- * of transformers' _compute_yarn_parameters (float32, tests/data/yarn_nemotron_8b.json), within 2 ulp (float32 pow differs between libms);
- * and the Llama-4 query scale at positions around original_max_position_embeddings. */
+ * of transformers' _compute_yarn_parameters (float32, tests/data/yarn_nemotron_8b.json), within 2 ulp
+ * (float32 pow differs between libms); and the Llama-4 query scale at positions around
+ * original_max_position_embeddings. */
 TEST(block_diffusion, yarn_and_llama4_scaling_match_transformers_formulas) {
     dllm__json fx;
     CHECK_STATUS(dllm__json_load(test_data("yarn_nemotron_8b.json"), fx), DLLM_OK, nullptr);
@@ -199,7 +217,8 @@ TEST(block_diffusion, yarn_and_llama4_scaling_match_transformers_formulas) {
         memcpy(&got, &inv[j], 4);
         worst = std::max(worst, abs((int)(got - want)));
         float plain = 1.0f / powf(1e6f, (float)(2 * j) / 128.0f);
-        n_ramp += inv[j] != plain && fabsf(inv[j] - plain / 16) > 1e-6f * plain;  // neither extrapolated nor interpolated
+        n_ramp +=
+            inv[j] != plain && fabsf(inv[j] - plain / 16) > 1e-6f * plain;  // neither extrapolated nor interpolated
     }
     printf("    YaRN inv_freq: largest difference %d ulp, %d frequencies on the ramp\n", worst, n_ramp);
     CHECK(worst <= 2 && n_ramp > 0);
@@ -209,7 +228,8 @@ TEST(block_diffusion, yarn_and_llama4_scaling_match_transformers_formulas) {
         int32_t p = (int32_t)pos->items[i].integer;
         std::vector<float> q((size_t)c.n_head * c.head_dim, 1.0f);
         dllm__cpu_llama4_scale(c, q.data(), 1, &p);
-        CHECK_MSG(q[0] == (float)scale->items[i].number && q.back() == q[0], "position %d: %.9g, want %.9g", p, q[0], scale->items[i].number);
+        CHECK_MSG(q[0] == (float)scale->items[i].number && q.back() == q[0], "position %d: %.9g, want %.9g", p, q[0],
+                  scale->items[i].number);
     }
 }
 
@@ -279,9 +299,24 @@ struct test_bd_recorder {
 static int test_bd_on_step(const dllm_step_info *info, void *user) {
     test_bd_recorder *r = (test_bd_recorder *)user;
     std::vector<std::pair<int32_t, int32_t>> s;
-    for (int i = 0; i < info->n_committed; i++) s.push_back({info->committed_pos[i], info->canvas[info->committed_pos[i]]});
+    for (int i = 0; i < info->n_committed; i++)
+        s.push_back({info->committed_pos[i], info->canvas[info->committed_pos[i]]});
     r->steps.push_back(s);
     return 0;
+}
+
+/* A golden trace case's generation parameters: the reference's lengths, sub-block, block cache and threshold, greedy,
+ * the stop token kept in the output as the reference keeps it. */
+static dllm_gen_params test_bd_case_params(const dllm__json &cs) {
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = (int)cs.find("gen_length")->integer;
+    gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
+    gp.sub_block_length = (int)cs.find("sub_block")->integer;
+    gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
+    const dllm__json *tau = cs.find("threshold");
+    if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
+    gp.stop_at_eos = 0;
+    return gp;
 }
 
 /* Every case of the fixture: the CPU backend's output, every step's commits, the step and forward counts equal
@@ -308,7 +343,8 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
                 std::string cfg = test_read_file(test_data(fixture) + "/config.json");
                 cfg.insert(cfg.rfind('}'), ", \"shift_logits\": false");
                 test_write_file(noshift_dir.file("config.json"), cfg);
-                test_write_file(noshift_dir.file("model.safetensors"), test_read_file(test_data(fixture) + "/model.safetensors"));
+                test_write_file(noshift_dir.file("model.safetensors"),
+                                test_read_file(test_data(fixture) + "/model.safetensors"));
                 noshift_model = test_load(noshift_dir.path);
                 noshift_ctx = noshift_model ? test_ctx(noshift_model) : nullptr;
                 CHECK(noshift_model && !noshift_model->cfg.shift_logits && noshift_ctx);
@@ -317,20 +353,15 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
             run_ctx = noshift_ctx;
         }
         std::vector<int32_t> prompt = test_json_ids(cs.find("prompt")), want = test_json_ids(cs.find("output"));
-        dllm_gen_params gp = dllm_gen_default_params();
-        gp.gen_length = (int)cs.find("gen_length")->integer;
-        gp.block_length = cs.find("block_size") ? (int)cs.find("block_size")->integer : 32;
-        gp.sub_block_length = (int)cs.find("sub_block")->integer;
-        gp.block_cache = cs.find("block_cache") && cs.find("block_cache")->boolean;
-        const dllm__json *tau = cs.find("threshold");
-        if (tau && !tau->is_null()) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = tau->number;
-        gp.stop_at_eos = 0;  // the official output keeps its stop token
+        dllm_gen_params gp = test_bd_case_params(cs);
         test_bd_recorder rec;
         gp.on_step = test_bd_on_step, gp.on_step_data = &rec;
         std::vector<int32_t> out((size_t)gp.gen_length + 1, -7);
         int n_out = 0;
         dllm_gen_stats stats;
-        CHECK_STATUS(dllm_generate(run_ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, &stats), DLLM_OK, nullptr);
+        CHECK_STATUS(
+            dllm_generate(run_ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), &n_out, &stats),
+            DLLM_OK, nullptr);
         out.resize((size_t)std::max(0, n_out));
         const dllm__json *steps = cs.find("steps");
         bool steps_same = steps && steps->items.size() == rec.steps.size();
@@ -338,14 +369,15 @@ static void test_bd_traces(dllm_test_state &T_, const char *fixture) {
             const dllm__json &ws = steps->items[s];
             steps_same = ws.items.size() == rec.steps[s].size();
             for (size_t k = 0; steps_same && k < ws.items.size(); k++)
-                steps_same = ws.items[k].items[0].integer == rec.steps[s][k].first && ws.items[k].items[1].integer == rec.steps[s][k].second;
+                steps_same = ws.items[k].items[0].integer == rec.steps[s][k].first &&
+                             ws.items[k].items[1].integer == rec.steps[s][k].second;
         }
         bool same = out == want && steps_same && stats.steps == (int)cs.find("n_steps")->integer &&
                     stats.forwards == (int)cs.find("forwards")->integer && stats.n_generated == n_out;
         exact += same;
-        CHECK_MSG(same, "%s %s: %d ids (want %zu), %d steps (want %lld), %d forwards (want %lld), steps %s", fixture, name.c_str(), n_out,
-                  want.size(), stats.steps, (long long)cs.find("n_steps")->integer, stats.forwards, (long long)cs.find("forwards")->integer,
-                  steps_same ? "equal" : "differ");
+        CHECK_MSG(same, "%s %s: %d ids (want %zu), %d steps (want %lld), %d forwards (want %lld), steps %s", fixture,
+                  name.c_str(), n_out, want.size(), stats.steps, (long long)cs.find("n_steps")->integer, stats.forwards,
+                  (long long)cs.find("forwards")->integer, steps_same ? "equal" : "differ");
     }
     printf("    %s: %d of %zu traces identical\n", fixture, exact, cases->items.size());
     dllm_ctx_free(noshift_ctx);
@@ -375,7 +407,8 @@ TEST(block_diffusion, stop_at_eos_drops_the_stop_token) {
     gp.gen_length = 64;
     std::vector<int32_t> out(65, -1);
     int n = 0;
-    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), 65, &n, nullptr), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), 65, &n, nullptr), DLLM_OK,
+                 nullptr);
     out.resize((size_t)std::max(n, 0));
     official.pop_back();
     CHECK_MSG(out == official, "%d ids, want the official %zu without its stop token", n, official.size());
@@ -389,7 +422,8 @@ struct test_bd_cancel_trace {
     std::vector<int32_t> generated;  // the canvas after the prompt, at the cancelling step
 };
 static int test_bd_cancel_at_first_step(const dllm_step_info *info, void *user_data) {
-    ((test_bd_cancel_trace *)user_data)->generated.assign(info->canvas + info->prompt_len, info->canvas + info->canvas_len);
+    ((test_bd_cancel_trace *)user_data)
+        ->generated.assign(info->canvas + info->prompt_len, info->canvas + info->canvas_len);
     return 1;
 }
 
@@ -421,8 +455,8 @@ TEST(block_diffusion, cancelled_output_is_the_canvas_so_far) {
                 }
                 out.resize((size_t)std::max(n, 0));
                 CHECK_MSG(s == DLLM_ERR_CANCELLED && !trace.generated.empty() && out == trace.generated,
-                          "stop id %d, stop_at_eos %d%s: %s, %d ids, the canvas after the prompt has %zu", stop, stop_at_eos, batched ? ", batched" : "",
-                          dllm_status_str(s), n, trace.generated.size());
+                          "stop id %d, stop_at_eos %d%s: %s, %d ids, the canvas after the prompt has %zu", stop,
+                          stop_at_eos, batched ? ", batched" : "", dllm_status_str(s), n, trace.generated.size());
                 if (pass == 0)
                     for (int32_t id : trace.generated)
                         if (id != info.mask_id && stop < 0) stop = id;
@@ -477,14 +511,21 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.kv_cache = DLLM_KV_CACHE_DUAL; }), DLLM_ERR_UNSUPPORTED, "kv_cache");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.unmask = DLLM_UNMASK_FACTOR; }), DLLM_ERR_UNSUPPORTED, "unmask");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.dpad = DLLM_DPAD_UNIFORM; }), DLLM_ERR_UNSUPPORTED, "DPad");
-    CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_k = 5; }), DLLM_ERR_UNSUPPORTED, "top_k");  // greedy: no filter may be ignored silently
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_k = 5; }), DLLM_ERR_UNSUPPORTED,
+                 "top_k");  // greedy: no filter may be ignored silently
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.top_p = 0.9f; }), DLLM_ERR_UNSUPPORTED, "top_p");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.min_p = 0.05f; }), DLLM_ERR_UNSUPPORTED, "min_p");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.eos_id = 10; }), DLLM_ERR_UNSUPPORTED, "stop_id");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.eot_id = 99999; }), DLLM_ERR_UNSUPPORTED, "stop_id");
-    CHECK_STATUS(gen([](dllm_gen_params &g) { g.sub_block_length = 12; }), DLLM_ERR_INVALID_ARGUMENT, "must divide block_length");
-    CHECK_STATUS(gen([](dllm_gen_params &g) { g.gen_length = 40; }), DLLM_ERR_INVALID_ARGUMENT, "multiple of block_length");
-    CHECK_STATUS(gen([](dllm_gen_params &g) { g.unmask = DLLM_UNMASK_THRESHOLD; g.threshold = 1.5; }), DLLM_ERR_INVALID_ARGUMENT, "threshold");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.sub_block_length = 12; }), DLLM_ERR_INVALID_ARGUMENT,
+                 "must divide block_length");
+    CHECK_STATUS(gen([](dllm_gen_params &g) { g.gen_length = 40; }), DLLM_ERR_INVALID_ARGUMENT,
+                 "multiple of block_length");
+    CHECK_STATUS(gen([](dllm_gen_params &g) {
+                     g.unmask = DLLM_UNMASK_THRESHOLD;
+                     g.threshold = 1.5;
+                 }),
+                 DLLM_ERR_INVALID_ARGUMENT, "threshold");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.block_cache = 2; }), DLLM_ERR_INVALID_ARGUMENT, "block_cache");
     CHECK_STATUS(gen([](dllm_gen_params &g) { g.stop_id = 999; }), DLLM_ERR_INVALID_ARGUMENT, "stop_id");
     // 5 prompt ids, one block: up to 32 + 1 - 5 = 28 ids; a prompt of 32: 33.
@@ -496,7 +537,8 @@ TEST(block_diffusion, rejects_options_that_do_not_apply) {
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = 32;
         int need = -1, n = -1;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), 32, gp, out.data(), 32, &need, nullptr), DLLM_ERR_BUFFER_TOO_SMALL, nullptr);
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), 32, gp, out.data(), 32, &need, nullptr),
+                     DLLM_ERR_BUFFER_TOO_SMALL, nullptr);
         CHECK_MSG(need == 33, "BUFFER_TOO_SMALL reported %d ids needed, the bound is 33", need);
         CHECK_STATUS(dllm_generate(ctx, prompt.data(), 32, gp, out.data(), need, &n, nullptr), DLLM_OK, nullptr);
         CHECK(n >= 0 && n <= need);
@@ -512,11 +554,17 @@ struct test_bd_cramped : dllm__backend_impl {
     std::unique_ptr<dllm__backend_impl> inner;
     int64_t room;
     test_bd_cramped(std::unique_ptr<dllm__backend_impl> b, int64_t rows) : inner(std::move(b)), room(rows) {}
-    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override { return inner->logits(ids, n, r0, r1, out); }
+    dllm_status logits(const int32_t *ids, int n, int r0, int r1, float *out) override {
+        return inner->logits(ids, n, r0, r1, out);
+    }
     dllm_status begin_block(dllm__decode &st) override { return inner->begin_block(st); }
-    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override { return inner->step(st, committed, want_host); }
+    dllm_status step(dllm__decode &st, std::vector<int32_t> &committed, bool want_host) override {
+        return inner->step(st, committed, want_host);
+    }
     dllm_status bd_begin(int rows) override { return inner->bd_begin(rows); }
-    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override { return inner->bd_forward(call, logits); }
+    dllm_status bd_forward(const dllm__bd_call &call, float *logits) override {
+        return inner->bd_forward(call, logits);
+    }
     dllm_status bd_rows_that_fit(int, int64_t &rows) const override {
         rows = room;
         return DLLM_OK;
@@ -541,14 +589,19 @@ TEST(block_diffusion, capacity_errors_name_what_fits) {
         gp.gen_length = gen_length;
         return dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr);
     };
-    CHECK_STATUS(gen(96), DLLM_ERR_INVALID_ARGUMENT,
-                 "prompt (40) + gen_length (-n) 96 + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's positions end at 256): "
-                 "prompt + gen_length may be 127 tokens at most (gen_length 64 with this prompt)");
+    CHECK_STATUS(
+        gen(96), DLLM_ERR_INVALID_ARGUMENT,
+        "prompt (40) + gen_length (-n) 96 + 1 tokens exceeds the context's limit of 128 (max_tokens; the model's "
+        "positions end at 256): "
+        "prompt + gen_length may be 127 tokens at most (gen_length 64 with this prompt)");
     ctx->impl.reset(new test_bd_cramped(std::move(ctx->impl), 100));
-    CHECK_STATUS(gen(64), DLLM_ERR_OUT_OF_MEMORY,
-                 "the committed K/V cache of prompt (40) + gen_length (-n) 64 needs 128 rows (0.0 MiB at 256 bytes a token, kv_quant none) and the "
-                 "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or quantise the cache "
-                 "(kv_quant, --kv-quant soloq-kv4: 88 bytes a token)");
+    CHECK_STATUS(
+        gen(64), DLLM_ERR_OUT_OF_MEMORY,
+        "the committed K/V cache of prompt (40) + gen_length (-n) 64 needs 128 rows (0.0 MiB at 256 bytes a token, "
+        "kv_quant none) and the "
+        "device has room for 100: prompt + gen_length may be 68 tokens at most (gen_length 32 with this prompt); or "
+        "quantise the cache "
+        "(kv_quant, --kv-quant soloq-kv4: 88 bytes a token)");
     CHECK_STATUS(gen(32), DLLM_OK, nullptr);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
@@ -579,9 +632,13 @@ TEST(block_diffusion, cli_options_and_model_defaults) {
         std::string ids, out, err, want = "ids:";
         for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
         for (int32_t t : test_json_ids(c->find("output"))) want += " " + std::to_string(t);
-        // The CPU backend: its ids are the reference's (the GPU's equal them up to near-ties: gpu.block_diffusion_decoding_matches_cpu)
-        int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" " + r.args + " --no-stop-at-eos --print-ids", out, err);
-        CHECK_MSG(rc == 0 && out == want + "\n", "%s: exit %d, stdout \"%s\", want \"%s\" (%s)", r.name, rc, out.c_str(), want.c_str(), err.c_str());
+        // The CPU backend: its ids are the reference's
+        // (the GPU's equal them up to near-ties: gpu.block_diffusion_decoding_matches_cpu)
+        int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" " + r.args +
+                              " --no-stop-at-eos --print-ids",
+                          out, err);
+        CHECK_MSG(rc == 0 && out == want + "\n", "%s: exit %d, stdout \"%s\", want \"%s\" (%s)", r.name, rc,
+                  out.c_str(), want.c_str(), err.c_str());
     }
     // --stop-id: the first generated token of a case as the stop token ends the output before it, at once.
     const dllm__json *c = test_bd_case(root, "L40_tau1");
@@ -589,9 +646,12 @@ TEST(block_diffusion, cli_options_and_model_defaults) {
     std::string ids, out, err;
     for (int32_t t : test_json_ids(c->find("prompt"))) ids += std::to_string(t) + " ";
     std::string stop = std::to_string(c->find("output")->items[0].integer);
-    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" -n 64 --stop-id " + stop + " --print-ids", out, err);
+    int rc = test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --backend cpu --ids \"" + ids + "\" -n 64 --stop-id " +
+                          stop + " --print-ids",
+                      out, err);
     CHECK_MSG(rc == 0 && out == "ids:\n", "exit %d, stdout \"%s\" (%s)", rc, out.c_str(), err.c_str());
     CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" --sub-block x", out, err) == 1);
-    CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" -n 64 --sub-block 5", out, err) == 1 && err.find("divide") != std::string::npos);
+    CHECK(test_cli("-m " + test_data("tiny-fast-dllm-v2") + " --ids \"1 2\" -n 64 --sub-block 5", out, err) == 1 &&
+          err.find("divide") != std::string::npos);
     CHECK(test_cli("--help", out, err) == 0 && out.find("--block-cache") != std::string::npos);
 }

@@ -14,8 +14,12 @@ struct test_job {
 
 /* Jobs that walk different paths: greedy, sampled, random remasking, threshold unmasking, a K/V cache. */
 static std::vector<test_job> test_concurrent_jobs() {
-    const char *questions[] = {"What is two plus two?", "Name a colour.", "Tell me about computers.", "Say hello in French.",
-                               "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD, it's fine", "Count: 1 2 3"};
+    const char *questions[] = {"What is two plus two?",
+                               "Name a colour.",
+                               "Tell me about computers.",
+                               "Say hello in French.",
+                               "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD, it's fine",
+                               "Count: 1 2 3"};
     std::vector<test_job> jobs;
     for (int i = 0; i < 8; i++) {  // two of each kind; each of the 4 threads runs two
         test_job j;
@@ -40,10 +44,12 @@ static void test_run_job(const dllm_tokenizer *tok, dllm_ctx *ctx, test_job &j) 
     if ((j.status = dllm_chat_render(tok, &msg, 1, 1, &text[0], len, &len)) != DLLM_OK) return;
     text.pop_back();
     j.prompt = test_encode(tok, text);
-    for (int32_t &id : j.prompt) id %= 128;  // into the small fixture model's vocabulary below its special ids (cheap under TSan)
+    for (int32_t &id : j.prompt)
+        id %= 128;  // into the small fixture model's vocabulary below its special ids (cheap under TSan)
     j.out.assign((size_t)j.params.gen_length, -1);
     int n_out = 0;
-    j.status = dllm_generate(ctx, j.prompt.data(), (int)j.prompt.size(), j.params, j.out.data(), (int)j.out.size(), &n_out, nullptr);
+    j.status = dllm_generate(ctx, j.prompt.data(), (int)j.prompt.size(), j.params, j.out.data(), (int)j.out.size(),
+                             &n_out, nullptr);
     j.out.resize((size_t)n_out);
     j.answer = test_decode(tok, j.out, 1);
 }
@@ -69,7 +75,8 @@ TEST(concurrency, threads_share_one_model_and_tokenizer) {
     for (std::thread &t : threads) t.join();
     CHECK(bad_ctx == 0);
     for (size_t i = 0; i < want.size(); i++) {
-        CHECK_MSG(want[i].status == DLLM_OK && got[i].status == DLLM_OK, "job %zu: %s / %s", i, dllm_status_str(want[i].status), dllm_status_str(got[i].status));
+        CHECK_MSG(want[i].status == DLLM_OK && got[i].status == DLLM_OK, "job %zu: %s / %s", i,
+                  dllm_status_str(want[i].status), dllm_status_str(got[i].status));
         CHECK_MSG(got[i].prompt == want[i].prompt && got[i].out == want[i].out && got[i].answer == want[i].answer,
                   "job %zu: threaded \"%s\" vs alone \"%s\"", i, got[i].answer.c_str(), want[i].answer.c_str());
         CHECK(!want[i].out.empty() && want[i].prompt.size() > 5);
@@ -96,7 +103,8 @@ TEST(concurrency, contexts_come_and_go_while_others_decode) {
             for (int r = 0; r < 4; r++) {
                 dllm_ctx *ctx = test_ctx(m, DLLM_BACKEND_CPU, 1 + r % 2);
                 std::vector<int32_t> out(8, -1);
-                if (!ctx || dllm_generate(ctx, prompt, 4, g, out.data(), 8, nullptr, nullptr) != DLLM_OK || out != want) bad++;
+                if (!ctx || dllm_generate(ctx, prompt, 4, g, out.data(), 8, nullptr, nullptr) != DLLM_OK || out != want)
+                    bad++;
                 dllm_ctx_free(ctx);
             }
         });

@@ -2,10 +2,15 @@
 
 TEST(rng, philox_known_answers) {
     // Random123's kat_vectors for philox4x32-10: counter, key (k0 = low word of the seed), output.
-    struct { uint32_t ctr[4]; uint64_t key; uint32_t out[4]; } kat[] = {
+    struct { uint32_t ctr[4]; uint64_t key; uint32_t out[4];
+    } kat[] = {
         {{0, 0, 0, 0}, 0, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffffffffffffULL, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0x299f31d0a4093822ULL, {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         0xffffffffffffffffULL,
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         0x299f31d0a4093822ULL,
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
     };
     for (auto &k : kat) {
         uint32_t o[4];
@@ -50,7 +55,8 @@ static std::vector<int> test_select_k(const std::vector<int32_t> &pos, const std
 
 TEST(select, ties_go_to_lower_positions_and_deferred_last) {
     std::vector<int32_t> pos = {3, 5, 7, 9, 11};
-    std::vector<dllm__choice> ch = {{1, 0.5, false}, {1, 0.9, true}, {1, 0.5, false}, {1, 0.7, false}, {1, -INFINITY, false}};
+    std::vector<dllm__choice> ch = {
+        {1, 0.5, false}, {1, 0.9, true}, {1, 0.5, false}, {1, 0.7, false}, {1, -INFINITY, false}};
     std::vector<int> sel = test_select_k(pos, ch, 2);
     CHECK(sel.size() == 2 && sel[0] == 0 && sel[1] == 3);  // 0.7 at 9, then the tie 0.5 goes to position 3
     sel = test_select_k(pos, ch, 5);
@@ -63,7 +69,8 @@ TEST(select, ties_go_to_lower_positions_and_deferred_last) {
 /* Fast-dLLM's threshold rule: the best always, then every candidate with conf >= tau (tau itself included). */
 TEST(select, threshold_commits_the_best_and_everything_above_tau) {
     std::vector<int32_t> pos = {10, 11, 12, 13, 14, 15};
-    std::vector<dllm__choice> ch = {{1, 0.30, false}, {2, 0.91, false}, {3, 0.90, false}, {4, 0.95, true}, {5, 0.2, false}, {6, 0.89, false}};
+    std::vector<dllm__choice> ch = {{1, 0.30, false}, {2, 0.91, false}, {3, 0.90, false},
+                                    {4, 0.95, true},  {5, 0.2, false},  {6, 0.89, false}};
     dllm__unmask_rule u;
     u.kind = DLLM_UNMASK_THRESHOLD, u.threshold = 0.9;
     std::vector<int> sel = dllm__select(pos, ch, u, 0);
@@ -71,7 +78,8 @@ TEST(select, threshold_commits_the_best_and_everything_above_tau) {
     u.threshold = 0.99;
     CHECK(dllm__select(pos, ch, u, 0) == std::vector<int>({1}));  // nothing passes: the best alone
     std::vector<dllm__choice> all_deferred = {{1, 0.99, true}, {2, 0.98, true}};
-    CHECK(dllm__select({4, 5}, all_deferred, u, 0) == std::vector<int>({0}));  // a deferred one still enters as the best
+    CHECK(dllm__select({4, 5}, all_deferred, u, 0) ==
+          std::vector<int>({0}));  // a deferred one still enters as the best
     CHECK(dllm__select({}, {}, u, 0).empty());
 }
 
@@ -111,7 +119,8 @@ TEST(choose, greedy_gumbel_and_confidence) {
     int counts[5] = {0};
     for (uint32_t pos = 0; pos < 4000; pos++) counts[dllm__choose(logits, 5, s, pos, 1).token]++;
     // Gumbel-max samples softmax(l): p(1) = p(2) = 1/z = 0.4275
-    CHECK_MSG(abs(counts[1] - 1710) < 150 && abs(counts[2] - 1710) < 150 && counts[3] < 30, "%d %d %d", counts[1], counts[2], counts[3]);
+    CHECK_MSG(abs(counts[1] - 1710) < 150 && abs(counts[2] - 1710) < 150 && counts[3] < 30, "%d %d %d", counts[1],
+              counts[2], counts[3]);
     s.remasking = DLLM_REMASK_RANDOM;
     c = dllm__choose(logits, 5, s, 17, 4);
     CHECK(c.conf == dllm__uniform(9, 0, 17, 4, DLLM__RNG_REMASK));
@@ -129,17 +138,20 @@ TEST(choose, large_temperatures_sample_every_id) {
         dllm__sampling s;
         s.temperature = T, s.seed = 11;
         std::vector<int> counts((size_t)V, 0);
-        for (uint32_t pos = 0; pos < (uint32_t)draws; pos++) counts[(size_t)dllm__choose(logits.data(), V, s, pos, 3).token]++;
-        const int lo = *std::min_element(counts.begin(), counts.end()), hi = *std::max_element(counts.begin(), counts.end());
+        for (uint32_t pos = 0; pos < (uint32_t)draws; pos++)
+            counts[(size_t)dllm__choose(logits.data(), V, s, pos, 3).token]++;
+        const int lo = *std::min_element(counts.begin(), counts.end()),
+                  hi = *std::max_element(counts.begin(), counts.end());
         // 100 expected a bin: a uniform draw keeps every bin within [55, 150] with overwhelming probability
-        CHECK_MSG(lo >= 55 && hi <= 150 && counts[0] < 150, "T %g: bins in [%d, %d], id 0 drawn %d times", T, lo, hi, counts[0]);
+        CHECK_MSG(lo >= 55 && hi <= 150 && counts[0] < 150, "T %g: bins in [%d, %d], id 0 drawn %d times", T, lo, hi,
+                  counts[0]);
     }
     dllm__sampling greedy;
     CHECK(dllm__choose(logits.data(), V, greedy, 0, 0).token == argmax);
 }
 
-/* The log-space key picks generate.py's token, exp(l) / (-log u)^T, wherever that one stays finite: the two are the same
- * order up to rounding, and at the temperatures people use no row here has its two best keys within rounding. */
+/* The log-space key picks generate.py's token, exp(l) / (-log u)^T, wherever that one stays finite: the two are the
+ * same order up to rounding, and at the temperatures people use no row here has its two best keys within rounding. */
 TEST(choose, gumbel_key_picks_generate_py_token_at_normal_temperatures) {
     const int V = 512;
     std::vector<float> logits((size_t)V);
@@ -148,7 +160,8 @@ TEST(choose, gumbel_key_picks_generate_py_token_at_normal_temperatures) {
         dllm__sampling s;
         s.temperature = T, s.seed = 77;
         for (uint32_t pos = 0; pos < 400; pos++) {
-            for (int v = 0; v < V; v++) logits[(size_t)v] = (float)(dllm__uniform(3, (uint32_t)v, pos, 0, 16) * 24 - 12);
+            for (int v = 0; v < V; v++)
+                logits[(size_t)v] = (float)(dllm__uniform(3, (uint32_t)v, pos, 0, 16) * 24 - 12);
             int want = 0;
             double best = -INFINITY;
             for (int v = 0; v < V; v++) {
@@ -174,9 +187,25 @@ struct test_trace_recorder {
 static int test_record_step(const dllm_step_info *info, void *user) {
     test_trace_recorder *r = (test_trace_recorder *)user;
     r->canvases.emplace_back(info->canvas, info->canvas + info->canvas_len);
-    r->consistent &= info->global_step == r->last_global + 1 && info->n_committed >= 0 && info->step < info->steps_per_block;
+    r->consistent &=
+        info->global_step == r->last_global + 1 && info->n_committed >= 0 && info->step < info->steps_per_block;
     r->last_global = info->global_step;
     return 0;
+}
+
+/* The first step at which two recorded decodes' canvases differ (their common length when one is a prefix of the
+ * other), and, where both have that step, in `before` the canvas it started from (the previous one, or the prompt)
+ * with masks up to prompt + gen_length ids. */
+static size_t test_first_difference(const test_trace_recorder &a, const test_trace_recorder &b,
+                                    const std::vector<int32_t> &prompt, int gen_length, int32_t mask_id,
+                                    std::vector<int32_t> &before) {
+    size_t s = 0;
+    while (s < a.canvases.size() && s < b.canvases.size() && a.canvases[s] == b.canvases[s]) s++;
+    if (s < a.canvases.size() && s < b.canvases.size()) {
+        before = s ? a.canvases[s - 1] : prompt;
+        before.resize(prompt.size() + (size_t)gen_length, mask_id);
+    }
+    return s;
 }
 
 static std::vector<int32_t> test_ints(const dllm__json *a) {
@@ -188,7 +217,10 @@ static std::vector<int32_t> test_ints(const dllm__json *a) {
 
 static dllm_gen_params test_case_params(const dllm__json &c) {
     dllm_gen_params p = dllm_gen_default_params();
-    auto num = [&](const char *k, double d) { const dllm__json *v = c.find(k); return v ? (v->kind == dllm__json::BOOL ? (double)v->boolean : v->number) : d; };
+    auto num = [&](const char *k, double d) {
+        const dllm__json *v = c.find(k);
+        return v ? (v->kind == dllm__json::BOOL ? (double)v->boolean : v->number) : d;
+    };
     p.steps = (int)num("steps", 0);
     p.gen_length = (int)num("gen_length", 0);
     p.block_length = (int)num("block_length", 0);
@@ -219,7 +251,9 @@ static int test_run_traces(dllm_test_state &T_, dllm_ctx *ctx, const char *fixtu
         std::vector<int32_t> out((size_t)p.gen_length, -7);
         int n_out = -1;
         dllm_gen_stats stats;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n_out, &stats), DLLM_OK, nullptr);
+        CHECK_STATUS(
+            dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n_out, &stats),
+            DLLM_OK, nullptr);
         const dllm__json *canv = c.find("canvases");
         bool same = canv && rec.canvases.size() == canv->items.size() && rec.consistent;
         for (size_t s = 0; same && s < rec.canvases.size(); s++) {
@@ -229,7 +263,8 @@ static int test_run_traces(dllm_test_state &T_, dllm_ctx *ctx, const char *fixtu
             }
         }
         out.resize((size_t)std::max(0, n_out));
-        same = same && out == want_out && stats.steps == p.steps && stats.forwards == p.steps * (p.cfg_scale > 0 ? 2 : 1);
+        same =
+            same && out == want_out && stats.steps == p.steps && stats.forwards == p.steps * (p.cfg_scale > 0 ? 2 : 1);
         CHECK_MSG(same, "%s case %s differs from the golden trace", fixture, c.find("name")->str.c_str());
         matched += same;
     }
@@ -237,21 +272,15 @@ static int test_run_traces(dllm_test_state &T_, dllm_ctx *ctx, const char *fixtu
 }
 
 TEST(decode, llada_traces_match_reference) {
-    dllm_model *m = test_load(test_data("tiny-llada"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) printf("    %d tiny-llada cases identical at every step\n", test_run_traces(T_, ctx, "tiny-llada"));
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-llada"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) printf("    %d tiny-llada cases identical at every step\n", test_run_traces(T_, f.ctx, "tiny-llada"));
 }
 
 TEST(decode, dream_traces_match_reference) {
-    dllm_model *m = test_load(test_data("tiny-dream"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
-    CHECK(ctx != nullptr);
-    if (ctx) printf("    %d tiny-dream cases identical at every step\n", test_run_traces(T_, ctx, "tiny-dream"));
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
+    test_tiny_ctx f(test_data("tiny-dream"));
+    CHECK(f.ctx != nullptr);
+    if (f.ctx) printf("    %d tiny-dream cases identical at every step\n", test_run_traces(T_, f.ctx, "tiny-dream"));
 }
 
 static int test_cancel_at_3(const dllm_step_info *info, void *) { return info->global_step == 3; }
@@ -290,7 +319,8 @@ TEST(decode, stop_at_eos_truncates_output_only) {
     p.stop_at_eos = 0;
     std::vector<int32_t> out((size_t)p.gen_length);
     int n = 0;
-    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n, nullptr), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n, nullptr),
+                 DLLM_OK, nullptr);
     CHECK(n == p.gen_length && std::equal(out.begin(), out.end(), last.begin() + (long)prompt.size()));
     dllm_ctx_free(ctx);
     dllm_model_free(m);

@@ -1,7 +1,8 @@
 /* Tests: the source map (src/README.md) and the source tree it describes. Run from the repository root. */
 
 /* Every backticked file path of src/README.md exists (relative to src/, or to the root for tests/ and tools/ paths;
- * a glob like kernels/x*.cuh names its folder), and every backticked dllm__ name occurs in the generated dllm_cuda.cu. */
+ * a glob like kernels/x*.cuh names its folder), and every backticked dllm__ name occurs in the generated
+ * dllm_cuda.cu. */
 TEST(docs, source_map_names_what_exists) {
     const std::string map = test_read_file("src/README.md"), code = test_read_file("dllm_cuda.cu");
     CHECK(!map.empty() && !code.empty());
@@ -13,7 +14,8 @@ TEST(docs, source_map_names_what_exists) {
         at = map.find('`', end + 1);
         if (name.rfind("dllm__", 0) == 0) {
             symbols++;
-            CHECK_MSG(code.find(name) != std::string::npos, "src/README.md names %s, which the code does not have", name.c_str());
+            CHECK_MSG(code.find(name) != std::string::npos, "src/README.md names %s, which the code does not have",
+                      name.c_str());
             continue;
         }
         const bool is_path = name.find('/') != std::string::npos || name.find(".cpp") != std::string::npos ||
@@ -33,7 +35,8 @@ TEST(docs, source_map_names_what_exists) {
 TEST(docs, every_source_file_is_in_the_amalgamation) {
     const std::string code = test_read_file("dllm_cuda.cu");
     int files = 0;
-    for (const char *dir : {"src", "src/model", "src/tokenizer", "src/cpu", "src/soloq", "src/gpu", "src/decode", "src/kernels"}) {
+    for (const char *dir :
+         {"src", "src/model", "src/tokenizer", "src/cpu", "src/soloq", "src/gpu", "src/decode", "src/kernels"}) {
         DIR *d = opendir(dir);
         CHECK_MSG(d != nullptr, "no folder %s", dir);
         if (!d) continue;
@@ -42,8 +45,10 @@ TEST(docs, every_source_file_is_in_the_amalgamation) {
             if (n.size() < 5 || (n.substr(n.size() - 4) != ".cpp" && n.substr(n.size() - 4) != ".cuh")) continue;
             files++;
             const std::string mark = "#line 1 \"" + std::string(dir) + "/" + n + "\"";
-            CHECK_MSG(code.find(mark) != std::string::npos, "%s/%s is not in dllm_cuda.cu (include it from src/dllm_cuda.cu "
-                      "or embed it with DLLM__KERNEL_FILE)", dir, n.c_str());
+            CHECK_MSG(code.find(mark) != std::string::npos,
+                      "%s/%s is not in dllm_cuda.cu (include it from src/dllm_cuda.cu "
+                      "or embed it with DLLM__KERNEL_FILE)",
+                      dir, n.c_str());
         }
         closedir(d);
     }
@@ -77,8 +82,8 @@ TEST(docs, gpu_test_groups_are_named_gpu) {
             const std::string group = body.substr(6, body.find(',') - 6);
             if (body.find(need_gpu) != std::string::npos) {
                 gpu_tests++;
-                CHECK_MSG(group == "gpu" || group.rfind("gpu_", 0) == 0, "tests/%s: the GPU test group %s is not gpu_<feature>",
-                          n.c_str(), group.c_str());
+                CHECK_MSG(group == "gpu" || group.rfind("gpu_", 0) == 0,
+                          "tests/%s: the GPU test group %s is not gpu_<feature>", n.c_str(), group.c_str());
             }
         }
     }

@@ -65,15 +65,19 @@ TEST(dream, confidences_equal_the_formulas) {
                         dllm__choice c = dllm__choose(l.data(), V, s, 10 + row, 3);
                         if (row == 2) l[(size_t)top] = -INFINITY;
                         if (T == 0) CHECK(c.token == (int)(std::max_element(l.begin(), l.end()) - l.begin()));
-                        double want = test_dream_conf(test_softmax(l.data(), V, tempered && T > 0 ? T : 1.0), algs[a], c.token);
+                        double want =
+                            test_dream_conf(test_softmax(l.data(), V, tempered && T > 0 ? T : 1.0), algs[a], c.token);
                         double err = fabs(c.conf - want);
                         worst[a] = std::max(worst[a], err);
-                        CHECK_MSG(err <= (algs[a] == DLLM_REMASK_ENTROPY ? 1e-5 : 1e-12), "%s V=%d row %u T=%g tempered %d: %.17g, want %.17g",
-                                  test_alg_name(algs[a]), V, row, T, tempered, c.conf, want);
+                        CHECK_MSG(err <= (algs[a] == DLLM_REMASK_ENTROPY ? 1e-5 : 1e-12),
+                                  "%s V=%d row %u T=%g tempered %d: %.17g, want %.17g", test_alg_name(algs[a]), V, row,
+                                  T, tempered, c.conf, want);
                         if (row == 1 && algs[a] == DLLM_REMASK_MARGIN) CHECK(c.conf == 0);
                     }
-    printf("    largest |dllm - formula|: maskgit_plus %.1e, topk_margin %.1e, entropy %.1e (Dream's +1e-10 in the log: < V * 1e-10)\n",
-           worst[0], worst[1], worst[2]);
+    printf(
+        "    largest |dllm - formula|: maskgit_plus %.1e, topk_margin %.1e, entropy %.1e (Dream's +1e-10 in the log: < "
+        "V * 1e-10)\n",
+        worst[0], worst[1], worst[2]);
 }
 
 // ---- the timestep count ------------------------------------------------------------------------------
@@ -162,8 +166,8 @@ TEST(dream, alg_temp_samples_positions_reproducibly) {
         counts[pick]++;
     }
     double z = exp(4.5) + exp(2.5) + exp(0.5), want[3] = {exp(4.5) / z, exp(2.5) / z, exp(0.5) / z};
-    printf("    first pick frequencies %.3f %.3f %.3f, softmax(conf / alg_temp) %.3f %.3f %.3f\n", counts[0] / (double)n, counts[1] / (double)n,
-           counts[2] / (double)n, want[0], want[1], want[2]);
+    printf("    first pick frequencies %.3f %.3f %.3f, softmax(conf / alg_temp) %.3f %.3f %.3f\n",
+           counts[0] / (double)n, counts[1] / (double)n, counts[2] / (double)n, want[0], want[1], want[2]);
     for (int j = 0; j < 3; j++) CHECK(fabs(counts[j] / (double)n - want[j]) < 0.02);
     auto pick10 = [](uint64_t seed) {
         std::vector<int32_t> pos;
@@ -191,10 +195,11 @@ struct test_dream_setup {
     int block, steps;
 };
 
-static void test_dream_step(dllm_ctx *ctx, std::vector<int32_t> &x, int end, int i, int s, uint32_t global, const test_dream_setup &c, uint64_t seed,
-                            int32_t mask, int V) {
+static void test_dream_step(dllm_ctx *ctx, std::vector<int32_t> &x, int end, int i, int s, uint32_t global,
+                            const test_dream_setup &c, uint64_t seed, int32_t mask, int V) {
     const int N = (int)x.size();
-    const double eps = 1e-3, t = 1 + i * (eps - 1) / s, u = 1 + (i + 1) * (eps - 1) / s, frac = i < s - 1 ? 1 - u / t : 1.0;
+    const double eps = 1e-3, t = 1 + i * (eps - 1) / s, u = 1 + (i + 1) * (eps - 1) / s,
+                 frac = i < s - 1 ? 1 - u / t : 1.0;
     std::vector<float> logits((size_t)N * V);
     dllm_logits(ctx, x.data(), N, 0, N, logits.data(), logits.size());
     std::vector<std::pair<double, int>> keyed;  // (-key, position): ascending = best first, ties to the lower position
@@ -204,28 +209,36 @@ static void test_dream_step(dllm_ctx *ctx, std::vector<int32_t> &x, int end, int
         const float *l = &logits[(size_t)p * V];
         double best = -INFINITY;
         for (int v = 0; v < V; v++) {
-            double score = c.temperature > 0 ? exp((double)l[v]) / pow(-log(dllm_rng_uniform(seed, (uint32_t)v, (uint32_t)p, global, 1)), c.temperature) : l[v];
+            double score =
+                c.temperature > 0
+                    ? exp((double)l[v]) /
+                          pow(-log(dllm_rng_uniform(seed, (uint32_t)v, (uint32_t)p, global, 1)), c.temperature)
+                    : l[v];
             if (score > best) best = score, x0[(size_t)p] = v;
         }
-        double key = c.alg == DLLM_REMASK_ORIGIN ? -dllm_rng_uniform(seed, 0, (uint32_t)p, global, 5)
-                                                 : test_dream_conf(test_softmax(l, V, c.temperature > 0 ? c.temperature : 1.0), c.alg, x0[(size_t)p]);
+        double key =
+            c.alg == DLLM_REMASK_ORIGIN
+                ? -dllm_rng_uniform(seed, 0, (uint32_t)p, global, 5)
+                : test_dream_conf(test_softmax(l, V, c.temperature > 0 ? c.temperature : 1.0), c.alg, x0[(size_t)p]);
         if (c.alg_temp > 0) key = key / c.alg_temp - log(-log(dllm_rng_uniform(seed, 0, (uint32_t)p, global, 6)));
         keyed.push_back({-key, p});
     }
     std::sort(keyed.begin(), keyed.end());
     const int k = (int)floor((double)keyed.size() * frac);
     for (size_t j = 0; j < keyed.size(); j++)
-        if (c.alg == DLLM_REMASK_ORIGIN ? keyed[j].first < frac : (int)j < k) x[(size_t)keyed[j].second] = x0[(size_t)keyed[j].second];
+        if (c.alg == DLLM_REMASK_ORIGIN ? keyed[j].first < frac : (int)j < k)
+            x[(size_t)keyed[j].second] = x0[(size_t)keyed[j].second];
 }
 
-static std::vector<int32_t> test_dream_loop(dllm_ctx *ctx, const std::vector<int32_t> &prompt, int gen, const test_dream_setup &c, uint64_t seed,
-                                            int32_t mask, int V) {
+static std::vector<int32_t> test_dream_loop(dllm_ctx *ctx, const std::vector<int32_t> &prompt, int gen,
+                                            const test_dream_setup &c, uint64_t seed, int32_t mask, int V) {
     std::vector<int32_t> x = prompt;
     x.resize(prompt.size() + (size_t)gen, mask);
     const int n_blocks = gen / c.block, s = c.steps / n_blocks;
     uint32_t global = 0;
     for (int b = 0; b < n_blocks; b++)
-        for (int i = 0; i < s; i++) test_dream_step(ctx, x, (int)prompt.size() + (b + 1) * c.block, i, s, global++, c, seed, mask, V);
+        for (int i = 0; i < s; i++)
+            test_dream_step(ctx, x, (int)prompt.size() + (b + 1) * c.block, i, s, global++, c, seed, mask, V);
     return std::vector<int32_t>(x.begin() + (long)prompt.size(), x.end());
 }
 
@@ -235,8 +248,9 @@ TEST(dream, decoding_equals_a_literal_dream_loop) {
     dllm_model_info info;
     dllm_model_get_info(t.model, &info);
     const test_dream_setup cases[] = {
-        {DLLM_REMASK_LOW_CONFIDENCE, 0, 0, 24, 12}, {DLLM_REMASK_MARGIN, 0, 0, 24, 12},      {DLLM_REMASK_ENTROPY, 0, 0, 24, 12},
-        {DLLM_REMASK_ORIGIN, 0, 0, 24, 12},         {DLLM_REMASK_ENTROPY, 0.8f, 0, 8, 12},   {DLLM_REMASK_LOW_CONFIDENCE, 0.8f, 0.3, 8, 12},
+        {DLLM_REMASK_LOW_CONFIDENCE, 0, 0, 24, 12}, {DLLM_REMASK_MARGIN, 0, 0, 24, 12},
+        {DLLM_REMASK_ENTROPY, 0, 0, 24, 12},        {DLLM_REMASK_ORIGIN, 0, 0, 24, 12},
+        {DLLM_REMASK_ENTROPY, 0.8f, 0, 8, 12},      {DLLM_REMASK_LOW_CONFIDENCE, 0.8f, 0.3, 8, 12},
         {DLLM_REMASK_MARGIN, 0.5f, 0.5, 24, 6},     {DLLM_REMASK_ORIGIN, 1.0f, 0, 8, 12},
     };
     const std::vector<int32_t> prompt(test_sched_prompt, test_sched_prompt + 5);
@@ -246,8 +260,8 @@ TEST(dream, decoding_equals_a_literal_dream_loop) {
         p.remasking = c.alg, p.unmask = DLLM_UNMASK_TIMESTEPS, p.alg_temp = c.alg_temp;
         test_gen g = test_generate(t.ctx, p);
         std::vector<int32_t> want = test_dream_loop(t.ctx, prompt, 24, c, 21, info.mask_id, info.n_vocab);
-        printf("    %-12s T=%.1f alg_temp=%.1f block %2d steps %2d: agreement with the literal loop %.3f\n", test_alg_name(c.alg), c.temperature,
-               c.alg_temp, c.block, c.steps, test_agreement(g.out, want));
+        printf("    %-12s T=%.1f alg_temp=%.1f block %2d steps %2d: agreement with the literal loop %.3f\n",
+               test_alg_name(c.alg), c.temperature, c.alg_temp, c.block, c.steps, test_agreement(g.out, want));
         CHECK(g.status == DLLM_OK && g.stats.steps == c.steps && g.out == want);
         CHECK(std::count(want.begin(), want.end(), info.mask_id) == 0);
     }
@@ -258,7 +272,8 @@ TEST(dream, decoding_equals_a_literal_dream_loop) {
 TEST(dream, every_alg_composes_with_the_block_machinery) {
     const int32_t prompt[] = {5, 17, 42, 9, 3};
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
-    const dllm_remasking algs[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY, DLLM_REMASK_RANDOM};
+        const dllm_remasking algs[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
+                                       DLLM_REMASK_RANDOM};
         const std::string dir = test_data(fx);
         test_tiny_ctx t(dir);
         if (!t.ctx) { CHECK(t.ctx != nullptr); continue; }
@@ -271,17 +286,22 @@ TEST(dream, every_alg_composes_with_the_block_machinery) {
                 p.threshold = alg == DLLM_REMASK_ENTROPY ? -0.5 : 0.6;
                 test_gen g = test_generate(t.ctx, p, prompt, 5);
                 const bool counted = rule == DLLM_UNMASK_SCHEDULE || rule == DLLM_UNMASK_TIMESTEPS;
-                p.temperature = 0.7f, p.seed = 4, p.alg_temp = counted ? 0.5 : 0;  // alg_temp samples a counted step's k
+                p.temperature = 0.7f, p.seed = 4,
+                p.alg_temp = counted ? 0.5 : 0;  // alg_temp samples a counted step's k
                 test_gen a = test_generate(t.ctx, p, prompt, 5);
                 bool repeats = rule != DLLM_UNMASK_TIMESTEPS || test_generate(t.ctx, p, prompt, 5).out == a.out;
-                CHECK_MSG(g.status == DLLM_OK && a.status == DLLM_OK && repeats, "%s %s rule %d", fx, test_alg_name(alg), rule);
-                CHECK(std::count(g.out.begin(), g.out.end(), info.mask_id) == 0 && std::count(a.out.begin(), a.out.end(), info.mask_id) == 0);
+                CHECK_MSG(g.status == DLLM_OK && a.status == DLLM_OK && repeats, "%s %s rule %d", fx,
+                          test_alg_name(alg), rule);
+                CHECK(std::count(g.out.begin(), g.out.end(), info.mask_id) == 0 &&
+                      std::count(a.out.begin(), a.out.end(), info.mask_id) == 0);
                 CHECK(counted ? g.stats.steps == 8 : g.stats.steps <= 16);
-                if (!counted) printf("    %s %-12s %s: %d steps for 16 tokens\n", fx, test_alg_name(alg), rule == DLLM_UNMASK_THRESHOLD ? "threshold" : "factor   ",
-                                     g.stats.steps);
+                if (!counted)
+                    printf("    %s %-12s %s: %d steps for 16 tokens\n", fx, test_alg_name(alg),
+                           rule == DLLM_UNMASK_THRESHOLD ? "threshold" : "factor   ", g.stats.steps);
             }
         dllm_gen_params p = test_sched_params();
-        p.gen_length = 16, p.steps = 8, p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.kv_cache = DLLM_KV_CACHE_DUAL;
+        p.gen_length = 16, p.steps = 8, p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS,
+        p.kv_cache = DLLM_KV_CACHE_DUAL;
         test_gen o = test_generate(t.ctx, p, prompt, 5);
         CHECK(o.status == DLLM_OK && o.stats.steps == 8 && std::count(o.out.begin(), o.out.end(), info.mask_id) == 0);
     }
@@ -301,7 +321,8 @@ TEST(dream, timesteps_count_the_prompts_masks_too) {
         test_gen g = test_generate(t.ctx, p, prompt, 3);
         CHECK(g.status == DLLM_OK && rec.canvases.size() == 8);
         if (rec.canvases.size() == 8) {
-            CHECK_MSG(std::count(rec.canvases[3].begin(), rec.canvases[3].begin() + 11, mask) == 0, "%s: masks left after the first block", test_alg_name(alg));
+            CHECK_MSG(std::count(rec.canvases[3].begin(), rec.canvases[3].begin() + 11, mask) == 0,
+                      "%s: masks left after the first block", test_alg_name(alg));
             CHECK(std::count(rec.canvases[7].begin(), rec.canvases[7].end(), mask) == 0);
         }
     }
@@ -310,12 +331,16 @@ TEST(dream, timesteps_count_the_prompts_masks_too) {
 /* LLaDA's confidence stays untempered where it was (the defaults decode as before); Dream's is tempered. */
 TEST(dream, only_dream_confidences_are_tempered) {
     dllm_gen_params p = dllm_gen_default_params();
-    CHECK(p.eps == 1e-3 && p.alg_temp == 0 && p.remasking == DLLM_REMASK_LOW_CONFIDENCE && p.unmask == DLLM_UNMASK_SCHEDULE);
+    CHECK(p.eps == 1e-3 && p.alg_temp == 0 && p.remasking == DLLM_REMASK_LOW_CONFIDENCE &&
+          p.unmask == DLLM_UNMASK_SCHEDULE);
     dllm__gen_plan plan;
     const int32_t prompt[] = {1, 2};
-    struct { dllm_remasking alg; dllm_unmask rule; bool tempered; } cases[] = {
-        {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_SCHEDULE, false}, {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_THRESHOLD, false},
-        {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_TIMESTEPS, true}, {DLLM_REMASK_MARGIN, DLLM_UNMASK_SCHEDULE, true},
+    struct { dllm_remasking alg; dllm_unmask rule; bool tempered;
+    } cases[] = {
+        {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_SCHEDULE, false},
+        {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_THRESHOLD, false},
+        {DLLM_REMASK_LOW_CONFIDENCE, DLLM_UNMASK_TIMESTEPS, true},
+        {DLLM_REMASK_MARGIN, DLLM_UNMASK_SCHEDULE, true},
         {DLLM_REMASK_ENTROPY, DLLM_UNMASK_FACTOR, true},
     };
     for (auto &c : cases) {
@@ -330,11 +355,18 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
     test_tiny_ctx t(test_data("tiny-dream"));
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     int32_t prompt[] = {5, 6, 7}, out[16];
-    struct { void (*edit)(dllm_gen_params &); const char *needle; } cases[] = {
+    const test_bad_params cases[] = {
         {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_THRESHOLD; }, "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.confidence_eos_eot_inf = 1; }, "does not rank"},
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.alg_temp = 0.5; }, "alg_temp"},
+        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_THRESHOLD; },
+         "needs DLLM_UNMASK_TIMESTEPS (--timesteps)"},
+        {[](dllm_gen_params &p) {
+             p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.confidence_eos_eot_inf = 1;
+         },
+         "does not rank"},
+        {[](dllm_gen_params &p) {
+             p.remasking = DLLM_REMASK_ORIGIN, p.unmask = DLLM_UNMASK_TIMESTEPS, p.alg_temp = 0.5;
+         },
+         "alg_temp"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_TIMESTEPS, p.eps = 0; }, "eps"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_TIMESTEPS, p.eps = 1; }, "eps"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_TIMESTEPS, p.eps = NAN; }, "eps"},
@@ -344,19 +376,19 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
         {[](dllm_gen_params &p) { p.alg_temp = INFINITY; }, "alg_temp"},
         {[](dllm_gen_params &p) { p.alg_temp = 0.5, p.unmask = DLLM_UNMASK_THRESHOLD; }, "counted step"},
         {[](dllm_gen_params &p) { p.alg_temp = 0.5, p.unmask = DLLM_UNMASK_FACTOR; }, "counted step"},
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ENTROPY, p.unmask = DLLM_UNMASK_THRESHOLD; }, "<= 0"},  // default tau 0.9
-        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_MARGIN, p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = -0.5; }, "(0, 1]"},
+        {[](dllm_gen_params &p) { p.remasking = DLLM_REMASK_ENTROPY, p.unmask = DLLM_UNMASK_THRESHOLD; },
+         "<= 0"},  // default tau 0.9
+        {[](dllm_gen_params &p) {
+             p.remasking = DLLM_REMASK_MARGIN, p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = -0.5;
+         },
+         "(0, 1]"},
         {[](dllm_gen_params &p) { p.unmask = (dllm_unmask)4; }, "_TIMESTEPS"},
         {[](dllm_gen_params &p) { p.remasking = (dllm_remasking)5; }, "_ORIGIN"},
     };
-    for (auto &c : cases) {
-        dllm_gen_params p = dllm_gen_default_params();
-        p.gen_length = 16, p.steps = 16, p.block_length = 8;
-        c.edit(p);
-        CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
-    }
+    test_params_refused(T_, t.ctx, prompt, cases);
     dllm_gen_params p = dllm_gen_default_params();
-    p.gen_length = 16, p.steps = 16, p.block_length = 8, p.remasking = DLLM_REMASK_ENTROPY, p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = -0.5;
+    p.gen_length = 16, p.steps = 16, p.block_length = 8, p.remasking = DLLM_REMASK_ENTROPY,
+    p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = -0.5;
     CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_OK, nullptr);
     p.unmask = DLLM_UNMASK_SCHEDULE, p.eps = 0;  // eps is only read by the timestep schedule
     CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_OK, nullptr);
@@ -367,7 +399,8 @@ TEST(dream, bad_sampler_options_are_clear_errors) {
 /* The sampler kernels in one of Dream's modes against dllm__choose, then select_commit against dllm__select on
  * the GPU's own proposals. Awkward vocabularies over several slices; row 1's two largest logits tie across
  * two slices (margin 0), row 2 forbids its best token (-inf: the entropy must not turn NaN). */
-static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int V, int slice, dllm_remasking alg, double temp, double alg_temp) {
+static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int V, int slice, dllm_remasking alg,
+                                    double temp, double alg_temp) {
     const int rows = 11, slices = (V + slice - 1) / slice, pos0 = 30, s_steps = 5, i_step = 2, global = 9, mask = V - 1;
     std::vector<float> cond((size_t)rows * V);
     for (float &v : cond) v = 3 * r.normal();
@@ -375,7 +408,8 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
     cond[(size_t)V + (top + slice) % V] = cond[(size_t)V + top];
     const int eos = (int)(std::max_element(cond.begin() + 2 * V, cond.begin() + 3 * V) - (cond.begin() + 2 * V));
     dllm__sampling s;
-    s.temperature = temp, s.remasking = alg, s.seed = 4242, s.alg_temp = alg_temp, s.eos_logit_inf = true, s.eos_id = eos;
+    s.temperature = temp, s.remasking = alg, s.seed = 4242, s.alg_temp = alg_temp, s.eos_logit_inf = true,
+    s.eos_id = eos;
     s.tempered_conf = alg != DLLM_REMASK_LOW_CONFIDENCE || r.below(2);
     dllm__dbuf dc, dp, dx, dconf, ddef, dstate, dcanvas, dcomm;
     test_put(dc, cond);
@@ -387,10 +421,14 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         if (r.below(4)) { canvas[pos0 + i] = mask; n_masks++; }
     int st[16] = {0, pos0 + rows, s_steps, i_step, global, n_masks, 0, 0};
     test_put(dstate, std::vector<int>(st, st + 16));
-    sampler_args a = {dc.as<float>(), nullptr, 1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg, s.tempered_conf, alg_temp,
-                      0, 1, 0, nullptr};
-    CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK, nullptr);
-    CHECK_STATUS(g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr), DLLM_OK, nullptr);
+    sampler_args a = {
+        dc.as<float>(),  nullptr,  1, V, slice, slices, rows, pos0, 0, 0, rows, temp, s.seed, 1, eos, -1, 0, (int)alg,
+        s.tempered_conf, alg_temp, 0, 1, 0,     nullptr};
+    CHECK_STATUS(g.sm.conf_partial_kernel.launch({dim3(slices, rows), dim3(256)}, 0, a, dstate.ptr, dp.ptr), DLLM_OK,
+                 nullptr);
+    CHECK_STATUS(
+        g.sm.conf_combine_kernel.launch({dim3(1), dim3(128)}, 0, a, dstate.ptr, dp.ptr, dx.ptr, dconf.ptr, ddef.ptr),
+        DLLM_OK, nullptr);
     std::vector<int> x0 = test_get<int>(dx, rows);
     std::vector<double> conf = test_get<double>(dconf, rows);
     std::vector<dllm__choice> ch;
@@ -403,10 +441,12 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         same += ok;
         if (canvas[pos0 + i] == mask) { cand.push_back(pos0 + i); ch.push_back({x0[i], conf[i], false}); }
     }
-    CHECK_MSG(same == rows, "%s V=%d T=%g alg_temp=%g: %d of %d rows agree", test_alg_name(alg), V, temp, alg_temp, same, rows);
+    CHECK_MSG(same == rows, "%s V=%d T=%g alg_temp=%g: %d of %d rows agree", test_alg_name(alg), V, temp, alg_temp,
+              same, rows);
     dllm__unmask_rule u;
     u.origin = alg == DLLM_REMASK_ORIGIN, u.eps = 1e-3;
-    std::vector<int> rules = u.origin ? std::vector<int>{DLLM_UNMASK_TIMESTEPS} : std::vector<int>{DLLM_UNMASK_SCHEDULE, DLLM_UNMASK_TIMESTEPS};
+    std::vector<int> rules = u.origin ? std::vector<int>{DLLM_UNMASK_TIMESTEPS}
+                                      : std::vector<int>{DLLM_UNMASK_SCHEDULE, DLLM_UNMASK_TIMESTEPS};
     if (alg_temp == 0 && !u.origin) rules.insert(rules.end(), {DLLM_UNMASK_THRESHOLD, DLLM_UNMASK_FACTOR});
     for (int rule : rules) {
         test_put(dcanvas, canvas);
@@ -414,17 +454,21 @@ static void test_dream_sampler_case(dllm_test_state &T_, test_gpu &g, test_rng &
         test_poison(dcomm, rows * 4);
         int lo = pos0, dev_rule = u.origin ? 4 : rule;
         double threshold = alg == DLLM_REMASK_ENTROPY ? -1.0 : 0.35, factor = 1.5;
-        CHECK_STATUS(g.sm.select_commit.launch({dim3(1), dim3(1024), (size_t)rows * 5}, 0, dcanvas.ptr, dstate.ptr, lo, lo, dx.ptr, dconf.ptr, ddef.ptr,
-                                               mask, dcomm.ptr, dev_rule, threshold, factor, u.eps),
+        CHECK_STATUS(g.sm.select_commit.launch({dim3(1), dim3(1024), (size_t)rows * 5}, 0, dcanvas.ptr, dstate.ptr, lo,
+                                               lo, dx.ptr, dconf.ptr, ddef.ptr, mask, dcomm.ptr, dev_rule, threshold,
+                                               factor, u.eps),
                      DLLM_OK, nullptr);
         std::vector<int> canvas_gpu = test_get<int>(dcanvas, canvas.size()), st_gpu = test_get<int>(dstate, 16);
         u.kind = (dllm_unmask)rule, u.threshold = threshold, u.factor = factor;
         dllm__decode d;
         d.unmask = u, d.n_block_masks = n_masks, d.steps_per_block = s_steps, d.step_in_block = i_step;
-        std::vector<int> want = canvas, sel = dllm__select(cand, ch, u, dllm__step_count(d, (int)cand.size()), dllm__timestep_fraction(i_step, s_steps, u.eps));
+        std::vector<int> want = canvas, sel = dllm__select(cand, ch, u, dllm__step_count(d, (int)cand.size()),
+                                                           dllm__timestep_fraction(i_step, s_steps, u.eps));
         for (int i : sel) want[(size_t)cand[(size_t)i]] = ch[(size_t)i].token;
-        CHECK_MSG(canvas_gpu == want, "%s rule %d: select_commit differs from dllm__select (%zu committed on the CPU)", test_alg_name(alg), rule, sel.size());
-        CHECK(st_gpu[3] == i_step + 1 && st_gpu[4] == global + 1 && st_gpu[6] == (int)sel.size() && st_gpu[7] == n_masks - (int)sel.size());
+        CHECK_MSG(canvas_gpu == want, "%s rule %d: select_commit differs from dllm__select (%zu committed on the CPU)",
+                  test_alg_name(alg), rule, sel.size());
+        CHECK(st_gpu[3] == i_step + 1 && st_gpu[4] == global + 1 && st_gpu[6] == (int)sel.size() &&
+              st_gpu[7] == n_masks - (int)sel.size());
     }
 }
 
@@ -446,7 +490,8 @@ TEST(gpu, dream_sampler_matches_cpu_choose_and_select) {
  * run must repeat. */
 TEST(gpu, dream_samplers_decode_like_cpu) {
     NEED_GPU();
-    const dllm_remasking algs[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY, DLLM_REMASK_ORIGIN};
+    const dllm_remasking algs[] = {DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
+                                   DLLM_REMASK_ORIGIN};
     int unexplained = 0, identical = 0, cases = 0;
     for (const char *dir : {"models/tiny-llada", "models/tiny-dream"}) {
         test_tiny_ctx cpu(dir), gpu(dir, DLLM_BACKEND_GPU);
@@ -464,27 +509,28 @@ TEST(gpu, dream_samplers_decode_like_cpu) {
                 test_gen got = test_generate(gpu.ctx, p);
                 CHECK(want.status == DLLM_OK && got.status == DLLM_OK);
                 cases++;
-                size_t s = 0;
-                while (s < ra.canvases.size() && s < rb.canvases.size() && ra.canvases[s] == rb.canvases[s]) s++;
+                std::vector<int32_t> before;
+                const size_t s = test_first_difference(ra, rb, prompt, p.gen_length, cpu.model->cfg.mask_id, before);
                 if (s == ra.canvases.size() && ra.canvases.size() == rb.canvases.size()) { identical++; continue; }
                 if (s >= ra.canvases.size() || s >= rb.canvases.size()) { unexplained++; continue; }
-                std::vector<int32_t> before = s ? ra.canvases[s - 1] : prompt;
-                before.resize(prompt.size() + (size_t)p.gen_length, cpu.model->cfg.mask_id);
                 dllm__decode st;
                 dllm__init_decode(prompt.data(), (int)prompt.size(), p, dllm__gen_plan(), st);
                 std::string what = dllm__format("%s %s block %d step %zu:", dir, test_alg_name(alg), block, s);
-                unexplained += !test_divergence_is_near_tie(cpu.ctx, gpu.ctx, cpu.model, before, 0.f, prompt.size(), ra.canvases[s], rb.canvases[s], what.c_str(),
-                                                            &st.sampling);
+                unexplained += !test_divergence_is_near_tie(cpu.ctx, gpu.ctx, cpu.model, before, 0.f, prompt.size(),
+                                                            ra.canvases[s], rb.canvases[s], what.c_str(), &st.sampling);
             }
         for (dllm_remasking alg : algs) {
             dllm_gen_params p = test_sched_params();
             p.remasking = alg, p.unmask = DLLM_UNMASK_TIMESTEPS, p.temperature = 0.7f, p.seed = 9;
             p.alg_temp = alg == DLLM_REMASK_ORIGIN ? 0 : 0.5;
-            test_gen want = test_generate(cpu.ctx, p), on = test_generate(gpu.ctx, p), again = test_generate(gpu.ctx, p);
+            test_gen want = test_generate(cpu.ctx, p), on = test_generate(gpu.ctx, p),
+                     again = test_generate(gpu.ctx, p);
             p.lacache = DLLM_LACACHE_OFF;
             test_gen off = test_generate(gpu.ctx, p);
-            CHECK_MSG(on.out == off.out && on.out == again.out, "%s %s sampled: LaCache on/off or a repeat differ on the GPU", dir, test_alg_name(alg));
-            printf("    %s %-12s T=0.7 alg_temp=%.1f: GPU vs CPU agreement %.3f\n", dir, test_alg_name(alg), p.alg_temp, test_agreement(on.out, want.out));
+            CHECK_MSG(on.out == off.out && on.out == again.out,
+                      "%s %s sampled: LaCache on/off or a repeat differ on the GPU", dir, test_alg_name(alg));
+            printf("    %s %-12s T=0.7 alg_temp=%.1f: GPU vs CPU agreement %.3f\n", dir, test_alg_name(alg), p.alg_temp,
+                   test_agreement(on.out, want.out));
         }
     }
     printf("    %d of %d temperature-0 runs identical at every step\n", identical, cases);

@@ -8,20 +8,45 @@
 // ---- the E4M3 twin (CPU) ----------------------------------------------------------------------------
 
 TEST(fp8, e4m3_known_values_and_edge_cases) {
-    struct { float x; uint8_t code; } cases[] = {
-        {0.0f, 0x00}, {-0.0f, 0x00},                     // one zero
-        {1.0f, 0x38}, {-1.0f, 0xb8}, {1.125f, 0x39}, {240.0f, 0x77}, {0.5f, 0x30},
-        {448.0f, 0x7e}, {-448.0f, 0xfe},                 // the largest finite value
-        {449.0f, 0x7e}, {464.0f, 0x7e}, {500.0f, 0x7e}, {1e30f, 0x7e}, {-1e30f, 0xfe},  // above 448: saturate
-        {INFINITY, 0x7e}, {-INFINITY, 0xfe},             // satfinite: Inf saturates too
-        {NAN, 0x7f}, {-NAN, 0x7f},                       // one NaN
-        {432.0f, 0x7e}, {416.0f, 0x7d}, {431.0f, 0x7d},  // 432 is halfway between 416 and 448: to the even mantissa
-        {1.0625f, 0x38}, {1.1875f, 0x3a},                // ties to even in the normal range
-        {0x1p-6f, 0x08}, {0x1p-9f, 0x01}, {-0x1p-9f, 0x81}, {7 * 0x1p-9f, 0x07},  // smallest normal, subnormals
-        {0x1p-10f, 0x00}, {-0x1p-10f, 0x00},             // half the smallest subnormal ties to 0 (and the zero is +0)
-        {1.5f * 0x1p-9f, 0x02}, {2.5f * 0x1p-9f, 0x02}, {7.5f * 0x1p-9f, 0x08},  // subnormal ties to even, 7.5 carries into the normals
-        {0x1.0p-11f, 0x00}, {1e-30f, 0x00}, {0x1.000002p-10f, 0x01},  // underflow; just above half rounds up
-        {0.1f, 0x1d}, {3.14159f, 0x45},
+    struct { float x; uint8_t code;
+    } cases[] = {
+        {0.0f, 0x00},
+        {-0.0f, 0x00},  // one zero
+        {1.0f, 0x38},
+        {-1.0f, 0xb8},
+        {1.125f, 0x39},
+        {240.0f, 0x77},
+        {0.5f, 0x30},
+        {448.0f, 0x7e},
+        {-448.0f, 0xfe},  // the largest finite value
+        {449.0f, 0x7e},
+        {464.0f, 0x7e},
+        {500.0f, 0x7e},
+        {1e30f, 0x7e},
+        {-1e30f, 0xfe},  // above 448: saturate
+        {INFINITY, 0x7e},
+        {-INFINITY, 0xfe},  // satfinite: Inf saturates too
+        {NAN, 0x7f},
+        {-NAN, 0x7f},  // one NaN
+        {432.0f, 0x7e},
+        {416.0f, 0x7d},
+        {431.0f, 0x7d},  // 432 is halfway between 416 and 448: to the even mantissa
+        {1.0625f, 0x38},
+        {1.1875f, 0x3a},  // ties to even in the normal range
+        {0x1p-6f, 0x08},
+        {0x1p-9f, 0x01},
+        {-0x1p-9f, 0x81},
+        {7 * 0x1p-9f, 0x07},  // smallest normal, subnormals
+        {0x1p-10f, 0x00},
+        {-0x1p-10f, 0x00},  // half the smallest subnormal ties to 0 (and the zero is +0)
+        {1.5f * 0x1p-9f, 0x02},
+        {2.5f * 0x1p-9f, 0x02},
+        {7.5f * 0x1p-9f, 0x08},  // subnormal ties to even, 7.5 carries into the normals
+        {0x1.0p-11f, 0x00},
+        {1e-30f, 0x00},
+        {0x1.000002p-10f, 0x01},  // underflow; just above half rounds up
+        {0.1f, 0x1d},
+        {3.14159f, 0x45},
     };
     for (auto &c : cases) {
         uint8_t got = dllm__f32_to_e4m3(c.x);
@@ -38,7 +63,8 @@ TEST(fp8, e4m3_known_values_and_edge_cases) {
         }
     }
     CHECK(round_trips == 256);
-    CHECK(dllm__e4m3_to_f32(0x7e) == 448.0f && dllm__e4m3_to_f32(0x01) == 0x1p-9f && dllm__e4m3_to_f32(0x08) == 0x1p-6f);
+    CHECK(dllm__e4m3_to_f32(0x7e) == 448.0f && dllm__e4m3_to_f32(0x01) == 0x1p-9f &&
+          dllm__e4m3_to_f32(0x08) == 0x1p-6f);
     CHECK(dllm__e4m3_to_f32(0xff) != dllm__e4m3_to_f32(0xff));  // NaN
     // every midpoint between neighbours goes to the even code, a hair on either side to the nearer one
     int midpoints = 0;
@@ -101,9 +127,11 @@ TEST(fp8, group_quantiser_scales_padding_and_nonfinite_policy) {
     dllm__quantize_groups(x.data(), 4, k, q.data(), s.data());
     CHECK(s[0] == 1.0f && s[1] == 1.0f && q[0] == 0 && q[(size_t)k - 1] == 0);
     CHECK(s[2] == 3 * 0.37f / 448.0f && s[3] == 3 * 0.37f * 1000.0f / 448.0f);
-    CHECK(q[(size_t)2 * k + 5] == 0x7f && s[4] == 128.0f / 448.0f && q[(size_t)2 * k + 127] == 0x7e);  // NaN ignored by amax
+    CHECK(q[(size_t)2 * k + 5] == 0x7f && s[4] == 128.0f / 448.0f &&
+          q[(size_t)2 * k + 127] == 0x7e);  // NaN ignored by amax
     CHECK(s[6] == 2.0f / 448.0f && s[7] == INFINITY && q[(size_t)3 * k + 150] == 0x7f && q[(size_t)3 * k + 151] == 0);
-    CHECK(dllm__e4m3_scale(0.0f) == 1.0f && dllm__e4m3_scale(1e-44f) == 1.0f && dllm__e4m3_scale(1e-39f) == 1e-39f / 448.0f);
+    CHECK(dllm__e4m3_scale(0.0f) == 1.0f && dllm__e4m3_scale(1e-44f) == 1.0f &&
+          dllm__e4m3_scale(1e-39f) == 1e-39f / 448.0f);
     // dequantised error: at most half a step, 2^-4 relative in the normal range
     double worst = 0;
     for (int i = 0; i < k; i++) {
@@ -121,7 +149,8 @@ TEST(fp8, block_quantiser_partial_blocks) {
     const int rows = 200, cols = 328;  // 2 x 3 blocks, the last row and column of blocks partial
     std::vector<float> w((size_t)rows * cols);
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) w[(size_t)r * cols + c] = sinf(0.1f * r + 0.37f * c) * (c >= 256 ? 50.0f : 1.0f) * (r >= 128 ? 0.0f : 1.0f);
+        for (int c = 0; c < cols; c++)
+            w[(size_t)r * cols + c] = sinf(0.1f * r + 0.37f * c) * (c >= 256 ? 50.0f : 1.0f) * (r >= 128 ? 0.0f : 1.0f);
     dllm__fp8_matrix m = dllm__quantize_blocks(w.data(), rows, cols);
     CHECK(m.scale.size() == 6 && m.col_blocks() == 3);
     float amax02 = 0;
@@ -140,9 +169,10 @@ TEST(fp8, block_quantiser_partial_blocks) {
 
 // ---- dllm's FP8 GEMM (fp8_gemm): its twin on the CPU -------------------------------------------------
 
-/* E4M3 operands in the GPU layouts (struct dllm__gemm_op): codes x [m_pad x k] and w [n x k], scales x_scale[kb * m_pad + m]
- * and w_scale[nb * ceil4(k / 128) + kb] (the ceil4 padding is NaN: read, it would show). Codes of normal values, never
- * zero or NaN; scales spread over 2^-12..2^5, so that a scale taken from the wrong row, group or block shows. */
+/* E4M3 operands in the GPU layouts (struct dllm__gemm_op): codes x [m_pad x k] and w [n x k], scales
+ * x_scale[kb * m_pad + m] and w_scale[nb * ceil4(k / 128) + kb] (the ceil4 padding is NaN: read, it would show). Codes
+ * of normal values, never zero or NaN; scales spread over 2^-12..2^5, so that a scale taken from the wrong row, group
+ * or block shows. */
 struct test_f8_operands {
     int m_pad = 0, n = 0, k = 0;
     std::vector<uint8_t> x, w;
@@ -203,8 +233,8 @@ static void test_f8_float64(const test_f8_operands &o, int rows, std::vector<dou
 
 /* Elements outside |got - want| <= rel |want| + abs mag (a NaN is outside); prints the worst in units of that bound
  * and the largest error relative to the largest output. */
-static size_t test_f8_outside(const std::vector<float> &got, const std::vector<double> &want, const std::vector<double> &mag, double rel, double abs,
-                              const char *what) {
+static size_t test_f8_outside(const std::vector<float> &got, const std::vector<double> &want,
+                              const std::vector<double> &mag, double rel, double abs, const char *what) {
     size_t bad = 0;
     double worst = 0, err_max = 0, want_max = 0;
     for (size_t i = 0; i < want.size(); i++) {
@@ -214,8 +244,10 @@ static size_t test_f8_outside(const std::vector<float> &got, const std::vector<d
         err_max = std::max(err_max, e);
         want_max = std::max(want_max, fabs(want[i]));
     }
-    printf("    %s: worst error %.3f of the bound (%.1e |ref| + %.1e sum|products|), max error / max |ref| %.2e, %zu of %zu outside\n", what, worst, rel,
-           abs, err_max / want_max, bad, want.size());
+    printf(
+        "    %s: worst error %.3f of the bound (%.1e |ref| + %.1e sum|products|), max error / max |ref| %.2e, %zu of "
+        "%zu outside\n",
+        what, worst, rel, abs, err_max / want_max, bad, want.size());
     return bad;
 }
 
@@ -242,16 +274,6 @@ TEST(fp8, mma_gemm_twin_matches_float64) {
 
 // ---- precision on the CPU: API, forward, accuracy figures -------------------------------------------
 
-static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_precision precision) {
-    dllm_ctx_params p = dllm_ctx_default_params();
-    p.backend = backend;
-    p.n_threads = 2;
-    p.precision = precision;
-    dllm_ctx *c = nullptr;
-    if (dllm_ctx_create(m, p, &c) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
-    return c;
-}
-
 TEST(fp8, precision_is_validated) {
     dllm_model *m = test_load(test_data("tiny-llada"));
     if (!m) { CHECK(m != nullptr); return; }
@@ -271,12 +293,18 @@ TEST(fp8, arch_table_fp8_modes) {
     CHECK(dllm__arch_for(90).fp8 == DLLM__FP8_CUBLASLT_BLOCK && dllm__arch_for(89).fp8 == DLLM__FP8_MMA);
     for (int cc : {80, 86, 87, 100, 120}) CHECK_MSG(dllm__arch_for(cc).fp8 == DLLM__FP8_NONE, "sm_%d", cc);
     // DLLM_TILES fp8_gemm: each value where the GPU can run it; elsewhere, or misspelt, an error that names it
-    struct { const char *value; int cc; dllm_status want; dllm__fp8_gemm mode; const char *msg; } cases[] = {
-        {nullptr, 89, DLLM_OK, DLLM__FP8_MMA, nullptr},           {nullptr, 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
-        {nullptr, 80, DLLM_OK, DLLM__FP8_NONE, nullptr},          {"", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
-        {"mma", 90, DLLM_OK, DLLM__FP8_MMA, nullptr},             {"mma", 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
-        {"mma", 120, DLLM_OK, DLLM__FP8_MMA, nullptr},            {"cublaslt", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
-        {"mma", 86, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "8.9"}, {"cublaslt", 89, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "sm_90 only"},
+    struct { const char *value; int cc; dllm_status want; dllm__fp8_gemm mode; const char *msg;
+    } cases[] = {
+        {nullptr, 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {nullptr, 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {nullptr, 80, DLLM_OK, DLLM__FP8_NONE, nullptr},
+        {"", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 90, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {"mma", 89, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {"mma", 120, DLLM_OK, DLLM__FP8_MMA, nullptr},
+        {"cublaslt", 90, DLLM_OK, DLLM__FP8_CUBLASLT_BLOCK, nullptr},
+        {"mma", 86, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "8.9"},
+        {"cublaslt", 89, DLLM_ERR_UNSUPPORTED, DLLM__FP8_NONE, "sm_90 only"},
         {"MMA", 90, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "DLLM_TILES=fp8_gemm=MMA: expected mma or cublaslt"},
         {"cutlass", 89, DLLM_ERR_INVALID_ARGUMENT, DLLM__FP8_NONE, "expected mma or cublaslt"},
     };
@@ -285,17 +313,20 @@ TEST(fp8, arch_table_fp8_modes) {
         else test_knob_reset();
         dllm__fp8_gemm mode = DLLM__FP8_NONE;
         CHECK_STATUS(dllm__fp8_gemm_for(dllm__arch_for(c.cc), mode), c.want, c.msg);
-        if (c.want == DLLM_OK) CHECK_MSG(mode == c.mode, "DLLM_TILES=fp8_gemm=%s on sm_%d: mode %d, want %d", c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
+        if (c.want == DLLM_OK)
+            CHECK_MSG(mode == c.mode, "DLLM_TILES=fp8_gemm=%s on sm_%d: mode %d, want %d",
+                      c.value ? c.value : "(unset)", c.cc, (int)mode, (int)c.mode);
     }
     test_knob_reset();
-    // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight block,
-    // copies divide evenly among the threads, and the ring fits the shared memory per block (99 KB on sm_89, 227 on sm_90)
+    // fp8_gemm's tiles, where it can run: warps tile the CTA in whole mma pairs, a CTA's columns share one weight
+    // block, copies divide evenly among the threads, and the ring fits the shared memory per block
+    // (99 KB on sm_89, 227 on sm_90)
     for (int cc : {89, 90}) {
         const dllm__arch a = dllm__arch_for(cc);
         for (const dllm__fp8_tile &t : {a.fp8_wide, a.fp8_narrow}) {
             const int threads = t.bm / t.wm * (t.bn / t.wn) * 32;
-            CHECK_MSG(t.bm % t.wm == 0 && t.bn % t.wn == 0 && t.wm % 16 == 0 && t.wn % 16 == 0 && 128 % t.bn == 0, "sm_%d tile %s", cc,
-                      dllm__fp8_gemm_kernel_name(t).c_str());
+            CHECK_MSG(t.bm % t.wm == 0 && t.bn % t.wn == 0 && t.wm % 16 == 0 && t.wn % 16 == 0 && 128 % t.bn == 0,
+                      "sm_%d tile %s", cc, dllm__fp8_gemm_kernel_name(t).c_str());
             CHECK(t.bm * 8 % threads == 0 && t.bn * 8 % threads == 0 && t.stages >= 2);
             CHECK(dllm__fp8_gemm_smem(t) <= (cc == 90 ? 227u : 99u) * 1024);
         }
@@ -316,7 +347,8 @@ TEST(jit, e4m3_software_path_compiles_for_sm_90a) {
     std::vector<char> cubin;
     std::vector<std::string> lowered;
     std::string log;
-    CHECK_STATUS(dllm__nvrtc_compile(test_rowwise_software_e4m3(dllm__arch_for(90)), cubin, lowered, log), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__nvrtc_compile(test_rowwise_software_e4m3(dllm__arch_for(90)), cubin, lowered, log), DLLM_OK,
+                 nullptr);
     CHECK(!dllm__log_has_spills(log));
 }
 
@@ -339,23 +371,25 @@ TEST(jit, fp8_mma_gemm_compiles_without_spills) {
         std::vector<std::string> lowered;
         std::string log;
         CHECK_STATUS(dllm__nvrtc_compile(dllm__module_fp8_gemm(a), cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"), "fp8_gemm spills or has a stack frame on %s:\n%s", a.target,
-                  log.c_str());
+        CHECK_MSG(!dllm__log_has_spills(log) && !dllm__log_reports(log, "stack frame"),
+                  "fp8_gemm spills or has a stack frame on %s:\n%s", a.target, log.c_str());
         CHECK(lowered.size() == 2 && cubin.size() > 1000);
-        printf("    %s (%s, %s):\n%s", a.target, dllm__fp8_gemm_kernel_name(a.fp8_wide).c_str(), dllm__fp8_gemm_kernel_name(a.fp8_narrow).c_str(),
-               test_register_report(log).c_str());
+        printf("    %s (%s, %s):\n%s", a.target, dllm__fp8_gemm_kernel_name(a.fp8_wide).c_str(),
+               dllm__fp8_gemm_kernel_name(a.fp8_narrow).c_str(), test_register_report(log).c_str());
     }
 }
 
 TEST(fp8, cpu_weights_quantised_for_layers_1_and_up) {
     dllm_model *m = test_load(test_data("tiny-dream"));
     if (!m) { CHECK(m != nullptr); return; }
-    std::vector<dllm__fp8_layer> ffn = dllm__cpu_fp8_weights(*m, DLLM_PRECISION_FP8_FFN), all = dllm__cpu_fp8_weights(*m, DLLM_PRECISION_FP8_ALL);
+    std::vector<dllm__fp8_layer> ffn = dllm__cpu_fp8_weights(*m, DLLM_PRECISION_FP8_FFN),
+                                 all = dllm__cpu_fp8_weights(*m, DLLM_PRECISION_FP8_ALL);
     CHECK(dllm__cpu_fp8_weights(*m, DLLM_PRECISION_BF16).empty());
     CHECK(ffn.size() == m->layers.size() && ffn[0].gu.empty() && ffn[0].down.empty() && all[0].qkv.empty());
     const dllm__config &c = m->cfg;
     for (size_t l = 1; l < ffn.size(); l++) {
-        CHECK(ffn[l].gu.rows == 2 * c.n_ff && ffn[l].gu.cols == c.n_embd && ffn[l].down.rows == c.n_embd && ffn[l].qkv.empty());
+        CHECK(ffn[l].gu.rows == 2 * c.n_ff && ffn[l].gu.cols == c.n_embd && ffn[l].down.rows == c.n_embd &&
+              ffn[l].qkv.empty());
         CHECK(all[l].qkv.rows == (c.n_head + 2 * c.n_head_kv) * c.head_dim && all[l].o.cols == c.n_head * c.head_dim);
     }
     dllm_model_free(m);
@@ -377,18 +411,10 @@ static std::vector<double> test_ffn_nmse(const dllm_model &m, const std::vector<
     const dllm__config &c = m.cfg;
     const int T = (int)ids.size(), d = c.n_embd;
     dllm__pool pool(2);
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
     const std::vector<dllm__fp8_layer> q = dllm__cpu_fp8_weights(m, DLLM_PRECISION_FP8_FFN);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     std::vector<double> nmse;
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
     for (size_t l = 0; l < m.layers.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
         dllm__cpu_attention_block(m, l, nullptr, pool, b, rows, nullptr, cos_t.data(), sin_t.data());
@@ -427,9 +453,12 @@ static std::string test_join(const std::vector<double> &v, const char *fmt) {
 }
 
 TEST(fp8, accuracy_ffn_nmse_per_layer) {
-    struct { const char *dir, *name; bool fixture; } models[] = {
-        {"tests/data/tiny-llada", "fixture tiny-llada", true}, {"tests/data/tiny-dream", "fixture tiny-dream", true},
-        {"models/tiny-llada", "tiny-llada", false}, {"models/tiny-dream", "tiny-dream", false}, {"models/tiny-add", "tiny-add", false}};
+    struct { const char *dir, *name; bool fixture;
+    } models[] = {{"tests/data/tiny-llada", "fixture tiny-llada", true},
+                  {"tests/data/tiny-dream", "fixture tiny-dream", true},
+                  {"models/tiny-llada", "tiny-llada", false},
+                  {"models/tiny-dream", "tiny-dream", false},
+                  {"models/tiny-add", "tiny-add", false}};
     for (auto &mi : models) {
         dllm_model *m = test_load(mi.dir);
         if (!m) { CHECK(m != nullptr); continue; }
@@ -447,7 +476,8 @@ TEST(fp8, accuracy_ffn_nmse_per_layer) {
         for (const std::vector<int32_t> &ids : inputs) {
             std::vector<double> nmse = test_ffn_nmse(*m, ids);
             for (double x : nmse) worst = std::max(worst, x);
-            printf("    %s T=%zu: FFN output NMSE, layers 1..%zu: %s\n", mi.name, ids.size(), nmse.size(), test_join(nmse, "%.2e").c_str());
+            printf("    %s T=%zu: FFN output NMSE, layers 1..%zu: %s\n", mi.name, ids.size(), nmse.size(),
+                   test_join(nmse, "%.2e").c_str());
         }
         printf("    %s: worst layer %.2e\n", mi.name, worst);
         CHECK(worst == worst && worst < 1);
@@ -468,7 +498,10 @@ TEST(fp8, accuracy_ffn_nmse_llada_8b_shape) {
     m.cfg.n_ff = ff;
     std::vector<uint16_t> wg((size_t)ff * d), wu(wg.size()), wd(wg.size());
     uint64_t s = 12345;
-    auto uniform = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)((s >> 40) * (1.0 / 16777216.0)); };
+    auto uniform = [&] {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return (float)((s >> 40) * (1.0 / 16777216.0));
+    };
     for (auto *w : {&wg, &wu, &wd})
         for (uint16_t &x : *w) x = dllm__f32_to_bf16((2 * uniform() - 1) * 0.0346f);
     auto tensor = [](std::vector<uint16_t> &v, int64_t rows, int64_t cols) {
@@ -515,10 +548,12 @@ TEST(fp8, accuracy_ffn_nmse_llada_8b_shape) {
 TEST(fp8, accuracy_cpu_logits_error) {
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *exact = m ? test_ctx(m) : nullptr, *ffn = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_FFN) : nullptr,
+        dllm_ctx *exact = m ? test_ctx(m) : nullptr,
+                 *ffn = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_FFN) : nullptr,
                  *all = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_ALL) : nullptr;
         CHECK(exact && ffn && all);
-        for (const test_golden_input &gi : exact && ffn && all ? test_golden_inputs(test_data(fx)) : std::vector<test_golden_input>()) {
+        for (const test_golden_input &gi :
+             exact &&ffn &&all ? test_golden_inputs(test_data(fx)) : std::vector<test_golden_input>()) {
             const int T = (int)gi.ids.size(), V = m->cfg.n_vocab;
             std::vector<float> a((size_t)T * V, NAN), b(a.size(), NAN), c(a.size(), NAN);
             CHECK_STATUS(dllm_logits(exact, gi.ids.data(), T, 0, T, a.data(), a.size()), DLLM_OK, nullptr);
@@ -526,13 +561,18 @@ TEST(fp8, accuracy_cpu_logits_error) {
             CHECK_STATUS(dllm_logits(all, gi.ids.data(), T, 0, T, c.data(), c.size()), DLLM_OK, nullptr);
             int same_ffn = 0, same_all = 0;
             for (int i = 0; i < T; i++) {
-                auto argmax = [&](const std::vector<float> &v) { return std::max_element(v.begin() + (long)i * V, v.begin() + (long)(i + 1) * V) - v.begin(); };
+                auto argmax = [&](const std::vector<float> &v) {
+                    return std::max_element(v.begin() + (long)i * V, v.begin() + (long)(i + 1) * V) - v.begin();
+                };
                 same_ffn += argmax(a) == argmax(b);
                 same_all += argmax(a) == argmax(c);
             }
-            double e_ffn = test_rel_err(b.data(), a.data(), a.size()), e_all = test_rel_err(c.data(), a.data(), a.size());
-            printf("    %s T=%d: logits max relative error vs exact: FP8 FFN %.2e (argmax %d/%d), FP8 all %.2e (argmax %d/%d)\n", fx, T, e_ffn,
-                   same_ffn, T, e_all, same_all, T);
+            double e_ffn = test_rel_err(b.data(), a.data(), a.size()),
+                   e_all = test_rel_err(c.data(), a.data(), a.size());
+            printf(
+                "    %s T=%d: logits max relative error vs exact: FP8 FFN %.2e (argmax %d/%d), FP8 all %.2e (argmax "
+                "%d/%d)\n",
+                fx, T, e_ffn, same_ffn, T, e_all, same_all, T);
             CHECK(e_ffn > 0 && e_ffn < 0.1 && e_all > 0 && e_all < 0.2);
             CHECK(memcmp(b.data(), c.data(), b.size() * 4) != 0);  // FP8_ALL is a different function
         }
@@ -547,7 +587,8 @@ TEST(fp8, accuracy_cpu_logits_error) {
 TEST(fp8, accuracy_cpu_token_agreement_on_fixtures) {
     for (const char *fx : {"tiny-llada", "tiny-dream"}) {
         dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *exact = m ? test_ctx(m) : nullptr, *f8 = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_FFN) : nullptr;
+        dllm_ctx *exact = m ? test_ctx(m) : nullptr,
+                 *f8 = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_FP8_FFN) : nullptr;
         dllm__json root;
         dllm__json_load(test_data(fx) + "/golden_traces.json", root);
         const dllm__json *cs = root.find("cases");
@@ -557,15 +598,19 @@ TEST(fp8, accuracy_cpu_token_agreement_on_fixtures) {
             dllm_gen_params p = test_case_params(cs->items[ci]);
             p.stop_at_eos = 0;
             std::vector<int32_t> prompt = test_ints(cs->items[ci].find("prompt")), a((size_t)p.gen_length), b(a.size());
-            CHECK_STATUS(dllm_generate(exact, prompt.data(), (int)prompt.size(), p, a.data(), (int)a.size(), nullptr, nullptr), DLLM_OK, nullptr);
-            CHECK_STATUS(dllm_generate(f8, prompt.data(), (int)prompt.size(), p, b.data(), (int)b.size(), nullptr, nullptr), DLLM_OK, nullptr);
+            CHECK_STATUS(
+                dllm_generate(exact, prompt.data(), (int)prompt.size(), p, a.data(), (int)a.size(), nullptr, nullptr),
+                DLLM_OK, nullptr);
+            CHECK_STATUS(
+                dllm_generate(f8, prompt.data(), (int)prompt.size(), p, b.data(), (int)b.size(), nullptr, nullptr),
+                DLLM_OK, nullptr);
             for (size_t i = 0; i < a.size(); i++) same += a[i] == b[i];
             tokens += (long)a.size();
             same_seqs += a == b;
             seqs++;
         }
-        printf("    %s: FP8 vs exact decoding (%d golden cases): token agreement %.4f, sequences identical %d/%d\n", fx, seqs,
-               tokens ? (double)same / tokens : 0.0, same_seqs, seqs);
+        printf("    %s: FP8 vs exact decoding (%d golden cases): token agreement %.4f, sequences identical %d/%d\n", fx,
+               seqs, tokens ? (double)same / tokens : 0.0, same_seqs, seqs);
         CHECK(seqs > 0 && same > 0);
         dllm_ctx_free(exact);
         dllm_ctx_free(f8);
@@ -576,7 +621,8 @@ TEST(fp8, accuracy_cpu_token_agreement_on_fixtures) {
 /* The BF16 default is untouched: explicit BF16 gives the bits of the default context. */
 TEST(fp8, bf16_default_unchanged) {
     dllm_model *m = test_load(test_data("tiny-dream"));
-    dllm_ctx *a = m ? test_ctx(m) : nullptr, *b = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16) : nullptr;
+    dllm_ctx *a = m ? test_ctx(m) : nullptr,
+             *b = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16) : nullptr;
     if (a && b) {
         std::vector<test_golden_input> gs = test_golden_inputs(test_data("tiny-dream"));
         const int T = (int)gs[0].ids.size(), V = m->cfg.n_vocab;
@@ -615,23 +661,26 @@ static test_act8 test_twin_groups(const std::vector<float> &x, int rows, int k, 
 }
 
 /* Compares codes and scales bit for bit over the first rows; prints the first differences. */
-static size_t test_act8_diff(const test_act8 &want, const std::vector<uint8_t> &q, const std::vector<float> &s, int rows, int k, int ld,
-                             const char *what) {
+static size_t test_act8_diff(const test_act8 &want, const std::vector<uint8_t> &q, const std::vector<float> &s,
+                             int rows, int k, int ld, const char *what) {
     const int k_pad = dllm__round_up(k, 128);
     size_t bad = 0;
     for (size_t i = 0; i < (size_t)rows * k_pad; i++)
-        if (q[i] != want.q[i] && bad++ < 4) printf("    %s: row %zu col %zu: GPU 0x%02x, twin 0x%02x\n", what, i / k_pad, i % k_pad, q[i], want.q[i]);
+        if (q[i] != want.q[i] && bad++ < 4)
+            printf("    %s: row %zu col %zu: GPU 0x%02x, twin 0x%02x\n", what, i / k_pad, i % k_pad, q[i], want.q[i]);
     for (int g = 0; g < k_pad / 128; g++)
         for (int r = 0; r < rows; r++) {
             size_t i = (size_t)g * ld + r;
-            if (memcmp(&s[i], &want.s[i], 4) != 0 && bad++ < 8) printf("    %s: scale row %d group %d: GPU %a, twin %a\n", what, r, g, (double)s[i], (double)want.s[i]);
+            if (memcmp(&s[i], &want.s[i], 4) != 0 && bad++ < 8)
+                printf("    %s: scale row %d group %d: GPU %a, twin %a\n", what, r, g, (double)s[i], (double)want.s[i]);
         }
     return bad;
 }
 
 /* Runs quantize_rows_e4m3 on fp32 or bf16 rows; returns codes and scales (outputs poisoned first). */
-static void test_quantize_rows(const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant, const void *x_host, bool f32, int rows, int k, float fixed_scale,
-                               std::vector<uint8_t> &q, std::vector<float> &s, int &ld) {
+static void test_quantize_rows(const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant, const void *x_host, bool f32,
+                               int rows, int k, float fixed_scale, std::vector<uint8_t> &q, std::vector<float> &s,
+                               int &ld) {
     const int k_pad = dllm__round_up(k, 128);
     ld = dllm__round_up(rows, 16);
     dllm__dbuf dx, dq, ds;
@@ -640,7 +689,8 @@ static void test_quantize_rows(const dllm__kernel<dllm__sig_quantize_rows_e4m3> 
     cudaMemcpy(dx.ptr, x_host, in_bytes, cudaMemcpyHostToDevice);
     test_poison(dq, (size_t)rows * k_pad);
     test_poison(ds, (size_t)(k_pad / 128) * ld * 4);
-    k_quant.launch({dllm__e4m3_rows_grid(rows, k), dim3(128)}, 0, dx.ptr, f32 ? 1 : 0, k, rows, dq.ptr, ds.ptr, ld, fixed_scale);
+    k_quant.launch({dllm__e4m3_rows_grid(rows, k), dim3(128)}, 0, dx.ptr, f32 ? 1 : 0, k, rows, dq.ptr, ds.ptr, ld,
+                   fixed_scale);
     q = test_get<uint8_t>(dq, (size_t)rows * k_pad);
     s = test_get<float>(ds, (size_t)(k_pad / 128) * ld);
 }
@@ -652,7 +702,8 @@ static std::vector<float> test_fp8_inputs(test_rng &r, int rows, int k) {
         float mag = powf(10.0f, (float)(r.below(12) - 6));
         for (int c = 0; c < k; c++) x[(size_t)i * k + c] = r.normal() * mag * (c % 128 == 5 ? 20.0f : 1.0f);
     }
-    const float edge[] = {0.0f, -0.0f, 448.0f, -448.0f, 0x1p-9f, 1.5f * 0x1p-9f, 0x1p-10f, 7.5f * 0x1p-9f, 0x1p-6f, 432.0f, 1.0625f, -3.0f, 1e-30f};
+    const float edge[] = {0.0f,           -0.0f,   448.0f, -448.0f, 0x1p-9f, 1.5f * 0x1p-9f, 0x1p-10f,
+                          7.5f * 0x1p-9f, 0x1p-6f, 432.0f, 1.0625f, -3.0f,   1e-30f};
     for (int c = 0; c < k; c++) {
         x[(size_t)0 * k + c] = 0.0f;                                           // all zeros: scale 1
         x[(size_t)1 * k + c] = edge[c % (sizeof edge / sizeof edge[0])];       // amax 448: scale 1, raw conversion
@@ -664,7 +715,8 @@ static std::vector<float> test_fp8_inputs(test_rng &r, int rows, int k) {
     return x;
 }
 
-static void test_quantizer_module(dllm_test_state &T_, const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant, const char *label) {
+static void test_quantizer_module(dllm_test_state &T_, const dllm__kernel<dllm__sig_quantize_rows_e4m3> &k_quant,
+                                  const char *label) {
     test_rng r(label);
     for (int k : {200, 1024}) {
         const int rows = 97;
@@ -681,16 +733,21 @@ static void test_quantizer_module(dllm_test_state &T_, const dllm__kernel<dllm__
         bad += test_act8_diff(test_twin_groups(xbf, rows, k, ld), q, s, rows, k, ld, label);
         // fixed scale 1: the raw conversion of every value, above 448 and non-finite ones included
         std::vector<float> raw = x;
-        const float extra[] = {449.0f, 464.0f, 500.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN, -NAN, 3e38f, 0x1.000002p-10f};
+        const float extra[] = {449.0f,    464.0f, 500.0f, 1e30f, -1e30f,         INFINITY,
+                               -INFINITY, NAN,    -NAN,   3e38f, 0x1.000002p-10f};
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) raw[(size_t)7 * k + i] = extra[i];
         test_quantize_rows(k_quant, raw.data(), true, rows, k, 1.0f, q, s, ld);
         size_t raw_bad = 0;
         for (int i = 0; i < rows; i++)
             for (int c = 0; c < k; c++) {
-                uint8_t want = dllm__f32_to_e4m3(raw[(size_t)i * k + c]), got = q[(size_t)i * dllm__round_up(k, 128) + c];
-                if (want != got && raw_bad++ < 4) printf("    %s raw: %a -> GPU 0x%02x, twin 0x%02x\n", label, (double)raw[(size_t)i * k + c], got, want);
+                uint8_t want = dllm__f32_to_e4m3(raw[(size_t)i * k + c]),
+                        got = q[(size_t)i * dllm__round_up(k, 128) + c];
+                if (want != got && raw_bad++ < 4)
+                    printf("    %s raw: %a -> GPU 0x%02x, twin 0x%02x\n", label, (double)raw[(size_t)i * k + c], got,
+                           want);
             }
-        printf("    %s k=%d (%d rows, edge rows, fp32 + bf16 + raw): %zu codes or scales differ from the twin\n", label, k, rows, bad + raw_bad);
+        printf("    %s k=%d (%d rows, edge rows, fp32 + bf16 + raw): %zu codes or scales differ from the twin\n", label,
+               k, rows, bad + raw_bad);
         CHECK(bad == 0 && raw_bad == 0);
     }
 }
@@ -702,7 +759,11 @@ TEST(gpu_fp8, quantizer_matches_twin_bit_for_bit) {
     test_quantizer_module(T_, g.rw.quantize_rows_e4m3, g.arch.cc >= 89 ? "hardware cvt" : "software conversion");
     std::shared_ptr<dllm__module> soft;
     CHECK_STATUS(dllm__jit_load(test_rowwise_software_e4m3(g.arch), soft), DLLM_OK, nullptr);
-    if (soft) test_quantizer_module(T_, dllm__kernel<dllm__sig_quantize_rows_e4m3>{soft->kernels.at("quantize_rows_e4m3"), "quantize_rows_e4m3"}, "software conversion");
+    if (soft)
+        test_quantizer_module(
+            T_,
+            dllm__kernel<dllm__sig_quantize_rows_e4m3>{soft->kernels.at("quantize_rows_e4m3"), "quantize_rows_e4m3"},
+            "software conversion");
     // More rows than a grid's y dimension holds (65535): the kernel walks them.
     test_rng r("quantizer, many rows");
     const int rows = 65600, k = 136;
@@ -717,7 +778,8 @@ TEST(gpu_fp8, quantizer_matches_twin_bit_for_bit) {
 }
 
 /* add_rmsnorm_e4m3 = add_rmsnorm, then the twin on its bf16 output: codes, scales and residual bit for bit. */
-static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int d, int B, int seq, int row0, int rows) {
+static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int d, int B, int seq, int row0,
+                                int rows) {
     std::vector<float> h((size_t)B * seq * d), w((size_t)d), delta_f(h.size());
     for (float &x : h) x = 3 * r.normal();
     for (float &x : w) x = 1 + 0.3f * r.normal();
@@ -732,15 +794,16 @@ static void test_norm_e4m3_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
     float eps = 1e-5f;
     int dd_ = d, rows_ = rows, r0 = row0, s = seq;
     const unsigned threads = dllm__norm_threads(k_pad / 8);  // as dllm__gpu_backend::add_rmsnorm_e4m3 sizes it
-    CHECK_STATUS(g.rw.add_rmsnorm.launch({dim3(rows, B), dim3(threads)}, 0, dh1.ptr, dh1.ptr, dd.ptr, dw.ptr, eps, dy.ptr, dd_, rows_, r0, s), DLLM_OK,
-                 nullptr);
-    CHECK_STATUS(g.rw.add_rmsnorm_e4m3.launch({dim3(rows, B), dim3(threads)}, 0, dh2.ptr, dh2.ptr, dd.ptr, dw.ptr, eps, dq.ptr, ds.ptr, ld, dd_, rows_, r0,
-                                              s),
+    CHECK_STATUS(g.rw.add_rmsnorm.launch({dim3(rows, B), dim3(threads)}, 0, dh1.ptr, dh1.ptr, dd.ptr, dw.ptr, eps,
+                                         dy.ptr, dd_, rows_, r0, s),
+                 DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.add_rmsnorm_e4m3.launch({dim3(rows, B), dim3(threads)}, 0, dh2.ptr, dh2.ptr, dd.ptr, dw.ptr, eps,
+                                              dq.ptr, ds.ptr, ld, dd_, rows_, r0, s),
                  DLLM_OK, nullptr);
     std::vector<float> y = test_f32_vec(test_get<uint16_t>(dy, (size_t)M * d));
     CHECK_MSG(test_get<float>(dh1, h.size()) == test_get<float>(dh2, h.size()), "d=%d: the residual streams differ", d);
-    size_t bad = test_act8_diff(test_twin_groups(y, M, d, ld), test_get<uint8_t>(dq, (size_t)M * k_pad), test_get<float>(ds, (size_t)(k_pad / 128) * ld),
-                                M, d, ld, "add_rmsnorm_e4m3");
+    size_t bad = test_act8_diff(test_twin_groups(y, M, d, ld), test_get<uint8_t>(dq, (size_t)M * k_pad),
+                                test_get<float>(ds, (size_t)(k_pad / 128) * ld), M, d, ld, "add_rmsnorm_e4m3");
     printf("    add+norm+quantise d=%d, %d rows: %zu codes or scales differ\n", d, M, bad);
     CHECK(bad == 0);
 }
@@ -760,7 +823,8 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     test_rng r("swiglu_e4m3");
-    const int cases[][2] = {{200, 97}, {640, 97}, {12288, 97}, {136, 65600}};  // {f, rows}: the last walks more rows than a grid's y holds
+    const int cases[][2] = {
+        {200, 97}, {640, 97}, {12288, 97}, {136, 65600}};  // {f, rows}: the last walks more rows than a grid's y holds
     for (const auto &fc : cases) {
         const int f = fc[0], n = fc[1], ld = dllm__round_up(n, 16), f_pad = dllm__round_up(f, 128);
         std::vector<float> gu((size_t)n * 2 * f);
@@ -771,11 +835,14 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
         test_poison(dq, (size_t)n * f_pad);
         test_poison(ds, (size_t)(f_pad / 128) * ld * 4);
         int n_ = n, f_ = f, ld_ = ld;
-        CHECK_STATUS(g.rw.swiglu.launch({dllm__rows_grid(n, f / 8, 256), dim3(256)}, 0, dg.ptr, dout.ptr, n_, f_), DLLM_OK, nullptr);
-        CHECK_STATUS(g.rw.swiglu_e4m3.launch({dllm__e4m3_rows_grid(n, f), dim3(128)}, 0, dg.ptr, f_, n_, dq.ptr, ds.ptr, ld_), DLLM_OK, nullptr);
+        CHECK_STATUS(g.rw.swiglu.launch({dllm__rows_grid(n, f / 8, 256), dim3(256)}, 0, dg.ptr, dout.ptr, n_, f_),
+                     DLLM_OK, nullptr);
+        CHECK_STATUS(
+            g.rw.swiglu_e4m3.launch({dllm__e4m3_rows_grid(n, f), dim3(128)}, 0, dg.ptr, f_, n_, dq.ptr, ds.ptr, ld_),
+            DLLM_OK, nullptr);
         std::vector<float> y = test_f32_vec(test_get<uint16_t>(dout, (size_t)n * f));
-        size_t bad = test_act8_diff(test_twin_groups(y, n, f, ld), test_get<uint8_t>(dq, (size_t)n * f_pad), test_get<float>(ds, (size_t)(f_pad / 128) * ld),
-                                    n, f, ld, "swiglu_e4m3");
+        size_t bad = test_act8_diff(test_twin_groups(y, n, f, ld), test_get<uint8_t>(dq, (size_t)n * f_pad),
+                                    test_get<float>(ds, (size_t)(f_pad / 128) * ld), n, f, ld, "swiglu_e4m3");
         printf("    swiglu+quantise f=%d, %d rows: %zu codes or scales differ\n", f, n, bad);
         CHECK(bad == 0);
     }
@@ -783,15 +850,18 @@ TEST(gpu_fp8, swiglu_e4m3_matches_twin) {
 
 /* quantize_weight_blocks vs dllm__quantize_blocks, mapped to the cuBLASLt layout: codes [n x k_pad], scales
  * [nb * ceil4(k_pad / 128) + kb]. */
-static void test_weight_quant_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int n, int k, std::vector<uint8_t> *q_out = nullptr,
-                                   std::vector<float> *s_out = nullptr, const std::vector<uint16_t> *given = nullptr) {
+static void test_weight_quant_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int n, int k,
+                                   std::vector<uint8_t> *q_out = nullptr, std::vector<float> *s_out = nullptr,
+                                   const std::vector<uint16_t> *given = nullptr) {
     std::vector<uint16_t> wb;
     if (given) {
         wb = *given;
     } else {
         std::vector<float> w((size_t)n * k);
         for (int i = 0; i < n; i++)
-            for (int c = 0; c < k; c++) w[(size_t)i * k + c] = r.normal() * ((c / 128 + i / 128) % 3 == 1 ? 100.0f : 0.02f) * (i >= 128 && c < 128 ? 0.0f : 1.0f);
+            for (int c = 0; c < k; c++)
+                w[(size_t)i * k + c] =
+                    r.normal() * ((c / 128 + i / 128) % 3 == 1 ? 100.0f : 0.02f) * (i >= 128 && c < 128 ? 0.0f : 1.0f);
         wb = test_bf16_vec(w);
     }
     const int kb = dllm__round_up(k, 128) / 128, nb = (n + 127) / 128, ld = dllm__round_up(kb, 4), k_pad = kb * 128;
@@ -800,7 +870,8 @@ static void test_weight_quant_case(dllm_test_state &T_, test_gpu &g, test_rng &r
     test_poison(dq, (size_t)n * k_pad);
     test_poison(ds, (size_t)nb * ld * 4);
     int n_ = n, k_ = k, ld_ = ld;
-    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3(kb, nb), dim3(256)}, 0, dw.ptr, n_, k_, dq.ptr, ds.ptr, ld_), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3(kb, nb), dim3(256)}, 0, dw.ptr, n_, k_, dq.ptr, ds.ptr, ld_),
+                 DLLM_OK, nullptr);
     std::vector<uint8_t> q = test_get<uint8_t>(dq, (size_t)n * k_pad);
     std::vector<float> s = test_get<float>(ds, (size_t)nb * ld);
     dllm__fp8_matrix want = dllm__quantize_blocks(test_f32_vec(wb).data(), n, k);
@@ -808,11 +879,13 @@ static void test_weight_quant_case(dllm_test_state &T_, test_gpu &g, test_rng &r
     for (int i = 0; i < n; i++)
         for (int c = 0; c < k_pad; c++) {
             uint8_t w8 = c < k ? want.q[(size_t)i * k + c] : 0;
-            if (q[(size_t)i * k_pad + c] != w8 && bad++ < 4) printf("    weight [%d][%d]: GPU 0x%02x, twin 0x%02x\n", i, c, q[(size_t)i * k_pad + c], w8);
+            if (q[(size_t)i * k_pad + c] != w8 && bad++ < 4)
+                printf("    weight [%d][%d]: GPU 0x%02x, twin 0x%02x\n", i, c, q[(size_t)i * k_pad + c], w8);
         }
     for (int b = 0; b < nb; b++)
         for (int c = 0; c < kb; c++)
-            if (memcmp(&s[(size_t)b * ld + c], &want.scale[(size_t)b * kb + c], 4) != 0 && bad++ < 8) printf("    block scale (%d, %d) differs\n", b, c);
+            if (memcmp(&s[(size_t)b * ld + c], &want.scale[(size_t)b * kb + c], 4) != 0 && bad++ < 8)
+                printf("    block scale (%d, %d) differs\n", b, c);
     printf("    weight blocks n=%d k=%d: %zu codes or scales differ\n", n, k, bad);
     CHECK(bad == 0);
     if (q_out) *q_out = q;
@@ -830,13 +903,16 @@ TEST(gpu_fp8, weight_quantiser_matches_twin) {
 
 /* The M bf16 rows [M x K] at x_dev (on the device) quantised by quantize_rows_e4m3 into the padded operand an FP8 GEMM
  * takes: codes [round_up(M, 16) x round_up(K, 128)] and scales [kb][round_up(M, 16)], the padding zero. */
-static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x_dev, int M, int K, dllm__dbuf &dq, dllm__dbuf &ds) {
+static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x_dev, int M, int K, dllm__dbuf &dq,
+                                 dllm__dbuf &ds) {
     const int Mp = dllm__round_up(M, 16), k_pad = dllm__round_up(K, 128), kb = k_pad / 128;
     dq.fit((size_t)Mp * k_pad, "test");
     ds.fit((size_t)kb * Mp * 4, "test");
     cudaMemset(dq.ptr, 0, (size_t)Mp * k_pad);
     cudaMemset(ds.ptr, 0, (size_t)kb * Mp * 4);
-    CHECK_STATUS(g.rw.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, 0, x_dev, 0, K, M, dq.ptr, ds.ptr, Mp, 0.0f), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, K), dim3(128)}, 0, x_dev, 0, K, M, dq.ptr,
+                                                ds.ptr, Mp, 0.0f),
+                 DLLM_OK, nullptr);
 }
 
 /* The block-scaled FP8 GEMM against the CPU product (float64) of the same dequantised operands. Both sum exact
@@ -844,7 +920,8 @@ static void test_quantize_padded(dllm_test_state &T_, test_gpu &g, const void *x
  * rounding (2^-9 relative): the BF16 GEMM test's 8e-3 bound applies. Also printed: the error against the
  * unquantised product (what FP8 costs). */
 static void test_fp8_gemm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int M, int N, int K) {
-    const int Mp = dllm__round_up(M, 16), k_pad = dllm__round_up(K, 128), kb = k_pad / 128, ld_w = dllm__round_up(kb, 4);
+    const int Mp = dllm__round_up(M, 16), k_pad = dllm__round_up(K, 128), kb = k_pad / 128,
+              ld_w = dllm__round_up(kb, 4);
     std::vector<float> x((size_t)M * K), w((size_t)N * K);
     for (float &v : x) v = r.normal();
     for (float &v : w) v = 0.02f * r.normal();
@@ -861,15 +938,19 @@ static void test_fp8_gemm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, in
     test_poison(dy, (size_t)Mp * N * 2);
     dllm__gemm gemm;
     CHECK_STATUS(gemm.init(), DLLM_OK, nullptr);
-    CHECK_STATUS(gemm.run_fp8(dq.ptr, ds.as<float>(), dwq.ptr, dws.as<float>(), dy.ptr, Mp, N, k_pad, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(gemm.run_fp8(dq.ptr, ds.as<float>(), dwq.ptr, dws.as<float>(), dy.ptr, Mp, N, k_pad, 0), DLLM_OK,
+                 nullptr);
     std::vector<float> y = test_f32_vec(test_get<uint16_t>(dy, (size_t)M * N));
     std::vector<uint8_t> xq = test_get<uint8_t>(dq, (size_t)M * k_pad);
     std::vector<float> xs = test_get<float>(ds, (size_t)kb * Mp), want((size_t)M * N), exact((size_t)M * N);
     std::vector<float> xd((size_t)M * K), wd((size_t)N * K), xf = test_f32_vec(xb), wf = test_f32_vec(wb);
     for (int i = 0; i < M; i++)
-        for (int c = 0; c < K; c++) xd[(size_t)i * K + c] = dllm__e4m3_to_f32(xq[(size_t)i * k_pad + c]) * xs[(size_t)(c / 128) * Mp + i];
+        for (int c = 0; c < K; c++)
+            xd[(size_t)i * K + c] = dllm__e4m3_to_f32(xq[(size_t)i * k_pad + c]) * xs[(size_t)(c / 128) * Mp + i];
     for (int j = 0; j < N; j++)
-        for (int c = 0; c < K; c++) wd[(size_t)j * K + c] = dllm__e4m3_to_f32(wq[(size_t)j * k_pad + c]) * ws[(size_t)(j / 128) * ld_w + c / 128];
+        for (int c = 0; c < K; c++)
+            wd[(size_t)j * K + c] =
+                dllm__e4m3_to_f32(wq[(size_t)j * k_pad + c]) * ws[(size_t)(j / 128) * ld_w + c / 128];
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double s = 0, e = 0;
@@ -881,8 +962,10 @@ static void test_fp8_gemm_case(dllm_test_state &T_, test_gpu &g, test_rng &r, in
             exact[(size_t)i * N + j] = (float)e;
         }
     double err = test_max_rel(y, want), cost = test_max_rel(y, exact);
-    printf("    FP8 GEMM M=%d (padded %d) N=%d K=%d: max rel error %.2e vs the dequantised product, %.2e vs the unquantised one\n", M, Mp, N, K,
-           err, cost);
+    printf(
+        "    FP8 GEMM M=%d (padded %d) N=%d K=%d: max rel error %.2e vs the dequantised product, %.2e vs the "
+        "unquantised one\n",
+        M, Mp, N, K, err, cost);
     CHECK_MSG(err < 8e-3, "FP8 GEMM error %.3e", err);
 }
 
@@ -907,7 +990,8 @@ static std::vector<float> test_f8_run_mma(dllm_test_state &T_, const dllm__fp8_m
     test_put(dw, o.w);
     test_put(dws, o.ws);
     test_poison(dy, (size_t)o.m_pad * o.n * 2);
-    CHECK_STATUS(dllm__fp8_mma_run(k, dx.ptr, dxs.as<float>(), dw.ptr, dws.as<float>(), dy.ptr, o.m_pad, o.n, o.k, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__fp8_mma_run(k, dx.ptr, dxs.as<float>(), dw.ptr, dws.as<float>(), dy.ptr, o.m_pad, o.n, o.k, 0),
+                 DLLM_OK, nullptr);
     return test_f32_vec(test_get<uint16_t>(dy, (size_t)o.m_pad * o.n));
 }
 
@@ -924,7 +1008,8 @@ static void test_mma_twin_case(dllm_test_state &T_, const dllm__fp8_mma &k, test
     std::vector<double> want, mag, twin64(twin.begin(), twin.end());
     test_f8_float64(o, o.m_pad, want, mag);
     const bool narrow = o.m_pad <= dllm__fp8_narrow_rows;
-    std::string what = dllm__format("fp8_gemm M=%d (m_pad %d, %s tile) N=%d K=%d vs twin", M, o.m_pad, narrow ? "narrow" : "wide", N, K);
+    std::string what = dllm__format("fp8_gemm M=%d (m_pad %d, %s tile) N=%d K=%d vs twin", M, o.m_pad,
+                                    narrow ? "narrow" : "wide", N, K);
     CHECK_MSG(test_f8_outside(y, twin64, mag, 0x1p-7, 0x1p-9, what.c_str()) == 0, "%s", what.c_str());
     test_f8_outside(y, want, mag, 0x1p-7, 0x1p-9, "  the same vs float64");
 }
@@ -944,14 +1029,17 @@ TEST(gpu_fp8, mma_gemm_matches_twin) {
     test_mma_twin_case(T_, k, r, 70, 201, 256);    // wide, odd N (scalar stores)
     test_mma_twin_case(T_, k, r, 1000, 328, 512);  // wide, partial tiles both ways
 
-    // A row's bits do not depend on M or on the tile: rows 0..15 computed alone (narrow) equal the same rows among 80 (wide).
+    // A row's bits do not depend on M or on the tile: rows 0..15 computed alone (narrow) equal the same rows among 80
+    // (wide).
     test_f8_operands all = test_f8_random(r, 80, 136, 384), first = all;
     first.m_pad = 16;
     first.x.resize((size_t)16 * all.k);
     first.xs.clear();
-    for (int kb = 0; kb < all.k / 128; kb++) first.xs.insert(first.xs.end(), all.xs.begin() + (long)kb * 80, all.xs.begin() + (long)kb * 80 + 16);
+    for (int kb = 0; kb < all.k / 128; kb++)
+        first.xs.insert(first.xs.end(), all.xs.begin() + (long)kb * 80, all.xs.begin() + (long)kb * 80 + 16);
     std::vector<float> a = test_f8_run_mma(T_, k, all), b = test_f8_run_mma(T_, k, first);
-    CHECK_MSG(memcmp(a.data(), b.data(), b.size() * 4) == 0, "rows 0..15 differ between M = 16 (narrow tile) and M = 80 (wide tile)");
+    CHECK_MSG(memcmp(a.data(), b.data(), b.size() * 4) == 0,
+              "rows 0..15 differ between M = 16 (narrow tile) and M = 80 (wide tile)");
 }
 
 /* The two FP8 GEMMs of sm_90 on the same operands at LLaDA-8B's FFN shapes, quantised by dllm's own kernels from
@@ -959,12 +1047,14 @@ TEST(gpu_fp8, mma_gemm_matches_twin) {
  * rounded to bf16, so they differ by a bf16 step where their fp32 sums straddle a rounding boundary: at most 2^-7 of
  * the largest output (bound 1e-2; cuBLASLt alone is within 3.6e-3 of float64 at K = 12288 on an H200), in few outputs
  * (NMSE bound 1e-5; a step in every output would make 1.5e-5 or more). */
-static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dllm__fp8_mma &k, dllm__gemm &gemm, int M, int N, int K) {
+static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dllm__fp8_mma &k, dllm__gemm &gemm, int M,
+                                      int N, int K) {
     const int m_pad = dllm__round_up(M, 16), kb = K / 128, w_ld = dllm__round_up(kb, 4), nb = (N + 127) / 128;
     dllm__dbuf x, w, xq, xs, wq, ws, y_lt, y_mma;
     auto fill = [&](dllm__dbuf &b, uint64_t n, uint64_t seed, float scale) {
         b.fit(n * 2, "test");
-        CHECK_STATUS(g.rw.fill_random_bf16.launch({dim3(1024), dim3(256)}, 0, b.ptr, n, seed, scale, 0), DLLM_OK, nullptr);
+        CHECK_STATUS(g.rw.fill_random_bf16.launch({dim3(1024), dim3(256)}, 0, b.ptr, n, seed, scale, 0), DLLM_OK,
+                     nullptr);
     };
     fill(x, (uint64_t)M * K, 11, 1.0f);
     fill(w, (uint64_t)N * K, 12, 0.02f);
@@ -972,15 +1062,22 @@ static void test_mma_vs_cublaslt_case(dllm_test_state &T_, test_gpu &g, const dl
     ws.fit((size_t)nb * w_ld * 4, "test");
     wq.fit((size_t)N * K, "test");
     cudaMemset(ws.ptr, 0, ws.bytes);
-    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, 0, w.ptr, N, K, wq.ptr, ws.ptr, w_ld), DLLM_OK, nullptr);
+    CHECK_STATUS(g.rw.quantize_weight_blocks.launch({dim3((unsigned)kb, (unsigned)nb), dim3(256)}, 0, w.ptr, N, K,
+                                                    wq.ptr, ws.ptr, w_ld),
+                 DLLM_OK, nullptr);
     test_poison(y_lt, (size_t)m_pad * N * 2);
     test_poison(y_mma, (size_t)m_pad * N * 2);
-    CHECK_STATUS(gemm.run_fp8(xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_lt.ptr, m_pad, N, K, 0), DLLM_OK, nullptr);
-    CHECK_STATUS(dllm__fp8_mma_run(k, xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_mma.ptr, m_pad, N, K, 0), DLLM_OK, nullptr);
-    std::vector<float> a = test_f32_vec(test_get<uint16_t>(y_mma, (size_t)m_pad * N)), b = test_f32_vec(test_get<uint16_t>(y_lt, (size_t)m_pad * N));
+    CHECK_STATUS(gemm.run_fp8(xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_lt.ptr, m_pad, N, K, 0), DLLM_OK,
+                 nullptr);
+    CHECK_STATUS(dllm__fp8_mma_run(k, xq.ptr, xs.as<float>(), wq.ptr, ws.as<float>(), y_mma.ptr, m_pad, N, K, 0),
+                 DLLM_OK, nullptr);
+    std::vector<float> a = test_f32_vec(test_get<uint16_t>(y_mma, (size_t)m_pad * N)),
+                       b = test_f32_vec(test_get<uint16_t>(y_lt, (size_t)m_pad * N));
     const double err = test_max_rel(a, b), nmse = test_nmse(a.data(), b.data(), b.size());
-    printf("    M=%d (m_pad %d) N=%d K=%d: fp8_gemm vs cuBLASLt block-scaled: max error / max |ref| %.2e, NMSE %.2e\n", M, m_pad, N, K, err, nmse);
-    CHECK_MSG(err < 1e-2 && nmse < 1e-5, "M=%d N=%d K=%d: fp8_gemm and cuBLASLt differ (%.3e, NMSE %.3e)", M, N, K, err, nmse);
+    printf("    M=%d (m_pad %d) N=%d K=%d: fp8_gemm vs cuBLASLt block-scaled: max error / max |ref| %.2e, NMSE %.2e\n",
+           M, m_pad, N, K, err, nmse);
+    CHECK_MSG(err < 1e-2 && nmse < 1e-5, "M=%d N=%d K=%d: fp8_gemm and cuBLASLt differ (%.3e, NMSE %.3e)", M, N, K, err,
+              nmse);
 }
 
 TEST(gpu_fp8, mma_gemm_matches_cublaslt_at_llada_ffn_shapes) {
@@ -1027,22 +1124,25 @@ TEST(gpu_fp8, fp8_gemm_env_is_validated) {
     dllm_model_free(m);
 }
 
-/* The FP8 forward with fp8_gemm (DLLM_TILES=fp8_gemm=mma) against the one with cuBLASLt on sm_90, on the fixtures and the
- * tiny trained models, FP8 FFN and FP8 all: the logits are much nearer each other than either is to BF16 (NMSE), and
- * temperature-0 decoding of the fixtures' golden cases gives the same tokens at every step, a divergence accepted
+/* The FP8 forward with fp8_gemm (DLLM_TILES=fp8_gemm=mma) against the one with cuBLASLt on sm_90, on the fixtures and
+ * the tiny trained models, FP8 FFN and FP8 all: the logits are much nearer each other than either is to BF16 (NMSE),
+ * and temperature-0 decoding of the fixtures' golden cases gives the same tokens at every step, a divergence accepted
  * only at a near-tie within the measured noise between the two (test_decode_compare); LaCache stays bit-exact. */
 static void test_mma_forward_case(dllm_test_state &T_, const char *dir, const char *fixture, dllm_precision precision) {
     dllm_model *m = test_load(dir);
-    dllm_ctx *lt = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr, *bf16 = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
+    dllm_ctx *lt = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr,
+             *bf16 = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_BF16) : nullptr;
     test_knob_set("fp8_gemm", "mma");
     dllm_ctx *mma = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
     test_knob_reset();
     CHECK(lt && bf16 && mma);
     if (lt && bf16 && mma) {
-        CHECK(((dllm__gpu_backend *)mma->impl.get())->fp8_gemm() == DLLM__FP8_MMA && ((dllm__gpu_backend *)lt->impl.get())->fp8_gemm() == DLLM__FP8_CUBLASLT_BLOCK);
+        CHECK(((dllm__gpu_backend *)mma->impl.get())->fp8_gemm() == DLLM__FP8_MMA &&
+              ((dllm__gpu_backend *)lt->impl.get())->fp8_gemm() == DLLM__FP8_CUBLASLT_BLOCK);
         std::vector<std::vector<int32_t>> inputs;
         for (const test_golden_input &gi : test_golden_inputs(dir)) inputs.push_back(gi.ids);
-        if (inputs.empty()) inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
+        if (inputs.empty())
+            inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
         std::vector<float> all_mma, all_lt, all_bf16;
         int same_argmax = 0, rows = 0;
         for (const std::vector<int32_t> &ids : inputs) {
@@ -1058,14 +1158,20 @@ static void test_mma_forward_case(dllm_test_state &T_, const char *dir, const ch
             all_lt.insert(all_lt.end(), b.begin(), b.end());
             all_bf16.insert(all_bf16.end(), c.begin(), c.end());
         }
-        const double to_lt = test_nmse(all_mma.data(), all_lt.data(), all_lt.size()), lt_to_bf16 = test_nmse(all_lt.data(), all_bf16.data(), all_lt.size());
-        printf("    %s %s: logits NMSE mma vs cuBLASLt FP8 %.2e (cuBLASLt FP8 vs BF16 %.2e), max error / max |ref| %.2e, argmax agrees on %d/%d rows\n", dir,
-               precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", to_lt, lt_to_bf16, test_max_rel(all_mma, all_lt), same_argmax, rows);
-        // The GEMMs agree to NMSE ~4e-7 (gpu_fp8.mma_gemm_matches_cublaslt_at_llada_ffn_shapes); through the layers a last-bit difference
-        // moves some activations across an E4M3 rounding boundary, so two correct FP8 paths end about as far apart as
-        // FP8 is from BF16 on these tiny models (measured on the H200: 0.09-0.8 of it; GPU vs CPU FP8 shows the same).
-        // A wrong scale or tile would put them orders of magnitude further apart.
-        CHECK_MSG(to_lt < 1.5 * lt_to_bf16, "%s: the mma FP8 logits are further from the cuBLASLt FP8 ones than FP8 is from BF16", dir);
+        const double to_lt = test_nmse(all_mma.data(), all_lt.data(), all_lt.size()),
+                     lt_to_bf16 = test_nmse(all_lt.data(), all_bf16.data(), all_lt.size());
+        printf(
+            "    %s %s: logits NMSE mma vs cuBLASLt FP8 %.2e (cuBLASLt FP8 vs BF16 %.2e), max error / max |ref| %.2e, "
+            "argmax agrees on %d/%d rows\n",
+            dir, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", to_lt, lt_to_bf16,
+            test_max_rel(all_mma, all_lt), same_argmax, rows);
+        // The GEMMs agree to NMSE ~4e-7 (gpu_fp8.mma_gemm_matches_cublaslt_at_llada_ffn_shapes); through the layers a
+        // last-bit difference moves some activations across an E4M3 rounding boundary, so two correct FP8 paths end
+        // about as far apart as FP8 is from BF16 on these tiny models
+        // (measured on the H200: 0.09-0.8 of it; GPU vs CPU FP8 shows the same). A wrong scale or tile would put them
+        // orders of magnitude further apart.
+        CHECK_MSG(to_lt < 1.5 * lt_to_bf16,
+                  "%s: the mma FP8 logits are further from the cuBLASLt FP8 ones than FP8 is from BF16", dir);
         if (fixture) {
             test_decode_compare(T_, fixture, m, lt, mma);
             test_lacache_exact(T_, mma, 128, 37, 64, 8, 16, 0);
@@ -1081,7 +1187,8 @@ TEST(gpu_fp8, mma_forward_matches_cublaslt_forward) {
     NEED_GPU();
     test_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
-    if (g.arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK) SKIP("skipped (cuBLASLt's block-scaled FP8, the reference, is sm_90 only)");
+    if (g.arch.fp8 != DLLM__FP8_CUBLASLT_BLOCK)
+        SKIP("skipped (cuBLASLt's block-scaled FP8, the reference, is sm_90 only)");
     printf("    (in near-tie reports below, \"CPU\" is the cuBLASLt FP8 context and \"GPU\" the mma one)\n");
     for (dllm_precision precision : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL}) {
         test_mma_forward_case(T_, "tests/data/tiny-llada", "tiny-llada", precision);
@@ -1109,10 +1216,12 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
     CHECK(cpu8 && cpu && gpu && gpu16);
     if (cpu8 && cpu && gpu && gpu16) {
         dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
-        CHECK(g->fp8_ffn_active() == (g->arch().fp8 != DLLM__FP8_NONE) && g->fp8_attn_active() == (g->fp8_ffn_active() && precision == DLLM_PRECISION_FP8_ALL));
+        CHECK(g->fp8_ffn_active() == (g->arch().fp8 != DLLM__FP8_NONE) &&
+              g->fp8_attn_active() == (g->fp8_ffn_active() && precision == DLLM_PRECISION_FP8_ALL));
         std::vector<std::vector<int32_t>> inputs;
         for (const test_golden_input &gi : test_golden_inputs(dir)) inputs.push_back(gi.ids);
-        if (inputs.empty()) inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
+        if (inputs.empty())
+            inputs.push_back(test_heldout_window(strstr(dir, "dream") ? "tiny-dream" : "tiny-llada", m->cfg.mask_id));
         std::vector<float> all8, all_cpu8, all_cpu, all16;
         for (const std::vector<int32_t> &ids : inputs) {
             const int T = (int)ids.size(), V = m->cfg.n_vocab;
@@ -1122,19 +1231,28 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
             CHECK_STATUS(dllm_logits(gpu16, ids.data(), T, 0, T, c.data(), c.size()), DLLM_OK, nullptr);
             CHECK_STATUS(dllm_logits(cpu, ids.data(), T, 0, T, e.data(), e.size()), DLLM_OK, nullptr);
             double err = test_max_rel(b, a);
-            printf("    %s %s T=%d: GPU vs CPU FP8 logits max relative error %.2e (GPU FP8 vs GPU BF16 %.2e, CPU FP8 vs CPU exact %.2e)\n", dir,
-                   precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", T, err, test_max_rel(b, c), test_max_rel(a, e));
+            printf(
+                "    %s %s T=%d: GPU vs CPU FP8 logits max relative error %.2e (GPU FP8 vs GPU BF16 %.2e, CPU FP8 vs "
+                "CPU exact %.2e)\n",
+                dir, precision == DLLM_PRECISION_FP8_ALL ? "FP8 all" : "FP8 FFN", T, err, test_max_rel(b, c),
+                test_max_rel(a, e));
             CHECK_MSG(err < 8e-2, "%s: FP8 forward error %.3e", dir, err);
             all8.insert(all8.end(), b.begin(), b.end());
             all_cpu8.insert(all_cpu8.end(), a.begin(), a.end());
             all_cpu.insert(all_cpu.end(), e.begin(), e.end());
             all16.insert(all16.end(), c.begin(), c.end());
         }
-        double to_fp8 = test_nmse(all8.data(), all_cpu8.data(), all8.size()), to_exact = test_nmse(all8.data(), all_cpu.data(), all8.size());
-        const double fp8_effect = test_nmse(all_cpu8.data(), all_cpu.data(), all8.size()), bf16_noise = test_nmse(all16.data(), all_cpu.data(), all8.size());
-        printf("    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e (FP8 moves the CPU's logits by %.2e%s, the GPU's BF16 noise %.2e)\n", dir,
-               to_fp8, to_exact, fp8_effect, fp8_effect > 1e-3 ? "" : ": too little to compare", bf16_noise);
-        if (g->fp8_ffn_active() && fp8_effect > 1e-3) CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one", dir);
+        double to_fp8 = test_nmse(all8.data(), all_cpu8.data(), all8.size()),
+               to_exact = test_nmse(all8.data(), all_cpu.data(), all8.size());
+        const double fp8_effect = test_nmse(all_cpu8.data(), all_cpu.data(), all8.size()),
+                     bf16_noise = test_nmse(all16.data(), all_cpu.data(), all8.size());
+        printf(
+            "    %s: GPU FP8 logits NMSE vs CPU FP8 %.2e, vs CPU exact %.2e (FP8 moves the CPU's logits by %.2e%s, the "
+            "GPU's BF16 noise %.2e)\n",
+            dir, to_fp8, to_exact, fp8_effect, fp8_effect > 1e-3 ? "" : ": too little to compare", bf16_noise);
+        if (g->fp8_ffn_active() && fp8_effect > 1e-3)
+            CHECK_MSG(to_fp8 < to_exact, "%s: the GPU FP8 logits are not nearer the FP8 reference than the exact one",
+                      dir);
     }
     dllm_ctx_free(cpu8);
     dllm_ctx_free(cpu);
@@ -1145,7 +1263,8 @@ static void test_fp8_forward_case(dllm_test_state &T_, const char *dir, dllm_pre
 
 TEST(gpu_fp8, forward_matches_cpu_fp8_reference) {
     NEED_GPU();
-    for (const char *dir : {"tests/data/tiny-llada", "tests/data/tiny-dream", "models/tiny-llada", "models/tiny-dream"}) {
+    for (const char *dir :
+         {"tests/data/tiny-llada", "tests/data/tiny-dream", "models/tiny-llada", "models/tiny-dream"}) {
         test_fp8_forward_case(T_, dir, DLLM_PRECISION_FP8_FFN);
         test_fp8_forward_case(T_, dir, DLLM_PRECISION_FP8_ALL);
     }
@@ -1155,31 +1274,20 @@ TEST(gpu_fp8, forward_matches_cpu_fp8_reference) {
  * layer, which may run the output rows alone, takes pinned FP8 GEMMs in chunks). */
 TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_tiny_models) {
     NEED_GPU();
-    for (const char *fx : {"tiny-llada", "tiny-dream"}) {
-        dllm_model *m = test_load(test_data(fx));
-        dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL) : nullptr;
-        if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); continue; }
-        printf("    %s, FP8 all\n", fx);
+    const auto fp8_all = [](dllm_model *m) { return test_ctx_precision(m, DLLM_BACKEND_GPU, DLLM_PRECISION_FP8_ALL); };
+    test_on_tiny_fixtures(T_, ", FP8 all", fp8_all, [&](dllm_ctx *ctx) {
         test_lacache_exact(T_, ctx, 128, 37, 64, 8, 16, 0);
         test_lacache_exact(T_, ctx, 128, 61, 128, 64, 4, 1.5f);
         // CFG with the last layer cut to all rows but one (Dream's shift): the second batch entry's FP8 GEMMs start
         // at an odd row and write their 16-row padding furthest past the rows
         test_lacache_exact(T_, ctx, 128, 37, 64, 8, 8, 1.5f);
-        dllm_ctx_free(ctx);
-        dllm_model_free(m);
-    }
+    });
 }
 
 TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_llada_8b_shape) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
-    dllm_ctx_params cp = dllm_ctx_default_params();
-    cp.backend = DLLM_BACKEND_GPU;
-    cp.max_tokens = 2048;
-    cp.precision = DLLM_PRECISION_FP8_FFN;
-    dllm_ctx *ctx = nullptr;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
+    dllm_ctx *ctx = test_gpu_ctx(T_, m, 2048, DLLM_PRECISION_FP8_FFN);
     if (ctx) {
         printf("    LLaDA-8B shape, FP8 FFN\n");
         test_lacache_exact(T_, ctx, 100000, 81, 16, 8, 4, 0);    // N = 97
@@ -1192,8 +1300,7 @@ TEST(gpu_fp8, lacache_is_bit_exact_under_fp8_llada_8b_shape) {
 /* FP8 keeps one byte a weight: the BF16 FFN weights of layers >= 1 are released after quantisation. */
 TEST(gpu_fp8, fp8_weights_replace_bf16_ones) {
     NEED_GPU();
-    dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    dllm_model *m = test_llada_8b_shape(T_);
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_GPU;
     cp.max_tokens = 256;
@@ -1206,7 +1313,8 @@ TEST(gpu_fp8, fp8_weights_replace_bf16_ones) {
         bytes[p] = dllm__device_bytes - before;
         dllm_ctx_free(ctx);
     }
-    printf("    LLaDA-8B shape, GPU memory after creation: BF16 %.2f GB, FP8 FFN %.2f GB, FP8 all %.2f GB\n", bytes[0] / 1e9, bytes[1] / 1e9, bytes[2] / 1e9);
+    printf("    LLaDA-8B shape, GPU memory after creation: BF16 %.2f GB, FP8 FFN %.2f GB, FP8 all %.2f GB\n",
+           bytes[0] / 1e9, bytes[1] / 1e9, bytes[2] / 1e9);
     test_gpu g;
     if (g.init() == DLLM_OK && g.arch.fp8 != DLLM__FP8_NONE) CHECK(bytes[1] < bytes[0] * 0.75 && bytes[2] < bytes[1]);
     dllm_model_free(m);
@@ -1227,15 +1335,18 @@ TEST(gpu_fp8, decoding_agreement_printed) {
         for (size_t ci = 0; cpu8 && gpu8 && gpu16 && cs && ci < cs->items.size(); ci++) {
             dllm_gen_params p = test_case_params(cs->items[ci]);
             p.stop_at_eos = 0;
-            std::vector<int32_t> prompt = test_ints(cs->items[ci].find("prompt")), a((size_t)p.gen_length), b(a.size()), c(a.size());
+            std::vector<int32_t> prompt = test_ints(cs->items[ci].find("prompt")), a((size_t)p.gen_length), b(a.size()),
+                                 c(a.size());
             dllm_generate(cpu8, prompt.data(), (int)prompt.size(), p, a.data(), (int)a.size(), nullptr, nullptr);
-            CHECK_STATUS(dllm_generate(gpu8, prompt.data(), (int)prompt.size(), p, b.data(), (int)b.size(), nullptr, nullptr), DLLM_OK, nullptr);
+            CHECK_STATUS(
+                dllm_generate(gpu8, prompt.data(), (int)prompt.size(), p, b.data(), (int)b.size(), nullptr, nullptr),
+                DLLM_OK, nullptr);
             dllm_generate(gpu16, prompt.data(), (int)prompt.size(), p, c.data(), (int)c.size(), nullptr, nullptr);
             for (size_t i = 0; i < a.size(); i++) { same_cpu += a[i] == b[i]; same_16 += c[i] == b[i]; }
             tokens += (long)a.size();
         }
-        printf("    %s: GPU FP8 token agreement with CPU FP8 %.4f, with GPU BF16 %.4f (%ld tokens)\n", fx, tokens ? (double)same_cpu / tokens : 0.0,
-               tokens ? (double)same_16 / tokens : 0.0, tokens);
+        printf("    %s: GPU FP8 token agreement with CPU FP8 %.4f, with GPU BF16 %.4f (%ld tokens)\n", fx,
+               tokens ? (double)same_cpu / tokens : 0.0, tokens ? (double)same_16 / tokens : 0.0, tokens);
         CHECK(tokens > 0);
         dllm_ctx_free(cpu8);
         dllm_ctx_free(gpu8);

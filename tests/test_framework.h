@@ -25,7 +25,9 @@ static std::vector<dllm_test_case> &dllm_test_registry() {
 }
 
 struct dllm_test_registrar {
-    dllm_test_registrar(const char *g, const char *n, void (*fn)(dllm_test_state &)) { dllm_test_registry().push_back({g, n, fn}); }
+    dllm_test_registrar(const char *g, const char *n, void (*fn)(dllm_test_state &)) {
+        dllm_test_registry().push_back({g, n, fn});
+    }
 };
 
 #define TEST(group, name)                                                                   \

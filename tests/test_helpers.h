@@ -127,8 +127,13 @@ static std::string test_bf16_bytes(const std::vector<float> &v) {
 
 /* Copies a fixture model directory into a temp dir so a test can break one file of it. */
 static void test_copy_model(const std::string &from, const test_tmpdir &to) {
-    const char *files[] = {"config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json",
-                           "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    const char *files[] = {"config.json",
+                           "model.safetensors",
+                           "tokenizer_config.json",
+                           "generation_config.json",
+                           "model.safetensors.index.json",
+                           "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors"};
     for (const char *f : files) {
         std::string src = from + "/" + f;
         if (dllm__file_exists(src)) test_write_file(to.file(f), test_read_file(src));
@@ -144,13 +149,84 @@ static dllm_model *test_load(const std::string &dir) {
     return m;
 }
 
-static dllm_ctx *test_ctx(dllm_model *m, dllm_backend backend = DLLM_BACKEND_CPU, int threads = 2) {
-    dllm_ctx_params p = dllm_ctx_default_params();
-    p.backend = backend;
-    p.n_threads = threads;
+/* A context of params p on m; null (the reason printed) when it is not created. */
+static dllm_ctx *test_ctx_params(dllm_model *m, const dllm_ctx_params &p) {
     dllm_ctx *c = nullptr;
     if (dllm_ctx_create(m, p, &c) != DLLM_OK) fprintf(stdout, "    cannot create a context: %s\n", dllm_last_error());
     return c;
 }
+
+static dllm_ctx *test_ctx(dllm_model *m, dllm_backend backend = DLLM_BACKEND_CPU, int threads = 2) {
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = backend;
+    p.n_threads = threads;
+    return test_ctx_params(m, p);
+}
+
+/* A context with a precision (FP8, SoloQ, ...) on 2 threads. */
+static dllm_ctx *test_ctx_precision(dllm_model *m, dllm_backend backend, dllm_precision precision) {
+    dllm_ctx_params p = dllm_ctx_default_params();
+    p.backend = backend;
+    p.n_threads = 2;
+    p.precision = precision;
+    return test_ctx_params(m, p);
+}
+
+/* LLaDA-8B's shape (tests/data/real-configs) with random weights: the tests of the real shapes run on it. Null after a
+ * failed check. */
+static dllm_model *test_llada_8b_shape(dllm_test_state &T_, uint64_t seed = 3) {
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(test_data("real-configs/llada-8b-instruct.config.json").c_str(), seed, &m),
+                 DLLM_OK, nullptr);
+    return m;
+}
+
+/* A GPU context on m for max_tokens tokens at a precision (AUTO: the default); null after a failed check. */
+static dllm_ctx *test_gpu_ctx(dllm_test_state &T_, dllm_model *m, int max_tokens,
+                              dllm_precision precision = DLLM_PRECISION_AUTO) {
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.backend = DLLM_BACKEND_GPU;
+    cp.max_tokens = max_tokens;
+    cp.precision = precision;
+    dllm_ctx *ctx = nullptr;
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+    return ctx;
+}
+
+/* The exact CPU forward's state before layer 0 over ids (the layer-by-layer accuracy tests): the embedded rows in b.h
+ * at positions 0..T-1, the RoPE tables, every row a query row. */
+struct test_cpu_layer0 {
+    dllm__cpu_buffers b;
+    std::vector<float> cos_t, sin_t;
+    dllm__cpu_rows rows;
+    test_cpu_layer0(const dllm_model &m, const std::vector<int32_t> &ids) {
+        const dllm__config &c = m.cfg;
+        const int T = (int)ids.size(), d = c.n_embd;
+        dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
+        b.fit(c, T);
+        for (int t = 0; t < T; t++) {
+            b.pos[(size_t)t] = t;
+            dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
+        }
+        rows.q0 = 0, rows.q1 = T;
+    }
+};
+
+/* A model directory (a fixture: test_data(NAME)) and a default context on it (test_ctx), freed together; ctx is null
+ * when either does not come up. */
+struct test_tiny_ctx {
+    dllm_model *model = nullptr;
+    dllm_ctx *ctx = nullptr;
+    explicit test_tiny_ctx(const std::string &dir, dllm_backend backend = DLLM_BACKEND_CPU) {
+        model = test_load(dir);
+        if (model) ctx = test_ctx(model, backend);
+    }
+    ~test_tiny_ctx() {
+        dllm_ctx_free(ctx);
+        dllm_model_free(model);
+    }
+    test_tiny_ctx(const test_tiny_ctx &) = delete;
+    test_tiny_ctx &operator=(const test_tiny_ctx &) = delete;
+};
 
 #endif

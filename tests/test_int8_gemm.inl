@@ -17,7 +17,8 @@ static std::vector<uint8_t> test_i8_codes(test_rng &r, int rows, int K) {
 }
 
 /* The C values of packed rows, as floats (the q4 twin's operand) and as int8 (the INT8 twin's). */
-static void test_i8_values(dllm__q4_format f, const std::vector<uint8_t> &codes, int rows, int K, std::vector<float> &vf, std::vector<int8_t> &vi) {
+static void test_i8_values(dllm__q4_format f, const std::vector<uint8_t> &codes, int rows, int K,
+                           std::vector<float> &vf, std::vector<int8_t> &vi) {
     vf.assign((size_t)rows * K, 0);
     vi.assign((size_t)rows * K, 0);
     for (int r = 0; r < rows; r++) dllm__q4_row_values(f, &codes[(size_t)r * K / 2], nullptr, K, &vf[(size_t)r * K]);
@@ -42,7 +43,8 @@ TEST(int8_gemm, twin_equals_the_q4_twin_where_sums_are_exact) {
         const dllm__q4_format fa = pair[0], fw = pair[1];
         for (int K : {8 * 25, 16 * 37, 1040}) {
             const int M = 7 + r.below(70), N = 12;
-            CHECK_MSG(dllm__q4_int_sum_exact_in_fp32(fa, fw, K), "%s x %s at K %d", dllm__q4_names[fa], dllm__q4_names[fw], K);
+            CHECK_MSG(dllm__q4_int_sum_exact_in_fp32(fa, fw, K), "%s x %s at K %d", dllm__q4_names[fa],
+                      dllm__q4_names[fw], K);
             std::vector<float> af, wf;
             std::vector<int8_t> ai, wi;
             test_i8_values(fa, test_i8_codes(r, M, K), M, K, af, ai);
@@ -53,11 +55,13 @@ TEST(int8_gemm, twin_equals_the_q4_twin_where_sums_are_exact) {
             CHECK_MSG(cast == 0, "%s: %zu C values do not survive the cast to int8", dllm__q4_names[fa], cast);
             const std::vector<float> s_x = test_i8_scales(r, M), s_w = test_i8_scales(r, N);
             std::vector<float> y_q4((size_t)M * N, -1), y_i8((size_t)M * N, -2);
-            dllm__cpu_q4_gemm(fw, wcodes.data(), nullptr, s_w.data(), af.data(), K, s_x.data(), y_q4.data(), N, M, N, K);
+            dllm__cpu_q4_gemm(fw, wcodes.data(), nullptr, s_w.data(), af.data(), K, s_x.data(), y_q4.data(), N, M, N,
+                              K);
             dllm__cpu_i8_gemm(ai.data(), K, wi.data(), s_x.data(), s_w.data(), y_i8.data(), N, M, N, K);
             int bad = 0;
             for (size_t i = 0; i < y_q4.size(); i++) bad += !test_same_float(y_q4[i], y_i8[i]);
-            CHECK_MSG(bad == 0, "%s x %s M=%d K=%d: %d of %d outputs differ", dllm__q4_names[fa], dllm__q4_names[fw], M, K, bad, M * N);
+            CHECK_MSG(bad == 0, "%s x %s M=%d K=%d: %d of %d outputs differ", dllm__q4_names[fa], dllm__q4_names[fw], M,
+                      K, bad, M * N);
         }
     }
 }
@@ -75,21 +79,25 @@ TEST(int8_gemm, int_max_is_the_largest_decodable_c_value) {
                 largest = std::max(largest, (int)fabsf(c));
             }
         }
-        CHECK_MSG(largest == dllm__q4_int_max(f), "%s: largest |C| %d, int_max %d", dllm__q4_names[f], largest, dllm__q4_int_max(f));
+        CHECK_MSG(largest == dllm__q4_int_max(f), "%s: largest |C| %d, int_max %d", dllm__q4_names[f], largest,
+                  dllm__q4_int_max(f));
     }
     int largest = 0;
     for (int e1 = -11; e1 <= 11; e1 += 2)
         for (int e2 = -11; e2 <= 11; e2 += 2) largest = std::max(largest, abs(dllm__e8p_int(e1, e2)));
-    CHECK_MSG(largest == dllm__q4_int_max(DLLM__Q4_E8P), "E8P-RVQ4: largest |C| %d, int_max %d", largest, dllm__q4_int_max(DLLM__Q4_E8P));
+    CHECK_MSG(largest == dllm__q4_int_max(DLLM__Q4_E8P), "E8P-RVQ4: largest |C| %d, int_max %d", largest,
+              dllm__q4_int_max(DLLM__Q4_E8P));
 }
 
-/* The rule is the bound it claims: SoloQ-I and RTN are exact at every LLaDA / Dream width, SoloQ-C up to K = 1048 and not
- * beyond, NVFP4 never (not integers); and past the bound an fp32 sum really loses what the int32 sum keeps: 1100
+/* The rule is the bound it claims: SoloQ-I and RTN are exact at every LLaDA / Dream width, SoloQ-C up to K = 1048 and
+ * not beyond, NVFP4 never (not integers); and past the bound an fp32 sum really loses what the int32 sum keeps: 1100
  * products 126 x 127 take the sum past 2^24, where each of the 300 products 1 x 1 after them rounds away in fp32. */
 TEST(int8_gemm, exactness_rule_is_the_fp32_bound) {
     for (int K : {4096, 12288, 14336, 18944})
-        CHECK(dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_INT4, DLLM__Q4_INT4, K) && dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_RTN, DLLM__Q4_RTN, K));
-    CHECK(dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_LLOYD, DLLM__Q4_E8P, 1048) && !dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_LLOYD, DLLM__Q4_E8P, 1049));
+        CHECK(dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_INT4, DLLM__Q4_INT4, K) &&
+              dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_RTN, DLLM__Q4_RTN, K));
+    CHECK(dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_LLOYD, DLLM__Q4_E8P, 1048) &&
+          !dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_LLOYD, DLLM__Q4_E8P, 1049));
     CHECK(!dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_LLOYD, DLLM__Q4_E8P, 4096));
     CHECK(dllm__q4_int_max(DLLM__Q4_NVFP4) == 0 && !dllm__q4_int_sum_exact_in_fp32(DLLM__Q4_NVFP4, DLLM__Q4_NVFP4, 8));
     const int K = 1400, exact = 1100 * 126 * 127 + 300;
@@ -102,19 +110,22 @@ TEST(int8_gemm, exactness_rule_is_the_fp32_bound) {
 }
 
 /* The INT8 path's chunks of weight rows: as many as the BF16 path's, equal, multiples of 4, never more rows than the
- * BF16 path's (the buffers are sized for those), covering the weight. LLaDA-8B's and Dream-7B's shapes and awkward ones. */
+ * BF16 path's (the buffers are sized for those), covering the weight. LLaDA-8B's and Dream-7B's shapes and awkward
+ * ones. */
 TEST(int8_gemm, chunks_are_even_and_fit_the_bf16_buffers) {
-    const int shapes[][2] = {{4096, 4096}, {12288, 4096}, {24576, 4096}, {4096, 12288}, {126464, 4096}, {3584, 18944}, {37888, 3584}, {12, 200}, {1000, 592}};
+    const int shapes[][2] = {{4096, 4096},  {12288, 4096}, {24576, 4096}, {4096, 12288}, {126464, 4096},
+                             {3584, 18944}, {37888, 3584}, {12, 200},     {1000, 592}};
     for (const auto &nk : shapes) {
         const int n = nk[0], k = nk[1], most = dllm__q4_chunk_rows(n, k), chunk = dllm__q4_int8_chunk_rows(n, k);
-        CHECK_MSG(chunk % 4 == 0 && chunk <= most && (n + chunk - 1) / chunk == (n + most - 1) / most && n - (n + chunk - 1) / chunk * chunk > -chunk,
+        CHECK_MSG(chunk % 4 == 0 && chunk <= most && (n + chunk - 1) / chunk == (n + most - 1) / most &&
+                      n - (n + chunk - 1) / chunk * chunk > -chunk,
                   "N %d K %d: chunk %d (BF16 path %d)", n, k, chunk, most);
     }
     CHECK(dllm__q4_int8_chunk_rows(4096, 12288) == 1024);
 }
 
-/* The INT8 path refuses, before touching the GPU, what it cannot compute: NVFP4 weights, K not a multiple of 8, N or the
- * chunk not of 4, a short ldy, a null operand; cuBLASLt's INT8 GEMM likewise N or K not a multiple of 4. */
+/* The INT8 path refuses, before touching the GPU, what it cannot compute: NVFP4 weights, K not a multiple of 8, N or
+ * the chunk not of 4, a short ldy, a null operand; cuBLASLt's INT8 GEMM likewise N or K not a multiple of 4. */
 TEST(int8_gemm, launcher_rejects_bad_arguments) {
     dllm__soloq_kernels q;
     dllm__gemm lt;
@@ -146,9 +157,9 @@ TEST(jit, soloq_module_with_int8_kernels_matches_its_table) {
         CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log, &ptx), DLLM_OK, nullptr);
         CHECK_MSG(!dllm__log_has_spills(log), "the SoloQ module spills on %s:\n%s", a.target, log.c_str());
         CHECK(lowered.size() == rq.kernels.size() && cubin.size() > 1000);
-#define TEST_SOLOQ_SIZES(kname, attrs, params)                                                                        \
-    CHECK_MSG(test_ptx_param_sizes(ptx, #kname) == dllm__kernel<dllm__sig_##kname>::param_sizes(), "%s on %s: parameters differ from its handle's", \
-              #kname, a.target);
+#define TEST_SOLOQ_SIZES(kname, attrs, params)                                                                         \
+    CHECK_MSG(test_ptx_param_sizes(ptx, #kname) == dllm__kernel<dllm__sig_##kname>::param_sizes(),                     \
+              "%s on %s: parameters differ from its handle's", #kname, a.target);
         DLLM__SOLOQ_KERNELS(TEST_SOLOQ_SIZES)
 #undef TEST_SOLOQ_SIZES
     }
@@ -171,17 +182,19 @@ TEST(gpu_int8, unpack_rows_match_twin) {
         dllm__dbuf dc, out;
         test_put(dc, codes);
         test_poison(out, (size_t)rows * cols);
-        CHECK_STATUS(t.k.soloq_unpack_rows_i8.launch({dim3((cols / 8 + 127) / 128, rows), dim3(128)}, nullptr, dc.as<unsigned char>(), (int)f, rows, cols,
-                                                     out.as<signed char>()),
+        CHECK_STATUS(t.k.soloq_unpack_rows_i8.launch({dim3((cols / 8 + 127) / 128, rows), dim3(128)}, nullptr,
+                                                     dc.as<unsigned char>(), (int)f, rows, cols, out.as<signed char>()),
                      DLLM_OK, nullptr);
-        CHECK_MSG(test_get<int8_t>(out, (size_t)rows * cols) == want, "%s: the int8 rows differ from dllm__q4_value's", dllm__q4_names[f]);
+        CHECK_MSG(test_get<int8_t>(out, (size_t)rows * cols) == want, "%s: the int8 rows differ from dllm__q4_value's",
+                  dllm__q4_names[f]);
     }
 }
 
 /* One case of the whole INT8 path (unpack, cuBLASLt INT8, epilogue) against dllm__cpu_i8_gemm: y poisoned, written with
- * row stride ldy at a column offset (the columns around must stay poisoned), bf16 or fp32 out. Returns the mismatches. */
-static int test_i8_path_case(dllm_test_state &T_, test_soloq_gpu &t, dllm__gemm &lt, test_rng &r, dllm__q4_format fa, dllm__q4_format fw, int M, int N, int K,
-                             int chunk, bool f32) {
+ * row stride ldy at a column offset (the columns around must stay poisoned), bf16 or fp32 out. Returns the
+ * mismatches. */
+static int test_i8_path_case(dllm_test_state &T_, test_soloq_gpu &t, dllm__gemm &lt, test_rng &r, dllm__q4_format fa,
+                             dllm__q4_format fw, int M, int N, int K, int chunk, bool f32) {
     std::vector<float> af, wf;
     std::vector<int8_t> ai, wi;
     test_i8_values(fa, test_i8_codes(r, M, K), M, K, af, ai);
@@ -193,8 +206,9 @@ static int test_i8_path_case(dllm_test_state &T_, test_soloq_gpu &t, dllm__gemm 
     dllm__dbuf dx, dc, dsx, dsw, dy, dw, dacc;
     test_put(dx, ai), test_put(dc, wcodes), test_put(dsx, s_x), test_put(dsw, s_w);
     test_poison(dy, y_elems * esize), test_poison(dw, (size_t)chunk * K), test_poison(dacc, (size_t)M * chunk * 4);
-    CHECK_STATUS(dllm__q4_int8_gemm_run(t.k, lt, fw, dc.ptr, dsw.as<float>(), dx.ptr, dsx.as<float>(), (char *)dy.ptr + col0 * esize, ldy,
-                                        f32 ? CUDA_R_32F : CUDA_R_16BF, M, N, K, chunk, dw.ptr, dacc.as<int>(), nullptr),
+    CHECK_STATUS(dllm__q4_int8_gemm_run(t.k, lt, fw, dc.ptr, dsw.as<float>(), dx.ptr, dsx.as<float>(),
+                                        (char *)dy.ptr + col0 * esize, ldy, f32 ? CUDA_R_32F : CUDA_R_16BF, M, N, K,
+                                        chunk, dw.ptr, dacc.as<int>(), nullptr),
                  DLLM_OK, nullptr);
     std::vector<float> want((size_t)M * N);
     dllm__cpu_i8_gemm(ai.data(), K, wi.data(), s_x.data(), s_w.data(), want.data(), N, M, N, K);
@@ -204,14 +218,16 @@ static int test_i8_path_case(dllm_test_state &T_, test_soloq_gpu &t, dllm__gemm 
         for (int j = 0; j < ldy; j++) {
             const float g = got[(size_t)m * ldy + j];
             if (j < col0 || j >= col0 + N) bad += g == g;  // outside the block: still the NaN poison
-            else bad += !test_same_float(g, f32 ? want[(size_t)m * N + j - col0] : dllm__bf16_to_f32(dllm__f32_to_bf16(want[(size_t)m * N + j - col0])));
+            else
+                bad += !test_same_float(g, f32 ? want[(size_t)m * N + j - col0]
+                                               : dllm__bf16_to_f32(dllm__f32_to_bf16(want[(size_t)m * N + j - col0])));
         }
     return bad;
 }
 
-/* The INT8 path equals its twin bit for bit for SoloQ-I, SoloQ-C and RTN-W4A4 at awkward shapes: M not a multiple of 16,
- * N a multiple of 4 but not 8, several chunks with a short last one, K = 8 mod 16 and a K beyond SoloQ-C's fp32 bound
- * (the int32 sums stay exact where fp32 ones would not). */
+/* The INT8 path equals its twin bit for bit for SoloQ-I, SoloQ-C and RTN-W4A4 at awkward shapes: M not a multiple of
+ * 16, N a multiple of 4 but not 8, several chunks with a short last one, K = 8 mod 16 and a K beyond SoloQ-C's fp32
+ * bound (the int32 sums stay exact where fp32 ones would not). */
 TEST(gpu_int8, path_matches_twin_bit_for_bit) {
     NEED_GPU();
     test_soloq_gpu t;
@@ -219,15 +235,21 @@ TEST(gpu_int8, path_matches_twin_bit_for_bit) {
     dllm__gemm lt;
     CHECK_STATUS(lt.init(), DLLM_OK, nullptr);
     test_rng r("gpu_int8.path");
-    struct { int M, N, K, chunk; bool f32; } shapes[] = {{65, 12, 8 * 25, 64, false}, {77, 200, 16 * 37, 64, true}, {130, 1000, 4096, 256, false},
-                                                        {257, 300, 8 * 25, 300, true}, {3, 44, 2048, 20, false}};
+    struct {
+        int M, N, K, chunk;
+        bool f32;
+    } shapes[] = {{65, 12, 8 * 25, 64, false},
+                  {77, 200, 16 * 37, 64, true},
+                  {130, 1000, 4096, 256, false},
+                  {257, 300, 8 * 25, 300, true},
+                  {3, 44, 2048, 20, false}};
     for (const auto &pair : test_i8_pairs)
         for (const auto &s : shapes) {
             const int bad = test_i8_path_case(T_, t, lt, r, pair[0], pair[1], s.M, s.N, s.K, s.chunk, s.f32);
-            printf("    %s x %s M=%d N=%d K=%d chunk %d %s: %s\n", dllm__q4_names[pair[0]], dllm__q4_names[pair[1]], s.M, s.N, s.K, s.chunk,
-                   s.f32 ? "fp32" : "bf16", bad ? "DIFFERS" : "exact");
-            CHECK_MSG(bad == 0, "%s x %s M=%d N=%d K=%d: %d outputs differ from the twin", dllm__q4_names[pair[0]], dllm__q4_names[pair[1]], s.M, s.N, s.K,
-                      bad);
+            printf("    %s x %s M=%d N=%d K=%d chunk %d %s: %s\n", dllm__q4_names[pair[0]], dllm__q4_names[pair[1]],
+                   s.M, s.N, s.K, s.chunk, s.f32 ? "fp32" : "bf16", bad ? "DIFFERS" : "exact");
+            CHECK_MSG(bad == 0, "%s x %s M=%d N=%d K=%d: %d outputs differ from the twin", dllm__q4_names[pair[0]],
+                      dllm__q4_names[pair[1]], s.M, s.N, s.K, bad);
         }
 }
 
@@ -251,11 +273,13 @@ TEST(gpu_int8, producers_write_int8_c_values) {
             dllm__dbuf dx, dh, dw, dgu, hout, vals, vals8, sA, sB;
             test_put(dx, test_bf16_vec(x)), test_put(dh, h), test_put(dw, w), test_put(dgu, test_bf16_vec(gu));
             for (int producer = 0; producer <= 2; producer++) {
-                test_poison(vals, (size_t)M * d * 2), test_poison(vals8, (size_t)M * d), test_poison(sA, (size_t)M * 4), test_poison(sB, (size_t)M * 4);
+                test_poison(vals, (size_t)M * d * 2), test_poison(vals8, (size_t)M * d), test_poison(sA, (size_t)M * 4),
+                    test_poison(sB, (size_t)M * 4);
                 test_poison(hout, (size_t)M * d * 4);
                 soloq_args a = dllm__soloq_args(rot, f, true, true, M, d, sA.ptr, vals.ptr);
                 if (producer == 0) a.x = dx.ptr, a.x_stride = (u64)d;
-                if (producer == 1) a.h_in = dh.as<float>(), a.h_out = hout.as<float>(), a.norm_w = dw.as<float>(), a.eps = 1e-5f;
+                if (producer == 1)
+                    a.h_in = dh.as<float>(), a.h_out = hout.as<float>(), a.norm_w = dw.as<float>(), a.eps = 1e-5f;
                 if (producer == 2) a.x = dgu.ptr, a.x_stride = (u64)2 * d;
                 a.producer = producer;
                 CHECK(dllm__soloq_launch(t.k, a, producer == 1 ? dllm__norm_threads(d / 8) : 512, nullptr) == DLLM_OK);
@@ -267,7 +291,8 @@ TEST(gpu_int8, producers_write_int8_c_values) {
                 const std::vector<int8_t> i8 = test_get<int8_t>(vals8, (size_t)M * d);
                 int bad = 0;
                 for (size_t i = 0; i < bf.size(); i++) bad += dllm__bf16_to_f32(bf[i]) != (float)i8[i];
-                CHECK_MSG(bad == 0 && test_get<uint32_t>(sB, M) == scales, "producer %d, d %d, %s: %d int8 values differ from the bf16 ones", producer, d,
+                CHECK_MSG(bad == 0 && test_get<uint32_t>(sB, M) == scales,
+                          "producer %d, d %d, %s: %d int8 values differ from the bf16 ones", producer, d,
                           dllm__q4_names[f], bad);
             }
         }
@@ -294,16 +319,22 @@ TEST(gpu_int8, forward_with_int8_path_equals_forward_without) {
             const long ran = gpu->q4_int8_launches() - before;
             gpu->set_q4_int8(false);
             CHECK(dllm_logits(g, ids.data(), n, 0, n, without.data(), without.size()) == DLLM_OK);
-            CHECK_MSG(gpu->q4_int8_launches() - before == ran, "%s %s: the INT8 path ran while switched off", fx, dllm__precision_name(p));
+            CHECK_MSG(gpu->q4_int8_launches() - before == ran, "%s %s: the INT8 path ran while switched off", fx,
+                      dllm__precision_name(p));
             printf("    %s %s, %d rows: %ld INT8 GEMMs\n", fx, dllm__precision_name(p), n, ran);
-            CHECK_MSG(ran > 0, "%s %s: the forward of %d rows never took the INT8 path", fx, dllm__precision_name(p), n);
-            CHECK_MSG(memcmp(with.data(), without.data(), with.size() * 4) == 0, "%s %s: logits differ with the INT8 path", fx, dllm__precision_name(p));
-            dllm_ctx *cpu = test_soloq_ctx(m, DLLM_BACKEND_CPU, p, 0), *exact = test_soloq_ctx(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16, 0);
+            CHECK_MSG(ran > 0, "%s %s: the forward of %d rows never took the INT8 path", fx, dllm__precision_name(p),
+                      n);
+            CHECK_MSG(memcmp(with.data(), without.data(), with.size() * 4) == 0,
+                      "%s %s: logits differ with the INT8 path", fx, dllm__precision_name(p));
+            dllm_ctx *cpu = test_soloq_ctx(m, DLLM_BACKEND_CPU, p, 0),
+                     *exact = test_soloq_ctx(m, DLLM_BACKEND_CPU, DLLM_PRECISION_BF16, 0);
             std::vector<float> ref(with.size(), NAN), fp32(with.size(), NAN);
             CHECK(cpu && exact && dllm_logits(cpu, ids.data(), n, 0, n, ref.data(), ref.size()) == DLLM_OK &&
                   dllm_logits(exact, ids.data(), n, 0, n, fp32.data(), fp32.size()) == DLLM_OK);
-            const double to_ref = test_nmse(with.data(), ref.data(), ref.size()), effect = test_nmse(ref.data(), fp32.data(), ref.size());
-            CHECK_MSG(to_ref < effect, "%s %s: GPU %.3e from the CPU SoloQ reference, quantisation effect %.3e", fx, dllm__precision_name(p), to_ref, effect);
+            const double to_ref = test_nmse(with.data(), ref.data(), ref.size()),
+                         effect = test_nmse(ref.data(), fp32.data(), ref.size());
+            CHECK_MSG(to_ref < effect, "%s %s: GPU %.3e from the CPU SoloQ reference, quantisation effect %.3e", fx,
+                      dllm__precision_name(p), to_ref, effect);
             dllm_ctx_free(cpu);
             dllm_ctx_free(exact);
             dllm_ctx_free(g);

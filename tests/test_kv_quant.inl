@@ -4,7 +4,8 @@
  * logits under kv4 / kv2 against the unquantised cache on the tiny block-diffusion fixtures, bytes per token, and the
  * option's validation. kv_quant.measure prints masked-token NLL and logit NMSE (DLLM_KVQ_MODEL=dir adds a model). */
 
-static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1, dllm_precision precision = DLLM_PRECISION_AUTO) {
+static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1,
+                              dllm_precision precision = DLLM_PRECISION_AUTO) {
     dllm_ctx_params p = dllm_ctx_default_params();
     p.backend = DLLM_BACKEND_CPU;
     p.n_threads = 2;
@@ -48,7 +49,8 @@ TEST(kv_quant, f16_rounding_is_nearest_even) {
         }
     }
     CHECK_MSG(bad == 0, "%d roundings not to the nearest even half", bad);
-    CHECK(dllm__f32_to_f16(1e9f) == 0x7bff && dllm__f32_to_f16(-INFINITY) == 0xfbff && dllm__f32_to_f16(65504.0f) == 0x7bff);
+    CHECK(dllm__f32_to_f16(1e9f) == 0x7bff && dllm__f32_to_f16(-INFINITY) == 0xfbff &&
+          dllm__f32_to_f16(65504.0f) == 0x7bff);
     CHECK(dllm__f16_to_f32(dllm__f32_to_f16(NAN)) != dllm__f16_to_f32(dllm__f32_to_f16(NAN)));
     CHECK(dllm__f32_to_f16(0.0f) == 0 && dllm__f32_to_f16(-0.0f) == 0x8000 && dllm__f32_to_f16(ldexpf(1.0f, -24)) == 1);
 }
@@ -69,20 +71,23 @@ TEST(kv_quant, kivi_quantiser_matches_its_formula) {
                 uint16_t pair[2] = {0xDEAD, 0xBEEF};
                 dllm__kivi_quantize(x.data(), stride, n, bits, q.data(), pair);
                 double mn = INFINITY, mx = -INFINITY;
-                for (int i = 0; i < n; i++) mn = std::min(mn, (double)x[(size_t)i * stride]), mx = std::max(mx, (double)x[(size_t)i * stride]);
+                for (int i = 0; i < n; i++)
+                    mn = std::min(mn, (double)x[(size_t)i * stride]), mx = std::max(mx, (double)x[(size_t)i * stride]);
                 const double top = (1 << bits) - 1;
                 const float scale = dllm__f16_to_f32(pair[0]), minr = dllm__f16_to_f32(pair[1]);
                 CHECK(pair[1] == dllm__f32_to_f16((float)mn));
-                CHECK_MSG(mx == mn ? pair[0] == 0 : pair[0] == dllm__f32_to_f16((float)((mx - mn) / top)), "bits %d n %d: scale %g for range %g", bits, n,
-                          scale, mx - mn);
+                CHECK_MSG(mx == mn ? pair[0] == 0 : pair[0] == dllm__f32_to_f16((float)((mx - mn) / top)),
+                          "bits %d n %d: scale %g for range %g", bits, n, scale, mx - mn);
                 for (int i = 0; i < n; i++) {
                     const double xi = x[(size_t)i * stride], t = scale > 0 ? (xi - minr) / scale : 0.0;
                     const double want = std::min(std::max(std::nearbyint(t), 0.0), top);
                     const bool near_tie = fabs(t - floor(t) - 0.5) < 1e-4;  // float and double may round a tie apart
-                    const double got = dllm__kivi_decode(q[(size_t)i], pair), ref = std::min(std::max(xi, (double)minr), minr + top * scale);
-                    CHECK_MSG(q[(size_t)i] == want || (near_tie && fabs(q[(size_t)i] - want) == 1), "bits %d n %d i %d: code %d, want %g", bits, n, i,
-                              q[(size_t)i], want);
-                    CHECK_MSG(fabs(got - ref) <= 0.5001 * scale + 1e-6 * fabs(xi), "bits %d n %d i %d: %g decodes to %g", bits, n, i, xi, got);
+                    const double got = dllm__kivi_decode(q[(size_t)i], pair),
+                                 ref = std::min(std::max(xi, (double)minr), minr + top * scale);
+                    CHECK_MSG(q[(size_t)i] == want || (near_tie && fabs(q[(size_t)i] - want) == 1),
+                              "bits %d n %d i %d: code %d, want %g", bits, n, i, q[(size_t)i], want);
+                    CHECK_MSG(fabs(got - ref) <= 0.5001 * scale + 1e-6 * fabs(xi),
+                              "bits %d n %d i %d: %g decodes to %g", bits, n, i, xi, got);
                     checked++;
                 }
             }
@@ -119,13 +124,16 @@ TEST(kv_quant, soloq_value_quantiser_matches_its_formula) {
                 const double sigma = sqrt(ss / n);
                 for (int i = 0; i < n; i++) {
                     const unsigned code = dllm__kvq_get(packed.data(), i, bits);
-                    static const double l4[8] = {0.128395, 0.388048, 0.656759, 0.942340, 1.256231, 1.618046, 2.069017, 2.732590}, l2[2] = {0.452780, 1.510418};
+                    static const double l4[8] = {0.128395, 0.388048, 0.656759, 0.942340,
+                                                 1.256231, 1.618046, 2.069017, 2.732590},
+                                        l2[2] = {0.452780, 1.510418};
                     const double *levels = bits == 4 ? l4 : l2;
                     const double z = x[(size_t)i] / sigma, c = dllm__kvq_soloq_c(code, bits);
                     double best = INFINITY;
                     for (int k = 0; k < (bits == 4 ? 8 : 2); k++) best = std::min(best, fabs(fabs(z) - levels[k]));
                     const int level = bits == 4 ? (int)(code & 7) : (int)(code & 1);
-                    CHECK_MSG(fabs(fabs(z) - levels[level]) <= best + 1e-4 && (z < 0) == (c < 0), "bits %d n %d: z %g coded as %g", bits, n, z, c);
+                    CHECK_MSG(fabs(fabs(z) - levels[level]) <= best + 1e-4 && (z < 0) == (c < 0),
+                              "bits %d n %d: z %g coded as %g", bits, n, z, c);
                     xh[(size_t)i] = dllm__kvq_soloq_c(code, bits) * scale;
                     proj += (double)xh[(size_t)i] * x[(size_t)i];
                     err += (xh[(size_t)i] - x[(size_t)i]) * (double)(xh[(size_t)i] - x[(size_t)i]);
@@ -135,7 +143,8 @@ TEST(kv_quant, soloq_value_quantiser_matches_its_formula) {
             }
             const double nmse = err / energy;
             printf("    %d-bit, head_dim %d: NMSE %.4f\n", bits, n, nmse);
-            CHECK_MSG(nmse < (bits == 4 ? 0.016 : 0.16) && nmse > (bits == 4 ? 0.002 : 0.04), "bits %d n %d: NMSE %g", bits, n, nmse);
+            CHECK_MSG(nmse < (bits == 4 ? 0.016 : 0.16) && nmse > (bits == 4 ? 0.002 : 0.04), "bits %d n %d: NMSE %g",
+                      bits, n, nmse);
         }
     }
     std::vector<float> zero(16, 0.0f);
@@ -160,12 +169,14 @@ TEST(kv_quant, commit_quantises_committed_rows_and_keeps_sinks) {
     for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 53 + 7) % 150);
     auto script = [&](dllm_ctx *ctx, std::vector<float> &step_logits) {
         dllm__bd_call pre;
-        pre.kind = DLLM__BD_COMMIT, pre.ids = ids.data(), pre.T = 2 * B, pre.mask_block = B, pre.r0 = 2 * B - 1, pre.r1 = 2 * B, pre.kv_group = B;
+        pre.kind = DLLM__BD_COMMIT, pre.ids = ids.data(), pre.T = 2 * B, pre.mask_block = B, pre.r0 = 2 * B - 1,
+        pre.r1 = 2 * B, pre.kv_group = B;
         std::vector<float> l((size_t)V);
         CHECK_STATUS(ctx->impl->bd_begin(4 * B), DLLM_OK, nullptr);
         CHECK_STATUS(ctx->impl->bd_forward(pre, l.data()), DLLM_OK, nullptr);
         dllm__bd_call step;
-        step.kind = DLLM__BD_STEP, step.ids = ids.data() + 2 * B, step.T = B, step.mask_block = B, step.r0 = 0, step.r1 = B;
+        step.kind = DLLM__BD_STEP, step.ids = ids.data() + 2 * B, step.T = B, step.mask_block = B, step.r0 = 0,
+        step.r1 = B;
         step_logits.assign((size_t)B * V, NAN);
         CHECK_STATUS(ctx->impl->bd_forward(step, step_logits.data()), DLLM_OK, nullptr);
     };
@@ -174,7 +185,9 @@ TEST(kv_quant, commit_quantises_committed_rows_and_keeps_sinks) {
     if (ref) script(ref, ref_logits);
     const dllm__bd_kv *rk = ref ? &((dllm__cpu_backend *)ref->impl.get())->bd_kv() : nullptr;
     for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2 && rk; mode++) {
-        const int sinks = mode == DLLM_KV_QUANT_KIVI_KV4 ? 0 : mode == DLLM_KV_QUANT_SOLOQ_KV2 ? 37 : -1;  // -1: 3 for Fast-dLLM v2
+        const int sinks = mode == DLLM_KV_QUANT_KIVI_KV4    ? 0
+                          : mode == DLLM_KV_QUANT_SOLOQ_KV2 ? 37
+                                                            : -1;  // -1: 3 for Fast-dLLM v2
         dllm_ctx *ctx = test_kvq_ctx(m, (dllm_kv_quant)mode, sinks);
         if (!ctx) { CHECK(ctx != nullptr); continue; }
         std::vector<float> logits;
@@ -194,9 +207,11 @@ TEST(kv_quant, commit_quantises_committed_rows_and_keeps_sinks) {
                 const float *k0 = &rk->k[base + (size_t)r * kvd], *v0 = &rk->v[base + (size_t)r * kvd];
                 const bool same = !memcmp(k, k0, sizeof(float) * kvd) && !memcmp(v, v0, sizeof(float) * kvd);
                 if (r < n_sink) sink_same &= same;
-                if (r >= 2 * B) {  // the step's rows: out of the store; layer 0's (no quantised input yet) exactly as without
+                // the step's rows: out of the store; layer 0's (no quantised input yet) exactly as without
+                if (r >= 2 * B) {
                     if (l == 0) untouched &= same;
-                    for (size_t b = 0; b < q.row_bytes(); b++) untouched &= q.k_codes[q.row_at(l, r) + b] == 0 && q.v_codes[q.row_at(l, r) + b] == 0;
+                    for (size_t b = 0; b < q.row_bytes(); b++)
+                        untouched &= q.k_codes[q.row_at(l, r) + b] == 0 && q.v_codes[q.row_at(l, r) + b] == 0;
                 }
                 if (r < n_sink || r >= 2 * B) continue;
                 for (int e = 0; e < kvd; e++) {
@@ -209,18 +224,21 @@ TEST(kv_quant, commit_quantises_committed_rows_and_keeps_sinks) {
                     if (q.soloq()) dllm__rotate_inverse(q.rot[(size_t)l], dec.data(), back.data());
                     else back = dec;
                     decoded_same &= !memcmp(back.data(), v + h * hd, sizeof(float) * hd);
-                    for (int i = h * hd; i < (h + 1) * hd; i++) v_err += (v[i] - v0[i]) * (double)(v[i] - v0[i]), v_energy += v0[i] * (double)v0[i];
+                    for (int i = h * hd; i < (h + 1) * hd; i++)
+                        v_err += (v[i] - v0[i]) * (double)(v[i] - v0[i]), v_energy += v0[i] * (double)v0[i];
                 }
             }
         }
         const double nmse = v_err / v_energy, lerr = test_rel_err(logits.data(), ref_logits.data(), logits.size());
-        printf("    %s (sinks %d): value NMSE %.4f, next block's logits max relative change %.2e\n", dllm__kvq_names[mode], n_sink, nmse, lerr);
+        printf("    %s (sinks %d): value NMSE %.4f, next block's logits max relative change %.2e\n",
+               dllm__kvq_names[mode], n_sink, nmse, lerr);
         CHECK_MSG(sink_same, "%s: a sink row changed", dllm__kvq_names[mode]);
         CHECK_MSG(untouched, "%s: the step's rows were quantised", dllm__kvq_names[mode]);
         CHECK_MSG(decoded_same, "%s: the cache is not the stored codes decoded", dllm__kvq_names[mode]);
         CHECK_MSG(keys_close, "%s: a key decodes further than half a step from its value", dllm__kvq_names[mode]);
         CHECK_MSG(nmse > 0 && nmse < (q.bits == 4 ? 0.03 : 0.3), "%s: value NMSE %g", dllm__kvq_names[mode], nmse);
-        CHECK_MSG(lerr > 0 && lerr < (q.bits == 4 ? 0.1 : 0.5), "%s: logits changed by %g", dllm__kvq_names[mode], lerr);
+        CHECK_MSG(lerr > 0 && lerr < (q.bits == 4 ? 0.1 : 0.5), "%s: logits changed by %g", dllm__kvq_names[mode],
+                  lerr);
         dllm_ctx_free(ctx);
     }
     dllm_ctx_free(ref);
@@ -239,12 +257,15 @@ TEST(kv_quant, none_generates_exactly_as_before) {
         dllm_gen_params gp = dllm_gen_default_params();
         gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = B / 4, gp.stop_at_eos = 0;
         std::vector<int32_t> outs[3];
-        dllm_ctx *ctxs[3] = {test_ctx(m), test_kvq_ctx(m, DLLM_KV_QUANT_NONE, 9), test_kvq_ctx(m, DLLM_KV_QUANT_SOLOQ_KV2)};
+        dllm_ctx *ctxs[3] = {test_ctx(m), test_kvq_ctx(m, DLLM_KV_QUANT_NONE, 9),
+                             test_kvq_ctx(m, DLLM_KV_QUANT_SOLOQ_KV2)};
         for (int k = 0; k < 3; k++) {
             if (!ctxs[k]) { CHECK(ctxs[k] != nullptr); continue; }
             outs[k].assign((size_t)4 * B + 2, -7);
             int n = 0;
-            CHECK_STATUS(dllm_generate(ctxs[k], prompt.data(), (int)prompt.size(), gp, outs[k].data(), (int)outs[k].size(), &n, nullptr), DLLM_OK, nullptr);
+            CHECK_STATUS(dllm_generate(ctxs[k], prompt.data(), (int)prompt.size(), gp, outs[k].data(),
+                                       (int)outs[k].size(), &n, nullptr),
+                         DLLM_OK, nullptr);
             outs[k].resize((size_t)std::max(n, 0));
             dllm_ctx_free(ctxs[k]);
         }
@@ -268,7 +289,8 @@ struct test_kvq_accuracy {
  * generation quantises it), then one diffusion step of block b with every other position from 1 masked; the NLL
  * of the true tokens at the masked positions, read at the model's scoring rows. ref: the unquantised run's logits
  * (filled when empty) for the NMSE. */
-static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32_t> &ids, int B, std::vector<float> &ref) {
+static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32_t> &ids, int B,
+                                          std::vector<float> &ref) {
     const dllm__config &c = ctx->model->cfg;
     const int V = c.n_vocab, nb = (int)ids.size() / B;
     test_kvq_accuracy a;
@@ -278,11 +300,14 @@ static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32
         std::vector<int32_t> x(ids.begin(), ids.begin() + (long)(b + 1) * B);
         for (int i = 1; i < B; i += 2) x[(size_t)b * B + i] = c.mask_id;
         dllm__bd_call pre;
-        pre.kind = DLLM__BD_COMMIT, pre.ids = x.data(), pre.T = b * B, pre.mask_block = c.bd_causal_context ? 1 : B, pre.r0 = b * B - 1, pre.r1 = b * B;
+        pre.kind = DLLM__BD_COMMIT, pre.ids = x.data(), pre.T = b * B, pre.mask_block = c.bd_causal_context ? 1 : B,
+        pre.r0 = b * B - 1, pre.r1 = b * B;
         pre.kv_group = B;
-        if (ctx->impl->bd_begin((b + 1) * B) != DLLM_OK || ctx->impl->bd_forward(pre, logits.data()) != DLLM_OK) return a;
+        if (ctx->impl->bd_begin((b + 1) * B) != DLLM_OK || ctx->impl->bd_forward(pre, logits.data()) != DLLM_OK)
+            return a;
         dllm__bd_call step;
-        step.kind = DLLM__BD_STEP, step.ids = x.data() + (size_t)b * B, step.T = B, step.mask_block = c.bd_mask_block, step.r0 = 0, step.r1 = B;
+        step.kind = DLLM__BD_STEP, step.ids = x.data() + (size_t)b * B, step.T = B, step.mask_block = c.bd_mask_block,
+        step.r0 = 0, step.r1 = B;
         if (ctx->impl->bd_forward(step, logits.data()) != DLLM_OK) return a;
         all.insert(all.end(), logits.begin(), logits.end());
         for (int i = 1; i < B; i += 2) {
@@ -295,14 +320,16 @@ static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32
         }
     }
     if (ref.empty()) ref = all;
-    for (size_t i = 0; i < all.size() && i < ref.size(); i++) err += (all[i] - ref[i]) * (double)(all[i] - ref[i]), energy += ref[i] * (double)ref[i];
+    for (size_t i = 0; i < all.size() && i < ref.size(); i++)
+        err += (all[i] - ref[i]) * (double)(all[i] - ref[i]), energy += ref[i] * (double)ref[i];
     a.nll /= std::max(a.tokens, 1);
     a.nmse = energy > 0 ? err / energy : 0;
     return a;
 }
 
 /* Every mode on one model (weights in `precision`): prints the table, returns the results by mode. */
-static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_model *m, const char *name, const std::vector<int32_t> &ids, int B,
+static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_model *m, const char *name,
+                                                     const std::vector<int32_t> &ids, int B,
                                                      dllm_precision precision = DLLM_PRECISION_AUTO) {
     std::vector<test_kvq_accuracy> r;
     std::vector<float> ref;
@@ -313,9 +340,10 @@ static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_m
         dllm_ctx_free(ctx);
         double bytes = 0;
         dllm_kv_bytes_per_token(m, (dllm_kv_quant)mode, B, &bytes);
-        printf("    %s %-9s: masked-token NLL %.5f (%+.3f%%), logit NMSE %.3e over %d tokens; %.1f bytes/token (%.3fx)\n", name, dllm__kvq_names[mode],
-               r.back().nll, 100 * (r.back().nll / r[0].nll - 1), r.back().nmse, r.back().tokens, bytes,
-               bytes / dllm__kvq_bytes_per_token(m->cfg, DLLM_KV_QUANT_NONE, B));
+        printf(
+            "    %s %-9s: masked-token NLL %.5f (%+.3f%%), logit NMSE %.3e over %d tokens; %.1f bytes/token (%.3fx)\n",
+            name, dllm__kvq_names[mode], r.back().nll, 100 * (r.back().nll / r[0].nll - 1), r.back().nmse,
+            r.back().tokens, bytes, bytes / dllm__kvq_bytes_per_token(m->cfg, DLLM_KV_QUANT_NONE, B));
     }
     return r;
 }
@@ -333,7 +361,8 @@ TEST(kv_quant, measure) {
         std::vector<test_kvq_accuracy> r = test_kvq_table(T_, m, f.dir, ids, f.B);
         if (r.size() == 5) {
             CHECK(r[0].nmse == 0 && r[0].tokens > 0);
-            CHECK_MSG(r[1].nmse > 0 && r[1].nmse < 1e-2 && fabs(r[1].nll / r[0].nll - 1) < 0.02, "%s soloq-kv4: NMSE %g", f.dir, r[1].nmse);
+            CHECK_MSG(r[1].nmse > 0 && r[1].nmse < 1e-2 && fabs(r[1].nll / r[0].nll - 1) < 0.02,
+                      "%s soloq-kv4: NMSE %g", f.dir, r[1].nmse);
             CHECK_MSG(r[2].nmse > r[1].nmse && r[4].nmse > r[3].nmse, "%s: 2 bits not worse than 4", f.dir);
         }
         dllm_model_free(m);
@@ -362,8 +391,10 @@ TEST(kv_quant, measure) {
     const char *pname = getenv("DLLM_KVQ_PRECISION");
     for (int p = 0; pname && *pname && p <= DLLM_PRECISION_RTN_W4A16; p++)
         if (!strcmp(pname, dllm__precision_name(p))) precision = p;
-    CHECK_MSG(!pname || !*pname || precision != DLLM_PRECISION_AUTO, "DLLM_KVQ_PRECISION=%s is no precision (bf16, soloq-n, ...)", pname);
-    printf("    %s, weights %s, %zu ids\n", dir, precision == DLLM_PRECISION_AUTO ? "as stored" : dllm__precision_name(precision), ids.size());
+    CHECK_MSG(!pname || !*pname || precision != DLLM_PRECISION_AUTO,
+              "DLLM_KVQ_PRECISION=%s is no precision (bf16, soloq-n, ...)", pname);
+    printf("    %s, weights %s, %zu ids\n", dir,
+           precision == DLLM_PRECISION_AUTO ? "as stored" : dllm__precision_name(precision), ids.size());
     test_kvq_table(T_, m, dir, ids, B, (dllm_precision)precision);
     dllm_model_free(m);
 }
@@ -376,9 +407,11 @@ TEST(kv_quant, bytes_per_token) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
     double b[5];
-    for (int mode = 0; mode < 5; mode++) CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)mode, 0, &b[mode]), DLLM_OK, nullptr);
+    for (int mode = 0; mode < 5; mode++)
+        CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)mode, 0, &b[mode]), DLLM_OK, nullptr);
     // per layer: K and V codes 2 x 32 x bits / 8, key pairs 32 channels x 4 bytes / 32 tokens, 4 bytes per kv head
-    CHECK(b[0] == 2 * 2 * 32 * 2 && b[1] == 2 * (32 + 4 + 8) && b[2] == 2 * (16 + 4 + 8) && b[3] == b[1] && b[4] == b[2]);
+    CHECK(b[0] == 2 * 2 * 32 * 2 && b[1] == 2 * (32 + 4 + 8) && b[2] == 2 * (16 + 4 + 8) && b[3] == b[1] &&
+          b[4] == b[2]);
     double b8 = 0;
     CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_SOLOQ_KV4, 8, &b8), DLLM_OK, nullptr);
     CHECK(b8 == 2 * (32 + 16 + 8));
@@ -387,20 +420,25 @@ TEST(kv_quant, bytes_per_token) {
         CHECK_STATUS(ctx->impl->bd_begin(64), DLLM_OK, nullptr);
         std::vector<int32_t> ids(64, 5);
         dllm__bd_call pre;
-        pre.kind = DLLM__BD_COMMIT, pre.ids = ids.data(), pre.T = 64, pre.mask_block = 32, pre.r0 = 63, pre.r1 = 64, pre.kv_group = 32;
+        pre.kind = DLLM__BD_COMMIT, pre.ids = ids.data(), pre.T = 64, pre.mask_block = 32, pre.r0 = 63, pre.r1 = 64,
+        pre.kv_group = 32;
         std::vector<float> l((size_t)m->cfg.n_vocab);
         CHECK_STATUS(ctx->impl->bd_forward(pre, l.data()), DLLM_OK, nullptr);
         const dllm__kvq &q = ((dllm__cpu_backend *)ctx->impl.get())->kv_quant();
-        const double stored = (double)(q.k_codes.size() + q.v_codes.size() + 2 * q.k_pairs.size() + 4 * q.v_scale.size()) / 64;
+        const double stored =
+            (double)(q.k_codes.size() + q.v_codes.size() + 2 * q.k_pairs.size() + 4 * q.v_scale.size()) / 64;
         CHECK_MSG(stored == b[1], "the store holds %g bytes a token, the formula says %g", stored, b[1]);
         dllm_ctx_free(ctx);
     }
     dllm_model_free(m);
     dllm__config c;
-    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")), c), DLLM_OK, nullptr);
-    const double bf16 = dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_NONE, 32), kv4 = dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, 32),
+    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/fast-dllm-v2-7b.config.json")), c), DLLM_OK,
+                 nullptr);
+    const double bf16 = dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_NONE, 32),
+                 kv4 = dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, 32),
                  kv2 = dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV2, 32);
-    printf("    Fast-dLLM v2 7B: BF16 %.0f bytes/token, KV4 %.0f (%.3fx), KV2 %.0f (%.3fx)\n", bf16, kv4, kv4 / bf16, kv2, kv2 / bf16);
+    printf("    Fast-dLLM v2 7B: BF16 %.0f bytes/token, KV4 %.0f (%.3fx), KV2 %.0f (%.3fx)\n", bf16, kv4, kv4 / bf16,
+           kv2, kv2 / bf16);
     CHECK(bf16 == 56 * 1024 && kv4 / bf16 <= 0.31 && kv2 / bf16 < 0.17);
 }
 
@@ -417,7 +455,8 @@ TEST(kv_quant, options_are_validated) {
     CHECK_STATUS(dllm_ctx_create(llada, p, &ctx), DLLM_ERR_UNSUPPORTED, "kv_quant (--kv-quant) soloq-kv4");
     CHECK(ctx == nullptr);
     double bytes = 0;
-    CHECK_STATUS(dllm_kv_bytes_per_token(llada, DLLM_KV_QUANT_KIVI_KV2, 0, &bytes), DLLM_ERR_UNSUPPORTED, "no committed K/V cache");
+    CHECK_STATUS(dllm_kv_bytes_per_token(llada, DLLM_KV_QUANT_KIVI_KV2, 0, &bytes), DLLM_ERR_UNSUPPORTED,
+                 "no committed K/V cache");
     p.kv_quant = (dllm_kv_quant)5;
     CHECK_STATUS(dllm_ctx_create(bd, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "kv_quant 5");
     p.kv_quant = DLLM_KV_QUANT_KIVI_KV4, p.kv_sink_tokens = -2;
@@ -442,9 +481,7 @@ TEST(jit, kv_quant_module_compiles) {
         const dllm__jit_request rq = dllm__module_kvq(a);
         std::vector<char> cubin;
         std::vector<std::string> lowered;
-        std::string log;
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK_MSG(!dllm__log_has_spills(log), "%s spills on %s:\n%s", rq.name.c_str(), a.target, log.c_str());
+        test_compile_clean(T_, rq, a.target, false, cubin, lowered);
         CHECK(lowered.size() == 3 && cubin.size() > 1000);
     }
 }
@@ -458,9 +495,12 @@ TEST(kv_quant, cli_flags) {
     for (int i = 6; i <= 37; i++) ids += " " + std::to_string(i);
     ids += "\"";
     std::string out, err;
-    int rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " -n 32 --kv-quant soloq-kv2 --kv-sinks 4 --backend cpu", "", out, err);
-    CHECK_MSG(rc == 0 && err.find("K/V cache: 56.0 bytes per committed token, 0.219x the BF16 cache's 256") != std::string::npos, "exit %d: %s", rc,
-              err.c_str());
+    int rc = test_run_cli("dllm-generate",
+                          "-m " + model + " " + ids + " -n 32 --kv-quant soloq-kv2 --kv-sinks 4 --backend cpu", "", out,
+                          err);
+    CHECK_MSG(rc == 0 && err.find("K/V cache: 56.0 bytes per committed token, 0.219x the BF16 cache's 256") !=
+                             std::string::npos,
+              "exit %d: %s", rc, err.c_str());
     dllm_model *m = test_load(model);
     dllm_ctx *ctx = m ? test_kvq_ctx(m, DLLM_KV_QUANT_SOLOQ_KV2, 4) : nullptr;
     if (ctx) {
@@ -470,19 +510,25 @@ TEST(kv_quant, cli_flags) {
         gp.gen_length = 32, gp.block_length = 32;
         std::vector<int32_t> o(64, -1);
         int n = 0;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, o.data(), (int)o.size(), &n, nullptr), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, o.data(), (int)o.size(), &n, nullptr),
+                     DLLM_OK, nullptr);
         std::string want = "ids:";
         for (int i = 0; i < n; i++) want += " " + std::to_string(o[(size_t)i]);
-        CHECK_MSG(out.find(want + "\n") != std::string::npos, "CLI printed %s, the library %s", out.c_str(), want.c_str());
+        CHECK_MSG(out.find(want + "\n") != std::string::npos, "CLI printed %s, the library %s", out.c_str(),
+                  want.c_str());
     }
     dllm_ctx_free(ctx);
     dllm_model_free(m);
     rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " --kv-quant kv3", "", out, err);
-    CHECK_MSG(rc == 1 && err.find("--kv-quant must be none, soloq-kv4") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 && err.find("--kv-quant must be none, soloq-kv4") != std::string::npos, "exit %d: %s", rc,
+              err.c_str());
     rc = test_run_cli("dllm-generate", "-m " + model + " " + ids + " --kv-sinks 2", "", out, err);
-    CHECK_MSG(rc == 1 && err.find("--kv-sinks keeps sinks of a quantised cache: it needs --kv-quant") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 &&
+                  err.find("--kv-sinks keeps sinks of a quantised cache: it needs --kv-quant") != std::string::npos,
+              "exit %d: %s", rc, err.c_str());
     rc = test_run_cli("dllm-generate", "-m models/tiny-llada -p hi --kv-quant kivi-kv4", "", out, err);
-    CHECK_MSG(rc == 1 && err.find("--kv-quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos, "exit %d: %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 && err.find("--kv-quant kivi-kv4: a LLaDA model has no committed K/V cache") != std::string::npos,
+              "exit %d: %s", rc, err.c_str());
 }
 
 /* dllm_kv_bytes_per_token's bad inputs are statuses with messages naming what to change, and leave *bytes alone:
@@ -491,11 +537,14 @@ TEST(kv_quant, bytes_per_token_rejects_bad_input) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
     double bytes = -7.5;
-    CHECK_STATUS(dllm_kv_bytes_per_token(nullptr, DLLM_KV_QUANT_SOLOQ_KV4, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "must not be NULL");
-    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_SOLOQ_KV4, 0, nullptr), DLLM_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_STATUS(dllm_kv_bytes_per_token(nullptr, DLLM_KV_QUANT_SOLOQ_KV4, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT,
+                 "must not be NULL");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_SOLOQ_KV4, 0, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                 "must not be NULL");
     CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)5, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "kv_quant 5");
     CHECK_STATUS(dllm_kv_bytes_per_token(m, (dllm_kv_quant)-1, 0, &bytes), DLLM_ERR_INVALID_ARGUMENT, "kv_quant -1");
-    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_KIVI_KV2, -3, &bytes), DLLM_ERR_INVALID_ARGUMENT, "block_length -3");
+    CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_KIVI_KV2, -3, &bytes), DLLM_ERR_INVALID_ARGUMENT,
+                 "block_length -3");
     CHECK(bytes == -7.5);
     CHECK_STATUS(dllm_kv_bytes_per_token(m, DLLM_KV_QUANT_NONE, 0, &bytes), DLLM_OK, nullptr);
     CHECK(bytes == 2 * 2 * 32 * 2);

@@ -1,9 +1,9 @@
 /* Tests: [KV quant] the tensor-core attention over the quantised K/V cache (kvq_tc, the default; kvq_flash +
  * kvq_flash_combine in dllm__src_kvq_tc, twin dllm__kvq_flash_twin in 9c). On the CPU: the key splits partition the
  * keys without mixing kinds, the twin agrees with the fp32 reference (dllm__cpu_attention over 9c's decoded cache) to
- * bf16 rounding, and the module compiles for sm_90 and sm_80 without spills. On a GPU: the kernels against the twin (tight) and against
- * kvq_attention (fp32 decode, looser) on awkward random caches, and block-diffusion forwards and a generation with
- * the switch on against the switch off. */
+ * bf16 rounding, and the module compiles for sm_90 and sm_80 without spills. On a GPU: the kernels against the twin
+ * (tight) and against kvq_attention (fp32 decode, looser) on awkward random caches, and block-diffusion forwards and a
+ * generation with the switch on against the switch off. */
 
 /* One random case: head dim, heads over kv heads, the key group, sinks, committed rows (whole groups), the active
  * rows past them (the queries' own), the block-causal mask's block (0: none), the rotation's mixer, keys a split. */
@@ -18,7 +18,8 @@ static const test_kvqtc_case test_kvqtc_cases[] = {
     {32, 4, 4, 16, 0, 160, 8, 0, false, 128},   // no GQA, no sinks, no mask, a sub-block of 8 rows, no mixer
     {48, 5, 1, 4, 5, 72, 33, 16, true, 64},     // head dim 48, groups of 4 (a tile spans more than the staged groups)
     {256, 2, 1, 32, 1, 96, 32, 32, true, 128},  // head dim 256 (tiles of 32 keys)
-    {16, 8, 1, 8, 2, 40, 40, 8, false, 64},     // 320 query rows of one kv head: two CTAs of rows; 2-bit codes are 4-byte words
+    {16, 8, 1, 8, 2, 40, 40, 8, false,
+     64},  // 320 query rows of one kv head: two CTAs of rows; 2-bit codes are 4-byte words
 };
 
 /* The case's inputs as the device holds them: rows committed through 9c (q: codes; kv: the decoded cache the fp32
@@ -32,7 +33,8 @@ struct test_kvqtc_data {
 };
 
 static bool test_kvqtc_make(const test_kvqtc_case &k, int mode, test_rng &rng, test_kvqtc_data &d) {
-    d.c.family = DLLM_FAMILY_FAST_DLLM_V2, d.c.n_layer = 1, d.c.n_head = k.n_head, d.c.n_head_kv = k.n_kv, d.c.head_dim = k.hd;
+    d.c.family = DLLM_FAMILY_FAST_DLLM_V2, d.c.n_layer = 1, d.c.n_head = k.n_head, d.c.n_head_kv = k.n_kv,
+    d.c.head_dim = k.hd;
     d.n_keys = k.n_committed + k.n_active, d.q_stride = (k.n_head + 2 * k.n_kv) * k.hd, d.q_index0 = k.n_committed;
     const int kvd = k.n_kv * k.hd;
     d.q.setup(d.c, mode, k.n_sink);
@@ -46,7 +48,8 @@ static bool test_kvqtc_make(const test_kvqtc_case &k, int mode, test_rng &rng, t
     for (float &b : channel_bias) b = 2.0f * rng.normal();  // KIVI's keys: per-channel offsets, as RoPE'd keys have
     for (int j = 0; j < d.n_keys; j++)
         for (int e = 0; e < kvd; e++) {
-            const float key = bf16(channel_bias[(size_t)e] + rng.normal() * (e % 7 == 0 ? 3.0f : 1.0f)), value = bf16(rng.normal());
+            const float key = bf16(channel_bias[(size_t)e] + rng.normal() * (e % 7 == 0 ? 3.0f : 1.0f)),
+                        value = bf16(rng.normal());
             d.cache[(size_t)j * 2 * kvd + e] = d.kv.k[(size_t)j * kvd + e] = key;
             d.cache[(size_t)j * 2 * kvd + kvd + e] = d.kv.v[(size_t)j * kvd + e] = value;
         }
@@ -62,15 +65,15 @@ static std::vector<float> test_kvqtc_reference(const test_kvqtc_case &k, const t
     std::vector<float> q((size_t)k.n_active * qd), out(q.size());
     for (int i = 0; i < k.n_active; i++) memcpy(&q[(size_t)i * qd], &d.x[(size_t)i * d.q_stride], sizeof(float) * qd);
     dllm__pool pool(2);
-    dllm__cpu_attention(pool, q.data(), d.kv.k.data(), d.kv.v.data(), k.n_active, d.n_keys, k.n_head, k.n_kv, k.hd, nullptr, out.data(), d.q_index0,
-                        k.mask_block);
+    dllm__cpu_attention(pool, q.data(), d.kv.k.data(), d.kv.v.data(), k.n_active, d.n_keys, k.n_head, k.n_kv, k.hd,
+                        nullptr, out.data(), d.q_index0, k.mask_block);
     return out;
 }
 
 static std::vector<float> test_kvqtc_twin(const test_kvqtc_case &k, const test_kvqtc_data &d, int split_keys) {
     std::vector<float> out((size_t)k.n_active * k.n_head * k.hd, NAN);
-    dllm__kvq_flash_twin(d.q, 0, d.cache.data(), d.x.data(), d.q_stride, k.n_head, k.n_active, d.n_keys, k.n_committed, k.mask_block, d.q_index0,
-                         1.0f / sqrtf((float)k.hd), split_keys, out.data());
+    dllm__kvq_flash_twin(d.q, 0, d.cache.data(), d.x.data(), d.q_stride, k.n_head, k.n_active, d.n_keys, k.n_committed,
+                         k.mask_block, d.q_index0, 1.0f / sqrtf((float)k.hd), split_keys, out.data());
     return out;
 }
 
@@ -82,7 +85,8 @@ TEST(kv_quant, tc_splits_partition_the_keys) {
     test_rng rng("kv_quant.tc_splits_partition_the_keys");
     int bad = 0, checked = 0;
     for (int it = 0; it < 2000; it++) {
-        const int n_keys = 1 + rng.below(700), n_committed = rng.below(n_keys + 1), n_sink = rng.below(9), S = 64 * (1 + rng.below(5));
+        const int n_keys = 1 + rng.below(700), n_committed = rng.below(n_keys + 1), n_sink = rng.below(9),
+                  S = 64 * (1 + rng.below(5));
         const int n = dllm__kvq_tc_n_splits(n_keys, n_committed, n_sink, S);
         int next = 0;
         for (int s = 0; s < n; s++) {
@@ -91,7 +95,8 @@ TEST(kv_quant, tc_splits_partition_the_keys) {
             dllm__kvq_tc_split(n_keys, n_committed, n_sink, S, s, j0, j1, quant);
             const bool in_q = j0 >= std::min(n_sink, n_committed) && j1 <= n_committed;
             const bool in_bf16 = j1 <= std::min(n_sink, n_committed) || j0 >= n_committed;
-            bad += j0 != next || j1 <= j0 || j1 - j0 > S || (j0 / S != (j1 - 1) / S) || quant != in_q || (!quant && !in_bf16);
+            bad += j0 != next || j1 <= j0 || j1 - j0 > S || (j0 / S != (j1 - 1) / S) || quant != in_q ||
+                   (!quant && !in_bf16);
             next = j1;
         }
         bad += next != n_keys;
@@ -111,8 +116,10 @@ TEST(kv_quant, tc_twin_matches_fp32_reference) {
             CHECK(test_kvqtc_make(k, mode, rng, d));
             const std::vector<float> ref = test_kvqtc_reference(k, d), twin = test_kvqtc_twin(k, d, k.split_keys);
             const double err = test_max_rel(twin, ref);
-            printf("    hd %d, %d/%d heads, %d keys (%d committed, %d sinks), mask %d, %s: twin vs fp32 max relative error %.2e\n", k.hd, k.n_head,
-                   k.n_kv, d.n_keys, k.n_committed, k.n_sink, k.mask_block, dllm__kvq_names[mode], err);
+            printf(
+                "    hd %d, %d/%d heads, %d keys (%d committed, %d sinks), mask %d, %s: twin vs fp32 max relative "
+                "error %.2e\n",
+                k.hd, k.n_head, k.n_kv, d.n_keys, k.n_committed, k.n_sink, k.mask_block, dllm__kvq_names[mode], err);
             CHECK_MSG(err < 2e-2, "hd %d %s: twin vs fp32 reference %.3e", k.hd, dllm__kvq_names[mode], err);
         }
 }
@@ -129,8 +136,8 @@ TEST(kv_quant, tc_twin_split_size_changes_only_rounding) {
     CHECK(err < 1e-2);
 }
 
-/* The module compiles for sm_90 and sm_80 at the 7B shape's head dim 128 (and at 16, 48 and 256 on sm_90) without spills
- * or a stack frame (the output registers must stay registers), shared memory within the plan's. */
+/* The module compiles for sm_90 and sm_80 at the 7B shape's head dim 128 (and at 16, 48 and 256 on sm_90) without
+ * spills or a stack frame (the output registers must stay registers), shared memory within the plan's. */
 TEST(jit, kv_quant_tc_module_compiles) {
     const struct { int cc, hd; } builds[] = {{90, 128}, {80, 128}, {90, 16}, {90, 48}, {90, 256}};
     for (const auto &b : builds) {
@@ -147,28 +154,36 @@ TEST(jit, kv_quant_tc_module_compiles) {
         // The module holds the kvq module's kernels too: ptxas's lines for kvq_flash and its combine alone.
         std::string lines[2];
         for (int i = 0; i < 2; i++) {
-            const std::string head = std::string("Function properties for ") + (i ? "kvq_flash_combine" : "kvq_flash") + "\n";
+            const std::string head =
+                std::string("Function properties for ") + (i ? "kvq_flash_combine" : "kvq_flash") + "\n";
             const size_t at = log.find(head);
             const size_t end = at == std::string::npos ? at : log.find("Compile time", at);
             lines[i] = at == std::string::npos ? std::string() : log.substr(at + head.size(), end - at - head.size());
-            CHECK_MSG(!lines[i].empty(), "%s: no ptxas report for %s(NVRTC %d; %zu bytes of log, from its start:)\n%.1200s", rq.name.c_str(), head.c_str(),
-                      dllm__nvrtc_version(), log.size(), log.c_str());
-            CHECK_MSG(!dllm__log_has_spills(lines[i]), "%s spills on %s:\n%s", rq.name.c_str(), a.target, lines[i].c_str());
-            CHECK_MSG(!dllm__log_reports(lines[i], "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(), a.target, lines[i].c_str());
+            CHECK_MSG(!lines[i].empty(),
+                      "%s: no ptxas report for %s(NVRTC %d; %zu bytes of log, from its start:)\n%.1200s",
+                      rq.name.c_str(), head.c_str(), dllm__nvrtc_version(), log.size(), log.c_str());
+            CHECK_MSG(!dllm__log_has_spills(lines[i]), "%s spills on %s:\n%s", rq.name.c_str(), a.target,
+                      lines[i].c_str());
+            CHECK_MSG(!dllm__log_reports(lines[i], "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(),
+                      a.target, lines[i].c_str());
         }
         const size_t used = lines[0].find("Used");
-        const std::string line = used == std::string::npos ? "(no ptxas line)" : lines[0].substr(used, lines[0].find('\n', used) - used);
+        const std::string line =
+            used == std::string::npos ? "(no ptxas line)" : lines[0].substr(used, lines[0].find('\n', used) - used);
         dllm__kvq_tc_plan p;
-        CHECK_STATUS(dllm__kvq_tc_plan_for(b.hd, 28, 4, 32, 32800, 32768, 3, 132, b.cc >= 90 ? 232448 : 166912, p), DLLM_OK, nullptr);
-        printf("    %s on %s: kvq_flash %s; at 28/4 heads x 32 rows: %d warps, %zu bytes of dynamic shared memory, %d splits of %d keys\n",
-               rq.name.c_str(), a.target, line.c_str(), p.warps, p.smem, p.n_splits, p.split_keys);
+        CHECK_STATUS(dllm__kvq_tc_plan_for(b.hd, 28, 4, 32, 32800, 32768, 3, 132, b.cc >= 90 ? 232448 : 166912, p),
+                     DLLM_OK, nullptr);
+        printf(
+            "    %s on %s: kvq_flash %s; at 28/4 heads x 32 rows: %d warps, %zu bytes of dynamic shared memory, %d "
+            "splits of %d keys\n",
+            rq.name.c_str(), a.target, line.c_str(), p.warps, p.smem, p.n_splits, p.split_keys);
     }
 }
 
 // ---- GPU -------------------------------------------------------------------------------------------------------
 
-/* One case on the device: the codes, pairs, scales, bf16 rows, queries and rotation uploaded, kvq_flash under the case's
- * split size and under the plan's own, kvq_attention on the same arguments; outputs poisoned first. */
+/* One case on the device: the codes, pairs, scales, bf16 rows, queries and rotation uploaded, kvq_flash under the
+ * case's split size and under the plan's own, kvq_attention on the same arguments; outputs poisoned first. */
 static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, int mode, test_rng &rng) {
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -178,12 +193,11 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
     test_kvqtc_data d;
     CHECK(test_kvqtc_make(k, mode, rng, d));
     dllm__kvq_tc_kernels tc;
-    std::shared_ptr<dllm__module> plain;
+    dllm__kvq_kernels plain;
     CHECK_STATUS(dllm__kvq_tc_load(arch, k.hd, smem_optin, tc), DLLM_OK, nullptr);
-    CHECK_STATUS(dllm__jit_load(dllm__module_kvq(arch), plain), DLLM_OK, nullptr);
-    if (!tc.module || !plain) return;
-    dllm__kernel<dllm__sig_kvq_attention> attention;
-    attention.fn = plain->kernels.at("kvq_attention"), attention.name = "kvq_attention";
+    CHECK_STATUS(dllm__jit_load(dllm__module_kvq(arch), plain.module), DLLM_OK, nullptr);
+    if (!tc.module || !plain.module) return;
+    dllm__bind(plain, *plain.module);
     dllm__dbuf cache, kc, vc, kp, vs, q, o, o_ref, partial;
     dllm__rotation_dev rd;
     test_put(cache, test_bf16_vec(d.cache));
@@ -197,19 +211,25 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
     test_put(q, test_bf16_vec(d.x));
     const size_t out_elems = (size_t)k.n_active * k.n_head * k.hd;
     kvq_args a = {};
-    a.sinks = cache.as<bf16_t>(), a.fresh = cache.as<bf16_t>() + (size_t)k.n_committed * 2 * k.n_kv * k.hd, a.k_codes = kc.as<unsigned char>(), a.v_codes = vc.as<unsigned char>(), a.k_pairs = kp.as<unsigned short>();
+    a.sinks = cache.as<bf16_t>(), a.fresh = cache.as<bf16_t>() + (size_t)k.n_committed * 2 * k.n_kv * k.hd,
+    a.k_codes = kc.as<unsigned char>(), a.v_codes = vc.as<unsigned char>(), a.k_pairs = kp.as<unsigned short>();
     a.v_pairs = d.q.soloq() ? nullptr : vs.as<unsigned short>(), a.v_scale = d.q.soloq() ? vs.as<float>() : nullptr;
-    if (d.q.soloq()) a.perm = rd.perm.as<int>(), a.signs = (const unsigned char *)rd.signs.ptr, a.mixer = rd.mixer.as<float>();
+    if (d.q.soloq())
+        a.perm = rd.perm.as<int>(), a.signs = (const unsigned char *)rd.signs.ptr, a.mixer = rd.mixer.as<float>();
     a.rot_b = rd.b, a.rot_k = rd.k, a.rot_norm = rd.norm;
     a.n_kv = k.n_kv, a.hd = k.hd, a.bits = d.q.bits, a.soloq = d.q.soloq(), a.n_sink = k.n_sink, a.group = k.group;
-    a.q = q.as<bf16_t>(), a.q_stride = d.q_stride, a.o_stride = k.n_head * k.hd, a.n_head = k.n_head, a.q_rows = k.n_active;
-    a.n_keys = d.n_keys, a.n_committed = k.n_committed, a.mask_block = k.mask_block, a.q_index0 = d.q_index0, a.scale = 1.0f / sqrtf((float)k.hd);
+    a.q = q.as<bf16_t>(), a.q_stride = d.q_stride, a.o_stride = k.n_head * k.hd, a.n_head = k.n_head,
+    a.q_rows = k.n_active;
+    a.n_keys = d.n_keys, a.n_committed = k.n_committed, a.mask_block = k.mask_block, a.q_index0 = d.q_index0,
+    a.scale = 1.0f / sqrtf((float)k.hd);
     test_poison(o_ref, out_elems * 2);
     a.o = o_ref.as<bf16_t>();
-    CHECK_STATUS(attention.launch({dim3((unsigned)k.n_active, (unsigned)k.n_head), dim3(32)}, nullptr, a), DLLM_OK, nullptr);
+    CHECK_STATUS(plain.kvq_attention.launch({dim3((unsigned)k.n_active, (unsigned)k.n_head), dim3(32)}, nullptr, a),
+                 DLLM_OK, nullptr);
     const std::vector<float> fp32 = test_f32_vec(test_get<uint16_t>(o_ref, out_elems));
     dllm__kvq_tc_plan p;
-    CHECK_STATUS(dllm__kvq_tc_plan_for(k.hd, k.n_head, k.n_kv, k.n_active, d.n_keys, k.n_committed, k.n_sink, prop.multiProcessorCount, smem_optin, p),
+    CHECK_STATUS(dllm__kvq_tc_plan_for(k.hd, k.n_head, k.n_kv, k.n_active, d.n_keys, k.n_committed, k.n_sink,
+                                       prop.multiProcessorCount, smem_optin, p),
                  DLLM_OK, nullptr);
     for (int own = 0; own < 2; own++) {
         dllm__kvq_tc_plan run = p;
@@ -219,10 +239,14 @@ static void test_kvqtc_gpu_case(dllm_test_state &T_, const test_kvqtc_case &k, i
         test_poison(o, out_elems * 2);
         a.o = o.as<bf16_t>();
         CHECK_STATUS(dllm__kvq_tc_launch(tc, a, run, partial.as<float>(), bytes, nullptr), DLLM_OK, nullptr);
-        const std::vector<float> got = test_f32_vec(test_get<uint16_t>(o, out_elems)), twin = test_kvqtc_twin(k, d, run.split_keys);
+        const std::vector<float> got = test_f32_vec(test_get<uint16_t>(o, out_elems)),
+                                 twin = test_kvqtc_twin(k, d, run.split_keys);
         const double err_twin = test_max_rel(got, twin), err_fp32 = test_max_rel(got, fp32);
-        printf("    hd %d, %d/%d heads, %d keys, %s, %d warps x %d row tiles, %d splits of %d keys: vs twin %.2e, vs kvq_attention %.2e\n", k.hd,
-               k.n_head, k.n_kv, d.n_keys, dllm__kvq_names[mode], run.warps, run.q_tiles, run.n_splits, run.split_keys, err_twin, err_fp32);
+        printf(
+            "    hd %d, %d/%d heads, %d keys, %s, %d warps x %d row tiles, %d splits of %d keys: vs twin %.2e, vs "
+            "kvq_attention %.2e\n",
+            k.hd, k.n_head, k.n_kv, d.n_keys, dllm__kvq_names[mode], run.warps, run.q_tiles, run.n_splits,
+            run.split_keys, err_twin, err_fp32);
         CHECK_MSG(err_twin < 1e-2, "hd %d %s: kvq_flash vs its twin %.3e", k.hd, dllm__kvq_names[mode], err_twin);
         CHECK_MSG(err_fp32 < 3e-2, "hd %d %s: kvq_flash vs kvq_attention %.3e", k.hd, dllm__kvq_names[mode], err_fp32);
     }
@@ -232,7 +256,8 @@ TEST(gpu, kvq_flash_matches_twin_and_kvq_attention) {
     NEED_GPU();
     test_rng rng("gpu.kvq_flash_matches_twin_and_kvq_attention");
     for (const test_kvqtc_case &k : test_kvqtc_cases)
-        for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) test_kvqtc_gpu_case(T_, k, mode, rng);
+        for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++)
+            test_kvqtc_gpu_case(T_, k, mode, rng);
 }
 
 /* Block-diffusion forwards over a quantised cache with kvq_tc on against the switch off (kvq_attention), forward by
@@ -249,9 +274,10 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
     std::vector<int32_t> ids((size_t)5 * B);
     for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 29 + 5) % 150);
     for (int i = 2 * B + 1; i < 3 * B; i += 3) ids[(size_t)i] = m->cfg.mask_id;
-    const std::vector<test_bd_fwd> script = {{DLLM__BD_COMMIT, 0, 2 * B, 0, B, 0, 2 * B},   {DLLM__BD_STEP, 2 * B, B, 0, B, 0, B},
-                                             {DLLM__BD_BLOCK_FULL, 2 * B, B, 0, B, S - 1, 2 * S}, {DLLM__BD_SUB_BLOCK, 2 * B + S, S, S, 0, 0, S},
-                                             {DLLM__BD_COMMIT, 2 * B, B, 0, B, B - 1, B},   {DLLM__BD_STEP, 3 * B, B, 0, B, 3, B}};
+    const std::vector<test_bd_fwd> script = {
+        {DLLM__BD_COMMIT, 0, 2 * B, 0, B, 0, 2 * B},         {DLLM__BD_STEP, 2 * B, B, 0, B, 0, B},
+        {DLLM__BD_BLOCK_FULL, 2 * B, B, 0, B, S - 1, 2 * S}, {DLLM__BD_SUB_BLOCK, 2 * B + S, S, S, 0, 0, S},
+        {DLLM__BD_COMMIT, 2 * B, B, 0, B, B - 1, B},         {DLLM__BD_STEP, 3 * B, B, 0, B, 3, B}};
     for (int mode = DLLM_KV_QUANT_SOLOQ_KV4; mode <= DLLM_KV_QUANT_KIVI_KV2; mode++) {
         std::vector<float> logits[2];
         for (int tc = 0; tc < 2; tc++) {
@@ -264,10 +290,12 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
         size_t at = 0;
         for (size_t i = 0; i < script.size() && logits[0].size() == logits[1].size(); i++) {
             const size_t n = (size_t)(script[i].r1 - script[i].r0) * V;
-            std::vector<float> off(logits[0].begin() + (long)at, logits[0].begin() + (long)(at + n)), on(logits[1].begin() + (long)at, logits[1].begin() + (long)(at + n));
+            std::vector<float> off(logits[0].begin() + (long)at, logits[0].begin() + (long)(at + n)),
+                on(logits[1].begin() + (long)at, logits[1].begin() + (long)(at + n));
             at += n;
             const double err = test_max_rel(on, off), bound = dllm__kvq_bits(mode) == 4 ? 5e-2 : 1e-1;
-            printf("    %s, forward %zu (kind %d): kvq_tc on vs off, logits max relative difference %.2e\n", dllm__kvq_names[mode], i, (int)script[i].kind, err);
+            printf("    %s, forward %zu (kind %d): kvq_tc on vs off, logits max relative difference %.2e\n",
+                   dllm__kvq_names[mode], i, (int)script[i].kind, err);
             CHECK_MSG(err < bound, "%s, forward %zu: %.3e", dllm__kvq_names[mode], i, err);
         }
         CHECK(logits[0].size() == logits[1].size());
@@ -288,13 +316,16 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
             out[tc].assign((size_t)gp.gen_length + 1, -1);
             int n_out = 0;
             // the prompt: two whole blocks and one token (ids[2B+1..] hold mask ids, which a prompt may not)
-            CHECK_STATUS(dllm_generate(ctx, ids.data(), 2 * B + 1, gp, out[tc].data(), (int)out[tc].size(), &n_out, nullptr), DLLM_OK, nullptr);
+            CHECK_STATUS(
+                dllm_generate(ctx, ids.data(), 2 * B + 1, gp, out[tc].data(), (int)out[tc].size(), &n_out, nullptr),
+                DLLM_OK, nullptr);
             out[tc].resize((size_t)std::max(n_out, 0));
             dllm_ctx_free(ctx);
         }
         size_t same = 0;
         for (size_t i = 0; i < std::min(out[0].size(), out[1].size()); i++) same += out[0][i] == out[1][i];
-        printf("    %s generation: %zu of %zu tokens equal with kvq_tc on and without\n", dllm__kvq_names[mode], same, out[0].size());
+        printf("    %s generation: %zu of %zu tokens equal with kvq_tc on and without\n", dllm__kvq_names[mode], same,
+               out[0].size());
         CHECK(!out[0].empty() && out[0].size() == out[1].size());
     }
     dllm_model_free(m);

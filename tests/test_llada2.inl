@@ -25,8 +25,8 @@ static std::string test_llada2_config(const test_llada2_shape &s, const char *ex
         " \"use_qkv_bias\": false, \"norm_head\": false, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\","
         " \"score_function\": \"sigmoid\", \"moe_router_enable_expert_bias\": true, \"rope_scaling\": null,"
         " \"mask_token_id\": %d, \"eos_token_id\": %d, \"pad_token_id\": %d%s}",
-        s.H, s.n_layer, s.n_head, s.n_kv, s.hd, s.ff, s.E, s.n_group, s.topk_group, s.top_k, s.moe_ff, s.shared, s.dense,
-        s.V, s.theta, s.scale, (int)s.mask, (int)s.eos, (int)s.eos, extra);
+        s.H, s.n_layer, s.n_head, s.n_kv, s.hd, s.ff, s.E, s.n_group, s.topk_group, s.top_k, s.moe_ff, s.shared,
+        s.dense, s.V, s.theta, s.scale, (int)s.mask, (int)s.eos, (int)s.eos, extra);
 }
 
 /* The tensors of a random checkpoint, kept by name for the naive forward. Norm weights near 1, expert biases small
@@ -67,12 +67,21 @@ static void test_llada2_write(const test_tmpdir &dir, const test_llada2_shape &s
     for (auto &kv : tw.w) {
         const int k = (int)(i++ % 2);
         shard[k].add_f32(kv.first, tw.shape.at(kv.first), kv.second);
-        map += dllm__format("%s\"%s\": \"model-0000%d-of-00002.safetensors\"", map.empty() ? "" : ", ", kv.first.c_str(),
-                            k + 1);
+        map += dllm__format("%s\"%s\": \"model-0000%d-of-00002.safetensors\"", map.empty() ? "" : ", ",
+                            kv.first.c_str(), k + 1);
     }
     for (int k = 0; k < 2; k++)
         test_write_file(dir.file(dllm__format("model-0000%d-of-00002.safetensors", k + 1).c_str()), shard[k].bytes());
     test_write_file(dir.file("model.safetensors.index.json"), "{\"metadata\": {}, \"weight_map\": {" + map + "}}");
+}
+
+/* The checkpoint of tw written into dir and loaded; null (a failed check) when it does not load. */
+static dllm_model *test_llada2_load(dllm_test_state &T_, const test_tmpdir &dir, const test_llada2_shape &s,
+                                    const test_llada2_weights &tw) {
+    test_llada2_write(dir, s, tw);
+    dllm_model *m = test_load(dir.path);
+    CHECK(m != nullptr);
+    return m;
 }
 
 // ---- config and tensors ----------------------------------------------------------------------------------------
@@ -186,7 +195,9 @@ static std::vector<int> test_rank_select(const std::vector<float> &score, const 
             above += allowed[j] && (score[j] > score[i] || (score[j] == score[i] && j < i));
         if (above < quota) kept.push_back((int)i);
     }
-    std::sort(kept.begin(), kept.end(), [&](int a, int b) { return score[(size_t)a] > score[(size_t)b] || (score[(size_t)a] == score[(size_t)b] && a < b); });
+    std::sort(kept.begin(), kept.end(), [&](int a, int b) {
+        return score[(size_t)a] > score[(size_t)b] || (score[(size_t)a] == score[(size_t)b] && a < b);
+    });
     return kept;
 }
 
@@ -209,11 +220,14 @@ TEST(llada2, router_group_limited_top_k_matches_brute_force_with_ties) {
         }
         dllm__moe_route r = dllm__moe_route_token(c, logits.data(), bias.data());
         std::vector<float> s((size_t)E), routing((size_t)E), group((size_t)c.n_expert_group, -INFINITY);
-        for (int e = 0; e < E; e++) s[(size_t)e] = 1.0f / (1.0f + expf(-logits[(size_t)e])), routing[(size_t)e] = s[(size_t)e] + bias[(size_t)e];
+        for (int e = 0; e < E; e++)
+            s[(size_t)e] = 1.0f / (1.0f + expf(-logits[(size_t)e])),
+            routing[(size_t)e] = s[(size_t)e] + bias[(size_t)e];
         for (int g = 0; g < c.n_expert_group; g++)
             for (int i = 0; i < per; i++)
                 for (int j = i + 1; j < per; j++)
-                    group[(size_t)g] = std::max(group[(size_t)g], routing[(size_t)(g * per + i)] + routing[(size_t)(g * per + j)]);
+                    group[(size_t)g] =
+                        std::max(group[(size_t)g], routing[(size_t)(g * per + i)] + routing[(size_t)(g * per + j)]);
         std::vector<int> groups = test_rank_select(group, std::vector<bool>(group.size(), true), c.n_group_used);
         std::vector<bool> allowed((size_t)E, false);
         for (int g : groups)
@@ -254,25 +268,28 @@ static std::vector<double> test_rms(const std::vector<double> &x, const float *w
     return y;
 }
 
-static std::vector<double> test_swiglu(const test_llada2_weights &tw, const std::string &p, const std::vector<double> &x,
-                                       int ff) {
-    std::vector<double> g = test_matvec(tw[p + "gate_proj.weight"], x, ff), u = test_matvec(tw[p + "up_proj.weight"], x, ff);
+static std::vector<double> test_swiglu(const test_llada2_weights &tw, const std::string &p,
+                                       const std::vector<double> &x, int ff) {
+    std::vector<double> g = test_matvec(tw[p + "gate_proj.weight"], x, ff),
+                        u = test_matvec(tw[p + "up_proj.weight"], x, ff);
     for (int i = 0; i < ff; i++) g[(size_t)i] = g[(size_t)i] / (1 + exp(-g[(size_t)i])) * u[(size_t)i];
     return test_matvec(tw[p + "down_proj.weight"], g, (int)x.size());
 }
 
 /* The MoE block on one normed row: every expert computed, the chosen ones summed with their weights. */
-static std::vector<double> test_naive_moe(const test_llada2_shape &s, const test_llada2_weights &tw, const std::string &mlp,
-                                          const std::vector<double> &x) {
+static std::vector<double> test_naive_moe(const test_llada2_shape &s, const test_llada2_weights &tw,
+                                          const std::string &mlp, const std::vector<double> &x) {
     std::vector<double> logit = test_matvec(tw[mlp + "gate.weight"], x, s.E);
     std::vector<float> score((size_t)s.E), sig((size_t)s.E), group((size_t)s.n_group, -INFINITY);
     const int per = s.E / s.n_group;
     for (int e = 0; e < s.E; e++)
-        sig[(size_t)e] = (float)(1 / (1 + exp(-logit[(size_t)e]))), score[(size_t)e] = sig[(size_t)e] + tw[mlp + "gate.expert_bias"][(size_t)e];
+        sig[(size_t)e] = (float)(1 / (1 + exp(-logit[(size_t)e]))),
+        score[(size_t)e] = sig[(size_t)e] + tw[mlp + "gate.expert_bias"][(size_t)e];
     for (int g = 0; g < s.n_group; g++)
         for (int i = 0; i < per; i++)
             for (int j = i + 1; j < per; j++)
-                group[(size_t)g] = std::max(group[(size_t)g], score[(size_t)(g * per + i)] + score[(size_t)(g * per + j)]);
+                group[(size_t)g] =
+                    std::max(group[(size_t)g], score[(size_t)(g * per + i)] + score[(size_t)(g * per + j)]);
     std::vector<bool> allowed((size_t)s.E, false);
     for (int g : test_rank_select(group, std::vector<bool>(group.size(), true), s.topk_group))
         for (int i = 0; i < per; i++) allowed[(size_t)(g * per + i)] = true;
@@ -313,14 +330,15 @@ static std::vector<double> test_naive_forward(const test_llada2_shape &s, const 
                                               const std::vector<int32_t> &ids, int block) {
     const int n = (int)ids.size(), H = s.H, qd = s.n_head * s.hd;
     std::vector<std::vector<double>> h((size_t)n);
-    for (int t = 0; t < n; t++) h[(size_t)t].assign(tw["model.word_embeddings.weight"].begin() + (size_t)ids[(size_t)t] * H,
-                                                    tw["model.word_embeddings.weight"].begin() + (size_t)(ids[(size_t)t] + 1) * H);
+    for (int t = 0; t < n; t++)
+        h[(size_t)t].assign(tw["model.word_embeddings.weight"].begin() + (size_t)ids[(size_t)t] * H,
+                            tw["model.word_embeddings.weight"].begin() + (size_t)(ids[(size_t)t] + 1) * H);
     for (int l = 0; l < s.n_layer; l++) {
         const std::string p = dllm__format("model.layers.%d.", l), attn = p + "attention.";
         std::vector<std::vector<double>> q((size_t)n), k((size_t)n), v((size_t)n);
         for (int t = 0; t < n; t++)
-            test_naive_qkv(s, tw, attn, test_rms(h[(size_t)t], tw[p + "input_layernorm.weight"].data(), 0, (size_t)H), t,
-                           q[(size_t)t], k[(size_t)t], v[(size_t)t]);
+            test_naive_qkv(s, tw, attn, test_rms(h[(size_t)t], tw[p + "input_layernorm.weight"].data(), 0, (size_t)H),
+                           t, q[(size_t)t], k[(size_t)t], v[(size_t)t]);
         for (int t = 0; t < n; t++) {
             std::vector<double> att((size_t)qd, 0.0);
             const int visible = std::min(n, (t / block + 1) * block);
@@ -330,26 +348,31 @@ static std::vector<double> test_naive_forward(const test_llada2_shape &s, const 
                 double mx = -INFINITY, z = 0;
                 for (int j = 0; j < visible; j++) {
                     double d = 0;
-                    for (int c = 0; c < s.hd; c++) d += q[(size_t)t][(size_t)(hh * s.hd + c)] * k[(size_t)j][(size_t)(kh * s.hd + c)];
+                    for (int c = 0; c < s.hd; c++)
+                        d += q[(size_t)t][(size_t)(hh * s.hd + c)] * k[(size_t)j][(size_t)(kh * s.hd + c)];
                     sc[(size_t)j] = d / sqrt((double)s.hd), mx = std::max(mx, sc[(size_t)j]);
                 }
                 for (int j = 0; j < visible; j++) z += exp(sc[(size_t)j] - mx);
                 for (int j = 0; j < visible; j++)
                     for (int c = 0; c < s.hd; c++)
-                        att[(size_t)(hh * s.hd + c)] += exp(sc[(size_t)j] - mx) / z * v[(size_t)j][(size_t)(kh * s.hd + c)];
+                        att[(size_t)(hh * s.hd + c)] +=
+                            exp(sc[(size_t)j] - mx) / z * v[(size_t)j][(size_t)(kh * s.hd + c)];
             }
             std::vector<double> o = test_matvec(tw[attn + "dense.weight"], att, H);
             for (int i = 0; i < H; i++) h[(size_t)t][(size_t)i] += o[(size_t)i];
         }
         for (int t = 0; t < n; t++) {
-            std::vector<double> a = test_rms(h[(size_t)t], tw[p + "post_attention_layernorm.weight"].data(), 0, (size_t)H);
-            std::vector<double> f = l < s.dense ? test_swiglu(tw, p + "mlp.", a, s.ff) : test_naive_moe(s, tw, p + "mlp.", a);
+            std::vector<double> a =
+                test_rms(h[(size_t)t], tw[p + "post_attention_layernorm.weight"].data(), 0, (size_t)H);
+            std::vector<double> f =
+                l < s.dense ? test_swiglu(tw, p + "mlp.", a, s.ff) : test_naive_moe(s, tw, p + "mlp.", a);
             for (int i = 0; i < H; i++) h[(size_t)t][(size_t)i] += f[(size_t)i];
         }
     }
     std::vector<double> logits;
     for (int t = 0; t < n; t++) {
-        std::vector<double> row = test_matvec(tw["lm_head.weight"], test_rms(h[(size_t)t], tw["model.norm.weight"].data(), 0, (size_t)H), s.V);
+        std::vector<double> row = test_matvec(
+            tw["lm_head.weight"], test_rms(h[(size_t)t], tw["model.norm.weight"].data(), 0, (size_t)H), s.V);
         logits.insert(logits.end(), row.begin(), row.end());
     }
     return logits;
@@ -360,12 +383,8 @@ TEST(llada2, forward_matches_naive_loop_over_experts) {
     test_llada2_shape s;
     test_llada2_weights tw = test_llada2_random(s, 5);
     test_tmpdir dir;
-    test_llada2_write(dir, s, tw);
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, tw);
+    if (!m) return;
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     CHECK(info.family == DLLM_FAMILY_LLADA2 && info.block_size == 32 && info.mask_id == s.mask && info.eos_id == s.eos);
@@ -429,12 +448,8 @@ TEST(llada2, kv_cached_generate_equals_uncached_bit_for_bit) {
     test_llada2_shape s;
     test_llada2_weights tw = test_llada2_random(s, 9);
     test_tmpdir dir;
-    test_llada2_write(dir, s, tw);
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, tw);
+    if (!m) return;
     dllm_ctx *ctx = test_ctx(m, DLLM_BACKEND_CPU, 2);
     std::mt19937 rng(13);
     int edits = 0, multi = 0;
@@ -499,7 +514,8 @@ struct test_llada2_rig {
                     std::vector<int32_t> &out) {
         struct rec {
             static int fn(const dllm_step_info *i, void *u) {
-                ((std::vector<std::vector<int32_t>> *)u)->emplace_back(i->canvas + i->prompt_len, i->canvas + i->canvas_len);
+                ((std::vector<std::vector<int32_t>> *)u)
+                    ->emplace_back(i->canvas + i->prompt_len, i->canvas + i->canvas_len);
                 return 0;
             }
         };
@@ -507,7 +523,8 @@ struct test_llada2_rig {
         p.on_step = rec::fn, p.on_step_data = &steps;
         out.assign((size_t)p.gen_length, -1);
         int n = 0;
-        dllm_status st = dllm__llada2_generate_impl(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n, nullptr);
+        dllm_status st = dllm__llada2_generate_impl(ctx, prompt.data(), (int)prompt.size(), p, out.data(),
+                                                    (int)out.size(), &n, nullptr);
         out.resize((size_t)n);
         return st;
     }
@@ -582,15 +599,19 @@ TEST(llada2, loop_v21_editing_post_steps_and_eos) {
             default: break;
         }
         R r;  // block 2: masks become 6 (row 2 below the threshold); decoded rows always change: edits until the cap
-        for (int i = 0; i < 4; i++) r.push_back(ids[i] == 7 ? std::make_pair(6, i == 2 ? 0.4 : 0.9) : std::make_pair((ids[i] + 1) % 6, 0.9));
+        for (int i = 0; i < 4; i++)
+            r.push_back(ids[i] == 7 ? std::make_pair(6, i == 2 ? 0.4 : 0.9) : std::make_pair((ids[i] + 1) % 6, 0.9));
         return r;
     };
     std::vector<std::vector<int32_t>> steps;
     std::vector<int32_t> out;
     p.stop_at_eos = 0;
     CHECK_STATUS(rig.run({0}, p, steps, out), DLLM_OK, nullptr);
-    const std::vector<std::vector<int32_t>> want = {
-        {2, 7, 7, 7, 7, 7, 7}, {1, 7, 4, 7, 7, 7, 7}, {1, 2, 4, 7, 7, 7, 7}, {1, 6, 4, 7, 7, 7, 7}, {1, 6, 4, 7, 7, 7, 7}};
+    const std::vector<std::vector<int32_t>> want = {{2, 7, 7, 7, 7, 7, 7},
+                                                    {1, 7, 4, 7, 7, 7, 7},
+                                                    {1, 2, 4, 7, 7, 7, 7},
+                                                    {1, 6, 4, 7, 7, 7, 7},
+                                                    {1, 6, 4, 7, 7, 7, 7}};
     CHECK(steps.size() >= 5 && std::vector<std::vector<int32_t>>(steps.begin(), steps.begin() + 5) == want);
     // block 2 (rows 4..7): 3 masks above 0.7 then the fallback, then post steps that keep editing: 2 at most
     CHECK_MSG(rig.backend->forwards == 5 + 2 + 2, "%d forwards", rig.backend->forwards);
@@ -638,12 +659,8 @@ TEST(llada2, options_that_do_not_apply_are_refused) {
 TEST(llada2, backend_choice) {
     test_llada2_shape s;
     test_tmpdir dir;
-    test_llada2_write(dir, s, test_llada2_random(s, 1));
-    dllm_model *m = test_load(dir.path);
-    if (!m) {
-        CHECK(false);
-        return;
-    }
+    dllm_model *m = test_llada2_load(T_, dir, s, test_llada2_random(s, 1));
+    if (!m) return;
     std::string why;
     const bool gpu = dllm__gpu_usable(0, why);
     dllm_ctx_params cp = dllm_ctx_default_params();
@@ -700,9 +717,11 @@ TEST(llada2, gpu_moe_slot_order) {
                 ok &= slot_token[(size_t)row] == (int)i / k && (int)i / k > last_token;
                 last_token = (int)i / k, n++, used++;
             }
-            for (int row = first_row[(size_t)e] + n; row < first_row[(size_t)e + 1]; row++) ok &= slot_token[(size_t)row] == 0;
+            for (int row = first_row[(size_t)e] + n; row < first_row[(size_t)e + 1]; row++)
+                ok &= slot_token[(size_t)row] == 0;
         }
-        CHECK_MSG(ok && used == T * k - 1 && (int)slot_token.size() == first_row[(size_t)E], "align %d: slot order broken", align);
+        CHECK_MSG(ok && used == T * k - 1 && (int)slot_token.size() == first_row[(size_t)E],
+                  "align %d: slot order broken", align);
     }
 }
 
@@ -733,10 +752,12 @@ TEST(llada2, official_generate_traces) {
         dllm_gen_params p = dllm_gen_default_params();
         p.gen_length = (int)num("gen_length"), p.block_length = (int)num("block_length"), p.steps = (int)num("steps");
         p.threshold = num("threshold"), p.early_stop = k.find("eos_early_stop")->boolean ? 1 : 0, p.stop_at_eos = 0;
-        if (k.find("editing_threshold")) p.edit_threshold = num("editing_threshold"), p.max_post_steps = (int)num("max_post_steps");
+        if (k.find("editing_threshold"))
+            p.edit_threshold = num("editing_threshold"), p.max_post_steps = (int)num("max_post_steps");
         std::vector<int32_t> out((size_t)p.gen_length);
         int n = 0;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n, nullptr), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, out.data(), (int)out.size(), &n, nullptr),
+                     DLLM_OK, nullptr);
         out.resize((size_t)n);
         CHECK_MSG(out == want, "case %zu (%s): dllm's %zu tokens differ from the official %zu", i,
                   k.find("name")->str.c_str(), out.size(), want.size());

@@ -2,11 +2,14 @@
 
 // ---- JSON -------------------------------------------------------------------------------------------
 
-static dllm_status test_json(const char *text, dllm__json &out) { return dllm__json_parse(text, strlen(text), "test", out); }
+static dllm_status test_json(const char *text, dllm__json &out) {
+    return dllm__json_parse(text, strlen(text), "test", out);
+}
 
 TEST(json, parses_values_and_escapes) {
     dllm__json j;
-    CHECK_STATUS(test_json(" {\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\ud83d\\ude00\\n\"], \"b\": {}} ", j), DLLM_OK, nullptr);
+    CHECK_STATUS(test_json(" {\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\ud83d\\ude00\\n\"], \"b\": {}} ", j), DLLM_OK,
+                 nullptr);
     const dllm__json *a = j.find("a");
     CHECK(a && a->items.size() == 5);
     if (!a || a->items.size() != 5) return;
@@ -71,7 +74,8 @@ TEST(safetensors, reads_valid_file) {
         CHECK(st.tensors.size() == 5);
         for (const dllm__tensor &t : st.tensors) {
             if (t.name == "a") CHECK(t.shape == std::vector<int64_t>({2, 3}) && dllm__tensor_at(t, 5) == 6.0f);
-            if (t.name == "b") CHECK(t.dtype == DLLM__BF16 && dllm__tensor_at(t, 2) == 3.25f && dllm__tensor_at(t, 1) == -2.0f);
+            if (t.name == "b")
+                CHECK(t.dtype == DLLM__BF16 && dllm__tensor_at(t, 2) == 3.25f && dllm__tensor_at(t, 1) == -2.0f);
             if (t.name == "scalar") CHECK(t.shape.empty() && t.numel == 1 && dllm__tensor_at(t, 0) == 1.0f);
             if (t.name == "empty") CHECK(t.numel == 0 && t.nbytes == 0);
             if (t.name == "c") CHECK(t.dtype == DLLM__I32 && t.nbytes == 8);
@@ -84,7 +88,8 @@ TEST(safetensors, half_precision_conversions) {
     // F16: 1.0, -2.0, 65504 (max), 2^-24 (smallest subnormal), -0, inf
     const uint16_t h[] = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00};
     const float want[] = {1.0f, -2.0f, 65504.0f, 5.9604644775390625e-08f, -0.0f, INFINITY};
-    for (int i = 0; i < 6; i++) CHECK_MSG(dllm__f16_to_f32(h[i]) == want[i], "f16 %04x -> %g", h[i], (double)dllm__f16_to_f32(h[i]));
+    for (int i = 0; i < 6; i++)
+        CHECK_MSG(dllm__f16_to_f32(h[i]) == want[i], "f16 %04x -> %g", h[i], (double)dllm__f16_to_f32(h[i]));
     CHECK(signbit(dllm__f16_to_f32(0x8000)));
     CHECK(isnan(dllm__f16_to_f32(0x7E00)));
     CHECK(dllm__bf16_to_f32(0x3FC0) == 1.5f);
@@ -95,7 +100,8 @@ static void test_broken_st(dllm_test_state &T_, const std::string &bytes, const 
     test_tmpdir dir;
     dllm__safetensors st;
     CHECK_STATUS(test_st_open_bytes(dir, bytes, st), DLLM_ERR_FORMAT, want_substr);
-    CHECK_MSG(strstr(dllm_last_error(), "t.safetensors") != nullptr, "message lacks the file name: %s", dllm_last_error());
+    CHECK_MSG(strstr(dllm_last_error(), "t.safetensors") != nullptr, "message lacks the file name: %s",
+              dllm_last_error());
 }
 
 TEST(safetensors, rejects_truncated_and_oversized) {
@@ -136,16 +142,41 @@ TEST(safetensors, rejects_bad_offsets) {
     b.add_f32("x", {2}, {1, 2});
     b.add_f32("y", {2}, {3, 4});
     std::string data = b.data();
-    test_broken_st(T_, test_st_builder::assemble(
-        "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", data + "abcd"), "overlap");
-    test_broken_st(T_, test_st_builder::assemble(
-        "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", data + "abcd"), "gap");
-    test_broken_st(T_, test_st_builder::assemble(
-        "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data), "needs 12 bytes");
-    test_broken_st(T_, test_st_builder::assemble(
-        "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data), "end 0 < begin 8");
-    test_broken_st(T_, test_st_builder::assemble(
-        "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data), "data_offsets");
+    test_broken_st(
+        T_,
+        test_st_builder::assemble(
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],"
+            "\"data_offsets\":[4,12]}}",
+            data + "abcd"),
+        "overlap");
+    test_broken_st(
+        T_,
+        test_st_builder::assemble(
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],"
+            "\"data_offsets\":[12,20]}}",
+            data + "abcd"),
+        "gap");
+    test_broken_st(
+        T_,
+        test_st_builder::assemble(
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],"
+            "\"data_offsets\":[8,16]}}",
+            data),
+        "needs 12 bytes");
+    test_broken_st(
+        T_,
+        test_st_builder::assemble(
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],"
+            "\"data_offsets\":[8,16]}}",
+            data),
+        "end 0 < begin 8");
+    test_broken_st(
+        T_,
+        test_st_builder::assemble(
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],"
+            "\"data_offsets\":[8,16]}}",
+            data),
+        "data_offsets");
     test_broken_st(T_, test_st_builder::assemble(
         "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", data), "overflows");
 }
@@ -190,7 +221,8 @@ static std::string test_llada_config_with(const char *key, const char *value) {
 
 TEST(config, parses_real_llada_8b) {
     dllm__config c;
-    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/llada-8b-instruct.config.json")), c), DLLM_OK, nullptr);
+    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/llada-8b-instruct.config.json")), c), DLLM_OK,
+                 nullptr);
     CHECK(c.family == DLLM_FAMILY_LLADA);
     CHECK(c.n_embd == 4096 && c.n_layer == 32 && c.n_head == 32 && c.n_head_kv == 32 && c.head_dim == 128);
     CHECK(c.n_ff == 12288 && c.n_vocab == 126464 && c.vocab_size == 126464 && c.max_seq_len == 4096);
@@ -204,7 +236,8 @@ TEST(config, parses_dream_7b_shape) {
         "{\"model_type\": \"Dream\", \"hidden_size\": 3584, \"num_hidden_layers\": 28, \"num_attention_heads\": 28,"
         " \"num_key_value_heads\": 4, \"intermediate_size\": 18944, \"vocab_size\": 152064, \"rms_norm_eps\": 1e-06,"
         " \"rope_theta\": 1000000.0, \"rope_scaling\": null, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\","
-        " \"max_position_embeddings\": 131072, \"mask_token_id\": 151666, \"eos_token_id\": 151643, \"pad_token_id\": 151643,"
+        " \"max_position_embeddings\": 131072, \"mask_token_id\": 151666, \"eos_token_id\": 151643, \"pad_token_id\": "
+        "151643,"
         " \"use_sliding_window\": false, \"sliding_window\": null}";
     dllm__config c;
     CHECK_STATUS(test_config(dream, c), DLLM_OK, nullptr);
@@ -248,7 +281,8 @@ TEST(config, supported_variants) {
     dllm__config c;
     CHECK_STATUS(test_config(test_llada_config_with("layer_norm_type", "\"gemma_rms\""), c), DLLM_OK, nullptr);
     CHECK(c.gemma_norm);
-    CHECK_STATUS(test_config(test_llada_config_with("multi_query_attention", "true"), c), DLLM_ERR_FORMAT, "contradicts n_kv_heads");
+    CHECK_STATUS(test_config(test_llada_config_with("multi_query_attention", "true"), c), DLLM_ERR_FORMAT,
+                 "contradicts n_kv_heads");
     std::string mqa = test_llada_config_with("multi_query_attention", "true");
     mqa.replace(mqa.find("\"n_kv_heads\""), 12, "\"n_kv_headz\"");
     CHECK_STATUS(test_config(mqa, c), DLLM_OK, nullptr);
@@ -264,7 +298,8 @@ TEST(config, supported_variants) {
 /* The real LLaDA-8B index: its 291 names are exactly what the config demands, with matching byte total. */
 TEST(weights, real_llada_index_maps_every_tensor) {
     dllm__config c;
-    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/llada-8b-instruct.config.json")), c), DLLM_OK, nullptr);
+    CHECK_STATUS(test_config(test_read_file(test_data("real-configs/llada-8b-instruct.config.json")), c), DLLM_OK,
+                 nullptr);
     dllm__json idx;
     CHECK_STATUS(dllm__json_load(test_data("real-configs/llada-8b-instruct.index.json"), idx), DLLM_OK, nullptr);
     std::vector<std::pair<std::string, std::string>> map;
@@ -282,11 +317,23 @@ TEST(weights, real_llada_index_maps_every_tensor) {
         per_kind[s.kind]++;
     }
     CHECK(bytes == idx.find("metadata")->find("total_size")->integer);
-    CHECK(per_kind[DLLM__W_Q] == 32 && per_kind[DLLM__W_DOWN] == 32 && per_kind[DLLM__W_EMBED] == 1 && per_kind[DLLM__W_HEAD] == 1);
+    CHECK(per_kind[DLLM__W_Q] == 32 && per_kind[DLLM__W_DOWN] == 32 && per_kind[DLLM__W_EMBED] == 1 &&
+          per_kind[DLLM__W_HEAD] == 1);
     CHECK(shard_of["model.transformer.blocks.0.attn_out.weight"] == "model-00001-of-00006.safetensors");
 }
 
 /* The Fast-dLLM v2 index has the Qwen2.5-7B layout that Dream-7B shares: 339 tensors. */
+/* The tensor names of Fast-dLLM v2 7B's safetensors index (tests/data/real-configs): Qwen2-7B's layout, Dream's too. */
+static std::unordered_set<std::string> test_fast_dllm_v2_index_names(dllm_test_state &T_) {
+    dllm__json idx;
+    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
+    std::vector<std::pair<std::string, std::string>> map;
+    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
+    std::unordered_set<std::string> names;
+    for (auto &e : map) names.insert(e.first);
+    return names;
+}
+
 TEST(weights, qwen2_layout_matches_dream_expectation) {
     dllm__config c;
     const char *dream =
@@ -294,12 +341,7 @@ TEST(weights, qwen2_layout_matches_dream_expectation) {
         " \"num_key_value_heads\": 4, \"intermediate_size\": 18944, \"vocab_size\": 152064, \"rms_norm_eps\": 1e-06,"
         " \"rope_theta\": 1000000.0, \"max_position_embeddings\": 2048, \"mask_token_id\": 151666}";
     CHECK_STATUS(test_config(dream, c), DLLM_OK, nullptr);
-    dllm__json idx;
-    CHECK_STATUS(dllm__json_load(test_data("real-configs/fast-dllm-v2-7b.index.json"), idx), DLLM_OK, nullptr);
-    std::vector<std::pair<std::string, std::string>> map;
-    CHECK_STATUS(dllm__parse_index(idx, "index", map), DLLM_OK, nullptr);
-    std::unordered_set<std::string> names;
-    for (auto &e : map) names.insert(e.first);
+    const std::unordered_set<std::string> names = test_fast_dllm_v2_index_names(T_);
     std::vector<dllm__wspec> specs = dllm__expected_weights(c);
     CHECK(specs.size() == 339 && names.size() == 339);
     int64_t bytes = 0;
@@ -318,7 +360,8 @@ TEST(weights, loads_fixtures) {
     if (m) {
         dllm_model_info info;
         CHECK_STATUS(dllm_model_get_info(m, &info), DLLM_OK, nullptr);
-        CHECK(info.family == DLLM_FAMILY_LLADA && info.n_vocab == 136 && info.mask_id == 130 && info.eos_id == 128 && info.eot_id == 129);
+        CHECK(info.family == DLLM_FAMILY_LLADA && info.n_vocab == 136 && info.mask_id == 130 && info.eos_id == 128 &&
+              info.eot_id == 129);
         CHECK(info.n_layer == 3 && info.head_dim == 64 && info.n_ff == 200 && !info.shift_logits);
     }
     dllm_model_free(m);
@@ -327,13 +370,15 @@ TEST(weights, loads_fixtures) {
     if (m) {
         dllm_model_info info;
         dllm_model_get_info(m, &info);
-        CHECK(info.family == DLLM_FAMILY_DREAM && info.n_head == 3 && info.n_head_kv == 1 && info.shift_logits && info.eot_id == 139);
+        CHECK(info.family == DLLM_FAMILY_DREAM && info.n_head == 3 && info.n_head_kv == 1 && info.shift_logits &&
+              info.eot_id == 139);
     }
     dllm_model_free(m);
 }
 
 /* Rewrites tiny-llada's model.safetensors with `edit` applied to the tensor list. */
-static void test_rewrite_llada(const test_tmpdir &dir, const std::function<void(std::vector<dllm__tensor> &, test_st_builder &)> &edit) {
+static void test_rewrite_llada(const test_tmpdir &dir,
+                               const std::function<void(std::vector<dllm__tensor> &, test_st_builder &)> &edit) {
     dllm__safetensors st;
     dllm__st_open(test_data("tiny-llada/model.safetensors"), false, st);
     std::vector<dllm__tensor> ts = st.tensors;
@@ -348,10 +393,14 @@ static void test_rewrite_llada(const test_tmpdir &dir, const std::function<void(
 TEST(weights, missing_tensor_is_named) {
     test_tmpdir dir;
     test_rewrite_llada(dir, [](std::vector<dllm__tensor> &ts, test_st_builder &) {
-        ts.erase(std::remove_if(ts.begin(), ts.end(), [](const dllm__tensor &t) { return t.name == "model.transformer.blocks.1.up_proj.weight"; }), ts.end());
+        ts.erase(
+            std::remove_if(ts.begin(), ts.end(),
+                           [](const dllm__tensor &t) { return t.name == "model.transformer.blocks.1.up_proj.weight"; }),
+            ts.end());
     });
     dllm_model *m = nullptr;
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_SHAPE, "missing tensor model.transformer.blocks.1.up_proj.weight (expected shape [200, 128])");
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_SHAPE,
+                 "missing tensor model.transformer.blocks.1.up_proj.weight (expected shape [200, 128])");
     CHECK(m == nullptr);
 }
 
@@ -377,13 +426,16 @@ TEST(weights, wrong_dtype_and_extra_tensor) {
     CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_UNSUPPORTED, "dtype I16");
 
     test_tmpdir dir2;
-    test_rewrite_llada(dir2, [](std::vector<dllm__tensor> &, test_st_builder &b) { b.add_f32("rotary.inv_freq", {2}, {1, 2}); });
+    test_rewrite_llada(dir2, [](std::vector<dllm__tensor> &, test_st_builder &b) {
+        b.add_f32("rotary.inv_freq", {2}, {1, 2});
+    });
     static std::string logged;
     logged.clear();
     dllm_log_set([](dllm_log_level, const char *text, void *) { logged += text; }, nullptr, DLLM_LOG_WARN);
     CHECK_STATUS(dllm_model_load(dir2.path.c_str(), dllm_model_default_params(), &m), DLLM_OK, nullptr);
     dllm_log_set(nullptr, nullptr, DLLM_LOG_WARN);
-    CHECK_MSG(logged.find("rotary.inv_freq") != std::string::npos, "no warning naming the unused tensor: %s", logged.c_str());
+    CHECK_MSG(logged.find("rotary.inv_freq") != std::string::npos, "no warning naming the unused tensor: %s",
+              logged.c_str());
     dllm_model_free(m);
 }
 
@@ -391,11 +443,14 @@ TEST(weights, missing_files_and_bad_index) {
     test_tmpdir dir;
     dllm_model *m = nullptr;
     CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "no config.json");
-    CHECK_STATUS(dllm_model_load("/nonexistent/dllm", dllm_model_default_params(), &m), DLLM_ERR_IO, "/nonexistent/dllm");
+    CHECK_STATUS(dllm_model_load("/nonexistent/dllm", dllm_model_default_params(), &m), DLLM_ERR_IO,
+                 "/nonexistent/dllm");
     test_write_file(dir.file("config.json"), test_read_file(test_data("tiny-llada/config.json")));
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "neither model.safetensors");
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO,
+                 "neither model.safetensors");
     test_write_file(dir.file("config.json"), "{\"model_type\": \"llada\",");
-    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT, "config.json: invalid JSON");
+    CHECK_STATUS(dllm_model_load(dir.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT,
+                 "config.json: invalid JSON");
 
     test_tmpdir d2;
     test_copy_model(test_data("tiny-dream"), d2);
@@ -403,15 +458,18 @@ TEST(weights, missing_files_and_bad_index) {
     std::string evil = idx;
     evil.replace(evil.find("model-00002-of-00002.safetensors"), 32, "../../../../../../../etc/passwd");
     test_write_file(d2.file("model.safetensors.index.json"), evil);
-    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT, "must be a file name");
+    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT,
+                 "must be a file name");
     std::string wrong = idx;
     size_t at = wrong.find("model-00001-of-00002.safetensors");
     wrong.replace(at, 32, "model-00002-of-00002.safetensors");  // first entry points at the other shard
     test_write_file(d2.file("model.safetensors.index.json"), wrong);
-    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT, "does not hold it");
+    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_FORMAT,
+                 "does not hold it");
     test_write_file(d2.file("model.safetensors.index.json"), idx);
     unlink(d2.file("model-00001-of-00002.safetensors").c_str());
-    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO, "model-00001-of-00002.safetensors");
+    CHECK_STATUS(dllm_model_load(d2.path.c_str(), dllm_model_default_params(), &m), DLLM_ERR_IO,
+                 "model-00001-of-00002.safetensors");
     CHECK(m == nullptr);
 }
 

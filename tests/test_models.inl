@@ -39,8 +39,8 @@ static void test_nll_matches_card(dllm_test_state &T_, const char *model) {
     const char *keys[3] = {"nll_0.15", "nll_0.50", "nll_0.90"};
     for (int k = 0; k < 3; k++) {
         double got = r[keys[k]], card_v = want->items[(size_t)k].number;
-        printf("    %s %s: %.6f (card %.6f), %g masked (card %g)\n", model, keys[k], got, card_v, r[std::string(keys[k]) + "_masked"],
-               counts->items[(size_t)k].number);
+        printf("    %s %s: %.6f (card %.6f), %g masked (card %g)\n", model, keys[k], got, card_v,
+               r[std::string(keys[k]) + "_masked"], counts->items[(size_t)k].number);
         CHECK_MSG(fabs(got - card_v) <= 0.01 * card_v, "%s %s: %.6f vs card %.6f", model, keys[k], got, card_v);
         CHECK(r[std::string(keys[k]) + "_masked"] == counts->items[(size_t)k].number);
     }
@@ -84,14 +84,18 @@ TEST(models, heldout_tokenization_matches_hugging_face) {
  * clear error. */
 TEST(models, eval_agreement_reports_scheduler_nfe_and_pll) {
     if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
-    const std::string base = "-m models/tiny-llada --agree tests/data/prompts.txt --limit 2 -n 8 --steps 8 --block 4 --backend cpu --ref-backend cpu";
+    const std::string base =
+        "-m models/tiny-llada --agree tests/data/prompts.txt --limit 2 -n 8 --steps 8 --block 4 --backend cpu "
+        "--ref-backend cpu";
     std::map<std::string, double> same, dual;
     CHECK(test_eval(base, same) == 0);
-    CHECK(same["agree_token"] == 1.0 && same["nfe"] == 16 && same["ref_nfe"] == 16 && same["pll"] == same["ref_pll"] && same["pll"] > 0);
+    CHECK(same["agree_token"] == 1.0 && same["nfe"] == 16 && same["ref_nfe"] == 16 && same["pll"] == same["ref_pll"] &&
+          same["pll"] > 0);
     CHECK(test_eval(base + " --cache dual --threshold 0.5", dual) == 0);
-    printf("    dual + threshold 0.5: token agreement %.3f, NFE %g / %g, PLL %.4f / %.4f\n", dual["agree_token"], dual["nfe"], dual["ref_nfe"],
-           dual["pll"], dual["ref_pll"]);
-    CHECK(dual["agree_sequences"] == 2 && dual["nfe"] >= 4 && dual["nfe"] <= 16 && dual["pll"] > 0 && dual["ref_pll"] == same["ref_pll"]);
+    printf("    dual + threshold 0.5: token agreement %.3f, NFE %g / %g, PLL %.4f / %.4f\n", dual["agree_token"],
+           dual["nfe"], dual["ref_nfe"], dual["pll"], dual["ref_pll"]);
+    CHECK(dual["agree_sequences"] == 2 && dual["nfe"] >= 4 && dual["nfe"] <= 16 && dual["pll"] > 0 &&
+          dual["ref_pll"] == same["ref_pll"]);
     std::map<std::string, double> bad;
     CHECK(test_eval(base + " --cache triple", bad) == 1);
 }

@@ -2,8 +2,8 @@
  * its widening and layout on the CPU, its kernels against dllm__cpu_i8_gemm and the layout twin on an sm_90a GPU, and a
  * forward on q4wg against the same forward on the other 4-bit paths. */
 
-/* The widening's claim (q4wg_hi / q4wg_lo in the kernel): a nibble moved into a byte's high half and read as s8 is 16 q,
- * and ORing in 8 makes it 8 (2q + 1): SoloQ-I's C value times 8, RTN's q times 16, for every byte. */
+/* The widening's claim (q4wg_hi / q4wg_lo in the kernel): a nibble moved into a byte's high half and read as s8 is 16
+ * q, and ORing in 8 makes it 8 (2q + 1): SoloQ-I's C value times 8, RTN's q times 16, for every byte. */
 TEST(q4wg, widening_gives_eight_or_sixteen_times_the_c_value) {
     int checked = 0;
     for (int byte = 0; byte < 256; byte++)
@@ -12,8 +12,9 @@ TEST(q4wg, widening_gives_eight_or_sixteen_times_the_c_value) {
             const int8_t hi = (int8_t)((byte & 0xF0u) | fill), lo = (int8_t)(((byte << 4) & 0xF0u) | fill);
             const uint8_t packed[1] = {(uint8_t)byte};
             const float c_lo = dllm__q4_value(f, packed, nullptr, 0), c_hi = dllm__q4_value(f, packed, nullptr, 1);
-            CHECK_MSG(lo == (int)(scale * c_lo) && hi == (int)(scale * c_hi), "byte 0x%02x, format %s: %d %d, want %g %g", byte,
-                      dllm__q4_names[f], lo, hi, scale * c_lo, scale * c_hi);
+            CHECK_MSG(lo == (int)(scale * c_lo) && hi == (int)(scale * c_hi),
+                      "byte 0x%02x, format %s: %d %d, want %g %g", byte, dllm__q4_names[f], lo, hi, scale * c_lo,
+                      scale * c_hi);
             checked++;
         }
     CHECK(checked == 512);
@@ -38,9 +39,11 @@ TEST(q4wg, prepack_moves_every_nibble_to_its_fragment_place) {
         const int tile = row / 64, r = row % 64, warp = r / 16, g = r % 8, v1 = (r % 16) / 8;
         const int kb = kk / 128, s = (kk % 128) / 32, kin = kk % 32, t = (kin % 16) / 4, v0 = kin % 4, v2 = kin / 16;
         const int lane = 4 * g + t, j = 2 * (s % 2) + v1, h = s / 2;
-        const size_t at = ((size_t)tile * (k / 128) + kb) * 4096 + (size_t)(h * 128 + 32 * warp + lane) * 16 + j * 4 + v0;
+        const size_t at =
+            ((size_t)tile * (k / 128) + kb) * 4096 + (size_t)(h * 128 + 32 * warp + lane) * 16 + j * 4 + v0;
         int nonzero = 0;
-        for (int i = 0; i < bytes; i++) nonzero += (packed[(size_t)i] & 15) != 0, nonzero += (packed[(size_t)i] >> 4) != 0;
+        for (int i = 0; i < bytes; i++)
+            nonzero += (packed[(size_t)i] & 15) != 0, nonzero += (packed[(size_t)i] >> 4) != 0;
         wrong += nonzero != 1 || (packed[at] >> (4 * v2) & 15) != value;
     }
     CHECK_MSG(wrong == 0 && tried > 800, "%d of %d nibbles not where the A fragment reads them", wrong, tried);
@@ -83,13 +86,14 @@ TEST(gpu_q4wg, prepack_kernel_matches_its_twin) {
         test_put(W.data, rows);
         CHECK_STATUS(dllm__q4wg_pack(k, W, nullptr), DLLM_OK, nullptr);
         dllm__q4wg_prepack(rows.data(), W.n, W.k, want.data());
-        CHECK_MSG(W.q4->packed && test_get<uint8_t>(W.data, want.size()) == want, "%d x %d: the packed bytes differ", W.n, W.k);
+        CHECK_MSG(W.q4->packed && test_get<uint8_t>(W.data, want.size()) == want, "%d x %d: the packed bytes differ",
+                  W.n, W.k);
     }
 }
 
-/* q4wg_gemm equals dllm__cpu_i8_gemm bit for bit (rounded to bf16 as the epilogue rounds) for either format, at token counts across
- * every configuration and past one launch (300: two), on random codes, C values and scales; outputs poisoned first;
- * the workspace is zero again after every call. */
+/* q4wg_gemm equals dllm__cpu_i8_gemm bit for bit (rounded to bf16 as the epilogue rounds) for either format, at token
+ * counts across every configuration and past one launch (300: two), on random codes, C values and scales; outputs
+ * poisoned first; the workspace is zero again after every call. */
 TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
     NEED_Q4WG(k);
     test_rng rng("q4wg gemm");
@@ -102,8 +106,10 @@ TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
             dllm__q4wg_prepack(rows.data(), N, K, packed.data());
             std::vector<int8_t> w8((size_t)N * K), x8((size_t)Mmax * K);
             for (int n = 0; n < N; n++)
-                for (int kk = 0; kk < K; kk++) w8[(size_t)n * K + kk] = (int8_t)dllm__q4_value(f, rows.data() + (size_t)n * K / 2, nullptr, kk);
-            for (int8_t &v : x8) v = f == DLLM__Q4_INT4 ? (int8_t)(2 * rng.below(16) - 15) : (int8_t)(rng.below(16) - 8);
+                for (int kk = 0; kk < K; kk++)
+                    w8[(size_t)n * K + kk] = (int8_t)dllm__q4_value(f, rows.data() + (size_t)n * K / 2, nullptr, kk);
+            for (int8_t &v : x8)
+                v = f == DLLM__Q4_INT4 ? (int8_t)(2 * rng.below(16) - 15) : (int8_t)(rng.below(16) - 8);
             std::vector<float> s_x((size_t)Mmax), s_w((size_t)N);
             for (float &v : s_x) v = scale() * (rng.below(2) ? 1 : -1);
             for (float &v : s_w) v = scale();
@@ -116,17 +122,17 @@ TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
                 std::vector<float> want((size_t)M * N);
                 dllm__cpu_i8_gemm(x8.data(), K, w8.data(), s_x.data(), s_w.data(), want.data(), N, M, N, K);
                 test_poison(dy, (size_t)M * N * 2);
-                CHECK_STATUS(dllm__q4wg_gemm_run(k, f, dw.ptr, dsw.as<float>(), dx.as<signed char>(), dsx.as<float>(), dy.as<bf16_t>(), M,
-                                                 N, K, ws.as<int>(), ws_ints, nullptr),
+                CHECK_STATUS(dllm__q4wg_gemm_run(k, f, dw.ptr, dsw.as<float>(), dx.as<signed char>(), dsx.as<float>(),
+                                                 dy.as<bf16_t>(), M, N, K, ws.as<int>(), ws_ints, nullptr),
                              DLLM_OK, nullptr);
                 const std::vector<uint16_t> got = test_get<uint16_t>(dy, (size_t)M * N);
                 int bad = 0;
                 for (size_t i = 0; i < want.size(); i++) bad += got[i] != dllm__f32_to_bf16(want[i]);
-                CHECK_MSG(bad == 0, "%s N %d K %d M %d: %d of %zu outputs differ from dllm__cpu_i8_gemm", dllm__q4_names[f], N, K, M, bad,
-                          want.size());
+                CHECK_MSG(bad == 0, "%s N %d K %d M %d: %d of %zu outputs differ from dllm__cpu_i8_gemm",
+                          dllm__q4_names[f], N, K, M, bad, want.size());
                 const std::vector<int> left = test_get<int>(ws, ws_ints);
-                CHECK_MSG(std::all_of(left.begin(), left.end(), [](int v) { return v == 0; }), "%s M %d: the workspace is not zero",
-                          dllm__q4_names[f], M);
+                CHECK_MSG(std::all_of(left.begin(), left.end(), [](int v) { return v == 0; }),
+                          "%s M %d: the workspace is not zero", dllm__q4_names[f], M);
             }
             printf("    %s %d x %d: M = 1 to 300 exact\n", dllm__q4_names[f], N, K);
         }
@@ -139,8 +145,10 @@ TEST(gpu_q4wg, forward_equals_the_other_4bit_paths) {
     NEED_Q4WG(k);
     test_tmpdir dir;
     std::string cfg = test_read_file("models/tiny-llada/config.json");
-    for (auto kv : {std::make_pair("\"d_model\": 256", "\"d_model\": 512"), std::make_pair("\"mlp_hidden_size\": 640", "\"mlp_hidden_size\": 1536"),
-                    std::make_pair("\"n_layers\": 8", "\"n_layers\": 2"), std::make_pair("\"max_sequence_length\": 256", "\"max_sequence_length\": 512")})
+    for (auto kv : {std::make_pair("\"d_model\": 256", "\"d_model\": 512"),
+                    std::make_pair("\"mlp_hidden_size\": 640", "\"mlp_hidden_size\": 1536"),
+                    std::make_pair("\"n_layers\": 8", "\"n_layers\": 2"),
+                    std::make_pair("\"max_sequence_length\": 256", "\"max_sequence_length\": 512")})
         cfg.replace(cfg.find(kv.first), strlen(kv.first), kv.second);
     test_write_file(dir.file("config.json"), cfg);
     dllm_model *m = nullptr;
@@ -160,7 +168,8 @@ TEST(gpu_q4wg, forward_equals_the_other_4bit_paths) {
                 CHECK_MSG(gpu->weights().layers[1].gu.q4->packed == (on == 1), "%s: q4wg %s but the weights %s packed",
                           dllm__precision_name(p), on ? "on" : "off", on ? "are not" : "are");
                 logits[on].assign((size_t)n * m->cfg.n_vocab, NAN);
-                CHECK_STATUS(dllm_logits(g, ids.data(), n, 0, n, logits[on].data(), logits[on].size()), DLLM_OK, nullptr);
+                CHECK_STATUS(dllm_logits(g, ids.data(), n, 0, n, logits[on].data(), logits[on].size()), DLLM_OK,
+                             nullptr);
                 dllm_ctx_free(g);
             }
             CHECK_MSG(!logits[1].empty() && logits[0].size() == logits[1].size() &&

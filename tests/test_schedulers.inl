@@ -10,7 +10,8 @@ struct test_gen {
     dllm_status status = DLLM_OK;
 };
 
-static const int32_t test_sched_prompt[] = {32, 1392, 302, 468, 1259};  // "A fool and his money" in tiny-llada's tokenizer
+static const int32_t test_sched_prompt[] = {32, 1392, 302, 468,
+                                            1259};  // "A fool and his money" in tiny-llada's tokenizer
 
 static dllm_gen_params test_sched_params() {
     dllm_gen_params p = dllm_gen_default_params();
@@ -33,19 +34,6 @@ static double test_agreement(const std::vector<int32_t> &a, const std::vector<in
     for (size_t i = 0; i < std::min(a.size(), b.size()); i++) same += a[i] == b[i];
     return n ? (double)same / (double)n : 1.0;
 }
-
-struct test_tiny_ctx {
-    dllm_model *model = nullptr;
-    dllm_ctx *ctx = nullptr;
-    explicit test_tiny_ctx(const std::string &dir, dllm_backend backend = DLLM_BACKEND_CPU) {
-        model = test_load(dir);
-        if (model) ctx = test_ctx(model, backend);
-    }
-    ~test_tiny_ctx() {
-        dllm_ctx_free(ctx);
-        dllm_model_free(model);
-    }
-};
 
 /* tau = 1 lets only the best candidate through (a float64 softmax never reaches 1 exactly here), and so does
  * a vanishing factor: both must reproduce the schedule with one token per step, token for token. */
@@ -93,8 +81,9 @@ TEST(schedulers, total_steps_bounds_every_step_with_masks_in_the_prompt) {
             } else {
                 CHECK_STATUS(dllm_generate(t.ctx, prompt, 5, p, out.data(), 16, nullptr, &stats), DLLM_OK, nullptr);
             }
-            CHECK_MSG(worst[0] == 0 && worst[1] == 18 && stats.steps == 18, "rule %d%s: global_step passed total_steps by %d (total %d, %d steps)",
-                      (int)rule, batched ? " batched" : "", worst[0], worst[1], stats.steps);
+            CHECK_MSG(worst[0] == 0 && worst[1] == 18 && stats.steps == 18,
+                      "rule %d%s: global_step passed total_steps by %d (total %d, %d steps)", (int)rule,
+                      batched ? " batched" : "", worst[0], worst[1], stats.steps);
         }
 }
 
@@ -103,13 +92,17 @@ TEST(schedulers, threshold_and_factor_finish_every_block_in_fewer_steps) {
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     dllm_gen_params p = test_sched_params();
     test_gen ref = test_generate(t.ctx, p);
-    const struct { dllm_unmask rule; double value; } cases[] = {{DLLM_UNMASK_THRESHOLD, 0.9}, {DLLM_UNMASK_THRESHOLD, 0.5}, {DLLM_UNMASK_FACTOR, 1.0}};
+    const struct {
+        dllm_unmask rule;
+        double value;
+    } cases[] = {{DLLM_UNMASK_THRESHOLD, 0.9}, {DLLM_UNMASK_THRESHOLD, 0.5}, {DLLM_UNMASK_FACTOR, 1.0}};
     for (auto &c : cases) {
         p.unmask = c.rule, p.threshold = c.value, p.factor = c.value;
         test_gen g = test_generate(t.ctx, p);
         int masks = (int)std::count(g.out.begin(), g.out.end(), 4086);
         printf("    %s %.2g: %d steps for 32 tokens (%.2f tokens/step), agreement with one token per step %.3f\n",
-               c.rule == DLLM_UNMASK_THRESHOLD ? "threshold" : "factor", c.value, g.stats.steps, 32.0 / g.stats.steps, test_agreement(g.out, ref.out));
+               c.rule == DLLM_UNMASK_THRESHOLD ? "threshold" : "factor", c.value, g.stats.steps, 32.0 / g.stats.steps,
+               test_agreement(g.out, ref.out));
         CHECK(g.status == DLLM_OK && g.out.size() == 32 && masks == 0);
         CHECK(g.stats.steps >= 4 && g.stats.steps <= 32 && g.stats.forwards == g.stats.steps);
     }
@@ -130,8 +123,10 @@ TEST(schedulers, kv_cache_forward_on_an_unchanged_canvas_is_exact) {
         const int n = 45, q0 = 21, q1 = 29;
         std::vector<int32_t> ids(n);
         for (int i = 0; i < n; i++) ids[(size_t)i] = (i * 37 + 5) % (c.n_vocab - 1);
-        std::vector<float> plain((size_t)(q1 - q0) * c.n_vocab), cached(plain.size()), suffix((size_t)(n - q0) * c.n_vocab, 0.0f);
-        dllm__cpu_forward(*m, pool, b, ids.data(), n, dllm__cpu_rows(), nullptr, cos_t.data(), sin_t.data(), q0, q1, plain.data());
+        std::vector<float> plain((size_t)(q1 - q0) * c.n_vocab), cached(plain.size()),
+            suffix((size_t)(n - q0) * c.n_vocab, 0.0f);
+        dllm__cpu_forward(*m, pool, b, ids.data(), n, dllm__cpu_rows(), nullptr, cos_t.data(), sin_t.data(), q0, q1,
+                          plain.data());
         dllm__cpu_kv kv;
         kv.n = n;
         kv.k.assign((size_t)c.n_layer * n * c.n_head_kv * c.head_dim, NAN);  // poisoned: the fill must write every slot
@@ -144,7 +139,8 @@ TEST(schedulers, kv_cache_forward_on_an_unchanged_canvas_is_exact) {
         dual.q0 = q0, dual.q1 = q1, prefix.q0 = q0, prefix.q1 = n;
         dllm__cpu_forward(*m, pool, b, ids.data(), n, dual, nullptr, cos_t.data(), sin_t.data(), q0, q1, cached.data());
         CHECK_MSG(cached == plain, "%s: the dual-cache rows differ from the plain forward", d);
-        dllm__cpu_forward(*m, pool, b, ids.data(), n, prefix, nullptr, cos_t.data(), sin_t.data(), q0, q1, cached.data());
+        dllm__cpu_forward(*m, pool, b, ids.data(), n, prefix, nullptr, cos_t.data(), sin_t.data(), q0, q1,
+                          cached.data());
         CHECK_MSG(cached == plain, "%s: the prefix-cache rows differ from the plain forward", d);
         CHECK(std::equal(plain.begin(), plain.end(), full.begin() + (long)q0 * c.n_vocab));
         dllm_model_free(m);
@@ -168,10 +164,11 @@ TEST(schedulers, kv_cache_decoding_agrees_with_the_uncached_path) {
             p.unmask = DLLM_UNMASK_THRESHOLD;
             test_gen gt = test_generate(t.ctx, p);
             p.unmask = DLLM_UNMASK_SCHEDULE;
-            printf("    %s %s cache: agreement with the uncached path %.3f (schedule), threshold 0.9 in %d steps\n", dir,
-                   kv == DLLM_KV_CACHE_PREFIX ? "prefix" : "dual", test_agreement(g.out, ref.out), gt.stats.steps);
+            printf("    %s %s cache: agreement with the uncached path %.3f (schedule), threshold 0.9 in %d steps\n",
+                   dir, kv == DLLM_KV_CACHE_PREFIX ? "prefix" : "dual", test_agreement(g.out, ref.out), gt.stats.steps);
             CHECK(g.status == DLLM_OK && gt.status == DLLM_OK && g.stats.forwards == 32);
-            CHECK(std::count(g.out.begin(), g.out.end(), info.mask_id) == 0 && std::count(gt.out.begin(), gt.out.end(), info.mask_id) == 0);
+            CHECK(std::count(g.out.begin(), g.out.end(), info.mask_id) == 0 &&
+                  std::count(gt.out.begin(), gt.out.end(), info.mask_id) == 0);
         }
         // One block: the block is the whole suffix, so both caches forward the same rows: identical tokens.
         p.block_length = p.gen_length;
@@ -179,7 +176,8 @@ TEST(schedulers, kv_cache_decoding_agrees_with_the_uncached_path) {
         test_gen prefix = test_generate(t.ctx, p);
         p.kv_cache = DLLM_KV_CACHE_DUAL;
         test_gen dual = test_generate(t.ctx, p);
-        CHECK_MSG(prefix.status == DLLM_OK && prefix.out == dual.out, "%s: one block, prefix and dual caches differ", dir);
+        CHECK_MSG(prefix.status == DLLM_OK && prefix.out == dual.out, "%s: one block, prefix and dual caches differ",
+                  dir);
     }
 }
 
@@ -230,7 +228,8 @@ TEST(schedulers, dpad_decoding_is_reproducible_and_composes) {
     p.unmask = DLLM_UNMASK_THRESHOLD, p.kv_cache = DLLM_KV_CACHE_DUAL;  // Parallel + DPad + dual cache
     test_gen c = test_generate(t.ctx, p);
     CHECK(c.status == DLLM_OK && c.out.size() == 48 && std::count(c.out.begin(), c.out.end(), 4086) == 0);
-    printf("    DPad W=24: parallel + dual cache in %d steps, agreement with DPad alone %.3f\n", c.stats.steps, test_agreement(c.out, a.out));
+    printf("    DPad W=24: parallel + dual cache in %d steps, agreement with DPad alone %.3f\n", c.stats.steps,
+           test_agreement(c.out, a.out));
 }
 
 /* Early termination changes nothing before the first EOS: blocks before it decode identically (SAR never
@@ -243,9 +242,29 @@ TEST(schedulers, early_stop_keeps_the_output_and_saves_forwards) {
     test_gen ref = test_generate(t.ctx, p);
     p.early_stop = 1;
     test_gen early = test_generate(t.ctx, p);
-    printf("    output %zu tokens; forwards %d without early stop, %d with\n", ref.out.size(), ref.stats.forwards, early.stats.forwards);
+    printf("    output %zu tokens; forwards %d without early stop, %d with\n", ref.out.size(), ref.stats.forwards,
+           early.stats.forwards);
     CHECK(early.status == DLLM_OK && early.out == ref.out && early.stats.forwards <= ref.stats.forwards);
     if (ref.out.size() + 8 < 64) CHECK(early.stats.forwards < ref.stats.forwards);
+}
+
+/* An edit of a small generation's parameters (16 tokens, 16 steps, blocks of 8) and what its error must mention. */
+struct test_bad_params {
+    void (*edit)(dllm_gen_params &);
+    const char *needle;
+};
+
+/* Each case's generation of 16 ids after the 3-id prompt is refused as an invalid argument naming its needle. */
+template <size_t N>
+static void test_params_refused(dllm_test_state &T_, dllm_ctx *ctx, const int32_t *prompt,
+                                const test_bad_params (&cases)[N]) {
+    int32_t out[16];
+    for (const test_bad_params &c : cases) {
+        dllm_gen_params p = dllm_gen_default_params();
+        p.gen_length = 16, p.steps = 16, p.block_length = 8;
+        c.edit(p);
+        CHECK_STATUS(dllm_generate(ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
+    }
 }
 
 TEST(schedulers, bad_scheduler_options_are_clear_errors) {
@@ -253,7 +272,7 @@ TEST(schedulers, bad_scheduler_options_are_clear_errors) {
     if (!t.ctx) { CHECK(t.ctx != nullptr); return; }
     int32_t prompt[] = {5, 6, 7}, masked_prompt[] = {5, 130, 7};
     int32_t out[16];
-    struct { void (*edit)(dllm_gen_params &); const char *needle; } cases[] = {
+    const test_bad_params cases[] = {
         {[](dllm_gen_params &p) { p.unmask = (dllm_unmask)7; }, "unmask"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = 0; }, "threshold"},
         {[](dllm_gen_params &p) { p.unmask = DLLM_UNMASK_THRESHOLD, p.threshold = NAN; }, "threshold"},
@@ -264,15 +283,12 @@ TEST(schedulers, bad_scheduler_options_are_clear_errors) {
         {[](dllm_gen_params &p) { p.dpad = DLLM_DPAD_UNIFORM, p.dpad_n = -1; }, "dpad_n"},
         {[](dllm_gen_params &p) { p.dpad = (dllm_dpad)9; }, "dpad"},
     };
-    for (auto &c : cases) {
-        dllm_gen_params p = dllm_gen_default_params();
-        p.gen_length = 16, p.steps = 16, p.block_length = 8;
-        c.edit(p);
-        CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, c.needle);
-    }
+    test_params_refused(T_, t.ctx, prompt, cases);
     dllm_gen_params p = dllm_gen_default_params();
     p.gen_length = 16, p.steps = 16, p.block_length = 8, p.kv_cache = DLLM_KV_CACHE_DUAL;
-    CHECK_STATUS(dllm_generate(t.ctx, masked_prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT, "[MASK] at 1");
-    p.kv_cache = DLLM_KV_CACHE_NONE, p.unmask = DLLM_UNMASK_THRESHOLD, p.steps = 0;  // steps is ignored by threshold decoding
+    CHECK_STATUS(dllm_generate(t.ctx, masked_prompt, 3, p, out, 16, nullptr, nullptr), DLLM_ERR_INVALID_ARGUMENT,
+                 "[MASK] at 1");
+    p.kv_cache = DLLM_KV_CACHE_NONE, p.unmask = DLLM_UNMASK_THRESHOLD,
+    p.steps = 0;  // steps is ignored by threshold decoding
     CHECK_STATUS(dllm_generate(t.ctx, prompt, 3, p, out, 16, nullptr, nullptr), DLLM_OK, nullptr);
 }

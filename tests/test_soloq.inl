@@ -12,7 +12,9 @@
 static std::vector<double> test_dense_rotation(const dllm__rotation &r) {
     const int d = r.d, b = r.b, k = r.k;
     std::vector<double> R((size_t)d * d, 0.0);
-    auto hadamard = [](int c, int c2) { return __builtin_popcount((unsigned)(c & c2)) & 1 ? -1.0 : 1.0; };  // Sylvester H_b
+    auto hadamard = [](int c, int c2) {
+        return __builtin_popcount((unsigned)(c & c2)) & 1 ? -1.0 : 1.0;
+    };  // Sylvester H_b
     for (int j = 0; j < k; j++)
         for (int c = 0; c < b; c++)
             for (int i = 0; i < k; i++) {
@@ -33,18 +35,25 @@ static std::vector<float> test_normals(test_rng &r, size_t n) {
 }
 
 TEST(soloq, krpbh_block_sizes_follow_the_spec) {
-    struct { int d, b, k; } cases[] = {{4096, 1024, 4}, {12288, 1024, 12}, {3584, 512, 7}, {18944, 512, 37}, {14336, 1024, 14},
-                                       {128, 32, 4},    {256, 64, 4},      {384, 64, 6},    {640, 128, 5},     {24, 4, 6}, {3, 1, 3}};
+    struct {
+        int d, b, k;
+    } cases[] = {{4096, 1024, 4}, {12288, 1024, 12}, {3584, 512, 7}, {18944, 512, 37}, {14336, 1024, 14}, {128, 32, 4},
+                 {256, 64, 4},    {384, 64, 6},      {640, 128, 5},  {24, 4, 6},       {3, 1, 3}};
     for (auto &c : cases) {
         dllm__rotation r = dllm__make_rotation(DLLM__ROT_KRPBH, c.d, 1, 0);
         CHECK_MSG(r.b == c.b && r.k == c.k, "d %d: b %d k %d, want %d %d", c.d, r.b, r.k, c.b, c.k);
-        CHECK(r.perm.size() == (size_t)c.d && r.sign_bits.size() == (size_t)(c.d + 7) / 8 && r.mixer.size() == (size_t)c.k * c.k);
+        CHECK(r.perm.size() == (size_t)c.d && r.sign_bits.size() == (size_t)(c.d + 7) / 8 &&
+              r.mixer.size() == (size_t)c.k * c.k);
     }
-    CHECK(dllm__make_rotation(DLLM__ROT_HADAMARD, 3584, 1, 0).b == 512 && dllm__make_rotation(DLLM__ROT_HADAMARD, 4096, 1, 0).b == 4096);
-    CHECK(dllm__make_rotation(DLLM__ROT_RPBH, 4096, 1, 0).mixer.empty() && dllm__make_rotation(DLLM__ROT_MIXER, 4096, 1, 0).perm.empty());
+    CHECK(dllm__make_rotation(DLLM__ROT_HADAMARD, 3584, 1, 0).b == 512 &&
+          dllm__make_rotation(DLLM__ROT_HADAMARD, 4096, 1, 0).b == 4096);
+    CHECK(dllm__make_rotation(DLLM__ROT_RPBH, 4096, 1, 0).mixer.empty() &&
+          dllm__make_rotation(DLLM__ROT_MIXER, 4096, 1, 0).perm.empty());
     // a pure function of (kind, d, seed, site); another site or seed draws another rotation
-    dllm__rotation a = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 3), b = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 3),
-                   c = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 4), e = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 8, 3);
+    dllm__rotation a = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 3),
+                   b = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 3),
+                   c = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 7, 4),
+                   e = dllm__make_rotation(DLLM__ROT_KRPBH, 640, 8, 3);
     CHECK(a.perm == b.perm && a.sign_bits == b.sign_bits && a.mixer == b.mixer);
     CHECK(a.perm != c.perm && a.sign_bits != c.sign_bits && a.mixer != c.mixer && a.perm != e.perm);
 }
@@ -54,7 +63,8 @@ TEST(soloq, krpbh_block_sizes_follow_the_spec) {
 TEST(soloq, rotations_are_orthogonal_at_every_model_size) {
     test_rng rng("soloq rotations");
     const int sizes[] = {4096, 12288, 3584, 18944, 14336, 128, 256, 384, 640, 48, 24, 3};
-    const dllm__rot_kind kinds[] = {DLLM__ROT_KRPBH, DLLM__ROT_RPBH, DLLM__ROT_MIXER, DLLM__ROT_HADAMARD, DLLM__ROT_HAAR};
+    const dllm__rot_kind kinds[] = {DLLM__ROT_KRPBH, DLLM__ROT_RPBH, DLLM__ROT_MIXER, DLLM__ROT_HADAMARD,
+                                    DLLM__ROT_HAAR};
     for (int d : sizes)
         for (dllm__rot_kind kind : kinds) {
             if (kind == DLLM__ROT_HAAR && d > 640) continue;
@@ -69,7 +79,8 @@ TEST(soloq, rotations_are_orthogonal_at_every_model_size) {
                 }
             double norm_err = 0, inv_err = 0, dot_err = 0;
             for (int t = 0; t < 3; t++) {
-                std::vector<float> x = test_normals(rng, (size_t)d), w = test_normals(rng, (size_t)d), rx((size_t)d, NAN), rw((size_t)d, NAN), back((size_t)d, NAN);
+                std::vector<float> x = test_normals(rng, (size_t)d), w = test_normals(rng, (size_t)d),
+                                   rx((size_t)d, NAN), rw((size_t)d, NAN), back((size_t)d, NAN);
                 if (t == 2) x[(size_t)rng.below(d)] = 300.0f;  // an outlier channel
                 dllm__rotate(r, x.data(), rx.data());
                 dllm__rotate(r, w.data(), rw.data());
@@ -94,10 +105,13 @@ TEST(soloq, rotations_are_orthogonal_at_every_model_size) {
                 // (sum |w_i x_i| can be far smaller: at d = 3 with an outlier channel it failed CI on one seed)
                 dot_err = std::max(dot_err, fabs(wx_rot - wx) / sqrt(nx * nw));
             }
-            CHECK_MSG(norm_err < 1e-6 && inv_err < 1e-5 && dot_err < 1e-5 && q_err < 1e-6, "%s d=%d (b %d, k %d): norm %.1e, inverse %.1e, W x %.1e, Q %.1e",
-                      dllm__rot_names[kind], d, r.b, r.k, norm_err, inv_err, dot_err, q_err);
+            CHECK_MSG(norm_err < 1e-6 && inv_err < 1e-5 && dot_err < 1e-5 && q_err < 1e-6,
+                      "%s d=%d (b %d, k %d): norm %.1e, inverse %.1e, W x %.1e, Q %.1e", dllm__rot_names[kind], d, r.b,
+                      r.k, norm_err, inv_err, dot_err, q_err);
             if (d <= 640) {  // the fast transform is the definition's matrix
-                const std::vector<double> R = kind == DLLM__ROT_HAAR ? std::vector<double>(r.mixer.begin(), r.mixer.end()) : test_dense_rotation(r);
+                const std::vector<double> R = kind == DLLM__ROT_HAAR
+                                                  ? std::vector<double>(r.mixer.begin(), r.mixer.end())
+                                                  : test_dense_rotation(r);
                 std::vector<float> x = test_normals(rng, (size_t)d), rx((size_t)d);
                 dllm__rotate(r, x.data(), rx.data());
                 double worst = 0;
@@ -106,7 +120,8 @@ TEST(soloq, rotations_are_orthogonal_at_every_model_size) {
                     for (int j = 0; j < d; j++) want += R[(size_t)i * d + j] * x[(size_t)j];
                     worst = std::max(worst, fabs(want - rx[(size_t)i]));
                 }
-                CHECK_MSG(worst < 1e-4, "%s d=%d: fast transform vs dense definition %.2e", dllm__rot_names[kind], d, worst);
+                CHECK_MSG(worst < 1e-4, "%s d=%d: fast transform vs dense definition %.2e", dllm__rot_names[kind], d,
+                          worst);
             }
         }
     // a rotation that does nothing would pass every check above: K-RPBH spreads a unit vector over all d coordinates
@@ -117,8 +132,8 @@ TEST(soloq, rotations_are_orthogonal_at_every_model_size) {
         dllm__rotate(r, e.data(), re.data());
         int nonzero = 0;
         for (float v : re) nonzero += v != 0;
-        CHECK_MSG(nonzero == d && dllm__amax(re.data(), d) < 4.0f / sqrtf((float)d) * sqrtf((float)r.k), "d %d: %d nonzero, amax %g", d, nonzero,
-                  dllm__amax(re.data(), d));
+        CHECK_MSG(nonzero == d && dllm__amax(re.data(), d) < 4.0f / sqrtf((float)d) * sqrtf((float)r.k),
+                  "d %d: %d nonzero, amax %g", d, nonzero, dllm__amax(re.data(), d));
     }
 }
 
@@ -151,17 +166,20 @@ static test_q4_stats test_q4_gaussian(test_rng &rng, dllm__q4_format f, int rows
 
 TEST(soloq, quantiser_nmse_on_gaussian_rows) {
     test_rng rng("soloq gaussian nmse");
-    struct { dllm__q4_format f; double want, tol; } cases[] = {
+    struct { dllm__q4_format f; double want, tol;
+    } cases[] = {
         {DLLM__Q4_LLOYD, 0.00953, 0.0003},  // spec 11.2 (INT8 levels)
         {DLLM__Q4_NVFP4, 0.0091, 0.0003},   // spec 11.4
         {DLLM__Q4_INT4, 0.0115, 0.0004},    // spec 11.5
-        {DLLM__Q4_E8P, 0.0097, 0.0004},     // spec 11.3's RVQ4 0.0094 (we measure 0.0096: e8p test), the INT8 mapping, the row's own RMS
-        {DLLM__Q4_RTN, 0.0241, 0.002},      // spec 6.2: symmetric INT4 per-token absmax, d = 4096
+        {DLLM__Q4_E8P, 0.0097,
+         0.0004},  // spec 11.3's RVQ4 0.0094 (we measure 0.0096: e8p test), the INT8 mapping, the row's own RMS
+        {DLLM__Q4_RTN, 0.0241, 0.002},  // spec 6.2: symmetric INT4 per-token absmax, d = 4096
     };
     for (auto &c : cases) {
-        const test_q4_stats s = test_q4_gaussian(rng, c.f, 160, 4096);  // 160 rows: the bounds at 3-4 sigma of the sampling spread
-        printf("    %-9s d=4096: NMSE %.5f (want %.5f +- %.4f), bias-corrected %.5f, mean alpha %.5f\n", dllm__q4_names[c.f], s.nmse, c.want, c.tol, s.nmse_bc,
-               s.alpha);
+        const test_q4_stats s =
+            test_q4_gaussian(rng, c.f, 160, 4096);  // 160 rows: the bounds at 3-4 sigma of the sampling spread
+        printf("    %-9s d=4096: NMSE %.5f (want %.5f +- %.4f), bias-corrected %.5f, mean alpha %.5f\n",
+               dllm__q4_names[c.f], s.nmse, c.want, c.tol, s.nmse_bc, s.alpha);
         CHECK_MSG(fabs(s.nmse - c.want) <= c.tol, "%s NMSE %.5f", dllm__q4_names[c.f], s.nmse);
         CHECK(s.nmse_bc < 1.1 * s.nmse + 1e-4);  // the correction restores the projection at a small MSE cost
     }
@@ -206,9 +224,11 @@ TEST(soloq, nvfp4_ties_saturation_and_zero_blocks) {
     auto e2m1 = [](float v) { return dllm__e2m1_to_f32(dllm__f32_to_e2m1(v)); };
     for (int i = 0; i < 7; i++) {
         CHECK_MSG(e2m1(ties[i]) == want[i] && e2m1(-ties[i]) == -want[i], "e2m1(%g) = %g", ties[i], e2m1(ties[i]));
-        CHECK(e2m1(nextafterf(ties[i], 0)) == below[i] && e2m1(nextafterf(ties[i], 10)) == above[i]);  // a hair off a tie: the nearer one
+        CHECK(e2m1(nextafterf(ties[i], 0)) == below[i] &&
+              e2m1(nextafterf(ties[i], 10)) == above[i]);  // a hair off a tie: the nearer one
     }
-    CHECK(dllm__f32_to_e2m1(6.0f) == 7 && dllm__f32_to_e2m1(7.0f) == 7 && dllm__f32_to_e2m1(1e30f) == 7 && dllm__f32_to_e2m1(-100.0f) == 15);
+    CHECK(dllm__f32_to_e2m1(6.0f) == 7 && dllm__f32_to_e2m1(7.0f) == 7 && dllm__f32_to_e2m1(1e30f) == 7 &&
+          dllm__f32_to_e2m1(-100.0f) == 15);
     CHECK(dllm__f32_to_e2m1(-0.1f) == 0 && dllm__f32_to_e2m1(-0.0f) == 0);  // one zero
     // a row of two blocks: the first all zeros, the second with amax 3 among a 1e-3 background
     std::vector<float> x(32, 0.0f), value(32, NAN);
@@ -217,7 +237,8 @@ TEST(soloq, nvfp4_ties_saturation_and_zero_blocks) {
     const float scale = dllm__q4_quantize_row(DLLM__Q4_NVFP4, x.data(), 32, false, packed, bs, value.data());
     const float s_enc = 2688.0f / 3.0f;
     CHECK(scale == 1.0f / s_enc && bs[0] == 0 && bs[1] == dllm__f32_to_e4m3(0.5f * s_enc));
-    CHECK(dllm__e4m3_to_f32(bs[1]) == 448.0f && packed[0] == 0 && value[20] == -6.0f * 448.0f && fabsf(value[20] * scale + 3.0f) < 1e-6f);
+    CHECK(dllm__e4m3_to_f32(bs[1]) == 448.0f && packed[0] == 0 && value[20] == -6.0f * 448.0f &&
+          fabsf(value[20] * scale + 3.0f) < 1e-6f);
     for (int i = 0; i < 16; i++) CHECK(value[(size_t)i] == 0);
 }
 
@@ -229,7 +250,8 @@ TEST(soloq, nvfp4_matches_torchao_semantics_on_a_tensor) {
     const int rows = 128, cols = 256;
     std::vector<float> x = test_normals(rng, (size_t)rows * cols);
     for (float &v : x) v *= 0.02f;
-    const float amax = dllm__amax(x.data(), (int)x.size()), s_enc = dllm__nvfp4_s_enc(amax), per_tensor = amax / 2688.0f;
+    const float amax = dllm__amax(x.data(), (int)x.size()), s_enc = dllm__nvfp4_s_enc(amax),
+                per_tensor = amax / 2688.0f;
     std::vector<uint8_t> c4(x.size()), bs(x.size() / 16);
     std::vector<float> value(x.size());
     dllm__nvfp4_encode(x.data(), (int)x.size(), s_enc, c4.data(), bs.data(), value.data());
@@ -249,7 +271,8 @@ TEST(soloq, nvfp4_matches_torchao_semantics_on_a_tensor) {
             }
         }
     }
-    printf("    128x256 tensor: %zu block scales and %zu of %zu codes differ (%zu of them at a tie)\n", scale_diff, code_diff, x.size(), near_tie);
+    printf("    128x256 tensor: %zu block scales and %zu of %zu codes differ (%zu of them at a tie)\n", scale_diff,
+           code_diff, x.size(), near_tie);
     CHECK(scale_diff == 0 && code_diff == near_tie && code_diff <= x.size() / 1000);
 }
 
@@ -274,7 +297,8 @@ TEST(soloq, e8p_codebook_properties_and_exact_encoder) {
     }
     std::set<std::vector<int>> patterns;
     for (int p = 0; p < 256; p++) patterns.insert(std::vector<int>(dllm__e8p_abs(p), dllm__e8p_abs(p) + 8));
-    printf("    %zu distinct codewords, %zu distinct abs patterns, %d of odd sum, %d beyond 11/4\n", distinct.size(), patterns.size(), bad_parity, too_large);
+    printf("    %zu distinct codewords, %zu distinct abs patterns, %d of odd sum, %d beyond 11/4\n", distinct.size(),
+           patterns.size(), bad_parity, too_large);
     CHECK(distinct.size() == 65536 && patterns.size() == 256 && bad_parity == 0 && too_large == 0);
     test_rng rng("soloq e8p");
     int not_nearest = 0;
@@ -314,13 +338,15 @@ TEST(soloq, e8p_codebook_properties_and_exact_encoder) {
     // over 20 seeds we measure 0.09135 +- 0.00022 and 0.00962 +- 0.00007 (mean, sd); the spec's Monte Carlo says 0.0903
     // and 0.0094 (RVQ4 runs 2 % above it). The bands are centred on our means, at least 7 sd to each side (the old edge
     // sat 2.6 sd above the mean: about one run in 200 would have failed), and still hold the spec's values
-    printf("    E8P at 1.03: MSE %.5f (want 0.0913 +- 0.002); RVQ4: %.5f (want 0.0096 +- 0.0005); RVQ4 in INT8: %.5f\n", mse1, mse_rvq, mse_int);
+    printf("    E8P at 1.03: MSE %.5f (want 0.0913 +- 0.002); RVQ4: %.5f (want 0.0096 +- 0.0005); RVQ4 in INT8: %.5f\n",
+           mse1, mse_rvq, mse_int);
     CHECK(fabs(mse1 - 0.0913) <= 0.002 && fabs(mse_rvq - 0.0096) <= 0.0005 && mse_int < mse_rvq * 1.02);
 }
 
 // ---- packing, independence, bias correction, awkward sizes ------------------------------------------------------
 
-static const dllm__q4_format test_q4_formats[] = {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_E8P, DLLM__Q4_RTN};
+static const dllm__q4_format test_q4_formats[] = {DLLM__Q4_NVFP4, DLLM__Q4_INT4, DLLM__Q4_LLOYD, DLLM__Q4_E8P,
+                                                  DLLM__Q4_RTN};
 
 /* Rows of awkward widths quantised as a matrix, decoded through the packing (dllm__q4_row, dllm__q4_value) equal what
  * the quantiser computed; quantised alone, or among other rows, a row gets the same bytes; the bias correction makes
@@ -338,31 +364,42 @@ TEST(soloq, packing_round_trip_row_independence_and_bias_correction) {
                 CHECK(q.codes.size() == (size_t)rows * cols / 2 && q.row_scale.size() == (size_t)rows);
                 std::vector<float> deq((size_t)cols, NAN), value((size_t)cols, NAN);
                 std::vector<uint8_t> packed((size_t)cols / 2), bs((size_t)(cols + 15) / 16);
-                double proj_sum = 0, ss_sum = 0;  // Lloyd's shrink (alpha ~ 1.01 on Gaussian rows), over the ordinary rows:
-                                                  // a single row of 640 can go either way
+                double proj_sum = 0,
+                       ss_sum = 0;  // Lloyd's shrink (alpha ~ 1.01 on Gaussian rows), over the ordinary rows:
+                                    // a single row of 640 can go either way
                 for (int r = 0; r < rows; r++) {
                     const float *xr = &x[(size_t)r * cols];
                     const float scale = dllm__q4_quantize_row(f, xr, cols, bc, packed.data(), bs.data(), value.data());
-                    CHECK(scale == q.row_scale[(size_t)r] && !memcmp(packed.data(), &q.codes[(size_t)r * cols / 2], packed.size()));
-                    if (f == DLLM__Q4_NVFP4) CHECK(!memcmp(bs.data(), &q.block_scales[(size_t)r * q.blocks()], bs.size()));
+                    CHECK(scale == q.row_scale[(size_t)r] &&
+                          !memcmp(packed.data(), &q.codes[(size_t)r * cols / 2], packed.size()));
+                    if (f == DLLM__Q4_NVFP4)
+                        CHECK(!memcmp(bs.data(), &q.block_scales[(size_t)r * q.blocks()], bs.size()));
                     dllm__q4_row(q, r, deq.data());
                     double proj = 0, ss = 0;
                     int mismatches = 0;
                     for (int i = 0; i < cols; i++) {
-                        mismatches += deq[(size_t)i] != value[(size_t)i] * scale || dllm__q4_value(f, packed.data(), bs.data(), i) != value[(size_t)i];
+                        mismatches += deq[(size_t)i] != value[(size_t)i] * scale ||
+                                      dllm__q4_value(f, packed.data(), bs.data(), i) != value[(size_t)i];
                         proj += (double)deq[(size_t)i] * xr[i], ss += (double)xr[i] * xr[i];
                     }
-                    CHECK_MSG(mismatches == 0, "%s cols %d row %d: %d values differ from the quantiser's", dllm__q4_names[f], cols, r, mismatches);
+                    CHECK_MSG(mismatches == 0, "%s cols %d row %d: %d values differ from the quantiser's",
+                              dllm__q4_names[f], cols, r, mismatches);
                     if (r == 3) CHECK(scale == 0);
-                    else if (bc) CHECK_MSG(fabs(proj - ss) <= 1e-5 * ss, "%s cols %d: <x^, x> %.7g vs |x|^2 %.7g", dllm__q4_names[f], cols, proj, ss);
+                    else if (bc)
+                        CHECK_MSG(fabs(proj - ss) <= 1e-5 * ss, "%s cols %d: <x^, x> %.7g vs |x|^2 %.7g",
+                                  dllm__q4_names[f], cols, proj, ss);
                     else if (f == DLLM__Q4_LLOYD && cols == 640 && r != 5) proj_sum += proj, ss_sum += ss;
                 }
-                if (ss_sum > 0) CHECK_MSG(proj_sum < ss_sum, "Lloyd cols 640: <x^, x> %.7g vs |x|^2 %.7g over the ordinary rows", proj_sum, ss_sum);
+                if (ss_sum > 0)
+                    CHECK_MSG(proj_sum < ss_sum, "Lloyd cols 640: <x^, x> %.7g vs |x|^2 %.7g over the ordinary rows",
+                              proj_sum, ss_sum);
                 // row 2 alone, and among other rows: the same bytes
                 std::vector<float> other = test_normals(rng, (size_t)3 * cols);
                 memcpy(&other[(size_t)cols], &x[(size_t)2 * cols], sizeof(float) * cols);
-                dllm__q4_rows alone = dllm__q4_quantize(nullptr, f, &x[(size_t)2 * cols], 1, cols, bc), among = dllm__q4_quantize(nullptr, f, other.data(), 3, cols, bc);
-                CHECK(!memcmp(alone.codes.data(), &q.codes[(size_t)cols], (size_t)cols / 2) && !memcmp(among.codes.data() + cols / 2, alone.codes.data(), (size_t)cols / 2));
+                dllm__q4_rows alone = dllm__q4_quantize(nullptr, f, &x[(size_t)2 * cols], 1, cols, bc),
+                              among = dllm__q4_quantize(nullptr, f, other.data(), 3, cols, bc);
+                CHECK(!memcmp(alone.codes.data(), &q.codes[(size_t)cols], (size_t)cols / 2) &&
+                      !memcmp(among.codes.data() + cols / 2, alone.codes.data(), (size_t)cols / 2));
                 CHECK(alone.row_scale[0] == q.row_scale[2] && among.row_scale[1] == q.row_scale[2]);
             }
             std::vector<float> bad(x.begin(), x.begin() + cols), value((size_t)cols);
@@ -370,7 +407,8 @@ TEST(soloq, packing_round_trip_row_independence_and_bias_correction) {
             bad[3] = NAN;
             CHECK(std::isnan(dllm__q4_quantize_row(f, bad.data(), cols, true, packed.data(), bs.data(), value.data())));
             bad[3] = INFINITY;
-            CHECK(std::isnan(dllm__q4_quantize_row(f, bad.data(), cols, false, packed.data(), bs.data(), value.data())));
+            CHECK(
+                std::isnan(dllm__q4_quantize_row(f, bad.data(), cols, false, packed.data(), bs.data(), value.data())));
         }
 }
 
@@ -382,7 +420,8 @@ TEST(soloq, rotated_linear_computes_w_x) {
     std::vector<uint16_t> wb((size_t)N * K);
     for (uint16_t &v : wb) v = dllm__f32_to_bf16(0.02f * rng.normal());
     dllm__tensor W;
-    W.dtype = DLLM__BF16, W.shape = {N, K}, W.numel = (int64_t)N * K, W.data = (const uint8_t *)wb.data(), W.nbytes = wb.size() * 2;
+    W.dtype = DLLM__BF16, W.shape = {N, K}, W.numel = (int64_t)N * K, W.data = (const uint8_t *)wb.data(),
+    W.nbytes = wb.size() * 2;
     std::vector<float> x = test_normals(rng, (size_t)T * K);
     x[3] = 60.0f;  // an outlier channel of token 0
     dllm__pool pool(2);
@@ -395,7 +434,8 @@ TEST(soloq, rotated_linear_computes_w_x) {
         o.rotation = f == DLLM__Q4_RTN ? DLLM__ROT_NONE : DLLM__ROT_KRPBH;
         dllm__soloq_layer L;
         L.opt = o;
-        L.lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(pool, {&W}, std::make_shared<const dllm__rotation>(dllm__make_rotation(o.rotation, K, 3, 1)), o);
+        L.lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(
+            pool, {&W}, std::make_shared<const dllm__rotation>(dllm__make_rotation(o.rotation, K, 3, 1)), o);
         std::vector<float> xa = x, y((size_t)T * N, NAN);
         dllm__cpu_linear_soloq(pool, xa.data(), true, T, L, DLLM__SOLOQ_O, 0, nullptr, N, y.data());
         const double nmse = test_nmse(y.data(), exact.data(), y.size());
@@ -445,7 +485,8 @@ TEST(soloq, precisions_are_validated) {
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "precision 11");
     p.precision = DLLM_PRECISION_SOLOQ_I;
     p.soloq_rotation = (dllm_soloq_rotation)7;
-    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "soloq_rotation 7 must be a dllm_soloq_rotation");
+    CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT,
+                 "soloq_rotation 7 must be a dllm_soloq_rotation");
     p.soloq_rotation = DLLM_SOLOQ_ROTATION_DEFAULT;
     p.soloq_bias_correction = 2;
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_ERR_INVALID_ARGUMENT, "soloq_bias_correction 2 must be -1");
@@ -464,13 +505,16 @@ TEST(soloq, precisions_are_validated) {
     for (auto &c : cases) {
         dllm__soloq_options o;
         CHECK(dllm__soloq_options_for(c.p, 1, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
-        CHECK_MSG(o.enabled && o.weights == c.w && o.acts == c.a && o.quantize_acts == c.acts && o.rotation == c.rot && o.bias_correction == c.bc &&
-                      o.quantize_head, "%s", dllm__precision_name(c.p));
+        CHECK_MSG(o.enabled && o.weights == c.w && o.acts == c.a && o.quantize_acts == c.acts && o.rotation == c.rot &&
+                      o.bias_correction == c.bc && o.quantize_head,
+                  "%s", dllm__precision_name(c.p));
     }
     dllm__soloq_options o;
     const int rpbh = DLLM_SOLOQ_ROTATION_RPBH;
-    CHECK(dllm__soloq_options_for(DLLM_PRECISION_SOLOQ_C, 0, rpbh, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_RPBH && !o.bias_correction && !o.quantize_head);
-    CHECK(dllm__soloq_options_for(DLLM_PRECISION_RTN_W4A4, 0, rpbh, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_NONE);  // the baseline ignores them
+    CHECK(dllm__soloq_options_for(DLLM_PRECISION_SOLOQ_C, 0, rpbh, 0, o) == DLLM_OK && o.rotation == DLLM__ROT_RPBH &&
+          !o.bias_correction && !o.quantize_head);
+    CHECK(dllm__soloq_options_for(DLLM_PRECISION_RTN_W4A4, 0, rpbh, 0, o) == DLLM_OK &&
+          o.rotation == DLLM__ROT_NONE);  // the baseline ignores them
     CHECK(dllm__soloq_options_for(DLLM_PRECISION_FP8_ALL, 0, rpbh, 0, o) == DLLM_OK && !o.enabled);
     // the public enum's order is the rotation kinds' (dllm__rot_names), one ahead of them
     CHECK(DLLM_SOLOQ_ROTATION_NONE - 1 == DLLM__ROT_NONE && DLLM_SOLOQ_ROTATION_HAAR - 1 == DLLM__ROT_HAAR &&
@@ -495,11 +539,13 @@ TEST(soloq, weights_stored_in_four_bits) {
         for (const dllm__fp8_layer &l : layers) {
             CHECK(l.soloq && l.qkv.empty() && l.gu.empty());
             const dllm__soloq_linear &qkv = l.soloq->lin[DLLM__SOLOQ_QKV], &down = l.soloq->lin[DLLM__SOLOQ_DOWN];
-            CHECK(qkv.w.rows == (c.n_head + 2 * c.n_head_kv) * c.head_dim && qkv.w.cols == c.n_embd && down.w.cols == c.n_ff && down.rot->d == c.n_ff);
+            CHECK(qkv.w.rows == (c.n_head + 2 * c.n_head_kv) * c.head_dim && qkv.w.cols == c.n_embd &&
+                  down.w.cols == c.n_ff && down.rot->d == c.n_ff);
             for (int s = 0; s < DLLM__SOLOQ_HEAD; s++) {
                 const dllm__q4_rows &w = l.soloq->lin[s].w;
                 weights += (size_t)w.rows * w.cols;
-                want += (size_t)w.rows * (w.cols / 2 + (p == DLLM_PRECISION_SOLOQ_N ? w.blocks() : 0) + 4);  // codes, UE4M3 per 16, FP32 row scale
+                want += (size_t)w.rows * (w.cols / 2 + (p == DLLM_PRECISION_SOLOQ_N ? w.blocks() : 0) +
+                                          4);  // codes, UE4M3 per 16, FP32 row scale
             }
             bytes += dllm__soloq_bytes(*l.soloq);
         }
@@ -524,7 +570,8 @@ TEST(soloq, every_precision_changes_the_logits) {
             for (int head : {0, 1}) {
                 if (head && p != DLLM_PRECISION_SOLOQ_N) continue;
                 dllm_ctx_params cp = dllm_ctx_default_params();
-                cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = (dllm_precision)p, cp.quantize_lm_head = head;
+                cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = (dllm_precision)p,
+                cp.quantize_lm_head = head;
                 dllm_ctx *ctx = nullptr;
                 CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
                 std::vector<float> got((size_t)n * V, NAN);
@@ -564,35 +611,30 @@ TEST(soloq, forward_rows_are_independent_with_a_kv_cache) {
         dllm__cpu_rows all;
         all.kv = &kv;
         std::vector<float> full((size_t)n * V, NAN), part((size_t)(q1 - q0) * V, NAN);
-        dllm__cpu_forward(*m, pool, b, ids.data(), n, all, nullptr, cos_t.data(), sin_t.data(), 0, n, full.data(), q, head.get());
+        dllm__cpu_forward(*m, pool, b, ids.data(), n, all, nullptr, cos_t.data(), sin_t.data(), 0, n, full.data(), q,
+                          head.get());
         dllm__cpu_rows some;
         some.q0 = q0, some.q1 = q1, some.kv = &kv;
-        dllm__cpu_forward(*m, pool, b, ids.data(), n, some, nullptr, cos_t.data(), sin_t.data(), q0, q1, part.data(), q, head.get());
-        CHECK_MSG(!memcmp(part.data(), &full[(size_t)q0 * V], part.size() * sizeof(float)), "%s: rows [%d, %d) differ", dllm__precision_name(p), q0, q1);
+        dllm__cpu_forward(*m, pool, b, ids.data(), n, some, nullptr, cos_t.data(), sin_t.data(), q0, q1, part.data(), q,
+                          head.get());
+        CHECK_MSG(!memcmp(part.data(), &full[(size_t)q0 * V], part.size() * sizeof(float)), "%s: rows [%d, %d) differ",
+                  dllm__precision_name(p), q0, q1);
     }
     dllm_model_free(m);
 }
 
-// ---- accuracy figures: per-layer output NMSE, the rotation ablation ---------------------------------------------------
+// ---- accuracy figures: per-layer output NMSE, the rotation ablation
+// ---------------------------------------------------
 
 /* Per-layer output NMSE (spec 11.7): the exact CPU forward runs layer by layer; at each layer the quantised layer runs
  * on the same input, and the NMSE of what it adds to the residual stream (attention + MLP outputs) is recorded. */
-static std::vector<double> test_soloq_layer_nmse(const dllm_model &m, const std::vector<int32_t> &ids, const dllm__soloq_options &o) {
-    const dllm__config &c = m.cfg;
-    const int T = (int)ids.size(), d = c.n_embd;
+static std::vector<double> test_soloq_layer_nmse(const dllm_model &m, const std::vector<int32_t> &ids,
+                                                 const dllm__soloq_options &o) {
     dllm__pool pool(2);
     std::shared_ptr<const dllm__soloq_layer> head;
     const std::vector<dllm__fp8_layer> q = dllm__cpu_soloq_weights(m, pool, o, head);
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     std::vector<double> nmse;
     for (size_t l = 0; l < m.layers.size(); l++) {
         const std::vector<float> h0 = b.h;
@@ -612,10 +654,18 @@ TEST(soloq, accuracy_layer_output_nmse) {
 #if defined(__SANITIZE_ADDRESS__)
     SKIP("accuracy figures: measured by the plain build");
 #endif
-    struct { const char *dir, *name; } models[] = {{"models/tiny-llada", "tiny-llada"}, {"models/tiny-dream", "tiny-dream"}, {"models/tiny-add", "tiny-add"}};
-    struct { int precision, rotation, bc; } configs[] = {
-        {DLLM_PRECISION_RTN_W4A4, 0, -1}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_HADAMARD, 1}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_RPBH, 1},
-        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 0}, {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 1}, {DLLM_PRECISION_SOLOQ_I, DLLM_SOLOQ_ROTATION_KRPBH, 1},
+    struct {
+        const char *dir, *name;
+    } models[] = {
+        {"models/tiny-llada", "tiny-llada"}, {"models/tiny-dream", "tiny-dream"}, {"models/tiny-add", "tiny-add"}};
+    struct { int precision, rotation, bc;
+    } configs[] = {
+        {DLLM_PRECISION_RTN_W4A4, 0, -1},
+        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_HADAMARD, 1},
+        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_RPBH, 1},
+        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 0},
+        {DLLM_PRECISION_SOLOQ_N, DLLM_SOLOQ_ROTATION_KRPBH, 1},
+        {DLLM_PRECISION_SOLOQ_I, DLLM_SOLOQ_ROTATION_KRPBH, 1},
         {DLLM_PRECISION_SOLOQ_C, DLLM_SOLOQ_ROTATION_KRPBH, 1},
     };
     for (auto &mi : models) {
@@ -633,25 +683,30 @@ TEST(soloq, accuracy_layer_output_nmse) {
             CHECK(dllm__soloq_options_for(cf.precision, 0, cf.rotation, cf.bc, o) == DLLM_OK);
             const std::vector<double> nmse = test_soloq_layer_nmse(*m, ids, o);
             const double worst = *std::max_element(nmse.begin(), nmse.end());
-            printf("    %s %-8s %-8s bc %s: layer output NMSE %s(worst %.2e)\n", mi.name, dllm__precision_name(cf.precision), dllm__rot_names[o.rotation],
-                   o.bias_correction ? "on " : "off", test_join(nmse, "%.2e").c_str(), worst);
+            printf("    %s %-8s %-8s bc %s: layer output NMSE %s(worst %.2e)\n", mi.name,
+                   dllm__precision_name(cf.precision), dllm__rot_names[o.rotation], o.bias_correction ? "on " : "off",
+                   test_join(nmse, "%.2e").c_str(), worst);
             CHECK(worst == worst && worst > 0);
             if (cf.precision == DLLM_PRECISION_RTN_W4A4) rtn_worst = worst;
-            if (cf.precision == DLLM_PRECISION_SOLOQ_N && o.rotation == DLLM__ROT_KRPBH && o.bias_correction) krpbh_worst = worst;
+            if (cf.precision == DLLM_PRECISION_SOLOQ_N && o.rotation == DLLM__ROT_KRPBH && o.bias_correction)
+                krpbh_worst = worst;
         }
-        CHECK_MSG(krpbh_worst < rtn_worst, "%s: K-RPBH's worst layer %.3e is not below RTN's %.3e", mi.name, krpbh_worst, rtn_worst);
+        CHECK_MSG(krpbh_worst < rtn_worst, "%s: K-RPBH's worst layer %.3e is not below RTN's %.3e", mi.name,
+                  krpbh_worst, rtn_worst);
         dllm_model_free(m);
     }
 }
 
 /* [folded variant] The paper's appendix D.3 / spec soloq.md 3.1 Mode B, measured layer by layer beside the online
- * Mode A: the RMSNorm gains folded into the linears that read them (W <- W diag(g), g <- 1) and one residual rotation R1
- * (K-RPBH on d, shared by every layer) folded into the residual's readers (Q, K, V, gate, up: rows rotated, no online
- * rotation at sites 1 and 3) and writers (O, down: W <- R1 W); sites 2 (O's input) and 4 (down's input, behind SwiGLU)
- * keep their online K-RPBH. The residual stream is then stored rotated (R1 h), so a layer's output is compared with R1
- * times the exact one (NMSE is rotation invariant). An ablation of the CPU reference: the product runs Mode A. */
+ * Mode A: the RMSNorm gains folded into the linears that read them (W <- W diag(g), g <- 1) and one residual rotation
+ * R1 (K-RPBH on d, shared by every layer) folded into the residual's readers
+ * (Q, K, V, gate, up: rows rotated, no online rotation at sites 1 and 3) and writers (O, down: W <- R1 W); sites 2
+ * (O's input) and 4 (down's input, behind SwiGLU) keep their online K-RPBH. The residual stream is then stored rotated
+ * (R1 h), so a layer's output is compared with R1 times the exact one (NMSE is rotation invariant). An ablation of the
+ * CPU reference: the product runs Mode A. */
 static float *test_f32_tensor(std::vector<float> &data, int rows, int cols, dllm__tensor &t) {
-    t.dtype = DLLM__F32, t.shape = {rows, cols}, t.numel = (int64_t)rows * cols, t.nbytes = data.size() * 4, t.data = (const uint8_t *)data.data();
+    t.dtype = DLLM__F32, t.shape = {rows, cols}, t.numel = (int64_t)rows * cols, t.nbytes = data.size() * 4,
+    t.data = (const uint8_t *)data.data();
     return data.data();
 }
 
@@ -660,12 +715,14 @@ static std::vector<float> test_weight_f32(const dllm__tensor &w, const std::vect
     const int rows = (int)w.shape[0], cols = (int)w.shape[1];
     std::vector<float> out((size_t)rows * cols);
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) out[(size_t)r * cols + c] = dllm__tensor_at(w, (int64_t)r * cols + c) * (gain ? (*gain)[(size_t)c] : 1.0f);
+        for (int c = 0; c < cols; c++)
+            out[(size_t)r * cols + c] = dllm__tensor_at(w, (int64_t)r * cols + c) * (gain ? (*gain)[(size_t)c] : 1.0f);
     return out;
 }
 
 /* R1 W for a writer W [rows = d][cols]: every column rotated. */
-static std::vector<float> test_rotate_columns(const dllm__rotation &r1, const std::vector<float> &w, int rows, int cols) {
+static std::vector<float> test_rotate_columns(const dllm__rotation &r1, const std::vector<float> &w, int rows,
+                                              int cols) {
     std::vector<float> out(w.size()), col((size_t)rows), rc((size_t)rows);
     for (int c = 0; c < cols; c++) {
         for (int r = 0; r < rows; r++) col[(size_t)r] = w[(size_t)r * cols + c];
@@ -676,18 +733,21 @@ static std::vector<float> test_rotate_columns(const dllm__rotation &r1, const st
 }
 
 /* Layer l's SoloQ linears in Mode B (see above), for the options o. */
-static dllm__soloq_layer test_folded_layer(const dllm_model &m, size_t l, dllm__pool &pool, const dllm__soloq_options &o,
-                                           std::shared_ptr<const dllm__rotation> r1) {
+static dllm__soloq_layer test_folded_layer(const dllm_model &m, size_t l, dllm__pool &pool,
+                                           const dllm__soloq_options &o, std::shared_ptr<const dllm__rotation> r1) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[l];
     const int qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-    const std::shared_ptr<const dllm__rotation> none = std::make_shared<const dllm__rotation>(dllm__make_rotation(DLLM__ROT_NONE, c.n_embd, 0, 0));
-    std::vector<float> wq = test_weight_f32(*L.wq, &L.attn_norm), wk = test_weight_f32(*L.wk, &L.attn_norm), wv = test_weight_f32(*L.wv, &L.attn_norm);
+    const std::shared_ptr<const dllm__rotation> none =
+        std::make_shared<const dllm__rotation>(dllm__make_rotation(DLLM__ROT_NONE, c.n_embd, 0, 0));
+    std::vector<float> wq = test_weight_f32(*L.wq, &L.attn_norm), wk = test_weight_f32(*L.wk, &L.attn_norm),
+                       wv = test_weight_f32(*L.wv, &L.attn_norm);
     std::vector<float> wg = test_weight_f32(*L.gate, &L.ffn_norm), wu = test_weight_f32(*L.up, &L.ffn_norm);
     std::vector<float> wo = test_rotate_columns(*r1, test_weight_f32(*L.wo, nullptr), c.n_embd, qd);
     std::vector<float> wd = test_rotate_columns(*r1, test_weight_f32(*L.down, nullptr), c.n_embd, c.n_ff);
     dllm__tensor tq, tk, tv, tg, tu, to, td;
-    test_f32_tensor(wq, qd, c.n_embd, tq), test_f32_tensor(wk, kvd, c.n_embd, tk), test_f32_tensor(wv, kvd, c.n_embd, tv);
+    test_f32_tensor(wq, qd, c.n_embd, tq), test_f32_tensor(wk, kvd, c.n_embd, tk),
+        test_f32_tensor(wv, kvd, c.n_embd, tv);
     test_f32_tensor(wg, c.n_ff, c.n_embd, tg), test_f32_tensor(wu, c.n_ff, c.n_embd, tu);
     test_f32_tensor(wo, c.n_embd, qd, to), test_f32_tensor(wd, c.n_embd, c.n_ff, td);
     dllm__soloq_layer q;
@@ -696,29 +756,24 @@ static dllm__soloq_layer test_folded_layer(const dllm_model &m, size_t l, dllm__
     q.lin[DLLM__SOLOQ_QKV].rot = none;                                                  // ... and nothing online
     q.lin[DLLM__SOLOQ_GU] = dllm__soloq_quantize_linear(pool, {&tg, &tu}, r1, o);
     q.lin[DLLM__SOLOQ_GU].rot = none;
-    q.lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(pool, {&to}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, qd), o);
-    q.lin[DLLM__SOLOQ_DOWN] = dllm__soloq_quantize_linear(pool, {&td}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
+    q.lin[DLLM__SOLOQ_O] =
+        dllm__soloq_quantize_linear(pool, {&to}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, qd), o);
+    q.lin[DLLM__SOLOQ_DOWN] =
+        dllm__soloq_quantize_linear(pool, {&td}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
     return q;
 }
 
 /* Per-layer output NMSE of Mode B against the exact layer (the residual rotated by R1 on the way in, the exact output
  * rotated by R1 for the comparison; the norm gains set to 1 while Mode B runs). */
-static std::vector<double> test_soloq_folded_nmse(dllm_model &m, const std::vector<int32_t> &ids, const dllm__soloq_options &o) {
+static std::vector<double> test_soloq_folded_nmse(dllm_model &m, const std::vector<int32_t> &ids,
+                                                  const dllm__soloq_options &o) {
     const dllm__config &c = m.cfg;
     const int T = (int)ids.size(), d = c.n_embd;
     dllm__pool pool(2);
-    const std::shared_ptr<const dllm__rotation> r1 =
-        std::make_shared<const dllm__rotation>(dllm__make_rotation(DLLM__ROT_KRPBH, d, o.seed, dllm__soloq_site_id(m.layers.size() + 1, 0)));
-    dllm__cpu_buffers b;
-    std::vector<float> cos_t, sin_t;
-    dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-    b.fit(c, T);
-    for (int t = 0; t < T; t++) {
-        b.pos[(size_t)t] = t;
-        dllm__tensor_row(*m.embed, ids[(size_t)t], d, b.h.data() + (size_t)t * d);
-    }
-    dllm__cpu_rows rows;
-    rows.q0 = 0, rows.q1 = T;
+    const std::shared_ptr<const dllm__rotation> r1 = std::make_shared<const dllm__rotation>(
+        dllm__make_rotation(DLLM__ROT_KRPBH, d, o.seed, dllm__soloq_site_id(m.layers.size() + 1, 0)));
+    test_cpu_layer0 in(m, ids);
+    auto &[b, cos_t, sin_t, rows] = in;
     auto rotate_rows = [&](std::vector<float> &x) {
         std::vector<float> y((size_t)d);
         for (int t = 0; t < T; t++) {
@@ -760,13 +815,18 @@ TEST(soloq, accuracy_folded_variant_beside_online) {
         for (int p : {DLLM_PRECISION_SOLOQ_N, DLLM_PRECISION_SOLOQ_I}) {
             dllm__soloq_options o;
             CHECK(dllm__soloq_options_for(p, 0, DLLM_SOLOQ_ROTATION_DEFAULT, -1, o) == DLLM_OK);
-            const std::vector<double> online = test_soloq_layer_nmse(*m, ids, o), folded = test_soloq_folded_nmse(*m, ids, o);
+            const std::vector<double> online = test_soloq_layer_nmse(*m, ids, o),
+                                      folded = test_soloq_folded_nmse(*m, ids, o);
             double mean_on = 0, mean_fold = 0;
-            for (size_t l = 0; l < online.size(); l++) mean_on += online[l] / online.size(), mean_fold += folded[l] / folded.size();
-            printf("    %s %s: layer output NMSE online (Mode A) %s| folded (Mode B) %s| mean %.2e vs %.2e\n", name, dllm__precision_name(p),
-                   test_join(online, "%.2e").c_str(), test_join(folded, "%.2e").c_str(), mean_on, mean_fold);
+            for (size_t l = 0; l < online.size(); l++)
+                mean_on += online[l] / online.size(), mean_fold += folded[l] / folded.size();
+            printf("    %s %s: layer output NMSE online (Mode A) %s| folded (Mode B) %s| mean %.2e vs %.2e\n", name,
+                   dllm__precision_name(p), test_join(online, "%.2e").c_str(), test_join(folded, "%.2e").c_str(),
+                   mean_on, mean_fold);
             // a sanity bound, not a claim about which mode wins: both must quantise (> 0) and stay near the exact layer
-            for (double v : folded) CHECK_MSG(v == v && v > 0 && v < 0.5, "%s %s: folded layer NMSE %.3e", name, dllm__precision_name(p), v);
+            for (double v : folded)
+                CHECK_MSG(v == v && v > 0 && v < 0.5, "%s %s: folded layer NMSE %.3e", name, dllm__precision_name(p),
+                          v);
         }
         dllm_model_free(m);
     }
@@ -777,7 +837,8 @@ TEST(soloq, accuracy_folded_variant_beside_online) {
  * ((nonempty bins - 1) / 2N); and the block-energy imbalance: per row, the coefficient of variation of the k block
  * energies of the rotated row, averaged over rows. Both definitions are dllm's: the paper's are not public. Rows
  * x[rows][d]. */
-static void test_rotation_stats(const dllm__rotation &r, const std::vector<float> &x, int rows, double &kl, double &imbalance) {
+static void test_rotation_stats(const dllm__rotation &r, const std::vector<float> &x, int rows, double &kl,
+                                double &imbalance) {
     const int d = r.d, bins = 160;
     std::vector<double> hist(bins, 0.0);
     std::vector<float> y((size_t)d);
@@ -799,7 +860,8 @@ static void test_rotation_stats(const dllm__rotation &r, const std::vector<float
     int nonempty = 0;
     for (int i = 0; i < bins; i++) {
         const double lo = i == 0 ? -INFINITY : -8.0 + 0.1 * i, hi = i == bins - 1 ? INFINITY : -8.0 + 0.1 * (i + 1);
-        const double q = 0.5 * (erfc(-hi / sqrt(2.0)) - erfc(-lo / sqrt(2.0))), p = hist[(size_t)i] / ((double)rows * d);
+        const double q = 0.5 * (erfc(-hi / sqrt(2.0)) - erfc(-lo / sqrt(2.0))),
+                     p = hist[(size_t)i] / ((double)rows * d);
         if (p > 0) kl += p * log(p / std::max(q, 1e-300)), nonempty++;
     }
     kl -= (nonempty - 1) / (2.0 * rows * d);
@@ -841,15 +903,21 @@ TEST(soloq, rotation_ablation_kl_and_block_energy) {
                     kl[i] += k1 / trials, imb[i] += i1 / trials;
                 }
             }
-            printf("    synthetic d=%d (b %d, k %d), 8 %s outlier channels at 40-80x the median, mean of 8 draws: KL permutation only %.5f, mixer only %.5f, both %.5f; "
-                   "block-energy imbalance %.1f%% / %.1f%% / %.1f%%\n", d, dllm__krpbh_block(d), d / dllm__krpbh_block(d), clustered ? "clustered" : "scattered",
-                   kl[0], kl[1], kl[2], 100 * imb[0], 100 * imb[1], 100 * imb[2]);
+            printf(
+                "    synthetic d=%d (b %d, k %d), 8 %s outlier channels at 40-80x the median, mean of 8 draws: KL "
+                "permutation only %.5f, mixer only %.5f, both %.5f; "
+                "block-energy imbalance %.1f%% / %.1f%% / %.1f%%\n",
+                d, dllm__krpbh_block(d), d / dllm__krpbh_block(d), clustered ? "clustered" : "scattered", kl[0], kl[1],
+                kl[2], 100 * imb[0], 100 * imb[1], 100 * imb[2]);
             // what holds on every seed tried: each component beats the other where that one is weak; both beats
             // permutation only always, and mixer only where outliers cluster (with scattered ones the two tie:
             // BENCHMARKS.md)
             CHECK_MSG(kl[2] < kl[0], "d %d: K-RPBH's KL is not below permutation only's", d);
-            if (clustered) CHECK_MSG(kl[2] < kl[1], "d %d, clustered outliers: K-RPBH's KL is not below mixer only's", d);
-            else CHECK_MSG(kl[1] < kl[0], "d %d, scattered outliers: mixer only's KL is not below permutation only's", d);
+            if (clustered)
+                CHECK_MSG(kl[2] < kl[1], "d %d, clustered outliers: K-RPBH's KL is not below mixer only's", d);
+            else
+                CHECK_MSG(kl[1] < kl[0], "d %d, scattered outliers: mixer only's KL is not below permutation only's",
+                          d);
         }
     // activations captured from the tiny models: the inputs of every down projection (the site with the outliers)
     for (const char *name : {"tiny-llada", "tiny-dream"}) {
@@ -859,13 +927,9 @@ TEST(soloq, rotation_ablation_kl_and_block_energy) {
         const std::vector<int32_t> ids = test_heldout_window(name, c.mask_id);
         const int T = (int)ids.size();
         dllm__pool pool(2);
-        dllm__cpu_buffers b;
-        std::vector<float> cos_t, sin_t, captured;
-        dllm__rope_tables(c.rope_theta, c.head_dim, T, cos_t, sin_t);
-        b.fit(c, T);
-        for (int t = 0; t < T; t++) b.pos[(size_t)t] = t, dllm__tensor_row(*m->embed, ids[(size_t)t], c.n_embd, b.h.data() + (size_t)t * c.n_embd);
-        dllm__cpu_rows rows;
-        rows.q0 = 0, rows.q1 = T;
+        test_cpu_layer0 in(*m, ids);
+        auto &[b, cos_t, sin_t, rows] = in;
+        std::vector<float> captured;
         for (size_t l = 0; l < m->layers.size(); l++) {
             dllm__cpu_attention_block(*m, l, nullptr, pool, b, rows, nullptr, cos_t.data(), sin_t.data());
             dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, m->layers[l].ffn_norm.data(), c.norm_eps, b.a.data());
@@ -876,10 +940,14 @@ TEST(soloq, rotation_ablation_kl_and_block_energy) {
         const int n_rows = (int)(captured.size() / c.n_ff);
         double kl[3], imb[3];
         const dllm__rot_kind kinds[3] = {DLLM__ROT_RPBH, DLLM__ROT_MIXER, DLLM__ROT_KRPBH};
-        for (int i = 0; i < 3; i++) test_rotation_stats(dllm__make_rotation(kinds[i], c.n_ff, 99, 1), captured, n_rows, kl[i], imb[i]);
-        printf("    %s down_proj inputs (d %d, b %d, k %d, %d rows): KL permutation only %.5f, mixer only %.5f, both %.5f; "
-               "block-energy imbalance %.1f%% / %.1f%% / %.1f%%\n", name, c.n_ff, dllm__krpbh_block(c.n_ff), c.n_ff / dllm__krpbh_block(c.n_ff), n_rows, kl[0],
-               kl[1], kl[2], 100 * imb[0], 100 * imb[1], 100 * imb[2]);
+        for (int i = 0; i < 3; i++)
+            test_rotation_stats(dllm__make_rotation(kinds[i], c.n_ff, 99, 1), captured, n_rows, kl[i], imb[i]);
+        printf(
+            "    %s down_proj inputs (d %d, b %d, k %d, %d rows): KL permutation only %.5f, mixer only %.5f, both "
+            "%.5f; "
+            "block-energy imbalance %.1f%% / %.1f%% / %.1f%%\n",
+            name, c.n_ff, dllm__krpbh_block(c.n_ff), c.n_ff / dllm__krpbh_block(c.n_ff), n_rows, kl[0], kl[1], kl[2],
+            100 * imb[0], 100 * imb[1], 100 * imb[2]);
         CHECK(kl[2] == kl[2] && kl[2] < kl[0]);
         dllm_model_free(m);
     }

@@ -1,9 +1,9 @@
 /* Tests: continuous batching (dllm_stepper; issue 42). Sequences join a running stepper at random step boundaries, some
  * wait (max_sequences), some are cancelled before they join or after a step, each is removed at a random step after it
  * ended; every one gets exactly what dllm_generate gives it alone: status, ids, stats, every step callback and canvas
- * and (the CPU's plain schedules) the logits of every step, bit for bit. Each step's events (dllm_stepper_poll) are that
- * step; the K/V cache slots and the host memory of a long run stop growing. test_stepper_gpu.inl runs the same on the
- * GPU against each sequence decoded as a batch of one. */
+ * and (the CPU's plain schedules) the logits of every step, bit for bit. Each step's events (dllm_stepper_poll) are
+ * that step; the K/V cache slots and the host memory of a long run stop growing. test_stepper_gpu.inl runs the same on
+ * the GPU against each sequence decoded as a batch of one. */
 
 #include <malloc.h>
 #include <numeric>
@@ -23,7 +23,8 @@ struct test_stepper_trace {
 static int test_stepper_on_step(const dllm_step_info *info, void *user) {
     test_stepper_trace *t = (test_stepper_trace *)user;
     t->steps.insert(t->steps.end(), {info->block, info->step, info->global_step, info->n_masked});
-    for (int i = 0; i < info->n_committed; i++) t->steps.insert(t->steps.end(), {info->committed_pos[i], info->canvas[info->committed_pos[i]]});
+    for (int i = 0; i < info->n_committed; i++)
+        t->steps.insert(t->steps.end(), {info->committed_pos[i], info->canvas[info->committed_pos[i]]});
     t->canvases.insert(t->canvases.end(), info->canvas, info->canvas + info->canvas_len);
     t->last_canvas.assign(info->canvas, info->canvas + info->canvas_len);
     t->last_committed.assign(info->committed_pos, info->committed_pos + info->n_committed);
@@ -33,11 +34,13 @@ static int test_stepper_on_step(const dllm_step_info *info, void *user) {
 }
 
 static void test_stepper_logits_hook(void *tag, const float *logits, int rows, int n_vocab) {
-    if (tag) ((test_stepper_trace *)tag)->logits.insert(((test_stepper_trace *)tag)->logits.end(), logits, logits + (size_t)rows * n_vocab);
+    if (tag)
+        ((test_stepper_trace *)tag)
+            ->logits.insert(((test_stepper_trace *)tag)->logits.end(), logits, logits + (size_t)rows * n_vocab);
 }
 
-/* One sequence: its item, what the reference gave it (dllm_generate alone, or on the GPU a batch of one), and what it got
- * in the stepper. */
+/* One sequence: its item, what the reference gave it (dllm_generate alone, or on the GPU a batch of one), and what it
+ * got in the stepper. */
 struct test_stepper_case {
     std::string what;
     std::vector<int32_t> prompt;
@@ -74,24 +77,29 @@ static void test_stepper_run_alone(dllm_ctx *ctx, test_stepper_case &c, int canc
         c.status_alone = r.status, c.n_alone = r.n_out, c.stats_alone = r.stats;
         return;
     }
-    c.status_alone = dllm_generate(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &c.n_alone, &c.stats_alone);
+    c.status_alone =
+        dllm_generate(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, &c.n_alone, &c.stats_alone);
 }
 
 /* A sequence's event after a step, against its step callback: a step of it that ran is the event; a forward without a
  * step (block diffusion's commit) shows one committed position at most; a sequence decoded alone (many steps in one)
  * shows its end, the generated ids all committed. */
-static void test_stepper_check_event(dllm_test_state &T_, const test_stepper_case &c, const dllm_seq_event &ev, const char *label) {
+static void test_stepper_check_event(dllm_test_state &T_, const test_stepper_case &c, const dllm_seq_event &ev,
+                                     const char *label) {
     const dllm_step_info &in = ev.info;
     const char *what = c.what.c_str();
-    const std::vector<int32_t> canvas(in.canvas, in.canvas + in.canvas_len), committed(in.committed_pos, in.committed_pos + in.n_committed);
+    const std::vector<int32_t> canvas(in.canvas, in.canvas + in.canvas_len),
+        committed(in.committed_pos, in.committed_pos + in.n_committed);
     CHECK_MSG(ev.stepped || c.run.calls == 0, "%s %s: %d steps ran, no event", label, what, c.run.calls);
-    CHECK_MSG(in.prompt_len == (int)c.prompt.size() && std::equal(c.prompt.begin(), c.prompt.end(), canvas.begin()), "%s %s: the event's canvas lacks the prompt",
-              label, what);
+    CHECK_MSG(in.prompt_len == (int)c.prompt.size() && std::equal(c.prompt.begin(), c.prompt.end(), canvas.begin()),
+              "%s %s: the event's canvas lacks the prompt", label, what);
     if (c.run.calls == 1)
-        CHECK_MSG(canvas == c.run.last_canvas && committed == c.run.last_committed && in.global_step == c.run.last_global_step,
-                  "%s %s: the event is not the step that ran (step %d, %d commits; the callback's %d, %zu)", label, what, in.global_step,
-                  in.n_committed, c.run.last_global_step, c.run.last_committed.size());
-    if (c.run.calls == 0 && ev.stepped) CHECK_MSG(in.n_committed <= 1, "%s %s: a commit forward shows %d commits", label, what, in.n_committed);
+        CHECK_MSG(canvas == c.run.last_canvas && committed == c.run.last_committed &&
+                      in.global_step == c.run.last_global_step,
+                  "%s %s: the event is not the step that ran (step %d, %d commits; the callback's %d, %zu)", label,
+                  what, in.global_step, in.n_committed, c.run.last_global_step, c.run.last_committed.size());
+    if (c.run.calls == 0 && ev.stepped)
+        CHECK_MSG(in.n_committed <= 1, "%s %s: a commit forward shows %d commits", label, what, in.n_committed);
     if (c.run.calls > 1 && ev.finished && (ev.result.status == DLLM_OK || ev.result.status == DLLM_ERR_CANCELLED))
         CHECK_MSG(in.canvas_len == in.prompt_len + ev.result.n_out && in.n_committed == ev.result.n_out &&
                       std::equal(c.out.begin(), c.out.begin() + ev.result.n_out, canvas.begin() + in.prompt_len),
@@ -100,7 +108,8 @@ static void test_stepper_check_event(dllm_test_state &T_, const test_stepper_cas
 
 /* Polls every sequence added and not removed after a step: checks its event, keeps its result once it ended, removes
  * it at a random step after that, or cancels it (dllm_stepper_cancel) after a random step of it. */
-static void test_stepper_poll_all(dllm_test_state &T_, dllm_stepper *st, std::vector<test_stepper_case> &cs, std::mt19937 &rng, const char *label) {
+static void test_stepper_poll_all(dllm_test_state &T_, dllm_stepper *st, std::vector<test_stepper_case> &cs,
+                                  std::mt19937 &rng, const char *label) {
     for (test_stepper_case &c : cs) {
         if (c.id < 0 || c.removed) continue;
         dllm_seq_event ev;
@@ -126,8 +135,8 @@ static void test_stepper_poll_all(dllm_test_state &T_, dllm_stepper *st, std::ve
 /* The cases through one stepper of max_sequences: three added before the first step, the others at random step
  * boundaries (one the stepper is full for waits; one in eight is cancelled before it joins), at least one added while
  * none decodes. Returns the number of steps. */
-static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_stepper_case> &cs, std::mt19937 &rng, int max_sequences,
-                              const char *label) {
+static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_stepper_case> &cs, std::mt19937 &rng,
+                              int max_sequences, const char *label) {
     dllm_stepper_params sp = dllm_stepper_default_params();
     sp.max_sequences = max_sequences;
     dllm_stepper *st = nullptr;
@@ -149,7 +158,8 @@ static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<te
             test_stepper_case &c = cs[next];
             c.added = dllm_stepper_add(st, &items[next], &c.id);
             if (c.added == DLLM_ERR_FULL) {
-                CHECK(dllm_stepper_n_active(st) == max_sequences && c.id == -1 && dllm_stepper_can_add(st, &items[next]) == DLLM_ERR_FULL);
+                CHECK(dllm_stepper_n_active(st) == max_sequences && c.id == -1 &&
+                      dllm_stepper_can_add(st, &items[next]) == DLLM_ERR_FULL);
                 full++;
                 break;
             }
@@ -171,22 +181,28 @@ static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<te
         if (c.id >= 0 && !c.removed) CHECK_STATUS(dllm_stepper_remove(st, c.id), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);  // nothing to do
     dllm_stepper_free(st);
-    printf("    %s: %zu sequences in %d steps, at most %d at once (%d adds found it full)\n", label, cs.size(), steps, max_sequences, full);
+    printf("    %s: %zu sequences in %d steps, at most %d at once (%d adds found it full)\n", label, cs.size(), steps,
+           max_sequences, full);
     return steps;
 }
 
 /* A case's result in the stepper against its reference. A sequence cancelled after k steps of it is compared with the
- * reference cancelled by its callback after k steps (computed here); one cancelled before it joined ends with nothing. */
-static void test_stepper_check_case(dllm_test_state &T_, dllm_ctx *ctx, test_stepper_case &c, const char *label, bool batch_of_one = false) {
+ * reference cancelled by its callback after k steps (computed here); one cancelled before it joined ends with
+ * nothing. */
+static void test_stepper_check_case(dllm_test_state &T_, dllm_ctx *ctx, test_stepper_case &c, const char *label,
+                                    bool batch_of_one = false) {
     const char *what = c.what.c_str();
     if (c.added != DLLM_OK) {
-        CHECK_MSG(c.added == c.status_alone, "%s %s: dllm_stepper_add said %s, alone %s", label, what, dllm_status_str(c.added), dllm_status_str(c.status_alone));
+        CHECK_MSG(c.added == c.status_alone, "%s %s: dllm_stepper_add said %s, alone %s", label, what,
+                  dllm_status_str(c.added), dllm_status_str(c.status_alone));
         return;
     }
     CHECK_MSG(c.finished, "%s %s: never ended", label, what);
     if (c.cancelled && c.run.n_steps == 0) {
-        CHECK_MSG(c.result.status == DLLM_ERR_CANCELLED && c.result.n_out == 0 && std::all_of(c.out.begin(), c.out.end(), [](int32_t t) { return t == -7; }),
-                  "%s %s: cancelled before it joined: %s, %d ids", label, what, dllm_status_str(c.result.status), c.result.n_out);
+        CHECK_MSG(c.result.status == DLLM_ERR_CANCELLED && c.result.n_out == 0 &&
+                      std::all_of(c.out.begin(), c.out.end(), [](int32_t t) { return t == -7; }),
+                  "%s %s: cancelled before it joined: %s, %d ids", label, what, dllm_status_str(c.result.status),
+                  c.result.n_out);
         return;
     }
     test_stepper_case cancelled_alone;
@@ -196,21 +212,28 @@ static void test_stepper_check_case(dllm_test_state &T_, dllm_ctx *ctx, test_ste
     }
     const test_stepper_case &a = c.cancelled ? cancelled_alone : c;  // the reference
     const dllm_batch_result &r = c.result;
-    CHECK_MSG(r.status == a.status_alone, "%s %s: status %s in the stepper, %s alone (%s)", label, what, dllm_status_str(r.status),
-              dllm_status_str(a.status_alone), r.error);
-    CHECK_MSG(r.n_out == a.n_alone && c.out == a.out_alone, "%s %s: %d ids in the stepper, %d alone, or other ids", label, what, r.n_out, a.n_alone);
-    CHECK_MSG(r.stats.steps == a.stats_alone.steps && r.stats.forwards == a.stats_alone.forwards && r.stats.n_generated == a.stats_alone.n_generated,
-              "%s %s: steps %d/%d, forwards %d/%d", label, what, r.stats.steps, a.stats_alone.steps, r.stats.forwards, a.stats_alone.forwards);
-    CHECK_MSG(c.run.steps == a.alone.steps && c.run.canvases == a.alone.canvases, "%s %s: the step callbacks differ (%d in the stepper, %d alone)", label, what,
-              c.run.n_steps, a.alone.n_steps);
+    CHECK_MSG(r.status == a.status_alone, "%s %s: status %s in the stepper, %s alone (%s)", label, what,
+              dllm_status_str(r.status), dllm_status_str(a.status_alone), r.error);
+    CHECK_MSG(r.n_out == a.n_alone && c.out == a.out_alone, "%s %s: %d ids in the stepper, %d alone, or other ids",
+              label, what, r.n_out, a.n_alone);
+    CHECK_MSG(r.stats.steps == a.stats_alone.steps && r.stats.forwards == a.stats_alone.forwards &&
+                  r.stats.n_generated == a.stats_alone.n_generated,
+              "%s %s: steps %d/%d, forwards %d/%d", label, what, r.stats.steps, a.stats_alone.steps, r.stats.forwards,
+              a.stats_alone.forwards);
+    CHECK_MSG(c.run.steps == a.alone.steps && c.run.canvases == a.alone.canvases,
+              "%s %s: the step callbacks differ (%d in the stepper, %d alone)", label, what, c.run.n_steps,
+              a.alone.n_steps);
     const bool same_logits = c.run.logits.size() == a.alone.logits.size() &&
-                             (a.alone.logits.empty() || !memcmp(c.run.logits.data(), a.alone.logits.data(), a.alone.logits.size() * sizeof(float)));
-    CHECK_MSG(same_logits, "%s %s: logits differ (%zu floats in the stepper, %zu alone)", label, what, c.run.logits.size(), a.alone.logits.size());
+                             (a.alone.logits.empty() || !memcmp(c.run.logits.data(), a.alone.logits.data(),
+                                                                a.alone.logits.size() * sizeof(float)));
+    CHECK_MSG(same_logits, "%s %s: logits differ (%zu floats in the stepper, %zu alone)", label, what,
+              c.run.logits.size(), a.alone.logits.size());
 }
 
 /* Random LLaDA / Dream cases (test_batch_make_case's modes: rules, remasking, temperature, CFG, DPad, filters; K/V
  * caches mixed in with kv), one with a bad block_length, one cancelled by its callback. */
-static std::vector<test_stepper_case> test_stepper_plain_cases(dllm_ctx *ctx, const dllm_model_info &info, bool dream, bool kv, std::mt19937 &rng, int n) {
+static std::vector<test_stepper_case> test_stepper_plain_cases(dllm_ctx *ctx, const dllm_model_info &info, bool dream,
+                                                               bool kv, std::mt19937 &rng, int n) {
     std::vector<test_stepper_case> cs((size_t)n);
     for (int i = 0; i < n; i++) {
         test_batch_case b;
@@ -220,15 +243,16 @@ static std::vector<test_stepper_case> test_stepper_plain_cases(dllm_ctx *ctx, co
         if (kv) c.params.kv_cache = (dllm_kv_cache)(rng() % 3);
         if (i == 1) c.params.block_length = 5;  // bad: no gen_length here is a multiple of it
         if (i == 2) c.cancel_after = 1;
-        c.what = dllm__format("case %d (gen %d, block %d, unmask %d, cfg %g, dpad %d, kv %d)", i, c.params.gen_length, c.params.block_length,
-                              (int)c.params.unmask, (double)c.params.cfg_scale, (int)c.params.dpad, (int)c.params.kv_cache);
+        c.what = dllm__format("case %d (gen %d, block %d, unmask %d, cfg %g, dpad %d, kv %d)", i, c.params.gen_length,
+                              c.params.block_length, (int)c.params.unmask, (double)c.params.cfg_scale,
+                              (int)c.params.dpad, (int)c.params.kv_cache);
         test_stepper_run_alone(ctx, c, c.cancel_after);
     }
     return cs;
 }
 
-/* A model's cases through steppers of 2, 4 and all at once, each against dllm_generate; dllm_generate runs between steps
- * of the last one (a solo generation beside the stepper's). */
+/* A model's cases through steppers of 2, 4 and all at once, each against dllm_generate; dllm_generate runs between
+ * steps of the last one (a solo generation beside the stepper's). */
 static void test_stepper_plain_model(dllm_test_state &T_, const char *model_dir, bool dream, bool kv, uint32_t seed,
                                      dllm_precision precision = DLLM_PRECISION_BF16) {
     dllm_model *m = test_load(test_data(model_dir));
@@ -244,8 +268,8 @@ static void test_stepper_plain_model(dllm_test_state &T_, const char *model_dir,
     std::vector<test_stepper_case> cs = test_stepper_plain_cases(ctx, info, dream, kv, rng, 12);
     int n_ok = 0;
     for (const test_stepper_case &c : cs) n_ok += c.status_alone == DLLM_OK;
-    CHECK_MSG(n_ok >= 6 && cs[1].status_alone == DLLM_ERR_INVALID_ARGUMENT && cs[2].status_alone == DLLM_ERR_CANCELLED, "%s: %d of %zu decoded alone",
-              model_dir, n_ok, cs.size());
+    CHECK_MSG(n_ok >= 6 && cs[1].status_alone == DLLM_ERR_INVALID_ARGUMENT && cs[2].status_alone == DLLM_ERR_CANCELLED,
+              "%s: %d of %zu decoded alone", model_dir, n_ok, cs.size());
     int n_cancelled[2] = {0, 0};  // before joining, after a step
     for (int max_sequences : {2, 4, 12}) {
         const std::string label = dllm__format("%s%s max %d", model_dir, kv ? " kv" : "", max_sequences);
@@ -255,16 +279,21 @@ static void test_stepper_plain_model(dllm_test_state &T_, const char *model_dir,
             if (c.cancelled) n_cancelled[c.run.n_steps > 0]++;
         }
     }
-    CHECK_MSG(n_cancelled[0] > 0 && n_cancelled[1] > 0, "%s: %d sequences cancelled before joining, %d after a step: the test proves less", model_dir,
+    CHECK_MSG(n_cancelled[0] > 0 && n_cancelled[1] > 0,
+              "%s: %d sequences cancelled before joining, %d after a step: the test proves less", model_dir,
               n_cancelled[0], n_cancelled[1]);
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
 
-TEST(stepper, llada_sequences_joining_and_leaving_equal_alone) { test_stepper_plain_model(T_, "tiny-llada", false, false, 42); }
+TEST(stepper, llada_sequences_joining_and_leaving_equal_alone) {
+    test_stepper_plain_model(T_, "tiny-llada", false, false, 42);
+}
 
-TEST(stepper, dream_sequences_joining_and_leaving_equal_alone) { test_stepper_plain_model(T_, "tiny-dream", true, false, 4242); }
+TEST(stepper, dream_sequences_joining_and_leaving_equal_alone) {
+    test_stepper_plain_model(T_, "tiny-dream", true, false, 4242);
+}
 
 /* [dual cache] [prefix cache] Sequences with K/V caches join and leave beside those without: each takes a slot freed by
  * an earlier one or a new one, and decodes exactly as alone. */
@@ -278,9 +307,10 @@ TEST(stepper, fp8_and_soloq_sequences_equal_alone) {
     test_stepper_plain_model(T_, "tiny-dream", true, false, 46, DLLM_PRECISION_SOLOQ_N);
 }
 
-/* Block diffusion: test_bdi_cases' items (prompts around the block, every option, a stop, a callback's cancellation, two
- * bad ones) joining and leaving, each against dllm_generate; each block commit forward is an event of its own. */
-static void test_stepper_bd_model(dllm_test_state &T_, const char *model_dir, uint64_t seed, dllm_kv_quant kv_quant = DLLM_KV_QUANT_NONE) {
+/* Block diffusion: test_bdi_cases' items (prompts around the block, every option, a stop, a callback's cancellation,
+ * two bad ones) joining and leaving, each against dllm_generate; each block commit forward is an event of its own. */
+static void test_stepper_bd_model(dllm_test_state &T_, const char *model_dir, uint64_t seed,
+                                  dllm_kv_quant kv_quant = DLLM_KV_QUANT_NONE) {
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx_params cp = dllm_ctx_default_params();
     cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.kv_quant = kv_quant;
@@ -290,7 +320,8 @@ static void test_stepper_bd_model(dllm_test_state &T_, const char *model_dir, ui
     std::vector<test_stepper_case> cs;
     for (const test_bdi_case &b : test_bdi_cases(ctx, seed)) {
         test_stepper_case c;
-        c.what = b.what, c.prompt = b.prompt, c.params = b.params, c.out_capacity = b.out_capacity, c.cancel_after = b.cancel_after;
+        c.what = b.what, c.prompt = b.prompt, c.params = b.params, c.out_capacity = b.out_capacity,
+        c.cancel_after = b.cancel_after;
         test_stepper_run_alone(ctx, c, c.cancel_after);
         cs.push_back(c);
     }
@@ -310,8 +341,8 @@ TEST(stepper, block_diffusion_sequences_joining_and_leaving_equal_alone) {
     test_stepper_bd_model(T_, "tiny-fast-dllm-v2", 0x5703, DLLM_KV_QUANT_SOLOQ_KV2);
 }
 
-/* LLaDA2 has no batched forward: its sequences decode whole, one a step, each exactly as dllm_generate; the event of the
- * step that decoded one is its end. */
+/* LLaDA2 has no batched forward: its sequences decode whole, one a step, each exactly as dllm_generate; the event of
+ * the step that decoded one is its end. */
 TEST(stepper, llada2_sequences_decode_alone_one_a_step) {
     dllm_model *m = test_load(test_data("llada2"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
@@ -354,14 +385,16 @@ static size_t test_heap_in_use() {
 /* Rounds of the same sequences (random lengths, K/V caches, CFG's second cache) through one stepper, at most 3 at once:
  * a slot outlives its sequence and serves the next that fits, so the slots stop changing after a few rounds, never more
  * than 3 sequences' worth (two caches each) of the largest one, and the host memory in use stops growing too. */
-static void test_stepper_memory_rounds(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_stepper_case> &cs, const char *label) {
+static void test_stepper_memory_rounds(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_stepper_case> &cs,
+                                       const char *label) {
     dllm_stepper_params sp = dllm_stepper_default_params();
     sp.max_sequences = 3;
     dllm_stepper *st = nullptr;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);
     if (!st) return;
     int largest = 0;
-    for (test_stepper_case &c : cs) largest = std::max(largest, (int)c.prompt.size() + c.params.gen_length + c.params.block_length + 1);
+    for (test_stepper_case &c : cs)
+        largest = std::max(largest, (int)c.prompt.size() + c.params.gen_length + c.params.block_length + 1);
     std::vector<std::vector<int>> layouts;
     std::vector<size_t> heap;
     std::vector<int64_t> device;  // the GPU backend's buffers (0 on the CPU)
@@ -392,7 +425,8 @@ static void test_stepper_memory_rounds(dllm_test_state &T_, dllm_ctx *ctx, std::
         std::vector<int> rows;
         for (const dllm__kv_slot &s : st->slots) {
             rows.push_back(s.rows);
-            CHECK_MSG(s.owner == -1 && s.rows <= largest, "%s round %d: a slot of %d rows owned by %d", label, round, s.rows, s.owner);
+            CHECK_MSG(s.owner == -1 && s.rows <= largest, "%s round %d: a slot of %d rows owned by %d", label, round,
+                      s.rows, s.owner);
         }
         CHECK_MSG(rows.size() <= 6, "%s round %d: %zu slots for at most 3 sequences", label, round, rows.size());
         layouts.push_back(rows);
@@ -400,13 +434,16 @@ static void test_stepper_memory_rounds(dllm_test_state &T_, dllm_ctx *ctx, std::
         device.push_back(dllm__device_bytes.load());
     }
     CHECK_MSG(!layouts[0].empty(), "%s: no slot was used: the test would prove nothing", label);
-    CHECK_MSG(layouts[5] == layouts[4] && layouts[4] == layouts[3], "%s: the slots still change after three rounds (%zu, %zu, %zu slots)", label,
-              layouts[3].size(), layouts[4].size(), layouts[5].size());
-    CHECK_MSG(heap[5] <= heap[3] + 64 * 1024, "%s: the host memory in use grew from %zu to %zu bytes over the last rounds", label, heap[3], heap[5]);
-    CHECK_MSG(device[5] == device[3], "%s: the device memory grew from %lld to %lld bytes over the last rounds", label, (long long)device[3],
-              (long long)device[5]);
-    printf("    %s: %zu slots of %d rows in all; heap in use %zu, %zu, %zu bytes after rounds 4-6; device %lld bytes\n", label,
-           layouts[5].size(), std::accumulate(layouts[5].begin(), layouts[5].end(), 0), heap[3], heap[4], heap[5], (long long)device[5]);
+    CHECK_MSG(layouts[5] == layouts[4] && layouts[4] == layouts[3],
+              "%s: the slots still change after three rounds (%zu, %zu, %zu slots)", label, layouts[3].size(),
+              layouts[4].size(), layouts[5].size());
+    CHECK_MSG(heap[5] <= heap[3] + 64 * 1024,
+              "%s: the host memory in use grew from %zu to %zu bytes over the last rounds", label, heap[3], heap[5]);
+    CHECK_MSG(device[5] == device[3], "%s: the device memory grew from %lld to %lld bytes over the last rounds", label,
+              (long long)device[3], (long long)device[5]);
+    printf("    %s: %zu slots of %d rows in all; heap in use %zu, %zu, %zu bytes after rounds 4-6; device %lld bytes\n",
+           label, layouts[5].size(), std::accumulate(layouts[5].begin(), layouts[5].end(), 0), heap[3], heap[4],
+           heap[5], (long long)device[5]);
     dllm_stepper_free(st);
 }
 
@@ -419,10 +456,12 @@ static std::vector<test_stepper_case> test_stepper_memory_cases(bool block_diffu
         test_stepper_case &c = cs[i];
         for (int j = 0, n = 1 + (int)(rng() % 12); j < n; j++) c.prompt.push_back(12 + (int32_t)(rng() % 80));
         c.params = dllm_gen_default_params();
-        c.params.block_length = 4, c.params.gen_length = 4 * (1 + (int)(rng() % 3)), c.params.steps = c.params.gen_length;
+        c.params.block_length = 4, c.params.gen_length = 4 * (1 + (int)(rng() % 3)),
+        c.params.steps = c.params.gen_length;
         c.params.kv_cache = i % 4 ? (dllm_kv_cache)(1 + i % 2) : DLLM_KV_CACHE_NONE;
         c.params.cfg_scale = i % 5 == 0 ? 0.5f : 0.0f;
-        if (block_diffusion) c.params = test_bdi_params(16 * (1 + (int)(rng() % 2)), 16, 8, 0.3, (int)(rng() % 2), true, rng());
+        if (block_diffusion)
+            c.params = test_bdi_params(16 * (1 + (int)(rng() % 2)), 16, 8, 0.3, (int)(rng() % 2), true, rng());
         c.out_capacity = c.params.gen_length + 1;
     }
     return cs;
@@ -480,8 +519,8 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     CHECK_STATUS(dllm_stepper_can_add(st, &it), DLLM_ERR_FULL, "step until one ends");
     dllm_seq_event ev;
     CHECK_STATUS(dllm_stepper_poll(st, id, &ev), DLLM_OK, nullptr);
-    CHECK(!ev.stepped && !ev.finished && ev.info.canvas_len == 11 && ev.info.prompt_len == 3 && ev.info.canvas[0] == 5 && ev.info.n_masked == 8 &&
-          ev.info.n_committed == 0 && ev.info.n_blocks == 2);
+    CHECK(!ev.stepped && !ev.finished && ev.info.canvas_len == 11 && ev.info.prompt_len == 3 &&
+          ev.info.canvas[0] == 5 && ev.info.n_masked == 8 && ev.info.n_committed == 0 && ev.info.n_blocks == 2);
     CHECK_STATUS(dllm_stepper_poll(st, id + 1, &ev), DLLM_ERR_INVALID_ARGUMENT, "no sequence");
     CHECK_STATUS(dllm_stepper_poll(st, id, nullptr), DLLM_ERR_INVALID_ARGUMENT, "NULL");
     CHECK_STATUS(dllm_stepper_cancel(st, 77), DLLM_ERR_INVALID_ARGUMENT, "no sequence 77");
@@ -493,7 +532,8 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     CHECK_STATUS(dllm_stepper_cancel(st, id), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_stepper_cancel(st, id), DLLM_OK, nullptr);  // ended already: stays as it ended
     CHECK_STATUS(dllm_stepper_poll(st, id, &ev), DLLM_OK, nullptr);
-    CHECK(ev.finished && ev.result.status == DLLM_ERR_CANCELLED && ev.result.n_out == 8 && ev.result.stats.steps == 1 && dllm_stepper_n_active(st) == 0);
+    CHECK(ev.finished && ev.result.status == DLLM_ERR_CANCELLED && ev.result.n_out == 8 && ev.result.stats.steps == 1 &&
+          dllm_stepper_n_active(st) == 0);
     CHECK_STATUS(dllm_stepper_remove(st, id), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_stepper_remove(st, id), DLLM_ERR_INVALID_ARGUMENT, "removed");
     CHECK_STATUS(dllm_stepper_add(st, &it, &id2), DLLM_OK, nullptr);
@@ -520,7 +560,8 @@ TEST(alloc_failure, stepper_session) {
     dllm_batch_item items[2];
     for (int i = 0; i < 2; i++) {
         items[i] = {prompt, 3 + i, dllm_gen_default_params(), out[i], 8};
-        items[i].params.gen_length = 8, items[i].params.block_length = 4, items[i].params.steps = 4, items[i].params.stop_at_eos = 0;
+        items[i].params.gen_length = 8, items[i].params.block_length = 4, items[i].params.steps = 4,
+        items[i].params.stop_at_eos = 0;
     }
     items[1].params.kv_cache = DLLM_KV_CACHE_DUAL;
     long n = test_fail_each_allocation(T_, "a stepper session", 7, [&]() {
@@ -532,8 +573,9 @@ TEST(alloc_failure, stepper_session) {
         for (int i = 0; s == DLLM_OK && i < 2; i++) {
             dllm_seq_event ev;
             s = dllm_stepper_poll(st, ids[i], &ev);
-            CHECK_MSG(s != DLLM_OK || (ev.finished && ev.result.status == DLLM_OK && ev.result.n_out == 8), "sequence %d: %s (%s), %d ids", i,
-                      dllm_status_str(ev.result.status), ev.result.error, ev.result.n_out);
+            CHECK_MSG(s != DLLM_OK || (ev.finished && ev.result.status == DLLM_OK && ev.result.n_out == 8),
+                      "sequence %d: %s (%s), %d ids", i, dllm_status_str(ev.result.status), ev.result.error,
+                      ev.result.n_out);
             if (s == DLLM_OK) s = dllm_stepper_remove(st, ids[i]);
         }
         dllm_stepper_free(st);

@@ -1,12 +1,13 @@
 /* Tests: continuous batching (dllm_stepper) on the GPU backend (issue 42). test_stepper.inl's driver with the GPU's
- * reference: each sequence decoded as a batch of one (dllm_generate_batch of the item alone: the same batched forward in
- * any batch; dllm_generate tunes its forwards per row count, so its tokens equal a batched sequence's only up to
- * near-ties). Every sequence joining and leaving at random steps gets its batch of one's ids, stats, step callbacks and
- * canvases, and with the host's choice (dllm__debug_step_logits set) its logits, bit for bit; with the device's choice
- * (the default) its ids and canvases. A long run's device memory stops growing. */
+ * reference: each sequence decoded as a batch of one
+ * (dllm_generate_batch of the item alone: the same batched forward in any batch; dllm_generate tunes its forwards per
+ * row count, so its tokens equal a batched sequence's only up to near-ties). Every sequence joining and leaving at
+ * random steps gets its batch of one's ids, stats, step callbacks and canvases, and with the host's choice
+ * (dllm__debug_step_logits set) its logits, bit for bit; with the device's choice (the default) its ids and canvases. A
+ * long run's device memory stops growing. */
 
-/* A model's cases (test_stepper_plain_cases) through steppers of 2 and 12 sequences on the GPU, against each one's batch
- * of one: with the host's choice (logits compared) and the device's. */
+/* A model's cases (test_stepper_plain_cases) through steppers of 2 and 12 sequences on the GPU, against each one's
+ * batch of one: with the host's choice (logits compared) and the device's. */
 static void test_stepper_gpu_plain(dllm_test_state &T_, const char *model_dir, bool dream, bool kv, uint32_t seed,
                                    dllm_precision precision = DLLM_PRECISION_BF16) {
     NEED_GPU();
@@ -21,8 +22,8 @@ static void test_stepper_gpu_plain(dllm_test_state &T_, const char *model_dir, b
         std::vector<test_stepper_case> cs = test_stepper_plain_cases(gpu, info, dream, kv, rng, 12);
         for (test_stepper_case &c : cs) test_stepper_run_alone(gpu, c, c.cancel_after, true);
         for (int max_sequences : {2, 12}) {
-            const std::string label =
-                dllm__format("GPU %s%s %s choice max %d", model_dir, kv ? " kv" : "", host_choice ? "host" : "device", max_sequences);
+            const std::string label = dllm__format("GPU %s%s %s choice max %d", model_dir, kv ? " kv" : "",
+                                                   host_choice ? "host" : "device", max_sequences);
             test_stepper_drive(T_, gpu, cs, rng, max_sequences, label.c_str());
             for (test_stepper_case &c : cs) test_stepper_check_case(T_, gpu, c, label.c_str(), true);
         }
@@ -32,9 +33,13 @@ static void test_stepper_gpu_plain(dllm_test_state &T_, const char *model_dir, b
     dllm_model_free(m);
 }
 
-TEST(gpu_stepper, llada_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-llada", false, false, 142); }
+TEST(gpu_stepper, llada_sequences_joining_and_leaving_equal_batch_of_one) {
+    test_stepper_gpu_plain(T_, "tiny-llada", false, false, 142);
+}
 
-TEST(gpu_stepper, dream_sequences_joining_and_leaving_equal_batch_of_one) { test_stepper_gpu_plain(T_, "tiny-dream", true, false, 4142); }
+TEST(gpu_stepper, dream_sequences_joining_and_leaving_equal_batch_of_one) {
+    test_stepper_gpu_plain(T_, "tiny-dream", true, false, 4142);
+}
 
 /* [dual cache] [prefix cache] K/V cache slots taken, freed and moved (batch_kv_reserve with kept slots: a live slot
  * copied when an earlier one grows) while sequences decode. */
@@ -48,8 +53,8 @@ TEST(gpu_stepper, fp8_and_soloq_sequences_equal_batch_of_one) {
     test_stepper_gpu_plain(T_, "tiny-dream", true, false, 146, DLLM_PRECISION_SOLOQ_N);
 }
 
-/* Block diffusion on the GPU: test_bdi_cases' items joining and leaving (bd_batch_reserve with kept slots), each against
- * its batch of one. */
+/* Block diffusion on the GPU: test_bdi_cases' items joining and leaving (bd_batch_reserve with kept slots), each
+ * against its batch of one. */
 TEST(gpu_stepper, block_diffusion_sequences_joining_and_leaving_equal_batch_of_one) {
     NEED_GPU();
     test_tmpdir dir;
@@ -61,7 +66,8 @@ TEST(gpu_stepper, block_diffusion_sequences_joining_and_leaving_equal_batch_of_o
         std::vector<test_stepper_case> cs;
         for (const test_bdi_case &b : test_bdi_cases(gpu, 0x57a1)) {
             test_stepper_case c;
-            c.what = b.what, c.prompt = b.prompt, c.params = b.params, c.out_capacity = b.out_capacity, c.cancel_after = b.cancel_after;
+            c.what = b.what, c.prompt = b.prompt, c.params = b.params, c.out_capacity = b.out_capacity,
+            c.cancel_after = b.cancel_after;
             test_stepper_run_alone(gpu, c, c.cancel_after, true);
             cs.push_back(c);
         }

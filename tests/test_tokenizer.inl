@@ -45,7 +45,8 @@ struct test_quiet_log {
 
 static dllm_tokenizer *test_tokenizer(const std::string &dir) {
     dllm_tokenizer *t = nullptr;
-    if (dllm_tokenizer_load(dir.c_str(), &t) != DLLM_OK) fprintf(stdout, "    cannot load tokenizer %s: %s\n", dir.c_str(), dllm_last_error());
+    if (dllm_tokenizer_load(dir.c_str(), &t) != DLLM_OK)
+        fprintf(stdout, "    cannot load tokenizer %s: %s\n", dir.c_str(), dllm_last_error());
     return t;
 }
 
@@ -77,23 +78,30 @@ TEST(tokenizer, utf8_replacement_follows_maximal_subparts) {
 }
 
 TEST(tokenizer, unicode_classes_from_the_generated_tables) {
-    for (uint32_t cp : {0x41u, 0x7Au, 0xE9u, 0x4E2Du, 0x3042u, 0x10400u, 0x2Cu + 0x100u /* Ĭ */}) CHECK_MSG(dllm__is_letter(cp), "U+%04X", cp);
+    for (uint32_t cp : {0x41u, 0x7Au, 0xE9u, 0x4E2Du, 0x3042u, 0x10400u, 0x2Cu + 0x100u /* Ĭ */})
+        CHECK_MSG(dllm__is_letter(cp), "U+%04X", cp);
     for (uint32_t cp : {0x30u, 0x663u, 0x2460u, 0xBDu, 0x216Bu, 0xFF14u}) CHECK_MSG(dllm__is_number(cp), "U+%04X", cp);
-    for (uint32_t cp : {0x20u, 0x09u, 0x0Du, 0x85u, 0xA0u, 0x1680u, 0x2003u, 0x2028u, 0x3000u}) CHECK_MSG(dllm__is_space(cp), "U+%04X", cp);
-    for (uint32_t cp : {0x1Cu, 0x200Bu, 0xFEFFu, 0x180Eu, 0x5Fu}) CHECK_MSG(!dllm__is_space(cp) && !dllm__is_letter(cp), "U+%04X", cp);
+    for (uint32_t cp : {0x20u, 0x09u, 0x0Du, 0x85u, 0xA0u, 0x1680u, 0x2003u, 0x2028u, 0x3000u})
+        CHECK_MSG(dllm__is_space(cp), "U+%04X", cp);
+    for (uint32_t cp : {0x1Cu, 0x200Bu, 0xFEFFu, 0x180Eu, 0x5Fu})
+        CHECK_MSG(!dllm__is_space(cp) && !dllm__is_letter(cp), "U+%04X", cp);
     CHECK(!dllm__is_letter(0x2764) && !dllm__is_number(0x1F600) && !dllm__is_letter(0x301));
     CHECK(dllm__ccc(0x301) == 230 && dllm__ccc(0x323) == 220 && dllm__ccc(0x41) == 0 && dllm__ccc(0x3099) == 8);
 }
 
 TEST(tokenizer, nfc_composes_reorders_and_respects_exclusions) {
-    struct { const char *in, *want; } cases[] = {
-        {"cafe\xCC\x81", "caf\xC3\xA9"},                                  // e + U+0301 -> U+00E9
-        {"a\xCC\x87\xCC\xA3", "\xE1\xBA\xA1\xCC\x87"},                    // dot above + dot below reorder, then a+below composes
-        {"\xE1\xB8\x8B\xCC\xA3", "\xE1\xB8\x8D\xCC\x87"},                 // U+1E0B U+0323 -> U+1E0D U+0307
-        {"\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB", "\xED\x95\x9C"},         // conjoining jamo -> U+D55C
-        {"\xE0\xA5\x98", "\xE0\xA4\x95\xE0\xA4\xBC"},                     // U+0958 is excluded from composition
-        {"\xE2\x84\xA6", "\xCE\xA9"},                                     // OHM SIGN -> OMEGA (singleton)
-        {"\xCC\x81" "e", "\xCC\x81" "e"},                                 // a leading combining mark stays
+    struct { const char *in, *want;
+    } cases[] = {
+        {"cafe\xCC\x81", "caf\xC3\xA9"},                   // e + U+0301 -> U+00E9
+        {"a\xCC\x87\xCC\xA3", "\xE1\xBA\xA1\xCC\x87"},     // dot above + dot below reorder, then a+below composes
+        {"\xE1\xB8\x8B\xCC\xA3", "\xE1\xB8\x8D\xCC\x87"},  // U+1E0B U+0323 -> U+1E0D U+0307
+        {"\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB", "\xED\x95\x9C"},  // conjoining jamo -> U+D55C
+        {"\xE0\xA5\x98", "\xE0\xA4\x95\xE0\xA4\xBC"},              // U+0958 is excluded from composition
+        {"\xE2\x84\xA6", "\xCE\xA9"},                              // OHM SIGN -> OMEGA (singleton)
+        {"\xCC\x81"
+         "e",
+         "\xCC\x81"
+         "e"},  // a leading combining mark stays
         {"plain ascii", "plain ascii"},
     };
     for (auto &c : cases) CHECK_MSG(dllm__nfc(c.in) == c.want, "NFC(%s) = %s", c.in, dllm__nfc(c.in).c_str());
@@ -132,14 +140,21 @@ static std::string test_json_string(const std::string &s) {
 }
 
 /* A tokenizer.json over the single-byte symbols of "abc " (Ġ is the space) with a few merges. */
-static std::string test_hand_tokenizer(const std::string &merges, bool ignore_merges, const std::string &extra_vocab = "",
-                                       const std::string &added = "[]", const char *regex = nullptr) {
+static std::string test_hand_tokenizer(const std::string &merges, bool ignore_merges,
+                                       const std::string &extra_vocab = "", const std::string &added = "[]",
+                                       const char *regex = nullptr) {
     std::string re = test_json_string(regex ? regex : dllm__pretok_patterns[DLLM__PRETOK_QWEN2].regex);
-    return "{\"version\":\"1.0\",\"added_tokens\":" + added + ",\"normalizer\":null,"
-           "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" + re + "},"
-           "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]},"
-           "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"ignore_merges\":" +
-           (ignore_merges ? "true" : "false") + ",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"\xC4\xA0\":3,\"ab\":4,\"bc\":5,\"aa\":6,\"abc\":7,\"aaa\":8" +
+    return "{\"version\":\"1.0\",\"added_tokens\":" + added +
+           ",\"normalizer\":null,"
+           "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
+           re +
+           "},"
+           "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+           "\"trim_offsets\":true,\"use_regex\":false}]},"
+           "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,"
+           "\"ignore_merges\":" +
+           (ignore_merges ? "true" : "false") +
+           ",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"\xC4\xA0\":3,\"ab\":4,\"bc\":5,\"aa\":6,\"abc\":7,\"aaa\":8" +
            extra_vocab + "},\"merges\":" + merges + "}}";
 }
 
@@ -176,9 +191,13 @@ TEST(tokenizer, bpe_pairs_format_and_ignore_merges) {
 TEST(tokenizer, added_tokens_with_lstrip_rstrip_and_normalized) {
     test_tmpdir dir;
     test_quiet_log quiet;
-    std::string added = "[{\"id\":9,\"content\":\"<x>\",\"special\":true,\"lstrip\":true,\"rstrip\":true,\"normalized\":false,\"single_word\":false},"
-                        "{\"id\":10,\"content\":\"<x>>\",\"special\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"single_word\":false},"
-                        "{\"id\":11,\"content\":\"cab\",\"special\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":true,\"single_word\":false}]";
+    std::string added =
+        "[{\"id\":9,\"content\":\"<x>\",\"special\":true,\"lstrip\":true,\"rstrip\":true,\"normalized\":false,"
+        "\"single_word\":false},"
+        "{\"id\":10,\"content\":\"<x>>\",\"special\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,"
+        "\"single_word\":false},"
+        "{\"id\":11,\"content\":\"cab\",\"special\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":true,"
+        "\"single_word\":false}]";
     test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[\"a b\"]", false, ",\"<x>\":9", added));
     dllm_tokenizer *t = test_tokenizer(dir.path);
     if (!t) { CHECK(t != nullptr); return; }
@@ -186,8 +205,10 @@ TEST(tokenizer, added_tokens_with_lstrip_rstrip_and_normalized) {
     CHECK(test_ids_str(test_encode(t, "a<x>>b")) == "0 10 1");        // leftmost-longest
     CHECK(test_ids_str(test_encode(t, "acabb")) == "0 11 1");
     CHECK(test_ids_str(test_encode(t, "<x>", 0)) != "9");             // parse_special = 0: plain text
-    CHECK(dllm_tokenizer_token_id(t, "<x>") == 9 && dllm_tokenizer_token_id(t, "zz") == -1 && dllm_tokenizer_token_id(t, "\xC4\xA0") == 3);
-    CHECK(test_decode(t, {0, 9, 1}) == "a<x>b" && test_decode(t, {0, 9, 1}, 1) == "ab" && test_decode(t, {0, 10, 1}, 1) == "a<x>>b");
+    CHECK(dllm_tokenizer_token_id(t, "<x>") == 9 && dllm_tokenizer_token_id(t, "zz") == -1 &&
+          dllm_tokenizer_token_id(t, "\xC4\xA0") == 3);
+    CHECK(test_decode(t, {0, 9, 1}) == "a<x>b" && test_decode(t, {0, 9, 1}, 1) == "ab" &&
+          test_decode(t, {0, 10, 1}, 1) == "a<x>>b");
     dllm_tokenizer_free(t);
 }
 
@@ -204,29 +225,41 @@ static void test_against_fixture(dllm_test_state &T_, const char *fixture, const
     for (const dllm__json &c : cases->items) {
         std::string name = c.find("name")->str, text = test_unhex(c.find("hex")->str);
         std::vector<int32_t> want = test_json_ids(c.find("ids")), got = test_encode(t, text);
-        CHECK_MSG(got == want, "%s: %s\n      got  %s\n      want %s", fixture, name.c_str(), test_ids_str(got).c_str(), test_ids_str(want).c_str());
+        CHECK_MSG(got == want, "%s: %s\n      got  %s\n      want %s", fixture, name.c_str(), test_ids_str(got).c_str(),
+                  test_ids_str(want).c_str());
         std::vector<int32_t> plain = test_encode(t, text, 0);
-        CHECK_MSG(plain == test_json_ids(c.find("ids_no_parse_special")), "%s: %s (parse_special = 0): got %s", fixture, name.c_str(), test_ids_str(plain).c_str());
-        CHECK_MSG(test_decode(t, want) == test_unhex(c.find("decoded_hex")->str), "%s: %s: decode differs", fixture, name.c_str());
-        CHECK_MSG(test_decode(t, want, 1) == test_unhex(c.find("decoded_skip_special_hex")->str), "%s: %s: decode (skip special) differs", fixture, name.c_str());
+        CHECK_MSG(plain == test_json_ids(c.find("ids_no_parse_special")), "%s: %s (parse_special = 0): got %s", fixture,
+                  name.c_str(), test_ids_str(plain).c_str());
+        CHECK_MSG(test_decode(t, want) == test_unhex(c.find("decoded_hex")->str), "%s: %s: decode differs", fixture,
+                  name.c_str());
+        CHECK_MSG(test_decode(t, want, 1) == test_unhex(c.find("decoded_skip_special_hex")->str),
+                  "%s: %s: decode (skip special) differs", fixture, name.c_str());
         // Round trip on valid UTF-8: the text comes back, normalised where the tokenizer normalises.
         std::string valid = dllm__utf8_sanitize(text.data(), text.size());
-        if (valid == text) CHECK_MSG(test_decode(t, got) == (nfc ? dllm__nfc(text) : text), "%s: %s: round trip", fixture, name.c_str());
+        if (valid == text)
+            CHECK_MSG(test_decode(t, got) == (nfc ? dllm__nfc(text) : text), "%s: %s: round trip", fixture,
+                      name.c_str());
         mismatches += got != want;
     }
     const std::string &source = root.find("source")->str;
-    if (mismatches) fprintf(stdout, "    %d of %zu cases differ (fixture source: %s)\n", mismatches, cases->items.size(), source.c_str());
-    if (source.rfind("provisional", 0) == 0) fprintf(stdout, "    note: %s is provisional; regenerate it with tools/tokenizer_oracle.py\n", fixture);
+    if (mismatches)
+        fprintf(stdout, "    %d of %zu cases differ (fixture source: %s)\n", mismatches, cases->items.size(),
+                source.c_str());
+    if (source.rfind("provisional", 0) == 0)
+        fprintf(stdout, "    note: %s is provisional; regenerate it with tools/tokenizer_oracle.py\n", fixture);
     dllm_tokenizer_free(t);
 }
 
-TEST(tokenizer, qwen25_ids_match_hugging_face) { test_against_fixture(T_, "tokenizer/qwen2.5.expected.json", "tokenizer/qwen2.5", true); }
+TEST(tokenizer, qwen25_ids_match_hugging_face) {
+    test_against_fixture(T_, "tokenizer/qwen2.5.expected.json", "tokenizer/qwen2.5", true);
+}
 
 TEST(tokenizer, ling_bpe_with_llada_specials_matches_hugging_face) {
     test_against_fixture(T_, "tokenizer/ling.expected.json", "tokenizer/ling", false);
 }
 
-static void test_chats_against_fixture(dllm_test_state &T_, const char *fixture, const char *dir, dllm_chat_template want_kind) {
+static void test_chats_against_fixture(dllm_test_state &T_, const char *fixture, const char *dir,
+                                       dllm_chat_template want_kind) {
     dllm__json root;
     CHECK_STATUS(dllm__json_load(test_data(fixture), root), DLLM_OK, nullptr);
     const dllm__json *chats = root.find("chats");
@@ -236,13 +269,17 @@ static void test_chats_against_fixture(dllm_test_state &T_, const char *fixture,
     CHECK(dllm_tokenizer_chat_template(t) == want_kind);
     for (const dllm__json &c : chats->items) {
         std::vector<dllm_chat_message> msgs;
-        for (const dllm__json &m : c.find("messages")->items) msgs.push_back({m.find("role")->str.c_str(), m.find("content")->str.c_str()});
+        for (const dllm__json &m : c.find("messages")->items)
+            msgs.push_back({m.find("role")->str.c_str(), m.find("content")->str.c_str()});
         size_t need = 0;
         dllm_chat_render(t, msgs.data(), (int)msgs.size(), c.find("add_generation_prompt")->boolean, nullptr, 0, &need);
         std::string got(need, '\0');
-        CHECK_STATUS(dllm_chat_render(t, msgs.data(), (int)msgs.size(), c.find("add_generation_prompt")->boolean, &got[0], need, &need), DLLM_OK, nullptr);
+        CHECK_STATUS(dllm_chat_render(t, msgs.data(), (int)msgs.size(), c.find("add_generation_prompt")->boolean,
+                                      &got[0], need, &need),
+                     DLLM_OK, nullptr);
         got.resize(need ? need - 1 : 0);
-        CHECK_MSG(got == c.find("text")->str, "%s: got\n%s\n---- want\n%s", fixture, got.c_str(), c.find("text")->str.c_str());
+        CHECK_MSG(got == c.find("text")->str, "%s: got\n%s\n---- want\n%s", fixture, got.c_str(),
+                  c.find("text")->str.c_str());
     }
     dllm_tokenizer_free(t);
 }
@@ -268,7 +305,8 @@ TEST(tokenizer, llada_special_tokens_sit_at_their_real_ids) {
 TEST(tokenizer, shared_by_threads) {
     dllm_tokenizer *t = test_tokenizer(test_data("tokenizer/qwen2.5"));
     if (!t) { CHECK(t != nullptr); return; }
-    std::string text = "Threads share one tokenizer and its encode cache: \xE4\xBD\xA0\xE5\xA5\xBD 12345 <|im_end|> caf\xC3\xA9.";
+    std::string text =
+        "Threads share one tokenizer and its encode cache: \xE4\xBD\xA0\xE5\xA5\xBD 12345 <|im_end|> caf\xC3\xA9.";
     std::vector<int32_t> want = test_encode(t, text);
     std::atomic<int> bad{0};
     std::vector<std::thread> threads;
@@ -299,10 +337,12 @@ TEST(tokenizer, broken_files_are_clear_errors) {
     test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[\"ab\"]", false));
     CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_FORMAT, "merge 1");
     test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[]", false, "", "[]", "\\p{L}+|\\s+"));
-    CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_UNSUPPORTED, "unknown pre-tokenizer regex \"\\p{L}+|\\s+\"");
+    CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_UNSUPPORTED,
+                 "unknown pre-tokenizer regex \"\\p{L}+|\\s+\"");
     test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[]", false, ",\"q\":3"));
     CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_FORMAT, "id 3 is given to two tokens");
-    test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[]", false, "", "[{\"id\":20,\"content\":\"<m>\",\"single_word\":true}]"));
+    test_write_file(dir.file("tokenizer.json"),
+                    test_hand_tokenizer("[]", false, "", "[{\"id\":20,\"content\":\"<m>\",\"single_word\":true}]"));
     CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_UNSUPPORTED, "single_word");
     test_write_file(dir.file("tokenizer.json"), test_hand_tokenizer("[]", false, "", "[{\"id\":2,\"content\":\"a\"}]"));
     CHECK_STATUS(dllm_tokenizer_load(dir.path.c_str(), &t), DLLM_ERR_FORMAT, "the vocabulary gives it 0");
@@ -359,8 +399,14 @@ TEST(tokenizer, api_misuse_and_small_buffers) {
     CHECK_STATUS(dllm_chat_render(t, &nul, 1, 1, nullptr, 0, &len), DLLM_ERR_INVALID_ARGUMENT, "NULL role");
     CHECK_STATUS(dllm_chat_render(t, m, 0, 1, nullptr, 0, &len), DLLM_ERR_INVALID_ARGUMENT, "at least one message");
     CHECK_STATUS(dllm_chat_render(t, m, 1, 1, buf, sizeof buf, &len), DLLM_ERR_BUFFER_TOO_SMALL, "bytes with its NUL");
-    CHECK(len == strlen("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") + 1);
-    CHECK(dllm_tokenizer_n_vocab(nullptr) == 0 && dllm_tokenizer_token_id(nullptr, "x") == -1 && dllm_tokenizer_chat_template(nullptr) == DLLM_CHAT_NONE);
+    CHECK(
+        len ==
+        strlen(
+            "<|im_start|>system\nYou are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") +
+            1);
+    CHECK(dllm_tokenizer_n_vocab(nullptr) == 0 && dllm_tokenizer_token_id(nullptr, "x") == -1 &&
+          dllm_tokenizer_chat_template(nullptr) == DLLM_CHAT_NONE);
     dllm_tokenizer_free(nullptr);
     dllm_tokenizer_free(t);
 }
@@ -380,7 +426,8 @@ TEST(tokenizer, a_vocabulary_larger_than_the_embedding_is_refused) {
 static int test_tokenize_cli(const std::string &args, const std::string &input, std::string &out, std::string &err) {
     test_tmpdir dir;
     test_write_file(dir.file("in"), input);
-    std::string cmd = "build/dllm-tokenize " + args + " <" + dir.file("in") + " >" + dir.file("out") + " 2>" + dir.file("err");
+    std::string cmd =
+        "build/dllm-tokenize " + args + " <" + dir.file("in") + " >" + dir.file("out") + " 2>" + dir.file("err");
     int rc = system(cmd.c_str());
     out = test_read_file(dir.file("out"));
     err = test_read_file(dir.file("err"));
@@ -391,14 +438,16 @@ TEST(cli, tokenize_prints_one_line_of_ids_per_input_line) {
     if (!dllm__file_exists("build/dllm-tokenize")) SKIP("build/dllm-tokenize not built");
     dllm_tokenizer *t = test_tokenizer(test_data("tokenizer/qwen2.5"));
     if (!t) { CHECK(t != nullptr); return; }
-    std::vector<std::string> lines = {"Hello world", " Hello world\r", "", "<|im_start|>user caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD 12345", "\tlast"};
+    std::vector<std::string> lines = {"Hello world", " Hello world\r", "",
+                                      "<|im_start|>user caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD 12345", "\tlast"};
     std::string input, want, out, err;
     for (size_t i = 0; i < lines.size(); i++) {
         input += lines[i] + (i + 1 < lines.size() ? "\n" : "");  // the last line has no newline
         want += test_ids_str(test_encode(t, lines[i])) + "\n";
     }
     int rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5"), input, out, err);
-    CHECK_MSG(rc == 0 && out == want, "exit %d, stdout:\n%s\nwant:\n%s\nstderr: %s", rc, out.c_str(), want.c_str(), err.c_str());
+    CHECK_MSG(rc == 0 && out == want, "exit %d, stdout:\n%s\nwant:\n%s\nstderr: %s", rc, out.c_str(), want.c_str(),
+              err.c_str());
     rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --decode", out, want = out, err);
     std::string escaped;  // --decode writes a carriage return inside a line as \r
     for (char ch : input + "\n") escaped += ch == '\r' ? std::string("\\r") : std::string(1, ch);
@@ -406,7 +455,8 @@ TEST(cli, tokenize_prints_one_line_of_ids_per_input_line) {
     rc = test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --no-parse-special", "<|im_end|>", out, err);
     CHECK(rc == 0 && out == test_ids_str(test_encode(t, "<|im_end|>", 0)) + "\n");
     CHECK(test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5"), "", out, err) == 0 && out.empty());
-    CHECK(test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --decode", "9707 999999\n", out, err) == 1 && err.find("999999") != std::string::npos);
+    CHECK(test_tokenize_cli("-m " + test_data("tokenizer/qwen2.5") + " --decode", "9707 999999\n", out, err) == 1 &&
+          err.find("999999") != std::string::npos);
     CHECK(test_tokenize_cli("-m /nonexistent", "x", out, err) == 1 && std::count(err.begin(), err.end(), '\n') == 1);
     CHECK(test_tokenize_cli("--help", "", out, err) == 0 && out.find("--decode") != std::string::npos);
     dllm_tokenizer_free(t);
@@ -424,19 +474,26 @@ static void test_tiny_llada_with_tokenizer(const test_tmpdir &dir) {
         dllm__utf8_put(ch, chars[b]);
         vocab += (b ? "," : "") + test_json_string(ch) + ":" + std::to_string(b);
     }
-    const char *specials[] = {"<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>",
+    const char *specials[] = {"<|endoftext|>",        "<|eot_id|>",          "<|mdm_mask|>",
+                              "<|startoftext|>",      "<|start_header_id|>", "<|end_header_id|>",
                               "<|reserved_token_0|>", "<|reserved_token_1|>"};
     for (int i = 0; i < 8; i++)
-        added += (i ? ",{\"id\":" : "{\"id\":") + std::to_string(128 + i) + ",\"content\":\"" + specials[i] + "\",\"special\":true,\"normalized\":false}";
-    test_write_file(dir.file("tokenizer.json"),
-                    "{\"added_tokens\":[" + added + "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
-                    "{\"type\":\"Split\",\"pattern\":{\"Regex\":" + test_json_string(dllm__pretok_patterns[DLLM__PRETOK_LING].regex) +
-                    "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
-                    "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{" + vocab + "},\"merges\":[]}}");
+        added += (i ? ",{\"id\":" : "{\"id\":") + std::to_string(128 + i) + ",\"content\":\"" + specials[i] +
+                 "\",\"special\":true,\"normalized\":false}";
+    test_write_file(
+        dir.file("tokenizer.json"),
+        "{\"added_tokens\":[" + added +
+            "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+            "{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
+            test_json_string(dllm__pretok_patterns[DLLM__PRETOK_LING].regex) +
+            "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+            "\"use_regex\":false}]},"
+            "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{" +
+            vocab + "},\"merges\":[]}}");
     dllm__json llada;
     dllm__json_load(test_data("tokenizer/ling/tokenizer_config.json"), llada);
-    test_write_file(dir.file("tokenizer_config.json"),
-                    "{\"bos_token\":\"<|startoftext|>\",\"chat_template\":" + test_json_string(llada.find("chat_template")->str) + "}");
+    test_write_file(dir.file("tokenizer_config.json"), "{\"bos_token\":\"<|startoftext|>\",\"chat_template\":" +
+                                                           test_json_string(llada.find("chat_template")->str) + "}");
 }
 
 TEST(cli, generate_streams_the_answer_of_a_text_prompt) {
@@ -460,25 +517,32 @@ TEST(cli, generate_streams_the_answer_of_a_text_prompt) {
     gp.gen_length = gp.steps = 16;
     gp.block_length = 8;
     int n_out = 0;
-    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), 16, &n_out, nullptr), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), 16, &n_out, nullptr), DLLM_OK,
+                 nullptr);
     out.resize((size_t)n_out);
     std::string want_ids = "ids:";
     for (int32_t id : out) want_ids += " " + std::to_string(id);
-    std::string cmd = "-m " + dir.path + " -p \"Hi there\" -n 16 --steps 16 --block 8 --backend cpu --print-ids", stdout_text, err;
+    std::string cmd = "-m " + dir.path + " -p \"Hi there\" -n 16 --steps 16 --block 8 --backend cpu --print-ids",
+                stdout_text, err;
     int rc = test_cli(cmd, stdout_text, err);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, err.c_str());
     CHECK_MSG(stdout_text == test_decode(t, out, 1) + "\n" + want_ids + "\n", "stdout \"%s\"", stdout_text.c_str());
     CHECK(err.find("generated") != std::string::npos && err.find("tokens/s") != std::string::npos);
     rc = test_cli(cmd + " --visual", stdout_text, err);
-    CHECK_MSG(rc == 0 && stdout_text.find("step 1/16") != std::string::npos && stdout_text.find("________") != std::string::npos, "visual: %s", stdout_text.c_str());
+    CHECK_MSG(rc == 0 && stdout_text.find("step 1/16") != std::string::npos &&
+                  stdout_text.find("________") != std::string::npos,
+              "visual: %s", stdout_text.c_str());
     // Errors: a prompt longer than the context, a model without a tokenizer, --visual without text.
     // (The tiny tokenizer lacks the non-ASCII bytes, which the library warns about first.)
     std::string out_text;
     rc = test_cli("-m " + dir.path + " -p \"" + std::string(300, 'x') + "\" -n 16 --steps 16 --block 8", out_text, err);
     err = err.substr(err.find("dllm-generate: "));
-    CHECK_MSG(rc == 1 && err.find("context of 256") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1, "long prompt: %d %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 && err.find("context of 256") != std::string::npos &&
+                  std::count(err.begin(), err.end(), '\n') == 1,
+              "long prompt: %d %s", rc, err.c_str());
     rc = test_cli("-m " + test_data("tiny-llada") + " -p \"Hi\" -n 16 --steps 16 --block 8", out_text, err);
-    CHECK_MSG(rc == 1 && err.find("no tokenizer") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1, "no tokenizer: %d %s", rc, err.c_str());
+    CHECK_MSG(rc == 1 && err.find("no tokenizer") != std::string::npos && std::count(err.begin(), err.end(), '\n') == 1,
+              "no tokenizer: %d %s", rc, err.c_str());
     rc = test_cli("-m " + dir.path + " --ids \"1 2\" --visual", out_text, err);
     CHECK(rc == 1 && std::count(err.begin(), err.end(), '\n') == 1);
     dllm_ctx_free(ctx);

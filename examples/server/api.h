@@ -38,7 +38,7 @@ typedef struct api_request {
     int n_stops;
     int32_t *prompt;            /* the prompt's ids (malloc'ed): the chat template applied for chat */
     int n_prompt;
-    int32_t mask_id, eos_id, eot_id; /* what the streaming needs to find the settled text (CLI's rules) */
+    int32_t mask_id, eos_id, eot_id; /* what the streaming needs to find the settled text (../common.h) */
     int out_capacity;           /* ids the output may need */
 } api_request;
 
@@ -47,25 +47,5 @@ typedef struct api_request {
 int api_parse_request(const server *srv, int chat, const char *body, size_t len, api_request *req, api_error *err);
 
 void api_request_free(api_request *req);
-
-/* The settled answer of a canvas (dllm-generate's rules, so that the server answers what the CLI prints). */
-typedef struct answer_text {
-    const api_request *req;
-    const dllm_tokenizer *tok;
-    char *text;                 /* detokenisation scratch */
-    size_t text_cap;
-    int stop_ids;               /* >= 0: a stop string ends the text of the first stop_ids ids */
-    long stop_at;
-} answer_text;
-
-/* ids[0..n) to text (special tokens skipped) into a->text; its length, or -1. */
-long answer_detok(answer_text *a, const int32_t *ids, int n);
-/* The generated ids that are settled: up to the first mask (and, with stop_at_eos, the first EOS/EoT). */
-int answer_settled_prefix(const answer_text *a, const int32_t *gen, int n_gen);
-/* If the text of gen[0..n) holds a stop string: records the fewest ids whose text holds it; returns 1. */
-int answer_reached_stop(answer_text *a, const int32_t *gen, int n);
-/* How much of text[0..len) may be shown: before a stop string and, unless final, not a tail that may become one
- * nor a trailing U+FFFD that may be half a character. */
-long answer_shown_length(const answer_text *a, const char *text, long len, int final);
 
 #endif

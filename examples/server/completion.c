@@ -1,6 +1,7 @@
 /* completion.c - see completion.h. Everything the worker does here runs between two denoising steps, so it is kept
  * to detokenising the settled prefix and printing a small JSON object. */
 #include "completion.h"
+#include "../common.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -329,9 +330,13 @@ completion *completion_create(server *srv, api_request *req) {
     for (i = 0; i < c->req.n_choices; i++) {
         c->choices[i].c = c;
         c->choices[i].index = i;
-        c->choices[i].answer.req = &c->req;
-        c->choices[i].answer.tok = srv->tok;
-        c->choices[i].answer.stop_ids = -1;
+        answer_text *a = &c->choices[i].answer;  /* dllm-generate's rules (../common.h) for this request */
+        a->tok = srv->tok;
+        a->stops = (const char *const *)c->req.stops;
+        a->n_stops = c->req.n_stops;
+        a->mask_id = c->req.mask_id, a->eos_id = c->req.eos_id, a->eot_id = c->req.eot_id;
+        a->stop_at_eos = c->req.gen.stop_at_eos;
+        a->stop_ids = -1;
     }
     atomic_fetch_add(&srv->in_flight, 1);
     return c;

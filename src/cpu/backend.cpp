@@ -34,9 +34,10 @@ class dllm__cpu_backend : public dllm__backend_impl {
         return bd_forward_on(bd_kv_, kvq_, call, logits);
     }
 
-    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone (its committed cache,
-     * block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch runs each sequence through
-     * bd_forward's code on its slot, one after another, so every result is bd_forward's bit for bit. */
+    /* [batch] [block diffusion] The reference: a slot is what bd_begin makes for a generation alone
+     * (its committed cache, block cache and [FACache] state, and under kv_quant its own codes), and bd_forward_batch
+     * runs each sequence through bd_forward's code on its slot, one after another, so every result is bd_forward's bit
+     * for bit. */
     using dllm__backend_impl::bd_batch_reserve;  // the one-list form too (every slot empty)
     dllm_status bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) override {
         DLLM__TRY(dllm__check_kept_slots(rows, keep, bd_slot_rows_));
@@ -53,8 +54,8 @@ class dllm__cpu_backend : public dllm__backend_impl {
         bd_slots_.swap(slots), bd_slot_rows_ = rows;
         return DLLM_OK;
     }
-    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose makes
-     * them on the host (every row of the pick: the caller reads the masked ones). */
+    /* Each sequence's logits, or a step's choices by dllm__choose over them, as dllm__bd_generation::forward_choose
+     * makes them on the host (every row of the pick: the caller reads the masked ones). */
     dllm_status bd_forward_batch(const std::vector<dllm__bd_seq> &seqs, float *logits, dllm__choice *choices) override {
         const int V = m_.cfg.n_vocab;
         std::vector<bool> seen(bd_slots_.size(), false);

@@ -121,12 +121,13 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     return m;
 }
 
-/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k] with
- * scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a multiple
- * of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups in order
- * as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32 (each product is exact: an E4M3
- * value has 4 significant bits). Only the order of G's sum differs from the tensor cores'. The tests' reference: the
- * CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the library itself never calls it. */
+/* Twin of the GPU kernel fp8_gemm, on its operands (the GPU layouts: see struct dllm__gemm_op): codes xq [m_pad x k]
+ * with scales x_scale[kb * m_pad + m], codes wq [n x k] with block scales w_scale[nb * ceil4(k / 128) + kb]; k a
+ * multiple of 128. Rows [0, rows) of y [rows x n] (bf16 bits) = bf16(total), the total summed over the 128-wide groups
+ * in order as total = fmaf(G, sx * sw, total), G the group's 128 code products summed in fp32
+ * (each product is exact: an E4M3 value has 4 significant bits). Only the order of G's sum differs from the tensor
+ * cores'. The tests' reference: the CPU forward multiplies dequantised values instead (dllm__cpu_linear_fp8), so the
+ * library itself never calls it. */
 [[maybe_unused]] static void dllm__fp8_gemm_twin(const uint8_t *xq, const float *x_scale, int m_pad, int rows,
                                                  const uint8_t *wq, const float *w_scale, int n, int k, uint16_t *y) {
     const int groups = k / dllm__fp8_group, w_ld = (groups + 3) / 4 * 4;

@@ -8,9 +8,9 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
         pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
-/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision (q: its FP8 or
- * SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards (bidirectional, block
- * diffusion) take it. */
+/* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision
+ * (q: its FP8 or SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards
+ * (bidirectional, block diffusion) take it. */
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;

@@ -6,8 +6,9 @@
 // then chooses and commits per sequence (dllm__step_end, dllm__generation::end_step), exactly as the solo step does.
 // Sequences join and leave between steps (dllm_stepper), each at its own block and step.
 
-/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation (the plain
- * and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its last step. */
+/* One sequence of a stepper, from dllm_stepper_add to dllm_stepper_remove: a copy of its item, its generation
+ * (the plain and cached schedules: g; block diffusion: bd; neither where it decodes alone), its K/V cache slots and its
+ * last step. */
 struct dllm__stepper_seq {
     enum state { JOINING, LIVE, ALONE, ENDED };  // ALONE: waits to decode whole, outside the batched forwards
     int id = 0;
@@ -64,8 +65,8 @@ static bool dllm__batch_device_choice(const dllm_ctx &ctx, const dllm__decode &s
     return ctx.impl->batch_chooses() && !dllm__debug_step_logits && st.cfg_scale <= 0;
 }
 
-/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where the
- * backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
+/* [batch] A forward of a step's plan (k = 1: the sequences with a K/V cache): the logits of every sequence, or where
+ * the backend chooses some (a sampling in the plan) theirs chosen and the others' logits. */
 static dllm_status dllm__batch_forward(dllm_ctx &ctx, const std::vector<dllm__batch_seq> &plan, int k, float *logits,
                                        dllm__choice *choices) {
     if (plan.empty()) return DLLM_OK;
@@ -141,8 +142,8 @@ static dllm_status dllm__batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
     return DLLM_OK;
 }
 
-/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache, of
- * its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
+/* [batch] [dual cache] [prefix cache] The K/V cache slots a sequence needs: one a canvas (CFG: two) with a K/V cache,
+ * of its canvas's rows (prompt + gen_length, which DPad's views never exceed); none without one. */
 static int dllm__batch_slots_needed(const dllm__stepper_seq &q, int &rows) {
     const dllm_gen_params &p = q.item.params;
     rows = q.item.n_prompt + p.gen_length;

@@ -1,11 +1,12 @@
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
 // ---- Batched block diffusion (dllm_stepper, dllm_generate_batch on a block-diffusion model) -----------------------
-// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve). Each
-// round runs every live generation's next forward (dllm__bd_generation::next, asked as soon as the previous result is
-// applied) in ONE bd_forward_batch, whatever their blocks, kinds, row counts and steps; each result goes back to its
-// generation. A generation that is done, fails or is cancelled leaves at once. Each sequence runs the loop dllm_generate
-// runs, so it decodes exactly as alone wherever the backend's batched forward gives each sequence its bd_forward's result.
+// Every sequence is a dllm__bd_generation of its own over a committed K/V cache slot of its own (bd_batch_reserve).
+// Each round runs every live generation's next forward
+// (dllm__bd_generation::next, asked as soon as the previous result is applied) in ONE bd_forward_batch, whatever their
+// blocks, kinds, row counts and steps; each result goes back to its generation. A generation that is done, fails or is
+// cancelled leaves at once. Each sequence runs the loop dllm_generate runs, so it decodes exactly as alone wherever the
+// backend's batched forward gives each sequence its bd_forward's result.
 
 /* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
 static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {

@@ -102,10 +102,11 @@ static dllm_status dllm__check_bd_cache(const dllm_ctx &ctx, int n_prompt, const
     if (rows <= fit) return DLLM_OK;
     const int mode = dllm__enum_int(ctx.params.kv_quant);
     const double per_token = dllm__kvq_bytes_per_token(c, mode, B);
-    const std::string smaller = mode == DLLM_KV_QUANT_NONE
-                                    ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
-                                                   dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
-                                    : std::string();
+    const std::string smaller =
+        mode == DLLM_KV_QUANT_NONE
+            ? dllm__format("; or quantise the cache (kv_quant, --kv-quant soloq-kv4: %.0f bytes a token)",
+                           dllm__kvq_bytes_per_token(c, DLLM_KV_QUANT_SOLOQ_KV4, B))
+            : std::string();
     return dllm__fail(
         DLLM_ERR_OUT_OF_MEMORY,
         "the committed K/V cache of prompt (%d) + gen_length (-n) %d needs %lld rows (%.1f MiB at %.0f bytes "
@@ -171,7 +172,8 @@ static dllm_status dllm__plan_block_diffusion(const dllm_ctx &ctx, const int32_t
  * dllm_generate_batch (dllm__bd_batch_round: every live sequence's next forward in one bd_forward_batch) run the same
  * code: next() walks the loop up to its next forward and describes it, apply_logits (a COMMIT: the prefill or a
  * finished block) or apply_choices (a step) consumes its result. `at` is where the loop stands: PREFILL, BLOCK (the top
- * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`), DONE. */
+ * of block blk's iteration), LOOP (the block's `while not stopped`), SUB (sub-block s0's `while it has a mask`),
+ * DONE. */
 struct dllm__bd_generation {
     enum phase { PREFILL, BLOCK, LOOP, SUB, DONE };
     dllm_ctx &ctx;
@@ -377,15 +379,11 @@ struct dllm__bd_generation {
 
     dllm_status report(int b, int step_in_b, const std::vector<int32_t> &committed) {
         if (!p.on_step && !watch) return DLLM_OK;
-        const dllm_step_info info = step_info(b, step_in_b, committed);
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, step_info(b, step_in_b, committed));
     }
 
-    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where the
-     * backend chooses there, else dllm__choose here over the forward's logits (the twin). */
+    /* A step's forward and the choice of pick's rows (ch[i] for row i; only masked rows matter): on the device where
+     * the backend chooses there, else dllm__choose here over the forward's logits (the twin). */
     dllm_status forward_choose(std::vector<dllm__choice> &ch) {
         ch.assign((size_t)pick.n, dllm__choice{0, -INFINITY, false});
         if (ctx.impl->bd_chooses()) return ctx.impl->bd_forward_choose(call, pick, ch.data());

@@ -147,8 +147,9 @@ static dllm_status dllm__plan_generation(const dllm_ctx &ctx, const int32_t *pro
                           p.gen_length,
                           p.block_length, p.steps);
     if (p.gen_length % p.block_length)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gen_length (-n) %d is not a multiple of block_length (--block) %d",
-                          p.gen_length, p.block_length);
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "gen_length (-n) %d is not a multiple of block_length (--block) %d", p.gen_length,
+                          p.block_length);
     // The schedule splits a block's masks (block_length or more) over its steps: with steps <= gen_length, that is
     // steps_per_block <= block_length, every step commits a token; each further step would commit nothing.
     if (scheduled && p.steps > p.gen_length)
@@ -305,6 +306,17 @@ struct dllm__step_watch {
     }
 };
 
+/* Shows a generation's step to a stepper's watch (when it has one) and to the caller's step callback (when given),
+ * whose non-zero return cancels the generation: the one report of dllm_generate's loops (plain, LLaDA2, block
+ * diffusion). */
+static dllm_status dllm__report_step(const dllm_gen_params &p, dllm__step_watch *watch, const dllm_step_info &info) {
+    if (watch) watch->record(info);
+    if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
+        return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
+                          info.global_step);
+    return DLLM_OK;
+}
+
 /* The decoding loop of one generation: blocks left to right, steps until the schedule or the rule says the
  * block is done. The full canvas lives here; under DPad the backend sees one compacted view per block. */
 struct dllm__generation {
@@ -320,7 +332,8 @@ struct dllm__generation {
     bool done = false;                  // every block decoded (or early_stop)
     dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
 
-    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode too). */
+    /* dllm_step_info.total_steps: the schedule's count, else one step a mask at most (the prompt's masks decode
+     * too). */
     int total_steps() const {
         if (plan.steps_per_block) return plan.n_blocks * plan.steps_per_block;
         int prompt_masks = 0;
@@ -428,10 +441,6 @@ struct dllm__generation {
                                (int)full.size(),
                                st.n_prompt,
                                masks};
-        if (watch) watch->record(info);
-        if (p.on_step && p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d",
-                              steps_done);
-        return DLLM_OK;
+        return dllm__report_step(p, watch, info);
     }
 };

@@ -218,9 +218,7 @@ struct dllm__llada2_generation {
                                (int)x.size(),
                                n_prompt,
                                masks_in(n_prompt, (int)x.size())};
-        if (p.on_step(&info, p.on_step_data) != 0)
-            return dllm__fail(DLLM_ERR_CANCELLED, "generation cancelled by the step callback after step %d", steps);
-        return DLLM_OK;
+        return dllm__report_step(p, nullptr, info);
     }
 
     /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */

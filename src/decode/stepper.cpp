@@ -4,13 +4,15 @@
 // ---- Continuous batching ----------------------------------------------------------------------------------------
 // A stepper holds sequences in the order they were added. Each step: the sequences added since the last one join (their
 // K/V cache slots taken, their generations started), every live sequence runs its next forward in ONE batched forward
-// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their slots;
-// then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole, through
-// dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one included.
+// (dllm__batch_step, or dllm__bd_batch_round on a block-diffusion model), and those that end leave and free their
+// slots; then the first sequence of a kind that has no batched forward (dllm_stepper::alone_reason) decodes whole,
+// through dllm_generate's path. A sequence never sees the others: it gets the bits it gets in any batch, a batch of one
+// included.
 //
-// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining sequence
-// takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a long run
-// stop growing at what its largest concurrent sequences need; a live slot is never resized (the backend may move it).
+// K/V cache slots (sequences with a kv_cache; every block-diffusion sequence) outlive their sequences: a joining
+// sequence takes the smallest free slot that holds its rows, else enlarges a free one, else adds one. So the slots of a
+// long run stop growing at what its largest concurrent sequences need; a live slot is never resized
+// (the backend may move it).
 
 /* A K/V cache slot of a stepper: its rows and the sequence using it (-1: free). */
 struct dllm__kv_slot {
@@ -106,7 +108,8 @@ dllm_stepper::~dllm_stepper() {
     dllm__tls_error.swap(error);
 }
 
-/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched forwards. */
+/* Why a sequence with these parameters decodes alone, whole inside one step, or null if it joins the batched
+ * forwards. */
 const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
     if (!no_batch.empty()) return no_batch.c_str();
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
@@ -132,8 +135,8 @@ dllm__stepper_seq *dllm_stepper::find(int id) const {
     return nullptr;
 }
 
-/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not added,
- * its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
+/* A new sequence (its outcome into result, or its own): checked as dllm_generate would check it; a bad one is not
+ * added, its status and message in result (BUFFER_TOO_SMALL: n_out the capacity needed). */
 dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *result, int *seq_id) {
     if (seq_id) *seq_id = -1;
     DLLM__TRY(room());
@@ -289,7 +292,8 @@ void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
     q.at = dllm__stepper_seq::ENDED;
 }
 
-/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did not. */
+/* Ends a sequence that has not: with the canvas so far in its output where it started, with nothing where it did
+ * not. */
 dllm_status dllm_stepper::cancel(dllm__stepper_seq &q) {
     if (q.at == dllm__stepper_seq::ENDED) return DLLM_OK;
     const dllm_status s =

@@ -29,8 +29,8 @@ struct dllm__activations {
     dllm__dbuf gu;     // bf16 [M_pad][2 ff]: gate|up rows
     dllm__dbuf f;      // bf16 [M][ff]: SwiGLU output
     dllm__dbuf y;      // bf16 [sequences x L][d]: the final norm's output
-    dllm__dbuf
-        h_cut;  // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    // fp32 [sequences x L][d]: [truncation] the last layer's residual when it computes the output rows alone
+    dllm__dbuf h_cut;
     dllm__dbuf logits;              // fp32 [sequences][L][vocab]: one LM head chunk
     dllm__dbuf partials;            // conf_partial [L][vocab / dllm__vocab_slice]
     dllm__dbuf x0, conf, deferred;  // per candidate row: token (int), ranking key (double), EOS/EoT deferral (uint8)
@@ -93,8 +93,8 @@ struct dllm__forward_plan {
     std::vector<dllm__seq_rows> seqs;      // CFG's unconditional canvas is a second sequence
     dllm__layer0 layer0 = DLLM__L0_PLAIN;  // LaCache's layer-0 mode
     int batch() const { return (int)seqs.size(); }
-    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them from
-     * the first and run all sequences at once. */
+    /* Until batching lands every sequence of a forward has the same rows (CFG's two canvases): the stages take them
+     * from the first and run all sequences at once. */
     const dllm__seq_rows &rows() const { return seqs[0]; }
     bool uniform() const {
         for (const dllm__seq_rows &r : seqs)
@@ -107,10 +107,10 @@ struct dllm__forward_plan {
 };
 
 /* [forward plan] [batch] A batched forward (dllm__gpu_backend::forward_batch) over the canvases of a plan: their rows
- * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position (its
- * canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one offsets
- * array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants (its plan rows
- * [r0, r1) with the model's shift applied backwards), canvas indices. */
+ * concatenated, sequence i's rows [offsets[i], offsets[i + 1]) (offsets[B] = rows), each row at its own RoPE position
+ * (its canvas index, or DPad's position), no padding. Without a K/V cache a sequence's queries are its keys, so one
+ * offsets array serves both sides of the varlen attention. raw0/raw1: the unshifted logit rows sequence i wants
+ * (its plan rows [r0, r1) with the model's shift applied backwards), canvas indices. */
 struct dllm__varlen_layout {
     std::vector<int32_t> ids, positions, offsets;
     std::vector<int> raw0, raw1;
@@ -119,16 +119,17 @@ struct dllm__varlen_layout {
     int max_rows = 0;       // the longest sequence's: the attention grid
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries (2B values:
-    // sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys the n rows of
-    // its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not follow), and the
-    // cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's cache.
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries
+    // (2B values: sequence i is entry 2i, its queries rows [offsets[i], offsets[i + 1]) of the forwarded rows, its keys
+    // the n rows of its cache slot; entry 2i + 1 has no query row and only bridges to the next slot, which need not
+    // follow), and the cache row each forwarded row's K/V goes to. Cache rows count from the start of one layer's
+    // cache.
     std::vector<int32_t> attn_q_offsets, attn_kv_offsets, cache_rows;
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its canvas),
-    // whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its
+    // canvas), whose GEMMs are DLLM__ROWS_STEP's; empty: none is
     std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };
@@ -187,7 +188,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             s.r1 > s.n)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does not fit",
+                "batched K/V-cache step: sequence %zu (slot %d, %d rows, forwarded [%d, %d), logit rows [%d, %d)) does "
+                "not fit",
                 i, s.slot, s.n, s.q0, s.q1, s.r0, s.r1);
         used[(size_t)s.slot] = true;
         const int raw0 = dllm__logit_row(c, s.r0), raw1 = dllm__logit_row(c, s.r1 - 1) + 1;
@@ -208,7 +210,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
             v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         }
         v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
-        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query row
+        // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query
+        // row
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot]);
         v.rows += s.q1 - s.q0;
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(slot_base[(size_t)s.slot] + s.n);
@@ -223,9 +226,10 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
     return DLLM_OK;
 }
 
-/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions [pos0, pos0 + n)
- * of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's logits row
- * (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out + r]. */
+/* [batch] One sampler launch of a batched step's device choice (forward_batch_choose): canvas positions
+ * [pos0, pos0 + n) of plan sequence seq, whose logits are in the LM-head chunk at hand; sampler row r reads the chunk's
+ * logits row (shift0 ? max(r - 1, 0) : r) + lrow0 (sampler_args' logits_row) and its choice goes to choices[out +
+ * r]. */
 struct dllm__sampler_span {
     int seq = 0, pos0 = 0, n = 0, lrow0 = 0, shift0 = 0, out = 0;
 };

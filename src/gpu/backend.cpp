@@ -63,8 +63,6 @@ struct dllm__graph_set {
     explicit dllm__graph_set(const char *kind) : what(kind) {}
 };
 
-/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the batched
- * K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 /* [batch] A run of consecutive rows of a batched forward whose sequences are all steps or all not (DLLM__ROWS_STEP). */
 struct dllm__gemm_run {
     int r0, r1;
@@ -82,6 +80,8 @@ static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout 
     return runs;
 }
 
+/* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
+ * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
     std::shared_ptr<dllm__module>
         varlen_module;  // flash_attn's varlen instantiation, loaded by the first batched forward
@@ -114,9 +114,9 @@ struct dllm__gpu_committed {
     int n = 0, capacity = 0, block_rows = 0;
 };
 
-/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the committed
- * sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd] (the layers take turns: a
- * commit quantises its layer's rows before the next layer's are written). */
+/* [KV quant] (9c on the device) The committed rows as codes only, 9c's layout per layer; bf16 K|V rows for the
+ * committed sinks [layer][sink_rows][2 kvd] and for one layer's forwarded rows at a time [rows][2 kvd]
+ * (the layers take turns: a commit quantises its layer's rows before the next layer's are written). */
 struct dllm__gpu_kv_codes {
     dllm__kvq_kernels kernels;
     std::vector<dllm__rotation_dev> rotations;
@@ -169,8 +169,8 @@ struct dllm__gpu_debug {
     int last_layer_rows = 0;
 };
 
-/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4 GEMM
- * for few rows, q4wg and the INT8 path. */
+/* [SoloQ] The 4-bit formats on the device: the options, the SoloQ module (rotations, quantisers, producers), the W4
+ * GEMM for few rows, q4wg and the INT8 path. */
 struct dllm__gpu_lowbit {
     dllm__soloq_options options;           // requested (and in effect: the GPU runs every SoloQ precision)
     std::shared_ptr<dllm__module> module;  // loaded when options.enabled
@@ -182,7 +182,8 @@ struct dllm__gpu_lowbit {
     long int8_launches = 0;                    // GEMMs gemm_q4 ran on the INT8 path (the tests check it runs)
 };
 
-/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched forwards. */
+/* The captured forwards: the plain step's graph ([step graphs]) and the slots of block-diffusion and batched
+ * forwards. */
 struct dllm__gpu_graphs {
     cudaGraphExec_t step_exec = nullptr;
     std::string step_key, step_config, warmed_key;                      // step_config: graph_key() of the captured step
@@ -340,8 +341,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK const dllm__gpu_weights &weights() const { return *weights_; }
     /* A single plain forward of ids[0..n) (no block, so tiles in plain order), for dllm_logits and benchmarks. */
     dllm_status prepare_forward(const int32_t *ids, int n, int raw_rows);
-    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs (on the
-     * host, stream-ordered) after each chunk's logits are in the logits buffer. */
+    /* The forward prepared above with the LM head over output rows [raw0, raw1) in chunks; on_chunk(c0, rows) runs
+     * (on the host, stream-ordered) after each chunk's logits are in the logits buffer. */
     template <class F> dllm_status forward_logits(int n, int raw0, int raw1, F &&on_chunk) {
         dllm__forward_plan plan;
         dllm__seq_rows r;
@@ -373,7 +374,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         experts = moe_.expert_host;
         return DLLM_OK;
     }
-    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts, std::map<int, std::vector<float>> *logits) {
+    DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
+                                       std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
@@ -384,17 +386,19 @@ class dllm__gpu_backend : public dllm__backend_impl {
     }  // off: gemm_q4's INT8 path never runs (the tests compare)
     DLLM__TEST_HOOK long q4_int8_launches() const { return lowbit_.int8_launches; }
     DLLM__TEST_HOOK dllm_status kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v);
-    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot (the device keeps
-     * only their codes). */
+    /* [KV quant] From the next bd_begin on, each commit's bf16 rows copied to the host for kvq_snapshot
+     * (the device keeps only their codes). */
     DLLM__TEST_HOOK void kvq_keep_rows(bool on) { kv_codes_.keep_rows = on; }
-    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks' rows. */
+    /* Device bytes of the committed K/V cache: bf16 rows, or under kv_quant codes, pairs, scales and the sinks'
+     * rows. */
     size_t bd_committed_bytes() const {
         return committed_.kv.bytes + kv_codes_.k_codes.bytes + kv_codes_.v_codes.bytes + kv_codes_.k_pairs.bytes +
                kv_codes_.v_side.bytes + kv_codes_.sinks.bytes;
     }
     /* [KV quant] Device bytes beside the codes: the forwarded rows and kvq_flash's split states. */
     DLLM__TEST_HOOK size_t kvq_beside_bytes() const { return kv_codes_.fresh.bytes + kv_codes_.flash_partial.bytes; }
-    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash (kvq_tc, by default, at the last bd_begin). */
+    /* [KV quant] Whether the attention over the quantised cache runs kvq_flash
+     * (kvq_tc, by default, at the last bd_begin). */
     DLLM__TEST_HOOK bool kvq_tc_active() const { return kv_codes_.flash_on; }
     /* [bd graphs] Block-diffusion forwards since the context was made, by what they did (dllm__graph_action). */
     DLLM__TEST_HOOK int64_t bd_graph_count(dllm__graph_action a) const { return graphs_.block_diffusion.counts[a]; }
@@ -426,6 +430,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
     bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
+    dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
                                   const void *w, int M);
     dllm_status soloq_swiglu(const dllm__weight_view &W, const void *gu, int M);
@@ -594,9 +599,9 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg where the GPU has it;
- * callers ask for it only where no other path must match flash_attn's bits (layers >= 1: LaCache's exactness rests on
- * layer 0). */
+ * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
+ * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
     if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
@@ -621,8 +626,9 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
 /* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
  * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
 static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
-                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch, int hd,
-                                            int heads, int batch, int max_q_rows, const attn_args &a, cudaStream_t s) {
+                                            const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch,
+                                            int hd, int heads, int batch, int max_q_rows, const attn_args &a,
+                                            cudaStream_t s) {
     if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
         (int64_t)batch * a.kv_splits > 65535)
         return dllm__fail(
@@ -784,7 +790,8 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
     if (mode == DLLM__FP8_NONE) {
         dllm__log(
             DLLM_LOG_WARN,
-            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, cuBLASLt's "
+            "FP8 precision requested, but dllm has no FP8 GEMM for %s (sm_%d; its mma.sync kernel runs on sm_89, "
+            "cuBLASLt's "
             "block-scaled FP8 on sm_90, and DLLM_TILES=fp8_gemm=mma forces the kernel on newer GPUs): running BF16",
             gpu_name, arch_.cc);
         return DLLM_OK;
@@ -830,7 +837,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     DLLM__TRY(A.committed.fit((size_t)seq * 4, "the step state"));
     DLLM__TRY(A.positions.fit((size_t)seq * 4, "the RoPE positions"));
     if (gemms_.splitk.module) {  // the widest layer linear's partials; its counters zero, and kept zero
-        const std::pair<int, int> shapes[] = {{(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
+        const std::pair<int, int> shapes[] = {
+            {(int)qkv, (int)d}, {(int)d, (int)q}, {2 * (int)ff, (int)d}, {(int)d, (int)ff}};
         size_t words = 0;
         for (const auto &nk : shapes)
             words = std::max(words, dllm__splitk_workspace_floats(

@@ -4,8 +4,8 @@
 // Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
-// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count and
-// runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
+// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count
+// and runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
 // E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
@@ -109,13 +109,7 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
         DLLM__TRY(self_attention_varlen(l, v));
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers) break;
-        if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, T));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        DLLM__TRY(next_layer_input(l, h, 1, T, true));
     }
     for (size_t i = 0; i < v.out0.size(); i++)  // the last residual add and the final norm, the wanted rows only
         DLLM__TRY(add_rmsnorm(h, nullptr, act_.delta.ptr, weights_->final_norm.ptr,

@@ -2,9 +2,9 @@
 
 // ---- [batch] [block diffusion] The batched block-diffusion forward (bd_forward_batch; bd_batch) ----------------
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
-// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n), then the
-// block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through the
-// batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
+// (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n),
+// then the block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through
+// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
 // row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
 // flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
@@ -47,13 +47,15 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         if (sub && call.offset + call.T > s.block)
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d rows)",
+                "batched block diffusion: sequence %zu's sub-block of %d rows at %d lies outside its block cache (%d "
+                "rows)",
                 i, call.T, call.offset, s.block);
         const int n_keys = s.n + (sub ? s.block : call.T);
         if (n_keys > slot_rows[(size_t)q.slot])
             return dllm__fail(
                 DLLM_ERR_INTERNAL,
-                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, sized by "
+                "batched block diffusion: sequence %zu's %d rows past %d committed ones overflow slot %d (%d rows, "
+                "sized by "
                 "bd_batch_reserve)",
                 i, call.T, s.n, q.slot, slot_rows[(size_t)q.slot]);
         if ((int64_t)s.n + call.offset + call.T > max_tokens)
@@ -88,7 +90,8 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
 }
 
 /* A slot's state after its forward ran: a COMMIT's rows join the committed ones; a BLOCK_FULL's rows are the block
- * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a sub-block). */
+ * cache; a STEP or a COMMIT wrote over the rows the block cache was in (the schedule follows neither by a
+ * sub-block). */
 static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
     if (call.kind == DLLM__BD_COMMIT)
         s.n += call.T, s.block = 0;
@@ -98,8 +101,8 @@ static void dllm__bd_slot_advance(const dllm__bd_call &call, dllm__bd_slot &s) {
         s.block = 0;
 }
 
-/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i with
- * a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
+/* The sampler launches of the LM-head chunk of gathered logit rows [c0, c0 + rows) of layout v: for each sequence i
+ * with a pick (its choices start at choice0[i]), the pick rows j whose logits row (gathered: v.out0[i] +
  * pick->logits_row(j)) is in the chunk, one range since that row never falls as j rises; a range from a shifted pick's
  * row 0 keeps the shift (rows 0 and 1 read the same logits row), any other reads consecutive rows. */
 static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<dllm__bd_seq> &seqs,
@@ -131,8 +134,8 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     return nullptr;
 }
 
-/* Slot s sized for rows[s] rows, empty unless keep[s] (the batched K/V-cache step's slots: a batch is one or the other);
- * the empty list releases them. */
+/* Slot s sized for rows[s] rows, empty unless keep[s]
+ * (the batched K/V-cache step's slots: a batch is one or the other); the empty list releases them. */
 dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
     if (rows.empty()) return batch_kv_reserve(rows, keep);
     if (const char *why = bd_batch_unsupported())
@@ -168,8 +171,8 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
 }
 
 /* The device's choice over the layout (choose_in_chunks): the sequences with a pick sampled at step 0 (as
- * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw logit
- * rows copied into `logits`, one sequence after another. */
+ * bd_forward_choose: dllm__choose's step for block diffusion; their choices to the host), the other sequences' raw
+ * logit rows copied into `logits`, one sequence after another. */
 dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &seqs, const dllm__varlen_layout &v,
                                                float *logits, dllm__choice *choices) {
     std::vector<int> choice0(seqs.size(), -1),

@@ -2,11 +2,11 @@
 
 // ---- [batch] The token choice of a batched step on the device ----------------------------------------------------
 // A batched step's logits (126k fp32 a row at LLaDA's vocabulary: 260 MB for 16 sequences of 32 rows, ~13 ms over PCIe)
-// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over the
-// chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host. The
-// sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch gives
-// them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step; copying
-// the logits to the host instead took 196 ms.
+// stay on the device: after each LM-head chunk the solo step's sampler (dllm__sampler_fill, launch_sampler) runs over
+// the chunk's rows of each sequence with that sequence's own parameters and step, and 13 bytes a row reach the host.
+// The sequences whose choice the host makes (CFG's two canvases, combined there) get their logits as forward_batch
+// gives them. At batch 16 of the dual-cache step (LLaDA-8B shape, H200) the choice costs 0.1 ms of a 19.5 ms step;
+// copying the logits to the host instead took 196 ms.
 
 dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
                                                     dllm__choice *choices) {
@@ -21,7 +21,8 @@ dllm_status dllm__gpu_backend::forward_batch_choose(const std::vector<dllm__batc
 }
 
 /* The sampler over one span of the LM-head chunk in act_.logits (raw_rows rows), with its sequence's parameters and
- * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at span.out. */
+ * step state (batch_.choice_state), its choices into batch_.choice_x0/batch_.choice_conf/batch_.choice_deferred at
+ * span.out. */
 dllm_status dllm__gpu_backend::sample_span(const dllm__sampling &s, const dllm__sampler_span &span, int raw_rows) {
     const sampler_args a = sampler_over(s, span.n, span.pos0, span.lrow0, span.shift0, raw_rows);
     return launch_sampler(a, batch_.choice_x0.as<int>() + span.out, batch_.choice_conf.as<double>() + span.out,

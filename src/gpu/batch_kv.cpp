@@ -2,13 +2,14 @@
 
 // ---- [batch] [dual cache] [prefix cache] The batched K/V-cache step ------------------------------------------------
 // Fast-dLLM's caches for many sequences in one forward: each sequence has its own slot of cached K|V rows (for every
-// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A block's
-// first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or the block
-// and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded rows, at any
-// block and of any step kind, go through the batched forward (forward_varlen: every GEMM once over all rows,
-// DLLM__ROWS_BATCH); each sequence's queries attend to its own slot only, through the varlen flash_attn (no split-KV, one
-// tile shape whatever the batch). So a sequence's logits are bit-identical whatever else is in the batch, a batch of one
-// included. A sequence that finishes is simply no longer in the plan.
+// layer), sized by its canvas (batch_kv_reserve) and kept, moved where a new layout puts it, while it decodes. A
+// block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
+// the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
+// rows, at any block and of any step kind, go through the batched forward
+// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
+// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
+// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
+// the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 
@@ -31,9 +32,10 @@ void dllm__gpu_backend::bkv_release() {
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
-/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with keep[s] keeps its K|V
- * rows, copied to its place in a new layout (a stepper's live sequence while others join and leave); the same layout
- * again moves nothing. A failure leaves the previous slots as they were, or none if none was kept. */
+/* The slots of rows[s] rows each (batch_.kv, batch_.slot_base, batch_.slot_rows); kv_scatter_rows loaded. A slot with
+ * keep[s] keeps its K|V rows, copied to its place in a new layout
+ * (a stepper's live sequence while others join and leave); the same layout again moves nothing. A failure leaves the
+ * previous slots as they were, or none if none was kept. */
 dllm_status dllm__gpu_backend::bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep) {
     DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
     if (rows == batch_.slot_rows && batch_.kv.ptr) return load_kv_scatter();
@@ -84,8 +86,8 @@ dllm_status dllm__gpu_backend::forward_batch_kv(const std::vector<dllm__batch_se
 }
 
 /* Per attention entry of a K/V-cache layout (sequence i is entry 2i, the bridges between them have no query row) its
- * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and where
- * its partial states start; the most shares; the floats of all the states. */
+ * split-KV shares, as dllm__gpu_backend::attention splits a solo forward's (its forwarded rows over its keys), and
+ * where its partial states start; the most shares; the floats of all the states. */
 static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c, int n_sms,
                                    const dllm__varlen_layout &v, std::vector<int32_t> &out, size_t &floats) {
     const size_t entries = v.attn_q_offsets.size() - 1;
@@ -93,7 +95,8 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     floats = 0;
     int most = 1;
     for (size_t e = 0; e < entries; e++) {
-        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e], keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
+        const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e],
+                  keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
         const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
         out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
         if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
@@ -109,7 +112,8 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     size_t floats = 0;
     batch_.max_splits = dllm__attn_entry_splits(arch_, model_.cfg, n_sms_, v, splits, floats);
     if (floats > (size_t)INT32_MAX)
-        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "the batch's split attention states exceed 2^31 floats; make the batch smaller");
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));

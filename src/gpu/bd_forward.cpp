@@ -14,7 +14,8 @@ dllm_status dllm__gpu_backend::bd_check(const dllm__bd_call &call) const {
     if (committed_.n + scratch > committed_.capacity)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by bd_begin)",
+            "block diffusion: a forward of %d rows past %d committed ones overflows the K/V cache (%d rows, sized by "
+            "bd_begin)",
             call.T, committed_.n, committed_.capacity);
     if (committed_.n + call.offset + call.T > max_tokens_)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
@@ -72,7 +73,8 @@ dllm_status dllm__gpu_backend::bd_prepare(const dllm__bd_call &call, int choose_
     return DLLM_OK;
 }
 
-/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in bd_run. */
+/* The forward's launches up to the final norm of output rows [r0, r1) (act_.y); the committed length moves in
+ * bd_run. */
 dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
     const int T = call.T, out_rows = call.r1 - call.r0;
     float *h = act_.h.as<float>();
@@ -86,17 +88,16 @@ dllm_status dllm__gpu_backend::bd_layers(const dllm__bd_call &call) {
         DLLM__TRY(output_and_ffn(l, 1, T, 0, T, h, h));
         if (l + 1 == n_layers)
             DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, 1, T, call.r0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, 1, T));
-        else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, 1, T, 0, T));
+        else  // bd_attention's QKV GEMM quantises a SoloQ layer's input itself: no fused producer
+            DLLM__TRY(next_layer_input(l, h, 1, T, false));
         mark("add+norm");
     }
     return DLLM_OK;
 }
 
 /* The forward's launches (bd_layers), then with `head` the LM head over its output rows (one chunk: act_.logits), then
- * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in act_.state). */
+ * with `pick` the sampler's choice of pick's rows (act_.x0, act_.conf, act_.deferred; the draws' step in
+ * act_.state). */
 dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     const int out_rows = call.r1 - call.r0;
     DLLM__TRY(bd_layers(call));
@@ -108,9 +109,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
                           act_.deferred.as<unsigned char>());
 }
 
-/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are taken
- * for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per block
- * (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
+/* [bd graphs] A forward's launches, eagerly or as a graph; then a commit advances the committed length. Graphs are
+ * taken for the repeated step forwards (STEP, BLOCK_FULL, SUB_BLOCK) whose LM head is one chunk; a commit runs once per
+ * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
     // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
@@ -193,7 +194,8 @@ dllm_status dllm__gpu_backend::capture_graph(dllm__graph_set &set, dllm__graph_s
             cudaGetLastError();
             dllm__log(
                 DLLM_LOG_INFO,
-                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is instantiated again",
+                "CUDA refused to update the graph of %s (cudaGraphExecUpdateResult %d, node type %d); the slot is "
+                "instantiated again",
                 set.what, (int)info.result, (int)type);
         }
         action = DLLM__GRAPH_INSTANTIATE;
@@ -214,8 +216,8 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
 }
 
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
- * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the cache
- * (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
+ * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
+ * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
  * dllm__cpu_bd_attention. */
 dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &call) {
     const dllm__config &c = model_.cfg;
@@ -237,7 +239,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
                                                          c.llama4_beta, c.llama4_orig_max));
     mark("rope");
     char *cache, *after;
-    if (kvq_.enabled())  // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    // flash_attn reads kv_codes_.fresh only while nothing is committed; kvq_attention reads the codes
+    if (kvq_.enabled())
         cache = after = (char *)kv_codes_.fresh.ptr;
     else
         cache = (char *)committed_.kv.ptr + layer * (size_t)committed_.capacity * row_bytes,
@@ -284,7 +287,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
 }
 
 /* [FACache] Layer 0 of a forward over a non-empty committed cache takes the split attention (bdfa_attention) in every
- * lacache mode, so that ON and OFF give the same bits. Not under kv_quant (its attention reads the codes: kvq_attention). */
+ * lacache mode, so that ON and OFF give the same bits. Not under kv_quant
+ * (its attention reads the codes: kvq_attention). */
 bool dllm__gpu_backend::bdfa_on(size_t layer) const {
     return !debug_.facache_off && layer == 0 && committed_.n > 0 && !kvq_.enabled() && model_.cfg.head_dim <= 256;
 }
@@ -298,10 +302,7 @@ dllm_status dllm__gpu_backend::bdfa_prepare(const dllm__bd_call &call) {
     const int T = call.T, hd = c.head_dim, offsets = call.offset + T;
     if (!facache_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_bdfa(arch_), facache_.kernels.module));
-        facache_.kernels.committed.fn = facache_.kernels.module->kernels.at("bdfa_committed"),
-        facache_.kernels.committed.name = "bdfa_committed";
-        facache_.kernels.merge.fn = facache_.kernels.module->kernels.at("bdfa_merge"),
-        facache_.kernels.merge.name = "bdfa_merge";
+        dllm__bind(facache_.kernels, *facache_.kernels.module);
     }
     const size_t state_bytes = (size_t)offsets * c.n_head * (hd + 2) * 4;
     if (facache_.n != committed_.n || state_bytes > facache_.state.bytes)
@@ -344,9 +345,9 @@ dllm_status dllm__gpu_backend::bdfa_attention(const dllm__bd_call &call, int n_k
     a.offset = call.offset, a.state = facache_.state.as<float>();
     const int ctas = graph ? T : facache_.list[0];
     if (ctas > 0)
-        DLLM__TRY(facache_.kernels.committed.launch(
+        DLLM__TRY(facache_.kernels.bdfa_committed.launch(
             {dim3((unsigned)ctas, (unsigned)c.n_head), dim3(32 * dllm__bdfa_warps)}, stream_, a));
-    return facache_.kernels.merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    return facache_.kernels.bdfa_merge.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
 }
 
 /* The LM head over the final-normed output rows (act_.y) in chunks, each chunk's fp32 logits copied to the host. */
@@ -376,7 +377,8 @@ dllm_status dllm__gpu_backend::bd_forward_choose(const dllm__bd_call &call, cons
         pick.logits_row(n - 1) >= out_rows)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most %d)",
+            "block diffusion: %d rows to choose from logits rows %d.. of a forward's %d (one LM-head chunk of at most "
+            "%d)",
             n, pick.logits_row(0), out_rows, dllm__lm_chunk_rows);
     DLLM__TRY(bd_prepare(call, n));
     const dllm_step_state draws = {};  // global_step 0: dllm__choose's step for block diffusion

@@ -5,8 +5,8 @@
 // over call.T rows against the committed K/V cache, with the same stages as the plain forward (the GEMM entry point,
 // so every weight format works) and flash_attn under its block-causal mask. K|V rows of the committed blocks stay on
 // the device for the whole generation; the forward's fresh K|V rows are written right after them, so its attention
-// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n. Under
-// kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
+// reads one contiguous key range (cache ++ fresh, or cache ++ block cache), and a commit only advances committed_.n.
+// Under kv_quant the committed rows are codes and the fresh rows have a buffer of their own (gpu/kv_quant.cpp). The raw
 // logits of rows [r0, r1) are copied to the host: the decode loop (section 17) runs there.
 
 /* A generation starts: the committed cache is emptied and sized for `rows` rows (grown, never shrunk): bf16 rows, or

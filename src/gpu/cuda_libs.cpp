@@ -59,7 +59,8 @@ static dllm_status dllm__load_lib(std::once_flag &once, dllm_status &result, std
         if (!h) {
             result = DLLM_ERR_NO_DEVICE;
             error = dllm__format(
-                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add its lib64 "
+                "cannot load %s.so.%d, which the GPU backend needs (tried %s): install the CUDA Toolkit's %s or add "
+                "its lib64 "
                 "folder to LD_LIBRARY_PATH; the CPU backend (--backend cpu) needs no CUDA library",
                 stem, major, tried.c_str(), package);
         } else if (!resolve(h, missing)) {
@@ -154,7 +155,8 @@ static dllm_status dllm__nccl_open(const std::vector<std::string> &candidates, d
         return dllm__fail(
             DLLM_ERR_NO_DEVICE,
             "cannot load libnccl.so.2, which tensor parallelism (n_devices > 1) needs (tried %s): install NCCL 2 "
-            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in NCCL_HOME; "
+            "(e.g. the nvidia-nccl-cu12 wheel or the libnccl2 package) and put its lib folder on LD_LIBRARY_PATH or in "
+            "NCCL_HOME; "
             "one GPU (n_devices 0 or 1) needs no NCCL",
             tried.c_str());
 #define DLLM__NCCL_RESOLVE(name, ret, args)                                                                            \

@@ -6,8 +6,8 @@
 DLLM__TEST_HOOKS_BEGIN
 
 /* [KV quant] The device's committed cache as the CPU twin holds it: q with the codes, pairs and scales (9c's vectors,
- * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd] (kept since bd_begin
- * under kvq_keep_rows, else zeros). */
+ * sized for committed_.capacity rows), k and v the bf16 rows each commit quantised as fp32 [layer][cap][kvd]
+ * (kept since bd_begin under kvq_keep_rows, else zeros). */
 dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k, std::vector<float> &v) {
     q = kvq_;
     q.reset(committed_.capacity);
@@ -32,8 +32,8 @@ dllm_status dllm__gpu_backend::kvq_snapshot(dllm__kvq &q, std::vector<float> &k,
     return DLLM_OK;
 }
 
-/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept (the next
- * layer overwrites them; commits are never captured, so this copy may wait). */
+/* [KV quant] kvq_keep_rows: layer `layer`'s rows [row0, row0 + T) of a commit, from kv_codes_.fresh into kv_codes_.kept
+ * (the next layer overwrites them; commits are never captured, so this copy may wait). */
 dllm_status dllm__gpu_backend::kvq_keep(size_t layer, int row0, int T) {
     const size_t row_elems = (size_t)2 * kvq_.kvd;
     if (kv_codes_.kept.size() != (size_t)kvq_.n_layer * committed_.capacity * row_elems)

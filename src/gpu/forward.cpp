@@ -35,12 +35,13 @@ dllm_status dllm__gpu_backend::gemm_bf16_independent(const dllm__gemm_op &op, bo
             return dllm__gemm_splitk_run(gemms_.splitk, op.X, op.W, op.Y, op.M, op.N, op.K, act_.splitk_ws.as<float>(),
                                          act_.splitk_ws.bytes / 4, stream_);
     }
-    if (const dllm__gemm_wg *k = batch_gemm_wg(op)) return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
+    if (const dllm__gemm_wg *k = batch_gemm_wg(op))
+        return dllm__gemm_wg_run(*k, op.X, op.W, op.Y, op.M, op.N, op.K, stream_);
     return gemms_.dense.run_pinned(op, stream_);
 }
 
-/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM, so
- * a sequence's rows get the bits they have alone. */
+/* [batch] A batched forward's BF16 GEMM over all its rows: each run of sequences (batch_.gemm_runs) as its kind's GEMM,
+ * so a sequence's rows get the bits they have alone. */
 dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     const std::vector<dllm__gemm_run> &runs = batch_.gemm_runs;
     if (op.out_type != CUDA_R_16BF || runs.empty()) return gemm_bf16_independent(op, false);  // the LM head
@@ -58,20 +59,22 @@ dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     return DLLM_OK;
 }
 
-/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's GEMMs
- * take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the kernel that
- * produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first. `rows` says
- * whether the algorithm may depend on M (dllm__rows). */
+/* [GEMM entry point] y [M x W.n] = x . W^T in W's format; out is bf16 or (the LM head) fp32. x is the activation W's
+ * GEMMs take (dllm__wformats[W.format].act): bf16 rows for BF16 weights; for E4M3 weights act_.act8, filled by the
+ * kernel that produced the activation (x null), or bf16 rows [M x W.k] that this call quantises into act_.act8 first.
+ * `rows` says whether the algorithm may depend on M (dllm__rows). */
 dllm_status dllm__gpu_backend::gemm(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                     cudaDataType_t out) {
     // A solo forward under a K/V cache takes the batched forward's BF16 GEMMs on sm_90a (gemm_splitk there); FP8 and
-    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones anyway).
+    // SoloQ weights, and GPUs before sm_90a, keep its tuned GEMMs (their batched paths differ from the solo ones
+    // anyway).
     const bool solo_kv = rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL;
     if (solo_kv && (W.format != DLLM__W_BF16 || !gemms_.splitk.module)) rows = DLLM__ROWS_TUNED;
     switch (W.format) {
         case DLLM__W_BF16: {
             const dllm__gemm_op op{x, W.data, y, M, W.n, W.k, out, nullptr, nullptr};
-            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL) return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
+            if (rows == DLLM__ROWS_STEP || rows == DLLM__ROWS_FILL)
+                return gemm_bf16_independent(op, rows == DLLM__ROWS_STEP);
             if (rows == DLLM__ROWS_BATCH) return gemm_bf16_batch(op);
             return rows != DLLM__ROWS_TUNED ? gemms_.dense.run_pinned(op, stream_) : gemms_.dense.run(op, stream_);
         }
@@ -150,11 +153,13 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
 /* [SoloQ] y = x W^T for a DLLM__W_Q4 weight: x's rows rotated by the weight's R and quantised per token into act_.q4a
  * (their C values, exact in bf16) or, for the INT8 path, act_.q4a8 (int8), and act_.q4a_scale (x null: a fused producer
  * did); then
- *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w, cuBLASLt's
+ *   - [INT8 GEMM] where q4_int8 says so: per chunk of weight rows their C values unpacked into int8 act_.q4w,
+ *   cuBLASLt's
  *     INT8 GEMM into int32 act_.q4acc (exact) and the epilogue ((float)acc s_x) s_w into y;
  *   - at most dllm__q4_max_rows rows, or rows that must stay INDEPENDENT (in launches of that many): [W4 GEMM] q4_gemm,
  *     which reads the 4-bit rows and dequantises them in registers (its split-K depends on the shape only);
- *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc and
+ *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc
+ *   and
  *     the epilogue (acc s_x) s_w into y.
  *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
  *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
@@ -212,7 +217,8 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     return DLLM_OK;
 }
 
-/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales (chunks: dllm__q4_int8_chunk_rows). */
+/* [INT8 GEMM] gemm_q4's INT8 path on the int8 input act_.q4a8 (M rows) and its token scales
+ * (chunks: dllm__q4_int8_chunk_rows). */
 dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y, int M, cudaDataType_t out) {
     lowbit_.int8_launches++;
     return dllm__q4_int8_gemm_run(lowbit_.kernels, gemms_.dense, W.q4->format, W.data, W.scale, act_.q4a8.ptr,
@@ -220,9 +226,9 @@ dllm_status dllm__gpu_backend::gemm_q4_int8(const dllm__weight_view &W, void *y,
                                   dllm__q4_int8_chunk_rows(W.n, W.k), act_.q4w.ptr, act_.q4acc.as<int>(), stream_);
 }
 
-/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will read
- * (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8 path,
- * int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
+/* [SoloQ fused producers] The arguments of a producer of M rows for W's GEMM: the C values in the forms gemm_q4 will
+ * read (q4_int8 for the launch's rows, which the producer does not know: bf16 unless even pinned rows take the INT8
+ * path, int8 where the INT8 path may run), recorded in lowbit_.act_forms for gemm_q4 to check. */
 soloq_args dllm__gpu_backend::soloq_producer_args(const dllm__weight_view &W, int M) {
     const bool bf16 = !q4_int8(W, M, true), int8 = q4_int8(W, M, false);
     lowbit_.act_forms = (bf16 ? 1 : 0) | (int8 ? 2 : 0);
@@ -281,9 +287,9 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
 
 /* Self-attention of layer `layer` for the rows held in act_.a (r.rows() per sequence, canvas rows [r.q0, r.q1)): fused
  * QKV GEMM, bias + RoPE, attention into act_.att for the queries of rows [o0, o0 + orows) of those (the last layer may
- * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots in
- * the layer's cache and attention reads every cached key. A query row's attention does not depend on which other rows
- * are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
+ * need fewer: forward). Without a K/V cache the rows are the whole canvas; with one their Q/K/V overwrite their slots
+ * in the layer's cache and attention reads every cached key. A query row's attention does not depend on which other
+ * rows are queried. Layer 0's GEMM is row-independent: LaCache may compute its rows apart. */
 dllm_status dllm__gpu_backend::self_attention(size_t layer, int batch, const dllm__seq_rows &r, int o0, int orows) {
     const dllm__config &c = model_.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, rows = r.rows(), seq = r.seq;
@@ -367,7 +373,8 @@ dllm_status dllm__gpu_backend::embed_gather_rows(const int *ids, int batch, int 
     return DLLM_OK;
 }
 
-/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len) ([DPad]: positions[...]). */
+/* [RoPECache] Bias + RoPE on rows [0, n_rows) of qkv whose positions are pos0 + (row % seq_len)
+ * ([DPad]: positions[...]). */
 dllm_status dllm__gpu_backend::rope_qkv(void *qkv, const void *bias, int n_rows, int seq_len, int pos0) {
     const dllm__config &c = model_.cfg;
     const int per_row = (c.n_head + (bias ? 2 : 1) * c.n_head_kv) * (c.head_dim / 8);
@@ -420,7 +427,8 @@ dllm_status dllm__gpu_backend::layer0_attention(const dllm__forward_plan &plan, 
     return DLLM_OK;
 }
 
-/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows (act_.y). */
+/* One forward over the plan's sequences (canvas ids_dev [batch][seq]), up to the final norm of the output rows
+ * (act_.y). */
 dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int *ids_dev) {
     if (moe_model())  // [MoE] LLaDA2 runs the block-diffusion forward only (bd_layers)
         return dllm__fail(DLLM_ERR_INTERNAL, "LLaDA2 on the GPU backend runs through the block-diffusion forward only");
@@ -458,17 +466,24 @@ dllm_status dllm__gpu_backend::forward(const dllm__forward_plan &plan, const int
         if (last)
             DLLM__TRY(add_rmsnorm(h_out, h_out, act_.delta.ptr, weights_->final_norm.ptr, act_.y.ptr, batch, orows,
                                   cut ? 0 : r.out0 - r.q0, out_rows));
-        else if (fp8_attn(l + 1))
-            DLLM__TRY(add_rmsnorm_e4m3(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, batch, rows));
-        else if (q4(l + 1))
-            DLLM__TRY(soloq_add_rmsnorm(weights_->layers[l + 1].qkv.view(), h, h, act_.delta.ptr,
-                                        weights_->layers[l + 1].attn_norm.ptr, batch * rows));
         else
-            DLLM__TRY(add_rmsnorm(h, h, act_.delta.ptr, weights_->layers[l + 1].attn_norm.ptr, act_.a.ptr, batch, rows,
-                                  0, rows));
+            DLLM__TRY(next_layer_input(l, h, batch, rows, true));
         mark("add+norm");
     }
     return DLLM_OK;
+}
+
+/* The next-layer producer chain, the one copy of every forward (plain, block diffusion, varlen): layer l's output
+ * (act_.delta) added into the residual h ([batch][rows], in place) and normed by layer l + 1's attention norm into the
+ * form its QKV GEMM reads: E4M3 rows for FP8 attention projections (act_.act8), with soloq_producer [SoloQ]'s fused
+ * producer for DLLM__W_Q4 layers (act_.q4a; produced_attn_input), else bf16 rows in act_.a. FP8 and SoloQ never meet
+ * (choose_precision leaves FP8 off under SoloQ), so the order of the first two tests is immaterial. */
+dllm_status dllm__gpu_backend::next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer) {
+    const dllm__gpu_layer &next = weights_->layers[l + 1];
+    if (fp8_attn(l + 1)) return add_rmsnorm_e4m3(h, h, act_.delta.ptr, next.attn_norm.ptr, batch, rows);
+    if (soloq_producer && q4(l + 1))
+        return soloq_add_rmsnorm(next.qkv.view(), h, h, act_.delta.ptr, next.attn_norm.ptr, batch * rows);
+    return add_rmsnorm(h, h, act_.delta.ptr, next.attn_norm.ptr, act_.a.ptr, batch, rows, 0, rows);
 }
 
 /* Layer l from its attention output on (O projection, residual add + RMSNorm, FFN) for the query rows [o0, o0 + orows)
@@ -503,8 +518,8 @@ dllm_status dllm__gpu_backend::project_o(size_t l, int M, int r0) {
 
 /* Layer l's post-attention residual add + RMSNorm and its FFN (gate|up GEMM, SwiGLU, down GEMM into act_.delta) for the
  * rows [r0, r0 + M) of act_.delta (the attention output projection in, the FFN output out). h_in: their M residual rows
- * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two GEMM
- * inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
+ * before the attention output is added; the sum goes to h_out (which may be h_in). Under [FP8] (layers >= 1) the two
+ * GEMM inputs are quantised by the kernels that produce them: add+norm+quantise and SwiGLU+quantise. */
 dllm_status dllm__gpu_backend::ffn(size_t l, int M, const float *h_in, float *h_out, int r0) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];

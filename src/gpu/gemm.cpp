@@ -340,7 +340,8 @@ struct dllm__gemm {
                 op.kind(), op.M, op.N, op.K, best_us, first_us, found);
         else
             dllm__log_verbose(
-                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first %.1f us; %d timed",
+                "GEMM %s M=%d N=%d K=%d: algo %d tile %d stages %d split-K %d (scheme %u), %.1f us; heuristic's first "
+                "%.1f us; %d timed",
                 op.kind(), op.M, op.N, op.K, id, tile, stages, splits, scheme, best_us, first_us, found);
     }
     /* Mean time (ms) of three runs of `launch` on the stream after a warm-up run; infinite if one fails. */
@@ -453,7 +454,8 @@ struct dllm__gemm {
         return run(dllm__gemm_op{X, W, Y, M, N, K, out_type, nullptr, nullptr}, stream);
     }
     DLLM__TEST_HOOKS_END
-    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's algorithm. */
+    /* The same with E4M3 operands and their block scales (see dllm__gemm_op), BF16 out; pinned: run_pinned's
+     * algorithm. */
     dllm_status run_fp8(const void *X, const float *x_scale, const void *W, const float *w_scale, void *Y, int M, int N,
                         int K, cudaStream_t stream, bool pinned = false) {
         DLLM__TRY(dllm__check_fp8_shape(M, K));
@@ -543,8 +545,8 @@ struct dllm__fp8_mma {
     dllm__fp8_tile wide_tile = {}, narrow_tile = {};
 };
 
-/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles (DLLM_TILES=fp8_gemm=mma),
- * with fewer stages where its shared memory per block is smaller. */
+/* Compiles and loads fp8_gemm for the current device. A GPU newer than the table runs sm_90's tiles
+ * (DLLM_TILES=fp8_gemm=mma), with fewer stages where its shared memory per block is smaller. */
 static dllm_status dllm__fp8_mma_load(dllm__arch a, dllm__fp8_mma &out) {
     int dev = 0, optin = 0;
     DLLM__CUDA(cudaGetDevice(&dev));

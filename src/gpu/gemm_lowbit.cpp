@@ -57,8 +57,8 @@ static dllm_status dllm__q4_gemm_bind(dllm__q4_gemm_kernels &out) {
 }
 
 /* CTAs of q4_gemm an H200 SM holds at once (about 140 registers and at most 76 KB of shared memory (M = 64): 3; NVFP4
- * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth, grow
- * with the resident warps. */
+ * for M > 32, 184 registers: 2), which split-K aims to fill in one wave: the bytes in flight, and so the bandwidth,
+ * grow with the resident warps. */
 static const int dllm__q4_ctas_per_sm = 3;
 
 /* Split-K of an N x K weight on sm_count SMs: the 128-wide k chunks a split takes, so that the CTAs come closest to one
@@ -81,11 +81,12 @@ static size_t dllm__q4_gemm_workspace_floats(const dllm__q4_gemm_kernels &k, int
     return splits > 1 ? (size_t)splits * M * N : 0;
 }
 
-/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for M <= 64
- * activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
+/* y[m * ldy + y_col0 + n] (out_type CUDA_R_16BF or CUDA_R_32F) = (sum_k A[m][k] C_w[n][k] * s_x[m]) * row_scale[n] for
+ * M <= 64 activation rows and N packed 4-bit weight rows of K elements in format f (section 9b's layout; NVFP4 with its
  * block scales); s_x null = 1. The twin is dllm__cpu_q4_gemm. Device pointers: A 16-byte aligned with lda % 8 == 0
- * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace: dllm__q4_gemm_workspace_floats(M, N, K)
- * floats (may be null when that is 0). Deterministic, and a row's result does not depend on M. */
+ * (bf16 elements), codes and block scales 4-byte aligned; N and K multiples of 8. workspace:
+ * dllm__q4_gemm_workspace_floats(M, N, K) floats (may be null when that is 0). Deterministic, and a row's result does
+ * not depend on M. */
 static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_format f, const void *codes,
                                      const void *block_scales, const float *row_scale, const void *A, int lda,
                                      const float *s_x, void *y, int ldy, int y_col0, cudaDataType_t out_type, int M,

@@ -27,7 +27,9 @@ static const dllm__splitk_config dllm__splitk_configs[] = {
 static const int dllm__splitk_configs_n = 4, dllm__splitk_spread_rows = 128, dllm__splitk_tile = 128;
 static const int dllm__splitk_max_tiles = 1024;  // the tile counters at the workspace's start: N up to 131072
 
-static size_t dllm__splitk_smem(const dllm__splitk_config &c) { return (size_t)c.ns * (128 + c.nt) * 128 + 1024 + 16 * c.ns; }
+static size_t dllm__splitk_smem(const dllm__splitk_config &c) {
+    return (size_t)c.ns * (128 + c.nt) * 128 + 1024 + 16 * c.ns;
+}
 
 static std::string dllm__splitk_name(const dllm__splitk_config &c) {
     return dllm__format("gemm_splitk<%d,%d,%s>", c.ns, c.nt, c.spread ? "true" : "false");
@@ -85,7 +87,8 @@ struct dllm__gemm_splitk {
 /* The module for the current device (sm_90a only: wgmma, TMA). */
 static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk &out) {
     if (a.cc != 90 || !dllm__tensor_map_encoder())
-        return dllm__fail(DLLM_ERR_UNSUPPORTED, "gemm_splitk runs on sm_90a (wgmma, TMA) only, this GPU is sm_%d", a.cc);
+        return dllm__fail(DLLM_ERR_UNSUPPORTED, "gemm_splitk runs on sm_90a (wgmma, TMA) only, this GPU is sm_%d",
+                          a.cc);
     DLLM__TRY(dllm__jit_load(dllm__module_gemm_splitk(a), out.module));
     int dev = 0;
     DLLM__CUDA(cudaGetDevice(&dev));
@@ -102,8 +105,8 @@ static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk
 /* Y [M x N] (bf16) = X [M x K] . W [N x K]^T, every row the bits it has at any other M: SPREAD at up to 128 rows, the
  * other mode in launches of 128-row token tiles above, on as many CTAs as there are units (at most one an SM). ws: the
  * dllm__splitk_workspace_floats(N, splits) floats, its counters zero (the launches leave them zero). */
-static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M, int N,
-                                         int K, float *ws, size_t ws_floats, cudaStream_t stream) {
+static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M,
+                                         int N, int K, float *ws, size_t ws_floats, cudaStream_t stream) {
     if (!dllm__splitk_takes(X, W, Y, N, K) || N / dllm__splitk_tile > dllm__splitk_max_tiles || M < 0)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "gemm_splitk: M = %d, N = %d, K = %d: N must be a multiple of 128, K of 64, the operands "

@@ -67,56 +67,56 @@ typedef unsigned long long u64;
 
 /* The attention's arguments: query row r of batch b, head h at q + b*q_bstride + r*q_stride + h*HD; key row at
  * k + (b*seq + r)*kv_stride + h*HD; output like the query with o_*. */
-#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                        \
-    X(const bf16_t *, q)                                                                                                 \
-    X(const bf16_t *, k)                                                                                                 \
-    X(const bf16_t *, v)                                                                                                 \
-    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                        \
-        X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */            \
-        X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                    \
-        X(u64, q_bstride) X(u64, o_bstride)                                                                              \
-            X(const dllm_step_state *,                                                                                   \
-              st)            /* current block: its KV tiles are visited last; null or empty: plain order */              \
-        X(float, scale_log2) /* log2(e) / sqrt(HD) */                                                                    \
-        X(int, fa_mode)      /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */            \
-        X(float *, fa_state) /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */            \
-        X(int,                                                                                                           \
-          kv_splits) /* CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */ \
-        X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                   \
-        X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */    \
-        X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                   \
-        X(const int *,                                                                                                   \
-          q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */              \
-        X(const int *,                                                                                                   \
-          kv_offsets) /* [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */         \
-        X(const int *,                                                                                                   \
-          varlen_masks) /* varlen, or null: [batch][2] sequence b's (mask_block, q_index0), its keys counted from its first */ \
-        X(const int *, varlen_splits) /* varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) */ \
-                                      /* and the offset of its partial states in partial (floats) */
+#define DLLM__ATTN_ARGS_FIELDS(X)                                                                                      \
+    X(const bf16_t *, q)                                                                                               \
+    X(const bf16_t *, k)                                                                                               \
+    X(const bf16_t *, v)                                                                                               \
+    X(bf16_t *, o) X(const unsigned char *, key_valid) /* [batch][seq] or null */                                      \
+    X(int, seq) X(int, q_rows) /* keys and query rows per batch entry (a K/V cache step: q_rows < seq) */              \
+    X(int, q_stride) X(int, kv_stride) X(int, o_stride) X(int, group) /* group = n_head / n_kv */                      \
+    X(u64, q_bstride) X(u64, o_bstride)                                                                                \
+    X(const dllm_step_state *, st) /* current block: its KV tiles are visited last; null or empty: plain order */      \
+    X(float, scale_log2)           /* log2(e) / sqrt(HD) */                                                            \
+    X(int, fa_mode)                /* FACache: 0 plain, 1 save the state after the early tiles, 2 resume from it */    \
+    X(float *, fa_state)           /* [batch][head][q tile][field][thread] online-softmax registers (modes 1, 2) */    \
+    /* kv_splits: CTAs per (query tile, head) sharing the KV tiles; > 1: blockIdx.z = batch * kv_splits + split */     \
+    X(int, kv_splits)                                                                                                  \
+    X(float *, partial) /* kv_splits > 1: per-split states for attn_combine (see store_partial) */                     \
+    X(int, mask_block)  /* > 0: block-causal (block diffusion): query row r sees keys < min(seq, visible_keys) */      \
+    X(int, q_index0)    /* the sequence index of query row 0 for that mask (key j's index is j) */                     \
+    X(const int *, q_offsets) /* varlen (flash_attn<..., true>) [batch + 1]: sequence b's query (and output) rows */   \
+    /* kv_offsets: [q_offsets[b], q_offsets[b+1]) of q and o, its keys [kv_offsets[b], ..[b+1]) of k, v */             \
+    X(const int *, kv_offsets)                                                                                         \
+    /* varlen_masks: varlen, or null: [batch][2] sequence b's (mask_block, q_index0), keys counted from its first */   \
+    X(const int *, varlen_masks)                                                                                       \
+    /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
+    /* partial states start in partial (floats) */                                                                  \
+    X(const int *, varlen_splits)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
 /* soloq_quantize_rows's arguments: bf16 rows of x rotated by R = mixer . FWHT_b . signs . perm (a
  * null array is the identity) and quantised in `format` (dllm__q4_format). */
-#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                                                    \
-    X(const void *, x)                                                                                                                                \
-    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                                                         \
-    X(const int *, perm)                                                                                                                              \
-    X(const unsigned char *, signs)                                                                                                                   \
-    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                                                           \
-        X(unsigned char *, codes)                                                                                                                     \
-            X(unsigned char *, block_scales)      /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */                                      \
-        X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                                                      \
-        X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                                             \
-            X(const float *, norm_w) /* producer 1's operands */                                                                                      \
-        X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction) X(                                 \
-            int,                                                                                                                                      \
-            producer) /* 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of the [gate | up] rows x */ \
-        X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                                                    \
-        X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                                                \
-        X(float, eps)      /* producer 1's RMSNorm epsilon */                                                                                         \
-        X(signed char *,                                                                                                                              \
-          values_i8) /* the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */
+#define DLLM__SOLOQ_ARGS_FIELDS(X)                                                                                     \
+    X(const void *, x)                                                                                                 \
+    X(u64, x_stride) /* row r at x + r * x_stride elements */                                                          \
+    X(const int *, perm)                                                                                               \
+    X(const unsigned char *, signs)                                                                                    \
+    X(const float *, mixer) /* [d], [d / 8] bits, [k][k] */                                                            \
+    X(unsigned char *, codes)                                                                                          \
+    X(unsigned char *, block_scales)          /* packed rows [rows][d / 2], NVFP4 [rows][d / 16]; or null */           \
+    X(float *, row_scale) X(bf16_t *, values) /* [rows]; the C values [rows][d] (or null) */                           \
+    X(const float *, h_in) X(float *, h_out) X(const bf16_t *, delta)                                                  \
+    X(const float *, norm_w) /* producer 1's operands */                                                               \
+    X(int, rows) X(int, d) X(int, rot_b) X(int, rot_k) X(int, format) X(int, quantize) X(int, bias_correction)         \
+    /* producer: 0: the bf16 rows x; 1: add_rmsnorm's row (h_in (+ delta) -> h_out, normed by norm_w); 2: SwiGLU of    \
+     * the [gate | up] rows x */                                                                                       \
+    X(int, producer)                                                                                                   \
+    X(int, cluster)    /* CTAs a row (dllm__soloq_split): a cluster along x */                                         \
+    X(float, rot_norm) /* 1 / sqrt(rot_b), rounded to fp32 once */                                                     \
+    X(float, eps)      /* producer 1's RMSNorm epsilon */                                                              \
+    /* values_i8: the C values as int8 [rows][d] (or null): the [INT8 GEMM]'s input; integer formats only */           \
+    X(signed char *, values_i8)
 
 #define DLLM__FIELD(type, name) type name;
 struct dllm_step_state {
@@ -145,7 +145,8 @@ static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
     return dllm__format(
-               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, REMASK_ORIGIN = %d };\n",
+               "enum { REMASK_LOW_CONFIDENCE = %d, REMASK_RANDOM = %d, REMASK_MARGIN = %d, REMASK_ENTROPY = %d, "
+               "REMASK_ORIGIN = %d };\n",
                DLLM_REMASK_LOW_CONFIDENCE, DLLM_REMASK_RANDOM, DLLM_REMASK_MARGIN, DLLM_REMASK_ENTROPY,
                DLLM_REMASK_ORIGIN) +
            DLLM__XSTR(struct dllm_step_state{DLLM__STEP_STATE_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
@@ -243,7 +244,8 @@ static const char *dllm__src_e4m3 = DLLM__KERNEL_FILE("e4m3.cuh");
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = DLLM__KERNEL_FILE("fp8.cuh");
 
-/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision): X(name, attributes, (parameters)). */
+/* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision):
+ * X(name, attributes, (parameters)). */
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
     X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
@@ -262,9 +264,9 @@ DLLM__SOLOQ_KERNELS(DLLM__KERNEL_SIGNATURE)
  * The format's constants come from dllm__src_soloq_tables, printed from the CPU's own tables. */
 static const char *dllm__src_soloq = DLLM__KERNEL_FILE("soloq.cuh");
 
-/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit for
- * bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ device
- * functions, which this module compiles beside its own), and the block step's attention reading the quantised
+/* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
+ * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
+ * device functions, which this module compiles beside its own), and the block step's attention reading the quantised
  * committed rows directly (decoded in registers; no decoded copy in device memory). One kvq_args serves all three. */
 #define DLLM__KVQ_ARGS_FIELDS(X)                                                                                       \
     X(const bf16_t *, sinks) /* the layer's committed sinks, bf16 K|V rows [min(n_sink, cap)][2 kvd] */                \
@@ -322,7 +324,8 @@ static const char *dllm__src_kvq = DLLM__KERNEL_FILE("kvq.cuh");
  *     output, the running max (log2 domain) and the normaliser in `partial` [split][n_head][q_rows][hd + 2].
  *   kvq_flash_combine: one warp per (query row, head) merges the splits in split order, the quantised ones of SoloQ
  *     apart and rotated back once (kvq_rotate_back) before they join the bf16 ones.
- * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible key. */
+ * The block-causal mask: row i sees the keys below kvq_visible(i); a CTA visits no tile past its rows' last visible
+ * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
     X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
@@ -330,15 +333,15 @@ DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 static const char *dllm__src_kvq_tc = DLLM__KERNEL_FILE("kvq_tc.cuh");
 
-/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge, dllm__cpu_bd_attend): layer
- * 0's attention split at the committed cache. bdfa_committed computes, for the listed rows of a forward, each head's
- * online-softmax state over the committed keys [0, n_committed) and stores it at the row's block offset; bdfa_merge
- * computes every row's state over the forward's own keys [n_committed, n_visible) and merges it with the stored one.
- * The cached path lists only the rows whose token changed; the uncached path lists every row: the same kernels in the
- * same order, so both give the same bits. bdfa_committed splits the committed keys over DLLM_BDFA_WARPS warps of a CTA
- * per (row, head) and merges their states in warp order (a warp walking 1024 keys alone is latency-bound: 0.7 ms more
- * than flash_attn for a 32-row step of the 7B shape, measured); bdfa_merge (the forward's own keys, a block at most)
- * keeps a warp per (row, head). */
+/* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
+ * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
+ * of a forward, each head's online-softmax state over the committed keys [0, n_committed) and stores it at the row's
+ * block offset; bdfa_merge computes every row's state over the forward's own keys [n_committed, n_visible) and merges
+ * it with the stored one. The cached path lists only the rows whose token changed; the uncached path lists every row:
+ * the same kernels in the same order, so both give the same bits. bdfa_committed splits the committed keys over
+ * DLLM_BDFA_WARPS warps of a CTA per (row, head) and merges their states in warp order
+ * (a warp walking 1024 keys alone is latency-bound: 0.7 ms more than flash_attn for a 32-row step of the 7B shape,
+ * measured); bdfa_merge (the forward's own keys, a block at most) keeps a warp per (row, head). */
 #define DLLM__BDFA_ARGS_FIELDS(X)                                                                                      \
     X(const bf16_t *, cache) /* layer 0's K|V rows [n_keys][2 kvd]: committed, then the forward's own */               \
     X(const bf16_t *, q)                                                                                               \
@@ -369,8 +372,8 @@ static const char *dllm__src_bdfa = DLLM__KERNEL_FILE("bdfa.cuh");
 static const char *dllm__src_mma = DLLM__KERNEL_FILE("mma.cuh");
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
- * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X . W^T on
- * the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
+ * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
+ * W^T on the cuBLASLt path's operands (struct dllm__gemm_op): X E4M3 [M x K] with an fp32 scale per 1x128 group at
  * x_scale[kb * M + m], W E4M3 [N x K] with one per 128x128 block at w_scale[nb * ceil4(K / 128) + kb]. M is the
  * padded row count (a multiple of 16) and every one of its rows is written, as cuBLASLt writes them; K is a multiple
  * of 128; any N.
@@ -530,7 +533,8 @@ static const char *dllm__src_attention_wgmma = DLLM__KERNEL_FILE("attention_wgmm
  * Every output element is summed over k in the same order whatever m is and wherever its tile falls, so a row's bits
  * never depend on how many rows are computed (row-independent, as LaCache needs; the tests check it). Nor on BN: an
  * output's k-loop is the same sequence of k16 products at every width, so the widths give the same bits and a caller
- * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and H200). */
+ * may pick one by row count (gpu.gemm_wg_widths_give_the_same_bits: 0 of 21.8 million outputs differed, H100 and
+ * H200). */
 static const char *dllm__src_gemm_wg = DLLM__KERNEL_FILE("gemm_wg.cuh");
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each

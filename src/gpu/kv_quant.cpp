@@ -44,7 +44,8 @@ static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
         dllm__format("dllm_kvq_tc_hd%d", hd),
         dllm__src_kvq_module() + DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_DECLARE) +
             dllm__format(
-                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n#define KVQ_TC_STAGE %zu\n",
+                "#define KVQ_HD %d\n#define KVQ_TC_BC %d\n#define KVQ_TC_PG %d\n#define KVQ_TC_THREADS %d\n"
+                "#define KVQ_TC_STAGE %zu\n",
                 hd, dllm__kvq_tc_bc(hd), dllm__kvq_tc_pair_groups, dllm__kvq_tc_max_warps(hd) * 32,
                 dllm__kvq_tc_stage_bytes(hd)) +
             dllm__src_mma + dllm__src_attention + dllm__src_kvq_tc,
@@ -79,7 +80,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
             "kvq_tc: the tensor-core attention takes head dims that are multiples of 16 up to 256 and whole GQA "
-            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes it everywhere)",
+            "groups (head dim %d, %d heads over %d kv heads); kvq_attention serves the rest (DLLM_DEBUG_PLAIN=1 takes "
+            "it everywhere)",
             hd, n_head, n_kv);
     const int rows = n_head / n_kv * q_rows, bc = dllm__kvq_tc_bc(hd);
     int warps = std::max(1, std::min(dllm__kvq_tc_max_warps(hd), (rows + 15) / 16));
@@ -88,7 +90,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     if (p.smem > (size_t)smem_optin)
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs instead",
+            "kvq_tc: head dim %d needs %zu bytes of shared memory a block, the GPU allows %d; kvq_attention runs "
+            "instead",
             hd, p.smem, smem_optin);
     const int target = std::max(1, n_sms / (n_kv * p.q_tiles));
     dllm__kvq_tc_set_splits(p, std::max(2 * bc, (std::max(1, (n_keys + target - 1) / target) + bc - 1) / bc * bc),
@@ -96,8 +99,8 @@ static dllm_status dllm__kvq_tc_plan_for(int hd, int n_head, int n_kv, int q_row
     return DLLM_OK;
 }
 
-/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6 (each
- * of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
+/* Bytes of split states a launch of at most dllm__kvq_tc_chunk_rows rows can need: splits <= the plan's target + 6
+ * (each of the three ranges adds at most one split to its share of the keys and one for its misaligned start). */
 static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms, int smem_optin) {
     size_t most = 0;
     for (int rows = 1; rows <= dllm__kvq_tc_chunk_rows; rows++) {
@@ -111,11 +114,11 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
 
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
-    k.flash.fn = k.module->kernels.at("kvq_flash"), k.flash.name = "kvq_flash";
-    k.combine.fn = k.module->kernels.at("kvq_flash_combine"), k.combine.name = "kvq_flash_combine";
+    dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)k.flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    DLLM__CUDA(
+        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -127,13 +130,14 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
     if (need > partial_bytes || a.hd != k.hd)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for %d)",
+            "kvq_flash: %d splits of %d rows need %zu bytes of split states, %zu allocated (head dim %d, kernels for "
+            "%d)",
             p.n_splits, a.q_rows, need, partial_bytes, a.hd, k.hd);
     a.split_keys = p.split_keys, a.partial = partial;
-    DLLM__TRY(k.flash.launch(
+    DLLM__TRY(k.kvq_flash.launch(
         {dim3((unsigned)p.n_splits, (unsigned)a.n_kv, (unsigned)p.q_tiles), dim3((unsigned)p.warps * 32), p.smem}, s,
         a));
-    return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
+    return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
 dllm_status dllm__gpu_backend::kvq_begin(int rows) {
@@ -143,12 +147,7 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
                           c.head_dim);
     if (!kv_codes_.kernels.module) {
         DLLM__TRY(dllm__jit_load(dllm__module_kvq(arch_), kv_codes_.kernels.module));
-        kv_codes_.kernels.commit_keys.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_keys"),
-        kv_codes_.kernels.commit_keys.name = "kvq_commit_keys";
-        kv_codes_.kernels.commit_values.fn = kv_codes_.kernels.module->kernels.at("kvq_commit_values"),
-        kv_codes_.kernels.commit_values.name = "kvq_commit_values";
-        kv_codes_.kernels.attention.fn = kv_codes_.kernels.module->kernels.at("kvq_attention"),
-        kv_codes_.kernels.attention.name = "kvq_attention";
+        dllm__bind(kv_codes_.kernels, *kv_codes_.kernels.module);
     }
     if (kvq_.soloq() && kv_codes_.rotations.empty()) {
         kv_codes_.rotations.resize(kvq_.rot.size());
@@ -188,7 +187,8 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and rotation. */
+/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and
+ * rotation. */
 kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
@@ -211,8 +211,9 @@ kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised (twin: dllm__kvq_commit's
- * loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were checked by bd_forward. */
+/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised
+ * (twin: dllm__kvq_commit's loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were
+ * checked by bd_forward. */
 dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     kvq_args a = kvq_layer_args(layer);
     a.row0 = row0, a.rows = T;
@@ -223,10 +224,10 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
     if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
     const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.kernels.commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
+    DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
-        DLLM__TRY(kv_codes_.kernels.commit_values.launch(
+        DLLM__TRY(kv_codes_.kernels.kvq_commit_values.launch(
             {dim3((unsigned)(row0 + T - first), (unsigned)kvq_.n_kv), dim3(32)}, stream_, a));
     return DLLM_OK;
 }
@@ -242,7 +243,8 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_,
+                                                      a);
     for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;

@@ -30,7 +30,8 @@ static std::string dllm__src_soloq_tables() {
     s += dllm__format("#define SOLOQ_SEGMENT %d\n#define SOLOQ_QUANTIZE_THREADS %d\n", dllm__soloq_segment,
                       dllm__soloq_quantize_threads);
     s += dllm__format(
-        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n#define E8P_ENC_SCALE %af\n",
+        "#define INT4_STEP %af\n#define LLOYD_KAPPA %af\n#define E8P_SCALE %af\n#define E8P_RESID %af\n"
+        "#define E8P_ENC_SCALE %af\n",
         dllm__int4_step, dllm__lloyd4_kappa, dllm__e8p_scale, dllm__e8p_resid, dllm__e8p_scale * dllm__e8p_kappa);
     s += "__constant__ float LLOYD_T[7] = {";
     for (float t : dllm__lloyd4_thresholds) s += dllm__format("%af, ", t);
@@ -57,8 +58,8 @@ static dllm__jit_request dllm__module_soloq(const dllm__arch &arch) {
             arch.target};
 }
 
-/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one (so that an H200 can
- * test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
+/* The FP8 GEMM a GPU runs: its table row's, or DLLM_TILES fp8_gemm's where this GPU can run that one
+ * (so that an H200 can test the kernel Ada runs). A value it cannot run, or a misspelt one, is an error. */
 static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) {
     out = a.fp8;
     const char *v = dllm__env().fp8_gemm.c_str();
@@ -67,7 +68,8 @@ static dllm_status dllm__fp8_gemm_for(const dllm__arch &a, dllm__fp8_gemm &out) 
         if (a.cc < 89)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is sm_%d",
+                "DLLM_TILES=fp8_gemm=mma: the FP8 mma.sync kernel needs compute capability 8.9 or newer, this GPU is "
+                "sm_%d",
                 a.cc);
         out = DLLM__FP8_MMA;
     } else if (strcmp(v, "cublaslt") == 0) {
@@ -191,7 +193,8 @@ static dllm__jit_request dllm__module_sampler(const dllm__arch &arch) {
  * round_up(hd, 16) columns (hd_pad in the kernel). Above 128 the output accumulators alone take fa_mt * hd / 2
  * registers a thread (256 at hd 256 with the sm_90 row's two m16 tiles a warp: spills), so one m16 tile a warp, at
  * most 64 query rows a CTA, 32-key tiles in a 2-slot ring: at hd 256 that is 99 KB of shared memory, sm_86 and
- * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128 only. */
+ * sm_89's opt-in limit; the DLLM_TILES fa_* overrides do not apply there. flash_attn_wg is built for 64 and 128
+ * only. */
 static dllm__arch dllm__attn_tiles(dllm__arch a, int hd) {
     if (hd != 64 && hd != 128) a.fa_wg_bc = 0;
     if (hd > 128) {
@@ -240,7 +243,8 @@ static dllm__jit_request dllm__module_attention(const dllm__arch &arch, int head
 
 /* The varlen flash_attn alone, in a module of its own: compiled (or read from the disk cache) by the first batched
  * forward, so that contexts that never batch pay nothing for it. */
-/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V cache. */
+/* [batch] [dual cache] [prefix cache] kv_scatter_rows, alone in its module: compiled only when a batch has a K/V
+ * cache. */
 static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
     return {"dllm_kv_scatter",
             dllm__src_prelude() + DLLM__BATCH_KV_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_kv_scatter,
@@ -264,9 +268,9 @@ static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
  * a 32-row block leaves one warp of four live, and at 3 CTAs an SM a batch-16 step's 512 CTAs take two waves: the
  * H100 spent 136 us a layer there (4.4 of the step's 17.7 ms) against ~90 us to read its 268 MB of K/V. The short
  * tiles fit 5 CTAs an SM, so the 512 go in one wave (H200: 105 us a layer, the step 17.28 ms against 17.46 with the
- * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200, batch 1:
- * 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the tile:
- * each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
+ * table's tiles); but a CTA of them takes longer, so where the table's tiles already fit in one wave they win (H200,
+ * batch 1: 60 us a layer against ~40). Hence the rule of dllm__attn_varlen_short. A row's bits do not depend on the
+ * tile: each m16 tile's scores, softmax and output are the same instructions over the same key tiles in the same order
  * whichever warp and CTA hold it, and key tiles past a tile's last visible key change no bit
  * (gpu_batch.varlen_attention_equals_each_sequence_alone and gpu_bd_batch.masked_varlen_attention_* compare both with
  * the solo kernel). So the choice may follow the batch's shape without breaking batch invariance. */
@@ -293,8 +297,8 @@ static size_t dllm__attn_smem(int hd, const dllm__arch &a) {
     return (size_t)(a.fa_br + 2 * a.fa_stages * a.fa_bc) * ((hd + 15) / 16 * 16 + 8) * 2;
 }
 
-/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would not fit the SMs in one
- * wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
+/* [batch] The varlen attention's tiles: the short ones where every run is short (max_rows) and the table's tiles would
+ * not fit the SMs in one wave, at the CTAs an SM holds by shared memory (the runtime reserves 1 KB a CTA). */
 static bool dllm__attn_varlen_short(const dllm__arch &arch, int head_dim, int n_head, int batch, int max_rows,
                                     int n_sms, int smem_per_sm) {
     const size_t table_smem = dllm__attn_smem(head_dim, arch) + 1024;

@@ -13,9 +13,10 @@
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
     if (model_.random_weights)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
-                          "a checkpoint");
+        return dllm__fail(
+            DLLM_ERR_UNSUPPORTED,
+            "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
+            "a checkpoint");
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
@@ -132,7 +133,8 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
                                 moe_.weight.ptr));
     mark("moe route");
     moe_.expert_host.resize((size_t)P);
-    DLLM__CUDA(cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
+    DLLM__CUDA(
+        cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
     if (moe_.debug_logits) {
         std::vector<float> &lg = (*moe_.debug_logits)[(int)l];
         lg.resize((size_t)M * E);

@@ -1,6 +1,7 @@
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
-/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin: dllm__quantize_blocks. */
+/* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
+ * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
@@ -17,7 +18,8 @@ static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwi
 }
 
 /* [SoloQ] The arguments of soloq_quantize_rows / soloq_produce_rows for `rows` rows d wide, rotated by rot and, with
- * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the caller's. */
+ * quantize, quantised in format f into row_scale and values (the GEMM input); sources and other outputs are the
+ * caller's. */
 static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_format f, bool quantize,
                                    bool bias_correction, int rows, int d, void *row_scale, void *values) {
     soloq_args a = {};
@@ -29,9 +31,9 @@ static soloq_args dllm__soloq_args(const dllm__rotation_dev &rot, dllm__q4_forma
     return a;
 }
 
-/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into slices
- * of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block step
- * then fills the GPU instead of 32 of its SMs. */
+/* [SoloQ clusters] The CTAs a row of d elements takes: the most, up to 8 (a portable cluster), that split it into
+ * slices of whole reduction segments and whole rotation blocks of b; 1 where clusters are unavailable. A 32-row block
+ * step then fills the GPU instead of 32 of its SMs. */
 static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     if (!k.clusters || d <= dllm__soloq_segment || d % dllm__soloq_segment) return 1;
     for (int C = 8; C > 1; C--)
@@ -39,11 +41,11 @@ static int dllm__soloq_split(const dllm__soloq_kernels &k, int d, int b) {
     return 1;
 }
 
-/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The norm
- * producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a warp);
- * many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200 (LLaDA-8B, SoloQ-I, N=1024
- * forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer (rows of 12288) slower, 8.9 ->
- * 11.4. */
+/* The threads of a CTA holding a slice of n elements, `asked` the caller's. A row's bits do not depend on them. The
+ * norm producer takes its norm's own threads (the fewest whose barriers are cheapest; the rotation runs a block a
+ * warp); many rows take smaller CTAs, several an SM, for producer 0 (256); measured on the H200
+ * (LLaDA-8B, SoloQ-I, N=1024 forward): the O GEMM's producer 6.0 -> 5.1 ms; 256 threads made the SwiGLU producer
+ * (rows of 12288) slower, 8.9 -> 11.4. */
 static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) {
     if (a.producer == 1) return dllm__norm_threads(a.d / 8);
     const unsigned t = std::min<unsigned>(asked, (unsigned)std::max(128, dllm__round_up(n / 4, 32)));
@@ -86,11 +88,12 @@ static dllm_status dllm__soloq_quantize_rows(const dllm__soloq_kernels &k, const
 }
 
 /* [INT8 GEMM] y [M x N] (bf16 or fp32, row stride ldy) = ((float)(X . C_w^T) s_x) s_w: X the int8 C values of M
- * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format (codes [N][K / 2],
- * row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8 (chunk x K bytes), cuBLASLt's
- * INT8 GEMM into acc (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result
- * never depends on M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on
- * the rows' C values (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
+ * activation rows [M][K], s_x their token scales, the weights N stored 4-bit rows of an integer format
+ * (codes [N][K / 2], row scales s_w). Per chunk of `chunk` weight rows: their C values unpacked into w_i8
+ * (chunk x K bytes), cuBLASLt's INT8 GEMM into acc
+ * (M x chunk int32: the sums exact, so any algorithm and split give the same bits and a row's result never depends on
+ * M) and the epilogue soloq_scale_rows_i32 into y's columns of the chunk. Twin: dllm__cpu_i8_gemm on the rows' C values
+ * (dllm__q4_row_values). K a multiple of 8, N and chunk of 4; device buffers from cudaMalloc. */
 static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__gemm &gemm, dllm__q4_format f,
                                           const void *codes, const float *s_w, const void *X, const float *s_x, void *y,
                                           int ldy, cudaDataType_t out, int M, int N, int K, int chunk, void *w_i8,
@@ -101,7 +104,8 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
     if (M < 0 || K <= 0 || K % 8 || N % 4 || chunk <= 0 || chunk % 4 || ldy < N)
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= N",
+            "INT8 GEMM: K (%d) must be a positive multiple of 8, N (%d) and the chunk (%d) multiples of 4, ldy (%d) >= "
+            "N",
             K, N, chunk, ldy);
     if (!codes || !s_w || !X || !s_x || !y || !w_i8 || !acc)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "INT8 GEMM: a null operand");
@@ -142,8 +146,8 @@ static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_o
     return DLLM_OK;
 }
 
-/* [W4 GEMM] A layer's linears that q4wg takes, into its layout (the LM head keeps section 9b's rows: its many rows would
- * need a workspace of their own). */
+/* [W4 GEMM] A layer's linears that q4wg takes, into its layout (the LM head keeps section 9b's rows: its many rows
+ * would need a workspace of their own). */
 static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4wg_kernels &k, cudaStream_t stream) {
     for (dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
         if (W->format == DLLM__W_Q4 && dllm__q4wg_takes(W->q4->format, W->n, W->k))
@@ -186,8 +190,8 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
     return DLLM_OK;
 }
 
-/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches its
- * work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
+/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches
+ * its work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
 static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
                                               const dllm__progress &progress) {
     if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;

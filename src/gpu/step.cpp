@@ -50,9 +50,9 @@ static void dllm__sampler_fill(sampler_args &a, const dllm__sampling &s) {
 
 /* Samples positions [s0, s1) from the LM head chunk that starts at position cp0 (raw_rows logits rows per batch entry).
  * x0/conf/deferred are indexed by position - cand_lo. */
-/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r is
- * canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it). The
- * solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
+/* The sampler's arguments over n_rows rows of the LM-head chunk in act_.logits (raw_rows rows) with sampling s: row r
+ * is canvas position pos0 + r, reading logits row (shift0 ? max(r - 1, 0) : r) + lrow0; no CFG (sample_rows adds it).
+ * The solo step, block diffusion's step (bd_sampler_args) and the batched step (sample_span) all fill them here. */
 sampler_args dllm__gpu_backend::sampler_over(const dllm__sampling &s, int n_rows, int pos0, int lrow0, int shift0,
                                              int raw_rows) const {
     const dllm__config &c = model_.cfg;
@@ -77,7 +77,8 @@ dllm_status dllm__gpu_backend::sample_rows(const dllm__decode &st, int batch, in
                           act_.deferred.as<unsigned char>() + off);
 }
 
-/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's step. */
+/* The sampler's launches over a.n_rows rows (the filters' cutoff first where they are on), reading act_.state's
+ * step. */
 dllm_status dllm__gpu_backend::launch_sampler(const sampler_args &a, int *x0, double *conf, unsigned char *deferred,
                                               const dllm_step_state *state) {
     const unsigned rows = (unsigned)a.n_rows;
@@ -161,8 +162,8 @@ std::string dllm__gpu_backend::graph_key(const dllm__decode &st) const {
                         s.min_p);  // the sampler filters (a graph without them has no cutoff launch)
 }
 
-/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so the
- * executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
+/* Captures run_step as a graph. A new block of the same configuration (may_update) changes only kernel arguments, so
+ * the executable graph is updated in place when it can be (cheaper than instantiating again); another configuration has
  * other kernels, so no update is tried. */
 dllm_status dllm__gpu_backend::capture_step(const dllm__decode &st, bool may_update) {
     cudaGraph_t graph = nullptr;

@@ -89,10 +89,10 @@ struct dllm__linear {
  * dllm__gemm::pin_m rows. LaCache computes some rows apart from the plain path (layer 0's Q/K/V, the last layer after
  * its attention, the LM head) and needs it there; batching will need it for every GEMM (a sequence's logits may not
  * depend on its batch).
- * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it takes
- * the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the width
- * may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape alone. So a
- * sequence's rows get the same bits whatever else the batch holds.
+ * BATCH (a batched forward, forward_batch) is INDEPENDENT in one launch where the GEMM allows it: gemm_wg where it
+ * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
+ * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
+ * alone. So a sequence's rows get the same bits whatever else the batch holds.
  * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas) is INDEPENDENT on gemm_splitk, fast at a
  * few rows, where it takes the operands; FILL (a K/V cache's full forward) is BATCH's single launch. A batched forward
  * gives each sequence its kind's GEMM (batch_.gemm_runs) and a solo forward under a K/V cache takes the same

@@ -5,7 +5,7 @@
 // ---------------------------------------------------------------------------------------------------
 
 struct dllm__gpu_layer {
-    dllm__linear qkv, o, gu, down;          // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
+    dllm__linear qkv, o, gu, down;  // Q|K|V rows, the output projection, gate|up rows, down (empty in a MoE layer)
     dllm__dbuf attn_norm, ffn_norm, b_qkv;  // fp32
     // [MoE] LLaDA2: the QK-norm weights (fp32 [head_dim], empty without QK-norm); a MoE layer's router (bf16 [E x d]),
     // expert bias (fp32 [E]), each routed expert's gate|up rows and down, the shared expert's (empty without one)
@@ -42,7 +42,6 @@ struct dllm__sampler_kernels {
 };
 struct dllm__soloq_kernels {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_MEMBER)
-#undef DLLM__KERNEL_MEMBER
     int max_smem = 0;       // dynamic shared memory a CTA may take here
     bool clusters = false;  // sm_90+: a row may be split over a cluster of CTAs (dllm__soloq_split)
 };
@@ -66,14 +65,11 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
     set.clusters = cc >= 90;
     return DLLM_OK;
 }
-#undef DLLM__KERNEL_BIND
 
-/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first generation. */
 /* [FACache] on block diffusion: the layer-0 split attention (dllm__src_bdfa), loaded at its first use. */
 struct dllm__bdfa_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_bdfa_committed> committed;
-    dllm__kernel<dllm__sig_bdfa_merge> merge;
+    DLLM__BDFA_KERNELS(DLLM__KERNEL_MEMBER)
 };
 
 static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
@@ -88,19 +84,25 @@ static dllm__jit_request dllm__module_bdfa(const dllm__arch &arch) {
     };
 }
 
+/* [KV quant] The commit-time K/V quantisation kernels (dllm__src_kvq), loaded at a kv_quant context's first
+ * generation. */
 struct dllm__kvq_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_commit_keys> commit_keys;
-    dllm__kernel<dllm__sig_kvq_commit_values> commit_values;
-    dllm__kernel<dllm__sig_kvq_attention> attention;
+    DLLM__KVQ_KERNELS(DLLM__KERNEL_MEMBER)
 };
-/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head dim. */
+/* kvq_tc (on by default): the tensor-core attention over the quantised cache (dllm__src_kvq_tc), a module per head
+ * dim. */
 struct dllm__kvq_tc_kernels {
     std::shared_ptr<dllm__module> module;
-    dllm__kernel<dllm__sig_kvq_flash> flash;
-    dllm__kernel<dllm__sig_kvq_flash_combine> combine;
+    DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_MEMBER)
+#undef DLLM__KERNEL_MEMBER
     int hd = 0, smem_optin = 0;
 };
+
+static void dllm__bind(dllm__bdfa_kernels &set, dllm__module &mod) { DLLM__BDFA_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_kernels &set, dllm__module &mod) { DLLM__KVQ_KERNELS(DLLM__KERNEL_BIND) }
+static void dllm__bind(dllm__kvq_tc_kernels &set, dllm__module &mod) { DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_BIND) }
+#undef DLLM__KERNEL_BIND
 
 static dllm_status dllm__upload_f32(dllm__dbuf &dst, const std::vector<float> &v, const char *what) {
     if (v.empty()) return DLLM_OK;

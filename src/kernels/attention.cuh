@@ -157,8 +157,8 @@ __device__ __forceinline__ void mask_keys(float (&s)[NT][4], const unsigned char
         }
 }
 
-/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the keys
- * before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
+/* [block-causal mask] Block diffusion's (a.mask_block > 0): query row `row` (sequence index q_index0 + row) sees the
+ * keys before the end of its block of mask_block indices. Twin: dllm__cpu_attention's n_visible. */
 __device__ __forceinline__ int visible_keys(const attn_args &a, int row) {
     return min(a.seq, ((a.q_index0 + row) / a.mask_block + 1) * a.mask_block);
 }
@@ -235,7 +235,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
     rescale_o<DT>(o, corr);
 }
 
-/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8). */
+/* Keys 16 kk .. 16 kk + 15 of the probabilities as a bf16 A fragment: (g, 2t), (g + 8, 2t), (g, 2t + 8),
+ * (g + 8, 2t + 8). */
 template <int NT> __device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, u32 (&pa)[4]) {
     pa[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
     pa[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
@@ -309,7 +310,8 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
  * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
- * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares. */
+ * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
+ * */
 __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
     const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
     const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
@@ -329,8 +331,9 @@ __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split
  * dllm__attn_tiles). Each warp owns MT m16 tiles (16 * MT query rows), so every K and V fragment it loads from shared
  * memory feeds MT tensor-core ops (FA2's layout). Q fragments are re-read from shared memory at each
  * k-step rather than held in registers: that keeps HD = 128 with MT = 2 under 255 registers. The online
- * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence): one
- * more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it was. */
+ * softmax is online_softmax's (softmax_scores, then rescale_o), shared with flash_attn_wg. VARLEN (varlen_sequence):
+ * one more instantiation, in its own module loaded by the first batched forward, so the solo paths' code stays as it
+ * was. */
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();

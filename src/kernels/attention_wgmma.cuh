@@ -47,9 +47,9 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 8][4], const u32 (&p)[BC /
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS once both
- * consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers, so the
- * scores may start before V is in. */
+/* The producer warpgroup's one working thread: the Q tile, then every K and V tile of the CTA into its ring slot i % NS
+ * once both consumer warpgroups have released the slot's previous tile (empty). K and V complete on separate barriers,
+ * so the scores may start before V is in. */
 template <int HD, int BC, int NS>
 __device__ __forceinline__ void wg_produce(const attn_tensor_maps &tm, u32 sQ, u32 sK, u32 sV, u32 q_full, u32 k_full,
                                            u32 v_full, u32 empty, int q0, int h, int kvh, int b, int n_tiles) {

@@ -10,7 +10,8 @@ __device__ __forceinline__ void cluster_sync() {
  * kernel took about 1.5x as long on an H200. */
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
     asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::
             "r"(bar),
         "r"(rank)
         : "memory");
@@ -18,7 +19,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
 /* tma_load into the same offset of every CTA of the cluster (both here), completing on each one's barrier. */
 __device__ __forceinline__ void tma_load_both(u32 dst, const tensor_map &map, int x, int y, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+        "[%1, {%2, %3, %4}], [%5], %6;\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(0), "r"(bar), "h"((unsigned short)3)
         : "memory");

@@ -87,7 +87,8 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 /* One TMA box of map at (column x, row y, batch z) into shared memory at dst, completing on bar. */
 __device__ __forceinline__ void tma_load(u32 dst, const tensor_map &map, int x, int y, int z, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::
             "r"(dst),
         "l"((u64)&map), "r"(x), "r"(y), "r"(z), "r"(bar)
         : "memory");

@@ -1,4 +1,5 @@
-/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned rows). */
+/* One CTA a row, 16 bytes a thread a pass (width and both strides are multiples of 8 elements: 16-byte aligned
+ * rows). */
 KERNEL_kv_scatter_rows {
     pdl_enter();
     const int r = blockIdx.x;

@@ -47,8 +47,8 @@ __device__ __forceinline__ float kvq_soloq_c(u32 code, int bits) {
     return code & 2u ? -LLOYD2_LEVELS[code & 1u] : LLOYD2_LEVELS[code & 1u];
 }
 
-/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels of
- * that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
+/* Keys of a commit (twin: dllm__kvq_commit_keys): a thread per (key group, byte of a row), i.e. the 8 / bits channels
+ * of that byte: their pairs from the group's rows at or past n_sink, then the byte of each of those rows. */
 KERNEL_kvq_commit_keys {
     pdl_enter();
     const int kvd = a.n_kv * a.hd, row_bytes = kvd * a.bits / 8, per = 8 / a.bits;
@@ -187,7 +187,8 @@ __device__ void kvq_store_output(const kvq_args &a, const float *acc, const floa
         a.o[(u64)i * a.o_stride + h * a.hd + c] = f32_to_bf16((acc[c] + (a.soloq ? T1[c] : 0.f)) * inv);
 }
 
-/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its codes. */
+/* Key element e (of kv head kvh) of row j: bf16 (a sink, or a row past the committed ones) or decoded from its
+ * codes. */
 __device__ __forceinline__ bool kvq_quantised(const kvq_args &a, int j) { return j >= a.n_sink && j < a.n_committed; }
 
 /* The K|V row of key j that is not quantised: a committed sink, or the forward's own row j - n_committed. */

@@ -49,8 +49,8 @@ __device__ int kvq_n_splits(const kvq_args &a) {
 }
 
 /* A stage: the raw K and V codes of a tile's keys [KVQ_TC_BC][KVQ_HD / 2] each (2-bit rows use the first half), the K
- * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side (KIVI pair or SoloQ scale)
- * [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
+ * pairs of up to KVQ_TC_PG key groups from group ga = lo / group on [KVQ_TC_PG][KVQ_HD][2], the V side
+ * (KIVI pair or SoloQ scale) [KVQ_TC_BC]. Keys outside [lo, hi) are zero-filled. */
 #define KVQ_STAGE_VC (KVQ_TC_BC * KVQ_HD / 2)
 #define KVQ_STAGE_KP (KVQ_TC_BC * KVQ_HD)
 #define KVQ_STAGE_VS (KVQ_TC_BC * KVQ_HD + KVQ_TC_PG * KVQ_HD * 4)
@@ -312,7 +312,8 @@ KERNEL_kvq_flash {
                 kvq_tc_chunk(q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub, j0, limA, limB, lane, scale_log2,
                              o, m, l);
     };
-    if (!quant) {  // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
+    if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
             kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
@@ -361,8 +362,9 @@ KERNEL_kvq_flash {
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights 2^(m_s - max),
- * SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum normalised. */
+/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+ * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
+ * normalised. */
 KERNEL_kvq_flash_combine {
     pdl_enter();
     __shared__ float acc[256], racc[256], T0[256], T1[256];

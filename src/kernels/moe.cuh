@@ -91,7 +91,8 @@ KERNEL_moe_route {
         float bv = -DLLM_INF;
         int bi = 0x7fffffff;
         for (int g = lane; g < n_group; g += 32)
-            if (!group_kept[g] && (group_score[g] > bv || (group_score[g] == bv && g < bi))) bv = group_score[g], bi = g;
+            if (!group_kept[g] && (group_score[g] > bv || (group_score[g] == bv && g < bi)))
+                bv = group_score[g], bi = g;
         moe_warp_best(bv, bi);
         __syncwarp();
         if (lane == 0 && bi < n_group) group_kept[bi] = 1;

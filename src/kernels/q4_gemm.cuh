@@ -219,7 +219,8 @@ __device__ __forceinline__ void q4_chunk(const q4_smem &s, const unsigned char *
             for (int h = 0; h < 2; h++)
                 q4_dequant<FMT>(q4_word(w[wt][h], j), (sc[wt][h] >> (8 * (j >> 1))) & 255, s, p[wt][h]);
         // row r = 8 mt + g's slot q4_act_slot(4 t + j, r) = 4 (j ^ p) + (t ^ p), p = g & 1, and 4 (j ^ p) = 4 j + 4 p
-        // for even j, 4 j - 4 p for odd j: two bases with constant offsets (ptxas keeps a register an address otherwise)
+        // for even j, 4 j - 4 p for odd j: two bases with constant offsets
+        // (ptxas keeps a register an address otherwise)
         const unsigned char *b_at = (j & 1 ? acts_odd : acts_even) + 64 * j;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)

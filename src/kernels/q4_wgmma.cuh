@@ -14,12 +14,13 @@
  * and wgmma s8.s8 accumulates 8 acc (SoloQ-I) or 16 acc (RTN) exactly: |8 * 15 * 128 * K| < 2^31 up to K = 139810.
  * The epilogue shifts right by 3 / 4 (exact: the sums are multiples of 8 / 16).
  *
- * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb, 4096 bytes:
+ * Packed weights (q4wg_prepack below; host twin dllm__q4wg_prepack): for each 64-row tile T and 128-wide k block kb,
+ * 4096 bytes:
  *   [T][kb][h = 0, 1][thread 0..127][16 bytes]; 16 bytes = 4 words; word j covers k32 step s = 2h + (j >> 1) and row
- *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble = W[row][32 s + 4 (lane%4) + b],
- *   high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo) and 2 (hi), word (s, 1) -> 1 and 3:
- *   CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0 = (row 16 w + g + 8 v1,
- *   k 4 t + v0 + 16 v2).
+ *   rs = j & 1 of the thread's pair (16 warp + lane/4 + 8 rs); byte b of the word: low nibble =
+ *   W[row][32 s + 4 (lane%4) + b], high nibble = W[row][32 s + 16 + 4 (lane%4) + b].  So word (s, 0) -> A regs 0 (lo)
+ *   and 2 (hi), word (s, 1) -> 1 and 3: CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0
+ *   = (row 16 w + g + 8 v1, k 4 t + v0 + 16 v2).
  *
  * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
  * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments

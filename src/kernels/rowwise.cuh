@@ -32,9 +32,9 @@ KERNEL_add_rmsnorm {
 }
 
 /* Twin: bias add + dllm__cpu_rope. In place on the fused projection rows [q heads | k heads | v heads]:
- * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the same
- * cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows, so
- * that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
+ * adds the fp32 bias, rotates q and k heads by the position p = (row % seq_len) + pos0 (or positions[p]: DPad) with the
+ * same cos/sin tables as the CPU. Grid dllm__rows_grid: x over (head, 4 pairs) of a row, one thread each; y over rows,
+ * so that a thread divides 32-bit numbers only (a flat 64-bit index took three 64-bit divisions a thread). */
 KERNEL_rope_qkv {
     pdl_enter();
     // Without a bias the V heads are left alone: the pass touches q and k only.
@@ -73,8 +73,8 @@ KERNEL_rope_qkv {
 }
 
 /* Twin: dllm__cpu_llama4_scale. [Llama-4 query scaling] (Nemotron) after RoPE, in place on the first `width` (the query
- * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta log(1 + floor(pos / orig_max)).
- * Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
+ * heads) of each row of `stride` elements: row r at position pos0 + r is scaled by 1 + beta
+ * log(1 + floor(pos / orig_max)). Grid dllm__rows_grid: x over 8-column chunks, y over rows. */
 KERNEL_llama4_scale_q {
     pdl_enter();
     const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8;

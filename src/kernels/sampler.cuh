@@ -330,8 +330,9 @@ KERNEL_select_commit {
             continue;
         }
         int rank = 0;
-        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n) never
-        // changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never errors.
+        // rank_of[j] is read only to tell whether j is a candidate, which another thread's write of j's rank (< n)
+        // never changes: compute-sanitizer's racecheck lists these reads as potential WAR hazards (warnings), never
+        // errors.
         for (int j = 0; j < n && rank < k; j++) {
             if (rank_of[j] == n || j == i) continue;
             int rj = lo + j - row0;

@@ -141,8 +141,8 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float
     __syncthreads();
 }
 
-/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r owns
- * the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
+/* [SoloQ clusters] A row may be split over a cluster of C CTAs along x (sm_90+, the host's dllm__soloq_split): CTA r
+ * owns the rotated row's slice [r n, (r + 1) n), n = d / C, of whole rotation blocks and whole reduction segments; the
  * mixer reads the other slices, and the reductions combine per-CTA partials, through distributed shared memory. */
 struct soloq_slice {
     int C, r, i0, n;  // CTAs a row, this one's rank, its slice
@@ -278,9 +278,10 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     return B;
 }
 
-/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments' sums (one warp each), then all
- * of them added in order from every CTA's `seg` (a cluster-shared array of at most 32 sums). Every thread of every CTA
- * returns the same bits. Ends with a barrier across the cluster. */
+/* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments'
+ * sums (one warp each), then all of them added in order from every CTA's `seg`
+ * (a cluster-shared array of at most 32 sums). Every thread of every CTA returns the same bits. Ends with a barrier
+ * across the cluster. */
 __device__ float soloq_row_dot(const float *x, const float *y, int d, const soloq_slice &s, float *seg) {
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
     const int len = segmented ? SOLOQ_SEGMENT : d, mine = s.n / len;
@@ -298,8 +299,8 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 }
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
- * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added in
- * order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+ * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -327,8 +328,9 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     return make_float2(amax, sum);
 }
 
-/* Codes and C values of this CTA's slice of a nonzero row (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p):
- * the work split by pairs of elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
+/* Codes and C values of this CTA's slice of a nonzero row
+ * (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by pairs of
+ * elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
 template <bool E8P>
 __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, float amax, float sigma,
                              unsigned char *codes, unsigned char *bs, float *val) {
@@ -405,10 +407,10 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
 }
 
 /* One row (this CTA's slice of it): its source rotated by R and, with a.quantize, quantised in a.format (twin:
- * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights), the
- * row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without a.quantize the
- * rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two fp32 rows of
- * shared memory. */
+ * dllm__rotate, then dllm__q4_quantize_row): packed codes and NVFP4 block scales (a.codes, a.block_scales: weights),
+ * the row scale, and the C values as bf16 (a.values: a GEMM's input; exact, every C is a BF16 number). Without
+ * a.quantize the rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two
+ * fp32 rows of shared memory. */
 template <bool E8P>
 __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     __shared__ float seg[32];
@@ -493,7 +495,8 @@ __device__ __forceinline__ void soloq_values8(int format, const unsigned char *p
     }
 }
 
-/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a thread. */
+/* Stored weight rows into their C values, bf16 [rows][cols] (twin: dllm__q4_value); 8 elements (4 code bytes) a
+ * thread. */
 KERNEL_soloq_dequantize_rows {
     pdl_enter();
     const int row = blockIdx.y, g = (blockIdx.x * blockDim.x + threadIdx.x) * 8;

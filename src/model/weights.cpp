@@ -105,11 +105,13 @@ struct dllm_model {
     std::vector<dllm__layer_weights> layers;
     int64_t n_params = 0;
     // [quantised checkpoints] a directory written by dllm_model_quantize: the stored SoloQ linears (section 9b); the
-    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are null)
+    // BF16 tensors they replace are absent (their dllm__layer_weights pointers, and head if the head is stored, are
+    // null)
     std::shared_ptr<const dllm__soloq_store> soloq;
     bool random_weights = false;  // dllm_model_load_random: weights are generated on the GPU
     uint64_t random_seed = 0;
-    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format, shared by the rest
+    // [shared weights] the device copies (section 16.2): built by the first context on a device and weight format,
+    // shared by the rest
     mutable std::mutex gpu_weights_mutex;
     mutable std::vector<std::weak_ptr<dllm__gpu_weights>> gpu_weights;
 };

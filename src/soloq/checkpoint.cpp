@@ -108,7 +108,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (s.precision < 0)
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form)",
+            "%s: quantised checkpoint: dllm.precision \"%s\" is not a SoloQ precision (soloq-n, soloq-i, soloq-c, "
+            "rtn-w4a4 or a -w4a16 form)",
             file, v.c_str());
     bool head = false;
     DLLM__TRY(dllm__meta_flag(meta, file, "dllm.quantize_lm_head", head));
@@ -118,7 +119,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     if (v != dllm__q4_names[o.weights])
         return dllm__fail(
             DLLM_ERR_FORMAT,
-            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are %s)",
+            "%s: quantised checkpoint: dllm.weight_format \"%s\" does not match dllm.precision %s (whose weights are "
+            "%s)",
             file, v.c_str(), dllm__precision_name(s.precision), dllm__q4_names[o.weights]);
     DLLM__TRY(dllm__meta_get(meta, file, "dllm.rotation", v));
     int rot = -1;
@@ -156,7 +158,8 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
         src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings)
         return dllm__fail(
             DLLM_ERR_SHAPE,
-            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not the one "
+            "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not "
+            "the one "
             "config.json describes (%s, %d layers, d=%d, ff %d, vocab %d)",
             file, dllm__family_name(src.family), src.n_layer, src.n_embd, src.n_ff, src.n_vocab,
             dllm__family_name(cfg.family), cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_vocab);
@@ -204,7 +207,8 @@ static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_
             if (q.block_scales[i] >= 0x7F)
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is damaged",
+                    "%s: tensor %sblock_scales holds 0x%02x at %zu: not a UE4M3 scale (sign or NaN); the file is "
+                    "damaged",
                     bs->file->c_str(), prefix.c_str(), q.block_scales[i], i);
     }
     q.row_scale.resize((size_t)q.rows);
@@ -231,7 +235,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
         else if (mine != meta)
             return dllm__fail(
                 DLLM_ERR_FORMAT,
-                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one dllm-quantize run",
+                "%s and %s carry different dllm.* metadata: the shards of a quantised checkpoint must come from one "
+                "dllm-quantize run",
                 first->file->path.c_str(), f->file->path.c_str());
     }
     if (!first) return DLLM_OK;
@@ -240,7 +245,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
             if (dllm__soloq_tensor_name(kv.first))
                 return dllm__fail(
                     DLLM_ERR_FORMAT,
-                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised checkpoint "
+                    "%s: tensor %s looks quantised but the file's __metadata__ has no dllm.* keys (a quantised "
+                    "checkpoint "
                     "names how it was made; quantise it again with dllm-quantize)",
                     kv.second->file->c_str(), kv.first.c_str());
         return DLLM_OK;
@@ -286,7 +292,8 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
 
 /* A context's precision on model m: AUTO resolves to what a quantised checkpoint holds (else BF16); on a quantised
  * checkpoint only the recorded weight format's two precisions (W4A4 and -W4A16) are valid, with the recorded rotation
- * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made without it). */
+ * and bias correction (soloq_rotation or soloq_bias_correction asking for another is an error: the weights were made
+ * without it). */
 static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int rotation, int bias_correction,
                                            int &precision) {
     precision = asked;
@@ -300,7 +307,8 @@ static dllm_status dllm__resolve_precision(const dllm_model &m, int asked, int r
     if (!dllm__precision_is_soloq(precision) || base(precision) != base(s.precision))
         return dllm__fail(
             DLLM_ERR_INVALID_ARGUMENT,
-            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision %s or "
+            "%s holds %s weights (quantised by dllm-quantize as %s): --precision %s cannot run them; use --precision "
+            "%s or "
             "%s-w4a16 (or leave it out), or load the unquantised model",
             m.dir.c_str(), dllm__q4_names[s.opt.weights], dllm__precision_name(s.precision),
             dllm__precision_name(precision), dllm__precision_name(base(s.precision)),

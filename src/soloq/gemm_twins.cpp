@@ -41,7 +41,8 @@ static void dllm__q4_row_values(dllm__q4_format f, const uint8_t *packed, const 
     }
 }
 
-// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path) -----
+// ---- [INT8 GEMM] twin: y = ((float)sum_k C_x C_w * s_x) * s_w, the sum exact in int32 (GPU: gemm_q4's INT8 path)
+// -----
 
 /* The largest |C| a format's codes decode to, for the formats whose C values are integers (spec 9.2 path A: INT8
  * tensor cores); 0 for NVFP4, whose C values are not. */
@@ -81,8 +82,8 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
 // ---- [W4 GEMM] q4wg's layout twin: canonical rows into the packed layout q4wg_gemm reads (GPU: q4wg_prepack) ----
 
 /* Per 64-row tile and 128-wide k block, 4096 bytes [h 0..1][thread 0..127][16 bytes]: byte 4 j + b of a thread's 16
- * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) + b
- * (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
+ * holds, for k32 step s = 2 h + j / 2 and row 16 warp + lane / 4 + 8 (j % 2), the nibbles of k = 32 s + 4 (lane % 4) +
+ * b (low) and k + 16 (high): wgmma's 8-bit A fragment (register j % 2 and j % 2 + 2, byte b) after q4wg's widening. */
 [[maybe_unused]] static void dllm__q4wg_prepack(const uint8_t *rows, int n, int k, uint8_t *packed) {
     auto nibble = [&](int row, int kk) { return rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15; };
     const int kb_count = k / 128;

@@ -275,10 +275,10 @@ static dllm_status dllm__kvq_commit(dllm__pool &pool, dllm__kvq &q, dllm__bd_kv 
     return DLLM_OK;
 }
 
-/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the bf16
- * sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to n_keys,
- * each range cut at multiples of split_keys, so that no split mixes the two kinds (SoloQ's quantised values are in the
- * rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
+/* [KV quant] The key splits of the tensor-core attention (kvq_tc, on by default; device: kvq_split, kvq_n_splits): the
+ * bf16 sinks [0, min(n_sink, n_committed)), the quantised rows up to n_committed and the bf16 rows past them up to
+ * n_keys, each range cut at multiples of split_keys, so that no split mixes the two kinds
+ * (SoloQ's quantised values are in the rotated basis). Split s is keys [j0, j1) of one range; quant says which kind. */
 static void dllm__kvq_tc_ranges(int n_keys, int n_committed, int n_sink, int lo[3], int hi[3]) {
     const int qa = std::min(n_sink, n_committed);
     lo[0] = 0, hi[0] = qa, lo[1] = qa, hi[1] = n_committed, lo[2] = n_committed, hi[2] = n_keys;

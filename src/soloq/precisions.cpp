@@ -107,7 +107,8 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
         if (o.rotation == DLLM__ROT_HAAR && d > dllm__haar_max_d)
             return dllm__fail(
                 DLLM_ERR_UNSUPPORTED,
-                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this model has %d (use krpbh)",
+                "soloq_rotation haar (--soloq-rotation haar) builds dense rotations of at most %d dimensions; this "
+                "model has %d (use krpbh)",
                 dllm__haar_max_d, d);
     }
     return DLLM_OK;

@@ -77,10 +77,10 @@ static float dllm__nvfp4_s_enc(float amax) {
 
 // ---- the E8P lattice codebook (QuIP#'s E8P, spec 4.3) -----------------------------------------------------
 
-/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of norm^2 <= 10, in
- * lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings (five 3/2 and three
- * 1/2; listed by the positions of the 1/2s, the deduplicated list of latticee8_padded12_rvq4bit.py). The order is
- * dllm's own: no QuIP# file is ever read. */
+/* Abs pattern number `index` (0..255) of E8P: 8 bytes in half units (2|a_i| in {1, 3, 5}): first the 227 patterns of
+ * norm^2 <= 10, in lexicographic order of (coordinate 0, ..., 7) with 1 < 3 < 5, then QuIP#'s 29 norm-12 paddings
+ * (five 3/2 and three 1/2; listed by the positions of the 1/2s, the deduplicated list of
+ * latticee8_padded12_rvq4bit.py). The order is dllm's own: no QuIP# file is ever read. */
 static const uint8_t *dllm__e8p_abs(int index) {
     static const std::vector<uint8_t> table = [] {
         std::vector<uint8_t> t;

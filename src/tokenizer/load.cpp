@@ -160,7 +160,8 @@ static dllm_status dllm__tok_pretokenizer(dllm_tokenizer &t, const dllm__json *p
         !type_is(&seq->items[1], "ByteLevel"))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm implements)",
+            "%s: pre_tokenizer must be Sequence[Split(regex), ByteLevel] or ByteLevel (the byte-level BPE layouts dllm "
+            "implements)",
             what.c_str());
     const dllm__json &split = seq->items[0];
     const dllm__json *pattern = split.find("pattern"), *behavior = split.find("behavior");
@@ -265,7 +266,8 @@ static dllm_status dllm__tok_load_vocab_merges(dllm_tokenizer &t, const dllm__js
         std::none_of(known, known + 3, [&](const char *k) { return cls->str == k; }))
         return dllm__fail(
             DLLM_ERR_UNSUPPORTED,
-            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, DreamTokenizer)",
+            "%s: tokenizer_class %s%s%s is not supported with vocab.json + merges.txt (supported: Qwen2Tokenizer, "
+            "DreamTokenizer)",
             config_path.c_str(), cls && cls->kind == dllm__json::STR ? "\"" : "",
             cls && cls->kind == dllm__json::STR ? cls->str.c_str() : "(missing)",
             cls && cls->kind == dllm__json::STR ? "\"" : "");
@@ -333,7 +335,8 @@ static void dllm__tok_finish(dllm_tokenizer &t) {
     if (missing)
         dllm__log(
             DLLM_LOG_WARN,
-            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging Face",
+            "%s: %d of the 256 byte symbols are not in the vocabulary; text with those bytes loses them, as in Hugging "
+            "Face",
             t.dir.c_str(), missing);
     for (size_t i = 0; i < t.added.size(); i++) {
         const dllm__added_token &a = t.added[i];

@@ -9,7 +9,10 @@ static void fuzz_chat_init() {
     fuzz_tokenizers_init();
     for (const fuzz_tokenizer &f : fuzz_toks)
         if (dllm_tokenizer_chat_template(f.tok) != DLLM_CHAT_NONE) fuzz_chat_toks.push_back(&f);
-    if (fuzz_chat_toks.size() < 2) { fprintf(stderr, "dllm-fuzz: chat: expected tokenizers with both chat templates\n"); exit(1); }
+    if (fuzz_chat_toks.size() < 2) {
+        fprintf(stderr, "dllm-fuzz: chat: expected tokenizers with both chat templates\n");
+        exit(1);
+    }
 }
 
 static int fuzz_chat(const uint8_t *data, size_t n) {
@@ -42,10 +45,12 @@ static int fuzz_chat(const uint8_t *data, size_t n) {
     }
     FUZZ_CHECK(s == DLLM_ERR_BUFFER_TOO_SMALL && len > 1);
     std::string text(len, '\x7f');
-    FUZZ_CHECK(dllm_chat_render(f.tok, msgs.data(), (int)msgs.size(), add_assistant, &text[0], len, &len) == DLLM_OK && len == text.size());
+    FUZZ_CHECK(dllm_chat_render(f.tok, msgs.data(), (int)msgs.size(), add_assistant, &text[0], len, &len) == DLLM_OK &&
+               len == text.size());
     text.pop_back();
     const bool chatml = dllm_tokenizer_chat_template(f.tok) == DLLM_CHAT_CHATML;
-    for (const dllm_chat_message &m : msgs) FUZZ_CHECK(text.find(chatml ? std::string(m.content) : dllm__jinja_trim(m.content)) != std::string::npos);
+    for (const dllm_chat_message &m : msgs)
+        FUZZ_CHECK(text.find(chatml ? std::string(m.content) : dllm__jinja_trim(m.content)) != std::string::npos);
     std::vector<int32_t> ids = fuzz_tokenize(f.tok, text.data(), text.size(), 1);
     FUZZ_CHECK(!ids.empty());
     return 0;

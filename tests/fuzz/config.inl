@@ -15,9 +15,11 @@ static int fuzz_config(const uint8_t *data, size_t n) {
     // tokenizer files (dllm__find_block_tokens), so the config alone leaves it -1.
     FUZZ_CHECK(c.n_head % c.n_head_kv == 0 && c.head_dim > 0 && c.head_dim % 2 == 0 &&
                (c.head_dim * c.n_head == c.n_embd || c.family == DLLM_FAMILY_NEMOTRON_DIFFUSION));
-    FUZZ_CHECK(c.n_vocab >= c.vocab_size && c.vocab_size > 0 && c.mask_id < c.n_vocab && (c.mask_id >= 0 || c.family == DLLM_FAMILY_FAST_DLLM_V2));
+    FUZZ_CHECK(c.n_vocab >= c.vocab_size && c.vocab_size > 0 && c.mask_id < c.n_vocab &&
+               (c.mask_id >= 0 || c.family == DLLM_FAMILY_FAST_DLLM_V2));
     FUZZ_CHECK(std::isfinite(c.norm_eps) && c.rope_theta >= 1.0f);
-    if ((int64_t)c.n_layer * c.n_embd > ((int64_t)1 << 20)) return 0;  // the weight list of a huge model is slow, not interesting
+    if ((int64_t)c.n_layer * c.n_embd > ((int64_t)1 << 20))
+        return 0;  // the weight list of a huge model is slow, not interesting
     std::vector<dllm__wspec> w = dllm__expected_weights(c);
     FUZZ_CHECK(w.size() >= (size_t)c.n_layer * 9 + 2);
     for (const dllm__wspec &spec : w)

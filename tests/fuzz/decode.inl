@@ -14,13 +14,16 @@ static int fuzz_decode(const uint8_t *data, size_t n) {
     for (size_t i = 1; i + 4 <= n; i += 4) {
         uint32_t raw;
         memcpy(&raw, data + i, 4);
-        int32_t id = raw >> 31 ? (int32_t)raw : (int32_t)(raw % (uint32_t)(n_vocab + 2)) - 1;  // [-1, n_vocab], or very negative
+        int32_t id =
+            raw >> 31 ? (int32_t)raw : (int32_t)(raw % (uint32_t)(n_vocab + 2)) - 1;  // [-1, n_vocab], or very negative
         valid = valid && id >= 0 && id < n_vocab && f.tok->has_token[(size_t)id];
         ids.push_back(id);
     }
     if (!valid) {
         size_t len = 1;
-        FUZZ_CHECK(dllm_detokenize(f.tok, ids.data(), (int)ids.size(), skip, nullptr, 0, &len) == DLLM_ERR_INVALID_ARGUMENT && len == 0);
+        FUZZ_CHECK(dllm_detokenize(f.tok, ids.data(), (int)ids.size(), skip, nullptr, 0, &len) ==
+                       DLLM_ERR_INVALID_ARGUMENT &&
+                   len == 0);
         return 0;
     }
     std::string text = fuzz_detokenize(f.tok, ids, skip);

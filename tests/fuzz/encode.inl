@@ -16,7 +16,8 @@ static std::vector<fuzz_tokenizer> fuzz_toks;
 static dllm_tokenizer *fuzz_variant_tokenizer(const char *pre_tokenizer_json, bool ignore_merges) {
     dllm__json root, pre;
     std::string path = fuzz_root() + "/models/tiny-llada/tokenizer.json";
-    if (dllm__json_load(path, root) != DLLM_OK || dllm__json_parse(pre_tokenizer_json, strlen(pre_tokenizer_json), "variant", pre) != DLLM_OK) {
+    if (dllm__json_load(path, root) != DLLM_OK ||
+        dllm__json_parse(pre_tokenizer_json, strlen(pre_tokenizer_json), "variant", pre) != DLLM_OK) {
         fprintf(stderr, "dllm-fuzz: %s\n", dllm_last_error());
         exit(1);
     }
@@ -59,10 +60,15 @@ static void fuzz_tokenizers_init() {
     pattern.str = dllm__pretok_patterns[DLLM__PRETOK_LLAMA3].regex;
     std::string llama3;
     fuzz_json_write(pattern, llama3);
-    llama3 = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" + llama3 +
-             "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}";
-    fuzz_add_tokenizer("tiny-llada with Llama-3's pattern and ignore_merges", fuzz_variant_tokenizer(llama3.c_str(), true));
-    fuzz_add_tokenizer("tiny-llada with GPT-2's ByteLevel pattern", fuzz_variant_tokenizer("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}", false));
+    llama3 =
+        "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" + llama3 +
+        "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+        "\"use_regex\":false}]}";
+    fuzz_add_tokenizer("tiny-llada with Llama-3's pattern and ignore_merges",
+                       fuzz_variant_tokenizer(llama3.c_str(), true));
+    fuzz_add_tokenizer(
+        "tiny-llada with GPT-2's ByteLevel pattern",
+        fuzz_variant_tokenizer("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}", false));
 }
 
 static void fuzz_encode_init() { fuzz_tokenizers_init(); }
@@ -73,7 +79,8 @@ static std::vector<int32_t> fuzz_tokenize(const dllm_tokenizer *t, const char *t
     FUZZ_CHECK(needed >= 0 && (needed == 0 ? s == DLLM_OK : s == DLLM_ERR_BUFFER_TOO_SMALL));
     std::vector<int32_t> ids((size_t)needed + 1, -7);
     int got = -1;
-    FUZZ_CHECK(dllm_tokenize(t, text, n, special, ids.data(), needed, &got) == DLLM_OK && got == needed && ids[(size_t)needed] == -7);
+    FUZZ_CHECK(dllm_tokenize(t, text, n, special, ids.data(), needed, &got) == DLLM_OK && got == needed &&
+               ids[(size_t)needed] == -7);
     ids.resize((size_t)got);
     return ids;
 }
@@ -83,7 +90,8 @@ static std::string fuzz_detokenize(const dllm_tokenizer *t, const std::vector<in
     dllm_status s = dllm_detokenize(t, ids.data(), (int)ids.size(), skip_special, nullptr, 0, &len);
     FUZZ_CHECK(s == DLLM_ERR_BUFFER_TOO_SMALL && len >= 1);
     std::string text(len, '\x7f');
-    FUZZ_CHECK(dllm_detokenize(t, ids.data(), (int)ids.size(), skip_special, &text[0], len, &len) == DLLM_OK && len == text.size());
+    FUZZ_CHECK(dllm_detokenize(t, ids.data(), (int)ids.size(), skip_special, &text[0], len, &len) == DLLM_OK &&
+               len == text.size());
     FUZZ_CHECK(text.back() == '\0');
     text.pop_back();
     FUZZ_CHECK(fuzz_valid_utf8(text));

@@ -88,7 +88,8 @@ static std::string fuzz_root() {
 static dllm_tokenizer *fuzz_load_tokenizer(const std::string &dir) {
     dllm_tokenizer *t = nullptr;
     if (dllm_tokenizer_load(dir.c_str(), &t) != DLLM_OK) {
-        fprintf(stderr, "dllm-fuzz: cannot load the tokenizer in %s (run from the repository root): %s\n", dir.c_str(), dllm_last_error());
+        fprintf(stderr, "dllm-fuzz: cannot load the tokenizer in %s (run from the repository root): %s\n", dir.c_str(),
+                dllm_last_error());
         exit(1);
     }
     return t;
@@ -135,7 +136,9 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***argv) {
     for (const auto &h : fuzz_harnesses)
         if (!strcmp(h.name, target)) fuzz_run = h.run;
     if (!fuzz_run) {
-        fprintf(stderr, "dllm-fuzz: unknown harness \"%s\"; run it as build/fuzz/<harness> or set DLLM_FUZZ_TARGET to one of:", target);
+        fprintf(stderr,
+                "dllm-fuzz: unknown harness \"%s\"; run it as build/fuzz/<harness> or set DLLM_FUZZ_TARGET to one of:",
+                target);
         for (const auto &h : fuzz_harnesses) fprintf(stderr, " %s", h.name);
         fprintf(stderr, "\n");
         exit(2);

@@ -46,7 +46,8 @@ static bool fuzz_json_same(const dllm__json &a, const dllm__json &b) {
     switch (a.kind) {
         case dllm__json::BOOL: return a.boolean == b.boolean;
         case dllm__json::NUM:
-            return a.is_integer == b.is_integer && (a.is_integer ? a.integer == b.integer : memcmp(&a.number, &b.number, sizeof a.number) == 0);
+            return a.is_integer == b.is_integer &&
+                   (a.is_integer ? a.integer == b.integer : memcmp(&a.number, &b.number, sizeof a.number) == 0);
         case dllm__json::STR: return a.str == b.str;
         default: break;
     }

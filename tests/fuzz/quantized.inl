@@ -29,7 +29,8 @@ static int fuzz_quantized(const uint8_t *data, size_t n) {
     dllm_model *m = nullptr;
     dllm_status s = dllm_model_load(fuzz_dir.c_str(), mp, &m);
     if (s != DLLM_OK) {
-        FUZZ_CHECK(m == nullptr && (s == DLLM_ERR_FORMAT || s == DLLM_ERR_SHAPE || s == DLLM_ERR_UNSUPPORTED) && *dllm_last_error());
+        FUZZ_CHECK(m == nullptr && (s == DLLM_ERR_FORMAT || s == DLLM_ERR_SHAPE || s == DLLM_ERR_UNSUPPORTED) &&
+                   *dllm_last_error());
         return 0;
     }
     if (m->soloq) {
@@ -42,7 +43,8 @@ static int fuzz_quantized(const uint8_t *data, size_t n) {
                 const dllm__q4_rows &w = (l < 0 ? *q.head : *q.layers[(size_t)l]).lin[site].w;
                 int rows = 0, cols = 0;
                 dllm__soloq_site_shape(m->cfg, site, rows, cols);
-                FUZZ_CHECK(w.rows == rows && w.cols == cols && w.codes.size() == (size_t)rows * cols / 2 && w.row_scale.size() == (size_t)rows);
+                FUZZ_CHECK(w.rows == rows && w.cols == cols && w.codes.size() == (size_t)rows * cols / 2 &&
+                           w.row_scale.size() == (size_t)rows);
                 FUZZ_CHECK(w.block_scales.size() == (w.format == DLLM__Q4_NVFP4 ? (size_t)rows * w.blocks() : 0));
             }
     }

@@ -7,7 +7,8 @@ static void fuzz_st_index_init() {
     auto shard = [](const char *name, const std::vector<std::string> &tensors) {
         std::string header = "{";
         for (size_t i = 0; i < tensors.size(); i++)
-            header += dllm__format("%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%zu,%zu]}", i ? "," : "", tensors[i].c_str(), 8 * i, 8 * i + 8);
+            header += dllm__format("%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%zu,%zu]}",
+                                   i ? "," : "", tensors[i].c_str(), 8 * i, 8 * i + 8);
         header += "}";
         std::string bytes(8, '\0');
         for (int i = 0; i < 8; i++) bytes[(size_t)i] = (char)((header.size() >> (8 * i)) & 0xFF);

@@ -3,7 +3,8 @@
  * each "\n@@\n", through dllm_tokenizer_load. */
 
 static int fuzz_tokenizer_files(const uint8_t *data, size_t n) {
-    static const char *names[] = {"vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json", "chat_template.jinja"};
+    static const char *names[] = {"vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json",
+                                  "chat_template.jinja"};
     std::vector<std::string> parts = fuzz_split(data, n, 5);
     for (size_t i = 0; i < 5; i++) {
         if (i < parts.size()) fuzz_write(names[i], parts[i]);
@@ -19,7 +20,8 @@ static int fuzz_tokenizer_files(const uint8_t *data, size_t n) {
     dllm_chat_message msg = {"user", " Hi "};
     size_t len = 0;
     s = dllm_chat_render(t, &msg, 1, 1, nullptr, 0, &len);
-    FUZZ_CHECK(dllm_tokenizer_chat_template(t) == DLLM_CHAT_NONE ? s == DLLM_ERR_UNSUPPORTED : s == DLLM_ERR_BUFFER_TOO_SMALL && len > 1);
+    FUZZ_CHECK(dllm_tokenizer_chat_template(t) == DLLM_CHAT_NONE ? s == DLLM_ERR_UNSUPPORTED
+                                                                 : s == DLLM_ERR_BUFFER_TOO_SMALL && len > 1);
     dllm_tokenizer_free(t);
     return 0;
 }

@@ -2,7 +2,8 @@
  * tokenizer must encode and decode probe texts into ids it owns and valid UTF-8. */
 
 static void fuzz_probe_tokenizer(const dllm_tokenizer *t) {
-    static const char *probes[] = {"Hello world, it's 2024!\n", "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 \xFF",
+    static const char *probes[] = {"Hello world, it's 2024!\n",
+                                   "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 \xFF",
                                    "<|im_start|>user\n<|eot_id|>  <s></s>[MASK]", "   \t\r\n 'S 'll 123456"};
     const int n_vocab = dllm_tokenizer_n_vocab(t);
     FUZZ_CHECK(n_vocab > 0);
@@ -22,7 +23,8 @@ static int fuzz_tokenizer_json(const uint8_t *data, size_t n) {
     dllm_tokenizer *t = nullptr;
     dllm_status s = dllm_tokenizer_load(fuzz_dir.c_str(), &t);
     if (s != DLLM_OK) {
-        FUZZ_CHECK(t == nullptr && (s == DLLM_ERR_FORMAT || s == DLLM_ERR_UNSUPPORTED) && strstr(dllm_last_error(), "tokenizer.json"));
+        FUZZ_CHECK(t == nullptr && (s == DLLM_ERR_FORMAT || s == DLLM_ERR_UNSUPPORTED) &&
+                   strstr(dllm_last_error(), "tokenizer.json"));
         return 0;
     }
     fuzz_probe_tokenizer(t);
