@@ -648,8 +648,8 @@ TEST(gpu_batch, kv_cache_items_equal_batch_of_one_and_cpu) {
 
 /* [dual cache] [prefix cache] One answer per prompt: dllm_generate on the GPU gives an item the ids, step count and
  * canvas after every step that dllm_generate_batch gives it among others, bit for bit (random items as above, both
- * caches, in two orders). Its GEMMs and attention are the batched forward's on sm_90a (gemm_splitk for the steps); before
- * sm_90a the solo step keeps its tuned GEMMs and the test is skipped. */
+ * caches, in two orders). Its GEMMs and attention are the batched forward's on sm_90a (gemm_splitk for the steps);
+ * before sm_90a the solo step keeps its tuned GEMMs and the test is skipped. */
 static void test_generate_equals_batch(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed) {
     dllm_model *m = test_load(test_data(model_dir));
     dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
@@ -677,7 +677,8 @@ static void test_generate_equals_batch(dllm_test_state &T_, const char *model_di
                 CHECK_MSG(
                     r.status == c.status_alone && r.n_out == c.n_alone && c.out_batch == c.out_alone &&
                         r.stats.steps == c.stats_alone.steps && c.batch.canvases == c.alone.canvases,
-                    "%s round %d pass %d item %zu (%s cache): dllm_generate %s, %d ids, %d steps; the batch %s, %d ids, %d steps%s",
+                    "%s round %d pass %d item %zu (%s cache): dllm_generate %s, %d ids, %d steps; "
+                    "the batch %s, %d ids, %d steps%s",
                     model_dir, round, pass, i, c.params.kv_cache == DLLM_KV_CACHE_DUAL ? "dual" : "prefix",
                     dllm_status_str(c.status_alone), c.n_alone, c.stats_alone.steps, dllm_status_str(r.status), r.n_out,
                     r.stats.steps, c.out_batch == c.out_alone ? " (the ids agree, a canvas does not)" : "");

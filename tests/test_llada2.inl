@@ -685,7 +685,8 @@ TEST(llada2, backend_choice) {
 
 /* The GPU path's host part (gpu/moe.cpp), checked here without a GPU: the expert ranges are aligned so that every
  * expert's GEMM operands start on 256-byte boundaries (1 row at the real shapes, 16 at the GPU tests' tiny one), and
- * the slot order puts each expert's slots in its range token by token, every slot once, padding rows holding token 0. */
+ * the slot order puts each expert's slots in its range token by token, every slot once, padding rows holding token 0.
+ * */
 TEST(llada2, gpu_moe_slot_order) {
     dllm__config mini;
     mini.n_embd = 2048, mini.n_ff_expert = 512;

@@ -99,10 +99,10 @@ static dllm__config test_router_config(int E, int G, int used, int k, double sca
     return c;
 }
 
-/* moe_route on rows of random fp32 logits (some rows with exact ties: equal logits and biases, and equal groups) against
- * dllm__moe_route_token row by row: the same experts in the same order, the weights within fp32 rounding. A mismatch
- * is accepted only where the host's routing scores of the two experts differ by less than 1e-6 (expf's last bits on
- * the two sides), and reported. */
+/* moe_route on rows of random fp32 logits (some rows with exact ties: equal logits and biases, and equal groups)
+ * against dllm__moe_route_token row by row: the same experts in the same order, the weights within fp32 rounding. A
+ * mismatch is accepted only where the host's routing scores of the two experts differ by less than 1e-6 (expf's last
+ * bits on the two sides), and reported. */
 static void test_router_case(dllm_test_state &T_, test_moe_gpu &g, test_rng &r, int rows, const dllm__config &c) {
     const int E = c.n_expert, k = c.n_expert_used;
     std::vector<float> logits((size_t)rows * E), bias((size_t)E);
@@ -192,7 +192,8 @@ TEST(gpu_llada2, gather_and_combine_match_cpu_twins) {
         test_put(dx, xb), test_put(dr, rows), test_put(dy, yb), test_put(ds, slot_row), test_put(dsh, shb),
             test_put(dw, w);
         test_poison(dg, (size_t)R * d * 2), test_poison(dout, (size_t)T * d * 2);
-        CHECK_STATUS(g.gather.launch({dim3((unsigned)R), dim3(128)}, 0, dx.ptr, d, dr.ptr, R, dg.ptr), DLLM_OK, nullptr);
+        CHECK_STATUS(g.gather.launch({dim3((unsigned)R), dim3(128)}, 0, dx.ptr, d, dr.ptr, R, dg.ptr), DLLM_OK,
+                     nullptr);
         std::vector<uint16_t> got = test_get<uint16_t>(dg, (size_t)R * d);
         bool exact = true;
         for (int i = 0; i < R; i++)
@@ -311,7 +312,8 @@ TEST(gpu_llada2, forward_logits_match_cpu_backend) {
                 const dllm__layer_weights &L = pair.m->layers[(size_t)kv.first];
                 layers++;
                 for (int t = 0; t < n; t++) {
-                    const dllm__moe_route want = dllm__moe_route_token(c, &lg[(size_t)t * c.n_expert], L.expert_bias.data());
+                    const dllm__moe_route want =
+                        dllm__moe_route_token(c, &lg[(size_t)t * c.n_expert], L.expert_bias.data());
                     rows_all++;
                     rows_same += std::equal(want.expert.begin(), want.expert.end(),
                                             kv.second.begin() + (long)t * c.n_expert_used);
@@ -379,19 +381,22 @@ TEST(gpu_llada2, moe_layer_matches_cpu_and_rows_are_independent) {
                 while (cr.expert[(size_t)j] == e40[(size_t)t * k + j]) j++;
                 const int a = e40[(size_t)t * k + j], b = cr.expert[(size_t)j];
                 auto score = [&](int e) {
-                    return e < 0 ? -1e30 : 1.0 / (1.0 + exp(-(double)logits[(size_t)t * E + e])) + L.expert_bias[(size_t)e];
+                    return e < 0 ? -1e30
+                                 : 1.0 / (1.0 + exp(-(double)logits[(size_t)t * E + e])) + L.expert_bias[(size_t)e];
                 };
                 const double gap = fabs(score(a) - score(b));
-                printf("    shape %d layer %d row %d slot %d: GPU expert %d, CPU %d, routing gap %.3e, logit noise %.3e\n",
-                       real, l, t, j, a, b, gap, noise);
+                printf(
+                    "    shape %d layer %d row %d slot %d: GPU expert %d, CPU %d, routing gap %.3e, logit noise %.3e\n",
+                    real, l, t, j, a, b, gap, noise);
                 if (gap <= 2 * noise)  // sigmoid's slope is at most 1/4: a logit error moves a score by less
                     near++;
                 else
-                    CHECK_MSG(false, "shape %d layer %d row %d: routed apart from the CPU beyond the noise", real, l, t);
+                    CHECK_MSG(false, "shape %d layer %d row %d: routed apart from the CPU beyond the noise", real, l,
+                              t);
             }
             const double err = test_max_rel(got_alike, want_alike);
-            printf("    shape %d layer %d: MoE output error %.2e on the %d/40 rows routed alike, %d near-ties\n", real, l,
-                   err, same, near);
+            printf("    shape %d layer %d: MoE output error %.2e on the %d/40 rows routed alike, %d near-ties\n", real,
+                   l, err, same, near);
             CHECK_MSG(same > 0 && err < 3e-2, "shape %d layer %d: MoE output error %.3e", real, l, err);
         }
         pair.backend().set_moe_debug(nullptr, nullptr);
@@ -437,7 +442,9 @@ static bool test_llada2_near_tie(const test_llada2_pair &pair, const std::vector
         const double gap = (double)sorted[0] - sorted[1], pnoise = fabs(pa[(size_t)i] - pb[(size_t)i]);
         const bool tie = gap <= 2 * noise || fabs(pa[(size_t)i] - threshold) <= 2 * pnoise ||
                          (edit_threshold >= 0 && fabs(pa[(size_t)i] - edit_threshold) <= 2 * pnoise);
-        if (tie) printf("      row %d: top-2 gap %.3e (noise %.3e), p %.6f vs GPU %.6f\n", r0 + i, gap, noise, pa[(size_t)i], pb[(size_t)i]);
+        if (tie)
+            printf("      row %d: top-2 gap %.3e (noise %.3e), p %.6f vs GPU %.6f\n", r0 + i, gap, noise, pa[(size_t)i],
+                   pb[(size_t)i]);
         near |= tie;
     }
     for (int i = 0; i < B; i++)  // the ranking of the fallback commit
@@ -476,11 +483,11 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
         dllm_gen_params pa = p, pb = p;
         pa.on_step = test_llada2_steps::record, pa.on_step_data = &sa;
         pb.on_step = test_llada2_steps::record, pb.on_step_data = &sb;
-        CHECK_STATUS(dllm_generate(pair.cpu, prompt.data(), (int)prompt.size(), pa, out_a.data(), (int)out_a.size(), &na,
-                                   nullptr),
+        CHECK_STATUS(dllm_generate(pair.cpu, prompt.data(), (int)prompt.size(), pa, out_a.data(), (int)out_a.size(),
+                                   &na, nullptr),
                      DLLM_OK, nullptr);
-        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pb, out_b.data(), (int)out_b.size(), &nb,
-                                   nullptr),
+        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pb, out_b.data(), (int)out_b.size(),
+                                   &nb, nullptr),
                      DLLM_OK, nullptr);
         out_a.resize((size_t)na), out_b.resize((size_t)nb);
         compared++;
@@ -501,7 +508,8 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
                variant >= 2 ? "2.1" : "2.0", prompt.size(), step, block);
         const bool tie = test_llada2_near_tie(pair, before, block, B, p.threshold, p.edit_threshold);
         near += tie;
-        CHECK_MSG(tie, "variant %d: the GPU's tokens differ from the CPU's at step %zu, not at a near-tie", variant, step);
+        CHECK_MSG(tie, "variant %d: the GPU's tokens differ from the CPU's at step %zu, not at a near-tie", variant,
+                  step);
     }
     printf("    %d generations: %d identical, %d diverged at a reported near-tie\n", compared, equal, near);
 }
@@ -535,9 +543,11 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
         CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), b, out_off.data(), (int)out_off.size(),
                                    &n_off, nullptr),
                      DLLM_OK, nullptr);
-        printf("    variant %d: %zu and %zu steps; LaCache reused %lld of %lld layer-0 rows\n", variant, on.canvas.size(),
-               off.canvas.size(), (long long)stats.facache_rows_reused, (long long)stats.facache_rows);
-        CHECK_MSG(on.canvas == off.canvas && n_on == n_off && std::equal(out_on.begin(), out_on.begin() + n_on, out_off.begin()),
+        printf("    variant %d: %zu and %zu steps; LaCache reused %lld of %lld layer-0 rows\n", variant,
+               on.canvas.size(), off.canvas.size(), (long long)stats.facache_rows_reused,
+               (long long)stats.facache_rows);
+        CHECK_MSG(on.canvas == off.canvas && n_on == n_off &&
+                      std::equal(out_on.begin(), out_on.begin() + n_on, out_off.begin()),
                   "variant %d: LaCache on and off decode differently on the GPU", variant);
     }
 }

@@ -140,8 +140,8 @@ TEST(quant, context_creation_reports_progress) {
 
 /* The same on the GPU backend, which quantises on the device (FP8 blocks, SoloQ rows, q4wg's layout on sm_90a): once a
  * quantised layer (and the head when quantised), done counting up to total as on the CPU; FP8 only where this GPU has
- * an FP8 GEMM (elsewhere BF16 runs: nothing quantised); not at all for BF16, a quantised checkpoint, or a second context
- * that shares the first one's device weights. */
+ * an FP8 GEMM (elsewhere BF16 runs: nothing quantised); not at all for BF16, a quantised checkpoint, or a second
+ * context that shares the first one's device weights. */
 TEST(gpu_quant, context_creation_reports_progress) {
     NEED_GPU();
     dllm_model *m = test_load(test_data("tiny-llada"));
