@@ -17797,13 +17797,16 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
- * sequence, the logit rows, whether a K/V cache and block-causal masks take part. `baked` adds every launch argument
- * the host computes from the layout (all of it but the ids: the positions too, which [Llama-4 query scaling]'s
- * launches take) and the device buffers the launches point into. */
+ * sequence, the logit rows, whether a K/V cache and block-causal masks take part, the kind of each run of sequences
+ * (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph update would not carry over) and the
+ * most split-KV shares (the combine's launches). `baked` adds every launch argument the host computes from the layout
+ * (all of it but the ids: the positions too, which [Llama-4 query scaling]'s launches take) and the device buffers
+ * the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
-    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
-                           (int)!v.attn_masks.empty());
+    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
+                           (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
+    for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
@@ -21327,15 +21330,21 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs unquantised only so far, on either backend (the GPU's path: gpu/moe.cpp, BF16 weights; what it does
- * not take yet, it refuses at its init with the setting to change). */
-static dllm_status dllm__llada2_backend(const dllm_ctx &ctx) {
+/* LLaDA2 runs unquantised only so far. Its GPU path (gpu/moe.cpp, BF16 weights; what it does not take yet, it refuses
+ * at its init with the setting to change) runs when the GPU backend is asked for; AUTO keeps the CPU reference until
+ * that path's tests have run on a GPU. Sets gpu to false where the CPU backend is to run. */
+static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "precision (--precision) %s: LLaDA2 models run unquantised only so far "
                           "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
                           dllm__precision_name(ctx.params.precision));
+    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO) {
+        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path has not been validated on a GPU yet: this context runs on the CPU "
+                                 "backend (ask for the GPU backend, --backend gpu, to try it)");
+        gpu = false;
+    }
     return DLLM_OK;
 }
 
@@ -21348,7 +21357,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
-    DLLM__TRY(dllm__llada2_backend(ctx));
+    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {

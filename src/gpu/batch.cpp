@@ -130,13 +130,16 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
- * sequence, the logit rows, whether a K/V cache and block-causal masks take part. `baked` adds every launch argument
- * the host computes from the layout (all of it but the ids: the positions too, which [Llama-4 query scaling]'s
- * launches take) and the device buffers the launches point into. */
+ * sequence, the logit rows, whether a K/V cache and block-causal masks take part, the kind of each run of sequences
+ * (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph update would not carry over) and the
+ * most split-KV shares (the combine's launches). `baked` adds every launch argument the host computes from the layout
+ * (all of it but the ids: the positions too, which [Llama-4 query scaling]'s launches take) and the device buffers
+ * the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
-    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d", v.out0.size(), v.rows, v.max_rows, v.out_rows, (int)v.cached(),
-                           (int)!v.attn_masks.empty());
+    id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
+                           (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
+    for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
