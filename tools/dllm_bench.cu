@@ -6,8 +6,9 @@
  *   build/dllm-bench --attention-only      the attention kernel alone (compare tiles with DLLM_TILES fa_*)
  *   build/dllm-bench --rowwise-only        the memory-bound row-wise kernels alone (add + RMSNorm, RoPE, SwiGLU)
  *   build/dllm-bench --gemm-only           dllm's Hopper GEMM against cuBLASLt at the LLaDA-8B shapes of a W1 step, in
- *                                          bursts and sustained (power-capped); then its 256-, 128- and 64-wide tiles
- *                                          at M = 32, 128, 512 and 2048
+ *                                          bursts and sustained (power-capped); then its 256-, 128- and 64-wide tiles,
+ *                                          gemm_splitk and cuBLASLt at M = 32, 64, 128, 512 and 2048 (LLaDA-8B and
+ *                                          Fast-dLLM v2 7B shapes)
  *   build/dllm-bench --q4-gemm-only        q4wg (SoloQ-I on sm_90a) at the LLaDA-8B layer shapes, M = 32 to 1024, beside
  *                                          cuBLASLt BF16 and the copy rate; then the W4 GEMM q4_gemm in every SoloQ
  *                                          weight format against cuBLASLt BF16 at the
