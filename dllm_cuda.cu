@@ -11740,11 +11740,11 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
  * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
  * */
-__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
-    const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
-    const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
-    split = blockIdx.z % a.kv_splits;
-    if (a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
+template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
+    const int z = SPLITS ? blockIdx.z / a.kv_splits : blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    const int shares = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
+    split = SPLITS ? blockIdx.z % a.kv_splits : 0;
+    if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
     a.kv_splits = shares;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
@@ -11767,7 +11767,8 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
     int varlen_split = 0;
     if constexpr (VARLEN) {
-        if (!varlen_sequence(a, BR, varlen_split)) return;
+        // Above head dim 128 no register is left for a split index (dllm__attn_varlen_split_max_hd): no splits there.
+        if (!varlen_sequence<(HD <= 128)>(a, BR, varlen_split)) return;
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -11776,7 +11777,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
-              split = VARLEN ? varlen_split : blockIdx.z % a.kv_splits;
+              split = VARLEN ? (HD <= 128 ? varlen_split : 0) : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
@@ -13291,6 +13292,10 @@ static int dllm__attn_kv_splits(const dllm__arch &a, int q_rows, int seq, int he
     if (ctas >= n_sms) return 1;
     return std::max(1, std::min(tiles / 2, a.fa_kv_ctas_per_sm * n_sms / ctas));
 }
+
+/* The largest head dim whose varlen attention splits keys (above it the kernel has no register left for a split
+ * index); a solo forward under a K/V cache does not split above it either, so that both agree. */
+static const int dllm__attn_varlen_split_max_hd = 128;
 
 /* Bytes of split-KV partial state any dllm__attn_kv_splits choice on n_sms SMs can need. */
 static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
@@ -17126,7 +17131,8 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
     // Under a K/V cache each sequence (CFG's two among them) splits as it would alone (fit_buffers sizes the states).
     const int heads = solo_kv ? c.n_head : c.n_head * batch;
-    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
+    const bool split = may_split && (!solo_kv || hd <= dllm__attn_varlen_split_max_hd);
+    a.kv_splits = split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
     return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide && !solo_kv);
 }
@@ -17942,7 +17948,8 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     for (size_t e = 0; e < entries; e++) {
         const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e],
                   keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
-        const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
+        const bool may_split = rows > 0 && c.head_dim <= dllm__attn_varlen_split_max_hd;
+        const int shares = may_split ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
         out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
         if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
         most = std::max(most, shares);

@@ -41,8 +41,8 @@ TEST(batch, varlen_layout_concatenates_rows_positions_and_logit_rows) {
 }
 
 /* The varlen flash_attn compiles for every architecture of the table and head dims 64, 128 and 256, on the table's
- * tiles and the short runs' (dllm__attn_short_tiles), and, like the plain one, neither spills nor needs a stack
- * frame. */
+ * tiles and the short runs' (dllm__attn_short_tiles), with attn_combine's varlen instantiation, and, like the plain
+ * one, neither spills nor needs a stack frame. */
 TEST(jit, varlen_attention_compiles_for_every_arch) {
     for (const dllm__arch &row : dllm__arch_table)
         for (int hd : {64, 128, 256}) {
@@ -51,8 +51,9 @@ TEST(jit, varlen_attention_compiles_for_every_arch) {
             std::vector<char> cubin;
             std::vector<std::string> lowered;
             test_compile_clean(T_, rq, a.target, true, cubin, lowered);
-            CHECK(rq.kernels.size() == 2 && rq.kernels[1] == dllm__attn_varlen_name(hd, dllm__attn_short_tiles(a)) &&
-                  rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 2 && cubin.size() > 1000);
+            CHECK(rq.kernels.size() == 3 && rq.kernels[1] == dllm__attn_combine_name(hd, true) &&
+                  rq.kernels[2] == dllm__attn_varlen_name(hd, dllm__attn_short_tiles(a)) &&
+                  rq.kernels[0].find(",true>") != std::string::npos && lowered.size() == 3 && cubin.size() > 1000);
         }
 }
 

@@ -97,7 +97,8 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     for (size_t e = 0; e < entries; e++) {
         const int rows = v.attn_q_offsets[e + 1] - v.attn_q_offsets[e],
                   keys = v.attn_kv_offsets[e + 1] - v.attn_kv_offsets[e];
-        const int shares = rows > 0 ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
+        const bool may_split = rows > 0 && c.head_dim <= dllm__attn_varlen_split_max_hd;
+        const int shares = may_split ? dllm__attn_kv_splits(arch, rows, keys, c.n_head, n_sms) : 1;
         out[2 * e] = shares, out[2 * e + 1] = (int32_t)floats;
         if (shares > 1) floats += (size_t)c.n_head * shares * rows * (c.head_dim + 2);
         most = std::max(most, shares);

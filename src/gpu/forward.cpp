@@ -280,7 +280,8 @@ dllm_status dllm__gpu_backend::attention(int batch, int seq, int q_rows, const v
     a.fa_mode = fa_mode, a.fa_state = act_.fa_state.as<float>();
     // Under a K/V cache each sequence (CFG's two among them) splits as it would alone (fit_buffers sizes the states).
     const int heads = solo_kv ? c.n_head : c.n_head * batch;
-    a.kv_splits = may_split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
+    const bool split = may_split && (!solo_kv || hd <= dllm__attn_varlen_split_max_hd);
+    a.kv_splits = split ? dllm__attn_kv_splits(arch_, split_rows ? split_rows : q_rows, seq, heads, n_sms_) : 1;
     a.partial = act_.attn_partial.as<float>();
     return dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, batch, a, stream_, wide && !solo_kv);
 }

@@ -323,6 +323,10 @@ static int dllm__attn_kv_splits(const dllm__arch &a, int q_rows, int seq, int he
     return std::max(1, std::min(tiles / 2, a.fa_kv_ctas_per_sm * n_sms / ctas));
 }
 
+/* The largest head dim whose varlen attention splits keys (above it the kernel has no register left for a split
+ * index); a solo forward under a K/V cache does not split above it either, so that both agree. */
+static const int dllm__attn_varlen_split_max_hd = 128;
+
 /* Bytes of split-KV partial state any dllm__attn_kv_splits choice on n_sms SMs can need. */
 static size_t dllm__attn_partial_bound(const dllm__arch &a, int hd, int n_sms) {
     return (size_t)a.fa_kv_ctas_per_sm * n_sms * a.fa_br * (hd + 2) * 4;

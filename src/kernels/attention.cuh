@@ -312,11 +312,11 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
  * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
  * */
-__device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
-    const int z = blockIdx.z / a.kv_splits, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
-    const int shares = a.varlen_splits ? a.varlen_splits[2 * z] : 1;
-    split = blockIdx.z % a.kv_splits;
-    if (a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
+template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
+    const int z = SPLITS ? blockIdx.z / a.kv_splits : blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    const int shares = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
+    split = SPLITS ? blockIdx.z % a.kv_splits : 0;
+    if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
     a.kv_splits = shares;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
     int varlen_split = 0;
     if constexpr (VARLEN) {
-        if (!varlen_sequence(a, BR, varlen_split)) return;
+        // Above head dim 128 no register is left for a split index (dllm__attn_varlen_split_max_hd): no splits there.
+        if (!varlen_sequence<(HD <= 128)>(a, BR, varlen_split)) return;
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
     const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
-              split = VARLEN ? varlen_split : blockIdx.z % a.kv_splits;
+              split = VARLEN ? (HD <= 128 ? varlen_split : 0) : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
