@@ -14336,9 +14336,9 @@ __global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const 
 #line 16 "src/gpu/gemm_splitk.cpp"
 
 /* Its configurations: NT tokens a tile, NS ring slots (each a 16 KB weight box and NT x 128 bytes of tokens, about
- * 192 KB in all), SPREAD (see the kernel). SPREAD takes one tile of at most 128 tokens: at 128 its partials already
- * move as many bytes as the weights. The other mode's tiles are 128 tokens: a split's partial needs a second set of
- * accumulators. */
+ * 192 KB in all), SPREAD (see the kernel). SPREAD takes one tile of at most 128 tokens: at 128 its partials (written
+ * and read back) already move half the weights' bytes at K = 4096 in 4 splits. The other mode's tiles are 128 tokens:
+ * a split's partial needs a second set of accumulators. */
 struct dllm__splitk_config {
     int nt, ns;
     bool spread;
