@@ -16899,12 +16899,11 @@ dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     if (runs.size() == 1) return gemm_bf16_independent(op, runs[0].step);
     if (runs.back().r1 != op.M)
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched GEMM of %d rows over a layout of %d", op.M, runs.back().r1);
-    const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
-    for (const dllm__gemm_run &run : runs) {
+    for (const dllm__gemm_run &run : runs) {  // bf16 in and out
         dllm__gemm_op part = op;
         part.M = run.r1 - run.r0;
         part.X = (const char *)op.X + (size_t)run.r0 * op.K * 2;
-        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * out_bytes;
+        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * 2;
         DLLM__TRY(gemm_bf16_independent(part, run.step));
     }
     return DLLM_OK;
@@ -17677,9 +17676,10 @@ dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
 // Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
-// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count
-// and runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
-// E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
+// lengths and their order, a batch of one included. Without a K/V cache not the solo forward's bits: that one tunes
+// its GEMMs per row count and runs LaCache, the wgmma attention and the current block's tile order. Under FP8
+// (batch_fp8, on by default) an E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the
+// same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
@@ -17857,10 +17857,10 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
 // block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
 // the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
 // rows, at any block and of any step kind, go through the batched forward
-// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
-// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
-// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
-// the plan.
+// (forward_varlen: every GEMM over each run of sequences of one kind, DLLM__ROWS_BATCH); each sequence's queries attend
+// to its own slot only, through the varlen flash_attn, its keys split as its solo step splits them. So a sequence's
+// logits are bit-identical whatever else is in the batch, a batch of one and dllm_generate (on sm_90a, BF16) included.
+// A sequence that finishes is simply no longer in the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 

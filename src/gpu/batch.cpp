@@ -4,9 +4,10 @@
 // Each GEMM runs once over all sequences' rows (DLLM__ROWS_BATCH: the bits of a row never depend on the row count);
 // embedding, norms, RoPE (at each row's own position) and SwiGLU work row by row; attention is varlen, every sequence's
 // queries over its own keys only. So a sequence's logits are bit-identical whatever the batch's other sequences, their
-// lengths and their order, a batch of one included. Not the solo step's bits: that one tunes its GEMMs per row count
-// and runs LaCache, the wgmma attention and the current block's tile order. Under FP8 (batch_fp8, on by default) an
-// E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the same guarantee.
+// lengths and their order, a batch of one included. Without a K/V cache not the solo forward's bits: that one tunes
+// its GEMMs per row count and runs LaCache, the wgmma attention and the current block's tile order. Under FP8
+// (batch_fp8, on by default) an E4M3 GEMM runs its rows in row-independent launches instead (gemm_fp8_batch), with the
+// same guarantee.
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";

@@ -6,10 +6,10 @@
 // block's first step forwards every row of the canvas and fills the slot; its later steps forward the block (dual) or
 // the block and the rows after it (prefix) and write their fresh K|V over their slot rows. All sequences' forwarded
 // rows, at any block and of any step kind, go through the batched forward
-// (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH); each sequence's queries attend to its own slot
-// only, through the varlen flash_attn (no split-KV, one tile shape whatever the batch). So a sequence's logits are
-// bit-identical whatever else is in the batch, a batch of one included. A sequence that finishes is simply no longer in
-// the plan.
+// (forward_varlen: every GEMM over each run of sequences of one kind, DLLM__ROWS_BATCH); each sequence's queries attend
+// to its own slot only, through the varlen flash_attn, its keys split as its solo step splits them. So a sequence's
+// logits are bit-identical whatever else is in the batch, a batch of one and dllm_generate (on sm_90a, BF16) included.
+// A sequence that finishes is simply no longer in the plan.
 
 const char *dllm__gpu_backend::batch_kv_unsupported() const { return batch_unsupported(); }
 

@@ -48,12 +48,11 @@ dllm_status dllm__gpu_backend::gemm_bf16_batch(const dllm__gemm_op &op) {
     if (runs.size() == 1) return gemm_bf16_independent(op, runs[0].step);
     if (runs.back().r1 != op.M)
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched GEMM of %d rows over a layout of %d", op.M, runs.back().r1);
-    const size_t out_bytes = op.out_type == CUDA_R_32F ? 4 : 2;
-    for (const dllm__gemm_run &run : runs) {
+    for (const dllm__gemm_run &run : runs) {  // bf16 in and out
         dllm__gemm_op part = op;
         part.M = run.r1 - run.r0;
         part.X = (const char *)op.X + (size_t)run.r0 * op.K * 2;
-        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * out_bytes;
+        part.Y = (char *)op.Y + (size_t)run.r0 * op.N * 2;
         DLLM__TRY(gemm_bf16_independent(part, run.step));
     }
     return DLLM_OK;
