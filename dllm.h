@@ -672,9 +672,9 @@ typedef struct dllm_batch_result {
  * lock step, one forward over the rows of every active sequence per step (attention per sequence, each at its own
  * positions; items with a kv_cache in a second forward, each over its own K/V cache slots); a sequence that is done
  * leaves the batch. Block-diffusion items decode together too: one forward per round over every live sequence's
- * next forward, each over its own committed K/V cache. Decoded one after another instead, as dllm_generate would (an
- * INFO log says why), on the GPU backend only: block-diffusion items under kv_quant, and the kv_cache items (block
- * diffusion: every item) when the device cannot hold their K/V cache slots.
+ * next forward, each over its own committed K/V cache (under kv_quant its own codes). Decoded one after another
+ * instead, as dllm_generate would (an INFO log says why), on the GPU backend only: the kv_cache items (block diffusion:
+ * every item) when the device cannot hold their K/V cache slots.
  *
  * Failures: a bad item (its parameters, its buffer) fails alone, before decoding; an item whose step callback
  * returns nonzero stops alone with DLLM_ERR_CANCELLED and the canvas so far in its output, as dllm_generate's.
@@ -709,8 +709,8 @@ DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *i
  * A sequence joins the next dllm_stepper_step at its own first step (its prefill, with block diffusion), and gets what
  * dllm_generate_batch gives it: the same bits whatever joins or leaves around it, when, and in which order
  * (dllm_generate_batch is this loop). Every item dllm_generate_batch takes, with its rules: the kinds it decodes one
- * after another (LLaDA2; on the GPU block diffusion under kv_quant, and sequences whose K/V caches the device cannot
- * hold) decode whole inside one step each, after the batched forward, their one event their end.
+ * after another (LLaDA2, and sequences whose K/V caches the device cannot hold) decode whole inside one step each,
+ * after the batched forward, their one event their end; block diffusion under kv_quant batches, each slot its codes.
  * Memory: the K/V caches of sequences with a kv_cache and of block-diffusion sequences live in slots that a sequence
  * frees when it ends and the next one reuses (the smallest that fits, else one enlarged): a long run's memory stops at
  * what its largest concurrent sequences need, and dllm_stepper_free releases it. One stepper per context at a time

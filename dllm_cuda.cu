@@ -16020,6 +16020,25 @@ static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout 
     return runs;
 }
 
+/* [KV quant] Where one committed cache's codes are (kvq_layer_args): the solo generation's (kv_codes_, kvq_codes_solo)
+ * or a batched sequence's slot; fresh: the forward's own K|V rows [rows][2 kvd] past its committed ones. */
+struct dllm__kvq_codes {
+    void *k_codes, *v_codes, *k_pairs, *v_side, *sinks;
+    const void *fresh;
+    int capacity, group, sink_rows;
+};
+
+/* [KV quant] [batch] One sequence's committed cache in bd_forward_batch under kv_quant: what kvq_begin allocates for a
+ * generation alone (codes, pairs, V side, the sinks' bf16 rows, 9c's layout per layer, capacity rows), and its block
+ * cache [layer][block rows][2 kvd] bf16 (committed_.block_cache's twin). */
+struct dllm__gpu_kvq_slot {
+    dllm__dbuf k_codes, v_codes, k_pairs, v_side, sinks, block_cache;
+    int capacity = 0, group = 0, sink_rows = 0;
+    dllm__kvq_codes codes(const void *fresh) const {
+        return {k_codes.ptr, v_codes.ptr, k_pairs.ptr, v_side.ptr, sinks.ptr, fresh, capacity, group, sink_rows};
+    }
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -16044,6 +16063,12 @@ struct dllm__gpu_batch {
     dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
     int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
     std::vector<dllm__gemm_run> gemm_runs;  // the running batched forward's, for its BF16 GEMMs (gemm_bf16_batch)
+    // [KV quant] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp): each slot's codes (no bf16 rows in kv), one
+    // layer's forwarded K|V rows of every sequence [rows][2 kvd], and the running forward's sequences
+    std::vector<dllm__gpu_kvq_slot> kvq_slots;
+    dllm__dbuf kvq_fresh;
+    const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
 /* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
@@ -16261,6 +16286,15 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
     /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
     DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return batch_.rows_chosen; }
+    /* [batch] [block diffusion] bd_forward_batch calls since the context began, and (kv_quant) the device bytes of the
+     * slots' committed caches: their codes, pairs, V sides and sinks, and the bf16 slot rows (none under kv_quant). */
+    DLLM__TEST_HOOK int64_t bd_batch_forwards() const { return batch_.bd_forwards; }
+    DLLM__TEST_HOOK size_t bd_batch_committed_bytes() const {
+        size_t n = batch_.kv.bytes;
+        for (const dllm__gpu_kvq_slot &k : batch_.kvq_slots)
+            n += k.k_codes.bytes + k.v_codes.bytes + k.k_pairs.bytes + k.v_side.bytes + k.sinks.bytes;
+        return n;
+    }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
     DLLM__TEST_HOOK bool fp8_ffn_active() const { return weights_->fp8_ffn; }
     DLLM__TEST_HOOK bool fp8_attn_active() const { return weights_->fp8_attn; }
@@ -16510,12 +16544,26 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
     dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
     dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
+    dllm_status kvq_load();
+    dllm_status kvq_fit(dllm__dbuf &k_codes, dllm__dbuf &v_codes, dllm__dbuf &v_side, dllm__dbuf &sinks, int rows,
+                        int sink_rows);
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
-    kvq_args kvq_layer_args(size_t layer) const;
-    dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm__kvq_codes kvq_codes_solo() const {
+        return {kv_codes_.k_codes.ptr, kv_codes_.v_codes.ptr, kv_codes_.k_pairs.ptr, kv_codes_.v_side.ptr,
+                kv_codes_.sinks.ptr,   kv_codes_.fresh.ptr,   committed_.capacity,   kvq_.group,
+                kv_codes_.sink_rows};
+    }
+    kvq_args kvq_layer_args(const dllm__kvq_codes &at, size_t layer) const;
+    dllm_status kvq_commit(const dllm__kvq_codes &at, size_t layer, int row0, int T);
     dllm_status kvq_keep(size_t layer, int row0, int T);
-    dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
+    dllm_status kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int T, int n_keys,
+                              int n_committed, int mask_block, int pos0);
+    // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
+    dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
+    dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
+    std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
     bool bdfa_on(size_t layer) const;
     dllm_status bdfa_prepare(const dllm__bd_call &call);
@@ -17764,7 +17812,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
-    if (v.cached()) DLLM__TRY(upload_kv_layout(v));
+    if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -17813,6 +17861,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
+    if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
@@ -17829,6 +17878,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
 /* Self-attention of one layer over the layout's rows (held in act_.a, or under [SoloQ] from layer 1 on made in act_.q4a
  * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
 dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
+    if (batch_.kvq_seqs) return self_attention_varlen_kvq(layer, v);  // [KV quant] gpu/batch_kvq.cpp
     if (v.cached()) return self_attention_varlen_kv(layer, v);
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
@@ -17880,6 +17930,7 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, co
 
 void dllm__gpu_backend::bkv_release() {
     batch_.kv.release();
+    batch_.kvq_slots.clear(), batch_.kvq_fresh.release();  // [KV quant] the slots' codes
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 
@@ -18056,7 +18107,8 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
-// bd_facache_rows). On wherever the items allow it.
+// bd_facache_rows). Under kv_quant each slot holds its codes instead of bf16 rows and each sequence attends over its
+// own (gpu/batch_kvq.cpp). On wherever the items allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -18174,8 +18226,7 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
     if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
-    if (kvq_.enabled())
-        return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
+    if (kvq_.enabled() && model_.cfg.head_dim > 256) return "under kv_quant at head dims above 256";
     return nullptr;
 }
 
@@ -18187,7 +18238,8 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
-    const dllm_status s = bkv_alloc(rows, keep);
+    // [KV quant] each slot's codes, no bf16 rows (gpu/batch_kvq.cpp)
+    const dllm_status s = kvq_.enabled() ? kvq_batch_reserve(rows, keep) : bkv_alloc(rows, keep);
     if (s != DLLM_OK) {
         if (batch_.slot_rows.empty()) batch_.bd_slots.clear();  // none kept: the previous slots are gone
         return s;
@@ -18210,8 +18262,15 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
     dllm__varlen_layout v;
     DLLM__TRY(dllm__bd_batch_layout_of(seqs, batch_.slot_base, batch_.slot_rows, batch_.bd_slots, max_tokens_, v));
-    DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
+    if (kvq_.enabled()) {  // [KV quant] each sequence's attention over its own codes (self_attention_varlen_kvq)
+        DLLM__TRY(kvq_batch_prepare(seqs, v.rows));
+        batch_.kvq_seqs = &seqs;
+    }
+    const dllm_status s = bd_batch_choose(seqs, v, logits, choices);
+    batch_.kvq_seqs = nullptr;
+    DLLM__TRY(s);
     for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, batch_.bd_slots[(size_t)q.slot]);
+    batch_.bd_forwards++;
     return DLLM_OK;
 }
 
@@ -18781,7 +18840,8 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
     return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
-dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+/* [KV quant] The module and the rotations on the device, once a context (kvq_begin, kvq_batch_reserve). */
+dllm_status dllm__gpu_backend::kvq_load() {
     const dllm__config &c = model_.cfg;
     if (c.head_dim > 256)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d",
@@ -18795,16 +18855,29 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
         for (size_t l = 0; l < kvq_.rot.size(); l++)
             DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kv_codes_.rotations[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
+    return DLLM_OK;
+}
+
+/* A committed cache of `rows` rows (a generation's or a batch slot's): its codes fitted and zeroed (9c: rows below the
+ * sinks keep codes 0), its V side and its sinks' bf16 rows fitted. The key pairs wait for the first commit's group. */
+dllm_status dllm__gpu_backend::kvq_fit(dllm__dbuf &k_codes, dllm__dbuf &v_codes, dllm__dbuf &v_side, dllm__dbuf &sinks,
+                                       int rows, int sink_rows) {
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.k_codes.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.v_codes.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.sinks.fit((size_t)kvq_.n_layer * kv_codes_.sink_rows * 4 * kvq_.kvd,
-                                  "the K/V cache's full-precision sinks"));
+    DLLM__TRY(k_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(v_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(sinks.fit((size_t)kvq_.n_layer * sink_rows * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
+    DLLM__CUDA(cudaMemsetAsync(k_codes.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(v_codes.ptr, 0, codes, stream_));
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+    DLLM__TRY(kvq_load());
+    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
+    DLLM__TRY(
+        kvq_fit(kv_codes_.k_codes, kv_codes_.v_codes, kv_codes_.v_side, kv_codes_.sinks, rows, kv_codes_.sink_rows));
     if (kv_codes_.keep_rows) kv_codes_.kept.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
-    DLLM__CUDA(cudaMemsetAsync(kv_codes_.k_codes.ptr, 0, codes, stream_));
-    DLLM__CUDA(cudaMemsetAsync(kv_codes_.v_codes.ptr, 0, codes, stream_));
     kv_codes_.flash_on = false;
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
@@ -18828,43 +18901,44 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and
- * rotation. */
-kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
+/* The arguments of layer `layer`'s kernels over the cache `at`: its codes (9c's layout), sinks and forwarded rows,
+ * settings and rotation. */
+kvq_args dllm__gpu_backend::kvq_layer_args(const dllm__kvq_codes &at, size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
-    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * committed_.capacity * kvq_.row_bytes(),
-                 side = layer * committed_.capacity * kvq_.n_kv;
-    a.sinks = (const bf16_t *)kv_codes_.sinks.ptr + layer * kv_codes_.sink_rows * row_elems;
-    a.fresh = (const bf16_t *)kv_codes_.fresh.ptr;
-    a.k_codes = (unsigned char *)kv_codes_.k_codes.ptr + codes,
-    a.v_codes = (unsigned char *)kv_codes_.v_codes.ptr + codes;
-    a.k_pairs = kvq_.group ? (unsigned short *)kv_codes_.k_pairs.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
-    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kv_codes_.v_side.ptr + 2 * side;
-    a.v_scale = kvq_.soloq() ? (float *)kv_codes_.v_side.ptr + side : nullptr;
+    const int groups = at.group ? (at.capacity + at.group - 1) / at.group : 0;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * at.capacity * kvq_.row_bytes(),
+                 side = layer * at.capacity * kvq_.n_kv;
+    a.sinks = (const bf16_t *)at.sinks + layer * at.sink_rows * row_elems;
+    a.fresh = (const bf16_t *)at.fresh;
+    a.k_codes = (unsigned char *)at.k_codes + codes, a.v_codes = (unsigned char *)at.v_codes + codes;
+    a.k_pairs = at.group ? (unsigned short *)at.k_pairs + layer * groups * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)at.v_side + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)at.v_side + side : nullptr;
     if (kvq_.soloq()) {
         const dllm__rotation_dev &r = kv_codes_.rotations[layer];
         a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
         a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
     }
     a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink,
-    a.group = kvq_.group;
+    a.group = at.group;
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised
+/* Layer `layer`'s rows [row0, row0 + T) of the cache `at`, just forwarded into at.fresh, committed: quantised
  * (twin: dllm__kvq_commit's loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were
- * checked by bd_forward. */
-dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
-    kvq_args a = kvq_layer_args(layer);
+ * checked by bd_forward (a batch: kvq_batch_prepare). */
+dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t layer, int row0, int T) {
+    kvq_args a = kvq_layer_args(at, layer);
     a.row0 = row0, a.rows = T;
     const size_t row_bytes = (size_t)4 * kvq_.kvd;
-    const int sink_end = std::min(row0 + T, kv_codes_.sink_rows);
+    const int sink_end = std::min(row0 + T, at.sink_rows);
     if (row0 < sink_end)
         DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
-    const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
+    if (kv_codes_.keep_rows && at.k_codes == kv_codes_.k_codes.ptr)  // the solo cache's (tests)
+        DLLM__TRY(kvq_keep(layer, row0, T));
+    const unsigned key_threads = (unsigned)(T / at.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
@@ -18873,25 +18947,27 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     return DLLM_OK;
 }
 
-/* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
- * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
-dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
+/* T query rows (q, their outputs o; strides the forward's) attending block-causally to the cache `at`'s n_committed
+ * rows (quantised ones read from their codes) ++ at.fresh's rows, n_keys in all, the first query at sequence index
+ * pos0: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * a warp per (query row, head), where kvq_flash cannot run or is switched off. Every launch's shape follows these
+ * arguments only, so a batched sequence's attention is its own whatever else is in the batch. */
+dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
+                                             int T, int n_keys, int n_committed, int mask_block, int pos0) {
     const dllm__config &c = model_.cfg;
-    kvq_args a = kvq_layer_args(layer);
-    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    kvq_args a = kvq_layer_args(at, layer);
+    a.q = q, a.o = o;
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
+    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_,
-                                                      a);
-    for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    for (int r0 = 0; r0 < T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
-        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
+        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, T - r0);
         dllm__kvq_tc_plan p;
-        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, committed_.n,
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, n_committed,
                                         kvq_.n_sink, n_sms_, kv_codes_.flash.smem_optin, p));
         DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, chunk, p, kv_codes_.flash_partial.as<float>(),
                                       kv_codes_.flash_partial.bytes, stream_));
@@ -18899,6 +18975,159 @@ dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &
     return DLLM_OK;
 }
 #line 129 "src/dllm_cuda.cu"
+#line 1 "src/gpu/batch_kvq.cpp"
+/* src/gpu/batch_kvq.cpp - the batched block-diffusion forward under kv_quant (SoloQ's quantised K/V cache). */
+
+// ---- [batch] [block diffusion] [KV quant] bd_forward_batch over quantised caches ----------------------------------
+// Each sequence's committed cache is a slot of its own holding what kvq_begin holds for a generation alone: codes,
+// pairs, V side and the sinks' bf16 rows for the slot's rows (dllm__gpu_kvq_slot), and its block cache; no bf16
+// committed rows (batch_.kv stays empty). The forward is bd_forward_batch's: every GEMM once over all rows
+// (DLLM__ROWS_BATCH), embedding, norms, RoPE at each row's position row by row. Only the attention differs: one layer's
+// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then each sequence in
+// turn attends over ITS OWN cache with the launches bd_attention makes for it alone (kvq_attention over its codes ++
+// its fresh rows, or flash_attn over its fresh rows while it has nothing committed), each launch's shape a function of
+// that sequence's rows and keys only, and a COMMIT quantises its rows into its own codes (kvq_commit) right after its
+// attention. So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch of one
+// included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's header says why).
+
+/* The slots of rows[s] rows (what kvq_begin(rows[s]) allocates), each empty unless keep[s]; a free slot's buffers are
+ * reused, grown where a new sequence needs more. The module, the rotations, kvq_flash's split states and flash_attn's
+ * (a sequence with nothing committed) loaded and sized once. A failure leaves the kept slots as they were. */
+dllm_status dllm__gpu_backend::kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
+    const dllm__config &c = model_.cfg;
+    DLLM__TRY(kvq_load());
+    kv_codes_.flash_on = false;  // as kvq_begin: the switch read at each layout (one run keeps it)
+    if (dllm__env().kvq_tc) DLLM__TRY(kvq_tc_begin());
+    DLLM__TRY(committed_.partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    DLLM__TRY(load_kv_scatter());
+    batch_.kv.release();  // the bf16 slots of a previous layout without kv_quant: none here
+    std::vector<dllm__gpu_kvq_slot> &slots = batch_.kvq_slots;
+    const size_t had = batch_.slot_rows.size();
+    if (slots.size() < rows.size()) slots.resize(rows.size());
+    for (size_t s = 0; s < rows.size(); s++) {
+        if (s < keep.size() && keep[s]) continue;
+        dllm__gpu_kvq_slot &k = slots[s];
+        const int sink_rows = std::min(kvq_.n_sink, rows[s]);
+        k.capacity = k.group = k.sink_rows = 0;  // empty until it fits
+        const dllm_status st = kvq_fit(k.k_codes, k.v_codes, k.v_side, k.sinks, rows[s], sink_rows);
+        if (st != DLLM_OK) {
+            slots.resize(had);  // the previous layout's slots (a free one emptied), the live ones untouched
+            return st;
+        }
+        k.capacity = rows[s], k.sink_rows = sink_rows;
+    }
+    slots.resize(rows.size());
+    std::vector<int> base(rows.size(), 0);
+    for (size_t s = 1; s < rows.size(); s++) base[s] = base[s - 1] + rows[s - 1];
+    batch_.slot_base = base, batch_.slot_rows = rows, batch_.kv_rows = 0;
+    return DLLM_OK;
+}
+
+/* What a forward needs before its launches (none may be captured, [batch graphs]): each COMMIT's key groups as
+ * bd_prepare checks a generation's (the slot's group set, and its pairs sized, at its first commit), each BLOCK_FULL's
+ * block cache sized, and one layer's fresh rows of the whole forward. */
+dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows) {
+    const dllm__config &c = model_.cfg;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;  // K|V, bf16
+    if (batch_.kvq_slots.size() != batch_.bd_slots.size())
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion under kv_quant: %zu code slots for %zu slots",
+                          batch_.kvq_slots.size(), batch_.bd_slots.size());
+    for (const dllm__bd_seq &q : seqs) {
+        dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
+        const dllm__bd_call &call = q.call;
+        if (call.kind == DLLM__BD_BLOCK_FULL)
+            DLLM__TRY(k.block_cache.fit((size_t)kvq_.n_layer * call.T * row_bytes, "the block cache"));
+        if (call.kind != DLLM__BD_COMMIT) continue;
+        const int group = call.kv_group ? call.kv_group : c.bd_size;  // 9c's rule, as bd_prepare's
+        if (!k.group && group > 0) {
+            k.group = group;
+            const size_t groups = (size_t)(k.capacity + group - 1) / group;
+            DLLM__TRY(k.k_pairs.fit((size_t)kvq_.n_layer * groups * kvq_.kvd * 4, "the quantised K/V cache"));
+        }
+        if (group != k.group || group <= 0 || s.n % group || call.T % group)
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "kv_quant: slot %d's commit of rows [%d, %d) is not whole key groups of %d rows (the "
+                              "generation's block: %d)",
+                              q.slot, s.n, s.n + call.T, group, k.group);
+    }
+    return batch_.kvq_fresh.fit((size_t)rows * row_bytes, "the forwarded K/V rows beside the quantised caches");
+}
+
+/* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
+ * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh, then sequence by sequence bd_attention's attention
+ * over its own slot (a BLOCK_FULL's rows kept as its block cache, a SUB_BLOCK's written into it at its offset and
+ * read from there), and a COMMIT's rows quantised into its codes. */
+dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
+    const size_t row_bytes = (size_t)4 * kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    const dllm__gpu_layer &L = weights_->layers[layer];
+    DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    mark("gemm qkv");
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
+    mark("rope");
+    DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
+                                         act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
+                                         batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
+    mark("kv cache");
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const int row0 = v.offsets[i], pos0 = s.n + call.offset;
+        const bf16_t *q = act_.qkv.as<bf16_t>() + (size_t)row0 * qkv;
+        bf16_t *o = act_.att.as<bf16_t>() + (size_t)row0 * c.n_head * hd;
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)row0 * row_bytes, *keys = fresh;
+        int n_keys = s.n + call.T;
+        if (call.kind == DLLM__BD_BLOCK_FULL) {
+            char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
+            DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+        } else if (call.kind == DLLM__BD_SUB_BLOCK) {  // the overwrite persists (block-diffusion.md)
+            char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+            DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
+                                       cudaMemcpyDeviceToDevice, stream_));
+            keys = block, n_keys = s.n + s.block;
+        }
+        if (s.n > 0) {
+            DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
+        } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
+            attn_args a = {};
+            a.q = q, a.k = (const bf16_t *)keys, a.v = (const bf16_t *)keys + kvd, a.o = o;
+            a.seq = n_keys, a.q_rows = call.T;
+            a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+            a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
+            a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+            a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
+            a.partial = committed_.partial.as<float>();
+            a.mask_block = call.mask_block, a.q_index0 = pos0;
+            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+        }
+        if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
+    }
+    mark("attention");
+    return DLLM_OK;
+}
+
+/* [batch graphs] What a captured forward under kv_quant bakes in beyond the layout (varlen_graph_id): each sequence's
+ * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes) and its slot's buffers, the
+ * shared buffers, and whether kvq_flash runs. */
+std::string dllm__gpu_backend::kvq_batch_graph_key() const {
+    std::string key = dllm__format(" kvq f%d %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
+                                   kv_codes_.flash_partial.ptr, committed_.partial.ptr);
+    for (const dllm__bd_seq &q : *batch_.kvq_seqs) {
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];
+        key += dllm__format(" [%d k%d T%d o%d m%d n%d b%d g%d c%d %p %p %p %p %p %p]", q.slot, (int)q.call.kind,
+                            q.call.T, q.call.offset, q.call.mask_block, s.n, s.block, k.group, k.capacity,
+                            k.k_codes.ptr, k.v_codes.ptr, k.k_pairs.ptr, k.v_side.ptr, k.sinks.ptr, k.block_cache.ptr);
+    }
+    return key;
+}
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -19180,11 +19409,12 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
     else if (kvq_.enabled() && committed_.n > 0)
-        DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+        DLLM__TRY(kvq_attention(kvq_codes_solo(), layer, act_.qkv.as<bf16_t>(), act_.att.as<bf16_t>(), T, n_keys,
+                                committed_.n, call.mask_block, pos0));
     else
         DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
-    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, committed_.n, T));
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(kvq_codes_solo(), layer, committed_.n, T));
     return DLLM_OK;
 }
 
@@ -19309,7 +19539,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -19416,7 +19646,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -19864,7 +20094,7 @@ struct dllm__generation {
         return dllm__report_step(p, watch, info);
     }
 };
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -20195,7 +20425,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 133 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -20684,7 +20914,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
@@ -20849,7 +21079,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -20919,7 +21149,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     live.swap(still);
     return DLLM_OK;
 }
-#line 136 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"
 #line 1 "src/decode/stepper.cpp"
 /* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
  * dllm_generate_batch is its loop. */
@@ -21267,7 +21497,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
     return s;
 }
-#line 137 "src/dllm_cuda.cu"
+#line 138 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -21383,7 +21613,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 138 "src/dllm_cuda.cu"
+#line 139 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -21954,4 +22184,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 139 "src/dllm_cuda.cu"
+#line 140 "src/dllm_cuda.cu"

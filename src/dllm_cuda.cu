@@ -126,6 +126,7 @@ namespace {
 #include "gpu/batch_choice.cpp"
 #include "gpu/block_diffusion.cpp"
 #include "gpu/kv_quant.cpp"
+#include "gpu/batch_kvq.cpp"
 #include "gpu/bd_forward.cpp"
 #include "gpu/debug_hooks.cpp"
 #include "decode/generate.cpp"

@@ -198,18 +198,18 @@ TEST(bd_batch, items_equal_alone_nemotron) {
     if (f.ctx) test_bdi_model(T_, f.ctx, 0xbdb2, "tiny-nemotron-diffusion");
 }
 
-/* kv_quant: each slot has its own codes; the items equal alone under SoloQ's and KIVI's 2-bit caches. */
+/* kv_quant: each slot has its own codes; the items equal alone under SoloQ's 4- and 2-bit and KIVI's 2-bit caches, in
+ * as many forwards as the longest item (test_bdi_model: batched, not one after another). */
 TEST(bd_batch, items_equal_alone_under_kv_quant) {
     dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
     if (!m) { CHECK(m != nullptr); return; }
-    for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV2, DLLM_KV_QUANT_KIVI_KV2}) {
+    for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV4, DLLM_KV_QUANT_SOLOQ_KV2, DLLM_KV_QUANT_KIVI_KV2}) {
         dllm_ctx_params p = dllm_ctx_default_params();
         p.backend = DLLM_BACKEND_CPU, p.n_threads = 2, p.kv_quant = q;
         dllm_ctx *ctx = nullptr;
         CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
         if (ctx)
-            test_bdi_model(T_, ctx, 0xbdb3 + (uint64_t)q,
-                           q == DLLM_KV_QUANT_SOLOQ_KV2 ? "kv_quant soloq-kv2" : "kv_quant kivi-kv2");
+            test_bdi_model(T_, ctx, 0xbdb3 + (uint64_t)q, dllm__format("kv_quant %s", dllm__kvq_names[q]).c_str());
         dllm_ctx_free(ctx);
     }
     dllm_model_free(m);
@@ -501,5 +501,133 @@ TEST(gpu_bd_batch, items_equal_batch_of_one_and_cpu) {
     test_knob_reset();
     dllm_ctx_free(cpu);
     dllm_ctx_free(gpu);
+    dllm_model_free(m);
+}
+
+/* [KV quant] kv_quant items batch on the GPU (gpu/batch_kvq.cpp): under SoloQ's KV4 and KV2 caches the cases in one
+ * batch, and permuted, give exactly what each gives in a batch of one (ids, n_out, stats, every step callback and
+ * canvas); they really are batched: the batch runs as many forwards as its longest item, each one bd_forward_batch
+ * call, and no solo block-diffusion forward; and their ids equal dllm_generate's (the solo path over the same codes,
+ * other GEMMs) where no near-tie decides (most items), so the batched attention reads the right codes. */
+TEST(gpu_bd_batch, kv_quant_items_equal_batch_of_one) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV4, DLLM_KV_QUANT_SOLOQ_KV2}) {
+        dllm_ctx_params p = dllm_ctx_default_params();
+        p.backend = DLLM_BACKEND_GPU, p.kv_quant = q;
+        dllm_ctx *gpu = test_ctx_params(m, p);
+        CHECK(gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU);
+        if (!gpu || dllm_ctx_get_backend(gpu) != DLLM_BACKEND_GPU) { dllm_ctx_free(gpu); continue; }
+        const char *name = dllm__kvq_names[q];
+        dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
+        CHECK_MSG(gpu->impl->batch_caps().block_diffusion.empty(), "%s: %s", name,
+                  gpu->impl->batch_caps().block_diffusion.c_str());
+        std::vector<test_bdi_case> cs = test_bdi_cases(gpu, 0xbdc0 + (uint64_t)q);  // alone: dllm_generate
+        const std::vector<test_bdi_case> solo = cs;
+        for (test_bdi_case &c : cs) {  // "alone" := the item in a batch of one
+            c.alone = test_bdi_trace();
+            c.alone.cancel_after = c.cancel_after;
+            dllm_batch_item it = {c.prompt.data(), (int)c.prompt.size(), c.params, nullptr, c.out_capacity};
+            c.out_alone.assign((size_t)std::max(1, c.out_capacity), -7);
+            it.out = c.out_alone.data(), it.params.on_step = test_bdi_on_step, it.params.on_step_data = &c.alone;
+            dllm_batch_result r;
+            dllm_generate_batch(gpu, &it, 1, &r, nullptr);
+            c.status_alone = r.status, c.n_alone = r.n_out, c.stats_alone = r.stats;
+        }
+        std::vector<size_t> order(cs.size());
+        int max_forwards = 0;
+        for (size_t i = 0; i < cs.size(); i++)
+            order[i] = i, max_forwards = std::max(max_forwards, cs[i].stats_alone.forwards);
+        auto solo_forwards = [&] {
+            int64_t n = 0;
+            for (dllm__graph_action a :
+                 {DLLM__GRAPH_EAGER, DLLM__GRAPH_REPLAY, DLLM__GRAPH_UPDATE, DLLM__GRAPH_INSTANTIATE})
+                n += g->bd_graph_count(a);
+            return n;
+        };
+        const int64_t batched0 = g->bd_batch_forwards(), solo0 = solo_forwards();
+        const dllm_gen_stats bs = test_bdi_check_batch(T_, gpu, cs, order, dllm__format("GPU %s batch", name).c_str());
+        const int64_t batched = g->bd_batch_forwards() - batched0, solo_run = solo_forwards() - solo0;
+        printf("    GPU %s: %zu items, %d batched forwards (%lld bd_forward_batch calls, %lld solo forwards), the "
+               "longest item alone %d\n",
+               name, cs.size(), bs.forwards, (long long)batched, (long long)solo_run, max_forwards);
+        CHECK_MSG(bs.forwards == max_forwards && batched == bs.forwards && solo_run == 0,
+                  "%s: %d forwards (%lld batched calls, %lld solo), want %d batched calls and none solo", name,
+                  bs.forwards, (long long)batched, (long long)solo_run, max_forwards);
+        std::reverse(order.begin(), order.end());
+        std::rotate(order.begin(), order.begin() + 3, order.end());
+        test_bdi_check_batch(T_, gpu, cs, order, dllm__format("GPU %s permuted", name).c_str());
+        int good = 0, same = 0;
+        for (size_t i = 0; i < cs.size(); i++) {
+            if (solo[i].status_alone != DLLM_OK || i == 6) continue;  // the stop case's stop token is the solo run's
+            good++;
+            same += solo[i].n_alone == cs[i].n_alone && solo[i].out_alone == cs[i].out_alone;
+        }
+        printf("    GPU %s batch vs dllm_generate: %d of %d items the same ids\n", name, same, good);
+        CHECK_MSG(2 * same >= good, "%s batch vs dllm_generate: only %d of %d items the same ids", name, same, good);
+        dllm_ctx_free(gpu);
+    }
+    dllm_model_free(m);
+}
+
+/* [KV quant] A stepper's slots under kv_quant hold codes as a generation alone would (kvq_begin's buffers for the
+ * slot's rows: codes, V side, sinks, key pairs once committed), no bf16 committed rows; freed with the stepper. */
+TEST(gpu_bd_batch, kv_quant_slots_hold_codes_only) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    const dllm__config &c = m->cfg;
+    for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV4, DLLM_KV_QUANT_SOLOQ_KV2}) {
+        dllm_ctx_params p = dllm_ctx_default_params();
+        p.backend = DLLM_BACKEND_GPU, p.kv_quant = q;
+        dllm_ctx *gpu = test_ctx_params(m, p);
+        if (!gpu || dllm_ctx_get_backend(gpu) != DLLM_BACKEND_GPU) {
+            CHECK(gpu != nullptr);
+            dllm_ctx_free(gpu);
+            continue;
+        }
+        dllm__gpu_backend *g = (dllm__gpu_backend *)gpu->impl.get();
+        std::mt19937 rng(0xbdc7);
+        std::vector<std::vector<int32_t>> prompts, outs(3);
+        std::vector<dllm_batch_item> items(3);
+        dllm_stepper_params sp = dllm_stepper_default_params();
+        sp.max_sequences = 3;
+        dllm_stepper *st = nullptr;
+        CHECK_STATUS(dllm_stepper_create(gpu, sp, &st), DLLM_OK, nullptr);
+        for (int i = 0; st && i < 3; i++) {
+            prompts.push_back(test_bdi_prompt(rng, 20 + 25 * i));
+            items[i].prompt = prompts.back().data(), items[i].n_prompt = (int)prompts.back().size();
+            items[i].params = test_bdi_params(64, 32, 8, 0.5, 1, false, (uint64_t)i + 1);
+            outs[i].assign(128, -7);
+            items[i].out = outs[i].data(), items[i].out_capacity = 128;
+            CHECK_STATUS(dllm_stepper_add(st, &items[i], nullptr), DLLM_OK, nullptr);
+        }
+        if (st) {
+            CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);  // the prompts' commits
+            const int kvd = c.n_head_kv * c.head_dim, bits = dllm__kvq_bits(q), sinks = dllm__kvq_default_sinks(c);
+            size_t least = 0, most = 0, bf16 = 0;
+            for (const dllm__kv_slot &k : st->slots) {
+                const size_t r = (size_t)k.rows;
+                least += (size_t)c.n_layer * (2 * r * kvd * bits / 8 + r * c.n_head_kv * 4 +
+                                              std::min<size_t>(r, (size_t)sinks) * 4 * kvd);
+                most += (size_t)c.n_layer * ((r + 31) / 32) * kvd * 4;  // the key pairs: groups of the block, 32
+                bf16 += (size_t)c.n_layer * r * 4 * kvd;
+            }
+            most += least;
+            const size_t got = g->bd_batch_committed_bytes();
+            printf("    %s: %zu slots, %zu device bytes of committed caches (codes alone %zu, with key pairs %zu; "
+                   "bf16 would take %zu)\n",
+                   dllm__kvq_names[q], st->slots.size(), got, least, most, bf16);
+            CHECK_MSG(st->slots.size() == 3 && got >= least && got <= most && got < bf16,
+                      "%s: %zu bytes in %zu slots, want %zu to %zu", dllm__kvq_names[q], got, st->slots.size(), least,
+                      most);
+            while (dllm_stepper_n_active(st) > 0) CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+            dllm_stepper_free(st);
+            CHECK_MSG(g->bd_batch_committed_bytes() == 0, "%s: %zu bytes left after the stepper", dllm__kvq_names[q],
+                      g->bd_batch_committed_bytes());
+        }
+        dllm_ctx_free(gpu);
+    }
     dllm_model_free(m);
 }

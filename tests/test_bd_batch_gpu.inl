@@ -425,12 +425,13 @@ static bool test_bdb_same(const test_bdb_result &a, const test_bdb_result &b) {
  * tolerance of the CPU backend's bd_forward of the same calls; the device's choices (1) equal to dllm__choose over
  * those logits. */
 static void test_bdb_model(dllm_test_state &T_, const char *name, dllm_model *m, int B, int S,
-                           dllm_precision precision = DLLM_PRECISION_BF16, double tolerance = 3e-2) {
-    dllm_ctx *cpu = nullptr, *gpu = nullptr;  // [FP8]: the GPU's FP8 against the CPU's FP8 twin
-    if (precision == DLLM_PRECISION_BF16) cpu = test_ctx(m, DLLM_BACKEND_CPU), gpu = test_ctx(m, DLLM_BACKEND_GPU);
-    else
-        cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision),
-        gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision);
+                           dllm_precision precision = DLLM_PRECISION_BF16, double tolerance = 3e-2,
+                           dllm_kv_quant kv_quant = DLLM_KV_QUANT_NONE) {
+    dllm_ctx *cpu = nullptr, *gpu = nullptr;  // [FP8] [KV quant]: the GPU's against the CPU's twin
+    dllm_ctx_params cp = dllm_ctx_default_params();
+    cp.n_threads = 2, cp.precision = precision, cp.kv_quant = kv_quant;
+    cp.backend = DLLM_BACKEND_CPU, cpu = test_ctx_params(m, cp);
+    cp.backend = DLLM_BACKEND_GPU, gpu = test_ctx_params(m, cp);
     CHECK_MSG(cpu && gpu && dllm_ctx_get_backend(gpu) == DLLM_BACKEND_GPU, "%s: no GPU context", name);
     if (!cpu || !gpu || dllm_ctx_get_backend(gpu) != DLLM_BACKEND_GPU) {
         dllm_ctx_free(cpu);
@@ -517,6 +518,27 @@ TEST(gpu_bd_batch, fp8_mixed_batch_equals_batch_of_one_and_cpu) {
     CHECK(m != nullptr);
     if (m)
         test_bdb_model(T_, "tiny-fast-dllm-v2 FP8 all", m, 2 * m->cfg.bd_mask_block, 8, DLLM_PRECISION_FP8_ALL, 8e-2);
+    dllm_model_free(m);
+}
+
+/* [KV quant] The mixed batch with every slot's committed rows as codes (gpu/batch_kvq.cpp): each sequence's results
+ * bit-identical to its batch of one, its logits within gpu.kv_quant_forwards_match_cpu's bounds of the CPU's bd_forward
+ * under the same kv_quant (KV4 5e-2, KV2 1e-1), for SoloQ's and KIVI's caches; with kvq_flash (kvq_tc, the default)
+ * and with kvq_attention. */
+TEST(gpu_bd_batch, kv_quant_mixed_batch_equals_batch_of_one_and_cpu) {
+    NEED_GPU();
+    test_knob on("bd_batch", true);
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    CHECK(m != nullptr);
+    for (int tc = 1; m && tc >= 0; tc--) {
+        test_knob kvq_tc("kvq_tc", tc == 1);
+        for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV4, DLLM_KV_QUANT_SOLOQ_KV2, DLLM_KV_QUANT_KIVI_KV4}) {
+            const std::string name =
+                dllm__format("tiny-fast-dllm-v2 %s%s", dllm__kvq_names[q], tc ? "" : " (kvq_attention)");
+            test_bdb_model(T_, name.c_str(), m, 2 * m->cfg.bd_mask_block, 8, DLLM_PRECISION_BF16,
+                           dllm__kvq_bits(q) == 4 ? 5e-2 : 1e-1, q);
+        }
+    }
     dllm_model_free(m);
 }
 

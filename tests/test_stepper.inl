@@ -339,6 +339,7 @@ TEST(stepper, block_diffusion_sequences_joining_and_leaving_equal_alone) {
     test_stepper_bd_model(T_, "tiny-fast-dllm-v2", 0x5701);
     test_stepper_bd_model(T_, "tiny-nemotron-diffusion", 0x5702);
     test_stepper_bd_model(T_, "tiny-fast-dllm-v2", 0x5703, DLLM_KV_QUANT_SOLOQ_KV2);
+    test_stepper_bd_model(T_, "tiny-fast-dllm-v2", 0x5704, DLLM_KV_QUANT_SOLOQ_KV4);
 }
 
 /* LLaDA2 has no batched forward: its sequences decode whole, one a step, each exactly as dllm_generate; the event of

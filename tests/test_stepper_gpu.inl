@@ -82,6 +82,38 @@ TEST(gpu_stepper, block_diffusion_sequences_joining_and_leaving_equal_batch_of_o
     }
 }
 
+/* [KV quant] Block diffusion under SoloQ's KV4 and KV2 caches on the GPU: test_bdi_cases' items joining and leaving at
+ * random steps (each slot's codes taken, kept and reused: gpu/batch_kvq.cpp), each against its batch of one. */
+TEST(gpu_stepper, kv_quant_sequences_joining_and_leaving_equal_batch_of_one) {
+    NEED_GPU();
+    dllm_model *m = test_load(test_data("tiny-fast-dllm-v2"));
+    if (!m) { CHECK(m != nullptr); return; }
+    for (dllm_kv_quant q : {DLLM_KV_QUANT_SOLOQ_KV4, DLLM_KV_QUANT_SOLOQ_KV2}) {
+        dllm_ctx_params p = dllm_ctx_default_params();
+        p.backend = DLLM_BACKEND_GPU, p.kv_quant = q;
+        dllm_ctx *gpu = test_ctx_params(m, p);
+        if (!gpu) { CHECK(gpu != nullptr); continue; }
+        CHECK_MSG(gpu->impl->batch_caps().block_diffusion.empty(), "%s",
+                  gpu->impl->batch_caps().block_diffusion.c_str());
+        std::vector<test_stepper_case> cs;
+        for (const test_bdi_case &b : test_bdi_cases(gpu, 0x57b1 + (uint64_t)q)) {
+            test_stepper_case c;
+            c.what = b.what, c.prompt = b.prompt, c.params = b.params, c.out_capacity = b.out_capacity,
+            c.cancel_after = b.cancel_after;
+            test_stepper_run_alone(gpu, c, c.cancel_after, true);
+            cs.push_back(c);
+        }
+        std::mt19937 rng(0x57b2 + (uint32_t)q);
+        for (int max_sequences : {2, 4, 10}) {
+            const std::string label = dllm__format("GPU %s max %d", dllm__kvq_names[q], max_sequences);
+            test_stepper_drive(T_, gpu, cs, rng, max_sequences, label.c_str());
+            for (test_stepper_case &c : cs) test_stepper_check_case(T_, gpu, c, label.c_str(), true);
+        }
+        dllm_ctx_free(gpu);
+    }
+    dllm_model_free(m);
+}
+
 TEST(gpu_stepper, finished_sequences_memory_is_reused) {
     NEED_GPU();
     test_stepper_memory_on(T_, DLLM_BACKEND_GPU);

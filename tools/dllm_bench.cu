@@ -25,9 +25,10 @@
  *                                          under DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
- *   build/dllm-bench --long-context [--contexts 4096,16384,32768]    Fast-dLLM v2 7B shape, long prompts, gen 256, per K/V
- *                                          cache (BF16, SoloQ-KV4, -KV2): prefill, block step, tokens/s, device memory;
- *                                          the largest batch x context that fits in 80 GB
+ *   build/dllm-bench --long-context [--contexts 4096,16384,32768] [--long-batch 8]    Fast-dLLM v2 7B shape, long
+ *                                          prompts, gen 256, per K/V cache (BF16, SoloQ-KV4, -KV2): prefill, block step,
+ *                                          tokens/s, device memory at batch 1; batched at the largest batch that fits (at
+ *                                          most --long-batch); the largest batch x context that fits in 80 GB
  *   DLLM_TILES=fp8_gemm=mma build/dllm-bench     on sm_90: the FP8 rates and workloads on dllm's fp8_gemm (sm_89's GEMM)
  *
  * Prints the chip's ceilings (device copy, cuBLASLt BF16 GEMM at 8192^3; on sm_90 block-scaled FP8 GEMM at
@@ -1148,9 +1149,96 @@ static void bench_long_context_row(bench_result &r, dllm_ctx *ctx, const dllm_mo
     rows.push_back(row);
 }
 
-/* One cache at every context of --contexts, in one context (max_tokens: the model's limit) made for it. */
+static int bench_long_max_batch = 8;  // --long-batch: the most sequences of a batched row (the long-context target's batch)
+
+/* One batched row of --long-context, kept for the human table. */
+struct bench_long_batch {
+    const char *cache;
+    int context, batch;
+    double step_ms, tokens_per_s, e2e_s, after_gen_gb;
+};
+
+/* The batched row of one cache at one context, in the context the batch-1 row ran in: the largest batch, at most
+ * --long-batch, whose committed caches (bytes_per_token a row, dllm__bd_cache_rows' rows each) fit in the device's free
+ * memory now beside twice the most a batch-1 generation held beyond its cache; its sequences (distinct prompts, gen 256,
+ * block 32, threshold 0.9) join one dllm_stepper one a step, so that their prefills (each a forward of its whole
+ * prompt) share no forward, and decode to the end. Under kv_quant each slot holds its codes alone
+ * (gpu/batch_kvq.cpp). Keys longctx_<cache>_ctx<N>_batch: the batch, the median step with every sequence live (a
+ * forward of every sequence's block), the run's generated tokens per second from the first join, device memory after;
+ * and the batched forwards the run took (batched_forwards: one a step; items decoded alone would add theirs). */
+static void bench_long_batch_row(bench_result &r, dllm_ctx *ctx, const dllm_model *model, const char *cache,
+                                 double bytes_per_token, int context, double used0, const bench_long_fit &fit,
+                                 std::vector<bench_long_batch> &rows) {
+    const int gen = bench_long_gen, block = bench_long_block, n_prompt = bench_long_prompt(model, context);
+    const std::string key = dllm__format("longctx_%s_ctx%d_batch_", cache, context);
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    const double sequence_bytes = bytes_per_token * bench_long_cache_rows(n_prompt);
+    const int batch = (int)std::min((double)bench_long_max_batch,
+                                    std::floor(((double)free_bytes - 2 * fit.reserve_bytes) / sequence_bytes));
+    r.set(key + "size", batch);
+    if (batch < 2) {
+        fprintf(stderr, "dllm-bench: %s cache at %d tokens: no batch of 2 fits beside the rest (row skipped)\n", cache,
+                n_prompt);
+        return;
+    }
+    std::vector<std::vector<int32_t>> prompts((size_t)batch, std::vector<int32_t>((size_t)n_prompt)),
+        outs((size_t)batch, std::vector<int32_t>((size_t)(gen + block + 1)));
+    std::vector<dllm_batch_item> items((size_t)batch);
+    for (int b = 0; b < batch; b++) {
+        for (int i = 0; i < n_prompt; i++) prompts[(size_t)b][(size_t)i] = (i * 104729 + b * 7919) % 150000;
+        dllm_batch_item &it = items[(size_t)b];
+        it.prompt = prompts[(size_t)b].data(), it.n_prompt = n_prompt;
+        it.params = dllm_gen_default_params();
+        it.params.gen_length = gen, it.params.block_length = block, it.params.unmask = DLLM_UNMASK_THRESHOLD;
+        it.params.threshold = 0.9, it.params.stop_at_eos = 0;
+        it.out = outs[(size_t)b].data(), it.out_capacity = (int)outs[(size_t)b].size();
+    }
+    dllm_stepper_params sp = dllm_stepper_default_params();
+    sp.max_sequences = batch;
+    dllm_stepper *st = nullptr;
+    if (!bench_ok(dllm_stepper_create(ctx, sp, &st), "dllm_stepper_create")) return;
+    std::vector<int> ids((size_t)batch, -1);
+    std::vector<double> full_steps;
+    const double t0 = dllm__now_ms();
+    bool ok = true;
+    for (int added = 0; ok && (added < batch || dllm_stepper_n_active(st) > 0);) {
+        if (added < batch) {
+            ok = bench_ok(dllm_stepper_add(st, &items[(size_t)added], &ids[(size_t)added]), "dllm_stepper_add");
+            added++;
+        }
+        const double t = dllm__now_ms();
+        ok = ok && bench_ok(dllm_stepper_step(st), dllm__format("a step of %d sequences", dllm_stepper_n_active(st)));
+        if (added == batch && dllm_stepper_n_active(st) == batch) full_steps.push_back(dllm__now_ms() - t);
+    }
+    const double wall_s = (dllm__now_ms() - t0) / 1000;
+    int64_t generated = 0;
+    for (int b = 0; ok && b < batch; b++) {
+        dllm_seq_event ev;
+        ok = bench_ok(dllm_stepper_poll(st, ids[(size_t)b], &ev), "dllm_stepper_poll") &&
+             bench_ok(ev.result.status, dllm__format("sequence %d of the batch", b));
+        generated += ev.result.stats.n_generated;
+    }
+    const double after_gen = bench_used_bytes() - used0;
+    const int forwards = st->counts.forwards;  // white-box: the stepper's batched forwards
+    dllm_stepper_free(st);
+    if (!ok) return;
+    std::sort(full_steps.begin(), full_steps.end());
+    bench_long_batch row = {cache, context, batch, full_steps.empty() ? NAN : full_steps[full_steps.size() / 2],
+                            generated / wall_s, wall_s, after_gen / 1e9};
+    r.set(key + "step_ms", row.step_ms);
+    r.set(key + "tokens_per_s", row.tokens_per_s);
+    r.set(key + "e2e_s", wall_s);
+    r.set(key + "batched_forwards", forwards);
+    r.set(key + "mem_after_gen_gb", row.after_gen_gb);
+    rows.push_back(row);
+}
+
+/* One cache at every context of --contexts, in one context (max_tokens: the model's limit) made for it: batch 1, then
+ * the largest batch that fits (bench_long_batch_row). */
 static void bench_long_context_cache(bench_result &r, dllm_model *model, const char *cache, dllm_kv_quant kv_quant,
-                                     bench_long_fit &fit, std::vector<bench_long_row> &rows) {
+                                     bench_long_fit &fit, std::vector<bench_long_row> &rows,
+                                     std::vector<bench_long_batch> &batches) {
     double bytes_per_token = 0;
     if (!bench_ok(dllm_kv_bytes_per_token(model, kv_quant, bench_long_block, &bytes_per_token), "dllm_kv_bytes_per_token")) return;
     r.set(dllm__format("longctx_%s_kv_bytes_per_token", cache), bytes_per_token);
@@ -1162,8 +1250,11 @@ static void bench_long_context_cache(bench_result &r, dllm_model *model, const c
     const double ctx_bytes = bench_used_bytes() - used0;
     if (kv_quant == DLLM_KV_QUANT_NONE) fit.weights_bytes[0] = ctx_bytes;
     r.set(dllm__format("longctx_%s_ctx_mem_gb", cache), ctx_bytes / 1e9);
-    for (int context : bench_contexts)
+    for (int context : bench_contexts) {
         bench_long_context_row(r, ctx, model, cache, bytes_per_token, context, used0, ctx_bytes, fit, rows);
+        if (bench_long_max_batch > 1)
+            bench_long_batch_row(r, ctx, model, cache, bytes_per_token, context, used0, fit, batches);
+    }
     dllm_ctx_free(ctx);
 }
 
@@ -1180,8 +1271,8 @@ static double bench_soloq_n_weights_bytes(dllm_model *model) {
 }
 
 /* The largest batch of each context (and the longest context at batch 1) whose committed caches fit in 80 GB (80e9
- * bytes, a little under an H100's 85.5e9) beside the weights and the largest reserve a generation held. Computed, not
- * run: batches of kv_quant items decode one after another today. */
+ * bytes, a little under an H100's 85.5e9) beside the weights and the largest reserve a generation held. Computed from
+ * the measured bytes (bench_long_batch_row runs batches up to --long-batch). */
 static void bench_long_fit_table(bench_result &r, const dllm_model *model, const bench_long_fit &fit) {
     const char *weights[2] = {"bf16", "soloq_n"};
     r.set("longctx_fit80gb_reserve_gb", fit.reserve_bytes / 1e9);
@@ -1220,11 +1311,17 @@ static void bench_long_context(bench_result &r) {
     dllm_model *model = bench_fast_dllm_v2_model();
     bench_long_fit fit;
     std::vector<bench_long_row> rows;
-    for (auto &cache : bench_long_caches) bench_long_context_cache(r, model, cache.first, cache.second, fit, rows);
+    std::vector<bench_long_batch> batches;
+    for (auto &cache : bench_long_caches)
+        bench_long_context_cache(r, model, cache.first, cache.second, fit, rows, batches);
     printf("\n| cache | context | prompt | prefill ms | block step ms | tokens/s | context GB | after gen GB |\n");
     for (const bench_long_row &x : rows)
         printf("| %s | %d | %d | %.1f | %.3f | %.1f | %.2f | %.2f |\n", x.cache, x.context, x.n_prompt, x.prefill_ms,
                x.step_ms, x.tokens_per_s, x.ctx_gb, x.after_gen_gb);
+    if (!batches.empty()) printf("\n| cache | context | batch | step ms (all live) | tokens/s | e2e s | after gen GB |\n");
+    for (const bench_long_batch &x : batches)
+        printf("| %s | %d | %d | %.3f | %.1f | %.1f | %.2f |\n", x.cache, x.context, x.batch, x.step_ms,
+               x.tokens_per_s, x.e2e_s, x.after_gen_gb);
     fit.weights_bytes[1] = bench_soloq_n_weights_bytes(model);
     bench_long_fit_table(r, model, fit);
     dllm_model_free(model);
@@ -1451,10 +1548,12 @@ static const char *bench_usage =
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
     "  --kv-attention-only  --bd-only's first rows alone: a layer's attention over a 32k-token cache, BF16 against KV4\n"
     "                     (kvq_attention and kvq_flash, with its plan variants); short enough to run under ncu\n"
-    "  --long-context     block diffusion at the Fast-dLLM v2 7B shape with long prompts, gen 256, block 32, batch 1\n"
-    "                     (dllm_generate_batch decodes kv_quant items one after another yet): per K/V cache (bf16, soloq-kv4,\n"
-    "                     soloq-kv2) and prompt, the prefill, the block step, tokens/s and device memory (keys longctx_*); then\n"
-    "                     the largest batch x context whose caches fit in 80 GB beside BF16 or SoloQ-N weights (longctx_fit80gb_*)\n"
+    "  --long-context     block diffusion at the Fast-dLLM v2 7B shape with long prompts, gen 256, block 32: per K/V cache\n"
+    "                     (bf16, soloq-kv4, soloq-kv2) and prompt, at batch 1 the prefill, the block step, tokens/s and device\n"
+    "                     memory (keys longctx_*); then batched (a dllm_stepper, one join a step) at the largest batch that fits\n"
+    "                     the free memory, at most --long-batch: step, tokens/s, memory (keys longctx_*_batch_*); then the\n"
+    "                     largest batch x context whose caches fit in 80 GB beside BF16 or SoloQ-N weights (longctx_fit80gb_*)\n"
+    "  --long-batch N     --long-context's batched rows take at most N sequences (default 8; 1: none)\n"
     "  --contexts LIST    --long-context's prompt lengths (comma-separated; by default 4096,16384,32768; a prompt is cut to\n"
     "                     the model's 32768 positions less the generation, in whole blocks: 32480)\n"
     "  --precision NAME   --quick or --batch-w1 in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
@@ -1490,7 +1589,7 @@ static bool bench_parse_list(const char *flag, const char *what, const char *tex
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr;
+    const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr, *long_batch = nullptr;
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
          bd_only = false, kv_attention_only = false, long_context = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
@@ -1499,7 +1598,8 @@ int main(int argc, char **argv) {
                                                       {"--kv-attention-only", &kv_attention_only}, {"--long-context", &long_context}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
-                                                                 {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts}};
+                                                                 {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts},
+                                                                 {"--long-batch", &long_batch}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1524,6 +1624,11 @@ int main(int argc, char **argv) {
     }
     if (batch_sizes && !bench_parse_list("--batch-sizes", "batch sizes", batch_sizes, 4096, bench_batch_sizes)) return 2;
     if (contexts && !bench_parse_list("--contexts", "prompt lengths", contexts, 1 << 20, bench_contexts)) return 2;
+    if (long_batch) {
+        std::vector<int> n;
+        if (!bench_parse_list("--long-batch", "batch sizes", long_batch, 4096, n) || n.size() != 1) return 2;
+        bench_long_max_batch = n[0];
+    }
     bench_result r;
     cudaStream_t s0;
     cudaStreamCreate(&s0);

@@ -80,6 +80,25 @@ static std::vector<dllm__gemm_run> dllm__gemm_runs_of(const dllm__varlen_layout 
     return runs;
 }
 
+/* [KV quant] Where one committed cache's codes are (kvq_layer_args): the solo generation's (kv_codes_, kvq_codes_solo)
+ * or a batched sequence's slot; fresh: the forward's own K|V rows [rows][2 kvd] past its committed ones. */
+struct dllm__kvq_codes {
+    void *k_codes, *v_codes, *k_pairs, *v_side, *sinks;
+    const void *fresh;
+    int capacity, group, sink_rows;
+};
+
+/* [KV quant] [batch] One sequence's committed cache in bd_forward_batch under kv_quant: what kvq_begin allocates for a
+ * generation alone (codes, pairs, V side, the sinks' bf16 rows, 9c's layout per layer, capacity rows), and its block
+ * cache [layer][block rows][2 kvd] bf16 (committed_.block_cache's twin). */
+struct dllm__gpu_kvq_slot {
+    dllm__dbuf k_codes, v_codes, k_pairs, v_side, sinks, block_cache;
+    int capacity = 0, group = 0, sink_rows = 0;
+    dllm__kvq_codes codes(const void *fresh) const {
+        return {k_codes.ptr, v_codes.ptr, k_pairs.ptr, v_side.ptr, sinks.ptr, fresh, capacity, group, sink_rows};
+    }
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -104,6 +123,12 @@ struct dllm__gpu_batch {
     dllm__dbuf choice_state, choice_x0, choice_conf, choice_deferred;
     int64_t rows_chosen = 0;  // rows chosen on the device by batch_choose since the context began (tests)
     std::vector<dllm__gemm_run> gemm_runs;  // the running batched forward's, for its BF16 GEMMs (gemm_bf16_batch)
+    // [KV quant] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp): each slot's codes (no bf16 rows in kv), one
+    // layer's forwarded K|V rows of every sequence [rows][2 kvd], and the running forward's sequences
+    std::vector<dllm__gpu_kvq_slot> kvq_slots;
+    dllm__dbuf kvq_fresh;
+    const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
 /* [block diffusion] (16.4.3) Per layer, the committed rows [0, n) then the rows a forward attends to beyond them (its
@@ -321,6 +346,15 @@ class dllm__gpu_backend : public dllm__backend_impl {
     DLLM__TEST_HOOK cudaStream_t stream() const { return stream_; }
     /* [batch] Rows whose tokens batch_choose chose on the device, since the context began. */
     DLLM__TEST_HOOK int64_t batch_rows_chosen() const { return batch_.rows_chosen; }
+    /* [batch] [block diffusion] bd_forward_batch calls since the context began, and (kv_quant) the device bytes of the
+     * slots' committed caches: their codes, pairs, V sides and sinks, and the bf16 slot rows (none under kv_quant). */
+    DLLM__TEST_HOOK int64_t bd_batch_forwards() const { return batch_.bd_forwards; }
+    DLLM__TEST_HOOK size_t bd_batch_committed_bytes() const {
+        size_t n = batch_.kv.bytes;
+        for (const dllm__gpu_kvq_slot &k : batch_.kvq_slots)
+            n += k.k_codes.bytes + k.v_codes.bytes + k.k_pairs.bytes + k.v_side.bytes + k.sinks.bytes;
+        return n;
+    }
     /* Whether layers >= 1 run their FFN / attention projections in FP8 (requested and supported here). */
     DLLM__TEST_HOOK bool fp8_ffn_active() const { return weights_->fp8_ffn; }
     DLLM__TEST_HOOK bool fp8_attn_active() const { return weights_->fp8_attn; }
@@ -570,12 +604,26 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__gpu_committed committed_;  // [block diffusion] the committed K/V rows and the block cache
     dllm__kvq kvq_;                  // [KV quant] the settings and the host rotations (its vectors empty)
     dllm__gpu_kv_codes kv_codes_;    // [KV quant] the committed rows as codes, on the device
+    dllm_status kvq_load();
+    dllm_status kvq_fit(dllm__dbuf &k_codes, dllm__dbuf &v_codes, dllm__dbuf &v_side, dllm__dbuf &sinks, int rows,
+                        int sink_rows);
     dllm_status kvq_begin(int rows);
     dllm_status kvq_tc_begin();
-    kvq_args kvq_layer_args(size_t layer) const;
-    dllm_status kvq_commit(size_t layer, int row0, int T);
+    dllm__kvq_codes kvq_codes_solo() const {
+        return {kv_codes_.k_codes.ptr, kv_codes_.v_codes.ptr, kv_codes_.k_pairs.ptr, kv_codes_.v_side.ptr,
+                kv_codes_.sinks.ptr,   kv_codes_.fresh.ptr,   committed_.capacity,   kvq_.group,
+                kv_codes_.sink_rows};
+    }
+    kvq_args kvq_layer_args(const dllm__kvq_codes &at, size_t layer) const;
+    dllm_status kvq_commit(const dllm__kvq_codes &at, size_t layer, int row0, int T);
     dllm_status kvq_keep(size_t layer, int row0, int T);
-    dllm_status kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0);
+    dllm_status kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int T, int n_keys,
+                              int n_committed, int mask_block, int pos0);
+    // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
+    dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
+    dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
+    std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
     bool bdfa_on(size_t layer) const;
     dllm_status bdfa_prepare(const dllm__bd_call &call);

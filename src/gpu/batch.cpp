@@ -92,7 +92,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
-    if (v.cached()) DLLM__TRY(upload_kv_layout(v));
+    if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -141,6 +141,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
+    if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
@@ -157,6 +158,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
 /* Self-attention of one layer over the layout's rows (held in act_.a, or under [SoloQ] from layer 1 on made in act_.q4a
  * by the fused producer): the fused QKV GEMM, bias + RoPE at each row's position, varlen attention into act_.att. */
 dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__varlen_layout &v) {
+    if (batch_.kvq_seqs) return self_attention_varlen_kvq(layer, v);  // [KV quant] gpu/batch_kvq.cpp
     if (v.cached()) return self_attention_varlen_kv(layer, v);
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, stride = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;

@@ -11,7 +11,8 @@
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
-// bd_facache_rows). On wherever the items allow it.
+// bd_facache_rows). Under kv_quant each slot holds its codes instead of bf16 rows and each sequence attends over its
+// own (gpu/batch_kvq.cpp). On wherever the items allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -129,8 +130,7 @@ const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
     if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
-    if (kvq_.enabled())
-        return "under kv_quant (its committed rows are quantised codes the varlen attention does not read)";
+    if (kvq_.enabled() && model_.cfg.head_dim > 256) return "under kv_quant at head dims above 256";
     return nullptr;
 }
 
@@ -142,7 +142,8 @@ dllm_status dllm__gpu_backend::bd_batch_reserve(const std::vector<int> &rows, co
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "the GPU backend has no batched block-diffusion forward %s", why);
     for (int n : rows)
         if (n < 1) return dllm__fail(DLLM_ERR_INTERNAL, "a block-diffusion slot of %d rows (at least 1 expected)", n);
-    const dllm_status s = bkv_alloc(rows, keep);
+    // [KV quant] each slot's codes, no bf16 rows (gpu/batch_kvq.cpp)
+    const dllm_status s = kvq_.enabled() ? kvq_batch_reserve(rows, keep) : bkv_alloc(rows, keep);
     if (s != DLLM_OK) {
         if (batch_.slot_rows.empty()) batch_.bd_slots.clear();  // none kept: the previous slots are gone
         return s;
@@ -165,8 +166,15 @@ dllm_status dllm__gpu_backend::bd_forward_batch(const std::vector<dllm__bd_seq> 
         return dllm__fail(DLLM_ERR_INTERNAL, "a batched block-diffusion forward before bd_batch_reserve");
     dllm__varlen_layout v;
     DLLM__TRY(dllm__bd_batch_layout_of(seqs, batch_.slot_base, batch_.slot_rows, batch_.bd_slots, max_tokens_, v));
-    DLLM__TRY(bd_batch_choose(seqs, v, logits, choices));
+    if (kvq_.enabled()) {  // [KV quant] each sequence's attention over its own codes (self_attention_varlen_kvq)
+        DLLM__TRY(kvq_batch_prepare(seqs, v.rows));
+        batch_.kvq_seqs = &seqs;
+    }
+    const dllm_status s = bd_batch_choose(seqs, v, logits, choices);
+    batch_.kvq_seqs = nullptr;
+    DLLM__TRY(s);
     for (const dllm__bd_seq &q : seqs) dllm__bd_slot_advance(q.call, batch_.bd_slots[(size_t)q.slot]);
+    batch_.bd_forwards++;
     return DLLM_OK;
 }
 

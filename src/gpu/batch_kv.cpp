@@ -29,6 +29,7 @@ dllm_status dllm__gpu_backend::batch_kv_reserve(const std::vector<int> &rows, co
 
 void dllm__gpu_backend::bkv_release() {
     batch_.kv.release();
+    batch_.kvq_slots.clear(), batch_.kvq_fresh.release();  // [KV quant] the slots' codes
     batch_.slot_base.clear(), batch_.slot_rows.clear(), batch_.kv_rows = 0;
 }
 

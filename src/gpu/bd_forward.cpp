@@ -278,11 +278,12 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
     else if (kvq_.enabled() && committed_.n > 0)
-        DLLM__TRY(kvq_attention(layer, call, n_keys, pos0));
+        DLLM__TRY(kvq_attention(kvq_codes_solo(), layer, act_.qkv.as<bf16_t>(), act_.att.as<bf16_t>(), T, n_keys,
+                                committed_.n, call.mask_block, pos0));
     else
         DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
     mark("attention");
-    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(layer, committed_.n, T));
+    if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(kvq_codes_solo(), layer, committed_.n, T));
     return DLLM_OK;
 }
 

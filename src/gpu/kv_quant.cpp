@@ -140,7 +140,8 @@ static dllm_status dllm__kvq_tc_launch(const dllm__kvq_tc_kernels &k, kvq_args a
     return k.kvq_flash_combine.launch({dim3((unsigned)a.q_rows, (unsigned)a.n_head), dim3(32)}, s, a);
 }
 
-dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+/* [KV quant] The module and the rotations on the device, once a context (kvq_begin, kvq_batch_reserve). */
+dllm_status dllm__gpu_backend::kvq_load() {
     const dllm__config &c = model_.cfg;
     if (c.head_dim > 256)
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "kv_quant on the GPU takes head dims up to 256, the model's is %d",
@@ -154,16 +155,29 @@ dllm_status dllm__gpu_backend::kvq_begin(int rows) {
         for (size_t l = 0; l < kvq_.rot.size(); l++)
             DLLM__TRY(dllm__rotation_upload(kvq_.rot[l], kv_codes_.rotations[l]));
     }
-    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
+    return DLLM_OK;
+}
+
+/* A committed cache of `rows` rows (a generation's or a batch slot's): its codes fitted and zeroed (9c: rows below the
+ * sinks keep codes 0), its V side and its sinks' bf16 rows fitted. The key pairs wait for the first commit's group. */
+dllm_status dllm__gpu_backend::kvq_fit(dllm__dbuf &k_codes, dllm__dbuf &v_codes, dllm__dbuf &v_side, dllm__dbuf &sinks,
+                                       int rows, int sink_rows) {
     const size_t codes = (size_t)kvq_.n_layer * rows * kvq_.row_bytes();
-    DLLM__TRY(kv_codes_.k_codes.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.v_codes.fit(codes, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
-    DLLM__TRY(kv_codes_.sinks.fit((size_t)kvq_.n_layer * kv_codes_.sink_rows * 4 * kvq_.kvd,
-                                  "the K/V cache's full-precision sinks"));
+    DLLM__TRY(k_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(v_codes.fit(codes, "the quantised K/V cache"));
+    DLLM__TRY(v_side.fit((size_t)kvq_.n_layer * rows * kvq_.n_kv * 4, "the quantised K/V cache"));
+    DLLM__TRY(sinks.fit((size_t)kvq_.n_layer * sink_rows * 4 * kvq_.kvd, "the K/V cache's full-precision sinks"));
+    DLLM__CUDA(cudaMemsetAsync(k_codes.ptr, 0, codes, stream_));
+    DLLM__CUDA(cudaMemsetAsync(v_codes.ptr, 0, codes, stream_));
+    return DLLM_OK;
+}
+
+dllm_status dllm__gpu_backend::kvq_begin(int rows) {
+    DLLM__TRY(kvq_load());
+    kvq_.cap = rows, kvq_.group = 0, kv_codes_.sink_rows = std::min(kvq_.n_sink, rows);
+    DLLM__TRY(
+        kvq_fit(kv_codes_.k_codes, kv_codes_.v_codes, kv_codes_.v_side, kv_codes_.sinks, rows, kv_codes_.sink_rows));
     if (kv_codes_.keep_rows) kv_codes_.kept.assign((size_t)kvq_.n_layer * rows * 2 * kvq_.kvd, 0);
-    DLLM__CUDA(cudaMemsetAsync(kv_codes_.k_codes.ptr, 0, codes, stream_));
-    DLLM__CUDA(cudaMemsetAsync(kv_codes_.v_codes.ptr, 0, codes, stream_));
     kv_codes_.flash_on = false;
     return dllm__env().kvq_tc ? kvq_tc_begin() : DLLM_OK;
 }
@@ -187,43 +201,44 @@ dllm_status dllm__gpu_backend::kvq_tc_begin() {
     return DLLM_OK;
 }
 
-/* The arguments of layer `layer`'s kernels: its codes (9c's layout), sinks and the forwarded rows, settings and
- * rotation. */
-kvq_args dllm__gpu_backend::kvq_layer_args(size_t layer) const {
+/* The arguments of layer `layer`'s kernels over the cache `at`: its codes (9c's layout), sinks and forwarded rows,
+ * settings and rotation. */
+kvq_args dllm__gpu_backend::kvq_layer_args(const dllm__kvq_codes &at, size_t layer) const {
     const kvq_args none = {};
     kvq_args a = none;
-    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * committed_.capacity * kvq_.row_bytes(),
-                 side = layer * committed_.capacity * kvq_.n_kv;
-    a.sinks = (const bf16_t *)kv_codes_.sinks.ptr + layer * kv_codes_.sink_rows * row_elems;
-    a.fresh = (const bf16_t *)kv_codes_.fresh.ptr;
-    a.k_codes = (unsigned char *)kv_codes_.k_codes.ptr + codes,
-    a.v_codes = (unsigned char *)kv_codes_.v_codes.ptr + codes;
-    a.k_pairs = kvq_.group ? (unsigned short *)kv_codes_.k_pairs.ptr + layer * kvq_.groups() * kvq_.kvd * 2 : nullptr;
-    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)kv_codes_.v_side.ptr + 2 * side;
-    a.v_scale = kvq_.soloq() ? (float *)kv_codes_.v_side.ptr + side : nullptr;
+    const int groups = at.group ? (at.capacity + at.group - 1) / at.group : 0;
+    const size_t row_elems = (size_t)2 * kvq_.kvd, codes = layer * at.capacity * kvq_.row_bytes(),
+                 side = layer * at.capacity * kvq_.n_kv;
+    a.sinks = (const bf16_t *)at.sinks + layer * at.sink_rows * row_elems;
+    a.fresh = (const bf16_t *)at.fresh;
+    a.k_codes = (unsigned char *)at.k_codes + codes, a.v_codes = (unsigned char *)at.v_codes + codes;
+    a.k_pairs = at.group ? (unsigned short *)at.k_pairs + layer * groups * kvq_.kvd * 2 : nullptr;
+    a.v_pairs = kvq_.soloq() ? nullptr : (unsigned short *)at.v_side + 2 * side;
+    a.v_scale = kvq_.soloq() ? (float *)at.v_side + side : nullptr;
     if (kvq_.soloq()) {
         const dllm__rotation_dev &r = kv_codes_.rotations[layer];
         a.perm = r.perm.as<int>(), a.signs = (const unsigned char *)r.signs.ptr, a.mixer = r.mixer.as<float>();
         a.rot_b = r.b, a.rot_k = r.k, a.rot_norm = r.norm;
     }
     a.n_kv = kvq_.n_kv, a.hd = kvq_.hd, a.bits = kvq_.bits, a.soloq = kvq_.soloq(), a.n_sink = kvq_.n_sink,
-    a.group = kvq_.group;
+    a.group = at.group;
     return a;
 }
 
-/* Layer `layer`'s rows [row0, row0 + T), just forwarded into kv_codes_.fresh, committed: quantised
+/* Layer `layer`'s rows [row0, row0 + T) of the cache `at`, just forwarded into at.fresh, committed: quantised
  * (twin: dllm__kvq_commit's loop body, on the bf16 rows), those below the sinks copied as they are. The key groups were
- * checked by bd_forward. */
-dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
-    kvq_args a = kvq_layer_args(layer);
+ * checked by bd_forward (a batch: kvq_batch_prepare). */
+dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t layer, int row0, int T) {
+    kvq_args a = kvq_layer_args(at, layer);
     a.row0 = row0, a.rows = T;
     const size_t row_bytes = (size_t)4 * kvq_.kvd;
-    const int sink_end = std::min(row0 + T, kv_codes_.sink_rows);
+    const int sink_end = std::min(row0 + T, at.sink_rows);
     if (row0 < sink_end)
         DLLM__CUDA(cudaMemcpyAsync((char *)a.sinks + (size_t)row0 * row_bytes, a.fresh,
                                    (size_t)(sink_end - row0) * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (kv_codes_.keep_rows) DLLM__TRY(kvq_keep(layer, row0, T));
-    const unsigned key_threads = (unsigned)(T / kvq_.group) * (unsigned)kvq_.row_bytes();
+    if (kv_codes_.keep_rows && at.k_codes == kv_codes_.k_codes.ptr)  // the solo cache's (tests)
+        DLLM__TRY(kvq_keep(layer, row0, T));
+    const unsigned key_threads = (unsigned)(T / at.group) * (unsigned)kvq_.row_bytes();
     DLLM__TRY(kv_codes_.kernels.kvq_commit_keys.launch({dim3((key_threads + 127) / 128), dim3(128)}, stream_, a));
     const int first = std::max(row0, kvq_.n_sink);
     if (first < row0 + T)
@@ -232,25 +247,27 @@ dllm_status dllm__gpu_backend::kvq_commit(size_t layer, int row0, int T) {
     return DLLM_OK;
 }
 
-/* The queries' block-causal attention over the committed rows (quantised ones read from their codes) ++ the forwarded
- * rows: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
- * a warp per (query row, head), where kvq_flash cannot run or is switched off. */
-dllm_status dllm__gpu_backend::kvq_attention(size_t layer, const dllm__bd_call &call, int n_keys, int pos0) {
+/* T query rows (q, their outputs o; strides the forward's) attending block-causally to the cache `at`'s n_committed
+ * rows (quantised ones read from their codes) ++ at.fresh's rows, n_keys in all, the first query at sequence index
+ * pos0: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
+ * a warp per (query row, head), where kvq_flash cannot run or is switched off. Every launch's shape follows these
+ * arguments only, so a batched sequence's attention is its own whatever else is in the batch. */
+dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
+                                             int T, int n_keys, int n_committed, int mask_block, int pos0) {
     const dllm__config &c = model_.cfg;
-    kvq_args a = kvq_layer_args(layer);
-    a.q = act_.qkv.as<bf16_t>(), a.o = act_.att.as<bf16_t>();
+    kvq_args a = kvq_layer_args(at, layer);
+    a.q = q, a.o = o;
     a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = committed_.n, a.mask_block = call.mask_block, a.q_index0 = pos0,
+    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
     a.scale = 1.0f / sqrtf((float)c.head_dim);
     if (!kv_codes_.flash_on)
-        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)call.T, (unsigned)c.n_head), dim3(32)}, stream_,
-                                                      a);
-    for (int r0 = 0; r0 < call.T; r0 += dllm__kvq_tc_chunk_rows) {
+        return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
+    for (int r0 = 0; r0 < T; r0 += dllm__kvq_tc_chunk_rows) {
         kvq_args chunk = a;
         chunk.q += (size_t)r0 * a.q_stride, chunk.o += (size_t)r0 * a.o_stride, chunk.q_index0 = pos0 + r0;
-        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, call.T - r0);
+        chunk.q_rows = std::min(dllm__kvq_tc_chunk_rows, T - r0);
         dllm__kvq_tc_plan p;
-        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, committed_.n,
+        DLLM__TRY(dllm__kvq_tc_plan_for(c.head_dim, c.n_head, c.n_head_kv, chunk.q_rows, n_keys, n_committed,
                                         kvq_.n_sink, n_sms_, kv_codes_.flash.smem_optin, p));
         DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, chunk, p, kv_codes_.flash_partial.as<float>(),
                                       kv_codes_.flash_partial.bytes, stream_));

@@ -1,0 +1,151 @@
+/* src/gpu/batch_kvq.cpp - the batched block-diffusion forward under kv_quant (SoloQ's quantised K/V cache). */
+
+// ---- [batch] [block diffusion] [KV quant] bd_forward_batch over quantised caches ----------------------------------
+// Each sequence's committed cache is a slot of its own holding what kvq_begin holds for a generation alone: codes,
+// pairs, V side and the sinks' bf16 rows for the slot's rows (dllm__gpu_kvq_slot), and its block cache; no bf16
+// committed rows (batch_.kv stays empty). The forward is bd_forward_batch's: every GEMM once over all rows
+// (DLLM__ROWS_BATCH), embedding, norms, RoPE at each row's position row by row. Only the attention differs: one layer's
+// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then each sequence in
+// turn attends over ITS OWN cache with the launches bd_attention makes for it alone (kvq_attention over its codes ++
+// its fresh rows, or flash_attn over its fresh rows while it has nothing committed), each launch's shape a function of
+// that sequence's rows and keys only, and a COMMIT quantises its rows into its own codes (kvq_commit) right after its
+// attention. So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch of one
+// included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's header says why).
+
+/* The slots of rows[s] rows (what kvq_begin(rows[s]) allocates), each empty unless keep[s]; a free slot's buffers are
+ * reused, grown where a new sequence needs more. The module, the rotations, kvq_flash's split states and flash_attn's
+ * (a sequence with nothing committed) loaded and sized once. A failure leaves the kept slots as they were. */
+dllm_status dllm__gpu_backend::kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep) {
+    DLLM__TRY(dllm__check_kept_slots(rows, keep, batch_.slot_rows));
+    const dllm__config &c = model_.cfg;
+    DLLM__TRY(kvq_load());
+    kv_codes_.flash_on = false;  // as kvq_begin: the switch read at each layout (one run keeps it)
+    if (dllm__env().kvq_tc) DLLM__TRY(kvq_tc_begin());
+    DLLM__TRY(committed_.partial.fit(dllm__attn_partial_bound(arch_, c.head_dim, n_sms_), "split-KV attention states"));
+    DLLM__TRY(load_kv_scatter());
+    batch_.kv.release();  // the bf16 slots of a previous layout without kv_quant: none here
+    std::vector<dllm__gpu_kvq_slot> &slots = batch_.kvq_slots;
+    const size_t had = batch_.slot_rows.size();
+    if (slots.size() < rows.size()) slots.resize(rows.size());
+    for (size_t s = 0; s < rows.size(); s++) {
+        if (s < keep.size() && keep[s]) continue;
+        dllm__gpu_kvq_slot &k = slots[s];
+        const int sink_rows = std::min(kvq_.n_sink, rows[s]);
+        k.capacity = k.group = k.sink_rows = 0;  // empty until it fits
+        const dllm_status st = kvq_fit(k.k_codes, k.v_codes, k.v_side, k.sinks, rows[s], sink_rows);
+        if (st != DLLM_OK) {
+            slots.resize(had);  // the previous layout's slots (a free one emptied), the live ones untouched
+            return st;
+        }
+        k.capacity = rows[s], k.sink_rows = sink_rows;
+    }
+    slots.resize(rows.size());
+    std::vector<int> base(rows.size(), 0);
+    for (size_t s = 1; s < rows.size(); s++) base[s] = base[s - 1] + rows[s - 1];
+    batch_.slot_base = base, batch_.slot_rows = rows, batch_.kv_rows = 0;
+    return DLLM_OK;
+}
+
+/* What a forward needs before its launches (none may be captured, [batch graphs]): each COMMIT's key groups as
+ * bd_prepare checks a generation's (the slot's group set, and its pairs sized, at its first commit), each BLOCK_FULL's
+ * block cache sized, and one layer's fresh rows of the whole forward. */
+dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows) {
+    const dllm__config &c = model_.cfg;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;  // K|V, bf16
+    if (batch_.kvq_slots.size() != batch_.bd_slots.size())
+        return dllm__fail(DLLM_ERR_INTERNAL, "batched block diffusion under kv_quant: %zu code slots for %zu slots",
+                          batch_.kvq_slots.size(), batch_.bd_slots.size());
+    for (const dllm__bd_seq &q : seqs) {
+        dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
+        const dllm__bd_call &call = q.call;
+        if (call.kind == DLLM__BD_BLOCK_FULL)
+            DLLM__TRY(k.block_cache.fit((size_t)kvq_.n_layer * call.T * row_bytes, "the block cache"));
+        if (call.kind != DLLM__BD_COMMIT) continue;
+        const int group = call.kv_group ? call.kv_group : c.bd_size;  // 9c's rule, as bd_prepare's
+        if (!k.group && group > 0) {
+            k.group = group;
+            const size_t groups = (size_t)(k.capacity + group - 1) / group;
+            DLLM__TRY(k.k_pairs.fit((size_t)kvq_.n_layer * groups * kvq_.kvd * 4, "the quantised K/V cache"));
+        }
+        if (group != k.group || group <= 0 || s.n % group || call.T % group)
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "kv_quant: slot %d's commit of rows [%d, %d) is not whole key groups of %d rows (the "
+                              "generation's block: %d)",
+                              q.slot, s.n, s.n + call.T, group, k.group);
+    }
+    return batch_.kvq_fresh.fit((size_t)rows * row_bytes, "the forwarded K/V rows beside the quantised caches");
+}
+
+/* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
+ * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh, then sequence by sequence bd_attention's attention
+ * over its own slot (a BLOCK_FULL's rows kept as its block cache, a SUB_BLOCK's written into it at its offset and
+ * read from there), and a COMMIT's rows quantised into its codes. */
+dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
+    const size_t row_bytes = (size_t)4 * kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    const dllm__gpu_layer &L = weights_->layers[layer];
+    DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
+    mark("gemm qkv");
+    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
+    mark("rope");
+    DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
+                                         act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
+                                         batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
+    mark("kv cache");
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const int row0 = v.offsets[i], pos0 = s.n + call.offset;
+        const bf16_t *q = act_.qkv.as<bf16_t>() + (size_t)row0 * qkv;
+        bf16_t *o = act_.att.as<bf16_t>() + (size_t)row0 * c.n_head * hd;
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)row0 * row_bytes, *keys = fresh;
+        int n_keys = s.n + call.T;
+        if (call.kind == DLLM__BD_BLOCK_FULL) {
+            char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
+            DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+        } else if (call.kind == DLLM__BD_SUB_BLOCK) {  // the overwrite persists (block-diffusion.md)
+            char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+            DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
+                                       cudaMemcpyDeviceToDevice, stream_));
+            keys = block, n_keys = s.n + s.block;
+        }
+        if (s.n > 0) {
+            DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
+        } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
+            attn_args a = {};
+            a.q = q, a.k = (const bf16_t *)keys, a.v = (const bf16_t *)keys + kvd, a.o = o;
+            a.seq = n_keys, a.q_rows = call.T;
+            a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+            a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
+            a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+            a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
+            a.partial = committed_.partial.as<float>();
+            a.mask_block = call.mask_block, a.q_index0 = pos0;
+            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+        }
+        if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
+    }
+    mark("attention");
+    return DLLM_OK;
+}
+
+/* [batch graphs] What a captured forward under kv_quant bakes in beyond the layout (varlen_graph_id): each sequence's
+ * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes) and its slot's buffers, the
+ * shared buffers, and whether kvq_flash runs. */
+std::string dllm__gpu_backend::kvq_batch_graph_key() const {
+    std::string key = dllm__format(" kvq f%d %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
+                                   kv_codes_.flash_partial.ptr, committed_.partial.ptr);
+    for (const dllm__bd_seq &q : *batch_.kvq_seqs) {
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];
+        key += dllm__format(" [%d k%d T%d o%d m%d n%d b%d g%d c%d %p %p %p %p %p %p]", q.slot, (int)q.call.kind,
+                            q.call.T, q.call.offset, q.call.mask_block, s.n, s.block, k.group, k.capacity,
+                            k.k_codes.ptr, k.v_codes.ptr, k.k_pairs.ptr, k.v_side.ptr, k.sinks.ptr, k.block_cache.ptr);
+    }
+    return key;
+}
