@@ -532,14 +532,14 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 
     // Weights in 16-byte units, 288 a (64-row tile, k block): codes [h][thread], then scales [quad].
-    const long long rstride = (long long)KB * 288;
+    const int rstride = KB * 288;  // one 64-row tile (32-bit offsets: fewer live registers)
     int lkb = it0 % KB;
     const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 288;
     const int cofs = t128, sofs = 256 + (t128 >> 2);
 
     int akb = lkb;
     const signed char *xb = (const signed char *)a.xb;  // bytes: 256 a k block
-    const long long ldxb = a.ldx * 2;
+    const int ldxb = (int)a.ldx * 2;
     q4wg_stage<NT, THREADS, 2 * P>(s0, xb + akb * 256, ldxb, a.M, tid);
     q4wg_cp_commit();
     akb = akb + P == KB ? 0 : akb + P;
@@ -564,7 +564,6 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         for (int i = 0; i < NREG; i++) acc[r][i] = 0.0f;
 
     int ct = it0 / KB, ckb = it0 % KB;
-    const u64 desc0 = q4wg_desc(s0);
     u32 cst = 0, pst = 1;
     for (int it = it0; it < it1; it += P) {
         const bool more = it + P < it1;
@@ -575,7 +574,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         q4wg_cp_commit();
         akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
-        const u64 dg = desc0 + cst * (GSTAGE >> 4);
+        const u64 dg = q4wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
         cst = cst + 1 == SG ? 0 : cst + 1;
 #pragma unroll
         for (int p = 0; p < P; p++) {
