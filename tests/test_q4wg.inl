@@ -402,9 +402,8 @@ TEST(gpu_q4wg, forward_equals_the_other_4bit_paths) {
 }
 
 /* The same model under SoloQ-N: its layer linears packed for q4wg_gemm_nv when q4wg is on; logits of 40 and 300 rows
- * close (5 % of the largest logit: a
- * reordered fp32 sum can flip a token's 4-bit code) to the same model on q4_gemm and the BF16 path (q4wg off),
- * whose sums run in other orders; and the same bits on a second context. */
+ * close (within 5 % of the largest logit: a reordered fp32 sum can flip a token's 4-bit code) to the same model on
+ * q4_gemm and the BF16 path (q4wg off), whose sums run in other orders; and the same bits on a second context. */
 TEST(gpu_q4wg, soloq_n_forward_is_close_to_the_other_4bit_paths) {
     NEED_Q4WG(k);
     test_tmpdir dir;
