@@ -5788,6 +5788,75 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
         packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
     }
 }
+
+// ---- [W4 GEMM] q4wg_gemm_nv's layout twin: NVFP4 rows and block scales into its packed layout (GPU: q4wg_prepack_nv)
+
+/* The code-word bit that lands on A register j's value bit q (q 0-3: bits 6, 7, 8, 15 of the low bf16 = e2m1's m, e0,
+ * e1 and sign; q 4-7: bits 22, 23, 24, 31, the high bf16's) through the kernel's extractions x & S, rotl(x, 10) & S,
+ * rotl(x, 13) & S and ((x & 0x001B001B) * 0x1084) & S, S = 0x81C081C0 (kernel: q4wg_nv_src). */
+static const int dllm__q4wg_nv_src[4][8] = {{6, 7, 8, 15, 22, 23, 24, 31},
+                                            {28, 29, 30, 5, 12, 13, 14, 21},
+                                            {25, 26, 27, 2, 9, 10, 11, 18},
+                                            {4, 0, 1, 3, 20, 16, 17, 19}};
+
+/* A UE4M3 scale byte's b' (sign dropped): |s| = 2^E (1 + f / 8), E in [-9, 8], as (E + 9) << 3 | f (subnormals
+ * normalised); 0 for a zero scale. The kernel's (b' << 4) | 0x7000 is then the bf16 |s| 2^106. */
+static uint32_t dllm__q4wg_nv_bprime(uint8_t c) {
+    const uint32_t e = (c >> 3) & 15, m = c & 7;
+    if (e) return ((e + 2) << 3) | m;
+    if (!m) return 0;
+    const uint32_t sh = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-9 = 2^(sh - 9) (1 + f / 8)
+    return (sh << 3) | ((m << (3 - sh)) & 7);
+}
+
+/* Per 64-row tile and 128-wide k block, 4608 bytes: 1024 code words [h 0..1][thread 0..127][jw 0..3] (k16 step s = 4 h
+ * + jw; A register j, half hf = row 16 warp + lane / 4 + 8 (j % 2), k 16 s + 2 (lane % 4) + 8 (j / 2) + hf, its 4 code
+ * bits at dllm__q4wg_nv_src[j][4 hf ..]), then 128 scale words [quad 0..31][i 0..3] (rows r0 = 16 (quad / 8) + quad % 8
+ * and r0 + 8, steps 2 i and 2 i + 1: b'(r0, 2i) << 4 | b'(r0 + 8, 2i) << 20 | b'(r0, 2i + 1) rotated right by 4 into
+ * bits 28-31 and 0-3 | b'(r0 + 8, 2i + 1) << 12). A zero scale zeroes its block's codes, a negative one flips their
+ * signs. Returns the NaN scales (0x7F / 0xFF), which pack as zero. */
+[[maybe_unused]] static int64_t dllm__q4wg_prepack_nv(const uint8_t *rows, const uint8_t *block_scales, int n, int k,
+                                                      uint8_t *packed) {
+    const int kb_count = k / 128, nb = k / 16;
+    int64_t nan_scales = 0;
+    auto scale = [&](int row, int kk) { return block_scales[(size_t)row * nb + kk / 16]; };
+    auto code = [&](int row, int kk) {
+        const uint8_t sc = scale(row, kk);
+        const int c = rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
+        if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) return 0;
+        return sc & 0x80 ? c ^ 8 : c;
+    };
+    auto bprime = [&](int row, int kk) {
+        const uint8_t sc = scale(row, kk) & 0x7F;
+        nan_scales += sc == 0x7F;
+        return sc == 0x7F ? 0u : dllm__q4wg_nv_bprime(sc);
+    };
+    for (int tile = 0; tile < n / 64; tile++)
+        for (int kb = 0; kb < kb_count; kb++) {
+            uint8_t *blk = packed + ((size_t)tile * kb_count + kb) * 4608;
+            auto put = [&](int word, uint32_t v) { memcpy(blk + 4 * word, &v, 4); };  // little-endian words
+            for (int word = 0; word < 1024; word++) {
+                const int jw = word & 3, thread = (word >> 2) & 127, h = word >> 9, warp = thread >> 5,
+                          lane = thread & 31, s = 4 * h + jw;
+                uint32_t out = 0;
+                for (int j = 0; j < 4; j++)
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+                        const int c = code(row, 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf);
+                        for (int q = 0; q < 4; q++) out |= (uint32_t)(c >> q & 1) << dllm__q4wg_nv_src[j][q + 4 * hf];
+                    }
+                put(word, out);
+            }
+            for (int quad = 0; quad < 32; quad++)
+                for (int i = 0; i < 4; i++) {
+                    const int r0 = 64 * tile + 16 * (quad / 8) + quad % 8, k0 = 128 * kb + 32 * i;
+                    const uint32_t a0 = bprime(r0, k0), a1 = bprime(r0 + 8, k0), b0 = bprime(r0, k0 + 16),
+                                   b1 = bprime(r0 + 8, k0 + 16);
+                    put(1024 + 4 * quad + i, a0 << 4 | a1 << 20 | (b0 & 15) << 28 | b0 >> 4 | b1 << 12);
+                }
+        }
+    return nan_scales;
+}
 #line 101 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
@@ -14488,8 +14557,9 @@ enum dllm__wformat {
         1,           // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                      // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
     DLLM__W_Q4 = 2,  // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the integer formats' layer linears are
-    // re-laid out for q4wg, which then runs every GEMM of theirs): q4_gemm on few rows, else the INT8 GEMM
+    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the layer linears of the integer formats and
+    // of NVFP4 are re-laid out for q4wg, NVFP4's block scales inside that layout, and q4wg then runs every GEMM
+    // of theirs): q4_gemm on few rows, else the INT8 GEMM
     // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
     // (dllm__gpu_backend::gemm_q4)
 };
@@ -14521,7 +14591,7 @@ struct dllm__rotation_dev {
 struct dllm__q4_site {
     dllm__q4_format format = DLLM__Q4_INT4;
     bool packed = false;      // [W4 GEMM] the codes in q4wg's layout (dllm__q4wg_pack), not section 9b's rows
-    dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3
+    dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3; empty once packed (the layout holds them)
     std::shared_ptr<const dllm__rotation_dev> rot;
 };
 
@@ -14560,26 +14630,34 @@ struct dllm__linear {
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH, DLLM__ROWS_STEP, DLLM__ROWS_FILL };
 #line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
-/* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's integer 4-bit weights (SoloQ-I, RTN-W4A4) on Hopper's wgmma: the
- * packed layout, the kernels' configurations, loading, and the launcher. */
+/* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's 4-bit weights on Hopper's wgmma, integer ones (SoloQ-I, RTN-W4A4:
+ * q4wg_gemm) and NVFP4 ones (SoloQ-N: q4wg_gemm_nv): the packed layouts, the kernels' configurations, loading, and the
+ * launchers. */
 
 /* q4wg_gemm's arguments (host/kernel contract, declared in its own module). */
 #define DLLM__Q4WG_ARGS_FIELDS(X)                                                                                      \
     X(const signed char *, x) /* [M][ldx] int8 token C values (act_.q4a8), 16-byte aligned rows */                     \
     X(const float *, s_x)     /* [M] token scales */                                                                   \
-    X(const void *, w)        /* the packed codes (q4wg_prepack), 16-byte aligned */                                   \
+    X(const void *, w)        /* the packed weights (q4wg_prepack, q4wg_prepack_nv), 16-byte aligned */                \
     X(const float *, s_w)     /* [N] row scales */                                                                     \
     X(bf16_t *, y)            /* [M][ldy] */                                                                           \
     X(int *, ws)              /* [N / 128][NT * 128] int32 split-K sums: zero before a launch, left zero after */      \
-    X(int *, cnt)             /* [N / 128] k blocks summed per tile: likewise */                                       \
+    X(int *, cnt)             /* [N / 128] k blocks (q4wg_gemm_nv: chunks) summed per tile: likewise */                \
+    X(const bf16_t *, xb)     /* q4wg_gemm_nv: [M][ldx] bf16 token C values, 16-byte aligned rows */                   \
+    X(float *, wsf)           /* q4wg_gemm_nv: [N / 128][ksplit][NT * 128] fp32 chunk partials (any content) */        \
+    X(int, ksplit)            /* q4wg_gemm_nv: K chunks a tile (dllm__q4wg_nv_ksplit) */                               \
     X(long long, ldx) X(long long, ldy) X(int, M) X(int, N) X(int, K)
 struct q4wg_args {
     DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)
 };
-static_assert(sizeof(q4wg_args) == 88, "contract layout");
+static_assert(sizeof(q4wg_args) == 112, "contract layout");
 
-/* [kernel table] the q4wg module's plain kernels; q4wg_gemm is a template, looked up by name (dllm__q4wg_name). */
-#define DLLM__Q4WG_KERNELS(X) X(q4wg_prepack, , (const unsigned char *rows, int n, int k, unsigned char *packed))
+/* [kernel table] the q4wg module's plain kernels; q4wg_gemm and q4wg_gemm_nv are templates, looked up by name
+ * (dllm__q4wg_name). */
+#define DLLM__Q4WG_KERNELS(X)                                                                                          \
+    X(q4wg_prepack, , (const unsigned char *rows, int n, int k, unsigned char *packed))                                \
+    X(q4wg_prepack_nv, ,                                                                                               \
+      (const unsigned char *rows, const unsigned char *block_scales, int n, int k, u32 *packed, int *nan_scales))
 DLLM__Q4WG_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 static const char *dllm__src_q4_wgmma = R"DLLM(
@@ -14940,6 +15018,341 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
     q4wg_cp_wait<0>();
 }
 
+// ---- SoloQ-N (NVFP4): q4wg_gemm_nv ---------------------------------------------------------------------------------
+
+/* q4wg_gemm_nv: NVFP4 weights (e2m1 codes x UE4M3 block scales per 16 along K x s_w[n]) times NVFP4 tokens given as
+ * their bf16 C values x s_x[m], on wgmma m64nNTk16.f32.bf16.bf16. Twin: dllm__cpu_q4_gemm (NVFP4) within fp32 order,
+ * dllm__q4wg_prepack_nv for the layout.
+ *
+ *   y[m][n] = bf16(((acc * 2^20) * s_x[m]) * s_w[n]),   acc = fp32 sum over k of (C_w 2^-20) C_x
+ *
+ * Every product C_w C_x is exact (bf16 times bf16 in fp32), so the sum differs from the twin's (fmaf, k ascending)
+ * only in its order. That order is FIXED, independent of M, the grid and the configuration: TF = 128 features a tile
+ * in every configuration; each tile's K is cut into a.ksplit chunks (the host chooses it from N and K only:
+ * dllm__q4wg_nv_ksplit); a chunk is one wgmma chain from zero, k16 steps ascending; the chunks' fp32
+ * partials are folded left to right (((c0 + c1) + c2) ...) by the tile's last CTA (plain stores to wsf, an atomic count
+ * in cnt; no float atomics). So a token row's bits depend on neither M nor the other rows.
+ *
+ * Dequantisation without a table: a bf16 whose exponent field is e2m1's (e1 e0) and whose top mantissa bit is e2m1's m
+ * is exactly e2m1 x 2^-126 (0.5 is a bf16 subnormal). Packed weights (q4wg_prepack_nv; twin dllm__q4wg_prepack_nv): per
+ * 64-row tile and 128-wide k block, 4608 bytes: codes [h 0..1][thread 0..127][16 bytes], then scales [quad 0..31][16
+ * bytes]. Code word j of (h, thread) is k16 step s = 4 h + j, its 8 nibbles laid out so that (S = 0x81C081C0)
+ *   A0 = x & S, A1 = rotl(x, 10) & S, A2 = rotl(x, 13) & S, A3 = ((x & 0x001B001B) * 0x1084) & S
+ * are the bf16 pairs (sign bit 15, e2m1's (e1 e0 m) at bits 8..6) of the PTX bf16 A fragment: register j, half hf =
+ * row 16 warp + lane / 4 + 8 (j & 1), k 16 s + 2 (lane % 4) + 8 (j >> 1) + hf (the IMAD's three shifted copies of 8
+ * masked bits neither overlap nor carry). Scale word i of quad q (rows g = 16 warp + q % 8 and g + 8) holds steps 2 i
+ * and 2 i + 1 as b' = (E + 9) << 3 | f for |scale| = 2^E (1 + f / 8) (UE4M3 subnormals normalised), placed so that
+ * (W & 0x0FF00FF0) | 0x70007000 is the bf16 pair {s(g), s(g + 8)} x 2^106 of step 2 i and the same of rotl(W, 8) step
+ * 2 i + 1; A_j x that (HMUL2, bf16 subnormals kept) = C_w 2^-20 exactly. Zero-scale blocks have zero codes, a negative
+ * scale byte flips the codes' signs (the prepack does both), NaN scales are refused at load.
+ *
+ * Tokens: bf16 [M][ldx], staged as the integer path stages int8 (q4wg_stage): a 128-wide k block is two 64-wide halves
+ * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT. */
+
+/* d (64 x NT f32, accumulator layout) += A (64 x 16 bf16, registers a0..a3) . B (NT x 16 bf16, shared, K-major)^T */
+template <int NT>
+__device__ __forceinline__ void q4wg_mma_bf16(float (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
+    if constexpr (NT == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+                     ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 128)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+                       "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+                       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 256)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+            ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+              "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),
+              "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+              "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ u32 q4wg_rotl(u32 x, int n) { return __funnelshift_l(x, x, n); }
+
+/* bf16x2 a times {s.lo, s.lo} / {s.hi, s.hi}: one HMUL2.BF16 whose broadcast is an operand swizzle. */
+__device__ __forceinline__ u32 q4wg_bmul_lo(u32 a, u32 s) {
+    u32 r;
+    asm("{\n.reg .b16 l, h;\n.reg .b32 b;\nmov.b32 {l, h}, %2;\nmov.b32 b, {l, l};\nmul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(r)
+        : "r"(a), "r"(s));
+    return r;
+}
+__device__ __forceinline__ u32 q4wg_bmul_hi(u32 a, u32 s) {
+    u32 r;
+    asm("{\n.reg .b16 l, h;\n.reg .b32 b;\nmov.b32 {l, h}, %2;\nmov.b32 b, {h, h};\nmul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(r)
+        : "r"(a), "r"(s));
+    return r;
+}
+
+/* A scale word's pair for its even step: bf16 {s(row g), s(row g + 8)} x 2^106. */
+__device__ __forceinline__ u32 q4wg_nv_scale(u32 w) {
+    u32 r;
+    asm("lop3.b32 %0, %1, 0x0FF00FF0, 0x70007000, 0xEA;" : "=r"(r) : "r"(w));  // (a & b) | c
+    return r;
+}
+
+/* The four A registers of one k16 step (C_w 2^-20): code word x, scale pair sp. */
+__device__ __forceinline__ void q4wg_nv_step(u32 x, u32 sp, u32 (&A)[4]) {
+    const u32 S = 0x81C081C0u;
+    u32 m3;
+    asm("mul.lo.u32 %0, %1, 0x1084;" : "=r"(m3) : "r"(x & 0x001B001Bu));
+    A[0] = q4wg_bmul_lo(x & S, sp);
+    A[1] = q4wg_bmul_hi(q4wg_rotl(x, 10) & S, sp);
+    A[2] = q4wg_bmul_lo(q4wg_rotl(x, 13) & S, sp);
+    A[3] = q4wg_bmul_hi(m3 & S, sp);
+}
+
+/* The fp32 accumulators' wait (q4wg_wgmma_wait for the integer ones). */
+template <int PENDING, int R, int NREG> __device__ __forceinline__ void q4wg_wgmma_wait(float (&acc)[R][NREG]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(acc[r][i])::"memory");
+}
+
+/* NT tokens, WGS warpgroups of R 64-row tiles (TF = 128 in every configuration: the tiles, hence the order, are the
+ * same), P k blocks a group, SG activation stages. Each k block is two wgmma groups (k 0-63, 64-127); the next half's A
+ * registers are written while the previous half's wgmmas run, except at NT = 256, whose 128 accumulator registers
+ * leave no room for two sets. Weights of group g + 1 load into registers and its tokens into shared memory while
+ * group g computes. CTAs take contiguous runs of whole (tile, chunk) units. */
+template <int NT, int WGS, int R, int P, int SG>
+__global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
+    constexpr int THREADS = 128 * WGS, TF = 64 * WGS * R, NREG = NT / 2, WAITH = NT >= 256 ? 0 : 1;
+    constexpr u32 KSTAGE = NT * 128, GSTAGE = KSTAGE * 2 * P;
+    static_assert(TF == 128, "NVFP4: 128-feature tiles in every configuration (the summation order)");
+    static_assert(SG == 2 || SG == 3, "stages");
+    static_assert((NT * 8) % THREADS == 0, "stage copy");
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char q4wg_smem[];
+    __shared__ int last_flag;
+    const u32 s0 = (q4wg_smem_u32(q4wg_smem) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
+    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks, units = tiles * ks;
+    const int u0 = (int)((long long)blockIdx.x * units / gridDim.x),
+              u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
+    if (u0 >= u1) return;
+    const int it0 = u0 * KU, it1 = u1 * KU;  // k blocks over all tiles (tile KB + kb)
+
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+
+    // Weights in 16-byte units, 288 a (64-row tile, k block): codes [h][thread], then scales [quad].
+    const int rstride = KB * 288;  // one 64-row tile (32-bit offsets: fewer live registers)
+    int lkb = it0 % KB;
+    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 288;
+    const int cofs = t128, sofs = 256 + (t128 >> 2);
+
+    int akb = lkb;
+    const signed char *xb = (const signed char *)a.xb;  // bytes: 256 a k block
+    const int ldxb = (int)a.ldx * 2;
+    q4wg_stage<NT, THREADS, 2 * P>(s0, xb + akb * 256, ldxb, a.M, tid);
+    q4wg_cp_commit();
+    akb = akb + P == KB ? 0 : akb + P;
+    q4wg_u32x4 wq[P][R][3];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+            wq[p][r][0] = q4wg_ldg(q + cofs, policy);
+            wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
+            wq[p][r][2] = q4wg_ldg(q + sofs, policy);
+        }
+    wp += P * 288;
+    lkb += P;
+    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+
+    float acc[R][NREG];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) acc[r][i] = 0.0f;
+
+    int ct = it0 / KB, ckb = it0 % KB;
+    u32 cst = 0, pst = 1;
+    for (int it = it0; it < it1; it += P) {
+        const bool more = it + P < it1;
+        q4wg_cp_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (more) q4wg_stage<NT, THREADS, 2 * P>(s0 + pst * GSTAGE, xb + akb * 256, ldxb, a.M, tid);
+        q4wg_cp_commit();
+        akb = akb + P == KB ? 0 : akb + P;
+        pst = pst + 1 == SG ? 0 : pst + 1;
+        const u64 dg = q4wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
+        cst = cst + 1 == SG ? 0 : cst + 1;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                u32 A[R][4][4];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const q4wg_u32x4 &v = wq[p][r][hh], &sc = wq[p][r][2];
+                    const u32 w0 = hh ? sc.z : sc.x, w1 = hh ? sc.w : sc.y;
+                    q4wg_nv_step(v.x, q4wg_nv_scale(w0), A[r][0]);
+                    q4wg_nv_step(v.y, q4wg_nv_scale(q4wg_rotl(w0, 8)), A[r][1]);
+                    q4wg_nv_step(v.z, q4wg_nv_scale(w1), A[r][2]);
+                    q4wg_nv_step(v.w, q4wg_nv_scale(q4wg_rotl(w1, 8)), A[r][3]);
+                }
+                if (hh == 1 && more)
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+                        wq[p][r][0] = q4wg_ldg(q + cofs, policy);
+                        wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
+                        wq[p][r][2] = q4wg_ldg(q + sofs, policy);
+                    }
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                const u64 d0 = dg + ((2 * p + hh) * KSTAGE >> 4);
+#pragma unroll
+                for (int s = 0; s < 4; s++)
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        q4wg_mma_bf16<NT>(acc[r], A[r][s][0], A[r][s][1], A[r][s][2], A[r][s][3], d0 + s * 2);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                if (p + 1 < P || hh == 0) q4wg_wgmma_wait<WAITH>(acc);
+            }
+        }
+        q4wg_wgmma_wait<SG - 2>(acc);
+        wp += P * 288;
+        lkb += P;
+        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        ckb += P;
+        if (ckb % KU == 0) {
+            // ---- chunk ckb / KU - 1 of tile ct is complete: publish it, or fold the tile ----
+            q4wg_wgmma_wait<0>(acc);
+            bool store = true;
+            if (ks > 1) {
+                const int chunk = ckb / KU - 1;
+                const long long tstride = (long long)NT * TF;
+                float *wsp = a.wsf + (long long)ct * ks * tstride + (wg * R) * NREG * 128 + t128;
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < NREG; i++) __stcg(wsp + chunk * tstride + (r * NREG + i) * 128, acc[r][i]);
+                __threadfence();
+                __syncthreads();
+                if (tid == 0) last_flag = atomicAdd(a.cnt + ct, 1) == ks - 1;
+                __syncthreads();
+                store = last_flag != 0;
+                if (store) {
+                    __threadfence();
+                    // (((c0 + c1) + c2) + ...), four chunks' loads in flight at a time
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int i = 0; i < NREG; i++) acc[r][i] = __ldcg(wsp + (r * NREG + i) * 128);
+                    for (int c = 1; c < ks; c += 4) {
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int i = 0; i < NREG; i++) {
+                                const float *q = wsp + c * tstride + (r * NREG + i) * 128;
+                                float v[4];
+#pragma unroll
+                                for (int j = 0; j < 4; j++) v[j] = c + j < ks ? __ldcg(q + j * tstride) : 0.0f;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+                                    if (c + j < ks) acc[r][i] = __fadd_rn(acc[r][i], v[j]);
+                            }
+                    }
+                    if (tid == 0) a.cnt[ct] = 0;
+                }
+            }
+            if (store) {
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
+#pragma unroll
+                    for (int j = 0; j < NT / 8; j++) {
+                        const int m = 8 * j + 2 * tq;
+                        if (m < a.M) {
+                            const float sx = a.s_x[m];
+                            const long long at = (long long)m * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j], 0x1p20f), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 2], 0x1p20f), sx), sw1));
+                        }
+                        if (m + 1 < a.M) {
+                            const float sx = a.s_x[m + 1];
+                            const long long at = (long long)(m + 1) * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 1], 0x1p20f), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 3], 0x1p20f), sx), sw1));
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int i = 0; i < NREG; i++) acc[r][i] = 0.0f;
+            if (ckb == KB) ckb = 0, ct++;
+        }
+    }
+    q4wg_cp_wait<0>();
+}
+
 /* Canonical rows [n][k / 2] (low nibble first) into the packed layout above, one thread per packed byte (n % 64 == 0,
  * k % 128 == 0). Twin: dllm__q4wg_prepack. */
 KERNEL_q4wg_prepack {
@@ -14958,8 +15371,67 @@ KERNEL_q4wg_prepack {
         packed[i] = (unsigned char)(lo | hi << 4);
     }
 }
+
+/* The code-word bit that lands on A register j's bit q4wg_nv_pos[q] (bits 6, 7, 8, 15 of the low bf16 = e2m1's m, e0,
+ * e1, sign; then the high bf16's) through q4wg_nv_step's extractions: x & S, rotl(x, 10) & S, rotl(x, 13) & S and the
+ * IMAD's copies of bits {0, 1, 3, 4, 16, 17, 19, 20} shifted by 2, 7 and 12. Twin: dllm__q4wg_nv_src. */
+__device__ const unsigned char q4wg_nv_src[4][8] = {{6, 7, 8, 15, 22, 23, 24, 31},
+                                                    {28, 29, 30, 5, 12, 13, 14, 21},
+                                                    {25, 26, 27, 2, 9, 10, 11, 18},
+                                                    {4, 0, 1, 3, 20, 16, 17, 19}};
+
+/* A UE4M3 scale byte's b' (without its sign): |s| = 2^E (1 + f / 8) as (E + 9) << 3 | f; 0 for 0. Twin:
+ * dllm__q4wg_nv_bprime. */
+__device__ __forceinline__ u32 q4wg_nv_bprime(u32 c) {
+    const u32 e = (c >> 3) & 15, m = c & 7;
+    if (e) return ((e + 2) << 3) | m;
+    if (!m) return 0;
+    const u32 sh = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-9 = 2^(sh - 9) (1 + f / 8)
+    return (sh << 3) | ((m << (3 - sh)) & 7);
+}
+
+/* Canonical NVFP4 rows [n][k / 2] and block scales [n][k / 16] into q4wg_gemm_nv's layout, one thread per packed
+ * 32-bit word (n % 64 == 0, k % 128 == 0); a NaN scale (0x7F / 0xFF) counts in *nan_scales and packs as zero. Twin:
+ * dllm__q4wg_prepack_nv. */
+KERNEL_q4wg_prepack_nv {
+    pdl_enter();
+    const u64 total = (u64)n * k * 9 / 64;
+    const int kb_count = k / 128, nb = k / 16;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 block = i / 1152;
+        const int word = (int)(i % 1152), tile = (int)(block / kb_count), kb = (int)(block % kb_count);
+        const unsigned char *bs = block_scales;
+        u32 out = 0;
+        if (word < 1024) {  // a code word: step s = 4 h + jw of thread (warp, lane)
+            const int jw = word & 3, thread = (word >> 2) & 127, h = word >> 9, warp = thread >> 5, lane = thread & 31;
+            const int s = 4 * h + jw;
+            for (int j = 0; j < 4; j++)
+                for (int hf = 0; hf < 2; hf++) {
+                    const int row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+                    const int kk = 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf;
+                    const u32 sc = bs[(u64)row * nb + kk / 16] & 0xFF;
+                    u32 c = rows[(u64)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
+                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) c = 0;
+                    if (sc & 0x80) c ^= 8;
+                    for (int q = 0; q < 4; q++) out |= (c >> q & 1) << q4wg_nv_src[j][q + 4 * hf];
+                }
+        } else {  // a scale word: steps 2 i, 2 i + 1 of rows r0, r0 + 8
+            const int quad = (word - 1024) >> 2, i4 = word & 3;
+            const int r0 = 64 * tile + 16 * (quad / 8) + quad % 8;
+            auto bp = [&](int row, int step) {
+                const u32 sc = bs[(u64)row * nb + kb * 8 + step] & 0x7F;
+                if (sc == 0x7F) atomicAdd(nan_scales, 1);
+                return sc == 0x7F ? 0u : q4wg_nv_bprime(sc);
+            };
+            const u32 a0 = bp(r0, 2 * i4), a1 = bp(r0 + 8, 2 * i4), b0 = bp(r0, 2 * i4 + 1),
+                      b1 = bp(r0 + 8, 2 * i4 + 1);
+            out = a0 << 4 | a1 << 20 | (b0 & 15) << 28 | b0 >> 4 | b1 << 12;
+        }
+        packed[i] = out;
+    }
+}
 )DLLM";
-#line 24 "src/gpu/q4_wgmma.cpp"
+#line 32 "src/gpu/q4_wgmma.cpp"
 
 /* q4wg_gemm's configurations by token rows (wgmma's N): NT tokens, WGS warpgroups of R 64-row tiles (128 features a
  * CTA in each), P k blocks of 128 a group, SG activation stages. Measured on an H200 (dllm-bench --q4-gemm-only):
@@ -14969,26 +15441,74 @@ struct dllm__q4wg_config {
 };
 static const dllm__q4wg_config dllm__q4wg_configs[] = {
     {32, 1, 2, 4, 3}, {64, 1, 2, 4, 3}, {128, 2, 1, 4, 3}, {256, 2, 1, 2, 3}};
+/* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 past 32
+ * tokens (the bf16 stages are twice the int8 ones), NT = 256 with one k block a group (three stages of 64 KB). At 32
+ * tokens the four LLaDA-8B projections took 0.551x cuBLASLt BF16's time (H100). */
+static const dllm__q4wg_config dllm__q4wg_nv_configs[] = {
+    {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 2, 3}, {256, 2, 1, 1, 3}};
 static const int dllm__q4wg_configs_n = 4, dllm__q4wg_max_rows = 256, dllm__q4wg_tile = 128;
 
-static size_t dllm__q4wg_smem(const dllm__q4wg_config &c) { return (size_t)c.sg * c.nt * 128 * c.p + 1024; }
+/* q4wg_gemm_nv's tile counters lead its workspace (their place must not depend on the shape: one workspace serves every
+ * layer linear, and only the counters must stay zero), the fp32 chunk partials follow; so N is at most 1024 tiles. */
+static const int dllm__q4wg_nv_counters = 1024;
+
+/* Activation stages of 128-byte token rows: int8 (one a k block of 128) or bf16 (two). */
+static size_t dllm__q4wg_smem(const dllm__q4wg_config &c, dllm__q4_format f) {
+    return (size_t)c.sg * c.nt * 128 * c.p * (f == DLLM__Q4_NVFP4 ? 2 : 1) + 1024;
+}
 
 static std::string dllm__q4wg_name(const dllm__q4wg_config &c, dllm__q4_format f) {
+    if (f == DLLM__Q4_NVFP4) return dllm__format("q4wg_gemm_nv<%d,%d,%d,%d,%d>", c.nt, c.wgs, c.r, c.p, c.sg);
     return dllm__format("q4wg_gemm<%d,%d,%d,%d,%d,%d>", c.nt, (int)f, c.wgs, c.r, c.p, c.sg);
 }
 
-/* Whether q4wg takes an n x k weight of format f: integer codes, whole 128-feature tiles and 512-wide k groups. */
+/* Whether q4wg takes an n x k weight of format f: integer or NVFP4 codes, whole 128-feature tiles (NVFP4: at most
+ * dllm__q4wg_nv_counters of them) and 512-wide k groups. */
 static bool dllm__q4wg_takes(dllm__q4_format f, int n, int k) {
-    return (f == DLLM__Q4_INT4 || f == DLLM__Q4_RTN) && n > 0 && k > 0 && n % dllm__q4wg_tile == 0 && k % 512 == 0;
+    const bool format = f == DLLM__Q4_INT4 || f == DLLM__Q4_RTN ||
+                        (f == DLLM__Q4_NVFP4 && n / dllm__q4wg_tile <= dllm__q4wg_nv_counters);
+    return format && n > 0 && k > 0 && n % dllm__q4wg_tile == 0 && k % 512 == 0;
+}
+
+/* The configuration of a launch of `rows` (1 to dllm__q4wg_max_rows) token rows: the smallest NT that holds them (the
+ * same index in both tables). */
+static int dllm__q4wg_config_for(int rows) {
+    int i = 0;
+    while (i + 1 < dllm__q4wg_configs_n && dllm__q4wg_configs[i].nt < rows) i++;
+    return i;
+}
+
+/* q4wg_gemm_nv's K chunks a 128-feature tile of an n x k weight: the fewest (each a multiple of 4 k blocks, so every
+ * configuration's groups fit) that give at least 132 (tile, chunk) units, an H100's SM count as a constant. A
+ * function of (n, k) only, never of the GPU, M or the grid: it fixes the summation order, hence the bits (LLaDA-8B:
+ * QKV 2, O 8, gate|up 1, down 6). */
+static int dllm__q4wg_nv_ksplit(int n, int k) {
+    const int tiles = n / dllm__q4wg_tile, kb = k / 128;
+    int best = 1;
+    for (int ks = 1; ks <= kb; ks++)
+        if (kb % ks == 0 && (kb / ks) % 4 == 0) {
+            best = ks;
+            if (tiles * ks >= 132) break;
+        }
+    return best;
 }
 
 /* The int32 workspace (ws) of an n-row weight, and the tile counters (cnt) after it: zeroed once, kept zero. */
 static size_t dllm__q4wg_workspace_ints(int n) { return (size_t)n * dllm__q4wg_max_rows + (size_t)n / dllm__q4wg_tile; }
 
+/* q4wg_gemm_nv's workspace for launches of up to `rows` token rows of an n x k weight, in 4-byte words: the tile
+ * counters (zeroed once, kept zero), then the fp32 chunk partials of the configuration those rows take. */
+static size_t dllm__q4wg_nv_workspace_ints(int n, int k, int rows) {
+    const int ks = dllm__q4wg_nv_ksplit(n, k);
+    const int nt = dllm__q4wg_nv_configs[dllm__q4wg_config_for(std::min(std::max(rows, 1), dllm__q4wg_max_rows))].nt;
+    return dllm__q4wg_nv_counters + (ks > 1 ? (size_t)(n / dllm__q4wg_tile) * ks * nt * dllm__q4wg_tile : 0);
+}
+
 static dllm__jit_request dllm__module_q4wg(const dllm__arch &arch) {
     std::vector<std::string> names = {DLLM__Q4WG_KERNELS(DLLM__KERNEL_NAME)};
     for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN})
         for (const dllm__q4wg_config &c : dllm__q4wg_configs) names.push_back(dllm__q4wg_name(c, f));
+    for (const dllm__q4wg_config &c : dllm__q4wg_nv_configs) names.push_back(dllm__q4wg_name(c, DLLM__Q4_NVFP4));
     return {
         "dllm_q4wg",
             dllm__src_prelude() + DLLM__XSTR(struct q4wg_args{DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
@@ -14997,16 +15517,21 @@ static dllm__jit_request dllm__module_q4wg(const dllm__arch &arch) {
     };
 }
 
-/* q4wg loaded for one device: the prepack kernel and q4wg_gemm per (format, configuration) with its occupancy. */
+/* q4wg loaded for one device: the prepack kernels and the GEMM per (format, configuration) with its occupancy. */
 struct dllm__q4wg_kernels {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_q4wg_prepack> prepack;
-    dllm__kernel<void(q4wg_args)> gemm[2][dllm__q4wg_configs_n];  // [INT4, RTN][configuration]
-    int ctas_per_sm[dllm__q4wg_configs_n] = {};
+    dllm__kernel<dllm__sig_q4wg_prepack_nv> prepack_nv;
+    dllm__kernel<void(q4wg_args)> gemm[3][dllm__q4wg_configs_n];  // [INT4, RTN, NVFP4][configuration]
+    int ctas_per_sm[3][dllm__q4wg_configs_n] = {};
     int sm_count = 0;
 };
 
-static int dllm__q4wg_format_index(dllm__q4_format f) { return f == DLLM__Q4_INT4 ? 0 : 1; }
+static int dllm__q4wg_format_index(dllm__q4_format f) { return f == DLLM__Q4_INT4 ? 0 : f == DLLM__Q4_RTN ? 1 : 2; }
+
+static const dllm__q4wg_config &dllm__q4wg_config_of(dllm__q4_format f, int i) {
+    return (f == DLLM__Q4_NVFP4 ? dllm__q4wg_nv_configs : dllm__q4wg_configs)[i];
+}
 
 /* The module for the current device (sm_90a only: wgmma) and its kernels' limits. */
 static dllm_status dllm__q4wg_load(const dllm__arch &a, dllm__q4wg_kernels &out) {
@@ -15017,28 +15542,52 @@ static dllm_status dllm__q4wg_load(const dllm__arch &a, dllm__q4wg_kernels &out)
     DLLM__CUDA(cudaGetDevice(&dev));
     DLLM__CUDA(cudaDeviceGetAttribute(&out.sm_count, cudaDevAttrMultiProcessorCount, dev));
     out.prepack.fn = out.module->kernels.at("q4wg_prepack"), out.prepack.name = "q4wg_prepack";
-    for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN})
+    out.prepack_nv.fn = out.module->kernels.at("q4wg_prepack_nv"), out.prepack_nv.name = "q4wg_prepack_nv";
+    for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN, DLLM__Q4_NVFP4})
         for (int i = 0; i < dllm__q4wg_configs_n; i++) {
-            const dllm__q4wg_config &c = dllm__q4wg_configs[i];
-            dllm__kernel<void(q4wg_args)> &k = out.gemm[dllm__q4wg_format_index(f)][i];
-            k.fn = out.module->kernels.at(dllm__q4wg_name(c, f)), k.name = "q4wg_gemm";
+            const dllm__q4wg_config &c = dllm__q4wg_config_of(f, i);
+            const int fi = dllm__q4wg_format_index(f);
+            dllm__kernel<void(q4wg_args)> &k = out.gemm[fi][i];
+            k.fn = out.module->kernels.at(dllm__q4wg_name(c, f));
+            k.name = f == DLLM__Q4_NVFP4 ? "q4wg_gemm_nv" : "q4wg_gemm";
             DLLM__CUDA(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)dllm__q4wg_smem(c)));
-            DLLM__CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&out.ctas_per_sm[i], (const void *)k.fn,
-                                                                     128 * c.wgs, dllm__q4wg_smem(c)));
-            out.ctas_per_sm[i] = std::max(1, out.ctas_per_sm[i]);
+                                            (int)dllm__q4wg_smem(c, f)));
+            DLLM__CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&out.ctas_per_sm[fi][i], (const void *)k.fn,
+                                                                     128 * c.wgs, dllm__q4wg_smem(c, f)));
+            out.ctas_per_sm[fi][i] = std::max(1, out.ctas_per_sm[fi][i]);
         }
     return DLLM_OK;
 }
 
-/* An n x k weight's canonical codes (section 9b's rows) into q4wg's layout on the device, in place of W.data. */
+/* An n x k weight's canonical codes (section 9b's rows; NVFP4 with its block scales) into q4wg's layout on the device,
+ * in place of W.data (NVFP4: of the block scales too, which the layout holds: the same bytes as before). A NVFP4 weight
+ * with a NaN block scale is refused: the layout cannot hold one. */
 static dllm_status dllm__q4wg_pack(const dllm__q4wg_kernels &k, dllm__linear &W, cudaStream_t stream) {
-    dllm__dbuf packed;
-    DLLM__TRY(packed.fit((size_t)W.n * W.k / 2, "SoloQ weights (q4wg layout)"));
+    const bool nv = W.q4->format == DLLM__Q4_NVFP4;
+    dllm__dbuf packed, nan_scales;
+    DLLM__TRY(packed.fit((size_t)W.n * W.k / 2 + (nv ? (size_t)W.n * W.k / 16 : 0), "SoloQ weights (q4wg layout)"));
     const size_t bytes = packed.bytes;
-    DLLM__TRY(k.prepack.launch({dim3((unsigned)std::min<size_t>((bytes + 255) / 256, 65535)), dim3(256)}, stream,
-                               W.data.ptr, W.n, W.k, packed.ptr));
+    if (!nv) {
+        DLLM__TRY(k.prepack.launch({dim3((unsigned)std::min<size_t>((bytes + 255) / 256, 65535)), dim3(256)}, stream,
+                                   W.data.ptr, W.n, W.k, packed.ptr));
+    } else {
+        DLLM__TRY(nan_scales.fit(4, "q4wg's NaN count"));
+        DLLM__CUDA(cudaMemsetAsync(nan_scales.ptr, 0, 4, stream));
+        DLLM__TRY(k.prepack_nv.launch({dim3((unsigned)std::min<size_t>((bytes / 4 + 255) / 256, 65535)), dim3(256)},
+                                      stream, W.data.ptr, W.q4->block_scales.ptr, W.n, W.k, packed.as<u32>(),
+                                      nan_scales.as<int>()));
+    }
     DLLM__CUDA(cudaStreamSynchronize(stream));
+    if (nv) {
+        int nan = 0;
+        DLLM__CUDA(cudaMemcpy(&nan, nan_scales.ptr, 4, cudaMemcpyDeviceToHost));
+        if (nan)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "SoloQ-N weight %d x %d: %d NaN block scales (UE4M3 0x7F / 0xFF); NVFP4 weights need "
+                              "finite scales",
+                              W.n, W.k, nan);
+        W.q4->block_scales = dllm__dbuf();
+    }
     W.data = std::move(packed);
     W.q4->packed = true;
     return DLLM_OK;
@@ -15063,17 +15612,52 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
                           dllm__q4wg_workspace_ints(N), ws_ints);
     for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
         const int rows = std::min(dllm__q4wg_max_rows, M - m0);
-        int i = 0;
-        while (dllm__q4wg_configs[i].nt < rows) i++;
+        const int i = dllm__q4wg_config_for(rows);
         const dllm__q4wg_config &c = dllm__q4wg_configs[i];
         q4wg_args a = {};
         a.x = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w;
         a.y = y + (size_t)m0 * N, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
         a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K;
         const int groups = N / dllm__q4wg_tile * (K / 128 / c.p);
-        const int grid = std::max(1, std::min(groups, k.ctas_per_sm[i] * k.sm_count));
-        DLLM__TRY(k.gemm[dllm__q4wg_format_index(f)][i].launch(
-            {dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c)}, stream, a));
+        const int fi = dllm__q4wg_format_index(f),
+                  grid = std::max(1, std::min(groups, k.ctas_per_sm[fi][i] * k.sm_count));
+        DLLM__TRY(k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, f)},
+                                       stream, a));
+    }
+    return DLLM_OK;
+}
+
+/* y [M x N] (bf16) = (((acc 2^20) s_x) s_w) for SoloQ-N: X the tokens' bf16 C values [M][K] (NVFP4, exact in bf16),
+ * the weights packed (dllm__q4wg_pack, NVFP4), acc q4wg_gemm_nv's fp32 sum in its fixed order (dllm__q4wg_nv_ksplit
+ * of (N, K) chunks a tile, folded left to right). Launches of at most 256 token rows on the smallest configuration that
+ * holds them: every configuration sums a row in the same order, so a row's bits depend on neither M nor the other
+ * rows; they equal dllm__cpu_q4_gemm's up to that order. ws: dllm__q4wg_nv_workspace_ints(N, K, M) words, its tile
+ * counters zero (the launches leave them zero). */
+static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const void *packed, const float *s_w,
+                                          const bf16_t *x, const float *s_x, bf16_t *y, int M, int N, int K, int *ws,
+                                          size_t ws_ints, cudaStream_t stream) {
+    if (!dllm__q4wg_takes(DLLM__Q4_NVFP4, N, K) || M < 0)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4wg_gemm_nv: N = %d, K = %d, M = %d: it takes N a multiple of 128 (at most %d tiles) and "
+                          "K of 512",
+                          N, K, M, dllm__q4wg_nv_counters);
+    if (ws_ints < dllm__q4wg_nv_workspace_ints(N, K, M) || !ws || !s_x || (uintptr_t)x % 16 || (uintptr_t)packed % 16)
+        return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                          "q4wg_gemm_nv: token scales, a workspace of %zu words (%zu given) and 16-byte aligned "
+                          "inputs are required",
+                          dllm__q4wg_nv_workspace_ints(N, K, M), ws_ints);
+    const int ks = dllm__q4wg_nv_ksplit(N, K), fi = dllm__q4wg_format_index(DLLM__Q4_NVFP4);
+    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
+        const int rows = std::min(dllm__q4wg_max_rows, M - m0), i = dllm__q4wg_config_for(rows);
+        const dllm__q4wg_config &c = dllm__q4wg_nv_configs[i];
+        q4wg_args a = {};
+        a.xb = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w, a.y = y + (size_t)m0 * N;
+        a.cnt = ws, a.wsf = (float *)(ws + dllm__q4wg_nv_counters);
+        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K, a.ksplit = ks;
+        const int units = N / dllm__q4wg_tile * ks;
+        const int grid = std::max(1, std::min(units, k.ctas_per_sm[fi][i] * k.sm_count));
+        DLLM__TRY(k.gemm[fi][i].launch(
+            {dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, DLLM__Q4_NVFP4)}, stream, a));
     }
     return DLLM_OK;
 }
@@ -15723,7 +16307,7 @@ struct dllm__activations {
     dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
-    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's int32 split-K sums and tile counts (dllm__q4wg_workspace_ints), zero
+    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero (NVFP4: the counts)
     dllm__dbuf splitk_ws;  // [row-independent GEMM] gemm_splitk's tile counts (zero) and partials
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
@@ -16752,12 +17336,16 @@ dllm_status dllm__gpu_backend::load_kernels() {
     return load_q4wg();
 }
 
-/* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
- * quantised. A module that does not load leaves the other paths, with one warning. */
+/* [W4 GEMM] q4wg where it applies: sm_90a, the activations quantised, integer weight and activation formats (SoloQ-I,
+ * RTN-W4A4: q4wg_gemm) or NVFP4 weights and activations (SoloQ-N: q4wg_gemm_nv). A module that does not load leaves
+ * the other paths, with one warning. */
 dllm_status dllm__gpu_backend::load_q4wg() {
-    const bool integer = dllm__q4_int_max(lowbit_.options.weights) && dllm__q4_int_max(lowbit_.options.acts) &&
-                         (lowbit_.options.weights == DLLM__Q4_INT4 || lowbit_.options.weights == DLLM__Q4_RTN);
-    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg)
+    const dllm__q4_format fw = lowbit_.options.weights, fa = lowbit_.options.acts;
+    const bool integer =
+        dllm__q4_int_max(fw) && dllm__q4_int_max(fa) && (fw == DLLM__Q4_INT4 || fw == DLLM__Q4_RTN);
+    const bool nvfp4 = fw == DLLM__Q4_NVFP4 && fa == DLLM__Q4_NVFP4;
+    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !(integer || nvfp4) || arch_.cc != 90 ||
+        !dllm__env().q4wg)
         return DLLM_OK;
     std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
     if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
@@ -16874,9 +17462,15 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
             lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
-        if (weights_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+        if (weights_->q4wg) {  // q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero, and kept zero
             const void *was = A.q4wg_ws.ptr;
-            DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
+            size_t ws = 0;
+            if (lowbit_.options.weights != DLLM__Q4_NVFP4) ws = dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff));
+            else  // the layer linears' (shapes[0..3]; the LM head keeps section 9b's rows)
+                for (int i = 0; i < 4; i++)
+                    ws = std::max(ws, dllm__q4wg_nv_workspace_ints((int)shapes[i].first, (int)shapes[i].second,
+                                                                   (int)std::min<size_t>(M, dllm__q4wg_max_rows)));
+            DLLM__TRY(A.q4wg_ws.fit(ws * 4, "q4wg's workspace"));
             if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
         }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows
@@ -17040,7 +17634,7 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * than 64 rows the INT8 path reads the same 4-bit weights, writes int8 rows where the BF16 path writes bf16 ones (half
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
-    if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
+    if (W.q4->packed) return W.q4->format != DLLM__Q4_NVFP4;  // q4wg_gemm takes the int8 C values at every M
     const dllm__q4_format fa = lowbit_.options.acts, fw = W.q4->format;
     if (!lowbit_.int8_path || !lowbit_.options.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
@@ -17059,8 +17653,9 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc
  *   and
  *     the epilogue (acc s_x) s_w into y.
- *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
- *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
+ *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg_gemm at every M, on the
+ *     int8 C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits. SoloQ-N's layer
+ *     linears: q4wg_gemm_nv at every M on the bf16 C values, its fp32 sums in an order fixed by the weight's shape.
  * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
@@ -17079,6 +17674,10 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     }
     if (W.q4->packed) {  // a layer linear: its output is bf16
         if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
+        if (q.format == DLLM__Q4_NVFP4)
+            return dllm__q4wg_gemm_nv_run(*lowbit_.q4wg, W.data, W.scale, (const bf16_t *)act_.q4a.ptr,
+                                          act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
+                                          act_.q4wg_ws.bytes / 4, stream_);
         return dllm__q4wg_gemm_run(*lowbit_.q4wg, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
                                    act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
                                    act_.q4wg_ws.bytes / 4, stream_);

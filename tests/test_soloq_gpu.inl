@@ -213,14 +213,21 @@ static dllm_ctx *test_soloq_ctx(dllm_model *m, dllm_backend backend, int precisi
 }
 
 /* Compares one device weight with the CPU reference's quantised rows, byte for byte (in q4wg's layout where the device
- * packed them). */
+ * packed them, NVFP4's block scales inside it). */
 static bool test_q4_weight_equal(const dllm__linear &W, const dllm__q4_rows &q) {
     if (W.format != DLLM__W_Q4 || W.n != q.rows || W.k != q.cols || !W.q4 || W.q4->format != q.format) return false;
-    std::vector<uint8_t> codes = test_get<uint8_t>(W.data, q.codes.size()), want = q.codes;
-    if (W.q4->packed) dllm__q4wg_prepack(q.codes.data(), q.rows, q.cols, want.data());
-    if (codes != want) return false;
+    const bool nv_packed = W.q4->packed && q.format == DLLM__Q4_NVFP4;  // the block scales inside the layout
+    std::vector<uint8_t> want = q.codes;
+    if (nv_packed) {
+        want.resize(q.codes.size() + q.block_scales.size());
+        if (dllm__q4wg_prepack_nv(q.codes.data(), q.block_scales.data(), q.rows, q.cols, want.data()) != 0) return false;
+    } else if (W.q4->packed) {
+        dllm__q4wg_prepack(q.codes.data(), q.rows, q.cols, want.data());
+    }
+    if (test_get<uint8_t>(W.data, want.size()) != want) return false;
     std::vector<float> scale = test_get<float>(W.scale, q.row_scale.size());
     if (memcmp(scale.data(), q.row_scale.data(), scale.size() * 4)) return false;
+    if (nv_packed) return !W.q4->block_scales.ptr;
     return q.block_scales.empty() || test_get<uint8_t>(W.q4->block_scales, q.block_scales.size()) == q.block_scales;
 }
 

@@ -9,8 +9,8 @@
  *                                          bursts and sustained (power-capped); then its 256-, 128- and 64-wide tiles,
  *                                          gemm_splitk and cuBLASLt at M = 32, 64, 128, 512 and 2048 (LLaDA-8B and
  *                                          Fast-dLLM v2 7B shapes)
- *   build/dllm-bench --q4-gemm-only        q4wg (SoloQ-I on sm_90a) at the LLaDA-8B layer shapes, M = 32 to 1024, beside
- *                                          cuBLASLt BF16 and the copy rate; then the W4 GEMM q4_gemm in every SoloQ
+ *   build/dllm-bench --q4-gemm-only        q4wg (SoloQ-I and SoloQ-N on sm_90a) at the LLaDA-8B layer shapes, M = 32
+ *                                          to 1024, beside cuBLASLt BF16 and the copy rate; then the W4 GEMM q4_gemm in every SoloQ
  *                                          weight format against cuBLASLt BF16 at the
  *                                          LLaDA-8B shapes of a block step, M = 1, 8, 32, 64 (also part of the full run)
  *   build/dllm-bench --int8-gemm-only      the INT8 GEMM path (SoloQ-I/C, more than 64 rows) against cuBLASLt BF16, FP8 and
@@ -373,10 +373,11 @@ static void bench_q4_gemm(bench_result &r, const dllm__arch &arch, cudaStream_t 
         }
 }
 
-/* [W4 GEMM] q4wg (SoloQ-I's and RTN-W4A4's GEMM on sm_90a) at the LLaDA-8B layer shapes for M = 32 to 1024 token rows,
+/* [W4 GEMM] q4wg on sm_90a, SoloQ-I (q4wg_gemm; RTN-W4A4 runs the same code) and SoloQ-N (q4wg_gemm_nv, weights packed
+ * on the device from random codes and normal block scales), at the LLaDA-8B layer shapes for M = 32 to 1024 token rows,
  * beside cuBLASLt BF16 on the same shape and M and the device's copy rate: microseconds a launch (weights rotated over
- * enough copies to leave the 50 MB L2 for both), the ratio, the rate its codes stream at and its share of the copy rate,
- * and each M's sum over the four projections (the targets are on those sums). */
+ * enough copies to leave the 50 MB L2 for both), the ratios, the rate SoloQ-I's codes stream at and its share of the
+ * copy rate, and each M's sum over the four projections (the targets are on those sums). */
 static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) {
     dllm__q4wg_kernels k;
     if (dllm__q4wg_load(arch, k) != DLLM_OK) {
@@ -400,13 +401,22 @@ static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) 
     uint64_t seed = 0x51ED270B27D4A5F1ull;
     struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
     const int Ms[] = {32, 64, 128, 256, 1024};
-    std::map<int, double> q4_sum, lt_sum;
-    printf("\n| q4wg (SoloQ-I) | M | q4wg us | cuBLASLt BF16 us | ratio | codes TB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+    std::map<int, double> q4_sum, nv_sum, lt_sum;
+    printf("\n| q4wg | M | SoloQ-I us | SoloQ-N us | cuBLASLt BF16 us | SoloQ-I ratio | SoloQ-N ratio | SoloQ-I codes TB/s | "
+           "of copy |\n|---|---|---|---|---|---|---|---|---|\n");
     for (const auto &sh : shapes) {
         const size_t code_bytes = (size_t)sh.N * sh.K / 2, copies = std::max<size_t>(2, (256u << 20) / code_bytes);
         const size_t bf16_copies = std::max<size_t>(2, (256u << 20) / (code_bytes * 4));
         std::vector<dllm__dbuf> codes(copies), wb(bf16_copies);
         for (dllm__dbuf &c : codes) bench_random_bytes(c, code_bytes, 0, 256, seed, "q4wg bench");
+        std::vector<dllm__linear> nv(copies);  // SoloQ-N: codes and block scales packed (4.5 bits a weight)
+        for (dllm__linear &W : nv) {
+            W.format = DLLM__W_Q4, W.n = sh.N, W.k = sh.K, W.q4.reset(new dllm__q4_site);
+            W.q4->format = DLLM__Q4_NVFP4;
+            bench_random_bytes(W.data, code_bytes, 0, 256, seed, "q4wg bench");
+            bench_random_bytes(W.q4->block_scales, (size_t)sh.N * sh.K / 16, 0x30, 0x20, seed, "q4wg bench");
+            BENCH_CHECK(dllm__q4wg_pack(k, W, s));
+        }
         for (dllm__dbuf &w : wb) {
             BENCH_CHECK(w.fit((size_t)sh.N * sh.K * 2, "q4wg bench"));
             bench_fill(rowwise, w, (uint64_t)sh.N * sh.K, s);
@@ -418,7 +428,7 @@ static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) 
         BENCH_CHECK(dllm__upload_f32(s_x, std::vector<float>(1024, 1e-2f), "q4wg bench"));
         BENCH_CHECK(dllm__upload_f32(s_w, std::vector<float>((size_t)sh.N, 1e-3f), "q4wg bench"));
         BENCH_CHECK(y.fit((size_t)1024 * sh.N * 2, "q4wg bench"));
-        const size_t ws_ints = dllm__q4wg_workspace_ints(sh.N);
+        const size_t ws_ints = std::max(dllm__q4wg_workspace_ints(sh.N), dllm__q4wg_nv_workspace_ints(sh.N, sh.K, 1024));
         BENCH_CHECK(ws.fit(ws_ints * 4, "q4wg bench"));
         cudaMemsetAsync(ws.ptr, 0, ws_ints * 4, s);
         for (int M : Ms) {
@@ -426,21 +436,29 @@ static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) 
                 BENCH_CHECK(dllm__q4wg_gemm_run(k, DLLM__Q4_INT4, codes[(size_t)i % copies].ptr, s_w.as<float>(), x8.as<signed char>(),
                                                 s_x.as<float>(), y.as<bf16_t>(), M, sh.N, sh.K, ws.as<int>(), ws_ints, s));
             });
+            const double nvu = bench_us_each(s, 7, [&](int i) {  // the same tokens read as bf16 C values
+                BENCH_CHECK(dllm__q4wg_gemm_nv_run(k, nv[(size_t)i % copies].data.ptr, s_w.as<float>(), xb.as<bf16_t>(), s_x.as<float>(),
+                                                   y.as<bf16_t>(), M, sh.N, sh.K, ws.as<int>(), ws_ints, s));
+            });
             const double bf16 = bench_us_each(s, 7, [&](int i) {
                 BENCH_CHECK(lt.run(xb.ptr, wb[(size_t)i % bf16_copies].ptr, y.ptr, M, sh.N, sh.K, CUDA_R_16BF, s));
             });
             const double TBps = (double)code_bytes / q4 / 1e6;
             const std::string at = dllm__format("q4wg %s M%d ", sh.name, M);
             r.set(at + "us", q4), r.set(at + "cuBLASLt BF16 us", bf16), r.set(at + "vs cuBLASLt", q4 / bf16), r.set(at + "of copy", TBps / copy_TBps);
-            q4_sum[M] += q4, lt_sum[M] += bf16;
-            printf("| %s (N %d, K %d) | %d | %.1f | %.1f | %.3f | %.2f | %.0f%% |\n", sh.name, sh.N, sh.K, M, q4, bf16, q4 / bf16, TBps,
-                   100 * TBps / copy_TBps);
+            r.set(at + "SoloQ-N us", nvu), r.set(at + "SoloQ-N vs cuBLASLt", nvu / bf16);
+            q4_sum[M] += q4, nv_sum[M] += nvu, lt_sum[M] += bf16;
+            printf("| %s (N %d, K %d) | %d | %.1f | %.1f | %.1f | %.3f | %.3f | %.2f | %.0f%% |\n", sh.name, sh.N, sh.K, M, q4, nvu, bf16,
+                   q4 / bf16, nvu / bf16, TBps, 100 * TBps / copy_TBps);
         }
     }
-    printf("\n| q4wg, the four projections summed | M | q4wg us | cuBLASLt BF16 us | ratio |\n|---|---|---|---|---|\n");
+    printf("\n| q4wg, the four projections summed | M | SoloQ-I us | SoloQ-N us | cuBLASLt BF16 us | SoloQ-I ratio | SoloQ-N ratio |\n"
+           "|---|---|---|---|---|---|---|\n");
     for (int M : Ms) {
         r.set(dllm__format("q4wg summed M%d vs cuBLASLt", M), q4_sum[M] / lt_sum[M]);
-        printf("| (device copy %.2f TB/s) | %d | %.1f | %.1f | %.3f |\n", copy_TBps, M, q4_sum[M], lt_sum[M], q4_sum[M] / lt_sum[M]);
+        r.set(dllm__format("q4wg SoloQ-N summed M%d vs cuBLASLt", M), nv_sum[M] / lt_sum[M]);
+        printf("| (device copy %.2f TB/s) | %d | %.1f | %.1f | %.1f | %.3f | %.3f |\n", copy_TBps, M, q4_sum[M], nv_sum[M], lt_sum[M],
+               q4_sum[M] / lt_sum[M], nv_sum[M] / lt_sum[M]);
     }
 }
 
@@ -1532,7 +1550,7 @@ static const char *bench_usage =
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained; then its\n"
     "                     256-, 128- and 64-wide tiles, gemm_splitk and cuBLASLt at M = 32, 64, 128, 512, 2048 (LLaDA-8B\n"
     "                     and Fast-dLLM v2 7B shapes)\n"
-    "  --q4-gemm-only     q4wg (SoloQ-I, sm_90a) against cuBLASLt BF16 and the copy rate at M = 32 to 1024, then the W4 GEMM\n"
+    "  --q4-gemm-only     q4wg (SoloQ-I and SoloQ-N, sm_90a) against cuBLASLt BF16 and the copy rate at M = 32 to 1024, then the W4 GEMM\n"
     "                     (q4_gemm, every SoloQ weight format) against cuBLASLt BF16 at a block step's shapes\n"
     "  --int8-gemm-only   the INT8 GEMM path of SoloQ-I/C for many rows against cuBLASLt BF16 and FP8 and the BF16 path,\n"
     "                     M = 256 and 1024 at the LLaDA-8B shapes (also part of the full run and of --quick in soloq-i/c)\n"

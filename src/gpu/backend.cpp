@@ -812,12 +812,16 @@ dllm_status dllm__gpu_backend::load_kernels() {
     return load_q4wg();
 }
 
-/* [W4 GEMM] q4wg where it applies: sm_90a, integer weight and activation formats (SoloQ-I, RTN-W4A4), the activations
- * quantised. A module that does not load leaves the other paths, with one warning. */
+/* [W4 GEMM] q4wg where it applies: sm_90a, the activations quantised, integer weight and activation formats (SoloQ-I,
+ * RTN-W4A4: q4wg_gemm) or NVFP4 weights and activations (SoloQ-N: q4wg_gemm_nv). A module that does not load leaves
+ * the other paths, with one warning. */
 dllm_status dllm__gpu_backend::load_q4wg() {
-    const bool integer = dllm__q4_int_max(lowbit_.options.weights) && dllm__q4_int_max(lowbit_.options.acts) &&
-                         (lowbit_.options.weights == DLLM__Q4_INT4 || lowbit_.options.weights == DLLM__Q4_RTN);
-    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !integer || arch_.cc != 90 || !dllm__env().q4wg)
+    const dllm__q4_format fw = lowbit_.options.weights, fa = lowbit_.options.acts;
+    const bool integer =
+        dllm__q4_int_max(fw) && dllm__q4_int_max(fa) && (fw == DLLM__Q4_INT4 || fw == DLLM__Q4_RTN);
+    const bool nvfp4 = fw == DLLM__Q4_NVFP4 && fa == DLLM__Q4_NVFP4;
+    if (!lowbit_.options.enabled || !lowbit_.options.quantize_acts || !(integer || nvfp4) || arch_.cc != 90 ||
+        !dllm__env().q4wg)
         return DLLM_OK;
     std::unique_ptr<dllm__q4wg_kernels> k(new dllm__q4wg_kernels);
     if (dllm__q4wg_load(arch_, *k) != DLLM_OK) {
@@ -934,9 +938,15 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
             lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
-        if (weights_->q4wg) {  // q4wg's split-K sums and tile counts for the widest layer linear: zero, and kept zero
+        if (weights_->q4wg) {  // q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero, and kept zero
             const void *was = A.q4wg_ws.ptr;
-            DLLM__TRY(A.q4wg_ws.fit(dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff)) * 4, "q4wg's workspace"));
+            size_t ws = 0;
+            if (lowbit_.options.weights != DLLM__Q4_NVFP4) ws = dllm__q4wg_workspace_ints((int)std::max(qkv, 2 * ff));
+            else  // the layer linears' (shapes[0..3]; the LM head keeps section 9b's rows)
+                for (int i = 0; i < 4; i++)
+                    ws = std::max(ws, dllm__q4wg_nv_workspace_ints((int)shapes[i].first, (int)shapes[i].second,
+                                                                   (int)std::min<size_t>(M, dllm__q4wg_max_rows)));
+            DLLM__TRY(A.q4wg_ws.fit(ws * 4, "q4wg's workspace"));
             if (A.q4wg_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.q4wg_ws.ptr, 0, A.q4wg_ws.bytes, stream_));
         }
         size_t split_k = 0;  // q4_gemm's split-K partials for its most rows

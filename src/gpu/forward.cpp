@@ -141,7 +141,7 @@ dllm_status dllm__gpu_backend::gemm_fp8_batch(const dllm__weight_view &W, const 
  * than 64 rows the INT8 path reads the same 4-bit weights, writes int8 rows where the BF16 path writes bf16 ones (half
  * the bytes) and runs at twice the tensor-core rate (dllm-bench --int8-gemm-only measures both paths). */
 bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) const {
-    if (W.q4->packed) return true;  // q4wg takes the int8 C values at every M
+    if (W.q4->packed) return W.q4->format != DLLM__Q4_NVFP4;  // q4wg_gemm takes the int8 C values at every M
     const dllm__q4_format fa = lowbit_.options.acts, fw = W.q4->format;
     if (!lowbit_.int8_path || !lowbit_.options.quantize_acts || !dllm__q4_int_max(fa) || !dllm__q4_int_max(fw) ||
         M <= dllm__q4_max_rows || W.k % 4 || W.n % 4)
@@ -160,8 +160,9 @@ bool dllm__gpu_backend::q4_int8(const dllm__weight_view &W, int M, bool pinned) 
  *   - more rows: per chunk of weight rows their C values dequantised into act_.q4w, a BF16 GEMM into fp32 act_.q4acc
  *   and
  *     the epilogue (acc s_x) s_w into y.
- *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg at every M, on the int8
- *     C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits.
+ *   - [W4 GEMM] weights in q4wg's layout (sm_90a, SoloQ-I and RTN-W4A4 layer linears): q4wg_gemm at every M, on the
+ *     int8 C values; its sums are exact integers, so it gives the INT8 path's and q4_gemm's bits. SoloQ-N's layer
+ *     linears: q4wg_gemm_nv at every M on the bf16 C values, its fp32 sums in an order fixed by the weight's shape.
  * Every stage works row by row, so a row's result never depends on the other rows of its launch. */
 dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows,
                                        cudaDataType_t out) {
@@ -180,6 +181,10 @@ dllm_status dllm__gpu_backend::gemm_q4(const dllm__weight_view &W, const void *x
     }
     if (W.q4->packed) {  // a layer linear: its output is bf16
         if (out != CUDA_R_16BF) return dllm__fail(DLLM_ERR_INTERNAL, "gemm_q4: q4wg writes bf16 outputs only");
+        if (q.format == DLLM__Q4_NVFP4)
+            return dllm__q4wg_gemm_nv_run(*lowbit_.q4wg, W.data, W.scale, (const bf16_t *)act_.q4a.ptr,
+                                          act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
+                                          act_.q4wg_ws.bytes / 4, stream_);
         return dllm__q4wg_gemm_run(*lowbit_.q4wg, q.format, W.data, W.scale, (const signed char *)act_.q4a8.ptr,
                                    act_.q4a_scale.as<float>(), (bf16_t *)y, M, W.n, W.k, act_.q4wg_ws.as<int>(),
                                    act_.q4wg_ws.bytes / 4, stream_);

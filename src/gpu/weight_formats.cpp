@@ -29,8 +29,9 @@ enum dllm__wformat {
         1,           // E4M3 [n x k_pad] (k padded to whole 128-blocks with zero codes), an fp32 scale per 128x128
                      // block at scale[nb * ceil4(k_pad / 128) + kb] (BLK128x128): cuBLASLt block-scaled or fp8_gemm
     DLLM__W_Q4 = 2,  // [SoloQ] rows of W R^T in a 4-bit format (section 9b's packing: codes [n][k / 2], NVFP4 block
-    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the integer formats' layer linears are
-    // re-laid out for q4wg, which then runs every GEMM of theirs): q4_gemm on few rows, else the INT8 GEMM
+    // scales [n][ceil(k / 16)]), an fp32 row scale each (on sm_90a the layer linears of the integer formats and
+    // of NVFP4 are re-laid out for q4wg, NVFP4's block scales inside that layout, and q4wg then runs every GEMM
+    // of theirs): q4_gemm on few rows, else the INT8 GEMM
     // or the C values dequantised to BF16 for cuBLASLt, an fp32 epilogue applying the scales
     // (dllm__gpu_backend::gemm_q4)
 };
@@ -62,7 +63,7 @@ struct dllm__rotation_dev {
 struct dllm__q4_site {
     dllm__q4_format format = DLLM__Q4_INT4;
     bool packed = false;      // [W4 GEMM] the codes in q4wg's layout (dllm__q4wg_pack), not section 9b's rows
-    dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3
+    dllm__dbuf block_scales;  // NVFP4 [n][ceil(k / 16)] UE4M3; empty once packed (the layout holds them)
     std::shared_ptr<const dllm__rotation_dev> rot;
 };
 

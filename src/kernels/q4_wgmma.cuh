@@ -354,6 +354,341 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
     q4wg_cp_wait<0>();
 }
 
+// ---- SoloQ-N (NVFP4): q4wg_gemm_nv ---------------------------------------------------------------------------------
+
+/* q4wg_gemm_nv: NVFP4 weights (e2m1 codes x UE4M3 block scales per 16 along K x s_w[n]) times NVFP4 tokens given as
+ * their bf16 C values x s_x[m], on wgmma m64nNTk16.f32.bf16.bf16. Twin: dllm__cpu_q4_gemm (NVFP4) within fp32 order,
+ * dllm__q4wg_prepack_nv for the layout.
+ *
+ *   y[m][n] = bf16(((acc * 2^20) * s_x[m]) * s_w[n]),   acc = fp32 sum over k of (C_w 2^-20) C_x
+ *
+ * Every product C_w C_x is exact (bf16 times bf16 in fp32), so the sum differs from the twin's (fmaf, k ascending)
+ * only in its order. That order is FIXED, independent of M, the grid and the configuration: TF = 128 features a tile
+ * in every configuration; each tile's K is cut into a.ksplit chunks (the host chooses it from N and K only:
+ * dllm__q4wg_nv_ksplit); a chunk is one wgmma chain from zero, k16 steps ascending; the chunks' fp32
+ * partials are folded left to right (((c0 + c1) + c2) ...) by the tile's last CTA (plain stores to wsf, an atomic count
+ * in cnt; no float atomics). So a token row's bits depend on neither M nor the other rows.
+ *
+ * Dequantisation without a table: a bf16 whose exponent field is e2m1's (e1 e0) and whose top mantissa bit is e2m1's m
+ * is exactly e2m1 x 2^-126 (0.5 is a bf16 subnormal). Packed weights (q4wg_prepack_nv; twin dllm__q4wg_prepack_nv): per
+ * 64-row tile and 128-wide k block, 4608 bytes: codes [h 0..1][thread 0..127][16 bytes], then scales [quad 0..31][16
+ * bytes]. Code word j of (h, thread) is k16 step s = 4 h + j, its 8 nibbles laid out so that (S = 0x81C081C0)
+ *   A0 = x & S, A1 = rotl(x, 10) & S, A2 = rotl(x, 13) & S, A3 = ((x & 0x001B001B) * 0x1084) & S
+ * are the bf16 pairs (sign bit 15, e2m1's (e1 e0 m) at bits 8..6) of the PTX bf16 A fragment: register j, half hf =
+ * row 16 warp + lane / 4 + 8 (j & 1), k 16 s + 2 (lane % 4) + 8 (j >> 1) + hf (the IMAD's three shifted copies of 8
+ * masked bits neither overlap nor carry). Scale word i of quad q (rows g = 16 warp + q % 8 and g + 8) holds steps 2 i
+ * and 2 i + 1 as b' = (E + 9) << 3 | f for |scale| = 2^E (1 + f / 8) (UE4M3 subnormals normalised), placed so that
+ * (W & 0x0FF00FF0) | 0x70007000 is the bf16 pair {s(g), s(g + 8)} x 2^106 of step 2 i and the same of rotl(W, 8) step
+ * 2 i + 1; A_j x that (HMUL2, bf16 subnormals kept) = C_w 2^-20 exactly. Zero-scale blocks have zero codes, a negative
+ * scale byte flips the codes' signs (the prepack does both), NaN scales are refused at load.
+ *
+ * Tokens: bf16 [M][ldx], staged as the integer path stages int8 (q4wg_stage): a 128-wide k block is two 64-wide halves
+ * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT. */
+
+/* d (64 x NT f32, accumulator layout) += A (64 x 16 bf16, registers a0..a3) . B (NT x 16 bf16, shared, K-major)^T */
+template <int NT>
+__device__ __forceinline__ void q4wg_mma_bf16(float (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
+    if constexpr (NT == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+                     ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 128)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+                       "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+                       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+    else if constexpr (NT == 256)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+            ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+              "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),
+              "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+              "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ u32 q4wg_rotl(u32 x, int n) { return __funnelshift_l(x, x, n); }
+
+/* bf16x2 a times {s.lo, s.lo} / {s.hi, s.hi}: one HMUL2.BF16 whose broadcast is an operand swizzle. */
+__device__ __forceinline__ u32 q4wg_bmul_lo(u32 a, u32 s) {
+    u32 r;
+    asm("{\n.reg .b16 l, h;\n.reg .b32 b;\nmov.b32 {l, h}, %2;\nmov.b32 b, {l, l};\nmul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(r)
+        : "r"(a), "r"(s));
+    return r;
+}
+__device__ __forceinline__ u32 q4wg_bmul_hi(u32 a, u32 s) {
+    u32 r;
+    asm("{\n.reg .b16 l, h;\n.reg .b32 b;\nmov.b32 {l, h}, %2;\nmov.b32 b, {h, h};\nmul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(r)
+        : "r"(a), "r"(s));
+    return r;
+}
+
+/* A scale word's pair for its even step: bf16 {s(row g), s(row g + 8)} x 2^106. */
+__device__ __forceinline__ u32 q4wg_nv_scale(u32 w) {
+    u32 r;
+    asm("lop3.b32 %0, %1, 0x0FF00FF0, 0x70007000, 0xEA;" : "=r"(r) : "r"(w));  // (a & b) | c
+    return r;
+}
+
+/* The four A registers of one k16 step (C_w 2^-20): code word x, scale pair sp. */
+__device__ __forceinline__ void q4wg_nv_step(u32 x, u32 sp, u32 (&A)[4]) {
+    const u32 S = 0x81C081C0u;
+    u32 m3;
+    asm("mul.lo.u32 %0, %1, 0x1084;" : "=r"(m3) : "r"(x & 0x001B001Bu));
+    A[0] = q4wg_bmul_lo(x & S, sp);
+    A[1] = q4wg_bmul_hi(q4wg_rotl(x, 10) & S, sp);
+    A[2] = q4wg_bmul_lo(q4wg_rotl(x, 13) & S, sp);
+    A[3] = q4wg_bmul_hi(m3 & S, sp);
+}
+
+/* The fp32 accumulators' wait (q4wg_wgmma_wait for the integer ones). */
+template <int PENDING, int R, int NREG> __device__ __forceinline__ void q4wg_wgmma_wait(float (&acc)[R][NREG]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(acc[r][i])::"memory");
+}
+
+/* NT tokens, WGS warpgroups of R 64-row tiles (TF = 128 in every configuration: the tiles, hence the order, are the
+ * same), P k blocks a group, SG activation stages. Each k block is two wgmma groups (k 0-63, 64-127); the next half's A
+ * registers are written while the previous half's wgmmas run, except at NT = 256, whose 128 accumulator registers
+ * leave no room for two sets. Weights of group g + 1 load into registers and its tokens into shared memory while
+ * group g computes. CTAs take contiguous runs of whole (tile, chunk) units. */
+template <int NT, int WGS, int R, int P, int SG>
+__global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
+    constexpr int THREADS = 128 * WGS, TF = 64 * WGS * R, NREG = NT / 2, WAITH = NT >= 256 ? 0 : 1;
+    constexpr u32 KSTAGE = NT * 128, GSTAGE = KSTAGE * 2 * P;
+    static_assert(TF == 128, "NVFP4: 128-feature tiles in every configuration (the summation order)");
+    static_assert(SG == 2 || SG == 3, "stages");
+    static_assert((NT * 8) % THREADS == 0, "stage copy");
+    pdl_enter();
+    extern __shared__ __align__(16) unsigned char q4wg_smem[];
+    __shared__ int last_flag;
+    const u32 s0 = (q4wg_smem_u32(q4wg_smem) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
+    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks, units = tiles * ks;
+    const int u0 = (int)((long long)blockIdx.x * units / gridDim.x),
+              u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
+    if (u0 >= u1) return;
+    const int it0 = u0 * KU, it1 = u1 * KU;  // k blocks over all tiles (tile KB + kb)
+
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+
+    // Weights in 16-byte units, 288 a (64-row tile, k block): codes [h][thread], then scales [quad].
+    const int rstride = KB * 288;  // one 64-row tile (32-bit offsets: fewer live registers)
+    int lkb = it0 % KB;
+    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 288;
+    const int cofs = t128, sofs = 256 + (t128 >> 2);
+
+    int akb = lkb;
+    const signed char *xb = (const signed char *)a.xb;  // bytes: 256 a k block
+    const int ldxb = (int)a.ldx * 2;
+    q4wg_stage<NT, THREADS, 2 * P>(s0, xb + akb * 256, ldxb, a.M, tid);
+    q4wg_cp_commit();
+    akb = akb + P == KB ? 0 : akb + P;
+    q4wg_u32x4 wq[P][R][3];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+            wq[p][r][0] = q4wg_ldg(q + cofs, policy);
+            wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
+            wq[p][r][2] = q4wg_ldg(q + sofs, policy);
+        }
+    wp += P * 288;
+    lkb += P;
+    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+
+    float acc[R][NREG];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NREG; i++) acc[r][i] = 0.0f;
+
+    int ct = it0 / KB, ckb = it0 % KB;
+    u32 cst = 0, pst = 1;
+    for (int it = it0; it < it1; it += P) {
+        const bool more = it + P < it1;
+        q4wg_cp_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (more) q4wg_stage<NT, THREADS, 2 * P>(s0 + pst * GSTAGE, xb + akb * 256, ldxb, a.M, tid);
+        q4wg_cp_commit();
+        akb = akb + P == KB ? 0 : akb + P;
+        pst = pst + 1 == SG ? 0 : pst + 1;
+        const u64 dg = q4wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
+        cst = cst + 1 == SG ? 0 : cst + 1;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                u32 A[R][4][4];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const q4wg_u32x4 &v = wq[p][r][hh], &sc = wq[p][r][2];
+                    const u32 w0 = hh ? sc.z : sc.x, w1 = hh ? sc.w : sc.y;
+                    q4wg_nv_step(v.x, q4wg_nv_scale(w0), A[r][0]);
+                    q4wg_nv_step(v.y, q4wg_nv_scale(q4wg_rotl(w0, 8)), A[r][1]);
+                    q4wg_nv_step(v.z, q4wg_nv_scale(w1), A[r][2]);
+                    q4wg_nv_step(v.w, q4wg_nv_scale(q4wg_rotl(w1, 8)), A[r][3]);
+                }
+                if (hh == 1 && more)
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+                        wq[p][r][0] = q4wg_ldg(q + cofs, policy);
+                        wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
+                        wq[p][r][2] = q4wg_ldg(q + sofs, policy);
+                    }
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                const u64 d0 = dg + ((2 * p + hh) * KSTAGE >> 4);
+#pragma unroll
+                for (int s = 0; s < 4; s++)
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        q4wg_mma_bf16<NT>(acc[r], A[r][s][0], A[r][s][1], A[r][s][2], A[r][s][3], d0 + s * 2);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                if (p + 1 < P || hh == 0) q4wg_wgmma_wait<WAITH>(acc);
+            }
+        }
+        q4wg_wgmma_wait<SG - 2>(acc);
+        wp += P * 288;
+        lkb += P;
+        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        ckb += P;
+        if (ckb % KU == 0) {
+            // ---- chunk ckb / KU - 1 of tile ct is complete: publish it, or fold the tile ----
+            q4wg_wgmma_wait<0>(acc);
+            bool store = true;
+            if (ks > 1) {
+                const int chunk = ckb / KU - 1;
+                const long long tstride = (long long)NT * TF;
+                float *wsp = a.wsf + (long long)ct * ks * tstride + (wg * R) * NREG * 128 + t128;
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < NREG; i++) __stcg(wsp + chunk * tstride + (r * NREG + i) * 128, acc[r][i]);
+                __threadfence();
+                __syncthreads();
+                if (tid == 0) last_flag = atomicAdd(a.cnt + ct, 1) == ks - 1;
+                __syncthreads();
+                store = last_flag != 0;
+                if (store) {
+                    __threadfence();
+                    // (((c0 + c1) + c2) + ...), four chunks' loads in flight at a time
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int i = 0; i < NREG; i++) acc[r][i] = __ldcg(wsp + (r * NREG + i) * 128);
+                    for (int c = 1; c < ks; c += 4) {
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int i = 0; i < NREG; i++) {
+                                const float *q = wsp + c * tstride + (r * NREG + i) * 128;
+                                float v[4];
+#pragma unroll
+                                for (int j = 0; j < 4; j++) v[j] = c + j < ks ? __ldcg(q + j * tstride) : 0.0f;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+                                    if (c + j < ks) acc[r][i] = __fadd_rn(acc[r][i], v[j]);
+                            }
+                    }
+                    if (tid == 0) a.cnt[ct] = 0;
+                }
+            }
+            if (store) {
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
+#pragma unroll
+                    for (int j = 0; j < NT / 8; j++) {
+                        const int m = 8 * j + 2 * tq;
+                        if (m < a.M) {
+                            const float sx = a.s_x[m];
+                            const long long at = (long long)m * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j], 0x1p20f), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 2], 0x1p20f), sx), sw1));
+                        }
+                        if (m + 1 < a.M) {
+                            const float sx = a.s_x[m + 1];
+                            const long long at = (long long)(m + 1) * a.ldy + f;
+                            q4wg_store(a, at, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 1], 0x1p20f), sx), sw0));
+                            q4wg_store(a, at + 8, __fmul_rn(__fmul_rn(__fmul_rn(acc[r][4 * j + 3], 0x1p20f), sx), sw1));
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int i = 0; i < NREG; i++) acc[r][i] = 0.0f;
+            if (ckb == KB) ckb = 0, ct++;
+        }
+    }
+    q4wg_cp_wait<0>();
+}
+
 /* Canonical rows [n][k / 2] (low nibble first) into the packed layout above, one thread per packed byte (n % 64 == 0,
  * k % 128 == 0). Twin: dllm__q4wg_prepack. */
 KERNEL_q4wg_prepack {
@@ -370,5 +705,64 @@ KERNEL_q4wg_prepack {
         const unsigned char *r = rows + (u64)row * (k / 2);
         const int lo = r[kk / 2] >> (4 * (kk & 1)) & 15, hi = r[(kk + 16) / 2] >> (4 * (kk & 1)) & 15;
         packed[i] = (unsigned char)(lo | hi << 4);
+    }
+}
+
+/* The code-word bit that lands on A register j's bit q4wg_nv_pos[q] (bits 6, 7, 8, 15 of the low bf16 = e2m1's m, e0,
+ * e1, sign; then the high bf16's) through q4wg_nv_step's extractions: x & S, rotl(x, 10) & S, rotl(x, 13) & S and the
+ * IMAD's copies of bits {0, 1, 3, 4, 16, 17, 19, 20} shifted by 2, 7 and 12. Twin: dllm__q4wg_nv_src. */
+__device__ const unsigned char q4wg_nv_src[4][8] = {{6, 7, 8, 15, 22, 23, 24, 31},
+                                                    {28, 29, 30, 5, 12, 13, 14, 21},
+                                                    {25, 26, 27, 2, 9, 10, 11, 18},
+                                                    {4, 0, 1, 3, 20, 16, 17, 19}};
+
+/* A UE4M3 scale byte's b' (without its sign): |s| = 2^E (1 + f / 8) as (E + 9) << 3 | f; 0 for 0. Twin:
+ * dllm__q4wg_nv_bprime. */
+__device__ __forceinline__ u32 q4wg_nv_bprime(u32 c) {
+    const u32 e = (c >> 3) & 15, m = c & 7;
+    if (e) return ((e + 2) << 3) | m;
+    if (!m) return 0;
+    const u32 sh = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-9 = 2^(sh - 9) (1 + f / 8)
+    return (sh << 3) | ((m << (3 - sh)) & 7);
+}
+
+/* Canonical NVFP4 rows [n][k / 2] and block scales [n][k / 16] into q4wg_gemm_nv's layout, one thread per packed
+ * 32-bit word (n % 64 == 0, k % 128 == 0); a NaN scale (0x7F / 0xFF) counts in *nan_scales and packs as zero. Twin:
+ * dllm__q4wg_prepack_nv. */
+KERNEL_q4wg_prepack_nv {
+    pdl_enter();
+    const u64 total = (u64)n * k * 9 / 64;
+    const int kb_count = k / 128, nb = k / 16;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 block = i / 1152;
+        const int word = (int)(i % 1152), tile = (int)(block / kb_count), kb = (int)(block % kb_count);
+        const unsigned char *bs = block_scales;
+        u32 out = 0;
+        if (word < 1024) {  // a code word: step s = 4 h + jw of thread (warp, lane)
+            const int jw = word & 3, thread = (word >> 2) & 127, h = word >> 9, warp = thread >> 5, lane = thread & 31;
+            const int s = 4 * h + jw;
+            for (int j = 0; j < 4; j++)
+                for (int hf = 0; hf < 2; hf++) {
+                    const int row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+                    const int kk = 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf;
+                    const u32 sc = bs[(u64)row * nb + kk / 16] & 0xFF;
+                    u32 c = rows[(u64)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
+                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) c = 0;
+                    if (sc & 0x80) c ^= 8;
+                    for (int q = 0; q < 4; q++) out |= (c >> q & 1) << q4wg_nv_src[j][q + 4 * hf];
+                }
+        } else {  // a scale word: steps 2 i, 2 i + 1 of rows r0, r0 + 8
+            const int quad = (word - 1024) >> 2, i4 = word & 3;
+            const int r0 = 64 * tile + 16 * (quad / 8) + quad % 8;
+            auto bp = [&](int row, int step) {
+                const u32 sc = bs[(u64)row * nb + kb * 8 + step] & 0x7F;
+                if (sc == 0x7F) atomicAdd(nan_scales, 1);
+                return sc == 0x7F ? 0u : q4wg_nv_bprime(sc);
+            };
+            const u32 a0 = bp(r0, 2 * i4), a1 = bp(r0 + 8, 2 * i4), b0 = bp(r0, 2 * i4 + 1),
+                      b1 = bp(r0 + 8, 2 * i4 + 1);
+            out = a0 << 4 | a1 << 20 | (b0 & 15) << 28 | b0 >> 4 | b1 << 12;
+        }
+        packed[i] = out;
     }
 }

@@ -97,3 +97,72 @@ static bool dllm__q4_int_sum_exact_in_fp32(dllm__q4_format fa, dllm__q4_format f
         packed[i] = (uint8_t)(nibble(row, kk) | nibble(row, kk + 16) << 4);
     }
 }
+
+// ---- [W4 GEMM] q4wg_gemm_nv's layout twin: NVFP4 rows and block scales into its packed layout (GPU: q4wg_prepack_nv)
+
+/* The code-word bit that lands on A register j's value bit q (q 0-3: bits 6, 7, 8, 15 of the low bf16 = e2m1's m, e0,
+ * e1 and sign; q 4-7: bits 22, 23, 24, 31, the high bf16's) through the kernel's extractions x & S, rotl(x, 10) & S,
+ * rotl(x, 13) & S and ((x & 0x001B001B) * 0x1084) & S, S = 0x81C081C0 (kernel: q4wg_nv_src). */
+static const int dllm__q4wg_nv_src[4][8] = {{6, 7, 8, 15, 22, 23, 24, 31},
+                                            {28, 29, 30, 5, 12, 13, 14, 21},
+                                            {25, 26, 27, 2, 9, 10, 11, 18},
+                                            {4, 0, 1, 3, 20, 16, 17, 19}};
+
+/* A UE4M3 scale byte's b' (sign dropped): |s| = 2^E (1 + f / 8), E in [-9, 8], as (E + 9) << 3 | f (subnormals
+ * normalised); 0 for a zero scale. The kernel's (b' << 4) | 0x7000 is then the bf16 |s| 2^106. */
+static uint32_t dllm__q4wg_nv_bprime(uint8_t c) {
+    const uint32_t e = (c >> 3) & 15, m = c & 7;
+    if (e) return ((e + 2) << 3) | m;
+    if (!m) return 0;
+    const uint32_t sh = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-9 = 2^(sh - 9) (1 + f / 8)
+    return (sh << 3) | ((m << (3 - sh)) & 7);
+}
+
+/* Per 64-row tile and 128-wide k block, 4608 bytes: 1024 code words [h 0..1][thread 0..127][jw 0..3] (k16 step s = 4 h
+ * + jw; A register j, half hf = row 16 warp + lane / 4 + 8 (j % 2), k 16 s + 2 (lane % 4) + 8 (j / 2) + hf, its 4 code
+ * bits at dllm__q4wg_nv_src[j][4 hf ..]), then 128 scale words [quad 0..31][i 0..3] (rows r0 = 16 (quad / 8) + quad % 8
+ * and r0 + 8, steps 2 i and 2 i + 1: b'(r0, 2i) << 4 | b'(r0 + 8, 2i) << 20 | b'(r0, 2i + 1) rotated right by 4 into
+ * bits 28-31 and 0-3 | b'(r0 + 8, 2i + 1) << 12). A zero scale zeroes its block's codes, a negative one flips their
+ * signs. Returns the NaN scales (0x7F / 0xFF), which pack as zero. */
+[[maybe_unused]] static int64_t dllm__q4wg_prepack_nv(const uint8_t *rows, const uint8_t *block_scales, int n, int k,
+                                                      uint8_t *packed) {
+    const int kb_count = k / 128, nb = k / 16;
+    int64_t nan_scales = 0;
+    auto scale = [&](int row, int kk) { return block_scales[(size_t)row * nb + kk / 16]; };
+    auto code = [&](int row, int kk) {
+        const uint8_t sc = scale(row, kk);
+        const int c = rows[(size_t)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
+        if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) return 0;
+        return sc & 0x80 ? c ^ 8 : c;
+    };
+    auto bprime = [&](int row, int kk) {
+        const uint8_t sc = scale(row, kk) & 0x7F;
+        nan_scales += sc == 0x7F;
+        return sc == 0x7F ? 0u : dllm__q4wg_nv_bprime(sc);
+    };
+    for (int tile = 0; tile < n / 64; tile++)
+        for (int kb = 0; kb < kb_count; kb++) {
+            uint8_t *blk = packed + ((size_t)tile * kb_count + kb) * 4608;
+            auto put = [&](int word, uint32_t v) { memcpy(blk + 4 * word, &v, 4); };  // little-endian words
+            for (int word = 0; word < 1024; word++) {
+                const int jw = word & 3, thread = (word >> 2) & 127, h = word >> 9, warp = thread >> 5,
+                          lane = thread & 31, s = 4 * h + jw;
+                uint32_t out = 0;
+                for (int j = 0; j < 4; j++)
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int row = 64 * tile + 16 * warp + lane / 4 + 8 * (j & 1);
+                        const int c = code(row, 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf);
+                        for (int q = 0; q < 4; q++) out |= (uint32_t)(c >> q & 1) << dllm__q4wg_nv_src[j][q + 4 * hf];
+                    }
+                put(word, out);
+            }
+            for (int quad = 0; quad < 32; quad++)
+                for (int i = 0; i < 4; i++) {
+                    const int r0 = 64 * tile + 16 * (quad / 8) + quad % 8, k0 = 128 * kb + 32 * i;
+                    const uint32_t a0 = bprime(r0, k0), a1 = bprime(r0 + 8, k0), b0 = bprime(r0, k0 + 16),
+                                   b1 = bprime(r0 + 8, k0 + 16);
+                    put(1024 + 4 * quad + i, a0 << 4 | a1 << 20 | (b0 & 15) << 28 | b0 >> 4 | b1 << 12);
+                }
+        }
+    return nan_scales;
+}
