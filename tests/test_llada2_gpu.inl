@@ -738,6 +738,8 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     if (ctx) {
         const dllm__batch_caps caps = ctx->impl->batch_caps();
         CHECK_MSG(caps.plain.find("LLaDA2") != std::string::npos, "batch caps: \"%s\"", caps.plain.c_str());
+        // it batches through the block-diffusion forward
+        CHECK_MSG(caps.block_diffusion.empty(), "batch caps: \"%s\"", caps.block_diffusion.c_str());
     }
     dllm_ctx_free(ctx);
     dllm_model_free(m);
