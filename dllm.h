@@ -631,8 +631,9 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * (cfg, remasking other than low confidence, unmask other than SCHEDULE or THRESHOLD (both mean the loop above), DPad,
  * kv_cache, alg_temp, the sampler filters, logits_eos_inf, confidence_eos_eot_inf, eot_id, stop_id,
  * sub_block_length, block_cache, max_post_steps with LLaDA2.0's loop) are DLLM_ERR_UNSUPPORTED naming the option.
- * Neither the GPU backend (DLLM_ERR_UNSUPPORTED; AUTO runs the CPU backend with a warning), quantised precisions,
- * kv_quant nor dllm_generate_batch's batched forward take LLaDA2 yet (batch items decode one after another).
+ * The GPU backend runs LLaDA2 in BF16 when asked for (DLLM_BACKEND_GPU; AUTO keeps the CPU backend, with a warning);
+ * quantised precisions and kv_quant do not take LLaDA2 yet. dllm_generate_batch and dllm_stepper batch LLaDA2 items
+ * on both backends, each giving the bits it gets alone (CPU: dllm_generate's; GPU: its batch of one's).
  * dllm_logits is the forward without a cache, block-causal at 32 (generate's default block), positions from 0. */
 
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
@@ -709,8 +710,8 @@ DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *i
  * A sequence joins the next dllm_stepper_step at its own first step (its prefill, with block diffusion), and gets what
  * dllm_generate_batch gives it: the same bits whatever joins or leaves around it, when, and in which order
  * (dllm_generate_batch is this loop). Every item dllm_generate_batch takes, with its rules: the kinds it decodes one
- * after another (LLaDA2, and sequences whose K/V caches the device cannot hold) decode whole inside one step each,
- * after the batched forward, their one event their end; block diffusion under kv_quant batches, each slot its codes.
+ * after another (sequences whose K/V caches the device cannot hold) decode whole inside one step each, after the
+ * batched forward, their one event their end; block diffusion under kv_quant batches, each slot its codes.
  * Memory: the K/V caches of sequences with a kv_cache and of block-diffusion sequences live in slots that a sequence
  * frees when it ends and the next one reuses (the smallest that fits, else one enlarged): a long run's memory stops at
  * what its largest concurrent sequences need, and dllm_stepper_free releases it. One stepper per context at a time

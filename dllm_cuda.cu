@@ -12537,12 +12537,13 @@ KERNEL_kv_scatter_rows {
 #line 562 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
- * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the gather
- * of each expert's rows (its slots, expert by expert) and the weighted sum of a token's expert outputs in slot order
- * plus the shared expert's. Each names its CPU twin in src/kernels/moe.cuh. The router keeps one row's scores in
- * shared memory: at most dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256
- * in 8). */
-static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
+ * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
+ * the routes (each expert's rows and row tiles, on the device), the grouped expert GEMM over all experts' rows in one
+ * launch, and the weighted sum of a token's expert outputs in slot order plus the shared expert's. Each names its CPU
+ * twin in src/kernels/moe.cuh. The router and the plan keep one count per expert in shared memory: at most
+ * dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256 in 8). A grouped GEMM
+ * tile holds dllm__moe_tile_rows rows of one expert (a fixed number: never chosen from a row count). */
+static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__moe_tile_rows = 32;
 #define DLLM__MOE_KERNELS(X)                                                                                           \
     X(qk_norm_rope, __launch_bounds__(128),                                                                            \
       (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
@@ -12550,19 +12551,61 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
     X(moe_route, __launch_bounds__(32),                                                                                \
       (const float *logits, const float *expert_bias, int n_rows, int n_expert, int n_group, int n_group_used,         \
        int top_k, float routed_scale, int *expert, float *weight))                                                     \
-    X(moe_gather_rows, __launch_bounds__(128), (const bf16_t *x, int d, const int *rows, int n_rows, bf16_t *out))    \
+    X(moe_plan, __launch_bounds__(256),                                                                                \
+      (const int *expert, int n_slots, int top_k, int n_expert, int *first_row, int *tile_first, int *row_token,      \
+       int *slot_row))                                                                                                 \
+    X(moe_grouped_gemm, __launch_bounds__(128),                                                                        \
+      (const bf16_t *x, const int *row_src, const bf16_t *const *w, const int *first_row, const int *tile_first,     \
+       int n_expert, int N, int K, bf16_t *y))                                                                         \
     X(moe_combine, __launch_bounds__(256),                                                                             \
       (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
        int top_k, int d, bf16_t *out))
 DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
+/* The twins of moe_plan and moe_grouped_gemm (src/kernels/moe.cuh), host code the CPU tests run too. */
+DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
+                                               std::vector<int> &first_row, std::vector<int> &tile_first,
+                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)n_expert, 0);
+    for (int i = 0; i < n_slots; i++)
+        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
+    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
+    for (int e = 0; e < n_expert; e++) {
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
+        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
+    }
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
+    for (int i = 0; i < n_slots; i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= n_expert) continue;
+        const int row = next[(size_t)e]++;
+        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
+    }
+}
+/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
+                                                       const std::vector<const uint16_t *> &w,
+                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
+            for (int f = 0; f < N; f++) {
+                float acc = 0;
+                for (int k = 0; k < K; k++) acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
+                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
+            }
+        }
+}
+
 static const char *dllm__src_moe = R"DLLM(
 #line 1 "src/kernels/moe.cuh"
 /* src/kernels/moe.cuh - LLaDA2's kernels (../shared/spec/llada2.md, "Forward"): QK-norm with partial RoPE, the sigmoid
- * router's group-limited top-k, and the gather / weighted sum around the routed experts' GEMMs (which run through the
- * backend's GEMM entry point, one expert at a time, on the rows routed to it). Every kernel works row by row: a row's
- * bits never depend on which other rows are in the launch, so an expert's choice and a token's sum do not depend on
- * the other tokens (or sequences) of the forward. Needs MOE_MAX_EXPERTS and MOE_MAX_GROUPS. */
+ * router's group-limited top-k, the routes' plan (each expert's rows, built on the device: no host synchronisation, so
+ * the forward can be captured in a CUDA graph), the grouped expert GEMM over every expert's rows in one launch, and the
+ * weighted sum of a token's experts. Every kernel works row by row: a row's bits never depend on which other rows are
+ * in the launch, so an expert's choice and a token's sum do not depend on the other tokens (or sequences) of the
+ * forward. Needs MOE_MAX_EXPERTS, MOE_MAX_GROUPS and MOE_TILE_ROWS. */
 
 /* Twin: dllm__cpu_llada2_qkv's QK-norm and RoPE (dllm__cpu_rmsnorm over each Q and K head with the shared head-dim
  * weight, then dllm__cpu_rope on the first rotary_dim dims). In place on the fused projection rows [q heads | k heads |
@@ -12682,14 +12725,138 @@ KERNEL_moe_route {
     }
 }
 
-/* Twin: the rows memcpy of dllm__cpu_moe. out[i] = x[rows[i]] (d bf16, a multiple of 8), one CTA a row. */
-KERNEL_moe_gather_rows {
+/* Twin: dllm__moe_plan_ref. Where each slot (token t, choice j; slot i = t * top_k + j) goes: expert e's slots, in slot
+ * order (token by token, as the CPU's slots_of), in the rows [first_row[e], first_row[e + 1]) with no padding, and its
+ * row tiles (MOE_TILE_ROWS rows each, the last one short) numbered [tile_first[e], tile_first[e + 1]); row_token[row]
+ * the token a row holds, slot_row[i] slot i's row (-1 for a slot without an expert, which adds nothing). One CTA of
+ * 256 threads: counts, a scan by warp 0, then the slots a chunk of 256 at a time, a slot's rank inside its chunk
+ * counted over the chunk's earlier slots, so the order is the slots' whatever the timing. */
+KERNEL_moe_plan {
     pdl_enter();
-    const int i = blockIdx.x;
-    if (i >= n_rows) return;
-    const uint4 *from = (const uint4 *)(x + (u64)rows[i] * d);
-    uint4 *to = (uint4 *)(out + (u64)i * d);
-    for (int c = threadIdx.x; c < d / 8; c += blockDim.x) to[c] = from[c];
+    __shared__ int count[MOE_MAX_EXPERTS], next[MOE_MAX_EXPERTS], chunk_expert[256];
+    const int tid = threadIdx.x, lane = tid & 31;
+    for (int e = tid; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_slots; i += blockDim.x) {
+        const int e = expert[i];
+        if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // warp 0: exclusive scans of the rows and the tiles, each lane over a contiguous run of experts
+        const int per_lane = (n_expert + 31) / 32, e0 = min(lane * per_lane, n_expert),
+                  e1 = min(e0 + per_lane, n_expert);
+        int rows = 0, tiles = 0;
+        for (int e = e0; e < e1; e++) rows += count[e], tiles += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS;
+        int row_before = rows, tile_before = tiles;  // inclusive scans, then made exclusive
+        for (int o = 1; o < 32; o <<= 1) {
+            const int r = __shfl_up_sync(0xffffffffu, row_before, o), t = __shfl_up_sync(0xffffffffu, tile_before, o);
+            if (lane >= o) row_before += r, tile_before += t;
+        }
+        row_before -= rows, tile_before -= tiles;
+        for (int e = e0; e < e1; e++) {
+            first_row[e] = row_before, tile_first[e] = tile_before, next[e] = row_before;
+            row_before += count[e], tile_before += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS;
+        }
+        if (lane == 31) first_row[n_expert] = row_before, tile_first[n_expert] = tile_before;
+    }
+    __syncthreads();
+    for (int base = 0; base < n_slots; base += 256) {
+        const int i = base + tid;
+        int e = i < n_slots && tid < 256 ? expert[i] : -1;
+        if (e >= n_expert) e = -1;
+        if (tid < 256) chunk_expert[tid] = e;
+        __syncthreads();
+        if (e >= 0) {
+            int rank = 0;
+            for (int j = 0; j < tid; j++) rank += chunk_expert[j] == e;
+            const int row = next[e] + rank;
+            row_token[row] = i / top_k;
+            slot_row[i] = row;
+        } else if (i < n_slots && tid < 256) {
+            slot_row[i] = -1;
+        }
+        __syncthreads();  // every rank read next[] before it moves
+        if (e >= 0) atomicAdd(&next[e], 1);
+        __syncthreads();
+    }
+}
+
+/* d (16 x 8, fp32) += a (16 x 16, bf16, row-major fragment) . b (16 x 8, bf16, column fragment). */
+__device__ __forceinline__ void moe_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 moe_load16(const bf16_t *p, bool ok) {
+    return ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* Twin: dllm__moe_grouped_gemm_ref. For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] bf16 [N][K]) for
+ * the rows of e's range (moe_plan's first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one
+ * rounding to bf16. Grid x over row tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64
+ * output features; 4 warps, each 16 features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and
+ * the rows its n8 columns (the transposed product: a decode step gives an expert a row or two), loaded straight from
+ * global memory as 16 bytes a lane: in a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and g + 8
+ * and of row g of each n8 group, the first 8 bytes for the first k16 product and the rest for the second. That pairs
+ * logical k with a permuted physical k, the same permutation on both operands, so each product is still a dot
+ * product over all of K. Row independence: an output (row, feature) is one accumulator fed the same k16 products in
+ * the same order whatever the tile holds, its expert's row count and the number of tiles; columns of an mma never mix,
+ * and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any batch. K
+ * is a multiple of 8 (the host checks); any N. */
+KERNEL_moe_grouped_gemm {
+    pdl_enter();
+    const int tile = blockIdx.x;
+    if (tile >= tile_first[n_expert]) return;
+    int lo = 0, hi = n_expert;  // the last expert whose first tile is at or before this one (it holds it)
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_first[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int e = lo, row0 = first_row[e] + (tile - tile_first[e]) * MOE_TILE_ROWS;
+    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int f0 = blockIdx.y * 64 + warp * 16;
+    if (f0 >= N) return;
+    constexpr int NT = MOE_TILE_ROWS / 8;  // n8 groups of rows
+    const bf16_t *W = w[e];
+    const bool fa = f0 + g < N, fb = f0 + g + 8 < N;
+    const bf16_t *wa = W + (u64)(fa ? f0 + g : 0) * K, *wb = W + (u64)(fb ? f0 + g + 8 : 0) * K;
+    const bf16_t *xr[NT];
+    bool xv[NT];
+    for (int j = 0; j < NT; j++) {
+        const int r = j * 8 + g;
+        xv[j] = r < n_rows;
+        const int src = xv[j] ? (row_src ? row_src[row0 + r] : row0 + r) : 0;
+        xr[j] = x + (u64)src * K;
+    }
+    float acc[NT][4];
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int k0 = 0; k0 < K; k0 += 64) {  // two k32 steps: their weights in flight together
+        const int ka = k0 + 8 * t, kb = k0 + 32 + 8 * t;
+        const uint4 a_lo0 = moe_load16(wa + ka, fa && ka < K), a_hi0 = moe_load16(wb + ka, fb && ka < K);
+        const uint4 a_lo1 = moe_load16(wa + kb, fa && kb < K), a_hi1 = moe_load16(wb + kb, fb && kb < K);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
+            const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
+            moe_mma(acc[j], a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
+            moe_mma(acc[j], a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
+            moe_mma(acc[j], a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
+            moe_mma(acc[j], a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+        }
+    }
+    // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        for (int c = 0; c < 4; c++) {
+            const int r = j * 8 + 2 * t + (c & 1), f = f0 + g + (c >> 1) * 8;
+            if (r < n_rows && f < N) y[(u64)(row0 + r) * N + f] = f32_to_bf16(acc[j][c]);
+        }
 }
 
 /* Twin: the final sum of dllm__cpu_moe. out[t] = (sum over slots s in order of weight[t][s] expert_out[slot_row[t][s]])
@@ -12717,7 +12884,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 584 "src/gpu/kernel_table.cpp"
+#line 626 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -13295,8 +13462,9 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
 static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
     return {"dllm_moe",
             dllm__src_prelude() +
-                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define NORM_SLOTS %d\n",
-                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__norm_slots) +
+                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define MOE_TILE_ROWS %d\n"
+                             "#define NORM_SLOTS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots) +
                 DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
             {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};
@@ -15964,11 +16132,30 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
     w.layers.resize((size_t)c.n_layer);
-    for (dllm__gpu_layer &G : w.layers) {
+    for (size_t l = 0; l < w.layers.size(); l++) {
+        dllm__gpu_layer &G = w.layers[l];
         DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
         DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
-        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
-        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+        if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
+            DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+            DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+        }
+        if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
+            DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
+            DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
+            G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
+            for (int e = 0; e < c.n_expert; e++) {
+                DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
+                DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
+            }
+            if (c.n_ff_shared > 0) {
+                DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
+                DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
+            }
+        } else {
+            DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+            DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+        }
         DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
         DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
         if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
@@ -16752,23 +16939,23 @@ struct dllm__gpu_bdfa {
     int64_t rows_seen = 0, rows_reused = 0;
 };
 
-/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, and per MoE layer the router's fp32
- * logits, each token's experts and weights, the slots (token, k) sorted by expert (each expert's range starting on a
- * row that keeps its GEMM operands 256-byte aligned, as cuBLASLt's algorithms assume), the slots' rows through the
- * experts and the shared expert's rows. The permutation is built on the host from the chosen experts (one copy and
- * one synchronisation a layer), so LLaDA2's forwards run eagerly, never captured. */
+/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, the expert weights' addresses, and per MoE
+ * layer the router's fp32 logits, each token's experts and weights, the routes' plan (the slots (token, k) sorted by
+ * expert, each expert's rows and row tiles), the experts' rows and the shared expert's rows. All of it stays on the
+ * device (sized by the row count alone), so LLaDA2's forwards are captured as graphs like the others. */
 struct dllm__gpu_moe {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
     dllm__kernel<dllm__sig_moe_route> route;
-    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_plan> plan_kernel;
+    dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
     dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm__dbuf expert_ptrs;             // const bf16 * [layers][2][E]: each expert's gate|up, then down weights
     dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
-    dllm__dbuf slot_token, slot_row;    // int [rows]: the token of each expert row; int [T][k]: the row of each slot
-    dllm__dbuf x, gu, f, y;             // bf16 [rows][d], [rows][2 ff], [rows][ff], [rows][d]: the experts' rows
+    dllm__dbuf plan;                    // int [2][E + 1]: first_row, then tile_first (moe_plan)
+    dllm__dbuf row_token, slot_row;     // int [T k]: the token of each expert row; int [T][k]: the row of each slot
+    dllm__dbuf gu, f, y;                // bf16 [T k][2 ff], [T k][ff], [T k][d]: the experts' rows
     dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
-    std::vector<int> expert_host, slot_token_host, slot_row_host, first_row;  // first_row [E + 1]: expert e's rows
-    int rows = 0;                       // expert rows the buffers hold
     // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
     std::map<int, std::vector<int>> *debug_experts = nullptr;
     std::map<int, std::vector<float>> *debug_logits = nullptr;
@@ -16926,10 +17113,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__TRY(fit_buffers(1, M, 1));
         DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
         DLLM__TRY(moe_block(l, M, act_.delta.ptr));
-        out.resize((size_t)M * d);
+        out.resize((size_t)M * d), experts.resize((size_t)M * model_.cfg.n_expert_used);
         DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(experts.data(), moe_.expert.ptr, experts.size() * 4, cudaMemcpyDeviceToHost, stream_));
         DLLM__CUDA(cudaStreamSynchronize(stream_));
-        experts = moe_.expert_host;
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
@@ -17035,8 +17222,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool moe_layer(size_t l) const { return moe_model() && !weights_->layers[l].expert_gu.empty(); }
     dllm_status moe_supported() const;
     dllm_status load_moe();
-    dllm_status qk_norm_rope(size_t layer, int T, int pos0);
+    dllm_status qk_norm_rope(size_t layer, int T, int pos0, int r0 = 0);
+    dllm_status qk_norm_rope_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status moe_fit(int M);
+    dllm_status moe_pointers();
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status moe_block(size_t l, int M, void *out);
@@ -17487,6 +17676,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         host_pinned_.bytes = pinned;
     }
     if (A.addresses() != before) A.generation++;
+    if (moe_model()) DLLM__TRY(moe_fit((int)M));  // [MoE] before any capture: a forward never allocates
     return DLLM_OK;
 }
 #line 120 "src/dllm_cuda.cu"
@@ -18102,33 +18292,31 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
 #line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/moe.cpp"
 /* src/gpu/moe.cpp - LLaDA2 on the GPU backend (../shared/spec/llada2.md): QK-norm with partial RoPE, the router on the
- * device and the routed experts through the GEMM entry point; twin: src/cpu/moe.cpp.
+ * device and the routed experts in one grouped GEMM launch each; twin: src/cpu/moe.cpp.
  *
  * A MoE layer (moe_ffn): the post-attention add + RMSNorm (add_rmsnorm), the router's fp32 logits (a row-independent
- * GEMM, so a token's choice never depends on the other rows), the group-limited top-k (moe_route), the chosen experts
- * copied to the host, where the slots (token, k) are sorted by expert, then token (the CPU's order); each expert's rows
- * gathered into one contiguous range, its gate|up GEMM, SwiGLU, its down GEMM (row-independent GEMMs of exactly the
- * rows it received: no capacity, no dropped token); the shared expert over every row; then each token's weighted sum
- * of its slots in slot order plus the shared expert's (moe_combine) into act_.delta. First version, exact over fast:
- * one host synchronisation a MoE layer and an expert's GEMMs launched one expert at a time; BF16 weights only. */
+ * GEMM, so a token's choice never depends on the other rows), the group-limited top-k (moe_route), the plan of the
+ * routes on the device (moe_plan: the slots (token, k) sorted by expert, then token, the CPU's order; each expert's
+ * rows and row tiles), the gate|up GEMM of every expert over the rows it received in one launch (moe_grouped_gemm,
+ * reading each row's token from the normed rows: no gather), SwiGLU, the down GEMM likewise (no capacity, no dropped
+ * token), the shared expert over every row, then each token's weighted sum of its slots in slot order plus the shared
+ * expert's (moe_combine) into act_.delta. Nothing goes back to the host: every launch's grid is a bound fixed by the
+ * row count M alone (the grouped GEMM's CTAs past the plan's tile count leave at once), so a forward is captured as a
+ * CUDA graph like any other. A row's bits do not depend on the other rows (each kernel is row-independent), so a
+ * token's output is the same in any batch. BF16 weights only. */
 
 /* What this first version takes; the rest is refused with the setting to change. */
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
-    if (model_.random_weights)
-        return dllm__fail(
-            DLLM_ERR_UNSUPPORTED,
-            "LLaDA2 with random weights (dllm_model_load_random, dllm-bench) has no GPU weights yet: load "
-            "a checkpoint");
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
                           "(--kv-quant none), or the CPU backend (--backend cpu)");
-    if (c.n_ff_expert % 8 || c.n_ff_shared % 8)
+    if (c.n_ff_expert % 8 || c.n_ff_shared % 8 || c.n_embd % 8)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "LLaDA2 on the GPU backend needs expert widths divisible by 8 (moe_intermediate_size %d, "
-                          "shared %d); use the CPU backend (--backend cpu)",
-                          c.n_ff_expert, c.n_ff_shared);
+                          "LLaDA2 on the GPU backend needs expert widths and hidden size divisible by 8 "
+                          "(moe_intermediate_size %d, shared %d, hidden %d); use the CPU backend (--backend cpu)",
+                          c.n_ff_expert, c.n_ff_shared, c.n_embd);
     if (c.n_expert > dllm__moe_max_experts || c.n_expert_group > dllm__moe_max_groups || c.n_expert_used > 32)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "LLaDA2 on the GPU backend routes at most %d experts in %d groups, 32 a token; this model "
@@ -18140,77 +18328,66 @@ dllm_status dllm__gpu_backend::moe_supported() const {
 dllm_status dllm__gpu_backend::load_moe() {
     if (moe_.module) return DLLM_OK;
     DLLM__TRY(dllm__jit_load(dllm__module_moe(arch_), moe_.module));
+    DLLM__TRY(moe_pointers());
     auto bind = [&](auto &k, const char *name) { k.fn = moe_.module->kernels.at(name), k.name = name; };
     bind(moe_.qk_norm_rope, "qk_norm_rope");
     bind(moe_.route, "moe_route");
-    bind(moe_.gather, "moe_gather_rows");
+    bind(moe_.plan_kernel, "moe_plan");
+    bind(moe_.grouped_gemm, "moe_grouped_gemm");
     bind(moe_.combine, "moe_combine");
     return DLLM_OK;
 }
 
-/* QK-norm and partial RoPE on the T fused projection rows of act_.qkv at positions pos0 + row (twin: the end of
- * dllm__cpu_llada2_qkv). */
-dllm_status dllm__gpu_backend::qk_norm_rope(size_t layer, int T, int pos0) {
+/* QK-norm and partial RoPE on the T fused projection rows of act_.qkv from row r0 on, at positions pos0 + row (twin:
+ * the end of dllm__cpu_llada2_qkv). */
+dllm_status dllm__gpu_backend::qk_norm_rope(size_t layer, int T, int pos0, int r0) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[layer];
     const bool norm = c.qk_norm && L.q_norm.ptr;
     const unsigned head_groups = (unsigned)(c.n_head + c.n_head_kv + 3) / 4;
-    return moe_.qk_norm_rope.launch({dim3((unsigned)T, head_groups), dim3(128)}, stream_, act_.qkv.ptr, T, pos0,
-                                    c.n_head, c.n_head_kv, c.head_dim, c.rotary_dim ? c.rotary_dim : c.head_dim,
+    bf16_t *qkv = act_.qkv.as<bf16_t>() + (size_t)r0 * (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    return moe_.qk_norm_rope.launch({dim3((unsigned)T, head_groups), dim3(128)}, stream_, qkv, T, pos0, c.n_head,
+                                    c.n_head_kv, c.head_dim, c.rotary_dim ? c.rotary_dim : c.head_dim,
                                     norm ? L.q_norm.ptr : nullptr, norm ? L.k_norm.ptr : nullptr, c.norm_eps,
                                     rope_cos_.ptr, rope_sin_.ptr);
 }
 
-/* Rows a MoE layer of M tokens may need: its M k slots, each expert's range rounded up to `align` rows. */
-static int dllm__moe_align_rows(const dllm__config &c) {
-    // each expert range starts on a row where every buffer's row offset is a multiple of 256 bytes
-    int align = 1;
-    for (int width : {c.n_embd, 2 * c.n_ff_expert, c.n_ff_expert}) {
-        const int bytes = width * 2;
-        int need = 1;
-        while ((int64_t)need * bytes % 256) need *= 2;
-        align = std::max(align, need);  // powers of two: the largest is a multiple of the others
+/* [batch] qk_norm_rope over a batched layout's rows at their own positions (v.positions): one launch per run of
+ * consecutive positions (a block-diffusion sequence's rows are one run). Row-wise: a row's bits never depend on the
+ * other rows. */
+dllm_status dllm__gpu_backend::qk_norm_rope_varlen(size_t layer, const dllm__varlen_layout &v) {
+    for (int r0 = 0, r1 = 0; r0 < v.rows; r0 = r1) {
+        for (r1 = r0 + 1; r1 < v.rows && v.positions[(size_t)r1] == v.positions[(size_t)r1 - 1] + 1; r1++) {}
+        DLLM__TRY(qk_norm_rope(layer, r1 - r0, v.positions[(size_t)r0], r0));
     }
-    return align;
+    return DLLM_OK;
 }
 
-/* The expert rows of a MoE layer's slots (expert[i] of slot i = token * k + j; -1: none): expert e's slots, token by
- * token (the CPU's slots_of), in rows [first_row[e], first_row[e + 1]) whose length is rounded up to `align` rows;
- * slot_token[row] the token a row holds (0 in the padding rows: a finite row, never read), slot_row[i] slot i's row
- * (-1: none). Host code, tested on the CPU (llada2.gpu_moe_slot_order). */
-static void dllm__moe_slot_order(const std::vector<int> &expert, int E, int k, int align, std::vector<int> &first_row,
-                                 std::vector<int> &slot_token, std::vector<int> &slot_row) {
-    std::vector<int> count((size_t)E, 0);
-    for (int e : expert)
-        if (e >= 0 && e < E) count[(size_t)e]++;
-    first_row.assign((size_t)E + 1, 0);
-    for (int e = 0; e < E; e++)
-        first_row[(size_t)e + 1] = first_row[(size_t)e] + (count[(size_t)e] + align - 1) / align * align;
-    std::vector<int> next(first_row.begin(), first_row.end() - 1);
-    slot_token.assign((size_t)first_row[(size_t)E], 0);
-    slot_row.assign(expert.size(), -1);
-    for (size_t i = 0; i < expert.size(); i++) {
-        const int e = expert[i];
-        if (e < 0 || e >= E) continue;  // no expert (NaN scores): the slot adds nothing, as moe_combine says
-        const int row = next[(size_t)e]++;
-        slot_token[(size_t)row] = (int)i / k;
-        slot_row[i] = row;
-    }
+/* Row tiles a MoE layer of M tokens may need (the grouped GEMM's grid): each expert's last tile may be short, so at
+ * most M k / tile_rows whole tiles plus one short tile per expert that received a row. */
+static int dllm__moe_tile_bound(const dllm__config &c, int M) {
+    const int slots = M * c.n_expert_used;
+    return slots / dllm__moe_tile_rows + std::min(c.n_expert, slots);
 }
 
-/* The buffers of a MoE layer over M tokens (zeroed when made: the padding rows between experts hold finite values). */
+/* The buffers of a MoE layer over M tokens, sized by M alone (fit_buffers calls it before a forward is captured; a
+ * buffer that moves bumps act_.generation, as the activations' do). The expert rows are zeroed when made: SwiGLU runs
+ * over all M k rows, whose tail past the routed rows then holds finite values nobody reads. */
 dllm_status dllm__gpu_backend::moe_fit(int M) {
     const dllm__config &c = model_.cfg;
     const size_t d = (size_t)c.n_embd, E = (size_t)c.n_expert, k = (size_t)c.n_expert_used, ff = (size_t)c.n_ff_expert,
                  ffs = (size_t)std::max(c.n_ff_shared, 8);
-    const size_t rows = (size_t)M * k + E * (size_t)(dllm__moe_align_rows(c) - 1);
+    const size_t rows = (size_t)M * k;
+    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,   moe_.slot_row.ptr,
+                                              moe_.row_token.ptr, moe_.plan.ptr,   moe_.gu.ptr,       moe_.f.ptr,
+                                              moe_.y.ptr,      moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
     DLLM__TRY(moe_.logits.fit((size_t)M * E * 4, "the MoE router's logits"));
-    DLLM__TRY(moe_.expert.fit((size_t)M * k * 4, "the MoE routes"));
-    DLLM__TRY(moe_.weight.fit((size_t)M * k * 4, "the MoE routes"));
-    DLLM__TRY(moe_.slot_row.fit((size_t)M * k * 4, "the MoE routes"));
-    DLLM__TRY(moe_.slot_token.fit(rows * 4, "the MoE routes"));
-    for (auto buf : {std::make_pair(&moe_.x, d), std::make_pair(&moe_.gu, 2 * ff), std::make_pair(&moe_.f, ff),
-                     std::make_pair(&moe_.y, d)}) {
+    DLLM__TRY(moe_.expert.fit(rows * 4, "the MoE routes"));
+    DLLM__TRY(moe_.weight.fit(rows * 4, "the MoE routes"));
+    DLLM__TRY(moe_.slot_row.fit(rows * 4, "the MoE routes"));
+    DLLM__TRY(moe_.row_token.fit(rows * 4, "the MoE routes"));
+    DLLM__TRY(moe_.plan.fit(2 * (E + 1) * 4, "the MoE routes"));
+    for (auto buf : {std::make_pair(&moe_.gu, 2 * ff), std::make_pair(&moe_.f, ff), std::make_pair(&moe_.y, d)}) {
         const void *was = buf.first->ptr;
         DLLM__TRY(buf.first->fit(rows * buf.second * 2, "the MoE experts' rows"));
         if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
@@ -18218,43 +18395,54 @@ dllm_status dllm__gpu_backend::moe_fit(int M) {
     DLLM__TRY(moe_.shared_gu.fit((size_t)M * 2 * ffs * 2, "the MoE shared expert's rows"));
     DLLM__TRY(moe_.shared_f.fit((size_t)M * ffs * 2, "the MoE shared expert's rows"));
     DLLM__TRY(moe_.shared_y.fit((size_t)M * d * 2, "the MoE shared expert's rows"));
-    moe_.rows = (int)rows;
+    const std::vector<const void *> after = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,   moe_.slot_row.ptr,
+                                             moe_.row_token.ptr, moe_.plan.ptr,   moe_.gu.ptr,       moe_.f.ptr,
+                                             moe_.y.ptr,      moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
+    if (after != before) act_.generation++;
     return DLLM_OK;
 }
 
-/* The router of layer l over the M normed rows of act_.a, and the slots' order: moe_.expert and moe_.weight [M][k] on
- * the device, moe_.first_row (expert e's rows [first_row[e], first_row[e + 1]), padding included), slot_token (the
- * token of each expert row) and slot_row (the expert row of each slot) on both sides. */
+/* Each MoE layer's expert weights as device arrays of pointers (gate|up, then down, E each), for the grouped GEMM. */
+dllm_status dllm__gpu_backend::moe_pointers() {
+    const size_t E = (size_t)model_.cfg.n_expert, n_layers = weights_->layers.size();
+    std::vector<const void *> ptrs(n_layers * 2 * E, nullptr);
+    for (size_t l = 0; l < n_layers; l++) {
+        const dllm__gpu_layer &L = weights_->layers[l];
+        for (size_t e = 0; e < L.expert_gu.size() && e < E; e++)
+            ptrs[(l * 2 + 0) * E + e] = L.expert_gu[e].data.ptr, ptrs[(l * 2 + 1) * E + e] = L.expert_down[e].data.ptr;
+    }
+    DLLM__TRY(moe_.expert_ptrs.fit(ptrs.size() * sizeof(void *), "the MoE experts' addresses"));
+    DLLM__CUDA(cudaMemcpy(moe_.expert_ptrs.ptr, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
+    return DLLM_OK;
+}
+
+/* The router of layer l over the M normed rows of act_.a, then the routes' plan, all on the device: moe_.expert and
+ * moe_.weight [M][k], the plan's first_row and tile_first [E + 1] (moe_.plan), row_token (the token of each expert row)
+ * and slot_row (the expert row of each slot). With the debug hooks set, the chosen experts and logits are copied back
+ * (a synchronisation: bd_run never captures then). */
 dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
-    const int E = c.n_expert, k = c.n_expert_used, P = M * k, align = dllm__moe_align_rows(c);
+    const int E = c.n_expert, k = c.n_expert_used, P = M * k;
     DLLM__TRY(gemm(L.router.view(), act_.a.ptr, moe_.logits.ptr, M, DLLM__ROWS_INDEPENDENT, CUDA_R_32F));
     mark("moe router gemm");
     DLLM__TRY(moe_.route.launch({dim3((unsigned)M), dim3(32)}, stream_, moe_.logits.ptr, L.expert_bias.ptr, M, E,
                                 c.n_expert_group, c.n_group_used, k, (float)c.routed_scale, moe_.expert.ptr,
                                 moe_.weight.ptr));
     mark("moe route");
-    moe_.expert_host.resize((size_t)P);
-    DLLM__CUDA(
-        cudaMemcpyAsync(moe_.expert_host.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
-    if (moe_.debug_logits) {
-        std::vector<float> &lg = (*moe_.debug_logits)[(int)l];
-        lg.resize((size_t)M * E);
+    int *first_row = moe_.plan.as<int>(), *tile_first = first_row + E + 1;
+    DLLM__TRY(moe_.plan_kernel.launch({dim3(1), dim3(256)}, stream_, moe_.expert.ptr, P, k, E, first_row, tile_first,
+                                      moe_.row_token.ptr, moe_.slot_row.ptr));
+    mark("moe plan");
+    if (moe_.debug_experts || moe_.debug_logits) {
+        std::vector<int> experts((size_t)P);
+        DLLM__CUDA(cudaMemcpyAsync(experts.data(), moe_.expert.ptr, (size_t)P * 4, cudaMemcpyDeviceToHost, stream_));
+        std::vector<float> lg((size_t)M * E);
         DLLM__CUDA(cudaMemcpyAsync(lg.data(), moe_.logits.ptr, lg.size() * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaStreamSynchronize(stream_));
+        if (moe_.debug_experts) (*moe_.debug_experts)[(int)l] = experts;
+        if (moe_.debug_logits) (*moe_.debug_logits)[(int)l] = lg;
     }
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
-    if (moe_.debug_experts) (*moe_.debug_experts)[(int)l] = moe_.expert_host;
-    dllm__moe_slot_order(moe_.expert_host, E, k, align, moe_.first_row, moe_.slot_token_host, moe_.slot_row_host);
-    if (moe_.first_row[(size_t)E] > moe_.rows)
-        return dllm__fail(DLLM_ERR_INTERNAL, "MoE layer %zu: %d expert rows past the %d the buffers hold", l,
-                          moe_.first_row[(size_t)E], moe_.rows);
-    DLLM__CUDA(cudaMemcpyAsync(moe_.slot_token.ptr, moe_.slot_token_host.data(), moe_.slot_token_host.size() * 4,
-                               cudaMemcpyHostToDevice, stream_));
-    DLLM__CUDA(cudaMemcpyAsync(moe_.slot_row.ptr, moe_.slot_row_host.data(), (size_t)P * 4, cudaMemcpyHostToDevice,
-                               stream_));
-    // the host vectors are read by the copies above: keep them until they are done (the next layer reuses them)
-    DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
 
@@ -18272,34 +18460,21 @@ dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float
 dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
-    const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared;
+    const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared, rows = M * c.n_expert_used;
     DLLM__TRY(moe_fit(M));
     DLLM__TRY(moe_route(l, M));
-    const int rows = moe_.first_row[(size_t)E];
-    if (rows > 0) {
-        DLLM__TRY(moe_.gather.launch({dim3((unsigned)rows), dim3(128)}, stream_, act_.a.ptr, d, moe_.slot_token.ptr,
-                                     rows, moe_.x.ptr));
-        mark("moe gather");
-    }
-    for (int e = 0; e < E; e++) {
-        const int r = moe_.first_row[(size_t)e], n = moe_.first_row[(size_t)e + 1] - r;
-        if (n == 0) continue;
-        // the padding rows at the range's end are computed too (zeros or stale finite rows, never read): whole ranges
-        // keep every launch's row count a multiple of the alignment
-        DLLM__TRY(gemm(L.expert_gu[(size_t)e].view(), (const char *)moe_.x.ptr + (size_t)r * d * 2,
-                       (char *)moe_.gu.ptr + (size_t)r * 2 * ff * 2, n, DLLM__ROWS_INDEPENDENT));
-    }
+    const int *first_row = moe_.plan.as<int>(), *tile_first = first_row + E + 1;
+    const bf16_t *const *gu_w = moe_.expert_ptrs.as<const bf16_t *>() + (l * 2 + 0) * (size_t)E;
+    const bf16_t *const *down_w = gu_w + E;
+    const unsigned tiles = (unsigned)dllm__moe_tile_bound(c, M);
+    DLLM__TRY(moe_.grouped_gemm.launch({dim3(tiles, (unsigned)(2 * ff + 63) / 64), dim3(128)}, stream_, act_.a.ptr,
+                                       moe_.row_token.ptr, gu_w, first_row, tile_first, E, 2 * ff, d, moe_.gu.ptr));
     mark("moe gemm gate+up");
-    if (rows > 0)
-        DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(rows, ff / 8, 256), dim3(256)}, stream_, moe_.gu.ptr,
-                                                 moe_.f.ptr, rows, ff));
+    DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(rows, ff / 8, 256), dim3(256)}, stream_, moe_.gu.ptr,
+                                             moe_.f.ptr, rows, ff));
     mark("moe swiglu");
-    for (int e = 0; e < E; e++) {
-        const int r = moe_.first_row[(size_t)e], n = moe_.first_row[(size_t)e + 1] - r;
-        if (n == 0) continue;
-        DLLM__TRY(gemm(L.expert_down[(size_t)e].view(), (const char *)moe_.f.ptr + (size_t)r * ff * 2,
-                       (char *)moe_.y.ptr + (size_t)r * d * 2, n, DLLM__ROWS_INDEPENDENT));
-    }
+    DLLM__TRY(moe_.grouped_gemm.launch({dim3(tiles, (unsigned)(d + 63) / 64), dim3(128)}, stream_, moe_.f.ptr,
+                                       (const int *)nullptr, down_w, first_row, tile_first, E, d, ff, moe_.y.ptr));
     mark("moe gemm down");
     const bool shared = ffs > 0 && L.shared_gu.data.ptr;
     if (shared) {
@@ -18330,7 +18505,7 @@ dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
-    if (moe_model()) return "for LLaDA2 (mixture of experts) yet";
+    if (moe_model()) return "for LLaDA2 (mixture of experts: it batches through the block-diffusion forward)";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
@@ -18444,8 +18619,8 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer)
-        return forward_varlen(v);  // profiling (mark) times eager stages
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer || moe_.debug_experts || moe_.debug_logits)
+        return forward_varlen(v);  // profiling (mark) times eager stages; [MoE] a test reading the routes back, too
     return replay_graph(graphs_.batched, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 
@@ -18651,7 +18826,10 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
                           v.cache_rows.size(), batch_.kv.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
-    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (moe_model())  // [MoE] LLaDA2: QK-norm, then RoPE on the first rotary_dim dims, at each row's position
+        DLLM__TRY(qk_norm_rope_varlen(layer, v));
+    else
+        DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
     bf16_t *cache = batch_.kv.as<bf16_t>() + layer * (size_t)batch_.kv_rows * width;
@@ -18707,7 +18885,9 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
 // bd_facache_rows). Under kv_quant each slot holds its codes instead of bf16 rows and each sequence attends over its
-// own (gpu/batch_kvq.cpp). On wherever the items allow it.
+// own (gpu/batch_kvq.cpp). [MoE] LLaDA2 takes this path too: QK-norm + partial RoPE at each row's position
+// (qk_norm_rope_varlen), its MoE layers over all rows (moe_ffn: row-independent, no host sync). On wherever the items
+// allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -18823,7 +19003,7 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
-    if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
+    if (!dllm__is_block_diffusion(model_.cfg) && !moe_model()) return "for a model that is not block diffusion";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled() && model_.cfg.head_dim > 256) return "under kv_quant at head dims above 256";
     return nullptr;
@@ -19844,9 +20024,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
-    // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
+    // [MoE] LLaDA2's routes stay on the device (gpu/moe.cpp): captured as the others, unless a test reads them back
     const bool graph = head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs &&
-                       dllm__env().bd_graphs && !moe_model();
+                       dllm__env().bd_graphs && !moe_.debug_experts && !moe_.debug_logits;
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else
@@ -20814,8 +20994,13 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
     return DLLM_OK;
 }
 
-/* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. */
+/* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. A state machine, so
+ * that a stepper can batch it (decode/batch_bd.cpp): next() names the next forward (a commit of rows to the K/V cache,
+ * or a step's forward of the block with its pick), apply_logits() or apply_choices() takes its result and decides;
+ * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch whenever the backend's batched
+ * forward gives it bd_forward's logits. */
 struct dllm__llada2_generation {
+    enum phase { START, BLOCK_BEGIN, IN_BLOCK, BLOCK_END, DONE };
     dllm_ctx &ctx;
     const dllm_gen_params &p;
     const dllm__llada2_plan &plan;
@@ -20824,6 +21009,13 @@ struct dllm__llada2_generation {
     std::vector<float> logits;
     std::vector<dllm__choice> ch;  // the current block's rows after a step's forward
     int steps = 0, forwards = 0, block = 0, bs = 0;
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
+    phase at = START;
+    dllm__bd_call pending;            // the forward next() named
+    dllm__bd_pick pick;               // a step's choice: every row of the block, greedy, the mask id never predicted
+    int step_in_block = 0, post = 0;  // the block's step; LLaDA2.1's forwards after its last mask
+    int n_masks = 0;                  // LLaDA2.1: the block's masks before the pending step
+    std::vector<uint8_t> was_mask;    // LLaDA2.1: which rows were masks before the pending step
 
     dllm__llada2_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__llada2_plan &pl, int n)
         : ctx(c), p(params), plan(pl), n_prompt(n) {}
@@ -20840,6 +21032,8 @@ struct dllm__llada2_generation {
             if (x[(size_t)i] == plan.eos_id) return i;
         return -1;
     }
+    bool done() const { return at == DONE; }
+    int cache_rows() const { return plan.n_blocks * plan.B; }  // what bd_begin / a batch slot holds
 
     dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int r0, int r1) const {
         dllm__bd_call c;
@@ -20847,27 +21041,12 @@ struct dllm__llada2_generation {
         c.lacache = plan.lacache;
         return c;
     }
-
-    /* Rows [start, start + T) become committed K/V (the prompt's whole blocks, a finished block). */
-    dllm_status commit(int start, int T) {
-        logits.resize((size_t)ctx.model->cfg.n_vocab);
-        forwards++;
-        return ctx.impl->bd_forward(make_call(DLLM__BD_COMMIT, start, T, T - 1, T), logits.data());
-    }
-
-    /* A step's forward: x0 and p(x0) of every row of the current block (greedy; the mask id is never predicted). */
-    dllm_status forward_block() {
-        const int V = ctx.model->cfg.n_vocab, B = plan.B;
-        logits.resize((size_t)B * V);
-        const dllm__bd_call call =
-            plan.cache ? make_call(DLLM__BD_STEP, bs, B, 0, B) : make_call(DLLM__BD_STEP, 0, bs + B, bs, bs + B);
-        forwards++;
-        DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
-        dllm__sampling s;
-        s.eos_logit_inf = true, s.eos_id = plan.mask_id;
-        ch.resize((size_t)B);
-        for (int i = 0; i < B; i++) ch[(size_t)i] = dllm__choose(logits.data() + (size_t)i * V, V, s, bs + i, 0);
-        return DLLM_OK;
+    /* Rows [start, start + T) become committed K/V (the prompt's whole blocks, a finished block): one logit row. */
+    dllm__bd_call commit_call(int start, int T) const { return make_call(DLLM__BD_COMMIT, start, T, T - 1, T); }
+    /* A step's forward: the B rows of the current block (without the cache, the whole prefix from position 0). */
+    dllm__bd_call step_call() const {
+        return plan.cache ? make_call(DLLM__BD_STEP, bs, plan.B, 0, plan.B)
+                          : make_call(DLLM__BD_STEP, 0, bs + plan.B, bs, bs + plan.B);
     }
 
     /* Block offsets of the masks, the most confident first (ties to the lower position), at most k of them. */
@@ -20900,12 +21079,12 @@ struct dllm__llada2_generation {
         return pos;
     }
 
-    dllm_status report(int step_in_block, const std::vector<int32_t> &written) {
+    dllm_status report(int s, const std::vector<int32_t> &written) {
         steps++;
-        if (!p.on_step) return DLLM_OK;
+        if (!p.on_step && !watch) return DLLM_OK;
         dllm_step_info info = {block,
                                plan.n_blocks,
-                               step_in_block,
+                               s,
                                plan.editing ? 0 : plan.steps,
                                steps,
                                plan.n_blocks * plan.B,
@@ -20915,7 +21094,7 @@ struct dllm__llada2_generation {
                                (int)x.size(),
                                n_prompt,
                                masks_in(n_prompt, (int)x.size())};
-        return dllm__report_step(p, nullptr, info);
+        return dllm__report_step(p, watch, info);
     }
 
     /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */
@@ -20926,45 +21105,15 @@ struct dllm__llada2_generation {
         return eos >= 0 && masks_in(n_prompt, eos) == 0;
     }
 
-    /* LLaDA2.0's block: at most plan.steps forwards, step s committing by the schedule k_s = B / steps (+1 for
-     * s < B % steps); `stop` when early_stop ends the generation. */
-    dllm_status block_v20(bool &stop) {
-        for (int s = 0; s < plan.steps && masks_in(bs, bs + plan.B) > 0; s++) {
-            DLLM__TRY(forward_block());
-            const int k = plan.B / plan.steps + (s < plan.B % plan.steps ? 1 : 0);
-            const std::vector<int32_t> written = write(masks_to_commit(k));
-            DLLM__TRY(report(s, written));
-            if (plan.eos_early_stop && eos_early_stop(written)) return stop = true, DLLM_OK;
-        }
-        return DLLM_OK;
-    }
-
     /* LLaDA2.1's edits: decoded, non-prompt rows of the block (not masked before this step) whose x0 differs from
      * their token and has p > edit_threshold. */
-    std::vector<int> edits(const std::vector<uint8_t> &was_mask) const {
+    std::vector<int> edits() const {
         std::vector<int> at;
         for (int i = 0; i < plan.B; i++)
             if (!was_mask[(size_t)i] && bs + i >= n_prompt && ch[(size_t)i].conf > plan.edit_threshold &&
                 ch[(size_t)i].token != x[(size_t)(bs + i)])
                 at.push_back(i);
         return at;
-    }
-
-    /* LLaDA2.1's block: forwards commit masks (threshold, at least one) and edit; after the last mask up to
-     * max_post_steps more forwards, ending at the first that edits nothing. */
-    dllm_status block_v21() {
-        std::vector<uint8_t> was_mask((size_t)plan.B);
-        for (int post = 0, s = 0;; s++) {
-            int n_masks = 0;
-            for (int i = 0; i < plan.B; i++) n_masks += was_mask[(size_t)i] = is_mask(bs + i);
-            if (n_masks == 0 && ++post > plan.max_post_steps) return DLLM_OK;
-            DLLM__TRY(forward_block());
-            std::vector<int> at = n_masks > 0 ? masks_to_commit(1) : std::vector<int>();
-            const std::vector<int> edited = edits(was_mask);
-            at.insert(at.end(), edited.begin(), edited.end());
-            DLLM__TRY(report(s, write(at)));
-            if (n_masks == 0 && edited.empty()) return DLLM_OK;
-        }
     }
 
     /* The official stop after a block: 2.0 at any EOS in the generated part; 2.1 with early_stop at one there once
@@ -20975,20 +21124,130 @@ struct dllm__llada2_generation {
         return !plan.editing || (plan.eos_early_stop && masks_in(n_prompt, end) == 0);
     }
 
-    dllm_status run(const int32_t *prompt) {
-        const int B = plan.B, first = n_prompt / B;
+    /* The canvas: the prompt, masks after it, whole blocks. */
+    void start(const int32_t *prompt) {
         x.assign(prompt, prompt + n_prompt);
-        x.resize((size_t)plan.n_blocks * B, plan.mask_id);
-        DLLM__TRY(ctx.impl->bd_begin(plan.n_blocks * B));
-        if (plan.cache && first > 0) DLLM__TRY(commit(0, first * B));
-        for (block = first; block < plan.n_blocks; block++) {
-            bs = block * B;
-            bool stop = false;
-            DLLM__TRY(plan.editing ? block_v21() : block_v20(stop));
-            if (stop || stop_after_block()) return DLLM_OK;
-            if (plan.cache && block + 1 < plan.n_blocks) DLLM__TRY(commit(bs, B));
+        x.resize((size_t)plan.n_blocks * plan.B, plan.mask_id);
+        at = START;
+    }
+
+    /* Walks to the next forward (call) or to the end (done()). LLaDA2.0's block: at most plan.steps forwards while
+     * masks remain, step s committing by the schedule k_s = B / steps (+1 for s < B % steps). LLaDA2.1's block:
+     * forwards commit masks (threshold, at least one) and edit; after the last mask up to max_post_steps more forwards,
+     * ending at the first that edits nothing. */
+    dllm_status next(dllm__bd_call &call) {
+        const int B = plan.B;
+        for (;;) switch (at) {
+            case START: {
+                const int first = n_prompt / B;
+                block = first, at = BLOCK_BEGIN;
+                if (plan.cache && first > 0) return call = pending = commit_call(0, first * B), DLLM_OK;
+                break;
+            }
+            case BLOCK_BEGIN:
+                if (block >= plan.n_blocks) {
+                    at = DONE;
+                    return DLLM_OK;
+                }
+                bs = block * B, step_in_block = 0, post = 0, at = IN_BLOCK;
+                break;
+            case IN_BLOCK:
+                if (!plan.editing) {
+                    if (step_in_block < plan.steps && masks_in(bs, bs + B) > 0) return step_forward(call);
+                    at = BLOCK_END;
+                    break;
+                }
+                was_mask.resize((size_t)B);
+                n_masks = 0;
+                for (int i = 0; i < B; i++) n_masks += was_mask[(size_t)i] = is_mask(bs + i);
+                if (n_masks == 0 && ++post > plan.max_post_steps) {
+                    at = BLOCK_END;
+                    break;
+                }
+                return step_forward(call);
+            case BLOCK_END:
+                if (stop_after_block()) {
+                    at = DONE;
+                    return DLLM_OK;
+                }
+                if (plan.cache && block + 1 < plan.n_blocks) {
+                    block++, at = BLOCK_BEGIN;  // after this commit of the finished block
+                    return call = pending = commit_call(bs, B), DLLM_OK;
+                }
+                block++, at = BLOCK_BEGIN;
+                break;
+            case DONE:
+                return DLLM_OK;
         }
+    }
+
+    /* A step's forward: its call and its pick (the block's B rows, position bs + i, step 0 of dllm__choose). */
+    dllm_status step_forward(dllm__bd_call &call) {
+        call = pending = step_call();
+        pick = dllm__bd_pick();
+        pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = plan.mask_id;
+        pick.pos0 = bs, pick.n = plan.B;
         return DLLM_OK;
+    }
+    bool step_pending() const { return pending.kind != DLLM__BD_COMMIT; }
+
+    /* The pending forward's logits (a commit's one row: unused; a step's B rows): the step's choices by dllm__choose
+     * over them (the pick's), then apply_choices. */
+    dllm_status apply_logits(const float *rows) {
+        if (!step_pending()) {
+            forwards++;
+            return DLLM_OK;
+        }
+        const int V = ctx.model->cfg.n_vocab;
+        std::vector<dllm__choice> chosen((size_t)pick.n);
+        for (int i = 0; i < pick.n; i++)
+            chosen[(size_t)i] = dllm__choose(rows + (size_t)pick.logits_row(i) * V, V, pick.sampling,
+                                             (uint32_t)(pick.pos0 + i), 0);
+        return apply_choices(chosen.data());
+    }
+
+    /* A step's choices (every row of the block, as dllm__choose makes them, on the host or on the device where the
+     * backend chooses there): what they commit and edit. */
+    dllm_status apply_choices(const dllm__choice *chosen) {
+        forwards++;
+        const int B = plan.B;
+        ch.assign(chosen, chosen + B);
+        const int s = step_in_block++;
+        if (!plan.editing) {
+            const int k = B / plan.steps + (s < B % plan.steps ? 1 : 0);
+            const std::vector<int32_t> written = write(masks_to_commit(k));
+            DLLM__TRY(report(s, written));
+            if (plan.eos_early_stop && eos_early_stop(written)) at = DONE;
+            return DLLM_OK;
+        }
+        std::vector<int> to_write = n_masks > 0 ? masks_to_commit(1) : std::vector<int>();
+        const std::vector<int> edited = edits();
+        to_write.insert(to_write.end(), edited.begin(), edited.end());
+        DLLM__TRY(report(s, write(to_write)));
+        if (n_masks == 0 && edited.empty()) at = BLOCK_END;
+        return DLLM_OK;
+    }
+
+    /* The generation alone: bd_forward on the context's own cache. */
+    dllm_status run(const int32_t *prompt) {
+        start(prompt);
+        DLLM__TRY(ctx.impl->bd_begin(cache_rows()));
+        const int V = ctx.model->cfg.n_vocab;
+        for (;;) {
+            dllm__bd_call call;
+            DLLM__TRY(next(call));
+            if (done()) return DLLM_OK;
+            // the device's choice, no logits to the host (bd_forward_choose takes one LM-head chunk of rows)
+            if (step_pending() && ctx.impl->bd_chooses() && pick.n <= dllm__lm_chunk_rows) {
+                std::vector<dllm__choice> chosen((size_t)pick.n, dllm__choice{0, -INFINITY, false});
+                DLLM__TRY(ctx.impl->bd_forward_choose(call, pick, chosen.data()));
+                DLLM__TRY(apply_choices(chosen.data()));
+                continue;
+            }
+            logits.resize((size_t)(call.r1 - call.r0) * V);
+            DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
+            DLLM__TRY(apply_logits(logits.data()));
+        }
     }
 
     /* The generated ids: the first gen_length, a finished generation's cut at its first EOS (kept without
@@ -21001,19 +21260,25 @@ struct dllm__llada2_generation {
     }
 };
 
+/* A generation's output and stats (t0: when it started). */
+static void dllm__llada2_result(const dllm__llada2_generation &g, dllm_status status, int32_t *out, int *n_out,
+                                dllm_gen_stats *stats, double t0) {
+    const int n = g.emit(status == DLLM_OK, out);
+    if (n_out) *n_out = n;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->n_prompt = g.n_prompt, stats->n_generated = n, stats->steps = g.steps, stats->forwards = g.forwards;
+        stats->wall_ms = dllm__now_ms() - t0;
+    }
+}
+
 static dllm_status dllm__llada2_generate_plan(dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, const dllm__llada2_plan &plan, int32_t *out,
                                               int *n_out, dllm_gen_stats *stats) {
     const double t0 = dllm__now_ms();
     dllm__llada2_generation g{ctx, p, plan, n_prompt};
     const dllm_status status = g.run(prompt);
-    const int n = g.emit(status == DLLM_OK, out);
-    if (n_out) *n_out = n;
-    if (stats) {
-        memset(stats, 0, sizeof *stats);
-        stats->n_prompt = n_prompt, stats->n_generated = n, stats->steps = g.steps, stats->forwards = g.forwards;
-        stats->wall_ms = dllm__now_ms() - t0;
-    }
+    dllm__llada2_result(g, status, out, n_out, stats, t0);
     return status;
 }
 
@@ -21542,7 +21807,9 @@ struct dllm__stepper_seq {
     std::vector<int32_t> uncond, committed;
     dllm__bd_plan bd_plan;
     std::unique_ptr<dllm__bd_generation> bd;
-    dllm__bd_seq bd_seq;     // [block diffusion] its next forward
+    dllm__bd_seq bd_seq;     // [block diffusion] its next forward (LLaDA2's too)
+    dllm__llada2_plan l2_plan;  // [MoE] a LLaDA2 sequence's plan and generation (decode/llada2.cpp)
+    std::unique_ptr<dllm__llada2_generation> l2;
     int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
     dllm__step_watch watch;
 };
@@ -21688,11 +21955,16 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
 // (dllm__bd_generation::next, asked as soon as the previous result is applied) in ONE bd_forward_batch, whatever their
 // blocks, kinds, row counts and steps; each result goes back to its generation. A generation that is done, fails or is
 // cancelled leaves at once. Each sequence runs the loop dllm_generate runs, so it decodes exactly as alone wherever the
-// backend's batched forward gives each sequence its bd_forward's result.
+// backend's batched forward gives each sequence its bd_forward's result. LLaDA2 sequences (dllm__llada2_generation, the
+// same state machine its dllm_generate runs) go through the same rounds: a step's choices (every row of its block), a
+// commit's logit row.
 
 /* The end of a block-diffusion sequence whose generation started (s: how): its output, stats and status. */
 static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
-    dllm__bd_result(*q.bd, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0, false);
+    if (q.l2)
+        dllm__llada2_result(*q.l2, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0);
+    else
+        dllm__bd_result(*q.bd, s, q.item.out, &q.result->n_out, &q.result->stats, q.t0, false);
     dllm__batch_set_status(*q.result, s);
 }
 
@@ -21700,6 +21972,12 @@ static void dllm__bd_batch_retire(dllm__stepper_seq &q, dllm_status s) {
  * slot when it joins. */
 static dllm_status dllm__bd_batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
     const dllm_batch_item &it = q.item;
+    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2) {
+        DLLM__TRY(dllm__plan_llada2(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.l2_plan));
+        q.l2.reset(new dllm__llada2_generation{ctx, q.item.params, q.l2_plan, it.n_prompt});
+        q.l2->watch = &q.watch;
+        return DLLM_OK;
+    }
     DLLM__TRY(dllm__plan_block_diffusion(ctx, it.prompt, it.n_prompt, it.params, it.out, it.out_capacity, q.bd_plan));
     q.bd.reset(new dllm__bd_generation{ctx, it.params, q.bd_plan, it.n_prompt});
     q.bd->watch = &q.watch;
@@ -21708,6 +21986,14 @@ static dllm_status dllm__bd_batch_admit(dllm_ctx &ctx, dllm__stepper_seq &q) {
 
 /* The generation walks to its first forward on its slot; false (its status set) if it has none or fails. */
 static bool dllm__bd_batch_start(dllm__stepper_seq &q) {
+    if (q.l2) {
+        q.l2->start(q.item.prompt);
+        q.bd_seq = dllm__bd_seq();
+        q.bd_seq.slot = q.slot[0];
+        q.status = q.l2->next(q.bd_seq.call);
+        q.bd_seq.pick = q.l2->step_pending() ? &q.l2->pick : nullptr;
+        return q.status == DLLM_OK && !q.l2->done();
+    }
     q.bd->start(q.item.prompt);
     q.bd_seq.slot = q.slot[0];
     q.status = q.bd->next(q.bd_seq);
@@ -21737,6 +22023,19 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     std::vector<dllm__stepper_seq *> still;
     for (dllm__stepper_seq *q : live) {
         const dllm__bd_seq &s = q->bd_seq;
+        if (q->l2) {  // [MoE] LLaDA2: a step's choices, a commit's logit row
+            if (s.pick) {
+                q->status = q->l2->apply_choices(ch);
+                ch += s.pick->n;
+            } else {
+                q->status = q->l2->apply_logits(row);
+                row += (size_t)(s.call.r1 - s.call.r0) * ctx.model->cfg.n_vocab;
+            }
+            if (q->status == DLLM_OK) q->status = q->l2->next(q->bd_seq.call);
+            q->bd_seq.pick = q->l2->step_pending() ? &q->l2->pick : nullptr;
+            (q->status != DLLM_OK || q->l2->done() ? ended : still).push_back(q);
+            continue;
+        }
         q->status = s.pick ? q->bd->apply_choices(ch) : q->bd->apply_logits(row);
         if (s.pick)
             ch += s.pick->n;
@@ -21788,7 +22087,10 @@ struct dllm_stepper {
 
     dllm_stepper(dllm_ctx &c, int max, const char *name);
     ~dllm_stepper();
-    bool block_diffusion() const { return dllm__is_block_diffusion(ctx.model->cfg); }
+    // block diffusion's rounds and slots (decode/batch_bd.cpp); LLaDA2 steps through them too
+    bool block_diffusion() const {
+        return dllm__is_block_diffusion(ctx.model->cfg) || ctx.model->cfg.family == DLLM_FAMILY_LLADA2;
+    }
     const char *alone_reason(const dllm_gen_params &p) const;
     dllm_status room() const;
     int n_active() const;
@@ -21827,7 +22129,7 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
     dllm_step_info info = {};
     std::vector<int32_t> canvas = q.g ? q.g->st.canvas : q.prompt;
     info.canvas = canvas.data(), info.canvas_len = (int)canvas.size(), info.prompt_len = q.item.n_prompt;
-    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : 0;
+    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : q.l2 ? q.l2_plan.n_blocks : 0;
     info.n_masked = (int)canvas.size() - q.item.n_prompt;
     q.watch.record(info);
     q.watch.stepped = false;
@@ -21837,9 +22139,7 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
     const dllm__batch_caps caps = ctx.impl->batch_caps();
-    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
-        no_batch = "LLaDA2 has no batched forward yet";
-    else if (block_diffusion())
+    if (block_diffusion())
         no_batch = caps.block_diffusion;
     else if (!caps.plain.empty())
         no_batch = caps.plain;
@@ -21927,7 +22227,7 @@ dllm_status dllm_stepper::admit(dllm__stepper_seq &q) {
 /* The slots a sequence needs (of `rows` rows each). */
 int dllm_stepper::slots_needed(const dllm__stepper_seq &q, int &rows) const {
     if (!block_diffusion()) return dllm__batch_slots_needed(q, rows);
-    rows = q.bd->cache_rows();
+    rows = q.l2 ? q.l2->cache_rows() : q.bd->cache_rows();
     return 1;
 }
 
@@ -21987,7 +22287,7 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
     for (dllm__stepper_seq *q : joining) {
         if (q->at != dllm__stepper_seq::JOINING) continue;
         q->at = dllm__stepper_seq::LIVE;
-        const bool started = q->bd ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
+        const bool started = q->bd || q->l2 ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
         if (started)
             live.push_back(q);
         else
@@ -22038,7 +22338,7 @@ void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
         dllm__batch_retire(q, s);
     else
         dllm__bd_batch_retire(q, s);
-    if (block_diffusion()) counts.steps = std::max(counts.steps, q.bd->steps);
+    if (block_diffusion()) counts.steps = std::max(counts.steps, q.l2 ? q.l2->steps : q.bd->steps);
     for (dllm__kv_slot &k : slots)
         if (k.owner == q.id) k.owner = -1;
     q.at = dllm__stepper_seq::ENDED;
@@ -22081,8 +22381,8 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
         if (first_alone < 0) first_alone = i;
     }
     if (n_alone > 0) {
-        const char *kind = stepper.block_diffusion()                     ? "block-diffusion "
-                           : ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+        const char *kind = ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+                           : stepper.block_diffusion()                   ? "block-diffusion "
                                                                          : "";
         dllm__log(
             DLLM_LOG_INFO,

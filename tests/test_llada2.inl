@@ -681,18 +681,11 @@ TEST(llada2, backend_choice) {
     dllm_model_free(m);
 }
 
-/* The GPU path's host part (gpu/moe.cpp), checked here without a GPU: the expert ranges are aligned so that every
- * expert's GEMM operands start on 256-byte boundaries (1 row at the real shapes, 16 at the GPU tests' tiny one), and
- * the slot order puts each expert's slots in its range token by token, every slot once, padding rows holding token 0.
- * */
-TEST(llada2, gpu_moe_slot_order) {
-    dllm__config mini;
-    mini.n_embd = 2048, mini.n_ff_expert = 512;
-    dllm__config tiny;
-    tiny.n_embd = 64, tiny.n_ff_expert = 24;
-    CHECK(dllm__moe_align_rows(mini) == 1 && dllm__moe_align_rows(tiny) == 16);
+/* The twin of the GPU's routes plan (moe_plan: dllm__moe_plan_ref), checked here without a GPU: each expert's slots in
+ * its rows token by token, every slot once, no padding, each expert's row tiles counted (ceil(rows / tile)). */
+TEST(llada2, gpu_moe_plan_twin) {
     std::mt19937 rng(3);
-    for (int align : {1, 16, 4}) {
+    for (int tile : {32, 1, 4}) {
         const int E = 12, k = 3, T = 23;
         std::vector<int> expert((size_t)T * k);
         for (int t = 0; t < T; t++) {  // k distinct experts a token, one slot without (NaN scores) in token 5
@@ -702,26 +695,40 @@ TEST(llada2, gpu_moe_slot_order) {
             for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
         }
         expert[5 * k + 1] = -1;
-        std::vector<int> first_row, slot_token, slot_row;
-        dllm__moe_slot_order(expert, E, k, align, first_row, slot_token, slot_row);
-        bool ok = first_row.size() == (size_t)E + 1 && first_row[0] == 0 && slot_row[5 * k + 1] == -1;
+        std::vector<int> first_row, tile_first, row_token, slot_row;
+        dllm__moe_plan_ref(expert.data(), (int)expert.size(), k, E, tile, first_row, tile_first, row_token, slot_row);
+        bool ok = first_row.size() == (size_t)E + 1 && first_row[0] == 0 && tile_first[0] == 0 &&
+                  slot_row[5 * k + 1] == -1;
         int used = 0;
         for (int e = 0; ok && e < E; e++) {
-            ok &= (first_row[(size_t)e + 1] - first_row[(size_t)e]) % align == 0;
             int last_token = -1, n = 0;
             for (size_t i = 0; i < expert.size(); i++) {
                 if (expert[i] != e) continue;
                 const int row = slot_row[i];
                 ok &= row == first_row[(size_t)e] + n;  // in the expert's range, in slot (token) order
-                ok &= slot_token[(size_t)row] == (int)i / k && (int)i / k > last_token;
+                ok &= row_token[(size_t)row] == (int)i / k && (int)i / k > last_token;
                 last_token = (int)i / k, n++, used++;
             }
-            for (int row = first_row[(size_t)e] + n; row < first_row[(size_t)e + 1]; row++)
-                ok &= slot_token[(size_t)row] == 0;
+            ok &= first_row[(size_t)e + 1] - first_row[(size_t)e] == n;
+            ok &= tile_first[(size_t)e + 1] - tile_first[(size_t)e] == (n + tile - 1) / tile;
         }
-        CHECK_MSG(ok && used == T * k - 1 && (int)slot_token.size() == first_row[(size_t)E],
-                  "align %d: slot order broken", align);
+        CHECK_MSG(ok && used == T * k - 1 && (int)row_token.size() == first_row[(size_t)E],
+                  "tile %d: the plan is broken", tile);
     }
+    // the grouped GEMM's twin on a plan: expert e's rows through expert e's weights
+    const int N = 3, K = 2;
+    const std::vector<uint16_t> w0 = {dllm__f32_to_bf16(1), 0, 0, dllm__f32_to_bf16(1), dllm__f32_to_bf16(1),
+                                      dllm__f32_to_bf16(1)},
+                                w1 = {dllm__f32_to_bf16(2), 0, 0, 0, 0, dllm__f32_to_bf16(-1)};
+    const std::vector<uint16_t> x = {dllm__f32_to_bf16(3), dllm__f32_to_bf16(5), dllm__f32_to_bf16(7),
+                                     dllm__f32_to_bf16(11)};
+    const std::vector<int> first_row = {0, 1, 3}, row_src = {1, 0, 1};
+    std::vector<uint16_t> y(9);
+    dllm__moe_grouped_gemm_ref(x.data(), row_src.data(), {w0.data(), w1.data()}, first_row, N, K, y.data());
+    const float want[9] = {7, 11, 18, 6, 0, -5, 14, 0, -11};
+    bool same = true;
+    for (int i = 0; i < 9; i++) same &= dllm__bf16_to_f32(y[(size_t)i]) == want[i];
+    CHECK_MSG(same, "dllm__moe_grouped_gemm_ref: wrong products");
 }
 
 // ---- the official code's traces (tools/make_llada2_fixtures.py) ---------------------------------------------------

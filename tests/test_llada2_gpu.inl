@@ -1,7 +1,7 @@
 /* Tests: LLaDA2 (mixture of experts) on the GPU backend (src/gpu/moe.cpp, src/kernels/moe.cuh), each skipped without a
  * GPU. Every kernel of the moe module against its CPU twin on fresh random inputs of awkward sizes (outputs poisoned
  * first): QK-norm + partial RoPE, the router's group-limited top-k (ties included) against dllm__moe_route_token, the
- * gather and the weighted combine. Then the whole forward's logits against the CPU backend's on tiny random LLaDA2
+ * routes' plan, the grouped expert GEMM (each row's bits independent of the other rows) and the weighted combine. Then the whole forward's logits against the CPU backend's on tiny random LLaDA2
  * checkpoints (one of awkward sizes, one with the real head and routing structure: head_dim 128 with 64 rotated, 8
  * groups keep 4, top 8), the router's choices inside that forward against the host's choice on the same logits, and
  * greedy generations (LLaDA2.0 and 2.1 loops) token for token against the CPU backend's, a divergence accepted only at
@@ -13,7 +13,8 @@ struct test_moe_gpu {
     std::shared_ptr<dllm__module> mod;
     dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
     dllm__kernel<dllm__sig_moe_route> route;
-    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_plan> plan;
+    dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
     dllm__kernel<dllm__sig_moe_combine> combine;
     dllm_status init() {
         cudaDeviceProp p;
@@ -21,7 +22,8 @@ struct test_moe_gpu {
         DLLM__TRY(dllm__jit_load(dllm__module_moe(dllm__arch_for(p.major * 10 + p.minor)), mod));
         qk_norm_rope.fn = mod->kernels.at("qk_norm_rope"), qk_norm_rope.name = "qk_norm_rope";
         route.fn = mod->kernels.at("moe_route"), route.name = "moe_route";
-        gather.fn = mod->kernels.at("moe_gather_rows"), gather.name = "moe_gather_rows";
+        plan.fn = mod->kernels.at("moe_plan"), plan.name = "moe_plan";
+        grouped_gemm.fn = mod->kernels.at("moe_grouped_gemm"), grouped_gemm.name = "moe_grouped_gemm";
         combine.fn = mod->kernels.at("moe_combine"), combine.name = "moe_combine";
         return DLLM_OK;
     }
@@ -168,37 +170,134 @@ TEST(gpu_llada2, router_chooses_the_cpu_experts) {
     test_router_case(T_, g, r, 4, test_router_config(6, 3, 1, 1, 2.5));      // top-1: the weight is s, unnormalised
 }
 
-/* moe_gather_rows (exact) and moe_combine (the weighted slot sum in fp32 plus the shared row, one bf16 rounding)
- * against their twins on awkward sizes; a slot of row -1 adds nothing. */
-TEST(gpu_llada2, gather_and_combine_match_cpu_twins) {
+/* moe_plan against dllm__moe_plan_ref (exact: the same rows, tiles and order) on random routes of awkward sizes, some
+ * slots without an expert, many tokens on one expert (several tiles); then moe_grouped_gemm over that plan against
+ * dllm__moe_grouped_gemm_ref (fp32 sums; the order differs, so within a bound), outputs poisoned first, with and without
+ * a row list, N and K not multiples of the tiles. Row independence: each token's rows again with the token alone (its
+ * own plan, other experts' counts) give the same bits. */
+TEST(gpu_llada2, plan_and_grouped_gemm_match_cpu_twins) {
     NEED_GPU();
     test_moe_gpu g;
     CHECK_STATUS(g.init(), DLLM_OK, nullptr);
     if (!g.mod) return;
-    test_rng r("gpu_llada2.gather_combine");
+    test_rng r("gpu_llada2.plan_grouped_gemm");
+    struct shape {
+        int E, k, T, N, K;
+    };
+    for (const shape &sh : {shape{12, 3, 23, 40, 24}, shape{256, 8, 32, 72, 136}, shape{7, 2, 300, 8, 64},
+                            shape{33, 5, 77, 200, 1000}}) {
+        const int E = sh.E, k = sh.k, T = sh.T, N = sh.N, K = sh.K, P = T * k;
+        std::vector<int> expert((size_t)P);
+        for (int t = 0; t < T; t++) {  // k distinct experts a token; expert 1 popular (more than a tile of rows)
+            std::vector<int> all((size_t)E);
+            for (int e = 0; e < E; e++) all[(size_t)e] = e;
+            for (int e = E - 1; e > 0; e--) std::swap(all[(size_t)e], all[(size_t)r.below(e + 1)]);
+            if (t % 2 == 0)
+                for (int j = 0; j < E; j++)
+                    if (all[(size_t)j] == 1) std::swap(all[0], all[(size_t)j]);
+            for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
+        }
+        expert[(size_t)std::min(P - 1, 5 * k + 1)] = -1;  // no expert (NaN scores)
+        std::vector<int> first_row, tile_first, row_token, slot_row;
+        dllm__moe_plan_ref(expert.data(), P, k, E, dllm__moe_tile_rows, first_row, tile_first, row_token, slot_row);
+        const int rows = first_row[(size_t)E];
+        dllm__dbuf dexp, dplan, drt, dsr;
+        test_put(dexp, expert);
+        test_poison(dplan, (size_t)2 * (E + 1) * 4), test_poison(drt, (size_t)P * 4), test_poison(dsr, (size_t)P * 4);
+        int *d_first = dplan.as<int>(), *d_tiles = d_first + E + 1;
+        CHECK_STATUS(g.plan.launch({dim3(1), dim3(256)}, 0, dexp.as<int>(), P, k, E, d_first, d_tiles, drt.as<int>(),
+                                   dsr.as<int>()),
+                     DLLM_OK, nullptr);
+        std::vector<int> plan_got = test_get<int>(dplan, (size_t)2 * (E + 1)), rt_got = test_get<int>(drt, (size_t)P),
+                         sr_got = test_get<int>(dsr, (size_t)P);
+        rt_got.resize((size_t)rows);
+        const bool plan_same = std::equal(first_row.begin(), first_row.end(), plan_got.begin()) &&
+                               std::equal(tile_first.begin(), tile_first.end(), plan_got.begin() + E + 1) &&
+                               rt_got == row_token && sr_got == slot_row;
+        CHECK_MSG(plan_same, "E=%d k=%d T=%d: moe_plan differs from dllm__moe_plan_ref", E, k, T);
+        if (!plan_same) continue;
+        // experts' weights (bf16 [N][K] each) and the rows: by row list (tokens) and without (rows in order)
+        std::vector<std::vector<uint16_t>> w((size_t)E);
+        std::vector<dllm__dbuf> dw((size_t)E);
+        std::vector<const uint16_t *> w_host;
+        std::vector<const void *> w_dev;
+        for (int e = 0; e < E; e++) {
+            std::vector<float> f((size_t)N * K);
+            for (float &v : f) v = r.normal() / sqrtf((float)K);
+            w[(size_t)e] = test_bf16_vec(f);
+            test_put(dw[(size_t)e], w[(size_t)e]);
+            w_host.push_back(w[(size_t)e].data()), w_dev.push_back(dw[(size_t)e].ptr);
+        }
+        dllm__dbuf dwp;
+        test_put(dwp, w_dev);
+        for (int listed = 0; listed < 2; listed++) {
+            const int x_rows = listed ? T : std::max(rows, 1);
+            std::vector<float> xf((size_t)x_rows * K);
+            for (float &v : xf) v = r.normal();
+            const std::vector<uint16_t> xb = test_bf16_vec(xf);
+            dllm__dbuf dx, dy;
+            test_put(dx, xb), test_poison(dy, (size_t)std::max(P, 1) * N * 2);
+            const unsigned tiles = (unsigned)(P / dllm__moe_tile_rows + std::min(E, P));
+            CHECK_STATUS(g.grouped_gemm.launch({dim3(tiles, (unsigned)(N + 63) / 64), dim3(128)}, 0, dx.as<bf16_t>(),
+                                               listed ? (const int *)drt.ptr : nullptr,
+                                               dwp.as<const bf16_t *>(), d_first, d_tiles, E, N, K, dy.as<bf16_t>()),
+                         DLLM_OK, nullptr);
+            std::vector<uint16_t> got = test_get<uint16_t>(dy, (size_t)rows * N), want((size_t)rows * N);
+            dllm__moe_grouped_gemm_ref(xb.data(), listed ? row_token.data() : nullptr, w_host, first_row, N, K,
+                                       want.data());
+            const double err = test_max_rel(test_f32_vec(got), test_f32_vec(want));
+            printf("    E=%d k=%d T=%d N=%d K=%d rows %d (list %d): grouped GEMM error %.2e\n", E, k, T, N, K, rows,
+                   listed, err);
+            CHECK_MSG(err < 1e-2, "E=%d N=%d K=%d: moe_grouped_gemm error %.3e", E, N, K, err);
+            if (!listed) continue;
+            // token 3 alone: its k slots through their own plan give the same bits as in the batch of T
+            std::vector<int> one(expert.begin() + 3 * k, expert.begin() + 4 * k);
+            std::vector<int> f1, t1, rt1, sr1;
+            dllm__moe_plan_ref(one.data(), k, k, E, dllm__moe_tile_rows, f1, t1, rt1, sr1);
+            for (int &v : rt1) v = 3;  // its row list names token 3 of the same x
+            dllm__dbuf dp1, drt1, dy1;
+            std::vector<int> p1 = f1;
+            p1.insert(p1.end(), t1.begin(), t1.end());
+            test_put(dp1, p1), test_put(drt1, rt1.empty() ? std::vector<int>{0} : rt1),
+                test_poison(dy1, (size_t)k * N * 2);
+            CHECK_STATUS(g.grouped_gemm.launch({dim3((unsigned)(k / dllm__moe_tile_rows + k), (unsigned)(N + 63) / 64),
+                                                dim3(128)},
+                                               0, dx.as<bf16_t>(), drt1.as<int>(), dwp.as<const bf16_t *>(),
+                                               dp1.as<int>(), dp1.as<int>() + E + 1, E, N, K, dy1.as<bf16_t>()),
+                         DLLM_OK, nullptr);
+            const std::vector<uint16_t> alone = test_get<uint16_t>(dy1, (size_t)k * N);
+            bool same = true;
+            for (int j = 0; j < k; j++) {
+                const int row_batch = slot_row[(size_t)3 * k + j], row_alone = sr1[(size_t)j];
+                if (row_batch < 0) continue;
+                same &= memcmp(&got[(size_t)row_batch * N], &alone[(size_t)row_alone * N], (size_t)N * 2) == 0;
+            }
+            CHECK_MSG(same, "E=%d N=%d K=%d: token 3's expert rows alone differ from its rows among %d tokens", E, N,
+                      K, T);
+        }
+    }
+}
+
+/* moe_combine (the weighted slot sum in fp32 plus the shared row, one bf16 rounding) against its twin on awkward
+ * sizes; a slot of row -1 adds nothing. */
+TEST(gpu_llada2, combine_matches_cpu_twin) {
+    NEED_GPU();
+    test_moe_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (!g.mod) return;
+    test_rng r("gpu_llada2.combine");
     for (int d : {40, 64, 2048}) {
         const int T = 13, k = 3, R = 29;
-        std::vector<float> x((size_t)T * d), y((size_t)R * d), sh((size_t)T * d), w((size_t)T * k);
-        for (float &v : x) v = r.normal();
+        std::vector<float> y((size_t)R * d), sh((size_t)T * d), w((size_t)T * k);
         for (float &v : y) v = r.normal();
         for (float &v : sh) v = r.normal();
         for (float &v : w) v = r.uniform();
-        std::vector<int> rows((size_t)R), slot_row((size_t)T * k);
-        for (int &v : rows) v = r.below(T);
+        std::vector<int> slot_row((size_t)T * k);
         for (int &v : slot_row) v = r.below(R);
         slot_row[4] = -1;
-        std::vector<uint16_t> xb = test_bf16_vec(x), yb = test_bf16_vec(y), shb = test_bf16_vec(sh);
-        dllm__dbuf dx, dr, dg, dy, ds, dsh, dw, dout;
-        test_put(dx, xb), test_put(dr, rows), test_put(dy, yb), test_put(ds, slot_row), test_put(dsh, shb),
-            test_put(dw, w);
-        test_poison(dg, (size_t)R * d * 2), test_poison(dout, (size_t)T * d * 2);
-        CHECK_STATUS(g.gather.launch({dim3((unsigned)R), dim3(128)}, 0, dx.ptr, d, dr.ptr, R, dg.ptr), DLLM_OK,
-                     nullptr);
-        std::vector<uint16_t> got = test_get<uint16_t>(dg, (size_t)R * d);
-        bool exact = true;
-        for (int i = 0; i < R; i++)
-            exact &= memcmp(&got[(size_t)i * d], &xb[(size_t)rows[(size_t)i] * d], (size_t)d * 2) == 0;
-        CHECK_MSG(exact, "d=%d: moe_gather_rows is not an exact copy", d);
+        std::vector<uint16_t> yb = test_bf16_vec(y), shb = test_bf16_vec(sh);
+        dllm__dbuf dy, ds, dsh, dw, dout;
+        test_put(dy, yb), test_put(ds, slot_row), test_put(dsh, shb), test_put(dw, w);
         for (int with_shared = 0; with_shared < 2; with_shared++) {
             test_poison(dout, (size_t)T * d * 2);
             CHECK_STATUS(g.combine.launch({dllm__rows_grid(T, d / 8, 256), dim3(256)}, 0, dy.ptr, ds.ptr, dw.ptr,
@@ -512,6 +611,64 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
                   step);
     }
     printf("    %d generations: %d identical, %d diverged at a reported near-tie\n", compared, equal, near);
+    // the step forwards replay CUDA graphs (the routes never leave the device), with the eager forwards' bits
+    dllm__gpu_backend &g = pair.backend();
+    const int64_t replays = g.bd_graph_count(DLLM__GRAPH_REPLAY), refusals = g.bd_graph_refusals();
+    printf("    graphs replayed %lld, updates refused %lld\n", (long long)replays, (long long)refusals);
+    CHECK_MSG(replays > 0, "LLaDA2's step forwards replayed no graph");
+    for (int variant = 0; variant < 4; variant += 3) {
+        std::vector<int32_t> prompt(variant ? 40 : 11);
+        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        dllm_gen_params p = dllm_gen_default_params();
+        p.block_length = 32, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
+        if (variant) p.edit_threshold = 0.025, p.max_post_steps = 3;
+        test_llada2_steps runs[2];
+        for (int eager = 0; eager < 2; eager++) {
+            if (eager) test_knob_set("no_graphs", "1");
+            std::vector<int32_t> out((size_t)p.gen_length);
+            int n = 0;
+            dllm_gen_params pe = p;
+            pe.on_step = test_llada2_steps::record, pe.on_step_data = &runs[eager];
+            CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pe, out.data(), (int)out.size(),
+                                       &n, nullptr),
+                         DLLM_OK, nullptr);
+            test_knob_reset();
+        }
+        CHECK_MSG(runs[0].canvas == runs[1].canvas && !runs[0].canvas.empty(),
+                  "variant %d: graphs and eager forwards give different steps", variant);
+    }
+}
+
+/* [batch] LLaDA2 items through dllm_generate_batch / the stepper on the GPU (the batched block-diffusion forward with
+ * the MoE layers, QK-norm + partial RoPE at each row's position): both loops, prompts inside a block and on its
+ * boundary, joining and leaving at random steps, each bit-identical to its batch of one (ids, stats, step callbacks,
+ * canvases). */
+TEST(gpu_llada2, batch_items_equal_batch_of_one) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(true);
+    test_llada2_pair pair(s, 35);
+    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    if (!pair.ok()) return;
+    std::mt19937 rng(0x11ad2);
+    std::vector<test_stepper_case> cs(7);
+    for (size_t i = 0; i < cs.size(); i++) {
+        test_stepper_case &c = cs[i];
+        const int n_prompt = i == 2 ? 32 : 5 + 7 * (int)i;
+        for (int j = 0; j < n_prompt; j++) c.prompt.push_back((int32_t)(rng() % (uint32_t)(s.V - 8)));
+        c.params = dllm_gen_default_params();
+        c.params.gen_length = 20 + 13 * (int)(i % 3), c.params.block_length = 32, c.params.steps = 4 + (int)(i % 5);
+        c.params.stop_at_eos = 0, c.params.threshold = 0.02 + 0.01 * (double)(i % 4);
+        if (i % 2) c.params.edit_threshold = 0.025, c.params.max_post_steps = (int)(i % 3);
+        c.out_capacity = c.params.gen_length;
+        c.what = dllm__format("GPU llada2 case %zu", i);
+        test_stepper_run_alone(pair.gpu, c, 0, true);
+        CHECK_MSG(c.status_alone == DLLM_OK, "%s: %s alone", c.what.c_str(), dllm_status_str(c.status_alone));
+    }
+    for (int max_sequences : {3, 10}) {
+        const std::string label = dllm__format("GPU llada2 max %d", max_sequences);
+        test_stepper_drive(T_, pair.gpu, cs, rng, max_sequences, label.c_str());
+        for (test_stepper_case &c : cs) test_stepper_check_case(T_, pair.gpu, c, label.c_str(), true);
+    }
 }
 
 /* [FACache] on the GPU: layer 0 of every forward over committed blocks takes the split attention in every lacache mode,
@@ -581,6 +738,8 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     if (ctx) {
         const dllm__batch_caps caps = ctx->impl->batch_caps();
         CHECK_MSG(caps.plain.find("LLaDA2") != std::string::npos, "batch caps: \"%s\"", caps.plain.c_str());
+        // it batches through the block-diffusion forward
+        CHECK_MSG(caps.block_diffusion.empty(), "batch caps: \"%s\"", caps.block_diffusion.c_str());
     }
     dllm_ctx_free(ctx);
     dllm_model_free(m);

@@ -342,34 +342,39 @@ TEST(stepper, block_diffusion_sequences_joining_and_leaving_equal_alone) {
     test_stepper_bd_model(T_, "tiny-fast-dllm-v2", 0x5704, DLLM_KV_QUANT_SOLOQ_KV4);
 }
 
-/* LLaDA2 has no batched forward: its sequences decode whole, one a step, each exactly as dllm_generate; the event of
- * the step that decoded one is its end. */
-TEST(stepper, llada2_sequences_decode_alone_one_a_step) {
+/* LLaDA2 batches through the block-diffusion rounds (decode/batch_bd.cpp): sequences of both loops (2.0's schedule,
+ * 2.1's edits and post-fill forwards), prompts ending inside a block and on its boundary, joining and leaving at random
+ * steps, each exactly as dllm_generate alone (canvas, callbacks, output, stats); the forwards are shared (fewer
+ * stepper steps than the sequences' forwards alone). */
+TEST(stepper, llada2_sequences_joining_and_leaving_equal_alone) {
     dllm_model *m = test_load(test_data("llada2"));
     dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
-    dllm_model_info info;
-    dllm_model_get_info(m, &info);
     std::mt19937 rng(0x11ad);
-    std::vector<test_stepper_case> cs(4);
+    std::vector<test_stepper_case> cs(7);
+    int forwards_alone = 0;
     for (size_t i = 0; i < cs.size(); i++) {
         test_stepper_case &c = cs[i];
-        for (int j = 0; j < 3 + (int)i; j++) c.prompt.push_back(5 + (int32_t)(rng() % 50));
+        const int n_prompt = i == 2 ? 8 : 3 + (int)i;  // case 2: the prompt ends on a block boundary
+        for (int j = 0; j < n_prompt; j++) c.prompt.push_back(5 + (int32_t)(rng() % 50));
         c.params = dllm_gen_default_params();
-        c.params.gen_length = 16, c.params.block_length = 8, c.params.steps = 8, c.params.stop_at_eos = 0;
-        if (i % 2) c.params.edit_threshold = 0.5;
+        c.params.gen_length = 12 + 4 * (int)(i % 3), c.params.block_length = 8, c.params.steps = 4 + (int)(i % 5);
+        c.params.stop_at_eos = 0, c.params.threshold = 0.05 + 0.1 * (double)(i % 4);
+        if (i % 2) c.params.edit_threshold = 0.5, c.params.max_post_steps = (int)(i % 3);
         c.out_capacity = c.params.gen_length;
         c.what = dllm__format("llada2 case %zu", i);
         test_stepper_run_alone(ctx, c, 0);
         CHECK_MSG(c.status_alone == DLLM_OK, "%s: %s alone", c.what.c_str(), dllm_status_str(c.status_alone));
+        forwards_alone += c.stats_alone.forwards;
     }
-    const int steps = test_stepper_drive(T_, ctx, cs, rng, 4, "llada2");
-    int n_added = 0;
-    for (test_stepper_case &c : cs) {
-        test_stepper_check_case(T_, ctx, c, "llada2");
-        n_added += c.added == DLLM_OK && !(c.cancelled && c.run.n_steps == 0);
+    for (int max_sequences : {3, 10}) {
+        const std::string label = dllm__format("llada2 max %d", max_sequences);
+        const int steps = test_stepper_drive(T_, ctx, cs, rng, max_sequences, label.c_str());
+        for (test_stepper_case &c : cs) test_stepper_check_case(T_, ctx, c, label.c_str());
+        printf("    %s: %d stepper steps for %d forwards alone\n", label.c_str(), steps, forwards_alone);
+        CHECK_MSG(steps < forwards_alone, "%s: %d steps, no fewer than the %d forwards alone", label.c_str(), steps,
+                  forwards_alone);
     }
-    CHECK_MSG(steps >= n_added, "%d steps for %d sequences decoded alone", steps, n_added);
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }

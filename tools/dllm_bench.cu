@@ -25,6 +25,8 @@
  *                                          under DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
+ *   build/dllm-bench --llada2-only         LLaDA2.0-mini shape (MoE, BF16): the 32-row block step, eager and replayed,
+ *                                          its stages, the experts it touched and its read floor (also in the full run)
  *   build/dllm-bench --long-context [--contexts 4096,16384,32768] [--long-batch 8]    Fast-dLLM v2 7B shape, long
  *                                          prompts, gen 256, per K/V cache (BF16, SoloQ-KV4, -KV2): prefill, block step,
  *                                          tokens/s, device memory at batch 1; batched at the largest batch that fits (at
@@ -1049,6 +1051,129 @@ static void bench_block_diffusion(bench_result &r) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// [MoE] LLaDA2.0-mini: the block step against the read floor of the weights it touches
+// ---------------------------------------------------------------------------------------------------
+
+/* Random weights of the LLaDA2.0-mini shape (tests/data/real-configs/llada2-mini.dfactory.config.json, dFactory's copy
+ * of the real config; its model_type "llada2_moe_veomni" is the training code's name for llada2_moe). */
+static dllm_model *bench_llada2_model() {
+    std::string dir = dllm__format("/tmp/dllm-bench-llada2-%d", (int)getpid()), text;
+    mkdir(dir.c_str(), 0700);
+    BENCH_CHECK(dllm__read_text("tests/data/real-configs/llada2-mini.dfactory.config.json", text));
+    const std::string from = "llada2_moe_veomni";
+    const size_t at = text.find(from);
+    if (at != std::string::npos) text.replace(at, from.size(), "llada2_moe");
+    const std::string path = dir + "/config.json";
+    FILE *out = fopen(path.c_str(), "wb");
+    if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) {
+        fprintf(stderr, "dllm-bench: cannot write %s\n", path.c_str());
+        exit(1);
+    }
+    dllm_model *model = nullptr;
+    BENCH_CHECK(dllm_model_load_random(dir.c_str(), 1, &model));
+    unlink(path.c_str());
+    rmdir(dir.c_str());
+    return model;
+}
+
+/* LLaDA2.0-mini (random weights on the GPU, BF16): a prompt of n tokens committed, then the 32-row block step with
+ * its tokens chosen on the device (as the decoding loop runs it), eager and replayed as a graph, and with its logits
+ * copied to the host instead; its stages (the routing:
+ * router GEMM, top-k and plan, against the step); and the read floor of what the step reads: for each MoE layer the
+ * experts its 32 rows chose (counted on this step's routes: 32 x 8 slots, far from all 256) plus the dense parts (the
+ * attention projections, router, shared expert, the dense layer 0, the LM head) and the K/V rows attended, at the
+ * copy rate measured here. The issue's target: the graph step at most 1.4x that floor. */
+static void bench_llada2(bench_result &r) {
+    dllm_model *model = bench_llada2_model();
+    const dllm__config &c = model->cfg;
+    const int64_t before = dllm__device_bytes;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
+    r.set("llada2_mini_weights_GB", (dllm__device_bytes - before) / 1e9);
+    dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
+    const int n = 512, B = 32;
+    std::vector<int32_t> ids((size_t)(n + B));
+    for (int i = 0; i < n + B; i++) ids[(size_t)i] = i < n + 4 ? (i * 104729) % 150000 : c.mask_id;
+    std::vector<float> logits((size_t)B * c.n_vocab);
+    BENCH_CHECK(gpu->bd_begin(n + B));
+    dllm__bd_call prefill;
+    prefill.kind = DLLM__BD_COMMIT, prefill.ids = ids.data(), prefill.T = n, prefill.mask_block = B;
+    prefill.r0 = n - 1, prefill.r1 = n;
+    r.set("llada2_prefill_N512_first_ms",
+          bench_ms(gpu->stream(), 0, 1, [&] { BENCH_CHECK(gpu->bd_forward(prefill, logits.data())); }));
+    dllm__bd_call step;
+    step.kind = DLLM__BD_STEP, step.ids = ids.data() + n, step.T = B, step.mask_block = B, step.r0 = 0, step.r1 = B;
+    // as the decoding loop runs it: the 32 rows' tokens chosen on the device (bd_forward_choose); beside it the step
+    // with its 32 logit rows (20 MB) copied to the host
+    dllm__bd_pick pick;
+    pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = c.mask_id;
+    pick.pos0 = n, pick.n = B;
+    std::vector<dllm__choice> ch((size_t)B);
+    double ms[2], ms_logits = 0;
+    dllm__env_set("bd_graphs", "1");
+    for (int graphs = 0; graphs < 2; graphs++) {
+        dllm__env_set("no_graphs", graphs ? "0" : "1");
+        ms[graphs] = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward_choose(step, pick, ch.data())); });
+        if (graphs)
+            ms_logits = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
+    }
+    dllm__env_reload();
+    r.set("llada2_block32_N512_step_eager_ms", ms[0]);
+    r.set("llada2_block32_N512_step_graph_ms", ms[1]);
+    r.set("llada2_block32_N512_step_graph_32_logit_rows_to_host_ms", ms_logits);
+    r.set("llada2_graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
+    // the stages of one eager step (marks), the routing's share
+    bench_result stages;
+    bench_stages_of(stages, gpu, "", [&] { return gpu->bd_forward(step, logits.data()); });
+    double total = 0, routing = 0;
+    for (auto &kv : stages.v) {
+        total += kv.second;
+        if (kv.first == "moe router gemm ms" || kv.first == "moe route ms" || kv.first == "moe plan ms")
+            routing += kv.second;
+    }
+    for (auto &kv : stages.v) r.set("llada2 step stage " + kv.first, kv.second);
+    r.set("llada2_step_routing_share (target < 0.10)", routing / total);
+    // the experts the step touched, layer by layer
+    std::map<int, std::vector<int>> experts;
+    gpu->set_moe_debug(&experts, nullptr);
+    BENCH_CHECK(gpu->bd_forward(step, logits.data()));
+    gpu->set_moe_debug(nullptr, nullptr);
+    double expert_bytes = 0;
+    int touched = 0;
+    for (auto &kv : experts) {
+        std::set<int> distinct(kv.second.begin(), kv.second.end());
+        distinct.erase(-1);
+        touched += (int)distinct.size();
+        expert_bytes += (double)distinct.size() * 3.0 * c.n_embd * c.n_ff_expert * 2;
+    }
+    const double d = c.n_embd, hd = c.head_dim, moe_layers = (double)experts.size();
+    const double attn = ((c.n_head + 2.0 * c.n_head_kv) * hd * d + d * c.n_head * hd) * 2 * c.n_layer;
+    const double dense = 3.0 * d * c.n_ff * 2 * c.n_dense_layers +
+                         moe_layers * (c.n_expert * d + 3.0 * d * c.n_ff_shared) * 2 + (double)c.n_vocab * d * 2;
+    const double kv = (double)(n + B) * 2 * c.n_head_kv * hd * 2 * c.n_layer;
+    r.set("llada2_step_experts_touched (of layers x 256)", touched);
+    r.set("llada2_step_experts_touched_per_moe_layer", moe_layers > 0 ? touched / moe_layers : 0);
+    r.set("llada2_step_read_GB (experts touched + dense + K/V)", (expert_bytes + attn + dense + kv) / 1e9);
+    r.set("llada2_step_expert_read_GB", expert_bytes / 1e9);
+    dllm__dbuf a, b;
+    const size_t copy_bytes = (size_t)1 << 30;
+    BENCH_CHECK(a.fit(copy_bytes, "bench"));
+    BENCH_CHECK(b.fit(copy_bytes, "bench"));
+    const double copy_ms = bench_ms(gpu->stream(), 3, 10, [&] {
+        cudaMemcpyAsync(b.ptr, a.ptr, copy_bytes, cudaMemcpyDeviceToDevice, gpu->stream());
+    });
+    const double TBps = 2.0 * copy_bytes / copy_ms / 1e9;
+    const double floor_ms = (expert_bytes + attn + dense + kv) / 1e9 / TBps;
+    r.set("llada2_copy_TBps", TBps);
+    r.set("llada2_block32_N512_read_floor_ms", floor_ms);
+    r.set("llada2_block32_N512_graph_over_floor (target <= 1.4)", ms[1] / floor_ms);
+    r.set("llada2_block32_N512_eager_over_floor", ms[0] / floor_ms);
+
+    dllm_ctx_free(ctx);
+    dllm_model_free(model);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // [long context] block diffusion at 4k-32k-token prompts, per K/V cache, and what fits in 80 GB
 // ---------------------------------------------------------------------------------------------------
 
@@ -1536,7 +1661,8 @@ static void bench_batch_rows(bench_result &r, const char *config, cudaStream_t s
 
 static const char *bench_usage =
     "usage: dllm-bench [--quick | --attention-only | --rowwise-only | --gemm-only | --q4-gemm-only | --int8-gemm-only |\n"
-    "                   --batch-rows | --batch-w1 | --bd-only | --kv-attention-only | --long-context [--contexts LIST]]\n"
+    "                   --batch-rows | --batch-w1 | --bd-only | --kv-attention-only | --llada2-only |\n"
+    "                   --long-context [--contexts LIST]]\n"
     "                  [--anchors anchor_torch.json]\n"
     "                  [--anchors-v2 anchor_v2.json (torch_reference_v2.py's, block diffusion)]\n"
     "                  [--anchor-graphs anchor_graphs.log] [--json out.json] [--config llada-config.json]\n"
@@ -1564,6 +1690,9 @@ static const char *bench_usage =
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
+    "  --llada2-only      LLaDA2.0-mini (mixture of experts, BF16): the 32-row block step over a 512-token prompt, eager\n"
+    "                     and as a graph, its stages and routing share, the experts it touched and its read floor (keys\n"
+    "                     llada2_*; also part of the full run)\n"
     "  --kv-attention-only  --bd-only's first rows alone: a layer's attention over a 32k-token cache, BF16 against KV4\n"
     "                     (kvq_attention and kvq_flash, with its plan variants); short enough to run under ncu\n"
     "  --long-context     block diffusion at the Fast-dLLM v2 7B shape with long prompts, gen 256, block 32: per K/V cache\n"
@@ -1609,11 +1738,12 @@ int main(int argc, char **argv) {
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr, *long_batch = nullptr;
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
-         bd_only = false, kv_attention_only = false, long_context = false;
+         bd_only = false, kv_attention_only = false, long_context = false, llada2_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
                                                       {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only},
-                                                      {"--kv-attention-only", &kv_attention_only}, {"--long-context", &long_context}};
+                                                      {"--kv-attention-only", &kv_attention_only}, {"--long-context", &long_context},
+                                                      {"--llada2-only", &llada2_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
                                                                  {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts},
@@ -1675,6 +1805,10 @@ int main(int argc, char **argv) {
     }
     if (long_context) {
         bench_long_context(r);
+        return 0;
+    }
+    if (llada2_only) {
+        bench_llada2(r);
         return 0;
     }
     if (bd_only || kv_attention_only) {
@@ -1912,6 +2046,7 @@ int main(int argc, char **argv) {
         dllm_ctx_free(cq);
     }
     bench_block_diffusion(r);
+    bench_llada2(r);
 
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
     for (auto &kv : bench_read_anchors(anchors_v2, nullptr)) a.emplace(kv);  // torch_reference_v2.py's (block diffusion)

@@ -25,7 +25,9 @@ struct dllm__stepper_seq {
     std::vector<int32_t> uncond, committed;
     dllm__bd_plan bd_plan;
     std::unique_ptr<dllm__bd_generation> bd;
-    dllm__bd_seq bd_seq;     // [block diffusion] its next forward
+    dllm__bd_seq bd_seq;     // [block diffusion] its next forward (LLaDA2's too)
+    dllm__llada2_plan l2_plan;  // [MoE] a LLaDA2 sequence's plan and generation (decode/llada2.cpp)
+    std::unique_ptr<dllm__llada2_generation> l2;
     int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
     dllm__step_watch watch;
 };

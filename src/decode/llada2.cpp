@@ -117,8 +117,13 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
     return DLLM_OK;
 }
 
-/* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. */
+/* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. A state machine, so
+ * that a stepper can batch it (decode/batch_bd.cpp): next() names the next forward (a commit of rows to the K/V cache,
+ * or a step's forward of the block with its pick), apply_logits() or apply_choices() takes its result and decides;
+ * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch whenever the backend's batched
+ * forward gives it bd_forward's logits. */
 struct dllm__llada2_generation {
+    enum phase { START, BLOCK_BEGIN, IN_BLOCK, BLOCK_END, DONE };
     dllm_ctx &ctx;
     const dllm_gen_params &p;
     const dllm__llada2_plan &plan;
@@ -127,6 +132,13 @@ struct dllm__llada2_generation {
     std::vector<float> logits;
     std::vector<dllm__choice> ch;  // the current block's rows after a step's forward
     int steps = 0, forwards = 0, block = 0, bs = 0;
+    dllm__step_watch *watch = nullptr;  // a stepper's sequence: every step is recorded there
+    phase at = START;
+    dllm__bd_call pending;            // the forward next() named
+    dllm__bd_pick pick;               // a step's choice: every row of the block, greedy, the mask id never predicted
+    int step_in_block = 0, post = 0;  // the block's step; LLaDA2.1's forwards after its last mask
+    int n_masks = 0;                  // LLaDA2.1: the block's masks before the pending step
+    std::vector<uint8_t> was_mask;    // LLaDA2.1: which rows were masks before the pending step
 
     dllm__llada2_generation(dllm_ctx &c, const dllm_gen_params &params, const dllm__llada2_plan &pl, int n)
         : ctx(c), p(params), plan(pl), n_prompt(n) {}
@@ -143,6 +155,8 @@ struct dllm__llada2_generation {
             if (x[(size_t)i] == plan.eos_id) return i;
         return -1;
     }
+    bool done() const { return at == DONE; }
+    int cache_rows() const { return plan.n_blocks * plan.B; }  // what bd_begin / a batch slot holds
 
     dllm__bd_call make_call(dllm__bd_kind kind, int start, int T, int r0, int r1) const {
         dllm__bd_call c;
@@ -150,27 +164,12 @@ struct dllm__llada2_generation {
         c.lacache = plan.lacache;
         return c;
     }
-
-    /* Rows [start, start + T) become committed K/V (the prompt's whole blocks, a finished block). */
-    dllm_status commit(int start, int T) {
-        logits.resize((size_t)ctx.model->cfg.n_vocab);
-        forwards++;
-        return ctx.impl->bd_forward(make_call(DLLM__BD_COMMIT, start, T, T - 1, T), logits.data());
-    }
-
-    /* A step's forward: x0 and p(x0) of every row of the current block (greedy; the mask id is never predicted). */
-    dllm_status forward_block() {
-        const int V = ctx.model->cfg.n_vocab, B = plan.B;
-        logits.resize((size_t)B * V);
-        const dllm__bd_call call =
-            plan.cache ? make_call(DLLM__BD_STEP, bs, B, 0, B) : make_call(DLLM__BD_STEP, 0, bs + B, bs, bs + B);
-        forwards++;
-        DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
-        dllm__sampling s;
-        s.eos_logit_inf = true, s.eos_id = plan.mask_id;
-        ch.resize((size_t)B);
-        for (int i = 0; i < B; i++) ch[(size_t)i] = dllm__choose(logits.data() + (size_t)i * V, V, s, bs + i, 0);
-        return DLLM_OK;
+    /* Rows [start, start + T) become committed K/V (the prompt's whole blocks, a finished block): one logit row. */
+    dllm__bd_call commit_call(int start, int T) const { return make_call(DLLM__BD_COMMIT, start, T, T - 1, T); }
+    /* A step's forward: the B rows of the current block (without the cache, the whole prefix from position 0). */
+    dllm__bd_call step_call() const {
+        return plan.cache ? make_call(DLLM__BD_STEP, bs, plan.B, 0, plan.B)
+                          : make_call(DLLM__BD_STEP, 0, bs + plan.B, bs, bs + plan.B);
     }
 
     /* Block offsets of the masks, the most confident first (ties to the lower position), at most k of them. */
@@ -203,12 +202,12 @@ struct dllm__llada2_generation {
         return pos;
     }
 
-    dllm_status report(int step_in_block, const std::vector<int32_t> &written) {
+    dllm_status report(int s, const std::vector<int32_t> &written) {
         steps++;
-        if (!p.on_step) return DLLM_OK;
+        if (!p.on_step && !watch) return DLLM_OK;
         dllm_step_info info = {block,
                                plan.n_blocks,
-                               step_in_block,
+                               s,
                                plan.editing ? 0 : plan.steps,
                                steps,
                                plan.n_blocks * plan.B,
@@ -218,7 +217,7 @@ struct dllm__llada2_generation {
                                (int)x.size(),
                                n_prompt,
                                masks_in(n_prompt, (int)x.size())};
-        return dllm__report_step(p, nullptr, info);
+        return dllm__report_step(p, watch, info);
     }
 
     /* LLaDA2.0's early stop: a committed EOS and no mask before the first EOS. */
@@ -229,45 +228,15 @@ struct dllm__llada2_generation {
         return eos >= 0 && masks_in(n_prompt, eos) == 0;
     }
 
-    /* LLaDA2.0's block: at most plan.steps forwards, step s committing by the schedule k_s = B / steps (+1 for
-     * s < B % steps); `stop` when early_stop ends the generation. */
-    dllm_status block_v20(bool &stop) {
-        for (int s = 0; s < plan.steps && masks_in(bs, bs + plan.B) > 0; s++) {
-            DLLM__TRY(forward_block());
-            const int k = plan.B / plan.steps + (s < plan.B % plan.steps ? 1 : 0);
-            const std::vector<int32_t> written = write(masks_to_commit(k));
-            DLLM__TRY(report(s, written));
-            if (plan.eos_early_stop && eos_early_stop(written)) return stop = true, DLLM_OK;
-        }
-        return DLLM_OK;
-    }
-
     /* LLaDA2.1's edits: decoded, non-prompt rows of the block (not masked before this step) whose x0 differs from
      * their token and has p > edit_threshold. */
-    std::vector<int> edits(const std::vector<uint8_t> &was_mask) const {
+    std::vector<int> edits() const {
         std::vector<int> at;
         for (int i = 0; i < plan.B; i++)
             if (!was_mask[(size_t)i] && bs + i >= n_prompt && ch[(size_t)i].conf > plan.edit_threshold &&
                 ch[(size_t)i].token != x[(size_t)(bs + i)])
                 at.push_back(i);
         return at;
-    }
-
-    /* LLaDA2.1's block: forwards commit masks (threshold, at least one) and edit; after the last mask up to
-     * max_post_steps more forwards, ending at the first that edits nothing. */
-    dllm_status block_v21() {
-        std::vector<uint8_t> was_mask((size_t)plan.B);
-        for (int post = 0, s = 0;; s++) {
-            int n_masks = 0;
-            for (int i = 0; i < plan.B; i++) n_masks += was_mask[(size_t)i] = is_mask(bs + i);
-            if (n_masks == 0 && ++post > plan.max_post_steps) return DLLM_OK;
-            DLLM__TRY(forward_block());
-            std::vector<int> at = n_masks > 0 ? masks_to_commit(1) : std::vector<int>();
-            const std::vector<int> edited = edits(was_mask);
-            at.insert(at.end(), edited.begin(), edited.end());
-            DLLM__TRY(report(s, write(at)));
-            if (n_masks == 0 && edited.empty()) return DLLM_OK;
-        }
     }
 
     /* The official stop after a block: 2.0 at any EOS in the generated part; 2.1 with early_stop at one there once
@@ -278,20 +247,130 @@ struct dllm__llada2_generation {
         return !plan.editing || (plan.eos_early_stop && masks_in(n_prompt, end) == 0);
     }
 
-    dllm_status run(const int32_t *prompt) {
-        const int B = plan.B, first = n_prompt / B;
+    /* The canvas: the prompt, masks after it, whole blocks. */
+    void start(const int32_t *prompt) {
         x.assign(prompt, prompt + n_prompt);
-        x.resize((size_t)plan.n_blocks * B, plan.mask_id);
-        DLLM__TRY(ctx.impl->bd_begin(plan.n_blocks * B));
-        if (plan.cache && first > 0) DLLM__TRY(commit(0, first * B));
-        for (block = first; block < plan.n_blocks; block++) {
-            bs = block * B;
-            bool stop = false;
-            DLLM__TRY(plan.editing ? block_v21() : block_v20(stop));
-            if (stop || stop_after_block()) return DLLM_OK;
-            if (plan.cache && block + 1 < plan.n_blocks) DLLM__TRY(commit(bs, B));
+        x.resize((size_t)plan.n_blocks * plan.B, plan.mask_id);
+        at = START;
+    }
+
+    /* Walks to the next forward (call) or to the end (done()). LLaDA2.0's block: at most plan.steps forwards while
+     * masks remain, step s committing by the schedule k_s = B / steps (+1 for s < B % steps). LLaDA2.1's block:
+     * forwards commit masks (threshold, at least one) and edit; after the last mask up to max_post_steps more forwards,
+     * ending at the first that edits nothing. */
+    dllm_status next(dllm__bd_call &call) {
+        const int B = plan.B;
+        for (;;) switch (at) {
+            case START: {
+                const int first = n_prompt / B;
+                block = first, at = BLOCK_BEGIN;
+                if (plan.cache && first > 0) return call = pending = commit_call(0, first * B), DLLM_OK;
+                break;
+            }
+            case BLOCK_BEGIN:
+                if (block >= plan.n_blocks) {
+                    at = DONE;
+                    return DLLM_OK;
+                }
+                bs = block * B, step_in_block = 0, post = 0, at = IN_BLOCK;
+                break;
+            case IN_BLOCK:
+                if (!plan.editing) {
+                    if (step_in_block < plan.steps && masks_in(bs, bs + B) > 0) return step_forward(call);
+                    at = BLOCK_END;
+                    break;
+                }
+                was_mask.resize((size_t)B);
+                n_masks = 0;
+                for (int i = 0; i < B; i++) n_masks += was_mask[(size_t)i] = is_mask(bs + i);
+                if (n_masks == 0 && ++post > plan.max_post_steps) {
+                    at = BLOCK_END;
+                    break;
+                }
+                return step_forward(call);
+            case BLOCK_END:
+                if (stop_after_block()) {
+                    at = DONE;
+                    return DLLM_OK;
+                }
+                if (plan.cache && block + 1 < plan.n_blocks) {
+                    block++, at = BLOCK_BEGIN;  // after this commit of the finished block
+                    return call = pending = commit_call(bs, B), DLLM_OK;
+                }
+                block++, at = BLOCK_BEGIN;
+                break;
+            case DONE:
+                return DLLM_OK;
         }
+    }
+
+    /* A step's forward: its call and its pick (the block's B rows, position bs + i, step 0 of dllm__choose). */
+    dllm_status step_forward(dllm__bd_call &call) {
+        call = pending = step_call();
+        pick = dllm__bd_pick();
+        pick.sampling.eos_logit_inf = true, pick.sampling.eos_id = plan.mask_id;
+        pick.pos0 = bs, pick.n = plan.B;
         return DLLM_OK;
+    }
+    bool step_pending() const { return pending.kind != DLLM__BD_COMMIT; }
+
+    /* The pending forward's logits (a commit's one row: unused; a step's B rows): the step's choices by dllm__choose
+     * over them (the pick's), then apply_choices. */
+    dllm_status apply_logits(const float *rows) {
+        if (!step_pending()) {
+            forwards++;
+            return DLLM_OK;
+        }
+        const int V = ctx.model->cfg.n_vocab;
+        std::vector<dllm__choice> chosen((size_t)pick.n);
+        for (int i = 0; i < pick.n; i++)
+            chosen[(size_t)i] = dllm__choose(rows + (size_t)pick.logits_row(i) * V, V, pick.sampling,
+                                             (uint32_t)(pick.pos0 + i), 0);
+        return apply_choices(chosen.data());
+    }
+
+    /* A step's choices (every row of the block, as dllm__choose makes them, on the host or on the device where the
+     * backend chooses there): what they commit and edit. */
+    dllm_status apply_choices(const dllm__choice *chosen) {
+        forwards++;
+        const int B = plan.B;
+        ch.assign(chosen, chosen + B);
+        const int s = step_in_block++;
+        if (!plan.editing) {
+            const int k = B / plan.steps + (s < B % plan.steps ? 1 : 0);
+            const std::vector<int32_t> written = write(masks_to_commit(k));
+            DLLM__TRY(report(s, written));
+            if (plan.eos_early_stop && eos_early_stop(written)) at = DONE;
+            return DLLM_OK;
+        }
+        std::vector<int> to_write = n_masks > 0 ? masks_to_commit(1) : std::vector<int>();
+        const std::vector<int> edited = edits();
+        to_write.insert(to_write.end(), edited.begin(), edited.end());
+        DLLM__TRY(report(s, write(to_write)));
+        if (n_masks == 0 && edited.empty()) at = BLOCK_END;
+        return DLLM_OK;
+    }
+
+    /* The generation alone: bd_forward on the context's own cache. */
+    dllm_status run(const int32_t *prompt) {
+        start(prompt);
+        DLLM__TRY(ctx.impl->bd_begin(cache_rows()));
+        const int V = ctx.model->cfg.n_vocab;
+        for (;;) {
+            dllm__bd_call call;
+            DLLM__TRY(next(call));
+            if (done()) return DLLM_OK;
+            // the device's choice, no logits to the host (bd_forward_choose takes one LM-head chunk of rows)
+            if (step_pending() && ctx.impl->bd_chooses() && pick.n <= dllm__lm_chunk_rows) {
+                std::vector<dllm__choice> chosen((size_t)pick.n, dllm__choice{0, -INFINITY, false});
+                DLLM__TRY(ctx.impl->bd_forward_choose(call, pick, chosen.data()));
+                DLLM__TRY(apply_choices(chosen.data()));
+                continue;
+            }
+            logits.resize((size_t)(call.r1 - call.r0) * V);
+            DLLM__TRY(ctx.impl->bd_forward(call, logits.data()));
+            DLLM__TRY(apply_logits(logits.data()));
+        }
     }
 
     /* The generated ids: the first gen_length, a finished generation's cut at its first EOS (kept without
@@ -304,19 +383,25 @@ struct dllm__llada2_generation {
     }
 };
 
+/* A generation's output and stats (t0: when it started). */
+static void dllm__llada2_result(const dllm__llada2_generation &g, dllm_status status, int32_t *out, int *n_out,
+                                dllm_gen_stats *stats, double t0) {
+    const int n = g.emit(status == DLLM_OK, out);
+    if (n_out) *n_out = n;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->n_prompt = g.n_prompt, stats->n_generated = n, stats->steps = g.steps, stats->forwards = g.forwards;
+        stats->wall_ms = dllm__now_ms() - t0;
+    }
+}
+
 static dllm_status dllm__llada2_generate_plan(dllm_ctx &ctx, const int32_t *prompt, int n_prompt,
                                               const dllm_gen_params &p, const dllm__llada2_plan &plan, int32_t *out,
                                               int *n_out, dllm_gen_stats *stats) {
     const double t0 = dllm__now_ms();
     dllm__llada2_generation g{ctx, p, plan, n_prompt};
     const dllm_status status = g.run(prompt);
-    const int n = g.emit(status == DLLM_OK, out);
-    if (n_out) *n_out = n;
-    if (stats) {
-        memset(stats, 0, sizeof *stats);
-        stats->n_prompt = n_prompt, stats->n_generated = n, stats->steps = g.steps, stats->forwards = g.forwards;
-        stats->wall_ms = dllm__now_ms() - t0;
-    }
+    dllm__llada2_result(g, status, out, n_out, stats, t0);
     return status;
 }
 

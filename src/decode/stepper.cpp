@@ -36,7 +36,10 @@ struct dllm_stepper {
 
     dllm_stepper(dllm_ctx &c, int max, const char *name);
     ~dllm_stepper();
-    bool block_diffusion() const { return dllm__is_block_diffusion(ctx.model->cfg); }
+    // block diffusion's rounds and slots (decode/batch_bd.cpp); LLaDA2 steps through them too
+    bool block_diffusion() const {
+        return dllm__is_block_diffusion(ctx.model->cfg) || ctx.model->cfg.family == DLLM_FAMILY_LLADA2;
+    }
     const char *alone_reason(const dllm_gen_params &p) const;
     dllm_status room() const;
     int n_active() const;
@@ -75,7 +78,7 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
     dllm_step_info info = {};
     std::vector<int32_t> canvas = q.g ? q.g->st.canvas : q.prompt;
     info.canvas = canvas.data(), info.canvas_len = (int)canvas.size(), info.prompt_len = q.item.n_prompt;
-    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : 0;
+    info.n_blocks = q.g ? q.plan.n_blocks : q.bd ? q.bd_plan.n_blocks : q.l2 ? q.l2_plan.n_blocks : 0;
     info.n_masked = (int)canvas.size() - q.item.n_prompt;
     q.watch.record(info);
     q.watch.stepped = false;
@@ -85,9 +88,7 @@ static void dllm__watch_start(dllm__stepper_seq &q) {
 
 dllm_stepper::dllm_stepper(dllm_ctx &c, int max, const char *name) : ctx(c), max_sequences(max), who(name) {
     const dllm__batch_caps caps = ctx.impl->batch_caps();
-    if (ctx.model->cfg.family == DLLM_FAMILY_LLADA2)
-        no_batch = "LLaDA2 has no batched forward yet";
-    else if (block_diffusion())
+    if (block_diffusion())
         no_batch = caps.block_diffusion;
     else if (!caps.plain.empty())
         no_batch = caps.plain;
@@ -175,7 +176,7 @@ dllm_status dllm_stepper::admit(dllm__stepper_seq &q) {
 /* The slots a sequence needs (of `rows` rows each). */
 int dllm_stepper::slots_needed(const dllm__stepper_seq &q, int &rows) const {
     if (!block_diffusion()) return dllm__batch_slots_needed(q, rows);
-    rows = q.bd->cache_rows();
+    rows = q.l2 ? q.l2->cache_rows() : q.bd->cache_rows();
     return 1;
 }
 
@@ -235,7 +236,7 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
     for (dllm__stepper_seq *q : joining) {
         if (q->at != dllm__stepper_seq::JOINING) continue;
         q->at = dllm__stepper_seq::LIVE;
-        const bool started = q->bd ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
+        const bool started = q->bd || q->l2 ? dllm__bd_batch_start(*q) : (q->status = q->g->start()) == DLLM_OK;
         if (started)
             live.push_back(q);
         else
@@ -286,7 +287,7 @@ void dllm_stepper::retire(dllm__stepper_seq &q, dllm_status s) {
         dllm__batch_retire(q, s);
     else
         dllm__bd_batch_retire(q, s);
-    if (block_diffusion()) counts.steps = std::max(counts.steps, q.bd->steps);
+    if (block_diffusion()) counts.steps = std::max(counts.steps, q.l2 ? q.l2->steps : q.bd->steps);
     for (dllm__kv_slot &k : slots)
         if (k.owner == q.id) k.owner = -1;
     q.at = dllm__stepper_seq::ENDED;
@@ -329,8 +330,8 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
         if (first_alone < 0) first_alone = i;
     }
     if (n_alone > 0) {
-        const char *kind = stepper.block_diffusion()                     ? "block-diffusion "
-                           : ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+        const char *kind = ctx.model->cfg.family == DLLM_FAMILY_LLADA2 ? "LLaDA2 "
+                           : stepper.block_diffusion()                   ? "block-diffusion "
                                                                          : "";
         dllm__log(
             DLLM_LOG_INFO,

@@ -228,23 +228,23 @@ struct dllm__gpu_bdfa {
     int64_t rows_seen = 0, rows_reused = 0;
 };
 
-/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, and per MoE layer the router's fp32
- * logits, each token's experts and weights, the slots (token, k) sorted by expert (each expert's range starting on a
- * row that keeps its GEMM operands 256-byte aligned, as cuBLASLt's algorithms assume), the slots' rows through the
- * experts and the shared expert's rows. The permutation is built on the host from the chosen experts (one copy and
- * one synchronisation a layer), so LLaDA2's forwards run eagerly, never captured. */
+/* [MoE] LLaDA2's mixture of experts on the device (gpu/moe.cpp): its module, the expert weights' addresses, and per MoE
+ * layer the router's fp32 logits, each token's experts and weights, the routes' plan (the slots (token, k) sorted by
+ * expert, each expert's rows and row tiles), the experts' rows and the shared expert's rows. All of it stays on the
+ * device (sized by the row count alone), so LLaDA2's forwards are captured as graphs like the others. */
 struct dllm__gpu_moe {
     std::shared_ptr<dllm__module> module;
     dllm__kernel<dllm__sig_qk_norm_rope> qk_norm_rope;
     dllm__kernel<dllm__sig_moe_route> route;
-    dllm__kernel<dllm__sig_moe_gather_rows> gather;
+    dllm__kernel<dllm__sig_moe_plan> plan_kernel;
+    dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
     dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm__dbuf expert_ptrs;             // const bf16 * [layers][2][E]: each expert's gate|up, then down weights
     dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
-    dllm__dbuf slot_token, slot_row;    // int [rows]: the token of each expert row; int [T][k]: the row of each slot
-    dllm__dbuf x, gu, f, y;             // bf16 [rows][d], [rows][2 ff], [rows][ff], [rows][d]: the experts' rows
+    dllm__dbuf plan;                    // int [2][E + 1]: first_row, then tile_first (moe_plan)
+    dllm__dbuf row_token, slot_row;     // int [T k]: the token of each expert row; int [T][k]: the row of each slot
+    dllm__dbuf gu, f, y;                // bf16 [T k][2 ff], [T k][ff], [T k][d]: the experts' rows
     dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
-    std::vector<int> expert_host, slot_token_host, slot_row_host, first_row;  // first_row [E + 1]: expert e's rows
-    int rows = 0;                       // expert rows the buffers hold
     // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
     std::map<int, std::vector<int>> *debug_experts = nullptr;
     std::map<int, std::vector<float>> *debug_logits = nullptr;
@@ -402,10 +402,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__TRY(fit_buffers(1, M, 1));
         DLLM__CUDA(cudaMemcpyAsync(act_.a.ptr, x.data(), (size_t)M * d * 2, cudaMemcpyHostToDevice, stream_));
         DLLM__TRY(moe_block(l, M, act_.delta.ptr));
-        out.resize((size_t)M * d);
+        out.resize((size_t)M * d), experts.resize((size_t)M * model_.cfg.n_expert_used);
         DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(cudaMemcpyAsync(experts.data(), moe_.expert.ptr, experts.size() * 4, cudaMemcpyDeviceToHost, stream_));
         DLLM__CUDA(cudaStreamSynchronize(stream_));
-        experts = moe_.expert_host;
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
@@ -511,8 +511,10 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool moe_layer(size_t l) const { return moe_model() && !weights_->layers[l].expert_gu.empty(); }
     dllm_status moe_supported() const;
     dllm_status load_moe();
-    dllm_status qk_norm_rope(size_t layer, int T, int pos0);
+    dllm_status qk_norm_rope(size_t layer, int T, int pos0, int r0 = 0);
+    dllm_status qk_norm_rope_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status moe_fit(int M);
+    dllm_status moe_pointers();
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status moe_block(size_t l, int M, void *out);
@@ -963,5 +965,6 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         host_pinned_.bytes = pinned;
     }
     if (A.addresses() != before) A.generation++;
+    if (moe_model()) DLLM__TRY(moe_fit((int)M));  // [MoE] before any capture: a forward never allocates
     return DLLM_OK;
 }

@@ -11,7 +11,7 @@
 
 const char *dllm__gpu_backend::batch_unsupported() const {
     if (dllm__is_block_diffusion(model_.cfg)) return "for block diffusion";
-    if (moe_model()) return "for LLaDA2 (mixture of experts) yet";
+    if (moe_model()) return "for LLaDA2 (mixture of experts: it batches through the block-diffusion forward)";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     return nullptr;
 }
@@ -125,8 +125,8 @@ dllm_status dllm__gpu_backend::forward_varlen(const dllm__varlen_layout &v) {
  * graph, captured at the layout's second forward (replay_graph). A graph replays the launches an eager forward makes,
  * so its bits are the eager forward's. */
 dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout &v) {
-    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer)
-        return forward_varlen(v);  // profiling (mark) times eager stages
+    if (!dllm__env().batch_graphs || dllm__env().no_graphs || debug_.timer || moe_.debug_experts || moe_.debug_logits)
+        return forward_varlen(v);  // profiling (mark) times eager stages; [MoE] a test reading the routes back, too
     return replay_graph(graphs_.batched, varlen_graph_id(v), [&] { return forward_varlen(v); });
 }
 

@@ -12,7 +12,9 @@
 // of one included (not the solo bd_forward's bits: that one tunes its GEMMs per row count, splits the keys and runs
 // [FACache]'s split attention on layer 0; under call.lacache this path reuses nothing and counts no row in
 // bd_facache_rows). Under kv_quant each slot holds its codes instead of bf16 rows and each sequence attends over its
-// own (gpu/batch_kvq.cpp). On wherever the items allow it.
+// own (gpu/batch_kvq.cpp). [MoE] LLaDA2 takes this path too: QK-norm + partial RoPE at each row's position
+// (qk_norm_rope_varlen), its MoE layers over all rows (moe_ffn: row-independent, no host sync). On wherever the items
+// allow it.
 
 /* The layout of a batched block-diffusion forward over the slots (slot s: rows [slot_base[s], + slot_rows[s]) of each
  * layer's K|V rows, its state slots[s]): sequence i's call.T rows concatenated, at RoPE positions n + offset + j (n:
@@ -128,7 +130,7 @@ static std::vector<dllm__sampler_span> dllm__bd_sampler_spans(const std::vector<
 
 const char *dllm__gpu_backend::bd_batch_unsupported() const {
     if (!dllm__env().bd_batch) return "(bd_batch is off)";
-    if (!dllm__is_block_diffusion(model_.cfg)) return "for a model that is not block diffusion";
+    if (!dllm__is_block_diffusion(model_.cfg) && !moe_model()) return "for a model that is not block diffusion";
     if ((weights_->fp8_ffn || weights_->fp8_attn) && !dllm__env().batch_fp8) return "under FP8 (batch_fp8 is off)";
     if (kvq_.enabled() && model_.cfg.head_dim > 256) return "under kv_quant at head dims above 256";
     return nullptr;

@@ -151,7 +151,10 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
                           v.cache_rows.size(), batch_.kv.ptr ? "reserved" : "not reserved");
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
-    DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
+    if (moe_model())  // [MoE] LLaDA2: QK-norm, then RoPE on the first rotary_dim dims, at each row's position
+        DLLM__TRY(qk_norm_rope_varlen(layer, v));
+    else
+        DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
     bf16_t *cache = batch_.kv.as<bf16_t>() + layer * (size_t)batch_.kv_rows * width;

@@ -114,9 +114,9 @@ dllm_status dllm__gpu_backend::bd_body(const dllm__bd_call &call, const dllm__bd
  * block (capturing it would cost what launching it does), and profiling (mark) times stages between launches: both stay
  * eager, as does everything under DLLM_DEBUG_PLAIN=1. */
 dllm_status dllm__gpu_backend::bd_run(const dllm__bd_call &call, const dllm__bd_pick *pick, bool head) {
-    // [MoE] LLaDA2's forwards synchronise with the host at each MoE layer (its routes): never captured
+    // [MoE] LLaDA2's routes stay on the device (gpu/moe.cpp): captured as the others, unless a test reads them back
     const bool graph = head && call.kind != DLLM__BD_COMMIT && !debug_.timer && !dllm__env().no_graphs &&
-                       dllm__env().bd_graphs && !moe_model();
+                       dllm__env().bd_graphs && !moe_.debug_experts && !moe_.debug_logits;
     if (graph)
         DLLM__TRY(bd_replay(call, pick));
     else

@@ -561,12 +561,13 @@ DLLM__TEST_HOOK static void dllm__kv_scatter_rows_ref(const uint16_t *src, size_
 static const char *dllm__src_kv_scatter = DLLM__KERNEL_FILE("kv_scatter.cuh");
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
- * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the gather
- * of each expert's rows (its slots, expert by expert) and the weighted sum of a token's expert outputs in slot order
- * plus the shared expert's. Each names its CPU twin in src/kernels/moe.cuh. The router keeps one row's scores in
- * shared memory: at most dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256
- * in 8). */
-static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
+ * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
+ * the routes (each expert's rows and row tiles, on the device), the grouped expert GEMM over all experts' rows in one
+ * launch, and the weighted sum of a token's expert outputs in slot order plus the shared expert's. Each names its CPU
+ * twin in src/kernels/moe.cuh. The router and the plan keep one count per expert in shared memory: at most
+ * dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256 in 8). A grouped GEMM
+ * tile holds dllm__moe_tile_rows rows of one expert (a fixed number: never chosen from a row count). */
+static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__moe_tile_rows = 32;
 #define DLLM__MOE_KERNELS(X)                                                                                           \
     X(qk_norm_rope, __launch_bounds__(128),                                                                            \
       (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
@@ -574,10 +575,51 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64;
     X(moe_route, __launch_bounds__(32),                                                                                \
       (const float *logits, const float *expert_bias, int n_rows, int n_expert, int n_group, int n_group_used,         \
        int top_k, float routed_scale, int *expert, float *weight))                                                     \
-    X(moe_gather_rows, __launch_bounds__(128), (const bf16_t *x, int d, const int *rows, int n_rows, bf16_t *out))    \
+    X(moe_plan, __launch_bounds__(256),                                                                                \
+      (const int *expert, int n_slots, int top_k, int n_expert, int *first_row, int *tile_first, int *row_token,      \
+       int *slot_row))                                                                                                 \
+    X(moe_grouped_gemm, __launch_bounds__(128),                                                                        \
+      (const bf16_t *x, const int *row_src, const bf16_t *const *w, const int *first_row, const int *tile_first,     \
+       int n_expert, int N, int K, bf16_t *y))                                                                         \
     X(moe_combine, __launch_bounds__(256),                                                                             \
       (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
        int top_k, int d, bf16_t *out))
 DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
+
+/* The twins of moe_plan and moe_grouped_gemm (src/kernels/moe.cuh), host code the CPU tests run too. */
+DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
+                                               std::vector<int> &first_row, std::vector<int> &tile_first,
+                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)n_expert, 0);
+    for (int i = 0; i < n_slots; i++)
+        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
+    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
+    for (int e = 0; e < n_expert; e++) {
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
+        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
+    }
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
+    for (int i = 0; i < n_slots; i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= n_expert) continue;
+        const int row = next[(size_t)e]++;
+        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
+    }
+}
+/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
+                                                       const std::vector<const uint16_t *> &w,
+                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
+            for (int f = 0; f < N; f++) {
+                float acc = 0;
+                for (int k = 0; k < K; k++) acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
+                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
+            }
+        }
+}
 
 static const char *dllm__src_moe = DLLM__KERNEL_FILE("moe.cuh");

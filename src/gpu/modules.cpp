@@ -256,8 +256,9 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
 static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
     return {"dllm_moe",
             dllm__src_prelude() +
-                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define NORM_SLOTS %d\n",
-                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__norm_slots) +
+                dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define MOE_TILE_ROWS %d\n"
+                             "#define NORM_SLOTS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots) +
                 DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
             {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};

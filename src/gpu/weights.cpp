@@ -299,11 +299,30 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
     w.layers.resize((size_t)c.n_layer);
-    for (dllm__gpu_layer &G : w.layers) {
+    for (size_t l = 0; l < w.layers.size(); l++) {
+        dllm__gpu_layer &G = w.layers[l];
         DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
         DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
-        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
-        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+        if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
+            DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+            DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+        }
+        if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
+            DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
+            DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
+            G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
+            for (int e = 0; e < c.n_expert; e++) {
+                DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
+                DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
+            }
+            if (c.n_ff_shared > 0) {
+                DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
+                DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
+            }
+        } else {
+            DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+            DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+        }
         DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
         DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
         if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));

@@ -1,8 +1,9 @@
 /* src/kernels/moe.cuh - LLaDA2's kernels (../shared/spec/llada2.md, "Forward"): QK-norm with partial RoPE, the sigmoid
- * router's group-limited top-k, and the gather / weighted sum around the routed experts' GEMMs (which run through the
- * backend's GEMM entry point, one expert at a time, on the rows routed to it). Every kernel works row by row: a row's
- * bits never depend on which other rows are in the launch, so an expert's choice and a token's sum do not depend on
- * the other tokens (or sequences) of the forward. Needs MOE_MAX_EXPERTS and MOE_MAX_GROUPS. */
+ * router's group-limited top-k, the routes' plan (each expert's rows, built on the device: no host synchronisation, so
+ * the forward can be captured in a CUDA graph), the grouped expert GEMM over every expert's rows in one launch, and the
+ * weighted sum of a token's experts. Every kernel works row by row: a row's bits never depend on which other rows are
+ * in the launch, so an expert's choice and a token's sum do not depend on the other tokens (or sequences) of the
+ * forward. Needs MOE_MAX_EXPERTS, MOE_MAX_GROUPS and MOE_TILE_ROWS. */
 
 /* Twin: dllm__cpu_llada2_qkv's QK-norm and RoPE (dllm__cpu_rmsnorm over each Q and K head with the shared head-dim
  * weight, then dllm__cpu_rope on the first rotary_dim dims). In place on the fused projection rows [q heads | k heads |
@@ -122,14 +123,138 @@ KERNEL_moe_route {
     }
 }
 
-/* Twin: the rows memcpy of dllm__cpu_moe. out[i] = x[rows[i]] (d bf16, a multiple of 8), one CTA a row. */
-KERNEL_moe_gather_rows {
+/* Twin: dllm__moe_plan_ref. Where each slot (token t, choice j; slot i = t * top_k + j) goes: expert e's slots, in slot
+ * order (token by token, as the CPU's slots_of), in the rows [first_row[e], first_row[e + 1]) with no padding, and its
+ * row tiles (MOE_TILE_ROWS rows each, the last one short) numbered [tile_first[e], tile_first[e + 1]); row_token[row]
+ * the token a row holds, slot_row[i] slot i's row (-1 for a slot without an expert, which adds nothing). One CTA of
+ * 256 threads: counts, a scan by warp 0, then the slots a chunk of 256 at a time, a slot's rank inside its chunk
+ * counted over the chunk's earlier slots, so the order is the slots' whatever the timing. */
+KERNEL_moe_plan {
     pdl_enter();
-    const int i = blockIdx.x;
-    if (i >= n_rows) return;
-    const uint4 *from = (const uint4 *)(x + (u64)rows[i] * d);
-    uint4 *to = (uint4 *)(out + (u64)i * d);
-    for (int c = threadIdx.x; c < d / 8; c += blockDim.x) to[c] = from[c];
+    __shared__ int count[MOE_MAX_EXPERTS], next[MOE_MAX_EXPERTS], chunk_expert[256];
+    const int tid = threadIdx.x, lane = tid & 31;
+    for (int e = tid; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_slots; i += blockDim.x) {
+        const int e = expert[i];
+        if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // warp 0: exclusive scans of the rows and the tiles, each lane over a contiguous run of experts
+        const int per_lane = (n_expert + 31) / 32, e0 = min(lane * per_lane, n_expert),
+                  e1 = min(e0 + per_lane, n_expert);
+        int rows = 0, tiles = 0;
+        for (int e = e0; e < e1; e++) rows += count[e], tiles += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS;
+        int row_before = rows, tile_before = tiles;  // inclusive scans, then made exclusive
+        for (int o = 1; o < 32; o <<= 1) {
+            const int r = __shfl_up_sync(0xffffffffu, row_before, o), t = __shfl_up_sync(0xffffffffu, tile_before, o);
+            if (lane >= o) row_before += r, tile_before += t;
+        }
+        row_before -= rows, tile_before -= tiles;
+        for (int e = e0; e < e1; e++) {
+            first_row[e] = row_before, tile_first[e] = tile_before, next[e] = row_before;
+            row_before += count[e], tile_before += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS;
+        }
+        if (lane == 31) first_row[n_expert] = row_before, tile_first[n_expert] = tile_before;
+    }
+    __syncthreads();
+    for (int base = 0; base < n_slots; base += 256) {
+        const int i = base + tid;
+        int e = i < n_slots && tid < 256 ? expert[i] : -1;
+        if (e >= n_expert) e = -1;
+        if (tid < 256) chunk_expert[tid] = e;
+        __syncthreads();
+        if (e >= 0) {
+            int rank = 0;
+            for (int j = 0; j < tid; j++) rank += chunk_expert[j] == e;
+            const int row = next[e] + rank;
+            row_token[row] = i / top_k;
+            slot_row[i] = row;
+        } else if (i < n_slots && tid < 256) {
+            slot_row[i] = -1;
+        }
+        __syncthreads();  // every rank read next[] before it moves
+        if (e >= 0) atomicAdd(&next[e], 1);
+        __syncthreads();
+    }
+}
+
+/* d (16 x 8, fp32) += a (16 x 16, bf16, row-major fragment) . b (16 x 8, bf16, column fragment). */
+__device__ __forceinline__ void moe_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 moe_load16(const bf16_t *p, bool ok) {
+    return ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* Twin: dllm__moe_grouped_gemm_ref. For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] bf16 [N][K]) for
+ * the rows of e's range (moe_plan's first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one
+ * rounding to bf16. Grid x over row tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64
+ * output features; 4 warps, each 16 features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and
+ * the rows its n8 columns (the transposed product: a decode step gives an expert a row or two), loaded straight from
+ * global memory as 16 bytes a lane: in a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and g + 8
+ * and of row g of each n8 group, the first 8 bytes for the first k16 product and the rest for the second. That pairs
+ * logical k with a permuted physical k, the same permutation on both operands, so each product is still a dot
+ * product over all of K. Row independence: an output (row, feature) is one accumulator fed the same k16 products in
+ * the same order whatever the tile holds, its expert's row count and the number of tiles; columns of an mma never mix,
+ * and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any batch. K
+ * is a multiple of 8 (the host checks); any N. */
+KERNEL_moe_grouped_gemm {
+    pdl_enter();
+    const int tile = blockIdx.x;
+    if (tile >= tile_first[n_expert]) return;
+    int lo = 0, hi = n_expert;  // the last expert whose first tile is at or before this one (it holds it)
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_first[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int e = lo, row0 = first_row[e] + (tile - tile_first[e]) * MOE_TILE_ROWS;
+    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int f0 = blockIdx.y * 64 + warp * 16;
+    if (f0 >= N) return;
+    constexpr int NT = MOE_TILE_ROWS / 8;  // n8 groups of rows
+    const bf16_t *W = w[e];
+    const bool fa = f0 + g < N, fb = f0 + g + 8 < N;
+    const bf16_t *wa = W + (u64)(fa ? f0 + g : 0) * K, *wb = W + (u64)(fb ? f0 + g + 8 : 0) * K;
+    const bf16_t *xr[NT];
+    bool xv[NT];
+    for (int j = 0; j < NT; j++) {
+        const int r = j * 8 + g;
+        xv[j] = r < n_rows;
+        const int src = xv[j] ? (row_src ? row_src[row0 + r] : row0 + r) : 0;
+        xr[j] = x + (u64)src * K;
+    }
+    float acc[NT][4];
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int k0 = 0; k0 < K; k0 += 64) {  // two k32 steps: their weights in flight together
+        const int ka = k0 + 8 * t, kb = k0 + 32 + 8 * t;
+        const uint4 a_lo0 = moe_load16(wa + ka, fa && ka < K), a_hi0 = moe_load16(wb + ka, fb && ka < K);
+        const uint4 a_lo1 = moe_load16(wa + kb, fa && kb < K), a_hi1 = moe_load16(wb + kb, fb && kb < K);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
+            const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
+            moe_mma(acc[j], a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
+            moe_mma(acc[j], a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
+            moe_mma(acc[j], a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
+            moe_mma(acc[j], a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+        }
+    }
+    // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        for (int c = 0; c < 4; c++) {
+            const int r = j * 8 + 2 * t + (c & 1), f = f0 + g + (c >> 1) * 8;
+            if (r < n_rows && f < N) y[(u64)(row0 + r) * N + f] = f32_to_bf16(acc[j][c]);
+        }
 }
 
 /* Twin: the final sum of dllm__cpu_moe. out[t] = (sum over slots s in order of weight[t][s] expert_out[slot_row[t][s]])
