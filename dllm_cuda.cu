@@ -15579,8 +15579,10 @@ KERNEL_q4wg_prepack_nv {
                     const int kk = 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf;
                     const u32 sc = bs[(u64)row * nb + kk / 16] & 0xFF;
                     u32 c = rows[(u64)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
-                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) c = 0;
-                    if (sc & 0x80) c ^= 8;
+                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F)
+                        c = 0;  // +0 whatever the sign bit, as the twin packs it
+                    else if (sc & 0x80)
+                        c ^= 8;
                     for (int q = 0; q < 4; q++) out |= (c >> q & 1) << q4wg_nv_src[j][q + 4 * hf];
                 }
         } else {  // a scale word: steps 2 i, 2 i + 1 of rows r0, r0 + 8
@@ -17444,6 +17446,7 @@ dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) 
                                     lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), progress,
                                     w));
     weights_ = std::move(w);
+    if (moe_model()) DLLM__TRY(moe_pointers());  // the experts' device addresses, for the grouped GEMM
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));
@@ -18328,7 +18331,6 @@ dllm_status dllm__gpu_backend::moe_supported() const {
 dllm_status dllm__gpu_backend::load_moe() {
     if (moe_.module) return DLLM_OK;
     DLLM__TRY(dllm__jit_load(dllm__module_moe(arch_), moe_.module));
-    DLLM__TRY(moe_pointers());
     auto bind = [&](auto &k, const char *name) { k.fn = moe_.module->kernels.at(name), k.name = name; };
     bind(moe_.qk_norm_rope, "qk_norm_rope");
     bind(moe_.route, "moe_route");

@@ -601,7 +601,8 @@ TEST(gpu_bd_batch, kv_quant_slots_hold_codes_only) {
             items[i].params = test_bdi_params(64, 32, 8, 0.5, 1, false, (uint64_t)i + 1);
             outs[i].assign(128, -7);
             items[i].out = outs[i].data(), items[i].out_capacity = 128;
-            CHECK_STATUS(dllm_stepper_add(st, &items[i], nullptr), DLLM_OK, nullptr);
+            int id = -1;
+            CHECK_STATUS(dllm_stepper_add(st, &items[i], &id), DLLM_OK, nullptr);
         }
         if (st) {
             CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);  // the prompts' commits

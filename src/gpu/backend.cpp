@@ -733,6 +733,7 @@ dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) 
                                     lowbit_.options.enabled ? &lowbit_.kernels : nullptr, lowbit_.q4wg.get(), progress,
                                     w));
     weights_ = std::move(w);
+    if (moe_model()) DLLM__TRY(moe_pointers());  // the experts' device addresses, for the grouped GEMM
     std::vector<float> cos_t, sin_t;
     dllm__rope_tables_cfg(c, max_tokens_, cos_t, sin_t);  // the CPU's tables, YaRN included
     DLLM__TRY(dllm__upload_f32(rope_cos_, cos_t, "RoPE tables"));

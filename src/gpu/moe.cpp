@@ -35,7 +35,6 @@ dllm_status dllm__gpu_backend::moe_supported() const {
 dllm_status dllm__gpu_backend::load_moe() {
     if (moe_.module) return DLLM_OK;
     DLLM__TRY(dllm__jit_load(dllm__module_moe(arch_), moe_.module));
-    DLLM__TRY(moe_pointers());
     auto bind = [&](auto &k, const char *name) { k.fn = moe_.module->kernels.at(name), k.name = name; };
     bind(moe_.qk_norm_rope, "qk_norm_rope");
     bind(moe_.route, "moe_route");

@@ -747,8 +747,10 @@ KERNEL_q4wg_prepack_nv {
                     const int kk = 128 * kb + 16 * s + 2 * (lane % 4) + 8 * (j >> 1) + hf;
                     const u32 sc = bs[(u64)row * nb + kk / 16] & 0xFF;
                     u32 c = rows[(u64)row * (k / 2) + kk / 2] >> (4 * (kk & 1)) & 15;
-                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F) c = 0;
-                    if (sc & 0x80) c ^= 8;
+                    if ((sc & 0x7F) == 0 || (sc & 0x7F) == 0x7F)
+                        c = 0;  // +0 whatever the sign bit, as the twin packs it
+                    else if (sc & 0x80)
+                        c ^= 8;
                     for (int q = 0; q < 4; q++) out |= (c >> q & 1) << q4wg_nv_src[j][q + 4 * hf];
                 }
         } else {  // a scale word: steps 2 i, 2 i + 1 of rows r0, r0 + 8
