@@ -68,7 +68,8 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
 
 /* LLaDA2 runs unquantised only so far. Its GPU path (gpu/moe.cpp, BF16 weights; what it does not take yet, it refuses
  * at its init with the setting to change) runs when the GPU backend is asked for; AUTO keeps the CPU reference until
- * that path's tests have run on a GPU. Sets gpu to false where the CPU backend is to run. */
+ * that path's logits match the CPU's (gpu_llada2.forward_logits_match_cpu_backend). Sets gpu to false where the CPU
+ * backend is to run. */
 static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
     if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
     if (ctx.params.precision != DLLM_PRECISION_BF16)
@@ -77,7 +78,7 @@ static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
                           "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
                           dllm__precision_name(ctx.params.precision));
     if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO) {
-        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path has not been validated on a GPU yet: this context runs on the CPU "
+        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path does not match the CPU reference yet: this context runs on the CPU "
                                  "backend (ask for the GPU backend, --backend gpu, to try it)");
         gpu = false;
     }
