@@ -201,6 +201,73 @@ static std::vector<int> test_rank_select(const std::vector<float> &score, const 
     return kept;
 }
 
+/* How far one token's routing scores (sigmoid(logit) + expert_bias, dllm__moe_route_token's) may each move before its
+ * chosen experts can change: a group score (a sum of two routing scores) moves at most twice as far, so the margin is
+ * the smaller of a quarter of the gap between the weakest kept group and the strongest other one and half the gap
+ * between the last chosen expert and the best other expert of the kept groups (infinite where nothing is left out). */
+static float test_moe_route_margin(const dllm__config &c, const float *logits, const float *bias) {
+    const int E = c.n_expert, G = c.n_expert_group, per = E / G;
+    std::vector<float> routing((size_t)E), group((size_t)G, -INFINITY);
+    for (int e = 0; e < E; e++) routing[(size_t)e] = 1.0f / (1.0f + expf(-logits[e])) + bias[e];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < per; i++)
+            for (int j = i + 1; j < per; j++)
+                group[(size_t)g] =
+                    std::max(group[(size_t)g], routing[(size_t)(g * per + i)] + routing[(size_t)(g * per + j)]);
+    const dllm__moe_route r = dllm__moe_route_token(c, logits, bias);
+    std::vector<bool> kept((size_t)G, false), chosen((size_t)E, false);
+    float weakest_kept = INFINITY, last_chosen = INFINITY;
+    for (int e : r.expert) {
+        chosen[(size_t)e] = true;
+        last_chosen = std::min(last_chosen, routing[(size_t)e]);
+    }
+    std::vector<int> order((size_t)G);
+    for (int g = 0; g < G; g++) order[(size_t)g] = g;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return group[(size_t)a] > group[(size_t)b]; });
+    for (int i = 0; i < c.n_group_used; i++) {
+        kept[(size_t)order[(size_t)i]] = true;
+        weakest_kept = std::min(weakest_kept, group[(size_t)order[(size_t)i]]);
+    }
+    float best_other_group = -INFINITY, best_other_expert = -INFINITY;
+    for (int g = 0; g < G; g++)
+        if (!kept[(size_t)g]) best_other_group = std::max(best_other_group, group[(size_t)g]);
+    for (int e = 0; e < E; e++)
+        if (kept[(size_t)(e / per)] && !chosen[(size_t)e])
+            best_other_expert = std::max(best_other_expert, routing[(size_t)e]);
+    return std::min((weakest_kept - best_other_group) / 4, (last_chosen - best_other_expert) / 2);
+}
+
+/* test_moe_route_margin is sound: moving every routing score by less than the margin (through the logits) leaves the
+ * chosen experts as they were; and it is not vacuous: most random tokens have a positive margin below 1. */
+TEST(llada2, route_margin_bounds_the_routing_stability) {
+    std::mt19937 rng(12);
+    std::uniform_real_distribution<float> u(-3, 3), unit(-1, 1);
+    int tight = 0, trials = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        dllm__config c;
+        c.n_expert_group = 2 + trial % 7, c.n_expert = c.n_expert_group * (2 + trial % 4);
+        c.n_group_used = 1 + trial % c.n_expert_group;
+        c.n_expert_used = 1 + trial % (c.n_group_used * (c.n_expert / c.n_expert_group));
+        c.routed_scale = 2.5f;
+        std::vector<float> logits((size_t)c.n_expert), bias((size_t)c.n_expert), moved(logits.size());
+        for (size_t e = 0; e < logits.size(); e++) logits[e] = u(rng), bias[e] = 0.05f * u(rng);
+        const float m = test_moe_route_margin(c, logits.data(), bias.data());
+        const dllm__moe_route r = dllm__moe_route_token(c, logits.data(), bias.data());
+        trials++;
+        tight += m > 0 && m < 1;
+        if (!(m > 0) || std::isinf(m)) continue;
+        for (int k = 0; k < 20; k++) {
+            // a logit step of at most 3.6 m moves its sigmoid by at most 0.9 m (the slope is at most 1/4)
+            for (size_t e = 0; e < logits.size(); e++) moved[e] = logits[e] + 3.6f * m * unit(rng);
+            const dllm__moe_route q = dllm__moe_route_token(c, moved.data(), bias.data());
+            std::vector<int> a = r.expert, b = q.expert;
+            std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
+            CHECK_MSG(a == b, "trial %d: the experts changed within the margin %.3e", trial, m);
+        }
+    }
+    CHECK_MSG(tight * 2 > trials, "only %d of %d tokens have a margin in (0, 1)", tight, trials);
+}
+
 TEST(llada2, router_group_limited_top_k_matches_brute_force_with_ties) {
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-3, 3);

@@ -78,8 +78,8 @@ static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
                           "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
                           dllm__precision_name(ctx.params.precision));
     if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO) {
-        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path does not match the CPU reference yet: this context runs on the CPU "
-                                 "backend (ask for the GPU backend, --backend gpu, to try it)");
+        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not yet checked against the CPU reference: this context runs on "
+                                 "the CPU backend (ask for the GPU backend, --backend gpu, to try it)");
         gpu = false;
     }
     return DLLM_OK;
