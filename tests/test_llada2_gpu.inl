@@ -749,7 +749,8 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
     }
 }
 
-/* What the GPU path does not take yet is refused with the setting to change; batches decode one after another. */
+/* What the GPU path does not take yet is refused with the setting to change; AUTO keeps the CPU backend; LLaDA2 batches
+ * through the block-diffusion forward, not the plain one. */
 TEST(gpu_llada2, refusals_name_the_setting) {
     NEED_GPU();
     const test_llada2_shape s = test_llada2_gpu_shape(false);
@@ -771,7 +772,7 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
-    if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);  // until the GPU path is validated
+    if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);  // until the GPU path is checked
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
