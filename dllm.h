@@ -128,7 +128,7 @@ typedef enum dllm_family {
     DLLM_FAMILY_LLADA2 = 4 /* LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): mixture of experts (sigmoid
                                      router, group-limited top-k, a shared expert, dense first layers),
                                      fused QKV, QK-norm, partial RoPE, block diffusion from position 0,
-                                     no logit shift; CPU backend only for now (see LLaDA2 below)     */
+                                     no logit shift; AUTO runs it on the CPU (see LLaDA2 below)      */
 } dllm_family;
 
 typedef struct dllm_model_params {
