@@ -12,8 +12,9 @@
 #   ./build.sh install PREFIX   build the library and the CLI programs, then copy dllm.h, libdllm.so, dllm.pc and
 #                       dllm-generate, -tokenize, -eval, -quantize under PREFIX/include, lib, lib/pkgconfig and bin
 #   ./build.sh test     build, run the test suite, then the CPU tests again under ASan + UBSan, then the Python
-#                       package's tests and dllm-server's (skipped without libmicrohttpd and cJSON); the last line
-#                       is "N passed, N failed, N skipped" over the four runs
+#                       package's tests and dllm-server's, twice: the server as built and under ASan + UBSan (skipped
+#                       without libmicrohttpd and cJSON); the last line is "N passed, N failed, N skipped" over the
+#                       five runs
 #   ./build.sh gpu      on a GPU machine, in one go: build, the tests that touch the GPU (DLLM_GPU_TESTS:
 #                       a --filter list, or "all" for the whole suite, which CI runs on the CPU anyway), a
 #                       compute-sanitizer memcheck run, the PyTorch anchors from .carry/anchors, the
@@ -195,22 +196,30 @@ run_tests() {
     echo "== dllm-server's tests (tests/server_test.py; tests/server_deps.sh installs what they need)"
     if pkg-config --exists libmicrohttpd libcjson 2>/dev/null; then
         { build_server && python3 tests/server_test.py; } 2>&1 | tee build/test-server.log || rc=1
+        echo "== dllm-server's tests again, the server under AddressSanitizer + UndefinedBehaviorSanitizer (leaks too)"
+        { build_server asan && ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
+            DLLM_SERVER_BIN=build/dllm-server-asan python3 tests/server_test.py; } 2>&1 |
+            tee build/test-server-asan.log || rc=1
     else
         echo "libmicrohttpd or cJSON missing (tests/server_deps.sh installs them): the server's tests are skipped"
         echo "0 passed, 0 failed, 1 skipped" > build/test-server.log
+        echo "0 passed, 0 failed, 1 skipped" > build/test-server-asan.log
     fi
-    local a b p v
+    local a b p v w
     a=$(summary_counts build/test.log)
     b=$(summary_counts build/test-asan.log)
     p=$(summary_counts build/test-python.log)
     v=$(summary_counts build/test-server.log)
+    w=$(summary_counts build/test-server-asan.log)
     # A run that died before its summary line counts as one failure.
     [ -n "$a" ] || { a="0 1 0"; rc=1; }
     [ -n "$b" ] || { b="0 1 0"; rc=1; }
     [ -n "$p" ] || { p="0 1 0"; rc=1; }
     [ -n "$v" ] || { v="0 1 0"; rc=1; }
-    set -- $a $b $p $v
-    echo "$(($1 + $4 + $7 + ${10})) passed, $(($2 + $5 + $8 + ${11})) failed, $(($3 + $6 + $9 + ${12})) skipped"
+    [ -n "$w" ] || { w="0 1 0"; rc=1; }
+    set -- $a $b $p $v $w
+    echo "$(($1 + $4 + $7 + ${10} + ${13})) passed, $(($2 + $5 + $8 + ${11} + ${14})) failed," \
+        "$(($3 + $6 + $9 + ${12} + ${15})) skipped"
     exit $rc
 }
 
