@@ -19,11 +19,11 @@ dllm_status dllm__gpu_backend::moe_supported() const {
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
                           "(--kv-quant none), or the CPU backend (--backend cpu)");
-    if (c.n_ff_expert % 8 || c.n_ff_shared % 8 || c.n_embd % 8)
+    if (c.n_ff_expert % 8 || c.n_ff_shared % 8)  // the hidden size: init's check, before this one
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "LLaDA2 on the GPU backend needs expert widths and hidden size divisible by 8 "
-                          "(moe_intermediate_size %d, shared %d, hidden %d); use the CPU backend (--backend cpu)",
-                          c.n_ff_expert, c.n_ff_shared, c.n_embd);
+                          "LLaDA2 on the GPU backend needs expert widths divisible by 8 (moe_intermediate_size %d, "
+                          "shared %d); use the CPU backend (--backend cpu)",
+                          c.n_ff_expert, c.n_ff_shared);
     if (c.n_expert > dllm__moe_max_experts || c.n_expert_group > dllm__moe_max_groups || c.n_expert_used > 32)
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "LLaDA2 on the GPU backend routes at most %d experts in %d groups, 32 a token; this model "
