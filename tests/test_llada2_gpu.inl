@@ -337,6 +337,11 @@ static test_llada2_shape test_llada2_gpu_shape(bool real_structure) {
     return s;
 }
 
+/* A random prompt token: below EOS and the mask id (LLaDA2 refuses a prompt holding the mask id). */
+static int32_t test_llada2_prompt_token(const test_llada2_shape &s, std::mt19937 &rng) {
+    return (int32_t)(rng() % (uint32_t)std::min(s.eos, s.mask));
+}
+
 /* A loaded tiny checkpoint with a CPU and a GPU context over it. Its weights are bf16 values, as the GPU holds them, so
  * that both backends compute with the same weights: rounding them alone moves the fp32 CPU's logits of these random
  * models by up to 0.5 relative from 32 tokens on (expert choices flip at near-ties), as much as the GPU's differ. */
@@ -612,7 +617,7 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
     for (int variant = 0; variant < 4; variant++) {
         const int B = 32;
         std::vector<int32_t> prompt(variant % 2 ? 32 : 11);
-        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
         p.block_length = B, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant >= 2) p.edit_threshold = 0.025, p.max_post_steps = 3;
@@ -658,7 +663,7 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
     CHECK_MSG(replays > 0, "LLaDA2's step forwards replayed no graph");
     for (int variant = 0; variant < 4; variant += 3) {
         std::vector<int32_t> prompt(variant ? 40 : 11);
-        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
         p.block_length = 32, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant) p.edit_threshold = 0.025, p.max_post_steps = 3;
@@ -694,7 +699,7 @@ TEST(gpu_llada2, batch_items_equal_batch_of_one) {
     for (size_t i = 0; i < cs.size(); i++) {
         test_stepper_case &c = cs[i];
         const int n_prompt = i == 2 ? 32 : 5 + 7 * (int)i;
-        for (int j = 0; j < n_prompt; j++) c.prompt.push_back((int32_t)(rng() % (uint32_t)(s.V - 8)));
+        for (int j = 0; j < n_prompt; j++) c.prompt.push_back(test_llada2_prompt_token(s, rng));
         c.params = dllm_gen_default_params();
         c.params.gen_length = 20 + 13 * (int)(i % 3), c.params.block_length = 32, c.params.steps = 4 + (int)(i % 5);
         c.params.stop_at_eos = 0, c.params.threshold = 0.02 + 0.01 * (double)(i % 4);
@@ -723,7 +728,7 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
     std::mt19937 rng(19);
     for (int variant = 0; variant < 2; variant++) {
         std::vector<int32_t> prompt(40);
-        for (int32_t &t : prompt) t = (int32_t)(rng() % (uint32_t)(s.V - 8));
+        for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
         p.block_length = 16, p.gen_length = 40, p.steps = 4, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant) p.edit_threshold = 0.025, p.max_post_steps = 2;
@@ -749,7 +754,7 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
     }
 }
 
-/* What the GPU path does not take yet is refused with the setting to change; AUTO keeps the CPU backend; LLaDA2 batches
+/* What the GPU path does not take yet is refused with the setting to change; AUTO takes the GPU backend; LLaDA2 batches
  * through the block-diffusion forward, not the plain one. */
 TEST(gpu_llada2, refusals_name_the_setting) {
     NEED_GPU();
@@ -772,7 +777,7 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
-    if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_CPU);  // until the GPU path is checked
+    if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU);
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);

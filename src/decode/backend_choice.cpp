@@ -66,35 +66,26 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs unquantised only so far. Its GPU path (gpu/moe.cpp, BF16 weights; what it does not take yet, it refuses
- * at its init with the setting to change) runs when the GPU backend is asked for; AUTO keeps the CPU reference until
- * that path's logits match the CPU's (gpu_llada2.forward_logits_match_cpu_backend). Sets gpu to false where the CPU
- * backend is to run. */
-static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
-    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
-    if (ctx.params.precision != DLLM_PRECISION_BF16)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision (--precision) %s: LLaDA2 models run unquantised only so far "
-                          "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
-                          dllm__precision_name(ctx.params.precision));
-    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO) {
-        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not yet checked against the CPU reference: this context runs on "
-                                 "the CPU backend (ask for the GPU backend, --backend gpu, to try it)");
-        gpu = false;
-    }
-    return DLLM_OK;
+/* LLaDA2 runs unquantised only so far, on either backend (the GPU's, gpu/moe.cpp, refuses at its init what it does
+ * not take yet, naming the setting to change). */
+static dllm_status dllm__llada2_check(const dllm_ctx &ctx) {
+    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2 || ctx.params.precision == DLLM_PRECISION_BF16) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                      "precision (--precision) %s: LLaDA2 models run unquantised only so far "
+                      "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
+                      dllm__precision_name(ctx.params.precision));
 }
 
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    DLLM__TRY(dllm__llada2_check(ctx));
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
                                       ctx.params.soloq_bias_correction, soloq));
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
-    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
