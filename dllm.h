@@ -128,7 +128,7 @@ typedef enum dllm_family {
     DLLM_FAMILY_LLADA2 = 4 /* LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): mixture of experts (sigmoid
                                      router, group-limited top-k, a shared expert, dense first layers),
                                      fused QKV, QK-norm, partial RoPE, block diffusion from position 0,
-                                     no logit shift; AUTO runs it on the CPU (see LLaDA2 below)      */
+                                     no logit shift; BF16 only so far (see LLaDA2 below)             */
 } dllm_family;
 
 typedef struct dllm_model_params {
@@ -631,8 +631,8 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * (cfg, remasking other than low confidence, unmask other than SCHEDULE or THRESHOLD (both mean the loop above), DPad,
  * kv_cache, alg_temp, the sampler filters, logits_eos_inf, confidence_eos_eot_inf, eot_id, stop_id,
  * sub_block_length, block_cache, max_post_steps with LLaDA2.0's loop) are DLLM_ERR_UNSUPPORTED naming the option.
- * The GPU backend runs LLaDA2 in BF16 when asked for (DLLM_BACKEND_GPU; AUTO keeps the CPU backend, with a warning);
- * quantised precisions and kv_quant do not take LLaDA2 yet. dllm_generate_batch and dllm_stepper batch LLaDA2 items
+ * Both backends run LLaDA2 in BF16 (AUTO takes the GPU where there is one); quantised precisions and kv_quant do not
+ * take LLaDA2 yet. dllm_generate_batch and dllm_stepper batch LLaDA2 items
  * on both backends, each giving the bits it gets alone (CPU: dllm_generate's; GPU: its batch of one's).
  * dllm_logits is the forward without a cache, block-causal at 32 (generate's default block), positions from 0. */
 
@@ -722,6 +722,12 @@ typedef struct dllm_stepper dllm_stepper;
 
 typedef struct dllm_stepper_params {
     int max_sequences;          /* sequences decoding at once, waiting ones included (default 16)      */
+    int max_fill_rows;          /* the K/V-cache fills one step forwards (a dual or prefix cache's first
+                                   step of a block forwards the whole canvas), in canvas rows: further
+                                   sequences due for a fill wait a step, the longest-waiting first, then
+                                   those joining; one fill always goes. Keeps each step short, so that a
+                                   joining sequence is not held up behind many fills. Only when tokens come
+                                   changes, never which (default 2048; 0: no bound)                    */
 } dllm_stepper_params;
 
 /* What a sequence's last step did, and whether it ended. The pointers in info stay valid until the next

@@ -395,6 +395,7 @@ dllm_stepper_params dllm_stepper_default_params(void) {
     dllm_stepper_params p;
     memset(&p, 0, sizeof p);
     p.max_sequences = 16;
+    p.max_fill_rows = 2048;
     return p;
 }
 
@@ -409,7 +410,12 @@ dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_
         if (params.max_sequences < 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: max_sequences must be >= 1, got %d",
                               params.max_sequences);
+        if (params.max_fill_rows < 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_stepper_create: max_fill_rows must be >= 0 (0: no bound), got %d",
+                              params.max_fill_rows);
         *out_stepper = new dllm_stepper(*ctx, params.max_sequences, "dllm_stepper");
+        (*out_stepper)->max_fill_rows = params.max_fill_rows;
         return DLLM_OK;
     });
 }

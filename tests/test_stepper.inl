@@ -136,9 +136,11 @@ static void test_stepper_poll_all(dllm_test_state &T_, dllm_stepper *st, std::ve
  * boundaries (one the stepper is full for waits; one in eight is cancelled before it joins), at least one added while
  * none decodes. Returns the number of steps. */
 static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<test_stepper_case> &cs, std::mt19937 &rng,
-                              int max_sequences, const char *label) {
+                              int max_sequences, const char *label, int max_fill_rows = -1,
+                              int *fills_deferred = nullptr) {
     dllm_stepper_params sp = dllm_stepper_default_params();
     sp.max_sequences = max_sequences;
+    if (max_fill_rows >= 0) sp.max_fill_rows = max_fill_rows;
     dllm_stepper *st = nullptr;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);
     if (!st) return 0;
@@ -180,6 +182,7 @@ static int test_stepper_drive(dllm_test_state &T_, dllm_ctx *ctx, std::vector<te
     for (test_stepper_case &c : cs)
         if (c.id >= 0 && !c.removed) CHECK_STATUS(dllm_stepper_remove(st, c.id), DLLM_OK, nullptr);
     CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);  // nothing to do
+    if (fills_deferred) *fills_deferred = st->fills_deferred;  // white-box
     dllm_stepper_free(st);
     printf("    %s: %zu sequences in %d steps, at most %d at once (%d adds found it full)\n", label, cs.size(), steps,
            max_sequences, full);
@@ -282,6 +285,14 @@ static void test_stepper_plain_model(dllm_test_state &T_, const char *model_dir,
     CHECK_MSG(n_cancelled[0] > 0 && n_cancelled[1] > 0,
               "%s: %d sequences cancelled before joining, %d after a step: the test proves less", model_dir,
               n_cancelled[0], n_cancelled[1]);
+    if (kv) {  // one fill a step (max_fill_rows 1): the others wait, and nothing but when their tokens come changes
+        const std::string label = dllm__format("%s kv max 12, one fill a step", model_dir);
+        int deferred = 0;
+        test_stepper_drive(T_, ctx, cs, rng, 12, label.c_str(), 1, &deferred);
+        for (test_stepper_case &c : cs) test_stepper_check_case(T_, ctx, c, label.c_str());
+        CHECK_MSG(deferred > 0, "%s: no fill waited: the test proves less", label.c_str());
+        printf("    %s: %d fills waited a step\n", label.c_str(), deferred);
+    }
     dllm__debug_step_logits = nullptr;
     dllm_ctx_free(ctx);
     dllm_model_free(m);
@@ -496,9 +507,11 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm_stepper *st = nullptr, *other = nullptr;
     dllm_stepper_params sp = dllm_stepper_default_params();
-    CHECK(sp.max_sequences == 16);
+    CHECK(sp.max_sequences == 16 && sp.max_fill_rows == 2048);
     CHECK_STATUS(dllm_stepper_create(nullptr, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "ctx");
-    sp.max_sequences = 0;
+    sp.max_fill_rows = -1;
+    CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "max_fill_rows");
+    sp.max_fill_rows = 2048, sp.max_sequences = 0;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "max_sequences");
     sp.max_sequences = 1;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);

@@ -25,6 +25,7 @@
  *                                          under DLLM_TILES=batch_gemm_n=256, =128 and =64 (keys n256_... etc., step times only)
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
+ *   build/dllm-bench --join-only           a request joining 15 that decode through a dllm_stepper: its first steps
  *   build/dllm-bench --llada2-only         LLaDA2.0-mini shape (MoE, BF16): the 32-row block step, eager and replayed,
  *                                          its stages, the experts it touched and its read floor (also in the full run)
  *   build/dllm-bench --long-context [--contexts 4096,16384,32768] [--long-batch 8]    Fast-dLLM v2 7B shape, long
@@ -1599,6 +1600,65 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
     dllm_ctx_free(ctx);
 }
 
+/* [batch] A request joining a running batch, as the server's stepper meets it: at the LLaDA-8B shape (W1's item: prompt
+ * 768, gen 256, block 32, dual cache) 15 sequences join a dllm_stepper of 16 at once and decode 32 steps, so that
+ * without a fill bound all 15 are due for block 1's fill (the whole canvas each) when a 16th joins. Per
+ * max_fill_rows (the default, and 0: no bound; a first pass warms up): the time from its dllm_stepper_add to its first
+ * step's event, the median step before it and the longest step (the most any arrival waits for a step to end).
+ * Keys join_<bound>_*. */
+static void bench_join_pass(bench_result &r, dllm_ctx *ctx, int max_fill_rows, const char *tag) {
+    const int np = 768, gen = 256, B = 16;
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+    std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
+    std::vector<dllm_batch_item> items((size_t)B);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
+        items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
+    }
+    dllm_stepper_params sp = dllm_stepper_default_params();
+    sp.max_sequences = B, sp.max_fill_rows = max_fill_rows;
+    dllm_stepper *st = nullptr;
+    BENCH_CHECK(dllm_stepper_create(ctx, sp, &st));
+    std::vector<int> ids((size_t)B, -1);
+    std::vector<double> steps;
+    auto timed_step = [&] {
+        const double t = dllm__now_ms();
+        BENCH_CHECK(dllm_stepper_step(st));
+        steps.push_back(dllm__now_ms() - t);
+    };
+    for (int b = 0; b < B - 1; b++) BENCH_CHECK(dllm_stepper_add(st, &items[(size_t)b], &ids[(size_t)b]));
+    for (int i = 0; i < 32; i++) timed_step();
+    std::vector<double> before(steps.begin() + 8, steps.end());
+    std::sort(before.begin(), before.end());
+    const double t0 = dllm__now_ms();
+    BENCH_CHECK(dllm_stepper_add(st, &items[(size_t)B - 1], &ids[(size_t)B - 1]));
+    int n = 0;
+    for (dllm_seq_event ev = {}; !ev.stepped && n < 64; n++) {
+        timed_step();
+        BENCH_CHECK(dllm_stepper_poll(st, ids[(size_t)B - 1], &ev));
+    }
+    const std::string key = dllm__format("join_%s_", tag);
+    r.set(key + "to_first_step_ms", dllm__now_ms() - t0);
+    r.set(key + "steps_to_first_step", n);
+    for (int i = 0; i < 32; i++) timed_step();
+    r.set(key + "median_step_before_ms", before[before.size() / 2]);
+    r.set(key + "longest_step_after_the_first_ms", *std::max_element(steps.begin() + 1, steps.end()));
+    dllm_stepper_free(st);
+}
+
+static void bench_join(bench_result &r, dllm_model *model) {
+    dllm_ctx_params cp = bench_gpu_params();
+    cp.max_tokens = 1024;
+    dllm_ctx *ctx = nullptr;
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    const int bound = dllm_stepper_default_params().max_fill_rows;
+    bench_join_pass(r, ctx, 0, "warmup");
+    bench_join_pass(r, ctx, 0, "unbounded");
+    bench_join_pass(r, ctx, bound, dllm__format("fill%d", bound).c_str());
+    dllm_ctx_free(ctx);
+}
+
 /* [batch] The batched forward (dllm__gpu_backend::batch_logits, as dllm_generate_batch runs it) at the LLaDA-8B shape:
  * B canvases of 256 tokens each, the LM head on each one's last 32 rows (a block's candidates), for B = 1 .. 64: time per
  * step, the generated tokens/s it stands for (one token per sequence a step, as W1 commits them), TFLOP/s and the fraction
@@ -1689,6 +1749,8 @@ static const char *bench_usage =
     "                     1,4,8,16,32,64)\n"
     "  --batch-w1         W1 with the dual cache end to end through dllm_generate_batch at batch 1, 4, 8, 16, 32, 64:\n"
     "                     tokens/s (in --precision NAME's precision)\n"
+    "  --join-only        a request joining 15 that decode (W1's item, LLaDA-8B shape, a dllm_stepper of 16) when they\n"
+    "                     are due for a block's fill: the time to its first step, with and without the fill bound\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
     "  --llada2-only      LLaDA2.0-mini (mixture of experts, BF16): the 32-row block step over a 512-token prompt, eager\n"
     "                     and as a graph, its stages and routing share, the experts it touched and its read floor (keys\n"
@@ -1738,12 +1800,12 @@ int main(int argc, char **argv) {
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
     const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr, *long_batch = nullptr;
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
-         bd_only = false, kv_attention_only = false, long_context = false, llada2_only = false;
+         bd_only = false, kv_attention_only = false, long_context = false, llada2_only = false, join_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
                                                       {"--quick", &quick}, {"--q4-gemm-only", &q4_only}, {"--int8-gemm-only", &int8_only},
                                                       {"--batch-rows", &batch_rows}, {"--batch-w1", &batch_w1}, {"--bd-only", &bd_only},
                                                       {"--kv-attention-only", &kv_attention_only}, {"--long-context", &long_context},
-                                                      {"--llada2-only", &llada2_only}};
+                                                      {"--llada2-only", &llada2_only}, {"--join-only", &join_only}};
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
                                                                  {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts},
@@ -1814,6 +1876,13 @@ int main(int argc, char **argv) {
     if (bd_only || kv_attention_only) {
         bench_kv4_attention_32k(r, arch, prop.multiProcessorCount, s0);
         if (bd_only) bench_block_diffusion(r);
+        return 0;
+    }
+    if (join_only) {
+        dllm_model *model = nullptr;
+        BENCH_CHECK(dllm_model_load_random(config, 1, &model));
+        bench_join(r, model);
+        dllm_model_free(model);
         return 0;
     }
     if (batch_w1) {

@@ -215,7 +215,7 @@ class BatchResult(ctypes.Structure):
 
 
 class StepperParams(ctypes.Structure):
-    _fields_ = [("max_sequences", c_int)]
+    _fields_ = [("max_sequences", c_int), ("max_fill_rows", c_int)]
 
 
 class SeqEvent(ctypes.Structure):

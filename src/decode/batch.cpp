@@ -29,6 +29,7 @@ struct dllm__stepper_seq {
     dllm__llada2_plan l2_plan;  // [MoE] a LLaDA2 sequence's plan and generation (decode/llada2.cpp)
     std::unique_ptr<dllm__llada2_generation> l2;
     int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
+    int fill_waits = 0;      // [dual cache] [prefix cache] steps it has waited for its fill (dllm_stepper::defer_fills)
     dllm__step_watch watch;
 };
 

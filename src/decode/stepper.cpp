@@ -24,6 +24,8 @@ struct dllm__kv_slot {
 struct dllm_stepper {
     dllm_ctx &ctx;
     int max_sequences = 0;
+    int max_fill_rows = 0;             // dllm_stepper_params' (0: no bound; dllm_generate_batch's)
+    int fills_deferred = 0;            // sequences a step left waiting for their fill (tests)
     const char *who = "dllm_stepper";  // names the stepper in messages
     bool log_alone = true;             // log each sequence that decodes alone (dllm_generate_batch logs a summary)
     std::vector<std::unique_ptr<dllm__stepper_seq>> seqs;  // in the order they were added
@@ -48,6 +50,7 @@ struct dllm_stepper {
     dllm_status admit(dllm__stepper_seq &q);
     dllm_status step();
     void join(std::vector<dllm__stepper_seq *> &live);
+    void defer_fills(std::vector<dllm__stepper_seq *> &live);
     int slots_needed(const dllm__stepper_seq &q, int &rows) const;
     void take_slots(std::vector<dllm__stepper_seq *> &joining);
     int take_slot(int rows, int owner, std::vector<bool> &fresh);
@@ -244,12 +247,45 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
     }
 }
 
+/* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
+ * those that waited longest go first, then those joining now (the most recent in live), then the rest in order; one
+ * always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
+    if (max_fill_rows <= 0 || block_diffusion()) return;
+    std::vector<dllm__stepper_seq *> fills;
+    for (dllm__stepper_seq *q : live)
+        if (q->slot[0] >= 0 && q->g->st.step_in_block == 0) fills.push_back(q);
+    if (fills.size() < 2) return;
+    std::stable_sort(fills.begin(), fills.end(), [](const dllm__stepper_seq *a, const dllm__stepper_seq *b) {
+        const int wa = a->fill_waits, wb = b->fill_waits;
+        return wa != wb ? wa > wb : a->g->st.forwards < b->g->st.forwards;  // then those that never stepped
+    });
+    std::vector<const dllm__stepper_seq *> waiting;
+    size_t rows = 0;
+    for (dllm__stepper_seq *q : fills) {
+        const size_t n = q->g->st.canvas.size() * (q->slot[1] >= 0 ? 2 : 1);  // CFG: two canvases
+        if (rows > 0 && rows + n > (size_t)max_fill_rows)
+            waiting.push_back(q);
+        else
+            rows += n;
+    }
+    std::vector<dllm__stepper_seq *> going;
+    for (dllm__stepper_seq *q : live) {
+        const bool waits = std::find(waiting.begin(), waiting.end(), q) != waiting.end();
+        q->fill_waits = waits ? q->fill_waits + 1 : 0;
+        if (!waits) going.push_back(q);
+    }
+    fills_deferred += (int)waiting.size();
+    live.swap(going);
+}
+
 dllm_status dllm_stepper::step() {
     for (const auto &q : seqs) q->watch.stepped = false;
     std::vector<dllm__stepper_seq *> live, ended;
     for (const auto &q : seqs)
         if (q->at == dllm__stepper_seq::LIVE) live.push_back(q.get());
     join(live);
+    defer_fills(live);
     if (!live.empty()) {
         const dllm_status s = block_diffusion() ? dllm__bd_batch_round(ctx, live, ended, logits, choices)
                                                 : dllm__batch_step(ctx, live, ended, logits);
