@@ -937,7 +937,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         }
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
-        DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
+        const bool rows_paths = weights_->q4_rows_linears();  // else q4wg takes every linear: no q4w, q4acc
+        if (rows_paths) DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
         if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
             lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
@@ -956,7 +957,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         for (const auto &nk : shapes)
             split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(lowbit_.q4_gemm, dllm__q4_max_rows,
                                                                        (int)nk.first, (int)nk.second));
-        DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
+        if (rows_paths) DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
     if (pinned > host_pinned_.bytes) {

@@ -29,6 +29,16 @@ struct dllm__gpu_weights {
     dllm__weight_view lm_head(const dllm__config &c) const {
         return head.data.ptr ? head.view() : dllm__weight_view{DLLM__W_BF16, c.n_vocab, c.n_embd, embed.ptr, nullptr};
     }
+    /* [SoloQ] Whether a linear keeps its 4-bit codes in section 9b's rows (q4_gemm and the dequantising paths, which
+     * need act_.q4w and act_.q4acc) rather than in q4wg's layout. */
+    bool q4_rows_linears() const {
+        auto rows = [](const dllm__linear &W) { return W.format == DLLM__W_Q4 && !W.q4->packed; };
+        if (rows(head)) return true;
+        for (const dllm__gpu_layer &G : layers)
+            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
+                if (rows(*W)) return true;
+        return false;
+    }
 };
 
 /* The row-wise module's kernels (the table's rows), typed. */
@@ -237,7 +247,7 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
                 DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
             }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_backend refuses the others)
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_check refuses the others)
             DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
             DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
             DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
