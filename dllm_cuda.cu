@@ -12836,18 +12836,28 @@ KERNEL_moe_grouped_gemm {
     }
     float acc[NT][4];
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += 64) {  // two k32 steps: their weights in flight together
-        const int ka = k0 + 8 * t, kb = k0 + 32 + 8 * t;
-        const uint4 a_lo0 = moe_load16(wa + ka, fa && ka < K), a_hi0 = moe_load16(wb + ka, fb && ka < K);
-        const uint4 a_lo1 = moe_load16(wa + kb, fa && kb < K), a_hi1 = moe_load16(wb + kb, fb && kb < K);
+    for (int k0 = 0; k0 < K; k0 += 128) {  // four k32 steps: their weights in flight together (a decode step is
+                                           // bound by the weights' latency, so the more bytes in flight the better)
+        uint4 a_lo[4], a_hi[4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
-            const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
-            moe_mma(acc[j], a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
-            moe_mma(acc[j], a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
-            moe_mma(acc[j], a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
-            moe_mma(acc[j], a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+        for (int q = 0; q < 4; q++) {
+            const int k = k0 + 32 * q + 8 * t;
+            a_lo[q] = moe_load16(wa + k, fa && k < K), a_hi[q] = moe_load16(wb + k, fb && k < K);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // each 64-wide half in the order a 64-wide loop would take it
+            if (k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
+            const int ka = k0 + 64 * h + 8 * t, kb = ka + 32;
+            const uint4 &l0 = a_lo[2 * h], &h0 = a_hi[2 * h], &l1 = a_lo[2 * h + 1], &h1 = a_hi[2 * h + 1];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
+                const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
+                moe_mma(acc[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
+                moe_mma(acc[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
+                moe_mma(acc[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
+                moe_mma(acc[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
+            }
         }
     }
     // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
@@ -15864,6 +15874,16 @@ struct dllm__gpu_weights {
     dllm__weight_view lm_head(const dllm__config &c) const {
         return head.data.ptr ? head.view() : dllm__weight_view{DLLM__W_BF16, c.n_vocab, c.n_embd, embed.ptr, nullptr};
     }
+    /* [SoloQ] Whether a linear keeps its 4-bit codes in section 9b's rows (q4_gemm and the dequantising paths, which
+     * need act_.q4w and act_.q4acc) rather than in q4wg's layout. */
+    bool q4_rows_linears() const {
+        auto rows = [](const dllm__linear &W) { return W.format == DLLM__W_Q4 && !W.q4->packed; };
+        if (rows(head)) return true;
+        for (const dllm__gpu_layer &G : layers)
+            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
+                if (rows(*W)) return true;
+        return false;
+    }
 };
 
 /* The row-wise module's kernels (the table's rows), typed. */
@@ -16072,7 +16092,7 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
                 DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
             }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_backend refuses the others)
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_check refuses the others)
             DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
             DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
             DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
@@ -17650,7 +17670,8 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         }
         DLLM__TRY(A.q4a.fit(M * k_max * 2, "SoloQ activations"));
         DLLM__TRY(A.q4a_scale.fit(M * 4, "SoloQ activations"));
-        DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
+        const bool rows_paths = weights_->q4_rows_linears();  // else q4wg takes every linear: no q4w, q4acc
+        if (rows_paths) DLLM__TRY(A.q4w.fit(chunk_elems * 2, "SoloQ weight rows"));
         if (dllm__q4_int_max(lowbit_.options.acts) && dllm__q4_int_max(lowbit_.options.weights) &&
             lowbit_.options.quantize_acts && (M > (size_t)dllm__q4_max_rows || weights_->q4wg))
             DLLM__TRY(A.q4a8.fit(M * k_max, "SoloQ INT8 activations"));
@@ -17669,7 +17690,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         for (const auto &nk : shapes)
             split_k = std::max(split_k, dllm__q4_gemm_workspace_floats(lowbit_.q4_gemm, dllm__q4_max_rows,
                                                                        (int)nk.first, (int)nk.second));
-        DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
+        if (rows_paths) DLLM__TRY(A.q4acc.fit(std::max(M * chunk_rows, split_k) * 4, "SoloQ GEMM output"));
     }
     size_t pinned = (size_t)seq * 8 + sizeof(dllm_step_state);
     if (pinned > host_pinned_.bytes) {
@@ -21813,6 +21834,7 @@ struct dllm__stepper_seq {
     dllm__llada2_plan l2_plan;  // [MoE] a LLaDA2 sequence's plan and generation (decode/llada2.cpp)
     std::unique_ptr<dllm__llada2_generation> l2;
     int slot[2] = {-1, -1};  // [dual cache] [prefix cache] its K/V caches (CFG's unconditional canvas: [1]); bd: [0]
+    int fill_waits = 0;      // [dual cache] [prefix cache] steps it has waited for its fill (dllm_stepper::defer_fills)
     dllm__step_watch watch;
 };
 
@@ -22077,6 +22099,8 @@ struct dllm__kv_slot {
 struct dllm_stepper {
     dllm_ctx &ctx;
     int max_sequences = 0;
+    int max_fill_rows = 0;             // dllm_stepper_params' (0: no bound; dllm_generate_batch's)
+    int fills_deferred = 0;            // sequences a step left waiting for their fill (tests)
     const char *who = "dllm_stepper";  // names the stepper in messages
     bool log_alone = true;             // log each sequence that decodes alone (dllm_generate_batch logs a summary)
     std::vector<std::unique_ptr<dllm__stepper_seq>> seqs;  // in the order they were added
@@ -22101,6 +22125,7 @@ struct dllm_stepper {
     dllm_status admit(dllm__stepper_seq &q);
     dllm_status step();
     void join(std::vector<dllm__stepper_seq *> &live);
+    void defer_fills(std::vector<dllm__stepper_seq *> &live);
     int slots_needed(const dllm__stepper_seq &q, int &rows) const;
     void take_slots(std::vector<dllm__stepper_seq *> &joining);
     int take_slot(int rows, int owner, std::vector<bool> &fresh);
@@ -22297,12 +22322,45 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
     }
 }
 
+/* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
+ * those that waited longest go first, then those joining now (the most recent in live), then the rest in order; one
+ * always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
+    if (max_fill_rows <= 0 || block_diffusion()) return;
+    std::vector<dllm__stepper_seq *> fills;
+    for (dllm__stepper_seq *q : live)
+        if (q->slot[0] >= 0 && q->g->st.step_in_block == 0) fills.push_back(q);
+    if (fills.size() < 2) return;
+    std::stable_sort(fills.begin(), fills.end(), [](const dllm__stepper_seq *a, const dllm__stepper_seq *b) {
+        const int wa = a->fill_waits, wb = b->fill_waits;
+        return wa != wb ? wa > wb : a->g->st.forwards < b->g->st.forwards;  // then those that never stepped
+    });
+    std::vector<const dllm__stepper_seq *> waiting;
+    size_t rows = 0;
+    for (dllm__stepper_seq *q : fills) {
+        const size_t n = q->g->st.canvas.size() * (q->slot[1] >= 0 ? 2 : 1);  // CFG: two canvases
+        if (rows > 0 && rows + n > (size_t)max_fill_rows)
+            waiting.push_back(q);
+        else
+            rows += n;
+    }
+    std::vector<dllm__stepper_seq *> going;
+    for (dllm__stepper_seq *q : live) {
+        const bool waits = std::find(waiting.begin(), waiting.end(), q) != waiting.end();
+        q->fill_waits = waits ? q->fill_waits + 1 : 0;
+        if (!waits) going.push_back(q);
+    }
+    fills_deferred += (int)waiting.size();
+    live.swap(going);
+}
+
 dllm_status dllm_stepper::step() {
     for (const auto &q : seqs) q->watch.stepped = false;
     std::vector<dllm__stepper_seq *> live, ended;
     for (const auto &q : seqs)
         if (q->at == dllm__stepper_seq::LIVE) live.push_back(q.get());
     join(live);
+    defer_fills(live);
     if (!live.empty()) {
         const dllm_status s = block_diffusion() ? dllm__bd_batch_round(ctx, live, ended, logits, choices)
                                                 : dllm__batch_step(ctx, live, ended, logits);
@@ -22468,35 +22526,26 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs unquantised only so far. Its GPU path (gpu/moe.cpp, BF16 weights; what it does not take yet, it refuses
- * at its init with the setting to change) runs when the GPU backend is asked for; AUTO keeps the CPU reference until
- * that path's logits match the CPU's (gpu_llada2.forward_logits_match_cpu_backend). Sets gpu to false where the CPU
- * backend is to run. */
-static dllm_status dllm__llada2_backend(const dllm_ctx &ctx, bool &gpu) {
-    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2) return DLLM_OK;
-    if (ctx.params.precision != DLLM_PRECISION_BF16)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision (--precision) %s: LLaDA2 models run unquantised only so far "
-                          "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
-                          dllm__precision_name(ctx.params.precision));
-    if (gpu && ctx.params.backend == DLLM_BACKEND_AUTO) {
-        dllm__log(DLLM_LOG_WARN, "LLaDA2's GPU path is not yet checked against the CPU reference: this context runs on "
-                                 "the CPU backend (ask for the GPU backend, --backend gpu, to try it)");
-        gpu = false;
-    }
-    return DLLM_OK;
+/* LLaDA2 runs unquantised only so far, on either backend (the GPU's, gpu/moe.cpp, refuses at its init what it does
+ * not take yet, naming the setting to change). */
+static dllm_status dllm__llada2_check(const dllm_ctx &ctx) {
+    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2 || ctx.params.precision == DLLM_PRECISION_BF16) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                      "precision (--precision) %s: LLaDA2 models run unquantised only so far "
+                      "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
+                      dllm__precision_name(ctx.params.precision));
 }
 
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    DLLM__TRY(dllm__llada2_check(ctx));
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
                                       ctx.params.soloq_bias_correction, soloq));
     if (soloq.enabled) DLLM__TRY(dllm__soloq_check_dims(ctx.model->cfg, soloq));
     std::string why;
     bool gpu = dllm__gpu_usable(ctx.params.device, why);
-    DLLM__TRY(dllm__llada2_backend(ctx, gpu));
     if (ctx.params.backend == DLLM_BACKEND_GPU && !gpu)
         return dllm__fail(DLLM_ERR_NO_DEVICE, "GPU backend requested: %s", why.c_str());
     if (gpu && ctx.params.backend != DLLM_BACKEND_CPU) {
@@ -22914,6 +22963,7 @@ dllm_stepper_params dllm_stepper_default_params(void) {
     dllm_stepper_params p;
     memset(&p, 0, sizeof p);
     p.max_sequences = 16;
+    p.max_fill_rows = 2048;
     return p;
 }
 
@@ -22928,7 +22978,12 @@ dllm_status dllm_stepper_create(dllm_ctx *ctx, dllm_stepper_params params, dllm_
         if (params.max_sequences < 1)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_stepper_create: max_sequences must be >= 1, got %d",
                               params.max_sequences);
+        if (params.max_fill_rows < 0)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
+                              "dllm_stepper_create: max_fill_rows must be >= 0 (0: no bound), got %d",
+                              params.max_fill_rows);
         *out_stepper = new dllm_stepper(*ctx, params.max_sequences, "dllm_stepper");
+        (*out_stepper)->max_fill_rows = params.max_fill_rows;
         return DLLM_OK;
     });
 }

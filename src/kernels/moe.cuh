@@ -234,18 +234,28 @@ KERNEL_moe_grouped_gemm {
     }
     float acc[NT][4];
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += 64) {  // two k32 steps: their weights in flight together
-        const int ka = k0 + 8 * t, kb = k0 + 32 + 8 * t;
-        const uint4 a_lo0 = moe_load16(wa + ka, fa && ka < K), a_hi0 = moe_load16(wb + ka, fb && ka < K);
-        const uint4 a_lo1 = moe_load16(wa + kb, fa && kb < K), a_hi1 = moe_load16(wb + kb, fb && kb < K);
+    for (int k0 = 0; k0 < K; k0 += 128) {  // four k32 steps: their weights in flight together (a decode step is
+                                           // bound by the weights' latency, so the more bytes in flight the better)
+        uint4 a_lo[4], a_hi[4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
-            const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
-            moe_mma(acc[j], a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
-            moe_mma(acc[j], a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
-            moe_mma(acc[j], a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
-            moe_mma(acc[j], a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+        for (int q = 0; q < 4; q++) {
+            const int k = k0 + 32 * q + 8 * t;
+            a_lo[q] = moe_load16(wa + k, fa && k < K), a_hi[q] = moe_load16(wb + k, fb && k < K);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // each 64-wide half in the order a 64-wide loop would take it
+            if (k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
+            const int ka = k0 + 64 * h + 8 * t, kb = ka + 32;
+            const uint4 &l0 = a_lo[2 * h], &h0 = a_hi[2 * h], &l1 = a_lo[2 * h + 1], &h1 = a_hi[2 * h + 1];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
+                const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
+                moe_mma(acc[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
+                moe_mma(acc[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
+                moe_mma(acc[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
+                moe_mma(acc[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
+            }
         }
     }
     // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
