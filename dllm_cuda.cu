@@ -3969,7 +3969,8 @@ struct dllm__cpu_rows {
 #line 93 "src/dllm_cuda.cu"
 #line 1 "src/cpu/moe.cpp"
 /* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
- * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"). */
+ * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"); the CPU twins of the GPU's
+ * route plan and grouped expert GEMM. */
 
 /* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection (rows Q heads | K heads | V
  * heads), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the heads), then RoPE on the
@@ -4095,6 +4096,43 @@ static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dll
             for (int s = 0; s < k; s++)
                 acc += routes[(size_t)t].weight[(size_t)s] * expert_out[((size_t)t * k + s) * d + i];
             out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
+        }
+}
+
+/* The twins of the GPU's moe_plan and moe_grouped_gemm (src/kernels/moe.cuh): host code the CPU tests run too. */
+DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
+                                               std::vector<int> &first_row, std::vector<int> &tile_first,
+                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)n_expert, 0);
+    for (int i = 0; i < n_slots; i++)
+        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
+    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
+    for (int e = 0; e < n_expert; e++) {
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
+        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
+    }
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
+    for (int i = 0; i < n_slots; i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= n_expert) continue;
+        const int row = next[(size_t)e]++;
+        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
+    }
+}
+/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
+                                                       const std::vector<const uint16_t *> &w,
+                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
+            for (int f = 0; f < N; f++) {
+                float acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
+                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
+            }
         }
 }
 #line 94 "src/dllm_cuda.cu"
@@ -11990,6 +12028,7 @@ static const char *dllm__src_hopper = R"DLLM(
     WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), WG_ACC8(d, 21),    \
         WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27),                \
         WG_ACC8(d, 28), WG_ACC8(d, 29), WG_ACC8(d, 30), WG_ACC8(d, 31)
+#define WG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WG_REGS32                                                                                                      \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -12007,6 +12046,23 @@ static const char *dllm__src_hopper = R"DLLM(
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                                 \
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "                     \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+/* Register-A wgmma (A: four registers, B: a shared-memory descriptor) on R accumulator registers, R = 16..128: the
+ * text "instr {d}, {a}, desc_b, p imm;" with p set from the operand after desc_b (its callers pass 1: d += A B). imm
+ * follows p: the scales and B's transpose of a bf16 product, nothing for s8. Operands: the accumulators (WG_FLAT* for a
+ * flat array, WG_ACC_N* for n8 chunks), then WG_RS_IN. */
+#define WG_PRED(i) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #i ", 0;\n"
+#define WG_RS16(instr, imm) WG_PRED(21) instr " " WG_REGS16 ", {%16, %17, %18, %19}, %20, p" imm ";\n}\n"
+#define WG_RS32(instr, imm) WG_PRED(37) instr " " WG_REGS32 ", {%32, %33, %34, %35}, %36, p" imm ";\n}\n"
+#define WG_RS64(instr, imm) WG_PRED(69) instr " " WG_REGS64 ", {%64, %65, %66, %67}, %68, p" imm ";\n}\n"
+#define WG_RS128(instr, imm) WG_PRED(133) instr " " WG_REGS128 ", {%128, %129, %130, %131}, %132, p" imm ";\n}\n"
+#define WG_RS_IN(a0, a1, a2, a3, desc) "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1)
+/* d[i], d[i + 1], ... of a flat accumulator array as operands under constraint c ("+r" s32, "+f" f32). */
+#define WG_FLAT4(c, d, i) c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3])
+#define WG_FLAT16(c, d, i) WG_FLAT4(c, d, i), WG_FLAT4(c, d, i + 4), WG_FLAT4(c, d, i + 8), WG_FLAT4(c, d, i + 12)
+#define WG_FLAT32(c, d, i) WG_FLAT16(c, d, i), WG_FLAT16(c, d, i + 16)
+#define WG_FLAT64(c, d, i) WG_FLAT32(c, d, i), WG_FLAT32(c, d, i + 32)
+#define WG_FLAT128(c, d, i) WG_FLAT64(c, d, i), WG_FLAT64(c, d, i + 64)
 
 /* Shared-memory matrix descriptor, 128-byte swizzle: start address, the stride of 8-row groups (1024 bytes) and,
  * for an MN-major operand wider than 64, the distance of its 64-column blocks (K-major operands ignore it). */
@@ -12110,17 +12166,13 @@ static const char *dllm__src_attention_wgmma = R"DLLM(
 /* d += A (64 x 16, registers) . B (16 x N, shared, MN-major: transposed) */
 template <int N> __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b) {
     if constexpr (N == 64)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        asm volatile(WG_RS32("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", ", 1, 1, 1")
                      : WG_ACC_N64(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                     : WG_RS_IN(a[0], a[1], a[2], a[3], desc_b));
     else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        asm volatile(WG_RS64("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", ", 1, 1, 1")
                      : WG_ACC_N128(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+                     : WG_RS_IN(a[0], a[1], a[2], a[3], desc_b));
 }
 
 struct attn_tensor_maps {
@@ -12562,42 +12614,6 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__
        int top_k, int d, bf16_t *out))
 DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
-/* The twins of moe_plan and moe_grouped_gemm (src/kernels/moe.cuh), host code the CPU tests run too. */
-DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
-                                               std::vector<int> &first_row, std::vector<int> &tile_first,
-                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
-    std::vector<int> count((size_t)n_expert, 0);
-    for (int i = 0; i < n_slots; i++)
-        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
-    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
-    for (int e = 0; e < n_expert; e++) {
-        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
-        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
-    }
-    std::vector<int> next(first_row.begin(), first_row.end() - 1);
-    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
-    for (int i = 0; i < n_slots; i++) {
-        const int e = expert[i];
-        if (e < 0 || e >= n_expert) continue;
-        const int row = next[(size_t)e]++;
-        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
-    }
-}
-/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
-DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
-                                                       const std::vector<const uint16_t *> &w,
-                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
-    for (size_t e = 0; e + 1 < first_row.size(); e++)
-        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
-            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
-            for (int f = 0; f < N; f++) {
-                float acc = 0;
-                for (int k = 0; k < K; k++) acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
-                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
-            }
-        }
-}
-
 static const char *dllm__src_moe = R"DLLM(
 #line 1 "src/kernels/moe.cuh"
 /* src/kernels/moe.cuh - LLaDA2's kernels (../shared/spec/llada2.md, "Forward"): QK-norm with partial RoPE, the sigmoid
@@ -12894,7 +12910,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 626 "src/gpu/kernel_table.cpp"
+#line 590 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -14888,75 +14904,21 @@ __device__ __forceinline__ u64 q4wg_desc(u32 addr) {
 /* d (64 x NT s32, accumulator layout) += A (64 x 32 s8, registers a0..a3) . B (NT x 32 s8, shared, K-major)^T */
 template <int NT> __device__ __forceinline__ void q4wg_mma(int (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
     if constexpr (NT == 32)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-                     ", {%16, %17, %18, %19}, %20, p;\n}\n"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
-                       "+r"(d[15])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS16("wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8", "")
+                     : WG_FLAT16("+r", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 64)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-                     ", {%32, %33, %34, %35}, %36, p;\n}\n"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
-                       "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
-                       "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
-                       "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS32("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8", "")
+                     : WG_FLAT32("+r", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 128)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-                     ", {%64, %65, %66, %67}, %68, p;\n}\n"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                       "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
-                       "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
-                       "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
-                       "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]),
-                       "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]),
-                       "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]),
-                       "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]),
-                       "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS64("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8", "")
+                     : WG_FLAT64("+r", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 256)
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-            ", {%128, %129, %130, %131}, %132, p;\n}\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-              "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-              "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-              "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-              "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-              "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-              "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-              "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-              "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-              "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-              "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-              "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-              "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]),
-              "+r"(d[103]), "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]),
-              "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]),
-              "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]),
-              "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS128("wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8", "")
+                     : WG_FLAT128("+r", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
 }
 
 /* Nibbles in the high half of each byte (x & 0xF0F0F0F0) read as s8 are 16 q; SoloQ-I ORs in 8: 8 (2q + 1). */
@@ -15231,75 +15193,21 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
 template <int NT>
 __device__ __forceinline__ void q4wg_mma_bf16(float (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
     if constexpr (NT == 32)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-                     ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                       "+f"(d[15])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS16("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", ", 1, 1, 0")
+                     : WG_FLAT16("+f", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 64)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS32("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", ", 1, 1, 0")
+                     : WG_FLAT32("+f", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 128)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                       "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-                       "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-                       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-                       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS64("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", ", 1, 1, 0")
+                     : WG_FLAT64("+f", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
     else if constexpr (NT == 256)
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-            ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
-              "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-              "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),
-              "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
-              "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+        asm volatile(WG_RS128("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", ", 1, 1, 0")
+                     : WG_FLAT128("+f", d, 0)
+                     : WG_RS_IN(a0, a1, a2, a3, desc));
 }
 
 __device__ __forceinline__ u32 q4wg_rotl(u32 x, int n) { return __funnelshift_l(x, x, n); }
@@ -15692,7 +15600,7 @@ static dllm__jit_request dllm__module_q4wg(const dllm__arch &arch) {
     return {
         "dllm_q4wg",
             dllm__src_prelude() + DLLM__XSTR(struct q4wg_args{DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
-                DLLM__Q4WG_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_q4_wgmma,
+                DLLM__Q4WG_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_hopper + dllm__src_q4_wgmma,
             names, arch.target
     };
 }
@@ -17285,6 +17193,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_logits(const int32_t *ids, int n, int r0, int r1, float *out);
     dllm_status bd_check(const dllm__bd_call &call) const;
     dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
+    attn_args bd_attn_args(const dllm__bd_call &call, const bf16_t *q, const char *kv, bf16_t *o, int n_keys,
+                           int pos0) const;
     dllm_status bd_head(const dllm__bd_call &call, float *logits);
     dllm_status bd_prepare(const dllm__bd_call &call, int choose_rows = 0);
     dllm_status bd_layers(const dllm__bd_call &call);
@@ -19897,16 +19807,8 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
         if (s.n > 0) {
             DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
         } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
-            attn_args a = {};
-            a.q = q, a.k = (const bf16_t *)keys, a.v = (const bf16_t *)keys + kvd, a.o = o;
-            a.seq = n_keys, a.q_rows = call.T;
-            a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
-            a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
-            a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-            a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
-            a.partial = committed_.partial.as<float>();
-            a.mask_block = call.mask_block, a.q_index0 = pos0;
-            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
+                                        bd_attn_args(call, q, keys, o, n_keys, pos0), stream_));
         }
         if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
     }
@@ -20148,6 +20050,25 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
     set.slots.clear();
 }
 
+/* flash_attn's arguments for one sequence's call.T queries (rows of the fused QKV projection from q) over n_keys K|V
+ * rows (kv), block-causal at positions pos0 + i, into o. One fill for bd_attention and for self_attention_varlen_kvq's
+ * sequence with nothing committed, so that the batched kv_quant path launches what the sequence alone would. */
+attn_args dllm__gpu_backend::bd_attn_args(const dllm__bd_call &call, const bf16_t *q, const char *kv, bf16_t *o,
+                                          int n_keys, int pos0) const {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    attn_args a = {};
+    a.q = q, a.k = (const bf16_t *)kv, a.v = (const bf16_t *)kv + kvd, a.o = o;
+    a.seq = n_keys, a.q_rows = call.T;
+    a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
+    a.partial = committed_.partial.as<float>();
+    a.mask_block = call.mask_block, a.q_index0 = pos0;
+    return a;
+}
+
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
  * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
  * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
@@ -20196,18 +20117,7 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
             DLLM__TRY(put_fresh((char *)committed_.block_cache.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
-    attn_args a = {};
-    a.q = act_.qkv.as<bf16_t>();
-    a.k = (const bf16_t *)cache;
-    a.v = (const bf16_t *)cache + kvd;
-    a.o = act_.att.as<bf16_t>();
-    a.seq = n_keys, a.q_rows = T;
-    a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
-    a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * c.n_head * hd;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
-    a.partial = committed_.partial.as<float>();
-    a.mask_block = call.mask_block, a.q_index0 = pos0;
+    const attn_args a = bd_attn_args(call, act_.qkv.as<bf16_t>(), cache, act_.att.as<bf16_t>(), n_keys, pos0);
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
     else if (kvq_.enabled() && committed_.n > 0)

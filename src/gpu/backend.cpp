@@ -552,6 +552,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status bd_logits(const int32_t *ids, int n, int r0, int r1, float *out);
     dllm_status bd_check(const dllm__bd_call &call) const;
     dllm_status bd_attention(size_t layer, const dllm__bd_call &call);
+    attn_args bd_attn_args(const dllm__bd_call &call, const bf16_t *q, const char *kv, bf16_t *o, int n_keys,
+                           int pos0) const;
     dllm_status bd_head(const dllm__bd_call &call, float *logits);
     dllm_status bd_prepare(const dllm__bd_call &call, int choose_rows = 0);
     dllm_status bd_layers(const dllm__bd_call &call);

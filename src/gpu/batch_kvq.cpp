@@ -117,16 +117,8 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
         if (s.n > 0) {
             DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
         } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
-            attn_args a = {};
-            a.q = q, a.k = (const bf16_t *)keys, a.v = (const bf16_t *)keys + kvd, a.o = o;
-            a.seq = n_keys, a.q_rows = call.T;
-            a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
-            a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
-            a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-            a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
-            a.partial = committed_.partial.as<float>();
-            a.mask_block = call.mask_block, a.q_index0 = pos0;
-            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
+                                        bd_attn_args(call, q, keys, o, n_keys, pos0), stream_));
         }
         if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
     }

@@ -215,6 +215,25 @@ void dllm__gpu_backend::graphs_drop(dllm__graph_set &set) {
     set.slots.clear();
 }
 
+/* flash_attn's arguments for one sequence's call.T queries (rows of the fused QKV projection from q) over n_keys K|V
+ * rows (kv), block-causal at positions pos0 + i, into o. One fill for bd_attention and for self_attention_varlen_kvq's
+ * sequence with nothing committed, so that the batched kv_quant path launches what the sequence alone would. */
+attn_args dllm__gpu_backend::bd_attn_args(const dllm__bd_call &call, const bf16_t *q, const char *kv, bf16_t *o,
+                                          int n_keys, int pos0) const {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    attn_args a = {};
+    a.q = q, a.k = (const bf16_t *)kv, a.v = (const bf16_t *)kv + kvd, a.o = o;
+    a.seq = n_keys, a.q_rows = call.T;
+    a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
+    a.q_bstride = (u64)call.T * qkv, a.o_bstride = (u64)call.T * c.n_head * hd;
+    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    a.kv_splits = dllm__attn_kv_splits(arch_, call.T, n_keys, c.n_head, n_sms_);
+    a.partial = committed_.partial.as<float>();
+    a.mask_block = call.mask_block, a.q_index0 = pos0;
+    return a;
+}
+
 /* Layer `layer` up to its attention output (act_.att) for the rows of act_.a (see dllm__bd_kind): the fused QKV GEMM,
  * bias + RoPE at positions committed_.n + offset + i, Nemotron's Llama-4 query scaling, the fresh K|V rows into the
  * cache (and the block cache), and the queries' block-causal attention over the cache's key range. Twin:
@@ -263,18 +282,7 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
             DLLM__TRY(put_fresh((char *)committed_.block_cache.ptr + layer * (size_t)T * row_bytes));
     }
     mark("kv cache");
-    attn_args a = {};
-    a.q = act_.qkv.as<bf16_t>();
-    a.k = (const bf16_t *)cache;
-    a.v = (const bf16_t *)cache + kvd;
-    a.o = act_.att.as<bf16_t>();
-    a.seq = n_keys, a.q_rows = T;
-    a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = c.n_head * hd, a.group = c.n_head / c.n_head_kv;
-    a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * c.n_head * hd;
-    a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
-    a.kv_splits = dllm__attn_kv_splits(arch_, T, n_keys, c.n_head, n_sms_);
-    a.partial = committed_.partial.as<float>();
-    a.mask_block = call.mask_block, a.q_index0 = pos0;
+    const attn_args a = bd_attn_args(call, act_.qkv.as<bf16_t>(), cache, act_.att.as<bf16_t>(), n_keys, pos0);
     if (split)
         DLLM__TRY(bdfa_attention(call, n_keys, pos0));
     else if (kvq_.enabled() && committed_.n > 0)

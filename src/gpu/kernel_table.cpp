@@ -586,40 +586,4 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__
        int top_k, int d, bf16_t *out))
 DLLM__MOE_KERNELS(DLLM__KERNEL_SIGNATURE)
 
-/* The twins of moe_plan and moe_grouped_gemm (src/kernels/moe.cuh), host code the CPU tests run too. */
-DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
-                                               std::vector<int> &first_row, std::vector<int> &tile_first,
-                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
-    std::vector<int> count((size_t)n_expert, 0);
-    for (int i = 0; i < n_slots; i++)
-        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
-    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
-    for (int e = 0; e < n_expert; e++) {
-        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
-        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
-    }
-    std::vector<int> next(first_row.begin(), first_row.end() - 1);
-    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
-    for (int i = 0; i < n_slots; i++) {
-        const int e = expert[i];
-        if (e < 0 || e >= n_expert) continue;
-        const int row = next[(size_t)e]++;
-        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
-    }
-}
-/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
-DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
-                                                       const std::vector<const uint16_t *> &w,
-                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
-    for (size_t e = 0; e + 1 < first_row.size(); e++)
-        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
-            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
-            for (int f = 0; f < N; f++) {
-                float acc = 0;
-                for (int k = 0; k < K; k++) acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
-                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
-            }
-        }
-}
-
 static const char *dllm__src_moe = DLLM__KERNEL_FILE("moe.cuh");

@@ -9,6 +9,7 @@
     WG_ACC_N128(d), WG_ACC8(d, 16), WG_ACC8(d, 17), WG_ACC8(d, 18), WG_ACC8(d, 19), WG_ACC8(d, 20), WG_ACC8(d, 21),    \
         WG_ACC8(d, 22), WG_ACC8(d, 23), WG_ACC8(d, 24), WG_ACC8(d, 25), WG_ACC8(d, 26), WG_ACC8(d, 27),                \
         WG_ACC8(d, 28), WG_ACC8(d, 29), WG_ACC8(d, 30), WG_ACC8(d, 31)
+#define WG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WG_REGS32                                                                                                      \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -26,6 +27,23 @@
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                                 \
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "                     \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+/* Register-A wgmma (A: four registers, B: a shared-memory descriptor) on R accumulator registers, R = 16..128: the
+ * text "instr {d}, {a}, desc_b, p imm;" with p set from the operand after desc_b (its callers pass 1: d += A B). imm
+ * follows p: the scales and B's transpose of a bf16 product, nothing for s8. Operands: the accumulators (WG_FLAT* for a
+ * flat array, WG_ACC_N* for n8 chunks), then WG_RS_IN. */
+#define WG_PRED(i) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #i ", 0;\n"
+#define WG_RS16(instr, imm) WG_PRED(21) instr " " WG_REGS16 ", {%16, %17, %18, %19}, %20, p" imm ";\n}\n"
+#define WG_RS32(instr, imm) WG_PRED(37) instr " " WG_REGS32 ", {%32, %33, %34, %35}, %36, p" imm ";\n}\n"
+#define WG_RS64(instr, imm) WG_PRED(69) instr " " WG_REGS64 ", {%64, %65, %66, %67}, %68, p" imm ";\n}\n"
+#define WG_RS128(instr, imm) WG_PRED(133) instr " " WG_REGS128 ", {%128, %129, %130, %131}, %132, p" imm ";\n}\n"
+#define WG_RS_IN(a0, a1, a2, a3, desc) "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1)
+/* d[i], d[i + 1], ... of a flat accumulator array as operands under constraint c ("+r" s32, "+f" f32). */
+#define WG_FLAT4(c, d, i) c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3])
+#define WG_FLAT16(c, d, i) WG_FLAT4(c, d, i), WG_FLAT4(c, d, i + 4), WG_FLAT4(c, d, i + 8), WG_FLAT4(c, d, i + 12)
+#define WG_FLAT32(c, d, i) WG_FLAT16(c, d, i), WG_FLAT16(c, d, i + 16)
+#define WG_FLAT64(c, d, i) WG_FLAT32(c, d, i), WG_FLAT32(c, d, i + 32)
+#define WG_FLAT128(c, d, i) WG_FLAT64(c, d, i), WG_FLAT64(c, d, i + 64)
 
 /* Shared-memory matrix descriptor, 128-byte swizzle: start address, the stride of 8-row groups (1024 bytes) and,
  * for an MN-major operand wider than 64, the distance of its 64-column blocks (K-major operands ignore it). */
