@@ -10,7 +10,7 @@
   tiny-llada2 LLaDA2.0's mixture-of-experts layout, tensor names and config schema (model_type llada2_moe; layer 0
               dense, 3 MoE layers of 16 experts, top-4 in 2 of 4 groups, one shared expert; QK-norm, partial RoPE),
               tiny-llada's objective and corpus under LLaDA2's block-causal attention (tools/tiny_llada2.py), a
-              Ling BPE with LLaDA2's <|endoftext|> / <|mask|> / role tokens and no chat template (none citable).
+              Ling BPE with LLaDA2's <|endoftext|> / <|mask|> / role tokens and its chat format.
 
 Every model directory gets BF16 model.safetensors, config.json, tokenizer files, generation_config.json and a
 model card (README.md + model_card.json): data, hyper-parameters, seeds, wall time, losses, and evaluation
@@ -233,7 +233,7 @@ class TokenizerKind:
     eos: str
     eot: str
     mask: str
-    chat_template: str  # file under tools/chat_templates, copied verbatim from the real model; None: none found
+    chat_template: str  # file under tools/chat_templates: the real model's (LLaDA2: its format); None: none
 
 
 # LLaDA's added tokens (models.md 1.4) in their real order, without the 256 reserved ones.
@@ -255,15 +255,16 @@ QWEN2 = TokenizerKind(
     + [("<|beginoftext|>", True), ("<|mask|>", True)],
     "<|beginoftext|>", "<|endoftext|>", "<|im_end|>", "<|mask|>", "qwen2.5-chatml.jinja")
 
-# LLaDA2's tokens that dllm and the chat format use: <|endoftext|> (EOS and pad) and <|mask|> three ids apart as
-# in the real vocabulary (156892, 156895), the role markers of its chat template. The rest of the real added
-# tokens, and their exact order, are not reproduced. No chat template: LLaDA2's own was not found in a citable
-# source (only prompts written out by hand in SGLang's and dInfer's examples), so none is guessed.
+# LLaDA2's tokens that dllm and the chat format use: <|startoftext|> and <|endoftext|> (EOS and pad) first as in
+# the real vocabulary (156891, 156892), the mask three ids after EOS where LLaDA2's generate puts it (156895), the
+# role markers of its chat template. The rest of the real added tokens and their order are not reproduced (Ling
+# 2.0's tokenizer names 156895 <|role_end|>; what LLaDA2's calls it was not found). The chat template writes
+# LLaDA2's format (src/tokenizer/chat.cpp names its sources), which dllm recognises as DLLM_CHAT_LLADA2.
 LING2 = TokenizerKind(
     "ling2", LING_PATTERN, False,
     [(c, True) for c in ("<|startoftext|>", "<|endoftext|>", "[CLS]", "[gMASK]", "<|mask|>", "<role>", "</role>",
                          "<|role_end|>")],
-    "<|startoftext|>", "<|endoftext|>", "<|role_end|>", "<|mask|>", None)
+    "<|startoftext|>", "<|endoftext|>", "<|role_end|>", "<|mask|>", "llada2.jinja")
 
 
 def gpt2_byte_symbols():
@@ -391,7 +392,7 @@ def ling_tokenizer_config(tok):
     if tok.kind is LING2:
         return {"add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": tok.added_tokens_decoder(),
                 "additional_special_tokens": ["<role>", "</role>", "<|role_end|>"], "bos_token": tok.kind.bos,
-                "clean_up_tokenization_spaces": False, "cls_token": "[CLS]",
+                "chat_template": tok.chat_template(), "clean_up_tokenization_spaces": False, "cls_token": "[CLS]",
                 "eos_token": tok.kind.eos, "fast_tokenizer": True, "gmask_token": "[gMASK]",
                 "mask_token": tok.kind.mask, "model_input_names": ["input_ids", "attention_mask"],
                 "model_max_length": 1000000000000000019884624838656, "pad_token": tok.kind.eos,
