@@ -217,7 +217,8 @@ DLLM_API dllm_status dllm_detokenize(const dllm_tokenizer *tok, const int32_t *i
 typedef enum dllm_chat_template {
     DLLM_CHAT_NONE = 0,   /* no template known for this tokenizer                                  */
     DLLM_CHAT_LLADA = 1,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>, BOS first turn */
-    DLLM_CHAT_CHATML = 2  /* Qwen2.5 <|im_start|>role\n...<|im_end|>\n, default system prompt           */
+    DLLM_CHAT_CHATML = 2, /* Qwen2.5 <|im_start|>role\n...<|im_end|>\n, default system prompt           */
+    DLLM_CHAT_LLADA2 = 3  /* LLaDA2 / Ling 2.0 <role>HUMAN</role>...<|role_end|>, "detailed thinking off" */
 } dllm_chat_template;
 
 typedef struct dllm_chat_message {

@@ -3533,6 +3533,7 @@ static dllm_chat_template dllm__chat_detect(const std::string &tpl) {
     auto has = [&](const char *s) { return tpl.find(s) != std::string::npos; };
     if (has("<|start_header_id|>") && has("<|eot_id|>") && has("bos_token") && has("| trim")) return DLLM_CHAT_LLADA;
     if (has("<|im_start|>") && has("<|im_end|>") && has("You are a helpful assistant.")) return DLLM_CHAT_CHATML;
+    if (has("<role>SYSTEM</role>") && has("<|role_end|>") && has("detailed thinking ")) return DLLM_CHAT_LLADA2;
     return DLLM_CHAT_NONE;
 }
 
@@ -3578,6 +3579,65 @@ static std::string dllm__jinja_trim(const std::string &s) {
     return dllm__utf8_encode(c.data() + b, e - b);
 }
 
+// ---- LLaDA2 (Ling 2.0's format) ---------------------------------------------------------------------------
+// Sources: the chat_template of the Hub's inclusionAI/LLaDA2.1-flash tokenizer_config.json (849c58d), read up to
+// its turn loop; the turns as Ling 2.0's template renders them (Ling-1T's, printed in ikawrakow/ik_llama.cpp issue
+// 873), which is identical over that part; sgl-project/sglang docs/supported_models/diffusion_language_models.md
+// writes LLaDA2.0-mini prompts this way. Format: a system block first, always, holding the first system message
+// and "detailed thinking off"; each turn closed by <|role_end|>; an assistant turn holding </think> split into
+// reasoning and answer, the reasoning kept only after the last user query. Tools are not in dllm's API.
+
+static bool dllm__is_tool_response(const std::string &s) {
+    static const std::string open = "<tool_response>", close = "</tool_response>";
+    return s.size() >= open.size() && s.size() >= close.size() && !s.compare(0, open.size(), open) &&
+           !s.compare(s.size() - close.size(), close.size(), close);
+}
+
+/* Python's str.lstrip('\n') / rstrip('\n'). */
+static std::string dllm__lstrip_nl(const std::string &s) {
+    return s.substr(std::min(s.find_first_not_of('\n'), s.size()));
+}
+static std::string dllm__rstrip_nl(const std::string &s) {
+    size_t e = s.find_last_not_of('\n');
+    return e == std::string::npos ? std::string() : s.substr(0, e + 1);
+}
+
+/* One assistant turn: the template's split of "...<think>R</think>A" into R and A (keeping R only when asked). */
+static std::string dllm__llada2_assistant(const std::string &content, bool keep_reasoning) {
+    const size_t close = content.find("</think>");
+    if (close == std::string::npos) return "<role>ASSISTANT</role>" + content + "<|role_end|>";
+    std::string reasoning = dllm__rstrip_nl(content.substr(0, close));  // before the first </think>
+    const size_t open = reasoning.rfind("<think>");                      // after the last <think> in it
+    if (open != std::string::npos) reasoning = reasoning.substr(open + 7);
+    reasoning = dllm__lstrip_nl(reasoning);
+    const std::string answer = dllm__lstrip_nl(content.substr(content.rfind("</think>") + 8));
+    if (!keep_reasoning || reasoning.empty()) return "<role>ASSISTANT</role>" + answer + "<|role_end|>";
+    return "<role>ASSISTANT</role>\n<think>\n" + dllm__rstrip_nl(reasoning) + "\n</think>\n\n" + answer +
+           "<|role_end|>";
+}
+
+static void dllm__chat_render_llada2(const dllm_chat_message *msgs, int n, bool add_assistant, std::string &out) {
+    const bool system_first = strcmp(msgs[0].role, "system") == 0;
+    out = std::string("<role>SYSTEM</role>") + (system_first ? std::string(msgs[0].content) + "\n" : "") +
+          "detailed thinking off<|role_end|>";
+    int last_query = n - 1;  // the last user message that is not a tool response
+    for (int i = n - 1; i >= 0; i--)
+        if (!strcmp(msgs[i].role, "user") && !dllm__is_tool_response(msgs[i].content)) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role;
+        if (!strcmp(role, "user"))
+            out += std::string("<role>HUMAN</role>") + msgs[i].content + "<|role_end|>";
+        else if (!strcmp(role, "system") && i > 0)
+            out += std::string("<role>SYSTEM</role>") + msgs[i].content + "<|role_end|>";
+        else if (!strcmp(role, "assistant"))
+            out += dllm__llada2_assistant(msgs[i].content, i > last_query);
+    }
+    if (add_assistant) out += "<role>ASSISTANT</role>";
+}
+
 static dllm_status dllm__chat_render(const dllm_tokenizer &t, const dllm_chat_message *msgs, int n, bool add_assistant,
                                      std::string &out) {
     if (t.chat == DLLM_CHAT_NONE)
@@ -3592,6 +3652,10 @@ static dllm_status dllm__chat_render(const dllm_tokenizer &t, const dllm_chat_me
                               "message %d has role \"%s\"; roles are system, user and assistant", i, role);
     }
     out.clear();
+    if (t.chat == DLLM_CHAT_LLADA2) {
+        dllm__chat_render_llada2(msgs, n, add_assistant, out);
+        return DLLM_OK;
+    }
     if (t.chat == DLLM_CHAT_LLADA) {  // every turn trimmed and closed by <|eot_id|>; BOS before the first
         for (int i = 0; i < n; i++)
             out += (i == 0 ? t.bos_token : "") + "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" +

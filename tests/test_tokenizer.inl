@@ -292,6 +292,68 @@ TEST(tokenizer, llada_renders_match_apply_chat_template) {
     test_chats_against_fixture(T_, "tokenizer/ling.expected.json", "tokenizer/ling", DLLM_CHAT_LLADA);
 }
 
+/* A tokenizer directory holding LLaDA's tokenizer.json and tools/chat_templates/llada2.jinja as its chat template. */
+static dllm_tokenizer *test_llada2_chat_tokenizer(dllm_test_state &T_, const test_tmpdir &dir) {
+    const std::string tpl = test_read_file(test_data_dir() + "/../../tools/chat_templates/llada2.jinja");
+    CHECK(!tpl.empty());
+    test_write_file(dir.file("tokenizer.json"), test_read_file(test_data("tokenizer/ling/tokenizer.json")));
+    test_write_file(dir.file("tokenizer_config.json"),
+                    "{\"bos_token\":\"<|startoftext|>\",\"chat_template\":" + test_json_string(tpl) + "}");
+    return test_tokenizer(dir.path);
+}
+
+static std::string test_render(dllm_test_state &T_, dllm_tokenizer *t, std::vector<dllm_chat_message> msgs, int gen) {
+    size_t need = 0;
+    dllm_chat_render(t, msgs.data(), (int)msgs.size(), gen, nullptr, 0, &need);
+    std::string got(need, '\0');
+    CHECK_STATUS(dllm_chat_render(t, msgs.data(), (int)msgs.size(), gen, &got[0], need, &need), DLLM_OK, nullptr);
+    got.resize(need ? need - 1 : 0);
+    return got;
+}
+
+// The strings are the format written out by hand (LLaDA2's template: src/tokenizer/chat.cpp, "LLaDA2"); the same
+// conversations rendered by Jinja with tools/chat_templates/llada2.jinja give them too.
+TEST(tokenizer, llada2_renders_the_role_format) {
+    test_tmpdir dir;
+    dllm_tokenizer *t = test_llada2_chat_tokenizer(T_, dir);
+    if (!t) { CHECK(t != nullptr); return; }
+    CHECK(dllm_tokenizer_chat_template(t) == DLLM_CHAT_LLADA2);
+    const std::string head = "<role>SYSTEM</role>detailed thinking off<|role_end|>";
+    CHECK(test_render(T_, t, {{"user", "Hi"}}, 1) == head + "<role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>");
+    CHECK(test_render(T_, t, {{"user", "Hi"}}, 0) == head + "<role>HUMAN</role>Hi<|role_end|>");
+    CHECK(test_render(T_, t, {{"system", "You are terse."}, {"user", "Hi  there \n"}}, 1) ==
+          "<role>SYSTEM</role>You are terse.\ndetailed thinking off<|role_end|><role>HUMAN</role>Hi  there \n"
+          "<|role_end|><role>ASSISTANT</role>");
+    CHECK(test_render(T_, t, {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Who are you?"}}, 1) ==
+          head + "<role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>Hello!<|role_end|><role>HUMAN</role>"
+                 "Who are you?<|role_end|><role>ASSISTANT</role>");
+    CHECK(test_render(T_, t, {{"user", "q"}, {"system", "late"}, {"assistant", "</think>only"}}, 0) ==
+          head + "<role>HUMAN</role>q<|role_end|><role>SYSTEM</role>late<|role_end|><role>ASSISTANT</role>only"
+                 "<|role_end|>");
+    dllm_tokenizer_free(t);
+}
+
+// An assistant turn's <think>...</think> is dropped before the last user query and kept, normalised, after it.
+TEST(tokenizer, llada2_keeps_reasoning_only_after_the_last_query) {
+    test_tmpdir dir;
+    dllm_tokenizer *t = test_llada2_chat_tokenizer(T_, dir);
+    if (!t) { CHECK(t != nullptr); return; }
+    CHECK(test_render(T_, t, {{"system", "sys"}, {"user", "q1"}, {"assistant", "\n<think>\nplan\n\n</think>\n\nans1"},
+                              {"user", "q2"}, {"assistant", "<think>r2</think>a2"}}, 0) ==
+          "<role>SYSTEM</role>sys\ndetailed thinking off<|role_end|><role>HUMAN</role>q1<|role_end|>"
+          "<role>ASSISTANT</role>ans1<|role_end|><role>HUMAN</role>q2<|role_end|>"
+          "<role>ASSISTANT</role>\n<think>\nr2\n</think>\n\na2<|role_end|>");
+    CHECK(test_render(T_, t, {{"user", "q"}, {"assistant", "x<think>\n\nr</think>\n\na</think>b"}}, 1) ==
+          "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>q<|role_end|>"
+          "<role>ASSISTANT</role>\n<think>\nr\n</think>\n\nb<|role_end|><role>ASSISTANT</role>");
+    // a user turn that is a tool response is not a query: the reasoning after it is kept
+    CHECK(test_render(T_, t, {{"user", "q"}, {"user", "<tool_response>t</tool_response>"},
+                              {"assistant", "<think>r</think>a"}}, 0) ==
+          "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>q<|role_end|><role>HUMAN</role>"
+          "<tool_response>t</tool_response><|role_end|><role>ASSISTANT</role>\n<think>\nr\n</think>\n\na<|role_end|>");
+    dllm_tokenizer_free(t);
+}
+
 TEST(tokenizer, llada_special_tokens_sit_at_their_real_ids) {
     dllm_tokenizer *t = test_tokenizer(test_data("tokenizer/ling"));
     if (!t) { CHECK(t != nullptr); return; }

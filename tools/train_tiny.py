@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""train_tiny.py - trains dllm's three tiny masked-diffusion LMs and ships them as Hugging Face checkpoints.
+"""train_tiny.py - trains dllm's four tiny masked-diffusion LMs and ships them as Hugging Face checkpoints.
 
   tiny-llada  LLaDA layout, tensor names and config schema (model_type llada), LLaDA's masked-diffusion
               pre-training objective on the quotes of Debian's `fortunes` package, with a byte-level BPE
@@ -7,6 +7,10 @@
   tiny-dream  Dream/Qwen2 layout (GQA, q/k/v bias, untied head, logit shift), same corpus and objective, with a
               Qwen2-regex BPE shipped the way Dream ships it: vocab.json + merges.txt + tokenizer_config.json.
   tiny-add    LLaDA layout, SFT on 5-digit + 5-digit addition (the prompt is never masked), Ling tokenizer.
+  tiny-llada2 LLaDA2.0's mixture-of-experts layout, tensor names and config schema (model_type llada2_moe; layer 0
+              dense, 3 MoE layers of 16 experts, top-4 in 2 of 4 groups, one shared expert; QK-norm, partial RoPE),
+              tiny-llada's objective and corpus under LLaDA2's block-causal attention (tools/tiny_llada2.py), a
+              Ling BPE with LLaDA2's <|endoftext|> / <|mask|> / role tokens and its chat format.
 
 Every model directory gets BF16 model.safetensors, config.json, tokenizer files, generation_config.json and a
 model card (README.md + model_card.json): data, hyper-parameters, seeds, wall time, losses, and evaluation
@@ -22,12 +26,17 @@ because the device returns at most 8 files of 16 MiB (about 33 MB of checkpoints
       && rm -rf $OUT/repo
 Unpack into a checkout:  cat tiny-models.tar.* | tar -xf - -C /path/to/dllm   (models/ and tests/data/)
 One model again, e.g. a longer tiny-add (heldout.txt and add_test.txt come out identical; the tokenizers are
-trained again and each model directory carries its own; only the chosen model's budget counts):
+trained again and each model directory carries its own; only the chosen model's budget counts; --minutes and
+--steps take 3 or 4 values in RECIPES order):
     ... train_tiny.py --only tiny-add --minutes 0 0 3 --out ... --data-out ...
+tiny-llada2 alone (2.0 minutes of training; about 14 MB of BF16, so packed the same way):
+    set -o pipefail; python3 tools/train_tiny.py --only tiny-llada2 --out $OUT/repo/models \
+      --data-out $OUT/repo/tests/data 2>&1 | tee $OUT/train_tiny.log && tar -C $OUT/repo -cf - . \
+      | split -b 15m -d - $OUT/tiny-llada2.tar. && rm -rf $OUT/repo
 
 Local smoke run (CPU, torch >= 1.13, numpy; no `tokenizers`: byte-level vocabularies without merges, tiny
-dimensions, 12 s of training per model, about a minute in all; then build/dllm-generate, if built, must load
-and decode every exported model):
+dimensions, 12 s of training per model, a few minutes in all; then build/dllm-generate, if built, must load
+and decode every exported model, and give tiny-llada2's reference samples):
     python3 tools/train_tiny.py --smoke                       # writes build/smoke/{models,tests/data}
 """
 import argparse
@@ -53,6 +62,7 @@ import torch.nn.functional as F
 TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS_DIR)
 from fixture_files import write_json, write_safetensors  # noqa: E402
+import tiny_llada2  # noqa: E402
 from make_fixtures import (DREAM_CFG, LLADA_CFG, Model, bf16_round, dream_specs, generate, llada_specs,  # noqa: E402
                            make_weights, rope, rope_tables, truncate, uniform)
 
@@ -120,6 +130,15 @@ class Recipe:
     steps: int = 0     # 0: as many steps as fit in `minutes`
     log_every: int = 100
     n_evals: int = 10  # validation passes during the run; the best one's weights are exported
+    # LLaDA2's mixture of experts (family "llada2" only): the first n_dense layers are dense SwiGLU (mlp_hidden),
+    # the others route each token to experts_per_tok of n_experts (n_group groups, topk_group kept) plus n_shared
+    n_experts: int = 0
+    experts_per_tok: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    moe_hidden: int = 0
+    n_shared: int = 0
+    n_dense: int = 0
 
 
 ADD_SEQ_LEN = 2 * ADD_DIGITS + 2 + ADD_ANSWER_LEN
@@ -127,13 +146,16 @@ RECIPES = [
     Recipe("tiny-llada", "llada", "text", 256, 8, 4, 4, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 3.0, 11),
     Recipe("tiny-dream", "dream", "text", 256, 6, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.0, 12),
     Recipe("tiny-add", "llada", "add", 128, 4, 2, 2, 384, ADD_SEQ_LEN, 1024, 2e-3, 100, 0.01, 0.0, 2.0, 13),
+    # LLaDA2.0-mini's proportions shrunk: 16 experts in 4 groups (keep 2), top-4, one shared, layer 0 dense
+    Recipe("tiny-llada2", "llada2", "text", 256, 4, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.0, 15,
+           n_experts=16, experts_per_tok=4, n_group=4, topk_group=2, moe_hidden=96, n_shared=1, n_dense=1),
 ]
 
 
 def smoke_recipe(r):
     """Same pipeline, dimensions a CPU trains in seconds."""
     text = r.task == "text"
-    return dataclasses.replace(r, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1 if r.family == "dream" else 2,
+    return dataclasses.replace(r, d_model=128, n_layers=2, n_heads=2, n_kv_heads=2 if r.family == "llada" else 1,
                                mlp_hidden=256, seq_len=128 if text else r.seq_len, batch=4 if text else 64,
                                lr=3e-3, warmup=20, minutes=0.2, log_every=5, n_evals=2)
 
@@ -211,7 +233,7 @@ class TokenizerKind:
     eos: str
     eot: str
     mask: str
-    chat_template: str  # file under tools/chat_templates, copied verbatim from the real model
+    chat_template: str  # file under tools/chat_templates: the real model's (LLaDA2: its format); None: none
 
 
 # LLaDA's added tokens (models.md 1.4) in their real order, without the 256 reserved ones.
@@ -232,6 +254,17 @@ QWEN2 = TokenizerKind(
                             "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
     + [("<|beginoftext|>", True), ("<|mask|>", True)],
     "<|beginoftext|>", "<|endoftext|>", "<|im_end|>", "<|mask|>", "qwen2.5-chatml.jinja")
+
+# LLaDA2's tokens that dllm and the chat format use: <|startoftext|> and <|endoftext|> (EOS and pad) first as in
+# the real vocabulary (156891, 156892), the mask three ids after EOS where LLaDA2's generate puts it (156895), the
+# role markers of its chat template. The rest of the real added tokens and their order are not reproduced (Ling
+# 2.0's tokenizer names 156895 <|role_end|>; what LLaDA2's calls it was not found). The chat template writes
+# LLaDA2's format (src/tokenizer/chat.cpp names its sources), which dllm recognises as DLLM_CHAT_LLADA2.
+LING2 = TokenizerKind(
+    "ling2", LING_PATTERN, False,
+    [(c, True) for c in ("<|startoftext|>", "<|endoftext|>", "[CLS]", "[gMASK]", "<|mask|>", "<role>", "</role>",
+                         "<|role_end|>")],
+    "<|startoftext|>", "<|endoftext|>", "<|role_end|>", "<|mask|>", "llada2.jinja")
 
 
 def gpt2_byte_symbols():
@@ -320,18 +353,22 @@ class ByteBPE:
                          "special": s} for i, c, s in self.added}
 
     def chat_template(self):
+        if self.kind.chat_template is None:
+            return None
         with open(os.path.join(TOOLS_DIR, "chat_templates", self.kind.chat_template), encoding="utf-8") as f:
             return f.read()
 
     def save(self, folder):
         """LLaDA's layout (tokenizer.json) for the Ling kind, Dream's (vocab.json + merges.txt) for Qwen2."""
-        if self.kind is LING:
+        if self.kind is not QWEN2:
             with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
                 json.dump(self.tokenizer_json(), f, ensure_ascii=False, indent=2)  # as `tokenizers` saves it
             config = ling_tokenizer_config(self)
             extra = {"additional_special_tokens": config["additional_special_tokens"],
                      "bos_token": self.kind.bos, "cls_token": "[CLS]", "eos_token": self.kind.eos,
                      "pad_token": self.kind.eos}
+            if self.kind is LING2:
+                extra["mask_token"] = self.kind.mask
         else:
             with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
                 json.dump(self.vocab, f, ensure_ascii=False, separators=(",", ":"))
@@ -350,7 +387,16 @@ class ByteBPE:
 
 
 def ling_tokenizer_config(tok):
-    """LLaDA-8B-Instruct's tokenizer_config.json with this vocabulary's ids (trust_remote_code dropped)."""
+    """LLaDA-8B-Instruct's tokenizer_config.json with this vocabulary's ids (trust_remote_code dropped); for
+    LLaDA2 the same keys with its mask token and role markers."""
+    if tok.kind is LING2:
+        return {"add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": tok.added_tokens_decoder(),
+                "additional_special_tokens": ["<role>", "</role>", "<|role_end|>"], "bos_token": tok.kind.bos,
+                "chat_template": tok.chat_template(), "clean_up_tokenization_spaces": False, "cls_token": "[CLS]",
+                "eos_token": tok.kind.eos, "fast_tokenizer": True, "gmask_token": "[gMASK]",
+                "mask_token": tok.kind.mask, "model_input_names": ["input_ids", "attention_mask"],
+                "model_max_length": 1000000000000000019884624838656, "pad_token": tok.kind.eos,
+                "tokenizer_class": "PreTrainedTokenizerFast"}
     return {"add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": tok.added_tokens_decoder(),
             "additional_special_tokens": ["<role>", "</role>", "<|arithmetic_start|>", "<|arithmetic_end|>",
                                           "<|number_start|>", "<|number_end|>"],
@@ -419,6 +465,9 @@ def check_tokenizer(tok, heldout_text):
 # ----------------------------------------------------------------------------------------------------
 def model_config(r, tok):
     kind = tok.kind
+    if r.family == "llada2":
+        return tiny_llada2.config(r, tok.n_vocab, {"mask": tok.special(kind.mask), "eos": tok.special(kind.eos),
+                                                   "bos": tok.special(kind.bos)})
     if r.family == "llada":
         cfg = dict(LLADA_CFG)
         cfg.update(d_model=r.d_model, n_heads=r.n_heads, n_kv_heads=r.n_kv_heads, n_layers=r.n_layers,
@@ -761,6 +810,8 @@ def train(model, r, next_batch, validate, mask_id, device, log):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if hasattr(model, "after_step"):  # LLaDA2: the experts' selection biases follow their load
+            model.after_step()
         running += loss.detach()
         step += 1
         schedule.after_step(step)
@@ -804,7 +855,7 @@ def validation_pass(model, validate, step, device, history, best, log):
 # ----------------------------------------------------------------------------------------------------
 def export(model, r, cfg, tok, out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    params, _ = hf_tensors(model, r.family, cfg)
+    params = tiny_llada2.checked_tensors(model, cfg) if r.family == "llada2" else hf_tensors(model, r.family, cfg)[0]
     tensors = [(name, "BF16", tuple(t.shape), bf16_round(t.detach().float().cpu().numpy())[0].tobytes())
                for name, t in params.items()]
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
@@ -870,6 +921,20 @@ def addition_exact_match(ref, tok, problems):
             "block_length": ADD_ANSWER_LEN, "remasking": "low_confidence", "temperature": 0, "failures": failures}
 
 
+def llada2_samples(ref, tok):
+    """LLaDA2.0's generate (greedy, threshold 0.95 as dllm-generate's default for LLaDA2, block 32, 32 steps):
+    golden traces for dllm's LLaDA2 decoding on a trained model (build/dllm-generate --ids ... -n 32)."""
+    eos, mask = tok.special(tok.kind.eos), tok.special(tok.kind.mask)
+    samples = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = tok.encode(prompt)
+        out = tiny_llada2.generate(ref, ids, 32, 32, 32, 0.95, mask, eos)
+        samples.append({"prompt": prompt, "prompt_ids": ids, "gen_length": 32, "steps": 32, "block_length": 32,
+                        "threshold": 0.95, "decoding": "LLaDA2.0 generate, greedy", "output_ids": out,
+                        "output_text": tok.decode([i for i in out if i != eos])})
+    return samples
+
+
 def text_samples(ref, tok):
     """Greedy generations, also golden traces for the C library's generation on a trained model."""
     eos, eot, mask = tok.special(tok.kind.eos), tok.special(tok.kind.eot), tok.special(tok.kind.mask)
@@ -915,8 +980,11 @@ def card_markdown(c):
              "## Architecture", "",
              f"{c['family']} layout, {c['parameters']:,} parameters: d_model {a['d_model']}, {a['n_layers']} layers, "
              f"{a['n_heads']} heads / {a['n_kv_heads']} key-value heads of {a['head_dim']}, MLP {a['mlp_hidden']}, "
-             f"vocabulary {a['vocab']}, context {a['context']}, weights BF16.", "",
-             "## Data", ""]
+             f"vocabulary {a['vocab']}, context {a['context']}, weights BF16.", ""]
+    if "moe" in a:
+        lines += [f"Mixture of experts (LLaDA2MoeSparseMoeBlock): {json.dumps(a['moe'])}; QK-norm, partial RoPE, no "
+                  "logit shift, attention block-causal at 32.", ""]
+    lines += ["## Data", ""]
     d = c["data"]
     if "split_rule" in d:
         lines += [f"- Source: {d['source']}; {len(d['file_names'])} files, {d['bytes']:,} bytes, sha256 `{d['sha256']}`.",
@@ -934,7 +1002,8 @@ def card_markdown(c):
               f"- Exported weights: step {t['chosen_step']} (best validation pass: {t['chosen_validation']}).",
               f"- Environment: {json.dumps(c['environment'])}", "", "## Evaluation", "",
               "Computed on the exported BF16 weights, upcast exactly, with the float64 reference forward of "
-              "`tools/make_fixtures.py`; dllm's CPU reference must reproduce them within 1%.", ""]
+              f"`tools/{'tiny_llada2' if 'moe' in a else 'make_fixtures'}.py`; dllm's CPU reference must reproduce "
+              "them within 1%.", ""]
     if "masked_nll" in e:
         m = e["masked_nll"]
         lines += ["| mask ratio | masked positions | NLL (nats/token) |", "| --- | --- | --- |"]
@@ -946,7 +1015,9 @@ def card_markdown(c):
                   f"(prompt `a+b=`, no chat template; gen_length = steps = block = {x['gen_length']}, low-confidence "
                   "remasking, temperature 0, generate.py semantics; the answer ends at the first `<|endoftext|>`).", ""]
     for s in e.get("samples", []):
-        lines += [f"Greedy sample (gen 32, steps 32, block 8): `{s['prompt']!r}` -> `{s['output_text']!r}`", ""]
+        how = f"gen {s['gen_length']}, steps {s['steps']}, block {s['block_length']}"
+        how += f", threshold {s['threshold']}" if "threshold" in s else ""
+        lines += [f"Greedy sample ({how}): `{s['prompt']!r}` -> `{s['output_text']!r}`", ""]
     lines += ["## Reproduce", "", "```sh", c["command"], "```", ""]
     return "\n".join(lines)
 
@@ -970,12 +1041,13 @@ def run_recipe(r, tok, data, args, device):
     log = lambda msg: print(f"[{r.name}] {msg}", flush=True)  # noqa: E731
     cfg = model_config(r, tok)
     mask_id = cfg["mask_token_id"]
-    reference_check = check_against_reference(r, cfg, device)
+    moe = r.family == "llada2"
+    reference_check = (tiny_llada2.check_against_reference if moe else check_against_reference)(r, cfg, device)
     log(f"training forward matches the reference (max relative logit difference {reference_check:.1e})")
 
     torch.manual_seed(r.seed)
-    model = TinyDLM(r, cfg).to(device)
-    init_weights(model, r.n_layers)
+    model = (tiny_llada2.Llada2DLM if moe else TinyDLM)(r, cfg).to(device)
+    (tiny_llada2.init_weights if moe else init_weights)(model, r.n_layers)
     n_params = sum(p.numel() for p in model.parameters())
     if r.task == "text":
         stream = torch.tensor(data["train_stream"][tok.kind.name], device=device)
@@ -992,8 +1064,10 @@ def run_recipe(r, tok, data, args, device):
     out_dir = os.path.join(args.out, r.name)
     export(model, r, cfg, tok, out_dir)
     t0 = time.time()
-    # make_fixtures' reference forward: float64 on the CPU, as dllm's C reference runs (in float32).
-    ref = Model(r.family, cfg, read_bf16_safetensors(os.path.join(out_dir, "model.safetensors")))
+    # make_fixtures' (LLaDA2: tiny_llada2's) reference forward: float64 on the CPU, as dllm's C reference runs
+    # (in float32).
+    weights = read_bf16_safetensors(os.path.join(out_dir, "model.safetensors"))
+    ref = tiny_llada2.Reference(cfg, weights) if moe else Model(r.family, cfg, weights)
     evaluation = {"reference_check_max_rel_logit_diff": reference_check}
     if r.task == "text":
         heldout_ids = data["heldout_ids"][tok.kind.name]
@@ -1002,7 +1076,10 @@ def run_recipe(r, tok, data, args, device):
         ids_file = f"heldout.{r.name}.ids"
         write_text(os.path.join(args.data_out, ids_file), " ".join(map(str, heldout_ids)) + "\n")
         evaluation["masked_nll"]["heldout_ids_file"] = "tests/data/" + ids_file
-        evaluation["samples"] = text_samples(ref, tok)
+        if moe:  # dllm_logits' LLaDA2 forward, which dllm-eval --nll runs
+            evaluation["masked_nll"]["protocol"] = NLL_PROTOCOL.replace(
+                "one full bidirectional forward", "one forward, block-causal at 32 (dllm_logits' LLaDA2 forward)")
+        evaluation["samples"] = (llada2_samples if moe else text_samples)(ref, tok)
         log(f"held-out masked NLL {dict(zip(NLL_RATIOS, evaluation['masked_nll']['nll']))}")
     else:
         evaluation["addition"] = addition_exact_match(ref, tok, data["problems"][: args.add_eval])
@@ -1012,15 +1089,16 @@ def run_recipe(r, tok, data, args, device):
     evaluation["eval_wall_time_s"] = round(time.time() - t0, 1)
     write_card(out_dir, model_card(r, cfg, tok, data, stats, evaluation, n_params, device))
     size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
-    return {"name": r.name, "parameters": n_params, "bytes": size, "steps": stats["steps"],
+    return {"name": r.name, "family": r.family, "parameters": n_params, "bytes": size, "steps": stats["steps"],
             "loss": stats["final_train_loss"], "evaluation": evaluation}
 
 
 def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
     corpus = data["corpus"]
     if r.task == "text":
-        summary = (f"A tiny {'LLaDA' if r.family == 'llada' else 'Dream'}-layout masked-diffusion language model "
-                   "trained from scratch on the quotes of Debian's fortunes package, for testing dllm.")
+        layout = {"llada": "LLaDA", "dream": "Dream", "llada2": "LLaDA2 (mixture-of-experts)"}[r.family]
+        summary = (f"A tiny {layout}-layout masked-diffusion language model trained from scratch on the quotes of "
+                   "Debian's fortunes package, for testing dllm.")
         d = {"source": FORTUNES_SOURCE, "file_names": corpus["files"], "bytes": corpus["bytes"], "sha256": corpus["sha256"],
              "split_rule": SPLIT_RULE, "quotes": data["quote_counts"],
              "tokens": data["token_counts"][tok.kind.name],
@@ -1029,7 +1107,11 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
                          f"{r.seq_len} tokens at uniform random offsets; 1% of batches cut to a random length.")}
         objective = ("LLaDA masked-diffusion pre-training: t ~ U(0,1) per row, p = (1-1e-3) t + 1e-3, every token "
                      "masked with probability p, loss = sum of masked CE / p / (B*L)"
-                     + ("; Dream's logit shift (row i-1 predicts token i, row 0 predicts token 0)" if r.family == "dream" else ""))
+                     + ("; Dream's logit shift (row i-1 predicts token i, row 0 predicts token 0)"
+                        if r.family == "dream" else "")
+                     + ("; attention block-causal at 32 as in LLaDA2's forward (dllm_logits and generate); expert "
+                        "selection biases moved 1e-3 a step towards equal load (auxiliary-loss-free balancing)"
+                        if r.family == "llada2" else ""))
     else:
         summary = ("A tiny LLaDA-layout model fine-tuned SFT-style on 5-digit + 5-digit addition, for an exact-match "
                    "test of dllm.")
@@ -1045,11 +1127,16 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
                  precision="bf16 autocast, fp32 master weights" if device.type == "cuda" else "fp32",
                  init="normal(0, 0.02), residual output projections / sqrt(2 n_layers)",
                  checkpoint_choice="the best validation pass")
+    arch = {"d_model": r.d_model, "n_layers": r.n_layers, "n_heads": r.n_heads, "n_kv_heads": r.n_kv_heads,
+            "head_dim": r.d_model // r.n_heads, "mlp_hidden": r.mlp_hidden, "vocab": tok.n_vocab,
+            "context": r.seq_len, "mask_token_id": cfg["mask_token_id"], "logit_shift": r.family == "dream"}
+    if r.family == "llada2":
+        arch["moe"] = {k: cfg[k] for k in ("first_k_dense_replace", "num_experts", "num_experts_per_tok", "n_group",
+                                           "topk_group", "moe_intermediate_size", "num_shared_experts",
+                                           "routed_scaling_factor", "rotary_dim", "rope_theta")}
     return {
         "name": r.name, "family": r.family, "summary": summary, "parameters": n_params,
-        "architecture": {"d_model": r.d_model, "n_layers": r.n_layers, "n_heads": r.n_heads, "n_kv_heads": r.n_kv_heads,
-                         "head_dim": r.d_model // r.n_heads, "mlp_hidden": r.mlp_hidden, "vocab": tok.n_vocab,
-                         "context": r.seq_len, "mask_token_id": cfg["mask_token_id"], "logit_shift": r.family == "dream"},
+        "architecture": arch,
         "data": d,
         "tokenizer": dict(tok.describe(), summary=tokenizer_summary(tok)),
         "training": dict(objective=objective, hyperparameters=hyper, seed=r.seed, **stats),
@@ -1059,7 +1146,8 @@ def model_card(r, cfg, tok, data, stats, evaluation, n_params, device):
 
 def tokenizer_summary(tok):
     k = tok.kind
-    files = "tokenizer.json (LLaDA's layout)" if k is LING else "vocab.json + merges.txt + tokenizer_config.json (Dream's layout)"
+    files = ("tokenizer.json (LLaDA's layout)" if k is not QWEN2 else
+             "vocab.json + merges.txt + tokenizer_config.json (Dream's layout)")
     return (f"Byte-level BPE, {len(tok.vocab)} BPE tokens ({len(tok.merges)} merges) then {len(tok.added)} added tokens "
             f"(ids {len(tok.vocab)}..{tok.n_vocab - 1}); {'Qwen2' if k is QWEN2 else 'Ling/LLaDA'} split regex `{k.pattern}`; "
             f"normalizer {'NFC' if k.nfc else 'none'}; files {files}; bos {k.bos}, eos {k.eos}, end of turn {k.eot}, "
@@ -1075,8 +1163,10 @@ def parse_args():
     p.add_argument("--out", help="model directories go here (default models, smoke: build/smoke/models)")
     p.add_argument("--data-out", help="heldout.txt and add_test.txt go here (default tests/data, smoke: build/smoke/tests/data)")
     p.add_argument("--only", nargs="+", choices=[r.name for r in RECIPES], help="train only these models")
-    p.add_argument("--minutes", nargs=3, type=float, metavar=("LLADA", "DREAM", "ADD"), help="training budgets")
-    p.add_argument("--steps", nargs=3, type=int, metavar=("LLADA", "DREAM", "ADD"), help="fixed step counts instead")
+    # Per recipe in RECIPES order (tiny-llada, tiny-dream, tiny-add, tiny-llada2); three values leave the fourth
+    # at its default, so older command lines keep working.
+    p.add_argument("--minutes", nargs="+", type=float, metavar="M", help="training budgets, in RECIPES order")
+    p.add_argument("--steps", nargs="+", type=int, metavar="N", help="fixed step counts instead, in RECIPES order")
     p.add_argument("--vocab", type=int, default=4096, help="tokenizer size, added tokens included")
     p.add_argument("--add-eval", type=int, help="addition problems to evaluate (default 500, smoke 40)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -1086,6 +1176,9 @@ def parse_args():
     args.out = args.out or ("build/smoke/models" if args.smoke else "models")
     args.data_out = args.data_out or ("build/smoke/tests/data" if args.smoke else "tests/data")
     args.add_eval = args.add_eval or (40 if args.smoke else ADD_TEST_N)
+    for name in ("minutes", "steps"):
+        if getattr(args, name) and not 3 <= len(getattr(args, name)) <= len(RECIPES):
+            p.error(f"--{name} takes 3 or {len(RECIPES)} values (RECIPES order)")
     return args
 
 
@@ -1093,9 +1186,9 @@ def recipes_for(args):
     chosen = []
     for i, r in enumerate(RECIPES):
         r = smoke_recipe(r) if args.smoke else r
-        if args.minutes:
+        if args.minutes and i < len(args.minutes):
             r = dataclasses.replace(r, minutes=args.minutes[i])
-        if args.steps:
+        if args.steps and i < len(args.steps):
             r = dataclasses.replace(r, steps=args.steps[i])
         if not args.only or r.name in args.only:
             chosen.append(r)
@@ -1113,13 +1206,17 @@ def write_test_data(args):
     return corpus, parts, heldout_text, problems
 
 
-def prepare_data(args, command):
-    """Corpus, split, test files, tokenizers and every token stream the runs need."""
+def tokenizer_kind(r):
+    return {"llada": LING, "dream": QWEN2, "llada2": LING2}[r.family]
+
+
+def prepare_data(args, command, kinds):
+    """Corpus, split, test files, the tokenizers of `kinds` and every token stream the runs need."""
     corpus, parts, heldout_text, problems = write_test_data(args)
     data = {"corpus": corpus, "problems": problems, "heldout_text": heldout_text, "command": command,
             "quote_counts": {k: len(v) for k, v in parts.items()}, "tokenizers": {},
             "train_stream": {}, "validation_ids": {}, "heldout_ids": {}, "token_counts": {}}
-    for kind in (LING, QWEN2):
+    for kind in kinds:
         t0 = time.time()
         tok = byte_tokenizer(kind) if args.smoke else train_bpe(kind, parts["train"], args.vocab)
         heldout_ids = check_tokenizer(tok, heldout_text)
@@ -1137,20 +1234,35 @@ def prepare_data(args, command):
     return data
 
 
-def c_library_smoke(out_dir, names):
-    """Smoke runs: each exported directory must load and decode in dllm's C library (ids in, ids out)."""
+def dllm_generate_ids(exe, model_dir, ids, decode):
+    """build/dllm-generate on the CPU backend: (generated ids or None, its output)."""
+    cmd = [exe, "-m", model_dir, "--ids", " ".join(map(str, ids))] + decode + ["--backend", "cpu", "--print-ids"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("ids:")]
+    out = [int(t) for t in lines[-1].split()[1:]] if res.returncode == 0 and lines else None
+    return out, f"{res.stdout.strip()} {res.stderr.strip()}"
+
+
+def c_library_smoke(out_dir, results):
+    """Smoke runs: each exported directory must load and decode in dllm's C library (ids in, ids out). LLaDA2
+    takes its own decoding options (its block counts from position 0; --steps is not accepted there), and its
+    greedy samples must come out of dllm as the float64 reference decoded them (a near-tie could differ: warned)."""
     exe = os.path.join("build", "dllm-generate")
     if not os.path.exists(exe):
         print("[c-check] build/dllm-generate not built: run ./build.sh first to check the exports with dllm", flush=True)
         return
-    for name in names:
-        cmd = [exe, "-m", os.path.join(out_dir, name), "--ids", "1 2 3", "-n", "16", "--steps", "16", "--block", "8",
-               "--backend", "cpu", "--print-ids"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        status = "ok" if res.returncode == 0 and "ids:" in res.stdout else "FAILED"
-        print(f"[c-check] {name}: {status} {res.stdout.strip()} {res.stderr.strip()}", flush=True)
-        if status != "ok":
+    for x in results:
+        name, llada2 = x["name"], x["family"] == "llada2"
+        decode = ["-n", "32", "--block", "32"] if llada2 else ["-n", "16", "--steps", "16", "--block", "8"]
+        ids, text = dllm_generate_ids(exe, os.path.join(out_dir, name), [1, 2, 3], decode)
+        print(f"[c-check] {name}: {'ok' if ids is not None else 'FAILED'} {text}", flush=True)
+        if ids is None:
             raise SystemExit(f"train_tiny: dllm cannot load or decode {name}")
+        for s in x["evaluation"].get("samples", []) if llada2 else []:
+            got, _ = dllm_generate_ids(exe, os.path.join(out_dir, name), s["prompt_ids"],
+                                       decode + ["--threshold", str(s["threshold"])])
+            verdict = "matches the reference" if got == s["output_ids"] else f"DIFFERS: {got} vs {s['output_ids']}"
+            print(f"[c-check] {name} sample {s['prompt'][:24]!r}: dllm {verdict}", flush=True)
 
 
 def main():
@@ -1166,10 +1278,12 @@ def main():
         write_test_data(args)
         return
     print(f"train_tiny: torch {torch.__version__} on {device}; out {args.out}, data {args.data_out}", flush=True)
-    data = prepare_data(args, command)
+    recipes = recipes_for(args)
+    kinds = [k for k in (LING, QWEN2, LING2) if any(tokenizer_kind(r) is k for r in recipes)]
+    data = prepare_data(args, command, kinds)
     results = []
-    for r in recipes_for(args):
-        tok = data["tokenizers"][(LING if r.family == "llada" else QWEN2).name]
+    for r in recipes:
+        tok = data["tokenizers"][tokenizer_kind(r).name]
         results.append(run_recipe(r, tok, data, args, device))
     total_bytes = sum(x["bytes"] for x in results)
     print(f"\ntrain_tiny: done in {time.time() - t_start:.0f} s; model.safetensors total {total_bytes / 1e6:.1f} MB")
@@ -1182,7 +1296,7 @@ def main():
     if total_bytes > 34e6:
         print("train_tiny: WARNING: the checkpoints exceed the 34 MB budget")
     if args.smoke:
-        c_library_smoke(args.out, [x["name"] for x in results])
+        c_library_smoke(args.out, results)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class ChatTemplate(enum.IntEnum):
     NONE = 0
     LLADA = 1
     CHATML = 2
+    LLADA2 = 3
 
 
 class Backend(enum.IntEnum):
