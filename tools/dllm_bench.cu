@@ -1605,8 +1605,8 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
  * without a fill bound all 15 are due for block 1's fill (the whole canvas each) when a 16th joins. Per
  * max_fill_rows (the default, and 0: no bound; a first pass warms up): the time from its dllm_stepper_add to its first
  * step's event, the median step before it and the longest step (the most any arrival waits for a step to end).
- * Keys join_<bound>_*. */
-static void bench_join_pass(bench_result &r, dllm_ctx *ctx, int max_fill_rows, const char *tag) {
+ * Keys join_<bound>_*. `staged`: the joiner's steps run eager with the stages timed (keys join_staged_stage *). */
+static void bench_join_pass(bench_result &r, dllm_ctx *ctx, int max_fill_rows, const char *tag, bool staged = false) {
     const int np = 768, gen = 256, B = 16;
     dllm_gen_params gp = dllm_gen_default_params();
     gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
@@ -1634,11 +1634,15 @@ static void bench_join_pass(bench_result &r, dllm_ctx *ctx, int max_fill_rows, c
     const double t0 = dllm__now_ms();
     BENCH_CHECK(dllm_stepper_add(st, &items[(size_t)B - 1], &ids[(size_t)B - 1]));
     int n = 0;
+    const std::string key = dllm__format("join_%s_", tag);
     for (dllm_seq_event ev = {}; !ev.stepped && n < 64; n++) {
-        timed_step();
+        if (staged)
+            bench_stages_of(r, (dllm__gpu_backend *)ctx->impl.get(), key + "stage ",
+                            [&] { return dllm_stepper_step(st); });
+        else
+            timed_step();
         BENCH_CHECK(dllm_stepper_poll(st, ids[(size_t)B - 1], &ev));
     }
-    const std::string key = dllm__format("join_%s_", tag);
     r.set(key + "to_first_step_ms", dllm__now_ms() - t0);
     r.set(key + "steps_to_first_step", n);
     for (int i = 0; i < 32; i++) timed_step();
@@ -1656,6 +1660,7 @@ static void bench_join(bench_result &r, dllm_model *model) {
     bench_join_pass(r, ctx, 0, "warmup");
     bench_join_pass(r, ctx, 0, "unbounded");
     bench_join_pass(r, ctx, bound, dllm__format("fill%d", bound).c_str());
+    bench_join_pass(r, ctx, bound, "staged", true);
     dllm_ctx_free(ctx);
 }
 
