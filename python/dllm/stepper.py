@@ -24,13 +24,16 @@ class Stepper(NativeHandle):
     """A running batch on a context (dllm_stepper): add() a prompt at any time (it joins the next step), step()
     advances every live sequence by one step, poll() or events() tell what each one's last step did, remove() forgets
     a sequence once read. Each sequence gets exactly what Context.generate_batch gives it. One stepper a context
-    (Context.generate may run between steps); closing the context closes it."""
+    (Context.generate may run between steps); closing the context closes it. max_fill_rows: the K/V-cache fills one
+    step forwards, in canvas rows (None: the library's default, 2048; 0: no bound)."""
 
     _kind, _free_name = "stepper", "dllm_stepper_free"
 
-    def __init__(self, ctx, max_sequences=16):
+    def __init__(self, ctx, max_sequences=16, max_fill_rows=None):
         params = lib().dllm_stepper_default_params()
         params.max_sequences = max_sequences
+        if max_fill_rows is not None:
+            params.max_fill_rows = max_fill_rows
         out = c_void_p()
         handle = ctx._acquire()
         try:

@@ -271,6 +271,18 @@ class StepperTest(unittest.TestCase):
             n = len(self.prompts[i])
             self.assertEqual(sorted(seen[seq_id]), list(range(n, n + SHORT["gen_length"])))
 
+    def test_stepper_fill_bound_is_checked(self):
+        with self.assertRaises(dllm.DllmError) as bad:
+            dllm.Stepper(self.ctx, max_fill_rows=-1)
+        self.assertEqual(bad.exception.status, dllm.Status.ERR_INVALID_ARGUMENT)
+        self.assertIn("max_fill_rows", str(bad.exception))
+        with dllm.Stepper(self.ctx, max_fill_rows=1) as stepper:
+            seq_id = stepper.add(self.prompts[0], **self.options[0])
+            while stepper.n_active:
+                stepper.step()
+                if stepper.poll(seq_id).finished:
+                    stepper.remove(seq_id)
+
     def test_cancel_remove_and_close(self):
         before = dllm.live_handles()
         stepper = dllm.Stepper(self.ctx)
