@@ -374,14 +374,11 @@ TEST(bd_batch, cpu_forward_batch_equals_bd_forward) {
     dllm_model_free(m);
 }
 
-/* The CLI: dllm-generate --prompts FILE --batch N on a block-diffusion model prints, for every prompt, the ids -p gives
- * it alone, whatever N, and the stats line counts the batched forwards. */
-TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
-    if (!test_cli_built()) SKIP("the CLI programs are not built");
+/* The CLI: dllm-generate --prompts FILE --batch 1 and 3 (options opts) print, for every prompt, the ids -p gives it
+ * alone, and the stats line counts the batched forwards. */
+static void test_cli_prompts_equal_alone(dllm_test_state &T_, const std::string &opts) {
     const char *prompts[] = {"Tell me a story.", "hi",
                              "What is two plus two? Answer briefly, please, and then say something else about it."};
-    const std::string opts =
-        "-m models/tiny-fast-dllm-v2 --backend cpu -n 32 --threshold 0.5 --block-cache --print-ids ";
     test_tmpdir dir;
     std::string file, out, err;
     std::vector<std::string> alone;
@@ -400,6 +397,22 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
                   out.c_str(), err.c_str());
         CHECK_MSG(err.find("batched steps") != std::string::npos, "--batch %s: no stats line: %s", batch, err.c_str());
     }
+}
+
+/* On a block-diffusion model. */
+TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    test_cli_prompts_equal_alone(T_, "-m models/tiny-fast-dllm-v2 --backend cpu -n 32 --threshold 0.5 --block-cache "
+                                     "--print-ids ");
+}
+
+/* On the GPU under a K/V cache a prompt gets the same bits alone (dllm_generate) and batched (dllm_generate_batch). */
+TEST(gpu_batch, cli_prompts_file_equals_one_at_a_time_under_a_cache) {
+    NEED_GPU();
+    if (!test_cli_built()) SKIP("the CLI programs are not built");
+    for (const char *cache : {"dual", "prefix"})
+        test_cli_prompts_equal_alone(T_, std::string("-m models/tiny-llada --backend gpu -n 32 --cache ") + cache +
+                                             " --print-ids ");
 }
 
 /* The CPU backend behind a wrapper that keeps the default bd_forward_batch (unsupported): a backend without the batched
