@@ -255,7 +255,10 @@ void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     std::vector<dllm__stepper_seq *> fills;
     for (dllm__stepper_seq *q : live)
         if (q->slot[0] >= 0 && q->g->st.step_in_block == 0) fills.push_back(q);
-    if (fills.size() < 2) return;
+    if (fills.size() < 2) {
+        for (dllm__stepper_seq *q : fills) q->fill_waits = 0;  // it goes
+        return;
+    }
     std::stable_sort(fills.begin(), fills.end(), [](const dllm__stepper_seq *a, const dllm__stepper_seq *b) {
         const int wa = a->fill_waits, wb = b->fill_waits;
         return wa != wb ? wa > wb : a->g->st.forwards < b->g->st.forwards;  // then those that never stepped
