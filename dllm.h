@@ -708,7 +708,8 @@ DLLM_API dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *i
  *         if (ev.finished) dllm_stepper_remove(st, id);        // ev.result; item.out holds the ids
  *     }
  *     dllm_stepper_free(st);
- * A sequence joins the next dllm_stepper_step at its own first step (its prefill, with block diffusion), and gets what
+ * A sequence joins the next dllm_stepper_step at its own first step (its prefill, with block diffusion; under a K/V
+ * cache it may wait a step or more for room among the step's fills, max_fill_rows), and gets what
  * dllm_generate_batch gives it: the same bits whatever joins or leaves around it, when, and in which order
  * (dllm_generate_batch is this loop). Every item dllm_generate_batch takes, with its rules: the kinds it decodes one
  * after another (sequences whose K/V caches the device cannot hold) decode whole inside one step each, after the
