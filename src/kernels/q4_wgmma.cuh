@@ -37,12 +37,6 @@
 
 __device__ __forceinline__ u32 q4wg_smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
-/* B descriptor, K-major, 128-byte swizzle (dllm__src_hopper's wg_desc): rows of 128 bytes (128 int8 k values of
- * one token), 8-row atoms 1024 bytes apart; a k32 step is +32 bytes of the start address. */
-__device__ __forceinline__ u64 q4wg_desc(u32 addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
-
 /* d (64 x NT s32, accumulator layout) += A (64 x 32 s8, registers a0..a3) . B (NT x 32 s8, shared, K-major)^T */
 template <int NT> __device__ __forceinline__ void q4wg_mma(int (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
     if constexpr (NT == 32)
@@ -179,7 +173,9 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
         for (int i = 0; i < NREG; i++) acc[r][i] = 0;
 
     int ct = it0 / KB, ckb = it0 % KB, seg0 = ckb;
-    const u64 desc0 = q4wg_desc(s0);  // s0 + SG GSTAGE < 2^18: the 14-bit address field never carries
+    // B, K-major: rows of 128 bytes (128 int8 k values of one token), a k32 step +32 bytes of the start address;
+    // s0 + SG GSTAGE < 2^18: the 14-bit address field never carries
+    const u64 desc0 = wg_desc(s0);
     u32 cst = 0, pst = 1;             // the stage the group computes from / the next group's copy goes to
     for (int it = it0; it < it1; it += P) {
         const bool more = it + P < it1;
@@ -466,7 +462,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         q4wg_cp_commit();
         akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
-        const u64 dg = q4wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
+        const u64 dg = wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
         cst = cst + 1 == SG ? 0 : cst + 1;
 #pragma unroll
         for (int p = 0; p < P; p++) {
