@@ -14959,12 +14959,6 @@ static const char *dllm__src_q4_wgmma = R"DLLM(
 
 __device__ __forceinline__ u32 q4wg_smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 
-/* B descriptor, K-major, 128-byte swizzle (dllm__src_hopper's wg_desc): rows of 128 bytes (128 int8 k values of
- * one token), 8-row atoms 1024 bytes apart; a k32 step is +32 bytes of the start address. */
-__device__ __forceinline__ u64 q4wg_desc(u32 addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
-
 /* d (64 x NT s32, accumulator layout) += A (64 x 32 s8, registers a0..a3) . B (NT x 32 s8, shared, K-major)^T */
 template <int NT> __device__ __forceinline__ void q4wg_mma(int (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
     if constexpr (NT == 32)
@@ -15101,7 +15095,9 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
         for (int i = 0; i < NREG; i++) acc[r][i] = 0;
 
     int ct = it0 / KB, ckb = it0 % KB, seg0 = ckb;
-    const u64 desc0 = q4wg_desc(s0);  // s0 + SG GSTAGE < 2^18: the 14-bit address field never carries
+    // B, K-major: rows of 128 bytes (128 int8 k values of one token), a k32 step +32 bytes of the start address;
+    // s0 + SG GSTAGE < 2^18: the 14-bit address field never carries
+    const u64 desc0 = wg_desc(s0);
     u32 cst = 0, pst = 1;             // the stage the group computes from / the next group's copy goes to
     for (int it = it0; it < it1; it += P) {
         const bool more = it + P < it1;
@@ -15388,7 +15384,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         q4wg_cp_commit();
         akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
-        const u64 dg = q4wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
+        const u64 dg = wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
         cst = cst + 1 == SG ? 0 : cst + 1;
 #pragma unroll
         for (int p = 0; p < P; p++) {
@@ -21825,6 +21821,10 @@ static void dllm__batch_retire(dllm__stepper_seq &q, dllm_status s) {
     dllm__batch_set_status(*q.result, s);
 }
 
+/* [dual cache] [prefix cache] Whether a sequence's next forward fills its K/V cache: its block's first step, over every
+ * canvas row. */
+static bool dllm__batch_fills(const dllm__stepper_seq &q) { return q.slot[0] >= 0 && q.g->st.step_in_block == 0; }
+
 /* [batch] [dual cache] [prefix cache] A sequence's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
  * forward: with a K/V cache, the rows dllm__step_rows names over its slot, the block's first step filling it. */
 static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int shift) {
@@ -21835,7 +21835,7 @@ static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int
     s.r0 = q.work.r0, s.r1 = q.work.r1;
     if (q.slot[0] >= 0) {
         dllm__step_rows(st, shift, s.q0, s.q1);
-        s.slot = q.slot[c], s.fill = st.step_in_block == 0;
+        s.slot = q.slot[c], s.fill = dllm__batch_fills(q);
     }
     return s;
 }
@@ -22297,13 +22297,13 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
 }
 
 /* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
- * those that waited longest go first, then those joining now (the most recent in live), then the rest in order; one
- * always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+ * those that waited longest go first, then those with the fewest forwards (those joining now first), then the rest in
+ * order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
 void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     if (max_fill_rows <= 0 || block_diffusion()) return;
     std::vector<dllm__stepper_seq *> fills;
     for (dllm__stepper_seq *q : live)
-        if (q->slot[0] >= 0 && q->g->st.step_in_block == 0) fills.push_back(q);
+        if (dllm__batch_fills(*q)) fills.push_back(q);
     if (fills.size() < 2) {
         for (dllm__stepper_seq *q : fills) q->fill_waits = 0;  // it goes
         return;

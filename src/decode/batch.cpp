@@ -46,6 +46,10 @@ static void dllm__batch_retire(dllm__stepper_seq &q, dllm_status s) {
     dllm__batch_set_status(*q.result, s);
 }
 
+/* [dual cache] [prefix cache] Whether a sequence's next forward fills its K/V cache: its block's first step, over every
+ * canvas row. */
+static bool dllm__batch_fills(const dllm__stepper_seq &q) { return q.slot[0] >= 0 && q.g->st.step_in_block == 0; }
+
 /* [batch] [dual cache] [prefix cache] A sequence's canvas (c = 1: CFG's unconditional one) as a sequence of this step's
  * forward: with a K/V cache, the rows dllm__step_rows names over its slot, the block's first step filling it. */
 static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int shift) {
@@ -56,7 +60,7 @@ static dllm__batch_seq dllm__batch_seq_of(const dllm__stepper_seq &q, int c, int
     s.r0 = q.work.r0, s.r1 = q.work.r1;
     if (q.slot[0] >= 0) {
         dllm__step_rows(st, shift, s.q0, s.q1);
-        s.slot = q.slot[c], s.fill = st.step_in_block == 0;
+        s.slot = q.slot[c], s.fill = dllm__batch_fills(q);
     }
     return s;
 }

@@ -248,13 +248,13 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
 }
 
 /* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
- * those that waited longest go first, then those joining now (the most recent in live), then the rest in order; one
- * always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+ * those that waited longest go first, then those with the fewest forwards (those joining now first), then the rest in
+ * order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
 void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     if (max_fill_rows <= 0 || block_diffusion()) return;
     std::vector<dllm__stepper_seq *> fills;
     for (dllm__stepper_seq *q : live)
-        if (q->slot[0] >= 0 && q->g->st.step_in_block == 0) fills.push_back(q);
+        if (dllm__batch_fills(*q)) fills.push_back(q);
     if (fills.size() < 2) {
         for (dllm__stepper_seq *q : fills) q->fill_waits = 0;  // it goes
         return;
