@@ -1562,6 +1562,22 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
  * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
  * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64, and batch 16's over batch 1's (the
  * target: at least 3.5x in BF16), in the given precision. Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
+/* B of W1's items (prompt 768, gen 256, block 32, 256 steps, dual cache, no EOS stop), each its own prompt; prompts
+ * and outs hold their ids. */
+static std::vector<dllm_batch_item> bench_w1_items(int B, std::vector<std::vector<int32_t>> &prompts,
+                                                   std::vector<std::vector<int32_t>> &outs) {
+    const int np = 768, gen = 256;
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+    prompts.assign((size_t)B, {}), outs.assign((size_t)B, std::vector<int32_t>((size_t)gen));
+    std::vector<dllm_batch_item> items((size_t)B);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
+        items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
+    }
+    return items;
+}
+
 static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision precision) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
@@ -1569,17 +1585,10 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
     printf("batch W1 in %s\n", dllm__precision_name(precision));
     dllm_ctx *ctx = nullptr;
     BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
-    const int np = 768, gen = 256;
-    dllm_gen_params gp = dllm_gen_default_params();
-    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
     for (int B : bench_batch_sizes) {
-        std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
-        std::vector<dllm_batch_item> items((size_t)B);
+        std::vector<std::vector<int32_t>> prompts, outs;
+        std::vector<dllm_batch_item> items = bench_w1_items(B, prompts, outs);
         std::vector<dllm_batch_result> results((size_t)B);
-        for (int b = 0; b < B; b++) {
-            for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
-            items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
-        }
         auto run = [&] {
             const double t0 = dllm__now_ms();
             BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), nullptr));
@@ -1593,7 +1602,7 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
         run();  // warm-up
         const double s = run();
         r.set(dllm__format("batch%d_W1_dual_s", B), s);
-        r.set(dllm__format("batch%d_W1_dual_tokens_per_s", B), B * gen / s);
+        r.set(dllm__format("batch%d_W1_dual_tokens_per_s", B), B * items[0].params.gen_length / s);
     }
     if (r.v.count("batch1_W1_dual_tokens_per_s"))
         r.set("batch16_W1_dual_over_batch1", r.v["batch16_W1_dual_tokens_per_s"] / r.v["batch1_W1_dual_tokens_per_s"]);
@@ -1607,15 +1616,9 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
  * step's event, the median step before it and the longest step (the most any arrival waits for a step to end).
  * Keys join_<bound>_*. `staged`: the joiner's steps run eager with the stages timed (keys join_staged_stage *). */
 static void bench_join_pass(bench_result &r, dllm_ctx *ctx, int max_fill_rows, const char *tag, bool staged = false) {
-    const int np = 768, gen = 256, B = 16;
-    dllm_gen_params gp = dllm_gen_default_params();
-    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
-    std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
-    std::vector<dllm_batch_item> items((size_t)B);
-    for (int b = 0; b < B; b++) {
-        for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
-        items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
-    }
+    const int B = 16;
+    std::vector<std::vector<int32_t>> prompts, outs;
+    std::vector<dllm_batch_item> items = bench_w1_items(B, prompts, outs);
     dllm_stepper_params sp = dllm_stepper_default_params();
     sp.max_sequences = B, sp.max_fill_rows = max_fill_rows;
     dllm_stepper *st = nullptr;
