@@ -8534,7 +8534,10 @@ typedef unsigned long long u64;
     X(const int *, varlen_masks)                                                                                       \
     /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
     /* partial states start in partial (floats) */                                                                  \
-    X(const int *, varlen_splits)
+    X(const int *, varlen_splits)                                                                                      \
+    /* varlen_work: varlen: the CTAs' work items (dllm__attn_varlen_work): flash_attn's int4 (q tile, entry, */        \
+    /* share, 0), attn_combine's int2 (entry, row) */                                                                  \
+    X(const int *, varlen_work)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -8583,7 +8586,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 168 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -8698,7 +8701,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 )DLLM";
-#line 201 "src/gpu/kernel_table.cpp"
+#line 204 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
 #define DLLM__ROWWISE_KERNELS(X)                                                                                       \
@@ -8804,7 +8807,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 )DLLM";
-#line 222 "src/gpu/kernel_table.cpp"
+#line 225 "src/gpu/kernel_table.cpp"
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
@@ -8969,7 +8972,7 @@ KERNEL_find_nonfinite_bf16 {
         if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
-#line 225 "src/gpu/kernel_table.cpp"
+#line 228 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
 #define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
@@ -9038,7 +9041,7 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     return s > 0.f ? s : 1.f;
 }
 )DLLM";
-#line 243 "src/gpu/kernel_table.cpp"
+#line 246 "src/gpu/kernel_table.cpp"
 
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = R"DLLM(
@@ -9157,7 +9160,7 @@ KERNEL_quantize_weight_blocks {
     }
 }
 )DLLM";
-#line 246 "src/gpu/kernel_table.cpp"
+#line 249 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision):
  * X(name, attributes, (parameters)). */
@@ -9732,7 +9735,7 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 266 "src/gpu/kernel_table.cpp"
+#line 269 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
  * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
@@ -9783,7 +9786,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 303 "src/gpu/kernel_table.cpp"
+#line 306 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -10043,7 +10046,7 @@ KERNEL_kvq_attention {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 305 "src/gpu/kernel_table.cpp"
+#line 308 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -10467,7 +10470,7 @@ KERNEL_kvq_flash_combine {
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 )DLLM";
-#line 335 "src/gpu/kernel_table.cpp"
+#line 338 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
  * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
@@ -10593,7 +10596,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 368 "src/gpu/kernel_table.cpp"
+#line 371 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10614,7 +10617,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 373 "src/gpu/kernel_table.cpp"
+#line 376 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
@@ -10765,7 +10768,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 391 "src/gpu/kernel_table.cpp"
+#line 394 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -11202,7 +11205,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 477 "src/gpu/kernel_table.cpp"
+#line 480 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11587,7 +11590,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 493 "src/gpu/kernel_table.cpp"
+#line 496 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11904,26 +11907,24 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z / kv_splits of a concatenation, its share z %
- * kv_splits (split) of the sequence's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[s],
- * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
+/* [varlen] A batched forward's attention: CTA x works on item x of the work list a.varlen_work (dllm__attn_varlen_work:
+ * only the tiles that hold query rows, so no CTA is launched to return at once): query tile `tile` of entry z of a
+ * concatenation, its share `split` of the entry's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[z],
+ * q_offsets[z + 1]) of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that entry's
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
- * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
- * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
- * */
-template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
-    const int z = SPLITS ? blockIdx.z / a.kv_splits : blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
-    const int shares = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
-    split = SPLITS ? blockIdx.z % a.kv_splits : 0;
+ * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). */
+template <bool SPLITS> __device__ __forceinline__ void varlen_sequence(attn_args &a, int &tile, int &split) {
+    const int4 w = ((const int4 *)a.varlen_work)[blockIdx.x];  // (tile, entry, split, 0)
+    const int z = w.y, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    tile = w.x, split = SPLITS ? w.z : 0;
     if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
-    a.kv_splits = shares;
+    a.kv_splits = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
     if (a.varlen_masks)
         a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
-    return (int)blockIdx.x * br < a.q_rows && split < shares;
 }
 
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
@@ -11936,10 +11937,10 @@ template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
-    int varlen_split = 0;
+    int varlen_tile = 0, varlen_split = 0;
     if constexpr (VARLEN) {
         // Above head dim 128 no register is left for a split index (dllm__attn_varlen_split_max_hd): no splits there.
-        if (!varlen_sequence<(HD <= 128)>(a, BR, varlen_split)) return;
+        varlen_sequence<(HD <= 128)>(a, varlen_tile, varlen_split);
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -11947,7 +11948,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
                   SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
-    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
+    const int qt = VARLEN ? varlen_tile : blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
               split = VARLEN ? (HD <= 128 ? varlen_split : 0) : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -12044,18 +12045,21 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
- * result does not depend on scheduling). One thread per output column. VARLEN: CTA z merges sequence z's own shares
- * (varlen_sequence's layout), where it has more than one. */
+ * result does not depend on scheduling). One thread per output column. VARLEN: CTA x merges the shares of the row and
+ * entry of item x of a.varlen_work (dllm__attn_varlen_work: the rows of entries with more than one share only),
+ * in varlen_sequence's layout. */
 template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
-    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int row = blockIdx.x;
+    const int h = blockIdx.y, d = threadIdx.x;
     int b = blockIdx.z;
     if constexpr (VARLEN) {
+        const int2 w = ((const int2 *)a.varlen_work)[blockIdx.x];  // (entry, row)
+        b = w.x, row = w.y;
         const int q0 = a.q_offsets[b];
         a.partial += a.varlen_splits[2 * b + 1];
         a.kv_splits = a.varlen_splits[2 * b];
         a.q_rows = a.q_offsets[b + 1] - q0;
-        if (row >= a.q_rows || a.kv_splits < 2) return;
         a.o += (u64)q0 * a.o_stride, a.o_bstride = 0, b = 0;
     }
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
@@ -12073,7 +12077,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 501 "src/gpu/kernel_table.cpp"
+#line 504 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -12213,7 +12217,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 507 "src/gpu/kernel_table.cpp"
+#line 510 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12406,7 +12410,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 519 "src/gpu/kernel_table.cpp"
+#line 522 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12614,7 +12618,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 539 "src/gpu/kernel_table.cpp"
+#line 542 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12650,7 +12654,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 562 "src/gpu/kernel_table.cpp"
+#line 565 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
@@ -12974,7 +12978,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 590 "src/gpu/kernel_table.cpp"
+#line 593 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -16549,7 +16553,7 @@ struct dllm__varlen_layout {
     std::vector<int> raw0, raw1;
     std::vector<int> out0;  // where sequence i's logit rows start among all sequences' (gathered for one LM head)
     int rows = 0;           // all sequences' rows
-    int max_rows = 0;       // the longest sequence's: the attention grid
+    int max_rows = 0;       // the longest sequence's: the attention's tiles (dllm__attn_varlen_short)
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
     // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries
@@ -16800,6 +16804,17 @@ struct dllm__gpu_kvq_slot {
     }
 };
 
+/* [varlen] The work lists of a varlen attention (attn_args::varlen_work) and their shape: one flash_attn CTA (per head)
+ * for each query tile of BR rows and split-KV share of each entry that has query rows, then one attn_combine CTA (per
+ * head) for each row of each entry with more than one share. A grid fitting the longest entry and the most shares (as
+ * the grids were) launched mostly CTAs with nothing to do: 16 sequences of which 2 fill 1024 rows and 14 step 32 rows
+ * in 8 shares each make 16 x 32 x 248 CTAs of which ~4.4k work, and the idle ones cost the H100 tens of ms a forward.
+ * The lists hold exactly the CTAs of those grids that worked, in the order the grids numbered them (entry, share, tile;
+ * entry, row), each computing what it computed there, so no bit changes. */
+struct dllm__attn_work_shape {
+    int br = 0;                     // the query tile rows the list was made for (the launched kernel's arch.fa_br)
+    int n_attn = 0, n_combine = 0;  // flash_attn's int4 items, then attn_combine's int2 items
+};
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -16811,6 +16826,10 @@ struct dllm__gpu_batch {
     // solo step splits them: dllm__attn_entry_splits), the most shares, and the states
     dllm__dbuf attn_splits, attn_partial;
     int max_splits = 1;
+    // the varlen attention's work lists (dllm__attn_varlen_work): on the host (the graph key), on the device, the shape
+    std::vector<int32_t> work_items;
+    dllm__dbuf attn_work;
+    dllm__attn_work_shape work;
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -17222,6 +17241,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
+    bool varlen_short(int batch, int max_rows) const;
+    dllm_status upload_varlen_work(const std::vector<int32_t> &q_offsets, const std::vector<int32_t> &splits,
+                                   int max_rows);
     dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
@@ -17376,24 +17398,51 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
     return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
-/* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
- * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
+/* The lists for entries [q_offsets[e], q_offsets[e + 1]) with shares splits[2e] (empty: 1 each) and tiles of br rows,
+ * into items: flash_attn's (tile, entry, share, 0), then attn_combine's (entry, row). */
+static dllm__attn_work_shape dllm__attn_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                    const std::vector<int32_t> &splits, int br,
+                                                    std::vector<int32_t> &items) {
+    dllm__attn_work_shape w;
+    w.br = br;
+    items.clear();
+    const int entries = (int)q_offsets.size() - 1;
+    auto shares = [&](int e) { return splits.empty() ? 1 : splits[2 * (size_t)e]; };
+    for (int e = 0; e < entries; e++) {
+        const int tiles = (q_offsets[(size_t)e + 1] - q_offsets[(size_t)e] + br - 1) / br;
+        for (int s = 0; s < shares(e); s++)
+            for (int t = 0; t < tiles; t++) items.insert(items.end(), {t, e, s, 0}), w.n_attn++;
+    }
+    for (int e = 0; e < entries; e++) {
+        if (shares(e) < 2) continue;
+        for (int r = q_offsets[(size_t)e]; r < q_offsets[(size_t)e + 1]; r++)
+            items.insert(items.end(), {e, r - q_offsets[(size_t)e]}), w.n_combine++;
+    }
+    return w;
+}
+
+/* The varlen flash_attn over `batch` entries (a.q_offsets, a.kv_offsets): one CTA per head and item of the work list
+ * a.varlen_work (dllm__attn_varlen_work, shape w, made for arch's tiles); each entry computed as its own launch would
+ * (varlen_sequence). */
 static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
                                             const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch,
-                                            int hd, int heads, int batch, int max_q_rows, const attn_args &a,
-                                            cudaStream_t s) {
+                                            int hd, int heads, int batch, const dllm__attn_work_shape &w,
+                                            const attn_args &a, cudaStream_t s) {
     if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
-        (int64_t)batch * a.kv_splits > 65535)
+        (w.n_attn && !a.varlen_work) || (w.n_combine && !a.varlen_splits) || w.br != arch.fa_br || heads > 65535)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s (none, -, -, none "
-            "expected)",
-            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none");
-    if (batch == 0 || max_q_rows == 0) return DLLM_OK;
-    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s, a work list of %d + %d "
+            "items %s for tiles of %d rows (none, -, -, none, -, set, %d expected)",
+            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none", w.n_attn,
+            w.n_combine, a.varlen_work ? "set" : "none", w.br, arch.fa_br);
+    if (w.n_attn == 0) return DLLM_OK;
+    const dim3 grid((unsigned)w.n_attn, (unsigned)heads);
     DLLM__TRY(k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
-    if (a.kv_splits == 1) return DLLM_OK;
-    return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
+    if (w.n_combine == 0) return DLLM_OK;
+    attn_args c = a;
+    c.varlen_work = a.varlen_work + 4 * (size_t)w.n_attn;  // the combine's items follow flash_attn's
+    return combine.launch({dim3((unsigned)w.n_combine, (unsigned)heads), dim3((unsigned)hd)}, s, c);
 }
 
 dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) {
@@ -18558,14 +18607,36 @@ dllm_status dllm__gpu_backend::load_varlen() {
     return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
-/* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
- * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
+/* Whether the varlen attention of `batch` entries, the longest forwarding max_rows query rows, runs on the short tiles
+ * (dllm__attn_short_tiles: same bits): where dllm__attn_varlen_short says so. */
+bool dllm__gpu_backend::varlen_short(int batch, int max_rows) const {
+    return dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_,
+                                   smem_per_sm_);
+}
+
+/* The varlen attention of `batch` entries (a's offsets) over the work lists upload_varlen_work made for them. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const bool short_runs =
-        dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    const bool short_runs = varlen_short(batch, max_rows);
+    attn_args w = a;
+    w.varlen_work = batch_.attn_work.as<int>();
     return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn, batch_.combine,
                                     short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
-                                    model_.cfg.n_head, batch, max_rows, a, stream_);
+                                    model_.cfg.n_head, batch, batch_.work, w, stream_);
+}
+
+/* The work lists (dllm__attn_varlen_work) of the varlen attention over entries q_offsets with shares splits (empty: 1
+ * each) on the device, for the tiles varlen_attention will pick. Before prepare_batch's synchronisation: the copy is
+ * no launch a graph may capture ([batch graphs]), and the lists stay put until the next layout. */
+dllm_status dllm__gpu_backend::upload_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                  const std::vector<int32_t> &splits, int max_rows) {
+    const int batch = (int)q_offsets.size() - 1;
+    const int br = varlen_short(batch, max_rows) ? dllm__attn_short_tiles(arch_).fa_br : arch_.fa_br;
+    batch_.work = dllm__attn_varlen_work(q_offsets, splits, br, batch_.work_items);
+    if (batch_.work_items.empty()) return DLLM_OK;
+    DLLM__TRY(batch_.attn_work.fit(batch_.work_items.size() * 4, "the batch's attention work lists"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_work.ptr, batch_.work_items.data(), batch_.work_items.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
@@ -18580,6 +18651,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
+    if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -18618,24 +18690,26 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
- * sequence, the logit rows, whether a K/V cache and block-causal masks take part, the kind of each run of sequences
- * (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph update would not carry over) and the
- * most split-KV shares (the combine's launches). `baked` adds every launch argument the host computes from the layout
- * (all of it but the ids: the positions too, which [Llama-4 query scaling]'s launches take) and the device buffers
- * the launches point into. */
+ * sequence (with the sequences, the attention's tiles), the logit rows, whether a K/V cache and block-causal masks take
+ * part, the kind of each run of sequences (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph
+ * update would not carry over) and the most split-KV shares (the combine's launches). The attention's grids are as
+ * long as its work lists (dllm__attn_varlen_work), which may differ within a slot: a graph update carries them.
+ * `baked` adds every launch argument the host computes from the layout (all of it but the ids: the positions too,
+ * which [Llama-4 query scaling]'s launches take, and the work lists, which the attention's CTAs read) and the device
+ * buffers the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
-                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr);
+                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr, batch_.attn_work.ptr);
     id.baked.append(v.step.begin(), v.step.end());  // each sequence's GEMM kind (batch_.gemm_runs)
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
-                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
+                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks, &batch_.work_items}) {
         id.baked += dllm__format(" %zu:", a->size());
         id.baked.append((const char *)a->data(), a->size() * sizeof(int32_t));
     }
@@ -18775,7 +18849,7 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     return most;
 }
 
-/* The attention's offsets and shares and the rows' cache rows on the device (prepare_batch, before its
+/* The attention's offsets, shares and work lists and the rows' cache rows on the device (prepare_batch, before its
  * synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     std::vector<int32_t> splits;
@@ -18784,6 +18858,8 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));

@@ -581,6 +581,7 @@ static void test_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, i
                    nullptr,
                    nullptr,
                    nullptr,
+                   nullptr,
                    nullptr};
     CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, B, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
@@ -1175,6 +1176,7 @@ static void test_facache_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int
                        nullptr,
                        0,
                        0,
+                       nullptr,
                        nullptr,
                        nullptr,
                        nullptr,

@@ -91,7 +91,10 @@ typedef unsigned long long u64;
     X(const int *, varlen_masks)                                                                                       \
     /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
     /* partial states start in partial (floats) */                                                                  \
-    X(const int *, varlen_splits)
+    X(const int *, varlen_splits)                                                                                      \
+    /* varlen_work: varlen: the CTAs' work items (dllm__attn_varlen_work): flash_attn's int4 (q tile, entry, */        \
+    /* share, 0), attn_combine's int2 (entry, row) */                                                                  \
+    X(const int *, varlen_work)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -140,7 +143,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 168 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
