@@ -11907,6 +11907,11 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
+/* [varlen] The flash_attn work item of this CTA (dllm__attn_varlen_work): (query tile, entry, split-KV share, 0). */
+__device__ __forceinline__ int4 varlen_item(const attn_args &a) {
+    return ((const int4 *)a.varlen_work)[blockIdx.x];  // (tile, entry, split, 0)
+}
+
 /* [varlen] A batched forward's attention: CTA x works on item x of the work list a.varlen_work (dllm__attn_varlen_work:
  * only the tiles that hold query rows, so no CTA is launched to return at once): query tile `tile` of entry z of a
  * concatenation, its share `split` of the entry's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[z],
@@ -11914,7 +11919,7 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
  * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). */
 template <bool SPLITS> __device__ __forceinline__ void varlen_sequence(attn_args &a, int &tile, int &split) {
-    const int4 w = ((const int4 *)a.varlen_work)[blockIdx.x];  // (tile, entry, split, 0)
+    const int4 w = varlen_item(a);
     const int z = w.y, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
     tile = w.x, split = SPLITS ? w.z : 0;
     if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
@@ -11953,6 +11958,11 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [varlen] The tile's first row and the share, read again from the work list (a plain load, which the KV loop's
+    // barriers keep the compiler from reusing) where the loop and the epilogue need them: held across the loop they
+    // took registers the short tiles' kernels lack (the dense grid's blockIdx cost none).
+    auto q0_again = [&] { return VARLEN ? varlen_item(a).x * BR : q0; };
+    auto split_again = [&] { return VARLEN ? (HD <= 128 ? varlen_item(a).z : 0) : split; };
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
@@ -12013,13 +12023,13 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 #pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
                 flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub,
-                                         q0 + warp * 16 * MT, lane, t, o, m, l);
+                                         q0_again() + warp * 16 * MT, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
     if (a.kv_splits > 1) {
-        store_partial<HD, MT, DT>(a, b, h, split, q0, warp, g, t, o, m, l);
+        store_partial<HD, MT, DT>(a, b, h, split_again(), q0_again(), warp, g, t, o, m, l);
         return;
     }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -12032,7 +12042,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
             l1 += __shfl_xor_sync(0xffffffffu, l1, x);
         }
         const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-        const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+        const int r0 = q0_again() + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {  // the real columns
             int col = d * 8 + 2 * t;
