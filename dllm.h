@@ -726,8 +726,8 @@ typedef struct dllm_stepper_params {
     int max_sequences;          /* sequences decoding at once, waiting ones included (default 16)      */
     int max_fill_rows;          /* the K/V-cache fills one step forwards (a dual or prefix cache's first
                                    step of a block forwards the whole canvas), in canvas rows: further
-                                   sequences due for a fill wait a step, the longest-waiting first, then
-                                   those joining; one fill always goes. Keeps each step short, so that a
+                                   sequences due for a fill wait a step, those joining first, then the
+                                   longest-waiting; one fill always goes. Keeps each step short, so that a
                                    joining sequence is not held up behind many fills. Only when tokens come
                                    changes, never which (default 2048; 0: no bound)                    */
 } dllm_stepper_params;

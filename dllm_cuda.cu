@@ -22383,8 +22383,8 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
 }
 
 /* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
- * those that waited longest go first, then those with the fewest forwards (those joining now first), then the rest in
- * order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+ * those joining now go first (their fill is their prefill: what a new request waits for), then those that waited
+ * longest, then the rest in order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
 void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     if (max_fill_rows <= 0 || block_diffusion()) return;
     std::vector<dllm__stepper_seq *> fills;
@@ -22395,8 +22395,8 @@ void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
         return;
     }
     std::stable_sort(fills.begin(), fills.end(), [](const dllm__stepper_seq *a, const dllm__stepper_seq *b) {
-        const int wa = a->fill_waits, wb = b->fill_waits;
-        return wa != wb ? wa > wb : a->g->st.forwards < b->g->st.forwards;  // then those that never stepped
+        const bool ja = a->g->st.forwards == 0, jb = b->g->st.forwards == 0;  // joining now
+        return ja != jb ? ja : a->fill_waits > b->fill_waits;
     });
     std::vector<const dllm__stepper_seq *> waiting;
     size_t rows = 0;
