@@ -499,6 +499,54 @@ static void test_stepper_memory_on(dllm_test_state &T_, dllm_backend backend) {
 
 TEST(stepper, finished_sequences_memory_is_reused) { test_stepper_memory_on(T_, DLLM_BACKEND_CPU); }
 
+/* One fill a step (max_fill_rows 1) and a block a step, so every step of every sequence is a fill: A and B join
+ * together (A fills first, then B, A waiting), then C joins while A waits. C's prefill goes first, before A who waited
+ * a step, so a new request's first step is not held up by the others' fills; A and B then go in turn. */
+TEST(stepper, a_joining_sequence_fills_before_those_waiting) {
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    dllm_stepper_params sp = dllm_stepper_default_params();
+    sp.max_fill_rows = 1;
+    dllm_stepper *st = nullptr;
+    CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);
+    int32_t prompt[3] = {5, 6, 7}, out[3][8];
+    dllm_batch_item it[3];
+    int id[3] = {-1, -1, -1};
+    for (int i = 0; i < 3; i++) {
+        it[i] = {prompt, 3, dllm_gen_default_params(), out[i], 8};
+        it[i].params.gen_length = 8, it[i].params.block_length = 4, it[i].params.steps = 2;
+        it[i].params.kv_cache = DLLM_KV_CACHE_DUAL;
+    }
+    auto stepped = [&](int i) {
+        dllm_seq_event ev;
+        return dllm_stepper_poll(st, id[i], &ev) == DLLM_OK && ev.stepped;
+    };
+    CHECK_STATUS(dllm_stepper_add(st, &it[0], &id[0]), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_stepper_add(st, &it[1], &id[1]), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    CHECK_MSG(stepped(0) && !stepped(1), "step 1: A fills, B waits");
+    CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    CHECK_MSG(!stepped(0) && stepped(1), "step 2: B (joining) fills, A waits");
+    CHECK_STATUS(dllm_stepper_add(st, &it[2], &id[2]), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    CHECK_MSG(stepped(2) && !stepped(0) && !stepped(1), "step 3: C (joining) fills before A, who waited a step");
+    CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    CHECK_MSG(stepped(0) && !stepped(1) && !stepped(2), "step 4: A, who waited longest");
+    int steps = 4;
+    for (; dllm_stepper_n_active(st) > 0 && steps < 20; steps++) CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    for (int i = 0; i < 3; i++) {
+        dllm_seq_event ev;
+        CHECK(dllm_stepper_poll(st, id[i], &ev) == DLLM_OK && ev.finished && ev.result.status == DLLM_OK &&
+              ev.result.stats.forwards == 2);
+    }
+    CHECK_MSG(steps == 6 && !memcmp(out[0], out[1], sizeof out[0]) && !memcmp(out[0], out[2], sizeof out[0]),
+              "6 steps for 6 fills one a step (took %d), and the same prompt the same ids whenever it stepped", steps);
+    dllm_stepper_free(st);
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
 /* Misuse is a status naming what to change; a stepper's events before any step; one stepper a context, and
  * dllm_generate_batch not beside it. */
 TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
