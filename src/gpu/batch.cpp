@@ -93,6 +93,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
+    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
