@@ -9758,13 +9758,28 @@ KERNEL_soloq_scale_rows_i32 {
         X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale) X(int, q_rows)          \
             X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
 
+/* [batch] [KV quant] One layer's attention over every sequence's quantised cache in one launch (bd_forward_batch;
+ * dllm__kvq_batch_work_of builds the tables on the host): `chunks` holds the layer's kvq_args of each chunk, exactly
+ * the arguments the chunk's own launch would take (a sequence's query rows, at most dllm__kvq_tc_chunk_rows of them
+ * under kvq_tc), and each CTA reads its item: kvq_flash_batch's CTAs (x, y, z) item z / q_tiles (its chunk), the
+ * warp-per-row kernels' (kvq_attention, kvq_flash_combine) CTA (x, head) item x (a chunk and its query row). */
+#define DLLM__KVQ_ITEM_FIELDS(X) X(int, chunk) X(int, row)
+#define DLLM__KVQ_BATCH_ARGS_FIELDS(X) X(const kvq_args *, chunks) X(const kvq_item *, items) X(int, q_tiles)
+
 #define DLLM__KVQ_KERNELS(X)                                                                                           \
     X(kvq_commit_keys, , (kvq_args a))                                                                                 \
     X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                                                          \
-    X(kvq_attention, __launch_bounds__(32), (kvq_args a))
+    X(kvq_attention, __launch_bounds__(32), (kvq_args a))                                                              \
+    X(kvq_attention_batch, __launch_bounds__(32), (kvq_batch_args b))
 
 struct kvq_args {
     DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)
+};
+struct kvq_item {
+    DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)
+};
+struct kvq_batch_args {
+    DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)
 };
 DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -9786,7 +9801,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 306 "src/gpu/kernel_table.cpp"
+#line 321 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9989,15 +10004,22 @@ __device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) 
     return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
 }
 
+/* [batch] The kvq_args of this CTA's chunk (b.chunks[chunk]) copied into shared memory by its threads, for kernels
+ * whose body reads its arguments as the single-chunk kernel reads its parameter. */
+__device__ __forceinline__ const kvq_args &kvq_batch_chunk(const kvq_batch_args &b, int chunk, kvq_args &sa) {
+    const u32 *src = (const u32 *)(b.chunks + chunk);
+    for (int w = threadIdx.x; w < (int)(sizeof(kvq_args) / 4); w += blockDim.x) ((u32 *)&sa)[w] = src[w];
+    __syncthreads();
+    return sa;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
- * back once (kvq_rotate_back). */
-KERNEL_kvq_attention {
-    pdl_enter();
+ * back once (kvq_rotate_back). One warp's query row i at head h: */
+__device__ void kvq_attention_row(const kvq_args &a, int i, int h) {
     __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd,
-              kvh = h / (a.n_head / a.n_kv);
+    const int lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd, kvh = h / (a.n_head / a.n_kv);
     const int row_bytes = kvd * a.bits / 8;
     for (int c = lane; c < hd; c += 32)
         q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
@@ -10045,8 +10067,19 @@ KERNEL_kvq_attention {
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
+KERNEL_kvq_attention {
+    pdl_enter();
+    kvq_attention_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) runs row item x (its chunk's query row) at head h. */
+KERNEL_kvq_attention_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_attention_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
+}
 )DLLM";
-#line 308 "src/gpu/kernel_table.cpp"
+#line 323 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -10073,7 +10106,9 @@ KERNEL_kvq_attention {
  * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
-    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
+    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))                                                          \
+    X(kvq_flash_batch, __launch_bounds__(KVQ_TC_THREADS), (kvq_batch_args b))                                          \
+    X(kvq_flash_combine_batch, __launch_bounds__(32), (kvq_batch_args b))
 DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 static const char *dllm__src_kvq_tc = R"DLLM(
@@ -10332,22 +10367,39 @@ __device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int k
     }
 }
 
-KERNEL_kvq_flash {
+/* Which CTA of its launch a kvq_flash CTA is (ix.split(), .kv_head(), .q_tile(): its key split, kv head and tile of
+ * query rows; .warps(): its warps, 16 query rows each), read from its grid where used rather than held in registers
+ * (the CTA's registers are all taken at head dim 128). A launch of its own: (split, kv head, tile). A batched launch
+ * (kvq_flash_batch): its chunks' tiles over blockIdx.z, q_tiles a chunk. */
+struct kvq_flash_own {
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+struct kvq_flash_tiled {
+    int q_tiles;
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z % q_tiles; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+
+/* One kvq_flash CTA (ix: which one). */
+template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args &a, const Ix &ix) {
     constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
-    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
-    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
-              t = lane & 3;
+    const int CR = ix.warps() * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bf16_t *sQ = (bf16_t *)smem,
            *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
     bf16_t *sV = sK + 2 * BC * LD;
     float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
     unsigned char *raw = (unsigned char *)(vpf + BC);
-    const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
+    const int R = a.n_head / a.n_kv * a.q_rows, r0 = ix.q_tile() * CR;
     int j0, j1;
     bool quant;
-    kvq_split(a, split, j0, j1, quant);
+    kvq_split(a, ix.split(), j0, j1, quant);
     // The CTA's last query (the largest sequence index among its rows) bounds the keys worth visiting.
     const int r_last = min(R, r0 + CR) - 1;
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
@@ -10355,7 +10407,7 @@ KERNEL_kvq_flash {
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
     if (threadIdx.x < 16)
         lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
-    kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
+    kvq_tc_load_q(a, sQ, ix.kv_head(), r0, CR, R);
     cp_async_commit();
 
     float o[DT][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
@@ -10368,14 +10420,14 @@ KERNEL_kvq_flash {
     auto tile_hi = [&](int tile) { return min(tile * BC + BC, j1c); };
     auto buf = [&](int tile) { return (tile - t0) & 1; };
     auto stage = [&](int tile) {
-        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto convert = [&](int tile) {
         kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
     };
     auto decode = [&](int tile) {
         kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD,
-                      sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+                      sV + buf(tile) * BC * LD, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto multiply = [&](int tile,
                         int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
@@ -10395,7 +10447,7 @@ KERNEL_kvq_flash {
     // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
     if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
-            kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+            kvq_tc_load_bf16(a, sK, sV, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
             cp_async_wait<0>();
             __syncthreads();
@@ -10434,21 +10486,38 @@ KERNEL_kvq_flash {
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
         const int row = r ? rB : rA;
         if (row >= R) continue;
-        const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
-        float *p = a.partial + (((u64)split * a.n_head + h) * a.q_rows + i) * (HD + 2);
+        const int h = ix.kv_head() * group + row / a.q_rows, i = row % a.q_rows;
+        float *p = a.partial + (((u64)ix.split() * a.n_head + h) * a.q_rows + i) * (HD + 2);
 #pragma unroll
         for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
         if (t == 0) p[HD] = m[r], p[HD + 1] = lr;
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+KERNEL_kvq_flash {
+    pdl_enter();
+    kvq_flash_cta(a, kvq_flash_own());
+}
+/* [batch] The CTAs of the chunks of one CTA shape (warps, b.q_tiles row tiles: dllm__kvq_batch_group) in one launch:
+ * CTA (x, y, z) is CTA (x, y, z % q_tiles) of chunk b.items[z / q_tiles].chunk's own grid, a split past the chunk's
+ * splits (the grid's x takes the group's most) returns at once. Before sm_90 the per-chunk arguments would cost
+ * registers past the 128 a thread has (spills): the host launches kvq_flash per chunk there, this kernel is empty. */
+KERNEL_kvq_flash_batch {
+#if __CUDA_ARCH__ >= 900
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_args &a = kvq_batch_chunk(b, b.items[blockIdx.z / b.q_tiles].chunk, sa);
+    if ((int)blockIdx.x >= kvq_n_splits(a)) return;
+    kvq_flash_cta(a, kvq_flash_tiled{b.q_tiles});
+#endif
+}
+
+/* The splits of one (query row i, head h) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
  * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
  * normalised. */
-KERNEL_kvq_flash_combine {
-    pdl_enter();
+__device__ void kvq_flash_combine_row(const kvq_args &a, int i, int h) {
     __shared__ float acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
+    const int lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
     const u64 stride = (u64)a.n_head * a.q_rows * (hd + 2);
     const float *P = a.partial + ((u64)h * a.q_rows + i) * (hd + 2);
     float mx = -DLLM_INF;
@@ -10469,8 +10538,19 @@ KERNEL_kvq_flash_combine {
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
+KERNEL_kvq_flash_combine {
+    pdl_enter();
+    kvq_flash_combine_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) merges row item x (its chunk's query row) at head h. */
+KERNEL_kvq_flash_combine_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_flash_combine_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
+}
 )DLLM";
-#line 338 "src/gpu/kernel_table.cpp"
+#line 355 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
  * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
@@ -10596,7 +10676,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 371 "src/gpu/kernel_table.cpp"
+#line 388 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10617,7 +10697,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 376 "src/gpu/kernel_table.cpp"
+#line 393 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
@@ -10768,7 +10848,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 394 "src/gpu/kernel_table.cpp"
+#line 411 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -11205,7 +11285,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 480 "src/gpu/kernel_table.cpp"
+#line 497 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11590,7 +11670,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 496 "src/gpu/kernel_table.cpp"
+#line 513 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -12087,7 +12167,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 504 "src/gpu/kernel_table.cpp"
+#line 521 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -12227,7 +12307,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 510 "src/gpu/kernel_table.cpp"
+#line 527 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12420,7 +12500,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 522 "src/gpu/kernel_table.cpp"
+#line 539 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12628,7 +12708,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 542 "src/gpu/kernel_table.cpp"
+#line 559 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12664,7 +12744,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 565 "src/gpu/kernel_table.cpp"
+#line 582 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
@@ -12988,7 +13068,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 593 "src/gpu/kernel_table.cpp"
+#line 610 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -16825,6 +16905,38 @@ struct dllm__attn_work_shape {
     int br = 0;                     // the query tile rows the list was made for (the launched kernel's arch.fa_br)
     int n_attn = 0, n_combine = 0;  // flash_attn's int4 items, then attn_combine's int2 items
 };
+/* [KV quant] [batch] One sequence's attention over its committed codes in bd_forward_batch (what kvq_attention takes
+ * for it alone): its query rows, keys, committed rows, block-causal mask and first query's sequence index. */
+struct dllm__kvq_batch_seq {
+    int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
+};
+/* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
+ * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+struct dllm__kvq_batch_chunk {
+    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t partial = 0;
+};
+/* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a
+ * chunk) [first, first + count) of the work's, its grid (the most splits of its chunks, kv heads, count x q_tiles) and
+ * dynamic shared memory. */
+struct dllm__kvq_batch_group {
+    int warps = 0, q_tiles = 0, max_splits = 0, first = 0, count = 0;
+    size_t smem = 0;
+};
+/* [KV quant] [batch] One layer's attention over every sequence's codes, the same for every layer
+ * (dllm__kvq_batch_work_of): the chunks; the kvq_flash_batch items (a chunk each), by group (the CTA shapes in the
+ * order the chunks first take them), in a group in chunk order; then the (chunk, row) items of kvq_flash_combine or
+ * kvq_attention; the groups, and the split states' floats. */
+struct dllm__kvq_batch_work {
+    bool tc = false;
+    std::vector<dllm__kvq_batch_chunk> chunks;
+    std::vector<kvq_item> items;
+    std::vector<dllm__kvq_batch_group> groups;
+    int n_flash = 0;
+    size_t partial_floats = 0;
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -16858,6 +16970,11 @@ struct dllm__gpu_batch {
     std::vector<dllm__gpu_kvq_slot> kvq_slots;
     dllm__dbuf kvq_fresh;
     const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    // the layout's attention over every committed cache (kvq_batch_upload): its work, the kvq_args of each
+    // (layer, chunk) [layer][chunk] (on the host as uploaded), the items, the split states
+    dllm__kvq_batch_work kvq_work;
+    std::vector<kvq_args> kvq_args_host;
+    dllm__dbuf kvq_chunks, kvq_items, kvq_partial;
     int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
@@ -17359,6 +17476,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
     dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
     dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status kvq_batch_upload(const dllm__varlen_layout &v);
+    kvq_args kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int n_keys,
+                                int n_committed, int mask_block, int pos0) const;
     dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
     std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
@@ -18662,6 +18782,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
     if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
+    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -19562,7 +19683,9 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
  * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
 static std::string dllm__src_kvq_module() {
     return dllm__src_prelude() +
-           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
+           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
+               struct kvq_item{DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct kvq_batch_args{
+               DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
                DLLM__KERNEL_DECLARE) DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) +
            dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
            dllm__src_soloq_tables() +
@@ -19670,13 +19793,63 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
     return most;
 }
 
+/* [batch] The work of one layer's attention over the sequences' codes: one kvq_flash launch per CTA shape and one
+ * combine under kvq_tc, or one kvq_attention launch. Each sequence's chunks and their CTAs are exactly those
+ * kvq_attention launches for it alone (tc: kvq_flash's plan of each chunk of at most dllm__kvq_tc_chunk_rows rows, from
+ * the sequence's own rows and keys; else kvq_attention's (row, head) warps), so each row's arithmetic, its splits and
+ * their merge are those of the sequence alone. */
+static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv, int n_sink, int n_sms,
+                                           int smem_optin, const std::vector<dllm__kvq_batch_seq> &seqs,
+                                           dllm__kvq_batch_work &w) {
+    w = dllm__kvq_batch_work();
+    w.tc = tc;
+    for (size_t s = 0; s < seqs.size(); s++) {
+        const dllm__kvq_batch_seq &q = seqs[s];
+        const int step = tc ? dllm__kvq_tc_chunk_rows : std::max(q.T, 1);
+        for (int r0 = 0; r0 < q.T; r0 += step) {
+            dllm__kvq_batch_chunk c;
+            c.seq = (int)s, c.r0 = r0, c.rows = std::min(step, q.T - r0);
+            if (tc) {
+                dllm__kvq_tc_plan p;
+                DLLM__TRY(dllm__kvq_tc_plan_for(hd, n_head, n_kv, c.rows, q.n_keys, q.n_committed, n_sink, n_sms,
+                                                smem_optin, p));
+                c.warps = p.warps, c.q_tiles = p.q_tiles, c.split_keys = p.split_keys, c.n_splits = p.n_splits;
+                c.partial = w.partial_floats;
+                w.partial_floats += dllm__kvq_tc_partial_bytes(p, n_head, c.rows, hd) / 4;
+            }
+            w.chunks.push_back(c);
+        }
+    }
+    for (size_t c = 0; tc && c < w.chunks.size(); c++) {  // the CTA shapes, in the order the chunks first take them
+        bool seen = false;
+        for (const dllm__kvq_batch_group &g : w.groups)
+            seen = seen || (g.warps == w.chunks[c].warps && g.q_tiles == w.chunks[c].q_tiles);
+        if (seen) continue;
+        dllm__kvq_batch_group g;
+        g.warps = w.chunks[c].warps, g.q_tiles = w.chunks[c].q_tiles, g.first = (int)w.items.size();
+        g.smem = dllm__kvq_tc_smem(hd, g.warps);
+        for (size_t d = c; d < w.chunks.size(); d++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[d];
+            if (ch.warps != g.warps || ch.q_tiles != g.q_tiles) continue;
+            w.items.push_back({(int)d, 0});
+            g.max_splits = std::max(g.max_splits, ch.n_splits);
+        }
+        g.count = (int)w.items.size() - g.first;
+        w.groups.push_back(g);
+    }
+    w.n_flash = (int)w.items.size();
+    for (size_t c = 0; c < w.chunks.size(); c++)
+        for (int i = 0; i < w.chunks[c].rows; i++) w.items.push_back({(int)c, i});
+    return DLLM_OK;
+}
+
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
     dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(
-        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    for (cudaKernel_t fn : {k.kvq_flash.fn, k.kvq_flash_batch.fn})
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -19805,6 +19978,19 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
     return DLLM_OK;
 }
 
+/* kvq_layer_args with the attention's: query rows q (outputs o; strides the forward's), n_keys keys of which
+ * n_committed committed, the mask, the first query at sequence index pos0 (kvq_attention, kvq_batch_upload). */
+kvq_args dllm__gpu_backend::kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
+                                               int n_keys, int n_committed, int mask_block, int pos0) const {
+    const dllm__config &c = model_.cfg;
+    kvq_args a = kvq_layer_args(at, layer);
+    a.q = q, a.o = o;
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
+    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
+    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    return a;
+}
+
 /* T query rows (q, their outputs o; strides the forward's) attending block-causally to the cache `at`'s n_committed
  * rows (quantised ones read from their codes) ++ at.fresh's rows, n_keys in all, the first query at sequence index
  * pos0: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
@@ -19813,11 +19999,7 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
 dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
                                              int T, int n_keys, int n_committed, int mask_block, int pos0) {
     const dllm__config &c = model_.cfg;
-    kvq_args a = kvq_layer_args(at, layer);
-    a.q = q, a.o = o;
-    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
-    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    const kvq_args a = kvq_attention_args(at, layer, q, o, n_keys, n_committed, mask_block, pos0);
     if (!kv_codes_.flash_on)
         return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < T; r0 += dllm__kvq_tc_chunk_rows) {
@@ -19841,12 +20023,17 @@ dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t l
 // pairs, V side and the sinks' bf16 rows for the slot's rows (dllm__gpu_kvq_slot), and its block cache; no bf16
 // committed rows (batch_.kv stays empty). The forward is bd_forward_batch's: every GEMM once over all rows
 // (DLLM__ROWS_BATCH), embedding, norms, RoPE at each row's position row by row. Only the attention differs: one layer's
-// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then each sequence in
-// turn attends over ITS OWN cache with the launches bd_attention makes for it alone (kvq_attention over its codes ++
-// its fresh rows, or flash_attn over its fresh rows while it has nothing committed), each launch's shape a function of
-// that sequence's rows and keys only, and a COMMIT quantises its rows into its own codes (kvq_commit) right after its
-// attention. So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch of one
-// included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's header says why).
+// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then ONE launch (kvq_flash
+// and its combine under kvq_tc, one kvq_flash launch per CTA shape where chunks differ in it, else kvq_attention)
+// attends every sequence over ITS OWN cache (its codes ++ its fresh rows): a work table built on the host
+// (dllm__kvq_batch_work_of, uploaded by kvq_batch_upload) lists, per sequence, the CTAs of the launches kvq_attention
+// makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
+// sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
+// same table: kvq_flash_batch would spill there). A sequence
+// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
+// is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
+// header says why).
 
 /* The slots of rows[s] rows (what kvq_begin(rows[s]) allocates), each empty unless keep[s]; a free slot's buffers are
  * reused, grown where a new sequence needs more. The module, the rotations, kvq_flash's split states and flash_attn's
@@ -19913,10 +20100,68 @@ dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq>
     return batch_.kvq_fresh.fit((size_t)rows * row_bytes, "the forwarded K/V rows beside the quantised caches");
 }
 
+/* The attention's work tables on the device (prepare_batch, after the buffers are fitted; none may be captured): the
+ * work over the sequences with committed rows (dllm__kvq_batch_work_of), the kvq_args of each (layer, chunk) as
+ * kvq_attention would build them for the sequence alone, the items, and the split states sized for all chunks. */
+dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    std::vector<dllm__kvq_batch_seq> att;
+    std::vector<size_t> seq_of;  // att[j] is seqs[seq_of[j]]
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n == 0) continue;  // nothing committed: flash_attn (self_attention_varlen_kvq)
+        dllm__kvq_batch_seq q;
+        q.T = call.T, q.n_keys = s.n + (call.kind == DLLM__BD_SUB_BLOCK ? s.block : call.T), q.n_committed = s.n,
+        q.mask_block = call.mask_block, q.pos0 = s.n + call.offset;
+        att.push_back(q), seq_of.push_back(i);
+    }
+    dllm__kvq_batch_work &w = batch_.kvq_work;
+    DLLM__TRY(dllm__kvq_batch_work_of(kv_codes_.flash_on, hd, c.n_head, c.n_head_kv, kvq_.n_sink, n_sms_,
+                                      kv_codes_.flash.smem_optin, att, w));
+    if (w.chunks.empty()) return DLLM_OK;
+    if (w.tc) DLLM__TRY(batch_.kvq_partial.fit(w.partial_floats * 4, "the batch's KV-quant attention split states"));
+    std::vector<kvq_args> &tab = batch_.kvq_args_host;
+    tab.assign((size_t)kvq_.n_layer * w.chunks.size(), kvq_args());
+    for (size_t layer = 0; layer < (size_t)kvq_.n_layer; layer++)
+        for (size_t ci = 0; ci < w.chunks.size(); ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const dllm__kvq_batch_seq &q = att[(size_t)ch.seq];
+            const size_t i = seq_of[(size_t)ch.seq];
+            const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+            const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+            const size_t row0 = (size_t)v.offsets[i] + ch.r0;
+            const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+            if (seqs[i].call.kind == DLLM__BD_SUB_BLOCK)  // the block cache, this layer's (self_attention_varlen_kvq)
+                keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+            kvq_args a = kvq_attention_args(k.codes(keys), layer, act_.qkv.as<bf16_t>() + row0 * qkv,
+                                            act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
+                                            q.mask_block, q.pos0 + ch.r0);
+            if (w.tc)  // kvq_attention's chunk, dllm__kvq_tc_launch's split size and states
+                a.q_rows = ch.rows, a.split_keys = ch.split_keys,
+                a.partial = batch_.kvq_partial.as<float>() + ch.partial;
+            tab[layer * w.chunks.size() + ci] = a;
+        }
+    DLLM__TRY(batch_.kvq_chunks.fit(tab.size() * sizeof(kvq_args), "the batch's KV-quant attention arguments"));
+    DLLM__TRY(batch_.kvq_items.fit(w.items.size() * sizeof(kvq_item), "the batch's KV-quant attention items"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_chunks.ptr, tab.data(), tab.size() * sizeof(kvq_args),
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_items.ptr, w.items.data(), w.items.size() * sizeof(kvq_item),
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
 /* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
- * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh, then sequence by sequence bd_attention's attention
- * over its own slot (a BLOCK_FULL's rows kept as its block cache, a SUB_BLOCK's written into it at its offset and
- * read from there), and a COMMIT's rows quantised into its codes. */
+ * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh; each sequence's block cache kept (a BLOCK_FULL's
+ * rows) or written at its offset (a SUB_BLOCK's, read from there); then ONE attention over every sequence's own
+ * committed codes (kvq_flash_batch, one launch per CTA shape, and its combine under kvq_tc, else
+ * kvq_attention_batch: kvq_batch_upload's tables, each CTA a CTA of the sequence's own launch), and each COMMIT's rows
+ * quantised into its codes. A sequence
+ * with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a launch of its
+ * own: another kernel, whose bits the batched attention could not give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
@@ -19931,16 +20176,11 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
     DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
                                          act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
                                          batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
-    mark("kv cache");
     for (size_t i = 0; i < seqs.size(); i++) {
         const dllm__bd_call &call = seqs[i].call;
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const int row0 = v.offsets[i], pos0 = s.n + call.offset;
-        const bf16_t *q = act_.qkv.as<bf16_t>() + (size_t)row0 * qkv;
-        bf16_t *o = act_.att.as<bf16_t>() + (size_t)row0 * c.n_head * hd;
-        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)row0 * row_bytes, *keys = fresh;
-        int n_keys = s.n + call.T;
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
         if (call.kind == DLLM__BD_BLOCK_FULL) {
             char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -19948,26 +20188,70 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
             char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
                                        cudaMemcpyDeviceToDevice, stream_));
-            keys = block, n_keys = s.n + s.block;
         }
-        if (s.n > 0) {
-            DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
-        } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
-            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
-                                        bd_attn_args(call, q, keys, o, n_keys, pos0), stream_));
+    }
+    mark("kv cache");
+    for (size_t i = 0; i < seqs.size(); i++) {  // nothing committed: bd_attention's flash_attn over its fresh rows
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n > 0) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        int n_keys = call.T;
+        if (call.kind == DLLM__BD_SUB_BLOCK)
+            keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes, n_keys = s.block;
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
+                                    bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
+                                                 act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
+                                                 s.n + call.offset),
+                                    stream_));
+    }
+    const dllm__kvq_batch_work &w = batch_.kvq_work;
+    const size_t n_chunks = w.chunks.size();
+    const kvq_args *chunks = batch_.kvq_chunks.as<kvq_args>() + layer * n_chunks;
+    const kvq_item *items = batch_.kvq_items.as<kvq_item>();
+    const kvq_batch_args rows = {chunks, items + w.n_flash, 0};
+    const dim3 row_grid((unsigned)(w.items.size() - (size_t)w.n_flash), (unsigned)c.n_head);
+    if (n_chunks && !w.tc) {
+        DLLM__TRY(kv_codes_.kernels.kvq_attention_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else if (n_chunks && arch_.cc >= 90) {
+        for (const dllm__kvq_batch_group &g : w.groups) {
+            const kvq_batch_args flash = {chunks, items + g.first, g.q_tiles};
+            const dim3 grid((unsigned)g.max_splits, (unsigned)c.n_head_kv, (unsigned)(g.count * g.q_tiles));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_batch.launch({grid, dim3((unsigned)g.warps * 32), g.smem}, stream_,
+                                                             flash));
         }
-        if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
+        DLLM__TRY(kv_codes_.flash.kvq_flash_combine_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
+        for (size_t ci = 0; ci < n_chunks; ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const kvq_args &a = batch_.kvq_args_host[layer * n_chunks + ci];
+            const dim3 grid((unsigned)ch.n_splits, (unsigned)c.n_head_kv, (unsigned)ch.q_tiles);
+            DLLM__TRY(kv_codes_.flash.kvq_flash.launch(
+                {grid, dim3((unsigned)ch.warps * 32), dllm__kvq_tc_smem(hd, ch.warps)}, stream_, a));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_combine.launch({dim3((unsigned)ch.rows, (unsigned)c.n_head), dim3(32)},
+                                                               stream_, a));
+        }
+    }
+    for (size_t i = 0; i < seqs.size(); i++) {
+        if (seqs[i].call.kind != DLLM__BD_COMMIT) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        DLLM__TRY(kvq_commit(k.codes(fresh), layer, batch_.bd_slots[(size_t)seqs[i].slot].n, seqs[i].call.T));
     }
     mark("attention");
     return DLLM_OK;
 }
 
 /* [batch graphs] What a captured forward under kv_quant bakes in beyond the layout (varlen_graph_id): each sequence's
- * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes) and its slot's buffers, the
- * shared buffers, and whether kvq_flash runs. */
+ * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes, and so the work tables'
+ * contents, which kvq_batch_upload writes before every forward) and its slot's buffers, the shared buffers (the work
+ * tables' among them), and whether kvq_flash runs. */
 std::string dllm__gpu_backend::kvq_batch_graph_key() const {
-    std::string key = dllm__format(" kvq f%d %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
-                                   kv_codes_.flash_partial.ptr, committed_.partial.ptr);
+    std::string key =
+        dllm__format(" kvq f%d %p %p %p %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
+                     kv_codes_.flash_partial.ptr, committed_.partial.ptr, batch_.kvq_chunks.ptr, batch_.kvq_items.ptr,
+                     batch_.kvq_partial.ptr);
     for (const dllm__bd_seq &q : *batch_.kvq_seqs) {
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];

@@ -110,6 +110,38 @@ struct dllm__attn_work_shape {
     int br = 0;                     // the query tile rows the list was made for (the launched kernel's arch.fa_br)
     int n_attn = 0, n_combine = 0;  // flash_attn's int4 items, then attn_combine's int2 items
 };
+/* [KV quant] [batch] One sequence's attention over its committed codes in bd_forward_batch (what kvq_attention takes
+ * for it alone): its query rows, keys, committed rows, block-causal mask and first query's sequence index. */
+struct dllm__kvq_batch_seq {
+    int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
+};
+/* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
+ * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+struct dllm__kvq_batch_chunk {
+    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t partial = 0;
+};
+/* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a
+ * chunk) [first, first + count) of the work's, its grid (the most splits of its chunks, kv heads, count x q_tiles) and
+ * dynamic shared memory. */
+struct dllm__kvq_batch_group {
+    int warps = 0, q_tiles = 0, max_splits = 0, first = 0, count = 0;
+    size_t smem = 0;
+};
+/* [KV quant] [batch] One layer's attention over every sequence's codes, the same for every layer
+ * (dllm__kvq_batch_work_of): the chunks; the kvq_flash_batch items (a chunk each), by group (the CTA shapes in the
+ * order the chunks first take them), in a group in chunk order; then the (chunk, row) items of kvq_flash_combine or
+ * kvq_attention; the groups, and the split states' floats. */
+struct dllm__kvq_batch_work {
+    bool tc = false;
+    std::vector<dllm__kvq_batch_chunk> chunks;
+    std::vector<kvq_item> items;
+    std::vector<dllm__kvq_batch_group> groups;
+    int n_flash = 0;
+    size_t partial_floats = 0;
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -143,6 +175,11 @@ struct dllm__gpu_batch {
     std::vector<dllm__gpu_kvq_slot> kvq_slots;
     dllm__dbuf kvq_fresh;
     const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    // the layout's attention over every committed cache (kvq_batch_upload): its work, the kvq_args of each
+    // (layer, chunk) [layer][chunk] (on the host as uploaded), the items, the split states
+    dllm__kvq_batch_work kvq_work;
+    std::vector<kvq_args> kvq_args_host;
+    dllm__dbuf kvq_chunks, kvq_items, kvq_partial;
     int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
@@ -644,6 +681,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
     dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
     dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status kvq_batch_upload(const dllm__varlen_layout &v);
+    kvq_args kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int n_keys,
+                                int n_committed, int mask_block, int pos0) const;
     dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
     std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states

@@ -116,6 +116,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
     if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
+    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
