@@ -511,6 +511,7 @@ TEST(stepper, a_joining_sequence_fills_before_those_waiting) {
     dllm_stepper *st = nullptr;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);
     int32_t prompt[3] = {5, 6, 7}, out[3][8];
+    std::fill(&out[0][0], &out[0][0] + 24, -7);  // poison: a sequence's ids past its n_out stay so
     dllm_batch_item it[3];
     int id[3] = {-1, -1, -1};
     for (int i = 0; i < 3; i++) {
@@ -535,12 +536,15 @@ TEST(stepper, a_joining_sequence_fills_before_those_waiting) {
     CHECK_MSG(stepped(0) && !stepped(1) && !stepped(2), "step 4: A, who waited longest");
     int steps = 4;
     for (; dllm_stepper_n_active(st) > 0 && steps < 20; steps++) CHECK_STATUS(dllm_stepper_step(st), DLLM_OK, nullptr);
+    int n_out[3] = {-1, -2, -3};
     for (int i = 0; i < 3; i++) {
         dllm_seq_event ev;
         CHECK(dllm_stepper_poll(st, id[i], &ev) == DLLM_OK && ev.finished && ev.result.status == DLLM_OK &&
               ev.result.stats.forwards == 2);
+        n_out[i] = ev.result.n_out;
     }
-    CHECK_MSG(steps == 6 && !memcmp(out[0], out[1], sizeof out[0]) && !memcmp(out[0], out[2], sizeof out[0]),
+    CHECK_MSG(steps == 6 && n_out[0] == n_out[1] && n_out[0] == n_out[2] && !memcmp(out[0], out[1], sizeof out[0]) &&
+                  !memcmp(out[0], out[2], sizeof out[0]),
               "6 steps for 6 fills one a step (took %d), and the same prompt the same ids whenever it stepped", steps);
     dllm_stepper_free(st);
     dllm_ctx_free(ctx);
