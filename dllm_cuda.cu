@@ -8534,7 +8534,10 @@ typedef unsigned long long u64;
     X(const int *, varlen_masks)                                                                                       \
     /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
     /* partial states start in partial (floats) */                                                                  \
-    X(const int *, varlen_splits)
+    X(const int *, varlen_splits)                                                                                      \
+    /* varlen_work: varlen: the CTAs' work items (dllm__attn_varlen_work): flash_attn's int4 (q tile, entry, */        \
+    /* share, 0), attn_combine's int2 (entry, row) */                                                                  \
+    X(const int *, varlen_work)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -8583,7 +8586,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 168 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -8698,7 +8701,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 )DLLM";
-#line 201 "src/gpu/kernel_table.cpp"
+#line 204 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the row-wise module's kernels (this section): X(name, attributes, (parameters)). */
 #define DLLM__ROWWISE_KERNELS(X)                                                                                       \
@@ -8804,7 +8807,7 @@ __device__ __forceinline__ void silu_mul8(const bf16_t *gu_row, int f, int col, 
     for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
 }
 )DLLM";
-#line 222 "src/gpu/kernel_table.cpp"
+#line 225 "src/gpu/kernel_table.cpp"
 
 /* Row-wise kernels: shapes are run-time arguments, so one module serves every model. */
 static const char *dllm__src_rowwise = R"DLLM(
@@ -8969,7 +8972,7 @@ KERNEL_find_nonfinite_bf16 {
         if ((w[i] & 0x7f80u) == 0x7f80u) atomicMin(first, i);
 }
 )DLLM";
-#line 225 "src/gpu/kernel_table.cpp"
+#line 228 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the FP8 quantisers, compiled into the row-wise module: X(name, attributes, (parameters)). */
 #define DLLM__FP8_QUANT_KERNELS(X)                                                                                     \
@@ -9038,7 +9041,7 @@ __device__ __forceinline__ float e4m3_scale(float amax) {
     return s > 0.f ? s : 1.f;
 }
 )DLLM";
-#line 243 "src/gpu/kernel_table.cpp"
+#line 246 "src/gpu/kernel_table.cpp"
 
 /* The FP8 quantisers themselves (after dllm__src_e4m3's conversions). */
 static const char *dllm__src_fp8 = R"DLLM(
@@ -9157,7 +9160,7 @@ KERNEL_quantize_weight_blocks {
     }
 }
 )DLLM";
-#line 246 "src/gpu/kernel_table.cpp"
+#line 249 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] SoloQ's module (compiled only for a context with a SoloQ precision):
  * X(name, attributes, (parameters)). */
@@ -9298,17 +9301,21 @@ __device__ __forceinline__ float q4_value(int format, const unsigned char *packe
     return (float)signed4;
 }
 
-/* Element i of the row a GEMM would read before the rotation: the bf16 row of x, add_rmsnorm's output (already in
- * `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
-__device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int i, const float *normed) {
-    if (a.producer == 1) return normed[i];
-    const bf16_t *x = (const bf16_t *)a.x + (u64)row * a.x_stride;
-    if (a.producer == 0) return bf16_to_f32(x[i]);
-    const float g = bf16_to_f32(x[i]), u = bf16_to_f32(x[a.d + i]);
-    return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
+/* [SoloQ prefetch] The norm's weights of this thread's chunks into `normed`, where soloq_norm_row reads them back (no
+ * barrier: the same thread), before griddepcontrol.wait: they were a global round trip after the norm's reduction. */
+__device__ __forceinline__ void soloq_stage_norm_w(const soloq_args &a, float *normed) {
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= a.d) continue;
+        float g[8];
+        load8(a.norm_w + k, g);
+        store8(normed + k, g);
+    }
 }
 
-/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms), writing h_out when asked. */
+/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms), writing h_out when asked;
+ * normed holds the norm's weights on entry (soloq_stage_norm_w). */
 __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float *normed) {
     float v[NORM_SLOTS][8], g[8];
     const float r = residual_rms(a.h_in, write_h ? a.h_out : 0, a.delta, (u64)row, a.d, a.eps, v);
@@ -9316,7 +9323,7 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float
     for (int j = 0; j < NORM_SLOTS; j++) {
         const int k = (threadIdx.x + j * blockDim.x) * 8;
         if (k >= a.d) continue;
-        load8(a.norm_w + k, g);
+        load8(normed + k, g);
         for (int e = 0; e < 8; e++) normed[k + e] = bf16_to_f32(f32_to_bf16((v[j][e] * r) * g[e]));
     }
     __syncthreads();
@@ -9347,17 +9354,87 @@ __device__ __forceinline__ float soloq_remote(const float *p, int rank) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
     return v;
 }
+/* The 4 floats at p (16-byte aligned) in CTA `rank`. */
+__device__ __forceinline__ float4 soloq_remote4(const float *p, int rank) {
+    u32 remote;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote));
+    return v;
+}
 #else
 __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(); }
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
+__device__ __forceinline__ float4 soloq_remote4(const float *p, int) { return *(const float4 *)p; }
 #endif
+
+/* [SoloQ partials] A row's reductions end with per-segment partials, segment q = r mine + j in CTA r's part[j] (part:
+ * this CTA's address of a cluster-shared array of at most 32). Lane q fetches partial q, all lanes at once: one round
+ * trip (through distributed shared memory when split) where a loop over the partials took one a partial, each waiting
+ * for the last (asm volatile loads). The callers then add them in order q from shuffles. */
+__device__ __forceinline__ float soloq_partial(const float *part, const soloq_slice &s, int mine) {
+    const int q = threadIdx.x & 31, r = q / mine, j = q - r * mine;
+    if (q >= s.C * mine) return 0.f;
+    return r == s.r ? part[j] : soloq_remote(&part[j], r);
+}
+
+/* [SoloQ prefetch] What a row reads that no kernel writes (the rotation; the mixer, see soloq_stage_mixer) is
+ * requested before griddepcontrol.wait, under the previous kernel's tail. The gather used to load the permutation
+ * index, then the source, then the sign byte of one element after another: dependent round trips to L2, 8 elements a
+ * thread at d = 4096. Now each thread fetches its elements' entries (source index | sign << 31) into `entries` (the
+ * slice buffer B, free until the mixer writes it) before the wait; it alone reads them back, so no barrier; shared
+ * memory rather than registers, which the norm producer has none to spare for under 64 a thread. */
+#define SOLOQ_GATHER 8  // elements a thread gathers at once
+__device__ __forceinline__ void soloq_gather_fetch(const soloq_args &a, const soloq_slice &s, u32 *entries) {
+    const int nt = blockDim.x, i1 = s.i0 + s.n;
+    for (int i = s.i0 + threadIdx.x; i < i1; i += SOLOQ_GATHER * nt) {
+        u32 idx[SOLOQ_GATHER], neg[SOLOQ_GATHER];
+#pragma unroll
+        for (int e = 0; e < SOLOQ_GATHER; e++) {  // every load before any store
+            const int k = i + e * nt;
+            idx[e] = a.perm && k < i1 ? (u32)a.perm[k] : (u32)k;
+            neg[e] = a.signs && k < i1 ? a.signs[k >> 3] >> (k & 7) & 1u : 0u;
+        }
+#pragma unroll
+        for (int e = 0; e < SOLOQ_GATHER; e++)
+            if (i + e * nt < i1) entries[i + e * nt - s.i0] = idx[e] | neg[e] << 31;
+    }
+}
+
+/* Element i of the row a GEMM would read before the rotation: the bf16 row x (of a.x), add_rmsnorm's output (already
+ * in `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
+__device__ __forceinline__ float soloq_source(const soloq_args &a, const bf16_t *x, int i, const float *normed) {
+    if (a.producer == 1) return normed[i];
+    if (a.producer == 0) return bf16_to_f32(x[i]);
+    const float g = bf16_to_f32(x[i]), u = bf16_to_f32(x[a.d + i]);
+    return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
+}
+
+/* A request for p's line into L1 that holds no register: the gather's loads from global memory go out together. */
+__device__ __forceinline__ void soloq_prefetch(const void *p) { asm volatile("prefetch.L1 [%0];" ::"l"(p)); }
+
+/* The mixer Q_k staged in shared memory (stage: SOLOQ_MIX_K^2 floats) when it is that small (K-RPBH's k = d / 1024: 4
+ * at 4096, 12 at 12288), before griddepcontrol.wait; visible after the gather's barrier, the first before any mixing.
+ * soloq_mixer says where to read it (recomputed there rather than held: a pointer kept from the kernel's start spills
+ * under 64 registers). */
+#define SOLOQ_MIX_K 16
+__device__ __forceinline__ void soloq_stage_mixer(const soloq_args &a, float *stage) {
+    if (a.mixer && a.rot_k <= SOLOQ_MIX_K)
+        for (int i = threadIdx.x; i < a.rot_k * a.rot_k; i += blockDim.x) stage[i] = a.mixer[i];
+}
+__device__ __forceinline__ const float *soloq_mixer(const soloq_args &a, const float *stage) {
+    return stage && a.rot_k <= SOLOQ_MIX_K ? stage : a.mixer;
+}
 
 /* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E, a block a warp and no barrier:
  * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
  * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
  * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
-template <int E>
-__device__ void soloq_fwht_registers(float *A, int n, float norm) {
+template <int E> __device__ void soloq_fwht_registers(float *A, int n, float norm) {
     const int lane = threadIdx.x & 31, b = 32 * E;
     for (int blk = threadIdx.x >> 5; blk < n / b; blk += blockDim.x >> 5) {
         float *block = A + blk * b + lane, x[E];
@@ -9420,16 +9497,25 @@ __device__ void soloq_fwht_blocks(const soloq_args &a, const soloq_slice &s, flo
 /* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered, block FWHTs, 1/sqrt(b), the
  * mixer Q_k into B. F is the row buffer (d floats) and A = F + i0 this CTA's slice of it; before mixing, a split row's
  * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
- * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
+ * remote load per multiply-add). B holds the slice (element i at i - i0), on entry this thread's gather entries
+ * (soloq_gather_fetch(a, s, B)); `normed`, producer 1's whole source row; mixer_stage: soloq_stage_mixer's (or null).
  * Returns where the rotated slice is (A or B). */
 __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B,
-                               const float *normed) {
+                               const float *normed, const float *mixer_stage) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *A = F + s.i0;
-    for (int i = s.i0 + tid; i < i1; i += nt) {
-        float v = soloq_source(a, row, a.perm ? a.perm[i] : i, normed);
-        if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
-        A[i - s.i0] = v;
+    const u32 *entries = (const u32 *)B;  // entry of element i0 + e at e
+    const bf16_t *x = a.producer == 1 ? 0 : (const bf16_t *)a.x + (u64)row * a.x_stride;
+    if (x)  // the sources in global memory requested first (the loop below took an L2 round trip each, one at a time)
+        for (int e = tid; e < s.n; e += nt) {
+            const bf16_t *p = x + (entries[e] & 0x7fffffffu);
+            soloq_prefetch(p);
+            if (a.producer == 2) soloq_prefetch(p + a.d);
+        }
+    for (int e = tid; e < s.n; e += nt) {
+        const u32 entry = entries[e];
+        const float v = soloq_source(a, x, (int)(entry & 0x7fffffffu), normed);
+        A[e] = entry >> 31 ? -v : v;
     }
     __syncthreads();
     soloq_fwht_blocks(a, s, A);
@@ -9439,18 +9525,23 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         return A;
     }
     soloq_sync(s);  // every slice transformed before any is mixed
-    if (s.C > 1) {
-        for (int owner = 0; owner < s.C; owner++) {
-            if (owner == s.r) continue;
-            float *slice = F + owner * s.n;
-            for (int i = tid; i < s.n; i += nt) slice[i] = soloq_remote(&slice[i], owner);
-        }
+    if (s.C > 1) {  // 16 bytes from 4 other CTAs at once, then the stores (all 7 at once spill under 64 registers)
+        for (int i = tid * 4; i < s.n; i += nt * 4)
+            for (int o0 = 0; o0 < s.C; o0 += 4) {
+                float4 v[4];
+#pragma unroll
+                for (int o = 0; o < 4; o++)
+                    if (o0 + o < s.C && o0 + o != s.r) v[o] = soloq_remote4(F + (o0 + o) * s.n + i, o0 + o);
+#pragma unroll
+                for (int o = 0; o < 4; o++)
+                    if (o0 + o < s.C && o0 + o != s.r) *(float4 *)(F + (o0 + o) * s.n + i) = v[o];
+            }
         __syncthreads();
     }
     const int k = a.rot_k;
     for (int o = s.i0 + tid; o < i1; o += nt) {
         const int j = o >> log_b, c = o & (b - 1);
-        const float *q = a.mixer + j * k, *col = F + c;
+        const float *q = soloq_mixer(a, mixer_stage) + j * k, *col = F + c;
         float acc = 0.f;
         for (int i = 0; i < k; i++) acc = fmaf(q[i], col[i * b], acc);
         B[o - s.i0] = acc;
@@ -9471,9 +9562,9 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
         if ((threadIdx.x & 31) == 0) seg[j] = p;
     }
     soloq_sync(s);
+    const float p = soloq_partial(seg, s, mine);
     float sum = 0.f;
-    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
-        for (int j = 0; j < mine; j++) sum = __fadd_rn(sum, r == s.r ? seg[j] : soloq_remote(&seg[j], r));
+    for (int q = 0; q < s.C * mine; q++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p, q));  // in order
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
@@ -9481,7 +9572,8 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
  * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
- * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. A split row's
+ * CTAs read each other's partials: the caller keeps them until all have (a cluster barrier before any leaves). */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -9498,14 +9590,13 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
         if ((threadIdx.x & 31) == 0) seg_sum[j] = p, seg_max[j] = m;
     }
     soloq_sync(s);
+    const float p = soloq_partial(seg_sum, s, mine), pm = soloq_partial(seg_max, s, mine);
     float sum = 0.f, amax = 0.f;
-    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
-        for (int j = 0; j < mine; j++) {
-            sum = __fadd_rn(sum, r == s.r ? seg_sum[j] : soloq_remote(&seg_sum[j], r));
-            amax = fmaxf(amax, r == s.r ? seg_max[j] : soloq_remote(&seg_max[j], r));
-        }
+    for (int q = 0; q < s.C * mine; q++) {  // in order
+        sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p, q));
+        amax = fmaxf(amax, __shfl_sync(0xffffffffu, pm, q));
+    }
     if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
-    if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
     return make_float2(amax, sum);
 }
 
@@ -9593,10 +9684,11 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
  * a.quantize the rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two
  * fp32 rows of shared memory. */
 template <bool E8P>
-__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
+__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed,
+                          const float *mixer_stage) {
     __shared__ float seg[32];
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
-    float *y = soloq_rotate(a, row, s, F, B, normed), *A = F + s.i0, *val = y == A ? B : A;
+    float *y = soloq_rotate(a, row, s, F, B, normed, mixer_stage), *A = F + s.i0, *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
     if (!a.quantize) {
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(y[i - s.i0]);
@@ -9620,12 +9712,14 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
         scale = soloq_own_scale(a.format, amax, sigma);
     }
     __syncthreads();
+    const bool correct = a.bias_correction && ss > 0.f && ss <= 3.402823466e38f;
     if (!(ss <= 3.402823466e38f)) {
         scale = __int_as_float(0x7fc00000);
-    } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
+    } else if (correct) {  // [bias correction] ||x||^2 / <C, x>
         const float proj = soloq_row_dot(val, y, d, s, seg);
         if (proj > 0.f) scale = __fdiv_rn(ss, proj);
     }
+    if (s.C > 1 && !correct) soloq_sync(s);  // no CTA leaves while another reads its stats (soloq_row_dot's barriers)
     if (tid == 0 && s.r == 0 && a.row_scale) a.row_scale[row] = scale;
     if (values)
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(val[i - s.i0]);
@@ -9642,22 +9736,29 @@ __device__ __forceinline__ soloq_slice soloq_slice_of(const soloq_args &a) {
 
 /* Rows of x (producer 0): the weights at load (every format) and a GEMM's bf16 input. */
 KERNEL_soloq_quantize_rows {
-    pdl_enter();
+    __shared__ float mixer_stage[SOLOQ_MIX_K * SOLOQ_MIX_K];
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
-    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d, 0);
+    soloq_gather_fetch(a, s, (u32 *)(soloq_smem + a.d));  // [SoloQ prefetch]
+    soloq_stage_mixer(a, mixer_stage);
+    pdl_enter();
+    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d, 0, mixer_stage);
 }
 
 /* [fused producers] A GEMM's input made and quantised in one pass (producer 1: add_rmsnorm, blockDim its norm threads;
  * 2: SwiGLU): the activation formats only (no E8P). */
 KERNEL_soloq_produce_rows {
-    pdl_enter();
+    __shared__ float mixer_stage[SOLOQ_MIX_K * SOLOQ_MIX_K];
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
     float *B = soloq_smem + a.d,
-          *normed = B + s.n;  // the row buffer, a slice; producer 1: every CTA normalises the whole row
+          *normed = B + s.n;             // the row buffer, a slice; producer 1: every CTA normalises the whole row
+    soloq_gather_fetch(a, s, (u32 *)B);  // [SoloQ prefetch]
+    soloq_stage_mixer(a, mixer_stage);
+    if (a.producer == 1) soloq_stage_norm_w(a, normed);
+    pdl_enter();
     if (a.producer == 1) soloq_norm_row(a, blockIdx.x / a.cluster, s.r == 0, normed);
-    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed);
+    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed, mixer_stage);
 }
 
 /* The C values of elements g .. g + 7 of a stored row (twin: dllm__q4_value). */
@@ -9732,7 +9833,7 @@ KERNEL_soloq_scale_rows_i32 {
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
 )DLLM";
-#line 266 "src/gpu/kernel_table.cpp"
+#line 269 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
  * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
@@ -9755,13 +9856,28 @@ KERNEL_soloq_scale_rows_i32 {
         X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale) X(int, q_rows)          \
             X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
 
+/* [batch] [KV quant] One layer's attention over every sequence's quantised cache in one launch (bd_forward_batch;
+ * dllm__kvq_batch_work_of builds the tables on the host): `chunks` holds the layer's kvq_args of each chunk, exactly
+ * the arguments the chunk's own launch would take (a sequence's query rows, at most dllm__kvq_tc_chunk_rows of them
+ * under kvq_tc), and each CTA reads its item: kvq_flash_batch's CTAs (x, y, z) item z / q_tiles (its chunk), the
+ * warp-per-row kernels' (kvq_attention, kvq_flash_combine) CTA (x, head) item x (a chunk and its query row). */
+#define DLLM__KVQ_ITEM_FIELDS(X) X(int, chunk) X(int, row)
+#define DLLM__KVQ_BATCH_ARGS_FIELDS(X) X(const kvq_args *, chunks) X(const kvq_item *, items) X(int, q_tiles)
+
 #define DLLM__KVQ_KERNELS(X)                                                                                           \
     X(kvq_commit_keys, , (kvq_args a))                                                                                 \
     X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                                                          \
-    X(kvq_attention, __launch_bounds__(32), (kvq_args a))
+    X(kvq_attention, __launch_bounds__(32), (kvq_args a))                                                              \
+    X(kvq_attention_batch, __launch_bounds__(32), (kvq_batch_args b))
 
 struct kvq_args {
     DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)
+};
+struct kvq_item {
+    DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)
+};
+struct kvq_batch_args {
+    DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)
 };
 DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -9783,7 +9899,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 303 "src/gpu/kernel_table.cpp"
+#line 321 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -9902,7 +10018,8 @@ KERNEL_kvq_commit_values {
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
+    soloq_gather_fetch(s, sl, (u32 *)B);
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {
@@ -9986,15 +10103,22 @@ __device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) 
     return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
 }
 
+/* [batch] The kvq_args of this CTA's chunk (b.chunks[chunk]) copied into shared memory by its threads, for kernels
+ * whose body reads its arguments as the single-chunk kernel reads its parameter. */
+__device__ __forceinline__ const kvq_args &kvq_batch_chunk(const kvq_batch_args &b, int chunk, kvq_args &sa) {
+    const u32 *src = (const u32 *)(b.chunks + chunk);
+    for (int w = threadIdx.x; w < (int)(sizeof(kvq_args) / 4); w += blockDim.x) ((u32 *)&sa)[w] = src[w];
+    __syncthreads();
+    return sa;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
- * back once (kvq_rotate_back). */
-KERNEL_kvq_attention {
-    pdl_enter();
+ * back once (kvq_rotate_back). One warp's query row i at head h: */
+__device__ void kvq_attention_row(const kvq_args &a, int i, int h) {
     __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd,
-              kvh = h / (a.n_head / a.n_kv);
+    const int lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd, kvh = h / (a.n_head / a.n_kv);
     const int row_bytes = kvd * a.bits / 8;
     for (int c = lane; c < hd; c += 32)
         q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
@@ -10042,8 +10166,19 @@ KERNEL_kvq_attention {
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
+KERNEL_kvq_attention {
+    pdl_enter();
+    kvq_attention_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) runs row item x (its chunk's query row) at head h. */
+KERNEL_kvq_attention_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_attention_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
+}
 )DLLM";
-#line 305 "src/gpu/kernel_table.cpp"
+#line 323 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -10070,7 +10205,9 @@ KERNEL_kvq_attention {
  * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
-    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
+    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))                                                          \
+    X(kvq_flash_batch, __launch_bounds__(KVQ_TC_THREADS), (kvq_batch_args b))                                          \
+    X(kvq_flash_combine_batch, __launch_bounds__(32), (kvq_batch_args b))
 DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 static const char *dllm__src_kvq_tc = R"DLLM(
@@ -10329,22 +10466,39 @@ __device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int k
     }
 }
 
-KERNEL_kvq_flash {
+/* Which CTA of its launch a kvq_flash CTA is (ix.split(), .kv_head(), .q_tile(): its key split, kv head and tile of
+ * query rows; .warps(): its warps, 16 query rows each), read from its grid where used rather than held in registers
+ * (the CTA's registers are all taken at head dim 128). A launch of its own: (split, kv head, tile). A batched launch
+ * (kvq_flash_batch): its chunks' tiles over blockIdx.z, q_tiles a chunk. */
+struct kvq_flash_own {
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+struct kvq_flash_tiled {
+    int q_tiles;
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z % q_tiles; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+
+/* One kvq_flash CTA (ix: which one). */
+template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args &a, const Ix &ix) {
     constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
-    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
-    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
-              t = lane & 3;
+    const int CR = ix.warps() * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bf16_t *sQ = (bf16_t *)smem,
            *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
     bf16_t *sV = sK + 2 * BC * LD;
     float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
     unsigned char *raw = (unsigned char *)(vpf + BC);
-    const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
+    const int R = a.n_head / a.n_kv * a.q_rows, r0 = ix.q_tile() * CR;
     int j0, j1;
     bool quant;
-    kvq_split(a, split, j0, j1, quant);
+    kvq_split(a, ix.split(), j0, j1, quant);
     // The CTA's last query (the largest sequence index among its rows) bounds the keys worth visiting.
     const int r_last = min(R, r0 + CR) - 1;
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
@@ -10352,7 +10506,7 @@ KERNEL_kvq_flash {
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
     if (threadIdx.x < 16)
         lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
-    kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
+    kvq_tc_load_q(a, sQ, ix.kv_head(), r0, CR, R);
     cp_async_commit();
 
     float o[DT][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
@@ -10365,14 +10519,14 @@ KERNEL_kvq_flash {
     auto tile_hi = [&](int tile) { return min(tile * BC + BC, j1c); };
     auto buf = [&](int tile) { return (tile - t0) & 1; };
     auto stage = [&](int tile) {
-        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto convert = [&](int tile) {
         kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
     };
     auto decode = [&](int tile) {
         kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD,
-                      sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+                      sV + buf(tile) * BC * LD, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto multiply = [&](int tile,
                         int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
@@ -10392,7 +10546,7 @@ KERNEL_kvq_flash {
     // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
     if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
-            kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+            kvq_tc_load_bf16(a, sK, sV, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
             cp_async_wait<0>();
             __syncthreads();
@@ -10431,21 +10585,38 @@ KERNEL_kvq_flash {
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
         const int row = r ? rB : rA;
         if (row >= R) continue;
-        const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
-        float *p = a.partial + (((u64)split * a.n_head + h) * a.q_rows + i) * (HD + 2);
+        const int h = ix.kv_head() * group + row / a.q_rows, i = row % a.q_rows;
+        float *p = a.partial + (((u64)ix.split() * a.n_head + h) * a.q_rows + i) * (HD + 2);
 #pragma unroll
         for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
         if (t == 0) p[HD] = m[r], p[HD + 1] = lr;
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+KERNEL_kvq_flash {
+    pdl_enter();
+    kvq_flash_cta(a, kvq_flash_own());
+}
+/* [batch] The CTAs of the chunks of one CTA shape (warps, b.q_tiles row tiles: dllm__kvq_batch_group) in one launch:
+ * CTA (x, y, z) is CTA (x, y, z % q_tiles) of chunk b.items[z / q_tiles].chunk's own grid, a split past the chunk's
+ * splits (the grid's x takes the group's most) returns at once. Before sm_90 the per-chunk arguments would cost
+ * registers past the 128 a thread has (spills): the host launches kvq_flash per chunk there, this kernel is empty. */
+KERNEL_kvq_flash_batch {
+#if __CUDA_ARCH__ >= 900
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_args &a = kvq_batch_chunk(b, b.items[blockIdx.z / b.q_tiles].chunk, sa);
+    if ((int)blockIdx.x >= kvq_n_splits(a)) return;
+    kvq_flash_cta(a, kvq_flash_tiled{b.q_tiles});
+#endif
+}
+
+/* The splits of one (query row i, head h) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
  * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
  * normalised. */
-KERNEL_kvq_flash_combine {
-    pdl_enter();
+__device__ void kvq_flash_combine_row(const kvq_args &a, int i, int h) {
     __shared__ float acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
+    const int lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
     const u64 stride = (u64)a.n_head * a.q_rows * (hd + 2);
     const float *P = a.partial + ((u64)h * a.q_rows + i) * (hd + 2);
     float mx = -DLLM_INF;
@@ -10466,8 +10637,19 @@ KERNEL_kvq_flash_combine {
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
+KERNEL_kvq_flash_combine {
+    pdl_enter();
+    kvq_flash_combine_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) merges row item x (its chunk's query row) at head h. */
+KERNEL_kvq_flash_combine_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_flash_combine_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
+}
 )DLLM";
-#line 335 "src/gpu/kernel_table.cpp"
+#line 355 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
  * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
@@ -10593,7 +10775,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 368 "src/gpu/kernel_table.cpp"
+#line 388 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -10614,7 +10796,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 373 "src/gpu/kernel_table.cpp"
+#line 393 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
@@ -10765,7 +10947,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 391 "src/gpu/kernel_table.cpp"
+#line 411 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -11202,7 +11384,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 477 "src/gpu/kernel_table.cpp"
+#line 497 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -11587,7 +11769,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 493 "src/gpu/kernel_table.cpp"
+#line 513 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -11904,26 +12086,29 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z / kv_splits of a concatenation, its share z %
- * kv_splits (split) of the sequence's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[s],
- * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
+/* [varlen] The flash_attn work item of this CTA (dllm__attn_varlen_work): (query tile, entry, split-KV share, 0). */
+__device__ __forceinline__ int4 varlen_item(const attn_args &a) {
+    return ((const int4 *)a.varlen_work)[blockIdx.x];  // (tile, entry, split, 0)
+}
+
+/* [varlen] A batched forward's attention: CTA x works on item x of the work list a.varlen_work (dllm__attn_varlen_work:
+ * only the tiles that hold query rows, so no CTA is launched to return at once): query tile `tile` of entry z of a
+ * concatenation, its share `split` of the entry's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[z],
+ * q_offsets[z + 1]) of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that entry's
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
- * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
- * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
- * */
-template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
-    const int z = SPLITS ? blockIdx.z / a.kv_splits : blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
-    const int shares = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
-    split = SPLITS ? blockIdx.z % a.kv_splits : 0;
+ * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). */
+template <bool SPLITS> __device__ __forceinline__ void varlen_sequence(attn_args &a, int &tile, int &split) {
+    const int4 w = varlen_item(a);
+    const int z = w.y, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    tile = w.x, split = SPLITS ? w.z : 0;
     if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
-    a.kv_splits = shares;
+    a.kv_splits = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
     if (a.varlen_masks)
         a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
-    return (int)blockIdx.x * br < a.q_rows && split < shares;
 }
 
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
@@ -11936,10 +12121,10 @@ template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
-    int varlen_split = 0;
+    int varlen_tile = 0, varlen_split = 0;
     if constexpr (VARLEN) {
         // Above head dim 128 no register is left for a split index (dllm__attn_varlen_split_max_hd): no splits there.
-        if (!varlen_sequence<(HD <= 128)>(a, BR, varlen_split)) return;
+        varlen_sequence<(HD <= 128)>(a, varlen_tile, varlen_split);
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -11947,11 +12132,16 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
                   SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
-    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
+    const int qt = VARLEN ? varlen_tile : blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
               split = VARLEN ? (HD <= 128 ? varlen_split : 0) : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [varlen] The tile's first row and the share, read again from the work list (a plain load, which the KV loop's
+    // barriers keep the compiler from reusing) where the loop and the epilogue need them: held across the loop they
+    // took registers the short tiles' kernels lack (the dense grid's blockIdx cost none).
+    auto q0_again = [&] { return VARLEN ? varlen_item(a).x * BR : q0; };
+    auto split_again = [&] { return VARLEN ? (HD <= 128 ? varlen_item(a).z : 0) : split; };
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
@@ -12012,13 +12202,13 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 #pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
                 flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub,
-                                         q0 + warp * 16 * MT, lane, t, o, m, l);
+                                         q0_again() + warp * 16 * MT, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
     if (a.kv_splits > 1) {
-        store_partial<HD, MT, DT>(a, b, h, split, q0, warp, g, t, o, m, l);
+        store_partial<HD, MT, DT>(a, b, h, split_again(), q0_again(), warp, g, t, o, m, l);
         return;
     }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -12031,7 +12221,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
             l1 += __shfl_xor_sync(0xffffffffu, l1, x);
         }
         const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-        const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+        const int r0 = q0_again() + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {  // the real columns
             int col = d * 8 + 2 * t;
@@ -12044,18 +12234,21 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
- * result does not depend on scheduling). One thread per output column. VARLEN: CTA z merges sequence z's own shares
- * (varlen_sequence's layout), where it has more than one. */
+ * result does not depend on scheduling). One thread per output column. VARLEN: CTA x merges the shares of the row and
+ * entry of item x of a.varlen_work (dllm__attn_varlen_work: the rows of entries with more than one share only),
+ * in varlen_sequence's layout. */
 template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
-    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int row = blockIdx.x;
+    const int h = blockIdx.y, d = threadIdx.x;
     int b = blockIdx.z;
     if constexpr (VARLEN) {
+        const int2 w = ((const int2 *)a.varlen_work)[blockIdx.x];  // (entry, row)
+        b = w.x, row = w.y;
         const int q0 = a.q_offsets[b];
         a.partial += a.varlen_splits[2 * b + 1];
         a.kv_splits = a.varlen_splits[2 * b];
         a.q_rows = a.q_offsets[b + 1] - q0;
-        if (row >= a.q_rows || a.kv_splits < 2) return;
         a.o += (u64)q0 * a.o_stride, a.o_bstride = 0, b = 0;
     }
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);
@@ -12073,7 +12266,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 501 "src/gpu/kernel_table.cpp"
+#line 521 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -12213,7 +12406,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 507 "src/gpu/kernel_table.cpp"
+#line 527 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12406,7 +12599,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 519 "src/gpu/kernel_table.cpp"
+#line 539 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -12614,7 +12807,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 539 "src/gpu/kernel_table.cpp"
+#line 559 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -12650,7 +12843,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 562 "src/gpu/kernel_table.cpp"
+#line 582 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
@@ -12974,7 +13167,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 590 "src/gpu/kernel_table.cpp"
+#line 610 "src/gpu/kernel_table.cpp"
 #line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -15876,10 +16069,14 @@ static void dllm__bind(dllm__rowwise_kernels &set, dllm__module &mod) {
     DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_BIND)
 }
 static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SAMPLER_KERNELS(DLLM__KERNEL_BIND) }
+/* The static shared memory of SoloQ's row kernels stays below this (the staged mixer, the reductions' partials); the
+ * rest of a block's is the row buffers' (checked by jit.soloq_static_smem_fits_the_reserve). */
+static const int dllm__soloq_static_smem = 2048;
+
 /* SoloQ's kernels, and the widest row soloq_quantize_rows takes with `smem_optin` bytes of shared memory a block. */
 static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin, int cc) {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
-    const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
+    const int dynamic = smem_optin - dllm__soloq_static_smem;
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn,
@@ -16549,7 +16746,7 @@ struct dllm__varlen_layout {
     std::vector<int> raw0, raw1;
     std::vector<int> out0;  // where sequence i's logit rows start among all sequences' (gathered for one LM head)
     int rows = 0;           // all sequences' rows
-    int max_rows = 0;       // the longest sequence's: the attention grid
+    int max_rows = 0;       // the longest sequence's: the attention's tiles (dllm__attn_varlen_short)
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
     // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries
@@ -16800,6 +16997,49 @@ struct dllm__gpu_kvq_slot {
     }
 };
 
+/* [varlen] The work lists of a varlen attention (attn_args::varlen_work) and their shape: one flash_attn CTA (per head)
+ * for each query tile of BR rows and split-KV share of each entry that has query rows, then one attn_combine CTA (per
+ * head) for each row of each entry with more than one share. A grid fitting the longest entry and the most shares (as
+ * the grids were) launched mostly CTAs with nothing to do: 16 sequences of which 2 fill 1024 rows and 14 step 32 rows
+ * in 8 shares each make 16 x 32 x 248 CTAs of which ~4.4k work, and the idle ones cost the H100 tens of ms a forward.
+ * The lists hold exactly the CTAs of those grids that worked, in the order the grids numbered them (entry, share, tile;
+ * entry, row), each computing what it computed there, so no bit changes. */
+struct dllm__attn_work_shape {
+    int br = 0;                     // the query tile rows the list was made for (the launched kernel's arch.fa_br)
+    int n_attn = 0, n_combine = 0;  // flash_attn's int4 items, then attn_combine's int2 items
+};
+/* [KV quant] [batch] One sequence's attention over its committed codes in bd_forward_batch (what kvq_attention takes
+ * for it alone): its query rows, keys, committed rows, block-causal mask and first query's sequence index. */
+struct dllm__kvq_batch_seq {
+    int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
+};
+/* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
+ * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+struct dllm__kvq_batch_chunk {
+    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t partial = 0;
+};
+/* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a
+ * chunk) [first, first + count) of the work's, its grid (the most splits of its chunks, kv heads, count x q_tiles) and
+ * dynamic shared memory. */
+struct dllm__kvq_batch_group {
+    int warps = 0, q_tiles = 0, max_splits = 0, first = 0, count = 0;
+    size_t smem = 0;
+};
+/* [KV quant] [batch] One layer's attention over every sequence's codes, the same for every layer
+ * (dllm__kvq_batch_work_of): the chunks; the kvq_flash_batch items (a chunk each), by group (the CTA shapes in the
+ * order the chunks first take them), in a group in chunk order; then the (chunk, row) items of kvq_flash_combine or
+ * kvq_attention; the groups, and the split states' floats. */
+struct dllm__kvq_batch_work {
+    bool tc = false;
+    std::vector<dllm__kvq_batch_chunk> chunks;
+    std::vector<kvq_item> items;
+    std::vector<dllm__kvq_batch_group> groups;
+    int n_flash = 0;
+    size_t partial_floats = 0;
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -16811,6 +17051,10 @@ struct dllm__gpu_batch {
     // solo step splits them: dllm__attn_entry_splits), the most shares, and the states
     dllm__dbuf attn_splits, attn_partial;
     int max_splits = 1;
+    // the varlen attention's work lists (dllm__attn_varlen_work): on the host (the graph key), on the device, the shape
+    std::vector<int32_t> work_items;
+    dllm__dbuf attn_work;
+    dllm__attn_work_shape work;
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -16829,6 +17073,11 @@ struct dllm__gpu_batch {
     std::vector<dllm__gpu_kvq_slot> kvq_slots;
     dllm__dbuf kvq_fresh;
     const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    // the layout's attention over every committed cache (kvq_batch_upload): its work, the kvq_args of each
+    // (layer, chunk) [layer][chunk] (on the host as uploaded), the items, the split states
+    dllm__kvq_batch_work kvq_work;
+    std::vector<kvq_args> kvq_args_host;
+    dllm__dbuf kvq_chunks, kvq_items, kvq_partial;
     int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
@@ -17222,6 +17471,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
+    bool varlen_short(int batch, int max_rows) const;
+    dllm_status upload_varlen_work(const std::vector<int32_t> &q_offsets, const std::vector<int32_t> &splits,
+                                   int max_rows);
     dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
@@ -17327,6 +17579,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
     dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
     dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status kvq_batch_upload(const dllm__varlen_layout &v);
+    kvq_args kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int n_keys,
+                                int n_committed, int mask_block, int pos0) const;
     dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
     std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
@@ -17376,24 +17631,51 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
     return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
-/* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
- * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
+/* The lists for entries [q_offsets[e], q_offsets[e + 1]) with shares splits[2e] (empty: 1 each) and tiles of br rows,
+ * into items: flash_attn's (tile, entry, share, 0), then attn_combine's (entry, row). */
+static dllm__attn_work_shape dllm__attn_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                    const std::vector<int32_t> &splits, int br,
+                                                    std::vector<int32_t> &items) {
+    dllm__attn_work_shape w;
+    w.br = br;
+    items.clear();
+    const int entries = (int)q_offsets.size() - 1;
+    auto shares = [&](int e) { return splits.empty() ? 1 : splits[2 * (size_t)e]; };
+    for (int e = 0; e < entries; e++) {
+        const int tiles = (q_offsets[(size_t)e + 1] - q_offsets[(size_t)e] + br - 1) / br;
+        for (int s = 0; s < shares(e); s++)
+            for (int t = 0; t < tiles; t++) items.insert(items.end(), {t, e, s, 0}), w.n_attn++;
+    }
+    for (int e = 0; e < entries; e++) {
+        if (shares(e) < 2) continue;
+        for (int r = q_offsets[(size_t)e]; r < q_offsets[(size_t)e + 1]; r++)
+            items.insert(items.end(), {e, r - q_offsets[(size_t)e]}), w.n_combine++;
+    }
+    return w;
+}
+
+/* The varlen flash_attn over `batch` entries (a.q_offsets, a.kv_offsets): one CTA per head and item of the work list
+ * a.varlen_work (dllm__attn_varlen_work, shape w, made for arch's tiles); each entry computed as its own launch would
+ * (varlen_sequence). */
 static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
                                             const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch,
-                                            int hd, int heads, int batch, int max_q_rows, const attn_args &a,
-                                            cudaStream_t s) {
+                                            int hd, int heads, int batch, const dllm__attn_work_shape &w,
+                                            const attn_args &a, cudaStream_t s) {
     if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
-        (int64_t)batch * a.kv_splits > 65535)
+        (w.n_attn && !a.varlen_work) || (w.n_combine && !a.varlen_splits) || w.br != arch.fa_br || heads > 65535)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s (none, -, -, none "
-            "expected)",
-            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none");
-    if (batch == 0 || max_q_rows == 0) return DLLM_OK;
-    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s, a work list of %d + %d "
+            "items %s for tiles of %d rows (none, -, -, none, -, set, %d expected)",
+            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none", w.n_attn,
+            w.n_combine, a.varlen_work ? "set" : "none", w.br, arch.fa_br);
+    if (w.n_attn == 0) return DLLM_OK;
+    const dim3 grid((unsigned)w.n_attn, (unsigned)heads);
     DLLM__TRY(k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
-    if (a.kv_splits == 1) return DLLM_OK;
-    return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
+    if (w.n_combine == 0) return DLLM_OK;
+    attn_args c = a;
+    c.varlen_work = a.varlen_work + 4 * (size_t)w.n_attn;  // the combine's items follow flash_attn's
+    return combine.launch({dim3((unsigned)w.n_combine, (unsigned)heads), dim3((unsigned)hd)}, s, c);
 }
 
 dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) {
@@ -18558,14 +18840,36 @@ dllm_status dllm__gpu_backend::load_varlen() {
     return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
-/* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
- * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
+/* Whether the varlen attention of `batch` entries, the longest forwarding max_rows query rows, runs on the short tiles
+ * (dllm__attn_short_tiles: same bits): where dllm__attn_varlen_short says so. */
+bool dllm__gpu_backend::varlen_short(int batch, int max_rows) const {
+    return dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_,
+                                   smem_per_sm_);
+}
+
+/* The varlen attention of `batch` entries (a's offsets) over the work lists upload_varlen_work made for them. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const bool short_runs =
-        dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    const bool short_runs = varlen_short(batch, max_rows);
+    attn_args w = a;
+    w.varlen_work = batch_.attn_work.as<int>();
     return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn, batch_.combine,
                                     short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
-                                    model_.cfg.n_head, batch, max_rows, a, stream_);
+                                    model_.cfg.n_head, batch, batch_.work, w, stream_);
+}
+
+/* The work lists (dllm__attn_varlen_work) of the varlen attention over entries q_offsets with shares splits (empty: 1
+ * each) on the device, for the tiles varlen_attention will pick. Before prepare_batch's synchronisation: the copy is
+ * no launch a graph may capture ([batch graphs]), and the lists stay put until the next layout. */
+dllm_status dllm__gpu_backend::upload_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                  const std::vector<int32_t> &splits, int max_rows) {
+    const int batch = (int)q_offsets.size() - 1;
+    const int br = varlen_short(batch, max_rows) ? dllm__attn_short_tiles(arch_).fa_br : arch_.fa_br;
+    batch_.work = dllm__attn_varlen_work(q_offsets, splits, br, batch_.work_items);
+    if (batch_.work_items.empty()) return DLLM_OK;
+    DLLM__TRY(batch_.attn_work.fit(batch_.work_items.size() * 4, "the batch's attention work lists"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_work.ptr, batch_.work_items.data(), batch_.work_items.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
@@ -18580,6 +18884,8 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
+    if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
+    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -18618,24 +18924,26 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
- * sequence, the logit rows, whether a K/V cache and block-causal masks take part, the kind of each run of sequences
- * (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph update would not carry over) and the
- * most split-KV shares (the combine's launches). `baked` adds every launch argument the host computes from the layout
- * (all of it but the ids: the positions too, which [Llama-4 query scaling]'s launches take) and the device buffers
- * the launches point into. */
+ * sequence (with the sequences, the attention's tiles), the logit rows, whether a K/V cache and block-causal masks take
+ * part, the kind of each run of sequences (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph
+ * update would not carry over) and the most split-KV shares (the combine's launches). The attention's grids are as
+ * long as its work lists (dllm__attn_varlen_work), which may differ within a slot: a graph update carries them.
+ * `baked` adds every launch argument the host computes from the layout (all of it but the ids: the positions too,
+ * which [Llama-4 query scaling]'s launches take, and the work lists, which the attention's CTAs read) and the device
+ * buffers the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
-                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr);
+                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr, batch_.attn_work.ptr);
     id.baked.append(v.step.begin(), v.step.end());  // each sequence's GEMM kind (batch_.gemm_runs)
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
-                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
+                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks, &batch_.work_items}) {
         id.baked += dllm__format(" %zu:", a->size());
         id.baked.append((const char *)a->data(), a->size() * sizeof(int32_t));
     }
@@ -18775,7 +19083,7 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     return most;
 }
 
-/* The attention's offsets and shares and the rows' cache rows on the device (prepare_batch, before its
+/* The attention's offsets, shares and work lists and the rows' cache rows on the device (prepare_batch, before its
  * synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     std::vector<int32_t> splits;
@@ -18784,6 +19092,8 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
@@ -19476,7 +19786,9 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
  * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
 static std::string dllm__src_kvq_module() {
     return dllm__src_prelude() +
-           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
+           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
+               struct kvq_item{DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct kvq_batch_args{
+               DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
                DLLM__KERNEL_DECLARE) DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) +
            dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
            dllm__src_soloq_tables() +
@@ -19584,13 +19896,63 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
     return most;
 }
 
+/* [batch] The work of one layer's attention over the sequences' codes: one kvq_flash launch per CTA shape and one
+ * combine under kvq_tc, or one kvq_attention launch. Each sequence's chunks and their CTAs are exactly those
+ * kvq_attention launches for it alone (tc: kvq_flash's plan of each chunk of at most dllm__kvq_tc_chunk_rows rows, from
+ * the sequence's own rows and keys; else kvq_attention's (row, head) warps), so each row's arithmetic, its splits and
+ * their merge are those of the sequence alone. */
+static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv, int n_sink, int n_sms,
+                                           int smem_optin, const std::vector<dllm__kvq_batch_seq> &seqs,
+                                           dllm__kvq_batch_work &w) {
+    w = dllm__kvq_batch_work();
+    w.tc = tc;
+    for (size_t s = 0; s < seqs.size(); s++) {
+        const dllm__kvq_batch_seq &q = seqs[s];
+        const int step = tc ? dllm__kvq_tc_chunk_rows : std::max(q.T, 1);
+        for (int r0 = 0; r0 < q.T; r0 += step) {
+            dllm__kvq_batch_chunk c;
+            c.seq = (int)s, c.r0 = r0, c.rows = std::min(step, q.T - r0);
+            if (tc) {
+                dllm__kvq_tc_plan p;
+                DLLM__TRY(dllm__kvq_tc_plan_for(hd, n_head, n_kv, c.rows, q.n_keys, q.n_committed, n_sink, n_sms,
+                                                smem_optin, p));
+                c.warps = p.warps, c.q_tiles = p.q_tiles, c.split_keys = p.split_keys, c.n_splits = p.n_splits;
+                c.partial = w.partial_floats;
+                w.partial_floats += dllm__kvq_tc_partial_bytes(p, n_head, c.rows, hd) / 4;
+            }
+            w.chunks.push_back(c);
+        }
+    }
+    for (size_t c = 0; tc && c < w.chunks.size(); c++) {  // the CTA shapes, in the order the chunks first take them
+        bool seen = false;
+        for (const dllm__kvq_batch_group &g : w.groups)
+            seen = seen || (g.warps == w.chunks[c].warps && g.q_tiles == w.chunks[c].q_tiles);
+        if (seen) continue;
+        dllm__kvq_batch_group g;
+        g.warps = w.chunks[c].warps, g.q_tiles = w.chunks[c].q_tiles, g.first = (int)w.items.size();
+        g.smem = dllm__kvq_tc_smem(hd, g.warps);
+        for (size_t d = c; d < w.chunks.size(); d++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[d];
+            if (ch.warps != g.warps || ch.q_tiles != g.q_tiles) continue;
+            w.items.push_back({(int)d, 0});
+            g.max_splits = std::max(g.max_splits, ch.n_splits);
+        }
+        g.count = (int)w.items.size() - g.first;
+        w.groups.push_back(g);
+    }
+    w.n_flash = (int)w.items.size();
+    for (size_t c = 0; c < w.chunks.size(); c++)
+        for (int i = 0; i < w.chunks[c].rows; i++) w.items.push_back({(int)c, i});
+    return DLLM_OK;
+}
+
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
     dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(
-        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    for (cudaKernel_t fn : {k.kvq_flash.fn, k.kvq_flash_batch.fn})
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -19719,6 +20081,19 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
     return DLLM_OK;
 }
 
+/* kvq_layer_args with the attention's: query rows q (outputs o; strides the forward's), n_keys keys of which
+ * n_committed committed, the mask, the first query at sequence index pos0 (kvq_attention, kvq_batch_upload). */
+kvq_args dllm__gpu_backend::kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
+                                               int n_keys, int n_committed, int mask_block, int pos0) const {
+    const dllm__config &c = model_.cfg;
+    kvq_args a = kvq_layer_args(at, layer);
+    a.q = q, a.o = o;
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
+    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
+    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    return a;
+}
+
 /* T query rows (q, their outputs o; strides the forward's) attending block-causally to the cache `at`'s n_committed
  * rows (quantised ones read from their codes) ++ at.fresh's rows, n_keys in all, the first query at sequence index
  * pos0: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
@@ -19727,11 +20102,7 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
 dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
                                              int T, int n_keys, int n_committed, int mask_block, int pos0) {
     const dllm__config &c = model_.cfg;
-    kvq_args a = kvq_layer_args(at, layer);
-    a.q = q, a.o = o;
-    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
-    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    const kvq_args a = kvq_attention_args(at, layer, q, o, n_keys, n_committed, mask_block, pos0);
     if (!kv_codes_.flash_on)
         return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < T; r0 += dllm__kvq_tc_chunk_rows) {
@@ -19755,12 +20126,17 @@ dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t l
 // pairs, V side and the sinks' bf16 rows for the slot's rows (dllm__gpu_kvq_slot), and its block cache; no bf16
 // committed rows (batch_.kv stays empty). The forward is bd_forward_batch's: every GEMM once over all rows
 // (DLLM__ROWS_BATCH), embedding, norms, RoPE at each row's position row by row. Only the attention differs: one layer's
-// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then each sequence in
-// turn attends over ITS OWN cache with the launches bd_attention makes for it alone (kvq_attention over its codes ++
-// its fresh rows, or flash_attn over its fresh rows while it has nothing committed), each launch's shape a function of
-// that sequence's rows and keys only, and a COMMIT quantises its rows into its own codes (kvq_commit) right after its
-// attention. So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch of one
-// included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's header says why).
+// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then ONE launch (kvq_flash
+// and its combine under kvq_tc, one kvq_flash launch per CTA shape where chunks differ in it, else kvq_attention)
+// attends every sequence over ITS OWN cache (its codes ++ its fresh rows): a work table built on the host
+// (dllm__kvq_batch_work_of, uploaded by kvq_batch_upload) lists, per sequence, the CTAs of the launches kvq_attention
+// makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
+// sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
+// same table: kvq_flash_batch would spill there). A sequence
+// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
+// is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
+// header says why).
 
 /* The slots of rows[s] rows (what kvq_begin(rows[s]) allocates), each empty unless keep[s]; a free slot's buffers are
  * reused, grown where a new sequence needs more. The module, the rotations, kvq_flash's split states and flash_attn's
@@ -19827,10 +20203,68 @@ dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq>
     return batch_.kvq_fresh.fit((size_t)rows * row_bytes, "the forwarded K/V rows beside the quantised caches");
 }
 
+/* The attention's work tables on the device (prepare_batch, after the buffers are fitted; none may be captured): the
+ * work over the sequences with committed rows (dllm__kvq_batch_work_of), the kvq_args of each (layer, chunk) as
+ * kvq_attention would build them for the sequence alone, the items, and the split states sized for all chunks. */
+dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    std::vector<dllm__kvq_batch_seq> att;
+    std::vector<size_t> seq_of;  // att[j] is seqs[seq_of[j]]
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n == 0) continue;  // nothing committed: flash_attn (self_attention_varlen_kvq)
+        dllm__kvq_batch_seq q;
+        q.T = call.T, q.n_keys = s.n + (call.kind == DLLM__BD_SUB_BLOCK ? s.block : call.T), q.n_committed = s.n,
+        q.mask_block = call.mask_block, q.pos0 = s.n + call.offset;
+        att.push_back(q), seq_of.push_back(i);
+    }
+    dllm__kvq_batch_work &w = batch_.kvq_work;
+    DLLM__TRY(dllm__kvq_batch_work_of(kv_codes_.flash_on, hd, c.n_head, c.n_head_kv, kvq_.n_sink, n_sms_,
+                                      kv_codes_.flash.smem_optin, att, w));
+    if (w.chunks.empty()) return DLLM_OK;
+    if (w.tc) DLLM__TRY(batch_.kvq_partial.fit(w.partial_floats * 4, "the batch's KV-quant attention split states"));
+    std::vector<kvq_args> &tab = batch_.kvq_args_host;
+    tab.assign((size_t)kvq_.n_layer * w.chunks.size(), kvq_args());
+    for (size_t layer = 0; layer < (size_t)kvq_.n_layer; layer++)
+        for (size_t ci = 0; ci < w.chunks.size(); ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const dllm__kvq_batch_seq &q = att[(size_t)ch.seq];
+            const size_t i = seq_of[(size_t)ch.seq];
+            const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+            const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+            const size_t row0 = (size_t)v.offsets[i] + ch.r0;
+            const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+            if (seqs[i].call.kind == DLLM__BD_SUB_BLOCK)  // the block cache, this layer's (self_attention_varlen_kvq)
+                keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+            kvq_args a = kvq_attention_args(k.codes(keys), layer, act_.qkv.as<bf16_t>() + row0 * qkv,
+                                            act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
+                                            q.mask_block, q.pos0 + ch.r0);
+            if (w.tc)  // kvq_attention's chunk, dllm__kvq_tc_launch's split size and states
+                a.q_rows = ch.rows, a.split_keys = ch.split_keys,
+                a.partial = batch_.kvq_partial.as<float>() + ch.partial;
+            tab[layer * w.chunks.size() + ci] = a;
+        }
+    DLLM__TRY(batch_.kvq_chunks.fit(tab.size() * sizeof(kvq_args), "the batch's KV-quant attention arguments"));
+    DLLM__TRY(batch_.kvq_items.fit(w.items.size() * sizeof(kvq_item), "the batch's KV-quant attention items"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_chunks.ptr, tab.data(), tab.size() * sizeof(kvq_args),
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_items.ptr, w.items.data(), w.items.size() * sizeof(kvq_item),
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
 /* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
- * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh, then sequence by sequence bd_attention's attention
- * over its own slot (a BLOCK_FULL's rows kept as its block cache, a SUB_BLOCK's written into it at its offset and
- * read from there), and a COMMIT's rows quantised into its codes. */
+ * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh; each sequence's block cache kept (a BLOCK_FULL's
+ * rows) or written at its offset (a SUB_BLOCK's, read from there); then ONE attention over every sequence's own
+ * committed codes (kvq_flash_batch, one launch per CTA shape, and its combine under kvq_tc, else
+ * kvq_attention_batch: kvq_batch_upload's tables, each CTA a CTA of the sequence's own launch), and each COMMIT's rows
+ * quantised into its codes. A sequence
+ * with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a launch of its
+ * own: another kernel, whose bits the batched attention could not give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
@@ -19845,16 +20279,11 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
     DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
                                          act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
                                          batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
-    mark("kv cache");
     for (size_t i = 0; i < seqs.size(); i++) {
         const dllm__bd_call &call = seqs[i].call;
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const int row0 = v.offsets[i], pos0 = s.n + call.offset;
-        const bf16_t *q = act_.qkv.as<bf16_t>() + (size_t)row0 * qkv;
-        bf16_t *o = act_.att.as<bf16_t>() + (size_t)row0 * c.n_head * hd;
-        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)row0 * row_bytes, *keys = fresh;
-        int n_keys = s.n + call.T;
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
         if (call.kind == DLLM__BD_BLOCK_FULL) {
             char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -19862,26 +20291,70 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
             char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
                                        cudaMemcpyDeviceToDevice, stream_));
-            keys = block, n_keys = s.n + s.block;
         }
-        if (s.n > 0) {
-            DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
-        } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
-            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
-                                        bd_attn_args(call, q, keys, o, n_keys, pos0), stream_));
+    }
+    mark("kv cache");
+    for (size_t i = 0; i < seqs.size(); i++) {  // nothing committed: bd_attention's flash_attn over its fresh rows
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n > 0) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        int n_keys = call.T;
+        if (call.kind == DLLM__BD_SUB_BLOCK)
+            keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes, n_keys = s.block;
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
+                                    bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
+                                                 act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
+                                                 s.n + call.offset),
+                                    stream_));
+    }
+    const dllm__kvq_batch_work &w = batch_.kvq_work;
+    const size_t n_chunks = w.chunks.size();
+    const kvq_args *chunks = batch_.kvq_chunks.as<kvq_args>() + layer * n_chunks;
+    const kvq_item *items = batch_.kvq_items.as<kvq_item>();
+    const kvq_batch_args rows = {chunks, items + w.n_flash, 0};
+    const dim3 row_grid((unsigned)(w.items.size() - (size_t)w.n_flash), (unsigned)c.n_head);
+    if (n_chunks && !w.tc) {
+        DLLM__TRY(kv_codes_.kernels.kvq_attention_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else if (n_chunks && arch_.cc >= 90) {
+        for (const dllm__kvq_batch_group &g : w.groups) {
+            const kvq_batch_args flash = {chunks, items + g.first, g.q_tiles};
+            const dim3 grid((unsigned)g.max_splits, (unsigned)c.n_head_kv, (unsigned)(g.count * g.q_tiles));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_batch.launch({grid, dim3((unsigned)g.warps * 32), g.smem}, stream_,
+                                                             flash));
         }
-        if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
+        DLLM__TRY(kv_codes_.flash.kvq_flash_combine_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
+        for (size_t ci = 0; ci < n_chunks; ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const kvq_args &a = batch_.kvq_args_host[layer * n_chunks + ci];
+            const dim3 grid((unsigned)ch.n_splits, (unsigned)c.n_head_kv, (unsigned)ch.q_tiles);
+            DLLM__TRY(kv_codes_.flash.kvq_flash.launch(
+                {grid, dim3((unsigned)ch.warps * 32), dllm__kvq_tc_smem(hd, ch.warps)}, stream_, a));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_combine.launch({dim3((unsigned)ch.rows, (unsigned)c.n_head), dim3(32)},
+                                                               stream_, a));
+        }
+    }
+    for (size_t i = 0; i < seqs.size(); i++) {
+        if (seqs[i].call.kind != DLLM__BD_COMMIT) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        DLLM__TRY(kvq_commit(k.codes(fresh), layer, batch_.bd_slots[(size_t)seqs[i].slot].n, seqs[i].call.T));
     }
     mark("attention");
     return DLLM_OK;
 }
 
 /* [batch graphs] What a captured forward under kv_quant bakes in beyond the layout (varlen_graph_id): each sequence's
- * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes) and its slot's buffers, the
- * shared buffers, and whether kvq_flash runs. */
+ * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes, and so the work tables'
+ * contents, which kvq_batch_upload writes before every forward) and its slot's buffers, the shared buffers (the work
+ * tables' among them), and whether kvq_flash runs. */
 std::string dllm__gpu_backend::kvq_batch_graph_key() const {
-    std::string key = dllm__format(" kvq f%d %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
-                                   kv_codes_.flash_partial.ptr, committed_.partial.ptr);
+    std::string key =
+        dllm__format(" kvq f%d %p %p %p %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
+                     kv_codes_.flash_partial.ptr, committed_.partial.ptr, batch_.kvq_chunks.ptr, batch_.kvq_items.ptr,
+                     batch_.kvq_partial.ptr);
     for (const dllm__bd_seq &q : *batch_.kvq_seqs) {
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];

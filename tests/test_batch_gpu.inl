@@ -161,6 +161,17 @@ static attn_args test_fused_attn_args(const dllm__dbuf &qkv, const dllm__dbuf &o
     return a;
 }
 
+/* The work lists of a varlen attention over entries q_offsets (shares splits, empty: 1 each) on `tiles` on the device
+ * (dw), pointed to by a.varlen_work; their shape, for dllm__attn_varlen_launch. */
+static dllm__attn_work_shape test_varlen_work(dllm__dbuf &dw, attn_args &a, const std::vector<int32_t> &q_offsets,
+                                              const std::vector<int32_t> &splits, const dllm__arch &tiles) {
+    std::vector<int32_t> items;
+    const dllm__attn_work_shape w = dllm__attn_varlen_work(q_offsets, splits, tiles.fa_br, items);
+    test_put(dw, items);
+    a.varlen_work = dw.as<int>();
+    return w;
+}
+
 /* Sequences of the given lengths concatenated in `order`, fused Q|K|V rows ([T][H + 2 KV][hd]): the varlen flash_attn's
  * output rows of each sequence (by sequence, whatever the order), the output poisoned first. */
 static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state &T_, const test_gpu &g,
@@ -178,14 +189,15 @@ static std::vector<std::vector<uint16_t>> test_varlen_attention(dllm_test_state 
         max_rows = std::max(max_rows, n);
     }
     const int T = offsets.back();
-    dllm__dbuf dq, doff, dout;
+    dllm__dbuf dq, doff, dout, dwork;
     test_put(dq, rows);
     test_put(doff, offsets);
     test_poison(dout, (size_t)T * H * hd * 2);
     attn_args a = test_fused_attn_args(dq, dout, H, KV, hd, max_rows);
     a.q_offsets = a.kv_offsets = doff.as<int>();
+    const dllm__attn_work_shape w = test_varlen_work(dwork, a, offsets, {}, g.arch);
     CHECK_STATUS(
-        dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), g.arch, hd, H, (int)order.size(), max_rows, a, 0),
+        dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), g.arch, hd, H, (int)order.size(), w, a, 0),
         DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)T * H * hd);
@@ -380,6 +392,66 @@ TEST(batch, varlen_short_tiles_only_where_the_table_needs_a_second_wave) {
             }
             CHECK_MSG(first > 1, "sm_%d hd %d: the short tiles even at batch 1", sm, hd);
         }
+}
+
+/* The CTAs of the dense grids the varlen attention launched before its work lists, in the order the grids numbered
+ * them, that did not return at once: flash_attn's grid of ceil(longest / br) query tiles by entries x most shares,
+ * whose CTA (x, z) worked on tile x of entry z / most, share z % most, where the tile holds query rows and the entry
+ * has that share (varlen_sequence's test then); attn_combine's grid of longest rows by entries, launched where some
+ * entry splits, whose CTA (x, z) worked where entry z has row x and more than one share. */
+static std::vector<int32_t> test_dense_varlen_ctas(const std::vector<int32_t> &q_offsets,
+                                                   const std::vector<int32_t> &splits, int br) {
+    const int entries = (int)q_offsets.size() - 1;
+    auto rows = [&](int e) { return q_offsets[(size_t)e + 1] - q_offsets[(size_t)e]; };
+    auto shares = [&](int e) { return splits.empty() ? 1 : splits[2 * (size_t)e]; };
+    int longest = 0, most = 1;
+    for (int e = 0; e < entries; e++) longest = std::max(longest, rows(e)), most = std::max(most, shares(e));
+    std::vector<int32_t> ctas;
+    for (int z = 0; z < entries * most; z++) {
+        const int e = z / most, split = z % most;
+        for (int x = 0; x < (longest + br - 1) / br; x++)
+            if (x * br < rows(e) && split < shares(e)) ctas.insert(ctas.end(), {x, e, split, 0});
+    }
+    for (int z = 0; most > 1 && z < entries; z++)
+        for (int x = 0; x < longest; x++)
+            if (x < rows(z) && shares(z) >= 2) ctas.insert(ctas.end(), {z, x});
+    return ctas;
+}
+
+/* On random layouts of awkward sizes (one row, a tile and one row either side, bridges without a query row, entries
+ * with and without split-KV shares), the work lists are exactly the dense grids' working CTAs, each once, in their
+ * order: each CTA computes what it did, so the lists change no bit (gpu_batch and gpu_bd_batch compare the bits). */
+TEST(batch, varlen_work_lists_hold_the_dense_grids_working_ctas) {
+    test_rng r("varlen work lists");
+    const int sizes[] = {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 1024};
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + (int)(r.next() % 9), br = 32 << (r.next() % 3);
+        const bool split = r.next() % 3 != 0;
+        std::vector<int32_t> q_offsets = {0}, splits;
+        for (int i = 0; i < n; i++) {
+            if (i > 0) q_offsets.push_back(q_offsets.back()), splits.insert(splits.end(), {1, 7});  // a bridge
+            const int rows = r.next() % 4 ? sizes[r.next() % 16] : 1 + (int)(r.next() % 300);
+            q_offsets.push_back(q_offsets.back() + rows);
+            splits.insert(splits.end(), {1 + (int)(r.next() % 8), (int)(r.next() % 1000)});
+        }
+        if (!split) splits.clear();
+        std::vector<int32_t> items;
+        const dllm__attn_work_shape w = dllm__attn_varlen_work(q_offsets, splits, br, items);
+        const std::vector<int32_t> dense = test_dense_varlen_ctas(q_offsets, splits, br);
+        CHECK_MSG(items == dense && w.br == br && (size_t)w.n_attn * 4 + (size_t)w.n_combine * 2 == items.size(),
+                  "trial %d (%d sequences, tiles of %d rows, %s): %zu ints of work against the dense grids' %zu", trial,
+                  n, br, split ? "split" : "unsplit", items.size(), dense.size());
+    }
+    // the H100's mixed step: 2 fills of 1024 rows (1 share) and 14 steps of 32 rows (8 shares), 31 entries: the grid of
+    // 8 x 248 CTAs a head is down to the 16 + 112 that work, the combine's 1024 x 31 to the steps' 448 rows
+    std::vector<int32_t> q_offsets = {0}, splits, items;
+    for (int i = 0; i < 16; i++) {
+        if (i > 0) q_offsets.push_back(q_offsets.back()), splits.insert(splits.end(), {1, 0});
+        q_offsets.push_back(q_offsets.back() + (i < 2 ? 1024 : 32));
+        splits.insert(splits.end(), {i < 2 ? 1 : 8, 0});
+    }
+    const dllm__attn_work_shape w = dllm__attn_varlen_work(q_offsets, splits, 128, items);
+    CHECK(w.n_attn == 128 && w.n_combine == 448 && items == test_dense_varlen_ctas(q_offsets, splits, 128));
 }
 
 TEST(gpu_batch, forward_batch_equals_each_sequence_alone_bit_for_bit) {

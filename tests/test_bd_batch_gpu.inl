@@ -228,15 +228,18 @@ TEST(gpu_bd_batch, masked_varlen_attention_equals_each_sequence_alone) {
         b.group = H / KV;
         b.scale_log2 = 1.4426950408889634f / sqrtf((float)hd), b.kv_splits = 1;
         b.q_offsets = dqo.as<int>(), b.kv_offsets = dkvo.as<int>(), b.varlen_masks = dm.as<int>();
+        dllm__dbuf dwork, dwork_short;
+        const dllm__attn_work_shape w = test_varlen_work(dwork, b, q_off, {}, ga.arch);
         CHECK_STATUS(dllm__attn_varlen_launch(k, dllm__kernel<void(attn_args)>(), ga.arch, hd, H, (int)q_off.size() - 1,
-                                          max_rows, b, 0),
-                 DLLM_OK, nullptr);
+                                              w, b, 0),
+                     DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         const std::vector<uint16_t> out = test_get<uint16_t>(dout, (size_t)rows * H * hd);
         test_poison(dout, (size_t)rows * H * hd * 2);
+        const dllm__attn_work_shape w_short = test_varlen_work(dwork_short, b, q_off, {}, short_tiles);
         CHECK_STATUS(dllm__attn_varlen_launch(k_short, dllm__kernel<void(attn_args)>(), short_tiles, hd, H,
-                                          (int)q_off.size() - 1, max_rows, b, 0),
-                 DLLM_OK, nullptr);
+                                              (int)q_off.size() - 1, w_short, b, 0),
+                     DLLM_OK, nullptr);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CHECK_MSG(test_get<uint16_t>(dout, (size_t)rows * H * hd) == out,
                   "hd %d: the short runs' tiles changed the masked varlen attention's bits", hd);

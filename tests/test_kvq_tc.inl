@@ -106,6 +106,126 @@ TEST(kv_quant, tc_splits_partition_the_keys) {
     CHECK(bad == 0);
 }
 
+/* [batch] The batched attention's work (dllm__kvq_batch_work_of) over random layouts: each sequence's chunks and their
+ * plans are those kvq_attention launches for it alone (dllm__kvq_tc_plan_for of each chunk of at most
+ * dllm__kvq_tc_chunk_rows rows), the sequences in order; the kvq_flash_batch launches (one per CTA shape, grid (the
+ * most splits, kv heads, chunks x row tiles), a split past its chunk's returning at once) run every CTA of every
+ * chunk's own grid (split, kv head, row tile) exactly once, with that grid's warps and shared memory, the chunks in a
+ * fixed order (by CTA shape as the chunks first take them, then chunk); the same sequence alone gets the same chunks;
+ * the split states of the chunks are disjoint and fill the total; the (chunk, row) items list every query row once.
+ * Without kvq_tc: one chunk of all rows a sequence, no kvq_flash items. */
+TEST(kv_quant, tc_batch_work_is_each_sequence_alone) {
+    test_rng rng("kv_quant.tc_batch_work_is_each_sequence_alone");
+    struct shape {
+        int hd, n_head, n_kv;
+    };
+    const shape shapes[] = {{128, 28, 4}, {64, 32, 8}, {256, 16, 16}, {128, 12, 2}};
+    const int sms[] = {132, 78, 20, 1}, masks[] = {0, 8, 32};
+    int bad = 0, layouts = 0;
+    size_t ctas = 0;
+    for (int it = 0; it < 400; it++) {
+        const shape &sh = shapes[rng.below(4)];
+        const int n_sms = sms[rng.below(4)], n_sink = rng.below(5), smem_optin = 232448;
+        const bool tc = rng.below(5) != 0;
+        std::vector<dllm__kvq_batch_seq> seqs(1 + rng.below(9));
+        for (dllm__kvq_batch_seq &q : seqs) {
+            q.T = 1 + (rng.below(4) ? rng.below(40) : rng.below(400));
+            q.n_committed = 1 + (rng.below(3) ? rng.below(2000) : rng.below(40000));
+            q.n_keys = q.n_committed + q.T + (rng.below(3) ? 0 : rng.below(64));
+            q.mask_block = masks[rng.below(3)], q.pos0 = q.n_committed + rng.below(32);
+        }
+        dllm__kvq_batch_work w;
+        if (dllm__kvq_batch_work_of(tc, sh.hd, sh.n_head, sh.n_kv, n_sink, n_sms, smem_optin, seqs, w) != DLLM_OK) {
+            bad++;
+            continue;
+        }
+        layouts++;
+        // Each sequence's own chunks and plans, in order.
+        std::vector<dllm__kvq_tc_plan> plans;
+        std::vector<kvq_item> rows;
+        size_t chunk = 0, partial = 0;
+        for (size_t s = 0; s < seqs.size(); s++) {
+            const dllm__kvq_batch_seq &q = seqs[s];
+            const int step = tc ? dllm__kvq_tc_chunk_rows : q.T;
+            for (int r0 = 0; r0 < q.T; r0 += step, chunk++) {
+                const int n = std::min(step, q.T - r0);
+                dllm__kvq_tc_plan p;
+                if (chunk >= w.chunks.size() ||
+                    (tc && dllm__kvq_tc_plan_for(sh.hd, sh.n_head, sh.n_kv, n, q.n_keys, q.n_committed, n_sink, n_sms,
+                                                 smem_optin, p) != DLLM_OK)) {
+                    bad++;
+                    break;
+                }
+                const dllm__kvq_batch_chunk &c = w.chunks[chunk];
+                bad += c.seq != (int)s || c.r0 != r0 || c.rows != n;
+                for (int i = 0; i < n; i++) rows.push_back({(int)chunk, i});
+                plans.push_back(p);
+                if (!tc) continue;
+                bad += c.warps != p.warps || c.q_tiles != p.q_tiles || c.split_keys != p.split_keys ||
+                       c.n_splits != p.n_splits || c.partial != partial;
+                partial += dllm__kvq_tc_partial_bytes(p, sh.n_head, n, sh.hd) / 4;
+            }
+        }
+        bad += chunk != w.chunks.size() || w.partial_floats != partial || (!tc && (w.n_flash || !w.groups.empty()));
+        bad += w.items.size() != (size_t)w.n_flash + rows.size();
+        for (size_t i = 0; i < rows.size() && w.n_flash + i < w.items.size(); i++)
+            bad += memcmp(&rows[i], &w.items[w.n_flash + i], sizeof(kvq_item)) != 0;
+        // The fixed order of the chunks' items: by CTA shape (as the chunks first take them), then chunk.
+        std::vector<int> order;
+        for (size_t c = 0; tc && c < w.chunks.size(); c++) {
+            bool first = true;
+            for (size_t d = 0; d < c; d++)
+                first = first && (plans[d].warps != plans[c].warps || plans[d].q_tiles != plans[c].q_tiles);
+            if (!first) continue;
+            for (size_t d = c; d < w.chunks.size(); d++)
+                if (plans[d].warps == plans[c].warps && plans[d].q_tiles == plans[c].q_tiles) order.push_back((int)d);
+        }
+        bad += order.size() != (size_t)w.n_flash;
+        for (size_t i = 0; i < order.size() && i < (size_t)w.n_flash; i++) bad += w.items[i].chunk != order[i];
+        // The launches' CTAs: every CTA of every chunk's own grid once, with its grid's block and shared memory.
+        std::vector<std::vector<int>> seen(w.chunks.size());
+        for (size_t c = 0; c < w.chunks.size(); c++)
+            seen[c].assign(tc ? (size_t)plans[c].n_splits * sh.n_kv * plans[c].q_tiles : 0, 0);
+        int next = 0;
+        for (const dllm__kvq_batch_group &g : w.groups) {
+            bad += g.first != next || g.count <= 0 || g.smem != dllm__kvq_tc_smem(sh.hd, g.warps);
+            next = g.first + g.count;
+            int most = 0;
+            for (int z = 0; z < g.count * g.q_tiles && g.first + z / g.q_tiles < w.n_flash; z++) {
+                const int c = w.items[(size_t)(g.first + z / g.q_tiles)].chunk;
+                const dllm__kvq_tc_plan &p = plans[(size_t)c];
+                bad += p.warps != g.warps || p.q_tiles != g.q_tiles;
+                most = std::max(most, p.n_splits);
+                for (int y = 0; y < sh.n_kv; y++)
+                    for (int x = 0; x < g.max_splits && x < p.n_splits; x++, ctas++)
+                        seen[(size_t)c][((size_t)(z % g.q_tiles) * sh.n_kv + y) * p.n_splits + x]++;
+            }
+            bad += g.max_splits != most;
+        }
+        bad += next != w.n_flash;
+        for (const std::vector<int> &v : seen)
+            for (int n : v) bad += n != 1;
+        // The same sequence alone: the same chunks and items (chunk indices and split-state offsets its own).
+        const size_t s = (size_t)rng.below((int)seqs.size());
+        dllm__kvq_batch_work alone;
+        if (dllm__kvq_batch_work_of(tc, sh.hd, sh.n_head, sh.n_kv, n_sink, n_sms, smem_optin, {seqs[s]}, alone) !=
+            DLLM_OK) {
+            bad++;
+            continue;
+        }
+        size_t first = 0;
+        while (first < w.chunks.size() && w.chunks[first].seq != (int)s) first++;
+        for (size_t c = 0; c < alone.chunks.size(); c++) {
+            const dllm__kvq_batch_chunk &x = alone.chunks[c], &y = w.chunks[first + c];
+            bad += x.r0 != y.r0 || x.rows != y.rows || x.warps != y.warps || x.q_tiles != y.q_tiles ||
+                   x.split_keys != y.split_keys || x.n_splits != y.n_splits ||
+                   x.partial != y.partial - w.chunks[first].partial;
+        }
+    }
+    printf("    %d random layouts, %zu kvq_flash CTAs, %d bad\n", layouts, ctas, bad);
+    CHECK(bad == 0);
+}
+
 /* The twin (bf16 keys, values and probabilities, per-split online softmax, SoloQ rotated back at the merge) against the
  * fp32 reference over 9c's decoded cache, every case and mode: they must agree to bf16 rounding. */
 TEST(kv_quant, tc_twin_matches_fp32_reference) {
@@ -150,12 +270,14 @@ TEST(jit, kv_quant_tc_module_compiles) {
         std::vector<std::string> lowered;
         std::string log;
         CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        CHECK(lowered.size() == 2 && cubin.size() > 1000);
-        // The module holds the kvq module's kernels too: ptxas's lines for kvq_flash and its combine alone.
-        std::string lines[2];
-        for (int i = 0; i < 2; i++) {
-            const std::string head =
-                std::string("Function properties for ") + (i ? "kvq_flash_combine" : "kvq_flash") + "\n";
+        CHECK(lowered.size() == 4 && cubin.size() > 1000);
+        // The module holds the kvq module's kernels too: ptxas's lines for kvq_flash, its combine and their batched
+        // launches alone.
+        static const char *const names[4] = {"kvq_flash", "kvq_flash_combine", "kvq_flash_batch",
+                                              "kvq_flash_combine_batch"};
+        std::string lines[4];
+        for (int i = 0; i < 4; i++) {
+            const std::string head = std::string("Function properties for ") + names[i] + "\n";
             const size_t at = log.find(head);
             const size_t end = at == std::string::npos ? at : log.find("Compile time", at);
             lines[i] = at == std::string::npos ? std::string() : log.substr(at + head.size(), end - at - head.size());
@@ -167,16 +289,19 @@ TEST(jit, kv_quant_tc_module_compiles) {
             CHECK_MSG(!dllm__log_reports(lines[i], "stack frame"), "%s has a stack frame on %s:\n%s", rq.name.c_str(),
                       a.target, lines[i].c_str());
         }
-        const size_t used = lines[0].find("Used");
-        const std::string line =
-            used == std::string::npos ? "(no ptxas line)" : lines[0].substr(used, lines[0].find('\n', used) - used);
+        auto used_line = [&](const std::string &l) {
+            const size_t used = l.find("Used");
+            return used == std::string::npos ? std::string("(no ptxas line)")
+                                             : l.substr(used, l.find('\n', used) - used);
+        };
+        const std::string line = used_line(lines[0]), batch_line = used_line(lines[2]);
         dllm__kvq_tc_plan p;
         CHECK_STATUS(dllm__kvq_tc_plan_for(b.hd, 28, 4, 32, 32800, 32768, 3, 132, b.cc >= 90 ? 232448 : 166912, p),
                      DLLM_OK, nullptr);
         printf(
-            "    %s on %s: kvq_flash %s; at 28/4 heads x 32 rows: %d warps, %zu bytes of dynamic shared memory, %d "
-            "splits of %d keys\n",
-            rq.name.c_str(), a.target, line.c_str(), p.warps, p.smem, p.n_splits, p.split_keys);
+            "    %s on %s: kvq_flash %s; kvq_flash_batch %s; at 28/4 heads x 32 rows: %d warps, %zu bytes of dynamic "
+            "shared memory, %d splits of %d keys\n",
+            rq.name.c_str(), a.target, line.c_str(), batch_line.c_str(), p.warps, p.smem, p.n_splits, p.split_keys);
     }
 }
 

@@ -714,7 +714,7 @@ static void bench_attention(bench_result &r, const dllm__arch &arch, int n_sms, 
         const bf16_t *q = qkv.as<bf16_t>() + (size_t)(n - q_rows) * stride;
         attn_args a = {q, qkv.as<bf16_t>() + (size_t)H * hd, qkv.as<bf16_t>() + (size_t)2 * H * hd, out.as<bf16_t>(), nullptr, n, q_rows, stride, stride,
                        H * hd, 1, (uint64_t)n * stride, (uint64_t)q_rows * H * hd, nullptr, 1.4426950408889634f / sqrtf((float)hd), 0, nullptr, splits,
-                       partial.as<float>(), 0, 0, nullptr, nullptr, nullptr, nullptr};
+                       partial.as<float>(), 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
         double ms = bench_ms(s, 3, 20, [&] { BENCH_CHECK(dllm__attn_launch(k, arch, hd, H, 1, a, s)); });
         r.set(tile + dllm__format("%d over %d (%d shares) us", q_rows, n, splits), ms * 1000);
         if (q_rows == n) r.set(tile + "1024 over 1024 TFLOPs", 4.0 * n * n * hd * H / ms / 1e9);

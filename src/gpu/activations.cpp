@@ -116,7 +116,7 @@ struct dllm__varlen_layout {
     std::vector<int> raw0, raw1;
     std::vector<int> out0;  // where sequence i's logit rows start among all sequences' (gathered for one LM head)
     int rows = 0;           // all sequences' rows
-    int max_rows = 0;       // the longest sequence's: the attention grid
+    int max_rows = 0;       // the longest sequence's: the attention's tiles (dllm__attn_varlen_short)
     int out_rows = 0;       // all sequences' logit rows
     std::vector<int> q0;    // sequence i's first forwarded canvas row (0 without a K/V cache)
     // [dual cache] [prefix cache] dllm__kv_layout_of only: the varlen attention's offsets over 2B - 1 entries

@@ -99,6 +99,49 @@ struct dllm__gpu_kvq_slot {
     }
 };
 
+/* [varlen] The work lists of a varlen attention (attn_args::varlen_work) and their shape: one flash_attn CTA (per head)
+ * for each query tile of BR rows and split-KV share of each entry that has query rows, then one attn_combine CTA (per
+ * head) for each row of each entry with more than one share. A grid fitting the longest entry and the most shares (as
+ * the grids were) launched mostly CTAs with nothing to do: 16 sequences of which 2 fill 1024 rows and 14 step 32 rows
+ * in 8 shares each make 16 x 32 x 248 CTAs of which ~4.4k work, and the idle ones cost the H100 tens of ms a forward.
+ * The lists hold exactly the CTAs of those grids that worked, in the order the grids numbered them (entry, share, tile;
+ * entry, row), each computing what it computed there, so no bit changes. */
+struct dllm__attn_work_shape {
+    int br = 0;                     // the query tile rows the list was made for (the launched kernel's arch.fa_br)
+    int n_attn = 0, n_combine = 0;  // flash_attn's int4 items, then attn_combine's int2 items
+};
+/* [KV quant] [batch] One sequence's attention over its committed codes in bd_forward_batch (what kvq_attention takes
+ * for it alone): its query rows, keys, committed rows, block-causal mask and first query's sequence index. */
+struct dllm__kvq_batch_seq {
+    int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
+};
+/* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
+ * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+struct dllm__kvq_batch_chunk {
+    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t partial = 0;
+};
+/* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a
+ * chunk) [first, first + count) of the work's, its grid (the most splits of its chunks, kv heads, count x q_tiles) and
+ * dynamic shared memory. */
+struct dllm__kvq_batch_group {
+    int warps = 0, q_tiles = 0, max_splits = 0, first = 0, count = 0;
+    size_t smem = 0;
+};
+/* [KV quant] [batch] One layer's attention over every sequence's codes, the same for every layer
+ * (dllm__kvq_batch_work_of): the chunks; the kvq_flash_batch items (a chunk each), by group (the CTA shapes in the
+ * order the chunks first take them), in a group in chunk order; then the (chunk, row) items of kvq_flash_combine or
+ * kvq_attention; the groups, and the split states' floats. */
+struct dllm__kvq_batch_work {
+    bool tc = false;
+    std::vector<dllm__kvq_batch_chunk> chunks;
+    std::vector<kvq_item> items;
+    std::vector<dllm__kvq_batch_group> groups;
+    int n_flash = 0;
+    size_t partial_floats = 0;
+};
+
 /* [batch] The batched forwards' state (dllm_generate_batch, dllm_stepper): the varlen attention, the slots of the
  * batched K/V-cache step and of batched block diffusion, the layout's offsets, and the device token choice. */
 struct dllm__gpu_batch {
@@ -110,6 +153,10 @@ struct dllm__gpu_batch {
     // solo step splits them: dllm__attn_entry_splits), the most shares, and the states
     dllm__dbuf attn_splits, attn_partial;
     int max_splits = 1;
+    // the varlen attention's work lists (dllm__attn_varlen_work): on the host (the graph key), on the device, the shape
+    std::vector<int32_t> work_items;
+    dllm__dbuf attn_work;
+    dllm__attn_work_shape work;
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -128,6 +175,11 @@ struct dllm__gpu_batch {
     std::vector<dllm__gpu_kvq_slot> kvq_slots;
     dllm__dbuf kvq_fresh;
     const std::vector<dllm__bd_seq> *kvq_seqs = nullptr;
+    // the layout's attention over every committed cache (kvq_batch_upload): its work, the kvq_args of each
+    // (layer, chunk) [layer][chunk] (on the host as uploaded), the items, the split states
+    dllm__kvq_batch_work kvq_work;
+    std::vector<kvq_args> kvq_args_host;
+    dllm__dbuf kvq_chunks, kvq_items, kvq_partial;
     int64_t bd_forwards = 0;  // bd_forward_batch calls that ran since the context began (tests: one a round)
 };
 
@@ -521,6 +573,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
+    bool varlen_short(int batch, int max_rows) const;
+    dllm_status upload_varlen_work(const std::vector<int32_t> &q_offsets, const std::vector<int32_t> &splits,
+                                   int max_rows);
     dllm_status load_kv_scatter();
     dllm_status prepare_batch(const dllm__varlen_layout &v);
     dllm_status forward_varlen(const dllm__varlen_layout &v);
@@ -626,6 +681,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     // [KV quant] [batch] bd_forward_batch under kv_quant (gpu/batch_kvq.cpp)
     dllm_status kvq_batch_reserve(const std::vector<int> &rows, const std::vector<bool> &keep);
     dllm_status kvq_batch_prepare(const std::vector<dllm__bd_seq> &seqs, int rows);
+    dllm_status kvq_batch_upload(const dllm__varlen_layout &v);
+    kvq_args kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int n_keys,
+                                int n_committed, int mask_block, int pos0) const;
     dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
     std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states
@@ -675,24 +733,51 @@ static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__ar
     return k.combine.launch({dim3((unsigned)a.q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
 }
 
-/* The varlen flash_attn over `batch` sequences (a.q_offsets, a.kv_offsets): one CTA row per sequence, the grid fitting
- * the longest (max_q_rows query rows); each sequence computed as its own launch would (varlen_sequence). */
+/* The lists for entries [q_offsets[e], q_offsets[e + 1]) with shares splits[2e] (empty: 1 each) and tiles of br rows,
+ * into items: flash_attn's (tile, entry, share, 0), then attn_combine's (entry, row). */
+static dllm__attn_work_shape dllm__attn_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                    const std::vector<int32_t> &splits, int br,
+                                                    std::vector<int32_t> &items) {
+    dllm__attn_work_shape w;
+    w.br = br;
+    items.clear();
+    const int entries = (int)q_offsets.size() - 1;
+    auto shares = [&](int e) { return splits.empty() ? 1 : splits[2 * (size_t)e]; };
+    for (int e = 0; e < entries; e++) {
+        const int tiles = (q_offsets[(size_t)e + 1] - q_offsets[(size_t)e] + br - 1) / br;
+        for (int s = 0; s < shares(e); s++)
+            for (int t = 0; t < tiles; t++) items.insert(items.end(), {t, e, s, 0}), w.n_attn++;
+    }
+    for (int e = 0; e < entries; e++) {
+        if (shares(e) < 2) continue;
+        for (int r = q_offsets[(size_t)e]; r < q_offsets[(size_t)e + 1]; r++)
+            items.insert(items.end(), {e, r - q_offsets[(size_t)e]}), w.n_combine++;
+    }
+    return w;
+}
+
+/* The varlen flash_attn over `batch` entries (a.q_offsets, a.kv_offsets): one CTA per head and item of the work list
+ * a.varlen_work (dllm__attn_varlen_work, shape w, made for arch's tiles); each entry computed as its own launch would
+ * (varlen_sequence). */
 static dllm_status dllm__attn_varlen_launch(const dllm__kernel<void(attn_args)> &k,
                                             const dllm__kernel<void(attn_args)> &combine, const dllm__arch &arch,
-                                            int hd, int heads, int batch, int max_q_rows, const attn_args &a,
-                                            cudaStream_t s) {
+                                            int hd, int heads, int batch, const dllm__attn_work_shape &w,
+                                            const attn_args &a, cudaStream_t s) {
     if (a.fa_mode || (a.kv_splits != 1 && !a.varlen_splits) || a.key_valid || !a.q_offsets || !a.kv_offsets ||
-        (int64_t)batch * a.kv_splits > 65535)
+        (w.n_attn && !a.varlen_work) || (w.n_combine && !a.varlen_splits) || w.br != arch.fa_br || heads > 65535)
         return dllm__fail(
             DLLM_ERR_INTERNAL,
-            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s (none, -, -, none "
-            "expected)",
-            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none");
-    if (batch == 0 || max_q_rows == 0) return DLLM_OK;
-    dim3 grid((unsigned)((max_q_rows + arch.fa_br - 1) / arch.fa_br), (unsigned)heads, (unsigned)(batch * a.kv_splits));
+            "varlen attention: %d sequences, FACache %d, %d KV splits (shares %s), key mask %s, a work list of %d + %d "
+            "items %s for tiles of %d rows (none, -, -, none, -, set, %d expected)",
+            batch, a.fa_mode, a.kv_splits, a.varlen_splits ? "set" : "none", a.key_valid ? "set" : "none", w.n_attn,
+            w.n_combine, a.varlen_work ? "set" : "none", w.br, arch.fa_br);
+    if (w.n_attn == 0) return DLLM_OK;
+    const dim3 grid((unsigned)w.n_attn, (unsigned)heads);
     DLLM__TRY(k.launch({grid, dim3((unsigned)dllm__attn_threads(arch)), dllm__attn_smem(hd, arch)}, s, a));
-    if (a.kv_splits == 1) return DLLM_OK;
-    return combine.launch({dim3((unsigned)max_q_rows, (unsigned)heads, (unsigned)batch), dim3((unsigned)hd)}, s, a);
+    if (w.n_combine == 0) return DLLM_OK;
+    attn_args c = a;
+    c.varlen_work = a.varlen_work + 4 * (size_t)w.n_attn;  // the combine's items follow flash_attn's
+    return combine.launch({dim3((unsigned)w.n_combine, (unsigned)heads), dim3((unsigned)hd)}, s, c);
 }
 
 dllm_status dllm__gpu_backend::init(int device, const dllm__progress &progress) {

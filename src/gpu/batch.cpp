@@ -71,14 +71,36 @@ dllm_status dllm__gpu_backend::load_varlen() {
     return bind(arch_, batch_.attn);  // last: its kernel says the module is bound
 }
 
-/* The varlen attention of `batch` sequences (a's offsets), the longest forwarding max_rows query rows: on the short
- * tiles (dllm__attn_short_tiles: same bits) where dllm__attn_varlen_short says so. */
+/* Whether the varlen attention of `batch` entries, the longest forwarding max_rows query rows, runs on the short tiles
+ * (dllm__attn_short_tiles: same bits): where dllm__attn_varlen_short says so. */
+bool dllm__gpu_backend::varlen_short(int batch, int max_rows) const {
+    return dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_,
+                                   smem_per_sm_);
+}
+
+/* The varlen attention of `batch` entries (a's offsets) over the work lists upload_varlen_work made for them. */
 dllm_status dllm__gpu_backend::varlen_attention(const attn_args &a, int batch, int max_rows) {
-    const bool short_runs =
-        dllm__attn_varlen_short(arch_, model_.cfg.head_dim, model_.cfg.n_head, batch, max_rows, n_sms_, smem_per_sm_);
+    const bool short_runs = varlen_short(batch, max_rows);
+    attn_args w = a;
+    w.varlen_work = batch_.attn_work.as<int>();
     return dllm__attn_varlen_launch(short_runs ? batch_.attn_short : batch_.attn, batch_.combine,
                                     short_runs ? dllm__attn_short_tiles(arch_) : arch_, model_.cfg.head_dim,
-                                    model_.cfg.n_head, batch, max_rows, a, stream_);
+                                    model_.cfg.n_head, batch, batch_.work, w, stream_);
+}
+
+/* The work lists (dllm__attn_varlen_work) of the varlen attention over entries q_offsets with shares splits (empty: 1
+ * each) on the device, for the tiles varlen_attention will pick. Before prepare_batch's synchronisation: the copy is
+ * no launch a graph may capture ([batch graphs]), and the lists stay put until the next layout. */
+dllm_status dllm__gpu_backend::upload_varlen_work(const std::vector<int32_t> &q_offsets,
+                                                  const std::vector<int32_t> &splits, int max_rows) {
+    const int batch = (int)q_offsets.size() - 1;
+    const int br = varlen_short(batch, max_rows) ? dllm__attn_short_tiles(arch_).fa_br : arch_.fa_br;
+    batch_.work = dllm__attn_varlen_work(q_offsets, splits, br, batch_.work_items);
+    if (batch_.work_items.empty()) return DLLM_OK;
+    DLLM__TRY(batch_.attn_work.fit(batch_.work_items.size() * 4, "the batch's attention work lists"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.attn_work.ptr, batch_.work_items.data(), batch_.work_items.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
 }
 
 /* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
@@ -93,6 +115,8 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
     if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
+    if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
+    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
@@ -131,24 +155,26 @@ dllm_status dllm__gpu_backend::forward_varlen_replayed(const dllm__varlen_layout
 }
 
 /* What a captured batched forward bakes in. `slot` fixes its kernels and grids: the sequences, the rows, the longest
- * sequence, the logit rows, whether a K/V cache and block-causal masks take part, the kind of each run of sequences
- * (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph update would not carry over) and the
- * most split-KV shares (the combine's launches). `baked` adds every launch argument the host computes from the layout
- * (all of it but the ids: the positions too, which [Llama-4 query scaling]'s launches take) and the device buffers
- * the launches point into. */
+ * sequence (with the sequences, the attention's tiles), the logit rows, whether a K/V cache and block-causal masks take
+ * part, the kind of each run of sequences (its GEMMs' kernel: gemm_splitk or gemm_wg, whose cluster launches a graph
+ * update would not carry over) and the most split-KV shares (the combine's launches). The attention's grids are as
+ * long as its work lists (dllm__attn_varlen_work), which may differ within a slot: a graph update carries them.
+ * `baked` adds every launch argument the host computes from the layout (all of it but the ids: the positions too,
+ * which [Llama-4 query scaling]'s launches take, and the work lists, which the attention's CTAs read) and the device
+ * buffers the launches point into. */
 dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) const {
     dllm__graph_id id;
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
-    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
+    id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
                                       batch_.cache_rows.ptr, batch_.attn_masks.ptr, batch_.kv.ptr,
-                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr);
+                                      batch_.attn_splits.ptr, batch_.attn_partial.ptr, batch_.attn_work.ptr);
     id.baked.append(v.step.begin(), v.step.end());  // each sequence's GEMM kind (batch_.gemm_runs)
     for (const std::vector<int32_t> *a : {&v.positions, &v.offsets, &v.raw0, &v.raw1, &v.out0, &v.q0, &v.attn_q_offsets,
-                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks}) {
+                                          &v.attn_kv_offsets, &v.cache_rows, &v.attn_masks, &batch_.work_items}) {
         id.baked += dllm__format(" %zu:", a->size());
         id.baked.append((const char *)a->data(), a->size() * sizeof(int32_t));
     }

@@ -107,7 +107,7 @@ static int dllm__attn_entry_splits(const dllm__arch &arch, const dllm__config &c
     return most;
 }
 
-/* The attention's offsets and shares and the rows' cache rows on the device (prepare_batch, before its
+/* The attention's offsets, shares and work lists and the rows' cache rows on the device (prepare_batch, before its
  * synchronisation). */
 dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     std::vector<int32_t> splits;
@@ -116,6 +116,8 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));

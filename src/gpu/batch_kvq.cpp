@@ -5,12 +5,17 @@
 // pairs, V side and the sinks' bf16 rows for the slot's rows (dllm__gpu_kvq_slot), and its block cache; no bf16
 // committed rows (batch_.kv stays empty). The forward is bd_forward_batch's: every GEMM once over all rows
 // (DLLM__ROWS_BATCH), embedding, norms, RoPE at each row's position row by row. Only the attention differs: one layer's
-// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then each sequence in
-// turn attends over ITS OWN cache with the launches bd_attention makes for it alone (kvq_attention over its codes ++
-// its fresh rows, or flash_attn over its fresh rows while it has nothing committed), each launch's shape a function of
-// that sequence's rows and keys only, and a COMMIT quantises its rows into its own codes (kvq_commit) right after its
-// attention. So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch of one
-// included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's header says why).
+// forwarded K|V rows of every sequence go to one buffer (batch_.kvq_fresh, kv_scatter_rows), then ONE launch (kvq_flash
+// and its combine under kvq_tc, one kvq_flash launch per CTA shape where chunks differ in it, else kvq_attention)
+// attends every sequence over ITS OWN cache (its codes ++ its fresh rows): a work table built on the host
+// (dllm__kvq_batch_work_of, uploaded by kvq_batch_upload) lists, per sequence, the CTAs of the launches kvq_attention
+// makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
+// sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
+// same table: kvq_flash_batch would spill there). A sequence
+// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
+// is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
+// header says why).
 
 /* The slots of rows[s] rows (what kvq_begin(rows[s]) allocates), each empty unless keep[s]; a free slot's buffers are
  * reused, grown where a new sequence needs more. The module, the rotations, kvq_flash's split states and flash_attn's
@@ -77,10 +82,68 @@ dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq>
     return batch_.kvq_fresh.fit((size_t)rows * row_bytes, "the forwarded K/V rows beside the quantised caches");
 }
 
+/* The attention's work tables on the device (prepare_batch, after the buffers are fitted; none may be captured): the
+ * work over the sequences with committed rows (dllm__kvq_batch_work_of), the kvq_args of each (layer, chunk) as
+ * kvq_attention would build them for the sequence alone, the items, and the split states sized for all chunks. */
+dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    std::vector<dllm__kvq_batch_seq> att;
+    std::vector<size_t> seq_of;  // att[j] is seqs[seq_of[j]]
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n == 0) continue;  // nothing committed: flash_attn (self_attention_varlen_kvq)
+        dllm__kvq_batch_seq q;
+        q.T = call.T, q.n_keys = s.n + (call.kind == DLLM__BD_SUB_BLOCK ? s.block : call.T), q.n_committed = s.n,
+        q.mask_block = call.mask_block, q.pos0 = s.n + call.offset;
+        att.push_back(q), seq_of.push_back(i);
+    }
+    dllm__kvq_batch_work &w = batch_.kvq_work;
+    DLLM__TRY(dllm__kvq_batch_work_of(kv_codes_.flash_on, hd, c.n_head, c.n_head_kv, kvq_.n_sink, n_sms_,
+                                      kv_codes_.flash.smem_optin, att, w));
+    if (w.chunks.empty()) return DLLM_OK;
+    if (w.tc) DLLM__TRY(batch_.kvq_partial.fit(w.partial_floats * 4, "the batch's KV-quant attention split states"));
+    std::vector<kvq_args> &tab = batch_.kvq_args_host;
+    tab.assign((size_t)kvq_.n_layer * w.chunks.size(), kvq_args());
+    for (size_t layer = 0; layer < (size_t)kvq_.n_layer; layer++)
+        for (size_t ci = 0; ci < w.chunks.size(); ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const dllm__kvq_batch_seq &q = att[(size_t)ch.seq];
+            const size_t i = seq_of[(size_t)ch.seq];
+            const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+            const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+            const size_t row0 = (size_t)v.offsets[i] + ch.r0;
+            const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+            if (seqs[i].call.kind == DLLM__BD_SUB_BLOCK)  // the block cache, this layer's (self_attention_varlen_kvq)
+                keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+            kvq_args a = kvq_attention_args(k.codes(keys), layer, act_.qkv.as<bf16_t>() + row0 * qkv,
+                                            act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
+                                            q.mask_block, q.pos0 + ch.r0);
+            if (w.tc)  // kvq_attention's chunk, dllm__kvq_tc_launch's split size and states
+                a.q_rows = ch.rows, a.split_keys = ch.split_keys,
+                a.partial = batch_.kvq_partial.as<float>() + ch.partial;
+            tab[layer * w.chunks.size() + ci] = a;
+        }
+    DLLM__TRY(batch_.kvq_chunks.fit(tab.size() * sizeof(kvq_args), "the batch's KV-quant attention arguments"));
+    DLLM__TRY(batch_.kvq_items.fit(w.items.size() * sizeof(kvq_item), "the batch's KV-quant attention items"));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_chunks.ptr, tab.data(), tab.size() * sizeof(kvq_args),
+                               cudaMemcpyHostToDevice, stream_));
+    DLLM__CUDA(cudaMemcpyAsync(batch_.kvq_items.ptr, w.items.data(), w.items.size() * sizeof(kvq_item),
+                               cudaMemcpyHostToDevice, stream_));
+    return DLLM_OK;
+}
+
 /* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
- * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh, then sequence by sequence bd_attention's attention
- * over its own slot (a BLOCK_FULL's rows kept as its block cache, a SUB_BLOCK's written into it at its offset and
- * read from there), and a COMMIT's rows quantised into its codes. */
+ * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh; each sequence's block cache kept (a BLOCK_FULL's
+ * rows) or written at its offset (a SUB_BLOCK's, read from there); then ONE attention over every sequence's own
+ * committed codes (kvq_flash_batch, one launch per CTA shape, and its combine under kvq_tc, else
+ * kvq_attention_batch: kvq_batch_upload's tables, each CTA a CTA of the sequence's own launch), and each COMMIT's rows
+ * quantised into its codes. A sequence
+ * with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a launch of its
+ * own: another kernel, whose bits the batched attention could not give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
@@ -95,16 +158,11 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
     DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
                                          act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
                                          batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
-    mark("kv cache");
     for (size_t i = 0; i < seqs.size(); i++) {
         const dllm__bd_call &call = seqs[i].call;
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const int row0 = v.offsets[i], pos0 = s.n + call.offset;
-        const bf16_t *q = act_.qkv.as<bf16_t>() + (size_t)row0 * qkv;
-        bf16_t *o = act_.att.as<bf16_t>() + (size_t)row0 * c.n_head * hd;
-        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)row0 * row_bytes, *keys = fresh;
-        int n_keys = s.n + call.T;
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
         if (call.kind == DLLM__BD_BLOCK_FULL) {
             char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -112,26 +170,70 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
             char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
             DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
                                        cudaMemcpyDeviceToDevice, stream_));
-            keys = block, n_keys = s.n + s.block;
         }
-        if (s.n > 0) {
-            DLLM__TRY(kvq_attention(k.codes(keys), layer, q, o, call.T, n_keys, s.n, call.mask_block, pos0));
-        } else {  // nothing committed: bd_attention's flash_attn over the fresh rows alone
-            DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
-                                        bd_attn_args(call, q, keys, o, n_keys, pos0), stream_));
+    }
+    mark("kv cache");
+    for (size_t i = 0; i < seqs.size(); i++) {  // nothing committed: bd_attention's flash_attn over its fresh rows
+        const dllm__bd_call &call = seqs[i].call;
+        const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
+        if (s.n > 0) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        int n_keys = call.T;
+        if (call.kind == DLLM__BD_SUB_BLOCK)
+            keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes, n_keys = s.block;
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
+                                    bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
+                                                 act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
+                                                 s.n + call.offset),
+                                    stream_));
+    }
+    const dllm__kvq_batch_work &w = batch_.kvq_work;
+    const size_t n_chunks = w.chunks.size();
+    const kvq_args *chunks = batch_.kvq_chunks.as<kvq_args>() + layer * n_chunks;
+    const kvq_item *items = batch_.kvq_items.as<kvq_item>();
+    const kvq_batch_args rows = {chunks, items + w.n_flash, 0};
+    const dim3 row_grid((unsigned)(w.items.size() - (size_t)w.n_flash), (unsigned)c.n_head);
+    if (n_chunks && !w.tc) {
+        DLLM__TRY(kv_codes_.kernels.kvq_attention_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else if (n_chunks && arch_.cc >= 90) {
+        for (const dllm__kvq_batch_group &g : w.groups) {
+            const kvq_batch_args flash = {chunks, items + g.first, g.q_tiles};
+            const dim3 grid((unsigned)g.max_splits, (unsigned)c.n_head_kv, (unsigned)(g.count * g.q_tiles));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_batch.launch({grid, dim3((unsigned)g.warps * 32), g.smem}, stream_,
+                                                             flash));
         }
-        if (call.kind == DLLM__BD_COMMIT) DLLM__TRY(kvq_commit(k.codes(fresh), layer, s.n, call.T));
+        DLLM__TRY(kv_codes_.flash.kvq_flash_combine_batch.launch({row_grid, dim3(32)}, stream_, rows));
+    } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
+        for (size_t ci = 0; ci < n_chunks; ci++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[ci];
+            const kvq_args &a = batch_.kvq_args_host[layer * n_chunks + ci];
+            const dim3 grid((unsigned)ch.n_splits, (unsigned)c.n_head_kv, (unsigned)ch.q_tiles);
+            DLLM__TRY(kv_codes_.flash.kvq_flash.launch(
+                {grid, dim3((unsigned)ch.warps * 32), dllm__kvq_tc_smem(hd, ch.warps)}, stream_, a));
+            DLLM__TRY(kv_codes_.flash.kvq_flash_combine.launch({dim3((unsigned)ch.rows, (unsigned)c.n_head), dim3(32)},
+                                                               stream_, a));
+        }
+    }
+    for (size_t i = 0; i < seqs.size(); i++) {
+        if (seqs[i].call.kind != DLLM__BD_COMMIT) continue;
+        const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
+        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        DLLM__TRY(kvq_commit(k.codes(fresh), layer, batch_.bd_slots[(size_t)seqs[i].slot].n, seqs[i].call.T));
     }
     mark("attention");
     return DLLM_OK;
 }
 
 /* [batch graphs] What a captured forward under kv_quant bakes in beyond the layout (varlen_graph_id): each sequence's
- * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes) and its slot's buffers, the
- * shared buffers, and whether kvq_flash runs. */
+ * slot, kind, rows, offset, mask, committed and block rows (its launches and their shapes, and so the work tables'
+ * contents, which kvq_batch_upload writes before every forward) and its slot's buffers, the shared buffers (the work
+ * tables' among them), and whether kvq_flash runs. */
 std::string dllm__gpu_backend::kvq_batch_graph_key() const {
-    std::string key = dllm__format(" kvq f%d %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
-                                   kv_codes_.flash_partial.ptr, committed_.partial.ptr);
+    std::string key =
+        dllm__format(" kvq f%d %p %p %p %p %p %p", (int)kv_codes_.flash_on, batch_.kvq_fresh.ptr,
+                     kv_codes_.flash_partial.ptr, committed_.partial.ptr, batch_.kvq_chunks.ptr, batch_.kvq_items.ptr,
+                     batch_.kvq_partial.ptr);
     for (const dllm__bd_seq &q : *batch_.kvq_seqs) {
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)q.slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)q.slot];

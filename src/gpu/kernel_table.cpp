@@ -91,7 +91,10 @@ typedef unsigned long long u64;
     X(const int *, varlen_masks)                                                                                       \
     /* varlen_splits: varlen, or null (1 each): [batch][2] entry b's split-KV shares (<= kv_splits) and where its */ \
     /* partial states start in partial (floats) */                                                                  \
-    X(const int *, varlen_splits)
+    X(const int *, varlen_splits)                                                                                      \
+    /* varlen_work: varlen: the CTAs' work items (dllm__attn_varlen_work): flash_attn's int4 (q tile, entry, */        \
+    /* share, 0), attn_combine's int2 (entry, row) */                                                                  \
+    X(const int *, varlen_work)
 
 #define DLLM__GEMM_WG_ARGS_FIELDS(X) X(int, m) X(int, n) X(int, k)
 
@@ -140,7 +143,7 @@ struct soloq_args {
 // Both compilers lay these out by the same C rules for the same member list; the sizes pin what the kernels assume.
 static_assert(sizeof(dllm_step_state) == 32 && sizeof(conf_partial) == 40 && sizeof(gemm_wg_args) == 12,
               "contract layout");
-static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 160 && sizeof(soloq_args) == 160, "contract layout");
+static_assert(sizeof(sampler_args) == 128 && sizeof(attn_args) == 168 && sizeof(soloq_args) == 160, "contract layout");
 
 /* The contract as kernel source: the shared enums and constants, then the structs above. */
 static std::string dllm__src_contract() {
@@ -285,13 +288,28 @@ static const char *dllm__src_soloq = DLLM__KERNEL_FILE("soloq.cuh");
         X(int, n_keys) X(int, n_committed) X(int, mask_block) X(int, q_index0) X(float, scale) X(int, q_rows)          \
             X(int, split_keys) X(float *, partial) /* kvq_flash: query rows, keys a split, split states */
 
+/* [batch] [KV quant] One layer's attention over every sequence's quantised cache in one launch (bd_forward_batch;
+ * dllm__kvq_batch_work_of builds the tables on the host): `chunks` holds the layer's kvq_args of each chunk, exactly
+ * the arguments the chunk's own launch would take (a sequence's query rows, at most dllm__kvq_tc_chunk_rows of them
+ * under kvq_tc), and each CTA reads its item: kvq_flash_batch's CTAs (x, y, z) item z / q_tiles (its chunk), the
+ * warp-per-row kernels' (kvq_attention, kvq_flash_combine) CTA (x, head) item x (a chunk and its query row). */
+#define DLLM__KVQ_ITEM_FIELDS(X) X(int, chunk) X(int, row)
+#define DLLM__KVQ_BATCH_ARGS_FIELDS(X) X(const kvq_args *, chunks) X(const kvq_item *, items) X(int, q_tiles)
+
 #define DLLM__KVQ_KERNELS(X)                                                                                           \
     X(kvq_commit_keys, , (kvq_args a))                                                                                 \
     X(kvq_commit_values, __launch_bounds__(32), (kvq_args a))                                                          \
-    X(kvq_attention, __launch_bounds__(32), (kvq_args a))
+    X(kvq_attention, __launch_bounds__(32), (kvq_args a))                                                              \
+    X(kvq_attention_batch, __launch_bounds__(32), (kvq_batch_args b))
 
 struct kvq_args {
     DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)
+};
+struct kvq_item {
+    DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)
+};
+struct kvq_batch_args {
+    DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)
 };
 DLLM__KVQ_KERNELS(DLLM__KERNEL_SIGNATURE)
 
@@ -328,7 +346,9 @@ static const char *dllm__src_kvq = DLLM__KERNEL_FILE("kvq.cuh");
  * key. */
 #define DLLM__KVQ_TC_KERNELS(X)                                                                                        \
     X(kvq_flash, __launch_bounds__(KVQ_TC_THREADS), (kvq_args a))                                                      \
-    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))
+    X(kvq_flash_combine, __launch_bounds__(32), (kvq_args a))                                                          \
+    X(kvq_flash_batch, __launch_bounds__(KVQ_TC_THREADS), (kvq_batch_args b))                                          \
+    X(kvq_flash_combine_batch, __launch_bounds__(32), (kvq_batch_args b))
 DLLM__KVQ_TC_KERNELS(DLLM__KERNEL_SIGNATURE)
 
 static const char *dllm__src_kvq_tc = DLLM__KERNEL_FILE("kvq_tc.cuh");

@@ -4,7 +4,9 @@
  * rotations, once; the codes of `rows` rows zeroed (9c: rows below the sinks keep codes 0). */
 static std::string dllm__src_kvq_module() {
     return dllm__src_prelude() +
-           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
+           DLLM__XSTR(struct kvq_args{DLLM__KVQ_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(
+               struct kvq_item{DLLM__KVQ_ITEM_FIELDS(DLLM__FIELD)};) "\n" DLLM__XSTR(struct kvq_batch_args{
+               DLLM__KVQ_BATCH_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__SOLOQ_KERNELS(
                DLLM__KERNEL_DECLARE) DLLM__KVQ_KERNELS(DLLM__KERNEL_DECLARE) +
            dllm__format("#define NORM_SLOTS %d\n", dllm__norm_slots) + dllm__src_rows_common +
            dllm__src_soloq_tables() +
@@ -112,13 +114,63 @@ static size_t dllm__kvq_tc_partial_bound(int hd, int n_head, int n_kv, int n_sms
     return most;
 }
 
+/* [batch] The work of one layer's attention over the sequences' codes: one kvq_flash launch per CTA shape and one
+ * combine under kvq_tc, or one kvq_attention launch. Each sequence's chunks and their CTAs are exactly those
+ * kvq_attention launches for it alone (tc: kvq_flash's plan of each chunk of at most dllm__kvq_tc_chunk_rows rows, from
+ * the sequence's own rows and keys; else kvq_attention's (row, head) warps), so each row's arithmetic, its splits and
+ * their merge are those of the sequence alone. */
+static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv, int n_sink, int n_sms,
+                                           int smem_optin, const std::vector<dllm__kvq_batch_seq> &seqs,
+                                           dllm__kvq_batch_work &w) {
+    w = dllm__kvq_batch_work();
+    w.tc = tc;
+    for (size_t s = 0; s < seqs.size(); s++) {
+        const dllm__kvq_batch_seq &q = seqs[s];
+        const int step = tc ? dllm__kvq_tc_chunk_rows : std::max(q.T, 1);
+        for (int r0 = 0; r0 < q.T; r0 += step) {
+            dllm__kvq_batch_chunk c;
+            c.seq = (int)s, c.r0 = r0, c.rows = std::min(step, q.T - r0);
+            if (tc) {
+                dllm__kvq_tc_plan p;
+                DLLM__TRY(dllm__kvq_tc_plan_for(hd, n_head, n_kv, c.rows, q.n_keys, q.n_committed, n_sink, n_sms,
+                                                smem_optin, p));
+                c.warps = p.warps, c.q_tiles = p.q_tiles, c.split_keys = p.split_keys, c.n_splits = p.n_splits;
+                c.partial = w.partial_floats;
+                w.partial_floats += dllm__kvq_tc_partial_bytes(p, n_head, c.rows, hd) / 4;
+            }
+            w.chunks.push_back(c);
+        }
+    }
+    for (size_t c = 0; tc && c < w.chunks.size(); c++) {  // the CTA shapes, in the order the chunks first take them
+        bool seen = false;
+        for (const dllm__kvq_batch_group &g : w.groups)
+            seen = seen || (g.warps == w.chunks[c].warps && g.q_tiles == w.chunks[c].q_tiles);
+        if (seen) continue;
+        dllm__kvq_batch_group g;
+        g.warps = w.chunks[c].warps, g.q_tiles = w.chunks[c].q_tiles, g.first = (int)w.items.size();
+        g.smem = dllm__kvq_tc_smem(hd, g.warps);
+        for (size_t d = c; d < w.chunks.size(); d++) {
+            const dllm__kvq_batch_chunk &ch = w.chunks[d];
+            if (ch.warps != g.warps || ch.q_tiles != g.q_tiles) continue;
+            w.items.push_back({(int)d, 0});
+            g.max_splits = std::max(g.max_splits, ch.n_splits);
+        }
+        g.count = (int)w.items.size() - g.first;
+        w.groups.push_back(g);
+    }
+    w.n_flash = (int)w.items.size();
+    for (size_t c = 0; c < w.chunks.size(); c++)
+        for (int i = 0; i < w.chunks[c].rows; i++) w.items.push_back({(int)c, i});
+    return DLLM_OK;
+}
+
 static dllm_status dllm__kvq_tc_load(const dllm__arch &arch, int hd, int smem_optin, dllm__kvq_tc_kernels &k) {
     DLLM__TRY(dllm__jit_load(dllm__module_kvq_tc(arch, hd), k.module));
     dllm__bind(k, *k.module);
     k.hd = hd, k.smem_optin = smem_optin;
     const size_t most = std::min((size_t)smem_optin, dllm__kvq_tc_smem(hd, dllm__kvq_tc_max_warps(hd)));
-    DLLM__CUDA(
-        cudaFuncSetAttribute((const void *)k.kvq_flash.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    for (cudaKernel_t fn : {k.kvq_flash.fn, k.kvq_flash_batch.fn})
+        DLLM__CUDA(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     return DLLM_OK;
 }
 
@@ -247,6 +299,19 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
     return DLLM_OK;
 }
 
+/* kvq_layer_args with the attention's: query rows q (outputs o; strides the forward's), n_keys keys of which
+ * n_committed committed, the mask, the first query at sequence index pos0 (kvq_attention, kvq_batch_upload). */
+kvq_args dllm__gpu_backend::kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
+                                               int n_keys, int n_committed, int mask_block, int pos0) const {
+    const dllm__config &c = model_.cfg;
+    kvq_args a = kvq_layer_args(at, layer);
+    a.q = q, a.o = o;
+    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
+    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
+    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    return a;
+}
+
 /* T query rows (q, their outputs o; strides the forward's) attending block-causally to the cache `at`'s n_committed
  * rows (quantised ones read from their codes) ++ at.fresh's rows, n_keys in all, the first query at sequence index
  * pos0: kvq_flash (the default, kvq_tc) in launches of at most dllm__kvq_tc_chunk_rows query rows; kvq_attention,
@@ -255,11 +320,7 @@ dllm_status dllm__gpu_backend::kvq_commit(const dllm__kvq_codes &at, size_t laye
 dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o,
                                              int T, int n_keys, int n_committed, int mask_block, int pos0) {
     const dllm__config &c = model_.cfg;
-    kvq_args a = kvq_layer_args(at, layer);
-    a.q = q, a.o = o;
-    a.q_stride = (c.n_head + 2 * c.n_head_kv) * c.head_dim, a.o_stride = c.n_head * c.head_dim, a.n_head = c.n_head;
-    a.n_keys = n_keys, a.n_committed = n_committed, a.mask_block = mask_block, a.q_index0 = pos0,
-    a.scale = 1.0f / sqrtf((float)c.head_dim);
+    const kvq_args a = kvq_attention_args(at, layer, q, o, n_keys, n_committed, mask_block, pos0);
     if (!kv_codes_.flash_on)
         return kv_codes_.kernels.kvq_attention.launch({dim3((unsigned)T, (unsigned)c.n_head), dim3(32)}, stream_, a);
     for (int r0 = 0; r0 < T; r0 += dllm__kvq_tc_chunk_rows) {

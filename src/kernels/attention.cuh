@@ -305,26 +305,29 @@ __device__ __forceinline__ void flash_tile(const attn_args &a, int b, u32 q_warp
     }
 }
 
-/* [varlen] A batched forward's attention: CTA z works on sequence z / kv_splits of a concatenation, its share z %
- * kv_splits (split) of the sequence's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[s],
- * q_offsets[s + 1]) of q and o, its keys rows [kv_offsets[s], kv_offsets[s + 1]) of k and v. a becomes that sequence's
+/* [varlen] The flash_attn work item of this CTA (dllm__attn_varlen_work): (query tile, entry, split-KV share, 0). */
+__device__ __forceinline__ int4 varlen_item(const attn_args &a) {
+    return ((const int4 *)a.varlen_work)[blockIdx.x];  // (tile, entry, split, 0)
+}
+
+/* [varlen] A batched forward's attention: CTA x works on item x of the work list a.varlen_work (dllm__attn_varlen_work:
+ * only the tiles that hold query rows, so no CTA is launched to return at once): query tile `tile` of entry z of a
+ * concatenation, its share `split` of the entry's own varlen_splits[.] split-KV shares, its queries rows [q_offsets[z],
+ * q_offsets[z + 1]) of q and o, its keys rows [kv_offsets[z], kv_offsets[z + 1]) of k and v. a becomes that entry's
  * arguments as a launch of batch 1 with its shares would hold them (partial states in its own region of a.partial),
- * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). False: the
- * CTA's query tile lies past the sequence's rows (the grid fits the longest) or its share past the sequence's shares.
- * */
-template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args &a, int br, int &split) {
-    const int z = SPLITS ? blockIdx.z / a.kv_splits : blockIdx.z, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
-    const int shares = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
-    split = SPLITS ? blockIdx.z % a.kv_splits : 0;
+ * so its bits never depend on the other sequences (no FACache, no key mask: dllm__attn_varlen_launch). */
+template <bool SPLITS> __device__ __forceinline__ void varlen_sequence(attn_args &a, int &tile, int &split) {
+    const int4 w = varlen_item(a);
+    const int z = w.y, q0 = a.q_offsets[z], k0 = a.kv_offsets[z];
+    tile = w.x, split = SPLITS ? w.z : 0;
     if (SPLITS && a.varlen_splits) a.partial += a.varlen_splits[2 * z + 1];
-    a.kv_splits = shares;
+    a.kv_splits = SPLITS && a.varlen_splits ? a.varlen_splits[2 * z] : 1;
     a.q_rows = a.q_offsets[z + 1] - q0, a.seq = a.kv_offsets[z + 1] - k0;
     a.q += (u64)q0 * a.q_stride, a.o += (u64)q0 * a.o_stride;
     a.k += (u64)k0 * a.kv_stride, a.v += (u64)k0 * a.kv_stride;
     a.q_bstride = a.o_bstride = 0;
     if (a.varlen_masks)
         a.mask_block = a.varlen_masks[2 * z], a.q_index0 = a.varlen_masks[2 * z + 1];  // [block-causal mask]
-    return (int)blockIdx.x * br < a.q_rows && split < shares;
 }
 
 /* Any head dim HD that is a multiple of 8 up to 256, computed on hd_pad(HD) columns (tiles per head dim:
@@ -337,10 +340,10 @@ template <bool SPLITS> __device__ __forceinline__ bool varlen_sequence(attn_args
 template <int HD, int BR, int BC, int MT, int NS, bool VARLEN = false>
 __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
     pdl_enter();
-    int varlen_split = 0;
+    int varlen_tile = 0, varlen_split = 0;
     if constexpr (VARLEN) {
         // Above head dim 128 no register is left for a split index (dllm__attn_varlen_split_max_hd): no splits there.
-        if (!varlen_sequence<(HD <= 128)>(a, BR, varlen_split)) return;
+        varlen_sequence<(HD <= 128)>(a, varlen_tile, varlen_split);
     }
     // Two m16 tiles per warp hold the scores of only 32 keys in registers at head dim 128: a larger tile
     // (fewer barriers per key) is computed in 32-key slices, in key order.
@@ -348,11 +351,16 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
                   SUB = BC > 32 && MT > 1 ? 32 : BC;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t *sQ = (bf16_t *)smem, *sK = sQ + BR * LD, *sV = sK + NS * BC * LD;  // a ring of NS K and V tiles
-    const int qt = blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
+    const int qt = VARLEN ? varlen_tile : blockIdx.x, h = blockIdx.y, b = VARLEN ? 0 : blockIdx.z / a.kv_splits,
               split = VARLEN ? (HD <= 128 ? varlen_split : 0) : blockIdx.z % a.kv_splits;
     const int kvh = h / a.group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [varlen] The tile's first row and the share, read again from the work list (a plain load, which the KV loop's
+    // barriers keep the compiler from reusing) where the loop and the epilogue need them: held across the loop they
+    // took registers the short tiles' kernels lack (the dense grid's blockIdx cost none).
+    auto q0_again = [&] { return VARLEN ? varlen_item(a).x * BR : q0; };
+    auto split_again = [&] { return VARLEN ? (HD <= 128 ? varlen_item(a).z : 0) : split; };
     const bf16_t *Q = a.q + b * a.q_bstride + h * HD;
     const bf16_t *K = a.k + (u64)b * a.seq * a.kv_stride + kvh * HD;
     const bf16_t *V = a.v + (u64)b * a.seq * a.kv_stride + kvh * HD;
@@ -413,13 +421,13 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 #pragma unroll 1
             for (int sub = 0; sub < BC; sub += SUB)  // not unrolled: two slices in flight would not fit the registers
                 flash_tile<HDP, SUB, MT>(a, b, q_warp, k_s + sub * LD * 2, v_s + sub * LD * 2, k0 + sub,
-                                         q0 + warp * 16 * MT, lane, t, o, m, l);
+                                         q0_again() + warp * 16 * MT, lane, t, o, m, l);
         if (cached && a.fa_mode == 1 && i == n_early - 1) fa_state_io<HD, MT, THREADS, true>(a, o, m, l);
         __syncthreads();
     }
 
     if (a.kv_splits > 1) {
-        store_partial<HD, MT, DT>(a, b, h, split, q0, warp, g, t, o, m, l);
+        store_partial<HD, MT, DT>(a, b, h, split_again(), q0_again(), warp, g, t, o, m, l);
         return;
     }
     bf16_t *O = a.o + b * a.o_bstride + h * HD;
@@ -432,7 +440,7 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
             l1 += __shfl_xor_sync(0xffffffffu, l1, x);
         }
         const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-        const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+        const int r0 = q0_again() + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {  // the real columns
             int col = d * 8 + 2 * t;
@@ -445,18 +453,21 @@ __global__ void __launch_bounds__(BR * 2 / MT) flash_attn(attn_args a) {
 }
 
 /* Split-KV: merges the kv_splits partial states of one query row and head, in split order (fixed, so the
- * result does not depend on scheduling). One thread per output column. VARLEN: CTA z merges sequence z's own shares
- * (varlen_sequence's layout), where it has more than one. */
+ * result does not depend on scheduling). One thread per output column. VARLEN: CTA x merges the shares of the row and
+ * entry of item x of a.varlen_work (dllm__attn_varlen_work: the rows of entries with more than one share only),
+ * in varlen_sequence's layout. */
 template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) attn_combine(attn_args a) {
     pdl_enter();
-    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int row = blockIdx.x;
+    const int h = blockIdx.y, d = threadIdx.x;
     int b = blockIdx.z;
     if constexpr (VARLEN) {
+        const int2 w = ((const int2 *)a.varlen_work)[blockIdx.x];  // (entry, row)
+        b = w.x, row = w.y;
         const int q0 = a.q_offsets[b];
         a.partial += a.varlen_splits[2 * b + 1];
         a.kv_splits = a.varlen_splits[2 * b];
         a.q_rows = a.q_offsets[b + 1] - q0;
-        if (row >= a.q_rows || a.kv_splits < 2) return;
         a.o += (u64)q0 * a.o_stride, a.o_bstride = 0, b = 0;
     }
     const float *P = a.partial + ((u64)b * gridDim.y + h) * a.kv_splits * a.q_rows * (HD + 2) + (u64)row * (HD + 2);

@@ -113,7 +113,8 @@ KERNEL_kvq_commit_values {
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
+    soloq_gather_fetch(s, sl, (u32 *)B);
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {
@@ -197,15 +198,22 @@ __device__ __forceinline__ const bf16_t *kvq_bf16_row(const kvq_args &a, int j) 
     return j < a.n_committed ? a.sinks + (u64)j * row_elems : a.fresh + (u64)(j - a.n_committed) * row_elems;
 }
 
+/* [batch] The kvq_args of this CTA's chunk (b.chunks[chunk]) copied into shared memory by its threads, for kernels
+ * whose body reads its arguments as the single-chunk kernel reads its parameter. */
+__device__ __forceinline__ const kvq_args &kvq_batch_chunk(const kvq_batch_args &b, int chunk, kvq_args &sa) {
+    const u32 *src = (const u32 *)(b.chunks + chunk);
+    for (int w = threadIdx.x; w < (int)(sizeof(kvq_args) / 4); w += blockDim.x) ((u32 *)&sa)[w] = src[w];
+    __syncthreads();
+    return sa;
+}
+
 /* The block step's attention over the quantised cache (twin: dllm__cpu_attention over 9c's decoded cache):
  * one warp per (query row, head); keys in chunks of 32, a lane's score each, the online softmax in fp32, values
  * accumulated a lane per channel. SoloQ's quantised values are accumulated apart in their rotated basis and rotated
- * back once (kvq_rotate_back). */
-KERNEL_kvq_attention {
-    pdl_enter();
+ * back once (kvq_rotate_back). One warp's query row i at head h: */
+__device__ void kvq_attention_row(const kvq_args &a, int i, int h) {
     __shared__ float q[256], acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd,
-              kvh = h / (a.n_head / a.n_kv);
+    const int lane = threadIdx.x, hd = a.hd, kvd = a.n_kv * hd, kvh = h / (a.n_head / a.n_kv);
     const int row_bytes = kvd * a.bits / 8;
     for (int c = lane; c < hd; c += 32)
         q[c] = bf16_to_f32(a.q[(u64)i * a.q_stride + h * hd + c]), acc[c] = 0.f, racc[c] = 0.f;
@@ -252,4 +260,15 @@ KERNEL_kvq_attention {
         }
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
+}
+KERNEL_kvq_attention {
+    pdl_enter();
+    kvq_attention_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) runs row item x (its chunk's query row) at head h. */
+KERNEL_kvq_attention_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_attention_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
 }

@@ -252,22 +252,39 @@ __device__ __forceinline__ void kvq_tc_chunk(u32 q_warp, u32 k_s, u32 v_s, int k
     }
 }
 
-KERNEL_kvq_flash {
+/* Which CTA of its launch a kvq_flash CTA is (ix.split(), .kv_head(), .q_tile(): its key split, kv head and tile of
+ * query rows; .warps(): its warps, 16 query rows each), read from its grid where used rather than held in registers
+ * (the CTA's registers are all taken at head dim 128). A launch of its own: (split, kv head, tile). A batched launch
+ * (kvq_flash_batch): its chunks' tiles over blockIdx.z, q_tiles a chunk. */
+struct kvq_flash_own {
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+struct kvq_flash_tiled {
+    int q_tiles;
+    __device__ __forceinline__ int split() const { return blockIdx.x; }
+    __device__ __forceinline__ int kv_head() const { return blockIdx.y; }
+    __device__ __forceinline__ int q_tile() const { return blockIdx.z % q_tiles; }
+    __device__ __forceinline__ int warps() const { return blockDim.x >> 5; }
+};
+
+/* One kvq_flash CTA (ix: which one). */
+template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args &a, const Ix &ix) {
     constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
-    pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
-    const int warps = blockDim.x >> 5, CR = warps * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
-              t = lane & 3;
+    const int CR = ix.warps() * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bf16_t *sQ = (bf16_t *)smem,
            *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
     bf16_t *sV = sK + 2 * BC * LD;
     float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
     unsigned char *raw = (unsigned char *)(vpf + BC);
-    const int split = blockIdx.x, kvh = blockIdx.y, R = a.n_head / a.n_kv * a.q_rows, r0 = blockIdx.z * CR;
+    const int R = a.n_head / a.n_kv * a.q_rows, r0 = ix.q_tile() * CR;
     int j0, j1;
     bool quant;
-    kvq_split(a, split, j0, j1, quant);
+    kvq_split(a, ix.split(), j0, j1, quant);
     // The CTA's last query (the largest sequence index among its rows) bounds the keys worth visiting.
     const int r_last = min(R, r0 + CR) - 1;
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
@@ -275,7 +292,7 @@ KERNEL_kvq_flash {
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
     if (threadIdx.x < 16)
         lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
-    kvq_tc_load_q(a, sQ, kvh, r0, CR, R);
+    kvq_tc_load_q(a, sQ, ix.kv_head(), r0, CR, R);
     cp_async_commit();
 
     float o[DT][4], m[2] = {-DLLM_INF, -DLLM_INF}, l[2] = {0.f, 0.f};
@@ -288,14 +305,14 @@ KERNEL_kvq_flash {
     auto tile_hi = [&](int tile) { return min(tile * BC + BC, j1c); };
     auto buf = [&](int tile) { return (tile - t0) & 1; };
     auto stage = [&](int tile) {
-        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+        kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto convert = [&](int tile) {
         kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
     };
     auto decode = [&](int tile) {
         kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD,
-                      sV + buf(tile) * BC * LD, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+                      sV + buf(tile) * BC * LD, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto multiply = [&](int tile,
                         int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
@@ -315,7 +332,7 @@ KERNEL_kvq_flash {
     // bf16 rows: copied into the first K and V tiles, one tile at a time (a split of the block's own rows is short)
     if (!quant) {
         for (int tile = t0; tile < t1; tile++) {
-            kvq_tc_load_bf16(a, sK, sV, kvh, tile * BC, tile_lo(tile), tile_hi(tile));
+            kvq_tc_load_bf16(a, sK, sV, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
             cp_async_commit();
             cp_async_wait<0>();
             __syncthreads();
@@ -354,21 +371,38 @@ KERNEL_kvq_flash {
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
         const int row = r ? rB : rA;
         if (row >= R) continue;
-        const int h = kvh * group + row / a.q_rows, i = row % a.q_rows;
-        float *p = a.partial + (((u64)split * a.n_head + h) * a.q_rows + i) * (HD + 2);
+        const int h = ix.kv_head() * group + row / a.q_rows, i = row % a.q_rows;
+        float *p = a.partial + (((u64)ix.split() * a.n_head + h) * a.q_rows + i) * (HD + 2);
 #pragma unroll
         for (int d = 0; d < DT; d++) *(float2 *)(p + d * 8 + 2 * t) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
         if (t == 0) p[HD] = m[r], p[HD + 1] = lr;
     }
 }
 
-/* The splits of one (query row, head) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
+KERNEL_kvq_flash {
+    pdl_enter();
+    kvq_flash_cta(a, kvq_flash_own());
+}
+/* [batch] The CTAs of the chunks of one CTA shape (warps, b.q_tiles row tiles: dllm__kvq_batch_group) in one launch:
+ * CTA (x, y, z) is CTA (x, y, z % q_tiles) of chunk b.items[z / q_tiles].chunk's own grid, a split past the chunk's
+ * splits (the grid's x takes the group's most) returns at once. Before sm_90 the per-chunk arguments would cost
+ * registers past the 128 a thread has (spills): the host launches kvq_flash per chunk there, this kernel is empty. */
+KERNEL_kvq_flash_batch {
+#if __CUDA_ARCH__ >= 900
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_args &a = kvq_batch_chunk(b, b.items[blockIdx.z / b.q_tiles].chunk, sa);
+    if ((int)blockIdx.x >= kvq_n_splits(a)) return;
+    kvq_flash_cta(a, kvq_flash_tiled{b.q_tiles});
+#endif
+}
+
+/* The splits of one (query row i, head h) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
  * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
  * normalised. */
-KERNEL_kvq_flash_combine {
-    pdl_enter();
+__device__ void kvq_flash_combine_row(const kvq_args &a, int i, int h) {
     __shared__ float acc[256], racc[256], T0[256], T1[256];
-    const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
+    const int lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
     const u64 stride = (u64)a.n_head * a.q_rows * (hd + 2);
     const float *P = a.partial + ((u64)h * a.q_rows + i) * (hd + 2);
     float mx = -DLLM_INF;
@@ -388,4 +422,15 @@ KERNEL_kvq_flash_combine {
         for (int c = lane; c < hd; c += 32) dst[c] = fmaf(w, P[s * stride + c], dst[c]);
     }
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
+}
+KERNEL_kvq_flash_combine {
+    pdl_enter();
+    kvq_flash_combine_row(a, blockIdx.x, blockIdx.y);
+}
+/* [batch] Every chunk's rows in one launch: CTA (x, h) merges row item x (its chunk's query row) at head h. */
+KERNEL_kvq_flash_combine_batch {
+    pdl_enter();
+    __shared__ kvq_args sa;
+    const kvq_item it = b.items[blockIdx.x];
+    kvq_flash_combine_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
 }
