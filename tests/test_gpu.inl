@@ -69,28 +69,6 @@ TEST(jit, compiles_every_kernel_for_every_arch) {
     printf("    slowest module compile: %.0f ms\n", worst_ms);
 }
 
-/* SoloQ's row kernels take all but dllm__soloq_static_smem of a block's shared memory for their row buffers
- * (dllm__bind), so their static shared memory (the staged mixer, the partials), as ptxas reports it, stays below it. */
-TEST(jit, soloq_static_smem_fits_the_reserve) {
-    for (int cc : {80, 90}) {
-        std::vector<char> cubin;
-        std::vector<std::string> lowered;
-        std::string log;
-        const dllm__jit_request rq = dllm__module_soloq(dllm__arch_for(cc));
-        CHECK_STATUS(dllm__nvrtc_compile(rq, cubin, lowered, log), DLLM_OK, nullptr);
-        for (const char *kernel : {"soloq_quantize_rows", "soloq_produce_rows"}) {
-            const size_t at = log.find(std::string("entry function '") + kernel + "'"),
-                         smem = at == std::string::npos ? at : log.find(" bytes smem", at);
-            CHECK_MSG(smem != std::string::npos, "no ptxas report of %s on %s:\n%s", kernel, rq.target.c_str(),
-                      log.c_str());
-            if (smem == std::string::npos) continue;
-            const int bytes = atoi(log.c_str() + log.find_last_of(",", smem) + 1);
-            CHECK_MSG(bytes > 0 && bytes < dllm__soloq_static_smem, "%s on %s: %d bytes of static shared memory",
-                      kernel, rq.target.c_str(), bytes);
-        }
-    }
-}
-
 TEST(jit, compile_errors_reach_the_user_with_the_log) {
     dllm__jit_request rq = {
         "broken", "extern \"C\" __global__ void k(int *x) { x[0] = undefined_name; }", {"k"}, "sm_80"};

@@ -63,14 +63,10 @@ static void dllm__bind(dllm__rowwise_kernels &set, dllm__module &mod) {
     DLLM__FP8_QUANT_KERNELS(DLLM__KERNEL_BIND)
 }
 static void dllm__bind(dllm__sampler_kernels &set, dllm__module &mod) { DLLM__SAMPLER_KERNELS(DLLM__KERNEL_BIND) }
-/* The static shared memory of SoloQ's row kernels stays below this (the staged mixer, the reductions' partials); the
- * rest of a block's is the row buffers' (checked by jit.soloq_static_smem_fits_the_reserve). */
-static const int dllm__soloq_static_smem = 2048;
-
 /* SoloQ's kernels, and the widest row soloq_quantize_rows takes with `smem_optin` bytes of shared memory a block. */
 static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int smem_optin, int cc) {
     DLLM__SOLOQ_KERNELS(DLLM__KERNEL_BIND)
-    const int dynamic = smem_optin - dllm__soloq_static_smem;
+    const int dynamic = smem_optin - 1024;  // the kernel's static shared memory stays below 1 KB
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_quantize_rows.fn,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn,

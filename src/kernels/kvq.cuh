@@ -113,8 +113,7 @@ KERNEL_kvq_commit_values {
     s.d = hd, s.rows = 1, s.cluster = 1;
     soloq_slice sl;
     sl.C = 1, sl.r = 0, sl.i0 = 0, sl.n = hd;
-    soloq_gather_fetch(s, sl, (u32 *)B);
-    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0, 0), *v = val;
+    float *y = soloq_rotate(s, r - a.row0, sl, A, B, 0), *v = val;
     const float ss = soloq_row_dot(y, y, hd, sl, seg), sigma = __fsqrt_rn(__fdiv_rn(ss, (float)hd));
     float scale = 0.f;
     if (ss != 0.f) {

@@ -117,21 +117,17 @@ __device__ __forceinline__ float q4_value(int format, const unsigned char *packe
     return (float)signed4;
 }
 
-/* [SoloQ prefetch] The norm's weights of this thread's chunks into `normed`, where soloq_norm_row reads them back (no
- * barrier: the same thread), before griddepcontrol.wait: they were a global round trip after the norm's reduction. */
-__device__ __forceinline__ void soloq_stage_norm_w(const soloq_args &a, float *normed) {
-#pragma unroll
-    for (int j = 0; j < NORM_SLOTS; j++) {
-        const int k = (threadIdx.x + j * blockDim.x) * 8;
-        if (k >= a.d) continue;
-        float g[8];
-        load8(a.norm_w + k, g);
-        store8(normed + k, g);
-    }
+/* Element i of the row a GEMM would read before the rotation: the bf16 row of x, add_rmsnorm's output (already in
+ * `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
+__device__ __forceinline__ float soloq_source(const soloq_args &a, int row, int i, const float *normed) {
+    if (a.producer == 1) return normed[i];
+    const bf16_t *x = (const bf16_t *)a.x + (u64)row * a.x_stride;
+    if (a.producer == 0) return bf16_to_f32(x[i]);
+    const float g = bf16_to_f32(x[i]), u = bf16_to_f32(x[a.d + i]);
+    return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
 }
 
-/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms), writing h_out when asked;
- * normed holds the norm's weights on entry (soloq_stage_norm_w). */
+/* add_rmsnorm's row into `normed` (its arithmetic and reduction order: residual_rms), writing h_out when asked. */
 __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float *normed) {
     float v[NORM_SLOTS][8], g[8];
     const float r = residual_rms(a.h_in, write_h ? a.h_out : 0, a.delta, (u64)row, a.d, a.eps, v);
@@ -139,7 +135,7 @@ __device__ void soloq_norm_row(const soloq_args &a, int row, bool write_h, float
     for (int j = 0; j < NORM_SLOTS; j++) {
         const int k = (threadIdx.x + j * blockDim.x) * 8;
         if (k >= a.d) continue;
-        load8(normed + k, g);
+        load8(a.norm_w + k, g);
         for (int e = 0; e < 8; e++) normed[k + e] = bf16_to_f32(f32_to_bf16((v[j][e] * r) * g[e]));
     }
     __syncthreads();
@@ -170,87 +166,17 @@ __device__ __forceinline__ float soloq_remote(const float *p, int rank) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
     return v;
 }
-/* The 4 floats at p (16-byte aligned) in CTA `rank`. */
-__device__ __forceinline__ float4 soloq_remote4(const float *p, int rank) {
-    u32 remote;
-    float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote)
-                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(remote));
-    return v;
-}
 #else
 __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(); }
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
-__device__ __forceinline__ float4 soloq_remote4(const float *p, int) { return *(const float4 *)p; }
 #endif
-
-/* [SoloQ partials] A row's reductions end with per-segment partials, segment q = r mine + j in CTA r's part[j] (part:
- * this CTA's address of a cluster-shared array of at most 32). Lane q fetches partial q, all lanes at once: one round
- * trip (through distributed shared memory when split) where a loop over the partials took one a partial, each waiting
- * for the last (asm volatile loads). The callers then add them in order q from shuffles. */
-__device__ __forceinline__ float soloq_partial(const float *part, const soloq_slice &s, int mine) {
-    const int q = threadIdx.x & 31, r = q / mine, j = q - r * mine;
-    if (q >= s.C * mine) return 0.f;
-    return r == s.r ? part[j] : soloq_remote(&part[j], r);
-}
-
-/* [SoloQ prefetch] What a row reads that no kernel writes (the rotation; the mixer, see soloq_stage_mixer) is
- * requested before griddepcontrol.wait, under the previous kernel's tail. The gather used to load the permutation
- * index, then the source, then the sign byte of one element after another: dependent round trips to L2, 8 elements a
- * thread at d = 4096. Now each thread fetches its elements' entries (source index | sign << 31) into `entries` (the
- * slice buffer B, free until the mixer writes it) before the wait; it alone reads them back, so no barrier; shared
- * memory rather than registers, which the norm producer has none to spare for under 64 a thread. */
-#define SOLOQ_GATHER 8  // elements a thread gathers at once
-__device__ __forceinline__ void soloq_gather_fetch(const soloq_args &a, const soloq_slice &s, u32 *entries) {
-    const int nt = blockDim.x, i1 = s.i0 + s.n;
-    for (int i = s.i0 + threadIdx.x; i < i1; i += SOLOQ_GATHER * nt) {
-        u32 idx[SOLOQ_GATHER], neg[SOLOQ_GATHER];
-#pragma unroll
-        for (int e = 0; e < SOLOQ_GATHER; e++) {  // every load before any store
-            const int k = i + e * nt;
-            idx[e] = a.perm && k < i1 ? (u32)a.perm[k] : (u32)k;
-            neg[e] = a.signs && k < i1 ? a.signs[k >> 3] >> (k & 7) & 1u : 0u;
-        }
-#pragma unroll
-        for (int e = 0; e < SOLOQ_GATHER; e++)
-            if (i + e * nt < i1) entries[i + e * nt - s.i0] = idx[e] | neg[e] << 31;
-    }
-}
-
-/* Element i of the row a GEMM would read before the rotation: the bf16 row x (of a.x), add_rmsnorm's output (already
- * in `normed`), or SwiGLU's (silu_mul8's arithmetic, rounded to bf16 as swiglu stores it). */
-__device__ __forceinline__ float soloq_source(const soloq_args &a, const bf16_t *x, int i, const float *normed) {
-    if (a.producer == 1) return normed[i];
-    if (a.producer == 0) return bf16_to_f32(x[i]);
-    const float g = bf16_to_f32(x[i]), u = bf16_to_f32(x[a.d + i]);
-    return bf16_to_f32(f32_to_bf16(g / (1.f + __expf(-g)) * u));
-}
-
-/* A request for p's line into L1 that holds no register: the gather's loads from global memory go out together. */
-__device__ __forceinline__ void soloq_prefetch(const void *p) { asm volatile("prefetch.L1 [%0];" ::"l"(p)); }
-
-/* The mixer Q_k staged in shared memory (stage: SOLOQ_MIX_K^2 floats) when it is that small (K-RPBH's k = d / 1024: 4
- * at 4096, 12 at 12288), before griddepcontrol.wait; visible after the gather's barrier, the first before any mixing.
- * soloq_mixer says where to read it (recomputed there rather than held: a pointer kept from the kernel's start spills
- * under 64 registers). */
-#define SOLOQ_MIX_K 16
-__device__ __forceinline__ void soloq_stage_mixer(const soloq_args &a, float *stage) {
-    if (a.mixer && a.rot_k <= SOLOQ_MIX_K)
-        for (int i = threadIdx.x; i < a.rot_k * a.rot_k; i += blockDim.x) stage[i] = a.mixer[i];
-}
-__device__ __forceinline__ const float *soloq_mixer(const soloq_args &a, const float *stage) {
-    return stage && a.rot_k <= SOLOQ_MIX_K ? stage : a.mixer;
-}
 
 /* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E, a block a warp and no barrier:
  * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
  * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
  * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
-template <int E> __device__ void soloq_fwht_registers(float *A, int n, float norm) {
+template <int E>
+__device__ void soloq_fwht_registers(float *A, int n, float norm) {
     const int lane = threadIdx.x & 31, b = 32 * E;
     for (int blk = threadIdx.x >> 5; blk < n / b; blk += blockDim.x >> 5) {
         float *block = A + blk * b + lane, x[E];
@@ -313,25 +239,16 @@ __device__ void soloq_fwht_blocks(const soloq_args &a, const soloq_slice &s, flo
 /* y = R x on this CTA's slice (twin: dllm__rotate): signs and permutation gathered, block FWHTs, 1/sqrt(b), the
  * mixer Q_k into B. F is the row buffer (d floats) and A = F + i0 this CTA's slice of it; before mixing, a split row's
  * other slices are copied into F from the other CTAs (one coalesced pass over distributed shared memory, rather than a
- * remote load per multiply-add). B holds the slice (element i at i - i0), on entry this thread's gather entries
- * (soloq_gather_fetch(a, s, B)); `normed`, producer 1's whole source row; mixer_stage: soloq_stage_mixer's (or null).
+ * remote load per multiply-add). B holds the slice (element i at i - i0); `normed`, producer 1's whole source row.
  * Returns where the rotated slice is (A or B). */
 __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B,
-                               const float *normed, const float *mixer_stage) {
+                               const float *normed) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *A = F + s.i0;
-    const u32 *entries = (const u32 *)B;  // entry of element i0 + e at e
-    const bf16_t *x = a.producer == 1 ? 0 : (const bf16_t *)a.x + (u64)row * a.x_stride;
-    if (x)  // the sources in global memory requested first (the loop below took an L2 round trip each, one at a time)
-        for (int e = tid; e < s.n; e += nt) {
-            const bf16_t *p = x + (entries[e] & 0x7fffffffu);
-            soloq_prefetch(p);
-            if (a.producer == 2) soloq_prefetch(p + a.d);
-        }
-    for (int e = tid; e < s.n; e += nt) {
-        const u32 entry = entries[e];
-        const float v = soloq_source(a, x, (int)(entry & 0x7fffffffu), normed);
-        A[e] = entry >> 31 ? -v : v;
+    for (int i = s.i0 + tid; i < i1; i += nt) {
+        float v = soloq_source(a, row, a.perm ? a.perm[i] : i, normed);
+        if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
+        A[i - s.i0] = v;
     }
     __syncthreads();
     soloq_fwht_blocks(a, s, A);
@@ -341,23 +258,18 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         return A;
     }
     soloq_sync(s);  // every slice transformed before any is mixed
-    if (s.C > 1) {  // 16 bytes from 4 other CTAs at once, then the stores (all 7 at once spill under 64 registers)
-        for (int i = tid * 4; i < s.n; i += nt * 4)
-            for (int o0 = 0; o0 < s.C; o0 += 4) {
-                float4 v[4];
-#pragma unroll
-                for (int o = 0; o < 4; o++)
-                    if (o0 + o < s.C && o0 + o != s.r) v[o] = soloq_remote4(F + (o0 + o) * s.n + i, o0 + o);
-#pragma unroll
-                for (int o = 0; o < 4; o++)
-                    if (o0 + o < s.C && o0 + o != s.r) *(float4 *)(F + (o0 + o) * s.n + i) = v[o];
-            }
+    if (s.C > 1) {
+        for (int owner = 0; owner < s.C; owner++) {
+            if (owner == s.r) continue;
+            float *slice = F + owner * s.n;
+            for (int i = tid; i < s.n; i += nt) slice[i] = soloq_remote(&slice[i], owner);
+        }
         __syncthreads();
     }
     const int k = a.rot_k;
     for (int o = s.i0 + tid; o < i1; o += nt) {
         const int j = o >> log_b, c = o & (b - 1);
-        const float *q = soloq_mixer(a, mixer_stage) + j * k, *col = F + c;
+        const float *q = a.mixer + j * k, *col = F + c;
         float acc = 0.f;
         for (int i = 0; i < k; i++) acc = fmaf(q[i], col[i * b], acc);
         B[o - s.i0] = acc;
@@ -378,9 +290,9 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
         if ((threadIdx.x & 31) == 0) seg[j] = p;
     }
     soloq_sync(s);
-    const float p = soloq_partial(seg, s, mine);
     float sum = 0.f;
-    for (int q = 0; q < s.C * mine; q++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p, q));  // in order
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) sum = __fadd_rn(sum, r == s.r ? seg[j] : soloq_remote(&seg[j], r));
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
@@ -388,8 +300,7 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
  * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
- * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. A split row's
- * CTAs read each other's partials: the caller keeps them until all have (a cluster barrier before any leaves). */
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -406,13 +317,14 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
         if ((threadIdx.x & 31) == 0) seg_sum[j] = p, seg_max[j] = m;
     }
     soloq_sync(s);
-    const float p = soloq_partial(seg_sum, s, mine), pm = soloq_partial(seg_max, s, mine);
     float sum = 0.f, amax = 0.f;
-    for (int q = 0; q < s.C * mine; q++) {  // in order
-        sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, p, q));
-        amax = fmaxf(amax, __shfl_sync(0xffffffffu, pm, q));
-    }
+    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
+        for (int j = 0; j < mine; j++) {
+            sum = __fadd_rn(sum, r == s.r ? seg_sum[j] : soloq_remote(&seg_sum[j], r));
+            amax = fmaxf(amax, r == s.r ? seg_max[j] : soloq_remote(&seg_max[j], r));
+        }
     if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
+    if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
     return make_float2(amax, sum);
 }
 
@@ -500,11 +412,10 @@ __device__ __forceinline__ float soloq_own_scale(int format, float amax, float s
  * a.quantize the rotated row itself goes to a.values in bf16 (the -w4a16 precisions) and the scale is 1. A and B: two
  * fp32 rows of shared memory. */
 template <bool E8P>
-__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed,
-                          const float *mixer_stage) {
+__device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, float *F, float *B, const float *normed) {
     __shared__ float seg[32];
     const int d = a.d, tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
-    float *y = soloq_rotate(a, row, s, F, B, normed, mixer_stage), *A = F + s.i0, *val = y == A ? B : A;
+    float *y = soloq_rotate(a, row, s, F, B, normed), *A = F + s.i0, *val = y == A ? B : A;
     bf16_t *values = a.values ? a.values + (u64)row * d : 0;
     if (!a.quantize) {
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(y[i - s.i0]);
@@ -528,14 +439,12 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
         scale = soloq_own_scale(a.format, amax, sigma);
     }
     __syncthreads();
-    const bool correct = a.bias_correction && ss > 0.f && ss <= 3.402823466e38f;
     if (!(ss <= 3.402823466e38f)) {
         scale = __int_as_float(0x7fc00000);
-    } else if (correct) {  // [bias correction] ||x||^2 / <C, x>
+    } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
         const float proj = soloq_row_dot(val, y, d, s, seg);
         if (proj > 0.f) scale = __fdiv_rn(ss, proj);
     }
-    if (s.C > 1 && !correct) soloq_sync(s);  // no CTA leaves while another reads its stats (soloq_row_dot's barriers)
     if (tid == 0 && s.r == 0 && a.row_scale) a.row_scale[row] = scale;
     if (values)
         for (int i = s.i0 + tid; i < i1; i += nt) values[i] = f32_to_bf16(val[i - s.i0]);
@@ -552,29 +461,22 @@ __device__ __forceinline__ soloq_slice soloq_slice_of(const soloq_args &a) {
 
 /* Rows of x (producer 0): the weights at load (every format) and a GEMM's bf16 input. */
 KERNEL_soloq_quantize_rows {
-    __shared__ float mixer_stage[SOLOQ_MIX_K * SOLOQ_MIX_K];
+    pdl_enter();
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
-    soloq_gather_fetch(a, s, (u32 *)(soloq_smem + a.d));  // [SoloQ prefetch]
-    soloq_stage_mixer(a, mixer_stage);
-    pdl_enter();
-    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d, 0, mixer_stage);
+    soloq_row<true>(a, blockIdx.x / a.cluster, s, soloq_smem, soloq_smem + a.d, 0);
 }
 
 /* [fused producers] A GEMM's input made and quantised in one pass (producer 1: add_rmsnorm, blockDim its norm threads;
  * 2: SwiGLU): the activation formats only (no E8P). */
 KERNEL_soloq_produce_rows {
-    __shared__ float mixer_stage[SOLOQ_MIX_K * SOLOQ_MIX_K];
+    pdl_enter();
     extern __shared__ float soloq_smem[];
     const soloq_slice s = soloq_slice_of(a);
     float *B = soloq_smem + a.d,
-          *normed = B + s.n;             // the row buffer, a slice; producer 1: every CTA normalises the whole row
-    soloq_gather_fetch(a, s, (u32 *)B);  // [SoloQ prefetch]
-    soloq_stage_mixer(a, mixer_stage);
-    if (a.producer == 1) soloq_stage_norm_w(a, normed);
-    pdl_enter();
+          *normed = B + s.n;  // the row buffer, a slice; producer 1: every CTA normalises the whole row
     if (a.producer == 1) soloq_norm_row(a, blockIdx.x / a.cluster, s.r == 0, normed);
-    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed, mixer_stage);
+    soloq_row<false>(a, blockIdx.x / a.cluster, s, soloq_smem, B, normed);
 }
 
 /* The C values of elements g .. g + 7 of a stored row (twin: dllm__q4_value). */
