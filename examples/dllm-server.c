@@ -46,6 +46,9 @@ static void usage(FILE *f) {
             "                         soloq-i, soloq-c, rtn-w4a4 or a -w4a16 form (see dllm-generate --help)\n"
             "  -t, --threads N        CPU backend threads (default: all)\n"
             "  --max-batch N          sequences decoded together (default 8)\n"
+            "  --max-fill-rows N      K/V-cache fill rows one step forwards (a cached block's first step forwards the\n"
+            "                         whole canvas); sequences past it wait a step, new requests first (default 2048,\n"
+            "                         0 = no bound). Lower keeps steps short for arriving requests\n"
             "  --max-queue N          sequences that may wait for the decoder; more is HTTP 429 (default 64)\n"
             "  --max-streams N        concurrent streaming responses; more is HTTP 429 (default 32)\n"
             "  --max-tokens N         the largest max_tokens a request may ask for (default 1024, at most the model's context)\n"
@@ -132,6 +135,7 @@ static int parse_args(int argc, char **argv, server_config *cfg) {
             cfg->precision = (dllm_precision)k;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!parse_int(v, 0, 1024, &cfg->n_threads)) return fail("%s must be in [0, 1024], not \"%s\"", a, v); }
         else if (!strcmp(a, "--max-batch")) { if (!parse_int(v, 1, 1024, &cfg->max_batch)) return fail("%s must be in [1, 1024], not \"%s\"", a, v); }
+        else if (!strcmp(a, "--max-fill-rows")) { if (!parse_int(v, 0, 1 << 20, &cfg->max_fill_rows)) return fail("%s must be in [0, 1048576], not \"%s\"", a, v); }
         else if (!strcmp(a, "--max-queue")) { if (!parse_int(v, 1, 1 << 16, &cfg->max_queue)) return fail("%s must be in [1, 65536], not \"%s\"", a, v); }
         else if (!strcmp(a, "--max-streams")) { if (!parse_int(v, 1, 1 << 12, &cfg->max_streams)) return fail("%s must be in [1, 4096], not \"%s\"", a, v); }
         else if (!strcmp(a, "--max-tokens")) { if (!parse_int(v, 1, 1 << 20, &cfg->max_tokens)) return fail("%s must be a positive count, not \"%s\"", a, v); }
@@ -219,6 +223,7 @@ int main(int argc, char **argv) {
     srv.cfg.backend = DLLM_BACKEND_AUTO;
     srv.cfg.precision = DLLM_PRECISION_AUTO;
     srv.cfg.max_batch = 8;
+    srv.cfg.max_fill_rows = dllm_stepper_default_params().max_fill_rows;
     srv.cfg.max_queue = 64;
     srv.cfg.max_streams = 32;
     srv.cfg.max_tokens = 1024;
@@ -261,7 +266,7 @@ int main(int argc, char **argv) {
     srv.backend_used = dllm_ctx_get_backend(ctx);
     set_model_id(&srv);
     srv.started = time(NULL);
-    if (!(srv.sched = sched_create(ctx, srv.cfg.max_batch, srv.cfg.max_queue))) { fail("cannot start the decoding thread"); goto done; }
+    if (!(srv.sched = sched_create(ctx, srv.cfg.max_batch, srv.cfg.max_fill_rows, srv.cfg.max_queue))) { fail("cannot start the decoding thread"); goto done; }
     if (!(daemon = http_start(&srv, &port))) goto done;
     fprintf(stderr, "dllm-server: serving %s (%s backend) on http://%s%s%s:%d/ (max batch %d, queue %d, streams %d%s)\n", srv.model_id,
             srv.backend_used == DLLM_BACKEND_GPU ? "GPU" : "CPU", strchr(srv.cfg.host, ':') ? "[" : "", srv.cfg.host,

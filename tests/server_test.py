@@ -595,6 +595,13 @@ class CanvasPageTest(unittest.TestCase):
 class LimitsAndShutdownTest(unittest.TestCase):
     """A server with tiny limits: queue and stream limits answer 429; SIGTERM drains the request in flight."""
 
+    def test_option_values_are_checked(self):
+        for option, value in (("--max-fill-rows", "-1"), ("--max-fill-rows", "many"), ("--max-batch", "0")):
+            out = subprocess.run([SERVER_BIN, "-m", MODEL, "--backend", "cpu", "--port", "0", option, value],
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn(option + " must be in", out.stderr)
+
     def test_limits_and_sigterm(self):
         srv = Server("--max-batch", "1", "--max-queue", "1", "--max-streams", "1", "--drain-timeout", "60")
         try:
@@ -643,7 +650,8 @@ class ServeBenchTest(unittest.TestCase):
 
     def test_serve_bench_runs_on_the_cpu(self):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "serve_bench.py"), "-m", MODEL, "--backend", "cpu", "--clients", "2",
-                              "--prompt-tokens", "40", "--max-tokens", "16", "--solo-runs", "1"], capture_output=True, text=True, timeout=600)
+                              "--prompt-tokens", "40", "--max-tokens", "16", "--solo-runs", "1", "--max-fill-rows", "1"],
+                             capture_output=True, text=True, timeout=600)  # one fill a step: the others wait, same answers
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
         for row in ("ratio server / CLI batch", "ratio late / (prefill + 2 steps)", "ratio alone / CLI solo"):
             self.assertRegex(out.stdout, r"\| +%s +\| [0-9.]+ " % re.escape(row))

@@ -164,6 +164,7 @@ class Server:
         cmd = [args.server, model_flag, model_dir, "--host", "127.0.0.1", "--port", "0", "--max-batch", str(args.clients),
                "--max-queue", str(4 * args.clients), "--max-streams", str(4 * args.clients), "--max-tokens", str(args.max_tokens)]
         cmd += ["--backend", args.backend] + (["--precision", args.precision] if args.precision else []) + (["-t", str(args.threads)] if args.threads else [])
+        cmd += ["--max-fill-rows", str(args.max_fill_rows)] if args.max_fill_rows is not None else []
         print("starting: " + " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=run_env(args.server))
         self.port = None
@@ -305,6 +306,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=768, help="each prompt's tokens through the chat template (default 768)")
     ap.add_argument("--max-tokens", type=int, default=256, help="max_tokens and -n (default 256)")
     ap.add_argument("--cache", default="dual", help="Fast-dLLM cache of both (default dual)")
+    ap.add_argument("--max-fill-rows", type=int, help="the server's --max-fill-rows (default: the server's)")
     ap.add_argument("--solo-runs", type=int, default=2, help="single-request dllm-generate runs, the best kept (default 2)")
     ap.add_argument("--join-after", type=float, default=0.25,
                     help="(c): the late request is sent when the others are this fraction of their way (default 0.25)")

@@ -16,7 +16,7 @@ typedef struct queued_sequence {
 
 struct scheduler {
     dllm_ctx *ctx;
-    int max_batch, max_queue;
+    int max_batch, max_fill_rows, max_queue;
     pthread_t worker;
     pthread_mutex_t lock;
     pthread_cond_t work_arrived;
@@ -95,6 +95,7 @@ static void *worker_main(void *arg) {
     dllm_stepper_params params = dllm_stepper_default_params();
     dllm_stepper *stepper = NULL;
     params.max_sequences = s->max_batch;
+    params.max_fill_rows = s->max_fill_rows;
     if (dllm_stepper_create(s->ctx, params, &stepper) != DLLM_OK)
         fprintf(stderr, "dllm-server: cannot start decoding: %s\n", dllm_ctx_last_error(s->ctx));
     for (;;) {
@@ -124,11 +125,12 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_queue) {
+scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_fill_rows, int max_queue) {
     scheduler *s = (scheduler *)calloc(1, sizeof *s);
     if (!s) return NULL;
     s->ctx = ctx;
     s->max_batch = max_batch > 0 ? max_batch : 1;
+    s->max_fill_rows = max_fill_rows > 0 ? max_fill_rows : 0;
     s->max_queue = max_queue > 0 ? max_queue : 1;
     if (!(s->running = (queued_sequence **)calloc((size_t)s->max_batch, sizeof *s->running))) {
         free(s);

@@ -39,8 +39,9 @@ typedef enum sched_submit_result {
 } sched_submit_result;
 
 /* Starts the worker thread on ctx (which the scheduler then owns for its lifetime; the caller frees it after
- * sched_free). max_batch >= 1 sequences decode together; at most max_queue sequences wait. NULL on failure. */
-scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_queue);
+ * sched_free). max_batch >= 1 sequences decode together, a step forwarding at most max_fill_rows rows of K/V-cache
+ * fills (dllm_stepper_params; 0: no bound); at most max_queue sequences wait. NULL on failure. */
+scheduler *sched_create(dllm_ctx *ctx, int max_batch, int max_fill_rows, int max_queue);
 
 /* Queues n sequences, all or none (the n choices of one request). */
 sched_submit_result sched_submit(scheduler *s, const sched_sequence *seqs, int n);

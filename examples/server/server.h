@@ -18,6 +18,7 @@ typedef struct server_config {
     dllm_precision precision;
     int n_threads;              /* CPU backend threads, 0 = all */
     int max_batch;              /* sequences decoded together */
+    int max_fill_rows;          /* K/V-cache fill rows one step forwards (dllm_stepper_params' max_fill_rows) */
     int max_queue;              /* sequences waiting for the worker; more is 429 */
     int max_streams;            /* concurrent streaming responses; more is 429 */
     int max_tokens;             /* the largest max_tokens a request may ask for */
