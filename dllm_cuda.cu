@@ -16910,11 +16910,18 @@ struct dllm__attn_work_shape {
 struct dllm__kvq_batch_seq {
     int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
 };
+/* [KV quant] One kvq_flash launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split,
+ * splits. */
+struct dllm__kvq_tc_plan {
+    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t smem = 0;
+};
 /* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
- * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
- * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan and its split states at `partial` floats into the
+ * batch's; else the sequence's rows in one chunk. */
 struct dllm__kvq_batch_chunk {
-    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    int seq = 0, r0 = 0, rows = 0;
+    dllm__kvq_tc_plan plan;
     size_t partial = 0;
 };
 /* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a
@@ -19734,11 +19741,6 @@ static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
         arch.target};
 }
 
-/* One launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split, splits. */
-struct dllm__kvq_tc_plan {
-    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
-    size_t smem = 0;
-};
 /* p's CTAs of `warps` warps over a kv head's group_rows query rows: their shared memory and row tiles. */
 static void dllm__kvq_tc_set_warps(dllm__kvq_tc_plan &p, int hd, int group_rows, int warps) {
     p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
@@ -19810,12 +19812,10 @@ static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv
             dllm__kvq_batch_chunk c;
             c.seq = (int)s, c.r0 = r0, c.rows = std::min(step, q.T - r0);
             if (tc) {
-                dllm__kvq_tc_plan p;
                 DLLM__TRY(dllm__kvq_tc_plan_for(hd, n_head, n_kv, c.rows, q.n_keys, q.n_committed, n_sink, n_sms,
-                                                smem_optin, p));
-                c.warps = p.warps, c.q_tiles = p.q_tiles, c.split_keys = p.split_keys, c.n_splits = p.n_splits;
+                                                smem_optin, c.plan));
                 c.partial = w.partial_floats;
-                w.partial_floats += dllm__kvq_tc_partial_bytes(p, n_head, c.rows, hd) / 4;
+                w.partial_floats += dllm__kvq_tc_partial_bytes(c.plan, n_head, c.rows, hd) / 4;
             }
             w.chunks.push_back(c);
         }
@@ -19823,16 +19823,16 @@ static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv
     for (size_t c = 0; tc && c < w.chunks.size(); c++) {  // the CTA shapes, in the order the chunks first take them
         bool seen = false;
         for (const dllm__kvq_batch_group &g : w.groups)
-            seen = seen || (g.warps == w.chunks[c].warps && g.q_tiles == w.chunks[c].q_tiles);
+            seen = seen || (g.warps == w.chunks[c].plan.warps && g.q_tiles == w.chunks[c].plan.q_tiles);
         if (seen) continue;
         dllm__kvq_batch_group g;
-        g.warps = w.chunks[c].warps, g.q_tiles = w.chunks[c].q_tiles, g.first = (int)w.items.size();
+        g.warps = w.chunks[c].plan.warps, g.q_tiles = w.chunks[c].plan.q_tiles, g.first = (int)w.items.size();
         g.smem = dllm__kvq_tc_smem(hd, g.warps);
         for (size_t d = c; d < w.chunks.size(); d++) {
             const dllm__kvq_batch_chunk &ch = w.chunks[d];
-            if (ch.warps != g.warps || ch.q_tiles != g.q_tiles) continue;
+            if (ch.plan.warps != g.warps || ch.plan.q_tiles != g.q_tiles) continue;
             w.items.push_back({(int)d, 0});
-            g.max_splits = std::max(g.max_splits, ch.n_splits);
+            g.max_splits = std::max(g.max_splits, ch.plan.n_splits);
         }
         g.count = (int)w.items.size() - g.first;
         w.groups.push_back(g);
@@ -20141,7 +20141,7 @@ dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
                                             act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
                                             q.mask_block, q.pos0 + ch.r0);
             if (w.tc)  // kvq_attention's chunk, dllm__kvq_tc_launch's split size and states
-                a.q_rows = ch.rows, a.split_keys = ch.split_keys,
+                a.q_rows = ch.rows, a.split_keys = ch.plan.split_keys,
                 a.partial = batch_.kvq_partial.as<float>() + ch.partial;
             tab[layer * w.chunks.size() + ci] = a;
         }
@@ -20225,12 +20225,9 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
     } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
         for (size_t ci = 0; ci < n_chunks; ci++) {
             const dllm__kvq_batch_chunk &ch = w.chunks[ci];
-            const kvq_args &a = batch_.kvq_args_host[layer * n_chunks + ci];
-            const dim3 grid((unsigned)ch.n_splits, (unsigned)c.n_head_kv, (unsigned)ch.q_tiles);
-            DLLM__TRY(kv_codes_.flash.kvq_flash.launch(
-                {grid, dim3((unsigned)ch.warps * 32), dllm__kvq_tc_smem(hd, ch.warps)}, stream_, a));
-            DLLM__TRY(kv_codes_.flash.kvq_flash_combine.launch({dim3((unsigned)ch.rows, (unsigned)c.n_head), dim3(32)},
-                                                               stream_, a));
+            DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, batch_.kvq_args_host[layer * n_chunks + ci], ch.plan,
+                                          batch_.kvq_partial.as<float>() + ch.partial,
+                                          batch_.kvq_partial.bytes - ch.partial * 4, stream_));
         }
     }
     for (size_t i = 0; i < seqs.size(); i++) {

@@ -161,8 +161,8 @@ TEST(kv_quant, tc_batch_work_is_each_sequence_alone) {
                 for (int i = 0; i < n; i++) rows.push_back({(int)chunk, i});
                 plans.push_back(p);
                 if (!tc) continue;
-                bad += c.warps != p.warps || c.q_tiles != p.q_tiles || c.split_keys != p.split_keys ||
-                       c.n_splits != p.n_splits || c.partial != partial;
+                bad += c.plan.warps != p.warps || c.plan.q_tiles != p.q_tiles || c.plan.split_keys != p.split_keys ||
+                       c.plan.n_splits != p.n_splits || c.partial != partial;
                 partial += dllm__kvq_tc_partial_bytes(p, sh.n_head, n, sh.hd) / 4;
             }
         }
@@ -217,8 +217,8 @@ TEST(kv_quant, tc_batch_work_is_each_sequence_alone) {
         while (first < w.chunks.size() && w.chunks[first].seq != (int)s) first++;
         for (size_t c = 0; c < alone.chunks.size(); c++) {
             const dllm__kvq_batch_chunk &x = alone.chunks[c], &y = w.chunks[first + c];
-            bad += x.r0 != y.r0 || x.rows != y.rows || x.warps != y.warps || x.q_tiles != y.q_tiles ||
-                   x.split_keys != y.split_keys || x.n_splits != y.n_splits ||
+            bad += x.r0 != y.r0 || x.rows != y.rows || x.plan.warps != y.plan.warps ||
+                   x.plan.q_tiles != y.plan.q_tiles || x.plan.split_keys != y.plan.split_keys || x.plan.n_splits != y.plan.n_splits ||
                    x.partial != y.partial - w.chunks[first].partial;
         }
     }

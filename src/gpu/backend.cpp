@@ -115,11 +115,18 @@ struct dllm__attn_work_shape {
 struct dllm__kvq_batch_seq {
     int T = 0, n_keys = 0, n_committed = 0, mask_block = 0, pos0 = 0;
 };
+/* [KV quant] One kvq_flash launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split,
+ * splits. */
+struct dllm__kvq_tc_plan {
+    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    size_t smem = 0;
+};
 /* [KV quant] [batch] A chunk of one sequence's query rows [r0, r0 + rows), as kvq_attention launches it alone: under
- * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan (warps a CTA, row tiles, keys a split, splits) and its
- * split states at `partial` floats into the batch's; else the sequence's rows in one chunk. */
+ * kvq_tc at most dllm__kvq_tc_chunk_rows rows with its own plan and its split states at `partial` floats into the
+ * batch's; else the sequence's rows in one chunk. */
 struct dllm__kvq_batch_chunk {
-    int seq = 0, r0 = 0, rows = 0, warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
+    int seq = 0, r0 = 0, rows = 0;
+    dllm__kvq_tc_plan plan;
     size_t partial = 0;
 };
 /* [KV quant] [batch] One kvq_flash_batch launch: the chunks of one CTA shape (warps, row tiles), its items (one a

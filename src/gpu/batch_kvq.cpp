@@ -123,7 +123,7 @@ dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
                                             act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
                                             q.mask_block, q.pos0 + ch.r0);
             if (w.tc)  // kvq_attention's chunk, dllm__kvq_tc_launch's split size and states
-                a.q_rows = ch.rows, a.split_keys = ch.split_keys,
+                a.q_rows = ch.rows, a.split_keys = ch.plan.split_keys,
                 a.partial = batch_.kvq_partial.as<float>() + ch.partial;
             tab[layer * w.chunks.size() + ci] = a;
         }
@@ -207,12 +207,9 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
     } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
         for (size_t ci = 0; ci < n_chunks; ci++) {
             const dllm__kvq_batch_chunk &ch = w.chunks[ci];
-            const kvq_args &a = batch_.kvq_args_host[layer * n_chunks + ci];
-            const dim3 grid((unsigned)ch.n_splits, (unsigned)c.n_head_kv, (unsigned)ch.q_tiles);
-            DLLM__TRY(kv_codes_.flash.kvq_flash.launch(
-                {grid, dim3((unsigned)ch.warps * 32), dllm__kvq_tc_smem(hd, ch.warps)}, stream_, a));
-            DLLM__TRY(kv_codes_.flash.kvq_flash_combine.launch({dim3((unsigned)ch.rows, (unsigned)c.n_head), dim3(32)},
-                                                               stream_, a));
+            DLLM__TRY(dllm__kvq_tc_launch(kv_codes_.flash, batch_.kvq_args_host[layer * n_chunks + ci], ch.plan,
+                                          batch_.kvq_partial.as<float>() + ch.partial,
+                                          batch_.kvq_partial.bytes - ch.partial * 4, stream_));
         }
     }
     for (size_t i = 0; i < seqs.size(); i++) {

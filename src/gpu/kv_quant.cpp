@@ -55,11 +55,6 @@ static dllm__jit_request dllm__module_kvq_tc(const dllm__arch &arch, int hd) {
         arch.target};
 }
 
-/* One launch's shape: warps a CTA (16 query rows each), CTAs over the group's rows, keys a split, splits. */
-struct dllm__kvq_tc_plan {
-    int warps = 0, q_tiles = 0, split_keys = 0, n_splits = 0;
-    size_t smem = 0;
-};
 /* p's CTAs of `warps` warps over a kv head's group_rows query rows: their shared memory and row tiles. */
 static void dllm__kvq_tc_set_warps(dllm__kvq_tc_plan &p, int hd, int group_rows, int warps) {
     p.warps = warps, p.smem = dllm__kvq_tc_smem(hd, warps), p.q_tiles = (group_rows + warps * 16 - 1) / (warps * 16);
@@ -131,12 +126,10 @@ static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv
             dllm__kvq_batch_chunk c;
             c.seq = (int)s, c.r0 = r0, c.rows = std::min(step, q.T - r0);
             if (tc) {
-                dllm__kvq_tc_plan p;
                 DLLM__TRY(dllm__kvq_tc_plan_for(hd, n_head, n_kv, c.rows, q.n_keys, q.n_committed, n_sink, n_sms,
-                                                smem_optin, p));
-                c.warps = p.warps, c.q_tiles = p.q_tiles, c.split_keys = p.split_keys, c.n_splits = p.n_splits;
+                                                smem_optin, c.plan));
                 c.partial = w.partial_floats;
-                w.partial_floats += dllm__kvq_tc_partial_bytes(p, n_head, c.rows, hd) / 4;
+                w.partial_floats += dllm__kvq_tc_partial_bytes(c.plan, n_head, c.rows, hd) / 4;
             }
             w.chunks.push_back(c);
         }
@@ -144,16 +137,16 @@ static dllm_status dllm__kvq_batch_work_of(bool tc, int hd, int n_head, int n_kv
     for (size_t c = 0; tc && c < w.chunks.size(); c++) {  // the CTA shapes, in the order the chunks first take them
         bool seen = false;
         for (const dllm__kvq_batch_group &g : w.groups)
-            seen = seen || (g.warps == w.chunks[c].warps && g.q_tiles == w.chunks[c].q_tiles);
+            seen = seen || (g.warps == w.chunks[c].plan.warps && g.q_tiles == w.chunks[c].plan.q_tiles);
         if (seen) continue;
         dllm__kvq_batch_group g;
-        g.warps = w.chunks[c].warps, g.q_tiles = w.chunks[c].q_tiles, g.first = (int)w.items.size();
+        g.warps = w.chunks[c].plan.warps, g.q_tiles = w.chunks[c].plan.q_tiles, g.first = (int)w.items.size();
         g.smem = dllm__kvq_tc_smem(hd, g.warps);
         for (size_t d = c; d < w.chunks.size(); d++) {
             const dllm__kvq_batch_chunk &ch = w.chunks[d];
-            if (ch.warps != g.warps || ch.q_tiles != g.q_tiles) continue;
+            if (ch.plan.warps != g.warps || ch.plan.q_tiles != g.q_tiles) continue;
             w.items.push_back({(int)d, 0});
-            g.max_splits = std::max(g.max_splits, ch.n_splits);
+            g.max_splits = std::max(g.max_splits, ch.plan.n_splits);
         }
         g.count = (int)w.items.size() - g.first;
         w.groups.push_back(g);
