@@ -1558,10 +1558,6 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
     dllm_ctx_free(ctx);
 }
 
-/* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
- * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
- * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64, and batch 16's over batch 1's (the
- * target: at least 3.5x in BF16), in the given precision. Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
 /* B of W1's items (prompt 768, gen 256, block 32, 256 steps, dual cache, no EOS stop), each its own prompt; prompts
  * and outs hold their ids. */
 static std::vector<dllm_batch_item> bench_w1_items(int B, std::vector<std::vector<int32_t>> &prompts,
@@ -1578,6 +1574,10 @@ static std::vector<dllm_batch_item> bench_w1_items(int B, std::vector<std::vecto
     return items;
 }
 
+/* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,
+ * block 32, 256 steps, the dual cache, greedy low-confidence, decoded together; generated tokens/s of the batch
+ * (B x 256 over its wall time) for B = 1, 4, 8, 16, 32, 64, and batch 16's over batch 1's (the
+ * target: at least 3.5x in BF16), in the given precision. Each batch size is warmed up once (module loading, GEMM tuning of its row counts). */
 static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision precision) {
     dllm_ctx_params cp = bench_gpu_params();
     cp.max_tokens = 1024;
