@@ -405,6 +405,14 @@ build_server() {
     DLLM_LIB_DIR=build examples/server/build.sh "$@"
 }
 
+# The Qwen2.5 tokenizer fixture ships packed (4.4 MB of vocab.json and merges.txt in 1.3 MB) and is unpacked beside the
+# archive the first time anything runs; the unpacked folder is git-ignored.
+unpack_fixtures() {
+    local dir=tests/data/tokenizer
+    [ -f "$dir/qwen2.5/vocab.json" ] || tar -xJf "$dir/qwen2.5.tar.xz" -C "$dir" || die "unpacking $dir/qwen2.5.tar.xz failed"
+}
+
+unpack_fixtures
 case "${1:-build}" in
     build) build ;;
     run) shift; run_main_job "$@" ;;

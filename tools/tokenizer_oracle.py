@@ -8,7 +8,8 @@ and transformers 5 (the GPU machine; about 10 s):
     python3 tools/tokenizer_oracle.py
 
 It needs, inside the checkout: .carry/fortunes/ (Debian fortunes text, carried to the GPU machine) and
-tests/data/tokenizer/qwen2.5/ and tests/data/tokenizer/ling/tokenizer_config.json (committed). It
+tests/data/tokenizer/qwen2.5/ (committed packed as qwen2.5.tar.xz; any ./build.sh command unpacks it) and
+tests/data/tokenizer/ling/tokenizer_config.json (committed). It
   1. trains a small byte-level BPE (vocabulary 2000) on the fortunes with the Ling/LLaDA split pattern,
      puts LLaDA's 269 special tokens at their real ids (126080..126348, from LLaDA-8B-Instruct's
      tokenizer_config.json, kept beside it with the chat template) and writes ling/tokenizer.json;

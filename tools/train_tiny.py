@@ -29,7 +29,7 @@ One model again, e.g. a longer tiny-add (heldout.txt and add_test.txt come out i
 trained again and each model directory carries its own; only the chosen model's budget counts; --minutes and
 --steps take 3 or 4 values in RECIPES order):
     ... train_tiny.py --only tiny-add --minutes 0 0 3 --out ... --data-out ...
-tiny-llada2 alone (2.0 minutes of training; about 14 MB of BF16, so packed the same way):
+tiny-llada2 alone (2.0 minutes of training; about 3 MB of BF16, packed the same way):
     set -o pipefail; python3 tools/train_tiny.py --only tiny-llada2 --out $OUT/repo/models \
       --data-out $OUT/repo/tests/data 2>&1 | tee $OUT/train_tiny.log && tar -C $OUT/repo -cf - . \
       | split -b 15m -d - $OUT/tiny-llada2.tar. && rm -rf $OUT/repo
@@ -139,6 +139,7 @@ class Recipe:
     moe_hidden: int = 0
     n_shared: int = 0
     n_dense: int = 0
+    vocab: int = 0     # this model's tokenizer size (its kind's), 0: --vocab
 
 
 ADD_SEQ_LEN = 2 * ADD_DIGITS + 2 + ADD_ANSWER_LEN
@@ -146,9 +147,11 @@ RECIPES = [
     Recipe("tiny-llada", "llada", "text", 256, 8, 4, 4, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 3.0, 11),
     Recipe("tiny-dream", "dream", "text", 256, 6, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.0, 12),
     Recipe("tiny-add", "llada", "add", 128, 4, 2, 2, 384, ADD_SEQ_LEN, 1024, 2e-3, 100, 0.01, 0.0, 2.0, 13),
-    # LLaDA2.0-mini's proportions shrunk: 16 experts in 4 groups (keep 2), top-4, one shared, layer 0 dense
-    Recipe("tiny-llada2", "llada2", "text", 256, 4, 4, 2, 640, 256, 128, 1e-3, 200, 0.1, 0.1, 2.0, 15,
-           n_experts=16, experts_per_tok=4, n_group=4, topk_group=2, moe_hidden=96, n_shared=1, n_dense=1),
+    # LLaDA2.0-mini's proportions shrunk: 16 experts in 4 groups (keep 2), top-4, one shared, layer 0 dense; d_model
+    # 128 and 2048 tokens keep the checkpoint at 3 MB (the device machine takes a 64 MiB working tree)
+    Recipe("tiny-llada2", "llada2", "text", 128, 4, 2, 1, 384, 256, 128, 2e-3, 200, 0.1, 0.1, 2.0, 15,
+           n_experts=16, experts_per_tok=4, n_group=4, topk_group=2, moe_hidden=32, n_shared=1, n_dense=1,
+           vocab=2048),
 ]
 
 
@@ -1167,7 +1170,8 @@ def parse_args():
     # at its default, so older command lines keep working.
     p.add_argument("--minutes", nargs="+", type=float, metavar="M", help="training budgets, in RECIPES order")
     p.add_argument("--steps", nargs="+", type=int, metavar="N", help="fixed step counts instead, in RECIPES order")
-    p.add_argument("--vocab", type=int, default=4096, help="tokenizer size, added tokens included")
+    p.add_argument("--vocab", type=int, default=4096,
+                   help="tokenizer size, added tokens included (a recipe's own vocab wins)")
     p.add_argument("--add-eval", type=int, help="addition problems to evaluate (default 500, smoke 40)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--smoke", action="store_true", help="CPU pipeline check: tiny dims, byte vocabularies, 12 s per model")
@@ -1218,7 +1222,8 @@ def prepare_data(args, command, kinds):
             "train_stream": {}, "validation_ids": {}, "heldout_ids": {}, "token_counts": {}}
     for kind in kinds:
         t0 = time.time()
-        tok = byte_tokenizer(kind) if args.smoke else train_bpe(kind, parts["train"], args.vocab)
+        vocab = next((r.vocab for r in RECIPES if tokenizer_kind(r) is kind and r.vocab), args.vocab)
+        tok = byte_tokenizer(kind) if args.smoke else train_bpe(kind, parts["train"], vocab)
         heldout_ids = check_tokenizer(tok, heldout_text)
         order = list(parts["train"])
         random.Random(0).shuffle(order)
