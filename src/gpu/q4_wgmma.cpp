@@ -109,7 +109,7 @@ static dllm__jit_request dllm__module_q4wg(const dllm__arch &arch) {
     return {
         "dllm_q4wg",
             dllm__src_prelude() + DLLM__XSTR(struct q4wg_args{DLLM__Q4WG_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
-                DLLM__Q4WG_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_hopper + dllm__src_q4_wgmma,
+                DLLM__Q4WG_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_mma + dllm__src_hopper + dllm__src_q4_wgmma,
             names, arch.target
     };
 }

@@ -35,8 +35,6 @@
 #define Q4WG_INT4 1  // dllm__q4_format DLLM__Q4_INT4 (SoloQ-I): C = 2q + 1
 #define Q4WG_RTN 4   // dllm__q4_format DLLM__Q4_RTN: C = q
 
-__device__ __forceinline__ u32 q4wg_smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
 /* d (64 x NT s32, accumulator layout) += A (64 x 32 s8, registers a0..a3) . B (NT x 32 s8, shared, K-major)^T */
 template <int NT> __device__ __forceinline__ void q4wg_mma(int (&d)[NT / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
     if constexpr (NT == 32)
@@ -134,7 +132,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
     pdl_enter();
     extern __shared__ __align__(16) unsigned char q4wg_smem[];
     __shared__ int last_flag;
-    const u32 s0 = (q4wg_smem_u32(q4wg_smem) + 1023u) & ~1023u;
+    const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
     const int KB = a.K >> 7, tiles = a.N / TF, groups = tiles * (KB / P);
     const int g0 = (int)((long long)blockIdx.x * groups / gridDim.x),
@@ -408,7 +406,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     pdl_enter();
     extern __shared__ __align__(16) unsigned char q4wg_smem[];
     __shared__ int last_flag;
-    const u32 s0 = (q4wg_smem_u32(q4wg_smem) + 1023u) & ~1023u;
+    const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
     const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks, units = tiles * ks;
     const int u0 = (int)((long long)blockIdx.x * units / gridDim.x),
