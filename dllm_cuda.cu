@@ -18774,7 +18774,9 @@ dllm_status dllm__gpu_backend::upload_varlen_work(const std::vector<int32_t> &q_
     return DLLM_OK;
 }
 
-/* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device. */
+/* The buffers for the layout's rows, and its canvas rows, positions and offsets on the device, and the tables of the
+ * one attention self_attention_varlen runs over it, picked as it picks: [KV quant]'s work tables (no bf16 slot rows,
+ * no varlen work lists), a K/V cache's layout and work lists, or the plain varlen attention's work lists. */
 dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
     DLLM__TRY(load_varlen());
     DLLM__TRY(fit_buffers(1, v.rows, std::max(1, std::min(v.out_rows, dllm__lm_chunk_rows))));
@@ -18785,9 +18787,12 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
-    if (v.cached() && !batch_.kvq_seqs) DLLM__TRY(upload_kv_layout(v));  // [KV quant]: no bf16 slot rows
-    if (!v.cached()) DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
-    if (batch_.kvq_seqs) DLLM__TRY(kvq_batch_upload(v));                 // [KV quant]: the codes' work tables
+    if (batch_.kvq_seqs)
+        DLLM__TRY(kvq_batch_upload(v));
+    else if (v.cached())
+        DLLM__TRY(upload_kv_layout(v));
+    else
+        DLLM__TRY(upload_varlen_work(v.offsets, {}, v.max_rows));
     DLLM__CUDA(cudaStreamSynchronize(stream_));  // the host arrays may go out of scope
     return DLLM_OK;
 }
