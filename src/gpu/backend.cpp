@@ -691,6 +691,13 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status kvq_batch_upload(const dllm__varlen_layout &v);
     kvq_args kvq_attention_args(const dllm__kvq_codes &at, size_t layer, const bf16_t *q, bf16_t *o, int n_keys,
                                 int n_committed, int mask_block, int pos0) const;
+    const char *kvq_batch_fresh_rows(const dllm__varlen_layout &v, size_t i) const;
+    char *kvq_batch_block_rows(const dllm__gpu_kvq_slot &k, size_t layer, int rows) const;
+    dllm_status kvq_batch_qkv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status kvq_batch_keep_blocks(size_t layer, const dllm__varlen_layout &v);
+    dllm_status kvq_batch_attention_uncommitted(size_t layer, const dllm__varlen_layout &v);
+    dllm_status kvq_batch_attention_committed(size_t layer);
+    dllm_status kvq_batch_commit(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v);
     std::string kvq_batch_graph_key() const;
     dllm__gpu_bdfa facache_;  // [FACache] on block diffusion: layer 0's committed states

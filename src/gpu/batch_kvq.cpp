@@ -88,7 +88,6 @@ dllm_status dllm__gpu_backend::kvq_batch_prepare(const std::vector<dllm__bd_seq>
 dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
-    const size_t row_bytes = (size_t)4 * kvq_.kvd;
     const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
     std::vector<dllm__kvq_batch_seq> att;
     std::vector<size_t> seq_of;  // att[j] is seqs[seq_of[j]]
@@ -116,9 +115,9 @@ dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
             const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
             const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
             const size_t row0 = (size_t)v.offsets[i] + ch.r0;
-            const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+            const char *keys = kvq_batch_fresh_rows(v, i);
             if (seqs[i].call.kind == DLLM__BD_SUB_BLOCK)  // the block cache, this layer's (self_attention_varlen_kvq)
-                keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
+                keys = kvq_batch_block_rows(k, layer, s.block);
             kvq_args a = kvq_attention_args(k.codes(keys), layer, act_.qkv.as<bf16_t>() + row0 * qkv,
                                             act_.att.as<bf16_t>() + row0 * c.n_head * hd, q.n_keys, q.n_committed,
                                             q.mask_block, q.pos0 + ch.r0);
@@ -136,58 +135,80 @@ dllm_status dllm__gpu_backend::kvq_batch_upload(const dllm__varlen_layout &v) {
     return DLLM_OK;
 }
 
-/* self_attention_varlen under kv_quant: the fused QKV GEMM over every row, bias + RoPE at their positions (and the
- * Llama-4 query scaling), their K|V columns into batch_.kvq_fresh; each sequence's block cache kept (a BLOCK_FULL's
- * rows) or written at its offset (a SUB_BLOCK's, read from there); then ONE attention over every sequence's own
- * committed codes (kvq_flash_batch, one launch per CTA shape, and its combine under kvq_tc, else
- * kvq_attention_batch: kvq_batch_upload's tables, each CTA a CTA of the sequence's own launch), and each COMMIT's rows
- * quantised into its codes. A sequence
- * with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a launch of its
- * own: another kernel, whose bits the batched attention could not give. */
-dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
+/* Sequence i's rows in batch_.kvq_fresh: the K|V rows (bf16, 4 kvd bytes a row) the layer being computed forwards. */
+const char *dllm__gpu_backend::kvq_batch_fresh_rows(const dllm__varlen_layout &v, size_t i) const {
+    return (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * ((size_t)4 * kvq_.kvd);
+}
+
+/* Slot k's block cache of one layer, for a block of `rows` K|V rows. */
+char *dllm__gpu_backend::kvq_batch_block_rows(const dllm__gpu_kvq_slot &k, size_t layer, int rows) const {
+    return (char *)k.block_cache.ptr + layer * (size_t)rows * ((size_t)4 * kvq_.kvd);
+}
+
+/* The fused QKV GEMM over every row, bias + RoPE at their positions (and the Llama-4 query scaling), their K|V columns
+ * into batch_.kvq_fresh. */
+dllm_status dllm__gpu_backend::kvq_batch_qkv(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
     const int hd = c.head_dim, kvd = c.n_head_kv * hd, qkv = (c.n_head + 2 * c.n_head_kv) * hd, T = v.rows;
-    const size_t row_bytes = (size_t)4 * kvd;
-    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
     const dllm__gpu_layer &L = weights_->layers[layer];
     DLLM__TRY(gemm(L.qkv.view(), produced_attn_input(layer) ? nullptr : act_.a.ptr, act_.qkv.ptr, T, DLLM__ROWS_BATCH));
     mark("gemm qkv");
     DLLM__TRY(rope_qkv(act_.qkv.ptr, L.b_qkv.ptr, T, T, 0));
     if (c.llama4_beta != 0) DLLM__TRY(llama4_scale_varlen(v));
     mark("rope");
-    DLLM__TRY(kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
-                                         act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
-                                         batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T));
+    return kernels_.kv_scatter.launch({dim3((unsigned)T), dim3(128)}, stream_,
+                                      act_.qkv.as<bf16_t>() + (size_t)c.n_head * hd, (u64)qkv,
+                                      batch_.kvq_fresh.as<bf16_t>(), (u64)(2 * kvd), nullptr, 2 * kvd, T);
+}
+
+/* Each sequence's block cache: a BLOCK_FULL's fresh rows kept, a SUB_BLOCK's written at its offset (the overwrite
+ * persists, block-diffusion.md; the attention reads the block from there). */
+dllm_status dllm__gpu_backend::kvq_batch_keep_blocks(size_t layer, const dllm__varlen_layout &v) {
+    const size_t row_bytes = (size_t)4 * kvq_.kvd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
     for (size_t i = 0; i < seqs.size(); i++) {
         const dllm__bd_call &call = seqs[i].call;
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
-        if (call.kind == DLLM__BD_BLOCK_FULL) {
-            char *block = (char *)k.block_cache.ptr + layer * (size_t)call.T * row_bytes;
-            DLLM__CUDA(cudaMemcpyAsync(block, fresh, (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
-        } else if (call.kind == DLLM__BD_SUB_BLOCK) {  // the overwrite persists (block-diffusion.md)
-            char *block = (char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes;
-            DLLM__CUDA(cudaMemcpyAsync(block + (size_t)call.offset * row_bytes, fresh, (size_t)call.T * row_bytes,
-                                       cudaMemcpyDeviceToDevice, stream_));
-        }
+        if (call.kind == DLLM__BD_BLOCK_FULL)
+            DLLM__CUDA(cudaMemcpyAsync(kvq_batch_block_rows(k, layer, call.T), kvq_batch_fresh_rows(v, i),
+                                       (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice, stream_));
+        else if (call.kind == DLLM__BD_SUB_BLOCK)
+            DLLM__CUDA(cudaMemcpyAsync(kvq_batch_block_rows(k, layer, s.block) + (size_t)call.offset * row_bytes,
+                                       kvq_batch_fresh_rows(v, i), (size_t)call.T * row_bytes, cudaMemcpyDeviceToDevice,
+                                       stream_));
     }
-    mark("kv cache");
-    for (size_t i = 0; i < seqs.size(); i++) {  // nothing committed: bd_attention's flash_attn over its fresh rows
+    return DLLM_OK;
+}
+
+/* The sequences with nothing committed yet (their first block): bd_attention's flash_attn over their fresh rows (a
+ * SUB_BLOCK's: its block cache), a launch each. */
+dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, const dllm__varlen_layout &v) {
+    const dllm__config &c = model_.cfg;
+    const int hd = c.head_dim, qkv = (c.n_head + 2 * c.n_head_kv) * hd;
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
+    for (size_t i = 0; i < seqs.size(); i++) {
         const dllm__bd_call &call = seqs[i].call;
         const dllm__bd_slot &s = batch_.bd_slots[(size_t)seqs[i].slot];
         if (s.n > 0) continue;
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const char *keys = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
+        const char *keys = kvq_batch_fresh_rows(v, i);
         int n_keys = call.T;
-        if (call.kind == DLLM__BD_SUB_BLOCK)
-            keys = (const char *)k.block_cache.ptr + layer * (size_t)s.block * row_bytes, n_keys = s.block;
+        if (call.kind == DLLM__BD_SUB_BLOCK) keys = kvq_batch_block_rows(k, layer, s.block), n_keys = s.block;
         DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1,
                                     bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
                                                  act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
                                                  s.n + call.offset),
                                     stream_));
     }
+    return DLLM_OK;
+}
+
+/* ONE attention over every sequence's own committed codes and fresh rows from kvq_batch_upload's tables, each CTA a CTA
+ * of the sequence's own launch: kvq_flash_batch (one launch per CTA shape) and its combine under kvq_tc, else
+ * kvq_attention_batch. */
+dllm_status dllm__gpu_backend::kvq_batch_attention_committed(size_t layer) {
+    const dllm__config &c = model_.cfg;
     const dllm__kvq_batch_work &w = batch_.kvq_work;
     const size_t n_chunks = w.chunks.size();
     const kvq_args *chunks = batch_.kvq_chunks.as<kvq_args>() + layer * n_chunks;
@@ -200,8 +221,8 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
         for (const dllm__kvq_batch_group &g : w.groups) {
             const kvq_batch_args flash = {chunks, items + g.first, g.q_tiles};
             const dim3 grid((unsigned)g.max_splits, (unsigned)c.n_head_kv, (unsigned)(g.count * g.q_tiles));
-            DLLM__TRY(kv_codes_.flash.kvq_flash_batch.launch({grid, dim3((unsigned)g.warps * 32), g.smem}, stream_,
-                                                             flash));
+            DLLM__TRY(
+                kv_codes_.flash.kvq_flash_batch.launch({grid, dim3((unsigned)g.warps * 32), g.smem}, stream_, flash));
         }
         DLLM__TRY(kv_codes_.flash.kvq_flash_combine_batch.launch({row_grid, dim3(32)}, stream_, rows));
     } else {  // before sm_90 (kvq_flash_batch would spill there): each chunk's own launches, the same arguments
@@ -212,12 +233,34 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dll
                                           batch_.kvq_partial.bytes - ch.partial * 4, stream_));
         }
     }
+    return DLLM_OK;
+}
+
+/* Each COMMIT's fresh rows quantised into its slot's codes, after the attention read them. */
+dllm_status dllm__gpu_backend::kvq_batch_commit(size_t layer, const dllm__varlen_layout &v) {
+    const std::vector<dllm__bd_seq> &seqs = *batch_.kvq_seqs;
     for (size_t i = 0; i < seqs.size(); i++) {
         if (seqs[i].call.kind != DLLM__BD_COMMIT) continue;
         const dllm__gpu_kvq_slot &k = batch_.kvq_slots[(size_t)seqs[i].slot];
-        const char *fresh = (const char *)batch_.kvq_fresh.ptr + (size_t)v.offsets[i] * row_bytes;
-        DLLM__TRY(kvq_commit(k.codes(fresh), layer, batch_.bd_slots[(size_t)seqs[i].slot].n, seqs[i].call.T));
+        DLLM__TRY(kvq_commit(k.codes(kvq_batch_fresh_rows(v, i)), layer, batch_.bd_slots[(size_t)seqs[i].slot].n,
+                             seqs[i].call.T));
     }
+    return DLLM_OK;
+}
+
+/* self_attention_varlen under kv_quant: the fused QKV GEMM, RoPE and the fresh K|V rows (kvq_batch_qkv); each
+ * sequence's block cache kept or written (kvq_batch_keep_blocks); then ONE attention over every sequence's own
+ * committed codes (kvq_batch_attention_committed), and each COMMIT's rows quantised into its codes (kvq_batch_commit).
+ * A sequence with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a
+ * launch of its own (kvq_batch_attention_uncommitted): another kernel, whose bits the batched attention could not
+ * give. */
+dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
+    DLLM__TRY(kvq_batch_qkv(layer, v));
+    DLLM__TRY(kvq_batch_keep_blocks(layer, v));
+    mark("kv cache");
+    DLLM__TRY(kvq_batch_attention_uncommitted(layer, v));
+    DLLM__TRY(kvq_batch_attention_committed(layer));
+    DLLM__TRY(kvq_batch_commit(layer, v));
     mark("attention");
     return DLLM_OK;
 }
