@@ -463,7 +463,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__TRY(moe_block(l, M, act_.delta.ptr));
         out.resize((size_t)M * d), experts.resize((size_t)M * model_.cfg.n_expert_used);
         DLLM__CUDA(cudaMemcpyAsync(out.data(), act_.delta.ptr, out.size() * 2, cudaMemcpyDeviceToHost, stream_));
-        DLLM__CUDA(cudaMemcpyAsync(experts.data(), moe_.expert.ptr, experts.size() * 4, cudaMemcpyDeviceToHost, stream_));
+        DLLM__CUDA(
+            cudaMemcpyAsync(experts.data(), moe_.expert.ptr, experts.size() * 4, cudaMemcpyDeviceToHost, stream_));
         DLLM__CUDA(cudaStreamSynchronize(stream_));
         return DLLM_OK;
     }
