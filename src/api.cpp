@@ -15,14 +15,21 @@ template <class F> static dllm_status dllm__guard(dllm_ctx *ctx, F &&body) {
     try {
         st = body();
     } catch (const std::bad_alloc &) {
-        st = dllm__fail(DLLM_ERR_OUT_OF_MEMORY, "out of host memory");
+        st = DLLM_ERR_OUT_OF_MEMORY;
+        dllm__set_error_nothrow(dllm__tls_error, "out of host memory");  // dllm__fail could throw again
     } catch (const std::exception &e) {
-        st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception: %s", e.what());
-    } catch (...) { st = dllm__fail(DLLM_ERR_INTERNAL, "unexpected exception"); }
+        st = DLLM_ERR_INTERNAL;
+        try {
+            dllm__fail(st, "unexpected exception: %s", e.what());
+        } catch (...) { dllm__set_error_nothrow(dllm__tls_error, "unexpected exception"); }
+    } catch (...) {
+        st = DLLM_ERR_INTERNAL;
+        dllm__set_error_nothrow(dllm__tls_error, "unexpected exception");
+    }
     if (st == DLLM_OK)
         dllm__tls_error.swap(earlier_error);
     else if (ctx)
-        ctx->last_error = dllm__tls_error;
+        dllm__set_error_nothrow(ctx->last_error, dllm__tls_error.c_str());
     return st;
 }
 
@@ -120,28 +127,30 @@ dllm_status dllm_model_load_random(const char *config_path, uint64_t seed, dllm_
 void dllm_model_free(dllm_model *model) { delete model; }
 
 dllm_status dllm_model_get_info(const dllm_model *m, dllm_model_info *out) {
-    if (!m || !out) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_get_info: NULL argument");
-    const dllm__config &c = m->cfg;
-    out->family = c.family;
-    out->n_vocab = c.n_vocab;
-    out->n_embd = c.n_embd;
-    out->n_layer = c.n_layer;
-    out->n_head = c.n_head;
-    out->n_head_kv = c.n_head_kv;
-    out->head_dim = c.head_dim;
-    out->n_ff = c.n_ff;
-    out->max_seq_len = c.max_seq_len;
-    out->shift_logits = c.shift_logits;
-    out->mask_id = c.mask_id;
-    out->eos_id = c.eos_id;
-    out->eot_id = c.eot_id;
-    out->bos_id = c.bos_id;
-    out->n_params = m->n_params;
-    out->block_size = dllm__is_block_diffusion(c) || c.family == DLLM_FAMILY_LLADA2 ? c.bd_size : 0;
-    out->stop_id = dllm__is_block_diffusion(c) ? c.stop_id : -1;
-    out->precision = m->soloq ? m->soloq->precision : DLLM_PRECISION_BF16;
-    out->quantized_lm_head = m->soloq && m->soloq->head ? 1 : 0;
-    return DLLM_OK;
+    return dllm__guard(nullptr, [&]() -> dllm_status {
+        if (!m || !out) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_model_get_info: NULL argument");
+        const dllm__config &c = m->cfg;
+        out->family = c.family;
+        out->n_vocab = c.n_vocab;
+        out->n_embd = c.n_embd;
+        out->n_layer = c.n_layer;
+        out->n_head = c.n_head;
+        out->n_head_kv = c.n_head_kv;
+        out->head_dim = c.head_dim;
+        out->n_ff = c.n_ff;
+        out->max_seq_len = c.max_seq_len;
+        out->shift_logits = c.shift_logits;
+        out->mask_id = c.mask_id;
+        out->eos_id = c.eos_id;
+        out->eot_id = c.eot_id;
+        out->bos_id = c.bos_id;
+        out->n_params = m->n_params;
+        out->block_size = dllm__is_block_diffusion(c) || c.family == DLLM_FAMILY_LLADA2 ? c.bd_size : 0;
+        out->stop_id = dllm__is_block_diffusion(c) ? c.stop_id : -1;
+        out->precision = m->soloq ? m->soloq->precision : DLLM_PRECISION_BF16;
+        out->quantized_lm_head = m->soloq && m->soloq->head ? 1 : 0;
+        return DLLM_OK;
+    });
 }
 
 dllm_ctx_params dllm_ctx_default_params(void) {
@@ -374,19 +383,20 @@ dllm_status dllm_generate_batch(dllm_ctx *ctx, const dllm_batch_item *items, int
                 "the items to the stepper, or free it first");
         return dllm__generate_batch_impl(*ctx, items, n_items, results, stats);
     });
+    // From here on no exception may be thrown (nothing catches it): the messages are copied by dllm__set_error_nothrow.
     dllm_status first = global;  // a global failure is every unfinished item's; else the first failing item's status
-    std::string message = dllm__tls_error;
+    const char *item_error = nullptr;  // the first failing item's message, when there is no global failure
     for (int i = 0; results && i < n_items; i++) {
         if (results[i].status == pending)
             dllm__batch_set_status(results[i], global != DLLM_OK ? global : DLLM_ERR_INTERNAL);
-        if (first == DLLM_OK && results[i].status != DLLM_OK) first = results[i].status, message = results[i].error;
+        if (first == DLLM_OK && results[i].status != DLLM_OK) first = results[i].status, item_error = results[i].error;
         stats.n_prompt += results[i].stats.n_prompt, stats.n_generated += results[i].stats.n_generated;
     }
     stats.wall_ms = dllm__now_ms() - t0;
     if (batch_stats) *batch_stats = stats;
-    if (first != DLLM_OK) {
-        dllm__tls_error = message;
-        if (ctx) ctx->last_error = message;
+    if (item_error) {
+        dllm__set_error_nothrow(dllm__tls_error, item_error);
+        if (ctx) dllm__set_error_nothrow(ctx->last_error, item_error);
     }
     return first;
 }
@@ -508,21 +518,25 @@ int dllm_tokenizer_n_vocab(const dllm_tokenizer *tok) { return tok ? tok->n_voca
 
 int32_t dllm_tokenizer_token_id(const dllm_tokenizer *tok, const char *token) {
     if (!tok || !token) return -1;
-    auto added = tok->added_ids.find(token);
-    if (added != tok->added_ids.end()) return added->second;
-    auto it = tok->vocab.find(token);
-    return it == tok->vocab.end() ? -1 : it->second;
+    try {  // each lookup makes a std::string of the token: out of memory is -1 (no status to say more)
+        auto added = tok->added_ids.find(token);
+        if (added != tok->added_ids.end()) return added->second;
+        auto it = tok->vocab.find(token);
+        return it == tok->vocab.end() ? -1 : it->second;
+    } catch (...) { return -1; }
 }
 
 dllm_status dllm_tokenizer_check_model(const dllm_tokenizer *tok, const dllm_model *model) {
-    if (!tok || !model) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenizer_check_model: NULL argument");
-    if (tok->n_vocab > model->cfg.n_vocab)
-        return dllm__fail(
-            DLLM_ERR_SHAPE,
-            "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: they do not belong "
-            "together",
-            tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
-    return DLLM_OK;
+    return dllm__guard(nullptr, [&]() -> dllm_status {
+        if (!tok || !model)
+            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_tokenizer_check_model: NULL argument");
+        if (tok->n_vocab > model->cfg.n_vocab)
+            return dllm__fail(DLLM_ERR_SHAPE,
+                              "the tokenizer in %s produces ids up to %d but the model in %s has %d embedding rows: "
+                              "they do not belong together",
+                              tok->dir.c_str(), tok->n_vocab - 1, model->dir.c_str(), model->cfg.n_vocab);
+        return DLLM_OK;
+    });
 }
 
 dllm_status dllm_tokenize(const dllm_tokenizer *tok, const char *text, size_t text_len, int parse_special, int32_t *ids,

@@ -38,6 +38,17 @@ static dllm_status dllm__fail(dllm_status status, const char *fmt, ...) {
     return status;
 }
 
+/* Stores a message where an exception must not escape (dllm__guard's handlers, and after its body): a message that
+ * finds no memory becomes "out of memory", which fits std::string's inline buffer (15 characters in libstdc++ and MSVC,
+ * 22 in libc++) and so needs none. */
+static void dllm__set_error_nothrow(std::string &dst, const char *message) noexcept {
+    try {
+        dst = message;
+    } catch (...) {
+        dst = "out of memory";
+    }
+}
+
 #define DLLM__TRY(expr)                                                                                                \
     do {                                                                                                               \
         dllm_status dllm__st_ = (expr);                                                                                \

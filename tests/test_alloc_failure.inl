@@ -55,7 +55,7 @@ void operator delete(void *p, const std::nothrow_t &) noexcept { test_release(p)
 void operator delete[](void *p, const std::nothrow_t &) noexcept { test_release(p); }
 #endif
 
-/* Calls f with the i-th allocation failing, i = 0, 1, ... until f makes fewer than i + 1 allocations;
+/* Calls f with the i-th allocation failing, i = first, first + 1, ... until f makes fewer than i + 1 allocations;
  * each failing call must return DLLM_ERR_OUT_OF_MEMORY and the passing one DLLM_OK. f frees what it
  * made. Returns the number of allocations of a complete call. `stride` > 1 tries every stride-th i
  * only (the first 64 always), for paths of tens of thousands of allocations. */
@@ -63,8 +63,8 @@ void operator delete[](void *p, const std::nothrow_t &) noexcept { test_release(
     if (!TEST_ALLOC_INJECTION) SKIP("this sanitizer runtime owns operator new")
 
 template <class F>
-static long test_fail_each_allocation(dllm_test_state &T_, const char *what, long stride, F &&f) {
-    for (long i = 0;; i += (i < 64 ? 1 : stride)) {
+static long test_fail_each_allocation(dllm_test_state &T_, const char *what, long stride, F &&f, long first = 0) {
+    for (long i = first;; i += (i < 64 ? 1 : stride)) {
         test_alloc_seen = 0;
         test_alloc_countdown = i;
         dllm_status s = f();
@@ -186,6 +186,40 @@ TEST(alloc_failure, cpu_context_create) {
     g.gen_length = 8, g.steps = 8, g.block_length = 8;
     CHECK(c && dllm_generate(c, prompt, 3, g, out, 8, nullptr, nullptr) == DLLM_OK);
     dllm_ctx_free(c);
+    dllm_model_free(m);
+    CHECK(test_no_leaks());
+}
+
+/* Calls f with the first allocation of this thread failing; true if f made one. */
+template <class F> static bool test_first_allocation_fails(F &&f) {
+    test_alloc_countdown = 0;
+    f();
+    bool reached = test_alloc_countdown < 0;
+    test_alloc_countdown = -1;
+    return reached;
+}
+
+/* The calls that once ran outside dllm__guard, with their first allocation failed (an error message longer than
+ * std::string's inline buffer, a lookup's key): DLLM_ERR_OUT_OF_MEMORY, or -1 from dllm_tokenizer_token_id, never an
+ * exception out of the library. */
+TEST(alloc_failure, unguarded_calls) {
+    TEST_NEEDS_ALLOC_INJECTION();
+    dllm_model *m = test_load("models/tiny-llada");
+    dllm_tokenizer *t = m ? test_tokenizer("models/tiny-llada") : nullptr;
+    if (!t) { CHECK(t != nullptr); dllm_model_free(m); return; }
+    dllm_status s = DLLM_OK;
+    CHECK(test_first_allocation_fails([&] { s = dllm_model_get_info(m, nullptr); }));
+    CHECK(s == DLLM_ERR_OUT_OF_MEMORY && strcmp(dllm_last_error(), "out of host memory") == 0);
+    CHECK_STATUS(dllm_model_get_info(m, nullptr), DLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    CHECK(test_first_allocation_fails([&] { s = dllm_tokenizer_check_model(nullptr, m); }));
+    CHECK(s == DLLM_ERR_OUT_OF_MEMORY && strcmp(dllm_last_error(), "out of host memory") == 0);
+    CHECK_STATUS(dllm_tokenizer_check_model(nullptr, m), DLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    CHECK_STATUS(dllm_tokenizer_check_model(t, m), DLLM_OK, nullptr);
+    const char *long_token = "<|a token longer than any inline string buffer|>";
+    int32_t id = 0;
+    CHECK(test_first_allocation_fails([&] { id = dllm_tokenizer_token_id(t, long_token); }));
+    CHECK(id == -1 && dllm_tokenizer_token_id(t, "<|mdm_mask|>") >= 0);
+    dllm_tokenizer_free(t);
     dllm_model_free(m);
     CHECK(test_no_leaks());
 }

@@ -621,7 +621,19 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
 
 /* Every host allocation of a stepper session (create, add a plain and a K/V-cache sequence, step both to their end,
  * poll, remove, free) failed in turn, and of dllm_generate_batch of the same items: the failing call returns
- * DLLM_ERR_OUT_OF_MEMORY, freeing the stepper leaves nothing behind, and the context still decodes. */
+ * DLLM_ERR_OUT_OF_MEMORY, freeing the stepper leaves nothing behind, and the context still decodes. On two threads the
+ * count differs from run to run (the pool's tasks allocate on whichever thread takes them), so which allocations the
+ * stride reaches does too: generate_batch_every_allocation below is the deterministic twin. */
+/* The two items of the allocation-failure tests: a plain sequence and a dual-cache one, 8 tokens in blocks of 4. */
+static void test_oom_items(int32_t prompt[4], int32_t out[2][8], dllm_batch_item items[2]) {
+    for (int i = 0; i < 2; i++) {
+        items[i] = {prompt, 3 + i, dllm_gen_default_params(), out[i], 8};
+        items[i].params.gen_length = 8, items[i].params.block_length = 4, items[i].params.steps = 4,
+        items[i].params.stop_at_eos = 0;
+    }
+    items[1].params.kv_cache = DLLM_KV_CACHE_DUAL;
+}
+
 TEST(alloc_failure, stepper_session) {
     TEST_NEEDS_ALLOC_INJECTION();
     dllm_model *m = test_load(test_data("tiny-llada"));
@@ -629,12 +641,7 @@ TEST(alloc_failure, stepper_session) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     int32_t prompt[4] = {5, 6, 7, 8}, out[2][8];
     dllm_batch_item items[2];
-    for (int i = 0; i < 2; i++) {
-        items[i] = {prompt, 3 + i, dllm_gen_default_params(), out[i], 8};
-        items[i].params.gen_length = 8, items[i].params.block_length = 4, items[i].params.steps = 4,
-        items[i].params.stop_at_eos = 0;
-    }
-    items[1].params.kv_cache = DLLM_KV_CACHE_DUAL;
+    test_oom_items(prompt, out, items);
     long n = test_fail_each_allocation(T_, "a stepper session", 7, [&]() {
         dllm_stepper *st = nullptr;
         int ids[2] = {-1, -1};
@@ -661,6 +668,30 @@ TEST(alloc_failure, stepper_session) {
     CHECK(test_no_leaks());
     dllm_batch_result r[2];
     CHECK_STATUS(dllm_generate_batch(ctx, items, 2, r, nullptr), DLLM_OK, nullptr);
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+}
+
+/* dllm_generate_batch's allocations failed in turn on one thread, where their count is the same in every run: every
+ * 7th, then each of the last 16 of a complete call made after a failed one. The last was once the copy of the failed
+ * call's message ("out of host memory") that dllm_generate_batch made after dllm__guard, outside it: its std::bad_alloc
+ * ended the process (on two threads, stepper_session's stride reached it in about one run in three). */
+TEST(alloc_failure, generate_batch_last_allocations) {
+    TEST_NEEDS_ALLOC_INJECTION();
+    dllm_model *m = test_load(test_data("tiny-llada"));
+    dllm_ctx *ctx = m ? test_ctx(m, DLLM_BACKEND_CPU, 1) : nullptr;
+    if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
+    int32_t prompt[4] = {5, 6, 7, 8}, out[2][8];
+    dllm_batch_item items[2];
+    test_oom_items(prompt, out, items);
+    auto batch = [&]() {
+        dllm_batch_result r[2];
+        return dllm_generate_batch(ctx, items, 2, r, nullptr);
+    };
+    long n = test_fail_each_allocation(T_, "dllm_generate_batch", 7, batch);
+    CHECK_MSG(n > 100, "%ld allocations counted", n);
+    if (n > 100) CHECK(test_fail_each_allocation(T_, "dllm_generate_batch's last allocations", 1, batch, n - 16) == n);
+    CHECK(test_no_leaks());
     dllm_ctx_free(ctx);
     dllm_model_free(m);
 }
