@@ -16587,7 +16587,7 @@ struct dllm__activations {
     dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
-    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero (NVFP4: the counts)
+    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero (NVFP4: counts)
     dllm__dbuf splitk_ws;  // [row-independent GEMM] gemm_splitk's tile counts (zero) and partials
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */
@@ -17255,8 +17255,6 @@ class dllm__gpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
-    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
-     * none kept). */
     /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
      * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
     DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
@@ -17272,6 +17270,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__CUDA(cudaStreamSynchronize(stream_));
         return DLLM_OK;
     }
+    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
+     * none kept). */
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
                                        std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
@@ -18574,9 +18574,10 @@ dllm_status dllm__gpu_backend::moe_fit(int M) {
     const size_t d = (size_t)c.n_embd, E = (size_t)c.n_expert, k = (size_t)c.n_expert_used, ff = (size_t)c.n_ff_expert,
                  ffs = (size_t)std::max(c.n_ff_shared, 8);
     const size_t rows = (size_t)M * k;
-    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,   moe_.slot_row.ptr,
-                                              moe_.row_token.ptr, moe_.plan.ptr,   moe_.gu.ptr,       moe_.f.ptr,
-                                              moe_.y.ptr,      moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
+    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,
+                                              moe_.slot_row.ptr, moe_.row_token.ptr, moe_.plan.ptr,
+                                              moe_.gu.ptr,     moe_.f.ptr,         moe_.y.ptr,
+                                              moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
     DLLM__TRY(moe_.logits.fit((size_t)M * E * 4, "the MoE router's logits"));
     DLLM__TRY(moe_.expert.fit(rows * 4, "the MoE routes"));
     DLLM__TRY(moe_.weight.fit(rows * 4, "the MoE routes"));
@@ -21422,8 +21423,8 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
 /* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. A state machine, so
  * that a stepper can batch it (decode/batch_bd.cpp): next() names the next forward (a commit of rows to the K/V cache,
  * or a step's forward of the block with its pick), apply_logits() or apply_choices() takes its result and decides;
- * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch whenever the backend's batched
- * forward gives it bd_forward's logits. */
+ * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch
+ * whenever the backend's batched forward gives it bd_forward's logits. */
 struct dllm__llada2_generation {
     enum phase { START, BLOCK_BEGIN, IN_BLOCK, BLOCK_END, DONE };
     dllm_ctx &ctx;
@@ -22730,7 +22731,8 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
 
 /* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
  * those joining now go first (their fill is their prefill: what a new request waits for), then those that waited
- * longest, then the rest in order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+ * longest, then the rest in order; one always goes. A sequence left out keeps its state and waits a step (its tokens
+ * do not depend on when it steps). */
 void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     if (max_fill_rows <= 0 || block_diffusion()) return;
     std::vector<dllm__stepper_seq *> fills;

@@ -120,8 +120,8 @@ static dllm_status dllm__plan_llada2(const dllm_ctx &ctx, const int32_t *prompt,
 /* One LLaDA2 generation: x is the official code's canvas, blocks [bs, bs + B) from position 0. A state machine, so
  * that a stepper can batch it (decode/batch_bd.cpp): next() names the next forward (a commit of rows to the K/V cache,
  * or a step's forward of the block with its pick), apply_logits() or apply_choices() takes its result and decides;
- * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch whenever the backend's batched
- * forward gives it bd_forward's logits. */
+ * run() is the loop of one generation alone over the same calls, so a sequence decodes the same alone and in a batch
+ * whenever the backend's batched forward gives it bd_forward's logits. */
 struct dllm__llada2_generation {
     enum phase { START, BLOCK_BEGIN, IN_BLOCK, BLOCK_END, DONE };
     dllm_ctx &ctx;

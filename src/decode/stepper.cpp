@@ -249,7 +249,8 @@ void dllm_stepper::join(std::vector<dllm__stepper_seq *> &live) {
 
 /* [dual cache] [prefix cache] Leaves out of this step the sequences due for a fill past max_fill_rows rows of fills:
  * those joining now go first (their fill is their prefill: what a new request waits for), then those that waited
- * longest, then the rest in order; one always goes. A sequence left out keeps its state and waits a step (its tokens do not depend on when it steps). */
+ * longest, then the rest in order; one always goes. A sequence left out keeps its state and waits a step (its tokens
+ * do not depend on when it steps). */
 void dllm_stepper::defer_fills(std::vector<dllm__stepper_seq *> &live) {
     if (max_fill_rows <= 0 || block_diffusion()) return;
     std::vector<dllm__stepper_seq *> fills;

@@ -51,7 +51,7 @@ struct dllm__activations {
     dllm__dbuf q4w, q4acc;        // [SoloQ] a chunk of dequantised weight rows (bf16), its fp32 GEMM output [M][chunk]
     dllm__dbuf
         q4a8;  // [INT8 GEMM] one GEMM input as int8 C values [M][k] (q4w then holds int8 weight rows, q4acc int32)
-    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero (NVFP4: the counts)
+    dllm__dbuf q4wg_ws;  // [W4 GEMM] q4wg's split-K sums (NVFP4: chunk partials) and tile counts: zero (NVFP4: counts)
     dllm__dbuf splitk_ws;  // [row-independent GEMM] gemm_splitk's tile counts (zero) and partials
     int generation = 0;
     /* Every buffer's address, to tell whether growing moved one. */

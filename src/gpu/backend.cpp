@@ -451,8 +451,6 @@ class dllm__gpu_backend : public dllm__backend_impl {
         return DLLM_OK;
     }
     DLLM__TEST_HOOK void set_timer(dllm__stage_timer *t) { debug_.timer = t; }
-    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
-     * none kept). */
     /* [MoE] Layer l's mixture of experts alone (moe_block) on M bf16 rows x [M][d] (the FFN norm's output): the
      * bf16 output rows into out [M][d], the chosen experts [M][k] into experts. */
     DLLM__TEST_HOOK dllm_status moe_rows(size_t l, const std::vector<uint16_t> &x, int M, std::vector<uint16_t> &out,
@@ -468,6 +466,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         DLLM__CUDA(cudaStreamSynchronize(stream_));
         return DLLM_OK;
     }
+    /* [MoE] From now on each MoE layer's chosen experts [T][k] and router logits [T][E] of a forward, by layer (null:
+     * none kept). */
     DLLM__TEST_HOOK void set_moe_debug(std::map<int, std::vector<int>> *experts,
                                        std::map<int, std::vector<float>> *logits) {
         moe_.debug_experts = experts, moe_.debug_logits = logits;

@@ -84,9 +84,10 @@ dllm_status dllm__gpu_backend::moe_fit(int M) {
     const size_t d = (size_t)c.n_embd, E = (size_t)c.n_expert, k = (size_t)c.n_expert_used, ff = (size_t)c.n_ff_expert,
                  ffs = (size_t)std::max(c.n_ff_shared, 8);
     const size_t rows = (size_t)M * k;
-    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,   moe_.slot_row.ptr,
-                                              moe_.row_token.ptr, moe_.plan.ptr,   moe_.gu.ptr,       moe_.f.ptr,
-                                              moe_.y.ptr,      moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
+    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,
+                                              moe_.slot_row.ptr, moe_.row_token.ptr, moe_.plan.ptr,
+                                              moe_.gu.ptr,     moe_.f.ptr,         moe_.y.ptr,
+                                              moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
     DLLM__TRY(moe_.logits.fit((size_t)M * E * 4, "the MoE router's logits"));
     DLLM__TRY(moe_.expert.fit(rows * 4, "the MoE routes"));
     DLLM__TRY(moe_.weight.fit(rows * 4, "the MoE routes"));
