@@ -359,6 +359,12 @@ struct test_llada2_pair {
         cpu = test_ctx(m, DLLM_BACKEND_CPU, 2);
         gpu = test_ctx(m, DLLM_BACKEND_GPU);
     }
+    explicit test_llada2_pair(const char *model_dir) {  // a checkpoint as it is
+        m = test_load(model_dir);
+        if (!m) return;
+        cpu = test_ctx(m, DLLM_BACKEND_CPU, 2);
+        gpu = test_ctx(m, DLLM_BACKEND_GPU);
+    }
     ~test_llada2_pair() {
         dllm_ctx_free(cpu);
         dllm_ctx_free(gpu);
@@ -604,6 +610,41 @@ static bool test_llada2_near_tie(const test_llada2_pair &pair, const std::vector
     return near;
 }
 
+/* One greedy generation of `prompt` with p on both backends of the pair: the same tokens at every step (1), or a first
+ * divergence at a reported near-tie (0; a divergence elsewhere fails). */
+static int test_llada2_generate_pair(dllm_test_state &T_, test_llada2_pair &pair, const std::vector<int32_t> &prompt,
+                                     const dllm_gen_params &p, const std::string &label) {
+    const int B = p.block_length;
+    test_llada2_steps sa, sb;
+    std::vector<int32_t> out_a((size_t)p.gen_length), out_b((size_t)p.gen_length);
+    int na = 0, nb = 0;
+    dllm_gen_params pa = p, pb = p;
+    pa.on_step = test_llada2_steps::record, pa.on_step_data = &sa;
+    pb.on_step = test_llada2_steps::record, pb.on_step_data = &sb;
+    CHECK_STATUS(dllm_generate(pair.cpu, prompt.data(), (int)prompt.size(), pa, out_a.data(), (int)out_a.size(), &na,
+                               nullptr),
+                 DLLM_OK, nullptr);
+    CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pb, out_b.data(), (int)out_b.size(), &nb,
+                               nullptr),
+                 DLLM_OK, nullptr);
+    out_a.resize((size_t)na), out_b.resize((size_t)nb);
+    if (sa.canvas == sb.canvas && out_a == out_b) {
+        printf("    %s (prompt %zu): %zu steps, the same tokens\n", label.c_str(), prompt.size(), sa.canvas.size());
+        return 1;
+    }
+    size_t step = 0;
+    while (step < sa.canvas.size() && step < sb.canvas.size() && sa.canvas[step] == sb.canvas[step]) step++;
+    std::vector<int32_t> before = prompt;
+    if (step > 0) before = sa.canvas[step - 1];
+    const int block = step < sa.canvas.size() ? sa.block[step] : sb.block[std::min(step, sb.block.size() - 1)];
+    before.resize((size_t)(block + 1) * B, pair.m->cfg.mask_id);  // the block's canvas (a new block starts as masks)
+    printf("    %s (prompt %zu): first divergence at step %zu (block %d):\n", label.c_str(), prompt.size(), step,
+           block);
+    const bool tie = test_llada2_near_tie(pair, before, block, B, p.threshold, p.edit_threshold);
+    CHECK_MSG(tie, "%s: the GPU's tokens differ from the CPU's at step %zu, not at a near-tie", label.c_str(), step);
+    return 0;
+}
+
 /* Greedy generations on both backends, LLaDA2.0's loop and LLaDA2.1's (editing, post steps), prompts ending inside a
  * block and on its boundary: the same tokens at every step, or a first divergence at a reported near-tie. */
 TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
@@ -613,48 +654,18 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
     CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
     if (!pair.ok()) return;
     std::mt19937 rng(17);
-    int equal = 0, near = 0, compared = 0;
+    int equal = 0, compared = 0;
     for (int variant = 0; variant < 4; variant++) {
-        const int B = 32;
         std::vector<int32_t> prompt(variant % 2 ? 32 : 11);
         for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
-        p.block_length = B, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
+        p.block_length = 32, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant >= 2) p.edit_threshold = 0.025, p.max_post_steps = 3;
-        test_llada2_steps sa, sb;
-        std::vector<int32_t> out_a((size_t)p.gen_length), out_b((size_t)p.gen_length);
-        int na = 0, nb = 0;
-        dllm_gen_params pa = p, pb = p;
-        pa.on_step = test_llada2_steps::record, pa.on_step_data = &sa;
-        pb.on_step = test_llada2_steps::record, pb.on_step_data = &sb;
-        CHECK_STATUS(dllm_generate(pair.cpu, prompt.data(), (int)prompt.size(), pa, out_a.data(), (int)out_a.size(),
-                                   &na, nullptr),
-                     DLLM_OK, nullptr);
-        CHECK_STATUS(dllm_generate(pair.gpu, prompt.data(), (int)prompt.size(), pb, out_b.data(), (int)out_b.size(),
-                                   &nb, nullptr),
-                     DLLM_OK, nullptr);
-        out_a.resize((size_t)na), out_b.resize((size_t)nb);
+        equal += test_llada2_generate_pair(T_, pair, prompt, p,
+                                           dllm__format("variant %d (%s)", variant, variant >= 2 ? "2.1" : "2.0"));
         compared++;
-        if (sa.canvas == sb.canvas && out_a == out_b) {
-            equal++;
-            printf("    variant %d (%s, prompt %zu): %zu steps, the same tokens\n", variant,
-                   variant >= 2 ? "2.1" : "2.0", prompt.size(), sa.canvas.size());
-            continue;
-        }
-        size_t step = 0;
-        while (step < sa.canvas.size() && step < sb.canvas.size() && sa.canvas[step] == sb.canvas[step]) step++;
-        std::vector<int32_t> before = prompt;
-        if (step > 0)
-            before = sa.canvas[step - 1];
-        const int block = step < sa.canvas.size() ? sa.block[step] : sb.block[std::min(step, sb.block.size() - 1)];
-        before.resize((size_t)(block + 1) * B, s.mask);  // the block's canvas (a new block starts as masks)
-        printf("    variant %d (%s, prompt %zu): first divergence at step %zu (block %d):\n", variant,
-               variant >= 2 ? "2.1" : "2.0", prompt.size(), step, block);
-        const bool tie = test_llada2_near_tie(pair, before, block, B, p.threshold, p.edit_threshold);
-        near += tie;
-        CHECK_MSG(tie, "variant %d: the GPU's tokens differ from the CPU's at step %zu, not at a near-tie", variant,
-                  step);
     }
+    const int near = compared - equal;
     printf("    %d generations: %d identical, %d diverged at a reported near-tie\n", compared, equal, near);
     // the step forwards replay CUDA graphs (the routes never leave the device), with the eager forwards' bits
     dllm__gpu_backend &g = pair.backend();
@@ -789,4 +800,42 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     }
     dllm_ctx_free(ctx);
     dllm_model_free(m);
+}
+
+/* The tiny trained LLaDA2 (models/tiny-llada2): its card's greedy samples decoded on the GPU as on the CPU (or apart
+ * from a reported near-tie), and dllm-eval's masked-token NLL on the GPU within 2% of the card's float64 figures
+ * (the GPU's activations are bf16). */
+TEST(gpu_llada2, tiny_trained_model_decodes_as_the_cpu) {
+    NEED_GPU();
+    test_llada2_pair pair("models/tiny-llada2");
+    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    if (!pair.ok()) return;
+    dllm__json card;
+    CHECK_STATUS(dllm__json_load("models/tiny-llada2/model_card.json", card), DLLM_OK, nullptr);
+    const dllm__json *ev = card.find("evaluation"), *samples = ev ? ev->find("samples") : nullptr;
+    CHECK(samples && !samples->items.empty());
+    int equal = 0, n = samples ? (int)samples->items.size() : 0;
+    for (int k = 0; k < n; k++) {
+        const dllm__json &smp = samples->items[(size_t)k];
+        std::vector<int32_t> prompt;
+        for (const dllm__json &v : smp.find("prompt_ids")->items) prompt.push_back((int32_t)v.number);
+        dllm_gen_params p = dllm_gen_default_params();
+        p.gen_length = (int)smp.find("gen_length")->number, p.block_length = (int)smp.find("block_length")->number;
+        p.steps = (int)smp.find("steps")->number, p.threshold = (float)smp.find("threshold")->number;
+        equal += test_llada2_generate_pair(T_, pair, prompt, p, dllm__format("sample %d", k));
+    }
+    printf("    %d samples: %d identical on both backends\n", n, equal);
+    const dllm__json *nll = ev ? ev->find("masked_nll") : nullptr, *want = nll ? nll->find("nll") : nullptr;
+    CHECK(want && want->items.size() == 3);
+    std::string out, err;
+    CHECK(test_run_cli("dllm-eval", "-m models/tiny-llada2 --nll tests/data/heldout.txt --backend gpu", "", out, err) ==
+          0);
+    const char *keys[3] = {"nll_0.15 ", "nll_0.50 ", "nll_0.90 "};
+    for (int k = 0; k < 3 && want && want->items.size() == 3; k++) {
+        const size_t at = out.find(keys[k]);
+        const double got = at == std::string::npos ? NAN : atof(out.c_str() + at + strlen(keys[k]));
+        printf("    GPU %s%.6f (card %.6f)\n", keys[k], got, want->items[(size_t)k].number);
+        CHECK_MSG(fabs(got - want->items[(size_t)k].number) <= 0.02 * want->items[(size_t)k].number, "%s%.6f", keys[k],
+                  got);
+    }
 }

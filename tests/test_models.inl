@@ -53,10 +53,51 @@ TEST(models, tiny_dream_nll_matches_model_card) { test_nll_matches_card(T_, "tin
 /* Block-causal at 32 with the shift: the card's float64 reference of the official forward, on dllm's CPU backend. */
 TEST(models, tiny_fast_dllm_v2_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-fast-dllm-v2"); }
 
+/* Block-causal at 32, LLaDA2's forward (MoE routing in fp32): the card's float64 reference of the official code. */
+TEST(models, tiny_llada2_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-llada2"); }
+
+/* The card's greedy samples (LLaDA2.0's generate in float64, threshold 0.95, block 32) from the trained model as
+ * params_of decodes them with dllm_generate on `backend`; how many came out token for token. */
+static int test_llada2_card_samples(dllm_test_state &T_, dllm_backend backend, int *n_samples) {
+    dllm__json card;
+    CHECK_STATUS(dllm__json_load("models/tiny-llada2/model_card.json", card), DLLM_OK, nullptr);
+    const dllm__json *ev = card.find("evaluation"), *samples = ev ? ev->find("samples") : nullptr;
+    CHECK(samples && !samples->items.empty());
+    dllm_model *m = test_load("models/tiny-llada2");
+    dllm_ctx *ctx = m ? test_ctx(m, backend) : nullptr;
+    int same = 0;
+    *n_samples = samples && ctx ? (int)samples->items.size() : 0;
+    for (int k = 0; k < *n_samples; k++) {
+        const dllm__json &smp = samples->items[(size_t)k];
+        std::vector<int32_t> prompt, want, got(64);
+        for (const dllm__json &v : smp.find("prompt_ids")->items) prompt.push_back((int32_t)v.number);
+        for (const dllm__json &v : smp.find("output_ids")->items) want.push_back((int32_t)v.number);
+        dllm_gen_params p = dllm_gen_default_params();
+        p.gen_length = (int)smp.find("gen_length")->number, p.block_length = (int)smp.find("block_length")->number;
+        p.steps = (int)smp.find("steps")->number, p.threshold = (float)smp.find("threshold")->number;
+        int n = 0;
+        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, got.data(), (int)got.size(), &n, nullptr),
+                     DLLM_OK, nullptr);
+        got.resize((size_t)n);
+        same += got == want;
+        printf("    sample %d (%zu prompt tokens): %s\n", k, prompt.size(),
+               got == want ? "the reference's tokens" : "differs from the reference");
+    }
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
+    return same;
+}
+
+TEST(models, tiny_llada2_decodes_the_card_samples) {
+    int n = 0;
+    const int same = test_llada2_card_samples(T_, DLLM_BACKEND_CPU, &n);
+    CHECK_MSG(n > 0 && same == n, "%d of %d samples as the float64 reference decoded them", same, n);
+}
+
 /* The whole held-out text through the C tokenizer gives the ids Hugging Face gave in training. */
 TEST(models, heldout_tokenization_matches_hugging_face) {
     std::string text = test_read_file("tests/data/heldout.txt");
-    for (const char *model : {"tiny-llada", "tiny-dream"}) {
+    for (const char *model : {"tiny-llada", "tiny-dream", "tiny-llada2"}) {
         dllm_tokenizer *tok = nullptr;
         CHECK_STATUS(dllm_tokenizer_load((std::string("models/") + model).c_str(), &tok), DLLM_OK, nullptr);
         if (!tok) continue;
