@@ -406,10 +406,11 @@ build_server() {
 }
 
 # The Qwen2.5 tokenizer fixture ships packed (4.4 MB of vocab.json and merges.txt in 1.3 MB) and is unpacked beside the
-# archive the first time anything runs; the unpacked folder is git-ignored.
+# archive the first time anything runs; the unpacked folder is git-ignored. A copy of the sources without tests/ has none.
 unpack_fixtures() {
     local dir=tests/data/tokenizer
-    [ -f "$dir/qwen2.5/vocab.json" ] || tar -xJf "$dir/qwen2.5.tar.xz" -C "$dir" || die "unpacking $dir/qwen2.5.tar.xz failed"
+    [ ! -f "$dir/qwen2.5.tar.xz" ] || [ -f "$dir/qwen2.5/vocab.json" ] || tar -xJf "$dir/qwen2.5.tar.xz" -C "$dir" ||
+        die "unpacking $dir/qwen2.5.tar.xz failed"
 }
 
 unpack_fixtures
