@@ -810,32 +810,11 @@ TEST(gpu_llada2, tiny_trained_model_decodes_as_the_cpu) {
     test_llada2_pair pair("models/tiny-llada2");
     CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
     if (!pair.ok()) return;
-    dllm__json card;
-    CHECK_STATUS(dllm__json_load("models/tiny-llada2/model_card.json", card), DLLM_OK, nullptr);
-    const dllm__json *ev = card.find("evaluation"), *samples = ev ? ev->find("samples") : nullptr;
-    CHECK(samples && !samples->items.empty());
-    int equal = 0, n = samples ? (int)samples->items.size() : 0;
-    for (int k = 0; k < n; k++) {
-        const dllm__json &smp = samples->items[(size_t)k];
-        std::vector<int32_t> prompt;
-        for (const dllm__json &v : smp.find("prompt_ids")->items) prompt.push_back((int32_t)v.number);
-        dllm_gen_params p = dllm_gen_default_params();
-        p.gen_length = (int)smp.find("gen_length")->number, p.block_length = (int)smp.find("block_length")->number;
-        p.steps = (int)smp.find("steps")->number, p.threshold = (float)smp.find("threshold")->number;
-        equal += test_llada2_generate_pair(T_, pair, prompt, p, dllm__format("sample %d", k));
-    }
-    printf("    %d samples: %d identical on both backends\n", n, equal);
-    const dllm__json *nll = ev ? ev->find("masked_nll") : nullptr, *want = nll ? nll->find("nll") : nullptr;
-    CHECK(want && want->items.size() == 3);
-    std::string out, err;
-    CHECK(test_run_cli("dllm-eval", "-m models/tiny-llada2 --nll tests/data/heldout.txt --backend gpu", "", out, err) ==
-          0);
-    const char *keys[3] = {"nll_0.15 ", "nll_0.50 ", "nll_0.90 "};
-    for (int k = 0; k < 3 && want && want->items.size() == 3; k++) {
-        const size_t at = out.find(keys[k]);
-        const double got = at == std::string::npos ? NAN : atof(out.c_str() + at + strlen(keys[k]));
-        printf("    GPU %s%.6f (card %.6f)\n", keys[k], got, want->items[(size_t)k].number);
-        CHECK_MSG(fabs(got - want->items[(size_t)k].number) <= 0.02 * want->items[(size_t)k].number, "%s%.6f", keys[k],
-                  got);
-    }
+    const std::vector<test_llada2_sample> samples = test_llada2_card_samples(T_);
+    int equal = 0;
+    for (size_t k = 0; k < samples.size(); k++)
+        equal +=
+            test_llada2_generate_pair(T_, pair, samples[k].prompt, samples[k].params, dllm__format("sample %zu", k));
+    printf("    %zu samples: %d identical on both backends\n", samples.size(), equal);
+    test_nll_matches_card(T_, "tiny-llada2", "gpu", 0.02);
 }

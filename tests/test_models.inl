@@ -25,8 +25,10 @@ TEST(models, tiny_add_exact_match_at_least_99_percent) {
     CHECK(r["add_problems"] == 200 && r["exact_match"] >= 0.99);
 }
 
-/* The card's NLL was computed in PyTorch (float64 forward of the exported BF16 weights, HF tokenizer). */
-static void test_nll_matches_card(dllm_test_state &T_, const char *model) {
+/* The card's NLL was computed in PyTorch (float64 forward of the exported BF16 weights, HF tokenizer): dllm-eval's on
+ * `backend` within `tolerance` of it (relative), with the same masked-token counts. */
+static void test_nll_matches_card(dllm_test_state &T_, const char *model, const char *backend = "cpu",
+                                  double tolerance = 0.01) {
     if (!dllm__file_exists("build/dllm-eval")) SKIP("build/dllm-eval not built");
     dllm__json card;
     CHECK_STATUS(dllm__json_load(std::string("models/") + model + "/model_card.json", card), DLLM_OK, nullptr);
@@ -35,13 +37,13 @@ static void test_nll_matches_card(dllm_test_state &T_, const char *model) {
     CHECK(want && counts && want->items.size() == 3);
     if (!want || !counts) return;
     std::map<std::string, double> r;
-    CHECK(test_eval(std::string("-m models/") + model + " --nll tests/data/heldout.txt --backend cpu", r) == 0);
+    CHECK(test_eval(std::string("-m models/") + model + " --nll tests/data/heldout.txt --backend " + backend, r) == 0);
     const char *keys[3] = {"nll_0.15", "nll_0.50", "nll_0.90"};
     for (int k = 0; k < 3; k++) {
         double got = r[keys[k]], card_v = want->items[(size_t)k].number;
-        printf("    %s %s: %.6f (card %.6f), %g masked (card %g)\n", model, keys[k], got, card_v,
+        printf("    %s %s on the %s: %.6f (card %.6f), %g masked (card %g)\n", model, keys[k], backend, got, card_v,
                r[std::string(keys[k]) + "_masked"], counts->items[(size_t)k].number);
-        CHECK_MSG(fabs(got - card_v) <= 0.01 * card_v, "%s %s: %.6f vs card %.6f", model, keys[k], got, card_v);
+        CHECK_MSG(fabs(got - card_v) <= tolerance * card_v, "%s %s: %.6f vs card %.6f", model, keys[k], got, card_v);
         CHECK(r[std::string(keys[k]) + "_masked"] == counts->items[(size_t)k].number);
     }
 }
@@ -56,42 +58,54 @@ TEST(models, tiny_fast_dllm_v2_nll_matches_model_card) { test_nll_matches_card(T
 /* Block-causal at 32, LLaDA2's forward (MoE routing in fp32): the card's float64 reference of the official code. */
 TEST(models, tiny_llada2_nll_matches_model_card) { test_nll_matches_card(T_, "tiny-llada2"); }
 
-/* The card's greedy samples (LLaDA2.0's generate in float64, threshold 0.95, block 32) from the trained model as
- * params_of decodes them with dllm_generate on `backend`; how many came out token for token. */
-static int test_llada2_card_samples(dllm_test_state &T_, dllm_backend backend, int *n_samples) {
+/* One of tiny-llada2's card samples: its prompt, the ids the float64 reference decoded and the settings it used. */
+struct test_llada2_sample {
+    std::vector<int32_t> prompt, want;
+    dllm_gen_params params;
+};
+
+/* The card's greedy samples (LLaDA2.0's generate in float64: gen length, block, steps and threshold as recorded). */
+static std::vector<test_llada2_sample> test_llada2_card_samples(dllm_test_state &T_) {
     dllm__json card;
     CHECK_STATUS(dllm__json_load("models/tiny-llada2/model_card.json", card), DLLM_OK, nullptr);
     const dllm__json *ev = card.find("evaluation"), *samples = ev ? ev->find("samples") : nullptr;
     CHECK(samples && !samples->items.empty());
-    dllm_model *m = test_load("models/tiny-llada2");
-    dllm_ctx *ctx = m ? test_ctx(m, backend) : nullptr;
-    int same = 0;
-    *n_samples = samples && ctx ? (int)samples->items.size() : 0;
-    for (int k = 0; k < *n_samples; k++) {
-        const dllm__json &smp = samples->items[(size_t)k];
-        std::vector<int32_t> prompt, want, got(64);
-        for (const dllm__json &v : smp.find("prompt_ids")->items) prompt.push_back((int32_t)v.number);
-        for (const dllm__json &v : smp.find("output_ids")->items) want.push_back((int32_t)v.number);
-        dllm_gen_params p = dllm_gen_default_params();
+    std::vector<test_llada2_sample> out;
+    for (size_t k = 0; samples && k < samples->items.size(); k++) {
+        const dllm__json &smp = samples->items[k];
+        test_llada2_sample t;
+        for (const dllm__json &v : smp.find("prompt_ids")->items) t.prompt.push_back((int32_t)v.number);
+        for (const dllm__json &v : smp.find("output_ids")->items) t.want.push_back((int32_t)v.number);
+        dllm_gen_params &p = t.params = dllm_gen_default_params();
         p.gen_length = (int)smp.find("gen_length")->number, p.block_length = (int)smp.find("block_length")->number;
         p.steps = (int)smp.find("steps")->number, p.threshold = (float)smp.find("threshold")->number;
-        int n = 0;
-        CHECK_STATUS(dllm_generate(ctx, prompt.data(), (int)prompt.size(), p, got.data(), (int)got.size(), &n, nullptr),
-                     DLLM_OK, nullptr);
-        got.resize((size_t)n);
-        same += got == want;
-        printf("    sample %d (%zu prompt tokens): %s\n", k, prompt.size(),
-               got == want ? "the reference's tokens" : "differs from the reference");
+        out.push_back(t);
     }
-    dllm_ctx_free(ctx);
-    dllm_model_free(m);
-    return same;
+    return out;
 }
 
 TEST(models, tiny_llada2_decodes_the_card_samples) {
-    int n = 0;
-    const int same = test_llada2_card_samples(T_, DLLM_BACKEND_CPU, &n);
-    CHECK_MSG(n > 0 && same == n, "%d of %d samples as the float64 reference decoded them", same, n);
+    const std::vector<test_llada2_sample> samples = test_llada2_card_samples(T_);
+    dllm_model *m = test_load("models/tiny-llada2");
+    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+    CHECK(ctx != nullptr);
+    int same = 0;
+    for (size_t k = 0; ctx && k < samples.size(); k++) {
+        const test_llada2_sample &t = samples[k];
+        std::vector<int32_t> got(64);
+        int n = 0;
+        CHECK_STATUS(dllm_generate(ctx, t.prompt.data(), (int)t.prompt.size(), t.params, got.data(), (int)got.size(),
+                                   &n, nullptr),
+                     DLLM_OK, nullptr);
+        got.resize((size_t)n);
+        same += got == t.want;
+        printf("    sample %zu (%zu prompt tokens): %s\n", k, t.prompt.size(),
+               got == t.want ? "the reference's tokens" : "differs from the reference");
+    }
+    CHECK_MSG(!samples.empty() && same == (int)samples.size(),
+              "%d of %zu samples as the float64 reference decoded them", same, samples.size());
+    dllm_ctx_free(ctx);
+    dllm_model_free(m);
 }
 
 /* The whole held-out text through the C tokenizer gives the ids Hugging Face gave in training. */
