@@ -10232,77 +10232,152 @@ __device__ __forceinline__ float2 kvq_pair_f32(const unsigned short *p) {
 }
 
 /* A stage's FP16 pairs as fp32, once per tile rather than once per decoded element (the conversion unit is a sixteenth
- * of the FMA pipes' rate): the K pairs of its ng key groups into kpf [KVQ_TC_PG][KVQ_HD], KIVI's V pairs into vpf
- * [KVQ_TC_BC] (exact: every half is an fp32). */
-__device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float2 *kpf, float2 *vpf, int ng) {
+ * of the FMA pipes' rate), and each key's group: the K pairs of its ng key groups (from ga = lo / group) into kpf
+ * [KVQ_TC_PG][4][KVQ_HD / 8] float4s (channel c8 * 8 + e's pair at [gi][e / 2][c8], beside channel e + 1's, so that the
+ * 16 threads decoding a key's channel chunks read 16 consecutive float4s, no bank conflict), KIVI's V pairs into vpf
+ * [KVQ_TC_BC], and key k0 + u's group less ga into kgroup[u] (one division a key and tile, not one a decoded chunk;
+ * exact: every half is an fp32). */
+__device__ void kvq_tc_convert(const kvq_args &a, const unsigned char *st, float4 *kpf, float2 *vpf, int *kgroup,
+                               int k0, int lo, int ng) {
     const unsigned short *kp = (const unsigned short *)(st + KVQ_STAGE_KP),
                          *vp = (const unsigned short *)(st + KVQ_STAGE_VS);
-    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) kpf[u] = kvq_pair_f32(kp + 2 * u);
+    for (int u = threadIdx.x; u < ng * KVQ_HD; u += blockDim.x) {
+        const int gi = u / KVQ_HD, ch = u % KVQ_HD, e = ch % 8;
+        ((float2 *)(kpf + gi * (KVQ_HD / 2) + e / 2 * (KVQ_HD / 8) + ch / 8))[e % 2] = kvq_pair_f32(kp + 2 * u);
+    }
     if (!a.soloq)
         for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) vpf[u] = kvq_pair_f32(vp + 2 * u);
+    const int group = max(a.group, 1), ga = lo / group;
+    for (int u = threadIdx.x; u < KVQ_TC_BC; u += blockDim.x) kgroup[u] = (k0 + u) / group - ga;
 }
 
-/* Code e of an 8-code word as an fp32, exactly, without the conversion unit: 2^23 + code's bits minus 2^23. */
-__device__ __forceinline__ float kvq_code_f32(u32 word, int e, int bits, u32 mask) {
-    return __uint_as_float(0x4B000000u | (word >> (e * bits) & mask)) - 8388608.f;
+/* The 8 codes of channel chunk c8 of a key's codes (4 bytes at 4 bits, 2 at 2 bits). */
+template <int BITS> __device__ __forceinline__ u32 kvq_tc_word(const unsigned char *codes, int c8) {
+    return BITS == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
+}
+/* Byte B of x under bytes 1..3 of y: prmt with its selector an immediate (y a register: with a constant y, ptxas makes
+ * y the immediate and rebuilds the selector in a register at every use). */
+template <int B> __device__ __forceinline__ u32 kvq_tc_byte_under(u32 x, u32 y) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "n"(0x7540 + B));
+    return r;
+}
+/* Code E of a word as an fp32, exactly, without the conversion unit: the code under the exponent of 2^23 (bias:
+ * 0x4B000000, read from shared memory so that it stays a register) minus 2^23. At 4 bits lo and hi hold the even and
+ * the odd codes a byte each (word & 0x0F0F0F0F, word >> 4 & 0x0F0F0F0F: kvq_tc_spread), so one prmt places a code under
+ * 0x4B, where a shift and a mask and an or did. */
+template <int BITS, int E> __device__ __forceinline__ float kvq_tc_code(u32 lo, u32 hi, u32 bias) {
+    const u32 biased = BITS == 4 ? kvq_tc_byte_under<E / 2>(E & 1 ? hi : lo, bias) : bias | (lo >> (2 * E) & 3u);
+    return __uint_as_float(biased) - 8388608.f;
+}
+/* lo and hi of kvq_tc_code (at 2 bits lo is the word itself). */
+template <int BITS> __device__ __forceinline__ void kvq_tc_spread(u32 word, u32 &lo, u32 &hi) {
+    lo = BITS == 4 ? word & 0x0F0F0F0Fu : word, hi = word >> 4 & 0x0F0F0F0Fu;
+}
+
+/* Key channels E and E + 1 of a chunk (packed[E / 2]) from their converted pairs (p: the chunk's float4s in
+ * kvq_tc_convert's layout) or, a group past the staged ones, from their FP16 pairs in global memory (f16: the chunk's
+ * 8 pairs). */
+template <int BITS, int E>
+__device__ __forceinline__ void kvq_tc_key_pairs(u32 lo, u32 hi, u32 bias, const float4 *p, u32 (&packed)[4]) {
+    const float4 pr = p[E / 2 * (KVQ_HD / 8)];
+    packed[E / 2] = pack_bf16x2(fmaf(kvq_tc_code<BITS, E>(lo, hi, bias), pr.x, pr.y),
+                                fmaf(kvq_tc_code<BITS, E + 1>(lo, hi, bias), pr.z, pr.w));
+}
+template <int BITS, int E>
+__device__ __forceinline__ void kvq_tc_key_pairs_f16(u32 lo, u32 hi, u32 bias, const unsigned short *f16,
+                                                     u32 (&packed)[4]) {
+    const float2 p0 = kvq_pair_f32(f16 + 2 * E), p1 = kvq_pair_f32(f16 + 2 * E + 2);
+    packed[E / 2] = pack_bf16x2(fmaf(kvq_tc_code<BITS, E>(lo, hi, bias), p0.x, p0.y),
+                                fmaf(kvq_tc_code<BITS, E + 1>(lo, hi, bias), p1.x, p1.y));
+}
+
+/* The bf16 of key channels c8 * 8 .. + 7 (twin: dllm__kvq_flash_twin's keys): fmaf(code, scale, min) with the pairs of
+ * the key's group, the stage's gi-th (converted by kvq_tc_convert; a group past the staged ones: group gi + tile_lo /
+ * group from global memory). */
+template <int BITS>
+__device__ __forceinline__ uint4 kvq_tc_key8(const kvq_args &a, const unsigned char *codes, const float4 *kpf, int c8,
+                                             int gi, int tile_lo, int kvh, u32 bias) {
+    u32 lo, hi, packed[4];
+    kvq_tc_spread<BITS>(kvq_tc_word<BITS>(codes, c8), lo, hi);
+    if (gi < KVQ_TC_PG) {
+        const float4 *p = kpf + gi * (KVQ_HD / 2) + c8;
+        kvq_tc_key_pairs<BITS, 0>(lo, hi, bias, p, packed);  // two channels at a time, packed as they are made
+        kvq_tc_key_pairs<BITS, 2>(lo, hi, bias, p, packed);
+        kvq_tc_key_pairs<BITS, 4>(lo, hi, bias, p, packed);
+        kvq_tc_key_pairs<BITS, 6>(lo, hi, bias, p, packed);
+    } else {
+        const int jg = gi + tile_lo / max(a.group, 1);
+        const unsigned short *p = a.k_pairs + ((u64)jg * a.n_kv * KVQ_HD + kvh * KVQ_HD + c8 * 8) * 2;
+        kvq_tc_key_pairs_f16<BITS, 0>(lo, hi, bias, p, packed);
+        kvq_tc_key_pairs_f16<BITS, 2>(lo, hi, bias, p, packed);
+        kvq_tc_key_pairs_f16<BITS, 4>(lo, hi, bias, p, packed);
+        kvq_tc_key_pairs_f16<BITS, 6>(lo, hi, bias, p, packed);
+    }
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+/* The bf16 of value channels c8 * 8 .. + 7 of stage key `key` (twin: dllm__kvq_flash_twin's values): SoloQ's level
+ * (lut: kvq_soloq_c of each code) times the key's scale, KIVI's fmaf(code, scale, min) with the key's pair (vpf). A
+ * SoloQ code is read as its level's byte offset in lut (4 code: the bytes of (word << 2) & 0x3C3C3C3C and
+ * (word >> 2) & 0x3C3C3C3C at 4 bits), one byte_perm a code. */
+template <int BITS, bool SOLOQ>
+__device__ __forceinline__ uint4 kvq_tc_value8(const unsigned char *st, const float2 *vpf, const float *lut, int key,
+                                               int c8, u32 bias) {
+    const u32 word = kvq_tc_word<BITS>(st + KVQ_STAGE_VC + key * (KVQ_HD / 2), c8);
+    u32 packed[4];
+    if (SOLOQ) {
+        const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
+        const u32 lo = BITS == 4 ? word << 2 & 0x3C3C3C3Cu : word << 2, hi = word >> 2 & 0x3C3C3C3Cu;
+        float x[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const u32 at = BITS == 4 ? __byte_perm(e & 1 ? hi : lo, 0, 0x4440 + e / 2) : lo >> (2 * e) & 0xCu;
+            x[e] = __fmul_rn(*(const float *)((const unsigned char *)lut + at), sc);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) packed[e / 2] = pack_bf16x2(x[e], x[e + 1]);
+    } else {
+        const float2 vp = vpf[key];
+        u32 lo, hi;
+        kvq_tc_spread<BITS>(word, lo, hi);
+        packed[0] = pack_bf16x2(fmaf(kvq_tc_code<BITS, 0>(lo, hi, bias), vp.x, vp.y),
+                                fmaf(kvq_tc_code<BITS, 1>(lo, hi, bias), vp.x, vp.y));
+        packed[1] = pack_bf16x2(fmaf(kvq_tc_code<BITS, 2>(lo, hi, bias), vp.x, vp.y),
+                                fmaf(kvq_tc_code<BITS, 3>(lo, hi, bias), vp.x, vp.y));
+        packed[2] = pack_bf16x2(fmaf(kvq_tc_code<BITS, 4>(lo, hi, bias), vp.x, vp.y),
+                                fmaf(kvq_tc_code<BITS, 5>(lo, hi, bias), vp.x, vp.y));
+        packed[3] = pack_bf16x2(fmaf(kvq_tc_code<BITS, 6>(lo, hi, bias), vp.x, vp.y),
+                                fmaf(kvq_tc_code<BITS, 7>(lo, hi, bias), vp.x, vp.y));
+    }
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 /* A stage decoded into the bf16 K and V tiles [KVQ_TC_BC][KVQ_HD + 8] (twin: dllm__kvq_flash_twin's keys and values): a
- * thread per 8 channels of a key; the pairs from kvq_tc_convert (a key group past the staged ones: from global memory),
- * SoloQ's levels from `lut` (kvq_soloq_c of each code). Keys outside [lo, hi) become zeros (their scores are masked;
- * P = 0 times a zero value adds nothing, where a NaN would). */
-__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float2 *kpf, const float2 *vpf,
-                              const float *lut, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo, int hi) {
-    constexpr int CPR = KVQ_HD / 8, LD = KVQ_HD + 8;
-    const int bits = a.bits, group = max(a.group, 1), ga = lo / group;
-    const u32 mask = (1u << bits) - 1u;
-    // Keys, then values: apart, each loop holds only its own operands (the decode runs beside the 64 output registers
-    // a thread keeps at head dim 128, and beside another warp's mma).
-    for (int u = threadIdx.x; u < KVQ_TC_BC * CPR; u += blockDim.x) {
-        const int key = u / CPR, c8 = u % CPR, j = k0 + key;
-        u32 packed[4] = {0u, 0u, 0u, 0u};
+ * thread per 8 channels of a key, the keys' chunks then the values' in one loop (a warp's 32 chunks are all keys or all
+ * values, as 32 divides KVQ_TC_BC * KVQ_HD / 8; one loop: a thread's share is within one chunk of every other's, where
+ * two loops gave some warps two more than others). Keys outside [lo, hi) become zeros (their scores are masked; P = 0
+ * times a zero value adds nothing, where a NaN would). BITS and SOLOQ: the cache's, a specialisation each (the branch
+ * on them taken once a tile, not once a code). */
+template <int BITS, bool SOLOQ>
+__device__ void kvq_tc_decode(const kvq_args &a, const unsigned char *st, const float4 *kpf, const float2 *vpf,
+                              const int *kgroup, const float *lut, bf16_t *sK, bf16_t *sV, int kvh, int k0, int lo,
+                              int hi) {
+    constexpr u32 CPR = KVQ_HD / 8, LD = KVQ_HD + 8, N = KVQ_TC_BC * CPR;
+    const u32 bias = __float_as_uint(lut[16]);
+    for (u32 u = threadIdx.x; u < 2 * N; u += blockDim.x) {  // unsigned: / CPR and % CPR without sign fixes
+        const bool value = u >= N;
+        const u32 w = value ? u - N : u;
+        const int key = w / CPR, c8 = w % CPR, j = k0 + key;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
         if (j >= lo && j < hi) {
-            const unsigned char *codes = st + key * (KVQ_HD / 2);
-            const u32 word =
-                bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
-            const int gi = j / group - ga;
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {  // two channels at a time, packed as they are made
-                float x[2];
-#pragma unroll
-                for (int f = 0; f < 2; f++) {
-                    const int ch = c8 * 8 + e + f;
-                    const float2 pr =
-                        gi < KVQ_TC_PG
-                            ? kpf[gi * KVQ_HD + ch]
-                            : kvq_pair_f32(a.k_pairs + ((u64)(j / group) * a.n_kv * KVQ_HD + kvh * KVQ_HD + ch) * 2);
-                    x[f] = fmaf(kvq_code_f32(word, e + f, bits, mask), pr.x, pr.y);
-                }
-                packed[e / 2] = pack_bf16x2(x[0], x[1]);
+            if (value) {
+                x = kvq_tc_value8<BITS, SOLOQ>(st, vpf, lut, key, c8, bias);
+            } else {
+                x = kvq_tc_key8<BITS>(a, st + key * (KVQ_HD / 2), kpf, c8, kgroup[key], lo, kvh, bias);
             }
         }
-        *(uint4 *)(sK + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
-    for (int u = threadIdx.x; u < KVQ_TC_BC * CPR; u += blockDim.x) {
-        const int key = u / CPR, c8 = u % CPR, j = k0 + key;
-        u32 packed[4] = {0u, 0u, 0u, 0u};
-        if (j >= lo && j < hi) {
-            const unsigned char *codes = st + KVQ_STAGE_VC + key * (KVQ_HD / 2);
-            const u32 word =
-                bits == 4 ? *(const u32 *)(codes + c8 * 4) : (u32) * (const unsigned short *)(codes + c8 * 2);
-            const float sc = *(const float *)(st + KVQ_STAGE_VS + key * 4);
-            const float2 vp = vpf[key];
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-                float x[2];
-#pragma unroll
-                for (int f = 0; f < 2; f++)
-                    x[f] = a.soloq ? __fmul_rn(lut[word >> ((e + f) * bits) & mask], sc)
-                                   : fmaf(kvq_code_f32(word, e + f, bits, mask), vp.x, vp.y);
-                packed[e / 2] = pack_bf16x2(x[0], x[1]);
-            }
-        }
-        *(uint4 *)(sV + key * LD + c8 * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *(uint4 *)((value ? sV : sK) + key * LD + c8 * 8) = x;
     }
 }
 
@@ -10400,13 +10475,15 @@ struct kvq_flash_tiled {
 template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args &a, const Ix &ix) {
     constexpr int HD = KVQ_HD, LD = HD + 8, BC = KVQ_TC_BC, DT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float lut[16];  // SoloQ's level of each code (kvq_soloq_c)
+    __shared__ float lut[17];  // SoloQ's level of each code (kvq_soloq_c), then 2^23 (kvq_tc_code's bias)
     const int CR = ix.warps() * 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bf16_t *sQ = (bf16_t *)smem,
            *sK = sQ + CR * LD;  // sK: the decoded K tiles [2][BC][LD], then the V tiles [2][BC][LD]
     bf16_t *sV = sK + 2 * BC * LD;
-    float2 *kpf = (float2 *)(sV + 2 * BC * LD), *vpf = kpf + KVQ_TC_PG * HD;
-    unsigned char *raw = (unsigned char *)(vpf + BC);
+    float4 *kpf = (float4 *)(sV + 2 * BC * LD);
+    float2 *vpf = (float2 *)(kpf + KVQ_TC_PG * HD / 2);
+    int *kgroup = (int *)(vpf + BC);
+    unsigned char *raw = (unsigned char *)(kgroup + BC);
     const int R = a.n_head / a.n_kv * a.q_rows, r0 = ix.q_tile() * CR;
     int j0, j1;
     bool quant;
@@ -10416,8 +10493,10 @@ template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args
     const int i_max = r_last / a.q_rows != r0 / a.q_rows ? a.q_rows - 1 : r_last % a.q_rows;
     const int j1c = min(j1, kvq_visible(a, i_max));
     const int rA = r0 + warp * 16 + g, rB = rA + 8;
-    if (threadIdx.x < 16)
-        lut[threadIdx.x] = a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits) : 0.f;
+    if (threadIdx.x < 17)
+        lut[threadIdx.x] = threadIdx.x == 16                        ? 8388608.f
+                           : a.soloq && threadIdx.x < (1 << a.bits) ? kvq_soloq_c(threadIdx.x, a.bits)
+                                                                    : 0.f;
     kvq_tc_load_q(a, sQ, ix.kv_head(), r0, CR, R);
     cp_async_commit();
 
@@ -10434,18 +10513,29 @@ template <class Ix> __device__ __forceinline__ void kvq_flash_cta(const kvq_args
         kvq_tc_stage(a, raw + buf(tile) * KVQ_TC_STAGE, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
     };
     auto convert = [&](int tile) {
-        kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
+        kvq_tc_convert(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, kgroup, tile * BC, tile_lo(tile),
+                       kvq_tc_groups(a, tile_lo(tile), tile_hi(tile)));
     };
     auto decode = [&](int tile) {
-        kvq_tc_decode(a, raw + buf(tile) * KVQ_TC_STAGE, kpf, vpf, lut, sK + buf(tile) * BC * LD,
-                      sV + buf(tile) * BC * LD, ix.kv_head(), tile * BC, tile_lo(tile), tile_hi(tile));
+        const unsigned char *st = raw + buf(tile) * KVQ_TC_STAGE;
+        bf16_t *k_tile = sK + buf(tile) * BC * LD, *v_tile = sV + buf(tile) * BC * LD;
+        const int kvh = ix.kv_head(), k0 = tile * BC, lo = tile_lo(tile), hi = tile_hi(tile);
+        if (a.bits == 4 && a.soloq)
+            kvq_tc_decode<4, true>(a, st, kpf, vpf, kgroup, lut, k_tile, v_tile, kvh, k0, lo, hi);
+        else if (a.bits == 4)
+            kvq_tc_decode<4, false>(a, st, kpf, vpf, kgroup, lut, k_tile, v_tile, kvh, k0, lo, hi);
+        else if (a.soloq)
+            kvq_tc_decode<2, true>(a, st, kpf, vpf, kgroup, lut, k_tile, v_tile, kvh, k0, lo, hi);
+        else
+            kvq_tc_decode<2, false>(a, st, kpf, vpf, kgroup, lut, k_tile, v_tile, kvh, k0, lo, hi);
     };
+    // Rows rA and rB's visible keys, once, in two registers (the decode's specialisations leave them free; computed at
+    // each tile they cost two divisions and two remainders a tile and warp).
+    const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0,
+              limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
     auto multiply = [&](int tile,
                         int b) {  // this warp's rows over the tile's keys, decoded or copied into K and V tiles b
         if (!live) return;
-        // Recomputed here rather than held across the decode, which needs the registers.
-        const int limA = rA < R ? min(j1, kvq_visible(a, rA % a.q_rows)) : 0,
-                  limB = rB < R ? min(j1, kvq_visible(a, rB % a.q_rows)) : 0;
         const u32 q_warp = smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8);
         const int k0 = tile * BC, lo = tile_lo(tile), hi = tile_hi(tile);
         const u32 k_s = smem_u32(sK + b * BC * LD), v_s = smem_u32(sV + b * BC * LD);
@@ -10525,8 +10615,13 @@ KERNEL_kvq_flash_batch {
 
 /* The splits of one (query row i, head h) merged in split order (twin: dllm__kvq_flash_twin's last step): weights
  * 2^(m_s - max), SoloQ's quantised splits summed apart and rotated back once, then the bf16 ones added and the sum
- * normalised. */
+ * normalised. The order of the sums is the splits', one split after the other, but nothing else waits on it: lane s of
+ * each 32 splits reads split s's max and normaliser and finds its kind (kvq_split) at once, its weight reaches every
+ * lane by a shuffle, and the sums stay in registers (lane + 32 k: channel k of the lane), so the reads of later splits'
+ * outputs are issued ahead of the sums of earlier ones instead of three dependent global reads a split. A split with
+ * no visible key (max -inf) adds nothing, as before. */
 __device__ void kvq_flash_combine_row(const kvq_args &a, int i, int h) {
+    constexpr int CL = (KVQ_HD + 31) / 32;  // channels a lane (a.hd is the module's KVQ_HD: dllm__kvq_tc_launch)
     __shared__ float acc[256], racc[256], T0[256], T1[256];
     const int lane = threadIdx.x, hd = a.hd, n_splits = kvq_n_splits(a);
     const u64 stride = (u64)a.n_head * a.q_rows * (hd + 2);
@@ -10534,19 +10629,39 @@ __device__ void kvq_flash_combine_row(const kvq_args &a, int i, int h) {
     float mx = -DLLM_INF;
     for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, P[s * stride + hd]);
     for (int x = 16; x > 0; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-    for (int c = lane; c < hd; c += 32) acc[c] = 0.f, racc[c] = 0.f;
-    float l = 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        const float ms = P[s * stride + hd];
-        if (ms == -DLLM_INF) continue;  // a split with no visible key
-        int j0, j1;
-        bool quant;
-        kvq_split(a, s, j0, j1, quant);
-        const float w = exp2_ftz(ms - mx);
-        l = fmaf(w, P[s * stride + hd + 1], l);
-        float *dst = quant && a.soloq ? racc : acc;
-        for (int c = lane; c < hd; c += 32) dst[c] = fmaf(w, P[s * stride + c], dst[c]);
+    float sum[CL], rsum[CL], l = 0.f;
+#pragma unroll
+    for (int k = 0; k < CL; k++) sum[k] = 0.f, rsum[k] = 0.f;
+    for (int s0 = 0; s0 < n_splits; s0 += 32) {
+        const int n = min(32, n_splits - s0);
+        float ws = 0.f, ls = 0.f;
+        bool live = false, rotated = false;
+        if (lane < n) {
+            const float ms = P[(s0 + lane) * stride + hd];
+            int j0, j1;
+            bool quant;
+            kvq_split(a, s0 + lane, j0, j1, quant);
+            live = ms != -DLLM_INF, rotated = quant && a.soloq;
+            ws = exp2_ftz(ms - mx), ls = P[(s0 + lane) * stride + hd + 1];
+        }
+        const u32 lives = __ballot_sync(0xffffffffu, live), rots = __ballot_sync(0xffffffffu, rotated);
+#pragma unroll 8
+        for (int k = 0; k < n; k++) {
+            const float w = __shfl_sync(0xffffffffu, ws, k), lk = __shfl_sync(0xffffffffu, ls, k);
+            const float *o = P + (s0 + k) * stride;
+            const bool add = lives >> k & 1u, rot = rots >> k & 1u;
+            if (add) l = fmaf(w, lk, l);
+#pragma unroll
+            for (int c = 0; c < CL; c++) {
+                const float x = lane + 32 * c < hd ? o[lane + 32 * c] : 0.f;
+                if (add && rot) rsum[c] = fmaf(w, x, rsum[c]);
+                if (add && !rot) sum[c] = fmaf(w, x, sum[c]);
+            }
+        }
     }
+#pragma unroll
+    for (int c = 0; c < CL; c++)
+        if (lane + 32 * c < hd) acc[lane + 32 * c] = sum[c], racc[lane + 32 * c] = rsum[c];
     kvq_store_output(a, acc, racc, T0, T1, l, i, h, lane);
 }
 KERNEL_kvq_flash_combine {
@@ -19740,10 +19855,11 @@ static size_t dllm__kvq_tc_stage_bytes(int hd) {
            (size_t)dllm__kvq_tc_bc(hd) * 4;
 }
 /* Dynamic shared memory of a CTA of `warps` warps: the query rows, two decoded K and V tiles each (one multiplied while
- * the other is decoded), a tile's pairs in fp32, two stages of raw codes and pairs. */
+ * the other is decoded), a tile's pairs in fp32 and its keys' groups, two stages of raw codes and pairs. */
 static size_t dllm__kvq_tc_smem(int hd, int warps) {
     return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 +
-           (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 + 2 * dllm__kvq_tc_stage_bytes(hd);
+           (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 + (size_t)dllm__kvq_tc_bc(hd) * 4 +
+           2 * dllm__kvq_tc_stage_bytes(hd);
 }
 static const int dllm__kvq_tc_chunk_rows =
     128;  // query rows a launch at most (a prefill's rows go in launches of these)

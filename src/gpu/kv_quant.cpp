@@ -31,10 +31,11 @@ static size_t dllm__kvq_tc_stage_bytes(int hd) {
            (size_t)dllm__kvq_tc_bc(hd) * 4;
 }
 /* Dynamic shared memory of a CTA of `warps` warps: the query rows, two decoded K and V tiles each (one multiplied while
- * the other is decoded), a tile's pairs in fp32, two stages of raw codes and pairs. */
+ * the other is decoded), a tile's pairs in fp32 and its keys' groups, two stages of raw codes and pairs. */
 static size_t dllm__kvq_tc_smem(int hd, int warps) {
     return (size_t)(warps * 16 + 4 * dllm__kvq_tc_bc(hd)) * (hd + 8) * 2 +
-           (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 + 2 * dllm__kvq_tc_stage_bytes(hd);
+           (size_t)(dllm__kvq_tc_pair_groups * hd + dllm__kvq_tc_bc(hd)) * 8 + (size_t)dllm__kvq_tc_bc(hd) * 4 +
+           2 * dllm__kvq_tc_stage_bytes(hd);
 }
 static const int dllm__kvq_tc_chunk_rows =
     128;  // query rows a launch at most (a prefill's rows go in launches of these)
