@@ -15164,11 +15164,15 @@ static const char *dllm__src_q4_wgmma = R"DLLM(
  *   and 2 (hi), word (s, 1) -> 1 and 3: CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0
  *   = (row 16 w + g + 8 v1, k 4 t + v0 + 16 v2).
  *
- * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
- * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments
- * red.add their int32 sums into ws (layout = the accumulator layout, coalesced) and count k blocks in cnt[tile];
- * the CTA that completes the count reads the sums back, zeroes ws and cnt (self-cleaning: ws / cnt must be zero
- * before the first launch) and runs the epilogue. Integer sums: any split or order gives the same bits.
+ * Schedule: the work is units (CTA tile of TF = 64 WGS R features, chunk of NT tokens; unit t chunks + c, so that the
+ * chunks of one weight tile run side by side and its weights come from HBM once) x (k blocks of 128), cut into groups
+ * of P k blocks. One chunk (M <= NT): stream-K, CTA c gets a contiguous run of groups; a segment that covers a whole
+ * tile writes y directly; partial segments red.add their int32 sums into ws (layout = the accumulator layout,
+ * coalesced) and count k blocks in cnt[tile]; the CTA that completes the count reads the sums back, zeroes ws and cnt
+ * (self-cleaning: ws / cnt must be zero before the first launch) and runs the epilogue. Several chunks: CTA c gets a
+ * contiguous run of whole units, so nothing is split (the many-row regime has units enough for every SM, and a split's
+ * int32 round trip through L2 would cost more than the tail it fills). Integer sums: any split or order gives the same
+ * bits.
  *
  * The module (dllm__module_q4wg) is compiled for sm_90a only; q4wg_args is the host/kernel contract's
  * (DLLM__Q4WG_ARGS_FIELDS), y is bf16 (the layer linears' outputs), rounded as the INT8 path's epilogue rounds it.
@@ -15276,9 +15280,11 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
     __shared__ int last_flag;
     const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
-    const int KB = a.K >> 7, tiles = a.N / TF, groups = tiles * (KB / P);
-    const int g0 = (int)((long long)blockIdx.x * groups / gridDim.x),
-              g1 = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x);
+    const int KB = a.K >> 7, gpu = KB / P, chunks = (a.M + NT - 1) / NT, units = a.N / TF * chunks;
+    const int b = blockIdx.x, nb = gridDim.x;
+    const int g0 = chunks == 1 ? (int)((long long)b * units * gpu / nb) : (int)((long long)b * units / nb) * gpu,
+              g1 = chunks == 1 ? (int)((long long)(b + 1) * units * gpu / nb)
+                               : (int)((long long)(b + 1) * units / nb) * gpu;
     if (g0 >= g1) return;
     const int it0 = g0 * P, it1 = g1 * P;
 
@@ -15287,24 +15293,32 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
 
     // Weights: 16-byte units; slot r of this warpgroup in CTA tile t is 64-row tile (t WGS + wg) R + r.
     const long long rstride = (long long)KB * 256;  // one 64-row tile
-    int lkb = it0 % KB;                             // the k block whose weights load next
-    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + t128 + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 256;
+    // The group whose weights and activations load next: unit lu (its weights wu, its first token row xm), k block lkb.
+    int lu = g0 / gpu, lkb = (g0 - lu * gpu) * P, xm = lu % chunks * NT;
+    const q4wg_u32x4 *wu = (const q4wg_u32x4 *)a.w + t128 + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+    auto advance = [&]() {
+        lkb += P;
+        if (lkb == KB) {
+            lkb = 0, lu++, xm = lu % chunks * NT;
+            wu = (const q4wg_u32x4 *)a.w + t128 + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+        }
+    };
+    auto stage = [&](u32 dst) {
+        q4wg_stage<NT, THREADS, P>(dst, a.x + xm * a.ldx + lkb * 128, a.ldx, min(NT, a.M - xm), tid);
+    };
 
     // Group g0's activations, then its weights.
-    int akb = lkb;  // the first k block of the group whose activations are copied next
-    q4wg_stage<NT, THREADS, P>(s0, a.x + akb * 128, a.ldx, a.M, tid);
+    stage(s0);
     q4wg_cp_commit();
-    akb = akb + P == KB ? 0 : akb + P;
     q4wg_u32x4 wq[P][R][2];
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
-    wp += P * 256;
-    lkb += P;
-    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+            for (int h = 0; h < 2; h++)
+                wq[p][r][h] = q4wg_ldg(wu + r * rstride + (lkb + p) * 256 + h * 128, policy);
+    advance();
 
     int acc[R][NREG];
 #pragma unroll
@@ -15325,9 +15339,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
         q4wg_cp_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (more) q4wg_stage<NT, THREADS, P>(s0 + pst * GSTAGE, a.x + akb * 128, a.ldx, a.M, tid);
+        if (more) stage(s0 + pst * GSTAGE);
         q4wg_cp_commit();
-        akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
         const u64 dg = desc0 + cst * (GSTAGE >> 4);  // the group's stage: descriptor address fields add
         cst = cst + 1 == SG ? 0 : cst + 1;
@@ -15349,7 +15362,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
+                    for (int h = 0; h < 2; h++)
+                        wq[p][r][h] = q4wg_ldg(wu + r * rstride + (lkb + p) * 256 + h * 128, policy);
 
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
             const u64 d0 = dg + p * (KSTAGE >> 4);
@@ -15364,9 +15378,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
             if (p + 1 < P) q4wg_wgmma_wait<NT >= 256 ? 0 : 1>(acc);
         }
         q4wg_wgmma_wait<SG - 2>(acc);
-        wp += P * 256;
-        lkb += P;
-        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        advance();
         ckb += P;
         if (ckb == KB || !more) {
             // ---- flush the segment [seg0, ckb) of tile ct ----
@@ -15402,14 +15414,14 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
                 }
             }
             if (store) {
-                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3, m0 = ct % chunks * NT;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const int f = ct / chunks * TF + (wg * R + r) * 64 + warp * 16 + g;
                     const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
 #pragma unroll
                     for (int j = 0; j < NT / 8; j++) {
-                        const int m = 8 * j + 2 * tq;
+                        const int m = m0 + 8 * j + 2 * tq;
                         if (m < a.M) {
                             const float sx = a.s_x[m];
                             const long long at = (long long)m * a.ldy + f;
@@ -15449,7 +15461,9 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
  * in every configuration; each tile's K is cut into a.ksplit chunks (the host chooses it from N and K only:
  * dllm__q4wg_nv_ksplit); a chunk is one wgmma chain from zero, k16 steps ascending; the chunks' fp32
  * partials are folded left to right (((c0 + c1) + c2) ...) by the tile's last CTA (plain stores to wsf, an atomic count
- * in cnt; no float atomics). So a token row's bits depend on neither M nor the other rows.
+ * in cnt; no float atomics), or, where M holds several chunks of NT tokens (the 128-token configuration), in the same
+ * order in registers by the CTA that owns the whole (tile, token chunk). So a token row's bits depend on neither M nor
+ * the other rows.
  *
  * Dequantisation without a table: a bf16 whose exponent field is e2m1's (e1 e0) and whose top mantissa bit is e2m1's m
  * is exactly e2m1 x 2^-126 (0.5 is a bf16 subnormal). Packed weights (q4wg_prepack_nv; twin dllm__q4wg_prepack_nv): per
@@ -15465,7 +15479,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
  * scale byte flips the codes' signs (the prepack does both), NaN scales are refused at load.
  *
  * Tokens: bf16 [M][ldx], staged as the integer path stages int8 (q4wg_stage): a 128-wide k block is two 64-wide halves
- * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT. */
+ * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT outside the
+ * 128-token configuration. */
 
 /* d (64 x NT f32, accumulator layout) += A (64 x 16 bf16, registers a0..a3) . B (NT x 16 bf16, shared, K-major)^T */
 template <int NT>
@@ -15537,10 +15552,11 @@ template <int PENDING, int R, int NREG> __device__ __forceinline__ void q4wg_wgm
  * same), P k blocks a group, SG activation stages. Each k block is two wgmma groups (k 0-63, 64-127); the next half's A
  * registers are written while the previous half's wgmmas run, except at NT = 256, whose 128 accumulator registers
  * leave no room for two sets. Weights of group g + 1 load into registers and its tokens into shared memory while
- * group g computes. CTAs take contiguous runs of whole (tile, chunk) units. */
+ * group g computes. CTAs take contiguous runs of whole units: (tile, K chunk), or (tile, token chunk) past NT tokens. */
 template <int NT, int WGS, int R, int P, int SG>
 __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     constexpr int THREADS = 128 * WGS, TF = 64 * WGS * R, NREG = NT / 2, WAITH = NT >= 256 ? 0 : 1;
+    constexpr bool FOLD = NT == 128;  // the many-row configuration (dllm__q4wg_nv_fold_config)
     constexpr u32 KSTAGE = NT * 128, GSTAGE = KSTAGE * 2 * P;
     static_assert(TF == 128, "NVFP4: 128-feature tiles in every configuration (the summation order)");
     static_assert(SG == 2 || SG == 3, "stages");
@@ -15550,42 +15566,51 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     __shared__ int last_flag;
     const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
-    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks, units = tiles * ks;
+    // Units: one chunk of at most NT tokens: (tile, K chunk), each chunk's partial through wsf; more chunks (FOLD
+    // configurations only): whole (tile, token chunk) units, unit t chunks + c, their K chunks folded in registers.
+    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks;
+    const int chunks = FOLD ? (a.M + NT - 1) / NT : 1, whole = chunks > 1, units = whole ? tiles * chunks : tiles * ks;
     const int u0 = (int)((long long)blockIdx.x * units / gridDim.x),
               u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
     if (u0 >= u1) return;
-    const int it0 = u0 * KU, it1 = u1 * KU;  // k blocks over all tiles (tile KB + kb)
+    const int it0 = u0 * (whole ? KB : KU), it1 = u1 * (whole ? KB : KU);  // k blocks over all units (unit KB + kb)
 
     u64 policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 
     // Weights in 16-byte units, 288 a (64-row tile, k block): codes [h][thread], then scales [quad].
     const int rstride = KB * 288;  // one 64-row tile (32-bit offsets: fewer live registers)
-    int lkb = it0 % KB;
-    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 288;
     const int cofs = t128, sofs = 256 + (t128 >> 2);
-
-    int akb = lkb;
+    // The group whose weights and tokens load next: unit lu (its weights wu, its first token row xm), k block lkb.
+    int lu = it0 / KB, lkb = it0 % KB, xm = lu % chunks * NT;
+    const q4wg_u32x4 *wu = (const q4wg_u32x4 *)a.w + (long long)((lu / chunks) * WGS + wg) * R * rstride;
     const signed char *xb = (const signed char *)a.xb;  // bytes: 256 a k block
     const int ldxb = (int)a.ldx * 2;
-    q4wg_stage<NT, THREADS, 2 * P>(s0, xb + akb * 256, ldxb, a.M, tid);
+    auto advance = [&]() {
+        lkb += P;
+        if (lkb == KB) {
+            lkb = 0, lu++, xm = lu % chunks * NT;
+            wu = (const q4wg_u32x4 *)a.w + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+        }
+    };
+    auto stage = [&](u32 dst) {
+        q4wg_stage<NT, THREADS, 2 * P>(dst, xb + (long long)xm * ldxb + lkb * 256, ldxb, min(NT, a.M - xm), tid);
+    };
+    stage(s0);
     q4wg_cp_commit();
-    akb = akb + P == KB ? 0 : akb + P;
     q4wg_u32x4 wq[P][R][3];
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+            const q4wg_u32x4 *q = wu + r * rstride + (lkb + p) * 288;
             wq[p][r][0] = q4wg_ldg(q + cofs, policy);
             wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
             wq[p][r][2] = q4wg_ldg(q + sofs, policy);
         }
-    wp += P * 288;
-    lkb += P;
-    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+    advance();
 
-    float acc[R][NREG];
+    float acc[R][NREG], tot[R][FOLD ? NREG : 1];  // tot: a whole unit's K chunks folded so far
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -15598,9 +15623,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         q4wg_cp_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (more) q4wg_stage<NT, THREADS, 2 * P>(s0 + pst * GSTAGE, xb + akb * 256, ldxb, a.M, tid);
+        if (more) stage(s0 + pst * GSTAGE);
         q4wg_cp_commit();
-        akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
         const u64 dg = wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
         cst = cst + 1 == SG ? 0 : cst + 1;
@@ -15621,7 +15645,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
                 if (hh == 1 && more)
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+                        const q4wg_u32x4 *q = wu + r * rstride + (lkb + p) * 288;
                         wq[p][r][0] = q4wg_ldg(q + cofs, policy);
                         wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
                         wq[p][r][2] = q4wg_ldg(q + sofs, policy);
@@ -15638,15 +15662,28 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
             }
         }
         q4wg_wgmma_wait<SG - 2>(acc);
-        wp += P * 288;
-        lkb += P;
-        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        advance();
         ckb += P;
         if (ckb % KU == 0) {
-            // ---- chunk ckb / KU - 1 of tile ct is complete: publish it, or fold the tile ----
+            // ---- K chunk ckb / KU - 1 of unit ct is complete: fold it, publish it, or fold the tile ----
             q4wg_wgmma_wait<0>(acc);
             bool store = true;
-            if (ks > 1) {
+            if constexpr (FOLD) {
+                if (whole) {  // (((c0 + c1) + c2) + ...), as the tile's last CTA folds them below
+                    const bool first = ckb == KU;
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int i = 0; i < NREG; i++) tot[r][i] = first ? acc[r][i] : __fadd_rn(tot[r][i], acc[r][i]);
+                    store = ckb == KB;
+                    if (store)
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int i = 0; i < NREG; i++) acc[r][i] = tot[r][i];
+                }
+            }
+            if (ks > 1 && !whole) {
                 const int chunk = ckb / KU - 1;
                 const long long tstride = (long long)NT * TF;
                 float *wsp = a.wsf + (long long)ct * ks * tstride + (wg * R) * NREG * 128 + t128;
@@ -15684,14 +15721,14 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
                 }
             }
             if (store) {
-                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3, m0 = ct % chunks * NT;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const int f = ct / chunks * TF + (wg * R + r) * 64 + warp * 16 + g;
                     const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
 #pragma unroll
                     for (int j = 0; j < NT / 8; j++) {
-                        const int m = 8 * j + 2 * tq;
+                        const int m = m0 + 8 * j + 2 * tq;
                         if (m < a.M) {
                             const float sx = a.s_x[m];
                             const long long at = (long long)m * a.ldy + f;
@@ -15807,12 +15844,16 @@ struct dllm__q4wg_config {
 };
 static const dllm__q4wg_config dllm__q4wg_configs[] = {
     {32, 1, 2, 4, 3}, {64, 1, 2, 4, 3}, {128, 2, 1, 4, 3}, {256, 2, 1, 2, 3}};
-/* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 past 32
- * tokens (the bf16 stages are twice the int8 ones), NT = 256 with one k block a group (three stages of 64 KB). At 32
- * tokens the four LLaDA-8B projections took 0.551x cuBLASLt BF16's time (H100). */
+/* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 at 64
+ * tokens (the bf16 stages are twice the int8 ones), one k block a group from 128 (NT = 256: three stages of 64 KB; NT
+ * = 128: the registers of the second set of accumulators that many rows fold into). At 32 tokens the four LLaDA-8B
+ * projections took 0.551x cuBLASLt BF16's time (H100). */
 static const dllm__q4wg_config dllm__q4wg_nv_configs[] = {
-    {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 2, 3}, {256, 2, 1, 1, 3}};
+    {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 1, 3}, {256, 2, 1, 1, 3}};
 static const int dllm__q4wg_configs_n = 4, dllm__q4wg_max_rows = 256, dllm__q4wg_tile = 128;
+/* The q4wg_gemm_nv configuration of more than dllm__q4wg_max_rows rows: 128 tokens, the most that leave room for a
+ * second set of accumulators (the kernel's FOLD). */
+static const int dllm__q4wg_nv_fold_config = 2;
 
 /* q4wg_gemm_nv's tile counters lead its workspace (their place must not depend on the shape: one workspace serves every
  * layer linear, and only the counters must stay zero), the fp32 chunk partials follow; so N is at most 1024 tiles. */
@@ -15959,11 +16000,25 @@ static dllm_status dllm__q4wg_pack(const dllm__q4wg_kernels &k, dllm__linear &W,
     return DLLM_OK;
 }
 
+/* q4wg_gemm's configuration for M rows of an N-row weight: at most 256 rows, the smallest that holds them; more, chunks
+ * of 256 or 128 tokens, whichever takes fewer waves of whole (tile, chunk) units times the tokens a unit computes (a
+ * unit of 256 tokens on every SM at once beats two rounds of 128; 64 units of 256 on 132 SMs do not). */
+static int dllm__q4wg_many_rows_config(const dllm__q4wg_kernels &k, int fi, int M, int N) {
+    if (M <= dllm__q4wg_max_rows) return dllm__q4wg_config_for(M);
+    auto cost = [&](int i) {
+        const int nt = dllm__q4wg_configs[i].nt, units = N / dllm__q4wg_tile * ((M + nt - 1) / nt);
+        const int slots = std::max(1, k.ctas_per_sm[fi][i] * k.sm_count);
+        return (long long)((units + slots - 1) / slots) * nt;
+    };
+    const int i256 = dllm__q4wg_configs_n - 1, i128 = i256 - 1;
+    return cost(i128) < cost(i256) ? i128 : i256;
+}
+
 /* y [M x N] (bf16) = ((float)(X . C_w^T) s_x) s_w: X int8 token C values [M][K], the weights packed
- * (dllm__q4wg_pack) in format f. Launches of at most 256 token rows, each on the smallest configuration that holds
- * them, over a grid of every resident CTA (capped at the groups); the sums are exact integers, so the launches, the
- * configuration and the split give every row the bits of dllm__cpu_i8_gemm whatever M is. ws: the
- * dllm__q4wg_workspace_ints(N) ints, zero (the launches leave them zero). */
+ * (dllm__q4wg_pack) in format f. One launch: at most 256 rows on the smallest configuration that holds them, split over
+ * every resident CTA (capped at the groups); more rows in chunks of tokens (dllm__q4wg_many_rows_config), whole tiles a
+ * CTA. The sums are exact integers, so the configuration and the split give every row the bits of dllm__cpu_i8_gemm
+ * whatever M is. ws: the dllm__q4wg_workspace_ints(N) ints, zero (the launches leave them zero). */
 static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_format f, const void *packed,
                                        const float *s_w, const signed char *x, const float *s_x, bf16_t *y, int M,
                                        int N, int K, int *ws, size_t ws_ints, cudaStream_t stream) {
@@ -15976,29 +16031,26 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "q4wg: a workspace of %zu ints (%zu given) and 16-byte aligned inputs are required",
                           dllm__q4wg_workspace_ints(N), ws_ints);
-    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
-        const int rows = std::min(dllm__q4wg_max_rows, M - m0);
-        const int i = dllm__q4wg_config_for(rows);
-        const dllm__q4wg_config &c = dllm__q4wg_configs[i];
-        q4wg_args a = {};
-        a.x = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w;
-        a.y = y + (size_t)m0 * N, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
-        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K;
-        const int groups = N / dllm__q4wg_tile * (K / 128 / c.p);
-        const int fi = dllm__q4wg_format_index(f),
-                  grid = std::max(1, std::min(groups, k.ctas_per_sm[fi][i] * k.sm_count));
-        DLLM__TRY(k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, f)},
-                                       stream, a));
-    }
-    return DLLM_OK;
+    if (M == 0) return DLLM_OK;
+    const int fi = dllm__q4wg_format_index(f), i = dllm__q4wg_many_rows_config(k, fi, M, N);
+    const dllm__q4wg_config &c = dllm__q4wg_configs[i];
+    const int chunks = (M + c.nt - 1) / c.nt, units = N / dllm__q4wg_tile * chunks;
+    q4wg_args a = {};
+    a.x = x, a.s_x = s_x, a.w = packed, a.s_w = s_w, a.y = y, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
+    a.ldx = K, a.ldy = N, a.M = M, a.N = N, a.K = K;
+    const int work = chunks == 1 ? units * (K / 128 / c.p) : units;
+    const int grid = std::max(1, std::min(work, k.ctas_per_sm[fi][i] * k.sm_count));
+    return k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, f)}, stream,
+                                a);
 }
 
 /* y [M x N] (bf16) = (((acc 2^20) s_x) s_w) for SoloQ-N: X the tokens' bf16 C values [M][K] (NVFP4, exact in bf16),
  * the weights packed (dllm__q4wg_pack, NVFP4), acc q4wg_gemm_nv's fp32 sum in its fixed order (dllm__q4wg_nv_ksplit
- * of (N, K) chunks a tile, folded left to right). Launches of at most 256 token rows on the smallest configuration that
- * holds them: every configuration sums a row in the same order, so a row's bits depend on neither M nor the other
- * rows; they equal dllm__cpu_q4_gemm's up to that order. ws: dllm__q4wg_nv_workspace_ints(N, K, M) words, its tile
- * counters zero (the launches leave them zero). */
+ * of (N, K) chunks a tile, folded left to right). One launch: at most 256 rows on the smallest configuration that holds
+ * them; more rows on the 128-token one, whole (tile, 128 tokens) units a CTA, their K chunks folded in registers.
+ * Every configuration sums a row in the same order, so a row's bits depend on neither M nor the other rows; they equal
+ * dllm__cpu_q4_gemm's up to that order. ws: dllm__q4wg_nv_workspace_ints(N, K, M) words, its tile counters zero (the
+ * launches leave them zero). */
 static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const void *packed, const float *s_w,
                                           const bf16_t *x, const float *s_x, bf16_t *y, int M, int N, int K, int *ws,
                                           size_t ws_ints, cudaStream_t stream) {
@@ -16012,20 +16064,20 @@ static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const voi
                           "q4wg_gemm_nv: token scales, a workspace of %zu words (%zu given) and 16-byte aligned "
                           "inputs are required",
                           dllm__q4wg_nv_workspace_ints(N, K, M), ws_ints);
+    if (M == 0) return DLLM_OK;
     const int ks = dllm__q4wg_nv_ksplit(N, K), fi = dllm__q4wg_format_index(DLLM__Q4_NVFP4);
-    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
-        const int rows = std::min(dllm__q4wg_max_rows, M - m0), i = dllm__q4wg_config_for(rows);
-        const dllm__q4wg_config &c = dllm__q4wg_nv_configs[i];
-        q4wg_args a = {};
-        a.xb = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w, a.y = y + (size_t)m0 * N;
-        a.cnt = ws, a.wsf = (float *)(ws + dllm__q4wg_nv_counters);
-        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K, a.ksplit = ks;
-        const int units = N / dllm__q4wg_tile * ks;
-        const int grid = std::max(1, std::min(units, k.ctas_per_sm[fi][i] * k.sm_count));
-        DLLM__TRY(k.gemm[fi][i].launch(
-            {dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, DLLM__Q4_NVFP4)}, stream, a));
-    }
-    return DLLM_OK;
+    const int i = M > dllm__q4wg_max_rows ? dllm__q4wg_nv_fold_config : dllm__q4wg_config_for(M);
+    const dllm__q4wg_config &c = dllm__q4wg_nv_configs[i];
+    const int chunks = (M + c.nt - 1) / c.nt, tiles = N / dllm__q4wg_tile;
+    q4wg_args a = {};
+    a.xb = x, a.s_x = s_x, a.w = packed, a.s_w = s_w, a.y = y;
+    a.cnt = ws, a.wsf = (float *)(ws + dllm__q4wg_nv_counters);
+    a.ldx = K, a.ldy = N, a.M = M, a.N = N, a.K = K, a.ksplit = ks;
+    const int units = chunks > 1 ? tiles * chunks : tiles * ks;
+    const int grid = std::max(1, std::min(units, k.ctas_per_sm[fi][i] * k.sm_count));
+    return k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)),
+                                 dllm__q4wg_smem(c, DLLM__Q4_NVFP4)},
+                                stream, a);
 }
 #line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"

@@ -188,15 +188,15 @@ TEST(gpu_q4wg, prepack_kernel_matches_its_twin) {
 }
 
 /* q4wg_gemm equals dllm__cpu_i8_gemm bit for bit (rounded to bf16 as the epilogue rounds) for either format, at token
- * counts across every configuration and past one launch (300: two), on random codes, C values and scales; outputs
- * poisoned first; the workspace is zero again after every call. */
+ * counts across every configuration and past 256 (300 and 520: two and three chunks of whole tiles), on random codes,
+ * C values and scales; outputs poisoned first; the workspace is zero again after every call. */
 TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
     NEED_Q4WG(k);
     test_rng rng("q4wg gemm");
     auto scale = [&] { return 0.01f + 2 * rng.uniform(); };
     for (auto nk : {std::make_pair(128, 512), std::make_pair(384, 1536)})
         for (dllm__q4_format f : {DLLM__Q4_INT4, DLLM__Q4_RTN}) {
-            const int N = nk.first, K = nk.second, Mmax = 300;
+            const int N = nk.first, K = nk.second, Mmax = 520;
             std::vector<uint8_t> rows((size_t)N * K / 2), packed(rows.size());
             for (uint8_t &b : rows) b = (uint8_t)rng.next();
             dllm__q4wg_prepack(rows.data(), N, K, packed.data());
@@ -214,7 +214,7 @@ TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
             const size_t ws_ints = dllm__q4wg_workspace_ints(N);
             ws.fit(ws_ints * 4, "test");
             cudaMemset(ws.ptr, 0, ws_ints * 4);
-            for (int M : {1, 13, 32, 33, 64, 65, 128, 129, 200, 256, 300}) {
+            for (int M : {1, 13, 32, 33, 64, 65, 128, 129, 200, 256, 300, 520}) {
                 std::vector<float> want((size_t)M * N);
                 dllm__cpu_i8_gemm(x8.data(), K, w8.data(), s_x.data(), s_w.data(), want.data(), N, M, N, K);
                 test_poison(dy, (size_t)M * N * 2);
@@ -230,7 +230,7 @@ TEST(gpu_q4wg, gemm_matches_cpu_i8_gemm) {
                 CHECK_MSG(std::all_of(left.begin(), left.end(), [](int v) { return v == 0; }),
                           "%s M %d: the workspace is not zero", dllm__q4_names[f], M);
             }
-            printf("    %s %d x %d: M = 1 to 300 exact\n", dllm__q4_names[f], N, K);
+            printf("    %s %d x %d: M = 1 to 520 exact\n", dllm__q4_names[f], N, K);
         }
 }
 
@@ -272,14 +272,14 @@ TEST(gpu_q4wg, prepack_nv_kernel_matches_its_twin) {
 
 /* q4wg_gemm_nv against dllm__cpu_q4_gemm (NVFP4) on fresh random weights, block scales (zero, subnormal, negative) and
  * NVFP4 token C values, at shapes of one, three and eight K chunks a tile: within the fp32 reordering (1e-5 of the sum
- * of |terms|) and one bf16 rounding, outputs poisoned first; and bit for bit the same at every M (1 to 300: every
- * configuration, two launches) for the same rows, with the rows reversed, and on a rerun; the tile counters zero
- * after every call. */
+ * of |terms|) and one bf16 rounding, outputs poisoned first; and bit for bit the same at every M (1 to 520: every
+ * configuration, and past 256 rows the K chunks folded in registers) for the same rows, with the rows reversed, and on a
+ * rerun; the tile counters zero after every call. */
 TEST(gpu_q4wg, gemm_nv_matches_cpu_q4_gemm_and_keeps_rows_independent) {
     NEED_Q4WG(k);
     test_rng rng("q4wg gemm nv");
     for (auto nk : {std::make_pair(128, 512), std::make_pair(384, 1536), std::make_pair(256, 4096)}) {
-        const int N = nk.first, K = nk.second, Mmax = 300, nb = K / 16;
+        const int N = nk.first, K = nk.second, Mmax = 520, nb = K / 16;
         std::vector<uint8_t> rows((size_t)N * K / 2), bs((size_t)N * nb), packed((size_t)N * K * 9 / 16);
         for (uint8_t &b : rows) b = (uint8_t)rng.next();
         for (uint8_t &b : bs) b = test_nv_scale(rng);
@@ -350,12 +350,12 @@ TEST(gpu_q4wg, gemm_nv_matches_cpu_q4_gemm_and_keeps_rows_independent) {
         for (int m = 0; m < Mmax; m++)
             moved += memcmp(rev.data() + (size_t)(Mmax - 1 - m) * N, all.data() + (size_t)m * N, (size_t)N * 2) != 0;
         CHECK_MSG(moved == 0, "%d x %d: %d rows change bits when the other rows are reordered", N, K, moved);
-        for (int M : {1, 13, 32, 33, 64, 65, 128, 129, 200, 256}) {
+        for (int M : {1, 13, 32, 33, 64, 65, 128, 129, 200, 256, 300}) {
             const std::vector<uint16_t> got = run(dx, dsx, M);
             CHECK_MSG(memcmp(got.data(), all.data(), got.size() * 2) == 0,
                       "%d x %d: rows at M = %d differ from the same rows at M = %d", N, K, M, Mmax);
         }
-        printf("    SoloQ-N %d x %d (%d chunks): M = 1 to 300 the same bits, worst error / tolerance %.3f\n", N, K,
+        printf("    SoloQ-N %d x %d (%d chunks): M = 1 to 520 the same bits, worst error / tolerance %.3f\n", N, K,
                dllm__q4wg_nv_ksplit(N, K), worst);
     }
 }

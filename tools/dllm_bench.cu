@@ -403,7 +403,7 @@ static void bench_q4wg(bench_result &r, const dllm__arch &arch, cudaStream_t s) 
     r.set("q4wg copy_TBps", copy_TBps);
     uint64_t seed = 0x51ED270B27D4A5F1ull;
     struct { const char *name; int N, K; } shapes[] = {{"qkv", 3 * 4096, 4096}, {"o", 4096, 4096}, {"gate_up", 2 * 12288, 4096}, {"down", 4096, 12288}};
-    const int Ms[] = {32, 64, 128, 256, 1024};
+    const int Ms[] = {32, 64, 128, 256, 512, 1024};
     std::map<int, double> q4_sum, nv_sum, lt_sum;
     printf("\n| q4wg | M | SoloQ-I us | SoloQ-N us | cuBLASLt BF16 us | SoloQ-I ratio | SoloQ-N ratio | SoloQ-I codes TB/s | "
            "of copy |\n|---|---|---|---|---|---|---|---|---|\n");

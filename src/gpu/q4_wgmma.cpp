@@ -38,12 +38,16 @@ struct dllm__q4wg_config {
 };
 static const dllm__q4wg_config dllm__q4wg_configs[] = {
     {32, 1, 2, 4, 3}, {64, 1, 2, 4, 3}, {128, 2, 1, 4, 3}, {256, 2, 1, 2, 3}};
-/* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 past 32
- * tokens (the bf16 stages are twice the int8 ones), NT = 256 with one k block a group (three stages of 64 KB). At 32
- * tokens the four LLaDA-8B projections took 0.551x cuBLASLt BF16's time (H100). */
+/* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 at 64
+ * tokens (the bf16 stages are twice the int8 ones), one k block a group from 128 (NT = 256: three stages of 64 KB; NT
+ * = 128: the registers of the second set of accumulators that many rows fold into). At 32 tokens the four LLaDA-8B
+ * projections took 0.551x cuBLASLt BF16's time (H100). */
 static const dllm__q4wg_config dllm__q4wg_nv_configs[] = {
-    {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 2, 3}, {256, 2, 1, 1, 3}};
+    {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 1, 3}, {256, 2, 1, 1, 3}};
 static const int dllm__q4wg_configs_n = 4, dllm__q4wg_max_rows = 256, dllm__q4wg_tile = 128;
+/* The q4wg_gemm_nv configuration of more than dllm__q4wg_max_rows rows: 128 tokens, the most that leave room for a
+ * second set of accumulators (the kernel's FOLD). */
+static const int dllm__q4wg_nv_fold_config = 2;
 
 /* q4wg_gemm_nv's tile counters lead its workspace (their place must not depend on the shape: one workspace serves every
  * layer linear, and only the counters must stay zero), the fp32 chunk partials follow; so N is at most 1024 tiles. */
@@ -190,11 +194,25 @@ static dllm_status dllm__q4wg_pack(const dllm__q4wg_kernels &k, dllm__linear &W,
     return DLLM_OK;
 }
 
+/* q4wg_gemm's configuration for M rows of an N-row weight: at most 256 rows, the smallest that holds them; more, chunks
+ * of 256 or 128 tokens, whichever takes fewer waves of whole (tile, chunk) units times the tokens a unit computes (a
+ * unit of 256 tokens on every SM at once beats two rounds of 128; 64 units of 256 on 132 SMs do not). */
+static int dllm__q4wg_many_rows_config(const dllm__q4wg_kernels &k, int fi, int M, int N) {
+    if (M <= dllm__q4wg_max_rows) return dllm__q4wg_config_for(M);
+    auto cost = [&](int i) {
+        const int nt = dllm__q4wg_configs[i].nt, units = N / dllm__q4wg_tile * ((M + nt - 1) / nt);
+        const int slots = std::max(1, k.ctas_per_sm[fi][i] * k.sm_count);
+        return (long long)((units + slots - 1) / slots) * nt;
+    };
+    const int i256 = dllm__q4wg_configs_n - 1, i128 = i256 - 1;
+    return cost(i128) < cost(i256) ? i128 : i256;
+}
+
 /* y [M x N] (bf16) = ((float)(X . C_w^T) s_x) s_w: X int8 token C values [M][K], the weights packed
- * (dllm__q4wg_pack) in format f. Launches of at most 256 token rows, each on the smallest configuration that holds
- * them, over a grid of every resident CTA (capped at the groups); the sums are exact integers, so the launches, the
- * configuration and the split give every row the bits of dllm__cpu_i8_gemm whatever M is. ws: the
- * dllm__q4wg_workspace_ints(N) ints, zero (the launches leave them zero). */
+ * (dllm__q4wg_pack) in format f. One launch: at most 256 rows on the smallest configuration that holds them, split over
+ * every resident CTA (capped at the groups); more rows in chunks of tokens (dllm__q4wg_many_rows_config), whole tiles a
+ * CTA. The sums are exact integers, so the configuration and the split give every row the bits of dllm__cpu_i8_gemm
+ * whatever M is. ws: the dllm__q4wg_workspace_ints(N) ints, zero (the launches leave them zero). */
 static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_format f, const void *packed,
                                        const float *s_w, const signed char *x, const float *s_x, bf16_t *y, int M,
                                        int N, int K, int *ws, size_t ws_ints, cudaStream_t stream) {
@@ -207,29 +225,26 @@ static dllm_status dllm__q4wg_gemm_run(const dllm__q4wg_kernels &k, dllm__q4_for
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "q4wg: a workspace of %zu ints (%zu given) and 16-byte aligned inputs are required",
                           dllm__q4wg_workspace_ints(N), ws_ints);
-    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
-        const int rows = std::min(dllm__q4wg_max_rows, M - m0);
-        const int i = dllm__q4wg_config_for(rows);
-        const dllm__q4wg_config &c = dllm__q4wg_configs[i];
-        q4wg_args a = {};
-        a.x = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w;
-        a.y = y + (size_t)m0 * N, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
-        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K;
-        const int groups = N / dllm__q4wg_tile * (K / 128 / c.p);
-        const int fi = dllm__q4wg_format_index(f),
-                  grid = std::max(1, std::min(groups, k.ctas_per_sm[fi][i] * k.sm_count));
-        DLLM__TRY(k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, f)},
-                                       stream, a));
-    }
-    return DLLM_OK;
+    if (M == 0) return DLLM_OK;
+    const int fi = dllm__q4wg_format_index(f), i = dllm__q4wg_many_rows_config(k, fi, M, N);
+    const dllm__q4wg_config &c = dllm__q4wg_configs[i];
+    const int chunks = (M + c.nt - 1) / c.nt, units = N / dllm__q4wg_tile * chunks;
+    q4wg_args a = {};
+    a.x = x, a.s_x = s_x, a.w = packed, a.s_w = s_w, a.y = y, a.ws = ws, a.cnt = ws + (size_t)N * dllm__q4wg_max_rows;
+    a.ldx = K, a.ldy = N, a.M = M, a.N = N, a.K = K;
+    const int work = chunks == 1 ? units * (K / 128 / c.p) : units;
+    const int grid = std::max(1, std::min(work, k.ctas_per_sm[fi][i] * k.sm_count));
+    return k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, f)}, stream,
+                                a);
 }
 
 /* y [M x N] (bf16) = (((acc 2^20) s_x) s_w) for SoloQ-N: X the tokens' bf16 C values [M][K] (NVFP4, exact in bf16),
  * the weights packed (dllm__q4wg_pack, NVFP4), acc q4wg_gemm_nv's fp32 sum in its fixed order (dllm__q4wg_nv_ksplit
- * of (N, K) chunks a tile, folded left to right). Launches of at most 256 token rows on the smallest configuration that
- * holds them: every configuration sums a row in the same order, so a row's bits depend on neither M nor the other
- * rows; they equal dllm__cpu_q4_gemm's up to that order. ws: dllm__q4wg_nv_workspace_ints(N, K, M) words, its tile
- * counters zero (the launches leave them zero). */
+ * of (N, K) chunks a tile, folded left to right). One launch: at most 256 rows on the smallest configuration that holds
+ * them; more rows on the 128-token one, whole (tile, 128 tokens) units a CTA, their K chunks folded in registers.
+ * Every configuration sums a row in the same order, so a row's bits depend on neither M nor the other rows; they equal
+ * dllm__cpu_q4_gemm's up to that order. ws: dllm__q4wg_nv_workspace_ints(N, K, M) words, its tile counters zero (the
+ * launches leave them zero). */
 static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const void *packed, const float *s_w,
                                           const bf16_t *x, const float *s_x, bf16_t *y, int M, int N, int K, int *ws,
                                           size_t ws_ints, cudaStream_t stream) {
@@ -243,18 +258,18 @@ static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const voi
                           "q4wg_gemm_nv: token scales, a workspace of %zu words (%zu given) and 16-byte aligned "
                           "inputs are required",
                           dllm__q4wg_nv_workspace_ints(N, K, M), ws_ints);
+    if (M == 0) return DLLM_OK;
     const int ks = dllm__q4wg_nv_ksplit(N, K), fi = dllm__q4wg_format_index(DLLM__Q4_NVFP4);
-    for (int m0 = 0; m0 < M; m0 += dllm__q4wg_max_rows) {
-        const int rows = std::min(dllm__q4wg_max_rows, M - m0), i = dllm__q4wg_config_for(rows);
-        const dllm__q4wg_config &c = dllm__q4wg_nv_configs[i];
-        q4wg_args a = {};
-        a.xb = x + (size_t)m0 * K, a.s_x = s_x + m0, a.w = packed, a.s_w = s_w, a.y = y + (size_t)m0 * N;
-        a.cnt = ws, a.wsf = (float *)(ws + dllm__q4wg_nv_counters);
-        a.ldx = K, a.ldy = N, a.M = rows, a.N = N, a.K = K, a.ksplit = ks;
-        const int units = N / dllm__q4wg_tile * ks;
-        const int grid = std::max(1, std::min(units, k.ctas_per_sm[fi][i] * k.sm_count));
-        DLLM__TRY(k.gemm[fi][i].launch(
-            {dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)), dllm__q4wg_smem(c, DLLM__Q4_NVFP4)}, stream, a));
-    }
-    return DLLM_OK;
+    const int i = M > dllm__q4wg_max_rows ? dllm__q4wg_nv_fold_config : dllm__q4wg_config_for(M);
+    const dllm__q4wg_config &c = dllm__q4wg_nv_configs[i];
+    const int chunks = (M + c.nt - 1) / c.nt, tiles = N / dllm__q4wg_tile;
+    q4wg_args a = {};
+    a.xb = x, a.s_x = s_x, a.w = packed, a.s_w = s_w, a.y = y;
+    a.cnt = ws, a.wsf = (float *)(ws + dllm__q4wg_nv_counters);
+    a.ldx = K, a.ldy = N, a.M = M, a.N = N, a.K = K, a.ksplit = ks;
+    const int units = chunks > 1 ? tiles * chunks : tiles * ks;
+    const int grid = std::max(1, std::min(units, k.ctas_per_sm[fi][i] * k.sm_count));
+    return k.gemm[fi][i].launch({dim3((unsigned)grid), dim3((unsigned)(128 * c.wgs)),
+                                 dllm__q4wg_smem(c, DLLM__Q4_NVFP4)},
+                                stream, a);
 }

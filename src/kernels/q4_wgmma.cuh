@@ -22,11 +22,15 @@
  *   and 2 (hi), word (s, 1) -> 1 and 3: CUTLASS's ALayout_64x32 = the PTX ISA's 8-bit A fragment: reg v1 + 2 v2 byte v0
  *   = (row 16 w + g + 8 v1, k 4 t + v0 + 16 v2).
  *
- * Schedule: stream-K over (CTA tile of TF = 64 WGS R features) x (k blocks of 128), cut into groups of P k blocks;
- * CTA c gets a contiguous run of groups. A segment that covers a whole tile writes y directly; partial segments
- * red.add their int32 sums into ws (layout = the accumulator layout, coalesced) and count k blocks in cnt[tile];
- * the CTA that completes the count reads the sums back, zeroes ws and cnt (self-cleaning: ws / cnt must be zero
- * before the first launch) and runs the epilogue. Integer sums: any split or order gives the same bits.
+ * Schedule: the work is units (CTA tile of TF = 64 WGS R features, chunk of NT tokens; unit t chunks + c, so that the
+ * chunks of one weight tile run side by side and its weights come from HBM once) x (k blocks of 128), cut into groups
+ * of P k blocks. One chunk (M <= NT): stream-K, CTA c gets a contiguous run of groups; a segment that covers a whole
+ * tile writes y directly; partial segments red.add their int32 sums into ws (layout = the accumulator layout,
+ * coalesced) and count k blocks in cnt[tile]; the CTA that completes the count reads the sums back, zeroes ws and cnt
+ * (self-cleaning: ws / cnt must be zero before the first launch) and runs the epilogue. Several chunks: CTA c gets a
+ * contiguous run of whole units, so nothing is split (the many-row regime has units enough for every SM, and a split's
+ * int32 round trip through L2 would cost more than the tail it fills). Integer sums: any split or order gives the same
+ * bits.
  *
  * The module (dllm__module_q4wg) is compiled for sm_90a only; q4wg_args is the host/kernel contract's
  * (DLLM__Q4WG_ARGS_FIELDS), y is bf16 (the layer linears' outputs), rounded as the INT8 path's epilogue rounds it.
@@ -134,9 +138,11 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
     __shared__ int last_flag;
     const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
-    const int KB = a.K >> 7, tiles = a.N / TF, groups = tiles * (KB / P);
-    const int g0 = (int)((long long)blockIdx.x * groups / gridDim.x),
-              g1 = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x);
+    const int KB = a.K >> 7, gpu = KB / P, chunks = (a.M + NT - 1) / NT, units = a.N / TF * chunks;
+    const int b = blockIdx.x, nb = gridDim.x;
+    const int g0 = chunks == 1 ? (int)((long long)b * units * gpu / nb) : (int)((long long)b * units / nb) * gpu,
+              g1 = chunks == 1 ? (int)((long long)(b + 1) * units * gpu / nb)
+                               : (int)((long long)(b + 1) * units / nb) * gpu;
     if (g0 >= g1) return;
     const int it0 = g0 * P, it1 = g1 * P;
 
@@ -145,24 +151,32 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
 
     // Weights: 16-byte units; slot r of this warpgroup in CTA tile t is 64-row tile (t WGS + wg) R + r.
     const long long rstride = (long long)KB * 256;  // one 64-row tile
-    int lkb = it0 % KB;                             // the k block whose weights load next
-    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + t128 + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 256;
+    // The group whose weights and activations load next: unit lu (its weights wu, its first token row xm), k block lkb.
+    int lu = g0 / gpu, lkb = (g0 - lu * gpu) * P, xm = lu % chunks * NT;
+    const q4wg_u32x4 *wu = (const q4wg_u32x4 *)a.w + t128 + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+    auto advance = [&]() {
+        lkb += P;
+        if (lkb == KB) {
+            lkb = 0, lu++, xm = lu % chunks * NT;
+            wu = (const q4wg_u32x4 *)a.w + t128 + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+        }
+    };
+    auto stage = [&](u32 dst) {
+        q4wg_stage<NT, THREADS, P>(dst, a.x + xm * a.ldx + lkb * 128, a.ldx, min(NT, a.M - xm), tid);
+    };
 
     // Group g0's activations, then its weights.
-    int akb = lkb;  // the first k block of the group whose activations are copied next
-    q4wg_stage<NT, THREADS, P>(s0, a.x + akb * 128, a.ldx, a.M, tid);
+    stage(s0);
     q4wg_cp_commit();
-    akb = akb + P == KB ? 0 : akb + P;
     q4wg_u32x4 wq[P][R][2];
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
-    wp += P * 256;
-    lkb += P;
-    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+            for (int h = 0; h < 2; h++)
+                wq[p][r][h] = q4wg_ldg(wu + r * rstride + (lkb + p) * 256 + h * 128, policy);
+    advance();
 
     int acc[R][NREG];
 #pragma unroll
@@ -183,9 +197,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
         q4wg_cp_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (more) q4wg_stage<NT, THREADS, P>(s0 + pst * GSTAGE, a.x + akb * 128, a.ldx, a.M, tid);
+        if (more) stage(s0 + pst * GSTAGE);
         q4wg_cp_commit();
-        akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
         const u64 dg = desc0 + cst * (GSTAGE >> 4);  // the group's stage: descriptor address fields add
         cst = cst + 1 == SG ? 0 : cst + 1;
@@ -207,7 +220,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) wq[p][r][h] = q4wg_ldg(wp + r * rstride + p * 256 + h * 128, policy);
+                    for (int h = 0; h < 2; h++)
+                        wq[p][r][h] = q4wg_ldg(wu + r * rstride + (lkb + p) * 256 + h * 128, policy);
 
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
             const u64 d0 = dg + p * (KSTAGE >> 4);
@@ -222,9 +236,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
             if (p + 1 < P) q4wg_wgmma_wait<NT >= 256 ? 0 : 1>(acc);
         }
         q4wg_wgmma_wait<SG - 2>(acc);
-        wp += P * 256;
-        lkb += P;
-        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        advance();
         ckb += P;
         if (ckb == KB || !more) {
             // ---- flush the segment [seg0, ckb) of tile ct ----
@@ -260,14 +272,14 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
                 }
             }
             if (store) {
-                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3, m0 = ct % chunks * NT;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const int f = ct / chunks * TF + (wg * R + r) * 64 + warp * 16 + g;
                     const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
 #pragma unroll
                     for (int j = 0; j < NT / 8; j++) {
-                        const int m = 8 * j + 2 * tq;
+                        const int m = m0 + 8 * j + 2 * tq;
                         if (m < a.M) {
                             const float sx = a.s_x[m];
                             const long long at = (long long)m * a.ldy + f;
@@ -307,7 +319,9 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
  * in every configuration; each tile's K is cut into a.ksplit chunks (the host chooses it from N and K only:
  * dllm__q4wg_nv_ksplit); a chunk is one wgmma chain from zero, k16 steps ascending; the chunks' fp32
  * partials are folded left to right (((c0 + c1) + c2) ...) by the tile's last CTA (plain stores to wsf, an atomic count
- * in cnt; no float atomics). So a token row's bits depend on neither M nor the other rows.
+ * in cnt; no float atomics), or, where M holds several chunks of NT tokens (the 128-token configuration), in the same
+ * order in registers by the CTA that owns the whole (tile, token chunk). So a token row's bits depend on neither M nor
+ * the other rows.
  *
  * Dequantisation without a table: a bf16 whose exponent field is e2m1's (e1 e0) and whose top mantissa bit is e2m1's m
  * is exactly e2m1 x 2^-126 (0.5 is a bf16 subnormal). Packed weights (q4wg_prepack_nv; twin dllm__q4wg_prepack_nv): per
@@ -323,7 +337,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm(const q4wg_args a) {
  * scale byte flips the codes' signs (the prepack does both), NaN scales are refused at load.
  *
  * Tokens: bf16 [M][ldx], staged as the integer path stages int8 (q4wg_stage): a 128-wide k block is two 64-wide halves
- * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT. */
+ * of NT x 128 bytes, each a k16 step of +32 bytes. Requirements: N % 128 == 0, K % (512 ksplit) == 0, M <= NT outside the
+ * 128-token configuration. */
 
 /* d (64 x NT f32, accumulator layout) += A (64 x 16 bf16, registers a0..a3) . B (NT x 16 bf16, shared, K-major)^T */
 template <int NT>
@@ -395,10 +410,11 @@ template <int PENDING, int R, int NREG> __device__ __forceinline__ void q4wg_wgm
  * same), P k blocks a group, SG activation stages. Each k block is two wgmma groups (k 0-63, 64-127); the next half's A
  * registers are written while the previous half's wgmmas run, except at NT = 256, whose 128 accumulator registers
  * leave no room for two sets. Weights of group g + 1 load into registers and its tokens into shared memory while
- * group g computes. CTAs take contiguous runs of whole (tile, chunk) units. */
+ * group g computes. CTAs take contiguous runs of whole units: (tile, K chunk), or (tile, token chunk) past NT tokens. */
 template <int NT, int WGS, int R, int P, int SG>
 __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     constexpr int THREADS = 128 * WGS, TF = 64 * WGS * R, NREG = NT / 2, WAITH = NT >= 256 ? 0 : 1;
+    constexpr bool FOLD = NT == 128;  // the many-row configuration (dllm__q4wg_nv_fold_config)
     constexpr u32 KSTAGE = NT * 128, GSTAGE = KSTAGE * 2 * P;
     static_assert(TF == 128, "NVFP4: 128-feature tiles in every configuration (the summation order)");
     static_assert(SG == 2 || SG == 3, "stages");
@@ -408,42 +424,51 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
     __shared__ int last_flag;
     const u32 s0 = (smem_u32(q4wg_smem) + 1023u) & ~1023u;
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127;
-    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks, units = tiles * ks;
+    // Units: one chunk of at most NT tokens: (tile, K chunk), each chunk's partial through wsf; more chunks (FOLD
+    // configurations only): whole (tile, token chunk) units, unit t chunks + c, their K chunks folded in registers.
+    const int KB = a.K >> 7, tiles = a.N / TF, ks = a.ksplit, KU = KB / ks;
+    const int chunks = FOLD ? (a.M + NT - 1) / NT : 1, whole = chunks > 1, units = whole ? tiles * chunks : tiles * ks;
     const int u0 = (int)((long long)blockIdx.x * units / gridDim.x),
               u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
     if (u0 >= u1) return;
-    const int it0 = u0 * KU, it1 = u1 * KU;  // k blocks over all tiles (tile KB + kb)
+    const int it0 = u0 * (whole ? KB : KU), it1 = u1 * (whole ? KB : KU);  // k blocks over all units (unit KB + kb)
 
     u64 policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 
     // Weights in 16-byte units, 288 a (64-row tile, k block): codes [h][thread], then scales [quad].
     const int rstride = KB * 288;  // one 64-row tile (32-bit offsets: fewer live registers)
-    int lkb = it0 % KB;
-    const q4wg_u32x4 *wp = (const q4wg_u32x4 *)a.w + ((long long)((it0 / KB) * WGS + wg) * R * KB + lkb) * 288;
     const int cofs = t128, sofs = 256 + (t128 >> 2);
-
-    int akb = lkb;
+    // The group whose weights and tokens load next: unit lu (its weights wu, its first token row xm), k block lkb.
+    int lu = it0 / KB, lkb = it0 % KB, xm = lu % chunks * NT;
+    const q4wg_u32x4 *wu = (const q4wg_u32x4 *)a.w + (long long)((lu / chunks) * WGS + wg) * R * rstride;
     const signed char *xb = (const signed char *)a.xb;  // bytes: 256 a k block
     const int ldxb = (int)a.ldx * 2;
-    q4wg_stage<NT, THREADS, 2 * P>(s0, xb + akb * 256, ldxb, a.M, tid);
+    auto advance = [&]() {
+        lkb += P;
+        if (lkb == KB) {
+            lkb = 0, lu++, xm = lu % chunks * NT;
+            wu = (const q4wg_u32x4 *)a.w + (long long)((lu / chunks) * WGS + wg) * R * rstride;
+        }
+    };
+    auto stage = [&](u32 dst) {
+        q4wg_stage<NT, THREADS, 2 * P>(dst, xb + (long long)xm * ldxb + lkb * 256, ldxb, min(NT, a.M - xm), tid);
+    };
+    stage(s0);
     q4wg_cp_commit();
-    akb = akb + P == KB ? 0 : akb + P;
     q4wg_u32x4 wq[P][R][3];
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+            const q4wg_u32x4 *q = wu + r * rstride + (lkb + p) * 288;
             wq[p][r][0] = q4wg_ldg(q + cofs, policy);
             wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
             wq[p][r][2] = q4wg_ldg(q + sofs, policy);
         }
-    wp += P * 288;
-    lkb += P;
-    if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+    advance();
 
-    float acc[R][NREG];
+    float acc[R][NREG], tot[R][FOLD ? NREG : 1];  // tot: a whole unit's K chunks folded so far
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -456,9 +481,8 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
         q4wg_cp_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (more) q4wg_stage<NT, THREADS, 2 * P>(s0 + pst * GSTAGE, xb + akb * 256, ldxb, a.M, tid);
+        if (more) stage(s0 + pst * GSTAGE);
         q4wg_cp_commit();
-        akb = akb + P == KB ? 0 : akb + P;
         pst = pst + 1 == SG ? 0 : pst + 1;
         const u64 dg = wg_desc(s0 + cst * GSTAGE);  // made per group: a descriptor kept live costs two registers
         cst = cst + 1 == SG ? 0 : cst + 1;
@@ -479,7 +503,7 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
                 if (hh == 1 && more)
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        const q4wg_u32x4 *q = wp + r * rstride + p * 288;
+                        const q4wg_u32x4 *q = wu + r * rstride + (lkb + p) * 288;
                         wq[p][r][0] = q4wg_ldg(q + cofs, policy);
                         wq[p][r][1] = q4wg_ldg(q + 128 + cofs, policy);
                         wq[p][r][2] = q4wg_ldg(q + sofs, policy);
@@ -496,15 +520,28 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
             }
         }
         q4wg_wgmma_wait<SG - 2>(acc);
-        wp += P * 288;
-        lkb += P;
-        if (lkb == KB) lkb = 0, wp += (WGS * R - 1) * rstride;
+        advance();
         ckb += P;
         if (ckb % KU == 0) {
-            // ---- chunk ckb / KU - 1 of tile ct is complete: publish it, or fold the tile ----
+            // ---- K chunk ckb / KU - 1 of unit ct is complete: fold it, publish it, or fold the tile ----
             q4wg_wgmma_wait<0>(acc);
             bool store = true;
-            if (ks > 1) {
+            if constexpr (FOLD) {
+                if (whole) {  // (((c0 + c1) + c2) + ...), as the tile's last CTA folds them below
+                    const bool first = ckb == KU;
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int i = 0; i < NREG; i++) tot[r][i] = first ? acc[r][i] : __fadd_rn(tot[r][i], acc[r][i]);
+                    store = ckb == KB;
+                    if (store)
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int i = 0; i < NREG; i++) acc[r][i] = tot[r][i];
+                }
+            }
+            if (ks > 1 && !whole) {
                 const int chunk = ckb / KU - 1;
                 const long long tstride = (long long)NT * TF;
                 float *wsp = a.wsf + (long long)ct * ks * tstride + (wg * R) * NREG * 128 + t128;
@@ -542,14 +579,14 @@ __global__ void __launch_bounds__(128 * WGS) q4wg_gemm_nv(const q4wg_args a) {
                 }
             }
             if (store) {
-                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+                const int warp = t128 >> 5, g = (tid & 31) >> 2, tq = tid & 3, m0 = ct % chunks * NT;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int f = ct * TF + (wg * R + r) * 64 + warp * 16 + g;
+                    const int f = ct / chunks * TF + (wg * R + r) * 64 + warp * 16 + g;
                     const float sw0 = a.s_w[f], sw1 = a.s_w[f + 8];
 #pragma unroll
                     for (int j = 0; j < NT / 8; j++) {
-                        const int m = 8 * j + 2 * tq;
+                        const int m = m0 + 8 * j + 2 * tq;
                         if (m < a.M) {
                             const float sx = a.s_x[m];
                             const long long at = (long long)m * a.ldy + f;
