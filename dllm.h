@@ -729,7 +729,7 @@ typedef struct dllm_stepper_params {
                                    sequences due for a fill wait a step, those joining first, then the
                                    longest-waiting; one fill always goes. Keeps each step short, so that a
                                    joining sequence is not held up behind many fills. Only when tokens come
-                                   changes, never which (default 2048; 0: no bound)                    */
+                                   changes, never which (default 1024; 0: no bound)                    */
 } dllm_stepper_params;
 
 /* What a sequence's last step did, and whether it ended. The pointers in info stay valid until the next

@@ -23552,7 +23552,7 @@ dllm_stepper_params dllm_stepper_default_params(void) {
     dllm_stepper_params p;
     memset(&p, 0, sizeof p);
     p.max_sequences = 16;
-    p.max_fill_rows = 2048;
+    p.max_fill_rows = 1024;
     return p;
 }
 

@@ -47,7 +47,7 @@ static void usage(FILE *f) {
             "  -t, --threads N        CPU backend threads (default: all)\n"
             "  --max-batch N          sequences decoded together (default 8)\n"
             "  --max-fill-rows N      K/V-cache fill rows one step forwards (a cached block's first step forwards the\n"
-            "                         whole canvas); sequences past it wait a step, new requests first (default 2048,\n"
+            "                         whole canvas); sequences past it wait a step, new requests first (default 1024,\n"
             "                         0 = no bound). Lower keeps steps short for arriving requests\n"
             "  --max-queue N          sequences that may wait for the decoder; more is HTTP 429 (default 64)\n"
             "  --max-streams N        concurrent streaming responses; more is HTTP 429 (default 32)\n"

@@ -559,11 +559,11 @@ TEST(stepper, misuse_is_a_status_and_events_start_at_the_prompt) {
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
     dllm_stepper *st = nullptr, *other = nullptr;
     dllm_stepper_params sp = dllm_stepper_default_params();
-    CHECK(sp.max_sequences == 16 && sp.max_fill_rows == 2048);
+    CHECK(sp.max_sequences == 16 && sp.max_fill_rows == 1024);
     CHECK_STATUS(dllm_stepper_create(nullptr, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "ctx");
     sp.max_fill_rows = -1;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "max_fill_rows");
-    sp.max_fill_rows = 2048, sp.max_sequences = 0;
+    sp.max_fill_rows = 1024, sp.max_sequences = 0;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_ERR_INVALID_ARGUMENT, "max_sequences");
     sp.max_sequences = 1;
     CHECK_STATUS(dllm_stepper_create(ctx, sp, &st), DLLM_OK, nullptr);

@@ -25,7 +25,7 @@ class Stepper(NativeHandle):
     advances every live sequence by one step, poll() or events() tell what each one's last step did, remove() forgets
     a sequence once read. Each sequence gets exactly what Context.generate_batch gives it. One stepper a context
     (Context.generate may run between steps); closing the context closes it. max_fill_rows: the K/V-cache fills one
-    step forwards, in canvas rows (None: the library's default, 2048; 0: no bound)."""
+    step forwards, in canvas rows (None: the library's default, 1024; 0: no bound)."""
 
     _kind, _free_name = "stepper", "dllm_stepper_free"
 
