@@ -785,7 +785,8 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--kv-quant");
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU, cp.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--precision");
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED,
+                 "(--precision bf16), or the CPU backend (--backend cpu)");
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
