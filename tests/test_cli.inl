@@ -578,7 +578,7 @@ TEST(cli, quantize_once_then_generate_the_same_answer) {
 }
 
 /* LLaDA2 in the quantised precisions through the three programs on the CPU: dllm-quantize writes tiny-llada2 as
- * SoloQ-C, dllm-generate answers from it as from quantising at load, dllm-eval --nll measures FP8 and SoloQ-I (each
+ * SoloQ-C, dllm-generate answers from it (32 tokens, one block) as from quantising at load, dllm-eval --nll measures FP8 and SoloQ-I (each
  * moving the NLL from BF16's; the values themselves belong to BENCHMARKS.md, not to a test of a model that may be
  * retrained). */
 TEST(cli, llada2_quantised_precisions_on_the_cpu) {
@@ -590,7 +590,7 @@ TEST(cli, llada2_quantised_precisions_on_the_cpu) {
                           "-m models/tiny-llada2 -o " + out + " --precision soloq-c --threads 2 --quiet", "", so, se);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, se.c_str());
     if (rc) return;
-    const std::string gen = " --backend cpu --threads 2 --raw -p \"Life is\" -n 16 --json";
+    const std::string gen = " --backend cpu --threads 2 --raw -p \"Life is\" -n 32 --json";
     const int rc_a = test_run_cli("dllm-generate", "-m " + out + gen, "", ao, ae),
               rc_b = test_run_cli("dllm-generate", "-m models/tiny-llada2 --precision soloq-c" + gen, "", bo, be);
     dllm__json a, b;
@@ -605,7 +605,7 @@ TEST(cli, llada2_quantised_precisions_on_the_cpu) {
     const char *precisions[3] = {"bf16", "fp8", "soloq-i"};
     for (int i = 0; i < 3; i++) {
         const std::string args = std::string("-m models/tiny-llada2 --nll tests/data/heldout.txt --windows 4 ") +
-                                 "--backend cpu --threads 2 --precision " + precisions[i];
+                                 "--backend cpu --precision " + precisions[i];
         CHECK(test_eval(args, nll[i]) == 0);
         printf("    tiny-llada2 %-7s NLL at 0.5 over 4 windows: %.6f\n", precisions[i], nll[i]["nll_0.50"]);
     }
