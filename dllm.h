@@ -377,9 +377,10 @@ DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_qu
  * in the basis of the site's seeded rotation (docs/internals.md, "Quantised checkpoints"), and every other
  * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. LLaDA2: qkv is the fused
  * projection; in a MoE layer gate_up and down are the shared expert's, routed expert e's are
- * model.layers.{l}.soloq.experts.{e}.{gate_up,down}.*, and the router and expert biases are copied. __metadata__ records dllm.quant_version,
- * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
- * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
+ * model.layers.{l}.soloq.experts.{e}.{gate_up,down}.*, and the router and expert biases are copied.
+ * __metadata__ records dllm.quant_version, dllm.precision, dllm.weight_format, dllm.rotation,
+ * dllm.rotation_seed, dllm.bias_correction, dllm.quantize_lm_head and dllm.source_config (the source's
+ * config.json). */
 typedef struct dllm_quantize_params {
     dllm_precision precision;  /* a SoloQ precision: SOLOQ_N/I/C or RTN_W4A4 (or a -W4A16 form, recorded as
                                   asked; a context may use either form of the same weight format)       */

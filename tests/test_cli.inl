@@ -578,9 +578,9 @@ TEST(cli, quantize_once_then_generate_the_same_answer) {
 }
 
 /* LLaDA2 in the quantised precisions through the three programs on the CPU: dllm-quantize writes tiny-llada2 as
- * SoloQ-C, dllm-generate answers from it (32 tokens, one block) as from quantising at load, dllm-eval --nll measures FP8 and SoloQ-I (each
- * moving the NLL from BF16's; the values themselves belong to BENCHMARKS.md, not to a test of a model that may be
- * retrained). */
+ * SoloQ-C, dllm-generate answers from it (32 tokens, one block) as from quantising at load, dllm-eval --nll measures
+ * FP8 and SoloQ-I (each moving the NLL from BF16's; the values themselves belong to BENCHMARKS.md, not to a test of a
+ * model that may be retrained). */
 TEST(cli, llada2_quantised_precisions_on_the_cpu) {
     if (!test_cli_built() || !dllm__file_exists("build/dllm-quantize")) SKIP("the CLI programs are not built");
     test_tmpdir dir;
