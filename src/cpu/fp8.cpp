@@ -221,8 +221,8 @@ static void dllm__fp8_quantize_ffn(const dllm__layer_weights &L, dllm__fp8_layer
     }
 }
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0 (LaCache keeps it exact; in LLaDA2
- * that is the dense MLP). progress counts layers 1.. . */
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0 (LaCache keeps it exact; in the
+ * LLaDA2 checkpoints its FFN is the dense MLP). progress counts layers 1.. . */
 static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
                                                           const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
