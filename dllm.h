@@ -128,7 +128,7 @@ typedef enum dllm_family {
     DLLM_FAMILY_LLADA2 = 4 /* LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): mixture of experts (sigmoid
                                      router, group-limited top-k, a shared expert, dense first layers),
                                      fused QKV, QK-norm, partial RoPE, block diffusion from position 0,
-                                     no logit shift; BF16 only so far (see LLaDA2 below)             */
+                                     no logit shift; GPU: BF16 only (see LLaDA2 below)               */
 } dllm_family;
 
 typedef struct dllm_model_params {
@@ -258,8 +258,9 @@ typedef enum dllm_backend {
  * activations, each token rotated and quantised on its own (per-token scales: batching and LaCache stay
  * exact). The scale-only bias correction ||z||^2 / <q(z), z> is folded into every row and token scale.
  * Embeddings and the LM head stay BF16 (dllm_ctx_params.quantize_lm_head quantises the head too). The -W4A16
- * variants leave activations unquantised. Both backends run them: the GPU quantises the weights on the device into
- * the CPU reference's codes and scales, and quantises its BF16 activations where the CPU quantises fp32 ones.
+ * variants leave activations unquantised. Both backends run them (LLaDA2: the CPU, see LLaDA2 below): the GPU
+ * quantises the weights on the device into the CPU reference's codes and scales, and quantises its BF16 activations
+ * where the CPU quantises fp32 ones.
  * Ablation switches (environment, read once per process): DLLM_SOLOQ_ROTATION = krpbh (default) | rpbh | mixer |
  * hadamard | haar | none, DLLM_SOLOQ_BIAS_CORRECTION = 1 (default) | 0; the RTN baseline ignores both.
  * dllm_model_quantize (dllm-quantize) quantises once and writes the result as a model directory; a context on it
@@ -374,9 +375,12 @@ DLLM_API dllm_status dllm_kv_bytes_per_token(const dllm_model *model, dllm_kv_qu
  *   model.layers.{l}.soloq.{s}.block_scales U8  [rows][ceil(cols / 16)]  UE4M3 per 16 (NVFP4 only)
  *   model.layers.{l}.soloq.{s}.row_scale    F32 [rows]              the value of an element is C * row_scale
  * in the basis of the site's seeded rotation (docs/internals.md, "Quantised checkpoints"), and every other
- * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. __metadata__ records dllm.quant_version,
- * dllm.precision, dllm.weight_format, dllm.rotation, dllm.rotation_seed, dllm.bias_correction,
- * dllm.quantize_lm_head and dllm.source_config (the source's config.json). */
+ * tensor (embeddings, norms, biases, an unquantised head) as the source holds it. LLaDA2: qkv is the fused
+ * projection; in a MoE layer gate_up and down are the shared expert's, routed expert e's are
+ * model.layers.{l}.soloq.experts.{e}.{gate_up,down}.*, and the router and expert biases are copied.
+ * __metadata__ records dllm.quant_version, dllm.precision, dllm.weight_format, dllm.rotation,
+ * dllm.rotation_seed, dllm.bias_correction, dllm.quantize_lm_head and dllm.source_config (the source's
+ * config.json). */
 typedef struct dllm_quantize_params {
     dllm_precision precision;  /* a SoloQ precision: SOLOQ_N/I/C or RTN_W4A4 (or a -W4A16 form, recorded as
                                   asked; a context may use either form of the same weight format)       */
@@ -396,7 +400,8 @@ DLLM_API dllm_quantize_params dllm_quantize_default_params(void);
 /* Quantise model's linears to params->precision and write the directory out_dir (created if missing;
  * an existing non-empty one is DLLM_ERR_INVALID_ARGUMENT unless overwrite). The model must have been
  * loaded from an unquantised checkpoint (its directory is where config.json and the tokenizer files are
- * copied from). The DLLM_SOLOQ_ROTATION / DLLM_SOLOQ_BIAS_CORRECTION switches apply and are recorded. */
+ * copied from). The DLLM_SOLOQ_ROTATION / DLLM_SOLOQ_BIAS_CORRECTION switches apply and are recorded. LLaDA2: every
+ * routed and shared expert is quantised too; router, expert biases and norms are copied as they are. */
 DLLM_API dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, const dllm_quantize_params *params);
 
 DLLM_API dllm_status dllm_ctx_create(dllm_model *model, dllm_ctx_params params, dllm_ctx **out_ctx);
@@ -632,8 +637,14 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * (cfg, remasking other than low confidence, unmask other than SCHEDULE or THRESHOLD (both mean the loop above), DPad,
  * kv_cache, alg_temp, the sampler filters, logits_eos_inf, confidence_eos_eot_inf, eot_id, stop_id,
  * sub_block_length, block_cache, max_post_steps with LLaDA2.0's loop) are DLLM_ERR_UNSUPPORTED naming the option.
- * Both backends run LLaDA2 in BF16 (AUTO takes the GPU where there is one); quantised precisions and kv_quant do not
- * take LLaDA2 yet. dllm_generate_batch and dllm_stepper batch LLaDA2 items
+ * Both backends run LLaDA2 in BF16 (AUTO takes the GPU where there is one); the CPU backend runs every other
+ * dllm_precision too: FP8 on the FFN linears of layers >= 1 (the dense MLP, the shared and every routed expert;
+ * fp8-all also Q|K|V and O), SoloQ and RTN on every linear of every layer, experts included (a MoE layer's gate|up
+ * linears share one rotation, as they read the same row), and dllm_model_quantize writes LLaDA2 checkpoints. The
+ * router is never quantised: its logits are the fp32 product of the layer's normed row, as the official code computes
+ * them, so no rounding of its own moves a token to other experts. The GPU backend refuses the other precisions
+ * (DLLM_ERR_UNSUPPORTED naming --precision bf16 and --backend cpu); kv_quant does not take LLaDA2 yet.
+ * dllm_generate_batch and dllm_stepper batch LLaDA2 items
  * on both backends, each giving the bits it gets alone (CPU: dllm_generate's; GPU: its batch of one's).
  * dllm_logits is the forward without a cache, block-causal at 32 (generate's default block), positions from 0. */
 

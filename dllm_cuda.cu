@@ -4042,175 +4042,6 @@ struct dllm__cpu_rows {
     const int32_t *positions = nullptr;  // RoPE position of each canvas row (DPad); null: the row index
 };
 #line 93 "src/dllm_cuda.cu"
-#line 1 "src/cpu/moe.cpp"
-/* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
- * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"); the CPU twins of the GPU's
- * route plan and grouped expert GEMM. */
-
-/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection (rows Q heads | K heads | V
- * heads), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the heads), then RoPE on the
- * first rotary_dim dims of each head at the positions b.pos. */
-static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, int T,
-                                 const float *cos_t, const float *sin_t) {
-    const dllm__config &c = m.cfg;
-    const dllm__layer_weights &L = m.layers[layer];
-    const int d = c.n_embd, hd = c.head_dim, qd = c.n_head * hd, kvd = c.n_head_kv * hd;
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    auto fused_rows = [&](int row0, int n, float *y) {
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int r, float *dst) { dllm__tensor_row(*L.wqkv, row0 + r, d, dst); }, nullptr, n,
-            y);
-    };
-    fused_rows(0, qd, b.q.data());
-    fused_rows(qd, kvd, b.k.data());
-    fused_rows(qd + kvd, kvd, b.v.data());
-    if (c.qk_norm) {  // in place: each head is one row of head_dim
-        dllm__cpu_rmsnorm(b.q.data(), T * c.n_head, hd, L.q_norm.data(), c.norm_eps, b.q.data());
-        dllm__cpu_rmsnorm(b.k.data(), T * c.n_head_kv, hd, L.k_norm.data(), c.norm_eps, b.k.data());
-    }
-    dllm__cpu_rope(b.q.data(), T, c.n_head, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
-    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
-}
-
-/* Where one token goes: n_expert_used experts (highest routing score first) and their weights. */
-struct dllm__moe_route {
-    std::vector<int> expert;
-    std::vector<float> weight;
-};
-
-/* The indices of the k largest of score[i] for i in [0, n) with allowed(i), largest first, ties to the lower index
- * (dllm's reading of torch.topk's order, which torch leaves unspecified). */
-template <class Allowed>
-static std::vector<int> dllm__top_k_indices(const float *score, int n, int k, const Allowed &allowed) {
-    std::vector<int> idx;
-    for (int i = 0; i < n; i++)
-        if (allowed(i)) idx.push_back(i);
-    auto before = [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
-    k = std::min(k, (int)idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
-    idx.resize((size_t)k);
-    return idx;
-}
-
-/* LLaDA2MoeGate on one token's router logits (fp32): s = sigmoid(logits); the routing score s + expert_bias picks
- * the groups (n_group_used of n_expert_group, each scored by the sum of its top 2) and then the experts among
- * them; their weights are the unbiased s, normalised by their sum (+1e-20) when more than one, times
- * routed_scale. */
-static dllm__moe_route dllm__moe_route_token(const dllm__config &c, const float *logits, const float *expert_bias) {
-    const int E = c.n_expert, per_group = E / c.n_expert_group;
-    std::vector<float> s((size_t)E), routing((size_t)E), group_score((size_t)c.n_expert_group);
-    for (int e = 0; e < E; e++) {
-        s[(size_t)e] = 1.0f / (1.0f + expf(-logits[e]));
-        routing[(size_t)e] = s[(size_t)e] + expert_bias[e];
-    }
-    for (int g = 0; g < c.n_expert_group; g++) {
-        std::vector<int> top2 =
-            dllm__top_k_indices(routing.data() + (size_t)g * per_group, per_group, 2, [](int) { return true; });
-        group_score[(size_t)g] =
-            routing[(size_t)(g * per_group + top2[0])] + routing[(size_t)(g * per_group + top2[1])];
-    }
-    std::vector<int> groups =
-        dllm__top_k_indices(group_score.data(), c.n_expert_group, c.n_group_used, [](int) { return true; });
-    std::vector<uint8_t> group_kept((size_t)c.n_expert_group, 0);
-    for (int g : groups) group_kept[(size_t)g] = 1;
-    dllm__moe_route r;
-    r.expert = dllm__top_k_indices(routing.data(), E, c.n_expert_used,
-                                   [&](int e) { return group_kept[(size_t)(e / per_group)] != 0; });
-    float sum = 0;
-    for (int e : r.expert) sum += s[(size_t)e];
-    for (int e : r.expert)
-        r.weight.push_back((c.n_expert_used > 1 ? s[(size_t)e] / (sum + 1e-20f) : s[(size_t)e]) * c.routed_scale);
-    return r;
-}
-
-/* y[T][d] = down(silu(gate x) * up x) of one SwiGLU expert over the T rows of x. */
-static void dllm__cpu_swiglu(dllm__pool &pool, const float *x, int T, int d, int ff, const dllm__tensor &gate,
-                             const dllm__tensor &up, const dllm__tensor &down, float *y) {
-    std::vector<float> g((size_t)T * ff), u((size_t)T * ff);
-    dllm__cpu_linear(pool, x, T, d, gate, nullptr, ff, g.data());
-    dllm__cpu_linear(pool, x, T, d, up, nullptr, ff, u.data());
-    for (size_t i = 0; i < g.size(); i++) g[i] = dllm__silu(g[i]) * u[i];
-    dllm__cpu_linear(pool, g.data(), T, ff, down, nullptr, d, y);
-}
-
-/* out[T][d] = sum over a token's experts (in route order) of weight * expert(x), plus the shared expert's output:
- * LLaDA2MoeSparseMoeBlock on the normed rows x. Each expert runs once over the rows routed to it; every row's
- * arithmetic is its own, so a row's result does not depend on the other rows. */
-static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dllm__pool &pool, const float *x, int T,
-                          float *out) {
-    const dllm__config &c = m.cfg;
-    const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
-    std::vector<float> logits((size_t)T * E);
-    dllm__cpu_linear(pool, x, T, d, *L.router, nullptr, E, logits.data());
-    std::vector<dllm__moe_route> routes((size_t)T);
-    std::vector<std::vector<int>> slots_of((size_t)E);  // expert e's (token * k + slot) entries
-    for (int t = 0; t < T; t++) {
-        routes[(size_t)t] = dllm__moe_route_token(c, logits.data() + (size_t)t * E, L.expert_bias.data());
-        for (int s = 0; s < k; s++) slots_of[(size_t)routes[(size_t)t].expert[(size_t)s]].push_back(t * k + s);
-    }
-    std::vector<float> expert_out((size_t)T * k * d);  // [token][slot][d]
-    std::vector<float> rows, ys;
-    for (int e = 0; e < E; e++) {
-        const std::vector<int> &slots = slots_of[(size_t)e];
-        if (slots.empty()) continue;
-        const int n = (int)slots.size();
-        rows.resize((size_t)n * d), ys.resize((size_t)n * d);
-        for (int i = 0; i < n; i++)
-            memcpy(rows.data() + (size_t)i * d, x + (size_t)(slots[(size_t)i] / k) * d, sizeof(float) * d);
-        dllm__cpu_swiglu(pool, rows.data(), n, d, c.n_ff_expert, *L.expert_gate[(size_t)e], *L.expert_up[(size_t)e],
-                         *L.expert_down[(size_t)e], ys.data());
-        for (int i = 0; i < n; i++)
-            memcpy(expert_out.data() + (size_t)slots[(size_t)i] * d, ys.data() + (size_t)i * d, sizeof(float) * d);
-    }
-    std::vector<float> shared((size_t)T * d, 0.0f);
-    if (c.n_ff_shared > 0)
-        dllm__cpu_swiglu(pool, x, T, d, c.n_ff_shared, *L.shared_gate, *L.shared_up, *L.shared_down, shared.data());
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < d; i++) {
-            float acc = 0;
-            for (int s = 0; s < k; s++)
-                acc += routes[(size_t)t].weight[(size_t)s] * expert_out[((size_t)t * k + s) * d + i];
-            out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
-        }
-}
-
-/* The twins of the GPU's moe_plan and moe_grouped_gemm (src/kernels/moe.cuh): host code the CPU tests run too. */
-DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
-                                               std::vector<int> &first_row, std::vector<int> &tile_first,
-                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
-    std::vector<int> count((size_t)n_expert, 0);
-    for (int i = 0; i < n_slots; i++)
-        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
-    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
-    for (int e = 0; e < n_expert; e++) {
-        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
-        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
-    }
-    std::vector<int> next(first_row.begin(), first_row.end() - 1);
-    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
-    for (int i = 0; i < n_slots; i++) {
-        const int e = expert[i];
-        if (e < 0 || e >= n_expert) continue;
-        const int row = next[(size_t)e]++;
-        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
-    }
-}
-/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
-DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
-                                                       const std::vector<const uint16_t *> &w,
-                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
-    for (size_t e = 0; e + 1 < first_row.size(); e++)
-        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
-            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
-            for (int f = 0; f < N; f++) {
-                float acc = 0;
-                for (int k = 0; k < K; k++)
-                    acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
-                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
-            }
-        }
-}
-#line 94 "src/dllm_cuda.cu"
 #line 1 "src/cpu/fp8.cpp"
 /* src/cpu/fp8.cpp - FP8 E4M3 quantiser twins (LaCache 3.4). */
 
@@ -4364,10 +4195,10 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     }
 }
 
-/* Stacks tensors by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds,
- * so both backends quantise the same numbers), and quantises the result in 128x128 blocks. */
-static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm__tensor *> parts) {
-    const int cols = (int)parts.begin()[0]->shape[1];
+/* Tensors stacked by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds, so both
+ * backends quantise the same numbers): [rows][cols] in fp32. */
+static std::vector<float> dllm__stack_bf16(const std::vector<const dllm__tensor *> &parts, int &rows, int &cols) {
+    cols = (int)parts[0]->shape[1];
     std::vector<float> w;
     size_t n = 0;
     for (const dllm__tensor *t : parts) n += (size_t)t->numel;
@@ -4375,10 +4206,32 @@ static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm_
     for (const dllm__tensor *t : parts)
         for (int64_t i = 0; i < t->numel; i++)
             w.push_back(dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i))));
-    return dllm__quantize_blocks(w.data(), (int)(w.size() / (size_t)cols), cols);
+    rows = (int)(w.size() / (size_t)cols);
+    return w;
 }
 
-/* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. */
+/* Tensors stacked by rows (dllm__stack_bf16) and quantised in 128x128 blocks. */
+static dllm__fp8_matrix dllm__quantize_stacked(const std::vector<const dllm__tensor *> &parts) {
+    int rows = 0, cols = 0;
+    const std::vector<float> w = dllm__stack_bf16(parts, rows, cols);
+    return dllm__quantize_blocks(w.data(), rows, cols);
+}
+
+/* A layer's Q|K|V rows: LLaDA2's fused projection, or the three. */
+static std::vector<const dllm__tensor *> dllm__qkv_parts(const dllm__layer_weights &L) {
+    if (L.wqkv) return {L.wqkv};
+    return {L.wq, L.wk, L.wv};
+}
+
+/* Gate, up and down of a layer's always-on SwiGLU: its MLP, or in a LLaDA2 MoE layer (one with a router) its shared
+ * expert (null where there is none). A MoE layer's routed experts are L.expert_gate/up/down. */
+static std::array<const dllm__tensor *, 3> dllm__ffn_parts(const dllm__layer_weights &L) {
+    if (L.router) return {L.shared_gate, L.shared_up, L.shared_down};
+    return {L.gate, L.up, L.down};
+}
+
+/* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. In a LLaDA2
+ * MoE layer GU and DOWN hold the shared expert, and each routed expert has its own GU and DOWN linears (expert). */
 enum dllm__soloq_site {
     DLLM__SOLOQ_QKV,
     DLLM__SOLOQ_O,
@@ -4389,34 +4242,51 @@ enum dllm__soloq_site {
 };
 struct dllm__soloq_layer;
 static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
-                                   int site, int row0, const float *bias, int N, float *y);
+                                   int site, int row0, const float *bias, int N, float *y, int expert = -1);
 
-/* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). */
+/* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). gu and
+ * down are the layer's always-on SwiGLU (dllm__ffn_parts); expert_gu and expert_down LLaDA2's routed experts. */
 struct dllm__fp8_layer {
     dllm__fp8_matrix qkv, o, gu, down;
+    std::vector<dllm__fp8_matrix> expert_gu, expert_down;
     std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. progress counts layers 1.. . */
+/* Layer l's FFN linears in FP8: its always-on SwiGLU and, in a LLaDA2 MoE layer, every routed expert. */
+static void dllm__fp8_quantize_ffn(const dllm__layer_weights &L, dllm__fp8_layer &q) {
+    const std::array<const dllm__tensor *, 3> ffn = dllm__ffn_parts(L);
+    if (ffn[0]) {
+        q.gu = dllm__quantize_stacked({ffn[0], ffn[1]});
+        q.down = dllm__quantize_stacked({ffn[2]});
+    }
+    if (!L.router) return;
+    for (size_t e = 0; e < L.expert_gate.size(); e++) {
+        q.expert_gu.push_back(dllm__quantize_stacked({L.expert_gate[e], L.expert_up[e]}));
+        q.expert_down.push_back(dllm__quantize_stacked({L.expert_down[e]}));
+    }
+}
+
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0 (LaCache keeps it exact; in the
+ * LLaDA2 checkpoints its FFN is the dense MLP). progress counts layers 1.. . */
 static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
-                                                         const dllm__progress &progress = dllm__progress()) {
+                                                          const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
     std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
-        out[l].gu = dllm__quantize_stacked({L.gate, L.up});
-        out[l].down = dllm__quantize_stacked({L.down});
+        dllm__fp8_quantize_ffn(L, out[l]);
         if (precision == DLLM_PRECISION_FP8_ALL) {
-            out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
+            out[l].qkv = dllm__quantize_stacked(dllm__qkv_parts(L));
             out[l].o = dllm__quantize_stacked({L.wo});
         }
         progress.report((int)l, (int)out.size() - 1);
     }
     return out;
 }
-#line 95 "src/dllm_cuda.cu"
-#line 1 "src/cpu/layers.cpp"
-/* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
+#line 94 "src/dllm_cuda.cu"
+#line 1 "src/cpu/linears.cpp"
+/* src/cpu/linears.cpp - the CPU forward's linears in a layer's precision (exact, FP8, SoloQ): the Q|K|V projection
+ * (three tensors, or LLaDA2's fused one) and the SwiGLU FFN (a dense MLP, LLaDA2's shared and routed experts). */
 
 /* y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on an FP8 weight; x is quantised in place first. */
 static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const dllm__fp8_matrix &W, int row0,
@@ -4426,33 +4296,262 @@ static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const
         pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
 }
 
+/* b.q, b.k, b.v = the Q|K|V projections (+ biases) of the T rows of b.a in the layer's precision (q: its FP8 or SoloQ
+ * weights, or null for the exact ones); b.a is quantised in place. LLaDA2's fused weight has the rows of the three. */
+static void dllm__cpu_qkv_proj(const dllm__config &c, const dllm__layer_weights &L, const dllm__fp8_layer *q,
+                               dllm__pool &pool, dllm__cpu_buffers &b, int T) {
+    const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
+    const int row0[3] = {0, qd, qd + kvd}, rows[3] = {qd, kvd, kvd};
+    const float *bias[3] = {L.bq.empty() ? nullptr : L.bq.data(), L.bk.empty() ? nullptr : L.bk.data(),
+                            L.bv.empty() ? nullptr : L.bv.data()};
+    float *out[3] = {b.q.data(), b.k.data(), b.v.data()};
+    auto exact_row = [&](int r, float *dst) {  // row r of Q|K|V
+        if (L.wqkv) return dllm__tensor_row(*L.wqkv, r, d, dst);
+        const dllm__tensor &W = r < qd ? *L.wq : r < qd + kvd ? *L.wk : *L.wv;
+        dllm__tensor_row(W, r < qd ? r : r < qd + kvd ? r - qd : r - qd - kvd, d, dst);
+    };
+    for (int i = 0; i < 3; i++) {
+        if (q && q->soloq) {
+            dllm__cpu_linear_soloq(pool, b.a.data(), i == 0, T, *q->soloq, DLLM__SOLOQ_QKV, row0[i], bias[i], rows[i],
+                                   out[i]);
+        } else if (q && !q->qkv.empty()) {
+            if (i == 0) dllm__fake_quantize_groups(b.a.data(), T, d);
+            dllm__cpu_linear_rows(
+                pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(row0[i] + n, dst); }, bias[i], rows[i],
+                out[i]);
+        } else {
+            dllm__cpu_linear_rows(
+                pool, b.a.data(), T, d, [&](int n, float *dst) { exact_row(row0[i] + n, dst); }, bias[i], rows[i],
+                out[i]);
+        }
+    }
+}
+
+/* One SwiGLU, down(silu(gate x) * up x), in its layer's precision: the exact tensors, FP8 gate|up and down, or the
+ * SoloQ layer's linears at sites GU and DOWN (of routed expert `expert`, or the layer's own: -1). */
+struct dllm__swiglu {
+    int ff = 0;
+    const dllm__tensor *gate = nullptr, *up = nullptr, *down = nullptr;
+    const dllm__fp8_matrix *fp8_gu = nullptr, *fp8_down = nullptr;
+    const dllm__soloq_layer *soloq = nullptr;
+    int expert = -1;
+};
+
+/* Layer L's always-on SwiGLU (dllm__ffn_parts: its MLP, or the shared expert) or, with expert >= 0, LLaDA2's routed
+ * expert `expert`, in the precision of q (null: exact). */
+static dllm__swiglu dllm__swiglu_of(const dllm__config &c, const dllm__layer_weights &L, const dllm__fp8_layer *q,
+                                    int expert = -1) {
+    dllm__swiglu w;
+    w.expert = expert;
+    if (expert >= 0) {
+        const size_t e = (size_t)expert;
+        w.ff = c.n_ff_expert;
+        w.gate = L.expert_gate[e], w.up = L.expert_up[e], w.down = L.expert_down[e];
+        if (q && !q->expert_gu.empty()) w.fp8_gu = &q->expert_gu[e], w.fp8_down = &q->expert_down[e];
+    } else {
+        const std::array<const dllm__tensor *, 3> ffn = dllm__ffn_parts(L);
+        w.ff = L.router ? c.n_ff_shared : c.n_ff;
+        w.gate = ffn[0], w.up = ffn[1], w.down = ffn[2];
+        if (q && !q->gu.empty()) w.fp8_gu = &q->gu, w.fp8_down = &q->down;
+    }
+    if (q && q->soloq) w.soloq = q->soloq.get();
+    return w;
+}
+
+/* y[T][d] = the SwiGLU w of the T rows of x; x is quantised in place, gate and up ([T][w.ff]) are scratch. */
+static void dllm__cpu_swiglu(dllm__pool &pool, float *x, int T, int d, const dllm__swiglu &w, float *gate, float *up,
+                             float *y) {
+    const int ff = w.ff;
+    if (w.soloq) {
+        dllm__cpu_linear_soloq(pool, x, true, T, *w.soloq, DLLM__SOLOQ_GU, 0, nullptr, ff, gate, w.expert);
+        dllm__cpu_linear_soloq(pool, x, false, T, *w.soloq, DLLM__SOLOQ_GU, ff, nullptr, ff, up, w.expert);
+    } else if (w.fp8_gu) {
+        dllm__cpu_linear_fp8(pool, x, T, d, *w.fp8_gu, 0, nullptr, ff, gate);
+        dllm__cpu_linear_rows(
+            pool, x, T, d, [&](int n, float *dst) { w.fp8_gu->row(ff + n, dst); }, nullptr, ff, up);
+    } else {
+        dllm__cpu_linear(pool, x, T, d, *w.gate, nullptr, ff, gate);
+        dllm__cpu_linear(pool, x, T, d, *w.up, nullptr, ff, up);
+    }
+    for (size_t i = 0; i < (size_t)T * ff; i++) gate[i] = dllm__silu(gate[i]) * up[i];
+    if (w.soloq)
+        dllm__cpu_linear_soloq(pool, gate, true, T, *w.soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, y, w.expert);
+    else if (w.fp8_down)
+        dllm__cpu_linear_fp8(pool, gate, T, ff, *w.fp8_down, 0, nullptr, d, y);
+    else
+        dllm__cpu_linear(pool, gate, T, ff, *w.down, nullptr, d, y);
+}
+#line 95 "src/dllm_cuda.cu"
+#line 1 "src/cpu/moe.cpp"
+/* src/cpu/moe.cpp - LLaDA2 on the CPU reference: fused QKV with QK-norm and partial RoPE, the sigmoid router's
+ * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"); the CPU twins of the GPU's
+ * route plan and grouped expert GEMM. */
+
+/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection in the layer's precision (q:
+ * its FP8 or SoloQ weights, or null), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the
+ * heads), then RoPE on the first rotary_dim dims of each head at the positions b.pos. */
+static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                                 dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
+    const dllm__config &c = m.cfg;
+    const dllm__layer_weights &L = m.layers[layer];
+    const int hd = c.head_dim;
+    dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, L.attn_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_qkv_proj(c, L, q, pool, b, T);
+    if (c.qk_norm) {  // in place: each head is one row of head_dim
+        dllm__cpu_rmsnorm(b.q.data(), T * c.n_head, hd, L.q_norm.data(), c.norm_eps, b.q.data());
+        dllm__cpu_rmsnorm(b.k.data(), T * c.n_head_kv, hd, L.k_norm.data(), c.norm_eps, b.k.data());
+    }
+    dllm__cpu_rope(b.q.data(), T, c.n_head, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+    dllm__cpu_rope(b.k.data(), T, c.n_head_kv, hd, b.pos.data(), cos_t, sin_t, c.rotary_dim);
+}
+
+/* Where one token goes: n_expert_used experts (highest routing score first) and their weights. */
+struct dllm__moe_route {
+    std::vector<int> expert;
+    std::vector<float> weight;
+};
+
+/* The indices of the k largest of score[i] for i in [0, n) with allowed(i), largest first, ties to the lower index
+ * (dllm's reading of torch.topk's order, which torch leaves unspecified). */
+template <class Allowed>
+static std::vector<int> dllm__top_k_indices(const float *score, int n, int k, const Allowed &allowed) {
+    std::vector<int> idx;
+    for (int i = 0; i < n; i++)
+        if (allowed(i)) idx.push_back(i);
+    auto before = [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    k = std::min(k, (int)idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+    idx.resize((size_t)k);
+    return idx;
+}
+
+/* LLaDA2MoeGate on one token's router logits (fp32): s = sigmoid(logits); the routing score s + expert_bias picks
+ * the groups (n_group_used of n_expert_group, each scored by the sum of its top 2) and then the experts among
+ * them; their weights are the unbiased s, normalised by their sum (+1e-20) when more than one, times
+ * routed_scale. */
+static dllm__moe_route dllm__moe_route_token(const dllm__config &c, const float *logits, const float *expert_bias) {
+    const int E = c.n_expert, per_group = E / c.n_expert_group;
+    std::vector<float> s((size_t)E), routing((size_t)E), group_score((size_t)c.n_expert_group);
+    for (int e = 0; e < E; e++) {
+        s[(size_t)e] = 1.0f / (1.0f + expf(-logits[e]));
+        routing[(size_t)e] = s[(size_t)e] + expert_bias[e];
+    }
+    for (int g = 0; g < c.n_expert_group; g++) {
+        std::vector<int> top2 =
+            dllm__top_k_indices(routing.data() + (size_t)g * per_group, per_group, 2, [](int) { return true; });
+        group_score[(size_t)g] =
+            routing[(size_t)(g * per_group + top2[0])] + routing[(size_t)(g * per_group + top2[1])];
+    }
+    std::vector<int> groups =
+        dllm__top_k_indices(group_score.data(), c.n_expert_group, c.n_group_used, [](int) { return true; });
+    std::vector<uint8_t> group_kept((size_t)c.n_expert_group, 0);
+    for (int g : groups) group_kept[(size_t)g] = 1;
+    dllm__moe_route r;
+    r.expert = dllm__top_k_indices(routing.data(), E, c.n_expert_used,
+                                   [&](int e) { return group_kept[(size_t)(e / per_group)] != 0; });
+    float sum = 0;
+    for (int e : r.expert) sum += s[(size_t)e];
+    for (int e : r.expert)
+        r.weight.push_back((c.n_expert_used > 1 ? s[(size_t)e] / (sum + 1e-20f) : s[(size_t)e]) * c.routed_scale);
+    return r;
+}
+
+/* out[T][d] = sum over a token's experts (in route order) of weight * expert(x), plus the shared expert's output:
+ * LLaDA2MoeSparseMoeBlock on the normed rows x, every expert in the layer's precision (q: its FP8 or SoloQ weights, or
+ * null). The router stays exact (fp32 logits of x before any quantisation, as the official code computes them): which
+ * experts a token gets never depends on the precision. Each expert runs once over the rows routed to it; every row's
+ * arithmetic is its own (its quantisation too), so a row's result does not depend on the other rows. x is quantised
+ * in place, last (by the shared expert). */
+static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool,
+                          float *x, int T, float *out) {
+    const dllm__config &c = m.cfg;
+    const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
+    std::vector<float> logits((size_t)T * E);
+    dllm__cpu_linear(pool, x, T, d, *L.router, nullptr, E, logits.data());
+    std::vector<dllm__moe_route> routes((size_t)T);
+    std::vector<std::vector<int>> slots_of((size_t)E);  // expert e's (token * k + slot) entries
+    for (int t = 0; t < T; t++) {
+        routes[(size_t)t] = dllm__moe_route_token(c, logits.data() + (size_t)t * E, L.expert_bias.data());
+        for (int s = 0; s < k; s++) slots_of[(size_t)routes[(size_t)t].expert[(size_t)s]].push_back(t * k + s);
+    }
+    std::vector<float> expert_out((size_t)T * k * d);  // [token][slot][d]
+    std::vector<float> rows, ys, gate, up;
+    for (int e = 0; e < E; e++) {
+        const std::vector<int> &slots = slots_of[(size_t)e];
+        if (slots.empty()) continue;
+        const int n = (int)slots.size();
+        rows.resize((size_t)n * d), ys.resize((size_t)n * d);
+        gate.resize((size_t)n * c.n_ff_expert), up.resize(gate.size());
+        for (int i = 0; i < n; i++)
+            memcpy(rows.data() + (size_t)i * d, x + (size_t)(slots[(size_t)i] / k) * d, sizeof(float) * d);
+        dllm__cpu_swiglu(pool, rows.data(), n, d, dllm__swiglu_of(c, L, q, e), gate.data(), up.data(), ys.data());
+        for (int i = 0; i < n; i++)
+            memcpy(expert_out.data() + (size_t)slots[(size_t)i] * d, ys.data() + (size_t)i * d, sizeof(float) * d);
+    }
+    std::vector<float> shared((size_t)T * d, 0.0f);
+    if (c.n_ff_shared > 0) {
+        gate.resize((size_t)T * c.n_ff_shared), up.resize(gate.size());
+        dllm__cpu_swiglu(pool, x, T, d, dllm__swiglu_of(c, L, q), gate.data(), up.data(), shared.data());
+    }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d; i++) {
+            float acc = 0;
+            for (int s = 0; s < k; s++)
+                acc += routes[(size_t)t].weight[(size_t)s] * expert_out[((size_t)t * k + s) * d + i];
+            out[(size_t)t * d + i] = acc + shared[(size_t)t * d + i];
+        }
+}
+
+/* The twins of the GPU's moe_plan and moe_grouped_gemm (src/kernels/moe.cuh): host code the CPU tests run too. */
+DLLM__TEST_HOOK static void dllm__moe_plan_ref(const int *expert, int n_slots, int top_k, int n_expert, int tile_rows,
+                                               std::vector<int> &first_row, std::vector<int> &tile_first,
+                                               std::vector<int> &row_token, std::vector<int> &slot_row) {
+    std::vector<int> count((size_t)n_expert, 0);
+    for (int i = 0; i < n_slots; i++)
+        if (expert[i] >= 0 && expert[i] < n_expert) count[(size_t)expert[i]]++;
+    first_row.assign((size_t)n_expert + 1, 0), tile_first.assign((size_t)n_expert + 1, 0);
+    for (int e = 0; e < n_expert; e++) {
+        first_row[(size_t)e + 1] = first_row[(size_t)e] + count[(size_t)e];
+        tile_first[(size_t)e + 1] = tile_first[(size_t)e] + (count[(size_t)e] + tile_rows - 1) / tile_rows;
+    }
+    std::vector<int> next(first_row.begin(), first_row.end() - 1);
+    row_token.assign((size_t)first_row[(size_t)n_expert], 0), slot_row.assign((size_t)n_slots, -1);
+    for (int i = 0; i < n_slots; i++) {
+        const int e = expert[i];
+        if (e < 0 || e >= n_expert) continue;
+        const int row = next[(size_t)e]++;
+        row_token[(size_t)row] = i / top_k, slot_row[(size_t)i] = row;
+    }
+}
+/* y[row] = x[row_src ? row_src[row] : row] . w[e]^T over each expert's rows, in fp32 (bf16 in and out). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const int *row_src,
+                                                       const std::vector<const uint16_t *> &w,
+                                                       const std::vector<int> &first_row, int N, int K, uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const uint16_t *xr = x + (size_t)(row_src ? row_src[row] : row) * K;
+            for (int f = 0; f < N; f++) {
+                float acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += dllm__bf16_to_f32(xr[k]) * dllm__bf16_to_f32(w[e][(size_t)f * K + k]);
+                y[(size_t)row * N + f] = dllm__f32_to_bf16(acc);
+            }
+        }
+}
+#line 96 "src/dllm_cuda.cu"
+#line 1 "src/cpu/layers.cpp"
+/* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
+
 /* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision
  * (q: its FP8 or SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards
  * (bidirectional, block diffusion) take it. */
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
-    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, pool, b, T, cos_t, sin_t);
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
     const dllm__layer_weights &L = m.layers[layer];
-    const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(),
-                *bv = L.bv.empty() ? nullptr : L.bv.data();
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    if (q && q->soloq) {
-        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_QKV, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd, bk, kvd, b.k.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd + kvd, bv, kvd, b.v.data());
-    } else if (q && !q->qkv.empty()) {
-        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->qkv, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
-    } else {
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, bv, kvd, b.v.data());
-    }
+    dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, L.attn_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_qkv_proj(c, L, q, pool, b, T);
     dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
     dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
 }
@@ -4520,29 +4619,11 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
     dllm__cpu_attention_seqs(m, layer, q, pool, b, one, rows.q1 - rows.q0, cos_t, sin_t);
 }
 
-/* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
+/* b.tmp = down(silu(gate(b.a)) * up(b.a)) of layer L's MLP in its precision (b.a is quantised in place). */
 static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T) {
-    const int d = m.cfg.n_embd, ff = m.cfg.n_ff;
-    const bool fp8 = q && !q->gu.empty(), soloq = q && q->soloq;
-    if (soloq) {
-        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_GU, 0, nullptr, ff, b.gate.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_GU, ff, nullptr, ff, b.up.data());
-    } else if (fp8) {
-        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->gu, 0, nullptr, ff, b.gate.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
-    } else {
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.gate, nullptr, ff, b.gate.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, ff, b.up.data());
-    }
-    for (size_t i = 0; i < (size_t)T * ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
-    if (soloq)
-        dllm__cpu_linear_soloq(pool, b.gate.data(), true, T, *q->soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, b.tmp.data());
-    else if (fp8)
-        dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
-    else
-        dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
+    dllm__cpu_swiglu(pool, b.a.data(), T, m.cfg.n_embd, dllm__swiglu_of(m.cfg, L, q), b.gate.data(), b.up.data(),
+                     b.tmp.data());
 }
 
 /* The MLP half of a layer over the T rows of b.h: h += FFN(norm(h)). Both forwards take it. */
@@ -4551,7 +4632,7 @@ static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__f
     const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
     if (dllm__is_moe_layer(m.cfg, layer))
-        dllm__cpu_moe(m, m.layers[layer], pool, b.a.data(), T, b.tmp.data());
+        dllm__cpu_moe(m, m.layers[layer], q, pool, b.a.data(), T, b.tmp.data());
     else
         dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];
@@ -4684,7 +4765,7 @@ static void dllm__cpu_llama4_scale(const dllm__config &c, float *q, int T, const
         for (int i = 0; i < width; i++) q[(size_t)t * width + i] *= s;
     }
 }
-#line 96 "src/dllm_cuda.cu"
+#line 97 "src/dllm_cuda.cu"
 #line 1 "src/cpu/block_diffusion.cpp"
 /* src/cpu/block_diffusion.cpp - the block-causal CPU forward over a committed K/V cache, with FACache. */
 
@@ -4979,7 +5060,7 @@ static void dllm__cpu_bd_forward(const dllm_model &m, dllm__pool &pool, dllm__cp
                       b.a.data());
     dllm__cpu_lm_head(m, pool, b, call.r1 - call.r0, head, logits);
 }
-#line 97 "src/dllm_cuda.cu"
+#line 98 "src/dllm_cuda.cu"
 #line 1 "src/soloq/rotation.cpp"
 /* src/soloq/rotation.cpp - SoloQ numerics: the K-RPBH rotations. */
 
@@ -5207,7 +5288,7 @@ static void dllm__rotate(const dllm__rotation &r, const float *x, float *y) {
     dllm__fwht_blocks(t.data(), r.k, r.b);
     for (int i = 0; i < r.d; i++) x[r.perm.empty() ? i : r.perm[(size_t)i]] = dllm__rot_sign(r, i) * t[(size_t)i];
 }
-#line 98 "src/dllm_cuda.cu"
+#line 99 "src/dllm_cuda.cu"
 #line 1 "src/soloq/quantizers.cpp"
 /* src/soloq/quantizers.cpp - SoloQ numerics: the 4-bit formats (NVFP4, INT4, Lloyd-Max, E8P-RVQ, RTN). */
 
@@ -5544,7 +5625,7 @@ static void dllm__q4_fake_quantize(dllm__q4_format f, float *x, int rows, int co
         for (int i = 0; i < cols; i++) xr[i] = value[(size_t)i] * scale;
     }
 }
-#line 99 "src/dllm_cuda.cu"
+#line 100 "src/dllm_cuda.cu"
 #line 1 "src/soloq/precisions.cpp"
 /* src/soloq/precisions.cpp - SoloQ precisions on the CPU: options, quantised weights, the linear hook. */
 
@@ -5612,27 +5693,36 @@ struct dllm__soloq_linear {
 };
 
 /* The quantised linears of one layer by site (Q|K|V and gate|up stacked by rows, as the GPU fuses them), or the LM
- * head alone at DLLM__SOLOQ_HEAD; and how activations are treated. */
+ * head alone at DLLM__SOLOQ_HEAD; a LLaDA2 MoE layer's routed experts (GU and DOWN hold its shared expert); and how
+ * activations are treated. */
 struct dllm__soloq_layer {
     dllm__soloq_linear lin[DLLM__SOLOQ_SITES];
+    std::vector<dllm__soloq_linear> expert_gu, expert_down;
     dllm__soloq_options opt;
+    /* The linear at site, of routed expert `expert` (sites GU and DOWN) or the layer's own (-1). */
+    dllm__soloq_linear &linear(int site, int expert) {
+        if (expert < 0) return lin[site];
+        return (site == DLLM__SOLOQ_GU ? expert_gu : expert_down)[(size_t)expert];
+    }
+    const dllm__soloq_linear &linear(int site, int expert) const {
+        return const_cast<dllm__soloq_layer *>(this)->linear(site, expert);
+    }
+    template <class F> void each_linear(F f) const {
+        for (const dllm__soloq_linear &l : lin) f(l);
+        for (const dllm__soloq_linear &l : expert_gu) f(l);
+        for (const dllm__soloq_linear &l : expert_down) f(l);
+    }
 };
 
 /* Rotation sites are numbered layer * 8 + site (the head: layer n_layer), keying each site's own P, D, Q. */
 static uint32_t dllm__soloq_site_id(size_t layer, int site) { return (uint32_t)(layer * 8 + (size_t)site); }
 
 /* Stacks tensors by rows in their BF16 values (what the GPU holds), rotates every row by rot and quantises it. */
-static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool,
-                                                      std::initializer_list<const dllm__tensor *> parts,
+static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool, const std::vector<const dllm__tensor *> &parts,
                                                       std::shared_ptr<const dllm__rotation> rot,
                                                       const dllm__soloq_options &o) {
-    const int cols = (int)parts.begin()[0]->shape[1];
-    int rows = 0;
-    for (const dllm__tensor *t : parts) rows += (int)t->shape[0];
-    std::vector<float> w((size_t)rows * cols);
-    size_t at = 0;
-    for (const dllm__tensor *t : parts)
-        for (int64_t i = 0; i < t->numel; i++) w[at++] = dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i)));
+    int rows = 0, cols = 0;
+    std::vector<float> w = dllm__stack_bf16(parts, rows, cols);
     pool.run(rows, [&](int r) {
         std::vector<float> tmp((size_t)cols);
         dllm__rotate(*rot, w.data() + (size_t)r * cols, tmp.data());
@@ -5646,7 +5736,11 @@ static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool,
 
 /* Every dimension SoloQ quantises along must hold whole E8P groups of 8 (and be small enough for a dense Haar). */
 static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__soloq_options &o) {
-    const int dims[] = {c.n_embd, c.n_head * c.head_dim, c.n_ff};
+    std::vector<int> dims = {c.n_embd, c.n_head * c.head_dim};
+    const bool moe = c.family == DLLM_FAMILY_LLADA2;
+    if (!moe || c.n_dense_layers > 0) dims.push_back(c.n_ff);
+    if (moe) dims.push_back(c.n_ff_expert);
+    if (moe && c.n_ff_shared > 0) dims.push_back(c.n_ff_shared);
     for (int d : dims) {
         if (d % 8)
             return dllm__fail(
@@ -5665,8 +5759,9 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
 /* Storage of SoloQ weights in bytes (codes + block scales + row scales), as the GPU will hold them. */
 static size_t dllm__soloq_bytes(const dllm__soloq_layer &q) {
     size_t n = 0;
-    for (const dllm__soloq_linear &l : q.lin)
+    q.each_linear([&](const dllm__soloq_linear &l) {
         n += l.w.codes.size() + l.w.block_scales.size() + 4 * l.w.row_scale.size();
+    });
     return n;
 }
 
@@ -5677,21 +5772,82 @@ static std::shared_ptr<const dllm__rotation> dllm__soloq_site_rotation(const dll
         dllm__make_rotation(o.rotation, d, o.seed, dllm__soloq_site_id(layer, site)));
 }
 
-/* Layer l's four linears quantised from the model's BF16 tensors. */
+/* Layer l's rotations, one per site and input width, each built once: every linear of a site reads the same input
+ * (all of a MoE layer's gate|up linears, shared and routed, read the normed row: a token is rotated once), and the
+ * routed experts' down linears share one R of their width (one rotation over all their rows, as a grouped GEMM's). */
+struct dllm__soloq_rotations {
+    const dllm__soloq_options &o;
+    size_t layer;
+    std::map<std::pair<int, int>, std::shared_ptr<const dllm__rotation>> made;
+    std::shared_ptr<const dllm__rotation> of(int site, int d) {
+        std::shared_ptr<const dllm__rotation> &r = made[{site, d}];
+        if (!r) r = dllm__soloq_site_rotation(o, layer, site, d);
+        return r;
+    }
+};
+
+/* Rows and columns of a site's stacked weight (Q|K|V and gate|up by rows) in layer l, of routed expert `expert` or the
+ * layer's own (-1: the MLP, or in a MoE layer the shared expert: 0 rows where there is none). */
+static void dllm__soloq_site_shape(const dllm__config &c, int layer, int site, int expert, int &rows, int &cols) {
+    const int q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
+    const int ff = expert >= 0 ? c.n_ff_expert : dllm__is_moe_layer(c, (size_t)layer) ? c.n_ff_shared : c.n_ff;
+    switch (site) {
+        case DLLM__SOLOQ_QKV: rows = q + 2 * kv, cols = c.n_embd; break;
+        case DLLM__SOLOQ_O: rows = c.n_embd, cols = q; break;
+        case DLLM__SOLOQ_GU: rows = 2 * ff, cols = c.n_embd; break;
+        case DLLM__SOLOQ_DOWN: rows = ff ? c.n_embd : 0, cols = ff; break;
+        default: rows = c.n_vocab, cols = c.n_embd; break;
+    }
+}
+
+/* Layer l's quantised linears as (site, expert) in file order: Q|K|V, O, the layer's own gate|up and down (absent in a
+ * MoE layer without a shared expert), then each routed expert's gate|up and down. */
+static std::vector<std::pair<int, int>> dllm__soloq_layer_linears(const dllm__config &c, int layer) {
+    std::vector<std::pair<int, int>> out = {{DLLM__SOLOQ_QKV, -1}, {DLLM__SOLOQ_O, -1}};
+    const bool moe = dllm__is_moe_layer(c, (size_t)layer);
+    if (!moe || c.n_ff_shared > 0) out.insert(out.end(), {{DLLM__SOLOQ_GU, -1}, {DLLM__SOLOQ_DOWN, -1}});
+    for (int e = 0; moe && e < c.n_expert; e++) out.insert(out.end(), {{DLLM__SOLOQ_GU, e}, {DLLM__SOLOQ_DOWN, e}});
+    return out;
+}
+
+/* An empty quantised layer l under options o, with room for its routed experts. */
+static std::shared_ptr<dllm__soloq_layer> dllm__soloq_layer_for(const dllm__config &c, int layer,
+                                                                const dllm__soloq_options &o) {
+    std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
+    q->opt = o;
+    if (dllm__is_moe_layer(c, (size_t)layer))
+        q->expert_gu.resize((size_t)c.n_expert), q->expert_down.resize((size_t)c.n_expert);
+    return q;
+}
+
+/* The BF16 tensors of one quantised linear of layer L, stacked by rows. */
+static std::vector<const dllm__tensor *> dllm__soloq_site_parts(const dllm__layer_weights &L, int site, int expert) {
+    const std::array<const dllm__tensor *, 3> ffn = dllm__ffn_parts(L);
+    const size_t e = (size_t)expert;
+    switch (site) {
+        case DLLM__SOLOQ_QKV: return dllm__qkv_parts(L);
+        case DLLM__SOLOQ_O: return {L.wo};
+        case DLLM__SOLOQ_GU:
+            if (expert >= 0) return {L.expert_gate[e], L.expert_up[e]};
+            return {ffn[0], ffn[1]};
+        default:
+            if (expert >= 0) return {L.expert_down[e]};
+            return {ffn[2]};
+    }
+}
+
+/* Layer l's linears quantised from the model's BF16 tensors. */
 static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_layer(const dllm_model &m, dllm__pool &pool,
                                                                            const dllm__soloq_options &o, size_t l) {
     const dllm__config &c = m.cfg;
-    const dllm__layer_weights &L = m.layers[l];
-    std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
-    q->opt = o;
-    q->lin[DLLM__SOLOQ_QKV] = dllm__soloq_quantize_linear(
-        pool, {L.wq, L.wk, L.wv}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_QKV, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(
-        pool, {L.wo}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, c.n_head * c.head_dim), o);
-    q->lin[DLLM__SOLOQ_GU] =
-        dllm__soloq_quantize_linear(pool, {L.gate, L.up}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_GU, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_DOWN] =
-        dllm__soloq_quantize_linear(pool, {L.down}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
+    std::shared_ptr<dllm__soloq_layer> q = dllm__soloq_layer_for(c, (int)l, o);
+    dllm__soloq_rotations rot{o, l, {}};
+    for (const std::pair<int, int> &lin : dllm__soloq_layer_linears(c, (int)l)) {
+        int rows = 0, cols = 0;
+        dllm__soloq_site_shape(c, (int)l, lin.first, lin.second, rows, cols);
+        q->linear(lin.first, lin.second) = dllm__soloq_quantize_linear(
+            pool, dllm__soloq_site_parts(m.layers[l], lin.first, lin.second), rot.of(lin.first, cols), o);
+    }
     return q;
 }
 
@@ -5765,7 +5921,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m,
            weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
         bytes += dllm__soloq_bytes(*l.soloq);
-        for (const dllm__soloq_linear &lin : l.soloq->lin) weights += (size_t)lin.w.rows * lin.w.cols;
+        l.soloq->each_linear([&](const dllm__soloq_linear &lin) { weights += (size_t)lin.w.rows * lin.w.cols; });
     }
     dllm__log(
         DLLM_LOG_INFO,
@@ -5776,31 +5932,31 @@ static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m,
     return out;
 }
 
-/* The input of a SoloQ linear, in place: each row rotated by the site's R, then (W4A4) quantised and dequantised
+/* The input of a SoloQ linear, in place: each row rotated by the linear's R, then (W4A4) quantised and dequantised
  * per token. */
-static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_layer &q, int site, float *x, int T) {
-    const dllm__soloq_linear &lin = q.lin[site];
+static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_linear &lin, const dllm__soloq_options &o,
+                                      float *x, int T) {
     const int K = lin.w.cols;
     pool.run(T, [&](int t) {
         float *xr = x + (size_t)t * K;
         std::vector<float> tmp((size_t)K);
         dllm__rotate(*lin.rot, xr, tmp.data());
-        if (q.opt.quantize_acts) dllm__q4_fake_quantize(q.opt.acts, tmp.data(), 1, K, q.opt.bias_correction);
+        if (o.quantize_acts) dllm__q4_fake_quantize(o.acts, tmp.data(), 1, K, o.bias_correction);
         memcpy(xr, tmp.data(), sizeof(float) * K);
     });
 }
 
-/* The hook of the CPU forward (declared in section 9): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on site's
- * quantised weight; with prepare_x, x is first rotated and quantised in place (the later calls on the same input,
- * K and V after Q, up after gate, pass false). */
+/* The hook of the CPU forward (declared in cpu/fp8.cpp): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on the quantised
+ * weight at site (of routed expert `expert`, or the layer's own: -1); with prepare_x, x is first rotated and quantised
+ * in place (the later calls on the same input, K and V after Q, up after gate, pass false). */
 static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
-                                   int site, int row0, const float *bias, int N, float *y) {
-    const dllm__soloq_linear &lin = q.lin[site];
-    if (prepare_x) dllm__soloq_prepare_input(pool, q, site, x, T);
+                                   int site, int row0, const float *bias, int N, float *y, int expert) {
+    const dllm__soloq_linear &lin = q.linear(site, expert);
+    if (prepare_x) dllm__soloq_prepare_input(pool, lin, q.opt, x, T);
     dllm__cpu_linear_rows(
         pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
-#line 100 "src/dllm_cuda.cu"
+#line 101 "src/dllm_cuda.cu"
 #line 1 "src/soloq/gemm_twins.cpp"
 /* src/soloq/gemm_twins.cpp - CPU twins of the 4-bit and INT8 GEMMs. */
 
@@ -5970,7 +6126,7 @@ static uint32_t dllm__q4wg_nv_bprime(uint8_t c) {
         }
     return nan_scales;
 }
-#line 101 "src/dllm_cuda.cu"
+#line 102 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
 /* src/soloq/checkpoint.cpp - quantised checkpoints: written once by dllm_model_quantize, loaded. */
 
@@ -5985,39 +6141,43 @@ static const char *const dllm__quant_version = "1";
 static const char *const dllm__soloq_site_names[DLLM__SOLOQ_SITES] = {"qkv", "o", "gate_up", "down", "lm_head"};
 static const char *const dllm__soloq_parts[3] = {"codes", "block_scales", "row_scale"};
 
-/* "model.layers.{l}.soloq.{site}." or, for the head (layer < 0), "lm_head.soloq.". */
-static std::string dllm__soloq_prefix(int layer, int site) {
-    return layer < 0 ? std::string("lm_head.soloq.")
-                     : dllm__format("model.layers.%d.soloq.%s.", layer, dllm__soloq_site_names[site]);
+/* "model.layers.{l}.soloq.{site}.", a routed expert's "model.layers.{l}.soloq.experts.{e}.{site}." or, for the head
+ * (layer < 0), "lm_head.soloq.". */
+static std::string dllm__soloq_prefix(int layer, int site, int expert = -1) {
+    if (layer < 0) return "lm_head.soloq.";
+    if (expert >= 0)
+        return dllm__format("model.layers.%d.soloq.experts.%d.%s.", layer, expert, dllm__soloq_site_names[site]);
+    return dllm__format("model.layers.%d.soloq.%s.", layer, dllm__soloq_site_names[site]);
 }
 
 static bool dllm__soloq_tensor_name(const std::string &name) { return name.find(".soloq.") != std::string::npos; }
 
-static bool dllm__soloq_replaces(const dllm_model &m, dllm__wkind kind) {
-    if (!m.soloq) return false;
+/* The site a source tensor's linear is stored at (its first tensor: Q or the fused Q|K|V, gate, down, O, the head when
+ * quantised), or -1: another stored linear's later rows (dllm__soloq_stacked) or copied as it is. */
+static int dllm__soloq_site_of(dllm__wkind kind, bool quantize_head) {
     switch (kind) {
         case DLLM__W_Q:
-        case DLLM__W_K:
-        case DLLM__W_V:
-        case DLLM__W_O:
+        case DLLM__W_QKV: return DLLM__SOLOQ_QKV;
+        case DLLM__W_O: return DLLM__SOLOQ_O;
         case DLLM__W_GATE:
-        case DLLM__W_UP:
-        case DLLM__W_DOWN: return true;
-        case DLLM__W_HEAD: return m.soloq->head != nullptr;
-        default: return false;
+        case DLLM__W_SHARED_GATE:
+        case DLLM__W_EXPERT_GATE: return DLLM__SOLOQ_GU;
+        case DLLM__W_DOWN:
+        case DLLM__W_SHARED_DOWN:
+        case DLLM__W_EXPERT_DOWN: return DLLM__SOLOQ_DOWN;
+        case DLLM__W_HEAD: return quantize_head ? DLLM__SOLOQ_HEAD : -1;
+        default: return -1;
     }
 }
 
-/* Rows and columns of a site's stacked weight (Q|K|V and gate|up by rows). */
-static void dllm__soloq_site_shape(const dllm__config &c, int site, int &rows, int &cols) {
-    const int q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
-    switch (site) {
-        case DLLM__SOLOQ_QKV: rows = q + 2 * kv, cols = c.n_embd; break;
-        case DLLM__SOLOQ_O: rows = c.n_embd, cols = q; break;
-        case DLLM__SOLOQ_GU: rows = 2 * c.n_ff, cols = c.n_embd; break;
-        case DLLM__SOLOQ_DOWN: rows = c.n_embd, cols = c.n_ff; break;
-        default: rows = c.n_vocab, cols = c.n_embd; break;
-    }
+/* K and V (below Q), and every up (below its gate): rows of a linear stored at another tensor's site. */
+static bool dllm__soloq_stacked(dllm__wkind kind) {
+    return kind == DLLM__W_K || kind == DLLM__W_V || kind == DLLM__W_UP || kind == DLLM__W_SHARED_UP ||
+           kind == DLLM__W_EXPERT_UP;
+}
+
+static bool dllm__soloq_replaces(const dllm_model &m, dllm__wkind kind) {
+    return m.soloq && (dllm__soloq_stacked(kind) || dllm__soloq_site_of(kind, m.soloq->head != nullptr) >= 0);
 }
 
 /* The dllm.* metadata of options o made for `precision` (the rotation seed in hex: a JSON number loses bits). */
@@ -6129,7 +6289,9 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     DLLM__TRY(dllm__config_parse(root, what, src));
     if (src.family != cfg.family || src.n_layer != cfg.n_layer || src.n_embd != cfg.n_embd ||
         src.n_head != cfg.n_head || src.n_head_kv != cfg.n_head_kv || src.head_dim != cfg.head_dim ||
-        src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings)
+        src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings ||
+        src.n_expert != cfg.n_expert || src.n_ff_expert != cfg.n_ff_expert || src.n_ff_shared != cfg.n_ff_shared ||
+        src.n_dense_layers != cfg.n_dense_layers)
         return dllm__fail(
             DLLM_ERR_SHAPE,
             "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not "
@@ -6156,13 +6318,14 @@ static dllm_status dllm__soloq_part(const dllm_model &m, const std::string &name
     return DLLM_OK;
 }
 
-/* A site's rows read from the file: codes, NVFP4's block scales (UE4M3: no sign, not NaN), finite row scales. */
+/* A site's rows read from the file (of routed expert `expert`, or the layer's own: -1): codes, NVFP4's block scales
+ * (UE4M3: no sign, not NaN), finite row scales; rot: the layer's rotations. */
 static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_options &o, int layer, int site,
-                                         dllm__soloq_linear &lin) {
-    const std::string prefix = dllm__soloq_prefix(layer, site);
+                                         int expert, dllm__soloq_rotations &rot, dllm__soloq_linear &lin) {
+    const std::string prefix = dllm__soloq_prefix(layer, site, expert);
     dllm__q4_rows &q = lin.w;
     q.format = o.weights;
-    dllm__soloq_site_shape(m.cfg, site, q.rows, q.cols);
+    dllm__soloq_site_shape(m.cfg, layer, site, expert, q.rows, q.cols);
     const dllm__tensor *codes = nullptr, *bs = nullptr, *scale = nullptr;
     DLLM__TRY(dllm__soloq_part(m, prefix + "codes", DLLM__U8, {q.rows, (int64_t)q.row_bytes()}, codes));
     DLLM__TRY(dllm__soloq_part(m, prefix + "row_scale", DLLM__F32, {q.rows}, scale));
@@ -6192,7 +6355,7 @@ static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_
             return dllm__fail(DLLM_ERR_FORMAT,
                               "%s: tensor %srow_scale holds %g at row %d: the checkpoint is damaged (non-finite scale)",
                               scale->file->c_str(), prefix.c_str(), q.row_scale[(size_t)r], r);
-    lin.rot = dllm__soloq_site_rotation(o, (size_t)(layer < 0 ? m.cfg.n_layer : layer), site, q.cols);
+    lin.rot = rot.of(site, q.cols);
     return DLLM_OK;
 }
 
@@ -6230,26 +6393,31 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
     DLLM__TRY(dllm__soloq_parse_metadata(meta, file, m.cfg, *s));
     DLLM__TRY(dllm__soloq_check_dims(m.cfg, s->opt));
     for (int l = 0; l < m.cfg.n_layer; l++) {
-        std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
-        q->opt = s->opt;
-        for (int site = 0; site < DLLM__SOLOQ_HEAD; site++) {
-            DLLM__TRY(dllm__soloq_read_site(m, s->opt, l, site, q->lin[site]));
-            m.n_params += (int64_t)q->lin[site].w.rows * q->lin[site].w.cols;
+        std::shared_ptr<dllm__soloq_layer> q = dllm__soloq_layer_for(m.cfg, l, s->opt);
+        dllm__soloq_rotations rot{s->opt, (size_t)l, {}};
+        for (const std::pair<int, int> &site : dllm__soloq_layer_linears(m.cfg, l)) {
+            dllm__soloq_linear &lin = q->linear(site.first, site.second);
+            DLLM__TRY(dllm__soloq_read_site(m, s->opt, l, site.first, site.second, rot, lin));
+            m.n_params += (int64_t)lin.w.rows * lin.w.cols;
         }
         s->layers.push_back(q);
     }
     if (s->opt.quantize_head) {
         std::shared_ptr<dllm__soloq_layer> h = std::make_shared<dllm__soloq_layer>();
         h->opt = s->opt;
-        DLLM__TRY(dllm__soloq_read_site(m, s->opt, -1, DLLM__SOLOQ_HEAD, h->lin[DLLM__SOLOQ_HEAD]));
+        dllm__soloq_rotations rot{s->opt, (size_t)m.cfg.n_layer, {}};
+        DLLM__TRY(dllm__soloq_read_site(m, s->opt, -1, DLLM__SOLOQ_HEAD, -1, rot, h->lin[DLLM__SOLOQ_HEAD]));
         if (!m.cfg.tied_embeddings) m.n_params += (int64_t)m.cfg.n_vocab * m.cfg.n_embd;
         s->head = h;
     }
     // A stored tensor the metadata does not account for (another layer, a head not recorded) means the file lies.
     std::unordered_set<std::string> known;
-    for (int l = s->head ? -1 : 0; l < m.cfg.n_layer; l++)
-        for (int site = l < 0 ? DLLM__SOLOQ_HEAD : 0; site < (l < 0 ? DLLM__SOLOQ_SITES : DLLM__SOLOQ_HEAD); site++)
-            for (const char *part : dllm__soloq_parts) known.insert(dllm__soloq_prefix(l, site) + part);
+    for (const char *part : dllm__soloq_parts) {
+        if (s->head) known.insert(dllm__soloq_prefix(-1, DLLM__SOLOQ_HEAD) + part);
+        for (int l = 0; l < m.cfg.n_layer; l++)
+            for (const std::pair<int, int> &site : dllm__soloq_layer_linears(m.cfg, l))
+                known.insert(dllm__soloq_prefix(l, site.first, site.second) + part);
+    }
     for (const auto &kv : m.by_name) {
         if (dllm__soloq_tensor_name(kv.first) && !known.count(kv.first))
             return dllm__fail(
@@ -6310,46 +6478,41 @@ struct dllm__qtensor {
     size_t nbytes = 0;
     const dllm__tensor *src = nullptr;
     int layer = 0, site = 0, part = 0;  // quantised: layer (-1: the head), site, part (index in dllm__soloq_parts)
+    int expert = -1;                    // quantised: the routed expert, or -1 (the layer's own linear)
 };
 
 static void dllm__qplan_site(std::vector<dllm__qtensor> &plan, const dllm__config &c, const dllm__soloq_options &o,
-                             int layer, int site) {
+                             int layer, int site, int expert) {
     int rows = 0, cols = 0;
-    dllm__soloq_site_shape(c, site, rows, cols);
+    dllm__soloq_site_shape(c, layer, site, expert, rows, cols);
     for (int part = 0; part < 3; part++) {
         if (part == 1 && o.weights != DLLM__Q4_NVFP4) continue;  // only NVFP4 has block scales
         dllm__qtensor t;
-        t.name = dllm__soloq_prefix(layer, site) + dllm__soloq_parts[part];
+        t.name = dllm__soloq_prefix(layer, site, expert) + dllm__soloq_parts[part];
         t.dtype = part == 2 ? DLLM__F32 : DLLM__U8;
         t.shape = part == 0   ? std::vector<int64_t>{rows, cols / 2}
                   : part == 1 ? std::vector<int64_t>{rows, (cols + 15) / 16}
                               : std::vector<int64_t>{rows};
         t.nbytes = (size_t)rows * (part == 0 ? (size_t)cols / 2 : part == 1 ? (size_t)(cols + 15) / 16 : 4);
-        t.layer = layer, t.site = site, t.part = part;
+        t.layer = layer, t.site = site, t.part = part, t.expert = expert;
         plan.push_back(t);
     }
 }
 
-/* The tensors of the checkpoint in file order: the source's, with each layer's linears replaced by its four sites (a
+/* The tensors of the checkpoint in file order: the source's, with each layer's linears replaced by their sites (a
  * layer's parts are contiguous, so it is quantised once, when the writer reaches it). */
 static std::vector<dllm__qtensor> dllm__qplan(const dllm_model &m, const dllm__soloq_options &o) {
     std::vector<dllm__qtensor> plan;
     for (const dllm__wspec &spec : dllm__expected_weights(m.cfg)) {
-        const dllm__wkind k = spec.kind;
-        const int site = k == DLLM__W_Q                         ? DLLM__SOLOQ_QKV
-                         : k == DLLM__W_O                       ? DLLM__SOLOQ_O
-                         : k == DLLM__W_GATE                    ? DLLM__SOLOQ_GU
-                         : k == DLLM__W_DOWN                    ? DLLM__SOLOQ_DOWN
-                         : k == DLLM__W_HEAD && o.quantize_head ? DLLM__SOLOQ_HEAD
-                                                                : -1;
-        if (site >= 0) dllm__qplan_site(plan, m.cfg, o, site == DLLM__SOLOQ_HEAD ? -1 : spec.layer, site);
-        if (site >= 0 || k == DLLM__W_K || k == DLLM__W_V || k == DLLM__W_UP) continue;
+        const int site = dllm__soloq_site_of(spec.kind, o.quantize_head);
+        if (site >= 0) dllm__qplan_site(plan, m.cfg, o, site == DLLM__SOLOQ_HEAD ? -1 : spec.layer, site, spec.expert);
+        if (site >= 0 || dllm__soloq_stacked(spec.kind)) continue;
         dllm__qtensor t;
         t.src = dllm__find_weight(m, spec, t.name);
         t.dtype = t.src->dtype, t.shape = t.src->shape, t.nbytes = t.src->nbytes;
         plan.push_back(t);
     }
-    if (m.cfg.tied_embeddings && o.quantize_head) dllm__qplan_site(plan, m.cfg, o, -1, DLLM__SOLOQ_HEAD);
+    if (m.cfg.tied_embeddings && o.quantize_head) dllm__qplan_site(plan, m.cfg, o, -1, DLLM__SOLOQ_HEAD, -1);
     return plan;
 }
 
@@ -6395,14 +6558,14 @@ struct dllm__qsource {
     int layer = -2, done = 0;
     std::shared_ptr<const dllm__soloq_layer> q;
 
-    const dllm__q4_rows &rows(int l, int site) {
+    const dllm__q4_rows &rows(int l, int site, int expert) {
         if (l != layer) {
             q = l < 0 ? dllm__soloq_quantize_head(m, pool, o) : dllm__soloq_quantize_layer(m, pool, o, (size_t)l);
             layer = l;
             if (params.progress)
                 params.progress(++done, m.cfg.n_layer + (o.quantize_head ? 1 : 0), params.progress_user_data);
         }
-        return q->lin[site].w;
+        return q->linear(site, expert).w;
     }
 };
 
@@ -6426,7 +6589,7 @@ static dllm_status dllm__write_shard(const std::string &path, const std::vector<
         const dllm__qtensor &t = *ts[i];
         const void *data = t.src ? (const void *)t.src->data : nullptr;
         if (!t.src) {
-            const dllm__q4_rows &q = src.rows(t.layer, t.site);
+            const dllm__q4_rows &q = src.rows(t.layer, t.site, t.expert);
             data = t.part == 0   ? (const void *)q.codes.data()
                    : t.part == 1 ? (const void *)q.block_scales.data()
                                  : (const void *)q.row_scale.data();
@@ -6548,7 +6711,7 @@ static dllm_status dllm__soloq_write(const dllm_model &m, const std::string &out
               dllm__precision_name(precision), m.dir.c_str(), plan.size(), shards.size(), total / 1e6);
     return DLLM_OK;
 }
-#line 102 "src/dllm_cuda.cu"
+#line 103 "src/dllm_cuda.cu"
 #line 1 "src/soloq/kv_quant.cpp"
 /* src/soloq/kv_quant.cpp - commit-time K/V quantisation of block diffusion (CPU reference). */
 
@@ -6943,7 +7106,7 @@ DLLM__TEST_HOOK static void dllm__kvq_flash_twin(const dllm__kvq &q, int l, cons
             for (int c = 0; c < hd; c++) oi[c] = (acc[(size_t)c] + (q.soloq() ? back[(size_t)c] : 0.0f)) * inv;
         }
 }
-#line 103 "src/dllm_cuda.cu"
+#line 104 "src/dllm_cuda.cu"
 #line 1 "src/cpu/token_choice.cpp"
 /* src/cpu/token_choice.cpp - token choice: argmax / Gumbel-max, confidences, unmasking rules. */
 
@@ -7141,7 +7304,7 @@ static std::vector<int> dllm__select(const std::vector<int32_t> &cand_pos, const
     std::sort(order.begin(), order.end());
     return order;
 }
-#line 104 "src/dllm_cuda.cu"
+#line 105 "src/dllm_cuda.cu"
 #line 1 "src/cpu/tensor_parallel.cpp"
 /* src/cpu/tensor_parallel.cpp - tensor parallelism: the sharding plan and its CPU reference. */
 
@@ -7498,7 +7661,7 @@ static dllm_status dllm__tp_check_params(const dllm__config &c, const dllm_ctx_p
     dllm__tp_plan plan;
     return p.n_devices > 1 ? dllm__tp_shard(c, p.n_devices, 0, plan) : DLLM_OK;
 }
-#line 105 "src/dllm_cuda.cu"
+#line 106 "src/dllm_cuda.cu"
 #line 1 "src/backend.cpp"
 /* src/backend.cpp - the backend interface both backends implement, and the shared step logic. */
 
@@ -7819,7 +7982,7 @@ static void dllm__unshift_rows(const dllm__config &c, const float *raw, int raw0
         memcpy(out + (size_t)(p - r0) * c.n_vocab, raw + (size_t)(dllm__logit_row(c, p) - raw0) * c.n_vocab,
                sizeof(float) * c.n_vocab);
 }
-#line 106 "src/dllm_cuda.cu"
+#line 107 "src/dllm_cuda.cu"
 #line 1 "src/cpu/backend.cpp"
 /* src/cpu/backend.cpp - the CPU reference backend. */
 
@@ -8084,7 +8247,7 @@ class dllm__cpu_backend : public dllm__backend_impl {
     std::vector<float> cos_, sin_, raw_, cond_, uncond_;
     dllm__step_work work_;
 };
-#line 107 "src/dllm_cuda.cu"
+#line 108 "src/dllm_cuda.cu"
 #line 1 "src/gpu/cuda_libs.cpp"
 /* src/gpu/cuda_libs.cpp - the CUDA libraries loaded at run time, errors, device memory, NCCL. */
 
@@ -8450,7 +8613,7 @@ static dllm_status dllm__tp_all_reduce_device(const dllm__tp_comms &c, float *co
     }
     return DLLM_OK;
 }
-#line 108 "src/dllm_cuda.cu"
+#line 109 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kernel_table.cpp"
 /* src/gpu/kernel_table.cpp - the host/kernel contract, the kernel tables and the kernel sources. */
 
@@ -13195,7 +13358,7 @@ KERNEL_moe_combine {
 }
 )DLLM";
 #line 610 "src/gpu/kernel_table.cpp"
-#line 109 "src/dllm_cuda.cu"
+#line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
 
@@ -13512,7 +13675,7 @@ static dllm_status dllm__jit_load(const dllm__jit_request &rq, std::shared_ptr<d
     out = dllm__jit_modules.emplace(key, m).first->second;
     return DLLM_OK;
 }
-#line 110 "src/dllm_cuda.cu"
+#line 111 "src/dllm_cuda.cu"
 #line 1 "src/gpu/modules.cpp"
 /* src/gpu/modules.cpp - the modules compiled for one GPU, their tiles, and kernel launch. */
 
@@ -13928,7 +14091,7 @@ static dllm_status dllm__launch_raw(cudaKernel_t k, const dllm__grid &g, cudaStr
     if (e != cudaSuccess) return dllm__cuda_fail(e, name);
     return DLLM_OK;
 }
-#line 111 "src/dllm_cuda.cu"
+#line 112 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm.cpp"
 /* src/gpu/gemm.cpp - GEMMs: cuBLASLt (BF16, block-scaled FP8) and gemm_wg, one algorithm per shape. */
 
@@ -14512,7 +14675,7 @@ static dllm_status dllm__fp8_mma_run(const dllm__fp8_mma &k, const void *X, cons
         .launch({grid, dim3((unsigned)(t.bm / t.wm * (t.bn / t.wn) * 32)), dllm__fp8_gemm_smem(t)}, stream, X, x_scale,
                 W, w_scale, Y, M, N, K);
 }
-#line 112 "src/dllm_cuda.cu"
+#line 113 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm_lowbit.cpp"
 /* src/gpu/gemm_lowbit.cpp - the batched FP8 launches and the 4-bit GEMM runner. */
 
@@ -14648,7 +14811,7 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
     const unsigned blocks = (unsigned)(((size_t)M * N + 255) / 256);
     return k.q4_gemm_reduce.launch({dim3(blocks), dim3(256)}, stream, a);
 }
-#line 113 "src/dllm_cuda.cu"
+#line 114 "src/dllm_cuda.cu"
 #line 1 "src/gpu/gemm_splitk.cpp"
 /* src/gpu/gemm_splitk.cpp - [row-independent GEMM] gemm_splitk: BF16 GEMMs whose rows get the same bits at any row
  * count, fast at a few rows (src/kernels/gemm_splitk.cuh): the split per shape, loading, and the launcher. */
@@ -15002,7 +15165,7 @@ static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void 
     return k.kernel[i].launch({dim3((unsigned)std::min(units, k.sm_count)), dim3(384), dllm__splitk_smem(c)}, stream, a,
                               maps);
 }
-#line 114 "src/dllm_cuda.cu"
+#line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
 /* src/gpu/weight_formats.cpp - the weight formats and the GEMM entry point types. */
 
@@ -15106,7 +15269,7 @@ struct dllm__linear {
  * (dllm__gpu_backend::solo_kv_), so a K/V-cache generation's GEMMs give a sequence the same bits alone and in any
  * batch. */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH, DLLM__ROWS_STEP, DLLM__ROWS_FILL };
-#line 115 "src/dllm_cuda.cu"
+#line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
 /* src/gpu/q4_wgmma.cpp - [W4 GEMM] q4wg: SoloQ's 4-bit weights on Hopper's wgmma, integer ones (SoloQ-I, RTN-W4A4:
  * q4wg_gemm) and NVFP4 ones (SoloQ-N: q4wg_gemm_nv): the packed layouts, the kernels' configurations, loading, and the
@@ -16079,7 +16242,7 @@ static dllm_status dllm__q4wg_gemm_nv_run(const dllm__q4wg_kernels &k, const voi
                                  dllm__q4wg_smem(c, DLLM__Q4_NVFP4)},
                                 stream, a);
 }
-#line 116 "src/dllm_cuda.cu"
+#line 117 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weights.cpp"
 /* src/gpu/weights.cpp - weights shared by the contexts of a device: kernel sets, uploads. */
 
@@ -16330,7 +16493,7 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
                 DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
             }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_check refuses the others)
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: moe_supported refuses the others)
             DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
             DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
             DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
@@ -16426,7 +16589,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
-#line 117 "src/dllm_cuda.cu"
+#line 118 "src/dllm_cuda.cu"
 #line 1 "src/gpu/quantize.cpp"
 /* src/gpu/quantize.cpp - weights quantised on the device (FP8, SoloQ) and the weight set of a context. */
 
@@ -16699,7 +16862,7 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     out = std::move(w);
     return DLLM_OK;
 }
-#line 118 "src/dllm_cuda.cu"
+#line 119 "src/dllm_cuda.cu"
 #line 1 "src/gpu/activations.cpp"
 /* src/gpu/activations.cpp - the activation arena and the forward plans. */
 
@@ -16967,7 +17130,7 @@ static std::vector<dllm__sampler_span> dllm__batch_sampler_spans(const dllm__con
 struct dllm__bd_slot {
     int n = 0, block = 0;
 };
-#line 119 "src/dllm_cuda.cu"
+#line 120 "src/dllm_cuda.cu"
 #line 1 "src/gpu/backend.cpp"
 /* src/gpu/backend.cpp - the GPU backend: its state, set-up and buffers. */
 
@@ -18043,7 +18206,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (moe_model()) DLLM__TRY(moe_fit((int)M));  // [MoE] before any capture: a forward never allocates
     return DLLM_OK;
 }
-#line 120 "src/dllm_cuda.cu"
+#line 121 "src/dllm_cuda.cu"
 #line 1 "src/gpu/forward.cpp"
 /* src/gpu/forward.cpp - the forward and its stages. */
 
@@ -18653,7 +18816,7 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 121 "src/dllm_cuda.cu"
+#line 122 "src/dllm_cuda.cu"
 #line 1 "src/gpu/moe.cpp"
 /* src/gpu/moe.cpp - LLaDA2 on the GPU backend (../shared/spec/llada2.md): QK-norm with partial RoPE, the router on the
  * device and the routed experts in one grouped GEMM launch each; twin: src/cpu/moe.cpp.
@@ -18667,11 +18830,16 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
  * expert's (moe_combine) into act_.delta. Nothing goes back to the host: every launch's grid is a bound fixed by the
  * row count M alone (the grouped GEMM's CTAs past the plan's tile count leave at once), so a forward is captured as a
  * CUDA graph like any other. A row's bits do not depend on the other rows (each kernel is row-independent), so a
- * token's output is the same in any batch. BF16 weights only. */
+ * token's output is the same in any batch. BF16 weights only (FP8 and SoloQ run on the CPU backend). */
 
 /* What this first version takes; the rest is refused with the setting to change. */
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
+    if (precision_ != DLLM_PRECISION_BF16)  // the CPU backend runs them (src/cpu/moe.cpp)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "precision (--precision) %s on LLaDA2's GPU path is not built yet: use DLLM_PRECISION_BF16 "
+                          "(--precision bf16), or the CPU backend (--backend cpu)",
+                          dllm__precision_name(precision_));
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
@@ -18854,7 +19022,7 @@ dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
     mark("moe combine");
     return DLLM_OK;
 }
-#line 122 "src/dllm_cuda.cu"
+#line 123 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch.cpp"
 /* src/gpu/batch.cpp - the batched forward (varlen). */
 
@@ -19066,7 +19234,7 @@ dllm_status dllm__gpu_backend::self_attention_varlen(size_t layer, const dllm__v
     a.q_offsets = a.kv_offsets = batch_.row_offsets.as<int>();
     return varlen_attention(a, (int)v.out0.size(), v.max_rows);
 }
-#line 123 "src/dllm_cuda.cu"
+#line 124 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kv.cpp"
 /* src/gpu/batch_kv.cpp - the batched K/V-cache step. */
 
@@ -19266,7 +19434,7 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
     }
     return DLLM_OK;
 }
-#line 124 "src/dllm_cuda.cu"
+#line 125 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_bd.cpp"
 /* src/gpu/batch_bd.cpp - the batched block-diffusion forward. */
 
@@ -19473,7 +19641,7 @@ dllm_status dllm__gpu_backend::bd_batch_choose(const std::vector<dllm__bd_seq> &
         v, sampling, states, raw0, n_chosen,
         [&](int c0, int rows) { return dllm__bd_sampler_spans(seqs, v, choice0, c0, rows); }, logits, choices);
 }
-#line 125 "src/dllm_cuda.cu"
+#line 126 "src/dllm_cuda.cu"
 #line 1 "src/gpu/step.cpp"
 /* src/gpu/step.cpp - the denoising step and its CUDA graph. */
 
@@ -19716,7 +19884,7 @@ dllm_status dllm__gpu_backend::finish(dllm__decode &st) {
     DLLM__CUDA(cudaStreamSynchronize(stream_));
     return DLLM_OK;
 }
-#line 126 "src/dllm_cuda.cu"
+#line 127 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_choice.cpp"
 /* src/gpu/batch_choice.cpp - the token choice of a batched step on the device. */
 
@@ -19833,7 +20001,7 @@ dllm_status dllm__gpu_backend::batch_choose(const std::vector<dllm__batch_seq> &
     }
     return DLLM_OK;
 }
-#line 127 "src/dllm_cuda.cu"
+#line 128 "src/dllm_cuda.cu"
 #line 1 "src/gpu/block_diffusion.cpp"
 /* src/gpu/block_diffusion.cpp - block diffusion on the GPU: the committed K/V cache and its forward. */
 
@@ -19872,7 +20040,7 @@ dllm_status dllm__gpu_backend::bd_rows_that_fit(int group, int64_t &rows) const 
     rows = (int64_t)std::max(0.0, room / dllm__kvq_bytes_per_token(model_.cfg, kvq_.mode, group));
     return DLLM_OK;
 }
-#line 128 "src/dllm_cuda.cu"
+#line 129 "src/dllm_cuda.cu"
 #line 1 "src/gpu/kv_quant.cpp"
 /* src/gpu/kv_quant.cpp - the quantised K/V cache on the GPU (kvq, kvq_flash). */
 
@@ -20205,7 +20373,7 @@ dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t l
     }
     return DLLM_OK;
 }
-#line 129 "src/dllm_cuda.cu"
+#line 130 "src/dllm_cuda.cu"
 #line 1 "src/gpu/batch_kvq.cpp"
 /* src/gpu/batch_kvq.cpp - the batched block-diffusion forward under kv_quant (SoloQ's quantised K/V cache). */
 
@@ -20492,7 +20660,7 @@ std::string dllm__gpu_backend::kvq_batch_graph_key() const {
     }
     return key;
 }
-#line 130 "src/dllm_cuda.cu"
+#line 131 "src/dllm_cuda.cu"
 #line 1 "src/gpu/bd_forward.cpp"
 /* src/gpu/bd_forward.cpp - the block-diffusion forward, its graphs and its device token choice. */
 
@@ -20912,7 +21080,7 @@ dllm_status dllm__gpu_backend::bd_logits(const int32_t *ids, int n, int r0, int 
                sizeof(float) * c.n_vocab);
     return DLLM_OK;
 }
-#line 131 "src/dllm_cuda.cu"
+#line 132 "src/dllm_cuda.cu"
 #line 1 "src/gpu/debug_hooks.cpp"
 /* src/gpu/debug_hooks.cpp - debug hooks for tests and benchmarks. */
 
@@ -21019,7 +21187,7 @@ dllm_status dllm__gpu_backend::record_rows(const dllm__decode &st, int batch, in
 }
 
 DLLM__TEST_HOOKS_END
-#line 132 "src/dllm_cuda.cu"
+#line 133 "src/dllm_cuda.cu"
 #line 1 "src/decode/generate.cpp"
 /* src/decode/generate.cpp - decoding: the plan, option checks and the semi-autoregressive generation. */
 
@@ -21467,7 +21635,7 @@ struct dllm__generation {
         return dllm__report_step(p, watch, info);
     }
 };
-#line 133 "src/dllm_cuda.cu"
+#line 134 "src/dllm_cuda.cu"
 #line 1 "src/decode/llada2.cpp"
 /* src/decode/llada2.cpp - LLaDA2's generate loops (2.0: threshold with the step schedule; 2.1: token editing) over
  * the committed-block K/V cache. The official loops (../shared/spec/llada2.md) recompute the whole prefix at every
@@ -21883,7 +22051,7 @@ static dllm_status dllm__llada2_generate_impl(dllm_ctx &ctx, const int32_t *prom
     DLLM__TRY(dllm__plan_llada2(ctx, prompt, n_prompt, p, out, out_capacity, plan));
     return dllm__llada2_generate_plan(ctx, prompt, n_prompt, p, plan, out, n_out, stats);
 }
-#line 134 "src/dllm_cuda.cu"
+#line 135 "src/dllm_cuda.cu"
 #line 1 "src/decode/block_diffusion.cpp"
 /* src/decode/block_diffusion.cpp - block diffusion: Fast-dLLM v2's generate as a state machine. */
 
@@ -22372,7 +22540,7 @@ static dllm_status dllm__generate_impl(dllm_ctx &ctx, const int32_t *prompt, int
     dllm__generation_result(g, status, out, n_out, stats, t0);
     return status;
 }
-#line 135 "src/dllm_cuda.cu"
+#line 136 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch.cpp"
 /* src/decode/batch.cpp - a sequence of a stepper, and the batched step of the plain and cached schedules. */
 
@@ -22544,7 +22712,7 @@ static dllm_status dllm__batch_decode_alone(dllm_ctx &ctx, const dllm_batch_item
     if (s != DLLM_ERR_OUT_OF_MEMORY) stats.steps += r.stats.steps, stats.forwards += r.stats.forwards;
     return s;
 }
-#line 136 "src/dllm_cuda.cu"
+#line 137 "src/dllm_cuda.cu"
 #line 1 "src/decode/batch_bd.cpp"
 /* src/decode/batch_bd.cpp - batched block diffusion. */
 
@@ -22646,7 +22814,7 @@ static dllm_status dllm__bd_batch_round(dllm_ctx &ctx, std::vector<dllm__stepper
     live.swap(still);
     return DLLM_OK;
 }
-#line 137 "src/dllm_cuda.cu"
+#line 138 "src/dllm_cuda.cu"
 #line 1 "src/decode/stepper.cpp"
 /* src/decode/stepper.cpp - continuous batching (dllm_stepper): sequences join and leave a running batch between steps;
  * dllm_generate_batch is its loop. */
@@ -23035,7 +23203,7 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
     return s;
 }
-#line 138 "src/dllm_cuda.cu"
+#line 139 "src/dllm_cuda.cu"
 #line 1 "src/decode/backend_choice.cpp"
 /* src/decode/backend_choice.cpp - which backend a context gets. */
 
@@ -23105,20 +23273,9 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs unquantised only so far, on either backend (the GPU's, gpu/moe.cpp, refuses at its init what it does
- * not take yet, naming the setting to change). */
-static dllm_status dllm__llada2_check(const dllm_ctx &ctx) {
-    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2 || ctx.params.precision == DLLM_PRECISION_BF16) return DLLM_OK;
-    return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                      "precision (--precision) %s: LLaDA2 models run unquantised only so far "
-                      "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
-                      dllm__precision_name(ctx.params.precision));
-}
-
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    DLLM__TRY(dllm__llada2_check(ctx));
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
                                       ctx.params.soloq_bias_correction, soloq));
@@ -23143,7 +23300,7 @@ static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     dllm__log(DLLM_LOG_INFO, "CPU reference backend, %d thread(s)", threads);
     return DLLM_OK;
 }
-#line 139 "src/dllm_cuda.cu"
+#line 140 "src/dllm_cuda.cu"
 #line 1 "src/api.cpp"
 /* src/api.cpp - the public API. */
 
@@ -23392,9 +23549,6 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (!model || !out_dir || !*out_dir)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: model and out_dir must not be NULL or empty");
-        if (model->cfg.family == DLLM_FAMILY_LLADA2)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                              "dllm_model_quantize: LLaDA2's experts have no quantised form yet (unquantised only)");
         const dllm_quantize_params p = params ? *params : dllm_quantize_default_params();
         const int precision = dllm__enum_int(p.precision);
         if (!dllm__precision_is_soloq(precision))
@@ -23734,4 +23888,4 @@ dllm_status dllm_chat_render(const dllm_tokenizer *tok, const dllm_chat_message 
 }
 
 }  // extern "C"
-#line 140 "src/dllm_cuda.cu"
+#line 141 "src/dllm_cuda.cu"

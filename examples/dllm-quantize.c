@@ -20,7 +20,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dllm-quantize -m MODEL_DIR -o OUT_DIR --precision P [options]\n"
             "\n"
-            "Quantises every attention and MLP linear of the model (and optionally its LM head) to 4 bits once and\n"
+            "Quantises every attention and MLP linear of the model (LLaDA2: every routed and shared expert too, the\n"
+            "router stays as it is) and optionally its LM head to 4 bits once and\n"
             "writes OUT_DIR: config.json and the tokenizer files copied, model.safetensors (or shards with an index)\n"
             "holding the 4-bit codes, NVFP4 block scales and FP32 row scales of each layer, and the tensors that stay\n"
             "unquantised. Load OUT_DIR like any model directory; its precision is then the default.\n"

@@ -245,9 +245,6 @@ dllm_status dllm_model_quantize(const dllm_model *model, const char *out_dir, co
         if (!model || !out_dir || !*out_dir)
             return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                               "dllm_model_quantize: model and out_dir must not be NULL or empty");
-        if (model->cfg.family == DLLM_FAMILY_LLADA2)
-            return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                              "dllm_model_quantize: LLaDA2's experts have no quantised form yet (unquantised only)");
         const dllm_quantize_params p = params ? *params : dllm_quantize_default_params();
         const int precision = dllm__enum_int(p.precision);
         if (!dllm__precision_is_soloq(precision))

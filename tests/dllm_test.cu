@@ -51,6 +51,7 @@
 #include "test_docs.inl"
 #include "test_llada2.inl"
 #include "test_llada2_gpu.inl"
+#include "test_llada2_quant.inl"
 
 /* --filter A,B,...: the tests whose "group.name" contains any of the comma-separated substrings. */
 static bool test_selected(const std::string &full, const char *filter) {

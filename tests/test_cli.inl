@@ -577,6 +577,50 @@ TEST(cli, quantize_once_then_generate_the_same_answer) {
     rmdir(out.c_str());
 }
 
+/* LLaDA2 in the quantised precisions through the three programs on the CPU: dllm-quantize writes tiny-llada2 as
+ * SoloQ-C, dllm-generate answers from it (32 tokens, one block) as from quantising at load, dllm-eval --nll measures
+ * FP8 and SoloQ-I (each moving the NLL from BF16's; the values themselves belong to BENCHMARKS.md, not to a test of a
+ * model that may be retrained). */
+TEST(cli, llada2_quantised_precisions_on_the_cpu) {
+    if (!test_cli_built() || !dllm__file_exists("build/dllm-quantize")) SKIP("the CLI programs are not built");
+    test_tmpdir dir;
+    const std::string out = dir.path + "/q";
+    std::string so, se, ao, ae, bo, be;
+    int rc = test_run_cli("dllm-quantize",
+                          "-m models/tiny-llada2 -o " + out + " --precision soloq-c --threads 2 --quiet", "", so, se);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, se.c_str());
+    if (rc) return;
+    const std::string gen = " --backend cpu --threads 2 --raw -p \"Life is\" -n 32 --json";
+    const int rc_a = test_run_cli("dllm-generate", "-m " + out + gen, "", ao, ae),
+              rc_b = test_run_cli("dllm-generate", "-m models/tiny-llada2 --precision soloq-c" + gen, "", bo, be);
+    dllm__json a, b;
+    CHECK_MSG(rc_a == 0 && rc_b == 0 && test_gen_json(ao, a) && test_gen_json(bo, b), "exit %d %d: %s %s", rc_a, rc_b,
+              ae.c_str(), be.c_str());
+    if (!rc_a && !rc_b && a.find("ids") && b.find("ids")) {
+        CHECK(!a.find("ids")->items.empty() && a.find("ids")->items.size() == b.find("ids")->items.size());
+        for (size_t i = 0; i < a.find("ids")->items.size() && i < b.find("ids")->items.size(); i++)
+            CHECK(a.find("ids")->items[i].integer == b.find("ids")->items[i].integer);
+    }
+    std::map<std::string, double> nll[3];
+    const char *precisions[3] = {"bf16", "fp8", "soloq-i"};
+    for (int i = 0; i < 3; i++) {
+        const std::string args = std::string("-m models/tiny-llada2 --nll tests/data/heldout.txt --windows 4 ") +
+                                 "--backend cpu --precision " + precisions[i];
+        CHECK(test_eval(args, nll[i]) == 0);
+        printf("    tiny-llada2 %-7s NLL at 0.5 over 4 windows: %.6f\n", precisions[i], nll[i]["nll_0.50"]);
+    }
+    for (int i = 1; i < 3; i++) {
+        const double got = nll[i]["nll_0.50"], bf16 = nll[0]["nll_0.50"];
+        CHECK_MSG(std::isfinite(got) && got > 0 && got != bf16 &&
+                      nll[i]["nll_0.50_masked"] == nll[0]["nll_0.50_masked"],
+                  "%s: NLL %.6f, bf16 %.6f", precisions[i], got, bf16);
+    }
+    for (const char *f : {"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+                          "tokenizer.json", "tokenizer_config.json"})
+        unlink((out + "/" + f).c_str());
+    rmdir(out.c_str());
+}
+
 /* The ids lines of a dllm-generate stdout, in order. */
 static std::vector<std::string> test_ids_lines(const std::string &out) {
     std::vector<std::string> lines;

@@ -335,17 +335,30 @@ static std::vector<double> test_rms(const std::vector<double> &x, const float *w
     return y;
 }
 
+/* y = W x of the linear whose weight tw names `name`, as a precision computes it (test_llada2_quant.inl's reference);
+ * the naive forward takes the exact one (test_matvec) where it is given none. */
+struct test_llada2_linear {
+    virtual std::vector<double> apply(const std::string &name, const std::vector<double> &x, int out) const = 0;
+    virtual ~test_llada2_linear() = default;
+};
+
+static std::vector<double> test_linear(const test_llada2_weights &tw, const test_llada2_linear *lin,
+                                       const std::string &name, const std::vector<double> &x, int out) {
+    return lin ? lin->apply(name, x, out) : test_matvec(tw[name], x, out);
+}
+
 static std::vector<double> test_swiglu(const test_llada2_weights &tw, const std::string &p,
-                                       const std::vector<double> &x, int ff) {
-    std::vector<double> g = test_matvec(tw[p + "gate_proj.weight"], x, ff),
-                        u = test_matvec(tw[p + "up_proj.weight"], x, ff);
+                                       const std::vector<double> &x, int ff, const test_llada2_linear *lin = nullptr) {
+    std::vector<double> g = test_linear(tw, lin, p + "gate_proj.weight", x, ff),
+                        u = test_linear(tw, lin, p + "up_proj.weight", x, ff);
     for (int i = 0; i < ff; i++) g[(size_t)i] = g[(size_t)i] / (1 + exp(-g[(size_t)i])) * u[(size_t)i];
-    return test_matvec(tw[p + "down_proj.weight"], g, (int)x.size());
+    return test_linear(tw, lin, p + "down_proj.weight", g, (int)x.size());
 }
 
 /* The MoE block on one normed row: every expert computed, the chosen ones summed with their weights. */
 static std::vector<double> test_naive_moe(const test_llada2_shape &s, const test_llada2_weights &tw,
-                                          const std::string &mlp, const std::vector<double> &x) {
+                                          const std::string &mlp, const std::vector<double> &x,
+                                          const test_llada2_linear *lin) {
     std::vector<double> logit = test_matvec(tw[mlp + "gate.weight"], x, s.E);
     std::vector<float> score((size_t)s.E), sig((size_t)s.E), group((size_t)s.n_group, -INFINITY);
     const int per = s.E / s.n_group;
@@ -363,9 +376,9 @@ static std::vector<double> test_naive_moe(const test_llada2_shape &s, const test
     std::vector<int> chosen = test_rank_select(score, allowed, s.top_k);
     double sum = 0;
     for (int e : chosen) sum += sig[(size_t)e];
-    std::vector<double> y = test_swiglu(tw, mlp + "shared_experts.", x, s.moe_ff * s.shared);
+    std::vector<double> y = test_swiglu(tw, mlp + "shared_experts.", x, s.moe_ff * s.shared, lin);
     for (int e = 0; e < s.E; e++) {
-        std::vector<double> out = test_swiglu(tw, mlp + dllm__format("experts.%d.", e), x, s.moe_ff);
+        std::vector<double> out = test_swiglu(tw, mlp + dllm__format("experts.%d.", e), x, s.moe_ff, lin);
         auto it = std::find(chosen.begin(), chosen.end(), e);
         if (it == chosen.end()) continue;
         for (size_t i = 0; i < y.size(); i++) y[i] += sig[(size_t)e] / sum * s.scale * out[i];
@@ -376,9 +389,9 @@ static std::vector<double> test_naive_moe(const test_llada2_shape &s, const test
 /* Q, K, V of every row of one layer: the fused projection, QK-norm, partial rotate-half RoPE. */
 static void test_naive_qkv(const test_llada2_shape &s, const test_llada2_weights &tw, const std::string &attn,
                            const std::vector<double> &a, int pos, std::vector<double> &q, std::vector<double> &k,
-                           std::vector<double> &v) {
+                           std::vector<double> &v, const test_llada2_linear *lin) {
     const int qd = s.n_head * s.hd, kvd = s.n_kv * s.hd, rot = s.hd / 2, half = rot / 2;
-    std::vector<double> qkv = test_matvec(tw[attn + "query_key_value.weight"], a, qd + 2 * kvd);
+    std::vector<double> qkv = test_linear(tw, lin, attn + "query_key_value.weight", a, qd + 2 * kvd);
     auto head = [&](std::vector<double> &out, size_t off, const std::string &norm) {
         std::vector<double> h = test_rms(qkv, tw[attn + norm].data(), off, (size_t)s.hd);
         for (int j = 0; j < half; j++) {
@@ -392,9 +405,11 @@ static void test_naive_qkv(const test_llada2_shape &s, const test_llada2_weights
     v.insert(v.end(), qkv.begin() + qd + kvd, qkv.end());
 }
 
-/* logits of every row of ids under the block-causal mask of `block`, positions from 0. */
+/* logits of every row of ids under the block-causal mask of `block`, positions from 0; lin: how the linears compute
+ * (null: exactly; the router always does). */
 static std::vector<double> test_naive_forward(const test_llada2_shape &s, const test_llada2_weights &tw,
-                                              const std::vector<int32_t> &ids, int block) {
+                                              const std::vector<int32_t> &ids, int block,
+                                              const test_llada2_linear *lin = nullptr) {
     const int n = (int)ids.size(), H = s.H, qd = s.n_head * s.hd;
     std::vector<std::vector<double>> h((size_t)n);
     for (int t = 0; t < n; t++)
@@ -405,7 +420,7 @@ static std::vector<double> test_naive_forward(const test_llada2_shape &s, const 
         std::vector<std::vector<double>> q((size_t)n), k((size_t)n), v((size_t)n);
         for (int t = 0; t < n; t++)
             test_naive_qkv(s, tw, attn, test_rms(h[(size_t)t], tw[p + "input_layernorm.weight"].data(), 0, (size_t)H),
-                           t, q[(size_t)t], k[(size_t)t], v[(size_t)t]);
+                           t, q[(size_t)t], k[(size_t)t], v[(size_t)t], lin);
         for (int t = 0; t < n; t++) {
             std::vector<double> att((size_t)qd, 0.0);
             const int visible = std::min(n, (t / block + 1) * block);
@@ -425,21 +440,21 @@ static std::vector<double> test_naive_forward(const test_llada2_shape &s, const 
                         att[(size_t)(hh * s.hd + c)] +=
                             exp(sc[(size_t)j] - mx) / z * v[(size_t)j][(size_t)(kh * s.hd + c)];
             }
-            std::vector<double> o = test_matvec(tw[attn + "dense.weight"], att, H);
+            std::vector<double> o = test_linear(tw, lin, attn + "dense.weight", att, H);
             for (int i = 0; i < H; i++) h[(size_t)t][(size_t)i] += o[(size_t)i];
         }
         for (int t = 0; t < n; t++) {
             std::vector<double> a =
                 test_rms(h[(size_t)t], tw[p + "post_attention_layernorm.weight"].data(), 0, (size_t)H);
             std::vector<double> f =
-                l < s.dense ? test_swiglu(tw, p + "mlp.", a, s.ff) : test_naive_moe(s, tw, p + "mlp.", a);
+                l < s.dense ? test_swiglu(tw, p + "mlp.", a, s.ff, lin) : test_naive_moe(s, tw, p + "mlp.", a, lin);
             for (int i = 0; i < H; i++) h[(size_t)t][(size_t)i] += f[(size_t)i];
         }
     }
     std::vector<double> logits;
     for (int t = 0; t < n; t++) {
-        std::vector<double> row = test_matvec(
-            tw["lm_head.weight"], test_rms(h[(size_t)t], tw["model.norm.weight"].data(), 0, (size_t)H), s.V);
+        const std::vector<double> normed = test_rms(h[(size_t)t], tw["model.norm.weight"].data(), 0, (size_t)H);
+        std::vector<double> row = test_linear(tw, lin, "lm_head.weight", normed, s.V);
         logits.insert(logits.end(), row.begin(), row.end());
     }
     return logits;
@@ -738,8 +753,8 @@ TEST(llada2, backend_choice) {
     else
         CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_NO_DEVICE, nullptr);
     dllm_ctx_free(ctx), ctx = nullptr;
-    cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--precision");
+    cp.backend = DLLM_BACKEND_CPU, cp.n_threads = 2, cp.precision = DLLM_PRECISION_FP8_FFN;  // the CPU runs it
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO, cp.n_threads = 2;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);

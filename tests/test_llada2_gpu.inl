@@ -511,7 +511,8 @@ TEST(gpu_llada2, moe_layer_matches_cpu_and_rows_are_independent) {
                       "shape %d layer %d: rows 0-6 differ between a 7-row and a 40-row call", real, l);
             const std::vector<float> x = test_f32_vec(x40b);
             std::vector<float> want((size_t)40 * d), logits((size_t)40 * E);
-            dllm__cpu_moe(*pair.m, L, pool, x.data(), 40, want.data());
+            std::vector<float> x_moe = x;  // dllm__cpu_moe quantises its input in place (not at BF16)
+            dllm__cpu_moe(*pair.m, L, nullptr, pool, x_moe.data(), 40, want.data());
             dllm__cpu_linear(pool, x.data(), 40, d, *L.router, nullptr, E, logits.data());
             const std::vector<float> got = test_f32_vec(out40);
             std::vector<float> got_alike, want_alike;  // the rows routed alike (a near-tie sums other experts)
@@ -784,7 +785,8 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--kv-quant");
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU, cp.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--precision");
+    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED,
+                 "(--precision bf16), or the CPU backend (--backend cpu)");
     dllm_ctx_free(ctx), ctx = nullptr;
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);

@@ -357,11 +357,11 @@ TEST(stepper, block_diffusion_sequences_joining_and_leaving_equal_alone) {
  * 2.1's edits and post-fill forwards), prompts ending inside a block and on its boundary, joining and leaving at random
  * steps, each exactly as dllm_generate alone (canvas, callbacks, output, stats); the forwards are shared (fewer
  * stepper steps than the sequences' forwards alone). */
-TEST(stepper, llada2_sequences_joining_and_leaving_equal_alone) {
-    dllm_model *m = test_load(test_data("llada2"));
-    dllm_ctx *ctx = m ? test_ctx(m) : nullptr;
+static void test_stepper_llada2(dllm_test_state &T_, const char *model_dir, dllm_precision precision, uint32_t seed) {
+    dllm_model *m = test_load(model_dir);
+    dllm_ctx *ctx = m ? test_ctx_precision(m, DLLM_BACKEND_CPU, precision) : nullptr;
     if (!ctx) { CHECK(ctx != nullptr); dllm_model_free(m); return; }
-    std::mt19937 rng(0x11ad);
+    std::mt19937 rng(seed);
     std::vector<test_stepper_case> cs(7);
     int forwards_alone = 0;
     for (size_t i = 0; i < cs.size(); i++) {
@@ -379,7 +379,8 @@ TEST(stepper, llada2_sequences_joining_and_leaving_equal_alone) {
         forwards_alone += c.stats_alone.forwards;
     }
     for (int max_sequences : {3, 10}) {
-        const std::string label = dllm__format("llada2 max %d", max_sequences);
+        const std::string label =
+            dllm__format("%s %s max %d", model_dir, dllm__precision_name(precision), max_sequences);
         const int steps = test_stepper_drive(T_, ctx, cs, rng, max_sequences, label.c_str());
         for (test_stepper_case &c : cs) test_stepper_check_case(T_, ctx, c, label.c_str());
         printf("    %s: %d stepper steps for %d forwards alone\n", label.c_str(), steps, forwards_alone);
@@ -388,6 +389,16 @@ TEST(stepper, llada2_sequences_joining_and_leaving_equal_alone) {
     }
     dllm_ctx_free(ctx);
     dllm_model_free(m);
+}
+
+TEST(stepper, llada2_sequences_joining_and_leaving_equal_alone) {
+    test_stepper_llada2(T_, test_data("llada2").c_str(), DLLM_PRECISION_BF16, 0x11ad);
+}
+
+/* The same under FP8 and SoloQ (every row quantised on its own: a sequence's bits do not depend on the batch). */
+TEST(stepper, llada2_fp8_and_soloq_sequences_equal_alone) {
+    test_stepper_llada2(T_, test_data("llada2").c_str(), DLLM_PRECISION_FP8_ALL, 0x11ae);
+    test_stepper_llada2(T_, "models/tiny-llada2", DLLM_PRECISION_SOLOQ_I, 0x11af);
 }
 
 /* The host memory in use (glibc's count over every arena; 0 where the allocator does not count, e.g. under ASan). */

@@ -150,10 +150,10 @@ static dllm__fp8_matrix dllm__quantize_blocks(const float *w, int rows, int cols
     }
 }
 
-/* Stacks tensors by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds,
- * so both backends quantise the same numbers), and quantises the result in 128x128 blocks. */
-static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm__tensor *> parts) {
-    const int cols = (int)parts.begin()[0]->shape[1];
+/* Tensors stacked by rows, as the GPU fuses them (Q|K|V, gate|up), in their BF16 values (what the GPU holds, so both
+ * backends quantise the same numbers): [rows][cols] in fp32. */
+static std::vector<float> dllm__stack_bf16(const std::vector<const dllm__tensor *> &parts, int &rows, int &cols) {
+    cols = (int)parts[0]->shape[1];
     std::vector<float> w;
     size_t n = 0;
     for (const dllm__tensor *t : parts) n += (size_t)t->numel;
@@ -161,10 +161,32 @@ static dllm__fp8_matrix dllm__quantize_stacked(std::initializer_list<const dllm_
     for (const dllm__tensor *t : parts)
         for (int64_t i = 0; i < t->numel; i++)
             w.push_back(dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i))));
-    return dllm__quantize_blocks(w.data(), (int)(w.size() / (size_t)cols), cols);
+    rows = (int)(w.size() / (size_t)cols);
+    return w;
 }
 
-/* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. */
+/* Tensors stacked by rows (dllm__stack_bf16) and quantised in 128x128 blocks. */
+static dllm__fp8_matrix dllm__quantize_stacked(const std::vector<const dllm__tensor *> &parts) {
+    int rows = 0, cols = 0;
+    const std::vector<float> w = dllm__stack_bf16(parts, rows, cols);
+    return dllm__quantize_blocks(w.data(), rows, cols);
+}
+
+/* A layer's Q|K|V rows: LLaDA2's fused projection, or the three. */
+static std::vector<const dllm__tensor *> dllm__qkv_parts(const dllm__layer_weights &L) {
+    if (L.wqkv) return {L.wqkv};
+    return {L.wq, L.wk, L.wv};
+}
+
+/* Gate, up and down of a layer's always-on SwiGLU: its MLP, or in a LLaDA2 MoE layer (one with a router) its shared
+ * expert (null where there is none). A MoE layer's routed experts are L.expert_gate/up/down. */
+static std::array<const dllm__tensor *, 3> dllm__ffn_parts(const dllm__layer_weights &L) {
+    if (L.router) return {L.shared_gate, L.shared_up, L.shared_down};
+    return {L.gate, L.up, L.down};
+}
+
+/* SoloQ's 4-bit linears of a layer (section 9b), by input site; declared here for the forward's hooks. In a LLaDA2
+ * MoE layer GU and DOWN hold the shared expert, and each routed expert has its own GU and DOWN linears (expert). */
 enum dllm__soloq_site {
     DLLM__SOLOQ_QKV,
     DLLM__SOLOQ_O,
@@ -175,25 +197,41 @@ enum dllm__soloq_site {
 };
 struct dllm__soloq_layer;
 static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
-                                   int site, int row0, const float *bias, int N, float *y);
+                                   int site, int row0, const float *bias, int N, float *y, int expert = -1);
 
-/* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). */
+/* The quantised weights of one layer: FP8 (an empty matrix: that linear runs exact) or SoloQ (every linear). gu and
+ * down are the layer's always-on SwiGLU (dllm__ffn_parts); expert_gu and expert_down LLaDA2's routed experts. */
 struct dllm__fp8_layer {
     dllm__fp8_matrix qkv, o, gu, down;
+    std::vector<dllm__fp8_matrix> expert_gu, expert_down;
     std::shared_ptr<const dllm__soloq_layer> soloq;
 };
 
-/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0. progress counts layers 1.. . */
+/* Layer l's FFN linears in FP8: its always-on SwiGLU and, in a LLaDA2 MoE layer, every routed expert. */
+static void dllm__fp8_quantize_ffn(const dllm__layer_weights &L, dllm__fp8_layer &q) {
+    const std::array<const dllm__tensor *, 3> ffn = dllm__ffn_parts(L);
+    if (ffn[0]) {
+        q.gu = dllm__quantize_stacked({ffn[0], ffn[1]});
+        q.down = dllm__quantize_stacked({ffn[2]});
+    }
+    if (!L.router) return;
+    for (size_t e = 0; e < L.expert_gate.size(); e++) {
+        q.expert_gu.push_back(dllm__quantize_stacked({L.expert_gate[e], L.expert_up[e]}));
+        q.expert_down.push_back(dllm__quantize_stacked({L.expert_down[e]}));
+    }
+}
+
+/* Quantised once when a CPU context is created: nothing for BF16 and for layer 0 (LaCache keeps it exact; in the
+ * LLaDA2 checkpoints its FFN is the dense MLP). progress counts layers 1.. . */
 static std::vector<dllm__fp8_layer> dllm__cpu_fp8_weights(const dllm_model &m, dllm_precision precision,
-                                                         const dllm__progress &progress = dllm__progress()) {
+                                                          const dllm__progress &progress = dllm__progress()) {
     const bool fp8 = precision == DLLM_PRECISION_FP8_FFN || precision == DLLM_PRECISION_FP8_ALL;
     std::vector<dllm__fp8_layer> out(fp8 ? m.layers.size() : 0);
     for (size_t l = 1; l < out.size(); l++) {
         const dllm__layer_weights &L = m.layers[l];
-        out[l].gu = dllm__quantize_stacked({L.gate, L.up});
-        out[l].down = dllm__quantize_stacked({L.down});
+        dllm__fp8_quantize_ffn(L, out[l]);
         if (precision == DLLM_PRECISION_FP8_ALL) {
-            out[l].qkv = dllm__quantize_stacked({L.wq, L.wk, L.wv});
+            out[l].qkv = dllm__quantize_stacked(dllm__qkv_parts(L));
             out[l].o = dllm__quantize_stacked({L.wo});
         }
         progress.report((int)l, (int)out.size() - 1);

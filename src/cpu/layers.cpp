@@ -1,40 +1,15 @@
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
 
-/* y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on an FP8 weight; x is quantised in place first. */
-static void dllm__cpu_linear_fp8(dllm__pool &pool, float *x, int T, int K, const dllm__fp8_matrix &W, int row0,
-                                 const float *bias, int N, float *y) {
-    dllm__fake_quantize_groups(x, T, K);
-    dllm__cpu_linear_rows(
-        pool, x, T, K, [&](int n, float *dst) { W.row(row0 + n, dst); }, bias, N, y);
-}
-
 /* b.q, b.k, b.v of layer `layer` for the T rows of b.h: RMSNorm, the projections in the layer's precision
  * (q: its FP8 or SoloQ weights, or null for the exact ones), RoPE at the positions b.pos. Both forwards
  * (bidirectional, block diffusion) take it. */
 static void dllm__cpu_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
-    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, pool, b, T, cos_t, sin_t);
+    if (c.family == DLLM_FAMILY_LLADA2) return dllm__cpu_llada2_qkv(m, layer, q, pool, b, T, cos_t, sin_t);
     const dllm__layer_weights &L = m.layers[layer];
-    const int d = c.n_embd, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-    const float *bq = L.bq.empty() ? nullptr : L.bq.data(), *bk = L.bk.empty() ? nullptr : L.bk.data(),
-                *bv = L.bv.empty() ? nullptr : L.bv.data();
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    if (q && q->soloq) {
-        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_QKV, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd, bk, kvd, b.k.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_QKV, qd + kvd, bv, kvd, b.v.data());
-    } else if (q && !q->qkv.empty()) {
-        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->qkv, 0, bq, qd, b.q.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + n, dst); }, bk, kvd, b.k.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->qkv.row(qd + kvd + n, dst); }, bv, kvd, b.v.data());
-    } else {
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wq, bq, qd, b.q.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wk, bk, kvd, b.k.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.wv, bv, kvd, b.v.data());
-    }
+    dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, L.attn_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_qkv_proj(c, L, q, pool, b, T);
     dllm__cpu_rope(b.q.data(), T, c.n_head, c.head_dim, b.pos.data(), cos_t, sin_t);
     dllm__cpu_rope(b.k.data(), T, c.n_head_kv, c.head_dim, b.pos.data(), cos_t, sin_t);
 }
@@ -102,29 +77,11 @@ static void dllm__cpu_attention_block(const dllm_model &m, size_t layer, const d
     dllm__cpu_attention_seqs(m, layer, q, pool, b, one, rows.q1 - rows.q0, cos_t, sin_t);
 }
 
-/* b.tmp = down(silu(gate(b.a)) * up(b.a)); under FP8 both GEMM inputs are quantised (b.a in place). */
+/* b.tmp = down(silu(gate(b.a)) * up(b.a)) of layer L's MLP in its precision (b.a is quantised in place). */
 static void dllm__cpu_ffn(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool,
                           dllm__cpu_buffers &b, int T) {
-    const int d = m.cfg.n_embd, ff = m.cfg.n_ff;
-    const bool fp8 = q && !q->gu.empty(), soloq = q && q->soloq;
-    if (soloq) {
-        dllm__cpu_linear_soloq(pool, b.a.data(), true, T, *q->soloq, DLLM__SOLOQ_GU, 0, nullptr, ff, b.gate.data());
-        dllm__cpu_linear_soloq(pool, b.a.data(), false, T, *q->soloq, DLLM__SOLOQ_GU, ff, nullptr, ff, b.up.data());
-    } else if (fp8) {
-        dllm__cpu_linear_fp8(pool, b.a.data(), T, d, q->gu, 0, nullptr, ff, b.gate.data());
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int n, float *dst) { q->gu.row(ff + n, dst); }, nullptr, ff, b.up.data());
-    } else {
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.gate, nullptr, ff, b.gate.data());
-        dllm__cpu_linear(pool, b.a.data(), T, d, *L.up, nullptr, ff, b.up.data());
-    }
-    for (size_t i = 0; i < (size_t)T * ff; i++) b.gate[i] = dllm__silu(b.gate[i]) * b.up[i];
-    if (soloq)
-        dllm__cpu_linear_soloq(pool, b.gate.data(), true, T, *q->soloq, DLLM__SOLOQ_DOWN, 0, nullptr, d, b.tmp.data());
-    else if (fp8)
-        dllm__cpu_linear_fp8(pool, b.gate.data(), T, ff, q->down, 0, nullptr, d, b.tmp.data());
-    else
-        dllm__cpu_linear(pool, b.gate.data(), T, ff, *L.down, nullptr, d, b.tmp.data());
+    dllm__cpu_swiglu(pool, b.a.data(), T, m.cfg.n_embd, dllm__swiglu_of(m.cfg, L, q), b.gate.data(), b.up.data(),
+                     b.tmp.data());
 }
 
 /* The MLP half of a layer over the T rows of b.h: h += FFN(norm(h)). Both forwards take it. */
@@ -133,7 +90,7 @@ static void dllm__cpu_ffn_block(const dllm_model &m, size_t layer, const dllm__f
     const int d = m.cfg.n_embd;
     dllm__cpu_rmsnorm(b.h.data(), T, d, m.layers[layer].ffn_norm.data(), m.cfg.norm_eps, b.a.data());
     if (dllm__is_moe_layer(m.cfg, layer))
-        dllm__cpu_moe(m, m.layers[layer], pool, b.a.data(), T, b.tmp.data());
+        dllm__cpu_moe(m, m.layers[layer], q, pool, b.a.data(), T, b.tmp.data());
     else
         dllm__cpu_ffn(m, m.layers[layer], q, pool, b, T);
     for (size_t i = 0; i < (size_t)T * d; i++) b.h[i] += b.tmp[i];

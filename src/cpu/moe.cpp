@@ -2,23 +2,16 @@
  * group-limited top-k, and the mixture-of-experts FFN (../shared/spec/llada2.md, "Forward"); the CPU twins of the GPU's
  * route plan and grouped expert GEMM. */
 
-/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection (rows Q heads | K heads | V
- * heads), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the heads), then RoPE on the
- * first rotary_dim dims of each head at the positions b.pos. */
-static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, dllm__pool &pool, dllm__cpu_buffers &b, int T,
-                                 const float *cos_t, const float *sin_t) {
+/* b.q, b.k, b.v of a LLaDA2 layer for the T rows of b.h: RMSNorm, the fused projection in the layer's precision (q:
+ * its FP8 or SoloQ weights, or null), RMSNorm over head_dim of each Q and K head (QK-norm, one weight shared by the
+ * heads), then RoPE on the first rotary_dim dims of each head at the positions b.pos. */
+static void dllm__cpu_llada2_qkv(const dllm_model &m, size_t layer, const dllm__fp8_layer *q, dllm__pool &pool,
+                                 dllm__cpu_buffers &b, int T, const float *cos_t, const float *sin_t) {
     const dllm__config &c = m.cfg;
     const dllm__layer_weights &L = m.layers[layer];
-    const int d = c.n_embd, hd = c.head_dim, qd = c.n_head * hd, kvd = c.n_head_kv * hd;
-    dllm__cpu_rmsnorm(b.h.data(), T, d, L.attn_norm.data(), c.norm_eps, b.a.data());
-    auto fused_rows = [&](int row0, int n, float *y) {
-        dllm__cpu_linear_rows(
-            pool, b.a.data(), T, d, [&](int r, float *dst) { dllm__tensor_row(*L.wqkv, row0 + r, d, dst); }, nullptr, n,
-            y);
-    };
-    fused_rows(0, qd, b.q.data());
-    fused_rows(qd, kvd, b.k.data());
-    fused_rows(qd + kvd, kvd, b.v.data());
+    const int hd = c.head_dim;
+    dllm__cpu_rmsnorm(b.h.data(), T, c.n_embd, L.attn_norm.data(), c.norm_eps, b.a.data());
+    dllm__cpu_qkv_proj(c, L, q, pool, b, T);
     if (c.qk_norm) {  // in place: each head is one row of head_dim
         dllm__cpu_rmsnorm(b.q.data(), T * c.n_head, hd, L.q_norm.data(), c.norm_eps, b.q.data());
         dllm__cpu_rmsnorm(b.k.data(), T * c.n_head_kv, hd, L.k_norm.data(), c.norm_eps, b.k.data());
@@ -78,21 +71,14 @@ static dllm__moe_route dllm__moe_route_token(const dllm__config &c, const float 
     return r;
 }
 
-/* y[T][d] = down(silu(gate x) * up x) of one SwiGLU expert over the T rows of x. */
-static void dllm__cpu_swiglu(dllm__pool &pool, const float *x, int T, int d, int ff, const dllm__tensor &gate,
-                             const dllm__tensor &up, const dllm__tensor &down, float *y) {
-    std::vector<float> g((size_t)T * ff), u((size_t)T * ff);
-    dllm__cpu_linear(pool, x, T, d, gate, nullptr, ff, g.data());
-    dllm__cpu_linear(pool, x, T, d, up, nullptr, ff, u.data());
-    for (size_t i = 0; i < g.size(); i++) g[i] = dllm__silu(g[i]) * u[i];
-    dllm__cpu_linear(pool, g.data(), T, ff, down, nullptr, d, y);
-}
-
 /* out[T][d] = sum over a token's experts (in route order) of weight * expert(x), plus the shared expert's output:
- * LLaDA2MoeSparseMoeBlock on the normed rows x. Each expert runs once over the rows routed to it; every row's
- * arithmetic is its own, so a row's result does not depend on the other rows. */
-static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dllm__pool &pool, const float *x, int T,
-                          float *out) {
+ * LLaDA2MoeSparseMoeBlock on the normed rows x, every expert in the layer's precision (q: its FP8 or SoloQ weights, or
+ * null). The router stays exact (fp32 logits of x before any quantisation, as the official code computes them): which
+ * experts a token gets never depends on the precision. Each expert runs once over the rows routed to it; every row's
+ * arithmetic is its own (its quantisation too), so a row's result does not depend on the other rows. x is quantised
+ * in place, last (by the shared expert). */
+static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, const dllm__fp8_layer *q, dllm__pool &pool,
+                          float *x, int T, float *out) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, E = c.n_expert, k = c.n_expert_used;
     std::vector<float> logits((size_t)T * E);
@@ -104,22 +90,24 @@ static void dllm__cpu_moe(const dllm_model &m, const dllm__layer_weights &L, dll
         for (int s = 0; s < k; s++) slots_of[(size_t)routes[(size_t)t].expert[(size_t)s]].push_back(t * k + s);
     }
     std::vector<float> expert_out((size_t)T * k * d);  // [token][slot][d]
-    std::vector<float> rows, ys;
+    std::vector<float> rows, ys, gate, up;
     for (int e = 0; e < E; e++) {
         const std::vector<int> &slots = slots_of[(size_t)e];
         if (slots.empty()) continue;
         const int n = (int)slots.size();
         rows.resize((size_t)n * d), ys.resize((size_t)n * d);
+        gate.resize((size_t)n * c.n_ff_expert), up.resize(gate.size());
         for (int i = 0; i < n; i++)
             memcpy(rows.data() + (size_t)i * d, x + (size_t)(slots[(size_t)i] / k) * d, sizeof(float) * d);
-        dllm__cpu_swiglu(pool, rows.data(), n, d, c.n_ff_expert, *L.expert_gate[(size_t)e], *L.expert_up[(size_t)e],
-                         *L.expert_down[(size_t)e], ys.data());
+        dllm__cpu_swiglu(pool, rows.data(), n, d, dllm__swiglu_of(c, L, q, e), gate.data(), up.data(), ys.data());
         for (int i = 0; i < n; i++)
             memcpy(expert_out.data() + (size_t)slots[(size_t)i] * d, ys.data() + (size_t)i * d, sizeof(float) * d);
     }
     std::vector<float> shared((size_t)T * d, 0.0f);
-    if (c.n_ff_shared > 0)
-        dllm__cpu_swiglu(pool, x, T, d, c.n_ff_shared, *L.shared_gate, *L.shared_up, *L.shared_down, shared.data());
+    if (c.n_ff_shared > 0) {
+        gate.resize((size_t)T * c.n_ff_shared), up.resize(gate.size());
+        dllm__cpu_swiglu(pool, x, T, d, dllm__swiglu_of(c, L, q), gate.data(), up.data(), shared.data());
+    }
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) {
             float acc = 0;

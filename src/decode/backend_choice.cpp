@@ -66,20 +66,9 @@ static dllm_status dllm__tp_create_backend(const dllm_ctx &ctx) {
         p.n_devices);
 }
 
-/* LLaDA2 runs unquantised only so far, on either backend (the GPU's, gpu/moe.cpp, refuses at its init what it does
- * not take yet, naming the setting to change). */
-static dllm_status dllm__llada2_check(const dllm_ctx &ctx) {
-    if (ctx.model->cfg.family != DLLM_FAMILY_LLADA2 || ctx.params.precision == DLLM_PRECISION_BF16) return DLLM_OK;
-    return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                      "precision (--precision) %s: LLaDA2 models run unquantised only so far "
-                      "(DLLM_PRECISION_BF16 (--precision bf16) or AUTO)",
-                      dllm__precision_name(ctx.params.precision));
-}
-
 static dllm_status dllm__create_backend(dllm_ctx &ctx) {
     if (ctx.params.n_devices > 1) return dllm__tp_create_backend(ctx);
     int threads = ctx.params.n_threads ? ctx.params.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    DLLM__TRY(dllm__llada2_check(ctx));
     dllm__soloq_options soloq;
     DLLM__TRY(dllm__soloq_options_for(ctx.params.precision, ctx.params.quantize_lm_head, ctx.params.soloq_rotation,
                                       ctx.params.soloq_bias_correction, soloq));

@@ -10,11 +10,16 @@
  * expert's (moe_combine) into act_.delta. Nothing goes back to the host: every launch's grid is a bound fixed by the
  * row count M alone (the grouped GEMM's CTAs past the plan's tile count leave at once), so a forward is captured as a
  * CUDA graph like any other. A row's bits do not depend on the other rows (each kernel is row-independent), so a
- * token's output is the same in any batch. BF16 weights only. */
+ * token's output is the same in any batch. BF16 weights only (FP8 and SoloQ run on the CPU backend). */
 
 /* What this first version takes; the rest is refused with the setting to change. */
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
+    if (precision_ != DLLM_PRECISION_BF16)  // the CPU backend runs them (src/cpu/moe.cpp)
+        return dllm__fail(DLLM_ERR_UNSUPPORTED,
+                          "precision (--precision) %s on LLaDA2's GPU path is not built yet: use DLLM_PRECISION_BF16 "
+                          "(--precision bf16), or the CPU backend (--backend cpu)",
+                          dllm__precision_name(precision_));
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "

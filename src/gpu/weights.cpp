@@ -247,7 +247,7 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
                 DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
             }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: dllm__llada2_check refuses the others)
+        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: moe_supported refuses the others)
             DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
             DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
             DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));

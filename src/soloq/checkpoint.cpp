@@ -11,39 +11,43 @@ static const char *const dllm__quant_version = "1";
 static const char *const dllm__soloq_site_names[DLLM__SOLOQ_SITES] = {"qkv", "o", "gate_up", "down", "lm_head"};
 static const char *const dllm__soloq_parts[3] = {"codes", "block_scales", "row_scale"};
 
-/* "model.layers.{l}.soloq.{site}." or, for the head (layer < 0), "lm_head.soloq.". */
-static std::string dllm__soloq_prefix(int layer, int site) {
-    return layer < 0 ? std::string("lm_head.soloq.")
-                     : dllm__format("model.layers.%d.soloq.%s.", layer, dllm__soloq_site_names[site]);
+/* "model.layers.{l}.soloq.{site}.", a routed expert's "model.layers.{l}.soloq.experts.{e}.{site}." or, for the head
+ * (layer < 0), "lm_head.soloq.". */
+static std::string dllm__soloq_prefix(int layer, int site, int expert = -1) {
+    if (layer < 0) return "lm_head.soloq.";
+    if (expert >= 0)
+        return dllm__format("model.layers.%d.soloq.experts.%d.%s.", layer, expert, dllm__soloq_site_names[site]);
+    return dllm__format("model.layers.%d.soloq.%s.", layer, dllm__soloq_site_names[site]);
 }
 
 static bool dllm__soloq_tensor_name(const std::string &name) { return name.find(".soloq.") != std::string::npos; }
 
-static bool dllm__soloq_replaces(const dllm_model &m, dllm__wkind kind) {
-    if (!m.soloq) return false;
+/* The site a source tensor's linear is stored at (its first tensor: Q or the fused Q|K|V, gate, down, O, the head when
+ * quantised), or -1: another stored linear's later rows (dllm__soloq_stacked) or copied as it is. */
+static int dllm__soloq_site_of(dllm__wkind kind, bool quantize_head) {
     switch (kind) {
         case DLLM__W_Q:
-        case DLLM__W_K:
-        case DLLM__W_V:
-        case DLLM__W_O:
+        case DLLM__W_QKV: return DLLM__SOLOQ_QKV;
+        case DLLM__W_O: return DLLM__SOLOQ_O;
         case DLLM__W_GATE:
-        case DLLM__W_UP:
-        case DLLM__W_DOWN: return true;
-        case DLLM__W_HEAD: return m.soloq->head != nullptr;
-        default: return false;
+        case DLLM__W_SHARED_GATE:
+        case DLLM__W_EXPERT_GATE: return DLLM__SOLOQ_GU;
+        case DLLM__W_DOWN:
+        case DLLM__W_SHARED_DOWN:
+        case DLLM__W_EXPERT_DOWN: return DLLM__SOLOQ_DOWN;
+        case DLLM__W_HEAD: return quantize_head ? DLLM__SOLOQ_HEAD : -1;
+        default: return -1;
     }
 }
 
-/* Rows and columns of a site's stacked weight (Q|K|V and gate|up by rows). */
-static void dllm__soloq_site_shape(const dllm__config &c, int site, int &rows, int &cols) {
-    const int q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
-    switch (site) {
-        case DLLM__SOLOQ_QKV: rows = q + 2 * kv, cols = c.n_embd; break;
-        case DLLM__SOLOQ_O: rows = c.n_embd, cols = q; break;
-        case DLLM__SOLOQ_GU: rows = 2 * c.n_ff, cols = c.n_embd; break;
-        case DLLM__SOLOQ_DOWN: rows = c.n_embd, cols = c.n_ff; break;
-        default: rows = c.n_vocab, cols = c.n_embd; break;
-    }
+/* K and V (below Q), and every up (below its gate): rows of a linear stored at another tensor's site. */
+static bool dllm__soloq_stacked(dllm__wkind kind) {
+    return kind == DLLM__W_K || kind == DLLM__W_V || kind == DLLM__W_UP || kind == DLLM__W_SHARED_UP ||
+           kind == DLLM__W_EXPERT_UP;
+}
+
+static bool dllm__soloq_replaces(const dllm_model &m, dllm__wkind kind) {
+    return m.soloq && (dllm__soloq_stacked(kind) || dllm__soloq_site_of(kind, m.soloq->head != nullptr) >= 0);
 }
 
 /* The dllm.* metadata of options o made for `precision` (the rotation seed in hex: a JSON number loses bits). */
@@ -155,7 +159,9 @@ static dllm_status dllm__soloq_parse_metadata(const std::vector<std::pair<std::s
     DLLM__TRY(dllm__config_parse(root, what, src));
     if (src.family != cfg.family || src.n_layer != cfg.n_layer || src.n_embd != cfg.n_embd ||
         src.n_head != cfg.n_head || src.n_head_kv != cfg.n_head_kv || src.head_dim != cfg.head_dim ||
-        src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings)
+        src.n_ff != cfg.n_ff || src.n_vocab != cfg.n_vocab || src.tied_embeddings != cfg.tied_embeddings ||
+        src.n_expert != cfg.n_expert || src.n_ff_expert != cfg.n_ff_expert || src.n_ff_shared != cfg.n_ff_shared ||
+        src.n_dense_layers != cfg.n_dense_layers)
         return dllm__fail(
             DLLM_ERR_SHAPE,
             "%s: quantised checkpoint: the model it was quantised from (%s, %d layers, d=%d, ff %d, vocab %d) is not "
@@ -182,13 +188,14 @@ static dllm_status dllm__soloq_part(const dllm_model &m, const std::string &name
     return DLLM_OK;
 }
 
-/* A site's rows read from the file: codes, NVFP4's block scales (UE4M3: no sign, not NaN), finite row scales. */
+/* A site's rows read from the file (of routed expert `expert`, or the layer's own: -1): codes, NVFP4's block scales
+ * (UE4M3: no sign, not NaN), finite row scales; rot: the layer's rotations. */
 static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_options &o, int layer, int site,
-                                         dllm__soloq_linear &lin) {
-    const std::string prefix = dllm__soloq_prefix(layer, site);
+                                         int expert, dllm__soloq_rotations &rot, dllm__soloq_linear &lin) {
+    const std::string prefix = dllm__soloq_prefix(layer, site, expert);
     dllm__q4_rows &q = lin.w;
     q.format = o.weights;
-    dllm__soloq_site_shape(m.cfg, site, q.rows, q.cols);
+    dllm__soloq_site_shape(m.cfg, layer, site, expert, q.rows, q.cols);
     const dllm__tensor *codes = nullptr, *bs = nullptr, *scale = nullptr;
     DLLM__TRY(dllm__soloq_part(m, prefix + "codes", DLLM__U8, {q.rows, (int64_t)q.row_bytes()}, codes));
     DLLM__TRY(dllm__soloq_part(m, prefix + "row_scale", DLLM__F32, {q.rows}, scale));
@@ -218,7 +225,7 @@ static dllm_status dllm__soloq_read_site(const dllm_model &m, const dllm__soloq_
             return dllm__fail(DLLM_ERR_FORMAT,
                               "%s: tensor %srow_scale holds %g at row %d: the checkpoint is damaged (non-finite scale)",
                               scale->file->c_str(), prefix.c_str(), q.row_scale[(size_t)r], r);
-    lin.rot = dllm__soloq_site_rotation(o, (size_t)(layer < 0 ? m.cfg.n_layer : layer), site, q.cols);
+    lin.rot = rot.of(site, q.cols);
     return DLLM_OK;
 }
 
@@ -256,26 +263,31 @@ static dllm_status dllm__soloq_load_store(dllm_model &m) {
     DLLM__TRY(dllm__soloq_parse_metadata(meta, file, m.cfg, *s));
     DLLM__TRY(dllm__soloq_check_dims(m.cfg, s->opt));
     for (int l = 0; l < m.cfg.n_layer; l++) {
-        std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
-        q->opt = s->opt;
-        for (int site = 0; site < DLLM__SOLOQ_HEAD; site++) {
-            DLLM__TRY(dllm__soloq_read_site(m, s->opt, l, site, q->lin[site]));
-            m.n_params += (int64_t)q->lin[site].w.rows * q->lin[site].w.cols;
+        std::shared_ptr<dllm__soloq_layer> q = dllm__soloq_layer_for(m.cfg, l, s->opt);
+        dllm__soloq_rotations rot{s->opt, (size_t)l, {}};
+        for (const std::pair<int, int> &site : dllm__soloq_layer_linears(m.cfg, l)) {
+            dllm__soloq_linear &lin = q->linear(site.first, site.second);
+            DLLM__TRY(dllm__soloq_read_site(m, s->opt, l, site.first, site.second, rot, lin));
+            m.n_params += (int64_t)lin.w.rows * lin.w.cols;
         }
         s->layers.push_back(q);
     }
     if (s->opt.quantize_head) {
         std::shared_ptr<dllm__soloq_layer> h = std::make_shared<dllm__soloq_layer>();
         h->opt = s->opt;
-        DLLM__TRY(dllm__soloq_read_site(m, s->opt, -1, DLLM__SOLOQ_HEAD, h->lin[DLLM__SOLOQ_HEAD]));
+        dllm__soloq_rotations rot{s->opt, (size_t)m.cfg.n_layer, {}};
+        DLLM__TRY(dllm__soloq_read_site(m, s->opt, -1, DLLM__SOLOQ_HEAD, -1, rot, h->lin[DLLM__SOLOQ_HEAD]));
         if (!m.cfg.tied_embeddings) m.n_params += (int64_t)m.cfg.n_vocab * m.cfg.n_embd;
         s->head = h;
     }
     // A stored tensor the metadata does not account for (another layer, a head not recorded) means the file lies.
     std::unordered_set<std::string> known;
-    for (int l = s->head ? -1 : 0; l < m.cfg.n_layer; l++)
-        for (int site = l < 0 ? DLLM__SOLOQ_HEAD : 0; site < (l < 0 ? DLLM__SOLOQ_SITES : DLLM__SOLOQ_HEAD); site++)
-            for (const char *part : dllm__soloq_parts) known.insert(dllm__soloq_prefix(l, site) + part);
+    for (const char *part : dllm__soloq_parts) {
+        if (s->head) known.insert(dllm__soloq_prefix(-1, DLLM__SOLOQ_HEAD) + part);
+        for (int l = 0; l < m.cfg.n_layer; l++)
+            for (const std::pair<int, int> &site : dllm__soloq_layer_linears(m.cfg, l))
+                known.insert(dllm__soloq_prefix(l, site.first, site.second) + part);
+    }
     for (const auto &kv : m.by_name) {
         if (dllm__soloq_tensor_name(kv.first) && !known.count(kv.first))
             return dllm__fail(
@@ -336,46 +348,41 @@ struct dllm__qtensor {
     size_t nbytes = 0;
     const dllm__tensor *src = nullptr;
     int layer = 0, site = 0, part = 0;  // quantised: layer (-1: the head), site, part (index in dllm__soloq_parts)
+    int expert = -1;                    // quantised: the routed expert, or -1 (the layer's own linear)
 };
 
 static void dllm__qplan_site(std::vector<dllm__qtensor> &plan, const dllm__config &c, const dllm__soloq_options &o,
-                             int layer, int site) {
+                             int layer, int site, int expert) {
     int rows = 0, cols = 0;
-    dllm__soloq_site_shape(c, site, rows, cols);
+    dllm__soloq_site_shape(c, layer, site, expert, rows, cols);
     for (int part = 0; part < 3; part++) {
         if (part == 1 && o.weights != DLLM__Q4_NVFP4) continue;  // only NVFP4 has block scales
         dllm__qtensor t;
-        t.name = dllm__soloq_prefix(layer, site) + dllm__soloq_parts[part];
+        t.name = dllm__soloq_prefix(layer, site, expert) + dllm__soloq_parts[part];
         t.dtype = part == 2 ? DLLM__F32 : DLLM__U8;
         t.shape = part == 0   ? std::vector<int64_t>{rows, cols / 2}
                   : part == 1 ? std::vector<int64_t>{rows, (cols + 15) / 16}
                               : std::vector<int64_t>{rows};
         t.nbytes = (size_t)rows * (part == 0 ? (size_t)cols / 2 : part == 1 ? (size_t)(cols + 15) / 16 : 4);
-        t.layer = layer, t.site = site, t.part = part;
+        t.layer = layer, t.site = site, t.part = part, t.expert = expert;
         plan.push_back(t);
     }
 }
 
-/* The tensors of the checkpoint in file order: the source's, with each layer's linears replaced by its four sites (a
+/* The tensors of the checkpoint in file order: the source's, with each layer's linears replaced by their sites (a
  * layer's parts are contiguous, so it is quantised once, when the writer reaches it). */
 static std::vector<dllm__qtensor> dllm__qplan(const dllm_model &m, const dllm__soloq_options &o) {
     std::vector<dllm__qtensor> plan;
     for (const dllm__wspec &spec : dllm__expected_weights(m.cfg)) {
-        const dllm__wkind k = spec.kind;
-        const int site = k == DLLM__W_Q                         ? DLLM__SOLOQ_QKV
-                         : k == DLLM__W_O                       ? DLLM__SOLOQ_O
-                         : k == DLLM__W_GATE                    ? DLLM__SOLOQ_GU
-                         : k == DLLM__W_DOWN                    ? DLLM__SOLOQ_DOWN
-                         : k == DLLM__W_HEAD && o.quantize_head ? DLLM__SOLOQ_HEAD
-                                                                : -1;
-        if (site >= 0) dllm__qplan_site(plan, m.cfg, o, site == DLLM__SOLOQ_HEAD ? -1 : spec.layer, site);
-        if (site >= 0 || k == DLLM__W_K || k == DLLM__W_V || k == DLLM__W_UP) continue;
+        const int site = dllm__soloq_site_of(spec.kind, o.quantize_head);
+        if (site >= 0) dllm__qplan_site(plan, m.cfg, o, site == DLLM__SOLOQ_HEAD ? -1 : spec.layer, site, spec.expert);
+        if (site >= 0 || dllm__soloq_stacked(spec.kind)) continue;
         dllm__qtensor t;
         t.src = dllm__find_weight(m, spec, t.name);
         t.dtype = t.src->dtype, t.shape = t.src->shape, t.nbytes = t.src->nbytes;
         plan.push_back(t);
     }
-    if (m.cfg.tied_embeddings && o.quantize_head) dllm__qplan_site(plan, m.cfg, o, -1, DLLM__SOLOQ_HEAD);
+    if (m.cfg.tied_embeddings && o.quantize_head) dllm__qplan_site(plan, m.cfg, o, -1, DLLM__SOLOQ_HEAD, -1);
     return plan;
 }
 
@@ -421,14 +428,14 @@ struct dllm__qsource {
     int layer = -2, done = 0;
     std::shared_ptr<const dllm__soloq_layer> q;
 
-    const dllm__q4_rows &rows(int l, int site) {
+    const dllm__q4_rows &rows(int l, int site, int expert) {
         if (l != layer) {
             q = l < 0 ? dllm__soloq_quantize_head(m, pool, o) : dllm__soloq_quantize_layer(m, pool, o, (size_t)l);
             layer = l;
             if (params.progress)
                 params.progress(++done, m.cfg.n_layer + (o.quantize_head ? 1 : 0), params.progress_user_data);
         }
-        return q->lin[site].w;
+        return q->linear(site, expert).w;
     }
 };
 
@@ -452,7 +459,7 @@ static dllm_status dllm__write_shard(const std::string &path, const std::vector<
         const dllm__qtensor &t = *ts[i];
         const void *data = t.src ? (const void *)t.src->data : nullptr;
         if (!t.src) {
-            const dllm__q4_rows &q = src.rows(t.layer, t.site);
+            const dllm__q4_rows &q = src.rows(t.layer, t.site, t.expert);
             data = t.part == 0   ? (const void *)q.codes.data()
                    : t.part == 1 ? (const void *)q.block_scales.data()
                                  : (const void *)q.row_scale.data();

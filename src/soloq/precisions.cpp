@@ -64,27 +64,36 @@ struct dllm__soloq_linear {
 };
 
 /* The quantised linears of one layer by site (Q|K|V and gate|up stacked by rows, as the GPU fuses them), or the LM
- * head alone at DLLM__SOLOQ_HEAD; and how activations are treated. */
+ * head alone at DLLM__SOLOQ_HEAD; a LLaDA2 MoE layer's routed experts (GU and DOWN hold its shared expert); and how
+ * activations are treated. */
 struct dllm__soloq_layer {
     dllm__soloq_linear lin[DLLM__SOLOQ_SITES];
+    std::vector<dllm__soloq_linear> expert_gu, expert_down;
     dllm__soloq_options opt;
+    /* The linear at site, of routed expert `expert` (sites GU and DOWN) or the layer's own (-1). */
+    dllm__soloq_linear &linear(int site, int expert) {
+        if (expert < 0) return lin[site];
+        return (site == DLLM__SOLOQ_GU ? expert_gu : expert_down)[(size_t)expert];
+    }
+    const dllm__soloq_linear &linear(int site, int expert) const {
+        return const_cast<dllm__soloq_layer *>(this)->linear(site, expert);
+    }
+    template <class F> void each_linear(F f) const {
+        for (const dllm__soloq_linear &l : lin) f(l);
+        for (const dllm__soloq_linear &l : expert_gu) f(l);
+        for (const dllm__soloq_linear &l : expert_down) f(l);
+    }
 };
 
 /* Rotation sites are numbered layer * 8 + site (the head: layer n_layer), keying each site's own P, D, Q. */
 static uint32_t dllm__soloq_site_id(size_t layer, int site) { return (uint32_t)(layer * 8 + (size_t)site); }
 
 /* Stacks tensors by rows in their BF16 values (what the GPU holds), rotates every row by rot and quantises it. */
-static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool,
-                                                      std::initializer_list<const dllm__tensor *> parts,
+static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool, const std::vector<const dllm__tensor *> &parts,
                                                       std::shared_ptr<const dllm__rotation> rot,
                                                       const dllm__soloq_options &o) {
-    const int cols = (int)parts.begin()[0]->shape[1];
-    int rows = 0;
-    for (const dllm__tensor *t : parts) rows += (int)t->shape[0];
-    std::vector<float> w((size_t)rows * cols);
-    size_t at = 0;
-    for (const dllm__tensor *t : parts)
-        for (int64_t i = 0; i < t->numel; i++) w[at++] = dllm__bf16_to_f32(dllm__f32_to_bf16(dllm__tensor_at(*t, i)));
+    int rows = 0, cols = 0;
+    std::vector<float> w = dllm__stack_bf16(parts, rows, cols);
     pool.run(rows, [&](int r) {
         std::vector<float> tmp((size_t)cols);
         dllm__rotate(*rot, w.data() + (size_t)r * cols, tmp.data());
@@ -98,7 +107,11 @@ static dllm__soloq_linear dllm__soloq_quantize_linear(dllm__pool &pool,
 
 /* Every dimension SoloQ quantises along must hold whole E8P groups of 8 (and be small enough for a dense Haar). */
 static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__soloq_options &o) {
-    const int dims[] = {c.n_embd, c.n_head * c.head_dim, c.n_ff};
+    std::vector<int> dims = {c.n_embd, c.n_head * c.head_dim};
+    const bool moe = c.family == DLLM_FAMILY_LLADA2;
+    if (!moe || c.n_dense_layers > 0) dims.push_back(c.n_ff);
+    if (moe) dims.push_back(c.n_ff_expert);
+    if (moe && c.n_ff_shared > 0) dims.push_back(c.n_ff_shared);
     for (int d : dims) {
         if (d % 8)
             return dllm__fail(
@@ -117,8 +130,9 @@ static dllm_status dllm__soloq_check_dims(const dllm__config &c, const dllm__sol
 /* Storage of SoloQ weights in bytes (codes + block scales + row scales), as the GPU will hold them. */
 static size_t dllm__soloq_bytes(const dllm__soloq_layer &q) {
     size_t n = 0;
-    for (const dllm__soloq_linear &l : q.lin)
+    q.each_linear([&](const dllm__soloq_linear &l) {
         n += l.w.codes.size() + l.w.block_scales.size() + 4 * l.w.row_scale.size();
+    });
     return n;
 }
 
@@ -129,21 +143,82 @@ static std::shared_ptr<const dllm__rotation> dllm__soloq_site_rotation(const dll
         dllm__make_rotation(o.rotation, d, o.seed, dllm__soloq_site_id(layer, site)));
 }
 
-/* Layer l's four linears quantised from the model's BF16 tensors. */
+/* Layer l's rotations, one per site and input width, each built once: every linear of a site reads the same input
+ * (all of a MoE layer's gate|up linears, shared and routed, read the normed row: a token is rotated once), and the
+ * routed experts' down linears share one R of their width (one rotation over all their rows, as a grouped GEMM's). */
+struct dllm__soloq_rotations {
+    const dllm__soloq_options &o;
+    size_t layer;
+    std::map<std::pair<int, int>, std::shared_ptr<const dllm__rotation>> made;
+    std::shared_ptr<const dllm__rotation> of(int site, int d) {
+        std::shared_ptr<const dllm__rotation> &r = made[{site, d}];
+        if (!r) r = dllm__soloq_site_rotation(o, layer, site, d);
+        return r;
+    }
+};
+
+/* Rows and columns of a site's stacked weight (Q|K|V and gate|up by rows) in layer l, of routed expert `expert` or the
+ * layer's own (-1: the MLP, or in a MoE layer the shared expert: 0 rows where there is none). */
+static void dllm__soloq_site_shape(const dllm__config &c, int layer, int site, int expert, int &rows, int &cols) {
+    const int q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
+    const int ff = expert >= 0 ? c.n_ff_expert : dllm__is_moe_layer(c, (size_t)layer) ? c.n_ff_shared : c.n_ff;
+    switch (site) {
+        case DLLM__SOLOQ_QKV: rows = q + 2 * kv, cols = c.n_embd; break;
+        case DLLM__SOLOQ_O: rows = c.n_embd, cols = q; break;
+        case DLLM__SOLOQ_GU: rows = 2 * ff, cols = c.n_embd; break;
+        case DLLM__SOLOQ_DOWN: rows = ff ? c.n_embd : 0, cols = ff; break;
+        default: rows = c.n_vocab, cols = c.n_embd; break;
+    }
+}
+
+/* Layer l's quantised linears as (site, expert) in file order: Q|K|V, O, the layer's own gate|up and down (absent in a
+ * MoE layer without a shared expert), then each routed expert's gate|up and down. */
+static std::vector<std::pair<int, int>> dllm__soloq_layer_linears(const dllm__config &c, int layer) {
+    std::vector<std::pair<int, int>> out = {{DLLM__SOLOQ_QKV, -1}, {DLLM__SOLOQ_O, -1}};
+    const bool moe = dllm__is_moe_layer(c, (size_t)layer);
+    if (!moe || c.n_ff_shared > 0) out.insert(out.end(), {{DLLM__SOLOQ_GU, -1}, {DLLM__SOLOQ_DOWN, -1}});
+    for (int e = 0; moe && e < c.n_expert; e++) out.insert(out.end(), {{DLLM__SOLOQ_GU, e}, {DLLM__SOLOQ_DOWN, e}});
+    return out;
+}
+
+/* An empty quantised layer l under options o, with room for its routed experts. */
+static std::shared_ptr<dllm__soloq_layer> dllm__soloq_layer_for(const dllm__config &c, int layer,
+                                                                const dllm__soloq_options &o) {
+    std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
+    q->opt = o;
+    if (dllm__is_moe_layer(c, (size_t)layer))
+        q->expert_gu.resize((size_t)c.n_expert), q->expert_down.resize((size_t)c.n_expert);
+    return q;
+}
+
+/* The BF16 tensors of one quantised linear of layer L, stacked by rows. */
+static std::vector<const dllm__tensor *> dllm__soloq_site_parts(const dllm__layer_weights &L, int site, int expert) {
+    const std::array<const dllm__tensor *, 3> ffn = dllm__ffn_parts(L);
+    const size_t e = (size_t)expert;
+    switch (site) {
+        case DLLM__SOLOQ_QKV: return dllm__qkv_parts(L);
+        case DLLM__SOLOQ_O: return {L.wo};
+        case DLLM__SOLOQ_GU:
+            if (expert >= 0) return {L.expert_gate[e], L.expert_up[e]};
+            return {ffn[0], ffn[1]};
+        default:
+            if (expert >= 0) return {L.expert_down[e]};
+            return {ffn[2]};
+    }
+}
+
+/* Layer l's linears quantised from the model's BF16 tensors. */
 static std::shared_ptr<const dllm__soloq_layer> dllm__soloq_quantize_layer(const dllm_model &m, dllm__pool &pool,
                                                                            const dllm__soloq_options &o, size_t l) {
     const dllm__config &c = m.cfg;
-    const dllm__layer_weights &L = m.layers[l];
-    std::shared_ptr<dllm__soloq_layer> q = std::make_shared<dllm__soloq_layer>();
-    q->opt = o;
-    q->lin[DLLM__SOLOQ_QKV] = dllm__soloq_quantize_linear(
-        pool, {L.wq, L.wk, L.wv}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_QKV, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_O] = dllm__soloq_quantize_linear(
-        pool, {L.wo}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_O, c.n_head * c.head_dim), o);
-    q->lin[DLLM__SOLOQ_GU] =
-        dllm__soloq_quantize_linear(pool, {L.gate, L.up}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_GU, c.n_embd), o);
-    q->lin[DLLM__SOLOQ_DOWN] =
-        dllm__soloq_quantize_linear(pool, {L.down}, dllm__soloq_site_rotation(o, l, DLLM__SOLOQ_DOWN, c.n_ff), o);
+    std::shared_ptr<dllm__soloq_layer> q = dllm__soloq_layer_for(c, (int)l, o);
+    dllm__soloq_rotations rot{o, l, {}};
+    for (const std::pair<int, int> &lin : dllm__soloq_layer_linears(c, (int)l)) {
+        int rows = 0, cols = 0;
+        dllm__soloq_site_shape(c, (int)l, lin.first, lin.second, rows, cols);
+        q->linear(lin.first, lin.second) = dllm__soloq_quantize_linear(
+            pool, dllm__soloq_site_parts(m.layers[l], lin.first, lin.second), rot.of(lin.first, cols), o);
+    }
     return q;
 }
 
@@ -217,7 +292,7 @@ static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m,
            weights = head ? (size_t)head->lin[DLLM__SOLOQ_HEAD].w.rows * c.n_embd : 0;
     for (const dllm__fp8_layer &l : out) {
         bytes += dllm__soloq_bytes(*l.soloq);
-        for (const dllm__soloq_linear &lin : l.soloq->lin) weights += (size_t)lin.w.rows * lin.w.cols;
+        l.soloq->each_linear([&](const dllm__soloq_linear &lin) { weights += (size_t)lin.w.rows * lin.w.cols; });
     }
     dllm__log(
         DLLM_LOG_INFO,
@@ -228,27 +303,27 @@ static std::vector<dllm__fp8_layer> dllm__cpu_soloq_weights(const dllm_model &m,
     return out;
 }
 
-/* The input of a SoloQ linear, in place: each row rotated by the site's R, then (W4A4) quantised and dequantised
+/* The input of a SoloQ linear, in place: each row rotated by the linear's R, then (W4A4) quantised and dequantised
  * per token. */
-static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_layer &q, int site, float *x, int T) {
-    const dllm__soloq_linear &lin = q.lin[site];
+static void dllm__soloq_prepare_input(dllm__pool &pool, const dllm__soloq_linear &lin, const dllm__soloq_options &o,
+                                      float *x, int T) {
     const int K = lin.w.cols;
     pool.run(T, [&](int t) {
         float *xr = x + (size_t)t * K;
         std::vector<float> tmp((size_t)K);
         dllm__rotate(*lin.rot, xr, tmp.data());
-        if (q.opt.quantize_acts) dllm__q4_fake_quantize(q.opt.acts, tmp.data(), 1, K, q.opt.bias_correction);
+        if (o.quantize_acts) dllm__q4_fake_quantize(o.acts, tmp.data(), 1, K, o.bias_correction);
         memcpy(xr, tmp.data(), sizeof(float) * K);
     });
 }
 
-/* The hook of the CPU forward (declared in section 9): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on site's
- * quantised weight; with prepare_x, x is first rotated and quantised in place (the later calls on the same input,
- * K and V after Q, up after gate, pass false). */
+/* The hook of the CPU forward (declared in cpu/fp8.cpp): y[T][N] = x . W[row0 .. row0 + N)^T (+ bias) on the quantised
+ * weight at site (of routed expert `expert`, or the layer's own: -1); with prepare_x, x is first rotated and quantised
+ * in place (the later calls on the same input, K and V after Q, up after gate, pass false). */
 static void dllm__cpu_linear_soloq(dllm__pool &pool, float *x, bool prepare_x, int T, const dllm__soloq_layer &q,
-                                   int site, int row0, const float *bias, int N, float *y) {
-    const dllm__soloq_linear &lin = q.lin[site];
-    if (prepare_x) dllm__soloq_prepare_input(pool, q, site, x, T);
+                                   int site, int row0, const float *bias, int N, float *y, int expert) {
+    const dllm__soloq_linear &lin = q.linear(site, expert);
+    if (prepare_x) dllm__soloq_prepare_input(pool, lin, q.opt, x, T);
     dllm__cpu_linear_rows(
         pool, x, T, lin.w.cols, [&](int n, float *dst) { dllm__q4_row(lin.w, row0 + n, dst); }, bias, N, y);
 }
