@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import torch
 
-from fixture_files import tokenizer_config, write_json, write_safetensors
+from fixture_files import DREAM_CFG, LLADA_CFG, bf16, tokenizer_config, write_json, write_safetensors
 
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
@@ -55,11 +55,9 @@ def uniform(seed, index, position, step, stream):
 # Tiny checkpoints: exact real tensor names, real config schema, awkward sizes
 # ----------------------------------------------------------------------------------------------------
 def bf16_round(a):
-    """float32 -> bfloat16 bits (round to nearest even) and the value they hold."""
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+    """float32 -> bfloat16 bits (round to nearest even) and the value they hold, as float32."""
+    bits, val = bf16(a)
+    return bits, val.astype(np.float32)
 
 
 def encode(a, dtype):
@@ -72,34 +70,6 @@ def encode(a, dtype):
         return h.tobytes(), h.astype(np.float64)
     f = np.asarray(a, dtype=np.float32)
     return f.tobytes(), f.astype(np.float64)
-
-
-LLADA_CFG = {
-    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-                 "AutoModel": "modeling_llada.LLaDAModelLM"},
-    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 128,
-    "embedding_dropout": 0.0, "embedding_size": 136, "eos_token_id": 128, "flash_attention": False,
-    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-    "layer_norm_with_affine": True, "mask_token_id": 130, "max_sequence_length": 256, "mlp_hidden_size": 200,
-    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 2, "n_kv_heads": 2,
-    "n_layers": 3, "pad_token_id": 128, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
-    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 131, "weight_tying": False,
-}
-
-DREAM_CFG = {
-    "architectures": ["DreamModel"], "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "bos_token_id": 141, "eos_token_id": 138, "hidden_act": "silu", "hidden_size": 192, "initializer_range": 0.02,
-    "intermediate_size": 328, "mask_token_id": 142, "max_position_embeddings": 256, "max_window_layers": 3,
-    "model_type": "Dream", "num_attention_heads": 3, "num_hidden_layers": 3, "num_key_value_heads": 1,
-    "pad_token_id": 138, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
-    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
-    "use_cache": True, "use_sliding_window": False, "vocab_size": 144,
-}
 
 
 def llada_specs(c):
