@@ -1,9 +1,13 @@
-"""What dllm's fixture generators share: the tiny LLaDA and Dream configs, bfloat16 rounding, a safetensors writer and
-the JSON files of a model directory. Imported by tools/make_fixtures.py, make_headdim_fixtures.py and
-make_bd_fixtures.py (run from the repository root or anywhere: each script's directory is on sys.path)."""
+"""What dllm's fixture generators share: the tiny LLaDA and Dream configs, bfloat16 rounding, a safetensors writer, the
+JSON files of a model directory and their --check (regenerate, then compare). Imported by tools/make_fixtures.py,
+make_headdim_fixtures.py and make_bd_fixtures.py (run from the repository root or anywhere: each script's directory is
+on sys.path)."""
 
+import filecmp
 import json
+import os
 import struct
+import tempfile
 
 import numpy as np
 
@@ -71,3 +75,20 @@ def tokenizer_config(tokens):
     return {"add_bos_token": False, "add_eos_token": False,
             "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
                                               "single_word": False, "special": True} for i, c in tokens}}
+
+
+def fixture_differences(root, make_all, same=None):
+    """--check: runs make_all(dir) in a temporary directory and compares every file it writes with root's; returns the
+    paths (relative to root) that are missing there or differ: byte for byte, or where same(rel, path_in_root,
+    fresh_path) is false (make_fixtures.py's logits, whose last bits follow the torch build)."""
+    same = same or (lambda _rel, a, b: filecmp.cmp(a, b, shallow=False))
+    bad = []
+    with tempfile.TemporaryDirectory() as fresh:
+        make_all(fresh)
+        for dirpath, _, files in sorted(os.walk(fresh)):
+            for name in sorted(files):
+                rel = os.path.relpath(os.path.join(dirpath, name), fresh)
+                a, b = os.path.join(root, rel), os.path.join(fresh, rel)
+                if not (os.path.exists(a) and same(rel, a, b)):
+                    bad.append(rel)
+    return bad

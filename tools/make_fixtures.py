@@ -13,6 +13,7 @@ float64 rounding):
 Writes tests/data/tiny-llada/ and tests/data/tiny-dream/ (each a model directory plus
 golden_logits.safetensors and golden_traces.json).
 """
+import filecmp
 import json
 import math
 import os
@@ -22,7 +23,8 @@ import sys
 import numpy as np
 import torch
 
-from fixture_files import DREAM_CFG, LLADA_CFG, bf16, tokenizer_config, write_json, write_safetensors
+from fixture_files import (DREAM_CFG, LLADA_CFG, bf16, fixture_differences, tokenizer_config, write_json,
+                           write_safetensors)
 
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
@@ -372,27 +374,18 @@ def rel_diff(a, b):
 def check(root):
     """Regenerates the fixtures and compares: identical files, except golden logits, which must agree to
     float64 rounding (BLAS summation order differs between torch versions)."""
-    import filecmp
-    import tempfile
-    fresh = tempfile.mkdtemp()
-    make_llada(fresh)
-    make_dream(fresh)
-    ok = True
-    for model in ("tiny-llada", "tiny-dream"):
-        for name in sorted(os.listdir(os.path.join(fresh, model))):
-            a, b = os.path.join(root, model, name), os.path.join(fresh, model, name)
-            if name == "golden_logits.safetensors":
-                ta, tb = read_safetensors(a), read_safetensors(b)
-                err = max(rel_diff(ta[k], tb[k]) for k in tb)
-                same = ta.keys() == tb.keys() and err < 1e-6
-                print(f"{model}/{name}: max relative difference {err:.2e}")
-            else:
-                same = filecmp.cmp(a, b, shallow=False)
-            ok &= same
-            if not same:
-                print(f"{model}/{name}: DIFFERS")
-    print("fixtures reproduce" if ok else "fixtures DIFFER", "with torch", torch.__version__)
-    return ok
+    def same(rel, a, b):
+        if os.path.basename(rel) != "golden_logits.safetensors":
+            return filecmp.cmp(a, b, shallow=False)
+        ta, tb = read_safetensors(a), read_safetensors(b)
+        err = max(rel_diff(ta[k], tb[k]) for k in tb)
+        print(f"{rel}: max relative difference {err:.2e}")
+        return ta.keys() == tb.keys() and err < 1e-6
+    bad = fixture_differences(root, lambda d: (make_llada(d), make_dream(d)), same)
+    for rel in bad:
+        print(f"{rel}: DIFFERS")
+    print("fixtures reproduce" if not bad else "fixtures DIFFER", "with torch", torch.__version__)
+    return not bad
 
 
 if __name__ == "__main__":

@@ -10,16 +10,14 @@ Run:
     python3 tools/make_headdim_fixtures.py tests/data            # writes tiny-llada-hd24/ and tiny-dream-hd96/
     python3 tools/make_headdim_fixtures.py --check tests/data    # regenerates in a temp dir and compares bytes
 """
-import filecmp
 import math
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 import fixture_files
-from fixture_files import bf16, tokenizer_config, write_json, write_safetensors
+from fixture_files import bf16, fixture_differences, tokenizer_config, write_json, write_safetensors
 
 
 # tiny-llada's and tiny-dream's configs at other sizes; every other field as there.
@@ -163,10 +161,7 @@ def make_all(root):
 def main():
     args = sys.argv[1:]
     if args[:1] == ["--check"] and len(args) == 2:
-        with tempfile.TemporaryDirectory() as tmp:
-            make_all(tmp)
-            bad = [os.path.join(n, f) for n in ("tiny-llada-hd24", "tiny-dream-hd96") for f in os.listdir(os.path.join(tmp, n))
-                   if not filecmp.cmp(os.path.join(tmp, n, f), os.path.join(args[1], n, f), shallow=False)]
+        bad = fixture_differences(args[1], make_all)
         print("fixtures reproduce" if not bad else "differ: " + ", ".join(bad))
         sys.exit(1 if bad else 0)
     if len(args) != 1:
