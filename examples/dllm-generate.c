@@ -435,15 +435,6 @@ static const option_def *find_option(const char *a) {
     return NULL;
 }
 
-/* A seed nobody chose: from the OS, else the clock. 32 bits, so that it is easy to type back. */
-static uint64_t fresh_seed(void) {
-    uint32_t s = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
-    if (f) fclose(f);
-    return s;
-}
-
 /* Applies one option; returns 0, or 1 after printing an error that names the flag. */
 static int apply_option(options *o, int id, const char *a, const char *v) {
     static const char *const presets[] = {"quality", "speed"};
