@@ -12294,6 +12294,32 @@ template <int PENDING, int N> __device__ __forceinline__ void wg_wait_for(float 
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+/* One K run of a consumer warpgroup over a ring of NS stages of STAGE bytes (gemm_wg's and gemm_splitk's): stage j
+ * (slot j % NS, phase (j / NS) & 1) holds the A tile, this warpgroup's 64 rows at wg * 8192, and the B tile at B_OFF,
+ * 64 columns each; its four k16 products mma(d, desc_a, desc_b, accumulate) are issued, then the previous stage's
+ * awaited and its slot handed back (release(j - 1)), so one group stays in flight. The run's last stage is awaited
+ * and released before returning. j counts stages over the kernel's life: it comes back k_steps further. */
+template <int NS, u32 STAGE, u32 B_OFF, int N, class Mma, class Release>
+__device__ __forceinline__ void wg_ring_run(float (&d)[N][4], u32 s0, u32 full, int &j, int k_steps, Mma mma,
+                                            Release release) {
+    const int wg = threadIdx.x >> 7;
+    for (int ks = 0; ks < k_steps; ks++, j++) {
+        const u32 slot = j % NS, sa = s0 + slot * STAGE;
+        mbar_wait(full + slot * 8, (j / NS) & 1);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            mma(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + B_OFF + kk * 32), ks > 0 || kk > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (ks > 0) {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            release(j - 1);
+        }
+    }
+    wg_wait_for<0>(d);
+    release(j - 1);
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -12645,24 +12671,12 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
             mbar_arrive_cluster(empty + (j % NS) * 8, (blockIdx.x & 1) ^ 1);
         }
     };
+    auto mma = [](float (&d)[BN / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        wgmma_ss<BN>(d, desc_a, desc_b, accumulate);
+    };
     float acc[BN / 8][4];
     for (int j = 0; j < jobs;) {
-        for (int ks = 0; ks < k_steps; ks++, j++) {
-            const u32 slot = j % NS, sa = s0 + slot * STAGE;
-            mbar_wait(full + slot * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32),
-                             ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(acc);
-        release(j - 1);
+        wg_ring_run<NS, STAGE, A_BYTES>(acc, s0, full, j, k_steps, mma, release);
         const gemm_job tile = gemm_job_of<BN>(j - 1, m_tiles, k_steps);
         gemm_store<BN>(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
     }
@@ -14682,35 +14696,20 @@ __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(empty + (j % NS) * 8);
     };
-    int j = 0;
-    auto run_split = [&](float (&d)[NT / 8][4]) {
-        for (int ks = 0; ks < steps; ks++, j++) {
-            const u32 sa = s0 + (j % NS) * STAGE;
-            mbar_wait(full + (j % NS) * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                splitk_mma<NT>(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + W_BYTES + kk * 32),
-                               ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(d);
-        release(j - 1);
+    auto mma = [](float (&d)[NT / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        splitk_mma<NT>(d, desc_a, desc_b, accumulate);
     };
+    int j = 0;  // ring stages consumed so far
     float acc[NT / 8][4];
     for (int i = 0; i < units; i++) {
         const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
-        run_split(acc);
+        wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, steps, mma, release);
         if (SPREAD) {
             if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
         } else {
             for (int s = 1; s < a.splits; s++) {
                 float part[NT / 8][4];
-                run_split(part);
+                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, steps, mma, release);
 #pragma unroll
                 for (int jj = 0; jj < NT / 8; jj++)
 #pragma unroll
