@@ -42,6 +42,21 @@ DREAM_CFG = {
 }
 
 
+def layer_names(family, l):
+    """The projections of layer l under their HF names (Dream's q/k/v biases under bq/bk/bv)."""
+    if family == "llada":
+        p = f"model.transformer.blocks.{l}."
+        return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
+                    o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
+                    dn=p + "ff_out.weight")
+    p = f"model.layers.{l}."
+    return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
+                v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight",
+                fn=p + "post_attention_layernorm.weight", g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight",
+                dn=p + "mlp.down_proj.weight",
+                bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
+
+
 def bf16(a):
     """float -> (bfloat16 bits, round to nearest even; the float64 values they hold)."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)

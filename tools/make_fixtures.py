@@ -23,8 +23,8 @@ import sys
 import numpy as np
 import torch
 
-from fixture_files import (DREAM_CFG, LLADA_CFG, bf16, fixture_differences, tokenizer_config, write_json,
-                           write_safetensors)
+from fixture_files import (DREAM_CFG, LLADA_CFG, bf16, fixture_differences, layer_names, tokenizer_config,
+                           write_json, write_safetensors)
 
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
@@ -165,16 +165,7 @@ class Model:
         self.hd = self.d // self.H
 
     def names(self, l):
-        if self.family == "llada":
-            p = f"model.transformer.blocks.{l}."
-            return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
-                        o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
-                        dn=p + "ff_out.weight")
-        p = f"model.layers.{l}."
-        return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
-                    v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight", fn=p + "post_attention_layernorm.weight",
-                    g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight", dn=p + "mlp.down_proj.weight",
-                    bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
+        return layer_names(self.family, l)
 
     def logits(self, ids):
         """[T, V] float64; with Dream's shift applied (row i predicts position i)."""

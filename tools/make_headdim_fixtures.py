@@ -17,7 +17,8 @@ import sys
 import numpy as np
 
 import fixture_files
-from fixture_files import bf16, fixture_differences, tokenizer_config, write_json, write_safetensors
+from fixture_files import (bf16, fixture_differences, layer_names, tokenizer_config, write_json,
+                           write_safetensors)
 
 
 # tiny-llada's and tiny-dream's configs at other sizes; every other field as there.
@@ -25,20 +26,6 @@ LLADA_CFG = dict(fixture_files.LLADA_CFG, d_model=96, embedding_size=152, eos_to
                  mlp_hidden_size=136, n_heads=4, n_layers=2, pad_token_id=144, vocab_size=147)
 DREAM_CFG = dict(fixture_files.DREAM_CFG, bos_token_id=150, eos_token_id=148, intermediate_size=56, mask_token_id=151,
                  max_window_layers=2, num_attention_heads=2, num_hidden_layers=2, pad_token_id=148, vocab_size=152)
-
-
-def layer_names(family, l):
-    """The projections of layer l under their HF names (Dream's q/k/v biases under bq/bk/bv)."""
-    if family == "llada":
-        p = f"model.transformer.blocks.{l}."
-        return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
-                    o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
-                    dn=p + "ff_out.weight")
-    p = f"model.layers.{l}."
-    return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
-                v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight", fn=p + "post_attention_layernorm.weight",
-                g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight", dn=p + "mlp.down_proj.weight",
-                bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
 
 
 class Shape:
