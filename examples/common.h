@@ -28,6 +28,14 @@ static inline uint64_t fresh_seed(void) {
     return s;
 }
 
+/* Picks value i of names[] for s; 0 if s is none of them (the command lines' choice options). */
+static inline int parse_choice(const char *s, const char *const *names, int n, int *out) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) { *out = i; return 1; }
+    return 0;
+}
+
 /* One answer's rules and its detokenisation scratch. Zero it, set the fields above `text`, and stop_ids = -1;
  * free(text) when done. */
 typedef struct answer_text {

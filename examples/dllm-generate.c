@@ -372,14 +372,6 @@ static int parse_alg(const char *s, dllm_remasking *out) {
     return 0;
 }
 
-/* Picks value i of names[] for s; 0 if s is none of them. */
-static int parse_choice(const char *s, const char *const *names, int n, int *out) {
-    int i;
-    for (i = 0; i < n; i++)
-        if (!strcmp(s, names[i])) { *out = i; return 1; }
-    return 0;
-}
-
 /* Parses "I J K" into a malloc'ed array; returns the count or -1. */
 static int parse_ids(const char *text, int32_t **out) {
     int cap = 16, n = 0;
