@@ -483,6 +483,12 @@ struct dllm__json_parser {
         if (error.empty()) error = dllm__format("%s at byte %lld", what, (long long)(p - begin));
         return false;
     }
+    /* Consumes c when it is the next byte: the separators and closing brackets of objects and arrays. */
+    bool eat(char c) {
+        if (p >= end || *p != c) return false;
+        p++;
+        return true;
+    }
     void skip_ws() {
         while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
     }
@@ -619,54 +625,31 @@ struct dllm__json_parser {
                 v.kind = dllm__json::OBJ;
                 p++;
                 skip_ws();
-                if (p < end && *p == '}') {
-                    p++;
-                    return true;
-                }
-                while (true) {
+                if (eat('}')) return true;
+                do {
                     skip_ws();
                     if (p >= end || *p != '"') return fail("expected a member name");
                     v.keys.emplace_back();
                     if (!string(v.keys.back())) return false;
                     skip_ws();
-                    if (p >= end || *p != ':') return fail("expected ':'");
-                    p++;
+                    if (!eat(':')) return fail("expected ':'");
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') {
-                        p++;
-                        continue;
-                    }
-                    if (p < end && *p == '}') {
-                        p++;
-                        return true;
-                    }
-                    return fail("expected ',' or '}'");
-                }
+                } while (eat(','));
+                return eat('}') || fail("expected ',' or '}'");
             }
             case '[': {
                 v.kind = dllm__json::ARR;
                 p++;
                 skip_ws();
-                if (p < end && *p == ']') {
-                    p++;
-                    return true;
-                }
-                while (true) {
+                if (eat(']')) return true;
+                do {
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') {
-                        p++;
-                        continue;
-                    }
-                    if (p < end && *p == ']') {
-                        p++;
-                        return true;
-                    }
-                    return fail("expected ',' or ']'");
-                }
+                } while (eat(','));
+                return eat(']') || fail("expected ',' or ']'");
             }
             case '"': v.kind = dllm__json::STR; return string(v.str);
             case 't':
@@ -12589,6 +12572,32 @@ template <int PENDING, int N> __device__ __forceinline__ void wg_wait_for(float 
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+/* One K run of a consumer warpgroup over a ring of NS stages of STAGE bytes (gemm_wg's and gemm_splitk's): stage j
+ * (slot j % NS, phase (j / NS) & 1) holds the A tile, this warpgroup's 64 rows at wg * 8192, and the B tile at B_OFF,
+ * 64 columns each; its four k16 products mma(d, desc_a, desc_b, accumulate) are issued, then the previous stage's
+ * awaited and its slot handed back (release(j - 1)), so one group stays in flight. The run's last stage is awaited
+ * and released before returning. j counts stages over the kernel's life: it comes back k_steps further. */
+template <int NS, u32 STAGE, u32 B_OFF, int N, class Mma, class Release>
+__device__ __forceinline__ void wg_ring_run(float (&d)[N][4], u32 s0, u32 full, int &j, int k_steps, Mma mma,
+                                            Release release) {
+    const int wg = threadIdx.x >> 7;
+    for (int ks = 0; ks < k_steps; ks++, j++) {
+        const u32 slot = j % NS, sa = s0 + slot * STAGE;
+        mbar_wait(full + slot * 8, (j / NS) & 1);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            mma(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + B_OFF + kk * 32), ks > 0 || kk > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (ks > 0) {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            release(j - 1);
+        }
+    }
+    wg_wait_for<0>(d);
+    release(j - 1);
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -12940,24 +12949,12 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
             mbar_arrive_cluster(empty + (j % NS) * 8, (blockIdx.x & 1) ^ 1);
         }
     };
+    auto mma = [](float (&d)[BN / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        wgmma_ss<BN>(d, desc_a, desc_b, accumulate);
+    };
     float acc[BN / 8][4];
     for (int j = 0; j < jobs;) {
-        for (int ks = 0; ks < k_steps; ks++, j++) {
-            const u32 slot = j % NS, sa = s0 + slot * STAGE;
-            mbar_wait(full + slot * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32),
-                             ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(acc);
-        release(j - 1);
+        wg_ring_run<NS, STAGE, A_BYTES>(acc, s0, full, j, k_steps, mma, release);
         const gemm_job tile = gemm_job_of<BN>(j - 1, m_tiles, k_steps);
         gemm_store<BN>(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
     }
@@ -14977,35 +14974,20 @@ __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(empty + (j % NS) * 8);
     };
-    int j = 0;
-    auto run_split = [&](float (&d)[NT / 8][4]) {
-        for (int ks = 0; ks < steps; ks++, j++) {
-            const u32 sa = s0 + (j % NS) * STAGE;
-            mbar_wait(full + (j % NS) * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                splitk_mma<NT>(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + W_BYTES + kk * 32),
-                               ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(d);
-        release(j - 1);
+    auto mma = [](float (&d)[NT / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        splitk_mma<NT>(d, desc_a, desc_b, accumulate);
     };
+    int j = 0;  // ring stages consumed so far
     float acc[NT / 8][4];
     for (int i = 0; i < units; i++) {
         const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
-        run_split(acc);
+        wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, steps, mma, release);
         if (SPREAD) {
             if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
         } else {
             for (int s = 1; s < a.splits; s++) {
                 float part[NT / 8][4];
-                run_split(part);
+                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, steps, mma, release);
 #pragma unroll
                 for (int jj = 0; jj < NT / 8; jj++)
 #pragma unroll
@@ -17000,6 +16982,23 @@ struct dllm__varlen_layout {
     bool cached() const { return !cache_rows.empty(); }
 };
 
+/* Appends the RoPE positions of plan sequence i's rows [r0, r1) (s.positions where given, DPad's; else the row index),
+ * each checked to lie inside the tables (max_tokens rows), once its s.n rows are known to keep the layout's row count
+ * within int32 (the kernels' offsets). Shared by the plain and the K/V-cache layouts. */
+static dllm_status dllm__layout_positions(const dllm__batch_seq &s, size_t i, int r0, int r1, int max_tokens,
+                                          dllm__varlen_layout &v) {
+    if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+    for (int r = r0; r < r1; r++) {
+        const int32_t pos = s.positions ? s.positions[r] : r;
+        if (pos < 0 || pos >= max_tokens)
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r,
+                              pos, max_tokens);
+        v.positions.push_back(pos);
+    }
+    return DLLM_OK;
+}
+
 /* The layout of a plan, checked: every canvas non-empty and within the RoPE tables (max_tokens rows), its logit rows a
  * non-empty range inside it, its positions (DPad) inside the tables. */
 static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
@@ -17012,16 +17011,7 @@ static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vect
             return dllm__fail(DLLM_ERR_INTERNAL,
                               "batched forward: sequence %zu has %d rows (at most %d) and logit rows [%d, %d)", i, s.n,
                               max_tokens, s.r0, s.r1);
-        if (v.rows > INT32_MAX - s.n)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
-        for (int r = 0; r < s.n; r++) {
-            const int32_t pos = s.positions ? s.positions[r] : r;
-            if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL,
-                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
-                                  i, r, pos, max_tokens);
-            v.positions.push_back(pos);
-        }
+        DLLM__TRY(dllm__layout_positions(s, i, 0, s.n, max_tokens, v));
         v.ids.insert(v.ids.end(), s.ids, s.ids + s.n);
         v.rows += s.n;
         v.offsets.push_back(v.rows);
@@ -17064,17 +17054,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
                 DLLM_ERR_INTERNAL,
                 "batched K/V-cache step: sequence %zu wants logit rows [%d, %d) outside its forwarded rows [%d, %d)", i,
                 raw0, raw1, s.q0, s.q1);
-        if (v.rows > INT32_MAX - s.n)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
-        for (int r = s.q0; r < s.q1; r++) {
-            const int32_t pos = s.positions ? s.positions[r] : r;
-            if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL,
-                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
-                                  i, r, pos, max_tokens);
-            v.positions.push_back(pos);
-            v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
-        }
+        DLLM__TRY(dllm__layout_positions(s, i, s.q0, s.q1, max_tokens, v));
+        for (int r = s.q0; r < s.q1; r++) v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
         // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query
         // row

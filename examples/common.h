@@ -1,5 +1,5 @@
-/* examples/common.h - what the example programs share, stb-style: static functions, included by each program that
- * uses them (C99 and C++; no library of its own).
+/* examples/common.h - what the example programs share, stb-style: static inline functions (no warning where a program
+ * uses only some of them), included by each program that uses them (C99 and C++; no library of its own).
  *
  * The answer's settled text and its stop strings, dllm-generate's rules: dllm-server applies the same ones, so that
  * the server answers what the CLI prints.
@@ -12,8 +12,29 @@
 
 #include "../dllm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A seed nobody chose (dllm-generate's and dllm-server's): from the OS, else the clock. 32 bits, so that it is easy to
+ * type back. */
+static inline uint64_t fresh_seed(void) {
+    uint32_t s = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
+    if (f) fclose(f);
+    return s;
+}
+
+/* Picks value i of names[] for s; 0 if s is none of them (the command lines' choice options). */
+static inline int parse_choice(const char *s, const char *const *names, int n, int *out) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) { *out = i; return 1; }
+    return 0;
+}
 
 /* One answer's rules and its detokenisation scratch. Zero it, set the fields above `text`, and stop_ids = -1;
  * free(text) when done. */
@@ -30,7 +51,7 @@ typedef struct answer_text {
 } answer_text;
 
 /* ids[0..n) to text (special tokens skipped) into a->text; its length, or -1. */
-static long answer_detok(answer_text *a, const int32_t *ids, int n) {
+static inline long answer_detok(answer_text *a, const int32_t *ids, int n) {
     size_t need = 0;
     dllm_status st = dllm_detokenize(a->tok, ids, n, 1, a->text, a->text_cap, &need);
     if (st == DLLM_ERR_BUFFER_TOO_SMALL) {
@@ -44,7 +65,7 @@ static long answer_detok(answer_text *a, const int32_t *ids, int n) {
 }
 
 /* The offset of the first stop string in text[0..len), or -1. */
-static long answer_find_stop(const answer_text *a, const char *text, long len) {
+static inline long answer_find_stop(const answer_text *a, const char *text, long len) {
     long best = -1;
     int i;
     for (i = 0; i < a->n_stops; i++) {
@@ -58,7 +79,7 @@ static long answer_find_stop(const answer_text *a, const char *text, long len) {
 
 /* How much of text[0..len) may be shown: before a stop string and, unless final, not a tail that may become one
  * nor a trailing U+FFFD that may be half a character. */
-static long answer_shown_length(const answer_text *a, const char *text, long len, int final) {
+static inline long answer_shown_length(const answer_text *a, const char *text, long len, int final) {
     long stop, keep;
     int i;
     if (!final)
@@ -79,7 +100,7 @@ static long answer_shown_length(const answer_text *a, const char *text, long len
 }
 
 /* The generated ids that are settled: up to the first mask (and, with stop_at_eos, the first EOS/EoT). */
-static int answer_settled_prefix(const answer_text *a, const int32_t *gen, int n_gen) {
+static inline int answer_settled_prefix(const answer_text *a, const int32_t *gen, int n_gen) {
     int n = 0;
     while (n < n_gen && gen[n] != a->mask_id) {
         if (a->stop_at_eos && (gen[n] == a->eos_id || gen[n] == a->eot_id)) break;
@@ -89,7 +110,7 @@ static int answer_settled_prefix(const answer_text *a, const int32_t *gen, int n
 }
 
 /* If the text of gen[0..n) holds a stop string: records the fewest ids whose text holds it; returns 1. */
-static int answer_reached_stop(answer_text *a, const int32_t *gen, int n) {
+static inline int answer_reached_stop(answer_text *a, const int32_t *gen, int n) {
     long len = answer_detok(a, gen, n), at;
     int m;
     if (len < 0 || (at = answer_find_stop(a, a->text, len)) < 0) return 0;

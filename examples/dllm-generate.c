@@ -374,14 +374,6 @@ static int parse_alg(const char *s, dllm_remasking *out) {
     return 0;
 }
 
-/* Picks value i of names[] for s; 0 if s is none of them. */
-static int parse_choice(const char *s, const char *const *names, int n, int *out) {
-    int i;
-    for (i = 0; i < n; i++)
-        if (!strcmp(s, names[i])) { *out = i; return 1; }
-    return 0;
-}
-
 /* Parses "I J K" into a malloc'ed array; returns the count or -1. */
 static int parse_ids(const char *text, int32_t **out) {
     int cap = 16, n = 0;
@@ -435,15 +427,6 @@ static const option_def *find_option(const char *a) {
         for (k = 0; k < 3 && option_defs[i].names[k]; k++)
             if (!strcmp(a, option_defs[i].names[k])) return &option_defs[i];
     return NULL;
-}
-
-/* A seed nobody chose: from the OS, else the clock. 32 bits, so that it is easy to type back. */
-static uint64_t fresh_seed(void) {
-    uint32_t s = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
-    if (f) fclose(f);
-    return s;
 }
 
 /* Applies one option; returns 0, or 1 after printing an error that names the flag. */

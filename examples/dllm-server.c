@@ -12,6 +12,7 @@
  * and cJSON. SIGINT/SIGTERM: stop taking requests, let those in flight finish (--drain-timeout), exit.
  */
 #include "../dllm.h"
+#include "common.h"
 #include "server/http.h"
 #include "server/scheduler.h"
 #include "server/server.h"
@@ -98,13 +99,6 @@ static int parse_int(const char *s, long lo, long hi, int *out) {
     if (!parse_long(s, lo, hi, &v)) return 0;
     *out = (int)v;
     return 1;
-}
-
-static int parse_choice(const char *s, const char *const *names, int n, int *out) {
-    int i;
-    for (i = 0; i < n; i++)
-        if (!strcmp(s, names[i])) { *out = i; return 1; }
-    return 0;
 }
 
 /* Returns 0 to go on, 1 after printing an error, 2 after printing help or the version. */

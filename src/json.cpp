@@ -34,6 +34,12 @@ struct dllm__json_parser {
         if (error.empty()) error = dllm__format("%s at byte %lld", what, (long long)(p - begin));
         return false;
     }
+    /* Consumes c when it is the next byte: the separators and closing brackets of objects and arrays. */
+    bool eat(char c) {
+        if (p >= end || *p != c) return false;
+        p++;
+        return true;
+    }
     void skip_ws() {
         while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
     }
@@ -170,54 +176,31 @@ struct dllm__json_parser {
                 v.kind = dllm__json::OBJ;
                 p++;
                 skip_ws();
-                if (p < end && *p == '}') {
-                    p++;
-                    return true;
-                }
-                while (true) {
+                if (eat('}')) return true;
+                do {
                     skip_ws();
                     if (p >= end || *p != '"') return fail("expected a member name");
                     v.keys.emplace_back();
                     if (!string(v.keys.back())) return false;
                     skip_ws();
-                    if (p >= end || *p != ':') return fail("expected ':'");
-                    p++;
+                    if (!eat(':')) return fail("expected ':'");
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') {
-                        p++;
-                        continue;
-                    }
-                    if (p < end && *p == '}') {
-                        p++;
-                        return true;
-                    }
-                    return fail("expected ',' or '}'");
-                }
+                } while (eat(','));
+                return eat('}') || fail("expected ',' or '}'");
             }
             case '[': {
                 v.kind = dllm__json::ARR;
                 p++;
                 skip_ws();
-                if (p < end && *p == ']') {
-                    p++;
-                    return true;
-                }
-                while (true) {
+                if (eat(']')) return true;
+                do {
                     v.items.emplace_back();
                     if (!value(v.items.back(), depth + 1)) return false;
                     skip_ws();
-                    if (p < end && *p == ',') {
-                        p++;
-                        continue;
-                    }
-                    if (p < end && *p == ']') {
-                        p++;
-                        return true;
-                    }
-                    return fail("expected ',' or ']'");
-                }
+                } while (eat(','));
+                return eat(']') || fail("expected ',' or ']'");
             }
             case '"': v.kind = dllm__json::STR; return string(v.str);
             case 't':

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from fixture_files import bf16, write_json, write_safetensors
+from fixture_files import bf16, fixture_differences, write_json, write_safetensors
 
 MARGIN = 2e-5  # smallest accepted gap (in logits or probability) behind any decision of a trace
 TIE = 1e-12    # confidences closer than this are equal in exact arithmetic (rounding noise)
@@ -468,20 +468,11 @@ def make_all(root):
 
 
 def check(root):
-    import filecmp
-    import tempfile
-    fresh = tempfile.mkdtemp()
-    make_all(fresh)
-    ok = True
-    for dirpath, _, files in os.walk(fresh):
-        for f in files:
-            rel = os.path.relpath(os.path.join(dirpath, f), fresh)
-            same = os.path.exists(os.path.join(root, rel)) and filecmp.cmp(os.path.join(root, rel), os.path.join(fresh, rel), shallow=False)
-            ok &= same
-            if not same:
-                print(f"{rel}: DIFFERS")
-    print("fixtures reproduce" if ok else "fixtures DIFFER", "with numpy", np.__version__)
-    return ok
+    bad = fixture_differences(root, make_all)
+    for rel in bad:
+        print(f"{rel}: DIFFERS")
+    print("fixtures reproduce" if not bad else "fixtures DIFFER", "with numpy", np.__version__)
+    return not bad
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ float64 rounding):
 Writes tests/data/tiny-llada/ and tests/data/tiny-dream/ (each a model directory plus
 golden_logits.safetensors and golden_traces.json).
 """
+import filecmp
 import json
 import math
 import os
@@ -22,7 +23,8 @@ import sys
 import numpy as np
 import torch
 
-from fixture_files import tokenizer_config, write_json, write_safetensors
+from fixture_files import (DREAM_CFG, LLADA_CFG, bf16, fixture_differences, layer_names, tokenizer_config,
+                           write_json, write_safetensors)
 
 # ----------------------------------------------------------------------------------------------------
 # Philox4x32-10, the same generator as dllm__philox / dllm__uniform in dllm_cuda.cu
@@ -55,11 +57,9 @@ def uniform(seed, index, position, step, stream):
 # Tiny checkpoints: exact real tensor names, real config schema, awkward sizes
 # ----------------------------------------------------------------------------------------------------
 def bf16_round(a):
-    """float32 -> bfloat16 bits (round to nearest even) and the value they hold."""
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+    """float32 -> bfloat16 bits (round to nearest even) and the value they hold, as float32."""
+    bits, val = bf16(a)
+    return bits, val.astype(np.float32)
 
 
 def encode(a, dtype):
@@ -72,34 +72,6 @@ def encode(a, dtype):
         return h.tobytes(), h.astype(np.float64)
     f = np.asarray(a, dtype=np.float32)
     return f.tobytes(), f.astype(np.float64)
-
-
-LLADA_CFG = {
-    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-                 "AutoModel": "modeling_llada.LLaDAModelLM"},
-    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 128,
-    "embedding_dropout": 0.0, "embedding_size": 136, "eos_token_id": 128, "flash_attention": False,
-    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-    "layer_norm_with_affine": True, "mask_token_id": 130, "max_sequence_length": 256, "mlp_hidden_size": 200,
-    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 2, "n_kv_heads": 2,
-    "n_layers": 3, "pad_token_id": 128, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
-    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 131, "weight_tying": False,
-}
-
-DREAM_CFG = {
-    "architectures": ["DreamModel"], "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "bos_token_id": 141, "eos_token_id": 138, "hidden_act": "silu", "hidden_size": 192, "initializer_range": 0.02,
-    "intermediate_size": 328, "mask_token_id": 142, "max_position_embeddings": 256, "max_window_layers": 3,
-    "model_type": "Dream", "num_attention_heads": 3, "num_hidden_layers": 3, "num_key_value_heads": 1,
-    "pad_token_id": 138, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
-    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
-    "use_cache": True, "use_sliding_window": False, "vocab_size": 144,
-}
 
 
 def llada_specs(c):
@@ -193,16 +165,7 @@ class Model:
         self.hd = self.d // self.H
 
     def names(self, l):
-        if self.family == "llada":
-            p = f"model.transformer.blocks.{l}."
-            return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
-                        o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
-                        dn=p + "ff_out.weight")
-        p = f"model.layers.{l}."
-        return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
-                    v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight", fn=p + "post_attention_layernorm.weight",
-                    g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight", dn=p + "mlp.down_proj.weight",
-                    bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
+        return layer_names(self.family, l)
 
     def logits(self, ids):
         """[T, V] float64; with Dream's shift applied (row i predicts position i)."""
@@ -402,27 +365,18 @@ def rel_diff(a, b):
 def check(root):
     """Regenerates the fixtures and compares: identical files, except golden logits, which must agree to
     float64 rounding (BLAS summation order differs between torch versions)."""
-    import filecmp
-    import tempfile
-    fresh = tempfile.mkdtemp()
-    make_llada(fresh)
-    make_dream(fresh)
-    ok = True
-    for model in ("tiny-llada", "tiny-dream"):
-        for name in sorted(os.listdir(os.path.join(fresh, model))):
-            a, b = os.path.join(root, model, name), os.path.join(fresh, model, name)
-            if name == "golden_logits.safetensors":
-                ta, tb = read_safetensors(a), read_safetensors(b)
-                err = max(rel_diff(ta[k], tb[k]) for k in tb)
-                same = ta.keys() == tb.keys() and err < 1e-6
-                print(f"{model}/{name}: max relative difference {err:.2e}")
-            else:
-                same = filecmp.cmp(a, b, shallow=False)
-            ok &= same
-            if not same:
-                print(f"{model}/{name}: DIFFERS")
-    print("fixtures reproduce" if ok else "fixtures DIFFER", "with torch", torch.__version__)
-    return ok
+    def same(rel, a, b):
+        if os.path.basename(rel) != "golden_logits.safetensors":
+            return filecmp.cmp(a, b, shallow=False)
+        ta, tb = read_safetensors(a), read_safetensors(b)
+        err = max(rel_diff(ta[k], tb[k]) for k in tb)
+        print(f"{rel}: max relative difference {err:.2e}")
+        return ta.keys() == tb.keys() and err < 1e-6
+    bad = fixture_differences(root, lambda d: (make_llada(d), make_dream(d)), same)
+    for rel in bad:
+        print(f"{rel}: DIFFERS")
+    print("fixtures reproduce" if not bad else "fixtures DIFFER", "with torch", torch.__version__)
+    return not bad
 
 
 if __name__ == "__main__":

@@ -10,57 +10,22 @@ Run:
     python3 tools/make_headdim_fixtures.py tests/data            # writes tiny-llada-hd24/ and tiny-dream-hd96/
     python3 tools/make_headdim_fixtures.py --check tests/data    # regenerates in a temp dir and compares bytes
 """
-import filecmp
 import math
 import os
 import sys
-import tempfile
 
 import numpy as np
 
-from fixture_files import bf16, tokenizer_config, write_json, write_safetensors
+import fixture_files
+from fixture_files import (bf16, fixture_differences, layer_names, tokenizer_config, write_json,
+                           write_safetensors)
 
 
-LLADA_CFG = {
-    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-                 "AutoModel": "modeling_llada.LLaDAModelLM"},
-    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 96,
-    "embedding_dropout": 0.0, "embedding_size": 152, "eos_token_id": 144, "flash_attention": False,
-    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-    "layer_norm_with_affine": True, "mask_token_id": 146, "max_sequence_length": 256, "mlp_hidden_size": 136,
-    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 4, "n_kv_heads": 2,
-    "n_layers": 2, "pad_token_id": 144, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
-    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 147, "weight_tying": False,
-}
-
-DREAM_CFG = {
-    "architectures": ["DreamModel"], "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "bos_token_id": 150, "eos_token_id": 148, "hidden_act": "silu", "hidden_size": 192, "initializer_range": 0.02,
-    "intermediate_size": 56, "mask_token_id": 151, "max_position_embeddings": 256, "max_window_layers": 2,
-    "model_type": "Dream", "num_attention_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 1,
-    "pad_token_id": 148, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
-    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
-    "use_cache": True, "use_sliding_window": False, "vocab_size": 152,
-}
-
-
-def layer_names(family, l):
-    """The projections of layer l under their HF names (Dream's q/k/v biases under bq/bk/bv)."""
-    if family == "llada":
-        p = f"model.transformer.blocks.{l}."
-        return dict(an=p + "attn_norm.weight", q=p + "q_proj.weight", k=p + "k_proj.weight", v=p + "v_proj.weight",
-                    o=p + "attn_out.weight", fn=p + "ff_norm.weight", g=p + "ff_proj.weight", u=p + "up_proj.weight",
-                    dn=p + "ff_out.weight")
-    p = f"model.layers.{l}."
-    return dict(an=p + "input_layernorm.weight", q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight",
-                v=p + "self_attn.v_proj.weight", o=p + "self_attn.o_proj.weight", fn=p + "post_attention_layernorm.weight",
-                g=p + "mlp.gate_proj.weight", u=p + "mlp.up_proj.weight", dn=p + "mlp.down_proj.weight",
-                bq=p + "self_attn.q_proj.bias", bk=p + "self_attn.k_proj.bias", bv=p + "self_attn.v_proj.bias")
+# tiny-llada's and tiny-dream's configs at other sizes; every other field as there.
+LLADA_CFG = dict(fixture_files.LLADA_CFG, d_model=96, embedding_size=152, eos_token_id=144, mask_token_id=146,
+                 mlp_hidden_size=136, n_heads=4, n_layers=2, pad_token_id=144, vocab_size=147)
+DREAM_CFG = dict(fixture_files.DREAM_CFG, bos_token_id=150, eos_token_id=148, intermediate_size=56, mask_token_id=151,
+                 max_window_layers=2, num_attention_heads=2, num_hidden_layers=2, pad_token_id=148, vocab_size=152)
 
 
 class Shape:
@@ -183,10 +148,7 @@ def make_all(root):
 def main():
     args = sys.argv[1:]
     if args[:1] == ["--check"] and len(args) == 2:
-        with tempfile.TemporaryDirectory() as tmp:
-            make_all(tmp)
-            bad = [os.path.join(n, f) for n in ("tiny-llada-hd24", "tiny-dream-hd96") for f in os.listdir(os.path.join(tmp, n))
-                   if not filecmp.cmp(os.path.join(tmp, n, f), os.path.join(args[1], n, f), shallow=False)]
+        bad = fixture_differences(args[1], make_all)
         print("fixtures reproduce" if not bad else "differ: " + ", ".join(bad))
         sys.exit(1 if bad else 0)
     if len(args) != 1:

@@ -54,23 +54,13 @@ import tempfile
 import threading
 import time
 
+from tokenizer_oracle import bytes_to_unicode
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # LLaDA-8B-Instruct's special tokens that its chat template and decoding name (its tokenizer_config.json).
 LLADA_SPECIALS = {126080: "<|startoftext|>", 126081: "<|endoftext|>", 126336: "<|mdm_mask|>", 126346: "<|start_header_id|>",
                   126347: "<|end_header_id|>", 126348: "<|eot_id|>"}
-
-
-def byte_chars():
-    """GPT-2's byte-level alphabet: byte b is spelled by the character bytes_to_unicode()[b]."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def random_weights_dir(config_arg, work):
@@ -100,7 +90,7 @@ def random_weights_dir(config_arg, work):
                       "added_tokens_decoder": {str(i): {"content": s, "special": True} for i, s in specials.items()}}
         where = "a stand-in vocabulary with LLaDA-8B-Instruct's special tokens and chat template"
     specials = {i: s for i, s in specials.items() if i < n_vocab}
-    chars = byte_chars()
+    chars = bytes_to_unicode()
     vocab = {}
     for i in range(n_vocab):
         if i in specials:

@@ -24,8 +24,9 @@ import sys
 import tempfile
 import time
 
+from tokenizer_oracle import hf_qwen2_pipeline
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QWEN_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 SHARED_QWEN = os.path.join(ROOT, "..", "shared", "models", "fast-dllm-v2-7b")
 VOCABS = {
     "qwen2.5": SHARED_QWEN if os.path.exists(os.path.join(SHARED_QWEN, "vocab.json")) else os.path.join(ROOT, "tests/data/tokenizer/qwen2.5"),
@@ -39,24 +40,11 @@ STREAM = os.path.join(ROOT, "build", "tokenize_stream")
 
 def hf_tokenizer(d):
     """The Hugging Face pipeline of a directory: tokenizer.json as is, or Qwen2's slow files as transformers
-    builds them (NFC, the Qwen2 split, byte-level BPE, added tokens from tokenizer_config.json and
-    added_tokens.json)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    builds them (tokenizer_oracle.hf_qwen2_pipeline, plus the added tokens of added_tokens.json)."""
+    from tokenizers import AddedToken, Tokenizer
     if os.path.exists(os.path.join(d, "tokenizer.json")):
         return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    tok = Tokenizer(models.BPE.from_file(os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt")))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    with open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8") as f:
-        dec = json.load(f).get("added_tokens_decoder", {})
-    for i, t in sorted((int(i), t) for i, t in dec.items()):
-        added = AddedToken(t["content"], special=t["special"], normalized=t["normalized"], lstrip=t["lstrip"], rstrip=t["rstrip"],
-                           single_word=t["single_word"])
-        (tok.add_special_tokens if t["special"] else tok.add_tokens)([added])
-        assert tok.token_to_id(t["content"]) == i, (t["content"], i)
+    tok = hf_qwen2_pipeline(d)
     extra = os.path.join(d, "added_tokens.json")
     if os.path.exists(extra):
         with open(extra, encoding="utf-8") as f:

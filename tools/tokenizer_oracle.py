@@ -124,6 +124,8 @@ def with_llada_specials(tok_json):
 
 
 def bytes_to_unicode():
+    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 for U+0100.. (also used by
+    tools/serve_bench.py and tools/train_tiny.py)."""
     bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     cs, n = bs[:], 0
     for b in range(256):
@@ -168,17 +170,19 @@ def hf_oracle(tok_dir, chat_tokenizer):
     return encode, decode, render, auto
 
 
-def hf_qwen_by_hand():
-    """The Qwen2 pipeline as transformers 5 builds it for Qwen2Tokenizer, from the raw files."""
+def hf_qwen2_pipeline(d):
+    """The Qwen2 pipeline as transformers 5 builds it for Qwen2Tokenizer, from the raw files of directory d (NFC, the
+    Qwen2 split, byte-level BPE, the added tokens of tokenizer_config.json at their ids). tools/tokenizer_diff.py
+    fuzzes dllm against it too."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    tok = Tokenizer(models.BPE.from_file(os.path.join(QWEN_DIR, "vocab.json"), os.path.join(QWEN_DIR, "merges.txt")))
+    tok = Tokenizer(models.BPE.from_file(os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt")))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    with open(os.path.join(QWEN_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
-        dec = json.load(f)["added_tokens_decoder"]
+    with open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8") as f:
+        dec = json.load(f).get("added_tokens_decoder", {})
     for i, t in sorted((int(i), t) for i, t in dec.items()):
         added = AddedToken(t["content"], special=t["special"], normalized=t["normalized"], lstrip=t["lstrip"], rstrip=t["rstrip"],
                            single_word=t["single_word"])
@@ -362,7 +366,7 @@ def main():
         q_enc, q_dec, q_chat, q_auto = hf_oracle(QWEN_DIR, lambda auto: auto)
         l_enc, l_dec, l_chat, l_auto = hf_oracle(LING_DIR, lambda auto: auto)
         assert l_auto.convert_tokens_to_ids("<|mdm_mask|>") == 126336 and l_enc("<|mdm_mask|>", True) == [126336]
-        by_hand = hf_qwen_by_hand()
+        by_hand = hf_qwen2_pipeline(QWEN_DIR)
         for name, raw in cases:  # AutoTokenizer and the hand-built pipeline must agree
             text = raw.decode("utf-8", errors="replace")
             assert by_hand.encode(text, add_special_tokens=False).ids == q_enc(text, True), name

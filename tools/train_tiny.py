@@ -63,6 +63,7 @@ TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS_DIR)
 from fixture_files import write_json, write_safetensors  # noqa: E402
 import tiny_llada2  # noqa: E402
+from tokenizer_oracle import bytes_to_unicode  # noqa: E402
 from make_fixtures import (DREAM_CFG, LLADA_CFG, Model, bf16_round, dream_specs, generate, llada_specs,  # noqa: E402
                            make_weights, rope, rope_tables, truncate, uniform)
 
@@ -270,16 +271,7 @@ LING2 = TokenizerKind(
     "<|startoftext|>", "<|endoftext|>", "<|role_end|>", "<|mask|>", "llada2.jinja")
 
 
-def gpt2_byte_symbols():
-    """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 map to U+0100.."""
-    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    extra = [b for b in range(256) if b not in keep]
-    table = {b: chr(b) for b in keep}
-    table.update({b: chr(256 + i) for i, b in enumerate(extra)})
-    return table
-
-
-BYTE_SYMBOL = gpt2_byte_symbols()
+BYTE_SYMBOL = bytes_to_unicode()  # GPT-2's byte-level alphabet
 SYMBOL_BYTE = {s: b for b, s in BYTE_SYMBOL.items()}
 
 

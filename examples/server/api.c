@@ -1,6 +1,7 @@
 /* api.c - OpenAI request fields and dllm's own (under dllm-generate's flag names, with its defaults). The checks
  * mirror dllm-generate's so that a request is refused with the field to change rather than a library message. */
 #include "api.h"
+#include "../common.h"
 
 #include <errno.h>
 #include <math.h>
@@ -113,15 +114,6 @@ static int pick_choice(const cJSON *obj, const char *name, const char *const *na
         for (i = 0; i < n; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
         return bad_request(err, name, "invalid_value", "'%s' must be one of %s, not \"%.64s\"", name, list, s);
     }
-}
-
-/* A seed nobody chose (dllm-generate's): from the OS, else the clock; 32 bits, easy to send back. */
-static uint64_t fresh_seed(void) {
-    uint32_t s = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
-    if (f) fclose(f);
-    return s;
 }
 
 /* ---- sampling and schedule fields ---------------------------------------------------------------------------- */

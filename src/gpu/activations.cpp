@@ -134,6 +134,23 @@ struct dllm__varlen_layout {
     bool cached() const { return !cache_rows.empty(); }
 };
 
+/* Appends the RoPE positions of plan sequence i's rows [r0, r1) (s.positions where given, DPad's; else the row index),
+ * each checked to lie inside the tables (max_tokens rows), once its s.n rows are known to keep the layout's row count
+ * within int32 (the kernels' offsets). Shared by the plain and the K/V-cache layouts. */
+static dllm_status dllm__layout_positions(const dllm__batch_seq &s, size_t i, int r0, int r1, int max_tokens,
+                                          dllm__varlen_layout &v) {
+    if (v.rows > INT32_MAX - s.n) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
+    for (int r = r0; r < r1; r++) {
+        const int32_t pos = s.positions ? s.positions[r] : r;
+        if (pos < 0 || pos >= max_tokens)
+            return dllm__fail(DLLM_ERR_INTERNAL,
+                              "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)", i, r,
+                              pos, max_tokens);
+        v.positions.push_back(pos);
+    }
+    return DLLM_OK;
+}
+
 /* The layout of a plan, checked: every canvas non-empty and within the RoPE tables (max_tokens rows), its logit rows a
  * non-empty range inside it, its positions (DPad) inside the tables. */
 static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vector<dllm__batch_seq> &plan,
@@ -146,16 +163,7 @@ static dllm_status dllm__varlen_layout_of(const dllm__config &c, const std::vect
             return dllm__fail(DLLM_ERR_INTERNAL,
                               "batched forward: sequence %zu has %d rows (at most %d) and logit rows [%d, %d)", i, s.n,
                               max_tokens, s.r0, s.r1);
-        if (v.rows > INT32_MAX - s.n)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
-        for (int r = 0; r < s.n; r++) {
-            const int32_t pos = s.positions ? s.positions[r] : r;
-            if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL,
-                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
-                                  i, r, pos, max_tokens);
-            v.positions.push_back(pos);
-        }
+        DLLM__TRY(dllm__layout_positions(s, i, 0, s.n, max_tokens, v));
         v.ids.insert(v.ids.end(), s.ids, s.ids + s.n);
         v.rows += s.n;
         v.offsets.push_back(v.rows);
@@ -198,17 +206,8 @@ static dllm_status dllm__kv_layout_of(const dllm__config &c, const std::vector<d
                 DLLM_ERR_INTERNAL,
                 "batched K/V-cache step: sequence %zu wants logit rows [%d, %d) outside its forwarded rows [%d, %d)", i,
                 raw0, raw1, s.q0, s.q1);
-        if (v.rows > INT32_MAX - s.n)
-            return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "batched forward: more than 2^31 rows");
-        for (int r = s.q0; r < s.q1; r++) {
-            const int32_t pos = s.positions ? s.positions[r] : r;
-            if (pos < 0 || pos >= max_tokens)
-                return dllm__fail(DLLM_ERR_INTERNAL,
-                                  "batched forward: sequence %zu row %d at position %d, outside the RoPE tables (%d)",
-                                  i, r, pos, max_tokens);
-            v.positions.push_back(pos);
-            v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
-        }
+        DLLM__TRY(dllm__layout_positions(s, i, s.q0, s.q1, max_tokens, v));
+        for (int r = s.q0; r < s.q1; r++) v.cache_rows.push_back(slot_base[(size_t)s.slot] + r);
         v.ids.insert(v.ids.end(), s.ids + s.q0, s.ids + s.q1);
         // entry 2i starts here; entry 2i - 1 (from the previous sequence's end to here) is the bridge, with no query
         // row

@@ -146,35 +146,20 @@ __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(empty + (j % NS) * 8);
     };
-    int j = 0;
-    auto run_split = [&](float (&d)[NT / 8][4]) {
-        for (int ks = 0; ks < steps; ks++, j++) {
-            const u32 sa = s0 + (j % NS) * STAGE;
-            mbar_wait(full + (j % NS) * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                splitk_mma<NT>(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + W_BYTES + kk * 32),
-                               ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(d);
-        release(j - 1);
+    auto mma = [](float (&d)[NT / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        splitk_mma<NT>(d, desc_a, desc_b, accumulate);
     };
+    int j = 0;  // ring stages consumed so far
     float acc[NT / 8][4];
     for (int i = 0; i < units; i++) {
         const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
-        run_split(acc);
+        wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, steps, mma, release);
         if (SPREAD) {
             if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
         } else {
             for (int s = 1; s < a.splits; s++) {
                 float part[NT / 8][4];
-                run_split(part);
+                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, steps, mma, release);
 #pragma unroll
                 for (int jj = 0; jj < NT / 8; jj++)
 #pragma unroll

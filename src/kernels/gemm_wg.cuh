@@ -127,24 +127,12 @@ __device__ __forceinline__ void gemm_consume(const gemm_tensor_maps &tm, u32 s0,
             mbar_arrive_cluster(empty + (j % NS) * 8, (blockIdx.x & 1) ^ 1);
         }
     };
+    auto mma = [](float (&d)[BN / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
+        wgmma_ss<BN>(d, desc_a, desc_b, accumulate);
+    };
     float acc[BN / 8][4];
     for (int j = 0; j < jobs;) {
-        for (int ks = 0; ks < k_steps; ks++, j++) {
-            const u32 slot = j % NS, sa = s0 + slot * STAGE;
-            mbar_wait(full + slot * 8, (j / NS) & 1);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wgmma_ss<BN>(acc, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + A_BYTES + kk * 32),
-                             ks > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            if (ks > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                release(j - 1);
-            }
-        }
-        wg_wait_for<0>(acc);
-        release(j - 1);
+        wg_ring_run<NS, STAGE, A_BYTES>(acc, s0, full, j, k_steps, mma, release);
         const gemm_job tile = gemm_job_of<BN>(j - 1, m_tiles, k_steps);
         gemm_store<BN>(tm, acc, tile.m0, tile.c0, wg, staging + wg * 16384);
     }

@@ -123,6 +123,32 @@ template <int PENDING, int N> __device__ __forceinline__ void wg_wait_for(float 
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+/* One K run of a consumer warpgroup over a ring of NS stages of STAGE bytes (gemm_wg's and gemm_splitk's): stage j
+ * (slot j % NS, phase (j / NS) & 1) holds the A tile, this warpgroup's 64 rows at wg * 8192, and the B tile at B_OFF,
+ * 64 columns each; its four k16 products mma(d, desc_a, desc_b, accumulate) are issued, then the previous stage's
+ * awaited and its slot handed back (release(j - 1)), so one group stays in flight. The run's last stage is awaited
+ * and released before returning. j counts stages over the kernel's life: it comes back k_steps further. */
+template <int NS, u32 STAGE, u32 B_OFF, int N, class Mma, class Release>
+__device__ __forceinline__ void wg_ring_run(float (&d)[N][4], u32 s0, u32 full, int &j, int k_steps, Mma mma,
+                                            Release release) {
+    const int wg = threadIdx.x >> 7;
+    for (int ks = 0; ks < k_steps; ks++, j++) {
+        const u32 slot = j % NS, sa = s0 + slot * STAGE;
+        mbar_wait(full + slot * 8, (j / NS) & 1);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            mma(d, wg_desc(sa + wg * 64 * 128 + kk * 32), wg_desc(sa + B_OFF + kk * 32), ks > 0 || kk > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (ks > 0) {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            release(j - 1);
+        }
+    }
+    wg_wait_for<0>(d);
+    release(j - 1);
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
