@@ -42,7 +42,7 @@ static int fuzz_quantized(const uint8_t *data, size_t n) {
                 if ((l < 0) != (site == DLLM__SOLOQ_HEAD) || (l < 0 && !q.head)) continue;
                 const dllm__q4_rows &w = (l < 0 ? *q.head : *q.layers[(size_t)l]).lin[site].w;
                 int rows = 0, cols = 0;
-                dllm__soloq_site_shape(m->cfg, site, rows, cols);
+                dllm__soloq_site_shape(m->cfg, l < 0 ? 0 : l, site, -1, rows, cols);
                 FUZZ_CHECK(w.rows == rows && w.cols == cols && w.codes.size() == (size_t)rows * cols / 2 &&
                            w.row_scale.size() == (size_t)rows);
                 FUZZ_CHECK(w.block_scales.size() == (w.format == DLLM__Q4_NVFP4 ? (size_t)rows * w.blocks() : 0));
