@@ -36,18 +36,19 @@ static const char *dllm__src_q4_wgmma = DLLM__KERNEL_FILE("q4_wgmma.cuh");
 struct dllm__q4wg_config {
     int nt, wgs, r, p, sg;
 };
-static const dllm__q4wg_config dllm__q4wg_configs[] = {
+static constexpr dllm__q4wg_config dllm__q4wg_configs[] = {
     {32, 1, 2, 4, 3}, {64, 1, 2, 4, 3}, {128, 2, 1, 4, 3}, {256, 2, 1, 2, 3}};
 /* q4wg_gemm_nv's (SoloQ-N), 128 features a CTA in each (the summation order's tiles), the same NT steps: P = 2 at 64
  * tokens (the bf16 stages are twice the int8 ones), one k block a group from 128 (NT = 256: three stages of 64 KB; NT
  * = 128: the registers of the second set of accumulators that many rows fold into). At 32 tokens the four LLaDA-8B
  * projections took 0.551x cuBLASLt BF16's time (H100). */
-static const dllm__q4wg_config dllm__q4wg_nv_configs[] = {
+static constexpr dllm__q4wg_config dllm__q4wg_nv_configs[] = {
     {32, 1, 2, 4, 3}, {64, 1, 2, 2, 3}, {128, 2, 1, 1, 3}, {256, 2, 1, 1, 3}};
 static const int dllm__q4wg_configs_n = 4, dllm__q4wg_max_rows = 256, dllm__q4wg_tile = 128;
 /* The q4wg_gemm_nv configuration of more than dllm__q4wg_max_rows rows: 128 tokens, the most that leave room for a
  * second set of accumulators (the kernel's FOLD). */
 static const int dllm__q4wg_nv_fold_config = 2;
+static_assert(dllm__q4wg_nv_configs[dllm__q4wg_nv_fold_config].nt == 128, "q4wg_gemm_nv folds at NT = 128 only");
 
 /* q4wg_gemm_nv's tile counters lead its workspace (their place must not depend on the shape: one workspace serves every
  * layer linear, and only the counters must stay zero), the fp32 chunk partials follow; so N is at most 1024 tiles. */
@@ -193,6 +194,10 @@ static dllm_status dllm__q4wg_pack(const dllm__q4wg_kernels &k, dllm__linear &W,
     W.q4->packed = true;
     return DLLM_OK;
 }
+
+static_assert(dllm__q4wg_configs[dllm__q4wg_configs_n - 2].nt == 128 &&
+                  dllm__q4wg_configs[dllm__q4wg_configs_n - 1].nt == 256,
+              "dllm__q4wg_many_rows_config chooses between the last two configurations: 128 and 256 tokens");
 
 /* q4wg_gemm's configuration for M rows of an N-row weight: at most 256 rows, the smallest that holds them; more, chunks
  * of 256 or 128 tokens, whichever takes fewer waves of whole (tile, chunk) units times the tokens a unit computes (a
