@@ -2,7 +2,8 @@
  * backend: the FP16 rounding, KIVI's quantiser and SoloQ's value quantiser against their formulas on awkward random
  * inputs, the commit path (sinks exact, the active block untouched, the cache equal to the stored codes decoded),
  * logits under kv4 / kv2 against the unquantised cache on the tiny block-diffusion fixtures, bytes per token, and the
- * option's validation. kv_quant.measure prints masked-token NLL and logit NMSE (DLLM_KVQ_MODEL=dir adds a model). */
+ * option's validation. kv_quant.measure prints masked-token NLL, logit NMSE and argmax agreement (DLLM_KVQ_MODEL=dir
+ * adds a model). */
 
 static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1,
                               dllm_precision precision = DLLM_PRECISION_AUTO) {
