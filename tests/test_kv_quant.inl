@@ -2,7 +2,8 @@
  * backend: the FP16 rounding, KIVI's quantiser and SoloQ's value quantiser against their formulas on awkward random
  * inputs, the commit path (sinks exact, the active block untouched, the cache equal to the stored codes decoded),
  * logits under kv4 / kv2 against the unquantised cache on the tiny block-diffusion fixtures, bytes per token, and the
- * option's validation. kv_quant.measure prints masked-token NLL and logit NMSE (DLLM_KVQ_MODEL=dir adds a model). */
+ * option's validation. kv_quant.measure prints masked-token NLL, logit NMSE and argmax agreement (DLLM_KVQ_MODEL=dir
+ * adds a model). */
 
 static dllm_ctx *test_kvq_ctx(dllm_model *m, dllm_kv_quant q, int sinks = -1,
                               dllm_precision precision = DLLM_PRECISION_AUTO) {
@@ -282,13 +283,14 @@ TEST(kv_quant, none_generates_exactly_as_before) {
 
 struct test_kvq_accuracy {
     double nll = 0, nmse = 0;  // mean masked-token NLL (nats); logit NMSE against the unquantised cache
+    double agree = 0;          // masked positions whose argmax equals the unquantised cache's, as a fraction
     int tokens = 0;
 };
 
 /* For each block b >= 1 of ids (whole blocks of B): commit blocks [0, b) (one prefill forward, quantised as
  * generation quantises it), then one diffusion step of block b with every other position from 1 masked; the NLL
  * of the true tokens at the masked positions, read at the model's scoring rows. ref: the unquantised run's logits
- * (filled when empty) for the NMSE. */
+ * (filled when empty) for the NMSE and the argmax agreement at the masked positions. */
 static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32_t> &ids, int B,
                                           std::vector<float> &ref) {
     const dllm__config &c = ctx->model->cfg;
@@ -322,6 +324,14 @@ static test_kvq_accuracy test_kvq_measure(dllm_ctx *ctx, const std::vector<int32
     if (ref.empty()) ref = all;
     for (size_t i = 0; i < all.size() && i < ref.size(); i++)
         err += (all[i] - ref[i]) * (double)(all[i] - ref[i]), energy += ref[i] * (double)ref[i];
+    int same = 0;
+    for (size_t blk = 0; all.size() == ref.size() && blk < all.size() / ((size_t)B * V); blk++)
+        for (int i = 1; i < B; i += 2) {
+            const size_t row = (blk * B + (size_t)(c.shift_logits ? i - 1 : i)) * V;
+            same += std::max_element(all.begin() + row, all.begin() + row + V) - (all.begin() + row) ==
+                    std::max_element(ref.begin() + row, ref.begin() + row + V) - (ref.begin() + row);
+        }
+    a.agree = (double)same / std::max(a.tokens, 1);
     a.nll /= std::max(a.tokens, 1);
     a.nmse = energy > 0 ? err / energy : 0;
     return a;
@@ -340,17 +350,20 @@ static std::vector<test_kvq_accuracy> test_kvq_table(dllm_test_state &T_, dllm_m
         dllm_ctx_free(ctx);
         double bytes = 0;
         dllm_kv_bytes_per_token(m, (dllm_kv_quant)mode, B, &bytes);
-        printf(
-            "    %s %-9s: masked-token NLL %.5f (%+.3f%%), logit NMSE %.3e over %d tokens; %.1f bytes/token (%.3fx)\n",
-            name, dllm__kvq_names[mode], r.back().nll, 100 * (r.back().nll / r[0].nll - 1), r.back().nmse,
-            r.back().tokens, bytes, bytes / dllm__kvq_bytes_per_token(m->cfg, DLLM_KV_QUANT_NONE, B));
+        printf("    %s %-9s: masked-token NLL %.5f (%+.3f%%), logit NMSE %.3e, argmax agreement %.4f over %d tokens; "
+               "%.1f bytes/token (%.3fx)\n",
+               name, dllm__kvq_names[mode], r.back().nll, 100 * (r.back().nll / r[0].nll - 1), r.back().nmse,
+               r.back().agree, r.back().tokens, bytes,
+               bytes / dllm__kvq_bytes_per_token(m->cfg, DLLM_KV_QUANT_NONE, B));
     }
     return r;
 }
 
-/* The tiny random fixtures (and the model in DLLM_KVQ_MODEL, with ids from DLLM_KVQ_IDS or drawn, weights in
- * DLLM_KVQ_PRECISION, e.g. soloq-n for W4A4KV4 / KV2; the NMSE is against the same weights' unquantised cache): kv4
- * changes logits by a small measured amount, kv2 by more. */
+/* The tiny random fixtures (and the model in DLLM_KVQ_MODEL, with ids from DLLM_KVQ_IDS, or the text file
+ * DLLM_KVQ_TEXT through the model's tokenizer as one string, or drawn; the first DLLM_KVQ_LENGTH of them, default as
+ * many as the model's positions hold, in whole blocks; weights in DLLM_KVQ_PRECISION, e.g. soloq-n for W4A4KV4 / KV2;
+ * the NMSE and agreement are against the same weights' unquantised cache): kv4 changes logits by a small measured
+ * amount, kv2 by more. */
 TEST(kv_quant, measure) {
     struct fixture { const char *dir; int B; } fixtures[] = {{"tiny-fast-dllm-v2", 32}, {"tiny-nemotron-diffusion", 8}};
     for (const fixture &f : fixtures) {
@@ -360,7 +373,7 @@ TEST(kv_quant, measure) {
         for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)((i * 97 + 13) % (size_t)(m->cfg.n_vocab - 40));
         std::vector<test_kvq_accuracy> r = test_kvq_table(T_, m, f.dir, ids, f.B);
         if (r.size() == 5) {
-            CHECK(r[0].nmse == 0 && r[0].tokens > 0);
+            CHECK(r[0].nmse == 0 && r[0].tokens > 0 && r[0].agree == 1);
             CHECK_MSG(r[1].nmse > 0 && r[1].nmse < 1e-2 && fabs(r[1].nll / r[0].nll - 1) < 0.02,
                       "%s soloq-kv4: NMSE %g", f.dir, r[1].nmse);
             CHECK_MSG(r[2].nmse > r[1].nmse && r[4].nmse > r[3].nmse, "%s: 2 bits not worse than 4", f.dir);
@@ -373,8 +386,19 @@ TEST(kv_quant, measure) {
     if (!m) { CHECK(m != nullptr); return; }
     const int B = m->cfg.bd_size;
     std::vector<int32_t> ids;
-    const char *ids_file = getenv("DLLM_KVQ_IDS");
-    if (ids_file && *ids_file) {
+    const char *ids_file = getenv("DLLM_KVQ_IDS"), *text_file = getenv("DLLM_KVQ_TEXT"),
+               *length = getenv("DLLM_KVQ_LENGTH");
+    if (text_file && *text_file && (!ids_file || !*ids_file)) {
+        const std::string text = test_read_file(text_file);
+        dllm_tokenizer *tok = nullptr;
+        CHECK_STATUS(dllm_tokenizer_load(dir, &tok), DLLM_OK, nullptr);
+        int n = 0;
+        if (tok && !text.empty()) dllm_tokenize(tok, text.data(), text.size(), 0, nullptr, 0, &n);
+        ids.resize((size_t)n);
+        if (n) CHECK_STATUS(dllm_tokenize(tok, text.data(), text.size(), 0, ids.data(), n, &n), DLLM_OK, nullptr);
+        dllm_tokenizer_free(tok);
+        CHECK_MSG(!ids.empty(), "DLLM_KVQ_TEXT=%s gave no ids", text_file);
+    } else if (ids_file && *ids_file) {
         std::string text = test_read_file(ids_file);
         for (const char *p = text.c_str(); *p;) {
             char *end;
@@ -386,7 +410,9 @@ TEST(kv_quant, measure) {
         std::mt19937 rng(3);
         for (int i = 0; i < 8 * B; i++) ids.push_back((int32_t)(rng() % (uint32_t)m->cfg.n_vocab));
     }
-    ids.resize(std::min(ids.size(), (size_t)m->cfg.max_seq_len) / B * B);
+    size_t n_ids = std::min(ids.size(), (size_t)m->cfg.max_seq_len);
+    if (length && *length) n_ids = std::min(n_ids, (size_t)std::max(atol(length), 0L));
+    ids.resize(n_ids / B * B);
     int precision = DLLM_PRECISION_AUTO;
     const char *pname = getenv("DLLM_KVQ_PRECISION");
     for (int p = 0; pname && *pname && p <= DLLM_PRECISION_RTN_W4A16; p++)
