@@ -8909,52 +8909,6 @@ __device__ __forceinline__ void store8(float *p, const float f[8]) {
     *(float4 *)(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-/* Thread t of T's part of residual_rms: its slots loaded (and h_out written), its sum of squares returned. */
-__device__ __forceinline__ float residual_part(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d,
-                                               int t, int T, float (&v)[NORM_SLOTS][8]) {
-    uint4 dv[NORM_SLOTS];
-#pragma unroll
-    for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
-        const int k = (t + j * T) * 8;
-        for (int e = 0; e < 8; e++) v[j][e] = 0.f;
-        if (k < d) {
-            load8(h_in + src * d + k, v[j]);
-            if (delta) dv[j] = *(const uint4 *)(delta + src * d + k);
-        }
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < NORM_SLOTS; j++) {
-        const int k = (t + j * T) * 8;
-        if (k >= d) continue;
-        if (delta) {
-            float g[8];
-            unpack8(dv[j], g);
-            for (int e = 0; e < 8; e++) v[j][e] += g[e];
-        }
-        if (h_out) store8(h_out + src * d + k, v[j]);
-        for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
-    }
-    return ss;
-}
-
-/* A warp's sum of its threads' parts, in butterfly order. */
-__device__ __forceinline__ float residual_warp_sum(float ss) {
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    return ss;
-}
-
-/* rsqrt(mean + eps) from the warps' sums part[0 .. warps) (after a barrier), added in butterfly order. */
-__device__ __forceinline__ float residual_rms_of_parts(float *part, int warps, int d, float eps) {
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < warps ? part[threadIdx.x] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    return rsqrtf(part[0] / (float)d + eps);
-}
-
 /* Row-wise norms keep a row in registers between the sum of squares and the scaling: chunk slot j of a thread is
  * the 16-byte chunk threadIdx.x + j * blockDim.x, one slot up to 8192 values a row (1024 threads), at most NORM_SLOTS
  * (from the host's dllm__norm_slots). Re-reading the row after the reduction instead took 16.3 against 15.5 us at
@@ -8965,11 +8919,40 @@ __device__ __forceinline__ float residual_rms_of_parts(float *part, int warps, i
  * reduced in a fixed order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
 __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d,
                                               float eps, float (&v)[NORM_SLOTS][8]) {
-    const float ss = residual_warp_sum(residual_part(h_in, h_out, delta, src, d, threadIdx.x, blockDim.x, v));
+    uint4 dv[NORM_SLOTS];
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        for (int e = 0; e < 8; e++) v[j][e] = 0.f;
+        if (k < d) {
+            load8(h_in + src * d + k, v[j]);
+            if (delta) dv[j] = *(const uint4 *)(delta + src * d + k);
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= d) continue;
+        if (delta) {
+            float g[8];
+            unpack8(dv[j], g);
+            for (int e = 0; e < 8; e++) v[j][e] += g[e];
+        }
+        if (h_out) store8(h_out + src * d + k, v[j]);
+        for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
+    }
     __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
-    return residual_rms_of_parts(part, blockDim.x >> 5, d, eps);
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    return rsqrtf(part[0] / (float)d + eps);
 }
 
 /* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
@@ -9341,7 +9324,6 @@ KERNEL_quantize_weight_blocks {
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
     X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
-    X(soloq_produce_segments, __launch_bounds__(384, 2), (soloq_args a))                                               \
     X(soloq_dequantize_rows, ,                                                                                         \
       (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out))    \
     X(soloq_scale_rows, ,                                                                                              \
@@ -9687,38 +9669,6 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     return make_float2(amax, sum);
 }
 
-/* [SoloQ encoders] NVFP4: a 16-element block's E4M3 scale code from its amax m, its value and the encoding factor. */
-__device__ __forceinline__ u32 soloq_nvfp4_block(float m, float s_enc, float &scale, float &enc) {
-    const u32 sb = e4m3x2(__fmul_rn(__fdiv_rn(m, 6.0f), s_enc), 0.f) & 0xffu;
-    scale = e4m3_value(sb), enc = sb ? __fdiv_rn(s_enc, scale) : 0.f;
-    return sb;
-}
-/* NVFP4: one element's code and C value in its block. */
-__device__ __forceinline__ u32 soloq_nvfp4_code(float x, u32 sb, float enc, float scale, float &val) {
-    const u32 c = sb ? e2m1_code(__fmul_rn(x, enc)) : 0u;
-    val = __fmul_rn(e2m1_value(c), scale);
-    return c;
-}
-/* RTN, INT4, Lloyd-Max: one element's code and C value (step: INT4's, rtn_scale: RTN's). */
-__device__ __forceinline__ u32 soloq_scalar_code(int format, float x, float sigma, float step, float rtn_scale,
-                                                 float &val) {
-    if (format == Q4_RTN) {
-        const float q = fminf(fmaxf(rintf(__fdiv_rn(x, rtn_scale)), -7.f), 7.f);
-        val = q;
-        return (u32)(int)q & 15u;
-    }
-    if (format == Q4_INT4) {
-        const float q = fminf(fmaxf(floorf(__fdiv_rn(x, step)), -8.f), 7.f);
-        val = __fadd_rn(__fmul_rn(2.f, q), 1.f);
-        return (u32)(int)q & 15u;
-    }
-    const float z = __fdiv_rn(x, sigma), az = fabsf(z);
-    int level = 0;
-    while (level < 7 && az >= LLOYD_T[level]) level++;
-    val = (float)(z < 0.f ? -LLOYD_INT[level] : LLOYD_INT[level]);
-    return (z < 0.f ? 8u : 0u) | (u32)level;
-}
-
 /* Codes and C values of this CTA's slice of a nonzero row
  * (y and val: the slice; twins: dllm__encode_nvfp4 / _rtn / _int4 / _lloyd / _e8p): the work split by pairs of
  * elements, NVFP4 blocks of 16 or E8P groups of 8, codes to `codes` when given, C to val. */
@@ -9732,13 +9682,15 @@ __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, f
             const int b1 = min(i1, b0 + 16);
             float m = 0.f;
             for (int i = b0; i < b1; i++) m = fmaxf(m, fabsf(y[i - s.i0]));
-            float scale, enc;
-            const u32 sb = soloq_nvfp4_block(m, s_enc, scale, enc);
+            const u32 sb = e4m3x2(__fmul_rn(__fdiv_rn(m, 6.0f), s_enc), 0.f) & 0xffu;
+            const float scale = e4m3_value(sb), enc = sb ? __fdiv_rn(s_enc, scale) : 0.f;
             if (bs) bs[b0 / 16] = (unsigned char)sb;
             for (int i = b0; i < b1; i += 2) {
-                const u32 c0 = soloq_nvfp4_code(y[i - s.i0], sb, enc, scale, val[i - s.i0]),
-                          c1 = soloq_nvfp4_code(y[i + 1 - s.i0], sb, enc, scale, val[i + 1 - s.i0]);
+                const u32 c0 = sb ? e2m1_code(__fmul_rn(y[i - s.i0], enc)) : 0u,
+                          c1 = sb ? e2m1_code(__fmul_rn(y[i + 1 - s.i0], enc)) : 0u;
                 if (codes) codes[i / 2] = (unsigned char)(c0 | c1 << 4);
+                val[i - s.i0] = __fmul_rn(e2m1_value(c0), scale);
+                val[i + 1 - s.i0] = __fmul_rn(e2m1_value(c1), scale);
             }
         }
         return;
@@ -9764,8 +9716,24 @@ __device__ void soloq_encode(int format, const float *y, const soloq_slice &s, f
     const float step = __fmul_rn(sigma, INT4_STEP), rtn_scale = __fdiv_rn(amax, 7.0f);
     for (int i = s.i0 + tid * 2; i < i1; i += nt * 2) {
         u32 c[2];
-        for (int e = 0; e < 2; e++)
-            c[e] = soloq_scalar_code(format, y[i + e - s.i0], sigma, step, rtn_scale, val[i + e - s.i0]);
+        for (int e = 0; e < 2; e++) {
+            const float x = y[i + e - s.i0];
+            if (format == Q4_RTN) {
+                const float q = fminf(fmaxf(rintf(__fdiv_rn(x, rtn_scale)), -7.f), 7.f);
+                c[e] = (u32)(int)q & 15u;
+                val[i + e - s.i0] = q;
+            } else if (format == Q4_INT4) {
+                const float q = fminf(fmaxf(floorf(__fdiv_rn(x, step)), -8.f), 7.f);
+                c[e] = (u32)(int)q & 15u;
+                val[i + e - s.i0] = __fadd_rn(__fmul_rn(2.f, q), 1.f);
+            } else {
+                const float z = __fdiv_rn(x, sigma), az = fabsf(z);
+                int level = 0;
+                while (level < 7 && az >= LLOYD_T[level]) level++;
+                c[e] = (z < 0.f ? 8u : 0u) | (u32)level;
+                val[i + e - s.i0] = (float)(z < 0.f ? -LLOYD_INT[level] : LLOYD_INT[level]);
+            }
+        }
         if (codes) codes[i / 2] = (unsigned char)(c[0] | c[1] << 4);
     }
 }
@@ -9923,196 +9891,8 @@ KERNEL_soloq_scale_rows_i32 {
     pdl_enter();
     soloq_scale_body(acc, n, s_x, s_w, y, y_f32, ldy);
 }
-
-/* [SoloQ segments] soloq_produce_rows for rows of d = 1024 S elements (S <= 16), the activation formats, and K-RPBH
- * blocks of b = 256, 512 or 1024 (or no block transform): one CTA of S warps a row, warp w holding segment w in registers,
- * lane l its elements l + 32 i (i < 32). That is the order in which the twins add a segment (dllm__soloq_dot) and the
- * layout of the register FWHT's blocks, so every sum and butterfly is the old kernel's, with four barriers instead of
- * about ten and no pass through shared memory but the gather and the mixer's. d floats of shared memory hold the
- * source row, then the transformed row for the mixer. */
-#define SOLOQ_SEGMENT_REGS 32  // SOLOQ_SEGMENT / 32
-
-/* The source row into F: producer 0's bf16 row, 2's SwiGLU (rounded to bf16 as swiglu stores it), or 1's add_rmsnorm
- * with the bits of soloq_norm_row's T = norm threads (thread t here plays its threads t, t + blockDim.x, ...). */
-__device__ void soloq_segments_source(const soloq_args &a, int row, float *F) {
-    const int d = a.d, R = blockDim.x;
-    if (a.producer != 1) {
-        const bf16_t *x = (const bf16_t *)a.x + (u64)row * a.x_stride;
-        for (int k = threadIdx.x * 8; k < d; k += R * 8) {
-            float f[8];
-            if (a.producer == 2) {
-                silu_mul8(x, d, k, f);
-                for (int e = 0; e < 8; e++) f[e] = bf16_to_f32(f32_to_bf16(f[e]));
-            } else {
-                unpack8(*(const uint4 *)(x + k), f);
-            }
-            store8(F + k, f);
-        }
-        __syncthreads();
-        return;
-    }
-    __shared__ float part[32];
-    const int T = min(1024, (d / 8 + 31) / 32 * 32);  // dllm__norm_threads(d / 8)
-    for (int t = threadIdx.x; t < T; t += R) {
-        float v[NORM_SLOTS][8];
-        const float ss = residual_warp_sum(residual_part(a.h_in, a.h_out, a.delta, (u64)row, d, t, T, v));
-        if ((t & 31) == 0) part[t >> 5] = ss;
-#pragma unroll
-        for (int j = 0; j < NORM_SLOTS; j++)
-            if ((t + j * T) * 8 < d) store8(F + (t + j * T) * 8, v[j]);
-    }
-    __syncthreads();
-    const float r = residual_rms_of_parts(part, T >> 5, d, a.eps);
-    for (int k = threadIdx.x * 8; k < d; k += R * 8) {
-        float v[8], g[8];
-        load8(F + k, v);
-        load8(a.norm_w + k, g);
-        for (int e = 0; e < 8; e++) v[e] = bf16_to_f32(f32_to_bf16((v[e] * r) * g[e]));
-        store8(F + k, v);
-    }
-    __syncthreads();
-}
-
-/* The block FWHTs (b = 32 E) of a segment held as the warp's y, then 1/sqrt(b): soloq_fwht_registers's butterflies in
- * its stage order, for each of the segment's 32 / E blocks. */
-template <int E>
-__device__ __forceinline__ void soloq_segment_fwht(float (&y)[SOLOQ_SEGMENT_REGS], float norm) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int h = 1; h < 32 && h < 32 * E; h <<= 1) {
-        const bool upper = lane & h;
-#pragma unroll
-        for (int i = 0; i < SOLOQ_SEGMENT_REGS; i++) {
-            const float other = __shfl_xor_sync(0xffffffffu, y[i], h);
-            y[i] = upper ? __fsub_rn(other, y[i]) : __fadd_rn(y[i], other);
-        }
-    }
-#pragma unroll
-    for (int h = 1; h < E; h <<= 1)
-#pragma unroll
-        for (int i = 0; i < SOLOQ_SEGMENT_REGS; i++)
-            if (!(i & h)) {
-                const float u = y[i], v = y[i + h];
-                y[i] = __fadd_rn(u, v);
-                y[i + h] = __fsub_rn(u, v);
-            }
-#pragma unroll
-    for (int i = 0; i < SOLOQ_SEGMENT_REGS; i++) y[i] = __fmul_rn(y[i], norm);
-}
-
-/* y = R x for this warp's segment (twin: dllm__rotate): signs and permutation gathered from F, the block FWHTs, then the
- * mixer Q_k, whose columns run across the segments (through F). */
-__device__ void soloq_segment_rotate(const soloq_args &a, float *F, float (&y)[SOLOQ_SEGMENT_REGS]) {
-    const int lane = threadIdx.x & 31, base = (threadIdx.x >> 5) * SOLOQ_SEGMENT;
-#pragma unroll
-    for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) {
-        const int i = base + lane + 32 * r;
-        const float v = F[a.perm ? a.perm[i] : i];
-        y[r] = a.signs && (a.signs[i >> 3] >> (i & 7) & 1) ? -v : v;
-    }
-    switch (a.rot_b) {  // K-RPBH's block where d is whole segments (and a fast path is worth its code): 256 to 1024
-    case 256: soloq_segment_fwht<8>(y, a.rot_norm); break;
-    case 512: soloq_segment_fwht<16>(y, a.rot_norm); break;
-    case 1024: soloq_segment_fwht<32>(y, a.rot_norm); break;
-    }
-    if (!a.mixer) return;
-    __syncthreads();  // every segment gathered before F is overwritten
-#pragma unroll
-    for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) F[base + lane + 32 * r] = y[r];
-    __syncthreads();
-    const int b = a.rot_b, k = a.rot_k, log_b = __ffs(b) - 1;
-#pragma unroll
-    for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) {
-        const int o = base + lane + 32 * r, c = o & (b - 1);
-        const float *q = a.mixer + (o >> log_b) * k;
-        float acc = 0.f;
-        for (int i = 0; i < k; i++) acc = fmaf(q[i], F[c + i * b], acc);
-        y[r] = acc;
-    }
-}
-
-/* The segments' partial sums p (one a warp, lane 0's) added in segment order, as soloq_row_stats and soloq_row_dot add
- * them (a lone segment's as it is); the maxima m combined. Ends with every thread holding both; `sums` and `maxs` are
- * the caller's shared arrays of 16. */
-__device__ __forceinline__ float2 soloq_segments_combine(float p, float m, float *sums, float *maxs) {
-    for (int off = 16; off > 0; off >>= 1) {
-        p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, off));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    }
-    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = p, maxs[threadIdx.x >> 5] = m;
-    __syncthreads();
-    const int S = blockDim.x >> 5;
-    float sum = 0.f, amax = 0.f;
-    for (int j = 0; j < S; j++) sum = __fadd_rn(sum, sums[j]), amax = fmaxf(amax, maxs[j]);
-    return make_float2(amax, S == 1 ? sums[0] : sum);
-}
-
-/* One element's code and C value: the row's format, NVFP4's block taken over the half-warp holding it. */
-__device__ __forceinline__ u32 soloq_segment_code(const soloq_args &a, int row, float x, float s_enc, float sigma,
-                                                  float step, float rtn_scale, int i, float &val) {
-    if (a.format != Q4_NVFP4) return soloq_scalar_code(a.format, x, sigma, step, rtn_scale, val);
-    float m = fmaxf(0.f, fabsf(x)), scale, enc;
-    for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    const u32 sb = soloq_nvfp4_block(m, s_enc, scale, enc);
-    if (a.block_scales && (threadIdx.x & 15) == 0) a.block_scales[(u64)row * (a.d / 16) + i / 16] = sb;
-    return soloq_nvfp4_code(x, sb, enc, scale, val);
-}
-
-/* Rows rotated and quantised a segment a warp (see above): the outputs of soloq_row, bit for bit. After the stats the
- * warp's segment goes back to F (the barrier of the stats has let every warp finish reading F), so that the encoder
- * loops over it without holding 32 registers. */
-KERNEL_soloq_produce_segments {
-    pdl_enter();
-    extern __shared__ float soloq_smem[];
-    __shared__ float sums[16], maxs[16];
-    const int row = blockIdx.x, d = a.d, lane = threadIdx.x & 31, base = (threadIdx.x >> 5) * SOLOQ_SEGMENT;
-    float *F = soloq_smem, y[SOLOQ_SEGMENT_REGS];
-    soloq_segments_source(a, row, F);
-    soloq_segment_rotate(a, F, y);
-    if (!a.quantize) {
-#pragma unroll
-        for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) a.values[(u64)row * d + base + lane + 32 * r] = f32_to_bf16(y[r]);
-        if (a.row_scale && threadIdx.x == 0) a.row_scale[row] = 1.f;
-        return;
-    }
-    float p = 0.f, m = 0.f;
-#pragma unroll
-    for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) p = fmaf(y[r], y[r], p), m = fmaxf(m, fabsf(y[r]));
-    const float2 stats = soloq_segments_combine(p, m, sums, maxs);
-#pragma unroll
-    for (int r = 0; r < SOLOQ_SEGMENT_REGS; r++) F[base + lane + 32 * r] = y[r];
-    const float amax = stats.x, ss = stats.y, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
-    const float s_enc = nvfp4_s_enc(amax), step = __fmul_rn(sigma, INT4_STEP), rtn_scale = __fdiv_rn(amax, 7.0f);
-    const unsigned char zeros[4] = {0, 0, 0, 0};
-    float dot = 0.f;  // [bias correction] <C, y>, in the twin's order
-    for (int i = base + lane; i < base + SOLOQ_SEGMENT; i += 32) {
-        const float x = F[i];
-        float val;
-        u32 c = 0u;
-        if (ss == 0.f) {  // codes 0 (some decode to a nonzero C, INT4's 1), block scales 0
-            val = q4_value(a.format, zeros, zeros, i & 7);
-            if (a.block_scales && (i & 15) == 0) a.block_scales[(u64)row * (d / 16) + i / 16] = 0;
-        } else {
-            c = soloq_segment_code(a, row, x, s_enc, sigma, step, rtn_scale, i, val);
-        }
-        const u32 next = __shfl_down_sync(0xffffffffu, c, 1);
-        if (a.codes && !(lane & 1)) a.codes[(u64)row * (d / 2) + i / 2] = (unsigned char)(c | next << 4);
-        dot = fmaf(val, x, dot);
-        if (a.values) a.values[(u64)row * d + i] = f32_to_bf16(val);
-        if (a.values_i8) a.values_i8[(u64)row * d + i] = (signed char)(int)val;
-    }
-    float scale = ss == 0.f ? 0.f : soloq_own_scale(a.format, amax, sigma);
-    if (!(ss <= 3.402823466e38f)) {
-        scale = __int_as_float(0x7fc00000);
-    } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
-        __syncthreads();  // the stats' partials read before they are overwritten
-        const float proj = soloq_segments_combine(dot, 0.f, sums, maxs).y;
-        if (proj > 0.f) scale = __fdiv_rn(ss, proj);
-    }
-    if (threadIdx.x == 0 && a.row_scale) a.row_scale[row] = scale;
-}
 )DLLM";
-#line 270 "src/gpu/kernel_table.cpp"
+#line 269 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] commit-time K/V quantisation of block diffusion (section 9c) on the device: the commit's quantisers, bit
  * for bit with 9c on the same inputs (every float operation an explicit _rn intrinsic, fmaf, or one of 9b's SoloQ
@@ -10178,7 +9958,7 @@ __device__ __forceinline__ float warp_softmax_chunk(float s, bool valid, float &
     return p;
 }
 )DLLM";
-#line 322 "src/gpu/kernel_table.cpp"
+#line 321 "src/gpu/kernel_table.cpp"
 
 static const char *dllm__src_kvq = R"DLLM(
 #line 1 "src/kernels/kvq.cuh"
@@ -10456,7 +10236,7 @@ KERNEL_kvq_attention_batch {
     kvq_attention_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
 }
 )DLLM";
-#line 324 "src/gpu/kernel_table.cpp"
+#line 323 "src/gpu/kernel_table.cpp"
 
 /* [KV quant] The block step's attention over the quantised cache on tensor cores (kvq_tc, on by default; twin:
  * dllm__kvq_flash_twin in 9c). kvq_attention decodes every key's codes once per query head (7 times per kv head at
@@ -11042,7 +10822,7 @@ KERNEL_kvq_flash_combine_batch {
     kvq_flash_combine_row(kvq_batch_chunk(b, it.chunk, sa), it.row, blockIdx.y);
 }
 )DLLM";
-#line 356 "src/gpu/kernel_table.cpp"
+#line 355 "src/gpu/kernel_table.cpp"
 
 /* [FACache] on block diffusion, on the device (twins: dllm__cpu_softmax_part, dllm__softmax_merge,
  * dllm__cpu_bd_attend): layer 0's attention split at the committed cache. bdfa_committed computes, for the listed rows
@@ -11168,7 +10948,7 @@ KERNEL_bdfa_merge {
             f32_to_bf16(__fmul_rn(__fadd_rn(__fmul_rn(st[c], a1), __fmul_rn(acc[c], a2)), inv));
 }
 )DLLM";
-#line 389 "src/gpu/kernel_table.cpp"
+#line 388 "src/gpu/kernel_table.cpp"
 
 /* Tensor-core plumbing shared by the attention and the FP8 GEMM modules (sm_80+): cp.async copies and
  * ldmatrix. Shared-memory operands are 32-bit shared-window byte addresses: half the registers of generic
@@ -11189,7 +10969,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
                  : "r"(addr));
 }
 )DLLM";
-#line 394 "src/gpu/kernel_table.cpp"
+#line 393 "src/gpu/kernel_table.cpp"
 
 /* dllm's own FP8 GEMM (DLLM__FP8_MMA): sm_89 (Ada) has FP8 tensor cores but no block-scaled cuBLASLt mode; sm_90 runs
  * it with DLLM_TILES=fp8_gemm=mma. Twin: dllm__fp8_gemm_twin. Y [M x N] (bf16, row-major, leading dimension N) = X .
@@ -11340,7 +11120,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 1)
         }
 }
 )DLLM";
-#line 412 "src/gpu/kernel_table.cpp"
+#line 411 "src/gpu/kernel_table.cpp"
 
 /* [W4 GEMM] q4_gemm's arguments (host/kernel contract, declared in its own module): y = (A . C_w^T * s_x) * s_w on
  * N packed 4-bit weight rows (section 9b's layout) and M <= 64 bf16 activation rows; partial: split-K's fp32
@@ -11777,7 +11557,7 @@ KERNEL_q4_gemm_reduce {
     q4_store(a, (int)(i / a.N), (int)(i % a.N), acc);
 }
 )DLLM";
-#line 498 "src/gpu/kernel_table.cpp"
+#line 497 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -12162,7 +11942,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 514 "src/gpu/kernel_table.cpp"
+#line 513 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -12659,7 +12439,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 522 "src/gpu/kernel_table.cpp"
+#line 521 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -12825,7 +12605,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 528 "src/gpu/kernel_table.cpp"
+#line 527 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -13018,7 +12798,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 540 "src/gpu/kernel_table.cpp"
+#line 539 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -13214,7 +12994,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 560 "src/gpu/kernel_table.cpp"
+#line 559 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -13250,7 +13030,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 583 "src/gpu/kernel_table.cpp"
+#line 582 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
@@ -13574,7 +13354,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 611 "src/gpu/kernel_table.cpp"
+#line 610 "src/gpu/kernel_table.cpp"
 #line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -16524,8 +16304,6 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_segments.fn,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     set.max_smem = dynamic;
     set.clusters = cc >= 90;
     return DLLM_OK;
@@ -16854,29 +16632,9 @@ static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) 
     return a.producer == 0 ? std::min(t, a.rows > 64 ? 256u : dllm__soloq_quantize_threads) : t;
 }
 
-/* The widest row soloq_produce_segments takes: 12 segments (LLaDA-8B's SwiGLU rows), 384 threads (its launch bounds: two
- * such rows an SM). */
-static const int dllm__soloq_segments_max_d = 12 * dllm__soloq_segment;
-static_assert(dllm__soloq_segment == 32 * 32, "soloq_produce_segments holds a segment as 32 registers of a warp");
-
-/* Whether soloq_produce_segments computes a's rows: whole segments, blocks of 256 to 1024 (or none) and a mixer of at
- * most 32 blocks, an activation format (not E8P, whose encoder is a search), 16-byte aligned source rows. */
-static bool dllm__soloq_segments_take(const soloq_args &a) {
-    const bool block = a.rot_b == 1 || a.rot_b == 256 || a.rot_b == 512 || a.rot_b == 1024;
-    const bool aligned = a.producer == 1 || ((uintptr_t)a.x % 16 == 0 && a.x_stride % 8 == 0);
-    return a.d % dllm__soloq_segment == 0 && a.d <= dllm__soloq_segments_max_d && block &&
-           (!a.mixer || a.rot_k <= 32) && a.format != DLLM__Q4_E8P && aligned;
-}
-
-/* One row a CTA: soloq_produce_segments where it takes the rows, else soloq_quantize_rows of `threads` for producer 0,
- * soloq_produce_rows for the others. */
+/* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
 static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads,
                                       cudaStream_t stream) {
-    if (a.rows > 0 && dllm__soloq_segments_take(a)) {
-        a.cluster = 1;
-        const dllm__grid g(dim3((unsigned)a.rows), dim3((unsigned)(a.d / 32)), (size_t)a.d * 4);
-        return k.soloq_produce_segments.launch(g, stream, a);
-    }
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
     // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while

@@ -95,10 +95,9 @@ TEST(gpu_soloq, quantize_rows_match_twin_bit_for_bit) {
     test_rng rng("gpu_soloq.quantize_rows");
     const int rows = 6;
     int cases = 0, failed = 0;
-    // 1536 and 3584: rows split over clusters on sm_90; K-RPBH blocks of 32 (192), 64 (320), 128 (640), 256 (1536) and
-    // 512 (3584) take soloq_produce_rows's register FWHT, the others its shared-memory one. Whole segments of 1024
-    // (1024 to 12288: K-RPBH blocks of 256, 512 and 1024) take soloq_produce_segments but in E8P.
-    for (int d : {40, 192, 264, 320, 640, 1000, 1024, 1536, 2048, 3072, 3584, 4096, 12288}) {
+    // 3072 and 4096: rows split over clusters of 3 and 4 CTAs on sm_90; K-RPBH blocks of 32 (192), 64 (320), 128 (640),
+    // 256 (1536), 512 (3072, 3584) and 1024 (4096) take the register FWHT, the others the shared-memory one
+    for (int d : {40, 192, 264, 320, 640, 1000, 1536, 3072, 3584, 4096}) {
         const std::vector<float> x = test_soloq_rows(rng, rows, d);
         for (int kind = DLLM__ROT_NONE; kind <= DLLM__ROT_HAAR; kind++) {
             if (kind == DLLM__ROT_HAAR && d > 264) continue;  // dense: d^2 work a row

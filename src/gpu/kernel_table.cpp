@@ -252,7 +252,6 @@ static const char *dllm__src_fp8 = DLLM__KERNEL_FILE("fp8.cuh");
 #define DLLM__SOLOQ_KERNELS(X)                                                                                         \
     X(soloq_quantize_rows, __launch_bounds__(SOLOQ_QUANTIZE_THREADS, 1), (soloq_args a))                               \
     X(soloq_produce_rows, __launch_bounds__(1024, 1), (soloq_args a))                                                  \
-    X(soloq_produce_segments, __launch_bounds__(384, 2), (soloq_args a))                                               \
     X(soloq_dequantize_rows, ,                                                                                         \
       (const unsigned char *codes, const unsigned char *block_scales, int format, int rows, int cols, bf16_t *out))    \
     X(soloq_scale_rows, ,                                                                                              \

@@ -52,29 +52,9 @@ static unsigned dllm__soloq_threads(const soloq_args &a, int n, unsigned asked) 
     return a.producer == 0 ? std::min(t, a.rows > 64 ? 256u : dllm__soloq_quantize_threads) : t;
 }
 
-/* The widest row soloq_produce_segments takes: 12 segments (LLaDA-8B's SwiGLU rows), 384 threads (its launch bounds: two
- * such rows an SM). */
-static const int dllm__soloq_segments_max_d = 12 * dllm__soloq_segment;
-static_assert(dllm__soloq_segment == 32 * 32, "soloq_produce_segments holds a segment as 32 registers of a warp");
-
-/* Whether soloq_produce_segments computes a's rows: whole segments, blocks of 256 to 1024 (or none) and a mixer of at
- * most 32 blocks, an activation format (not E8P, whose encoder is a search), 16-byte aligned source rows. */
-static bool dllm__soloq_segments_take(const soloq_args &a) {
-    const bool block = a.rot_b == 1 || a.rot_b == 256 || a.rot_b == 512 || a.rot_b == 1024;
-    const bool aligned = a.producer == 1 || ((uintptr_t)a.x % 16 == 0 && a.x_stride % 8 == 0);
-    return a.d % dllm__soloq_segment == 0 && a.d <= dllm__soloq_segments_max_d && block &&
-           (!a.mixer || a.rot_k <= 32) && a.format != DLLM__Q4_E8P && aligned;
-}
-
-/* One row a CTA: soloq_produce_segments where it takes the rows, else soloq_quantize_rows of `threads` for producer 0,
- * soloq_produce_rows for the others. */
+/* One CTA of `threads` a row: soloq_quantize_rows for producer 0, else soloq_produce_rows. */
 static dllm_status dllm__soloq_launch(const dllm__soloq_kernels &k, soloq_args a, unsigned threads,
                                       cudaStream_t stream) {
-    if (a.rows > 0 && dllm__soloq_segments_take(a)) {
-        a.cluster = 1;
-        const dllm__grid g(dim3((unsigned)a.rows), dim3((unsigned)(a.d / 32)), (size_t)a.d * 4);
-        return k.soloq_produce_segments.launch(g, stream, a);
-    }
     // Split only few rows (a block step's), and not the norm producer, whose every CTA would normalise the whole row:
     // measured on the H200 (LLaDA-8B shape, SoloQ-I), splitting every launch took the block step from 8.6 to 9.1 ms and
     // the 1024-row forward from 57 to 100 ms; the SwiGLU producer alone went from 1.38 to 1.09 ms a step, while

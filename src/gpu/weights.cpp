@@ -71,8 +71,6 @@ static dllm_status dllm__bind(dllm__soloq_kernels &set, dllm__module &mod, int s
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_rows.fn,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
-    DLLM__CUDA(cudaFuncSetAttribute((const void *)set.soloq_produce_segments.fn,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     set.max_smem = dynamic;
     set.clusters = cc >= 90;
     return DLLM_OK;

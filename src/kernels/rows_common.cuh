@@ -26,52 +26,6 @@ __device__ __forceinline__ void store8(float *p, const float f[8]) {
     *(float4 *)(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-/* Thread t of T's part of residual_rms: its slots loaded (and h_out written), its sum of squares returned. */
-__device__ __forceinline__ float residual_part(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d,
-                                               int t, int T, float (&v)[NORM_SLOTS][8]) {
-    uint4 dv[NORM_SLOTS];
-#pragma unroll
-    for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
-        const int k = (t + j * T) * 8;
-        for (int e = 0; e < 8; e++) v[j][e] = 0.f;
-        if (k < d) {
-            load8(h_in + src * d + k, v[j]);
-            if (delta) dv[j] = *(const uint4 *)(delta + src * d + k);
-        }
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < NORM_SLOTS; j++) {
-        const int k = (t + j * T) * 8;
-        if (k >= d) continue;
-        if (delta) {
-            float g[8];
-            unpack8(dv[j], g);
-            for (int e = 0; e < 8; e++) v[j][e] += g[e];
-        }
-        if (h_out) store8(h_out + src * d + k, v[j]);
-        for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
-    }
-    return ss;
-}
-
-/* A warp's sum of its threads' parts, in butterfly order. */
-__device__ __forceinline__ float residual_warp_sum(float ss) {
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    return ss;
-}
-
-/* rsqrt(mean + eps) from the warps' sums part[0 .. warps) (after a barrier), added in butterfly order. */
-__device__ __forceinline__ float residual_rms_of_parts(float *part, int warps, int d, float eps) {
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < warps ? part[threadIdx.x] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    return rsqrtf(part[0] / (float)d + eps);
-}
-
 /* Row-wise norms keep a row in registers between the sum of squares and the scaling: chunk slot j of a thread is
  * the 16-byte chunk threadIdx.x + j * blockDim.x, one slot up to 8192 values a row (1024 threads), at most NORM_SLOTS
  * (from the host's dllm__norm_slots). Re-reading the row after the reduction instead took 16.3 against 15.5 us at
@@ -82,11 +36,40 @@ __device__ __forceinline__ float residual_rms_of_parts(float *part, int warps, i
  * reduced in a fixed order, so a row's bits never depend on which other rows are computed (LaCache relies on this). */
 __device__ __forceinline__ float residual_rms(const float *h_in, float *h_out, const bf16_t *delta, u64 src, int d,
                                               float eps, float (&v)[NORM_SLOTS][8]) {
-    const float ss = residual_warp_sum(residual_part(h_in, h_out, delta, src, d, threadIdx.x, blockDim.x, v));
+    uint4 dv[NORM_SLOTS];
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {  // all loads first
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        for (int e = 0; e < 8; e++) v[j][e] = 0.f;
+        if (k < d) {
+            load8(h_in + src * d + k, v[j]);
+            if (delta) dv[j] = *(const uint4 *)(delta + src * d + k);
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_SLOTS; j++) {
+        const int k = (threadIdx.x + j * blockDim.x) * 8;
+        if (k >= d) continue;
+        if (delta) {
+            float g[8];
+            unpack8(dv[j], g);
+            for (int e = 0; e < 8; e++) v[j][e] += g[e];
+        }
+        if (h_out) store8(h_out + src * d + k, v[j]);
+        for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
+    }
     __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
-    return residual_rms_of_parts(part, blockDim.x >> 5, d, eps);
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    return rsqrtf(part[0] / (float)d + eps);
 }
 
 /* silu(g) * u for 8 columns of a [gate (f) | up (f)] row: shared by swiglu and swiglu_e4m3, so that the
