@@ -9512,7 +9512,7 @@ __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
 #endif
 
-/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E, a block a warp and no barrier:
+/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E <= 128, a block a warp, no barrier:
  * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
  * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
  * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
@@ -9546,10 +9546,45 @@ __device__ void soloq_fwht_registers(float *A, int n, float norm) {
     }
 }
 
-/* The block FWHTs of the other block sizes in shared memory, a barrier a stage; then 1/sqrt(b). */
-__device__ void soloq_fwht_shared(float *A, const soloq_slice &s, int b) {
+/* [SoloQ chunk FWHT] The block FWHTs of slice A for b >= 256 with every thread busy: thread t holds chunks q = t, t +
+ * blockDim.x, ... of 8 contiguous elements (lane = q % 32), so the stages h = 1, 2, 4 pair its own registers and h = 8
+ * .. 128 pair lanes (shuffles); the stages from 256 on are soloq_fwht_shared's. A block a warp (soloq_fwht_registers)
+ * kept 4 of a 4096-wide row's 16 warps busy and the others at the barrier after it. The same stage order and
+ * butterflies, so the same bits. Without the scaling by 1/sqrt(b). */
+__device__ void soloq_fwht_chunks(float *A, int n) {
+    const int lane = threadIdx.x & 31;
+    for (int q = threadIdx.x; q < n / 8; q += blockDim.x) {  // n % 256 == 0: whole warps, every lane a chunk
+        float4 *p = (float4 *)(A + 8 * q);
+        const float4 lo = p[0], hi = p[1];
+        float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (!(i & h)) {
+                    const float u = x[i], v = x[i + h];
+                    x[i] = __fadd_rn(u, v);
+                    x[i + h] = __fsub_rn(u, v);
+                }
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1) {
+            const bool upper = lane & h;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float other = __shfl_xor_sync(0xffffffffu, x[i], h);
+                x[i] = upper ? __fsub_rn(other, x[i]) : __fadd_rn(x[i], other);
+            }
+        }
+        p[0] = make_float4(x[0], x[1], x[2], x[3]);
+        p[1] = make_float4(x[4], x[5], x[6], x[7]);
+    }
+    __syncthreads();
+}
+
+/* The block FWHTs' stages from h = 2^first on in shared memory, a barrier a stage. */
+__device__ void soloq_fwht_shared(float *A, const soloq_slice &s, int b, int first) {
     const int tid = threadIdx.x, nt = blockDim.x, log_b = __ffs(b) - 1;  // b a power of two: shifts and masks
-    for (int log_h = 0; log_h < log_b; log_h++) {
+    for (int log_h = first; log_h < log_b; log_h++) {
         const int h = 1 << log_h;
         for (int p = s.i0 / 2 + tid; p < (s.i0 + s.n) / 2; p += nt) {  // butterfly p: block p >> (log_b - 1), pair q
             const int q = p & (b / 2 - 1),
@@ -9562,18 +9597,18 @@ __device__ void soloq_fwht_shared(float *A, const soloq_slice &s, int b) {
     }
 }
 
-/* FWHT_b (and 1/sqrt(b)) of every block of the gathered slice A: in registers for b = 32 .. 1024. */
+/* FWHT_b (and 1/sqrt(b)) of every block of the gathered slice A: a block a warp in registers for b = 32 .. 128, in
+ * chunks of 8 from 256 on (then shared memory past 256). */
 __device__ void soloq_fwht_blocks(const soloq_args &a, const soloq_slice &s, float *A) {
     switch (a.rot_b) {
     case 1: return;
     case 32: return soloq_fwht_registers<1>(A, s.n, a.rot_norm);
     case 64: return soloq_fwht_registers<2>(A, s.n, a.rot_norm);
     case 128: return soloq_fwht_registers<4>(A, s.n, a.rot_norm);
-    case 256: return soloq_fwht_registers<8>(A, s.n, a.rot_norm);
-    case 512: return soloq_fwht_registers<16>(A, s.n, a.rot_norm);
-    case 1024: return soloq_fwht_registers<32>(A, s.n, a.rot_norm);
     }
-    soloq_fwht_shared(A, s, a.rot_b);
+    int first = 0;
+    if (a.rot_b >= 256) soloq_fwht_chunks(A, s.n), first = 8;
+    soloq_fwht_shared(A, s, a.rot_b, first);
     for (int i = threadIdx.x; i < s.n; i += blockDim.x) A[i] = __fmul_rn(A[i], a.rot_norm);
 }
 
@@ -9586,10 +9621,26 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
                                const float *normed) {
     const int tid = threadIdx.x, nt = blockDim.x, i1 = s.i0 + s.n;
     float *A = F + s.i0;
-    for (int i = s.i0 + tid; i < i1; i += nt) {
-        float v = soloq_source(a, row, a.perm ? a.perm[i] : i, normed);
-        if (a.signs && (a.signs[i >> 3] >> (i & 7) & 1)) v = -v;
-        A[i - s.i0] = v;
+    // Eight elements a pass, their permutation and sign loads issued before any is used: one element at a time, each
+    // waited on its dependent global loads in turn (about 30% of a 32-row add+norm producer's time, ncu, H100).
+    constexpr int G = 8;
+    for (int i0 = s.i0 + tid; i0 < i1; i0 += G * nt) {
+        int src[G];
+        u32 sign[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = min(i0 + g * nt, i1 - 1);
+            src[g] = a.perm ? a.perm[i] : i;
+            sign[g] = a.signs ? a.signs[i >> 3] >> (i & 7) & 1u : 0u;
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = i0 + g * nt;
+            if (i < i1) {
+                const float v = soloq_source(a, row, src[g], normed);
+                A[i - s.i0] = sign[g] ? -v : v;
+            }
+        }
     }
     __syncthreads();
     soloq_fwht_blocks(a, s, A);
