@@ -166,10 +166,44 @@ __device__ __forceinline__ float soloq_remote(const float *p, int rank) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
     return v;
 }
+/* The float4 at p in CTA `rank`. */
+__device__ __forceinline__ float4 soloq_remote4(const float4 *p, int rank) {
+    u32 remote;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote));
+    return v;
+}
 #else
 __device__ __forceinline__ void soloq_sync(const soloq_slice &) { __syncthreads(); }
 __device__ __forceinline__ float soloq_remote(const float *p, int) { return *p; }  // C is 1 here
+__device__ __forceinline__ float4 soloq_remote4(const float4 *p, int) { return *p; }
 #endif
+
+/* The other CTAs' slices of the row buffer F into this CTA's F, 16 bytes a load, eight loads a thread in flight before
+ * any is stored (a float at a time, each remote load's latency was paid in turn). */
+__device__ void soloq_copy_slices(float *F, const soloq_slice &s) {
+    const int n4 = s.n / 4, total = (s.C - 1) * n4, nt = blockDim.x;  // s.n % 4 == 0: whole rotation blocks
+    float4 *F4 = (float4 *)F;
+    constexpr int G = 8;
+    for (int i0 = threadIdx.x; i0 < total; i0 += G * nt) {
+        float4 v[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = i0 + g * nt, owner = i / n4 + (i / n4 >= s.r);  // the slices in order, this CTA's skipped
+            if (i < total) v[g] = soloq_remote4(F4 + owner * n4 + i % n4, owner);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = i0 + g * nt, owner = i / n4 + (i / n4 >= s.r);
+            if (i < total) F4[owner * n4 + i % n4] = v[g];
+        }
+    }
+}
 
 /* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E <= 128, a block a warp, no barrier:
  * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
@@ -310,11 +344,7 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     }
     soloq_sync(s);  // every slice transformed before any is mixed
     if (s.C > 1) {
-        for (int owner = 0; owner < s.C; owner++) {
-            if (owner == s.r) continue;
-            float *slice = F + owner * s.n;
-            for (int i = tid; i < s.n; i += nt) slice[i] = soloq_remote(&slice[i], owner);
-        }
+        soloq_copy_slices(F, s);
         __syncthreads();
     }
     const int k = a.rot_k;
