@@ -359,6 +359,27 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     return B;
 }
 
+/* The in-order sum and the maximum of the row's segment partials: segment r mine + j at sums[j] (and maxima[j]) in CTA r
+ * of the cluster. Lane i of every warp loads partial i, all at once, then every lane adds them in order through
+ * shuffles: one remote load after another cost a 12288-wide row's 12 partials about as much as its rotation. */
+__device__ float2 soloq_combine(const float *sums, const float *maxima, const soloq_slice &s, int mine) {
+    const int lane = threadIdx.x & 31, total = s.C * mine;
+    float acc = 0.f, amax = 0.f;
+    for (int base = 0; base < total; base += 32) {
+        float p = 0.f, m = 0.f;
+        const int i = base + lane, r = i / mine, j = i - r * mine;
+        if (i < total) {
+            p = r == s.r ? sums[j] : soloq_remote(&sums[j], r);
+            if (maxima) m = r == s.r ? maxima[j] : soloq_remote(&maxima[j], r);
+        }
+        for (int k = 0; k < min(32, total - base); k++) {
+            acc = __fadd_rn(acc, __shfl_sync(0xffffffffu, p, k));
+            amax = fmaxf(amax, __shfl_sync(0xffffffffu, m, k));
+        }
+    }
+    return make_float2(acc, amax);
+}
+
 /* Twin: dllm__soloq_dot over the whole row of which this CTA holds [i0, i0 + n) (x and y: the slice): its segments'
  * sums (one warp each), then all of them added in order from every CTA's `seg`
  * (a cluster-shared array of at most 32 sums). Every thread of every CTA returns the same bits. Ends with a barrier
@@ -371,9 +392,7 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
         if ((threadIdx.x & 31) == 0) seg[j] = p;
     }
     soloq_sync(s);
-    float sum = 0.f;
-    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
-        for (int j = 0; j < mine; j++) sum = __fadd_rn(sum, r == s.r ? seg[j] : soloq_remote(&seg[j], r));
+    float sum = soloq_combine(seg, 0, s, mine).x;
     if (!segmented) sum = seg[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     soloq_sync(s);                 // every CTA has read every partial before any is overwritten
     return sum;
@@ -398,12 +417,9 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
         if ((threadIdx.x & 31) == 0) seg_sum[j] = p, seg_max[j] = m;
     }
     soloq_sync(s);
-    float sum = 0.f, amax = 0.f;
-    for (int r = 0; r < s.C; r++)  // segment r mine + j, in order
-        for (int j = 0; j < mine; j++) {
-            sum = __fadd_rn(sum, r == s.r ? seg_sum[j] : soloq_remote(&seg_sum[j], r));
-            amax = fmaxf(amax, r == s.r ? seg_max[j] : soloq_remote(&seg_max[j], r));
-        }
+    const float2 c = soloq_combine(seg_sum, seg_max, s, mine);
+    float sum = c.x;
+    const float amax = c.y;
     if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
     if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
     return make_float2(amax, sum);
