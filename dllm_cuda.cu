@@ -9696,7 +9696,10 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
         for (int i = 0; i < k; i++) acc = fmaf(q[i], col[i * b], acc);
         B[o - s.i0] = acc;
     }
-    soloq_sync(s);  // every CTA has copied every slice, and this one mixed, before A is written again
+    // Every CTA has copied every slice, and this one mixed, before A is written again: quantising, the cluster barrier
+    // of soloq_row_stats comes first (soloq_row), so this CTA's own suffices here.
+    if (s.C > 1 && a.quantize) __syncthreads();
+    else soloq_sync(s);
     return B;
 }
 
@@ -9741,7 +9744,8 @@ __device__ float soloq_row_dot(const float *x, const float *y, int d, const solo
 
 /* The row's amax and sum of squares (twins: dllm__amax, whose fmaxf drops NaN, and dllm__soloq_dot(y, y)) in one pass
  * over the slice y: a warp a segment, as soloq_row_dot, its fmaxf beside the fmaf chain; then every segment's sum added
- * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. */
+ * in order and the maxima combined, from every CTA. Every thread of every CTA returns the same bits. A split row's CTAs
+ * may still read this one's partials: the caller passes a cluster barrier before it leaves. */
 __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     __shared__ float seg_sum[32], seg_max[32];
     const bool segmented = d > SOLOQ_SEGMENT && d % SOLOQ_SEGMENT == 0;
@@ -9762,7 +9766,6 @@ __device__ float2 soloq_row_stats(const float *y, int d, const soloq_slice &s) {
     float sum = c.x;
     const float amax = c.y;
     if (!segmented) sum = seg_sum[0];  // one segment: its sum as it is (0 + p is p, -0 aside)
-    if (s.C > 1) soloq_sync(s);         // no CTA leaves while another reads its partials
     return make_float2(amax, sum);
 }
 
@@ -9862,6 +9865,8 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
     }
     const float2 stats = soloq_row_stats(y, d, s);
     const float amax = stats.x, ss = stats.y, sigma = __fsqrt_rn(__fdiv_rn(ss, (float)d));
+    const bool correct = a.bias_correction && ss > 0.f && ss <= 3.402823466e38f;  // the same in every CTA of the row
+    if (s.C > 1 && !correct) soloq_sync(s);  // no CTA leaves while another reads its partials (else soloq_row_dot's)
     unsigned char *codes = a.codes ? a.codes + (u64)row * (d / 2) : 0;
     unsigned char *bs = a.block_scales ? a.block_scales + (u64)row * ((d + 15) / 16) : 0;
     float scale = 0.f;
@@ -9879,7 +9884,7 @@ __device__ void soloq_row(const soloq_args &a, int row, const soloq_slice &s, fl
     __syncthreads();
     if (!(ss <= 3.402823466e38f)) {
         scale = __int_as_float(0x7fc00000);
-    } else if (a.bias_correction && ss > 0.f) {  // [bias correction] ||x||^2 / <C, x>
+    } else if (correct) {  // [bias correction] ||x||^2 / <C, x>
         const float proj = soloq_row_dot(val, y, d, s, seg);
         if (proj > 0.f) scale = __fdiv_rn(ss, proj);
     }
