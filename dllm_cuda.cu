@@ -11974,8 +11974,8 @@ __device__ __forceinline__ double timestep_fraction(int i, int s, double eps) {
  * schedule: rank < k with k = n/s, +1 for the first n%s steps; 1 threshold; 2 factor; 3 Dream's timesteps:
  * rank < floor(candidates left * fraction); twin: dllm__passes). Rule 4, ORIGIN, needs no ranking: a candidate
  * commits when its draw (minus its key) is below the step's fraction. One CTA; each candidate's rank is counted
- * directly, which is deterministic and cheap for block-sized sets. Also counts the masks left in the block
- * (threshold decoding loops on it). */
+ * directly, which is deterministic and cheap for block-sized sets. Also counts the masks left in the block after
+ * the commit (threshold decoding loops on it; twin: dllm__step_commit's dllm__count_masks). */
 KERNEL_select_commit {
     pdl_enter();
     // No static shared memory: the host grants the dynamic part the whole opt-in limit.
@@ -12033,9 +12033,10 @@ KERNEL_select_commit {
             if (rank_of[i] < take) {
                 canvas[p] = x0[p - row0];
                 committed[c++] = p;
-            } else if (p >= st->block_begin && canvas[p] == mask_id) {
-                left++;
             }
+            // Counted after the commit, as the twin (dllm__count_masks) counts: a committed x0 that is the mask id
+            // itself (a sampled draw may be) leaves its position masked, and the block goes on.
+            if (p >= st->block_begin && canvas[p] == mask_id) left++;
         }
         st->n_committed = c;
         st->n_block_left = left;
