@@ -156,26 +156,26 @@ __device__ __forceinline__ void soloq_sync(const soloq_slice &s) {
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-/* *p in CTA `rank` of the cluster (p: this CTA's address of the same shared variable). */
-__device__ __forceinline__ float soloq_remote(const float *p, int rank) {
+/* This CTA's shared address p as CTA `rank`'s, for ld.shared::cluster. */
+__device__ __forceinline__ u32 soloq_map(const void *p, int rank) {
     u32 remote;
-    float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                  : "=r"(remote)
                  : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+    return remote;
+}
+/* *p in CTA `rank` of the cluster (p: this CTA's address of the same shared variable). */
+__device__ __forceinline__ float soloq_remote(const float *p, int rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(soloq_map(p, rank)));
     return v;
 }
 /* The float4 at p in CTA `rank`. */
 __device__ __forceinline__ float4 soloq_remote4(const float4 *p, int rank) {
-    u32 remote;
     float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote)
-                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(remote));
+                 : "r"(soloq_map(p, rank)));
     return v;
 }
 #else
@@ -205,10 +205,10 @@ __device__ void soloq_copy_slices(float *F, const soloq_slice &s) {
     }
 }
 
-/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E <= 128, a block a warp, no barrier:
- * lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the stages
- * h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h, u + v and
- * u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
+/* [SoloQ register FWHT] The block FWHTs of this CTA's slice A (gathered) with b = 32 E <= 128, a block a warp, no
+ * barrier: lane l holds elements l + 32 i (i < E) of its block, so the stages h < 32 pair lanes (shuffles) and the
+ * stages h >= 32 pair a thread's own registers. The butterflies are dllm__fwht_blocks's (stage h pairs c and c + h,
+ * u + v and u - v) in its stage order, so the bits are those of the shared-memory FWHT; then 1/sqrt(b). */
 template <int E>
 __device__ void soloq_fwht_registers(float *A, int n, float norm) {
     const int lane = threadIdx.x & 31, b = 32 * E;
@@ -362,8 +362,8 @@ __device__ float *soloq_rotate(const soloq_args &a, int row, const soloq_slice &
     return B;
 }
 
-/* The in-order sum and the maximum of the row's segment partials: segment r mine + j at sums[j] (and maxima[j]) in CTA r
- * of the cluster. Lane i of every warp loads partial i, all at once, then every lane adds them in order through
+/* The in-order sum and the maximum of the row's segment partials: segment r mine + j at sums[j] (and maxima[j]) in
+ * CTA r of the cluster. Lane i of every warp loads partial i, all at once, then every lane adds them in order through
  * shuffles: one remote load after another cost a 12288-wide row's 12 partials about as much as its rotation. */
 __device__ float2 soloq_combine(const float *sums, const float *maxima, const soloq_slice &s, int mine) {
     const int lane = threadIdx.x & 31, total = s.C * mine;
