@@ -3,6 +3,7 @@
 /* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
  * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (!W.data.ptr) return DLLM_OK;  // none (a LLaDA2 MoE layer's dense MLP)
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
     DLLM__TRY(codes.fit((size_t)W.n * kb * 128, "FP8 weights"));
@@ -124,11 +125,19 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
- * bf16 copy is released. */
+ * bf16 copy is released. rot_shared: the rotation that linears of one site and one input width share (a MoE layer's
+ * gate|up linears, its routed experts' downs: dllm__soloq_rotations), on the device once, made by the first; null: its
+ * own. An absent linear stays absent. */
 static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site,
-                                            const dllm__soloq_kernels &k, cudaStream_t stream) {
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+                                            const dllm__soloq_kernels &k, cudaStream_t stream,
+                                            std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
+    if (!W.data.ptr) return DLLM_OK;
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     std::unique_ptr<dllm__q4_site> q(new dllm__q4_site);
     q->format = o.weights;
     q->rot = rot;
@@ -170,6 +179,17 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
             DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
             DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
             DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+            // [MoE] the shared expert and every routed expert: every gate|up reads the normed row (one rotation), the
+            // routed downs one rotation of their width (dllm__soloq_rotations)
+            std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;
+            const uint32_t gu_site = dllm__soloq_site_id(l, DLLM__SOLOQ_GU),
+                           down_site = dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN);
+            DLLM__TRY(dllm__quantize_linear_q4(G.shared_gu, w.soloq, gu_site, k, stream, &gu_rot));
+            DLLM__TRY(dllm__quantize_linear_q4(G.shared_down, w.soloq, down_site, k, stream));
+            for (size_t e = 0; e < G.expert_gu.size(); e++) {
+                DLLM__TRY(dllm__quantize_linear_q4(G.expert_gu[e], w.soloq, gu_site, k, stream, &gu_rot));
+                DLLM__TRY(dllm__quantize_linear_q4(G.expert_down[e], w.soloq, down_site, k, stream, &down_rot));
+            }
         }
         if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
         if (!m.soloq) {
@@ -197,9 +217,13 @@ static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__
     if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
     for (size_t l = 1; l < w.layers.size(); l++) {
         dllm__gpu_layer &G = w.layers[l];
-        if (w.fp8_ffn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.gu, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.down, k, stream));
+        if (w.fp8_ffn) {  // [MoE] a LLaDA2 MoE layer's FFN: its shared expert and every routed expert
+            for (dllm__linear *W : {&G.gu, &G.down, &G.shared_gu, &G.shared_down})
+                DLLM__TRY(dllm__quantize_linear_e4m3(*W, k, stream));
+            for (size_t e = 0; e < G.expert_gu.size(); e++) {
+                DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_gu[e], k, stream));
+                DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_down[e], k, stream));
+            }
         }
         if (w.fp8_attn) {
             DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
@@ -262,8 +286,10 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
     w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
     DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, progress, *w));
+    const dllm__gpu_layer *L1 = w->layers.size() > 1 ? &w->layers[1] : nullptr;  // [MoE] its experts' format
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
-              w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
+              w->bytes / 1e9,
+              dllm__wformats[!L1 ? DLLM__W_BF16 : L1->expert_gu.empty() ? L1->gu.format : L1->expert_gu[0].format].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
     cache.push_back(w);
     out = std::move(w);

@@ -35,8 +35,8 @@ struct dllm__gpu_weights {
         auto rows = [](const dllm__linear &W) { return W.format == DLLM__W_Q4 && !W.q4->packed; };
         if (rows(head)) return true;
         for (const dllm__gpu_layer &G : layers)
-            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
-                if (rows(*W)) return true;
+            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down, &G.shared_gu, &G.shared_down})
+                if (rows(*W)) return true;  // [MoE] the shared expert keeps its rows (the routed experts need none)
         return false;
     }
 };
@@ -195,8 +195,11 @@ static dllm_status dllm__rotation_upload(const dllm__rotation &r, dllm__rotation
     return put(out.mixer, r.mixer.data(), r.mixer.size() * 4);
 }
 
-/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. */
-static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored) {
+/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. rot: a
+ * rotation the linears of one site share (a MoE layer's experts: one copy on the device, not one an expert), uploaded
+ * by the first of them; null: its own. */
+static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored,
+                                   std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
     const dllm__q4_rows &q = stored.w;
     auto put = [](dllm__dbuf &dst, const void *src, size_t bytes) -> dllm_status {
         DLLM__TRY(dst.fit(bytes, "SoloQ weights"));
@@ -205,8 +208,12 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     };
     std::unique_ptr<dllm__q4_site> site(new dllm__q4_site);
     site->format = q.format;
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     site->rot = rot;
     if (!q.block_scales.empty()) DLLM__TRY(put(site->block_scales, q.block_scales.data(), q.block_scales.size()));
     DLLM__TRY(put(W.data, q.codes.data(), q.codes.size()));
@@ -234,8 +241,20 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
             const dllm__soloq_layer &S = *m.soloq->layers[l];
             DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
             DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
-            DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
-            DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
+            const bool moe = dllm__is_moe_layer(m.cfg, l);
+            if (moe && m.cfg.n_ff_shared > 0) {  // [MoE] GU and DOWN hold the shared expert
+                DLLM__TRY(dllm__upload_q4(G.shared_gu, S.lin[DLLM__SOLOQ_GU]));
+                DLLM__TRY(dllm__upload_q4(G.shared_down, S.lin[DLLM__SOLOQ_DOWN]));
+            } else if (!moe) {
+                DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
+                DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
+            }
+            std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;  // every expert's gate|up, down: one site each
+            G.expert_gu.resize(S.expert_gu.size()), G.expert_down.resize(S.expert_down.size());
+            for (size_t e = 0; e < S.expert_gu.size(); e++) {
+                DLLM__TRY(dllm__upload_q4(G.expert_gu[e], S.expert_gu[e], &gu_rot));
+                DLLM__TRY(dllm__upload_q4(G.expert_down[e], S.expert_down[e], &down_rot));
+            }
         } else {
             if (L.wqkv)  // LLaDA2's fused projection
                 DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
@@ -247,10 +266,12 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
                 DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
             }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: moe_supported refuses the others)
+        if (L.router) {  // [MoE] LLaDA2's router (never quantised); its experts below in BF16 (quantised later)
             DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
             DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
             DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+        }
+        if (L.router && !m.soloq) {
             G.expert_gu.resize(L.expert_gate.size());
             G.expert_down.resize(L.expert_gate.size());
             for (size_t e = 0; e < L.expert_gate.size(); e++) {
