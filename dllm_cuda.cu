@@ -12850,8 +12850,12 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
               sV = sK + NS * TILE;  // 1024-byte swizzle atoms
     const u32 q_full = sV + NS * TILE, k_full = q_full + 8, v_full = k_full + NS * 8, empty = v_full + NS * 8;
     pdl_enter();
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
-    const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [block-causal mask] The query tiles in reverse, so that those with the most visible keys start first and the
+    // launch does not end on a tail of long CTAs; their key tiles past the last row's visible keys are not visited.
+    const int qt = a.mask_block ? gridDim.x - 1 - blockIdx.x : blockIdx.x, h = blockIdx.y, b = blockIdx.z,
+              kvh = h / a.group;
+    const int q0 = qt * BR;
+    const int n_tiles = (min(a.seq, a.mask_block ? visible_keys(a, min(q0 + BR, a.q_rows) - 1) : a.seq) + BC - 1) / BC;
     if (threadIdx.x == 256) {
         mbar_init(q_full, 1);
         for (int s = 0; s < NS; s++) {
@@ -12890,8 +12894,13 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
         else if (i + 1 < n_tiles)
             named_bar_arrive(1, 256);
     };
+    // Rows g and g + 8 of this warp see keys [0, end0) and [0, end1); the CTA's first row sees the fewest.
+    const int row_g = q0 + wg * 64 + warp * 16 + g;
+    const int end0 = a.mask_block ? visible_keys(a, row_g) : a.seq,
+              end1 = a.mask_block ? visible_keys(a, row_g + 8) : a.seq,
+              end_first = a.mask_block ? visible_keys(a, q0) : a.seq;
     auto softmax_of = [&](float(&s)[BC / 8][4], int i, float(&corr)[2]) {
-        if (valid || (i + 1) * BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, i * BC, t);
+        if (valid || (i + 1) * BC > end_first) mask_keys_rows<BC / 8>(s, valid, end0, end1, i * BC, t);
         softmax_scores<BC / 8>(s, m, l, corr, scale);
     };
     if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -17629,6 +17638,7 @@ struct dllm__gpu_batch {
     std::vector<int32_t> work_items;
     dllm__dbuf attn_work;
     dllm__attn_work_shape work;
+    std::vector<char> attn_wide;  // [block diffusion] entries attended apart (attention_wide_entry), none of the lists
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -18070,6 +18080,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
     void bkv_release();
@@ -18203,12 +18214,12 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * states in a.partial. With `wide`, a forward without FACache and split-KV (block-causal or not) runs flash_attn_wg
  * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
  * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
-    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
@@ -19588,6 +19599,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
+    batch_.attn_wide.clear();  // upload_kv_layout's
     if (batch_.kvq_seqs)
         DLLM__TRY(kvq_batch_upload(v));
     else if (v.cached())
@@ -19644,6 +19656,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
+    for (char wide : batch_.attn_wide) id.slot += wide ? 'w' : '.';  // entries attended apart: launches of their own
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
@@ -19800,8 +19813,15 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    // [block diffusion] A sequence whose keys are not split (a prefill) takes bd_attention's attention, a launch of its
+    // own (self_attention_varlen_kv), as it would alone: the work lists leave it out (no share).
+    std::vector<int32_t> work_splits = splits;
+    batch_.attn_wide.assign(splits.size() / 2, 0);
+    for (size_t e = 0; e < batch_.attn_wide.size() && kernels_.attention.wide.fn && !v.attn_masks.empty(); e++)
+        if (v.attn_masks[2 * e] > 0 && v.attn_q_offsets[e + 1] > v.attn_q_offsets[e] && splits[2 * e] == 1)
+            batch_.attn_wide[e] = 1, work_splits[2 * e] = 0;
     if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
-    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, work_splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
@@ -19862,8 +19882,27 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
+    for (size_t e = 0; e < batch_.attn_wide.size(); e++)
+        if (batch_.attn_wide[e]) DLLM__TRY(attention_wide_entry(a, v, e));
     mark("attention");
     return DLLM_OK;
+}
+
+/* [block diffusion] Entry e of layout v (upload_kv_layout's attn_wide) as bd_attention attends a forward alone: its
+ * queries over its slot rows under its block-causal mask, one launch with the keys not split (flash_attn_wg where the
+ * GPU has it). `a` is the varlen attention's arguments. */
+dllm_status dllm__gpu_backend::attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e) {
+    const dllm__config &c = model_.cfg;
+    const int q0 = v.attn_q_offsets[e], k0 = v.attn_kv_offsets[e];
+    attn_args d = {};
+    d.q = a.q + (size_t)q0 * a.q_stride, d.o = a.o + (size_t)q0 * a.o_stride;
+    d.k = a.k + (size_t)k0 * a.kv_stride, d.v = a.v + (size_t)k0 * a.kv_stride;
+    d.seq = v.attn_kv_offsets[e + 1] - k0, d.q_rows = v.attn_q_offsets[e + 1] - q0;
+    d.q_stride = a.q_stride, d.kv_stride = a.kv_stride, d.o_stride = a.o_stride, d.group = a.group;
+    d.q_bstride = (u64)d.q_rows * a.q_stride, d.o_bstride = (u64)d.q_rows * a.o_stride;
+    d.scale_log2 = a.scale_log2, d.kv_splits = 1, d.partial = a.partial;
+    d.mask_block = v.attn_masks[2 * e], d.q_index0 = v.attn_masks[2 * e + 1];
+    return dllm__attn_launch(kernels_.attention, arch_, c.head_dim, c.n_head, 1, d, stream_, true);
 }
 
 /* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch
@@ -20835,7 +20874,7 @@ dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t l
 // makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
 // sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
 // same table: kvq_flash_batch would spill there). A sequence
-// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// with nothing committed takes bd_attention's attention over its fresh rows, a launch of its own; a COMMIT quantises its rows into
 // its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
 // is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
 // header says why).
@@ -21004,7 +21043,7 @@ dllm_status dllm__gpu_backend::kvq_batch_keep_blocks(size_t layer, const dllm__v
     return DLLM_OK;
 }
 
-/* The sequences with nothing committed yet (their first block): bd_attention's flash_attn over their fresh rows (a
+/* The sequences with nothing committed yet (their first block): bd_attention's attention over their fresh rows (a
  * SUB_BLOCK's: its block cache), a launch each. */
 dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
@@ -21022,7 +21061,7 @@ dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, con
                                     bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
                                                  act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
                                                  s.n + call.offset),
-                                    stream_));
+                                    stream_, true));
     }
     return DLLM_OK;
 }
@@ -21074,7 +21113,7 @@ dllm_status dllm__gpu_backend::kvq_batch_commit(size_t layer, const dllm__varlen
 /* self_attention_varlen under kv_quant: the fused QKV GEMM, RoPE and the fresh K|V rows (kvq_batch_qkv); each
  * sequence's block cache kept or written (kvq_batch_keep_blocks); then ONE attention over every sequence's own
  * committed codes (kvq_batch_attention_committed), and each COMMIT's rows quantised into its codes (kvq_batch_commit).
- * A sequence with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a
+ * A sequence with nothing committed yet (its first block) keeps bd_attention's attention over its fresh rows, a
  * launch of its own (kvq_batch_attention_uncommitted): another kernel, whose bits the batched attention could not
  * give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
@@ -21398,8 +21437,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     else if (kvq_.enabled() && committed_.n > 0)
         DLLM__TRY(kvq_attention(kvq_codes_solo(), layer, act_.qkv.as<bf16_t>(), act_.att.as<bf16_t>(), T, n_keys,
                                 committed_.n, call.mask_block, pos0));
-    else
-        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+    else  // flash_attn_wg where the keys are not split (a prefill): the batched forward decides as this one does
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_, true));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(kvq_codes_solo(), layer, committed_.n, T));
     return DLLM_OK;

@@ -164,6 +164,7 @@ struct dllm__gpu_batch {
     std::vector<int32_t> work_items;
     dllm__dbuf attn_work;
     dllm__attn_work_shape work;
+    std::vector<char> attn_wide;  // [block diffusion] entries attended apart (attention_wide_entry), none of the lists
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -605,6 +606,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
     void bkv_release();
@@ -738,12 +740,12 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * states in a.partial. With `wide`, a forward without FACache and split-KV (block-causal or not) runs flash_attn_wg
  * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
  * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
-    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
