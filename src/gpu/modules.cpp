@@ -253,7 +253,7 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
 }
 
 /* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only; the quantised grouped GEMMs dequantise as
- * q4_gemm does (its tables and q4_dequant). */
+ * q4_gemm does (its tables and q4_dequant) and copy the rows with mma.cuh's cp.async. */
 static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
     return {"dllm_moe",
             dllm__src_prelude() + DLLM__XSTR(struct moe_gemm_args{DLLM__MOE_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
@@ -261,8 +261,8 @@ static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
                              "#define NORM_SLOTS %d\n#define Q4_THREADS %d\n",
                              dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots,
                              dllm__moe_threads) +
-                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_q4_tables() +
-                dllm__src_q4_dequant + dllm__src_moe,
+                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_mma +
+                dllm__src_q4_tables() + dllm__src_q4_dequant + dllm__src_moe,
             {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};
 }
