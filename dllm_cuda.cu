@@ -15520,8 +15520,8 @@ static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void 
 static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 /* 16.1 [weight formats] How a linear layer's weight W [n x k] (y = x W^T) is stored on the device, and which activation
- * operand its GEMMs take. Adding a format is a row here, its quantiser in dllm__gpu_weights_quantize, its case in
- * dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
+ * operand its GEMMs take. Adding a format is a row here, its quantiser beside dllm__gpu_layer_quantize_e4m3, its case
+ * in dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
 enum dllm__wformat {
     DLLM__W_BF16 = 0,  // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
     DLLM__W_E4M3_BLOCK =
@@ -16804,82 +16804,112 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     return DLLM_OK;
 }
 
-/* The checkpoint's weights, as BF16 with the projections fused, each checked for non-finite values; a quantised
- * checkpoint's linears as they are stored. */
-static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
-    dllm__dbuf scratch;
-    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts,
-                      const char *what) -> dllm_status {
+/* Where a device copy's weights come from, a layer at a time: the checkpoint (BF16 with the projections fused, each
+ * checked for non-finite values; a quantised checkpoint's linears as they are stored) or, for dllm_model_load_random,
+ * the device's generator. dllm__gpu_weights_build quantises each layer before it asks for the next, so the device never
+ * holds more than one layer in BF16 beside the quantised ones. */
+struct dllm__weights_source {
+    const dllm_model &m;
+    const dllm__rowwise_kernels &k;
+    cudaStream_t stream;
+    dllm__dbuf scratch;  // the non-finite check's result
+    uint64_t seed;       // random: the next tensor's
+
+    dllm__weights_source(const dllm_model &model, const dllm__rowwise_kernels &kernels, cudaStream_t s)
+        : m(model), k(kernels), stream(s), seed(model.random_seed) {}
+    size_t n_layers() const { return m.random_weights ? (size_t)m.cfg.n_layer : m.layers.size(); }
+    dllm_status layer(size_t l, dllm__gpu_layer &G) {
+        return m.random_weights ? random_layer(l, G) : upload_layer(l, G);
+    }
+    /* The embedding table, the LM head and the final norm. */
+    dllm_status rest(dllm__gpu_weights &w) { return m.random_weights ? random_rest(w) : upload_rest(w); }
+
+  private:
+    dllm_status upload(dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const char *what) {
         DLLM__TRY(dllm__upload_rows(W, parts, what));
         return dllm__check_finite(W, parts, k, stream, scratch);
-    };
-    w.layers.resize(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++) {
-        const dllm__layer_weights &L = m.layers[l];
-        dllm__gpu_layer &G = w.layers[l];
-        if (m.soloq) {
-            const dllm__soloq_layer &S = *m.soloq->layers[l];
-            DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
-            DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
-            const bool moe = dllm__is_moe_layer(m.cfg, l);
-            if (moe && m.cfg.n_ff_shared > 0) {  // [MoE] GU and DOWN hold the shared expert
-                DLLM__TRY(dllm__upload_q4(G.shared_gu, S.lin[DLLM__SOLOQ_GU]));
-                DLLM__TRY(dllm__upload_q4(G.shared_down, S.lin[DLLM__SOLOQ_DOWN]));
-            } else if (!moe) {
-                DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
-                DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
-            }
-            std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;  // every expert's gate|up, down: one site each
-            G.expert_gu.resize(S.expert_gu.size()), G.expert_down.resize(S.expert_down.size());
-            for (size_t e = 0; e < S.expert_gu.size(); e++) {
-                DLLM__TRY(dllm__upload_q4(G.expert_gu[e], S.expert_gu[e], &gu_rot));
-                DLLM__TRY(dllm__upload_q4(G.expert_down[e], S.expert_down[e], &down_rot));
-            }
-        } else {
-            if (L.wqkv)  // LLaDA2's fused projection
-                DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
-            else
-                DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
-            DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
-            if (L.gate) {  // null in a MoE layer
-                DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
-                DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
-            }
+    }
+    dllm_status upload_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status upload_rest(dllm__gpu_weights &w);
+    dllm_status random_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status random_rest(dllm__gpu_weights &w);
+    dllm_status fill_bf16(dllm__dbuf &b, size_t n, float std_dev, const char *what) {
+        DLLM__TRY(b.fit(n * 2, what));
+        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
+    }
+    dllm_status fill_linear(dllm__linear &W, int n, int kk, float std_dev, const char *what) {
+        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
+        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
+    }
+};
+
+dllm_status dllm__weights_source::upload_layer(size_t l, dllm__gpu_layer &G) {
+    const dllm__layer_weights &L = m.layers[l];
+    if (m.soloq) {
+        const dllm__soloq_layer &S = *m.soloq->layers[l];
+        DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
+        DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
+        const bool moe = dllm__is_moe_layer(m.cfg, l);
+        if (moe && m.cfg.n_ff_shared > 0) {  // [MoE] GU and DOWN hold the shared expert
+            DLLM__TRY(dllm__upload_q4(G.shared_gu, S.lin[DLLM__SOLOQ_GU]));
+            DLLM__TRY(dllm__upload_q4(G.shared_down, S.lin[DLLM__SOLOQ_DOWN]));
+        } else if (!moe) {
+            DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
+            DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
         }
-        if (L.router) {  // [MoE] LLaDA2's router (never quantised); its experts below in BF16 (quantised later)
-            DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
-            DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
-            DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;  // every expert's gate|up, down: one site each
+        G.expert_gu.resize(S.expert_gu.size()), G.expert_down.resize(S.expert_down.size());
+        for (size_t e = 0; e < S.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__upload_q4(G.expert_gu[e], S.expert_gu[e], &gu_rot));
+            DLLM__TRY(dllm__upload_q4(G.expert_down[e], S.expert_down[e], &down_rot));
         }
-        if (L.router && !m.soloq) {
-            G.expert_gu.resize(L.expert_gate.size());
-            G.expert_down.resize(L.expert_gate.size());
-            for (size_t e = 0; e < L.expert_gate.size(); e++) {
-                DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
-                DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
-            }
-            if (L.shared_gate) {
-                DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
-                DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
-            }
-        }
-        DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
-        DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
-        DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
-        DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
-        DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
-        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
-        if (!L.bq.empty()) {
-            std::vector<float> b(L.bq);
-            b.insert(b.end(), L.bk.begin(), L.bk.end());
-            b.insert(b.end(), L.bv.begin(), L.bv.end());
-            DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
-            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    } else {
+        if (L.wqkv)  // LLaDA2's fused projection
+            DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
+        else
+            DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
+        if (L.gate) {  // null in a MoE layer
+            DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+            DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
         }
     }
+    if (L.router) {  // [MoE] LLaDA2's router (never quantised); its experts below in BF16 (quantised later)
+        DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
+        DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
+        DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+    }
+    if (L.router && !m.soloq) {
+        G.expert_gu.resize(L.expert_gate.size());
+        G.expert_down.resize(L.expert_gate.size());
+        for (size_t e = 0; e < L.expert_gate.size(); e++) {
+            DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
+            DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
+        }
+        if (L.shared_gate) {
+            DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
+            DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
+        }
+    }
+    DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
+    DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
+    DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
+    DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
+    DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
+    DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
+    if (!L.bq.empty()) {
+        std::vector<float> b(L.bq);
+        b.insert(b.end(), L.bk.begin(), L.bk.end());
+        b.insert(b.end(), L.bv.begin(), L.bv.end());
+        DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
+        DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    }
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::upload_rest(dllm__gpu_weights &w) {
     dllm__linear embed;
     DLLM__TRY(upload(embed, {m.embed}, "the embedding table"));
     w.embed = std::move(embed.data);
@@ -16893,55 +16923,46 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
 
 /* Benchmark weights generated on the device (no file, no host copy) as the PyTorch reference draws them: normal with
  * std 0.02, the residual branches' output projections 0.02 / sqrt(2 L); norms 1. */
-static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
+dllm_status dllm__weights_source::random_layer(size_t l, dllm__gpu_layer &G) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, q = c.n_head * c.head_dim;
-    uint64_t seed = m.random_seed;
-    auto fill_bf16 = [&](dllm__dbuf &b, size_t n, float std_dev, const char *what) -> dllm_status {
-        DLLM__TRY(b.fit(n * 2, what));
-        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
-    };
-    auto fill_linear = [&](dllm__linear &W, int n, int kk, float std_dev, const char *what) {
-        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
-        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
-    };
     auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) {
         return dllm__upload_f32(b, std::vector<float>(n, value), what);
     };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
-    w.layers.resize((size_t)c.n_layer);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
-        DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
-        if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
-            DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-            DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-        }
-        if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
-            DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
-            DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
-            G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
-            for (int e = 0; e < c.n_expert; e++) {
-                DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
-                DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
-            }
-            if (c.n_ff_shared > 0) {
-                DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
-                DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
-            }
-        } else {
-            DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
-            DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
-        }
-        DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
-        DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
-        if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
+    DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
+    if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
+        DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+        DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
     }
-    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * d, std_in, "the embedding table"));
-    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, d, std_in, "the LM head"));
-    DLLM__TRY(ones(w.final_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
+        DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
+        DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
+        G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
+        for (int e = 0; e < c.n_expert; e++) {
+            DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
+            DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
+        }
+        if (c.n_ff_shared > 0) {
+            DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
+            DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
+        }
+    } else {
+        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+    }
+    DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
+    DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::random_rest(dllm__gpu_weights &w) {
+    const dllm__config &c = m.cfg;
+    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * c.n_embd, 0.02f, "the embedding table"));
+    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, c.n_embd, 0.02f, "the LM head"));
+    DLLM__TRY(dllm__upload_f32(w.final_norm, std::vector<float>((size_t)c.n_embd, 1.0f), "norm weights"));
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
@@ -17113,39 +17134,36 @@ static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4w
     return DLLM_OK;
 }
 
-/* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
- * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already.
- * With q4wg, each layer's linears then go into its layout. progress counts the quantised layers and head, as the CPU
- * backend's (dllm__cpu_soloq_weights): none from a quantised checkpoint. */
-static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w,
-                                                 const dllm__soloq_kernels &k, const dllm__q4wg_kernels *q4wg,
-                                                 cudaStream_t stream, const dllm__progress &progress) {
-    const int total = (int)w.layers.size() + (w.soloq.quantize_head ? 1 : 0);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (!m.soloq) {
-            DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
-            // [MoE] the shared expert and every routed expert: every gate|up reads the normed row (one rotation), the
-            // routed downs one rotation of their width (dllm__soloq_rotations)
-            std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;
-            const uint32_t gu_site = dllm__soloq_site_id(l, DLLM__SOLOQ_GU),
-                           down_site = dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN);
-            DLLM__TRY(dllm__quantize_linear_q4(G.shared_gu, w.soloq, gu_site, k, stream, &gu_rot));
-            DLLM__TRY(dllm__quantize_linear_q4(G.shared_down, w.soloq, down_site, k, stream));
-            for (size_t e = 0; e < G.expert_gu.size(); e++) {
-                DLLM__TRY(dllm__quantize_linear_q4(G.expert_gu[e], w.soloq, gu_site, k, stream, &gu_rot));
-                DLLM__TRY(dllm__quantize_linear_q4(G.expert_down[e], w.soloq, down_site, k, stream, &down_rot));
-            }
-        }
-        if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
-        if (!m.soloq) {
-            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
-            progress.report((int)l + 1, total);
+/* [SoloQ] Layer l's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact); a
+ * quantised checkpoint's are there already. With q4wg, they then go into its layout. */
+static dllm_status dllm__gpu_layer_quantize_q4(const dllm_model &m, size_t l, dllm__gpu_layer &G,
+                                               const dllm__soloq_options &o, const dllm__soloq_kernels &k,
+                                               const dllm__q4wg_kernels *q4wg, cudaStream_t stream) {
+    if (!m.soloq) {
+        DLLM__TRY(dllm__quantize_linear_q4(G.qkv, o, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.o, o, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.gu, o, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.down, o, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+        // [MoE] the shared expert and every routed expert: every gate|up reads the normed row (one rotation), the
+        // routed downs one rotation of their width (dllm__soloq_rotations)
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;
+        const uint32_t gu_site = dllm__soloq_site_id(l, DLLM__SOLOQ_GU),
+                       down_site = dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN);
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_gu, o, gu_site, k, stream, &gu_rot));
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_down, o, down_site, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_gu[e], o, gu_site, k, stream, &gu_rot));
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_down[e], o, down_site, k, stream, &down_rot));
         }
     }
+    if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
+    return DLLM_OK;
+}
+
+/* [SoloQ] The LM head, if asked (a tied one from a copy of the embedding table); a quantised checkpoint's is there
+ * already. */
+static dllm_status dllm__gpu_head_quantize_q4(const dllm_model &m, dllm__gpu_weights &w, const dllm__soloq_kernels &k,
+                                              cudaStream_t stream) {
     if (!w.soloq.quantize_head || w.head.format == DLLM__W_Q4) return DLLM_OK;
     const dllm__config &c = m.cfg;
     if (!w.head.data.ptr) {  // tied: the head gets its own (quantised) copy, the embedding gather keeps the table
@@ -17153,33 +17171,59 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
         DLLM__TRY(w.head.data.fit((size_t)c.n_vocab * c.n_embd * 2, "the LM head"));
         DLLM__CUDA(cudaMemcpyAsync(w.head.data.ptr, w.embed.ptr, w.head.data.bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    DLLM__TRY(
-        dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream));
-    if (!m.soloq) progress.report(total, total);
+    const uint32_t site = dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD);
+    return dllm__quantize_linear_q4(w.head, w.soloq, site, k, stream);
+}
+
+/* [FP8] Layer l >= 1's linears in the formats in effect (layer 0 stays BF16: the paper: quantising it costs accuracy;
+ * and LaCache caches its work). */
+static dllm_status dllm__gpu_layer_quantize_e4m3(dllm__gpu_layer &G, const dllm__gpu_weights &w,
+                                                 const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (w.fp8_ffn) {  // [MoE] a LLaDA2 MoE layer's FFN: its shared expert and every routed expert
+        for (dllm__linear *W : {&G.gu, &G.down, &G.shared_gu, &G.shared_down})
+            DLLM__TRY(dllm__quantize_linear_e4m3(*W, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_gu[e], k, stream));
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_down[e], k, stream));
+        }
+    }
+    if (w.fp8_attn) {
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+    }
     return DLLM_OK;
 }
 
-/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches
- * its work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
-static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                              const dllm__progress &progress) {
-    if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
-    for (size_t l = 1; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (w.fp8_ffn) {  // [MoE] a LLaDA2 MoE layer's FFN: its shared expert and every routed expert
-            for (dllm__linear *W : {&G.gu, &G.down, &G.shared_gu, &G.shared_down})
-                DLLM__TRY(dllm__quantize_linear_e4m3(*W, k, stream));
-            for (size_t e = 0; e < G.expert_gu.size(); e++) {
-                DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_gu[e], k, stream));
-                DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_down[e], k, stream));
-            }
+/* The device copy in its formats, a layer at a time: each layer made (uploaded or generated) and quantised before the
+ * next, so the device holds at most one layer in BF16 beside the quantised ones (a 16B MoE in 4 bits builds on a 24 GB
+ * card); then the embedding table, the final norm and the head. progress counts as the CPU backend's: FP8 the layers
+ * from 1 (dllm__cpu_fp8_weights), SoloQ the layers and the head (dllm__cpu_soloq_weights; none from a quantised
+ * checkpoint). */
+static dllm_status dllm__gpu_weights_make(const dllm_model &m, const dllm__rowwise_kernels &k,
+                                          const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                          const dllm__progress &progress, cudaStream_t stream, dllm__gpu_weights &w) {
+    if (w.soloq.enabled && !q) return dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
+    dllm__weights_source source(m, k, stream);
+    const int n = (int)source.n_layers(), q4_total = n + (w.soloq.quantize_head ? 1 : 0);
+    const bool fp8 = w.fp8_ffn || w.fp8_attn, q4_progress = w.soloq.enabled && !m.soloq;
+    w.layers.resize((size_t)n);
+    for (int l = 0; l < n; l++) {
+        dllm__gpu_layer &G = w.layers[(size_t)l];
+        DLLM__TRY(source.layer((size_t)l, G));
+        if (fp8 && l > 0) {
+            DLLM__TRY(dllm__gpu_layer_quantize_e4m3(G, w, k, stream));
+            progress.report(l, n - 1);
         }
-        if (w.fp8_attn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+        if (w.soloq.enabled) DLLM__TRY(dllm__gpu_layer_quantize_q4(m, (size_t)l, G, w.soloq, *q, q4wg, stream));
+        if (q4_progress) {
+            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
+            progress.report(l + 1, q4_total);
         }
-        progress.report((int)l, (int)w.layers.size() - 1);
     }
+    DLLM__TRY(source.rest(w));
+    if (w.soloq.enabled) DLLM__TRY(dllm__gpu_head_quantize_q4(m, w, *q, stream));
+    if (q4_progress && w.soloq.quantize_head) progress.report(q4_total, q4_total);
+    DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
 
@@ -17190,15 +17234,9 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
     const double t0 = dllm__now_ms();
-    dllm_status s =
-        m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
-    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream, progress);
-    if (s == DLLM_OK && w.soloq.enabled) {
-        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, q4wg, stream, progress)
-              : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
-        if (s == DLLM_OK)
-            dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
-    }
+    const dllm_status s = dllm__gpu_weights_make(m, k, q, q4wg, progress, stream, w);
+    if (s == DLLM_OK && w.soloq.enabled)
+        dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
     return s;

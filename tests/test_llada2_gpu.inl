@@ -1052,6 +1052,46 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
     }
 }
 
+/* The device copy is built a layer at a time: while a context is created, the device holds at most the copy it ends
+ * with plus one layer in BF16. LLaDA2.0-mini's widths with 4 layers (random weights; one MoE layer is 1.6 GB in BF16,
+ * the model 6.3 GB): in FP8 and SoloQ-I the peak of dllm's device memory stays under that bound, which the whole model
+ * in BF16 at once would pass by about 2 GB. */
+TEST(gpu_llada2, quantised_weights_are_built_a_layer_at_a_time) {
+    NEED_GPU();
+    std::string cfg = test_read_file(test_data("real-configs/llada2-mini.dfactory.config.json"));
+    const size_t layers = cfg.find("\"num_hidden_layers\": 20"), type = cfg.find("llada2_moe_veomni");
+    CHECK(layers != std::string::npos && type != std::string::npos);
+    if (layers == std::string::npos || type == std::string::npos) return;
+    cfg.replace(layers, 23, "\"num_hidden_layers\": 4");
+    cfg.replace(cfg.find("llada2_moe_veomni"), 17, "llada2_moe");
+    test_tmpdir dir;
+    CHECK(test_write_file(dir.file("config.json"), cfg));
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(dir.file("config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    if (!m) return;
+    const dllm__config &c = m->cfg;
+    CHECK(c.n_layer == 4 && c.n_expert == 256);
+    const double d = c.n_embd, attn = d * (c.n_head + 2 * c.n_head_kv) * c.head_dim + d * c.n_head * c.head_dim;
+    const double experts = 3.0 * d * ((double)c.n_ff_expert * c.n_expert + c.n_ff_shared);
+    const double moe_layer = 2.0 * (attn + d * c.n_expert + experts);
+    for (dllm_precision p : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_SOLOQ_I}) {
+        cudaDeviceSynchronize();
+        const int64_t before = dllm__device_bytes;
+        dllm__device_peak = before;
+        dllm_ctx_params cp = dllm_ctx_default_params();
+        cp.backend = DLLM_BACKEND_GPU, cp.max_tokens = 64, cp.precision = p;
+        dllm_ctx *ctx = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        const double held = (double)(dllm__device_bytes - before), peak = (double)(dllm__device_peak - before);
+        printf("    %s: the context holds %.2f GB, peaked at %.2f GB while built (bound %.2f: + one BF16 layer)\n",
+               dllm__precision_name(p), held / 1e9, peak / 1e9, (held + moe_layer) / 1e9);
+        CHECK_MSG(peak <= held + moe_layer, "%s: peak %.2f GB over %.2f + %.2f", dllm__precision_name(p), peak / 1e9,
+                  held / 1e9, moe_layer / 1e9);
+        dllm_ctx_free(ctx);
+    }
+    dllm_model_free(m);
+}
+
 /* What the GPU path does not take yet (K/V quantisation) is refused with the setting to change, every precision is
  * taken; AUTO takes the GPU backend; LLaDA2 batches through the block-diffusion forward, not the plain one. */
 TEST(gpu_llada2, refusals_name_the_setting) {

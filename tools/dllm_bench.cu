@@ -1093,13 +1093,17 @@ static void bench_llada2(bench_result &r, dllm_precision precision) {
     dllm_model *model = bench_llada2_model();
     const dllm__config &c = model->cfg;
     const int64_t before = dllm__device_bytes;
+    dllm__device_peak = before;
     dllm_ctx *ctx = nullptr;
     dllm_ctx_params cp = bench_gpu_params();
     cp.precision = precision;
+    const double t0 = dllm__now_ms();
     BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
     const std::string k = precision == DLLM_PRECISION_BF16 ? "llada2_"
                                                             : dllm__format("llada2_%s_", dllm__precision_name(precision));
     r.set(k + "mini_weights_GB", (dllm__device_bytes - before) / 1e9);
+    r.set(k + "mini_build_peak_GB (the weights made a layer at a time)", (dllm__device_peak - before) / 1e9);
+    r.set(k + "mini_build_s", (dllm__now_ms() - t0) / 1e3);
     dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
     const int n = 512, B = 32;
     std::vector<int32_t> ids((size_t)(n + B));
