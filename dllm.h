@@ -128,7 +128,7 @@ typedef enum dllm_family {
     DLLM_FAMILY_LLADA2 = 4 /* LLaDA2.0 / LLaDA2.1 (model_type llada2_moe): mixture of experts (sigmoid
                                      router, group-limited top-k, a shared expert, dense first layers),
                                      fused QKV, QK-norm, partial RoPE, block diffusion from position 0,
-                                     no logit shift; GPU: BF16 only (see LLaDA2 below)               */
+                                     no logit shift (see LLaDA2 below)                               */
 } dllm_family;
 
 typedef struct dllm_model_params {
@@ -258,7 +258,7 @@ typedef enum dllm_backend {
  * activations, each token rotated and quantised on its own (per-token scales: batching and LaCache stay
  * exact). The scale-only bias correction ||z||^2 / <q(z), z> is folded into every row and token scale.
  * Embeddings and the LM head stay BF16 (dllm_ctx_params.quantize_lm_head quantises the head too). The -W4A16
- * variants leave activations unquantised. Both backends run them (LLaDA2: the CPU, see LLaDA2 below): the GPU
+ * variants leave activations unquantised. Both backends run them (LLaDA2 too, see LLaDA2 below): the GPU
  * quantises the weights on the device into the CPU reference's codes and scales, and quantises its BF16 activations
  * where the CPU quantises fp32 ones.
  * Ablation switches (environment, read once per process): DLLM_SOLOQ_ROTATION = krpbh (default) | rpbh | mixer |
@@ -637,13 +637,13 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
  * (cfg, remasking other than low confidence, unmask other than SCHEDULE or THRESHOLD (both mean the loop above), DPad,
  * kv_cache, alg_temp, the sampler filters, logits_eos_inf, confidence_eos_eot_inf, eot_id, stop_id,
  * sub_block_length, block_cache, max_post_steps with LLaDA2.0's loop) are DLLM_ERR_UNSUPPORTED naming the option.
- * Both backends run LLaDA2 in BF16 (AUTO takes the GPU where there is one); the CPU backend runs every other
- * dllm_precision too: FP8 on the FFN linears of layers >= 1 (the dense MLP, the shared and every routed expert;
+ * Both backends run LLaDA2 in every dllm_precision (AUTO takes the GPU where there is one): FP8 on the FFN linears of
+ * layers >= 1 (the dense MLP, the shared and every routed expert;
  * fp8-all also Q|K|V and O), SoloQ and RTN on every linear of every layer, experts included (a MoE layer's gate|up
  * linears share one rotation, as they read the same row), and dllm_model_quantize writes LLaDA2 checkpoints. The
  * router is never quantised: its logits are the fp32 product of the layer's normed row, as the official code computes
- * them, so no rounding of its own moves a token to other experts. The GPU backend refuses the other precisions
- * (DLLM_ERR_UNSUPPORTED naming --precision bf16 and --backend cpu); kv_quant does not take LLaDA2 yet.
+ * them, so no rounding of its own moves a token to other experts. kv_quant does not take LLaDA2 yet on the GPU
+ * (DLLM_ERR_UNSUPPORTED naming --kv-quant).
  * dllm_generate_batch and dllm_stepper batch LLaDA2 items
  * on both backends, each giving the bits it gets alone (CPU: dllm_generate's; GPU: its batch of one's).
  * dllm_logits is the forward without a cache, block-causal at 32 (generate's default block), positions from 0. */

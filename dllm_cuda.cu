@@ -4521,6 +4521,21 @@ DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const 
             }
         }
 }
+/* [FP8] The twin of moe_grouped_gemm_e4m3: y[row] = x[src(row)] . w[e]^T over each expert's rows as dllm__fp8_gemm_twin
+ * computes one row (x: E4M3 codes [][k] with scales x_scale[g * x_scale_ld + row]; w[e]: codes [N][k] with block scales
+ * w_scale[e] laid out as the device's; k a multiple of 128). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_e4m3_ref(const uint8_t *x, const float *x_scale, int x_scale_ld,
+                                                             const int *row_src, const std::vector<const uint8_t *> &w,
+                                                             const std::vector<const float *> &w_scale,
+                                                             const std::vector<int> &first_row, int N, int k,
+                                                             uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const int src = row_src ? row_src[row] : row;
+            dllm__fp8_gemm_twin(x + (size_t)src * k, x_scale + src, x_scale_ld, 1, w[e], w_scale[e], N, k,
+                                y + (size_t)row * N);
+        }
+}
 #line 96 "src/dllm_cuda.cu"
 #line 1 "src/cpu/layers.cpp"
 /* src/cpu/layers.cpp - the CPU reference layers, LM head and the full forward. */
@@ -6108,6 +6123,28 @@ static uint32_t dllm__q4wg_nv_bprime(uint8_t c) {
                 }
         }
     return nan_scales;
+}
+
+// ---- [MoE] the SoloQ grouped expert GEMM's twin (GPU: moe_grouped_gemm_<format>, src/kernels/moe.cuh) ------------
+
+/* y[row] = bf16 of dllm__cpu_q4_gemm's one row: x[src(row)] (C values, K wide) . the 4-bit rows of expert e (codes[e]
+ * [N][K / 2], NVFP4's block_scales[e], row_scale[e]) times x_scale[src(row)] (null: 1), over each expert's rows
+ * (dllm__moe_plan_ref's first_row; src(row) = row_src[row], or row when row_src is null). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_q4_ref(dllm__q4_format f, const float *x, const float *x_scale,
+                                                          const int *row_src,
+                                                          const std::vector<const uint8_t *> &codes,
+                                                          const std::vector<const uint8_t *> &block_scales,
+                                                          const std::vector<const float *> &row_scale,
+                                                          const std::vector<int> &first_row, int N, int K,
+                                                          uint16_t *y) {
+    std::vector<float> out((size_t)N);
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const int src = row_src ? row_src[row] : row;
+            dllm__cpu_q4_gemm(f, codes[e], f == DLLM__Q4_NVFP4 ? block_scales[e] : nullptr, row_scale[e],
+                              x + (size_t)src * K, K, x_scale ? x_scale + src : nullptr, out.data(), N, 1, N, K);
+            for (int n = 0; n < N; n++) y[(size_t)row * N + n] = dllm__f32_to_bf16(out[(size_t)n]);
+        }
 }
 #line 102 "src/dllm_cuda.cu"
 #line 1 "src/soloq/checkpoint.cpp"
@@ -11310,93 +11347,8 @@ DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
  * Epilogue: y = (acc * s_x[m]) * s_w[n] in fp32, one rounding to the output type. */
 static const char *dllm__src_q4_gemm = R"DLLM(
 #line 1 "src/kernels/q4_gemm.cuh"
-enum { Q4_NVFP4 = 0, Q4_INT4 = 1, Q4_LLOYD = 2, Q4_E8P = 3, Q4_RTN = 4 };
-
-__device__ __forceinline__ void q4_mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ u32 q4_fma2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-/* A float's bf16 (exact for the constants below) in both halves. */
-__device__ __forceinline__ u32 q4_bf16x2(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
-
-struct q4_smem {
-    u32 e8p_abs[256];              // q4_e8p_abs_table
-    unsigned short e8p_wint[144];  // q4_e8p_wint_table
-    unsigned short e4m3[256];      // q4_e4m3_table
-    unsigned short lut[16];        // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
-};
-
-/* The tables a format reads, copied from global memory (coalesced; __constant__ would serialise the lanes' distinct
- * addresses). */
-template <int FMT> __device__ __forceinline__ void q4_load_tables(q4_smem &s) {
-    if (FMT == Q4_E8P) {
-        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i];
-        for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
-    }
-    if (FMT == Q4_NVFP4)
-        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
-    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16)
-        s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
-}
-
-/* An E8P code decoded to W_int row/column indices (4 v + 11) / 2 (dllm__e8p_decode4, dllm__e8p_int). Abs pattern
- * entry: bits 2i, 2i+1 = u_i = (2|a_i| - 1) / 2 (2|a_i| in {1, 3, 5}), bit 16 = (sum 2|a_i|) / 2 odd. Coordinate 0's
- * sign gives the negative count that bit's parity; 4 v = +-(4 u + 2) + (shift ? 1 : -1), so the index is
- * 6 + shift + 2 u when positive and 4 + shift - 2 u when negative. */
-struct q4_e8p_code {
-    u32 pat, signs, shift;
-};
-__device__ __forceinline__ q4_e8p_code q4_e8p_open(u32 code, const q4_smem &s) {
-    const u32 pat = s.e8p_abs[code >> 8];
-    return {pat, (code & 0xFEu) | (((pat >> 16) ^ (u32)__popc(code & 0xFEu)) & 1), code & 1};
-}
-__device__ __forceinline__ u32 q4_e8p_index(const q4_e8p_code &c, int i) {
-    const u32 u = (c.pat >> (2 * i)) & 3;
-    return (c.signs >> i) & 1 ? 4 + c.shift - 2 * u : 6 + c.shift + 2 * u;
-}
-
-/* The 8 C values of one word of codes as the bf16 pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7) (low half first): byte
- * i's two nibbles. scale: the word's UE4M3 block scale (NVFP4). */
-template <int FMT> __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
-    if (FMT == Q4_INT4) {
-        // byte i of w << 1 holds element 2i at bits 1..4, byte i of w >> 3 element 2i + 1: prmt puts them in bytes 0
-        // and 2, then mantissa fields v = 2 u + 1 under 256's exponent (bf16 0x4380 + v: 256 + 2 v), u = nibble ^ 8
-        // = q + 8: (258 + 4 u) / 2 - 144 = 2 u - 15 = 2 q + 1
-        const u32 lo = w << 1, hi = w >> 3;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            p[i] = q4_fma2((__byte_perm(lo, hi, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f),
-                           q4_bf16x2(-144.0f));
-    } else if (FMT == Q4_RTN) {
-        // elements 2i, 2i + 1 at bits 0..3 of byte i of w, w >> 4; mantissa fields u = nibble ^ 8 = q + 8 under 128's
-        // exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
-        const u32 hi = w >> 4;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            p[i] = q4_fma2((__byte_perm(w, hi, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f),
-                           q4_bf16x2(-136.0f));
-    } else if (FMT == Q4_E8P) {  // the word is one group: stage-1 code low, stage-2 code high
-        const q4_e8p_code c1 = q4_e8p_open(w & 0xFFFFu, s), c2 = q4_e8p_open(w >> 16, s);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            p[i] = (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i) * 12 + q4_e8p_index(c2, 2 * i)] |
-                   (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i + 1) * 12 + q4_e8p_index(c2, 2 * i + 1)] << 16;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) p[i] = (u32)s.lut[(w >> (8 * i)) & 15] | (u32)s.lut[(w >> (8 * i + 4)) & 15] << 16;
-        if (FMT == Q4_NVFP4) {
-            const u32 sc = (u32)s.e4m3[scale] * 0x10001u;
-#pragma unroll
-            for (int i = 0; i < 4; i++) p[i] = q4_fma2(p[i], sc, 0x80008000u);  // + (-0): the product alone, exact
-        }
-    }
-}
+/* src/kernels/q4_gemm.cuh - the W4 GEMM for few activation rows (see dllm__src_q4_gemm); its dequantiser is
+ * q4_dequant.cuh, which the module includes first. */
 
 /* The ring: STAGES stages of q4_stage_bytes (dllm__q4_stage_bytes: codes [wt * 2 + h][thread] 16 bytes, NVFP4's
  * block-scale words [(wt * 2 + h) * 2 + i][thread], then the activation rows, 256 bytes each). Every thread copies
@@ -11660,6 +11612,102 @@ KERNEL_q4_gemm_reduce {
 }
 )DLLM";
 #line 497 "src/gpu/kernel_table.cpp"
+/* The 4-bit codes dequantised to BF16 C values in registers (q4_dequant): q4_gemm's, and the MoE grouped GEMM's. */
+static const char *dllm__src_q4_dequant = R"DLLM(
+#line 1 "src/kernels/q4_dequant.cuh"
+/* src/kernels/q4_dequant.cuh - SoloQ's 4-bit weight codes dequantised in registers to their exact BF16 C values (and
+ * the tables they read), shared by q4_gemm and the MoE grouped GEMM (moe.cuh). Needs Q4_THREADS (the threads that
+ * copy the tables) and the tables of dllm__src_q4_tables. */
+
+enum { Q4_NVFP4 = 0, Q4_INT4 = 1, Q4_LLOYD = 2, Q4_E8P = 3, Q4_RTN = 4 };
+
+__device__ __forceinline__ void q4_mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 q4_fma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* A float's bf16 (exact for the constants below) in both halves. */
+__device__ __forceinline__ u32 q4_bf16x2(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
+
+struct q4_smem {
+    u32 e8p_abs[256];              // q4_e8p_abs_table
+    unsigned short e8p_wint[144];  // q4_e8p_wint_table
+    unsigned short e4m3[256];      // q4_e4m3_table
+    unsigned short lut[16];        // NVFP4: e2m1; Lloyd-Max: +-levels (bf16)
+};
+
+/* The tables a format reads, copied from global memory (coalesced; __constant__ would serialise the lanes' distinct
+ * addresses). */
+template <int FMT> __device__ __forceinline__ void q4_load_tables(q4_smem &s) {
+    if (FMT == Q4_E8P) {
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e8p_abs[i] = q4_e8p_abs_table[i];
+        for (int i = threadIdx.x; i < 144; i += Q4_THREADS) s.e8p_wint[i] = q4_e8p_wint_table[i];
+    }
+    if (FMT == Q4_NVFP4)
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
+    if ((FMT == Q4_NVFP4 || FMT == Q4_LLOYD) && threadIdx.x < 16)
+        s.lut[threadIdx.x] = FMT == Q4_LLOYD ? q4_lloyd_table[threadIdx.x] : q4_e2m1_table[threadIdx.x];
+}
+
+/* An E8P code decoded to W_int row/column indices (4 v + 11) / 2 (dllm__e8p_decode4, dllm__e8p_int). Abs pattern
+ * entry: bits 2i, 2i+1 = u_i = (2|a_i| - 1) / 2 (2|a_i| in {1, 3, 5}), bit 16 = (sum 2|a_i|) / 2 odd. Coordinate 0's
+ * sign gives the negative count that bit's parity; 4 v = +-(4 u + 2) + (shift ? 1 : -1), so the index is
+ * 6 + shift + 2 u when positive and 4 + shift - 2 u when negative. */
+struct q4_e8p_code {
+    u32 pat, signs, shift;
+};
+__device__ __forceinline__ q4_e8p_code q4_e8p_open(u32 code, const q4_smem &s) {
+    const u32 pat = s.e8p_abs[code >> 8];
+    return {pat, (code & 0xFEu) | (((pat >> 16) ^ (u32)__popc(code & 0xFEu)) & 1), code & 1};
+}
+__device__ __forceinline__ u32 q4_e8p_index(const q4_e8p_code &c, int i) {
+    const u32 u = (c.pat >> (2 * i)) & 3;
+    return (c.signs >> i) & 1 ? 4 + c.shift - 2 * u : 6 + c.shift + 2 * u;
+}
+
+/* The 8 C values of one word of codes as the bf16 pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7) (low half first): byte
+ * i's two nibbles. scale: the word's UE4M3 block scale (NVFP4). */
+template <int FMT> __device__ __forceinline__ void q4_dequant(u32 w, u32 scale, const q4_smem &s, u32 p[4]) {
+    if (FMT == Q4_INT4) {
+        // byte i of w << 1 holds element 2i at bits 1..4, byte i of w >> 3 element 2i + 1: prmt puts them in bytes 0
+        // and 2, then mantissa fields v = 2 u + 1 under 256's exponent (bf16 0x4380 + v: 256 + 2 v), u = nibble ^ 8
+        // = q + 8: (258 + 4 u) / 2 - 144 = 2 u - 15 = 2 q + 1
+        const u32 lo = w << 1, hi = w >> 3;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = q4_fma2((__byte_perm(lo, hi, 0x4400u + 0x1111u * i) & 0x001E001Eu) ^ 0x43914391u, q4_bf16x2(0.5f),
+                           q4_bf16x2(-144.0f));
+    } else if (FMT == Q4_RTN) {
+        // elements 2i, 2i + 1 at bits 0..3 of byte i of w, w >> 4; mantissa fields u = nibble ^ 8 = q + 8 under 128's
+        // exponent (bf16 0x4300 + u: 128 + u): 128 + u - 136 = q
+        const u32 hi = w >> 4;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = q4_fma2((__byte_perm(w, hi, 0x4400u + 0x1111u * i) & 0x000F000Fu) ^ 0x43084308u, q4_bf16x2(1.0f),
+                           q4_bf16x2(-136.0f));
+    } else if (FMT == Q4_E8P) {  // the word is one group: stage-1 code low, stage-2 code high
+        const q4_e8p_code c1 = q4_e8p_open(w & 0xFFFFu, s), c2 = q4_e8p_open(w >> 16, s);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            p[i] = (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i) * 12 + q4_e8p_index(c2, 2 * i)] |
+                   (u32)s.e8p_wint[q4_e8p_index(c1, 2 * i + 1) * 12 + q4_e8p_index(c2, 2 * i + 1)] << 16;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = (u32)s.lut[(w >> (8 * i)) & 15] | (u32)s.lut[(w >> (8 * i + 4)) & 15] << 16;
+        if (FMT == Q4_NVFP4) {
+            const u32 sc = (u32)s.e4m3[scale] * 0x10001u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) p[i] = q4_fma2(p[i], sc, 0x80008000u);  // + (-0): the product alone, exact
+        }
+    }
+}
+)DLLM";
+#line 499 "src/gpu/kernel_table.cpp"
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -12045,7 +12093,7 @@ KERNEL_select_commit {
     }
 }
 )DLLM";
-#line 513 "src/gpu/kernel_table.cpp"
+#line 515 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward, bidirectional, with a key-padding mask and GQA; mma.sync m16n8k16 BF16 with
  * FP32 accumulation (sm_80+). Twin: dllm__cpu_attention.
@@ -12542,7 +12590,7 @@ template <int HD, bool VARLEN = false> __global__ void __launch_bounds__(HD) att
     a.o[b * a.o_bstride + (u64)row * a.o_stride + h * HD + d] = f32_to_bf16(l > 0.f ? acc / l : 0.f);
 }
 )DLLM";
-#line 521 "src/gpu/kernel_table.cpp"
+#line 523 "src/gpu/kernel_table.cpp"
 
 /* Hopper's building blocks (sm_90a), shared by flash_attn_wg and gemm_wg: wgmma on shared-memory operands in the
  * 128-byte swizzle, TMA tensor copies and the mbarriers they complete on. A tile sits in shared memory as TMA writes
@@ -12708,7 +12756,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 )DLLM";
-#line 527 "src/gpu/kernel_table.cpp"
+#line 529 "src/gpu/kernel_table.cpp"
 
 /* FlashAttention forward on Hopper's warpgroup tensor cores (wgmma, sm_90a only), for layers >= 1 wherever no
  * split-KV is asked for, where flash_attn took 9% of a 1024-token forward (2.4 of 27 ms on an H200). Same semantics
@@ -12802,8 +12850,12 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
               sV = sK + NS * TILE;  // 1024-byte swizzle atoms
     const u32 q_full = sV + NS * TILE, k_full = q_full + 8, v_full = k_full + NS * 8, empty = v_full + NS * 8;
     pdl_enter();
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
-    const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [block-causal mask] The query tiles in reverse, so that those with the most visible keys start first and the
+    // launch does not end on a tail of long CTAs; their key tiles past the last row's visible keys are not visited.
+    const int qt = a.mask_block ? gridDim.x - 1 - blockIdx.x : blockIdx.x, h = blockIdx.y, b = blockIdx.z,
+              kvh = h / a.group;
+    const int q0 = qt * BR;
+    const int n_tiles = (min(a.seq, a.mask_block ? visible_keys(a, min(q0 + BR, a.q_rows) - 1) : a.seq) + BC - 1) / BC;
     if (threadIdx.x == 256) {
         mbar_init(q_full, 1);
         for (int s = 0; s < NS; s++) {
@@ -12842,8 +12894,13 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
         else if (i + 1 < n_tiles)
             named_bar_arrive(1, 256);
     };
+    // Rows g and g + 8 of this warp see keys [0, end0) and [0, end1); the CTA's first row sees the fewest.
+    const int row_g = q0 + wg * 64 + warp * 16 + g;
+    const int end0 = a.mask_block ? visible_keys(a, row_g) : a.seq,
+              end1 = a.mask_block ? visible_keys(a, row_g + 8) : a.seq,
+              end_first = a.mask_block ? visible_keys(a, q0) : a.seq;
     auto softmax_of = [&](float(&s)[BC / 8][4], int i, float(&corr)[2]) {
-        if (valid || (i + 1) * BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, i * BC, t);
+        if (valid || (i + 1) * BC > end_first) mask_keys_rows<BC / 8>(s, valid, end0, end1, i * BC, t);
         softmax_scores<BC / 8>(s, m, l, corr, scale);
     };
     if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -12901,7 +12958,7 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
     }
 }
 )DLLM";
-#line 539 "src/gpu/kernel_table.cpp"
+#line 541 "src/gpu/kernel_table.cpp"
 
 /* dllm's BF16 GEMM on Hopper (sm_90a): Y [m x n] = X [m x k] . W [n x k]^T, bf16 in and out, fp32 accumulation, X and W
  * row-major (both K-major, as wgmma reads them). A candidate that dllm__gemm times against cuBLASLt's per shape; its
@@ -13097,7 +13154,7 @@ __global__ void __launch_bounds__(384, 1) gemm_wg(gemm_wg_args a, const __grid_c
     cluster_sync();
 }
 )DLLM";
-#line 559 "src/gpu/kernel_table.cpp"
+#line 561 "src/gpu/kernel_table.cpp"
 
 /* [batch] [dual cache] [prefix cache] The batched K/V-cache step's one kernel of its own: the K|V columns of each
  * forwarded row (width elements from src, rows src_stride apart) copied to row cache_rows[r] of one layer's cache (rows
@@ -13133,7 +13190,7 @@ KERNEL_kv_scatter_rows {
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) to[i] = from[i];
 }
 )DLLM";
-#line 582 "src/gpu/kernel_table.cpp"
+#line 584 "src/gpu/kernel_table.cpp"
 
 /* [MoE] LLaDA2's kernels (../shared/spec/llada2.md), in a module of their own (dllm__module_moe), loaded by a LLaDA2
  * context: QK-norm + partial RoPE on the fused projection rows, the sigmoid router's group-limited top-k, the plan of
@@ -13143,6 +13200,24 @@ KERNEL_kv_scatter_rows {
  * dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256 in 8). A grouped GEMM
  * tile holds dllm__moe_tile_rows rows of one expert (a fixed number: never chosen from a row count). */
 static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__moe_tile_rows = 32;
+static const int dllm__moe_threads = 128;  // a grouped GEMM CTA (4 warps; the 128 of its __launch_bounds__)
+/* [MoE] The grouped expert GEMM's operands in a quantised weight format (moe_grouped_gemm_<format>; declared in the
+ * moe module, as q4_gemm_args in its own): moe_grouped_gemm's, with the activations' and weights' scales. */
+#define DLLM__MOE_GEMM_ARGS_FIELDS(X)                                                                                  \
+    X(const void *, x)         /* rows [][x_ld]: SoloQ's bf16 C values, or FP8's E4M3 codes */                         \
+    X(const float *, x_scale)  /* SoloQ: a token scale a row (null: 1, -w4a16); FP8: [K / 128][x_scale_ld] */         \
+    X(const int *, row_src)    /* the x row of each expert row (the token), or null: the row itself */                 \
+    X(const void *const *, w)  /* [n_expert] codes: SoloQ [N][K / 2] (section 9b's rows); FP8 [N][K] */                \
+    X(const float *const *, w_scale) /* [n_expert] SoloQ: row scales [N]; FP8: [ceil(N / 128)][w_scale_ld] */          \
+    X(const unsigned char *const *, w_block_scales) /* [n_expert] NVFP4's UE4M3 [N][ceil(K / 16)]; else unused */     \
+    X(const int *, first_row)                                                                                          \
+    X(const int *, tile_first) /* moe_plan's */                                                                        \
+    X(bf16_t *, y)             /* [rows][N] */                                                                         \
+    X(int, n_expert) X(int, N) X(int, K) /* FP8: K padded to 128 */ X(int, x_ld) X(int, x_scale_ld) X(int, w_scale_ld)
+struct moe_gemm_args {
+    DLLM__MOE_GEMM_ARGS_FIELDS(DLLM__FIELD)
+};
+static_assert(sizeof(moe_gemm_args) == 96, "contract layout");
 #define DLLM__MOE_KERNELS(X)                                                                                           \
     X(qk_norm_rope, __launch_bounds__(128),                                                                            \
       (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
@@ -13156,6 +13231,11 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__
     X(moe_grouped_gemm, __launch_bounds__(128),                                                                        \
       (const bf16_t *x, const int *row_src, const bf16_t *const *w, const int *first_row, const int *tile_first,     \
        int n_expert, int N, int K, bf16_t *y))                                                                         \
+    X(moe_grouped_gemm_e4m3, __launch_bounds__(128), (moe_gemm_args a))                                                \
+    X(moe_grouped_gemm_nvfp4, __launch_bounds__(128), (moe_gemm_args a))                                               \
+    X(moe_grouped_gemm_int4, __launch_bounds__(128), (moe_gemm_args a))                                                \
+    X(moe_grouped_gemm_e8p, __launch_bounds__(128), (moe_gemm_args a))                                                 \
+    X(moe_grouped_gemm_rtn, __launch_bounds__(128), (moe_gemm_args a))                                                 \
     X(moe_combine, __launch_bounds__(256),                                                                             \
       (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
        int top_k, int d, bf16_t *out))
@@ -13352,26 +13432,106 @@ __device__ __forceinline__ void moe_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 moe_load16(const bf16_t *p, bool ok) {
-    return ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
+/* The weight formats of the grouped GEMM beside q4_dequant's Q4_NVFP4, Q4_INT4, Q4_E8P and Q4_RTN. */
+enum { MOE_BF16 = 16, MOE_E4M3 = 17 };
+
+/* Bytes of a row of K elements in format WF (also the activations': bf16 beside 4-bit weights, codes beside E4M3). */
+template <int WF> __device__ __forceinline__ u64 moe_row_bytes(int K) {
+    return WF == MOE_E4M3 ? (u64)K : WF == MOE_BF16 ? (u64)K * 2 : (u64)K / 2;
 }
 
-/* Twin: dllm__moe_grouped_gemm_ref. For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] bf16 [N][K]) for
- * the rows of e's range (moe_plan's first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one
- * rounding to bf16. Grid x over row tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64
- * output features; 4 warps, each 16 features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and
- * the rows its n8 columns (the transposed product: a decode step gives an expert a row or two), loaded straight from
- * global memory as 16 bytes a lane: in a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and g + 8
- * and of row g of each n8 group, the first 8 bytes for the first k16 product and the rest for the second. That pairs
- * logical k with a permuted physical k, the same permutation on both operands, so each product is still a dot
- * product over all of K. Row independence: an output (row, feature) is one accumulator fed the same k16 products in
- * the same order whatever the tile holds, its expert's row count and the number of tiles; columns of an mma never mix,
- * and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any batch. K
- * is a multiple of 8 (the host checks); any N. */
-KERNEL_moe_grouped_gemm {
+/* 8 E4M3 codes (byte i: element i) as 8 bf16 (exact: an E4M3 value has 4 significant bits), low element first. */
+__device__ __forceinline__ uint4 moe_e4m3x8(uint2 c, const q4_smem &s) {
+    auto pair = [&](u32 w, int i) {
+        return (u32)s.e4m3[(w >> (16 * i)) & 255] | (u32)s.e4m3[(w >> (16 * i + 8)) & 255] << 16;
+    };
+    return make_uint4(pair(c.x, 0), pair(c.x, 1), pair(c.y, 0), pair(c.y, 1));
+}
+
+/* The bytes of elements [k, k + 8) of a weight row (at row; NVFP4: its block scales at bs), loaded a k-chunk ahead of
+ * their use: 8 bf16 (16 bytes), 8 E4M3 codes (.x, .y), or 8 4-bit codes (.x) and, NVFP4, their block scale (.y). */
+template <int WF>
+__device__ __forceinline__ uint4 moe_w8_load(const unsigned char *row, const unsigned char *bs, int k, bool ok) {
+    if (!ok) return make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (WF == MOE_BF16) {
+        return __ldg((const uint4 *)(row + (u64)k * 2));
+    } else if constexpr (WF == MOE_E4M3) {
+        const uint2 c = __ldg((const uint2 *)(row + k));
+        return make_uint4(c.x, c.y, 0u, 0u);
+    } else {
+        return make_uint4(__ldg((const u32 *)(row + k / 2)), WF == Q4_NVFP4 ? (u32)__ldg(bs + k / 16) : 0u, 0u, 0u);
+    }
+}
+
+/* moe_w8_load's bytes as 8 bf16, low element first: the 4-bit codes decode to their exact C values (q4_dequant), E4M3
+ * codes to theirs. Zeros where !ok. */
+template <int WF> __device__ __forceinline__ uint4 moe_w8(uint4 raw, bool ok, const q4_smem *s) {
+    if (!ok) return make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (WF == MOE_BF16) {
+        return raw;
+    } else if constexpr (WF == MOE_E4M3) {
+        return moe_e4m3x8(make_uint2(raw.x, raw.y), *s);
+    } else {
+        u32 p[4];
+        q4_dequant<WF>(raw.x, raw.y, *s, p);
+        return make_uint4(p[0], p[1], p[2], p[3]);
+    }
+}
+
+/* An activation row's 128-wide k-chunk in shared memory: 128 bf16 (BF16, and SoloQ's C values) or 128 E4M3 codes,
+ * padded so that the lanes of each phase of a read (rows g, 16 or 8 bytes at element 8t) hit distinct banks. */
+template <int WF> struct moe_chunk {
+    static constexpr int elem_bytes = WF == MOE_E4M3 ? 1 : 2;
+    static constexpr int pieces = 128 * elem_bytes / 16;  // 16-byte copies a row
+    static constexpr int stride = 128 * elem_bytes + (WF == MOE_E4M3 ? 32 : 64);
+};
+
+/* Elements [k, k + 8) of a row's chunk in shared memory as 8 bf16 (E4M3 codes decoded). */
+template <int WF> __device__ __forceinline__ uint4 moe_x8(const unsigned char *chunk_row, int k, const q4_smem *s) {
+    if constexpr (WF == MOE_E4M3) return moe_e4m3x8(*(const uint2 *)(chunk_row + k), *s);
+    return *(const uint4 *)(chunk_row + k * 2);
+}
+
+/* The tables format WF decodes with (q4_dequant's; E4M3: its 256 values), into shared memory. */
+template <int WF> __device__ __forceinline__ void moe_load_tables(q4_smem &s) {
+    if constexpr (WF == MOE_E4M3)
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
+    else
+        q4_load_tables<WF>(s);
+}
+
+/* Twins: dllm__moe_grouped_gemm_ref (BF16), dllm__moe_grouped_gemm_q4_ref (SoloQ), dllm__moe_grouped_gemm_e4m3_ref
+ * (FP8). For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] [N][K]) for the rows of e's range (moe_plan's
+ * first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one rounding to bf16. Grid x over row
+ * tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64 output features; 4 warps, each 16
+ * features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and the rows its n8 columns (the
+ * transposed product: a decode step gives an expert a row or two). K goes in chunks of 128, pipelined: while a chunk
+ * is multiplied, the next chunk's weights travel to registers (each lane its own, straight from global memory: a
+ * decode step is bound by the weights' latency, so every byte in flight counts) and the tile's rows of it to shared
+ * memory (cp.async, once for the 4 warps). In a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and
+ * g + 8 and of row g of each n8 group as 8 bf16 (16 bytes; a quantised format's codes decoded into them, exactly:
+ * moe_w8, moe_x8), the first 8 bytes for the first k16 product and the rest for the second. That pairs logical k with
+ * a permuted physical k, the same permutation on both operands, so each product is still a dot product over all of K.
+ * Formats:
+ *   - BF16: bf16 weights and rows;
+ *   - SoloQ (Q4_*): 4-bit weight rows decoded to their C values (NVFP4: times their block scale), the rows' bf16 C
+ *     values; the epilogue (acc * x_scale[src]) * w_scale[e][feature], as q4_gemm's. Integer C values (SoloQ-I,
+ *     SoloQ-C, RTN) make every partial sum an integer below 2^24, exact in any order: the twin's bits;
+ *   - FP8 (MOE_E4M3): E4M3 weight and row codes, each 128-wide k group (one chunk) summed into a fresh accumulator and
+ *     promoted as total = fmaf(G, x_scale * w_scale, total), the twin's (and fp8_gemm's) order of the scales.
+ * Row independence: an output (row, feature) is one accumulator fed the same k16 products in the same order whatever
+ * the tile holds, its expert's row count and the number of tiles; columns of an mma never mix, a row's scales are its
+ * own, and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any
+ * batch. K is a multiple of 8 (the host checks; FP8: of 128, the codes padded with zeros); any N. */
+template <int WF> __device__ __forceinline__ void moe_gemm_body(const moe_gemm_args &a, q4_smem *tables) {
+    using C = moe_chunk<WF>;
+    __shared__ alignas(16) unsigned char chunk[2][MOE_TILE_ROWS * C::stride];
+    __shared__ int tile_src[MOE_TILE_ROWS];
     pdl_enter();
-    const int tile = blockIdx.x;
-    if (tile >= tile_first[n_expert]) return;
+    const int tile = blockIdx.x, n_expert = a.n_expert, N = a.N, K = a.K;
+    const int *first_row = a.first_row, *tile_first = a.tile_first;
+    if (tile >= tile_first[n_expert]) return;  // CTA-uniform: before the barriers
+    if constexpr (WF != MOE_BF16) moe_load_tables<WF>(*tables);
     int lo = 0, hi = n_expert;  // the last expert whose first tile is at or before this one (it holds it)
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -13381,55 +13541,137 @@ KERNEL_moe_grouped_gemm {
             hi = mid;
     }
     const int e = lo, row0 = first_row[e] + (tile - tile_first[e]) * MOE_TILE_ROWS;
-    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0);
+    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0), rows8 = (n_rows + 7) & ~7;
+    for (int r = threadIdx.x; r < MOE_TILE_ROWS; r += blockDim.x)
+        tile_src[r] = r < n_rows ? (a.row_src ? a.row_src[row0 + r] : row0 + r) : 0;
+    __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int f0 = blockIdx.y * 64 + warp * 16;
-    if (f0 >= N) return;
+    const bool live = f0 < N;              // a warp past N still copies the rows and meets the barriers
     constexpr int NT = MOE_TILE_ROWS / 8;  // n8 groups of rows
-    const bf16_t *W = w[e];
-    const bool fa = f0 + g < N, fb = f0 + g + 8 < N;
-    const bf16_t *wa = W + (u64)(fa ? f0 + g : 0) * K, *wb = W + (u64)(fb ? f0 + g + 8 : 0) * K;
-    const bf16_t *xr[NT];
-    bool xv[NT];
-    for (int j = 0; j < NT; j++) {
-        const int r = j * 8 + g;
-        xv[j] = r < n_rows;
-        const int src = xv[j] ? (row_src ? row_src[row0 + r] : row0 + r) : 0;
-        xr[j] = x + (u64)src * K;
+    constexpr bool fp8 = WF == MOE_E4M3, q4 = WF != MOE_BF16 && WF != MOE_E4M3;
+    const u64 w_row = moe_row_bytes<WF>(K), x_row = (u64)a.x_ld * C::elem_bytes;
+    const unsigned char *W = (const unsigned char *)a.w[e], *x = (const unsigned char *)a.x;
+    const bool fa = live && f0 + g < N, fb = live && f0 + g + 8 < N;
+    const unsigned char *wa = W + (fa ? f0 + g : 0) * w_row, *wb = W + (fb ? f0 + g + 8 : 0) * w_row;
+    const unsigned char *bsa = nullptr, *bsb = nullptr;  // NVFP4: the two rows' block scales
+    if constexpr (WF == Q4_NVFP4) {
+        const u64 blocks = (u64)(K + 15) / 16;
+        bsa = a.w_block_scales[e] + (fa ? f0 + g : 0) * blocks;
+        bsb = a.w_block_scales[e] + (fb ? f0 + g + 8 : 0) * blocks;
     }
-    float acc[NT][4];
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += 128) {  // four k32 steps: their weights in flight together (a decode step is
-                                           // bound by the weights' latency, so the more bytes in flight the better)
+    auto copy_rows = [&](int buf, int k0) {  // the tile's rows of chunk k0 (zeros past n_rows and past K)
+        for (int i = threadIdx.x; i < rows8 * C::pieces; i += blockDim.x) {
+            const int r = i / C::pieces, p = i % C::pieces, k = k0 + p * (16 / C::elem_bytes);
+            const bool ok = r < n_rows && k < K;
+            cp_async16(smem_u32(chunk[buf] + r * C::stride + p * 16),
+                       ok ? x + (u64)tile_src[r] * x_row + (u64)k * C::elem_bytes : x, ok);
+        }
+        cp_async_commit();
+    };
+    uint4 next_lo[4], next_hi[4];  // the next chunk's weight bytes, in flight while this chunk is multiplied
+    auto load_weights = [&](int k0) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int k = k0 + 32 * q + 8 * t;
+            next_lo[q] = moe_w8_load<WF>(wa, bsa, k, fa && k < K);
+            next_hi[q] = moe_w8_load<WF>(wb, bsb, k, fb && k < K);
+        }
+    };
+    float acc[NT][4], part[NT][4];  // FP8: part is one 128-wide group's sum
+    for (int j = 0; j < NT; j++)
+        for (int c = 0; c < 4; c++) acc[j][c] = part[j][c] = 0.f;
+    float(&sum)[NT][4] = fp8 ? part : acc;
+    copy_rows(0, 0);
+    load_weights(0);
+    for (int k0 = 0, buf = 0; k0 < K; k0 += 128, buf ^= 1) {
         uint4 a_lo[4], a_hi[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int k = k0 + 32 * q + 8 * t;
-            a_lo[q] = moe_load16(wa + k, fa && k < K), a_hi[q] = moe_load16(wb + k, fb && k < K);
+            a_lo[q] = moe_w8<WF>(next_lo[q], fa && k < K, tables);
+            a_hi[q] = moe_w8<WF>(next_hi[q], fb && k < K, tables);
         }
+        if (k0 + 128 < K) {
+            copy_rows(buf ^ 1, k0 + 128);
+            load_weights(k0 + 128);
+        } else {
+            cp_async_commit();  // an empty group: wait_group 1 below then waits for this chunk's rows
+        }
+        cp_async_wait<1>();
+        __syncthreads();
 #pragma unroll
-        for (int h = 0; h < 2; h++) {  // each 64-wide half in the order a 64-wide loop would take it
-            if (k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
-            const int ka = k0 + 64 * h + 8 * t, kb = ka + 32;
+        for (int h = 0; h < 2; h++) {              // each 64-wide half in the order a 64-wide loop would take it
+            if (!live || k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
             const uint4 &l0 = a_lo[2 * h], &h0 = a_hi[2 * h], &l1 = a_lo[2 * h + 1], &h1 = a_hi[2 * h + 1];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
-                const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
-                moe_mma(acc[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
-                moe_mma(acc[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
-                moe_mma(acc[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
-                moe_mma(acc[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
+                const unsigned char *xr = chunk[buf] + (j * 8 + g) * C::stride;
+                const uint4 b0 = moe_x8<WF>(xr, 64 * h + 8 * t, tables),
+                            b1 = moe_x8<WF>(xr, 64 * h + 32 + 8 * t, tables);
+                moe_mma(sum[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
+                moe_mma(sum[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
+                moe_mma(sum[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
+                moe_mma(sum[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
             }
         }
+        if constexpr (fp8) {  // the group's promotion; the warp's 16 features lie in one 128-row weight block
+            const int kg = k0 >> 7;
+            const float sw = live ? a.w_scale[e][(u64)(f0 >> 7) * a.w_scale_ld + kg] : 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j * 8 >= n_rows) break;
+                for (int c = 0; c < 4; c++) {
+                    const int r = j * 8 + 2 * t + (c & 1);
+                    const float sx = a.x_scale[(u64)kg * a.x_scale_ld + tile_src[r]];
+                    acc[j][c] = fmaf(part[j][c], sx * sw, acc[j][c]);
+                    part[j][c] = 0.f;
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with chunk[buf] before the next iteration refills it
     }
-    // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
+    if (!live) return;
+        // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
 #pragma unroll
     for (int j = 0; j < NT; j++)
         for (int c = 0; c < 4; c++) {
             const int r = j * 8 + 2 * t + (c & 1), f = f0 + g + (c >> 1) * 8;
-            if (r < n_rows && f < N) y[(u64)(row0 + r) * N + f] = f32_to_bf16(acc[j][c]);
+            if (r >= n_rows || f >= N) continue;
+            float v = acc[j][c];
+            if constexpr (q4) v = (v * (a.x_scale ? a.x_scale[tile_src[r]] : 1.0f)) * a.w_scale[e][f];
+            a.y[(u64)(row0 + r) * N + f] = f32_to_bf16(v);
         }
+}
+
+/* BF16 weights and rows (the parameters of the BF16 path, which came first). */
+KERNEL_moe_grouped_gemm {
+    moe_gemm_args a = {};
+    a.x = x, a.row_src = row_src, a.w = (const void *const *)w, a.first_row = first_row, a.tile_first = tile_first;
+    a.y = y, a.n_expert = n_expert, a.N = N, a.K = K, a.x_ld = K;
+    moe_gemm_body<MOE_BF16>(a, nullptr);
+}
+/* The quantised formats: the tables in shared memory. */
+KERNEL_moe_grouped_gemm_e4m3 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<MOE_E4M3>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_nvfp4 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_NVFP4>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_int4 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_INT4>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_e8p {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_E8P>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_rtn {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_RTN>(a, &tables);
 }
 
 /* Twin: the final sum of dllm__cpu_moe. out[t] = (sum over slots s in order of weight[t][s] expert_out[slot_row[t][s]])
@@ -13457,7 +13699,7 @@ KERNEL_moe_combine {
     }
 }
 )DLLM";
-#line 610 "src/gpu/kernel_table.cpp"
+#line 635 "src/gpu/kernel_table.cpp"
 #line 110 "src/dllm_cuda.cu"
 #line 1 "src/gpu/jit.cpp"
 /* src/gpu/jit.cpp - the architecture table and the NVRTC JIT with its caches. */
@@ -13924,7 +14166,7 @@ static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
             dllm__src_prelude() +
                 DLLM__XSTR(struct q4_gemm_args{DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__Q4_GEMM_KERNELS(
                     DLLM__KERNEL_DECLARE) +
-                tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
+                tile + dllm__src_q4_tables() + dllm__src_q4_dequant + dllm__src_q4_gemm,
             {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target
     };
 }
@@ -14031,14 +14273,17 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
             arch.target};
 }
 
-/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only. */
+/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only; the quantised grouped GEMMs dequantise as
+ * q4_gemm does (its tables and q4_dequant) and copy the rows with mma.cuh's cp.async. */
 static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
     return {"dllm_moe",
-            dllm__src_prelude() +
+            dllm__src_prelude() + DLLM__XSTR(struct moe_gemm_args{DLLM__MOE_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
                 dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define MOE_TILE_ROWS %d\n"
-                             "#define NORM_SLOTS %d\n",
-                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots) +
-                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
+                             "#define NORM_SLOTS %d\n#define Q4_THREADS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots,
+                             dllm__moe_threads) +
+                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_mma +
+                dllm__src_q4_tables() + dllm__src_q4_dequant + dllm__src_moe,
             {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};
 }
@@ -15275,8 +15520,8 @@ static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void 
 static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 /* 16.1 [weight formats] How a linear layer's weight W [n x k] (y = x W^T) is stored on the device, and which activation
- * operand its GEMMs take. Adding a format is a row here, its quantiser in dllm__gpu_weights_quantize, its case in
- * dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
+ * operand its GEMMs take. Adding a format is a row here, its quantiser beside dllm__gpu_layer_quantize_e4m3, its case
+ * in dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
 enum dllm__wformat {
     DLLM__W_BF16 = 0,  // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
     DLLM__W_E4M3_BLOCK =
@@ -16371,8 +16616,8 @@ struct dllm__gpu_weights {
         auto rows = [](const dllm__linear &W) { return W.format == DLLM__W_Q4 && !W.q4->packed; };
         if (rows(head)) return true;
         for (const dllm__gpu_layer &G : layers)
-            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
-                if (rows(*W)) return true;
+            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down, &G.shared_gu, &G.shared_down})
+                if (rows(*W)) return true;  // [MoE] the shared expert keeps its rows (the routed experts need none)
         return false;
     }
 };
@@ -16531,8 +16776,11 @@ static dllm_status dllm__rotation_upload(const dllm__rotation &r, dllm__rotation
     return put(out.mixer, r.mixer.data(), r.mixer.size() * 4);
 }
 
-/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. */
-static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored) {
+/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. rot: a
+ * rotation the linears of one site share (a MoE layer's experts: one copy on the device, not one an expert), uploaded
+ * by the first of them; null: its own. */
+static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored,
+                                   std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
     const dllm__q4_rows &q = stored.w;
     auto put = [](dllm__dbuf &dst, const void *src, size_t bytes) -> dllm_status {
         DLLM__TRY(dst.fit(bytes, "SoloQ weights"));
@@ -16541,8 +16789,12 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     };
     std::unique_ptr<dllm__q4_site> site(new dllm__q4_site);
     site->format = q.format;
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     site->rot = rot;
     if (!q.block_scales.empty()) DLLM__TRY(put(site->block_scales, q.block_scales.data(), q.block_scales.size()));
     DLLM__TRY(put(W.data, q.codes.data(), q.codes.size()));
@@ -16552,68 +16804,112 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     return DLLM_OK;
 }
 
-/* The checkpoint's weights, as BF16 with the projections fused, each checked for non-finite values; a quantised
- * checkpoint's linears as they are stored. */
-static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
-    dllm__dbuf scratch;
-    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts,
-                      const char *what) -> dllm_status {
+/* Where a device copy's weights come from, a layer at a time: the checkpoint (BF16 with the projections fused, each
+ * checked for non-finite values; a quantised checkpoint's linears as they are stored) or, for dllm_model_load_random,
+ * the device's generator. dllm__gpu_weights_build quantises each layer before it asks for the next, so the device never
+ * holds more than one layer in BF16 beside the quantised ones. */
+struct dllm__weights_source {
+    const dllm_model &m;
+    const dllm__rowwise_kernels &k;
+    cudaStream_t stream;
+    dllm__dbuf scratch;  // the non-finite check's result
+    uint64_t seed;       // random: the next tensor's
+
+    dllm__weights_source(const dllm_model &model, const dllm__rowwise_kernels &kernels, cudaStream_t s)
+        : m(model), k(kernels), stream(s), seed(model.random_seed) {}
+    size_t n_layers() const { return m.random_weights ? (size_t)m.cfg.n_layer : m.layers.size(); }
+    dllm_status layer(size_t l, dllm__gpu_layer &G) {
+        return m.random_weights ? random_layer(l, G) : upload_layer(l, G);
+    }
+    /* The embedding table, the LM head and the final norm. */
+    dllm_status rest(dllm__gpu_weights &w) { return m.random_weights ? random_rest(w) : upload_rest(w); }
+
+  private:
+    dllm_status upload(dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const char *what) {
         DLLM__TRY(dllm__upload_rows(W, parts, what));
         return dllm__check_finite(W, parts, k, stream, scratch);
-    };
-    w.layers.resize(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++) {
-        const dllm__layer_weights &L = m.layers[l];
-        dllm__gpu_layer &G = w.layers[l];
-        if (m.soloq) {
-            const dllm__soloq_layer &S = *m.soloq->layers[l];
-            DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
-            DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
+    }
+    dllm_status upload_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status upload_rest(dllm__gpu_weights &w);
+    dllm_status random_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status random_rest(dllm__gpu_weights &w);
+    dllm_status fill_bf16(dllm__dbuf &b, size_t n, float std_dev, const char *what) {
+        DLLM__TRY(b.fit(n * 2, what));
+        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
+    }
+    dllm_status fill_linear(dllm__linear &W, int n, int kk, float std_dev, const char *what) {
+        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
+        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
+    }
+};
+
+dllm_status dllm__weights_source::upload_layer(size_t l, dllm__gpu_layer &G) {
+    const dllm__layer_weights &L = m.layers[l];
+    if (m.soloq) {
+        const dllm__soloq_layer &S = *m.soloq->layers[l];
+        DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
+        DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
+        const bool moe = dllm__is_moe_layer(m.cfg, l);
+        if (moe && m.cfg.n_ff_shared > 0) {  // [MoE] GU and DOWN hold the shared expert
+            DLLM__TRY(dllm__upload_q4(G.shared_gu, S.lin[DLLM__SOLOQ_GU]));
+            DLLM__TRY(dllm__upload_q4(G.shared_down, S.lin[DLLM__SOLOQ_DOWN]));
+        } else if (!moe) {
             DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
             DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
-        } else {
-            if (L.wqkv)  // LLaDA2's fused projection
-                DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
-            else
-                DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
-            DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
-            if (L.gate) {  // null in a MoE layer
-                DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
-                DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
-            }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: moe_supported refuses the others)
-            DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
-            DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
-            DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
-            G.expert_gu.resize(L.expert_gate.size());
-            G.expert_down.resize(L.expert_gate.size());
-            for (size_t e = 0; e < L.expert_gate.size(); e++) {
-                DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
-                DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
-            }
-            if (L.shared_gate) {
-                DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
-                DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
-            }
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;  // every expert's gate|up, down: one site each
+        G.expert_gu.resize(S.expert_gu.size()), G.expert_down.resize(S.expert_down.size());
+        for (size_t e = 0; e < S.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__upload_q4(G.expert_gu[e], S.expert_gu[e], &gu_rot));
+            DLLM__TRY(dllm__upload_q4(G.expert_down[e], S.expert_down[e], &down_rot));
         }
-        DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
-        DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
-        DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
-        DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
-        DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
-        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
-        if (!L.bq.empty()) {
-            std::vector<float> b(L.bq);
-            b.insert(b.end(), L.bk.begin(), L.bk.end());
-            b.insert(b.end(), L.bv.begin(), L.bv.end());
-            DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
-            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    } else {
+        if (L.wqkv)  // LLaDA2's fused projection
+            DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
+        else
+            DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
+        if (L.gate) {  // null in a MoE layer
+            DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+            DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
         }
     }
+    if (L.router) {  // [MoE] LLaDA2's router (never quantised); its experts below in BF16 (quantised later)
+        DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
+        DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
+        DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+    }
+    if (L.router && !m.soloq) {
+        G.expert_gu.resize(L.expert_gate.size());
+        G.expert_down.resize(L.expert_gate.size());
+        for (size_t e = 0; e < L.expert_gate.size(); e++) {
+            DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
+            DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
+        }
+        if (L.shared_gate) {
+            DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
+            DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
+        }
+    }
+    DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
+    DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
+    DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
+    DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
+    DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
+    DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
+    if (!L.bq.empty()) {
+        std::vector<float> b(L.bq);
+        b.insert(b.end(), L.bk.begin(), L.bk.end());
+        b.insert(b.end(), L.bv.begin(), L.bv.end());
+        DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
+        DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    }
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::upload_rest(dllm__gpu_weights &w) {
     dllm__linear embed;
     DLLM__TRY(upload(embed, {m.embed}, "the embedding table"));
     w.embed = std::move(embed.data);
@@ -16627,55 +16923,46 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
 
 /* Benchmark weights generated on the device (no file, no host copy) as the PyTorch reference draws them: normal with
  * std 0.02, the residual branches' output projections 0.02 / sqrt(2 L); norms 1. */
-static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
+dllm_status dllm__weights_source::random_layer(size_t l, dllm__gpu_layer &G) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, q = c.n_head * c.head_dim;
-    uint64_t seed = m.random_seed;
-    auto fill_bf16 = [&](dllm__dbuf &b, size_t n, float std_dev, const char *what) -> dllm_status {
-        DLLM__TRY(b.fit(n * 2, what));
-        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
-    };
-    auto fill_linear = [&](dllm__linear &W, int n, int kk, float std_dev, const char *what) {
-        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
-        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
-    };
     auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) {
         return dllm__upload_f32(b, std::vector<float>(n, value), what);
     };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
-    w.layers.resize((size_t)c.n_layer);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
-        DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
-        if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
-            DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-            DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-        }
-        if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
-            DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
-            DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
-            G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
-            for (int e = 0; e < c.n_expert; e++) {
-                DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
-                DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
-            }
-            if (c.n_ff_shared > 0) {
-                DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
-                DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
-            }
-        } else {
-            DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
-            DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
-        }
-        DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
-        DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
-        if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
+    DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
+    if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
+        DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+        DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
     }
-    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * d, std_in, "the embedding table"));
-    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, d, std_in, "the LM head"));
-    DLLM__TRY(ones(w.final_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
+        DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
+        DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
+        G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
+        for (int e = 0; e < c.n_expert; e++) {
+            DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
+            DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
+        }
+        if (c.n_ff_shared > 0) {
+            DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
+            DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
+        }
+    } else {
+        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+    }
+    DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
+    DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::random_rest(dllm__gpu_weights &w) {
+    const dllm__config &c = m.cfg;
+    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * c.n_embd, 0.02f, "the embedding table"));
+    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, c.n_embd, 0.02f, "the LM head"));
+    DLLM__TRY(dllm__upload_f32(w.final_norm, std::vector<float>((size_t)c.n_embd, 1.0f), "norm weights"));
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
@@ -16686,6 +16973,7 @@ static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__row
 /* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
  * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (!W.data.ptr) return DLLM_OK;  // none (a LLaDA2 MoE layer's dense MLP)
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
     DLLM__TRY(codes.fit((size_t)W.n * kb * 128, "FP8 weights"));
@@ -16807,11 +17095,19 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
- * bf16 copy is released. */
+ * bf16 copy is released. rot_shared: the rotation that linears of one site and one input width share (a MoE layer's
+ * gate|up linears, its routed experts' downs: dllm__soloq_rotations), on the device once, made by the first; null: its
+ * own. An absent linear stays absent. */
 static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site,
-                                            const dllm__soloq_kernels &k, cudaStream_t stream) {
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+                                            const dllm__soloq_kernels &k, cudaStream_t stream,
+                                            std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
+    if (!W.data.ptr) return DLLM_OK;
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     std::unique_ptr<dllm__q4_site> q(new dllm__q4_site);
     q->format = o.weights;
     q->rot = rot;
@@ -16838,28 +17134,36 @@ static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4w
     return DLLM_OK;
 }
 
-/* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
- * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already.
- * With q4wg, each layer's linears then go into its layout. progress counts the quantised layers and head, as the CPU
- * backend's (dllm__cpu_soloq_weights): none from a quantised checkpoint. */
-static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w,
-                                                 const dllm__soloq_kernels &k, const dllm__q4wg_kernels *q4wg,
-                                                 cudaStream_t stream, const dllm__progress &progress) {
-    const int total = (int)w.layers.size() + (w.soloq.quantize_head ? 1 : 0);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (!m.soloq) {
-            DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
-        }
-        if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
-        if (!m.soloq) {
-            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
-            progress.report((int)l + 1, total);
+/* [SoloQ] Layer l's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact); a
+ * quantised checkpoint's are there already. With q4wg, they then go into its layout. */
+static dllm_status dllm__gpu_layer_quantize_q4(const dllm_model &m, size_t l, dllm__gpu_layer &G,
+                                               const dllm__soloq_options &o, const dllm__soloq_kernels &k,
+                                               const dllm__q4wg_kernels *q4wg, cudaStream_t stream) {
+    if (!m.soloq) {
+        DLLM__TRY(dllm__quantize_linear_q4(G.qkv, o, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.o, o, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.gu, o, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.down, o, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+        // [MoE] the shared expert and every routed expert: every gate|up reads the normed row (one rotation), the
+        // routed downs one rotation of their width (dllm__soloq_rotations)
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;
+        const uint32_t gu_site = dllm__soloq_site_id(l, DLLM__SOLOQ_GU),
+                       down_site = dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN);
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_gu, o, gu_site, k, stream, &gu_rot));
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_down, o, down_site, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_gu[e], o, gu_site, k, stream, &gu_rot));
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_down[e], o, down_site, k, stream, &down_rot));
         }
     }
+    if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
+    return DLLM_OK;
+}
+
+/* [SoloQ] The LM head, if asked (a tied one from a copy of the embedding table); a quantised checkpoint's is there
+ * already. */
+static dllm_status dllm__gpu_head_quantize_q4(const dllm_model &m, dllm__gpu_weights &w, const dllm__soloq_kernels &k,
+                                              cudaStream_t stream) {
     if (!w.soloq.quantize_head || w.head.format == DLLM__W_Q4) return DLLM_OK;
     const dllm__config &c = m.cfg;
     if (!w.head.data.ptr) {  // tied: the head gets its own (quantised) copy, the embedding gather keeps the table
@@ -16867,29 +17171,59 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
         DLLM__TRY(w.head.data.fit((size_t)c.n_vocab * c.n_embd * 2, "the LM head"));
         DLLM__CUDA(cudaMemcpyAsync(w.head.data.ptr, w.embed.ptr, w.head.data.bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    DLLM__TRY(
-        dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream));
-    if (!m.soloq) progress.report(total, total);
+    const uint32_t site = dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD);
+    return dllm__quantize_linear_q4(w.head, w.soloq, site, k, stream);
+}
+
+/* [FP8] Layer l >= 1's linears in the formats in effect (layer 0 stays BF16: the paper: quantising it costs accuracy;
+ * and LaCache caches its work). */
+static dllm_status dllm__gpu_layer_quantize_e4m3(dllm__gpu_layer &G, const dllm__gpu_weights &w,
+                                                 const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (w.fp8_ffn) {  // [MoE] a LLaDA2 MoE layer's FFN: its shared expert and every routed expert
+        for (dllm__linear *W : {&G.gu, &G.down, &G.shared_gu, &G.shared_down})
+            DLLM__TRY(dllm__quantize_linear_e4m3(*W, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_gu[e], k, stream));
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_down[e], k, stream));
+        }
+    }
+    if (w.fp8_attn) {
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+    }
     return DLLM_OK;
 }
 
-/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches
- * its work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
-static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                              const dllm__progress &progress) {
-    if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
-    for (size_t l = 1; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (w.fp8_ffn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.gu, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.down, k, stream));
+/* The device copy in its formats, a layer at a time: each layer made (uploaded or generated) and quantised before the
+ * next, so the device holds at most one layer in BF16 beside the quantised ones (a 16B MoE in 4 bits builds on a 24 GB
+ * card); then the embedding table, the final norm and the head. progress counts as the CPU backend's: FP8 the layers
+ * from 1 (dllm__cpu_fp8_weights), SoloQ the layers and the head (dllm__cpu_soloq_weights; none from a quantised
+ * checkpoint). */
+static dllm_status dllm__gpu_weights_make(const dllm_model &m, const dllm__rowwise_kernels &k,
+                                          const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                          const dllm__progress &progress, cudaStream_t stream, dllm__gpu_weights &w) {
+    if (w.soloq.enabled && !q) return dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
+    dllm__weights_source source(m, k, stream);
+    const int n = (int)source.n_layers(), q4_total = n + (w.soloq.quantize_head ? 1 : 0);
+    const bool fp8 = w.fp8_ffn || w.fp8_attn, q4_progress = w.soloq.enabled && !m.soloq;
+    w.layers.resize((size_t)n);
+    for (int l = 0; l < n; l++) {
+        dllm__gpu_layer &G = w.layers[(size_t)l];
+        DLLM__TRY(source.layer((size_t)l, G));
+        if (fp8 && l > 0) {
+            DLLM__TRY(dllm__gpu_layer_quantize_e4m3(G, w, k, stream));
+            progress.report(l, n - 1);
         }
-        if (w.fp8_attn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+        if (w.soloq.enabled) DLLM__TRY(dllm__gpu_layer_quantize_q4(m, (size_t)l, G, w.soloq, *q, q4wg, stream));
+        if (q4_progress) {
+            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
+            progress.report(l + 1, q4_total);
         }
-        progress.report((int)l, (int)w.layers.size() - 1);
     }
+    DLLM__TRY(source.rest(w));
+    if (w.soloq.enabled) DLLM__TRY(dllm__gpu_head_quantize_q4(m, w, *q, stream));
+    if (q4_progress && w.soloq.quantize_head) progress.report(q4_total, q4_total);
+    DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
 
@@ -16900,15 +17234,9 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
     const double t0 = dllm__now_ms();
-    dllm_status s =
-        m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
-    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream, progress);
-    if (s == DLLM_OK && w.soloq.enabled) {
-        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, q4wg, stream, progress)
-              : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
-        if (s == DLLM_OK)
-            dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
-    }
+    const dllm_status s = dllm__gpu_weights_make(m, k, q, q4wg, progress, stream, w);
+    if (s == DLLM_OK && w.soloq.enabled)
+        dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
     return s;
@@ -16945,8 +17273,10 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
     w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
     DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, progress, *w));
+    const dllm__gpu_layer *L1 = w->layers.size() > 1 ? &w->layers[1] : nullptr;  // [MoE] its experts' format
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
-              w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
+              w->bytes / 1e9,
+              dllm__wformats[!L1 ? DLLM__W_BF16 : L1->expert_gu.empty() ? L1->gu.format : L1->expert_gu[0].format].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
     cache.push_back(w);
     out = std::move(w);
@@ -17387,6 +17717,7 @@ struct dllm__gpu_batch {
     std::vector<int32_t> work_items;
     dllm__dbuf attn_work;
     dllm__attn_work_shape work;
+    std::vector<char> attn_wide;  // [block diffusion] entries attended apart (attention_wide_entry), none of the lists
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -17520,13 +17851,24 @@ struct dllm__gpu_moe {
     dllm__kernel<dllm__sig_moe_route> route;
     dllm__kernel<dllm__sig_moe_plan> plan_kernel;
     dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
+    // [FP8] [SoloQ] the grouped GEMM on E4M3 experts, and on 4-bit ones by weight format (dllm__q4_format)
+    dllm__kernel<dllm__sig_moe_grouped_gemm_e4m3> grouped_gemm_e4m3;
+    dllm__kernel<dllm__sig_moe_grouped_gemm_int4> grouped_gemm_q4[DLLM__Q4_RTN + 1];
     dllm__kernel<dllm__sig_moe_combine> combine;
-    dllm__dbuf expert_ptrs;             // const bf16 * [layers][2][E]: each expert's gate|up, then down weights
+    dllm__dbuf expert_ptrs;  // [layers][gate|up, down][codes, scales, block scales][E] (dllm__moe_ptr)
     dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
     dllm__dbuf plan;                    // int [2][E + 1]: first_row, then tile_first (moe_plan)
     dllm__dbuf row_token, slot_row;     // int [T k]: the token of each expert row; int [T][k]: the row of each slot
     dllm__dbuf gu, f, y;                // bf16 [T k][2 ff], [T k][ff], [T k][d]: the experts' rows
     dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
+    // [FP8] [SoloQ] the experts' inputs quantised (moe_fit): the normed rows' codes or C values and scales, the SwiGLU
+    // rows' E4M3 codes (SoloQ's C values go to f) and scales
+    dllm__dbuf x_codes, x_scale, f_codes, f_scale;
+    std::vector<const void *> addresses() const {
+        return {logits.ptr, expert.ptr,    weight.ptr,    slot_row.ptr, row_token.ptr, plan.ptr,   gu.ptr,
+                f.ptr,      y.ptr,         shared_gu.ptr, shared_f.ptr, shared_y.ptr,  x_codes.ptr, x_scale.ptr,
+                f_codes.ptr, f_scale.ptr};
+    }
     // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
     std::map<int, std::vector<int>> *debug_experts = nullptr;
     std::map<int, std::vector<float>> *debug_logits = nullptr;
@@ -17745,7 +18087,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
-    bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
+    bool q4(size_t l) const { return weights_->layers[l].qkv.format == DLLM__W_Q4; }  // a LLaDA2 MoE layer has no gu
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
     dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
@@ -17801,6 +18143,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status moe_block(size_t l, int M, void *out);
+    dllm__wformat moe_format() const;
+    dllm_status moe_grouped(size_t l, bool down, int M, const void *x, const float *x_scale, int x_scale_ld,
+                            const int *row_src, void *y);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
@@ -17814,6 +18159,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
     void bkv_release();
@@ -17947,12 +18293,12 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * states in a.partial. With `wide`, a forward without FACache and split-KV (block-causal or not) runs flash_attn_wg
  * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
  * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
-    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
@@ -18188,7 +18534,9 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
 dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
     const dllm__config &c = model_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
+    // [MoE] ff: the widest FFN input, LLaDA2's shared expert's and experts' too (FP8's and SoloQ's activations)
+    const size_t ff = (size_t)std::max(c.n_ff, moe_model() ? std::max(c.n_ff_shared, c.n_ff_expert) : 0);
+    const size_t q = (size_t)c.n_head * c.head_dim, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
     const bool fp8 = weights_->fp8_ffn || weights_->fp8_attn;
     const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
@@ -18241,7 +18589,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
                                  "the LaCache attention state"));
     }
     if (fp8) {
-        const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
+        const size_t k_pad = (size_t)dllm__round_up((int)std::max(std::max(d, ff), q), 128);
         for (auto buf : {std::make_pair(&A.act8, Mo * k_pad), std::make_pair(&A.act8_scale, Mo * (k_pad / 128) * 4)}) {
             const void *was = buf.first->ptr;
             DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
@@ -18254,7 +18602,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (weights_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
         const size_t k_max = std::max(std::max(d, ff), q);
         size_t chunk_elems = 0, chunk_rows = 0;
-        const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
+        const size_t ffs = (size_t)std::max(c.n_ff_shared, 8);  // [MoE] LLaDA2's shared expert (gemm_q4's rows paths)
+        const std::pair<size_t, size_t> shapes[] = {
+            {qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}, {2 * ffs, d}, {d, ffs}};
         for (const auto &nk : shapes) {
             const size_t rows_at_once = (size_t)dllm__q4_chunk_rows((int)nk.first, (int)nk.second);
             chunk_elems = std::max(chunk_elems, rows_at_once * nk.second),
@@ -18919,16 +19269,16 @@ dllm_status dllm__gpu_backend::logits(const int32_t *ids, int n, int r0, int r1,
  * expert's (moe_combine) into act_.delta. Nothing goes back to the host: every launch's grid is a bound fixed by the
  * row count M alone (the grouped GEMM's CTAs past the plan's tile count leave at once), so a forward is captured as a
  * CUDA graph like any other. A row's bits do not depend on the other rows (each kernel is row-independent), so a
- * token's output is the same in any batch. BF16 weights only (FP8 and SoloQ run on the CPU backend). */
+ * token's output is the same in any batch. The experts run in the layer's precision, as the CPU's (dllm__cpu_moe):
+ * BF16; FP8 (E4M3 weights with 128x128 block scales, the rows quantised in 1x128 groups: the normed rows once for
+ * every expert's gate|up, the SwiGLU rows for down); SoloQ (4-bit weight rows, the rows rotated and quantised per
+ * token: the normed rows once, all gate|up linears sharing their rotation, and the SwiGLU rows by the fused producer).
+ * The router stays exact (its bf16 GEMM on the unquantised normed rows); the shared expert goes through gemm() in the
+ * layer's format. */
 
-/* What this first version takes; the rest is refused with the setting to change. */
+/* What LLaDA2's GPU path takes (every precision: BF16, FP8, SoloQ); the rest is refused with the setting to change. */
 dllm_status dllm__gpu_backend::moe_supported() const {
     const dllm__config &c = model_.cfg;
-    if (precision_ != DLLM_PRECISION_BF16)  // the CPU backend runs them (src/cpu/moe.cpp)
-        return dllm__fail(DLLM_ERR_UNSUPPORTED,
-                          "precision (--precision) %s on LLaDA2's GPU path is not built yet: use DLLM_PRECISION_BF16 "
-                          "(--precision bf16), or the CPU backend (--backend cpu)",
-                          dllm__precision_name(precision_));
     if (kvq_.enabled())
         return dllm__fail(DLLM_ERR_UNSUPPORTED,
                           "kv_quant (--kv-quant) on LLaDA2's GPU path is not built yet: use DLLM_KV_QUANT_NONE "
@@ -18954,6 +19304,11 @@ dllm_status dllm__gpu_backend::load_moe() {
     bind(moe_.route, "moe_route");
     bind(moe_.plan_kernel, "moe_plan");
     bind(moe_.grouped_gemm, "moe_grouped_gemm");
+    bind(moe_.grouped_gemm_e4m3, "moe_grouped_gemm_e4m3");
+    bind(moe_.grouped_gemm_q4[DLLM__Q4_NVFP4], "moe_grouped_gemm_nvfp4");
+    bind(moe_.grouped_gemm_q4[DLLM__Q4_INT4], "moe_grouped_gemm_int4");
+    bind(moe_.grouped_gemm_q4[DLLM__Q4_E8P], "moe_grouped_gemm_e8p");
+    bind(moe_.grouped_gemm_q4[DLLM__Q4_RTN], "moe_grouped_gemm_rtn");  // Lloyd-Max codes only activations
     bind(moe_.combine, "moe_combine");
     return DLLM_OK;
 }
@@ -18990,6 +19345,10 @@ static int dllm__moe_tile_bound(const dllm__config &c, int M) {
     return slots / dllm__moe_tile_rows + std::min(c.n_expert, slots);
 }
 
+/* Where layer l's pointers of field (0 codes, 1 scales, 2 NVFP4 block scales) of linear lin (0 gate|up, 1 down) begin
+ * in moe_.expert_ptrs (E experts a list). */
+static size_t dllm__moe_ptr(size_t E, size_t l, int lin, int field) { return ((l * 2 + (size_t)lin) * 3 + field) * E; }
+
 /* The buffers of a MoE layer over M tokens, sized by M alone (fit_buffers calls it before a forward is captured; a
  * buffer that moves bumps act_.generation, as the activations' do). The expert rows are zeroed when made: SwiGLU runs
  * over all M k rows, whose tail past the routed rows then holds finite values nobody reads. */
@@ -18998,10 +19357,7 @@ dllm_status dllm__gpu_backend::moe_fit(int M) {
     const size_t d = (size_t)c.n_embd, E = (size_t)c.n_expert, k = (size_t)c.n_expert_used, ff = (size_t)c.n_ff_expert,
                  ffs = (size_t)std::max(c.n_ff_shared, 8);
     const size_t rows = (size_t)M * k;
-    const std::vector<const void *> before = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,
-                                              moe_.slot_row.ptr, moe_.row_token.ptr, moe_.plan.ptr,
-                                              moe_.gu.ptr,     moe_.f.ptr,         moe_.y.ptr,
-                                              moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
+    const std::vector<const void *> before = moe_.addresses();
     DLLM__TRY(moe_.logits.fit((size_t)M * E * 4, "the MoE router's logits"));
     DLLM__TRY(moe_.expert.fit(rows * 4, "the MoE routes"));
     DLLM__TRY(moe_.weight.fit(rows * 4, "the MoE routes"));
@@ -19013,24 +19369,55 @@ dllm_status dllm__gpu_backend::moe_fit(int M) {
         DLLM__TRY(buf.first->fit(rows * buf.second * 2, "the MoE experts' rows"));
         if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
     }
-    DLLM__TRY(moe_.shared_gu.fit((size_t)M * 2 * ffs * 2, "the MoE shared expert's rows"));
+    // [FP8] [SoloQ] the experts' inputs quantised: the normed rows (x_codes, x_scale) and the SwiGLU rows (f_codes,
+    // f_scale; SoloQ's C values go to f): FP8's codes [rows_pad][k_pad] with scales [k_pad / 128][rows_pad], SoloQ's
+    // C values [rows][width] with a scale a row. Zeroed when made: the padding is read as zero codes.
+    const dllm__wformat wf = moe_format();
+    const size_t Mp = (size_t)dllm__round_up(M, 16), Rp = (size_t)dllm__round_up((int)rows, 16);
+    const size_t dp = (size_t)dllm__round_up((int)d, 128), ffp = (size_t)dllm__round_up((int)ff, 128);
+    const std::pair<dllm__dbuf *, size_t> quantised[] = {
+        {&moe_.x_codes, wf == DLLM__W_E4M3_BLOCK ? Mp * dp : wf == DLLM__W_Q4 ? (size_t)M * d * 2 : 0},
+        {&moe_.x_scale, wf == DLLM__W_E4M3_BLOCK ? dp / 128 * Mp * 4 : wf == DLLM__W_Q4 ? (size_t)M * 4 : 0},
+        {&moe_.f_codes, wf == DLLM__W_E4M3_BLOCK ? Rp * ffp : 0},
+        {&moe_.f_scale, wf == DLLM__W_E4M3_BLOCK ? ffp / 128 * Rp * 4 : wf == DLLM__W_Q4 ? rows * 4 : 0}};
+    for (const auto &buf : quantised) {
+        if (!buf.second) continue;
+        const void *was = buf.first->ptr;
+        DLLM__TRY(buf.first->fit(buf.second, "the MoE experts' quantised rows"));
+        if (buf.first->ptr != was) DLLM__CUDA(cudaMemsetAsync(buf.first->ptr, 0, buf.first->bytes, stream_));
+    }
+    // an FP8 GEMM (the shared expert's, through gemm()) writes whole 16-row tiles
+    DLLM__TRY(moe_.shared_gu.fit(Mp * 2 * ffs * 2, "the MoE shared expert's rows"));
     DLLM__TRY(moe_.shared_f.fit((size_t)M * ffs * 2, "the MoE shared expert's rows"));
-    DLLM__TRY(moe_.shared_y.fit((size_t)M * d * 2, "the MoE shared expert's rows"));
-    const std::vector<const void *> after = {moe_.logits.ptr, moe_.expert.ptr,    moe_.weight.ptr,   moe_.slot_row.ptr,
-                                             moe_.row_token.ptr, moe_.plan.ptr,   moe_.gu.ptr,       moe_.f.ptr,
-                                             moe_.y.ptr,      moe_.shared_gu.ptr, moe_.shared_f.ptr, moe_.shared_y.ptr};
-    if (after != before) act_.generation++;
+    DLLM__TRY(moe_.shared_y.fit(Mp * d * 2, "the MoE shared expert's rows"));
+    if (moe_.addresses() != before) act_.generation++;
     return DLLM_OK;
 }
 
-/* Each MoE layer's expert weights as device arrays of pointers (gate|up, then down, E each), for the grouped GEMM. */
+/* The quantised format of the routed experts' weights (one a context; under FP8 a MoE layer 0 stays BF16, as the
+ * CPU's), BF16 where none is quantised. */
+dllm__wformat dllm__gpu_backend::moe_format() const {
+    for (const dllm__gpu_layer &L : weights_->layers)
+        if (!L.expert_gu.empty() && L.expert_gu[0].format != DLLM__W_BF16) return L.expert_gu[0].format;
+    return DLLM__W_BF16;
+}
+
+/* Each MoE layer's expert weights as device arrays of pointers, for the grouped GEMMs: [layer][gate|up, down][codes,
+ * scales, NVFP4 block scales][E] (dllm__moe_ptr). */
 dllm_status dllm__gpu_backend::moe_pointers() {
     const size_t E = (size_t)model_.cfg.n_expert, n_layers = weights_->layers.size();
-    std::vector<const void *> ptrs(n_layers * 2 * E, nullptr);
+    std::vector<const void *> ptrs(n_layers * 2 * 3 * E, nullptr);
     for (size_t l = 0; l < n_layers; l++) {
         const dllm__gpu_layer &L = weights_->layers[l];
-        for (size_t e = 0; e < L.expert_gu.size() && e < E; e++)
-            ptrs[(l * 2 + 0) * E + e] = L.expert_gu[e].data.ptr, ptrs[(l * 2 + 1) * E + e] = L.expert_down[e].data.ptr;
+        for (int lin = 0; lin < 2; lin++) {
+            const std::vector<dllm__linear> &experts = lin ? L.expert_down : L.expert_gu;
+            for (size_t e = 0; e < experts.size() && e < E; e++) {
+                const dllm__linear &W = experts[e];
+                ptrs[dllm__moe_ptr(E, l, lin, 0) + e] = W.data.ptr;
+                ptrs[dllm__moe_ptr(E, l, lin, 1) + e] = W.scale.ptr;
+                ptrs[dllm__moe_ptr(E, l, lin, 2) + e] = W.q4 ? W.q4->block_scales.ptr : nullptr;
+            }
+        }
     }
     DLLM__TRY(moe_.expert_ptrs.fit(ptrs.size() * sizeof(void *), "the MoE experts' addresses"));
     DLLM__CUDA(cudaMemcpy(moe_.expert_ptrs.ptr, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
@@ -19077,28 +19464,88 @@ dllm_status dllm__gpu_backend::moe_ffn(size_t l, int M, const float *h_in, float
     return moe_block(l, M, delta);
 }
 
-/* The mixture of experts of layer l on the M normed rows of act_.a into the bf16 rows `out` (twin: dllm__cpu_moe). */
+/* The grouped GEMM of layer l's routed experts (down: their down linears, else gate|up) over the plan's rows, in their
+ * weight format, into y [rows][N]: x the activation rows in the form that format's GEMM takes (bf16 rows; FP8: E4M3
+ * codes [][k_pad] with scales [k_pad / 128][x_scale_ld]; SoloQ: C values with a scale a row, or none under -w4a16),
+ * row_src the x row of each expert row (null: the row itself). */
+dllm_status dllm__gpu_backend::moe_grouped(size_t l, bool down, int M, const void *x, const float *x_scale,
+                                           int x_scale_ld, const int *row_src, void *y) {
+    const dllm__gpu_layer &L = weights_->layers[l];
+    const dllm__linear &W0 = down ? L.expert_down[0] : L.expert_gu[0];
+    const int E = model_.cfg.n_expert, N = W0.n;
+    const int *first_row = moe_.plan.as<int>(), *tile_first = first_row + E + 1;
+    const void *const *ptrs = moe_.expert_ptrs.as<const void *>() + dllm__moe_ptr((size_t)E, l, down ? 1 : 0, 0);
+    const dllm__grid grid(dim3((unsigned)dllm__moe_tile_bound(model_.cfg, M), (unsigned)(N + 63) / 64),
+                          dim3(dllm__moe_threads));
+    if (W0.format == DLLM__W_BF16)
+        return moe_.grouped_gemm.launch(grid, stream_, (const bf16_t *)x, row_src, (const bf16_t *const *)ptrs,
+                                        first_row, tile_first, E, N, W0.k, (bf16_t *)y);
+    moe_gemm_args a = {};
+    a.x = x, a.x_scale = x_scale, a.row_src = row_src, a.w = ptrs, a.w_scale = (const float *const *)(ptrs + E);
+    a.w_block_scales = (const unsigned char *const *)(ptrs + 2 * E), a.first_row = first_row,
+    a.tile_first = tile_first, a.y = (bf16_t *)y, a.n_expert = E, a.N = N, a.x_scale_ld = x_scale_ld;
+    if (W0.format == DLLM__W_E4M3_BLOCK) {  // K padded to whole 128-groups, as the codes of both operands are
+        a.K = a.x_ld = dllm__round_up(W0.k, 128);
+        a.w_scale_ld = dllm__round_up(a.K / 128, 4);
+        return moe_.grouped_gemm_e4m3.launch(grid, stream_, a);
+    }
+    const dllm__q4_format f = W0.q4->format;
+    if (W0.q4->packed || !moe_.grouped_gemm_q4[f].fn)
+        return dllm__fail(DLLM_ERR_INTERNAL, "the MoE grouped GEMM takes no %s%s expert weights", dllm__q4_names[f],
+                          W0.q4->packed ? " (q4wg-packed)" : "");
+    a.K = a.x_ld = W0.k;
+    return moe_.grouped_gemm_q4[f].launch(grid, stream_, a);
+}
+
+/* The mixture of experts of layer l on the M normed rows of act_.a into the bf16 rows `out` (twin: dllm__cpu_moe): the
+ * router on the bf16 rows; the experts' inputs in their format (FP8: quantize_rows_e4m3 of the normed rows, then
+ * swiglu_e4m3; SoloQ: the normed rows rotated and quantised once by the experts' gate|up rotation, then the SwiGLU
+ * producer with their down rotation; BF16: the rows as they are, then swiglu). Every stage is row-wise. */
 dllm_status dllm__gpu_backend::moe_block(size_t l, int M, void *out) {
     const dllm__config &c = model_.cfg;
     const dllm__gpu_layer &L = weights_->layers[l];
-    const int d = c.n_embd, E = c.n_expert, ff = c.n_ff_expert, ffs = c.n_ff_shared, rows = M * c.n_expert_used;
+    const int d = c.n_embd, ff = c.n_ff_expert, ffs = c.n_ff_shared, rows = M * c.n_expert_used;
+    const dllm__wformat wf = L.expert_gu[0].format;
     DLLM__TRY(moe_fit(M));
     DLLM__TRY(moe_route(l, M));
-    const int *first_row = moe_.plan.as<int>(), *tile_first = first_row + E + 1;
-    const bf16_t *const *gu_w = moe_.expert_ptrs.as<const bf16_t *>() + (l * 2 + 0) * (size_t)E;
-    const bf16_t *const *down_w = gu_w + E;
-    const unsigned tiles = (unsigned)dllm__moe_tile_bound(c, M);
-    DLLM__TRY(moe_.grouped_gemm.launch({dim3(tiles, (unsigned)(2 * ff + 63) / 64), dim3(128)}, stream_, act_.a.ptr,
-                                       moe_.row_token.ptr, gu_w, first_row, tile_first, E, 2 * ff, d, moe_.gu.ptr));
-    mark("moe gemm gate+up");
-    DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(rows, ff / 8, 256), dim3(256)}, stream_, moe_.gu.ptr,
-                                             moe_.f.ptr, rows, ff));
-    mark("moe swiglu");
-    DLLM__TRY(moe_.grouped_gemm.launch({dim3(tiles, (unsigned)(d + 63) / 64), dim3(128)}, stream_, moe_.f.ptr,
-                                       (const int *)nullptr, down_w, first_row, tile_first, E, d, ff, moe_.y.ptr));
+    const int *row_token = moe_.row_token.as<int>();
+    if (wf == DLLM__W_E4M3_BLOCK) {
+        const int Mp = dllm__round_up(M, 16), Rp = dllm__round_up(rows, 16);
+        DLLM__TRY(kernels_.rowwise.quantize_rows_e4m3.launch({dllm__e4m3_rows_grid(M, d), dim3(128)}, stream_,
+                                                             act_.a.ptr, 0, d, M, moe_.x_codes.ptr, moe_.x_scale.ptr,
+                                                             Mp, 0.0f));
+        DLLM__TRY(moe_grouped(l, false, M, moe_.x_codes.ptr, moe_.x_scale.as<float>(), Mp, row_token, moe_.gu.ptr));
+        mark("moe gemm gate+up");
+        DLLM__TRY(kernels_.rowwise.swiglu_e4m3.launch({dllm__e4m3_rows_grid(rows, ff), dim3(128)}, stream_,
+                                                      moe_.gu.ptr, ff, rows, moe_.f_codes.ptr, moe_.f_scale.ptr, Rp));
+        mark("moe swiglu");
+        DLLM__TRY(moe_grouped(l, true, M, moe_.f_codes.ptr, moe_.f_scale.as<float>(), Rp, nullptr, moe_.y.ptr));
+    } else if (wf == DLLM__W_Q4) {
+        const dllm__soloq_options &o = lowbit_.options;
+        const float *x_scale = o.quantize_acts ? moe_.x_scale.as<float>() : nullptr,
+                    *f_scale = o.quantize_acts ? moe_.f_scale.as<float>() : nullptr;
+        DLLM__TRY(dllm__soloq_quantize_rows(lowbit_.kernels, *L.expert_gu[0].q4->rot, o.acts, o.quantize_acts,
+                                            o.bias_correction, act_.a.ptr, (u64)d, M, d, nullptr, nullptr,
+                                            moe_.x_scale.ptr, moe_.x_codes.ptr, stream_));
+        DLLM__TRY(moe_grouped(l, false, M, moe_.x_codes.ptr, x_scale, 0, row_token, moe_.gu.ptr));
+        mark("moe gemm gate+up");
+        soloq_args a = dllm__soloq_args(*L.expert_down[0].q4->rot, o.acts, o.quantize_acts, o.bias_correction, rows,
+                                        ff, moe_.f_scale.ptr, moe_.f.ptr);
+        a.producer = 2, a.x = moe_.gu.ptr, a.x_stride = (u64)2 * ff;
+        DLLM__TRY(dllm__soloq_launch(lowbit_.kernels, a, 1024, stream_));
+        mark("moe swiglu");
+        DLLM__TRY(moe_grouped(l, true, M, moe_.f.ptr, f_scale, 0, nullptr, moe_.y.ptr));
+    } else {
+        DLLM__TRY(moe_grouped(l, false, M, act_.a.ptr, nullptr, 0, row_token, moe_.gu.ptr));
+        mark("moe gemm gate+up");
+        DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(rows, ff / 8, 256), dim3(256)}, stream_,
+                                                 moe_.gu.ptr, moe_.f.ptr, rows, ff));
+        mark("moe swiglu");
+        DLLM__TRY(moe_grouped(l, true, M, moe_.f.ptr, nullptr, 0, nullptr, moe_.y.ptr));
+    }
     mark("moe gemm down");
     const bool shared = ffs > 0 && L.shared_gu.data.ptr;
-    if (shared) {
+    if (shared) {  // gemm() quantises its inputs in the shared expert's format (its own copy of the normed rows' codes)
         DLLM__TRY(gemm(L.shared_gu.view(), act_.a.ptr, moe_.shared_gu.ptr, M, DLLM__ROWS_INDEPENDENT));
         DLLM__TRY(kernels_.rowwise.swiglu.launch({dllm__rows_grid(M, ffs / 8, 256), dim3(256)}, stream_,
                                                  moe_.shared_gu.ptr, moe_.shared_f.ptr, M, ffs));
@@ -19231,6 +19678,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
+    batch_.attn_wide.clear();  // upload_kv_layout's
     if (batch_.kvq_seqs)
         DLLM__TRY(kvq_batch_upload(v));
     else if (v.cached())
@@ -19287,6 +19735,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
+    for (char wide : batch_.attn_wide) id.slot += wide ? 'w' : '.';  // entries attended apart: launches of their own
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,
@@ -19443,8 +19892,15 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    // [block diffusion] A sequence whose keys are not split (a prefill) takes bd_attention's attention, a launch of its
+    // own (self_attention_varlen_kv), as it would alone: the work lists leave it out (no share).
+    std::vector<int32_t> work_splits = splits;
+    batch_.attn_wide.assign(splits.size() / 2, 0);
+    for (size_t e = 0; e < batch_.attn_wide.size() && kernels_.attention.wide.fn && !v.attn_masks.empty(); e++)
+        if (v.attn_masks[2 * e] > 0 && v.attn_q_offsets[e + 1] > v.attn_q_offsets[e] && splits[2 * e] == 1)
+            batch_.attn_wide[e] = 1, work_splits[2 * e] = 0;
     if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
-    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, work_splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
@@ -19505,8 +19961,27 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
+    for (size_t e = 0; e < batch_.attn_wide.size(); e++)
+        if (batch_.attn_wide[e]) DLLM__TRY(attention_wide_entry(a, v, e));
     mark("attention");
     return DLLM_OK;
+}
+
+/* [block diffusion] Entry e of layout v (upload_kv_layout's attn_wide) as bd_attention attends a forward alone: its
+ * queries over its slot rows under its block-causal mask, one launch with the keys not split (flash_attn_wg where the
+ * GPU has it). `a` is the varlen attention's arguments. */
+dllm_status dllm__gpu_backend::attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e) {
+    const dllm__config &c = model_.cfg;
+    const int q0 = v.attn_q_offsets[e], k0 = v.attn_kv_offsets[e];
+    attn_args d = {};
+    d.q = a.q + (size_t)q0 * a.q_stride, d.o = a.o + (size_t)q0 * a.o_stride;
+    d.k = a.k + (size_t)k0 * a.kv_stride, d.v = a.v + (size_t)k0 * a.kv_stride;
+    d.seq = v.attn_kv_offsets[e + 1] - k0, d.q_rows = v.attn_q_offsets[e + 1] - q0;
+    d.q_stride = a.q_stride, d.kv_stride = a.kv_stride, d.o_stride = a.o_stride, d.group = a.group;
+    d.q_bstride = (u64)d.q_rows * a.q_stride, d.o_bstride = (u64)d.q_rows * a.o_stride;
+    d.scale_log2 = a.scale_log2, d.kv_splits = 1, d.partial = a.partial;
+    d.mask_block = v.attn_masks[2 * e], d.q_index0 = v.attn_masks[2 * e + 1];
+    return dllm__attn_launch(kernels_.attention, arch_, c.head_dim, c.n_head, 1, d, stream_, true);
 }
 
 /* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch
@@ -20478,7 +20953,7 @@ dllm_status dllm__gpu_backend::kvq_attention(const dllm__kvq_codes &at, size_t l
 // makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
 // sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
 // same table: kvq_flash_batch would spill there). A sequence
-// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// with nothing committed takes bd_attention's attention over its fresh rows, a launch of its own; a COMMIT quantises its rows into
 // its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
 // is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
 // header says why).
@@ -20647,7 +21122,7 @@ dllm_status dllm__gpu_backend::kvq_batch_keep_blocks(size_t layer, const dllm__v
     return DLLM_OK;
 }
 
-/* The sequences with nothing committed yet (their first block): bd_attention's flash_attn over their fresh rows (a
+/* The sequences with nothing committed yet (their first block): bd_attention's attention over their fresh rows (a
  * SUB_BLOCK's: its block cache), a launch each. */
 dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
@@ -20665,7 +21140,7 @@ dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, con
                                     bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
                                                  act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
                                                  s.n + call.offset),
-                                    stream_));
+                                    stream_, true));
     }
     return DLLM_OK;
 }
@@ -20717,7 +21192,7 @@ dllm_status dllm__gpu_backend::kvq_batch_commit(size_t layer, const dllm__varlen
 /* self_attention_varlen under kv_quant: the fused QKV GEMM, RoPE and the fresh K|V rows (kvq_batch_qkv); each
  * sequence's block cache kept or written (kvq_batch_keep_blocks); then ONE attention over every sequence's own
  * committed codes (kvq_batch_attention_committed), and each COMMIT's rows quantised into its codes (kvq_batch_commit).
- * A sequence with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a
+ * A sequence with nothing committed yet (its first block) keeps bd_attention's attention over its fresh rows, a
  * launch of its own (kvq_batch_attention_uncommitted): another kernel, whose bits the batched attention could not
  * give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {
@@ -21041,8 +21516,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     else if (kvq_.enabled() && committed_.n > 0)
         DLLM__TRY(kvq_attention(kvq_codes_solo(), layer, act_.qkv.as<bf16_t>(), act_.att.as<bf16_t>(), T, n_keys,
                                 committed_.n, call.mask_block, pos0));
-    else
-        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+    else  // flash_attn_wg where the keys are not split (a prefill): the batched forward decides as this one does
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_, true));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(kvq_codes_solo(), layer, committed_.n, T));
     return DLLM_OK;

@@ -65,7 +65,7 @@ static void usage(void) {
            "  --lacache M, --ref-lacache M   on (default), truncate or off\n"
            "  --precision P, --ref-precision P   bf16 (default; a dllm-quantize directory: its own), fp8 (FFN of\n"
            "                          layers >= 1), fp8-all, or SoloQ W4A4: soloq-n, soloq-i, soloq-c, rtn-w4a4, and\n"
-           "                          each -w4a16 (weight-only); LLaDA2: all on --backend cpu, bf16 on the GPU\n"
+           "                          each -w4a16 (weight-only), on both backends\n"
            "  --soloq-rotation R, --soloq-bias-correction 0|1   SoloQ's ablations, both contexts (krpbh and 1 by default)\n"
            "  scheduler under test (--agree; the reference decodes vanilla):\n"
            "  --cache none|prefix|dual  Fast-dLLM K/V cache (approximate)\n"

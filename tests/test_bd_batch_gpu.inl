@@ -507,6 +507,11 @@ TEST(gpu_bd_batch, mixed_batch_equals_batch_of_one_and_cpu) {
             T_, "random tiny Nemotron (block 16 under the step mask's 8, positions past the Llama-4 scaling's 32)", m,
             2 * m->cfg.bd_mask_block, 4);
     dllm_model_free(m);
+    test_tmpdir dir64;  // head dim 64: sequences whose keys are not split take flash_attn_wg apart (sm_90a)
+    m = test_random_nemotron(dir64, 0x5eed, true, 64);
+    CHECK(m != nullptr);
+    if (m) test_bdb_model(T_, "random tiny Nemotron, head dim 64", m, 2 * m->cfg.bd_mask_block, 4);
+    dllm_model_free(m);
 }
 
 /* [FP8] With batch_fp8 on too (the default), an FP8 context (FP8 all) runs the batched block-diffusion forward: the

@@ -7,9 +7,9 @@
 
 /* flash_attn under the block-causal mask (attn_args.mask_block / q_index0) on the block-diffusion cache layout: T
  * queries (fused projection rows) over n_keys K|V rows (kv_stride 2 n_kv hd), the queries at sequence indices
- * q_index0 + i; against dllm__cpu_attention. */
+ * q_index0 + i; against dllm__cpu_attention. `wide`: flash_attn_wg where the GPU has it (one share). */
 static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r, int hd, int H, int KV, int T,
-                                   int n_keys, int q_index0, int mask_block, int splits) {
+                                   int n_keys, int q_index0, int mask_block, int splits, bool wide = false) {
     const int qkv = (H + 2 * KV) * hd, kvd = KV * hd;
     dllm__attn_kernels k = test_attn_kernels(T_, g, hd);
     if (!k.attn.fn) return;
@@ -27,7 +27,7 @@ static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r
     a.seq = n_keys, a.q_rows = T, a.q_stride = qkv, a.kv_stride = 2 * kvd, a.o_stride = H * hd, a.group = H / KV;
     a.q_bstride = (u64)T * qkv, a.o_bstride = (u64)T * H * hd, a.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     a.kv_splits = splits, a.partial = dpart.as<float>(), a.mask_block = mask_block, a.q_index0 = q_index0;
-    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0), DLLM_OK, nullptr);
+    CHECK_STATUS(dllm__attn_launch(k, g.arch, hd, H, 1, a, 0, wide), DLLM_OK, nullptr);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<float> got = test_f32_vec(test_get<uint16_t>(dout, (size_t)T * H * hd)), x = test_f32_vec(qb),
                              kv = test_f32_vec(kvb);
@@ -43,9 +43,9 @@ static void test_bd_attention_case(dllm_test_state &T_, test_gpu &g, test_rng &r
                         mask_block);
     const double err = test_max_rel(got, want);
     printf(
-        "    block-causal attention hd=%d H=%d KV=%d: %d queries from %d over %d keys, mask block %d, %d share(s): max "
-        "relative error %.2e\n",
-        hd, H, KV, T, q_index0, n_keys, mask_block, splits, err);
+        "    block-causal attention%s hd=%d H=%d KV=%d: %d queries from %d over %d keys, mask block %d, %d share(s): "
+        "max relative error %.2e\n",
+        wide && k.wide.fn ? " (flash_attn_wg)" : "", hd, H, KV, T, q_index0, n_keys, mask_block, splits, err);
     CHECK_MSG(err < 2e-2, "block-causal attention hd=%d T=%d keys=%d Bm=%d: error %.3e", hd, T, n_keys, mask_block,
               err);
 }
@@ -67,6 +67,14 @@ TEST(gpu, block_causal_attention_matches_cpu) {
     test_bd_attention_case(T_, g, r, 64, 6, 3, 37, 130 + 37, 130, 12, 2);
     test_bd_attention_case(T_, g, r, 16, 6, 2, 1, 9, 8, 8, 5);
     test_bd_attention_case(T_, g, r, 64, 2, 1, 200, 200, 0, 1, 3);  // token-causal over skipped tiles, in shares
+    // flash_attn_wg (sm_90a; flash_attn elsewhere): a prefill whose last query tile is short and GQA 7, token-causal,
+    // a block over a cache with a granularity that divides neither, and no mask over more keys than queries.
+    if (g.arch.fa_wg_bc) CHECK(test_attn_kernels(T_, g, 128).wide.fn && test_attn_kernels(T_, g, 64).wide.fn);
+    test_bd_attention_case(T_, g, r, 128, 7, 1, 300, 300, 0, 32, 1, true);
+    test_bd_attention_case(T_, g, r, 128, 4, 2, 200, 200, 0, 1, 1, true);
+    test_bd_attention_case(T_, g, r, 64, 4, 2, 77, 45 + 77, 45, 12, 1, true);
+    test_bd_attention_case(T_, g, r, 128, 2, 2, 129, 260 + 129, 260, 32, 1, true);
+    test_bd_attention_case(T_, g, r, 64, 4, 1, 130, 500, 370, 0, 1, true);
 }
 
 /* llama4_scale_q against dllm__cpu_llama4_scale on the bf16 query heads of fused rows whose positions cross several
@@ -116,9 +124,10 @@ TEST(gpu, llama4_query_scaling_matches_cpu) {
  * fixture's 131): YaRN with an attention factor != 1, Llama-4 query scaling from position 32, block 8, the
  * encoder.* / diffusion_head names, logits shifted or not. Weights N(0, 0.12) from `seed`, the head's N(0, 0.5) (logits
  * far from flat: fewer near-ties), norms 1 + N(0, 0.1). */
-static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, bool shift_logits) {
+static dllm_model *test_random_nemotron(const test_tmpdir &dir, uint64_t seed, bool shift_logits, int head_dim = 24) {
     std::string cfg = test_read_file(test_data("tiny-nemotron-diffusion/config.json"));
     cfg.replace(cfg.find("\"vocab_size\": 131"), 17, "\"vocab_size\": 136");
+    cfg.replace(cfg.find("\"head_dim\": 24"), 14, dllm__format("\"head_dim\": %d", head_dim));
     if (!shift_logits) cfg.insert(cfg.rfind('}'), ", \"shift_logits\": false");
     test_write_file(dir.file("config.json"), cfg);
     dllm__config c;
@@ -241,6 +250,11 @@ TEST(gpu, block_diffusion_forward_matches_cpu) {
     m = test_random_nemotron(dir, 0x5eed, true);
     CHECK(m != nullptr && m->cfg.yarn && m->cfg.llama4_beta > 0 && m->cfg.bd_causal_context);
     if (m) test_bd_forward_compare(T_, "random tiny Nemotron", m, m->cfg.bd_size, 4);
+    dllm_model_free(m);
+    test_tmpdir dir64;
+    m = test_random_nemotron(dir64, 0x5eed, true, 64);  // head dim 64: flash_attn_wg where the keys are not split
+    CHECK(m != nullptr && m->cfg.head_dim == 64);
+    if (m) test_bd_forward_compare(T_, "random tiny Nemotron, head dim 64", m, m->cfg.bd_size, 4);
     dllm_model_free(m);
 }
 

@@ -1,12 +1,15 @@
 /* Tests: LLaDA2 (mixture of experts) on the GPU backend (src/gpu/moe.cpp, src/kernels/moe.cuh), each skipped without a
  * GPU. Every kernel of the moe module against its CPU twin on fresh random inputs of awkward sizes (outputs poisoned
  * first): QK-norm + partial RoPE, the router's group-limited top-k (ties included) against dllm__moe_route_token, the
- * routes' plan, the grouped expert GEMM (each row's bits independent of the other rows) and the weighted combine.
+ * routes' plan, the grouped expert GEMM in BF16 and in each quantised format (FP8, SoloQ's 4-bit formats: the integer
+ * ones bit for bit; each row's bits independent of the other rows) and the weighted combine.
  * Then the whole forward's logits against the CPU backend's on tiny random LLaDA2 checkpoints (one of awkward sizes,
  * one with the real head and routing structure: head_dim 128 with 64 rotated, 8 groups keep 4, top 8) on the rows no
  * nearly tied routing reaches, the router's choices inside that forward against the host's choice on the same
  * logits, and greedy generations (LLaDA2.0 and 2.1 loops) token for token against the CPU backend's, a divergence
- * accepted only at a reported near-tie. Finally what the GPU path refuses, with the setting named. */
+ * accepted only at a reported near-tie; the same under FP8 and every SoloQ precision against the CPU at that precision;
+ * batched items equal to their batch of one in every precision. Finally what the GPU path refuses, with the setting
+ * named. */
 
 // ---- kernels vs their CPU twins ------------------------------------------------------------------------------
 
@@ -17,6 +20,8 @@ struct test_moe_gpu {
     dllm__kernel<dllm__sig_moe_plan> plan;
     dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
     dllm__kernel<dllm__sig_moe_combine> combine;
+    dllm__kernel<dllm__sig_moe_grouped_gemm_e4m3> grouped_gemm_e4m3;
+    dllm__kernel<dllm__sig_moe_grouped_gemm_int4> grouped_gemm_q4[DLLM__Q4_RTN + 1];  // by weight format
     dllm_status init() {
         cudaDeviceProp p;
         DLLM__CUDA(cudaGetDeviceProperties(&p, 0));
@@ -26,6 +31,14 @@ struct test_moe_gpu {
         plan.fn = mod->kernels.at("moe_plan"), plan.name = "moe_plan";
         grouped_gemm.fn = mod->kernels.at("moe_grouped_gemm"), grouped_gemm.name = "moe_grouped_gemm";
         combine.fn = mod->kernels.at("moe_combine"), combine.name = "moe_combine";
+        grouped_gemm_e4m3.fn = mod->kernels.at("moe_grouped_gemm_e4m3");
+        grouped_gemm_e4m3.name = "moe_grouped_gemm_e4m3";
+        const std::pair<dllm__q4_format, const char *> q4[] = {{DLLM__Q4_NVFP4, "moe_grouped_gemm_nvfp4"},
+                                                               {DLLM__Q4_INT4, "moe_grouped_gemm_int4"},
+                                                               {DLLM__Q4_E8P, "moe_grouped_gemm_e8p"},
+                                                               {DLLM__Q4_RTN, "moe_grouped_gemm_rtn"}};
+        for (const auto &f : q4)
+            grouped_gemm_q4[f.first].fn = mod->kernels.at(f.second), grouped_gemm_q4[f.first].name = f.second;
         return DLLM_OK;
     }
 };
@@ -171,6 +184,24 @@ TEST(gpu_llada2, router_chooses_the_cpu_experts) {
     test_router_case(T_, g, r, 4, test_router_config(6, 3, 1, 1, 2.5));      // top-1: the weight is s, unnormalised
 }
 
+/* Random routes of T tokens to k distinct experts of E each, expert 1 popular (more than a tile of rows), one slot
+ * without an expert (NaN scores): [T][k]. */
+static std::vector<int> test_moe_random_routes(test_rng &r, int E, int k, int T) {
+    const int P = T * k;
+    std::vector<int> expert((size_t)P);
+    for (int t = 0; t < T; t++) {
+        std::vector<int> all((size_t)E);
+        for (int e = 0; e < E; e++) all[(size_t)e] = e;
+        for (int e = E - 1; e > 0; e--) std::swap(all[(size_t)e], all[(size_t)r.below(e + 1)]);
+        if (t % 2 == 0)
+            for (int j = 0; j < E; j++)
+                if (all[(size_t)j] == 1) std::swap(all[0], all[(size_t)j]);
+        for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
+    }
+    expert[(size_t)std::min(P - 1, 5 * k + 1)] = -1;
+    return expert;
+}
+
 /* moe_plan against dllm__moe_plan_ref (exact: the same rows, tiles and order) on random routes of awkward sizes, some
  * slots without an expert, many tokens on one expert (several tiles); then moe_grouped_gemm over that plan against
  * dllm__moe_grouped_gemm_ref (fp32 sums; the order differs, so within a bound), outputs poisoned first, with and
@@ -188,17 +219,7 @@ TEST(gpu_llada2, plan_and_grouped_gemm_match_cpu_twins) {
     for (const shape &sh : {shape{12, 3, 23, 40, 24}, shape{256, 8, 32, 72, 136}, shape{7, 2, 300, 8, 64},
                             shape{33, 5, 77, 200, 1000}}) {
         const int E = sh.E, k = sh.k, T = sh.T, N = sh.N, K = sh.K, P = T * k;
-        std::vector<int> expert((size_t)P);
-        for (int t = 0; t < T; t++) {  // k distinct experts a token; expert 1 popular (more than a tile of rows)
-            std::vector<int> all((size_t)E);
-            for (int e = 0; e < E; e++) all[(size_t)e] = e;
-            for (int e = E - 1; e > 0; e--) std::swap(all[(size_t)e], all[(size_t)r.below(e + 1)]);
-            if (t % 2 == 0)
-                for (int j = 0; j < E; j++)
-                    if (all[(size_t)j] == 1) std::swap(all[0], all[(size_t)j]);
-            for (int j = 0; j < k; j++) expert[(size_t)t * k + j] = all[(size_t)j];
-        }
-        expert[(size_t)std::min(P - 1, 5 * k + 1)] = -1;  // no expert (NaN scores)
+        const std::vector<int> expert = test_moe_random_routes(r, E, k, T);
         std::vector<int> first_row, tile_first, row_token, slot_row;
         dllm__moe_plan_ref(expert.data(), P, k, E, dllm__moe_tile_rows, first_row, tile_first, row_token, slot_row);
         const int rows = first_row[(size_t)E];
@@ -279,6 +300,186 @@ TEST(gpu_llada2, plan_and_grouped_gemm_match_cpu_twins) {
     }
 }
 
+/* One quantised grouped-GEMM case: E experts of N x K weights in format wf (a dllm__q4_format, or -1: FP8 E4M3) and
+ * activation rows of format acts, random routes of T tokens to k experts each; the GPU's rows against the twin's
+ * (dllm__moe_grouped_gemm_q4_ref, dllm__moe_grouped_gemm_e4m3_ref), outputs poisoned first, by row list (the tokens,
+ * with token scales) and without (rows in order; SoloQ: no scales, as -w4a16), then token 3's rows alone. exact: the
+ * bits must agree (integer sums); otherwise within 1e-2 relative (fp32 sums in another order). */
+static void test_moe_quantised_gemm_case(dllm_test_state &T_, test_moe_gpu &g, test_rng &r, int wf,
+                                         dllm__q4_format acts, bool exact, int E, int k, int T, int N, int K) {
+    const bool fp8 = wf < 0;
+    const dllm__q4_format f = (dllm__q4_format)std::max(wf, 0);
+    const int P = T * k, Kp = fp8 ? (K + 127) / 128 * 128 : K, blocks = (K + 15) / 16;
+    const std::vector<int> expert = test_moe_random_routes(r, E, k, T);
+    std::vector<int> first_row, tile_first, row_token, slot_row;
+    dllm__moe_plan_ref(expert.data(), P, k, E, dllm__moe_tile_rows, first_row, tile_first, row_token, slot_row);
+    const int rows = first_row[(size_t)E];
+    std::vector<int> plan = first_row;
+    plan.insert(plan.end(), tile_first.begin(), tile_first.end());
+    dllm__dbuf dplan, drt;
+    test_put(dplan, plan), test_put(drt, row_token.empty() ? std::vector<int>{0} : row_token);
+    auto e4m3_code = [&]() {  // any code but NaN
+        const int c = r.below(256);
+        return (uint8_t)((c & 0x7F) == 0x7F ? 0 : c);
+    };
+    // the weights: codes (FP8: [N][Kp], the padding zero; SoloQ: [N][K / 2]), scales, NVFP4's block scales
+    const int w_ld = (Kp / 128 + 3) / 4 * 4, n_blocks = (N + 127) / 128;
+    std::vector<std::vector<uint8_t>> codes((size_t)E), bscales((size_t)E);
+    std::vector<std::vector<float>> scales((size_t)E);
+    std::vector<dllm__dbuf> dcodes((size_t)E), dscales((size_t)E), dbscales((size_t)E);
+    std::vector<const void *> ptrs((size_t)3 * E, nullptr);
+    std::vector<const uint8_t *> h_codes, h_bscales;
+    std::vector<const float *> h_scales;
+    for (int e = 0; e < E; e++) {
+        std::vector<uint8_t> &c = codes[(size_t)e];
+        std::vector<float> &s = scales[(size_t)e];
+        if (fp8) {
+            c.assign((size_t)N * Kp, 0);
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < K; i++) c[(size_t)n * Kp + i] = e4m3_code();
+            s.assign((size_t)n_blocks * w_ld, 0.f);
+            for (float &v : s) v = 1e-3f * (0.5f + r.uniform());
+        } else {
+            c.resize((size_t)N * K / 2);
+            for (uint8_t &v : c) v = (uint8_t)r.below(256);
+            s.resize((size_t)N);
+            for (float &v : s) v = 0.01f * (0.5f + r.uniform());
+            if (f == DLLM__Q4_NVFP4) {  // positive UE4M3 block scales from 2^-3 to 2^3
+                bscales[(size_t)e].resize((size_t)N * blocks);
+                for (uint8_t &v : bscales[(size_t)e]) v = (uint8_t)(0x20 + r.below(0x30));
+                test_put(dbscales[(size_t)e], bscales[(size_t)e]);
+            }
+        }
+        test_put(dcodes[(size_t)e], c), test_put(dscales[(size_t)e], s);
+        ptrs[(size_t)e] = dcodes[(size_t)e].ptr, ptrs[(size_t)E + e] = dscales[(size_t)e].ptr;
+        ptrs[(size_t)2 * E + e] = dbscales[(size_t)e].ptr;
+        h_codes.push_back(c.data()), h_scales.push_back(s.data()), h_bscales.push_back(bscales[(size_t)e].data());
+    }
+    dllm__dbuf dptrs;
+    test_put(dptrs, ptrs);
+    for (int listed = 0; listed < 2; listed++) {
+        const int x_rows = listed ? T : std::max(rows, 1), x_ld16 = (x_rows + 15) / 16 * 16;
+        // the rows: FP8 codes [x_rows][Kp] with scales [Kp / 128][x_ld16]; SoloQ C values of format acts
+        std::vector<uint8_t> x8;
+        std::vector<float> xc, xs;
+        dllm__dbuf dx, dxs, dy;
+        if (fp8) {
+            x8.assign((size_t)x_rows * Kp, 0);
+            for (int m = 0; m < x_rows; m++)
+                for (int i = 0; i < K; i++) x8[(size_t)m * Kp + i] = e4m3_code();
+            xs.resize((size_t)Kp / 128 * x_ld16);
+            for (float &v : xs) v = 1e-2f * (0.5f + r.uniform());
+            test_put(dx, x8), test_put(dxs, xs);
+        } else {
+            xc.resize((size_t)x_rows * K);
+            for (size_t i = 0; i < xc.size(); i++) {
+                const int q = r.below(16);
+                switch (acts) {
+                    case DLLM__Q4_INT4: xc[i] = (float)(2 * (q - 8) + 1); break;
+                    case DLLM__Q4_RTN: xc[i] = (float)(q % 15 - 7); break;
+                    case DLLM__Q4_LLOYD:
+                        xc[i] = (float)(q & 8 ? -dllm__lloyd4_int[q & 7] : dllm__lloyd4_int[q & 7]);
+                        break;
+                    default:  // NVFP4: an e2m1 value times its block's UE4M3 scale
+                        xc[i] = dllm__e2m1_to_f32((uint8_t)q) * dllm__e4m3_to_f32((uint8_t)(0x30 + (i / 16) % 16));
+                }
+            }
+            xs.resize((size_t)x_rows);
+            for (float &v : xs) v = 0.05f * (0.5f + r.uniform());
+            test_put(dx, test_bf16_vec(xc)), test_put(dxs, xs);  // C values: exact in bf16
+        }
+        test_poison(dy, (size_t)std::max(P, 1) * N * 2);
+        moe_gemm_args a = {};
+        a.x = dx.ptr, a.x_scale = fp8 || listed ? dxs.as<float>() : nullptr;
+        a.row_src = listed ? drt.as<int>() : nullptr, a.w = dptrs.as<const void *>();
+        a.w_scale = (const float *const *)(dptrs.as<const void *>() + E);
+        a.w_block_scales = (const unsigned char *const *)(dptrs.as<const void *>() + 2 * E);
+        a.first_row = dplan.as<int>(), a.tile_first = dplan.as<int>() + E + 1, a.y = dy.as<bf16_t>();
+        a.n_expert = E, a.N = N, a.K = a.x_ld = Kp, a.x_scale_ld = x_ld16, a.w_scale_ld = w_ld;
+        const dllm__kernel<dllm__sig_moe_grouped_gemm_int4> &kernel = fp8 ? g.grouped_gemm_e4m3 : g.grouped_gemm_q4[f];
+        const unsigned tiles = (unsigned)(P / dllm__moe_tile_rows + std::min(E, P));
+        CHECK_STATUS(kernel.launch({dim3(tiles, (unsigned)(N + 63) / 64), dim3(dllm__moe_threads)}, 0, a), DLLM_OK,
+                     nullptr);
+        std::vector<uint16_t> got = test_get<uint16_t>(dy, (size_t)rows * N), want((size_t)rows * N);
+        const int *src = listed ? row_token.data() : nullptr;
+        if (fp8)
+            dllm__moe_grouped_gemm_e4m3_ref(x8.data(), xs.data(), x_ld16, src, h_codes, h_scales, first_row, N, Kp,
+                                            want.data());
+        else
+            dllm__moe_grouped_gemm_q4_ref(f, xc.data(), listed ? xs.data() : nullptr, src, h_codes, h_bscales,
+                                          h_scales, first_row, N, K, want.data());
+        const char *name = fp8 ? "E4M3" : dllm__q4_names[f];
+        if (exact) {
+            size_t differ = 0;
+            for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
+            printf("    %s x %s E=%d k=%d T=%d N=%d K=%d (list %d): %zu of %zu outputs differ from the twin\n", name,
+                   fp8 ? "E4M3" : dllm__q4_names[acts], E, k, T, N, K, listed, differ, got.size());
+            CHECK_MSG(differ == 0, "%s E=%d N=%d K=%d: the grouped GEMM is not the twin's bits", name, E, N, K);
+        } else {
+            const double err = test_max_rel(test_f32_vec(got), test_f32_vec(want));
+            printf("    %s E=%d k=%d T=%d N=%d K=%d (list %d): error %.2e against the twin\n", name, E, k, T, N, K,
+                   listed, err);
+            CHECK_MSG(err < 1e-2, "%s E=%d N=%d K=%d: grouped GEMM error %.3e", name, E, N, K, err);
+        }
+        if (!listed) continue;
+        // token 3 alone: its k slots through their own plan give the same bits as among all T tokens
+        std::vector<int> one(expert.begin() + 3 * k, expert.begin() + 4 * k), f1, t1, rt1, sr1;
+        dllm__moe_plan_ref(one.data(), k, k, E, dllm__moe_tile_rows, f1, t1, rt1, sr1);
+        for (int &v : rt1) v = 3;
+        f1.insert(f1.end(), t1.begin(), t1.end());
+        dllm__dbuf dp1, drt1, dy1;
+        test_put(dp1, f1), test_put(drt1, rt1.empty() ? std::vector<int>{0} : rt1);
+        test_poison(dy1, (size_t)k * N * 2);
+        moe_gemm_args a1 = a;
+        a1.row_src = drt1.as<int>(), a1.first_row = dp1.as<int>(), a1.tile_first = dp1.as<int>() + E + 1;
+        a1.y = dy1.as<bf16_t>();
+        CHECK_STATUS(kernel.launch({dim3((unsigned)(k / dllm__moe_tile_rows + k), (unsigned)(N + 63) / 64),
+                                    dim3(dllm__moe_threads)},
+                                   0, a1),
+                     DLLM_OK, nullptr);
+        const std::vector<uint16_t> alone = test_get<uint16_t>(dy1, (size_t)k * N);
+        bool same = true;
+        for (int j = 0; j < k; j++) {
+            const int row_batch = slot_row[(size_t)3 * k + j], row_alone = sr1[(size_t)j];
+            if (row_batch >= 0)
+                same &= memcmp(&got[(size_t)row_batch * N], &alone[(size_t)row_alone * N], (size_t)N * 2) == 0;
+        }
+        CHECK_MSG(same, "%s E=%d N=%d K=%d: token 3's rows alone differ from its rows among %d tokens", name, E, N, K,
+                  T);
+    }
+}
+
+/* The grouped GEMM in the quantised formats against its twins (test_moe_quantised_gemm_case) on awkward sizes: each
+ * SoloQ weight format with its precision's activations (SoloQ-I INT4 x INT4, SoloQ-C E8P x Lloyd-Max, RTN-W4A4 RTN x
+ * RTN: integer C values whose partial sums stay below 2^24 (K <= 1000: 127 x 126 x 1000), so the products sum exactly
+ * in any order and the epilogue's (acc x_scale) w_scale is the twin's: bit for bit; SoloQ-N NVFP4 x NVFP4, whose
+ * sums are not integers: 1e-2 relative, as the BF16 kernel), and FP8 (each 128-wide group's products summed in
+ * another order than dllm__fp8_gemm_twin's, then promoted as it does: 1e-2 relative). */
+TEST(gpu_llada2, quantised_grouped_gemms_match_cpu_twins) {
+    NEED_GPU();
+    test_moe_gpu g;
+    CHECK_STATUS(g.init(), DLLM_OK, nullptr);
+    if (!g.mod) return;
+    test_rng r("gpu_llada2.quantised_grouped_gemms");
+    struct format_case {
+        int weights;
+        dllm__q4_format acts;
+        bool exact;
+    };
+    const format_case formats[] = {{DLLM__Q4_INT4, DLLM__Q4_INT4, true},
+                                   {DLLM__Q4_E8P, DLLM__Q4_LLOYD, true},
+                                   {DLLM__Q4_RTN, DLLM__Q4_RTN, true},
+                                   {DLLM__Q4_NVFP4, DLLM__Q4_NVFP4, false},
+                                   {-1, DLLM__Q4_NVFP4, false}};
+    struct shape {
+        int E, k, T, N, K;
+    };
+    for (const format_case &fc : formats)
+        for (const shape &sh : {shape{12, 3, 23, 40, 24}, shape{256, 8, 32, 72, 136}, shape{7, 2, 300, 8, 64},
+                                shape{33, 5, 77, 200, 1000}})
+            test_moe_quantised_gemm_case(T_, g, r, fc.weights, fc.acts, fc.exact, sh.E, sh.k, sh.T, sh.N, sh.K);
+}
+
 /* moe_combine (the weighted slot sum in fp32 plus the shared row, one bf16 rounding) against its twin on awkward
  * sizes; a slot of row -1 adds nothing. */
 TEST(gpu_llada2, combine_matches_cpu_twin) {
@@ -349,21 +550,23 @@ struct test_llada2_pair {
     test_tmpdir dir;
     dllm_model *m = nullptr;
     dllm_ctx *cpu = nullptr, *gpu = nullptr;
-    explicit test_llada2_pair(const test_llada2_shape &s, uint32_t seed) {
+    explicit test_llada2_pair(const test_llada2_shape &s, uint32_t seed,
+                              dllm_precision precision = DLLM_PRECISION_BF16) {
         test_llada2_weights tw = test_llada2_random(s, seed);
         for (auto &kv : tw.w)
             for (float &v : kv.second) v = dllm__bf16_to_f32(dllm__f32_to_bf16(v));
         test_llada2_write(dir, s, tw);
         m = test_load(dir.path);
         if (!m) return;
-        cpu = test_ctx(m, DLLM_BACKEND_CPU, 2);
-        gpu = test_ctx(m, DLLM_BACKEND_GPU);
+        cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision);
+        gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision);
     }
-    explicit test_llada2_pair(const char *model_dir) {  // a checkpoint as it is
+    explicit test_llada2_pair(const char *model_dir,
+                              dllm_precision precision = DLLM_PRECISION_BF16) {  // a checkpoint as it is
         m = test_load(model_dir);
         if (!m) return;
-        cpu = test_ctx(m, DLLM_BACKEND_CPU, 2);
-        gpu = test_ctx(m, DLLM_BACKEND_GPU);
+        cpu = test_ctx_precision(m, DLLM_BACKEND_CPU, precision);
+        gpu = test_ctx_precision(m, DLLM_BACKEND_GPU, precision);
     }
     ~test_llada2_pair() {
         dllm_ctx_free(cpu);
@@ -696,15 +899,86 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
     }
 }
 
+/* LLaDA2 under FP8 and every SoloQ precision on the GPU against the CPU backend at the same precision, on a tiny random
+ * checkpoint and on models/tiny-llada2: one block-causal forward's logits (45 rows, the last third masks) and greedy
+ * generations of both loops (the random checkpoint). The GPU quantises its bf16 activations where the CPU quantises
+ * fp32 ones, so codes at a decision threshold differ by a whole step (as gpu_soloq.forward_matches_cpu_soloq_reference
+ * explains) and expert choices flip at near-ties: the logits are judged as the dense models' are, the GPU nearer the
+ * CPU's quantised logits than the quantisation's own effect (SoloQ: NMSE to the reference below the NMSE the precision
+ * moves the CPU's logits by; FP8: nearer the FP8 reference than the exact one, where FP8 moves them by more than 1e-3),
+ * and the tokens equal step for step or diverging at a reported near-tie (test_llada2_generate_pair). RTN-W4A4 gets 1.5x
+ * the effect: without a rotation its absmax codes put the most elements at a threshold, and on a trained MoE a flipped
+ * code can flip an expert too (tiny-llada2, H100: the GPU 2.81e-2 from the CPU's RTN logits, RTN's effect 2.72e-2, the
+ * GPU's RTN as far from the exact logits as the CPU's, 3.06e-2). */
+TEST(gpu_llada2, quantised_precisions_match_cpu_backend) {
+    NEED_GPU();
+    const test_llada2_shape s = test_llada2_gpu_shape(false);
+    for (dllm_precision p : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_FP8_ALL, DLLM_PRECISION_SOLOQ_N,
+                             DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_C, DLLM_PRECISION_RTN_W4A4,
+                             DLLM_PRECISION_SOLOQ_I_W4A16})
+        for (int trained = 0; trained < 2; trained++) {
+            const char *name = dllm__precision_name(p), *model = trained ? "tiny-llada2" : "random";
+            std::unique_ptr<test_llada2_pair> pair(trained ? new test_llada2_pair("models/tiny-llada2", p)
+                                                           : new test_llada2_pair(s, 61, p));
+            CHECK_MSG(pair->ok(), "%s %s: contexts not made (%s)", model, name, dllm_last_error());
+            if (!pair->ok()) continue;
+            const bool fp8 = p == DLLM_PRECISION_FP8_FFN || p == DLLM_PRECISION_FP8_ALL;
+            if (fp8 && !pair->backend().fp8_ffn_active()) {
+                printf("    %s %s: this GPU runs FP8 as BF16 (no FP8 GEMM): not compared\n", model, name);
+                continue;
+            }
+            dllm_ctx *exact = test_ctx(pair->m, DLLM_BACKEND_CPU, 2);
+            const dllm__config &c = pair->m->cfg;
+            const int n = 45, V = c.n_vocab;
+            std::mt19937 rng(7);
+            std::vector<int32_t> ids((size_t)n);
+            const int32_t below = std::min(c.eos_id > 0 ? c.eos_id : V, c.mask_id > 0 ? c.mask_id : V);
+            for (int32_t &t : ids) t = (int32_t)(rng() % (uint32_t)below);
+            for (int i = n * 2 / 3; i < n; i++) ids[(size_t)i] = c.mask_id;
+            std::vector<float> ref((size_t)n * V, NAN), got(ref.size(), NAN), ex(ref.size(), NAN);
+            CHECK_STATUS(dllm_logits(pair->cpu, ids.data(), n, 0, n, ref.data(), ref.size()), DLLM_OK, nullptr);
+            CHECK_STATUS(dllm_logits(pair->gpu, ids.data(), n, 0, n, got.data(), got.size()), DLLM_OK, nullptr);
+            CHECK(exact && dllm_logits(exact, ids.data(), n, 0, n, ex.data(), ex.size()) == DLLM_OK);
+            dllm_ctx_free(exact);
+            const double to_ref = test_nmse(got.data(), ref.data(), got.size()),
+                         to_exact = test_nmse(got.data(), ex.data(), got.size()),
+                         effect = test_nmse(ref.data(), ex.data(), ref.size());
+            int argmax_same = 0;
+            for (int i = 0; i < n; i++) {
+                const float *ra = &ref[(size_t)i * V], *rb = &got[(size_t)i * V];
+                argmax_same += std::max_element(ra, ra + V) - ra == std::max_element(rb, rb + V) - rb;
+            }
+            printf("    %s %s: GPU vs CPU logits NMSE %.2e (vs the CPU's exact %.2e); the precision moves the CPU's "
+                   "by %.2e; argmax agrees on %d/%d rows\n",
+                   model, name, to_ref, to_exact, effect, argmax_same, n);
+            if (fp8)
+                CHECK_MSG(effect <= 1e-3 || to_ref < to_exact, "%s %s: the GPU is nearer the exact logits than FP8's",
+                          model, name);
+            else
+                CHECK_MSG(to_ref < (p == DLLM_PRECISION_RTN_W4A4 ? 1.5 : 1.0) * effect,
+                          "%s %s: GPU %.3e from the reference, quantisation effect %.3e", model, name, to_ref, effect);
+            if (trained) continue;
+            for (int variant = 0; variant < 2; variant++) {
+                std::vector<int32_t> prompt(variant ? 32 : 11);
+                for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
+                dllm_gen_params gp = dllm_gen_default_params();
+                gp.block_length = 32, gp.gen_length = 45, gp.steps = 8, gp.threshold = 0.03, gp.stop_at_eos = 0;
+                if (variant) gp.edit_threshold = 0.025, gp.max_post_steps = 3;
+                test_llada2_generate_pair(T_, *pair, prompt, gp,
+                                          dllm__format("%s %s (%s)", model, name, variant ? "2.1" : "2.0"));
+            }
+        }
+}
+
 /* [batch] LLaDA2 items through dllm_generate_batch / the stepper on the GPU (the batched block-diffusion forward with
  * the MoE layers, QK-norm + partial RoPE at each row's position): both loops, prompts inside a block and on its
  * boundary, joining and leaving at random steps, each bit-identical to its batch of one (ids, stats, step callbacks,
- * canvases). */
-TEST(gpu_llada2, batch_items_equal_batch_of_one) {
-    NEED_GPU();
+ * canvases), at `precision` (every stage is row-wise in each format: the quantisers, producers and GEMMs). */
+static void test_llada2_batch_items(dllm_test_state &T_, dllm_precision precision) {
     const test_llada2_shape s = test_llada2_gpu_shape(true);
-    test_llada2_pair pair(s, 35);
-    CHECK_MSG(pair.ok(), "contexts not made (%s)", dllm_last_error());
+    test_llada2_pair pair(s, 35, precision);
+    CHECK_MSG(pair.ok(), "%s: contexts not made (%s)", dllm__precision_name(precision),
+              dllm_last_error());
     if (!pair.ok()) return;
     std::mt19937 rng(0x11ad2);
     std::vector<test_stepper_case> cs(7);
@@ -717,15 +991,30 @@ TEST(gpu_llada2, batch_items_equal_batch_of_one) {
         c.params.stop_at_eos = 0, c.params.threshold = 0.02 + 0.01 * (double)(i % 4);
         if (i % 2) c.params.edit_threshold = 0.025, c.params.max_post_steps = (int)(i % 3);
         c.out_capacity = c.params.gen_length;
-        c.what = dllm__format("GPU llada2 case %zu", i);
+        c.what = dllm__format("GPU llada2 %s case %zu", dllm__precision_name(precision), i);
         test_stepper_run_alone(pair.gpu, c, 0, true);
         CHECK_MSG(c.status_alone == DLLM_OK, "%s: %s alone", c.what.c_str(), dllm_status_str(c.status_alone));
     }
     for (int max_sequences : {3, 10}) {
-        const std::string label = dllm__format("GPU llada2 max %d", max_sequences);
+        const std::string label =
+            dllm__format("GPU llada2 %s max %d", dllm__precision_name(precision), max_sequences);
         test_stepper_drive(T_, pair.gpu, cs, rng, max_sequences, label.c_str());
         for (test_stepper_case &c : cs) test_stepper_check_case(T_, pair.gpu, c, label.c_str(), true);
     }
+}
+
+
+TEST(gpu_llada2, batch_items_equal_batch_of_one) {
+    NEED_GPU();
+    test_llada2_batch_items(T_, DLLM_PRECISION_BF16);
+}
+
+/* The same under FP8 and the SoloQ precisions. */
+TEST(gpu_llada2, quantised_batch_items_equal_batch_of_one) {
+    NEED_GPU();
+    for (dllm_precision p : {DLLM_PRECISION_FP8_ALL, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_N,
+                             DLLM_PRECISION_SOLOQ_C, DLLM_PRECISION_RTN_W4A4})
+        test_llada2_batch_items(T_, p);
 }
 
 /* [FACache] on the GPU: layer 0 of every forward over committed blocks takes the split attention in every lacache mode,
@@ -766,8 +1055,48 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
     }
 }
 
-/* What the GPU path does not take yet is refused with the setting to change; AUTO takes the GPU backend; LLaDA2 batches
- * through the block-diffusion forward, not the plain one. */
+/* The device copy is built a layer at a time: while a context is created, the device holds at most the copy it ends
+ * with plus one layer in BF16. LLaDA2.0-mini's widths with 4 layers (random weights; one MoE layer is 1.6 GB in BF16,
+ * the model 6.3 GB): in FP8 and SoloQ-I the peak of dllm's device memory stays under that bound, which the whole model
+ * in BF16 at once would pass by about 2 GB. */
+TEST(gpu_llada2, quantised_weights_are_built_a_layer_at_a_time) {
+    NEED_GPU();
+    std::string cfg = test_read_file(test_data("real-configs/llada2-mini.dfactory.config.json"));
+    const size_t layers = cfg.find("\"num_hidden_layers\": 20"), type = cfg.find("llada2_moe_veomni");
+    CHECK(layers != std::string::npos && type != std::string::npos);
+    if (layers == std::string::npos || type == std::string::npos) return;
+    cfg.replace(layers, 23, "\"num_hidden_layers\": 4");
+    cfg.replace(cfg.find("llada2_moe_veomni"), 17, "llada2_moe");
+    test_tmpdir dir;
+    CHECK(test_write_file(dir.file("config.json"), cfg));
+    dllm_model *m = nullptr;
+    CHECK_STATUS(dllm_model_load_random(dir.file("config.json").c_str(), 3, &m), DLLM_OK, nullptr);
+    if (!m) return;
+    const dllm__config &c = m->cfg;
+    CHECK(c.n_layer == 4 && c.n_expert == 256);
+    const double d = c.n_embd, attn = d * (c.n_head + 2 * c.n_head_kv) * c.head_dim + d * c.n_head * c.head_dim;
+    const double experts = 3.0 * d * ((double)c.n_ff_expert * c.n_expert + c.n_ff_shared);
+    const double moe_layer = 2.0 * (attn + d * c.n_expert + experts);
+    for (dllm_precision p : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_SOLOQ_I}) {
+        cudaDeviceSynchronize();
+        const int64_t before = dllm__device_bytes;
+        dllm__device_peak = before;
+        dllm_ctx_params cp = dllm_ctx_default_params();
+        cp.backend = DLLM_BACKEND_GPU, cp.max_tokens = 64, cp.precision = p;
+        dllm_ctx *ctx = nullptr;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        const double held = (double)(dllm__device_bytes - before), peak = (double)(dllm__device_peak - before);
+        printf("    %s: the context holds %.2f GB, peaked at %.2f GB while built (bound %.2f: + one BF16 layer)\n",
+               dllm__precision_name(p), held / 1e9, peak / 1e9, (held + moe_layer) / 1e9);
+        CHECK_MSG(peak <= held + moe_layer, "%s: peak %.2f GB over %.2f + %.2f", dllm__precision_name(p), peak / 1e9,
+                  held / 1e9, moe_layer / 1e9);
+        dllm_ctx_free(ctx);
+    }
+    dllm_model_free(m);
+}
+
+/* What the GPU path does not take yet (K/V quantisation) is refused with the setting to change, every precision is
+ * taken; AUTO takes the GPU backend; LLaDA2 batches through the block-diffusion forward, not the plain one. */
 TEST(gpu_llada2, refusals_name_the_setting) {
     NEED_GPU();
     const test_llada2_shape s = test_llada2_gpu_shape(false);
@@ -784,10 +1113,11 @@ TEST(gpu_llada2, refusals_name_the_setting) {
     cp.kv_quant = DLLM_KV_QUANT_SOLOQ_KV4;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED, "--kv-quant");
     dllm_ctx_free(ctx), ctx = nullptr;
-    cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU, cp.precision = DLLM_PRECISION_FP8_FFN;
-    CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_ERR_UNSUPPORTED,
-                 "(--precision bf16), or the CPU backend (--backend cpu)");
-    dllm_ctx_free(ctx), ctx = nullptr;
+    for (dllm_precision p : {DLLM_PRECISION_FP8_FFN, DLLM_PRECISION_SOLOQ_N}) {  // built: taken
+        cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_GPU, cp.precision = p;
+        CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
+        dllm_ctx_free(ctx), ctx = nullptr;
+    }
     cp = dllm_ctx_default_params(), cp.backend = DLLM_BACKEND_AUTO;
     CHECK_STATUS(dllm_ctx_create(m, cp, &ctx), DLLM_OK, nullptr);
     if (ctx) CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU);

@@ -26,8 +26,9 @@
  *   build/dllm-bench --batch-w1            W1 with the dual cache end to end at batch 1, 4, 8, 16, 32 and 64
  *                                          (dllm_generate_batch); with --precision NAME in that precision
  *   build/dllm-bench --join-only           a request joining 15 that decode through a dllm_stepper: its first steps
- *   build/dllm-bench --llada2-only         LLaDA2.0-mini shape (MoE, BF16): the 32-row block step, eager and replayed,
- *                                          its stages, the experts it touched and its read floor (also in the full run)
+ *   build/dllm-bench --llada2-only         LLaDA2.0-mini shape (MoE; --precision's; --llada2-shape flash: -flash's):
+ *                                          the 32-row block step, eager and replayed, its stages, the experts it
+ *                                          touched and its read floor (mini's BF16 also in the full run)
  *   build/dllm-bench --long-context [--contexts 4096,16384,32768] [--long-batch 8]    Fast-dLLM v2 7B shape, long
  *                                          prompts, gen 256, per K/V cache (BF16, SoloQ-KV4, -KV2): prefill, block step,
  *                                          tokens/s, device memory at batch 1; batched at the largest batch that fits (at
@@ -1056,14 +1057,27 @@ static void bench_block_diffusion(bench_result &r) {
 // ---------------------------------------------------------------------------------------------------
 
 /* Random weights of the LLaDA2.0-mini shape (tests/data/real-configs/llada2-mini.dfactory.config.json, dFactory's copy
- * of the real config; its model_type "llada2_moe_veomni" is the training code's name for llada2_moe). */
-static dllm_model *bench_llada2_model() {
+ * of the real config; its model_type "llada2_moe_veomni" is the training code's name for llada2_moe) or, flash, of
+ * LLaDA2.0-flash's (the same config with flash's widths and depth, ../shared/spec/llada2.md's table). */
+static dllm_model *bench_llada2_model(bool flash) {
     std::string dir = dllm__format("/tmp/dllm-bench-llada2-%d", (int)getpid()), text;
     mkdir(dir.c_str(), 0700);
     BENCH_CHECK(dllm__read_text("tests/data/real-configs/llada2-mini.dfactory.config.json", text));
-    const std::string from = "llada2_moe_veomni";
-    const size_t at = text.find(from);
-    if (at != std::string::npos) text.replace(at, from.size(), "llada2_moe");
+    std::vector<std::pair<std::string, std::string>> edits = {{"llada2_moe_veomni", "llada2_moe"}};
+    if (flash)
+        edits.insert(edits.end(), {{"\"num_hidden_layers\": 20", "\"num_hidden_layers\": 32"},
+                                   {"\"hidden_size\": 2048", "\"hidden_size\": 4096"},
+                                   {"\"intermediate_size\": 5120", "\"intermediate_size\": 9216"},
+                                   {"\"moe_intermediate_size\": 512", "\"moe_intermediate_size\": 1024"},
+                                   {"\"num_attention_heads\": 16", "\"num_attention_heads\": 32"}});
+    for (const auto &e : edits) {
+        const size_t at = text.find(e.first);
+        if (at == std::string::npos) {
+            fprintf(stderr, "dllm-bench: the LLaDA2 config lacks %s\n", e.first.c_str());
+            exit(1);
+        }
+        text.replace(at, e.first.size(), e.second);
+    }
     const std::string path = dir + "/config.json";
     FILE *out = fopen(path.c_str(), "wb");
     if (!out || fwrite(text.data(), 1, text.size(), out) != text.size() || fclose(out) != 0) {
@@ -1077,20 +1091,34 @@ static dllm_model *bench_llada2_model() {
     return model;
 }
 
-/* LLaDA2.0-mini (random weights on the GPU, BF16): a prompt of n tokens committed, then the 32-row block step with
- * its tokens chosen on the device (as the decoding loop runs it), eager and replayed as a graph, and with its logits
- * copied to the host instead; its stages (the routing:
- * router GEMM, top-k and plan, against the step); and the read floor of what the step reads: for each MoE layer the
- * experts its 32 rows chose (counted on this step's routes: 32 x 8 slots, far from all 256) plus the dense parts (the
- * attention projections, router, shared expert, the dense layer 0, the LM head) and the K/V rows attended, at the
- * copy rate measured here. The issue's target: the graph step at most 1.4x that floor. */
-static void bench_llada2(bench_result &r) {
-    dllm_model *model = bench_llada2_model();
+/* Bytes a GEMM reads of a device linear in its format: codes or values, scales, NVFP4's block scales. */
+static double bench_linear_bytes(const dllm__linear &W) {
+    return (double)W.data.bytes + (double)W.scale.bytes + (W.q4 ? (double)W.q4->block_scales.bytes : 0.0);
+}
+
+/* LLaDA2.0-mini or -flash (random weights on the GPU, in `precision`; the build's peak memory and time): a prompt of n
+ * tokens committed, then the 32-row block step with its tokens chosen on the device (as the decoding loop runs it),
+ * eager and replayed as a graph, and with its logits copied to the host instead; its stages (the routing: router GEMM,
+ * top-k and plan, against the step); and the read floor of what the step reads: for each MoE layer the experts its 32
+ * rows chose (counted on this step's routes: 32 x 8 slots, far from all 256) plus the dense parts (the attention
+ * projections, router, shared expert, the dense layer 0, the LM head), each in its device format, and the K/V rows
+ * attended, at the copy rate measured here. The issue's target: the graph step at most 1.4x that floor. Keys
+ * llada2_*, llada2_<precision>_* past BF16, llada2_flash_* for flash. */
+static void bench_llada2(bench_result &r, dllm_precision precision, bool flash) {
+    dllm_model *model = bench_llada2_model(flash);
     const dllm__config &c = model->cfg;
     const int64_t before = dllm__device_bytes;
+    dllm__device_peak = before;
     dllm_ctx *ctx = nullptr;
-    BENCH_CHECK(dllm_ctx_create(model, bench_gpu_params(), &ctx));
-    r.set("llada2_mini_weights_GB", (dllm__device_bytes - before) / 1e9);
+    dllm_ctx_params cp = bench_gpu_params();
+    cp.precision = precision;
+    const double t0 = dllm__now_ms();
+    BENCH_CHECK(dllm_ctx_create(model, cp, &ctx));
+    const std::string k = std::string(flash ? "llada2_flash_" : "llada2_") +
+                          (precision == DLLM_PRECISION_BF16 ? "" : dllm__format("%s_", dllm__precision_name(precision)));
+    r.set(k + "weights_GB", (dllm__device_bytes - before) / 1e9);
+    r.set(k + "build_peak_GB (the weights made a layer at a time)", (dllm__device_peak - before) / 1e9);
+    r.set(k + "build_s", (dllm__now_ms() - t0) / 1e3);
     dllm__gpu_backend *gpu = (dllm__gpu_backend *)ctx->impl.get();
     const int n = 512, B = 32;
     std::vector<int32_t> ids((size_t)(n + B));
@@ -1100,7 +1128,7 @@ static void bench_llada2(bench_result &r) {
     dllm__bd_call prefill;
     prefill.kind = DLLM__BD_COMMIT, prefill.ids = ids.data(), prefill.T = n, prefill.mask_block = B;
     prefill.r0 = n - 1, prefill.r1 = n;
-    r.set("llada2_prefill_N512_first_ms",
+    r.set(k + "prefill_N512_first_ms",
           bench_ms(gpu->stream(), 0, 1, [&] { BENCH_CHECK(gpu->bd_forward(prefill, logits.data())); }));
     dllm__bd_call step;
     step.kind = DLLM__BD_STEP, step.ids = ids.data() + n, step.T = B, step.mask_block = B, step.r0 = 0, step.r1 = B;
@@ -1119,10 +1147,10 @@ static void bench_llada2(bench_result &r) {
             ms_logits = bench_ms(gpu->stream(), 3, 20, [&] { BENCH_CHECK(gpu->bd_forward(step, logits.data())); });
     }
     dllm__env_reload();
-    r.set("llada2_block32_N512_step_eager_ms", ms[0]);
-    r.set("llada2_block32_N512_step_graph_ms", ms[1]);
-    r.set("llada2_block32_N512_step_graph_32_logit_rows_to_host_ms", ms_logits);
-    r.set("llada2_graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
+    r.set(k + "block32_N512_step_eager_ms", ms[0]);
+    r.set(k + "block32_N512_step_graph_ms", ms[1]);
+    r.set(k + "block32_N512_step_graph_32_logit_rows_to_host_ms", ms_logits);
+    r.set(k + "graphs_replayed", (double)gpu->bd_graph_count(DLLM__GRAPH_REPLAY));
     // the stages of one eager step (marks), the routing's share
     bench_result stages;
     bench_stages_of(stages, gpu, "", [&] { return gpu->bd_forward(step, logits.data()); });
@@ -1132,30 +1160,36 @@ static void bench_llada2(bench_result &r) {
         if (kv.first == "moe router gemm ms" || kv.first == "moe route ms" || kv.first == "moe plan ms")
             routing += kv.second;
     }
-    for (auto &kv : stages.v) r.set("llada2 step stage " + kv.first, kv.second);
-    r.set("llada2_step_routing_share (target < 0.10)", routing / total);
+    for (auto &kv : stages.v) r.set(k + "step stage " + kv.first, kv.second);
+    r.set(k + "step_routing_share (target < 0.10)", routing / total);
     // the experts the step touched, layer by layer
     std::map<int, std::vector<int>> experts;
     gpu->set_moe_debug(&experts, nullptr);
     BENCH_CHECK(gpu->bd_forward(step, logits.data()));
     gpu->set_moe_debug(nullptr, nullptr);
+    const dllm__gpu_weights &w = gpu->weights();
     double expert_bytes = 0;
     int touched = 0;
     for (auto &kv : experts) {
         std::set<int> distinct(kv.second.begin(), kv.second.end());
         distinct.erase(-1);
         touched += (int)distinct.size();
-        expert_bytes += (double)distinct.size() * 3.0 * c.n_embd * c.n_ff_expert * 2;
+        const dllm__gpu_layer &L = w.layers[(size_t)kv.first];
+        for (int e : distinct)
+            expert_bytes += bench_linear_bytes(L.expert_gu[(size_t)e]) + bench_linear_bytes(L.expert_down[(size_t)e]);
     }
-    const double d = c.n_embd, hd = c.head_dim, moe_layers = (double)experts.size();
-    const double attn = ((c.n_head + 2.0 * c.n_head_kv) * hd * d + d * c.n_head * hd) * 2 * c.n_layer;
-    const double dense = 3.0 * d * c.n_ff * 2 * c.n_dense_layers +
-                         moe_layers * (c.n_expert * d + 3.0 * d * c.n_ff_shared) * 2 + (double)c.n_vocab * d * 2;
+    const double hd = c.head_dim, moe_layers = (double)experts.size();
+    double attn = 0, dense = w.head.data.ptr ? bench_linear_bytes(w.head) : (double)c.n_vocab * c.n_embd * 2;
+    for (const dllm__gpu_layer &L : w.layers) {
+        attn += bench_linear_bytes(L.qkv) + bench_linear_bytes(L.o);
+        for (const dllm__linear *W : {&L.gu, &L.down, &L.router, &L.shared_gu, &L.shared_down})
+            dense += bench_linear_bytes(*W);
+    }
     const double kv = (double)(n + B) * 2 * c.n_head_kv * hd * 2 * c.n_layer;
-    r.set("llada2_step_experts_touched (of layers x 256)", touched);
-    r.set("llada2_step_experts_touched_per_moe_layer", moe_layers > 0 ? touched / moe_layers : 0);
-    r.set("llada2_step_read_GB (experts touched + dense + K/V)", (expert_bytes + attn + dense + kv) / 1e9);
-    r.set("llada2_step_expert_read_GB", expert_bytes / 1e9);
+    r.set(k + "step_experts_touched (of layers x 256)", touched);
+    r.set(k + "step_experts_touched_per_moe_layer", moe_layers > 0 ? touched / moe_layers : 0);
+    r.set(k + "step_read_GB (experts touched + dense + K/V)", (expert_bytes + attn + dense + kv) / 1e9);
+    r.set(k + "step_expert_read_GB", expert_bytes / 1e9);
     dllm__dbuf a, b;
     const size_t copy_bytes = (size_t)1 << 30;
     BENCH_CHECK(a.fit(copy_bytes, "bench"));
@@ -1165,10 +1199,10 @@ static void bench_llada2(bench_result &r) {
     });
     const double TBps = 2.0 * copy_bytes / copy_ms / 1e9;
     const double floor_ms = (expert_bytes + attn + dense + kv) / 1e9 / TBps;
-    r.set("llada2_copy_TBps", TBps);
-    r.set("llada2_block32_N512_read_floor_ms", floor_ms);
-    r.set("llada2_block32_N512_graph_over_floor (target <= 1.4)", ms[1] / floor_ms);
-    r.set("llada2_block32_N512_eager_over_floor", ms[0] / floor_ms);
+    r.set(k + "copy_TBps", TBps);
+    r.set(k + "block32_N512_read_floor_ms", floor_ms);
+    r.set(k + "block32_N512_graph_over_floor (target <= 1.4)", ms[1] / floor_ms);
+    r.set(k + "block32_N512_eager_over_floor", ms[0] / floor_ms);
 
     dllm_ctx_free(ctx);
     dllm_model_free(model);
@@ -1760,9 +1794,12 @@ static const char *bench_usage =
     "  --join-only        a request joining 15 that decode (W1's item, LLaDA-8B shape, a dllm_stepper of 16) when they\n"
     "                     are due for a block's fill: the time to its first step, with and without the fill bound\n"
     "  --bd-only          block diffusion alone at the Fast-dLLM v2 7B shape (the rows --quick ends with)\n"
-    "  --llada2-only      LLaDA2.0-mini (mixture of experts, BF16): the 32-row block step over a 512-token prompt, eager\n"
-    "                     and as a graph, its stages and routing share, the experts it touched and its read floor (keys\n"
-    "                     llada2_*; also part of the full run)\n"
+    "  --llada2-only      LLaDA2.0-mini (mixture of experts; --precision NAME's, default BF16): the 32-row block step\n"
+    "                     over a 512-token prompt, eager and as a graph, its stages and routing share, the experts it\n"
+    "                     touched and its read floor in their device format (keys llada2_*, llada2_NAME_* past BF16;\n"
+    "                     BF16 also part of the full run)\n"
+    "  --llada2-shape S   --llada2-only at LLaDA2.0-mini's shape (mini, the default) or LLaDA2.0-flash's (flash: 100B\n"
+    "                     parameters; on an 80 GB card in SoloQ or FP8 only; keys llada2_flash_*)\n"
     "  --kv-attention-only  --bd-only's first rows alone: a layer's attention over a 32k-token cache, BF16 against KV4\n"
     "                     (kvq_attention and kvq_flash, with its plan variants); short enough to run under ncu\n"
     "  --long-context     block diffusion at the Fast-dLLM v2 7B shape with long prompts, gen 256, block 32: per K/V cache\n"
@@ -1773,7 +1810,7 @@ static const char *bench_usage =
     "  --long-batch N     --long-context's batched rows take at most N sequences (default 8; 1: none)\n"
     "  --contexts LIST    --long-context's prompt lengths (comma-separated; by default 4096,16384,32768; a prompt is cut to\n"
     "                     the model's 32768 positions less the generation, in whole blocks: 32480)\n"
-    "  --precision NAME   --quick or --batch-w1 in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
+    "  --precision NAME   --quick, --batch-w1 or --llada2-only in that precision (bf16, fp8, fp8-all, soloq-n, soloq-i, soloq-c, rtn-w4a4, ...)\n";
 
 /* --precision's NAME (dllm__precision_name's) into out; false (and the usage printed) for an unknown one. */
 static bool bench_precision(const char *name, dllm_precision &out) {
@@ -1806,7 +1843,8 @@ static bool bench_parse_list(const char *flag, const char *what, const char *tex
 int main(int argc, char **argv) {
     const char *anchors = nullptr, *anchors_v2 = nullptr, *graphs = nullptr, *json_out = nullptr,
                *config = "tests/data/real-configs/llada-8b-instruct.config.json";
-    const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr, *long_batch = nullptr;
+    const char *precision = "bf16", *batch_sizes = nullptr, *contexts = nullptr, *long_batch = nullptr,
+               *llada2_shape = "mini";
     bool attention_only = false, rowwise_only = false, quick = false, gemm_only = false, q4_only = false, int8_only = false, batch_rows = false, batch_w1 = false,
          bd_only = false, kv_attention_only = false, long_context = false, llada2_only = false, join_only = false;
     struct { const char *flag; bool *on; } modes[] = {{"--attention-only", &attention_only}, {"--gemm-only", &gemm_only}, {"--rowwise-only", &rowwise_only},
@@ -1817,7 +1855,7 @@ int main(int argc, char **argv) {
     struct { const char *flag; const char **value; } values[] = {{"--anchors", &anchors}, {"--anchors-v2", &anchors_v2}, {"--anchor-graphs", &graphs},
                                                                  {"--json", &json_out}, {"--config", &config}, {"--precision", &precision},
                                                                  {"--batch-sizes", &batch_sizes}, {"--contexts", &contexts},
-                                                                 {"--long-batch", &long_batch}};
+                                                                 {"--long-batch", &long_batch}, {"--llada2-shape", &llada2_shape}};
     for (int i = 1; i < argc; i++) {
         bool known = false;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1878,7 +1916,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (llada2_only) {
-        bench_llada2(r);
+        dllm_precision p;
+        if (!bench_precision(precision, p)) return 2;
+        if (strcmp(llada2_shape, "mini") && strcmp(llada2_shape, "flash")) {
+            fprintf(stderr, "dllm-bench: --llada2-shape takes mini or flash, not '%s'\n%s", llada2_shape, bench_usage);
+            return 2;
+        }
+        bench_llada2(r, p, !strcmp(llada2_shape, "flash"));
         return 0;
     }
     if (bd_only || kv_attention_only) {
@@ -2123,7 +2167,7 @@ int main(int argc, char **argv) {
         dllm_ctx_free(cq);
     }
     bench_block_diffusion(r);
-    bench_llada2(r);
+    bench_llada2(r, DLLM_PRECISION_BF16, false);
 
     std::map<std::string, double> a = bench_read_anchors(anchors, graphs);
     for (auto &kv : bench_read_anchors(anchors_v2, nullptr)) a.emplace(kv);  // torch_reference_v2.py's (block diffusion)

@@ -153,3 +153,18 @@ DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_ref(const uint16_t *x, const 
             }
         }
 }
+/* [FP8] The twin of moe_grouped_gemm_e4m3: y[row] = x[src(row)] . w[e]^T over each expert's rows as dllm__fp8_gemm_twin
+ * computes one row (x: E4M3 codes [][k] with scales x_scale[g * x_scale_ld + row]; w[e]: codes [N][k] with block scales
+ * w_scale[e] laid out as the device's; k a multiple of 128). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_e4m3_ref(const uint8_t *x, const float *x_scale, int x_scale_ld,
+                                                             const int *row_src, const std::vector<const uint8_t *> &w,
+                                                             const std::vector<const float *> &w_scale,
+                                                             const std::vector<int> &first_row, int N, int k,
+                                                             uint16_t *y) {
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const int src = row_src ? row_src[row] : row;
+            dllm__fp8_gemm_twin(x + (size_t)src * k, x_scale + src, x_scale_ld, 1, w[e], w_scale[e], N, k,
+                                y + (size_t)row * N);
+        }
+}

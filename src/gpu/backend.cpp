@@ -164,6 +164,7 @@ struct dllm__gpu_batch {
     std::vector<int32_t> work_items;
     dllm__dbuf attn_work;
     dllm__attn_work_shape work;
+    std::vector<char> attn_wide;  // [block diffusion] entries attended apart (attention_wide_entry), none of the lists
     dllm__dbuf row_offsets;  // int [sequences + 1]: the batched forward's row offsets (dllm__varlen_layout)
     // [dual cache] [prefix cache] every slot's K|V rows, per layer [kv_rows rows][2 n_kv head_dim] bf16 (slot s at rows
     // [slot_base[s], + slot_rows[s])); the layout's attention offsets and cache rows
@@ -297,13 +298,24 @@ struct dllm__gpu_moe {
     dllm__kernel<dllm__sig_moe_route> route;
     dllm__kernel<dllm__sig_moe_plan> plan_kernel;
     dllm__kernel<dllm__sig_moe_grouped_gemm> grouped_gemm;
+    // [FP8] [SoloQ] the grouped GEMM on E4M3 experts, and on 4-bit ones by weight format (dllm__q4_format)
+    dllm__kernel<dllm__sig_moe_grouped_gemm_e4m3> grouped_gemm_e4m3;
+    dllm__kernel<dllm__sig_moe_grouped_gemm_int4> grouped_gemm_q4[DLLM__Q4_RTN + 1];
     dllm__kernel<dllm__sig_moe_combine> combine;
-    dllm__dbuf expert_ptrs;             // const bf16 * [layers][2][E]: each expert's gate|up, then down weights
+    dllm__dbuf expert_ptrs;  // [layers][gate|up, down][codes, scales, block scales][E] (dllm__moe_ptr)
     dllm__dbuf logits, expert, weight;  // fp32 [T][E], int [T][k], fp32 [T][k]
     dllm__dbuf plan;                    // int [2][E + 1]: first_row, then tile_first (moe_plan)
     dllm__dbuf row_token, slot_row;     // int [T k]: the token of each expert row; int [T][k]: the row of each slot
     dllm__dbuf gu, f, y;                // bf16 [T k][2 ff], [T k][ff], [T k][d]: the experts' rows
     dllm__dbuf shared_gu, shared_f, shared_y;  // bf16 [T][2 ff_shared], [T][ff_shared], [T][d]
+    // [FP8] [SoloQ] the experts' inputs quantised (moe_fit): the normed rows' codes or C values and scales, the SwiGLU
+    // rows' E4M3 codes (SoloQ's C values go to f) and scales
+    dllm__dbuf x_codes, x_scale, f_codes, f_scale;
+    std::vector<const void *> addresses() const {
+        return {logits.ptr, expert.ptr,    weight.ptr,    slot_row.ptr, row_token.ptr, plan.ptr,   gu.ptr,
+                f.ptr,      y.ptr,         shared_gu.ptr, shared_f.ptr, shared_y.ptr,  x_codes.ptr, x_scale.ptr,
+                f_codes.ptr, f_scale.ptr};
+    }
     // [debug hooks] when set, each MoE layer's chosen experts [T][k] and router logits [T][E] of the last forward
     std::map<int, std::vector<int>> *debug_experts = nullptr;
     std::map<int, std::vector<float>> *debug_logits = nullptr;
@@ -522,7 +534,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status gemm_q4(const dllm__weight_view &W, const void *x, void *y, int M, dllm__rows rows, cudaDataType_t out);
     /* [SoloQ] Layers whose linears are DLLM__W_Q4; from layer 1 on their attention input is made by the fused producer
      * (layer 0's by LaCache's paths, which quantise it in the GEMM). */
-    bool q4(size_t l) const { return weights_->layers[l].gu.format == DLLM__W_Q4; }
+    bool q4(size_t l) const { return weights_->layers[l].qkv.format == DLLM__W_Q4; }  // a LLaDA2 MoE layer has no gu
     bool produced_attn_input(size_t l) const { return fp8_attn(l) || (q4(l) && l > 0); }
     dllm_status next_layer_input(size_t l, float *h, int batch, int rows, bool soloq_producer);
     dllm_status soloq_add_rmsnorm(const dllm__weight_view &W, const float *h_in, float *h_out, const void *delta,
@@ -578,6 +590,9 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm_status moe_route(size_t l, int M);
     dllm_status moe_ffn(size_t l, int M, const float *h_in, float *h_out, int r0);
     dllm_status moe_block(size_t l, int M, void *out);
+    dllm__wformat moe_format() const;
+    dllm_status moe_grouped(size_t l, bool down, int M, const void *x, const float *x_scale, int x_scale_ld,
+                            const int *row_src, void *y);
     // the batched forward (16.4.1)
     dllm_status load_varlen();
     dllm_status varlen_attention(const attn_args &a, int batch, int max_rows);
@@ -591,6 +606,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     dllm__graph_id varlen_graph_id(const dllm__varlen_layout &v) const;
     dllm_status self_attention_varlen(size_t layer, const dllm__varlen_layout &v);
     dllm_status self_attention_varlen_kv(size_t layer, const dllm__varlen_layout &v);
+    dllm_status attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e);
     dllm_status upload_kv_layout(const dllm__varlen_layout &v);
     dllm_status bkv_alloc(const std::vector<int> &rows, const std::vector<bool> &keep);
     void bkv_release();
@@ -724,12 +740,12 @@ static bool dllm__attn_maps(const attn_args &a, const dllm__arch &arch, int hd, 
 }
 
 /* Attention for batch x heads over a.q_rows query rows: flash_attn, then (a.kv_splits > 1) the combine of the per-split
- * states in a.partial. With `wide`, a plain forward (no FACache, no split-KV, no block-causal mask) runs flash_attn_wg
+ * states in a.partial. With `wide`, a forward without FACache and split-KV (block-causal or not) runs flash_attn_wg
  * where the GPU has it; callers ask for it only where no other path must match flash_attn's bits
  * (layers >= 1: LaCache's exactness rests on layer 0). */
 static dllm_status dllm__attn_launch(const dllm__attn_kernels &k, const dllm__arch &arch, int hd, int heads, int batch,
                                      const attn_args &a, cudaStream_t s, bool wide = false) {
-    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1 && a.mask_block == 0) {
+    if (wide && k.wide.fn && a.fa_mode == 0 && a.kv_splits == 1) {
         dllm__attn_tensor_maps tm;
         if (dllm__attn_maps(a, arch, hd, heads, batch, tm)) {
             dim3 grid((unsigned)((a.q_rows + 127) / 128), (unsigned)heads, (unsigned)batch);
@@ -965,7 +981,9 @@ dllm_status dllm__gpu_backend::choose_precision(const char *gpu_name, bool &fp8_
 dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool lacache, bool kv_cache) {
     const dllm__config &c = model_.cfg;
     const size_t M = (size_t)batch * seq, d = (size_t)c.n_embd, qkv = (size_t)(c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    const size_t q = (size_t)c.n_head * c.head_dim, ff = (size_t)c.n_ff, rows = (size_t)batch * lm_rows;
+    // [MoE] ff: the widest FFN input, LLaDA2's shared expert's and experts' too (FP8's and SoloQ's activations)
+    const size_t ff = (size_t)std::max(c.n_ff, moe_model() ? std::max(c.n_ff_shared, c.n_ff_expert) : 0);
+    const size_t q = (size_t)c.n_head * c.head_dim, rows = (size_t)batch * lm_rows;
     const size_t slices = ((size_t)c.n_vocab + dllm__vocab_slice - 1) / dllm__vocab_slice;
     const bool fp8 = weights_->fp8_ffn || weights_->fp8_attn;
     const size_t Mo = fp8 ? (size_t)act8_rows((int)M) : M;  // an FP8 GEMM writes its padding rows too
@@ -1018,7 +1036,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
                                  "the LaCache attention state"));
     }
     if (fp8) {
-        const size_t k_pad = (size_t)dllm__round_up(std::max(std::max(c.n_embd, c.n_ff), c.n_head * c.head_dim), 128);
+        const size_t k_pad = (size_t)dllm__round_up((int)std::max(std::max(d, ff), q), 128);
         for (auto buf : {std::make_pair(&A.act8, Mo * k_pad), std::make_pair(&A.act8_scale, Mo * (k_pad / 128) * 4)}) {
             const void *was = buf.first->ptr;
             DLLM__TRY(buf.first->fit(buf.second, "FP8 activations"));
@@ -1031,7 +1049,9 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
     if (weights_->soloq.enabled) {  // the widest input and the largest chunk over the model's linears (gemm_q4)
         const size_t k_max = std::max(std::max(d, ff), q);
         size_t chunk_elems = 0, chunk_rows = 0;
-        const std::pair<size_t, size_t> shapes[] = {{qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}};
+        const size_t ffs = (size_t)std::max(c.n_ff_shared, 8);  // [MoE] LLaDA2's shared expert (gemm_q4's rows paths)
+        const std::pair<size_t, size_t> shapes[] = {
+            {qkv, d}, {d, q}, {2 * ff, d}, {d, ff}, {(size_t)c.n_vocab, d}, {2 * ffs, d}, {d, ffs}};
         for (const auto &nk : shapes) {
             const size_t rows_at_once = (size_t)dllm__q4_chunk_rows((int)nk.first, (int)nk.second);
             chunk_elems = std::max(chunk_elems, rows_at_once * nk.second),

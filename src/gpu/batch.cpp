@@ -116,6 +116,7 @@ dllm_status dllm__gpu_backend::prepare_batch(const dllm__varlen_layout &v) {
         cudaMemcpyAsync(act_.positions.ptr, v.positions.data(), (size_t)v.rows * 4, cudaMemcpyHostToDevice, stream_));
     DLLM__CUDA(cudaMemcpyAsync(batch_.row_offsets.ptr, v.offsets.data(), v.offsets.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
+    batch_.attn_wide.clear();  // upload_kv_layout's
     if (batch_.kvq_seqs)
         DLLM__TRY(kvq_batch_upload(v));
     else if (v.cached())
@@ -172,6 +173,7 @@ dllm__graph_id dllm__gpu_backend::varlen_graph_id(const dllm__varlen_layout &v) 
     id.slot = dllm__format("b%zu T%d m%d o%d c%d k%d s%d ", v.out0.size(), v.rows, v.max_rows, v.out_rows,
                            (int)v.cached(), (int)!v.attn_masks.empty(), v.cached() ? batch_.max_splits : 1);
     for (const dllm__gemm_run &run : dllm__gemm_runs_of(v)) id.slot += run.step ? 's' : 'f';
+    for (char wide : batch_.attn_wide) id.slot += wide ? 'w' : '.';  // entries attended apart: launches of their own
     if (batch_.kvq_seqs) id.slot += kvq_batch_graph_key();  // [KV quant] each sequence's own launches
     id.baked = id.slot + dllm__format(" | a%d t%d %p %p %p %p %p %p %p %p %p", act_.generation, batch_.kv_rows,
                                       batch_.row_offsets.ptr, batch_.attn_q_offsets.ptr, batch_.attn_kv_offsets.ptr,

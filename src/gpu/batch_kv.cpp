@@ -116,8 +116,15 @@ dllm_status dllm__gpu_backend::upload_kv_layout(const dllm__varlen_layout &v) {
     if (floats > (size_t)INT32_MAX)
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT,
                           "the batch's split attention states exceed 2^31 floats; make the batch smaller");
+    // [block diffusion] A sequence whose keys are not split (a prefill) takes bd_attention's attention, a launch of its
+    // own (self_attention_varlen_kv), as it would alone: the work lists leave it out (no share).
+    std::vector<int32_t> work_splits = splits;
+    batch_.attn_wide.assign(splits.size() / 2, 0);
+    for (size_t e = 0; e < batch_.attn_wide.size() && kernels_.attention.wide.fn && !v.attn_masks.empty(); e++)
+        if (v.attn_masks[2 * e] > 0 && v.attn_q_offsets[e + 1] > v.attn_q_offsets[e] && splits[2 * e] == 1)
+            batch_.attn_wide[e] = 1, work_splits[2 * e] = 0;
     if (batch_.max_splits == 1) splits.clear();  // no entry splits: the kernels read no shares (varlen_splits null)
-    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, splits, v.max_rows));
+    DLLM__TRY(upload_varlen_work(v.attn_q_offsets, work_splits, v.max_rows));
     if (batch_.max_splits > 1) {
         DLLM__TRY(batch_.attn_splits.fit(splits.size() * 4, "the batch's attention shares"));
         DLLM__TRY(batch_.attn_partial.fit(floats * 4, "the batch's split attention states"));
@@ -178,8 +185,27 @@ dllm_status dllm__gpu_backend::self_attention_varlen_kv(size_t layer, const dllm
     a.q_offsets = batch_.attn_q_offsets.as<int>(), a.kv_offsets = batch_.attn_kv_offsets.as<int>();
     a.varlen_masks = v.attn_masks.empty() ? nullptr : batch_.attn_masks.as<int>();
     DLLM__TRY(varlen_attention(a, (int)v.attn_q_offsets.size() - 1, v.max_rows));
+    for (size_t e = 0; e < batch_.attn_wide.size(); e++)
+        if (batch_.attn_wide[e]) DLLM__TRY(attention_wide_entry(a, v, e));
     mark("attention");
     return DLLM_OK;
+}
+
+/* [block diffusion] Entry e of layout v (upload_kv_layout's attn_wide) as bd_attention attends a forward alone: its
+ * queries over its slot rows under its block-causal mask, one launch with the keys not split (flash_attn_wg where the
+ * GPU has it). `a` is the varlen attention's arguments. */
+dllm_status dllm__gpu_backend::attention_wide_entry(const attn_args &a, const dllm__varlen_layout &v, size_t e) {
+    const dllm__config &c = model_.cfg;
+    const int q0 = v.attn_q_offsets[e], k0 = v.attn_kv_offsets[e];
+    attn_args d = {};
+    d.q = a.q + (size_t)q0 * a.q_stride, d.o = a.o + (size_t)q0 * a.o_stride;
+    d.k = a.k + (size_t)k0 * a.kv_stride, d.v = a.v + (size_t)k0 * a.kv_stride;
+    d.seq = v.attn_kv_offsets[e + 1] - k0, d.q_rows = v.attn_q_offsets[e + 1] - q0;
+    d.q_stride = a.q_stride, d.kv_stride = a.kv_stride, d.o_stride = a.o_stride, d.group = a.group;
+    d.q_bstride = (u64)d.q_rows * a.q_stride, d.o_bstride = (u64)d.q_rows * a.o_stride;
+    d.scale_log2 = a.scale_log2, d.kv_splits = 1, d.partial = a.partial;
+    d.mask_block = v.attn_masks[2 * e], d.q_index0 = v.attn_masks[2 * e + 1];
+    return dllm__attn_launch(kernels_.attention, arch_, c.head_dim, c.n_head, 1, d, stream_, true);
 }
 
 /* [Llama-4 query scaling] of the layout's rows (act_.qkv, after RoPE) at their own positions (v.positions): one launch

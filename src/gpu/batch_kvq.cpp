@@ -12,7 +12,7 @@
 // makes for it alone, each with that launch's arguments, so every CTA's keys, splits, arithmetic and merge are the
 // sequence's own, their shapes a function of its rows and keys only (before sm_90 kvq_flash runs per chunk from the
 // same table: kvq_flash_batch would spill there). A sequence
-// with nothing committed takes flash_attn over its fresh rows, a launch of its own; a COMMIT quantises its rows into
+// with nothing committed takes bd_attention's attention over its fresh rows, a launch of its own; a COMMIT quantises its rows into
 // its own codes (kvq_commit) after the attention. So a sequence's logits and choices are bit-identical whatever else
 // is in the batch, a batch of one included (the GEMMs are the batched path's, so not dllm_generate's bits: bd_batch's
 // header says why).
@@ -181,7 +181,7 @@ dllm_status dllm__gpu_backend::kvq_batch_keep_blocks(size_t layer, const dllm__v
     return DLLM_OK;
 }
 
-/* The sequences with nothing committed yet (their first block): bd_attention's flash_attn over their fresh rows (a
+/* The sequences with nothing committed yet (their first block): bd_attention's attention over their fresh rows (a
  * SUB_BLOCK's: its block cache), a launch each. */
 dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, const dllm__varlen_layout &v) {
     const dllm__config &c = model_.cfg;
@@ -199,7 +199,7 @@ dllm_status dllm__gpu_backend::kvq_batch_attention_uncommitted(size_t layer, con
                                     bd_attn_args(call, act_.qkv.as<bf16_t>() + (size_t)v.offsets[i] * qkv, keys,
                                                  act_.att.as<bf16_t>() + (size_t)v.offsets[i] * c.n_head * hd, n_keys,
                                                  s.n + call.offset),
-                                    stream_));
+                                    stream_, true));
     }
     return DLLM_OK;
 }
@@ -251,7 +251,7 @@ dllm_status dllm__gpu_backend::kvq_batch_commit(size_t layer, const dllm__varlen
 /* self_attention_varlen under kv_quant: the fused QKV GEMM, RoPE and the fresh K|V rows (kvq_batch_qkv); each
  * sequence's block cache kept or written (kvq_batch_keep_blocks); then ONE attention over every sequence's own
  * committed codes (kvq_batch_attention_committed), and each COMMIT's rows quantised into its codes (kvq_batch_commit).
- * A sequence with nothing committed yet (its first block) keeps bd_attention's flash_attn over its fresh rows, a
+ * A sequence with nothing committed yet (its first block) keeps bd_attention's attention over its fresh rows, a
  * launch of its own (kvq_batch_attention_uncommitted): another kernel, whose bits the batched attention could not
  * give. */
 dllm_status dllm__gpu_backend::self_attention_varlen_kvq(size_t layer, const dllm__varlen_layout &v) {

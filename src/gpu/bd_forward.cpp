@@ -288,8 +288,8 @@ dllm_status dllm__gpu_backend::bd_attention(size_t layer, const dllm__bd_call &c
     else if (kvq_.enabled() && committed_.n > 0)
         DLLM__TRY(kvq_attention(kvq_codes_solo(), layer, act_.qkv.as<bf16_t>(), act_.att.as<bf16_t>(), T, n_keys,
                                 committed_.n, call.mask_block, pos0));
-    else
-        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_));
+    else  // flash_attn_wg where the keys are not split (a prefill): the batched forward decides as this one does
+        DLLM__TRY(dllm__attn_launch(kernels_.attention, arch_, hd, c.n_head, 1, a, stream_, true));
     mark("attention");
     if (call.kind == DLLM__BD_COMMIT && kvq_.enabled()) DLLM__TRY(kvq_commit(kvq_codes_solo(), layer, committed_.n, T));
     return DLLM_OK;

@@ -494,6 +494,8 @@ DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_SIGNATURE)
  * partials are summed in split order by q4_gemm_reduce, so a row's result is the same whatever M is and run to run.
  * Epilogue: y = (acc * s_x[m]) * s_w[n] in fp32, one rounding to the output type. */
 static const char *dllm__src_q4_gemm = DLLM__KERNEL_FILE("q4_gemm.cuh");
+/* The 4-bit codes dequantised to BF16 C values in registers (q4_dequant): q4_gemm's, and the MoE grouped GEMM's. */
+static const char *dllm__src_q4_dequant = DLLM__KERNEL_FILE("q4_dequant.cuh");
 
 /* [kernel table] the sampler module: X(name, attributes, (parameters)). */
 #define DLLM__SAMPLER_KERNELS(X)                                                                                       \
@@ -588,6 +590,24 @@ static const char *dllm__src_kv_scatter = DLLM__KERNEL_FILE("kv_scatter.cuh");
  * dllm__moe_max_experts experts in at most dllm__moe_max_groups groups (the real models: 256 in 8). A grouped GEMM
  * tile holds dllm__moe_tile_rows rows of one expert (a fixed number: never chosen from a row count). */
 static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__moe_tile_rows = 32;
+static const int dllm__moe_threads = 128;  // a grouped GEMM CTA (4 warps; the 128 of its __launch_bounds__)
+/* [MoE] The grouped expert GEMM's operands in a quantised weight format (moe_grouped_gemm_<format>; declared in the
+ * moe module, as q4_gemm_args in its own): moe_grouped_gemm's, with the activations' and weights' scales. */
+#define DLLM__MOE_GEMM_ARGS_FIELDS(X)                                                                                  \
+    X(const void *, x)         /* rows [][x_ld]: SoloQ's bf16 C values, or FP8's E4M3 codes */                         \
+    X(const float *, x_scale)  /* SoloQ: a token scale a row (null: 1, -w4a16); FP8: [K / 128][x_scale_ld] */         \
+    X(const int *, row_src)    /* the x row of each expert row (the token), or null: the row itself */                 \
+    X(const void *const *, w)  /* [n_expert] codes: SoloQ [N][K / 2] (section 9b's rows); FP8 [N][K] */                \
+    X(const float *const *, w_scale) /* [n_expert] SoloQ: row scales [N]; FP8: [ceil(N / 128)][w_scale_ld] */          \
+    X(const unsigned char *const *, w_block_scales) /* [n_expert] NVFP4's UE4M3 [N][ceil(K / 16)]; else unused */     \
+    X(const int *, first_row)                                                                                          \
+    X(const int *, tile_first) /* moe_plan's */                                                                        \
+    X(bf16_t *, y)             /* [rows][N] */                                                                         \
+    X(int, n_expert) X(int, N) X(int, K) /* FP8: K padded to 128 */ X(int, x_ld) X(int, x_scale_ld) X(int, w_scale_ld)
+struct moe_gemm_args {
+    DLLM__MOE_GEMM_ARGS_FIELDS(DLLM__FIELD)
+};
+static_assert(sizeof(moe_gemm_args) == 96, "contract layout");
 #define DLLM__MOE_KERNELS(X)                                                                                           \
     X(qk_norm_rope, __launch_bounds__(128),                                                                            \
       (bf16_t * qkv, int n_rows, int pos0, int n_head, int n_kv, int head_dim, int rotary_dim, const float *q_norm,    \
@@ -601,6 +621,11 @@ static const int dllm__moe_max_experts = 1024, dllm__moe_max_groups = 64, dllm__
     X(moe_grouped_gemm, __launch_bounds__(128),                                                                        \
       (const bf16_t *x, const int *row_src, const bf16_t *const *w, const int *first_row, const int *tile_first,     \
        int n_expert, int N, int K, bf16_t *y))                                                                         \
+    X(moe_grouped_gemm_e4m3, __launch_bounds__(128), (moe_gemm_args a))                                                \
+    X(moe_grouped_gemm_nvfp4, __launch_bounds__(128), (moe_gemm_args a))                                               \
+    X(moe_grouped_gemm_int4, __launch_bounds__(128), (moe_gemm_args a))                                                \
+    X(moe_grouped_gemm_e8p, __launch_bounds__(128), (moe_gemm_args a))                                                 \
+    X(moe_grouped_gemm_rtn, __launch_bounds__(128), (moe_gemm_args a))                                                 \
     X(moe_combine, __launch_bounds__(256),                                                                             \
       (const bf16_t *expert_out, const int *slot_row, const float *weight, const bf16_t *shared, int n_rows,          \
        int top_k, int d, bf16_t *out))

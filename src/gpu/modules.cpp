@@ -145,7 +145,7 @@ static dllm__jit_request dllm__module_q4_gemm(const dllm__arch &arch) {
             dllm__src_prelude() +
                 DLLM__XSTR(struct q4_gemm_args{DLLM__Q4_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" DLLM__Q4_GEMM_KERNELS(
                     DLLM__KERNEL_DECLARE) +
-                tile + dllm__src_q4_tables() + dllm__src_q4_gemm,
+                tile + dllm__src_q4_tables() + dllm__src_q4_dequant + dllm__src_q4_gemm,
             {DLLM__Q4_GEMM_KERNELS(DLLM__KERNEL_NAME)}, arch.target
     };
 }
@@ -252,14 +252,17 @@ static dllm__jit_request dllm__module_kv_scatter(const dllm__arch &arch) {
             arch.target};
 }
 
-/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only. */
+/* [MoE] LLaDA2's kernels (dllm__src_moe), loaded by a LLaDA2 context only; the quantised grouped GEMMs dequantise as
+ * q4_gemm does (its tables and q4_dequant) and copy the rows with mma.cuh's cp.async. */
 static dllm__jit_request dllm__module_moe(const dllm__arch &arch) {
     return {"dllm_moe",
-            dllm__src_prelude() +
+            dllm__src_prelude() + DLLM__XSTR(struct moe_gemm_args{DLLM__MOE_GEMM_ARGS_FIELDS(DLLM__FIELD)};) "\n" +
                 dllm__format("#define MOE_MAX_EXPERTS %d\n#define MOE_MAX_GROUPS %d\n#define MOE_TILE_ROWS %d\n"
-                             "#define NORM_SLOTS %d\n",
-                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots) +
-                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_moe,
+                             "#define NORM_SLOTS %d\n#define Q4_THREADS %d\n",
+                             dllm__moe_max_experts, dllm__moe_max_groups, dllm__moe_tile_rows, dllm__norm_slots,
+                             dllm__moe_threads) +
+                DLLM__MOE_KERNELS(DLLM__KERNEL_DECLARE) + dllm__src_rows_common + dllm__src_mma +
+                dllm__src_q4_tables() + dllm__src_q4_dequant + dllm__src_moe,
             {DLLM__MOE_KERNELS(DLLM__KERNEL_NAME)},
             arch.target};
 }

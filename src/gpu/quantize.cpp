@@ -3,6 +3,7 @@
 /* [FP8] A BF16 weight into DLLM__W_E4M3_BLOCK, on the device; the bf16 copy is released. Twin:
  * dllm__quantize_blocks. */
 static dllm_status dllm__quantize_linear_e4m3(dllm__linear &W, const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (!W.data.ptr) return DLLM_OK;  // none (a LLaDA2 MoE layer's dense MLP)
     const int kb = dllm__round_up(W.k, 128) / 128, nb = (W.n + 127) / 128, ld = dllm__round_up(kb, 4);
     dllm__dbuf codes, scale;
     DLLM__TRY(codes.fit((size_t)W.n * kb * 128, "FP8 weights"));
@@ -124,11 +125,19 @@ static dllm_status dllm__q4_int8_gemm_run(const dllm__soloq_kernels &Q, dllm__ge
 }
 
 /* [SoloQ] A BF16 weight into DLLM__W_Q4 on the device, rotated by its site's R (twin: dllm__soloq_quantize_linear); the
- * bf16 copy is released. */
+ * bf16 copy is released. rot_shared: the rotation that linears of one site and one input width share (a MoE layer's
+ * gate|up linears, its routed experts' downs: dllm__soloq_rotations), on the device once, made by the first; null: its
+ * own. An absent linear stays absent. */
 static dllm_status dllm__quantize_linear_q4(dllm__linear &W, const dllm__soloq_options &o, uint32_t site,
-                                            const dllm__soloq_kernels &k, cudaStream_t stream) {
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+                                            const dllm__soloq_kernels &k, cudaStream_t stream,
+                                            std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
+    if (!W.data.ptr) return DLLM_OK;
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(dllm__make_rotation(o.rotation, W.k, o.seed, site), *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     std::unique_ptr<dllm__q4_site> q(new dllm__q4_site);
     q->format = o.weights;
     q->rot = rot;
@@ -155,28 +164,36 @@ static dllm_status dllm__gpu_layer_pack_q4wg(dllm__gpu_layer &G, const dllm__q4w
     return DLLM_OK;
 }
 
-/* [SoloQ] Every layer's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact) and,
- * if asked, the LM head (a tied one from a copy of the embedding table); a quantised checkpoint's are there already.
- * With q4wg, each layer's linears then go into its layout. progress counts the quantised layers and head, as the CPU
- * backend's (dllm__cpu_soloq_weights): none from a quantised checkpoint. */
-static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_weights &w,
-                                                 const dllm__soloq_kernels &k, const dllm__q4wg_kernels *q4wg,
-                                                 cudaStream_t stream, const dllm__progress &progress) {
-    const int total = (int)w.layers.size() + (w.soloq.quantize_head ? 1 : 0);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (!m.soloq) {
-            DLLM__TRY(dllm__quantize_linear_q4(G.qkv, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.o, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.gu, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
-            DLLM__TRY(dllm__quantize_linear_q4(G.down, w.soloq, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
-        }
-        if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
-        if (!m.soloq) {
-            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
-            progress.report((int)l + 1, total);
+/* [SoloQ] Layer l's linears (layer 0 too, as the CPU reference: rows stay independent, so LaCache stays exact); a
+ * quantised checkpoint's are there already. With q4wg, they then go into its layout. */
+static dllm_status dllm__gpu_layer_quantize_q4(const dllm_model &m, size_t l, dllm__gpu_layer &G,
+                                               const dllm__soloq_options &o, const dllm__soloq_kernels &k,
+                                               const dllm__q4wg_kernels *q4wg, cudaStream_t stream) {
+    if (!m.soloq) {
+        DLLM__TRY(dllm__quantize_linear_q4(G.qkv, o, dllm__soloq_site_id(l, DLLM__SOLOQ_QKV), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.o, o, dllm__soloq_site_id(l, DLLM__SOLOQ_O), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.gu, o, dllm__soloq_site_id(l, DLLM__SOLOQ_GU), k, stream));
+        DLLM__TRY(dllm__quantize_linear_q4(G.down, o, dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN), k, stream));
+        // [MoE] the shared expert and every routed expert: every gate|up reads the normed row (one rotation), the
+        // routed downs one rotation of their width (dllm__soloq_rotations)
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;
+        const uint32_t gu_site = dllm__soloq_site_id(l, DLLM__SOLOQ_GU),
+                       down_site = dllm__soloq_site_id(l, DLLM__SOLOQ_DOWN);
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_gu, o, gu_site, k, stream, &gu_rot));
+        DLLM__TRY(dllm__quantize_linear_q4(G.shared_down, o, down_site, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_gu[e], o, gu_site, k, stream, &gu_rot));
+            DLLM__TRY(dllm__quantize_linear_q4(G.expert_down[e], o, down_site, k, stream, &down_rot));
         }
     }
+    if (q4wg) DLLM__TRY(dllm__gpu_layer_pack_q4wg(G, *q4wg, stream));
+    return DLLM_OK;
+}
+
+/* [SoloQ] The LM head, if asked (a tied one from a copy of the embedding table); a quantised checkpoint's is there
+ * already. */
+static dllm_status dllm__gpu_head_quantize_q4(const dllm_model &m, dllm__gpu_weights &w, const dllm__soloq_kernels &k,
+                                              cudaStream_t stream) {
     if (!w.soloq.quantize_head || w.head.format == DLLM__W_Q4) return DLLM_OK;
     const dllm__config &c = m.cfg;
     if (!w.head.data.ptr) {  // tied: the head gets its own (quantised) copy, the embedding gather keeps the table
@@ -184,29 +201,59 @@ static dllm_status dllm__gpu_weights_quantize_q4(const dllm_model &m, dllm__gpu_
         DLLM__TRY(w.head.data.fit((size_t)c.n_vocab * c.n_embd * 2, "the LM head"));
         DLLM__CUDA(cudaMemcpyAsync(w.head.data.ptr, w.embed.ptr, w.head.data.bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    DLLM__TRY(
-        dllm__quantize_linear_q4(w.head, w.soloq, dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD), k, stream));
-    if (!m.soloq) progress.report(total, total);
+    const uint32_t site = dllm__soloq_site_id(w.layers.size(), DLLM__SOLOQ_HEAD);
+    return dllm__quantize_linear_q4(w.head, w.soloq, site, k, stream);
+}
+
+/* [FP8] Layer l >= 1's linears in the formats in effect (layer 0 stays BF16: the paper: quantising it costs accuracy;
+ * and LaCache caches its work). */
+static dllm_status dllm__gpu_layer_quantize_e4m3(dllm__gpu_layer &G, const dllm__gpu_weights &w,
+                                                 const dllm__rowwise_kernels &k, cudaStream_t stream) {
+    if (w.fp8_ffn) {  // [MoE] a LLaDA2 MoE layer's FFN: its shared expert and every routed expert
+        for (dllm__linear *W : {&G.gu, &G.down, &G.shared_gu, &G.shared_down})
+            DLLM__TRY(dllm__quantize_linear_e4m3(*W, k, stream));
+        for (size_t e = 0; e < G.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_gu[e], k, stream));
+            DLLM__TRY(dllm__quantize_linear_e4m3(G.expert_down[e], k, stream));
+        }
+    }
+    if (w.fp8_attn) {
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
+        DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+    }
     return DLLM_OK;
 }
 
-/* [FP8] The weight formats in effect: layer 0 stays BF16 (the paper: quantising it costs accuracy; and LaCache caches
- * its work). progress counts layers 1.. as the CPU backend's (dllm__cpu_fp8_weights); never called for BF16. */
-static dllm_status dllm__gpu_weights_quantize(dllm__gpu_weights &w, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                              const dllm__progress &progress) {
-    if (!w.fp8_ffn && !w.fp8_attn) return DLLM_OK;
-    for (size_t l = 1; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        if (w.fp8_ffn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.gu, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.down, k, stream));
+/* The device copy in its formats, a layer at a time: each layer made (uploaded or generated) and quantised before the
+ * next, so the device holds at most one layer in BF16 beside the quantised ones (a 16B MoE in 4 bits builds on a 24 GB
+ * card); then the embedding table, the final norm and the head. progress counts as the CPU backend's: FP8 the layers
+ * from 1 (dllm__cpu_fp8_weights), SoloQ the layers and the head (dllm__cpu_soloq_weights; none from a quantised
+ * checkpoint). */
+static dllm_status dllm__gpu_weights_make(const dllm_model &m, const dllm__rowwise_kernels &k,
+                                          const dllm__soloq_kernels *q, const dllm__q4wg_kernels *q4wg,
+                                          const dllm__progress &progress, cudaStream_t stream, dllm__gpu_weights &w) {
+    if (w.soloq.enabled && !q) return dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
+    dllm__weights_source source(m, k, stream);
+    const int n = (int)source.n_layers(), q4_total = n + (w.soloq.quantize_head ? 1 : 0);
+    const bool fp8 = w.fp8_ffn || w.fp8_attn, q4_progress = w.soloq.enabled && !m.soloq;
+    w.layers.resize((size_t)n);
+    for (int l = 0; l < n; l++) {
+        dllm__gpu_layer &G = w.layers[(size_t)l];
+        DLLM__TRY(source.layer((size_t)l, G));
+        if (fp8 && l > 0) {
+            DLLM__TRY(dllm__gpu_layer_quantize_e4m3(G, w, k, stream));
+            progress.report(l, n - 1);
         }
-        if (w.fp8_attn) {
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.qkv, k, stream));
-            DLLM__TRY(dllm__quantize_linear_e4m3(G.o, k, stream));
+        if (w.soloq.enabled) DLLM__TRY(dllm__gpu_layer_quantize_q4(m, (size_t)l, G, w.soloq, *q, q4wg, stream));
+        if (q4_progress) {
+            DLLM__CUDA(cudaStreamSynchronize(stream));  // the layer is done when progress says so
+            progress.report(l + 1, q4_total);
         }
-        progress.report((int)l, (int)w.layers.size() - 1);
     }
+    DLLM__TRY(source.rest(w));
+    if (w.soloq.enabled) DLLM__TRY(dllm__gpu_head_quantize_q4(m, w, *q, stream));
+    if (q4_progress && w.soloq.quantize_head) progress.report(q4_total, q4_total);
+    DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }
 
@@ -217,15 +264,9 @@ static dllm_status dllm__gpu_weights_build(const dllm_model &m, const dllm__roww
     DLLM__CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int64_t before = dllm__device_bytes;
     const double t0 = dllm__now_ms();
-    dllm_status s =
-        m.random_weights ? dllm__gpu_weights_random(m, k, stream, w) : dllm__gpu_weights_upload(m, k, stream, w);
-    if (s == DLLM_OK) s = dllm__gpu_weights_quantize(w, k, stream, progress);
-    if (s == DLLM_OK && w.soloq.enabled) {
-        s = q ? dllm__gpu_weights_quantize_q4(m, w, *q, q4wg, stream, progress)
-              : dllm__fail(DLLM_ERR_INTERNAL, "SoloQ weights without SoloQ kernels");
-        if (s == DLLM_OK)
-            dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
-    }
+    const dllm_status s = dllm__gpu_weights_make(m, k, q, q4wg, progress, stream, w);
+    if (s == DLLM_OK && w.soloq.enabled)
+        dllm__log(DLLM_LOG_INFO, "SoloQ: quantised on the device in %.1f s", (dllm__now_ms() - t0) / 1e3);
     cudaStreamDestroy(stream);
     w.bytes = (size_t)std::max<int64_t>(0, dllm__device_bytes - before);
     return s;
@@ -262,8 +303,10 @@ static dllm_status dllm__gpu_weights_for(const dllm_model &m, int device, bool f
     std::shared_ptr<dllm__gpu_weights> w = std::make_shared<dllm__gpu_weights>();
     w->device = device, w->fp8_ffn = fp8_ffn, w->fp8_attn = fp8_attn, w->soloq = soloq, w->q4wg = q4wg != nullptr;
     DLLM__TRY(dllm__gpu_weights_build(m, k, q, q4wg, progress, *w));
+    const dllm__gpu_layer *L1 = w->layers.size() > 1 ? &w->layers[1] : nullptr;  // [MoE] its experts' format
     dllm__log(DLLM_LOG_INFO, "GPU weights on device %d: %.2f GB; layers >= 1: FFN %s, attention projections %s", device,
-              w->bytes / 1e9, dllm__wformats[w->layers.size() > 1 ? w->layers[1].gu.format : DLLM__W_BF16].name,
+              w->bytes / 1e9,
+              dllm__wformats[!L1 ? DLLM__W_BF16 : L1->expert_gu.empty() ? L1->gu.format : L1->expert_gu[0].format].name,
               dllm__wformats[w->layers.size() > 1 ? w->layers[1].qkv.format : DLLM__W_BF16].name);
     cache.push_back(w);
     out = std::move(w);

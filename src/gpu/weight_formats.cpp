@@ -21,8 +21,8 @@
 static inline int dllm__round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 /* 16.1 [weight formats] How a linear layer's weight W [n x k] (y = x W^T) is stored on the device, and which activation
- * operand its GEMMs take. Adding a format is a row here, its quantiser in dllm__gpu_weights_quantize, its case in
- * dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
+ * operand its GEMMs take. Adding a format is a row here, its quantiser beside dllm__gpu_layer_quantize_e4m3, its case
+ * in dllm__gpu_backend::gemm, and its kernels; nothing else in the forward changes. */
 enum dllm__wformat {
     DLLM__W_BF16 = 0,  // bf16 [n x k], row-major: cuBLASLt, or gemm_wg on sm_90a
     DLLM__W_E4M3_BLOCK =

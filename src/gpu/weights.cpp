@@ -35,8 +35,8 @@ struct dllm__gpu_weights {
         auto rows = [](const dllm__linear &W) { return W.format == DLLM__W_Q4 && !W.q4->packed; };
         if (rows(head)) return true;
         for (const dllm__gpu_layer &G : layers)
-            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down})
-                if (rows(*W)) return true;
+            for (const dllm__linear *W : {&G.qkv, &G.o, &G.gu, &G.down, &G.shared_gu, &G.shared_down})
+                if (rows(*W)) return true;  // [MoE] the shared expert keeps its rows (the routed experts need none)
         return false;
     }
 };
@@ -195,8 +195,11 @@ static dllm_status dllm__rotation_upload(const dllm__rotation &r, dllm__rotation
     return put(out.mixer, r.mixer.data(), r.mixer.size() * 4);
 }
 
-/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. */
-static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored) {
+/* [quantised checkpoints] A stored SoloQ linear (dllm_model::soloq: checked at load) as a DLLM__W_Q4 weight. rot: a
+ * rotation the linears of one site share (a MoE layer's experts: one copy on the device, not one an expert), uploaded
+ * by the first of them; null: its own. */
+static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &stored,
+                                   std::shared_ptr<dllm__rotation_dev> *rot_shared = nullptr) {
     const dllm__q4_rows &q = stored.w;
     auto put = [](dllm__dbuf &dst, const void *src, size_t bytes) -> dllm_status {
         DLLM__TRY(dst.fit(bytes, "SoloQ weights"));
@@ -205,8 +208,12 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     };
     std::unique_ptr<dllm__q4_site> site(new dllm__q4_site);
     site->format = q.format;
-    std::shared_ptr<dllm__rotation_dev> rot = std::make_shared<dllm__rotation_dev>();
-    DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+    std::shared_ptr<dllm__rotation_dev> rot = rot_shared ? *rot_shared : nullptr;
+    if (!rot) {
+        rot = std::make_shared<dllm__rotation_dev>();
+        DLLM__TRY(dllm__rotation_upload(*stored.rot, *rot));
+        if (rot_shared) *rot_shared = rot;
+    }
     site->rot = rot;
     if (!q.block_scales.empty()) DLLM__TRY(put(site->block_scales, q.block_scales.data(), q.block_scales.size()));
     DLLM__TRY(put(W.data, q.codes.data(), q.codes.size()));
@@ -216,68 +223,112 @@ static dllm_status dllm__upload_q4(dllm__linear &W, const dllm__soloq_linear &st
     return DLLM_OK;
 }
 
-/* The checkpoint's weights, as BF16 with the projections fused, each checked for non-finite values; a quantised
- * checkpoint's linears as they are stored. */
-static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
-    dllm__dbuf scratch;
-    auto upload = [&](dllm__linear &W, std::initializer_list<const dllm__tensor *> parts,
-                      const char *what) -> dllm_status {
+/* Where a device copy's weights come from, a layer at a time: the checkpoint (BF16 with the projections fused, each
+ * checked for non-finite values; a quantised checkpoint's linears as they are stored) or, for dllm_model_load_random,
+ * the device's generator. dllm__gpu_weights_build quantises each layer before it asks for the next, so the device never
+ * holds more than one layer in BF16 beside the quantised ones. */
+struct dllm__weights_source {
+    const dllm_model &m;
+    const dllm__rowwise_kernels &k;
+    cudaStream_t stream;
+    dllm__dbuf scratch;  // the non-finite check's result
+    uint64_t seed;       // random: the next tensor's
+
+    dllm__weights_source(const dllm_model &model, const dllm__rowwise_kernels &kernels, cudaStream_t s)
+        : m(model), k(kernels), stream(s), seed(model.random_seed) {}
+    size_t n_layers() const { return m.random_weights ? (size_t)m.cfg.n_layer : m.layers.size(); }
+    dllm_status layer(size_t l, dllm__gpu_layer &G) {
+        return m.random_weights ? random_layer(l, G) : upload_layer(l, G);
+    }
+    /* The embedding table, the LM head and the final norm. */
+    dllm_status rest(dllm__gpu_weights &w) { return m.random_weights ? random_rest(w) : upload_rest(w); }
+
+  private:
+    dllm_status upload(dllm__linear &W, std::initializer_list<const dllm__tensor *> parts, const char *what) {
         DLLM__TRY(dllm__upload_rows(W, parts, what));
         return dllm__check_finite(W, parts, k, stream, scratch);
-    };
-    w.layers.resize(m.layers.size());
-    for (size_t l = 0; l < m.layers.size(); l++) {
-        const dllm__layer_weights &L = m.layers[l];
-        dllm__gpu_layer &G = w.layers[l];
-        if (m.soloq) {
-            const dllm__soloq_layer &S = *m.soloq->layers[l];
-            DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
-            DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
+    }
+    dllm_status upload_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status upload_rest(dllm__gpu_weights &w);
+    dllm_status random_layer(size_t l, dllm__gpu_layer &G);
+    dllm_status random_rest(dllm__gpu_weights &w);
+    dllm_status fill_bf16(dllm__dbuf &b, size_t n, float std_dev, const char *what) {
+        DLLM__TRY(b.fit(n * 2, what));
+        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
+    }
+    dllm_status fill_linear(dllm__linear &W, int n, int kk, float std_dev, const char *what) {
+        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
+        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
+    }
+};
+
+dllm_status dllm__weights_source::upload_layer(size_t l, dllm__gpu_layer &G) {
+    const dllm__layer_weights &L = m.layers[l];
+    if (m.soloq) {
+        const dllm__soloq_layer &S = *m.soloq->layers[l];
+        DLLM__TRY(dllm__upload_q4(G.qkv, S.lin[DLLM__SOLOQ_QKV]));
+        DLLM__TRY(dllm__upload_q4(G.o, S.lin[DLLM__SOLOQ_O]));
+        const bool moe = dllm__is_moe_layer(m.cfg, l);
+        if (moe && m.cfg.n_ff_shared > 0) {  // [MoE] GU and DOWN hold the shared expert
+            DLLM__TRY(dllm__upload_q4(G.shared_gu, S.lin[DLLM__SOLOQ_GU]));
+            DLLM__TRY(dllm__upload_q4(G.shared_down, S.lin[DLLM__SOLOQ_DOWN]));
+        } else if (!moe) {
             DLLM__TRY(dllm__upload_q4(G.gu, S.lin[DLLM__SOLOQ_GU]));
             DLLM__TRY(dllm__upload_q4(G.down, S.lin[DLLM__SOLOQ_DOWN]));
-        } else {
-            if (L.wqkv)  // LLaDA2's fused projection
-                DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
-            else
-                DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
-            DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
-            if (L.gate) {  // null in a MoE layer
-                DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
-                DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
-            }
         }
-        if (L.router) {  // [MoE] LLaDA2's router and experts (BF16 only: moe_supported refuses the others)
-            DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
-            DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
-            DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
-            G.expert_gu.resize(L.expert_gate.size());
-            G.expert_down.resize(L.expert_gate.size());
-            for (size_t e = 0; e < L.expert_gate.size(); e++) {
-                DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
-                DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
-            }
-            if (L.shared_gate) {
-                DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
-                DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
-            }
+        std::shared_ptr<dllm__rotation_dev> gu_rot, down_rot;  // every expert's gate|up, down: one site each
+        G.expert_gu.resize(S.expert_gu.size()), G.expert_down.resize(S.expert_down.size());
+        for (size_t e = 0; e < S.expert_gu.size(); e++) {
+            DLLM__TRY(dllm__upload_q4(G.expert_gu[e], S.expert_gu[e], &gu_rot));
+            DLLM__TRY(dllm__upload_q4(G.expert_down[e], S.expert_down[e], &down_rot));
         }
-        DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
-        DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
-        DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
-        DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
-        DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
-        DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
-        DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
-        if (!L.bq.empty()) {
-            std::vector<float> b(L.bq);
-            b.insert(b.end(), L.bk.begin(), L.bk.end());
-            b.insert(b.end(), L.bv.begin(), L.bv.end());
-            DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
-            DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    } else {
+        if (L.wqkv)  // LLaDA2's fused projection
+            DLLM__TRY(upload(G.qkv, {L.wqkv}, "attention weights"));
+        else
+            DLLM__TRY(upload(G.qkv, {L.wq, L.wk, L.wv}, "attention weights"));
+        DLLM__TRY(upload(G.o, {L.wo}, "attention weights"));
+        if (L.gate) {  // null in a MoE layer
+            DLLM__TRY(upload(G.gu, {L.gate, L.up}, "MLP weights"));
+            DLLM__TRY(upload(G.down, {L.down}, "MLP weights"));
         }
     }
+    if (L.router) {  // [MoE] LLaDA2's router (never quantised); its experts below in BF16 (quantised later)
+        DLLM__TRY(upload(G.router, {L.router}, "the MoE router"));
+        DLLM__TRY(dllm__check_finite(L.expert_bias, "expert bias", l));
+        DLLM__TRY(dllm__upload_f32(G.expert_bias, L.expert_bias, "the MoE router"));
+    }
+    if (L.router && !m.soloq) {
+        G.expert_gu.resize(L.expert_gate.size());
+        G.expert_down.resize(L.expert_gate.size());
+        for (size_t e = 0; e < L.expert_gate.size(); e++) {
+            DLLM__TRY(upload(G.expert_gu[e], {L.expert_gate[e], L.expert_up[e]}, "MoE expert weights"));
+            DLLM__TRY(upload(G.expert_down[e], {L.expert_down[e]}, "MoE expert weights"));
+        }
+        if (L.shared_gate) {
+            DLLM__TRY(upload(G.shared_gu, {L.shared_gate, L.shared_up}, "MoE shared expert weights"));
+            DLLM__TRY(upload(G.shared_down, {L.shared_down}, "MoE shared expert weights"));
+        }
+    }
+    DLLM__TRY(dllm__check_finite(L.q_norm, "query norm", l));
+    DLLM__TRY(dllm__check_finite(L.k_norm, "key norm", l));
+    DLLM__TRY(dllm__upload_f32(G.q_norm, L.q_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.k_norm, L.k_norm, "norm weights"));
+    DLLM__TRY(dllm__check_finite(L.attn_norm, "attention norm", l));
+    DLLM__TRY(dllm__check_finite(L.ffn_norm, "MLP norm", l));
+    DLLM__TRY(dllm__upload_f32(G.attn_norm, L.attn_norm, "norm weights"));
+    DLLM__TRY(dllm__upload_f32(G.ffn_norm, L.ffn_norm, "norm weights"));
+    if (!L.bq.empty()) {
+        std::vector<float> b(L.bq);
+        b.insert(b.end(), L.bk.begin(), L.bk.end());
+        b.insert(b.end(), L.bv.begin(), L.bv.end());
+        DLLM__TRY(dllm__check_finite(b, "Q/K/V bias", l));
+        DLLM__TRY(dllm__upload_f32(G.b_qkv, b, "attention biases"));
+    }
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::upload_rest(dllm__gpu_weights &w) {
     dllm__linear embed;
     DLLM__TRY(upload(embed, {m.embed}, "the embedding table"));
     w.embed = std::move(embed.data);
@@ -291,55 +342,46 @@ static dllm_status dllm__gpu_weights_upload(const dllm_model &m, const dllm__row
 
 /* Benchmark weights generated on the device (no file, no host copy) as the PyTorch reference draws them: normal with
  * std 0.02, the residual branches' output projections 0.02 / sqrt(2 L); norms 1. */
-static dllm_status dllm__gpu_weights_random(const dllm_model &m, const dllm__rowwise_kernels &k, cudaStream_t stream,
-                                            dllm__gpu_weights &w) {
+dllm_status dllm__weights_source::random_layer(size_t l, dllm__gpu_layer &G) {
     const dllm__config &c = m.cfg;
     const int d = c.n_embd, qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim, q = c.n_head * c.head_dim;
-    uint64_t seed = m.random_seed;
-    auto fill_bf16 = [&](dllm__dbuf &b, size_t n, float std_dev, const char *what) -> dllm_status {
-        DLLM__TRY(b.fit(n * 2, what));
-        return k.fill_random_bf16.launch({dim3(1024), dim3(256)}, stream, b.ptr, n, seed++, std_dev, 0);
-    };
-    auto fill_linear = [&](dllm__linear &W, int n, int kk, float std_dev, const char *what) {
-        W.format = DLLM__W_BF16, W.n = n, W.k = kk;
-        return fill_bf16(W.data, (size_t)n * kk, std_dev, what);
-    };
     auto ones = [&](dllm__dbuf &b, size_t n, float value, const char *what) {
         return dllm__upload_f32(b, std::vector<float>(n, value), what);
     };
     const float std_in = 0.02f, std_out = std_in / sqrtf(2.f * (float)c.n_layer);
-    w.layers.resize((size_t)c.n_layer);
-    for (size_t l = 0; l < w.layers.size(); l++) {
-        dllm__gpu_layer &G = w.layers[l];
-        DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
-        DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
-        if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
-            DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-            DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
-        }
-        if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
-            DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
-            DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
-            G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
-            for (int e = 0; e < c.n_expert; e++) {
-                DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
-                DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
-            }
-            if (c.n_ff_shared > 0) {
-                DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
-                DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
-            }
-        } else {
-            DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
-            DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
-        }
-        DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
-        DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
-        if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    DLLM__TRY(fill_linear(G.qkv, qkv, d, std_in, "attention weights"));
+    DLLM__TRY(fill_linear(G.o, d, q, std_out, "attention weights"));
+    if (c.family == DLLM_FAMILY_LLADA2) {  // [MoE] QK-norm, and past the dense layers the router and experts
+        DLLM__TRY(ones(G.q_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
+        DLLM__TRY(ones(G.k_norm, (size_t)c.head_dim, 1.0f, "norm weights"));
     }
-    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * d, std_in, "the embedding table"));
-    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, d, std_in, "the LM head"));
-    DLLM__TRY(ones(w.final_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.family == DLLM_FAMILY_LLADA2 && (int)l >= c.n_dense_layers) {
+        DLLM__TRY(fill_linear(G.router, c.n_expert, d, std_in, "the MoE router"));
+        DLLM__TRY(ones(G.expert_bias, (size_t)c.n_expert, 0.0f, "the MoE router"));
+        G.expert_gu.resize((size_t)c.n_expert), G.expert_down.resize((size_t)c.n_expert);
+        for (int e = 0; e < c.n_expert; e++) {
+            DLLM__TRY(fill_linear(G.expert_gu[(size_t)e], 2 * c.n_ff_expert, d, std_in, "MoE expert weights"));
+            DLLM__TRY(fill_linear(G.expert_down[(size_t)e], d, c.n_ff_expert, std_out, "MoE expert weights"));
+        }
+        if (c.n_ff_shared > 0) {
+            DLLM__TRY(fill_linear(G.shared_gu, 2 * c.n_ff_shared, d, std_in, "MoE shared expert weights"));
+            DLLM__TRY(fill_linear(G.shared_down, d, c.n_ff_shared, std_out, "MoE shared expert weights"));
+        }
+    } else {
+        DLLM__TRY(fill_linear(G.gu, 2 * c.n_ff, d, std_in, "MLP weights"));
+        DLLM__TRY(fill_linear(G.down, d, c.n_ff, std_out, "MLP weights"));
+    }
+    DLLM__TRY(ones(G.attn_norm, (size_t)d, 1.0f, "norm weights"));
+    DLLM__TRY(ones(G.ffn_norm, (size_t)d, 1.0f, "norm weights"));
+    if (c.qkv_bias) DLLM__TRY(ones(G.b_qkv, (size_t)qkv, 0.0f, "attention biases"));
+    return DLLM_OK;
+}
+
+dllm_status dllm__weights_source::random_rest(dllm__gpu_weights &w) {
+    const dllm__config &c = m.cfg;
+    DLLM__TRY(fill_bf16(w.embed, (size_t)c.n_vocab * c.n_embd, 0.02f, "the embedding table"));
+    if (!c.tied_embeddings) DLLM__TRY(fill_linear(w.head, c.n_vocab, c.n_embd, 0.02f, "the LM head"));
+    DLLM__TRY(dllm__upload_f32(w.final_norm, std::vector<float>((size_t)c.n_embd, 1.0f), "norm weights"));
     DLLM__CUDA(cudaStreamSynchronize(stream));
     return DLLM_OK;
 }

@@ -78,8 +78,12 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
               sV = sK + NS * TILE;  // 1024-byte swizzle atoms
     const u32 q_full = sV + NS * TILE, k_full = q_full + 8, v_full = k_full + NS * 8, empty = v_full + NS * 8;
     pdl_enter();
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / a.group;
-    const int q0 = qt * BR, n_tiles = (a.seq + BC - 1) / BC;
+    // [block-causal mask] The query tiles in reverse, so that those with the most visible keys start first and the
+    // launch does not end on a tail of long CTAs; their key tiles past the last row's visible keys are not visited.
+    const int qt = a.mask_block ? gridDim.x - 1 - blockIdx.x : blockIdx.x, h = blockIdx.y, b = blockIdx.z,
+              kvh = h / a.group;
+    const int q0 = qt * BR;
+    const int n_tiles = (min(a.seq, a.mask_block ? visible_keys(a, min(q0 + BR, a.q_rows) - 1) : a.seq) + BC - 1) / BC;
     if (threadIdx.x == 256) {
         mbar_init(q_full, 1);
         for (int s = 0; s < NS; s++) {
@@ -118,8 +122,13 @@ __global__ void __launch_bounds__(384, 1) flash_attn_wg(attn_args a, const __gri
         else if (i + 1 < n_tiles)
             named_bar_arrive(1, 256);
     };
+    // Rows g and g + 8 of this warp see keys [0, end0) and [0, end1); the CTA's first row sees the fewest.
+    const int row_g = q0 + wg * 64 + warp * 16 + g;
+    const int end0 = a.mask_block ? visible_keys(a, row_g) : a.seq,
+              end1 = a.mask_block ? visible_keys(a, row_g + 8) : a.seq,
+              end_first = a.mask_block ? visible_keys(a, q0) : a.seq;
     auto softmax_of = [&](float(&s)[BC / 8][4], int i, float(&corr)[2]) {
-        if (valid || (i + 1) * BC > a.seq) mask_keys<BC / 8>(s, valid, a.seq, i * BC, t);
+        if (valid || (i + 1) * BC > end_first) mask_keys_rows<BC / 8>(s, valid, end0, end1, i * BC, t);
         softmax_scores<BC / 8>(s, m, l, corr, scale);
     };
     if (wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 takes the first turn

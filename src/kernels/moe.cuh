@@ -187,26 +187,106 @@ __device__ __forceinline__ void moe_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 moe_load16(const bf16_t *p, bool ok) {
-    return ok ? __ldg((const uint4 *)p) : make_uint4(0u, 0u, 0u, 0u);
+/* The weight formats of the grouped GEMM beside q4_dequant's Q4_NVFP4, Q4_INT4, Q4_E8P and Q4_RTN. */
+enum { MOE_BF16 = 16, MOE_E4M3 = 17 };
+
+/* Bytes of a row of K elements in format WF (also the activations': bf16 beside 4-bit weights, codes beside E4M3). */
+template <int WF> __device__ __forceinline__ u64 moe_row_bytes(int K) {
+    return WF == MOE_E4M3 ? (u64)K : WF == MOE_BF16 ? (u64)K * 2 : (u64)K / 2;
 }
 
-/* Twin: dllm__moe_grouped_gemm_ref. For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] bf16 [N][K]) for
- * the rows of e's range (moe_plan's first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one
- * rounding to bf16. Grid x over row tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64
- * output features; 4 warps, each 16 features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and
- * the rows its n8 columns (the transposed product: a decode step gives an expert a row or two), loaded straight from
- * global memory as 16 bytes a lane: in a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and g + 8
- * and of row g of each n8 group, the first 8 bytes for the first k16 product and the rest for the second. That pairs
- * logical k with a permuted physical k, the same permutation on both operands, so each product is still a dot
- * product over all of K. Row independence: an output (row, feature) is one accumulator fed the same k16 products in
- * the same order whatever the tile holds, its expert's row count and the number of tiles; columns of an mma never mix,
- * and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any batch. K
- * is a multiple of 8 (the host checks); any N. */
-KERNEL_moe_grouped_gemm {
+/* 8 E4M3 codes (byte i: element i) as 8 bf16 (exact: an E4M3 value has 4 significant bits), low element first. */
+__device__ __forceinline__ uint4 moe_e4m3x8(uint2 c, const q4_smem &s) {
+    auto pair = [&](u32 w, int i) {
+        return (u32)s.e4m3[(w >> (16 * i)) & 255] | (u32)s.e4m3[(w >> (16 * i + 8)) & 255] << 16;
+    };
+    return make_uint4(pair(c.x, 0), pair(c.x, 1), pair(c.y, 0), pair(c.y, 1));
+}
+
+/* The bytes of elements [k, k + 8) of a weight row (at row; NVFP4: its block scales at bs), loaded a k-chunk ahead of
+ * their use: 8 bf16 (16 bytes), 8 E4M3 codes (.x, .y), or 8 4-bit codes (.x) and, NVFP4, their block scale (.y). */
+template <int WF>
+__device__ __forceinline__ uint4 moe_w8_load(const unsigned char *row, const unsigned char *bs, int k, bool ok) {
+    if (!ok) return make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (WF == MOE_BF16) {
+        return __ldg((const uint4 *)(row + (u64)k * 2));
+    } else if constexpr (WF == MOE_E4M3) {
+        const uint2 c = __ldg((const uint2 *)(row + k));
+        return make_uint4(c.x, c.y, 0u, 0u);
+    } else {
+        return make_uint4(__ldg((const u32 *)(row + k / 2)), WF == Q4_NVFP4 ? (u32)__ldg(bs + k / 16) : 0u, 0u, 0u);
+    }
+}
+
+/* moe_w8_load's bytes as 8 bf16, low element first: the 4-bit codes decode to their exact C values (q4_dequant), E4M3
+ * codes to theirs. Zeros where !ok. */
+template <int WF> __device__ __forceinline__ uint4 moe_w8(uint4 raw, bool ok, const q4_smem *s) {
+    if (!ok) return make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (WF == MOE_BF16) {
+        return raw;
+    } else if constexpr (WF == MOE_E4M3) {
+        return moe_e4m3x8(make_uint2(raw.x, raw.y), *s);
+    } else {
+        u32 p[4];
+        q4_dequant<WF>(raw.x, raw.y, *s, p);
+        return make_uint4(p[0], p[1], p[2], p[3]);
+    }
+}
+
+/* An activation row's 128-wide k-chunk in shared memory: 128 bf16 (BF16, and SoloQ's C values) or 128 E4M3 codes,
+ * padded so that the lanes of each phase of a read (rows g, 16 or 8 bytes at element 8t) hit distinct banks. */
+template <int WF> struct moe_chunk {
+    static constexpr int elem_bytes = WF == MOE_E4M3 ? 1 : 2;
+    static constexpr int pieces = 128 * elem_bytes / 16;  // 16-byte copies a row
+    static constexpr int stride = 128 * elem_bytes + (WF == MOE_E4M3 ? 32 : 64);
+};
+
+/* Elements [k, k + 8) of a row's chunk in shared memory as 8 bf16 (E4M3 codes decoded). */
+template <int WF> __device__ __forceinline__ uint4 moe_x8(const unsigned char *chunk_row, int k, const q4_smem *s) {
+    if constexpr (WF == MOE_E4M3) return moe_e4m3x8(*(const uint2 *)(chunk_row + k), *s);
+    return *(const uint4 *)(chunk_row + k * 2);
+}
+
+/* The tables format WF decodes with (q4_dequant's; E4M3: its 256 values), into shared memory. */
+template <int WF> __device__ __forceinline__ void moe_load_tables(q4_smem &s) {
+    if constexpr (WF == MOE_E4M3)
+        for (int i = threadIdx.x; i < 256; i += Q4_THREADS) s.e4m3[i] = q4_e4m3_table[i];
+    else
+        q4_load_tables<WF>(s);
+}
+
+/* Twins: dllm__moe_grouped_gemm_ref (BF16), dllm__moe_grouped_gemm_q4_ref (SoloQ), dllm__moe_grouped_gemm_e4m3_ref
+ * (FP8). For every expert e at once, y[row] = x[src(row)] . w[e]^T (w[e] [N][K]) for the rows of e's range (moe_plan's
+ * first_row; src(row) = row_src[row], or row when row_src is null), fp32 sums, one rounding to bf16. Grid x over row
+ * tiles (a bound: CTAs past tile_first[n_expert] leave at once), y over groups of 64 output features; 4 warps, each 16
+ * features of one tile of MOE_TILE_ROWS rows. The weights are mma's A operand and the rows its n8 columns (the
+ * transposed product: a decode step gives an expert a row or two). K goes in chunks of 128, pipelined: while a chunk
+ * is multiplied, the next chunk's weights travel to registers (each lane its own, straight from global memory: a
+ * decode step is bound by the weights' latency, so every byte in flight counts) and the tile's rows of it to shared
+ * memory (cp.async, once for the 4 warps). In a 32-wide k-step lane (g, t) holds k [8t, 8t + 8) of feature rows g and
+ * g + 8 and of row g of each n8 group as 8 bf16 (16 bytes; a quantised format's codes decoded into them, exactly:
+ * moe_w8, moe_x8), the first 8 bytes for the first k16 product and the rest for the second. That pairs logical k with
+ * a permuted physical k, the same permutation on both operands, so each product is still a dot product over all of K.
+ * Formats:
+ *   - BF16: bf16 weights and rows;
+ *   - SoloQ (Q4_*): 4-bit weight rows decoded to their C values (NVFP4: times their block scale), the rows' bf16 C
+ *     values; the epilogue (acc * x_scale[src]) * w_scale[e][feature], as q4_gemm's. Integer C values (SoloQ-I,
+ *     SoloQ-C, RTN) make every partial sum an integer below 2^24, exact in any order: the twin's bits;
+ *   - FP8 (MOE_E4M3): E4M3 weight and row codes, each 128-wide k group (one chunk) summed into a fresh accumulator and
+ *     promoted as total = fmaf(G, x_scale * w_scale, total), the twin's (and fp8_gemm's) order of the scales.
+ * Row independence: an output (row, feature) is one accumulator fed the same k16 products in the same order whatever
+ * the tile holds, its expert's row count and the number of tiles; columns of an mma never mix, a row's scales are its
+ * own, and the rows past a range's end are zeros never stored. So a token's expert output is the same bits in any
+ * batch. K is a multiple of 8 (the host checks; FP8: of 128, the codes padded with zeros); any N. */
+template <int WF> __device__ __forceinline__ void moe_gemm_body(const moe_gemm_args &a, q4_smem *tables) {
+    using C = moe_chunk<WF>;
+    __shared__ alignas(16) unsigned char chunk[2][MOE_TILE_ROWS * C::stride];
+    __shared__ int tile_src[MOE_TILE_ROWS];
     pdl_enter();
-    const int tile = blockIdx.x;
-    if (tile >= tile_first[n_expert]) return;
+    const int tile = blockIdx.x, n_expert = a.n_expert, N = a.N, K = a.K;
+    const int *first_row = a.first_row, *tile_first = a.tile_first;
+    if (tile >= tile_first[n_expert]) return;  // CTA-uniform: before the barriers
+    if constexpr (WF != MOE_BF16) moe_load_tables<WF>(*tables);
     int lo = 0, hi = n_expert;  // the last expert whose first tile is at or before this one (it holds it)
     while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
@@ -216,55 +296,137 @@ KERNEL_moe_grouped_gemm {
             hi = mid;
     }
     const int e = lo, row0 = first_row[e] + (tile - tile_first[e]) * MOE_TILE_ROWS;
-    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0);
+    const int n_rows = min(MOE_TILE_ROWS, first_row[e + 1] - row0), rows8 = (n_rows + 7) & ~7;
+    for (int r = threadIdx.x; r < MOE_TILE_ROWS; r += blockDim.x)
+        tile_src[r] = r < n_rows ? (a.row_src ? a.row_src[row0 + r] : row0 + r) : 0;
+    __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int f0 = blockIdx.y * 64 + warp * 16;
-    if (f0 >= N) return;
+    const bool live = f0 < N;              // a warp past N still copies the rows and meets the barriers
     constexpr int NT = MOE_TILE_ROWS / 8;  // n8 groups of rows
-    const bf16_t *W = w[e];
-    const bool fa = f0 + g < N, fb = f0 + g + 8 < N;
-    const bf16_t *wa = W + (u64)(fa ? f0 + g : 0) * K, *wb = W + (u64)(fb ? f0 + g + 8 : 0) * K;
-    const bf16_t *xr[NT];
-    bool xv[NT];
-    for (int j = 0; j < NT; j++) {
-        const int r = j * 8 + g;
-        xv[j] = r < n_rows;
-        const int src = xv[j] ? (row_src ? row_src[row0 + r] : row0 + r) : 0;
-        xr[j] = x + (u64)src * K;
+    constexpr bool fp8 = WF == MOE_E4M3, q4 = WF != MOE_BF16 && WF != MOE_E4M3;
+    const u64 w_row = moe_row_bytes<WF>(K), x_row = (u64)a.x_ld * C::elem_bytes;
+    const unsigned char *W = (const unsigned char *)a.w[e], *x = (const unsigned char *)a.x;
+    const bool fa = live && f0 + g < N, fb = live && f0 + g + 8 < N;
+    const unsigned char *wa = W + (fa ? f0 + g : 0) * w_row, *wb = W + (fb ? f0 + g + 8 : 0) * w_row;
+    const unsigned char *bsa = nullptr, *bsb = nullptr;  // NVFP4: the two rows' block scales
+    if constexpr (WF == Q4_NVFP4) {
+        const u64 blocks = (u64)(K + 15) / 16;
+        bsa = a.w_block_scales[e] + (fa ? f0 + g : 0) * blocks;
+        bsb = a.w_block_scales[e] + (fb ? f0 + g + 8 : 0) * blocks;
     }
-    float acc[NT][4];
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += 128) {  // four k32 steps: their weights in flight together (a decode step is
-                                           // bound by the weights' latency, so the more bytes in flight the better)
+    auto copy_rows = [&](int buf, int k0) {  // the tile's rows of chunk k0 (zeros past n_rows and past K)
+        for (int i = threadIdx.x; i < rows8 * C::pieces; i += blockDim.x) {
+            const int r = i / C::pieces, p = i % C::pieces, k = k0 + p * (16 / C::elem_bytes);
+            const bool ok = r < n_rows && k < K;
+            cp_async16(smem_u32(chunk[buf] + r * C::stride + p * 16),
+                       ok ? x + (u64)tile_src[r] * x_row + (u64)k * C::elem_bytes : x, ok);
+        }
+        cp_async_commit();
+    };
+    uint4 next_lo[4], next_hi[4];  // the next chunk's weight bytes, in flight while this chunk is multiplied
+    auto load_weights = [&](int k0) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int k = k0 + 32 * q + 8 * t;
+            next_lo[q] = moe_w8_load<WF>(wa, bsa, k, fa && k < K);
+            next_hi[q] = moe_w8_load<WF>(wb, bsb, k, fb && k < K);
+        }
+    };
+    float acc[NT][4], part[NT][4];  // FP8: part is one 128-wide group's sum
+    for (int j = 0; j < NT; j++)
+        for (int c = 0; c < 4; c++) acc[j][c] = part[j][c] = 0.f;
+    float(&sum)[NT][4] = fp8 ? part : acc;
+    copy_rows(0, 0);
+    load_weights(0);
+    for (int k0 = 0, buf = 0; k0 < K; k0 += 128, buf ^= 1) {
         uint4 a_lo[4], a_hi[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int k = k0 + 32 * q + 8 * t;
-            a_lo[q] = moe_load16(wa + k, fa && k < K), a_hi[q] = moe_load16(wb + k, fb && k < K);
+            a_lo[q] = moe_w8<WF>(next_lo[q], fa && k < K, tables);
+            a_hi[q] = moe_w8<WF>(next_hi[q], fb && k < K, tables);
         }
+        if (k0 + 128 < K) {
+            copy_rows(buf ^ 1, k0 + 128);
+            load_weights(k0 + 128);
+        } else {
+            cp_async_commit();  // an empty group: wait_group 1 below then waits for this chunk's rows
+        }
+        cp_async_wait<1>();
+        __syncthreads();
 #pragma unroll
-        for (int h = 0; h < 2; h++) {  // each 64-wide half in the order a 64-wide loop would take it
-            if (k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
-            const int ka = k0 + 64 * h + 8 * t, kb = ka + 32;
+        for (int h = 0; h < 2; h++) {              // each 64-wide half in the order a 64-wide loop would take it
+            if (!live || k0 + 64 * h >= K) break;  // warp-uniform: where a 64-wide loop would have stopped
             const uint4 &l0 = a_lo[2 * h], &h0 = a_hi[2 * h], &l1 = a_lo[2 * h + 1], &h1 = a_hi[2 * h + 1];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 if (j * 8 >= n_rows) break;  // warp-uniform: no row of this n8 group
-                const uint4 b0 = moe_load16(xr[j] + ka, xv[j] && ka < K), b1 = moe_load16(xr[j] + kb, xv[j] && kb < K);
-                moe_mma(acc[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
-                moe_mma(acc[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
-                moe_mma(acc[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
-                moe_mma(acc[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
+                const unsigned char *xr = chunk[buf] + (j * 8 + g) * C::stride;
+                const uint4 b0 = moe_x8<WF>(xr, 64 * h + 8 * t, tables),
+                            b1 = moe_x8<WF>(xr, 64 * h + 32 + 8 * t, tables);
+                moe_mma(sum[j], l0.x, h0.x, l0.y, h0.y, b0.x, b0.y);
+                moe_mma(sum[j], l0.z, h0.z, l0.w, h0.w, b0.z, b0.w);
+                moe_mma(sum[j], l1.x, h1.x, l1.y, h1.y, b1.x, b1.y);
+                moe_mma(sum[j], l1.z, h1.z, l1.w, h1.w, b1.z, b1.w);
             }
         }
+        if constexpr (fp8) {  // the group's promotion; the warp's 16 features lie in one 128-row weight block
+            const int kg = k0 >> 7;
+            const float sw = live ? a.w_scale[e][(u64)(f0 >> 7) * a.w_scale_ld + kg] : 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j * 8 >= n_rows) break;
+                for (int c = 0; c < 4; c++) {
+                    const int r = j * 8 + 2 * t + (c & 1);
+                    const float sx = a.x_scale[(u64)kg * a.x_scale_ld + tile_src[r]];
+                    acc[j][c] = fmaf(part[j][c], sx * sw, acc[j][c]);
+                    part[j][c] = 0.f;
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with chunk[buf] before the next iteration refills it
     }
-    // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
+    if (!live) return;
+        // accumulator (feature g or g + 8, row 2t or 2t + 1 of the n8 group)
 #pragma unroll
     for (int j = 0; j < NT; j++)
         for (int c = 0; c < 4; c++) {
             const int r = j * 8 + 2 * t + (c & 1), f = f0 + g + (c >> 1) * 8;
-            if (r < n_rows && f < N) y[(u64)(row0 + r) * N + f] = f32_to_bf16(acc[j][c]);
+            if (r >= n_rows || f >= N) continue;
+            float v = acc[j][c];
+            if constexpr (q4) v = (v * (a.x_scale ? a.x_scale[tile_src[r]] : 1.0f)) * a.w_scale[e][f];
+            a.y[(u64)(row0 + r) * N + f] = f32_to_bf16(v);
         }
+}
+
+/* BF16 weights and rows (the parameters of the BF16 path, which came first). */
+KERNEL_moe_grouped_gemm {
+    moe_gemm_args a = {};
+    a.x = x, a.row_src = row_src, a.w = (const void *const *)w, a.first_row = first_row, a.tile_first = tile_first;
+    a.y = y, a.n_expert = n_expert, a.N = N, a.K = K, a.x_ld = K;
+    moe_gemm_body<MOE_BF16>(a, nullptr);
+}
+/* The quantised formats: the tables in shared memory. */
+KERNEL_moe_grouped_gemm_e4m3 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<MOE_E4M3>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_nvfp4 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_NVFP4>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_int4 {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_INT4>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_e8p {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_E8P>(a, &tables);
+}
+KERNEL_moe_grouped_gemm_rtn {
+    __shared__ q4_smem tables;
+    moe_gemm_body<Q4_RTN>(a, &tables);
 }
 
 /* Twin: the final sum of dllm__cpu_moe. out[t] = (sum over slots s in order of weight[t][s] expert_out[slot_row[t][s]])

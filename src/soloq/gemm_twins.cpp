@@ -166,3 +166,25 @@ static uint32_t dllm__q4wg_nv_bprime(uint8_t c) {
         }
     return nan_scales;
 }
+
+// ---- [MoE] the SoloQ grouped expert GEMM's twin (GPU: moe_grouped_gemm_<format>, src/kernels/moe.cuh) ------------
+
+/* y[row] = bf16 of dllm__cpu_q4_gemm's one row: x[src(row)] (C values, K wide) . the 4-bit rows of expert e (codes[e]
+ * [N][K / 2], NVFP4's block_scales[e], row_scale[e]) times x_scale[src(row)] (null: 1), over each expert's rows
+ * (dllm__moe_plan_ref's first_row; src(row) = row_src[row], or row when row_src is null). */
+DLLM__TEST_HOOK static void dllm__moe_grouped_gemm_q4_ref(dllm__q4_format f, const float *x, const float *x_scale,
+                                                          const int *row_src,
+                                                          const std::vector<const uint8_t *> &codes,
+                                                          const std::vector<const uint8_t *> &block_scales,
+                                                          const std::vector<const float *> &row_scale,
+                                                          const std::vector<int> &first_row, int N, int K,
+                                                          uint16_t *y) {
+    std::vector<float> out((size_t)N);
+    for (size_t e = 0; e + 1 < first_row.size(); e++)
+        for (int row = first_row[e]; row < first_row[e + 1]; row++) {
+            const int src = row_src ? row_src[row] : row;
+            dllm__cpu_q4_gemm(f, codes[e], f == DLLM__Q4_NVFP4 ? block_scales[e] : nullptr, row_scale[e],
+                              x + (size_t)src * K, K, x_scale ? x_scale + src : nullptr, out.data(), N, 1, N, K);
+            for (int n = 0; n < N; n++) y[(size_t)row * N + n] = dllm__f32_to_bf16(out[(size_t)n]);
+        }
+}
