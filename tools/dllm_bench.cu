@@ -1161,7 +1161,11 @@ static void bench_llada2(bench_result &r, dllm_precision precision, bool flash) 
             routing += kv.second;
     }
     for (auto &kv : stages.v) r.set(k + "step stage " + kv.first, kv.second);
-    r.set(k + "step_routing_share (target < 0.10)", routing / total);
+    r.set(k + "step_routing_share_eager", routing / total);
+    double routing_graph = 0;
+    BENCH_CHECK(gpu->moe_routing_graph_ms(B, 20, routing_graph));
+    r.set(k + "step_routing_graph_ms", routing_graph);
+    r.set(k + "step_routing_share (graph; target < 0.10)", routing_graph / ms[1]);
     // the experts the step touched, layer by layer
     std::map<int, std::vector<int>> experts;
     gpu->set_moe_debug(&experts, nullptr);
