@@ -1096,14 +1096,47 @@ static double bench_linear_bytes(const dllm__linear &W) {
     return (double)W.data.bytes + (double)W.scale.bytes + (W.q4 ? (double)W.q4->block_scales.bytes : 0.0);
 }
 
+/* [batch] LLaDA2 end to end through dllm_generate_batch at batch 1 and 16: prompts of 512 ids (each its own), gen 128,
+ * blocks of 32 in 32 forwards each (the 2.0 loop; random weights are never confident, so a forward commits one token),
+ * greedy; generated tokens/s of the batch over its wall time (each size warmed up once), and batch 16's over batch 1's
+ * (the issue's target: at least 6x). Keys <k>batch<B>_tokens_per_s. */
+static void bench_llada2_batch(bench_result &r, dllm_ctx *ctx, const std::string &k) {
+    const int np = 512, gen = 128;
+    dllm_gen_params gp = dllm_gen_default_params();
+    gp.gen_length = gen, gp.block_length = 32, gp.steps = 32, gp.stop_at_eos = 0;
+    for (int B : {1, 16}) {
+        std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
+        std::vector<dllm_batch_item> items((size_t)B);
+        for (int b = 0; b < B; b++) {
+            for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 150000);
+            items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
+        }
+        std::vector<dllm_batch_result> results((size_t)B);
+        auto run = [&] {
+            const double t0 = dllm__now_ms();
+            BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), nullptr));
+            for (const dllm_batch_result &res : results)
+                if (res.status != DLLM_OK) {
+                    fprintf(stderr, "dllm-bench: LLaDA2 batch %d item failed: %s\n", B, res.error);
+                    exit(1);
+                }
+            return (dllm__now_ms() - t0) / 1000;
+        };
+        run();  // warm-up
+        r.set(k + dllm__format("batch%d_gen128_tokens_per_s", B), B * gen / run());
+    }
+    r.set(k + "batch16_over_batch1 (target >= 6)",
+          r.v[k + "batch16_gen128_tokens_per_s"] / r.v[k + "batch1_gen128_tokens_per_s"]);
+}
+
 /* LLaDA2.0-mini or -flash (random weights on the GPU, in `precision`; the build's peak memory and time): a prompt of n
  * tokens committed, then the 32-row block step with its tokens chosen on the device (as the decoding loop runs it),
  * eager and replayed as a graph, and with its logits copied to the host instead; its stages (the routing: router GEMM,
  * top-k and plan, against the step); and the read floor of what the step reads: for each MoE layer the experts its 32
  * rows chose (counted on this step's routes: 32 x 8 slots, far from all 256) plus the dense parts (the attention
  * projections, router, shared expert, the dense layer 0, the LM head), each in its device format, and the K/V rows
- * attended, at the copy rate measured here. The issue's target: the graph step at most 1.4x that floor. Keys
- * llada2_*, llada2_<precision>_* past BF16, llada2_flash_* for flash. */
+ * attended, at the copy rate measured here. The issue's target: the graph step at most 1.4x that floor. Then
+ * bench_llada2_batch. Keys llada2_*, llada2_<precision>_* past BF16, llada2_flash_* for flash. */
 static void bench_llada2(bench_result &r, dllm_precision precision, bool flash) {
     dllm_model *model = bench_llada2_model(flash);
     const dllm__config &c = model->cfg;
@@ -1207,7 +1240,7 @@ static void bench_llada2(bench_result &r, dllm_precision precision, bool flash) 
     r.set(k + "block32_N512_read_floor_ms", floor_ms);
     r.set(k + "block32_N512_graph_over_floor (target <= 1.4)", ms[1] / floor_ms);
     r.set(k + "block32_N512_eager_over_floor", ms[0] / floor_ms);
-
+    bench_llada2_batch(r, ctx, k);
     dllm_ctx_free(ctx);
     dllm_model_free(model);
 }
