@@ -1096,6 +1096,19 @@ static double bench_linear_bytes(const dllm__linear &W) {
     return (double)W.data.bytes + (double)W.scale.bytes + (W.q4 ? (double)W.q4->block_scales.bytes : 0.0);
 }
 
+/* [batch] The wall time of one dllm_generate_batch over items, in s; a failed item ends the run with its message. */
+static double bench_generate_batch_s(dllm_ctx *ctx, std::vector<dllm_batch_item> &items, const char *what) {
+    std::vector<dllm_batch_result> results(items.size());
+    const double t0 = dllm__now_ms();
+    BENCH_CHECK(dllm_generate_batch(ctx, items.data(), (int)items.size(), results.data(), nullptr));
+    for (const dllm_batch_result &res : results)
+        if (res.status != DLLM_OK) {
+            fprintf(stderr, "dllm-bench: %s batch %zu item failed: %s\n", what, items.size(), res.error);
+            exit(1);
+        }
+    return (dllm__now_ms() - t0) / 1000;
+}
+
 /* [batch] LLaDA2 end to end through dllm_generate_batch at batch 1 and 16: prompts of 512 ids (each its own), gen 128,
  * blocks of 32 in 32 forwards each (the 2.0 loop; random weights are never confident, so a forward commits one token),
  * greedy; generated tokens/s of the batch over its wall time (each size warmed up once), and batch 16's over batch 1's
@@ -1111,19 +1124,8 @@ static void bench_llada2_batch(bench_result &r, dllm_ctx *ctx, const std::string
             for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 150000);
             items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
         }
-        std::vector<dllm_batch_result> results((size_t)B);
-        auto run = [&] {
-            const double t0 = dllm__now_ms();
-            BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), nullptr));
-            for (const dllm_batch_result &res : results)
-                if (res.status != DLLM_OK) {
-                    fprintf(stderr, "dllm-bench: LLaDA2 batch %d item failed: %s\n", B, res.error);
-                    exit(1);
-                }
-            return (dllm__now_ms() - t0) / 1000;
-        };
-        run();  // warm-up
-        r.set(k + dllm__format("batch%d_gen128_tokens_per_s", B), B * gen / run());
+        bench_generate_batch_s(ctx, items, "LLaDA2");  // warm-up
+        r.set(k + dllm__format("batch%d_gen128_tokens_per_s", B), B * gen / bench_generate_batch_s(ctx, items, "LLaDA2"));
     }
     r.set(k + "batch16_over_batch1 (target >= 6)",
           r.v[k + "batch16_gen128_tokens_per_s"] / r.v[k + "batch1_gen128_tokens_per_s"]);
@@ -1659,19 +1661,8 @@ static void bench_batch_w1(bench_result &r, dllm_model *model, dllm_precision pr
     for (int B : bench_batch_sizes) {
         std::vector<std::vector<int32_t>> prompts, outs;
         std::vector<dllm_batch_item> items = bench_w1_items(B, prompts, outs);
-        std::vector<dllm_batch_result> results((size_t)B);
-        auto run = [&] {
-            const double t0 = dllm__now_ms();
-            BENCH_CHECK(dllm_generate_batch(ctx, items.data(), B, results.data(), nullptr));
-            for (const dllm_batch_result &res : results)
-                if (res.status != DLLM_OK) {
-                    fprintf(stderr, "dllm-bench: batch %d W1 item failed: %s\n", B, res.error);
-                    exit(1);
-                }
-            return (dllm__now_ms() - t0) / 1000;
-        };
-        run();  // warm-up
-        const double s = run();
+        bench_generate_batch_s(ctx, items, "W1");  // warm-up
+        const double s = bench_generate_batch_s(ctx, items, "W1");
         r.set(dllm__format("batch%d_W1_dual_s", B), s);
         r.set(dllm__format("batch%d_W1_dual_tokens_per_s", B), B * items[0].params.gen_length / s);
     }
