@@ -18038,9 +18038,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
     /* [MoE] The routing of every MoE layer (router GEMM, top-k, plan) over the M normed rows of the last forward,
-     * captured once as a graph and replayed `reps` times: its device time a replay, in ms (the eager stages also
-     * count each small launch's host cost). */
-    DLLM__TEST_HOOK dllm_status moe_routing_graph_ms(int M, int reps, double &ms);
+     * enqueued on the stream (dllm-bench captures it as a graph to time it alone). */
+    DLLM__TEST_HOOK dllm_status moe_route_all(int M);
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
@@ -19458,34 +19457,10 @@ dllm_status dllm__gpu_backend::moe_route(size_t l, int M) {
     return DLLM_OK;
 }
 
-dllm_status dllm__gpu_backend::moe_routing_graph_ms(int M, int reps, double &ms) {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cudaEvent_t t0 = nullptr, t1 = nullptr;
-    dllm_status s = DLLM_OK;
-    DLLM__CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    for (size_t l = 0; l < weights_->layers.size() && s == DLLM_OK; l++)
-        if (moe_layer(l)) s = moe_route(l, M);
-    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-    if (s == DLLM_OK && end != cudaSuccess) s = dllm__fail(DLLM_ERR_CUDA, "routing graph: %s", cudaGetErrorString(end));
-    if (s == DLLM_OK && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaEventCreate(&t0) == cudaSuccess &&
-        cudaEventCreate(&t1) == cudaSuccess) {
-        cudaGraphLaunch(exec, stream_);  // warm
-        cudaEventRecord(t0, stream_);
-        for (int i = 0; i < reps; i++) cudaGraphLaunch(exec, stream_);
-        cudaEventRecord(t1, stream_);
-        float total = 0.f;
-        if (cudaEventSynchronize(t1) != cudaSuccess || cudaEventElapsedTime(&total, t0, t1) != cudaSuccess)
-            s = dllm__fail(DLLM_ERR_CUDA, "routing graph: replay failed");
-        ms = total / std::max(reps, 1);
-    } else if (s == DLLM_OK) {
-        s = dllm__fail(DLLM_ERR_CUDA, "routing graph: not instantiated");
-    }
-    if (t0) cudaEventDestroy(t0);
-    if (t1) cudaEventDestroy(t1);
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    return s;
+dllm_status dllm__gpu_backend::moe_route_all(int M) {
+    for (size_t l = 0; l < weights_->layers.size(); l++)
+        if (moe_layer(l)) DLLM__TRY(moe_route(l, M));
+    return DLLM_OK;
 }
 
 /* Layer l's FFN when it is a MoE layer (ffn's): rows [r0, r0 + M) of act_.delta hold the attention output projection

@@ -1096,6 +1096,21 @@ static double bench_linear_bytes(const dllm__linear &W) {
     return (double)W.data.bytes + (double)W.scale.bytes + (W.q4 ? (double)W.q4->block_scales.bytes : 0.0);
 }
 
+/* [batch] B items of gp, each its own prompt of np ids below id_end (a fixed pseudo-random walk) and its own output
+ * of gp.gen_length ids; prompts and outs hold their storage. */
+static std::vector<dllm_batch_item> bench_batch_items(int B, int np, int id_end, const dllm_gen_params &gp,
+                                                      std::vector<std::vector<int32_t>> &prompts,
+                                                      std::vector<std::vector<int32_t>> &outs) {
+    const int gen = gp.gen_length;
+    prompts.assign((size_t)B, {}), outs.assign((size_t)B, std::vector<int32_t>((size_t)gen));
+    std::vector<dllm_batch_item> items((size_t)B);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % id_end);
+        items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
+    }
+    return items;
+}
+
 /* [batch] The wall time of one dllm_generate_batch over items, in s; a failed item ends the run with its message. */
 static double bench_generate_batch_s(dllm_ctx *ctx, std::vector<dllm_batch_item> &items, const char *what) {
     std::vector<dllm_batch_result> results(items.size());
@@ -1118,12 +1133,8 @@ static void bench_llada2_batch(bench_result &r, dllm_ctx *ctx, const std::string
     dllm_gen_params gp = dllm_gen_default_params();
     gp.gen_length = gen, gp.block_length = 32, gp.steps = 32, gp.stop_at_eos = 0;
     for (int B : {1, 16}) {
-        std::vector<std::vector<int32_t>> prompts((size_t)B), outs((size_t)B, std::vector<int32_t>((size_t)gen));
-        std::vector<dllm_batch_item> items((size_t)B);
-        for (int b = 0; b < B; b++) {
-            for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 150000);
-            items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
-        }
+        std::vector<std::vector<int32_t>> prompts, outs;
+        std::vector<dllm_batch_item> items = bench_batch_items(B, np, 150000, gp, prompts, outs);
         bench_generate_batch_s(ctx, items, "LLaDA2");  // warm-up
         r.set(k + dllm__format("batch%d_gen128_tokens_per_s", B), B * gen / bench_generate_batch_s(ctx, items, "LLaDA2"));
     }
@@ -1197,8 +1208,22 @@ static void bench_llada2(bench_result &r, dllm_precision precision, bool flash) 
     }
     for (auto &kv : stages.v) r.set(k + "step stage " + kv.first, kv.second);
     r.set(k + "step_routing_share_eager", routing / total);
-    double routing_graph = 0;
-    BENCH_CHECK(gpu->moe_routing_graph_ms(B, 20, routing_graph));
+    // the routing alone (every MoE layer's router GEMM, top-k and plan) replayed as a graph: the eager stages above
+    // also count each small launch's host cost
+    cudaGraph_t routing_captured = nullptr;
+    cudaGraphExec_t routing_exec = nullptr;
+    cudaStreamBeginCapture(gpu->stream(), cudaStreamCaptureModeThreadLocal);
+    const dllm_status routed = gpu->moe_route_all(B);
+    cudaStreamEndCapture(gpu->stream(), &routing_captured);
+    BENCH_CHECK(routed);
+    if (!routing_captured || cudaGraphInstantiate(&routing_exec, routing_captured, 0) != cudaSuccess) {
+        fprintf(stderr, "dllm-bench: the LLaDA2 routing graph was not made\n");
+        exit(1);
+    }
+    const double routing_graph =
+        bench_us_each(gpu->stream(), 5, [&](int) { cudaGraphLaunch(routing_exec, gpu->stream()); }) / 1000;
+    cudaGraphExecDestroy(routing_exec);
+    cudaGraphDestroy(routing_captured);
     r.set(k + "step_routing_graph_ms", routing_graph);
     r.set(k + "step_routing_share (graph; target < 0.10)", routing_graph / ms[1]);
     // the experts the step touched, layer by layer
@@ -1635,16 +1660,9 @@ static void bench_batch_kv_rows(bench_result &r, dllm_model *model, double gemm_
  * and outs hold their ids. */
 static std::vector<dllm_batch_item> bench_w1_items(int B, std::vector<std::vector<int32_t>> &prompts,
                                                    std::vector<std::vector<int32_t>> &outs) {
-    const int np = 768, gen = 256;
     dllm_gen_params gp = dllm_gen_default_params();
-    gp.gen_length = gen, gp.steps = gen, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
-    prompts.assign((size_t)B, {}), outs.assign((size_t)B, std::vector<int32_t>((size_t)gen));
-    std::vector<dllm_batch_item> items((size_t)B);
-    for (int b = 0; b < B; b++) {
-        for (int i = 0; i < np; i++) prompts[(size_t)b].push_back((i * 104729 + b * 7919) % 100000);
-        items[(size_t)b] = {prompts[(size_t)b].data(), np, gp, outs[(size_t)b].data(), gen};
-    }
-    return items;
+    gp.gen_length = 256, gp.steps = 256, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = DLLM_KV_CACHE_DUAL;
+    return bench_batch_items(B, 768, 100000, gp, prompts, outs);
 }
 
 /* [batch] [dual cache] W1 end to end through dllm_generate_batch: B prompts of 768 random ids (each its own), gen 256,

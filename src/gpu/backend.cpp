@@ -485,9 +485,8 @@ class dllm__gpu_backend : public dllm__backend_impl {
         moe_.debug_experts = experts, moe_.debug_logits = logits;
     }
     /* [MoE] The routing of every MoE layer (router GEMM, top-k, plan) over the M normed rows of the last forward,
-     * captured once as a graph and replayed `reps` times: its device time a replay, in ms (the eager stages also
-     * count each small launch's host cost). */
-    DLLM__TEST_HOOK dllm_status moe_routing_graph_ms(int M, int reps, double &ms);
+     * enqueued on the stream (dllm-bench captures it as a graph to time it alone). */
+    DLLM__TEST_HOOK dllm_status moe_route_all(int M);
     DLLM__TEST_HOOK dllm_status profile_step(const dllm__decode &st, dllm__stage_timer &t);
     DLLM__TEST_HOOK void set_debug_rows(std::map<std::pair<int, int>, std::vector<float>> *rows) { debug_.rows = rows; }
     DLLM__TEST_HOOK int last_layer_rows() const { return debug_.last_layer_rows; }
