@@ -190,7 +190,7 @@ __device__ __forceinline__ void moe_mma(float (&d)[4], u32 a0, u32 a1, u32 a2, u
 /* The weight formats of the grouped GEMM beside q4_dequant's Q4_NVFP4, Q4_INT4, Q4_E8P and Q4_RTN. */
 enum { MOE_BF16 = 16, MOE_E4M3 = 17 };
 
-/* Bytes of a row of K elements in format WF (also the activations': bf16 beside 4-bit weights, codes beside E4M3). */
+/* Bytes of a weight row of K elements in format WF. */
 template <int WF> __device__ __forceinline__ u64 moe_row_bytes(int K) {
     return WF == MOE_E4M3 ? (u64)K : WF == MOE_BF16 ? (u64)K * 2 : (u64)K / 2;
 }
