@@ -560,6 +560,11 @@ typedef struct dllm_gen_params {
                                    new prediction has p > edit_threshold (1 = LLaDA2.1's loop without edits) */
     int max_post_steps;         /* LLaDA2.1's loop: forwards after a block's last mask is filled that may
                                    still edit it (-1 = the official default, 16; >= 0 otherwise)       */
+    int tuned_forwards;         /* GPU backend, 0 (default) or 1: dllm_generate runs its own forwards, each GEMM
+                                   tuned to its row count, and LaCache's reuse, instead of the batched
+                                   forwards (see dllm_generate); the same tokens up to near-ties, not the
+                                   bits the prompt gets from dllm_generate_batch, and such an item decodes
+                                   alone in a batch. The CPU backend's answer is one either way.      */
 } dllm_gen_params;
 
 typedef struct dllm_gen_stats {
@@ -651,7 +656,11 @@ DLLM_API dllm_gen_params dllm_gen_default_params(void);
 /* Decode one prompt. out receives the generated ids (prompt excluded) and must hold gen_length ids (the
  * generation is at most that long, and with stop_at_eos often shorter; block diffusion: the bound above, up to
  * gen_length + 1); a smaller out_capacity is DLLM_ERR_BUFFER_TOO_SMALL before any decoding, with nothing written
- * and *n_out = the capacity needed. n_out and stats may be NULL. dllm_generate_batch decodes several prompts together. */
+ * and *n_out = the capacity needed. n_out and stats may be NULL. dllm_generate_batch decodes several prompts together.
+ * One answer per prompt: on the GPU backend dllm_generate decodes the prompt as a batch of one, so it gets the bits
+ * dllm_generate_batch, a dllm_stepper and dllm-server give it in any batch (on the CPU backend every path gives them).
+ * Exceptions: params.tuned_forwards = 1; a context with a dllm_stepper open; a kind the GPU does not batch (an INFO
+ * log names it) or whose K/V cache slot does not fit the device. These decode through dllm_generate's own forwards. */
 DLLM_API dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dllm_gen_params params,
                                    int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats);
 
@@ -676,9 +685,8 @@ typedef struct dllm_batch_result {
 /* Decode n_items prompts together (through a dllm_stepper of its own: DLLM_ERR_INVALID_ARGUMENT while the context
  * has one). Every item gets what dllm_generate would give it alone, whatever the batch's other items, their lengths
  * and their order. On the CPU backend: the same tokens, from bit-identical logits. On the GPU backend a batched
- * item's logits are bit-identical to its batch of one's; with a kv_cache, BF16 weights and a Hopper GPU (sm_90a) also
- * to dllm_generate's (one answer per prompt, however it is submitted). Otherwise dllm_generate's forwards are tuned
- * per row count, so an item's tokens equal dllm_generate's up to near-ties.
+ * item's logits are bit-identical to its batch of one's, which dllm_generate decodes (one answer per prompt, however
+ * it is submitted; dllm_generate's exceptions: above).
  *
  * Batched on both backends: items on LLaDA and Dream models (the plain schedule, LLaDA's low-confidence / random
  * remasking, Dream's samplers, Fast-dLLM threshold / factor, CFG, DPad, the sampler filters, a kv_cache) decode in

@@ -7835,6 +7835,9 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
+    /* [batch] Whether a sequence's forwards alone (step, bd_forward) give it the bits its batched forwards give it:
+     * where they do not, dllm_generate decodes a prompt as a batch of one (dllm__generate_one). */
+    virtual bool solo_equals_batch() const { return true; }
     /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose);
      * otherwise dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
     virtual bool batch_chooses() const { return false; }
@@ -15164,13 +15167,14 @@ static dllm_status dllm__q4_gemm_run(const dllm__q4_gemm_kernels &k, dllm__q4_fo
 /* gemm_splitk's arguments (host/kernel contract, declared in its own module). */
 #define DLLM__GEMM_SPLITK_ARGS_FIELDS(X)                                                                               \
     X(bf16_t *, y)  /* [m][n] */                                                                                       \
-    X(float *, ws)  /* SPREAD: [n / 128][splits][256 NT / 2] fp32 partials */                                          \
-    X(int *, cnt)   /* SPREAD: [n / 128] units counted a tile: zero before a launch, left zero after */                \
-    X(int, m) X(int, n) X(int, k) X(int, splits)
+    X(float *, ws)  /* SPREAD: [n / 128][max_pieces][256 NT / 2] fp32 partials */                                      \
+    X(int *, cnt)   /* SPREAD: [n / 128] pieces counted a tile: zero before a launch, left zero after */               \
+    X(int, m) X(int, n) X(int, k)                                                                                      \
+    X(int, chunk) X(int, chunks) X(int, ctas) X(int, max_pieces) /* the cut: dllm__splitk_cut */
 struct gemm_splitk_args {
     DLLM__GEMM_SPLITK_ARGS_FIELDS(DLLM__FIELD)
 };
-static_assert(sizeof(gemm_splitk_args) == 40, "contract layout");
+static_assert(sizeof(gemm_splitk_args) == 56, "contract layout");
 
 static const char *dllm__src_gemm_splitk = R"DLLM(
 #line 1 "src/kernels/gemm_splitk.cuh"
@@ -15183,18 +15187,18 @@ static const char *dllm__src_gemm_splitk = R"DLLM(
  * and the tokens its N (NT = 32, 64, 128 or 256), so that 32 tokens cost a 64 x 32 x 16 product, not the 128-row
  * tile gemm_wg computes whatever M is. Both operands arrive by TMA in 64-wide k-steps (128-byte swizzle, K-major).
  *
- * Split-K fixed by the shape: K is cut into `splits` equal ranges (the host picks splits from N, K and the GPU's SM
- * count, never from M), and every output is
- *     ((p_0 + p_1) + p_2) + ...,   p_s = the wgmma k16 products of split s, in k order, from zero
- * however it is computed. SPREAD (few tokens: one token tile) spreads a tile's splits over CTAs: a unit is (feature
- * tile, split), it writes p_s to ws (the accumulator layout, coalesced) and counts itself in cnt[tile]; the unit
- * that completes the count reads p_0, p_1, ... back in split order and stores their sum, whichever unit is last.
+ * A stream-K cut fixed by the shape: a tile's K is `chunks` chunks of `chunk` 64-wide k-steps, and the chunks of all
+ * tiles, laid end to end (W = tiles x chunks), are cut into `ctas` equal ranges (the host picks chunk from K and ctas
+ * from the GPU's SM count, never from M). The ranges cut a tile's K into pieces, and every output is
+ *     ((p_0 + p_1) + p_2) + ...,   p_i = the wgmma k16 products of piece i, in k order, from zero
+ * however it is computed. SPREAD (few tokens: one token tile) runs one CTA a range: it computes its pieces in turn, and
+ * a piece of a tile cut in several writes p_i to ws (the accumulator layout, coalesced) and counts itself in cnt[tile];
+ * the CTA that completes the count reads p_0, p_1, ... back in order and stores their sum, whichever CTA is last.
  * Otherwise (many tokens, where ws would cost as much memory traffic as the weights) a unit is (feature tile, token
- * tile) and computes its splits one after the other, adding each p_s to the sum as it completes. Either way a row's
- * bits depend on (N, K, splits) alone, never on M, NT, the mode or timing (gpu_splitk.* checks it). cnt is left
- * zero; ws needs no clearing. A CTA walks units blockIdx.x, + gridDim.x, ...; token tiles vary fastest, so that the
- * CTAs running at once share their weight tiles in L2.
- */
+ * tile) and computes the tile's pieces one after the other, adding each p_i to the sum as it completes. Either way a
+ * row's bits depend on (N, K, the cut) alone, never on M, NT, the mode or timing (gpu_splitk.* checks it). cnt is left
+ * zero; ws needs no clearing. In the other mode a CTA walks units blockIdx.x, + gridDim.x, ...; token tiles vary
+ * fastest, so that the CTAs running at once share their weight tiles in L2. */
 
 struct gemm_splitk_maps {
     tensor_map x, w;
@@ -15216,43 +15220,82 @@ template <int NT> __device__ __forceinline__ void splitk_mma(float (&d)[NT / 8][
         wgmma_ss<NT>(d, a, b, accumulate);
 }
 
-/* The j-th unit of this CTA: its feature tile, split (SPREAD) or token tile (otherwise). */
-struct splitk_unit {
-    int tile, split, tok;
-};
-template <int NT, bool SPREAD>
-__device__ __forceinline__ splitk_unit splitk_unit_of(int j, const gemm_splitk_args &a) {
-    const int u = blockIdx.x + j * gridDim.x, tt = (a.m + NT - 1) / NT;
-    if (SPREAD) return {u / a.splits, u % a.splits, 0};
-    return {u / tt, 0, u % tt};
+/* The cut (see above): range c covers chunks [splitk_cut_start(c), splitk_cut_start(c + 1)); splitk_range_of(x) is the
+ * range holding chunk x. A piece of tile t is its part of one range: piece i of t lies in range
+ * splitk_range_of(t x chunks) + i. */
+__device__ __forceinline__ int splitk_cut_start(const gemm_splitk_args &a, int c) {
+    return (int)((long long)c * (a.n / 128 * a.chunks) / a.ctas);
+}
+__device__ __forceinline__ int splitk_range_of(const gemm_splitk_args &a, int x) {
+    const long long w = (long long)(a.n / 128) * a.chunks;
+    return (int)(((long long)(x + 1) * a.ctas + w - 1) / w) - 1;
 }
 
-/* The producer's one thread: for each k-step of each unit, the weight box (128 features) and the token box (NT rows,
- * zeros past M) into the next slot of the ring. The first NS weight boxes go out before griddepcontrol.wait (weights
- * never depend on the previous kernel), the tokens after it. */
+/* Walks the pieces of a tile (the other mode) or of this CTA's range (SPREAD): tile, first chunk, chunk count and
+ * index among the tile's pieces of each in turn. */
+struct splitk_piece {
+    int tile, x0, n, index, of;  // of: how many pieces the tile has
+};
+__device__ __forceinline__ splitk_piece splitk_piece_at(const gemm_splitk_args &a, int x, int end) {
+    const int t = x / a.chunks, first = splitk_range_of(a, t * a.chunks), r = splitk_range_of(a, x);
+    const int stop = min(min(end, (t + 1) * a.chunks), splitk_cut_start(a, r + 1));
+    return {t, x, stop - x, r - first, splitk_range_of(a, (t + 1) * a.chunks - 1) - first + 1};
+}
+
+/* The j-th unit of this CTA in the other mode: its feature tile and token tile. */
+struct splitk_unit {
+    int tile, tok;
+};
+template <int NT> __device__ __forceinline__ splitk_unit splitk_unit_of(int j, const gemm_splitk_args &a) {
+    const int u = blockIdx.x + j * gridDim.x, tt = (a.m + NT - 1) / NT;
+    return {u / tt, u % tt};
+}
+
+/* The producer's one thread: for each k-step of this CTA's work (SPREAD: its range's chunks; otherwise every k-step of
+ * each of its units), the weight box (128 features) and the token box (NT rows, zeros past M) into the next slot of
+ * the ring. The first NS weight boxes go out before griddepcontrol.wait (weights never depend on the previous kernel),
+ * the tokens after it. A cursor advances one k-step a stage: no division in the loop. */
 template <int NS, int NT, bool SPREAD>
 __device__ __forceinline__ void splitk_produce(const gemm_splitk_args &a, const gemm_splitk_maps &tm, u32 s0, u32 full,
-                                               u32 empty, int units, int unit_steps) {
+                                               u32 empty, int units) {
     constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
-    const int jobs = units * unit_steps;
+    const int steps = a.chunks * a.chunk;  // a tile's k-steps
+    int jobs, tile, tok = 0, k, unit = 0;
+    if (SPREAD) {
+        const int x0 = splitk_cut_start(a, blockIdx.x);
+        jobs = (splitk_cut_start(a, blockIdx.x + 1) - x0) * a.chunk;
+        tile = x0 / a.chunks, k = x0 % a.chunks * a.chunk;
+    } else {
+        jobs = units * steps;
+        const splitk_unit u = splitk_unit_of<NT>(0, a);
+        tile = u.tile, tok = u.tok, k = 0;
+    }
+    auto next = [&] {  // the cursor to the following k-step
+        if (++k < steps) return;
+        k = 0;
+        if (SPREAD) {
+            tile++;
+        } else {
+            const splitk_unit u = splitk_unit_of<NT>(++unit, a);
+            tile = u.tile, tok = u.tok;
+        }
+    };
     auto load_w = [&](int j) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
-        tma_load(s0 + (j % NS) * STAGE, tm.w, (u.split * unit_steps + j % unit_steps) * 64, u.tile * 128, 0,
-                 full + (j % NS) * 8);
+        tma_load(s0 + (j % NS) * STAGE, tm.w, k * 64, tile * 128, 0, full + (j % NS) * 8);
     };
     auto load_x = [&](int j) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
-        tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, (u.split * unit_steps + j % unit_steps) * 64, u.tok * NT, 0,
-                 full + (j % NS) * 8);
+        tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, k * 64, tok * NT, 0, full + (j % NS) * 8);
     };
     const int first = min(NS, jobs);
-    for (int j = 0; j < first; j++) {
+    const int tile0 = tile, tok0 = tok, k0 = k, unit0 = unit;
+    for (int j = 0; j < first; j++, next()) {
         mbar_expect_tx(full + j * 8, STAGE);
         load_w(j);
     }
     pdl_enter();
-    for (int j = 0; j < first; j++) load_x(j);
-    for (int j = NS; j < jobs; j++) {
+    tile = tile0, tok = tok0, k = k0, unit = unit0;
+    for (int j = 0; j < first; j++, next()) load_x(j);
+    for (int j = NS; j < jobs; j++, next()) {
         const int slot = j % NS;
         mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
         mbar_expect_tx(full + slot * 8, STAGE);
@@ -15278,44 +15321,44 @@ __device__ __forceinline__ void splitk_store(const gemm_splitk_args &a, const fl
         }
 }
 
-/* SPREAD's end of a unit: the partial to ws, counted in cnt[tile]; the unit that completes the count replaces acc by
- * the ordered sum of every split's partial and returns true. Named barrier 1 joins the two consumer warpgroups (the
- * producer warp takes no part). */
+/* SPREAD's end of a piece of a tile cut in several: the partial to ws, counted in cnt[tile]; the CTA that completes the
+ * count replaces acc by the ordered sum of every piece's partial and returns true. Named barrier 1 joins the two
+ * consumer warpgroups (the producer warp takes no part). */
 template <int NT>
-__device__ __forceinline__ bool splitk_reduce(const gemm_splitk_args &a, float (&acc)[NT / 8][4], splitk_unit u,
+__device__ __forceinline__ bool splitk_reduce(const gemm_splitk_args &a, float (&acc)[NT / 8][4], splitk_piece p,
                                               int *last) {
     constexpr int TILE = 256 * (NT / 2);  // floats of one tile's partial (both warpgroups)
     const int tid = threadIdx.x;
-    float *mine = a.ws + ((long long)u.tile * a.splits + u.split) * TILE + tid;
+    float *mine = a.ws + ((long long)p.tile * a.max_pieces + p.index) * TILE + tid;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) __stcg(mine + (4 * j + e) * 256, acc[j][e]);
     __threadfence();
     named_bar_sync(1, 256);
-    if (tid == 0) *last = atomicAdd(a.cnt + u.tile, 1) == a.splits - 1;
+    if (tid == 0) *last = atomicAdd(a.cnt + p.tile, 1) == p.of - 1;
     named_bar_sync(1, 256);
     if (!*last) return false;
     __threadfence();
-    const float *part = a.ws + (long long)u.tile * a.splits * TILE + tid;
+    const float *part = a.ws + (long long)p.tile * a.max_pieces * TILE + tid;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = __ldcg(part + (4 * j + e) * 256);
-    for (int s = 1; s < a.splits; s++)
+    for (int i = 1; i < p.of; i++)
 #pragma unroll
         for (int j = 0; j < NT / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] += __ldcg(part + (long long)s * TILE + (4 * j + e) * 256);
-    if (tid == 0) a.cnt[u.tile] = 0;
+            for (int e = 0; e < 4; e++) acc[j][e] += __ldcg(part + (long long)i * TILE + (4 * j + e) * 256);
+    if (tid == 0) a.cnt[p.tile] = 0;
     return true;
 }
 
-/* The consumer warpgroups. Per k-step four k16 products, the previous step's awaited and its slot released; a split
- * starts from zero (into part after the first, added to acc when its last step is done). */
+/* The consumer warpgroups. Per k-step four k16 products, the previous step's awaited and its slot released; a piece
+ * starts from zero (into part after a tile's first, added to acc when its last step is done). */
 template <int NS, int NT, bool SPREAD>
 __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0, u32 full, u32 empty, int units,
-                                               int steps, int *last) {
+                                               int *last) {
     constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
     const int wg = threadIdx.x >> 7;
     auto release = [&](int j) {
@@ -15327,34 +15370,44 @@ __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0
     };
     int j = 0;  // ring stages consumed so far
     float acc[NT / 8][4];
-    for (int i = 0; i < units; i++) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
-        wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, steps, mma, release);
-        if (SPREAD) {
-            if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
-        } else {
-            for (int s = 1; s < a.splits; s++) {
+    if (SPREAD) {
+        const int end = splitk_cut_start(a, blockIdx.x + 1);
+        for (int x = splitk_cut_start(a, blockIdx.x); x < end;) {
+            const splitk_piece p = splitk_piece_at(a, x, end);
+            x += p.n;
+            wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, p.n * a.chunk, mma, release);
+            if (p.of > 1 && !splitk_reduce<NT>(a, acc, p, last)) continue;
+            splitk_store<NT>(a, acc, p.tile * 128 + wg * 64, 0);
+        }
+    } else {
+        for (int i = 0; i < units; i++) {
+            const splitk_unit u = splitk_unit_of<NT>(i, a);
+            const int end = (u.tile + 1) * a.chunks;
+            splitk_piece p = splitk_piece_at(a, u.tile * a.chunks, end);
+            wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, p.n * a.chunk, mma, release);
+            for (int x = p.x0 + p.n; x < end; x += p.n) {
+                p = splitk_piece_at(a, x, end);
                 float part[NT / 8][4];
-                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, steps, mma, release);
+                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, p.n * a.chunk, mma, release);
 #pragma unroll
                 for (int jj = 0; jj < NT / 8; jj++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[jj][e] += part[jj][e];
             }
+            splitk_store<NT>(a, acc, u.tile * 128 + wg * 64, u.tok * NT);
         }
-        splitk_store<NT>(a, acc, u.tile * 128 + wg * 64, u.tok * NT);
     }
 }
 
-/* NS ring slots of a weight box and a token box; NT tokens a tile; SPREAD: see above (the host passes a.m <= NT). */
+/* NS ring slots of a weight box and a token box; NT tokens a tile; SPREAD: see above (the host passes a.m <= NT and
+ * a.ctas CTAs). */
 template <int NS, int NT, bool SPREAD>
 __global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const __grid_constant__ gemm_splitk_maps tm) {
     constexpr u32 STAGE = 128 * 128 + NT * 128;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int last;
     const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, full = s0 + NS * STAGE, empty = full + NS * 8;
-    const int steps = a.k / 64 / a.splits, tt = (a.m + NT - 1) / NT;
-    const int total = a.n / 128 * (SPREAD ? a.splits : tt), unit_steps = SPREAD ? steps : steps * a.splits;
+    const int total = SPREAD ? 0 : a.n / 128 * ((a.m + NT - 1) / NT);
     const int units = (int)blockIdx.x < total ? (total - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
     if (threadIdx.x == 256) {
         for (int s = 0; s < NS; s++) {
@@ -15366,19 +15419,19 @@ __global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const 
     __syncthreads();
     if (threadIdx.x >= 256) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 256) splitk_produce<NS, NT, SPREAD>(a, tm, s0, full, empty, units, unit_steps);
+        if (threadIdx.x == 256) splitk_produce<NS, NT, SPREAD>(a, tm, s0, full, empty, units);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    splitk_consume<NS, NT, SPREAD>(a, s0, full, empty, units, steps, &last);
+    splitk_consume<NS, NT, SPREAD>(a, s0, full, empty, units, &last);
 }
 )DLLM";
-#line 16 "src/gpu/gemm_splitk.cpp"
+#line 17 "src/gpu/gemm_splitk.cpp"
 
 /* Its configurations: NT tokens a tile, NS ring slots (each a 16 KB weight box and NT x 128 bytes of tokens, about
  * 192 KB in all), SPREAD (see the kernel). SPREAD takes one tile of at most 128 tokens: at 128 its partials (written
- * and read back) already move half the weights' bytes at K = 4096 in 4 splits. The other mode's tiles are 128 tokens:
- * a split's partial needs a second set of accumulators. */
+ * and read back) already move half the weights' bytes at K = 4096 in 4 pieces. The other mode's tiles are 128 tokens:
+ * a piece's partial needs a second set of accumulators. */
 struct dllm__splitk_config {
     int nt, ns;
     bool spread;
@@ -15402,25 +15455,39 @@ static bool dllm__splitk_takes(const void *X, const void *W, const void *Y, int 
            ((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y) % 16 == 0;
 }
 
-/* The split of an n x k weight on a GPU of sm_count SMs: the one (of those dividing k's 64-wide steps into ranges of
- * at least 4 steps, up to 8) whose busiest SM runs the fewest steps when every (tile, split) unit is spread over
- * the SMs, the smallest on a tie. It depends on the shape and the GPU alone, so a row's bits never depend on M. */
-static int dllm__splitk_splits(int n, int k, int sm_count) {
+/* The stream-K cut of an n x k weight on a GPU of sm_count SMs (gemm_splitk.cuh): a tile's K in chunks of 4 k-steps
+ * (2 or 1 where K's 64-wide steps are not a multiple), the tiles' chunks end to end in one range an SM (fewer where
+ * there are fewer chunks). It depends on the shape and the GPU alone, so a row's bits never depend on M. */
+struct dllm__splitk_cut {
+    int chunk, chunks, ctas, max_pieces;
+};
+
+/* The first chunk of range r and the range holding chunk x (the kernel's splitk_cut_start, splitk_range_of). */
+static int dllm__splitk_cut_start(const dllm__splitk_cut &c, int tiles, int r) {
+    return (int)((long long)r * tiles * c.chunks / c.ctas);
+}
+static int dllm__splitk_range_of(const dllm__splitk_cut &c, int tiles, int x) {
+    const long long w = (long long)tiles * c.chunks;
+    return (int)(((long long)(x + 1) * c.ctas + w - 1) / w) - 1;
+}
+
+static dllm__splitk_cut dllm__splitk_cut_of(int n, int k, int sm_count) {
     const int tiles = n / dllm__splitk_tile, steps = k / 64;
-    int best = 1;
-    long long best_cost = -1;
-    for (int s = 1; s <= 8; s++) {
-        if (steps % s || steps / s < 4) continue;
-        const long long waves = ((long long)tiles * s + sm_count - 1) / sm_count, cost = waves * (steps / s);
-        if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
-    }
-    return best;
+    dllm__splitk_cut c;
+    c.chunk = steps % 4 == 0 ? 4 : steps % 2 == 0 ? 2 : 1;
+    c.chunks = steps / c.chunk;
+    c.ctas = (int)std::min<long long>(std::max(sm_count, 1), (long long)tiles * c.chunks);
+    // Ranges hold at least q chunks, so at most ceil((chunks - 1) / q) of their starts fall inside a tile.
+    const int q = (int)((long long)tiles * c.chunks / c.ctas);
+    c.max_pieces = (c.chunks - 1 + q - 1) / q + 1;
+    return c;
 }
 
 /* The workspace of an n-row weight, in 4-byte words: the tile counters (cnt, at a fixed place whatever the weight,
  * so that one zeroed buffer serves every GEMM), then SPREAD's partials at its most tokens (ws). */
-static size_t dllm__splitk_workspace_floats(int n, int splits) {
-    return dllm__splitk_max_tiles + (size_t)(n / dllm__splitk_tile) * splits * 256 * (dllm__splitk_spread_rows / 2);
+static size_t dllm__splitk_workspace_floats(int n, const dllm__splitk_cut &c) {
+    return dllm__splitk_max_tiles +
+           (size_t)(n / dllm__splitk_tile) * c.max_pieces * 256 * (dllm__splitk_spread_rows / 2);
 }
 
 static dllm__jit_request dllm__module_gemm_splitk(const dllm__arch &arch) {
@@ -15463,9 +15530,9 @@ static dllm_status dllm__gemm_splitk_load(const dllm__arch &a, dllm__gemm_splitk
     return DLLM_OK;
 }
 
-/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T, every row the bits it has at any other M: SPREAD at up to 128 rows, the
- * other mode in launches of 128-row token tiles above, on as many CTAs as there are units (at most one an SM). ws: the
- * dllm__splitk_workspace_floats(N, splits) floats, its counters zero (the launches leave them zero). */
+/* Y [M x N] (bf16) = X [M x K] . W [N x K]^T, every row the bits it has at any other M: SPREAD at up to 128 rows (one
+ * CTA a range of the cut), the other mode in 128-row token tiles above (as many CTAs as units, at most one an SM). ws:
+ * the dllm__splitk_workspace_floats(N, cut) floats, its counters zero (the launches leave them zero). */
 static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void *X, const void *W, void *Y, int M,
                                          int N, int K, float *ws, size_t ws_floats, cudaStream_t stream) {
     if (!dllm__splitk_takes(X, W, Y, N, K) || N / dllm__splitk_tile > dllm__splitk_max_tiles || M < 0)
@@ -15473,12 +15540,12 @@ static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void 
                           "gemm_splitk: M = %d, N = %d, K = %d: N must be a multiple of 128, K of 64, the operands "
                           "16-byte aligned",
                           M, N, K);
-    const int splits = dllm__splitk_splits(N, K, k.sm_count);
     if (M == 0) return DLLM_OK;
+    const dllm__splitk_cut cut = dllm__splitk_cut_of(N, K, k.sm_count);
     const bool spread = M <= dllm__splitk_spread_rows;
-    if (spread && splits > 1 && (!ws || ws_floats < dllm__splitk_workspace_floats(N, splits)))
+    if (spread && cut.max_pieces > 1 && (!ws || ws_floats < dllm__splitk_workspace_floats(N, cut)))
         return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "gemm_splitk: a workspace of %zu floats is required (%zu given)",
-                          dllm__splitk_workspace_floats(N, splits), ws_floats);
+                          dllm__splitk_workspace_floats(N, cut), ws_floats);
     int i = 0;
     while (dllm__splitk_configs[i].spread != spread || dllm__splitk_configs[i].nt < std::min(M, 128))
         i++;  // the smallest tile that holds M (SPREAD), else 128 tokens
@@ -15490,10 +15557,10 @@ static dllm_status dllm__gemm_splitk_run(const dllm__gemm_splitk &k, const void 
                           K);
     gemm_splitk_args a = {};
     a.y = (bf16_t *)Y, a.cnt = (int *)ws, a.ws = ws ? ws + dllm__splitk_max_tiles : nullptr;
-    a.m = M, a.n = N, a.k = K, a.splits = splits;
-    const int units = N / dllm__splitk_tile * (spread ? splits : (M + c.nt - 1) / c.nt);
-    return k.kernel[i].launch({dim3((unsigned)std::min(units, k.sm_count)), dim3(384), dllm__splitk_smem(c)}, stream, a,
-                              maps);
+    a.m = M, a.n = N, a.k = K;
+    a.chunk = cut.chunk, a.chunks = cut.chunks, a.ctas = cut.ctas, a.max_pieces = cut.max_pieces;
+    const int ctas = spread ? cut.ctas : std::min(N / dllm__splitk_tile * ((M + c.nt - 1) / c.nt), k.sm_count);
+    return k.kernel[i].launch({dim3((unsigned)ctas), dim3(384), dllm__splitk_smem(c)}, stream, a, maps);
 }
 #line 115 "src/dllm_cuda.cu"
 #line 1 "src/gpu/weight_formats.cpp"
@@ -15593,11 +15660,10 @@ struct dllm__linear {
  * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
  * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
  * alone. So a sequence's rows get the same bits whatever else the batch holds.
- * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas) is INDEPENDENT on gemm_splitk, fast at a
- * few rows, where it takes the operands; FILL (a K/V cache's full forward) is BATCH's single launch. A batched forward
- * gives each sequence its kind's GEMM (batch_.gemm_runs) and a solo forward under a K/V cache takes the same
- * (dllm__gpu_backend::solo_kv_), so a K/V-cache generation's GEMMs give a sequence the same bits alone and in any
- * batch. */
+ * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas; a block-diffusion forward of at most 128
+ * rows) is INDEPENDENT on gemm_splitk, fast at a few rows, where it takes the operands; FILL (a K/V cache's full
+ * forward) is BATCH's single launch. A batched forward gives each sequence its kind's GEMM (batch_.gemm_runs); a solo
+ * forward under a K/V cache (tuned_forwards) takes the same (dllm__gpu_backend::solo_kv_). */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH, DLLM__ROWS_STEP, DLLM__ROWS_FILL };
 #line 116 "src/dllm_cuda.cu"
 #line 1 "src/gpu/q4_wgmma.cpp"
@@ -17414,8 +17480,9 @@ struct dllm__varlen_layout {
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its
-    // canvas), whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    // Whether sequence i's rows are a step, whose GEMMs are DLLM__ROWS_STEP's (gemm_splitk): under a K/V cache
+    // (dllm__kv_layout_of) fewer rows than its canvas, in block diffusion (dllm__bd_batch_layout_of) a forward of at
+    // most 128 rows; empty: none is
     std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };
@@ -17953,6 +18020,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
                                      float *out);
     // [batch] the token choice of a batched step on the device
     bool batch_chooses() const override { return !batch_unsupported(); }
+    bool solo_equals_batch() const override { return false; }  // the solo forwards tune GEMMs and attention per shape
     dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
                                      dllm__choice *choices) override;
     /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
@@ -18205,7 +18273,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool splitk_fits(const dllm__weight_view &W, const void *x, const void *y) const {
         return gemms_.splitk.module && dllm__splitk_takes(x, W.data, y, W.n, W.k) &&
                act_.splitk_ws.bytes / 4 >=
-                   dllm__splitk_workspace_floats(W.n, dllm__splitk_splits(W.n, W.k, gemms_.splitk.sm_count));
+                   dllm__splitk_workspace_floats(W.n, dllm__splitk_cut_of(W.n, W.k, gemms_.splitk.sm_count));
     }
     // [bd graphs] [batch graphs]
     template <class F> dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
@@ -18573,7 +18641,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         size_t words = 0;
         for (const auto &nk : shapes)
             words = std::max(words, dllm__splitk_workspace_floats(
-                                        nk.first, dllm__splitk_splits(nk.first, nk.second, gemms_.splitk.sm_count)));
+                                        nk.first, dllm__splitk_cut_of(nk.first, nk.second, gemms_.splitk.sm_count)));
         const void *was = A.splitk_ws.ptr;
         DLLM__TRY(A.splitk_ws.fit(words * 4, "gemm_splitk's workspace"));
         if (A.splitk_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.splitk_ws.ptr, 0, A.splitk_ws.bytes, stream_));
@@ -20015,8 +20083,8 @@ dllm_status dllm__gpu_backend::llama4_scale_varlen(const dllm__varlen_layout &v)
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
 // (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n),
 // then the block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through
-// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
-// row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
+// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH, a sequence's forward of at most
+// 128 rows on gemm_splitk as a K/V-cache step's; embedding, norms, RoPE at each row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
 // flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
@@ -20095,6 +20163,7 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         v.rows += call.T;
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(base + n_keys);
         v.offsets.push_back(v.rows);
+        v.step.push_back(call.T <= dllm__splitk_spread_rows);  // a block's rows: gemm_splitk, alone and in any batch
         v.raw0.push_back(call.r0), v.raw1.push_back(call.r1), v.q0.push_back(0);
         v.out0.push_back(v.out_rows);
         v.out_rows += call.r1 - call.r0;
@@ -21794,6 +21863,13 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 }
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
+
+/* tuned_forwards is a switch (dllm_generate's own forwards on the GPU), meaningful to every family. */
+static dllm_status dllm__check_tuned_forwards(const dllm_gen_params &p) {
+    if (p.tuned_forwards == 0 || p.tuned_forwards == 1) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tuned_forwards (--tuned-forwards) must be 0 or 1, got %d",
+                      p.tuned_forwards);
+}
 
 /* edit_threshold and max_post_steps mean something to LLaDA2's loops only: other families refuse them. */
 static dllm_status dllm__check_no_llada2_options(const dllm__config &c, const dllm_gen_params &p) {
@@ -23507,6 +23583,8 @@ dllm_stepper::~dllm_stepper() {
  * forwards. */
 const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
     if (!no_batch.empty()) return no_batch.c_str();
+    if (p.tuned_forwards && !ctx.impl->solo_equals_batch())
+        return "tuned_forwards (--tuned-forwards) asks for dllm_generate's own forwards";
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
     return nullptr;
 }
@@ -23540,7 +23618,8 @@ dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *re
     q->prompt.assign(item.prompt, item.prompt + (item.prompt && item.n_prompt > 0 ? item.n_prompt : 0));
     if (item.prompt) q->item.prompt = q->prompt.data();
     q->result = result ? result : &q->own_result;
-    dllm_status s = admit(*q);
+    dllm_status s = dllm__check_tuned_forwards(item.params);
+    if (s == DLLM_OK) s = admit(*q);
     if (s != DLLM_OK) {
         if (s == DLLM_ERR_BUFFER_TOO_SMALL)
             q->result->n_out = dllm__out_needed(ctx, item.n_prompt, item.params);  // as dllm_generate reports it
@@ -23774,6 +23853,28 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     dllm_status s = DLLM_OK;
     while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
+    return s;
+}
+
+/* dllm_generate on a backend whose solo forwards give other bits than its batched ones (solo_equals_batch): the prompt
+ * decodes as a batch of one, so that it gets the bits it gets in any batch. A kind that has no batched forward, or
+ * whose K/V cache slot does not fit, decodes alone inside the stepper (dllm_stepper::run_alone), as in any batch. */
+static bool dllm__generate_as_batch(const dllm_ctx &ctx, const dllm_gen_params &p) {
+    return !ctx.impl->solo_equals_batch() && !ctx.stepper && !p.tuned_forwards;
+}
+static dllm_status dllm__generate_one(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
+                                      int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
+    dllm_stepper stepper(ctx, 1, "dllm_generate");
+    stepper.log_alone = false;
+    dllm_batch_result r;
+    memset(&r, 0, sizeof r);
+    dllm_status s = stepper.add({prompt, n_prompt, p, out, out_capacity}, &r, nullptr);
+    while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
+    if (s == DLLM_OK) s = r.status;
+    if (n_out) *n_out = r.n_out;
+    if (stats) *stats = r.stats;
+    // The item's message was copied when it failed; later work may have replaced the thread's.
+    if (s != DLLM_OK && dllm__tls_error.compare(0, strlen(r.error), r.error) != 0) dllm__tls_error = r.error;
     return s;
 }
 #line 139 "src/dllm_cuda.cu"
@@ -24228,7 +24329,10 @@ dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dl
     if (n_out) *n_out = 0;
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate: ctx is NULL");
-        dllm_status s = dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
+        DLLM__TRY(dllm__check_tuned_forwards(params));
+        dllm_status s = dllm__generate_as_batch(*ctx, params)
+                            ? dllm__generate_one(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats)
+                            : dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
         if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out)
             *n_out = dllm__out_needed(*ctx, n_prompt, params);  // the size needed, as dllm_tokenize reports it
         return s;

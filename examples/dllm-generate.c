@@ -36,7 +36,7 @@ enum {
     OPT_MIN_P, OPT_STOP, OPT_SEED, OPT_ALG, OPT_LACACHE, OPT_CFG, OPT_THRESHOLD, OPT_FACTOR, OPT_CACHE, OPT_DPAD_WINDOW, OPT_DPAD_K,
     OPT_DPAD_SCALE, OPT_DPAD_UNIFORM, OPT_EARLY_STOP, OPT_NO_EARLY_STOP, OPT_TIMESTEPS, OPT_EPS, OPT_ALG_TEMP, OPT_LOGITS_EOS_INF,
     OPT_EOS_EOT_LAST, OPT_NO_STOP_AT_EOS, OPT_BACKEND, OPT_PRECISION, OPT_THREADS, OPT_SUB_BLOCK, OPT_BLOCK_CACHE, OPT_MASK_ID, OPT_STOP_ID,
-    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET, OPT_RANDOM_WEIGHTS, OPT_COUNT
+    OPT_PROMPTS, OPT_BATCH, OPT_KV_QUANT, OPT_KV_SINKS, OPT_DEVICES, OPT_SOLOQ_ROTATION, OPT_SOLOQ_BIAS_CORRECTION, OPT_EDIT_THRESHOLD, OPT_MAX_POST_STEPS, OPT_PRESET, OPT_RANDOM_WEIGHTS, OPT_TUNED_FORWARDS, OPT_COUNT
 };
 
 typedef struct {
@@ -53,7 +53,7 @@ static const option_def option_defs[] = {
     {OPT_N, 1, {"-n", "--gen-length", "--n-predict"}}, {OPT_STEPS, 1, {"--steps", "--diffusion-steps"}},
     {OPT_BLOCK, 1, {"--block", "--diffusion-block-length"}}, {OPT_TEMP, 1, {"--temp", "--temperature"}}, {OPT_TOP_K, 1, {"--top-k"}},
     {OPT_TOP_P, 1, {"--top-p"}}, {OPT_MIN_P, 1, {"--min-p"}}, {OPT_STOP, 1, {"--stop"}}, {OPT_SEED, 1, {"-s", "--seed"}},
-    {OPT_ALG, 1, {"--alg", "--remask"}}, {OPT_LACACHE, 1, {"--lacache"}}, {OPT_CFG, 1, {"--cfg"}}, {OPT_THRESHOLD, 1, {"--threshold"}},
+    {OPT_ALG, 1, {"--alg", "--remask"}}, {OPT_LACACHE, 1, {"--lacache"}}, {OPT_TUNED_FORWARDS, 0, {"--tuned-forwards"}}, {OPT_CFG, 1, {"--cfg"}}, {OPT_THRESHOLD, 1, {"--threshold"}},
     {OPT_FACTOR, 1, {"--factor"}}, {OPT_CACHE, 1, {"--cache"}}, {OPT_DPAD_WINDOW, 1, {"--dpad-window"}}, {OPT_DPAD_K, 1, {"--dpad-k"}},
     {OPT_DPAD_SCALE, 1, {"--dpad-scale"}}, {OPT_DPAD_UNIFORM, 1, {"--dpad-uniform"}}, {OPT_EARLY_STOP, 0, {"--early-stop"}},
     {OPT_NO_EARLY_STOP, 0, {"--no-early-stop"}}, {OPT_TIMESTEPS, 0, {"--timesteps"}}, {OPT_EPS, 1, {"--eps"}},
@@ -134,8 +134,10 @@ static void usage(FILE *f) {
             "                         maskgit_plus), topk_margin (p(top1) - p(top2)), entropy (sum p log p), random, or\n"
             "                         origin (see --timesteps); alias --remask. topk_margin and entropy take p from\n"
             "                         softmax(logits / temp) as Dream does, low_confidence only with --timesteps\n"
-            "  --lacache MODE         GPU exact caching: on (default), truncate (LM head on the block only) or off;\n"
-            "                         every mode gives the same tokens\n"
+            "  --lacache MODE         exact caching: on (default), truncate (LM head on the block only) or off; every\n"
+            "                         mode gives the same tokens (on the GPU, in --tuned-forwards' forwards)\n"
+            "  --tuned-forwards       GPU: this prompt's own forwards, GEMMs tuned to its row count, LaCache's reuse;\n"
+            "                         the same tokens up to near-ties, not the bits --prompts or the server give it\n"
             "  --cfg S                classifier-free guidance scale, 0 = off (default 0)\n"
             "  --no-early-stop        decode every block even after one holding EOS/EoT (the library's default); early\n"
             "                         stop cannot change the answer, only the ids after it (see --no-stop-at-eos)\n"
@@ -527,6 +529,7 @@ static int apply_option(options *o, int id, const char *a, const char *v) {
         break;
     case OPT_SUB_BLOCK: return count_option(a, v, 1, 1 << 20, "a positive length", &g->sub_block_length);
     case OPT_BLOCK_CACHE: g->block_cache = 1; break;
+    case OPT_TUNED_FORWARDS: g->tuned_forwards = 1; break;
     case OPT_KV_QUANT:
         if (!parse_choice(v, kv_quants, 5, &k)) return fail("%s must be none, soloq-kv4, soloq-kv2, kivi-kv4 or kivi-kv2, not \"%s\"", a, v);
         o->ctx.kv_quant = (dllm_kv_quant)k;

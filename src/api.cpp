@@ -351,7 +351,10 @@ dllm_status dllm_generate(dllm_ctx *ctx, const int32_t *prompt, int n_prompt, dl
     if (n_out) *n_out = 0;
     return dllm__guard(ctx, [&]() -> dllm_status {
         if (!ctx) return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "dllm_generate: ctx is NULL");
-        dllm_status s = dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
+        DLLM__TRY(dllm__check_tuned_forwards(params));
+        dllm_status s = dllm__generate_as_batch(*ctx, params)
+                            ? dllm__generate_one(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats)
+                            : dllm__generate_impl(*ctx, prompt, n_prompt, params, out, out_capacity, n_out, stats);
         if (s == DLLM_ERR_BUFFER_TOO_SMALL && n_out)
             *n_out = dllm__out_needed(*ctx, n_prompt, params);  // the size needed, as dllm_tokenize reports it
         return s;

@@ -150,6 +150,9 @@ struct dllm__backend_impl {
         (void)plan, (void)out;
         return dllm__fail(DLLM_ERR_UNSUPPORTED, "this backend has no batched K/V-cache step");
     }
+    /* [batch] Whether a sequence's forwards alone (step, bd_forward) give it the bits its batched forwards give it:
+     * where they do not, dllm_generate decodes a prompt as a batch of one (dllm__generate_one). */
+    virtual bool solo_equals_batch() const { return true; }
     /* [batch] Whether the backend chooses a batched step's tokens where its logits are (forward_batch_choose);
      * otherwise dllm__batch_step runs dllm__choose on the host over forward_batch's logits, which is the twin. */
     virtual bool batch_chooses() const { return false; }

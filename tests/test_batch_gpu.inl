@@ -719,24 +719,26 @@ TEST(gpu_batch, kv_cache_items_equal_batch_of_one_and_cpu) {
     test_batch_gpu_random(T_, "tiny-dream", true, 327, true);
 }
 
-/* [dual cache] [prefix cache] One answer per prompt: dllm_generate on the GPU gives an item the ids, step count and
- * canvas after every step that dllm_generate_batch gives it among others, bit for bit (random items as above, both
- * caches, in two orders). Its GEMMs and attention are the batched forward's on sm_90a (gemm_splitk for the steps);
- * before sm_90a the solo step keeps its tuned GEMMs and the test is skipped. */
-static void test_generate_equals_batch(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed) {
+/* One answer per prompt: dllm_generate on the GPU (a batch of one) gives an item the status, ids, step and forward
+ * counts and the canvas after every step that dllm_generate_batch gives it among others, bit for bit: random items
+ * (mixed lengths, CFG, DPad, threshold rules) without a K/V cache, or (kv) with prefix and dual caches, in two orders,
+ * in the context's precision. */
+static void test_generate_equals_batch(dllm_test_state &T_, const char *model_dir, bool dream, uint32_t seed, bool kv,
+                                       dllm_precision precision = DLLM_PRECISION_BF16) {
     dllm_model *m = test_load(test_data(model_dir));
-    dllm_ctx *gpu = m ? test_ctx(m, DLLM_BACKEND_GPU) : nullptr;
+    dllm_ctx *gpu = m ? test_ctx_precision(m, DLLM_BACKEND_GPU, precision) : nullptr;
     if (!gpu) { CHECK(gpu); dllm_model_free(m); return; }
     dllm_model_info info;
     dllm_model_get_info(m, &info);
     std::mt19937 rng(seed);
     int compared = 0;
+    const char *what = dllm__precision_name(precision);
     for (int round = 0; round < 3; round++) {
         std::vector<test_batch_case> cases((size_t)(2 + rng() % 4));
         std::vector<test_batch_case *> order;
         for (test_batch_case &c : cases) {
             test_batch_make_case(rng, info, dream, c);
-            c.params.kv_cache = rng() % 2 ? DLLM_KV_CACHE_PREFIX : DLLM_KV_CACHE_DUAL;
+            c.params.kv_cache = !kv ? DLLM_KV_CACHE_NONE : rng() % 2 ? DLLM_KV_CACHE_PREFIX : DLLM_KV_CACHE_DUAL;
             test_batch_run_alone(gpu, c);  // dllm_generate
             order.push_back(&c);
         }
@@ -747,31 +749,38 @@ static void test_generate_equals_batch(dllm_test_state &T_, const char *model_di
             for (size_t i = 0; i < order.size(); i++) {
                 const test_batch_case &c = *order[i];
                 const dllm_batch_result &r = results[i];
-                CHECK_MSG(
-                    r.status == c.status_alone && r.n_out == c.n_alone && c.out_batch == c.out_alone &&
-                        r.stats.steps == c.stats_alone.steps && c.batch.canvases == c.alone.canvases,
-                    "%s round %d pass %d item %zu (%s cache): dllm_generate %s, %d ids, %d steps; "
-                    "the batch %s, %d ids, %d steps%s",
-                    model_dir, round, pass, i, c.params.kv_cache == DLLM_KV_CACHE_DUAL ? "dual" : "prefix",
-                    dllm_status_str(c.status_alone), c.n_alone, c.stats_alone.steps, dllm_status_str(r.status), r.n_out,
-                    r.stats.steps, c.out_batch == c.out_alone ? " (the ids agree, a canvas does not)" : "");
+                CHECK_MSG(r.status == c.status_alone && r.n_out == c.n_alone && c.out_batch == c.out_alone &&
+                              r.stats.steps == c.stats_alone.steps && r.stats.forwards == c.stats_alone.forwards &&
+                              c.batch.canvases == c.alone.canvases,
+                          "%s %s round %d pass %d item %zu (cache %d): dllm_generate %s, %d ids, %d steps; the batch "
+                          "%s, %d ids, %d steps%s",
+                          model_dir, what, round, pass, i, (int)c.params.kv_cache, dllm_status_str(c.status_alone),
+                          c.n_alone, c.stats_alone.steps, dllm_status_str(r.status), r.n_out, r.stats.steps,
+                          c.out_batch == c.out_alone ? " (the ids agree, a canvas does not)" : "");
                 compared += c.status_alone == DLLM_OK && !c.alone.canvases.empty();
             }
         }
     }
-    printf("    %s: %d items compared with their batches\n", model_dir, compared);
+    printf("    %s %s%s: %d items compared with their batches\n", model_dir, what, kv ? ", K/V caches" : "", compared);
     CHECK_MSG(compared >= 6, "%s: only %d items decoded: the comparison proved little", model_dir, compared);
     dllm_ctx_free(gpu);
     dllm_model_free(m);
 }
 
-TEST(gpu_batch, kv_cache_generate_equals_batch_bit_for_bit) {
+TEST(gpu_batch, generate_equals_batch_bit_for_bit) {
     NEED_GPU();
-    cudaDeviceProp p;
-    cudaGetDeviceProperties(&p, 0);
-    if (p.major * 10 + p.minor != 90) SKIP("one answer per prompt holds on sm_90a (gemm_splitk)");
-    test_generate_equals_batch(T_, "tiny-llada", false, 426);
-    test_generate_equals_batch(T_, "tiny-dream", true, 427);
+    test_generate_equals_batch(T_, "tiny-llada", false, 425, false);
+    test_generate_equals_batch(T_, "tiny-dream", true, 428, false);
+    test_generate_equals_batch(T_, "tiny-llada", false, 426, true);
+    test_generate_equals_batch(T_, "tiny-dream", true, 427, true);
+}
+
+TEST(gpu_batch, quantised_generate_equals_batch_bit_for_bit) {
+    NEED_GPU();
+    for (dllm_precision p : {DLLM_PRECISION_FP8_ALL, DLLM_PRECISION_SOLOQ_I, DLLM_PRECISION_SOLOQ_N}) {
+        test_generate_equals_batch(T_, "tiny-llada", false, 430 + (uint32_t)p, false, p);
+        test_generate_equals_batch(T_, "tiny-llada", false, 440 + (uint32_t)p, true, p);
+    }
 }
 
 /* [batch] DLLM_TILES=batch_gemm_n=128 and =64 (forced), and 0

@@ -150,6 +150,7 @@ static void test_bdfa_fixture(dllm_test_state &T_, const char *fixture, dllm_kv_
         for (int S : {B / 4, B / 2, B})
             for (int variant = 0; variant < 3; variant++) {
                 dllm_gen_params gp = dllm_gen_default_params();
+                gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
                 gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0,
                 gp.stop_id = V - 1;
                 if (variant >= 1) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.3;
@@ -213,11 +214,13 @@ TEST(bd_facache, lacache_option_and_stats_elsewhere) {
     } else {
         std::vector<int32_t> prompt = {5, 6, 7}, out(128);
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 32, gp.block_length = 32, gp.lacache = (dllm_lacache)3;
         int n = 0;
         CHECK_STATUS(dllm_generate(bctx, prompt.data(), 3, gp, out.data(), (int)out.size(), &n, nullptr),
                      DLLM_ERR_INVALID_ARGUMENT, "lacache");
         gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 16, gp.block_length = 8, gp.steps = 4;
         dllm_gen_stats st;
         memset(&st, 0x5a, sizeof st);
@@ -296,6 +299,7 @@ TEST(gpu_bd_facache, on_equals_off_and_matches_flash_attention) {
             for (int i = 0; i < L; i++) prompt[(size_t)i] = (int32_t)((i * 29 + L) % std::min(V - 10, 90));
             for (int variant = 0; variant < 3; variant++) {
                 dllm_gen_params gp = dllm_gen_default_params();
+                gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
                 gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = variant == 1 ? B / 2 : B / 4,
                 gp.stop_at_eos = 0, gp.stop_id = V - 1;
                 if (variant >= 1) gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.3;

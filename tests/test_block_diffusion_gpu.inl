@@ -667,6 +667,7 @@ TEST(gpu, kv_quant_logits_digest) {
                     CHECK_STATUS(test_bd_run(*ctx->impl, *m, 5 * B, ids, script, logits), DLLM_OK, nullptr);
                     digest[run] = test_digest(logits.data(), logits.size());
                     dllm_gen_params gp = dllm_gen_default_params();
+                    gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
                     gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0,
                     gp.block_cache = run;
                     std::vector<int32_t> out((size_t)gp.gen_length + 1, -1);
@@ -774,6 +775,7 @@ static test_kvq_footprint test_kvq_footprint_of(dllm_test_state &T_, dllm_model 
     CHECK_STATUS(dllm_ctx_create(m, p, &ctx), DLLM_OK, nullptr);
     if (!ctx) return f;
     dllm_gen_params gp = dllm_gen_default_params();
+    gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
     gp.gen_length = B, gp.block_length = B, gp.stop_at_eos = 0;
     std::vector<int32_t> out((size_t)B + 1);
     int n_out = 0;
@@ -896,6 +898,7 @@ static void test_bd_choose_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
     // Whole generations, block cache off and on: the device's choice against the host's.
     for (int block_cache = 0; block_cache < 2; block_cache++) {
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 2 * B, gp.block_length = B, gp.sub_block_length = S, gp.block_cache = block_cache,
         gp.stop_at_eos = 0;
         gp.unmask = DLLM_UNMASK_THRESHOLD, gp.threshold = 0.9;
@@ -1017,6 +1020,7 @@ static void test_bd_graphs_case(dllm_test_state &T_, dllm_ctx *gpu, const char *
     for (int32_t &t : prompt)
         if (t == c.mask_id) t = (t + 1) % (V - 8);
     dllm_gen_params gp = dllm_gen_default_params();
+    gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
     gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.block_cache = block_cache,
     gp.stop_at_eos = 0, gp.stop_id = V - 1;
     gp.unmask = DLLM_UNMASK_THRESHOLD,

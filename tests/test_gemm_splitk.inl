@@ -1,23 +1,36 @@
-/* Tests: [row-independent GEMM] gemm_splitk (src/kernels/gemm_splitk.cuh, src/gpu/gemm_splitk.cpp): its split per
+/* Tests: [row-independent GEMM] gemm_splitk (src/kernels/gemm_splitk.cuh, src/gpu/gemm_splitk.cpp): its cut per
  * shape on the CPU; on an sm_90a GPU its products against the CPU's fp32 sums, and every row's bits at every row count,
  * in both of its modes. */
 
-/* The split divides K's 64-wide steps into ranges of at least 4, at most 8 of them, and follows the shape and the SM
- * count alone; LLaDA-8B's layer linears split 4 ways on 132 SMs; a weight whose tiles fill the SMs is not split. */
-TEST(gemm_splitk, splits_follow_the_shape_alone) {
-    const int shapes[][2] = {{12288, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {384, 1024}, {1280, 576},
-                             {256, 256},    {16896, 4096}};
+/* The cut follows the shape and the SM count alone: chunks of 4 k-steps (2, 1 where K's steps are not a multiple), one
+ * range an SM (fewer where there are fewer chunks), each range holding at least one chunk, every chunk in exactly the
+ * range splitk_range_of names, no tile cut in more than max_pieces pieces, and the pieces' partials (max_pieces a
+ * tile) in the workspace. */
+TEST(gemm_splitk, cut_follows_the_shape_alone) {
+    const int shapes[][2] = {{12288, 4096}, {4096, 4096}, {37888, 3584}, {3584, 18944}, {384, 1024},
+                             {1280, 576},   {256, 256},   {128, 4096},   {4608, 3584}};
     for (const auto &s : shapes)
         for (int sms : {78, 114, 132}) {
-            const int splits = dllm__splitk_splits(s[0], s[1], sms), steps = s[1] / 64;
-            CHECK_MSG(splits >= 1 && splits <= 8 && steps % splits == 0 && (splits == 1 || steps / splits >= 4),
-                      "N %d K %d on %d SMs: %d splits", s[0], s[1], sms, splits);
+            const dllm__splitk_cut c = dllm__splitk_cut_of(s[0], s[1], sms);
+            const int tiles = s[0] / 128, steps = s[1] / 64, w = tiles * c.chunks;
+            CHECK_MSG(c.chunk * c.chunks == steps && (c.chunk == 4 || steps % (2 * c.chunk) != 0) &&
+                          c.ctas == std::min(sms, w),
+                      "N %d K %d on %d SMs: chunks %d x %d, %d ranges", s[0], s[1], sms, c.chunks, c.chunk, c.ctas);
+            int bad = 0, most = 0;
+            for (int r = 0; r < c.ctas; r++) {
+                const int x0 = dllm__splitk_cut_start(c, tiles, r), x1 = dllm__splitk_cut_start(c, tiles, r + 1);
+                bad += x1 <= x0;
+                for (int x = x0; x < x1; x++) bad += dllm__splitk_range_of(c, tiles, x) != r;
+            }
+            for (int t = 0; t < tiles; t++)
+                most = std::max(most, dllm__splitk_range_of(c, tiles, (t + 1) * c.chunks - 1) -
+                                          dllm__splitk_range_of(c, tiles, t * c.chunks) + 1);
+            CHECK_MSG(bad == 0 && dllm__splitk_cut_start(c, tiles, c.ctas) == w && most <= c.max_pieces,
+                      "N %d K %d on %d SMs: %d chunks in the wrong range, %d pieces a tile (bound %d)", s[0], s[1], sms,
+                      bad, most, c.max_pieces);
+            CHECK(dllm__splitk_workspace_floats(s[0], c) ==
+                  (size_t)dllm__splitk_max_tiles + (size_t)tiles * c.max_pieces * 256 * 64);
         }
-    for (const auto &s : {std::make_pair(12288, 4096), std::make_pair(4096, 4096), std::make_pair(28672, 4096),
-                          std::make_pair(4096, 14336)})
-        CHECK_MSG(dllm__splitk_splits(s.first, s.second, 132) == 4, "N %d K %d: %d splits", s.first, s.second,
-                  dllm__splitk_splits(s.first, s.second, 132));
-    CHECK(dllm__splitk_splits(16896, 4096, 132) == 1 && dllm__splitk_splits(1280, 576, 132) == 1);
     CHECK(dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384, 576) &&
           !dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384 + 64, 576) &&
           !dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384, 576 + 32) &&
@@ -50,7 +63,7 @@ struct test_splitk_case {
         for (float &v : x) v = dllm__bf16_to_f32(dllm__f32_to_bf16(r.normal()));
         for (float &v : w) v = dllm__bf16_to_f32(dllm__f32_to_bf16(r.normal() * 0.1f));
         test_put(dx, test_bf16_vec(x)), test_put(dw, test_bf16_vec(w));
-        ws_floats = dllm__splitk_workspace_floats(N, dllm__splitk_splits(N, K, k.sm_count));
+        ws_floats = dllm__splitk_workspace_floats(N, dllm__splitk_cut_of(N, K, k.sm_count));
         ws.fit(ws_floats * 4, "test");
         cudaMemset(ws.ptr, 0, ws_floats * 4);
     }
@@ -77,11 +90,11 @@ struct test_splitk_case {
 };
 
 /* Every output within bf16 rounding of the CPU's fp32 sum, at row counts across both modes and every tile (1 to 300),
- * for split and unsplit shapes; nothing written past the rows; the counters zero after each call. */
+ * for tiles cut in 1 to 16 pieces; nothing written past the rows; the counters zero after each call. */
 TEST(gpu_splitk, gemm_matches_cpu_products) {
     NEED_SPLITK(k);
     test_rng r("gemm_splitk products");
-    const int shapes[][2] = {{384, 1024}, {1280, 576}, {256, 4096}};
+    const int shapes[][2] = {{384, 1024}, {1280, 576}, {256, 4096}, {128, 4096}};
     for (const auto &s : shapes) {
         test_splitk_case c(r, k, 300, s[0], s[1]);
         for (int M : {1, 5, 32, 33, 64, 100, 128, 129, 300}) {
@@ -93,20 +106,21 @@ TEST(gpu_splitk, gemm_matches_cpu_products) {
                     const float want = c.want(m, n), got = dllm__bf16_to_f32(y[(size_t)m * c.N + n]);
                     bad += !(fabsf(got - want) <= 0.008f * fabsf(want) + 1e-3f * sqrtf((float)c.K));
                 }
-            CHECK_MSG(bad == 0 && clean, "N %d K %d M %d (%d splits): %d of %d outputs off, %s", c.N, c.K, M,
-                      dllm__splitk_splits(c.N, c.K, k.sm_count), bad, M * c.N, clean ? "clean" : "wrote past its rows");
+            CHECK_MSG(bad == 0 && clean, "N %d K %d M %d (%d pieces a tile at most): %d of %d outputs off, %s", c.N,
+                      c.K, M, dllm__splitk_cut_of(c.N, c.K, k.sm_count).max_pieces, bad, M * c.N,
+                      clean ? "clean" : "wrote past its rows");
         }
-        printf("    N %d K %d, %d splits: M = 1 to 300 within bf16 rounding\n", c.N, c.K,
-               dllm__splitk_splits(c.N, c.K, k.sm_count));
+        printf("    N %d K %d, %d pieces a tile at most: M = 1 to 300 within bf16 rounding\n", c.N, c.K,
+               dllm__splitk_cut_of(c.N, c.K, k.sm_count).max_pieces);
     }
 }
 
 /* A row's bits are the same at every row count and offset: 300 rows at once (the token-tile mode) against runs of 1 to
- * 255 rows taken from the end of them (spread over CTAs up to 128 rows), split and unsplit. */
+ * 255 rows taken from the end of them (one CTA a range of the cut up to 128 rows), tiles cut in 2 to 16 pieces. */
 TEST(gpu_splitk, rows_get_the_same_bits_at_any_count) {
     NEED_SPLITK(k);
     test_rng r("gemm_splitk rows");
-    const int shapes[][2] = {{384, 1024}, {1280, 576}, {4096, 4096}};
+    const int shapes[][2] = {{384, 1024}, {1280, 576}, {4096, 4096}, {2432, 3584}};
     for (const auto &s : shapes) {
         const int total = 300;
         test_splitk_case c(r, k, total, s[0], s[1]);
@@ -120,7 +134,7 @@ TEST(gpu_splitk, rows_get_the_same_bits_at_any_count) {
             CHECK_MSG(differ == 0 && clean, "N %d K %d: %zu of %zu outputs of rows %d.. differ from the 300-row run",
                       c.N, c.K, differ, part.size(), m0);
         }
-        printf("    N %d K %d, %d splits: rows equal at 1 to 300 rows\n", c.N, c.K,
-               dllm__splitk_splits(c.N, c.K, k.sm_count));
+        printf("    N %d K %d, %d pieces a tile at most: rows equal at 1 to 300 rows\n", c.N, c.K,
+               dllm__splitk_cut_of(c.N, c.K, k.sm_count).max_pieces);
     }
 }

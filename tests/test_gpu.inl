@@ -1090,6 +1090,7 @@ TEST(gpu, graphs_equal_eager_and_runs_repeat) {
     if (!gpu) { CHECK(gpu != nullptr); dllm_model_free(m); return; }
     int32_t prompt[] = {3, 14, 15, 92, 65, 35, 89};
     dllm_gen_params p = dllm_gen_default_params();
+    p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
     p.gen_length = 24;
     p.steps = 24;
     p.block_length = 8;
@@ -1213,6 +1214,7 @@ static dllm_status test_gen_recorded(dllm_ctx *ctx, const std::vector<int32_t> &
     test_knob_set("no_graphs", "1");
     ((dllm__gpu_backend *)ctx->impl.get())->set_debug_rows(&rows);
     p.on_step = test_record_step;
+    p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
     p.on_step_data = &rec;
     std::vector<int32_t> out((size_t)p.gen_length);
     dllm_status s =
@@ -1229,6 +1231,7 @@ static void test_lacache_exact(dllm_test_state &T_, dllm_ctx *ctx, int vocab, in
     std::vector<int32_t> prompt((size_t)np);
     for (int i = 0; i < np; i++) prompt[(size_t)i] = (int32_t)((i * 7919 + 13) % std::min(vocab, 100000));
     dllm_gen_params p = dllm_gen_default_params();
+    p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
     p.gen_length = gen; p.steps = steps; p.block_length = block; p.cfg_scale = cfg; p.stop_at_eos = 0;
     test_trace_recorder rec[3];
     std::map<std::pair<int, int>, std::vector<float>> rows[3];
@@ -1462,6 +1465,7 @@ TEST(gpu, other_head_dims_decode_as_on_cpu) {
         for (dllm_kv_cache kv : {DLLM_KV_CACHE_NONE, DLLM_KV_CACHE_DUAL}) {
             dllm_gen_params p = test_headdim_params();
             p.kv_cache = kv;
+            p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
             std::vector<int32_t> on((size_t)p.gen_length), off(on.size());
             CHECK_STATUS(dllm_generate(gpu, prompt.data(), 11, p, on.data(), (int)on.size(), nullptr, nullptr), DLLM_OK,
                          nullptr);

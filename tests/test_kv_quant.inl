@@ -256,6 +256,7 @@ TEST(kv_quant, none_generates_exactly_as_before) {
         std::vector<int32_t> prompt((size_t)B + 5);
         for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 31 + 3) % 90);
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = B / 4, gp.stop_at_eos = 0;
         std::vector<int32_t> outs[3];
         dllm_ctx *ctxs[3] = {test_ctx(m), test_kvq_ctx(m, DLLM_KV_QUANT_NONE, 9),
@@ -533,6 +534,7 @@ TEST(kv_quant, cli_flags) {
         std::vector<int32_t> prompt;
         for (int i = 5; i <= 37; i++) prompt.push_back(i);
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 32, gp.block_length = 32;
         std::vector<int32_t> o(64, -1);
         int n = 0;

@@ -437,6 +437,7 @@ TEST(gpu, kvq_tc_forwards_match_the_switch_off) {
             if (!ctx) continue;
             CHECK(dllm_ctx_get_backend(ctx) == DLLM_BACKEND_GPU);
             dllm_gen_params gp = dllm_gen_default_params();
+            gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
             gp.gen_length = 3 * B, gp.block_length = B, gp.sub_block_length = S, gp.stop_at_eos = 0;
             out[tc].assign((size_t)gp.gen_length + 1, -1);
             int n_out = 0;

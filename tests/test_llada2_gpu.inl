@@ -863,6 +863,7 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
         std::vector<int32_t> prompt(variant % 2 ? 32 : 11);
         for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
+        p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         p.block_length = 32, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant >= 2) p.edit_threshold = 0.025, p.max_post_steps = 3;
         equal += test_llada2_generate_pair(T_, pair, prompt, p,
@@ -880,6 +881,7 @@ TEST(gpu_llada2, generate_tokens_match_cpu_backend) {
         std::vector<int32_t> prompt(variant ? 40 : 11);
         for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
+        p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         p.block_length = 32, p.gen_length = 45, p.steps = 8, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant) p.edit_threshold = 0.025, p.max_post_steps = 3;
         test_llada2_steps runs[2];
@@ -1031,6 +1033,7 @@ TEST(gpu_llada2, facache_on_and_off_give_the_same_steps) {
         std::vector<int32_t> prompt(40);
         for (int32_t &t : prompt) t = test_llada2_prompt_token(s, rng);
         dllm_gen_params p = dllm_gen_default_params();
+        p.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         p.block_length = 16, p.gen_length = 40, p.steps = 4, p.threshold = 0.03, p.stop_at_eos = 0;
         if (variant) p.edit_threshold = 0.025, p.max_post_steps = 2;
         test_llada2_steps on, off;

@@ -360,6 +360,7 @@ TEST(gpu_soloq, device_memory_llada_8b_shape) {
         std::vector<int32_t> prompt(768), out(256);
         for (size_t i = 0; i < prompt.size(); i++) prompt[i] = (int32_t)((i * 7919 + 13) % 100000);
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // dllm_generate's own forwards, which this test is about
         gp.gen_length = 256, gp.block_length = 32, gp.steps = 8, gp.stop_at_eos = 0;
         int n_out = 0;
         CHECK_STATUS(ctx ? dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(),

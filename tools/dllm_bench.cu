@@ -17,8 +17,9 @@
  *                                          the BF16 path it replaces at the LLaDA-8B shapes, M = 256 and 1024 (also part of
  *                                          the full run, and of --quick --precision soloq-i / soloq-c / rtn-w4a4)
  *   build/dllm-bench --quick               that, then only the dual-cache block step and the N=1024 forward, profiled,
- *                                          LaCache's per-component savings at W1's geometry, and the block-diffusion
- *                                          step at the Fast-dLLM v2 7B shape
+ *                                          LaCache's per-component savings at W1's geometry, W1 through dllm_generate
+ *                                          with and without tuned_forwards, and the block-diffusion step at the
+ *                                          Fast-dLLM v2 7B shape
  *   ncu --profile-from-start off build/dllm-bench --quick      the kernels of one replayed dual-cache block step
  *   build/dllm-bench --batch-rows          the batched forward (dllm_generate_batch's) of 1 to 64 canvases of 256 tokens,
  *                                          then the batched dual-cache step of 1 to 64 canvases of 1024; then both again
@@ -291,7 +292,7 @@ static void bench_gemm_wg_widths(bench_result &r, const dllm__arch &arch, cudaSt
                 r.set(name + dllm__format("n%d us", widths[i]), us[i]);
                 if (i > 0) r.set(name + dllm__format("n%d/n256", widths[i]), us[i] / us[0]);
             }
-            const size_t ws_floats = dllm__splitk_workspace_floats(sh.N, dllm__splitk_splits(sh.N, sh.K, splitk.sm_count));
+            const size_t ws_floats = dllm__splitk_workspace_floats(sh.N, dllm__splitk_cut_of(sh.N, sh.K, splitk.sm_count));
             dllm__dbuf ws;
             BENCH_CHECK(ws.fit(ws_floats * 4, "splitk bench"));
             cudaMemset(ws.ptr, 0, ws_floats * 4);
@@ -663,6 +664,25 @@ static void bench_warm(dllm_ctx *ctx, const std::vector<int32_t> &prompt, dllm_g
     gp.unmask = DLLM_UNMASK_SCHEDULE;
     gp.steps = gp.gen_length / gp.block_length * 4;
     BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, nullptr));
+}
+
+/* W1 (prompt 768, gen 256, 256 steps, blocks of 32) through dllm_generate, warmed up first, with a K/V cache or none:
+ * by default (one answer per prompt: a batch of one) and with tuned_forwards (its own forwards, LaCache's reuse).
+ * Keys W1_<cache>_<path>_s. */
+static void bench_w1_paths(bench_result &r, dllm_ctx *ctx) {
+    std::vector<int32_t> prompt(768), out(256);
+    for (int i = 0; i < 768; i++) prompt[(size_t)i] = (i * 104729) % 100000;
+    for (dllm_kv_cache kv : {DLLM_KV_CACHE_DUAL, DLLM_KV_CACHE_NONE})
+        for (int tuned = 0; tuned < 2; tuned++) {
+            dllm_gen_params gp = dllm_gen_default_params();
+            gp.gen_length = 256, gp.steps = 256, gp.block_length = 32, gp.stop_at_eos = 0, gp.kv_cache = kv;
+            gp.tuned_forwards = tuned;
+            bench_warm(ctx, prompt, gp, out);
+            dllm_gen_stats st;
+            BENCH_CHECK(dllm_generate(ctx, prompt.data(), 768, gp, out.data(), 256, nullptr, &st));
+            r.set(dllm__format("W1_%s_%s_s", kv == DLLM_KV_CACHE_DUAL ? "dual" : "nocache", tuned ? "tuned" : "one_answer"),
+                  st.wall_ms / 1000);
+        }
 }
 
 /* One dual-cache block step (Fast-dLLM): 32 query rows over n cached keys, replayed as the decoding loop
@@ -1041,6 +1061,10 @@ static void bench_block_diffusion(bench_result &r) {
     r.set("bd_gen_p512_g256_graph_s", st.wall_ms / 1000);
     r.set("bd_gen_graph_updates_refused", (double)gpu->bd_graph_refusals());
     dllm__env_reload();  // the default (graphs) from here
+    gp.tuned_forwards = 1;  // dllm_generate's own forwards: GEMMs tuned per row count, LaCache's reuse, graphs
+    BENCH_CHECK(dllm_generate(ctx, prompt.data(), (int)prompt.size(), gp, out.data(), (int)out.size(), nullptr, &st));
+    r.set("bd_gen_p512_g256_tuned_s", st.wall_ms / 1000);
+    gp.tuned_forwards = 0;
     bench_bd_batch(r, ctx, ids, gp);
     if (r.v.count("copy_TBps")) {
         const double floor_ms = (weights_gb - (double)c.n_vocab * c.n_embd * 2 / 1e9) / r.v["copy_TBps"];
@@ -1817,8 +1841,8 @@ static const char *bench_usage =
     "\n"
     "Speed of dllm on random weights of the real LLaDA-8B (and Fast-dLLM v2 7B) shapes, generated on the GPU (no file needed); the\n"
     "ratios to the PyTorch reference when its results are given. Modes (the default runs everything):\n"
-    "  --quick            the dual-cache block step and the N=1024 forward, profiled, LaCache's components, and the\n"
-    "                     block-diffusion block step at the Fast-dLLM v2 7B shape\n"
+    "  --quick            the dual-cache block step and the N=1024 forward, profiled, LaCache's components, W1 through\n"
+    "                     dllm_generate with and without tuned_forwards, and block diffusion at the Fast-dLLM v2 7B shape\n"
     "  --attention-only   the attention kernels alone (compare tiles with DLLM_TILES fa_*)\n"
     "  --rowwise-only     add + RMSNorm, RoPE and SwiGLU alone\n"
     "  --gemm-only        dllm's Hopper GEMM against cuBLASLt at a W1 step's shapes, in bursts and sustained; then its\n"
@@ -2022,6 +2046,7 @@ int main(int argc, char **argv) {
         r.set("fwd_full_N1024_ms", bench_forward_ms(gpu, 1024));
         bench_stages(r, gpu, 1024, "N1024 stage ");
         bench_lacache_components(r, gpu, model->cfg, 768, 256, 32, NAN, NAN);  // no ceilings measured: no predictions
+        bench_w1_paths(r, ctx);
         dllm_ctx_free(ctx);
         dllm_model_free(model);
         bench_block_diffusion(r);
@@ -2077,6 +2102,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++) prompt[(size_t)i] = (i * 104729) % 100000;
     auto generate_on = [&](dllm_ctx *on, int steps, dllm_lacache mode) {
         dllm_gen_params gp = dllm_gen_default_params();
+        gp.tuned_forwards = 1;  // LaCache's modes are dllm_generate's own forwards
         gp.gen_length = gen;
         gp.steps = steps;
         gp.block_length = block;

@@ -194,6 +194,7 @@ class GenParams(ctypes.Structure):
         ("eos_id", c_int32), ("eot_id", c_int32), ("sub_block_length", c_int), ("block_cache", c_int),
         ("stop_id", c_int32), ("on_step", STEP_FN), ("on_step_data", c_void_p), ("top_k", c_int),
         ("top_p", c_float), ("min_p", c_float), ("edit_threshold", c_double), ("max_post_steps", c_int),
+        ("tuned_forwards", c_int),
     ]
 
 

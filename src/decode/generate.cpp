@@ -31,6 +31,13 @@ static dllm_status dllm__check_token(const char *what, int32_t id, int n_vocab) 
 
 static bool dllm__finite_in(double v, double lo, double hi) { return v >= lo && v <= hi; }  // false for NaN
 
+/* tuned_forwards is a switch (dllm_generate's own forwards on the GPU), meaningful to every family. */
+static dllm_status dllm__check_tuned_forwards(const dllm_gen_params &p) {
+    if (p.tuned_forwards == 0 || p.tuned_forwards == 1) return DLLM_OK;
+    return dllm__fail(DLLM_ERR_INVALID_ARGUMENT, "tuned_forwards (--tuned-forwards) must be 0 or 1, got %d",
+                      p.tuned_forwards);
+}
+
 /* edit_threshold and max_post_steps mean something to LLaDA2's loops only: other families refuse them. */
 static dllm_status dllm__check_no_llada2_options(const dllm__config &c, const dllm_gen_params &p) {
     if (p.edit_threshold < 0 && p.max_post_steps == -1) return DLLM_OK;

@@ -116,6 +116,8 @@ dllm_stepper::~dllm_stepper() {
  * forwards. */
 const char *dllm_stepper::alone_reason(const dllm_gen_params &p) const {
     if (!no_batch.empty()) return no_batch.c_str();
+    if (p.tuned_forwards && !ctx.impl->solo_equals_batch())
+        return "tuned_forwards (--tuned-forwards) asks for dllm_generate's own forwards";
     if (dllm__enum_int(p.kv_cache) != DLLM_KV_CACHE_NONE && !kv_why.empty()) return kv_why.c_str();
     return nullptr;
 }
@@ -149,7 +151,8 @@ dllm_status dllm_stepper::add(const dllm_batch_item &item, dllm_batch_result *re
     q->prompt.assign(item.prompt, item.prompt + (item.prompt && item.n_prompt > 0 ? item.n_prompt : 0));
     if (item.prompt) q->item.prompt = q->prompt.data();
     q->result = result ? result : &q->own_result;
-    dllm_status s = admit(*q);
+    dllm_status s = dllm__check_tuned_forwards(item.params);
+    if (s == DLLM_OK) s = admit(*q);
     if (s != DLLM_OK) {
         if (s == DLLM_ERR_BUFFER_TOO_SMALL)
             q->result->n_out = dllm__out_needed(ctx, item.n_prompt, item.params);  // as dllm_generate reports it
@@ -383,5 +386,27 @@ static dllm_status dllm__generate_batch_impl(dllm_ctx &ctx, const dllm_batch_ite
     dllm_status s = DLLM_OK;
     while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
     stats.steps = stepper.counts.steps, stats.forwards = stepper.counts.forwards;
+    return s;
+}
+
+/* dllm_generate on a backend whose solo forwards give other bits than its batched ones (solo_equals_batch): the prompt
+ * decodes as a batch of one, so that it gets the bits it gets in any batch. A kind that has no batched forward, or
+ * whose K/V cache slot does not fit, decodes alone inside the stepper (dllm_stepper::run_alone), as in any batch. */
+static bool dllm__generate_as_batch(const dllm_ctx &ctx, const dllm_gen_params &p) {
+    return !ctx.impl->solo_equals_batch() && !ctx.stepper && !p.tuned_forwards;
+}
+static dllm_status dllm__generate_one(dllm_ctx &ctx, const int32_t *prompt, int n_prompt, const dllm_gen_params &p,
+                                      int32_t *out, int out_capacity, int *n_out, dllm_gen_stats *stats) {
+    dllm_stepper stepper(ctx, 1, "dllm_generate");
+    stepper.log_alone = false;
+    dllm_batch_result r;
+    memset(&r, 0, sizeof r);
+    dllm_status s = stepper.add({prompt, n_prompt, p, out, out_capacity}, &r, nullptr);
+    while (s == DLLM_OK && stepper.n_active() > 0) s = stepper.step();
+    if (s == DLLM_OK) s = r.status;
+    if (n_out) *n_out = r.n_out;
+    if (stats) *stats = r.stats;
+    // The item's message was copied when it failed; later work may have replaced the thread's.
+    if (s != DLLM_OK && dllm__tls_error.compare(0, strlen(r.error), r.error) != 0) dllm__tls_error = r.error;
     return s;
 }

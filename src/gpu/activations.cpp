@@ -128,8 +128,9 @@ struct dllm__varlen_layout {
     // [block diffusion] dllm__bd_batch_layout_of only: per attention entry its (mask_block, q_index0) (attn_args'
     // varlen_masks); empty: no mask
     std::vector<int32_t> attn_masks;
-    // [dual cache] [prefix cache] dllm__kv_layout_of only: whether sequence i's rows are a step (fewer than its
-    // canvas), whose GEMMs are DLLM__ROWS_STEP's; empty: none is
+    // Whether sequence i's rows are a step, whose GEMMs are DLLM__ROWS_STEP's (gemm_splitk): under a K/V cache
+    // (dllm__kv_layout_of) fewer rows than its canvas, in block diffusion (dllm__bd_batch_layout_of) a forward of at
+    // most 128 rows; empty: none is
     std::vector<char> step;
     bool cached() const { return !cache_rows.empty(); }
 };

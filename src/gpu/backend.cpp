@@ -400,6 +400,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
                                      float *out);
     // [batch] the token choice of a batched step on the device
     bool batch_chooses() const override { return !batch_unsupported(); }
+    bool solo_equals_batch() const override { return false; }  // the solo forwards tune GEMMs and attention per shape
     dllm_status forward_batch_choose(const std::vector<dllm__batch_seq> &plan, bool kv, float *logits,
                                      dllm__choice *choices) override;
     /* batch_logits with the sampler run over each chunk's rows of the sequences with a sampling (their choices to the
@@ -652,7 +653,7 @@ class dllm__gpu_backend : public dllm__backend_impl {
     bool splitk_fits(const dllm__weight_view &W, const void *x, const void *y) const {
         return gemms_.splitk.module && dllm__splitk_takes(x, W.data, y, W.n, W.k) &&
                act_.splitk_ws.bytes / 4 >=
-                   dllm__splitk_workspace_floats(W.n, dllm__splitk_splits(W.n, W.k, gemms_.splitk.sm_count));
+                   dllm__splitk_workspace_floats(W.n, dllm__splitk_cut_of(W.n, W.k, gemms_.splitk.sm_count));
     }
     // [bd graphs] [batch graphs]
     template <class F> dllm_status replay_graph(dllm__graph_set &set, const dllm__graph_id &id, F &&body);
@@ -1020,7 +1021,7 @@ dllm_status dllm__gpu_backend::fit_buffers(int batch, int seq, int lm_rows, bool
         size_t words = 0;
         for (const auto &nk : shapes)
             words = std::max(words, dllm__splitk_workspace_floats(
-                                        nk.first, dllm__splitk_splits(nk.first, nk.second, gemms_.splitk.sm_count)));
+                                        nk.first, dllm__splitk_cut_of(nk.first, nk.second, gemms_.splitk.sm_count)));
         const void *was = A.splitk_ws.ptr;
         DLLM__TRY(A.splitk_ws.fit(words * 4, "gemm_splitk's workspace"));
         if (A.splitk_ws.ptr != was) DLLM__CUDA(cudaMemsetAsync(A.splitk_ws.ptr, 0, A.splitk_ws.bytes, stream_));

@@ -4,8 +4,8 @@
 // Many block-diffusion generations in one forward (dllm_generate_batch): each has a slot of K|V rows for every layer
 // (bd_batch_reserve, the batched K/V-cache step's batch_.kv), held by sequence position: its committed rows [0, n),
 // then the block being decoded at [n, n + B). Every sequence's forwarded rows, of any kind (dllm__bd_kind), go through
-// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH; embedding, norms, RoPE at each
-// row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
+// the batched forward (forward_varlen: every GEMM once over all rows, DLLM__ROWS_BATCH, a sequence's forward of at most
+// 128 rows on gemm_splitk as a K/V-cache step's; embedding, norms, RoPE at each row's position, the Llama-4 query scaling and [SoloQ]'s producers row by row), their K|V into their slot rows
 // (kv_scatter_rows), each sequence's queries over its own slot rows under its own block-causal mask (the varlen
 // flash_attn with attn_args' varlen_masks: no split-KV; its tiles follow the batch's shape, dllm__attn_varlen_short,
 // and give the same bits). So a sequence's logits and choices are bit-identical whatever else is in the batch, a batch
@@ -84,6 +84,7 @@ static dllm_status dllm__bd_batch_layout_of(const std::vector<dllm__bd_seq> &seq
         v.rows += call.T;
         v.attn_q_offsets.push_back(v.rows), v.attn_kv_offsets.push_back(base + n_keys);
         v.offsets.push_back(v.rows);
+        v.step.push_back(call.T <= dllm__splitk_spread_rows);  // a block's rows: gemm_splitk, alone and in any batch
         v.raw0.push_back(call.r0), v.raw1.push_back(call.r1), v.q0.push_back(0);
         v.out0.push_back(v.out_rows);
         v.out_rows += call.r1 - call.r0;

@@ -94,9 +94,8 @@ struct dllm__linear {
  * takes the operands (row-independent at any row count, by construction, and the same bits at every tile width, so the
  * width may follow the row count: batch_gemm_wg), else INDEPENDENT's pinned algorithm, which depends on the shape
  * alone. So a sequence's rows get the same bits whatever else the batch holds.
- * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas) is INDEPENDENT on gemm_splitk, fast at a
- * few rows, where it takes the operands; FILL (a K/V cache's full forward) is BATCH's single launch. A batched forward
- * gives each sequence its kind's GEMM (batch_.gemm_runs) and a solo forward under a K/V cache takes the same
- * (dllm__gpu_backend::solo_kv_), so a K/V-cache generation's GEMMs give a sequence the same bits alone and in any
- * batch. */
+ * STEP (a K/V-cache step: a sequence forwarding fewer rows than its canvas; a block-diffusion forward of at most 128
+ * rows) is INDEPENDENT on gemm_splitk, fast at a few rows, where it takes the operands; FILL (a K/V cache's full
+ * forward) is BATCH's single launch. A batched forward gives each sequence its kind's GEMM (batch_.gemm_runs); a solo
+ * forward under a K/V cache (tuned_forwards) takes the same (dllm__gpu_backend::solo_kv_). */
 enum dllm__rows { DLLM__ROWS_TUNED, DLLM__ROWS_INDEPENDENT, DLLM__ROWS_BATCH, DLLM__ROWS_STEP, DLLM__ROWS_FILL };

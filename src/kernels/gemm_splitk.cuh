@@ -7,18 +7,18 @@
  * and the tokens its N (NT = 32, 64, 128 or 256), so that 32 tokens cost a 64 x 32 x 16 product, not the 128-row
  * tile gemm_wg computes whatever M is. Both operands arrive by TMA in 64-wide k-steps (128-byte swizzle, K-major).
  *
- * Split-K fixed by the shape: K is cut into `splits` equal ranges (the host picks splits from N, K and the GPU's SM
- * count, never from M), and every output is
- *     ((p_0 + p_1) + p_2) + ...,   p_s = the wgmma k16 products of split s, in k order, from zero
- * however it is computed. SPREAD (few tokens: one token tile) spreads a tile's splits over CTAs: a unit is (feature
- * tile, split), it writes p_s to ws (the accumulator layout, coalesced) and counts itself in cnt[tile]; the unit
- * that completes the count reads p_0, p_1, ... back in split order and stores their sum, whichever unit is last.
+ * A stream-K cut fixed by the shape: a tile's K is `chunks` chunks of `chunk` 64-wide k-steps, and the chunks of all
+ * tiles, laid end to end (W = tiles x chunks), are cut into `ctas` equal ranges (the host picks chunk from K and ctas
+ * from the GPU's SM count, never from M). The ranges cut a tile's K into pieces, and every output is
+ *     ((p_0 + p_1) + p_2) + ...,   p_i = the wgmma k16 products of piece i, in k order, from zero
+ * however it is computed. SPREAD (few tokens: one token tile) runs one CTA a range: it computes its pieces in turn, and
+ * a piece of a tile cut in several writes p_i to ws (the accumulator layout, coalesced) and counts itself in cnt[tile];
+ * the CTA that completes the count reads p_0, p_1, ... back in order and stores their sum, whichever CTA is last.
  * Otherwise (many tokens, where ws would cost as much memory traffic as the weights) a unit is (feature tile, token
- * tile) and computes its splits one after the other, adding each p_s to the sum as it completes. Either way a row's
- * bits depend on (N, K, splits) alone, never on M, NT, the mode or timing (gpu_splitk.* checks it). cnt is left
- * zero; ws needs no clearing. A CTA walks units blockIdx.x, + gridDim.x, ...; token tiles vary fastest, so that the
- * CTAs running at once share their weight tiles in L2.
- */
+ * tile) and computes the tile's pieces one after the other, adding each p_i to the sum as it completes. Either way a
+ * row's bits depend on (N, K, the cut) alone, never on M, NT, the mode or timing (gpu_splitk.* checks it). cnt is left
+ * zero; ws needs no clearing. In the other mode a CTA walks units blockIdx.x, + gridDim.x, ...; token tiles vary
+ * fastest, so that the CTAs running at once share their weight tiles in L2. */
 
 struct gemm_splitk_maps {
     tensor_map x, w;
@@ -40,43 +40,82 @@ template <int NT> __device__ __forceinline__ void splitk_mma(float (&d)[NT / 8][
         wgmma_ss<NT>(d, a, b, accumulate);
 }
 
-/* The j-th unit of this CTA: its feature tile, split (SPREAD) or token tile (otherwise). */
-struct splitk_unit {
-    int tile, split, tok;
-};
-template <int NT, bool SPREAD>
-__device__ __forceinline__ splitk_unit splitk_unit_of(int j, const gemm_splitk_args &a) {
-    const int u = blockIdx.x + j * gridDim.x, tt = (a.m + NT - 1) / NT;
-    if (SPREAD) return {u / a.splits, u % a.splits, 0};
-    return {u / tt, 0, u % tt};
+/* The cut (see above): range c covers chunks [splitk_cut_start(c), splitk_cut_start(c + 1)); splitk_range_of(x) is the
+ * range holding chunk x. A piece of tile t is its part of one range: piece i of t lies in range
+ * splitk_range_of(t x chunks) + i. */
+__device__ __forceinline__ int splitk_cut_start(const gemm_splitk_args &a, int c) {
+    return (int)((long long)c * (a.n / 128 * a.chunks) / a.ctas);
+}
+__device__ __forceinline__ int splitk_range_of(const gemm_splitk_args &a, int x) {
+    const long long w = (long long)(a.n / 128) * a.chunks;
+    return (int)(((long long)(x + 1) * a.ctas + w - 1) / w) - 1;
 }
 
-/* The producer's one thread: for each k-step of each unit, the weight box (128 features) and the token box (NT rows,
- * zeros past M) into the next slot of the ring. The first NS weight boxes go out before griddepcontrol.wait (weights
- * never depend on the previous kernel), the tokens after it. */
+/* Walks the pieces of a tile (the other mode) or of this CTA's range (SPREAD): tile, first chunk, chunk count and
+ * index among the tile's pieces of each in turn. */
+struct splitk_piece {
+    int tile, x0, n, index, of;  // of: how many pieces the tile has
+};
+__device__ __forceinline__ splitk_piece splitk_piece_at(const gemm_splitk_args &a, int x, int end) {
+    const int t = x / a.chunks, first = splitk_range_of(a, t * a.chunks), r = splitk_range_of(a, x);
+    const int stop = min(min(end, (t + 1) * a.chunks), splitk_cut_start(a, r + 1));
+    return {t, x, stop - x, r - first, splitk_range_of(a, (t + 1) * a.chunks - 1) - first + 1};
+}
+
+/* The j-th unit of this CTA in the other mode: its feature tile and token tile. */
+struct splitk_unit {
+    int tile, tok;
+};
+template <int NT> __device__ __forceinline__ splitk_unit splitk_unit_of(int j, const gemm_splitk_args &a) {
+    const int u = blockIdx.x + j * gridDim.x, tt = (a.m + NT - 1) / NT;
+    return {u / tt, u % tt};
+}
+
+/* The producer's one thread: for each k-step of this CTA's work (SPREAD: its range's chunks; otherwise every k-step of
+ * each of its units), the weight box (128 features) and the token box (NT rows, zeros past M) into the next slot of
+ * the ring. The first NS weight boxes go out before griddepcontrol.wait (weights never depend on the previous kernel),
+ * the tokens after it. A cursor advances one k-step a stage: no division in the loop. */
 template <int NS, int NT, bool SPREAD>
 __device__ __forceinline__ void splitk_produce(const gemm_splitk_args &a, const gemm_splitk_maps &tm, u32 s0, u32 full,
-                                               u32 empty, int units, int unit_steps) {
+                                               u32 empty, int units) {
     constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
-    const int jobs = units * unit_steps;
+    const int steps = a.chunks * a.chunk;  // a tile's k-steps
+    int jobs, tile, tok = 0, k, unit = 0;
+    if (SPREAD) {
+        const int x0 = splitk_cut_start(a, blockIdx.x);
+        jobs = (splitk_cut_start(a, blockIdx.x + 1) - x0) * a.chunk;
+        tile = x0 / a.chunks, k = x0 % a.chunks * a.chunk;
+    } else {
+        jobs = units * steps;
+        const splitk_unit u = splitk_unit_of<NT>(0, a);
+        tile = u.tile, tok = u.tok, k = 0;
+    }
+    auto next = [&] {  // the cursor to the following k-step
+        if (++k < steps) return;
+        k = 0;
+        if (SPREAD) {
+            tile++;
+        } else {
+            const splitk_unit u = splitk_unit_of<NT>(++unit, a);
+            tile = u.tile, tok = u.tok;
+        }
+    };
     auto load_w = [&](int j) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
-        tma_load(s0 + (j % NS) * STAGE, tm.w, (u.split * unit_steps + j % unit_steps) * 64, u.tile * 128, 0,
-                 full + (j % NS) * 8);
+        tma_load(s0 + (j % NS) * STAGE, tm.w, k * 64, tile * 128, 0, full + (j % NS) * 8);
     };
     auto load_x = [&](int j) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(j / unit_steps, a);
-        tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, (u.split * unit_steps + j % unit_steps) * 64, u.tok * NT, 0,
-                 full + (j % NS) * 8);
+        tma_load(s0 + (j % NS) * STAGE + W_BYTES, tm.x, k * 64, tok * NT, 0, full + (j % NS) * 8);
     };
     const int first = min(NS, jobs);
-    for (int j = 0; j < first; j++) {
+    const int tile0 = tile, tok0 = tok, k0 = k, unit0 = unit;
+    for (int j = 0; j < first; j++, next()) {
         mbar_expect_tx(full + j * 8, STAGE);
         load_w(j);
     }
     pdl_enter();
-    for (int j = 0; j < first; j++) load_x(j);
-    for (int j = NS; j < jobs; j++) {
+    tile = tile0, tok = tok0, k = k0, unit = unit0;
+    for (int j = 0; j < first; j++, next()) load_x(j);
+    for (int j = NS; j < jobs; j++, next()) {
         const int slot = j % NS;
         mbar_wait(empty + slot * 8, (j / NS + 1) & 1);
         mbar_expect_tx(full + slot * 8, STAGE);
@@ -102,44 +141,44 @@ __device__ __forceinline__ void splitk_store(const gemm_splitk_args &a, const fl
         }
 }
 
-/* SPREAD's end of a unit: the partial to ws, counted in cnt[tile]; the unit that completes the count replaces acc by
- * the ordered sum of every split's partial and returns true. Named barrier 1 joins the two consumer warpgroups (the
- * producer warp takes no part). */
+/* SPREAD's end of a piece of a tile cut in several: the partial to ws, counted in cnt[tile]; the CTA that completes the
+ * count replaces acc by the ordered sum of every piece's partial and returns true. Named barrier 1 joins the two
+ * consumer warpgroups (the producer warp takes no part). */
 template <int NT>
-__device__ __forceinline__ bool splitk_reduce(const gemm_splitk_args &a, float (&acc)[NT / 8][4], splitk_unit u,
+__device__ __forceinline__ bool splitk_reduce(const gemm_splitk_args &a, float (&acc)[NT / 8][4], splitk_piece p,
                                               int *last) {
     constexpr int TILE = 256 * (NT / 2);  // floats of one tile's partial (both warpgroups)
     const int tid = threadIdx.x;
-    float *mine = a.ws + ((long long)u.tile * a.splits + u.split) * TILE + tid;
+    float *mine = a.ws + ((long long)p.tile * a.max_pieces + p.index) * TILE + tid;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) __stcg(mine + (4 * j + e) * 256, acc[j][e]);
     __threadfence();
     named_bar_sync(1, 256);
-    if (tid == 0) *last = atomicAdd(a.cnt + u.tile, 1) == a.splits - 1;
+    if (tid == 0) *last = atomicAdd(a.cnt + p.tile, 1) == p.of - 1;
     named_bar_sync(1, 256);
     if (!*last) return false;
     __threadfence();
-    const float *part = a.ws + (long long)u.tile * a.splits * TILE + tid;
+    const float *part = a.ws + (long long)p.tile * a.max_pieces * TILE + tid;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = __ldcg(part + (4 * j + e) * 256);
-    for (int s = 1; s < a.splits; s++)
+    for (int i = 1; i < p.of; i++)
 #pragma unroll
         for (int j = 0; j < NT / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] += __ldcg(part + (long long)s * TILE + (4 * j + e) * 256);
-    if (tid == 0) a.cnt[u.tile] = 0;
+            for (int e = 0; e < 4; e++) acc[j][e] += __ldcg(part + (long long)i * TILE + (4 * j + e) * 256);
+    if (tid == 0) a.cnt[p.tile] = 0;
     return true;
 }
 
-/* The consumer warpgroups. Per k-step four k16 products, the previous step's awaited and its slot released; a split
- * starts from zero (into part after the first, added to acc when its last step is done). */
+/* The consumer warpgroups. Per k-step four k16 products, the previous step's awaited and its slot released; a piece
+ * starts from zero (into part after a tile's first, added to acc when its last step is done). */
 template <int NS, int NT, bool SPREAD>
 __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0, u32 full, u32 empty, int units,
-                                               int steps, int *last) {
+                                               int *last) {
     constexpr u32 W_BYTES = 128 * 128, STAGE = W_BYTES + NT * 128;
     const int wg = threadIdx.x >> 7;
     auto release = [&](int j) {
@@ -151,34 +190,44 @@ __device__ __forceinline__ void splitk_consume(const gemm_splitk_args &a, u32 s0
     };
     int j = 0;  // ring stages consumed so far
     float acc[NT / 8][4];
-    for (int i = 0; i < units; i++) {
-        const splitk_unit u = splitk_unit_of<NT, SPREAD>(i, a);
-        wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, steps, mma, release);
-        if (SPREAD) {
-            if (a.splits > 1 && !splitk_reduce<NT>(a, acc, u, last)) continue;
-        } else {
-            for (int s = 1; s < a.splits; s++) {
+    if (SPREAD) {
+        const int end = splitk_cut_start(a, blockIdx.x + 1);
+        for (int x = splitk_cut_start(a, blockIdx.x); x < end;) {
+            const splitk_piece p = splitk_piece_at(a, x, end);
+            x += p.n;
+            wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, p.n * a.chunk, mma, release);
+            if (p.of > 1 && !splitk_reduce<NT>(a, acc, p, last)) continue;
+            splitk_store<NT>(a, acc, p.tile * 128 + wg * 64, 0);
+        }
+    } else {
+        for (int i = 0; i < units; i++) {
+            const splitk_unit u = splitk_unit_of<NT>(i, a);
+            const int end = (u.tile + 1) * a.chunks;
+            splitk_piece p = splitk_piece_at(a, u.tile * a.chunks, end);
+            wg_ring_run<NS, STAGE, W_BYTES>(acc, s0, full, j, p.n * a.chunk, mma, release);
+            for (int x = p.x0 + p.n; x < end; x += p.n) {
+                p = splitk_piece_at(a, x, end);
                 float part[NT / 8][4];
-                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, steps, mma, release);
+                wg_ring_run<NS, STAGE, W_BYTES>(part, s0, full, j, p.n * a.chunk, mma, release);
 #pragma unroll
                 for (int jj = 0; jj < NT / 8; jj++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[jj][e] += part[jj][e];
             }
+            splitk_store<NT>(a, acc, u.tile * 128 + wg * 64, u.tok * NT);
         }
-        splitk_store<NT>(a, acc, u.tile * 128 + wg * 64, u.tok * NT);
     }
 }
 
-/* NS ring slots of a weight box and a token box; NT tokens a tile; SPREAD: see above (the host passes a.m <= NT). */
+/* NS ring slots of a weight box and a token box; NT tokens a tile; SPREAD: see above (the host passes a.m <= NT and
+ * a.ctas CTAs). */
 template <int NS, int NT, bool SPREAD>
 __global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const __grid_constant__ gemm_splitk_maps tm) {
     constexpr u32 STAGE = 128 * 128 + NT * 128;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int last;
     const u32 s0 = (smem_u32(smem) + 1023) & ~1023u, full = s0 + NS * STAGE, empty = full + NS * 8;
-    const int steps = a.k / 64 / a.splits, tt = (a.m + NT - 1) / NT;
-    const int total = a.n / 128 * (SPREAD ? a.splits : tt), unit_steps = SPREAD ? steps : steps * a.splits;
+    const int total = SPREAD ? 0 : a.n / 128 * ((a.m + NT - 1) / NT);
     const int units = (int)blockIdx.x < total ? (total - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
     if (threadIdx.x == 256) {
         for (int s = 0; s < NS; s++) {
@@ -190,9 +239,9 @@ __global__ void __launch_bounds__(384, 1) gemm_splitk(gemm_splitk_args a, const 
     __syncthreads();
     if (threadIdx.x >= 256) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x == 256) splitk_produce<NS, NT, SPREAD>(a, tm, s0, full, empty, units, unit_steps);
+        if (threadIdx.x == 256) splitk_produce<NS, NT, SPREAD>(a, tm, s0, full, empty, units);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    splitk_consume<NS, NT, SPREAD>(a, s0, full, empty, units, steps, &last);
+    splitk_consume<NS, NT, SPREAD>(a, s0, full, empty, units, &last);
 }
