@@ -406,13 +406,15 @@ TEST(bd_batch, cli_prompts_file_equals_one_at_a_time) {
                                      "--print-ids ");
 }
 
-/* On the GPU under a K/V cache a prompt gets the same bits alone (dllm_generate) and batched (dllm_generate_batch). */
-TEST(gpu_batch, cli_prompts_file_equals_one_at_a_time_under_a_cache) {
+/* On the GPU a prompt gets the same bits alone (dllm_generate) and batched (dllm_generate_batch): without a cache, under
+ * each K/V cache, and in block diffusion. */
+TEST(gpu_batch, cli_prompts_file_equals_one_at_a_time) {
     NEED_GPU();
     if (!test_cli_built()) SKIP("the CLI programs are not built");
-    for (const char *cache : {"dual", "prefix"})
+    for (const char *cache : {"none", "dual", "prefix"})
         test_cli_prompts_equal_alone(T_, std::string("-m models/tiny-llada --backend gpu -n 32 --cache ") + cache +
                                              " --print-ids ");
+    test_cli_prompts_equal_alone(T_, "-m models/tiny-fast-dllm-v2 --backend gpu -n 32 --threshold 0.5 --print-ids ");
 }
 
 /* The CPU backend behind a wrapper that keeps the default bd_forward_batch (unsupported): a backend without the batched
