@@ -31,6 +31,10 @@ TEST(gemm_splitk, cut_follows_the_shape_alone) {
             CHECK(dllm__splitk_workspace_floats(s[0], c) ==
                   (size_t)dllm__splitk_max_tiles + (size_t)tiles * c.max_pieces * 256 * 64);
         }
+    for (const auto &s : {std::make_pair(64, 4096), std::make_pair(384, 32), std::make_pair(0, 0)}) {  // not taken
+        const dllm__splitk_cut c = dllm__splitk_cut_of(s.first, s.second, 132);
+        CHECK(c.ctas == 1 && c.max_pieces == 1);
+    }
     CHECK(dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384, 576) &&
           !dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384 + 64, 576) &&
           !dllm__splitk_takes((void *)16, (void *)32, (void *)48, 384, 576 + 32) &&

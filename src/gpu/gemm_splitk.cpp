@@ -60,7 +60,8 @@ static int dllm__splitk_range_of(const dllm__splitk_cut &c, int tiles, int x) {
 
 static dllm__splitk_cut dllm__splitk_cut_of(int n, int k, int sm_count) {
     const int tiles = n / dllm__splitk_tile, steps = k / 64;
-    dllm__splitk_cut c;
+    dllm__splitk_cut c = {1, 1, 1, 1};
+    if (tiles < 1 || steps < 1) return c;  // a shape gemm_splitk does not take (dllm__splitk_takes): no cut
     c.chunk = steps % 4 == 0 ? 4 : steps % 2 == 0 ? 2 : 1;
     c.chunks = steps / c.chunk;
     c.ctas = (int)std::min<long long>(std::max(sm_count, 1), (long long)tiles * c.chunks);
