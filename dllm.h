@@ -443,7 +443,8 @@ typedef enum dllm_remasking {
 
 /* LaCache (GPU backend; block diffusion's on both, see below): exact reuse of work that does not change inside a
  * block. Every mode gives the same tokens and the same logits, bit for bit; the CPU reference computes that same
- * function. With a K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: every
+ * function. On the GPU it works in dllm_generate's own forwards (tuned_forwards = 1); a batch, and dllm_generate by
+ * default, compute the LM head on the rows they choose from and reuse nothing else. With a K/V cache (dllm_kv_cache) the later steps of a block recompute no outside row anyway: every
  * mode then acts as TRUNCATE (LM head and sampler on the block's rows). */
 typedef enum dllm_lacache {
     DLLM_LACACHE_OFF = 0,      /* recompute everything every step, LM head on every row (the reference)  */
